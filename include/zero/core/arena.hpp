@@ -1,0 +1,73 @@
+#pragma once
+// Arena<Device>: one allocation that hands out aligned tensor views in stack order. ZeRO-R's
+// constant-size buffers come from arenas: memory is taken once, so it cannot fragment, and the
+// peak is known. mark()/release() free everything allocated after a mark.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <zero/core/buffer.hpp>
+#include <zero/core/device.hpp>
+#include <zero/core/error.hpp>
+#include <zero/core/tensor.hpp>
+
+namespace zero {
+
+/// A bump allocator over capacity_bytes of Dev memory.
+template <Device Dev = Host>
+class Arena {
+ public:
+  /// Position in the arena returned by mark().
+  using Mark = std::size_t;
+  /// Alignment of every view unless a larger one is asked for; fits 128-bit loads and cuBLAS.
+  static constexpr std::size_t default_alignment = 256;
+
+  /// Reserves capacity_bytes; name appears in error messages.
+  explicit Arena(std::size_t capacity_bytes, std::string name = "arena")
+      : storage_(capacity_bytes, default_alignment), name_(std::move(name)) {}
+
+  /// A view of shape, aligned to alignment (a power of two); throws OutOfMemoryError when the
+  /// arena cannot hold it.
+  template <class T>
+  Tensor<T> allocate(Shape shape, std::size_t alignment = default_alignment) {
+    expect<Error>(alignment != 0 && (alignment & (alignment - 1)) == 0, "Arena '", name_,
+                  "': alignment ", alignment, " is not a power of two");
+    const auto base = reinterpret_cast<std::uintptr_t>(storage_.data());
+    const std::uintptr_t start = (base + used_ + alignment - 1) & ~(alignment - 1);
+    const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
+    const std::size_t end = static_cast<std::size_t>(start - base) + bytes;
+    expect<OutOfMemoryError>(end <= storage_.size(), "Arena '", name_, "': cannot allocate ",
+                             bytes, " bytes for shape ", shape, ": ", used_, " of ",
+                             storage_.size(), " bytes in use; expected capacity >= ", end);
+    used_ = end;
+    peak_ = used_ > peak_ ? used_ : peak_;
+    return Tensor<T>(reinterpret_cast<T*>(start), shape, Dev::kind);
+  }
+
+  /// The current position; release(mark) frees everything allocated after it.
+  Mark mark() const { return used_; }
+  /// Frees all views handed out after m.
+  void release(Mark m) {
+    expect<Error>(m <= used_, "Arena '", name_, "': release to mark ", m,
+                  " which is past the current position ", used_);
+    used_ = m;
+  }
+  /// Frees every view.
+  void reset() { used_ = 0; }
+
+  std::size_t used_bytes() const { return used_; }
+  /// Highest used_bytes() seen since construction.
+  std::size_t peak_bytes() const { return peak_; }
+  std::size_t capacity_bytes() const { return storage_.size(); }
+  const std::string& name() const { return name_; }
+
+ private:
+  Buffer<std::byte, Dev> storage_;
+  std::size_t used_ = 0;
+  std::size_t peak_ = 0;
+  std::string name_;
+};
+
+}  // namespace zero

@@ -1,0 +1,137 @@
+#pragma once
+// The Cuda device: memory from the device's stream-ordered pool (cudaMallocAsync), RAII streams
+// and events. Buffer<T, Cuda> and Arena<Cuda> use it exactly as they use Host.
+#if !defined(__CUDACC__)
+#error "zero/core/cuda_device.cuh needs nvcc; host-only code includes zero/core/device.hpp"
+#endif
+
+#include <cstddef>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/device.hpp>
+
+namespace zero {
+
+/// A CUDA stream; owning (created non-blocking) or a view of an existing one.
+class CudaStream {
+ public:
+  /// Creates a non-blocking stream on the current device.
+  CudaStream() : owned_(true) {
+    ZERO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  /// Views an existing stream (not destroyed by this object).
+  static CudaStream view(cudaStream_t stream) { return CudaStream(stream); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  CudaStream(CudaStream&& o) noexcept
+      : stream_(std::exchange(o.stream_, nullptr)), owned_(std::exchange(o.owned_, false)) {}
+  CudaStream& operator=(CudaStream&& o) noexcept {
+    if (this != &o) {
+      destroy();
+      stream_ = std::exchange(o.stream_, nullptr);
+      owned_ = std::exchange(o.owned_, false);
+    }
+    return *this;
+  }
+  ~CudaStream() { destroy(); }
+
+  cudaStream_t native() const { return stream_; }
+  /// Blocks the host until all work on the stream is done.
+  void synchronize() const { ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  explicit CudaStream(cudaStream_t s) : stream_(s), owned_(false) {}
+  void destroy() noexcept {
+    if (owned_ && stream_ != nullptr) cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
+  cudaStream_t stream_ = nullptr;
+  bool owned_ = false;
+};
+
+/// A CUDA event without timing, for ordering streams.
+class CudaEvent {
+ public:
+  CudaEvent() { ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  CudaEvent(CudaEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  CudaEvent& operator=(CudaEvent&& o) noexcept {
+    std::swap(event_, o.event_);
+    return *this;
+  }
+  ~CudaEvent() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+
+  /// Marks the current end of stream's work.
+  void record(const CudaStream& stream) { ZERO_CUDA_CHECK(cudaEventRecord(event_, stream.native())); }
+  /// Makes stream wait (on the device) for the recorded work; the host does not block.
+  void wait_on(const CudaStream& stream) const {
+    ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream.native(), event_, 0));
+  }
+  /// Blocks the host until the recorded work is done.
+  void synchronize() const { ZERO_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  /// True when the recorded work is done.
+  bool ready() const {
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaErrorNotReady) return false;
+    ZERO_CUDA_CHECK(status);
+    return true;
+  }
+  cudaEvent_t native() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+/// The current CUDA device.
+struct Cuda {
+  static constexpr DeviceKind kind = DeviceKind::cuda;
+  using Stream = CudaStream;
+  using Event = CudaEvent;
+  /// cudaMalloc's own alignment; enough for 128-bit vector loads.
+  static constexpr std::size_t default_alignment = 256;
+
+  /// The legacy default stream (a view, never destroyed).
+  static Stream& default_stream() {
+    static Stream stream = Stream::view(nullptr);  // a view of stream 0: no owned state
+    return stream;
+  }
+  /// Stream-ordered allocation from the device's default memory pool.
+  static void* allocate(std::size_t bytes, std::size_t alignment, Stream& stream) {
+    expect<Error>(alignment != 0 && alignment <= default_alignment &&
+                      (alignment & (alignment - 1)) == 0,
+                  "Cuda::allocate: alignment ", alignment, " must be a power of two <= ",
+                  default_alignment);
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t status = cudaMallocAsync(&p, bytes, stream.native());
+    if (status == cudaErrorMemoryAllocation) {
+      raise<OutOfMemoryError>("Cuda::allocate: out of device memory allocating ", bytes, " bytes");
+    }
+    ZERO_CUDA_CHECK(status);
+    return p;
+  }
+  /// Returns memory to the pool once stream's earlier work is done.
+  static void deallocate(void* p, std::size_t, Stream& stream) noexcept {
+    cudaFreeAsync(p, stream.native());
+  }
+  /// Copies bytes between any host or device pointers, ordered on stream.
+  static void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) {
+    if (bytes != 0) {
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream.native()));
+    }
+  }
+  /// Sets bytes to value, ordered on stream.
+  static void fill_bytes(void* dst, int value, std::size_t bytes, Stream& stream) {
+    if (bytes != 0) ZERO_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream.native()));
+  }
+};
+
+static_assert(Device<Cuda>);
+
+}  // namespace zero
