@@ -26,9 +26,10 @@ double best_seconds(Fn&& fn, int repeats = 7) {
 
 void report(const char* bench, long long n, double seconds, double bytes, double baseline_gbps) {
   const double gbps = bytes / seconds / 1e9;
-  std::printf("{\"bench\": \"%s\", \"config\": {\"elements\": %lld}, \"value\": %.3f, "
-              "\"unit\": \"GB/s\", \"ms\": %.3f, \"fraction_of_memcpy\": %.3f}\n",
-              bench, n, gbps, seconds * 1e3, baseline_gbps > 0 ? gbps / baseline_gbps : 1.0);
+  std::printf(
+      "{\"bench\": \"%s\", \"config\": {\"elements\": %lld}, \"value\": %.3f, "
+      "\"unit\": \"GB/s\", \"ms\": %.3f, \"fraction_of_memcpy\": %.3f}\n",
+      bench, n, gbps, seconds * 1e3, baseline_gbps > 0 ? gbps / baseline_gbps : 1.0);
 }
 
 }  // namespace

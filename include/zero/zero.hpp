@@ -1,7 +1,6 @@
 #pragma once
 // Umbrella header: everything in zero that compiles without nvcc.
 
-#include <zero/version.hpp>
 #include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
 #include <zero/core/device.hpp>
@@ -10,3 +9,4 @@
 #include <zero/core/rng.hpp>
 #include <zero/core/shape.hpp>
 #include <zero/core/tensor.hpp>
+#include <zero/version.hpp>

@@ -50,8 +50,8 @@ struct Table {
 
 Table build_table(Format f) {
   Table t;
-  const std::uint16_t inf_bits = static_cast<std::uint16_t>(((1 << f.exponent_bits) - 1)
-                                                            << f.mantissa_bits);
+  const std::uint16_t inf_bits =
+      static_cast<std::uint16_t>(((1 << f.exponent_bits) - 1) << f.mantissa_bits);
   for (std::uint32_t b = 0; b < inf_bits; ++b) {
     t.values.push_back(reference_to_double(static_cast<std::uint16_t>(b), f));
     t.bits.push_back(static_cast<std::uint16_t>(b));
@@ -95,8 +95,8 @@ void check_from_float(float x, const Table& t) {
   }
   const std::uint16_t want = reference_from_float(x, t);
   if (got != want) {
-    INFO("x = " << x << " (0x" << std::hex << std::bit_cast<std::uint32_t>(x) << ") got 0x"
-                << got << " want 0x" << want);
+    INFO("x = " << x << " (0x" << std::hex << std::bit_cast<std::uint32_t>(x) << ") got 0x" << got
+                << " want 0x" << want);
     CHECK(got == want);
   }
 }
@@ -144,11 +144,12 @@ void check_conversions(Format f) {
   }
   SECTION("from float: ties, neighbours of ties and specials against the reference") {
     for (float x : structured_values(table)) check_from_float<Half>(x, table);
-    for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, std::numeric_limits<float>::max(),
-                    std::numeric_limits<float>::lowest(), std::numeric_limits<float>::min(),
-                    std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
-                    std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                    std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xff800001u)}) {
+    for (float x :
+         {0.0f, -0.0f, INFINITY, -INFINITY, std::numeric_limits<float>::max(),
+          std::numeric_limits<float>::lowest(), std::numeric_limits<float>::min(),
+          std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
+          std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+          std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xff800001u)}) {
       check_from_float<Half>(x, table);
     }
   }
@@ -177,11 +178,11 @@ TEST_CASE("f16 boundary values", "[unit][dtype]") {
   using zero::f16;
   CHECK(f16::round_nearest_even(65504.0f) == 0x7bff);
   CHECK(f16::round_nearest_even(65519.99f) == 0x7bff);
-  CHECK(f16::round_nearest_even(65520.0f) == 0x7c00);          // tie goes to even: infinity
-  CHECK(f16::round_nearest_even(0x1p-24f) == 0x0001);          // smallest subnormal
-  CHECK(f16::round_nearest_even(0x1p-25f) == 0x0000);          // tie to even: zero
-  CHECK(f16::round_nearest_even(0x1.8p-24f) == 0x0002);        // 1.5 ulps: tie to even (2)
-  CHECK(f16::round_nearest_even(-0x1p-26f) == 0x8000);         // keeps the sign of zero
+  CHECK(f16::round_nearest_even(65520.0f) == 0x7c00);    // tie goes to even: infinity
+  CHECK(f16::round_nearest_even(0x1p-24f) == 0x0001);    // smallest subnormal
+  CHECK(f16::round_nearest_even(0x1p-25f) == 0x0000);    // tie to even: zero
+  CHECK(f16::round_nearest_even(0x1.8p-24f) == 0x0002);  // 1.5 ulps: tie to even (2)
+  CHECK(f16::round_nearest_even(-0x1p-26f) == 0x8000);   // keeps the sign of zero
   CHECK(f16::to_float(0x3c00) == 1.0f);
   CHECK(static_cast<float>(f16(0.1f)) == 0.0999755859375f);
 }

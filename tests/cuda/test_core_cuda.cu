@@ -7,9 +7,9 @@
 #include <cstring>
 #include <vector>
 
-#include <catch2/catch.hpp>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <catch2/catch.hpp>
 
 #include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
@@ -21,8 +21,9 @@ using namespace zero;
 
 namespace {
 
-__global__ void convert_on_device(const float* in, std::uint16_t* ours_bf16, std::uint16_t* cuda_bf16,
-                                  std::uint16_t* ours_f16, std::uint16_t* cuda_f16, int n) {
+__global__ void convert_on_device(const float* in, std::uint16_t* ours_bf16,
+                                  std::uint16_t* cuda_bf16, std::uint16_t* ours_f16,
+                                  std::uint16_t* cuda_f16, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   ours_bf16[i] = bf16::round_nearest_even(in[i]);
@@ -70,7 +71,8 @@ TEST_CASE("16-bit conversions give the same bits on host and device", "[cuda][dt
   Buffer<float, Cuda> d_in(in.size());
   Buffer<std::uint16_t, Cuda> a(in.size()), b(in.size()), c(in.size()), d(in.size());
   ZERO_CUDA_CHECK(cudaMemcpy(d_in.data(), in.data(), d_in.bytes(), cudaMemcpyHostToDevice));
-  convert_on_device<<<(n + 255) / 256, 256>>>(d_in.data(), a.data(), b.data(), c.data(), d.data(), n);
+  convert_on_device<<<(n + 255) / 256, 256>>>(d_in.data(), a.data(), b.data(), c.data(), d.data(),
+                                              n);
   ZERO_CUDA_CHECK(cudaGetLastError());
   const auto ours_bf = to_host(a), cuda_bf = to_host(b), ours_h = to_host(c), cuda_h = to_host(d);
   std::int64_t host_mismatch = 0, cuda_mismatch = 0;

@@ -38,9 +38,9 @@ class Arena {
     const std::uintptr_t start = (base + used_ + alignment - 1) & ~(alignment - 1);
     const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
     const std::size_t end = static_cast<std::size_t>(start - base) + bytes;
-    expect<OutOfMemoryError>(end <= storage_.size(), "Arena '", name_, "': cannot allocate ",
-                             bytes, " bytes for shape ", shape, ": ", used_, " of ",
-                             storage_.size(), " bytes in use; expected capacity >= ", end);
+    expect<OutOfMemoryError>(end <= storage_.size(), "Arena '", name_, "': cannot allocate ", bytes,
+                             " bytes for shape ", shape, ": ", used_, " of ", storage_.size(),
+                             " bytes in use; expected capacity >= ", end);
     used_ = end;
     peak_ = used_ > peak_ ? used_ : peak_;
     return Tensor<T>(reinterpret_cast<T*>(start), shape, Dev::kind);

@@ -68,7 +68,9 @@ class CudaEvent {
   }
 
   /// Marks the current end of stream's work.
-  void record(const CudaStream& stream) { ZERO_CUDA_CHECK(cudaEventRecord(event_, stream.native())); }
+  void record(const CudaStream& stream) {
+    ZERO_CUDA_CHECK(cudaEventRecord(event_, stream.native()));
+  }
   /// Makes stream wait (on the device) for the recorded work; the host does not block.
   void wait_on(const CudaStream& stream) const {
     ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream.native(), event_, 0));
@@ -103,10 +105,9 @@ struct Cuda {
   }
   /// Stream-ordered allocation from the device's default memory pool.
   static void* allocate(std::size_t bytes, std::size_t alignment, Stream& stream) {
-    expect<Error>(alignment != 0 && alignment <= default_alignment &&
-                      (alignment & (alignment - 1)) == 0,
-                  "Cuda::allocate: alignment ", alignment, " must be a power of two <= ",
-                  default_alignment);
+    expect<Error>(
+        alignment != 0 && alignment <= default_alignment && (alignment & (alignment - 1)) == 0,
+        "Cuda::allocate: alignment ", alignment, " must be a power of two <= ", default_alignment);
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     const cudaError_t status = cudaMallocAsync(&p, bytes, stream.native());

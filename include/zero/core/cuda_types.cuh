@@ -12,10 +12,20 @@
 namespace zero::cuda {
 
 /// CUDA's type with the same bits as T (T itself for other types).
-template <class T> struct native_type { using type = T; };
-template <> struct native_type<bf16> { using type = __nv_bfloat16; };
-template <> struct native_type<f16> { using type = __half; };
-template <class T> using native_type_t = typename native_type<T>::type;
+template <class T>
+struct native_type {
+  using type = T;
+};
+template <>
+struct native_type<bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct native_type<f16> {
+  using type = __half;
+};
+template <class T>
+using native_type_t = typename native_type<T>::type;
 
 static_assert(sizeof(__nv_bfloat16) == sizeof(bf16) && sizeof(__half) == sizeof(f16));
 

@@ -17,7 +17,9 @@ namespace zero {
 enum class DeviceKind : unsigned char { host, cuda };
 
 /// Name of a device kind ("host", "cuda").
-constexpr const char* name_of(DeviceKind kind) { return kind == DeviceKind::host ? "host" : "cuda"; }
+constexpr const char* name_of(DeviceKind kind) {
+  return kind == DeviceKind::host ? "host" : "cuda";
+}
 
 /// Host work is synchronous: a host stream orders nothing and never has pending work.
 struct HostStream {

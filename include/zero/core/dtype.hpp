@@ -22,15 +22,23 @@ enum class DType : std::uint8_t { f64, f32, bf16, f16, i64, i32, u16, u8 };
 
 /// All tags, in declaration order.
 inline constexpr DType all_dtypes[] = {DType::f64, DType::f32, DType::bf16, DType::f16,
-                                       DType::i64, DType::i32, DType::u16, DType::u8};
+                                       DType::i64, DType::i32, DType::u16,  DType::u8};
 
 /// Bytes per element of dtype.
 constexpr std::size_t size_of(DType dtype) {
   switch (dtype) {
-    case DType::f64: case DType::i64: return 8;
-    case DType::f32: case DType::i32: return 4;
-    case DType::bf16: case DType::f16: case DType::u16: return 2;
-    case DType::u8: return 1;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::bf16:
+    case DType::f16:
+    case DType::u16:
+      return 2;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
@@ -38,14 +46,22 @@ constexpr std::size_t size_of(DType dtype) {
 /// Lower-case name ("f32", "bf16", ...).
 constexpr std::string_view name_of(DType dtype) {
   switch (dtype) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i64: return "i64";
-    case DType::i32: return "i32";
-    case DType::u16: return "u16";
-    case DType::u8: return "u8";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i64:
+      return "i64";
+    case DType::i32:
+      return "i32";
+    case DType::u16:
+      return "u16";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -78,14 +94,22 @@ inline constexpr DType dtype_of = [] {
   static_assert(sizeof(T) == 0, "zero::dtype_of<T>: T is not a zero element type");
   return DType::u8;
 }();
-template <> inline constexpr DType dtype_of<double> = DType::f64;
-template <> inline constexpr DType dtype_of<float> = DType::f32;
-template <> inline constexpr DType dtype_of<bf16> = DType::bf16;
-template <> inline constexpr DType dtype_of<f16> = DType::f16;
-template <> inline constexpr DType dtype_of<std::int64_t> = DType::i64;
-template <> inline constexpr DType dtype_of<std::int32_t> = DType::i32;
-template <> inline constexpr DType dtype_of<std::uint16_t> = DType::u16;
-template <> inline constexpr DType dtype_of<std::uint8_t> = DType::u8;
+template <>
+inline constexpr DType dtype_of<double> = DType::f64;
+template <>
+inline constexpr DType dtype_of<float> = DType::f32;
+template <>
+inline constexpr DType dtype_of<bf16> = DType::bf16;
+template <>
+inline constexpr DType dtype_of<f16> = DType::f16;
+template <>
+inline constexpr DType dtype_of<std::int64_t> = DType::i64;
+template <>
+inline constexpr DType dtype_of<std::int32_t> = DType::i32;
+template <>
+inline constexpr DType dtype_of<std::uint16_t> = DType::u16;
+template <>
+inline constexpr DType dtype_of<std::uint8_t> = DType::u8;
 
 /// True for the 16-bit float storage types whose arithmetic happens in float.
 template <class T>
@@ -113,14 +137,22 @@ ZERO_HOST_DEVICE constexpr To convert(From value) {
 template <class Fn>
 decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f64: return fn(double{});
-    case DType::f32: return fn(float{});
-    case DType::bf16: return fn(bf16{});
-    case DType::f16: return fn(f16{});
-    case DType::i64: return fn(std::int64_t{});
-    case DType::i32: return fn(std::int32_t{});
-    case DType::u16: return fn(std::uint16_t{});
-    case DType::u8: return fn(std::uint8_t{});
+    case DType::f64:
+      return fn(double{});
+    case DType::f32:
+      return fn(float{});
+    case DType::bf16:
+      return fn(bf16{});
+    case DType::f16:
+      return fn(f16{});
+    case DType::i64:
+      return fn(std::int64_t{});
+    case DType::i32:
+      return fn(std::int32_t{});
+    case DType::u16:
+      return fn(std::uint16_t{});
+    case DType::u8:
+      return fn(std::uint8_t{});
   }
   raise<Error>("visit_dtype: invalid dtype tag ", static_cast<int>(dtype));
 }

@@ -16,19 +16,40 @@ class Error : public std::runtime_error {
 };
 
 /// A configuration value or combination is invalid; the message names the key path.
-class ConfigError : public Error { public: using Error::Error; };
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
 /// A collective failed, timed out or saw mismatched arguments; names op, group and ranks.
-class CommError : public Error { public: using Error::Error; };
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
 /// A checkpoint is missing, truncated, corrupted or incompatible; names the file and tensor.
-class CheckpointError : public Error { public: using Error::Error; };
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
 /// Tensor shapes, sizes or dtypes do not fit together.
-class ShapeError : public Error { public: using Error::Error; };
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
 /// A file or device I/O operation failed.
-class IoError : public Error { public: using Error::Error; };
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
 /// An allocation or a fixed-capacity pool ran out of memory.
-class OutOfMemoryError : public Error { public: using Error::Error; };
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
 /// A CUDA, cuBLAS or NCCL call failed; names the call and the place.
-class CudaError : public Error { public: using Error::Error; };
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
 
 namespace detail {
 /// Streams every argument into one string (std::format is not in g++ 12).
@@ -50,7 +71,8 @@ template <class ErrorType = Error, class... Parts>
 /// only formatted on failure.
 template <class ErrorType = Error, class... Parts>
 inline void expect(bool condition, const Parts&... parts) {
-  if (!condition) [[unlikely]] raise<ErrorType>(parts...);
+  if (!condition) [[unlikely]]
+    raise<ErrorType>(parts...);
 }
 
 }  // namespace zero

@@ -37,11 +37,11 @@ struct f16 {
       return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x03ffu));
     }
     if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: Inf
-    if (a < 0x38800000u) {  // below 2^-14: an f16 subnormal or zero
-      if (a <= 0x33000000u) return sign;  // <= 2^-25, half the smallest subnormal: ties to 0
-      const std::uint32_t exponent = a >> 23;             // 102..112
+    if (a < 0x38800000u) {                     // below 2^-14: an f16 subnormal or zero
+      if (a <= 0x33000000u) return sign;       // <= 2^-25, half the smallest subnormal: ties to 0
+      const std::uint32_t exponent = a >> 23;  // 102..112
       const std::uint32_t mantissa = (a & 0x007fffffu) | 0x00800000u;
-      const std::uint32_t shift = 126u - exponent;        // 14..24; value = mantissa >> shift ulps
+      const std::uint32_t shift = 126u - exponent;  // 14..24; value = mantissa >> shift ulps
       std::uint32_t result = mantissa >> shift;
       const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
       const std::uint32_t half = 1u << (shift - 1u);

@@ -73,10 +73,9 @@ class CounterRng {
   /// of 2^32 independent streams per index (dropout masks use it for the layer or step).
   ZERO_HOST_DEVICE constexpr Philox4x32::Counter words(std::uint64_t index,
                                                        std::uint32_t sub = 0) const {
-    return Philox4x32::generate({static_cast<std::uint32_t>(index),
-                                 static_cast<std::uint32_t>(index >> 32), sub, 0u},
-                                {static_cast<std::uint32_t>(key_),
-                                 static_cast<std::uint32_t>(key_ >> 32)});
+    return Philox4x32::generate(
+        {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), sub, 0u},
+        {static_cast<std::uint32_t>(key_), static_cast<std::uint32_t>(key_ >> 32)});
   }
   /// Uniform double in [0, 1) with 53 random bits, for element index.
   double uniform(std::uint64_t index) const {
@@ -119,7 +118,8 @@ void fill_uniform(Tensor<T> out, const CounterRng& rng, std::int64_t first_index
   T* data = out.span().data();
   const std::int64_t n = out.numel();
   for (std::int64_t i = 0; i < n; ++i) {
-    data[i] = convert<T>(low + (high - low) * rng.uniform(static_cast<std::uint64_t>(first_index + i)));
+    data[i] =
+        convert<T>(low + (high - low) * rng.uniform(static_cast<std::uint64_t>(first_index + i)));
   }
 }
 

@@ -71,7 +71,8 @@ class Shape {
   /// Writes "[d0, d1, ...]".
   friend std::ostream& operator<<(std::ostream& out, const Shape& s) {
     out << '[';
-    for (int i = 0; i < s.rank_; ++i) out << (i ? ", " : "") << s.extents_[static_cast<std::size_t>(i)];
+    for (int i = 0; i < s.rank_; ++i)
+      out << (i ? ", " : "") << s.extents_[static_cast<std::size_t>(i)];
     return out << ']';
   }
   /// "[d0, d1, ...]" as a string.

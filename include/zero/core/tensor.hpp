@@ -27,8 +27,8 @@ class Tensor {
       : data_(data), shape_(shape), device_(device) {}
   /// A Tensor<T> converts to a Tensor<const T>.
   template <class U>
-    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
-  constexpr Tensor(const Tensor<U>& other)  // NOLINT: implicit by design
+  requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>) constexpr Tensor(
+      const Tensor<U>& other)  // NOLINT: implicit by design
       : data_(other.data()), shape_(other.shape()), device_(other.device()) {}
 
   constexpr T* data() const { return data_; }
@@ -53,9 +53,9 @@ class Tensor {
   Tensor flat() const { return Tensor(data_, Shape{numel()}, device_); }
   /// count elements starting at flat offset, as a 1-D view.
   Tensor slice(std::int64_t offset, std::int64_t count) const {
-    expect<ShapeError>(offset >= 0 && count >= 0 && offset + count <= numel(),
-                       "Tensor::slice: [", offset, ", ", offset + count,
-                       ") is outside the tensor's ", numel(), " elements");
+    expect<ShapeError>(offset >= 0 && count >= 0 && offset + count <= numel(), "Tensor::slice: [",
+                       offset, ", ", offset + count, ") is outside the tensor's ", numel(),
+                       " elements");
     return Tensor(data_ + offset, Shape{count}, device_);
   }
   /// Sub-tensor at index i of the first dimension.
