@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
               mismatches == 0 ? "yes" : "NO", static_cast<long long>(mismatches));
   std::printf(
       "std of the weights: %.5f (asked 0.02); largest relative bf16 rounding error: %.2e "
-      "(bound 2^-9 = %.2e)\n",
-      std::sqrt(sum_sq / double(numel)), bf16_err, std::ldexp(1.0, -9));
+      "(bound 2^-8 = %.2e: 8 significant bits)\n",
+      std::sqrt(sum_sq / double(numel)), bf16_err, std::ldexp(1.0, -8));
 
   zero::Arena<> scratch(1 << 20, "scratch");
   auto a = scratch.allocate<zero::bf16>({64, 768});

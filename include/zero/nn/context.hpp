@@ -1,0 +1,34 @@
+#pragma once
+// StepContext: what flows between units during one micro-step. Units read the batch and the
+// current activation x, write their output back to x (forward), or read dy and write dx
+// (backward). Saved activations come from the arena in stack order: a unit's backward releases
+// everything its forward took, which is exactly LIFO when units run backward in reverse.
+
+#include <cstdint>
+
+#include <zero/core/arena.hpp>
+#include <zero/core/tensor.hpp>
+
+namespace zero::nn {
+
+/// The state of one forward/backward micro-step through a model's units.
+template <class T>
+struct StepContext {
+  Arena<Host>* arena = nullptr;           ///< activations and temporaries
+  const std::int32_t* tokens = nullptr;   ///< [B, T] inputs
+  const std::int32_t* targets = nullptr;  ///< [B, T] labels (ignore_index = -1 skips a token)
+  std::int64_t batch = 0;                 ///< B
+  std::int64_t seq_len = 0;               ///< T
+  bool training = true;                   ///< save what backward needs; dropout active
+  std::uint64_t step = 0;                 ///< selects dropout masks
+  Tensor<T> x;                            ///< activation between units (forward)
+  Tensor<T> dy;                           ///< gradient arriving at a unit's output (backward)
+  Tensor<T> dx;                           ///< gradient the unit writes for its input (backward)
+  T loss = T(0);                          ///< mean loss, set by the last unit
+  T loss_scale = T(1);                    ///< dloss seeding the backward pass (fp16 scaling)
+
+  /// Number of token positions B * T.
+  std::int64_t tokens_count() const { return batch * seq_len; }
+};
+
+}  // namespace zero::nn

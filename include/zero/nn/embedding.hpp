@@ -1,0 +1,78 @@
+#pragma once
+// The embedding unit: token embedding wte [V, C] plus learned positions wpe [maxT, C].
+// wte is also the LM head's weight (tied); it belongs to this unit, and the head declares that
+// it uses it.
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zero/nn/context.hpp>
+#include <zero/nn/gpt_config.hpp>
+#include <zero/nn/param.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
+#include <zero/ops/cpu/embedding.hpp>
+
+namespace zero::nn {
+
+/// Unit 0 of GPT: tokens -> x [B*T, C].
+template <class T>
+class Embedding {
+ public:
+  explicit Embedding(const GPTConfig& cfg) : cfg_(cfg) {}
+
+  /// wte then wpe.
+  std::vector<ParamSpec> params() const {
+    return {
+        {"transformer.wte.weight", {cfg_.vocab_size, cfg_.channels}, Init::normal, 0.02, false},
+        {"transformer.wpe.weight", {cfg_.max_seq_len, cfg_.channels}, Init::normal, 0.02, false}};
+  }
+  /// Binds views in params() order.
+  void bind(std::span<const ParamView<T>> views) {
+    wte_ = views[0];
+    wpe_ = views[1];
+  }
+  const ParamView<T>& wte() const { return wte_; }
+
+  /// Writes ctx.x = wte[tokens] + wpe[positions] (with dropout when training and configured).
+  void forward(StepContext<T>& ctx) {
+    const std::int64_t N = ctx.tokens_count(), C = cfg_.channels;
+    expect<ShapeError>(ctx.seq_len <= cfg_.max_seq_len, "Embedding: sequence length ", ctx.seq_len,
+                       " exceeds max_seq_len ", cfg_.max_seq_len);
+    mark_ = ctx.arena->mark();
+    Tensor<T> out = ctx.arena->template allocate<T>({N, C});
+    ops::cpu::embedding_forward(out.data(), ctx.tokens, wte_.value.data(), wpe_.value.data(),
+                                ctx.batch, ctx.seq_len, C, cfg_.vocab_size);
+    if (ctx.training && cfg_.dropout > 0) {
+      ops::cpu::dropout_forward(out.data(), out.data(), N * C, cfg_.dropout, rng(),
+                                static_cast<std::uint32_t>(ctx.step));
+    }
+    ctx.x = out;
+  }
+  /// Accumulates into wte/wpe gradients from ctx.dy; frees this unit's activations.
+  void backward(StepContext<T>& ctx) {
+    const std::int64_t N = ctx.tokens_count(), C = cfg_.channels;
+    const T* dy = ctx.dy.data();
+    Tensor<T> masked;
+    if (cfg_.dropout > 0) {
+      masked = ctx.arena->template allocate<T>({N, C});
+      for (T& v : masked) v = T(0);
+      ops::cpu::dropout_backward(masked.data(), dy, N * C, cfg_.dropout, rng(),
+                                 static_cast<std::uint32_t>(ctx.step));
+      dy = masked.data();
+    }
+    ops::cpu::embedding_backward(wte_.grad.data(), wpe_.grad.data(), dy, ctx.tokens, ctx.batch,
+                                 ctx.seq_len, C);
+    ctx.dx = {};
+    ctx.arena->release(mark_);
+  }
+
+ private:
+  CounterRng rng() const { return CounterRng(CounterRng::key_for(0, "dropout.embedding")); }
+
+  GPTConfig cfg_;
+  ParamView<T> wte_, wpe_;
+  Arena<Host>::Mark mark_ = 0;
+};
+
+}  // namespace zero::nn

@@ -1,0 +1,194 @@
+// Host kernels: every backward pass against central finite differences of its forward pass in
+// f64, plus edge cases (T = 1, non-power-of-two heads and lengths, ignored targets).
+#include <cstdint>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <zero/ops/cpu/attention.hpp>
+#include <zero/ops/cpu/cross_entropy.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
+#include <zero/ops/cpu/embedding.hpp>
+#include <zero/ops/cpu/gelu.hpp>
+#include <zero/ops/cpu/gemm.hpp>
+#include <zero/ops/cpu/layer_norm.hpp>
+#include <zero/ops/cpu/linear.hpp>
+#include "gradcheck.hpp"
+
+using namespace zero::ops::cpu;
+using zero::testing::max_gradient_error;
+using zero::testing::random_vector;
+using zero::testing::weighted_sum;
+using Vec = std::vector<double>;
+
+TEST_CASE("gemm agrees with the loop reference for every transpose", "[unit][ops]") {
+  const std::int64_t M = 7, N = 5, K = 9;
+  for (Trans ta : {Trans::no, Trans::yes}) {
+    for (Trans tb : {Trans::no, Trans::yes}) {
+      Vec A = random_vector(M * K, 1), B = random_vector(K * N, 2), C = random_vector(M * N, 3);
+      Vec R = C;
+      const std::int64_t lda = ta == Trans::no ? K : M, ldb = tb == Trans::no ? N : K;
+      gemm(ta, tb, M, N, K, 0.5, A.data(), lda, B.data(), ldb, 2.0, C.data(), N);
+      for (std::int64_t m = 0; m < M; ++m) {
+        for (std::int64_t n = 0; n < N; ++n) {
+          double s = 0;
+          for (std::int64_t k = 0; k < K; ++k) {
+            s += (ta == Trans::no ? A[m * K + k] : A[k * M + m]) *
+                 (tb == Trans::no ? B[k * N + n] : B[n * K + k]);
+          }
+          REQUIRE(C[m * N + n] == Approx(0.5 * s + 2.0 * R[m * N + n]).epsilon(1e-12));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("linear backward equals finite differences", "[unit][ops]") {
+  const std::int64_t N = 5, C = 7, OC = 3;
+  Vec x = random_vector(N * C, 1), w = random_vector(OC * C, 2), b = random_vector(OC, 3);
+  const Vec r = random_vector(N * OC, 4);
+  auto loss = [&] {
+    Vec out(N * OC);
+    linear_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    return weighted_sum(out, r);
+  };
+  Vec dx(N * C, 0), dw(OC * C, 0), db(OC, 0);
+  linear_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), N, C, OC);
+  CHECK(max_gradient_error(x, dx, loss) < 1e-7);
+  CHECK(max_gradient_error(w, dw, loss) < 1e-7);
+  CHECK(max_gradient_error(b, db, loss) < 1e-7);
+  // Negative control: a gradient missing one contribution is caught.
+  Vec wrong = dw;
+  wrong[4] *= 0.5;
+  CHECK(max_gradient_error(w, wrong, loss) > 1e-3);
+}
+
+TEST_CASE("layer norm backward equals finite differences", "[unit][ops]") {
+  const std::int64_t N = 4, C = 10;
+  Vec x = random_vector(N * C, 5, 2.0), w = random_vector(C, 6), b = random_vector(C, 7);
+  const Vec r = random_vector(N * C, 8);
+  Vec out(N * C), mean(N), rstd(N);
+  auto loss = [&] {
+    layer_norm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    return weighted_sum(out, r);
+  };
+  loss();
+  Vec dx(N * C, 0), dw(C, 0), db(C, 0);
+  layer_norm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
+                      rstd.data(), N, C);
+  CHECK(max_gradient_error(x, dx, loss) < 1e-6);
+  CHECK(max_gradient_error(w, dw, loss) < 1e-7);
+  CHECK(max_gradient_error(b, db, loss) < 1e-7);
+}
+
+TEST_CASE("gelu backward equals finite differences", "[unit][ops]") {
+  Vec x = random_vector(50, 9, 4.0);
+  const Vec r = random_vector(50, 10);
+  auto loss = [&] {
+    Vec out(50);
+    gelu_forward(out.data(), x.data(), 50);
+    return weighted_sum(out, r);
+  };
+  Vec dx(50, 0);
+  gelu_backward(dx.data(), x.data(), r.data(), 50);
+  CHECK(max_gradient_error(x, dx, loss) < 1e-7);
+  Vec y(1);
+  const double one = 1.0;
+  gelu_forward(y.data(), &one, 1);
+  CHECK(y[0] == Approx(0.8411919906082768).epsilon(1e-12));  // 0.5(1+tanh(sqrt(2/pi)*1.044715))
+}
+
+TEST_CASE("causal attention backward equals finite differences", "[unit][ops]") {
+  struct Shape {
+    std::int64_t B, T, C, NH;
+  };
+  for (Shape s : {Shape{2, 5, 12, 3}, Shape{1, 1, 8, 2}, Shape{1, 7, 6, 1}}) {
+    INFO("B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH);
+    Vec qkv = random_vector(s.B * s.T * 3 * s.C, 11, 1.5);
+    const Vec r = random_vector(s.B * s.T * s.C, 12);
+    Vec att(s.B * s.NH * s.T * s.T);
+    auto loss = [&] {
+      Vec out(s.B * s.T * s.C);
+      attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+      return weighted_sum(out, r);
+    };
+    loss();
+    Vec dqkv(qkv.size(), 0);
+    attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH);
+    CHECK(max_gradient_error(qkv, dqkv, loss) < 1e-6);
+    // Rows of att are causal probability distributions.
+    for (std::int64_t bh = 0; bh < s.B * s.NH; ++bh) {
+      for (std::int64_t t = 0; t < s.T; ++t) {
+        double sum = 0;
+        for (std::int64_t t2 = 0; t2 < s.T; ++t2) {
+          const double a = att[(bh * s.T + t) * s.T + t2];
+          if (t2 > t) REQUIRE(a == 0.0);
+          sum += a;
+        }
+        REQUIRE(sum == Approx(1.0).epsilon(1e-12));
+      }
+    }
+  }
+  // T = 1: each token attends only to itself, so the output is v.
+  Vec qkv = random_vector(3 * 4, 13), out(4), att(2);
+  attention_forward(out.data(), att.data(), qkv.data(), 1, 1, 4, 2);
+  for (int i = 0; i < 4; ++i) CHECK(out[i] == Approx(qkv[8 + i]).epsilon(1e-14));
+}
+
+TEST_CASE("fused softmax cross-entropy: value, gradient, ignored targets", "[unit][ops]") {
+  const std::int64_t N = 6, V = 9;
+  Vec logits = random_vector(N * V, 14, 3.0);
+  const std::vector<std::int32_t> targets = {3, ignore_index, 0, 8, ignore_index, 5};
+  Vec losses(N);
+  auto loss = [&] {
+    return cross_entropy_forward(losses.data(), logits.data(), targets.data(), N, V);
+  };
+  const double mean = loss();
+  double manual = 0;
+  for (std::int64_t n = 0; n < N; ++n) {
+    if (targets[n] == ignore_index) continue;
+    double z = 0;
+    for (std::int64_t v = 0; v < V; ++v) z += std::exp(logits[n * V + v]);
+    manual += std::log(z) - logits[n * V + targets[n]];
+  }
+  CHECK(mean == Approx(manual / 4).epsilon(1e-12));
+  Vec d(N * V);
+  cross_entropy_backward(d.data(), logits.data(), targets.data(), N, V);
+  CHECK(max_gradient_error(logits, d, loss) < 1e-7);
+  std::vector<std::int32_t> bad = targets;
+  bad[2] = 9;
+  CHECK_THROWS_WITH(cross_entropy_forward(losses.data(), logits.data(), bad.data(), N, V),
+                    Catch::Contains("target 9") && Catch::Contains("position 2"));
+}
+
+TEST_CASE("embedding backward equals finite differences", "[unit][ops]") {
+  const std::int64_t B = 2, T = 3, C = 4, V = 5;
+  Vec wte = random_vector(V * C, 15), wpe = random_vector(T * C, 16);
+  const std::vector<std::int32_t> tokens = {1, 4, 1, 0, 1, 3};  // repeats accumulate
+  const Vec r = random_vector(B * T * C, 17);
+  auto loss = [&] {
+    Vec out(B * T * C);
+    embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+    return weighted_sum(out, r);
+  };
+  Vec dwte(V * C, 0), dwpe(T * C, 0);
+  embedding_backward(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C);
+  CHECK(max_gradient_error(wte, dwte, loss) < 1e-8);
+  CHECK(max_gradient_error(wpe, dwpe, loss) < 1e-8);
+  std::vector<std::int32_t> bad = {1, 5, 0, 0, 0, 0};
+  Vec out(B * T * C);
+  CHECK_THROWS_AS(embedding_forward(out.data(), bad.data(), wte.data(), wpe.data(), B, T, C, V),
+                  zero::ShapeError);
+}
+
+TEST_CASE("dropout keeps the expected fraction and its backward matches", "[unit][ops]") {
+  const zero::CounterRng rng(99);
+  const std::int64_t n = 100000;
+  Vec x(n, 1.0), y(n), dx(n, 0.0);
+  dropout_forward(y.data(), x.data(), n, 0.25, rng, 3);
+  std::int64_t kept = 0;
+  for (double v : y) kept += v != 0.0;
+  CHECK(std::fabs(double(kept) / n - 0.75) < 0.01);
+  dropout_backward(dx.data(), x.data(), n, 0.25, rng, 3);
+  for (std::int64_t i = 0; i < n; ++i) REQUIRE(dx[i] == y[i]);  // same mask, same scale
+}
