@@ -1,0 +1,3 @@
+#pragma once
+// The DeepSpeed-compatible training config (see zero/config/config.hpp).
+#include <zero/config/config.hpp>

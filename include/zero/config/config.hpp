@@ -1,0 +1,350 @@
+#pragma once
+// zero::Config: a DeepSpeed-compatible JSON config. Keys and defaults follow DeepSpeed
+// (runtime/config.py, runtime/zero/config.py, fp16 loss scaler); "auto" (HF Trainer style) leaves
+// a value for the program to fill in; every invalid value or inconsistent combination is a
+// ConfigError naming the key path; unknown keys are collected as warnings, not errors.
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <zero/config/json_reader.hpp>
+#include <zero/config/zero_optimization.hpp>
+#include <zero/core/error.hpp>
+
+namespace zero {
+
+/// "fp16": dynamic loss scaling when loss_scale is 0 (DeepSpeed semantics).
+struct Fp16Config {
+  std::optional<bool> enabled = false;  ///< empty: "auto", the engine's Precision decides
+  double loss_scale = 0;                ///< 0 = dynamic
+  int initial_scale_power = 16;
+  std::int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;
+};
+
+/// "optimizer" or "scheduler": a type name and its parameters (numbers or lists of numbers);
+/// parameters set to "auto" are listed in auto_params for the program to fill.
+struct NamedParams {
+  std::string type;
+  std::map<std::string, std::vector<double>> params;  ///< scalars are one-element lists
+  std::vector<std::string> auto_params;
+
+  /// The scalar parameter key, or fallback when absent or auto.
+  double get(const std::string& key, double fallback) const {
+    const auto it = params.find(key);
+    return it == params.end() || it->second.empty() ? fallback : it->second.front();
+  }
+};
+
+/// A whole training config.
+struct Config {
+  std::optional<std::int64_t> train_batch_size;
+  std::optional<std::int64_t> train_micro_batch_size_per_gpu;
+  std::optional<std::int64_t> gradient_accumulation_steps;
+  std::optional<double> gradient_clipping = 0.0;  ///< 0 = off; empty = "auto"
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  std::int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  std::string communication_data_type;  ///< empty: the model's dtype
+  double comm_timeout_s = 300;          ///< zero's own key: deadline of every collective wait
+  Fp16Config fp16;
+  std::optional<bool> bf16_enabled = false;  ///< empty: "auto"
+  std::optional<NamedParams> optimizer;
+  std::optional<NamedParams> scheduler;
+  config::ZeroOptimizationConfig zero_optimization;
+  std::vector<std::string> warnings;  ///< unknown keys and other non-fatal findings
+
+  /// Parses a config; throws ConfigError naming the key path of the first bad value.
+  static Config from_json(const nlohmann::json& j) {
+    expect<ConfigError>(j.is_object(), "config: expected a JSON object at the top, got ",
+                        j.type_name());
+    Config c;
+    config::JsonReader r(j, "");
+    c.train_batch_size = r.integer("train_batch_size");
+    c.train_micro_batch_size_per_gpu = r.integer("train_micro_batch_size_per_gpu");
+    c.gradient_accumulation_steps = r.integer("gradient_accumulation_steps");
+    auto positive = [&](const char* key, const std::optional<std::int64_t>& v) {
+      expect<ConfigError>(!v || *v > 0, r.where(key), ": ", v.value_or(0), " must be positive");
+    };
+    positive("train_batch_size", c.train_batch_size);
+    positive("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+    positive("gradient_accumulation_steps", c.gradient_accumulation_steps);
+    c.gradient_clipping = r.number_or_auto("gradient_clipping", 0.0);
+    expect<ConfigError>(c.gradient_clipping.value_or(0) >= 0, r.where("gradient_clipping"), ": ",
+                        c.gradient_clipping.value_or(0), " must be >= 0 (0 turns clipping off)");
+    c.prescale_gradients = r.boolean("prescale_gradients").value_or(false);
+    c.gradient_predivide_factor = r.number("gradient_predivide_factor").value_or(1.0);
+    expect<ConfigError>(c.gradient_predivide_factor > 0, r.where("gradient_predivide_factor"),
+                        ": must be positive");
+    c.steps_per_print = r.integer("steps_per_print").value_or(10);
+    expect<ConfigError>(c.steps_per_print > 0, r.where("steps_per_print"), ": ", c.steps_per_print,
+                        " must be positive");
+    c.wall_clock_breakdown = r.boolean("wall_clock_breakdown").value_or(false);
+    c.communication_data_type = r.string("communication_data_type").value_or("");
+    if (!c.communication_data_type.empty()) {
+      const auto& t = c.communication_data_type;
+      expect<ConfigError>(t == "fp32" || t == "fp16" || t == "bf16",
+                          r.where("communication_data_type"), ": '", t,
+                          "' is not one of fp32, fp16, bf16");
+    }
+    c.comm_timeout_s = r.number("comm_timeout_s").value_or(300);
+    expect<ConfigError>(c.comm_timeout_s > 0, r.where("comm_timeout_s"), ": must be positive");
+    r.boolean("memory_breakdown");
+    r.boolean("dump_state");
+    r.boolean("zero_allow_untested_optimizer");
+    r.boolean("zero_force_ds_cpu_optimizer");
+
+    read_fp16(r.object("fp16"), c);
+    {
+      auto b = r.object("bf16");
+      c.bf16_enabled = b.boolean_or_auto("enabled", false);
+      b.boolean("immediate_grad_update");
+      collect(b, c.warnings);
+    }
+    if (r.has("bfloat16")) {  // DeepSpeed's older spelling
+      auto b = r.object("bfloat16");
+      c.bf16_enabled = b.boolean("enabled").value_or(false);
+      collect(b, c.warnings);
+    }
+    expect<ConfigError>(!(c.fp16.enabled.value_or(false) && c.bf16_enabled.value_or(false)),
+                        "fp16.enabled and bf16.enabled are both true: choose one precision");
+    if (r.has("optimizer"))
+      c.optimizer = read_named(r.object("optimizer"), c.warnings, optimizer_types());
+    if (r.has("scheduler"))
+      c.scheduler = read_named(r.object("scheduler"), c.warnings, scheduler_types());
+    read_zero(r.object("zero_optimization"), c);
+    for (const char* section :
+         {"activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint", "aio",
+          "data_types", "tensorboard", "wandb", "csv_monitor", "zero"}) {
+      (void)r.raw(section);  // accepted sections whose keys zero reads elsewhere or ignores
+    }
+    collect(r, c.warnings);
+    return c;
+  }
+  /// Parses JSON text; parse errors name the position.
+  static Config from_json_string(const std::string& text) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      raise<ConfigError>("config: invalid JSON: ", e.what());
+    }
+    return from_json(j);
+  }
+  /// Parses a JSON file; errors name the file.
+  static Config from_json_file(const std::string& path) {
+    std::ifstream in(path);
+    expect<ConfigError>(in.good(), "config: cannot open '", path, "'");
+    std::stringstream text;
+    text << in.rdbuf();
+    try {
+      return from_json_string(text.str());
+    } catch (const ConfigError& e) {
+      raise<ConfigError>(path, ": ", e.what());
+    }
+  }
+
+  /// Resolved batch sizes: train = micro * accumulation * dp.
+  struct BatchSizes {
+    std::int64_t train, micro, accumulation;
+  };
+  /// Applies DeepSpeed's batch-size rule for data-parallel size dp: any two of train, micro and
+  /// accumulation give the third; one of train or micro alone means accumulation 1; all three
+  /// must agree. Throws ConfigError with the numbers when they cannot.
+  BatchSizes resolve_batch(std::int64_t dp) const {
+    expect<ConfigError>(dp > 0, "resolve_batch: data-parallel size ", dp, " must be positive");
+    const auto& t = train_batch_size;
+    const auto& m = train_micro_batch_size_per_gpu;
+    const auto& g = gradient_accumulation_steps;
+    BatchSizes b{};
+    if (t && m && g) {
+      b = {*t, *m, *g};
+    } else if (t && m) {
+      expect<ConfigError>(*t % (*m * dp) == 0, "train_batch_size ", *t,
+                          " is not divisible by train_micro_batch_size_per_gpu ", *m,
+                          " x data-parallel size ", dp);
+      b = {*t, *m, *t / (*m * dp)};
+    } else if (t && g) {
+      expect<ConfigError>(*t % (*g * dp) == 0, "train_batch_size ", *t,
+                          " is not divisible by gradient_accumulation_steps ", *g,
+                          " x data-parallel size ", dp);
+      b = {*t, *t / (*g * dp), *g};
+    } else if (m && g) {
+      b = {*m * *g * dp, *m, *g};
+    } else if (t) {
+      expect<ConfigError>(*t % dp == 0, "train_batch_size ", *t,
+                          " is not divisible by the data-parallel size ", dp);
+      b = {*t, *t / dp, 1};
+    } else if (m) {
+      b = {*m * dp, *m, 1};
+    } else {
+      raise<ConfigError>(
+          "train_batch_size or train_micro_batch_size_per_gpu must be given "
+          "(gradient_accumulation_steps alone does not fix the batch)");
+    }
+    expect<ConfigError>(b.train == b.micro * b.accumulation * dp, "train_batch_size ", b.train,
+                        " != train_micro_batch_size_per_gpu ", b.micro,
+                        " x gradient_accumulation_steps ", b.accumulation, " x data-parallel size ",
+                        dp);
+    return b;
+  }
+
+  /// Fills "auto" bucket sizes from the model's hidden size with HF Trainer's rules
+  /// (reduce_bucket_size = hidden^2, prefetch = 0.9 hidden^2, persistence = 10 hidden).
+  void resolve_auto_buckets(std::int64_t hidden) {
+    auto& z = zero_optimization;
+    if (!z.reduce_bucket_size) z.reduce_bucket_size = hidden * hidden;
+    if (!z.stage3_prefetch_bucket_size) z.stage3_prefetch_bucket_size = hidden * hidden * 9 / 10;
+    if (!z.stage3_param_persistence_threshold) z.stage3_param_persistence_threshold = 10 * hidden;
+  }
+
+ private:
+  static const std::vector<std::string>& optimizer_types() {
+    static const std::vector<std::string> types = {"Adam", "AdamW",   "SGD",    "Lion",
+                                                   "LAMB", "RMSprop", "Adagrad"};
+    return types;
+  }
+  static const std::vector<std::string>& scheduler_types() {
+    static const std::vector<std::string> types = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
+                                                   "OneCycle", "LRRangeTest"};
+    return types;
+  }
+
+  static void collect(const config::JsonReader& r, std::vector<std::string>& warnings) {
+    for (const auto& k : r.unknown_keys()) warnings.push_back("unknown key " + k + " (ignored)");
+  }
+
+  static void read_fp16(config::JsonReader f, Config& c) {
+    c.fp16.enabled = f.boolean_or_auto("enabled", false);
+    c.fp16.loss_scale = f.number("loss_scale").value_or(0);
+    c.fp16.initial_scale_power = static_cast<int>(f.integer("initial_scale_power").value_or(16));
+    c.fp16.loss_scale_window = f.integer("loss_scale_window").value_or(1000);
+    c.fp16.hysteresis = static_cast<int>(f.integer("hysteresis").value_or(2));
+    c.fp16.consecutive_hysteresis = f.boolean("consecutive_hysteresis").value_or(false);
+    c.fp16.min_loss_scale = f.number("min_loss_scale").value_or(1);
+    f.boolean("auto_cast");
+    f.boolean("fp16_master_weights_and_grads");
+    expect<ConfigError>(c.fp16.loss_scale >= 0, f.where("loss_scale"), ": ", c.fp16.loss_scale,
+                        " must be >= 0 (0 = dynamic)");
+    expect<ConfigError>(c.fp16.initial_scale_power >= 0 && c.fp16.initial_scale_power <= 63,
+                        f.where("initial_scale_power"), ": ", c.fp16.initial_scale_power,
+                        " must be in [0, 63]");
+    expect<ConfigError>(c.fp16.loss_scale_window > 0, f.where("loss_scale_window"), ": ",
+                        c.fp16.loss_scale_window, " must be positive");
+    expect<ConfigError>(c.fp16.hysteresis > 0, f.where("hysteresis"), ": ", c.fp16.hysteresis,
+                        " must be positive");
+    expect<ConfigError>(c.fp16.min_loss_scale > 0, f.where("min_loss_scale"), ": ",
+                        c.fp16.min_loss_scale, " must be positive");
+    collect(f, c.warnings);
+  }
+
+  static NamedParams read_named(config::JsonReader r, std::vector<std::string>& warnings,
+                                const std::vector<std::string>& known) {
+    NamedParams n;
+    auto type = r.string("type");
+    expect<ConfigError>(type.has_value(), r.where("type"), ": required");
+    n.type = *type;
+    bool ok = false;
+    std::string list;
+    for (const auto& k : known) {
+      list += (list.empty() ? "" : ", ") + k;
+      if (k.size() == n.type.size() &&
+          std::equal(k.begin(), k.end(), n.type.begin(), [](char a, char b) {
+            return std::tolower(static_cast<unsigned char>(a)) ==
+                   std::tolower(static_cast<unsigned char>(b));
+          })) {
+        n.type = k;  // DeepSpeed matches type names case-insensitively
+        ok = true;
+      }
+    }
+    expect<ConfigError>(ok, r.where("type"), ": '", *type, "' is not supported; expected one of ",
+                        list);
+    const nlohmann::json params = r.raw("params");
+    if (!params.is_null()) {
+      expect<ConfigError>(params.is_object(), r.where("params"), ": expected an object");
+      for (const auto& [key, value] : params.items()) {
+        const std::string path = r.where("params") + "." + key;
+        if (value.is_string() && value.get<std::string>() == "auto") {
+          n.auto_params.push_back(key);
+        } else if (value.is_number() || value.is_boolean()) {
+          n.params[key] = {value.get<double>()};
+        } else if (value.is_array()) {
+          std::vector<double> v;
+          for (const auto& e : value) {
+            expect<ConfigError>(e.is_number(), path, ": expected numbers, got ", value.dump());
+            v.push_back(e.get<double>());
+          }
+          n.params[key] = v;
+        } else if (value.is_string()) {
+          warnings.push_back(path + " = " + value.dump() + " is a string (ignored)");
+        } else {
+          raise<ConfigError>(path, ": expected a number, a list of numbers or \"auto\", got ",
+                             value.dump());
+        }
+      }
+    }
+    collect(r, warnings);
+    return n;
+  }
+
+  static void read_zero(config::JsonReader z, Config& c) {
+    auto& o = c.zero_optimization;
+    const auto stage = z.integer("stage").value_or(0);
+    expect<ConfigError>(stage >= 0 && stage <= 3, z.where("stage"), ": ", stage,
+                        " is not a ZeRO stage; expected 0, 1, 2 or 3");
+    o.stage = static_cast<int>(stage);
+    o.contiguous_gradients = z.boolean("contiguous_gradients").value_or(true);
+    o.reduce_scatter = z.boolean("reduce_scatter").value_or(true);
+    o.overlap_comm = z.boolean("overlap_comm").value_or(o.stage == 3);
+    o.allgather_partitions = z.boolean("allgather_partitions").value_or(true);
+    auto sized = [&](const char* key, std::int64_t fallback) {
+      const auto v = z.integer_or_auto(key, fallback);
+      expect<ConfigError>(!v || *v >= 0, z.where(key), ": ", v.value_or(0), " must be >= 0");
+      return v;
+    };
+    o.reduce_bucket_size = sized("reduce_bucket_size", 500'000'000);
+    o.allgather_bucket_size = sized("allgather_bucket_size", 500'000'000).value_or(500'000'000);
+    o.sub_group_size = sized("sub_group_size", 1'000'000'000).value_or(1'000'000'000);
+    o.stage3_prefetch_bucket_size = sized("stage3_prefetch_bucket_size", 50'000'000);
+    o.stage3_param_persistence_threshold = sized("stage3_param_persistence_threshold", 100'000);
+    o.stage3_max_live_parameters =
+        sized("stage3_max_live_parameters", 1'000'000'000).value_or(1'000'000'000);
+    o.stage3_max_reuse_distance =
+        sized("stage3_max_reuse_distance", 1'000'000'000).value_or(1'000'000'000);
+    o.stage3_gather_16bit_weights_on_model_save =
+        z.boolean("stage3_gather_16bit_weights_on_model_save").value_or(false) ||
+        z.boolean("stage3_gather_fp16_weights_on_model_save").value_or(false);
+    for (const char* key :
+         {"load_from_fp32_weights", "round_robin_gradients", "ignore_unused_parameters",
+          "use_multi_rank_bucket_allreduce", "memory_efficient_linear", "elastic_checkpoint"}) {
+      z.boolean(key);
+    }
+    o.offload_optimizer = config::OffloadConfig::read(z.object("offload_optimizer"), 4, c.warnings);
+    o.offload_param = config::OffloadConfig::read(z.object("offload_param"), 5, c.warnings);
+    if (z.boolean("cpu_offload").value_or(false)) {  // deprecated spelling
+      o.offload_optimizer.device = config::OffloadDevice::cpu;
+      c.warnings.push_back(z.where("cpu_offload") +
+                           " is deprecated: use offload_optimizer.device = cpu");
+    }
+    expect<ConfigError>(o.offload_param.device == config::OffloadDevice::none || o.stage == 3,
+                        z.where("offload_param"),
+                        ": parameter offload needs stage 3, the config has stage ", o.stage);
+    expect<ConfigError>(o.offload_optimizer.device == config::OffloadDevice::none || o.stage >= 1,
+                        z.where("offload_optimizer"),
+                        ": optimizer offload needs stage 1, 2 or 3, the config has stage ",
+                        o.stage);
+    collect(z, c.warnings);
+  }
+};
+
+}  // namespace zero

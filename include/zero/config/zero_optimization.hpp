@@ -1,0 +1,89 @@
+#pragma once
+// The "zero_optimization" section of a DeepSpeed config: stage, buckets, stage-3 prefetch and
+// persistence, and the offload sub-sections. Sizes are in elements, as DeepSpeed's are.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <zero/config/json_reader.hpp>
+
+namespace zero::config {
+
+/// Where offloaded state lives.
+enum class OffloadDevice : unsigned char { none, cpu, nvme };
+
+/// Name of an offload device as written in configs ("none", "cpu", "nvme").
+constexpr const char* name_of(OffloadDevice d) {
+  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
+}
+
+/// "offload_optimizer" or "offload_param".
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::string nvme_path;                   ///< required for nvme
+  std::int64_t buffer_count = 4;           ///< DeepSpeed: 4 (optimizer), 5 (param)
+  std::int64_t buffer_size = 100'000'000;  ///< param offload buffer, elements
+  std::int64_t max_in_cpu = 1'000'000'000;
+  bool pin_memory = false;
+  bool pipeline_read = false, pipeline_write = false;
+  double ratio = 1.0;
+
+  /// Reads the section at r (DeepSpeed's buffer_count default is default_buffers); key paths
+  /// nobody reads are appended to unknown.
+  static OffloadConfig read(JsonReader r, std::int64_t default_buffers,
+                            std::vector<std::string>& unknown) {
+    OffloadConfig c;
+    c.buffer_count = default_buffers;
+    if (auto d = r.string("device")) {
+      if (*d == "none")
+        c.device = OffloadDevice::none;
+      else if (*d == "cpu")
+        c.device = OffloadDevice::cpu;
+      else if (*d == "nvme")
+        c.device = OffloadDevice::nvme;
+      else
+        raise<ConfigError>(r.where("device"), ": '", *d,
+                           "' is not an offload device; expected none, cpu or nvme");
+    }
+    c.nvme_path = r.string("nvme_path").value_or("");
+    c.buffer_count = r.integer("buffer_count").value_or(c.buffer_count);
+    c.buffer_size = r.integer("buffer_size").value_or(c.buffer_size);
+    c.max_in_cpu = r.integer("max_in_cpu").value_or(c.max_in_cpu);
+    c.pin_memory = r.boolean("pin_memory").value_or(false);
+    c.pipeline_read = r.boolean("pipeline_read").value_or(false);
+    c.pipeline_write = r.boolean("pipeline_write").value_or(false);
+    c.ratio = r.number("ratio").value_or(1.0);
+    r.boolean("fast_init");  // accepted, no effect: initialisation is always sharded
+    expect<ConfigError>(c.device != OffloadDevice::nvme || !c.nvme_path.empty(),
+                        r.where("nvme_path"), ": required when device is nvme");
+    expect<ConfigError>(c.buffer_count > 0, r.where("buffer_count"), ": ", c.buffer_count,
+                        " must be positive");
+    expect<ConfigError>(c.ratio > 0 && c.ratio <= 1, r.where("ratio"), ": ", c.ratio,
+                        " must be in (0, 1]");
+    for (const auto& k : r.unknown_keys()) unknown.push_back(k);
+    return c;
+  }
+};
+
+/// The ZeRO section. Empty optionals are "auto": the engine fills them from the model.
+struct ZeroOptimizationConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  bool overlap_comm = false;
+  bool allgather_partitions = true;
+  std::optional<std::int64_t> reduce_bucket_size = 500'000'000;
+  std::int64_t allgather_bucket_size = 500'000'000;
+  std::int64_t sub_group_size = 1'000'000'000;
+  std::optional<std::int64_t> stage3_prefetch_bucket_size = 50'000'000;
+  std::optional<std::int64_t> stage3_param_persistence_threshold = 100'000;
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;
+  std::int64_t stage3_max_reuse_distance = 1'000'000'000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+};
+
+}  // namespace zero::config
