@@ -31,3 +31,29 @@ function(zero_header_requirements header out)
   endforeach()
   set(${out} ${_req} PARENT_SCOPE)
 endfunction()
+
+# zero_add_mpi_test(NAME <name> TARGET <exe> RANKS <k> [ARGS ...]): runs <exe> "[mpi]" [ARGS]
+# under `mpiexec -n <k> --oversubscribe` (plus --allow-run-as-root when running as root), with
+# label mpi. Open MPI's root and oversubscription switches are also set in the environment,
+# so the test runs the same in containers and on small CI machines.
+function(zero_add_mpi_test)
+  cmake_parse_arguments(ARG "" "NAME;TARGET;RANKS" "ARGS" ${ARGN})
+  if(NOT ARG_NAME OR NOT ARG_TARGET OR NOT ARG_RANKS)
+    message(FATAL_ERROR "zero_add_mpi_test: NAME, TARGET and RANKS are required")
+  endif()
+  set(_flags --oversubscribe)
+  execute_process(COMMAND id -u OUTPUT_VARIABLE _uid OUTPUT_STRIP_TRAILING_WHITESPACE
+                  ERROR_QUIET)
+  if(_uid STREQUAL "0")
+    list(APPEND _flags --allow-run-as-root)
+  endif()
+  add_test(NAME ${ARG_NAME}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ARG_RANKS} ${_flags}
+                   ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${ARG_TARGET}> ${MPIEXEC_POSTFLAGS}
+                   "[mpi]" ${ARG_ARGS})
+  set_tests_properties(${ARG_NAME} PROPERTIES
+    LABELS mpi
+    PROCESSORS ${ARG_RANKS}
+    TIMEOUT 300
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+endfunction()

@@ -1,0 +1,26 @@
+#pragma once
+// Run-time options shared by every communicator backend.
+
+#include <chrono>
+
+namespace zero::parallel {
+
+/// Options of a communicator; split children inherit their parent's.
+struct CommOptions {
+  /// Deadline of every blocking wait, in seconds: past it the op raises a CommError that names
+  /// the op, the group, the ranks and the bytes instead of hanging (config key comm_timeout_s).
+  double timeout_s = 300.0;
+
+  friend bool operator==(const CommOptions&, const CommOptions&) = default;
+};
+
+/// Clock of every deadline: steady, so wall-clock changes cannot fire or stall a timeout.
+using CommClock = std::chrono::steady_clock;
+
+/// The time point timeout_s from now.
+inline CommClock::time_point deadline_after(double timeout_s) {
+  return CommClock::now() + std::chrono::duration_cast<CommClock::duration>(
+                                std::chrono::duration<double>(timeout_s));
+}
+
+}  // namespace zero::parallel

@@ -1,0 +1,72 @@
+// CommLogger: counts, nccl-tests bytes and bus factors per op and group, run-time switch.
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <vector>
+
+#include <parallel/comm/comm_logger.hpp>
+#include <parallel/comm/local_comm.hpp>
+
+#include "comm_test_util.hpp"
+
+using namespace zero;
+using namespace zero::parallel;
+
+TEST_CASE("bus_factor follows nccl-tests", "[unit][comm]") {
+  CHECK(bus_factor(CommOp::all_reduce, 4) == Approx(1.5));
+  CHECK(bus_factor(CommOp::reduce_scatter, 4) == Approx(0.75));
+  CHECK(bus_factor(CommOp::all_gather, 8) == Approx(0.875));
+  CHECK(bus_factor(CommOp::all_to_all, 2) == Approx(0.5));
+  CHECK(bus_factor(CommOp::broadcast, 8) == 1.0);
+  CHECK(bus_factor(CommOp::all_reduce, 1) == 0.0);
+}
+
+TEST_CASE("CommLogger records per op and group, and can be switched off", "[unit][comm]") {
+  const int n = 4;
+  constexpr std::size_t count = 1024;
+  struct Totals { CommStats ar, rs, ag, ar_tp, all; std::size_t rows; CommStats after_off; };
+  auto got = testing::per_rank<Totals>(n, [&](LocalComm& world) {
+    auto logger = std::make_shared<CommLogger>();
+    world.set_logger(logger);
+    auto tp = world.split(world.rank() / 2, world.rank(), "tp");  // inherits the logger
+    std::vector<float> a(count), big(count * n);
+    world.all_reduce(std::span<float>(a), ReduceOp::sum);
+    world.all_reduce(std::span<float>(a), ReduceOp::sum);
+    world.reduce_scatter(std::span<const float>(big), std::span<float>(a), ReduceOp::sum);
+    world.all_gather(std::span<const float>(a), std::span<float>(big));
+    tp.all_reduce(std::span<float>(a), ReduceOp::sum);
+    Totals t{logger->total(CommOp::all_reduce, "world"), logger->total(CommOp::reduce_scatter),
+             logger->total(CommOp::all_gather), logger->total(CommOp::all_reduce, "tp"),
+             logger->total(), logger->records().size(), {}};
+    logger->enable(false);
+    world.all_reduce(std::span<float>(a), ReduceOp::sum);
+    logger->enable(true);
+    logger->reset();
+    t.after_off = logger->total();
+    return t;
+  });
+  const double bytes = count * sizeof(float);
+  for (const auto& t : got) {
+    CHECK(t.ar.count == 2);
+    CHECK(t.ar.bytes == 2 * count * sizeof(float));
+    CHECK(t.ar.bus_bytes == Approx(2 * bytes * 1.5));
+    CHECK(t.rs.bytes == n * count * sizeof(float));  // S is the whole send buffer
+    CHECK(t.rs.bus_bytes == Approx(n * bytes * 0.75));
+    CHECK(t.ag.bytes == n * count * sizeof(float));
+    CHECK(t.ar_tp.count == 1);
+    CHECK(t.ar_tp.bus_bytes == Approx(bytes * 1.0));  // 2 ranks: 2(n-1)/n = 1
+    CHECK(t.all.count == 6);                            // 5 ops + the split
+    CHECK(t.rows == 5);                                 // split, ar, rs, ag on world; ar on tp
+    CHECK(t.ar.time_s > 0);
+    CHECK(t.after_off.count == 0);
+  }
+}
+
+TEST_CASE("CommLogger report prints one JSON object per row", "[unit][comm]") {
+  CommLogger logger;
+  logger.record(CommOp::all_gather, "dp", 8, 8000, 0.001);
+  const auto text = logger.report();
+  CHECK(text == "{\"op\":\"all_gather\",\"group\":\"dp\",\"ranks\":8,\"count\":1,\"bytes\":8000,"
+                "\"bus_bytes\":7000,\"time_s\":0.001,\"algbw_gbps\":0.008,\"busbw_gbps\":0.007}\n");
+}

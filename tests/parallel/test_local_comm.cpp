@@ -1,0 +1,363 @@
+// LocalComm collectives: every op x element type x world size 1..8 against closed forms.
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <latch>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <parallel/comm/local_comm.hpp>
+
+#include "comm_test_util.hpp"
+
+using namespace zero;
+using namespace zero::parallel;
+using namespace zero::parallel::testing;
+
+#define COMM_TYPES double, float, zero::bf16, zero::f16, std::int32_t, std::int64_t, std::uint8_t
+
+TEMPLATE_TEST_CASE("LocalComm all_reduce matches the closed form for every op and world size",
+                   "[unit][comm]", COMM_TYPES) {
+  using T = TestType;
+  constexpr std::size_t count = 37;  // not a multiple of the rank count: uneven chunks
+  for (int n = 1; n <= 8; ++n) {
+    for (ReduceOp op : all_reduce_ops) {
+      for (bool in_place : {false, true}) {
+        auto got = per_rank<std::vector<T>>(n, [&](LocalComm& comm) {
+          auto send = make_input<T>(comm.rank(), count);
+          if (in_place) {
+            comm.all_reduce(std::span<T>(send), op);
+            return send;
+          }
+          std::vector<T> recv(count);
+          comm.all_reduce(std::span<const T>(send), std::span<T>(recv), op);
+          return recv;
+        });
+        std::vector<T> want(count);
+        for (std::size_t i = 0; i < count; ++i) want[i] = expected_reduction<T>(op, n, i);
+        INFO("n=" << n << " op=" << name_of(op) << " in_place=" << in_place);
+        for (int r = 0; r < n; ++r) CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("LocalComm reduce_scatter gives rank r the reduction of chunk r",
+                   "[unit][comm]", COMM_TYPES) {
+  using T = TestType;
+  constexpr std::size_t count = 13;
+  for (int n = 1; n <= 8; ++n) {
+    for (ReduceOp op : all_reduce_ops) {
+      auto got = per_rank<std::vector<T>>(n, [&](LocalComm& comm) {
+        auto send = make_input<T>(comm.rank(), count * static_cast<std::size_t>(n));
+        std::vector<T> recv(count);
+        comm.reduce_scatter(std::span<const T>(send), std::span<T>(recv), op);
+        return recv;
+      });
+      INFO("n=" << n << " op=" << name_of(op));
+      for (int r = 0; r < n; ++r) {
+        std::vector<T> want(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          want[i] = expected_reduction<T>(op, n, static_cast<std::size_t>(r) * count + i);
+        }
+        CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("LocalComm all_gather and broadcast move every rank's data", "[unit][comm]",
+                   COMM_TYPES) {
+  using T = TestType;
+  constexpr std::size_t count = 11;
+  for (int n = 1; n <= 8; ++n) {
+    for (bool in_place : {false, true}) {
+      auto got = per_rank<std::vector<T>>(n, [&](LocalComm& comm) {
+        std::vector<T> recv(count * static_cast<std::size_t>(n));
+        auto send = make_input<T>(comm.rank(), count);
+        if (in_place) {
+          // NCCL's in-place form: the send buffer is this rank's chunk of recv.
+          auto mine = std::span<T>(recv).subspan(static_cast<std::size_t>(comm.rank()) * count, count);
+          std::copy(send.begin(), send.end(), mine.begin());
+          comm.all_gather(std::span<const T>(mine), std::span<T>(recv));
+        } else {
+          comm.all_gather(std::span<const T>(send), std::span<T>(recv));
+        }
+        return recv;
+      });
+      std::vector<T> want;
+      for (int q = 0; q < n; ++q) {
+        auto chunk = make_input<T>(q, count);
+        append(want, chunk);
+      }
+      INFO("all_gather n=" << n << " in_place=" << in_place);
+      for (int r = 0; r < n; ++r) CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
+    }
+    for (int root = 0; root < n; ++root) {
+      auto got = per_rank<std::vector<T>>(n, [&](LocalComm& comm) {
+        auto buf = make_input<T>(comm.rank(), count);
+        comm.broadcast(std::span<T>(buf), root);
+        return buf;
+      });
+      INFO("broadcast n=" << n << " root=" << root);
+      for (int r = 0; r < n; ++r) {
+        CHECK(first_mismatch(got[static_cast<std::size_t>(r)], make_input<T>(root, count)) == -1);
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("LocalComm all_to_all and all_to_all_v transpose chunks", "[unit][comm]",
+                   COMM_TYPES) {
+  using T = TestType;
+  constexpr std::size_t count = 3;
+  for (int n = 1; n <= 8; ++n) {
+    const auto un = static_cast<std::size_t>(n);
+    // Rank r's chunk for rank q holds input_value(r, q*count + i).
+    auto got = per_rank<std::vector<T>>(n, [&](LocalComm& comm) {
+      auto send = make_input<T>(comm.rank(), count * un);
+      std::vector<T> recv(count * un);
+      comm.all_to_all(std::span<const T>(send), std::span<T>(recv));
+      return recv;
+    });
+    for (int r = 0; r < n; ++r) {
+      std::vector<T> want;
+      for (int q = 0; q < n; ++q) {
+        auto chunk = make_input<T>(q, count, static_cast<std::size_t>(r) * count);
+        append(want, chunk);
+      }
+      INFO("all_to_all n=" << n << " rank " << r);
+      CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
+    }
+    // Variable: rank s sends (s + d) % 3 elements to rank d, valued s*100 + d (mod 256 for u8).
+    auto sent = [](int s, int d) { return static_cast<std::size_t>((s + d) % 3); };
+    auto value = [](int s, int d) { return convert<T>(static_cast<double>((s * 10 + d) % 60)); };
+    auto got_v = per_rank<std::vector<T>>(n, [&](LocalComm& comm) {
+      const int me = comm.rank();
+      std::vector<std::size_t> send_counts(un), recv_counts(un);
+      std::vector<T> send;
+      for (int d = 0; d < n; ++d) {
+        send_counts[static_cast<std::size_t>(d)] = sent(me, d);
+        recv_counts[static_cast<std::size_t>(d)] = sent(d, me);
+        send.insert(send.end(), sent(me, d), value(me, d));
+      }
+      std::vector<T> recv(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+      comm.all_to_all_v(std::span<const T>(send), std::span<const std::size_t>(send_counts),
+                        std::span<T>(recv), std::span<const std::size_t>(recv_counts));
+      return recv;
+    });
+    for (int r = 0; r < n; ++r) {
+      std::vector<T> want;
+      for (int s = 0; s < n; ++s) want.insert(want.end(), sent(s, r), value(s, r));
+      INFO("all_to_all_v n=" << n << " rank " << r);
+      CHECK(first_mismatch(got_v[static_cast<std::size_t>(r)], want) == -1);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("LocalComm async ops give the blocking results", "[unit][comm]", COMM_TYPES) {
+  using T = TestType;
+  constexpr std::size_t count = 9;
+  for (int n : {1, 3, 4}) {
+    const auto un = static_cast<std::size_t>(n);
+    auto got = per_rank<std::vector<T>>(n, [&](LocalComm& comm) {
+      auto a = make_input<T>(comm.rank(), count);
+      std::vector<T> reduced(count), scattered(count), gathered(count * un), alltoall(count * un);
+      auto big = make_input<T>(comm.rank(), count * un);
+      auto w1 = comm.all_reduce_async(std::span<const T>(a), std::span<T>(reduced), ReduceOp::sum);
+      auto w2 = comm.reduce_scatter_async(std::span<const T>(big), std::span<T>(scattered), ReduceOp::max);
+      auto w3 = comm.all_gather_async(std::span<const T>(a), std::span<T>(gathered));
+      auto w4 = comm.all_to_all_async(std::span<const T>(big), std::span<T>(alltoall));
+      auto w5 = comm.barrier_async();
+      w5.wait();
+      w1.wait();
+      w2.wait();
+      w3.wait();
+      w4.wait();
+      std::vector<T> out = reduced;
+      append(out, scattered);
+      append(out, gathered);
+      append(out, alltoall);
+      return out;
+    });
+    for (int r = 0; r < n; ++r) {
+      std::vector<T> want;
+      for (std::size_t i = 0; i < count; ++i) want.push_back(expected_reduction<T>(ReduceOp::sum, n, i));
+      for (std::size_t i = 0; i < count; ++i) {
+        want.push_back(expected_reduction<T>(ReduceOp::max, n, static_cast<std::size_t>(r) * count + i));
+      }
+      for (int q = 0; q < n; ++q) {
+        auto c = make_input<T>(q, count);
+        append(want, c);
+      }
+      for (int q = 0; q < n; ++q) {
+        auto c = make_input<T>(q, count, static_cast<std::size_t>(r) * count);
+        append(want, c);
+      }
+      INFO("n=" << n << " rank " << r);
+      CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
+    }
+  }
+}
+
+TEST_CASE("LocalComm async all_reduce returns before the peers join, so compute overlaps",
+          "[unit][comm]") {
+  // Rank 1 joins only after rank 0 has issued the op, seen it pending and finished computing:
+  // if the async call blocked, rank 0 would time out instead.
+  std::latch rank0_computed(1);
+  struct Result { bool pending_after_issue = false; double compute = 0; float reduced = 0; };
+  auto got = per_rank<Result>(2, [&](LocalComm& comm) {
+    Result res;
+    std::vector<float> buf(1 << 16, static_cast<float>(comm.rank() + 1));
+    if (comm.rank() == 0) {
+      auto work = comm.all_reduce_async(std::span<const float>(buf), std::span<float>(buf), ReduceOp::sum);
+      res.pending_after_issue = !work.test();
+      for (int i = 1; i <= 1000; ++i) res.compute += 1.0 / i;  // the overlapped compute
+      rank0_computed.count_down();
+      work.wait();
+    } else {
+      rank0_computed.wait();
+      comm.all_reduce(std::span<float>(buf), ReduceOp::sum);
+    }
+    res.reduced = buf[123];
+    return res;
+  }, CommOptions{.timeout_s = 20});
+  CHECK(got[0].pending_after_issue);
+  CHECK(got[0].compute > 7.48);
+  CHECK(got[0].reduced == 3.0f);
+  CHECK(got[1].reduced == 3.0f);
+}
+
+TEST_CASE("LocalComm send/recv and grouped exchanges", "[unit][comm]") {
+  for (int n = 2; n <= 8; ++n) {
+    // Ring: everyone sends to the right and receives from the left inside one group, so the
+    // order within the group does not matter.
+    auto got = per_rank<std::vector<std::int64_t>>(n, [&](LocalComm& comm) {
+      const int right = (comm.rank() + 1) % n, left = (comm.rank() + n - 1) % n;
+      std::vector<std::int64_t> out{comm.rank() * 10, comm.rank() * 10 + 1}, in(2), in2(2);
+      comm.group_start();
+      comm.recv(std::span<std::int64_t>(in), left, 7);
+      comm.send(std::span<const std::int64_t>(out), right, 7);
+      comm.group_end();
+      // Plain send then recv: sends are eager, so this cannot deadlock either.
+      comm.send(std::span<const std::int64_t>(out), left, 8);
+      comm.recv(std::span<std::int64_t>(in2), right, 8);
+      auto w = comm.send_async(std::span<const std::int64_t>(out), right, 9);
+      std::vector<std::int64_t> in3(2);
+      auto w2 = comm.recv_async(std::span<std::int64_t>(in3), left, 9);
+      w.wait();
+      w2.wait();
+      append(in, in2);
+      append(in, in3);
+      return in;
+    });
+    for (int r = 0; r < n; ++r) {
+      const std::int64_t left = (r + n - 1) % n, right = (r + 1) % n;
+      CHECK(got[static_cast<std::size_t>(r)] ==
+            std::vector<std::int64_t>{left * 10, left * 10 + 1, right * 10, right * 10 + 1,
+                                      left * 10, left * 10 + 1});
+    }
+  }
+}
+
+TEST_CASE("LocalComm split builds ordered sub-groups; undefined color gives a null comm",
+          "[unit][comm]") {
+  const int n = 8;
+  struct Result { int sub_rank, sub_size; std::vector<int> members; bool null_comm; std::vector<int> nested; };
+  auto got = per_rank<Result>(n, [&](LocalComm& comm) {
+    Result res{};
+    // Even and odd ranks, ordered by descending world rank (key = -rank).
+    auto sub = comm.split(comm.rank() % 2, -comm.rank(), "parity");
+    res.sub_rank = sub.rank();
+    res.sub_size = sub.size();
+    std::vector<int> mine{comm.rank()};
+    res.members.resize(static_cast<std::size_t>(sub.size()));
+    sub.all_gather(std::span<const int>(mine), std::span<int>(res.members));
+    auto none = comm.split(comm.rank() < 3 ? 0 : undefined_color, 0);
+    res.null_comm = none.is_null();
+    if (!none.is_null()) none.barrier();
+    // A split of a split: pairs inside each parity group.
+    auto pair = sub.split(sub.rank() / 2, sub.rank());
+    res.nested.resize(2);
+    pair.all_gather(std::span<const int>(mine), std::span<int>(res.nested));
+    return res;
+  });
+  CHECK(got[0].members == std::vector<int>{6, 4, 2, 0});
+  CHECK(got[1].members == std::vector<int>{7, 5, 3, 1});
+  CHECK(got[6].sub_rank == 0);
+  CHECK(got[0].sub_rank == 3);
+  CHECK(got[5].sub_size == 4);
+  for (int r = 0; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)].null_comm == (r >= 3));
+  CHECK(got[0].nested == std::vector<int>{2, 0});
+  CHECK(got[6].nested == std::vector<int>{6, 4});
+  CHECK(got[3].nested == std::vector<int>{3, 1});
+}
+
+TEST_CASE("LocalComm reductions are in rank order, so runs are bitwise reproducible",
+          "[unit][comm]") {
+  const int n = 5;
+  constexpr std::size_t count = 10007;
+  auto inputs = [](int rank) {
+    std::mt19937 gen(static_cast<unsigned>(1234 + rank));
+    std::normal_distribution<float> dist(0.0f, 1e3f);
+    std::vector<float> v(count);
+    for (auto& x : v) x = dist(gen);
+    return v;
+  };
+  auto once = [&] {
+    return per_rank<std::vector<float>>(n, [&](LocalComm& comm) {
+      auto v = inputs(comm.rank());
+      comm.all_reduce(std::span<float>(v), ReduceOp::sum);
+      return v;
+    });
+  };
+  auto a = once(), b = once();
+  std::vector<float> serial = inputs(0);
+  for (int r = 1; r < n; ++r) {
+    auto v = inputs(r);
+    for (std::size_t i = 0; i < count; ++i) serial[i] += v[i];
+  }
+  for (int r = 0; r < n; ++r) {
+    CHECK(first_mismatch(a[static_cast<std::size_t>(r)], b[static_cast<std::size_t>(r)]) == -1);
+    CHECK(first_mismatch(a[static_cast<std::size_t>(r)], serial) == -1);
+  }
+}
+
+TEST_CASE("LocalComm sums bf16 and f16 in fp32 and rounds once", "[unit][comm]") {
+  // 256 + 7 * 1: fp32 accumulation gives 263, which rounds to 264 in bf16; rounding after every
+  // rank would stay at 256 (256 + 1 ties to even at 256).
+  auto got = per_rank<float>(8, [](LocalComm& comm) {
+    std::vector<bf16> v{bf16(comm.rank() == 0 ? 256.0f : 1.0f)};
+    comm.all_reduce(std::span<bf16>(v), ReduceOp::sum);
+    return static_cast<float>(v[0]);
+  });
+  for (float x : got) CHECK(x == 264.0f);
+  // f16: 2048 + 7 * 1 = 2055 -> 2056 (f16 spacing is 2 above 2048).
+  auto got16 = per_rank<float>(8, [](LocalComm& comm) {
+    std::vector<f16> v{f16(comm.rank() == 0 ? 2048.0f : 1.0f)};
+    comm.all_reduce(std::span<f16>(v), ReduceOp::sum);
+    return static_cast<float>(v[0]);
+  });
+  for (float x : got16) CHECK(x == 2056.0f);
+}
+
+TEST_CASE("Negative control: a wrong closed form is caught by the comparison", "[unit][comm]") {
+  const int n = 4;
+  constexpr std::size_t count = 8;
+  auto got = per_rank<std::vector<float>>(n, [&](LocalComm& comm) {
+    auto v = make_input<float>(comm.rank(), count);
+    comm.all_reduce(std::span<float>(v), ReduceOp::sum);
+    return v;
+  });
+  std::vector<float> right(count), missing_rank(count), doubled_rank(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    right[i] = expected_reduction<float>(ReduceOp::sum, n, i);
+    missing_rank[i] = expected_reduction<float>(ReduceOp::sum, n - 1, i);  // a dropped rank
+    doubled_rank[i] = right[i] + static_cast<float>(input_value(0, i));      // rank 0 twice
+  }
+  CHECK(first_mismatch(got[0], right) == -1);
+  CHECK(first_mismatch(got[0], missing_rank) == 0);
+  CHECK(first_mismatch(got[0], doubled_rank) == 0);
+}

@@ -1,0 +1,203 @@
+// MpiComm under mpiexec (2 and 4 ranks): every op x element type against closed forms, split
+// and ProcessGroups against the Grid, async completion, deadlines, logger. Every rank asserts
+// on its own results; the main reduces the exit code over ranks.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include <parallel/comm/mpi_comm.hpp>
+#include <parallel/process_groups.hpp>
+
+#include "comm_test_util.hpp"
+
+using namespace zero;
+using namespace zero::parallel;
+using namespace zero::parallel::testing;
+using Catch::Matchers::Contains;
+
+#define COMM_TYPES double, float, zero::bf16, zero::f16, std::int32_t, std::int64_t, std::uint8_t
+
+namespace {
+/// Every collective on comm checked against the closed forms; returns nothing, asserts inline
+/// (each MPI rank is its own process, so Catch2 is safe here).
+template <class T>
+void check_all_ops(MpiComm& comm) {
+  const int n = comm.size(), me = comm.rank();
+  const auto un = static_cast<std::size_t>(n);
+  constexpr std::size_t count = 21;
+  for (ReduceOp op : all_reduce_ops) {
+    INFO("group " << comm.name() << " op " << name_of(op));
+    auto send = make_input<T>(me, count);
+    std::vector<T> recv(count), want(count);
+    for (std::size_t i = 0; i < count; ++i) want[i] = expected_reduction<T>(op, n, i);
+    comm.all_reduce(std::span<const T>(send), std::span<T>(recv), op);
+    CHECK(first_mismatch(recv, want) == -1);
+    comm.all_reduce(std::span<T>(send), op);  // in place
+    CHECK(first_mismatch(send, want) == -1);
+
+    auto big = make_input<T>(me, count * un);
+    std::vector<T> mine(count), want_rs(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      want_rs[i] = expected_reduction<T>(op, n, static_cast<std::size_t>(me) * count + i);
+    }
+    comm.reduce_scatter(std::span<const T>(big), std::span<T>(mine), op);
+    CHECK(first_mismatch(mine, want_rs) == -1);
+  }
+  std::vector<T> gathered(count * un), want_ag;
+  for (int q = 0; q < n; ++q) append(want_ag, make_input<T>(q, count));
+  auto send = make_input<T>(me, count);
+  comm.all_gather(std::span<const T>(send), std::span<T>(gathered));
+  CHECK(first_mismatch(gathered, want_ag) == -1);
+
+  for (int root = 0; root < n; ++root) {
+    auto buf = make_input<T>(me, count);
+    comm.broadcast(std::span<T>(buf), root);
+    CHECK(first_mismatch(buf, make_input<T>(root, count)) == -1);
+  }
+
+  auto a2a_send = make_input<T>(me, 3 * un);
+  std::vector<T> a2a_recv(3 * un), want_a2a;
+  for (int q = 0; q < n; ++q) append(want_a2a, make_input<T>(q, 3, static_cast<std::size_t>(me) * 3));
+  comm.all_to_all(std::span<const T>(a2a_send), std::span<T>(a2a_recv));
+  CHECK(first_mismatch(a2a_recv, want_a2a) == -1);
+
+  auto sent = [](int s, int d) { return static_cast<std::size_t>((s + d) % 3); };
+  auto value = [](int s, int d) { return convert<T>(static_cast<double>((s * 10 + d) % 60)); };
+  std::vector<std::size_t> sc(un), rc(un);
+  std::vector<T> v_send, v_want;
+  for (int d = 0; d < n; ++d) {
+    sc[static_cast<std::size_t>(d)] = sent(me, d);
+    rc[static_cast<std::size_t>(d)] = sent(d, me);
+    v_send.insert(v_send.end(), sent(me, d), value(me, d));
+    v_want.insert(v_want.end(), sent(d, me), value(d, me));
+  }
+  std::vector<T> v_recv(v_want.size());
+  comm.all_to_all_v(std::span<const T>(v_send), std::span<const std::size_t>(sc),
+                    std::span<T>(v_recv), std::span<const std::size_t>(rc));
+  CHECK(first_mismatch(v_recv, v_want) == -1);
+
+  if (n > 1) {
+    const int right = (me + 1) % n, left = (me + n - 1) % n;
+    auto out = make_input<T>(me, 4);
+    std::vector<T> in(4);
+    comm.group_start();  // a ring of blocking pairs would deadlock without the group
+    comm.send(std::span<const T>(out), right, 3);
+    comm.recv(std::span<T>(in), left, 3);
+    comm.group_end();
+    CHECK(first_mismatch(in, make_input<T>(left, 4)) == -1);
+  }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("MpiComm: every op matches the closed form on the world and a split",
+                   "[mpi]", COMM_TYPES) {
+  auto world = MpiComm::world();
+  check_all_ops<TestType>(world);
+  auto halves = world.split(world.rank() % 2, world.rank(), "parity");
+  check_all_ops<TestType>(halves);
+}
+
+TEST_CASE("MpiComm: ProcessGroups' sub-communicators hold the Grid's ranks", "[mpi]") {
+  auto world = MpiComm::world();
+  const int n = world.size();
+  const Grid grid = n % 4 == 0 ? Grid::for_world(n, 2, 1, 1, 2) : Grid::for_world(n, n, 1, 1, 1);
+  ProcessGroups<MpiComm> groups(world, grid);
+  for (AxisMask m : standard_masks()) {
+    auto& comm = groups.get(m);
+    INFO("mask " << m.to_string());
+    std::vector<int> mine{world.rank()}, members(static_cast<std::size_t>(comm.size()));
+    comm.all_gather(std::span<const int>(mine), std::span<int>(members));
+    CHECK(members == grid.group_ranks(world.rank(), m));
+    CHECK(comm.rank() == grid.key(world.rank(), m));
+    CHECK(comm.name() == m.to_string());
+  }
+  auto none = world.split(world.rank() == 0 ? 0 : undefined_color, 0);
+  CHECK(none.is_null() == (world.rank() != 0));
+}
+
+TEST_CASE("MpiComm: async ops complete through Work and overlap with compute", "[mpi]") {
+  auto world = MpiComm::world();
+  std::vector<double> big(1 << 20, world.rank() + 1.0);
+  auto work = world.all_reduce_async(std::span<const double>(big), std::span<double>(big), ReduceOp::sum);
+  double compute = 0;
+  for (int i = 1; i <= 100000; ++i) compute += 1.0 / i;
+  while (!work.test()) {
+  }
+  const int n = world.size();
+  CHECK(big[12345] == n * (n + 1) / 2.0);
+  CHECK(compute > 12.0);
+  CHECK(MpiComm::thread_level() == MPI_THREAD_MULTIPLE);
+}
+
+TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the deadline",
+          "[mpi]") {
+  auto world = MpiComm::world();
+  const int n = world.size(), me = world.rank();
+  {
+    auto comm = world.split(0, me, "p2p");
+    comm.set_options(CommOptions{.timeout_s = 0.5});
+    if (me == 0) {
+      std::vector<float> v(8);
+      const auto start = std::chrono::steady_clock::now();
+      CHECK_THROWS_WITH(comm.recv(std::span<float>(v), 1, 4),
+                        Contains("recv") && Contains("timed out after 0.5 s") &&
+                            Contains("waiting for rank 1") && Contains("32 bytes of f32"));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      CHECK(s >= 0.49);
+      CHECK(s < 2.5);
+    }
+    world.barrier();
+  }
+  {
+    auto late = world.split(0, me, "late");
+    late.set_options(CommOptions{.timeout_s = 0.5});
+    if (me != n - 1) {
+      const auto start = std::chrono::steady_clock::now();
+      CHECK_THROWS_WITH(late.barrier(), Contains("barrier") && Contains("group 'late'") &&
+                                            Contains("timed out after 0.5 s") &&
+                                            Contains("world ranks [0, 1"));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      CHECK(s < 2.5);
+      world.barrier();
+    } else {
+      world.barrier();  // the others have timed out; now join, so their requests complete
+      late.barrier();
+    }
+    world.barrier();
+  }
+}
+
+TEST_CASE("MpiComm: size mismatches are reported", "[mpi]") {
+  auto world = MpiComm::world();
+  std::vector<float> send(5), recv(3);
+  CHECK_THROWS_WITH(world.all_gather(std::span<const float>(send), std::span<float>(recv)),
+                    Contains("all_gather") && Contains("recv holds 3 elements"));
+  if (world.size() >= 2 && world.rank() < 2) {
+    std::vector<std::int32_t> msg(world.rank() == 0 ? 4 : 6);
+    if (world.rank() == 0) {
+      world.send(std::span<const std::int32_t>(msg), 1, 9);
+    } else {
+      CHECK_THROWS_WITH(world.recv(std::span<std::int32_t>(msg), 0, 9),
+                        Contains("rank 0 sent 4 elements of i32") && Contains("expects 6"));
+    }
+  }
+  world.barrier();
+}
+
+TEST_CASE("MpiComm: the logger counts nccl-tests bytes per op", "[mpi]") {
+  auto world = MpiComm::world();
+  auto logger = std::make_shared<CommLogger>();
+  world.set_logger(logger);
+  const int n = world.size();
+  std::vector<float> a(256), big(256 * static_cast<std::size_t>(n));
+  world.all_reduce(std::span<float>(a), ReduceOp::sum);
+  world.reduce_scatter(std::span<const float>(big), std::span<float>(a), ReduceOp::sum);
+  world.set_logger(nullptr);
+  CHECK(logger->total(CommOp::all_reduce).bytes == 1024);
+  CHECK(logger->total(CommOp::all_reduce).bus_bytes == Approx(1024 * 2.0 * (n - 1) / n));
+  CHECK(logger->total(CommOp::reduce_scatter, "world").bytes == 1024u * static_cast<unsigned>(n));
+}
