@@ -1,0 +1,179 @@
+#pragma once
+// The host fused pass: for each element, load the gradient (fp32/bf16/f16), multiply it by
+// grad_scale (unscale and clip in one factor), apply an update rule (update_rules.hpp), store
+// the parameter and states, and write the bf16/f16 copy, all while the element is in registers.
+//
+// The same template body runs with ScalarHostOps, Avx2Ops and Avx512Ops; the vector kernels are
+// entry functions with __attribute__((target(...), flatten)) so the body and its ops inline into
+// code compiled for that ISA, chosen at run time (cpu/isa.hpp). Tails shorter than a vector run
+// the scalar ops inside the same kernel; because the rules have nothing for a compiler to
+// contract (lane_ops.hpp), every path gives the same bits.
+//
+// Threads: work is cut into fixed chunks inside each group and shared by
+// `#pragma omp parallel for schedule(static)`; the update is elementwise, so results do not
+// depend on the thread count.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#if defined(ZERO_WITH_OPENMP) && defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <zero/core/dtype.hpp>
+#include <optim/cpu/isa.hpp>
+#include <optim/cpu/vector_ops.hpp>
+#include <optim/fused_io.hpp>
+#include <optim/lane_ops.hpp>
+#include <optim/param_groups.hpp>
+
+namespace zero::optim {
+namespace detail {
+
+/// Elements per unit of work shared among threads (a multiple of every vector width).
+inline constexpr std::size_t fused_chunk_elems = 16384;
+
+/// The low-precision store of one vector starting at element i.
+template <class O, class V>
+inline void store_lowp(const FusedIo& io, std::size_t i, const V& p, std::uint32_t step) {
+  auto* out = static_cast<std::uint16_t*>(io.lowp) + i;
+  if (io.lowp_dtype == DType::f16) {
+    O::store_f16(out, p);
+  } else if (io.rounding == Rounding::nearest_even) {
+    O::store_bf16(out, p);
+  } else {
+    std::uint32_t bits[O::width];
+    for (int lane = 0; lane < O::width; ++lane) {
+      bits[lane] = rounding_bits(io.rounding_key, step, io.first_index + i + lane);
+    }
+    O::store_bf16_stochastic(out, p, bits);
+  }
+}
+
+/// The gradient vector at element i, widened to float and multiplied by scale.
+template <class O, class V>
+inline V load_grad(const FusedIo& io, std::size_t i, const V& scale) {
+  switch (io.grad_dtype) {
+    case DType::bf16: return O::mul(O::load(static_cast<const bf16*>(io.grad) + i), scale);
+    case DType::f16: return O::mul(O::load(static_cast<const f16*>(io.grad) + i), scale);
+    default: return O::mul(O::load(static_cast<const float*>(io.grad) + i), scale);
+  }
+}
+
+/// Applies rule to elements [begin, end) with ops O (scalar ops for the tail).
+template <class O, class Rule>
+inline void fused_range(const Rule& rule, const FusedIo& io, float* const* states,
+                        std::size_t begin, std::size_t end, std::uint32_t step) {
+  using V = typename O::V;
+  constexpr int n = Rule::states > 0 ? Rule::states : 1;
+  const V scale = O::set1(io.grad_scale);
+  std::size_t i = begin;
+  for (; i + O::width <= end; i += O::width) {
+    V p = O::load(io.param + i);
+    V g = p;
+    if constexpr (Rule::reads_grad) g = load_grad<O>(io, i, scale);
+    V s[n];
+    for (int k = 0; k < Rule::states; ++k) s[k] = O::load(states[k] + i);
+    rule.template apply<O>(p, g, s);
+    if constexpr (Rule::writes_param) {
+      O::store(io.param + i, p);
+      if (io.lowp != nullptr) store_lowp<O>(io, i, p, step);
+    }
+    if constexpr (Rule::writes_states) {
+      for (int k = 0; k < Rule::states; ++k) O::store(states[k] + i, s[k]);
+    }
+  }
+  if constexpr (O::width > 1) {
+    if (i < end) fused_range<ScalarHostOps>(rule, io, states, i, end, step);
+  }
+}
+
+/// Scalar kernel entry.
+template <class Rule>
+void fused_chunk_scalar(const Rule& rule, const FusedIo& io, float* const* states,
+                        std::size_t begin, std::size_t end, std::uint32_t step) {
+  fused_range<ScalarHostOps>(rule, io, states, begin, end, step);
+}
+
+#if defined(ZERO_OPTIM_HAVE_X86)
+/// AVX2 kernel entry: flatten inlines the body and its ops into AVX2 code.
+template <class Rule>
+ZERO_OPTIM_TARGET_AVX2 __attribute__((flatten)) void fused_chunk_avx2(
+    const Rule& rule, const FusedIo& io, float* const* states, std::size_t begin,
+    std::size_t end, std::uint32_t step) {
+  fused_range<Avx2Ops>(rule, io, states, begin, end, step);
+}
+
+/// AVX-512 kernel entry: flatten inlines the body and its ops into AVX-512 code.
+template <class Rule>
+ZERO_OPTIM_TARGET_AVX512 __attribute__((flatten)) void fused_chunk_avx512(
+    const Rule& rule, const FusedIo& io, float* const* states, std::size_t begin,
+    std::size_t end, std::uint32_t step) {
+  fused_range<Avx512Ops>(rule, io, states, begin, end, step);
+}
+#endif
+
+/// One unit of work: a chunk of one group.
+struct FusedWork {
+  std::size_t rule;   ///< index into the rules (one per group)
+  std::size_t begin;  ///< first element
+  std::size_t end;    ///< one past the last
+};
+
+/// OpenMP threads for a request (0: the OpenMP default).
+inline int thread_count(int requested) {
+#if defined(ZERO_WITH_OPENMP) && defined(_OPENMP)
+  return requested > 0 ? requested : omp_get_max_threads();
+#else
+  (void)requested;
+  return 1;
+#endif
+}
+
+}  // namespace detail
+
+/// Runs one fused pass: rules[k] over ranges[k] of the shard described by io, with the state
+/// buffers states (each numel floats, in the rule's order); step selects the stochastic-rounding
+/// stream. Threads share fixed chunks; the result does not depend on their number.
+template <class Rule>
+void run_fused(std::span<const Rule> rules, std::span<const Range> ranges, const FusedIo& io,
+               std::span<float* const> states, std::uint32_t step, const StepOptions& options) {
+  expect<Error>(rules.size() == ranges.size(), "zero::optim::run_fused: ", rules.size(),
+                " rules for ", ranges.size(), " ranges");
+  expect<Error>(states.size() >= static_cast<std::size_t>(Rule::states),
+                "zero::optim::run_fused: the rule needs ", Rule::states, " state buffers, got ",
+                states.size());
+  std::vector<detail::FusedWork> work;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    for (std::size_t b = ranges[k].offset; b < ranges[k].end(); b += detail::fused_chunk_elems) {
+      work.push_back({k, b, std::min(ranges[k].end(), b + detail::fused_chunk_elems)});
+    }
+  }
+  using Kernel = void (*)(const Rule&, const FusedIo&, float* const*, std::size_t, std::size_t,
+                          std::uint32_t);
+  Kernel kernel = &detail::fused_chunk_scalar<Rule>;
+#if defined(ZERO_OPTIM_HAVE_X86)
+  switch (resolve_isa(options.isa)) {
+    case Isa::avx512: kernel = &detail::fused_chunk_avx512<Rule>; break;
+    case Isa::avx2: kernel = &detail::fused_chunk_avx2<Rule>; break;
+    default: break;
+  }
+#else
+  (void)resolve_isa(options.isa);
+#endif
+  float* const* state_ptrs = states.data();
+  const auto count = static_cast<std::int64_t>(work.size());
+  [[maybe_unused]] const int threads = detail::thread_count(options.threads);
+#if defined(ZERO_WITH_OPENMP) && defined(_OPENMP)
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+  for (std::int64_t w = 0; w < count; ++w) {
+    const detail::FusedWork& item = work[static_cast<std::size_t>(w)];
+    kernel(rules[item.rule], io, state_ptrs, item.begin, item.end, step);
+  }
+}
+
+}  // namespace zero::optim

@@ -1,0 +1,203 @@
+#pragma once
+// The Ops vocabulary of update_rules.hpp for host kernels: one scalar lane, AVX2 (8 floats) and
+// AVX-512 (16 floats), with the loads and stores of the fused pass (fp32/bf16/f16 gradients,
+// bf16/f16 write-back with round-to-nearest-even or stochastic rounding).
+//
+// The vector functions carry __attribute__((target(...))), so this header compiles without
+// -mavx2/-mavx512f; they are inlined only into the kernels of cpu/fused_driver.hpp, which carry
+// the same target and are entered after a run-time CPU check (cpu/isa.hpp). Every conversion
+// gives the bits of the scalar one in zero/core/bfloat16.hpp and float16.hpp (tested).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ZERO_OPTIM_HAVE_X86 1
+#endif
+
+#include <zero/core/dtype.hpp>
+#include <optim/lane_ops.hpp>
+
+namespace zero::optim {
+
+/// ScalarOps plus the host loads and stores of the fused pass, one element at a time.
+struct ScalarHostOps : ScalarOps {
+  /// One float.
+  static float load(const float* p) { return *p; }
+  /// Stores one float.
+  static void store(float* p, float x) { *p = x; }
+  /// One bf16 gradient, widened exactly.
+  static float load(const bf16* p) { return bf16::to_float(p->bits); }
+  /// One f16 gradient, widened exactly.
+  static float load(const f16* p) { return f16::to_float(p->bits); }
+  /// x rounded to bf16, nearest even.
+  static void store_bf16(std::uint16_t* p, float x) { *p = bf16::round_nearest_even(x); }
+  /// x rounded to bf16 stochastically with the 16 random bits in bits[0].
+  static void store_bf16_stochastic(std::uint16_t* p, float x, const std::uint32_t* bits) {
+    *p = bf16::round_stochastic(x, bits[0]);
+  }
+  /// x rounded to f16, nearest even.
+  static void store_f16(std::uint16_t* p, float x) { *p = f16::round_nearest_even(x); }
+};
+
+#if defined(ZERO_OPTIM_HAVE_X86)
+
+/// The target of the AVX2 kernels (F16C for f16 conversions, FMA for the fused multiply-adds).
+#define ZERO_OPTIM_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+/// The target of the AVX-512 kernels (AVX-512F; the AVX2 set for the 256-bit helpers).
+#define ZERO_OPTIM_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+/// Eight floats in an AVX register.
+struct Avx2Vec {
+  __m256 v;
+};
+
+/// AVX2 + FMA + F16C: eight lanes.
+struct Avx2Ops {
+  using V = Avx2Vec;
+  static constexpr int width = 8;
+
+  ZERO_OPTIM_TARGET_AVX2 static V set1(float x) { return {_mm256_set1_ps(x)}; }
+  ZERO_OPTIM_TARGET_AVX2 static V add(const V& a, const V& b) { return {_mm256_add_ps(a.v, b.v)}; }
+  ZERO_OPTIM_TARGET_AVX2 static V sub(const V& a, const V& b) { return {_mm256_sub_ps(a.v, b.v)}; }
+  ZERO_OPTIM_TARGET_AVX2 static V mul(const V& a, const V& b) { return {_mm256_mul_ps(a.v, b.v)}; }
+  ZERO_OPTIM_TARGET_AVX2 static V div(const V& a, const V& b) { return {_mm256_div_ps(a.v, b.v)}; }
+  ZERO_OPTIM_TARGET_AVX2 static V fma(const V& a, const V& b, const V& c) {
+    return {_mm256_fmadd_ps(a.v, b.v, c.v)};
+  }
+  ZERO_OPTIM_TARGET_AVX2 static V fnma(const V& a, const V& b, const V& c) {
+    return {_mm256_fnmadd_ps(a.v, b.v, c.v)};
+  }
+  ZERO_OPTIM_TARGET_AVX2 static V sqrt(const V& a) { return {_mm256_sqrt_ps(a.v)}; }
+  ZERO_OPTIM_TARGET_AVX2 static V sign(const V& x) {
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 r = _mm256_blendv_ps(x.v, _mm256_set1_ps(1.0f), _mm256_cmp_ps(x.v, zero, _CMP_GT_OQ));
+    return {_mm256_blendv_ps(r, _mm256_set1_ps(-1.0f), _mm256_cmp_ps(x.v, zero, _CMP_LT_OQ))};
+  }
+
+  ZERO_OPTIM_TARGET_AVX2 static V load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  ZERO_OPTIM_TARGET_AVX2 static void store(float* p, const V& x) { _mm256_storeu_ps(p, x.v); }
+  ZERO_OPTIM_TARGET_AVX2 static V load(const bf16* p) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16))};
+  }
+  ZERO_OPTIM_TARGET_AVX2 static V load(const f16* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+  }
+  /// Packs eight 32-bit lanes holding 16-bit values into eight uint16 at p.
+  ZERO_OPTIM_TARGET_AVX2 static void store_u16(std::uint16_t* p, __m256i lanes) {
+    // packus works within 128-bit halves; the permute gathers the two useful quarters.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lanes, lanes), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+  /// Bits of bf16 round-to-nearest-even, as bf16::round_nearest_even, in 32-bit lanes.
+  ZERO_OPTIM_TARGET_AVX2 static __m256i bf16_nearest_bits(__m256i u) {
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i magnitude = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i is_nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet, is_nan);
+  }
+  ZERO_OPTIM_TARGET_AVX2 static void store_bf16(std::uint16_t* p, const V& x) {
+    store_u16(p, bf16_nearest_bits(_mm256_castps_si256(x.v)));
+  }
+  ZERO_OPTIM_TARGET_AVX2 static void store_bf16_stochastic(std::uint16_t* p, const V& x,
+                                                           const std::uint32_t* bits) {
+    const __m256i u = _mm256_castps_si256(x.v);
+    const __m256i random = _mm256_and_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits)), _mm256_set1_epi32(0xffff));
+    const __m256i stochastic = _mm256_srli_epi32(_mm256_add_epi32(u, random), 16);
+    // Inf and NaN round to nearest (the random carry would corrupt them).
+    const __m256i magnitude = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i special = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f7fffff));
+    store_u16(p, _mm256_blendv_epi8(stochastic, bf16_nearest_bits(u), special));
+  }
+  ZERO_OPTIM_TARGET_AVX2 static void store_f16(std::uint16_t* p, const V& x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT));
+  }
+};
+
+/// Sixteen floats in an AVX-512 register.
+struct Avx512Vec {
+  __m512 v;
+};
+
+/// AVX-512F: sixteen lanes.
+struct Avx512Ops {
+  using V = Avx512Vec;
+  static constexpr int width = 16;
+  // GCC 12 warns (-Wmaybe-uninitialized, a false positive fixed in GCC 13) inside the unmasked
+  // AVX-512 intrinsics that start from _mm512_undefined_*; the zero-masked forms with an
+  // all-ones mask compile to the same instructions without it.
+  static constexpr __mmask16 all16 = 0xffff;
+
+  ZERO_OPTIM_TARGET_AVX512 static V set1(float x) { return {_mm512_set1_ps(x)}; }
+  ZERO_OPTIM_TARGET_AVX512 static V add(const V& a, const V& b) { return {_mm512_add_ps(a.v, b.v)}; }
+  ZERO_OPTIM_TARGET_AVX512 static V sub(const V& a, const V& b) { return {_mm512_sub_ps(a.v, b.v)}; }
+  ZERO_OPTIM_TARGET_AVX512 static V mul(const V& a, const V& b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  ZERO_OPTIM_TARGET_AVX512 static V div(const V& a, const V& b) { return {_mm512_div_ps(a.v, b.v)}; }
+  ZERO_OPTIM_TARGET_AVX512 static V fma(const V& a, const V& b, const V& c) {
+    return {_mm512_fmadd_ps(a.v, b.v, c.v)};
+  }
+  ZERO_OPTIM_TARGET_AVX512 static V fnma(const V& a, const V& b, const V& c) {
+    return {_mm512_fnmadd_ps(a.v, b.v, c.v)};
+  }
+  ZERO_OPTIM_TARGET_AVX512 static V sqrt(const V& a) { return {_mm512_maskz_sqrt_ps(all16, a.v)}; }
+  ZERO_OPTIM_TARGET_AVX512 static V sign(const V& x) {
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x.v, zero, _CMP_GT_OQ), x.v,
+                                          _mm512_set1_ps(1.0f));
+    return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(x.v, zero, _CMP_LT_OQ), r,
+                                 _mm512_set1_ps(-1.0f))};
+  }
+
+  ZERO_OPTIM_TARGET_AVX512 static V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  ZERO_OPTIM_TARGET_AVX512 static void store(float* p, const V& x) { _mm512_storeu_ps(p, x.v); }
+  ZERO_OPTIM_TARGET_AVX512 static V load(const bf16* p) {
+    const __m512i wide =
+        _mm512_maskz_cvtepu16_epi32(all16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return {_mm512_castsi512_ps(_mm512_maskz_slli_epi32(all16, wide, 16))};
+  }
+  ZERO_OPTIM_TARGET_AVX512 static V load(const f16* p) {
+    return {_mm512_maskz_cvtph_ps(all16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+  }
+  /// Narrows sixteen 32-bit lanes holding 16-bit values into sixteen uint16 at p.
+  ZERO_OPTIM_TARGET_AVX512 static void store_u16(std::uint16_t* p, __m512i lanes) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(all16, lanes));
+  }
+  /// Bits of bf16 round-to-nearest-even, as bf16::round_nearest_even, in 32-bit lanes.
+  ZERO_OPTIM_TARGET_AVX512 static __m512i bf16_nearest_bits(__m512i u) {
+    const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded =
+        _mm512_maskz_srli_epi32(all16, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i magnitude = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_maskz_srli_epi32(all16, u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_mask_blend_epi32(is_nan, rounded, quiet);
+  }
+  ZERO_OPTIM_TARGET_AVX512 static void store_bf16(std::uint16_t* p, const V& x) {
+    store_u16(p, bf16_nearest_bits(_mm512_castps_si512(x.v)));
+  }
+  ZERO_OPTIM_TARGET_AVX512 static void store_bf16_stochastic(std::uint16_t* p, const V& x,
+                                                             const std::uint32_t* bits) {
+    const __m512i u = _mm512_castps_si512(x.v);
+    const __m512i random = _mm512_and_si512(_mm512_loadu_si512(bits), _mm512_set1_epi32(0xffff));
+    const __m512i stochastic = _mm512_maskz_srli_epi32(all16, _mm512_add_epi32(u, random), 16);
+    const __m512i magnitude = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 special = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f7fffff));
+    store_u16(p, _mm512_mask_blend_epi32(special, stochastic, bf16_nearest_bits(u)));
+  }
+  ZERO_OPTIM_TARGET_AVX512 static void store_f16(std::uint16_t* p, const V& x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_maskz_cvtps_ph(all16, x.v, _MM_FROUND_TO_NEAREST_INT));
+  }
+};
+
+#endif  // ZERO_OPTIM_HAVE_X86
+
+}  // namespace zero::optim

@@ -1,0 +1,105 @@
+#pragma once
+// What every optimizer over a flat fp32 shard shares: the shard size, the parameter groups, the
+// step counter and the named state buffers (each as long as the shard, element i belonging to
+// parameter element i), with a save/restore of all of them as a StateDict.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <zero/core/buffer.hpp>
+#include <zero/core/error.hpp>
+#include <optim/param_groups.hpp>
+#include <optim/state_dict.hpp>
+
+namespace zero::optim {
+
+/// Base of the flat-shard optimizers; Hyper needs members `lr` and `weight_decay`.
+template <class Hyper>
+class FlatOptimizer {
+ public:
+  using hyper_type = Hyper;  ///< the per-group hyper-parameters
+
+  /// Elements in the shard.
+  std::size_t numel() const { return numel_; }
+  /// The groups; hyper-parameters may be changed between steps (schedules do).
+  std::span<ParamGroup<Hyper>> groups() { return groups_; }
+  /// The groups, read-only.
+  std::span<const ParamGroup<Hyper>> groups() const { return groups_; }
+  /// Steps taken so far (PyTorch's `step` state; bias corrections use it).
+  std::int64_t step_count() const { return step_; }
+  /// Sets the learning rate of every group (what a schedule does each step).
+  void set_lr(double lr) {
+    for (auto& g : groups_) g.hyper.lr = lr;
+  }
+  /// Names of the state buffers, in the order the update rule uses them.
+  const std::vector<std::string>& state_names() const { return names_; }
+  /// The state buffer called name (numel floats).
+  std::span<float> state(std::string_view name) {
+    for (std::size_t k = 0; k < names_.size(); ++k) {
+      if (names_[k] == name) return {buffers_[k].data(), numel_};
+    }
+    raise<Error>(name_, ": no state buffer '", std::string(name), "'");
+  }
+  /// A copy of the step counter and every state buffer.
+  StateDict state_dict() const {
+    StateDict out;
+    out.counters["step"] = step_;
+    for (std::size_t k = 0; k < names_.size(); ++k) {
+      out.buffers[names_[k]].assign(buffers_[k].data(), buffers_[k].data() + numel_);
+    }
+    return out;
+  }
+  /// Restores what state_dict saved; CheckpointError names a missing or mis-sized buffer.
+  void load_state_dict(const StateDict& in) {
+    const std::int64_t step = in.counter("step", name_);
+    expect<CheckpointError>(step >= 0, name_, ": negative step ", step, " in state");
+    for (std::size_t k = 0; k < names_.size(); ++k) {
+      const auto& values = in.buffer(names_[k], numel_, name_);
+      std::copy(values.begin(), values.end(), buffers_[k].data());
+    }
+    step_ = step;
+  }
+
+ protected:
+  /// An optimizer called name over numel elements with the given groups and state buffers,
+  /// each initialised to initial_value.
+  FlatOptimizer(const char* name, std::size_t numel, std::vector<ParamGroup<Hyper>> groups,
+                std::vector<std::string> state_names, float initial_value = 0.0f)
+      : name_(name), numel_(numel), groups_(std::move(groups)), names_(std::move(state_names)) {
+    std::vector<Range> ranges;
+    for (const auto& g : groups_) ranges.push_back(g.range);
+    validate_ranges(ranges, numel_, name_);
+    for (std::size_t k = 0; k < names_.size(); ++k) {
+      buffers_.emplace_back(numel_);
+      if (initial_value != 0.0f) std::fill_n(buffers_.back().data(), numel_, initial_value);
+    }
+  }
+
+  /// The group ranges, in group order.
+  std::vector<Range> ranges() const {
+    std::vector<Range> out;
+    for (const auto& g : groups_) out.push_back(g.range);
+    return out;
+  }
+  /// Pointers to the state buffers, in name order.
+  std::vector<float*> state_pointers() {
+    std::vector<float*> out;
+    for (auto& b : buffers_) out.push_back(b.data());
+    return out;
+  }
+
+  const char* name_;                       ///< for messages
+  std::size_t numel_;                      ///< shard size
+  std::vector<ParamGroup<Hyper>> groups_;  ///< ranges and their hyper-parameters
+  std::vector<std::string> names_;         ///< state buffer names
+  std::vector<Buffer<float>> buffers_;     ///< state buffers
+  std::int64_t step_ = 0;                  ///< steps taken
+};
+
+}  // namespace zero::optim

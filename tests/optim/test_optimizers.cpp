@@ -1,0 +1,381 @@
+// Each optimizer against a plain f64 implementation of its published update rule, written
+// directly from the source below (not from update_rules.hpp), over many steps:
+//   SGD, RMSprop, Adagrad: the algorithm boxes of PyTorch's torch.optim docs (2.x).
+//   Adam:  Kingma & Ba, ICLR 2015, Algorithm 1 (m_hat, v_hat; eps added to sqrt(v_hat)), with
+//          torch.optim.Adam's weight decay g += wd * p.
+//   AdamW: Loshchilov & Hutter, ICLR 2019, Algorithm 2 with torch.optim.AdamW's scaling of the
+//          decay by lr: p -= lr * wd * p, then the Adam step.
+//   Lion:  Chen et al. 2023, Algorithm 2: c = b1 m + (1-b1) g; p -= lr (sign(c) + wd p);
+//          m = b2 m + (1-b2) g.
+//   LAMB:  You et al., ICLR 2020, Algorithm 2, per-tensor ratio ||p|| / ||u|| clamped to
+//          [0.01, 10] as DeepSpeed FusedLamb.
+// The fp32 implementation must stay within a tight relative bound of the f64 one; a negative
+// control (a deliberately wrong reference) must fail the same bound.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <optim/adagrad.hpp>
+#include <optim/adam.hpp>
+#include <optim/lamb.hpp>
+#include <optim/lion.hpp>
+#include <optim/rmsprop.hpp>
+#include <optim/sgd.hpp>
+
+#include "optim_test_util.hpp"
+
+namespace {
+
+using namespace zero::optim;
+using Vec = std::vector<double>;
+
+constexpr std::size_t n = 203;
+constexpr int steps = 60;
+// Loss scale and clip coefficient folded into the gradient factor; both powers of two, so the
+// scaled fp32 gradient unscales exactly and the reference sees the same values.
+constexpr double loss_scale = 1024.0;
+constexpr double clip = 0.5;
+
+// The gradient of step t as the engine would hand it (scaled by the loss scale), and the
+// unscaled, clipped value the reference uses.
+std::vector<float> scaled_grad(int t) {
+  auto g = optim_test::make_data(n, 1000 + t, 1.0, false);
+  for (float& x : g) x *= static_cast<float>(loss_scale);
+  return g;
+}
+Vec reference_grad(int t) {
+  Vec out;
+  for (float x : scaled_grad(t)) out.push_back(static_cast<double>(x) / loss_scale * clip);
+  return out;
+}
+Vec initial_params() {
+  Vec out;
+  for (float x : optim_test::make_data(n, 7, 1.0, false)) out.push_back(x);
+  return out;
+}
+
+// Largest |a - b| / (1 + |b|): relative for large values, absolute near zero.
+double max_error(const float* a, const Vec& b) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(a[i]) - b[i]) / (1.0 + std::fabs(b[i])));
+  }
+  return worst;
+}
+
+// Runs steps fused steps of opt over the shared data; returns the fp32 parameters.
+template <class Opt>
+std::vector<float> run_fp32(Opt& opt) {
+  std::vector<float> p;
+  for (double x : initial_params()) p.push_back(static_cast<float>(x));
+  for (int t = 1; t <= steps; ++t) {
+    const auto g = scaled_grad(t);
+    auto io = FusedIo::over<float>(p, g).scale_grad(static_cast<float>(clip / loss_scale));
+    opt.step(io);
+  }
+  return p;
+}
+
+constexpr double tolerance = 2e-5;
+
+// ---- references --------------------------------------------------------------------------------
+
+Vec ref_sgd(double lr, double wd, double momentum, double dampening, bool nesterov) {
+  Vec p = initial_params(), buf(n, 0.0);
+  for (int t = 1; t <= steps; ++t) {
+    const Vec g = reference_grad(t);
+    for (std::size_t i = 0; i < n; ++i) {
+      double d = g[i] + wd * p[i];
+      if (momentum != 0.0) {
+        buf[i] = t == 1 ? d : momentum * buf[i] + (1.0 - dampening) * d;
+        d = nesterov ? d + momentum * buf[i] : buf[i];
+      }
+      p[i] -= lr * d;
+    }
+  }
+  return p;
+}
+
+Vec ref_rmsprop(double lr, double alpha, double eps, double wd, double momentum, bool centered) {
+  Vec p = initial_params(), v(n, 0.0), ga(n, 0.0), buf(n, 0.0);
+  for (int t = 1; t <= steps; ++t) {
+    const Vec g0 = reference_grad(t);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double g = g0[i] + wd * p[i];
+      v[i] = alpha * v[i] + (1.0 - alpha) * g * g;
+      double avg;
+      if (centered) {
+        ga[i] = alpha * ga[i] + (1.0 - alpha) * g;
+        avg = std::sqrt(v[i] - ga[i] * ga[i]) + eps;
+      } else {
+        avg = std::sqrt(v[i]) + eps;
+      }
+      if (momentum > 0.0) {
+        buf[i] = momentum * buf[i] + g / avg;
+        p[i] -= lr * buf[i];
+      } else {
+        p[i] -= lr * g / avg;
+      }
+    }
+  }
+  return p;
+}
+
+Vec ref_adagrad(double lr, double lr_decay, double wd, double init, double eps) {
+  Vec p = initial_params(), sum(n, init);
+  for (int t = 1; t <= steps; ++t) {
+    const Vec g0 = reference_grad(t);
+    const double clr = lr / (1.0 + (t - 1) * lr_decay);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double g = g0[i] + wd * p[i];
+      sum[i] += g * g;
+      p[i] -= clr * g / (std::sqrt(sum[i]) + eps);
+    }
+  }
+  return p;
+}
+
+// Adam / AdamW; bias_correction=false is the negative control.
+Vec ref_adam(const AdamHyper& h, bool decoupled, bool bias_correction = true) {
+  Vec p = initial_params(), m(n, 0.0), v(n, 0.0);
+  for (int t = 1; t <= steps; ++t) {
+    const Vec g0 = reference_grad(t);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double g = decoupled ? g0[i] : g0[i] + h.weight_decay * p[i];
+      m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * g;
+      v[i] = h.beta2 * v[i] + (1.0 - h.beta2) * g * g;
+      const double m_hat = bias_correction ? m[i] / (1.0 - std::pow(h.beta1, t)) : m[i];
+      const double v_hat = bias_correction ? v[i] / (1.0 - std::pow(h.beta2, t)) : v[i];
+      if (decoupled) p[i] -= h.lr * h.weight_decay * p[i];
+      p[i] -= h.lr * m_hat / (std::sqrt(v_hat) + h.eps);
+    }
+  }
+  return p;
+}
+
+Vec ref_lion(const LionHyper& h) {
+  Vec p = initial_params(), m(n, 0.0);
+  for (int t = 1; t <= steps; ++t) {
+    const Vec g = reference_grad(t);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double c = h.beta1 * m[i] + (1.0 - h.beta1) * g[i];
+      const double s = c > 0 ? 1.0 : (c < 0 ? -1.0 : 0.0);
+      p[i] -= h.lr * (s + h.weight_decay * p[i]);
+      m[i] = h.beta2 * m[i] + (1.0 - h.beta2) * g[i];
+    }
+  }
+  return p;
+}
+
+Vec ref_lamb(const LambHyper& h, const std::vector<Range>& tensors, bool trust = true) {
+  Vec p = initial_params(), m(n, 0.0), v(n, 0.0), u(n, 0.0);
+  for (int t = 1; t <= steps; ++t) {
+    const Vec g = reference_grad(t);
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * g[i];
+      v[i] = h.beta2 * v[i] + (1.0 - h.beta2) * g[i] * g[i];
+      const double m_hat = m[i] / (1.0 - std::pow(h.beta1, t));
+      const double v_hat = v[i] / (1.0 - std::pow(h.beta2, t));
+      u[i] = m_hat / (std::sqrt(v_hat) + h.eps) + h.weight_decay * p[i];
+    }
+    for (const Range& r : tensors) {
+      double pn = 0.0, un = 0.0;
+      for (std::size_t i = r.offset; i < r.end(); ++i) {
+        pn += p[i] * p[i];
+        un += u[i] * u[i];
+      }
+      pn = std::sqrt(pn);
+      un = std::sqrt(un);
+      double ratio = (pn > 0 && un > 0) ? std::clamp(pn / un, h.min_trust, h.max_trust) : 1.0;
+      if (!trust) ratio = 1.0;
+      for (std::size_t i = r.offset; i < r.end(); ++i) p[i] -= h.lr * ratio * u[i];
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("SGD matches torch.optim.SGD's rule in f64", "[unit][optim]") {
+  SECTION("plain with weight decay") {
+    Sgd opt(n, SgdHyper{0.05, 0.01});
+    const auto p = run_fp32(opt);
+    CHECK(max_error(p.data(), ref_sgd(0.05, 0.01, 0, 0, false)) < tolerance);
+    CHECK(opt.state_names().empty());
+  }
+  SECTION("momentum with dampening") {
+    Sgd opt(n, SgdHyper{0.05, 0.01}, SgdOptions{0.9, 0.1, false});
+    const auto p = run_fp32(opt);
+    CHECK(max_error(p.data(), ref_sgd(0.05, 0.01, 0.9, 0.1, false)) < tolerance);
+    // Negative control: forgetting that the first step copies the gradient must be visible.
+    CHECK(max_error(p.data(), ref_sgd(0.05, 0.01, 0.9, 0.0, false)) > 10 * tolerance);
+  }
+  SECTION("nesterov") {
+    Sgd opt(n, SgdHyper{0.05, 0.0}, SgdOptions{0.9, 0.0, true});
+    const auto p = run_fp32(opt);
+    CHECK(max_error(p.data(), ref_sgd(0.05, 0.0, 0.9, 0.0, true)) < tolerance);
+    CHECK(max_error(p.data(), ref_sgd(0.05, 0.0, 0.9, 0.0, false)) > 10 * tolerance);
+  }
+  SECTION("nesterov without momentum is rejected") {
+    CHECK_THROWS_AS(Sgd(n, SgdHyper{}, SgdOptions{0.0, 0.0, true}), zero::ConfigError);
+  }
+}
+
+TEST_CASE("RMSprop matches torch.optim.RMSprop's rule in f64", "[unit][optim]") {
+  for (bool centered : {false, true}) {
+    for (double momentum : {0.0, 0.8}) {
+      DYNAMIC_SECTION("centered " << centered << " momentum " << momentum) {
+        Rmsprop opt(n, RmspropHyper{1e-2, 0.9, 1e-8, 0.02}, RmspropOptions{momentum, centered});
+        const auto p = run_fp32(opt);
+        CHECK(max_error(p.data(), ref_rmsprop(1e-2, 0.9, 1e-8, 0.02, momentum, centered)) <
+              tolerance);
+        CHECK(max_error(p.data(), ref_rmsprop(1e-2, 0.9, 1e-8, 0.02, momentum, !centered)) >
+              10 * tolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("Adagrad matches torch.optim.Adagrad's rule in f64", "[unit][optim]") {
+  Adagrad opt(n, AdagradHyper{0.1, 0.01, 1e-10, 0.01}, 0.1);
+  const auto p = run_fp32(opt);
+  CHECK(max_error(p.data(), ref_adagrad(0.1, 0.01, 0.01, 0.1, 1e-10)) < tolerance);
+  CHECK(max_error(p.data(), ref_adagrad(0.1, 0.0, 0.01, 0.1, 1e-10)) > 10 * tolerance);
+}
+
+TEST_CASE("Adam and AdamW match Kingma & Ba / Loshchilov & Hutter in f64", "[unit][optim]") {
+  const AdamHyper h{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  SECTION("Adam (L2)") {
+    Adam opt(n, h);
+    const auto p = run_fp32(opt);
+    CHECK(max_error(p.data(), ref_adam(h, false)) < tolerance);
+    // Negative controls: decoupled decay, or no bias correction, must not pass.
+    CHECK(max_error(p.data(), ref_adam(h, true)) > 10 * tolerance);
+    CHECK(max_error(p.data(), ref_adam(h, false, false)) > 10 * tolerance);
+  }
+  SECTION("AdamW (decoupled)") {
+    AdamW opt(n, h);
+    const auto p = run_fp32(opt);
+    CHECK(max_error(p.data(), ref_adam(h, true)) < tolerance);
+    CHECK(max_error(p.data(), ref_adam(h, false)) > 10 * tolerance);
+    CHECK(opt.step_count() == steps);
+  }
+  SECTION("AdamW's defaults are PyTorch's") {
+    const AdamHyper d = AdamW::default_hyper();
+    CHECK(d.lr == 1e-3);
+    CHECK(d.weight_decay == 0.01);
+    CHECK(Adam::default_hyper().weight_decay == 0.0);
+  }
+}
+
+TEST_CASE("Lion matches Chen et al. 2023 in f64", "[unit][optim]") {
+  const LionHyper h{1e-3, 0.9, 0.99, 0.5};
+  Lion opt(n, h);
+  const auto p = run_fp32(opt);
+  CHECK(max_error(p.data(), ref_lion(h)) < tolerance);
+  LionHyper swapped = h;
+  std::swap(swapped.beta1, swapped.beta2);
+  CHECK(max_error(p.data(), ref_lion(swapped)) > 10 * tolerance);
+}
+
+TEST_CASE("LAMB matches You et al. 2020 with per-tensor trust ratios", "[unit][optim]") {
+  LambHyper h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  const std::vector<Range> tensors{{0, 50}, {50, 3}, {53, 150}};
+  Lamb opt(n, h, tensors);
+  const auto p = run_fp32(opt);
+  CHECK(max_error(p.data(), ref_lamb(h, tensors)) < tolerance);
+  // Negative controls: one ratio for the whole shard, or no ratio at all.
+  CHECK(max_error(p.data(), ref_lamb(h, {{0, n}})) > 10 * tolerance);
+  CHECK(max_error(p.data(), ref_lamb(h, tensors, false)) > 10 * tolerance);
+}
+
+TEST_CASE("LAMB rejects a tensor that straddles two groups", "[unit][optim]") {
+  std::vector<ParamGroup<LambHyper>> groups{{{0, 10}, {}}, {{10, 10}, {}}};
+  CHECK_THROWS_AS(Lamb(20, groups, {{0, 5}, {5, 10}, {15, 5}}), zero::ConfigError);
+  CHECK_NOTHROW(Lamb(20, groups, {{0, 5}, {5, 5}, {10, 10}}));
+}
+
+TEST_CASE("Parameter groups: no weight decay on a masked range, gaps untouched",
+          "[unit][optim]") {
+  // Elements [0, 100) decay, [100, 150) do not (biases), [150, 155) belong to no group,
+  // [155, 203) decay with another lr.
+  AdamHyper decay{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  AdamHyper no_decay = decay;
+  no_decay.weight_decay = 0.0;
+  AdamHyper other = decay;
+  other.lr = 3e-3;
+  std::vector<ParamGroup<AdamHyper>> groups{
+      {{0, 100}, decay}, {{100, 50}, no_decay}, {{155, 48}, other}};
+  AdamW opt(n, groups);
+  const auto p = run_fp32(opt);
+  const Vec with = ref_adam(decay, true), without = ref_adam(no_decay, true),
+            slow = ref_adam(other, true), start = initial_params();
+  double err = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double expected = i < 100 ? with[i] : i < 150 ? without[i] : i < 155 ? start[i] : slow[i];
+    err = std::max(err, std::fabs(p[i] - expected) / (1.0 + std::fabs(expected)));
+  }
+  CHECK(err < tolerance);
+  for (std::size_t i = 150; i < 155; ++i) CHECK(p[i] == static_cast<float>(start[i]));
+  // The state of untouched elements stays zero.
+  CHECK(opt.state("exp_avg")[152] == 0.0f);
+}
+
+TEST_CASE("Groups from a no-decay mask", "[unit][optim]") {
+  std::vector<std::uint8_t> mask{0, 0, 1, 1, 1, 0, 1};
+  const auto on = ranges_from_mask(mask, true);
+  REQUIRE(on.size() == 2);
+  CHECK(on[0] == Range{2, 3});
+  CHECK(on[1] == Range{6, 1});
+  AdamHyper d, nd;
+  d.weight_decay = 0.1;
+  const auto groups = groups_from_mask<AdamHyper>(mask, d, nd);
+  REQUIRE(groups.size() == 4);
+  CHECK(groups[0].range == Range{0, 2});
+  CHECK(groups[0].hyper.weight_decay == 0.1);
+  CHECK(groups[1].range == Range{2, 3});
+  CHECK(groups[1].hyper.weight_decay == 0.0);
+  CHECK_THROWS_AS(AdamW(5, groups), zero::ConfigError);  // ranges beyond the shard
+  std::vector<ParamGroup<AdamHyper>> overlapping{{{0, 4}, d}, {{3, 2}, d}};
+  CHECK_THROWS_AS(AdamW(5, overlapping), zero::ConfigError);
+}
+
+TEST_CASE("Optimizer state saves and restores mid-run", "[unit][optim]") {
+  const AdamHyper h{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  AdamW straight(n, h), first(n, h);
+  std::vector<float> p1, p2;
+  for (double x : initial_params()) p1.push_back(static_cast<float>(x));
+  p2 = p1;
+  for (int t = 1; t <= 10; ++t) {
+    const auto g = scaled_grad(t);
+    straight.step(FusedIo::over<float>(p1, g));
+    if (t <= 5) first.step(FusedIo::over<float>(p2, g));
+  }
+  AdamW resumed(n, h);
+  resumed.load_state_dict(first.state_dict());
+  CHECK(resumed.step_count() == 5);
+  for (int t = 6; t <= 10; ++t) {
+    const auto g = scaled_grad(t);
+    resumed.step(FusedIo::over<float>(p2, g));
+  }
+  CHECK(optim_test::count_bit_differences(p1.data(), p2.data(), n) == 0);
+  CHECK(optim_test::count_bit_differences(straight.state("exp_avg_sq").data(),
+                                          resumed.state("exp_avg_sq").data(), n) == 0);
+  // A state of the wrong size is a CheckpointError naming the buffer.
+  AdamW other(n + 1, h);
+  CHECK_THROWS_WITH(other.load_state_dict(first.state_dict()),
+                    Catch::Contains("exp_avg") && Catch::Contains("expected 204"));
+}
+
+TEST_CASE("FusedIo validation names the problem", "[unit][optim]") {
+  AdamW opt(10);
+  std::vector<float> p(9), g(9);
+  CHECK_THROWS_WITH(opt.step(FusedIo::over<float>(p, g)), Catch::Contains("10"));
+  std::vector<float> g2(8);
+  CHECK_THROWS_AS(FusedIo::over<float>(p, g2), zero::ShapeError);
+}
