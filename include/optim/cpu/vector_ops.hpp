@@ -12,7 +12,11 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) || defined(__i386__)
+// nvcc's device pass must not see the vector types: the update rules are __host__ __device__
+// templates, and instantiating them with an x86 vector type is an error in device code, so a .cu
+// file that includes both the host optimizers and the CUDA ones sees only the scalar host path
+// while compiling for the device (the host pass still gets every ISA).
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__)
 #include <immintrin.h>
 #define ZERO_OPTIM_HAVE_X86 1
 #endif
