@@ -13,11 +13,11 @@
 #include <cstdint>
 #include <vector>
 
-#include <zero/core/error.hpp>
+#include <optim/adam_hyper.hpp>
 #include <optim/cpu/fused_driver.hpp>
 #include <optim/flat_optimizer.hpp>
-#include <optim/adam_hyper.hpp>
 #include <optim/update_rules.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 

@@ -7,18 +7,18 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <zero/core/error.hpp>
 #include <optim/update_rules.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 
 /// Hyper-parameters of Adam and AdamW (PyTorch's defaults; AdamW's weight decay 0.01).
 struct AdamHyper {
-  double lr = 1e-3;            ///< learning rate
-  double beta1 = 0.9;          ///< first-moment decay
-  double beta2 = 0.999;        ///< second-moment decay
-  double eps = 1e-8;           ///< added to sqrt(v_hat)
-  double weight_decay = 0.0;   ///< L2 (Adam) or decoupled (AdamW)
+  double lr = 1e-3;           ///< learning rate
+  double beta1 = 0.9;         ///< first-moment decay
+  double beta2 = 0.999;       ///< second-moment decay
+  double eps = 1e-8;          ///< added to sqrt(v_hat)
+  double weight_decay = 0.0;  ///< L2 (Adam) or decoupled (AdamW)
 };
 
 /// Where weight decay enters: the gradient (Adam) or the parameter (AdamW).
@@ -37,8 +37,8 @@ inline AdamRule make_adam_rule(const AdamHyper& h, std::int64_t t, WeightDecayMo
   r.inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
   r.neg_step_size = static_cast<float>(-h.lr / bias1);
   r.l2 = mode == WeightDecayMode::l2 ? static_cast<float>(h.weight_decay) : 0.0f;
-  r.decay = mode == WeightDecayMode::decoupled ? static_cast<float>(1.0 - h.lr * h.weight_decay)
-                                               : 1.0f;
+  r.decay =
+      mode == WeightDecayMode::decoupled ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
   return r;
 }
 

@@ -48,7 +48,9 @@ std::int64_t ulp_distance(float a, float b) {
 
 std::int64_t ulp_distance16(std::uint16_t a, std::uint16_t b) {
   // Same-sign 16-bit floats order like integers; NaNs compare equal.
-  auto nan = [](std::uint16_t x, bool bf) { return bf ? (x & 0x7fffu) > 0x7f80u : (x & 0x7fffu) > 0x7c00u; };
+  auto nan = [](std::uint16_t x, bool bf) {
+    return bf ? (x & 0x7fffu) > 0x7f80u : (x & 0x7fffu) > 0x7c00u;
+  };
   if (nan(a, true) && nan(b, true)) return 0;
   return std::abs(static_cast<int>(a) - static_cast<int>(b));
 }
@@ -106,7 +108,7 @@ void run_case(DType grad_dtype, int write_back, std::size_t offset, std::size_t 
       gb[i] = bf16(g32[i]);
       gh[i] = f16(g32[i]);
     }
-    const void* g_host = grad_dtype == DType::bf16 ? static_cast<const void*>(gb.data())
+    const void* g_host = grad_dtype == DType::bf16  ? static_cast<const void*>(gb.data())
                          : grad_dtype == DType::f16 ? static_cast<const void*>(gh.data())
                                                     : static_cast<const void*>(g32.data());
     const std::size_t gbytes = grad_dtype == DType::f32 ? 4 : 2;
@@ -181,7 +183,8 @@ int main() {
     {
       const std::size_t n = 1024;
       std::vector<float> a = data(n, 1, 1.0), b = a, g = data(n, 2, 1.0);
-      AdamW x(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1}), y(n, AdamHyper{1.1e-2, 0.9, 0.999, 1e-8, 0.1});
+      AdamW x(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1}),
+          y(n, AdamHyper{1.1e-2, 0.9, 0.999, 1e-8, 0.1});
       x.step(FusedIo::over<float>(a, g));
       y.step(FusedIo::over<float>(b, g));
       std::int64_t worst = 0;
@@ -196,6 +199,7 @@ int main() {
     return 1;
   }
   std::printf(failures == 0 ? "test_optim_cuda: all checks passed\n"
-                            : "test_optim_cuda: %d check(s) failed\n", failures);
+                            : "test_optim_cuda: %d check(s) failed\n",
+              failures);
   return failures == 0 ? 0 : 1;
 }

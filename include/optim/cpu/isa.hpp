@@ -16,10 +16,14 @@ enum class Isa { automatic, scalar, avx2, avx512 };
 /// Lower-case name of isa ("scalar", "avx2", ...).
 constexpr std::string_view name_of(Isa isa) {
   switch (isa) {
-    case Isa::automatic: return "automatic";
-    case Isa::scalar: return "scalar";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
+    case Isa::automatic:
+      return "automatic";
+    case Isa::scalar:
+      return "scalar";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
   }
   return "?";
 }
@@ -29,7 +33,8 @@ inline bool cpu_supports(Isa isa) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   switch (isa) {
     case Isa::automatic:
-    case Isa::scalar: return true;
+    case Isa::scalar:
+      return true;
     case Isa::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");

@@ -18,15 +18,15 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <zero/core/buffer.hpp>
-#include <zero/core/cuda_check.cuh>
-#include <zero/core/cuda_device.cuh>
 #include <optim/adam_hyper.hpp>
 #include <optim/fused_io.hpp>
 #include <optim/lane_ops.hpp>
 #include <optim/param_groups.hpp>
 #include <optim/state_dict.hpp>
 #include <optim/update_rules.hpp>
+#include <zero/core/buffer.hpp>
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/cuda_device.cuh>
 
 namespace zero::optim::cuda {
 
@@ -63,13 +63,17 @@ __device__ __forceinline__ std::uint16_t bf16_stochastic(float x, std::uint32_t 
 __device__ __forceinline__ std::uint16_t lowp_bits(float x, LowpKind kind, std::uint64_t key,
                                                    std::uint32_t step, std::uint64_t index) {
   switch (kind) {
-    case LowpKind::bf16_stochastic: return bf16_stochastic(x, rounding_bits(key, step, index));
-    case LowpKind::f16_nearest: return __half_as_ushort(__float2half_rn(x));
-    default: return bf16_nearest(x);
+    case LowpKind::bf16_stochastic:
+      return bf16_stochastic(x, rounding_bits(key, step, index));
+    case LowpKind::f16_nearest:
+      return __half_as_ushort(__float2half_rn(x));
+    default:
+      return bf16_nearest(x);
   }
 }
 
-// ---- kernels -------------------------------------------------------------------------------------
+// ---- kernels
+// -------------------------------------------------------------------------------------
 
 /// Arguments of one launch over elements [begin, begin + count) of the shard.
 struct AdamLaunch {
@@ -93,8 +97,8 @@ struct AdamLaunch {
 template <int Vec, int GradKind>
 __global__ void adam_kernel(AdamLaunch a) {
   const std::size_t groups = a.count / Vec;
-  for (std::size_t k = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-       k < groups; k += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+  for (std::size_t k = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; k < groups;
+       k += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t i = a.begin + k * Vec;
     float p[Vec], m[Vec], v[Vec], g[Vec];
     if constexpr (Vec == 4) {
@@ -108,11 +112,11 @@ __global__ void adam_kernel(AdamLaunch a) {
         const float4 g4 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.grad) + i);
         g[0] = g4.x, g[1] = g4.y, g[2] = g4.z, g[3] = g4.w;
       } else {
-        const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const std::uint16_t*>(a.grad) + i);
-        const std::uint16_t h[4] = {static_cast<std::uint16_t>(raw.x & 0xffffu),
-                                    static_cast<std::uint16_t>(raw.x >> 16),
-                                    static_cast<std::uint16_t>(raw.y & 0xffffu),
-                                    static_cast<std::uint16_t>(raw.y >> 16)};
+        const uint2 raw =
+            *reinterpret_cast<const uint2*>(static_cast<const std::uint16_t*>(a.grad) + i);
+        const std::uint16_t h[4] = {
+            static_cast<std::uint16_t>(raw.x & 0xffffu), static_cast<std::uint16_t>(raw.x >> 16),
+            static_cast<std::uint16_t>(raw.y & 0xffffu), static_cast<std::uint16_t>(raw.y >> 16)};
         for (int l = 0; l < 4; ++l) g[l] = GradKind == 1 ? widen_bf16(h[l]) : widen_f16(h[l]);
       }
     } else {
@@ -155,7 +159,8 @@ __global__ void adam_kernel(AdamLaunch a) {
   }
 }
 
-// ---- launcher ------------------------------------------------------------------------------------
+// ---- launcher
+// ------------------------------------------------------------------------------------
 
 /// True when p is aligned to bytes.
 inline bool aligned(const void* p, std::size_t bytes) {
@@ -170,9 +175,15 @@ void launch_adam(const AdamLaunch& a, DType grad_dtype, cudaStream_t stream) {
   const std::size_t needed = (a.count / Vec + threads - 1) / threads;
   const unsigned blocks = static_cast<unsigned>(needed < 65535 ? needed : 65535);
   switch (grad_dtype) {
-    case DType::bf16: adam_kernel<Vec, 1><<<blocks, threads, 0, stream>>>(a); break;
-    case DType::f16: adam_kernel<Vec, 2><<<blocks, threads, 0, stream>>>(a); break;
-    default: adam_kernel<Vec, 0><<<blocks, threads, 0, stream>>>(a); break;
+    case DType::bf16:
+      adam_kernel<Vec, 1><<<blocks, threads, 0, stream>>>(a);
+      break;
+    case DType::f16:
+      adam_kernel<Vec, 2><<<blocks, threads, 0, stream>>>(a);
+      break;
+    default:
+      adam_kernel<Vec, 0><<<blocks, threads, 0, stream>>>(a);
+      break;
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
@@ -182,11 +193,21 @@ void launch_adam(const AdamLaunch& a, DType grad_dtype, cudaStream_t stream) {
 /// tail (or scalar throughout when the buffers are not mutually aligned).
 inline void adam_step(const AdamRule& rule, const FusedIo& io, float* m, float* v, Range range,
                       std::uint32_t step, cudaStream_t stream) {
-  AdamLaunch a{rule, io.param, m, v, io.grad, io.grad_scale,
-               static_cast<std::uint16_t*>(io.lowp), LowpKind::none, io.rounding_key, step,
-               io.first_index, range.offset, range.count};
+  AdamLaunch a{rule,
+               io.param,
+               m,
+               v,
+               io.grad,
+               io.grad_scale,
+               static_cast<std::uint16_t*>(io.lowp),
+               LowpKind::none,
+               io.rounding_key,
+               step,
+               io.first_index,
+               range.offset,
+               range.count};
   if (io.lowp != nullptr) {
-    a.lowp_kind = io.lowp_dtype == DType::f16              ? LowpKind::f16_nearest
+    a.lowp_kind = io.lowp_dtype == DType::f16           ? LowpKind::f16_nearest
                   : io.rounding == Rounding::stochastic ? LowpKind::bf16_stochastic
                                                         : LowpKind::bf16_nearest;
   }
@@ -213,7 +234,8 @@ inline void adam_step(const AdamRule& rule, const FusedIo& io, float* m, float* 
   launch_adam<1>(part, io.grad_dtype, stream);
 }
 
-// ---- optimizer -----------------------------------------------------------------------------------
+// ---- optimizer
+// -----------------------------------------------------------------------------------
 
 /// Adam (l2) or AdamW (decoupled) with its states on the GPU; the host AdamFamily's twin.
 template <WeightDecayMode Mode>
@@ -254,8 +276,8 @@ class CudaAdamFamily {
     s.buffers["exp_avg_sq"].resize(numel_);
     ZERO_CUDA_CHECK(cudaMemcpy(s.buffers["exp_avg"].data(), m_.data(), numel_ * sizeof(float),
                                cudaMemcpyDeviceToHost));
-    ZERO_CUDA_CHECK(cudaMemcpy(s.buffers["exp_avg_sq"].data(), v_.data(),
-                               numel_ * sizeof(float), cudaMemcpyDeviceToHost));
+    ZERO_CUDA_CHECK(cudaMemcpy(s.buffers["exp_avg_sq"].data(), v_.data(), numel_ * sizeof(float),
+                               cudaMemcpyDeviceToHost));
     return s;
   }
   /// Restores a state saved by this class or by the host optimizer (synchronous).
