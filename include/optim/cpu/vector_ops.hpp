@@ -16,7 +16,8 @@
 // templates, and instantiating them with an x86 vector type is an error in device code, so a .cu
 // file that includes both the host optimizers and the CUDA ones sees only the scalar host path
 // while compiling for the device (the host pass still gets every ISA).
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__)
+// Unoptimised builds get no vector kernels either (see vector_kernels_compiled in isa.hpp).
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__) && defined(__OPTIMIZE__)
 #include <immintrin.h>
 #define ZERO_OPTIM_HAVE_X86 1
 #endif
