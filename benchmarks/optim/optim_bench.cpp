@@ -20,8 +20,8 @@
 #include <omp.h>
 #endif
 
-#include <zero/core/buffer.hpp>
 #include <optim/adam.hpp>
+#include <zero/core/buffer.hpp>
 
 namespace {
 
@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
       repeats = std::atoi(argv[i + 1]);
     } else if (flag == "--isa") {
       const std::string v = argv[i + 1];
-      isa = v == "scalar" ? zero::optim::Isa::scalar
-            : v == "avx2" ? zero::optim::Isa::avx2
+      isa = v == "scalar"   ? zero::optim::Isa::scalar
+            : v == "avx2"   ? zero::optim::Isa::avx2
             : v == "avx512" ? zero::optim::Isa::avx512
                             : zero::optim::Isa::automatic;
     } else {
@@ -114,15 +114,16 @@ int main(int argc, char** argv) {
   // Triad and AdamW alternate, so both see the same load from whatever else runs on the machine.
   double triad_s = 1e30, adamw_s = 1e30;
   for (int r = 0; r < repeats; ++r) {
-    triad_s = std::min(triad_s, best_seconds(1, [&] { triad(a.data(), b.data(), c.data(), 0.5f, n); }));
+    triad_s =
+        std::min(triad_s, best_seconds(1, [&] { triad(a.data(), b.data(), c.data(), 0.5f, n); }));
     adamw_s = std::min(adamw_s, best_seconds(1, [&] { opt.step(io, options); }));
   }
   const double triad_gbps = 12.0 * static_cast<double>(n) / triad_s / 1e9;
   line("stream_triad", config, triad_gbps, "GB/s");
   const double gbps = 30.0 * static_cast<double>(n) / adamw_s / 1e9;
   char extra[160];
-  std::snprintf(extra, sizeof extra, ", \"ms\": %.2f, \"fraction_of_triad\": %.3f",
-                adamw_s * 1e3, gbps / triad_gbps);
+  std::snprintf(extra, sizeof extra, ", \"ms\": %.2f, \"fraction_of_triad\": %.3f", adamw_s * 1e3,
+                gbps / triad_gbps);
   line("adamw_fused_bf16_writeback_bandwidth", config, gbps, "GB/s", extra);
   line("adamw_fused_bf16_writeback_rate", config, static_cast<double>(n) / adamw_s, "elements/s");
   return 0;

@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include <zero/core/buffer.hpp>
-#include <zero/core/error.hpp>
 #include <optim/param_groups.hpp>
 #include <optim/state_dict.hpp>
+#include <zero/core/buffer.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 

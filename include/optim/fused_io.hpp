@@ -12,9 +12,9 @@
 #include <span>
 #include <type_traits>
 
+#include <optim/cpu/isa.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
-#include <optim/cpu/isa.hpp>
 
 namespace zero::optim {
 
@@ -26,16 +26,16 @@ enum class Rounding : std::uint8_t {
 
 /// Inputs and outputs of one fused step over a flat shard.
 struct FusedIo {
-  float* param = nullptr;             ///< fp32 master shard, updated in place
-  std::size_t numel = 0;              ///< elements in the shard
-  const void* grad = nullptr;         ///< gradient shard (numel elements of grad_dtype)
-  DType grad_dtype = DType::f32;      ///< f32, bf16 or f16
-  float grad_scale = 1.0f;            ///< multiplies every gradient: clip_coefficient / loss_scale
-  void* lowp = nullptr;               ///< optional low-precision copy of param (written after update)
-  DType lowp_dtype = DType::bf16;     ///< bf16 or f16
+  float* param = nullptr;          ///< fp32 master shard, updated in place
+  std::size_t numel = 0;           ///< elements in the shard
+  const void* grad = nullptr;      ///< gradient shard (numel elements of grad_dtype)
+  DType grad_dtype = DType::f32;   ///< f32, bf16 or f16
+  float grad_scale = 1.0f;         ///< multiplies every gradient: clip_coefficient / loss_scale
+  void* lowp = nullptr;            ///< optional low-precision copy of param (written after update)
+  DType lowp_dtype = DType::bf16;  ///< bf16 or f16
   Rounding rounding = Rounding::nearest_even;  ///< rounding of the low-precision copy
-  std::uint64_t rounding_key = 0;     ///< stochastic-rounding stream (e.g. CounterRng::key_for)
-  std::uint64_t first_index = 0;      ///< global flat index of param[0]
+  std::uint64_t rounding_key = 0;  ///< stochastic-rounding stream (e.g. CounterRng::key_for)
+  std::uint64_t first_index = 0;   ///< global flat index of param[0]
 
   /// A pass over param with an fp32, bf16 or f16 gradient of the same length.
   template <class GradT>
@@ -83,9 +83,9 @@ inline void validate(const FusedIo& io, std::size_t numel, bool needs_grad, cons
   expect<Error>(io.param != nullptr || numel == 0, who, ": FusedIo::param is null");
   if (needs_grad) {
     expect<Error>(io.grad != nullptr || numel == 0, who, ": FusedIo::grad is null");
-    expect<Error>(io.grad_dtype == DType::f32 || io.grad_dtype == DType::bf16 ||
-                      io.grad_dtype == DType::f16,
-                  who, ": gradients must be f32, bf16 or f16, got ", name_of(io.grad_dtype));
+    expect<Error>(
+        io.grad_dtype == DType::f32 || io.grad_dtype == DType::bf16 || io.grad_dtype == DType::f16,
+        who, ": gradients must be f32, bf16 or f16, got ", name_of(io.grad_dtype));
   }
   if (io.lowp != nullptr) {
     expect<Error>(io.lowp_dtype == DType::bf16 || io.lowp_dtype == DType::f16, who,

@@ -22,11 +22,11 @@
 #include <omp.h>
 #endif
 
-#include <zero/core/dtype.hpp>
 #include <optim/cpu/fused_driver.hpp>
 #include <optim/cpu/isa.hpp>
 #include <optim/cpu/vector_ops.hpp>
 #include <optim/fused_io.hpp>
+#include <zero/core/dtype.hpp>
 
 namespace zero::optim {
 
@@ -59,9 +59,15 @@ inline constexpr std::size_t norm_block_elems = 8192;
 inline constexpr int norm_lanes = 8;
 
 /// One element widened to float.
-inline float widen(float x) { return x; }
-inline float widen(bf16 x) { return bf16::to_float(x.bits); }
-inline float widen(f16 x) { return f16::to_float(x.bits); }
+inline float widen(float x) {
+  return x;
+}
+inline float widen(bf16 x) {
+  return bf16::to_float(x.bits);
+}
+inline float widen(f16 x) {
+  return f16::to_float(x.bits);
+}
 
 /// Folds the 8 accumulators in a fixed tree order.
 inline double fold_lanes(const double* acc) {
@@ -134,9 +140,14 @@ GradStats grad_stats_typed(const T* g, std::size_t n, const StepOptions& options
   double (*block_sum)(const T*, std::size_t) = &sum_sq_scalar<T>;
 #if defined(ZERO_OPTIM_HAVE_X86)
   switch (resolve_isa(options.isa)) {
-    case Isa::avx512: block_sum = &sum_sq_avx512<T>; break;
-    case Isa::avx2: block_sum = &sum_sq_avx2<T>; break;
-    default: break;
+    case Isa::avx512:
+      block_sum = &sum_sq_avx512<T>;
+      break;
+    case Isa::avx2:
+      block_sum = &sum_sq_avx2<T>;
+      break;
+    default:
+      break;
   }
 #else
   (void)resolve_isa(options.isa);
@@ -163,9 +174,12 @@ GradStats grad_stats_typed(const T* g, std::size_t n, const StepOptions& options
 inline GradStats grad_stats(const void* grad, DType dtype, std::size_t n,
                             const StepOptions& options = {}) {
   switch (dtype) {
-    case DType::f32: return detail::grad_stats_typed(static_cast<const float*>(grad), n, options);
-    case DType::bf16: return detail::grad_stats_typed(static_cast<const bf16*>(grad), n, options);
-    case DType::f16: return detail::grad_stats_typed(static_cast<const f16*>(grad), n, options);
+    case DType::f32:
+      return detail::grad_stats_typed(static_cast<const float*>(grad), n, options);
+    case DType::bf16:
+      return detail::grad_stats_typed(static_cast<const bf16*>(grad), n, options);
+    case DType::f16:
+      return detail::grad_stats_typed(static_cast<const f16*>(grad), n, options);
     default:
       raise<Error>("zero::optim::grad_stats: gradients must be f32, bf16 or f16, got ",
                    name_of(dtype));

@@ -18,10 +18,10 @@
 #include <cstdint>
 #include <vector>
 
-#include <zero/core/error.hpp>
 #include <optim/cpu/fused_driver.hpp>
 #include <optim/flat_optimizer.hpp>
 #include <optim/update_rules.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 
@@ -62,8 +62,8 @@ class Lamb : public FlatOptimizer<LambHyper> {
         const Range& g = groups_[k].range;
         if (t.offset >= g.offset && t.end() <= g.end()) owner = k;
       }
-      expect<ConfigError>(owner < groups_.size() || t.count == 0, "LAMB: tensor [", t.offset,
-                          ", ", t.end(), ") does not lie inside one parameter group");
+      expect<ConfigError>(owner < groups_.size() || t.count == 0, "LAMB: tensor [", t.offset, ", ",
+                          t.end(), ") does not lie inside one parameter group");
       group_of_.push_back(owner < groups_.size() ? owner : 0);
     }
   }
@@ -139,10 +139,10 @@ class Lamb : public FlatOptimizer<LambHyper> {
   /// Pass 3: p -= lr * ratio * u per tensor, with the low-precision copy.
   void finish_step(const FusedIo& io, const LambNorms& global, const StepOptions& run = {}) {
     validate(io, numel_, false, "LAMB");
-    expect<Error>(global.param_sq.size() == tensors_.size() &&
-                      global.update_sq.size() == tensors_.size(),
-                  "LAMB::finish_step: norms for ", global.param_sq.size(), " tensors, expected ",
-                  tensors_.size());
+    expect<Error>(
+        global.param_sq.size() == tensors_.size() && global.update_sq.size() == tensors_.size(),
+        "LAMB::finish_step: norms for ", global.param_sq.size(), " tensors, expected ",
+        tensors_.size());
     std::vector<LambApplyRule> rules;
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       const LambHyper& h = groups_[group_of_[t]].hyper;

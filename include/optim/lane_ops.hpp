@@ -81,7 +81,9 @@ struct ScalarOps {
 #endif
   }
   /// +1 for positive, -1 for negative, x itself for zeros and NaN (as torch.sign).
-  ZERO_HOST_DEVICE static float sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
+  ZERO_HOST_DEVICE static float sign(float x) {
+    return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);
+  }
 };
 
 /// 16 random bits for stochastic rounding of element index at step step under key: one Philox

@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <vector>
 
-#include <zero/core/error.hpp>
 #include <optim/cpu/fused_driver.hpp>
 #include <optim/flat_optimizer.hpp>
 #include <optim/update_rules.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 

@@ -27,8 +27,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include <zero/core/error.hpp>
 #include <optim/state_dict.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 
@@ -40,12 +40,12 @@ class LossScaleError : public Error {
 
 /// DeepSpeed's fp16 block, with its defaults.
 struct LossScalerConfig {
-  double loss_scale = 0.0;             ///< fp16.loss_scale: 0 = dynamic, otherwise the static scale
-  int initial_scale_power = 16;        ///< fp16.initial_scale_power: start at 2^power
+  double loss_scale = 0.0;       ///< fp16.loss_scale: 0 = dynamic, otherwise the static scale
+  int initial_scale_power = 16;  ///< fp16.initial_scale_power: start at 2^power
   std::int64_t loss_scale_window = 1000;  ///< fp16.loss_scale_window
-  int hysteresis = 2;                  ///< fp16.hysteresis (DeepSpeed's delayed_shift)
-  bool consecutive_hysteresis = false; ///< fp16.consecutive_hysteresis
-  double min_loss_scale = 1.0;         ///< fp16.min_loss_scale
+  int hysteresis = 2;                     ///< fp16.hysteresis (DeepSpeed's delayed_shift)
+  bool consecutive_hysteresis = false;    ///< fp16.consecutive_hysteresis
+  double min_loss_scale = 1.0;            ///< fp16.min_loss_scale
   int max_overflows_at_min_scale = 1;  ///< overflows at the minimum before LossScaleError; 0: never
 };
 
@@ -60,8 +60,8 @@ class LossScaler {
     expect<ConfigError>(config.initial_scale_power >= 0 && config.initial_scale_power < 128,
                         "fp16.initial_scale_power must be in [0, 127], got ",
                         config.initial_scale_power);
-    expect<ConfigError>(config.loss_scale_window >= 1,
-                        "fp16.loss_scale_window must be >= 1, got ", config.loss_scale_window);
+    expect<ConfigError>(config.loss_scale_window >= 1, "fp16.loss_scale_window must be >= 1, got ",
+                        config.loss_scale_window);
     expect<ConfigError>(config.hysteresis >= 1, "fp16.hysteresis must be >= 1, got ",
                         config.hysteresis);
     expect<ConfigError>(config.min_loss_scale > 0.0 && std::isfinite(config.min_loss_scale),

@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <zero/core/error.hpp>
 #include <optim/state_dict.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 
@@ -36,9 +36,9 @@ inline double warmup_gamma(std::int64_t it, std::int64_t n, WarmupType type) {
 
 /// Ramps from warmup_min_lr to warmup_max_lr over warmup_num_steps, then holds.
 struct WarmupLR {
-  double warmup_min_lr = 0.0;            ///< lr at iteration 0
-  double warmup_max_lr = 1e-3;           ///< lr after warmup
-  std::int64_t warmup_num_steps = 1000;  ///< ramp length (at least 2, as DeepSpeed)
+  double warmup_min_lr = 0.0;                ///< lr at iteration 0
+  double warmup_max_lr = 1e-3;               ///< lr after warmup
+  std::int64_t warmup_num_steps = 1000;      ///< ramp length (at least 2, as DeepSpeed)
   WarmupType warmup_type = WarmupType::log;  ///< ramp shape
 
   /// The lr at last_batch_iteration it.
@@ -76,12 +76,12 @@ struct WarmupDecayLR {
 /// Warmup of the ratio from warmup_min_ratio to 1, then a cosine to cos_min_ratio; the lr is
 /// base_lr (the optimizer's configured lr) times the ratio.
 struct WarmupCosineLR {
-  std::int64_t total_num_steps = 0;      ///< end of the cosine
-  double warmup_min_ratio = 0.0;         ///< ratio at iteration 0
-  std::int64_t warmup_num_steps = 1000;  ///< ramp length (at least 2)
-  double cos_min_ratio = 1e-4;           ///< ratio at and after total_num_steps
+  std::int64_t total_num_steps = 0;          ///< end of the cosine
+  double warmup_min_ratio = 0.0;             ///< ratio at iteration 0
+  std::int64_t warmup_num_steps = 1000;      ///< ramp length (at least 2)
+  double cos_min_ratio = 1e-4;               ///< ratio at and after total_num_steps
   WarmupType warmup_type = WarmupType::log;  ///< ramp shape
-  double base_lr = 1e-3;                 ///< the optimizer's lr
+  double base_lr = 1e-3;                     ///< the optimizer's lr
 
   /// The ratio at last_batch_iteration it (0 before the first step, as DeepSpeed).
   double ratio(std::int64_t it) const {
@@ -103,18 +103,18 @@ struct WarmupCosineLR {
 /// The 1cycle policy (Smith 2018): lr up from cycle_min_lr to cycle_max_lr and back over the
 /// cycle, momentum (Adam's beta1) the other way, then an optional decay.
 struct OneCycle {
-  double cycle_min_lr = 0.0;                          ///< lr at the cycle's ends
-  double cycle_max_lr = 0.0;                          ///< lr at the peak
-  double decay_lr_rate = 0.0;                         ///< lr / (1 + rate * interval) after
-  std::int64_t cycle_first_step_size = 2000;          ///< rising half
-  std::optional<std::int64_t> cycle_second_step_size; ///< falling half (default: first)
-  std::int64_t cycle_first_stair_count = 0;           ///< stairs in the rising half (0: smooth)
+  double cycle_min_lr = 0.0;                             ///< lr at the cycle's ends
+  double cycle_max_lr = 0.0;                             ///< lr at the peak
+  double decay_lr_rate = 0.0;                            ///< lr / (1 + rate * interval) after
+  std::int64_t cycle_first_step_size = 2000;             ///< rising half
+  std::optional<std::int64_t> cycle_second_step_size;    ///< falling half (default: first)
+  std::int64_t cycle_first_stair_count = 0;              ///< stairs in the rising half (0: smooth)
   std::optional<std::int64_t> cycle_second_stair_count;  ///< stairs falling (default: first)
-  std::int64_t decay_step_size = 0;                   ///< decay interval (0: no decay)
-  bool cycle_momentum = true;                         ///< also cycle momentum
-  double cycle_min_mom = 0.8;                         ///< momentum at the peak lr
-  double cycle_max_mom = 0.9;                         ///< momentum at the ends
-  double decay_mom_rate = 0.0;                        ///< momentum * (1 + rate * interval) after
+  std::int64_t decay_step_size = 0;                      ///< decay interval (0: no decay)
+  bool cycle_momentum = true;                            ///< also cycle momentum
+  double cycle_min_mom = 0.8;                            ///< momentum at the peak lr
+  double cycle_max_mom = 0.9;                            ///< momentum at the ends
+  double decay_mom_rate = 0.0;                           ///< momentum * (1 + rate * interval) after
 
   /// The lr at last_batch_iteration it.
   double lr(std::int64_t it) const {
@@ -172,10 +172,10 @@ struct OneCycle {
 
 /// Grows the lr from lr_range_test_min_lr, linearly or in stairs, to find a good lr range.
 struct LRRangeTest {
-  double lr_range_test_min_lr = 1e-3;          ///< start
-  std::int64_t lr_range_test_step_size = 2000; ///< iterations per unit of increase
-  double lr_range_test_step_rate = 1.0;        ///< increase per unit
-  bool lr_range_test_staircase = false;        ///< whole units only
+  double lr_range_test_min_lr = 1e-3;           ///< start
+  std::int64_t lr_range_test_step_size = 2000;  ///< iterations per unit of increase
+  double lr_range_test_step_rate = 1.0;         ///< increase per unit
+  bool lr_range_test_staircase = false;         ///< whole units only
 
   /// The lr at last_batch_iteration it.
   double lr(std::int64_t it) const {
@@ -246,7 +246,8 @@ void read_param(const nlohmann::json& params, const char* key, T& out) {
   if constexpr (std::is_same_v<T, bool>) {
     ok = it->is_boolean();
   } else if constexpr (std::is_integral_v<T>) {
-    ok = it->is_number_integer() || (it->is_number() && std::floor(it->get<double>()) == it->get<double>());
+    ok = it->is_number_integer() ||
+         (it->is_number() && std::floor(it->get<double>()) == it->get<double>());
   } else {
     ok = it->is_number();
   }
@@ -283,8 +284,8 @@ inline void read_warmup_type(const nlohmann::json& params, WarmupType& out) {
 inline void reject_unknown(const nlohmann::json& params, std::initializer_list<const char*> known,
                            const std::string& type) {
   for (const auto& [key, value] : params.items()) {
-    const bool found = std::any_of(known.begin(), known.end(),
-                                   [&](const char* k) { return key == k; });
+    const bool found =
+        std::any_of(known.begin(), known.end(), [&](const char* k) { return key == k; });
     expect<ConfigError>(found, "scheduler.params.", key, ": not a parameter of ", type);
   }
 }
@@ -308,12 +309,15 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
                         "scheduler.params.warmup_num_steps: must be a positive integer, got ",
                         w.warmup_num_steps);
     if (type == "WarmupLR") {
-      detail::reject_unknown(params, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                      "warmup_type", "last_batch_iteration"}, type);
+      detail::reject_unknown(params,
+                             {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                              "last_batch_iteration"},
+                             type);
       return LrScheduler(w);
     }
-    detail::reject_unknown(params, {"total_num_steps", "warmup_min_lr", "warmup_max_lr",
-                                    "warmup_num_steps", "warmup_type", "last_batch_iteration"},
+    detail::reject_unknown(params,
+                           {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                            "warmup_type", "last_batch_iteration"},
                            type);
     WarmupDecayLR d;
     d.warmup = w;
@@ -323,8 +327,9 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
     return LrScheduler(d);
   }
   if (type == "WarmupCosineLR") {
-    detail::reject_unknown(params, {"total_num_steps", "warmup_min_ratio", "warmup_num_steps",
-                                    "cos_min_ratio", "warmup_type", "last_batch_iteration"},
+    detail::reject_unknown(params,
+                           {"total_num_steps", "warmup_min_ratio", "warmup_num_steps",
+                            "cos_min_ratio", "warmup_type", "last_batch_iteration"},
                            type);
     WarmupCosineLR c;
     c.base_lr = optimizer_lr;
@@ -342,10 +347,12 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
   }
   if (type == "OneCycle") {
     detail::reject_unknown(
-        params, {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
-                 "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
-                 "decay_step_size", "cycle_momentum", "cycle_min_mom", "cycle_max_mom",
-                 "decay_mom_rate", "last_batch_iteration"}, type);
+        params,
+        {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
+         "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
+         "decay_step_size", "cycle_momentum", "cycle_min_mom", "cycle_max_mom", "decay_mom_rate",
+         "last_batch_iteration"},
+        type);
     expect<ConfigError>(params.contains("cycle_min_lr") && params.contains("cycle_max_lr"),
                         "scheduler.params.cycle_min_lr and cycle_max_lr: required by OneCycle");
     OneCycle o;
@@ -366,9 +373,11 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
     return LrScheduler(o);
   }
   if (type == "LRRangeTest") {
-    detail::reject_unknown(params, {"lr_range_test_min_lr", "lr_range_test_step_size",
-                                    "lr_range_test_step_rate", "lr_range_test_staircase",
-                                    "last_batch_iteration"}, type);
+    detail::reject_unknown(
+        params,
+        {"lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate",
+         "lr_range_test_staircase", "last_batch_iteration"},
+        type);
     LRRangeTest r;
     read_param(params, "lr_range_test_min_lr", r.lr_range_test_min_lr);
     read_param(params, "lr_range_test_step_size", r.lr_range_test_step_size);

@@ -73,11 +73,10 @@ inline void validate_ranges(std::vector<Range> ranges, std::size_t numel, const 
             [](const Range& a, const Range& b) { return a.offset < b.offset; });
   std::size_t covered_to = 0;
   for (const Range& r : ranges) {
-    expect<ConfigError>(r.end() <= numel && r.end() >= r.offset, who, ": group range [",
-                        r.offset, ", ", r.end(), ") exceeds the shard of ", numel, " elements");
-    expect<ConfigError>(r.offset >= covered_to || r.count == 0, who, ": group range [",
-                        r.offset, ", ", r.end(), ") overlaps the previous group, which ends at ",
-                        covered_to);
+    expect<ConfigError>(r.end() <= numel && r.end() >= r.offset, who, ": group range [", r.offset,
+                        ", ", r.end(), ") exceeds the shard of ", numel, " elements");
+    expect<ConfigError>(r.offset >= covered_to || r.count == 0, who, ": group range [", r.offset,
+                        ", ", r.end(), ") overlaps the previous group, which ends at ", covered_to);
     covered_to = std::max(covered_to, r.end());
   }
 }

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include <zero/core/error.hpp>
 #include <optim/cpu/fused_driver.hpp>
 #include <optim/flat_optimizer.hpp>
 #include <optim/update_rules.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 
@@ -82,8 +82,8 @@ class Rmsprop : public FlatOptimizer<RmspropHyper> {
     }
     const auto r = ranges();
     const auto s = state_pointers();
-    run_fused<RmspropRule<Centered, Momentum>>(rules, r, io, s,
-                                               static_cast<std::uint32_t>(step_), run);
+    run_fused<RmspropRule<Centered, Momentum>>(rules, r, io, s, static_cast<std::uint32_t>(step_),
+                                               run);
   }
 
   RmspropOptions options_;

@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <vector>
 
-#include <zero/core/error.hpp>
 #include <optim/cpu/fused_driver.hpp>
 #include <optim/flat_optimizer.hpp>
 #include <optim/update_rules.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::optim {
 
@@ -36,9 +36,8 @@ class Sgd : public FlatOptimizer<SgdHyper> {
   /// Several groups.
   Sgd(std::size_t numel, std::vector<ParamGroup<SgdHyper>> groups, const SgdOptions& options)
       : FlatOptimizer<SgdHyper>("SGD", numel, std::move(groups),
-                                options.momentum > 0.0
-                                    ? std::vector<std::string>{"momentum_buffer"}
-                                    : std::vector<std::string>{}),
+                                options.momentum > 0.0 ? std::vector<std::string>{"momentum_buffer"}
+                                                       : std::vector<std::string>{}),
         options_(options) {
     expect<ConfigError>(options.momentum >= 0.0, "SGD: momentum must be >= 0, got ",
                         options.momentum);

@@ -68,8 +68,8 @@ struct SgdRule {
   ZERO_HOST_DEVICE void apply(V& p, const V& g_in, V* s) const {
     const V g = O::fma(O::set1(weight_decay), p, g_in);
     if constexpr (Momentum) {
-      s[0] = first_step ? g
-                        : O::fma(O::set1(momentum), s[0], O::mul(O::set1(one_minus_dampening), g));
+      s[0] =
+          first_step ? g : O::fma(O::set1(momentum), s[0], O::mul(O::set1(one_minus_dampening), g));
       const V d = nesterov ? O::fma(O::set1(momentum), s[0], g) : s[0];
       p = O::fma(O::set1(neg_lr), d, p);
     } else {
@@ -87,7 +87,8 @@ struct SgdRule {
 ///   momentum: buf = momentum * buf + g / avg;  p = p - lr * buf   (else p = p - lr * g / avg)
 template <bool Centered, bool Momentum>
 struct RmspropRule {
-  static constexpr int states = 1 + (Centered ? 1 : 0) + (Momentum ? 1 : 0);  ///< square_avg, grad_avg, momentum_buffer
+  static constexpr int states =
+      1 + (Centered ? 1 : 0) + (Momentum ? 1 : 0);  ///< square_avg, grad_avg, momentum_buffer
   static constexpr bool reads_grad = true;
   static constexpr bool writes_param = true;
   static constexpr bool writes_states = true;

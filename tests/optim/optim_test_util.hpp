@@ -23,12 +23,23 @@ inline std::vector<float> make_data(std::size_t n, std::uint64_t seed, double sc
     out[i] = static_cast<float>(scale * rng.normal(i));
     if (awkward) {
       switch (i % 23) {
-        case 3: out[i] = 0.0f; break;
-        case 7: out[i] = -0.0f; break;
-        case 11: out[i] = 1.5e-40f; break;    // denormal
-        case 13: out[i] = -3.0e-39f; break;   // denormal
-        case 17: out[i] = 1e-30f; break;
-        default: break;
+        case 3:
+          out[i] = 0.0f;
+          break;
+        case 7:
+          out[i] = -0.0f;
+          break;
+        case 11:
+          out[i] = 1.5e-40f;
+          break;  // denormal
+        case 13:
+          out[i] = -3.0e-39f;
+          break;  // denormal
+        case 17:
+          out[i] = 1e-30f;
+          break;
+        default:
+          break;
       }
     }
   }

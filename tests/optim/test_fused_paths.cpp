@@ -63,14 +63,15 @@ Outcome run(const Make& make, const Setup& s) {
     const auto g32 = optim_test::make_data(s.n, 600 + step, 2.0);
     const auto gb = optim_test::convert_all<bf16>(g32);
     const auto gh = optim_test::convert_all<f16>(g32);
-    FusedIo io = s.grad_dtype == DType::bf16 ? FusedIo::over<bf16>(out.param, gb)
+    FusedIo io = s.grad_dtype == DType::bf16  ? FusedIo::over<bf16>(out.param, gb)
                  : s.grad_dtype == DType::f16 ? FusedIo::over<f16>(out.param, gh)
-                                               : FusedIo::over<float>(out.param, g32);
+                                              : FusedIo::over<float>(out.param, g32);
     io.scale_grad(step == 2 ? 1e-3f : 0.25f);
     io.first_index = 1000;
     auto* raw = out.lowp.data();
     switch (s.write_back) {
-      case WriteBack::none: break;
+      case WriteBack::none:
+        break;
       case WriteBack::bf16_nearest:
         io.write_back(std::span<bf16>(reinterpret_cast<bf16*>(raw), s.n));
         break;
@@ -92,8 +93,8 @@ Outcome run(const Make& make, const Setup& s) {
 }
 
 std::size_t differences(const Outcome& a, const Outcome& b, bool lowp_is_bf16) {
-  std::size_t bad = optim_test::count_bit_differences(a.param.data(), b.param.data(),
-                                                      a.param.size());
+  std::size_t bad =
+      optim_test::count_bit_differences(a.param.data(), b.param.data(), a.param.size());
   for (std::size_t k = 0; k < a.states.size(); ++k) {
     bad += optim_test::count_bit_differences(a.states[k].data(), b.states[k].data(),
                                              a.states[k].size());
@@ -147,13 +148,19 @@ TEST_CASE("Fused paths: the CPU offers at least the scalar path", "[unit][optim]
 
 TEST_CASE("Fused paths: SIMD equals scalar bit for bit", "[unit][optim]") {
   SECTION("AdamW") {
-    check_all_paths<AdamW>([](std::size_t n) { return AdamW(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1}); });
+    check_all_paths<AdamW>([](std::size_t n) {
+      return AdamW(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1});
+    });
   }
   SECTION("Adam") {
-    check_all_paths<Adam>([](std::size_t n) { return Adam(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1}); });
+    check_all_paths<Adam>([](std::size_t n) {
+      return Adam(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1});
+    });
   }
   SECTION("SGD with Nesterov momentum") {
-    check_all_paths<Sgd>([](std::size_t n) { return Sgd(n, SgdHyper{0.1, 0.01}, SgdOptions{0.9, 0.0, true}); });
+    check_all_paths<Sgd>([](std::size_t n) {
+      return Sgd(n, SgdHyper{0.1, 0.01}, SgdOptions{0.9, 0.0, true});
+    });
   }
   SECTION("SGD plain") {
     check_all_paths<Sgd>([](std::size_t n) { return Sgd(n, SgdHyper{0.1, 0.01}); });
@@ -167,7 +174,9 @@ TEST_CASE("Fused paths: SIMD equals scalar bit for bit", "[unit][optim]") {
     check_all_paths<Rmsprop>([](std::size_t n) { return Rmsprop(n); });
   }
   SECTION("Adagrad") {
-    check_all_paths<Adagrad>([](std::size_t n) { return Adagrad(n, AdagradHyper{0.1, 0.01, 1e-10, 0.01}); });
+    check_all_paths<Adagrad>([](std::size_t n) {
+      return Adagrad(n, AdagradHyper{0.1, 0.01, 1e-10, 0.01});
+    });
   }
   SECTION("Lion") {
     check_all_paths<Lion>([](std::size_t n) { return Lion(n, LionHyper{1e-3, 0.9, 0.99, 0.1}); });
@@ -200,14 +209,28 @@ TEST_CASE("Fused paths: write-back of special values equals the scalar conversio
           "[unit][optim]") {
   // Lion with lr 0 and no decay leaves p unchanged (Inf and NaN included: it never multiplies p
   // by 0), so the low-precision copy is the conversion of p itself.
-  std::vector<float> values{0.0f, -0.0f, 1.0f, -1.0f, 1e-40f, -1e-45f, 3.4e38f, -3.4e38f,
-                            65504.0f, 65520.0f, 65519.99f, 6e-8f, 2.9e-8f, 1e-7f,
+  std::vector<float> values{0.0f,
+                            -0.0f,
+                            1.0f,
+                            -1.0f,
+                            1e-40f,
+                            -1e-45f,
+                            3.4e38f,
+                            -3.4e38f,
+                            65504.0f,
+                            65520.0f,
+                            65519.99f,
+                            6e-8f,
+                            2.9e-8f,
+                            1e-7f,
                             std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(),
                             std::bit_cast<float>(0x3f808000u),  // bf16 tie, even below
                             std::bit_cast<float>(0x3f818000u),  // bf16 tie, odd below
-                            std::bit_cast<float>(0x3f800001u), std::bit_cast<float>(0x7f7fffffu),
+                            std::bit_cast<float>(0x3f800001u),
+                            std::bit_cast<float>(0x7f7fffffu),
                             std::bit_cast<float>(0x387fc000u)};  // f16 subnormal boundary
   while (values.size() % 16 != 3) values.push_back(static_cast<float>(values.size()) * 0.37f);
   const std::size_t n = values.size();
@@ -241,7 +264,8 @@ TEST_CASE("Stochastic rounding: unbiased, reproducible, independent of the shard
   std::vector<float> p(n, x);
   std::vector<bf16> whole(n);
   Sgd opt(n, SgdHyper{0.0, 0.0});
-  opt.step(FusedIo::over<float>(p, grad).write_back(std::span<bf16>(whole), Rounding::stochastic, 99));
+  opt.step(
+      FusedIo::over<float>(p, grad).write_back(std::span<bf16>(whole), Rounding::stochastic, 99));
   double mean = 0.0;
   for (const bf16& b : whole) mean += bf16::to_float(b.bits);
   mean /= n;

@@ -66,9 +66,9 @@ TEST_CASE("grad_stats: sum of squares is accurate and bitwise stable", "[unit][o
 TEST_CASE("grad_stats: detects Inf and NaN anywhere, in every format", "[unit][optim]") {
   const std::size_t n = 2 * 8192 + 19;
   for (std::size_t where : {std::size_t{0}, std::size_t{5}, std::size_t{8200}, n - 1}) {
-    for (float bad : {std::numeric_limits<float>::infinity(),
-                      -std::numeric_limits<float>::infinity(),
-                      std::numeric_limits<float>::quiet_NaN()}) {
+    for (float bad :
+         {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+          std::numeric_limits<float>::quiet_NaN()}) {
       auto g = optim_test::make_data(n, 3, 1.0);
       g[where] = bad;
       const auto gb = optim_test::convert_all<bf16>(g);

@@ -48,19 +48,19 @@ TEST_CASE("Loss scaler: hysteresis and window, sequence by hand", "[unit][optim]
   SECTION("consecutive_hysteresis = false") {
     LossScaler s(c);
     play(s, {
-                {false, true, 16},   // it 0: stable 0
-                {false, true, 16},   // it 1: stable 1
-                {false, true, 16},   // it 2: stable 2
-                {false, true, 32},   // it 3: stable 3 -> double, hysteresis refilled
-                {true, false, 32},   // it 4: hysteresis 2 -> 1, skip
-                {true, false, 16},   // it 5: hysteresis exhausted -> halve
-                {false, true, 16},   // it 6: stable 0
-                {false, true, 16},   // it 7
-                {false, true, 16},   // it 8
-                {false, true, 32},   // it 9: stable 3 -> double, hysteresis back to 2
-                {true, false, 32},   // it 10: hysteresis 2 -> 1
-                {false, true, 32},   // it 11: clean, hysteresis stays 1
-                {true, false, 16},   // it 12: hysteresis 1 -> halve immediately
+                {false, true, 16},  // it 0: stable 0
+                {false, true, 16},  // it 1: stable 1
+                {false, true, 16},  // it 2: stable 2
+                {false, true, 32},  // it 3: stable 3 -> double, hysteresis refilled
+                {true, false, 32},  // it 4: hysteresis 2 -> 1, skip
+                {true, false, 16},  // it 5: hysteresis exhausted -> halve
+                {false, true, 16},  // it 6: stable 0
+                {false, true, 16},  // it 7
+                {false, true, 16},  // it 8
+                {false, true, 32},  // it 9: stable 3 -> double, hysteresis back to 2
+                {true, false, 32},  // it 10: hysteresis 2 -> 1
+                {false, true, 32},  // it 11: clean, hysteresis stays 1
+                {true, false, 16},  // it 12: hysteresis 1 -> halve immediately
             });
     CHECK(s.steps() == 13);
     CHECK(s.skipped() == 4);
@@ -70,11 +70,14 @@ TEST_CASE("Loss scaler: hysteresis and window, sequence by hand", "[unit][optim]
     c.consecutive_hysteresis = true;
     LossScaler s(c);
     play(s, {
-                {false, true, 16}, {false, true, 16}, {false, true, 16}, {false, true, 32},
-                {true, false, 32},   // hysteresis 2 -> 1
-                {false, true, 32},   // refilled to 2
-                {true, false, 32},   // 2 -> 1 again: no halving
-                {true, false, 16},   // exhausted -> halve
+                {false, true, 16},
+                {false, true, 16},
+                {false, true, 16},
+                {false, true, 32},
+                {true, false, 32},  // hysteresis 2 -> 1
+                {false, true, 32},  // refilled to 2
+                {true, false, 32},  // 2 -> 1 again: no halving
+                {true, false, 16},  // exhausted -> halve
             });
     CHECK(s.hysteresis() == 1);
   }
@@ -93,10 +96,14 @@ TEST_CASE("Loss scaler: the minimum and the error there", "[unit][optim]") {
   SECTION("a configurable number of consecutive overflows at the minimum") {
     c.max_overflows_at_min_scale = 3;
     LossScaler s(c);
-    play(s, {{true, false, 1}, {true, false, 1}, {true, false, 1}, {false, true, 1},
-             {true, false, 1}, {true, false, 1}});  // the clean step reset the count
-    CHECK_THROWS_WITH(s.update(true), Catch::Contains("min_loss_scale") &&
-                                          Catch::Contains("3 consecutive"));
+    play(s, {{true, false, 1},
+             {true, false, 1},
+             {true, false, 1},
+             {false, true, 1},
+             {true, false, 1},
+             {true, false, 1}});  // the clean step reset the count
+    CHECK_THROWS_WITH(s.update(true),
+                      Catch::Contains("min_loss_scale") && Catch::Contains("3 consecutive"));
   }
   SECTION("0 disables the error") {
     c.max_overflows_at_min_scale = 0;
@@ -139,8 +146,8 @@ TEST_CASE("Loss scaler: save and restore mid-sequence", "[unit][optim]") {
   LossScalerConfig c;
   c.initial_scale_power = 10;
   c.loss_scale_window = 4;
-  const std::vector<bool> pattern{false, true, false, false, true, true, false, false,
-                                  false, false, false, true, false, false, false, false};
+  const std::vector<bool> pattern{false, true,  false, false, true,  true,  false, false,
+                                  false, false, false, true,  false, false, false, false};
   LossScaler straight(c), first(c);
   for (std::size_t i = 0; i < 7; ++i) {
     straight.update(pattern[i]);

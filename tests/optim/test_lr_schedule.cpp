@@ -10,7 +10,6 @@
 
 using namespace zero::optim;
 
-
 TEST_CASE("WarmupLR", "[unit][optim]") {
   WarmupLR s{0.0, 1e-3, 100, WarmupType::log};
   CHECK(s.lr(-1) == 0.0);
@@ -22,7 +21,7 @@ TEST_CASE("WarmupLR", "[unit][optim]") {
   s.warmup_type = WarmupType::linear;
   CHECK(s.lr(50) == Approx(0.5e-3));
   CHECK(s.lr(99) == Approx(0.99e-3));
-  s.warmup_num_steps = 1;  // DeepSpeed raises it to 2
+  s.warmup_num_steps = 1;            // DeepSpeed raises it to 2
   CHECK(s.lr(1) == Approx(0.5e-3));  // linear: 1 / 2
   CHECK(s.lr(2) == 1e-3);
   CHECK(s.lr(0) == 0.0);
@@ -31,11 +30,11 @@ TEST_CASE("WarmupLR", "[unit][optim]") {
 TEST_CASE("WarmupDecayLR", "[unit][optim]") {
   WarmupDecayLR s{1000, WarmupLR{0.0, 1.0, 100, WarmupType::linear}};
   CHECK(s.lr(99) == Approx(0.99));
-  CHECK(s.lr(100) == Approx(1.0));          // (1000 - 100) / 900
+  CHECK(s.lr(100) == Approx(1.0));  // (1000 - 100) / 900
   CHECK(s.lr(550) == Approx(0.5));
   CHECK(s.lr(999) == Approx(1.0 / 900.0));
   CHECK(s.lr(1000) == 0.0);
-  CHECK(s.lr(1100) == 0.0);                 // clamped, not negative
+  CHECK(s.lr(1100) == 0.0);  // clamped, not negative
 }
 
 TEST_CASE("WarmupCosineLR", "[unit][optim]") {
@@ -46,7 +45,7 @@ TEST_CASE("WarmupCosineLR", "[unit][optim]") {
   CHECK(s.ratio(100) == Approx(0.01 + 0.99 * (1 + std::cos(std::numbers::pi * 0.001)) / 2));
   CHECK(s.ratio(599) == Approx(0.505));
   CHECK(s.lr(1099) == Approx(0.02));
-  CHECK(s.lr(5000) == Approx(0.02));        // progress clamped at 1
+  CHECK(s.lr(5000) == Approx(0.02));  // progress clamped at 1
 }
 
 TEST_CASE("OneCycle", "[unit][optim]") {
@@ -57,11 +56,11 @@ TEST_CASE("OneCycle", "[unit][optim]") {
   CHECK(s.lr(-1) == Approx(0.1));
   CHECK(s.lr(4) == Approx(0.6));
   CHECK(*s.momentum(4) == Approx(0.85));
-  CHECK(s.lr(9) == Approx(1.1));           // the peak
+  CHECK(s.lr(9) == Approx(1.1));  // the peak
   CHECK(*s.momentum(9) == Approx(0.8));
   CHECK(s.lr(14) == Approx(0.6));
   CHECK(s.lr(19) == Approx(0.1));
-  CHECK(s.lr(20) == Approx(0.1));          // no decay configured
+  CHECK(s.lr(20) == Approx(0.1));  // no decay configured
   CHECK(*s.momentum(25) == Approx(0.9));
   SECTION("decay after the cycle") {
     s.decay_lr_rate = 0.5;
@@ -82,7 +81,7 @@ TEST_CASE("OneCycle", "[unit][optim]") {
   SECTION("asymmetric cycle") {
     s.cycle_second_step_size = 30;
     CHECK(s.lr(9) == Approx(1.1));
-    CHECK(s.lr(24) == Approx(0.6));          // halfway down the 30-step half
+    CHECK(s.lr(24) == Approx(0.6));  // halfway down the 30-step half
     CHECK(s.lr(39) == Approx(0.1));
   }
   SECTION("no momentum cycling") {
@@ -140,10 +139,9 @@ TEST_CASE("LrScheduler: DeepSpeed's counter, JSON block, save and restore", "[un
       LrScheduler::from_json(
           nlohmann::json::parse(R"({"type": "WarmupLR", "params": {"warmup_steps": 5}})"), 1.0),
       Catch::Contains("scheduler.params.warmup_steps"));
-  CHECK_THROWS_WITH(
-      LrScheduler::from_json(
-          nlohmann::json::parse(R"({"type": "WarmupCosineLR", "params": {}})"), 1.0),
-      Catch::Contains("total_num_steps"));
+  CHECK_THROWS_WITH(LrScheduler::from_json(
+                        nlohmann::json::parse(R"({"type": "WarmupCosineLR", "params": {}})"), 1.0),
+                    Catch::Contains("total_num_steps"));
   CHECK_THROWS_WITH(
       LrScheduler::from_json(
           nlohmann::json::parse(R"({"type": "WarmupLR", "params": {"warmup_max_lr": "x"}})"), 1.0),

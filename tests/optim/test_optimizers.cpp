@@ -300,8 +300,7 @@ TEST_CASE("LAMB rejects a tensor that straddles two groups", "[unit][optim]") {
   CHECK_NOTHROW(Lamb(20, groups, {{0, 5}, {5, 5}, {10, 10}}));
 }
 
-TEST_CASE("Parameter groups: no weight decay on a masked range, gaps untouched",
-          "[unit][optim]") {
+TEST_CASE("Parameter groups: no weight decay on a masked range, gaps untouched", "[unit][optim]") {
   // Elements [0, 100) decay, [100, 150) do not (biases), [150, 155) belong to no group,
   // [155, 203) decay with another lr.
   AdamHyper decay{1e-2, 0.9, 0.999, 1e-8, 0.1};

@@ -23,12 +23,12 @@
 #include <omp.h>
 #endif
 
-#include <zero/core/dtype.hpp>
 #include <optim/cpu/isa.hpp>
 #include <optim/cpu/vector_ops.hpp>
 #include <optim/fused_io.hpp>
 #include <optim/lane_ops.hpp>
 #include <optim/param_groups.hpp>
+#include <zero/core/dtype.hpp>
 
 namespace zero::optim {
 namespace detail {
@@ -57,9 +57,12 @@ inline void store_lowp(const FusedIo& io, std::size_t i, const V& p, std::uint32
 template <class O, class V>
 inline V load_grad(const FusedIo& io, std::size_t i, const V& scale) {
   switch (io.grad_dtype) {
-    case DType::bf16: return O::mul(O::load(static_cast<const bf16*>(io.grad) + i), scale);
-    case DType::f16: return O::mul(O::load(static_cast<const f16*>(io.grad) + i), scale);
-    default: return O::mul(O::load(static_cast<const float*>(io.grad) + i), scale);
+    case DType::bf16:
+      return O::mul(O::load(static_cast<const bf16*>(io.grad) + i), scale);
+    case DType::f16:
+      return O::mul(O::load(static_cast<const f16*>(io.grad) + i), scale);
+    default:
+      return O::mul(O::load(static_cast<const float*>(io.grad) + i), scale);
   }
 }
 
@@ -102,16 +105,16 @@ void fused_chunk_scalar(const Rule& rule, const FusedIo& io, float* const* state
 /// AVX2 kernel entry: flatten inlines the body and its ops into AVX2 code.
 template <class Rule>
 ZERO_OPTIM_TARGET_AVX2 __attribute__((flatten)) void fused_chunk_avx2(
-    const Rule& rule, const FusedIo& io, float* const* states, std::size_t begin,
-    std::size_t end, std::uint32_t step) {
+    const Rule& rule, const FusedIo& io, float* const* states, std::size_t begin, std::size_t end,
+    std::uint32_t step) {
   fused_range<Avx2Ops>(rule, io, states, begin, end, step);
 }
 
 /// AVX-512 kernel entry: flatten inlines the body and its ops into AVX-512 code.
 template <class Rule>
 ZERO_OPTIM_TARGET_AVX512 __attribute__((flatten)) void fused_chunk_avx512(
-    const Rule& rule, const FusedIo& io, float* const* states, std::size_t begin,
-    std::size_t end, std::uint32_t step) {
+    const Rule& rule, const FusedIo& io, float* const* states, std::size_t begin, std::size_t end,
+    std::uint32_t step) {
   fused_range<Avx512Ops>(rule, io, states, begin, end, step);
 }
 #endif
@@ -152,14 +155,19 @@ void run_fused(std::span<const Rule> rules, std::span<const Range> ranges, const
       work.push_back({k, b, std::min(ranges[k].end(), b + detail::fused_chunk_elems)});
     }
   }
-  using Kernel = void (*)(const Rule&, const FusedIo&, float* const*, std::size_t, std::size_t,
-                          std::uint32_t);
+  using Kernel =
+      void (*)(const Rule&, const FusedIo&, float* const*, std::size_t, std::size_t, std::uint32_t);
   Kernel kernel = &detail::fused_chunk_scalar<Rule>;
 #if defined(ZERO_OPTIM_HAVE_X86)
   switch (resolve_isa(options.isa)) {
-    case Isa::avx512: kernel = &detail::fused_chunk_avx512<Rule>; break;
-    case Isa::avx2: kernel = &detail::fused_chunk_avx2<Rule>; break;
-    default: break;
+    case Isa::avx512:
+      kernel = &detail::fused_chunk_avx512<Rule>;
+      break;
+    case Isa::avx2:
+      kernel = &detail::fused_chunk_avx2<Rule>;
+      break;
+    default:
+      break;
   }
 #else
   (void)resolve_isa(options.isa);

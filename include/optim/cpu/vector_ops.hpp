@@ -12,13 +12,18 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) || defined(__i386__)
+// nvcc's device pass must not see the vector types: the update rules are __host__ __device__
+// templates, and instantiating them with an x86 vector type is an error in device code, so a .cu
+// file that includes both the host optimizers and the CUDA ones sees only the scalar host path
+// while compiling for the device (the host pass still gets every ISA).
+// Unoptimised builds get no vector kernels either (see vector_kernels_compiled in isa.hpp).
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__) && defined(__OPTIMIZE__)
 #include <immintrin.h>
 #define ZERO_OPTIM_HAVE_X86 1
 #endif
 
-#include <zero/core/dtype.hpp>
 #include <optim/lane_ops.hpp>
+#include <zero/core/dtype.hpp>
 
 namespace zero::optim {
 
@@ -59,31 +64,44 @@ struct Avx2Ops {
   using V = Avx2Vec;
   static constexpr int width = 8;
 
+  /// All lanes equal to x.
   ZERO_OPTIM_TARGET_AVX2 static V set1(float x) { return {_mm256_set1_ps(x)}; }
+  /// a + b per lane.
   ZERO_OPTIM_TARGET_AVX2 static V add(const V& a, const V& b) { return {_mm256_add_ps(a.v, b.v)}; }
+  /// a - b per lane.
   ZERO_OPTIM_TARGET_AVX2 static V sub(const V& a, const V& b) { return {_mm256_sub_ps(a.v, b.v)}; }
+  /// a * b per lane.
   ZERO_OPTIM_TARGET_AVX2 static V mul(const V& a, const V& b) { return {_mm256_mul_ps(a.v, b.v)}; }
+  /// a / b per lane.
   ZERO_OPTIM_TARGET_AVX2 static V div(const V& a, const V& b) { return {_mm256_div_ps(a.v, b.v)}; }
+  /// a * b + c per lane, one rounding.
   ZERO_OPTIM_TARGET_AVX2 static V fma(const V& a, const V& b, const V& c) {
     return {_mm256_fmadd_ps(a.v, b.v, c.v)};
   }
+  /// c - a * b per lane, one rounding.
   ZERO_OPTIM_TARGET_AVX2 static V fnma(const V& a, const V& b, const V& c) {
     return {_mm256_fnmadd_ps(a.v, b.v, c.v)};
   }
+  /// Correctly rounded square root per lane.
   ZERO_OPTIM_TARGET_AVX2 static V sqrt(const V& a) { return {_mm256_sqrt_ps(a.v)}; }
+  /// +1, -1, or x itself (zeros, NaN) per lane, as ScalarOps::sign.
   ZERO_OPTIM_TARGET_AVX2 static V sign(const V& x) {
     const __m256 zero = _mm256_setzero_ps();
     __m256 r = _mm256_blendv_ps(x.v, _mm256_set1_ps(1.0f), _mm256_cmp_ps(x.v, zero, _CMP_GT_OQ));
     return {_mm256_blendv_ps(r, _mm256_set1_ps(-1.0f), _mm256_cmp_ps(x.v, zero, _CMP_LT_OQ))};
   }
 
+  /// Loads the lanes from p.
   ZERO_OPTIM_TARGET_AVX2 static V load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  /// Stores the lanes to p.
   ZERO_OPTIM_TARGET_AVX2 static void store(float* p, const V& x) { _mm256_storeu_ps(p, x.v); }
+  /// Loads bf16 values, widened exactly.
   ZERO_OPTIM_TARGET_AVX2 static V load(const bf16* p) {
     const __m256i wide =
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16))};
   }
+  /// Loads f16 values, widened exactly (F16C).
   ZERO_OPTIM_TARGET_AVX2 static V load(const f16* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
   }
@@ -96,16 +114,18 @@ struct Avx2Ops {
   /// Bits of bf16 round-to-nearest-even, as bf16::round_nearest_even, in 32-bit lanes.
   ZERO_OPTIM_TARGET_AVX2 static __m256i bf16_nearest_bits(__m256i u) {
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rounded =
-        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
     const __m256i magnitude = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
     const __m256i is_nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
     const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
     return _mm256_blendv_epi8(rounded, quiet, is_nan);
   }
+  /// Stores the lanes rounded to bf16, nearest even.
   ZERO_OPTIM_TARGET_AVX2 static void store_bf16(std::uint16_t* p, const V& x) {
     store_u16(p, bf16_nearest_bits(_mm256_castps_si256(x.v)));
   }
+  /// Stores the lanes rounded to bf16 stochastically with 16 random bits per lane.
   ZERO_OPTIM_TARGET_AVX2 static void store_bf16_stochastic(std::uint16_t* p, const V& x,
                                                            const std::uint32_t* bits) {
     const __m256i u = _mm256_castps_si256(x.v);
@@ -117,8 +137,10 @@ struct Avx2Ops {
     const __m256i special = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f7fffff));
     store_u16(p, _mm256_blendv_epi8(stochastic, bf16_nearest_bits(u), special));
   }
+  /// Stores the lanes rounded to f16, nearest even (F16C).
   ZERO_OPTIM_TARGET_AVX2 static void store_f16(std::uint16_t* p, const V& x) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT));
   }
 };
 
@@ -136,33 +158,54 @@ struct Avx512Ops {
   // all-ones mask compile to the same instructions without it.
   static constexpr __mmask16 all16 = 0xffff;
 
+  /// All lanes equal to x.
   ZERO_OPTIM_TARGET_AVX512 static V set1(float x) { return {_mm512_set1_ps(x)}; }
-  ZERO_OPTIM_TARGET_AVX512 static V add(const V& a, const V& b) { return {_mm512_add_ps(a.v, b.v)}; }
-  ZERO_OPTIM_TARGET_AVX512 static V sub(const V& a, const V& b) { return {_mm512_sub_ps(a.v, b.v)}; }
-  ZERO_OPTIM_TARGET_AVX512 static V mul(const V& a, const V& b) { return {_mm512_mul_ps(a.v, b.v)}; }
-  ZERO_OPTIM_TARGET_AVX512 static V div(const V& a, const V& b) { return {_mm512_div_ps(a.v, b.v)}; }
+  /// a + b per lane.
+  ZERO_OPTIM_TARGET_AVX512 static V add(const V& a, const V& b) {
+    return {_mm512_add_ps(a.v, b.v)};
+  }
+  /// a - b per lane.
+  ZERO_OPTIM_TARGET_AVX512 static V sub(const V& a, const V& b) {
+    return {_mm512_sub_ps(a.v, b.v)};
+  }
+  /// a * b per lane.
+  ZERO_OPTIM_TARGET_AVX512 static V mul(const V& a, const V& b) {
+    return {_mm512_mul_ps(a.v, b.v)};
+  }
+  /// a / b per lane.
+  ZERO_OPTIM_TARGET_AVX512 static V div(const V& a, const V& b) {
+    return {_mm512_div_ps(a.v, b.v)};
+  }
+  /// a * b + c per lane, one rounding.
   ZERO_OPTIM_TARGET_AVX512 static V fma(const V& a, const V& b, const V& c) {
     return {_mm512_fmadd_ps(a.v, b.v, c.v)};
   }
+  /// c - a * b per lane, one rounding.
   ZERO_OPTIM_TARGET_AVX512 static V fnma(const V& a, const V& b, const V& c) {
     return {_mm512_fnmadd_ps(a.v, b.v, c.v)};
   }
+  /// Correctly rounded square root per lane.
   ZERO_OPTIM_TARGET_AVX512 static V sqrt(const V& a) { return {_mm512_maskz_sqrt_ps(all16, a.v)}; }
+  /// +1, -1, or x itself (zeros, NaN) per lane, as ScalarOps::sign.
   ZERO_OPTIM_TARGET_AVX512 static V sign(const V& x) {
     const __m512 zero = _mm512_setzero_ps();
-    const __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x.v, zero, _CMP_GT_OQ), x.v,
-                                          _mm512_set1_ps(1.0f));
-    return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(x.v, zero, _CMP_LT_OQ), r,
-                                 _mm512_set1_ps(-1.0f))};
+    const __m512 r =
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x.v, zero, _CMP_GT_OQ), x.v, _mm512_set1_ps(1.0f));
+    return {
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x.v, zero, _CMP_LT_OQ), r, _mm512_set1_ps(-1.0f))};
   }
 
+  /// Loads the lanes from p.
   ZERO_OPTIM_TARGET_AVX512 static V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  /// Stores the lanes to p.
   ZERO_OPTIM_TARGET_AVX512 static void store(float* p, const V& x) { _mm512_storeu_ps(p, x.v); }
+  /// Loads bf16 values, widened exactly.
   ZERO_OPTIM_TARGET_AVX512 static V load(const bf16* p) {
     const __m512i wide =
         _mm512_maskz_cvtepu16_epi32(all16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return {_mm512_castsi512_ps(_mm512_maskz_slli_epi32(all16, wide, 16))};
   }
+  /// Loads f16 values, widened exactly (F16C).
   ZERO_OPTIM_TARGET_AVX512 static V load(const f16* p) {
     return {_mm512_maskz_cvtph_ps(all16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
   }
@@ -172,17 +215,21 @@ struct Avx512Ops {
   }
   /// Bits of bf16 round-to-nearest-even, as bf16::round_nearest_even, in 32-bit lanes.
   ZERO_OPTIM_TARGET_AVX512 static __m512i bf16_nearest_bits(__m512i u) {
-    const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, u, 16), _mm512_set1_epi32(1));
-    const __m512i rounded =
-        _mm512_maskz_srli_epi32(all16, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i lsb =
+        _mm512_and_si512(_mm512_maskz_srli_epi32(all16, u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_maskz_srli_epi32(
+        all16, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
     const __m512i magnitude = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
     const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
-    const __m512i quiet = _mm512_or_si512(_mm512_maskz_srli_epi32(all16, u, 16), _mm512_set1_epi32(0x40));
+    const __m512i quiet =
+        _mm512_or_si512(_mm512_maskz_srli_epi32(all16, u, 16), _mm512_set1_epi32(0x40));
     return _mm512_mask_blend_epi32(is_nan, rounded, quiet);
   }
+  /// Stores the lanes rounded to bf16, nearest even.
   ZERO_OPTIM_TARGET_AVX512 static void store_bf16(std::uint16_t* p, const V& x) {
     store_u16(p, bf16_nearest_bits(_mm512_castps_si512(x.v)));
   }
+  /// Stores the lanes rounded to bf16 stochastically with 16 random bits per lane.
   ZERO_OPTIM_TARGET_AVX512 static void store_bf16_stochastic(std::uint16_t* p, const V& x,
                                                              const std::uint32_t* bits) {
     const __m512i u = _mm512_castps_si512(x.v);
@@ -192,6 +239,7 @@ struct Avx512Ops {
     const __mmask16 special = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f7fffff));
     store_u16(p, _mm512_mask_blend_epi32(special, stochastic, bf16_nearest_bits(u)));
   }
+  /// Stores the lanes rounded to f16, nearest even (F16C).
   ZERO_OPTIM_TARGET_AVX512 static void store_f16(std::uint16_t* p, const V& x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_maskz_cvtps_ph(all16, x.v, _MM_FROUND_TO_NEAREST_INT));
