@@ -1,10 +1,12 @@
 // ByteTokenizer round trips and text preparation into token files.
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include <zero/data/byte_tokenizer.hpp>
+#include <zero/data/data_loader.hpp>
 #include <zero/data/prepare_text.hpp>
 
 #include "../support/temp_dir.hpp"
@@ -55,4 +57,29 @@ TEST_CASE("text is prepared as llm.c token files with a validation split", "[uni
   CHECK(val_file.size() == static_cast<std::int64_t>(parts.val.size()));
   CHECK(train_file[0] == ByteTokenizer::eot);
   CHECK(val_file[1] == 'l');
+}
+
+TEST_CASE("the bundled corpus tokenizes, round-trips and feeds a loader", "[unit][data]") {
+  zero::testing::TempDir dir("corpus");
+  const PreparedText tokens = prepare_text_file(ZERO_CORPUS_PATH, dir / "corpus", 0.1);
+  const std::string text = zero::testing::read_file(ZERO_CORPUS_PATH);
+  CHECK(text.size() > 100'000);
+  CHECK(text.size() < 1'000'000);
+  CHECK(tokens.train.size() + tokens.val.size() == text.size() + 2);  // + one eot per part
+  const std::string train = ByteTokenizer::decode(tokens.train).substr(13);
+  const std::string val = ByteTokenizer::decode(tokens.val).substr(13);
+  CHECK(train + val == text);
+
+  LoaderConfig c;
+  c.global_batch = 8;
+  c.seq_len = 64;
+  c.world_size = 2;
+  c.vocab_size = ByteTokenizer::vocab_size;
+  c.shuffle = true;
+  DataLoader loader(std::make_shared<const TokenFile>(TokenFile::open(dir / "corpus_train.bin")),
+                    c);
+  CHECK(loader.steps_per_epoch() > 100);
+  const Batch b = loader.next();
+  CHECK(b.rows == 4);
+  CHECK(b.input_tensor().shape() == Shape{4, 64});
 }
