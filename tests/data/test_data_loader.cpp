@@ -88,6 +88,17 @@ TEST_CASE("the ranks' micro-batches add up to the global batch at world sizes 1 
           c.micro_batches = micro;
           CHECK(union_of_ranks(tokens, c, step, false) == global.inputs);
           CHECK(union_of_ranks(tokens, c, step, true) == global.targets);
+          if (world > 1 && micro == 1) {
+            // Negative control: the same rows in another rank order are not the global batch.
+            LoaderConfig last = c;
+            last.rank = world - 1;
+            const Batch tail = DataLoader(tokens, last).micro_batch(step, 0);
+            std::vector<std::int32_t> rotated(tail.inputs);
+            const auto head = union_of_ranks(tokens, c, step, false);
+            rotated.insert(rotated.end(), head.begin(),
+                           head.end() - static_cast<std::ptrdiff_t>(tail.inputs.size()));
+            CHECK(rotated != global.inputs);
+          }
         }
       }
     }
