@@ -253,6 +253,9 @@ TEST_CASE("safetensors writer streams in pieces, in order, atomically", "[unit][
   CHECK_THROWS_WITH(
       SafetensorsWriter(dir / "d.safetensors", {TensorDecl("__metadata__", DType::f32, Shape{1})}),
       Catch::Contains("reserved"));
+  // Bad declarations are refused before any file (temporary or final) is created.
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
+                      std::filesystem::directory_iterator()) == 1);
 }
 
 TEST_CASE("safetensors rejects each kind of malformed file, naming file and tensor",
