@@ -253,6 +253,9 @@ TEST_CASE("safetensors writer streams in pieces, in order, atomically", "[unit][
   CHECK_THROWS_WITH(
       SafetensorsWriter(dir / "d.safetensors", {TensorDecl("__metadata__", DType::f32, Shape{1})}),
       Catch::Contains("reserved"));
+  // Bad declarations are refused before any file (temporary or final) is created.
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
+                      std::filesystem::directory_iterator()) == 1);
 }
 
 TEST_CASE("safetensors rejects each kind of malformed file, naming file and tensor",
@@ -369,4 +372,28 @@ TEST_CASE("safetensors rejects each kind of malformed file, naming file and tens
     CHECK_THROWS_WITH(SafetensorsReader(dir / "absent.safetensors"),
                       Catch::Contains("absent.safetensors"));
   }
+}
+
+TEST_CASE("safetensors reads a file written by the reference implementation",
+          "[unit][safetensors]") {
+  // Written by safetensors 0.8.0 from numpy arrays (tests/io/data/make_reference_numpy.py):
+  // tensors ordered by dtype size then name, metadata first, header padded with spaces.
+  SafetensorsReader reader(std::string(ZERO_IO_TEST_DATA) + "/reference_numpy.safetensors");
+  CHECK(reader.metadata() ==
+        std::map<std::string, std::string>{{"format", "np"}, {"who", "reference"}});
+  CHECK(reader.tensors().size() == 7);
+  CHECK(reader.read_vector<double>("w.f64") ==
+        std::vector<double>{-1.0, -0.75, -0.5, -0.25, 0.0, 0.25});
+  CHECK(reader.read_vector<float>("a.f32") == std::vector<float>{-3, -2, -1, 0, 1, 2, 3});
+  const auto halves = reader.read_vector<float>("z.f16", DTypeRule::convert);
+  CHECK(reader.info("z.f16").shape == std::vector<std::int64_t>{5, 2});
+  CHECK(halves[1] == 0.333251953125f);  // numpy's float16(1/3)
+  CHECK(halves[9] == 3.0f);
+  CHECK(reader.read_vector<std::int64_t>("i64") ==
+        std::vector<std::int64_t>{-5, std::int64_t{1} << 40, 7});
+  CHECK(reader.info("i32").shape.empty());
+  CHECK(reader.read_vector<std::int32_t>("i32") == std::vector<std::int32_t>{42});
+  CHECK(reader.read_vector<std::uint16_t>("u16") == std::vector<std::uint16_t>{65535, 0, 12});
+  CHECK(reader.info("u8").shape == std::vector<std::int64_t>{3, 0});
+  CHECK(reader.read_vector<std::uint8_t>("u8").empty());
 }

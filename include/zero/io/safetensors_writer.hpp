@@ -51,35 +51,7 @@ class SafetensorsWriter {
   /// the file cannot be created.
   SafetensorsWriter(std::filesystem::path path, const std::vector<TensorDecl>& tensors,
                     const std::map<std::string, std::string>& metadata = {})
-      : file_(std::move(path)) {
-    const std::string file = file_.final_path().string();
-    std::set<std::string_view> seen;
-    std::uint64_t offset = 0;
-    for (const TensorDecl& d : tensors) {
-      expect<CheckpointError>(!d.name.empty(), "safetensors file '", file,
-                              "': a tensor has an empty name");
-      expect<CheckpointError>(d.name != safetensors_metadata_key, "safetensors file '", file,
-                              "': '__metadata__' is reserved and cannot name a tensor");
-      expect<CheckpointError>(seen.insert(d.name).second, "safetensors file '", file, "': tensor '",
-                              d.name, "' is declared twice");
-      TensorInfo info;
-      info.name = d.name;
-      info.dtype = d.dtype;
-      info.shape = d.shape;
-      std::uint64_t bytes = size_of(d.dtype);
-      for (std::int64_t e : d.shape) {
-        expect<CheckpointError>(e >= 0, "safetensors file '", file, "', tensor '", d.name,
-                                "': extent ", e, " is negative");
-        const auto product = detail::checked_mul(bytes, static_cast<std::uint64_t>(e));
-        expect<CheckpointError>(product.has_value(), "safetensors file '", file, "', tensor '",
-                                d.name, "': ", info.shape_string(), " is too large");
-        bytes = *product;
-      }
-      info.begin = offset;
-      info.end = offset + bytes;
-      offset = info.end;
-      tensors_.push_back(std::move(info));
-    }
+      : tensors_(plan(path, tensors)), file_(std::move(path)) {
     const std::string header = serialize_safetensors_header(tensors_, metadata);
     unsigned char length_bytes[8];
     for (int i = 0; i < 8; ++i) {
@@ -145,6 +117,42 @@ class SafetensorsWriter {
   }
 
  private:
+  /// The declarations with their byte ranges, validated before any file is created.
+  static std::vector<TensorInfo> plan(const std::filesystem::path& path,
+                                      const std::vector<TensorDecl>& tensors) {
+    const std::string file = path.string();
+    std::vector<TensorInfo> planned;
+    std::set<std::string_view> seen;
+    std::uint64_t offset = 0;
+    for (const TensorDecl& d : tensors) {
+      expect<CheckpointError>(!d.name.empty(), "safetensors file '", file,
+                              "': a tensor has an empty name");
+      expect<CheckpointError>(d.name != safetensors_metadata_key, "safetensors file '", file,
+                              "': '__metadata__' is reserved and cannot name a tensor");
+      expect<CheckpointError>(seen.insert(d.name).second, "safetensors file '", file, "': tensor '",
+                              d.name, "' is declared twice");
+      TensorInfo info;
+      info.name = d.name;
+      info.dtype = d.dtype;
+      info.shape = d.shape;
+      std::uint64_t bytes = size_of(d.dtype);
+      for (std::int64_t e : d.shape) {
+        expect<CheckpointError>(e >= 0, "safetensors file '", file, "', tensor '", d.name,
+                                "': extent ", e, " is negative");
+        const auto product = detail::checked_mul(bytes, static_cast<std::uint64_t>(e));
+        expect<CheckpointError>(product.has_value(), "safetensors file '", file, "', tensor '",
+                                d.name, "': ", info.shape_string(), " is too large");
+        bytes = *product;
+      }
+      info.begin = offset;
+      info.end = offset + bytes;
+      offset = info.end;
+      planned.push_back(std::move(info));
+    }
+    return planned;
+  }
+
+  /// "safetensors file 'F', tensor 'N'" for messages.
   std::string where(const TensorInfo& t) const {
     return zero::detail::concat("safetensors file '", path().string(), "', tensor '", t.name, "'");
   }
@@ -191,8 +199,8 @@ class SafetensorsWriter {
     while (current_ < tensors_.size() && tensors_[current_].end <= data_written) ++current_;
   }
 
+  std::vector<TensorInfo> tensors_;  // before file_: validated before the file is created
   AtomicFile file_;
-  std::vector<TensorInfo> tensors_;
   std::uint64_t data_start_ = 0;
   std::size_t current_ = 0;
 };

@@ -1,0 +1,279 @@
+#pragma once
+// DataLoader: language-model batches from a token file, split over data-parallel ranks.
+// The unit of data is a sample: sample k is tokens [k*T, k*T + T + 1), giving inputs
+// [k*T, k*T + T) and targets shifted by one (llm.c's windows). Step s of training consumes one
+// global batch of B samples, fixed by (file, B, T, shuffle, seed) alone: the world size only
+// decides who reads which rows. Rank r of W owns global rows [r*B/W, (r+1)*B/W), cut into M
+// micro-batches of B/(W*M) rows for gradient accumulation, so the ranks' micro-batches
+// concatenated in rank order are the global batch, and training at any world size sees the same
+// data as the single-process reference. The position is (step, micro-batch): a small state that
+// restores at any world size once a step is complete.
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <zero/core/error.hpp>
+#include <zero/core/rng.hpp>
+#include <zero/core/shape.hpp>
+#include <zero/core/tensor.hpp>
+#include <zero/data/permutation.hpp>
+#include <zero/data/token_file.hpp>
+
+namespace zero::data {
+
+/// What a DataLoader produces and how it splits it.
+struct LoaderConfig {
+  std::int64_t global_batch =
+      0;                        ///< B: samples per optimizer step over all ranks and micro-batches.
+  std::int64_t seq_len = 0;     ///< T: tokens per sample.
+  int world_size = 1;           ///< W: data-parallel ranks.
+  int rank = 0;                 ///< This rank, in [0, W).
+  int micro_batches = 1;        ///< M: gradient-accumulation micro-batches per step.
+  bool shuffle = false;         ///< Visit samples in a seeded pseudo-random order per epoch.
+  std::uint64_t seed = 0;       ///< Shuffle seed.
+  std::int64_t vocab_size = 0;  ///< When positive, tokens outside [0, vocab_size) are errors.
+};
+
+/// One micro-batch of one rank: inputs and targets [rows, seq_len] of int32 token ids.
+struct Batch {
+  std::int64_t rows = 0;              ///< Rows in this micro-batch.
+  std::int64_t seq_len = 0;           ///< T.
+  std::int64_t step = 0;              ///< Optimizer step it belongs to.
+  int micro = 0;                      ///< Micro-batch index within the step, in [0, M).
+  std::int64_t first_row = 0;         ///< Global row (within the step's global batch) of row 0.
+  std::vector<std::int32_t> inputs;   ///< rows * seq_len tokens, row-major.
+  std::vector<std::int32_t> targets;  ///< inputs shifted left by one token.
+
+  /// inputs as a [rows, seq_len] tensor.
+  Tensor<const std::int32_t> input_tensor() const { return {inputs.data(), Shape{rows, seq_len}}; }
+  /// targets as a [rows, seq_len] tensor.
+  Tensor<const std::int32_t> target_tensor() const {
+    return {targets.data(), Shape{rows, seq_len}};
+  }
+};
+
+/// A loader's position plus what it must match on restore (a JSON-serialisable struct).
+struct LoaderState {
+  std::int64_t step = 0;          ///< Next step to produce.
+  int micro = 0;                  ///< Next micro-batch within that step.
+  std::int64_t global_batch = 0;  ///< B when saved.
+  std::int64_t seq_len = 0;       ///< T when saved.
+  bool shuffle = false;           ///< shuffle when saved.
+  std::uint64_t seed = 0;         ///< seed when saved.
+  std::int64_t num_tokens = 0;    ///< Tokens in the file when saved.
+  int world_size = 1;             ///< W when saved (matters only mid-step).
+  int micro_batches = 1;          ///< M when saved (matters only mid-step).
+
+  /// The state as a JSON object.
+  nlohmann::json to_json() const {
+    return {{"step", step},
+            {"micro", micro},
+            {"global_batch", global_batch},
+            {"seq_len", seq_len},
+            {"shuffle", shuffle},
+            {"seed", seed},
+            {"num_tokens", num_tokens},
+            {"world_size", world_size},
+            {"micro_batches", micro_batches}};
+  }
+  /// Parses a state written by to_json; throws DataError naming a missing or mistyped key.
+  static LoaderState from_json(const nlohmann::json& json) {
+    LoaderState s;
+    const auto get = [&](const char* key, auto& field) {
+      expect<DataError>(json.is_object() && json.contains(key), "loader state: missing key '", key,
+                        "'");
+      try {
+        json.at(key).get_to(field);
+      } catch (const nlohmann::json::exception& e) {
+        raise<DataError>("loader state: key '", key, "' has the wrong type: ", e.what());
+      }
+    };
+    get("step", s.step);
+    get("micro", s.micro);
+    get("global_batch", s.global_batch);
+    get("seq_len", s.seq_len);
+    get("shuffle", s.shuffle);
+    get("seed", s.seed);
+    get("num_tokens", s.num_tokens);
+    get("world_size", s.world_size);
+    get("micro_batches", s.micro_batches);
+    return s;
+  }
+  friend bool operator==(const LoaderState&, const LoaderState&) = default;
+};
+
+/// Produces this rank's micro-batches of the deterministic global batches of a token file.
+class DataLoader {
+ public:
+  /// Checks config against tokens; throws ConfigError naming the field (B % W, B/W % M, rank)
+  /// or DataError when the file holds less than one global batch.
+  DataLoader(std::shared_ptr<const TokenFile> tokens, LoaderConfig config)
+      : tokens_(std::move(tokens)), config_(config) {
+    expect<ConfigError>(tokens_ != nullptr, "DataLoader: no token file");
+    const auto& c = config_;
+    expect<ConfigError>(c.seq_len > 0, "DataLoader: seq_len = ", c.seq_len, "; expected > 0");
+    expect<ConfigError>(c.global_batch > 0, "DataLoader: global_batch = ", c.global_batch,
+                        "; expected > 0");
+    expect<ConfigError>(c.world_size > 0 && c.rank >= 0 && c.rank < c.world_size,
+                        "DataLoader: rank ", c.rank, " is outside world_size ", c.world_size);
+    expect<ConfigError>(c.micro_batches > 0, "DataLoader: micro_batches = ", c.micro_batches,
+                        "; expected > 0");
+    expect<ConfigError>(c.global_batch % c.world_size == 0, "DataLoader: global_batch ",
+                        c.global_batch, " is not divisible by world_size ", c.world_size,
+                        "; every rank must get the same number of rows");
+    expect<ConfigError>((c.global_batch / c.world_size) % c.micro_batches == 0, "DataLoader: the ",
+                        c.global_batch / c.world_size, " rows per rank (global_batch ",
+                        c.global_batch, " / world_size ", c.world_size,
+                        ") are not divisible by micro_batches ", c.micro_batches);
+    samples_ = tokens_->size() > 0 ? (tokens_->size() - 1) / c.seq_len : 0;
+    expect<DataError>(samples_ >= c.global_batch, "DataLoader: token file '", tokens_->name(),
+                      "' has ", tokens_->size(), " tokens, i.e. ", samples_,
+                      " samples of seq_len + 1 = ", c.seq_len + 1,
+                      " tokens, fewer than one global batch of ", c.global_batch);
+  }
+
+  /// The configuration.
+  const LoaderConfig& config() const { return config_; }
+  /// The token source.
+  const TokenFile& tokens() const { return *tokens_; }
+  /// Number of samples in the file: (tokens - 1) / seq_len.
+  std::int64_t samples() const { return samples_; }
+  /// Whole global batches per epoch; the remaining samples of an epoch are skipped.
+  std::int64_t steps_per_epoch() const { return samples_ / config_.global_batch; }
+  /// Rows of one rank's micro-batch: B / (W * M).
+  std::int64_t micro_rows() const {
+    return config_.global_batch / config_.world_size / config_.micro_batches;
+  }
+
+  /// The sample that global row row (in [0, B)) of step uses.
+  std::int64_t sample_index(std::int64_t step, std::int64_t row) const {
+    expect<ConfigError>(step >= 0 && row >= 0 && row < config_.global_batch,
+                        "DataLoader::sample_index: step ", step, ", row ", row,
+                        " is outside [0, global_batch ", config_.global_batch, ")");
+    const std::int64_t epoch = step / steps_per_epoch();
+    const std::int64_t position = (step % steps_per_epoch()) * config_.global_batch + row;
+    if (!config_.shuffle) return position;
+    // A fresh permutation per epoch, keyed by seed and epoch only (never by rank or world size).
+    const std::uint64_t key =
+        CounterRng::mix(CounterRng::key_for(config_.seed, "zero.data.shuffle") ^
+                        CounterRng::mix(static_cast<std::uint64_t>(epoch)));
+    const CounterPermutation permutation(static_cast<std::uint64_t>(samples_), key);
+    return static_cast<std::int64_t>(permutation(static_cast<std::uint64_t>(position)));
+  }
+
+  /// Global rows [first_row, first_row + rows) of step as a batch.
+  Batch rows_of(std::int64_t step, std::int64_t first_row, std::int64_t rows) const {
+    const std::int64_t T = config_.seq_len;
+    Batch b;
+    b.rows = rows;
+    b.seq_len = T;
+    b.step = step;
+    b.first_row = first_row;
+    b.inputs.resize(static_cast<std::size_t>(rows * T));
+    b.targets.resize(static_cast<std::size_t>(rows * T));
+    std::vector<std::int32_t> window(static_cast<std::size_t>(T + 1));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t sample = sample_index(step, first_row + r);
+      tokens_->copy(sample * T, window);
+      if (config_.vocab_size > 0) check_vocab(window, sample * T);
+      std::copy(window.begin(), window.end() - 1, b.inputs.begin() + r * T);
+      std::copy(window.begin() + 1, window.end(), b.targets.begin() + r * T);
+    }
+    return b;
+  }
+
+  /// The whole global batch of step: the single-process reference the ranks' rows add up to.
+  Batch global_batch(std::int64_t step) const { return rows_of(step, 0, config_.global_batch); }
+
+  /// This rank's micro-batch micro of step.
+  Batch micro_batch(std::int64_t step, int micro) const {
+    expect<ConfigError>(micro >= 0 && micro < config_.micro_batches, "DataLoader: micro-batch ",
+                        micro, " is outside [0, ", config_.micro_batches, ")");
+    const std::int64_t per_rank = config_.global_batch / config_.world_size;
+    Batch b = rows_of(step, config_.rank * per_rank + micro * micro_rows(), micro_rows());
+    b.micro = micro;
+    return b;
+  }
+
+  /// The next micro-batch of this rank; advances the position.
+  Batch next() {
+    Batch b = micro_batch(step_, micro_);
+    if (++micro_ == config_.micro_batches) {
+      micro_ = 0;
+      ++step_;
+    }
+    return b;
+  }
+
+  /// The M micro-batches of the next step (the position must be at a step boundary).
+  std::vector<Batch> next_step() {
+    expect<ConfigError>(micro_ == 0, "DataLoader::next_step: ", micro_, " micro-batches of step ",
+                        step_, " were already taken with next()");
+    std::vector<Batch> batches;
+    for (int m = 0; m < config_.micro_batches; ++m) batches.push_back(next());
+    return batches;
+  }
+
+  /// The current position and the settings a restore must match.
+  LoaderState state() const {
+    LoaderState s;
+    s.step = step_;
+    s.micro = micro_;
+    s.global_batch = config_.global_batch;
+    s.seq_len = config_.seq_len;
+    s.shuffle = config_.shuffle;
+    s.seed = config_.seed;
+    s.num_tokens = tokens_->size();
+    s.world_size = config_.world_size;
+    s.micro_batches = config_.micro_batches;
+    return s;
+  }
+
+  /// Continues from state. The data settings (B, T, shuffle, seed, token count) must match;
+  /// world size and micro-batches may differ when the state is at a step boundary. Throws
+  /// DataError naming the first setting that differs.
+  void restore(const LoaderState& s) {
+    const auto same = [](const char* key, auto saved, auto now) {
+      expect<DataError>(saved == now, "DataLoader::restore: the state was saved with ", key, " = ",
+                        saved, " but this loader has ", key, " = ", now);
+    };
+    same("global_batch", s.global_batch, config_.global_batch);
+    same("seq_len", s.seq_len, config_.seq_len);
+    same("shuffle", s.shuffle, config_.shuffle);
+    same("seed", s.seed, config_.seed);
+    same("num_tokens", s.num_tokens, tokens_->size());
+    expect<DataError>(s.step >= 0 && s.micro >= 0, "DataLoader::restore: negative position");
+    if (s.micro != 0) {  // mid-step positions count this rank's micro-batches
+      same("world_size (mid-step)", s.world_size, config_.world_size);
+      same("micro_batches (mid-step)", s.micro_batches, config_.micro_batches);
+      expect<DataError>(s.micro < config_.micro_batches, "DataLoader::restore: micro-batch ",
+                        s.micro, " is outside [0, ", config_.micro_batches, ")");
+    }
+    step_ = s.step;
+    micro_ = s.micro;
+  }
+
+ private:
+  void check_vocab(std::span<const std::int32_t> window, std::int64_t first) const {
+    for (std::size_t i = 0; i < window.size(); ++i) {
+      expect<DataError>(window[i] >= 0 && window[i] < config_.vocab_size, "token file '",
+                        tokens_->name(), "': token ", first + static_cast<std::int64_t>(i), " = ",
+                        window[i], " is outside the vocabulary [0, ", config_.vocab_size, ")");
+    }
+  }
+
+  std::shared_ptr<const TokenFile> tokens_;
+  LoaderConfig config_;
+  std::int64_t samples_ = 0;
+  std::int64_t step_ = 0;
+  int micro_ = 0;
+};
+
+}  // namespace zero::data

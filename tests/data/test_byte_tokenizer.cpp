@@ -1,0 +1,85 @@
+// ByteTokenizer round trips and text preparation into token files.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <zero/data/byte_tokenizer.hpp>
+#include <zero/data/data_loader.hpp>
+#include <zero/data/prepare_text.hpp>
+
+#include "../support/temp_dir.hpp"
+
+using namespace zero;
+using namespace zero::data;
+
+TEST_CASE("ByteTokenizer round-trips every byte and marks end of text", "[unit][data]") {
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  const auto ids = ByteTokenizer::encode(all);
+  REQUIRE(ids.size() == 256);
+  CHECK(ids[0] == 0);
+  CHECK(ids[255] == 255);  // bytes are unsigned, whatever char's signedness
+  CHECK(ByteTokenizer::decode(ids) == all);
+
+  const std::string text = "Grüße, zero — ok\n";
+  CHECK(ByteTokenizer::decode(ByteTokenizer::encode(text)) == text);
+  CHECK(ByteTokenizer::encode(text).size() == text.size());  // one token per UTF-8 byte
+
+  const std::vector<std::int32_t> with_eot = {ByteTokenizer::eot, 'h', 'i', ByteTokenizer::eot};
+  CHECK(ByteTokenizer::decode(with_eot) == "<|endoftext|>hi<|endoftext|>");
+  CHECK_THROWS_WITH(ByteTokenizer::decode(std::vector<std::int32_t>{'a', 257}),
+                    Catch::Contains("token 1 = 257"));
+  CHECK_THROWS_AS(ByteTokenizer::decode(std::vector<std::int32_t>{-1}), Error);
+}
+
+TEST_CASE("text is prepared as llm.c token files with a validation split", "[unit][data]") {
+  const std::string text = "line one\nline two\nline three\nline four\n";
+  const PreparedText parts = tokenize_text(text, 0.3);
+  REQUIRE_FALSE(parts.val.empty());
+  CHECK(parts.train.front() == ByteTokenizer::eot);
+  CHECK(parts.val.front() == ByteTokenizer::eot);
+  // The two parts are the text cut at a line start.
+  const std::string train(ByteTokenizer::decode(parts.train).substr(13));
+  const std::string val(ByteTokenizer::decode(parts.val).substr(13));
+  CHECK(train + val == text);
+  CHECK(val == "line four\n");
+  CHECK(tokenize_text(text, 0.0).val.empty());
+  CHECK_THROWS_AS(tokenize_text(text, 1.0), ConfigError);
+
+  zero::testing::TempDir dir("prepare");
+  zero::testing::write_file(dir / "t.txt", text);
+  prepare_text_file(dir / "t.txt", dir / "t", 0.3);
+  const TokenFile train_file = TokenFile::open(dir / "t_train.bin");
+  const TokenFile val_file = TokenFile::open(dir / "t_val.bin");
+  CHECK(train_file.size() == static_cast<std::int64_t>(parts.train.size()));
+  CHECK(val_file.size() == static_cast<std::int64_t>(parts.val.size()));
+  CHECK(train_file[0] == ByteTokenizer::eot);
+  CHECK(val_file[1] == 'l');
+}
+
+TEST_CASE("the bundled corpus tokenizes, round-trips and feeds a loader", "[unit][data]") {
+  zero::testing::TempDir dir("corpus");
+  const PreparedText tokens = prepare_text_file(ZERO_CORPUS_PATH, dir / "corpus", 0.1);
+  const std::string text = zero::testing::read_file(ZERO_CORPUS_PATH);
+  CHECK(text.size() > 100'000);
+  CHECK(text.size() < 1'000'000);
+  CHECK(tokens.train.size() + tokens.val.size() == text.size() + 2);  // + one eot per part
+  const std::string train = ByteTokenizer::decode(tokens.train).substr(13);
+  const std::string val = ByteTokenizer::decode(tokens.val).substr(13);
+  CHECK(train + val == text);
+
+  LoaderConfig c;
+  c.global_batch = 8;
+  c.seq_len = 64;
+  c.world_size = 2;
+  c.vocab_size = ByteTokenizer::vocab_size;
+  c.shuffle = true;
+  DataLoader loader(std::make_shared<const TokenFile>(TokenFile::open(dir / "corpus_train.bin")),
+                    c);
+  CHECK(loader.steps_per_epoch() > 100);
+  const Batch b = loader.next();
+  CHECK(b.rows == 4);
+  CHECK(b.input_tensor().shape() == Shape{4, 64});
+}
