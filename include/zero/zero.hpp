@@ -1,6 +1,10 @@
 #pragma once
-// Umbrella header: everything in zero that compiles without nvcc.
+// Umbrella header: everything in namespace zero that compiles with a host compiler alone and
+// needs no optional part (MPI, CUDA, liburing). Collectives are in <parallel/...>, optimizers in
+// <optim/...>.
 
+#include <zero/version.hpp>
+#include <zero/config.hpp>
 #include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
 #include <zero/core/device.hpp>
@@ -9,4 +13,11 @@
 #include <zero/core/rng.hpp>
 #include <zero/core/shape.hpp>
 #include <zero/core/tensor.hpp>
-#include <zero/version.hpp>
+#include <zero/data/byte_tokenizer.hpp>
+#include <zero/data/data_loader.hpp>
+#include <zero/data/token_file.hpp>
+#include <zero/engine/partition.hpp>
+#include <zero/io/gpt2_layout.hpp>
+#include <zero/io/safetensors.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/local_parameters.hpp>
