@@ -10,19 +10,11 @@
 
 #include <zero/zero.hpp>
 
+#include "bench_timing.hpp"
+
 namespace {
 
-template <class Fn>
-double best_seconds(Fn&& fn, int repeats = 7) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-  }
-  return best;
-}
+double best_seconds(const auto& fn) { return zero::bench::best_seconds(7, fn); }
 
 void report(const char* bench, long long n, double seconds, double bytes, double baseline_gbps) {
   const double gbps = bytes / seconds / 1e9;

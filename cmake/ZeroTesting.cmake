@@ -57,3 +57,12 @@ function(zero_add_mpi_test)
     TIMEOUT 300
     ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
 endfunction()
+
+# zero_link_parts(<target> <part>...): links zero::<part> for each listed part this build found.
+function(zero_link_parts target)
+  foreach(_part IN LISTS ARGN)
+    if(TARGET zero::${_part})
+      target_link_libraries(${target} PRIVATE zero::${_part})
+    endif()
+  endforeach()
+endfunction()

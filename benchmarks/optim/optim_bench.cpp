@@ -20,22 +20,13 @@
 #include <omp.h>
 #endif
 
+#include "../bench_timing.hpp"
 #include <optim/adam.hpp>
 #include <zero/core/buffer.hpp>
 
 namespace {
 
-template <class Fn>
-double best_seconds(int repeats, Fn&& fn) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-  }
-  return best;
-}
+using zero::bench::best_seconds;
 
 int threads() {
 #if defined(ZERO_WITH_OPENMP) && defined(_OPENMP)
