@@ -9,6 +9,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <memory>
+
+#include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/local_comm.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
@@ -161,4 +164,49 @@ TEST_CASE("model-state memory per rank shrinks with the stage", "[unit][engine]"
   CHECK(totals[0] >= 2 * psi);          // whole params and grads
   CHECK(totals[1] > totals[0]);         // + master and grad shards (the optimizer side)
   CHECK(totals[2] < 0.35 * totals[1]);  // stage 3 outside a step: shards only (+ pinned wte)
+}
+
+TEST_CASE("communication per step: 2 psi at stages 0-2, 3 psi at stage 3 (bus bytes)",
+          "[unit][engine]") {
+  using parallel::CommLogger;
+  using parallel::CommOp;
+  const int world = 4;
+  auto bus_bytes_per_step = [&](auto stage_tag, double& psi_bytes, double& unit0_bytes) {
+    constexpr int S = decltype(stage_tag)::stage;
+    double bus = 0;
+    LocalComm::run(world, [&](LocalComm& comm) {
+      auto logger = std::make_shared<CommLogger>(false);
+      comm.set_logger(logger);
+      nn::GPT<double> model(tiny());
+      engine::Engine<nn::GPT<double>, LocalComm, ZeroStage<S>> eng(
+          model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(0.1, p, g); });
+      const GlobalBatch b(2 * world, 0, tiny().vocab_size);
+      const std::int64_t first = comm.rank() * 2;
+      logger->enable();
+      eng.forward({b.tokens.data() + first * seq, b.targets.data() + first * seq, 2, seq});
+      eng.backward();
+      eng.step();
+      logger->enable(false);
+      if (comm.rank() == 0) {
+        bus = logger->total().bus_bytes;
+        psi_bytes = 0;
+        for (int u = 0; u < model.num_units(); ++u) {
+          psi_bytes += static_cast<double>(eng.partition(u).padded_numel()) * sizeof(double);
+        }
+        unit0_bytes = static_cast<double>(eng.partition(0).padded_numel()) * sizeof(double);
+      }
+    });
+    return bus;
+  };
+  double psi = 0, unit0 = 0;
+  const double ring = double(world - 1) / world;
+  for (double bus : {bus_bytes_per_step(ZeroStage<0>{}, psi, unit0),
+                     bus_bytes_per_step(ZeroStage<1>{}, psi, unit0),
+                     bus_bytes_per_step(ZeroStage<2>{}, psi, unit0)}) {
+    CHECK(bus == Approx(2 * ring * psi).epsilon(1e-12));
+  }
+  // Stage 3 gathers every unit before forward and backward and reduce-scatters its gradient;
+  // the tied embedding stays gathered from its forward to its backward, so it is gathered once.
+  const double bus3 = bus_bytes_per_step(ZeroStage<3>{}, psi, unit0);
+  CHECK(bus3 == Approx(ring * (3 * psi - unit0)).epsilon(1e-12));
 }
