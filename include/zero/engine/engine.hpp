@@ -93,22 +93,10 @@ class Engine {
   }
 
   /// Forward through every unit; returns this rank's mean loss of the micro-batch.
-  T forward(const MicroBatch& batch) {
-    arena_.reset();
-    ctx_ = {};
-    ctx_.arena = &arena_;
-    ctx_.tokens = batch.tokens;
-    ctx_.targets = batch.targets;
-    ctx_.batch = batch.batch;
-    ctx_.seq_len = batch.seq_len;
-    ctx_.loss_scale = T(1) / static_cast<T>(options_.gradient_accumulation_steps);
-    for (int u = 0; u < model_.num_units(); ++u) {
-      if constexpr (stage == 3) acquire(u);
-      model_.forward_unit(u, ctx_);
-      if constexpr (stage == 3) release_after_use(u);
-    }
-    return ctx_.loss;
-  }
+  T forward(const MicroBatch& batch) { return run_forward(batch, true); }
+  /// Forward without dropout and without a backward to follow (evaluation, generation: with
+  /// null targets only the logits are computed, readable from the model until the next forward).
+  T evaluate(const MicroBatch& batch) { return run_forward(batch, false); }
 
   /// Backward through every unit; at stages 2 and 3 each unit's gradient is reduce-scattered as
   /// soon as every user of the unit has accumulated into it.
@@ -204,6 +192,24 @@ class Engine {
     std::optional<Whole> values, grads;  // whole unit while gathered
     bool pinned = false;                 // used by another unit: gathered for the whole step
   };
+
+  T run_forward(const MicroBatch& batch, bool training) {
+    arena_.reset();
+    ctx_ = {};
+    ctx_.arena = &arena_;
+    ctx_.tokens = batch.tokens;
+    ctx_.targets = batch.targets;
+    ctx_.batch = batch.batch;
+    ctx_.seq_len = batch.seq_len;
+    ctx_.training = training;
+    ctx_.loss_scale = T(1) / static_cast<T>(options_.gradient_accumulation_steps);
+    for (int u = 0; u < model_.num_units(); ++u) {
+      if constexpr (stage == 3) acquire(u);
+      model_.forward_unit(u, ctx_);
+      if constexpr (stage == 3) release_after_use(u);
+    }
+    return ctx_.loss;
+  }
 
   Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
   const Unit& unit_ref(int u) const { return units_[static_cast<std::size_t>(u)]; }
