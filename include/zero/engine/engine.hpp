@@ -251,12 +251,13 @@ class Engine {
   // Stages 2-3: reduce-scatter u's whole gradient into the shard accumulator and clear it.
   void reduce_unit_gradient(int u) {
     Unit& s = unit(u);
-    Buffer<T> reduced(static_cast<std::size_t>(s.partition->shard_numel()));
-    comm_.reduce_scatter(std::span<const T>(s.grads->data_span()), reduced.view().span(),
+    const auto shard = static_cast<std::size_t>(s.partition->shard_numel());
+    if (reduce_scratch_.size() < shard) reduce_scratch_ = Buffer<T>(shard);  // grows once
+    const std::span<T> reduced = reduce_scratch_.view().span().first(shard);
+    comm_.reduce_scatter(std::span<const T>(s.grads->data_span()), reduced,
                          parallel::ReduceOp::avg);
     T* acc = s.grad_shard.data();
-    const T* r = reduced.data();
-    for (std::size_t i = 0; i < reduced.size(); ++i) acc[i] += r[i];
+    for (std::size_t i = 0; i < shard; ++i) acc[i] += reduced[i];
     zero_fill(s.grads->data_span());
     if constexpr (stage == 3) {
       if (s.pinned) {  // its last user is done: release it now
@@ -272,6 +273,7 @@ class Engine {
   EngineOptions options_;
   Arena<Host> arena_;
   std::vector<Unit> units_;
+  Buffer<T> reduce_scratch_;  // receives each unit's reduce-scatter before accumulation
   nn::StepContext<T> ctx_;
   int micro_step_ = 0;
   bool boundary_pending_ = false;
