@@ -92,18 +92,18 @@ class TransformerBlock {
     // MLP branch: out = h + drop(fcproj)
     Tensor<T> dh = zeros({N, C});
     accumulate(dh.data(), dy, N * C);
-    Tensor<T> dfcproj = dropout_grad(ctx, dy, N * C, 1);
+    const T* dfcproj = dropout_grad(ctx, dy, N * C, 1);
     Tensor<T> dgelu = zeros({N, 4 * C}), dfc = zeros({N, 4 * C}), dln2 = zeros({N, C});
-    linear_backward(dgelu.data(), g(10), g(11), dfcproj.data(), s_.gelu.data(), w(10), N, 4 * C, C);
+    linear_backward(dgelu.data(), g(10), g(11), dfcproj, s_.gelu.data(), w(10), N, 4 * C, C);
     gelu_backward(dfc.data(), s_.fc.data(), dgelu.data(), N * 4 * C);
     linear_backward(dln2.data(), g(8), g(9), dfc.data(), s_.ln2.data(), w(8), N, C, 4 * C);
     layer_norm_backward(dh.data(), g(6), g(7), dln2.data(), s_.h.data(), w(6), s_.mean2.data(),
                         s_.rstd2.data(), N, C);
     // Attention branch: h = x + drop(attproj)
     accumulate(dx, dh.data(), N * C);
-    Tensor<T> dattproj = dropout_grad(ctx, dh.data(), N * C, 0);
+    const T* dattproj = dropout_grad(ctx, dh.data(), N * C, 0);
     Tensor<T> datty = zeros({N, C}), dqkv = zeros({N, 3 * C}), dln1 = zeros({N, C});
-    linear_backward(datty.data(), g(4), g(5), dattproj.data(), s_.atty.data(), w(4), N, C, C);
+    linear_backward(datty.data(), g(4), g(5), dattproj, s_.atty.data(), w(4), N, C, C);
     attention_backward(dqkv.data(), datty.data(), s_.qkv.data(), s_.att.data(), B, Tn, C, NH);
     linear_backward(dln1.data(), g(2), g(3), dqkv.data(), s_.ln1.data(), w(2), N, C, 3 * C);
     layer_norm_backward(dx, g(0), g(1), dln1.data(), input_.data(), w(0), s_.mean1.data(),
@@ -165,17 +165,14 @@ class TransformerBlock {
     ops::cpu::dropout_forward(x.data(), x.data(), x.numel(), cfg_.dropout, rng(site),
                               static_cast<std::uint32_t>(ctx.step));
   }
-  // The gradient through a residual-branch dropout (a copy when dropout is off).
-  Tensor<T> dropout_grad(StepContext<T>& ctx, const T* dy, std::int64_t n, int site) {
+  // The gradient through a residual-branch dropout: dy itself when dropout is off (no copy).
+  const T* dropout_grad(StepContext<T>& ctx, const T* dy, std::int64_t n, int site) {
+    if (cfg_.dropout <= 0) return dy;
     Tensor<T> d = ctx.arena->template allocate<T>({n});
-    if (cfg_.dropout <= 0) {
-      for (std::int64_t i = 0; i < n; ++i) d.data()[i] = dy[i];
-      return d;
-    }
     for (T& v : d) v = T(0);
     ops::cpu::dropout_backward(d.data(), dy, n, cfg_.dropout, rng(site),
                                static_cast<std::uint32_t>(ctx.step));
-    return d;
+    return d.data();
   }
 
   GPTConfig cfg_;
