@@ -37,6 +37,7 @@
 
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
+#include <parallel/comm/blocking_collectives.hpp>
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/comm_op.hpp>
 #include <parallel/comm/comm_options.hpp>
@@ -246,7 +247,7 @@ inline bool overlaps(const void* a, std::size_t na, const void* b, std::size_t n
 }  // namespace detail
 
 /// A communicator over MPI processes (see the file comment).
-class MpiComm {
+class MpiComm : public BlockingCollectives<MpiComm> {
  public:
   /// A null communicator (what split with undefined_color returns).
   MpiComm() = default;
@@ -316,46 +317,8 @@ class MpiComm {
     return MpiComm(std::move(child));
   }
 
-  // ---- blocking: the async form, waited on --------------------------------------------------
+  // ---- blocking: collectives come from BlockingCollectives (async form, waited on) ---------
 
-  /// recv[i] = op over ranks of send[i]; send and recv may be the same span.
-  template <CommElement T>
-  void all_reduce(std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op) {
-    all_reduce_async<T>(send, recv, op).wait();
-  }
-  /// In-place all_reduce of buf.
-  template <CommElement T>
-  void all_reduce(std::span<T> buf, ReduceOp op) {
-    all_reduce_async<T>(buf, buf, op).wait();
-  }
-  /// recv (count) = op over ranks of chunk rank() of send (size()*count).
-  template <CommElement T>
-  void reduce_scatter(std::span<const std::type_identity_t<T>> send, std::span<T> recv,
-                      ReduceOp op) {
-    reduce_scatter_async<T>(send, recv, op).wait();
-  }
-  /// Chunk q of recv (size()*count) = send (count) of rank q.
-  template <CommElement T>
-  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    all_gather_async<T>(send, recv).wait();
-  }
-  /// Every rank's buf = root's buf.
-  template <CommElement T>
-  void broadcast(std::span<T> buf, int root) {
-    broadcast_async<T>(buf, root).wait();
-  }
-  /// Chunk q of recv = chunk rank() of rank q's send.
-  template <CommElement T>
-  void all_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    all_to_all_async<T>(send, recv).wait();
-  }
-  /// Variable all_to_all (counts per rank, chunks packed in rank order).
-  template <CommElement T>
-  void all_to_all_v(std::span<const std::type_identity_t<T>> send,
-                    std::span<const std::size_t> send_counts, std::span<T> recv,
-                    std::span<const std::size_t> recv_counts) {
-    all_to_all_v_async<T>(send, send_counts, recv, recv_counts).wait();
-  }
   /// Sends buf to peer; inside group_start/group_end it completes at group_end.
   template <class T>
     requires CommElement<std::remove_const_t<T>>

@@ -33,6 +33,7 @@
 
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
+#include <parallel/comm/blocking_collectives.hpp>
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/comm_op.hpp>
 #include <parallel/comm/comm_options.hpp>
@@ -186,7 +187,7 @@ class NcclWork final : public WorkState {
 }  // namespace detail
 
 /// A communicator over NCCL (see the file comment). Buffers are device memory.
-class NcclComm {
+class NcclComm : public BlockingCollectives<NcclComm> {
  public:
   /// A null communicator (what split with undefined_color returns).
   NcclComm() = default;
@@ -250,46 +251,8 @@ class NcclComm {
     return out;
   }
 
-  // ---- blocking: the async form, waited on from the host ---------------------------------
+  // ---- blocking: collectives come from BlockingCollectives (async form, waited on) ---------
 
-  /// recv[i] = op over ranks of send[i]; in place when both are the same span.
-  template <CommElement T>
-  void all_reduce(std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op) {
-    all_reduce_async<T>(send, recv, op).wait();
-  }
-  /// In-place all_reduce.
-  template <CommElement T>
-  void all_reduce(std::span<T> buf, ReduceOp op) {
-    all_reduce_async<T>(buf, buf, op).wait();
-  }
-  /// recv (count) = op over ranks of chunk rank() of send (size()*count).
-  template <CommElement T>
-  void reduce_scatter(std::span<const std::type_identity_t<T>> send, std::span<T> recv,
-                      ReduceOp op) {
-    reduce_scatter_async<T>(send, recv, op).wait();
-  }
-  /// Chunk q of recv (size()*count) = send (count) of rank q.
-  template <CommElement T>
-  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    all_gather_async<T>(send, recv).wait();
-  }
-  /// Every rank's buf = root's buf.
-  template <CommElement T>
-  void broadcast(std::span<T> buf, int root) {
-    broadcast_async<T>(buf, root).wait();
-  }
-  /// Chunk q of recv = chunk rank() of rank q's send.
-  template <CommElement T>
-  void all_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    all_to_all_async<T>(send, recv).wait();
-  }
-  /// Variable all_to_all (counts per rank, chunks packed in rank order).
-  template <CommElement T>
-  void all_to_all_v(std::span<const std::type_identity_t<T>> send,
-                    std::span<const std::size_t> send_counts, std::span<T> recv,
-                    std::span<const std::size_t> recv_counts) {
-    all_to_all_v_async<T>(send, send_counts, recv, recv_counts).wait();
-  }
   /// Sends buf to peer; inside group_start/group_end it is only enqueued.
   template <class T>
     requires CommElement<std::remove_const_t<T>>
