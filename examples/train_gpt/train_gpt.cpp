@@ -140,8 +140,7 @@ bool train(const Options& o, const Corpus& corpus, parallel::LocalComm& comm) {
   engine::EngineOptions eo;
   eo.seed = o.seed;
   eo.activation_bytes = std::size_t{512} << 20;
-  engine::Engine<nn::GPT<float>, parallel::LocalComm, ZeroStage<Stage>> eng(model, comm, update,
-                                                                            eo);
+  engine::Engine<nn::GPT<float>, ZeroStage<Stage>> eng(model, comm, update, eo);
   if (leader) {
     const auto m = eng.memory_report();
     std::printf(

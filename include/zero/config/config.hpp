@@ -57,6 +57,7 @@ struct Config {
   bool wall_clock_breakdown = false;
   std::string communication_data_type;  ///< empty: the model's dtype
   double comm_timeout_s = 300;          ///< zero's own key: deadline of every collective wait
+  std::string nonfinite_policy;  ///< zero's own key: "skip" or "raise" on Inf/NaN; empty: skip
   Fp16Config fp16;
   std::optional<bool> bf16_enabled = false;  ///< empty: "auto"
   std::optional<NamedParams> optimizer;
@@ -99,6 +100,11 @@ struct Config {
     }
     c.comm_timeout_s = r.number("comm_timeout_s").value_or(300);
     expect<ConfigError>(c.comm_timeout_s > 0, r.where("comm_timeout_s"), ": must be positive");
+    c.nonfinite_policy = r.string("nonfinite_policy").value_or("");
+    expect<ConfigError>(c.nonfinite_policy.empty() || c.nonfinite_policy == "skip" ||
+                            c.nonfinite_policy == "raise",
+                        r.where("nonfinite_policy"), ": '", c.nonfinite_policy,
+                        "' is not one of skip, raise");
     r.boolean("memory_breakdown");
     r.boolean("dump_state");
     r.boolean("zero_allow_untested_optimizer");

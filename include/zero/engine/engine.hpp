@@ -1,199 +1,402 @@
 #pragma once
-// Engine<Model, Comm, ZeroStage<S>>: data-parallel training of any nn::Model with ZeRO stage
-// 0-3 over any communicator, on the host, in the model's element type (f64 for reference tests,
-// f32). Storage follows the design: one flat, padded buffer per unit; rank r owns slice r; the
-// master shard is the source of truth and is initialised shard by shard (no rank holds a whole
-// model at stage 3).
+// Engine<Model, Policies...>: data-parallel training of any nn::Model with ZeRO stage 0-3 over
+// any communicator (type-erased to AnyComm, so one instantiation per policy set), on the host.
+// Storage follows the design: one flat, padded buffer per unit; rank r owns slice r; the master
+// slice (fp32, or f64 for reference models) is the source of truth and is initialised slice by
+// slice, so at stage 3 no rank ever holds a whole model.
 //
-//   stage 0: every rank keeps whole params, grads and optimizer input; grads all-reduced (avg)
-//            at the accumulation boundary; every rank updates the whole unit.
-//   stage 1: whole params and grads; at the boundary grads are reduce-scattered, each rank
-//            updates its shard and the params are all-gathered.
-//   stage 2: whole params; each unit's grad is reduce-scattered into a shard accumulator right
-//            after its backward (every micro-step) and the whole grad is released.
+//   stage 0: every rank keeps the whole master and optimizer states; at the accumulation
+//            boundary each unit's gradient is all-reduced (avg) as soon as its backward is done.
+//   stage 1: whole params and gradient accumulators; at the boundary each unit's gradient is
+//            reduce-scattered after its backward, each rank updates its slice, and the params are
+//            all-gathered during the update of the next units.
+//   stage 2: whole params; every micro-step each unit's gradient is reduce-scattered into an fp32
+//            shard accumulator right after its backward and the whole gradient is released.
 //   stage 3: a unit's params are all-gathered before its forward and again before its backward
-//            and released after; units another unit uses (the tied embedding) stay gathered for
-//            the step; grads are reduce-scattered per unit as at stage 2.
+//            (the next units prefetched up to a byte budget, small units kept for the run),
+//            released after use; gradients as at stage 2. A unit another unit uses (the tied
+//            embedding) stays gathered from its forward to its own backward.
 //
-// This first version issues blocking collectives (no overlap yet) and takes the update as a
-// callback over (unit, master shard, gradient shard), so any optimizer (or an f64 reference SGD)
-// plugs in. Gradients are averaged over ranks and micro-steps, so with equal token counts per
-// micro-batch the result equals one process training on the global batch.
+// Communication is async: a unit's reduction runs while the next unit's backward computes, and
+// gathers run while earlier units compute; every rank issues the same collectives in the same
+// order because units run in a static order. Gradients are averaged over ranks and micro-steps,
+// so with equal token counts per micro-batch the result equals one process on the global batch.
+//
+// Precision<bf16|f16>: units compute on bf16/f16 copies; gradients are accumulated in fp32 (the
+// shard accumulators at stages 2-3, whole fp32 accumulators at stages 0-1); the update writes
+// the new low-precision copy in the same fused pass. fp16 scales the loss (DeepSpeed's dynamic
+// scaler); an Inf/NaN anywhere is seen by every rank through the global-norm all-reduce, so
+// every rank skips the same steps. Clipping uses that same global norm.
 
+#include <cmath>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
-#include <parallel/comm/reduce_op.hpp>
+#include <optim/any_optimizer.hpp>
+#include <optim/grad_norm.hpp>
+#include <optim/loss_scaler.hpp>
+#include <optim/lr_schedule.hpp>
+#include <parallel/comm/any_comm.hpp>
+#include <parallel/comm/communicator.hpp>
+#include <zero/config/config.hpp>
 #include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
+#include <zero/engine/engine_options.hpp>
+#include <zero/engine/engine_policies.hpp>
+#include <zero/engine/memory_report.hpp>
 #include <zero/engine/partition.hpp>
 #include <zero/nn/model.hpp>
-#include <zero/policies/zero_stage.hpp>
 
 namespace zero::engine {
 
-/// Run-time settings of an Engine.
-struct EngineOptions {
-  std::uint64_t seed = 1234;                 ///< per-name initialisation seed
-  int gradient_accumulation_steps = 1;       ///< micro-steps per optimizer step
-  std::int64_t shard_alignment = 16;         ///< elements; keeps shards vector-aligned
-  std::size_t activation_bytes = 256 << 20;  ///< arena for saved activations
-};
-
-/// One rank's micro-batch: tokens and targets [batch, seq_len].
-struct MicroBatch {
-  const std::int32_t* tokens = nullptr;
-  const std::int32_t* targets = nullptr;
-  std::int64_t batch = 0;
-  std::int64_t seq_len = 0;
-};
-
-template <nn::Model M, class Comm, class Stage>
+template <nn::Model M, class... Policies>
 class Engine {
  public:
-  using T = typename M::value_type;
-  static constexpr int stage = Stage::stage;
-  /// Updates a master shard from its (averaged) gradient shard: (unit, param, grad).
-  using UpdateFn = std::function<void(int, std::span<T>, std::span<const T>)>;
+  using policies = EnginePolicies<M, Policies...>;
+  using T = typename M::value_type;                   ///< compute element type
+  using MasterT = typename policies::master_type;     ///< master / accumulator element type
+  static constexpr int stage = policies::stage;
+  static constexpr bool same_type = std::is_same_v<T, MasterT>;
+  static constexpr bool loss_scaling = std::is_same_v<T, f16>;
+  /// Updates a master slice from its gradient (already averaged, unscaled and clipped):
+  /// (unit, master, grad). Stage 0 passes the whole padded unit, stages 1-3 this rank's shard.
+  using UpdateFn = std::function<void(int, std::span<MasterT>, std::span<const MasterT>)>;
 
-  /// Partitions model over comm and initialises this rank's master shards.
-  Engine(M& model, Comm& comm, UpdateFn update, EngineOptions options = {})
-      : model_(model),
-        comm_(comm),
-        update_(std::move(update)),
-        options_(options),
+  /// An engine whose update is a callback (any optimizer, or an f64 reference SGD).
+  template <parallel::Communicator C>
+  Engine(M& model, C& comm, UpdateFn update, EngineOptions options = {})
+      : model_(model), comm_(comm), options_(options), update_(std::move(update)),
         arena_(options.activation_bytes, "engine activations") {
-    expect<ConfigError>(options_.gradient_accumulation_steps > 0,
-                        "Engine: gradient_accumulation_steps ",
-                        options_.gradient_accumulation_steps, " must be positive");
-    const int units = model_.num_units();
-    units_.resize(static_cast<std::size_t>(units));
-    for (int u = 0; u < units; ++u) {
-      Unit& s = unit(u);
-      s.specs = model_.unit_params(u);
-      s.partition.emplace(s.specs, comm_.size(), options_.shard_alignment);
-      const auto shard = static_cast<std::size_t>(s.partition->shard_numel());
-      s.master = Buffer<T>(shard);
-      s.grad_shard = Buffer<T>(shard);
-      initialise_shard(s.specs, *s.partition, comm_.rank(), s.master.view(), options_.seed);
-      for (int used : model_.unit_uses(u)) unit(used).pinned = true;
-    }
-    if constexpr (stage < 3) {
-      for (int u = 0; u < units; ++u) gather(u);  // whole params live for the run
-    }
-    if constexpr (stage == 0) {
-      for (Unit& s : units_) {  // DDP keeps only whole buffers once they are assembled
-        s.master = Buffer<T>();
-        s.grad_shard = Buffer<T>();
+    setup();
+  }
+
+  /// An engine configured from a DeepSpeed JSON config: accumulation, clipping, fp16 scaler,
+  /// stage-3 buckets, the optimizer and the LR scheduler. The config's stage, precision and
+  /// offload must agree with the policies (ConfigError otherwise).
+  template <parallel::Communicator C>
+  Engine(M& model, C& comm, const Config& config, EngineOptions options = {})
+      : model_(model), comm_(comm), options_(options.with_config(config, comm.size())),
+        arena_(options.activation_bytes, "engine activations") {
+    static_assert(!policies::reference_model,
+                  "zero::Engine: an optimizer from the config updates fp32 masters; an f64 "
+                  "reference model takes an UpdateFn");
+    check_policies_against(config);
+    expect<ConfigError>(config.optimizer.has_value(),
+                        "optimizer: required to build an Engine from a config");
+    optimizer_spec_ = *config.optimizer;
+    setup();
+    const double lr = optimizer_spec_.get("lr", optimizers_.empty() ? 1e-3 : optimizers_[0].lr());
+    if (config.scheduler) {
+      nlohmann::json block = {{"type", config.scheduler->type}, {"params", nlohmann::json::object()}};
+      for (const auto& [k, v] : config.scheduler->params) {
+        block["params"][k] = v.size() == 1 ? nlohmann::json(v[0]) : nlohmann::json(v);
       }
+      scheduler_.emplace(optim::LrScheduler::from_json(block, lr));
     }
   }
 
-  /// Forward through every unit; returns this rank's mean loss of the micro-batch.
-  T forward(const MicroBatch& batch) { return run_forward(batch, true); }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Forward through every unit; returns this rank's mean loss of the micro-batch (unscaled).
+  T forward(const MicroBatch& batch) {
+    const T loss = run_forward(batch, true);
+    if (!std::isfinite(convert<double>(loss))) ++nonfinite_in_window_;
+    return loss;
+  }
   /// Forward without dropout and without a backward to follow (evaluation, generation: with
   /// null targets only the logits are computed, readable from the model until the next forward).
-  T evaluate(const MicroBatch& batch) { return run_forward(batch, false); }
-
-  /// Backward through every unit; at stages 2 and 3 each unit's gradient is reduce-scattered as
-  /// soon as every user of the unit has accumulated into it.
-  void backward() {
-    for (int u = model_.num_units() - 1; u >= 0; --u) {
-      if constexpr (stage == 3) acquire(u);
-      model_.backward_unit(u, ctx_);
-      // A used unit (the tied embedding) is reduced at its own backward, which runs after
-      // every user's backward in the reverse order.
-      if constexpr (stage >= 2) reduce_unit_gradient(u);
-      if constexpr (stage == 3) release_after_use(u);
+  T evaluate(const MicroBatch& batch) {
+    const T loss = run_forward(batch, false);
+    if constexpr (stage == 3) {
+      for (int u = 0; u < units(); ++u) {
+        if (!unit(u).persistent) release(u);
+      }
     }
+    return loss;
+  }
+
+  /// Backward through every unit. A unit's gradient is complete once its own backward ran (its
+  /// users run before it in reverse order); it is then reduced asynchronously (every micro-step
+  /// at stages 2-3, on the boundary micro-step at stages 0-1) while the next unit computes.
+  void backward() {
+    expect<Error>(forward_done_, "Engine::backward: call forward first");
+    forward_done_ = false;
+    const bool boundary = micro_step_ + 1 == options_.gradient_accumulation_steps;
+    for (int u = units() - 1; u >= 0; --u) {
+      acquire(u, /*with_grads=*/true);
+      prefetch(u, -1);
+      model_.backward_unit(u, ctx_);
+      gradient_complete(u, boundary);
+      if constexpr (stage == 3) {
+        if (!unit(u).pinned && !unit(u).persistent) release_values(u);
+      }
+    }
+    drain_reductions();
     if (++micro_step_ == options_.gradient_accumulation_steps) boundary_pending_ = true;
   }
 
-  /// At the accumulation boundary: reduce (stages 0, 1), update, re-gather (stages 0-2).
-  /// Returns false (and does nothing) between boundaries.
+  /// At the accumulation boundary: global norm (all ranks), skip on Inf/NaN, clip, update every
+  /// slice, re-gather (stages 0-2). Returns false (and does nothing) between boundaries, true at
+  /// a boundary whether the update was applied or skipped (see last_step_skipped()).
   bool step() {
     if (!boundary_pending_) return false;
-    const auto world = static_cast<std::size_t>(comm_.size());
-    for (int u = 0; u < model_.num_units(); ++u) {
-      Unit& s = unit(u);
-      const auto shard = static_cast<std::size_t>(s.partition->shard_numel());
-      if constexpr (stage == 0) {
-        comm_.all_reduce(s.grads->data_span(), parallel::ReduceOp::avg);
-        update_(u, s.values->data_span(), s.grads->data_span());  // whole unit, every rank
-        zero_fill(s.grads->data_span());
-        continue;
-      } else if constexpr (stage == 1) {
-        comm_.reduce_scatter(std::span<const T>(s.grads->data_span()), s.grad_shard.view().span(),
-                             parallel::ReduceOp::avg);
-        zero_fill(s.grads->data_span());
-      }
-      update_(u, s.master.view().span(), s.grad_shard.view().span());
-      zero_fill(s.grad_shard.view().span());
-      if constexpr (stage < 3) {
-        comm_.all_gather(std::span<const T>(s.master.view().span()),
-                         s.values->data_span().first(shard * world));
+    drain_reductions();
+    // One all-reduce carries the sum of squares and the count of non-finite losses.
+    double stats[2] = {0.0, static_cast<double>(nonfinite_in_window_)};
+    for (int u = 0; u < units(); ++u) stats[0] += local_sum_sq(u);
+    comm_.all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
+    const double scale = current_loss_scale();
+    last_grad_norm_ = std::sqrt(stats[0]) / scale;
+    const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
+    bool apply = !nonfinite;
+    if constexpr (loss_scaling) {
+      apply = scaler_->update(nonfinite);  // DeepSpeed: an fp16 overflow is a skipped step
+    } else if (nonfinite) {
+      ++nonfinite_steps_;
+      if (options_.nonfinite == NonFinitePolicy::raise) {
+        clear_accumulators();
+        finish_window();
+        raise<NonFiniteError>("Engine: step ", steps_, ": ",
+                              stats[1] > 0 ? "the loss was Inf/NaN on some rank"
+                                           : "the gradient norm is Inf/NaN",
+                              " (nonfinite_policy is raise)");
       }
     }
-    micro_step_ = 0;
-    boundary_pending_ = false;
-    ++steps_;
+    last_step_skipped_ = !apply;
+    if (apply) {
+      const double clip = optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping);
+      const double factor = clip / scale;
+      if (scheduler_) lr_ = scheduler_->lr();
+      for (int u = 0; u < units(); ++u) update_unit(u, factor);
+      if (scheduler_) scheduler_->step();
+      ++steps_;
+    } else {
+      ++skipped_steps_;
+    }
+    clear_accumulators();
+    if (apply) regather_after_update();
+    finish_window();
     return true;
   }
 
-  /// The whole flat parameters of unit u (gathered from every rank's shard; a collective).
-  std::vector<T> gather_unit_values(int u) {
-    Unit& s = unit(u);
+  /// Waits for every collective the engine still has in flight (the parameter gathers a step
+  /// leaves running for the next forward).
+  void synchronize() {
+    drain_reductions();
+    for (int u = 0; u < units(); ++u) finish_gather(u);
+  }
+
+  /// The whole flat parameters of unit u from the master (a collective; f64/f32 values).
+  std::vector<MasterT> gather_unit_values(int u) {
+    UnitState& s = unit(u);
+    const auto numel = static_cast<std::size_t>(s.partition->numel());
     if constexpr (stage == 0) {
-      return std::vector<T>(s.values->view().begin(),
-                            s.values->view().begin() + s.partition->numel());
+      const auto m = master_span(u);
+      return std::vector<MasterT>(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(numel));
+    } else {
+      std::vector<MasterT> whole(static_cast<std::size_t>(s.partition->padded_numel()));
+      comm_.all_gather(std::span<const MasterT>(master_span(u)), std::span<MasterT>(whole));
+      whole.resize(numel);
+      return whole;
     }
-    std::vector<T> whole(static_cast<std::size_t>(s.partition->padded_numel()));
-    comm_.all_gather(std::span<const T>(s.master.view().span()), std::span<T>(whole));
-    whole.resize(static_cast<std::size_t>(s.partition->numel()));
-    return whole;
   }
 
   /// Bytes of model state held by this rank right now, by category.
-  struct MemoryReport {
-    std::size_t master_bytes = 0, grad_shard_bytes = 0, whole_param_bytes = 0, whole_grad_bytes = 0;
-    std::size_t total() const {
-      return master_bytes + grad_shard_bytes + whole_param_bytes + whole_grad_bytes;
-    }
-  };
   MemoryReport memory_report() const {
     MemoryReport r;
-    for (const Unit& s : units_) {
-      r.master_bytes += s.master.bytes();
-      r.grad_shard_bytes += s.grad_shard.bytes();
-      if (s.values) r.whole_param_bytes += s.values->bytes();
-      if (s.grads) r.whole_grad_bytes += s.grads->bytes();
+    for (const UnitState& s : units_) {
+      r.master_bytes += s.master.size() * sizeof(MasterT);
+      if (stage == 0 && same_type) r.master_bytes += s.values ? s.values->size() * sizeof(T) : 0;
+      r.grad_accumulator_bytes += s.grad_shard.size() * sizeof(MasterT) +
+                                  s.whole_acc.size() * sizeof(MasterT);
+      r.param_shard_bytes += s.lowp_shard.size() * sizeof(T);
+      if (s.values && !(stage == 0 && same_type)) r.whole_param_bytes += s.values->size() * sizeof(T);
+      if (s.grads) r.whole_grad_bytes += s.grads->size() * sizeof(T);
     }
+    for (const auto& o : optimizers_) r.optimizer_bytes += o.state_names().size() * o.numel() * 4;
+    for (const auto& b : scratch_pool_) r.scratch_bytes += b.size() * sizeof(T);
+    for (const auto& p : reductions_) r.scratch_bytes += p.scratch.size() * sizeof(T);
     return r;
   }
+
+  /// Optimizer steps applied so far (skipped steps not counted).
   std::int64_t steps() const { return steps_; }
+  /// Boundaries whose update was skipped (fp16 overflow or a non-finite loss/gradient).
+  std::int64_t skipped_steps() const { return skipped_steps_; }
+  /// Boundaries with an Inf/NaN loss or gradient norm (fp16 overflows are counted by the scaler).
+  std::int64_t nonfinite_steps() const { return nonfinite_steps_; }
+  /// Whether the last boundary skipped its update.
+  bool last_step_skipped() const { return last_step_skipped_; }
+  /// Global gradient L2 norm of the last boundary (unscaled, before clipping).
+  double last_grad_norm() const { return last_grad_norm_; }
+  /// Current fp16 loss scale (1 for other precisions).
+  double loss_scale() const { return current_loss_scale(); }
+  /// Learning rate of the last update (from the scheduler when there is one).
+  double lr() const { return lr_; }
+  /// The partition of unit u.
   const UnitPartition& partition(int u) const { return *unit_ref(u).partition; }
+  /// Settings in effect.
+  const EngineOptions& options() const { return options_; }
+  /// The optimizer of unit u's slice (engines built from a config).
+  optim::AnyOptimizer& optimizer(int u) { return optimizers_.at(static_cast<std::size_t>(u)); }
+  /// The LR scheduler, if the config had one.
+  std::optional<optim::LrScheduler>& scheduler() { return scheduler_; }
+  /// The fp16 loss scaler (Precision<f16> only).
+  std::optional<optim::LossScaler>& loss_scaler() { return scaler_; }
+  /// The master slice of unit u this rank updates (stage 0: the whole padded unit).
+  std::span<MasterT> master_span(int u) {
+    UnitState& s = unit(u);
+    if constexpr (stage == 0 && same_type) {
+      return std::span<MasterT>(s.values->data(), s.values->size());
+    } else {
+      return std::span<MasterT>(s.master.data(), s.master.size());
+    }
+  }
+  /// First flat element of unit u's master slice (0 at stage 0).
+  std::int64_t master_offset(int u) const {
+    return stage == 0 ? 0 : unit_ref(u).partition->shard_begin(comm_.rank());
+  }
+  /// This rank and the world size.
+  int rank() const { return comm_.rank(); }
+  int world_size() const { return comm_.size(); }
+  /// Number of units of the model.
+  int units() const { return static_cast<int>(units_.size()); }
+  /// Parameters unit u declares.
+  const std::vector<nn::ParamSpec>& unit_specs(int u) const { return unit_ref(u).specs; }
+  /// Writes the master slices to the compute copies again after they were changed from
+  /// outside (a checkpoint load): refreshes low-precision shards and gathered parameters.
+  void refresh_from_master() {
+    for (int u = 0; u < units(); ++u) write_back(u);
+    regather_after_update();
+  }
 
  private:
-  // A whole (padded) unit buffer whose views the model is bound to.
-  struct Whole {
-    Buffer<T> buffer;
-    explicit Whole(std::size_t n) : buffer(n) {}
-    std::span<T> data_span() { return buffer.view().span(); }
-    Tensor<T> view() { return buffer.view(); }
-    std::size_t bytes() const { return buffer.bytes(); }
-  };
-  struct Unit {
+  struct UnitState {
     std::vector<nn::ParamSpec> specs;
     std::optional<UnitPartition> partition;
-    Buffer<T> master, grad_shard;        // this rank's shard (stage 0: unused)
-    std::optional<Whole> values, grads;  // whole unit while gathered
-    bool pinned = false;                 // used by another unit: gathered for the whole step
+    Buffer<MasterT> master;      // owned slice (stage 0: whole); empty when values is the master
+    Buffer<MasterT> grad_shard;  // stages 1-3: fp32 gradient of the owned slice
+    Buffer<MasterT> whole_acc;   // stages 0-1 with T != MasterT: whole fp32 accumulator
+    Buffer<T> lowp_shard;        // stages 1-3 with T != MasterT: compute copy of the owned slice
+    std::optional<Buffer<T>> values, grads;  // whole unit in compute type while gathered
+    parallel::Work pending_gather;           // declared after the buffers it writes
+    bool gathering = false;
+    bool pinned = false;      // used by another unit: gathered from its forward to its backward
+    bool persistent = false;  // small: gathered for the whole run (stage 3)
+  };
+  struct PendingReduction {
+    int unit = 0;
+    Buffer<T> scratch;    // stages 2-3: receives the reduced shard
+    parallel::Work work;  // declared after the buffer it writes
   };
 
+  void setup() {
+    expect<ConfigError>(options_.gradient_accumulation_steps > 0,
+                        "Engine: gradient_accumulation_steps ",
+                        options_.gradient_accumulation_steps, " must be positive");
+    expect<ConfigError>(options_.max_pending_reductions > 0,
+                        "Engine: max_pending_reductions must be positive");
+    if constexpr (loss_scaling) scaler_.emplace(options_.loss_scaler);
+    const int n = model_.num_units();
+    units_.resize(static_cast<std::size_t>(n));
+    const int world = comm_.size(), rank = comm_.rank();
+    for (int u = 0; u < n; ++u) {
+      UnitState& s = unit(u);
+      s.specs = model_.unit_params(u);
+      s.partition.emplace(s.specs, world, options_.shard_alignment);
+      const UnitPartition& p = *s.partition;
+      const auto padded = static_cast<std::size_t>(p.padded_numel());
+      const auto shard = static_cast<std::size_t>(p.shard_numel());
+      for (int used : model_.unit_uses(u)) unit(used).pinned = true;
+      s.persistent = stage < 3 || p.numel() <= options_.persistence_threshold;
+      if constexpr (stage == 0) {
+        // DDP: every rank holds (and initialises) the whole unit.
+        Buffer<MasterT> whole(padded);
+        for (int r = 0; r < world; ++r) {
+          initialise_shard(s.specs, p, r,
+                           whole.view().slice(p.shard_begin(r), p.shard_numel()), options_.seed);
+        }
+        if constexpr (same_type) {
+          s.values.emplace(std::move(whole));
+        } else {
+          s.master = std::move(whole);
+          s.values.emplace(padded);
+          s.whole_acc = Buffer<MasterT>(padded);
+        }
+      } else {
+        s.master = Buffer<MasterT>(shard);
+        initialise_shard(s.specs, p, rank, s.master.view(), options_.seed);
+        s.grad_shard = Buffer<MasterT>(shard);
+        if constexpr (!same_type) s.lowp_shard = Buffer<T>(shard);
+        if (stage == 1 && !same_type) s.whole_acc = Buffer<MasterT>(padded);
+      }
+      if (stage < 2 && same_type) s.grads.emplace(padded);  // the accumulator itself
+      if (!optimizer_spec_.type.empty()) build_optimizer(u);
+    }
+    for (int u = 0; u < n; ++u) write_back(u);
+    regather_after_update();
+    for (int u = 0; u < n; ++u) bind(u);
+    synchronize();  // construction ends with every rank's parameters in place
+  }
+
+  void build_optimizer(int u) {
+    UnitState& s = unit(u);
+    const UnitPartition& p = *s.partition;
+    const auto numel = static_cast<std::size_t>(stage == 0 ? p.padded_numel() : p.shard_numel());
+    std::vector<std::uint8_t> no_decay(numel, 0);
+    std::vector<optim::Range> tensors;
+    const int first = stage == 0 ? 0 : comm_.rank();
+    const int last = stage == 0 ? comm_.size() : comm_.rank() + 1;
+    for (int r = first; r < last; ++r) {
+      const std::int64_t base = stage == 0 ? p.shard_begin(r) : 0;
+      for (const ShardSegment& seg : p.segments(r)) {
+        const auto offset = static_cast<std::size_t>(base + seg.shard_offset);
+        const auto count = static_cast<std::size_t>(seg.count);
+        tensors.push_back({offset, count});
+        if (!s.specs[static_cast<std::size_t>(seg.param)].weight_decay) {
+          std::fill_n(no_decay.begin() + static_cast<std::ptrdiff_t>(offset), count, 1);
+        }
+      }
+    }
+    expect<ConfigError>(optimizer_spec_.type != "LAMB" || stage == 0 || comm_.size() == 1,
+                        "optimizer.type: LAMB's per-tensor trust ratio is not computed across "
+                        "shards yet; use ZeRO stage 0 or one rank");
+    optimizers_.push_back(optim::AnyOptimizer::from_config(optimizer_spec_, numel, no_decay,
+                                                           std::move(tensors)));
+  }
+
+  void check_policies_against(const Config& config) const {
+    const int want = config.zero_optimization.stage;
+    expect<ConfigError>(want == stage, "zero_optimization.stage: the config asks for stage ", want,
+                        " but this engine was built with ZeroStage<", stage,
+                        "> (use zero::dispatch to pick the engine from the config)");
+    const bool fp16 = config.fp16.enabled.value_or(std::is_same_v<T, f16>);
+    const bool bf16 = config.bf16_enabled.value_or(std::is_same_v<T, zero::bf16>);
+    expect<ConfigError>(fp16 == std::is_same_v<T, f16>, "fp16.enabled: the config says ",
+                        fp16 ? "true" : "false", " but the engine computes in ", name_of(dtype_of<T>));
+    expect<ConfigError>(bf16 == std::is_same_v<T, zero::bf16>, "bf16.enabled: the config says ",
+                        bf16 ? "true" : "false", " but the engine computes in ",
+                        name_of(dtype_of<T>));
+    using O = typename policies::offload;
+    const auto device = config.zero_optimization.offload_optimizer.device;
+    const auto expected = std::is_same_v<O, NVMe>  ? config::OffloadDevice::nvme
+                          : std::is_same_v<O, CPU> ? config::OffloadDevice::cpu
+                                                   : config::OffloadDevice::none;
+    expect<ConfigError>(device == expected,
+                        "zero_optimization.offload_optimizer.device: the config says '",
+                        config::name_of(device), "' but the engine was built with Offload<",
+                        config::name_of(expected), ">");
+  }
+
   T run_forward(const MicroBatch& batch, bool training) {
+    expect<Error>(!boundary_pending_ || !training,
+                  "Engine::forward: the accumulation boundary was reached; call step() first");
     arena_.reset();
     ctx_ = {};
     ctx_.arena = &arena_;
@@ -202,82 +405,324 @@ class Engine {
     ctx_.batch = batch.batch;
     ctx_.seq_len = batch.seq_len;
     ctx_.training = training;
-    ctx_.loss_scale = T(1) / static_cast<T>(options_.gradient_accumulation_steps);
-    for (int u = 0; u < model_.num_units(); ++u) {
-      if constexpr (stage == 3) acquire(u);
+    ctx_.step = static_cast<std::uint64_t>(steps_ + skipped_steps_) *
+                    static_cast<std::uint64_t>(options_.gradient_accumulation_steps) +
+                static_cast<std::uint64_t>(micro_step_);
+    ctx_.loss_scale = static_cast<compute_type_t<T>>(current_loss_scale() /
+                                     static_cast<double>(options_.gradient_accumulation_steps));
+    for (int u = 0; u < units(); ++u) {
+      acquire(u, false);
+      prefetch(u, +1);
       model_.forward_unit(u, ctx_);
-      if constexpr (stage == 3) release_after_use(u);
+      if constexpr (stage == 3) {
+        if (!unit(u).pinned && !unit(u).persistent) release_values(u);
+      }
     }
+    forward_done_ = training;
     return ctx_.loss;
   }
 
-  Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
-  const Unit& unit_ref(int u) const { return units_[static_cast<std::size_t>(u)]; }
-  static void zero_fill(std::span<T> s) {
-    for (T& v : s) v = T(0);
+  UnitState& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
+  const UnitState& unit_ref(int u) const { return units_[static_cast<std::size_t>(u)]; }
+  double current_loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+
+  // Names a unit in messages: its index and first parameter.
+  std::string describe(int u) const {
+    const auto& specs = unit_ref(u).specs;
+    return "unit " + std::to_string(u) + (specs.empty() ? "" : " (" + specs.front().name + ")");
+  }
+  // Waits for work, adding the engine's context (op, unit, step) to a communication failure.
+  void wait(parallel::Work& work, const char* op, int u) {
+    try {
+      work.wait();
+    } catch (const CommError& e) {
+      raise<CommError>("Engine rank ", comm_.rank(), ": ", op, " of ", describe(u), " at step ",
+                       steps_ + skipped_steps_, " micro-step ", micro_step_, " failed: ", e.what());
+    }
   }
 
-  // Materialises unit u's whole params (all-gather of the shards) and gradient buffer, and binds
-  // the model to them.
-  void gather(int u) {
-    Unit& s = unit(u);
-    const auto padded = static_cast<std::size_t>(s.partition->padded_numel());
-    s.values.emplace(padded);
-    s.grads.emplace(padded);
-    comm_.all_gather(std::span<const T>(s.master.view().span()), s.values->data_span());
+  // Binds unit u's views to its current buffers (grads empty while there are none).
+  void bind(int u) {
+    UnitState& s = unit(u);
     std::vector<nn::ParamView<T>> views;
+    if (!s.values) return;
     for (int p = 0; p < s.partition->num_params(); ++p) {
       const ParamSlot& slot = s.partition->slot(p);
       const Shape& shape = s.specs[static_cast<std::size_t>(p)].shape;
-      views.push_back({s.values->view().slice(slot.offset, slot.numel).reshape(shape),
-                       s.grads->view().slice(slot.offset, slot.numel).reshape(shape)});
+      nn::ParamView<T> v;
+      v.value = s.values->view().slice(slot.offset, slot.numel).reshape(shape);
+      if (s.grads) v.grad = s.grads->view().slice(slot.offset, slot.numel).reshape(shape);
+      views.push_back(v);
     }
     model_.bind_unit(u, views);
   }
-  // Stage 3: gathers u and the units it uses unless they are already gathered.
-  void acquire(int u) {
-    if (!unit(u).values) gather(u);
-    for (int used : model_.unit_uses(u)) {
-      if (!unit(used).values) gather(used);
+
+  // The buffer the all-gather of unit u reads: this rank's compute-type slice.
+  std::span<const T> gather_source(int u) {
+    UnitState& s = unit(u);
+    if constexpr (same_type) {
+      return std::span<const T>(s.master.data(), s.master.size());
+    } else {
+      return std::span<const T>(s.lowp_shard.data(), s.lowp_shard.size());
     }
   }
-  // Stage 3: frees u's whole buffers unless another unit still needs them this step.
-  void release_after_use(int u) {
-    Unit& s = unit(u);
-    if (s.pinned) return;
-    s.values.reset();
-    s.grads.reset();
+  // Starts the all-gather of unit u's params into a (new, at stage 3) whole buffer.
+  void start_gather(int u) {
+    UnitState& s = unit(u);
+    if (s.gathering) return;
+    const bool fresh = !s.values;
+    if (fresh) s.values.emplace(static_cast<std::size_t>(s.partition->padded_numel()));
+    s.pending_gather = comm_.all_gather_async(gather_source(u), std::span<T>(s.values->data(), s.values->size()));
+    s.gathering = true;
+    if (fresh) bind(u);
   }
-  // Stages 2-3: reduce-scatter u's whole gradient into the shard accumulator and clear it.
-  void reduce_unit_gradient(int u) {
-    Unit& s = unit(u);
-    const auto shard = static_cast<std::size_t>(s.partition->shard_numel());
-    if (reduce_scratch_.size() < shard) reduce_scratch_ = Buffer<T>(shard);  // grows once
-    const std::span<T> reduced = reduce_scratch_.view().span().first(shard);
-    comm_.reduce_scatter(std::span<const T>(s.grads->data_span()), reduced,
-                         parallel::ReduceOp::avg);
-    T* acc = s.grad_shard.data();
-    for (std::size_t i = 0; i < shard; ++i) acc[i] += reduced[i];
-    zero_fill(s.grads->data_span());
+  void finish_gather(int u) {
+    UnitState& s = unit(u);
+    if (!s.gathering) return;
+    wait(s.pending_gather, "all-gather", u);
+    s.gathering = false;
+  }
+  // Makes unit u and the units it uses ready to run (gathered; with gradient buffers for
+  // backward).
+  void acquire(int u, bool with_grads) {
+    auto ready = [&](int v) {
+      if (!unit(v).values) start_gather(v);
+      finish_gather(v);
+      if (with_grads && !unit(v).grads) {
+        unit(v).grads.emplace(static_cast<std::size_t>(unit(v).partition->padded_numel()));
+        bind(v);
+      }
+    };
+    ready(u);
+    for (int used : model_.unit_uses(u)) ready(used);
+  }
+  // Stage 3: starts gathers of the units after u in direction dir, up to the prefetch budget.
+  void prefetch(int u, int dir) {
     if constexpr (stage == 3) {
-      if (s.pinned) {  // its last user is done: release it now
-        s.values.reset();
+      std::int64_t budget = options_.prefetch_elems;
+      for (int v = u + dir; v >= 0 && v < units() && budget > 0; v += dir) {
+        if (unit(v).values) continue;
+        budget -= unit(v).partition->padded_numel();
+        start_gather(v);
+      }
+    } else {
+      (void)u;
+      (void)dir;
+    }
+  }
+  void release_values(int u) {
+    UnitState& s = unit(u);
+    finish_gather(u);
+    s.values.reset();
+  }
+  void release(int u) {
+    release_values(u);
+    unit(u).grads.reset();
+  }
+
+  // Unit u's backward is done, so its compute gradient is final for this micro-step: fold it
+  // into the fp32 accumulator and start its reduction where the stage asks for one.
+  void gradient_complete(int u, bool boundary) {
+    UnitState& s = unit(u);
+    if constexpr (stage <= 1) {
+      if constexpr (!same_type) {  // fold into the fp32 accumulator, free the compute gradient
+        MasterT* acc = s.whole_acc.data();
+        const T* g = s.grads->data();
+        for (std::size_t i = 0; i < s.whole_acc.size(); ++i) acc[i] += convert<MasterT>(g[i]);
         s.grads.reset();
+        bind(u);
+      }
+      if (!boundary) return;
+      PendingReduction p;
+      p.unit = u;
+      const std::span<MasterT> acc = whole_accumulator(u);
+      if constexpr (stage == 0) {
+        p.work = comm_.all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
+      } else {
+        p.work = comm_.reduce_scatter_async(std::span<const MasterT>(acc),
+                                            std::span<MasterT>(s.grad_shard.data(), s.grad_shard.size()),
+                                            parallel::ReduceOp::avg);
+      }
+      push_reduction(std::move(p));
+    } else {
+      (void)boundary;
+      PendingReduction p;
+      p.unit = u;
+      p.scratch = take_scratch(s.grad_shard.size());
+      p.work = comm_.reduce_scatter_async(std::span<const T>(s.grads->data(), s.grads->size()),
+                                          std::span<T>(p.scratch.data(), p.scratch.size()),
+                                          parallel::ReduceOp::avg);
+      push_reduction(std::move(p));
+    }
+  }
+  std::span<MasterT> whole_accumulator(int u) {
+    UnitState& s = unit(u);
+    if constexpr (same_type) {
+      return std::span<MasterT>(s.grads->data(), s.grads->size());
+    } else {
+      return std::span<MasterT>(s.whole_acc.data(), s.whole_acc.size());
+    }
+  }
+  void push_reduction(PendingReduction p) {
+    reductions_.push_back(std::move(p));
+    while (static_cast<int>(reductions_.size()) > options_.max_pending_reductions) {
+      finish_oldest_reduction();
+    }
+  }
+  void finish_oldest_reduction() {
+    PendingReduction p = std::move(reductions_.front());
+    reductions_.pop_front();
+    wait(p.work, stage == 0 ? "all-reduce" : "reduce-scatter", p.unit);
+    if constexpr (stage >= 2) {
+      UnitState& s = unit(p.unit);
+      MasterT* acc = s.grad_shard.data();
+      const T* r = p.scratch.data();
+      for (std::size_t i = 0; i < s.grad_shard.size(); ++i) acc[i] += convert<MasterT>(r[i]);
+      s.grads.reset();  // the whole gradient is released once reduced
+      if constexpr (stage == 3) {
+        if (s.pinned && !s.persistent) s.values.reset();  // its last user is done
+      }
+      if (s.values) bind(p.unit);
+      scratch_pool_.push_back(std::move(p.scratch));
+    }
+  }
+  void drain_reductions() {
+    while (!reductions_.empty()) finish_oldest_reduction();
+  }
+  Buffer<T> take_scratch(std::size_t n) {
+    for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it) {
+      if (it->size() == n) {
+        Buffer<T> b = std::move(*it);
+        scratch_pool_.erase(it);
+        return b;
+      }
+    }
+    return Buffer<T>(n);
+  }
+
+  // The gradient the update of unit u reads: stage 0 the whole (all-reduced) accumulator,
+  // stages 1-3 this rank's shard.
+  std::span<MasterT> update_grad(int u) {
+    if constexpr (stage == 0) {
+      return whole_accumulator(u);
+    } else {
+      return std::span<MasterT>(unit(u).grad_shard.data(), unit(u).grad_shard.size());
+    }
+  }
+  // Sum of squares of this rank's part of the global gradient (at stage 0 every rank holds the
+  // whole reduced gradient, so each counts only its own slice).
+  double local_sum_sq(int u) {
+    std::span<MasterT> g = update_grad(u);
+    if constexpr (stage == 0) {
+      const UnitPartition& p = *unit(u).partition;
+      g = g.subspan(static_cast<std::size_t>(p.shard_begin(comm_.rank())),
+                    static_cast<std::size_t>(p.shard_numel()));
+    }
+    if constexpr (std::is_same_v<MasterT, float>) {
+      const optim::GradStats st = optim::grad_stats(g.data(), DType::f32, g.size());
+      return st.finite ? st.sum_sq : std::numeric_limits<double>::infinity();
+    } else {
+      double sum = 0;
+      for (MasterT v : g) sum += static_cast<double>(v) * static_cast<double>(v);
+      return sum;
+    }
+  }
+  void update_unit(int u, double factor) {
+    const std::span<MasterT> param = master_span(u);
+    const std::span<MasterT> grad = update_grad(u);
+    if (!optimizers_.empty()) {
+      optim::AnyOptimizer& opt = optimizers_[static_cast<std::size_t>(u)];
+      if (scheduler_) opt.set_lr(lr_);
+      lr_ = opt.lr();
+      if constexpr (std::is_same_v<MasterT, float>) {
+        auto io = optim::FusedIo::over(param, std::span<const float>(grad));
+        io.scale_grad(static_cast<float>(factor));
+        if constexpr (!same_type && stage >= 1) {
+          UnitState& s = unit(u);
+          io.write_back(std::span<T>(s.lowp_shard.data(), s.lowp_shard.size()));
+          io.first_index = static_cast<std::uint64_t>(master_offset(u));
+        }
+        opt.step(io);
+        if constexpr (!same_type && stage == 0) write_back(u);
+      }
+    } else {
+      if (factor != 1.0) {
+        for (MasterT& g : grad) g = static_cast<MasterT>(g * factor);
+      }
+      update_(u, param, grad);
+      write_back(u);
+    }
+  }
+  // Refreshes unit u's compute copy of its master slice (low-precision shard, or at stage 0 the
+  // whole compute params).
+  void write_back(int u) {
+    if constexpr (!same_type) {
+      UnitState& s = unit(u);
+      const std::span<MasterT> m = master_span(u);
+      T* out = stage == 0 ? s.values->data() : s.lowp_shard.data();
+      for (std::size_t i = 0; i < m.size(); ++i) out[i] = convert<T>(m[i]);
+    } else {
+      (void)u;
+    }
+  }
+  // Stages 1-2 (and persistent units at stage 3) gather the updated params; the gathers run
+  // while later units update and are waited for when a unit is next used.
+  void regather_after_update() {
+    if constexpr (stage >= 1) {
+      for (int u = 0; u < units(); ++u) {
+        UnitState& s = unit(u);
+        if (s.persistent) {
+          start_gather(u);
+        } else if (s.values) {  // stage 3: a stale gathered copy (evaluate left it) is dropped
+          release(u);
+        }
       }
     }
   }
+  void clear_accumulators() {
+    for (int u = 0; u < units(); ++u) {
+      UnitState& s = unit(u);
+      auto zero = [](auto* p, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i) p[i] = {};
+      };
+      zero(s.grad_shard.data(), s.grad_shard.size());
+      zero(s.whole_acc.data(), s.whole_acc.size());
+      if (stage < 2 && same_type) zero(s.grads->data(), s.grads->size());
+    }
+  }
+  void finish_window() {
+    micro_step_ = 0;
+    boundary_pending_ = false;
+    nonfinite_in_window_ = 0;
+  }
 
   M& model_;
-  Comm& comm_;
-  UpdateFn update_;
+  parallel::AnyComm comm_;
   EngineOptions options_;
+  UpdateFn update_;
+  NamedParams optimizer_spec_;
+  std::vector<optim::AnyOptimizer> optimizers_;
+  std::optional<optim::LrScheduler> scheduler_;
+  std::optional<optim::LossScaler> scaler_;
   Arena<Host> arena_;
-  std::vector<Unit> units_;
-  Buffer<T> reduce_scratch_;  // receives each unit's reduce-scatter before accumulation
+  std::vector<UnitState> units_;
+  std::vector<Buffer<T>> scratch_pool_;
+  std::deque<PendingReduction> reductions_;  // after the buffers its work writes into
   nn::StepContext<T> ctx_;
   int micro_step_ = 0;
   bool boundary_pending_ = false;
-  std::int64_t steps_ = 0;
+  bool forward_done_ = false;
+  bool last_step_skipped_ = false;
+  std::int64_t nonfinite_in_window_ = 0;
+  std::int64_t steps_ = 0, skipped_steps_ = 0, nonfinite_steps_ = 0;
+  double last_grad_norm_ = 0.0;
+  double lr_ = 0.0;
 };
 
 }  // namespace zero::engine
+
+namespace zero {
+/// zero::Engine<Model, Policies...> (see zero::engine::Engine).
+template <nn::Model M, class... Policies>
+using Engine = engine::Engine<M, Policies...>;
+}  // namespace zero

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <zero/core/arena.hpp>
+#include <zero/core/dtype.hpp>
 #include <zero/core/tensor.hpp>
 
 namespace zero::nn {
@@ -25,7 +26,9 @@ struct StepContext {
   Tensor<T> dy;                           ///< gradient arriving at a unit's output (backward)
   Tensor<T> dx;                           ///< gradient the unit writes for its input (backward)
   T loss = T(0);                          ///< mean loss, set by the last unit
-  T loss_scale = T(1);                    ///< dloss seeding the backward pass (fp16 scaling)
+  /// dloss seeding the backward pass (fp16 scaling, over accumulation steps); kept in the compute
+  /// type because fp16's initial scale 2^16 is past fp16's range.
+  compute_type_t<T> loss_scale = 1;
 
   /// Number of token positions B * T.
   std::int64_t tokens_count() const { return batch * seq_len; }

@@ -1,0 +1,139 @@
+#pragma once
+// AnyComm: a type-erased reference to any Communicator, for code that should be compiled once
+// whatever backend it runs on (the Engine: one instantiation per policy set, not per policy set
+// and backend). Collectives are called per unit or per bucket, so one virtual call each is free.
+// The element type travels as a DType and is switched back to the typed call inside; the
+// backend's own deadlines, errors and CommLogger apply unchanged.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include <parallel/comm/communicator.hpp>
+#include <parallel/comm/reduce_op.hpp>
+#include <parallel/comm/work.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+
+namespace zero::parallel {
+
+/// A non-owning, type-erased handle to a Communicator (the referenced one must outlive it).
+class AnyComm {
+ public:
+  /// Refers to comm.
+  template <Communicator C>
+  explicit AnyComm(C& comm) : impl_(std::make_unique<Model<C>>(comm)) {}
+
+  /// This rank in the group.
+  int rank() const { return impl_->rank(); }
+  /// Ranks in the group.
+  int size() const { return impl_->size(); }
+
+  /// Async all-reduce of send into recv (the same span for in place).
+  template <CommElement T>
+  Work all_reduce_async(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    return impl_->all_reduce(erase(send), erase(recv), op);
+  }
+  /// Async reduce-scatter: rank r receives the reduction of chunk r of send.
+  template <CommElement T>
+  Work reduce_scatter_async(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    return impl_->reduce_scatter(erase(send), erase(recv), op);
+  }
+  /// Async all-gather: chunk q of recv is rank q's send.
+  template <CommElement T>
+  Work all_gather_async(std::span<const T> send, std::span<T> recv) {
+    return impl_->all_gather(erase(send), erase(recv));
+  }
+  /// Async broadcast of buf from root.
+  template <CommElement T>
+  Work broadcast_async(std::span<T> buf, int root) {
+    return impl_->broadcast(erase(buf), root);
+  }
+  /// Blocking all-reduce in place.
+  template <CommElement T>
+  void all_reduce(std::span<T> buf, ReduceOp op) {
+    all_reduce_async(std::span<const T>(buf), buf, op).wait();
+  }
+  /// Blocking all-gather.
+  template <CommElement T>
+  void all_gather(std::span<const T> send, std::span<T> recv) {
+    all_gather_async(send, recv).wait();
+  }
+  /// Blocking barrier.
+  void barrier() { impl_->barrier(); }
+
+ private:
+  struct Erased {
+    void* data;
+    std::size_t count;
+    DType dtype;
+  };
+  template <class T>
+  static Erased erase(std::span<T> s) {
+    return {const_cast<void*>(static_cast<const void*>(s.data())), s.size(),
+            dtype_of<std::remove_const_t<T>>};
+  }
+
+  struct Concept {
+    virtual ~Concept() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual Work all_reduce(Erased send, Erased recv, ReduceOp op) = 0;
+    virtual Work reduce_scatter(Erased send, Erased recv, ReduceOp op) = 0;
+    virtual Work all_gather(Erased send, Erased recv) = 0;
+    virtual Work broadcast(Erased buf, int root) = 0;
+    virtual void barrier() = 0;
+  };
+
+  template <class C>
+  struct Model final : Concept {
+    explicit Model(C& c) : comm(c) {}
+    C& comm;
+
+    // Calls fn with a typed null pointer of the element type dtype names.
+    template <class Fn>
+    static Work typed(DType dtype, Fn&& fn) {
+      switch (dtype) {
+        case DType::f64: return fn(static_cast<double*>(nullptr));
+        case DType::f32: return fn(static_cast<float*>(nullptr));
+        case DType::bf16: return fn(static_cast<bf16*>(nullptr));
+        case DType::f16: return fn(static_cast<f16*>(nullptr));
+        case DType::i64: return fn(static_cast<std::int64_t*>(nullptr));
+        case DType::i32: return fn(static_cast<std::int32_t*>(nullptr));
+        case DType::u8: return fn(static_cast<std::uint8_t*>(nullptr));
+        default: raise<CommError>("AnyComm: element type ", name_of(dtype), " is not moved");
+      }
+    }
+    template <class T>
+    static std::span<T> as(Erased e) {
+      return {static_cast<T*>(e.data), e.count};
+    }
+
+    int rank() const override { return comm.rank(); }
+    int size() const override { return comm.size(); }
+    Work all_reduce(Erased send, Erased recv, ReduceOp op) override {
+      return typed(send.dtype, [&]<class T>(T*) {
+        return comm.all_reduce_async(std::span<const T>(as<T>(send)), as<T>(recv), op);
+      });
+    }
+    Work reduce_scatter(Erased send, Erased recv, ReduceOp op) override {
+      return typed(send.dtype, [&]<class T>(T*) {
+        return comm.reduce_scatter_async(std::span<const T>(as<T>(send)), as<T>(recv), op);
+      });
+    }
+    Work all_gather(Erased send, Erased recv) override {
+      return typed(send.dtype, [&]<class T>(T*) {
+        return comm.all_gather_async(std::span<const T>(as<T>(send)), as<T>(recv));
+      });
+    }
+    Work broadcast(Erased buf, int root) override {
+      return typed(buf.dtype, [&]<class T>(T*) { return comm.broadcast_async(as<T>(buf), root); });
+    }
+    void barrier() override { comm.barrier(); }
+  };
+
+  std::unique_ptr<Concept> impl_;
+};
+
+}  // namespace zero::parallel

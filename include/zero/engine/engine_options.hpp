@@ -1,0 +1,89 @@
+#pragma once
+// Run-time settings of an Engine and the micro-batch it consumes. EngineOptions::apply(config)
+// takes the DeepSpeed keys that are numbers rather than policies (accumulation, clipping, the
+// fp16 loss-scale block, stage-3 prefetch and persistence); the structural keys (stage,
+// precision, offload) are checked against the engine's policies by the engine itself.
+
+#include <cstdint>
+#include <string>
+
+#include <optim/loss_scaler.hpp>
+#include <zero/config/config.hpp>
+#include <zero/core/error.hpp>
+
+namespace zero::engine {
+
+/// What the engine does when a micro-step's loss, or the step's gradient norm, is Inf or NaN.
+enum class NonFinitePolicy : unsigned char {
+  skip,   ///< skip the optimizer step on every rank and count it (DeepSpeed's fp16 behaviour)
+  raise,  ///< throw NonFiniteError on every rank
+};
+
+/// A loss or gradient norm was Inf/NaN and the policy is NonFinitePolicy::raise.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Run-time settings of an Engine.
+struct EngineOptions {
+  std::uint64_t seed = 1234;                 ///< per-name initialisation seed
+  int gradient_accumulation_steps = 1;       ///< micro-steps per optimizer step
+  std::int64_t shard_alignment = 16;         ///< elements; keeps shards vector-aligned
+  std::size_t activation_bytes = 256 << 20;  ///< arena for saved activations
+  double gradient_clipping = 0.0;            ///< max global L2 norm; 0 turns clipping off
+  NonFinitePolicy nonfinite = NonFinitePolicy::skip;  ///< Inf/NaN loss or gradient norm
+  optim::LossScalerConfig loss_scaler;       ///< fp16 only (Precision<f16>)
+  /// Stage 3: elements of upcoming units gathered ahead of use (DeepSpeed's
+  /// stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
+  std::int64_t prefetch_elems = 50'000'000;
+  /// Stage 3: units of at most this many elements stay gathered for the whole run (DeepSpeed's
+  /// stage3_param_persistence_threshold, applied per unit rather than per parameter).
+  std::int64_t persistence_threshold = 100'000;
+  /// Gradient reductions in flight during backward (each holds one unit-sized buffer).
+  int max_pending_reductions = 2;
+
+  /// These options with the numeric DeepSpeed keys of config applied; data_parallel_size
+  /// resolves the batch-size rule into gradient_accumulation_steps.
+  EngineOptions with_config(const Config& config, int data_parallel_size) const {
+    EngineOptions o = *this;
+    if (config.train_batch_size || config.train_micro_batch_size_per_gpu) {
+      o.gradient_accumulation_steps =
+          static_cast<int>(config.resolve_batch(data_parallel_size).accumulation);
+    } else if (config.gradient_accumulation_steps) {
+      o.gradient_accumulation_steps = static_cast<int>(*config.gradient_accumulation_steps);
+    }
+    o.gradient_clipping = config.gradient_clipping.value_or(0.0);
+    const Fp16Config& f = config.fp16;
+    o.loss_scaler.loss_scale = f.loss_scale;
+    o.loss_scaler.initial_scale_power = f.initial_scale_power;
+    o.loss_scaler.loss_scale_window = f.loss_scale_window;
+    o.loss_scaler.hysteresis = f.hysteresis;
+    o.loss_scaler.consecutive_hysteresis = f.consecutive_hysteresis;
+    o.loss_scaler.min_loss_scale = f.min_loss_scale;
+    const auto& z = config.zero_optimization;
+    if (z.stage3_prefetch_bucket_size) o.prefetch_elems = *z.stage3_prefetch_bucket_size;
+    if (z.stage3_param_persistence_threshold) {
+      o.persistence_threshold = *z.stage3_param_persistence_threshold;
+    }
+    if (!config.nonfinite_policy.empty()) {
+      expect<ConfigError>(config.nonfinite_policy == "skip" || config.nonfinite_policy == "raise",
+                          "nonfinite_policy: '", config.nonfinite_policy,
+                          "' is not one of skip, raise");
+      o.nonfinite =
+          config.nonfinite_policy == "raise" ? NonFinitePolicy::raise : NonFinitePolicy::skip;
+    }
+    return o;
+  }
+};
+
+/// One rank's micro-batch: tokens and targets [batch, seq_len] (targets may be null when only
+/// logits are wanted).
+struct MicroBatch {
+  const std::int32_t* tokens = nullptr;
+  const std::int32_t* targets = nullptr;
+  std::int64_t batch = 0;
+  std::int64_t seq_len = 0;
+};
+
+}  // namespace zero::engine

@@ -1,0 +1,53 @@
+#pragma once
+// EnginePolicies<Model, Policies...>: the engine's policy set with defaults for absent tags and
+// the combinations that cannot work rejected at compile time with a readable message.
+//   ZeroStage<0>, Precision<f32>, Offload<None>, Compute<Host> are the defaults. An f64 model is
+//   the reference configuration: it keeps an f64 master and takes no Precision tag.
+
+#include <type_traits>
+
+#include <zero/core/dtype.hpp>
+#include <zero/policies/compute.hpp>
+#include <zero/policies/offload.hpp>
+#include <zero/policies/policy_list.hpp>
+#include <zero/policies/precision.hpp>
+#include <zero/policies/zero_stage.hpp>
+
+namespace zero::engine {
+
+/// The resolved policies of Engine<Model, Policies...>.
+template <class Model, class... Policies>
+struct EnginePolicies {
+  using value_type = typename Model::value_type;
+  static constexpr bool reference_model = std::is_same_v<value_type, double>;
+
+  using stage_policy = find_policy_t<zero_stage_policy, ZeroStage<0>, Policies...>;
+  using precision_policy_t = find_policy_t<precision_policy, Precision<f32>, Policies...>;
+  using offload_policy_t = find_policy_t<offload_policy, Offload<None>, Policies...>;
+  using compute_policy_t = find_policy_t<compute_policy, Compute<Host>, Policies...>;
+
+  static constexpr int stage = stage_policy::stage;
+  using precision = typename precision_policy_t::type;  ///< f32, bf16 or f16
+  using offload = typename offload_policy_t::where;     ///< None, CPU or NVMe
+  using compute = typename compute_policy_t::device;    ///< Host or Cuda
+  /// Element type of the master weights, optimizer states and gradient accumulators.
+  using master_type = std::conditional_t<reference_model, double, float>;
+
+  static_assert(std::is_same_v<precision, value_type> ||
+                    (reference_model && count_policies<zero::precision_policy, Policies...> == 0),
+                "zero::Engine: Precision<T> must match the model's value_type (nn::GPT<bf16> "
+                "computes with Precision<bf16>); an f64 reference model takes no Precision tag");
+  static_assert(std::is_same_v<compute, Host>,
+                "zero::Engine: Compute<Cuda> needs the CUDA engine path, which this build of "
+                "zero does not provide yet; use Compute<Host>");
+  static_assert(!std::is_same_v<offload, CPU> || !std::is_same_v<compute, Host>,
+                "zero::Engine: Offload<CPU> moves optimizer state from the GPU to host memory; "
+                "with Compute<Host> it already lives there, so use Offload<None>");
+  static_assert(std::is_same_v<offload, None> || stage >= 1,
+                "zero::Engine: offloading needs ZeroStage<1> or higher (optimizer states are "
+                "partitioned before they are offloaded), as in DeepSpeed");
+  static_assert(!std::is_same_v<offload, NVMe> || !reference_model,
+                "zero::Engine: Offload<NVMe> swaps fp32 optimizer states; an f64 model has none");
+};
+
+}  // namespace zero::engine

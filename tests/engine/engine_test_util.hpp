@@ -1,0 +1,204 @@
+#pragma once
+// Shared by the LocalComm and MPI engine tests: the tiny GPT, the global batches, and the
+// single-process references the engine must equal (f64 SGD with optional global-norm clipping;
+// f32 AdamW with DeepSpeed's no-decay groups).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <optim/adam.hpp>
+#include <optim/grad_norm.hpp>
+#include <zero/config/config.hpp>
+#include <zero/engine/engine.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/local_parameters.hpp>
+
+namespace zero::test {
+
+inline constexpr std::int64_t seq = 6;
+inline constexpr std::int64_t micro_rows = 2;
+
+inline nn::GPTConfig tiny() {
+  nn::GPTConfig c = nn::GPTConfig::preset("tiny");
+  c.num_layers = 2;
+  return c;
+}
+
+// Rows of the global batch of a step: tokens and targets [rows, seq], every target valid.
+struct GlobalBatch {
+  std::vector<std::int32_t> tokens, targets;
+  GlobalBatch(std::int64_t rows, int step, std::int64_t vocab) {
+    for (std::int64_t i = 0; i < rows * seq; ++i) {
+      tokens.push_back(static_cast<std::int32_t>((i * 7 + step * 13 + 1) % vocab));
+      targets.push_back(static_cast<std::int32_t>((i * 11 + step * 5 + 3) % vocab));
+    }
+  }
+  // Rank's micro-batch m: any fixed split of the rows works; this one interleaves micro-steps
+  // and ranks.
+  engine::MicroBatch micro(int m, int rank, int world) const {
+    const std::int64_t first = (m * world + rank) * micro_rows;
+    return {tokens.data() + first * seq, targets.data() + first * seq, micro_rows, seq};
+  }
+};
+
+template <class T>
+void sgd(double lr, std::span<T> p, std::span<const T> g) {
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] -= static_cast<T>(lr * g[i]);
+}
+
+// One process on the whole global batch for `steps` steps; per step: global gradient norm,
+// clip coefficient, then update(unit, values, grads, coefficient). Returns each unit's values.
+template <class T, class Update>
+std::vector<std::vector<T>> reference_run(std::int64_t global_rows, int steps, double clip,
+                                          Update update) {
+  nn::GPT<T> model(tiny());
+  nn::LocalParameters<nn::GPT<T>> params(model, 1234);
+  Arena<> arena(64 << 20);
+  for (int step = 0; step < steps; ++step) {
+    params.zero_grads();
+    const GlobalBatch b(global_rows, step, tiny().vocab_size);
+    nn::StepContext<T> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = b.tokens.data();
+    ctx.targets = b.targets.data();
+    ctx.batch = global_rows;
+    ctx.seq_len = seq;
+    model.forward(ctx);
+    model.backward(ctx);
+    arena.reset();
+    double sq = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      for (T g : params.unit_grads(u)) sq += static_cast<double>(g) * static_cast<double>(g);
+    }
+    const double coefficient = optim::clip_coefficient(std::sqrt(sq), clip);
+    for (int u = 0; u < model.num_units(); ++u) {
+      update(u, params.unit_values(u).span(), params.unit_grads(u).span(), params.unit_specs(u),
+             coefficient);
+    }
+  }
+  std::vector<std::vector<T>> out;
+  for (int u = 0; u < model.num_units(); ++u) {
+    const auto v = params.unit_values(u);
+    out.emplace_back(v.begin(), v.end());
+  }
+  return out;
+}
+
+// f64 SGD reference with lr and clipping.
+inline std::vector<std::vector<double>> reference_sgd(std::int64_t global_rows, int steps,
+                                                      double lr, double clip = 0.0) {
+  return reference_run<double>(global_rows, steps, clip,
+                               [&](int, std::span<double> p, std::span<double> g,
+                                   const std::vector<nn::ParamSpec>&, double coefficient) {
+                                 sgd<double>(lr * coefficient, p, g);
+                               });
+}
+
+// f32 AdamW reference: one AdamW per unit over its whole (unpadded) buffer, no weight decay on
+// parameters flagged so, the fused pass scaling gradients by the clip coefficient.
+inline std::vector<std::vector<float>> reference_adamw(std::int64_t global_rows, int steps,
+                                                       const optim::AdamHyper& hyper,
+                                                       double clip) {
+  std::vector<optim::AdamW> opts;
+  return reference_run<float>(
+      global_rows, steps, clip,
+      [&](int u, std::span<float> p, std::span<float> g, const std::vector<nn::ParamSpec>& specs,
+          double coefficient) {
+        if (opts.size() <= static_cast<std::size_t>(u)) {
+          std::vector<std::uint8_t> mask;
+          for (const auto& s : specs) mask.insert(mask.end(), static_cast<std::size_t>(s.numel()),
+                                                  s.weight_decay ? 0 : 1);
+          optim::AdamHyper nd = hyper;
+          nd.weight_decay = 0;
+          opts.emplace_back(p.size(), optim::groups_from_mask(std::span<const std::uint8_t>(mask),
+                                                              hyper, nd));
+        }
+        opts[static_cast<std::size_t>(u)].step(
+            optim::FusedIo::over(p, std::span<const float>(g))
+                .scale_grad(static_cast<float>(coefficient)));
+      });
+}
+
+// The DeepSpeed config of the AdamW runs.
+// Stage 3 gathers every unit per use (persistence threshold 0) unless a test changes it.
+inline Config adamw_config(int stage, int accumulation, double clip) {
+  Config c = Config::from_json_string(R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
+                                  std::to_string(accumulation) + R"(,
+    "gradient_clipping": )" + std::to_string(clip) + R"(,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.9, 0.95],
+                  "eps": 1e-8, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": )" + std::to_string(stage) +
+                                  R"(, "stage3_param_persistence_threshold": 0}})");
+  return c;
+}
+inline optim::AdamHyper adamw_hyper() {
+  optim::AdamHyper h;
+  h.lr = 0.001;
+  h.beta1 = 0.9;
+  h.beta2 = 0.95;
+  h.eps = 1e-8;
+  h.weight_decay = 0.1;
+  return h;
+}
+
+// Trains `steps` steps on this rank and returns the largest difference to want (every rank
+// gathers every unit).
+template <class Eng, class Comm, class W>
+double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& want) {
+  const int world = comm.size();
+  const std::int64_t global_rows = micro_rows * accumulation * world;
+  for (int step = 0; step < steps; ++step) {
+    const GlobalBatch b(global_rows, step, tiny().vocab_size);
+    for (int m = 0; m < accumulation; ++m) {
+      eng.forward(b.micro(m, comm.rank(), world));
+      eng.backward();
+      const bool boundary = eng.step();
+      if (boundary != (m + 1 == accumulation)) return 1e9;
+    }
+  }
+  double w = 0;
+  for (int u = 0; u < eng.units(); ++u) {
+    const auto got = eng.gather_unit_values(u);
+    const auto& ref = want[static_cast<std::size_t>(u)];
+    if (got.size() != ref.size()) return 1e9;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      w = std::max(w, std::fabs(static_cast<double>(got[i]) - static_cast<double>(ref[i])));
+    }
+  }
+  return w;
+}
+
+// Stage S, f64 SGD (lr 1, optional clipping) on comm, against want.
+template <int S, class Comm>
+double sgd_error(Comm& comm, int accumulation, int steps, double clip,
+                 const std::vector<std::vector<double>>& want) {
+  nn::GPT<double> model(tiny());
+  engine::EngineOptions options;
+  options.gradient_accumulation_steps = accumulation;
+  options.activation_bytes = 32 << 20;
+  options.gradient_clipping = clip;
+  options.persistence_threshold = 0;
+  options.prefetch_elems = 1;  // stage 3: gather one unit ahead
+  engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(
+      model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); },
+      options);
+  return max_error(eng, comm, accumulation, steps, want);
+}
+
+// Stage S, f32 AdamW from a DeepSpeed config on comm, against want.
+template <int S, class Comm>
+double adamw_error(Comm& comm, int accumulation, int steps, double clip,
+                   const std::vector<std::vector<float>>& want) {
+  nn::GPT<float> model(tiny());
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(model, comm,
+                                                   adamw_config(S, accumulation, clip), options);
+  return max_error(eng, comm, accumulation, steps, want);
+}
+
+}  // namespace zero::test
