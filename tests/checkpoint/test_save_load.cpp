@@ -209,3 +209,25 @@ TEST_CASE("shard files are plain safetensors files with one tensor per segment",
   for (const auto& t : reader.index().tensors) expected += t.segments.size();
   CHECK(segments == expected);
 }
+
+TEST_CASE("a save cleans up what interrupted saves left and restores a replaced tag", "[unit]") {
+  TempDir dir("ckpt-stale");
+  const auto tensors = make_tensors(6);
+  save_with_ranks(2, dir.path(), "keep", tensors, 1, {{"version", 6}});
+  // A crash inside the two-rename fallback of publish_directory: only keep.old-<nonce> exists.
+  std::filesystem::rename(dir / "keep", dir / "keep.old-0123456789abcdef");
+  std::filesystem::create_directory(dir / "next.tmp-feedfacefeedface");
+  zero::testing::write_file(dir / "next.tmp-feedfacefeedface" / "index.json", "{");
+  zero::testing::write_file(dir / "latest.tmp.123.456", "half");
+  CHECK_THROWS_AS(Reader(dir.path(), "keep"), CheckpointError);
+  save_with_ranks(1, dir.path(), "next", tensors, 2, {{"version", 7}});
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    entries.push_back(e.path().filename().string());
+  }
+  std::sort(entries.begin(), entries.end());
+  CHECK(entries == std::vector<std::string>{"keep", "latest", "next"});
+  const Reader restored(dir.path(), "keep");
+  CHECK(restored.engine_state().at("version") == 6);
+  for (const auto& t : tensors) CHECK(same_bytes(t, 0, read_bytes(restored, t, 0, t.spec.numel())));
+}

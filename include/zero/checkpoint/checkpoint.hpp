@@ -10,3 +10,4 @@
 #include <zero/checkpoint/reader.hpp>
 #include <zero/checkpoint/save.hpp>
 #include <zero/checkpoint/segment.hpp>
+#include <zero/checkpoint/unit_segments.hpp>
