@@ -13,6 +13,8 @@
 // cuts at most two segments per rank and tensor), and in exchange no byte a caller gets has
 // escaped its checksum. Verify::none trusts the storage and reads exactly the requested bytes.
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -269,13 +271,26 @@ class Reader {
     const bool same = t.dtype == dtype_of<T>;
     const io::ReadFile& file = file_of(s);
     if (same && (!verify || (lo == s.offset && hi == s.end()))) {
-      // Straight into the caller's memory; checksummed there when the read is the whole segment.
+      // Straight into the caller's memory, a chunk at a time: each chunk is checksummed while
+      // it is still in cache, and the kernel is asked to read the next one ahead meanwhile.
       const auto bytes = static_cast<std::size_t>(hi - lo) * elem;
-      file.read_at(s.byte_begin + static_cast<std::uint64_t>(lo - s.offset) * elem, dst, bytes,
-                   where(t));
+      const std::uint64_t start = s.byte_begin + static_cast<std::uint64_t>(lo - s.offset) * elem;
+      const std::size_t chunk = std::max(options_.chunk_bytes / elem * elem, elem);
+      auto* out = reinterpret_cast<std::byte*>(dst);
+      std::uint32_t crc = 0;
+      for (std::size_t done = 0; done < bytes; done += chunk) {
+        const std::size_t n = std::min(chunk, bytes - done);
+        if (done + n < bytes) {
+          ::posix_fadvise(file.fd(), static_cast<::off_t>(start + done + n),
+                          static_cast<::off_t>(std::min(chunk, bytes - done - n)),
+                          POSIX_FADV_WILLNEED);
+        }
+        file.read_at(start + done, out + done, n, where(t));
+        if (verify) crc = crc32c(std::span<const std::byte>(out + done, n), crc);
+      }
       state_->bytes_read += bytes;
       if (verify) {
-        expect_checksum(t, s, crc32c(std::as_bytes(std::span<const T>(dst, bytes / elem))));
+        expect_checksum(t, s, crc);
         verified.store(true);
       }
       return;
