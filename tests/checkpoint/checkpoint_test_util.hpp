@@ -95,10 +95,10 @@ inline std::vector<std::vector<Piece>> random_segmentation(
 }
 
 /// Saves tensors from the pieces of comm's rank (all tensors declared on every rank).
-inline SaveResult save_pieces(parallel::LocalComm& comm, const std::filesystem::path& dir,
-                              const std::string& tag, const std::vector<LogicalTensor>& tensors,
-                              const std::vector<Piece>& pieces, const nlohmann::json& engine,
-                              const SaveOptions& options = {}) {
+template <class Comm>
+SaveResult save_pieces(Comm& comm, const std::filesystem::path& dir, const std::string& tag,
+                       const std::vector<LogicalTensor>& tensors, const std::vector<Piece>& pieces,
+                       const nlohmann::json& engine, const SaveOptions& options = {}) {
   Writer writer;
   for (const auto& t : tensors) writer.add_tensor(t.spec);
   for (const Piece& p : pieces) {
