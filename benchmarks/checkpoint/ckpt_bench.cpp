@@ -49,7 +49,7 @@ void line(const char* bench, const std::string& config, double value, const char
   std::fflush(stdout);
 }
 
-/// GPT-2's parameter shapes for the given sizes (124M at 12 x 768, vocab 50257).
+/// GPT-2's parameters in zero's layout (Linear weights [out, in]; 124M at 12 x 768, vocab 50257).
 std::vector<ckpt::TensorSpec> gpt2_specs(const Options& o) {
   const std::int64_t h = o.hidden;
   std::vector<ckpt::TensorSpec> s;
@@ -59,15 +59,15 @@ std::vector<ckpt::TensorSpec> gpt2_specs(const Options& o) {
     const std::string p = "transformer.h." + std::to_string(l) + ".";
     s.push_back({p + "ln_1.weight", DType::f32, {h}});
     s.push_back({p + "ln_1.bias", DType::f32, {h}});
-    s.push_back({p + "attn.c_attn.weight", DType::f32, {h, 3 * h}});
+    s.push_back({p + "attn.c_attn.weight", DType::f32, {3 * h, h}});
     s.push_back({p + "attn.c_attn.bias", DType::f32, {3 * h}});
     s.push_back({p + "attn.c_proj.weight", DType::f32, {h, h}});
     s.push_back({p + "attn.c_proj.bias", DType::f32, {h}});
     s.push_back({p + "ln_2.weight", DType::f32, {h}});
     s.push_back({p + "ln_2.bias", DType::f32, {h}});
-    s.push_back({p + "mlp.c_fc.weight", DType::f32, {h, 4 * h}});
+    s.push_back({p + "mlp.c_fc.weight", DType::f32, {4 * h, h}});
     s.push_back({p + "mlp.c_fc.bias", DType::f32, {4 * h}});
-    s.push_back({p + "mlp.c_proj.weight", DType::f32, {4 * h, h}});
+    s.push_back({p + "mlp.c_proj.weight", DType::f32, {h, 4 * h}});
     s.push_back({p + "mlp.c_proj.bias", DType::f32, {h}});
   }
   s.push_back({"transformer.ln_f.weight", DType::f32, {h}});

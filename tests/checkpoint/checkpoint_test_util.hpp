@@ -140,6 +140,7 @@ inline std::vector<std::byte> read_bytes(const Reader& reader, const LogicalTens
 inline bool same_bytes(const LogicalTensor& t, std::int64_t offset,
                        const std::vector<std::byte>& bytes) {
   const std::size_t elem = size_of(t.spec.dtype);
+  if (bytes.empty()) return true;  // memcmp wants valid pointers even for no bytes
   return std::memcmp(t.bytes.data() + static_cast<std::size_t>(offset) * elem, bytes.data(),
                      bytes.size()) == 0;
 }

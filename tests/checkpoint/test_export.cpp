@@ -119,3 +119,44 @@ TEST_CASE("export of a corrupted checkpoint fails and leaves no output file", "[
                     Contains("CRC32C") && Contains(tensors[3].spec.name) && Contains(shard));
   CHECK_FALSE(std::filesystem::exists(out));
 }
+
+TEST_CASE("export writes selected 2-D tensors transposed, in bounded blocks", "[unit]") {
+  TempDir dir("ckpt-export-t");
+  const auto tensors = finite_tensors();
+  save_with_ranks(3, dir.path(), "t", tensors, 8);
+  const Reader reader(dir.path(), "t");
+  const auto& w = tensors[0];  // [7, 200] f32
+  const auto rows = static_cast<std::size_t>(w.spec.shape[0]);
+  const auto cols = static_cast<std::size_t>(w.spec.shape[1]);
+  std::vector<float> stored(rows * cols);
+  std::memcpy(stored.data(), w.bytes.data(), w.bytes.size());
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const auto out = dir.path() / "t.safetensors";
+    ExportOptions options;
+    options.chunk_bytes = rows * 4 * 3;  // three output rows per block
+    options.transpose = [&](std::string_view name) { return name == w.spec.name; };
+    const ExportResult r =
+        export_safetensors(reader, {w.spec.name, tensors[2].spec.name}, out, dtype, {}, options);
+    CHECK(r.tensors == 2);
+    const io::SafetensorsReader file(out);
+    CHECK(file.info(w.spec.name).shape ==
+          std::vector<std::int64_t>{w.spec.shape[1], w.spec.shape[0]});
+    CHECK(file.info(tensors[2].spec.name).shape == tensors[2].spec.shape);
+    const auto got = file.read_vector<float>(w.spec.name, io::DTypeRule::convert);
+    std::size_t wrong = 0;
+    for (std::size_t c = 0; c < cols; ++c) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        const float want = stored[r * cols + c];
+        const float expect = dtype == DType::bf16 ? static_cast<float>(bf16(want)) : want;
+        wrong += got[c * rows + r] != expect;
+      }
+    }
+    CHECK(wrong == 0);
+    std::filesystem::remove(out);
+  }
+  ExportOptions bad;
+  bad.transpose = [](std::string_view) { return true; };
+  CHECK_THROWS_WITH(
+      export_safetensors(reader, {tensors[5].spec.name}, dir.path() / "b", DType::f32, {}, bad),
+      Contains("only 2-D tensors transpose") && Contains(tensors[5].spec.name));
+}
