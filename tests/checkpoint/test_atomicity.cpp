@@ -31,17 +31,32 @@ using zero::testing::TempDir;
 
 namespace {
 
-constexpr std::int64_t scale = 2000;  // ~4.6 MB per checkpoint: a save takes a few ms
+constexpr std::int64_t scale = 500;  // ~1.2 MB per checkpoint
 
-/// Saves version v under tag step-v and under the replaced tag "rolling", forever.
-[[noreturn]] void child_save_loop(const std::filesystem::path& dir, std::uint64_t first) {
+/// The data of version v: four precomputed sets, so consecutive versions always differ and the
+/// child spends its time saving rather than generating data.
+const std::vector<LogicalTensor>& data_of(std::uint64_t v) {
+  static const std::vector<std::vector<LogicalTensor>> sets = [] {
+    std::vector<std::vector<LogicalTensor>> out;
+    for (std::uint64_t k = 0; k < 4; ++k) out.push_back(make_tensors(k, scale));
+    return out;
+  }();
+  return sets[v % 4];
+}
+
+/// Saves version v under tag step-v and under the replaced tag "rolling", forever; writes one
+/// byte to ready first, so the parent's random delay starts when the saving does.
+[[noreturn]] void child_save_loop(const std::filesystem::path& dir, std::uint64_t first,
+                                  int ready) {
   try {
+    (void)data_of(0);
+    const char byte = 1;
+    if (::write(ready, &byte, 1) != 1) std::_Exit(4);
     for (std::uint64_t v = first;; ++v) {
-      const auto tensors = make_tensors(v, scale);
       const nlohmann::json engine = {{"version", v}};
-      save_with_ranks(2, dir, "step-" + std::to_string(v), tensors, static_cast<std::uint32_t>(v),
-                      engine);
-      save_with_ranks(2, dir, "rolling", tensors, static_cast<std::uint32_t>(v + 1), engine);
+      save_with_ranks(2, dir, "step-" + std::to_string(v), data_of(v),
+                      static_cast<std::uint32_t>(v), engine);
+      save_with_ranks(2, dir, "rolling", data_of(v), static_cast<std::uint32_t>(v + 1), engine);
     }
   } catch (...) {
     std::_Exit(3);
@@ -55,7 +70,7 @@ std::int64_t check_tag(const std::filesystem::path& dir, const std::string& tag,
   try {
     const Reader reader(dir, tag);
     const auto v = reader.engine_state().at("version").get<std::uint64_t>();
-    for (const auto& t : make_tensors(v, scale)) {
+    for (const auto& t : data_of(v)) {
       if (!same_bytes(t, 0, read_bytes(reader, t, 0, t.spec.numel()))) {
         problem = tag + ": tensor " + t.spec.name + " differs from version " + std::to_string(v);
         return -1;
@@ -72,24 +87,40 @@ std::int64_t check_tag(const std::filesystem::path& dir, const std::string& tag,
 
 TEST_CASE("a save killed at a random point leaves the previous or the new checkpoint", "[unit]") {
   TempDir dir("ckpt-kill");
-  save_with_ranks(2, dir.path(), "step-0", make_tensors(0, scale), 0, {{"version", 0}});
+  // One save, timed: kill delays are drawn from [0, 3 saves], so they land inside saves on
+  // fast and slow (sanitizer) builds alike.
+  (void)data_of(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  save_with_ranks(2, dir.path(), "step-0", data_of(0), 0, {{"version", 0}});
+  const auto save_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   std::mt19937 rng(20261123);
   int interrupted = 0;
   std::uint64_t next_version = 1;
   const auto start = std::chrono::steady_clock::now();
   for (int round = 0; round < 20; ++round) {
-    const auto delay =
-        std::chrono::microseconds(std::uniform_int_distribution<int>(500, 25000)(rng));
+    const auto delay = std::chrono::microseconds(
+        std::uniform_int_distribution<long long>(0, 3 * std::max<long long>(save_us, 1000))(rng));
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
     const pid_t child = ::fork();
-    if (child == 0) child_save_loop(dir.path(), next_version);
+    if (child == 0) {
+      ::close(pipe_fds[0]);
+      child_save_loop(dir.path(), next_version, pipe_fds[1]);
+    }
     REQUIRE(child > 0);
+    ::close(pipe_fds[1]);
+    char byte = 0;
+    REQUIRE(::read(pipe_fds[0], &byte, 1) == 1);  // the child is about to save
+    ::close(pipe_fds[0]);
     std::this_thread::sleep_for(delay);  // the randomised kill point, not a wait for the child
     ::kill(child, SIGKILL);
     int status = 0;
     REQUIRE(::waitpid(child, &status, 0) == child);
-    INFO("round " << round << ", killed after " << delay.count() << " us");
+    INFO("round " << round << ", killed after " << delay.count() << " us (a save takes " << save_us
+                  << " us)");
     REQUIRE(WIFSIGNALED(status));  // it was still saving: exited neither normally nor by error
-
     bool temp_left = false;
     for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
       temp_left |= e.path().filename().string().find(temp_marker) != std::string::npos;
