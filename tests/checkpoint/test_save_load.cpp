@@ -231,3 +231,23 @@ TEST_CASE("a save cleans up what interrupted saves left and restores a replaced 
   CHECK(restored.engine_state().at("version") == 6);
   for (const auto& t : tensors) CHECK(same_bytes(t, 0, read_bytes(restored, t, 0, t.spec.numel())));
 }
+
+TEST_CASE("each rank's own state is kept beside the shared engine state", "[unit]") {
+  TempDir dir("ckpt-rank-state");
+  const auto tensors = make_tensors(2);
+  const auto pieces = random_segmentation(tensors, 3, 12);
+  LocalComm::run(3, [&](LocalComm& comm) {
+    SaveOptions options;
+    options.rank_state = {{"rng_offset", 1000 + comm.rank()}, {"sample", 7 * comm.rank()}};
+    save_pieces(comm, dir.path(), "t", tensors, pieces[static_cast<std::size_t>(comm.rank())],
+                {{"step", 5}}, options);
+  });
+  const Reader reader(dir.path(), "t");
+  for (int r = 0; r < 3; ++r) {
+    CHECK(reader.rank_state(r).at("rng_offset") == 1000 + r);
+    CHECK(reader.rank_state(r).at("sample") == 7 * r);
+  }
+  CHECK_THROWS_WITH(reader.rank_state(3), Catch::Contains("saved by 3 ranks"));
+  save_with_ranks(2, dir.path(), "plain", tensors, 3);
+  CHECK(Reader(dir.path(), "plain").rank_state(1).is_null());
+}

@@ -82,6 +82,8 @@ struct Index {
   std::vector<FileRecord> files;                     ///< Shard files, by rank.
   std::vector<TensorRecord> tensors;                 ///< Logical tensors in save order.
   nlohmann::json engine = nlohmann::json::object();  ///< The engine's state, free-form.
+  std::vector<nlohmann::json>
+      rank_states;  ///< Per saving rank, free-form (null: none); may be empty.
 };
 
 /// The index as JSON (tensors in order; segments name their file).
@@ -112,6 +114,13 @@ inline nlohmann::ordered_json index_to_json(const Index& index) {
     tensors[t.name] = std::move(entry);
   }
   j["engine"] = nlohmann::ordered_json::parse(index.engine.dump());
+  const bool any_rank_state = std::any_of(index.rank_states.begin(), index.rank_states.end(),
+                                          [](const nlohmann::json& r) { return !r.is_null(); });
+  if (any_rank_state) {
+    auto& ranks = j["rank_states"] = nlohmann::ordered_json::array();
+    for (const auto& r : index.rank_states)
+      ranks.push_back(nlohmann::ordered_json::parse(r.dump()));
+  }
   return j;
 }
 
@@ -240,6 +249,13 @@ inline Index parse_index(std::string_view text, const std::string& where) {
     index.tensors.push_back(std::move(t));
   }
   if (j.contains("engine")) index.engine = nlohmann::json::parse(j.at("engine").dump());
+  if (j.contains("rank_states")) {
+    const auto& ranks = j.at("rank_states");
+    expect<CheckpointError>(
+        ranks.is_array() && ranks.size() == static_cast<std::size_t>(index.world_size), where,
+        ": \"rank_states\" must be an array of world_size (", index.world_size, ") entries");
+    for (const auto& r : ranks) index.rank_states.push_back(nlohmann::json::parse(r.dump()));
+  }
   validate_index(index, where);
   return index;
 }

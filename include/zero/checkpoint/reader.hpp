@@ -104,6 +104,13 @@ class Reader {
   const Index& index() const { return index_; }
   /// The engine's state as saved.
   const nlohmann::json& engine_state() const { return index_.engine; }
+  /// The state saving rank r passed in SaveOptions::rank_state (null when none was saved); a
+  /// loader at the same world size resumes per-rank RNG or data positions from it.
+  const nlohmann::json& rank_state(int r) const {
+    expect<CheckpointError>(r >= 0 && r < index_.world_size, "checkpoint '", path_.string(),
+                            "' was saved by ", index_.world_size, " ranks; there is no rank ", r);
+    return index_.rank_states.empty() ? null_ : index_.rank_states[static_cast<std::size_t>(r)];
+  }
   /// The number of ranks that saved the checkpoint.
   int saved_world_size() const { return index_.world_size; }
   /// True when the checkpoint holds tensor name.
@@ -320,6 +327,7 @@ class Reader {
   }
 
   ReaderOptions options_;
+  nlohmann::json null_;  // what rank_state returns for a checkpoint without rank states
   std::string tag_;
   std::filesystem::path path_;
   Index index_;

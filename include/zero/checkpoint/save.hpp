@@ -43,6 +43,9 @@ namespace zero::checkpoint {
 /// How save behaves.
 struct SaveOptions {
   bool update_latest = true;  ///< Replace <dir>/latest with this tag once it is published.
+  /// This rank's own state (its RNG, its data-loader position, ...), kept per rank in the index
+  /// beside the shared engine state; Reader::rank_state(r) returns it. Null: none.
+  nlohmann::json rank_state = nullptr;
 };
 
 /// What save did.
@@ -74,7 +77,8 @@ inline std::string segment_key(std::string_view tensor, std::int64_t offset) {
 /// {"ok", "rank", "tag", "tensors": [specs], "file": {...}, "segments": [...]}.
 inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, int world_size,
                                   std::string_view tag, std::span<const TensorSpec> tensors,
-                                  std::span<const Segment> segments) {
+                                  std::span<const Segment> segments,
+                                  const nlohmann::json& rank_state) {
   const std::string who = "rank " + std::to_string(rank);
   std::map<std::string, const TensorSpec*, std::less<>> spec_of;
   nlohmann::json specs = nlohmann::json::array();
@@ -140,7 +144,8 @@ inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, i
           {"tag", tag},
           {"tensors", std::move(specs)},
           {"file", {{"name", file_name}, {"rank", rank}, {"bytes", file_bytes}}},
-          {"segments", std::move(records)}};
+          {"segments", std::move(records)},
+          {"rank_state", rank_state}};
 }
 
 /// Rank 0's part after every shard is written: builds and checks the index from the reports,
@@ -189,6 +194,7 @@ inline std::uint64_t finish_save(const std::filesystem::path& dir, std::string_v
                                 " but an earlier rank as ", known.describe());
       }
     }
+    index.rank_states.push_back(r.at("rank_state"));
     const auto& f = r.at("file");
     index.files.push_back(
         {f.at("name").get<std::string>(), rank, f.at("bytes").get<std::uint64_t>()});
@@ -222,8 +228,9 @@ inline std::uint64_t finish_save(const std::filesystem::path& dir, std::string_v
 /// different subsets; declarations of one name must agree); segments are the runs of them this
 /// rank holds (their data must stay valid until save returns). Across all ranks the segments of
 /// every tensor must tile it exactly: no gap, no overlap (replicated state is saved by one rank).
-/// engine is the engine's free-form state; rank 0's is stored. Throws CheckpointError (or
-/// IoError) on every rank if any rank failed; then nothing was published.
+/// engine is the engine's free-form state; rank 0's is stored (options.rank_state, per rank).
+/// Throws CheckpointError (or IoError) on every rank if any rank failed; then nothing was
+/// published.
 template <CheckpointComm Comm>
 SaveResult save(Comm& comm, const std::filesystem::path& dir, std::string_view tag,
                 std::span<const TensorSpec> tensors, std::span<const Segment> segments,
@@ -250,7 +257,8 @@ SaveResult save(Comm& comm, const std::filesystem::path& dir, std::string_view t
 
   nlohmann::json report;
   try {
-    report = detail::write_shard(temp, rank, comm.size(), tag, tensors, segments);
+    report =
+        detail::write_shard(temp, rank, comm.size(), tag, tensors, segments, options.rank_state);
   } catch (const std::exception& e) {
     report = {{"ok", false}, {"rank", rank}, {"error", e.what()}};
   }
