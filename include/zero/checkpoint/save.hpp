@@ -262,7 +262,10 @@ SaveResult save(Comm& comm, const std::filesystem::path& dir, std::string_view t
   } catch (const std::exception& e) {
     report = {{"ok", false}, {"rank", rank}, {"error", e.what()}};
   }
-  const std::vector<std::string> reports = detail::all_gather_text(comm, report.dump());
+  // Invalid UTF-8 (in a path or message) is replaced, not thrown: every rank must reach the
+  // gather.
+  const std::vector<std::string> reports = detail::all_gather_text(
+      comm, report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 
   std::string outcome;
   if (rank == 0) {
