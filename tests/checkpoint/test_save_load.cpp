@@ -251,3 +251,26 @@ TEST_CASE("each rank's own state is kept beside the shared engine state", "[unit
   save_with_ranks(2, dir.path(), "plain", tensors, 3);
   CHECK(Reader(dir.path(), "plain").rank_state(1).is_null());
 }
+
+TEST_CASE("a Reader opens a shard file only when a read needs it", "[unit]") {
+  TempDir dir("ckpt-lazy");
+  const auto tensors = make_tensors(0, 4);
+  std::vector<std::vector<Piece>> pieces(4);
+  for (std::size_t k = 0; k < tensors.size(); ++k) {  // tensor k entirely on rank k % 4
+    if (tensors[k].spec.numel() > 0) pieces[k % 4].push_back({k, 0, tensors[k].spec.numel()});
+  }
+  LocalComm::run(4, [&](LocalComm& comm) {
+    save_pieces(comm, dir.path(), "t", tensors, pieces[static_cast<std::size_t>(comm.rank())], {});
+  });
+  const auto open_descriptors = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator());
+  };
+  const auto before = open_descriptors();
+  const Reader reader(dir.path(), "t");
+  CHECK(open_descriptors() == before);  // the files were checked with stat, not opened
+  CHECK(same_bytes(tensors[1], 0, read_bytes(reader, tensors[1], 0, tensors[1].spec.numel())));
+  CHECK(open_descriptors() == before + 1);  // rank 1's file only
+  CHECK(same_bytes(tensors[5], 0, read_bytes(reader, tensors[5], 0, tensors[5].spec.numel())));
+  CHECK(open_descriptors() == before + 1);  // tensor 5 is in rank 1's file too
+}

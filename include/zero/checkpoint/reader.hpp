@@ -4,7 +4,9 @@
 // that overlap it, never whole files.
 //
 // Opening checks the index (index.hpp) and that every shard file exists with exactly the size
-// the index records (a truncated file is named at open, before any read). Checksums: with
+// the index records (a truncated file is named at open, before any read); a file is opened by
+// the first read that needs it, so each rank holds descriptors only for the shards it reads
+// (a load at large world sizes stays under the descriptor limit). Checksums: with
 // Verify::touched_segments (the default) every segment a read touches is verified in full
 // before the read returns, once per Reader (verified segments are remembered). A read that
 // covers whole segments checksums the bytes it reads anyway, at no extra I/O; a read that
@@ -22,6 +24,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -93,7 +97,7 @@ class Reader {
     }
     state_ = std::make_unique<State>();
     state_->verified = std::make_unique<std::atomic<bool>[]>(segment_total_);
-    open_files();
+    check_files();
   }
 
   /// The tag directory.
@@ -220,21 +224,23 @@ class Reader {
     return s + (tags.size() > 8 ? " ...)" : ")");
   }
 
-  /// Opens every shard file and checks its size against the index.
-  void open_files() {
+  /// Checks that every shard file exists with the size the index records (a stat, no open:
+  /// files are opened on first read, so a rank keeps descriptors only for the files it reads).
+  void check_files() {
+    state_->files = std::vector<std::optional<io::ReadFile>>(index_.files.size());
+    state_->opened = std::make_unique<std::once_flag[]>(index_.files.size());
     for (const FileRecord& f : index_.files) {
       const auto p = path_ / f.name;
       std::error_code ec;
-      if (!std::filesystem::exists(p, ec)) {
+      if (!std::filesystem::is_regular_file(p, ec)) {
         raise<CheckpointError>("checkpoint '", path_.string(), "': shard file '", f.name,
                                "' (rank ", f.rank, ") is missing", first_tensor_in(f.name));
       }
-      files_.emplace_back(p);
-      const std::uint64_t size = files_.back().size();
-      expect<CheckpointError>(size == f.bytes, "checkpoint '", path_.string(), "': shard file '",
-                              f.name, "' has ", size, " bytes but the index records ", f.bytes,
-                              size < f.bytes ? " (truncated)" : " (modified)",
-                              first_tensor_in(f.name));
+      const std::uint64_t size = std::filesystem::file_size(p, ec);
+      expect<CheckpointError>(
+          !ec && size == f.bytes, "checkpoint '", path_.string(), "': shard file '", f.name,
+          "' has ", size, " bytes but the index records ", f.bytes,
+          size < f.bytes ? " (truncated)" : " (modified)", first_tensor_in(f.name));
     }
   }
 
@@ -250,8 +256,12 @@ class Reader {
     return "";
   }
 
+  /// The open shard file of s, opened by the first read that needs it (thread-safe).
   const io::ReadFile& file_of(const SegmentRecord& s) const {
-    return files_[static_cast<std::size_t>(s.file)];
+    const auto i = static_cast<std::size_t>(s.file);
+    std::call_once(state_->opened[i],
+                   [&] { state_->files[i].emplace(path_ / index_.files[i].name); });
+    return *state_->files[i];
   }
 
   /// A staging buffer of at most chunk_bytes, at least one element of elem bytes.
@@ -339,9 +349,10 @@ class Reader {
     std::unique_ptr<std::atomic<bool>[]> verified;  // per segment, in tensor order
     std::atomic<std::size_t> peak_staging{0};
     std::atomic<std::uint64_t> bytes_read{0};
+    std::vector<std::optional<io::ReadFile>> files;  // per index file, opened on first use
+    std::unique_ptr<std::once_flag[]> opened;        // guards each file's opening
   };
   std::unique_ptr<State> state_;
-  std::vector<io::ReadFile> files_;
 };
 
 /// Opens the same tag on every rank (a collective): rank 0 resolves tag (or `latest` when it is
