@@ -1,0 +1,95 @@
+// Converts a zero checkpoint (any world size) into one consolidated safetensors file, offline
+// and with bounded memory: the tensors are streamed segment by segment in chunks, never held
+// whole (docs/checkpoints.md, "Export").
+//
+//   zero_to_safetensors <checkpoint-dir> [--tag TAG] [--out model.safetensors]
+//                       [--dtype f32|bf16] [--chunk-mib 64] [--all] [--strip-prefix PREFIX]
+//                       [--hf-gpt2]
+//
+// By default only the model's tensors are written (names without '/'; optimizer states are
+// "<param>/exp_avg" and similar); --all writes every tensor. --tag defaults to `latest`.
+// --hf-gpt2 writes GPT-2's four Conv1D weights per block transposed ([in, out]), the layout
+// Hugging Face's GPT2LMHeadModel loads; zero keeps them [out, in].
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <zero/checkpoint/checkpoint.hpp>
+#include <zero/io/gpt2_layout.hpp>
+
+namespace {
+
+int usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s <checkpoint-dir> [--tag TAG] [--out FILE] [--dtype f32|bf16] "
+               "[--chunk-mib N] [--all] [--strip-prefix PREFIX] [--hf-gpt2]\n",
+               argv0);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace ckpt = zero::checkpoint;
+  std::string dir, tag, out = "model.safetensors", dtype_name = "f32", strip;
+  std::size_t chunk_mib = 64;
+  bool all = false, hf_gpt2 = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* value = nullptr;
+    if (a == "--all") {
+      all = true;
+    } else if (a == "--hf-gpt2") {
+      hf_gpt2 = true;
+    } else if (a == "--tag" || a == "--out" || a == "--dtype" || a == "--chunk-mib" ||
+               a == "--strip-prefix") {
+      if ((value = next()) == nullptr) return usage(argv[0]);
+      if (a == "--tag") tag = value;
+      if (a == "--out") out = value;
+      if (a == "--dtype") dtype_name = value;
+      if (a == "--chunk-mib") chunk_mib = std::strtoull(value, nullptr, 10);
+      if (a == "--strip-prefix") strip = value;
+    } else if (!a.starts_with("--") && dir.empty()) {
+      dir = a;
+    } else {
+      return usage(argv[0]);
+    }
+  }
+  if (dir.empty() || (dtype_name != "f32" && dtype_name != "bf16") || chunk_mib == 0) {
+    return usage(argv[0]);
+  }
+  try {
+    const ckpt::Reader reader(dir, tag);
+    std::vector<std::string> names;
+    for (const auto& name : reader.names()) {
+      if (all || name.find('/') == std::string::npos) names.push_back(name);
+    }
+    const ckpt::NameMapping mapping = [&](std::string_view name) {
+      return !strip.empty() && name.starts_with(strip) ? std::string(name.substr(strip.size()))
+                                                       : std::string(name);
+    };
+    ckpt::ExportOptions options;
+    options.chunk_bytes = chunk_mib << 20;
+    if (hf_gpt2) options.transpose = zero::io::gpt2::is_conv1d_weight;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto result = ckpt::export_safetensors(
+        reader, names, out, dtype_name == "bf16" ? zero::DType::bf16 : zero::DType::f32, mapping,
+        options);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("checkpoint %s (tag %s, saved by %d ranks): %zu tensors -> %s (%s)\n",
+                reader.path().c_str(), reader.tag().c_str(), reader.saved_world_size(),
+                result.tensors, out.c_str(), dtype_name.c_str());
+    std::printf(
+        "bytes written: %llu in %.2f s (%.2f GB/s); peak buffer: %zu bytes (chunk %zu MiB)\n",
+        static_cast<unsigned long long>(result.bytes_written), s,
+        static_cast<double>(result.bytes_written) / s / 1e9, result.peak_buffer_bytes, chunk_mib);
+    return 0;
+  } catch (const zero::Error& e) {
+    std::fprintf(stderr, "zero_to_safetensors: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,113 @@
+#pragma once
+// Making a fully written tag directory appear under its final name in one atomic step, and
+// cleaning up what interrupted saves leave behind.
+//
+// A new tag: rename(<tag>.tmp-<nonce>, <tag>), then fsync of the parent directory.
+// An existing tag (saving the same tag again): renameat2(RENAME_EXCHANGE) swaps the two
+// directories atomically, so <tag> names the old complete checkpoint up to the instant it names
+// the new one; the old one, now under the temporary name, is then removed. Where the file system
+// cannot exchange (EINVAL), the fallback is two renames: <tag> -> <tag>.old-<nonce>, then the
+// new one into place. A crash between them leaves no <tag> but a complete <tag>.old-<nonce>;
+// remove_stale_entries (run by every save) renames it back, so the old checkpoint is never lost.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <zero/checkpoint/layout.hpp>
+#include <zero/core/error.hpp>
+#include <zero/io/file.hpp>
+
+namespace zero::checkpoint {
+
+/// fsync of a directory, so the entries created or renamed in it are durable. File systems that
+/// cannot sync a directory (EINVAL) are accepted; other failures throw IoError naming it.
+inline void sync_directory(const std::filesystem::path& dir) {
+  io::FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) {
+    const int code = errno;
+    raise<IoError>("cannot open directory '", dir.string(),
+                   "' to sync it: ", io::detail::errno_text(code));
+  }
+  if (::fsync(fd.get()) != 0 && errno != EINVAL) {
+    const int code = errno;
+    raise<IoError>("fsync of directory '", dir.string(),
+                   "' failed: ", io::detail::errno_text(code));
+  }
+}
+
+namespace detail {
+/// rename(from, to) or IoError naming both.
+inline void rename_or_throw(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int code = errno;
+    raise<IoError>("renaming '", from.string(), "' to '", to.string(),
+                   "' failed: ", io::detail::errno_text(code));
+  }
+}
+}  // namespace detail
+
+/// Makes the complete directory temp appear as final (same parent), replacing an existing
+/// final atomically where the file system allows (see the file comment). Durable on return.
+inline void publish_directory(const std::filesystem::path& temp,
+                              const std::filesystem::path& final) {
+  const std::filesystem::path parent = final.parent_path().empty() ? "." : final.parent_path();
+  std::error_code ec;
+  if (!std::filesystem::exists(final, ec)) {
+    detail::rename_or_throw(temp, final);
+    sync_directory(parent);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) == 0) {
+    sync_directory(parent);
+    std::filesystem::remove_all(temp, ec);  // now the old checkpoint; garbage if this fails
+    return;
+  }
+  const int code = errno;
+  if (code != EINVAL && code != ENOSYS) {
+    raise<IoError>("exchanging '", temp.string(), "' with '", final.string(),
+                   "' failed: ", io::detail::errno_text(code));
+  }
+  std::string old_name = temp.filename().string();
+  const auto marker = old_name.find(temp_marker);
+  old_name.replace(marker, temp_marker.size(), old_marker);
+  const std::filesystem::path old = parent / old_name;
+  detail::rename_or_throw(final, old);
+  detail::rename_or_throw(temp, final);
+  sync_directory(parent);
+  std::filesystem::remove_all(old, ec);
+}
+
+/// Removes what interrupted saves left in dir: "<tag>.tmp-*" directories and temporary files of
+/// `latest`; a "<tag>.old-*" directory is renamed back to <tag> when <tag> is missing (a crash
+/// inside the two-rename fallback of publish_directory) and removed otherwise. Only one save
+/// may run in a directory at a time: this would remove a concurrent save's temporary.
+inline void remove_stale_entries(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::vector<std::string> names;  // listed first: changing a directory while iterating it
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    names.push_back(entry.path().filename().string());
+  }
+  for (const std::string& name : names) {
+    const auto path = dir / name;
+    if (name.find(temp_marker) != std::string::npos ||
+        name.starts_with(std::string(latest_file_name) + ".tmp.")) {
+      std::filesystem::remove_all(path, ec);
+    } else if (const auto at = name.find(old_marker); at != std::string::npos) {
+      const auto original = dir / name.substr(0, at);
+      if (!std::filesystem::exists(original, ec)) {
+        detail::rename_or_throw(path, original);
+        sync_directory(dir);
+      } else {
+        std::filesystem::remove_all(path, ec);
+      }
+    }
+  }
+}
+
+}  // namespace zero::checkpoint

@@ -1,0 +1,377 @@
+#pragma once
+// Reading a checkpoint, at any world size and any sharding: read(name, offset, out) fills any
+// element range of a logical tensor by reading (pread) only the byte ranges of the segments
+// that overlap it, never whole files.
+//
+// Opening checks the index (index.hpp) and that every shard file exists with exactly the size
+// the index records (a truncated file is named at open, before any read); a file is opened by
+// the first read that needs it, so each rank holds descriptors only for the shards it reads
+// (a load at large world sizes stays under the descriptor limit). Checksums: with
+// Verify::touched_segments (the default) every segment a read touches is verified in full
+// before the read returns, once per Reader (verified segments are remembered). A read that
+// covers whole segments checksums the bytes it reads anyway, at no extra I/O; a read that
+// covers part of a segment not yet verified reads the rest of it too, through a bounded staging
+// buffer. That is the trade-off: ZeRO loads read whole segments almost always (a new sharding
+// cuts at most two segments per rank and tensor), and in exchange no byte a caller gets has
+// escaped its checksum. Verify::none trusts the storage and reads exactly the requested bytes.
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <zero/checkpoint/comm_text.hpp>
+#include <zero/checkpoint/crc32c.hpp>
+#include <zero/checkpoint/index.hpp>
+#include <zero/checkpoint/layout.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+#include <zero/io/element_conversion.hpp>
+#include <zero/io/file.hpp>
+
+namespace zero::checkpoint {
+
+/// Which checksums a Reader checks.
+enum class Verify {
+  touched_segments,  ///< Every segment a read touches, in full, once per Reader.
+  none,              ///< None: read exactly the requested bytes.
+};
+
+/// How a Reader reads.
+struct ReaderOptions {
+  Verify verify = Verify::touched_segments;
+  /// Staging buffer for converting reads and for verifying the unrequested part of a segment;
+  /// bounds a read's extra memory.
+  std::size_t chunk_bytes = std::size_t{8} << 20;
+};
+
+/// Read access to one checkpoint tag. Reads are const and may run from several threads at once.
+class Reader {
+ public:
+  /// Opens <dir>/<tag>, or the tag <dir>/latest names when tag is empty; throws CheckpointError
+  /// naming the directory, tag, file and tensor at fault.
+  explicit Reader(const std::filesystem::path& dir, std::string_view tag = {},
+                  ReaderOptions options = {})
+      : options_(options) {
+    options_.chunk_bytes = std::max<std::size_t>(options_.chunk_bytes, 64);
+    if (tag.empty()) {
+      tag_ = read_latest(dir);
+      std::error_code ec;
+      expect<CheckpointError>(std::filesystem::is_directory(dir / tag_, ec), "'",
+                              (dir / latest_file_name).string(), "' names tag '", tag_, "' but '",
+                              (dir / tag_).string(), "' does not exist");
+    } else {
+      validate_tag(tag);
+      tag_ = std::string(tag);
+    }
+    path_ = dir / tag_;
+    std::error_code ec;
+    expect<CheckpointError>(std::filesystem::is_directory(path_, ec), "checkpoint '",
+                            path_.string(), "' does not exist", available_tags(dir));
+    const auto index_path = path_ / index_file_name;
+    expect<CheckpointError>(std::filesystem::is_regular_file(index_path, ec), "checkpoint '",
+                            path_.string(), "' has no ", index_file_name,
+                            " (not a complete zero checkpoint)");
+    const io::ReadFile index_file(index_path);
+    std::string text(static_cast<std::size_t>(index_file.size()), '\0');
+    index_file.read_at(0, text.data(), text.size(), "the checkpoint index");
+    index_ = parse_index(text, "checkpoint index '" + index_path.string() + "'");
+    for (std::size_t i = 0; i < index_.tensors.size(); ++i) {
+      by_name_.emplace(index_.tensors[i].name, i);
+      first_segment_.push_back(segment_total_);
+      segment_total_ += index_.tensors[i].segments.size();
+    }
+    state_ = std::make_unique<State>();
+    state_->verified = std::make_unique<std::atomic<bool>[]>(segment_total_);
+    check_files();
+  }
+
+  /// The tag directory.
+  const std::filesystem::path& path() const { return path_; }
+  /// The tag opened.
+  const std::string& tag() const { return tag_; }
+  /// The parsed index.
+  const Index& index() const { return index_; }
+  /// The engine's state as saved.
+  const nlohmann::json& engine_state() const { return index_.engine; }
+  /// The state saving rank r passed in SaveOptions::rank_state (null when none was saved); a
+  /// loader at the same world size resumes per-rank RNG or data positions from it.
+  const nlohmann::json& rank_state(int r) const {
+    expect<CheckpointError>(r >= 0 && r < index_.world_size, "checkpoint '", path_.string(),
+                            "' was saved by ", index_.world_size, " ranks; there is no rank ", r);
+    return index_.rank_states.empty() ? null_ : index_.rank_states[static_cast<std::size_t>(r)];
+  }
+  /// The number of ranks that saved the checkpoint.
+  int saved_world_size() const { return index_.world_size; }
+  /// True when the checkpoint holds tensor name.
+  bool contains(std::string_view name) const { return by_name_.find(name) != by_name_.end(); }
+  /// The names of all tensors, in save order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& t : index_.tensors) out.push_back(t.name);
+    return out;
+  }
+
+  /// The record of tensor name; CheckpointError naming the checkpoint and the tensor otherwise.
+  const TensorRecord& tensor(std::string_view name) const {
+    const auto it = by_name_.find(name);
+    if (it == by_name_.end()) {
+      std::string hint;
+      for (const auto& t : index_.tensors) {
+        if (t.name.ends_with(name) || name.ends_with(t.name)) {
+          hint = "; did you mean '" + t.name + "'?";
+          break;
+        }
+      }
+      raise<CheckpointError>("checkpoint '", path_.string(), "' has no tensor '", name,
+                             "' (it has ", index_.tensors.size(), " tensors", hint, ")");
+    }
+    return index_.tensors[it->second];
+  }
+
+  /// Fills out with elements [offset, offset + out.size()) of the flattened tensor name,
+  /// converting from the stored dtype when rule is DTypeRule::convert (f32 <-> bf16/f16/f64).
+  template <class T>
+  void read(std::string_view name, std::int64_t offset, std::span<T> out,
+            io::DTypeRule rule = io::DTypeRule::exact) const {
+    static_assert(!std::is_const_v<T>, "read writes into out");
+    const TensorRecord& t = tensor(name);
+    const auto count = static_cast<std::int64_t>(out.size());
+    expect<CheckpointError>(offset >= 0 && offset <= t.numel() && count <= t.numel() - offset,
+                            where(t), ": element range [", offset, ", ", offset + count,
+                            ") is out of bounds (the tensor has ", t.numel(), " elements)");
+    constexpr DType want = dtype_of<T>;
+    if (t.dtype != want) {
+      expect<CheckpointError>(rule == io::DTypeRule::convert, where(t), ": stored as ",
+                              name_of(t.dtype), " but ", name_of(want),
+                              " was requested; read with DTypeRule::convert to convert");
+      expect<CheckpointError>(io::can_convert(t.dtype, want), where(t), ": cannot convert ",
+                              name_of(t.dtype), " to ", name_of(want));
+    }
+    if (count == 0) return;
+    const std::int64_t end = offset + count;
+    auto seg =
+        std::upper_bound(t.segments.begin(), t.segments.end(), offset,
+                         [](std::int64_t v, const SegmentRecord& s) { return v < s.offset; });
+    --seg;  // the tiling guarantees a segment starts at or before offset
+    for (; seg != t.segments.end() && seg->offset < end; ++seg) {
+      const std::int64_t lo = std::max(offset, seg->offset), hi = std::min(end, seg->end());
+      read_from_segment(t, static_cast<std::size_t>(seg - t.segments.begin()), lo, hi,
+                        out.data() + (lo - offset));
+    }
+  }
+
+  /// The whole tensor name, flat (see read for rule).
+  template <class T>
+  std::vector<T> read_all(std::string_view name, io::DTypeRule rule = io::DTypeRule::exact) const {
+    std::vector<T> values(static_cast<std::size_t>(tensor(name).numel()));
+    read(name, 0, std::span<T>(values), rule);
+    return values;
+  }
+
+  /// Raw stored bytes [first_byte, first_byte + out.size()) of segment s of tensor t, without
+  /// checksum verification (for streaming consumers that checksum themselves, like export).
+  void read_segment_bytes(const TensorRecord& t, const SegmentRecord& s, std::uint64_t first_byte,
+                          std::span<std::byte> out) const {
+    expect<CheckpointError>(first_byte + out.size() <= s.byte_end - s.byte_begin, where(t),
+                            ": byte range outside its segment");
+    file_of(s).read_at(s.byte_begin + first_byte, out.data(), out.size(), where(t));
+  }
+
+  /// Throws the checksum error for segment s of t unless computed matches its CRC32C.
+  void expect_checksum(const TensorRecord& t, const SegmentRecord& s,
+                       std::uint32_t computed) const {
+    if (computed == s.crc32c) return;
+    raise<CheckpointError>("checkpoint '", path_.string(), "': shard file '",
+                           index_.files[static_cast<std::size_t>(s.file)].name, "' bytes [",
+                           s.byte_begin, ", ", s.byte_end, ") holding elements [", s.offset, ", ",
+                           s.end(), ") of tensor '", t.name, "' fail their CRC32C check (index ",
+                           s.crc32c, ", file ", computed, "): the file is corrupted");
+  }
+
+  /// The largest staging buffer a read has used (bytes).
+  std::size_t peak_staging_bytes() const { return state_->peak_staging.load(); }
+  /// Bytes read from shard files so far.
+  std::uint64_t bytes_read() const { return state_->bytes_read.load(); }
+
+ private:
+  /// "checkpoint 'P', tensor 'N' (F32 [a, b])" for messages.
+  std::string where(const TensorRecord& t) const {
+    return zero::detail::concat("checkpoint '", path_.string(), "', tensor '", t.name, "' (",
+                                t.describe(), ")");
+  }
+
+  /// ": it holds tags a, b" (or that there are none) for a missing tag directory.
+  static std::string available_tags(const std::filesystem::path& dir) {
+    const auto tags = list_tags(dir);
+    if (tags.empty()) return " (no complete checkpoint in '" + dir.string() + "')";
+    std::string s = " (complete tags there:";
+    for (std::size_t i = 0; i < tags.size() && i < 8; ++i) s += " " + tags[i];
+    return s + (tags.size() > 8 ? " ...)" : ")");
+  }
+
+  /// Checks that every shard file exists with the size the index records (a stat, no open:
+  /// files are opened on first read, so a rank keeps descriptors only for the files it reads).
+  void check_files() {
+    state_->files = std::vector<std::optional<io::ReadFile>>(index_.files.size());
+    state_->opened = std::make_unique<std::once_flag[]>(index_.files.size());
+    for (const FileRecord& f : index_.files) {
+      const auto p = path_ / f.name;
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(p, ec)) {
+        raise<CheckpointError>("checkpoint '", path_.string(), "': shard file '", f.name,
+                               "' (rank ", f.rank, ") is missing", first_tensor_in(f.name));
+      }
+      const std::uint64_t size = std::filesystem::file_size(p, ec);
+      expect<CheckpointError>(
+          !ec && size == f.bytes, "checkpoint '", path_.string(), "': shard file '", f.name,
+          "' has ", size, " bytes but the index records ", f.bytes,
+          size < f.bytes ? " (truncated)" : " (modified)", first_tensor_in(f.name));
+    }
+  }
+
+  /// "; it holds segments of tensor 'X' ..." for file messages.
+  std::string first_tensor_in(const std::string& file) const {
+    for (const auto& t : index_.tensors) {
+      for (const auto& s : t.segments) {
+        if (index_.files[static_cast<std::size_t>(s.file)].name == file) {
+          return "; it holds segments of tensor '" + t.name + "' and others";
+        }
+      }
+    }
+    return "";
+  }
+
+  /// The open shard file of s, opened by the first read that needs it (thread-safe).
+  const io::ReadFile& file_of(const SegmentRecord& s) const {
+    const auto i = static_cast<std::size_t>(s.file);
+    std::call_once(state_->opened[i],
+                   [&] { state_->files[i].emplace(path_ / index_.files[i].name); });
+    return *state_->files[i];
+  }
+
+  /// A staging buffer of at most chunk_bytes, at least one element of elem bytes.
+  std::vector<std::byte> staging(std::uint64_t wanted_bytes, std::size_t elem) const {
+    std::size_t bytes = static_cast<std::size_t>(
+        std::min<std::uint64_t>(wanted_bytes, options_.chunk_bytes / elem * elem));
+    bytes = std::max(bytes, elem);
+    std::size_t peak = state_->peak_staging.load();
+    while (bytes > peak && !state_->peak_staging.compare_exchange_weak(peak, bytes)) {
+    }
+    return std::vector<std::byte>(bytes);
+  }
+
+  /// Copies elements [lo, hi) (tensor coordinates, inside segment si) into dst, verifying the
+  /// segment first if it has not been.
+  template <class T>
+  void read_from_segment(const TensorRecord& t, std::size_t si, std::int64_t lo, std::int64_t hi,
+                         T* dst) const {
+    const SegmentRecord& s = t.segments[si];
+    const std::size_t elem = size_of(t.dtype);
+    const auto ti = static_cast<std::size_t>(&t - index_.tensors.data());
+    std::atomic<bool>& verified = state_->verified[first_segment_[ti] + si];
+    const bool verify = options_.verify == Verify::touched_segments && !verified.load();
+    const bool same = t.dtype == dtype_of<T>;
+    const io::ReadFile& file = file_of(s);
+    if (same && (!verify || (lo == s.offset && hi == s.end()))) {
+      // Straight into the caller's memory, a chunk at a time: each chunk is checksummed while
+      // it is still in cache, and the kernel is asked to read the next one ahead meanwhile.
+      const auto bytes = static_cast<std::size_t>(hi - lo) * elem;
+      const std::uint64_t start = s.byte_begin + static_cast<std::uint64_t>(lo - s.offset) * elem;
+      const std::size_t chunk = std::max(options_.chunk_bytes / elem * elem, elem);
+      auto* out = reinterpret_cast<std::byte*>(dst);
+      std::uint32_t crc = 0;
+      for (std::size_t done = 0; done < bytes; done += chunk) {
+        const std::size_t n = std::min(chunk, bytes - done);
+        if (done + n < bytes) {
+          ::posix_fadvise(file.fd(), static_cast<::off_t>(start + done + n),
+                          static_cast<::off_t>(std::min(chunk, bytes - done - n)),
+                          POSIX_FADV_WILLNEED);
+        }
+        file.read_at(start + done, out + done, n, where(t));
+        if (verify) crc = crc32c(std::span<const std::byte>(out + done, n), crc);
+      }
+      state_->bytes_read += bytes;
+      if (verify) {
+        expect_checksum(t, s, crc);
+        verified.store(true);
+      }
+      return;
+    }
+    // Through staging: the whole segment when verifying, else only [lo, hi).
+    const std::int64_t first = verify ? s.offset : lo, last = verify ? s.end() : hi;
+    auto buffer = staging(static_cast<std::uint64_t>(last - first) * elem, elem);
+    const auto chunk = static_cast<std::int64_t>(buffer.size() / elem);
+    std::uint32_t crc = 0;
+    for (std::int64_t c0 = first; c0 < last; c0 += chunk) {
+      const std::int64_t c1 = std::min(last, c0 + chunk);
+      const auto bytes = static_cast<std::size_t>(c1 - c0) * elem;
+      file.read_at(s.byte_begin + static_cast<std::uint64_t>(c0 - s.offset) * elem, buffer.data(),
+                   bytes, where(t));
+      state_->bytes_read += bytes;
+      if (verify) crc = crc32c(std::span<const std::byte>(buffer.data(), bytes), crc);
+      const std::int64_t a = std::max(c0, lo), b = std::min(c1, hi);
+      if (a < b) {
+        io::convert_elements(t.dtype, buffer.data() + static_cast<std::size_t>(a - c0) * elem,
+                             dtype_of<T>, dst + (a - lo), static_cast<std::size_t>(b - a));
+      }
+    }
+    if (verify) {
+      expect_checksum(t, s, crc);
+      verified.store(true);
+    }
+  }
+
+  ReaderOptions options_;
+  nlohmann::json null_;  // what rank_state returns for a checkpoint without rank states
+  std::string tag_;
+  std::filesystem::path path_;
+  Index index_;
+  std::map<std::string, std::size_t, std::less<>> by_name_;
+  std::vector<std::size_t> first_segment_;  // per tensor: its first slot in verified_
+  std::size_t segment_total_ = 0;
+  /// What reads update (behind a pointer so a Reader stays movable).
+  struct State {
+    std::unique_ptr<std::atomic<bool>[]> verified;  // per segment, in tensor order
+    std::atomic<std::size_t> peak_staging{0};
+    std::atomic<std::uint64_t> bytes_read{0};
+    std::vector<std::optional<io::ReadFile>> files;  // per index file, opened on first use
+    std::unique_ptr<std::once_flag[]> opened;        // guards each file's opening
+  };
+  std::unique_ptr<State> state_;
+};
+
+/// Opens the same tag on every rank (a collective): rank 0 resolves tag (or `latest` when it is
+/// empty) and broadcasts it, so a save that replaces `latest` meanwhile cannot make ranks load
+/// different checkpoints. Throws on every rank if rank 0 cannot resolve the tag.
+template <CheckpointComm Comm>
+Reader load(Comm& comm, const std::filesystem::path& dir, std::string_view tag = {},
+            ReaderOptions options = {}) {
+  std::string resolved;
+  if (comm.rank() == 0) {
+    try {
+      resolved = "+" + (tag.empty() ? read_latest(dir) : std::string(tag));
+    } catch (const std::exception& e) {
+      resolved = std::string("-") + e.what();
+    }
+  }
+  resolved = detail::broadcast_text(comm, resolved, 0);
+  if (resolved.front() != '+') throw CheckpointError(resolved.substr(1));
+  return Reader(dir, resolved.substr(1), options);
+}
+
+}  // namespace zero::checkpoint

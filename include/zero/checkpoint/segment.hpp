@@ -1,0 +1,67 @@
+#pragma once
+// What a rank hands to a save: the logical tensors of the checkpoint (name, dtype, shape, the
+// same on every rank that declares them) and the segments of them it holds: a contiguous run of
+// the flattened tensor (element offset, count) with its data. In ZeRO terms a segment is one
+// engine::ShardSegment of a rank's flat shard: the part of one parameter (or one optimizer
+// state of it, named "<param>/exp_avg") that falls into the rank's slice.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <zero/core/dtype.hpp>
+#include <zero/io/safetensors_header.hpp>
+
+namespace zero::checkpoint {
+
+/// A logical tensor of a checkpoint.
+struct TensorSpec {
+  std::string name;                 ///< Unique name, e.g. "transformer.h.0.attn.c_attn.weight".
+  DType dtype = DType::f32;         ///< Element type stored (segments must carry this dtype).
+  std::vector<std::int64_t> shape;  ///< Logical extents (row-major); rank 0 is a scalar.
+
+  /// Number of elements of the flattened tensor.
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (std::int64_t e : shape) n *= e;
+    return n;
+  }
+  /// Two specs agree when name, dtype and shape are equal.
+  bool operator==(const TensorSpec&) const = default;
+};
+
+/// A contiguous run of a logical tensor held by this rank: elements [offset, offset + count())
+/// of the flattened tensor, whose bytes are data (in the tensor's dtype, host memory).
+struct Segment {
+  std::string name;                 ///< The logical tensor.
+  std::int64_t offset = 0;          ///< First element within the flattened tensor.
+  DType dtype = DType::f32;         ///< Element type of data.
+  std::span<const std::byte> data;  ///< The elements' bytes; must stay valid during the save.
+
+  /// Number of elements.
+  std::int64_t count() const { return static_cast<std::int64_t>(data.size() / size_of(dtype)); }
+};
+
+/// A segment of tensor name starting at element offset, viewing elements.
+template <class T>
+Segment segment_of(std::string name, std::int64_t offset, std::span<const T> elements) {
+  return {std::move(name), offset, dtype_of<std::remove_const_t<T>>, std::as_bytes(elements)};
+}
+
+/// A segment of tensor name starting at element offset, viewing elements.
+template <class T>
+Segment segment_of(std::string name, std::int64_t offset, std::span<T> elements) {
+  return segment_of(std::move(name), offset, std::span<const T>(elements));
+}
+
+/// A segment of tensor name starting at element offset, viewing a vector's elements.
+template <class T>
+Segment segment_of(std::string name, std::int64_t offset, const std::vector<T>& elements) {
+  return segment_of(std::move(name), offset, std::span<const T>(elements));
+}
+
+}  // namespace zero::checkpoint

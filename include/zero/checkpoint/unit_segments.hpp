@@ -1,0 +1,81 @@
+#pragma once
+// The bridge from the engine's flat unit shards (engine/partition.hpp) to checkpoint segments.
+// Rank r's shard of a unit holds pieces of several parameters (UnitPartition::segments); each
+// piece is one checkpoint Segment of the logical tensor "<parameter name><suffix>": suffix ""
+// for the fp32 master, "/exp_avg" and "/exp_avg_sq" for Adam's states, and so on. Loading fills
+// a shard of any other partition (world size, alignment) from the logical tensors and zeroes
+// its padding, which is what makes a resume at another world size or stage work.
+
+#include <algorithm>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <zero/checkpoint/reader.hpp>
+#include <zero/checkpoint/segment.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+#include <zero/engine/partition.hpp>
+#include <zero/io/element_conversion.hpp>
+#include <zero/io/safetensors_header.hpp>
+#include <zero/nn/param.hpp>
+
+namespace zero::checkpoint {
+
+/// The logical tensors "<name><suffix>" of a unit's parameters, stored as T.
+template <class T>
+std::vector<TensorSpec> unit_tensor_specs(const std::vector<nn::ParamSpec>& params,
+                                          std::string_view suffix = "") {
+  std::vector<TensorSpec> out;
+  for (const nn::ParamSpec& p : params) {
+    out.push_back({p.name + std::string(suffix), dtype_of<T>, io::extents_of(p.shape)});
+  }
+  return out;
+}
+
+/// The segments of rank's shard (shard_numel elements of partition) of a unit, one per
+/// parameter piece, viewing shard's memory (which must outlive the save).
+template <class T>
+std::vector<Segment> unit_segments(const std::vector<nn::ParamSpec>& params,
+                                   const engine::UnitPartition& partition, int rank,
+                                   std::span<const T> shard, std::string_view suffix = "") {
+  expect<ShapeError>(static_cast<std::int64_t>(shard.size()) == partition.shard_numel(),
+                     "unit_segments: the shard holds ", shard.size(),
+                     " elements but the partition's shards hold ", partition.shard_numel());
+  std::vector<Segment> out;
+  for (const engine::ShardSegment& s : partition.segments(rank)) {
+    out.push_back(segment_of(params[static_cast<std::size_t>(s.param)].name + std::string(suffix),
+                             s.param_offset,
+                             shard.subspan(static_cast<std::size_t>(s.shard_offset),
+                                           static_cast<std::size_t>(s.count))));
+  }
+  return out;
+}
+
+/// Fills rank's shard of a unit under partition (any world size) from the checkpoint's
+/// logical tensors "<name><suffix>", converting dtypes as rule allows; padding is zeroed.
+template <class T>
+void read_unit_shard(const Reader& reader, const std::vector<nn::ParamSpec>& params,
+                     const engine::UnitPartition& partition, int rank, std::span<T> shard,
+                     std::string_view suffix = "", io::DTypeRule rule = io::DTypeRule::exact) {
+  expect<ShapeError>(static_cast<std::int64_t>(shard.size()) == partition.shard_numel(),
+                     "read_unit_shard: the shard holds ", shard.size(),
+                     " elements but the partition's shards hold ", partition.shard_numel());
+  std::fill(shard.begin(), shard.end(), convert<T>(0.0));
+  for (const engine::ShardSegment& s : partition.segments(rank)) {
+    const nn::ParamSpec& p = params[static_cast<std::size_t>(s.param)];
+    const std::string name = p.name + std::string(suffix);
+    const TensorRecord& t = reader.tensor(name);
+    expect<CheckpointError>(
+        t.shape == io::extents_of(p.shape), "checkpoint '", reader.path().string(), "', tensor '",
+        name, "' has shape ", t.describe(), " but the model's parameter has ",
+        io::TensorInfo{"", t.dtype, io::extents_of(p.shape), 0, 0}.shape_string());
+    reader.read(
+        name, s.param_offset,
+        shard.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count)),
+        rule);
+  }
+}
+
+}  // namespace zero::checkpoint

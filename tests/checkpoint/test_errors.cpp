@@ -1,0 +1,185 @@
+// Every kind of damage gives an error that names the file and the tensor: a shard byte flipped,
+// a shard truncated or missing, the index malformed or truncated, `latest` missing or naming a
+// missing tag; and wrong requests: a missing tensor, a range out of bounds. Bad saves (gaps,
+// overlaps, undeclared tensors, a bad tag) fail on every rank and publish nothing.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <parallel/comm/local_comm.hpp>
+#include <zero/checkpoint/checkpoint.hpp>
+
+#include "../support/temp_dir.hpp"
+#include "checkpoint_test_util.hpp"
+
+using namespace zero;
+using namespace zero::checkpoint;
+using namespace zero::checkpoint::testing;
+using Catch::Contains;
+using zero::parallel::LocalComm;
+using zero::testing::TempDir;
+
+namespace {
+
+/// A saved 2-rank checkpoint "t" of make_tensors(0) and the shard holding tensor 0's first
+/// segment, with that segment's record.
+struct Fixture {
+  TempDir dir{"ckpt-errors"};
+  std::vector<LogicalTensor> tensors = make_tensors(0, 20);
+  std::filesystem::path shard;
+  std::string shard_name;
+  SegmentRecord segment;
+  Fixture() {
+    save_with_ranks(2, dir.path(), "t", tensors, 11);
+    const Reader reader(dir.path(), "t");
+    segment = reader.tensor(tensors[0].spec.name).segments.front();
+    shard_name = reader.index().files[static_cast<std::size_t>(segment.file)].name;
+    shard = dir.path() / "t" / shard_name;
+  }
+};
+
+void flip_byte(const std::filesystem::path& path, std::uint64_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x20);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+TEST_CASE("a flipped shard byte fails the checksum of the segment holding it", "[unit]") {
+  Fixture fx;
+  const auto& t = fx.tensors[0];
+  {  // Negative control: intact, the read succeeds.
+    const Reader reader(fx.dir.path(), "t");
+    CHECK(same_bytes(t, 0, read_bytes(reader, t, 0, t.spec.numel())));
+  }
+  flip_byte(fx.shard, fx.segment.byte_begin + 3);
+  const Reader reader(fx.dir.path(), "t");
+  CHECK_THROWS_AS(read_bytes(reader, t, 0, t.spec.numel()), CheckpointError);
+  CHECK_THROWS_WITH(read_bytes(reader, t, 0, 1),  // a partial read verifies the whole segment
+                    Contains("CRC32C") && Contains(fx.shard_name) && Contains(t.spec.name));
+  // Other tensors stay readable.
+  const auto& other = fx.tensors[3];
+  CHECK(same_bytes(other, 0, read_bytes(reader, other, 0, other.spec.numel())));
+  // With verification off the damage goes unnoticed: that is what the checksum buys.
+  const Reader trusting(fx.dir.path(), "t", {Verify::none});
+  CHECK_FALSE(same_bytes(t, 0, read_bytes(trusting, t, 0, t.spec.numel())));
+}
+
+TEST_CASE("a truncated shard is named when the checkpoint is opened", "[unit]") {
+  Fixture fx;
+  std::filesystem::resize_file(fx.shard, std::filesystem::file_size(fx.shard) - 5);
+  CHECK_THROWS_WITH(Reader(fx.dir.path(), "t"),
+                    Contains(fx.shard_name) && Contains("truncated") && Contains("tensor '"));
+}
+
+TEST_CASE("a missing shard is named when the checkpoint is opened", "[unit]") {
+  Fixture fx;
+  std::filesystem::remove(fx.shard);
+  CHECK_THROWS_WITH(Reader(fx.dir.path(), "t"),
+                    Contains(fx.shard_name) && Contains("missing") && Contains("tensor '"));
+}
+
+TEST_CASE("a malformed or truncated index is named", "[unit]") {
+  Fixture fx;
+  const auto index = fx.dir.path() / "t" / "index.json";
+  const std::string text = zero::testing::read_file(index);
+  zero::testing::write_file(index, text.substr(0, text.size() / 2));
+  CHECK_THROWS_WITH(Reader(fx.dir.path(), "t"),
+                    Contains("index.json") && Contains("malformed index"));
+  zero::testing::write_file(index, "{\"format\": \"zero-checkpoint\", \"version\": 1}");
+  CHECK_THROWS_WITH(Reader(fx.dir.path(), "t"), Contains("index.json") && Contains("\"tag\""));
+  // A segment record that no longer tiles its tensor names the tensor.
+  std::string shifted = text;
+  const auto at = shifted.find("\"offset\": 0");
+  REQUIRE(at != std::string::npos);
+  shifted.replace(at, 11, "\"offset\": 1");
+  zero::testing::write_file(index, shifted);
+  CHECK_THROWS_WITH(Reader(fx.dir.path(), "t"), Contains("index.json") && Contains("tensor '"));
+  std::filesystem::remove(index);
+  CHECK_THROWS_WITH(Reader(fx.dir.path(), "t"), Contains("has no index.json"));
+}
+
+TEST_CASE("latest missing or naming a missing tag is named", "[unit]") {
+  Fixture fx;
+  zero::testing::write_file(fx.dir.path() / "latest", "gone\n");
+  CHECK_THROWS_WITH(Reader(fx.dir.path()),
+                    Contains("latest") && Contains("'gone'") && Contains("does not exist"));
+  std::filesystem::remove(fx.dir.path() / "latest");
+  CHECK_THROWS_WITH(Reader(fx.dir.path()), Contains("latest") && Contains("does not exist"));
+  CHECK_THROWS_WITH(Reader(fx.dir.path(), "nope"),
+                    Contains("nope") && Contains("complete tags there: t"));
+  LocalComm::run(2, [&](LocalComm& comm) {  // collectively: every rank gets the error
+    bool threw = false;
+    try {
+      (void)load(comm, fx.dir.path());
+    } catch (const CheckpointError&) {
+      threw = true;
+    }
+    if (!threw) throw std::runtime_error("load without latest did not throw");
+  });
+}
+
+TEST_CASE("a missing tensor or an out-of-bounds range is named", "[unit]") {
+  Fixture fx;
+  const Reader reader(fx.dir.path(), "t");
+  std::vector<float> out(4);
+  CHECK_THROWS_WITH(reader.read("h.0.attn.c_attn.weight", 0, std::span<float>(out)),
+                    Contains("no tensor 'h.0.attn.c_attn.weight'") &&
+                        Contains("did you mean 'transformer.h.0.attn.c_attn.weight'"));
+  const auto& bias = fx.tensors[2];  // 13 elements
+  CHECK_THROWS_WITH(reader.read(bias.spec.name, 10, std::span<float>(out)),
+                    Contains(bias.spec.name) && Contains("[10, 14)") && Contains("out of bounds"));
+  CHECK_NOTHROW(reader.read(bias.spec.name, 9, std::span<float>(out)));
+}
+
+TEST_CASE("a bad segmentation fails the save on every rank and publishes nothing", "[unit]") {
+  TempDir dir("ckpt-bad-save");
+  const auto tensors = make_tensors(0);
+  save_with_ranks(1, dir.path(), "good", tensors, 1);
+  const auto name = tensors[2].spec.name;  // 13 elements
+  auto attempt = [&](std::vector<std::vector<Piece>> pieces, std::string tag = "bad") {
+    // Everything else from rank 0.
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      if (k != 2 && tensors[k].spec.numel() > 0)
+        pieces[0].push_back({k, 0, tensors[k].spec.numel()});
+    }
+    std::vector<std::string> errors(2);
+    LocalComm::run(2, [&](LocalComm& comm) {
+      try {
+        save_pieces(comm, dir.path(), tag, tensors, pieces[static_cast<std::size_t>(comm.rank())],
+                    {});
+      } catch (const CheckpointError& e) {
+        errors[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    CHECK(errors[0] == errors[1]);
+    CHECK(read_latest(dir.path()) == "good");
+    CHECK(list_tags(dir.path()) == std::vector<std::string>{"good"});
+    return errors[0];
+  };
+  CHECK_THAT(attempt({{{2, 0, 7}}, {{2, 6, 7}}}), Contains(name) && Contains("overlaps"));
+  CHECK_THAT(attempt({{{2, 0, 6}}, {{2, 7, 6}}}), Contains(name) && Contains("missing before"));
+  CHECK_THAT(attempt({{{2, 0, 13}}, {}}, "bad/tag"), Contains("bad/tag"));
+  CHECK_THAT(attempt({{{2, 0, 13}}, {{2, 13, 1}}}),
+             Contains("rank 1") && Contains(name) && Contains("outside"));
+  // A segment of a tensor nobody declared.
+  std::vector<std::string> errors(2);
+  LocalComm::run(2, [&](LocalComm& comm) {
+    std::vector<float> data(3);
+    try {
+      save(comm, dir.path(), "undeclared", std::span<const TensorSpec>(),
+           std::vector<Segment>{segment_of("ghost", 0, data)}, {});
+    } catch (const CheckpointError& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  CHECK_THAT(errors[1], Contains("'ghost'") && Contains("not declared"));
+  CHECK(list_tags(dir.path()) == std::vector<std::string>{"good"});
+}

@@ -1,0 +1,162 @@
+// Streamed safetensors export: the consolidated file equals the logical tensors (f32 bitwise,
+// bf16 as the rounding of each f32), names are mapped, memory stays within the chunk bound
+// even for tensors larger than a chunk, and a corrupted segment aborts without an output file.
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <zero/checkpoint/checkpoint.hpp>
+#include <zero/io/safetensors_reader.hpp>
+
+#include "../support/temp_dir.hpp"
+#include "checkpoint_test_util.hpp"
+
+using namespace zero;
+using namespace zero::checkpoint;
+using namespace zero::checkpoint::testing;
+using Catch::Contains;
+using zero::testing::TempDir;
+
+namespace {
+/// The test tensors with finite f32 values (bf16 rounding is then well defined).
+std::vector<LogicalTensor> finite_tensors() {
+  auto tensors = make_tensors(5, 40);
+  for (auto& t : tensors) {
+    if (t.spec.dtype != DType::f32) continue;
+    std::vector<float> v(static_cast<std::size_t>(t.spec.numel()));
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      v[i] =
+          static_cast<float>(static_cast<std::int64_t>(bits_of(1, 2, i) % 20001) - 10000) / 977.0f;
+    }
+    if (!v.empty()) std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  }
+  return tensors;
+}
+}  // namespace
+
+TEST_CASE("export writes one safetensors file equal to the logical tensors", "[unit]") {
+  TempDir dir("ckpt-export");
+  const auto tensors = finite_tensors();
+  save_with_ranks(3, dir.path(), "t", tensors, 21);
+  const Reader reader(dir.path(), "t");
+  const std::size_t chunk = 1000;  // bytes: far smaller than most tensors
+  const auto mapping = [](std::string_view name) {
+    return name.starts_with("transformer.") ? std::string(name.substr(12)) : std::string(name);
+  };
+
+  SECTION("f32 and integer tensors, mapped names") {
+    const auto out = dir.path() / "model.safetensors";
+    std::vector<std::string> names;
+    for (const auto& t : tensors) {
+      if (t.spec.dtype == DType::f32 || t.spec.dtype == DType::i64) names.push_back(t.spec.name);
+    }
+    const ExportResult r = export_safetensors(reader, names, out, DType::f32, mapping, {chunk});
+    CHECK(r.tensors == names.size());
+    CHECK(r.bytes_written == std::filesystem::file_size(out));
+    CHECK(r.peak_buffer_bytes <= chunk);  // no conversion: only the staging chunk
+    const io::SafetensorsReader file(out);
+    CHECK(file.tensors().size() == names.size());
+    for (const auto& t : tensors) {
+      if (t.spec.dtype != DType::f32 && t.spec.dtype != DType::i64) continue;
+      const io::TensorInfo& info = file.info(mapping(t.spec.name));
+      CHECK(info.shape == t.spec.shape);
+      CHECK(info.dtype == t.spec.dtype);
+      std::vector<std::byte> bytes(info.bytes());
+      file.read_bytes(info.name, 0, bytes);
+      CHECK(same_bytes(t, 0, bytes));
+    }
+  }
+  SECTION("bf16, selected tensors") {
+    const auto out = dir.path() / "model-bf16.safetensors";
+    const auto& w = tensors[0];
+    const ExportResult r = export_safetensors(reader, {w.spec.name, tensors[9].spec.name}, out,
+                                              DType::bf16, {}, {chunk});
+    CHECK(r.tensors == 2);
+    CHECK(r.peak_buffer_bytes <= chunk + chunk / 2);  // staging + its bf16 conversion
+    const io::SafetensorsReader file(out);
+    CHECK(file.tensors().size() == 2);
+    CHECK(file.info(tensors[9].spec.name).dtype == DType::i64);  // integers keep their dtype
+    const auto got = file.read_vector<bf16>(w.spec.name);
+    std::vector<float> want(got.size());
+    std::memcpy(want.data(), w.bytes.data(), w.bytes.size());
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i].bits != bf16(want[i]).bits;
+    CHECK(wrong == 0);
+  }
+  SECTION("two tensors mapped to one name are refused") {
+    CHECK_THROWS_WITH(export_safetensors(reader, {}, dir.path() / "x.safetensors", DType::f32,
+                                         [](std::string_view) { return std::string("same"); }),
+                      Contains("'same'"));
+    CHECK_FALSE(std::filesystem::exists(dir.path() / "x.safetensors"));
+  }
+}
+
+TEST_CASE("export of a corrupted checkpoint fails and leaves no output file", "[unit]") {
+  TempDir dir("ckpt-export-bad");
+  const auto tensors = finite_tensors();
+  save_with_ranks(2, dir.path(), "t", tensors, 4);
+  std::string shard;
+  std::uint64_t at = 0;
+  {
+    const Reader reader(dir.path(), "t");
+    const SegmentRecord& s = reader.tensor(tensors[3].spec.name).segments.back();
+    shard = reader.index().files[static_cast<std::size_t>(s.file)].name;
+    at = s.byte_end - 1;
+  }
+  {
+    std::fstream f(dir.path() / "t" / shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    const char c = static_cast<char>(f.get() ^ 0x5a);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(c);
+  }
+  const Reader reader(dir.path(), "t");
+  const auto out = dir.path() / "model.safetensors";
+  CHECK_THROWS_WITH(export_safetensors(reader, {}, out, DType::bf16, {}, {4096}),
+                    Contains("CRC32C") && Contains(tensors[3].spec.name) && Contains(shard));
+  CHECK_FALSE(std::filesystem::exists(out));
+}
+
+TEST_CASE("export writes selected 2-D tensors transposed, in bounded blocks", "[unit]") {
+  TempDir dir("ckpt-export-t");
+  const auto tensors = finite_tensors();
+  save_with_ranks(3, dir.path(), "t", tensors, 8);
+  const Reader reader(dir.path(), "t");
+  const auto& w = tensors[0];  // [7, 200] f32
+  const auto rows = static_cast<std::size_t>(w.spec.shape[0]);
+  const auto cols = static_cast<std::size_t>(w.spec.shape[1]);
+  std::vector<float> stored(rows * cols);
+  std::memcpy(stored.data(), w.bytes.data(), w.bytes.size());
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const auto out = dir.path() / "t.safetensors";
+    ExportOptions options;
+    options.chunk_bytes = rows * 4 * 3;  // three output rows per block
+    options.transpose = [&](std::string_view name) { return name == w.spec.name; };
+    const ExportResult r =
+        export_safetensors(reader, {w.spec.name, tensors[2].spec.name}, out, dtype, {}, options);
+    CHECK(r.tensors == 2);
+    const io::SafetensorsReader file(out);
+    CHECK(file.info(w.spec.name).shape ==
+          std::vector<std::int64_t>{w.spec.shape[1], w.spec.shape[0]});
+    CHECK(file.info(tensors[2].spec.name).shape == tensors[2].spec.shape);
+    const auto got = file.read_vector<float>(w.spec.name, io::DTypeRule::convert);
+    std::size_t wrong = 0;
+    for (std::size_t c = 0; c < cols; ++c) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        const float want = stored[r * cols + c];
+        const float expect = dtype == DType::bf16 ? static_cast<float>(bf16(want)) : want;
+        wrong += got[c * rows + r] != expect;
+      }
+    }
+    CHECK(wrong == 0);
+    std::filesystem::remove(out);
+  }
+  ExportOptions bad;
+  bad.transpose = [](std::string_view) { return true; };
+  CHECK_THROWS_WITH(
+      export_safetensors(reader, {tensors[5].spec.name}, dir.path() / "b", DType::f32, {}, bad),
+      Contains("only 2-D tensors transpose") && Contains(tensors[5].spec.name));
+}
