@@ -152,6 +152,15 @@ class AnyOptimizer {
   std::int64_t step_count() const {
     return std::visit([](const auto& o) { return o.step_count(); }, optimizer_);
   }
+  /// Sets the step counter (after the state buffers were restored in place).
+  void set_step_count(std::int64_t step) {
+    std::visit([&](auto& o) { o.set_step_count(step); }, optimizer_);
+  }
+  /// The type name ("AdamW", "SGD", ...).
+  const char* type_name() const {
+    constexpr const char* names[] = {"SGD", "Adam", "AdamW", "Lion", "LAMB", "RMSprop", "Adagrad"};
+    return names[optimizer_.index()];
+  }
   /// A copy of the step counter and every state buffer.
   StateDict state_dict() const {
     return std::visit([](const auto& o) { return o.state_dict(); }, optimizer_);

@@ -33,6 +33,11 @@ class FlatOptimizer {
   std::span<const ParamGroup<Hyper>> groups() const { return groups_; }
   /// Steps taken so far (PyTorch's `step` state; bias corrections use it).
   std::int64_t step_count() const { return step_; }
+  /// Sets the step counter (a checkpoint restoring the state buffers in place sets it after).
+  void set_step_count(std::int64_t step) {
+    expect<CheckpointError>(step >= 0, name_, ": negative step ", step);
+    step_ = step;
+  }
   /// Sets the learning rate of every group (what a schedule does each step).
   void set_lr(double lr) {
     for (auto& g : groups_) g.hyper.lr = lr;

@@ -60,6 +60,11 @@ class AnyComm {
   void all_gather(std::span<const T> send, std::span<T> recv) {
     all_gather_async(send, recv).wait();
   }
+  /// Blocking broadcast of buf from root.
+  template <CommElement T>
+  void broadcast(std::span<T> buf, int root) {
+    broadcast_async(buf, root).wait();
+  }
   /// Blocking barrier.
   void barrier() { impl_->barrier(); }
 

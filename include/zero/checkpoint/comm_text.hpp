@@ -13,10 +13,19 @@
 
 namespace zero::checkpoint {
 
-/// A communicator save and load can use (they move bytes and sizes only).
+/// A communicator save and load can use: they only gather and broadcast bytes and sizes, so
+/// any Communicator qualifies, and so does the engine's type-erased parallel::AnyComm.
 template <class C>
-concept CheckpointComm =
-    parallel::CommunicatorFor<C, std::uint8_t> && parallel::CommunicatorFor<C, std::int64_t>;
+concept CheckpointComm = requires(C& c, const C& cc, std::span<const std::uint8_t> in8,
+                                  std::span<std::uint8_t> out8, std::span<const std::int64_t> in64,
+                                  std::span<std::int64_t> out64) {
+  { cc.rank() } -> std::same_as<int>;
+  { cc.size() } -> std::same_as<int>;
+  c.all_gather(in8, out8);
+  c.all_gather(in64, out64);
+  c.broadcast(out8, 0);
+  c.broadcast(out64, 0);
+};
 
 namespace detail {
 

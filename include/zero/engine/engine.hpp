@@ -46,6 +46,7 @@
 #include <zero/config/config.hpp>
 #include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
+#include <zero/engine/engine_checkpoint.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/engine_policies.hpp>
 #include <zero/engine/memory_report.hpp>
@@ -184,6 +185,74 @@ class Engine {
     finish_window();
     return true;
   }
+
+  /// Saves a checkpoint as <dir>/<tag> (a collective, atomic; `latest` then names it): the
+  /// master slices, optimizer states, counters, scheduler and loss scaler, plus client_state
+  /// (the program's own JSON, e.g. its data loader position). Call between steps.
+  checkpoint::SaveResult save_checkpoint(const std::filesystem::path& dir, std::string_view tag,
+                                         const nlohmann::json& client_state = {}) {
+    return save_engine_checkpoint(*this, dir, tag, client_state);
+  }
+  /// Loads <dir>/<tag> (`latest` when tag is empty), saved at any world size and stage; returns
+  /// the client_state saved with it.
+  nlohmann::json load_checkpoint(const std::filesystem::path& dir, std::string_view tag = {}) {
+    return load_engine_checkpoint(*this, dir, tag);
+  }
+  /// The engine's own state (counters, scheduler, loss scaler, how it ran) as saved.
+  nlohmann::json state_json() const {
+    nlohmann::json j;
+    j["format"] = "zero-engine-1";
+    j["stage"] = stage;
+    j["world_size"] = comm_.size();
+    j["precision"] = name_of(dtype_of<T>);
+    j["master_dtype"] = name_of(dtype_of<MasterT>);
+    j["optimizer"] = optimizers_.empty() ? "callback" : optimizers_[0].type_name();
+    j["optimizer_step"] = optimizers_.empty() ? steps_ : optimizers_[0].step_count();
+    j["steps"] = steps_;
+    j["skipped_steps"] = skipped_steps_;
+    j["nonfinite_steps"] = nonfinite_steps_;
+    j["lr"] = lr_;
+    if (scheduler_) j["scheduler"] = {{"last_batch_iteration", scheduler_->last_batch_iteration()}};
+    if (scaler_) {
+      const optim::StateDict d = scaler_->state_dict();
+      j["loss_scaler"] = {{"counters", d.counters}, {"scalars", d.scalars}};
+    }
+    j["seed"] = options_.seed;
+    return j;
+  }
+  /// Restores what state_json saved; CheckpointError when the optimizer type differs.
+  void load_state_json(const nlohmann::json& j) {
+    try {
+      const std::string saved = j.at("optimizer").get<std::string>();
+      const std::string mine = optimizers_.empty() ? "callback" : optimizers_[0].type_name();
+      expect<CheckpointError>(saved == mine, "checkpoint: saved with optimizer ", saved,
+                              ", this engine runs ", mine);
+      steps_ = j.at("steps").get<std::int64_t>();
+      skipped_steps_ = j.at("skipped_steps").get<std::int64_t>();
+      nonfinite_steps_ = j.at("nonfinite_steps").get<std::int64_t>();
+      lr_ = j.value("lr", 0.0);
+      for (auto& o : optimizers_) o.set_step_count(j.at("optimizer_step").get<std::int64_t>());
+      if (scheduler_ && j.contains("scheduler")) {
+        scheduler_->step(j["scheduler"].at("last_batch_iteration").get<std::int64_t>());
+      }
+      if (scaler_) {
+        expect<CheckpointError>(j.contains("loss_scaler"),
+                                "checkpoint: no loss scaler state (saved without fp16)");
+        optim::StateDict d;
+        d.counters = j["loss_scaler"].at("counters").get<decltype(d.counters)>();
+        d.scalars = j["loss_scaler"].at("scalars").get<decltype(d.scalars)>();
+        scaler_->load_state_dict(d);
+      }
+    } catch (const nlohmann::json::exception& e) {
+      raise<CheckpointError>("checkpoint: malformed engine state: ", e.what());
+    }
+  }
+  /// True between optimizer steps (no micro-step of an accumulation window done yet).
+  bool between_steps() const { return micro_step_ == 0 && !boundary_pending_ && !forward_done_; }
+  /// True when the engine was built from a config (it owns optimizers).
+  bool has_optimizer() const { return !optimizers_.empty(); }
+  /// The data-parallel communicator (type-erased).
+  parallel::AnyComm& comm() { return comm_; }
 
   /// Waits for every collective the engine still has in flight (the parameter gathers a step
   /// leaves running for the next forward).
