@@ -15,6 +15,9 @@
 
 #include <parallel/comm/local_comm.hpp>
 
+#include <zero/engine/engine_weights.hpp>
+#include <zero/io/safetensors_writer.hpp>
+
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 
@@ -142,4 +145,47 @@ TEST_CASE("a checkpoint from another optimizer is refused by name", "[unit][engi
   run<double>({1, 1, 0, 1, "", "sgd"}, tmp.path());
   CHECK_THROWS_WITH(run<float>({1, 1, 1, 2, "sgd", ""}, tmp.path()),
                     Catch::Contains("exp_avg") || Catch::Contains("optimizer"));
+}
+
+TEST_CASE("GPT-2 safetensors weights start training at any stage without a whole-model rank",
+          "[unit][engine][checkpoint]") {
+  zero::testing::TempDir tmp("engine-weights");
+  const auto file = tmp.path() / "gpt2.safetensors";
+  // The file: a single-process model initialised with another seed, in Hugging Face layout.
+  nn::GPT<float> source(tiny());
+  nn::LocalParameters<nn::GPT<float>> params(source, 99);
+  std::vector<io::TensorDecl> decls;
+  for (int u = 0; u < params.num_units(); ++u) {
+    for (const auto& p : params.unit_specs(u)) {
+      decls.push_back(io::gpt2::export_decl(p.name, DType::f32, p.shape));
+    }
+  }
+  {
+    io::SafetensorsWriter writer(file, decls);
+    for (int u = 0; u < params.num_units(); ++u) {
+      std::int64_t offset = 0;
+      for (const auto& p : params.unit_specs(u)) {
+        io::gpt2::export_tensor(writer, p.name,
+                                Tensor<const float>(params.unit_values(u).data() + offset, p.shape));
+        offset += p.numel();
+      }
+    }
+    writer.commit();
+  }
+  for (int world : {1, 2, 3}) {
+    LocalComm::run(world, [&](LocalComm& comm) {
+      nn::GPT<float> model(tiny());
+      engine::EngineOptions options;
+      options.persistence_threshold = 0;
+      engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
+          model, comm, [](int, std::span<float>, std::span<const float>) {}, options);
+      engine::load_gpt2_weights(eng, file);
+      for (int u = 0; u < eng.units(); ++u) {
+        const auto got = eng.gather_unit_values(u);
+        const auto want = params.unit_values(u);
+        REQUIRE(got.size() == static_cast<std::size_t>(want.numel()));
+        CHECK(std::equal(got.begin(), got.end(), want.begin()));
+      }
+    });
+  }
 }
