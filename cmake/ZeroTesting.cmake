@@ -32,14 +32,19 @@ function(zero_header_requirements header out)
   set(${out} ${_req} PARENT_SCOPE)
 endfunction()
 
-# zero_add_mpi_test(NAME <name> TARGET <exe> RANKS <k> [ARGS ...]): runs <exe> "[mpi]" [ARGS]
+# zero_add_mpi_test(NAME <name> TARGET <exe> RANKS <k> [PROGRAM] [ARGS ...]): runs <exe> "[mpi]"
+# [ARGS] (PROGRAM: without the "[mpi]" test filter, for examples)
 # under `mpiexec -n <k> --oversubscribe` (plus --allow-run-as-root when running as root), with
 # label mpi. Open MPI's root and oversubscription switches are also set in the environment,
 # so the test runs the same in containers and on small CI machines.
 function(zero_add_mpi_test)
-  cmake_parse_arguments(ARG "" "NAME;TARGET;RANKS" "ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "PROGRAM" "NAME;TARGET;RANKS" "ARGS" ${ARGN})
   if(NOT ARG_NAME OR NOT ARG_TARGET OR NOT ARG_RANKS)
     message(FATAL_ERROR "zero_add_mpi_test: NAME, TARGET and RANKS are required")
+  endif()
+  set(_tag "[mpi]")  # Catch2 test executables run their [mpi] cases; PROGRAM: a plain program
+  if(ARG_PROGRAM)
+    set(_tag "")
   endif()
   set(_flags --oversubscribe)
   execute_process(COMMAND id -u OUTPUT_VARIABLE _uid OUTPUT_STRIP_TRAILING_WHITESPACE
@@ -50,7 +55,7 @@ function(zero_add_mpi_test)
   add_test(NAME ${ARG_NAME}
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ARG_RANKS} ${_flags}
                    ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${ARG_TARGET}> ${MPIEXEC_POSTFLAGS}
-                   "[mpi]" ${ARG_ARGS})
+                   ${_tag} ${ARG_ARGS})
   set_tests_properties(${ARG_NAME} PROPERTIES
     LABELS mpi
     PROCESSORS ${ARG_RANKS}

@@ -1,32 +1,41 @@
-// train_gpt: trains a small byte-level GPT-2 on the bundled corpus with the ZeRO engine.
+// train_gpt: trains a byte-level GPT-2 on the bundled corpus (or an llm.c token file) with the
+// ZeRO engine, configured like a DeepSpeed run.
 //
 // By default 2 ranks in one process (LocalComm threads) at ZeRO stage 3: every rank holds only its
-// shard of each unit and gathers a unit just before using it. nn::GPT supplies the units,
-// optim::AdamW updates each rank's master shards (fused pass), DeepSpeed's WarmupCosineLR shape
-// sets the learning rate, and the DataLoader gives rank r its rows of each global batch, so any
-// --ranks and --stage train on the same data and (up to rounding) reach the same loss.
+// shard of each unit and gathers a unit just before using it. Under mpiexec (built with MPI)
+// every process is one rank over MpiComm. The DeepSpeed JSON (--config, or a built-in default:
+// AdamW, WarmupCosineLR, clipping 1.0, ZeRO-3) picks the stage (zero::dispatch), optimizer,
+// schedule, batch sizes and clipping; flags override the model shape and the run.
 //
-//   ./train_gpt [--ranks 2] [--stage 3] [--steps 100] [--batch 8] [--seq 64] [--layers 4]
-//               [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234] [--data corpus.txt]
-//               [--print-every 10]
+//   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--steps 100] [--batch 8] [--seq 64]
+//               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
+//               [--data corpus.txt | --tokens train.bin] [--init gpt2.safetensors]
+//               [--print-every 10] [--metrics metrics.jsonl]
+//               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
+#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include <optim/adam.hpp>
+#include <unistd.h>
+
 #include <parallel/comm/local_comm.hpp>
+#if defined(ZERO_WITH_MPI)
+#include <parallel/comm/mpi_comm.hpp>
+#endif
 #include <zero/data/byte_tokenizer.hpp>
 #include <zero/data/data_loader.hpp>
 #include <zero/data/prepare_text.hpp>
 #include <zero/data/token_file.hpp>
-#include <zero/engine/engine.hpp>
+#include <zero/engine/dispatch.hpp>
+#include <zero/engine/engine_weights.hpp>
 #include <zero/nn/gpt.hpp>
 
 namespace {
@@ -34,221 +43,308 @@ namespace {
 using namespace zero;
 
 struct Options {
-  int ranks = 2, stage = 3;
+  std::string config;
+  int ranks = 2;
+  std::optional<int> stage;
   std::int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, channels = 128;
-  double lr = 1e-3;
+  std::optional<double> lr;
   std::uint64_t seed = 1234;
   std::int64_t print_every = 10;
-  std::string data = ZERO_DEFAULT_CORPUS;
+  std::string data = ZERO_DEFAULT_CORPUS, tokens, init, metrics, save_dir, resume;
+  std::int64_t save_every = 0;
 };
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "train_gpt: %s (see the comment at the top of train_gpt.cpp)\n",
+               why.c_str());
+  std::exit(2);
+}
 
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "train_gpt: %s needs a value\n", flag.c_str());
-      std::exit(2);
-    }
-    const char* v = argv[i + 1];
-    if (flag == "--ranks")
-      o.ranks = std::atoi(v);
-    else if (flag == "--stage")
-      o.stage = std::atoi(v);
-    else if (flag == "--steps")
-      o.steps = std::atoll(v);
-    else if (flag == "--batch")
-      o.batch = std::atoll(v);
-    else if (flag == "--seq")
-      o.seq = std::atoll(v);
-    else if (flag == "--layers")
-      o.layers = std::atoll(v);
-    else if (flag == "--heads")
-      o.heads = std::atoll(v);
-    else if (flag == "--channels")
-      o.channels = std::atoll(v);
-    else if (flag == "--lr")
-      o.lr = std::atof(v);
-    else if (flag == "--seed")
-      o.seed = std::strtoull(v, nullptr, 10);
-    else if (flag == "--print-every")
-      o.print_every = std::max<std::int64_t>(1, std::atoll(v));
-    else if (flag == "--data")
-      o.data = v;
-    else {
-      std::fprintf(stderr, "train_gpt: unknown flag %s\n", flag.c_str());
-      std::exit(2);
-    }
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string v = argv[i + 1];
+    auto integer = [&] {
+      char* end = nullptr;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0') usage(flag + " expects an integer, got '" + v + "'");
+      return static_cast<std::int64_t>(x);
+    };
+    if (flag == "--config") o.config = v;
+    else if (flag == "--ranks") o.ranks = static_cast<int>(integer());
+    else if (flag == "--stage") o.stage = static_cast<int>(integer());
+    else if (flag == "--steps") o.steps = integer();
+    else if (flag == "--batch") o.batch = integer();
+    else if (flag == "--seq") o.seq = integer();
+    else if (flag == "--layers") o.layers = integer();
+    else if (flag == "--heads") o.heads = integer();
+    else if (flag == "--channels") o.channels = integer();
+    else if (flag == "--lr") o.lr = std::atof(v.c_str());
+    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(integer());
+    else if (flag == "--print-every") o.print_every = std::max<std::int64_t>(1, integer());
+    else if (flag == "--data") o.data = v;
+    else if (flag == "--tokens") o.tokens = v;
+    else if (flag == "--init") o.init = v;
+    else if (flag == "--metrics") o.metrics = v;
+    else if (flag == "--save-dir") o.save_dir = v;
+    else if (flag == "--save-every") o.save_every = integer();
+    else if (flag == "--resume") o.resume = v;
+    else usage("unknown flag " + flag);
+  }
+  if (o.ranks < 1) usage("--ranks must be >= 1");
+  if (o.steps < 0 || o.batch < 1 || o.seq < 1) usage("--steps, --batch and --seq must be positive");
+  if ((o.save_every > 0 || !o.resume.empty()) && o.save_dir.empty()) {
+    usage("--save-every and --resume need --save-dir");
   }
   return o;
 }
 
-// WarmupCosineLR with 10% warmup, decaying to 10% of the peak.
-double learning_rate(const Options& o, std::int64_t step) {
-  const double warmup = std::max<double>(1.0, 0.1 * static_cast<double>(o.steps));
-  if (static_cast<double>(step) < warmup) return o.lr * (static_cast<double>(step) + 1) / warmup;
-  const double progress = (static_cast<double>(step) - warmup) / std::max(1.0, o.steps - warmup);
-  return o.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(3.141592653589793 * progress)));
+// The built-in DeepSpeed config: what a user would write for this small run.
+Config make_config(const Options& o) {
+  nlohmann::json j = {
+      {"train_batch_size", o.batch},
+      {"gradient_clipping", 1.0},
+      {"steps_per_print", o.print_every},
+      {"optimizer",
+       {{"type", "AdamW"},
+        {"params", {{"lr", o.lr.value_or(1e-3)}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.0}}}}},
+      {"scheduler",
+       {{"type", "WarmupCosineLR"},
+        {"params",
+         {{"total_num_steps", std::max<std::int64_t>(o.steps, 1)},
+          {"warmup_num_steps", std::max<std::int64_t>(1, o.steps / 10)},
+          {"cos_min_ratio", 0.1}}}}},
+      {"zero_optimization", {{"stage", o.stage.value_or(3)}}}};
+  Config c = o.config.empty() ? Config::from_json(j) : Config::from_json_file(o.config);
+  if (o.stage) c.zero_optimization.stage = *o.stage;
+  if (o.lr && c.optimizer) c.optimizer->params["lr"] = {*o.lr};
+  for (const auto& w : c.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
+  return c;
 }
 
 using Clock = std::chrono::steady_clock;
 
 struct Corpus {
-  data::PreparedText text;
   std::shared_ptr<const data::TokenFile> train, val;
+  std::vector<std::int32_t> prompt;  // the start of the validation text, for the sample
+  std::int64_t vocab = 257;
 };
 
-// Trains on rank comm.rank() of comm.size(); rank 0 prints.
-template <int Stage>
-bool train(const Options& o, const Corpus& corpus, parallel::LocalComm& comm) {
+Corpus load_corpus(const Options& o) {
+  Corpus c;
+  if (!o.tokens.empty()) {  // an llm.c token file: validation from the same file
+    c.train = std::make_shared<const data::TokenFile>(data::TokenFile::open(o.tokens));
+    c.val = c.train;
+    c.vocab = 50257;
+    return c;
+  }
+  // The corpus as byte tokens (256 = end of text), 90% train, 10% validation.
+  const auto prefix = std::filesystem::temp_directory_path() /
+                      ("zero_train_gpt_corpus_" + std::to_string(::getpid()));
+  const data::PreparedText text = data::prepare_text_file(o.data, prefix, 0.1);
+  c.train = std::make_shared<const data::TokenFile>(
+      data::TokenFile::open(prefix.string() + "_train.bin"));
+  c.val = std::make_shared<const data::TokenFile>(
+      data::TokenFile::open(prefix.string() + "_val.bin"));
+  std::filesystem::remove(prefix.string() + "_train.bin");
+  std::filesystem::remove(prefix.string() + "_val.bin");
+  c.prompt.assign(text.val.begin(),
+                  text.val.begin() + std::min<std::ptrdiff_t>(16, static_cast<std::ptrdiff_t>(
+                                                                      text.val.size())));
+  return c;
+}
+
+// Trains with engine type E on comm; rank 0 prints. Returns whether the loss fell.
+template <class E, class Comm>
+bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
   const bool leader = comm.rank() == 0;
+  const auto sizes = cfg.resolve_batch(comm.size());
   data::LoaderConfig lc;
-  lc.global_batch = o.batch;
+  lc.global_batch = sizes.train;
   lc.seq_len = o.seq;
   lc.world_size = comm.size();
   lc.rank = comm.rank();
+  lc.micro_batches = static_cast<int>(sizes.accumulation);
   lc.shuffle = true;
   lc.seed = o.seed;
-  lc.vocab_size = 257;
+  lc.vocab_size = corpus.vocab;
   data::DataLoader train_loader(corpus.train, lc);
   lc.shuffle = false;
   data::DataLoader val_loader(corpus.val, lc);
 
-  nn::GPTConfig cfg;
-  cfg.vocab_size = 257;
-  cfg.max_seq_len = o.seq;
-  cfg.num_layers = o.layers;
-  cfg.num_heads = o.heads;
-  cfg.channels = o.channels;
-  nn::GPT<float> model(cfg);
-
-  // One AdamW per unit over whatever this rank updates (its shard; the whole unit at stage 0).
-  std::map<int, optim::AdamW> optimizers;
-  double lr = o.lr;
-  auto update = [&](int unit, std::span<float> param, std::span<const float> grad) {
-    auto it = optimizers.find(unit);
-    if (it == optimizers.end()) {
-      optim::AdamHyper h;
-      h.lr = o.lr;
-      h.beta2 = 0.95;
-      h.weight_decay = 0.0;
-      it = optimizers.emplace(unit, optim::AdamW(param.size(), h)).first;
-    }
-    it->second.set_lr(lr);
-    it->second.step(optim::FusedIo::over(param, grad));
-  };
+  nn::GPTConfig gc;
+  gc.vocab_size = corpus.vocab;
+  gc.max_seq_len = o.seq;
+  gc.num_layers = o.layers;
+  gc.num_heads = o.heads;
+  gc.channels = o.channels;
+  nn::GPT<float> model(gc);
   engine::EngineOptions eo;
   eo.seed = o.seed;
   eo.activation_bytes = std::size_t{512} << 20;
-  engine::Engine<nn::GPT<float>, ZeroStage<Stage>> eng(model, comm, update, eo);
-  if (leader) {
-    const auto m = eng.memory_report();
-    std::printf(
-        "train_gpt: %lld parameters (L=%lld, H=%lld, C=%lld, V=257, T=%lld), ZeRO stage %d "
-        "on %d ranks (LocalComm); %zu train / %zu val tokens; global batch %lld, %lld "
-        "steps; model state on rank 0: %.2f MB\n",
-        static_cast<long long>(cfg.num_parameters()), static_cast<long long>(o.layers),
-        static_cast<long long>(o.heads), static_cast<long long>(o.channels),
-        static_cast<long long>(o.seq), Stage, comm.size(), corpus.text.train.size(),
-        corpus.text.val.size(), static_cast<long long>(o.batch), static_cast<long long>(o.steps),
-        static_cast<double>(m.total()) / 1e6);
+  E eng(model, comm, cfg, eo);
+  if (!o.init.empty()) engine::load_gpt2_weights(eng, o.init);
+
+  std::int64_t first_step = 0;
+  if (!o.resume.empty()) {
+    const auto client = eng.load_checkpoint(o.save_dir, o.resume == "latest" ? "" : o.resume);
+    first_step = client.at("next_step").template get<std::int64_t>();
+    train_loader.restore(data::LoaderState::from_json(client.at("loader")));
+    if (leader) {
+      std::printf("train_gpt: resumed from %s/%s at step %lld\n", o.save_dir.c_str(),
+                  o.resume.c_str(), static_cast<long long>(first_step));
+    }
   }
+  const auto mem = eng.memory_report();
+  if (leader) {
+    std::printf(
+        "train_gpt: %lld parameters (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
+        "%d ranks; global batch %lld = %lld micro x %lld accumulation x %d ranks; %lld steps; "
+        "model state on rank 0: %.2f MB\n",
+        static_cast<long long>(gc.num_parameters()), static_cast<long long>(o.layers),
+        static_cast<long long>(o.heads), static_cast<long long>(o.channels),
+        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage,
+        comm.size(), static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
+        static_cast<long long>(sizes.accumulation), comm.size(), static_cast<long long>(o.steps),
+        static_cast<double>(mem.total()) / 1e6);
+  }
+  std::ofstream metrics;
+  if (leader && !o.metrics.empty()) metrics.open(o.metrics, std::ios::app);
+  const bool tty = leader && ::isatty(STDOUT_FILENO);
   auto mean_over_ranks = [&](double v) {
-    comm.all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
+    eng.comm().all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
     return v;
   };
   auto micro = [](const data::Batch& b) {
     return engine::MicroBatch{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
   };
 
+  const std::int64_t print_every = cfg.steps_per_print;
   auto last = Clock::now();
-  double first_loss = 0, loss = 0;
-  for (std::int64_t step = 0; step < o.steps; ++step) {
-    lr = learning_rate(o, step);
-    const data::Batch batch = train_loader.next();
-    loss = mean_over_ranks(eng.forward(micro(batch)));
-    eng.backward();
+  double first_loss = NAN, loss = NAN;
+  std::int64_t since_print = 0;
+  for (std::int64_t step = first_step; step < o.steps; ++step) {
+    double step_loss = 0;
+    for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
+      const data::Batch batch = train_loader.next();  // backward reads its targets too
+      step_loss += static_cast<double>(eng.forward(micro(batch)));
+      eng.backward();
+    }
     eng.step();
-    if (step == 0) first_loss = loss;
-    if ((step + 1) % o.print_every == 0 || step + 1 == o.steps) {
+    loss = mean_over_ranks(step_loss / static_cast<double>(sizes.accumulation));
+    if (std::isnan(first_loss)) first_loss = loss;
+    ++since_print;
+    const bool print = (step + 1) % print_every == 0 || step + 1 == o.steps;
+    if (tty && !print) {
+      const int width = 30;
+      const auto filled = static_cast<int>(width * (step + 1) / std::max<std::int64_t>(o.steps, 1));
+      std::printf("\r[%.*s%*s] %lld/%lld loss %.4f", filled, "##############################",
+                  width - filled, "", static_cast<long long>(step + 1),
+                  static_cast<long long>(o.steps), loss);
+      std::fflush(stdout);
+    }
+    if (print) {
       const auto now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - last).count();
       last = now;
-      const std::int64_t done =
-          (step + 1) % o.print_every == 0 ? o.print_every : (step + 1) % o.print_every;
+      const double tokens_per_s =
+          static_cast<double>(since_print * sizes.train * o.seq) / seconds;
+      const double ms = 1e3 * seconds / static_cast<double>(since_print);
+      since_print = 0;
+      const double state_mb = static_cast<double>(eng.memory_report().total()) / 1e6;
       if (leader) {
-        std::printf("step %4lld | loss %.4f | lr %.2e | %.0f tokens/s | %.1f ms/step\n",
-                    static_cast<long long>(step + 1), loss, lr,
-                    static_cast<double>(done * o.batch * o.seq) / seconds,
-                    1e3 * seconds / static_cast<double>(done));
+        std::printf("%sstep %4lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g | %.0f tokens/s"
+                    " | %.1f ms/step | state %.2f MB%s\n",
+                    tty ? "\r" : "", static_cast<long long>(step + 1), loss, eng.lr(),
+                    eng.last_grad_norm(), eng.loss_scale(), tokens_per_s, ms, state_mb,
+                    eng.last_step_skipped() ? " | skipped" : "");
         std::fflush(stdout);
+        if (metrics.is_open()) {
+          char buf[512];
+          std::snprintf(buf, sizeof buf,
+                        "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
+                        "\"loss_scale\": %g, \"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, "
+                        "\"model_state_bytes\": %zu, \"skipped\": %s}\n",
+                        static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
+                        eng.loss_scale(), tokens_per_s, ms, eng.memory_report().total(),
+                        eng.last_step_skipped() ? "true" : "false");
+          metrics << buf << std::flush;
+        }
+      }
+    }
+    if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == o.steps)) {
+      const std::string tag = "step" + std::to_string(step + 1);
+      const auto saved = eng.save_checkpoint(
+          o.save_dir, tag,
+          {{"next_step", step + 1}, {"loader", train_loader.state().to_json()}});
+      if (leader) {
+        std::printf("train_gpt: saved %s (%.1f MB)\n", saved.path.string().c_str(),
+                    static_cast<double>(saved.total_bytes) / 1e6);
       }
     }
   }
-  const double val_loss = mean_over_ranks(eng.evaluate(micro(val_loader.next())));
+  const double val_loss = mean_over_ranks(static_cast<double>(eng.evaluate(micro(val_loader.next()))));
   if (leader) {
-    std::printf("loss %.4f -> %.4f (uniform over 257 tokens: %.4f); validation loss %.4f\n",
-                first_loss, loss, std::log(257.0), val_loss);
+    std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); validation loss %.4f\n",
+                first_loss, loss, static_cast<long long>(corpus.vocab),
+                std::log(static_cast<double>(corpus.vocab)), val_loss);
   }
 
   // A short greedy sample from the start of the validation text (every rank takes part: the
   // stage-3 forward gathers units collectively).
-  const auto& val = corpus.text.val;
-  std::vector<std::int32_t> context(
-      val.begin(),
-      val.begin() + std::min<std::ptrdiff_t>(16, static_cast<std::ptrdiff_t>(val.size())));
-  const std::size_t prompt = context.size();
-  while (context.size() < static_cast<std::size_t>(o.seq)) {
-    const auto T = static_cast<std::int64_t>(context.size());
-    eng.evaluate(engine::MicroBatch{context.data(), nullptr, 1, T});
-    const float* last_row = model.logits().data() + (T - 1) * 257;
-    context.push_back(
-        static_cast<std::int32_t>(std::max_element(last_row, last_row + 256) - last_row));
+  if (!corpus.prompt.empty()) {
+    std::vector<std::int32_t> context = corpus.prompt;
+    const std::size_t prompt = context.size();
+    while (context.size() < static_cast<std::size_t>(o.seq)) {
+      const auto T = static_cast<std::int64_t>(context.size());
+      eng.evaluate(engine::MicroBatch{context.data(), nullptr, 1, T});
+      const float* last_row = model.logits().data() + (T - 1) * corpus.vocab;
+      context.push_back(
+          static_cast<std::int32_t>(std::max_element(last_row, last_row + 256) - last_row));
+    }
+    if (leader) {
+      std::string sample =
+          data::ByteTokenizer::decode(std::span<const std::int32_t>(context).subspan(1));
+      std::replace(sample.begin(), sample.end(), '\n', ' ');
+      std::printf("sample (prompt of %zu bytes, then greedy): %s\n", prompt - 1, sample.c_str());
+    }
   }
-  if (leader) {
-    std::string sample =
-        data::ByteTokenizer::decode(std::span<const std::int32_t>(context).subspan(1));
-    std::replace(sample.begin(), sample.end(), '\n', ' ');
-    std::printf("sample (prompt of %zu bytes, then greedy): %s\n", prompt - 1, sample.c_str());
-  }
-  return loss < first_loss;
+  return loss < first_loss || first_step > 0;
+}
+
+template <class Comm>
+bool run(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
+  return zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
+    return train<E>(o, cfg, corpus, comm);
+  });
+}
+
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  expect<ConfigError>(o.ranks >= 1, "--ranks ", o.ranks, " must be >= 1");
-  expect<ConfigError>(o.stage >= 0 && o.stage <= 3, "--stage ", o.stage, " must be 0, 1, 2 or 3");
-
-  // Data: the corpus as byte tokens (256 = end of text), 90% train, 10% validation.
-  const auto prefix = std::filesystem::temp_directory_path() / "zero_train_gpt_corpus";
-  Corpus corpus;
-  corpus.text = data::prepare_text_file(o.data, prefix, 0.1);
-  corpus.train = std::make_shared<const data::TokenFile>(
-      data::TokenFile::open(prefix.string() + "_train.bin"));
-  corpus.val =
-      std::make_shared<const data::TokenFile>(data::TokenFile::open(prefix.string() + "_val.bin"));
-
+  const Config cfg = make_config(o);
+  const Corpus corpus = load_corpus(o);
   bool improved = true;
-  parallel::LocalComm::run(o.ranks, [&](parallel::LocalComm& comm) {
-    bool ok = false;
-    switch (o.stage) {
-      case 0:
-        ok = train<0>(o, corpus, comm);
-        break;
-      case 1:
-        ok = train<1>(o, corpus, comm);
-        break;
-      case 2:
-        ok = train<2>(o, corpus, comm);
-        break;
-      default:
-        ok = train<3>(o, corpus, comm);
-        break;
-    }
-    if (comm.rank() == 0) improved = ok;
-  });
+  if (launched_by_mpi()) {
+#if defined(ZERO_WITH_MPI)
+    auto world = parallel::MpiComm::world(argc, argv);
+    improved = run(o, cfg, corpus, world);
+#else
+    throw ConfigError("train_gpt runs under mpiexec but was built without MPI (ZERO_WITH_MPI)");
+#endif
+  } else {
+    parallel::LocalComm::run(o.ranks, [&](parallel::LocalComm& comm) {
+      const bool ok = run(o, cfg, corpus, comm);
+      if (comm.rank() == 0) improved = ok;
+    });
+  }
   return improved ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_gpt: %s\n", e.what());
