@@ -60,7 +60,7 @@ function(zero_add_mpi_test)
     LABELS mpi
     PROCESSORS ${ARG_RANKS}
     TIMEOUT 300
-    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OMP_NUM_THREADS=1")
 endfunction()
 
 # zero_link_parts(<target> <part>...): links zero::<part> for each listed part this build found.
