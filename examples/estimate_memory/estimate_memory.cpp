@@ -1,0 +1,100 @@
+// estimate_memory: model-state memory per GPU and per node for ZeRO stages 1-3, with and without
+// offload, from zero's own formulas (zero/engine/memory_estimator.hpp), with DeepSpeed's
+// estimate_zero2/zero3 numbers beside them where DeepSpeed has a formula.
+//
+//   ./estimate_memory --model gpt2-xl [--gpus-per-node 8] [--nodes 1] [--precision bf16]
+//   ./estimate_memory --params 7.5e9 --largest-layer 2e8 [...]
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <zero/engine/memory_estimator.hpp>
+#include <zero/nn/gpt_config.hpp>
+
+namespace {
+
+using namespace zero;
+using engine::OffloadTarget;
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "estimate_memory: %s\nusage: estimate_memory (--model NAME | --params N "
+               "--largest-layer L) [--gpus-per-node G] [--nodes M] [--precision f32|bf16|f16]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%9.2f GB", bytes / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  engine::MemoryEstimateInput in;
+  std::string model;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string v = argv[i + 1];
+    if (flag == "--model") model = v;
+    else if (flag == "--params") in.params = static_cast<std::int64_t>(std::atof(v.c_str()));
+    else if (flag == "--largest-layer") in.largest_unit_params = static_cast<std::int64_t>(std::atof(v.c_str()));
+    else if (flag == "--gpus-per-node") in.gpus_per_node = std::atoi(v.c_str());
+    else if (flag == "--nodes") in.nodes = std::atoi(v.c_str());
+    else if (flag == "--precision") {
+      if (v == "f32") in.precision = DType::f32;
+      else if (v == "bf16") in.precision = DType::bf16;
+      else if (v == "f16") in.precision = DType::f16;
+      else usage("--precision must be f32, bf16 or f16");
+    } else usage("unknown flag " + flag);
+  }
+  if (!model.empty()) {
+    const nn::GPTConfig c = nn::GPTConfig::preset(model);
+    in.params = c.num_parameters();
+    // The largest unit: the embedding (token + position tables) or one block (12 C^2 + 13 C).
+    const std::int64_t C = c.channels;
+    in.largest_unit_params = std::max(c.vocab_size * C + c.max_seq_len * C, 12 * C * C + 13 * C);
+  }
+  if (in.params <= 0 || in.largest_unit_params <= 0) usage("give --model or --params and --largest-layer");
+  std::printf("%lld parameters, largest unit %lld, %d GPU(s) per node x %d node(s), %s compute,"
+              " Adam (8 bytes of state per parameter)\n",
+              static_cast<long long>(in.params), static_cast<long long>(in.largest_unit_params),
+              in.gpus_per_node, in.nodes, std::string(name_of(in.precision)).c_str());
+  std::printf("%-6s %-26s | %-12s %-12s %-12s %-12s | %-12s %-12s\n", "stage", "offload",
+              "GPU at rest", "GPU peak", "CPU/node", "NVMe/node", "DS GPU", "DS CPU/node");
+  struct Row {
+    int stage;
+    OffloadTarget opt, param;
+    const char* label;
+  };
+  const Row rows[] = {{1, OffloadTarget::none, OffloadTarget::none, "none"},
+                      {1, OffloadTarget::cpu, OffloadTarget::none, "optimizer->cpu"},
+                      {2, OffloadTarget::none, OffloadTarget::none, "none"},
+                      {2, OffloadTarget::cpu, OffloadTarget::none, "optimizer->cpu"},
+                      {2, OffloadTarget::nvme, OffloadTarget::none, "optimizer->nvme"},
+                      {3, OffloadTarget::none, OffloadTarget::none, "none"},
+                      {3, OffloadTarget::cpu, OffloadTarget::none, "optimizer->cpu"},
+                      {3, OffloadTarget::cpu, OffloadTarget::cpu, "optimizer+params->cpu"},
+                      {3, OffloadTarget::nvme, OffloadTarget::nvme, "optimizer+params->nvme"}};
+  for (const Row& r : rows) {
+    in.stage = r.stage;
+    in.offload_optimizer = r.opt;
+    in.offload_param = r.param;
+    const auto z = engine::estimate_model_states(in);
+    const auto ds = engine::deepspeed_estimate(in);
+    const double per_node = in.gpus_per_node;
+    const bool has_ds = r.stage >= 2 && r.opt != OffloadTarget::nvme;
+    std::printf("%-6d %-26s | %s %s %s %s | %s %s\n", r.stage, r.label,
+                gib(z.device_at_rest).c_str(), gib(z.device_peak()).c_str(),
+                gib(z.host * per_node).c_str(), gib(z.nvme * per_node).c_str(),
+                has_ds ? gib(ds.device_peak()).c_str() : "        -   ",
+                has_ds ? gib(ds.host).c_str() : "        -   ");
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "estimate_memory: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,133 @@
+#pragma once
+// Model-state memory per rank, from zero's own layout (what Engine::memory_report() measures),
+// for a parameter count, the largest unit and a world of gpus_per_node x nodes ranks; beside it
+// DeepSpeed's estimate_zero2/zero3 formulas, for comparison. Activations, communication
+// buffers and the allocator are not model states and are not counted (as in DeepSpeed's).
+//
+// Per rank, with psi parameters, N ranks, L the largest unit, b bytes per compute element
+// (4 for f32, 2 for bf16/f16), K optimizer-state bytes per parameter (8 for Adam):
+//   sharded = (4 master + K states + 4 fp32 gradient shard) psi / N   (16 psi / N with Adam)
+//   stage 0: every rank holds (8 + K) psi (f32: params = master; bf16: + b psi compute copy)
+//   stage 1: sharded + whole params b psi + whole fp32 gradient accumulators 4 psi
+//   stage 2: sharded + whole params b psi
+//   stage 3: sharded, + gathered units while they run (params and grads: 2 b L per live unit)
+//   bf16/f16 at stages 1-3 also keep the low-precision copy of the owned slice: b psi / N.
+//   Optimizer offload moves the sharded part to host memory (CPU) or, except the fp32 gradient
+//   shard, to files (NVMe); parameter offload (stage 3) moves the low-precision slice too.
+
+#include <algorithm>
+#include <cstdint>
+
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+
+namespace zero::engine {
+
+/// Where an offloaded part lives.
+enum class OffloadTarget : unsigned char { none, cpu, nvme };
+
+/// What the estimate depends on.
+struct MemoryEstimateInput {
+  std::int64_t params = 0;               ///< psi: parameters of the model
+  std::int64_t largest_unit_params = 0;  ///< L: parameters of the largest unit (layer)
+  int gpus_per_node = 1;
+  int nodes = 1;
+  int stage = 3;
+  DType precision = DType::bf16;       ///< compute type: f32, bf16 or f16
+  int optimizer_state_bytes = 8;       ///< per parameter: Adam 8, SGD with momentum 4, SGD 0
+  OffloadTarget offload_optimizer = OffloadTarget::none;
+  OffloadTarget offload_param = OffloadTarget::none;  ///< stage 3 only
+  int live_units = 1;  ///< stage 3: units gathered at once (1 + prefetched)
+
+  /// Ranks in the world.
+  int world() const { return gpus_per_node * nodes; }
+};
+
+/// Bytes per rank by where they live.
+struct MemoryEstimate {
+  double device_at_rest = 0;  ///< on the compute device between steps
+  double device_working = 0;  ///< + unit buffers while a step runs (gathered units, grads)
+  double host = 0;            ///< offloaded to host memory
+  double nvme = 0;            ///< offloaded to files
+  /// Device peak: at rest plus the working buffers.
+  double device_peak() const { return device_at_rest + device_working; }
+};
+
+/// zero's model-state memory per rank (see the formulas at the top).
+inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
+  expect<ConfigError>(in.params > 0 && in.largest_unit_params > 0 &&
+                          in.largest_unit_params <= in.params,
+                      "estimate_model_states: need 0 < largest unit <= params");
+  expect<ConfigError>(in.gpus_per_node > 0 && in.nodes > 0, "estimate_model_states: need a world");
+  expect<ConfigError>(in.stage >= 0 && in.stage <= 3, "estimate_model_states: stage ", in.stage,
+                      " is not 0-3");
+  expect<ConfigError>(in.offload_param == OffloadTarget::none || in.stage == 3,
+                      "estimate_model_states: parameter offload needs stage 3");
+  expect<ConfigError>(in.offload_optimizer == OffloadTarget::none || in.stage >= 1,
+                      "estimate_model_states: optimizer offload needs stage 1 or higher");
+  const double psi = static_cast<double>(in.params), L = static_cast<double>(in.largest_unit_params);
+  const double n = in.world(), K = in.optimizer_state_bytes;
+  const double b = static_cast<double>(size_of(in.precision));
+  const bool lowp = in.precision != DType::f32;
+  MemoryEstimate e;
+  if (in.stage == 0) {
+    e.device_at_rest = (8 + K) * psi + (lowp ? b * psi : 0);
+    e.device_working = lowp ? b * L : 0;
+    return e;
+  }
+  const double shard_master_states = (4 + K) * psi / n, shard_grads = 4 * psi / n;
+  const double lowp_slice = lowp ? b * psi / n : 0;
+  switch (in.offload_optimizer) {
+    case OffloadTarget::none: e.device_at_rest += shard_master_states + shard_grads; break;
+    case OffloadTarget::cpu: e.host += shard_master_states + shard_grads; break;
+    case OffloadTarget::nvme:
+      e.nvme += shard_master_states;
+      e.host += shard_grads;
+      break;
+  }
+  switch (in.offload_param) {
+    case OffloadTarget::none: e.device_at_rest += lowp_slice; break;
+    case OffloadTarget::cpu: e.host += lowp_slice; break;
+    case OffloadTarget::nvme: e.nvme += lowp_slice; break;
+  }
+  if (in.stage == 1) {
+    e.device_at_rest += b * psi + 4 * psi;
+    e.device_working = lowp ? b * L : 0;
+  } else if (in.stage == 2) {
+    e.device_at_rest += b * psi;
+    e.device_working = b * L;
+  } else {
+    e.device_working = 2 * b * L * std::max(1, in.live_units);
+  }
+  return e;
+}
+
+/// DeepSpeed's estimate_zero2/zero3_model_states_mem_needs (per GPU; host per node), for
+/// comparison; stages 2 and 3 only, as DeepSpeed provides.
+inline MemoryEstimate deepspeed_estimate(const MemoryEstimateInput& in) {
+  const double psi = static_cast<double>(in.params), L = static_cast<double>(in.largest_unit_params);
+  const double n = in.world(), g = in.gpus_per_node, nodes = in.nodes;
+  MemoryEstimate e;
+  if (in.stage == 2) {
+    if (in.offload_optimizer == OffloadTarget::none) {
+      e.device_at_rest = 2 * psi + 18 * psi / n;
+      e.host = 4 * psi * g * 1.5;
+    } else {
+      e.device_at_rest = 2 * psi;
+      e.host = psi * std::max(4 * n, 16.0) * 1.5;
+    }
+  } else if (in.stage == 3) {
+    e.device_working = 4 * L;
+    if (in.offload_optimizer == OffloadTarget::none) {
+      e.device_at_rest = 18 * psi / n;
+    } else if (in.offload_param == OffloadTarget::none) {
+      e.device_at_rest = 2 * psi / n;
+      e.host = 16 * psi / nodes * 1.5;
+    } else {
+      e.host = 18 * psi / nodes * 1.5;
+    }
+  }
+  return e;
+}
+
+}  // namespace zero::engine

@@ -1,0 +1,105 @@
+// The memory estimator against real engines: at every stage, in f32 and bf16, the estimate of
+// model-state bytes at rest equals what memory_report() measures (given the padded parameter
+// count), and the formulas have the shape of the ZeRO paper and of DeepSpeed's estimators.
+#include <cstdint>
+
+#include <catch2/catch.hpp>
+
+#include <parallel/comm/local_comm.hpp>
+#include <zero/engine/memory_estimator.hpp>
+
+#include "engine_test_util.hpp"
+#include "toy_model.hpp"
+
+using namespace zero;
+using namespace zero::test;
+using zero::parallel::LocalComm;
+
+namespace {
+
+template <class Model, int S, class... Extra>
+void check_against_engine(const Config& cfg, DType precision) {
+  const int world = 4;
+  engine::MemoryReport measured;
+  std::int64_t padded = 0, largest = 0;
+  LocalComm::run(world, [&](LocalComm& comm) {
+    Model model = [] {
+      if constexpr (std::is_same_v<Model, nn::GPT<float>>) {
+        return Model(tiny());
+      } else {
+        return Model();
+      }
+    }();
+    engine::Engine<Model, ZeroStage<S>, Extra...> eng(model, comm, cfg);
+    if (comm.rank() == 0) {
+      measured = eng.memory_report();
+      for (int u = 0; u < eng.units(); ++u) {
+        padded += eng.partition(u).padded_numel();
+        largest = std::max(largest, eng.partition(u).padded_numel());
+      }
+    }
+  });
+  engine::MemoryEstimateInput in;
+  in.params = padded;
+  in.largest_unit_params = largest;
+  in.gpus_per_node = world;
+  in.stage = S;
+  in.precision = precision;
+  const auto e = engine::estimate_model_states(in);
+  INFO("stage " << S << " precision " << name_of(precision));
+  CHECK(static_cast<double>(measured.total()) == e.device_at_rest);
+}
+
+Config toy_config(int stage, bool bf16) {
+  Config c = Config::from_json_string(
+      R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "zero_optimization": {"stage": )" + std::to_string(stage) +
+      R"(, "stage3_param_persistence_threshold": 0}})");
+  c.bf16_enabled = bf16;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the estimator equals memory_report() at rest (f32 GPT, bf16 toy)", "[unit][engine]") {
+  check_against_engine<nn::GPT<float>, 0>(adamw_config(0, 1, 0), DType::f32);
+  check_against_engine<nn::GPT<float>, 1>(adamw_config(1, 1, 0), DType::f32);
+  check_against_engine<nn::GPT<float>, 2>(adamw_config(2, 1, 0), DType::f32);
+  check_against_engine<nn::GPT<float>, 3>(adamw_config(3, 1, 0), DType::f32);
+  check_against_engine<ToyModel<bf16>, 0, Precision<bf16>>(toy_config(0, true), DType::bf16);
+  check_against_engine<ToyModel<bf16>, 1, Precision<bf16>>(toy_config(1, true), DType::bf16);
+  check_against_engine<ToyModel<bf16>, 2, Precision<bf16>>(toy_config(2, true), DType::bf16);
+  check_against_engine<ToyModel<bf16>, 3, Precision<bf16>>(toy_config(3, true), DType::bf16);
+}
+
+TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are beside it",
+          "[unit][engine]") {
+  engine::MemoryEstimateInput in;
+  in.params = 7'500'000'000;  // the paper's 7.5B example on 64 GPUs
+  in.largest_unit_params = 200'000'000;
+  in.gpus_per_node = 8;
+  in.nodes = 8;
+  in.precision = DType::bf16;
+  const double psi = 7.5e9, n = 64;
+  in.stage = 3;
+  CHECK(engine::estimate_model_states(in).device_at_rest == Approx(18 * psi / n));  // 16 + bf16 slice
+  CHECK(engine::deepspeed_estimate(in).device_at_rest == Approx(18 * psi / n));
+  in.stage = 2;
+  CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi + 18 * psi / n));
+  in.offload_optimizer = engine::OffloadTarget::cpu;
+  CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi + 2 * psi / n));
+  CHECK(engine::deepspeed_estimate(in).device_at_rest == Approx(2 * psi));
+  in.stage = 3;
+  in.offload_param = engine::OffloadTarget::cpu;
+  CHECK(engine::estimate_model_states(in).device_at_rest == 0);  // unit buffers only
+  CHECK(engine::estimate_model_states(in).device_working == Approx(2 * 2 * 2e8));
+  in.offload_optimizer = engine::OffloadTarget::nvme;
+  in.offload_param = engine::OffloadTarget::none;
+  const auto nv = engine::estimate_model_states(in);
+  CHECK(nv.nvme == Approx(12 * psi / n));
+  CHECK(nv.host == Approx(4 * psi / n));
+  in.stage = 2;
+  in.offload_param = engine::OffloadTarget::cpu;
+  CHECK_THROWS_WITH(engine::estimate_model_states(in), Catch::Contains("stage 3"));
+}
