@@ -1,0 +1,158 @@
+// engine_bench: optimizer-step time of the engine at ZeRO stages 0-3 on 1, 2 and 4 LocalComm
+// ranks, beside the single-process step (LocalParameters + one AdamW per unit, no engine) on the
+// same global batch in the same run; the ratio is the cost of sharding and communication on
+// this machine. One JSON line per configuration.
+//
+//   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <optim/adam.hpp>
+#include <parallel/comm/local_comm.hpp>
+#include <zero/engine/dispatch.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/local_parameters.hpp>
+
+#include "../bench_timing.hpp"
+
+namespace {
+
+using namespace zero;
+
+struct BenchShape {
+  std::int64_t layers = 4, channels = 128, seq = 64, batch = 8;
+  int repeats = 5;
+};
+
+nn::GPTConfig model_config(const BenchShape& s) {
+  nn::GPTConfig c = nn::GPTConfig::preset("small-test");
+  c.num_layers = s.layers;
+  c.channels = s.channels;
+  c.num_heads = 4;
+  c.max_seq_len = s.seq;
+  return c;
+}
+
+std::vector<std::int32_t> tokens_for(const BenchShape& s, std::int64_t vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(s.batch * s.seq));
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<std::int32_t>((i * 31 + 7) % vocab);
+  return t;
+}
+
+void set_threads(int n) {
+#if defined(_OPENMP)
+  omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+
+// The single-process step: forward, backward, AdamW on every unit.
+double single_process_ms(const BenchShape& s, int threads) {
+  set_threads(threads);
+  const nn::GPTConfig c = model_config(s);
+  nn::GPT<float> model(c);
+  nn::LocalParameters<nn::GPT<float>> params(model, 1234);
+  std::vector<optim::AdamW> opts;
+  for (int u = 0; u < model.num_units(); ++u) opts.emplace_back(params.unit_values(u).numel());
+  Arena<> arena(std::size_t{512} << 20);
+  const auto tokens = tokens_for(s, c.vocab_size);
+  auto step = [&] {
+    params.zero_grads();
+    nn::StepContext<float> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = tokens.data();
+    ctx.targets = tokens.data();
+    ctx.batch = s.batch;
+    ctx.seq_len = s.seq;
+    model.forward(ctx);
+    model.backward(ctx);
+    arena.reset();
+    for (int u = 0; u < model.num_units(); ++u) {
+      opts[static_cast<std::size_t>(u)].step(optim::FusedIo::over(
+          params.unit_values(u).span(), std::span<const float>(params.unit_grads(u).span())));
+    }
+  };
+  step();
+  return 1e3 * bench::best_seconds(s.repeats, step);
+}
+
+// The engine step at `stage` on `ranks` LocalComm ranks (rank 0's time; ranks move together).
+double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank) {
+  const nn::GPTConfig c = model_config(s);
+  const auto tokens = tokens_for(s, c.vocab_size);
+  const Config cfg = Config::from_json_string(
+      R"({"train_batch_size": )" + std::to_string(s.batch) +
+      R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+          "zero_optimization": {"stage": )" + std::to_string(stage) + "}}");
+  double ms = 0;
+  parallel::LocalComm::run(ranks, [&](parallel::LocalComm& comm) {
+    set_threads(threads_per_rank);
+    nn::GPT<float> model(c);
+    engine::EngineOptions options;
+    options.activation_bytes = std::size_t{512} << 20;
+    zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
+      E eng(model, comm, cfg, options);
+      const std::int64_t rows = s.batch / comm.size();
+      const engine::MicroBatch mb{tokens.data() + comm.rank() * rows * s.seq,
+                                  tokens.data() + comm.rank() * rows * s.seq, rows, s.seq};
+      auto step = [&] {
+        eng.forward(mb);
+        eng.backward();
+        eng.step();
+        eng.synchronize();
+      };
+      step();
+      const double t = 1e3 * bench::best_seconds(s.repeats, step);
+      if (comm.rank() == 0) ms = t;
+    });
+  });
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchShape s;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const long long v = std::atoll(argv[i + 1]);
+    if (flag == "--layers") s.layers = v;
+    else if (flag == "--channels") s.channels = v;
+    else if (flag == "--seq") s.seq = v;
+    else if (flag == "--batch") s.batch = v;
+    else if (flag == "--repeats") s.repeats = static_cast<int>(v);
+    else {
+      std::fprintf(stderr, "engine_bench: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  const int cores = 2;  // the reference machine; each configuration uses both
+  const double baseline = single_process_ms(s, cores);
+  const auto params = model_config(s).num_parameters();
+  std::printf("{\"bench\": \"engine_step\", \"config\": {\"mode\": \"single_process\", "
+              "\"params\": %lld, \"batch\": %lld, \"seq\": %lld, \"threads\": %d}, "
+              "\"value\": %.3f, \"unit\": \"ms\"}\n",
+              static_cast<long long>(params), static_cast<long long>(s.batch),
+              static_cast<long long>(s.seq), cores, baseline);
+  for (int ranks : {1, 2, 4}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      const int threads = ranks >= cores ? 1 : cores / ranks;
+      const double ms = engine_ms(s, stage, ranks, threads);
+      std::printf("{\"bench\": \"engine_step\", \"config\": {\"mode\": \"engine\", \"stage\": %d, "
+                  "\"ranks\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
+                  "\"unit\": \"ms\", \"single_process_ms\": %.3f, \"ratio\": %.3f}\n",
+                  stage, ranks, threads, static_cast<long long>(params), ms, baseline,
+                  ms / baseline);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
