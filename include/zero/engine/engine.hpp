@@ -284,7 +284,7 @@ class Engine {
       if (stage == 0 && same_type) r.master_bytes += s.values ? s.values->size() * sizeof(T) : 0;
       r.grad_accumulator_bytes += s.grad_shard.size() * sizeof(MasterT) +
                                   s.whole_acc.size() * sizeof(MasterT);
-      r.param_shard_bytes += s.lowp_shard.size() * sizeof(T);
+      r.scratch_bytes += s.gather_scratch.size() * sizeof(T);
       if (s.values && !(stage == 0 && same_type)) r.whole_param_bytes += s.values->size() * sizeof(T);
       if (s.grads) r.whole_grad_bytes += s.grads->size() * sizeof(T);
     }
@@ -352,7 +352,7 @@ class Engine {
     Buffer<MasterT> master;      // owned slice (stage 0: whole); empty when values is the master
     Buffer<MasterT> grad_shard;  // stages 1-3: fp32 gradient of the owned slice
     Buffer<MasterT> whole_acc;   // stages 0-1 with T != MasterT: whole fp32 accumulator
-    Buffer<T> lowp_shard;        // stages 1-3 with T != MasterT: compute copy of the owned slice
+    Buffer<T> gather_scratch;    // T != MasterT: the master slice rounded for an all-gather
     std::optional<Buffer<T>> values, grads;  // whole unit in compute type while gathered
     parallel::Work pending_gather;           // declared after the buffers it writes
     bool gathering = false;
@@ -402,7 +402,6 @@ class Engine {
         s.master = Buffer<MasterT>(shard);
         initialise_shard(s.specs, p, rank, s.master.view(), options_.seed);
         s.grad_shard = Buffer<MasterT>(shard);
-        if constexpr (!same_type) s.lowp_shard = Buffer<T>(shard);
         if (stage == 1 && !same_type) s.whole_acc = Buffer<MasterT>(padded);
       }
       if (stage < 2 && same_type) s.grads.emplace(padded);  // the accumulator itself
@@ -526,13 +525,19 @@ class Engine {
     model_.bind_unit(u, views);
   }
 
-  // The buffer the all-gather of unit u reads: this rank's compute-type slice.
+  // The buffer the all-gather of unit u reads: the master slice itself, or (bf16/f16) the slice
+  // rounded into a pooled scratch that lives until the gather finished. No low-precision copy
+  // is kept between gathers, so stage 3 holds 16 psi / N at rest whatever the precision.
   std::span<const T> gather_source(int u) {
     UnitState& s = unit(u);
     if constexpr (same_type) {
       return std::span<const T>(s.master.data(), s.master.size());
     } else {
-      return std::span<const T>(s.lowp_shard.data(), s.lowp_shard.size());
+      s.gather_scratch = take_scratch(s.master.size());
+      const MasterT* m = s.master.data();
+      T* out = s.gather_scratch.data();
+      for (std::size_t i = 0; i < s.master.size(); ++i) out[i] = convert<T>(m[i]);
+      return std::span<const T>(out, s.gather_scratch.size());
     }
   }
   // Starts the all-gather of unit u's params into a (new, at stage 3) whole buffer.
@@ -550,6 +555,7 @@ class Engine {
     if (!s.gathering) return;
     wait(s.pending_gather, "all-gather", u);
     s.gathering = false;
+    if (s.gather_scratch.size() > 0) scratch_pool_.push_back(std::move(s.gather_scratch));
   }
   // Makes unit u and the units it uses ready to run (gathered; with gradient buffers for
   // backward).
@@ -706,11 +712,6 @@ class Engine {
       if constexpr (std::is_same_v<MasterT, float>) {
         auto io = optim::FusedIo::over(param, std::span<const float>(grad));
         io.scale_grad(static_cast<float>(factor));
-        if constexpr (!same_type && stage >= 1) {
-          UnitState& s = unit(u);
-          io.write_back(std::span<T>(s.lowp_shard.data(), s.lowp_shard.size()));
-          io.first_index = static_cast<std::uint64_t>(master_offset(u));
-        }
         opt.step(io);
         if constexpr (!same_type && stage == 0) write_back(u);
       }
@@ -722,13 +723,13 @@ class Engine {
       write_back(u);
     }
   }
-  // Refreshes unit u's compute copy of its master slice (low-precision shard, or at stage 0 the
-  // whole compute params).
+  // Stage 0 in bf16/f16: refreshes the whole compute params from the whole master (stages 1-3
+  // round the master slice when they gather it).
   void write_back(int u) {
-    if constexpr (!same_type) {
+    if constexpr (!same_type && stage == 0) {
       UnitState& s = unit(u);
       const std::span<MasterT> m = master_span(u);
-      T* out = stage == 0 ? s.values->data() : s.lowp_shard.data();
+      T* out = s.values->data();
       for (std::size_t i = 0; i < m.size(); ++i) out[i] = convert<T>(m[i]);
     } else {
       (void)u;

@@ -11,9 +11,11 @@
 //   stage 1: sharded + whole params b psi + whole fp32 gradient accumulators 4 psi
 //   stage 2: sharded + whole params b psi
 //   stage 3: sharded, + gathered units while they run (params and grads: 2 b L per live unit)
-//   bf16/f16 at stages 1-3 also keep the low-precision copy of the owned slice: b psi / N.
+//   No low-precision copy of the owned slice is kept: a gather rounds the master slice into a
+//   unit-sized scratch, so bf16 stage 3 holds the paper's 16 psi / N at rest (DeepSpeed: 18).
 //   Optimizer offload moves the sharded part to host memory (CPU) or, except the fp32 gradient
-//   shard, to files (NVMe); parameter offload (stage 3) moves the low-precision slice too.
+//   shard, to files (NVMe). Parameter offload has nothing further to move (the master slice is
+//   the only copy of a rank's parameters at rest); it is accepted for DeepSpeed parity.
 
 #include <algorithm>
 #include <cstdint>
@@ -76,7 +78,6 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
     return e;
   }
   const double shard_master_states = (4 + K) * psi / n, shard_grads = 4 * psi / n;
-  const double lowp_slice = lowp ? b * psi / n : 0;
   switch (in.offload_optimizer) {
     case OffloadTarget::none: e.device_at_rest += shard_master_states + shard_grads; break;
     case OffloadTarget::cpu: e.host += shard_master_states + shard_grads; break;
@@ -84,11 +85,6 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
       e.nvme += shard_master_states;
       e.host += shard_grads;
       break;
-  }
-  switch (in.offload_param) {
-    case OffloadTarget::none: e.device_at_rest += lowp_slice; break;
-    case OffloadTarget::cpu: e.host += lowp_slice; break;
-    case OffloadTarget::nvme: e.nvme += lowp_slice; break;
   }
   if (in.stage == 1) {
     e.device_at_rest += b * psi + 4 * psi;
