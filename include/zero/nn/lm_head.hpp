@@ -51,7 +51,8 @@ class LMHead {
     linear_forward<T>(logits_.data(), ln_.data(), wte.value.data(), nullptr, N, C, V);
     if (ctx.targets != nullptr) {
       Tensor<Stat> losses = a.template allocate<Stat>({N});
-      ctx.loss = convert<T>(cross_entropy_forward(losses.data(), logits_.data(), ctx.targets, N, V));
+      ctx.loss =
+          convert<T>(cross_entropy_forward(losses.data(), logits_.data(), ctx.targets, N, V));
     }
   }
 

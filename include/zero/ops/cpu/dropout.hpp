@@ -14,9 +14,9 @@ namespace zero::ops::cpu {
 /// A dropout mask: element i of (rng, stream) is kept with probability 1 - p and then scaled by
 /// 1 / (1 - p). p = 0 means no dropout.
 struct DropoutMask {
-  double p = 0.0;               ///< drop probability in [0, 1)
-  CounterRng rng{0};            ///< key of this site (layer and position in the model)
-  std::uint32_t stream = 0;     ///< selects the mask per step
+  double p = 0.0;            ///< drop probability in [0, 1)
+  CounterRng rng{0};         ///< key of this site (layer and position in the model)
+  std::uint32_t stream = 0;  ///< selects the mask per step
 
   /// True when elements are dropped at all.
   bool active() const { return p > 0.0; }

@@ -2,9 +2,11 @@
 // Row-major GEMM for host kernels: CBLAS (OpenBLAS) for f32/f64 when zero::blas is linked,
 // a row-parallel loop otherwise. C = alpha * op(A) * op(B) + beta * C.
 // bf16/f16 operands: the product accumulates in float and C is rounded to the storage type once.
-// bf16 uses OpenBLAS's cblas_sbgemm (bf16 A and B, float C) when a run-time check on exact
-// integer data shows it agrees with sgemm; otherwise, and for f16, A and B are widened to float
-// and go through the f32 path.
+// bf16 uses OpenBLAS's cblas_sbgemm (bf16 A and B, float C) when the loaded OpenBLAS exports it
+// (cblas.h always declares it, but builds without BUILD_BFLOAT16, Debian 12's among them, lack
+// the symbol, so it is looked up at run time) and a run-time check on exact integer data shows it
+// agrees with sgemm; otherwise, and for f16, A and B are widened to float and go through the f32
+// path.
 
 #include <algorithm>
 #include <cstdint>
@@ -18,6 +20,9 @@
 
 #if defined(ZERO_WITH_BLAS)
 #include <cblas.h>
+#include <dlfcn.h>
+
+#include <cstring>
 #endif
 
 namespace zero::ops::cpu {
@@ -52,13 +57,27 @@ void gemm_reference(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int
 inline constexpr std::int64_t gemm_row_block = 64;
 
 #if defined(ZERO_WITH_BLAS)
+/// The type of OpenBLAS's cblas_sbgemm.
+using SbgemmFn = decltype(&cblas_sbgemm);
+
 namespace detail {
 
-// cblas_sbgemm against cblas_sgemm on bf16 values that are small integers: every product and
-// partial sum is an exact float, so a correct sbgemm must give exactly sgemm's result. Covers
-// the four transposes, padded leading dimensions, alpha != 1, beta = 1 and more than one
-// kernel tile in every dimension.
-inline bool check_sbgemm() {
+// cblas_sbgemm from the loaded libraries, or null where the OpenBLAS build lacks it.
+inline SbgemmFn find_sbgemm() {
+  void* symbol = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
+  SbgemmFn fn = nullptr;
+  static_assert(sizeof fn == sizeof symbol);
+  std::memcpy(&fn, &symbol, sizeof fn);  // object to function pointer without a cast warning
+  return fn;
+}
+
+}  // namespace detail
+
+/// Whether sbgemm computes what sgemm computes on widened inputs. The data are bf16 small
+/// integers, so every product and partial sum is an exact float and a correct sbgemm must equal
+/// sgemm exactly. Covers the four transposes, padded leading dimensions, alpha != 1, beta = 1 and
+/// more than one kernel tile in every dimension.
+inline bool check_sbgemm(SbgemmFn sbgemm) {
   const int M = 70, N = 37, K = 45, pad = 3;
   for (Trans ta : {Trans::no, Trans::yes}) {
     for (Trans tb : {Trans::no, Trans::yes}) {
@@ -79,28 +98,33 @@ inline bool check_sbgemm() {
       for (std::size_t i = 0; i < c16.size(); ++i) c16[i] = c32[i] = static_cast<float>(i % 11);
       const auto op_a = ta == Trans::yes ? CblasTrans : CblasNoTrans;
       const auto op_b = tb == Trans::yes ? CblasTrans : CblasNoTrans;
-      cblas_sbgemm(CblasRowMajor, op_a, op_b, M, N, K, 0.5f,
-                   reinterpret_cast<const bfloat16*>(a16.data()), lda,
-                   reinterpret_cast<const bfloat16*>(b16.data()), ldb, 1.0f, c16.data(), N);
-      cblas_sgemm(CblasRowMajor, op_a, op_b, M, N, K, 0.5f, a32.data(), lda, b32.data(), ldb,
-                  1.0f, c32.data(), N);
+      sbgemm(CblasRowMajor, op_a, op_b, M, N, K, 0.5f,
+             reinterpret_cast<const bfloat16*>(a16.data()), lda,
+             reinterpret_cast<const bfloat16*>(b16.data()), ldb, 1.0f, c16.data(), N);
+      cblas_sgemm(CblasRowMajor, op_a, op_b, M, N, K, 0.5f, a32.data(), lda, b32.data(), ldb, 1.0f,
+                  c32.data(), N);
       if (c16 != c32) return false;
     }
   }
   return true;
 }
 
-}  // namespace detail
-
-/// Whether bf16 GEMM uses cblas_sbgemm: OpenBLAS declares it, and a check on exact data (run
-/// once per process, the answer cached) found it equal to sgemm. Some OpenBLAS builds compute
-/// sbgemm wrongly on some CPUs; then bf16 GEMM widens to float and calls sgemm instead.
-inline bool sbgemm_usable() {
-  static const bool usable = [] {  // a fact about the linked library, computed once
+/// The cblas_sbgemm bf16 GEMM uses, or null: null when the loaded OpenBLAS does not export it or
+/// when check_sbgemm finds it wrong (some builds compute sbgemm wrongly on some CPUs); bf16 GEMM
+/// then widens to float and calls sgemm. Looked up and checked once per process.
+inline SbgemmFn usable_sbgemm() {
+  static const SbgemmFn fn = [] {  // a fact about the loaded library, computed once
+    const SbgemmFn found = detail::find_sbgemm();
+    if (found == nullptr) return SbgemmFn{nullptr};
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-    return detail::check_sbgemm();
+    return check_sbgemm(found) ? found : SbgemmFn{nullptr};
   }();
-  return usable;
+  return fn;
+}
+
+/// True when bf16 GEMM runs on cblas_sbgemm.
+inline bool sbgemm_usable() {
+  return usable_sbgemm() != nullptr;
 }
 #endif
 
@@ -152,7 +176,7 @@ void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   bool done = false;
 #if defined(ZERO_WITH_BLAS)
   if constexpr (std::is_same_v<T, bf16>) {
-    if (sbgemm_usable()) {
+    if (const SbgemmFn sbgemm = usable_sbgemm(); sbgemm != nullptr) {
       if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
       const auto op_a = ta == Trans::yes ? CblasTrans : CblasNoTrans;
       const auto op_b = tb == Trans::yes ? CblasTrans : CblasNoTrans;
@@ -161,10 +185,10 @@ void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
         const std::int64_t m0 = blk * gemm_row_block;
         const int rows = static_cast<int>(std::min(gemm_row_block, M - m0));
         const T* a = ta == Trans::no ? A + m0 * lda : A + m0;  // rows of op(A)
-        cblas_sbgemm(CblasRowMajor, op_a, op_b, rows, static_cast<int>(N), static_cast<int>(K),
-                     alpha, reinterpret_cast<const bfloat16*>(a), static_cast<int>(lda),
-                     reinterpret_cast<const bfloat16*>(B), static_cast<int>(ldb), 1.0f,
-                     acc + m0 * N, static_cast<int>(N));
+        sbgemm(CblasRowMajor, op_a, op_b, rows, static_cast<int>(N), static_cast<int>(K), alpha,
+               reinterpret_cast<const bfloat16*>(a), static_cast<int>(lda),
+               reinterpret_cast<const bfloat16*>(B), static_cast<int>(ldb), 1.0f, acc + m0 * N,
+               static_cast<int>(N));
       });
       done = true;
     }
