@@ -358,6 +358,24 @@ TEST_CASE("GPT<bf16> loss and gradients follow GPT<float> with the same weights"
   CHECK(relative_l2(r16[1], r32[1]) > 8 * bf16_unit_roundoff);
 }
 
+// f16 storage costs nothing extra: the same kernels compute in float (GEMM widens to float). With
+// u16 = 2^-11 the same reasoning as for bf16 gives the same multiples of u16; the weights are the
+// bf16 initialisation (exact in f16 except the few below f16's normal range, ~6e-5).
+TEST_CASE("GPT<f16> loss and gradients follow GPT<float> with the same weights", "[unit][bf16]") {
+  const double u16 = 0x1p-11;
+  nn::GPTConfig cfg = nn::GPTConfig::preset("small-test");
+  const Batch batch(cfg.vocab_size);
+  const auto r16 = gpt_step<f16>(cfg, batch, 3);
+  const auto r32 = gpt_step<float>(cfg, batch, 3);
+  INFO("loss f16 " << r16[0][0] << " f32 " << r32[0][0]);
+  CHECK(std::fabs(r16[0][0] - r32[0][0]) <= 4 * u16 * std::fabs(r32[0][0]));
+  for (std::size_t u = 1; u < r16.size(); ++u) {
+    const double err = relative_l2(r16[u], r32[u]);
+    INFO("unit " << u - 1 << " relative L2 error " << err);
+    CHECK(err <= 8 * u16);
+  }
+}
+
 TEST_CASE("GPT<bf16> results do not depend on the thread count", "[unit][bf16]") {
   nn::GPTConfig cfg = nn::GPTConfig::preset("small-test");
   cfg.dropout = 0.1;
