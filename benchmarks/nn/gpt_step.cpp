@@ -1,15 +1,22 @@
-// Host forward + backward step of nn::GPT, beside plain sgemm of the step's dominant shapes
-// measured in the same run (so the fraction of GEMM speed reached is printed).
+// Host forward + backward step of nn::GPT in f32 and in bf16 (bf16 storage, f32 compute),
+// beside the raw GEMMs of the step's dominant shapes measured in the same run (so the fraction
+// of GEMM speed reached is printed): OpenBLAS's own threaded sgemm for f32 rows; for bf16 rows
+// OpenBLAS's threaded cblas_sbgemm where the loaded OpenBLAS has a usable one, otherwise the
+// fallback zero uses (widen A and B to float, sgemm, round C to bf16), timed with OpenBLAS's
+// threading. Per-shape rows ("bench": "gemm") time those raw GEMMs and zero's own gemm<T> (the
+// fixed 64-row split, single-threaded BLAS per block) on each shape.
 //
 // FLOPs per token: 6N + 6LCT (N parameters including the tied LM head's V*C; the attention term
 // is PaLM's 12LCT halved for the causal mask). One JSON object per line.
 //
 //   ./gpt_step [--model gpt2|small-test|...] [--batch B] [--seq T] [--threads 1,2] [--steps 3]
+//              [--dtype f32,bf16] [--gemm-shapes 1|0]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,10 +30,12 @@
 #include <zero/core/arena.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
+#include <zero/ops/cpu/gemm.hpp>
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using zero::bf16;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -39,39 +48,197 @@ void set_threads(int threads) {
   (void)threads;
 }
 
-// GFLOP/s of OpenBLAS's own threaded sgemm on the forward shapes of one step (tokens x C times
-// C x 3C, C x C, C x 4C, 4C x C, C x V), as out = in @ W^T like the model's Linear layers.
-double sgemm_gflops(std::int64_t tokens, std::int64_t C, std::int64_t V, int threads) {
-#if defined(ZERO_WITH_BLAS)
-  struct Mm {
-    std::int64_t m, n, k;
-  };
-  const std::vector<Mm> shapes = {{tokens, 3 * C, C}, {tokens, C, C}, {tokens, 4 * C, C},
-                                  {tokens, C, 4 * C}, {tokens, V, C}};
-  double flops = 0, best_total = 0;
-  for (const Mm& s : shapes) flops += 2.0 * s.m * s.n * s.k;
-  std::vector<float> a, b, c;
-  for (int rep = 0; rep < 3; ++rep) {
-    double total = 0;
-    for (const Mm& s : shapes) {
-      a.assign(static_cast<std::size_t>(s.m * s.k), 0.5f);
-      b.assign(static_cast<std::size_t>(s.n * s.k), 0.25f);
-      c.assign(static_cast<std::size_t>(s.m * s.n), 0.0f);
-      openblas_set_num_threads(threads);
-      const auto t0 = Clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(s.m),
-                  static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(),
-                  static_cast<int>(s.k), b.data(), static_cast<int>(s.k), 0.0f, c.data(),
-                  static_cast<int>(s.n));
-      total += seconds_since(t0);
-    }
-    best_total = rep == 0 ? total : std::min(best_total, total);
+std::vector<std::string> split_list(const std::string& value) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= value.size()) {
+    const std::size_t comma = std::min(value.find(',', start), value.size());
+    if (comma > start) out.push_back(value.substr(start, comma - start));
+    start = comma + 1;
   }
-  return flops / best_total / 1e9;
+  return out;
+}
+
+// A forward shape of one step: out[m, n] = in[m, k] @ W[n, k]^T, as the model's Linear layers.
+struct Mm {
+  const char* name;
+  std::int64_t m, n, k;
+};
+
+std::vector<Mm> step_shapes(std::int64_t tokens, std::int64_t C, std::int64_t V) {
+  return {{"c_attn", tokens, 3 * C, C},
+          {"attn.c_proj", tokens, C, C},
+          {"c_fc", tokens, 4 * C, C},
+          {"mlp.c_proj", tokens, C, 4 * C},
+          {"lm_head", tokens, V, C}};
+}
+
+// Parallel bf16 <-> float conversion for the raw fallback baseline.
+void widen_to(std::vector<float>& out, const std::vector<bf16>& in) {
+  zero::ops::cpu::parallel_for(static_cast<std::int64_t>(in.size()), [&](std::int64_t i) {
+    out[static_cast<std::size_t>(i)] = static_cast<float>(in[static_cast<std::size_t>(i)]);
+  });
+}
+void round_to(std::vector<bf16>& out, const std::vector<float>& in) {
+  zero::ops::cpu::parallel_for(static_cast<std::int64_t>(in.size()), [&](std::int64_t i) {
+    out[static_cast<std::size_t>(i)] = bf16(in[static_cast<std::size_t>(i)]);
+  });
+}
+
+// Seconds of one raw GEMM of shape s at OpenBLAS's own threading (best of 3): sgemm for f32; for
+// bf16 cblas_sbgemm when usable, else widen+sgemm+round as zero's fallback does.
+template <class T>
+double raw_gemm_seconds(const Mm& s, int threads) {
+#if defined(ZERO_WITH_BLAS)
+  std::vector<T> a(static_cast<std::size_t>(s.m * s.k), zero::convert<T>(0.5f));
+  std::vector<T> b(static_cast<std::size_t>(s.n * s.k), zero::convert<T>(0.25f));
+  std::vector<T> c(static_cast<std::size_t>(s.m * s.n));
+  const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    openblas_set_num_threads(threads);
+    const auto t0 = Clock::now();
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                  0.0f, c.data(), n);
+    } else if (const auto sbgemm = zero::ops::cpu::usable_sbgemm(); sbgemm != nullptr) {
+      std::vector<float> c32(c.size());
+      sbgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f,
+             reinterpret_cast<const bfloat16*>(a.data()), k,
+             reinterpret_cast<const bfloat16*>(b.data()), k, 0.0f, c32.data(), n);
+      round_to(c, c32);
+    } else {  // the conversions run on the OpenMP threads, the sgemm on OpenBLAS's
+      std::vector<float> a32(a.size()), b32(b.size()), c32(c.size());
+      widen_to(a32, a);
+      widen_to(b32, b);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a32.data(), k, b32.data(),
+                  k, 0.0f, c32.data(), n);
+      round_to(c, c32);
+    }
+    best = std::min(best, seconds_since(t0));
+  }
+  openblas_set_num_threads(1);  // zero's gemm runs single-threaded BLAS per block
+  return best;
 #else
-  (void)tokens, (void)C, (void)V, (void)threads;
+  (void)s, (void)threads;
   return 0;
 #endif
+}
+
+// Seconds of zero's gemm<T> on shape s at the current OpenMP thread count (best of 3).
+template <class T>
+double zero_gemm_seconds(const Mm& s) {
+  using A = zero::compute_type_t<T>;
+  std::vector<T> a(static_cast<std::size_t>(s.m * s.k), zero::convert<T>(0.5f));
+  std::vector<T> b(static_cast<std::size_t>(s.n * s.k), zero::convert<T>(0.25f));
+  std::vector<T> c(static_cast<std::size_t>(s.m * s.n));
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    zero::ops::cpu::gemm<T>(zero::ops::cpu::Trans::no, zero::ops::cpu::Trans::yes, s.m, s.n, s.k,
+                            A(1), a.data(), s.k, b.data(), s.k, A(0), c.data(), s.n);
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+template <class T>
+const char* dtype_name() {
+  return std::is_same_v<T, float> ? "f32" : "bf16";
+}
+
+// The GEMM behind T's rows: "sgemm", or the bf16 path zero takes.
+template <class T>
+const char* gemm_path() {
+  if constexpr (std::is_same_v<T, float>) {
+    return zero::ops::cpu::gemm_uses_blas() ? "sgemm" : "loop";
+  } else {
+    return zero::ops::cpu::half_gemm_path<T>();
+  }
+}
+
+// One JSON row per (dtype, threads): tokens/s of a training step beside the raw GEMM GFLOP/s of
+// the step's forward shapes; per-shape rows when gemm_rows is set.
+template <class T>
+void bench_model(const std::string& model_name, std::int64_t B, std::int64_t T_len, int steps,
+                 const std::vector<int>& thread_counts, bool gemm_rows) {
+  const zero::nn::GPTConfig cfg = zero::nn::GPTConfig::preset(model_name);
+  zero::nn::GPT<T> model(cfg);
+  zero::nn::LocalParameters<zero::nn::GPT<T>> params(model, 1234);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T_len)), targets(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] =
+        static_cast<std::int32_t>((i * 2654435761u) % static_cast<std::size_t>(cfg.vocab_size));
+    targets[i] =
+        static_cast<std::int32_t>((i * 40503u + 7) % static_cast<std::size_t>(cfg.vocab_size));
+  }
+  // Activations of one step: per block ~ (16C + 2*NH*T) values per token, plus logits twice.
+  const std::size_t arena_bytes =
+      static_cast<std::size_t>(B * T_len) * sizeof(T) *
+          static_cast<std::size_t>(cfg.num_layers *
+                                       (24 * cfg.channels + 2 * cfg.num_heads * T_len) +
+                                   3 * cfg.vocab_size + 16 * cfg.channels) +
+      (64 << 20);
+  zero::Arena<> arena(arena_bytes, "activations");
+
+  const double n_params = static_cast<double>(params.num_parameters());
+  const double flops_per_token = 6.0 * n_params + 6.0 * static_cast<double>(cfg.num_layers) *
+                                                      static_cast<double>(cfg.channels) *
+                                                      static_cast<double>(T_len);
+  const std::vector<Mm> shapes = step_shapes(B * T_len, cfg.channels, cfg.vocab_size);
+  for (int threads : thread_counts) {
+    set_threads(threads);
+    double best = 1e30;
+    float loss = 0;
+    for (int s = 0; s < steps + 1; ++s) {  // the first step warms up
+      params.zero_grads();
+      zero::nn::StepContext<T> ctx;
+      ctx.arena = &arena;
+      ctx.tokens = tokens.data();
+      ctx.targets = targets.data();
+      ctx.batch = B;
+      ctx.seq_len = T_len;
+      const auto t0 = Clock::now();
+      loss = zero::convert<float>(model.forward(ctx));
+      model.backward(ctx);
+      const double t = seconds_since(t0);
+      if (s > 0) best = std::min(best, t);
+    }
+    double gemm_flops = 0, raw_seconds = 0;
+    for (const Mm& s : shapes) {
+      const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
+      const double raw = raw_gemm_seconds<T>(s, threads);
+      gemm_flops += flops;
+      raw_seconds += raw;
+      if (gemm_rows) {
+        const double own = zero_gemm_seconds<T>(s);
+        std::printf(
+            "{\"bench\": \"gemm\", \"config\": {\"model\": \"%s\", \"shape\": \"%s\", "
+            "\"m\": %lld, \"n\": %lld, \"k\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
+            "\"path\": \"%s\"}, \"value\": %.1f, \"unit\": \"GFLOP/s\", "
+            "\"raw_blas_gflops\": %.1f}\n",
+            model_name.c_str(), s.name, static_cast<long long>(s.m), static_cast<long long>(s.n),
+            static_cast<long long>(s.k), dtype_name<T>(), threads, gemm_path<T>(),
+            flops / own / 1e9, raw > 0 ? flops / raw / 1e9 : 0.0);
+      }
+    }
+    const double tokens_per_s = static_cast<double>(B * T_len) / best;
+    const double gflops = flops_per_token * tokens_per_s / 1e9;
+    const double gemm = raw_seconds > 0 ? gemm_flops / raw_seconds / 1e9 : 0.0;
+    std::printf(
+        "{\"bench\": \"gpt_step\", \"config\": {\"model\": \"%s\", \"params\": %.0f, "
+        "\"B\": %lld, \"T\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"blas\": %s, "
+        "\"gemm\": \"%s\"}, \"value\": %.1f, \"unit\": \"tokens/s\", "
+        "\"ms_per_step\": %.1f, \"gflops\": %.1f, \"%s_gflops\": %.1f, "
+        "\"fraction_of_%s\": %.3f, \"loss\": %.4f}\n",
+        model_name.c_str(), n_params, static_cast<long long>(B), static_cast<long long>(T_len),
+        dtype_name<T>(), threads, zero::ops::cpu::gemm_uses_blas() ? "true" : "false",
+        gemm_path<T>(), tokens_per_s, best * 1e3, gflops,
+        std::is_same_v<T, float> ? "sgemm" : "bf16_gemm", gemm,
+        std::is_same_v<T, float> ? "sgemm" : "bf16_gemm", gemm > 0 ? gflops / gemm : 0.0,
+        static_cast<double>(loss));
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace
@@ -80,72 +247,40 @@ int main(int argc, char** argv) {
   std::string model_name = "gpt2";
   std::int64_t B = 4, T = 64;
   int steps = 3;
+  bool gemm_rows = true;
   std::vector<int> thread_counts = {1, 2};
+  std::vector<std::string> dtypes = {"f32", "bf16"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--model") model_name = value;
-    else if (flag == "--batch") B = std::atoll(value.c_str());
-    else if (flag == "--seq") T = std::atoll(value.c_str());
-    else if (flag == "--steps") steps = std::atoi(value.c_str());
+    if (flag == "--model")
+      model_name = value;
+    else if (flag == "--batch")
+      B = std::atoll(value.c_str());
+    else if (flag == "--seq")
+      T = std::atoll(value.c_str());
+    else if (flag == "--steps")
+      steps = std::atoi(value.c_str());
+    else if (flag == "--gemm-shapes")
+      gemm_rows = value != "0";
+    else if (flag == "--dtype")
+      dtypes = split_list(value);
     else if (flag == "--threads") {
       thread_counts.clear();
-      for (const char* p = value.c_str(); *p;) {
-        thread_counts.push_back(std::atoi(p));
-        while (*p && *p != ',') ++p;
-        if (*p == ',') ++p;
-      }
+      for (const std::string& t : split_list(value)) thread_counts.push_back(std::atoi(t.c_str()));
     } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
-
-  zero::nn::GPTConfig cfg = zero::nn::GPTConfig::preset(model_name);
-  zero::nn::GPT<float> model(cfg);
-  zero::nn::LocalParameters<zero::nn::GPT<float>> params(model, 1234);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T)), targets(tokens.size());
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<std::int32_t>((i * 2654435761u) % static_cast<std::size_t>(cfg.vocab_size));
-    targets[i] = static_cast<std::int32_t>((i * 40503u + 7) % static_cast<std::size_t>(cfg.vocab_size));
-  }
-  // Activations of one step: per block ~ (16C + 2*NH*T) floats per token, plus logits twice.
-  const std::size_t arena_bytes = static_cast<std::size_t>(B * T) * sizeof(float) *
-      static_cast<std::size_t>(cfg.num_layers * (24 * cfg.channels + 2 * cfg.num_heads * T) +
-                               3 * cfg.vocab_size + 16 * cfg.channels) + (64 << 20);
-  zero::Arena<> arena(arena_bytes, "activations");
-
-  const double n_params = static_cast<double>(params.num_parameters());
-  const double flops_per_token = 6.0 * n_params + 6.0 * static_cast<double>(cfg.num_layers) *
-                                     static_cast<double>(cfg.channels) * static_cast<double>(T);
-  for (int threads : thread_counts) {
-    set_threads(threads);
-    double best = 1e30;
-    float loss = 0;
-    for (int s = 0; s < steps + 1; ++s) {  // the first step warms up
-      params.zero_grads();
-      zero::nn::StepContext<float> ctx;
-      ctx.arena = &arena;
-      ctx.tokens = tokens.data();
-      ctx.targets = targets.data();
-      ctx.batch = B;
-      ctx.seq_len = T;
-      const auto t0 = Clock::now();
-      loss = model.forward(ctx);
-      model.backward(ctx);
-      const double t = seconds_since(t0);
-      if (s > 0) best = std::min(best, t);
+  for (const std::string& dtype : dtypes) {
+    if (dtype == "f32") {
+      bench_model<float>(model_name, B, T, steps, thread_counts, gemm_rows);
+    } else if (dtype == "bf16") {
+      bench_model<bf16>(model_name, B, T, steps, thread_counts, gemm_rows);
+    } else {
+      std::fprintf(stderr, "unknown dtype %s (expected f32 or bf16)\n", dtype.c_str());
+      return 2;
     }
-    const double tokens_per_s = static_cast<double>(B * T) / best;
-    const double gflops = flops_per_token * tokens_per_s / 1e9;
-    const double gemm = sgemm_gflops(B * T, cfg.channels, cfg.vocab_size, threads);
-    std::printf("{\"bench\": \"gpt_step\", \"config\": {\"model\": \"%s\", \"params\": %.0f, "
-                "\"B\": %lld, \"T\": %lld, \"threads\": %d, \"blas\": %s}, \"value\": %.1f, "
-                "\"unit\": \"tokens/s\", \"ms_per_step\": %.1f, \"gflops\": %.1f, "
-                "\"sgemm_gflops\": %.1f, \"fraction_of_sgemm\": %.3f, \"loss\": %.4f}\n",
-                model_name.c_str(), n_params, static_cast<long long>(B), static_cast<long long>(T),
-                threads, zero::ops::cpu::gemm_uses_blas() ? "true" : "false", tokens_per_s,
-                best * 1e3, gflops, gemm, gemm > 0 ? gflops / gemm : 0.0, static_cast<double>(loss));
-    std::fflush(stdout);
   }
   return 0;
 }

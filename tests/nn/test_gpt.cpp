@@ -112,6 +112,52 @@ TEST_CASE("GPT gradients with dropout equal finite differences for every paramet
   CHECK(whole_model_gradient_error(cfg, 1) < 1e-5);
 }
 
+TEST_CASE("GPT gradients with attention dropout equal finite differences for every parameter (f64)",
+          "[unit][gpt]") {
+  GPTConfig cfg = GPTConfig::preset("tiny");
+  cfg.attn_dropout = 0.2;
+  CHECK(whole_model_gradient_error(cfg, 1) < 1e-5);
+  cfg.dropout = 0.1;  // both kinds together
+  CHECK(whole_model_gradient_error(cfg, 1) < 1e-5);
+}
+
+TEST_CASE("attention dropout: off by default and when not training, same masks when recomputed",
+          "[unit][gpt]") {
+  const GPTConfig base = GPTConfig::preset("tiny");
+  CHECK(base.attn_dropout == 0.0);
+  GPTConfig bad = base;
+  bad.attn_dropout = 1.0;
+  CHECK_THROWS_WITH(GPT<double>(bad), Catch::Contains("attn_dropout"));
+  const TinyBatch batch(base.vocab_size, 5);
+  // loss(attn_dropout, training, checkpointing) and the gradients when training.
+  auto run = [&](double p, bool training, bool ckpt, std::vector<double>* grads) {
+    GPTConfig cfg = base;
+    cfg.attn_dropout = p;
+    cfg.checkpoint_activations = ckpt;
+    GPT<double> model(cfg);
+    LocalParameters<GPT<double>> params(model, 9);
+    Arena<> arena(16 << 20);
+    auto ctx = context<double>(arena, batch);
+    ctx.training = training;
+    const double loss = model.forward(ctx);
+    if (grads != nullptr) {
+      model.backward(ctx);
+      for (int u = 0; u < model.num_units(); ++u) {
+        auto g = params.unit_grads(u);
+        grads->insert(grads->end(), g.begin(), g.end());
+      }
+    }
+    return loss;
+  };
+  const double plain = run(0.0, true, false, nullptr);
+  CHECK(run(0.3, false, false, nullptr) == plain);  // evaluation: no dropout
+  std::vector<double> g_stored, g_recomputed;
+  const double dropped = run(0.3, true, false, &g_stored);
+  CHECK(dropped != plain);
+  CHECK(run(0.3, true, true, &g_recomputed) == dropped);
+  CHECK(g_stored == g_recomputed);  // checkpointing redraws the forward's masks
+}
+
 TEST_CASE("activation checkpointing gives the same loss and gradients", "[unit][gpt]") {
   GPTConfig cfg = GPTConfig::preset("tiny");
   const TinyBatch batch(cfg.vocab_size, 2);

@@ -135,6 +135,44 @@ TEST_CASE("causal attention backward equals finite differences", "[unit][ops]") 
   for (int i = 0; i < 4; ++i) CHECK(out[i] == Approx(qkv[8 + i]).epsilon(1e-14));
 }
 
+TEST_CASE("causal attention with probability dropout: backward equals finite differences",
+          "[unit][ops]") {
+  struct Shape {
+    std::int64_t B, T, C, NH;
+  };
+  for (Shape s : {Shape{2, 6, 12, 3}, Shape{1, 9, 8, 2}}) {
+    INFO("B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH);
+    const DropoutMask mask{0.3, zero::CounterRng(21), 4};
+    Vec qkv = random_vector(s.B * s.T * 3 * s.C, 31, 1.5);
+    const Vec r = random_vector(s.B * s.T * s.C, 32);
+    Vec att(s.B * s.NH * s.T * s.T), out(s.B * s.T * s.C);
+    auto loss_with = [&](const DropoutMask& m) {
+      attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, m);
+      return weighted_sum(out, r);
+    };
+    auto loss = [&] { return loss_with(mask); };
+    const double plain = loss_with({});
+    const double dropped = loss();
+    CHECK(plain != dropped);  // the mask drops something
+    std::int64_t kept = 0, causal = 0;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(att.size()); ++i) {
+      if ((i % s.T) > (i / s.T) % s.T) continue;  // above the diagonal
+      ++causal;
+      kept += mask.keep(i);
+    }
+    CHECK(kept > 0);
+    CHECK(kept < causal);
+    Vec dqkv(qkv.size(), 0);
+    attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH, mask);
+    CHECK(max_gradient_error(qkv, dqkv, loss) < 1e-6);
+    // Negative control: a backward pass drawing another step's mask is caught.
+    Vec wrong(qkv.size(), 0);
+    const DropoutMask other{0.3, zero::CounterRng(21), 5};
+    attention_backward(wrong.data(), r.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH, other);
+    CHECK(max_gradient_error(qkv, wrong, loss) > 1e-3);
+  }
+}
+
 TEST_CASE("fused softmax cross-entropy: value, gradient, ignored targets", "[unit][ops]") {
   const std::int64_t N = 6, V = 9;
   Vec logits = random_vector(N * V, 14, 3.0);

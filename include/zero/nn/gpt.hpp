@@ -17,7 +17,9 @@
 
 namespace zero::nn {
 
-/// GPT-2 over element type T (f64 for reference tests, f32 for training on the host).
+/// GPT-2 over element type T: f64 for reference tests, f32 for training on the host, bf16 for
+/// bf16 storage of weights, activations and gradients with float arithmetic (the loss is
+/// computed in float and returned rounded to T).
 template <class T>
 class GPT {
  public:
@@ -111,6 +113,6 @@ class GPT {
   Buffer<T> grad_stream_[2];
 };
 
-static_assert(Model<GPT<double>> && Model<GPT<float>>);
+static_assert(Model<GPT<double>> && Model<GPT<float>> && Model<GPT<bf16>>);
 
 }  // namespace zero::nn

@@ -17,6 +17,7 @@ struct GPTConfig {
   std::int64_t num_heads = 12;          ///< NH
   std::int64_t channels = 768;          ///< C
   double dropout = 0.0;                 ///< residual and embedding dropout (off by default)
+  double attn_dropout = 0.0;            ///< attention-probability dropout, GPT-2's attn_pdrop (off)
   bool checkpoint_activations = false;  ///< recompute each block's forward before its backward
 
   /// Throws ConfigError naming the field when the shape is inconsistent.
@@ -30,6 +31,8 @@ struct GPTConfig {
                         ") must be a multiple of num_heads (", num_heads, ")");
     expect<ConfigError>(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout ", dropout,
                         " must be in [0, 1)");
+    expect<ConfigError>(attn_dropout >= 0.0 && attn_dropout < 1.0, "GPTConfig: attn_dropout ",
+                        attn_dropout, " must be in [0, 1)");
   }
 
   /// Parameter count: wte, wpe, L blocks of 12C^2 + 13C, and ln_f (the LM head is tied).

@@ -1,7 +1,9 @@
 #pragma once
 // The head unit (unit L+1): final LayerNorm, the LM head tied to the token embedding
 // (logits = ln_f(x) @ wte^T), and the fused softmax cross-entropy. It owns ln_f and uses
-// the embedding unit's wte, reading it and accumulating into its gradient.
+// the embedding unit's wte, reading it and accumulating into its gradient. With T = bf16 the
+// logits are stored in bf16 while the LayerNorm statistics, logsumexp, per-token losses and their
+// mean are float; ctx.loss is that float mean rounded once to T.
 
 #include <span>
 #include <vector>
@@ -41,15 +43,16 @@ class LMHead {
     mark_ = a.mark();
     input_ = ctx.x;
     ln_ = a.template allocate<T>({N, C});
-    mean_ = a.template allocate<T>({N});
-    rstd_ = a.template allocate<T>({N});
+    mean_ = a.template allocate<Stat>({N});
+    rstd_ = a.template allocate<Stat>({N});
     logits_ = a.template allocate<T>({N, V});
     layer_norm_forward(ln_.data(), mean_.data(), rstd_.data(), input_.data(), ln_w_.value.data(),
                        ln_b_.value.data(), N, C);
     linear_forward<T>(logits_.data(), ln_.data(), wte.value.data(), nullptr, N, C, V);
     if (ctx.targets != nullptr) {
-      Tensor<T> losses = a.template allocate<T>({N});
-      ctx.loss = cross_entropy_forward(losses.data(), logits_.data(), ctx.targets, N, V);
+      Tensor<Stat> losses = a.template allocate<Stat>({N});
+      ctx.loss =
+          convert<T>(cross_entropy_forward(losses.data(), logits_.data(), ctx.targets, N, V));
     }
   }
 
@@ -60,7 +63,8 @@ class LMHead {
     expect<Error>(ctx.targets != nullptr, "LMHead::backward: the step has no targets");
     Arena<Host>& a = *ctx.arena;
     Tensor<T> dlogits = a.template allocate<T>({N, V});
-    cross_entropy_backward(dlogits.data(), logits_.data(), ctx.targets, N, V, ctx.loss_scale);
+    cross_entropy_backward(dlogits.data(), logits_.data(), ctx.targets, N, V,
+                           convert<Stat>(ctx.loss_scale));
     Tensor<T> dln = a.template allocate<T>({N, C});
     for (T& v : dln) v = T(0);
     linear_backward<T>(dln.data(), wte.grad.data(), nullptr, dlogits.data(), ln_.data(),
@@ -76,9 +80,12 @@ class LMHead {
   Tensor<const T> logits() const { return logits_; }
 
  private:
+  using Stat = compute_type_t<T>;  // statistics and losses stay in the compute type
+
   GPTConfig cfg_;
   ParamView<T> ln_w_, ln_b_;
-  Tensor<T> input_, ln_, mean_, rstd_, logits_;
+  Tensor<T> input_, ln_, logits_;
+  Tensor<Stat> mean_, rstd_;
   Arena<Host>::Mark mark_ = 0;
 };
 

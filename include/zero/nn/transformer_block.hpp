@@ -1,11 +1,14 @@
 #pragma once
 // A pre-LN GPT-2 transformer block (unit 1..L):
-//   h   = x + dropout(c_proj(attention(c_attn(ln_1(x)))))
+//   h   = x + dropout(c_proj(attention(c_attn(ln_1(x)))))     (attention with attn_dropout)
 //   out = h + dropout(mlp.c_proj(gelu(mlp.c_fc(ln_2(h)))))
 // Linear weights are [out, in] (PyTorch layout); the safetensors import transposes GPT-2's
 // Conv1D [in, out]. Residual projections start with stddev 0.02 / sqrt(2 L) as in GPT-2.
 // With activation checkpointing the block keeps only its input and output, and recomputes the
-// rest just before its backward pass.
+// rest just before its backward pass. Every dropout mask is counter-based (site, layer, step),
+// so the recomputation and the backward pass redraw the forward's masks without storing them.
+// With T = bf16 activations are stored in bf16, LayerNorm statistics in float (kernels compute
+// in float and round once per stored value).
 
 #include <array>
 #include <cmath>
@@ -104,7 +107,8 @@ class TransformerBlock {
     const T* dattproj = dropout_grad(ctx, dh.data(), N * C, 0);
     Tensor<T> datty = zeros({N, C}), dqkv = zeros({N, 3 * C}), dln1 = zeros({N, C});
     linear_backward(datty.data(), g(4), g(5), dattproj, s_.atty.data(), w(4), N, C, C);
-    attention_backward(dqkv.data(), datty.data(), s_.qkv.data(), s_.att.data(), B, Tn, C, NH);
+    attention_backward(dqkv.data(), datty.data(), s_.qkv.data(), s_.att.data(), B, Tn, C, NH,
+                       attention_dropout(ctx));
     linear_backward(dln1.data(), g(2), g(3), dqkv.data(), s_.ln1.data(), w(2), N, C, 3 * C);
     layer_norm_backward(dx, g(0), g(1), dln1.data(), input_.data(), w(0), s_.mean1.data(),
                         s_.rstd1.data(), N, C);
@@ -112,8 +116,10 @@ class TransformerBlock {
   }
 
  private:
+  using Stat = compute_type_t<T>;  // LayerNorm statistics stay in the compute type
   struct Saved {
-    Tensor<T> ln1, mean1, rstd1, qkv, att, atty, h, ln2, mean2, rstd2, fc, gelu;
+    Tensor<T> ln1, qkv, att, atty, h, ln2, fc, gelu;
+    Tensor<Stat> mean1, rstd1, mean2, rstd2;
   };
 
   const T* w(int i) const { return p_[static_cast<std::size_t>(i)].value.data(); }
@@ -131,15 +137,15 @@ class TransformerBlock {
     Arena<Host>& a = *ctx.arena;
     after_output_ = a.mark();
     s_.ln1 = a.template allocate<T>({N, C});
-    s_.mean1 = a.template allocate<T>({N});
-    s_.rstd1 = a.template allocate<T>({N});
+    s_.mean1 = a.template allocate<Stat>({N});
+    s_.rstd1 = a.template allocate<Stat>({N});
     s_.qkv = a.template allocate<T>({N, 3 * C});
     s_.att = a.template allocate<T>({B, NH, Tn, Tn});
     s_.atty = a.template allocate<T>({N, C});
     s_.h = a.template allocate<T>({N, C});
     s_.ln2 = a.template allocate<T>({N, C});
-    s_.mean2 = a.template allocate<T>({N});
-    s_.rstd2 = a.template allocate<T>({N});
+    s_.mean2 = a.template allocate<Stat>({N});
+    s_.rstd2 = a.template allocate<Stat>({N});
     s_.fc = a.template allocate<T>({N, 4 * C});
     s_.gelu = a.template allocate<T>({N, 4 * C});
     Tensor<T> proj = a.template allocate<T>({N, C});  // scratch for both projections
@@ -147,7 +153,8 @@ class TransformerBlock {
     layer_norm_forward(s_.ln1.data(), s_.mean1.data(), s_.rstd1.data(), input_.data(), w(0), w(1),
                        N, C);
     linear_forward(s_.qkv.data(), s_.ln1.data(), w(2), w(3), N, C, 3 * C);
-    attention_forward(s_.atty.data(), s_.att.data(), s_.qkv.data(), B, Tn, C, NH);
+    attention_forward(s_.atty.data(), s_.att.data(), s_.qkv.data(), B, Tn, C, NH,
+                      attention_dropout(ctx));
     linear_forward(proj.data(), s_.atty.data(), w(4), w(5), N, C, C);
     dropout(ctx, proj, 0);
     add(s_.h.data(), input_.data(), proj.data(), N * C);
@@ -160,6 +167,11 @@ class TransformerBlock {
     add(out.data(), s_.h.data(), proj.data(), N * C);
   }
 
+  // Site 2: the attention probabilities (sites 0 and 1 are the residual branches).
+  ops::cpu::DropoutMask attention_dropout(const StepContext<T>& ctx) const {
+    if (!ctx.training || cfg_.attn_dropout <= 0) return {};
+    return {cfg_.attn_dropout, rng(2), static_cast<std::uint32_t>(ctx.step)};
+  }
   void dropout(StepContext<T>& ctx, Tensor<T> x, int site) {
     if (!ctx.training || cfg_.dropout <= 0) return;
     ops::cpu::dropout_forward(x.data(), x.data(), x.numel(), cfg_.dropout, rng(site),

@@ -1,0 +1,62 @@
+#pragma once
+// Inverted dropout with a counter-based mask: whether element i is kept is a function of
+// (rng key, stream, i) alone, so a mask is never stored. A backward pass, or a forward pass
+// recomputed under activation checkpointing, redraws exactly the forward's mask.
+
+#include <cstdint>
+
+#include <zero/core/rng.hpp>
+#include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/parallel_for.hpp>
+
+namespace zero::ops::cpu {
+
+/// A dropout mask: element i of (rng, stream) is kept with probability 1 - p and then scaled by
+/// 1 / (1 - p). p = 0 means no dropout.
+struct DropoutMask {
+  double p = 0.0;            ///< drop probability in [0, 1)
+  CounterRng rng{0};         ///< key of this site (layer and position in the model)
+  std::uint32_t stream = 0;  ///< selects the mask per step
+
+  /// True when elements are dropped at all.
+  bool active() const { return p > 0.0; }
+  /// Whether element index is kept.
+  bool keep(std::int64_t index) const {
+    return rng.words(static_cast<std::uint64_t>(index), stream)[0] >= threshold();
+  }
+  /// The factor kept elements are multiplied by, in the compute type A.
+  template <class A>
+  A scale() const {
+    return static_cast<A>(1.0 / (1.0 - p));
+  }
+
+ private:
+  std::uint32_t threshold() const { return static_cast<std::uint32_t>(p * 4294967296.0); }
+};
+
+/// Inverted dropout: out = inp * keep / (1 - p) with keep drawn from (rng, stream, index), so a
+/// recomputed forward (activation checkpointing) draws the same mask.
+template <class T>
+void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const CounterRng& rng,
+                     std::uint32_t stream) {
+  using A = compute_type_t<T>;
+  const DropoutMask mask{p, rng, stream};
+  const A scale = mask.scale<A>();
+  parallel_for(n, [&](std::int64_t i) {
+    out[i] = mask.keep(i) ? store<T>(load(inp[i]) * scale) : store<T>(A(0));
+  });
+}
+
+/// dinp += dout * mask / (1 - p), the mask redrawn from the same (rng, stream).
+template <class T>
+void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const CounterRng& rng,
+                      std::uint32_t stream) {
+  using A = compute_type_t<T>;
+  const DropoutMask mask{p, rng, stream};
+  const A scale = mask.scale<A>();
+  parallel_for(n, [&](std::int64_t i) {
+    if (mask.keep(i)) dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * scale);
+  });
+}
+
+}  // namespace zero::ops::cpu
