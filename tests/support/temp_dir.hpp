@@ -14,9 +14,10 @@ namespace zero::testing {
 /// A unique temporary directory that is deleted on destruction.
 class TempDir {
  public:
-  /// Creates <tmp>/zero-<tag>-<pid>-<n>, taking the first n that does not exist yet.
-  explicit TempDir(std::string_view tag) {
-    const auto base = std::filesystem::temp_directory_path();
+  /// Creates <base>/zero-<tag>-<pid>-<n> (base: the system temp directory), taking the first n
+  /// that does not exist yet.
+  explicit TempDir(std::string_view tag,
+                   const std::filesystem::path& base = std::filesystem::temp_directory_path()) {
     for (int n = 0;; ++n) {
       path_ = base / ("zero-" + std::string(tag) + "-" + std::to_string(::getpid()) + "-" +
                       std::to_string(n));

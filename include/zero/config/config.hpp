@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <zero/config/aio.hpp>
 #include <zero/config/json_reader.hpp>
 #include <zero/config/zero_optimization.hpp>
 #include <zero/core/error.hpp>
@@ -63,6 +64,7 @@ struct Config {
   std::optional<NamedParams> optimizer;
   std::optional<NamedParams> scheduler;
   config::ZeroOptimizationConfig zero_optimization;
+  config::AioConfig aio;  ///< NVMe offload I/O (zero/offload)
   std::vector<std::string> warnings;  ///< unknown keys and other non-fatal findings
 
   /// Parses a config; throws ConfigError naming the key path of the first bad value.
@@ -129,8 +131,13 @@ struct Config {
     if (r.has("scheduler"))
       c.scheduler = read_named(r.object("scheduler"), c.warnings, scheduler_types());
     read_zero(r.object("zero_optimization"), c);
+    {
+      std::vector<std::string> unknown;
+      c.aio = config::AioConfig::read(r.object("aio"), unknown);
+      for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");
+    }
     for (const char* section :
-         {"activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint", "aio",
+         {"activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint",
           "data_types", "tensorboard", "wandb", "csv_monitor", "zero"}) {
       (void)r.raw(section);  // accepted sections whose keys zero reads elsewhere or ignores
     }
@@ -320,6 +327,7 @@ struct Config {
     };
     o.reduce_bucket_size = sized("reduce_bucket_size", 500'000'000);
     o.allgather_bucket_size = sized("allgather_bucket_size", 500'000'000).value_or(500'000'000);
+    o.sub_group_size_given = z.has("sub_group_size") && !z.is_auto("sub_group_size");
     o.sub_group_size = sized("sub_group_size", 1'000'000'000).value_or(1'000'000'000);
     o.stage3_prefetch_bucket_size = sized("stage3_prefetch_bucket_size", 50'000'000);
     o.stage3_param_persistence_threshold = sized("stage3_param_persistence_threshold", 100'000);

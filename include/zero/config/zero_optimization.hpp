@@ -77,6 +77,7 @@ struct ZeroOptimizationConfig {
   std::optional<std::int64_t> reduce_bucket_size = 500'000'000;
   std::int64_t allgather_bucket_size = 500'000'000;
   std::int64_t sub_group_size = 1'000'000'000;
+  bool sub_group_size_given = false;  ///< set explicitly (NVMe offload picks its own otherwise)
   std::optional<std::int64_t> stage3_prefetch_bucket_size = 50'000'000;
   std::optional<std::int64_t> stage3_param_persistence_threshold = 100'000;
   std::int64_t stage3_max_live_parameters = 1'000'000'000;

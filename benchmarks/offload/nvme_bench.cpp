@@ -1,0 +1,133 @@
+// NVMe swapper throughput: a write pass (for_each_group, read off) and a read pass (write off)
+// over sub-groups of three fp32 tensors, and a read+update+write pass, each beside a plain
+// sequential O_DIRECT loop (one pread/pwrite of block_size bytes at a time, one file) over the
+// same number of bytes in the same run, because absolute disk bandwidth on shared machines
+// drifts. One JSON object per line; "ratio" lines give swapper / plain (target >= 0.8).
+//
+//   ./nvme_bench [--path DIR] [--mib 512] [--groups 8] [--repeats 3] [--block 1048576]
+//                [--queue-depth 8] [--buffers 4] [--backend auto|uring|posix]
+//
+// DIR defaults to /var/tmp (a disk, not tmpfs, on most systems). Each figure is the best of
+// the repeats; the plain loop and the swapper alternate.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../bench_timing.hpp"
+#include <zero/offload/nvme_swapper.hpp>
+
+namespace {
+
+using namespace zero::offload;
+using zero::bench::best_seconds;
+
+void line(const char* bench, const std::string& config, double value, const char* unit) {
+  std::printf("{\"bench\": \"%s\", \"config\": {%s}, \"value\": %.4g, \"unit\": \"%s\"}\n", bench,
+              config.c_str(), value, unit);
+  std::fflush(stdout);
+}
+
+// The baseline: one O_DIRECT file, a sequential loop of block-sized pread or pwrite calls.
+void plain_loop(int fd, std::byte* buf, std::size_t bytes, std::size_t block, bool write) {
+  for (std::size_t off = 0; off < bytes; off += block) {
+    const std::size_t n = std::min(block, bytes - off);
+    const ::ssize_t got = write ? ::pwrite(fd, buf + off, n, static_cast<::off_t>(off))
+                                : ::pread(fd, buf + off, n, static_cast<::off_t>(off));
+    if (got != static_cast<::ssize_t>(n)) {
+      std::perror("plain O_DIRECT loop");
+      std::exit(1);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path = "/var/tmp";
+  long long mib = 512;
+  int groups = 8, repeats = 3, buffers = 4, queue_depth = 8;
+  long long block = 1 << 20;
+  IoBackend backend = IoBackend::automatic;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], v = argv[i + 1];
+    if (flag == "--path") path = v;
+    else if (flag == "--mib") mib = std::atoll(v.c_str());
+    else if (flag == "--groups") groups = std::atoi(v.c_str());
+    else if (flag == "--repeats") repeats = std::atoi(v.c_str());
+    else if (flag == "--block") block = std::atoll(v.c_str());
+    else if (flag == "--queue-depth") queue_depth = std::atoi(v.c_str());
+    else if (flag == "--buffers") buffers = std::atoi(v.c_str());
+    else if (flag == "--backend")
+      backend = v == "uring" ? IoBackend::uring : v == "posix" ? IoBackend::posix
+                                                               : IoBackend::automatic;
+    else {
+      std::fprintf(stderr, "unknown flag %s (see the top of nvme_bench.cpp)\n", flag.c_str());
+      return 2;
+    }
+  }
+  NvmeConfig cfg;
+  cfg.nvme_path = path;
+  cfg.buffer_count = buffers;
+  cfg.block_size = static_cast<std::size_t>(block);
+  cfg.queue_depth = queue_depth;
+  // Sub-groups of three equal fp32 tensors, mib MiB in all.
+  const std::int64_t per_tensor = mib * (1 << 20) / 4 / 3 / groups;
+  std::vector<std::vector<SwapTensor>> spec(
+      groups, {{"master", per_tensor}, {"exp_avg", per_tensor}, {"exp_avg_sq", per_tensor}});
+  try {
+    SwapperOptions opt;
+    opt.backend = backend;
+    opt.tag = "bench";
+    NvmeSwapper swap(cfg, spec, opt);
+    const std::size_t bytes = swap.file_bytes();
+    const std::string config = "\"path\": \"" + path + "\", \"bytes\": " + std::to_string(bytes) +
+                               ", \"groups\": " + std::to_string(groups) + ", \"block\": " +
+                               std::to_string(block) + ", \"queue_depth\": " +
+                               std::to_string(queue_depth) + ", \"buffers\": " +
+                               std::to_string(buffers) + ", \"engine\": \"" + swap.io_name() +
+                               "\"";
+    // The plain file and buffer hold the same bytes.
+    const auto plain_path = swap.directory() / "plain.swp";
+    auto fd = open_direct(plain_path, true);
+    AlignedBuffer plain(bytes, swap.alignment());
+    std::memset(plain.data(), 1, plain.size());
+    const auto nothing = [](std::size_t, std::span<const std::span<float>>) {};
+    const auto touch = [](std::size_t, std::span<const std::span<float>> t) {
+      for (auto s : t) s[0] += 1.0f;  // an "update" that costs nothing next to the I/O
+    };
+    double plain_w = 1e30, swap_w = 1e30, plain_r = 1e30, swap_r = 1e30, swap_rw = 1e30;
+    for (int r = 0; r < repeats; ++r) {
+      plain_w = std::min(plain_w, best_seconds(1, [&] {
+                           plain_loop(fd.get(), plain.data(), bytes, cfg.block_size, true);
+                         }));
+      swap_w = std::min(swap_w, best_seconds(1, [&] { swap.for_each_group(nothing, {false, true}); }));
+      plain_r = std::min(plain_r, best_seconds(1, [&] {
+                           plain_loop(fd.get(), plain.data(), bytes, cfg.block_size, false);
+                         }));
+      swap_r = std::min(swap_r, best_seconds(1, [&] { swap.for_each_group(nothing, {true, false}); }));
+      swap_rw = std::min(swap_rw, best_seconds(1, [&] { swap.for_each_group(touch); }));
+    }
+    fd.reset();
+    std::filesystem::remove(plain_path);
+    const double gb = static_cast<double>(bytes) / 1e9;
+    line("nvme_plain_write", config, gb / plain_w, "GB/s");
+    line("nvme_swap_write", config, gb / swap_w, "GB/s");
+    line("nvme_swap_write_ratio", config, plain_w / swap_w, "ratio");
+    line("nvme_plain_read", config, gb / plain_r, "GB/s");
+    line("nvme_swap_read", config, gb / swap_r, "GB/s");
+    line("nvme_swap_read_ratio", config, plain_r / swap_r, "ratio");
+    // A read+update+write pass moves every byte twice; the plain figure is one read and one
+    // write loop back to back.
+    line("nvme_swap_update", config, 2 * gb / swap_rw, "GB/s");
+    line("nvme_swap_update_ratio", config, (plain_r + plain_w) / swap_rw, "ratio");
+  } catch (const zero::Error& e) {
+    std::fprintf(stderr, "nvme_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,89 @@
+#pragma once
+// NvmeConfig: every knob of NVMe offload in one struct, with DeepSpeed's defaults, built from a
+// DeepSpeed config's zero_optimization.offload_optimizer / offload_param and aio sections.
+//
+// sub_group_size: DeepSpeed's default is 1e9 elements. The swapper holds buffer_count buffers of
+// the largest sub-group's optimizer state (fp32 master + exp_avg + exp_avg_sq = 12 bytes per
+// element), so 1e9 would mean 4 x 12 GB = 48 GB of host buffers. zero uses 1e8 elements
+// (4 x 1.2 GB = 4.8 GB) unless the config sets zero_optimization.sub_group_size explicitly;
+// the preflight says when the buffers do not fit the host budget.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <zero/config.hpp>
+#include <zero/core/error.hpp>
+#include <zero/offload/file_io.hpp>
+
+namespace zero::offload {
+
+/// Which offload section a swapper serves.
+enum class OffloadTarget : unsigned char { optimizer, param };
+
+/// The config section name ("offload_optimizer" or "offload_param").
+constexpr const char* section_of(OffloadTarget t) {
+  return t == OffloadTarget::optimizer ? "offload_optimizer" : "offload_param";
+}
+
+/// zero's sub-group size for NVMe offload when the config does not set one (elements).
+inline constexpr std::int64_t default_nvme_sub_group_elems = 100'000'000;
+
+/// NVMe offload settings.
+struct NvmeConfig {
+  std::filesystem::path nvme_path;  ///< offload_*.nvme_path: swap files go under it
+  int buffer_count = 4;             ///< offload_*.buffer_count: sub-group buffers (4 / 5 in DS)
+  bool pin_memory = false;          ///< offload_*.pin_memory: mlock the buffers
+  std::int64_t sub_group_size = default_nvme_sub_group_elems;  ///< elements per sub-group
+  std::size_t block_size = 1 << 20;  ///< aio.block_size: bytes per request
+  int queue_depth = 8;               ///< aio.queue_depth: requests in flight
+  int thread_count = 1;              ///< aio.intra_op_parallelism: fallback worker threads
+  bool single_submit = false;        ///< aio.single_submit
+  bool overlap_events = true;        ///< aio.overlap_events
+  bool direct_io = true;             ///< O_DIRECT (off only for tests on file systems without it)
+  std::uint64_t host_budget_bytes = 0;  ///< cap on swap buffers; 0 = half the physical RAM
+
+  /// The file-I/O options these settings give.
+  IoOptions io_options() const {
+    IoOptions o;
+    o.block_size = block_size;
+    o.queue_depth = queue_depth;
+    o.thread_count = thread_count;
+    o.single_submit = single_submit;
+    o.overlap_events = overlap_events;
+    return o;
+  }
+
+  /// Reads cfg's offload section for target (which must have device "nvme") and its aio
+  /// section; throws ConfigError naming the key path otherwise.
+  static NvmeConfig from_config(const Config& cfg,
+                                OffloadTarget target = OffloadTarget::optimizer) {
+    const auto& z = cfg.zero_optimization;
+    const auto& o = target == OffloadTarget::optimizer ? z.offload_optimizer : z.offload_param;
+    const std::string where = std::string("zero_optimization.") + section_of(target);
+    expect<ConfigError>(o.device == config::OffloadDevice::nvme, where, ".device: is '",
+                        config::name_of(o.device), "', NVMe offload needs \"nvme\"");
+    expect<ConfigError>(!o.nvme_path.empty(), where, ".nvme_path: required when device is nvme");
+    expect<ConfigError>(o.buffer_count >= 1 && o.buffer_count <= 64, where,
+                        ".buffer_count: ", o.buffer_count, " must be in [1, 64]");
+    NvmeConfig c;
+    c.nvme_path = o.nvme_path;
+    c.buffer_count = static_cast<int>(o.buffer_count);
+    c.pin_memory = o.pin_memory;
+    if (z.sub_group_size_given) {
+      expect<ConfigError>(z.sub_group_size > 0,
+                          "zero_optimization.sub_group_size: ", z.sub_group_size,
+                          " must be positive for NVMe offload");
+      c.sub_group_size = z.sub_group_size;
+    }
+    c.block_size = static_cast<std::size_t>(cfg.aio.block_size);
+    c.queue_depth = static_cast<int>(cfg.aio.queue_depth);
+    c.thread_count = static_cast<int>(cfg.aio.thread_count);
+    c.single_submit = cfg.aio.single_submit;
+    c.overlap_events = cfg.aio.overlap_events;
+    return c;
+  }
+};
+
+}  // namespace zero::offload

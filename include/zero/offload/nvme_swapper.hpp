@@ -1,0 +1,358 @@
+#pragma once
+// NvmeSwapper: flat fp32 tensors grouped in sub-groups, living in swap files on NVMe, brought
+// into aligned host buffers to be updated in place. This is what lets the engine run its
+// optimizer over states (fp32 master, exp_avg, exp_avg_sq) that do not fit in host memory.
+//
+// Use from the engine (Offload<NVMe>):
+//
+//   NvmeSwapper swap(NvmeConfig::from_config(cfg), groups, {.rank = r});  // groups: per
+//                                                    // sub-group, {name, numel} of its tensors
+//   swap.swap_out(g, {master_g, zeros, zeros});     // once: initial states from any memory
+//   swap.for_each_group([&](std::size_t g, std::span<const std::span<float>> t) {
+//     adamw_step(t[0], t[1], t[2], grads_of(g));   // t in the order the group listed them
+//   });                                             // reads g+1 and writes g-1 meanwhile
+//   swap.swap_in(g, {out_master});                  // e.g. checkpoint or fp16 refresh
+//
+// Files: <nvme_path>/zero_swap/rank<r>/<tag>/group<g>.swp, one per sub-group, created and fully
+// allocated by the constructor (so "disk full" shows at start-up, not mid-training) after a
+// preflight, and removed with the (then empty) directories by the destructor. Tensors sit at
+// aligned offsets, so a sub-group moves as one O_DIRECT transfer split into aio.block_size
+// requests with aio.queue_depth in flight.
+//
+// Errors: every I/O failure is an NvmeIoError naming file, offset, bytes and errno text. A
+// failed write leaves that sub-group's file undefined (other groups are untouched) and marks
+// the group so that reading it throws until it is written again. Not thread-safe: one thread
+// drives a swapper.
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <zero/core/error.hpp>
+#include <zero/io/file.hpp>
+#include <zero/offload/aligned_buffer.hpp>
+#include <zero/offload/direct_io.hpp>
+#include <zero/offload/file_io.hpp>
+#include <zero/offload/make_file_io.hpp>
+#include <zero/offload/nvme_config.hpp>
+#include <zero/offload/preflight.hpp>
+#include <zero/offload/swap_layout.hpp>
+
+namespace zero::offload {
+
+/// Who the swapper is and how it does I/O.
+struct SwapperOptions {
+  int rank = 0;                   ///< files go under rank<rank>/
+  std::string tag = "optimizer";  ///< one directory per swapper of a rank
+  IoBackend backend = IoBackend::automatic;
+  std::shared_ptr<FaultInjector> faults;  ///< tests only
+};
+/// What a for_each_group pass moves.
+struct SwapPass {
+  bool read = true;   ///< false: fn starts from zeros (first write of fresh states)
+  bool write = true;  ///< false: read-only pass (checkpoint save, fp16 refresh)
+};
+/// Swaps sub-groups of fp32 tensors between NVMe files and host buffers (see above).
+class NvmeSwapper {
+ public:
+  using Options = SwapperOptions;
+  using Pass = SwapPass;
+  /// fn(group, tensors): tensors are spans into the group's buffer, in the group's order.
+  using GroupFn = std::function<void(std::size_t, std::span<const std::span<float>>)>;
+
+  /// Lays out the groups, runs the preflight (throws ConfigError listing what to change),
+  /// creates and allocates the files and the buffer_count buffers.
+  NvmeSwapper(const NvmeConfig& cfg, std::vector<std::vector<SwapTensor>> groups,
+              Options options = {})
+      : cfg_(cfg), options_(std::move(options)) {
+    expect<ConfigError>(cfg_.buffer_count >= 1, "offload_*.buffer_count: ", cfg_.buffer_count,
+                        " must be at least 1");
+    const PreflightReport report = require_preflight(cfg_, needs(cfg_, groups, 4096));
+    alignment_ = cfg_.direct_io ? report.direct.alignment : 4096;
+    expect<ConfigError>(cfg_.block_size % alignment_ == 0, "aio.block_size: ", cfg_.block_size,
+                        " is not a multiple of the logical block size ", alignment_, " of '",
+                        cfg_.nvme_path.string(), "'");
+    std::size_t largest = 0;
+    for (auto& g : groups) {
+      layouts_.push_back(SwapLayout::plan(std::move(g), alignment_));
+      largest = std::max(largest, layouts_.back().bytes);
+    }
+    state_.assign(layouts_.size(), GroupState::fresh);
+    dir_ = cfg_.nvme_path / "zero_swap" / ("rank" + std::to_string(options_.rank)) / options_.tag;
+    try {
+      std::error_code ec;
+      std::filesystem::create_directories(dir_, ec);
+      if (ec)
+        throw NvmeIoError("creating directory", dir_.string(), 0, 0, ec.value(),
+                          errno_reason(ec.value()));
+      for (std::size_t g = 0; g < layouts_.size(); ++g) {
+        const auto path = file_of(g);
+        fds_.push_back(open_direct(path, true, cfg_.direct_io));
+        paths_.push_back(path.string());
+        if (::ftruncate(fds_.back().get(), 0) != 0) {
+        }  // a stale file of a crashed run
+        const int rc =
+            ::posix_fallocate(fds_.back().get(), 0, static_cast<::off_t>(layouts_[g].bytes));
+        if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
+          throw NvmeIoError("reserving space for", path.string(), 0, layouts_[g].bytes, rc,
+                            errno_reason(rc));
+      }
+      IoOptions io = cfg_.io_options();
+      io.faults = options_.faults;
+      io_ = make_file_io(io, options_.backend);
+      const int nbuf =
+          std::max(1, std::min<int>(cfg_.buffer_count, static_cast<int>(layouts_.size())));
+      for (int b = 0; b < nbuf; ++b) buffers_.emplace_back(largest, alignment_, cfg_.pin_memory);
+    } catch (...) {
+      remove_files();
+      throw;
+    }
+    slots_.resize(buffers_.size());
+  }
+  NvmeSwapper(const NvmeSwapper&) = delete;
+  NvmeSwapper& operator=(const NvmeSwapper&) = delete;
+  /// Waits for any transfer still in flight, closes and removes the files and empty directories.
+  ~NvmeSwapper() {
+    drain();
+    io_.reset();
+    remove_files();
+  }
+
+  /// Bytes on disk and in host buffers for groups laid out with alignment (for a preflight or
+  /// a memory report before constructing).
+  static PreflightNeeds needs(const NvmeConfig& cfg,
+                              const std::vector<std::vector<SwapTensor>>& groups,
+                              std::size_t alignment) {
+    PreflightNeeds n;
+    std::uint64_t largest = 0;
+    for (const auto& g : groups) {
+      const auto b = SwapLayout::plan(g, alignment).bytes;
+      n.swap_bytes += b;
+      largest = std::max<std::uint64_t>(largest, b);
+    }
+    const auto nbuf = static_cast<std::uint64_t>(
+        std::max(1, std::min<int>(cfg.buffer_count, static_cast<int>(groups.size()))));
+    n.buffer_bytes = nbuf * largest;
+    return n;
+  }
+
+  /// Number of sub-groups.
+  std::size_t num_groups() const { return layouts_.size(); }
+  /// The layout of group g.
+  const SwapLayout& layout(std::size_t g) const { return layouts_.at(g); }
+  /// The swap file of group g.
+  std::filesystem::path file_of(std::size_t g) const {
+    return dir_ / ("group" + std::to_string(g) + ".swp");
+  }
+  /// The directory holding this swapper's files.
+  const std::filesystem::path& directory() const { return dir_; }
+  /// The direct-I/O alignment in use (bytes).
+  std::size_t alignment() const { return alignment_; }
+  /// Host bytes held in swap buffers.
+  std::size_t buffer_bytes() const {
+    return buffers_.empty() ? 0 : buffers_.size() * buffers_.front().size();
+  }
+  /// Bytes of all swap files.
+  std::uint64_t file_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& l : layouts_) n += l.bytes;
+    return n;
+  }
+  /// The file-I/O engine in use ("io_uring", "pread/pwrite (...)").
+  std::string io_name() const { return io_->name(); }
+  /// True when the buffers are locked in RAM (pin_memory and mlock succeeded).
+  bool buffers_locked() const { return !buffers_.empty() && buffers_.front().locked(); }
+
+  /// Writes group g's tensors from caller memory (one span per tensor, in the group's order,
+  /// each exactly the tensor's size); blocks until the data is on disk.
+  void swap_out(std::size_t g, std::span<const std::span<const float>> tensors) {
+    check_spans(g, tensors.size(), [&](std::size_t i) { return tensors[i].size(); });
+    drain();
+    AlignedBuffer& buf = buffers_.front();
+    std::memset(buf.data(), 0, layouts_[g].bytes);  // padding goes to disk as zeros
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      std::memcpy(buf.data() + layouts_[g].offsets[i], tensors[i].data(), tensors[i].size_bytes());
+    write_group(g, buf);
+  }
+  /// swap_out from non-const spans.
+  void swap_out(std::size_t g, std::span<const std::span<float>> tensors) {
+    std::vector<std::span<const float>> c(tensors.begin(), tensors.end());
+    swap_out(g, std::span<const std::span<const float>>(c));
+  }
+
+  /// Reads group g's tensors into caller memory (spans as for swap_out); a group never written
+  /// reads as zeros.
+  void swap_in(std::size_t g, std::span<const std::span<float>> tensors) {
+    check_spans(g, tensors.size(), [&](std::size_t i) { return tensors[i].size(); });
+    drain();
+    AlignedBuffer& buf = buffers_.front();
+    read_group(g, buf);
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      std::memcpy(tensors[i].data(), buf.data() + layouts_[g].offsets[i], tensors[i].size_bytes());
+  }
+
+  /// Calls fn on every group in order with its tensors in a swap buffer, updated in place and
+  /// written back. Pipelined over the buffer_count buffers: while fn runs on group i, group i+1
+  /// (and further, with more buffers) is being read and group i-1 written. The first error (an
+  /// NvmeIoError or fn's own exception) is rethrown after every transfer in flight finished.
+  void for_each_group(const GroupFn& fn, Pass pass = {}) {
+    drain();
+    const std::size_t n = layouts_.size();
+    const std::size_t nbuf = buffers_.size();
+    // One buffer computes, one writes the previous group, the rest read ahead.
+    const std::size_t ahead = nbuf >= 3 ? nbuf - 2 : nbuf - 1;
+    std::size_t next_read = 0;
+    std::vector<std::span<float>> spans;
+    pass_reads_ = pass.read;
+    try {
+      for (std::size_t g = 0; g < n; ++g) {
+        while (next_read < n && next_read <= g + ahead) {
+          Slot& s = slots_[next_read % nbuf];
+          finish(s);  // the buffer's previous write must land before it is reused
+          start_read(next_read, s);
+          ++next_read;
+        }
+        Slot& s = slots_[g % nbuf];
+        finish(s);  // the read of g
+        auto& buf = buffers_[g % nbuf];
+        spans.clear();
+        for (std::size_t i = 0; i < layouts_[g].tensors.size(); ++i)
+          spans.emplace_back(reinterpret_cast<float*>(buf.data() + layouts_[g].offsets[i]),
+                             static_cast<std::size_t>(layouts_[g].tensors[i].numel));
+        fn(g, std::span<const std::span<float>>(spans));
+        if (pass.write) start_write(g, s);
+      }
+      for (auto& s : slots_) finish(s);
+    } catch (...) {
+      drain();
+      pass_reads_ = true;
+      throw;
+    }
+    pass_reads_ = true;
+  }
+
+  /// for_each_group with pass options given first (reads the call sites better).
+  void for_each_group(Pass pass, const GroupFn& fn) { for_each_group(fn, pass); }
+
+ private:
+  enum class GroupState : unsigned char { fresh, valid, broken };
+  // A buffer's transfer in flight, if any.
+  struct Slot {
+    IoTicket ticket;
+    std::size_t group = 0;
+    IoOp op = IoOp::read;
+  };
+
+  template <class SizeOf>
+  void check_spans(std::size_t g, std::size_t count, SizeOf size_of) const {
+    expect<ShapeError>(g < layouts_.size(), "NVMe swap: group ", g, " does not exist (",
+                       layouts_.size(), " groups)");
+    const auto& l = layouts_[g];
+    expect<ShapeError>(count == l.tensors.size(), "NVMe swap: group ", g, " has ", l.tensors.size(),
+                       " tensors, ", count, " spans were given");
+    for (std::size_t i = 0; i < count; ++i)
+      expect<ShapeError>(size_of(i) == static_cast<std::size_t>(l.tensors[i].numel),
+                         "NVMe swap: group ", g, " tensor '", l.tensors[i].name, "' has ",
+                         l.tensors[i].numel, " elements, its span ", size_of(i));
+  }
+
+  Transfer transfer(IoOp op, std::size_t g, AlignedBuffer& buf) const {
+    return Transfer{op, fds_[g].get(), paths_[g], 0, buf.data(), layouts_[g].bytes};
+  }
+
+  void check_readable(std::size_t g) const {
+    if (state_[g] == GroupState::broken)
+      throw NvmeIoError("reading", paths_[g], 0, layouts_[g].bytes, 0,
+                        zero::detail::concat("sub-group ", g,
+                                             " is incomplete on disk because its last write "
+                                             "failed; write it again (swap_out) first"));
+  }
+
+  void start_read(std::size_t g, Slot& s) {
+    check_readable(g);
+    AlignedBuffer& buf = buffers_[&s - slots_.data()];
+    s.group = g;
+    s.op = IoOp::read;
+    if (state_[g] == GroupState::fresh || !pass_reads_) {
+      std::memset(buf.data(), 0, layouts_[g].bytes);
+      return;
+    }
+    s.ticket = io_->submit(transfer(IoOp::read, g, buf));
+  }
+
+  void start_write(std::size_t g, Slot& s) {
+    AlignedBuffer& buf = buffers_[&s - slots_.data()];
+    s.group = g;
+    s.op = IoOp::write;
+    state_[g] = GroupState::broken;  // until the write completes
+    s.ticket = io_->submit(transfer(IoOp::write, g, buf));
+  }
+
+  // Waits for the slot's transfer; a completed write makes its group valid.
+  void finish(Slot& s) {
+    if (!s.ticket.valid()) return;
+    io_->wait(s.ticket);  // throws; the group stays broken for a failed write
+    if (s.op == IoOp::write) state_[s.group] = GroupState::valid;
+  }
+
+  // Waits for every transfer in flight, ignoring errors (the caller is already failing or
+  // there are none left to report).
+  void drain() noexcept {
+    for (auto& s : slots_) {
+      try {
+        finish(s);
+      } catch (...) {
+      }
+    }
+  }
+
+  void write_group(std::size_t g, AlignedBuffer& buf) {
+    state_[g] = GroupState::broken;
+    io_->run(transfer(IoOp::write, g, buf));
+    state_[g] = GroupState::valid;
+  }
+
+  void read_group(std::size_t g, AlignedBuffer& buf) {
+    check_readable(g);
+    if (state_[g] == GroupState::fresh) {
+      std::memset(buf.data(), 0, layouts_[g].bytes);
+      return;
+    }
+    io_->run(transfer(IoOp::read, g, buf));
+  }
+
+  void remove_files() noexcept {
+    fds_.clear();
+    std::error_code ec;
+    for (const auto& p : paths_) std::filesystem::remove(p, ec);
+    // Remove tag/, rank<r>/ and zero_swap/ when nothing else is left in them.
+    auto d = dir_;
+    for (int up = 0; up < 3 && !d.empty(); ++up, d = d.parent_path())
+      if (!std::filesystem::remove(d, ec)) break;
+  }
+
+  NvmeConfig cfg_;
+  Options options_;
+  std::size_t alignment_ = 4096;
+  std::vector<SwapLayout> layouts_;
+  std::vector<GroupState> state_;
+  std::filesystem::path dir_;
+  std::vector<io::FileDescriptor> fds_;
+  std::vector<std::string> paths_;
+  std::unique_ptr<FileIo> io_;
+  std::vector<AlignedBuffer> buffers_;
+  std::vector<Slot> slots_;
+  bool pass_reads_ = true;
+};
+
+}  // namespace zero::offload

@@ -1,0 +1,135 @@
+#pragma once
+// zero-requires: uring
+// UringFileIo: the FileIo engine on io_uring (liburing). One ring of queue_depth entries and one
+// thread that keeps it full: it takes block-sized requests from the queue, prepares a read or
+// write SQE for each, submits them (in one batch, or one by one with aio.single_submit), and on
+// each completion refills the ring (or, with aio.overlap_events false, only once the whole batch
+// has completed, as DeepSpeed's non-overlapped mode does).
+
+#include <liburing.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zero/offload/file_io.hpp>
+
+namespace zero::offload {
+
+/// io_uring engine (see file_io.hpp).
+class UringFileIo final : public detail::QueuedFileIo {
+ public:
+  /// Sets up the ring; throws IoError when the kernel refuses io_uring (old kernel, seccomp, or
+  /// sysctl kernel.io_uring_disabled), which make_file_io turns into the pread/pwrite fallback.
+  explicit UringFileIo(IoOptions options) : QueuedFileIo(std::move(options)) {
+    const unsigned entries = static_cast<unsigned>(this->options().queue_depth);
+    const int rc = ::io_uring_queue_init(entries, &ring_, 0);
+    if (rc < 0)
+      raise<IoError>("NVMe offload: io_uring_queue_init(", entries,
+                     ") failed: ", std::strerror(-rc),
+                     " (io_uring disabled by the kernel, a seccomp profile or "
+                     "sysctl kernel.io_uring_disabled?)");
+    slots_.resize(entries);
+    for (unsigned i = 0; i < entries; ++i) free_slots_.push_back(entries - 1 - i);
+    worker_ = std::thread([this] { run(); });
+  }
+  UringFileIo(const UringFileIo&) = delete;
+  UringFileIo& operator=(const UringFileIo&) = delete;
+  ~UringFileIo() override {
+    stop();
+    worker_.join();
+    ::io_uring_queue_exit(&ring_);
+  }
+
+  std::string name() const override { return "io_uring"; }
+
+ private:
+  void run() {
+    const auto& opt = options();
+    std::vector<Request> injected;
+    for (;;) {
+      // Fill the ring with whatever is queued; block only when nothing is in flight.
+      unsigned prepared = 0;
+      {
+        std::unique_lock lock(mutex_);
+        const bool may_refill = opt.overlap_events || in_flight_ == 0;
+        while (may_refill && !free_slots_.empty()) {
+          auto r = try_take_locked();
+          if (!r) {
+            if (in_flight_ > 0 || prepared > 0 || !injected.empty()) break;
+            if (stopping_locked()) return;
+            work_cv_.wait(lock);
+            continue;
+          }
+          if (r->fault.error != 0) {
+            injected.push_back(std::move(*r));
+            continue;
+          }
+          const unsigned slot = free_slots_.back();
+          free_slots_.pop_back();
+          slots_[slot] = std::move(*r);
+          prepare(slot);
+          ++prepared;
+          ++in_flight_;
+          if (opt.single_submit) ::io_uring_submit(&ring_);
+        }
+      }
+      for (auto& r : injected) complete(r, -r.fault.error);
+      injected.clear();
+      if (prepared > 0 && !opt.single_submit) submit_all();
+      if (in_flight_ > 0) reap();
+    }
+  }
+
+  void prepare(unsigned slot) {
+    Request& r = slots_[slot];
+    io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_);
+    // The ring has queue_depth entries and at most queue_depth requests are in flight.
+    const unsigned want = static_cast<unsigned>(
+        r.fault.short_bytes ? std::min(*r.fault.short_bytes, r.bytes) : r.bytes);
+    const Transfer& t = r.state->transfer;
+    if (t.op == IoOp::read)
+      ::io_uring_prep_read(sqe, t.fd, r.data, want, r.offset);
+    else
+      ::io_uring_prep_write(sqe, t.fd, r.data, want, r.offset);
+    ::io_uring_sqe_set_data64(sqe, slot);
+  }
+
+  void submit_all() {
+    for (;;) {
+      const int rc = ::io_uring_submit(&ring_);
+      if (rc >= 0 || (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)) break;
+    }
+  }
+
+  // Waits for at least one completion, then takes every completion that is ready.
+  void reap() {
+    io_uring_cqe* cqe = nullptr;
+    int rc = ::io_uring_wait_cqe(&ring_, &cqe);
+    while (rc == -EINTR) rc = ::io_uring_wait_cqe(&ring_, &cqe);
+    if (rc < 0) return;  // nothing completed; the loop tries again
+    do {
+      const auto slot = static_cast<unsigned>(::io_uring_cqe_get_data64(cqe));
+      const int res = cqe->res;
+      ::io_uring_cqe_seen(&ring_, cqe);
+      Request r = std::move(slots_[slot]);
+      {
+        std::lock_guard lock(mutex_);
+        free_slots_.push_back(slot);
+        --in_flight_;
+      }
+      complete(r, res);
+    } while (::io_uring_peek_cqe(&ring_, &cqe) == 0);
+  }
+
+  io_uring ring_{};
+  std::vector<Request> slots_;
+  std::vector<unsigned> free_slots_;
+  unsigned in_flight_ = 0;  // touched by the worker only (and read under the mutex)
+  std::thread worker_;
+};
+
+}  // namespace zero::offload

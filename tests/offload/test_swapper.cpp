@@ -1,0 +1,256 @@
+// NvmeSwapper: round trips of odd-sized tensors, the pipelined pass equal to a sequential loop
+// for every buffer count, fault injection that leaves other sub-groups intact, and cleanup.
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <zero/offload/nvme_swapper.hpp>
+
+#include "scratch.hpp"
+
+using namespace zero;
+using namespace zero::offload;
+using zero::testing::TempDir;
+
+namespace {
+
+NvmeConfig small_config(const std::filesystem::path& dir, int buffers) {
+  NvmeConfig c;
+  c.nvme_path = dir;
+  c.buffer_count = buffers;
+  c.block_size = 64 * 1024;
+  c.queue_depth = 4;
+  c.thread_count = 2;
+  return c;
+}
+
+// Sub-groups of three optimizer states with sizes that are not multiples of any block.
+std::vector<std::vector<SwapTensor>> odd_groups(int n) {
+  std::vector<std::vector<SwapTensor>> g;
+  for (int i = 0; i < n; ++i) {
+    const std::int64_t numel = 20'000 + 4'099 * i + (i % 2 ? 1 : 0);
+    g.push_back({{"master", numel}, {"exp_avg", numel}, {"exp_avg_sq", numel + 7}});
+  }
+  return g;
+}
+
+// The reference values of tensor t of group g.
+std::vector<float> values(std::size_t g, std::size_t t, std::int64_t numel) {
+  return zero::testing::random_floats(static_cast<std::size_t>(numel),
+                                      static_cast<std::uint32_t>(1000 * g + t));
+}
+
+// Writes every group's reference values with swap_out.
+void fill(NvmeSwapper& s) {
+  for (std::size_t g = 0; g < s.num_groups(); ++g) {
+    std::vector<std::vector<float>> data;
+    std::vector<std::span<const float>> spans;
+    for (std::size_t t = 0; t < s.layout(g).tensors.size(); ++t)
+      data.push_back(values(g, t, s.layout(g).tensors[t].numel));
+    for (auto& d : data) spans.emplace_back(d);
+    s.swap_out(g, spans);
+  }
+}
+
+// Reads group g whole.
+std::vector<std::vector<float>> read(NvmeSwapper& s, std::size_t g) {
+  std::vector<std::vector<float>> data;
+  std::vector<std::span<float>> spans;
+  for (const auto& t : s.layout(g).tensors) data.emplace_back(static_cast<std::size_t>(t.numel));
+  for (auto& d : data) spans.emplace_back(d);
+  s.swap_in(g, spans);
+  return data;
+}
+
+// One "optimizer step" on a group: deterministic and different for every element and step.
+void update(std::size_t g, std::span<const std::span<float>> t, int step) {
+  for (std::size_t i = 0; i < t[0].size(); ++i) {
+    t[1][i] = 0.9f * t[1][i] + 0.1f * static_cast<float>(g + 1);
+    t[2][i] = 0.99f * t[2][i] + 0.01f * t[1][i] * t[1][i];
+    t[0][i] -= 0.01f * t[1][i] + static_cast<float>(step) * 1e-4f;
+  }
+  t[2][t[2].size() - 1] += 1.0f;  // the odd tail element of exp_avg_sq
+}
+
+// Swapper options (designated initialisers would warn about the fields left out).
+SwapperOptions opts(IoBackend backend, int rank = 0,
+                    std::shared_ptr<FaultInjector> faults = nullptr) {
+  SwapperOptions o;
+  o.rank = rank;
+  o.backend = backend;
+  o.faults = std::move(faults);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("swap_out then swap_in returns the data for odd tensor sizes", "[unit][offload]") {
+  const auto backend = GENERATE(from_range(zero::testing::backends()));
+  INFO("engine " << zero::testing::name_of(backend));
+  TempDir dir("swap", zero::testing::direct_io_base());
+  NvmeSwapper s(small_config(dir.path(), 2), odd_groups(3), opts(backend, 3));
+  CHECK(s.directory() == dir.path() / "zero_swap" / "rank3" / "optimizer");
+  CHECK(std::filesystem::exists(s.file_of(2)));
+  CHECK(s.layout(1).offsets[1] % s.alignment() == 0);
+  // A group never written reads as zeros.
+  for (const auto& t : read(s, 1))
+    for (float x : t) REQUIRE(x == 0.0f);
+  fill(s);
+  for (std::size_t g = 0; g < 3; ++g) {
+    const auto got = read(s, g);
+    for (std::size_t t = 0; t < got.size(); ++t)
+      REQUIRE(got[t] == values(g, t, static_cast<std::int64_t>(got[t].size())));
+  }
+  // Wrong span counts and sizes are shape errors naming the tensor.
+  std::vector<float> small(5);
+  std::vector<std::span<float>> bad{small, small, small};
+  CHECK_THROWS_WITH(s.swap_in(0, bad), Catch::Contains("tensor 'master'"));
+  CHECK_THROWS_AS(s.swap_in(7, bad), ShapeError);
+}
+
+TEST_CASE("pipelined for_each_group equals a sequential loop for every buffer count",
+          "[unit][offload]") {
+  const auto backend = GENERATE(from_range(zero::testing::backends()));
+  const int buffers = GENERATE(1, 2, 3, 5);
+  INFO("engine " << zero::testing::name_of(backend) << ", buffer_count " << buffers);
+  TempDir dir("pipe", zero::testing::direct_io_base());
+  const int groups = 6, steps = 3;
+  // Reference: the same updates on vectors in memory.
+  std::vector<std::vector<std::vector<float>>> ref;
+  for (std::size_t g = 0; g < groups; ++g) {
+    ref.emplace_back();
+    for (std::size_t t = 0; t < 3; ++t)
+      ref[g].push_back(values(g, t, odd_groups(groups)[g][t].numel));
+  }
+  for (int step = 0; step < steps; ++step)
+    for (std::size_t g = 0; g < groups; ++g) {
+      std::vector<std::span<float>> sp(ref[g].begin(), ref[g].end());
+      update(g, sp, step);
+    }
+
+  NvmeSwapper s(small_config(dir.path(), buffers), odd_groups(groups), opts(backend));
+  fill(s);
+  std::vector<std::size_t> order;
+  for (int step = 0; step < steps; ++step)
+    s.for_each_group([&](std::size_t g, std::span<const std::span<float>> t) {
+      order.push_back(g);
+      REQUIRE(t.size() == 3);
+      REQUIRE(reinterpret_cast<std::uintptr_t>(t[0].data()) % s.alignment() == 0);
+      update(g, t, step);
+    });
+  CHECK(order.size() == static_cast<std::size_t>(groups * steps));
+  CHECK(order[groups + 1] == 1);
+  for (std::size_t g = 0; g < groups; ++g) {
+    const auto got = read(s, g);
+    for (std::size_t t = 0; t < 3; ++t) REQUIRE(got[t] == ref[g][t]);
+  }
+}
+
+TEST_CASE("a write-only pass starts from zeros and a read-only pass writes nothing",
+          "[unit][offload]") {
+  TempDir dir("passes", zero::testing::direct_io_base());
+  NvmeSwapper s(small_config(dir.path(), 3), odd_groups(4));
+  s.for_each_group({.read = false, .write = true},
+                   [](std::size_t g, std::span<const std::span<float>> t) {
+                     for (auto span : t)
+                       for (auto& x : span) {
+                         REQUIRE(x == 0.0f);
+                         x = static_cast<float>(g) + 0.5f;
+                       }
+                   });
+  s.for_each_group({.read = true, .write = false},
+                   [](std::size_t g, std::span<const std::span<float>> t) {
+                     for (auto span : t)
+                       for (auto& x : span) {
+                         REQUIRE(x == static_cast<float>(g) + 0.5f);
+                         x = -1.0f;  // not written back
+                       }
+                   });
+  for (std::size_t g = 0; g < 4; ++g)
+    for (const auto& t : read(s, g))
+      for (float x : t) REQUIRE(x == static_cast<float>(g) + 0.5f);
+}
+
+TEST_CASE("I/O faults in a pass raise NvmeIoError and leave other groups intact",
+          "[unit][offload]") {
+  const auto backend = GENERATE(from_range(zero::testing::backends()));
+  const int error = GENERATE(EIO, ENOSPC);
+  INFO("engine " << zero::testing::name_of(backend) << ", errno " << error);
+  TempDir dir("swapfault", zero::testing::direct_io_base());
+  // Fail the first write request of group 2 inside the pass: the writes of fill() and of groups
+  // 0 and 1 come before it, one request per started 64 KiB block.
+  const auto groups = odd_groups(4);
+  const auto requests = [&](std::size_t g) {
+    const auto bytes = SwapLayout::plan(groups[g], probe_direct_io(dir.path()).alignment).bytes;
+    return (bytes + 65535) / 65536;
+  };
+  const std::uint64_t nth =
+      requests(0) + requests(1) + requests(2) + requests(3) + requests(0) + requests(1);
+  auto in_pass = std::make_shared<FaultInjector>(nth, error, IoOp::write);
+  NvmeSwapper s3(small_config(dir.path(), 3), groups, opts(backend, 0, in_pass));
+  fill(s3);
+  CHECK(in_pass->fired() == 0);
+  std::vector<std::size_t> seen;
+  try {
+    s3.for_each_group([&](std::size_t g, std::span<const std::span<float>> t) {
+      seen.push_back(g);
+      for (auto span : t)
+        for (auto& x : span) x += 1.0f;
+    });
+    FAIL("no error");
+  } catch (const NvmeIoError& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(e.error_code() == error);
+    CHECK(m.find(s3.file_of(2).string()) != std::string::npos);
+    CHECK(m.find(std::strerror(error)) != std::string::npos);
+  }
+  CHECK(in_pass->fired() == 1);
+  // Groups 0, 1 and 3 were updated and written back whole (the error surfaces when the pass
+  // waits for group 2's write, after group 3 was already under way).
+  CHECK(seen == std::vector<std::size_t>{0, 1, 2, 3});
+  for (std::size_t g : {0u, 1u, 3u}) {
+    const auto got = read(s3, g);
+    const float delta = 1.0f;
+    for (std::size_t t = 0; t < 3; ++t) {
+      auto want = values(g, t, static_cast<std::int64_t>(got[t].size()));
+      for (auto& x : want) x += delta;
+      REQUIRE(got[t] == want);
+    }
+  }
+  // Group 2's file is incomplete: reading it says so until it is written again.
+  CHECK_THROWS_WITH(read(s3, 2), Catch::Contains("incomplete on disk"));
+  std::vector<std::vector<float>> fresh;
+  std::vector<std::span<const float>> spans;
+  for (std::size_t t = 0; t < 3; ++t) fresh.push_back(values(2, t, s3.layout(2).tensors[t].numel));
+  for (auto& f : fresh) spans.emplace_back(f);
+  s3.swap_out(2, spans);
+  CHECK(read(s3, 2)[1] == fresh[1]);
+}
+
+TEST_CASE("an exception from the update function drains I/O and propagates", "[unit][offload]") {
+  TempDir dir("fnthrow", zero::testing::direct_io_base());
+  NvmeSwapper s(small_config(dir.path(), 4), odd_groups(5));
+  fill(s);
+  CHECK_THROWS_WITH(s.for_each_group([](std::size_t g, std::span<const std::span<float>>) {
+    if (g == 2) throw std::runtime_error("optimizer failed");
+  }),
+                    "optimizer failed");
+  CHECK(read(s, 4)[0] == values(4, 0, s.layout(4).tensors[0].numel));
+}
+
+TEST_CASE("the swapper removes its files and empty directories", "[unit][offload]") {
+  TempDir dir("cleanup", zero::testing::direct_io_base());
+  std::filesystem::path file;
+  {
+    NvmeSwapper s(small_config(dir.path(), 2), odd_groups(2), opts(IoBackend::automatic, 1));
+    fill(s);
+    file = s.file_of(1);
+    CHECK(std::filesystem::file_size(file) == s.layout(1).bytes);
+  }
+  CHECK(!std::filesystem::exists(file));
+  CHECK(!std::filesystem::exists(dir / "zero_swap"));
+}
