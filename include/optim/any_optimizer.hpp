@@ -152,6 +152,18 @@ class AnyOptimizer {
   std::int64_t step_count() const {
     return std::visit([](const auto& o) { return o.step_count(); }, optimizer_);
   }
+  /// Gives up the states' memory (see FlatOptimizer::release_state_storage).
+  void release_state_storage() {
+    std::visit([](auto& o) { o.release_state_storage(); }, optimizer_);
+  }
+  /// Points released states at the owner's memory (see FlatOptimizer::bind_state).
+  void bind_state(std::span<const std::span<float>> states) {
+    std::visit([&](auto& o) { o.bind_state(states); }, optimizer_);
+  }
+  /// Bytes of state held in memory.
+  std::size_t state_bytes() const {
+    return std::visit([](const auto& o) { return o.state_bytes(); }, optimizer_);
+  }
   /// Sets the step counter (after the state buffers were restored in place).
   void set_step_count(std::int64_t step) {
     std::visit([&](auto& o) { o.set_step_count(step); }, optimizer_);

@@ -46,17 +46,46 @@ class FlatOptimizer {
   const std::vector<std::string>& state_names() const { return names_; }
   /// The state buffer called name (numel floats).
   std::span<float> state(std::string_view name) {
+    const auto ptrs = state_pointers();
     for (std::size_t k = 0; k < names_.size(); ++k) {
-      if (names_[k] == name) return {buffers_[k].data(), numel_};
+      if (names_[k] == name) return {ptrs[k], numel_};
     }
     raise<Error>(name_, ": no state buffer '", std::string(name), "'");
   }
+  /// Gives up the state buffers' memory: from now on the states live where the owner keeps them
+  /// (NVMe offload swaps them in for each step), and bind_state must point the optimizer at
+  /// them before step() or state(). Copy or save the states first.
+  void release_state_storage() {
+    buffers_.clear();
+    buffers_.shrink_to_fit();
+    external_.assign(names_.size(), nullptr);
+  }
+  /// Points the (released) states at memory the owner keeps, one span per state name in
+  /// state_names() order, each numel() long; an empty list unbinds them.
+  void bind_state(std::span<const std::span<float>> states) {
+    expect<Error>(!external_.empty(), name_, ": bind_state needs release_state_storage first");
+    if (states.empty()) {
+      external_.assign(names_.size(), nullptr);
+      return;
+    }
+    expect<ShapeError>(states.size() == names_.size(), name_, ": bind_state got ", states.size(),
+                       " buffers for ", names_.size(), " states");
+    for (std::size_t k = 0; k < states.size(); ++k) {
+      expect<ShapeError>(states[k].size() >= numel_, name_, ": state '", names_[k], "' bound to ",
+                         states[k].size(), " elements, needs ", numel_);
+      external_[k] = states[k].data();
+    }
+  }
+  /// Bytes of state this object holds in memory (0 once released).
+  std::size_t state_bytes() const { return buffers_.size() * numel_ * sizeof(float); }
   /// A copy of the step counter and every state buffer.
   StateDict state_dict() const {
     StateDict out;
     out.counters["step"] = step_;
     for (std::size_t k = 0; k < names_.size(); ++k) {
-      out.buffers[names_[k]].assign(buffers_[k].data(), buffers_[k].data() + numel_);
+      const float* data = external_.empty() ? buffers_[k].data() : external_[k];
+      expect<Error>(data != nullptr, name_, ": state '", names_[k], "' is not bound");
+      out.buffers[names_[k]].assign(data, data + numel_);
     }
     return out;
   }
@@ -66,7 +95,7 @@ class FlatOptimizer {
     expect<CheckpointError>(step >= 0, name_, ": negative step ", step, " in state");
     for (std::size_t k = 0; k < names_.size(); ++k) {
       const auto& values = in.buffer(names_[k], numel_, name_);
-      std::copy(values.begin(), values.end(), buffers_[k].data());
+      std::copy(values.begin(), values.end(), state_pointers()[k]);
     }
     step_ = step;
   }
@@ -92,8 +121,15 @@ class FlatOptimizer {
     for (const auto& g : groups_) out.push_back(g.range);
     return out;
   }
-  /// Pointers to the state buffers, in name order.
+  /// Pointers to the state buffers, in name order (the bound ones once released).
   std::vector<float*> state_pointers() {
+    if (!external_.empty()) {
+      for (std::size_t k = 0; k < external_.size(); ++k) {
+        expect<Error>(external_[k] != nullptr, name_, ": state '", names_[k],
+                      "' is not bound (released storage; call bind_state)");
+      }
+      return external_;
+    }
     std::vector<float*> out;
     for (auto& b : buffers_) out.push_back(b.data());
     return out;
@@ -103,7 +139,8 @@ class FlatOptimizer {
   std::size_t numel_;                      ///< shard size
   std::vector<ParamGroup<Hyper>> groups_;  ///< ranges and their hyper-parameters
   std::vector<std::string> names_;         ///< state buffer names
-  std::vector<Buffer<float>> buffers_;     ///< state buffers
+  std::vector<Buffer<float>> buffers_;     ///< state buffers (empty once released)
+  std::vector<float*> external_;           ///< bound states after release_state_storage
   std::int64_t step_ = 0;                  ///< steps taken
 };
 

@@ -100,8 +100,9 @@ class Lamb : public FlatOptimizer<LambHyper> {
       }
     }
     std::vector<double> partial_p(blocks.size()), partial_u(blocks.size());
-    const float* m = buffers_[0].data();
-    const float* v = buffers_[1].data();
+    const auto states = state_pointers();
+    const float* m = states[0];
+    const float* v = states[1];
     const auto count = static_cast<std::int64_t>(blocks.size());
     [[maybe_unused]] const int threads = detail::thread_count(run.threads);
 #if defined(ZERO_WITH_OPENMP) && defined(_OPENMP)

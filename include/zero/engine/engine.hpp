@@ -52,6 +52,7 @@
 #include <zero/engine/memory_report.hpp>
 #include <zero/engine/partition.hpp>
 #include <zero/nn/model.hpp>
+#include <zero/offload/nvme_swapper.hpp>
 
 namespace zero::engine {
 
@@ -64,6 +65,7 @@ class Engine {
   static constexpr int stage = policies::stage;
   static constexpr bool same_type = std::is_same_v<T, MasterT>;
   static constexpr bool loss_scaling = std::is_same_v<T, f16>;
+  static constexpr bool offload_nvme = std::is_same_v<typename policies::offload, NVMe>;
   /// Updates a master slice from its gradient (already averaged, unscaled and clipped):
   /// (unit, master, grad). Stage 0 passes the whole padded unit, stages 1-3 this rank's shard.
   using UpdateFn = std::function<void(int, std::span<MasterT>, std::span<const MasterT>)>;
@@ -73,6 +75,9 @@ class Engine {
   Engine(M& model, C& comm, UpdateFn update, EngineOptions options = {})
       : model_(model), comm_(comm), options_(options), update_(std::move(update)),
         arena_(options.activation_bytes, "engine activations") {
+    static_assert(!offload_nvme,
+                  "zero::Engine: Offload<NVMe> swaps the states of an optimizer built from the "
+                  "config; construct the engine from a Config");
     setup();
   }
 
@@ -90,6 +95,9 @@ class Engine {
     expect<ConfigError>(config.optimizer.has_value(),
                         "optimizer: required to build an Engine from a config");
     optimizer_spec_ = *config.optimizer;
+    if constexpr (offload_nvme) {
+      nvme_config_.emplace(offload::NvmeConfig::from_config(config));
+    }
     setup();
     const double lr = optimizer_spec_.get("lr", optimizers_.empty() ? 1e-3 : optimizers_[0].lr());
     if (config.scheduler) {
@@ -174,7 +182,16 @@ class Engine {
       const double clip = optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping);
       const double factor = clip / scale;
       if (scheduler_) lr_ = scheduler_->lr();
-      for (int u = 0; u < units(); ++u) update_unit(u, factor);
+      if (swapper_) {  // states stream in by sub-group (a unit), update, stream back out
+        swapper_->for_each_group([&](std::size_t g, std::span<const std::span<float>> states) {
+          const int u = static_cast<int>(g);
+          optimizers_[g].bind_state(states);
+          update_unit(u, factor);
+          optimizers_[g].bind_state({});
+        });
+      } else {
+        for (int u = 0; u < units(); ++u) update_unit(u, factor);
+      }
       if (scheduler_) scheduler_->step();
       ++steps_;
     } else {
@@ -247,6 +264,25 @@ class Engine {
       raise<CheckpointError>("checkpoint: malformed engine state: ", e.what());
     }
   }
+  /// Calls fn(unit, optimizer) with the optimizer's states readable (and bound, with NVMe
+  /// offload: swapped in one unit at a time); write_back: fn's changes to the states are kept
+  /// (NVMe: swapped back out; read_before false starts those units from zeros).
+  template <class Fn>
+  void for_each_optimizer(Fn&& fn, bool write_back = false, bool read_before = true) {
+    if (swapper_) {
+      swapper_->for_each_group(
+          [&](std::size_t g, std::span<const std::span<float>> states) {
+            optimizers_[g].bind_state(states);
+            fn(static_cast<int>(g), optimizers_[g]);
+            optimizers_[g].bind_state({});
+          },
+          offload::SwapPass{read_before, write_back});
+      return;
+    }
+    for (int u = 0; u < static_cast<int>(optimizers_.size()); ++u) {
+      fn(u, optimizers_[static_cast<std::size_t>(u)]);
+    }
+  }
   /// True between optimizer steps (no micro-step of an accumulation window done yet).
   bool between_steps() const { return micro_step_ == 0 && !boundary_pending_ && !forward_done_; }
   /// True when the engine was built from a config (it owns optimizers).
@@ -288,7 +324,11 @@ class Engine {
       if (s.values && !(stage == 0 && same_type)) r.whole_param_bytes += s.values->size() * sizeof(T);
       if (s.grads) r.whole_grad_bytes += s.grads->size() * sizeof(T);
     }
-    for (const auto& o : optimizers_) r.optimizer_bytes += o.state_names().size() * o.numel() * 4;
+    for (const auto& o : optimizers_) r.optimizer_bytes += o.state_bytes();
+    if (swapper_) {
+      r.offloaded_bytes += swapper_->file_bytes();
+      r.scratch_bytes += swapper_->buffer_bytes();
+    }
     for (const auto& b : scratch_pool_) r.scratch_bytes += b.size() * sizeof(T);
     for (const auto& p : reductions_) r.scratch_bytes += p.scratch.size() * sizeof(T);
     return r;
@@ -407,10 +447,35 @@ class Engine {
       if (stage < 2 && same_type) s.grads.emplace(padded);  // the accumulator itself
       if (!optimizer_spec_.type.empty()) build_optimizer(u);
     }
+    if constexpr (offload_nvme) start_nvme_offload();
     for (int u = 0; u < n; ++u) write_back(u);
     regather_after_update();
     for (int u = 0; u < n; ++u) bind(u);
     synchronize();  // construction ends with every rank's parameters in place
+  }
+
+  // Offload<NVMe>: the optimizer states of every unit (one sub-group per unit) move to files
+  // under nvme_path; their memory is given back and each step streams them through the
+  // swapper's buffer_count aligned buffers (read ahead, update, write behind).
+  void start_nvme_offload() {
+    std::vector<std::vector<offload::SwapTensor>> groups;
+    for (const auto& o : optimizers_) {
+      std::vector<offload::SwapTensor> g;
+      for (const auto& name : o.state_names()) {
+        g.push_back({name, static_cast<std::int64_t>(o.numel())});
+      }
+      groups.push_back(std::move(g));
+    }
+    offload::SwapperOptions so;
+    so.rank = comm_.rank();
+    swapper_.emplace(*nvme_config_, std::move(groups), so);
+    for (std::size_t u = 0; u < optimizers_.size(); ++u) {
+      auto& o = optimizers_[u];
+      std::vector<std::span<float>> states;
+      for (const auto& name : o.state_names()) states.push_back(o.state(name));
+      swapper_->swap_out(u, std::span<const std::span<float>>(states));
+      o.release_state_storage();
+    }
   }
 
   void build_optimizer(int u) {
@@ -772,6 +837,8 @@ class Engine {
   UpdateFn update_;
   NamedParams optimizer_spec_;
   std::vector<optim::AnyOptimizer> optimizers_;
+  std::optional<offload::NvmeConfig> nvme_config_;
+  std::optional<offload::NvmeSwapper> swapper_;  // Offload<NVMe>: the optimizer states' files
   std::optional<optim::LrScheduler> scheduler_;
   std::optional<optim::LossScaler> scaler_;
   Arena<Host> arena_;

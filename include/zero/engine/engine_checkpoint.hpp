@@ -66,12 +66,21 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
       }
     });
   };
-  for (int u = 0; u < eng.units(); ++u) {
-    add(u, std::span<MasterT>(eng.master_span(u)), "");
-    if (eng.has_optimizer()) {
-      auto& opt = eng.optimizer(u);
-      for (const std::string& name : opt.state_names()) add(u, opt.state(name), "/" + name);
-    }
+  for (int u = 0; u < eng.units(); ++u) add(u, std::span<MasterT>(eng.master_span(u)), "");
+  // Offloaded states are streamed in a unit at a time, so they are copied for the save (the
+  // save writes every segment at once); in-memory states are saved from where they are.
+  std::vector<std::vector<float>> copies;
+  if (eng.has_optimizer()) {
+    eng.for_each_optimizer([&](int u, auto& opt) {
+      for (const std::string& name : opt.state_names()) {
+        std::span<float> s = opt.state(name);
+        if constexpr (Eng::offload_nvme) {
+          copies.emplace_back(s.begin(), s.end());
+          s = std::span<float>(copies.back());
+        }
+        add(u, s, "/" + name);
+      }
+    });
   }
   nlohmann::json state = eng.state_json();
   state["client_state"] = client_state;
@@ -102,12 +111,13 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
                                      io::DTypeRule::convert);
     });
   };
-  for (int u = 0; u < eng.units(); ++u) {
-    read(u, eng.master_span(u), "");
-    if (eng.has_optimizer()) {
-      auto& opt = eng.optimizer(u);
-      for (const std::string& name : opt.state_names()) read(u, opt.state(name), "/" + name);
-    }
+  for (int u = 0; u < eng.units(); ++u) read(u, eng.master_span(u), "");
+  if (eng.has_optimizer()) {  // offloaded states: read into the swap buffers, written back out
+    eng.for_each_optimizer(
+        [&](int u, auto& opt) {
+          for (const std::string& name : opt.state_names()) read(u, opt.state(name), "/" + name);
+        },
+        /*write_back=*/true, /*read_before=*/false);
   }
   eng.load_state_json(reader.engine_state());
   eng.refresh_from_master();
