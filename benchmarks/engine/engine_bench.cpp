@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
+#include <algorithm>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -134,7 +136,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const int cores = 2;  // the reference machine; each configuration uses both
+  // Every configuration uses all cores: OpenMP threads in the single process, ranks x threads
+  // per rank in the engine runs.
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
   const double baseline = single_process_ms(s, cores);
   const auto params = model_config(s).num_parameters();
   std::printf("{\"bench\": \"engine_step\", \"config\": {\"mode\": \"single_process\", "

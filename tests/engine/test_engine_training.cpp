@@ -428,3 +428,18 @@ TEST_CASE("GPT in bf16 and fp16 follows the fp32 loss curve", "[unit][engine]") 
   CHECK(f32.back() < f32.front() - 0.1);  // the runs really train
   CHECK(b16.back() < b16.front() - 0.1);
 }
+
+TEST_CASE("evaluate between a forward and its backward is refused", "[unit][engine]") {
+  LocalComm::run(1, [&](LocalComm& comm) {
+    ToyModel<double> model;
+    engine::Engine<ToyModel<double>, ZeroStage<1>> eng(
+        model, comm, [](int, std::span<double>, std::span<const double>) {});
+    std::vector<std::int32_t> tokens(16, 1);
+    eng.forward({tokens.data(), tokens.data(), 2, 8});
+    CHECK_THROWS_WITH(eng.evaluate({tokens.data(), tokens.data(), 2, 8}),
+                      Catch::Contains("waiting for its backward"));
+    eng.backward();  // the pending backward still runs
+    CHECK(eng.step());
+    CHECK_NOTHROW(eng.evaluate({tokens.data(), tokens.data(), 2, 8}));
+  });
+}

@@ -121,6 +121,9 @@ class Engine {
   /// Forward without dropout and without a backward to follow (evaluation, generation: with
   /// null targets only the logits are computed, readable from the model until the next forward).
   T evaluate(const MicroBatch& batch) {
+    expect<Error>(!forward_done_,
+                  "Engine::evaluate: a training forward is waiting for its backward; evaluating "
+                  "now would overwrite what that backward needs");
     const T loss = run_forward(batch, false);
     if constexpr (stage == 3) {
       for (int u = 0; u < units(); ++u) {
@@ -551,7 +554,7 @@ class Engine {
         if (!unit(u).pinned && !unit(u).persistent) release_values(u);
       }
     }
-    forward_done_ = training;
+    forward_done_ = training;  // evaluate never runs between a forward and its backward
     return ctx_.loss;
   }
 

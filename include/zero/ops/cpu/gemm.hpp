@@ -148,6 +148,22 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
 
 namespace detail {
 
+#if defined(ZERO_WITH_BLAS)
+/// The determinism rule of every BLAS path: op(A)'s rows are split into fixed blocks of
+/// gemm_row_block, each multiplied by single-threaded BLAS inside parallel_for, so the result
+/// does not depend on the thread count. fn(first row, rows, A at that row of op(A)).
+template <class T, class Fn>
+void for_each_row_block(Trans ta, std::int64_t M, const T* A, std::int64_t lda, Fn&& fn) {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  const std::int64_t blocks = (M + gemm_row_block - 1) / gemm_row_block;
+  parallel_for(blocks, [&](std::int64_t blk) {
+    const std::int64_t m0 = blk * gemm_row_block;
+    const int rows = static_cast<int>(std::min(gemm_row_block, M - m0));
+    fn(m0, rows, ta == Trans::no ? A + m0 * lda : A + m0);
+  });
+}
+#endif
+
 // Widens the [rows, cols] matrix at src (leading dimension ld) to float with the same layout.
 template <class T>
 std::unique_ptr<float[]> widen_matrix(const T* src, std::int64_t rows, std::int64_t cols,
@@ -177,14 +193,9 @@ void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
 #if defined(ZERO_WITH_BLAS)
   if constexpr (std::is_same_v<T, bf16>) {
     if (const SbgemmFn sbgemm = usable_sbgemm(); sbgemm != nullptr) {
-      if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
       const auto op_a = ta == Trans::yes ? CblasTrans : CblasNoTrans;
       const auto op_b = tb == Trans::yes ? CblasTrans : CblasNoTrans;
-      const std::int64_t blocks = (M + gemm_row_block - 1) / gemm_row_block;
-      parallel_for(blocks, [&](std::int64_t blk) {
-        const std::int64_t m0 = blk * gemm_row_block;
-        const int rows = static_cast<int>(std::min(gemm_row_block, M - m0));
-        const T* a = ta == Trans::no ? A + m0 * lda : A + m0;  // rows of op(A)
+      for_each_row_block(ta, M, A, lda, [&](std::int64_t m0, int rows, const T* a) {
         sbgemm(CblasRowMajor, op_a, op_b, rows, static_cast<int>(N), static_cast<int>(K), alpha,
                reinterpret_cast<const bfloat16*>(a), static_cast<int>(lda),
                reinterpret_cast<const bfloat16*>(B), static_cast<int>(ldb), 1.0f, acc + m0 * N,
@@ -220,14 +231,9 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
   }
 #if defined(ZERO_WITH_BLAS)
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
     const auto op_a = ta == Trans::yes ? CblasTrans : CblasNoTrans;
     const auto op_b = tb == Trans::yes ? CblasTrans : CblasNoTrans;
-    const std::int64_t blocks = (M + gemm_row_block - 1) / gemm_row_block;
-    parallel_for(blocks, [&](std::int64_t blk) {
-      const std::int64_t m0 = blk * gemm_row_block;
-      const int rows = static_cast<int>(std::min(gemm_row_block, M - m0));
-      const T* a = ta == Trans::no ? A + m0 * lda : A + m0;  // rows of op(A)
+    detail::for_each_row_block(ta, M, A, lda, [&](std::int64_t m0, int rows, const T* a) {
       T* c = C + m0 * ldc;
       if constexpr (std::is_same_v<T, float>) {
         cblas_sgemm(CblasRowMajor, op_a, op_b, rows, static_cast<int>(N), static_cast<int>(K),
