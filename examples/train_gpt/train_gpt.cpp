@@ -12,6 +12,11 @@
 //               [--data corpus.txt | --tokens train.bin] [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
+//               [--export model.safetensors [--export-dtype f32|bf16|f16]]
+//
+// --export writes the trained weights at the end as one Hugging Face GPT-2 safetensors file,
+// streamed unit by unit from the live engine (no rank holds the whole model); --init reads such
+// a file back.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -50,7 +55,8 @@ struct Options {
   std::optional<double> lr;
   std::uint64_t seed = 1234;
   std::int64_t print_every = 10;
-  std::string data = ZERO_DEFAULT_CORPUS, tokens, init, metrics, save_dir, resume;
+  std::string data = ZERO_DEFAULT_CORPUS, tokens, init, metrics, save_dir, resume, export_path;
+  DType export_dtype = DType::f32;
   std::int64_t save_every = 0;
 };
 
@@ -90,6 +96,13 @@ Options parse(int argc, char** argv) {
     else if (flag == "--metrics") o.metrics = v;
     else if (flag == "--save-dir") o.save_dir = v;
     else if (flag == "--save-every") o.save_every = integer();
+    else if (flag == "--export") o.export_path = v;
+    else if (flag == "--export-dtype") {
+      if (v == "f32") o.export_dtype = DType::f32;
+      else if (v == "bf16") o.export_dtype = DType::bf16;
+      else if (v == "f16") o.export_dtype = DType::f16;
+      else usage("--export-dtype must be f32, bf16 or f16, not '" + v + "'");
+    }
     else if (flag == "--resume") o.resume = v;
     else usage("unknown flag " + flag);
   }
@@ -283,6 +296,14 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         std::printf("train_gpt: saved %s (%.1f MB)\n", saved.path.string().c_str(),
                     static_cast<double>(saved.total_bytes) / 1e6);
       }
+    }
+  }
+  if (!o.export_path.empty()) {
+    const auto written = engine::save_gpt2_weights(eng, o.export_path, o.export_dtype);
+    if (leader) {
+      std::printf("train_gpt: exported %zu tensors to %s (%.1f MB, %s)\n", written.tensors,
+                  o.export_path.c_str(), static_cast<double>(written.bytes) / 1e6,
+                  std::string(name_of(o.export_dtype)).c_str());
     }
   }
   const double val_loss = mean_over_ranks(static_cast<double>(eng.evaluate(micro(val_loader.next()))));

@@ -3,6 +3,7 @@
 // rounding only); the same world size and stage resumes bit-exactly; `latest` and client state
 // round-trip; a checkpoint from another optimizer is refused by name.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -188,4 +189,92 @@ TEST_CASE("GPT-2 safetensors weights start training at any stage without a whole
       }
     });
   }
+}
+
+TEST_CASE("GPT-2 weights export streams from a live engine and loads at another layout",
+          "[unit][engine][checkpoint]") {
+  zero::testing::TempDir tmp("engine-export");
+  const auto f32_file = tmp.path() / "f32.safetensors";
+  const auto bf16_file = tmp.path() / "bf16.safetensors";
+  std::vector<std::vector<float>> saved;  // rank 0's view of every unit after the export
+  // Exported at 2 ranks, stage 3 (no rank holds more than one unit at a time).
+  LocalComm::run(2, [&](LocalComm& comm) {
+    nn::GPT<float> model(tiny());
+    engine::EngineOptions options;
+    options.persistence_threshold = 0;
+    options.seed = 1234;
+    engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
+        model, comm, [](int, std::span<float>, std::span<const float>) {}, options);
+    const auto written = engine::save_gpt2_weights(eng, f32_file);
+    engine::save_gpt2_weights(eng, bf16_file, DType::bf16);
+    std::size_t params = 0, largest = 0, total = 0;
+    for (int u = 0; u < eng.units(); ++u) {
+      params += eng.unit_specs(u).size();
+      const auto v = eng.gather_unit_values(u);
+      largest = std::max(largest, v.size() * sizeof(float));
+      total += v.size() * sizeof(float);
+      if (comm.rank() == 0) saved.push_back(v);
+    }
+    CHECK(written.tensors == params);
+    CHECK(written.peak_unit_bytes == largest);
+    CHECK(written.peak_unit_bytes < total);
+    CHECK(written.bytes == std::filesystem::file_size(f32_file));
+  });
+  // The file is in Hugging Face's layout: Conv1D weights [in, out], bf16 where asked.
+  const io::SafetensorsReader f32_reader(f32_file), bf16_reader(bf16_file);
+  const auto& attn = f32_reader.info("transformer.h.0.attn.c_attn.weight");
+  CHECK(attn.shape == std::vector<std::int64_t>{tiny().channels, 3 * tiny().channels});
+  CHECK(bf16_reader.info("transformer.wte.weight").dtype == DType::bf16);
+  CHECK(!f32_reader.contains("lm_head.weight"));  // tied to wte
+  // Loaded at 3 ranks, stage 1: the same values (f32 exactly, bf16 rounded once).
+  LocalComm::run(3, [&](LocalComm& comm) {
+    nn::GPT<float> model(tiny());
+    engine::EngineOptions options;
+    options.seed = 7;  // a different start, overwritten by the file
+    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(
+        model, comm, [](int, std::span<float>, std::span<const float>) {}, options);
+    engine::load_gpt2_weights(eng, f32_file);
+    for (int u = 0; u < eng.units(); ++u) {
+      const auto got = eng.gather_unit_values(u);
+      CHECK(got == saved[static_cast<std::size_t>(u)]);
+    }
+    engine::load_gpt2_weights(eng, bf16_file);
+    std::size_t exact = 0, total = 0;
+    for (int u = 0; u < eng.units(); ++u) {
+      const auto got = eng.gather_unit_values(u);
+      const auto& want = saved[static_cast<std::size_t>(u)];
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        REQUIRE(got[i] == static_cast<float>(bf16(want[i])));
+        exact += got[i] == want[i];
+      }
+      total += got.size();
+    }
+    CHECK(exact < total / 2);  // the bf16 file really is rounded (LayerNorm ones are exact)
+  });
+}
+
+TEST_CASE("A failed GPT-2 weights export raises on every rank and leaves no file",
+          "[unit][engine][checkpoint]") {
+  zero::testing::TempDir tmp("engine-export-fail");
+  const auto file = tmp.path() / "missing-dir" / "model.safetensors";
+  std::atomic<int> raised{0};
+  LocalComm::run(2, [&](LocalComm& comm) {
+    nn::GPT<float> model(tiny());
+    engine::Engine<nn::GPT<float>, ZeroStage<2>> eng(
+        model, comm, [](int, std::span<float>, std::span<const float>) {}, {});
+    try {
+      engine::save_gpt2_weights(eng, file);
+    } catch (const CheckpointError& e) {
+      ++raised;
+      if (comm.rank() == 1) CHECK_THAT(e.what(), Catch::Contains("rank 0 could not write"));
+    } catch (const IoError&) {
+      FAIL("an IoError escaped instead of a CheckpointError");
+    }
+    // The engine is still usable: the collectives stayed matched.
+    CHECK(eng.gather_unit_values(0).size() > 0);
+  });
+  CHECK(raised == 2);
+  CHECK(!std::filesystem::exists(file));
+  CHECK(!std::filesystem::exists(file.parent_path()));
 }

@@ -1,14 +1,31 @@
 #pragma once
-// Starting weights from a Hugging Face GPT-2 safetensors file, empty-then-shard: each rank reads
-// only the element ranges of the parameters its master slice holds (Conv1D weights, stored
-// transposed, are read one tensor at a time), so at stage 3 no rank ever holds the whole model.
-// The optimizer states stay fresh; counters are untouched.
+// GPT-2 weights between a live engine and a Hugging Face safetensors file.
+//
+// load_gpt2_weights starts training from a file, empty-then-shard: each rank reads only the
+// element ranges of the parameters its master slice holds (Conv1D weights, stored transposed,
+// are read one tensor at a time), so at stage 3 no rank ever holds the whole model. The
+// optimizer states stay fresh; counters are untouched.
+//
+// save_gpt2_weights exports the master weights, streamed unit by unit: the ranks all-gather one
+// unit's master values at a time and rank 0 appends that unit's tensors (Conv1D weights
+// transposed to [in, out], values converted to the file's dtype) to a safetensors file whose
+// header was written first. Memory on every rank: one unit's master values (the largest unit;
+// for GPT-2 the embedding unit, wte + wpe) plus, on rank 0, one Conv1D weight's transpose and a
+// conversion staging buffer; never the whole model. The file appears only when complete
+// (temporary name, fsync, rename); any failure on rank 0 is raised on every rank.
 
+#include <algorithm>
+#include <cstdint>
+#include <exception>
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <zero/engine/engine_checkpoint.hpp>
 #include <zero/io/gpt2_layout.hpp>
 #include <zero/io/safetensors_reader.hpp>
+#include <zero/io/safetensors_writer.hpp>
 
 namespace zero::engine {
 
@@ -36,6 +53,79 @@ void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
   }
   eng.refresh_from_master();
   eng.synchronize();
+}
+
+/// What save_gpt2_weights wrote.
+struct WeightsExport {
+  std::uint64_t bytes = 0;           ///< size of the file (0 where this rank cannot see it)
+  std::size_t tensors = 0;           ///< tensors written
+  std::size_t peak_unit_bytes = 0;   ///< the largest unit's gathered master values, per rank
+};
+
+/// Writes eng's master weights to a Hugging Face GPT-2 safetensors file (Conv1D weights as
+/// [in, out]) in dtype f32, bf16 or f16, streamed unit by unit as the file comment says. A
+/// collective: every rank calls it between steps. Throws CheckpointError on every rank when the
+/// file cannot be written (and no file appears).
+template <class Eng>
+WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
+                                DType dtype = DType::f32) {
+  using MasterT = typename Eng::MasterT;
+  expect<CheckpointError>(eng.between_steps(), "save_gpt2_weights('", file.string(),
+                          "'): called in the middle of gradient accumulation; save after step()");
+  expect<CheckpointError>(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+                          "save_gpt2_weights('", file.string(), "'): dtype must be f32, bf16 ",
+                          "or f16, not ", name_of(dtype));
+  eng.synchronize();
+  WeightsExport result;
+  std::optional<io::SafetensorsWriter> writer;
+  std::string error;  // rank 0's first failure; the gathers still run so no rank is left waiting
+  auto attempt = [&](auto&& fn) {
+    if (!error.empty()) return;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  const bool writes = eng.rank() == 0;
+  if (writes) {
+    attempt([&] {
+      std::vector<io::TensorDecl> decls;
+      for (int u = 0; u < eng.units(); ++u) {
+        for (const nn::ParamSpec& p : eng.unit_specs(u)) {
+          decls.push_back(io::gpt2::export_decl(p.name, dtype, p.shape));
+        }
+      }
+      writer.emplace(file, decls, std::map<std::string, std::string>{{"format", "pt"}});
+    });
+  }
+  for (int u = 0; u < eng.units(); ++u) {
+    const std::vector<MasterT> values = eng.gather_unit_values(u);
+    result.peak_unit_bytes = std::max(result.peak_unit_bytes, values.size() * sizeof(MasterT));
+    if (!writes) continue;
+    attempt([&] {
+      std::size_t offset = 0;
+      for (const nn::ParamSpec& p : eng.unit_specs(u)) {
+        io::gpt2::export_tensor(*writer, p.name, Tensor<const MasterT>(values.data() + offset, p.shape),
+                                io::DTypeRule::convert);
+        offset += static_cast<std::size_t>(p.numel());
+        ++result.tensors;
+      }
+    });
+  }
+  if (writes) attempt([&] { writer->commit(); });
+  writer.reset();  // an uncommitted file is removed here
+  // Rank 0 tells the others whether the file exists and how large it is.
+  std::vector<MasterT> outcome{error.empty() ? MasterT{1} : MasterT{0},
+                               static_cast<MasterT>(result.tensors)};
+  eng.comm().broadcast_async(std::span<MasterT>(outcome), 0).wait();
+  if (writes) expect<CheckpointError>(error.empty(), "save_gpt2_weights: ", error);
+  expect<CheckpointError>(outcome[0] == MasterT{1}, "save_gpt2_weights('", file.string(),
+                          "'): rank 0 could not write the file (its error says why)");
+  result.tensors = static_cast<std::size_t>(outcome[1]);
+  std::error_code ec;
+  result.bytes = std::filesystem::file_size(file, ec);
+  return result;
 }
 
 }  // namespace zero::engine
