@@ -5,8 +5,13 @@
 // Reads are cold: every file read is first dropped from the page cache (posix_fadvise
 // DONTNEED after fsync), so they measure the disk, not memory. One JSON object per line.
 //
+// The engine_* rows do the same through a live zero::Engine (GPT of the same shape, AdamW from a
+// DeepSpeed config, ZeRO stage 1 on 1 and 2 LocalComm ranks): save_checkpoint, a cold
+// load_checkpoint into the same layout, and save_gpt2_weights (the streamed bf16 export of the
+// weights from the engine itself). --no-engine skips them.
+//
 //   ./ckpt_bench [--layers 12] [--hidden 768] [--vocab 50257] [--ranks 1,2] [--dir PATH]
-//                [--export-chunk-mib 64]
+//                [--export-chunk-mib 64] [--no-engine]
 // --dir defaults to a fresh directory under the system temp directory (removed at the end).
 #include <fcntl.h>
 #include <unistd.h>
@@ -22,7 +27,11 @@
 
 #include <parallel/comm/local_comm.hpp>
 #include <zero/checkpoint/checkpoint.hpp>
+#include <zero/config/config.hpp>
+#include <zero/engine/engine.hpp>
+#include <zero/engine/engine_weights.hpp>
 #include <zero/io/file.hpp>
+#include <zero/nn/gpt.hpp>
 
 namespace {
 
@@ -36,6 +45,7 @@ struct Options {
   std::vector<int> ranks{1, 2};
   std::filesystem::path dir;
   std::size_t export_chunk_mib = 64;
+  bool engine = true;
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -122,6 +132,74 @@ Shard make_shard(const std::vector<ckpt::TensorSpec>& specs, std::int64_t total,
   return s;
 }
 
+/// The engine_* rows (see the file comment); false when a load does not restore the values.
+bool engine_rows(const Options& o) {
+  zero::nn::GPTConfig model_config;
+  model_config.num_layers = o.layers;
+  model_config.channels = o.hidden;
+  model_config.num_heads = std::max(1, o.hidden / 64);
+  model_config.vocab_size = o.vocab;
+  model_config.max_seq_len = o.positions;
+  const zero::Config cfg = zero::Config::from_json_string(
+      R"({"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+          "zero_optimization": {"stage": 1}})");
+  bool equal = true;
+  for (int n : o.ranks) {
+    const std::string tag = "engine-ranks-" + std::to_string(n);
+    double save_s = 0, load_s = 0, export_s = 0, bytes = 0;
+    std::uint64_t export_bytes = 0, peak_unit = 0;
+    LocalComm::run(n, [&](LocalComm& comm) {
+      zero::nn::GPT<float> model(model_config);
+      zero::engine::EngineOptions options;
+      options.activation_bytes = std::size_t{16} << 20;  // no forward runs here
+      zero::engine::Engine<zero::nn::GPT<float>, zero::ZeroStage<1>> eng(model, comm, cfg,
+                                                                         options);
+      // Rank 0 times each phase between barriers, so a phase ends when its slowest rank does.
+      comm.barrier();
+      auto t0 = Clock::now();
+      const auto saved = eng.save_checkpoint(o.dir, tag, {{"step", 1}});
+      comm.barrier();
+      if (comm.rank() == 0) {
+        save_s = seconds_since(t0);
+        bytes = static_cast<double>(saved.total_bytes);
+        drop_cache_tree(saved.path);
+      }
+      // The load must bring the values back: zero every master slice first.
+      const std::vector<float> before = eng.gather_unit_values(eng.units() - 1);
+      for (int u = 0; u < eng.units(); ++u) std::ranges::fill(eng.master_span(u), 0.0f);
+      comm.barrier();
+      t0 = Clock::now();
+      eng.load_checkpoint(o.dir, tag);
+      comm.barrier();
+      if (comm.rank() == 0) load_s = seconds_since(t0);
+      if (eng.gather_unit_values(eng.units() - 1) != before && comm.rank() == 0) equal = false;
+      comm.barrier();
+      t0 = Clock::now();
+      const auto exported =
+          zero::engine::save_gpt2_weights(eng, o.dir / (tag + ".safetensors"), DType::bf16);
+      comm.barrier();
+      if (comm.rank() == 0) {
+        export_s = seconds_since(t0);
+        export_bytes = exported.bytes;
+        peak_unit = exported.peak_unit_bytes;
+      }
+    });
+    const std::string config = "\"params\": " + std::to_string(model_config.num_parameters()) +
+                               ", \"bytes\": " + std::to_string(static_cast<long long>(bytes)) +
+                               ", \"ranks\": " + std::to_string(n) + ", \"stage\": 1";
+    line("engine_save", config, bytes / save_s / 1e9, "GB/s", ", \"s\": " + std::to_string(save_s));
+    line("engine_load_cold", config, bytes / load_s / 1e9, "GB/s",
+         ", \"s\": " + std::to_string(load_s) + ", \"equal\": " + (equal ? "true" : "false"));
+    line("engine_export_bf16", config,
+         static_cast<double>(model_config.num_parameters()) * 4.0 / export_s / 1e9, "GB/s (f32 read)",
+         ", \"s\": " + std::to_string(export_s) +
+             ", \"bytes_written\": " + std::to_string(export_bytes) +
+             ", \"peak_unit_bytes\": " + std::to_string(peak_unit));
+    std::filesystem::remove_all(o.dir / tag);
+  }
+  return equal;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,6 +223,8 @@ int main(int argc, char** argv) {
       o.dir = next();
     else if (a == "--export-chunk-mib")
       o.export_chunk_mib = std::strtoull(next(), nullptr, 10);
+    else if (a == "--no-engine")
+      o.engine = false;
     else if (a == "--ranks") {
       o.ranks.clear();
       for (std::string list = next(); !list.empty();) {
@@ -155,7 +235,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--layers L] [--hidden H] [--vocab V] [--ranks 1,2] [--dir PATH] "
-                   "[--export-chunk-mib N]\n",
+                   "[--export-chunk-mib N] [--no-engine]\n",
                    argv[0]);
       return 2;
     }
@@ -340,6 +420,7 @@ int main(int argc, char** argv) {
              ", \"bytes_written\": " + std::to_string(r.bytes_written) +
              ", \"peak_buffer_bytes\": " + std::to_string(r.peak_buffer_bytes));
   }
+  if (o.engine && !engine_rows(o)) return 1;
   if (own_dir) std::filesystem::remove_all(o.dir);
   return 0;
 }

@@ -2,9 +2,15 @@
 // pread/pwrite where io_uring is missing) and stream through the swapper's buffers at each step.
 // After several steps the parameters equal those of the same run without offload, bit for bit,
 // at stages 1-3 and world sizes 1, 2 and 4; the states' memory is gone from memory_report(); a
-// checkpoint saved from an offloading engine resumes in a plain one and back.
+// checkpoint saved from an offloading engine resumes in a plain one and back; an I/O failure in
+// a step (EIO, disk full) raises a clear error, stops the engine from saving its inconsistent
+// state over the last checkpoint, and that checkpoint resumes the run exactly.
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
 #include <filesystem>
 #include <vector>
 
@@ -117,4 +123,86 @@ TEST_CASE("checkpoints move between offloading and plain engines", "[unit][engin
                                                     false, 2);
   CHECK(std::ranges::equal(resumed_nvme.params, uninterrupted.params,
                            [](float a, float b) { return std::abs(a - b) < 2e-5f; }));
+}
+
+TEST_CASE("an I/O failure in an offloaded step raises and the last checkpoint stays loadable",
+          "[unit][engine][offload]") {
+  const int error = GENERATE(EIO, ENOSPC);
+  const int world = GENERATE(1, 2);
+  INFO("errno " << error << ", world " << world);
+  zero::testing::TempDir nvme("engine-nvme-fault", "/var/tmp");
+  const auto ckpt = nvme.path() / "ckpt";
+  const Config cfg = offload_config(2, nvme.path());
+  const auto uninterrupted = train<2>(world, offload_config(2, {}), 4);
+  struct RankOutcome {
+    std::string step_error, save_error, forward_error;
+    int error_code = 0;
+    bool saved_bad = true, reloaded_equal = false;
+    std::vector<float> params;
+  };
+  std::vector<RankOutcome> outcome(static_cast<std::size_t>(world));
+  LocalComm::run(world, [&](LocalComm& comm) {
+    RankOutcome& mine = outcome[static_cast<std::size_t>(comm.rank())];
+    nn::GPT<float> model(tiny());
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    const auto faults = std::make_shared<offload::FaultInjector>(
+        std::numeric_limits<std::uint64_t>::max(), error, offload::IoOp::write);
+    options.nvme_faults = faults;
+    engine::Engine<nn::GPT<float>, ZeroStage<2>, Offload<NVMe>> eng(model, comm, cfg, options);
+    auto run_step = [&](int step) {
+      const GlobalBatch b(micro_rows * world, step, tiny().vocab_size);
+      eng.forward(b.micro(0, comm.rank(), world));
+      eng.backward();
+      eng.step();
+    };
+    auto params = [&] {
+      std::vector<float> all;
+      for (int u = 0; u < eng.units(); ++u) {
+        const auto v = eng.gather_unit_values(u);
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return all;
+    };
+    run_step(0);
+    run_step(1);
+    eng.save_checkpoint(ckpt, "good");
+    const std::vector<float> good = params();
+    faults->arm(1);  // the second state write of the next step fails
+    try {
+      run_step(2);
+    } catch (const offload::NvmeIoError& e) {
+      mine.step_error = e.what();
+      mine.error_code = e.error_code();
+    }
+    try {
+      eng.save_checkpoint(ckpt, "bad");
+    } catch (const Error& e) {
+      mine.save_error = e.what();
+    }
+    mine.saved_bad = std::filesystem::exists(ckpt / "bad");
+    try {
+      run_step(2);
+    } catch (const Error& e) {
+      mine.forward_error = e.what();
+    }
+    // The last checkpoint brings back the state saved, and the run continues exactly.
+    eng.load_checkpoint(ckpt);
+    mine.reloaded_equal = params() == good;
+    run_step(2);
+    run_step(3);
+    mine.params = params();
+  });
+  for (const RankOutcome& r : outcome) {
+    INFO(r.step_error);
+    CHECK(r.error_code == error);
+    CHECK_THAT(r.step_error, Catch::Contains("zero_swap") && Catch::Contains(std::strerror(error)));
+    CHECK_THAT(r.save_error, Catch::Contains("save_checkpoint('bad')") &&
+                                 Catch::Contains("stopped part-way") &&
+                                 Catch::Contains(std::strerror(error)));
+    CHECK_THAT(r.forward_error, Catch::Contains("load a checkpoint"));
+    CHECK_FALSE(r.saved_bad);
+    CHECK(r.reloaded_equal);
+    CHECK(same_bits(r.params, uninterrupted.params));
+  }
 }

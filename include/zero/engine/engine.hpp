@@ -114,6 +114,7 @@ class Engine {
 
   /// Forward through every unit; returns this rank's mean loss of the micro-batch (unscaled).
   T forward(const MicroBatch& batch) {
+    expect_intact("forward");
     const T loss = run_forward(batch, true);
     if (!std::isfinite(convert<double>(loss))) ++nonfinite_in_window_;
     return loss;
@@ -124,6 +125,7 @@ class Engine {
     expect<Error>(!forward_done_,
                   "Engine::evaluate: a training forward is waiting for its backward; evaluating "
                   "now would overwrite what that backward needs");
+    expect_intact("evaluate");
     const T loss = run_forward(batch, false);
     if constexpr (stage == 3) {
       for (int u = 0; u < units(); ++u) {
@@ -158,6 +160,7 @@ class Engine {
   /// a boundary whether the update was applied or skipped (see last_step_skipped()).
   bool step() {
     if (!boundary_pending_) return false;
+    expect_intact("step");
     drain_reductions();
     // One all-reduce carries the sum of squares and the count of non-finite losses.
     double stats[2] = {0.0, static_cast<double>(nonfinite_in_window_)};
@@ -186,12 +189,22 @@ class Engine {
       const double factor = clip / scale;
       if (scheduler_) lr_ = scheduler_->lr();
       if (swapper_) {  // states stream in by sub-group (a unit), update, stream back out
-        swapper_->for_each_group([&](std::size_t g, std::span<const std::span<float>> states) {
-          const int u = static_cast<int>(g);
-          optimizers_[g].bind_state(states);
-          update_unit(u, factor);
-          optimizers_[g].bind_state({});
-        });
+        try {
+          swapper_->for_each_group([&](std::size_t g, std::span<const std::span<float>> states) {
+            const int u = static_cast<int>(g);
+            optimizers_[g].bind_state(states);
+            update_unit(u, factor);
+            optimizers_[g].bind_state({});
+          });
+        } catch (const std::exception& e) {
+          // Some slices are updated and others not, and a group's states may be half written:
+          // refuse to train on or save this state (a save would replace a good checkpoint).
+          for (auto& o : optimizers_) o.bind_state({});
+          broken_ = e.what();
+          clear_accumulators();
+          finish_window();  // between steps again, so a checkpoint can be loaded
+          throw;
+        }
       } else {
         for (int u = 0; u < units(); ++u) update_unit(u, factor);
       }
@@ -242,6 +255,7 @@ class Engine {
   }
   /// Restores what state_json saved; CheckpointError when the optimizer type differs.
   void load_state_json(const nlohmann::json& j) {
+    broken_.clear();  // a checkpoint load has just replaced every slice and state
     try {
       const std::string saved = j.at("optimizer").get<std::string>();
       const std::string mine = optimizers_.empty() ? "callback" : optimizers_[0].type_name();
@@ -288,6 +302,17 @@ class Engine {
   }
   /// True between optimizer steps (no micro-step of an accumulation window done yet).
   bool between_steps() const { return micro_step_ == 0 && !boundary_pending_ && !forward_done_; }
+  /// Empty while the engine's state is whole; otherwise the error of the step that stopped
+  /// part-way (an I/O failure of Offload<NVMe> in the middle of an update). Until a checkpoint
+  /// is loaded, forward, evaluate, step and save_checkpoint then raise Error naming it.
+  const std::string& broken_reason() const { return broken_; }
+  /// Records why the state is inconsistent (a checkpoint load that stopped part-way).
+  void mark_broken(std::string why) { broken_ = std::move(why); }
+  /// Raises Error when broken_reason() is set; what names the refused operation.
+  void expect_intact(std::string_view what) const {
+    expect<Error>(broken_.empty(), "Engine::", what, ": an earlier step stopped part-way (",
+                  broken_, "); its state is inconsistent, so load a checkpoint to continue");
+  }
   /// True when the engine was built from a config (it owns optimizers).
   bool has_optimizer() const { return !optimizers_.empty(); }
   /// The data-parallel communicator (type-erased).
@@ -471,6 +496,7 @@ class Engine {
     }
     offload::SwapperOptions so;
     so.rank = comm_.rank();
+    so.faults = options_.nvme_faults;
     swapper_.emplace(*nvme_config_, std::move(groups), so);
     for (std::size_t u = 0; u < optimizers_.size(); ++u) {
       auto& o = optimizers_[u];
@@ -842,6 +868,7 @@ class Engine {
   std::vector<optim::AnyOptimizer> optimizers_;
   std::optional<offload::NvmeConfig> nvme_config_;
   std::optional<offload::NvmeSwapper> swapper_;  // Offload<NVMe>: the optimizer states' files
+  std::string broken_;  // why the state is inconsistent (see broken_reason); empty when whole
   std::optional<optim::LrScheduler> scheduler_;
   std::optional<optim::LossScaler> scaler_;
   Arena<Host> arena_;

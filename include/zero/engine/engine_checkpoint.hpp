@@ -52,6 +52,7 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   using MasterT = typename Eng::MasterT;
   expect<CheckpointError>(eng.between_steps(), "save_checkpoint('", std::string(tag),
                           "'): called in the middle of gradient accumulation; save after step()");
+  eng.expect_intact("save_checkpoint('" + std::string(tag) + "')");
   eng.synchronize();
   std::vector<checkpoint::TensorSpec> tensors;
   std::vector<checkpoint::Segment> segments;
@@ -111,13 +112,19 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
                                      io::DTypeRule::convert);
     });
   };
-  for (int u = 0; u < eng.units(); ++u) read(u, eng.master_span(u), "");
-  if (eng.has_optimizer()) {  // offloaded states: read into the swap buffers, written back out
-    eng.for_each_optimizer(
-        [&](int u, auto& opt) {
-          for (const std::string& name : opt.state_names()) read(u, opt.state(name), "/" + name);
-        },
-        /*write_back=*/true, /*read_before=*/false);
+  try {  // from here on a failure leaves some slices loaded and others not
+    for (int u = 0; u < eng.units(); ++u) read(u, eng.master_span(u), "");
+    if (eng.has_optimizer()) {  // offloaded states: read into the swap buffers, written back out
+      eng.for_each_optimizer(
+          [&](int u, auto& opt) {
+            for (const std::string& name : opt.state_names()) read(u, opt.state(name), "/" + name);
+          },
+          /*write_back=*/true, /*read_before=*/false);
+    }
+  } catch (const std::exception& e) {
+    eng.mark_broken(std::string("load_checkpoint of '") + reader.path().string() +
+                    "' failed part-way: " + e.what());
+    throw;
   }
   eng.load_state_json(reader.engine_state());
   eng.refresh_from_master();

@@ -5,11 +5,13 @@
 // precision, offload) are checked against the engine's policies by the engine itself.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <optim/loss_scaler.hpp>
 #include <zero/config/config.hpp>
 #include <zero/core/error.hpp>
+#include <zero/offload/fault_injector.hpp>
 
 namespace zero::engine {
 
@@ -42,6 +44,8 @@ struct EngineOptions {
   std::int64_t persistence_threshold = 100'000;
   /// Gradient reductions in flight during backward (each holds one unit-sized buffer).
   int max_pending_reductions = 2;
+  /// Offload<NVMe>, tests only: fails chosen requests of the swapper's file I/O.
+  std::shared_ptr<offload::FaultInjector> nvme_faults;
 
   /// These options with the numeric DeepSpeed keys of config applied; data_parallel_size
   /// resolves the batch-size rule into gradient_accumulation_steps.

@@ -37,6 +37,9 @@ class FaultInjector {
     if (short_bytes_) return {0, short_bytes_};
     return {error_, std::nullopt};
   }
+  /// Moves the fault to the request after the next `after` matching ones (0: the very next),
+  /// counted from now. Call while no I/O is in flight (between passes).
+  void arm(std::uint64_t after = 0) { nth_ = count_.load() + after; }
   /// How many requests the fault was applied to.
   std::uint64_t fired() const { return fired_.load(); }
   /// How many matching requests were seen.

@@ -279,14 +279,14 @@ class NvmeSwapper {
   }
 
   void start_read(std::size_t g, Slot& s) {
-    check_readable(g);
     AlignedBuffer& buf = buffers_[&s - slots_.data()];
     s.group = g;
     s.op = IoOp::read;
-    if (state_[g] == GroupState::fresh || !pass_reads_) {
+    if (state_[g] == GroupState::fresh || !pass_reads_) {  // a write-only pass rewrites g whole
       std::memset(buf.data(), 0, layouts_[g].bytes);
       return;
     }
+    check_readable(g);
     s.ticket = io_->submit(transfer(IoOp::read, g, buf));
   }
 
