@@ -1,9 +1,13 @@
 // engine_bench: optimizer-step time of the engine at ZeRO stages 0-3 on 1, 2 and 4 LocalComm
 // ranks, beside the single-process step (LocalParameters + one AdamW per unit, no engine) on the
 // same global batch in the same run; the ratio is the cost of sharding and communication on
-// this machine. One JSON line per configuration.
+// this machine. Then the step with Offload<NVMe> (AdamW states in files under --nvme-path,
+// streamed through the swapper at every step) beside the same engine without offload, at stages
+// 1-3 on 1 and 2 ranks ("engine_step_nvme" lines; --nvme-path "" skips them). One JSON line per
+// configuration.
 //
 //   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
+//                  [--nvme-path /var/tmp]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +22,7 @@
 
 #include <optim/adam.hpp>
 #include <parallel/comm/local_comm.hpp>
-#include <zero/engine/dispatch.hpp>
+#include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
 
@@ -86,47 +90,76 @@ double single_process_ms(const BenchShape& s, int threads) {
   return 1e3 * bench::best_seconds(s.repeats, step);
 }
 
-// The engine step at `stage` on `ranks` LocalComm ranks (rank 0's time; ranks move together).
-double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank) {
+// The engine step at Stage on `ranks` LocalComm ranks (rank 0's time; ranks move together);
+// with a non-empty nvme_path the config offloads the optimizer states there (Extra: Offload<NVMe>).
+template <int Stage, class... Extra>
+double engine_ms(const BenchShape& s, int ranks, int threads_per_rank,
+                 const std::string& nvme_path = {}) {
   const nn::GPTConfig c = model_config(s);
   const auto tokens = tokens_for(s, c.vocab_size);
+  const std::string offload =
+      nvme_path.empty() ? ""
+                        : R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                              nvme_path + R"("})";
   const Config cfg = Config::from_json_string(
       R"({"train_batch_size": )" + std::to_string(s.batch) +
       R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-          "zero_optimization": {"stage": )" + std::to_string(stage) + "}}");
+          "zero_optimization": {"stage": )" + std::to_string(Stage) + offload + "}}");
   double ms = 0;
   parallel::LocalComm::run(ranks, [&](parallel::LocalComm& comm) {
     set_threads(threads_per_rank);
     nn::GPT<float> model(c);
     engine::EngineOptions options;
     options.activation_bytes = std::size_t{512} << 20;
-    zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
-      E eng(model, comm, cfg, options);
-      const std::int64_t rows = s.batch / comm.size();
-      const engine::MicroBatch mb{tokens.data() + comm.rank() * rows * s.seq,
-                                  tokens.data() + comm.rank() * rows * s.seq, rows, s.seq};
-      auto step = [&] {
-        eng.forward(mb);
-        eng.backward();
-        eng.step();
-        eng.synchronize();
-      };
-      step();
-      const double t = 1e3 * bench::best_seconds(s.repeats, step);
-      if (comm.rank() == 0) ms = t;
-    });
+    engine::Engine<nn::GPT<float>, ZeroStage<Stage>, Extra...> eng(model, comm, cfg, options);
+    const std::int64_t rows = s.batch / comm.size();
+    const engine::MicroBatch mb{tokens.data() + comm.rank() * rows * s.seq,
+                                tokens.data() + comm.rank() * rows * s.seq, rows, s.seq};
+    auto step = [&] {
+      eng.forward(mb);
+      eng.backward();
+      eng.step();
+      eng.synchronize();
+    };
+    step();
+    const double t = 1e3 * bench::best_seconds(s.repeats, step);
+    if (comm.rank() == 0) ms = t;
   });
   return ms;
+}
+
+double engine_ms_at(const BenchShape& s, int stage, int ranks, int threads) {
+  switch (stage) {
+    case 0: return engine_ms<0>(s, ranks, threads);
+    case 1: return engine_ms<1>(s, ranks, threads);
+    case 2: return engine_ms<2>(s, ranks, threads);
+    default: return engine_ms<3>(s, ranks, threads);
+  }
+}
+
+// One "engine_step_nvme" line: Stage with and without Offload<NVMe>, measured back to back.
+template <int Stage>
+void nvme_line(const BenchShape& s, int ranks, int threads, const std::string& path) {
+  const double plain = engine_ms<Stage>(s, ranks, threads);
+  const double nvme = engine_ms<Stage, Offload<NVMe>>(s, ranks, threads, path);
+  std::printf("{\"bench\": \"engine_step_nvme\", \"config\": {\"stage\": %d, \"ranks\": %d, "
+              "\"threads_per_rank\": %d, \"params\": %lld, \"nvme_path\": \"%s\"}, "
+              "\"value\": %.3f, \"unit\": \"ms\", \"no_offload_ms\": %.3f, \"ratio\": %.3f}\n",
+              Stage, ranks, threads, static_cast<long long>(model_config(s).num_parameters()),
+              path.c_str(), nvme, plain, nvme / plain);
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   BenchShape s;
+  std::string nvme_path = "/var/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const long long v = std::atoll(argv[i + 1]);
-    if (flag == "--layers") s.layers = v;
+    if (flag == "--nvme-path") nvme_path = argv[i + 1];
+    else if (flag == "--layers") s.layers = v;
     else if (flag == "--channels") s.channels = v;
     else if (flag == "--seq") s.seq = v;
     else if (flag == "--batch") s.batch = v;
@@ -149,13 +182,21 @@ int main(int argc, char** argv) {
   for (int ranks : {1, 2, 4}) {
     for (int stage = 0; stage <= 3; ++stage) {
       const int threads = ranks >= cores ? 1 : cores / ranks;
-      const double ms = engine_ms(s, stage, ranks, threads);
+      const double ms = engine_ms_at(s, stage, ranks, threads);
       std::printf("{\"bench\": \"engine_step\", \"config\": {\"mode\": \"engine\", \"stage\": %d, "
                   "\"ranks\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
                   "\"unit\": \"ms\", \"single_process_ms\": %.3f, \"ratio\": %.3f}\n",
                   stage, ranks, threads, static_cast<long long>(params), ms, baseline,
                   ms / baseline);
       std::fflush(stdout);
+    }
+  }
+  if (!nvme_path.empty()) {
+    for (int ranks : {1, 2}) {
+      const int threads = ranks >= cores ? 1 : cores / ranks;
+      nvme_line<1>(s, ranks, threads, nvme_path);
+      nvme_line<2>(s, ranks, threads, nvme_path);
+      nvme_line<3>(s, ranks, threads, nvme_path);
     }
   }
   return 0;
