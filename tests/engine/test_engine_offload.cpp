@@ -1,4 +1,4 @@
-// Offload<NVMe> with Compute<Host>: the optimizer states live in files (io_uring + O_DIRECT, or
+// Offload<NVMe> with Compute<Host>: the fp32 master and the optimizer states live in files (io_uring + O_DIRECT, or
 // pread/pwrite where io_uring is missing) and stream through the swapper's buffers at each step.
 // After several steps the parameters equal those of the same run without offload, bit for bit,
 // at stages 1-3 and world sizes 1, 2 and 4; the states' memory is gone from memory_report(); a
@@ -17,6 +17,8 @@
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/local_comm.hpp>
+
+#include <zero/engine/engine_weights.hpp>
 
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
@@ -84,8 +86,12 @@ void check_stage(const std::filesystem::path& nvme) {
     const auto plain = train<S>(world, offload_config(S, {}), 3);
     const auto offloaded = train<S, Offload<NVMe>>(world, offload_config(S, nvme), 3);
     CHECK(same_bits(plain.params, offloaded.params));
+    // The fp32 master and the states are in files: 12 bytes per element of the slice.
     CHECK(offloaded.report.optimizer_bytes == 0);
-    CHECK(offloaded.report.offloaded_bytes >= plain.report.optimizer_bytes);
+    CHECK(offloaded.report.master_bytes == 0);
+    CHECK(offloaded.report.offloaded_bytes >=
+          plain.report.optimizer_bytes + plain.report.master_bytes);
+    CHECK(offloaded.report.grad_accumulator_bytes == plain.report.grad_accumulator_bytes);
     const auto wrong = train<S, Offload<NVMe>>(world, offload_config(S, nvme, 0.002), 3);
     CHECK_FALSE(same_bits(plain.params, wrong.params));  // negative control
   }
@@ -205,4 +211,55 @@ TEST_CASE("an I/O failure in an offloaded step raises and the last checkpoint st
     CHECK(r.reloaded_equal);
     CHECK(same_bits(r.params, uninterrupted.params));
   }
+}
+
+TEST_CASE("GPT-2 weights go in and out of an engine whose master is in files",
+          "[unit][engine][offload]") {
+  zero::testing::TempDir nvme("engine-nvme-weights", "/var/tmp");
+  const auto file = nvme.path() / "w.safetensors";
+  std::vector<std::vector<float>> plain_values, offloaded_values, reloaded_values, after_clash;
+  std::string clash_error;
+  LocalComm::run(2, [&](LocalComm& comm) {
+    nn::GPT<float> model(tiny());
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    options.persistence_threshold = 0;  // every stage-3 gather reads its slice from the file
+    engine::Engine<nn::GPT<float>, ZeroStage<3>> plain(model, comm, offload_config(3, {}),
+                                                       options);
+    engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>> offloaded(
+        model, comm, offload_config(3, nvme.path()), options);
+    for (int u = 0; u < plain.units(); ++u) {
+      const auto a = plain.gather_unit_values(u), b = offloaded.gather_unit_values(u);
+      if (comm.rank() == 0) {
+        plain_values.push_back(a);
+        offloaded_values.push_back(b);
+      }
+    }
+    engine::save_gpt2_weights(offloaded, file);
+    options.seed = 99;  // another start, replaced by the file
+    // A second engine on the same nvme_path would share the first one's files: refused.
+    using OffloadEngine = engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>>;
+    std::string clash;
+    try {
+      OffloadEngine same_path(model, comm, offload_config(3, nvme.path()), options);
+    } catch (const ConfigError& e) {
+      clash = e.what();
+    }
+    if (comm.rank() == 0) clash_error = clash;
+    for (int u = 0; u < offloaded.units(); ++u) {
+      const auto v = offloaded.gather_unit_values(u);  // the first engine's files are untouched
+      if (comm.rank() == 0) after_clash.push_back(v);
+    }
+    std::filesystem::create_directories(nvme.path() / "other");
+    OffloadEngine other(model, comm, offload_config(3, nvme.path() / "other"), options);
+    engine::load_gpt2_weights(other, file);
+    for (int u = 0; u < other.units(); ++u) {
+      const auto v = other.gather_unit_values(u);
+      if (comm.rank() == 0) reloaded_values.push_back(v);
+    }
+  });
+  CHECK(offloaded_values == plain_values);  // the same initial master, read back from files
+  CHECK(reloaded_values == plain_values);
+  CHECK_THAT(clash_error, Catch::Contains("in use by another swapper"));
+  CHECK(after_clash == plain_values);
 }

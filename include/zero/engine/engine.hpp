@@ -190,16 +190,17 @@ class Engine {
       if (scheduler_) lr_ = scheduler_->lr();
       if (swapper_) {  // states stream in by sub-group (a unit), update, stream back out
         try {
-          swapper_->for_each_group([&](std::size_t g, std::span<const std::span<float>> states) {
+          swapper_->for_each_group([&](std::size_t g, std::span<const std::span<float>> group) {
             const int u = static_cast<int>(g);
-            optimizers_[g].bind_state(states);
+            SwappedIn in(*this, u, group);
             update_unit(u, factor);
-            optimizers_[g].bind_state({});
+            // The gather of the updated slice starts while it is in the buffer (stages 1-2 and
+            // persistent stage-3 units) and overlaps the next groups' I/O and updates.
+            if (unit(u).persistent) start_gather(u);
           });
         } catch (const std::exception& e) {
           // Some slices are updated and others not, and a group's states may be half written:
           // refuse to train on or save this state (a save would replace a good checkpoint).
-          for (auto& o : optimizers_) o.bind_state({});
           broken_ = e.what();
           clear_accumulators();
           finish_window();  // between steps again, so a checkpoint can be loaded
@@ -284,20 +285,31 @@ class Engine {
   /// Calls fn(unit, optimizer) with the optimizer's states readable (and bound, with NVMe
   /// offload: swapped in one unit at a time); write_back: fn's changes to the states are kept
   /// (NVMe: swapped back out; read_before false starts those units from zeros).
+  /// With NVMe offload the unit's master slice is swapped in with its states, so master_span(u)
+  /// is valid inside fn as well.
   template <class Fn>
   void for_each_optimizer(Fn&& fn, bool write_back = false, bool read_before = true) {
     if (swapper_) {
       swapper_->for_each_group(
-          [&](std::size_t g, std::span<const std::span<float>> states) {
-            optimizers_[g].bind_state(states);
+          [&](std::size_t g, std::span<const std::span<float>> group) {
+            SwappedIn in(*this, static_cast<int>(g), group);
             fn(static_cast<int>(g), optimizers_[g]);
-            optimizers_[g].bind_state({});
           },
           offload::SwapPass{read_before, write_back});
       return;
     }
     for (int u = 0; u < static_cast<int>(optimizers_.size()); ++u) {
       fn(u, optimizers_[static_cast<std::size_t>(u)]);
+    }
+  }
+  /// Calls fn(unit, master slice) for every unit: in place, or (NVMe offload) swapped in one
+  /// unit at a time with its states and, when write_back, written back out with fn's changes.
+  template <class Fn>
+  void for_each_master(Fn&& fn, bool write_back) {
+    if constexpr (offload_nvme) {
+      for_each_optimizer([&](int u, auto&) { fn(u, master_span(u)); }, write_back, true);
+    } else {
+      for (int u = 0; u < units(); ++u) fn(u, master_span(u));
     }
   }
   /// True between optimizer steps (no micro-step of an accumulation window done yet).
@@ -334,7 +346,8 @@ class Engine {
       return std::vector<MasterT>(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(numel));
     } else {
       std::vector<MasterT> whole(static_cast<std::size_t>(s.partition->padded_numel()));
-      comm_.all_gather(std::span<const MasterT>(master_span(u)), std::span<MasterT>(whole));
+      std::vector<MasterT> staging;
+      comm_.all_gather(master_for_read(u, staging), std::span<MasterT>(whole));
       whole.resize(numel);
       return whole;
     }
@@ -387,9 +400,15 @@ class Engine {
   /// The fp16 loss scaler (Precision<f16> only).
   std::optional<optim::LossScaler>& loss_scaler() { return scaler_; }
   /// The master slice of unit u this rank updates (stage 0: the whole padded unit).
+  /// With NVMe offload the slice lives in its swap file and is only reachable inside
+  /// for_each_master / for_each_optimizer (Error otherwise).
   std::span<MasterT> master_span(int u) {
     UnitState& s = unit(u);
-    if constexpr (stage == 0 && same_type) {
+    if constexpr (offload_nvme) {
+      expect<Error>(s.master_in.has_value(), "Engine: the master slice of ", describe(u),
+                    " is in its NVMe swap file; reach it through for_each_master");
+      return *s.master_in;
+    } else if constexpr (stage == 0 && same_type) {
       return std::span<MasterT>(s.values->data(), s.values->size());
     } else {
       return std::span<MasterT>(s.master.data(), s.master.size());
@@ -418,6 +437,8 @@ class Engine {
     std::vector<nn::ParamSpec> specs;
     std::optional<UnitPartition> partition;
     Buffer<MasterT> master;      // owned slice (stage 0: whole); empty when values is the master
+                                 // or (Offload<NVMe>) when it lives in the unit's swap file
+    std::optional<std::span<MasterT>> master_in;  // Offload<NVMe>: the slice while swapped in
     Buffer<MasterT> grad_shard;  // stages 1-3: fp32 gradient of the owned slice
     Buffer<MasterT> whole_acc;   // stages 0-1 with T != MasterT: whole fp32 accumulator
     Buffer<T> gather_scratch;    // T != MasterT: the master slice rounded for an all-gather
@@ -482,13 +503,16 @@ class Engine {
     synchronize();  // construction ends with every rank's parameters in place
   }
 
-  // Offload<NVMe>: the optimizer states of every unit (one sub-group per unit) move to files
-  // under nvme_path; their memory is given back and each step streams them through the
-  // swapper's buffer_count aligned buffers (read ahead, update, write behind).
+  // Offload<NVMe>: the fp32 master slice and optimizer states of every unit (one sub-group per
+  // unit: master first, then the states) move to files under nvme_path; their memory is given
+  // back and each step streams them through the swapper's buffer_count aligned buffers (read
+  // ahead, update, write behind). Stage-3 gathers read the master slice from its file.
   void start_nvme_offload() {
+    static_assert(std::is_same_v<MasterT, float>, "Offload<NVMe> swaps fp32 masters and states");
     std::vector<std::vector<offload::SwapTensor>> groups;
     for (const auto& o : optimizers_) {
       std::vector<offload::SwapTensor> g;
+      g.push_back({"master", static_cast<std::int64_t>(o.numel())});
       for (const auto& name : o.state_names()) {
         g.push_back({name, static_cast<std::int64_t>(o.numel())});
       }
@@ -500,10 +524,12 @@ class Engine {
     swapper_.emplace(*nvme_config_, std::move(groups), so);
     for (std::size_t u = 0; u < optimizers_.size(); ++u) {
       auto& o = optimizers_[u];
-      std::vector<std::span<float>> states;
-      for (const auto& name : o.state_names()) states.push_back(o.state(name));
-      swapper_->swap_out(u, std::span<const std::span<float>>(states));
+      UnitState& s = unit(static_cast<int>(u));
+      std::vector<std::span<float>> tensors{std::span<float>(s.master.data(), s.master.size())};
+      for (const auto& name : o.state_names()) tensors.push_back(o.state(name));
+      swapper_->swap_out(u, std::span<const std::span<float>>(tensors));
       o.release_state_storage();
+      s.master = Buffer<MasterT>();
     }
   }
 
@@ -622,18 +648,64 @@ class Engine {
   // The buffer the all-gather of unit u reads: the master slice itself, or (bf16/f16) the slice
   // rounded into a pooled scratch that lives until the gather finished. No low-precision copy
   // is kept between gathers, so stage 3 holds 16 psi / N at rest whatever the precision.
+  // With NVMe offload the slice is copied from the swap buffer it is in (during a step) or read
+  // from its file (a stage-3 gather before forward or backward) into the scratch.
   std::span<const T> gather_source(int u) {
     UnitState& s = unit(u);
-    if constexpr (same_type) {
+    if constexpr (same_type && !offload_nvme) {
       return std::span<const T>(s.master.data(), s.master.size());
     } else {
-      s.gather_scratch = take_scratch(s.master.size());
-      const MasterT* m = s.master.data();
+      const auto n = static_cast<std::size_t>(s.partition->shard_numel());
+      s.gather_scratch = take_scratch(n);
       T* out = s.gather_scratch.data();
-      for (std::size_t i = 0; i < s.master.size(); ++i) out[i] = convert<T>(m[i]);
-      return std::span<const T>(out, s.gather_scratch.size());
+      if constexpr (offload_nvme && same_type) {
+        if (!s.master_in) {  // straight from the file into the scratch
+          swapper_->swap_in_tensor(static_cast<std::size_t>(u), 0, std::span<float>(out, n));
+          return std::span<const T>(out, n);
+        }
+      }
+      const std::span<const MasterT> m = master_for_read(u, master_staging_);
+      for (std::size_t i = 0; i < n; ++i) out[i] = convert<T>(m[i]);
+      return std::span<const T>(out, n);
     }
   }
+  // Unit u's master slice for reading: in place, in the swap buffer it is in, or (NVMe offload,
+  // not swapped in) read from its file into staging.
+  std::span<const MasterT> master_for_read(int u, std::vector<MasterT>& staging) {
+    if constexpr (offload_nvme) {
+      UnitState& s = unit(u);
+      if (s.master_in) return *s.master_in;
+      staging.resize(static_cast<std::size_t>(s.partition->shard_numel()));
+      swapper_->swap_in_tensor(static_cast<std::size_t>(u), 0, std::span<float>(staging));
+      return staging;
+    } else {
+      (void)staging;
+      return master_span(u);
+    }
+  }
+  // Binds unit u's master slice (group tensor 0) and optimizer states (the rest) to a swap
+  // buffer for the life of the object.
+  struct SwappedIn {
+    Engine& eng;
+    int u;
+    SwappedIn(Engine& e, int unit_index, std::span<const std::span<float>> group)
+        : eng(e), u(unit_index) {
+      if constexpr (offload_nvme) {
+        eng.unit(u).master_in = group[0];
+        eng.optimizers_[static_cast<std::size_t>(u)].bind_state(group.subspan(1));
+      } else {
+        (void)group;  // only engines with a swapper swap in
+      }
+    }
+    ~SwappedIn() {
+      if constexpr (offload_nvme) {
+        eng.unit(u).master_in.reset();
+        eng.optimizers_[static_cast<std::size_t>(u)].bind_state({});
+      }
+    }
+    SwappedIn(const SwappedIn&) = delete;
+    SwappedIn& operator=(const SwappedIn&) = delete;
+  };
   // Starts the all-gather of unit u's params into a (new, at stage 3) whole buffer.
   void start_gather(int u) {
     UnitState& s = unit(u);
@@ -869,6 +941,7 @@ class Engine {
   std::optional<offload::NvmeConfig> nvme_config_;
   std::optional<offload::NvmeSwapper> swapper_;  // Offload<NVMe>: the optimizer states' files
   std::string broken_;  // why the state is inconsistent (see broken_reason); empty when whole
+  std::vector<MasterT> master_staging_;  // Offload<NVMe>, bf16/f16: a slice read for a gather
   std::optional<optim::LrScheduler> scheduler_;
   std::optional<optim::LossScaler> scaler_;
   Arena<Host> arena_;

@@ -67,12 +67,19 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
       }
     });
   };
-  for (int u = 0; u < eng.units(); ++u) add(u, std::span<MasterT>(eng.master_span(u)), "");
-  // Offloaded states are streamed in a unit at a time, so they are copied for the save (the
-  // save writes every segment at once); in-memory states are saved from where they are.
+  // Offloaded masters and states are streamed in a unit at a time, so they are copied for the
+  // save (the save writes every segment at once); in-memory ones are saved from where they are.
   std::vector<std::vector<float>> copies;
+  if constexpr (!Eng::offload_nvme) {
+    for (int u = 0; u < eng.units(); ++u) add(u, std::span<MasterT>(eng.master_span(u)), "");
+  }
   if (eng.has_optimizer()) {
     eng.for_each_optimizer([&](int u, auto& opt) {
+      if constexpr (Eng::offload_nvme) {
+        const std::span<float> m = eng.master_span(u);
+        copies.emplace_back(m.begin(), m.end());
+        add(u, std::span<float>(copies.back()), "");
+      }
       for (const std::string& name : opt.state_names()) {
         std::span<float> s = opt.state(name);
         if constexpr (Eng::offload_nvme) {
@@ -113,10 +120,13 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
     });
   };
   try {  // from here on a failure leaves some slices loaded and others not
-    for (int u = 0; u < eng.units(); ++u) read(u, eng.master_span(u), "");
-    if (eng.has_optimizer()) {  // offloaded states: read into the swap buffers, written back out
+    if constexpr (!Eng::offload_nvme) {
+      for (int u = 0; u < eng.units(); ++u) read(u, eng.master_span(u), "");
+    }
+    if (eng.has_optimizer()) {  // offloaded: read into the swap buffers, written back out
       eng.for_each_optimizer(
           [&](int u, auto& opt) {
+            if constexpr (Eng::offload_nvme) read(u, eng.master_span(u), "");
             for (const std::string& name : opt.state_names()) read(u, opt.state(name), "/" + name);
           },
           /*write_back=*/true, /*read_before=*/false);

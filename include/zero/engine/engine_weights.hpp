@@ -38,9 +38,8 @@ void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
                           "load_gpt2_weights: called in the middle of gradient accumulation");
   eng.synchronize();
   const io::SafetensorsReader reader(file);
-  for (int u = 0; u < eng.units(); ++u) {
+  eng.for_each_master([&](int u, std::span<MasterT> slice) {
     const auto& specs = eng.unit_specs(u);
-    const std::span<MasterT> slice = eng.master_span(u);
     std::fill(slice.begin(), slice.end(), MasterT{});
     detail::for_each_owned_shard(eng, u, slice, false, [&](int r, std::span<MasterT> shard) {
       for (const ShardSegment& s : eng.partition(u).segments(r)) {
@@ -50,7 +49,7 @@ void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
                                io::DTypeRule::convert);
       }
     });
-  }
+  }, /*write_back=*/true);
   eng.refresh_from_master();
   eng.synchronize();
 }

@@ -11,11 +11,14 @@
 //   swap.for_each_group([&](std::size_t g, std::span<const std::span<float>> t) {
 //     adamw_step(t[0], t[1], t[2], grads_of(g));   // t in the order the group listed them
 //   });                                             // reads g+1 and writes g-1 meanwhile
-//   swap.swap_in(g, {out_master});                  // e.g. checkpoint or fp16 refresh
+//   swap.swap_in(g, {out_master, out_m, out_v});     // e.g. checkpoint or fp16 refresh
+//   swap.swap_in_tensor(g, 0, out_master);          // one tensor alone (stage-3 gathers)
 //
 // Files: <nvme_path>/zero_swap/rank<r>/<tag>/group<g>.swp, one per sub-group, created and fully
 // allocated by the constructor (so "disk full" shows at start-up, not mid-training) after a
-// preflight, and removed with the (then empty) directories by the destructor. Tensors sit at
+// preflight, and removed with the (then empty) directories by the destructor. The directory is
+// locked (flock on <dir>/.lock) for the swapper's life: a second swapper for the same rank, tag
+// and nvme_path is refused with a ConfigError instead of truncating the first one's files. Tensors sit at
 // aligned offsets, so a sub-group moves as one O_DIRECT transfer split into aio.block_size
 // requests with aio.queue_depth in flight.
 //
@@ -25,6 +28,7 @@
 // drives a swapper.
 
 #include <fcntl.h>
+#include <sys/file.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -89,12 +93,15 @@ class NvmeSwapper {
     }
     state_.assign(layouts_.size(), GroupState::fresh);
     dir_ = cfg_.nvme_path / "zero_swap" / ("rank" + std::to_string(options_.rank)) / options_.tag;
-    try {
+    {
       std::error_code ec;
       std::filesystem::create_directories(dir_, ec);
       if (ec)
         throw NvmeIoError("creating directory", dir_.string(), 0, 0, ec.value(),
                           errno_reason(ec.value()));
+    }
+    lock_directory();  // before any file is touched: another swapper's files are left alone
+    try {
       for (std::size_t g = 0; g < layouts_.size(); ++g) {
         const auto path = file_of(g);
         fds_.push_back(open_direct(path, true, cfg_.direct_io));
@@ -199,6 +206,28 @@ class NvmeSwapper {
     read_group(g, buf);
     for (std::size_t i = 0; i < tensors.size(); ++i)
       std::memcpy(tensors[i].data(), buf.data() + layouts_[g].offsets[i], tensors[i].size_bytes());
+  }
+
+  /// Reads tensor i of group g alone (its aligned byte range of the file) into out, exactly the
+  /// tensor's size; a group never written reads as zeros. Blocks until the data is in.
+  void swap_in_tensor(std::size_t g, std::size_t i, std::span<float> out) {
+    expect<ShapeError>(g < layouts_.size() && i < layouts_[g].tensors.size(), "NVMe swap: group ",
+                       g, " tensor ", i, " does not exist");
+    const SwapLayout& l = layouts_[g];
+    expect<ShapeError>(out.size() == static_cast<std::size_t>(l.tensors[i].numel),
+                       "NVMe swap: group ", g, " tensor '", l.tensors[i].name, "' has ",
+                       l.tensors[i].numel, " elements, its span ", out.size());
+    drain();
+    if (state_[g] == GroupState::fresh) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      return;
+    }
+    check_readable(g);
+    const std::size_t begin = l.offsets[i];
+    const std::size_t end = i + 1 < l.offsets.size() ? l.offsets[i + 1] : l.bytes;
+    AlignedBuffer& buf = buffers_.front();
+    io_->run(Transfer{IoOp::read, fds_[g].get(), paths_[g], begin, buf.data(), end - begin});
+    std::memcpy(out.data(), buf.data(), out.size_bytes());
   }
 
   /// Calls fn on every group in order with its tensors in a swap buffer, updated in place and
@@ -331,10 +360,29 @@ class NvmeSwapper {
     io_->run(transfer(IoOp::read, g, buf));
   }
 
+  // Takes <dir>/.lock exclusively (flock; released when the swapper closes it), so two
+  // swappers (two engines of one rank with the same nvme_path and tag) never share files.
+  void lock_directory() {
+    const auto path = dir_ / ".lock";
+    lock_ = io::FileDescriptor(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!lock_) {
+      const int code = errno;
+      throw NvmeIoError("creating", path.string(), 0, 0, code, errno_reason(code));
+    }
+    if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+      lock_ = io::FileDescriptor();
+      raise<ConfigError>("NVMe offload: '", dir_.string(), "' is in use by another swapper (",
+                         "another engine of rank ", options_.rank, " with the same nvme_path?); ",
+                         "give each engine its own nvme_path");
+    }
+  }
+
   void remove_files() noexcept {
     fds_.clear();
     std::error_code ec;
     for (const auto& p : paths_) std::filesystem::remove(p, ec);
+    if (lock_) std::filesystem::remove(dir_ / ".lock", ec);  // still held: nobody else uses it
+    lock_ = io::FileDescriptor();
     // Remove tag/, rank<r>/ and zero_swap/ when nothing else is left in them.
     auto d = dir_;
     for (int up = 0; up < 3 && !d.empty(); ++up, d = d.parent_path())
@@ -349,6 +397,7 @@ class NvmeSwapper {
   std::filesystem::path dir_;
   std::vector<io::FileDescriptor> fds_;
   std::vector<std::string> paths_;
+  io::FileDescriptor lock_;  // <dir>/.lock, held with flock while the swapper lives
   std::unique_ptr<FileIo> io_;
   std::vector<AlignedBuffer> buffers_;
   std::vector<Slot> slots_;
