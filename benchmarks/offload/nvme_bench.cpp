@@ -4,17 +4,46 @@
 // same number of bytes in the same run, because absolute disk bandwidth on shared machines
 // drifts. One JSON object per line; "ratio" lines give swapper / plain (target >= 0.8).
 //
-//   ./nvme_bench [--path DIR] [--mib 512] [--groups 8] [--repeats 3] [--block 1048576]
+//   ./nvme_bench [--path DIR] [--mib 512] [--groups 8] [--repeats 5] [--block 1048576]
 //                [--queue-depth 8] [--buffers 4] [--backend auto|uring|posix]
 //
 // DIR defaults to /var/tmp (a disk, not tmpfs, on most systems). Each figure is the best of
 // the repeats; the plain loop and the swapper alternate.
+//
+// Both sides use the same kind of host memory (AlignedBuffer: page aligned, 2 MiB aligned and
+// advised for transparent huge pages when large); "huge_page_mib" in the config says how much
+// of the "buffer_mib" of both the kernel actually backed with huge pages. That matters more
+// than anything the swapper does: an O_DIRECT request costs one DMA segment per physically
+// contiguous run of its pages, and on the virtio disk these figures come from (max_segments
+// 254) 1 MiB requests over scattered 4 KiB pages ran at ~0.9 GB/s for the plain loop and the
+// engine alike, against 2.3-3 GB/s over huge pages (the swapper's queued requests then also
+// merge into 4 MiB device requests). Before the buffers were made alike, each side got whatever
+// page placement its allocation happened to get, and the swapper's four 32 MiB buffers usually
+// fared worse than the plain loop's one large buffer; that accounted for most of an earlier
+// ratio of 0.56, the rest for a wakeup of the caller on every 1 MiB completion (on 2 busy
+// cores) and zero-filling all buffers of a write pass with memset ahead of the first write.
+//
+// Measured 2026-11-23 17:44-17:48 UTC (2 vCPU VM, ext4 on virtio, load average 2.0-2.4 from
+// other builds), 11 runs of `./nvme_bench --path /var/tmp --mib 256` alternating with the code
+// before this change (`--repeats 5`):
+//   after:  write ratio median 0.83 (0.59-1.05), swapper 2.8-4.2 GB/s beside plain 3.0-5.1
+//           read ratio  median 1.04 (0.69-1.53), swapper 2.9-4.6 GB/s beside plain 2.8-4.7
+//   before: write ratio median 0.69 (0.31-0.90), swapper 0.6-2.4 GB/s beside plain 1.2-2.9
+//           read ratio  median 0.73 (0.28-1.04), swapper 0.6-2.7 GB/s beside plain 1.3-2.9
+// The write pass is the weaker one: read off means every group starts from zeros (256 MiB of
+// streaming stores, ~6 ms of the caller's CPU that the plain loop does not spend), and the
+// runs below 0.8 are the ones where the plain loop's best write hit 4.7-5.0 GB/s while both
+// cores were busy with other work. With at most one other build running, a harness doing the
+// same passes gave median write ratios of 0.85-1.04 (8 runs of 6 alternations). Without huge
+// pages (THP "never", or none free) both sides fall to the scattered-page figures above and the
+// ratio is again down to where each buffer's pages lie.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -45,12 +74,27 @@ void plain_loop(int fd, std::byte* buf, std::size_t bytes, std::size_t block, bo
   }
 }
 
+// MiB of this process's anonymous memory backed by transparent huge pages (0 when unknown).
+long long huge_page_mib() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string key;
+  long long kib = 0;
+  while (in >> key) {
+    if (key == "AnonHugePages:") {
+      in >> kib;
+      return kib / 1024;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string path = "/var/tmp";
   long long mib = 512;
-  int groups = 8, repeats = 3, buffers = 4, queue_depth = 8;
+  int groups = 8, repeats = 5, buffers = 4, queue_depth = 8;
   long long block = 1 << 20;
   IoBackend backend = IoBackend::automatic;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -85,17 +129,19 @@ int main(int argc, char** argv) {
     opt.tag = "bench";
     NvmeSwapper swap(cfg, spec, opt);
     const std::size_t bytes = swap.file_bytes();
-    const std::string config = "\"path\": \"" + path + "\", \"bytes\": " + std::to_string(bytes) +
-                               ", \"groups\": " + std::to_string(groups) + ", \"block\": " +
-                               std::to_string(block) + ", \"queue_depth\": " +
-                               std::to_string(queue_depth) + ", \"buffers\": " +
-                               std::to_string(buffers) + ", \"engine\": \"" + swap.io_name() +
-                               "\"";
     // The plain file and buffer hold the same bytes.
     const auto plain_path = swap.directory() / "plain.swp";
     auto fd = open_direct(plain_path, true);
     AlignedBuffer plain(bytes, swap.alignment());
     std::memset(plain.data(), 1, plain.size());
+    const std::string config = "\"path\": \"" + path + "\", \"bytes\": " + std::to_string(bytes) +
+                               ", \"groups\": " + std::to_string(groups) + ", \"block\": " +
+                               std::to_string(block) + ", \"queue_depth\": " +
+                               std::to_string(queue_depth) + ", \"buffers\": " +
+                               std::to_string(buffers) + ", \"engine\": \"" + swap.io_name() +
+                               "\", \"buffer_mib\": " +
+                               std::to_string((swap.buffer_bytes() + plain.size()) >> 20) +
+                               ", \"huge_page_mib\": " + std::to_string(huge_page_mib());
     const auto nothing = [](std::size_t, std::span<const std::span<float>>) {};
     const auto touch = [](std::size_t, std::span<const std::span<float>> t) {
       for (auto s : t) s[0] += 1.0f;  // an "update" that costs nothing next to the I/O

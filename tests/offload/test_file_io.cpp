@@ -1,7 +1,10 @@
 // File-I/O engines (pread/pwrite and io_uring): O_DIRECT round trips split into block-sized
 // requests, concurrent transfers, and injected and real faults reported with file, offset,
 // bytes and errno text.
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -37,6 +40,37 @@ AlignedBuffer pattern(std::size_t bytes, std::size_t align, std::uint32_t seed) 
 }
 
 }  // namespace
+
+TEST_CASE("aligned buffers start on a page, large ones on 2 MiB, read as zeros and zero exactly",
+          "[unit][offload]") {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // 512 is what a 512-byte-sector disk reports; the buffer still starts on a page, because a
+  // sub-page start costs every O_DIRECT request one more DMA segment.
+  for (const std::size_t align : {std::size_t{512}, std::size_t{4096}}) {
+    for (const std::size_t bytes :
+         {std::size_t{1000}, std::size_t{3} << 20, (std::size_t{5} << 20) + 512}) {
+      INFO("alignment " << align << ", bytes " << bytes);
+      AlignedBuffer b(bytes, align);
+      CHECK(b.size() == (bytes + align - 1) / align * align);
+      CHECK(b.alignment() == align);
+      const auto at = reinterpret_cast<std::uintptr_t>(b.data());
+      CHECK(at % page == 0);
+      if (b.size() >= (std::size_t{2} << 20)) CHECK(at % (std::uintptr_t{2} << 20) == 0);
+      for (std::byte x : b.bytes()) REQUIRE(x == std::byte{0});
+      std::memset(b.data(), 0x5a, b.size());  // every byte of size() is writable
+      // zero() clears exactly the bytes asked for (streaming stores from 1 MiB up, then a tail
+      // that is not a multiple of their 64-byte step).
+      const std::size_t part = b.size() > 4096 ? b.size() - 4096 + 512 : b.size() / 2;
+      b.zero(part);
+      for (std::size_t i = 0; i < b.size(); ++i)
+        REQUIRE(b.data()[i] == (i < part ? std::byte{0} : std::byte{0x5a}));
+      CHECK_THROWS_AS(b.zero(b.size() + 1), Error);
+    }
+  }
+  AlignedBuffer empty(0, 4096);
+  CHECK(empty.data() == nullptr);
+  CHECK(empty.size() == 0);
+}
 
 TEST_CASE("direct I/O probe finds an alignment on the scratch directory", "[unit][offload]") {
   const auto d = probe_direct_io(zero::testing::direct_io_base());

@@ -209,9 +209,8 @@ class QueuedFileIo : public FileIo {
       std::lock_guard lock(mutex_);
       if (error && !r.state->error) r.state->error = error;
       --r.state->outstanding;
-      finish_if_complete_locked(*r.state);
+      finish_if_complete_locked(*r.state);  // wakes waiters only when the whole transfer is done
     }
-    done_cv_.notify_all();
     r.state.reset();
   }
 

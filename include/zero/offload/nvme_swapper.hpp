@@ -20,7 +20,9 @@
 // locked (flock on <dir>/.lock) for the swapper's life: a second swapper for the same rank, tag
 // and nvme_path is refused with a ConfigError instead of truncating the first one's files. Tensors sit at
 // aligned offsets, so a sub-group moves as one O_DIRECT transfer split into aio.block_size
-// requests with aio.queue_depth in flight.
+// requests with aio.queue_depth in flight. The buffers are AlignedBuffers (2 MiB aligned and
+// advised for huge pages), which keeps each request to a few DMA segments; aligned_buffer.hpp
+// says why that decides the throughput.
 //
 // Errors: every I/O failure is an NvmeIoError naming file, offset, bytes and errno text. A
 // failed write leaves that sub-group's file undefined (other groups are untouched) and marks
@@ -186,7 +188,7 @@ class NvmeSwapper {
     check_spans(g, tensors.size(), [&](std::size_t i) { return tensors[i].size(); });
     drain();
     AlignedBuffer& buf = buffers_.front();
-    std::memset(buf.data(), 0, layouts_[g].bytes);  // padding goes to disk as zeros
+    buf.zero(layouts_[g].bytes);  // padding goes to disk as zeros
     for (std::size_t i = 0; i < tensors.size(); ++i)
       std::memcpy(buf.data() + layouts_[g].offsets[i], tensors[i].data(), tensors[i].size_bytes());
     write_group(g, buf);
@@ -238,8 +240,15 @@ class NvmeSwapper {
     drain();
     const std::size_t n = layouts_.size();
     const std::size_t nbuf = buffers_.size();
-    // One buffer computes, one writes the previous group, the rest read ahead.
-    const std::size_t ahead = nbuf >= 3 ? nbuf - 2 : nbuf - 1;
+    // How many groups past the one computing have a buffer claimed (read ahead). With reads and
+    // writes: one buffer computes, one writes the previous group, the rest read ahead. Reads
+    // only: every other buffer reads ahead. Writes only: nothing to read, so a buffer is claimed
+    // just when its group computes, and up to nbuf - 1 writes stay queued behind it (claiming
+    // early would wait for a write to land sooner than needed and let the queue run dry).
+    const std::size_t ahead = !pass.write  ? nbuf - 1
+                              : !pass.read ? 0
+                              : nbuf >= 3  ? nbuf - 2
+                                           : nbuf - 1;
     std::size_t next_read = 0;
     std::vector<std::span<float>> spans;
     pass_reads_ = pass.read;
@@ -254,6 +263,10 @@ class NvmeSwapper {
         Slot& s = slots_[g % nbuf];
         finish(s);  // the read of g
         auto& buf = buffers_[g % nbuf];
+        if (s.zero_fill) {  // zeroed only now, so zeroing does not delay earlier transfers
+          buf.zero(layouts_[g].bytes);
+          s.zero_fill = false;
+        }
         spans.clear();
         for (std::size_t i = 0; i < layouts_[g].tensors.size(); ++i)
           spans.emplace_back(reinterpret_cast<float*>(buf.data() + layouts_[g].offsets[i]),
@@ -280,6 +293,7 @@ class NvmeSwapper {
     IoTicket ticket;
     std::size_t group = 0;
     IoOp op = IoOp::read;
+    bool zero_fill = false;  // the group starts from zeros instead of being read
   };
 
   template <class SizeOf>
@@ -311,10 +325,9 @@ class NvmeSwapper {
     AlignedBuffer& buf = buffers_[&s - slots_.data()];
     s.group = g;
     s.op = IoOp::read;
-    if (state_[g] == GroupState::fresh || !pass_reads_) {  // a write-only pass rewrites g whole
-      std::memset(buf.data(), 0, layouts_[g].bytes);
-      return;
-    }
+    // A write-only pass rewrites g whole, so a group whose last write failed may be zero-filled.
+    s.zero_fill = state_[g] == GroupState::fresh || !pass_reads_;
+    if (s.zero_fill) return;
     check_readable(g);
     s.ticket = io_->submit(transfer(IoOp::read, g, buf));
   }
@@ -354,7 +367,7 @@ class NvmeSwapper {
   void read_group(std::size_t g, AlignedBuffer& buf) {
     check_readable(g);
     if (state_[g] == GroupState::fresh) {
-      std::memset(buf.data(), 0, layouts_[g].bytes);
+      buf.zero(layouts_[g].bytes);
       return;
     }
     io_->run(transfer(IoOp::read, g, buf));
