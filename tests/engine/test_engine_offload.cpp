@@ -263,3 +263,18 @@ TEST_CASE("GPT-2 weights go in and out of an engine whose master is in files",
   CHECK_THAT(clash_error, Catch::Contains("in use by another swapper"));
   CHECK(after_clash == plain_values);
 }
+
+TEST_CASE("offload_param selects the same NVMe offload and is refused without it",
+          "[unit][engine][offload]") {
+  zero::testing::TempDir nvme("engine-nvme-param", "/var/tmp");
+  Config param_only = offload_config(3, {});
+  param_only.zero_optimization.offload_param.device = config::OffloadDevice::nvme;
+  param_only.zero_optimization.offload_param.nvme_path = nvme.path().string();
+  const auto plain = train<3>(2, offload_config(3, {}), 3);
+  const auto offloaded = train<3, Offload<NVMe>>(2, param_only, 3);
+  CHECK(same_bits(plain.params, offloaded.params));
+  CHECK(offloaded.report.master_bytes == 0);
+  // A config that puts parameters on NVMe is refused by an engine built without offload.
+  CHECK_THROWS_WITH(train<3>(1, param_only, 1),
+                    Catch::Contains("offload_param.device") && Catch::Contains("Offload<none>"));
+}

@@ -95,8 +95,12 @@ class Engine {
     expect<ConfigError>(config.optimizer.has_value(),
                         "optimizer: required to build an Engine from a config");
     optimizer_spec_ = *config.optimizer;
-    if constexpr (offload_nvme) {
-      nvme_config_.emplace(offload::NvmeConfig::from_config(config));
+    if constexpr (offload_nvme) {  // offload_optimizer's settings, or offload_param's alone
+      const bool optimizer_section =
+          config.zero_optimization.offload_optimizer.device == config::OffloadDevice::nvme;
+      nvme_config_.emplace(offload::NvmeConfig::from_config(
+          config, optimizer_section ? offload::OffloadTarget::optimizer
+                                    : offload::OffloadTarget::param));
     }
     setup();
     const double lr = optimizer_spec_.get("lr", optimizers_.empty() ? 1e-3 : optimizers_[0].lr());
@@ -576,10 +580,19 @@ class Engine {
     const auto expected = std::is_same_v<O, NVMe>  ? config::OffloadDevice::nvme
                           : std::is_same_v<O, CPU> ? config::OffloadDevice::cpu
                                                    : config::OffloadDevice::none;
-    expect<ConfigError>(device == expected,
+    // The master slice is a rank's only parameter copy at rest, so parameter offload (stage 3)
+    // is the same move as optimizer offload: offload_param alone also selects Offload<NVMe>.
+    const auto param_device = config.zero_optimization.offload_param.device;
+    const bool param_only = device == config::OffloadDevice::none && param_device == expected &&
+                            expected == config::OffloadDevice::nvme;
+    expect<ConfigError>(device == expected || param_only,
                         "zero_optimization.offload_optimizer.device: the config says '",
                         config::name_of(device), "' but the engine was built with Offload<",
                         config::name_of(expected), ">");
+    expect<ConfigError>(param_device == config::OffloadDevice::none || param_device == expected,
+                        "zero_optimization.offload_param.device: the config says '",
+                        config::name_of(param_device), "' but the engine was built with Offload<",
+                        config::name_of(expected), "> (parameters go where the master goes)");
   }
 
   T run_forward(const MicroBatch& batch, bool training) {
