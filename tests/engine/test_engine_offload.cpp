@@ -45,15 +45,15 @@ struct Result {
   engine::MemoryReport report;
 };
 
-template <int S, class... Extra>
-Result train(int world, const Config& cfg, int steps, const std::filesystem::path& ckpt = {},
-             bool save = false, int first_step = 0) {
+template <class T, int S, class... Extra>
+Result train_as(int world, const Config& cfg, int steps, const std::filesystem::path& ckpt = {},
+                bool save = false, int first_step = 0) {
   Result out;
   LocalComm::run(world, [&](LocalComm& comm) {
-    nn::GPT<float> model(tiny());
+    nn::GPT<T> model(tiny());
     engine::EngineOptions options;
     options.activation_bytes = 32 << 20;
-    engine::Engine<nn::GPT<float>, ZeroStage<S>, Extra...> eng(model, comm, cfg, options);
+    engine::Engine<nn::GPT<T>, ZeroStage<S>, Extra...> eng(model, comm, cfg, options);
     if (!ckpt.empty() && !save) eng.load_checkpoint(ckpt);
     for (int step = first_step; step < steps; ++step) {
       const GlobalBatch b(micro_rows * world, step, tiny().vocab_size);
@@ -73,6 +73,12 @@ Result train(int world, const Config& cfg, int steps, const std::filesystem::pat
     }
   });
   return out;
+}
+
+template <int S, class... Extra>
+Result train(int world, const Config& cfg, int steps, const std::filesystem::path& ckpt = {},
+             bool save = false, int first_step = 0) {
+  return train_as<float, S, Extra...>(world, cfg, steps, ckpt, save, first_step);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -277,4 +283,24 @@ TEST_CASE("offload_param selects the same NVMe offload and is refused without it
   // A config that puts parameters on NVMe is refused by an engine built without offload.
   CHECK_THROWS_WITH(train<3>(1, param_only, 1),
                     Catch::Contains("offload_param.device") && Catch::Contains("Offload<none>"));
+}
+
+TEST_CASE("Offload<NVMe> in bf16 trains exactly like bf16 without offload", "[unit][engine][offload]") {
+  zero::testing::TempDir nvme("engine-nvme-bf16", "/var/tmp");
+  auto bf16_config = [](int stage, const std::filesystem::path& path) {
+    Config c = offload_config(stage, path);
+    c.bf16_enabled = true;
+    return c;
+  };
+  const auto plain2 = train_as<bf16, 2, Precision<bf16>>(2, bf16_config(2, {}), 3);
+  const auto nvme2 = train_as<bf16, 2, Precision<bf16>, Offload<NVMe>>(2, bf16_config(2, nvme.path()), 3);
+  CHECK(same_bits(plain2.params, nvme2.params));
+  const auto plain3 = train_as<bf16, 3, Precision<bf16>>(2, bf16_config(3, {}), 3);
+  const auto nvme3 = train_as<bf16, 3, Precision<bf16>, Offload<NVMe>>(2, bf16_config(3, nvme.path()), 3);
+  CHECK(same_bits(plain3.params, nvme3.params));
+  CHECK(nvme3.report.master_bytes == 0);
+  Config other_lr = bf16_config(3, nvme.path());
+  other_lr.optimizer->params["lr"] = {0.002};
+  const auto wrong = train_as<bf16, 3, Precision<bf16>, Offload<NVMe>>(2, other_lr, 3);
+  CHECK_FALSE(same_bits(plain3.params, wrong.params));  // negative control
 }

@@ -8,6 +8,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <zero/engine/memory_estimator.hpp>
 
+#include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 #include "toy_model.hpp"
 
@@ -18,7 +19,8 @@ using zero::parallel::LocalComm;
 namespace {
 
 template <class Model, int S, class... Extra>
-void check_against_engine(const Config& cfg, DType precision) {
+void check_against_engine(const Config& cfg, DType precision,
+                          engine::OffloadTarget offload = engine::OffloadTarget::none) {
   const int world = 4;
   engine::MemoryReport measured;
   std::int64_t padded = 0, largest = 0;
@@ -45,11 +47,22 @@ void check_against_engine(const Config& cfg, DType precision) {
   in.gpus_per_node = world;
   in.stage = S;
   in.precision = precision;
+  in.offload_optimizer = offload;
   const auto e = engine::estimate_model_states(in);
   INFO("stage " << S << " precision " << name_of(precision));
-  // Pooled gather/reduce scratch is working memory (unit-sized), not state at rest.
-  CHECK(static_cast<double>(measured.total() - measured.scratch_bytes) == e.device_at_rest);
-  CHECK(static_cast<double>(measured.scratch_bytes) <= 2 * static_cast<double>(largest) * 4);
+  // Pooled gather/reduce scratch is working memory (unit-sized), not state at rest. With
+  // Compute<Host> the estimate's device and host memory are the same memory (the fp32 gradient
+  // shard, which NVMe offload keeps in host memory, is counted by the estimator as host).
+  CHECK(static_cast<double>(measured.total() - measured.scratch_bytes) ==
+        e.device_at_rest + e.host);
+  if (offload == engine::OffloadTarget::nvme) {
+    // Swap buffers (one largest unit slice of master + 2 states each) are scratch too; the
+    // files hold the estimate plus alignment padding (under one 4 KiB block per tensor).
+    CHECK(static_cast<double>(measured.offloaded_bytes) >= e.nvme);
+    CHECK(static_cast<double>(measured.offloaded_bytes) <= e.nvme + 3.0 * 4096 * 64);
+  } else {
+    CHECK(static_cast<double>(measured.scratch_bytes) <= 2 * static_cast<double>(largest) * 4);
+  }
 }
 
 Config toy_config(int stage, bool bf16) {
@@ -73,6 +86,25 @@ TEST_CASE("the estimator equals memory_report() at rest (f32 GPT, bf16 toy)", "[
   check_against_engine<ToyModel<bf16>, 1, Precision<bf16>>(toy_config(1, true), DType::bf16);
   check_against_engine<ToyModel<bf16>, 2, Precision<bf16>>(toy_config(2, true), DType::bf16);
   check_against_engine<ToyModel<bf16>, 3, Precision<bf16>>(toy_config(3, true), DType::bf16);
+}
+
+TEST_CASE("the estimator equals memory_report() with NVMe offload (master and states in files)",
+          "[unit][engine][offload]") {
+  zero::testing::TempDir nvme("estimator-nvme", "/var/tmp");
+  auto with_nvme = [&](Config c) {
+    c.zero_optimization.offload_optimizer.device = config::OffloadDevice::nvme;
+    c.zero_optimization.offload_optimizer.nvme_path = nvme.path().string();
+    return c;
+  };
+  const auto nv = engine::OffloadTarget::nvme;
+  check_against_engine<nn::GPT<float>, 1, Offload<NVMe>>(with_nvme(adamw_config(1, 1, 0)),
+                                                         DType::f32, nv);
+  check_against_engine<nn::GPT<float>, 3, Offload<NVMe>>(with_nvme(adamw_config(3, 1, 0)),
+                                                         DType::f32, nv);
+  check_against_engine<ToyModel<bf16>, 2, Precision<bf16>, Offload<NVMe>>(
+      with_nvme(toy_config(2, true)), DType::bf16, nv);
+  check_against_engine<ToyModel<bf16>, 3, Precision<bf16>, Offload<NVMe>>(
+      with_nvme(toy_config(3, true)), DType::bf16, nv);
 }
 
 TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are beside it",
