@@ -252,6 +252,32 @@ TEST_CASE("a pass cut short by fn leaves no stale zero-fill for the next pass", 
   CHECK(seen == 5);
 }
 
+TEST_CASE("swap_in_tensor reads one tensor alone; nothing swaps inside a pass",
+          "[unit][offload]") {
+  TempDir dir("tensor", zero::testing::direct_io_base());
+  NvmeSwapper s(small_config(dir.path(), 3), odd_groups(4));
+  std::vector<float> out(static_cast<std::size_t>(s.layout(2).tensors[1].numel), -1.0f);
+  s.swap_in_tensor(2, 1, out);  // never written: zeros
+  CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
+  fill(s);
+  for (std::size_t g = 0; g < 4; ++g) {
+    for (std::size_t t = 0; t < 3; ++t) {
+      std::vector<float> one(static_cast<std::size_t>(s.layout(g).tensors[t].numel));
+      s.swap_in_tensor(g, t, one);
+      REQUIRE(one == values(g, t, static_cast<std::int64_t>(one.size())));
+    }
+  }
+  CHECK_THROWS_AS(s.swap_in_tensor(1, 0, std::span<float>(out)), ShapeError);  // wrong size
+  CHECK_THROWS_WITH(s.for_each_group([&](std::size_t g, std::span<const std::span<float>>) {
+    if (g == 1) s.swap_in_tensor(2, 1, out);
+  }),
+                    Catch::Contains("inside for_each_group"));
+  // The refused call left the files as they were.
+  std::vector<float> again(out.size());
+  s.swap_in_tensor(2, 1, again);
+  CHECK(again == values(2, 1, static_cast<std::int64_t>(again.size())));
+}
+
 TEST_CASE("I/O faults in a pass raise NvmeIoError and leave other groups intact",
           "[unit][offload]") {
   const auto backend = GENERATE(from_range(zero::testing::backends()));

@@ -185,6 +185,7 @@ class NvmeSwapper {
   /// Writes group g's tensors from caller memory (one span per tensor, in the group's order,
   /// each exactly the tensor's size); blocks until the data is on disk.
   void swap_out(std::size_t g, std::span<const std::span<const float>> tensors) {
+    expect_idle("swap_out");
     check_spans(g, tensors.size(), [&](std::size_t i) { return tensors[i].size(); });
     drain();
     AlignedBuffer& buf = buffers_.front();
@@ -202,6 +203,7 @@ class NvmeSwapper {
   /// Reads group g's tensors into caller memory (spans as for swap_out); a group never written
   /// reads as zeros.
   void swap_in(std::size_t g, std::span<const std::span<float>> tensors) {
+    expect_idle("swap_in");
     check_spans(g, tensors.size(), [&](std::size_t i) { return tensors[i].size(); });
     drain();
     AlignedBuffer& buf = buffers_.front();
@@ -219,6 +221,7 @@ class NvmeSwapper {
     expect<ShapeError>(out.size() == static_cast<std::size_t>(l.tensors[i].numel),
                        "NVMe swap: group ", g, " tensor '", l.tensors[i].name, "' has ",
                        l.tensors[i].numel, " elements, its span ", out.size());
+    expect_idle("swap_in_tensor");
     drain();
     if (state_[g] == GroupState::fresh) {
       std::fill(out.begin(), out.end(), 0.0f);
@@ -251,7 +254,9 @@ class NvmeSwapper {
                                            : nbuf - 1;
     std::size_t next_read = 0;
     std::vector<std::span<float>> spans;
+    expect_idle("for_each_group");
     pass_reads_ = pass.read;
+    in_pass_ = true;
     try {
       for (std::size_t g = 0; g < n; ++g) {
         while (next_read < n && next_read <= g + ahead) {
@@ -278,9 +283,11 @@ class NvmeSwapper {
     } catch (...) {
       drain();
       pass_reads_ = true;
+      in_pass_ = false;
       throw;
     }
     pass_reads_ = true;
+    in_pass_ = false;
   }
 
   /// for_each_group with pass options given first (reads the call sites better).
@@ -288,6 +295,13 @@ class NvmeSwapper {
 
  private:
   enum class GroupState : unsigned char { fresh, valid, broken };
+
+  // swap_in / swap_out / swap_in_tensor / a nested pass would reuse buffers a pass holds.
+  void expect_idle(const char* what) const {
+    expect<Error>(!in_pass_, "NVMe swap: ", what,
+                  " called from inside for_each_group (its buffers are in use); call it after "
+                  "the pass");
+  }
   // A buffer's transfer in flight, if any.
   struct Slot {
     IoTicket ticket;
@@ -415,6 +429,7 @@ class NvmeSwapper {
   std::vector<AlignedBuffer> buffers_;
   std::vector<Slot> slots_;
   bool pass_reads_ = true;
+  bool in_pass_ = false;  // for_each_group is running: its buffers are in use
 };
 
 }  // namespace zero::offload
