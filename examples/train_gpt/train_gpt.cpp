@@ -12,11 +12,12 @@
 //               [--data corpus.txt | --tokens train.bin] [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
-//               [--export model.safetensors [--export-dtype f32|bf16|f16]]
+//               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //
 // --export writes the trained weights at the end as one Hugging Face GPT-2 safetensors file,
 // streamed unit by unit from the live engine (no rank holds the whole model); --init reads such
-// a file back.
+// a file back. --nvme-path puts the fp32 master and AdamW states in swap files under DIR
+// (ZeRO-Infinity; the same as "offload_optimizer": {"device": "nvme", "nvme_path": DIR}).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -57,6 +58,7 @@ struct Options {
   std::int64_t print_every = 10;
   std::string data = ZERO_DEFAULT_CORPUS, tokens, init, metrics, save_dir, resume, export_path;
   DType export_dtype = DType::f32;
+  std::string nvme_path;
   std::int64_t save_every = 0;
 };
 
@@ -97,6 +99,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--save-dir") o.save_dir = v;
     else if (flag == "--save-every") o.save_every = integer();
     else if (flag == "--export") o.export_path = v;
+    else if (flag == "--nvme-path") o.nvme_path = v;
     else if (flag == "--export-dtype") {
       if (v == "f32") o.export_dtype = DType::f32;
       else if (v == "bf16") o.export_dtype = DType::bf16;
@@ -132,6 +135,10 @@ Config make_config(const Options& o) {
       {"zero_optimization", {{"stage", o.stage.value_or(3)}}}};
   Config c = o.config.empty() ? Config::from_json(j) : Config::from_json_file(o.config);
   if (o.stage) c.zero_optimization.stage = *o.stage;
+  if (!o.nvme_path.empty()) {
+    c.zero_optimization.offload_optimizer.device = config::OffloadDevice::nvme;
+    c.zero_optimization.offload_optimizer.nvme_path = o.nvme_path;
+  }
   if (o.lr && c.optimizer) c.optimizer->params["lr"] = {*o.lr};
   for (const auto& w : c.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
   return c;

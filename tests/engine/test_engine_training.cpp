@@ -18,6 +18,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <zero/engine/dispatch.hpp>
 
+#include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 #include "toy_model.hpp"
 
@@ -375,6 +376,23 @@ TEST_CASE("a config that contradicts the policies is rejected; dispatch picks th
       });
       CHECK(picked == s);
     }
+  });
+  // A config that offloads to NVMe gets an Offload<NVMe> engine; at stage 0 it is refused.
+  zero::testing::TempDir nvme("dispatch-nvme", "/var/tmp");
+  LocalComm::run(1, [&](LocalComm& comm) {
+    nn::GPT<float> model(tiny());
+    Config cfg = adamw_config(2, 1, 0.0);
+    cfg.zero_optimization.offload_optimizer.device = config::OffloadDevice::nvme;
+    cfg.zero_optimization.offload_optimizer.nvme_path = nvme.path().string();
+    const bool offloads = zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
+      E eng(model, comm, cfg);
+      return E::offload_nvme && E::stage == 2 && eng.memory_report().master_bytes == 0;
+    });
+    CHECK(offloads);
+    cfg.zero_optimization.stage = 0;
+    CHECK_THROWS_WITH(zero::dispatch<nn::GPT<float>>(
+                          cfg, [&]<class E>(std::type_identity<E>) { return E::stage; }),
+                      Catch::Contains("stage: 0 cannot offload"));
   });
 }
 
