@@ -22,7 +22,7 @@
 
 #include <optim/adam.hpp>
 #include <parallel/comm/local_comm.hpp>
-#include <zero/engine/engine.hpp>
+#include <zero/engine/dispatch.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
 
@@ -90,10 +90,10 @@ double single_process_ms(const BenchShape& s, int threads) {
   return 1e3 * bench::best_seconds(s.repeats, step);
 }
 
-// The engine step at Stage on `ranks` LocalComm ranks (rank 0's time; ranks move together);
-// with a non-empty nvme_path the config offloads the optimizer states there (Extra: Offload<NVMe>).
-template <int Stage, class... Extra>
-double engine_ms(const BenchShape& s, int ranks, int threads_per_rank,
+// The engine step at `stage` on `ranks` LocalComm ranks (rank 0's time; ranks move together);
+// with a non-empty nvme_path the config offloads the optimizer states there, and zero::dispatch
+// picks the Offload<NVMe> engine for it.
+double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank,
                  const std::string& nvme_path = {}) {
   const nn::GPTConfig c = model_config(s);
   const auto tokens = tokens_for(s, c.vocab_size);
@@ -104,48 +104,40 @@ double engine_ms(const BenchShape& s, int ranks, int threads_per_rank,
   const Config cfg = Config::from_json_string(
       R"({"train_batch_size": )" + std::to_string(s.batch) +
       R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-          "zero_optimization": {"stage": )" + std::to_string(Stage) + offload + "}}");
+          "zero_optimization": {"stage": )" + std::to_string(stage) + offload + "}}");
   double ms = 0;
   parallel::LocalComm::run(ranks, [&](parallel::LocalComm& comm) {
     set_threads(threads_per_rank);
     nn::GPT<float> model(c);
     engine::EngineOptions options;
     options.activation_bytes = std::size_t{512} << 20;
-    engine::Engine<nn::GPT<float>, ZeroStage<Stage>, Extra...> eng(model, comm, cfg, options);
-    const std::int64_t rows = s.batch / comm.size();
-    const engine::MicroBatch mb{tokens.data() + comm.rank() * rows * s.seq,
-                                tokens.data() + comm.rank() * rows * s.seq, rows, s.seq};
-    auto step = [&] {
-      eng.forward(mb);
-      eng.backward();
-      eng.step();
-      eng.synchronize();
-    };
-    step();
-    const double t = 1e3 * bench::best_seconds(s.repeats, step);
-    if (comm.rank() == 0) ms = t;
+    zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
+      E eng(model, comm, cfg, options);
+      const std::int64_t rows = s.batch / comm.size();
+      const engine::MicroBatch mb{tokens.data() + comm.rank() * rows * s.seq,
+                                  tokens.data() + comm.rank() * rows * s.seq, rows, s.seq};
+      auto step = [&] {
+        eng.forward(mb);
+        eng.backward();
+        eng.step();
+        eng.synchronize();
+      };
+      step();
+      const double t = 1e3 * bench::best_seconds(s.repeats, step);
+      if (comm.rank() == 0) ms = t;
+    });
   });
   return ms;
 }
 
-double engine_ms_at(const BenchShape& s, int stage, int ranks, int threads) {
-  switch (stage) {
-    case 0: return engine_ms<0>(s, ranks, threads);
-    case 1: return engine_ms<1>(s, ranks, threads);
-    case 2: return engine_ms<2>(s, ranks, threads);
-    default: return engine_ms<3>(s, ranks, threads);
-  }
-}
-
-// One "engine_step_nvme" line: Stage with and without Offload<NVMe>, measured back to back.
-template <int Stage>
-void nvme_line(const BenchShape& s, int ranks, int threads, const std::string& path) {
-  const double plain = engine_ms<Stage>(s, ranks, threads);
-  const double nvme = engine_ms<Stage, Offload<NVMe>>(s, ranks, threads, path);
+// One "engine_step_nvme" line: `stage` with and without Offload<NVMe>, measured back to back.
+void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std::string& path) {
+  const double plain = engine_ms(s, stage, ranks, threads);
+  const double nvme = engine_ms(s, stage, ranks, threads, path);
   std::printf("{\"bench\": \"engine_step_nvme\", \"config\": {\"stage\": %d, \"ranks\": %d, "
               "\"threads_per_rank\": %d, \"params\": %lld, \"nvme_path\": \"%s\"}, "
               "\"value\": %.3f, \"unit\": \"ms\", \"no_offload_ms\": %.3f, \"ratio\": %.3f}\n",
-              Stage, ranks, threads, static_cast<long long>(model_config(s).num_parameters()),
+              stage, ranks, threads, static_cast<long long>(model_config(s).num_parameters()),
               path.c_str(), nvme, plain, nvme / plain);
   std::fflush(stdout);
 }
@@ -182,7 +174,7 @@ int main(int argc, char** argv) {
   for (int ranks : {1, 2, 4}) {
     for (int stage = 0; stage <= 3; ++stage) {
       const int threads = ranks >= cores ? 1 : cores / ranks;
-      const double ms = engine_ms_at(s, stage, ranks, threads);
+      const double ms = engine_ms(s, stage, ranks, threads);
       std::printf("{\"bench\": \"engine_step\", \"config\": {\"mode\": \"engine\", \"stage\": %d, "
                   "\"ranks\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
                   "\"unit\": \"ms\", \"single_process_ms\": %.3f, \"ratio\": %.3f}\n",
@@ -194,9 +186,7 @@ int main(int argc, char** argv) {
   if (!nvme_path.empty()) {
     for (int ranks : {1, 2}) {
       const int threads = ranks >= cores ? 1 : cores / ranks;
-      nvme_line<1>(s, ranks, threads, nvme_path);
-      nvme_line<2>(s, ranks, threads, nvme_path);
-      nvme_line<3>(s, ranks, threads, nvme_path);
+      for (int stage = 1; stage <= 3; ++stage) nvme_line(s, stage, ranks, threads, nvme_path);
     }
   }
   return 0;

@@ -70,24 +70,21 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   // Offloaded masters and states are streamed in a unit at a time, so they are copied for the
   // save (the save writes every segment at once); in-memory ones are saved from where they are.
   std::vector<std::vector<float>> copies;
+  auto kept = [&](std::span<float> s) {
+    if constexpr (Eng::offload_nvme) {
+      copies.emplace_back(s.begin(), s.end());
+      return std::span<float>(copies.back());
+    } else {
+      return s;
+    }
+  };
   if constexpr (!Eng::offload_nvme) {
     for (int u = 0; u < eng.units(); ++u) add(u, std::span<MasterT>(eng.master_span(u)), "");
   }
-  if (eng.has_optimizer()) {
+  if (eng.has_optimizer()) {  // offloaded: the master comes in with the states, in one pass
     eng.for_each_optimizer([&](int u, auto& opt) {
-      if constexpr (Eng::offload_nvme) {
-        const std::span<float> m = eng.master_span(u);
-        copies.emplace_back(m.begin(), m.end());
-        add(u, std::span<float>(copies.back()), "");
-      }
-      for (const std::string& name : opt.state_names()) {
-        std::span<float> s = opt.state(name);
-        if constexpr (Eng::offload_nvme) {
-          copies.emplace_back(s.begin(), s.end());
-          s = std::span<float>(copies.back());
-        }
-        add(u, s, "/" + name);
-      }
+      if constexpr (Eng::offload_nvme) add(u, kept(eng.master_span(u)), "");
+      for (const std::string& name : opt.state_names()) add(u, kept(opt.state(name)), "/" + name);
     });
   }
   nlohmann::json state = eng.state_json();

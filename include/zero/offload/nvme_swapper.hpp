@@ -223,15 +223,10 @@ class NvmeSwapper {
                        l.tensors[i].numel, " elements, its span ", out.size());
     expect_idle("swap_in_tensor");
     drain();
-    if (state_[g] == GroupState::fresh) {
-      std::fill(out.begin(), out.end(), 0.0f);
-      return;
-    }
-    check_readable(g);
     const std::size_t begin = l.offsets[i];
     const std::size_t end = i + 1 < l.offsets.size() ? l.offsets[i + 1] : l.bytes;
     AlignedBuffer& buf = buffers_.front();
-    io_->run(Transfer{IoOp::read, fds_[g].get(), paths_[g], begin, buf.data(), end - begin});
+    read_range(g, begin, end - begin, buf);
     std::memcpy(out.data(), buf.data(), out.size_bytes());
   }
 
@@ -255,8 +250,18 @@ class NvmeSwapper {
     std::size_t next_read = 0;
     std::vector<std::span<float>> spans;
     expect_idle("for_each_group");
-    pass_reads_ = pass.read;
-    in_pass_ = true;
+    // Marks the pass as running (and how it reads) until it returns or throws.
+    struct PassScope {
+      NvmeSwapper& s;
+      PassScope(NvmeSwapper& sw, bool reads) : s(sw) {
+        s.pass_reads_ = reads;
+        s.in_pass_ = true;
+      }
+      ~PassScope() {
+        s.pass_reads_ = true;
+        s.in_pass_ = false;
+      }
+    } scope(*this, pass.read);
     try {
       for (std::size_t g = 0; g < n; ++g) {
         while (next_read < n && next_read <= g + ahead) {
@@ -282,12 +287,8 @@ class NvmeSwapper {
       for (auto& s : slots_) finish(s);
     } catch (...) {
       drain();
-      pass_reads_ = true;
-      in_pass_ = false;
       throw;
     }
-    pass_reads_ = true;
-    in_pass_ = false;
   }
 
   /// for_each_group with pass options given first (reads the call sites better).
@@ -378,13 +379,17 @@ class NvmeSwapper {
     state_[g] = GroupState::valid;
   }
 
-  void read_group(std::size_t g, AlignedBuffer& buf) {
+  void read_group(std::size_t g, AlignedBuffer& buf) { read_range(g, 0, layouts_[g].bytes, buf); }
+
+  // Reads bytes [begin, begin + bytes) of group g's file (aligned) into the start of buf; a
+  // group never written reads as zeros, one whose last write failed throws.
+  void read_range(std::size_t g, std::size_t begin, std::size_t bytes, AlignedBuffer& buf) {
     check_readable(g);
     if (state_[g] == GroupState::fresh) {
-      buf.zero(layouts_[g].bytes);
+      buf.zero(bytes);
       return;
     }
-    io_->run(transfer(IoOp::read, g, buf));
+    io_->run(Transfer{IoOp::read, fds_[g].get(), paths_[g], begin, buf.data(), bytes});
   }
 
   // Takes <dir>/.lock exclusively (flock; released when the swapper closes it), so two
