@@ -165,14 +165,15 @@ bool engine_rows(const Options& o) {
         drop_cache_tree(saved.path);
       }
       // The load must bring the values back: zero every master slice first.
-      const std::vector<float> before = eng.gather_unit_values(eng.units() - 1);
-      for (int u = 0; u < eng.units(); ++u) std::ranges::fill(eng.master_span(u), 0.0f);
+      const std::vector<float> before = eng.gather_unit_values(eng.num_units() - 1);
+      eng.state().for_each_master(zero::engine::StateAccess::overwrite,
+                                  [](int, std::span<float> m) { std::ranges::fill(m, 0.0f); });
       comm.barrier();
       t0 = Clock::now();
       eng.load_checkpoint(o.dir, tag);
       comm.barrier();
       if (comm.rank() == 0) load_s = seconds_since(t0);
-      if (eng.gather_unit_values(eng.units() - 1) != before && comm.rank() == 0) equal = false;
+      if (eng.gather_unit_values(eng.num_units() - 1) != before && comm.rank() == 0) equal = false;
       comm.barrier();
       t0 = Clock::now();
       const auto exported =

@@ -14,7 +14,7 @@
 namespace {
 
 using namespace zero;
-using engine::OffloadTarget;
+using zero::OffloadDevice;
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
@@ -67,18 +67,18 @@ int main(int argc, char** argv) try {
               "GPU at rest", "GPU peak", "CPU/node", "NVMe/node", "DS GPU", "DS CPU/node");
   struct Row {
     int stage;
-    OffloadTarget opt, param;
+    OffloadDevice opt, param;
     const char* label;
   };
-  const Row rows[] = {{1, OffloadTarget::none, OffloadTarget::none, "none"},
-                      {1, OffloadTarget::cpu, OffloadTarget::none, "optimizer->cpu"},
-                      {2, OffloadTarget::none, OffloadTarget::none, "none"},
-                      {2, OffloadTarget::cpu, OffloadTarget::none, "optimizer->cpu"},
-                      {2, OffloadTarget::nvme, OffloadTarget::none, "optimizer->nvme"},
-                      {3, OffloadTarget::none, OffloadTarget::none, "none"},
-                      {3, OffloadTarget::cpu, OffloadTarget::none, "optimizer->cpu"},
-                      {3, OffloadTarget::cpu, OffloadTarget::cpu, "optimizer+params->cpu"},
-                      {3, OffloadTarget::nvme, OffloadTarget::nvme, "optimizer+params->nvme"}};
+  const Row rows[] = {{1, OffloadDevice::none, OffloadDevice::none, "none"},
+                      {1, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
+                      {2, OffloadDevice::none, OffloadDevice::none, "none"},
+                      {2, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
+                      {2, OffloadDevice::nvme, OffloadDevice::none, "optimizer->nvme"},
+                      {3, OffloadDevice::none, OffloadDevice::none, "none"},
+                      {3, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
+                      {3, OffloadDevice::cpu, OffloadDevice::cpu, "optimizer+params->cpu"},
+                      {3, OffloadDevice::nvme, OffloadDevice::nvme, "optimizer+params->nvme"}};
   for (const Row& r : rows) {
     in.stage = r.stage;
     in.offload_optimizer = r.opt;
@@ -86,7 +86,7 @@ int main(int argc, char** argv) try {
     const auto z = engine::estimate_model_states(in);
     const auto ds = engine::deepspeed_estimate(in);
     const double per_node = in.gpus_per_node;
-    const bool has_ds = r.stage >= 2 && r.opt != OffloadTarget::nvme;
+    const bool has_ds = r.stage >= 2 && r.opt != OffloadDevice::nvme;
     std::printf("%-6d %-26s | %s %s %s %s | %s %s\n", r.stage, r.label,
                 gib(z.device_at_rest).c_str(), gib(z.device_peak()).c_str(),
                 gib(z.host * per_node).c_str(), gib(z.nvme * per_node).c_str(),

@@ -136,7 +136,7 @@ Config make_config(const Options& o) {
   Config c = o.config.empty() ? Config::from_json(j) : Config::from_json_file(o.config);
   if (o.stage) c.zero_optimization.stage = *o.stage;
   if (!o.nvme_path.empty()) {
-    c.zero_optimization.offload_optimizer.device = config::OffloadDevice::nvme;
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
     c.zero_optimization.offload_optimizer.nvme_path = o.nvme_path;
   }
   if (o.lr && c.optimizer) c.optimizer->params["lr"] = {*o.lr};

@@ -60,6 +60,8 @@ class ProcessGroups {
   Comm& pp() { return get({Axis::pp}); }
   /// Data x context parallel group (ZeRO shards over it when cp > 1).
   Comm& dp_cp() { return get({Axis::dp, Axis::cp}); }
+  /// The group ZeRO shards over: data parallel, or data x context parallel when cp > 1.
+  Comm& data_parallel() { return grid_.size(Axis::cp) > 1 ? dp_cp() : dp(); }
   /// Model-parallel group, tensor x pipeline (gradient-norm statistics).
   Comm& mp() { return get({Axis::tp, Axis::pp}); }
 

@@ -76,7 +76,7 @@ void expect_error(const std::string& json, const std::string& fragment) {
 TEST_CASE("Hugging Face's ZeRO-2 and ZeRO-3 examples parse with auto left open", "[unit][config]") {
   Config z2 = Config::from_json_string(hf_zero2);
   CHECK(z2.zero_optimization.stage == 2);
-  CHECK(z2.zero_optimization.offload_optimizer.device == zero::config::OffloadDevice::cpu);
+  CHECK(z2.zero_optimization.offload_optimizer.device == zero::OffloadDevice::cpu);
   CHECK(z2.zero_optimization.offload_optimizer.pin_memory);
   CHECK(z2.zero_optimization.reduce_bucket_size == 200'000'000);
   CHECK_FALSE(z2.fp16.enabled.has_value());  // "auto"
@@ -90,7 +90,7 @@ TEST_CASE("Hugging Face's ZeRO-2 and ZeRO-3 examples parse with auto left open",
 
   Config z3 = Config::from_json_string(hf_zero3);
   CHECK(z3.zero_optimization.stage == 3);
-  CHECK(z3.zero_optimization.offload_param.device == zero::config::OffloadDevice::cpu);
+  CHECK(z3.zero_optimization.offload_param.device == zero::OffloadDevice::cpu);
   CHECK_FALSE(z3.zero_optimization.reduce_bucket_size.has_value());
   z3.resolve_auto_buckets(768);
   CHECK(z3.zero_optimization.reduce_bucket_size == 768 * 768);

@@ -161,7 +161,7 @@ double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& wan
     }
   }
   double w = 0;
-  for (int u = 0; u < eng.units(); ++u) {
+  for (int u = 0; u < eng.num_units(); ++u) {
     const auto got = eng.gather_unit_values(u);
     const auto& ref = want[static_cast<std::size_t>(u)];
     if (got.size() != ref.size()) return 1e9;

@@ -67,7 +67,7 @@ std::vector<double> run_stage(const Segment& seg, const std::filesystem::path& d
         eng.save_checkpoint(dir, seg.save_tag, {{"next_step", seg.last_step}});
       }
       std::vector<double> mine;
-      for (int u = 0; u < eng.units(); ++u) {
+      for (int u = 0; u < eng.num_units(); ++u) {
         for (auto v : eng.gather_unit_values(u)) mine.push_back(static_cast<double>(v));
       }
       if (comm.rank() == 0) out = mine;
@@ -183,7 +183,7 @@ TEST_CASE("GPT-2 safetensors weights start training at any stage without a whole
       engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
           model, comm, [](int, std::span<float>, std::span<const float>) {}, options);
       engine::load_gpt2_weights(eng, file);
-      for (int u = 0; u < eng.units(); ++u) {
+      for (int u = 0; u < eng.num_units(); ++u) {
         const auto got = eng.gather_unit_values(u);
         const auto want = params.unit_values(u);
         REQUIRE(got.size() == static_cast<std::size_t>(want.numel()));
@@ -210,7 +210,7 @@ TEST_CASE("GPT-2 weights export streams from a live engine and loads at another 
     const auto written = engine::save_gpt2_weights(eng, f32_file);
     engine::save_gpt2_weights(eng, bf16_file, DType::bf16);
     std::size_t params = 0, largest = 0, total = 0;
-    for (int u = 0; u < eng.units(); ++u) {
+    for (int u = 0; u < eng.num_units(); ++u) {
       params += eng.unit_specs(u).size();
       const auto v = eng.gather_unit_values(u);
       largest = std::max(largest, v.size() * sizeof(float));
@@ -236,13 +236,13 @@ TEST_CASE("GPT-2 weights export streams from a live engine and loads at another 
     engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(
         model, comm, [](int, std::span<float>, std::span<const float>) {}, options);
     engine::load_gpt2_weights(eng, f32_file);
-    for (int u = 0; u < eng.units(); ++u) {
+    for (int u = 0; u < eng.num_units(); ++u) {
       const auto got = eng.gather_unit_values(u);
       CHECK(got == saved[static_cast<std::size_t>(u)]);
     }
     engine::load_gpt2_weights(eng, bf16_file);
     std::size_t exact = 0, total = 0;
-    for (int u = 0; u < eng.units(); ++u) {
+    for (int u = 0; u < eng.num_units(); ++u) {
       const auto got = eng.gather_unit_values(u);
       const auto& want = saved[static_cast<std::size_t>(u)];
       REQUIRE(got.size() == want.size());

@@ -33,7 +33,7 @@ Config offload_config(int stage, const std::filesystem::path& nvme, double lr = 
   Config c = adamw_config(stage, 1, 1.0);
   c.optimizer->params["lr"] = {lr};
   if (!nvme.empty()) {
-    c.zero_optimization.offload_optimizer.device = config::OffloadDevice::nvme;
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
     c.zero_optimization.offload_optimizer.nvme_path = nvme.string();
     c.zero_optimization.offload_optimizer.buffer_count = 2;
   }
@@ -63,7 +63,7 @@ Result train_as(int world, const Config& cfg, int steps, const std::filesystem::
     }
     if (save) eng.save_checkpoint(ckpt, "t");
     std::vector<float> mine;
-    for (int u = 0; u < eng.units(); ++u) {
+    for (int u = 0; u < eng.num_units(); ++u) {
       const auto v = eng.gather_unit_values(u);
       mine.insert(mine.end(), v.begin(), v.end());
     }
@@ -170,7 +170,7 @@ TEST_CASE("an I/O failure in an offloaded step raises and the last checkpoint st
     };
     auto params = [&] {
       std::vector<float> all;
-      for (int u = 0; u < eng.units(); ++u) {
+      for (int u = 0; u < eng.num_units(); ++u) {
         const auto v = eng.gather_unit_values(u);
         all.insert(all.end(), v.begin(), v.end());
       }
@@ -234,7 +234,7 @@ TEST_CASE("GPT-2 weights go in and out of an engine whose master is in files",
                                                        options);
     engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>> offloaded(
         model, comm, offload_config(3, nvme.path()), options);
-    for (int u = 0; u < plain.units(); ++u) {
+    for (int u = 0; u < plain.num_units(); ++u) {
       const auto a = plain.gather_unit_values(u), b = offloaded.gather_unit_values(u);
       if (comm.rank() == 0) {
         plain_values.push_back(a);
@@ -252,14 +252,14 @@ TEST_CASE("GPT-2 weights go in and out of an engine whose master is in files",
       clash = e.what();
     }
     if (comm.rank() == 0) clash_error = clash;
-    for (int u = 0; u < offloaded.units(); ++u) {
+    for (int u = 0; u < offloaded.num_units(); ++u) {
       const auto v = offloaded.gather_unit_values(u);  // the first engine's files are untouched
       if (comm.rank() == 0) after_clash.push_back(v);
     }
     std::filesystem::create_directories(nvme.path() / "other");
     OffloadEngine other(model, comm, offload_config(3, nvme.path() / "other"), options);
     engine::load_gpt2_weights(other, file);
-    for (int u = 0; u < other.units(); ++u) {
+    for (int u = 0; u < other.num_units(); ++u) {
       const auto v = other.gather_unit_values(u);
       if (comm.rank() == 0) reloaded_values.push_back(v);
     }
@@ -274,7 +274,7 @@ TEST_CASE("offload_param selects the same NVMe offload and is refused without it
           "[unit][engine][offload]") {
   zero::testing::TempDir nvme("engine-nvme-param", "/var/tmp");
   Config param_only = offload_config(3, {});
-  param_only.zero_optimization.offload_param.device = config::OffloadDevice::nvme;
+  param_only.zero_optimization.offload_param.device = OffloadDevice::nvme;
   param_only.zero_optimization.offload_param.nvme_path = nvme.path().string();
   const auto plain = train<3>(2, offload_config(3, {}), 3);
   const auto offloaded = train<3, Offload<NVMe>>(2, param_only, 3);

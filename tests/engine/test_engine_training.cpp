@@ -97,7 +97,7 @@ ToyRun<T> toy_run(int world, int steps, const std::function<bool(int, int)>& poi
     } catch (const engine::NonFiniteError& e) {
       out.errors[r] = e.what();
     }
-    for (int u = 0; u < eng.units(); ++u) {
+    for (int u = 0; u < eng.num_units(); ++u) {
       for (auto v : eng.gather_unit_values(u)) out.params[r].push_back(static_cast<double>(v));
     }
     out.skipped[r] = eng.skipped_steps();
@@ -146,7 +146,7 @@ TEST_CASE("the same configuration run twice gives bitwise identical losses and p
           eng.step();
         }
       }
-      for (int u = 0; u < eng.units(); ++u) {
+      for (int u = 0; u < eng.num_units(); ++u) {
         const auto v = eng.gather_unit_values(u);
         mine.insert(mine.end(), v.begin(), v.end());
       }
@@ -300,7 +300,7 @@ TEST_CASE("stage-3 prefetch and persistence change memory and traffic, not numbe
         eng.step();
       }
       std::vector<float> mine;
-      for (int u = 0; u < eng.units(); ++u) {
+      for (int u = 0; u < eng.num_units(); ++u) {
         const auto v = eng.gather_unit_values(u);
         mine.insert(mine.end(), v.begin(), v.end());
       }
@@ -332,7 +332,7 @@ TEST_CASE("model-state memory follows the ZeRO formulas (AdamW, f32)", "[unit][e
       engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(model, comm, adamw_config(S, 1, 0.0));
       if (comm.rank() == 0) {
         r = eng.memory_report();
-        for (int u = 0; u < eng.units(); ++u) {
+        for (int u = 0; u < eng.num_units(); ++u) {
           shard_elems += eng.partition(u).shard_numel();
           padded_elems += eng.partition(u).padded_numel();
         }
@@ -382,7 +382,7 @@ TEST_CASE("a config that contradicts the policies is rejected; dispatch picks th
   LocalComm::run(1, [&](LocalComm& comm) {
     nn::GPT<float> model(tiny());
     Config cfg = adamw_config(2, 1, 0.0);
-    cfg.zero_optimization.offload_optimizer.device = config::OffloadDevice::nvme;
+    cfg.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
     cfg.zero_optimization.offload_optimizer.nvme_path = nvme.path().string();
     const bool offloads = zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
       E eng(model, comm, cfg);

@@ -20,7 +20,7 @@ namespace {
 
 template <class Model, int S, class... Extra>
 void check_against_engine(const Config& cfg, DType precision,
-                          engine::OffloadTarget offload = engine::OffloadTarget::none) {
+                          OffloadDevice offload = OffloadDevice::none) {
   const int world = 4;
   engine::MemoryReport measured;
   std::int64_t padded = 0, largest = 0;
@@ -35,7 +35,7 @@ void check_against_engine(const Config& cfg, DType precision,
     engine::Engine<Model, ZeroStage<S>, Extra...> eng(model, comm, cfg);
     if (comm.rank() == 0) {
       measured = eng.memory_report();
-      for (int u = 0; u < eng.units(); ++u) {
+      for (int u = 0; u < eng.num_units(); ++u) {
         padded += eng.partition(u).padded_numel();
         largest = std::max(largest, eng.partition(u).padded_numel());
       }
@@ -55,7 +55,7 @@ void check_against_engine(const Config& cfg, DType precision,
   // shard, which NVMe offload keeps in host memory, is counted by the estimator as host).
   CHECK(static_cast<double>(measured.total() - measured.scratch_bytes) ==
         e.device_at_rest + e.host);
-  if (offload == engine::OffloadTarget::nvme) {
+  if (offload == OffloadDevice::nvme) {
     // Swap buffers (one largest unit slice of master + 2 states each) are scratch too; the
     // files hold the estimate plus alignment padding (under one 4 KiB block per tensor).
     CHECK(static_cast<double>(measured.offloaded_bytes) >= e.nvme);
@@ -92,11 +92,11 @@ TEST_CASE("the estimator equals memory_report() with NVMe offload (master and st
           "[unit][engine][offload]") {
   zero::testing::TempDir nvme("estimator-nvme", "/var/tmp");
   auto with_nvme = [&](Config c) {
-    c.zero_optimization.offload_optimizer.device = config::OffloadDevice::nvme;
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
     c.zero_optimization.offload_optimizer.nvme_path = nvme.path().string();
     return c;
   };
-  const auto nv = engine::OffloadTarget::nvme;
+  const auto nv = OffloadDevice::nvme;
   check_against_engine<nn::GPT<float>, 1, Offload<NVMe>>(with_nvme(adamw_config(1, 1, 0)),
                                                          DType::f32, nv);
   check_against_engine<nn::GPT<float>, 3, Offload<NVMe>>(with_nvme(adamw_config(3, 1, 0)),
@@ -121,19 +121,19 @@ TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are be
   CHECK(engine::deepspeed_estimate(in).device_at_rest == Approx(18 * psi / n));
   in.stage = 2;
   CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi + 16 * psi / n));
-  in.offload_optimizer = engine::OffloadTarget::cpu;
+  in.offload_optimizer = OffloadDevice::cpu;
   CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi));
   CHECK(engine::deepspeed_estimate(in).device_at_rest == Approx(2 * psi));
   in.stage = 3;
-  in.offload_param = engine::OffloadTarget::cpu;
+  in.offload_param = OffloadDevice::cpu;
   CHECK(engine::estimate_model_states(in).device_at_rest == 0);  // unit buffers only
   CHECK(engine::estimate_model_states(in).device_working == Approx(2 * 2 * 2e8));
-  in.offload_optimizer = engine::OffloadTarget::nvme;
-  in.offload_param = engine::OffloadTarget::none;
+  in.offload_optimizer = OffloadDevice::nvme;
+  in.offload_param = OffloadDevice::none;
   const auto nv = engine::estimate_model_states(in);
   CHECK(nv.nvme == Approx(12 * psi / n));  // master + Adam states
   CHECK(nv.host == Approx(4 * psi / n));
   in.stage = 2;
-  in.offload_param = engine::OffloadTarget::cpu;
+  in.offload_param = OffloadDevice::cpu;
   CHECK_THROWS_WITH(engine::estimate_model_states(in), Catch::Contains("stage 3"));
 }

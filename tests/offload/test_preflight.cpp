@@ -33,7 +33,7 @@ TEST_CASE("NvmeConfig reads offload_optimizer, offload_param and aio with DeepSp
   CHECK(o.thread_count == 2);
   CHECK(o.single_submit);
   CHECK(!o.overlap_events);
-  const auto p = NvmeConfig::from_config(cfg, OffloadTarget::param);
+  const auto p = NvmeConfig::from_config(cfg, OffloadSection::param);
   CHECK(p.nvme_path == "/other");
   CHECK(p.buffer_count == 6);
 

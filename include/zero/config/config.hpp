@@ -346,14 +346,14 @@ struct Config {
     o.offload_optimizer = config::OffloadConfig::read(z.object("offload_optimizer"), 4, c.warnings);
     o.offload_param = config::OffloadConfig::read(z.object("offload_param"), 5, c.warnings);
     if (z.boolean("cpu_offload").value_or(false)) {  // deprecated spelling
-      o.offload_optimizer.device = config::OffloadDevice::cpu;
+      o.offload_optimizer.device = OffloadDevice::cpu;
       c.warnings.push_back(z.where("cpu_offload") +
                            " is deprecated: use offload_optimizer.device = cpu");
     }
-    expect<ConfigError>(o.offload_param.device == config::OffloadDevice::none || o.stage == 3,
+    expect<ConfigError>(o.offload_param.device == OffloadDevice::none || o.stage == 3,
                         z.where("offload_param"),
                         ": parameter offload needs stage 3, the config has stage ", o.stage);
-    expect<ConfigError>(o.offload_optimizer.device == config::OffloadDevice::none || o.stage >= 1,
+    expect<ConfigError>(o.offload_optimizer.device == OffloadDevice::none || o.stage >= 1,
                         z.where("offload_optimizer"),
                         ": optimizer offload needs stage 1, 2 or 3, the config has stage ",
                         o.stage);

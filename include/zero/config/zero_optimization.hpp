@@ -8,16 +8,14 @@
 #include <vector>
 
 #include <zero/config/json_reader.hpp>
+#include <zero/policies/offload.hpp>
 
 namespace zero::config {
 
-/// Where offloaded state lives.
-enum class OffloadDevice : unsigned char { none, cpu, nvme };
-
-/// Name of an offload device as written in configs ("none", "cpu", "nvme").
-constexpr const char* name_of(OffloadDevice d) {
-  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
-}
+// Where offloaded state lives: zero::OffloadDevice (zero/policies/offload.hpp), the same words
+// as the Offload<None|CPU|NVMe> policy tags.
+using zero::OffloadDevice;
+using zero::name_of;
 
 /// "offload_optimizer" or "offload_param".
 struct OffloadConfig {

@@ -53,8 +53,8 @@ decltype(auto) dispatch(const Config& config, Fn&& fn) {
       !std::is_same_v<typename M::value_type, double>;
   if constexpr (may_offload) {
     const auto& z = config.zero_optimization;
-    if (z.offload_optimizer.device == config::OffloadDevice::nvme ||
-        z.offload_param.device == config::OffloadDevice::nvme) {
+    if (z.offload_optimizer.device == OffloadDevice::nvme ||
+        z.offload_param.device == OffloadDevice::nvme) {
       return detail::dispatch_stage<M, Offload<NVMe>, Fixed...>(config, std::forward<Fn>(fn));
     }
   }

@@ -1,5 +1,5 @@
 #pragma once
-// Run-time settings of an Engine and the micro-batch it consumes. EngineOptions::apply(config)
+// Run-time settings of an Engine and the micro-batch it consumes. EngineOptions::with_config
 // takes the DeepSpeed keys that are numbers rather than policies (accumulation, clipping, the
 // fp16 loss-scale block, stage-3 prefetch and persistence); the structural keys (stage,
 // precision, offload) are checked against the engine's policies by the engine itself.

@@ -16,8 +16,29 @@
 namespace zero::engine {
 
 /// The resolved policies of Engine<Model, Policies...>.
+/// True when Kind is one of the policy kinds the engine reads.
+template <class Kind>
+inline constexpr bool engine_policy_kind =
+    std::is_same_v<Kind, zero_stage_policy> || std::is_same_v<Kind, precision_policy> ||
+    std::is_same_v<Kind, offload_policy> || std::is_same_v<Kind, compute_policy>;
+
+namespace detail {
+template <class P>
+constexpr bool known_engine_policy() {
+  if constexpr (PolicyTag<P>) {
+    return engine_policy_kind<typename P::kind>;
+  } else {
+    return true;  // find_policy reports a type that is not a policy tag at all
+  }
+}
+}  // namespace detail
+
 template <class Model, class... Policies>
 struct EnginePolicies {
+  static_assert((detail::known_engine_policy<Policies>() && ...),
+                "zero::Engine: a policy tag has a kind the engine does not know (expected "
+                "ZeroStage<N>, Precision<T>, Offload<Where> or Compute<Device>); it would be "
+                "ignored, so it is an error");
   using value_type = typename Model::value_type;
   static constexpr bool reference_model = std::is_same_v<value_type, double>;
 
@@ -37,9 +58,7 @@ struct EnginePolicies {
                     (reference_model && count_policies<zero::precision_policy, Policies...> == 0),
                 "zero::Engine: Precision<T> must match the model's value_type (nn::GPT<bf16> "
                 "computes with Precision<bf16>); an f64 reference model takes no Precision tag");
-  static_assert(std::is_same_v<compute, Host>,
-                "zero::Engine: Compute<Cuda> needs the CUDA engine path, which this build of "
-                "zero does not provide yet; use Compute<Host>");
+  // Compute<Device> resolves to a backend (backend.hpp); a device without one stops there.
   static_assert(!std::is_same_v<offload, CPU> || !std::is_same_v<compute, Host>,
                 "zero::Engine: Offload<CPU> moves optimizer state from the GPU to host memory; "
                 "with Compute<Host> it already lives there, so use Offload<None>");

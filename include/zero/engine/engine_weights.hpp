@@ -35,24 +35,24 @@ namespace zero::engine {
 template <class Eng>
 void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
   using MasterT = typename Eng::MasterT;
-  expect<CheckpointError>(eng.between_steps(),
-                          "load_gpt2_weights: called in the middle of gradient accumulation");
-  eng.synchronize();
+  auto state = eng.state();
+  state.require_between_steps("load_gpt2_weights");
+  state.synchronize();
   const io::SafetensorsReader reader(file);
-  eng.for_each_master([&](int u, std::span<MasterT> slice) {
-    const auto& specs = eng.unit_specs(u);
+  state.for_each_master(StateAccess::update, [&](int u, std::span<MasterT> slice) {
+    const auto& specs = state.unit_specs(u);
     std::fill(slice.begin(), slice.end(), MasterT{});
-    detail::for_each_owned_shard(eng, u, slice, false, [&](int r, std::span<MasterT> shard) {
-      for (const ShardSegment& s : eng.partition(u).segments(r)) {
+    state.for_each_owned_shard(u, slice, ShardUse::fill, [&](int r, std::span<MasterT> shard) {
+      for (const ShardSegment& s : state.partition(u).segments(r)) {
         const nn::ParamSpec& p = specs[static_cast<std::size_t>(s.param)];
         Tensor<MasterT> out(shard.data() + s.shard_offset, Shape{s.count});
         io::gpt2::import_range(reader, p.name, p.shape, s.param_offset, out,
                                io::DTypeRule::convert);
       }
     });
-  }, /*write_back=*/true);
-  eng.refresh_from_master();
-  eng.synchronize();
+  });
+  state.masters_replaced();
+  state.synchronize();
 }
 
 /// What save_gpt2_weights wrote.
@@ -70,8 +70,7 @@ template <class Eng>
 WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
                                 DType dtype = DType::f32) {
   using MasterT = typename Eng::MasterT;
-  expect<CheckpointError>(eng.between_steps(), "save_gpt2_weights('", file.string(),
-                          "'): called in the middle of gradient accumulation; save after step()");
+  eng.state().require_between_steps("save_gpt2_weights('" + file.string() + "')");
   expect<CheckpointError>(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
                           "save_gpt2_weights('", file.string(), "'): dtype must be f32, bf16 ",
                           "or f16, not ", name_of(dtype));
@@ -91,7 +90,7 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
   if (writes) {
     attempt([&] {
       std::vector<io::TensorDecl> decls;
-      for (int u = 0; u < eng.units(); ++u) {
+      for (int u = 0; u < eng.num_units(); ++u) {
         for (const nn::ParamSpec& p : eng.unit_specs(u)) {
           decls.push_back(io::gpt2::export_decl(p.name, dtype, p.shape));
         }
@@ -99,7 +98,7 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
       writer.emplace(file, decls, std::map<std::string, std::string>{{"format", "pt"}});
     });
   }
-  for (int u = 0; u < eng.units(); ++u) {
+  for (int u = 0; u < eng.num_units(); ++u) {
     const std::vector<MasterT> values = eng.gather_unit_values(u);
     result.peak_unit_bytes = std::max(result.peak_unit_bytes, values.size() * sizeof(MasterT));
     if (!writes) continue;

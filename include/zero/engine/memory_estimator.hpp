@@ -13,6 +13,8 @@
 //   stage 3: sharded, + gathered units while they run (params and grads: 2 b L per live unit)
 //   No low-precision copy of the owned slice is kept: a gather rounds the master slice into a
 //   unit-sized scratch, so bf16 stage 3 holds the paper's 16 psi / N at rest (DeepSpeed: 18).
+//   These are not written out here: the estimate walks unit_buffer_plan (unit_storage.hpp),
+//   the same list of buffers the engine allocates and memory_report() sums.
 //   Optimizer offload moves the sharded part to host memory (CPU) or, except the fp32 gradient
 //   shard, to files (NVMe). Parameter offload has nothing further to move (the master slice is
 //   the only copy of a rank's parameters at rest); it is accepted for DeepSpeed parity.
@@ -22,11 +24,10 @@
 
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
+#include <zero/engine/unit_storage.hpp>
+#include <zero/policies/offload.hpp>
 
 namespace zero::engine {
-
-/// Where an offloaded part lives.
-enum class OffloadTarget : unsigned char { none, cpu, nvme };
 
 /// What the estimate depends on.
 struct MemoryEstimateInput {
@@ -37,8 +38,8 @@ struct MemoryEstimateInput {
   int stage = 3;
   DType precision = DType::bf16;       ///< compute type: f32, bf16 or f16
   int optimizer_state_bytes = 8;       ///< per parameter: Adam 8, SGD with momentum 4, SGD 0
-  OffloadTarget offload_optimizer = OffloadTarget::none;
-  OffloadTarget offload_param = OffloadTarget::none;  ///< stage 3 only
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  OffloadDevice offload_param = OffloadDevice::none;  ///< stage 3 only
   int live_units = 1;  ///< stage 3: units gathered at once (1 + prefetched)
 
   /// Ranks in the world.
@@ -63,37 +64,36 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
   expect<ConfigError>(in.gpus_per_node > 0 && in.nodes > 0, "estimate_model_states: need a world");
   expect<ConfigError>(in.stage >= 0 && in.stage <= 3, "estimate_model_states: stage ", in.stage,
                       " is not 0-3");
-  expect<ConfigError>(in.offload_param == OffloadTarget::none || in.stage == 3,
+  expect<ConfigError>(in.offload_param == OffloadDevice::none || in.stage == 3,
                       "estimate_model_states: parameter offload needs stage 3");
-  expect<ConfigError>(in.offload_optimizer == OffloadTarget::none || in.stage >= 1,
+  expect<ConfigError>(in.offload_optimizer == OffloadDevice::none || in.stage >= 1,
                       "estimate_model_states: optimizer offload needs stage 1 or higher");
   const double psi = static_cast<double>(in.params), L = static_cast<double>(in.largest_unit_params);
-  const double n = in.world(), K = in.optimizer_state_bytes;
-  const double b = static_cast<double>(size_of(in.precision));
-  const bool lowp = in.precision != DType::f32;
+  const double n = in.world();
+  StorageKey key;
+  key.stage = in.stage;
+  key.compute_bytes = size_of(in.precision);
+  key.master_bytes = 4;
+  key.compute_is_master = in.precision == DType::f32;
+  // Parameter offload alone moves the master slice (a rank's only parameter copy at rest) as
+  // optimizer offload would.
+  key.offload = in.offload_optimizer != OffloadDevice::none ? in.offload_optimizer : in.offload_param;
+  const double live = in.stage == 3 ? std::max(1, in.live_units) : 1;
   MemoryEstimate e;
-  if (in.stage == 0) {
-    e.device_at_rest = (8 + K) * psi + (lowp ? b * psi : 0);
-    e.device_working = lowp ? b * L : 0;
-    return e;
-  }
-  const double shard_master_states = (4 + K) * psi / n, shard_grads = 4 * psi / n;
-  switch (in.offload_optimizer) {
-    case OffloadTarget::none: e.device_at_rest += shard_master_states + shard_grads; break;
-    case OffloadTarget::cpu: e.host += shard_master_states + shard_grads; break;
-    case OffloadTarget::nvme:
-      e.nvme += shard_master_states;
-      e.host += shard_grads;
-      break;
-  }
-  if (in.stage == 1) {
-    e.device_at_rest += b * psi + 4 * psi;
-    e.device_working = lowp ? b * L : 0;
-  } else if (in.stage == 2) {
-    e.device_at_rest += b * psi;
-    e.device_working = b * L;
-  } else {
-    e.device_working = 2 * b * L * std::max(1, in.live_units);
+  for (const BufferPlan& b : unit_buffer_plan(key)) {
+    const double bytes_per_elem = b.role == BufferRole::optimizer_states
+                                      ? in.optimizer_state_bytes
+                                      : static_cast<double>(b.element_bytes);
+    if (b.lifetime == Lifetime::while_used) {  // whole units, only while they run
+      e.device_working += bytes_per_elem * L * live;
+      continue;
+    }
+    const double bytes = bytes_per_elem * (b.extent == Extent::whole ? psi : psi / n);
+    switch (b.placement) {
+      case Placement::compute: e.device_at_rest += bytes; break;
+      case Placement::host: e.host += bytes; break;
+      case Placement::files: e.nvme += bytes; break;
+    }
   }
   return e;
 }
@@ -105,7 +105,7 @@ inline MemoryEstimate deepspeed_estimate(const MemoryEstimateInput& in) {
   const double n = in.world(), g = in.gpus_per_node, nodes = in.nodes;
   MemoryEstimate e;
   if (in.stage == 2) {
-    if (in.offload_optimizer == OffloadTarget::none) {
+    if (in.offload_optimizer == OffloadDevice::none) {
       e.device_at_rest = 2 * psi + 18 * psi / n;
       e.host = 4 * psi * g * 1.5;
     } else {
@@ -114,9 +114,9 @@ inline MemoryEstimate deepspeed_estimate(const MemoryEstimateInput& in) {
     }
   } else if (in.stage == 3) {
     e.device_working = 4 * L;
-    if (in.offload_optimizer == OffloadTarget::none) {
+    if (in.offload_optimizer == OffloadDevice::none) {
       e.device_at_rest = 18 * psi / n;
-    } else if (in.offload_param == OffloadTarget::none) {
+    } else if (in.offload_param == OffloadDevice::none) {
       e.device_at_rest = 2 * psi / n;
       e.host = 16 * psi / nodes * 1.5;
     } else {

@@ -19,12 +19,13 @@
 
 namespace zero::offload {
 
-/// Which offload section a swapper serves.
-enum class OffloadTarget : unsigned char { optimizer, param };
+/// Which DeepSpeed offload section (offload_optimizer or offload_param) a swapper is configured
+/// from; where the state goes is an OffloadDevice.
+enum class OffloadSection : unsigned char { optimizer, param };
 
 /// The config section name ("offload_optimizer" or "offload_param").
-constexpr const char* section_of(OffloadTarget t) {
-  return t == OffloadTarget::optimizer ? "offload_optimizer" : "offload_param";
+constexpr const char* section_of(OffloadSection s) {
+  return s == OffloadSection::optimizer ? "offload_optimizer" : "offload_param";
 }
 
 /// zero's sub-group size for NVMe offload when the config does not set one (elements).
@@ -55,15 +56,15 @@ struct NvmeConfig {
     return o;
   }
 
-  /// Reads cfg's offload section for target (which must have device "nvme") and its aio
+  /// Reads cfg's offload section (optimizer or param; its device must be "nvme") and its aio
   /// section; throws ConfigError naming the key path otherwise.
   static NvmeConfig from_config(const Config& cfg,
-                                OffloadTarget target = OffloadTarget::optimizer) {
+                                OffloadSection section = OffloadSection::optimizer) {
     const auto& z = cfg.zero_optimization;
-    const auto& o = target == OffloadTarget::optimizer ? z.offload_optimizer : z.offload_param;
-    const std::string where = std::string("zero_optimization.") + section_of(target);
-    expect<ConfigError>(o.device == config::OffloadDevice::nvme, where, ".device: is '",
-                        config::name_of(o.device), "', NVMe offload needs \"nvme\"");
+    const auto& o = section == OffloadSection::optimizer ? z.offload_optimizer : z.offload_param;
+    const std::string where = std::string("zero_optimization.") + section_of(section);
+    expect<ConfigError>(o.device == OffloadDevice::nvme, where, ".device: is '",
+                        name_of(o.device), "', NVMe offload needs \"nvme\"");
     expect<ConfigError>(!o.nvme_path.empty(), where, ".nvme_path: required when device is nvme");
     expect<ConfigError>(o.buffer_count >= 1 && o.buffer_count <= 64, where,
                         ".buffer_count: ", o.buffer_count, " must be in [1, 64]");

@@ -1,0 +1,110 @@
+#pragma once
+// The device seam: Compute<Device> resolves to a backend, the one place that says how the engine
+// allocates buffers (plain and pinned), orders work (streams and events) and runs the few
+// element-wise kernels its own flow needs (folding a gradient into an fp32 accumulator, rounding
+// a master slice for a gather, clearing, the sum of squares for the global norm). The model's
+// units bring their own kernels (zero::ops::cpu on the host); the flow in engine.hpp is written
+// once over this interface.
+//
+// HostBackend is synchronous: its streams order nothing and its events are complete when
+// recorded, so the engine's "comm waits for compute" points cost nothing here. A CUDA backend
+// fills in the same members with the stream-ordered pool, a compute and a communication stream
+// and device kernels; until it exists Compute<Cuda> stops the build with the message below.
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <type_traits>
+
+#include <optim/grad_norm.hpp>
+#include <zero/core/buffer.hpp>
+#include <zero/core/device.hpp>
+#include <zero/core/dtype.hpp>
+
+namespace zero::engine {
+
+/// The host backend: aligned heap buffers, synchronous streams, loops over spans.
+struct HostBackend {
+  using Device = Host;
+  /// A buffer the units compute on.
+  template <class E>
+  using DeviceBuffer = Buffer<E, Host>;
+  /// A buffer device copies can reach without staging (host memory already is).
+  template <class E>
+  using PinnedBuffer = Buffer<E, Host>;
+  using Stream = HostStream;
+  using Event = HostEvent;
+  /// Where the model's units find their kernels.
+  static constexpr DeviceKind kernels = DeviceKind::host;
+
+  /// The stream the units compute on.
+  Stream& compute_stream() { return compute_; }
+  /// The stream collectives run on.
+  Stream& comm_stream() { return comm_; }
+  /// Makes work issued next on the communication stream wait for the compute issued so far (a
+  /// reduction must not read a gradient the backward is still writing). Synchronous here.
+  void comm_waits_for_compute() {
+    Event e;
+    e.record(compute_);
+  }
+
+  /// acc[i] += g[i], in acc's type.
+  template <class A, class G>
+  static void accumulate(std::span<A> acc, std::span<const G> g) {
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += convert<A>(g[i]);
+  }
+  /// out[i] = in[i], rounded to out's type.
+  template <class O, class I>
+  static void convert_into(std::span<O> out, std::span<const I> in) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = convert<O>(in[i]);
+  }
+  /// v[i] = factor * v[i].
+  template <class E>
+  static void scale(std::span<E> v, double factor) {
+    for (E& x : v) x = static_cast<E>(x * factor);
+  }
+  /// Sets every element to zero.
+  template <class E>
+  static void clear(std::span<E> v) {
+    for (E& x : v) x = E{};
+  }
+  /// Sum of squares of v, or +inf when v holds an Inf/NaN (a deterministic pass).
+  template <class E>
+  static double sum_of_squares(std::span<const E> v) {
+    if constexpr (std::is_same_v<E, float>) {
+      const optim::GradStats st = optim::grad_stats(v.data(), DType::f32, v.size());
+      return st.finite ? st.sum_sq : std::numeric_limits<double>::infinity();
+    } else {
+      double sum = 0;
+      for (E x : v) sum += static_cast<double>(x) * static_cast<double>(x);
+      return sum;
+    }
+  }
+
+ private:
+  Stream compute_, comm_;
+};
+
+namespace detail {
+template <class>
+inline constexpr bool no_backend_for = false;
+}  // namespace detail
+
+/// The backend of Compute<Device>; specialised per device.
+template <class Device>
+struct backend_for {
+  static_assert(detail::no_backend_for<Device>,
+                "zero::Engine: Compute<Cuda> needs the CUDA engine backend, which this build of "
+                "zero does not provide yet; use Compute<Host>");
+};
+/// The host backend serves Compute<Host>.
+template <>
+struct backend_for<Host> {
+  using type = HostBackend;
+};
+/// The backend type of Compute<Device>.
+template <class Device>
+using backend_t = typename backend_for<Device>::type;
+
+}  // namespace zero::engine

@@ -1,0 +1,106 @@
+#pragma once
+// How a DeepSpeed config meets an engine's policies: the structural keys (stage, precision,
+// offload) must agree with the compile-time policies (ConfigError naming the key otherwise),
+// and the config builds the per-unit optimizers, the LR scheduler and the NVMe settings. The
+// numeric keys (accumulation, clipping, the fp16 block, stage-3 buckets) are
+// EngineOptions::with_config's.
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <optim/any_optimizer.hpp>
+#include <optim/lr_schedule.hpp>
+#include <zero/config/config.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/engine/partition.hpp>
+#include <zero/nn/param.hpp>
+#include <zero/offload/nvme_config.hpp>
+#include <zero/policies/offload.hpp>
+
+namespace zero::engine {
+
+/// Throws ConfigError when config's stage, fp16/bf16 switches or offload devices contradict an
+/// engine of ZeRO stage `stage`, compute type T and offload target Where.
+template <class T, class Where>
+void check_config_against_policies(const Config& config, int stage) {
+  const int want = config.zero_optimization.stage;
+  expect<ConfigError>(want == stage, "zero_optimization.stage: the config asks for stage ", want,
+                      " but this engine was built with ZeroStage<", stage,
+                      "> (use zero::dispatch to pick the engine from the config)");
+  const bool fp16 = config.fp16.enabled.value_or(std::is_same_v<T, f16>);
+  const bool bf16 = config.bf16_enabled.value_or(std::is_same_v<T, zero::bf16>);
+  expect<ConfigError>(fp16 == std::is_same_v<T, f16>, "fp16.enabled: the config says ",
+                      fp16 ? "true" : "false", " but the engine computes in ", name_of(dtype_of<T>));
+  expect<ConfigError>(bf16 == std::is_same_v<T, zero::bf16>, "bf16.enabled: the config says ",
+                      bf16 ? "true" : "false", " but the engine computes in ",
+                      name_of(dtype_of<T>));
+  constexpr OffloadDevice expected = offload_device_of<Where>;
+  const OffloadDevice device = config.zero_optimization.offload_optimizer.device;
+  // The master slice is a rank's only parameter copy at rest, so parameter offload (stage 3)
+  // is the same move as optimizer offload: offload_param alone also selects Offload<NVMe>.
+  const OffloadDevice param_device = config.zero_optimization.offload_param.device;
+  const bool param_only = device == OffloadDevice::none && param_device == expected &&
+                          expected == OffloadDevice::nvme;
+  expect<ConfigError>(device == expected || param_only,
+                      "zero_optimization.offload_optimizer.device: the config says '",
+                      name_of(device), "' but the engine was built with Offload<",
+                      name_of(expected), ">");
+  expect<ConfigError>(param_device == OffloadDevice::none || param_device == expected,
+                      "zero_optimization.offload_param.device: the config says '",
+                      name_of(param_device), "' but the engine was built with Offload<",
+                      name_of(expected), "> (parameters go where the master goes)");
+}
+
+/// The NVMe settings of config: offload_optimizer's section when it offloads to NVMe, else
+/// offload_param's.
+inline offload::NvmeConfig nvme_settings(const Config& config) {
+  const bool optimizer_section =
+      config.zero_optimization.offload_optimizer.device == OffloadDevice::nvme;
+  return offload::NvmeConfig::from_config(
+      config, optimizer_section ? offload::OffloadSection::optimizer : offload::OffloadSection::param);
+}
+
+/// The LR scheduler of config's "scheduler" block starting from lr, if it has one.
+inline std::optional<optim::LrScheduler> scheduler_from_config(const Config& config, double lr) {
+  if (!config.scheduler) return std::nullopt;
+  nlohmann::json block = {{"type", config.scheduler->type}, {"params", nlohmann::json::object()}};
+  for (const auto& [k, v] : config.scheduler->params) {
+    block["params"][k] = v.size() == 1 ? nlohmann::json(v[0]) : nlohmann::json(v);
+  }
+  return optim::LrScheduler::from_json(block, lr);
+}
+
+/// The optimizer of one unit's master: over the whole padded unit when every rank keeps all of
+/// it (whole_master, stage 0), else over this rank's shard; weight decay off for the
+/// parameters their spec exempts; per-tensor ranges for LAMB.
+inline optim::AnyOptimizer unit_optimizer(const NamedParams& spec,
+                                          const std::vector<nn::ParamSpec>& specs,
+                                          const UnitPartition& p, bool whole_master, int rank) {
+  const auto numel = static_cast<std::size_t>(whole_master ? p.padded_numel() : p.shard_numel());
+  std::vector<std::uint8_t> no_decay(numel, 0);
+  std::vector<optim::Range> tensors;
+  const int first = whole_master ? 0 : rank;
+  const int last = whole_master ? p.world_size() : rank + 1;
+  for (int r = first; r < last; ++r) {
+    const std::int64_t base = whole_master ? p.shard_begin(r) : 0;
+    for (const ShardSegment& seg : p.segments(r)) {
+      const auto offset = static_cast<std::size_t>(base + seg.shard_offset);
+      const auto count = static_cast<std::size_t>(seg.count);
+      tensors.push_back({offset, count});
+      if (!specs[static_cast<std::size_t>(seg.param)].weight_decay) {
+        std::fill_n(no_decay.begin() + static_cast<std::ptrdiff_t>(offset), count, 1);
+      }
+    }
+  }
+  expect<ConfigError>(spec.type != "LAMB" || whole_master || p.world_size() == 1,
+                      "optimizer.type: LAMB's per-tensor trust ratio is not computed across "
+                      "shards yet; use ZeRO stage 0 or one rank");
+  return optim::AnyOptimizer::from_config(spec, numel, no_decay, std::move(tensors));
+}
+
+}  // namespace zero::engine

@@ -1,0 +1,151 @@
+#pragma once
+// EngineState: the narrow, named view through which checkpoints, weight import/export and other
+// tools reach an engine's state, instead of its internals. It lists what a rank holds (the
+// shards of each unit's master, the optimizer states beside them, the training counters) and
+// the few transitions such tools need (state replaced from outside, state inconsistent).
+//
+//   auto state = engine.state();
+//   state.for_each_unit(StateAccess::read, [&](int u, std::span<float> master,
+//                                              optim::AnyOptimizer* optimizer) { ... });
+//
+// Passes go through the engine's state store, so offloaded slices (Offload<NVMe>) are swapped
+// in one unit at a time and, for update/overwrite passes, written back out.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <optim/any_optimizer.hpp>
+#include <parallel/comm/any_comm.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+#include <zero/engine/partition.hpp>
+#include <zero/engine/state_store.hpp>
+#include <zero/engine/training_state.hpp>
+#include <zero/nn/param.hpp>
+
+namespace zero::engine {
+
+/// What a caller does with the shards a rank holds.
+enum class ShardUse : unsigned char {
+  save,  ///< write them out: a replicated unit (stage 0) is written by rank 0 alone
+  fill,  ///< overwrite them: every rank fills every shard it holds
+};
+
+/// A view of an engine's state for checkpoint and weight tools (see the file comment).
+template <class Eng>
+class EngineState {
+ public:
+  using MasterT = typename Eng::MasterT;
+  /// Every rank holds whole units (stage 0) rather than its shard of each.
+  static constexpr bool holds_whole_units = !Eng::stage_traits::shards_optimizer_states;
+  /// The master slices are always in memory (false: offloaded to files).
+  static constexpr bool states_in_memory = Eng::states_in_memory;
+
+  explicit EngineState(Eng& eng) : eng_(eng) {}
+
+  /// This rank in the data-parallel group, and the group's size.
+  int rank() const { return eng_.rank(); }
+  int world_size() const { return eng_.world_size(); }
+  /// The data-parallel communicator the state is sharded over.
+  parallel::AnyComm& comm() { return eng_.comm_; }
+  /// Number of units, their parameters and their partitions.
+  int num_units() const { return eng_.num_units(); }
+  const std::vector<nn::ParamSpec>& unit_specs(int u) const { return eng_.unit_specs(u); }
+  const UnitPartition& partition(int u) const { return eng_.partition(u); }
+  /// True when the engine has optimizers (built from a config) rather than an update callback.
+  bool has_optimizer() const { return !eng_.optimizers_.empty(); }
+
+  /// fn(u, master, optimizer) for every unit in order: master is this rank's master of u (the
+  /// whole padded unit when holds_whole_units), optimizer its optimizer or null. access says
+  /// whether fn's writes are kept and whether the old values are read first.
+  template <class Fn>
+  void for_each_unit(StateAccess access, Fn&& fn) {
+    eng_.store_.for_each_unit(access, [&](int u) {
+      optim::AnyOptimizer* opt =
+          eng_.optimizers_.empty() ? nullptr : &eng_.optimizers_[static_cast<std::size_t>(u)];
+      fn(u, eng_.unit(u).resident_master(), opt);
+    });
+  }
+  /// fn(u, master) for every unit (for_each_unit without the optimizer).
+  template <class Fn>
+  void for_each_master(StateAccess access, Fn&& fn) {
+    for_each_unit(access, [&](int u, std::span<MasterT> m, optim::AnyOptimizer*) { fn(u, m); });
+  }
+  /// fn(r, shard) for each shard of unit u this rank holds, as parts of `slice` (u's master or
+  /// a state of it): its own shard, or every shard of a whole unit (rank 0 alone when saving).
+  template <class Span, class Fn>
+  void for_each_owned_shard(int u, Span slice, ShardUse use, Fn&& fn) const {
+    const UnitPartition& p = partition(u);
+    if constexpr (holds_whole_units) {
+      if (use == ShardUse::save && rank() != 0) return;
+      for (int r = 0; r < p.world_size(); ++r) {
+        fn(r, slice.subspan(static_cast<std::size_t>(p.shard_begin(r)),
+                            static_cast<std::size_t>(p.shard_numel())));
+      }
+    } else {
+      fn(rank(), slice);
+    }
+  }
+
+  /// The engine's own state as saved in a checkpoint: counters, scheduler, loss scaler and the
+  /// settings it ran with.
+  nlohmann::json to_json() const {
+    nlohmann::json j;
+    j["format"] = "zero-engine-1";
+    j["stage"] = Eng::stage;
+    j["world_size"] = world_size();
+    j["precision"] = name_of(dtype_of<typename Eng::T>);
+    j["master_dtype"] = name_of(dtype_of<MasterT>);
+    j["optimizer"] = optimizer_name();
+    j["optimizer_step"] =
+        has_optimizer() ? eng_.optimizers_[0].step_count() : eng_.training_.steps;
+    eng_.training_.save(j);
+    j["seed"] = eng_.options_.seed;
+    return j;
+  }
+  /// Restores what to_json saved (the state is consistent again: a load has just replaced every
+  /// slice); CheckpointError when it does not fit this engine.
+  void load_json(const nlohmann::json& j) {
+    eng_.inconsistent_.clear();
+    try {
+      const std::string saved = j.at("optimizer").get<std::string>();
+      expect<CheckpointError>(saved == optimizer_name(), "checkpoint: saved with optimizer ",
+                              saved, ", this engine runs ", optimizer_name());
+      eng_.training_.load(j);
+      for (auto& o : eng_.optimizers_) o.set_step_count(j.at("optimizer_step").get<std::int64_t>());
+    } catch (const nlohmann::json::exception& e) {
+      raise<CheckpointError>("checkpoint: malformed engine state: ", e.what());
+    }
+  }
+  /// The counters, learning rate, scheduler and loss scaler.
+  TrainingState& training() { return eng_.training_; }
+
+  /// Raises CheckpointError naming what when the engine is inside an accumulation window.
+  void require_between_steps(std::string_view what) const {
+    expect<CheckpointError>(eng_.between_steps(), what,
+                            ": called in the middle of gradient accumulation; call it after step()");
+  }
+  /// Raises Error naming what when an earlier step or load stopped part-way.
+  void require_consistent(std::string_view what) const { eng_.expect_consistent(what); }
+  /// Records that the state is inconsistent (a load that stopped part-way) and why; training
+  /// and saving are refused until a checkpoint loads.
+  void mark_inconsistent(std::string why) { eng_.inconsistent_ = std::move(why); }
+  /// The master slices were replaced from outside: refresh the compute copies and re-gather.
+  void masters_replaced() { eng_.masters_replaced(); }
+  /// Waits for every collective in flight.
+  void synchronize() { eng_.synchronize(); }
+
+ private:
+  std::string optimizer_name() const {
+    return has_optimizer() ? eng_.optimizers_[0].type_name() : "callback";
+  }
+
+  Eng& eng_;
+};
+
+}  // namespace zero::engine

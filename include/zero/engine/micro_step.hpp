@@ -1,0 +1,139 @@
+#pragma once
+// MicroSteps: where an engine is inside its accumulation window, and the StepContext that flows
+// between units. A micro-step runs the forward of every unit (in one call or in ranges that
+// follow each other upwards from unit 0), then their backward (downwards, after the whole
+// forward); unit 0's backward ends it. After gradient_accumulation_steps micro-steps the
+// boundary is pending until the engine's step() finishes the window. Ranges out of this order
+// are Errors naming the range and the unit expected, so a pipeline executor that drives slices
+// wrongly is told where.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include <zero/core/arena.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+#include <zero/engine/engine_options.hpp>
+#include <zero/nn/context.hpp>
+
+namespace zero::engine {
+
+/// A contiguous range of units [first, last).
+struct UnitRange {
+  int first = 0;
+  int last = 0;
+};
+
+/// The micro-step state machine and the context of the micro-step in flight.
+template <class T>
+class MicroSteps {
+ public:
+  MicroSteps(std::size_t activation_bytes, int accumulation_steps)
+      : arena_(activation_bytes, "engine activations"), accumulation_(accumulation_steps) {}
+
+  /// The context the units read and write.
+  nn::StepContext<T>& ctx() { return ctx_; }
+  const nn::StepContext<T>& ctx() const { return ctx_; }
+  /// Micro-steps finished in this window.
+  int done() const { return done_; }
+  /// True when this micro-step is the window's last (its reductions are the boundary's).
+  bool at_boundary() const { return done_ + 1 == accumulation_; }
+  /// True once the window's last micro-step finished and step() has not run yet.
+  bool boundary_pending() const { return boundary_pending_; }
+  /// True with no micro-step of a window done or in flight.
+  bool between_steps() const { return done_ == 0 && !boundary_pending_ && phase_ == Phase::idle; }
+  /// True while no micro-step is in flight.
+  bool idle() const { return phase_ == Phase::idle; }
+  /// True when the whole forward ran and no backward yet.
+  bool forward_done() const { return phase_ == Phase::forward_done; }
+  /// Micro-steps in this window whose loss was Inf/NaN.
+  std::int64_t nonfinite_losses() const { return nonfinite_; }
+
+  /// Starts a micro-step on batch: a fresh arena and context. rng_step selects dropout masks;
+  /// loss_scale seeds the backward.
+  void begin(const MicroBatch& batch, bool training, std::uint64_t rng_step, double loss_scale,
+             int num_units) {
+    arena_.reset();
+    ctx_ = {};
+    ctx_.arena = &arena_;
+    ctx_.tokens = batch.tokens;
+    ctx_.targets = batch.targets;
+    ctx_.batch = batch.batch;
+    ctx_.seq_len = batch.seq_len;
+    ctx_.training = training;
+    ctx_.step = rng_step;
+    ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
+    phase_ = Phase::forward;
+    next_forward_ = 0;
+    next_backward_ = num_units;
+    num_units_ = num_units;
+  }
+  /// Checks that r may run forward now; a range from unit 0 must then begin() a micro-step.
+  void check_forward(UnitRange r, int num_units) const {
+    check_range(r, num_units, "forward_units");
+    if (r.first == 0) {
+      expect<Error>(phase_ == Phase::idle,
+                    "Engine::forward: the last micro-step's backward has not run; call backward "
+                    "(or backward_units down to unit 0) first");
+      expect<Error>(!boundary_pending_,
+                    "Engine::forward: the accumulation boundary was reached; call step() first");
+    } else {
+      expect<Error>(phase_ == Phase::forward && r.first == next_forward_, "Engine::forward_units: ",
+                    "units [", r.first, ", ", r.last, ") do not follow the forward run so far ",
+                    "(next unit ", next_forward_, ")");
+    }
+  }
+  /// Records that r ran forward (counting a non-finite loss once the last unit ran).
+  void forward_ran(UnitRange r) {
+    next_forward_ = r.last;
+    if (r.last == num_units_) {
+      phase_ = ctx_.training ? Phase::forward_done : Phase::idle;
+      if (ctx_.training && !std::isfinite(convert<double>(ctx_.loss))) ++nonfinite_;
+    }
+  }
+  /// Checks that r may run backward now.
+  void check_backward(UnitRange r, int num_units) const {
+    check_range(r, num_units, "backward_units");
+    expect<Error>(phase_ == Phase::forward_done || phase_ == Phase::backward,
+                  "Engine::backward_units: the forward of every unit must run first");
+    expect<Error>(r.last == next_backward_, "Engine::backward_units: units [", r.first, ", ",
+                  r.last, ") do not follow the backward run so far (next unit ",
+                  next_backward_ - 1, ")");
+  }
+  /// Records that r ran backward; true when that ended the micro-step (unit 0 done).
+  bool backward_ran(UnitRange r) {
+    phase_ = Phase::backward;
+    next_backward_ = r.first;
+    if (r.first > 0) return false;
+    phase_ = Phase::idle;
+    if (++done_ == accumulation_) boundary_pending_ = true;
+    return true;
+  }
+  /// Ends the window (after step(), or when a failed step left it).
+  void finish_window() {
+    done_ = 0;
+    boundary_pending_ = false;
+    nonfinite_ = 0;
+  }
+
+ private:
+  enum class Phase : unsigned char { idle, forward, forward_done, backward };
+
+  static void check_range(UnitRange r, int num_units, const char* what) {
+    expect<Error>(0 <= r.first && r.first < r.last && r.last <= num_units, "Engine::", what,
+                  ": units [", r.first, ", ", r.last, ") are not a non-empty range of the ",
+                  num_units, " units");
+  }
+
+  Arena<Host> arena_;
+  nn::StepContext<T> ctx_;
+  int accumulation_ = 1;
+  int done_ = 0;
+  bool boundary_pending_ = false;
+  std::int64_t nonfinite_ = 0;
+  Phase phase_ = Phase::idle;
+  int next_forward_ = 0, next_backward_ = 0, num_units_ = 0;
+};
+
+}  // namespace zero::engine

@@ -1,0 +1,127 @@
+#pragma once
+// NvmeStates, the state store of Offload<NVMe> (ZeRO-Infinity on the host): each unit's fp32
+// master slice and optimizer states move to one swap file per unit (a sub-group: master first,
+// then the states) and their memory is given back. A pass streams them through the swapper's
+// buffer_count aligned buffers (read ahead, fn, write behind); inside fn the unit's master is
+// UnitState::swapped_in_master and its optimizer is bound to the buffer. A stage-3 gather reads
+// the master's byte range alone. See docs/offload.md.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <optim/any_optimizer.hpp>
+#include <zero/core/error.hpp>
+#include <zero/engine/memory_report.hpp>
+#include <zero/engine/state_store.hpp>
+#include <zero/offload/nvme_swapper.hpp>
+
+namespace zero::engine {
+
+/// Master slices and optimizer states in swap files, one sub-group per unit.
+template <class Unit>
+class NvmeStates {
+ public:
+  /// False: a master slice is resident only inside for_each_unit.
+  static constexpr bool in_memory = false;
+
+  NvmeStates(std::vector<Unit>& units, std::vector<optim::AnyOptimizer>& optimizers)
+      : units_(units), optimizers_(optimizers) {}
+
+  /// Writes every unit's master slice and states to its file and frees their memory.
+  void settle(const StoreOptions& options) {
+    expect<ConfigError>(options.nvme.has_value(),
+                        "Offload<NVMe>: no NVMe settings (build the engine from a config whose "
+                        "offload_optimizer or offload_param device is nvme)");
+    std::vector<std::vector<offload::SwapTensor>> groups;
+    for (const auto& o : optimizers_) {
+      std::vector<offload::SwapTensor> g;
+      g.push_back({"master", static_cast<std::int64_t>(o.numel())});
+      for (const auto& name : o.state_names()) {
+        g.push_back({name, static_cast<std::int64_t>(o.numel())});
+      }
+      groups.push_back(std::move(g));
+    }
+    offload::SwapperOptions so;
+    so.rank = options.rank;
+    so.faults = options.faults;
+    swapper_.emplace(*options.nvme, std::move(groups), so);
+    for (std::size_t u = 0; u < optimizers_.size(); ++u) {
+      auto& o = optimizers_[u];
+      Unit& s = units_[u];
+      std::vector<std::span<float>> tensors{std::span<float>(s.master.data(), s.master.size())};
+      for (const auto& name : o.state_names()) tensors.push_back(o.state(name));
+      swapper_->swap_out(u, std::span<const std::span<float>>(tensors));
+      o.release_state_storage();
+      s.master = {};
+    }
+  }
+
+  /// fn(u) for every unit, its master slice and states swapped into a buffer (read unless
+  /// access is overwrite; written back unless access is read).
+  template <class Fn>
+  void for_each_unit(StateAccess access, Fn&& fn) {
+    swapper_->for_each_group(
+        [&](std::size_t g, std::span<const std::span<float>> group) {
+          SwappedIn in(*this, g, group);
+          fn(static_cast<int>(g));
+        },
+        offload::SwapPass{reads_first(access), keeps_changes(access)});
+  }
+
+  /// Copies unit u's master slice into out: from its swap buffer when it is in one, else
+  /// straight from its file (through staging when out is not fp32).
+  template <class E, class Backend>
+  void read_master_into(int u, std::span<E> out, Backend&) {
+    Unit& s = units_[static_cast<std::size_t>(u)];
+    if (s.swapped_in_master) {
+      Backend::convert_into(out, std::span<const float>(*s.swapped_in_master));
+    } else if constexpr (std::is_same_v<E, float>) {
+      swapper_->swap_in_tensor(static_cast<std::size_t>(u), 0, out);
+    } else {
+      staging_.resize(out.size());
+      swapper_->swap_in_tensor(static_cast<std::size_t>(u), 0, std::span<float>(staging_));
+      Backend::convert_into(out, std::span<const float>(staging_));
+    }
+  }
+  /// The swap files (offloaded) and the swap buffers (scratch).
+  void report(MemoryReport& r) const {
+    if (!swapper_) return;
+    r.offloaded_bytes += swapper_->file_bytes();
+    r.scratch_bytes += swapper_->buffer_bytes();
+  }
+
+ private:
+  // Binds unit g's master slice (group tensor 0) and optimizer states (the rest) to a swap
+  // buffer for the life of the object.
+  struct SwappedIn {
+    NvmeStates& store;
+    std::size_t g;
+    SwappedIn(NvmeStates& st, std::size_t group, std::span<const std::span<float>> tensors)
+        : store(st), g(group) {
+      store.units_[g].swapped_in_master = tensors[0];
+      store.optimizers_[g].bind_state(tensors.subspan(1));
+    }
+    ~SwappedIn() {
+      store.units_[g].swapped_in_master.reset();
+      store.optimizers_[g].bind_state({});
+    }
+    SwappedIn(const SwappedIn&) = delete;
+    SwappedIn& operator=(const SwappedIn&) = delete;
+  };
+
+  std::vector<Unit>& units_;
+  std::vector<optim::AnyOptimizer>& optimizers_;
+  std::optional<offload::NvmeSwapper> swapper_;
+  std::vector<float> staging_;  // a slice read for a bf16/f16 gather
+};
+
+/// The state store of Offload<Where>.
+template <class Where, class Unit>
+using state_store_t = std::conditional_t<std::is_same_v<Where, NVMe>, NvmeStates<Unit>,
+                                         InMemoryStates<Unit>>;
+
+}  // namespace zero::engine

@@ -1,0 +1,280 @@
+#pragma once
+// UnitExchange: the collectives that move a unit's parameters and gradients between the
+// data-parallel ranks, and the buffers they need.
+//
+//   gathers     start_gather / finish_gather: all-gather a unit's whole parameters from the
+//               ranks' master slices (rounded to the compute type, or read from an offload
+//               store, into a pooled scratch); acquire makes a unit (and the units it uses)
+//               ready to run; prefetch starts the next units' gathers up to a byte budget
+//               (stage 3); release drops a gathered unit.
+//   reductions  gradient_complete starts a unit's gradient reduction once its backward is done
+//               (all-reduce or reduce-scatter of the whole accumulator on the boundary at stages
+//               0-1; reduce-scatter of the compute gradient into the fp32 shard every micro-step
+//               at stages 2-3), at most max_pending_reductions in flight, each overlapping the
+//               next units' backward.
+//
+// Every rank calls these in the same order (the engine's static unit order), so the collectives
+// match on every rank. A failed collective is a CommError naming the op, the unit and the step.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <parallel/comm/any_comm.hpp>
+#include <zero/core/error.hpp>
+#include <zero/engine/engine_options.hpp>
+#include <zero/engine/memory_report.hpp>
+#include <zero/engine/stage_traits.hpp>
+#include <zero/engine/unit_storage.hpp>
+#include <zero/nn/param.hpp>
+
+namespace zero::engine {
+
+/// Gathers and gradient reductions of the units of Model (see the file comment).
+template <class Model, class Unit, class Store, class Backend, int Stage>
+class UnitExchange {
+ public:
+  using T = typename Unit::compute_type;
+  using MasterT = typename Unit::master_type;
+  using traits = StageTraits<Stage>;
+  template <class E>
+  using DeviceBuffer = typename Backend::template DeviceBuffer<E>;
+  /// Where a failure happened, for messages (" at step 3 micro-step 1").
+  using ContextFn = std::function<std::string()>;
+
+  UnitExchange(Model& model, parallel::AnyComm& comm, std::vector<Unit>& units, Store& store,
+               Backend& backend, const EngineOptions& options, ContextFn context)
+      : model_(model), comm_(comm), units_(units), store_(store), backend_(backend),
+        options_(options), context_(std::move(context)) {}
+
+  /// Binds unit u's parameter views to its current buffers (grads empty while there are none).
+  void bind(int u) {
+    Unit& s = unit(u);
+    if (!s.params) return;
+    std::vector<nn::ParamView<T>> views;
+    for (int p = 0; p < s.partition->num_params(); ++p) {
+      const ParamSlot& slot = s.partition->slot(p);
+      const Shape& shape = s.specs[static_cast<std::size_t>(p)].shape;
+      nn::ParamView<T> v;
+      v.value = s.params->view().slice(slot.offset, slot.numel).reshape(shape);
+      if (s.grads) v.grad = s.grads->view().slice(slot.offset, slot.numel).reshape(shape);
+      views.push_back(v);
+    }
+    model_.bind_unit(u, views);
+  }
+
+  // ---- gathers -------------------------------------------------------------------------------
+
+  /// Starts the all-gather of unit u's params into its whole buffer (allocated when absent).
+  void start_gather(int u) {
+    Unit& s = unit(u);
+    if (s.gathering) return;
+    const bool fresh = !s.params;
+    if (fresh) s.params.emplace(s.numel(Extent::whole));
+    s.pending_gather = comm_.all_gather_async(gather_source(u),
+                                              std::span<T>(s.params->data(), s.params->size()));
+    s.gathering = true;
+    if (fresh) bind(u);
+  }
+  /// Waits for unit u's gather, if one runs, and gives its scratch back to the pool.
+  void finish_gather(int u) {
+    Unit& s = unit(u);
+    if (!s.gathering) return;
+    wait(s.pending_gather, "all-gather", u);
+    s.gathering = false;
+    if (s.gather_scratch.size() > 0) scratch_pool_.push_back(std::move(s.gather_scratch));
+  }
+  /// Makes unit u and the units it uses ready to run: gathered, and with gradient buffers for
+  /// a backward.
+  void acquire(int u, bool with_grads) {
+    auto ready = [&](int v) {
+      Unit& s = unit(v);
+      if (!s.params) start_gather(v);
+      finish_gather(v);
+      if (with_grads && !s.grads) {
+        s.grads.emplace(s.numel(Extent::whole));
+        bind(v);
+      }
+    };
+    ready(u);
+    for (int used : model_.unit_uses(u)) ready(used);
+  }
+  /// Stage 3: starts gathers of the units after u in direction dir (+1 forward, -1 backward),
+  /// up to the prefetch budget.
+  void prefetch(int u, int dir) {
+    if constexpr (traits::gathers_before_use) {
+      std::int64_t budget = options_.prefetch_elems;
+      for (int v = u + dir; v >= 0 && v < num_units() && budget > 0; v += dir) {
+        if (unit(v).params) continue;
+        budget -= unit(v).partition->padded_numel();
+        start_gather(v);
+      }
+    } else {
+      (void)u;
+      (void)dir;
+    }
+  }
+  /// Stage 3: drops unit u's gathered params once it has run, unless it stays gathered (used
+  /// by a later unit, or persistent).
+  void release_after_use(int u) {
+    if constexpr (traits::gathers_before_use) {
+      if (!unit(u).pinned && !unit(u).persistent) release_params(u);
+    } else {
+      (void)u;
+    }
+  }
+  /// Drops unit u's gathered params.
+  void release_params(int u) {
+    finish_gather(u);
+    unit(u).params.reset();
+  }
+  /// Drops unit u's gathered params and gradient.
+  void release(int u) {
+    release_params(u);
+    unit(u).grads.reset();
+  }
+  /// After an update: units kept gathered gather the new params (the gathers run while later
+  /// work proceeds); a stale gathered copy of another unit (evaluate left it) is dropped.
+  void regather_after_update() {
+    if constexpr (traits::regathers_after_update) {
+      for (int u = 0; u < num_units(); ++u) {
+        Unit& s = unit(u);
+        if (s.persistent) {
+          start_gather(u);
+        } else if (s.params) {
+          release(u);
+        }
+      }
+    }
+  }
+
+  // ---- reductions ----------------------------------------------------------------------------
+
+  /// Unit u's backward is done, so its compute gradient is final for this micro-step: fold it
+  /// into the fp32 accumulator and start its reduction where the stage asks for one.
+  void gradient_complete(int u, bool boundary) {
+    Unit& s = unit(u);
+    Pending p;
+    p.unit = u;
+    if constexpr (!traits::shards_grads) {
+      if constexpr (!Unit::compute_is_master) {  // fold into the fp32 accumulator
+        Backend::accumulate(span(s.grad_accumulator), std::span<const T>(span(*s.grads)));
+        s.grads.reset();
+        bind(u);
+      }
+      if (!boundary) return;
+      backend_.comm_waits_for_compute();
+      const std::span<MasterT> acc = s.whole_accumulator();
+      if constexpr (traits::all_reduces_grads) {
+        p.work = comm_.all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
+      } else {
+        p.work = comm_.reduce_scatter_async(std::span<const MasterT>(acc), span(s.grad_shard),
+                                            parallel::ReduceOp::avg);
+      }
+    } else {
+      (void)boundary;
+      backend_.comm_waits_for_compute();
+      p.scratch = take_scratch(s.grad_shard.size());
+      p.work = comm_.reduce_scatter_async(std::span<const T>(span(*s.grads)), span(p.scratch),
+                                          parallel::ReduceOp::avg);
+    }
+    pending_.push_back(std::move(p));
+    while (static_cast<int>(pending_.size()) > options_.max_pending_reductions) finish_oldest();
+  }
+  /// Waits for every reduction in flight.
+  void drain_reductions() {
+    while (!pending_.empty()) finish_oldest();
+  }
+  /// Waits for every collective in flight.
+  void synchronize() {
+    drain_reductions();
+    for (int u = 0; u < num_units(); ++u) finish_gather(u);
+  }
+  /// Adds the pooled and in-flight scratch buffers to r.
+  void report(MemoryReport& r) const {
+    for (const auto& b : scratch_pool_) r.scratch_bytes += b.bytes();
+    for (const auto& p : pending_) r.scratch_bytes += p.scratch.bytes();
+  }
+
+ private:
+  struct Pending {
+    int unit = 0;
+    DeviceBuffer<T> scratch;  // stages 2-3: receives the reduced shard
+    parallel::Work work;      // declared after the buffer it writes
+  };
+
+  template <class B>
+  static auto span(B& b) {
+    return std::span<typename std::remove_reference_t<decltype(*b.data())>>(b.data(), b.size());
+  }
+  Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+
+  // The buffer the all-gather of unit u reads: the master slice itself when it is resident in
+  // the compute type, else a pooled scratch that the store fills (rounded from the slice, or
+  // read from its file) and that lives until the gather finished. No low-precision copy is kept
+  // between gathers, so stage 3 holds 16 psi / N at rest whatever the precision.
+  std::span<const T> gather_source(int u) {
+    Unit& s = unit(u);
+    if constexpr (Unit::compute_is_master && Store::in_memory) {
+      const std::span<MasterT> m = s.resident_master();
+      return std::span<const T>(m.data(), m.size());
+    } else {
+      s.gather_scratch = take_scratch(s.numel(Extent::shard));
+      const std::span<T> out = span(s.gather_scratch);
+      store_.read_master_into(u, out, backend_);
+      return out;
+    }
+  }
+  void finish_oldest() {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    wait(p.work, traits::all_reduces_grads ? "all-reduce" : "reduce-scatter", p.unit);
+    if constexpr (traits::shards_grads) {
+      Unit& s = unit(p.unit);
+      Backend::accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)));
+      s.grads.reset();  // the whole gradient is released once reduced
+      if constexpr (traits::gathers_before_use) {
+        if (s.pinned && !s.persistent) s.params.reset();  // its last user is done
+      }
+      if (s.params) bind(p.unit);
+      scratch_pool_.push_back(std::move(p.scratch));
+    }
+  }
+  DeviceBuffer<T> take_scratch(std::size_t n) {
+    for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it) {
+      if (it->size() == n) {
+        DeviceBuffer<T> b = std::move(*it);
+        scratch_pool_.erase(it);
+        return b;
+      }
+    }
+    return DeviceBuffer<T>(n);
+  }
+  // Waits for work, adding the op, the unit and the step to a communication failure.
+  void wait(parallel::Work& work, const char* op, int u) {
+    try {
+      work.wait();
+    } catch (const CommError& e) {
+      const auto& specs = unit(u).specs;
+      raise<CommError>("Engine rank ", comm_.rank(), ": ", op, " of unit ", u,
+                       specs.empty() ? std::string() : " (" + specs.front().name + ")",
+                       context_(), " failed: ", e.what());
+    }
+  }
+
+  Model& model_;
+  parallel::AnyComm& comm_;
+  std::vector<Unit>& units_;
+  Store& store_;
+  Backend& backend_;
+  const EngineOptions& options_;
+  ContextFn context_;
+  std::vector<DeviceBuffer<T>> scratch_pool_;
+  std::deque<Pending> pending_;  // after the pool: its work may still write into its scratch
+};
+
+}  // namespace zero::engine

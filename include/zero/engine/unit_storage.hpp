@@ -1,0 +1,208 @@
+#pragma once
+// Unit storage: which buffers a unit has under a policy set, what each one is for, how large it
+// is and when it exists. unit_buffer_plan() is the one place that says so; the engine's setup
+// allocates from it, memory_report() sums the buffers by it, and the memory estimator turns it
+// into bytes per rank for any model size. UnitState holds one unit's buffers.
+//
+//   role           | stage 0       | stage 1         | stage 2         | stage 3
+//   master (fp32)  | whole         | shard           | shard           | shard
+//   states         | whole         | shard           | shard           | shard
+//   grad_shard     | -             | shard           | shard           | shard
+//   grad_accum     | whole (b<4)   | whole (b<4)     | -               | -
+//   params         | whole         | whole           | whole           | while used
+//   grads          | whole (b=4)   | whole (b=4)     | while used      | while used
+//                  | or while used | or while used   |                 |
+// b is the compute type's size: with f32 (or f64) compute the whole gradient is itself the
+// accumulator and, at stage 0, the whole parameters are the master. Offloading moves the master
+// and states to host memory (CPU) or files (NVMe) and the gradient shard to host memory.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <span>
+#include <vector>
+
+#include <parallel/comm/work.hpp>
+#include <zero/engine/memory_report.hpp>
+#include <zero/engine/partition.hpp>
+#include <zero/nn/param.hpp>
+#include <zero/policies/offload.hpp>
+
+namespace zero::engine {
+
+/// What a buffer of a unit is for.
+enum class BufferRole : unsigned char {
+  master,            ///< fp32 (f64) master values this rank updates: the source of truth
+  optimizer_states,  ///< the optimizer's states of those values (the optimizer owns them)
+  grad_shard,        ///< fp32 gradient of this rank's slice, reduced over the ranks
+  grad_accumulator,  ///< whole fp32 gradient summed over micro-steps (bf16/f16, stages 0-1)
+  params,            ///< the whole unit's parameters in the compute type
+  grads,             ///< the whole unit's gradient in the compute type
+};
+/// How much of the unit a buffer covers.
+enum class Extent : unsigned char {
+  whole,  ///< the padded unit
+  shard,  ///< this rank's slice of it
+};
+/// When a buffer exists.
+enum class Lifetime : unsigned char {
+  at_rest,     ///< from construction on, between steps too
+  while_used,  ///< only while the unit computes (gathered parameters, the backward's gradient)
+};
+/// Which memory a buffer lives in.
+enum class Placement : unsigned char {
+  compute,  ///< the compute device's memory
+  host,     ///< host memory beside a device (offloaded)
+  files,    ///< swap files (offloaded to NVMe)
+};
+
+/// One buffer of a unit.
+struct BufferPlan {
+  BufferRole role = BufferRole::master;
+  Extent extent = Extent::whole;
+  Lifetime lifetime = Lifetime::at_rest;
+  Placement placement = Placement::compute;
+  std::size_t element_bytes = 0;  ///< 0 for optimizer_states (the optimizer's K bytes/element)
+  bool holds_master = false;      ///< params only: this buffer is also the master (no copy)
+};
+
+/// What decides a unit's buffers.
+struct StorageKey {
+  int stage = 0;
+  std::size_t compute_bytes = 4;  ///< size of the compute element type
+  std::size_t master_bytes = 4;   ///< size of the master element type (4, or 8 for f64 models)
+  bool compute_is_master = true;  ///< the compute type is the master type (f32 or f64)
+  OffloadDevice offload = OffloadDevice::none;
+};
+
+/// The buffers of a unit under key, in the order above.
+inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
+  const Extent states_extent = k.stage == 0 ? Extent::whole : Extent::shard;
+  const Placement states_at = k.offload == OffloadDevice::nvme  ? Placement::files
+                              : k.offload == OffloadDevice::cpu ? Placement::host
+                                                                : Placement::compute;
+  const bool params_hold_master = k.stage == 0 && k.compute_is_master;
+  const bool whole_grads_accumulate = k.stage <= 1 && k.compute_is_master;
+  std::vector<BufferPlan> plan;
+  if (!params_hold_master) {
+    plan.push_back({BufferRole::master, states_extent, Lifetime::at_rest, states_at, k.master_bytes});
+  }
+  plan.push_back({BufferRole::optimizer_states, states_extent, Lifetime::at_rest, states_at, 0});
+  if (k.stage >= 1) {
+    plan.push_back({BufferRole::grad_shard, Extent::shard, Lifetime::at_rest,
+                    k.offload == OffloadDevice::none ? Placement::compute : Placement::host,
+                    k.master_bytes});
+  }
+  if (k.stage <= 1 && !k.compute_is_master) {
+    plan.push_back({BufferRole::grad_accumulator, Extent::whole, Lifetime::at_rest,
+                    Placement::compute, k.master_bytes});
+  }
+  plan.push_back({BufferRole::params, Extent::whole,
+                  k.stage <= 2 ? Lifetime::at_rest : Lifetime::while_used, Placement::compute,
+                  k.compute_bytes, params_hold_master});
+  plan.push_back({BufferRole::grads, Extent::whole,
+                  whole_grads_accumulate ? Lifetime::at_rest : Lifetime::while_used,
+                  Placement::compute, k.compute_bytes});
+  return plan;
+}
+
+/// Adds bytes of a buffer of role to the report's category for it.
+inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
+  switch (role) {
+    case BufferRole::master: r.master_bytes += bytes; break;
+    case BufferRole::optimizer_states: r.optimizer_bytes += bytes; break;
+    case BufferRole::grad_shard:
+    case BufferRole::grad_accumulator: r.grad_accumulator_bytes += bytes; break;
+    case BufferRole::params: r.whole_param_bytes += bytes; break;
+    case BufferRole::grads: r.whole_grad_bytes += bytes; break;
+  }
+}
+
+/// One unit's buffers, in compute type T and master type MasterT, allocated by Backend. Which
+/// of them exist follows unit_buffer_plan.
+template <class T, class MasterT, class Backend>
+struct UnitState {
+  template <class E>
+  using DeviceBuffer = typename Backend::template DeviceBuffer<E>;
+  using compute_type = T;
+  using master_type = MasterT;
+  /// The compute type is the master type (f32, or f64 reference models).
+  static constexpr bool compute_is_master = std::is_same_v<T, MasterT>;
+
+  std::vector<nn::ParamSpec> specs;
+  std::optional<UnitPartition> partition;
+  DeviceBuffer<MasterT> master;            ///< empty when params holds it or it is offloaded
+  std::optional<std::span<MasterT>> swapped_in_master;  ///< Offload<NVMe>: while in a buffer
+  DeviceBuffer<MasterT> grad_shard;        ///< stages 1-3
+  DeviceBuffer<MasterT> grad_accumulator;  ///< stages 0-1 with a compute type below fp32
+  DeviceBuffer<T> gather_scratch;          ///< the slice rounded (or read) for an all-gather
+  std::optional<DeviceBuffer<T>> params, grads;  ///< whole unit in the compute type
+  parallel::Work pending_gather;                 ///< declared after the buffers it writes
+  bool gathering = false;
+  bool params_hold_master = false;  ///< stage 0 in f32/f64: params is the master
+  bool pinned = false;      ///< used by another unit: gathered from its forward to its backward
+  bool persistent = false;  ///< kept gathered for the whole run (stages 0-2; small at stage 3)
+
+  /// Elements of a buffer of extent e.
+  std::size_t numel(Extent e) const {
+    return static_cast<std::size_t>(e == Extent::whole ? partition->padded_numel()
+                                                       : partition->shard_numel());
+  }
+  /// Allocates the buffer b describes (at-rest buffers, at setup).
+  void allocate(const BufferPlan& b) {
+    const std::size_t n = numel(b.extent);
+    switch (b.role) {
+      case BufferRole::master: master = DeviceBuffer<MasterT>(n); break;
+      case BufferRole::optimizer_states: break;  // the optimizer allocates its own
+      case BufferRole::grad_shard: grad_shard = DeviceBuffer<MasterT>(n); break;
+      case BufferRole::grad_accumulator: grad_accumulator = DeviceBuffer<MasterT>(n); break;
+      case BufferRole::params:
+        params.emplace(n);
+        params_hold_master = b.holds_master;
+        break;
+      case BufferRole::grads: grads.emplace(n); break;
+    }
+  }
+  /// The master slice while it is in memory (its own buffer, params at stage 0 in f32/f64, or
+  /// the swap buffer it was brought into); empty when it is only in a file.
+  std::span<MasterT> resident_master() {
+    if (swapped_in_master) return *swapped_in_master;
+    if (params_hold_master) {
+      if constexpr (std::is_same_v<T, MasterT>) return {params->data(), params->size()};
+    }
+    return {master.data(), master.size()};
+  }
+  /// The whole gradient summed over micro-steps (stages 0-1): the compute gradient itself when
+  /// it is in the master type, else the fp32 accumulator.
+  std::span<MasterT> whole_accumulator() {
+    if constexpr (compute_is_master) {
+      if (grad_accumulator.empty()) return {grads->data(), grads->size()};
+    }
+    return {grad_accumulator.data(), grad_accumulator.size()};
+  }
+  /// Fills the master slices this rank holds from (seed, name, index): its shard, or every
+  /// shard when whole (stage 0), so the union over ranks equals a single-process initialisation.
+  void initialise_master(bool whole, int rank, std::uint64_t seed) {
+    const UnitPartition& p = *partition;
+    const std::span<MasterT> m = resident_master();
+    for (int r = 0; r < p.world_size(); ++r) {
+      if (!whole && r != rank) continue;
+      const std::int64_t begin = whole ? p.shard_begin(r) : 0;
+      initialise_shard(specs, p, r, Tensor<MasterT>(m.data() + begin, Shape{p.shard_numel()}),
+                       seed);
+    }
+  }
+  /// Adds this unit's buffers to r by role (optimizer states are the optimizer's to report).
+  void report(MemoryReport& r) const {
+    add_bytes(r, params_hold_master ? BufferRole::master : BufferRole::params,
+              params ? params->bytes() : 0);
+    add_bytes(r, BufferRole::master, master.bytes());
+    add_bytes(r, BufferRole::grad_shard, grad_shard.bytes());
+    add_bytes(r, BufferRole::grad_accumulator, grad_accumulator.bytes());
+    add_bytes(r, BufferRole::grads, grads ? grads->bytes() : 0);
+    r.scratch_bytes += gather_scratch.bytes();
+  }
+};
+
+}  // namespace zero::engine

@@ -1,0 +1,158 @@
+// The Engine 2 seams on LocalComm: stage slices equal the whole model (f64, stages 0-3, 1 and
+// 2 ranks, accumulation 1 and 2, three split points) with a negative control and the order
+// rules; process groups on a 2x2 (tp x dp) grid train each dp group as one process would, with
+// traffic on the dp groups only; the policy set does not depend on the order of the tags.
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <parallel/comm/local_comm.hpp>
+#include <zero/engine/engine.hpp>
+
+#include "../parallel/comm_test_util.hpp"
+#include "seam_checks.hpp"
+
+using namespace zero;
+using namespace zero::test;
+using zero::parallel::LocalComm;
+using zero::parallel::testing::per_rank;
+
+namespace {
+
+constexpr int steps = 2;
+
+template <int S>
+void check_slices() {
+  const int n = static_cast<int>(tiny().num_layers) + 2;
+  for (int world : {1, 2}) {
+    for (int accumulation : {1, 2}) {
+      const auto want = reference_sgd(micro_rows * accumulation * world, steps, 1.0);
+      for (int split : {1, 2, n - 1}) {
+        INFO("stage " << S << " world " << world << " accumulation " << accumulation
+                      << " split " << split);
+        const auto errors = per_rank<double>(world, [&](LocalComm& comm) {
+          return sliced_error<S>(comm, accumulation, steps, split, want);
+        });
+        CHECK(*std::max_element(errors.begin(), errors.end()) < 1e-12);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stage slices equal the whole model at stage 0", "[unit][engine][slices]") {
+  check_slices<0>();
+}
+TEST_CASE("stage slices equal the whole model at stage 1", "[unit][engine][slices]") {
+  check_slices<1>();
+}
+TEST_CASE("stage slices equal the whole model at stage 2", "[unit][engine][slices]") {
+  check_slices<2>();
+}
+TEST_CASE("stage slices equal the whole model at stage 3", "[unit][engine][slices]") {
+  check_slices<3>();
+}
+
+TEST_CASE("a wrong activation handed between slices is caught (negative control)",
+          "[unit][engine][slices]") {
+  const auto want = reference_sgd(micro_rows * 2, steps, 1.0);
+  const auto errors = per_rank<double>(2, [&](LocalComm& comm) {
+    return sliced_error<3>(comm, 1, steps, 2, want, /*perturb=*/1e-3);
+  });
+  CHECK(*std::max_element(errors.begin(), errors.end()) > 1e-9);
+}
+
+TEST_CASE("slices must run in order", "[unit][engine][slices]") {
+  const auto messages = per_rank<std::vector<std::string>>(1, [](LocalComm& comm) {
+    nn::GPT<double> model(tiny());
+    engine::Engine<nn::GPT<double>, ZeroStage<2>> eng(model, comm, sgd_lr1, seam_options(1));
+    const GlobalBatch b(micro_rows, 0, tiny().vocab_size);
+    const engine::MicroBatch mb = b.micro(0, 0, 1);
+    std::vector<std::string> seen;
+    auto attempt = [&](auto&& fn) {
+      try {
+        fn();
+        seen.push_back("no error");
+      } catch (const Error& e) {
+        seen.push_back(e.what());
+      }
+    };
+    const int n = eng.num_units();
+    attempt([&] { eng.forward_units({1, n}, mb); });             // does not start at unit 0
+    attempt([&] { eng.forward_units({0, 0}, mb); });             // empty
+    attempt([&] { eng.backward_units({0, n}); });                // before any forward
+    eng.forward_units({0, 2}, mb);
+    attempt([&] { eng.forward_units({3, n}, mb); });             // skips unit 2
+    attempt([&] { eng.backward_units({0, 2}); });                // forward not finished
+    eng.forward_units({2, n}, mb);
+    attempt([&] { eng.backward_units({0, 2}); });                // not from the top
+    eng.backward_units({2, n});
+    eng.backward_units({0, 2});
+    eng.step();
+    attempt([&] { eng.forward(mb); });                           // in order again: fine
+    return seen;
+  });
+  const auto& seen = messages[0];
+  REQUIRE(seen.size() == 7);
+  CHECK_THAT(seen[0], Catch::Contains("do not follow"));
+  CHECK_THAT(seen[1], Catch::Contains("not a non-empty range"));
+  CHECK_THAT(seen[2], Catch::Contains("forward of every unit must run first"));
+  CHECK_THAT(seen[3], Catch::Contains("do not follow the forward run so far (next unit 2)"));
+  CHECK_THAT(seen[4], Catch::Contains("forward of every unit must run first"));
+  CHECK_THAT(seen[5], Catch::Contains("do not follow the backward run"));
+  CHECK(seen[6] == "no error");
+}
+
+TEMPLATE_TEST_CASE_SIG("an engine over each dp group of a 2x2 grid equals the reference and "
+                       "talks on the dp groups only",
+                       "[unit][engine][groups]", ((int S), S), 0, 1, 2, 3) {
+  for (int accumulation : {1, 2}) {
+    INFO("stage " << S << " accumulation " << accumulation);
+    const auto runs = per_rank<GroupRun>(
+        4, [&](LocalComm& world) { return grid_run<S>(world, /*tp=*/2, accumulation, steps); });
+    for (const GroupRun& r : runs) {
+      CHECK(r.error < 1e-10);
+      CHECK(r.wrong_reference_error > 1e-3);  // negative control
+      CHECK(r.groups == std::set<std::string>{"dp"});
+      CHECK(r.dp_bytes > 0);
+    }
+  }
+}
+
+// Two orders of the same tags resolve to the same policies (and so the same behaviour).
+using OneOrder = engine::EnginePolicies<nn::GPT<float>, ZeroStage<2>, Precision<f32>, Compute<Host>>;
+using OtherOrder = engine::EnginePolicies<nn::GPT<float>, Compute<Host>, Precision<f32>, ZeroStage<2>>;
+static_assert(OneOrder::stage == OtherOrder::stage);
+static_assert(std::is_same_v<OneOrder::precision, OtherOrder::precision>);
+static_assert(std::is_same_v<OneOrder::offload, OtherOrder::offload>);
+static_assert(std::is_same_v<OneOrder::compute, OtherOrder::compute>);
+
+TEST_CASE("two orders of the policy tags train identically", "[unit][engine]") {
+  using A = engine::Engine<nn::GPT<float>, ZeroStage<3>, Precision<f32>>;
+  using B = engine::Engine<nn::GPT<float>, Precision<f32>, ZeroStage<3>>;
+  const auto results = per_rank<std::vector<std::vector<float>>>(2, [&](LocalComm& comm) {
+    std::vector<std::vector<float>> out;
+    auto train = [&]<class E>(std::type_identity<E>) {
+      nn::GPT<float> model(tiny());
+      E eng(model, comm, adamw_config(3, 1, 1.0));
+      for (int step = 0; step < 2; ++step) {
+        const GlobalBatch b(micro_rows * 2, step, tiny().vocab_size);
+        eng.forward(b.micro(0, comm.rank(), 2));
+        eng.backward();
+        eng.step();
+      }
+      for (int u = 0; u < eng.num_units(); ++u) out.push_back(eng.gather_unit_values(u));
+    };
+    train(std::type_identity<A>{});
+    train(std::type_identity<B>{});
+    return out;
+  });
+  for (const auto& r : results) {
+    const std::size_t half = r.size() / 2;
+    for (std::size_t u = 0; u < half; ++u) CHECK(r[u] == r[half + u]);  // bit for bit
+  }
+}

@@ -1,0 +1,47 @@
+// The Engine 2 seams over MpiComm (mpiexec at 2 and 4 ranks): stage slices equal the whole
+// model at stages 0-3, and an engine over each data-parallel group of a (tp x dp) grid equals
+// one process on that group's batch with traffic on the dp groups only.
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include <parallel/comm/mpi_comm.hpp>
+
+#include "seam_checks.hpp"
+
+using namespace zero;
+using namespace zero::test;
+
+namespace {
+
+parallel::MpiComm& world() {
+  static parallel::MpiComm comm = parallel::MpiComm::world();
+  return comm;
+}
+double worst(double mine) {
+  world().all_reduce(std::span<double>(&mine, 1), parallel::ReduceOp::max);
+  return mine;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE_SIG("MpiComm: stage slices equal the whole model", "[mpi][engine][slices]",
+                       ((int S), S), 0, 1, 2, 3) {
+  const auto want = reference_sgd(micro_rows * 2 * world().size(), 2, 1.0);
+  CHECK(worst(sliced_error<S>(world(), 2, 2, 2, want)) < 1e-12);
+  CHECK(worst(sliced_error<S>(world(), 2, 2, 2, want, 1e-3)) > 1e-9);  // negative control
+}
+
+TEMPLATE_TEST_CASE_SIG("MpiComm: an engine over each dp group equals the reference and talks on "
+                       "the dp groups only",
+                       "[mpi][engine][groups]", ((int S), S), 0, 1, 2, 3) {
+  for (int tp : {1, 2}) {
+    INFO("stage " << S << " ranks " << world().size() << " tp " << tp);
+    const GroupRun r = grid_run<S>(world(), tp, 2, 2);
+    CHECK(worst(r.error) < 1e-10);
+    CHECK(r.wrong_reference_error > 1e-3);
+    // Every op ran on the dp group (one-rank ops too, when each dp group is a single rank).
+    for (const std::string& g : r.groups) CHECK(g == "dp");
+    if (world().size() / tp > 1) CHECK(r.dp_bytes > 0);
+  }
+}
