@@ -18,6 +18,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <zero/engine/dispatch.hpp>
 
+#include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 #include "toy_model.hpp"
@@ -25,6 +26,9 @@
 using namespace zero;
 using namespace zero::test;
 using zero::parallel::LocalComm;
+using zero::testing::nothing_thrown;
+using zero::testing::per_rank;
+using zero::testing::thrown_message;
 
 namespace {
 
@@ -356,44 +360,62 @@ TEST_CASE("model-state memory follows the ZeRO formulas (AdamW, f32)", "[unit][e
 
 TEST_CASE("a config that contradicts the policies is rejected; dispatch picks the stage",
           "[unit][engine]") {
-  LocalComm::run(1, [&](LocalComm& comm) {
+  struct Seen {
+    std::string wrong_stage, bf16, bad_opt;  // what each rejected construction threw
+    std::vector<int> picked;                 // the stage dispatch picked for stages 0-3
+  };
+  const auto seen = per_rank<Seen>(1, [&](LocalComm& comm) {
+    Seen mine;
     nn::GPT<float> model(tiny());
     using E1 = engine::Engine<nn::GPT<float>, ZeroStage<1>>;
-    CHECK_THROWS_WITH(E1(model, comm, adamw_config(3, 1, 0.0)),
-                      Catch::Contains("zero_optimization.stage") && Catch::Contains("ZeroStage<1>"));
+    mine.wrong_stage = thrown_message([&] { (void)E1(model, comm, adamw_config(3, 1, 0.0)); });
     Config bf = adamw_config(1, 1, 0.0);
     bf.bf16_enabled = true;
-    CHECK_THROWS_WITH(E1(model, comm, bf), Catch::Contains("bf16.enabled"));
+    mine.bf16 = thrown_message([&] { (void)E1(model, comm, bf); });
     Config bad_opt = Config::from_json_string(
         R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
             "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "betaz": [0.9, 0.9]}}})");
-    CHECK_THROWS_WITH(E1(model, comm, bad_opt), Catch::Contains("optimizer.params.betaz"));
+    mine.bad_opt = thrown_message([&] { (void)E1(model, comm, bad_opt); });
     for (int s = 0; s <= 3; ++s) {
       const Config cfg = adamw_config(s, 1, 0.0);
       const int picked = zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
         E eng(model, comm, cfg);
         return E::stage;
       });
-      CHECK(picked == s);
+      mine.picked.push_back(picked);
     }
-  });
+    return mine;
+  })[0];
+  CHECK_THAT(seen.wrong_stage,
+             Catch::Contains("zero_optimization.stage") && Catch::Contains("ZeroStage<1>"));
+  CHECK_THAT(seen.bf16, Catch::Contains("bf16.enabled"));
+  CHECK_THAT(seen.bad_opt, Catch::Contains("optimizer.params.betaz"));
+  REQUIRE(seen.picked.size() == 4);
+  for (int s = 0; s <= 3; ++s) CHECK(seen.picked[static_cast<std::size_t>(s)] == s);
   // A config that offloads to NVMe gets an Offload<NVMe> engine; at stage 0 it is refused.
   zero::testing::TempDir nvme("dispatch-nvme", "/var/tmp");
-  LocalComm::run(1, [&](LocalComm& comm) {
+  struct Offloading {
+    bool offloads = false;
+    std::string stage0;
+  };
+  const auto offloading = per_rank<Offloading>(1, [&](LocalComm& comm) {
+    Offloading mine;
     nn::GPT<float> model(tiny());
     Config cfg = adamw_config(2, 1, 0.0);
     cfg.zero_optimization.offload_optimizer.device = config::OffloadDevice::nvme;
     cfg.zero_optimization.offload_optimizer.nvme_path = nvme.path().string();
-    const bool offloads = zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
+    mine.offloads = zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
       E eng(model, comm, cfg);
       return E::offload_nvme && E::stage == 2 && eng.memory_report().master_bytes == 0;
     });
-    CHECK(offloads);
     cfg.zero_optimization.stage = 0;
-    CHECK_THROWS_WITH(zero::dispatch<nn::GPT<float>>(
-                          cfg, [&]<class E>(std::type_identity<E>) { return E::stage; }),
-                      Catch::Contains("stage: 0 cannot offload"));
-  });
+    mine.stage0 = thrown_message([&] {
+      zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) { return E::stage; });
+    });
+    return mine;
+  })[0];
+  CHECK(offloading.offloads);
+  CHECK_THAT(offloading.stage0, Catch::Contains("stage: 0 cannot offload"));
 }
 
 namespace {
@@ -448,16 +470,24 @@ TEST_CASE("GPT in bf16 and fp16 follows the fp32 loss curve", "[unit][engine]") 
 }
 
 TEST_CASE("evaluate between a forward and its backward is refused", "[unit][engine]") {
-  LocalComm::run(1, [&](LocalComm& comm) {
+  struct Seen {
+    std::string pending, after_step;  // what evaluate threw before the backward and after step
+    bool boundary = false;            // what step returned
+  };
+  const auto seen = per_rank<Seen>(1, [&](LocalComm& comm) {
+    Seen mine;
     ToyModel<double> model;
     engine::Engine<ToyModel<double>, ZeroStage<1>> eng(
         model, comm, [](int, std::span<double>, std::span<const double>) {});
     std::vector<std::int32_t> tokens(16, 1);
     eng.forward({tokens.data(), tokens.data(), 2, 8});
-    CHECK_THROWS_WITH(eng.evaluate({tokens.data(), tokens.data(), 2, 8}),
-                      Catch::Contains("waiting for its backward"));
+    mine.pending = thrown_message([&] { eng.evaluate({tokens.data(), tokens.data(), 2, 8}); });
     eng.backward();  // the pending backward still runs
-    CHECK(eng.step());
-    CHECK_NOTHROW(eng.evaluate({tokens.data(), tokens.data(), 2, 8}));
-  });
+    mine.boundary = eng.step();
+    mine.after_step = thrown_message([&] { eng.evaluate({tokens.data(), tokens.data(), 2, 8}); });
+    return mine;
+  })[0];
+  CHECK_THAT(seen.pending, Catch::Contains("waiting for its backward"));
+  CHECK(seen.boundary);
+  CHECK(seen.after_step == nothing_thrown);
 }

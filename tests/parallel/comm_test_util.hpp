@@ -1,11 +1,10 @@
 #pragma once
-// Helpers for the collective tests: run ranks on LocalComm and collect what each returns, so
-// Catch2 assertions (not thread-safe) run on the main thread only; closed-form expected values
-// for rank-dependent inputs.
+// Helpers for the collective tests: per_rank (tests/support/per_rank.hpp) runs ranks on
+// LocalComm and collects what each returns, so Catch2 assertions (not thread-safe) run on the
+// main thread only; closed-form expected values for rank-dependent inputs.
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -13,16 +12,11 @@
 #include <zero/core/dtype.hpp>
 #include <parallel/comm/local_comm.hpp>
 
+#include "../support/per_rank.hpp"
+
 namespace zero::parallel::testing {
 
-/// Runs fn(comm) on n LocalComm ranks and returns each rank's result, indexed by rank.
-template <class R>
-std::vector<R> per_rank(int n, const std::function<R(LocalComm&)>& fn, CommOptions options = {}) {
-  std::vector<R> out(static_cast<std::size_t>(n));
-  LocalComm::run(
-      n, [&](LocalComm& comm) { out[static_cast<std::size_t>(comm.rank())] = fn(comm); }, options);
-  return out;
-}
+using zero::testing::per_rank;
 
 /// Input element i of rank r: small integers, exact in every element type and in their sums
 /// over 8 ranks (<= 68, so bf16's 8-bit significand and u8 hold them).

@@ -26,7 +26,7 @@ TEST_CASE("CommLogger records per op and group, and can be switched off", "[unit
   const int n = 4;
   constexpr std::size_t count = 1024;
   struct Totals { CommStats ar, rs, ag, ar_tp, all; std::size_t rows; CommStats after_off; };
-  auto got = testing::per_rank<Totals>(n, [&](LocalComm& world) {
+  auto got = zero::testing::per_rank<Totals>(n, [&](LocalComm& world) {
     auto logger = std::make_shared<CommLogger>();
     world.set_logger(logger);
     auto tp = world.split(world.rank() / 2, world.rank(), "tp");  // inherits the logger

@@ -118,7 +118,7 @@ TEST_CASE("Grid groups partition the world and complementary masks meet in one r
 TEST_CASE("ProcessGroups on LocalComm: each rank's sub-communicators hold the Grid's ranks",
           "[unit][topology][comm]") {
   const Grid grid = Grid::for_world(8, /*tp=*/2, /*cp=*/1, /*ep=*/1, /*pp=*/2);
-  auto ok = testing::per_rank<int>(8, [&](LocalComm& world) {
+  auto ok = zero::testing::per_rank<int>(8, [&](LocalComm& world) {
     ProcessGroups<LocalComm> groups(world, grid);
     int failures = 0;
     for (AxisMask m : standard_masks()) {
@@ -136,7 +136,7 @@ TEST_CASE("ProcessGroups on LocalComm: each rank's sub-communicators hold the Gr
     return failures;
   });
   for (int f : ok) CHECK(f == 0);
-  CHECK_THROWS_AS(testing::per_rank<int>(4, [&](LocalComm& world) {
+  CHECK_THROWS_AS(zero::testing::per_rank<int>(4, [&](LocalComm& world) {
                     ProcessGroups<LocalComm> g(world, grid);  // 8-rank grid on 4 ranks
                     return 0;
                   }),
