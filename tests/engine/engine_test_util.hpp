@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -146,25 +147,44 @@ inline optim::AdamHyper adamw_hyper() {
 }
 
 // Trains `steps` steps on this rank and returns the largest difference to want (every rank
-// gathers every unit).
+// gathers every unit). A run that cannot be compared (step() misplaces the accumulation
+// boundary, the engine and want disagree on units or their sizes) throws std::runtime_error
+// saying what and where; LocalComm::run rethrows it on the main thread (MpiComm: it leaves the
+// CHECK directly), so the failing test prints the reason instead of a bare large error.
 template <class Eng, class Comm, class W>
 double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& want) {
   const int world = comm.size();
   const std::int64_t global_rows = micro_rows * accumulation * world;
+  const std::string where = "max_error on rank " + std::to_string(comm.rank()) + " of " +
+                            std::to_string(world) + ": ";
   for (int step = 0; step < steps; ++step) {
     const GlobalBatch b(global_rows, step, tiny().vocab_size);
     for (int m = 0; m < accumulation; ++m) {
       eng.forward(b.micro(m, comm.rank(), world));
       eng.backward();
       const bool boundary = eng.step();
-      if (boundary != (m + 1 == accumulation)) return 1e9;
+      if (boundary != (m + 1 == accumulation)) {
+        throw std::runtime_error(where + "step " + std::to_string(step) + ", micro-step " +
+                                 std::to_string(m) + " of " + std::to_string(accumulation) +
+                                 ": step() returned " + (boundary ? "true" : "false") +
+                                 ", expected the accumulation boundary only at micro-step " +
+                                 std::to_string(accumulation - 1));
+      }
     }
+  }
+  if (static_cast<std::size_t>(eng.units()) != want.size()) {
+    throw std::runtime_error(where + "the engine has " + std::to_string(eng.units()) +
+                             " units, the reference " + std::to_string(want.size()));
   }
   double w = 0;
   for (int u = 0; u < eng.units(); ++u) {
     const auto got = eng.gather_unit_values(u);
     const auto& ref = want[static_cast<std::size_t>(u)];
-    if (got.size() != ref.size()) return 1e9;
+    if (got.size() != ref.size()) {
+      throw std::runtime_error(where + "unit " + std::to_string(u) + " has " +
+                               std::to_string(got.size()) + " elements, the reference " +
+                               std::to_string(ref.size()));
+    }
     for (std::size_t i = 0; i < got.size(); ++i) {
       w = std::max(w, std::fabs(static_cast<double>(got[i]) - static_cast<double>(ref[i])));
     }
