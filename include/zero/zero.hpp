@@ -4,7 +4,6 @@
 // included. Communicators are in <parallel/comm/...> (LocalComm, MpiComm), optimizers in
 // <optim/...>.
 
-#include <zero/version.hpp>
 #include <zero/config.hpp>
 #include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
@@ -29,3 +28,4 @@
 #include <zero/policies/policy_list.hpp>
 #include <zero/policies/precision.hpp>
 #include <zero/policies/zero_stage.hpp>
+#include <zero/version.hpp>

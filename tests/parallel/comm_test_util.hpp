@@ -9,8 +9,8 @@
 #include <type_traits>
 #include <vector>
 
-#include <zero/core/dtype.hpp>
 #include <parallel/comm/local_comm.hpp>
+#include <zero/core/dtype.hpp>
 
 #include "../support/per_rank.hpp"
 
@@ -20,7 +20,9 @@ using zero::testing::per_rank;
 
 /// Input element i of rank r: small integers, exact in every element type and in their sums
 /// over 8 ranks (<= 68, so bf16's 8-bit significand and u8 hold them).
-inline double input_value(int rank, std::size_t i) { return (rank + 1) + static_cast<double>(i % 5); }
+inline double input_value(int rank, std::size_t i) {
+  return (rank + 1) + static_cast<double>(i % 5);
+}
 
 /// Closed form of op over ranks 0..n-1 of input_value(r, i), as element type T.
 template <class T>
@@ -28,15 +30,18 @@ T expected_reduction(ReduceOp op, int n, std::size_t i) {
   const double base = static_cast<double>(i % 5);
   const double sum = n * (n + 1) / 2.0 + n * base;
   switch (op) {
-    case ReduceOp::sum: return convert<T>(sum);
+    case ReduceOp::sum:
+      return convert<T>(sum);
     case ReduceOp::avg:
       if constexpr (std::is_integral_v<T>) {
         return static_cast<T>(static_cast<long long>(sum) / n);
       } else {
         return convert<T>(sum / n);
       }
-    case ReduceOp::max: return convert<T>(n + base);
-    case ReduceOp::min: return convert<T>(1 + base);
+    case ReduceOp::max:
+      return convert<T>(n + base);
+    case ReduceOp::min:
+      return convert<T>(1 + base);
   }
   return T{};
 }
