@@ -14,7 +14,9 @@
 
 namespace {
 
-double best_seconds(const auto& fn) { return zero::bench::best_seconds(7, fn); }
+double best_seconds(const auto& fn) {
+  return zero::bench::best_seconds(7, fn);
+}
 
 void report(const char* bench, long long n, double seconds, double bytes, double baseline_gbps) {
   const double gbps = bytes / seconds / 1e9;

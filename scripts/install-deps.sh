@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  cmake ninja-build g++ ccache pkg-config git
+  cmake ninja-build g++ ccache pkg-config git clang-format
   catch2 nlohmann-json3-dev
   libopenblas-dev
   libboost-mpi-dev libopenmpi-dev openmpi-bin

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is missing, configures, builds and runs the tests.
+# The README's test command: installs what is missing, checks the formatting, configures,
+# builds and runs the tests.
 #   bash scripts/test.sh            unit, package and MPI tests (the default CTest run)
 #   bash scripts/test.sh --slow     also the [slow] tests
-# Exits non-zero when anything fails, after printing the failing tests' output.
+# Exits non-zero when anything fails, after printing the failing tests' output. Unformatted
+# files (scripts/check-format.sh) fail the run too, but only after the tests ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +21,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMP_WAIT_POLICY=PASSIVE
 
+format_ok=1
+bash scripts/check-format.sh || format_ok=0
+
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" -j 2
 ctest "${ctest_args[@]}"
+
+if [ $format_ok -eq 0 ]; then
+  echo "test.sh: the tests passed, but some files are not formatted (listed above)" >&2
+  exit 1
+fi

@@ -152,8 +152,7 @@ bool engine_rows(const Options& o) {
       zero::nn::GPT<float> model(model_config);
       zero::engine::EngineOptions options;
       options.activation_bytes = std::size_t{16} << 20;  // no forward runs here
-      zero::engine::Engine<zero::nn::GPT<float>, zero::ZeroStage<1>> eng(model, comm, cfg,
-                                                                         options);
+      zero::engine::Engine<zero::nn::GPT<float>, zero::ZeroStage<1>> eng(model, comm, cfg, options);
       // Rank 0 times each phase between barriers, so a phase ends when its slowest rank does.
       comm.barrier();
       auto t0 = Clock::now();
@@ -192,10 +191,10 @@ bool engine_rows(const Options& o) {
     line("engine_load_cold", config, bytes / load_s / 1e9, "GB/s",
          ", \"s\": " + std::to_string(load_s) + ", \"equal\": " + (equal ? "true" : "false"));
     line("engine_export_bf16", config,
-         static_cast<double>(model_config.num_parameters()) * 4.0 / export_s / 1e9, "GB/s (f32 read)",
-         ", \"s\": " + std::to_string(export_s) +
-             ", \"bytes_written\": " + std::to_string(export_bytes) +
-             ", \"peak_unit_bytes\": " + std::to_string(peak_unit));
+         static_cast<double>(model_config.num_parameters()) * 4.0 / export_s / 1e9,
+         "GB/s (f32 read)",
+         ", \"s\": " + std::to_string(export_s) + ", \"bytes_written\": " +
+             std::to_string(export_bytes) + ", \"peak_unit_bytes\": " + std::to_string(peak_unit));
     std::filesystem::remove_all(o.dir / tag);
   }
   return equal;

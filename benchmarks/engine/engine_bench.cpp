@@ -8,13 +8,13 @@
 //
 //   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
 //                  [--nvme-path /var/tmp]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
-#include <algorithm>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -98,13 +98,14 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
   const nn::GPTConfig c = model_config(s);
   const auto tokens = tokens_for(s, c.vocab_size);
   const std::string offload =
-      nvme_path.empty() ? ""
-                        : R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
-                              nvme_path + R"("})";
-  const Config cfg = Config::from_json_string(
-      R"({"train_batch_size": )" + std::to_string(s.batch) +
-      R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-          "zero_optimization": {"stage": )" + std::to_string(stage) + offload + "}}");
+      nvme_path.empty()
+          ? ""
+          : R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme_path + R"("})";
+  const Config cfg =
+      Config::from_json_string(R"({"train_batch_size": )" + std::to_string(s.batch) +
+                               R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+          "zero_optimization": {"stage": )" +
+                               std::to_string(stage) + offload + "}}");
   double ms = 0;
   parallel::LocalComm::run(ranks, [&](parallel::LocalComm& comm) {
     set_threads(threads_per_rank);
@@ -134,11 +135,12 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
 void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std::string& path) {
   const double plain = engine_ms(s, stage, ranks, threads);
   const double nvme = engine_ms(s, stage, ranks, threads, path);
-  std::printf("{\"bench\": \"engine_step_nvme\", \"config\": {\"stage\": %d, \"ranks\": %d, "
-              "\"threads_per_rank\": %d, \"params\": %lld, \"nvme_path\": \"%s\"}, "
-              "\"value\": %.3f, \"unit\": \"ms\", \"no_offload_ms\": %.3f, \"ratio\": %.3f}\n",
-              stage, ranks, threads, static_cast<long long>(model_config(s).num_parameters()),
-              path.c_str(), nvme, plain, nvme / plain);
+  std::printf(
+      "{\"bench\": \"engine_step_nvme\", \"config\": {\"stage\": %d, \"ranks\": %d, "
+      "\"threads_per_rank\": %d, \"params\": %lld, \"nvme_path\": \"%s\"}, "
+      "\"value\": %.3f, \"unit\": \"ms\", \"no_offload_ms\": %.3f, \"ratio\": %.3f}\n",
+      stage, ranks, threads, static_cast<long long>(model_config(s).num_parameters()), path.c_str(),
+      nvme, plain, nvme / plain);
   std::fflush(stdout);
 }
 
@@ -150,12 +152,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const long long v = std::atoll(argv[i + 1]);
-    if (flag == "--nvme-path") nvme_path = argv[i + 1];
-    else if (flag == "--layers") s.layers = v;
-    else if (flag == "--channels") s.channels = v;
-    else if (flag == "--seq") s.seq = v;
-    else if (flag == "--batch") s.batch = v;
-    else if (flag == "--repeats") s.repeats = static_cast<int>(v);
+    if (flag == "--nvme-path")
+      nvme_path = argv[i + 1];
+    else if (flag == "--layers")
+      s.layers = v;
+    else if (flag == "--channels")
+      s.channels = v;
+    else if (flag == "--seq")
+      s.seq = v;
+    else if (flag == "--batch")
+      s.batch = v;
+    else if (flag == "--repeats")
+      s.repeats = static_cast<int>(v);
     else {
       std::fprintf(stderr, "engine_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -166,20 +174,21 @@ int main(int argc, char** argv) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   const double baseline = single_process_ms(s, cores);
   const auto params = model_config(s).num_parameters();
-  std::printf("{\"bench\": \"engine_step\", \"config\": {\"mode\": \"single_process\", "
-              "\"params\": %lld, \"batch\": %lld, \"seq\": %lld, \"threads\": %d}, "
-              "\"value\": %.3f, \"unit\": \"ms\"}\n",
-              static_cast<long long>(params), static_cast<long long>(s.batch),
-              static_cast<long long>(s.seq), cores, baseline);
+  std::printf(
+      "{\"bench\": \"engine_step\", \"config\": {\"mode\": \"single_process\", "
+      "\"params\": %lld, \"batch\": %lld, \"seq\": %lld, \"threads\": %d}, "
+      "\"value\": %.3f, \"unit\": \"ms\"}\n",
+      static_cast<long long>(params), static_cast<long long>(s.batch),
+      static_cast<long long>(s.seq), cores, baseline);
   for (int ranks : {1, 2, 4}) {
     for (int stage = 0; stage <= 3; ++stage) {
       const int threads = ranks >= cores ? 1 : cores / ranks;
       const double ms = engine_ms(s, stage, ranks, threads);
-      std::printf("{\"bench\": \"engine_step\", \"config\": {\"mode\": \"engine\", \"stage\": %d, "
-                  "\"ranks\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
-                  "\"unit\": \"ms\", \"single_process_ms\": %.3f, \"ratio\": %.3f}\n",
-                  stage, ranks, threads, static_cast<long long>(params), ms, baseline,
-                  ms / baseline);
+      std::printf(
+          "{\"bench\": \"engine_step\", \"config\": {\"mode\": \"engine\", \"stage\": %d, "
+          "\"ranks\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
+          "\"unit\": \"ms\", \"single_process_ms\": %.3f, \"ratio\": %.3f}\n",
+          stage, ranks, threads, static_cast<long long>(params), ms, baseline, ms / baseline);
       std::fflush(stdout);
     }
   }

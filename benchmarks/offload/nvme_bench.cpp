@@ -47,8 +47,8 @@
 #include <string>
 #include <vector>
 
-#include "../bench_timing.hpp"
 #include <zero/offload/nvme_swapper.hpp>
+#include "../bench_timing.hpp"
 
 namespace {
 
@@ -99,16 +99,24 @@ int main(int argc, char** argv) {
   IoBackend backend = IoBackend::automatic;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], v = argv[i + 1];
-    if (flag == "--path") path = v;
-    else if (flag == "--mib") mib = std::atoll(v.c_str());
-    else if (flag == "--groups") groups = std::atoi(v.c_str());
-    else if (flag == "--repeats") repeats = std::atoi(v.c_str());
-    else if (flag == "--block") block = std::atoll(v.c_str());
-    else if (flag == "--queue-depth") queue_depth = std::atoi(v.c_str());
-    else if (flag == "--buffers") buffers = std::atoi(v.c_str());
+    if (flag == "--path")
+      path = v;
+    else if (flag == "--mib")
+      mib = std::atoll(v.c_str());
+    else if (flag == "--groups")
+      groups = std::atoi(v.c_str());
+    else if (flag == "--repeats")
+      repeats = std::atoi(v.c_str());
+    else if (flag == "--block")
+      block = std::atoll(v.c_str());
+    else if (flag == "--queue-depth")
+      queue_depth = std::atoi(v.c_str());
+    else if (flag == "--buffers")
+      buffers = std::atoi(v.c_str());
     else if (flag == "--backend")
-      backend = v == "uring" ? IoBackend::uring : v == "posix" ? IoBackend::posix
-                                                               : IoBackend::automatic;
+      backend = v == "uring"   ? IoBackend::uring
+                : v == "posix" ? IoBackend::posix
+                               : IoBackend::automatic;
     else {
       std::fprintf(stderr, "unknown flag %s (see the top of nvme_bench.cpp)\n", flag.c_str());
       return 2;
@@ -134,14 +142,13 @@ int main(int argc, char** argv) {
     auto fd = open_direct(plain_path, true);
     AlignedBuffer plain(bytes, swap.alignment());
     std::memset(plain.data(), 1, plain.size());
-    const std::string config = "\"path\": \"" + path + "\", \"bytes\": " + std::to_string(bytes) +
-                               ", \"groups\": " + std::to_string(groups) + ", \"block\": " +
-                               std::to_string(block) + ", \"queue_depth\": " +
-                               std::to_string(queue_depth) + ", \"buffers\": " +
-                               std::to_string(buffers) + ", \"engine\": \"" + swap.io_name() +
-                               "\", \"buffer_mib\": " +
-                               std::to_string((swap.buffer_bytes() + plain.size()) >> 20) +
-                               ", \"huge_page_mib\": " + std::to_string(huge_page_mib());
+    const std::string config =
+        "\"path\": \"" + path + "\", \"bytes\": " + std::to_string(bytes) +
+        ", \"groups\": " + std::to_string(groups) + ", \"block\": " + std::to_string(block) +
+        ", \"queue_depth\": " + std::to_string(queue_depth) +
+        ", \"buffers\": " + std::to_string(buffers) + ", \"engine\": \"" + swap.io_name() +
+        "\", \"buffer_mib\": " + std::to_string((swap.buffer_bytes() + plain.size()) >> 20) +
+        ", \"huge_page_mib\": " + std::to_string(huge_page_mib());
     const auto nothing = [](std::size_t, std::span<const std::span<float>>) {};
     const auto touch = [](std::size_t, std::span<const std::span<float>> t) {
       for (auto s : t) s[0] += 1.0f;  // an "update" that costs nothing next to the I/O
@@ -151,11 +158,15 @@ int main(int argc, char** argv) {
       plain_w = std::min(plain_w, best_seconds(1, [&] {
                            plain_loop(fd.get(), plain.data(), bytes, cfg.block_size, true);
                          }));
-      swap_w = std::min(swap_w, best_seconds(1, [&] { swap.for_each_group(nothing, {false, true}); }));
+      swap_w = std::min(swap_w, best_seconds(1, [&] {
+                          swap.for_each_group(nothing, {false, true});
+                        }));
       plain_r = std::min(plain_r, best_seconds(1, [&] {
                            plain_loop(fd.get(), plain.data(), bytes, cfg.block_size, false);
                          }));
-      swap_r = std::min(swap_r, best_seconds(1, [&] { swap.for_each_group(nothing, {true, false}); }));
+      swap_r = std::min(swap_r, best_seconds(1, [&] {
+                          swap.for_each_group(nothing, {true, false});
+                        }));
       swap_rw = std::min(swap_rw, best_seconds(1, [&] { swap.for_each_group(touch); }));
     }
     fd.reset();

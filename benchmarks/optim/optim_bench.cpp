@@ -20,9 +20,9 @@
 #include <omp.h>
 #endif
 
-#include "../bench_timing.hpp"
 #include <optim/adam.hpp>
 #include <zero/core/buffer.hpp>
+#include "../bench_timing.hpp"
 
 namespace {
 

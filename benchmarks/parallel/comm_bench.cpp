@@ -56,10 +56,14 @@ Options parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--backend") o.backend = next();
-    else if (a == "--min-bytes") o.min_bytes = std::strtoull(next(), nullptr, 10);
-    else if (a == "--max-bytes") o.max_bytes = std::strtoull(next(), nullptr, 10);
-    else if (a == "--step") o.step = std::max<std::size_t>(2, std::strtoull(next(), nullptr, 10));
+    if (a == "--backend")
+      o.backend = next();
+    else if (a == "--min-bytes")
+      o.min_bytes = std::strtoull(next(), nullptr, 10);
+    else if (a == "--max-bytes")
+      o.max_bytes = std::strtoull(next(), nullptr, 10);
+    else if (a == "--step")
+      o.step = std::max<std::size_t>(2, std::strtoull(next(), nullptr, 10));
     else if (a == "--ranks") {
       o.ranks.clear();
       std::string list = next();
@@ -80,7 +84,8 @@ Options parse(int argc, char** argv) {
 
 /// Timed iterations for S bytes: enough to amortise the clock, few for the big sizes.
 int iterations(std::size_t bytes) {
-  return static_cast<int>(std::clamp<std::size_t>((256ull << 20) / std::max<std::size_t>(bytes, 1), 5, 200));
+  return static_cast<int>(
+      std::clamp<std::size_t>((256ull << 20) / std::max<std::size_t>(bytes, 1), 5, 200));
 }
 
 constexpr CommOp ops[] = {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather};
@@ -96,9 +101,12 @@ int wrong_result(CommOp op, const std::vector<float>& recv, int n) {
 std::pair<std::size_t, std::size_t> buffer_elems(CommOp op, std::size_t bytes, int n) {
   const std::size_t total = bytes / sizeof(float), un = static_cast<std::size_t>(n);
   switch (op) {
-    case CommOp::reduce_scatter: return {total, total / un};
-    case CommOp::all_gather: return {total / un, total};
-    default: return {total, total};
+    case CommOp::reduce_scatter:
+      return {total, total / un};
+    case CommOp::all_gather:
+      return {total / un, total};
+    default:
+      return {total, total};
   }
 }
 
@@ -113,12 +121,12 @@ void print(CommOp op, const char* backend, int n, std::size_t bytes, double seco
            const char* baseline_key, double baseline, const char* extra_key, double extra,
            int wrong) {
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
-  std::printf("{\"bench\":\"comm\",\"op\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"bytes\":%zu,"
-              "\"time_us\":%.2f,\"algbw_gbps\":%.3f,\"busbw_gbps\":%.3f,\"%s\":%.3f,\"%s\":%.3f,"
-              "\"wrong\":%d}\n",
-              std::string(zero::parallel::name_of(op)).c_str(), backend, n, bytes, seconds * 1e6,
-              algbw, algbw * zero::parallel::bus_factor(op, n), baseline_key, baseline, extra_key,
-              extra, wrong);
+  std::printf(
+      "{\"bench\":\"comm\",\"op\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"bytes\":%zu,"
+      "\"time_us\":%.2f,\"algbw_gbps\":%.3f,\"busbw_gbps\":%.3f,\"%s\":%.3f,\"%s\":%.3f,"
+      "\"wrong\":%d}\n",
+      std::string(zero::parallel::name_of(op)).c_str(), backend, n, bytes, seconds * 1e6, algbw,
+      algbw * zero::parallel::bus_factor(op, n), baseline_key, baseline, extra_key, extra, wrong);
   std::fflush(stdout);
 }
 
@@ -137,7 +145,8 @@ double stream_triad_gbps(int threads) {
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
         const std::size_t lo = n * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads);
-        const std::size_t hi = n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
+        const std::size_t hi =
+            n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
         if (rep == 0) {  // first touch by the thread that uses the pages
           for (std::size_t i = lo; i < hi; ++i) b[i] = 1.0, c[i] = 2.0, a[i] = 0.0;
         }
@@ -173,7 +182,8 @@ void bench_local(const Options& o) {
             if (op == CommOp::all_reduce) {
               comm.all_reduce(std::span<const float>(send), std::span<float>(recv), ReduceOp::sum);
             } else if (op == CommOp::reduce_scatter) {
-              comm.reduce_scatter(std::span<const float>(send), std::span<float>(recv), ReduceOp::sum);
+              comm.reduce_scatter(std::span<const float>(send), std::span<float>(recv),
+                                  ReduceOp::sum);
             } else {
               comm.all_gather(std::span<const float>(send), std::span<float>(recv));
             }

@@ -39,17 +39,27 @@ int main(int argc, char** argv) try {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[i + 1];
-    if (flag == "--model") model = v;
-    else if (flag == "--params") in.params = static_cast<std::int64_t>(std::atof(v.c_str()));
-    else if (flag == "--largest-layer") in.largest_unit_params = static_cast<std::int64_t>(std::atof(v.c_str()));
-    else if (flag == "--gpus-per-node") in.gpus_per_node = std::atoi(v.c_str());
-    else if (flag == "--nodes") in.nodes = std::atoi(v.c_str());
+    if (flag == "--model")
+      model = v;
+    else if (flag == "--params")
+      in.params = static_cast<std::int64_t>(std::atof(v.c_str()));
+    else if (flag == "--largest-layer")
+      in.largest_unit_params = static_cast<std::int64_t>(std::atof(v.c_str()));
+    else if (flag == "--gpus-per-node")
+      in.gpus_per_node = std::atoi(v.c_str());
+    else if (flag == "--nodes")
+      in.nodes = std::atoi(v.c_str());
     else if (flag == "--precision") {
-      if (v == "f32") in.precision = DType::f32;
-      else if (v == "bf16") in.precision = DType::bf16;
-      else if (v == "f16") in.precision = DType::f16;
-      else usage("--precision must be f32, bf16 or f16");
-    } else usage("unknown flag " + flag);
+      if (v == "f32")
+        in.precision = DType::f32;
+      else if (v == "bf16")
+        in.precision = DType::bf16;
+      else if (v == "f16")
+        in.precision = DType::f16;
+      else
+        usage("--precision must be f32, bf16 or f16");
+    } else
+      usage("unknown flag " + flag);
   }
   if (!model.empty()) {
     const nn::GPTConfig c = nn::GPTConfig::preset(model);
@@ -58,11 +68,13 @@ int main(int argc, char** argv) try {
     const std::int64_t C = c.channels;
     in.largest_unit_params = std::max(c.vocab_size * C + c.max_seq_len * C, 12 * C * C + 13 * C);
   }
-  if (in.params <= 0 || in.largest_unit_params <= 0) usage("give --model or --params and --largest-layer");
-  std::printf("%lld parameters, largest unit %lld, %d GPU(s) per node x %d node(s), %s compute,"
-              " Adam (8 bytes of state per parameter)\n",
-              static_cast<long long>(in.params), static_cast<long long>(in.largest_unit_params),
-              in.gpus_per_node, in.nodes, std::string(name_of(in.precision)).c_str());
+  if (in.params <= 0 || in.largest_unit_params <= 0)
+    usage("give --model or --params and --largest-layer");
+  std::printf(
+      "%lld parameters, largest unit %lld, %d GPU(s) per node x %d node(s), %s compute,"
+      " Adam (8 bytes of state per parameter)\n",
+      static_cast<long long>(in.params), static_cast<long long>(in.largest_unit_params),
+      in.gpus_per_node, in.nodes, std::string(name_of(in.precision)).c_str());
   std::printf("%-6s %-26s | %-12s %-12s %-12s %-12s | %-12s %-12s\n", "stage", "offload",
               "GPU at rest", "GPU peak", "CPU/node", "NVMe/node", "DS GPU", "DS CPU/node");
   struct Row {

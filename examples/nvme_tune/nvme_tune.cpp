@@ -48,10 +48,14 @@ int main(int argc, char** argv) {
   std::vector<long long> depths = {1, 4, 8, 16, 32};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], v = argv[i + 1];
-    if (flag == "--path") dir = v;
-    else if (flag == "--mib") mib = std::atoll(v.c_str());
-    else if (flag == "--blocks") blocks = parse_list(v);
-    else if (flag == "--depths") depths = parse_list(v);
+    if (flag == "--path")
+      dir = v;
+    else if (flag == "--mib")
+      mib = std::atoll(v.c_str());
+    else if (flag == "--blocks")
+      blocks = parse_list(v);
+    else if (flag == "--depths")
+      depths = parse_list(v);
     else {
       std::fprintf(stderr, "unknown flag %s (see the top of nvme_tune.cpp)\n", flag.c_str());
       return 2;

@@ -80,34 +80,59 @@ Options parse(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0') usage(flag + " expects an integer, got '" + v + "'");
       return static_cast<std::int64_t>(x);
     };
-    if (flag == "--config") o.config = v;
-    else if (flag == "--ranks") o.ranks = static_cast<int>(integer());
-    else if (flag == "--stage") o.stage = static_cast<int>(integer());
-    else if (flag == "--steps") o.steps = integer();
-    else if (flag == "--batch") o.batch = integer();
-    else if (flag == "--seq") o.seq = integer();
-    else if (flag == "--layers") o.layers = integer();
-    else if (flag == "--heads") o.heads = integer();
-    else if (flag == "--channels") o.channels = integer();
-    else if (flag == "--lr") o.lr = std::atof(v.c_str());
-    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(integer());
-    else if (flag == "--print-every") o.print_every = std::max<std::int64_t>(1, integer());
-    else if (flag == "--data") o.data = v;
-    else if (flag == "--tokens") o.tokens = v;
-    else if (flag == "--init") o.init = v;
-    else if (flag == "--metrics") o.metrics = v;
-    else if (flag == "--save-dir") o.save_dir = v;
-    else if (flag == "--save-every") o.save_every = integer();
-    else if (flag == "--export") o.export_path = v;
-    else if (flag == "--nvme-path") o.nvme_path = v;
+    if (flag == "--config")
+      o.config = v;
+    else if (flag == "--ranks")
+      o.ranks = static_cast<int>(integer());
+    else if (flag == "--stage")
+      o.stage = static_cast<int>(integer());
+    else if (flag == "--steps")
+      o.steps = integer();
+    else if (flag == "--batch")
+      o.batch = integer();
+    else if (flag == "--seq")
+      o.seq = integer();
+    else if (flag == "--layers")
+      o.layers = integer();
+    else if (flag == "--heads")
+      o.heads = integer();
+    else if (flag == "--channels")
+      o.channels = integer();
+    else if (flag == "--lr")
+      o.lr = std::atof(v.c_str());
+    else if (flag == "--seed")
+      o.seed = static_cast<std::uint64_t>(integer());
+    else if (flag == "--print-every")
+      o.print_every = std::max<std::int64_t>(1, integer());
+    else if (flag == "--data")
+      o.data = v;
+    else if (flag == "--tokens")
+      o.tokens = v;
+    else if (flag == "--init")
+      o.init = v;
+    else if (flag == "--metrics")
+      o.metrics = v;
+    else if (flag == "--save-dir")
+      o.save_dir = v;
+    else if (flag == "--save-every")
+      o.save_every = integer();
+    else if (flag == "--export")
+      o.export_path = v;
+    else if (flag == "--nvme-path")
+      o.nvme_path = v;
     else if (flag == "--export-dtype") {
-      if (v == "f32") o.export_dtype = DType::f32;
-      else if (v == "bf16") o.export_dtype = DType::bf16;
-      else if (v == "f16") o.export_dtype = DType::f16;
-      else usage("--export-dtype must be f32, bf16 or f16, not '" + v + "'");
-    }
-    else if (flag == "--resume") o.resume = v;
-    else usage("unknown flag " + flag);
+      if (v == "f32")
+        o.export_dtype = DType::f32;
+      else if (v == "bf16")
+        o.export_dtype = DType::bf16;
+      else if (v == "f16")
+        o.export_dtype = DType::f16;
+      else
+        usage("--export-dtype must be f32, bf16 or f16, not '" + v + "'");
+    } else if (flag == "--resume")
+      o.resume = v;
+    else
+      usage("unknown flag " + flag);
   }
   if (o.ranks < 1) usage("--ranks must be >= 1");
   if (o.steps < 0 || o.batch < 1 || o.seq < 1) usage("--steps, --batch and --seq must be positive");
@@ -166,13 +191,13 @@ Corpus load_corpus(const Options& o) {
   const data::PreparedText text = data::prepare_text_file(o.data, prefix, 0.1);
   c.train = std::make_shared<const data::TokenFile>(
       data::TokenFile::open(prefix.string() + "_train.bin"));
-  c.val = std::make_shared<const data::TokenFile>(
-      data::TokenFile::open(prefix.string() + "_val.bin"));
+  c.val =
+      std::make_shared<const data::TokenFile>(data::TokenFile::open(prefix.string() + "_val.bin"));
   std::filesystem::remove(prefix.string() + "_train.bin");
   std::filesystem::remove(prefix.string() + "_val.bin");
   c.prompt.assign(text.val.begin(),
-                  text.val.begin() + std::min<std::ptrdiff_t>(16, static_cast<std::ptrdiff_t>(
-                                                                      text.val.size())));
+                  text.val.begin() +
+                      std::min<std::ptrdiff_t>(16, static_cast<std::ptrdiff_t>(text.val.size())));
   return c;
 }
 
@@ -225,8 +250,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         "model state on rank 0: %.2f MB\n",
         static_cast<long long>(gc.num_parameters()), static_cast<long long>(o.layers),
         static_cast<long long>(o.heads), static_cast<long long>(o.channels),
-        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage,
-        comm.size(), static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
+        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, comm.size(),
+        static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
         static_cast<long long>(sizes.accumulation), comm.size(), static_cast<long long>(o.steps),
         static_cast<double>(mem.total()) / 1e6);
   }
@@ -269,17 +294,17 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
       const auto now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - last).count();
       last = now;
-      const double tokens_per_s =
-          static_cast<double>(since_print * sizes.train * o.seq) / seconds;
+      const double tokens_per_s = static_cast<double>(since_print * sizes.train * o.seq) / seconds;
       const double ms = 1e3 * seconds / static_cast<double>(since_print);
       since_print = 0;
       const double state_mb = static_cast<double>(eng.memory_report().total()) / 1e6;
       if (leader) {
-        std::printf("%sstep %4lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g | %.0f tokens/s"
-                    " | %.1f ms/step | state %.2f MB%s\n",
-                    tty ? "\r" : "", static_cast<long long>(step + 1), loss, eng.lr(),
-                    eng.last_grad_norm(), eng.loss_scale(), tokens_per_s, ms, state_mb,
-                    eng.last_step_skipped() ? " | skipped" : "");
+        std::printf(
+            "%sstep %4lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g | %.0f tokens/s"
+            " | %.1f ms/step | state %.2f MB%s\n",
+            tty ? "\r" : "", static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
+            eng.loss_scale(), tokens_per_s, ms, state_mb,
+            eng.last_step_skipped() ? " | skipped" : "");
         std::fflush(stdout);
         if (metrics.is_open()) {
           char buf[512];
@@ -297,8 +322,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == o.steps)) {
       const std::string tag = "step" + std::to_string(step + 1);
       const auto saved = eng.save_checkpoint(
-          o.save_dir, tag,
-          {{"next_step", step + 1}, {"loader", train_loader.state().to_json()}});
+          o.save_dir, tag, {{"next_step", step + 1}, {"loader", train_loader.state().to_json()}});
       if (leader) {
         std::printf("train_gpt: saved %s (%.1f MB)\n", saved.path.string().c_str(),
                     static_cast<double>(saved.total_bytes) / 1e6);
@@ -313,7 +337,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                   std::string(name_of(o.export_dtype)).c_str());
     }
   }
-  const double val_loss = mean_over_ranks(static_cast<double>(eng.evaluate(micro(val_loader.next()))));
+  const double val_loss =
+      mean_over_ranks(static_cast<double>(eng.evaluate(micro(val_loader.next()))));
   if (leader) {
     std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); validation loss %.4f\n",
                 first_loss, loss, static_cast<long long>(corpus.vocab),
@@ -344,9 +369,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
 
 template <class Comm>
 bool run(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
-  return zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
-    return train<E>(o, cfg, corpus, comm);
-  });
+  return zero::dispatch<nn::GPT<float>>(
+      cfg, [&]<class E>(std::type_identity<E>) { return train<E>(o, cfg, corpus, comm); });
 }
 
 bool launched_by_mpi() {

@@ -54,8 +54,8 @@ class AnyOptimizer {
       r.betas(h.beta1, h.beta2);
       h.eps = r.number("eps", 1e-8);
       const bool decoupled = type == "AdamW" || r.number("adam_w_mode", 1.0) != 0.0;
-      r.only({"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction",
-              "torch_adam", "amsgrad"});
+      r.only({"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "torch_adam",
+              "amsgrad"});
       expect<ConfigError>(r.number("bias_correction", 1.0) != 0.0,
                           "optimizer.params.bias_correction: false is not supported");
       expect<ConfigError>(r.number("amsgrad", 0.0) == 0.0,
@@ -132,8 +132,9 @@ class AnyOptimizer {
   }
   /// The learning rate of the first group.
   double lr() const {
-    return std::visit([](const auto& o) { return o.groups().empty() ? 0.0 : o.groups()[0].hyper.lr; },
-                      optimizer_);
+    return std::visit(
+        [](const auto& o) { return o.groups().empty() ? 0.0 : o.groups()[0].hyper.lr; },
+        optimizer_);
   }
   /// Elements in the shard.
   std::size_t numel() const {
@@ -141,8 +142,9 @@ class AnyOptimizer {
   }
   /// Names of the state buffers ("exp_avg", "exp_avg_sq", ...).
   const std::vector<std::string>& state_names() const {
-    return std::visit([](const auto& o) -> const std::vector<std::string>& { return o.state_names(); },
-                      optimizer_);
+    return std::visit(
+        [](const auto& o) -> const std::vector<std::string>& { return o.state_names(); },
+        optimizer_);
   }
   /// The state buffer called name.
   std::span<float> state(std::string_view name) {
@@ -206,7 +208,8 @@ class AnyOptimizer {
       beta2 = default2;
       const auto it = spec_.params.find("betas");
       if (it == spec_.params.end()) return;
-      expect<ConfigError>(it->second.size() == 2, "optimizer.params.betas: expected [beta1, beta2], got ",
+      expect<ConfigError>(it->second.size() == 2,
+                          "optimizer.params.betas: expected [beta1, beta2], got ",
                           it->second.size(), " numbers");
       beta1 = it->second[0];
       beta2 = it->second[1];

@@ -7,16 +7,17 @@
 #include <utility>
 #include <vector>
 
-#include <zero/core/error.hpp>
 #include <parallel/topology.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::parallel {
 
 /// The masks ProcessGroups builds unless told otherwise: tp, cp, ep, dp, pp, dp-cp (ZeRO's
 /// data-parallel group when context parallel is on) and tp-pp (Megatron's model-parallel group).
 inline std::vector<AxisMask> standard_masks() {
-  return {AxisMask{Axis::tp}, AxisMask{Axis::cp}, AxisMask{Axis::ep}, AxisMask{Axis::dp},
-          AxisMask{Axis::pp}, AxisMask{Axis::dp, Axis::cp}, AxisMask{Axis::tp, Axis::pp}};
+  return {AxisMask{Axis::tp},          AxisMask{Axis::cp}, AxisMask{Axis::ep},
+          AxisMask{Axis::dp},          AxisMask{Axis::pp}, AxisMask{Axis::dp, Axis::cp},
+          AxisMask{Axis::tp, Axis::pp}};
 }
 
 /// The sub-communicators of a Grid over a world communicator of type Comm.

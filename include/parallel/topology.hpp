@@ -32,7 +32,9 @@ inline constexpr Axis all_axes[axis_count] = {Axis::tp, Axis::cp, Axis::ep, Axis
 
 /// Index of axis in a Coords array. The modulo is free and tells the compiler the index is in
 /// bounds (g++ 12 otherwise warns that an enum value could be out of range).
-constexpr std::size_t axis_index(Axis axis) { return static_cast<std::size_t>(axis) % axis_count; }
+constexpr std::size_t axis_index(Axis axis) {
+  return static_cast<std::size_t>(axis) % axis_count;
+}
 
 /// Lower-case name of axis ("tp", ...).
 constexpr std::string_view name_of(Axis axis) {
@@ -84,7 +86,9 @@ class AxisMask {
   /// The axes not in this set.
   constexpr AxisMask complement() const { return from_bits(~bits_ & 0x1fu); }
   /// Union.
-  friend constexpr AxisMask operator|(AxisMask a, AxisMask b) { return from_bits(a.bits_ | b.bits_); }
+  friend constexpr AxisMask operator|(AxisMask a, AxisMask b) {
+    return from_bits(a.bits_ | b.bits_);
+  }
   /// Equality.
   friend constexpr bool operator==(AxisMask, AxisMask) = default;
   /// "tp-dp" (axes in the default order), or "none".
@@ -99,7 +103,9 @@ class AxisMask {
   }
 
  private:
-  static constexpr std::uint8_t bit(Axis a) { return static_cast<std::uint8_t>(1u << static_cast<int>(a)); }
+  static constexpr std::uint8_t bit(Axis a) {
+    return static_cast<std::uint8_t>(1u << static_cast<int>(a));
+  }
   std::uint8_t bits_ = 0;
 };
 
@@ -109,11 +115,16 @@ struct GridSizes {
   /// Size of axis.
   constexpr int operator[](Axis axis) const {
     switch (axis) {
-      case Axis::tp: return tp;
-      case Axis::cp: return cp;
-      case Axis::ep: return ep;
-      case Axis::dp: return dp;
-      case Axis::pp: return pp;
+      case Axis::tp:
+        return tp;
+      case Axis::cp:
+        return cp;
+      case Axis::ep:
+        return ep;
+      case Axis::dp:
+        return dp;
+      case Axis::pp:
+        return pp;
     }
     return 1;
   }
@@ -161,8 +172,8 @@ class Grid {
                         std::string_view order = "tp-cp-ep-dp-pp") {
     const long model = static_cast<long>(tp) * cp * ep * pp;
     expect<ConfigError>(model >= 1 && world % model == 0, "Grid: world size ", world,
-                        " is not divisible by tp*cp*ep*pp = ", tp, "*", cp, "*", ep, "*", pp,
-                        " = ", model);
+                        " is not divisible by tp*cp*ep*pp = ", tp, "*", cp, "*", ep, "*", pp, " = ",
+                        model);
     return Grid(GridSizes{tp, cp, ep, static_cast<int>(world / model), pp}, order);
   }
 
@@ -249,8 +260,8 @@ class Grid {
 
  private:
   void check_rank(int rank) const {
-    expect<ConfigError>(rank >= 0 && rank < world_, "Grid: rank ", rank, " is outside [0, ",
-                        world_, ")");
+    expect<ConfigError>(rank >= 0 && rank < world_, "Grid: rank ", rank, " is outside [0, ", world_,
+                        ")");
   }
   int index_over(const Coords& c, AxisMask mask) const {
     int index = 0, stride = 1;

@@ -11,6 +11,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <zero/checkpoint/checkpoint.hpp>
 
+#include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
 #include "checkpoint_test_util.hpp"
 
@@ -19,6 +20,7 @@ using namespace zero::checkpoint;
 using namespace zero::checkpoint::testing;
 using Catch::Contains;
 using zero::parallel::LocalComm;
+using zero::testing::per_rank;
 using zero::testing::TempDir;
 
 namespace {
@@ -115,15 +117,16 @@ TEST_CASE("latest missing or naming a missing tag is named", "[unit]") {
   CHECK_THROWS_WITH(Reader(fx.dir.path()), Contains("latest") && Contains("does not exist"));
   CHECK_THROWS_WITH(Reader(fx.dir.path(), "nope"),
                     Contains("nope") && Contains("complete tags there: t"));
-  LocalComm::run(2, [&](LocalComm& comm) {  // collectively: every rank gets the error
-    bool threw = false;
+  // Collectively: every rank gets the error.
+  const auto threw = per_rank<int>(2, [&](LocalComm& comm) {
     try {
       (void)load(comm, fx.dir.path());
     } catch (const CheckpointError&) {
-      threw = true;
+      return 1;
     }
-    if (!threw) throw std::runtime_error("load without latest did not throw");
+    return 0;
   });
+  CHECK(threw == std::vector<int>{1, 1});
 }
 
 TEST_CASE("a missing tensor or an out-of-bounds range is named", "[unit]") {

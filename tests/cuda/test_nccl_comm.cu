@@ -50,7 +50,8 @@ void check_nccl_ops(NcclComm& comm) {
   const auto un = static_cast<std::size_t>(n);
   constexpr std::size_t count = 33;
   for (ReduceOp op : all_reduce_ops) {
-    if (std::is_integral_v<T> && op == ReduceOp::avg) continue;  // NCCL's integer avg rounds its own way
+    if (std::is_integral_v<T> && op == ReduceOp::avg)
+      continue;  // NCCL's integer avg rounds its own way
     INFO("op " << name_of(op));
     DeviceVector<T> send(make_input<T>(me, count)), recv(count);
     comm.all_reduce(std::span<const T>(send.span()), recv.span(), op);
@@ -79,7 +80,8 @@ void check_nccl_ops(NcclComm& comm) {
   DeviceVector<T> a2a_send(make_input<T>(me, 3 * un)), a2a_recv(3 * un);
   comm.all_to_all(std::span<const T>(a2a_send.span()), a2a_recv.span());
   std::vector<T> want_a2a;
-  for (int q = 0; q < n; ++q) append(want_a2a, make_input<T>(q, 3, static_cast<std::size_t>(me) * 3));
+  for (int q = 0; q < n; ++q)
+    append(want_a2a, make_input<T>(q, 3, static_cast<std::size_t>(me) * 3));
   CHECK(first_mismatch(a2a_recv.host(), want_a2a) == -1);
 
   if (n > 1) {
@@ -96,8 +98,8 @@ void check_nccl_ops(NcclComm& comm) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("NcclComm: ops match the closed forms on the world and a split",
-                   "[mpi][cuda]", double, float, zero::bf16, std::int32_t, std::uint8_t) {
+TEMPLATE_TEST_CASE("NcclComm: ops match the closed forms on the world and a split", "[mpi][cuda]",
+                   double, float, zero::bf16, std::int32_t, std::uint8_t) {
   if (!have_gpu()) {
     WARN("no CUDA device visible: NcclComm test skipped");
     return;

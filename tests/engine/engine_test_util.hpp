@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -90,18 +91,16 @@ std::vector<std::vector<T>> reference_run(std::int64_t global_rows, int steps, d
 // f64 SGD reference with lr and clipping.
 inline std::vector<std::vector<double>> reference_sgd(std::int64_t global_rows, int steps,
                                                       double lr, double clip = 0.0) {
-  return reference_run<double>(global_rows, steps, clip,
-                               [&](int, std::span<double> p, std::span<double> g,
-                                   const std::vector<nn::ParamSpec>&, double coefficient) {
-                                 sgd<double>(lr * coefficient, p, g);
-                               });
+  return reference_run<double>(
+      global_rows, steps, clip,
+      [&](int, std::span<double> p, std::span<double> g, const std::vector<nn::ParamSpec>&,
+          double coefficient) { sgd<double>(lr * coefficient, p, g); });
 }
 
 // f32 AdamW reference: one AdamW per unit over its whole (unpadded) buffer, no weight decay on
 // parameters flagged so, the fused pass scaling gradients by the clip coefficient.
 inline std::vector<std::vector<float>> reference_adamw(std::int64_t global_rows, int steps,
-                                                       const optim::AdamHyper& hyper,
-                                                       double clip) {
+                                                       const optim::AdamHyper& hyper, double clip) {
   std::vector<optim::AdamW> opts;
   return reference_run<float>(
       global_rows, steps, clip,
@@ -109,16 +108,15 @@ inline std::vector<std::vector<float>> reference_adamw(std::int64_t global_rows,
           double coefficient) {
         if (opts.size() <= static_cast<std::size_t>(u)) {
           std::vector<std::uint8_t> mask;
-          for (const auto& s : specs) mask.insert(mask.end(), static_cast<std::size_t>(s.numel()),
-                                                  s.weight_decay ? 0 : 1);
+          for (const auto& s : specs)
+            mask.insert(mask.end(), static_cast<std::size_t>(s.numel()), s.weight_decay ? 0 : 1);
           optim::AdamHyper nd = hyper;
           nd.weight_decay = 0;
-          opts.emplace_back(p.size(), optim::groups_from_mask(std::span<const std::uint8_t>(mask),
-                                                              hyper, nd));
+          opts.emplace_back(
+              p.size(), optim::groups_from_mask(std::span<const std::uint8_t>(mask), hyper, nd));
         }
-        opts[static_cast<std::size_t>(u)].step(
-            optim::FusedIo::over(p, std::span<const float>(g))
-                .scale_grad(static_cast<float>(coefficient)));
+        opts[static_cast<std::size_t>(u)].step(optim::FusedIo::over(p, std::span<const float>(g))
+                                                   .scale_grad(static_cast<float>(coefficient)));
       });
 }
 
@@ -127,12 +125,14 @@ inline std::vector<std::vector<float>> reference_adamw(std::int64_t global_rows,
 inline Config adamw_config(int stage, int accumulation, double clip) {
   Config c = Config::from_json_string(R"({
     "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
-                                  std::to_string(accumulation) + R"(,
-    "gradient_clipping": )" + std::to_string(clip) + R"(,
+                                      std::to_string(accumulation) + R"(,
+    "gradient_clipping": )" + std::to_string(clip) +
+                                      R"(,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.9, 0.95],
                   "eps": 1e-8, "weight_decay": 0.1}},
-    "zero_optimization": {"stage": )" + std::to_string(stage) +
-                                  R"(, "stage3_param_persistence_threshold": 0}})");
+    "zero_optimization": {"stage": )" +
+                                      std::to_string(stage) +
+                                      R"(, "stage3_param_persistence_threshold": 0}})");
   return c;
 }
 inline optim::AdamHyper adamw_hyper() {
@@ -146,25 +146,44 @@ inline optim::AdamHyper adamw_hyper() {
 }
 
 // Trains `steps` steps on this rank and returns the largest difference to want (every rank
-// gathers every unit).
+// gathers every unit). A run that cannot be compared (step() misplaces the accumulation
+// boundary, the engine and want disagree on units or their sizes) throws std::runtime_error
+// saying what and where; LocalComm::run rethrows it on the main thread (MpiComm: it leaves the
+// CHECK directly), so the failing test prints the reason instead of a bare large error.
 template <class Eng, class Comm, class W>
 double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& want) {
   const int world = comm.size();
   const std::int64_t global_rows = micro_rows * accumulation * world;
+  const std::string where =
+      "max_error on rank " + std::to_string(comm.rank()) + " of " + std::to_string(world) + ": ";
   for (int step = 0; step < steps; ++step) {
     const GlobalBatch b(global_rows, step, tiny().vocab_size);
     for (int m = 0; m < accumulation; ++m) {
       eng.forward(b.micro(m, comm.rank(), world));
       eng.backward();
       const bool boundary = eng.step();
-      if (boundary != (m + 1 == accumulation)) return 1e9;
+      if (boundary != (m + 1 == accumulation)) {
+        throw std::runtime_error(where + "step " + std::to_string(step) + ", micro-step " +
+                                 std::to_string(m) + " of " + std::to_string(accumulation) +
+                                 ": step() returned " + (boundary ? "true" : "false") +
+                                 ", expected the accumulation boundary only at micro-step " +
+                                 std::to_string(accumulation - 1));
+      }
     }
+  }
+  if (static_cast<std::size_t>(eng.num_units()) != want.size()) {
+    throw std::runtime_error(where + "the engine has " + std::to_string(eng.num_units()) +
+                             " units, the reference " + std::to_string(want.size()));
   }
   double w = 0;
   for (int u = 0; u < eng.num_units(); ++u) {
     const auto got = eng.gather_unit_values(u);
     const auto& ref = want[static_cast<std::size_t>(u)];
-    if (got.size() != ref.size()) return 1e9;
+    if (got.size() != ref.size()) {
+      throw std::runtime_error(where + "unit " + std::to_string(u) + " has " +
+                               std::to_string(got.size()) + " elements, the reference " +
+                               std::to_string(ref.size()));
+    }
     for (std::size_t i = 0; i < got.size(); ++i) {
       w = std::max(w, std::fabs(static_cast<double>(got[i]) - static_cast<double>(ref[i])));
     }
@@ -196,8 +215,8 @@ double adamw_error(Comm& comm, int accumulation, int steps, double clip,
   nn::GPT<float> model(tiny());
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
-  engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(model, comm,
-                                                   adamw_config(S, accumulation, clip), options);
+  engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(model, comm, adamw_config(S, accumulation, clip),
+                                                   options);
   return max_error(eng, comm, accumulation, steps, want);
 }
 

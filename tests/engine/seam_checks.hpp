@@ -32,7 +32,9 @@ inline engine::EngineOptions seam_options(int accumulation) {
   options.prefetch_elems = 1;
   return options;
 }
-inline void sgd_lr1(int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); }
+inline void sgd_lr1(int, std::span<double> p, std::span<const double> g) {
+  sgd(1.0, p, g);
+}
 
 // Largest difference between the engine's gathered units and want (a collective).
 template <class Eng>
@@ -42,11 +44,11 @@ double largest_difference(Eng& eng, const std::vector<std::vector<double>>& want
     const auto got = eng.gather_unit_values(u);
     const auto& ref = want.at(static_cast<std::size_t>(u));
     if (got.size() != ref.size()) {
-      throw std::runtime_error("unit " + std::to_string(u) + " has " +
-                               std::to_string(got.size()) + " values, the reference " +
-                               std::to_string(ref.size()));
+      throw std::runtime_error("unit " + std::to_string(u) + " has " + std::to_string(got.size()) +
+                               " values, the reference " + std::to_string(ref.size()));
     }
-    for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]));
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(got[i] - ref[i]));
   }
   return worst;
 }
@@ -71,8 +73,10 @@ double sliced_error(Comm& comm, int accumulation, int steps, int split,
       eng.forward_units({split, n}, mb, Tensor<double>(handed.data(), out.shape()));
       const Tensor<double> dx = eng.backward_units({split, n});
       std::vector<double> grad(dx.data(), dx.data() + dx.numel());
-      const Tensor<double> below = eng.backward_units({0, split}, Tensor<double>(grad.data(), dx.shape()));
-      if (below.data() != nullptr) throw std::runtime_error("backward past unit 0 returned a gradient");
+      const Tensor<double> below =
+          eng.backward_units({0, split}, Tensor<double>(grad.data(), dx.shape()));
+      if (below.data() != nullptr)
+        throw std::runtime_error("backward past unit 0 returned a gradient");
       if (eng.step() != (m + 1 == accumulation)) {
         throw std::runtime_error("step() disagreed with the accumulation boundary at micro-step " +
                                  std::to_string(m));
@@ -100,10 +104,10 @@ class GptWithTpGroup : public nn::GPT<double> {
 
 // What one rank saw on a (tp x dp) grid.
 struct GroupRun {
-  double error = 0;                 // to the reference of its dp group's global batch
-  double wrong_reference_error = 0; // to a reference with half the learning rate
-  std::set<std::string> groups;     // groups that carried traffic
-  std::uint64_t dp_bytes = 0;       // bytes on the dp group
+  double error = 0;                  // to the reference of its dp group's global batch
+  double wrong_reference_error = 0;  // to a reference with half the learning rate
+  std::set<std::string> groups;      // groups that carried traffic
+  std::uint64_t dp_bytes = 0;        // bytes on the dp group
 };
 
 // Stage S on world split as a Grid (tp, dp = world / tp): the engine shards over the grid's

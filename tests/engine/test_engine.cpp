@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -15,11 +16,14 @@
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/local_comm.hpp>
 
+#include "../support/per_rank.hpp"
 #include "engine_test_util.hpp"
 
 using namespace zero;
 using namespace zero::test;
 using zero::parallel::LocalComm;
+using zero::testing::per_rank;
+using zero::testing::thrown_message;
 
 namespace {
 
@@ -75,6 +79,50 @@ TEST_CASE("a wrong reference is caught (negative control)", "[unit][engine]") {
   CHECK(worst_over_ranks<3>(2, 1, 0.0, wrong) > 1e-3);
   const auto unclipped = reference_sgd(micro_rows * 2, steps, 1.0);  // clipping forgotten
   CHECK(worst_over_ranks<2>(2, 1, 0.05, unclipped) > 1e-3);
+}
+
+TEST_CASE("a run that cannot be compared says why instead of returning a large error",
+          "[unit][engine]") {
+  // max_error(accumulation) on an engine built with another accumulation, or against a
+  // reference with a unit short or missing: each rank names what went wrong.
+  const auto want = reference_sgd(micro_rows * 2, 1, 1.0);
+  auto messages = [&](int engine_accumulation, int compared_accumulation,
+                      const std::vector<std::vector<double>>& reference) {
+    return per_rank<std::string>(2, [&](LocalComm& comm) {
+      return thrown_message([&] {
+        nn::GPT<double> model(tiny());
+        engine::EngineOptions options;
+        options.gradient_accumulation_steps = engine_accumulation;
+        options.activation_bytes = 32 << 20;
+        engine::Engine<nn::GPT<double>, ZeroStage<0>> eng(
+            model, comm,
+            [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); }, options);
+        (void)max_error(eng, comm, compared_accumulation, 1, reference);
+      });
+    });
+  };
+  const auto boundary = messages(2, 1, want);
+  auto short_unit = want;
+  short_unit[0].pop_back();
+  const auto sizes = messages(1, 1, short_unit);
+  auto missing_unit = want;
+  missing_unit.pop_back();
+  const auto units = messages(1, 1, missing_unit);
+  const std::string n0 = std::to_string(want[0].size()), n1 = std::to_string(want[0].size() - 1);
+  for (int r = 0; r < 2; ++r) {
+    const auto rank = "rank " + std::to_string(r) + " of 2";
+    CHECK_THAT(boundary[static_cast<std::size_t>(r)],
+               Catch::Contains(rank) && Catch::Contains("step 0, micro-step 0 of 1") &&
+                   Catch::Contains("step() returned false"));
+    CHECK_THAT(sizes[static_cast<std::size_t>(r)],
+               Catch::Contains(rank) && Catch::Contains("unit 0 has " + n0 + " elements") &&
+                   Catch::Contains("the reference " + n1));
+    CHECK_THAT(units[static_cast<std::size_t>(r)],
+               Catch::Contains(rank) &&
+                   Catch::Contains("units, the reference " + std::to_string(missing_unit.size())));
+  }
+  // Negative control: a comparable run throws nothing.
+  CHECK(messages(1, 1, want) == std::vector<std::string>(2, std::string(testing::nothing_thrown)));
 }
 
 TEST_CASE("model-state memory per rank shrinks with the stage", "[unit][engine]") {

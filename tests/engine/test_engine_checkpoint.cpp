@@ -4,12 +4,12 @@
 // and client state round-trip; a checkpoint from another optimizer is refused by name; GPT-2
 // safetensors weights import sliced and export streamed from a live engine.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,12 +20,14 @@
 #include <zero/engine/engine_weights.hpp>
 #include <zero/io/safetensors_writer.hpp>
 
+#include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 
 using namespace zero;
 using namespace zero::test;
 using zero::parallel::LocalComm;
+using zero::testing::per_rank;
 
 namespace {
 
@@ -47,6 +49,7 @@ struct Segment {
 template <class T, int S>
 std::vector<double> run_stage(const Segment& seg, const std::filesystem::path& dir) {
   std::vector<double> out;
+  std::vector<int> next_step(static_cast<std::size_t>(seg.world), -1);  // from the client state
   LocalComm::run(seg.world, [&](LocalComm& comm) {
     nn::GPT<T> model(tiny());
     engine::EngineOptions options;
@@ -55,7 +58,8 @@ std::vector<double> run_stage(const Segment& seg, const std::filesystem::path& d
     auto body = [&](auto& eng) {
       if (!seg.load_tag.empty()) {
         const auto client = eng.load_checkpoint(dir, seg.load_tag == "latest" ? "" : seg.load_tag);
-        CHECK(client.at("next_step").template get<int>() == seg.first_step);
+        next_step[static_cast<std::size_t>(comm.rank())] =
+            client.at("next_step").template get<int>();
       }
       for (int step = seg.first_step; step < seg.last_step; ++step) {
         const GlobalBatch b(global_rows, step, tiny().vocab_size);
@@ -84,21 +88,32 @@ std::vector<double> run_stage(const Segment& seg, const std::filesystem::path& d
       body(eng);
     }
   });
+  if (!seg.load_tag.empty()) {
+    for (int n : next_step) CHECK(n == seg.first_step);
+  }
   return out;
 }
 
 template <class T>
 std::vector<double> run(const Segment& seg, const std::filesystem::path& dir) {
   switch (seg.stage) {
-    case 0: return run_stage<T, 0>(seg, dir);
-    case 1: return run_stage<T, 1>(seg, dir);
-    case 2: return run_stage<T, 2>(seg, dir);
-    default: return run_stage<T, 3>(seg, dir);
+    case 0:
+      return run_stage<T, 0>(seg, dir);
+    case 1:
+      return run_stage<T, 1>(seg, dir);
+    case 2:
+      return run_stage<T, 2>(seg, dir);
+    default:
+      return run_stage<T, 3>(seg, dir);
   }
 }
 
+// Largest element difference; runs of different sizes throw, so the test prints why.
 double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return 1e9;
+  if (a.size() != b.size()) {
+    throw std::runtime_error("max_diff: " + std::to_string(a.size()) + " values against " +
+                             std::to_string(b.size()));
+  }
   double w = 0;
   for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, std::fabs(a[i] - b[i]));
   return w;
@@ -111,15 +126,14 @@ TEST_CASE("a checkpoint saved at N ranks and stage s resumes at M ranks and stag
   zero::testing::TempDir tmp("engine-ckpt");
   const auto uninterrupted = run<double>({2, 3, 0, 4, "", ""}, tmp.path());
   const auto wrong = run<double>({2, 3, 0, 3, "", ""}, tmp.path());  // one step short
-  for (const auto& [saved_world, saved_stage] : {std::pair{2, 3}, std::pair{3, 0},
-                                                 std::pair{4, 2}, std::pair{1, 1},
-                                                 std::pair{8, 1}}) {
+  for (const auto& [saved_world, saved_stage] :
+       {std::pair{2, 3}, std::pair{3, 0}, std::pair{4, 2}, std::pair{1, 1}, std::pair{8, 1}}) {
     const std::string tag = "w" + std::to_string(saved_world) + "s" + std::to_string(saved_stage);
     run<double>({saved_world, saved_stage, 0, 2, "", tag}, tmp.path());
     for (const auto& [world, stage] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{3, 2},
                                        std::pair{4, 3}, std::pair{6, 3}, std::pair{8, 2}}) {
-      INFO("saved at " << saved_world << " ranks stage " << saved_stage << ", loaded at "
-                       << world << " ranks stage " << stage);
+      INFO("saved at " << saved_world << " ranks stage " << saved_stage << ", loaded at " << world
+                       << " ranks stage " << stage);
       const auto resumed = run<double>({world, stage, 2, 4, tag, ""}, tmp.path());
       CHECK(max_diff(resumed, uninterrupted) < 1e-10);
       CHECK(max_diff(resumed, wrong) > 1e-4);  // negative control
@@ -127,9 +141,10 @@ TEST_CASE("a checkpoint saved at N ranks and stage s resumes at M ranks and stag
   }
 }
 
-TEST_CASE("AdamW states reshard across world sizes and stages; the same layout resumes "
-          "bit-exactly",
-          "[unit][engine][checkpoint]") {
+TEST_CASE(
+    "AdamW states reshard across world sizes and stages; the same layout resumes "
+    "bit-exactly",
+    "[unit][engine][checkpoint]") {
   zero::testing::TempDir tmp("engine-ckpt");
   const auto uninterrupted = run<float>({2, 3, 0, 4, "", ""}, tmp.path());
   run<float>({2, 3, 0, 2, "", "mid"}, tmp.path());
@@ -168,28 +183,35 @@ TEST_CASE("GPT-2 safetensors weights start training at any stage without a whole
     for (int u = 0; u < params.num_units(); ++u) {
       std::int64_t offset = 0;
       for (const auto& p : params.unit_specs(u)) {
-        io::gpt2::export_tensor(writer, p.name,
-                                Tensor<const float>(params.unit_values(u).data() + offset, p.shape));
+        io::gpt2::export_tensor(
+            writer, p.name, Tensor<const float>(params.unit_values(u).data() + offset, p.shape));
         offset += p.numel();
       }
     }
     writer.commit();
   }
   for (int world : {1, 2, 3}) {
-    LocalComm::run(world, [&](LocalComm& comm) {
+    // Every rank's view of every unit after the import.
+    const auto units = per_rank<std::vector<std::vector<float>>>(world, [&](LocalComm& comm) {
       nn::GPT<float> model(tiny());
       engine::EngineOptions options;
       options.persistence_threshold = 0;
       engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
           model, comm, [](int, std::span<float>, std::span<const float>) {}, options);
       engine::load_gpt2_weights(eng, file);
-      for (int u = 0; u < eng.num_units(); ++u) {
-        const auto got = eng.gather_unit_values(u);
+      std::vector<std::vector<float>> mine;
+      for (int u = 0; u < eng.num_units(); ++u) mine.push_back(eng.gather_unit_values(u));
+      return mine;
+    });
+    for (const auto& mine : units) {
+      REQUIRE(mine.size() == static_cast<std::size_t>(params.num_units()));
+      for (int u = 0; u < params.num_units(); ++u) {
+        const auto& got = mine[static_cast<std::size_t>(u)];
         const auto want = params.unit_values(u);
         REQUIRE(got.size() == static_cast<std::size_t>(want.numel()));
         CHECK(std::equal(got.begin(), got.end(), want.begin()));
       }
-    });
+    }
   }
 }
 
@@ -200,28 +222,35 @@ TEST_CASE("GPT-2 weights export streams from a live engine and loads at another 
   const auto bf16_file = tmp.path() / "bf16.safetensors";
   std::vector<std::vector<float>> saved;  // rank 0's view of every unit after the export
   // Exported at 2 ranks, stage 3 (no rank holds more than one unit at a time).
-  LocalComm::run(2, [&](LocalComm& comm) {
+  struct Exported {
+    engine::WeightsExport written;
+    std::size_t params = 0, largest = 0, total = 0;
+  };
+  const auto exported = per_rank<Exported>(2, [&](LocalComm& comm) {
     nn::GPT<float> model(tiny());
     engine::EngineOptions options;
     options.persistence_threshold = 0;
     options.seed = 1234;
     engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
         model, comm, [](int, std::span<float>, std::span<const float>) {}, options);
-    const auto written = engine::save_gpt2_weights(eng, f32_file);
+    Exported mine;
+    mine.written = engine::save_gpt2_weights(eng, f32_file);
     engine::save_gpt2_weights(eng, bf16_file, DType::bf16);
-    std::size_t params = 0, largest = 0, total = 0;
     for (int u = 0; u < eng.num_units(); ++u) {
-      params += eng.unit_specs(u).size();
+      mine.params += eng.unit_specs(u).size();
       const auto v = eng.gather_unit_values(u);
-      largest = std::max(largest, v.size() * sizeof(float));
-      total += v.size() * sizeof(float);
+      mine.largest = std::max(mine.largest, v.size() * sizeof(float));
+      mine.total += v.size() * sizeof(float);
       if (comm.rank() == 0) saved.push_back(v);
     }
+    return mine;
+  });
+  for (const auto& [written, params, largest, total] : exported) {
     CHECK(written.tensors == params);
     CHECK(written.peak_unit_bytes == largest);
     CHECK(written.peak_unit_bytes < total);
     CHECK(written.bytes == std::filesystem::file_size(f32_file));
-  });
+  }
   // The file is in Hugging Face's layout: Conv1D weights [in, out], bf16 where asked.
   const io::SafetensorsReader f32_reader(f32_file), bf16_reader(bf16_file);
   const auto& attn = f32_reader.info("transformer.h.0.attn.c_attn.weight");
@@ -229,22 +258,30 @@ TEST_CASE("GPT-2 weights export streams from a live engine and loads at another 
   CHECK(bf16_reader.info("transformer.wte.weight").dtype == DType::bf16);
   CHECK(!f32_reader.contains("lm_head.weight"));  // tied to wte
   // Loaded at 3 ranks, stage 1: the same values (f32 exactly, bf16 rounded once).
-  LocalComm::run(3, [&](LocalComm& comm) {
+  struct Loaded {
+    std::vector<std::vector<float>> f32, bf16;  // every unit after loading each file
+  };
+  const auto loaded = per_rank<Loaded>(3, [&](LocalComm& comm) {
     nn::GPT<float> model(tiny());
     engine::EngineOptions options;
     options.seed = 7;  // a different start, overwritten by the file
     engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(
         model, comm, [](int, std::span<float>, std::span<const float>) {}, options);
+    Loaded mine;
     engine::load_gpt2_weights(eng, f32_file);
-    for (int u = 0; u < eng.num_units(); ++u) {
-      const auto got = eng.gather_unit_values(u);
-      CHECK(got == saved[static_cast<std::size_t>(u)]);
-    }
+    for (int u = 0; u < eng.num_units(); ++u) mine.f32.push_back(eng.gather_unit_values(u));
     engine::load_gpt2_weights(eng, bf16_file);
+    for (int u = 0; u < eng.num_units(); ++u) mine.bf16.push_back(eng.gather_unit_values(u));
+    return mine;
+  });
+  for (const Loaded& mine : loaded) {
+    REQUIRE(mine.f32.size() == saved.size());
+    REQUIRE(mine.bf16.size() == saved.size());
+    for (std::size_t u = 0; u < saved.size(); ++u) CHECK(mine.f32[u] == saved[u]);
     std::size_t exact = 0, total = 0;
-    for (int u = 0; u < eng.num_units(); ++u) {
-      const auto got = eng.gather_unit_values(u);
-      const auto& want = saved[static_cast<std::size_t>(u)];
+    for (std::size_t u = 0; u < saved.size(); ++u) {
+      const auto& got = mine.bf16[u];
+      const auto& want = saved[u];
       REQUIRE(got.size() == want.size());
       for (std::size_t i = 0; i < got.size(); ++i) {
         REQUIRE(got[i] == static_cast<float>(bf16(want[i])));
@@ -253,30 +290,41 @@ TEST_CASE("GPT-2 weights export streams from a live engine and loads at another 
       total += got.size();
     }
     CHECK(exact < total / 2);  // the bf16 file really is rounded (LayerNorm ones are exact)
-  });
+  }
 }
 
 TEST_CASE("A failed GPT-2 weights export raises on every rank and leaves no file",
           "[unit][engine][checkpoint]") {
   zero::testing::TempDir tmp("engine-export-fail");
   const auto file = tmp.path() / "missing-dir" / "model.safetensors";
-  std::atomic<int> raised{0};
-  LocalComm::run(2, [&](LocalComm& comm) {
+  struct Outcome {
+    bool raised = false, io_error_escaped = false;
+    std::string message;
+    std::size_t unit0_after = 0;
+  };
+  const auto outcome = per_rank<Outcome>(2, [&](LocalComm& comm) {
     nn::GPT<float> model(tiny());
     engine::Engine<nn::GPT<float>, ZeroStage<2>> eng(
         model, comm, [](int, std::span<float>, std::span<const float>) {}, {});
+    Outcome mine;
     try {
       engine::save_gpt2_weights(eng, file);
     } catch (const CheckpointError& e) {
-      ++raised;
-      if (comm.rank() == 1) CHECK_THAT(e.what(), Catch::Contains("rank 0 could not write"));
+      mine.raised = true;
+      mine.message = e.what();
     } catch (const IoError&) {
-      FAIL("an IoError escaped instead of a CheckpointError");
+      mine.io_error_escaped = true;
     }
     // The engine is still usable: the collectives stayed matched.
-    CHECK(eng.gather_unit_values(0).size() > 0);
+    mine.unit0_after = eng.gather_unit_values(0).size();
+    return mine;
   });
-  CHECK(raised == 2);
+  for (const Outcome& mine : outcome) {
+    if (mine.io_error_escaped) FAIL("an IoError escaped instead of a CheckpointError");
+    CHECK(mine.raised);
+    CHECK(mine.unit0_after > 0);
+  }
+  CHECK_THAT(outcome[1].message, Catch::Contains("rank 0 could not write"));
   CHECK(!std::filesystem::exists(file));
   CHECK(!std::filesystem::exists(file.parent_path()));
 }

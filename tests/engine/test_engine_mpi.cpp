@@ -10,23 +10,13 @@
 
 #include <parallel/comm/mpi_comm.hpp>
 
+#include "engine_mpi_util.hpp"
 #include "engine_test_util.hpp"
 
 using namespace zero;
 using namespace zero::test;
 
 namespace {
-
-parallel::MpiComm& world() {
-  static parallel::MpiComm comm = parallel::MpiComm::world();
-  return comm;
-}
-
-// Largest error over all ranks (every rank gets the same answer).
-double worst(double mine) {
-  world().all_reduce(std::span<double>(&mine, 1), parallel::ReduceOp::max);
-  return mine;
-}
 
 template <int S>
 void check_stage() {

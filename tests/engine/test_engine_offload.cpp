@@ -1,17 +1,17 @@
-// Offload<NVMe> with Compute<Host>: the fp32 master and the optimizer states live in files (io_uring + O_DIRECT, or
-// pread/pwrite where io_uring is missing) and stream through the swapper's buffers at each step.
-// After several steps the parameters equal those of the same run without offload, bit for bit,
-// at stages 1-3 and world sizes 1, 2 and 4; the states' memory is gone from memory_report(); a
-// checkpoint saved from an offloading engine resumes in a plain one and back; an I/O failure in
-// a step (EIO, disk full) raises a clear error, stops the engine from saving its inconsistent
-// state over the last checkpoint, and that checkpoint resumes the run exactly.
+// Offload<NVMe> with Compute<Host>: the fp32 master and the optimizer states live in files
+// (io_uring + O_DIRECT, or pread/pwrite where io_uring is missing) and stream through the swapper's
+// buffers at each step. After several steps the parameters equal those of the same run without
+// offload, bit for bit, at stages 1-3 and world sizes 1, 2 and 4; the states' memory is gone from
+// memory_report(); a checkpoint saved from an offloading engine resumes in a plain one and back; an
+// I/O failure in a step (EIO, disk full) raises a clear error, stops the engine from saving its
+// inconsistent state over the last checkpoint, and that checkpoint resumes the run exactly.
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
-#include <filesystem>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -131,8 +131,8 @@ TEST_CASE("checkpoints move between offloading and plain engines", "[unit][engin
   CHECK(std::ranges::equal(resumed_plain.params, uninterrupted.params,
                            [](float a, float b) { return std::abs(a - b) < 2e-5f; }));
   train<1>(2, offload_config(1, {}), 2, ckpt, true);
-  const auto resumed_nvme = train<3, Offload<NVMe>>(2, offload_config(3, nvme.path()), 4, ckpt,
-                                                    false, 2);
+  const auto resumed_nvme =
+      train<3, Offload<NVMe>>(2, offload_config(3, nvme.path()), 4, ckpt, false, 2);
   CHECK(std::ranges::equal(resumed_nvme.params, uninterrupted.params,
                            [](float a, float b) { return std::abs(a - b) < 2e-5f; }));
 }
@@ -230,8 +230,7 @@ TEST_CASE("GPT-2 weights go in and out of an engine whose master is in files",
     engine::EngineOptions options;
     options.activation_bytes = 32 << 20;
     options.persistence_threshold = 0;  // every stage-3 gather reads its slice from the file
-    engine::Engine<nn::GPT<float>, ZeroStage<3>> plain(model, comm, offload_config(3, {}),
-                                                       options);
+    engine::Engine<nn::GPT<float>, ZeroStage<3>> plain(model, comm, offload_config(3, {}), options);
     engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>> offloaded(
         model, comm, offload_config(3, nvme.path()), options);
     for (int u = 0; u < plain.num_units(); ++u) {
@@ -285,7 +284,8 @@ TEST_CASE("offload_param selects the same NVMe offload and is refused without it
                     Catch::Contains("offload_param.device") && Catch::Contains("Offload<none>"));
 }
 
-TEST_CASE("Offload<NVMe> in bf16 trains exactly like bf16 without offload", "[unit][engine][offload]") {
+TEST_CASE("Offload<NVMe> in bf16 trains exactly like bf16 without offload",
+          "[unit][engine][offload]") {
   zero::testing::TempDir nvme("engine-nvme-bf16", "/var/tmp");
   auto bf16_config = [](int stage, const std::filesystem::path& path) {
     Config c = offload_config(stage, path);
@@ -293,10 +293,12 @@ TEST_CASE("Offload<NVMe> in bf16 trains exactly like bf16 without offload", "[un
     return c;
   };
   const auto plain2 = train_as<bf16, 2, Precision<bf16>>(2, bf16_config(2, {}), 3);
-  const auto nvme2 = train_as<bf16, 2, Precision<bf16>, Offload<NVMe>>(2, bf16_config(2, nvme.path()), 3);
+  const auto nvme2 =
+      train_as<bf16, 2, Precision<bf16>, Offload<NVMe>>(2, bf16_config(2, nvme.path()), 3);
   CHECK(same_bits(plain2.params, nvme2.params));
   const auto plain3 = train_as<bf16, 3, Precision<bf16>>(2, bf16_config(3, {}), 3);
-  const auto nvme3 = train_as<bf16, 3, Precision<bf16>, Offload<NVMe>>(2, bf16_config(3, nvme.path()), 3);
+  const auto nvme3 =
+      train_as<bf16, 3, Precision<bf16>, Offload<NVMe>>(2, bf16_config(3, nvme.path()), 3);
   CHECK(same_bits(plain3.params, nvme3.params));
   CHECK(nvme3.report.master_bytes == 0);
   Config other_lr = bf16_config(3, nvme.path());

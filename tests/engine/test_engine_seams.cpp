@@ -31,8 +31,8 @@ void check_slices() {
     for (int accumulation : {1, 2}) {
       const auto want = reference_sgd(micro_rows * accumulation * world, steps, 1.0);
       for (int split : {1, 2, n - 1}) {
-        INFO("stage " << S << " world " << world << " accumulation " << accumulation
-                      << " split " << split);
+        INFO("stage " << S << " world " << world << " accumulation " << accumulation << " split "
+                      << split);
         const auto errors = per_rank<double>(world, [&](LocalComm& comm) {
           return sliced_error<S>(comm, accumulation, steps, split, want);
         });
@@ -82,18 +82,18 @@ TEST_CASE("slices must run in order", "[unit][engine][slices]") {
       }
     };
     const int n = eng.num_units();
-    attempt([&] { eng.forward_units({1, n}, mb); });             // does not start at unit 0
-    attempt([&] { eng.forward_units({0, 0}, mb); });             // empty
-    attempt([&] { eng.backward_units({0, n}); });                // before any forward
+    attempt([&] { eng.forward_units({1, n}, mb); });  // does not start at unit 0
+    attempt([&] { eng.forward_units({0, 0}, mb); });  // empty
+    attempt([&] { eng.backward_units({0, n}); });     // before any forward
     eng.forward_units({0, 2}, mb);
-    attempt([&] { eng.forward_units({3, n}, mb); });             // skips unit 2
-    attempt([&] { eng.backward_units({0, 2}); });                // forward not finished
+    attempt([&] { eng.forward_units({3, n}, mb); });  // skips unit 2
+    attempt([&] { eng.backward_units({0, 2}); });     // forward not finished
     eng.forward_units({2, n}, mb);
-    attempt([&] { eng.backward_units({0, 2}); });                // not from the top
+    attempt([&] { eng.backward_units({0, 2}); });  // not from the top
     eng.backward_units({2, n});
     eng.backward_units({0, 2});
     eng.step();
-    attempt([&] { eng.forward(mb); });                           // in order again: fine
+    attempt([&] { eng.forward(mb); });  // in order again: fine
     return seen;
   });
   const auto& seen = messages[0];
@@ -107,9 +107,10 @@ TEST_CASE("slices must run in order", "[unit][engine][slices]") {
   CHECK(seen[6] == "no error");
 }
 
-TEMPLATE_TEST_CASE_SIG("an engine over each dp group of a 2x2 grid equals the reference and "
-                       "talks on the dp groups only",
-                       "[unit][engine][groups]", ((int S), S), 0, 1, 2, 3) {
+TEMPLATE_TEST_CASE_SIG(
+    "an engine over each dp group of a 2x2 grid equals the reference and "
+    "talks on the dp groups only",
+    "[unit][engine][groups]", ((int S), S), 0, 1, 2, 3) {
   for (int accumulation : {1, 2}) {
     INFO("stage " << S << " accumulation " << accumulation);
     const auto runs = per_rank<GroupRun>(
@@ -124,8 +125,10 @@ TEMPLATE_TEST_CASE_SIG("an engine over each dp group of a 2x2 grid equals the re
 }
 
 // Two orders of the same tags resolve to the same policies (and so the same behaviour).
-using OneOrder = engine::EnginePolicies<nn::GPT<float>, ZeroStage<2>, Precision<f32>, Compute<Host>>;
-using OtherOrder = engine::EnginePolicies<nn::GPT<float>, Compute<Host>, Precision<f32>, ZeroStage<2>>;
+using OneOrder =
+    engine::EnginePolicies<nn::GPT<float>, ZeroStage<2>, Precision<f32>, Compute<Host>>;
+using OtherOrder =
+    engine::EnginePolicies<nn::GPT<float>, Compute<Host>, Precision<f32>, ZeroStage<2>>;
 static_assert(OneOrder::stage == OtherOrder::stage);
 static_assert(std::is_same_v<OneOrder::precision, OtherOrder::precision>);
 static_assert(std::is_same_v<OneOrder::offload, OtherOrder::offload>);

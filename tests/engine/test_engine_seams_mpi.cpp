@@ -7,23 +7,11 @@
 
 #include <parallel/comm/mpi_comm.hpp>
 
+#include "engine_mpi_util.hpp"
 #include "seam_checks.hpp"
 
 using namespace zero;
 using namespace zero::test;
-
-namespace {
-
-parallel::MpiComm& world() {
-  static parallel::MpiComm comm = parallel::MpiComm::world();
-  return comm;
-}
-double worst(double mine) {
-  world().all_reduce(std::span<double>(&mine, 1), parallel::ReduceOp::max);
-  return mine;
-}
-
-}  // namespace
 
 TEMPLATE_TEST_CASE_SIG("MpiComm: stage slices equal the whole model", "[mpi][engine][slices]",
                        ((int S), S), 0, 1, 2, 3) {
@@ -32,9 +20,10 @@ TEMPLATE_TEST_CASE_SIG("MpiComm: stage slices equal the whole model", "[mpi][eng
   CHECK(worst(sliced_error<S>(world(), 2, 2, 2, want, 1e-3)) > 1e-9);  // negative control
 }
 
-TEMPLATE_TEST_CASE_SIG("MpiComm: an engine over each dp group equals the reference and talks on "
-                       "the dp groups only",
-                       "[mpi][engine][groups]", ((int S), S), 0, 1, 2, 3) {
+TEMPLATE_TEST_CASE_SIG(
+    "MpiComm: an engine over each dp group equals the reference and talks on "
+    "the dp groups only",
+    "[mpi][engine][groups]", ((int S), S), 0, 1, 2, 3) {
   for (int tp : {1, 2}) {
     INFO("stage " << S << " ranks " << world().size() << " tp " << tp);
     const GroupRun r = grid_run<S>(world(), tp, 2, 2);

@@ -18,6 +18,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <zero/engine/dispatch.hpp>
 
+#include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 #include "toy_model.hpp"
@@ -25,6 +26,9 @@
 using namespace zero;
 using namespace zero::test;
 using zero::parallel::LocalComm;
+using zero::testing::nothing_thrown;
+using zero::testing::per_rank;
+using zero::testing::thrown_message;
 
 namespace {
 
@@ -48,8 +52,7 @@ void check_adamw_stage() {
   for (int world : {1, 2, 4}) {
     for (int accumulation : {1, 3}) {
       INFO("stage " << S << " world " << world << " accumulation " << accumulation);
-      const auto want =
-          reference_adamw(micro_rows * accumulation * world, 3, adamw_hyper(), 1.0);
+      const auto want = reference_adamw(micro_rows * accumulation * world, 3, adamw_hyper(), 1.0);
       CHECK(adamw_worst<S>(world, accumulation, 1.0, want) < adamw_tolerance);
     }
   }
@@ -161,7 +164,8 @@ TEST_CASE("the same configuration run twice gives bitwise identical losses and p
 
 TEST_CASE("a NaN loss on one rank skips the step on every rank (policy skip)", "[unit][engine]") {
   engine::EngineOptions options;
-  const auto clean = toy_run<double, 2>(2, 3, [](int, int) { return false; }, options);
+  const auto clean = toy_run<double, 2>(
+      2, 3, [](int, int) { return false; }, options);
   const auto bad = toy_run<double, 2>(
       2, 4, [](int step, int rank) { return step == 1 && rank == 1; }, options);
   for (int r = 0; r < 2; ++r) {
@@ -174,7 +178,8 @@ TEST_CASE("a NaN loss on one rank skips the step on every rank (policy skip)", "
   // clean run, so only finiteness and agreement are checked above; the skip itself is exact:
   const auto skipped_first = toy_run<double, 2>(
       2, 1, [](int, int rank) { return rank == 0; }, options);
-  const auto untouched = toy_run<double, 2>(2, 0, [](int, int) { return false; }, options);
+  const auto untouched = toy_run<double, 2>(
+      2, 0, [](int, int) { return false; }, options);
   CHECK(skipped_first.params[0] == untouched.params[0]);
   CHECK(skipped_first.params[1] == untouched.params[1]);
   CHECK(clean.skipped[0] == 0);
@@ -190,9 +195,10 @@ TEST_CASE("a NaN loss on one rank raises on every rank (policy raise)", "[unit][
   }
 }
 
-TEST_CASE("fp16: an overflow on one rank skips the step on every rank and the scale follows "
-          "DeepSpeed's hysteresis",
-          "[unit][engine]") {
+TEST_CASE(
+    "fp16: an overflow on one rank skips the step on every rank and the scale follows "
+    "DeepSpeed's hysteresis",
+    "[unit][engine]") {
   engine::EngineOptions options;  // dynamic scaler with hysteresis 2, starting at 2^8 (the toy's
   options.loss_scaler.initial_scale_power = 8;  // gradients would overflow fp16 at 2^16)
   const auto run = toy_run<f16, 3, Precision<f16>>(
@@ -202,8 +208,8 @@ TEST_CASE("fp16: an overflow on one rank skips the step on every rank and the sc
     CHECK(run.scale[static_cast<std::size_t>(r)] == 128.0);  // 2 overflows: one halving
     CHECK(run.params[static_cast<std::size_t>(r)] == run.params[0]);
   }
-  const auto clean = toy_run<f16, 3, Precision<f16>>(2, 3, [](int, int) { return false; },
-                                                     options);
+  const auto clean = toy_run<f16, 3, Precision<f16>>(
+      2, 3, [](int, int) { return false; }, options);
   CHECK(clean.skipped[0] == 0);
   CHECK(clean.scale[0] == 256.0);
 }
@@ -211,9 +217,12 @@ TEST_CASE("fp16: an overflow on one rank skips the step on every rank and the sc
 TEST_CASE("bf16 and fp16 toy runs follow the fp32 run", "[unit][engine]") {
   engine::EngineOptions options;
   options.loss_scaler.initial_scale_power = 8;
-  const auto f32 = toy_run<float, 2>(2, 5, [](int, int) { return false; }, options);
-  const auto b16 = toy_run<bf16, 2, Precision<bf16>>(2, 5, [](int, int) { return false; }, options);
-  const auto h16 = toy_run<f16, 2, Precision<f16>>(2, 5, [](int, int) { return false; }, options);
+  const auto f32 = toy_run<float, 2>(
+      2, 5, [](int, int) { return false; }, options);
+  const auto b16 = toy_run<bf16, 2, Precision<bf16>>(
+      2, 5, [](int, int) { return false; }, options);
+  const auto h16 = toy_run<f16, 2, Precision<f16>>(
+      2, 5, [](int, int) { return false; }, options);
   REQUIRE(f32.params[0].size() == b16.params[0].size());
   double worst_b = 0, worst_h = 0;
   for (std::size_t i = 0; i < f32.params[0].size(); ++i) {
@@ -266,9 +275,10 @@ std::vector<std::string> lose_rank_two(bool stall) {
 
 }  // namespace
 
-TEST_CASE("a stalled or departed rank makes the others fail within the deadline, naming it and "
-          "the collective (op, unit, step)",
-          "[unit][engine]") {
+TEST_CASE(
+    "a stalled or departed rank makes the others fail within the deadline, naming it and "
+    "the collective (op, unit, step)",
+    "[unit][engine]") {
   for (bool stall : {true, false}) {
     const auto errors = lose_rank_two(stall);
     for (int r = 0; r < 2; ++r) {
@@ -317,8 +327,8 @@ TEST_CASE("stage-3 prefetch and persistence change memory and traffic, not numbe
   const auto c = run(1, 0, some);
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) == 0);
-  CHECK(none == 0);                                              // nothing stays gathered
-  CHECK(all >= tiny().num_parameters() * sizeof(float));        // everything does
+  CHECK(none == 0);                                       // nothing stays gathered
+  CHECK(all >= tiny().num_parameters() * sizeof(float));  // everything does
 }
 
 TEST_CASE("model-state memory follows the ZeRO formulas (AdamW, f32)", "[unit][engine]") {
@@ -356,44 +366,62 @@ TEST_CASE("model-state memory follows the ZeRO formulas (AdamW, f32)", "[unit][e
 
 TEST_CASE("a config that contradicts the policies is rejected; dispatch picks the stage",
           "[unit][engine]") {
-  LocalComm::run(1, [&](LocalComm& comm) {
+  struct Seen {
+    std::string wrong_stage, bf16, bad_opt;  // what each rejected construction threw
+    std::vector<int> picked;                 // the stage dispatch picked for stages 0-3
+  };
+  const auto seen = per_rank<Seen>(1, [&](LocalComm& comm) {
+    Seen mine;
     nn::GPT<float> model(tiny());
     using E1 = engine::Engine<nn::GPT<float>, ZeroStage<1>>;
-    CHECK_THROWS_WITH(E1(model, comm, adamw_config(3, 1, 0.0)),
-                      Catch::Contains("zero_optimization.stage") && Catch::Contains("ZeroStage<1>"));
+    mine.wrong_stage = thrown_message([&] { (void)E1(model, comm, adamw_config(3, 1, 0.0)); });
     Config bf = adamw_config(1, 1, 0.0);
     bf.bf16_enabled = true;
-    CHECK_THROWS_WITH(E1(model, comm, bf), Catch::Contains("bf16.enabled"));
+    mine.bf16 = thrown_message([&] { (void)E1(model, comm, bf); });
     Config bad_opt = Config::from_json_string(
         R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
             "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "betaz": [0.9, 0.9]}}})");
-    CHECK_THROWS_WITH(E1(model, comm, bad_opt), Catch::Contains("optimizer.params.betaz"));
+    mine.bad_opt = thrown_message([&] { (void)E1(model, comm, bad_opt); });
     for (int s = 0; s <= 3; ++s) {
       const Config cfg = adamw_config(s, 1, 0.0);
       const int picked = zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
         E eng(model, comm, cfg);
         return E::stage;
       });
-      CHECK(picked == s);
+      mine.picked.push_back(picked);
     }
-  });
+    return mine;
+  })[0];
+  CHECK_THAT(seen.wrong_stage,
+             Catch::Contains("zero_optimization.stage") && Catch::Contains("ZeroStage<1>"));
+  CHECK_THAT(seen.bf16, Catch::Contains("bf16.enabled"));
+  CHECK_THAT(seen.bad_opt, Catch::Contains("optimizer.params.betaz"));
+  REQUIRE(seen.picked.size() == 4);
+  for (int s = 0; s <= 3; ++s) CHECK(seen.picked[static_cast<std::size_t>(s)] == s);
   // A config that offloads to NVMe gets an Offload<NVMe> engine; at stage 0 it is refused.
   zero::testing::TempDir nvme("dispatch-nvme", "/var/tmp");
-  LocalComm::run(1, [&](LocalComm& comm) {
+  struct Offloading {
+    bool offloads = false;
+    std::string stage0;
+  };
+  const auto offloading = per_rank<Offloading>(1, [&](LocalComm& comm) {
+    Offloading mine;
     nn::GPT<float> model(tiny());
     Config cfg = adamw_config(2, 1, 0.0);
     cfg.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
     cfg.zero_optimization.offload_optimizer.nvme_path = nvme.path().string();
-    const bool offloads = zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
+    mine.offloads = zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
       E eng(model, comm, cfg);
       return E::offload_nvme && E::stage == 2 && eng.memory_report().master_bytes == 0;
     });
-    CHECK(offloads);
     cfg.zero_optimization.stage = 0;
-    CHECK_THROWS_WITH(zero::dispatch<nn::GPT<float>>(
-                          cfg, [&]<class E>(std::type_identity<E>) { return E::stage; }),
-                      Catch::Contains("stage: 0 cannot offload"));
-  });
+    mine.stage0 = thrown_message([&] {
+      zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) { return E::stage; });
+    });
+    return mine;
+  })[0];
+  CHECK(offloading.offloads);
+  CHECK_THAT(offloading.stage0, Catch::Contains("stage: 0 cannot offload"));
 }
 
 namespace {
@@ -433,31 +461,43 @@ TEST_CASE("GPT in bf16 and fp16 follows the fp32 loss curve", "[unit][engine]") 
   const auto h16 = gpt_loss_curve<f16, Precision<f16>>(steps, true, false);
   double worst_b = 0, worst_h = 0;
   for (int s = 0; s < steps; ++s) {
-    worst_b = std::max(worst_b, std::fabs(b16[static_cast<std::size_t>(s)] - f32[static_cast<std::size_t>(s)]) / f32[static_cast<std::size_t>(s)]);
-    worst_h = std::max(worst_h, std::fabs(h16[static_cast<std::size_t>(s)] - f32[static_cast<std::size_t>(s)]) / f32[static_cast<std::size_t>(s)]);
+    worst_b = std::max(
+        worst_b, std::fabs(b16[static_cast<std::size_t>(s)] - f32[static_cast<std::size_t>(s)]) /
+                     f32[static_cast<std::size_t>(s)]);
+    worst_h = std::max(
+        worst_h, std::fabs(h16[static_cast<std::size_t>(s)] - f32[static_cast<std::size_t>(s)]) /
+                     f32[static_cast<std::size_t>(s)]);
   }
-  WARN("relative loss difference to fp32 over " << steps << " steps: bf16 " << worst_b
-                                                 << ", fp16 " << worst_h);
+  WARN("relative loss difference to fp32 over " << steps << " steps: bf16 " << worst_b << ", fp16 "
+                                                << worst_h);
   // Bounds: bf16 rounds activations to 2^-8 relative, fp16 to 2^-11; over 8 AdamW steps the
   // loss stays within two of those units of the fp32 run (measured: bf16 0.6, fp16 0.44 units).
   CHECK(worst_b < 2 * std::ldexp(1.0, -8));
   CHECK(worst_h < 2 * std::ldexp(1.0, -11));
-  CHECK(worst_b > 0);  // the bf16 run really computed in bf16
+  CHECK(worst_b > 0);                     // the bf16 run really computed in bf16
   CHECK(f32.back() < f32.front() - 0.1);  // the runs really train
   CHECK(b16.back() < b16.front() - 0.1);
 }
 
 TEST_CASE("evaluate between a forward and its backward is refused", "[unit][engine]") {
-  LocalComm::run(1, [&](LocalComm& comm) {
+  struct Seen {
+    std::string pending, after_step;  // what evaluate threw before the backward and after step
+    bool boundary = false;            // what step returned
+  };
+  const auto seen = per_rank<Seen>(1, [&](LocalComm& comm) {
+    Seen mine;
     ToyModel<double> model;
     engine::Engine<ToyModel<double>, ZeroStage<1>> eng(
         model, comm, [](int, std::span<double>, std::span<const double>) {});
     std::vector<std::int32_t> tokens(16, 1);
     eng.forward({tokens.data(), tokens.data(), 2, 8});
-    CHECK_THROWS_WITH(eng.evaluate({tokens.data(), tokens.data(), 2, 8}),
-                      Catch::Contains("waiting for its backward"));
+    mine.pending = thrown_message([&] { eng.evaluate({tokens.data(), tokens.data(), 2, 8}); });
     eng.backward();  // the pending backward still runs
-    CHECK(eng.step());
-    CHECK_NOTHROW(eng.evaluate({tokens.data(), tokens.data(), 2, 8}));
-  });
+    mine.boundary = eng.step();
+    mine.after_step = thrown_message([&] { eng.evaluate({tokens.data(), tokens.data(), 2, 8}); });
+    return mine;
+  })[0];
+  CHECK_THAT(seen.pending, Catch::Contains("waiting for its backward"));
+  CHECK(seen.boundary);
+  CHECK(seen.after_step == nothing_thrown);
 }

@@ -69,8 +69,8 @@ Config toy_config(int stage, bool bf16) {
   Config c = Config::from_json_string(
       R"({"train_micro_batch_size_per_gpu": 2,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-          "zero_optimization": {"stage": )" + std::to_string(stage) +
-      R"(, "stage3_param_persistence_threshold": 0}})");
+          "zero_optimization": {"stage": )" +
+      std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})");
   c.bf16_enabled = bf16;
   return c;
 }

@@ -1,32 +1,28 @@
 #pragma once
-// Helpers for the collective tests: run ranks on LocalComm and collect what each returns, so
-// Catch2 assertions (not thread-safe) run on the main thread only; closed-form expected values
-// for rank-dependent inputs.
+// Helpers for the collective tests: per_rank (tests/support/per_rank.hpp) runs ranks on
+// LocalComm and collects what each returns, so Catch2 assertions (not thread-safe) run on the
+// main thread only; closed-form expected values for rank-dependent inputs.
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include <zero/core/dtype.hpp>
 #include <parallel/comm/local_comm.hpp>
+#include <zero/core/dtype.hpp>
+
+#include "../support/per_rank.hpp"
 
 namespace zero::parallel::testing {
 
-/// Runs fn(comm) on n LocalComm ranks and returns each rank's result, indexed by rank.
-template <class R>
-std::vector<R> per_rank(int n, const std::function<R(LocalComm&)>& fn, CommOptions options = {}) {
-  std::vector<R> out(static_cast<std::size_t>(n));
-  LocalComm::run(
-      n, [&](LocalComm& comm) { out[static_cast<std::size_t>(comm.rank())] = fn(comm); }, options);
-  return out;
-}
+using zero::testing::per_rank;
 
 /// Input element i of rank r: small integers, exact in every element type and in their sums
 /// over 8 ranks (<= 68, so bf16's 8-bit significand and u8 hold them).
-inline double input_value(int rank, std::size_t i) { return (rank + 1) + static_cast<double>(i % 5); }
+inline double input_value(int rank, std::size_t i) {
+  return (rank + 1) + static_cast<double>(i % 5);
+}
 
 /// Closed form of op over ranks 0..n-1 of input_value(r, i), as element type T.
 template <class T>
@@ -34,15 +30,18 @@ T expected_reduction(ReduceOp op, int n, std::size_t i) {
   const double base = static_cast<double>(i % 5);
   const double sum = n * (n + 1) / 2.0 + n * base;
   switch (op) {
-    case ReduceOp::sum: return convert<T>(sum);
+    case ReduceOp::sum:
+      return convert<T>(sum);
     case ReduceOp::avg:
       if constexpr (std::is_integral_v<T>) {
         return static_cast<T>(static_cast<long long>(sum) / n);
       } else {
         return convert<T>(sum / n);
       }
-    case ReduceOp::max: return convert<T>(n + base);
-    case ReduceOp::min: return convert<T>(1 + base);
+    case ReduceOp::max:
+      return convert<T>(n + base);
+    case ReduceOp::min:
+      return convert<T>(1 + base);
   }
   return T{};
 }

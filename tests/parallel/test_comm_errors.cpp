@@ -43,24 +43,27 @@ TEST_CASE("An exception on one rank reaches the others as a CommError and run re
           "[unit][comm]") {
   std::vector<std::string> seen(4);
   try {
-    LocalComm::run(4, [&](LocalComm& comm) {
-      if (comm.rank() == 2) throw std::runtime_error("boom on rank two");
-      std::vector<float> v(16, 1.0f);
-      try {
-        comm.all_reduce(std::span<float>(v), ReduceOp::sum);
-      } catch (const CommError& e) {
-        seen[static_cast<std::size_t>(comm.rank())] = e.what();
-        throw;
-      }
-    }, CommOptions{.timeout_s = 60});
+    LocalComm::run(
+        4,
+        [&](LocalComm& comm) {
+          if (comm.rank() == 2) throw std::runtime_error("boom on rank two");
+          std::vector<float> v(16, 1.0f);
+          try {
+            comm.all_reduce(std::span<float>(v), ReduceOp::sum);
+          } catch (const CommError& e) {
+            seen[static_cast<std::size_t>(comm.rank())] = e.what();
+            throw;
+          }
+        },
+        CommOptions{.timeout_s = 60});
     FAIL("run did not rethrow");
   } catch (const std::runtime_error& e) {
     CHECK(std::string(e.what()) == "boom on rank two");  // the root cause, not a CommError
   }
   for (int r : {0, 1, 3}) {
-    CHECK_THAT(seen[static_cast<std::size_t>(r)], Contains("aborted") && Contains("world rank 2 failed") &&
-                                                      Contains("boom on rank two") &&
-                                                      Contains("all_reduce"));
+    CHECK_THAT(seen[static_cast<std::size_t>(r)],
+               Contains("aborted") && Contains("world rank 2 failed") &&
+                   Contains("boom on rank two") && Contains("all_reduce"));
   }
 }
 
@@ -69,17 +72,20 @@ TEST_CASE("A rank withheld from a collective makes the others fail within the de
   const double timeout = 0.5;
   std::latch others_done(3);
   std::vector<Caught> got(4);
-  LocalComm::run(4, [&](LocalComm& comm) {
-    if (comm.rank() == 3) {
-      others_done.wait();  // busy elsewhere, neither joining nor leaving
-      return;
-    }
-    got[static_cast<std::size_t>(comm.rank())] = catch_comm_error([&] {
-      std::vector<float> v(1024, 1.0f);
-      comm.all_reduce(std::span<float>(v), ReduceOp::sum);
-    });
-    others_done.count_down();
-  }, CommOptions{.timeout_s = timeout});
+  LocalComm::run(
+      4,
+      [&](LocalComm& comm) {
+        if (comm.rank() == 3) {
+          others_done.wait();  // busy elsewhere, neither joining nor leaving
+          return;
+        }
+        got[static_cast<std::size_t>(comm.rank())] = catch_comm_error([&] {
+          std::vector<float> v(1024, 1.0f);
+          comm.all_reduce(std::span<float>(v), ReduceOp::sum);
+        });
+        others_done.count_down();
+      },
+      CommOptions{.timeout_s = timeout});
   for (int r = 0; r < 3; ++r) {
     const auto& c = got[static_cast<std::size_t>(r)];
     INFO(c.message);
@@ -94,20 +100,23 @@ TEST_CASE("A rank withheld from a collective makes the others fail within the de
 TEST_CASE("A deadline in a sub-group names the group and the world ranks", "[unit][comm]") {
   std::latch done(1);
   std::vector<Caught> got(4);
-  LocalComm::run(4, [&](LocalComm& comm) {
-    auto pair = comm.split(comm.rank() / 2, comm.rank(), "tp");
-    if (comm.rank() == 3) {
-      done.wait();
-      return;
-    }
-    if (comm.rank() == 2) {
-      got[2] = catch_comm_error([&] {
-        std::vector<std::int32_t> v(3);
-        pair.broadcast(std::span<std::int32_t>(v), 0);
-      });
-      done.count_down();
-    }
-  }, CommOptions{.timeout_s = 0.3});
+  LocalComm::run(
+      4,
+      [&](LocalComm& comm) {
+        auto pair = comm.split(comm.rank() / 2, comm.rank(), "tp");
+        if (comm.rank() == 3) {
+          done.wait();
+          return;
+        }
+        if (comm.rank() == 2) {
+          got[2] = catch_comm_error([&] {
+            std::vector<std::int32_t> v(3);
+            pair.broadcast(std::span<std::int32_t>(v), 0);
+          });
+          done.count_down();
+        }
+      },
+      CommOptions{.timeout_s = 0.3});
   CHECK_THAT(got[2].message, Contains("broadcast") && Contains("group 'tp'") &&
                                  Contains("group ranks [1] (world ranks [3])") &&
                                  Contains("12 bytes of i32"));
@@ -116,10 +125,13 @@ TEST_CASE("A deadline in a sub-group names the group and the world ranks", "[uni
 TEST_CASE("A rank that returns without joining is reported at once, not at the deadline",
           "[unit][comm]") {
   std::vector<Caught> got(3);
-  LocalComm::run(3, [&](LocalComm& comm) {
-    if (comm.rank() == 1) return;
-    got[static_cast<std::size_t>(comm.rank())] = catch_comm_error([&] { comm.barrier(); });
-  }, CommOptions{.timeout_s = 30});
+  LocalComm::run(
+      3,
+      [&](LocalComm& comm) {
+        if (comm.rank() == 1) return;
+        got[static_cast<std::size_t>(comm.rank())] = catch_comm_error([&] { comm.barrier(); });
+      },
+      CommOptions{.timeout_s = 30});
   for (int r : {0, 2}) {
     CHECK_THAT(got[static_cast<std::size_t>(r)].message,
                Contains("barrier") && Contains("[1]") && Contains("returned from their function"));
@@ -135,18 +147,22 @@ TEST_CASE("Mismatched sizes and op sequences across ranks are reported clearly",
     });
   });
   for (const auto& c : sizes) {
-    CHECK_THAT(c.message, Contains("mismatched buffers") && Contains("rank 1 passed 5 elements of f64") &&
+    CHECK_THAT(c.message, Contains("mismatched buffers") &&
+                              Contains("rank 1 passed 5 elements of f64") &&
                               Contains("rank 0 passed 4 elements of f64"));
   }
   auto order = per_rank<Caught>(2, [](LocalComm& comm) {
     return catch_comm_error([&] {
       std::vector<float> v(4);
-      if (comm.rank() == 0) comm.broadcast(std::span<float>(v), 0);
-      else comm.all_reduce(std::span<float>(v), ReduceOp::sum);
+      if (comm.rank() == 0)
+        comm.broadcast(std::span<float>(v), 0);
+      else
+        comm.all_reduce(std::span<float>(v), ReduceOp::sum);
     });
   });
   for (const auto& c : order) {
-    CHECK_THAT(c.message, Contains("disagree on the op sequence") && Contains("rank 1 issued all_reduce") &&
+    CHECK_THAT(c.message, Contains("disagree on the op sequence") &&
+                              Contains("rank 1 issued all_reduce") &&
                               Contains("rank 0 issued broadcast"));
   }
   auto counts = per_rank<Caught>(2, [](LocalComm& comm) {
@@ -159,30 +175,35 @@ TEST_CASE("Mismatched sizes and op sequences across ranks are reported clearly",
                         std::span<float>(recv), std::span<const std::size_t>(rc));
     });
   });
-  for (const auto& c : counts) CHECK_THAT(c.message, Contains("rank 0 sends 2 elements to rank 1 but rank 1 expects 3"));
+  for (const auto& c : counts)
+    CHECK_THAT(c.message, Contains("rank 0 sends 2 elements to rank 1 but rank 1 expects 3"));
   auto local = per_rank<Caught>(2, [](LocalComm& comm) {
     return catch_comm_error([&] {
       std::vector<float> send(8), recv(3);  // 2 ranks x 3 needs 6
       comm.reduce_scatter(std::span<const float>(send), std::span<float>(recv), ReduceOp::sum);
     });
   });
-  CHECK_THAT(local[0].message, Contains("reduce_scatter") && Contains("send holds 8 elements of f32, expected 6"));
+  CHECK_THAT(local[0].message,
+             Contains("reduce_scatter") && Contains("send holds 8 elements of f32, expected 6"));
 }
 
 TEST_CASE("A receive honours the deadline and checks the message size", "[unit][comm]") {
   std::latch done(1);
   std::vector<Caught> got(2);
-  LocalComm::run(2, [&](LocalComm& comm) {
-    if (comm.rank() == 1) {
-      done.wait();
-      return;
-    }
-    got[0] = catch_comm_error([&] {
-      std::vector<float> v(4);
-      comm.recv(std::span<float>(v), 1, 5);
-    });
-    done.count_down();
-  }, CommOptions{.timeout_s = 0.3});
+  LocalComm::run(
+      2,
+      [&](LocalComm& comm) {
+        if (comm.rank() == 1) {
+          done.wait();
+          return;
+        }
+        got[0] = catch_comm_error([&] {
+          std::vector<float> v(4);
+          comm.recv(std::span<float>(v), 1, 5);
+        });
+        done.count_down();
+      },
+      CommOptions{.timeout_s = 0.3});
   CHECK_THAT(got[0].message, Contains("recv") && Contains("timed out after 0.3 s") &&
                                  Contains("from rank 1") && Contains("tag 5"));
   CHECK(got[0].seconds < 2.3);
@@ -190,8 +211,10 @@ TEST_CASE("A receive honours the deadline and checks the message size", "[unit][
   auto sizes = per_rank<Caught>(2, [](LocalComm& comm) {
     return catch_comm_error([&] {
       std::vector<float> v(comm.rank() == 0 ? 4 : 5);
-      if (comm.rank() == 0) comm.send(std::span<const float>(v), 1);
-      else comm.recv(std::span<float>(v), 0);
+      if (comm.rank() == 0)
+        comm.send(std::span<const float>(v), 1);
+      else
+        comm.recv(std::span<float>(v), 0);
     });
   });
   CHECK_THAT(sizes[1].message, Contains("rank 0 sent 4 elements of f32") && Contains("expects 5"));
@@ -200,16 +223,20 @@ TEST_CASE("A receive honours the deadline and checks the message size", "[unit][
 TEST_CASE("An async op's failure surfaces through Work::wait", "[unit][comm]") {
   std::latch done(1);
   std::vector<Caught> got(2);
-  LocalComm::run(2, [&](LocalComm& comm) {
-    if (comm.rank() == 1) {
-      done.wait();
-      return;
-    }
-    std::vector<float> v(4);
-    auto work = comm.all_reduce_async(std::span<const float>(v), std::span<float>(v), ReduceOp::sum);
-    got[0] = catch_comm_error([&] { work.wait(); });
-    done.count_down();
-  }, CommOptions{.timeout_s = 0.3});
+  LocalComm::run(
+      2,
+      [&](LocalComm& comm) {
+        if (comm.rank() == 1) {
+          done.wait();
+          return;
+        }
+        std::vector<float> v(4);
+        auto work =
+            comm.all_reduce_async(std::span<const float>(v), std::span<float>(v), ReduceOp::sum);
+        got[0] = catch_comm_error([&] { work.wait(); });
+        done.count_down();
+      },
+      CommOptions{.timeout_s = 0.3});
   CHECK_THAT(got[0].message, Contains("all_reduce") && Contains("timed out"));
 }
 
@@ -219,14 +246,17 @@ TEST_CASE("Negative control: the deadline test would catch an op that hangs past
   // time check used above must reject it.
   std::latch done(1);
   std::vector<Caught> got(2);
-  LocalComm::run(2, [&](LocalComm& comm) {
-    if (comm.rank() == 1) {
-      done.wait();
-      return;
-    }
-    got[0] = catch_comm_error([&] { comm.barrier(); });
-    done.count_down();
-  }, CommOptions{.timeout_s = 0.6});
+  LocalComm::run(
+      2,
+      [&](LocalComm& comm) {
+        if (comm.rank() == 1) {
+          done.wait();
+          return;
+        }
+        got[0] = catch_comm_error([&] { comm.barrier(); });
+        done.count_down();
+      },
+      CommOptions{.timeout_s = 0.6});
   const double allowed = 0.3 + 0.2;  // what a 0.3 s deadline test would accept
   CHECK_FALSE(got[0].seconds < allowed);
 }

@@ -25,8 +25,12 @@ TEST_CASE("bus_factor follows nccl-tests", "[unit][comm]") {
 TEST_CASE("CommLogger records per op and group, and can be switched off", "[unit][comm]") {
   const int n = 4;
   constexpr std::size_t count = 1024;
-  struct Totals { CommStats ar, rs, ag, ar_tp, all; std::size_t rows; CommStats after_off; };
-  auto got = testing::per_rank<Totals>(n, [&](LocalComm& world) {
+  struct Totals {
+    CommStats ar, rs, ag, ar_tp, all;
+    std::size_t rows;
+    CommStats after_off;
+  };
+  auto got = zero::testing::per_rank<Totals>(n, [&](LocalComm& world) {
     auto logger = std::make_shared<CommLogger>();
     world.set_logger(logger);
     auto tp = world.split(world.rank() / 2, world.rank(), "tp");  // inherits the logger
@@ -36,9 +40,13 @@ TEST_CASE("CommLogger records per op and group, and can be switched off", "[unit
     world.reduce_scatter(std::span<const float>(big), std::span<float>(a), ReduceOp::sum);
     world.all_gather(std::span<const float>(a), std::span<float>(big));
     tp.all_reduce(std::span<float>(a), ReduceOp::sum);
-    Totals t{logger->total(CommOp::all_reduce, "world"), logger->total(CommOp::reduce_scatter),
-             logger->total(CommOp::all_gather), logger->total(CommOp::all_reduce, "tp"),
-             logger->total(), logger->records().size(), {}};
+    Totals t{logger->total(CommOp::all_reduce, "world"),
+             logger->total(CommOp::reduce_scatter),
+             logger->total(CommOp::all_gather),
+             logger->total(CommOp::all_reduce, "tp"),
+             logger->total(),
+             logger->records().size(),
+             {}};
     logger->enable(false);
     world.all_reduce(std::span<float>(a), ReduceOp::sum);
     logger->enable(true);
@@ -56,8 +64,8 @@ TEST_CASE("CommLogger records per op and group, and can be switched off", "[unit
     CHECK(t.ag.bytes == n * count * sizeof(float));
     CHECK(t.ar_tp.count == 1);
     CHECK(t.ar_tp.bus_bytes == Approx(bytes * 1.0));  // 2 ranks: 2(n-1)/n = 1
-    CHECK(t.all.count == 6);                            // 5 ops + the split
-    CHECK(t.rows == 5);                                 // split, ar, rs, ag on world; ar on tp
+    CHECK(t.all.count == 6);                          // 5 ops + the split
+    CHECK(t.rows == 5);                               // split, ar, rs, ag on world; ar on tp
     CHECK(t.ar.time_s > 0);
     CHECK(t.after_off.count == 0);
   }
@@ -67,6 +75,7 @@ TEST_CASE("CommLogger report prints one JSON object per row", "[unit][comm]") {
   CommLogger logger;
   logger.record(CommOp::all_gather, "dp", 8, 8000, 0.001);
   const auto text = logger.report();
-  CHECK(text == "{\"op\":\"all_gather\",\"group\":\"dp\",\"ranks\":8,\"count\":1,\"bytes\":8000,"
-                "\"bus_bytes\":7000,\"time_s\":0.001,\"algbw_gbps\":0.008,\"busbw_gbps\":0.007}\n");
+  CHECK(text ==
+        "{\"op\":\"all_gather\",\"group\":\"dp\",\"ranks\":8,\"count\":1,\"bytes\":8000,"
+        "\"bus_bytes\":7000,\"time_s\":0.001,\"algbw_gbps\":0.008,\"busbw_gbps\":0.007}\n");
 }

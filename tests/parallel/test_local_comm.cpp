@@ -38,14 +38,15 @@ TEMPLATE_TEST_CASE("LocalComm all_reduce matches the closed form for every op an
         std::vector<T> want(count);
         for (std::size_t i = 0; i < count; ++i) want[i] = expected_reduction<T>(op, n, i);
         INFO("n=" << n << " op=" << name_of(op) << " in_place=" << in_place);
-        for (int r = 0; r < n; ++r) CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
+        for (int r = 0; r < n; ++r)
+          CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
       }
     }
   }
 }
 
-TEMPLATE_TEST_CASE("LocalComm reduce_scatter gives rank r the reduction of chunk r",
-                   "[unit][comm]", COMM_TYPES) {
+TEMPLATE_TEST_CASE("LocalComm reduce_scatter gives rank r the reduction of chunk r", "[unit][comm]",
+                   COMM_TYPES) {
   using T = TestType;
   constexpr std::size_t count = 13;
   for (int n = 1; n <= 8; ++n) {
@@ -79,7 +80,8 @@ TEMPLATE_TEST_CASE("LocalComm all_gather and broadcast move every rank's data", 
         auto send = make_input<T>(comm.rank(), count);
         if (in_place) {
           // NCCL's in-place form: the send buffer is this rank's chunk of recv.
-          auto mine = std::span<T>(recv).subspan(static_cast<std::size_t>(comm.rank()) * count, count);
+          auto mine =
+              std::span<T>(recv).subspan(static_cast<std::size_t>(comm.rank()) * count, count);
           std::copy(send.begin(), send.end(), mine.begin());
           comm.all_gather(std::span<const T>(mine), std::span<T>(recv));
         } else {
@@ -93,7 +95,8 @@ TEMPLATE_TEST_CASE("LocalComm all_gather and broadcast move every rank's data", 
         append(want, chunk);
       }
       INFO("all_gather n=" << n << " in_place=" << in_place);
-      for (int r = 0; r < n; ++r) CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
+      for (int r = 0; r < n; ++r)
+        CHECK(first_mismatch(got[static_cast<std::size_t>(r)], want) == -1);
     }
     for (int root = 0; root < n; ++root) {
       auto got = per_rank<std::vector<T>>(n, [&](LocalComm& comm) {
@@ -167,7 +170,8 @@ TEMPLATE_TEST_CASE("LocalComm async ops give the blocking results", "[unit][comm
       std::vector<T> reduced(count), scattered(count), gathered(count * un), alltoall(count * un);
       auto big = make_input<T>(comm.rank(), count * un);
       auto w1 = comm.all_reduce_async(std::span<const T>(a), std::span<T>(reduced), ReduceOp::sum);
-      auto w2 = comm.reduce_scatter_async(std::span<const T>(big), std::span<T>(scattered), ReduceOp::max);
+      auto w2 = comm.reduce_scatter_async(std::span<const T>(big), std::span<T>(scattered),
+                                          ReduceOp::max);
       auto w3 = comm.all_gather_async(std::span<const T>(a), std::span<T>(gathered));
       auto w4 = comm.all_to_all_async(std::span<const T>(big), std::span<T>(alltoall));
       auto w5 = comm.barrier_async();
@@ -184,9 +188,11 @@ TEMPLATE_TEST_CASE("LocalComm async ops give the blocking results", "[unit][comm
     });
     for (int r = 0; r < n; ++r) {
       std::vector<T> want;
-      for (std::size_t i = 0; i < count; ++i) want.push_back(expected_reduction<T>(ReduceOp::sum, n, i));
+      for (std::size_t i = 0; i < count; ++i)
+        want.push_back(expected_reduction<T>(ReduceOp::sum, n, i));
       for (std::size_t i = 0; i < count; ++i) {
-        want.push_back(expected_reduction<T>(ReduceOp::max, n, static_cast<std::size_t>(r) * count + i));
+        want.push_back(
+            expected_reduction<T>(ReduceOp::max, n, static_cast<std::size_t>(r) * count + i));
       }
       for (int q = 0; q < n; ++q) {
         auto c = make_input<T>(q, count);
@@ -207,23 +213,31 @@ TEST_CASE("LocalComm async all_reduce returns before the peers join, so compute 
   // Rank 1 joins only after rank 0 has issued the op, seen it pending and finished computing:
   // if the async call blocked, rank 0 would time out instead.
   std::latch rank0_computed(1);
-  struct Result { bool pending_after_issue = false; double compute = 0; float reduced = 0; };
-  auto got = per_rank<Result>(2, [&](LocalComm& comm) {
-    Result res;
-    std::vector<float> buf(1 << 16, static_cast<float>(comm.rank() + 1));
-    if (comm.rank() == 0) {
-      auto work = comm.all_reduce_async(std::span<const float>(buf), std::span<float>(buf), ReduceOp::sum);
-      res.pending_after_issue = !work.test();
-      for (int i = 1; i <= 1000; ++i) res.compute += 1.0 / i;  // the overlapped compute
-      rank0_computed.count_down();
-      work.wait();
-    } else {
-      rank0_computed.wait();
-      comm.all_reduce(std::span<float>(buf), ReduceOp::sum);
-    }
-    res.reduced = buf[123];
-    return res;
-  }, CommOptions{.timeout_s = 20});
+  struct Result {
+    bool pending_after_issue = false;
+    double compute = 0;
+    float reduced = 0;
+  };
+  auto got = per_rank<Result>(
+      2,
+      [&](LocalComm& comm) {
+        Result res;
+        std::vector<float> buf(1 << 16, static_cast<float>(comm.rank() + 1));
+        if (comm.rank() == 0) {
+          auto work = comm.all_reduce_async(std::span<const float>(buf), std::span<float>(buf),
+                                            ReduceOp::sum);
+          res.pending_after_issue = !work.test();
+          for (int i = 1; i <= 1000; ++i) res.compute += 1.0 / i;  // the overlapped compute
+          rank0_computed.count_down();
+          work.wait();
+        } else {
+          rank0_computed.wait();
+          comm.all_reduce(std::span<float>(buf), ReduceOp::sum);
+        }
+        res.reduced = buf[123];
+        return res;
+      },
+      CommOptions{.timeout_s = 20});
   CHECK(got[0].pending_after_issue);
   CHECK(got[0].compute > 7.48);
   CHECK(got[0].reduced == 3.0f);
@@ -265,7 +279,12 @@ TEST_CASE("LocalComm send/recv and grouped exchanges", "[unit][comm]") {
 TEST_CASE("LocalComm split builds ordered sub-groups; undefined color gives a null comm",
           "[unit][comm]") {
   const int n = 8;
-  struct Result { int sub_rank, sub_size; std::vector<int> members; bool null_comm; std::vector<int> nested; };
+  struct Result {
+    int sub_rank, sub_size;
+    std::vector<int> members;
+    bool null_comm;
+    std::vector<int> nested;
+  };
   auto got = per_rank<Result>(n, [&](LocalComm& comm) {
     Result res{};
     // Even and odd ranks, ordered by descending world rank (key = -rank).
@@ -355,7 +374,7 @@ TEST_CASE("Negative control: a wrong closed form is caught by the comparison", "
   for (std::size_t i = 0; i < count; ++i) {
     right[i] = expected_reduction<float>(ReduceOp::sum, n, i);
     missing_rank[i] = expected_reduction<float>(ReduceOp::sum, n - 1, i);  // a dropped rank
-    doubled_rank[i] = right[i] + static_cast<float>(input_value(0, i));      // rank 0 twice
+    doubled_rank[i] = right[i] + static_cast<float>(input_value(0, i));    // rank 0 twice
   }
   CHECK(first_mismatch(got[0], right) == -1);
   CHECK(first_mismatch(got[0], missing_rank) == 0);

@@ -61,7 +61,8 @@ void check_all_ops(MpiComm& comm) {
 
   auto a2a_send = make_input<T>(me, 3 * un);
   std::vector<T> a2a_recv(3 * un), want_a2a;
-  for (int q = 0; q < n; ++q) append(want_a2a, make_input<T>(q, 3, static_cast<std::size_t>(me) * 3));
+  for (int q = 0; q < n; ++q)
+    append(want_a2a, make_input<T>(q, 3, static_cast<std::size_t>(me) * 3));
   comm.all_to_all(std::span<const T>(a2a_send), std::span<T>(a2a_recv));
   CHECK(first_mismatch(a2a_recv, want_a2a) == -1);
 
@@ -93,8 +94,8 @@ void check_all_ops(MpiComm& comm) {
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("MpiComm: every op matches the closed form on the world and a split",
-                   "[mpi]", COMM_TYPES) {
+TEMPLATE_TEST_CASE("MpiComm: every op matches the closed form on the world and a split", "[mpi]",
+                   COMM_TYPES) {
   auto world = MpiComm::world();
   check_all_ops<TestType>(world);
   auto halves = world.split(world.rank() % 2, world.rank(), "parity");
@@ -122,7 +123,8 @@ TEST_CASE("MpiComm: ProcessGroups' sub-communicators hold the Grid's ranks", "[m
 TEST_CASE("MpiComm: async ops complete through Work and overlap with compute", "[mpi]") {
   auto world = MpiComm::world();
   std::vector<double> big(1 << 20, world.rank() + 1.0);
-  auto work = world.all_reduce_async(std::span<const double>(big), std::span<double>(big), ReduceOp::sum);
+  auto work =
+      world.all_reduce_async(std::span<const double>(big), std::span<double>(big), ReduceOp::sum);
   double compute = 0;
   for (int i = 1; i <= 100000; ++i) compute += 1.0 / i;
   while (!work.test()) {
@@ -146,7 +148,8 @@ TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the
       CHECK_THROWS_WITH(comm.recv(std::span<float>(v), 1, 4),
                         Contains("recv") && Contains("timed out after 0.5 s") &&
                             Contains("waiting for rank 1") && Contains("32 bytes of f32"));
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       CHECK(s >= 0.49);
       CHECK(s < 2.5);
     }
@@ -160,7 +163,8 @@ TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the
       CHECK_THROWS_WITH(late.barrier(), Contains("barrier") && Contains("group 'late'") &&
                                             Contains("timed out after 0.5 s") &&
                                             Contains("world ranks [0, 1"));
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       CHECK(s < 2.5);
       world.barrier();
     } else {

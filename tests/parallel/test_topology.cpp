@@ -64,18 +64,18 @@ TEST_CASE("Grid coordinates round-trip and follow the order string", "[unit][top
   const Grid pp_first(GridSizes{.tp = 2, .dp = 2, .pp = 2}, "pp-tp-dp");
   CHECK(pp_first.groups({Axis::pp}) == Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
   CHECK(pp_first.groups({Axis::tp}) == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
-  CHECK_THROWS_AS(Grid(GridSizes{.tp = 2}, "cp-dp"), ConfigError);      // tp > 1 left out
-  CHECK_THROWS_AS(Grid(GridSizes{}, "tp-tp"), ConfigError);             // repeated axis
-  CHECK_THROWS_AS(Grid::for_world(12, 8, 1, 1, 1), ConfigError);        // 8 does not divide 12
+  CHECK_THROWS_AS(Grid(GridSizes{.tp = 2}, "cp-dp"), ConfigError);  // tp > 1 left out
+  CHECK_THROWS_AS(Grid(GridSizes{}, "tp-tp"), ConfigError);         // repeated axis
+  CHECK_THROWS_AS(Grid::for_world(12, 8, 1, 1, 1), ConfigError);    // 8 does not divide 12
   CHECK_THROWS_AS(AxisMask::parse("tp-xx"), ConfigError);
 }
 
 TEST_CASE("Grid groups partition the world and complementary masks meet in one rank",
           "[unit][topology]") {
-  const std::vector<GridSizes> grids = {
-      {1, 1, 1, 1, 1},   {2, 1, 1, 4, 2},   {2, 2, 1, 2, 2},   {4, 1, 2, 2, 2},
-      {8, 1, 1, 3, 4},   {3, 5, 7, 2, 1},   {8, 2, 4, 16, 4},  {8, 4, 2, 32, 4},
-      {1, 1, 1, 8192, 1}, {2, 2, 2, 2, 2},  {8, 1, 8, 16, 8}};
+  const std::vector<GridSizes> grids = {{1, 1, 1, 1, 1},  {2, 1, 1, 4, 2},  {2, 2, 1, 2, 2},
+                                        {4, 1, 2, 2, 2},  {8, 1, 1, 3, 4},  {3, 5, 7, 2, 1},
+                                        {8, 2, 4, 16, 4}, {8, 4, 2, 32, 4}, {1, 1, 1, 8192, 1},
+                                        {2, 2, 2, 2, 2},  {8, 1, 8, 16, 8}};
   const std::vector<std::string> orders = {"tp-cp-ep-dp-pp", "tp-pp-dp-cp-ep", "dp-pp-tp-ep-cp"};
   for (const auto& sizes : grids) {
     for (const auto& order : orders) {
@@ -118,7 +118,7 @@ TEST_CASE("Grid groups partition the world and complementary masks meet in one r
 TEST_CASE("ProcessGroups on LocalComm: each rank's sub-communicators hold the Grid's ranks",
           "[unit][topology][comm]") {
   const Grid grid = Grid::for_world(8, /*tp=*/2, /*cp=*/1, /*ep=*/1, /*pp=*/2);
-  auto ok = testing::per_rank<int>(8, [&](LocalComm& world) {
+  auto ok = zero::testing::per_rank<int>(8, [&](LocalComm& world) {
     ProcessGroups<LocalComm> groups(world, grid);
     int failures = 0;
     for (AxisMask m : standard_masks()) {
@@ -136,9 +136,9 @@ TEST_CASE("ProcessGroups on LocalComm: each rank's sub-communicators hold the Gr
     return failures;
   });
   for (int f : ok) CHECK(f == 0);
-  CHECK_THROWS_AS(testing::per_rank<int>(4, [&](LocalComm& world) {
-                    ProcessGroups<LocalComm> g(world, grid);  // 8-rank grid on 4 ranks
-                    return 0;
-                  }),
-                  ConfigError);
+  const auto eight_rank_grid_on_four = [&](LocalComm& world) {
+    ProcessGroups<LocalComm> g(world, grid);
+    return 0;
+  };
+  CHECK_THROWS_AS(zero::testing::per_rank<int>(4, eight_rank_grid_on_four), ConfigError);
 }

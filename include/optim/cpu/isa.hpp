@@ -74,9 +74,10 @@ inline Isa best_isa() {
 /// CPU lacks is an error rather than a silent fallback, because tests force paths on purpose.
 inline Isa resolve_isa(Isa requested) {
   if (requested == Isa::automatic) return best_isa();
-  expect<Error>(cpu_supports(requested), "zero::optim: instruction set '", name_of(requested),
-                "' was requested but this CPU does not support it, or this build is unoptimised (-O0) ",
-                "and has only scalar kernels (best available: '", name_of(best_isa()), "')");
+  expect<Error>(
+      cpu_supports(requested), "zero::optim: instruction set '", name_of(requested),
+      "' was requested but this CPU does not support it, or this build is unoptimised (-O0) ",
+      "and has only scalar kernels (best available: '", name_of(best_isa()), "')");
   return requested;
 }
 

@@ -100,14 +100,22 @@ class AnyComm {
     template <class Fn>
     static Work typed(DType dtype, Fn&& fn) {
       switch (dtype) {
-        case DType::f64: return fn(static_cast<double*>(nullptr));
-        case DType::f32: return fn(static_cast<float*>(nullptr));
-        case DType::bf16: return fn(static_cast<bf16*>(nullptr));
-        case DType::f16: return fn(static_cast<f16*>(nullptr));
-        case DType::i64: return fn(static_cast<std::int64_t*>(nullptr));
-        case DType::i32: return fn(static_cast<std::int32_t*>(nullptr));
-        case DType::u8: return fn(static_cast<std::uint8_t*>(nullptr));
-        default: raise<CommError>("AnyComm: element type ", name_of(dtype), " is not moved");
+        case DType::f64:
+          return fn(static_cast<double*>(nullptr));
+        case DType::f32:
+          return fn(static_cast<float*>(nullptr));
+        case DType::bf16:
+          return fn(static_cast<bf16*>(nullptr));
+        case DType::f16:
+          return fn(static_cast<f16*>(nullptr));
+        case DType::i64:
+          return fn(static_cast<std::int64_t*>(nullptr));
+        case DType::i32:
+          return fn(static_cast<std::int32_t*>(nullptr));
+        case DType::u8:
+          return fn(static_cast<std::uint8_t*>(nullptr));
+        default:
+          raise<CommError>("AnyComm: element type ", name_of(dtype), " is not moved");
       }
     }
     template <class T>

@@ -21,10 +21,10 @@ namespace zero::parallel {
 
 /// Totals of one (op, group) pair, or of several summed.
 struct CommStats {
-  std::uint64_t count = 0;   ///< ops issued
-  std::uint64_t bytes = 0;   ///< nccl-tests S summed over the ops
-  double bus_bytes = 0.0;    ///< S * bus_factor summed over the ops (per-rank link volume)
-  double time_s = 0.0;       ///< wall time from issue to completion, summed
+  std::uint64_t count = 0;  ///< ops issued
+  std::uint64_t bytes = 0;  ///< nccl-tests S summed over the ops
+  double bus_bytes = 0.0;   ///< S * bus_factor summed over the ops (per-rank link volume)
+  double time_s = 0.0;      ///< wall time from issue to completion, summed
 
   /// Algorithm bandwidth S/t in GB/s (1e9 bytes/s); 0 when no time was recorded.
   double algbw_gbps() const { return time_s > 0 ? static_cast<double>(bytes) / time_s / 1e9 : 0; }
@@ -43,10 +43,10 @@ struct CommStats {
 
 /// One row of the logger: an op on a named group of `ranks` ranks.
 struct CommRecord {
-  CommOp op;           ///< which op
-  std::string group;   ///< the communicator's name ("world", "dp", ...)
-  int ranks = 0;       ///< size of the group
-  CommStats stats;     ///< totals
+  CommOp op;          ///< which op
+  std::string group;  ///< the communicator's name ("world", "dp", ...)
+  int ranks = 0;      ///< size of the group
+  CommStats stats;    ///< totals
 };
 
 /// Per-rank communication log; thread-safe (async ops complete on other threads).
@@ -73,13 +73,17 @@ class CommLogger {
   }
 
   /// Totals of op over every group.
-  CommStats total(CommOp op) const { return sum_if([&](CommOp o, const std::string&) { return o == op; }); }
+  CommStats total(CommOp op) const {
+    return sum_if([&](CommOp o, const std::string&) { return o == op; });
+  }
   /// Totals of op on the group named group.
   CommStats total(CommOp op, std::string_view group) const {
     return sum_if([&](CommOp o, const std::string& g) { return o == op && g == group; });
   }
   /// Totals of every op on every group.
-  CommStats total() const { return sum_if([](CommOp, const std::string&) { return true; }); }
+  CommStats total() const {
+    return sum_if([](CommOp, const std::string&) { return true; });
+  }
 
   /// Every (op, group) row, ordered by op then group name.
   std::vector<CommRecord> records() const {

@@ -19,8 +19,8 @@ using CommClock = std::chrono::steady_clock;
 
 /// The time point timeout_s from now.
 inline CommClock::time_point deadline_after(double timeout_s) {
-  return CommClock::now() + std::chrono::duration_cast<CommClock::duration>(
-                                std::chrono::duration<double>(timeout_s));
+  return CommClock::now() +
+         std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(timeout_s));
 }
 
 }  // namespace zero::parallel

@@ -26,6 +26,8 @@ namespace zero::parallel {
 /// The color a rank passes to split() to join no group (MPI_UNDEFINED); it gets a null comm.
 inline constexpr int undefined_color = -1;
 
+// Hand-formatted: clang-format 14 puts a requires-expression that follows `&&` at odd indents.
+// clang-format off
 /// A communicator that moves elements of type T with every collective, blocking and async.
 template <class C, class T>
 concept CommunicatorFor =
@@ -62,5 +64,6 @@ concept Communicator =
     CommunicatorFor<C, double> && CommunicatorFor<C, float> && CommunicatorFor<C, bf16> &&
     CommunicatorFor<C, f16> && CommunicatorFor<C, std::int32_t> &&
     CommunicatorFor<C, std::int64_t> && CommunicatorFor<C, std::uint8_t>;
+// clang-format on
 
 }  // namespace zero::parallel

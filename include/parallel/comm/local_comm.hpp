@@ -26,8 +26,6 @@
 #include <utility>
 #include <vector>
 
-#include <zero/core/dtype.hpp>
-#include <zero/core/error.hpp>
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/comm_op.hpp>
 #include <parallel/comm/comm_options.hpp>
@@ -36,6 +34,8 @@
 #include <parallel/comm/progress_thread.hpp>
 #include <parallel/comm/reduce_op.hpp>
 #include <parallel/comm/work.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::parallel {
 
@@ -57,12 +57,12 @@ struct LocalRank {
   std::uint64_t next_seq = 0;  ///< touched only by the op running now (ops are serialised)
   bool grouping = false;       ///< between group_start and group_end
   std::vector<std::function<void()>> deferred;  ///< receives posted inside a group
-  ProgressThread progress;     ///< declared last: joined first, while the rest is alive
+  ProgressThread progress;  ///< declared last: joined first, while the rest is alive
 
   /// Context for error messages of op moving bytes of dtype.
   OpContext context(CommOp op, std::uint64_t seq, std::size_t bytes, DType dtype) const {
-    return {op, seq, bytes, dtype, name, rank, group->size(),
-            group->members[static_cast<std::size_t>(rank)]};
+    const int world_rank = group->members[static_cast<std::size_t>(rank)];
+    return {op, seq, bytes, dtype, name, rank, group->size(), world_rank};
   }
 
   /// The choke point of every collective: rendezvous, validation, data movement by body,
@@ -175,11 +175,11 @@ class LocalComm {
         if (order[i].second == s.rank) new_rank = static_cast<int>(i);
       }
       child = std::make_shared<detail::LocalRank>();
-      child->group = s.group->split_group(slots[static_cast<std::size_t>(s.rank)].seq, color,
-                                          members);
+      child->group =
+          s.group->split_group(slots[static_cast<std::size_t>(s.rank)].seq, color, members);
       child->rank = new_rank;
-      child->name = name.empty() ? zero::detail::concat(s.name, ".split(", color, ")")
-                                 : std::string(name);
+      child->name =
+          name.empty() ? zero::detail::concat(s.name, ".split(", color, ")") : std::string(name);
       child->options = s.options;
       child->logger = s.logger;
     });
@@ -225,9 +225,8 @@ class LocalComm {
   void all_to_all_v(std::span<const std::type_identity_t<T>> send,
                     std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
-    blocking([&](detail::LocalRank& s) {
-      do_all_to_all_v<T>(s, send, send_counts, recv, recv_counts);
-    });
+    blocking(
+        [&](detail::LocalRank& s) { do_all_to_all_v<T>(s, send, send_counts, recv, recv_counts); });
   }
   /// Sends buf to peer (eager: returns once copied).
   template <class T>
@@ -298,12 +297,10 @@ class LocalComm {
   /// Async all_to_all_v; the count arrays must stay alive too.
   template <CommElement T>
   [[nodiscard]] Work all_to_all_v_async(std::span<const std::type_identity_t<T>> send,
-                                        std::span<const std::size_t> send_counts,
-                                        std::span<T> recv,
+                                        std::span<const std::size_t> send_counts, std::span<T> recv,
                                         std::span<const std::size_t> recv_counts) {
-    return async([=](detail::LocalRank& s) {
-      do_all_to_all_v<T>(s, send, send_counts, recv, recv_counts);
-    });
+    return async(
+        [=](detail::LocalRank& s) { do_all_to_all_v<T>(s, send, send_counts, recv, recv_counts); });
   }
   /// Async send.
   template <class T>
@@ -459,13 +456,15 @@ class LocalComm {
     expect<CommError>(send.size() % n == 0, "LocalComm: all_to_all on group '", s.name,
                       "': send holds ", send.size(), " elements, not a multiple of the ", n,
                       " ranks");
-    expect<CommError>(send.empty() || send.data() != recv.data(), "LocalComm: all_to_all on group '",
-                      s.name, "': send and recv must not be the same buffer");
+    expect<CommError>(send.empty() || send.data() != recv.data(),
+                      "LocalComm: all_to_all on group '", s.name,
+                      "': send and recv must not be the same buffer");
     const std::size_t count = send.size() / n;
     auto desc = describe<T>(CommOp::all_to_all, send.data(), recv.data(), count);
     s.collective(desc, send.size_bytes(), [&](const std::vector<detail::OpDesc>& slots) {
       for (std::size_t q = 0; q < n; ++q) {
-        const T* src = static_cast<const T*>(slots[q].send) + static_cast<std::size_t>(s.rank) * count;
+        const T* src =
+            static_cast<const T*>(slots[q].send) + static_cast<std::size_t>(s.rank) * count;
         if (count) std::memcpy(recv.data() + q * count, src, count * sizeof(T));
       }
     });
@@ -496,8 +495,8 @@ class LocalComm {
         for (std::size_t p = 0; p < me; ++p) send_offset += slots[q].send_counts[p];
         const std::size_t len = recv_counts[q];
         if (len) {
-          std::memcpy(recv.data() + recv_offset,
-                      static_cast<const T*>(slots[q].send) + send_offset, len * sizeof(T));
+          std::memcpy(recv.data() + recv_offset, static_cast<const T*>(slots[q].send) + send_offset,
+                      len * sizeof(T));
         }
         recv_offset += len;
       }
@@ -506,9 +505,10 @@ class LocalComm {
 
   template <class T>
   static void check_peer(const detail::LocalRank& s, CommOp op, int peer) {
-    expect<CommError>(peer >= 0 && peer < s.group->size() && peer != s.rank, "LocalComm: ",
-                      name_of(op), " on group '", s.name, "' at rank ", s.rank, ": peer ", peer,
-                      " must be another rank of this ", s.group->size(), "-rank group");
+    expect<CommError>(peer >= 0 && peer < s.group->size() && peer != s.rank,
+                      "LocalComm: ", name_of(op), " on group '", s.name, "' at rank ", s.rank,
+                      ": peer ", peer, " must be another rank of this ", s.group->size(),
+                      "-rank group");
   }
 
   template <class T>
@@ -531,10 +531,10 @@ class LocalComm {
     const auto ctx = s.context(CommOp::recv, s.next_seq, buf.size_bytes(), dtype_of<T>);
     auto message = s.group->take(peer, s.rank, tag, deadline_after(s.options.timeout_s), ctx,
                                  s.options.timeout_s);
-    expect<CommError>(message.dtype == dtype_of<T> && message.count == buf.size(), "LocalComm: ",
-                      ctx.describe(), ": rank ", peer, " sent ", message.count, " elements of ",
-                      name_of(message.dtype), " with tag ", tag, ", the receive expects ",
-                      buf.size(), " elements of ", name_of(dtype_of<T>));
+    expect<CommError>(message.dtype == dtype_of<T> && message.count == buf.size(),
+                      "LocalComm: ", ctx.describe(), ": rank ", peer, " sent ", message.count,
+                      " elements of ", name_of(message.dtype), " with tag ", tag,
+                      ", the receive expects ", buf.size(), " elements of ", name_of(dtype_of<T>));
     if (!buf.empty()) std::memcpy(buf.data(), message.data.data(), buf.size_bytes());
     if (s.logger) {
       s.logger->record(CommOp::recv, s.name, 2, buf.size_bytes(),

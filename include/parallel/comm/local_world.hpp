@@ -21,11 +21,11 @@
 #include <utility>
 #include <vector>
 
-#include <zero/core/dtype.hpp>
-#include <zero/core/error.hpp>
 #include <parallel/comm/comm_op.hpp>
 #include <parallel/comm/comm_options.hpp>
 #include <parallel/comm/reduce_op.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::parallel::detail {
 
@@ -34,12 +34,12 @@ struct LocalWorld {
   /// A world of size ranks, none failed or left.
   explicit LocalWorld(int size) : left(static_cast<std::size_t>(size), 0) {}
 
-  std::mutex mutex;               ///< guards everything below and every LocalGroup's state
-  std::condition_variable cv;     ///< woken on every arrival, message, abort and departure
-  bool aborted = false;           ///< a rank's function threw; everyone stops
-  int failed_rank = -1;           ///< the first rank that threw
-  std::string failure;            ///< what it threw
-  std::vector<char> left;         ///< world rank has returned from its function
+  std::mutex mutex;            ///< guards everything below and every LocalGroup's state
+  std::condition_variable cv;  ///< woken on every arrival, message, abort and departure
+  bool aborted = false;        ///< a rank's function threw; everyone stops
+  int failed_rank = -1;        ///< the first rank that threw
+  std::string failure;         ///< what it threw
+  std::vector<char> left;      ///< world rank has returned from its function
   std::uint64_t next_group_id = 1;
 
   /// Records that rank failed with what (the first failure wins) and wakes every waiter.
@@ -69,14 +69,14 @@ struct OpDesc {
   CommOp op = CommOp::barrier;
   DType dtype = DType::u8;
   ReduceOp reduce = ReduceOp::sum;
-  std::size_t count = 0;          ///< elements per rank (all_to_all_v: size of the count arrays)
-  int root = 0;                   ///< broadcast root
+  std::size_t count = 0;  ///< elements per rank (all_to_all_v: size of the count arrays)
+  int root = 0;           ///< broadcast root
   const void* send = nullptr;
   void* recv = nullptr;
   const std::size_t* send_counts = nullptr;  ///< all_to_all_v
   const std::size_t* recv_counts = nullptr;  ///< all_to_all_v
-  int color = 0, key = 0;         ///< split
-  std::uint64_t seq = 0;          ///< this rank's op number on the group
+  int color = 0, key = 0;                    ///< split
+  std::uint64_t seq = 0;                     ///< this rank's op number on the group
 };
 
 /// Names an op for error messages: op, sequence number, bytes, group, ranks.
@@ -125,9 +125,9 @@ struct LocalGroup {
         arrived_at(members.size(), 0) {}
 
   std::shared_ptr<LocalWorld> world;
-  std::vector<int> members;        ///< world rank of each group rank
+  std::vector<int> members;  ///< world rank of each group rank
   std::uint64_t id;
-  std::vector<OpDesc> slots;       ///< the current op's descriptor of each rank
+  std::vector<OpDesc> slots;              ///< the current op's descriptor of each rank
   std::vector<std::uint64_t> arrived_at;  ///< generation+1 of the barrier each rank is in
   int arrived = 0;
   std::uint64_t generation = 0;
@@ -141,8 +141,8 @@ struct LocalGroup {
 
   /// Posts desc (when given) and blocks until every rank of the group arrived at this barrier.
   /// Throws CommError when the world aborts, a missing rank has left, or deadline passes.
-  void arrive(int rank, const OpDesc* desc, CommClock::time_point deadline,
-              const OpContext& ctx, double timeout_s) {
+  void arrive(int rank, const OpDesc* desc, CommClock::time_point deadline, const OpContext& ctx,
+              double timeout_s) {
     std::unique_lock lock(world->mutex);
     throw_if_aborted(ctx);
     if (desc) slots[static_cast<std::size_t>(rank)] = *desc;
@@ -170,8 +170,7 @@ struct LocalGroup {
                          ") returned from their function without joining it; every rank of a "
                          "group must issue the same collectives in the same order");
       }
-      if (world->cv.wait_until(lock, deadline) == std::cv_status::timeout &&
-          generation == gen) {
+      if (world->cv.wait_until(lock, deadline) == std::cv_status::timeout && generation == gen) {
         // Arrivals before the last one do not notify, so both lists are taken afresh here.
         std::vector<int> present;
         missing.clear();
@@ -206,9 +205,9 @@ struct LocalGroup {
     for (int r = 1; r < size(); ++r) {
       const OpDesc& d = slots[static_cast<std::size_t>(r)];
       if (d.op != ref.op) {
-        raise<CommError>("LocalComm: ", ctx.describe(), ": ranks disagree on the op sequence: rank ",
-                         r, " issued ", name_of(d.op), " #", d.seq, " where rank 0 issued ",
-                         name_of(ref.op), " #", ref.seq,
+        raise<CommError>("LocalComm: ", ctx.describe(),
+                         ": ranks disagree on the op sequence: rank ", r, " issued ", name_of(d.op),
+                         " #", d.seq, " where rank 0 issued ", name_of(ref.op), " #", ref.seq,
                          "; every rank of a group must issue the same collectives in order");
       }
       if (d.dtype != ref.dtype || (d.count != ref.count && d.op != CommOp::split)) {
@@ -248,8 +247,8 @@ struct LocalGroup {
   /// Throws the CommError that tells a waiting rank that another rank failed.
   void throw_if_aborted(const OpContext& ctx) const {
     if (world->aborted) {
-      raise<CommError>("LocalComm: ", ctx.describe(), " aborted: world rank ",
-                       world->failed_rank, " failed: ", world->failure);
+      raise<CommError>("LocalComm: ", ctx.describe(), " aborted: world rank ", world->failed_rank,
+                       " failed: ", world->failure);
     }
   }
 
@@ -278,8 +277,8 @@ struct LocalGroup {
   }
 
   /// Waits for the next message from src to dst with tag and removes it from the mailbox.
-  LocalMessage take(int src, int dst, int tag, CommClock::time_point deadline,
-                    const OpContext& ctx, double timeout_s) {
+  LocalMessage take(int src, int dst, int tag, CommClock::time_point deadline, const OpContext& ctx,
+                    double timeout_s) {
     std::unique_lock lock(world->mutex);
     for (;;) {
       auto it = mailboxes.find({src, dst, tag});
@@ -290,8 +289,8 @@ struct LocalGroup {
       }
       throw_if_aborted(ctx);
       if (world->left[static_cast<std::size_t>(members[static_cast<std::size_t>(src)])]) {
-        raise<CommError>("LocalComm: ", ctx.describe(), ": waiting for a message from rank ",
-                         src, " with tag ", tag, ", but rank ", src,
+        raise<CommError>("LocalComm: ", ctx.describe(), ": waiting for a message from rank ", src,
+                         " with tag ", tag, ", but rank ", src,
                          " returned from its function without sending it");
       }
       if (world->cv.wait_until(lock, deadline) == std::cv_status::timeout) {

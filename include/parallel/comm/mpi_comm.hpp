@@ -35,8 +35,6 @@
 #include <utility>
 #include <vector>
 
-#include <zero/core/dtype.hpp>
-#include <zero/core/error.hpp>
 #include <parallel/comm/blocking_collectives.hpp>
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/comm_op.hpp>
@@ -44,6 +42,8 @@
 #include <parallel/comm/communicator.hpp>
 #include <parallel/comm/reduce_op.hpp>
 #include <parallel/comm/work.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::parallel {
 
@@ -53,21 +53,30 @@ namespace detail {
 /// reduced by MPI, see the file comment).
 template <class T>
 MPI_Datatype mpi_datatype() {
-  if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  else if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return MPI_UINT8_T;
-  else return MPI_UINT16_T;  // bf16, f16
+  if constexpr (std::is_same_v<T, double>)
+    return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, float>)
+    return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return MPI_INT32_T;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    return MPI_UINT8_T;
+  else
+    return MPI_UINT16_T;  // bf16, f16
 }
 
 /// MPI reduction for op (avg reduces with MPI_SUM and divides on completion).
 inline MPI_Op mpi_reduce_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return MPI_SUM;
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::avg:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -88,9 +97,9 @@ struct MpiShared {
   CommOptions options;
   std::shared_ptr<CommLogger> logger;
   std::atomic<std::uint64_t> next_seq{0};
-  std::vector<int> world_ranks;       ///< MPI_COMM_WORLD rank of each rank, for messages
-  std::vector<MPI_Request> abandoned; ///< requests of timed-out ops (MPI cannot cancel them)
-  bool grouping = false;              ///< between group_start and group_end
+  std::vector<int> world_ranks;        ///< MPI_COMM_WORLD rank of each rank, for messages
+  std::vector<MPI_Request> abandoned;  ///< requests of timed-out ops (MPI cannot cancel them)
+  bool grouping = false;               ///< between group_start and group_end
   std::vector<std::shared_ptr<WorkState>> grouped;  ///< point-to-point ops posted in the group
 
   ~MpiShared() {
@@ -256,8 +265,9 @@ class MpiComm : public BlockingCollectives<MpiComm> {
   /// unless it already is, and returns MPI_COMM_WORLD. MPI is finalised when the last
   /// communicator that initialised it is destroyed.
   static MpiComm world(int& argc, char**& argv, CommOptions options = {}) {
-    auto env = std::make_shared<boost::mpi::environment>(argc, argv, boost::mpi::threading::multiple,
-                                                         /*abort_on_exception=*/false);
+    auto env =
+        std::make_shared<boost::mpi::environment>(argc, argv, boost::mpi::threading::multiple,
+                                                  /*abort_on_exception=*/false);
     return from_env(std::move(env), options);
   }
   /// MPI_COMM_WORLD, initialising MPI without arguments if nobody has.
@@ -301,16 +311,16 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     auto& s = checked();
     barrier();
     MPI_Comm out = MPI_COMM_NULL;
-    const int rc = MPI_Comm_split(static_cast<MPI_Comm>(s.comm),
-                                  color < 0 ? MPI_UNDEFINED : color, key, &out);
+    const int rc =
+        MPI_Comm_split(static_cast<MPI_Comm>(s.comm), color < 0 ? MPI_UNDEFINED : color, key, &out);
     expect<CommError>(rc == MPI_SUCCESS, "MpiComm: split of group '", s.name,
                       "' failed: ", detail::mpi_error_string(rc));
     if (out == MPI_COMM_NULL) return MpiComm();
     auto child = std::make_shared<detail::MpiShared>();
     child->env = s.env;
     child->comm = boost::mpi::communicator(out, boost::mpi::comm_take_ownership);
-    child->name = name.empty() ? zero::detail::concat(s.name, ".split(", color, ")")
-                               : std::string(name);
+    child->name =
+        name.empty() ? zero::detail::concat(s.name, ".split(", color, ")") : std::string(name);
     child->options = s.options;
     child->logger = s.logger;
     child->world_ranks = world_ranks_of(out);
@@ -360,8 +370,8 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     if constexpr (is_half_type<T>) {
       auto in = staged(send), out = std::make_shared<std::vector<float>>(send.size());
       w->keep_alive = {in, out};
-      w->check(MPI_Iallreduce(in->data(), out->data(), count, MPI_FLOAT,
-                              detail::mpi_reduce_op(op), comm, w->request()),
+      w->check(MPI_Iallreduce(in->data(), out->data(), count, MPI_FLOAT, detail::mpi_reduce_op(op),
+                              comm, w->request()),
                "MPI_Iallreduce");
       w->on_complete = [out, recv, op, n](const MPI_Status&) { unstage(*out, recv, op, n); };
     } else {
@@ -378,7 +388,8 @@ class MpiComm : public BlockingCollectives<MpiComm> {
   [[nodiscard]] Work reduce_scatter_async(std::span<const std::type_identity_t<T>> send,
                                           std::span<T> recv, ReduceOp op) {
     const int n = size();
-    expect_size(CommOp::reduce_scatter, "send", send.size(), recv.size() * static_cast<std::size_t>(n));
+    expect_size(CommOp::reduce_scatter, "send", send.size(),
+                recv.size() * static_cast<std::size_t>(n));
     auto w = make_work(CommOp::reduce_scatter, send.size_bytes(), dtype_of<T>);
     const int count = detail::mpi_count(recv.size(), CommOp::reduce_scatter);
     const MPI_Comm comm = native_handle();
@@ -408,10 +419,12 @@ class MpiComm : public BlockingCollectives<MpiComm> {
   template <CommElement T>
   [[nodiscard]] Work all_gather_async(std::span<const std::type_identity_t<T>> send,
                                       std::span<T> recv) {
-    expect_size(CommOp::all_gather, "recv", recv.size(), send.size() * static_cast<std::size_t>(size()));
+    expect_size(CommOp::all_gather, "recv", recv.size(),
+                send.size() * static_cast<std::size_t>(size()));
     auto w = make_work(CommOp::all_gather, recv.size_bytes(), dtype_of<T>);
     const int count = detail::mpi_count(send.size(), CommOp::all_gather);
-    const bool in_place = send.data() == recv.data() + static_cast<std::size_t>(rank()) * send.size();
+    const bool in_place =
+        send.data() == recv.data() + static_cast<std::size_t>(rank()) * send.size();
     w->check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data(), count, detail::mpi_datatype<T>(),
                             recv.data(), count, detail::mpi_datatype<T>(), native_handle(),
                             w->request()),
@@ -448,8 +461,7 @@ class MpiComm : public BlockingCollectives<MpiComm> {
   /// Async all_to_all_v (MPI_Ialltoallv with packed displacements).
   template <CommElement T>
   [[nodiscard]] Work all_to_all_v_async(std::span<const std::type_identity_t<T>> send,
-                                        std::span<const std::size_t> send_counts,
-                                        std::span<T> recv,
+                                        std::span<const std::size_t> send_counts, std::span<T> recv,
                                         std::span<const std::size_t> recv_counts) {
     const std::size_t n = static_cast<std::size_t>(size());
     expect_size(CommOp::all_to_all_v, "send_counts", send_counts.size(), n);

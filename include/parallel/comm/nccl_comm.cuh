@@ -11,9 +11,11 @@
 // aborted (ncclCommAbort) and a CommError names the op, group and bytes.
 // Differences from the host backends: bf16/f16 are reduced by NCCL itself (which rounds to the
 // 16-bit type between steps, not once in fp32), and results follow NCCL's algorithm order.
+// clang-format off
 #if !defined(__CUDACC__)
 #error "parallel/comm/nccl_comm.cuh needs nvcc; host-only code uses parallel/comm/mpi_comm.hpp or local_comm.hpp"
 #endif
+// clang-format on
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -31,8 +33,6 @@
 #include <utility>
 #include <vector>
 
-#include <zero/core/dtype.hpp>
-#include <zero/core/error.hpp>
 #include <parallel/comm/blocking_collectives.hpp>
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/comm_op.hpp>
@@ -41,6 +41,8 @@
 #include <parallel/comm/mpi_comm.hpp>
 #include <parallel/comm/reduce_op.hpp>
 #include <parallel/comm/work.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::parallel {
 
@@ -49,22 +51,33 @@ namespace detail {
 /// NCCL's tag for element type T.
 template <class T>
 constexpr ncclDataType_t nccl_datatype() {
-  if constexpr (std::is_same_v<T, double>) return ncclFloat64;
-  else if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;
-  else if constexpr (std::is_same_v<T, f16>) return ncclFloat16;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
-  else return ncclUint8;
+  if constexpr (std::is_same_v<T, double>)
+    return ncclFloat64;
+  else if constexpr (std::is_same_v<T, float>)
+    return ncclFloat32;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, f16>)
+    return ncclFloat16;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return ncclInt64;
+  else
+    return ncclUint8;
 }
 
 /// NCCL's reduction for op.
 inline ncclRedOp_t nccl_reduce_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::min: return ncclMin;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -83,7 +96,7 @@ inline void cuda_comm_check(cudaError_t rc, std::string_view call, std::string_v
 
 /// A communicator's state, shared by its handles and pending Work.
 struct NcclShared {
-  MpiComm mpi;                   ///< same ranks; carries the unique id and the splits
+  MpiComm mpi;  ///< same ranks; carries the unique id and the splits
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   int device = 0;
@@ -91,8 +104,8 @@ struct NcclShared {
   CommOptions options;
   std::shared_ptr<CommLogger> logger;
   std::atomic<std::uint64_t> next_seq{0};
-  bool grouping = false;         ///< between group_start and group_end
-  std::size_t grouped_bytes = 0; ///< bytes of the point-to-point ops in the open group
+  bool grouping = false;           ///< between group_start and group_end
+  std::size_t grouped_bytes = 0;   ///< bytes of the point-to-point ops in the open group
   void* barrier_buffer = nullptr;  ///< one device int for barrier's all_reduce
 
   NcclShared() = default;
@@ -107,8 +120,7 @@ struct NcclShared {
   /// "all_reduce #3 (4096 bytes of f32) on group 'world' at rank 1 of 4".
   std::string describe(CommOp op, std::uint64_t seq, std::size_t bytes, DType dtype) const {
     return zero::detail::concat(name_of(op), " #", seq, " (", bytes, " bytes of ", name_of(dtype),
-                                ") on group '", name, "' at rank ", mpi.rank(), " of ",
-                                mpi.size());
+                                ") on group '", name, "' at rank ", mpi.rank(), " of ", mpi.size());
   }
 };
 
@@ -118,7 +130,11 @@ class NcclWork final : public WorkState {
   /// Records the completion event of the op just enqueued on shared's stream.
   NcclWork(std::shared_ptr<NcclShared> shared, CommOp op, std::uint64_t seq, std::size_t bytes,
            DType dtype)
-      : shared_(std::move(shared)), op_(op), seq_(seq), bytes_(bytes), dtype_(dtype),
+      : shared_(std::move(shared)),
+        op_(op),
+        seq_(seq),
+        bytes_(bytes),
+        dtype_(dtype),
         start_(CommClock::now()) {
     const std::string where = shared_->describe(op_, seq_, bytes_, dtype_);
     cuda_comm_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate",
@@ -153,8 +169,7 @@ class NcclWork final : public WorkState {
         // only way to stop it, and the communicator is unusable afterwards.
         if (shared_->comm) ncclCommAbort(shared_->comm);
         shared_->comm = nullptr;
-        raise<CommError>("NcclComm: ", describe(), " timed out after ",
-                         shared_->options.timeout_s,
+        raise<CommError>("NcclComm: ", describe(), " timed out after ", shared_->options.timeout_s,
                          " s: not every rank of the group joined it (the communicator was "
                          "aborted). Raise CommOptions::timeout_s if the op is legitimately slow");
       }
@@ -213,8 +228,8 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     // fails here rather than inside ncclCommInitRank.
     std::span<std::uint8_t> id_bytes(reinterpret_cast<std::uint8_t*>(&id), sizeof(id));
     mpi.broadcast(id_bytes, 0);
-    detail::nccl_check(ncclCommInitRank(&s->comm, mpi.size(), id, mpi.rank()),
-                       "ncclCommInitRank", where);
+    detail::nccl_check(ncclCommInitRank(&s->comm, mpi.size(), id, mpi.rank()), "ncclCommInitRank",
+                       where);
     s->mpi = std::move(mpi);
     shared_ = std::move(s);
   }
@@ -300,29 +315,31 @@ class NcclComm : public BlockingCollectives<NcclComm> {
                                       std::span<T> recv, ReduceOp op) {
     expect_size(CommOp::all_reduce, "recv", recv.size(), send.size());
     auto& s = checked();
-    detail::nccl_check(ncclAllReduce(send.data(), recv.data(), send.size(),
-                                     detail::nccl_datatype<T>(), detail::nccl_reduce_op(op),
-                                     s.comm, s.stream),
-                       "ncclAllReduce", s.name);
+    detail::nccl_check(
+        ncclAllReduce(send.data(), recv.data(), send.size(), detail::nccl_datatype<T>(),
+                      detail::nccl_reduce_op(op), s.comm, s.stream),
+        "ncclAllReduce", s.name);
     return record(CommOp::all_reduce, send.size_bytes(), dtype_of<T>);
   }
   /// Async reduce_scatter.
   template <CommElement T>
   [[nodiscard]] Work reduce_scatter_async(std::span<const std::type_identity_t<T>> send,
                                           std::span<T> recv, ReduceOp op) {
-    expect_size(CommOp::reduce_scatter, "send", send.size(), recv.size() * static_cast<std::size_t>(size()));
+    expect_size(CommOp::reduce_scatter, "send", send.size(),
+                recv.size() * static_cast<std::size_t>(size()));
     auto& s = checked();
-    detail::nccl_check(ncclReduceScatter(send.data(), recv.data(), recv.size(),
-                                         detail::nccl_datatype<T>(), detail::nccl_reduce_op(op),
-                                         s.comm, s.stream),
-                       "ncclReduceScatter", s.name);
+    detail::nccl_check(
+        ncclReduceScatter(send.data(), recv.data(), recv.size(), detail::nccl_datatype<T>(),
+                          detail::nccl_reduce_op(op), s.comm, s.stream),
+        "ncclReduceScatter", s.name);
     return record(CommOp::reduce_scatter, send.size_bytes(), dtype_of<T>);
   }
   /// Async all_gather.
   template <CommElement T>
   [[nodiscard]] Work all_gather_async(std::span<const std::type_identity_t<T>> send,
                                       std::span<T> recv) {
-    expect_size(CommOp::all_gather, "recv", recv.size(), send.size() * static_cast<std::size_t>(size()));
+    expect_size(CommOp::all_gather, "recv", recv.size(),
+                send.size() * static_cast<std::size_t>(size()));
     auto& s = checked();
     detail::nccl_check(ncclAllGather(send.data(), recv.data(), send.size(),
                                      detail::nccl_datatype<T>(), s.comm, s.stream),
@@ -335,8 +352,8 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     auto& s = checked();
     expect<CommError>(root >= 0 && root < size(), "NcclComm: broadcast on group '", s.name,
                       "': root ", root, " is not a rank of this ", size(), "-rank group");
-    detail::nccl_check(ncclBroadcast(buf.data(), buf.data(), buf.size(),
-                                     detail::nccl_datatype<T>(), root, s.comm, s.stream),
+    detail::nccl_check(ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_datatype<T>(),
+                                     root, s.comm, s.stream),
                        "ncclBroadcast", s.name);
     return record(CommOp::broadcast, buf.size_bytes(), dtype_of<T>);
   }
@@ -357,8 +374,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   /// Async all_to_all_v: one NCCL group of a send and a receive per peer.
   template <CommElement T>
   [[nodiscard]] Work all_to_all_v_async(std::span<const std::type_identity_t<T>> send,
-                                        std::span<const std::size_t> send_counts,
-                                        std::span<T> recv,
+                                        std::span<const std::size_t> send_counts, std::span<T> recv,
                                         std::span<const std::size_t> recv_counts) {
     const std::size_t n = static_cast<std::size_t>(size());
     expect_size(CommOp::all_to_all_v, "send_counts", send_counts.size(), n);
@@ -387,9 +403,9 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   /// Async barrier: an all_reduce of one int on the stream.
   [[nodiscard]] Work barrier_async() {
     auto& s = checked();
-    detail::nccl_check(ncclAllReduce(s.barrier_buffer, s.barrier_buffer, 1, ncclInt32, ncclSum,
-                                     s.comm, s.stream),
-                       "ncclAllReduce (barrier)", s.name);
+    detail::nccl_check(
+        ncclAllReduce(s.barrier_buffer, s.barrier_buffer, 1, ncclInt32, ncclSum, s.comm, s.stream),
+        "ncclAllReduce (barrier)", s.name);
     return record(CommOp::barrier, 0, DType::i32);
   }
 
@@ -428,9 +444,10 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   void enqueue_send(std::span<T> buf, int peer, int /*tag*/) {
     auto& s = checked();
     check_peer(CommOp::send, peer);
-    detail::nccl_check(ncclSend(buf.data(), buf.size(), detail::nccl_datatype<std::remove_const_t<T>>(),
-                                peer, s.comm, s.stream),
-                       "ncclSend", s.name);
+    detail::nccl_check(
+        ncclSend(buf.data(), buf.size(), detail::nccl_datatype<std::remove_const_t<T>>(), peer,
+                 s.comm, s.stream),
+        "ncclSend", s.name);
     s.grouped_bytes += buf.size_bytes();
   }
 
@@ -438,9 +455,9 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   void enqueue_recv(std::span<T> buf, int peer, int /*tag*/) {
     auto& s = checked();
     check_peer(CommOp::recv, peer);
-    detail::nccl_check(ncclRecv(buf.data(), buf.size(), detail::nccl_datatype<T>(), peer, s.comm,
-                                s.stream),
-                       "ncclRecv", s.name);
+    detail::nccl_check(
+        ncclRecv(buf.data(), buf.size(), detail::nccl_datatype<T>(), peer, s.comm, s.stream),
+        "ncclRecv", s.name);
     s.grouped_bytes += buf.size_bytes();
   }
 

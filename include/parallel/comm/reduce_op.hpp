@@ -23,18 +23,21 @@ inline constexpr ReduceOp all_reduce_ops[] = {ReduceOp::sum, ReduceOp::avg, Redu
 /// Lower-case name of op ("sum", "avg", ...).
 constexpr std::string_view name_of(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "?";
 }
 
 /// The element types every backend moves and reduces: f64, f32, bf16, f16, i32, i64, u8.
 template <class T>
-concept CommElement =
-    std::same_as<T, double> || std::same_as<T, float> || std::same_as<T, bf16> ||
+concept CommElement = std::same_as<T, double> || std::same_as<T, float> || std::same_as<T, bf16> ||
     std::same_as<T, f16> || std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
     std::same_as<T, std::uint8_t>;
 
@@ -71,10 +74,14 @@ constexpr Acc finish_reduce(Acc acc, int ranks) {
 template <class Fn>
 decltype(auto) visit_reduce_op(ReduceOp op, Fn&& fn) {
   switch (op) {
-    case ReduceOp::sum: return fn.template operator()<ReduceOp::sum>();
-    case ReduceOp::avg: return fn.template operator()<ReduceOp::avg>();
-    case ReduceOp::max: return fn.template operator()<ReduceOp::max>();
-    case ReduceOp::min: return fn.template operator()<ReduceOp::min>();
+    case ReduceOp::sum:
+      return fn.template operator()<ReduceOp::sum>();
+    case ReduceOp::avg:
+      return fn.template operator()<ReduceOp::avg>();
+    case ReduceOp::max:
+      return fn.template operator()<ReduceOp::max>();
+    case ReduceOp::min:
+      return fn.template operator()<ReduceOp::min>();
   }
   return fn.template operator()<ReduceOp::sum>();
 }

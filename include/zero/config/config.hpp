@@ -64,7 +64,7 @@ struct Config {
   std::optional<NamedParams> optimizer;
   std::optional<NamedParams> scheduler;
   config::ZeroOptimizationConfig zero_optimization;
-  config::AioConfig aio;  ///< NVMe offload I/O (zero/offload)
+  config::AioConfig aio;              ///< NVMe offload I/O (zero/offload)
   std::vector<std::string> warnings;  ///< unknown keys and other non-fatal findings
 
   /// Parses a config; throws ConfigError naming the key path of the first bad value.
@@ -103,10 +103,9 @@ struct Config {
     c.comm_timeout_s = r.number("comm_timeout_s").value_or(300);
     expect<ConfigError>(c.comm_timeout_s > 0, r.where("comm_timeout_s"), ": must be positive");
     c.nonfinite_policy = r.string("nonfinite_policy").value_or("");
-    expect<ConfigError>(c.nonfinite_policy.empty() || c.nonfinite_policy == "skip" ||
-                            c.nonfinite_policy == "raise",
-                        r.where("nonfinite_policy"), ": '", c.nonfinite_policy,
-                        "' is not one of skip, raise");
+    expect<ConfigError>(
+        c.nonfinite_policy.empty() || c.nonfinite_policy == "skip" || c.nonfinite_policy == "raise",
+        r.where("nonfinite_policy"), ": '", c.nonfinite_policy, "' is not one of skip, raise");
     r.boolean("memory_breakdown");
     r.boolean("dump_state");
     r.boolean("zero_allow_untested_optimizer");
@@ -137,8 +136,8 @@ struct Config {
       for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");
     }
     for (const char* section :
-         {"activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint",
-          "data_types", "tensorboard", "wandb", "csv_monitor", "zero"}) {
+         {"activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint", "data_types",
+          "tensorboard", "wandb", "csv_monitor", "zero"}) {
       (void)r.raw(section);  // accepted sections whose keys zero reads elsewhere or ignores
     }
     collect(r, c.warnings);

@@ -14,8 +14,8 @@ namespace zero::config {
 
 // Where offloaded state lives: zero::OffloadDevice (zero/policies/offload.hpp), the same words
 // as the Offload<None|CPU|NVMe> policy tags.
-using zero::OffloadDevice;
 using zero::name_of;
+using zero::OffloadDevice;
 
 /// "offload_optimizer" or "offload_param".
 struct OffloadConfig {

@@ -27,8 +27,8 @@ class Tensor {
       : data_(data), shape_(shape), device_(device) {}
   /// A Tensor<T> converts to a Tensor<const T>.
   template <class U>
-  requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>) constexpr Tensor(
-      const Tensor<U>& other)  // NOLINT: implicit by design
+    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
+  constexpr Tensor(const Tensor<U>& other)  // NOLINT: implicit by design
       : data_(other.data()), shape_(other.shape()), device_(other.device()) {}
 
   constexpr T* data() const { return data_; }

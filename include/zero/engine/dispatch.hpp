@@ -48,9 +48,8 @@ decltype(auto) dispatch_stage(const Config& config, Fn&& fn) {
 /// the optimizer or the parameters on NVMe, the engine gets Offload<NVMe> as well (stages 1-3).
 template <nn::Model M, class... Fixed, class Fn>
 decltype(auto) dispatch(const Config& config, Fn&& fn) {
-  constexpr bool may_offload =
-      count_policies<offload_policy, Fixed...> == 0 &&
-      !std::is_same_v<typename M::value_type, double>;
+  constexpr bool may_offload = count_policies<offload_policy, Fixed...> == 0 &&
+                               !std::is_same_v<typename M::value_type, double>;
   if constexpr (may_offload) {
     const auto& z = config.zero_optimization;
     if (z.offload_optimizer.device == OffloadDevice::nvme ||

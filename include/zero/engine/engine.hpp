@@ -89,7 +89,10 @@ class Engine {
   /// over comm (the data-parallel group).
   template <parallel::Communicator C>
   Engine(M& model, C& comm, UpdateFn update, EngineOptions options = {})
-      : model_(model), comm_(comm), options_(options), update_(std::move(update)),
+      : model_(model),
+        comm_(comm),
+        options_(options),
+        update_(std::move(update)),
         micro_(options_.activation_bytes, options_.gradient_accumulation_steps) {
     static_assert(!offload_nvme,
                   "zero::Engine: Offload<NVMe> swaps the states of an optimizer built from the "
@@ -102,7 +105,9 @@ class Engine {
   /// config's stage, precision and offload must agree with the policies (ConfigError otherwise).
   template <parallel::Communicator C>
   Engine(M& model, C& comm, const Config& config, EngineOptions options = {})
-      : model_(model), comm_(comm), options_(options.with_config(config, comm.size())),
+      : model_(model),
+        comm_(comm),
+        options_(options.with_config(config, comm.size())),
         micro_(options_.activation_bytes, options_.gradient_accumulation_steps) {
     static_assert(!policies::reference_model,
                   "zero::Engine: an optimizer from the config updates fp32 masters; an f64 "
@@ -216,15 +221,16 @@ class Engine {
       if (options_.nonfinite == NonFinitePolicy::raise) {
         clear_accumulators();
         finish_window();
-        raise<NonFiniteError>("Engine: step ", training_.steps, ": ",
-                              stats[1] > 0 ? "the loss was Inf/NaN on some rank"
-                                           : "the gradient norm is Inf/NaN",
-                              " (nonfinite_policy is raise)");
+        raise<NonFiniteError>(
+            "Engine: step ", training_.steps, ": ",
+            stats[1] > 0 ? "the loss was Inf/NaN on some rank" : "the gradient norm is Inf/NaN",
+            " (nonfinite_policy is raise)");
       }
     }
     last_step_skipped_ = !apply;
     if (apply) {
-      const double factor = optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping) / scale;
+      const double factor =
+          optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping) / scale;
       if (training_.scheduler) training_.lr = training_.scheduler->lr();
       try {
         // The gather of an updated slice starts at once and overlaps the next units' updates
@@ -286,8 +292,8 @@ class Engine {
   std::vector<MasterT> gather_unit_values(int u) {
     Unit& s = unit(u);
     const auto numel = static_cast<std::size_t>(s.partition->numel());
-    std::vector<MasterT> mine(s.numel(stage_traits::shards_optimizer_states ? Extent::shard
-                                                                            : Extent::whole));
+    std::vector<MasterT> mine(
+        s.numel(stage_traits::shards_optimizer_states ? Extent::shard : Extent::whole));
     store_.read_master_into(u, std::span<MasterT>(mine), backend_);
     if constexpr (stage_traits::shards_optimizer_states) {
       std::vector<MasterT> whole(s.numel(Extent::whole));
@@ -351,7 +357,6 @@ class Engine {
   const std::vector<nn::ParamSpec>& unit_specs(int u) const { return unit_ref(u).specs; }
 
  private:
-
   // ---- setup ---------------------------------------------------------------------------------
 
   void setup(const StoreOptions& store_options) {

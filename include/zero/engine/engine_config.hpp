@@ -35,7 +35,8 @@ void check_config_against_policies(const Config& config, int stage) {
   const bool fp16 = config.fp16.enabled.value_or(std::is_same_v<T, f16>);
   const bool bf16 = config.bf16_enabled.value_or(std::is_same_v<T, zero::bf16>);
   expect<ConfigError>(fp16 == std::is_same_v<T, f16>, "fp16.enabled: the config says ",
-                      fp16 ? "true" : "false", " but the engine computes in ", name_of(dtype_of<T>));
+                      fp16 ? "true" : "false", " but the engine computes in ",
+                      name_of(dtype_of<T>));
   expect<ConfigError>(bf16 == std::is_same_v<T, zero::bf16>, "bf16.enabled: the config says ",
                       bf16 ? "true" : "false", " but the engine computes in ",
                       name_of(dtype_of<T>));
@@ -44,8 +45,8 @@ void check_config_against_policies(const Config& config, int stage) {
   // The master slice is a rank's only parameter copy at rest, so parameter offload (stage 3)
   // is the same move as optimizer offload: offload_param alone also selects Offload<NVMe>.
   const OffloadDevice param_device = config.zero_optimization.offload_param.device;
-  const bool param_only = device == OffloadDevice::none && param_device == expected &&
-                          expected == OffloadDevice::nvme;
+  const bool param_only =
+      device == OffloadDevice::none && param_device == expected && expected == OffloadDevice::nvme;
   expect<ConfigError>(device == expected || param_only,
                       "zero_optimization.offload_optimizer.device: the config says '",
                       name_of(device), "' but the engine was built with Offload<",
@@ -61,8 +62,9 @@ void check_config_against_policies(const Config& config, int stage) {
 inline offload::NvmeConfig nvme_settings(const Config& config) {
   const bool optimizer_section =
       config.zero_optimization.offload_optimizer.device == OffloadDevice::nvme;
-  return offload::NvmeConfig::from_config(
-      config, optimizer_section ? offload::OffloadSection::optimizer : offload::OffloadSection::param);
+  return offload::NvmeConfig::from_config(config, optimizer_section
+                                                      ? offload::OffloadSection::optimizer
+                                                      : offload::OffloadSection::param);
 }
 
 /// The LR scheduler of config's "scheduler" block starting from lr, if it has one.

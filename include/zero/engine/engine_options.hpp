@@ -29,13 +29,13 @@ class NonFiniteError : public Error {
 
 /// Run-time settings of an Engine.
 struct EngineOptions {
-  std::uint64_t seed = 1234;                 ///< per-name initialisation seed
-  int gradient_accumulation_steps = 1;       ///< micro-steps per optimizer step
-  std::int64_t shard_alignment = 16;         ///< elements; keeps shards vector-aligned
-  std::size_t activation_bytes = 256 << 20;  ///< arena for saved activations
-  double gradient_clipping = 0.0;            ///< max global L2 norm; 0 turns clipping off
+  std::uint64_t seed = 1234;                          ///< per-name initialisation seed
+  int gradient_accumulation_steps = 1;                ///< micro-steps per optimizer step
+  std::int64_t shard_alignment = 16;                  ///< elements; keeps shards vector-aligned
+  std::size_t activation_bytes = 256 << 20;           ///< arena for saved activations
+  double gradient_clipping = 0.0;                     ///< max global L2 norm; 0 turns clipping off
   NonFinitePolicy nonfinite = NonFinitePolicy::skip;  ///< Inf/NaN loss or gradient norm
-  optim::LossScalerConfig loss_scaler;       ///< fp16 only (Precision<f16>)
+  optim::LossScalerConfig loss_scaler;                ///< fp16 only (Precision<f16>)
   /// Stage 3: elements of upcoming units gathered ahead of use (DeepSpeed's
   /// stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
   std::int64_t prefetch_elems = 50'000'000;

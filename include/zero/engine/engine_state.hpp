@@ -102,8 +102,7 @@ class EngineState {
     j["precision"] = name_of(dtype_of<typename Eng::T>);
     j["master_dtype"] = name_of(dtype_of<MasterT>);
     j["optimizer"] = optimizer_name();
-    j["optimizer_step"] =
-        has_optimizer() ? eng_.optimizers_[0].step_count() : eng_.training_.steps;
+    j["optimizer_step"] = has_optimizer() ? eng_.optimizers_[0].step_count() : eng_.training_.steps;
     eng_.training_.save(j);
     j["seed"] = eng_.options_.seed;
     return j;
@@ -114,8 +113,8 @@ class EngineState {
     eng_.inconsistent_.clear();
     try {
       const std::string saved = j.at("optimizer").get<std::string>();
-      expect<CheckpointError>(saved == optimizer_name(), "checkpoint: saved with optimizer ",
-                              saved, ", this engine runs ", optimizer_name());
+      expect<CheckpointError>(saved == optimizer_name(), "checkpoint: saved with optimizer ", saved,
+                              ", this engine runs ", optimizer_name());
       eng_.training_.load(j);
       for (auto& o : eng_.optimizers_) o.set_step_count(j.at("optimizer_step").get<std::int64_t>());
     } catch (const nlohmann::json::exception& e) {
@@ -127,8 +126,9 @@ class EngineState {
 
   /// Raises CheckpointError naming what when the engine is inside an accumulation window.
   void require_between_steps(std::string_view what) const {
-    expect<CheckpointError>(eng_.between_steps(), what,
-                            ": called in the middle of gradient accumulation; call it after step()");
+    expect<CheckpointError>(
+        eng_.between_steps(), what,
+        ": called in the middle of gradient accumulation; call it after step()");
   }
   /// Raises Error naming what when an earlier step or load stopped part-way.
   void require_consistent(std::string_view what) const { eng_.expect_consistent(what); }

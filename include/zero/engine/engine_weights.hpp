@@ -57,9 +57,9 @@ void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
 
 /// What save_gpt2_weights wrote.
 struct WeightsExport {
-  std::uint64_t bytes = 0;           ///< size of the file (0 where this rank cannot see it)
-  std::size_t tensors = 0;           ///< tensors written
-  std::size_t peak_unit_bytes = 0;   ///< the largest unit's gathered master values, per rank
+  std::uint64_t bytes = 0;          ///< size of the file (0 where this rank cannot see it)
+  std::size_t tensors = 0;          ///< tensors written
+  std::size_t peak_unit_bytes = 0;  ///< the largest unit's gathered master values, per rank
 };
 
 /// Writes eng's master weights to a Hugging Face GPT-2 safetensors file (Conv1D weights as
@@ -105,7 +105,8 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
     attempt([&] {
       std::size_t offset = 0;
       for (const nn::ParamSpec& p : eng.unit_specs(u)) {
-        io::gpt2::export_tensor(*writer, p.name, Tensor<const MasterT>(values.data() + offset, p.shape),
+        io::gpt2::export_tensor(*writer, p.name,
+                                Tensor<const MasterT>(values.data() + offset, p.shape),
                                 io::DTypeRule::convert);
         offset += static_cast<std::size_t>(p.numel());
         ++result.tensors;

@@ -36,8 +36,8 @@ struct MemoryEstimateInput {
   int gpus_per_node = 1;
   int nodes = 1;
   int stage = 3;
-  DType precision = DType::bf16;       ///< compute type: f32, bf16 or f16
-  int optimizer_state_bytes = 8;       ///< per parameter: Adam 8, SGD with momentum 4, SGD 0
+  DType precision = DType::bf16;  ///< compute type: f32, bf16 or f16
+  int optimizer_state_bytes = 8;  ///< per parameter: Adam 8, SGD with momentum 4, SGD 0
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;  ///< stage 3 only
   int live_units = 1;  ///< stage 3: units gathered at once (1 + prefetched)
@@ -58,9 +58,9 @@ struct MemoryEstimate {
 
 /// zero's model-state memory per rank (see the formulas at the top).
 inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
-  expect<ConfigError>(in.params > 0 && in.largest_unit_params > 0 &&
-                          in.largest_unit_params <= in.params,
-                      "estimate_model_states: need 0 < largest unit <= params");
+  expect<ConfigError>(
+      in.params > 0 && in.largest_unit_params > 0 && in.largest_unit_params <= in.params,
+      "estimate_model_states: need 0 < largest unit <= params");
   expect<ConfigError>(in.gpus_per_node > 0 && in.nodes > 0, "estimate_model_states: need a world");
   expect<ConfigError>(in.stage >= 0 && in.stage <= 3, "estimate_model_states: stage ", in.stage,
                       " is not 0-3");
@@ -68,7 +68,8 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
                       "estimate_model_states: parameter offload needs stage 3");
   expect<ConfigError>(in.offload_optimizer == OffloadDevice::none || in.stage >= 1,
                       "estimate_model_states: optimizer offload needs stage 1 or higher");
-  const double psi = static_cast<double>(in.params), L = static_cast<double>(in.largest_unit_params);
+  const double psi = static_cast<double>(in.params),
+               L = static_cast<double>(in.largest_unit_params);
   const double n = in.world();
   StorageKey key;
   key.stage = in.stage;
@@ -77,7 +78,8 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
   key.compute_is_master = in.precision == DType::f32;
   // Parameter offload alone moves the master slice (a rank's only parameter copy at rest) as
   // optimizer offload would.
-  key.offload = in.offload_optimizer != OffloadDevice::none ? in.offload_optimizer : in.offload_param;
+  key.offload =
+      in.offload_optimizer != OffloadDevice::none ? in.offload_optimizer : in.offload_param;
   const double live = in.stage == 3 ? std::max(1, in.live_units) : 1;
   MemoryEstimate e;
   for (const BufferPlan& b : unit_buffer_plan(key)) {
@@ -90,9 +92,15 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
     }
     const double bytes = bytes_per_elem * (b.extent == Extent::whole ? psi : psi / n);
     switch (b.placement) {
-      case Placement::compute: e.device_at_rest += bytes; break;
-      case Placement::host: e.host += bytes; break;
-      case Placement::files: e.nvme += bytes; break;
+      case Placement::compute:
+        e.device_at_rest += bytes;
+        break;
+      case Placement::host:
+        e.host += bytes;
+        break;
+      case Placement::files:
+        e.nvme += bytes;
+        break;
     }
   }
   return e;
@@ -101,7 +109,8 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
 /// DeepSpeed's estimate_zero2/zero3_model_states_mem_needs (per GPU; host per node), for
 /// comparison; stages 2 and 3 only, as DeepSpeed provides.
 inline MemoryEstimate deepspeed_estimate(const MemoryEstimateInput& in) {
-  const double psi = static_cast<double>(in.params), L = static_cast<double>(in.largest_unit_params);
+  const double psi = static_cast<double>(in.params),
+               L = static_cast<double>(in.largest_unit_params);
   const double n = in.world(), g = in.gpus_per_node, nodes = in.nodes;
   MemoryEstimate e;
   if (in.stage == 2) {

@@ -9,18 +9,18 @@ namespace zero::engine {
 
 /// Bytes of model state held by this rank, by category.
 struct MemoryReport {
-  std::size_t master_bytes = 0;           ///< fp32 (f64) master slice(s) this rank updates
-  std::size_t optimizer_bytes = 0;        ///< optimizer states of that slice
-  std::size_t grad_accumulator_bytes = 0; ///< fp32 gradient shards or whole accumulators
-  std::size_t whole_param_bytes = 0;      ///< gathered (whole) unit parameters in compute type
-  std::size_t whole_grad_bytes = 0;       ///< whole unit gradients in compute type
-  std::size_t scratch_bytes = 0;  ///< reduction/gather buffers in flight or kept for reuse
-  std::size_t offloaded_bytes = 0;        ///< state kept off this memory (files for NVMe)
+  std::size_t master_bytes = 0;            ///< fp32 (f64) master slice(s) this rank updates
+  std::size_t optimizer_bytes = 0;         ///< optimizer states of that slice
+  std::size_t grad_accumulator_bytes = 0;  ///< fp32 gradient shards or whole accumulators
+  std::size_t whole_param_bytes = 0;       ///< gathered (whole) unit parameters in compute type
+  std::size_t whole_grad_bytes = 0;        ///< whole unit gradients in compute type
+  std::size_t scratch_bytes = 0;           ///< reduction/gather buffers in flight or kept for reuse
+  std::size_t offloaded_bytes = 0;         ///< state kept off this memory (files for NVMe)
 
   /// Everything this rank holds in memory (offloaded bytes excluded).
   std::size_t total() const {
-    return master_bytes + optimizer_bytes + grad_accumulator_bytes +
-           whole_param_bytes + whole_grad_bytes + scratch_bytes;
+    return master_bytes + optimizer_bytes + grad_accumulator_bytes + whole_param_bytes +
+           whole_grad_bytes + scratch_bytes;
   }
   /// The sharded part: master, optimizer states and gradient shards (16 psi / N with Adam).
   std::size_t sharded_state_bytes() const {

@@ -79,9 +79,9 @@ class MicroSteps {
       expect<Error>(!boundary_pending_,
                     "Engine::forward: the accumulation boundary was reached; call step() first");
     } else {
-      expect<Error>(phase_ == Phase::forward && r.first == next_forward_, "Engine::forward_units: ",
-                    "units [", r.first, ", ", r.last, ") do not follow the forward run so far ",
-                    "(next unit ", next_forward_, ")");
+      expect<Error>(phase_ == Phase::forward && r.first == next_forward_,
+                    "Engine::forward_units: ", "units [", r.first, ", ", r.last,
+                    ") do not follow the forward run so far ", "(next unit ", next_forward_, ")");
     }
   }
   /// Records that r ran forward (counting a non-finite loss once the last unit ran).
@@ -98,8 +98,8 @@ class MicroSteps {
     expect<Error>(phase_ == Phase::forward_done || phase_ == Phase::backward,
                   "Engine::backward_units: the forward of every unit must run first");
     expect<Error>(r.last == next_backward_, "Engine::backward_units: units [", r.first, ", ",
-                  r.last, ") do not follow the backward run so far (next unit ",
-                  next_backward_ - 1, ")");
+                  r.last, ") do not follow the backward run so far (next unit ", next_backward_ - 1,
+                  ")");
   }
   /// Records that r ran backward; true when that ended the micro-step (unit 0 done).
   bool backward_ran(UnitRange r) {

@@ -121,7 +121,7 @@ class NvmeStates {
 
 /// The state store of Offload<Where>.
 template <class Where, class Unit>
-using state_store_t = std::conditional_t<std::is_same_v<Where, NVMe>, NvmeStates<Unit>,
-                                         InMemoryStates<Unit>>;
+using state_store_t =
+    std::conditional_t<std::is_same_v<Where, NVMe>, NvmeStates<Unit>, InMemoryStates<Unit>>;
 
 }  // namespace zero::engine

@@ -4,9 +4,10 @@
 //
 //   stage | whole params kept | master+states | gradients                      | params
 //   0     | yes               | whole         | whole, all-reduced at boundary  | whole
-//   1     | yes               | sharded       | whole, reduce-scattered at bdry | whole, re-gathered
-//   2     | yes               | sharded       | sharded every micro-step        | whole, re-gathered
-//   3     | no                | sharded       | sharded every micro-step        | gathered per use
+//   1     | yes               | sharded       | whole, reduce-scattered at bdry | whole,
+//   re-gathered 2     | yes               | sharded       | sharded every micro-step        |
+//   whole, re-gathered 3     | no                | sharded       | sharded every micro-step |
+//   gathered per use
 
 namespace zero::engine {
 

@@ -34,14 +34,18 @@ enum class StateAccess : unsigned char {
   overwrite,  ///< writes every value without reading the old ones (checkpoint or weights load)
 };
 /// True when a pass of this kind reads the state first.
-constexpr bool reads_first(StateAccess a) { return a != StateAccess::overwrite; }
+constexpr bool reads_first(StateAccess a) {
+  return a != StateAccess::overwrite;
+}
 /// True when a pass of this kind keeps what fn wrote.
-constexpr bool keeps_changes(StateAccess a) { return a != StateAccess::read; }
+constexpr bool keeps_changes(StateAccess a) {
+  return a != StateAccess::read;
+}
 
 /// What a store needs to settle: the NVMe settings when the states go to files.
 struct StoreOptions {
-  std::optional<offload::NvmeConfig> nvme;  ///< Offload<NVMe>
-  int rank = 0;                             ///< names this rank's swap directory
+  std::optional<offload::NvmeConfig> nvme;         ///< Offload<NVMe>
+  int rank = 0;                                    ///< names this rank's swap directory
   std::shared_ptr<offload::FaultInjector> faults;  ///< tests only: fail chosen swap requests
 };
 

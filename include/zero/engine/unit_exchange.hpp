@@ -47,8 +47,13 @@ class UnitExchange {
 
   UnitExchange(Model& model, parallel::AnyComm& comm, std::vector<Unit>& units, Store& store,
                Backend& backend, const EngineOptions& options, ContextFn context)
-      : model_(model), comm_(comm), units_(units), store_(store), backend_(backend),
-        options_(options), context_(std::move(context)) {}
+      : model_(model),
+        comm_(comm),
+        units_(units),
+        store_(store),
+        backend_(backend),
+        options_(options),
+        context_(std::move(context)) {}
 
   /// Binds unit u's parameter views to its current buffers (grads empty while there are none).
   void bind(int u) {
@@ -74,8 +79,8 @@ class UnitExchange {
     if (s.gathering) return;
     const bool fresh = !s.params;
     if (fresh) s.params.emplace(s.numel(Extent::whole));
-    s.pending_gather = comm_.all_gather_async(gather_source(u),
-                                              std::span<T>(s.params->data(), s.params->size()));
+    s.pending_gather =
+        comm_.all_gather_async(gather_source(u), std::span<T>(s.params->data(), s.params->size()));
     s.gathering = true;
     if (fresh) bind(u);
   }
@@ -169,7 +174,8 @@ class UnitExchange {
       backend_.comm_waits_for_compute();
       const std::span<MasterT> acc = s.whole_accumulator();
       if constexpr (traits::all_reduces_grads) {
-        p.work = comm_.all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
+        p.work =
+            comm_.all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
       } else {
         p.work = comm_.reduce_scatter_async(std::span<const MasterT>(acc), span(s.grad_shard),
                                             parallel::ReduceOp::avg);
@@ -261,8 +267,8 @@ class UnitExchange {
     } catch (const CommError& e) {
       const auto& specs = unit(u).specs;
       raise<CommError>("Engine rank ", comm_.rank(), ": ", op, " of unit ", u,
-                       specs.empty() ? std::string() : " (" + specs.front().name + ")",
-                       context_(), " failed: ", e.what());
+                       specs.empty() ? std::string() : " (" + specs.front().name + ")", context_(),
+                       " failed: ", e.what());
     }
   }
 

@@ -19,8 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <type_traits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include <parallel/comm/work.hpp>
@@ -86,7 +86,8 @@ inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
   const bool whole_grads_accumulate = k.stage <= 1 && k.compute_is_master;
   std::vector<BufferPlan> plan;
   if (!params_hold_master) {
-    plan.push_back({BufferRole::master, states_extent, Lifetime::at_rest, states_at, k.master_bytes});
+    plan.push_back(
+        {BufferRole::master, states_extent, Lifetime::at_rest, states_at, k.master_bytes});
   }
   plan.push_back({BufferRole::optimizer_states, states_extent, Lifetime::at_rest, states_at, 0});
   if (k.stage >= 1) {
@@ -110,12 +111,22 @@ inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
 /// Adds bytes of a buffer of role to the report's category for it.
 inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
   switch (role) {
-    case BufferRole::master: r.master_bytes += bytes; break;
-    case BufferRole::optimizer_states: r.optimizer_bytes += bytes; break;
+    case BufferRole::master:
+      r.master_bytes += bytes;
+      break;
+    case BufferRole::optimizer_states:
+      r.optimizer_bytes += bytes;
+      break;
     case BufferRole::grad_shard:
-    case BufferRole::grad_accumulator: r.grad_accumulator_bytes += bytes; break;
-    case BufferRole::params: r.whole_param_bytes += bytes; break;
-    case BufferRole::grads: r.whole_grad_bytes += bytes; break;
+    case BufferRole::grad_accumulator:
+      r.grad_accumulator_bytes += bytes;
+      break;
+    case BufferRole::params:
+      r.whole_param_bytes += bytes;
+      break;
+    case BufferRole::grads:
+      r.whole_grad_bytes += bytes;
+      break;
   }
 }
 
@@ -132,11 +143,11 @@ struct UnitState {
 
   std::vector<nn::ParamSpec> specs;
   std::optional<UnitPartition> partition;
-  DeviceBuffer<MasterT> master;            ///< empty when params holds it or it is offloaded
+  DeviceBuffer<MasterT> master;  ///< empty when params holds it or it is offloaded
   std::optional<std::span<MasterT>> swapped_in_master;  ///< Offload<NVMe>: while in a buffer
-  DeviceBuffer<MasterT> grad_shard;        ///< stages 1-3
-  DeviceBuffer<MasterT> grad_accumulator;  ///< stages 0-1 with a compute type below fp32
-  DeviceBuffer<T> gather_scratch;          ///< the slice rounded (or read) for an all-gather
+  DeviceBuffer<MasterT> grad_shard;                     ///< stages 1-3
+  DeviceBuffer<MasterT> grad_accumulator;        ///< stages 0-1 with a compute type below fp32
+  DeviceBuffer<T> gather_scratch;                ///< the slice rounded (or read) for an all-gather
   std::optional<DeviceBuffer<T>> params, grads;  ///< whole unit in the compute type
   parallel::Work pending_gather;                 ///< declared after the buffers it writes
   bool gathering = false;
@@ -153,15 +164,24 @@ struct UnitState {
   void allocate(const BufferPlan& b) {
     const std::size_t n = numel(b.extent);
     switch (b.role) {
-      case BufferRole::master: master = DeviceBuffer<MasterT>(n); break;
-      case BufferRole::optimizer_states: break;  // the optimizer allocates its own
-      case BufferRole::grad_shard: grad_shard = DeviceBuffer<MasterT>(n); break;
-      case BufferRole::grad_accumulator: grad_accumulator = DeviceBuffer<MasterT>(n); break;
+      case BufferRole::master:
+        master = DeviceBuffer<MasterT>(n);
+        break;
+      case BufferRole::optimizer_states:
+        break;  // the optimizer allocates its own
+      case BufferRole::grad_shard:
+        grad_shard = DeviceBuffer<MasterT>(n);
+        break;
+      case BufferRole::grad_accumulator:
+        grad_accumulator = DeviceBuffer<MasterT>(n);
+        break;
       case BufferRole::params:
         params.emplace(n);
         params_hold_master = b.holds_master;
         break;
-      case BufferRole::grads: grads.emplace(n); break;
+      case BufferRole::grads:
+        grads.emplace(n);
+        break;
     }
   }
   /// The master slice while it is in memory (its own buffer, params at stage 0 in f32/f64, or

@@ -63,8 +63,8 @@ struct NvmeConfig {
     const auto& z = cfg.zero_optimization;
     const auto& o = section == OffloadSection::optimizer ? z.offload_optimizer : z.offload_param;
     const std::string where = std::string("zero_optimization.") + section_of(section);
-    expect<ConfigError>(o.device == OffloadDevice::nvme, where, ".device: is '",
-                        name_of(o.device), "', NVMe offload needs \"nvme\"");
+    expect<ConfigError>(o.device == OffloadDevice::nvme, where, ".device: is '", name_of(o.device),
+                        "', NVMe offload needs \"nvme\"");
     expect<ConfigError>(!o.nvme_path.empty(), where, ".nvme_path: required when device is nvme");
     expect<ConfigError>(o.buffer_count >= 1 && o.buffer_count <= 64, where,
                         ".buffer_count: ", o.buffer_count, " must be in [1, 64]");

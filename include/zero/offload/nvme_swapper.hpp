@@ -18,8 +18,8 @@
 // allocated by the constructor (so "disk full" shows at start-up, not mid-training) after a
 // preflight, and removed with the (then empty) directories by the destructor. The directory is
 // locked (flock on <dir>/.lock) for the swapper's life: a second swapper for the same rank, tag
-// and nvme_path is refused with a ConfigError instead of truncating the first one's files. Tensors sit at
-// aligned offsets, so a sub-group moves as one O_DIRECT transfer split into aio.block_size
+// and nvme_path is refused with a ConfigError instead of truncating the first one's files. Tensors
+// sit at aligned offsets, so a sub-group moves as one O_DIRECT transfer split into aio.block_size
 // requests with aio.queue_depth in flight. The buffers are AlignedBuffers (2 MiB aligned and
 // advised for huge pages), which keeps each request to a few DMA segments; aligned_buffer.hpp
 // says why that decides the throughput.

@@ -41,8 +41,9 @@ constexpr const char* name_of(OffloadDevice d) {
 
 /// The OffloadDevice a policy target names (None -> none, CPU -> cpu, NVMe -> nvme).
 template <class Where>
-inline constexpr OffloadDevice offload_device_of = std::is_same_v<Where, NVMe>  ? OffloadDevice::nvme
-                                                   : std::is_same_v<Where, CPU> ? OffloadDevice::cpu
-                                                                                : OffloadDevice::none;
+inline constexpr OffloadDevice offload_device_of =
+    std::is_same_v<Where, NVMe>  ? OffloadDevice::nvme
+    : std::is_same_v<Where, CPU> ? OffloadDevice::cpu
+                                 : OffloadDevice::none;
 
 }  // namespace zero

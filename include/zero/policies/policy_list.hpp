@@ -10,11 +10,14 @@ namespace zero {
 
 /// True when P is a policy tag (it declares its kind).
 template <class P>
-concept PolicyTag = requires { typename P::kind; };
+concept PolicyTag = requires {
+  typename P::kind;
+};
 
 /// Number of Policies whose kind is Kind.
 template <class Kind, class... Policies>
-inline constexpr int count_policies = (0 + ... + (std::is_same_v<typename Policies::kind, Kind> ? 1 : 0));
+inline constexpr int count_policies = (0 + ... +
+                                       (std::is_same_v<typename Policies::kind, Kind> ? 1 : 0));
 
 namespace detail {
 

@@ -2,4 +2,6 @@
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
 using Eng = zero::Engine<zero::nn::GPT<float>, int>;
-int main() { return sizeof(Eng) > 0 ? 0 : 1; }
+int main() {
+  return sizeof(Eng) > 0 ? 0 : 1;
+}

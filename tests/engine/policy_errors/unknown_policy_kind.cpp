@@ -6,4 +6,6 @@ struct Buckets {
   using kind = bucket_policy;
 };
 using Eng = zero::Engine<zero::nn::GPT<float>, zero::ZeroStage<1>, Buckets>;
-int main() { return sizeof(Eng) > 0 ? 0 : 1; }
+int main() {
+  return sizeof(Eng) > 0 ? 0 : 1;
+}
