@@ -61,8 +61,9 @@ __device__ __forceinline__ float dot_row(const float* a, const float* b) {
   return sum;
 }
 
-/// Loads rows [first, first + count) of one head's part (part_offset: 0 q, C k, 2C v) of qkv, or of
-/// a [B, T, C] tensor with row_stride C, into dst[count][ld] as float; rows past Tn become zero.
+/// Loads rows [first, first + count) of one head (base points at the head's q, k or v in row 0 of
+/// qkv, row_stride 3C; or into a [B, T, C] tensor, row_stride C) into dst[count][ld] as float;
+/// rows past Tn become zero.
 template <class T, int HD>
 __device__ __forceinline__ void load_rows(float* dst, int ld, const T* base,
                                           std::int64_t row_stride, int first, int count, int Tn) {

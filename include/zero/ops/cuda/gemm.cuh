@@ -83,7 +83,8 @@ class GemmContext {
   /// Default workspace: 32 MiB, what cuBLAS recommends for Hopper.
   static constexpr std::size_t default_workspace_bytes = std::size_t{32} << 20;
 
-  /// Creates the handles and takes the workspace from the device pool, ordered on stream.
+  /// Creates the handles and takes the workspace from the device's pool on stream (and waits for
+  /// it, so GEMMs on any stream may use it).
   explicit GemmContext(cudaStream_t stream = nullptr,
                        std::size_t workspace_bytes = default_workspace_bytes)
       : workspace_bytes_(workspace_bytes), stream_(stream) {
@@ -92,13 +93,20 @@ class GemmContext {
     // Default math: f32 GEMMs with CUBLAS_COMPUTE_32F never use TF32, and bf16 ones still get
     // tensor cores (pedantic mode would slow the reference path the benchmark compares against).
     ZERO_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
-    if (workspace_bytes_ != 0)
+    if (workspace_bytes_ != 0) {
       ZERO_CUDA_CHECK(cudaMallocAsync(&workspace_, workspace_bytes_, stream));
+      ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));  // allocated before any stream uses it
+    }
   }
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
+  /// Waits for the device (no GEMM may still use the workspace), then frees the workspace on the
+  /// stream it was allocated on, which must still exist.
   ~GemmContext() {
-    if (workspace_ != nullptr) cudaFreeAsync(workspace_, stream_);
+    if (workspace_ != nullptr) {
+      cudaDeviceSynchronize();
+      cudaFreeAsync(workspace_, stream_);
+    }
     cublasDestroy(blas_);
     cublasLtDestroy(lt_);
   }
