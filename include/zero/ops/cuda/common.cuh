@@ -108,6 +108,7 @@ struct SumOp {
 /// on the same stream when it goes out of scope: safe for kernels queued on that stream before.
 class DeviceScratch {
  public:
+  /// bytes of scratch (none for 0), ordered on stream.
   DeviceScratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
     if (bytes != 0) {
       const cudaError_t status = cudaMallocAsync(&data_, bytes, stream);

@@ -111,9 +111,11 @@ class GemmContext {
     cublasLtDestroy(lt_);
   }
 
+  /// The cuBLASLt handle.
   cublasLtHandle_t lt() const { return lt_; }
   /// The cuBLAS handle (for batched GEMMs cuBLASLt has no simple form of); set its stream first.
   cublasHandle_t blas() const { return blas_; }
+  /// The cuBLASLt workspace (device memory) and its size.
   void* workspace() const { return workspace_; }
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
