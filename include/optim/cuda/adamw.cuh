@@ -4,7 +4,8 @@
 // update, and the bf16/f16 write-back of the parameters in one pass, as the host pass in
 // optim/cpu/fused_driver.hpp. The per-element math is the same AdamRule (optim/update_rules.hpp)
 // run with ScalarOps, whose device branch uses the _rn intrinsics: nothing is contracted and
-// every operation is correctly rounded, so the GPU gives the host's bits (NaN payloads aside).
+// every operation is correctly rounded, so the GPU gives the host's bits (f16 NaN payloads aside
+// against the F16C host paths).
 // References: llm.c's adamw.cuh (flat kernel, stochastic rounding), DeepSpeed FusedAdam.
 #if !defined(__CUDACC__)
 #error "optim/cuda/adamw.cuh needs nvcc; host-only code includes optim/adam.hpp"
@@ -24,9 +25,11 @@
 #include <optim/param_groups.hpp>
 #include <optim/state_dict.hpp>
 #include <optim/update_rules.hpp>
+#include <zero/core/bfloat16.hpp>
 #include <zero/core/buffer.hpp>
 #include <zero/core/cuda_check.cuh>
 #include <zero/core/cuda_device.cuh>
+#include <zero/core/float16.hpp>
 
 namespace zero::optim::cuda {
 
@@ -37,38 +40,26 @@ enum class LowpKind : int { none, bf16_nearest, bf16_stochastic, f16_nearest };
 
 /// One bf16 gradient element widened to float (exact).
 __device__ __forceinline__ float widen_bf16(std::uint16_t b) {
-  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);
+  return bf16::to_float(b);
 }
-/// One f16 gradient element widened to float (exact).
+/// One f16 gradient element widened to float (exact; the hardware conversion).
 __device__ __forceinline__ float widen_f16(std::uint16_t b) {
   return __half2float(__ushort_as_half(b));
 }
 
-/// bf16 bits of x, nearest even; the integer steps of bf16::round_nearest_even.
-__device__ __forceinline__ std::uint16_t bf16_nearest(float x) {
-  std::uint32_t u = __float_as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-/// bf16 bits of x rounded up with probability of the dropped fraction (bf16::round_stochastic).
-__device__ __forceinline__ std::uint16_t bf16_stochastic(float x, std::uint32_t random16) {
-  const std::uint32_t u = __float_as_uint(x);
-  if ((u & 0x7fffffffu) >= 0x7f800000u) return bf16_nearest(x);
-  return static_cast<std::uint16_t>((u + (random16 & 0xffffu)) >> 16);
-}
-
-/// The 16-bit copy of x for element index (global flat index, for the random bits).
+/// The 16-bit copy of x for element index (global flat index, for the random bits). The rounding
+/// is core/bfloat16.hpp's and core/float16.hpp's own __host__ __device__ functions, the scalar
+/// host pass's rule, so the copies equal its bits (NaN payloads included; the host's F16C paths
+/// may give other NaN payloads).
 __device__ __forceinline__ std::uint16_t lowp_bits(float x, LowpKind kind, std::uint64_t key,
                                                    std::uint32_t step, std::uint64_t index) {
   switch (kind) {
     case LowpKind::bf16_stochastic:
-      return bf16_stochastic(x, rounding_bits(key, step, index));
+      return bf16::round_stochastic(x, rounding_bits(key, step, index));
     case LowpKind::f16_nearest:
-      return __half_as_ushort(__float2half_rn(x));
+      return f16::round_nearest_even(x);
     default:
-      return bf16_nearest(x);
+      return bf16::round_nearest_even(x);
   }
 }
 

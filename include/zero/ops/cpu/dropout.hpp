@@ -2,9 +2,12 @@
 // Inverted dropout with a counter-based mask: whether element i is kept is a function of
 // (rng key, stream, i) alone, so a mask is never stored. A backward pass, or a forward pass
 // recomputed under activation checkpointing, redraws exactly the forward's mask.
+// DropoutMask's member functions are ZERO_HOST_DEVICE: the CUDA kernels (zero/ops/cuda/dropout.cuh,
+// attention.cuh) call these very functions, so host and device masks are equal by construction.
 
 #include <cstdint>
 
+#include <zero/core/macros.hpp>
 #include <zero/core/rng.hpp>
 #include <zero/ops/cpu/element_access.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
@@ -19,19 +22,21 @@ struct DropoutMask {
   std::uint32_t stream = 0;  ///< selects the mask per step
 
   /// True when elements are dropped at all.
-  bool active() const { return p > 0.0; }
+  ZERO_HOST_DEVICE bool active() const { return p > 0.0; }
   /// Whether element index is kept.
-  bool keep(std::int64_t index) const {
+  ZERO_HOST_DEVICE bool keep(std::int64_t index) const {
     return rng.words(static_cast<std::uint64_t>(index), stream)[0] >= threshold();
   }
   /// The factor kept elements are multiplied by, in the compute type A.
   template <class A>
-  A scale() const {
+  ZERO_HOST_DEVICE A scale() const {
     return static_cast<A>(1.0 / (1.0 - p));
   }
 
  private:
-  std::uint32_t threshold() const { return static_cast<std::uint32_t>(p * 4294967296.0); }
+  ZERO_HOST_DEVICE std::uint32_t threshold() const {
+    return static_cast<std::uint32_t>(p * 4294967296.0);
+  }
 };
 
 /// Inverted dropout: out = inp * keep / (1 - p) with keep drawn from (rng, stream, index), so a

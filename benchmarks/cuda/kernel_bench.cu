@@ -1,0 +1,269 @@
+// The GPT kernels of zero::ops::cuda on one GPU, at GPT-2 small's shapes (B=8, T=1024, C=768,
+// NH=12, V=50257) in bf16. Memory-bound kernels report achieved bandwidth (the bytes they must
+// move at least, over their time) beside a cudaMemcpy device-to-device copy measured in the same
+// run (fraction_of_copy); GEMMs report FLOP/s beside a 4096^3 cuBLASLt GEMM; flash attention
+// reports FLOP/s and its speed-up over the cuBLAS reference path (attention_reference.cuh).
+// Prints one JSON object per line. Without a GPU it says so and exits 0.
+//   kernel_bench [--batch B] [--seq T] [--repeats R]
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <zero/core/bfloat16.hpp>
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/rng.hpp>
+#include <zero/ops/cuda/attention.cuh>
+#include <zero/ops/cuda/attention_reference.cuh>
+#include <zero/ops/cuda/convert.cuh>
+#include <zero/ops/cuda/cross_entropy.cuh>
+#include <zero/ops/cuda/dropout.cuh>
+#include <zero/ops/cuda/elementwise.cuh>
+#include <zero/ops/cuda/embedding.cuh>
+#include <zero/ops/cuda/gelu.cuh>
+#include <zero/ops/cuda/gemm.cuh>
+#include <zero/ops/cuda/layer_norm.cuh>
+#include <zero/ops/cuda/linear.cuh>
+#include <zero/ops/cuda/reduce.cuh>
+
+namespace gpu = zero::ops::cuda;
+using zero::bf16;
+
+namespace {
+
+/// A device allocation of n elements filled with a repeating pattern of small values.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t n) : n_(n) {
+    ZERO_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
+    std::vector<T> h(n < 4096 ? n : 4096);
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      h[i] = zero::convert<T>(static_cast<float>(static_cast<int>(i % 97) - 48) / 64.0f);
+    }
+    ZERO_CUDA_CHECK(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    for (std::size_t filled = h.size(); filled < n; filled *= 2) {  // doubling copies
+      const std::size_t count = n - filled < filled ? n - filled : filled;
+      ZERO_CUDA_CHECK(cudaMemcpy(p_ + filled, p_, count * sizeof(T), cudaMemcpyDeviceToDevice));
+    }
+  }
+  /// Overwrites the first values.size() elements.
+  void upload(const std::vector<T>& values) {
+    ZERO_CUDA_CHECK(
+        cudaMemcpy(p_, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(p_); }
+  T* get() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_;
+};
+
+/// Mean milliseconds of fn over repeats runs after one warm-up, timed with CUDA events.
+template <class Fn>
+double time_ms(int repeats, Fn&& fn) {
+  fn();
+  cudaEvent_t start, stop;
+  ZERO_CUDA_CHECK(cudaEventCreate(&start));
+  ZERO_CUDA_CHECK(cudaEventCreate(&stop));
+  ZERO_CUDA_CHECK(cudaEventRecord(start));
+  for (int r = 0; r < repeats; ++r) fn();
+  ZERO_CUDA_CHECK(cudaEventRecord(stop));
+  ZERO_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  ZERO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return static_cast<double>(ms) / repeats;
+}
+
+void line(const char* bench, const std::string& config, double value, const char* unit,
+          const std::string& extra = "") {
+  std::printf("{\"bench\": \"%s\", \"config\": {%s}, \"value\": %.4g, \"unit\": \"%s\"%s}\n", bench,
+              config.c_str(), value, unit, extra.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::int64_t B = 8, Tn = 1024;
+  int repeats = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--batch") {
+      B = std::atoll(argv[i + 1]);
+    } else if (flag == "--seq") {
+      Tn = std::atoll(argv[i + 1]);
+    } else if (flag == "--repeats") {
+      repeats = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--batch B] [--seq T] [--repeats R]\n", argv[0]);
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("kernel_bench: no CUDA device visible; nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  ZERO_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const std::int64_t C = 768, NH = 12, V = 50257, N = B * Tn;
+  const std::string base = "\"gpu\": \"" + std::string(prop.name) + "\", \"dtype\": \"bf16\"";
+  const std::string shape = base + ", \"B\": " + std::to_string(B) +
+                            ", \"T\": " + std::to_string(Tn) + ", \"C\": " + std::to_string(C);
+  cudaStream_t stream = nullptr;  // the legacy stream: events above time it
+
+  // ---- baselines: copy bandwidth and GEMM rate ----
+  const std::size_t copy_bytes = std::size_t{1} << 30;
+  DeviceArray<char> src(copy_bytes), dst(copy_bytes);
+  const double copy_ms = time_ms(repeats, [&] {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice));
+  });
+  const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e-3) / 1e9;
+  line("memcpy_d2d", base + ", \"bytes\": " + std::to_string(copy_bytes), copy_gbps, "GB/s",
+       ", \"note\": \"read + write bytes\"");
+
+  gpu::GemmContext ctx(stream);
+  const std::int64_t G = 4096;
+  DeviceArray<bf16> ga(G * G), gb(G * G), gc(G * G);
+  const double gemm_ms = time_ms(repeats, [&] {
+    gpu::gemm<bf16>(ctx, gpu::Trans::no, gpu::Trans::no, G, G, G, 1.0f, ga.get(), G, gb.get(), G,
+                    0.0f, gc.get(), G, stream);
+  });
+  const double gemm_tflops = 2.0 * G * G * G / (gemm_ms * 1e-3) / 1e12;
+  line("cublaslt_gemm_4096", base, gemm_tflops, "TFLOP/s");
+
+  // A memory-bound kernel: bandwidth and its fraction of the copy.
+  auto bandwidth = [&](const char* name, double bytes, auto&& fn) {
+    const double ms = time_ms(repeats, fn);
+    const double gbps = bytes / (ms * 1e-3) / 1e9;
+    char extra[128];
+    std::snprintf(extra, sizeof extra, ", \"ms\": %.4f, \"fraction_of_copy\": %.3f", ms,
+                  gbps / copy_gbps);
+    line(name, shape, gbps, "GB/s", extra);
+  };
+  // A compute-bound kernel: FLOP/s and its fraction of the 4096^3 GEMM rate.
+  auto rate = [&](const char* name, const std::string& config, double flops, auto&& fn) {
+    const double ms = time_ms(repeats, fn);
+    const double tflops = flops / (ms * 1e-3) / 1e12;
+    char extra[128];
+    std::snprintf(extra, sizeof extra, ", \"ms\": %.4f, \"fraction_of_gemm\": %.3f", ms,
+                  tflops / gemm_tflops);
+    line(name, config, tflops, "TFLOP/s", extra);
+    return ms;
+  };
+
+  const double e = 2.0;  // bytes per bf16 element
+  const double nc = static_cast<double>(N * C);
+  DeviceArray<bf16> x(N * C), y(N * C), z(N * C), w(4 * C * C), bias(4 * C);
+  DeviceArray<bf16> fc(N * 4 * C), fc2(N * 4 * C);
+  DeviceArray<bf16> dw(4 * C * C), db(4 * C);
+  DeviceArray<float> mean(N), rstd(N);
+
+  bandwidth("residual_add", 3 * nc * e,
+            [&] { gpu::add<bf16>(z.get(), x.get(), y.get(), N * C, stream); });
+  bandwidth("gelu_forward", 2 * 4 * nc * e,
+            [&] { gpu::gelu_forward<bf16>(fc2.get(), fc.get(), N * 4 * C, stream); });
+  bandwidth("gelu_backward", 4 * 4 * nc * e,
+            [&] { gpu::gelu_backward<bf16>(fc2.get(), fc.get(), fc.get(), N * 4 * C, stream); });
+  const zero::CounterRng rng(zero::CounterRng::key_for(1, "bench"));
+  bandwidth("dropout_forward", 2 * nc * e,
+            [&] { gpu::dropout_forward<bf16>(z.get(), x.get(), N * C, 0.1, rng, 0, stream); });
+  bandwidth("layer_norm_forward", 2 * nc * e + 8.0 * N, [&] {
+    gpu::layer_norm_forward<bf16>(z.get(), mean.get(), rstd.get(), x.get(), w.get(), bias.get(), N,
+                                  C, stream);
+  });
+  bandwidth("layer_norm_backward", 4 * nc * e + 8.0 * N, [&] {
+    gpu::layer_norm_backward<bf16>(z.get(), dw.get(), db.get(), y.get(), x.get(), w.get(),
+                                   mean.get(), rstd.get(), N, C, stream);
+  });
+  DeviceArray<std::int32_t> tokens(N);
+  std::vector<std::int32_t> token_values(static_cast<std::size_t>(N));
+  for (std::size_t i = 0; i < token_values.size(); ++i) {
+    token_values[i] = static_cast<std::int32_t>((i * 7919) % static_cast<std::size_t>(V));
+  }
+  tokens.upload(token_values);
+  DeviceArray<bf16> wte(V * C), wpe(Tn * C);
+  bandwidth("embedding_forward", 3 * nc * e, [&] {
+    gpu::embedding_forward<bf16>(z.get(), tokens.get(), wte.get(), wpe.get(), B, Tn, C, V, stream);
+  });
+  bandwidth("embedding_backward", 2 * nc * e, [&] {
+    gpu::embedding_backward<bf16>(wte.get(), wpe.get(), x.get(), tokens.get(), B, Tn, C, stream);
+  });
+  {
+    DeviceArray<bf16> logits(N * V);
+    DeviceArray<float> losses(N), loss(1);
+    const double nv = static_cast<double>(N * V);
+    bandwidth("cross_entropy_forward", nv * e, [&] {
+      gpu::cross_entropy_forward<bf16>(losses.get(), loss.get(), logits.get(), tokens.get(), N, V,
+                                       stream);
+    });
+    bandwidth("cross_entropy_backward_inplace", 2 * nv * e, [&] {
+      gpu::cross_entropy_backward<bf16>(logits.get(), logits.get(), tokens.get(), N, V, 1.0f,
+                                        stream);
+    });
+  }
+  {
+    DeviceArray<float> master(N * C);
+    bandwidth("convert_f32_to_bf16", 6 * nc,
+              [&] { gpu::convert_elements<bf16, float>(z.get(), master.get(), N * C, stream); });
+    bandwidth("round_stochastic_bf16", 6 * nc, [&] {
+      gpu::round_stochastic_bf16<float>(z.get(), master.get(), N * C, 7, 1, 0, stream);
+    });
+    DeviceArray<double> sum(1);
+    bandwidth("sum_squares_f32", 4 * nc,
+              [&] { gpu::sum_squares<float>(sum.get(), master.get(), N * C, stream); });
+  }
+
+  // ---- GEMMs of a block ----
+  const std::string fc_config = shape + ", \"OC\": " + std::to_string(4 * C);
+  rate("linear_forward_bias", fc_config, 2.0 * N * C * 4 * C, [&] {
+    gpu::linear_forward<bf16>(ctx, fc.get(), x.get(), w.get(), bias.get(), N, C, 4 * C, stream);
+  });
+  rate("linear_gelu_forward", fc_config, 2.0 * N * C * 4 * C, [&] {
+    gpu::linear_gelu_forward<bf16>(ctx, fc.get(), x.get(), w.get(), bias.get(), N, C, 4 * C,
+                                   stream);
+  });
+  rate("linear_backward", fc_config, 4.0 * N * C * 4 * C, [&] {
+    gpu::linear_backward<bf16>(ctx, z.get(), dw.get(), db.get(), fc.get(), x.get(), w.get(), N, C,
+                               4 * C, stream);
+  });
+
+  // ---- attention: flash against the cuBLAS reference ----
+  {
+    DeviceArray<bf16> qkv(N * 3 * C), out(N * C), dout(N * C), dqkv(N * 3 * C);
+    DeviceArray<float> lse(B * NH * Tn);
+    DeviceArray<bf16> att(B * NH * Tn * Tn);
+    const std::int64_t hs = C / NH;
+    // Useful work of causal attention: half of the T x T scores, 2 GEMM-like products forward.
+    const double fwd_flops = 2.0 * 2.0 * B * NH * static_cast<double>(Tn) * Tn * hs / 2.0;
+    const std::string cfg = shape + ", \"NH\": " + std::to_string(NH);
+    const double flash_fwd = rate("flash_attention_forward", cfg, fwd_flops, [&] {
+      gpu::attention_forward<bf16>(out.get(), lse.get(), qkv.get(), B, Tn, C, NH, stream);
+    });
+    const double ref_fwd = rate("reference_attention_forward", cfg, fwd_flops, [&] {
+      gpu::attention_forward_reference<bf16>(ctx, out.get(), att.get(), qkv.get(), B, Tn, C, NH,
+                                             stream);
+    });
+    line("flash_attention_forward_speedup", cfg, ref_fwd / flash_fwd, "x");
+    const double flash_bwd = rate("flash_attention_backward", cfg, 2.5 * fwd_flops, [&] {
+      gpu::attention_backward<bf16>(dqkv.get(), dout.get(), qkv.get(), lse.get(), B, Tn, C, NH,
+                                    stream);
+    });
+    const double ref_bwd = rate("reference_attention_backward", cfg, 2.5 * fwd_flops, [&] {
+      gpu::attention_backward_reference<bf16>(ctx, dqkv.get(), dout.get(), qkv.get(), att.get(), B,
+                                              Tn, C, NH, stream);
+    });
+    line("flash_attention_backward_speedup", cfg, ref_bwd / flash_bwd, "x");
+  }
+  ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+  return 0;
+}

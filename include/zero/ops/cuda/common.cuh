@@ -1,0 +1,138 @@
+#pragma once
+// zero-requires: cuda
+// What every kernel in zero::ops::cuda shares: the element rule "store in T, compute in float"
+// (the host kernels' rule, through zero::convert, so rounding is the one in core/bfloat16.hpp and
+// core/float16.hpp), launch sizing, block-wide reductions over CUB, and stream-ordered scratch
+// memory from the device's pool.
+// Device kernels take f32, bf16 and f16 storage (f64 stays on the host).
+#if !defined(__CUDACC__)
+#error \
+    "zero/ops/cuda/common.cuh needs nvcc; host-only code includes zero/ops/cpu/element_access.hpp"
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include <cuda_runtime.h>
+#include <cub/block/block_reduce.cuh>
+
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+
+namespace zero::ops::cuda {
+
+// ---- element access -----------------------------------------------------------------------------
+
+/// True for the storage types the device kernels accept.
+template <class T>
+inline constexpr bool is_device_float =
+    std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+/// Widens a stored element to float (exact); the device twin of cpu::load.
+template <class T>
+__host__ __device__ __forceinline__ float load(T x) {
+  return ::zero::convert<float>(x);
+}
+
+/// Rounds a float result to the storage type once (nearest even); the twin of cpu::store.
+template <class T>
+__host__ __device__ __forceinline__ T store(float x) {
+  return ::zero::convert<T>(x);
+}
+
+// ---- launch sizing ------------------------------------------------------------------------------
+
+/// Threads per block of the elementwise kernels.
+inline constexpr int elementwise_threads = 256;
+
+/// Blocks for n elements at threads per block, capped for a grid-stride loop.
+inline unsigned grid_for(std::int64_t n, int threads = elementwise_threads) {
+  const std::int64_t blocks = (n + threads - 1) / threads;
+  constexpr std::int64_t cap = 65535LL * 16;  // enough to fill any GPU; the loop does the rest
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks < cap ? blocks : cap));
+}
+
+/// Throws ShapeError naming op when a size does not fit the int the kernels index with.
+inline void expect_int_range(std::int64_t n, const char* op) {
+  expect<ShapeError>(n >= 0 && n <= 0x7fffffffLL, op, ": size ", n,
+                     " is outside [0, 2^31); split the call");
+}
+
+// ---- warp and block reductions ------------------------------------------------------------------
+
+/// All lanes of a full warp get the sum of v.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+/// All lanes of a full warp get the maximum of v.
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+/// Maximum for cub::BlockReduce (CCCL 3 dropped cub::Max).
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/// Every thread of the block gets cub::BlockReduce<float, Threads>'s reduction of v by op. Safe to
+/// call repeatedly: the trailing barrier protects the shared storage of the next call.
+template <int Threads, class Op>
+__device__ __forceinline__ float block_all_reduce(float v, Op op) {
+  using Reduce = cub::BlockReduce<float, Threads>;
+  __shared__ typename Reduce::TempStorage temp;
+  __shared__ float result;
+  const float r = Reduce(temp).Reduce(v, op);
+  if (threadIdx.x == 0) result = r;
+  __syncthreads();
+  const float out = result;
+  __syncthreads();
+  return out;
+}
+
+/// Sum for block_all_reduce.
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+// ---- scratch memory -----------------------------------------------------------------------------
+
+/// Stream-ordered scratch from the device's default pool (cudaMallocAsync), returned to the pool
+/// on the same stream when it goes out of scope: safe for kernels queued on that stream before.
+class DeviceScratch {
+ public:
+  /// bytes of scratch (none for 0), ordered on stream.
+  DeviceScratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes != 0) {
+      const cudaError_t status = cudaMallocAsync(&data_, bytes, stream);
+      if (status == cudaErrorMemoryAllocation) {
+        raise<OutOfMemoryError>("ops::cuda scratch: out of device memory allocating ", bytes,
+                                " bytes");
+      }
+      ZERO_CUDA_CHECK(status);
+    }
+  }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  ~DeviceScratch() {
+    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
+  }
+  /// The memory as U*.
+  template <class U>
+  U* as() const {
+    return static_cast<U*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace zero::ops::cuda

@@ -1,0 +1,156 @@
+#pragma once
+// zero-requires: cuda
+// Fused softmax cross-entropy over the vocabulary on the GPU; the twin of
+// zero/ops/cpu/cross_entropy.hpp (mean over the tokens whose target is not cpu::ignore_index):
+//   loss = mean_n [ logsumexp(logits_n) - logits_n[target_n] ]
+//   dlogits_n = (softmax(logits_n) - onehot(target_n)) * dloss / valid     (0 for ignored rows)
+// One block per row streams over the vocabulary in chunks of its threads: a pass for the maximum,
+// a pass for the sum of exponentials (the host's two steps; no E[exp] rescaling), and in the
+// backward a third pass that writes the gradient. No second logits-sized buffer exists: dlogits
+// may be the logits buffer itself (each element is read and then overwritten by one thread after
+// the row's reductions are complete).
+// A target outside [0, V) that is not ignore_index cannot throw on the device: its loss is NaN
+// (the host twin throws ShapeError).
+#if !defined(__CUDACC__)
+#error \
+    "zero/ops/cuda/cross_entropy.cuh needs nvcc; host-only code includes zero/ops/cpu/cross_entropy.hpp"
+#endif
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+#include <cub/block/block_reduce.cuh>
+
+#include <zero/core/cuda_check.cuh>
+#include <zero/ops/cpu/cross_entropy.hpp>
+#include <zero/ops/cuda/common.cuh>
+
+namespace zero::ops::cuda {
+
+using cpu::ignore_index;
+
+/// Threads per row of the cross-entropy kernels.
+inline constexpr int cross_entropy_threads = 512;
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+/// The row's maximum and sum of exp(x - max), both on every thread of the block.
+template <class T>
+__device__ __forceinline__ void row_max_sum(const T* x, int V, float& maxval, float& sum) {
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, load(x[v]));
+  maxval = block_all_reduce<cross_entropy_threads>(m, MaxOp{});
+  float s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(load(x[v]) - maxval);
+  sum = block_all_reduce<cross_entropy_threads>(s, SumOp{});
+}
+
+/// One block per row: losses[n] = logsumexp - logit of the target (0 when ignored).
+template <class T>
+__global__ void __launch_bounds__(cross_entropy_threads)
+    cross_entropy_forward_kernel(float* losses, const T* logits, const std::int32_t* targets,
+                                 int V) {
+  const std::int64_t n = blockIdx.x;
+  const std::int32_t target = targets[n];
+  if (target == ignore_index) {  // uniform over the block: no thread reaches a barrier
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    return;
+  }
+  const T* x = logits + n * V;
+  float maxval, sum;
+  row_max_sum(x, V, maxval, sum);
+  if (threadIdx.x == 0) {
+    losses[n] = target >= 0 && target < V ? logf(sum) + maxval - load(x[target])
+                                          : __int_as_float(0x7fc00000);
+  }
+}
+
+/// One block: the number of valid targets into *valid and, when losses is not null, their mean
+/// loss into *mean. cub::BlockReduce's fixed tree makes both repeat run to run.
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    cross_entropy_mean_kernel(float* mean, int* valid, const float* losses,
+                              const std::int32_t* targets, int N) {
+  using IntReduce = cub::BlockReduce<int, Threads>;
+  __shared__ typename IntReduce::TempStorage temp;
+  int count = 0;
+  float total = 0.0f;
+  for (int n = threadIdx.x; n < N; n += Threads) {
+    count += targets[n] != ignore_index;
+    if (losses != nullptr) total += losses[n];
+  }
+  const int all = IntReduce(temp).Sum(count);
+  const float sum = block_all_reduce<Threads>(total, SumOp{});
+  if (threadIdx.x == 0) {
+    *valid = all;
+    if (mean != nullptr) *mean = all > 0 ? sum / static_cast<float>(all) : 0.0f;
+  }
+}
+
+/// One block per row: dlogits[n] = (softmax - onehot) * dloss / valid, or zeros when ignored.
+template <class T>
+__global__ void __launch_bounds__(cross_entropy_threads)
+    cross_entropy_backward_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
+                                  const int* valid, int V, float dloss) {
+  const std::int64_t n = blockIdx.x;
+  const std::int32_t target = targets[n];
+  T* d = dlogits + n * V;
+  if (target == ignore_index) {
+    for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = store<T>(0.0f);
+    return;
+  }
+  const T* x = logits + n * V;
+  float maxval, sum;
+  row_max_sum(x, V, maxval, sum);
+  const int count = *valid;
+  const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.0f;
+  const float inv = 1.0f / sum;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float g = expf(load(x[v]) - maxval) * inv * scale;
+    if (v == target) g -= scale;
+    d[v] = store<T>(g);
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+/// Per-token losses [N] (0 for ignored tokens) and, when mean is not null, the mean over valid
+/// tokens into *mean (0 if none). All pointers are device pointers; nothing synchronises.
+template <class T>
+void cross_entropy_forward(float* losses, float* mean, const T* logits, const std::int32_t* targets,
+                           std::int64_t N, std::int64_t V, cudaStream_t stream) {
+  expect_int_range(N, "cross_entropy_forward");
+  expect_int_range(V, "cross_entropy_forward");
+  if (N == 0) {
+    if (mean != nullptr) ZERO_CUDA_CHECK(cudaMemsetAsync(mean, 0, sizeof(float), stream));
+    return;
+  }
+  cross_entropy_forward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
+      losses, logits, targets, static_cast<int>(V));
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  if (mean != nullptr) {
+    DeviceScratch valid(sizeof(int), stream);
+    cross_entropy_mean_kernel<1024>
+        <<<1, 1024, 0, stream>>>(mean, valid.as<int>(), losses, targets, static_cast<int>(N));
+    ZERO_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+/// Writes (not accumulates) dlogits [N, V] for the mean loss scaled by dloss; dlogits may be
+/// logits itself (in place).
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
+                            std::int64_t N, std::int64_t V, float dloss, cudaStream_t stream) {
+  expect_int_range(N, "cross_entropy_backward");
+  expect_int_range(V, "cross_entropy_backward");
+  if (N == 0) return;
+  DeviceScratch valid(sizeof(int), stream);
+  cross_entropy_mean_kernel<1024>
+      <<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr, targets, static_cast<int>(N));
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
+      dlogits, logits, targets, valid.as<int>(), static_cast<int>(V), dloss);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace zero::ops::cuda

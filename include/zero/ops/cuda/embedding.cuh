@@ -1,0 +1,145 @@
+#pragma once
+// zero-requires: cuda
+// Token plus learned position embedding on the GPU; the twin of zero/ops/cpu/embedding.hpp:
+//   out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]
+// Backward without float atomics, in the host's order: positions are sorted by token with
+// cub::DeviceRadixSort (stable, so each token's positions stay in increasing order), and one block
+// per distinct token adds its positions' rows in that order, starting from the loaded gradient and
+// rounding once. Every gradient element therefore sees the same float additions in the same order
+// as on the host: the result is the host's bit for bit, and repeats run to run.
+// A token outside [0, V) cannot throw on the device: forward writes NaN rows for it (the host
+// twin throws ShapeError); backward requires valid tokens.
+#if !defined(__CUDACC__)
+#error "zero/ops/cuda/embedding.cuh needs nvcc; host-only code includes zero/ops/cpu/embedding.hpp"
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+#include <cub/device/device_radix_sort.cuh>
+
+#include <zero/core/cuda_check.cuh>
+#include <zero/ops/cuda/common.cuh>
+
+namespace zero::ops::cuda {
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+/// out[i, c] = wte[tokens[i], c] + wpe[i % T, c]; NaN for a token outside [0, V).
+template <class T>
+__global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, const T* wte,
+                                         const T* wpe, std::int64_t total, int Tn, int C, int V) {
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = e / C;
+    const int c = static_cast<int>(e % C);
+    const std::int32_t token = tokens[i];
+    const float value =
+        token >= 0 && token < V
+            ? load(wte[static_cast<std::int64_t>(token) * C + c]) + load(wpe[(i % Tn) * C + c])
+            : __int_as_float(0x7fc00000);
+    out[e] = store<T>(value);
+  }
+}
+
+/// positions[i] = i (the values radix sort carries along with the tokens).
+template <class I>
+__global__ void iota_kernel(I* positions, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) positions[i] = i;
+}
+
+/// Block k handles sorted entry k when it starts a run of equal tokens: threads over channels
+/// add the run's rows of dout in position order into dwte[token].
+template <class T>
+__global__ void embedding_backward_wte_kernel(T* dwte, const T* dout,
+                                              const std::int32_t* sorted_tokens,
+                                              const std::int32_t* sorted_positions, int N, int C) {
+  const int k = blockIdx.x;
+  const std::int32_t token = sorted_tokens[k];
+  if (k > 0 && sorted_tokens[k - 1] == token) return;  // not the first of its run
+  int end = k + 1;
+  while (end < N && sorted_tokens[end] == token) ++end;
+  for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < C; c += gridDim.y * blockDim.x) {
+    T* g = dwte + static_cast<std::int64_t>(token) * C + c;
+    float acc = load(*g);
+    for (int j = k; j < end; ++j) {
+      acc += load(dout[static_cast<std::int64_t>(sorted_positions[j]) * C + c]);
+    }
+    *g = store<T>(acc);
+  }
+}
+
+/// dwpe[t, c] += sum over b (in order) of dout[b, t, c].
+template <class T>
+__global__ void embedding_backward_wpe_kernel(T* dwpe, const T* dout, int B, int Tn, int C) {
+  const std::int64_t total = static_cast<std::int64_t>(Tn) * C;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float acc = load(dwpe[e]);
+    for (int b = 0; b < B; ++b) acc += load(dout[b * total + e]);
+    dwpe[e] = store<T>(acc);
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+/// out [B*T, C] from tokens [B*T] (device pointers); rows of out-of-range tokens become NaN.
+template <class T>
+void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
+                       std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t V,
+                       cudaStream_t stream) {
+  expect_int_range(C, "embedding_forward");
+  expect_int_range(V, "embedding_forward");
+  expect_int_range(Tn, "embedding_forward");
+  const std::int64_t total = B * Tn * C;
+  if (total == 0) return;
+  embedding_forward_kernel<T><<<grid_for(total), elementwise_threads, 0, stream>>>(
+      out, tokens, wte, wpe, total, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(V));
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Accumulates dwte and dwpe (either may be null) from dout [B*T, C]; tokens must be in [0, V).
+/// Uses stream-ordered scratch of about 16 bytes per position plus CUB's sort storage.
+template <class T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, std::int64_t B,
+                        std::int64_t Tn, std::int64_t C, cudaStream_t stream) {
+  const std::int64_t N = B * Tn;
+  expect_int_range(N, "embedding_backward");
+  expect_int_range(C, "embedding_backward");
+  if (N == 0 || C == 0) return;
+  constexpr int threads = 256;
+  const int c_blocks = static_cast<int>((C + threads - 1) / threads);
+  if (dwte != nullptr) {
+    const int n = static_cast<int>(N);
+    std::size_t sort_bytes = 0;
+    ZERO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        nullptr, sort_bytes, static_cast<const std::int32_t*>(nullptr),
+        static_cast<std::int32_t*>(nullptr), static_cast<const std::int32_t*>(nullptr),
+        static_cast<std::int32_t*>(nullptr), n, 0, 32, stream));
+    const std::size_t array_bytes = (static_cast<std::size_t>(n) * 4 + 255) / 256 * 256;
+    DeviceScratch scratch(3 * array_bytes + sort_bytes, stream);
+    auto* positions = scratch.as<std::int32_t>();
+    auto* sorted_positions = reinterpret_cast<std::int32_t*>(scratch.as<char>() + array_bytes);
+    auto* sorted_tokens = reinterpret_cast<std::int32_t*>(scratch.as<char>() + 2 * array_bytes);
+    void* sort_storage = scratch.as<char>() + 3 * array_bytes;
+    iota_kernel<std::int32_t><<<(n + threads - 1) / threads, threads, 0, stream>>>(positions, n);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    // Tokens are non-negative, so sorting all 32 bits as signed ints keeps their order.
+    ZERO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, tokens, sorted_tokens,
+                                                    positions, sorted_positions, n, 0, 32, stream));
+    embedding_backward_wte_kernel<T>
+        <<<dim3(static_cast<unsigned>(n), c_blocks), threads, 0, stream>>>(
+            dwte, dout, sorted_tokens, sorted_positions, n, static_cast<int>(C));
+    ZERO_CUDA_CHECK(cudaGetLastError());
+  }
+  if (dwpe != nullptr) {
+    expect_int_range(Tn * C, "embedding_backward");
+    embedding_backward_wpe_kernel<T><<<grid_for(Tn * C), elementwise_threads, 0, stream>>>(
+        dwpe, dout, static_cast<int>(B), static_cast<int>(Tn), static_cast<int>(C));
+    ZERO_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace zero::ops::cuda

@@ -1,0 +1,188 @@
+// Causal attention on the GPU against cpu::attention_forward/backward on the same qkv: the flash
+// kernels (out, lse, dqkv; with and without the dropout mask) for T from 1 to 2048 and head sizes
+// 64 and 128, and the cuBLAS reference path (out, att, dqkv).
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <zero/core/error.hpp>
+#include <zero/core/rng.hpp>
+#include <zero/ops/cpu/attention.hpp>
+#include <zero/ops/cuda/attention.cuh>
+#include <zero/ops/cuda/attention_reference.cuh>
+
+#include "ops_test_util.hpp"
+
+// No `using namespace zero`: zero::cuda would make CUB's unqualified cuda::std ambiguous in
+// nvcc's generated kernel stubs.
+using zero::bf16;
+using zero::CounterRng;
+using zero::ShapeError;
+using zero::test::check_close;
+using zero::test::DeviceVector;
+using zero::test::random_vector;
+using zero::test::same_bits;
+
+namespace cpu = zero::ops::cpu;
+namespace gpu = zero::ops::cuda;
+
+namespace {
+
+struct AttnShape {
+  std::int64_t B, T, NH, hs;
+};
+
+/// The log-sum-exp of every score row, in double, from the host's float scores.
+template <class T>
+std::vector<float> host_lse(const std::vector<T>& qkv, const AttnShape& s) {
+  const std::int64_t C = s.NH * s.hs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
+  std::vector<float> lse(static_cast<std::size_t>(s.B * s.NH * s.T));
+  for (std::int64_t b = 0; b < s.B; ++b) {
+    for (std::int64_t h = 0; h < s.NH; ++h) {
+      for (std::int64_t t = 0; t < s.T; ++t) {
+        std::vector<double> scores;
+        double maxval = -INFINITY;
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+          float dot = 0.0f;
+          for (std::int64_t i = 0; i < s.hs; ++i) {
+            dot += static_cast<float>(
+                       qkv[static_cast<std::size_t>((b * s.T + t) * 3 * C + h * s.hs + i)]) *
+                   static_cast<float>(
+                       qkv[static_cast<std::size_t>((b * s.T + t2) * 3 * C + C + h * s.hs + i)]);
+          }
+          scores.push_back(static_cast<double>(dot * scale));
+          maxval = std::max(maxval, scores.back());
+        }
+        double sum = 0.0;
+        for (double x : scores) sum += std::exp(x - maxval);
+        lse[static_cast<std::size_t>((b * s.NH + h) * s.T + t)] =
+            static_cast<float>(std::log(sum) + maxval);
+      }
+    }
+  }
+  return lse;
+}
+
+/// Runs the flash forward and backward and the host's on random inputs and compares them;
+/// rel and ulps as in check_close.
+template <class T>
+void compare_flash(const AttnShape& s, const cpu::DropoutMask& dropout, double rel, double ulps,
+                   std::uint32_t seed) {
+  const std::int64_t C = s.NH * s.hs, N = s.B * s.T;
+  INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " hs=" << s.hs << " p=" << dropout.p);
+  // Scaled inputs give peaked softmax rows as well as flat ones.
+  const auto qkv = random_vector<T>(static_cast<std::size_t>(N * 3 * C), seed, -2.0f, 2.0f);
+  const auto dout = random_vector<T>(static_cast<std::size_t>(N * C), seed + 1);
+  const auto dqkv_init = random_vector<T>(qkv.size(), seed + 2);
+  DeviceVector<T> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_dout(dout),
+      d_dqkv(dqkv_init);
+  DeviceVector<float> d_lse(static_cast<std::size_t>(s.B * s.NH * s.T));
+  gpu::attention_forward<T>(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, C, s.NH, dropout,
+                            nullptr);
+  gpu::attention_backward<T>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_lse.get(), s.B, s.T, C,
+                             s.NH, dropout, nullptr);
+
+  std::vector<T> out(static_cast<std::size_t>(N * C)),
+      att(static_cast<std::size_t>(s.B * s.NH * s.T * s.T));
+  auto dqkv = dqkv_init;
+  cpu::attention_forward<T>(out.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH, dropout);
+  cpu::attention_backward<T>(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, C, s.NH,
+                             dropout);
+  check_close(d_out.download(), out, "flash attention out", rel, ulps);
+  check_close(d_lse.download(), host_lse(qkv, s), "flash attention lse", 1e-5, 0.0);
+  check_close(d_dqkv.download(), dqkv, "flash attention dqkv", rel, ulps);
+}
+
+}  // namespace
+
+TEST_CASE("flash attention equals the host attention in f32, T from 1 to 2048",
+          "[cuda][attention]") {
+  std::uint32_t seed = 1;
+  for (const AttnShape s :
+       {AttnShape{1, 1, 2, 64}, AttnShape{2, 7, 2, 64}, AttnShape{1, 33, 1, 128},
+        AttnShape{2, 100, 3, 64}, AttnShape{1, 257, 2, 128}, AttnShape{1, 1024, 1, 64},
+        AttnShape{1, 2048, 1, 64}}) {
+    compare_flash<float>(s, {}, 1e-5, 2.0, seed);
+    seed += 10;
+  }
+}
+
+TEST_CASE("flash attention equals the host attention in bf16", "[cuda][attention]") {
+  // 4 ulps, not 2: the host rounds the probabilities to bf16 (its saved att) before multiplying
+  // by v and before the softmax backward; the flash kernels keep them in float.
+  std::uint32_t seed = 100;
+  for (const AttnShape s : {AttnShape{1, 1, 2, 64}, AttnShape{2, 7, 2, 128},
+                            AttnShape{1, 129, 2, 64}, AttnShape{1, 1024, 1, 128}}) {
+    compare_flash<bf16>(s, {}, 1e-5, 4.0, seed);
+    seed += 10;
+  }
+}
+
+TEST_CASE("flash attention applies the host's dropout mask", "[cuda][attention]") {
+  const cpu::DropoutMask dropout{0.1, CounterRng(CounterRng::key_for(3, "dropout.h.0")), 5};
+  std::uint32_t seed = 200;
+  for (const AttnShape s :
+       {AttnShape{1, 7, 2, 64}, AttnShape{2, 100, 2, 64}, AttnShape{1, 70, 1, 128}}) {
+    compare_flash<float>(s, dropout, 1e-5, 2.0, seed);
+    seed += 10;
+  }
+}
+
+TEST_CASE("flash attention backward repeats bit for bit", "[cuda][attention]") {
+  const AttnShape s{2, 300, 2, 64};
+  const std::int64_t C = s.NH * s.hs, N = s.B * s.T;
+  const auto qkv = random_vector<bf16>(static_cast<std::size_t>(N * 3 * C), 9);
+  const auto dout = random_vector<bf16>(static_cast<std::size_t>(N * C), 10);
+  DeviceVector<bf16> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_dout(dout),
+      d_dqkv(qkv.size());
+  DeviceVector<float> d_lse(static_cast<std::size_t>(s.B * s.NH * s.T));
+  gpu::attention_forward<bf16>(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, C, s.NH, nullptr);
+  std::vector<bf16> zeros(qkv.size(), bf16(0.0f));
+  d_dqkv.upload(zeros);
+  gpu::attention_backward<bf16>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_lse.get(), s.B, s.T, C,
+                                s.NH, nullptr);
+  const auto first = d_dqkv.download();
+  d_dqkv.upload(zeros);
+  gpu::attention_backward<bf16>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_lse.get(), s.B, s.T, C,
+                                s.NH, nullptr);
+  CHECK(same_bits(d_dqkv.download(), first));
+}
+
+TEST_CASE("flash attention refuses head sizes other than 64 and 128", "[cuda][attention]") {
+  DeviceVector<float> buf(3 * 96), lse(1);
+  CHECK_THROWS_AS(
+      gpu::attention_forward<float>(buf.get(), lse.get(), buf.get(), 1, 1, 96, 1, nullptr),
+      ShapeError);
+}
+
+TEST_CASE("the cuBLAS reference attention equals the host attention in f32", "[cuda][attention]") {
+  gpu::GemmContext ctx;
+  std::uint32_t seed = 300;
+  for (const AttnShape s :
+       {AttnShape{1, 1, 1, 64}, AttnShape{2, 37, 3, 32}, AttnShape{1, 256, 2, 64}}) {
+    INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " hs=" << s.hs);
+    const std::int64_t C = s.NH * s.hs, N = s.B * s.T;
+    const auto qkv = random_vector<float>(static_cast<std::size_t>(N * 3 * C), seed, -2.0f, 2.0f);
+    const auto dout = random_vector<float>(static_cast<std::size_t>(N * C), seed + 1);
+    const auto dqkv_init = random_vector<float>(qkv.size(), seed + 2);
+    seed += 10;
+    const auto att_elems = static_cast<std::size_t>(s.B * s.NH * s.T * s.T);
+    DeviceVector<float> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_att(att_elems),
+        d_dout(dout), d_dqkv(dqkv_init);
+    gpu::attention_forward_reference<float>(ctx, d_out.get(), d_att.get(), d_qkv.get(), s.B, s.T, C,
+                                            s.NH, nullptr);
+    gpu::attention_backward_reference<float>(ctx, d_dqkv.get(), d_dout.get(), d_qkv.get(),
+                                             d_att.get(), s.B, s.T, C, s.NH, nullptr);
+    std::vector<float> out(static_cast<std::size_t>(N * C)), att(att_elems);
+    auto dqkv = dqkv_init;
+    cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+    cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, C,
+                                   s.NH);
+    check_close(d_out.download(), out, "reference attention out");
+    check_close(d_att.download(), att, "reference attention att");
+    check_close(d_dqkv.download(), dqkv, "reference attention dqkv");
+  }
+}

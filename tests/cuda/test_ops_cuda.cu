@@ -1,0 +1,434 @@
+// The GPT kernels of zero::ops::cuda against their host twins in zero::ops::cpu on the same
+// inputs (random, plus edge shapes: one row, odd sizes, a vocabulary that is not a multiple of
+// the block): GEMM and linear (cuBLASLt), elementwise, GELU, LayerNorm, embedding, softmax
+// cross-entropy, dropout, conversions and reductions. Attention is in test_attention_cuda.cu.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <optim/lane_ops.hpp>
+#include <zero/core/bfloat16.hpp>
+#include <zero/core/float16.hpp>
+#include <zero/core/rng.hpp>
+#include <zero/ops/cpu/cross_entropy.hpp>
+#include <zero/ops/cpu/dropout.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
+#include <zero/ops/cpu/embedding.hpp>
+#include <zero/ops/cpu/gelu.hpp>
+#include <zero/ops/cpu/gemm.hpp>
+#include <zero/ops/cpu/layer_norm.hpp>
+#include <zero/ops/cpu/linear.hpp>
+#include <zero/ops/cuda/convert.cuh>
+#include <zero/ops/cuda/cross_entropy.cuh>
+#include <zero/ops/cuda/dropout.cuh>
+#include <zero/ops/cuda/elementwise.cuh>
+#include <zero/ops/cuda/embedding.cuh>
+#include <zero/ops/cuda/gelu.cuh>
+#include <zero/ops/cuda/gemm.cuh>
+#include <zero/ops/cuda/layer_norm.cuh>
+#include <zero/ops/cuda/linear.cuh>
+#include <zero/ops/cuda/reduce.cuh>
+
+#include "ops_test_util.hpp"
+
+// No `using namespace zero`: zero::cuda would make CUB's unqualified cuda::std ambiguous in
+// nvcc's generated kernel stubs.
+using zero::bf16;
+using zero::convert;
+using zero::CounterRng;
+using zero::f16;
+namespace optim = zero::optim;
+using zero::test::check_close;
+using zero::test::DeviceVector;
+using zero::test::random_vector;
+using zero::test::same_bits;
+
+namespace cpu = zero::ops::cpu;
+namespace gpu = zero::ops::cuda;
+
+// ---- GEMM and linear ----------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("cuBLASLt gemm equals the host gemm for every transpose", "[cuda][gemm]", float,
+                   bf16) {
+  using T = TestType;
+  gpu::GemmContext ctx;
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  std::uint32_t seed = 1;
+  for (const Shape s : {Shape{1, 1, 1}, Shape{37, 53, 29}, Shape{128, 96, 64}, Shape{5, 768, 3}}) {
+    for (cpu::Trans ta : {cpu::Trans::no, cpu::Trans::yes}) {
+      for (cpu::Trans tb : {cpu::Trans::no, cpu::Trans::yes}) {
+        const std::int64_t pad = 8;  // padded leading dimensions (keeps 16-byte alignment)
+        const std::int64_t lda = (ta == cpu::Trans::no ? s.K : s.M) + pad;
+        const std::int64_t ldb = (tb == cpu::Trans::no ? s.N : s.K) + pad;
+        const std::int64_t ldc = s.N + pad;
+        const std::int64_t rows_a = ta == cpu::Trans::no ? s.M : s.K;
+        const std::int64_t rows_b = tb == cpu::Trans::no ? s.K : s.N;
+        const auto a = random_vector<T>(static_cast<std::size_t>(rows_a * lda), seed++);
+        const auto b = random_vector<T>(static_cast<std::size_t>(rows_b * ldb), seed++);
+        auto c = random_vector<T>(static_cast<std::size_t>(s.M * ldc), seed++);
+        DeviceVector<T> da(a), db(b), dc(c);
+        gpu::gemm<T>(ctx, ta, tb, s.M, s.N, s.K, 0.5f, da.get(), lda, db.get(), ldb, 1.0f, dc.get(),
+                     ldc, nullptr);
+        cpu::gemm<T>(ta, tb, s.M, s.N, s.K, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, c.data(),
+                     ldc);
+        INFO("M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << static_cast<int>(ta)
+                  << " tb=" << static_cast<int>(tb));
+        check_close(dc.download(), c, "gemm");
+      }
+    }
+  }
+  CHECK(ctx.cached_shapes() == 16);  // one heuristic per distinct shape, reused on repeat
+  std::vector<T> x(64 * 64, T(1.0f));
+  DeviceVector<T> dx(x), dy(x), dz(x);
+  for (int r = 0; r < 3; ++r) {
+    gpu::gemm<T>(ctx, cpu::Trans::no, cpu::Trans::no, 64, 64, 64, 1.0f, dx.get(), 64, dy.get(), 64,
+                 0.0f, dz.get(), 64, nullptr);
+  }
+  CHECK(ctx.cached_shapes() == 17);
+}
+
+TEMPLATE_TEST_CASE("linear forward (bias epilogue) and backward equal the host's", "[cuda][gemm]",
+                   float, bf16) {
+  using T = TestType;
+  gpu::GemmContext ctx;
+  struct Shape {
+    std::int64_t N, C, OC;
+  };
+  std::uint32_t seed = 100;
+  for (const Shape s :
+       {Shape{1, 8, 8}, Shape{24, 64, 192}, Shape{17, 40, 24}, Shape{64, 128, 512}}) {
+    INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC);
+    const auto inp = random_vector<T>(static_cast<std::size_t>(s.N * s.C), seed++);
+    const auto w = random_vector<T>(static_cast<std::size_t>(s.OC * s.C), seed++);
+    const auto bias = random_vector<T>(static_cast<std::size_t>(s.OC), seed++);
+    const auto dout = random_vector<T>(static_cast<std::size_t>(s.N * s.OC), seed++);
+    DeviceVector<T> d_inp(inp), d_w(w), d_bias(bias), d_dout(dout);
+
+    std::vector<T> out(static_cast<std::size_t>(s.N * s.OC));
+    DeviceVector<T> d_out(out.size());
+    gpu::linear_forward<T>(ctx, d_out.get(), d_inp.get(), d_w.get(), d_bias.get(), s.N, s.C, s.OC,
+                           nullptr);
+    cpu::linear_forward<T>(out.data(), inp.data(), w.data(), bias.data(), s.N, s.C, s.OC);
+    check_close(d_out.download(), out, "linear_forward");
+
+    // Gradients start non-zero: the kernels accumulate.
+    auto dinp = random_vector<T>(inp.size(), seed++);
+    auto dw = random_vector<T>(w.size(), seed++);
+    auto db = random_vector<T>(bias.size(), seed++);
+    DeviceVector<T> d_dinp(dinp), d_dw(dw), d_db(db);
+    gpu::linear_backward<T>(ctx, d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(),
+                            d_w.get(), s.N, s.C, s.OC, nullptr);
+    cpu::linear_backward<T>(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                            s.N, s.C, s.OC);
+    check_close(d_dinp.download(), dinp, "linear_backward dinp");
+    check_close(d_dw.download(), dw, "linear_backward dweight");
+    check_close(d_db.download(), db, "linear_backward dbias");
+  }
+}
+
+TEMPLATE_TEST_CASE("the GELU-bias epilogue equals linear then gelu on the host", "[cuda][gemm]",
+                   float, bf16) {
+  using T = TestType;
+  gpu::GemmContext ctx;
+  const std::int64_t N = 32, C = 64, OC = 256;
+  const auto inp = random_vector<T>(static_cast<std::size_t>(N * C), 7);
+  const auto w = random_vector<T>(static_cast<std::size_t>(OC * C), 8);
+  const auto bias = random_vector<T>(static_cast<std::size_t>(OC), 9);
+  DeviceVector<T> d_inp(inp), d_w(w), d_bias(bias), d_out(static_cast<std::size_t>(N * OC));
+  gpu::linear_gelu_forward<T>(ctx, d_out.get(), d_inp.get(), d_w.get(), d_bias.get(), N, C, OC,
+                              nullptr);
+  std::vector<T> pre(static_cast<std::size_t>(N * OC)), out(pre.size());
+  cpu::linear_forward<T>(pre.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  cpu::gelu_forward<T>(out.data(), pre.data(), N * OC);
+  // Looser: cuBLASLt's GELU is its own tanh implementation, and in bf16 the host rounds the
+  // pre-activation to bf16 before GELU where the epilogue keeps it in float (two roundings).
+  check_close(d_out.download(), out, "linear_gelu_forward", 1e-4, 4.0);
+}
+
+// ---- elementwise, GELU, dropout -----------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("add, accumulate and add_bias equal the host bit for bit", "[cuda]", float, bf16,
+                   f16) {
+  using T = TestType;
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{262147}}) {
+    const auto a = random_vector<T>(static_cast<std::size_t>(n), 1);
+    const auto b = random_vector<T>(static_cast<std::size_t>(n), 2);
+    DeviceVector<T> da(a), db(b), dout(static_cast<std::size_t>(n));
+    gpu::add<T>(dout.get(), da.get(), db.get(), n, nullptr);
+    std::vector<T> out(a.size());
+    cpu::add<T>(out.data(), a.data(), b.data(), n);
+    CHECK(same_bits(dout.download(), out));
+    gpu::accumulate<T>(da.get(), db.get(), n, nullptr);
+    auto acc = a;
+    cpu::accumulate<T>(acc.data(), b.data(), n);
+    CHECK(same_bits(da.download(), acc));
+  }
+  const std::int64_t N = 13, OC = 77;
+  auto x = random_vector<T>(static_cast<std::size_t>(N * OC), 3);
+  const auto bias = random_vector<T>(static_cast<std::size_t>(OC), 4);
+  DeviceVector<T> dx(x), dbias(bias);
+  gpu::add_bias<T>(dx.get(), dbias.get(), N, OC, nullptr);
+  for (std::int64_t i = 0; i < N * OC; ++i) {
+    x[static_cast<std::size_t>(i)] =
+        convert<T>(static_cast<float>(x[static_cast<std::size_t>(i)]) +
+                   static_cast<float>(bias[static_cast<std::size_t>(i % OC)]));
+  }
+  CHECK(same_bits(dx.download(), x));
+}
+
+TEMPLATE_TEST_CASE("GELU forward and backward equal the host's", "[cuda]", float, bf16) {
+  using T = TestType;
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{4097}, std::int64_t{100003}}) {
+    const auto x = random_vector<T>(static_cast<std::size_t>(n), 11, -6.0f, 6.0f);
+    const auto dy = random_vector<T>(x.size(), 12);
+    auto dx = random_vector<T>(x.size(), 13);
+    DeviceVector<T> d_x(x), d_dy(dy), d_dx(dx), d_y(x.size());
+    gpu::gelu_forward<T>(d_y.get(), d_x.get(), n, nullptr);
+    gpu::gelu_backward<T>(d_dx.get(), d_x.get(), d_dy.get(), n, nullptr);
+    std::vector<T> y(x.size());
+    cpu::gelu_forward<T>(y.data(), x.data(), n);
+    cpu::gelu_backward<T>(dx.data(), x.data(), dy.data(), n);
+    INFO("n=" << n);
+    check_close(d_y.download(), y, "gelu_forward");
+    check_close(d_dx.download(), dx, "gelu_backward");
+  }
+}
+
+TEMPLATE_TEST_CASE("dropout draws the host's mask and equals the host bit for bit", "[cuda]", float,
+                   bf16) {
+  using T = TestType;
+  const CounterRng rng(CounterRng::key_for(42, "dropout.test"));
+  for (const double p : {0.1, 0.5}) {
+    for (const std::int64_t n : {std::int64_t{1}, std::int64_t{12345}}) {
+      const auto x = random_vector<T>(static_cast<std::size_t>(n), 21);
+      DeviceVector<T> d_x(x), d_y(x.size());
+      gpu::dropout_forward<T>(d_y.get(), d_x.get(), n, p, rng, 7, nullptr);
+      std::vector<T> y(x.size());
+      cpu::dropout_forward<T>(y.data(), x.data(), n, p, rng, 7);
+      CHECK(same_bits(d_y.download(), y));
+
+      const auto dy = random_vector<T>(x.size(), 22);
+      auto dx = random_vector<T>(x.size(), 23);
+      DeviceVector<T> d_dy(dy), d_dx(dx);
+      gpu::dropout_backward<T>(d_dx.get(), d_dy.get(), n, p, rng, 7, nullptr);
+      cpu::dropout_backward<T>(dx.data(), dy.data(), n, p, rng, 7);
+      CHECK(same_bits(d_dx.download(), dx));
+    }
+  }
+  // Negative control: another stream draws another mask.
+  const auto x = std::vector<T>(4096, T(1.0f));
+  DeviceVector<T> d_x(x), d_y(x.size());
+  gpu::dropout_forward<T>(d_y.get(), d_x.get(), 4096, 0.5, rng, 8, nullptr);
+  std::vector<T> y(x.size());
+  cpu::dropout_forward<T>(y.data(), x.data(), 4096, 0.5, rng, 7);
+  CHECK_FALSE(same_bits(d_y.download(), y));
+}
+
+// ---- LayerNorm ----------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("LayerNorm forward and backward equal the host's", "[cuda]", float, bf16) {
+  using T = TestType;
+  struct Shape {
+    std::int64_t N, C;
+  };
+  std::uint32_t seed = 200;
+  for (const Shape s : {Shape{1, 1}, Shape{1, 768}, Shape{7, 33}, Shape{64, 768}, Shape{5, 1600}}) {
+    INFO("N=" << s.N << " C=" << s.C);
+    const auto n = static_cast<std::size_t>(s.N * s.C);
+    const auto x = random_vector<T>(n, seed++, -2.0f, 3.0f);
+    const auto w = random_vector<T>(static_cast<std::size_t>(s.C), seed++);
+    const auto b = random_vector<T>(static_cast<std::size_t>(s.C), seed++);
+    const auto dy = random_vector<T>(n, seed++);
+    DeviceVector<T> d_x(x), d_w(w), d_b(b), d_dy(dy), d_out(n);
+    DeviceVector<float> d_mean(static_cast<std::size_t>(s.N)),
+        d_rstd(static_cast<std::size_t>(s.N));
+    gpu::layer_norm_forward<T>(d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
+                               d_b.get(), s.N, s.C, nullptr);
+    std::vector<T> out(n);
+    std::vector<float> mean(static_cast<std::size_t>(s.N)), rstd(mean.size());
+    cpu::layer_norm_forward<T>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                               s.N, s.C);
+    check_close(d_out.download(), out, "layer_norm_forward out");
+    check_close(d_mean.download(), mean, "layer_norm_forward mean");
+    check_close(d_rstd.download(), rstd, "layer_norm_forward rstd");
+
+    auto dx = random_vector<T>(n, seed++);
+    auto dw = random_vector<T>(w.size(), seed++);
+    auto db = random_vector<T>(b.size(), seed++);
+    DeviceVector<T> d_dx(dx), d_dw(dw), d_db(db);
+    // Both sides from the host's saved statistics, so only the backward is compared.
+    d_mean.upload(mean);
+    d_rstd.upload(rstd);
+    gpu::layer_norm_backward<T>(d_dx.get(), d_dw.get(), d_db.get(), d_dy.get(), d_x.get(),
+                                d_w.get(), d_mean.get(), d_rstd.get(), s.N, s.C, nullptr);
+    cpu::layer_norm_backward<T>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                mean.data(), rstd.data(), s.N, s.C);
+    check_close(d_dx.download(), dx, "layer_norm_backward dinp");
+    check_close(d_dw.download(), dw, "layer_norm_backward dweight");
+    check_close(d_db.download(), db, "layer_norm_backward dbias");
+  }
+}
+
+// ---- embedding ----------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("embedding forward and backward equal the host bit for bit, run to run",
+                   "[cuda]", float, bf16) {
+  using T = TestType;
+  struct Shape {
+    std::int64_t B, T, C, V;
+  };
+  std::uint32_t seed = 300;
+  for (const Shape s :
+       {Shape{1, 1, 8, 5}, Shape{2, 7, 33, 17}, Shape{4, 64, 768, 50257}, Shape{3, 128, 96, 3}}) {
+    INFO("B=" << s.B << " T=" << s.T << " C=" << s.C << " V=" << s.V);
+    const std::int64_t N = s.B * s.T;
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(N));
+    std::mt19937 gen(seed++);
+    // Few distinct tokens so runs repeat (a small V, or a skewed draw from a large one).
+    std::uniform_int_distribution<std::int32_t> pick(
+        0, static_cast<std::int32_t>(std::min<std::int64_t>(s.V, 40) - 1));
+    for (auto& t : tokens)
+      t = pick(gen) * static_cast<std::int32_t>(s.V / std::min<std::int64_t>(s.V, 40));
+    const auto wte = random_vector<T>(static_cast<std::size_t>(s.V * s.C), seed++);
+    const auto wpe = random_vector<T>(static_cast<std::size_t>(s.T * s.C), seed++);
+    DeviceVector<std::int32_t> d_tokens(tokens);
+    DeviceVector<T> d_wte(wte), d_wpe(wpe), d_out(static_cast<std::size_t>(N * s.C));
+    gpu::embedding_forward<T>(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), s.B, s.T, s.C,
+                              s.V, nullptr);
+    std::vector<T> out(static_cast<std::size_t>(N * s.C));
+    cpu::embedding_forward<T>(out.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T, s.C,
+                              s.V);
+    CHECK(same_bits(d_out.download(), out));
+
+    const auto dout = random_vector<T>(out.size(), seed++);
+    auto dwte = random_vector<T>(wte.size(), seed++);
+    auto dwpe = random_vector<T>(wpe.size(), seed++);
+    DeviceVector<T> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
+    gpu::embedding_backward<T>(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), s.B, s.T,
+                               s.C, nullptr);
+    const auto first_wte = d_dwte.download(), first_wpe = d_dwpe.download();
+    d_dwte.upload(dwte);
+    d_dwpe.upload(dwpe);
+    gpu::embedding_backward<T>(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), s.B, s.T,
+                               s.C, nullptr);
+    CHECK(same_bits(d_dwte.download(), first_wte));  // run to run
+    CHECK(same_bits(d_dwpe.download(), first_wpe));
+    cpu::embedding_backward<T>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), s.B, s.T, s.C);
+    CHECK(same_bits(first_wte, dwte));  // and the host's order
+    CHECK(same_bits(first_wpe, dwpe));
+  }
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's", "[cuda]", float,
+                   bf16) {
+  using T = TestType;
+  struct Shape {
+    std::int64_t N, V;
+  };
+  std::uint32_t seed = 400;
+  for (const Shape s : {Shape{1, 1}, Shape{1, 37}, Shape{9, 1000}, Shape{16, 50257}}) {
+    INFO("N=" << s.N << " V=" << s.V);
+    const auto logits = random_vector<T>(static_cast<std::size_t>(s.N * s.V), seed++, -8.0f, 8.0f);
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(s.N));
+    std::mt19937 gen(seed++);
+    std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(s.V - 1));
+    for (auto& t : targets) t = pick(gen);
+    if (s.N > 2) targets[1] = cpu::ignore_index;  // an ignored token
+    DeviceVector<T> d_logits(logits);
+    DeviceVector<std::int32_t> d_targets(targets);
+    DeviceVector<float> d_losses(static_cast<std::size_t>(s.N)), d_mean(1);
+    gpu::cross_entropy_forward<T>(d_losses.get(), d_mean.get(), d_logits.get(), d_targets.get(),
+                                  s.N, s.V, nullptr);
+    std::vector<float> losses(static_cast<std::size_t>(s.N));
+    const float mean =
+        cpu::cross_entropy_forward<T>(losses.data(), logits.data(), targets.data(), s.N, s.V);
+    check_close(d_losses.download(), losses, "cross_entropy losses");
+    check_close(d_mean.download(), std::vector<float>{mean}, "cross_entropy mean");
+
+    const float dloss = 3.0f;
+    DeviceVector<T> d_dlogits(logits.size());
+    gpu::cross_entropy_backward<T>(d_dlogits.get(), d_logits.get(), d_targets.get(), s.N, s.V,
+                                   dloss, nullptr);
+    std::vector<T> dlogits(logits.size());
+    cpu::cross_entropy_backward<T>(dlogits.data(), logits.data(), targets.data(), s.N, s.V, dloss);
+    const auto out_of_place = d_dlogits.download();
+    check_close(out_of_place, dlogits, "cross_entropy_backward");
+    // In place (no second logits-sized buffer) gives the same bits.
+    gpu::cross_entropy_backward<T>(d_logits.get(), d_logits.get(), d_targets.get(), s.N, s.V, dloss,
+                                   nullptr);
+    CHECK(same_bits(d_logits.download(), out_of_place));
+  }
+}
+
+// ---- conversions and reductions -----------------------------------------------------------------
+
+TEST_CASE("conversions round to nearest even and stochastically as the host does", "[cuda]") {
+  std::vector<float> x = random_vector<float>(100000, 31, -1e3f, 1e3f);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::denorm_min(),
+                            65519.0f,
+                            65520.0f,
+                            1.00390625f,  // a bf16 tie
+                            3e-8f};
+  x.insert(x.end(), std::begin(specials), std::end(specials));
+  const auto n = static_cast<std::int64_t>(x.size());
+  DeviceVector<float> d_x(x);
+  DeviceVector<bf16> d_bf(x.size()), d_sr(x.size());
+  DeviceVector<f16> d_h(x.size());
+  gpu::convert_elements<bf16, float>(d_bf.get(), d_x.get(), n, nullptr);
+  gpu::convert_elements<f16, float>(d_h.get(), d_x.get(), n, nullptr);
+  const std::uint64_t key = 0x1234567890abcdefull;
+  gpu::round_stochastic_bf16<float>(d_sr.get(), d_x.get(), n, key, 5, 1000, nullptr);
+  std::vector<bf16> bf(x.size()), sr(x.size());
+  std::vector<f16> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    bf[i] = bf16(x[i]);
+    h[i] = f16(x[i]);
+    sr[i] = bf16::from_bits(bf16::round_stochastic(x[i], optim::rounding_bits(key, 5, 1000 + i)));
+  }
+  CHECK(same_bits(d_bf.download(), bf));
+  CHECK(same_bits(d_h.download(), h));
+  CHECK(same_bits(d_sr.download(), sr));
+  // Widening back is exact.
+  DeviceVector<float> d_back(x.size());
+  gpu::convert_elements<float, bf16>(d_back.get(), d_bf.get(), n, nullptr);
+  std::vector<float> back(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) back[i] = static_cast<float>(bf[i]);
+  CHECK(same_bits(d_back.download(), back));
+}
+
+TEMPLATE_TEST_CASE("sum of squares and the non-finite count over CUB", "[cuda]", float, bf16) {
+  using T = TestType;
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{1 << 20}}) {
+    auto g = random_vector<T>(static_cast<std::size_t>(n), 41, -3.0f, 3.0f);
+    DeviceVector<T> d_g(g);
+    double host = 0.0;
+    for (const T& v : g) host += static_cast<double>(static_cast<float>(v)) * static_cast<float>(v);
+    const auto stats = gpu::grad_stats<T>(d_g.get(), n, nullptr);
+    CHECK(stats.finite);
+    CHECK(std::fabs(stats.sum_sq - host) <= 1e-10 * host);  // two double summation orders
+    DeviceVector<unsigned long long> d_count(1);
+    gpu::count_nonfinite<T>(d_count.get(), d_g.get(), n, nullptr);
+    CHECK(d_count.download()[0] == 0);
+
+    g[static_cast<std::size_t>(n / 2)] = convert<T>(std::numeric_limits<float>::infinity());
+    g[0] = convert<T>(std::numeric_limits<float>::quiet_NaN());
+    d_g.upload(g);
+    CHECK_FALSE(gpu::grad_stats<T>(d_g.get(), n, nullptr).finite);
+    gpu::count_nonfinite<T>(d_count.get(), d_g.get(), n, nullptr);
+    CHECK(d_count.download()[0] == (n > 1 ? 2u : 1u));
+  }
+}
