@@ -17,7 +17,8 @@
 
 namespace zero::ops::cpu {
 
-/// out [B*T, C] from tokens [B*T]; throws ShapeError for a token outside [0, V).
+/// out [B*T, C] from tokens [B*T]; wpe may be null (no positions: the layer library's plain
+/// Embedding). Throws ShapeError for a token outside [0, V).
 template <class T>
 void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
                        std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t V) {
@@ -27,8 +28,12 @@ void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T
   }
   parallel_for(B * Tn, [&](std::int64_t i) {
     const T* e = wte + static_cast<std::int64_t>(tokens[i]) * C;
-    const T* p = wpe + (i % Tn) * C;
     T* o = out + i * C;
+    if (wpe == nullptr) {
+      for (std::int64_t c = 0; c < C; ++c) o[c] = e[c];
+      return;
+    }
+    const T* p = wpe + (i % Tn) * C;
     for (std::int64_t c = 0; c < C; ++c) o[c] = store<T>(load(e[c]) + load(p[c]));
   });
 }

@@ -1,0 +1,113 @@
+#pragma once
+// Sequential: an ordered list of layers run as one engine unit. It concatenates the layers'
+// parameters (binding order = layer order), hands each layer its slice of the bound views, runs
+// forward in order and backward in reverse, and owns what the layers share:
+//   - one arena mark per unit: forward takes it before the first layer, backward releases it
+//     after the last, so saved activations stay LIFO across units as the engine requires;
+//   - the gradient between layers: two buffers used in turn (a layer reads dy from one and
+//     writes dx into the other), each zeroed and shaped like the layer's forward input, so a
+//     layer only adds its input gradient. The unit's last dx is left in ctx.dx and ctx.dy for
+//     the unit below (the nn::Model contract, as GPT's units).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <zero/core/buffer.hpp>
+#include <zero/nn/layers/layer.hpp>
+
+namespace zero::nn {
+
+/// One unit made of layers.
+template <class T>
+class Sequential {
+ public:
+  Sequential() = default;
+  Sequential(Sequential&&) noexcept = default;
+  Sequential& operator=(Sequential&&) noexcept = default;
+
+  /// Appends a layer built from args; returns it (keep it to read a loss layer's logits).
+  template <class L, class... Args>
+  L& add(Args&&... args) {
+    auto layer = std::make_unique<L>(std::forward<Args>(args)...);
+    L& ref = *layer;
+    add(std::move(layer));
+    return ref;
+  }
+  /// Appends an already built layer.
+  void add(std::unique_ptr<Layer<T>> layer) {
+    expect<Error>(layer != nullptr, "Sequential::add: null layer");
+    counts_.push_back(layer->params().size());
+    layers_.push_back(std::move(layer));
+  }
+
+  /// Number of layers.
+  std::size_t size() const { return layers_.size(); }
+  /// Layer i.
+  Layer<T>& layer(std::size_t i) const { return *layers_.at(i); }
+
+  /// Every layer's parameters, in layer order.
+  std::vector<ParamSpec> params() const {
+    std::vector<ParamSpec> all;
+    for (const auto& l : layers_) {
+      for (ParamSpec& p : l->params()) all.push_back(std::move(p));
+    }
+    return all;
+  }
+  /// Binds views (in params() order), each layer its own slice.
+  void bind(std::span<const ParamView<T>> views) {
+    std::size_t total = 0;
+    for (std::size_t c : counts_) total += c;
+    expect<ShapeError>(views.size() == total, "Sequential::bind: got ", views.size(), " views for ",
+                       total, " parameters");
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i]->bind(views.subspan(offset, counts_[i]));
+      offset += counts_[i];
+    }
+  }
+
+  /// Runs every layer forward: ctx.x in, ctx.x out.
+  void forward(StepContext<T>& ctx) {
+    expect<Error>(!layers_.empty(), "Sequential::forward: the unit has no layers");
+    mark_ = ctx.arena->mark();
+    input_shapes_.clear();
+    for (const auto& l : layers_) {
+      // An empty shape marks a layer with no input (an input layer): it gets no dx.
+      input_shapes_.push_back(ctx.x.data() != nullptr ? ctx.x.shape() : Shape{});
+      l->forward(ctx);
+    }
+  }
+
+  /// Runs every layer backward in reverse: ctx.dy in, ctx.dx (and ctx.dy) out; releases the
+  /// unit's activations.
+  void backward(StepContext<T>& ctx) {
+    for (std::size_t k = layers_.size(); k-- > 0;) {
+      const Shape& shape = input_shapes_[k];
+      if (shape.rank() == 0) {
+        ctx.dx = {};
+      } else {
+        Buffer<T>& buffer = gradients_[k % 2];
+        const auto n = static_cast<std::size_t>(shape.numel());
+        if (buffer.size() < n) buffer = Buffer<T>(n);
+        ctx.dx = buffer.view(shape);
+        for (T& v : ctx.dx) v = T(0);
+      }
+      layers_[k]->backward(ctx);
+      ctx.dy = ctx.dx;
+    }
+    ctx.arena->release(mark_);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Layer<T>>> layers_;
+  std::vector<std::size_t> counts_;
+  std::vector<Shape> input_shapes_;
+  Buffer<T> gradients_[2];
+  Arena<Host>::Mark mark_ = 0;
+};
+
+}  // namespace zero::nn

@@ -1,0 +1,268 @@
+// The layer library (include/zero/nn/layers) and the public gradient checker: every layer's
+// backward against central finite differences in f64 (parameters and the gradient at the
+// unit's input), the checker catching deliberately wrong backwards (negative controls), the
+// same model in f32/bf16 close to f64, and input errors that name the tensor.
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/layers/activation.hpp>
+#include <zero/nn/layers/cross_entropy.hpp>
+#include <zero/nn/layers/dropout.hpp>
+#include <zero/nn/layers/input.hpp>
+#include <zero/nn/layers/layer_norm.hpp>
+#include <zero/nn/layers/linear.hpp>
+#include <zero/nn/layers/mse_loss.hpp>
+#include <zero/nn/layers/sequential_model.hpp>
+#include <zero/nn/layers/token_embedding.hpp>
+#include <zero/nn/local_parameters.hpp>
+#include <zero/testing/gradient_check.hpp>
+
+using namespace zero;
+using nn::SequentialModel;
+
+namespace {
+
+constexpr std::int64_t rows = 5, features = 4, hidden = 6, classes = 3;
+
+// features [rows, features] f32, labels [rows] i32, target [rows, classes] f64, ids [rows, 2].
+struct Data {
+  std::vector<float> x;
+  std::vector<std::int32_t> labels, ids;
+  std::vector<double> target;
+  Data() {
+    std::mt19937_64 gen(7);
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    for (std::int64_t i = 0; i < rows * features; ++i) x.push_back(static_cast<float>(u(gen)));
+    for (std::int64_t i = 0; i < rows * classes; ++i) target.push_back(u(gen));
+    for (std::int64_t i = 0; i < rows; ++i)
+      labels.push_back(static_cast<std::int32_t>(i % classes));
+    for (std::int64_t i = 0; i < rows * 2; ++i)
+      ids.push_back(static_cast<std::int32_t>((i * 5) % 7));
+  }
+  engine::MicroBatch batch() const {
+    nn::Inputs in;
+    in.set("x", Tensor<const float>(x.data(), Shape{rows, features}))
+        .set("labels", Tensor<const std::int32_t>(labels.data(), Shape{rows}))
+        .set("target", Tensor<const double>(target.data(), Shape{rows, classes}))
+        .set("ids", Tensor<const std::int32_t>(ids.data(), Shape{rows, 2}));
+    return engine::MicroBatch::of(in, rows);
+  }
+};
+
+// unit 0: x -> Linear(features, hidden); unit 1: the layers under test (hidden -> hidden);
+// unit 2: Linear(hidden, classes) -> loss (cross-entropy, or MSE when mse).
+template <class T>
+SequentialModel<T> sandwich(const std::function<void(nn::Sequential<T>&)>& middle,
+                            bool mse = false) {
+  SequentialModel<T> m;
+  auto& in = m.add_unit();
+  in.template add<nn::FromInput<T>>("x");
+  in.template add<nn::Linear<T>>("pre", features, hidden);
+  middle(m.add_unit());
+  auto& head = m.add_unit();
+  head.template add<nn::Linear<T>>("head", hidden, classes);
+  if (mse) {
+    head.template add<nn::MSELoss<T>>("target");
+  } else {
+    head.template add<nn::SoftmaxCrossEntropy<T>>(classes, "labels");
+  }
+  return m;
+}
+
+testing::GradientCheckReport check(SequentialModel<double>& m, int unit) {
+  const Data d;
+  return testing::check_unit_gradients(m, unit, d.batch());
+}
+
+// y = a * x with a parameter a [hidden]; the flags plant the classic backward bugs.
+class Scale final : public nn::Layer<double> {
+ public:
+  bool wrong_param_grad = false, forget_input_grad = false;
+  std::string describe() const override { return "Scale"; }
+  std::vector<nn::ParamSpec> params() const override {
+    return {{"scale.a", {hidden}, nn::Init::normal, 0.5, false}};
+  }
+  void bind(std::span<const nn::ParamView<double>> v) override { a_ = v[0]; }
+  void forward(nn::StepContext<double>& ctx) override {
+    in_ = ctx.x;
+    Tensor<double> y = ctx.arena->allocate<double>(ctx.x.shape());
+    for (std::int64_t i = 0; i < y.numel(); ++i) y.at(i) = a_.value.at(i % hidden) * in_.at(i);
+    ctx.x = y;
+  }
+  void backward(nn::StepContext<double>& ctx) override {
+    for (std::int64_t i = 0; i < in_.numel(); ++i) {
+      a_.grad.at(i % hidden) += (wrong_param_grad ? 1.1 : 1.0) * in_.at(i) * ctx.dy.at(i);
+      if (!forget_input_grad) ctx.dx.at(i) += a_.value.at(i % hidden) * ctx.dy.at(i);
+    }
+  }
+
+ private:
+  nn::ParamView<double> a_;
+  Tensor<double> in_;
+};
+
+}  // namespace
+
+TEST_CASE("every layer's backward equals finite differences (f64)", "[unit][nn][layers]") {
+  using T = double;
+  const std::vector<std::pair<std::string, std::function<void(nn::Sequential<T>&)>>> cases{
+      {"Linear", [](auto& s) { s.template add<nn::Linear<T>>("mid", hidden, hidden); }},
+      {"Linear without bias",
+       [](auto& s) { s.template add<nn::Linear<T>>("mid", hidden, hidden, false); }},
+      {"ReLU", [](auto& s) { s.template add<nn::ReLU<T>>(); }},
+      {"GELU", [](auto& s) { s.template add<nn::GELU<T>>(); }},
+      {"SiLU", [](auto& s) { s.template add<nn::SiLU<T>>(); }},
+      {"LayerNorm", [](auto& s) { s.template add<nn::LayerNorm<T>>("ln", hidden); }},
+      {"Dropout", [](auto& s) { s.template add<nn::Dropout<T>>(0.3, "mid"); }},
+      {"Linear-GELU-LayerNorm-Linear", [](auto& s) {
+         s.template add<nn::Linear<T>>("fc1", hidden, 2 * hidden);
+         s.template add<nn::GELU<T>>();
+         s.template add<nn::LayerNorm<T>>("ln", 2 * hidden);
+         s.template add<nn::Linear<T>>("fc2", 2 * hidden, hidden);
+       }}};
+  for (const auto& [name, middle] : cases) {
+    for (bool mse : {false, true}) {
+      auto m = sandwich<T>(middle, mse);
+      for (int unit : {0, 1, 2}) {
+        const auto r = check(m, unit);
+        INFO(name << (mse ? " (MSE)" : " (cross-entropy)") << ": " << r.summary());
+        CHECK(r.passed());
+        CHECK(r.checked > 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("TokenEmbedding's backward equals finite differences (f64)", "[unit][nn][layers]") {
+  SequentialModel<double> m;
+  m.add_unit().add<nn::TokenEmbedding<double>>("emb", 7, hidden, "ids", 0.5);
+  auto& head = m.add_unit();
+  head.add<nn::Linear<double>>("head", hidden, classes);
+  head.add<nn::SoftmaxCrossEntropy<double>>(classes, "labels");
+  // [rows, 2] ids give [rows, 2, hidden]; the head's labels are per row of [rows * 2] logits.
+  std::vector<std::int32_t> labels(rows * 2);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 3);
+  const Data d;
+  engine::MicroBatch b = d.batch();
+  b.inputs.set("labels", Tensor<const std::int32_t>(labels.data(), Shape{rows * 2}));
+  for (int unit : {0, 1}) {
+    const auto r = testing::check_unit_gradients(m, unit, b);
+    INFO(r.summary());
+    CHECK(r.passed());
+  }
+}
+
+TEST_CASE("the gradient checker catches a wrong backward (negative controls)",
+          "[unit][nn][layers]") {
+  Scale* scale = nullptr;
+  auto m = sandwich<double>([&](nn::Sequential<double>& s) { scale = &s.add<Scale>(); });
+  const auto good = check(m, 1);
+  INFO(good.summary());
+  CHECK(good.passed());
+
+  scale->wrong_param_grad = true;
+  const auto wrong_param = check(m, 1);
+  INFO(wrong_param.summary());
+  CHECK_FALSE(wrong_param.passed());
+  CHECK(wrong_param.worst_tensor == "scale.a");
+  CHECK(wrong_param.worst_error > 0.05);
+
+  scale->wrong_param_grad = false;
+  scale->forget_input_grad = true;
+  const auto wrong_input = check(m, 1);
+  INFO(wrong_input.summary());
+  CHECK_FALSE(wrong_input.passed());
+  CHECK(wrong_input.worst_tensor == "input of unit 1");
+  CHECK(wrong_input.summary().find("MISMATCH") != std::string::npos);
+}
+
+TEST_CASE("the gradient checker passes GPT's units, tied embedding included",
+          "[unit][nn][layers]") {
+  nn::GPTConfig c = nn::GPTConfig::preset("tiny");
+  c.num_layers = 1;
+  nn::GPT<double> gpt(c);
+  std::vector<std::int32_t> tokens, targets;
+  for (int i = 0; i < 2 * 4; ++i) {
+    tokens.push_back(static_cast<std::int32_t>((i * 7 + 1) % c.vocab_size));
+    targets.push_back(static_cast<std::int32_t>((i * 3 + 2) % c.vocab_size));
+  }
+  engine::MicroBatch b{tokens.data(), targets.data(), 2, 4};
+  testing::GradientCheckOptions o;
+  o.max_elements = 24;  // evenly spaced elements of each tensor keep the check quick
+  for (int unit : {0, 1, 2}) {
+    const auto r = testing::check_unit_gradients(gpt, unit, b, o);
+    INFO(r.summary());
+    CHECK(r.passed());
+  }
+}
+
+TEST_CASE("a layer model runs in f32 and bf16 close to f64", "[unit][nn][layers]") {
+  const auto build = [](auto tag) {
+    using T = decltype(tag);
+    return sandwich<T>([](nn::Sequential<T>& s) {
+      s.template add<nn::Linear<T>>("mid", hidden, hidden);
+      s.template add<nn::SiLU<T>>();
+      s.template add<nn::LayerNorm<T>>("ln", hidden);
+    });
+  };
+  const auto loss_of = [&](auto tag) {
+    using T = decltype(tag);
+    auto m = build(tag);
+    nn::LocalParameters<SequentialModel<T>> p(m, 99);
+    Arena<> arena(1 << 20);
+    const Data d;
+    nn::StepContext<T> ctx;
+    ctx.arena = &arena;
+    const engine::MicroBatch b = d.batch();
+    ctx.inputs = b.inputs;
+    ctx.batch = rows;
+    ctx.seq_len = 1;
+    const double loss = convert<double>(m.forward(ctx));
+    m.backward(ctx);
+    double gsum = 0;
+    for (T g : p.unit_grads(1)) gsum += std::fabs(convert<double>(g));
+    return std::pair{loss, gsum};
+  };
+  const auto [l64, g64] = loss_of(double{});
+  const auto [l32, g32] = loss_of(float{});
+  const auto [l16, g16] = loss_of(bf16{});
+  CHECK(l64 > 0.1);
+  CHECK(std::fabs(l32 - l64) < 1e-5 * l64);
+  CHECK(std::fabs(g32 - g64) < 1e-4 * g64);
+  CHECK(std::fabs(l16 - l64) < 2e-2 * l64);
+  CHECK(std::fabs(g16 - g64) < 5e-2 * g64);
+}
+
+TEST_CASE("layers name the input and dtype a micro-batch lacks", "[unit][nn][layers]") {
+  auto m = sandwich<double>([](nn::Sequential<double>& s) { s.add<nn::ReLU<double>>(); });
+  nn::LocalParameters<SequentialModel<double>> p(m, 1);
+  Arena<> arena(1 << 20);
+  nn::StepContext<double> ctx;
+  ctx.arena = &arena;
+  ctx.batch = rows;
+  ctx.seq_len = 1;
+  std::vector<double> x(rows * features, 0.5);
+  std::vector<float> labels(rows, 1.0f);
+  ctx.inputs.set("features", Tensor<const double>(x.data(), Shape{rows, features}));
+  CHECK_THROWS_WITH(m.forward(ctx),
+                    Catch::Contains("input 'x' is missing") && Catch::Contains("'features' (f64)"));
+  arena.reset();
+  ctx.x = {};
+  ctx.inputs.set("x", Tensor<const double>(x.data(), Shape{rows, features}))
+      .set("labels", Tensor<const float>(labels.data(), Shape{rows}));
+  CHECK_THROWS_WITH(m.forward(ctx),
+                    Catch::Contains("'labels' holds f32") && Catch::Contains("i32 were asked for"));
+  // Two layers with one name would share initialisation and checkpoint tensors.
+  SequentialModel<double> dup;
+  dup.add_unit().add<nn::Linear<double>>("fc", 2, 2);
+  dup.add_unit().add<nn::Linear<double>>("fc", 2, 2);
+  CHECK_THROWS_WITH(dup.unit_params(0), Catch::Contains("'fc.weight' is used twice"));
+}
