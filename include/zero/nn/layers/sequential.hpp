@@ -40,7 +40,6 @@ class Sequential {
   /// Appends an already built layer.
   void add(std::unique_ptr<Layer<T>> layer) {
     expect<Error>(layer != nullptr, "Sequential::add: null layer");
-    counts_.push_back(layer->params().size());
     layers_.push_back(std::move(layer));
   }
 
@@ -59,14 +58,16 @@ class Sequential {
   }
   /// Binds views (in params() order), each layer its own slice.
   void bind(std::span<const ParamView<T>> views) {
+    // Counted now, not in add(): a Residual gains its layers after it was added.
+    std::vector<std::size_t> counts;
     std::size_t total = 0;
-    for (std::size_t c : counts_) total += c;
+    for (const auto& l : layers_) total += counts.emplace_back(l->params().size());
     expect<ShapeError>(views.size() == total, "Sequential::bind: got ", views.size(), " views for ",
                        total, " parameters");
     std::size_t offset = 0;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      layers_[i]->bind(views.subspan(offset, counts_[i]));
-      offset += counts_[i];
+      layers_[i]->bind(views.subspan(offset, counts[i]));
+      offset += counts[i];
     }
   }
 
@@ -104,7 +105,6 @@ class Sequential {
 
  private:
   std::vector<std::unique_ptr<Layer<T>>> layers_;
-  std::vector<std::size_t> counts_;
   std::vector<Shape> input_shapes_;
   Buffer<T> gradients_[2];
   Arena<Host>::Mark mark_ = 0;
