@@ -18,10 +18,12 @@
 #include <zero/nn/layers/attention.hpp>
 #include <zero/nn/layers/cross_entropy.hpp>
 #include <zero/nn/layers/dropout.hpp>
+#include <zero/nn/layers/flatten.hpp>
 #include <zero/nn/layers/input.hpp>
 #include <zero/nn/layers/layer_norm.hpp>
 #include <zero/nn/layers/linear.hpp>
 #include <zero/nn/layers/mse_loss.hpp>
+#include <zero/nn/layers/reshape.hpp>
 #include <zero/nn/layers/residual.hpp>
 #include <zero/nn/layers/rms_norm.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
@@ -277,6 +279,14 @@ TEST_CASE("RMSNorm, Residual and CausalSelfAttention backwards equal finite diff
   using T = double;
   const std::vector<std::pair<std::string, std::function<void(nn::Sequential<T>&)>>> cases{
       {"RMSNorm", [](auto& s) { s.template add<nn::RMSNorm<T>>("rms", hidden); }},
+      {"per-patch Linear, Flatten, Linear",
+       [](auto& s) {
+         // [rows, hidden] seen as [rows, 2 patches, 3]: a Linear per patch, then joined.
+         s.template add<nn::Reshape<T>>(Shape{2, 3});
+         s.template add<nn::Linear<T>>("patch", 3, 4);
+         s.template add<nn::Flatten<T>>();
+         s.template add<nn::Linear<T>>("join", 8, hidden);
+       }},
       {"Residual MLP", [](auto& s) {
          auto& r = s.template add<nn::Residual<T>>("mlp");
          r.template add<nn::LayerNorm<T>>("ln", hidden);

@@ -9,24 +9,29 @@
 
 namespace zero::nn {
 
-/// ctx.x <- the micro-batch input name, converted to T (shape kept).
+/// ctx.x <- the micro-batch input name, converted to T and multiplied by scale (shape kept).
 template <class T>
 class FromInput final : public Layer<T> {
  public:
-  /// Reads the input called name.
-  explicit FromInput(std::string name) : name_(std::move(name)) {}
+  /// Reads the input called name; scale maps raw values into range (1/255 for u8 pixels).
+  explicit FromInput(std::string name, double scale = 1.0)
+      : name_(std::move(name)), scale_(scale) {}
 
   std::string describe() const override { return "FromInput '" + name_ + "'"; }
   void forward(StepContext<T>& ctx) override {
     const InputTensor& in = ctx.inputs.entry(name_);
     Tensor<T> x = ctx.arena->template allocate<T>(in.shape);
     ctx.inputs.copy_as(name_, x);
+    if (scale_ != 1.0) {
+      for (T& v : x) v = convert<T>(convert<double>(v) * scale_);
+    }
     ctx.x = x;
   }
   void backward(StepContext<T>&) override {}  // inputs are data: no gradient flows into them
 
  private:
   std::string name_;
+  double scale_;
 };
 
 }  // namespace zero::nn
