@@ -334,27 +334,40 @@ TEST_CASE("RMSNorm, Residual and CausalSelfAttention backwards equal finite diff
 
 namespace {
 
-// GPT-2's block (nn::TransformerBlock) rebuilt from layers: same parameter specs, same kernels in
-// the same order. Returns every output of forward and backward, for a bitwise comparison.
+// GPT-2's block `layer` as two residuals of layers, with GPT's parameter names and initialisers.
 template <class T>
-std::vector<T> block_outputs(bool from_layers) {
-  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
-  cfg.num_layers = 2;
-  const std::int64_t B = 2, Tn = 5, C = cfg.channels, N = B * Tn;
-  const std::string p = "transformer.h.1.";
+void add_gpt_block(nn::Sequential<T>& unit, const nn::GPTConfig& cfg, std::int64_t layer) {
+  const std::int64_t C = cfg.channels;
+  const std::string p = "transformer.h." + std::to_string(layer) + ".";
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
-  nn::TransformerBlock<T> gpt_block(cfg, 1);
-  nn::Sequential<T> layers;
-  auto& attn = layers.template add<nn::Residual<T>>("attn");
+  auto& attn = unit.template add<nn::Residual<T>>("attn");
   attn.template add<nn::LayerNorm<T>>(p + "ln_1", C);
   attn.template add<nn::Linear<T>>(p + "attn.c_attn", C, 3 * C, true, 0.02);
   attn.template add<nn::CausalSelfAttention<T>>(cfg.num_heads);
   attn.template add<nn::Linear<T>>(p + "attn.c_proj", C, C, true, residual_std);
-  auto& mlp = layers.template add<nn::Residual<T>>("mlp");
+  auto& mlp = unit.template add<nn::Residual<T>>("mlp");
   mlp.template add<nn::LayerNorm<T>>(p + "ln_2", C);
   mlp.template add<nn::Linear<T>>(p + "mlp.c_fc", C, 4 * C, true, 0.02);
   mlp.template add<nn::GELU<T>>();
   mlp.template add<nn::Linear<T>>(p + "mlp.c_proj", 4 * C, C, true, residual_std);
+}
+
+inline std::vector<nn::ParamSpec> block_specs(const nn::GPTConfig& cfg) {
+  nn::Sequential<float> s;
+  add_gpt_block(s, cfg, 1);
+  return s.params();
+}
+
+// GPT-2's block (nn::TransformerBlock) rebuilt from layers: same parameter specs, same kernels in
+// the same order. Returns every output of forward and backward, for a bitwise comparison.
+template <class T>
+std::vector<double> block_outputs(bool from_layers) {
+  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  cfg.num_layers = 2;
+  const std::int64_t B = 2, Tn = 5, C = cfg.channels, N = B * Tn;
+  nn::TransformerBlock<T> gpt_block(cfg, 1);
+  nn::Sequential<T> layers;
+  add_gpt_block(layers, cfg, 1);
 
   const std::vector<nn::ParamSpec> specs = from_layers ? layers.params() : gpt_block.params();
   std::vector<Buffer<T>> values, grads;
@@ -384,7 +397,11 @@ std::vector<T> block_outputs(bool from_layers) {
     gpt_block.bind(views);
     gpt_block.forward(ctx);
   }
-  std::vector<T> out(ctx.x.begin(), ctx.x.end());
+  std::vector<double> out;  // every value widened exactly, for a bitwise comparison
+  const auto append = [&](const Tensor<T>& t) {
+    for (const T& v : t) out.push_back(convert<double>(v));
+  };
+  append(ctx.x);
   ctx.dy = dy.view(Shape{N, C});
   if (from_layers) {
     layers.backward(ctx);
@@ -392,35 +409,40 @@ std::vector<T> block_outputs(bool from_layers) {
     ctx.dx = dx.view(Shape{N, C});
     gpt_block.backward(ctx);
   }
-  out.insert(out.end(), ctx.dx.begin(), ctx.dx.end());
-  for (auto& g : grads) out.insert(out.end(), g.view().begin(), g.view().end());
-  // The specs must match too: names, shapes, initialisers, decay flags.
-  for (const auto& s : specs) out.push_back(convert<T>(static_cast<double>(s.numel()) * s.stddev));
+  append(ctx.dx);
+  for (auto& g : grads) append(g.view());
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("GPT's transformer block rebuilt from layers gives the same bits (f64, f32)",
+TEST_CASE("GPT's transformer block rebuilt from layers gives the same bits (f64, f32, bf16)",
           "[unit][nn][layers]") {
   nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
   cfg.num_layers = 2;
+  // The same parameters: names, shapes, initialisers, weight-decay flags, in binding order.
   nn::TransformerBlock<float> gpt_block(cfg, 1);
-  const auto layered = [&] {
-    nn::Sequential<float> s;
-    auto& r = s.add<nn::Residual<float>>("attn");
-    r.add<nn::LayerNorm<float>>("transformer.h.1.ln_1", cfg.channels);
-    return s.params();
-  }();
-  CHECK(layered[0].name == gpt_block.params()[0].name);
+  const std::vector<nn::ParamSpec> want = gpt_block.params(), got = block_specs(cfg);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO(want[i].name);
+    CHECK(got[i].name == want[i].name);
+    CHECK(got[i].shape == want[i].shape);
+    CHECK(got[i].init == want[i].init);
+    CHECK(got[i].stddev == want[i].stddev);
+    CHECK(got[i].weight_decay == want[i].weight_decay);
+  }
 
   const auto f64_gpt = block_outputs<double>(false), f64_layers = block_outputs<double>(true);
   const auto f32_gpt = block_outputs<float>(false), f32_layers = block_outputs<float>(true);
   REQUIRE(f64_gpt.size() == f64_layers.size());
   CHECK(f64_gpt == f64_layers);
   CHECK(f32_gpt == f32_layers);
-  // Negative control: the comparison sees a one-ulp change.
+  CHECK(block_outputs<bf16>(false) == block_outputs<bf16>(true));
+  // Negative control: the comparison sees a one-ulp change of one f32 value.
   auto changed = f32_layers;
-  changed[changed.size() / 2] = std::nextafter(changed[changed.size() / 2], 1.0f);
+  const std::size_t mid = changed.size() / 2;
+  changed[mid] = std::nextafter(static_cast<float>(changed[mid]), 1.0f);
   CHECK(changed != f32_gpt);
+  CHECK(f32_gpt != f64_gpt);  // and the types really differ
 }

@@ -1,9 +1,10 @@
 #pragma once
 // Residual: y = x + f(x) with f a list of layers (a Sequential inside the unit). Pre-LN
 // transformer blocks are two of them: Residual{LayerNorm, Linear, CausalSelfAttention, Linear}
-// and Residual{LayerNorm, Linear, GELU, Linear}. The backward adds the skip path in one pass,
-// dx = dy + df, after f's backward, the same order of operations as GPT's blocks, so in f32 and
-// f64 a block built this way gives the same bits as nn::TransformerBlock.
+// and Residual{LayerNorm, Linear, GELU, Linear}. The backward starts the branch's input
+// gradient from dy (the skip path) and lets f's first layer add into it, the same order of
+// operations and roundings as GPT's blocks, so a block built this way gives the same bits as
+// nn::TransformerBlock (f64, f32 and bf16).
 
 #include <span>
 #include <string>
@@ -41,13 +42,12 @@ class Residual final : public Layer<T> {
     ops::cpu::add(y.data(), input_.data(), ctx.x.data(), y.numel());
     ctx.x = y;
   }
-  /// Writes dx = dy + df: Sequential hands ctx.dx zeroed, so writing equals adding, and one
-  /// addition per element keeps GPT's rounding.
+  /// dx += dy + df: the branch's input gradient starts from dy (the skip path), so each
+  /// element is rounded once, as in GPT's blocks (bf16 included).
   void backward(StepContext<T>& ctx) override {
     const Tensor<T> dx = ctx.dx;  // ours; the branch leaves its own in ctx.dx
-    const Tensor<T> dy = ctx.dy;
-    inner_.backward(ctx);
-    ops::cpu::add(dx.data(), dy.data(), ctx.dx.data(), dx.numel());
+    inner_.backward(ctx, ctx.dy);
+    ops::cpu::accumulate(dx.data(), ctx.dx.data(), dx.numel());
     ctx.dx = dx;
   }
 

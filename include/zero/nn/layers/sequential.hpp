@@ -9,6 +9,7 @@
 //     layer only adds its input gradient. The unit's last dx is left in ctx.dx and ctx.dy for
 //     the unit below (the nn::Model contract, as GPT's units).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -84,8 +85,10 @@ class Sequential {
   }
 
   /// Runs every layer backward in reverse: ctx.dy in, ctx.dx (and ctx.dy) out; releases the
-  /// unit's activations.
-  void backward(StepContext<T>& ctx) {
+  /// unit's activations. input_grad_start, when given, is where the gradient at the unit's
+  /// input starts instead of zero (a residual's skip path): the first layer adds into it, so
+  /// the sum is rounded once, as GPT's hand-written blocks do.
+  void backward(StepContext<T>& ctx, Tensor<const T> input_grad_start = {}) {
     for (std::size_t k = layers_.size(); k-- > 0;) {
       const Shape& shape = input_shapes_[k];
       if (shape.rank() == 0) {
@@ -95,7 +98,15 @@ class Sequential {
         const auto n = static_cast<std::size_t>(shape.numel());
         if (buffer.size() < n) buffer = Buffer<T>(n);
         ctx.dx = buffer.view(shape);
-        for (T& v : ctx.dx) v = T(0);
+        if (k == 0 && input_grad_start.data() != nullptr) {
+          expect<ShapeError>(input_grad_start.numel() == ctx.dx.numel(),
+                             "Sequential::backward: the input gradient start has ",
+                             input_grad_start.numel(), " elements, the unit's input ",
+                             ctx.dx.numel());
+          std::copy(input_grad_start.begin(), input_grad_start.end(), ctx.dx.begin());
+        } else {
+          for (T& v : ctx.dx) v = T(0);
+        }
       }
       layers_[k]->backward(ctx);
       ctx.dy = ctx.dx;
