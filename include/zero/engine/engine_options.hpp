@@ -93,11 +93,12 @@ struct MicroBatch {
   std::int64_t seq_len = 0;               ///< positions per row (1 for non-sequence data)
   nn::Inputs inputs = {};                 ///< named inputs (views kept alive by the caller)
 
-  /// A micro-batch of rows samples that carries only named inputs.
-  static MicroBatch of(nn::Inputs inputs, std::int64_t rows) {
+  /// A micro-batch of rows samples (of seq_len positions each, for sequence layers such as
+  /// attention) that carries only named inputs.
+  static MicroBatch of(nn::Inputs inputs, std::int64_t rows, std::int64_t seq_len = 1) {
     MicroBatch b;
     b.batch = rows;
-    b.seq_len = 1;
+    b.seq_len = seq_len;
     b.inputs = std::move(inputs);
     return b;
   }
