@@ -14,6 +14,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <zero/data/array_loader.hpp>
 #include <zero/engine/engine.hpp>
+#include <zero/nn/layer_gpt.hpp>
 #include <zero/nn/layers/activation.hpp>
 #include <zero/nn/layers/cross_entropy.hpp>
 #include <zero/nn/layers/input.hpp>
@@ -22,6 +23,8 @@
 #include <zero/nn/layers/sequential_model.hpp>
 #include <zero/nn/local_parameters.hpp>
 #include <zero/testing/gradient_check.hpp>
+
+#include "engine_test_util.hpp"
 
 using namespace zero;
 using parallel::LocalComm;
@@ -173,4 +176,38 @@ TEST_CASE("the layer-built MLP's units pass the gradient checker", "[unit][engin
     INFO(r.summary());
     CHECK(r.passed());
   }
+}
+
+namespace {
+
+// LayerGPT (GPT-2 from layers, its LM head a TiedLinear on unit 0's table) under the engine at
+// stage S on 2 ranks: its parameters after 3 steps against nn::GPT's single-process reference.
+template <int S>
+double layer_gpt_error(const std::vector<std::vector<double>>& want) {
+  std::vector<double> worst(2, 0.0);
+  LocalComm::run(2, [&](LocalComm& comm) {
+    nn::LayerGPT<double> model(test::tiny());
+    engine::EngineOptions o;
+    o.activation_bytes = 32 << 20;
+    o.persistence_threshold = 0;
+    o.prefetch_elems = 1;
+    engine::Engine<nn::LayerGPT<double>, ZeroStage<S>> eng(
+        model, comm,
+        [](int, std::span<double> p, std::span<const double> g) { test::sgd(1.0, p, g); }, o);
+    worst[static_cast<std::size_t>(comm.rank())] = test::max_error(eng, comm, 1, 3, want);
+  });
+  return std::max(worst[0], worst[1]);
+}
+
+}  // namespace
+
+TEST_CASE("LayerGPT under the engine equals nn::GPT's single-process run (stages 0-3)",
+          "[unit][engine][custom]") {
+  const auto want = test::reference_sgd(test::micro_rows * 2, 3, 1.0);
+  CHECK(layer_gpt_error<0>(want) < 1e-10);
+  CHECK(layer_gpt_error<1>(want) < 1e-10);
+  CHECK(layer_gpt_error<2>(want) < 1e-10);
+  CHECK(layer_gpt_error<3>(want) < 1e-10);
+  // Negative control: the reference after one step more.
+  CHECK(layer_gpt_error<3>(test::reference_sgd(test::micro_rows * 2, 4, 1.0)) > 1e-6);
 }

@@ -14,6 +14,7 @@
 
 #include <zero/core/buffer.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/layer_gpt.hpp>
 #include <zero/nn/layers/activation.hpp>
 #include <zero/nn/layers/attention.hpp>
 #include <zero/nn/layers/cross_entropy.hpp>
@@ -267,6 +268,16 @@ TEST_CASE("layers name the input and dtype a micro-batch lacks", "[unit][nn][lay
       .set("labels", Tensor<const float>(labels.data(), Shape{rows}));
   CHECK_THROWS_WITH(m.forward(ctx),
                     Catch::Contains("'labels' holds f32") && Catch::Contains("i32 were asked for"));
+  // A layer whose input has the wrong width says which layer and both widths.
+  SequentialModel<double> narrow;
+  auto& u = narrow.add_unit();
+  u.add<nn::FromInput<double>>("x");
+  u.add<nn::Linear<double>>("fc", features + 1, 2);
+  nn::LocalParameters<SequentialModel<double>> narrow_params(narrow, 1);
+  arena.reset();
+  ctx.x = {};
+  CHECK_THROWS_WITH(narrow.forward(ctx),
+                    Catch::Contains("Linear 'fc': the input's last dimension is 4, expected 5"));
   // Two layers with one name would share initialisation and checkpoint tensors.
   SequentialModel<double> dup;
   dup.add_unit().add<nn::Linear<double>>("fc", 2, 2);
@@ -334,27 +345,9 @@ TEST_CASE("RMSNorm, Residual and CausalSelfAttention backwards equal finite diff
 
 namespace {
 
-// GPT-2's block `layer` as two residuals of layers, with GPT's parameter names and initialisers.
-template <class T>
-void add_gpt_block(nn::Sequential<T>& unit, const nn::GPTConfig& cfg, std::int64_t layer) {
-  const std::int64_t C = cfg.channels;
-  const std::string p = "transformer.h." + std::to_string(layer) + ".";
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
-  auto& attn = unit.template add<nn::Residual<T>>("attn");
-  attn.template add<nn::LayerNorm<T>>(p + "ln_1", C);
-  attn.template add<nn::Linear<T>>(p + "attn.c_attn", C, 3 * C, true, 0.02);
-  attn.template add<nn::CausalSelfAttention<T>>(cfg.num_heads);
-  attn.template add<nn::Linear<T>>(p + "attn.c_proj", C, C, true, residual_std);
-  auto& mlp = unit.template add<nn::Residual<T>>("mlp");
-  mlp.template add<nn::LayerNorm<T>>(p + "ln_2", C);
-  mlp.template add<nn::Linear<T>>(p + "mlp.c_fc", C, 4 * C, true, 0.02);
-  mlp.template add<nn::GELU<T>>();
-  mlp.template add<nn::Linear<T>>(p + "mlp.c_proj", 4 * C, C, true, residual_std);
-}
-
 inline std::vector<nn::ParamSpec> block_specs(const nn::GPTConfig& cfg) {
   nn::Sequential<float> s;
-  add_gpt_block(s, cfg, 1);
+  nn::add_gpt_block(s, cfg, 1);
   return s.params();
 }
 
@@ -367,7 +360,7 @@ std::vector<double> block_outputs(bool from_layers) {
   const std::int64_t B = 2, Tn = 5, C = cfg.channels, N = B * Tn;
   nn::TransformerBlock<T> gpt_block(cfg, 1);
   nn::Sequential<T> layers;
-  add_gpt_block(layers, cfg, 1);
+  nn::add_gpt_block(layers, cfg, 1);
 
   const std::vector<nn::ParamSpec> specs = from_layers ? layers.params() : gpt_block.params();
   std::vector<Buffer<T>> values, grads;
@@ -453,7 +446,7 @@ TEST_CASE("a layer-built language model reads tokens and targets by name or from
   const std::int64_t B = 2, Tn = 4, C = cfg.channels, V = cfg.vocab_size;
   SequentialModel<double> m;
   m.add_unit().add<nn::TokenEmbedding<double>>("wte", V, C);  // "tokens": input or ctx.tokens
-  add_gpt_block(m.add_unit(), cfg, 0);
+  nn::add_gpt_block(m.add_unit(), cfg, 0);
   auto& head = m.add_unit();
   head.add<nn::LayerNorm<double>>("ln_f", C);
   head.add<nn::Linear<double>>("lm_head", C, V, false);
@@ -498,4 +491,80 @@ TEST_CASE("a layer-built language model reads tokens and targets by name or from
     INFO(r.summary());
     CHECK(r.passed());
   }
+}
+
+namespace {
+
+// Loss, logits and every gradient of one training forward/backward of model M (bits widened to
+// double), from parameters initialised by seed.
+template <class M>
+std::vector<double> gpt_run(const nn::GPTConfig& cfg, std::uint64_t step) {
+  M model(cfg);
+  nn::LocalParameters<M> params(model, 21);
+  const std::int64_t B = 2, Tn = 6;
+  std::vector<std::int32_t> tokens, targets;
+  for (std::int64_t i = 0; i < B * Tn; ++i) {
+    tokens.push_back(static_cast<std::int32_t>((i * 11 + 2) % cfg.vocab_size));
+    targets.push_back(i == 3 ? -1 : static_cast<std::int32_t>((i * 3 + 5) % cfg.vocab_size));
+  }
+  Arena<> arena(16 << 20);
+  nn::StepContext<typename M::value_type> ctx;
+  ctx.arena = &arena;
+  ctx.tokens = tokens.data();
+  ctx.targets = targets.data();
+  ctx.batch = B;
+  ctx.seq_len = Tn;
+  ctx.step = step;
+  std::vector<double> out{convert<double>(model.forward(ctx))};
+  for (const auto& v : model.logits()) out.push_back(convert<double>(v));
+  model.backward(ctx);
+  for (int u = 0; u < model.num_units(); ++u) {
+    for (const auto& g : params.unit_grads(u)) out.push_back(convert<double>(g));
+  }
+  return out;
+}
+
+template <class T>
+void check_layer_gpt(const nn::GPTConfig& cfg) {
+  const auto want = gpt_run<nn::GPT<T>>(cfg, 3);
+  const auto got = gpt_run<nn::LayerGPT<T>>(cfg, 3);
+  REQUIRE(got.size() == want.size());
+  CHECK(got == want);
+  // Negative control: another dropout step draws other masks, so the bits differ.
+  if (cfg.dropout > 0) CHECK(gpt_run<nn::LayerGPT<T>>(cfg, 4) != want);
+}
+
+}  // namespace
+
+TEST_CASE("LayerGPT (GPT-2 from layers) equals nn::GPT bit for bit", "[unit][nn][layers]") {
+  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  cfg.num_layers = 2;
+  {
+    nn::GPT<float> gpt(cfg);
+    nn::LayerGPT<float> layered(cfg);
+    REQUIRE(layered.num_units() == gpt.num_units());
+    for (int u = 0; u < gpt.num_units(); ++u) {
+      const auto want = gpt.unit_params(u), got = layered.unit_params(u);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        INFO(want[i].name);
+        CHECK(got[i].name == want[i].name);
+        CHECK(got[i].shape == want[i].shape);
+        CHECK(got[i].init == want[i].init);
+        CHECK(got[i].stddev == want[i].stddev);
+        CHECK(got[i].weight_decay == want[i].weight_decay);
+      }
+      CHECK(layered.unit_uses(u) == gpt.unit_uses(u));
+    }
+  }
+  for (double dropout : {0.0, 0.1}) {
+    INFO("dropout " << dropout);
+    cfg.dropout = dropout;
+    cfg.attn_dropout = dropout;
+    check_layer_gpt<double>(cfg);
+    check_layer_gpt<float>(cfg);
+    check_layer_gpt<bf16>(cfg);
+  }
+  cfg.checkpoint_activations = true;
+  CHECK_THROWS_WITH(nn::LayerGPT<float>(cfg), Catch::Contains("activation checkpointing"));
 }

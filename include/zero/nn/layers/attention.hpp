@@ -21,10 +21,10 @@ template <class T>
 class CausalSelfAttention final : public Layer<T> {
  public:
   /// heads must divide C; attn_dropout applies to the probabilities while training, its mask
-  /// keyed by site.
+  /// keyed by (seed, site) (GPT's blocks: site "h.<layer>", seed 2).
   explicit CausalSelfAttention(std::int64_t heads, double attn_dropout = 0.0,
-                               std::string site = "attention")
-      : heads_(heads), p_(attn_dropout), site_(std::move(site)) {
+                               std::string site = "attention", std::uint64_t seed = 0)
+      : heads_(heads), p_(attn_dropout), site_(std::move(site)), seed_(seed) {
     expect<ConfigError>(heads > 0, "CausalSelfAttention: heads = ", heads, "; expected > 0");
     expect<ConfigError>(p_ >= 0.0 && p_ < 1.0, "CausalSelfAttention '", site_,
                         "': attn_dropout = ", p_, "; expected 0 <= p < 1");
@@ -57,13 +57,14 @@ class CausalSelfAttention final : public Layer<T> {
  private:
   ops::cpu::DropoutMask mask(const StepContext<T>& ctx) const {
     if (!ctx.training || p_ <= 0) return {};
-    return {p_, CounterRng(CounterRng::key_for(0, "dropout." + site_)),
+    return {p_, CounterRng(CounterRng::key_for(seed_, "dropout." + site_)),
             static_cast<std::uint32_t>(ctx.step)};
   }
 
   std::int64_t heads_;
   double p_;
   std::string site_;
+  std::uint64_t seed_;
   std::int64_t B_ = 0, T_ = 0, C_ = 0;
   Tensor<T> qkv_, att_;
   ops::cpu::DropoutMask mask_;

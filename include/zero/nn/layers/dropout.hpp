@@ -19,8 +19,10 @@ namespace zero::nn {
 template <class T>
 class Dropout final : public Layer<T> {
  public:
-  /// p in [0, 1); site names the mask (two Dropout layers with one site share masks).
-  Dropout(double p, std::string site) : p_(p), site_(std::move(site)) {
+  /// p in [0, 1); (seed, site) key the mask (two Dropout layers with one key share masks;
+  /// GPT's blocks use site "h.<layer>" with seeds 0 and 1 for their two residual branches).
+  Dropout(double p, std::string site, std::uint64_t seed = 0)
+      : p_(p), site_(std::move(site)), seed_(seed) {
     expect<ConfigError>(p >= 0.0 && p < 1.0, "Dropout '", site_, "': p = ", p,
                         "; expected 0 <= p < 1");
   }
@@ -45,10 +47,11 @@ class Dropout final : public Layer<T> {
   }
 
  private:
-  CounterRng rng() const { return CounterRng(CounterRng::key_for(0, "dropout." + site_)); }
+  CounterRng rng() const { return CounterRng(CounterRng::key_for(seed_, "dropout." + site_)); }
 
   double p_;
   std::string site_;
+  std::uint64_t seed_;
   bool active_ = false;
 };
 

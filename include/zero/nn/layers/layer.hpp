@@ -48,8 +48,9 @@ std::int64_t rows_of(const Tensor<T>& x, std::int64_t features, const std::strin
       x.data() != nullptr, layer,
       ": no input activation (put an input layer such as FromInput or TokenEmbedding "
       "first in unit 0)");
-  expect<ShapeError>(x.rank() >= 1 && x.dim(-1) == features, layer, ": input has shape [",
-                     x.rank() >= 1 ? x.dim(-1) : 0, " last], expected last dimension ", features);
+  expect<ShapeError>(x.rank() >= 1 && x.dim(-1) == features, layer,
+                     ": the input's last dimension is ", x.rank() >= 1 ? x.dim(-1) : 0,
+                     ", expected ", features, " features");
   return x.numel() / features;
 }
 

@@ -34,6 +34,8 @@ class TokenEmbedding final : public Layer<T> {
     return {{name_ + ".weight", {vocab_, channels_}, Init::normal, stddev_, false}};
   }
   void bind(std::span<const ParamView<T>> views) override { table_ = views[0]; }
+  /// The bound table (value and gradient): a TiedLinear reads it as its weight.
+  const ParamView<T>& table() const { return table_; }
   void forward(StepContext<T>& ctx) override {
     Shape shape;
     if (ids_ == "tokens" && !ctx.inputs.contains(ids_)) {

@@ -38,17 +38,22 @@ void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T
   });
 }
 
-/// Accumulates dwte and dwpe (either may be null) from dout [B*T, C].
+/// Accumulates dwte and dwpe (either may be null; tokens may be null without dwte) from
+/// dout [B*T, C].
 template <class T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, std::int64_t B,
                         std::int64_t Tn, std::int64_t C) {
   using A = compute_type_t<T>;
   const std::int64_t N = B * Tn;
-  // Positions sorted by token, stable: each token's positions stay in increasing order.
-  std::vector<std::int64_t> order(static_cast<std::size_t>(N));
-  std::iota(order.begin(), order.end(), std::int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::int64_t a, std::int64_t b) { return tokens[a] < tokens[b]; });
+  // Positions sorted by token, stable: each token's positions stay in increasing order. Only
+  // the token table needs them (tokens may be null when dwte is).
+  std::vector<std::int64_t> order;
+  if (dwte != nullptr) {
+    order.resize(static_cast<std::size_t>(N));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int64_t a, std::int64_t b) { return tokens[a] < tokens[b]; });
+  }
   constexpr std::int64_t block = 64;  // channels per task
   const std::int64_t blocks = (C + block - 1) / block;
   parallel_for(blocks, [&](std::int64_t blk) {
