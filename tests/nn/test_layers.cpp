@@ -565,6 +565,26 @@ TEST_CASE("LayerGPT (GPT-2 from layers) equals nn::GPT bit for bit", "[unit][nn]
     check_layer_gpt<float>(cfg);
     check_layer_gpt<bf16>(cfg);
   }
-  cfg.checkpoint_activations = true;
-  CHECK_THROWS_WITH(nn::LayerGPT<float>(cfg), Catch::Contains("activation checkpointing"));
+  // Checkpointed blocks keep only their input and output between forward and backward.
+  const auto held_after_forward = [&](bool checkpoint) {
+    nn::GPTConfig c = cfg;
+    c.checkpoint_activations = checkpoint;
+    nn::LayerGPT<float> m(c);
+    nn::LocalParameters<nn::LayerGPT<float>> params(m, 1);
+    std::vector<std::int32_t> tokens(12, 1), targets(12, 2);
+    Arena<> arena(16 << 20);
+    nn::StepContext<float> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = tokens.data();
+    ctx.targets = targets.data();
+    ctx.batch = 2;
+    ctx.seq_len = 6;
+    m.forward(ctx);
+    return arena.used_bytes();
+  };
+  CHECK(held_after_forward(true) < held_after_forward(false) / 2);
+  cfg.checkpoint_activations = true;  // blocks recompute their forward before backward
+  check_layer_gpt<double>(cfg);
+  check_layer_gpt<float>(cfg);
+  check_layer_gpt<bf16>(cfg);
 }

@@ -4,8 +4,8 @@
 // each (attention and MLP branches, with GPT's dropout sites), unit L+1 = LayerNorm + a
 // TiedLinear reading unit 0's token table + SoftmaxCrossEntropy on the targets. Parameter names,
 // shapes, initialisers and flags equal nn::GPT's, and forward and backward give the same bits
-// (f64, f32, bf16; tested), so it is a drop-in for nn::GPT and a template for users' own
-// transformer variants. Not yet: activation checkpointing (a ConfigError here).
+// (f64, f32, bf16, with dropout and activation checkpointing; tested), so it is a drop-in for
+// nn::GPT and a template for users' own transformer variants.
 
 #include <cmath>
 #include <span>
@@ -59,18 +59,19 @@ class LayerGPT {
  public:
   using value_type = T;
 
-  /// The model cfg describes; throws ConfigError for activation checkpointing (not yet).
+  /// The model cfg describes (checkpoint_activations checkpoints every block unit).
   explicit LayerGPT(GPTConfig cfg) : cfg_((cfg.validate(), cfg)) {
-    expect<ConfigError>(!cfg_.checkpoint_activations,
-                        "LayerGPT: activation checkpointing has no layer form yet; use nn::GPT");
     const std::int64_t C = cfg_.channels, V = cfg_.vocab_size;
     units_.reserve(static_cast<std::size_t>(cfg_.num_layers + 2));
     auto& embedding = units_.emplace_back();
     wte_ = &embedding.template add<TokenEmbedding<T>>("transformer.wte", V, C, "tokens", 0.02);
     embedding.template add<PositionEmbedding<T>>("transformer.wpe", cfg_.max_seq_len, C, 0.02);
     if (cfg_.dropout > 0) embedding.template add<Dropout<T>>(cfg_.dropout, "embedding", 0);
-    for (std::int64_t l = 0; l < cfg_.num_layers; ++l)
-      add_gpt_block(units_.emplace_back(), cfg_, l);
+    for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
+      Sequential<T>& block = units_.emplace_back();
+      add_gpt_block(block, cfg_, l);
+      block.set_checkpoint(cfg_.checkpoint_activations);  // as nn::GPT: the blocks only
+    }
     auto& head = units_.emplace_back();
     head.template add<LayerNorm<T>>("transformer.ln_f", C);
     head.template add<TiedLinear<T>>(

@@ -7,11 +7,14 @@
 //   - the gradient between layers: two buffers used in turn (a layer reads dy from one and
 //     writes dx into the other), each zeroed and shaped like the layer's forward input, so a
 //     layer only adds its input gradient. The unit's last dx is left in ctx.dx and ctx.dy for
-//     the unit below (the nn::Model contract, as GPT's units).
+//     the unit below (the nn::Model contract, as GPT's units);
+//   - optionally, activation checkpointing (set_checkpoint): only the unit's input and output
+//     stay in the arena between forward and backward.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <utility>
@@ -72,15 +75,30 @@ class Sequential {
     }
   }
 
+  /// Activation checkpointing: between a training forward and its backward keep only the
+  /// unit's input and output, and recompute the layers' forward just before the backward (the
+  /// same results: dropout masks are redrawn from (site, ctx.step)). Trades one more forward
+  /// for the unit's internal activations.
+  void set_checkpoint(bool on) { checkpoint_ = on; }
+  /// True when the unit recomputes its forward before its backward.
+  bool checkpoint() const { return checkpoint_; }
+
   /// Runs every layer forward: ctx.x in, ctx.x out.
   void forward(StepContext<T>& ctx) {
     expect<Error>(!layers_.empty(), "Sequential::forward: the unit has no layers");
     mark_ = ctx.arena->mark();
-    input_shapes_.clear();
-    for (const auto& l : layers_) {
-      // An empty shape marks a layer with no input (an input layer): it gets no dx.
-      input_shapes_.push_back(ctx.x.data() != nullptr ? ctx.x.shape() : Shape{});
-      l->forward(ctx);
+    input_ = ctx.x;
+    run_forward(ctx);
+    recompute_ = checkpoint_ && ctx.training;
+    if (recompute_) {
+      // Move the output down to the unit's mark and drop everything above it. The released
+      // bytes are still in place, and memmove handles the overlap.
+      const Tensor<T> out = ctx.x;
+      ctx.arena->release(mark_);
+      Tensor<T> kept = ctx.arena->template allocate<T>(out.shape());
+      std::memmove(static_cast<void*>(kept.data()), static_cast<const void*>(out.data()),
+                   out.bytes());
+      ctx.x = kept;
     }
   }
 
@@ -89,6 +107,13 @@ class Sequential {
   /// input starts instead of zero (a residual's skip path): the first layer adds into it, so
   /// the sum is rounded once, as GPT's hand-written blocks do.
   void backward(StepContext<T>& ctx, Tensor<const T> input_grad_start = {}) {
+    if (recompute_) {  // the internals were dropped after forward: rebuild them above the output
+      const Tensor<T> dy = ctx.dy;
+      ctx.x = input_;
+      run_forward(ctx);
+      ctx.dy = dy;
+      recompute_ = false;
+    }
     for (std::size_t k = layers_.size(); k-- > 0;) {
       const Shape& shape = input_shapes_[k];
       if (shape.rank() == 0) {
@@ -115,10 +140,21 @@ class Sequential {
   }
 
  private:
+  void run_forward(StepContext<T>& ctx) {
+    input_shapes_.clear();
+    for (const auto& l : layers_) {
+      // An empty shape marks a layer with no input (an input layer): it gets no dx.
+      input_shapes_.push_back(ctx.x.data() != nullptr ? ctx.x.shape() : Shape{});
+      l->forward(ctx);
+    }
+  }
+
   std::vector<std::unique_ptr<Layer<T>>> layers_;
   std::vector<Shape> input_shapes_;
   Buffer<T> gradients_[2];
   Arena<Host>::Mark mark_ = 0;
+  Tensor<T> input_;
+  bool checkpoint_ = false, recompute_ = false;
 };
 
 }  // namespace zero::nn
