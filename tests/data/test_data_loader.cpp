@@ -252,3 +252,20 @@ TEST_CASE("loader configuration errors say what does not divide", "[unit][data]"
   loader.next();
   CHECK_NOTHROW(loader.next_step());  // micro_batches = 1: every next() ends a step
 }
+
+TEST_CASE("DataLoader batches are also named micro-batch inputs", "[unit][data]") {
+  LoaderConfig c;
+  c.global_batch = 4;
+  c.seq_len = 5;
+  c.micro_batches = 2;
+  DataLoader loader(counting_tokens(200), c);
+  const Batch b = loader.next();
+  const nn::Inputs in = b.named_inputs();
+  const auto tokens = in.get<std::int32_t>("tokens");
+  const auto targets = in.get<std::int32_t>("targets");
+  CHECK(tokens.shape() == Shape{2, 5});
+  CHECK(tokens.data() == b.inputs.data());
+  CHECK(targets.data() == b.targets.data());
+  CHECK(targets.at(3) == tokens.at(4));  // targets are the inputs shifted by one
+  CHECK_THROWS_AS(in.get<float>("tokens"), nn::InputError);
+}

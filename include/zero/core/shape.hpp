@@ -58,6 +58,16 @@ class Shape {
     std::copy(extents_.begin() + 1, extents_.begin() + rank_, s.extents_.begin());
     return s;
   }
+  /// The shape with dimension i (negative counts from the back) set to extent.
+  Shape with_extent(int i, std::int64_t extent) const {
+    const int k = i < 0 ? i + rank_ : i;
+    expect<ShapeError>(k >= 0 && k < rank_, "Shape::with_extent: dimension ", i,
+                       " out of range for rank ", rank_);
+    expect<ShapeError>(extent >= 0, "Shape::with_extent: extent ", extent, " is negative");
+    Shape s = *this;
+    s.extents_[static_cast<std::size_t>(k)] = extent;
+    return s;
+  }
 
   friend constexpr bool operator==(const Shape& a, const Shape& b) {
     if (a.rank_ != b.rank_) return false;

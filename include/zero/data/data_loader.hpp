@@ -25,6 +25,7 @@
 #include <zero/core/tensor.hpp>
 #include <zero/data/permutation.hpp>
 #include <zero/data/token_file.hpp>
+#include <zero/nn/inputs.hpp>
 
 namespace zero::data {
 
@@ -56,6 +57,13 @@ struct Batch {
   /// targets as a [rows, seq_len] tensor.
   Tensor<const std::int32_t> target_tensor() const {
     return {targets.data(), Shape{rows, seq_len}};
+  }
+  /// The batch as named micro-batch inputs "tokens" and "targets" ([rows, seq_len] i32 views,
+  /// valid while this batch lives), for layer models that read them by name.
+  nn::Inputs named_inputs() const {
+    nn::Inputs in;
+    in.set("tokens", input_tensor()).set("targets", target_tensor());
+    return in;
   }
 };
 

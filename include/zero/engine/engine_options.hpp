@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <optim/loss_scaler.hpp>
 #include <zero/config/config.hpp>
 #include <zero/core/error.hpp>
+#include <zero/nn/inputs.hpp>
 #include <zero/offload/fault_injector.hpp>
 
 namespace zero::engine {
@@ -82,12 +84,24 @@ struct EngineOptions {
 };
 
 /// One rank's micro-batch: tokens and targets [batch, seq_len] (targets may be null when only
-/// logits are wanted).
+/// logits are wanted), and named tensors of any element type for models that read features,
+/// labels or masks (tokens may then be null and seq_len 1).
 struct MicroBatch {
-  const std::int32_t* tokens = nullptr;
-  const std::int32_t* targets = nullptr;
-  std::int64_t batch = 0;
-  std::int64_t seq_len = 0;
+  const std::int32_t* tokens = nullptr;   ///< [batch, seq_len] token ids, or null
+  const std::int32_t* targets = nullptr;  ///< [batch, seq_len] next-token labels, or null
+  std::int64_t batch = 0;                 ///< rows of this micro-batch
+  std::int64_t seq_len = 0;               ///< positions per row (1 for non-sequence data)
+  nn::Inputs inputs = {};                 ///< named inputs (views kept alive by the caller)
+
+  /// A micro-batch of rows samples (of seq_len positions each, for sequence layers such as
+  /// attention) that carries only named inputs.
+  static MicroBatch of(nn::Inputs inputs, std::int64_t rows, std::int64_t seq_len = 1) {
+    MicroBatch b;
+    b.batch = rows;
+    b.seq_len = seq_len;
+    b.inputs = std::move(inputs);
+    return b;
+  }
 };
 
 }  // namespace zero::engine

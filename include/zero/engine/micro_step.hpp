@@ -61,6 +61,7 @@ class MicroSteps {
     ctx_.targets = batch.targets;
     ctx_.batch = batch.batch;
     ctx_.seq_len = batch.seq_len;
+    ctx_.inputs = batch.inputs;
     ctx_.training = training;
     ctx_.step = rng_step;
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);

@@ -3,12 +3,16 @@
 // current activation x, write their output back to x (forward), or read dy and write dx
 // (backward). Saved activations come from the arena in stack order: a unit's backward releases
 // everything its forward took, which is exactly LIFO when units run backward in reverse.
+// Besides tokens/targets (language models), a micro-batch carries named tensors of any element
+// type in `inputs` (features, labels, masks); units read them with input<U>(name).
 
 #include <cstdint>
+#include <string_view>
 
 #include <zero/core/arena.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/tensor.hpp>
+#include <zero/nn/inputs.hpp>
 
 namespace zero::nn {
 
@@ -20,6 +24,7 @@ struct StepContext {
   const std::int32_t* targets = nullptr;  ///< [B, T] labels (ignore_index = -1 skips a token)
   std::int64_t batch = 0;                 ///< B
   std::int64_t seq_len = 0;               ///< T
+  Inputs inputs;                          ///< named tensors of the micro-batch (any dtype)
   bool training = true;                   ///< save what backward needs; dropout active
   std::uint64_t step = 0;                 ///< selects dropout masks
   Tensor<T> x;                            ///< activation between units (forward)
@@ -32,6 +37,11 @@ struct StepContext {
 
   /// Number of token positions B * T.
   std::int64_t tokens_count() const { return batch * seq_len; }
+  /// The micro-batch's input name as U; throws InputError naming it when absent or mistyped.
+  template <class U>
+  Tensor<const U> input(std::string_view name) const {
+    return inputs.get<U>(name);
+  }
 };
 
 }  // namespace zero::nn

@@ -17,7 +17,8 @@
 
 namespace zero::ops::cpu {
 
-/// out [B*T, C] from tokens [B*T]; throws ShapeError for a token outside [0, V).
+/// out [B*T, C] from tokens [B*T]; wpe may be null (no positions: the layer library's plain
+/// Embedding). Throws ShapeError for a token outside [0, V).
 template <class T>
 void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
                        std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t V) {
@@ -27,23 +28,32 @@ void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T
   }
   parallel_for(B * Tn, [&](std::int64_t i) {
     const T* e = wte + static_cast<std::int64_t>(tokens[i]) * C;
-    const T* p = wpe + (i % Tn) * C;
     T* o = out + i * C;
+    if (wpe == nullptr) {
+      for (std::int64_t c = 0; c < C; ++c) o[c] = e[c];
+      return;
+    }
+    const T* p = wpe + (i % Tn) * C;
     for (std::int64_t c = 0; c < C; ++c) o[c] = store<T>(load(e[c]) + load(p[c]));
   });
 }
 
-/// Accumulates dwte and dwpe (either may be null) from dout [B*T, C].
+/// Accumulates dwte and dwpe (either may be null; tokens may be null without dwte) from
+/// dout [B*T, C].
 template <class T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, std::int64_t B,
                         std::int64_t Tn, std::int64_t C) {
   using A = compute_type_t<T>;
   const std::int64_t N = B * Tn;
-  // Positions sorted by token, stable: each token's positions stay in increasing order.
-  std::vector<std::int64_t> order(static_cast<std::size_t>(N));
-  std::iota(order.begin(), order.end(), std::int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::int64_t a, std::int64_t b) { return tokens[a] < tokens[b]; });
+  // Positions sorted by token, stable: each token's positions stay in increasing order. Only
+  // the token table needs them (tokens may be null when dwte is).
+  std::vector<std::int64_t> order;
+  if (dwte != nullptr) {
+    order.resize(static_cast<std::size_t>(N));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int64_t a, std::int64_t b) { return tokens[a] < tokens[b]; });
+  }
   constexpr std::int64_t block = 64;  // channels per task
   const std::int64_t blocks = (C + block - 1) / block;
   parallel_for(blocks, [&](std::int64_t blk) {

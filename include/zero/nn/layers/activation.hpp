@@ -1,0 +1,92 @@
+#pragma once
+// Elementwise activations as layers: ReLU, GELU (tanh approximation, GPT-2's) and SiLU. Each
+// keeps a view of its input (the previous layer's output stays in the arena until this unit's
+// backward) and calls the host kernels; the shape passes through unchanged.
+
+#include <cstdint>
+#include <string>
+
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/activation.hpp>
+#include <zero/ops/cpu/gelu.hpp>
+
+namespace zero::nn {
+
+/// Which elementwise function an Activation applies.
+enum class ActivationKind : unsigned char { relu, gelu, silu };
+
+/// An elementwise activation layer.
+template <class T>
+class Activation : public Layer<T> {
+ public:
+  /// The activation kind.
+  explicit Activation(ActivationKind kind) : kind_(kind) {}
+
+  std::string describe() const override {
+    switch (kind_) {
+      case ActivationKind::relu:
+        return "ReLU";
+      case ActivationKind::gelu:
+        return "GELU";
+      case ActivationKind::silu:
+        return "SiLU";
+    }
+    return "Activation";
+  }
+  void forward(StepContext<T>& ctx) override {
+    expect<ShapeError>(ctx.x.data() != nullptr, describe(), ": no input activation");
+    input_ = ctx.x;
+    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
+    const std::int64_t n = y.numel();
+    switch (kind_) {
+      case ActivationKind::relu:
+        ops::cpu::relu_forward(y.data(), input_.data(), n);
+        break;
+      case ActivationKind::gelu:
+        ops::cpu::gelu_forward(y.data(), input_.data(), n);
+        break;
+      case ActivationKind::silu:
+        ops::cpu::silu_forward(y.data(), input_.data(), n);
+        break;
+    }
+    ctx.x = y;
+  }
+  void backward(StepContext<T>& ctx) override {
+    const std::int64_t n = input_.numel();
+    T* dx = ctx.dx.data();
+    const T* dy = ctx.dy.data();
+    switch (kind_) {
+      case ActivationKind::relu:
+        ops::cpu::relu_backward(dx, input_.data(), dy, n);
+        break;
+      case ActivationKind::gelu:
+        ops::cpu::gelu_backward(dx, input_.data(), dy, n);
+        break;
+      case ActivationKind::silu:
+        ops::cpu::silu_backward(dx, input_.data(), dy, n);
+        break;
+    }
+  }
+
+ private:
+  ActivationKind kind_;
+  Tensor<T> input_;
+};
+
+/// max(x, 0).
+template <class T>
+struct ReLU final : Activation<T> {
+  ReLU() : Activation<T>(ActivationKind::relu) {}
+};
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class T>
+struct GELU final : Activation<T> {
+  GELU() : Activation<T>(ActivationKind::gelu) {}
+};
+/// x * sigmoid(x).
+template <class T>
+struct SiLU final : Activation<T> {
+  SiLU() : Activation<T>(ActivationKind::silu) {}
+};
+
+}  // namespace zero::nn

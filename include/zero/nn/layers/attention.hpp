@@ -1,0 +1,73 @@
+#pragma once
+// CausalSelfAttention: multi-head causal attention on a packed qkv activation [B*T, 3C] (the
+// output of a Linear(C, 3C), GPT-2's c_attn layout: q, k, v each C channels, head h in channels
+// [h*hs, (h+1)*hs)), giving [B*T, C]. Rows are (batch, position) with B = ctx.batch and
+// T = ctx.seq_len, so it belongs to models fed tokens or [B, T, ...] inputs. The layer has no
+// parameters (the projections are Linear layers around it); it saves the probabilities
+// [B, NH, T, T] in the arena. Attention dropout redraws its counter-based mask from (site,
+// ctx.step) in backward instead of storing it.
+
+#include <cstdint>
+#include <string>
+
+#include <zero/core/rng.hpp>
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/attention.hpp>
+
+namespace zero::nn {
+
+/// Causal self-attention: qkv [B*T, 3C] -> [B*T, C].
+template <class T>
+class CausalSelfAttention final : public Layer<T> {
+ public:
+  /// heads must divide C; attn_dropout applies to the probabilities while training, its mask
+  /// keyed by (seed, site) (GPT's blocks: site "h.<layer>", seed 2).
+  explicit CausalSelfAttention(std::int64_t heads, double attn_dropout = 0.0,
+                               std::string site = "attention", std::uint64_t seed = 0)
+      : heads_(heads), p_(attn_dropout), site_(std::move(site)), seed_(seed) {
+    expect<ConfigError>(heads > 0, "CausalSelfAttention: heads = ", heads, "; expected > 0");
+    expect<ConfigError>(p_ >= 0.0 && p_ < 1.0, "CausalSelfAttention '", site_,
+                        "': attn_dropout = ", p_, "; expected 0 <= p < 1");
+  }
+
+  std::string describe() const override { return "CausalSelfAttention '" + site_ + "'"; }
+  void forward(StepContext<T>& ctx) override {
+    expect<ShapeError>(ctx.x.data() != nullptr && ctx.x.dim(-1) % 3 == 0, describe(),
+                       ": input must be packed qkv [B*T, 3C]");
+    C_ = ctx.x.dim(-1) / 3;
+    expect<ShapeError>(C_ % heads_ == 0, describe(), ": C = ", C_, " is not divisible by ", heads_,
+                       " heads");
+    B_ = ctx.batch;
+    T_ = ctx.seq_len;
+    expect<ShapeError>(B_ * T_ * 3 * C_ == ctx.x.numel(), describe(), ": ",
+                       ctx.x.numel() / (3 * C_),
+                       " rows of qkv, but the micro-batch has batch * seq_len = ", B_ * T_);
+    qkv_ = ctx.x;
+    att_ = ctx.arena->template allocate<T>({B_, heads_, T_, T_});
+    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, C_));
+    mask_ = mask(ctx);
+    ops::cpu::attention_forward(y.data(), att_.data(), qkv_.data(), B_, T_, C_, heads_, mask_);
+    ctx.x = y;
+  }
+  void backward(StepContext<T>& ctx) override {
+    ops::cpu::attention_backward(ctx.dx.data(), ctx.dy.data(), qkv_.data(), att_.data(), B_, T_, C_,
+                                 heads_, mask_);
+  }
+
+ private:
+  ops::cpu::DropoutMask mask(const StepContext<T>& ctx) const {
+    if (!ctx.training || p_ <= 0) return {};
+    return {p_, CounterRng(CounterRng::key_for(seed_, "dropout." + site_)),
+            static_cast<std::uint32_t>(ctx.step)};
+  }
+
+  std::int64_t heads_;
+  double p_;
+  std::string site_;
+  std::uint64_t seed_;
+  std::int64_t B_ = 0, T_ = 0, C_ = 0;
+  Tensor<T> qkv_, att_;
+  ops::cpu::DropoutMask mask_;
+};
+
+}  // namespace zero::nn

@@ -1,0 +1,63 @@
+#pragma once
+// SoftmaxCrossEntropy: the loss layer for classification. ctx.x holds logits [..., classes];
+// the labels (i32, one per row, ops::cpu::ignore_index = -1 skips a row) come from the
+// micro-batch input `labels`, or from ctx.targets when it is "targets" and the batch has no
+// such input. Forward sets ctx.loss to the mean over counted rows (computed in the compute type,
+// rounded once to T) and leaves the logits in ctx.x; without labels (evaluation on unlabelled
+// data) it only passes the logits on. Backward ignores ctx.dy and seeds dloss = ctx.loss_scale.
+
+#include <cstdint>
+#include <string>
+
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/cross_entropy.hpp>
+
+namespace zero::nn {
+
+/// Mean softmax cross-entropy of logits against integer labels.
+template <class T>
+class SoftmaxCrossEntropy final : public Layer<T> {
+ public:
+  /// Logits have classes columns; labels names the input.
+  explicit SoftmaxCrossEntropy(std::int64_t classes, std::string labels = "labels")
+      : classes_(classes), labels_(std::move(labels)) {}
+
+  std::string describe() const override { return "SoftmaxCrossEntropy '" + labels_ + "'"; }
+  void forward(StepContext<T>& ctx) override {
+    const std::int64_t N = rows_of(ctx.x, classes_, describe());
+    logits_ = ctx.x;
+    labels_data_ = find_labels(ctx, N);
+    if (labels_data_ == nullptr) return;
+    Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
+    ctx.loss = convert<T>(
+        ops::cpu::cross_entropy_forward(losses.data(), logits_.data(), labels_data_, N, classes_));
+  }
+  void backward(StepContext<T>& ctx) override {
+    expect<InputError>(labels_data_ != nullptr, describe(),
+                       ": backward needs labels; the micro-batch had no input '", labels_, "'");
+    ops::cpu::cross_entropy_backward(ctx.dx.data(), logits_.data(), labels_data_,
+                                     logits_.numel() / classes_, classes_,
+                                     convert<Stat>(ctx.loss_scale));
+  }
+  /// Logits of the last forward, [..., classes] (valid until the next micro-step).
+  Tensor<const T> logits() const { return logits_; }
+
+ private:
+  using Stat = compute_type_t<T>;
+
+  const std::int32_t* find_labels(const StepContext<T>& ctx, std::int64_t rows) const {
+    if (labels_ == "targets" && !ctx.inputs.contains(labels_)) return ctx.targets;
+    if (!ctx.inputs.contains(labels_)) return nullptr;
+    const Tensor<const std::int32_t> labels = ctx.template input<std::int32_t>(labels_);
+    expect<InputError>(labels.numel() == rows, describe(), ": ", labels.numel(), " labels for ",
+                       rows, " rows of logits");
+    return labels.data();
+  }
+
+  std::int64_t classes_;
+  std::string labels_;
+  Tensor<T> logits_;
+  const std::int32_t* labels_data_ = nullptr;
+};
+
+}  // namespace zero::nn

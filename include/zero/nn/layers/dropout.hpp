@@ -1,0 +1,58 @@
+#pragma once
+// Dropout as a layer: inverted dropout with the counter-based mask of ops/cpu/dropout.hpp,
+// keyed by the layer's site name and the micro-step's ctx.step, so backward redraws the
+// forward's mask without storing it. Inactive when not training or p = 0 (x passes through).
+// The mask depends on a rank's local row index, so with dropout on, several ranks equal the
+// single-process run only in distribution (docs/engine.md, "Not yet").
+
+#include <cstdint>
+#include <string>
+
+#include <zero/core/rng.hpp>
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/dropout.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
+
+namespace zero::nn {
+
+/// Drops elements with probability p during training.
+template <class T>
+class Dropout final : public Layer<T> {
+ public:
+  /// p in [0, 1); (seed, site) key the mask (two Dropout layers with one key share masks;
+  /// GPT's blocks use site "h.<layer>" with seeds 0 and 1 for their two residual branches).
+  Dropout(double p, std::string site, std::uint64_t seed = 0)
+      : p_(p), site_(std::move(site)), seed_(seed) {
+    expect<ConfigError>(p >= 0.0 && p < 1.0, "Dropout '", site_, "': p = ", p,
+                        "; expected 0 <= p < 1");
+  }
+
+  std::string describe() const override { return "Dropout '" + site_ + "'"; }
+  void forward(StepContext<T>& ctx) override {
+    active_ = ctx.training && p_ > 0.0;
+    if (!active_) return;
+    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
+    ops::cpu::dropout_forward(y.data(), ctx.x.data(), y.numel(), p_, rng(),
+                              static_cast<std::uint32_t>(ctx.step));
+    ctx.x = y;
+  }
+  void backward(StepContext<T>& ctx) override {
+    const std::int64_t n = ctx.dx.numel();
+    if (active_) {
+      ops::cpu::dropout_backward(ctx.dx.data(), ctx.dy.data(), n, p_, rng(),
+                                 static_cast<std::uint32_t>(ctx.step));
+    } else {
+      ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), n);
+    }
+  }
+
+ private:
+  CounterRng rng() const { return CounterRng(CounterRng::key_for(seed_, "dropout." + site_)); }
+
+  double p_;
+  std::string site_;
+  std::uint64_t seed_;
+  bool active_ = false;
+};
+
+}  // namespace zero::nn

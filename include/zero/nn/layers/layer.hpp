@@ -1,0 +1,57 @@
+#pragma once
+// Layer<T>: the building block of a unit. A layer declares its parameters, binds views of them,
+// and runs forward and backward on the StepContext of the micro-step:
+//   forward:  reads ctx.x (rows of features; an input layer reads ctx.inputs instead), writes
+//             ctx.x, and keeps in ctx.arena (or as views of its input) what backward needs;
+//   backward: reads ctx.dy (the gradient at its output), adds the gradient at its input into
+//             ctx.dx (zeroed by the caller, shaped like the forward's input; empty when the
+//             layer had no input) and accumulates into its parameters' gradient views.
+// nn::Sequential runs an ordered list of layers as one engine unit and owns the arena marks and
+// the gradient buffers, so a layer only computes. Layers are virtual: a unit is a run-time list,
+// and one call per layer per micro-step costs nothing beside the kernels.
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zero/core/error.hpp>
+#include <zero/nn/context.hpp>
+#include <zero/nn/param.hpp>
+
+namespace zero::nn {
+
+/// One building block of a unit (see the file comment for the forward/backward contract).
+template <class T>
+class Layer {
+ public:
+  Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+  virtual ~Layer() = default;
+
+  /// What the layer is, for messages ("Linear 'mlp.fc1'").
+  virtual std::string describe() const = 0;
+  /// Parameters in binding order (none for activations and losses).
+  virtual std::vector<ParamSpec> params() const { return {}; }
+  /// Binds views in params() order (value and gradient).
+  virtual void bind(std::span<const ParamView<T>> views) { (void)views; }
+  /// ctx.x in, ctx.x out; saves what backward needs.
+  virtual void forward(StepContext<T>& ctx) = 0;
+  /// ctx.dy in; adds into ctx.dx and the parameter gradients.
+  virtual void backward(StepContext<T>& ctx) = 0;
+};
+
+/// Rows of x when its last dimension must be features: throws ShapeError naming layer otherwise.
+template <class T>
+std::int64_t rows_of(const Tensor<T>& x, std::int64_t features, const std::string& layer) {
+  expect<ShapeError>(
+      x.data() != nullptr, layer,
+      ": no input activation (put an input layer such as FromInput or TokenEmbedding "
+      "first in unit 0)");
+  expect<ShapeError>(x.rank() >= 1 && x.dim(-1) == features, layer,
+                     ": the input's last dimension is ", x.rank() >= 1 ? x.dim(-1) : 0,
+                     ", expected ", features, " features");
+  return x.numel() / features;
+}
+
+}  // namespace zero::nn

@@ -1,0 +1,59 @@
+#pragma once
+// LayerNorm over the last dimension (eps 1e-5, biased variance; weight starts at 1, bias at 0,
+// neither weight-decayed). The per-row mean and rstd go to the arena in the compute type, as
+// GPT's blocks keep them, so backward never recomputes the statistics.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/layer_norm.hpp>
+
+namespace zero::nn {
+
+/// Normalises rows of C features.
+template <class T>
+class LayerNorm final : public Layer<T> {
+ public:
+  /// Parameters name.weight [C] and name.bias [C].
+  LayerNorm(std::string name, std::int64_t channels)
+      : name_(std::move(name)), channels_(channels) {}
+
+  std::string describe() const override { return "LayerNorm '" + name_ + "'"; }
+  std::vector<ParamSpec> params() const override {
+    return {{name_ + ".weight", {channels_}, Init::ones, 0, false},
+            {name_ + ".bias", {channels_}, Init::zeros, 0, false}};
+  }
+  void bind(std::span<const ParamView<T>> views) override {
+    weight_ = views[0];
+    bias_ = views[1];
+  }
+  void forward(StepContext<T>& ctx) override {
+    const std::int64_t N = rows_of(ctx.x, channels_, describe());
+    input_ = ctx.x;
+    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
+    mean_ = ctx.arena->template allocate<Stat>({N});
+    rstd_ = ctx.arena->template allocate<Stat>({N});
+    ops::cpu::layer_norm_forward(y.data(), mean_.data(), rstd_.data(), input_.data(),
+                                 weight_.value.data(), bias_.value.data(), N, channels_);
+    ctx.x = y;
+  }
+  void backward(StepContext<T>& ctx) override {
+    ops::cpu::layer_norm_backward(ctx.dx.data(), weight_.grad.data(), bias_.grad.data(),
+                                  ctx.dy.data(), input_.data(), weight_.value.data(), mean_.data(),
+                                  rstd_.data(), input_.numel() / channels_, channels_);
+  }
+
+ private:
+  using Stat = compute_type_t<T>;
+
+  std::string name_;
+  std::int64_t channels_;
+  ParamView<T> weight_, bias_;
+  Tensor<T> input_;
+  Tensor<Stat> mean_, rstd_;
+};
+
+}  // namespace zero::nn

@@ -1,0 +1,67 @@
+#pragma once
+// Linear: y = x W^T + b over the last dimension, W [out, in] (PyTorch layout), b [out]. The
+// weight starts normal with stddev 1/sqrt(in) unless given, so activations keep their scale
+// through a stack of layers; the bias starts at zero and is not weight-decayed.
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/linear.hpp>
+
+namespace zero::nn {
+
+/// A fully connected layer: [..., in] -> [..., out].
+template <class T>
+class Linear final : public Layer<T> {
+ public:
+  /// Parameters name.weight [out, in] (and name.bias [out] when bias); stddev <= 0 means
+  /// 1/sqrt(in).
+  Linear(std::string name, std::int64_t in, std::int64_t out, bool bias = true, double stddev = 0.0)
+      : name_(std::move(name)),
+        in_(in),
+        out_(out),
+        bias_(bias),
+        stddev_(stddev > 0 ? stddev : 1.0 / std::sqrt(static_cast<double>(in))) {
+    expect<ShapeError>(in > 0 && out > 0, "Linear '", name_, "': in = ", in, ", out = ", out,
+                       "; both must be positive");
+  }
+
+  std::string describe() const override { return "Linear '" + name_ + "'"; }
+  std::vector<ParamSpec> params() const override {
+    std::vector<ParamSpec> p{{name_ + ".weight", {out_, in_}, Init::normal, stddev_, true}};
+    if (bias_) p.push_back({name_ + ".bias", {out_}, Init::zeros, 0, false});
+    return p;
+  }
+  void bind(std::span<const ParamView<T>> views) override {
+    weight_ = views[0];
+    if (bias_) bias_view_ = views[1];
+  }
+  void forward(StepContext<T>& ctx) override {
+    const std::int64_t N = rows_of(ctx.x, in_, describe());
+    input_ = ctx.x;
+    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, out_));
+    ops::cpu::linear_forward<T>(y.data(), input_.data(), weight_.value.data(),
+                                bias_ ? bias_view_.value.data() : nullptr, N, in_, out_);
+    ctx.x = y;
+  }
+  void backward(StepContext<T>& ctx) override {
+    const std::int64_t N = input_.numel() / in_;
+    ops::cpu::linear_backward<T>(ctx.dx.data(), weight_.grad.data(),
+                                 bias_ ? bias_view_.grad.data() : nullptr, ctx.dy.data(),
+                                 input_.data(), weight_.value.data(), N, in_, out_);
+  }
+
+ private:
+  std::string name_;
+  std::int64_t in_, out_;
+  bool bias_;
+  double stddev_;
+  ParamView<T> weight_, bias_view_;
+  Tensor<T> input_;
+};
+
+}  // namespace zero::nn

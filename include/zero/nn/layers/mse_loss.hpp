@@ -1,0 +1,55 @@
+#pragma once
+// MSELoss: the regression loss layer. ctx.x holds predictions; the target (any numeric dtype,
+// the same element count) comes from the micro-batch input `target` and is converted to the
+// compute type in the arena. Forward sets ctx.loss to the mean of (pred - target)^2 over all
+// elements and leaves the predictions in ctx.x; without the target it only passes them on.
+// Backward ignores ctx.dy and seeds dloss = ctx.loss_scale.
+
+#include <cstdint>
+#include <string>
+
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/mse_loss.hpp>
+
+namespace zero::nn {
+
+/// Mean squared error against a named target.
+template <class T>
+class MSELoss final : public Layer<T> {
+ public:
+  /// target names the input.
+  explicit MSELoss(std::string target = "target") : target_(std::move(target)) {}
+
+  std::string describe() const override { return "MSELoss '" + target_ + "'"; }
+  void forward(StepContext<T>& ctx) override {
+    expect<ShapeError>(ctx.x.data() != nullptr, describe(), ": no input activation");
+    pred_ = ctx.x;
+    has_target_ = ctx.inputs.contains(target_);
+    if (!has_target_) return;
+    const InputTensor& t = ctx.inputs.entry(target_);
+    expect<InputError>(t.shape.numel() == pred_.numel(), describe(), ": the target has ",
+                       t.shape.numel(), " elements, the predictions ", pred_.numel());
+    target_values_ = ctx.arena->template allocate<Stat>({pred_.numel()});
+    ctx.inputs.copy_as(target_, target_values_);
+    ctx.loss =
+        convert<T>(ops::cpu::mse_forward(pred_.data(), target_values_.data(), pred_.numel()));
+  }
+  void backward(StepContext<T>& ctx) override {
+    expect<InputError>(has_target_, describe(),
+                       ": backward needs the target; the micro-batch had no input '", target_, "'");
+    ops::cpu::mse_backward(ctx.dx.data(), pred_.data(), target_values_.data(), pred_.numel(),
+                           convert<Stat>(ctx.loss_scale));
+  }
+  /// Predictions of the last forward (valid until the next micro-step).
+  Tensor<const T> predictions() const { return pred_; }
+
+ private:
+  using Stat = compute_type_t<T>;
+
+  std::string target_;
+  Tensor<T> pred_;
+  Tensor<Stat> target_values_;
+  bool has_target_ = false;
+};
+
+}  // namespace zero::nn

@@ -1,0 +1,69 @@
+#pragma once
+// PositionEmbedding: adds a learned vector per position, x[b, t, :] += table[t, :], to rows
+// that are (batch, position) pairs (B = ctx.batch, T = ctx.seq_len <= max_positions). After a
+// TokenEmbedding it is GPT-2's encoder (wte + wpe) with the same bits: one rounding of
+// e + p per element, and the positions' gradient summed over the batch in batch order by the
+// same kernel.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
+#include <zero/ops/cpu/embedding.hpp>
+#include <zero/ops/cpu/parallel_for.hpp>
+
+namespace zero::nn {
+
+/// x + table[position] for rows of C features.
+template <class T>
+class PositionEmbedding final : public Layer<T> {
+ public:
+  /// Parameter name.weight [max_positions, channels] (normal, stddev, not weight-decayed).
+  PositionEmbedding(std::string name, std::int64_t max_positions, std::int64_t channels,
+                    double stddev = 0.02)
+      : name_(std::move(name)), max_(max_positions), channels_(channels), stddev_(stddev) {}
+
+  std::string describe() const override { return "PositionEmbedding '" + name_ + "'"; }
+  std::vector<ParamSpec> params() const override {
+    return {{name_ + ".weight", {max_, channels_}, Init::normal, stddev_, false}};
+  }
+  void bind(std::span<const ParamView<T>> views) override { table_ = views[0]; }
+  void forward(StepContext<T>& ctx) override {
+    const std::int64_t N = rows_of(ctx.x, channels_, describe());
+    B_ = ctx.batch;
+    T_ = ctx.seq_len;
+    expect<ShapeError>(T_ <= max_, describe(), ": sequence length ", T_, " exceeds max_positions ",
+                       max_);
+    expect<ShapeError>(B_ * T_ == N, describe(), ": ", N, " rows, but batch * seq_len = ", B_ * T_);
+    const T* x = ctx.x.data();
+    const T* p = table_.value.data();
+    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
+    T* out = y.data();
+    const std::int64_t C = channels_;
+    ops::cpu::parallel_for(N, [&](std::int64_t i) {
+      const T* pi = p + (i % T_) * C;
+      for (std::int64_t c = 0; c < C; ++c) {
+        out[i * C + c] = ops::cpu::store<T>(ops::cpu::load(x[i * C + c]) + ops::cpu::load(pi[c]));
+      }
+    });
+    ctx.x = y;
+  }
+  void backward(StepContext<T>& ctx) override {
+    ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
+    ops::cpu::embedding_backward<T>(nullptr, table_.grad.data(), ctx.dy.data(), nullptr, B_, T_,
+                                    channels_);
+  }
+
+ private:
+  std::string name_;
+  std::int64_t max_, channels_;
+  double stddev_;
+  ParamView<T> table_;
+  std::int64_t B_ = 0, T_ = 0;
+};
+
+}  // namespace zero::nn

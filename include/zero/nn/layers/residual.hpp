@@ -1,0 +1,60 @@
+#pragma once
+// Residual: y = x + f(x) with f a list of layers (a Sequential inside the unit). Pre-LN
+// transformer blocks are two of them: Residual{LayerNorm, Linear, CausalSelfAttention, Linear}
+// and Residual{LayerNorm, Linear, GELU, Linear}. The backward starts the branch's input
+// gradient from dy (the skip path) and lets f's first layer add into it, the same order of
+// operations and roundings as GPT's blocks, so a block built this way gives the same bits as
+// nn::TransformerBlock (f64, f32 and bf16).
+
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <zero/nn/layers/sequential.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
+
+namespace zero::nn {
+
+/// x + f(x) for the layers f added to it.
+template <class T>
+class Residual final : public Layer<T> {
+ public:
+  /// name labels the block in messages.
+  explicit Residual(std::string name = "residual") : name_(std::move(name)) {}
+
+  /// Appends a layer to f; returns it.
+  template <class L, class... Args>
+  L& add(Args&&... args) {
+    return inner_.template add<L>(std::forward<Args>(args)...);
+  }
+
+  std::string describe() const override { return "Residual '" + name_ + "'"; }
+  std::vector<ParamSpec> params() const override { return inner_.params(); }
+  void bind(std::span<const ParamView<T>> views) override { inner_.bind(views); }
+  void forward(StepContext<T>& ctx) override {
+    expect<ShapeError>(ctx.x.data() != nullptr, describe(), ": no input activation");
+    input_ = ctx.x;
+    inner_.forward(ctx);
+    expect<ShapeError>(ctx.x.shape() == input_.shape(), describe(),
+                       ": the branch changes the shape; a residual needs f(x) shaped like x");
+    Tensor<T> y = ctx.arena->template allocate<T>(input_.shape());
+    ops::cpu::add(y.data(), input_.data(), ctx.x.data(), y.numel());
+    ctx.x = y;
+  }
+  /// dx += dy + df: the branch's input gradient starts from dy (the skip path), so each
+  /// element is rounded once, as in GPT's blocks (bf16 included).
+  void backward(StepContext<T>& ctx) override {
+    const Tensor<T> dx = ctx.dx;  // ours; the branch leaves its own in ctx.dx
+    inner_.backward(ctx, ctx.dy);
+    ops::cpu::accumulate(dx.data(), ctx.dx.data(), dx.numel());
+    ctx.dx = dx;
+  }
+
+ private:
+  std::string name_;
+  Sequential<T> inner_;
+  Tensor<T> input_;
+};
+
+}  // namespace zero::nn

@@ -1,0 +1,160 @@
+#pragma once
+// Sequential: an ordered list of layers run as one engine unit. It concatenates the layers'
+// parameters (binding order = layer order), hands each layer its slice of the bound views, runs
+// forward in order and backward in reverse, and owns what the layers share:
+//   - one arena mark per unit: forward takes it before the first layer, backward releases it
+//     after the last, so saved activations stay LIFO across units as the engine requires;
+//   - the gradient between layers: two buffers used in turn (a layer reads dy from one and
+//     writes dx into the other), each zeroed and shaped like the layer's forward input, so a
+//     layer only adds its input gradient. The unit's last dx is left in ctx.dx and ctx.dy for
+//     the unit below (the nn::Model contract, as GPT's units);
+//   - optionally, activation checkpointing (set_checkpoint): only the unit's input and output
+//     stay in the arena between forward and backward.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <zero/core/buffer.hpp>
+#include <zero/nn/layers/layer.hpp>
+
+namespace zero::nn {
+
+/// One unit made of layers.
+template <class T>
+class Sequential {
+ public:
+  Sequential() = default;
+  Sequential(Sequential&&) noexcept = default;
+  Sequential& operator=(Sequential&&) noexcept = default;
+
+  /// Appends a layer built from args; returns it (keep it to read a loss layer's logits).
+  template <class L, class... Args>
+  L& add(Args&&... args) {
+    auto layer = std::make_unique<L>(std::forward<Args>(args)...);
+    L& ref = *layer;
+    add(std::move(layer));
+    return ref;
+  }
+  /// Appends an already built layer.
+  void add(std::unique_ptr<Layer<T>> layer) {
+    expect<Error>(layer != nullptr, "Sequential::add: null layer");
+    layers_.push_back(std::move(layer));
+  }
+
+  /// Number of layers.
+  std::size_t size() const { return layers_.size(); }
+  /// Layer i.
+  Layer<T>& layer(std::size_t i) const { return *layers_.at(i); }
+
+  /// Every layer's parameters, in layer order.
+  std::vector<ParamSpec> params() const {
+    std::vector<ParamSpec> all;
+    for (const auto& l : layers_) {
+      for (ParamSpec& p : l->params()) all.push_back(std::move(p));
+    }
+    return all;
+  }
+  /// Binds views (in params() order), each layer its own slice.
+  void bind(std::span<const ParamView<T>> views) {
+    // Counted now, not in add(): a Residual gains its layers after it was added.
+    std::vector<std::size_t> counts;
+    std::size_t total = 0;
+    for (const auto& l : layers_) total += counts.emplace_back(l->params().size());
+    expect<ShapeError>(views.size() == total, "Sequential::bind: got ", views.size(), " views for ",
+                       total, " parameters");
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i]->bind(views.subspan(offset, counts[i]));
+      offset += counts[i];
+    }
+  }
+
+  /// Activation checkpointing: between a training forward and its backward keep only the
+  /// unit's input and output, and recompute the layers' forward just before the backward (the
+  /// same results: dropout masks are redrawn from (site, ctx.step)). Trades one more forward
+  /// for the unit's internal activations.
+  void set_checkpoint(bool on) { checkpoint_ = on; }
+  /// True when the unit recomputes its forward before its backward.
+  bool checkpoint() const { return checkpoint_; }
+
+  /// Runs every layer forward: ctx.x in, ctx.x out.
+  void forward(StepContext<T>& ctx) {
+    expect<Error>(!layers_.empty(), "Sequential::forward: the unit has no layers");
+    mark_ = ctx.arena->mark();
+    input_ = ctx.x;
+    run_forward(ctx);
+    recompute_ = checkpoint_ && ctx.training;
+    if (recompute_) {
+      // Move the output down to the unit's mark and drop everything above it. The released
+      // bytes are still in place, and memmove handles the overlap.
+      const Tensor<T> out = ctx.x;
+      ctx.arena->release(mark_);
+      Tensor<T> kept = ctx.arena->template allocate<T>(out.shape());
+      std::memmove(static_cast<void*>(kept.data()), static_cast<const void*>(out.data()),
+                   out.bytes());
+      ctx.x = kept;
+    }
+  }
+
+  /// Runs every layer backward in reverse: ctx.dy in, ctx.dx (and ctx.dy) out; releases the
+  /// unit's activations. input_grad_start, when given, is where the gradient at the unit's
+  /// input starts instead of zero (a residual's skip path): the first layer adds into it, so
+  /// the sum is rounded once, as GPT's hand-written blocks do.
+  void backward(StepContext<T>& ctx, Tensor<const T> input_grad_start = {}) {
+    if (recompute_) {  // the internals were dropped after forward: rebuild them above the output
+      const Tensor<T> dy = ctx.dy;
+      ctx.x = input_;
+      run_forward(ctx);
+      ctx.dy = dy;
+      recompute_ = false;
+    }
+    for (std::size_t k = layers_.size(); k-- > 0;) {
+      const Shape& shape = input_shapes_[k];
+      if (shape.rank() == 0) {
+        ctx.dx = {};
+      } else {
+        Buffer<T>& buffer = gradients_[k % 2];
+        const auto n = static_cast<std::size_t>(shape.numel());
+        if (buffer.size() < n) buffer = Buffer<T>(n);
+        ctx.dx = buffer.view(shape);
+        if (k == 0 && input_grad_start.data() != nullptr) {
+          expect<ShapeError>(input_grad_start.numel() == ctx.dx.numel(),
+                             "Sequential::backward: the input gradient start has ",
+                             input_grad_start.numel(), " elements, the unit's input ",
+                             ctx.dx.numel());
+          std::copy(input_grad_start.begin(), input_grad_start.end(), ctx.dx.begin());
+        } else {
+          for (T& v : ctx.dx) v = T(0);
+        }
+      }
+      layers_[k]->backward(ctx);
+      ctx.dy = ctx.dx;
+    }
+    ctx.arena->release(mark_);
+  }
+
+ private:
+  void run_forward(StepContext<T>& ctx) {
+    input_shapes_.clear();
+    for (const auto& l : layers_) {
+      // An empty shape marks a layer with no input (an input layer): it gets no dx.
+      input_shapes_.push_back(ctx.x.data() != nullptr ? ctx.x.shape() : Shape{});
+      l->forward(ctx);
+    }
+  }
+
+  std::vector<std::unique_ptr<Layer<T>>> layers_;
+  std::vector<Shape> input_shapes_;
+  Buffer<T> gradients_[2];
+  Arena<Host>::Mark mark_ = 0;
+  Tensor<T> input_;
+  bool checkpoint_ = false, recompute_ = false;
+};
+
+}  // namespace zero::nn

@@ -1,0 +1,74 @@
+#pragma once
+// TokenEmbedding: rows of a table [V, C] looked up by integer ids. The ids come from the
+// micro-batch input `ids` (i32, any shape [...]) or, when it is "tokens" and the batch has no
+// such named input, from ctx.tokens [B, T]; the output is [..., C]. It is an input layer (it
+// starts a unit-0 pipeline). The backward pass reuses GPT's deterministic scatter (positions
+// grouped by id in order), so gradients are the same bits for any thread count.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/embedding.hpp>
+
+namespace zero::nn {
+
+/// ids [...] -> vectors [..., C].
+template <class T>
+class TokenEmbedding final : public Layer<T> {
+ public:
+  /// Parameter name.weight [vocab, channels] (normal, stddev, not weight-decayed), looked up by
+  /// the input ids.
+  TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t channels,
+                 std::string ids = "tokens", double stddev = 0.02)
+      : name_(std::move(name)),
+        ids_(std::move(ids)),
+        vocab_(vocab),
+        channels_(channels),
+        stddev_(stddev) {}
+
+  std::string describe() const override { return "TokenEmbedding '" + name_ + "'"; }
+  std::vector<ParamSpec> params() const override {
+    return {{name_ + ".weight", {vocab_, channels_}, Init::normal, stddev_, false}};
+  }
+  void bind(std::span<const ParamView<T>> views) override { table_ = views[0]; }
+  /// The bound table (value and gradient): a TiedLinear reads it as its weight.
+  const ParamView<T>& table() const { return table_; }
+  void forward(StepContext<T>& ctx) override {
+    Shape shape;
+    if (ids_ == "tokens" && !ctx.inputs.contains(ids_)) {
+      expect<InputError>(ctx.tokens != nullptr, describe(),
+                         ": the micro-batch has neither tokens nor an input named 'tokens'");
+      ids_data_ = ctx.tokens;
+      shape = Shape{ctx.batch, ctx.seq_len};
+    } else {
+      const Tensor<const std::int32_t> ids = ctx.template input<std::int32_t>(ids_);
+      ids_data_ = ids.data();
+      shape = ids.shape();
+    }
+    count_ = shape.numel();
+    Shape out_shape = Shape{count_, channels_};
+    if (shape.rank() == 2) out_shape = Shape{shape[0], shape[1], channels_};
+    Tensor<T> y = ctx.arena->template allocate<T>(out_shape);
+    // One "sequence" of count_ positions and no position table: a plain lookup.
+    ops::cpu::embedding_forward<T>(y.data(), ids_data_, table_.value.data(), nullptr, 1, count_,
+                                   channels_, vocab_);
+    ctx.x = y;
+  }
+  void backward(StepContext<T>& ctx) override {
+    ops::cpu::embedding_backward<T>(table_.grad.data(), nullptr, ctx.dy.data(), ids_data_, 1,
+                                    count_, channels_);
+  }
+
+ private:
+  std::string name_, ids_;
+  std::int64_t vocab_, channels_;
+  double stddev_;
+  ParamView<T> table_;
+  const std::int32_t* ids_data_ = nullptr;
+  std::int64_t count_ = 0;
+};
+
+}  // namespace zero::nn
