@@ -23,6 +23,7 @@
 #include <zero/core/shape.hpp>
 #include <zero/core/tensor.hpp>
 #include <zero/data/data_loader.hpp>
+#include <zero/data/micro_batch_cursor.hpp>
 #include <zero/data/permutation.hpp>
 #include <zero/data/token_file.hpp>
 #include <zero/nn/inputs.hpp>
@@ -123,8 +124,11 @@ struct ArrayLoaderState {
 };
 
 /// Produces this rank's micro-batches of the deterministic global batches of named arrays.
-class ArrayLoader {
+class ArrayLoader : public MicroBatchCursor<ArrayLoader, ArrayBatch> {
  public:
+  /// Names the loader in messages.
+  static constexpr const char* loader_name = "ArrayLoader";
+
   /// Checks config; throws ConfigError naming the field (B % W, B/W % M, rank).
   explicit ArrayLoader(ArrayLoaderConfig config) : config_(config) {
     const auto& c = config_;
@@ -181,10 +185,6 @@ class ArrayLoader {
   std::int64_t samples() const { return samples_; }
   /// Whole global batches per epoch; the remaining samples of an epoch are skipped.
   std::int64_t steps_per_epoch() const { return samples_ / config_.global_batch; }
-  /// Rows of one rank's micro-batch: B / (W * M).
-  std::int64_t micro_rows() const {
-    return config_.global_batch / config_.world_size / config_.micro_batches;
-  }
 
   /// The sample that global row row (in [0, B)) of step uses (DataLoader's order).
   std::int64_t sample_index(std::int64_t step, std::int64_t row) const {
@@ -230,40 +230,6 @@ class ArrayLoader {
     return b;
   }
 
-  /// The whole global batch of step: the single-process reference the ranks' rows add up to.
-  ArrayBatch global_batch(std::int64_t step) const {
-    return rows_of(step, 0, config_.global_batch);
-  }
-
-  /// This rank's micro-batch micro of step.
-  ArrayBatch micro_batch(std::int64_t step, int micro) const {
-    expect<ConfigError>(micro >= 0 && micro < config_.micro_batches, "ArrayLoader: micro-batch ",
-                        micro, " is outside [0, ", config_.micro_batches, ")");
-    const std::int64_t per_rank = config_.global_batch / config_.world_size;
-    ArrayBatch b = rows_of(step, config_.rank * per_rank + micro * micro_rows(), micro_rows());
-    b.micro = micro;
-    return b;
-  }
-
-  /// The next micro-batch of this rank; advances the position.
-  ArrayBatch next() {
-    ArrayBatch b = micro_batch(step_, micro_);
-    if (++micro_ == config_.micro_batches) {
-      micro_ = 0;
-      ++step_;
-    }
-    return b;
-  }
-
-  /// The M micro-batches of the next step (the position must be at a step boundary).
-  std::vector<ArrayBatch> next_step() {
-    expect<ConfigError>(micro_ == 0, "ArrayLoader::next_step: ", micro_, " micro-batches of step ",
-                        step_, " were already taken with next()");
-    std::vector<ArrayBatch> batches;
-    for (int m = 0; m < config_.micro_batches; ++m) batches.push_back(next());
-    return batches;
-  }
-
   /// The current position and the settings a restore must match.
   ArrayLoaderState state() const {
     return {step_,           micro_,       config_.global_batch, samples_,
@@ -294,6 +260,7 @@ class ArrayLoader {
   }
 
  private:
+  friend class MicroBatchCursor<ArrayLoader, ArrayBatch>;
   struct Array {
     std::string name;
     DType dtype = DType::f32;
@@ -305,8 +272,6 @@ class ArrayLoader {
   ArrayLoaderConfig config_;
   std::vector<Array> arrays_;
   std::int64_t samples_ = 0;
-  std::int64_t step_ = 0;
-  int micro_ = 0;
 };
 
 }  // namespace zero::data

@@ -23,6 +23,7 @@
 #include <zero/core/rng.hpp>
 #include <zero/core/shape.hpp>
 #include <zero/core/tensor.hpp>
+#include <zero/data/micro_batch_cursor.hpp>
 #include <zero/data/permutation.hpp>
 #include <zero/data/token_file.hpp>
 #include <zero/nn/inputs.hpp>
@@ -118,8 +119,11 @@ struct LoaderState {
 };
 
 /// Produces this rank's micro-batches of the deterministic global batches of a token file.
-class DataLoader {
+class DataLoader : public MicroBatchCursor<DataLoader, Batch> {
  public:
+  /// Names the loader in messages.
+  static constexpr const char* loader_name = "DataLoader";
+
   /// Checks config against tokens; throws ConfigError naming the field (B % W, B/W % M, rank)
   /// or DataError when the file holds less than one global batch.
   DataLoader(std::shared_ptr<const TokenFile> tokens, LoaderConfig config)
@@ -155,10 +159,6 @@ class DataLoader {
   std::int64_t samples() const { return samples_; }
   /// Whole global batches per epoch; the remaining samples of an epoch are skipped.
   std::int64_t steps_per_epoch() const { return samples_ / config_.global_batch; }
-  /// Rows of one rank's micro-batch: B / (W * M).
-  std::int64_t micro_rows() const {
-    return config_.global_batch / config_.world_size / config_.micro_batches;
-  }
 
   /// The sample that global row row (in [0, B)) of step uses.
   std::int64_t sample_index(std::int64_t step, std::int64_t row) const {
@@ -195,38 +195,6 @@ class DataLoader {
       std::copy(window.begin() + 1, window.end(), b.targets.begin() + r * T);
     }
     return b;
-  }
-
-  /// The whole global batch of step: the single-process reference the ranks' rows add up to.
-  Batch global_batch(std::int64_t step) const { return rows_of(step, 0, config_.global_batch); }
-
-  /// This rank's micro-batch micro of step.
-  Batch micro_batch(std::int64_t step, int micro) const {
-    expect<ConfigError>(micro >= 0 && micro < config_.micro_batches, "DataLoader: micro-batch ",
-                        micro, " is outside [0, ", config_.micro_batches, ")");
-    const std::int64_t per_rank = config_.global_batch / config_.world_size;
-    Batch b = rows_of(step, config_.rank * per_rank + micro * micro_rows(), micro_rows());
-    b.micro = micro;
-    return b;
-  }
-
-  /// The next micro-batch of this rank; advances the position.
-  Batch next() {
-    Batch b = micro_batch(step_, micro_);
-    if (++micro_ == config_.micro_batches) {
-      micro_ = 0;
-      ++step_;
-    }
-    return b;
-  }
-
-  /// The M micro-batches of the next step (the position must be at a step boundary).
-  std::vector<Batch> next_step() {
-    expect<ConfigError>(micro_ == 0, "DataLoader::next_step: ", micro_, " micro-batches of step ",
-                        step_, " were already taken with next()");
-    std::vector<Batch> batches;
-    for (int m = 0; m < config_.micro_batches; ++m) batches.push_back(next());
-    return batches;
   }
 
   /// The current position and the settings a restore must match.
@@ -269,6 +237,7 @@ class DataLoader {
   }
 
  private:
+  friend class MicroBatchCursor<DataLoader, Batch>;
   void check_vocab(std::span<const std::int32_t> window, std::int64_t first) const {
     for (std::size_t i = 0; i < window.size(); ++i) {
       expect<DataError>(window[i] >= 0 && window[i] < config_.vocab_size, "token file '",
@@ -280,8 +249,6 @@ class DataLoader {
   std::shared_ptr<const TokenFile> tokens_;
   LoaderConfig config_;
   std::int64_t samples_ = 0;
-  std::int64_t step_ = 0;
-  int micro_ = 0;
 };
 
 }  // namespace zero::data
