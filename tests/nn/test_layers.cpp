@@ -14,6 +14,7 @@
 
 #include <zero/core/buffer.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/hand_written_gpt.hpp>
 #include <zero/nn/layer_gpt.hpp>
 #include <zero/nn/layers/activation.hpp>
 #include <zero/nn/layers/attention.hpp>
@@ -526,7 +527,7 @@ std::vector<double> gpt_run(const nn::GPTConfig& cfg, std::uint64_t step) {
 
 template <class T>
 void check_layer_gpt(const nn::GPTConfig& cfg) {
-  const auto want = gpt_run<nn::GPT<T>>(cfg, 3);
+  const auto want = gpt_run<nn::HandWrittenGPT<T>>(cfg, 3);
   const auto got = gpt_run<nn::LayerGPT<T>>(cfg, 3);
   REQUIRE(got.size() == want.size());
   CHECK(got == want);
@@ -536,11 +537,12 @@ void check_layer_gpt(const nn::GPTConfig& cfg) {
 
 }  // namespace
 
-TEST_CASE("LayerGPT (GPT-2 from layers) equals nn::GPT bit for bit", "[unit][nn][layers]") {
+TEST_CASE("LayerGPT (GPT-2 from layers, nn::GPT) equals the hand-written GPT bit for bit",
+          "[unit][nn][layers]") {
   nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
   cfg.num_layers = 2;
   {
-    nn::GPT<float> gpt(cfg);
+    nn::HandWrittenGPT<float> gpt(cfg);
     nn::LayerGPT<float> layered(cfg);
     REQUIRE(layered.num_units() == gpt.num_units());
     for (int u = 0; u < gpt.num_units(); ++u) {

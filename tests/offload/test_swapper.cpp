@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -356,4 +359,34 @@ TEST_CASE("the swapper removes its files and empty directories", "[unit][offload
   }
   CHECK(!std::filesystem::exists(file));
   CHECK(!std::filesystem::exists(dir / "zero_swap"));
+}
+
+TEST_CASE("swappers of several ranks come and go on one nvme_path without tripping each other",
+          "[unit][offload]") {
+  // Each swapper removes zero_swap/ and rank<r>/ when it leaves them empty, which used to undo
+  // another rank's create_directories before its lock file landed (ENOENT at construction; seen
+  // in the engine's estimator test). Four ranks construct and destroy swappers at once.
+  TempDir dir("swapper-ranks");
+  constexpr int ranks = 4, rounds = 100;
+  std::vector<std::string> failures(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        for (int i = 0; i < rounds; ++i) {
+          SwapperOptions o;
+          o.rank = r;
+          NvmeSwapper s(small_config(dir.path(), 1), {{{"master", 1024}}}, o);
+        }
+      } catch (const std::exception& e) {
+        failures[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    INFO("rank " << r << ": " << failures[static_cast<std::size_t>(r)]);
+    CHECK(failures[static_cast<std::size_t>(r)].empty());
+  }
+  CHECK(!std::filesystem::exists(dir.path() / "zero_swap"));  // the last one out tidied up
 }

@@ -33,6 +33,7 @@
 #include <sys/file.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -41,6 +42,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -95,14 +97,7 @@ class NvmeSwapper {
     }
     state_.assign(layouts_.size(), GroupState::fresh);
     dir_ = cfg_.nvme_path / "zero_swap" / ("rank" + std::to_string(options_.rank)) / options_.tag;
-    {
-      std::error_code ec;
-      std::filesystem::create_directories(dir_, ec);
-      if (ec)
-        throw NvmeIoError("creating directory", dir_.string(), 0, 0, ec.value(),
-                          errno_reason(ec.value()));
-    }
-    lock_directory();  // before any file is touched: another swapper's files are left alone
+    create_and_lock_directory();  // before any file is touched: others' files are left alone
     try {
       for (std::size_t g = 0; g < layouts_.size(); ++g) {
         const auto path = file_of(g);
@@ -394,11 +389,33 @@ class NvmeSwapper {
 
   // Takes <dir>/.lock exclusively (flock; released when the swapper closes it), so two
   // swappers (two engines of one rank with the same nvme_path and tag) never share files.
-  void lock_directory() {
+  // Creates dir_ and takes its lock. Other swappers (other ranks, other engines, other jobs on
+  // the same nvme_path) remove the shared parents (zero_swap/, rank<r>/) when they find them
+  // empty on exit, which can undo a create_directories before the lock file lands in dir_; once
+  // the lock file is there dir_ is not empty and stays. So an ENOENT here is retried.
+  void create_and_lock_directory() {
+    for (int attempt = 1;; ++attempt) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir_, ec);
+      const bool raced = ec == std::errc::no_such_file_or_directory;
+      if (ec && !raced) {
+        throw NvmeIoError("creating directory", dir_.string(), 0, 0, ec.value(),
+                          errno_reason(ec.value()));
+      }
+      if (!raced && lock_directory()) return;
+      if (attempt == 100) {
+        throw NvmeIoError("creating directory", dir_.string(), 0, 0, ENOENT,
+                          "removed again by another swapper 100 times in a row");
+      }
+    }
+  }
+  // Takes dir_'s lock; false when dir_ vanished before the lock file was created.
+  bool lock_directory() {
     const auto path = dir_ / ".lock";
     lock_ = io::FileDescriptor(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
     if (!lock_) {
       const int code = errno;
+      if (code == ENOENT) return false;
       throw NvmeIoError("creating", path.string(), 0, 0, code, errno_reason(code));
     }
     if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
@@ -407,6 +424,7 @@ class NvmeSwapper {
                          "another engine of rank ", options_.rank, " with the same nvme_path?); ",
                          "give each engine its own nvme_path");
     }
+    return true;
   }
 
   void remove_files() noexcept {
