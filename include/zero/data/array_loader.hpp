@@ -102,13 +102,7 @@ struct ArrayLoaderState {
   static ArrayLoaderState from_json(const nlohmann::json& json) {
     ArrayLoaderState s;
     const auto get = [&](const char* key, auto& field) {
-      expect<DataError>(json.is_object() && json.contains(key), "array loader state: missing key '",
-                        key, "'");
-      try {
-        json.at(key).get_to(field);
-      } catch (const nlohmann::json::exception& e) {
-        raise<DataError>("array loader state: key '", key, "' has the wrong type: ", e.what());
-      }
+      read_state_key(json, "array loader state", key, field);
     };
     get("step", s.step);
     get("micro", s.micro);
@@ -130,22 +124,7 @@ class ArrayLoader : public MicroBatchCursor<ArrayLoader, ArrayBatch> {
   static constexpr const char* loader_name = "ArrayLoader";
 
   /// Checks config; throws ConfigError naming the field (B % W, B/W % M, rank).
-  explicit ArrayLoader(ArrayLoaderConfig config) : config_(config) {
-    const auto& c = config_;
-    expect<ConfigError>(c.global_batch > 0, "ArrayLoader: global_batch = ", c.global_batch,
-                        "; expected > 0");
-    expect<ConfigError>(c.world_size > 0 && c.rank >= 0 && c.rank < c.world_size,
-                        "ArrayLoader: rank ", c.rank, " is outside world_size ", c.world_size);
-    expect<ConfigError>(c.micro_batches > 0, "ArrayLoader: micro_batches = ", c.micro_batches,
-                        "; expected > 0");
-    expect<ConfigError>(c.global_batch % c.world_size == 0, "ArrayLoader: global_batch ",
-                        c.global_batch, " is not divisible by world_size ", c.world_size,
-                        "; every rank must get the same number of rows");
-    expect<ConfigError>((c.global_batch / c.world_size) % c.micro_batches == 0, "ArrayLoader: the ",
-                        c.global_batch / c.world_size, " rows per rank (global_batch ",
-                        c.global_batch, " / world_size ", c.world_size,
-                        ") are not divisible by micro_batches ", c.micro_batches);
-  }
+  explicit ArrayLoader(ArrayLoaderConfig config) : config_(config) { check_split(); }
 
   /// Adds the array name: data holds shape.numel() elements, dimension 0 the samples. The first
   /// array fixes the sample count; later ones must match it (DataError otherwise), and the
@@ -183,26 +162,6 @@ class ArrayLoader : public MicroBatchCursor<ArrayLoader, ArrayBatch> {
   const ArrayLoaderConfig& config() const { return config_; }
   /// Samples per array.
   std::int64_t samples() const { return samples_; }
-  /// Whole global batches per epoch; the remaining samples of an epoch are skipped.
-  std::int64_t steps_per_epoch() const { return samples_ / config_.global_batch; }
-
-  /// The sample that global row row (in [0, B)) of step uses (DataLoader's order).
-  std::int64_t sample_index(std::int64_t step, std::int64_t row) const {
-    expect<ConfigError>(!arrays_.empty(), "ArrayLoader: no arrays were added");
-    expect<ConfigError>(step >= 0 && row >= 0 && row < config_.global_batch,
-                        "ArrayLoader::sample_index: step ", step, ", row ", row,
-                        " is outside [0, global_batch ", config_.global_batch, ")");
-    const std::int64_t epoch = step / steps_per_epoch();
-    const std::int64_t position = (step % steps_per_epoch()) * config_.global_batch + row;
-    if (!config_.shuffle) return position;
-    // A fresh permutation per epoch keyed by seed and epoch only (never rank or world size).
-    const std::uint64_t key =
-        CounterRng::mix(CounterRng::key_for(config_.seed, "zero.data.shuffle") ^
-                        CounterRng::mix(static_cast<std::uint64_t>(epoch)));
-    const CounterPermutation permutation(static_cast<std::uint64_t>(samples_), key);
-    return static_cast<std::int64_t>(permutation(static_cast<std::uint64_t>(position)));
-  }
-
   /// Global rows [first_row, first_row + rows) of step.
   ArrayBatch rows_of(std::int64_t step, std::int64_t first_row, std::int64_t rows) const {
     ArrayBatch b;
@@ -240,23 +199,11 @@ class ArrayLoader : public MicroBatchCursor<ArrayLoader, ArrayBatch> {
   /// micro-batches may differ when s is at a step boundary. Throws DataError naming the first
   /// setting that differs.
   void restore(const ArrayLoaderState& s) {
-    const auto same = [](const char* key, auto saved, auto now) {
-      expect<DataError>(saved == now, "ArrayLoader::restore: the state was saved with ", key, " = ",
-                        saved, " but this loader has ", key, " = ", now);
-    };
-    same("global_batch", s.global_batch, config_.global_batch);
-    same("samples", s.samples, samples_);
-    same("shuffle", s.shuffle, config_.shuffle);
-    same("seed", s.seed, config_.seed);
-    expect<DataError>(s.step >= 0 && s.micro >= 0, "ArrayLoader::restore: negative position");
-    if (s.micro != 0) {  // mid-step positions count this rank's micro-batches
-      same("world_size (mid-step)", s.world_size, config_.world_size);
-      same("micro_batches (mid-step)", s.micro_batches, config_.micro_batches);
-      expect<DataError>(s.micro < config_.micro_batches, "ArrayLoader::restore: micro-batch ",
-                        s.micro, " is outside [0, ", config_.micro_batches, ")");
-    }
-    step_ = s.step;
-    micro_ = s.micro;
+    expect_same("global_batch", s.global_batch, config_.global_batch);
+    expect_same("samples", s.samples, samples_);
+    expect_same("shuffle", s.shuffle, config_.shuffle);
+    expect_same("seed", s.seed, config_.seed);
+    restore_position(s.step, s.micro, s.world_size, s.micro_batches);
   }
 
  private:

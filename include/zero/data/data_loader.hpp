@@ -96,13 +96,7 @@ struct LoaderState {
   static LoaderState from_json(const nlohmann::json& json) {
     LoaderState s;
     const auto get = [&](const char* key, auto& field) {
-      expect<DataError>(json.is_object() && json.contains(key), "loader state: missing key '", key,
-                        "'");
-      try {
-        json.at(key).get_to(field);
-      } catch (const nlohmann::json::exception& e) {
-        raise<DataError>("loader state: key '", key, "' has the wrong type: ", e.what());
-      }
+      read_state_key(json, "loader state", key, field);
     };
     get("step", s.step);
     get("micro", s.micro);
@@ -131,19 +125,7 @@ class DataLoader : public MicroBatchCursor<DataLoader, Batch> {
     expect<ConfigError>(tokens_ != nullptr, "DataLoader: no token file");
     const auto& c = config_;
     expect<ConfigError>(c.seq_len > 0, "DataLoader: seq_len = ", c.seq_len, "; expected > 0");
-    expect<ConfigError>(c.global_batch > 0, "DataLoader: global_batch = ", c.global_batch,
-                        "; expected > 0");
-    expect<ConfigError>(c.world_size > 0 && c.rank >= 0 && c.rank < c.world_size,
-                        "DataLoader: rank ", c.rank, " is outside world_size ", c.world_size);
-    expect<ConfigError>(c.micro_batches > 0, "DataLoader: micro_batches = ", c.micro_batches,
-                        "; expected > 0");
-    expect<ConfigError>(c.global_batch % c.world_size == 0, "DataLoader: global_batch ",
-                        c.global_batch, " is not divisible by world_size ", c.world_size,
-                        "; every rank must get the same number of rows");
-    expect<ConfigError>((c.global_batch / c.world_size) % c.micro_batches == 0, "DataLoader: the ",
-                        c.global_batch / c.world_size, " rows per rank (global_batch ",
-                        c.global_batch, " / world_size ", c.world_size,
-                        ") are not divisible by micro_batches ", c.micro_batches);
+    check_split();
     samples_ = tokens_->size() > 0 ? (tokens_->size() - 1) / c.seq_len : 0;
     expect<DataError>(samples_ >= c.global_batch, "DataLoader: token file '", tokens_->name(),
                       "' has ", tokens_->size(), " tokens, i.e. ", samples_,
@@ -157,25 +139,6 @@ class DataLoader : public MicroBatchCursor<DataLoader, Batch> {
   const TokenFile& tokens() const { return *tokens_; }
   /// Number of samples in the file: (tokens - 1) / seq_len.
   std::int64_t samples() const { return samples_; }
-  /// Whole global batches per epoch; the remaining samples of an epoch are skipped.
-  std::int64_t steps_per_epoch() const { return samples_ / config_.global_batch; }
-
-  /// The sample that global row row (in [0, B)) of step uses.
-  std::int64_t sample_index(std::int64_t step, std::int64_t row) const {
-    expect<ConfigError>(step >= 0 && row >= 0 && row < config_.global_batch,
-                        "DataLoader::sample_index: step ", step, ", row ", row,
-                        " is outside [0, global_batch ", config_.global_batch, ")");
-    const std::int64_t epoch = step / steps_per_epoch();
-    const std::int64_t position = (step % steps_per_epoch()) * config_.global_batch + row;
-    if (!config_.shuffle) return position;
-    // A fresh permutation per epoch, keyed by seed and epoch only (never by rank or world size).
-    const std::uint64_t key =
-        CounterRng::mix(CounterRng::key_for(config_.seed, "zero.data.shuffle") ^
-                        CounterRng::mix(static_cast<std::uint64_t>(epoch)));
-    const CounterPermutation permutation(static_cast<std::uint64_t>(samples_), key);
-    return static_cast<std::int64_t>(permutation(static_cast<std::uint64_t>(position)));
-  }
-
   /// Global rows [first_row, first_row + rows) of step as a batch.
   Batch rows_of(std::int64_t step, std::int64_t first_row, std::int64_t rows) const {
     const std::int64_t T = config_.seq_len;
@@ -216,24 +179,12 @@ class DataLoader : public MicroBatchCursor<DataLoader, Batch> {
   /// world size and micro-batches may differ when the state is at a step boundary. Throws
   /// DataError naming the first setting that differs.
   void restore(const LoaderState& s) {
-    const auto same = [](const char* key, auto saved, auto now) {
-      expect<DataError>(saved == now, "DataLoader::restore: the state was saved with ", key, " = ",
-                        saved, " but this loader has ", key, " = ", now);
-    };
-    same("global_batch", s.global_batch, config_.global_batch);
-    same("seq_len", s.seq_len, config_.seq_len);
-    same("shuffle", s.shuffle, config_.shuffle);
-    same("seed", s.seed, config_.seed);
-    same("num_tokens", s.num_tokens, tokens_->size());
-    expect<DataError>(s.step >= 0 && s.micro >= 0, "DataLoader::restore: negative position");
-    if (s.micro != 0) {  // mid-step positions count this rank's micro-batches
-      same("world_size (mid-step)", s.world_size, config_.world_size);
-      same("micro_batches (mid-step)", s.micro_batches, config_.micro_batches);
-      expect<DataError>(s.micro < config_.micro_batches, "DataLoader::restore: micro-batch ",
-                        s.micro, " is outside [0, ", config_.micro_batches, ")");
-    }
-    step_ = s.step;
-    micro_ = s.micro;
+    expect_same("global_batch", s.global_batch, config_.global_batch);
+    expect_same("seq_len", s.seq_len, config_.seq_len);
+    expect_same("shuffle", s.shuffle, config_.shuffle);
+    expect_same("seed", s.seed, config_.seed);
+    expect_same("num_tokens", s.num_tokens, tokens_->size());
+    restore_position(s.step, s.micro, s.world_size, s.micro_batches);
   }
 
  private:

@@ -11,7 +11,9 @@
 
 #include <optim/loss_scaler.hpp>
 #include <zero/config/config.hpp>
+#include <zero/core/arena.hpp>
 #include <zero/core/error.hpp>
+#include <zero/nn/context.hpp>
 #include <zero/nn/inputs.hpp>
 #include <zero/offload/fault_injector.hpp>
 
@@ -101,6 +103,22 @@ struct MicroBatch {
     b.seq_len = seq_len;
     b.inputs = std::move(inputs);
     return b;
+  }
+  /// A fresh context for a micro-step on this batch: its data, arena (reset), whether it
+  /// trains, and the step that selects dropout masks.
+  template <class T>
+  nn::StepContext<T> context(Arena<Host>& arena, bool training, std::uint64_t step) const {
+    arena.reset();
+    nn::StepContext<T> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = tokens;
+    ctx.targets = targets;
+    ctx.batch = batch;
+    ctx.seq_len = seq_len;
+    ctx.inputs = inputs;
+    ctx.training = training;
+    ctx.step = step;
+    return ctx;
   }
 };
 

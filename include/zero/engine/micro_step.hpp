@@ -54,16 +54,7 @@ class MicroSteps {
   /// loss_scale seeds the backward.
   void begin(const MicroBatch& batch, bool training, std::uint64_t rng_step, double loss_scale,
              int num_units) {
-    arena_.reset();
-    ctx_ = {};
-    ctx_.arena = &arena_;
-    ctx_.tokens = batch.tokens;
-    ctx_.targets = batch.targets;
-    ctx_.batch = batch.batch;
-    ctx_.seq_len = batch.seq_len;
-    ctx_.inputs = batch.inputs;
-    ctx_.training = training;
-    ctx_.step = rng_step;
+    ctx_ = batch.template context<T>(arena_, training, rng_step);
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     phase_ = Phase::forward;
     next_forward_ = 0;

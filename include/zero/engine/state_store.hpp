@@ -56,8 +56,8 @@ class InMemoryStates {
   /// True: every master slice is always resident.
   static constexpr bool in_memory = true;
 
-  InMemoryStates(std::vector<Unit>& units, std::vector<optim::AnyOptimizer>& optimizers)
-      : units_(units), optimizers_(optimizers) {}
+  /// The optimizers stay where they are; the argument keeps one constructor for every store.
+  InMemoryStates(std::vector<Unit>& units, std::vector<optim::AnyOptimizer>&) : units_(units) {}
 
   /// Nothing moves.
   void settle(const StoreOptions&) {}
@@ -77,7 +77,6 @@ class InMemoryStates {
 
  private:
   std::vector<Unit>& units_;
-  [[maybe_unused]] std::vector<optim::AnyOptimizer>& optimizers_;
 };
 
 }  // namespace zero::engine

@@ -99,18 +99,7 @@ GradientCheckReport check_unit_gradients(M& model, nn::LocalParameters<M>& param
                 " is outside [0, ", model.num_units(), ")");
   Arena<Host> arena(options.arena_bytes, "gradient check");
   nn::StepContext<double> ctx;
-  const auto start = [&] {
-    arena.reset();
-    ctx = {};
-    ctx.arena = &arena;
-    ctx.tokens = batch.tokens;
-    ctx.targets = batch.targets;
-    ctx.batch = batch.batch;
-    ctx.seq_len = batch.seq_len;
-    ctx.inputs = batch.inputs;
-    ctx.training = true;
-    ctx.step = options.step;
-  };
+  const auto start = [&] { ctx = batch.context<double>(arena, true, options.step); };
 
   GradientCheckReport report;
   report.unit = unit;
