@@ -33,6 +33,10 @@
 #include <zero/io/file.hpp>
 #include <zero/nn/gpt.hpp>
 
+#include "../bench_timing.hpp"
+
+using zero::bench::line;
+
 namespace {
 
 using zero::DType;
@@ -50,13 +54,6 @@ struct Options {
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-void line(const char* bench, const std::string& config, double value, const char* unit,
-          const std::string& extra = "") {
-  std::printf("{\"bench\": \"%s\", \"config\": {%s}, \"value\": %.4g, \"unit\": \"%s\"%s}\n", bench,
-              config.c_str(), value, unit, extra.c_str());
-  std::fflush(stdout);
 }
 
 /// GPT-2's parameters in zero's layout (Linear weights [out, in]; 124M at 12 x 768, vocab 50257).

@@ -29,8 +29,12 @@
 #include <zero/ops/cuda/linear.cuh>
 #include <zero/ops/cuda/reduce.cuh>
 
+#include "../bench_timing.hpp"
+
 namespace gpu = zero::ops::cuda;
 using zero::bf16;
+
+using zero::bench::line;
 
 namespace {
 
@@ -81,13 +85,6 @@ double time_ms(int repeats, Fn&& fn) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return static_cast<double>(ms) / repeats;
-}
-
-void line(const char* bench, const std::string& config, double value, const char* unit,
-          const std::string& extra = "") {
-  std::printf("{\"bench\": \"%s\", \"config\": {%s}, \"value\": %.4g, \"unit\": \"%s\"%s}\n", bench,
-              config.c_str(), value, unit, extra.c_str());
-  std::fflush(stdout);
 }
 
 }  // namespace

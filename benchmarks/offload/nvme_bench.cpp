@@ -50,16 +50,12 @@
 #include <zero/offload/nvme_swapper.hpp>
 #include "../bench_timing.hpp"
 
+using zero::bench::line;
+
 namespace {
 
 using namespace zero::offload;
 using zero::bench::best_seconds;
-
-void line(const char* bench, const std::string& config, double value, const char* unit) {
-  std::printf("{\"bench\": \"%s\", \"config\": {%s}, \"value\": %.4g, \"unit\": \"%s\"}\n", bench,
-              config.c_str(), value, unit);
-  std::fflush(stdout);
-}
 
 // The baseline: one O_DIRECT file, a sequential loop of block-sized pread or pwrite calls.
 void plain_loop(int fd, std::byte* buf, std::size_t bytes, std::size_t block, bool write) {

@@ -24,6 +24,8 @@
 #include <zero/core/buffer.hpp>
 #include "../bench_timing.hpp"
 
+using zero::bench::line;
+
 namespace {
 
 using zero::bench::best_seconds;
@@ -49,13 +51,6 @@ void triad(float* a, const float* b, const float* c, float s, long long n) {
 #pragma omp parallel for schedule(static)
 #endif
   for (long long i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
-}
-
-void line(const char* bench, const std::string& config, double value, const char* unit,
-          const std::string& extra = "") {
-  std::printf("{\"bench\": \"%s\", \"config\": {%s}, \"value\": %.4g, \"unit\": \"%s\"%s}\n", bench,
-              config.c_str(), value, unit, extra.c_str());
-  std::fflush(stdout);
 }
 
 }  // namespace
