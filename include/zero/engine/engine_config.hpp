@@ -74,6 +74,7 @@ inline std::optional<optim::LrScheduler> scheduler_from_config(const Config& con
   for (const auto& [k, v] : config.scheduler->params) {
     block["params"][k] = v.size() == 1 ? nlohmann::json(v[0]) : nlohmann::json(v);
   }
+  for (const auto& [k, v] : config.scheduler->words) block["params"][k] = v;
   return optim::LrScheduler::from_json(block, lr);
 }
 
