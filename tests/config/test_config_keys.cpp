@@ -69,6 +69,9 @@ TEST_CASE("every known key is read by the parser and is either applied or report
     // Read by the parser: no "unknown key" warning for it.
     CHECK_FALSE(mentions(c.warnings, "unknown key " + std::string(key.path)));
     CHECK(!key.why.empty());
+    if (!key.default_value.empty()) {  // the sample must ask for something
+      CHECK(nlohmann::json::parse(key.sample) != nlohmann::json::parse(key.default_value));
+    }
     if (key.effect == KeyEffect::no_effect) {
       // Every sample differs from DeepSpeed's default, so the key is reported, exactly once.
       CHECK(std::count_if(c.notices.begin(), c.notices.end(), [&](const std::string& n) {
@@ -324,6 +327,15 @@ TEST_CASE("auto values are filled from the program's settings and reported", "[u
   CHECK(mentions(chosen, "stage3_max_live_parameters = DeepSpeed's default"));
   CHECK(chosen.size() == 18);
   CHECK(c.auto_keys.empty());
+
+  // Notices follow the filled precision: the loss-scale block counts only in fp16.
+  Config scaled =
+      Config::from_json_string(R"({"fp16": {"enabled": "auto", "loss_scale_window": 500}})");
+  CHECK(noticed(scaled, "fp16.loss_scale_window"));
+  v.precision = "fp16";
+  zero::config::fill_auto(scaled, v, 1);
+  CHECK(scaled.notices.empty());
+  v.precision = "bf16";
 
   // A given batch key wins: the autos follow the batch rule from it.
   Config given = Config::from_json_string(

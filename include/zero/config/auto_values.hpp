@@ -160,6 +160,13 @@ inline std::vector<std::string> fill_auto(Config& c, const AutoValues& v, std::i
     }
   }
   c.auto_keys.clear();
+  // Which keys take effect can depend on the filled precision (the fp16 loss-scale block).
+  if (c.source.is_object()) {
+    nlohmann::json filled = c.source;
+    filled["fp16"]["enabled"] = *c.fp16.enabled;
+    filled["bf16"]["enabled"] = *c.bf16_enabled;
+    c.notices = no_effect_notices(filled);
+  }
   return chosen;
 }
 

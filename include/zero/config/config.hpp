@@ -79,6 +79,9 @@ struct Config {
   std::vector<std::string> notices;
   /// Key paths set to "auto", for the program to fill (config/auto_values.hpp).
   std::vector<std::string> auto_keys;
+  /// The JSON this config was parsed from (the notices are recomputed from it once "auto" is
+  /// filled, since whether a key takes effect can depend on the filled precision).
+  nlohmann::json source;
 
   /// Parses a config; throws ConfigError naming the key path of the first bad value.
   static Config from_json(const nlohmann::json& j) {
@@ -312,6 +315,7 @@ struct Config {
         }
       }
     }
+    c.source = j;
     c.notices = config::no_effect_notices(j);
   }
 
