@@ -99,6 +99,25 @@ TEST_CASE("every known key is read by the parser and is either applied or report
   CHECK(inert > 30);
 }
 
+TEST_CASE("every key the offload sections read is in the key table, in both sections",
+          "[unit][config]") {
+  // OffloadConfig::read serves both sections; a key it reads that the table lacks for one of
+  // them would be an internal error at parse time.
+  const nlohmann::json section = {{"device", "nvme"},      {"nvme_path", "/tmp"},
+                                  {"buffer_count", 2},     {"buffer_size", 1000000},
+                                  {"max_in_cpu", 1000000}, {"pin_memory", true},
+                                  {"pipeline_read", true}, {"pipeline_write", true},
+                                  {"ratio", 0.5},          {"fast_init", true}};
+  const nlohmann::json j = {
+      {"zero_optimization",
+       {{"stage", 3}, {"offload_optimizer", section}, {"offload_param", section}}}};
+  const Config c = Config::from_json(j);
+  CHECK(c.warnings.empty());
+  CHECK(noticed(c, "zero_optimization.offload_optimizer.max_in_cpu"));
+  CHECK(noticed(c, "zero_optimization.offload_param.ratio"));
+  CHECK_FALSE(noticed(c, "zero_optimization.offload_param.pin_memory"));  // NVMe: it acts
+}
+
 TEST_CASE("applied keys say so when this configuration gives them nothing to do",
           "[unit][config]") {
   const Config stage1 = Config::from_json_string(

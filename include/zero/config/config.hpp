@@ -383,10 +383,7 @@ struct Config {
           n.params[key] = v;
         } else if (value.is_string() && std::find(words.begin(), words.end(), key) != words.end()) {
           n.words[key] = value.get<std::string>();
-        } else if (value.is_string()) {
-          raise<ConfigError>(path, ": expected a number, a list of numbers or \"auto\", got ",
-                             value.dump());
-        } else {
+        } else {  // "lr": "fast" included: never a warning and a default
           raise<ConfigError>(path, ": expected a number, a list of numbers or \"auto\", got ",
                              value.dump());
         }
