@@ -4,10 +4,15 @@
 // By default 2 ranks in one process (LocalComm threads) at ZeRO stage 3: every rank holds only its
 // shard of each unit and gathers a unit just before using it. Under mpiexec (built with MPI)
 // every process is one rank over MpiComm. The DeepSpeed JSON (--config, or a built-in default:
-// AdamW, WarmupCosineLR, clipping 1.0, ZeRO-3) picks the stage (zero::dispatch), optimizer,
-// schedule, batch sizes and clipping; flags override the model shape and the run.
+// AdamW, WarmupCosineLR, clipping 1.0, ZeRO-3) picks the stage and the precision (zero::dispatch:
+// f32, or bf16 with "bf16": {"enabled": true}), optimizer, schedule, batch sizes, clipping and
+// comm_timeout_s; flags override the model shape and the run. A Hugging Face-style config's
+// "auto" values are filled from the flags and defaults as the HF Trainer does (--batch is the
+// global batch, --grad-accum the accumulation, --lr, --warmup, --precision, the bucket sizes from
+// --channels), and the choices are printed, as are the keys that have no effect in zero.
 //
 //   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--steps 100] [--batch 8] [--seq 64]
+//               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
 //               [--data corpus.txt | --tokens train.bin] [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
@@ -45,6 +50,7 @@
 #if defined(ZERO_WITH_MPI)
 #include <parallel/comm/mpi_comm.hpp>
 #endif
+#include <zero/config/auto_values.hpp>
 #include <zero/data/byte_tokenizer.hpp>
 #include <zero/data/data_loader.hpp>
 #include <zero/data/prepare_text.hpp>
@@ -64,6 +70,9 @@ struct Options {
   std::optional<int> tp;  // tensor-parallel size (default: the config's, else 1)
   bool sp = false;        // sequence parallelism
   std::int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, channels = 128;
+  std::int64_t grad_accum = 1;
+  std::optional<std::int64_t> warmup;
+  std::string precision;  // f32 or bf16; empty: the config's, else f32
   std::optional<double> lr;
   std::uint64_t seed = 1234;
   std::int64_t print_every = 10;
@@ -110,7 +119,14 @@ Options parse(int argc, char** argv) {
       o.batch = integer();
     else if (flag == "--seq")
       o.seq = integer();
-    else if (flag == "--layers")
+    else if (flag == "--grad-accum")
+      o.grad_accum = integer();
+    else if (flag == "--warmup")
+      o.warmup = integer();
+    else if (flag == "--precision") {
+      if (v != "f32" && v != "bf16") usage("--precision must be f32 or bf16, not '" + v + "'");
+      o.precision = v;
+    } else if (flag == "--layers")
       o.layers = integer();
     else if (flag == "--heads")
       o.heads = integer();
@@ -153,14 +169,18 @@ Options parse(int argc, char** argv) {
       usage("unknown flag " + flag);
   }
   if (o.ranks < 1) usage("--ranks must be >= 1");
-  if (o.steps < 0 || o.batch < 1 || o.seq < 1) usage("--steps, --batch and --seq must be positive");
+  if (o.steps < 0 || o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
+    usage("--steps, --batch, --seq and --grad-accum must be positive");
+  }
   if ((o.save_every > 0 || !o.resume.empty()) && o.save_dir.empty()) {
     usage("--save-every and --resume need --save-dir");
   }
   return o;
 }
 
-// The built-in DeepSpeed config: what a user would write for this small run.
+// The built-in DeepSpeed config (what a user would write for this small run) or --config's, with
+// the flags that override keys written into the JSON before it is parsed, so the notices about
+// keys without effect describe the config that runs.
 Config make_config(const Options& o) {
   nlohmann::json j = {
       {"train_batch_size", o.batch},
@@ -176,17 +196,53 @@ Config make_config(const Options& o) {
           {"warmup_num_steps", std::max<std::int64_t>(1, o.steps / 10)},
           {"cos_min_ratio", 0.1}}}}},
       {"zero_optimization", {{"stage", o.stage.value_or(3)}}}};
-  Config c = o.config.empty() ? Config::from_json(j) : Config::from_json_file(o.config);
-  if (o.stage) c.zero_optimization.stage = *o.stage;
-  if (!o.nvme_path.empty()) {
-    c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
-    c.zero_optimization.offload_optimizer.nvme_path = o.nvme_path;
+  if (o.precision == "bf16") j["bf16"] = {{"enabled", true}};
+  if (!o.config.empty()) {
+    std::ifstream in(o.config);
+    if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(o.config + ": invalid JSON: " + e.what());
+    }
+    if (!j.is_object()) return Config::from_json(j);  // the parser names the problem
+    if (o.stage) j["zero_optimization"]["stage"] = *o.stage;
+    const auto* lr = config::json_at(j, "optimizer.params.lr");
+    if (o.lr && lr != nullptr && lr->is_number()) {  // an "auto" lr takes --lr anyway
+      j["optimizer"]["params"]["lr"] = *o.lr;
+    }
   }
-  if (o.lr && c.optimizer) c.optimizer->params["lr"] = {*o.lr};
+  if (!o.nvme_path.empty()) {
+    j["zero_optimization"]["offload_optimizer"]["device"] = "nvme";
+    j["zero_optimization"]["offload_optimizer"]["nvme_path"] = o.nvme_path;
+  }
+  Config c;
+  try {
+    c = Config::from_json(j);
+  } catch (const ConfigError& e) {
+    if (o.config.empty()) throw;
+    throw ConfigError(o.config + ": " + e.what());
+  }
   if (o.tp) c.tensor_parallel.tp_size = *o.tp;
   if (o.sp) c.tensor_parallel.sequence_parallel = true;
-  for (const auto& w : c.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
   return c;
+}
+
+// Fills the config's "auto" values from the flags and defaults (as the HF Trainer does) for dp
+// ranks; returns what it chose.
+std::vector<std::string> fill_auto(const Options& o, Config& c, int dp) {
+  config::AutoValues v;
+  v.train_batch_size = o.batch;
+  v.gradient_accumulation = o.grad_accum;
+  v.lr = o.lr.value_or(1e-3);
+  v.betas = {0.9, 0.95};
+  v.weight_decay = 0.0;
+  v.gradient_clipping = 1.0;
+  v.warmup_steps = o.warmup.value_or(std::max<std::int64_t>(1, o.steps / 10));
+  v.total_steps = std::max<std::int64_t>(o.steps, 1);
+  v.precision = o.precision == "bf16" ? "bf16" : "fp32";
+  v.hidden_size = o.channels;
+  return config::fill_auto(c, v, dp);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -251,7 +307,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   gc.num_layers = o.layers;
   gc.num_heads = o.heads;
   gc.channels = o.channels;
-  nn::GPT<float> model(
+  typename E::model_type model(
       gc, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel));
   engine::EngineOptions eo;
   eo.seed = o.seed;
@@ -273,15 +329,15 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   if (leader) {
     std::printf(
         "train_gpt: %lld parameters (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
-        "%d data-parallel ranks x %d tensor-parallel%s; global batch %lld = %lld micro x %lld "
-        "accumulation x %d ranks; %lld steps; model state on rank 0: %.2f MB\n",
+        "%d data-parallel ranks x %d tensor-parallel%s in %s; global batch %lld = %lld micro x "
+        "%lld accumulation x %d ranks; %lld steps; model state on rank 0: %.2f MB\n",
         static_cast<long long>(gc.num_parameters()), static_cast<long long>(o.layers),
         static_cast<long long>(o.heads), static_cast<long long>(o.channels),
         static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, dp, tp,
         model.tensor_parallel().sequence_parallel() ? " (sequence parallel)" : "",
-        static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
-        static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.steps),
-        static_cast<double>(mem.total()) / 1e6);
+        std::string(name_of(dtype_of<typename E::T>)).c_str(), static_cast<long long>(sizes.train),
+        static_cast<long long>(sizes.micro), static_cast<long long>(sizes.accumulation), dp,
+        static_cast<long long>(o.steps), static_cast<double>(mem.total()) / 1e6);
   }
   std::ofstream metrics;
   if (leader && !o.metrics.empty()) metrics.open(o.metrics, std::ios::app);
@@ -302,7 +358,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     double step_loss = 0;
     for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
       const data::Batch batch = train_loader.next();  // backward reads its targets too
-      step_loss += static_cast<double>(eng.forward(micro(batch)));
+      step_loss += static_cast<double>(static_cast<float>(eng.forward(micro(batch))));
       eng.backward();
     }
     eng.step();
@@ -365,8 +421,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                   std::string(name_of(o.export_dtype)).c_str());
     }
   }
-  const double val_loss =
-      mean_over_ranks(static_cast<double>(eng.evaluate(micro(val_loader.next()))));
+  const double val_loss = mean_over_ranks(
+      static_cast<double>(static_cast<float>(eng.evaluate(micro(val_loader.next())))));
   if (leader) {
     std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); validation loss %.4f\n",
                 first_loss, loss, static_cast<long long>(corpus.vocab),
@@ -382,14 +438,19 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
       const auto T = static_cast<std::int64_t>(context.size());
       eng.evaluate(engine::MicroBatch{context.data(), nullptr, 1, T});
       // With tensor parallelism each rank holds V/tp columns: gather the last row's.
+      using Elem = typename E::T;
       const std::int64_t local_vocab = gc.vocab_size / tp;
-      std::vector<float> row(static_cast<std::size_t>(gc.vocab_size));
+      std::vector<Elem> row(static_cast<std::size_t>(gc.vocab_size));
       parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
                                model.logits().data() + (T - 1) * local_vocab, row.data(), 1,
                                local_vocab);
-      const float* last_row = row.data();
-      context.push_back(
-          static_cast<std::int32_t>(std::max_element(last_row, last_row + 256) - last_row));
+      const Elem* last_row = row.data();
+      context.push_back(static_cast<std::int32_t>(std::max_element(last_row, last_row + 256,
+                                                                   [](Elem a, Elem b) {
+                                                                     return static_cast<float>(a) <
+                                                                            static_cast<float>(b);
+                                                                   }) -
+                                                  last_row));
     }
     if (leader) {
       std::string sample =
@@ -401,9 +462,23 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   return loss < first_loss || first_step > 0;
 }
 
+// Fills "auto" for this world size, says once (rank 0) what it chose and which keys have no
+// effect, then trains with the engine the config names (stage, f32 or bf16, offload).
 template <class Comm>
-bool run(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
-  return zero::dispatch<nn::GPT<float>>(
+bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& comm) {
+  Config cfg = parsed;
+  const auto tp = std::max<std::int64_t>(1, cfg.tensor_parallel.tp_size);
+  const auto chosen = fill_auto(o, cfg, static_cast<int>(comm.size() / tp));  // the dp size
+  if (comm.rank() == 0) {
+    for (const auto& w : cfg.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
+    for (const auto& n : cfg.notices) std::printf("train_gpt: config: %s\n", n.c_str());
+    for (const auto& c : chosen) std::printf("train_gpt: config: auto: %s\n", c.c_str());
+    if (engine::offload_cpu_already_host<None, Host>(cfg)) {
+      std::printf("train_gpt: config: %s\n", engine::host_offload_note().c_str());
+    }
+    std::fflush(stdout);
+  }
+  return zero::dispatch<nn::GPT, Precisions<float, bf16>>(
       cfg, [&]<class E>(std::type_identity<E>) { return train<E>(o, cfg, corpus, comm); });
 }
 
@@ -420,16 +495,19 @@ int main(int argc, char** argv) try {
   bool improved = true;
   if (launched_by_mpi()) {
 #if defined(ZERO_WITH_MPI)
-    auto world = parallel::MpiComm::world(argc, argv);
+    auto world = parallel::MpiComm::world(argc, argv, parallel::CommOptions{cfg.comm_timeout_s});
     improved = run(o, cfg, corpus, world);
 #else
     throw ConfigError("train_gpt runs under mpiexec but was built without MPI (ZERO_WITH_MPI)");
 #endif
   } else {
-    parallel::LocalComm::run(o.ranks, [&](parallel::LocalComm& comm) {
-      const bool ok = run(o, cfg, corpus, comm);
-      if (comm.rank() == 0) improved = ok;
-    });
+    parallel::LocalComm::run(
+        o.ranks,
+        [&](parallel::LocalComm& comm) {
+          const bool ok = run(o, cfg, corpus, comm);
+          if (comm.rank() == 0) improved = ok;
+        },
+        parallel::CommOptions{cfg.comm_timeout_s});
   }
   return improved ? 0 : 1;
 } catch (const std::exception& e) {

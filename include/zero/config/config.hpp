@@ -1,12 +1,16 @@
 #pragma once
 // zero::Config: a DeepSpeed-compatible JSON config. Keys and defaults follow DeepSpeed
 // (runtime/config.py, runtime/zero/config.py, fp16 loss scaler); "auto" (HF Trainer style) leaves
-// a value for the program to fill in; every invalid value or inconsistent combination is a
-// ConfigError naming the key path; unknown keys are collected as warnings, not errors.
+// a value for the program to fill in (config/auto_values.hpp); every invalid value or
+// inconsistent combination is a ConfigError naming the key path; unknown keys are collected as
+// warnings naming the nearest known key. Every key read is listed in config/key_table.hpp, whose
+// rows say whether zero applies it; the keys that have no effect are listed once in notices.
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -16,6 +20,7 @@
 
 #include <zero/config/aio.hpp>
 #include <zero/config/json_reader.hpp>
+#include <zero/config/key_table.hpp>
 #include <zero/config/tensor_parallel.hpp>
 #include <zero/config/zero_optimization.hpp>
 #include <zero/core/error.hpp>
@@ -38,6 +43,7 @@ struct Fp16Config {
 struct NamedParams {
   std::string type;
   std::map<std::string, std::vector<double>> params;  ///< scalars are one-element lists
+  std::map<std::string, std::string> words;           ///< string parameters (scheduler warmup_type)
   std::vector<std::string> auto_params;
 
   /// The scalar parameter key, or fallback when absent or auto.
@@ -59,6 +65,7 @@ struct Config {
   bool wall_clock_breakdown = false;
   std::string communication_data_type;  ///< empty: the model's dtype
   double comm_timeout_s = 300;          ///< zero's own key: deadline of every collective wait
+  bool comm_timeout_given = false;      ///< comm_timeout_s was set (the engine then applies it)
   std::string nonfinite_policy;  ///< zero's own key: "skip" or "raise" on Inf/NaN; empty: skip
   Fp16Config fp16;
   std::optional<bool> bf16_enabled = false;  ///< empty: "auto"
@@ -68,13 +75,21 @@ struct Config {
   config::AioConfig aio;                         ///< NVMe offload I/O (zero/offload)
   config::TensorParallelConfig tensor_parallel;  ///< tensor and sequence parallelism
   std::vector<std::string> warnings;             ///< unknown keys and other non-fatal findings
+  /// "accepted but has no effect in zero: <key> (<why>)", one per such key (see key_table.hpp).
+  std::vector<std::string> notices;
+  /// Key paths set to "auto", for the program to fill (config/auto_values.hpp).
+  std::vector<std::string> auto_keys;
+  /// The JSON this config was parsed from (the notices are recomputed from it once "auto" is
+  /// filled, since whether a key takes effect can depend on the filled precision).
+  nlohmann::json source;
 
   /// Parses a config; throws ConfigError naming the key path of the first bad value.
   static Config from_json(const nlohmann::json& j) {
     expect<ConfigError>(j.is_object(), "config: expected a JSON object at the top, got ",
                         j.type_name());
     Config c;
-    config::JsonReader r(j, "");
+    auto log = std::make_shared<config::ReadLog>();
+    config::JsonReader r(j, "", log);
     c.train_batch_size = r.integer("train_batch_size");
     c.train_micro_batch_size_per_gpu = r.integer("train_micro_batch_size_per_gpu");
     c.gradient_accumulation_steps = r.integer("gradient_accumulation_steps");
@@ -84,6 +99,14 @@ struct Config {
     positive("train_batch_size", c.train_batch_size);
     positive("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
     positive("gradient_accumulation_steps", c.gradient_accumulation_steps);
+    if (c.train_batch_size && c.train_micro_batch_size_per_gpu && c.gradient_accumulation_steps) {
+      const std::int64_t per_rank =
+          *c.train_micro_batch_size_per_gpu * *c.gradient_accumulation_steps;
+      expect<ConfigError>(*c.train_batch_size % per_rank == 0, r.where("train_batch_size"), ": ",
+                          *c.train_batch_size, " is not train_micro_batch_size_per_gpu ",
+                          *c.train_micro_batch_size_per_gpu, " x gradient_accumulation_steps ",
+                          *c.gradient_accumulation_steps, " x a whole number of ranks");
+    }
     c.gradient_clipping = r.number_or_auto("gradient_clipping", 0.0);
     expect<ConfigError>(c.gradient_clipping.value_or(0) >= 0, r.where("gradient_clipping"), ": ",
                         c.gradient_clipping.value_or(0), " must be >= 0 (0 turns clipping off)");
@@ -102,53 +125,54 @@ struct Config {
                           r.where("communication_data_type"), ": '", t,
                           "' is not one of fp32, fp16, bf16");
     }
-    c.comm_timeout_s = r.number("comm_timeout_s").value_or(300);
-    expect<ConfigError>(c.comm_timeout_s > 0, r.where("comm_timeout_s"), ": must be positive");
+    const auto timeout = r.number("comm_timeout_s");
+    c.comm_timeout_given = timeout.has_value();
+    c.comm_timeout_s = timeout.value_or(300);
+    expect<ConfigError>(c.comm_timeout_s > 0, r.where("comm_timeout_s"), ": ", c.comm_timeout_s,
+                        " must be positive (seconds)");
     c.nonfinite_policy = r.string("nonfinite_policy").value_or("");
     expect<ConfigError>(
         c.nonfinite_policy.empty() || c.nonfinite_policy == "skip" || c.nonfinite_policy == "raise",
         r.where("nonfinite_policy"), ": '", c.nonfinite_policy, "' is not one of skip, raise");
-    r.boolean("memory_breakdown");
-    r.boolean("dump_state");
-    r.boolean("zero_allow_untested_optimizer");
-    r.boolean("zero_force_ds_cpu_optimizer");
 
     read_fp16(r.object("fp16"), c);
     {
       auto b = r.object("bf16");
       c.bf16_enabled = b.boolean_or_auto("enabled", false);
-      b.boolean("immediate_grad_update");
+      config::read_inert(b);
       collect(b, c.warnings);
     }
     if (r.has("bfloat16")) {  // DeepSpeed's older spelling
       auto b = r.object("bfloat16");
-      c.bf16_enabled = b.boolean("enabled").value_or(false);
+      const bool enabled = b.boolean("enabled").value_or(false);
+      expect<ConfigError>(!c.bf16_enabled || *c.bf16_enabled == enabled || !r.has("bf16"),
+                          "bfloat16.enabled: ", enabled ? "true" : "false",
+                          " contradicts bf16.enabled; write only bf16");
+      c.bf16_enabled = enabled;
       collect(b, c.warnings);
     }
     expect<ConfigError>(!(c.fp16.enabled.value_or(false) && c.bf16_enabled.value_or(false)),
                         "fp16.enabled and bf16.enabled are both true: choose one precision");
     if (r.has("optimizer"))
-      c.optimizer = read_named(r.object("optimizer"), c.warnings, optimizer_types());
+      c.optimizer = read_named(r.object("optimizer"), c.warnings, optimizer_types(), {});
     if (r.has("scheduler"))
-      c.scheduler = read_named(r.object("scheduler"), c.warnings, scheduler_types());
+      c.scheduler =
+          read_named(r.object("scheduler"), c.warnings, scheduler_types(), {"warmup_type"});
     read_zero(r.object("zero_optimization"), c);
     {
       std::vector<std::string> unknown;
       c.aio = config::AioConfig::read(r.object("aio"), unknown);
-      for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");
+      for (const auto& k : unknown) c.warnings.push_back(unknown_key_warning(k));
     }
     {
       std::vector<std::string> unknown;
       c.tensor_parallel = config::TensorParallelConfig::read(r.object("tensor_parallel"), unknown);
       c.tensor_parallel.merge_megatron(r);
-      for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");
+      for (const auto& k : unknown) c.warnings.push_back(unknown_key_warning(k));
     }
-    for (const char* section :
-         {"activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint", "data_types",
-          "tensorboard", "wandb", "csv_monitor", "zero"}) {
-      (void)r.raw(section);  // accepted sections whose keys zero reads elsewhere or ignores
-    }
+    config::read_inert(r);  // the keys and whole sections listed without effect
     collect(r, c.warnings);
+    finish(j, *log, c);
     return c;
   }
   /// Parses JSON text; parse errors name the position.
@@ -241,7 +265,58 @@ struct Config {
   }
 
   static void collect(const config::JsonReader& r, std::vector<std::string>& warnings) {
-    for (const auto& k : r.unknown_keys()) warnings.push_back("unknown key " + k + " (ignored)");
+    for (const auto& k : r.unknown_keys()) warnings.push_back(unknown_key_warning(k));
+  }
+  static std::string unknown_key_warning(const std::string& path) {
+    const std::string near = config::nearest_key(path);
+    return "unknown key " + path + " (ignored" +
+           (near.empty() ? "" : "; did you mean " + near + "?") + ")";
+  }
+
+  // Keys that may be "auto": the ones a program fills (auto_values.hpp), and sizes whose
+  // DeepSpeed default serves. Any other "auto" would silently become a default: an error.
+  static bool may_be_auto(const std::string& path) {
+    static const std::vector<std::string> allowed = {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "fp16.enabled",
+        "bf16.enabled",
+        "zero_optimization.reduce_bucket_size",
+        "zero_optimization.allgather_bucket_size",
+        "zero_optimization.sub_group_size",
+        "zero_optimization.stage3_prefetch_bucket_size",
+        "zero_optimization.stage3_param_persistence_threshold",
+        "zero_optimization.stage3_max_live_parameters",
+        "zero_optimization.stage3_max_reuse_distance"};
+    return std::find(allowed.begin(), allowed.end(), path) != allowed.end() ||
+           path.starts_with("optimizer.params.") || path.starts_with("scheduler.params.");
+  }
+
+  // After parsing: every key read must be in the key table (a parser change that forgets the
+  // table is caught by any config that sets the key), "auto" only where a program fills it,
+  // and the notices of the keys without effect.
+  static void finish(const nlohmann::json& j, const config::ReadLog& log, Config& c) {
+    for (const auto& path : log.read) {
+      expect<Error>(config::find_key(path) != nullptr, "config: the parser reads ", path,
+                    " but config/key_table.hpp does not list it (say whether zero applies it)");
+    }
+    for (const auto& path : log.autos) {
+      expect<ConfigError>(may_be_auto(path), path,
+                          ": \"auto\" is not filled in for this key; give a value");
+      c.auto_keys.push_back(path);
+    }
+    for (const auto& [kind, named] :
+         {std::pair{"optimizer", &c.optimizer}, std::pair{"scheduler", &c.scheduler}}) {
+      if (*named) {
+        for (const auto& p : (*named)->auto_params) {
+          c.auto_keys.push_back(std::string(kind) + ".params." + p);
+        }
+      }
+    }
+    c.source = j;
+    c.notices = config::no_effect_notices(j);
   }
 
   static void read_fp16(config::JsonReader f, Config& c) {
@@ -252,8 +327,6 @@ struct Config {
     c.fp16.hysteresis = static_cast<int>(f.integer("hysteresis").value_or(2));
     c.fp16.consecutive_hysteresis = f.boolean("consecutive_hysteresis").value_or(false);
     c.fp16.min_loss_scale = f.number("min_loss_scale").value_or(1);
-    f.boolean("auto_cast");
-    f.boolean("fp16_master_weights_and_grads");
     expect<ConfigError>(c.fp16.loss_scale >= 0, f.where("loss_scale"), ": ", c.fp16.loss_scale,
                         " must be >= 0 (0 = dynamic)");
     expect<ConfigError>(c.fp16.initial_scale_power >= 0 && c.fp16.initial_scale_power <= 63,
@@ -265,11 +338,14 @@ struct Config {
                         " must be positive");
     expect<ConfigError>(c.fp16.min_loss_scale > 0, f.where("min_loss_scale"), ": ",
                         c.fp16.min_loss_scale, " must be positive");
+    config::read_inert(f);
     collect(f, c.warnings);
   }
 
+  // words: the parameters whose values are strings (checked by the one who reads them).
   static NamedParams read_named(config::JsonReader r, std::vector<std::string>& warnings,
-                                const std::vector<std::string>& known) {
+                                const std::vector<std::string>& known,
+                                const std::vector<std::string>& words) {
     NamedParams n;
     auto type = r.string("type");
     expect<ConfigError>(type.has_value(), r.where("type"), ": required");
@@ -305,9 +381,9 @@ struct Config {
             v.push_back(e.get<double>());
           }
           n.params[key] = v;
-        } else if (value.is_string()) {
-          warnings.push_back(path + " = " + value.dump() + " is a string (ignored)");
-        } else {
+        } else if (value.is_string() && std::find(words.begin(), words.end(), key) != words.end()) {
+          n.words[key] = value.get<std::string>();
+        } else {  // "lr": "fast" included: never a warning and a default
           raise<ConfigError>(path, ": expected a number, a list of numbers or \"auto\", got ",
                              value.dump());
         }
@@ -327,31 +403,32 @@ struct Config {
     o.reduce_scatter = z.boolean("reduce_scatter").value_or(true);
     o.overlap_comm = z.boolean("overlap_comm").value_or(o.stage == 3);
     o.allgather_partitions = z.boolean("allgather_partitions").value_or(true);
-    auto sized = [&](const char* key, std::int64_t fallback) {
+    // Sizes in elements: a bucket or group of 0 elements cannot hold anything (positive);
+    // a prefetch window, persistence threshold or reuse distance of 0 turns the feature off.
+    auto sized = [&](const char* key, std::int64_t fallback, bool zero_ok = false) {
       const auto v = z.integer_or_auto(key, fallback);
-      expect<ConfigError>(!v || *v >= 0, z.where(key), ": ", v.value_or(0), " must be >= 0");
+      expect<ConfigError>(!v || *v > 0 || (zero_ok && *v == 0), z.where(key), ": ", v.value_or(0),
+                          zero_ok ? " must be >= 0" : " must be positive (elements)");
       return v;
     };
     o.reduce_bucket_size = sized("reduce_bucket_size", 500'000'000);
     o.allgather_bucket_size = sized("allgather_bucket_size", 500'000'000).value_or(500'000'000);
     o.sub_group_size_given = z.has("sub_group_size") && !z.is_auto("sub_group_size");
     o.sub_group_size = sized("sub_group_size", 1'000'000'000).value_or(1'000'000'000);
-    o.stage3_prefetch_bucket_size = sized("stage3_prefetch_bucket_size", 50'000'000);
-    o.stage3_param_persistence_threshold = sized("stage3_param_persistence_threshold", 100'000);
+    o.stage3_prefetch_bucket_size = sized("stage3_prefetch_bucket_size", 50'000'000, true);
+    o.stage3_param_persistence_threshold =
+        sized("stage3_param_persistence_threshold", 100'000, true);
     o.stage3_max_live_parameters =
         sized("stage3_max_live_parameters", 1'000'000'000).value_or(1'000'000'000);
     o.stage3_max_reuse_distance =
-        sized("stage3_max_reuse_distance", 1'000'000'000).value_or(1'000'000'000);
+        sized("stage3_max_reuse_distance", 1'000'000'000, true).value_or(1'000'000'000);
     o.stage3_gather_16bit_weights_on_model_save =
         z.boolean("stage3_gather_16bit_weights_on_model_save").value_or(false) ||
         z.boolean("stage3_gather_fp16_weights_on_model_save").value_or(false);
-    for (const char* key :
-         {"load_from_fp32_weights", "round_robin_gradients", "ignore_unused_parameters",
-          "use_multi_rank_bucket_allreduce", "memory_efficient_linear", "elastic_checkpoint"}) {
-      z.boolean(key);
-    }
-    o.offload_optimizer = config::OffloadConfig::read(z.object("offload_optimizer"), 4, c.warnings);
-    o.offload_param = config::OffloadConfig::read(z.object("offload_param"), 5, c.warnings);
+    std::vector<std::string> unknown;
+    o.offload_optimizer = config::OffloadConfig::read(z.object("offload_optimizer"), 4, unknown);
+    o.offload_param = config::OffloadConfig::read(z.object("offload_param"), 5, unknown);
+    for (const auto& k : unknown) c.warnings.push_back(unknown_key_warning(k));
     if (z.boolean("cpu_offload").value_or(false)) {  // deprecated spelling
       o.offload_optimizer.device = OffloadDevice::cpu;
       c.warnings.push_back(z.where("cpu_offload") +
@@ -364,6 +441,7 @@ struct Config {
                         z.where("offload_optimizer"),
                         ": optimizer offload needs stage 1, 2 or 3, the config has stage ",
                         o.stage);
+    config::read_inert(z);
     collect(z, c.warnings);
   }
 };

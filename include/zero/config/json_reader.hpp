@@ -2,10 +2,12 @@
 // JsonReader: typed access to one JSON object of a config, by key, with the key path in every
 // error, DeepSpeed's "auto" (the program fills the value in) read as an empty optional, numbers
 // written as floats accepted for integers when exact (DeepSpeed configs write 5e8), and every key
-// that nobody read reported as unknown.
+// that nobody read reported as unknown. Readers of one config share a log of the key paths they
+// read and of those set to "auto", so the parser can check its reads against the key table.
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -17,11 +19,18 @@
 
 namespace zero::config {
 
+/// Key paths that the readers of one config read, and those that were "auto".
+struct ReadLog {
+  std::vector<std::string> read;   ///< every present key path a reader took
+  std::vector<std::string> autos;  ///< those set to "auto"
+};
+
 /// Reads the keys of one JSON object; path is the object's key path ("" at the top).
 class JsonReader {
  public:
-  JsonReader(const nlohmann::json& object, std::string path)
-      : json_(object), path_(std::move(path)) {
+  JsonReader(const nlohmann::json& object, std::string path,
+             std::shared_ptr<ReadLog> log = std::make_shared<ReadLog>())
+      : json_(object), path_(std::move(path)), log_(std::move(log)) {
     expect<ConfigError>(object.is_object() || object.is_null(), where(""),
                         ": expected an object, got ", object.dump());
   }
@@ -36,6 +45,12 @@ class JsonReader {
   bool is_auto(const std::string& key) const {
     return has(key) && json_.at(key).is_string() && json_.at(key).get<std::string>() == "auto";
   }
+  /// This object's key path ("" at the top).
+  const std::string& path() const { return path_; }
+  /// True when key was read already.
+  bool was_read(const std::string& key) const { return read_.contains(key); }
+  /// The log shared by the readers of this config.
+  const ReadLog& log() const { return *log_; }
 
   /// A boolean; empty when absent or "auto".
   std::optional<bool> boolean(const std::string& key) {
@@ -111,12 +126,12 @@ class JsonReader {
   JsonReader object(const std::string& key) {
     read_.insert(key);
     static const nlohmann::json empty = nlohmann::json::object();  // immutable
-    if (!has(key)) return JsonReader(empty, where(key));
-    return JsonReader(json_.at(key), where(key));
+    if (!has(key)) return JsonReader(empty, where(key), log_);
+    return JsonReader(json_.at(key), where(key), log_);
   }
   /// The raw value of key (marks it read); null when absent.
   nlohmann::json raw(const std::string& key) {
-    read_.insert(key);
+    note(key);
     return has(key) ? json_.at(key) : nlohmann::json();
   }
 
@@ -133,14 +148,23 @@ class JsonReader {
  private:
   // The value of key, marked read; null for absent or "auto".
   const nlohmann::json* take(const std::string& key) {
-    read_.insert(key);
+    note(key);
     if (!has(key) || is_auto(key)) return nullptr;
     return &json_.at(key);
+  }
+
+  // Marks key read and logs its path when present (and "auto").
+  void note(const std::string& key) {
+    read_.insert(key);
+    if (!has(key)) return;
+    log_->read.push_back(where(key));
+    if (is_auto(key)) log_->autos.push_back(where(key));
   }
 
   const nlohmann::json& json_;
   std::string path_;
   std::set<std::string> read_;
+  std::shared_ptr<ReadLog> log_;
 };
 
 }  // namespace zero::config

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <zero/config/json_reader.hpp>
+#include <zero/config/key_table.hpp>
 #include <zero/policies/offload.hpp>
 
 namespace zero::config {
@@ -29,7 +30,7 @@ struct OffloadConfig {
   double ratio = 1.0;
 
   /// Reads the section at r (DeepSpeed's buffer_count default is default_buffers); key paths
-  /// nobody reads are appended to unknown.
+  /// nobody reads are appended to unknown (config/key_table.hpp says which keys take effect).
   static OffloadConfig read(JsonReader r, std::int64_t default_buffers,
                             std::vector<std::string>& unknown) {
     OffloadConfig c;
@@ -53,13 +54,17 @@ struct OffloadConfig {
     c.pipeline_read = r.boolean("pipeline_read").value_or(false);
     c.pipeline_write = r.boolean("pipeline_write").value_or(false);
     c.ratio = r.number("ratio").value_or(1.0);
-    r.boolean("fast_init");  // accepted, no effect: initialisation is always sharded
     expect<ConfigError>(c.device != OffloadDevice::nvme || !c.nvme_path.empty(),
                         r.where("nvme_path"), ": required when device is nvme");
     expect<ConfigError>(c.buffer_count > 0, r.where("buffer_count"), ": ", c.buffer_count,
                         " must be positive");
     expect<ConfigError>(c.ratio > 0 && c.ratio <= 1, r.where("ratio"), ": ", c.ratio,
                         " must be in (0, 1]");
+    expect<ConfigError>(c.buffer_size > 0, r.where("buffer_size"), ": ", c.buffer_size,
+                        " must be positive (elements)");
+    expect<ConfigError>(c.max_in_cpu >= 0, r.where("max_in_cpu"), ": ", c.max_in_cpu,
+                        " must be >= 0 (elements)");
+    read_inert(r);
     for (const auto& k : r.unknown_keys()) unknown.push_back(k);
     return c;
   }

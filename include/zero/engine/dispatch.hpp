@@ -8,7 +8,18 @@
 //     E engine(model, comm, cfg);
 //     ...
 //   });
+//
+// Given a model template and the precisions a program supports, dispatch also picks the
+// compute type from fp16.enabled / bf16.enabled (each precision listed multiplies the engines
+// instantiated, so a program lists only those it runs); E::model_type is then the model to build:
+//
+//   zero::dispatch<nn::GPT, zero::Precisions<float, bf16>>(cfg, [&]<class E>(std::type_identity<E>)
+//   {
+//     typename E::model_type model(gpt_config);
+//     ...
+//   });
 
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -58,6 +69,61 @@ decltype(auto) dispatch(const Config& config, Fn&& fn) {
     }
   }
   return detail::dispatch_stage<M, void, Fixed...>(config, std::forward<Fn>(fn));
+}
+
+/// The compute types a program instantiates engines for (the first serves "auto").
+template <class... Ts>
+struct Precisions {};
+
+namespace detail {
+/// The engines of compute type T: ModelOf<T>, with Precision<T> unless T is f32 (the default).
+template <template <class> class ModelOf, class T, class... Fixed, class Fn>
+decltype(auto) dispatch_as(const Config& config, Fn&& fn) {
+  if constexpr (std::is_same_v<T, float>) {
+    return dispatch<ModelOf<T>, Fixed...>(config, std::forward<Fn>(fn));
+  } else {
+    return dispatch<ModelOf<T>, Precision<T>, Fixed...>(config, std::forward<Fn>(fn));
+  }
+}
+
+/// Tries T, then Rest..., for the compute type want; ConfigError naming key when none is it.
+template <template <class> class ModelOf, class... Fixed, class Fn, class T, class... Rest>
+decltype(auto) dispatch_precision(const Config& config, DType want, const char* key,
+                                  const std::string& listed, Fn&& fn, std::type_identity<T>,
+                                  std::type_identity<Rest>... rest) {
+  if constexpr (sizeof...(Rest) == 0) {
+    expect<ConfigError>(want == dtype_of<T>, key, ": the config asks for ", name_of(want),
+                        " but this program instantiates engines for ", listed, " only");
+    return dispatch_as<ModelOf, T, Fixed...>(config, std::forward<Fn>(fn));
+  } else {
+    if (want == dtype_of<T>) return dispatch_as<ModelOf, T, Fixed...>(config, std::forward<Fn>(fn));
+    return dispatch_precision<ModelOf, Fixed...>(config, want, key, listed, std::forward<Fn>(fn),
+                                                 rest...);
+  }
+}
+}  // namespace detail
+
+/// Calls fn(std::type_identity<Engine<ModelOf<T>, ZeroStage<s>, [Precision<T>,] Fixed...>>{}) for
+/// the config's stage s and compute type T: f16 when fp16.enabled, bf16 when bf16.enabled, f32
+/// when neither is true (both "auto": the first of Ts). ConfigError when T is not among Ts.
+template <template <class> class ModelOf, class Ps, class... Fixed, class Fn>
+decltype(auto) dispatch(const Config& config, Fn&& fn) {
+  return [&]<class... Ts>(Precisions<Ts...>) -> decltype(auto) {
+    static_assert(sizeof...(Ts) > 0, "zero::dispatch: Precisions<...> lists no compute type");
+    std::string listed;
+    for (DType d : {dtype_of<Ts>...})
+      listed += (listed.empty() ? "" : ", ") + std::string(name_of(d));
+    const bool fp16 = config.fp16.enabled.value_or(false);
+    const bool bf16_on = config.bf16_enabled.value_or(false);
+    const bool all_auto = !config.fp16.enabled && !config.bf16_enabled;
+    const DType first[] = {dtype_of<Ts>...};
+    const DType want = all_auto ? first[0] : fp16 ? DType::f16 : bf16_on ? DType::bf16 : DType::f32;
+    const char* key = fp16      ? "fp16.enabled"
+                      : bf16_on ? "bf16.enabled"
+                                : "fp16.enabled/bf16.enabled";
+    return detail::dispatch_precision<ModelOf, Fixed...>(
+        config, want, key, listed, std::forward<Fn>(fn), std::type_identity<Ts>{}...);
+  }(Ps{});
 }
 
 }  // namespace zero

@@ -63,6 +63,7 @@ template <nn::Model M, class... Policies>
 class Engine {
  public:
   using policies = EnginePolicies<M, Policies...>;
+  using model_type = M;                            ///< the model this engine trains
   using T = typename M::value_type;                ///< compute element type
   using MasterT = typename policies::master_type;  ///< master / accumulator element type
   static constexpr int stage = policies::stage;
@@ -93,11 +94,12 @@ class Engine {
       : Engine(model, EngineGroups(comm), std::move(update), options) {}
 
   /// An engine configured from a DeepSpeed JSON config (accumulation, clipping, fp16 scaler,
-  /// stage-3 buckets, the optimizer, the LR scheduler, NVMe offload), sharding over comm. The
-  /// config's stage, precision and offload must agree with the policies (ConfigError otherwise).
+  /// stage-3 buckets, the optimizer, the LR scheduler, NVMe offload, and comm_timeout_s, which
+  /// becomes comm's deadline when the config sets it), sharding over comm. The config's stage,
+  /// precision and offload must agree with the policies (ConfigError otherwise).
   template <parallel::Communicator C>
   Engine(M& model, C& comm, const Config& config, EngineOptions options = {})
-      : Engine(model, EngineGroups(comm), config, options) {}
+      : Engine(model, EngineGroups(apply_comm_timeout(config, comm)), config, options) {}
 
   /// The engines above, sharding over the grid's data-parallel group (dp, or dp x cp with
   /// context parallelism); the model keeps its own tensor, pipeline, expert and sequence groups.
@@ -106,7 +108,8 @@ class Engine {
   template <parallel::Communicator C, class Update>
   Engine(M& model, parallel::ProcessGroups<C>& groups, Update&& update_or_config,
          EngineOptions options = {})
-      : Engine(model, EngineGroups(groups), std::forward<Update>(update_or_config), options) {}
+      : Engine(model, EngineGroups(apply_comm_timeout(update_or_config, groups)),
+               std::forward<Update>(update_or_config), options) {}
 
   /// An engine over explicit groups, with an update callback.
   Engine(M& model, EngineGroups groups, UpdateFn update, EngineOptions options = {})
@@ -130,7 +133,8 @@ class Engine {
     static_assert(!policies::reference_model,
                   "zero::Engine: an optimizer from the config updates fp32 masters; an f64 "
                   "reference model takes an UpdateFn");
-    check_config_against_policies<T, typename policies::offload>(config, stage);
+    check_config_against_policies<T, typename policies::offload, typename policies::compute>(config,
+                                                                                             stage);
     expect<ConfigError>(config.optimizer.has_value(),
                         "optimizer: required to build an Engine from a config");
     optimizer_spec_ = *config.optimizer;
@@ -326,6 +330,9 @@ class Engine {
     exchange_.report(r);
     return r;
   }
+  /// Stage 3: the most unit elements gathered at once so far (bounded by the prefetch window and
+  /// stage3_max_live_parameters, beyond the units a forward or backward needs at once).
+  std::int64_t peak_gathered_elems() const { return exchange_.peak_gathered_elems(); }
   /// The buffers each unit has under this engine's policies (what memory_report sums).
   const std::vector<BufferPlan>& buffer_plan() const { return plan_; }
 

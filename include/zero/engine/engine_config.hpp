@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -15,18 +16,38 @@
 
 #include <optim/any_optimizer.hpp>
 #include <optim/lr_schedule.hpp>
+#include <parallel/process_groups.hpp>
+#include <parallel/topology.hpp>
 #include <zero/config/config.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/engine/partition.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/offload/nvme_config.hpp>
+#include <zero/policies/compute.hpp>
 #include <zero/policies/offload.hpp>
 
 namespace zero::engine {
 
+/// True when config asks for CPU offload and the engine computes on the host with Offload<None>:
+/// the states already live in host memory, so the request is met as it stands.
+template <class Where, class Device>
+bool offload_cpu_already_host(const Config& config) {
+  const auto& z = config.zero_optimization;
+  return std::is_same_v<Where, None> && std::is_same_v<Device, Host> &&
+         (z.offload_optimizer.device == OffloadDevice::cpu ||
+          z.offload_param.device == OffloadDevice::cpu);
+}
+
+/// The line a program prints once when offload_cpu_already_host holds.
+inline std::string host_offload_note() {
+  return "zero_optimization.offload_optimizer/offload_param.device is cpu: on this host-only run "
+         "the master, optimizer states and parameter shards already live in host memory";
+}
+
 /// Throws ConfigError when config's stage, fp16/bf16 switches or offload devices contradict an
-/// engine of ZeRO stage `stage`, compute type T and offload target Where.
-template <class T, class Where>
+/// engine of ZeRO stage `stage`, compute type T, offload target Where and compute Device (CPU
+/// offload on the host is met by Offload<None>: see offload_cpu_already_host).
+template <class T, class Where, class Device = Host>
 void check_config_against_policies(const Config& config, int stage) {
   const int want = config.zero_optimization.stage;
   expect<ConfigError>(want == stage, "zero_optimization.stage: the config asks for stage ", want,
@@ -41,10 +62,14 @@ void check_config_against_policies(const Config& config, int stage) {
                       bf16 ? "true" : "false", " but the engine computes in ",
                       name_of(dtype_of<T>));
   constexpr OffloadDevice expected = offload_device_of<Where>;
-  const OffloadDevice device = config.zero_optimization.offload_optimizer.device;
+  const bool host_cpu = offload_cpu_already_host<Where, Device>(config);
+  const auto met = [&](OffloadDevice d) {
+    return host_cpu && d == OffloadDevice::cpu ? expected : d;
+  };
+  const OffloadDevice device = met(config.zero_optimization.offload_optimizer.device);
   // The master slice is a rank's only parameter copy at rest, so parameter offload (stage 3)
   // is the same move as optimizer offload: offload_param alone also selects Offload<NVMe>.
-  const OffloadDevice param_device = config.zero_optimization.offload_param.device;
+  const OffloadDevice param_device = met(config.zero_optimization.offload_param.device);
   const bool param_only =
       device == OffloadDevice::none && param_device == expected && expected == OffloadDevice::nvme;
   expect<ConfigError>(device == expected || param_only,
@@ -55,6 +80,35 @@ void check_config_against_policies(const Config& config, int stage) {
                       "zero_optimization.offload_param.device: the config says '",
                       name_of(param_device), "' but the engine was built with Offload<",
                       name_of(expected), "> (parameters go where the master goes)");
+}
+
+/// Sets config's comm_timeout_s, when the config gives it, as the deadline of comm (every later
+/// wait of the group); returns comm. Called with an update callback instead of a config, or on
+/// a communicator without options, it changes nothing.
+template <class ConfigOrUpdate, class C>
+C& apply_comm_timeout(const ConfigOrUpdate& config, C& comm) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<ConfigOrUpdate>, Config> &&
+                requires { comm.set_options(comm.options()); }) {
+    if (config.comm_timeout_given) {
+      auto options = comm.options();
+      options.timeout_s = config.comm_timeout_s;
+      comm.set_options(options);
+    }
+  }
+  return comm;
+}
+
+/// The same for the groups of a process grid the engine works over: the data-parallel group
+/// and, with tensor parallelism, the tensor-parallel and tp x dp groups (EngineGroups).
+template <class ConfigOrUpdate, class C>
+parallel::ProcessGroups<C>& apply_comm_timeout(const ConfigOrUpdate& config,
+                                               parallel::ProcessGroups<C>& groups) {
+  apply_comm_timeout(config, groups.data_parallel());
+  if (groups.grid().size(parallel::Axis::tp) > 1) {
+    apply_comm_timeout(config, groups.tp());
+    apply_comm_timeout(config, groups.tp_dp());
+  }
+  return groups;
 }
 
 /// The NVMe settings of config: offload_optimizer's section when it offloads to NVMe, else
@@ -74,6 +128,7 @@ inline std::optional<optim::LrScheduler> scheduler_from_config(const Config& con
   for (const auto& [k, v] : config.scheduler->params) {
     block["params"][k] = v.size() == 1 ? nlohmann::json(v[0]) : nlohmann::json(v);
   }
+  for (const auto& [k, v] : config.scheduler->words) block["params"][k] = v;
   return optim::LrScheduler::from_json(block, lr);
 }
 

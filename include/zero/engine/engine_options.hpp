@@ -1,7 +1,7 @@
 #pragma once
 // Run-time settings of an Engine and the micro-batch it consumes. EngineOptions::with_config
 // takes the DeepSpeed keys that are numbers rather than policies (accumulation, clipping, the
-// fp16 loss-scale block, stage-3 prefetch and persistence); the structural keys (stage,
+// fp16 loss-scale block, stage-3 prefetch, persistence and live bound); the structural keys (stage,
 // precision, offload) are checked against the engine's policies by the engine itself.
 
 #include <cstdint>
@@ -46,6 +46,9 @@ struct EngineOptions {
   /// Stage 3: units of at most this many elements stay gathered for the whole run (DeepSpeed's
   /// stage3_param_persistence_threshold, applied per unit rather than per parameter).
   std::int64_t persistence_threshold = 100'000;
+  /// Stage 3: prefetching stops before the gathered units would hold more than this many
+  /// elements (DeepSpeed's stage3_max_live_parameters); the unit about to run is always gathered.
+  std::int64_t max_live_elems = 1'000'000'000;
   /// Gradient reductions in flight during backward (each holds one unit-sized buffer).
   int max_pending_reductions = 2;
   /// Offload<NVMe>, tests only: fails chosen requests of the swapper's file I/O.
@@ -74,6 +77,7 @@ struct EngineOptions {
     if (z.stage3_param_persistence_threshold) {
       o.persistence_threshold = *z.stage3_param_persistence_threshold;
     }
+    o.max_live_elems = z.stage3_max_live_parameters;
     if (!config.nonfinite_policy.empty()) {
       expect<ConfigError>(config.nonfinite_policy == "skip" || config.nonfinite_policy == "raise",
                           "nonfinite_policy: '", config.nonfinite_policy,

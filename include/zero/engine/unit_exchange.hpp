@@ -16,6 +16,7 @@
 // Every rank calls these in the same order (the engine's static unit order), so the collectives
 // match on every rank. A failed collective is a CommError naming the op, the unit and the step.
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -83,7 +84,18 @@ class UnitExchange {
         comm_.all_gather_async(gather_source(u), std::span<T>(s.params->data(), s.params->size()));
     s.gathering = true;
     if (fresh) bind(u);
+    peak_gathered_elems_ = std::max(peak_gathered_elems_, gathered_elems());
   }
+  /// Elements of the units gathered now (whole parameters held, or being gathered).
+  std::int64_t gathered_elems() const {
+    std::int64_t n = 0;
+    for (const Unit& s : units_) {
+      if (s.params) n += s.partition->padded_numel();
+    }
+    return n;
+  }
+  /// The most elements gathered at once so far (what stage3_max_live_parameters bounds).
+  std::int64_t peak_gathered_elems() const { return peak_gathered_elems_; }
   /// Waits for unit u's gather, if one runs, and gives its scratch back to the pool.
   void finish_gather(int u) {
     Unit& s = unit(u);
@@ -108,13 +120,17 @@ class UnitExchange {
     for (int used : model_.unit_uses(u)) ready(used);
   }
   /// Stage 3: starts gathers of the units after u in direction dir (+1 forward, -1 backward),
-  /// up to the prefetch budget.
+  /// up to the prefetch budget, and only while the gathered units stay within max_live_elems.
   void prefetch(int u, int dir) {
     if constexpr (traits::gathers_before_use) {
       std::int64_t budget = options_.prefetch_elems;
+      std::int64_t live = gathered_elems();
       for (int v = u + dir; v >= 0 && v < num_units() && budget > 0; v += dir) {
         if (unit(v).params) continue;
-        budget -= unit(v).partition->padded_numel();
+        const std::int64_t n = unit(v).partition->padded_numel();
+        if (live + n > options_.max_live_elems) break;
+        budget -= n;
+        live += n;
         start_gather(v);
       }
     } else {
@@ -281,6 +297,7 @@ class UnitExchange {
   ContextFn context_;
   std::vector<DeviceBuffer<T>> scratch_pool_;
   std::deque<Pending> pending_;  // after the pool: its work may still write into its scratch
+  std::int64_t peak_gathered_elems_ = 0;
 };
 
 }  // namespace zero::engine

@@ -1,0 +1,209 @@
+// Config keys the engine applies, each shown by its effect: comm_timeout_s becomes the deadline
+// of the engine's communicator, stage3_max_live_parameters bounds the gathered elements without
+// changing a number, offload_optimizer.device cpu is met on a host-only engine as it stands, and
+// zero::dispatch picks the compute type from bf16.enabled / fp16.enabled.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <latch>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <parallel/comm/local_comm.hpp>
+#include <zero/engine/dispatch.hpp>
+
+#include "../support/per_rank.hpp"
+#include "engine_test_util.hpp"
+
+using namespace zero;
+using namespace zero::test;
+using zero::parallel::LocalComm;
+using zero::testing::nothing_thrown;
+using zero::testing::per_rank;
+using zero::testing::thrown_message;
+
+namespace {
+
+Config with_keys(int stage, const std::string& extra_top, const std::string& extra_zero) {
+  return Config::from_json_string(
+      R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},)" +
+      extra_top + R"("zero_optimization": {"stage": )" + std::to_string(stage) + extra_zero + "}}");
+}
+
+}  // namespace
+
+TEST_CASE("comm_timeout_s from the config is the deadline of the engine's communicator",
+          "[unit][engine]") {
+  parallel::CommOptions long_wait;
+  long_wait.timeout_s = 300;
+  // Rank 1 builds its engine and then waits (without a collective) until rank 0's lone
+  // all-reduce has given up on it.
+  auto run = [&](const Config& cfg) {
+    std::vector<std::string> errors(2);
+    std::vector<double> deadlines(2);
+    std::latch rank0_done(1);
+    LocalComm::run(
+        2,
+        [&](LocalComm& comm) {
+          nn::GPT<float> model(tiny());
+          engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, comm, cfg);
+          const auto r = static_cast<std::size_t>(comm.rank());
+          deadlines[r] = comm.options().timeout_s;
+          if (comm.rank() == 1) {
+            rank0_done.wait();
+            return;
+          }
+          errors[r] = thrown_message([&] {
+            double x = 1;
+            eng.comm().all_reduce(std::span<double>(&x, 1), parallel::ReduceOp::sum);
+          });
+          rank0_done.count_down();
+        },
+        long_wait);
+    return std::pair{errors[0], deadlines};
+  };
+  const auto [error, deadlines] = run(with_keys(1, R"("comm_timeout_s": 0.25,)", ""));
+  CHECK(deadlines == std::vector<double>{0.25, 0.25});
+  CHECK_THAT(error, Catch::Contains("timed out after 0.25"));
+  // Negative control: without the key, the communicator keeps the program's own deadline.
+  Config without = with_keys(1, "", "");
+  CHECK_FALSE(without.comm_timeout_given);
+  std::vector<double> kept(2);
+  LocalComm::run(
+      2,
+      [&](LocalComm& comm) {
+        nn::GPT<float> model(tiny());
+        engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, comm, without);
+        kept[static_cast<std::size_t>(comm.rank())] = comm.options().timeout_s;
+      },
+      long_wait);
+  CHECK(kept == std::vector<double>{300, 300});
+}
+
+TEST_CASE("stage3_max_live_parameters bounds the gathered elements, not the numbers",
+          "[unit][engine]") {
+  struct Result {
+    std::vector<float> values;
+    std::int64_t peak = 0, largest_need = 0;
+  };
+  // Prefetch everything (a window far beyond the model) and keep nothing persistent, so only
+  // max_live stops the gathers running ahead.
+  auto run = [](std::int64_t max_live) {
+    Result out;
+    const Config cfg = with_keys(3, "",
+                                 R"(, "stage3_prefetch_bucket_size": 1e9,
+                                 "stage3_param_persistence_threshold": 0,
+                                 "stage3_max_live_parameters": )" +
+                                     std::to_string(max_live));
+    LocalComm::run(2, [&](LocalComm& comm) {
+      nn::GPT<float> model(tiny());
+      engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(model, comm, cfg);
+      for (int step = 0; step < 2; ++step) {
+        const GlobalBatch b(micro_rows * 2, step, tiny().vocab_size);
+        eng.forward(b.micro(0, comm.rank(), 2));
+        eng.backward();
+        eng.step();
+      }
+      std::vector<float> mine;
+      for (int u = 0; u < eng.num_units(); ++u) {
+        const auto v = eng.gather_unit_values(u);
+        mine.insert(mine.end(), v.begin(), v.end());
+      }
+      if (comm.rank() == 0) {
+        out.values = mine;
+        out.peak = eng.peak_gathered_elems();
+        // What one unit needs at once: itself and the units it uses (the tied head uses the
+        // embedding), whatever the bound.
+        for (int u = 0; u < eng.num_units(); ++u) {
+          std::int64_t need = eng.partition(u).padded_numel();
+          for (int used : model.unit_uses(u)) need += eng.partition(used).padded_numel();
+          out.largest_need = std::max(out.largest_need, need);
+        }
+      }
+    });
+    return out;
+  };
+  const Result free = run(1'000'000'000);
+  const std::int64_t bound = free.largest_need;
+  const Result bounded = run(bound);
+  INFO("peak unbounded " << free.peak << ", bounded " << bounded.peak << ", bound " << bound);
+  CHECK(bounded.peak <= bound + free.largest_need);  // the bound, plus a unit about to run
+  CHECK(bounded.peak < free.peak);                   // the bound took effect
+  REQUIRE(bounded.values.size() == free.values.size());
+  CHECK(std::memcmp(bounded.values.data(), free.values.data(),
+                    free.values.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("offload_optimizer.device cpu on a host-only engine is met as it stands",
+          "[unit][engine]") {
+  const Config cpu =
+      with_keys(2, "", R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})");
+  CHECK(engine::offload_cpu_already_host<None, Host>(cpu));
+  CHECK_NOTHROW(engine::check_config_against_policies<float, None, Host>(cpu, /*stage=*/2));
+  const auto errors = per_rank<std::string>(2, [&](LocalComm& comm) {
+    return thrown_message([&] {
+      nn::GPT<float> model(tiny());
+      engine::Engine<nn::GPT<float>, ZeroStage<2>> eng(model, comm, cpu);
+    });
+  });
+  CHECK(errors[0] == nothing_thrown);
+  // Negative controls: NVMe is not met by an engine without Offload<NVMe>, and a CPU-offload
+  // request to an engine that computes elsewhere is not met in place.
+  const Config nvme =
+      with_keys(2, "", R"(, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
+  CHECK_THROWS_WITH((engine::check_config_against_policies<float, None, Host>(nvme, 2)),
+                    Catch::Contains("zero_optimization.offload_optimizer.device"));
+  struct OtherDevice {};
+  CHECK_FALSE(engine::offload_cpu_already_host<None, OtherDevice>(cpu));
+  CHECK_THROWS_WITH((engine::check_config_against_policies<float, None, OtherDevice>(cpu, 2)),
+                    Catch::Contains("zero_optimization.offload_optimizer.device: the config says "
+                                    "'cpu'"));
+}
+
+TEST_CASE("zero::dispatch picks the compute type from bf16.enabled and fp16.enabled",
+          "[unit][engine]") {
+  auto picked = [](const std::string& top) {
+    const Config cfg = with_keys(2, top, "");
+    return zero::dispatch<nn::GPT, Precisions<float, bf16>, Offload<None>>(
+        cfg, []<class E>(std::type_identity<E>) {
+          static_assert(std::is_same_v<typename E::model_type, nn::GPT<typename E::T>>);
+          return std::string(name_of(dtype_of<typename E::T>)) + " stage " +
+                 std::to_string(E::stage);
+        });
+  };
+  CHECK(picked("") == "f32 stage 2");
+  CHECK(picked(R"("bf16": {"enabled": true},)") == "bf16 stage 2");
+  CHECK(picked(R"("bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},)") == "f32 stage 2");
+  CHECK_THROWS_WITH(picked(R"("fp16": {"enabled": true},)"),
+                    Catch::Contains("fp16.enabled: the config asks for f16") &&
+                        Catch::Contains("f32, bf16 only"));
+}
+
+TEST_CASE("a bf16 config trains the bf16 engine that dispatch picks", "[unit][engine]") {
+  const Config cfg = with_keys(3, R"("bf16": {"enabled": true},)", "");
+  using E = engine::Engine<nn::GPT<bf16>, ZeroStage<3>, Precision<bf16>>;
+  // dispatch names this engine for the config (the engine itself is built once, below).
+  const bool same = zero::dispatch<nn::GPT, Precisions<float, bf16>, Offload<None>>(
+      cfg, []<class Picked>(std::type_identity<Picked>) {
+        return std::is_same_v<
+            Picked, engine::Engine<nn::GPT<bf16>, ZeroStage<3>, Precision<bf16>, Offload<None>>>;
+      });
+  CHECK(same);
+  const auto losses = per_rank<std::vector<double>>(2, [&](LocalComm& comm) {
+    typename E::model_type model(tiny());
+    E eng(model, comm, cfg);
+    std::vector<double> out;
+    for (int step = 0; step < 4; ++step) {
+      const GlobalBatch b(micro_rows * 2, 0, tiny().vocab_size);  // one batch, learnt
+      out.push_back(static_cast<float>(eng.forward(b.micro(0, comm.rank(), 2))));
+      eng.backward();
+      eng.step();
+    }
+    return out;
+  });
+  INFO(losses[0][0] << " -> " << losses[0][3]);
+  CHECK(losses[0][3] < losses[0][0]);
+}
