@@ -231,9 +231,8 @@ class MpiWork final : public WorkState {
                        " s waiting for rank ", info_.peer, " (world rank ",
                        shared_->world_ranks[static_cast<std::size_t>(info_.peer)], ")");
     }
-    const std::string who =
-        census(shared_->control, shared_->rank(), shared_->size(), record(),
-               shared_->census_grace_s(), shared_->world_ranks);
+    const std::string who = census(shared_->control, shared_->rank(), shared_->size(), record(),
+                                   shared_->census_grace_s(), shared_->world_ranks);
     raise<CommError>("MpiComm: ", describe(), " timed out after ", shared_->options.timeout_s,
                      " s: not every rank of the group (world ranks ", shared_->members(),
                      ") joined it: ", who,
@@ -615,8 +614,8 @@ class MpiComm : public BlockingCollectives<MpiComm> {
   // compare, before the collective itself is posted (under the same deadline).
   void verify_sequence(const detail::MpiWork& work) {
     auto& s = checked();
-    auto records = std::make_shared<std::vector<detail::MpiOpRecord>>(
-        static_cast<std::size_t>(s.size()));
+    auto records =
+        std::make_shared<std::vector<detail::MpiOpRecord>>(static_cast<std::size_t>(s.size()));
     auto mine = std::make_shared<detail::MpiOpRecord>(work.record());
     auto check = std::make_shared<detail::MpiWork>(shared_, work.info());
     check->keep_alive = {records, mine};

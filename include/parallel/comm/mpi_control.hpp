@@ -110,10 +110,9 @@ inline std::string census(MPI_Comm control, int rank, int size, const MpiOpRecor
       MPI_Request_free(&request);
     }
   }
-  const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(grace_s));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(grace_s));
   auto heard_all = [&] {
     for (const auto& r : got) {
       if (!r.valid) return false;
