@@ -335,6 +335,8 @@ class Engine {
     exchange_.report(r);
     return r;
   }
+  /// Highest bytes the activation arena held in any micro-step so far (its high-water mark).
+  std::size_t activation_peak_bytes() const { return micro_.activation_peak_bytes(); }
   /// The buffers each unit has under this engine's policies (what memory_report sums).
   const std::vector<BufferPlan>& buffer_plan() const { return plan_; }
 
