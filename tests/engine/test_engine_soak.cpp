@@ -4,7 +4,9 @@
 // number of open file descriptors must stay exactly where they were: a leak of buffers, pool
 // entries or checkpoint file handles over thousands of steps shows up here.
 #include <cstddef>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,21 @@ namespace {
 constexpr int soak_steps = 5000;
 constexpr int checkpoint_every = 500;
 
+// Resident set size of this process in KiB (VmRSS), or 0 where /proc does not say.
+std::size_t rss_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  std::size_t value = 0;
+  while (status >> key) {
+    if (key == "VmRSS:") {
+      status >> value;
+      return value;
+    }
+    status.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
 // Open file descriptors of this process.
 std::size_t open_fds() {
   std::size_t n = 0;
@@ -38,7 +55,8 @@ struct Sample {
   int step = 0;
   std::size_t arena_peak = 0;
   engine::MemoryReport memory;
-  std::size_t fds = 0;  // rank 0 only: the count is the process's
+  std::size_t fds = 0;      // rank 0 only: the count is the process's
+  std::size_t rss_kib = 0;  // rank 0 only
   float loss = 0;
 };
 
@@ -75,7 +93,10 @@ TEST_CASE("soak: 5,000 stage-3 steps with checkpoints keep memory and file descr
       }
       eng.synchronize();
       Sample s{step, eng.activation_peak_bytes(), eng.memory_report(), 0, loss};
-      if (comm.rank() == 0) s.fds = open_fds();  // both ranks are between steps: no save open
+      if (comm.rank() == 0) {  // both ranks are between steps: no save has a file open
+        s.fds = open_fds();
+        s.rss_kib = rss_kib();
+      }
       comm.barrier();
       out.push_back(s);
     }
@@ -96,4 +117,13 @@ TEST_CASE("soak: 5,000 stage-3 steps with checkpoints keep memory and file descr
     // It trained: the loss on the repeating batches came down.
     CHECK(rank.back().loss < rank.front().loss);
   }
+  // The heap may settle for a while, but a leak of even 4 KiB a step would add 18 MiB here.
+  const auto& r0 = samples[0];
+  const std::size_t settled = r0[1].rss_kib, last = r0.back().rss_kib;
+  INFO("RSS " << settled << " KiB at step " << r0[1].step << ", " << last << " KiB at the end");
+  CHECK(last < settled + 8 * 1024);
+  std::printf(
+      "soak: arena peak %zu B, model state %zu B, scratch %zu B, %zu fds, RSS %zu -> %zu KiB\n",
+      r0.back().arena_peak, r0.back().memory.total(), r0.back().memory.scratch_bytes, r0.back().fds,
+      settled, last);
 }
