@@ -92,7 +92,11 @@ TEST_CASE("soak: 5,000 stage-3 steps with checkpoints keep memory and file descr
                                     ("step" + std::to_string(step - checkpoint_every)));
       }
       eng.synchronize();
-      Sample s{step, eng.activation_peak_bytes(), eng.memory_report(), 0, loss};
+      Sample s;
+      s.step = step;
+      s.arena_peak = eng.activation_peak_bytes();
+      s.memory = eng.memory_report();
+      s.loss = loss;
       if (comm.rank() == 0) {  // both ranks are between steps: no save has a file open
         s.fds = open_fds();
         s.rss_kib = rss_kib();

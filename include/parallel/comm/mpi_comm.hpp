@@ -291,7 +291,8 @@ class MpiComm : public BlockingCollectives<MpiComm> {
 
   /// Initialises MPI with MPI_THREAD_MULTIPLE (async Work may be waited on from any thread)
   /// unless it already is, and returns MPI_COMM_WORLD. MPI is finalised when the last
-  /// communicator that initialised it is destroyed.
+  /// communicator that initialised it is destroyed. Collective: every rank calls it, because
+  /// it duplicates MPI_COMM_WORLD for the control channel (mpi_control.hpp).
   static MpiComm world(int& argc, char**& argv, CommOptions options = {}) {
     auto env =
         std::make_shared<boost::mpi::environment>(argc, argv, boost::mpi::threading::multiple,
