@@ -16,6 +16,7 @@
 
 #include <zero/config/aio.hpp>
 #include <zero/config/json_reader.hpp>
+#include <zero/config/tensor_parallel.hpp>
 #include <zero/config/zero_optimization.hpp>
 #include <zero/core/error.hpp>
 
@@ -64,8 +65,9 @@ struct Config {
   std::optional<NamedParams> optimizer;
   std::optional<NamedParams> scheduler;
   config::ZeroOptimizationConfig zero_optimization;
-  config::AioConfig aio;              ///< NVMe offload I/O (zero/offload)
-  std::vector<std::string> warnings;  ///< unknown keys and other non-fatal findings
+  config::AioConfig aio;                         ///< NVMe offload I/O (zero/offload)
+  config::TensorParallelConfig tensor_parallel;  ///< tensor and sequence parallelism
+  std::vector<std::string> warnings;             ///< unknown keys and other non-fatal findings
 
   /// Parses a config; throws ConfigError naming the key path of the first bad value.
   static Config from_json(const nlohmann::json& j) {
@@ -133,6 +135,12 @@ struct Config {
     {
       std::vector<std::string> unknown;
       c.aio = config::AioConfig::read(r.object("aio"), unknown);
+      for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");
+    }
+    {
+      std::vector<std::string> unknown;
+      c.tensor_parallel = config::TensorParallelConfig::read(r.object("tensor_parallel"), unknown);
+      c.tensor_parallel.merge_megatron(r);
       for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");
     }
     for (const char* section :
