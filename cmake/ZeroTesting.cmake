@@ -32,6 +32,18 @@ function(zero_header_requirements header out)
   set(${out} ${_req} PARENT_SCOPE)
 endfunction()
 
+# zero_mpiexec_flags(<out-var>): mpiexec's switches for tests: --oversubscribe, plus
+# --allow-run-as-root when running as root.
+function(zero_mpiexec_flags out)
+  set(_flags --oversubscribe)
+  execute_process(COMMAND id -u OUTPUT_VARIABLE _uid OUTPUT_STRIP_TRAILING_WHITESPACE
+                  ERROR_QUIET)
+  if(_uid STREQUAL "0")
+    list(APPEND _flags --allow-run-as-root)
+  endif()
+  set(${out} ${_flags} PARENT_SCOPE)
+endfunction()
+
 # zero_add_mpi_test(NAME <name> TARGET <exe> RANKS <k> [PROGRAM] [ARGS ...]): runs <exe> "[mpi]"
 # [ARGS] (PROGRAM: without the "[mpi]" test filter, for examples)
 # under `mpiexec -n <k> --oversubscribe` (plus --allow-run-as-root when running as root), with
@@ -46,12 +58,7 @@ function(zero_add_mpi_test)
   if(ARG_PROGRAM)
     set(_tag "")
   endif()
-  set(_flags --oversubscribe)
-  execute_process(COMMAND id -u OUTPUT_VARIABLE _uid OUTPUT_STRIP_TRAILING_WHITESPACE
-                  ERROR_QUIET)
-  if(_uid STREQUAL "0")
-    list(APPEND _flags --allow-run-as-root)
-  endif()
+  zero_mpiexec_flags(_flags)
   add_test(NAME ${ARG_NAME}
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ARG_RANKS} ${_flags}
                    ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${ARG_TARGET}> ${MPIEXEC_POSTFLAGS}

@@ -3,12 +3,16 @@
 # builds and runs the tests.
 #   bash scripts/test.sh            unit, package and MPI tests (the default CTest run)
 #   bash scripts/test.sh --slow     also the [slow] tests
+#   bash scripts/test.sh --sanitize the ASan/UBSan and TSan runs (scripts/sanitize.sh)
 # Exits non-zero when anything fails, after printing the failing tests' output. Unformatted
 # files (scripts/check-format.sh) fail the run too, but only after the tests ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
+if [ "${1:-}" = "--sanitize" ]; then
+  exec bash scripts/sanitize.sh
+fi
 
 preset=ci
 ctest_args=(--preset "$preset" -j 2)

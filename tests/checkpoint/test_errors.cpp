@@ -108,6 +108,34 @@ TEST_CASE("a malformed or truncated index is named", "[unit]") {
   CHECK_THROWS_WITH(Reader(fx.dir.path(), "t"), Contains("has no index.json"));
 }
 
+TEST_CASE("an index number that is a float or out of range is named, not cast (fuzz finding)",
+          "[unit]") {
+  // fuzz_checkpoint_index found "bytes": 8.9e102, which nlohmann cast to uint64 (undefined
+  // behaviour under UBSan); integers out of their field's range were cast silently.
+  const std::string where = "checkpoint 'x/index.json'";
+  const std::string good = R"({"format": "zero-checkpoint", "version": 1, "tag": "t",
+    "world_size": 1, "files": [{"name": "r0.bin", "rank": 0, "bytes": BYTES}],
+    "tensors": {"w": {"dtype": "F32", "shape": SHAPE, "segments": [{"file": "r0.bin",
+    "offset": 0, "count": 2, "bytes": [0, 8], "crc32c": CRC}]}}})";
+  auto with = [&](const std::string& bytes, const std::string& shape, const std::string& crc) {
+    std::string t = good;
+    t.replace(t.find("BYTES"), 5, bytes);
+    t.replace(t.find("SHAPE"), 5, shape);
+    t.replace(t.find("CRC"), 3, crc);
+    return t;
+  };
+  CHECK(parse_index(with("8", "[2]", "7"), where).files.at(0).bytes == 8);  // negative control
+  CHECK_THROWS_WITH(
+      parse_index(with("8.9e102", "[2]", "7"), where),
+      Contains(where) && Contains("\"bytes\" must be an integer") && Contains("8.9e+102"));
+  CHECK_THROWS_WITH(parse_index(with("-8", "[2]", "7"), where),
+                    Contains("\"bytes\" must be an integer in [0, "));
+  CHECK_THROWS_WITH(parse_index(with("8", "[2.5]", "7"), where),
+                    Contains("\"shape\" must be an integer") && Contains("2.5"));
+  CHECK_THROWS_WITH(parse_index(with("8", "[2]", "4294967296"), where),
+                    Contains("\"crc32c\" must be an integer in [0, 4294967295]"));
+}
+
 TEST_CASE("latest missing or naming a missing tag is named", "[unit]") {
   Fixture fx;
   zero::testing::write_file(fx.dir.path() / "latest", "gone\n");

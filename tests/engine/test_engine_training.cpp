@@ -6,6 +6,7 @@
 // but memory and traffic; configs that contradict the policies are rejected.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -238,55 +239,88 @@ TEST_CASE("bf16 and fp16 toy runs follow the fp32 run", "[unit][engine]") {
 
 namespace {
 
+// What ranks 0 and 1 saw when rank 2 was lost: the backward's error, then what a second
+// forward and a step said, and how long those took.
+struct LostRankErrors {
+  std::vector<std::string> backward, forward_after, step_after;
+  std::vector<double> after_s;
+};
+
 // Runs a stage-2 toy engine on 3 ranks where rank 2 does the forward but never its backward:
-// it either leaves (dies) or blocks until the others have their errors (stalls). Returns the
-// errors ranks 0 and 1 saw.
-std::vector<std::string> lose_rank_two(bool stall) {
-  parallel::CommOptions comm_options;
-  comm_options.timeout_s = 0.5;
-  std::vector<std::string> errors(3);
+// it either leaves (dies) or blocks until the others have their errors (stalls). The others
+// then try to go on: the engine must refuse with the first error at once, not hang in a
+// collective rank 2 never joins (the deadline is raised to 60 s first, so a hang would show).
+LostRankErrors lose_rank_two(bool stall) {
+  LostRankErrors out;
+  out.backward.resize(3);
+  out.forward_after.resize(3);
+  out.step_after.resize(3);
+  out.after_s.resize(3);
+  auto& errors = out.backward;
   std::latch others_failed(2);
   try {
-    LocalComm::run(
-        3,
-        [&](LocalComm& comm) {
-          ToyModel<double> model;
-          engine::Engine<ToyModel<double>, ZeroStage<2>> eng(
-              model, comm, [](int, std::span<double>, std::span<const double>) {});
-          std::vector<std::int32_t> tokens(16, 1);
-          eng.forward({tokens.data(), tokens.data(), 2, 8});
-          if (comm.rank() == 2) {
-            if (stall) others_failed.wait();  // stuck until the others gave up on it
-            return;
-          }
-          try {
-            eng.backward();
-          } catch (const CommError& e) {
-            errors[static_cast<std::size_t>(comm.rank())] = e.what();
-          }
-          others_failed.count_down();
-        },
-        comm_options);
+    LocalComm::run(3, [&](LocalComm& comm) {
+      ToyModel<double> model;
+      engine::Engine<ToyModel<double>, ZeroStage<2>> eng(
+          model, comm, [](int, std::span<double>, std::span<const double>) {});
+      std::vector<std::int32_t> tokens(16, 1);
+      eng.forward({tokens.data(), tokens.data(), 2, 8});
+      if (comm.rank() == 2) {
+        if (stall) others_failed.wait();  // stuck until the others gave up on it
+        return;
+      }
+      const auto me = static_cast<std::size_t>(comm.rank());
+      // The short deadline covers only the collective rank 2 never joins: construction
+      // and forward run under the default one, so a slow build (TSan) cannot time them out.
+      comm.set_options(parallel::CommOptions{.timeout_s = 2});
+      try {
+        eng.backward();
+      } catch (const CommError& e) {
+        errors[me] = e.what();
+      }
+      comm.set_options(parallel::CommOptions{.timeout_s = 60});
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        eng.forward({tokens.data(), tokens.data(), 2, 8});
+      } catch (const std::exception& e) {
+        out.forward_after[me] = e.what();
+      }
+      try {
+        eng.step();
+      } catch (const std::exception& e) {
+        out.step_after[me] = e.what();
+      }
+      out.after_s[me] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      others_failed.count_down();
+    });
   } catch (const std::exception&) {
     // LocalComm::run may also report rank 2's departure; the messages below are what matter.
   }
-  return errors;
+  return out;
 }
 
 }  // namespace
 
 TEST_CASE(
     "a stalled or departed rank makes the others fail within the deadline, naming it and "
-    "the collective (op, unit, step)",
+    "the collective (op, unit, step); the engine then refuses to go on",
     "[unit][engine]") {
   for (bool stall : {true, false}) {
-    const auto errors = lose_rank_two(stall);
-    for (int r = 0; r < 2; ++r) {
-      INFO((stall ? "stalled: " : "departed: ") << errors[static_cast<std::size_t>(r)]);
-      CHECK_THAT(errors[static_cast<std::size_t>(r)],
-                 Catch::Contains("reduce-scatter of unit 1 (c) at step 0") &&
-                     Catch::Contains("ranks [2]"));
-      if (stall) CHECK_THAT(errors[static_cast<std::size_t>(r)], Catch::Contains("timed out"));
+    const auto lost = lose_rank_two(stall);
+    for (std::size_t r = 0; r < 2; ++r) {
+      const std::string& error = lost.backward[r];
+      INFO((stall ? "stalled: " : "departed: ") << error);
+      CHECK_THAT(error, Catch::Contains("reduce-scatter of unit 1 (c) at step 0") &&
+                            Catch::Contains("ranks [2]"));
+      if (stall) CHECK_THAT(error, Catch::Contains("timed out"));
+      // Every later call that communicates is refused with the first error, without waiting.
+      INFO("forward after: " << lost.forward_after[r] << "\nstep after: " << lost.step_after[r]);
+      CHECK_THAT(lost.forward_after[r],
+                 Catch::StartsWith("Engine::forward: refused") && Catch::Contains(error));
+      CHECK_THAT(lost.step_after[r],
+                 Catch::StartsWith("Engine::step: refused") && Catch::Contains(error));
+      CHECK(lost.after_s[r] < 10.0);
     }
   }
 }

@@ -160,9 +160,13 @@ TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the
     late.set_options(CommOptions{.timeout_s = 0.5});
     if (me != n - 1) {
       const auto start = std::chrono::steady_clock::now();
+      // The census names the one rank that never joined, and the ones that did.
+      const std::string missing = "never joined it";
+      const std::string named = "(world ranks [" + std::to_string(n - 1) + "])";
       CHECK_THROWS_WITH(late.barrier(), Contains("barrier") && Contains("group 'late'") &&
                                             Contains("timed out after 0.5 s") &&
-                                            Contains("world ranks [0, 1"));
+                                            Contains("world ranks [0, 1") && Contains(missing) &&
+                                            Contains(named));
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       CHECK(s < 2.5);
@@ -173,6 +177,39 @@ TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the
     }
     world.barrier();
   }
+}
+
+TEST_CASE("MpiComm: verify_sequence names both ranks' ops where the collective sequence diverges",
+          "[mpi]") {
+  auto world = MpiComm::world();
+  const int me = world.rank();
+  auto comm = world.split(0, me, "checked");
+  comm.set_options(CommOptions{.timeout_s = 20, .verify_sequence = true});
+  std::vector<float> buf(4, 1.0f);
+  // Negative control: the same ops on every rank pass the check and still reduce.
+  comm.all_reduce(std::span<float>(buf), ReduceOp::sum);
+  CHECK(buf[0] == static_cast<float>(comm.size()));
+  // Rank 1 issues a barrier where the others issue an all_reduce: every rank fails before any
+  // data moves, and the message names both ops with their sequence numbers.
+  if (me == 1) {
+    CHECK_THROWS_WITH(comm.barrier(), Contains("diverged on group 'checked'") &&
+                                          Contains("rank 1 (world rank 1) issued barrier #1") &&
+                                          Contains("issued all_reduce #1 (4 elements of f32)"));
+  } else {
+    CHECK_THROWS_WITH(comm.all_reduce(std::span<float>(buf), ReduceOp::sum),
+                      Contains("diverged on group 'checked'") &&
+                          Contains("issued all_reduce #1 (4 elements of f32)") &&
+                          Contains("rank 1 (world rank 1) issued barrier #1"));
+  }
+  // A count that differs on one rank is a divergence too (MPI would corrupt or truncate).
+  std::vector<float> other(me == 0 ? 5 : 4, 1.0f);
+  CHECK_THROWS_WITH(comm.all_reduce(std::span<float>(other), ReduceOp::sum),
+                    Contains("all_reduce #2 (5 elements of f32)") &&
+                        Contains("all_reduce #2 (4 elements of f32)"));
+  // Nothing was posted, so the group still works.
+  comm.all_reduce(std::span<float>(buf), ReduceOp::max);
+  CHECK(buf[0] == static_cast<float>(comm.size()));
+  world.barrier();
 }
 
 TEST_CASE("MpiComm: size mismatches are reported", "[mpi]") {

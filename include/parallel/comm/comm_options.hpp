@@ -10,6 +10,11 @@ struct CommOptions {
   /// Deadline of every blocking wait, in seconds: past it the op raises a CommError that names
   /// the op, the group, the ranks and the bytes instead of hanging (config key comm_timeout_s).
   double timeout_s = 300.0;
+  /// Debug mode of MpiComm: before each collective, every rank all-gathers a hash of (op,
+  /// group, count, dtype, sequence number), so ranks that issue different collectives fail at
+  /// the first divergence, naming both ops (one extra small collective per op). LocalComm
+  /// always compares its ranks' ops; NcclComm ignores it.
+  bool verify_sequence = false;
 
   friend bool operator==(const CommOptions&, const CommOptions&) = default;
 };

@@ -141,10 +141,20 @@ class LocalComm {
   int world_rank(int r) const { return checked().group->members.at(static_cast<std::size_t>(r)); }
   /// This communicator's options.
   const CommOptions& options() const { return checked().options; }
-  /// Replaces the options (e.g. a shorter deadline) for this rank's later ops.
-  void set_options(const CommOptions& options) { checked().options = options; }
-  /// Logs this rank's ops into logger (shared with communicators split from this one later).
-  void set_logger(std::shared_ptr<CommLogger> logger) { checked().logger = std::move(logger); }
+  /// Replaces the options (e.g. a shorter deadline) for this rank's later ops. Waits for the
+  /// rank's pending async ops first: they read the options while they run.
+  void set_options(const CommOptions& options) {
+    auto& s = checked();
+    s.progress.drain();
+    s.options = options;
+  }
+  /// Logs this rank's later ops into logger (shared with communicators split from this one
+  /// later); waits for the pending async ops first, as set_options does.
+  void set_logger(std::shared_ptr<CommLogger> logger) {
+    auto& s = checked();
+    s.progress.drain();
+    s.logger = std::move(logger);
+  }
   /// The logger, or null.
   CommLogger* logger() const { return checked().logger.get(); }
 
@@ -352,11 +362,21 @@ class LocalComm {
     expect<CommError>(state != nullptr, "LocalComm: async op on a null communicator");
     auto work = std::make_shared<detail::CompletionState>();
     state->progress.submit([state_ptr = state.get(), work, fn = std::move(fn)] {
+      std::exception_ptr error;
       try {
         fn(*state_ptr);
-        work->complete();
       } catch (...) {
-        work->fail(std::current_exception());
+        error = std::current_exception();
+      }
+      // Outside the handler: the exception is now owned by `error` alone, and fail() hands it
+      // over under the state's mutex, so the waiter ends up with the last reference and the
+      // CommError is read and destroyed on the same thread (the handler's reference would
+      // otherwise be released here, after the waiter read it, through libstdc++'s reference
+      // count, which ThreadSanitizer cannot see).
+      if (error) {
+        work->fail(std::move(error));
+      } else {
+        work->complete();
       }
     });
     return Work(std::move(work));

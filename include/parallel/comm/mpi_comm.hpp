@@ -10,8 +10,12 @@
 // accumulate in fp32 like LocalComm's; avg is a sum divided on completion (MPI has no avg).
 // Nonblocking collectives progress only inside MPI calls: an async op advances when its Work
 // is tested or waited on, or when this rank calls MPI for something else.
+// A timed-out collective names the ranks that never joined it: a census on the group's
+// control channel (mpi_control.hpp) asks who else is stuck there. With
+// CommOptions::verify_sequence every collective first checks that all ranks issue the same one.
 // After a timeout the communicator is unusable (MPI cannot cancel a collective); the usual
-// recovery is to let the CommError end the job.
+// recovery is to let the CommError end the job and restart it from the last checkpoint (the
+// Engine refuses further steps, see docs/reliability.md).
 
 #include <mpi.h>
 
@@ -40,6 +44,7 @@
 #include <parallel/comm/comm_op.hpp>
 #include <parallel/comm/comm_options.hpp>
 #include <parallel/comm/communicator.hpp>
+#include <parallel/comm/mpi_control.hpp>
 #include <parallel/comm/reduce_op.hpp>
 #include <parallel/comm/work.hpp>
 #include <zero/core/dtype.hpp>
@@ -99,6 +104,7 @@ struct MpiShared {
   std::atomic<std::uint64_t> next_seq{0};
   std::vector<int> world_ranks;        ///< MPI_COMM_WORLD rank of each rank, for messages
   std::vector<MPI_Request> abandoned;  ///< requests of timed-out ops (MPI cannot cancel them)
+  MPI_Comm control = MPI_COMM_NULL;    ///< the group's control channel (mpi_control.hpp)
   bool grouping = false;               ///< between group_start and group_end
   std::vector<std::shared_ptr<WorkState>> grouped;  ///< point-to-point ops posted in the group
 
@@ -108,7 +114,14 @@ struct MpiShared {
       int flag = 0;
       if (r != MPI_REQUEST_NULL) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
     }
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (control != MPI_COMM_NULL && !finalized) MPI_Comm_free(&control);
   }
+
+  /// How long a census waits for the other ranks' reports: ranks stuck in the same collective
+  /// time out up to their skew later, so a fraction of the deadline, at least 0.2 s.
+  double census_grace_s() const { return std::clamp(0.2 * options.timeout_s, 0.2, 5.0); }
 
   /// This rank in the group.
   int rank() const { return comm.rank(); }
@@ -152,12 +165,24 @@ class MpiWork final : public WorkState {
     if (request_ != MPI_REQUEST_NULL) shared_->abandoned.push_back(request_);
   }
 
+  /// What names the op.
+  const Info& info() const { return info_; }
   /// The request to fill (pass to MPI_I*).
   MPI_Request* request() { return &request_; }
   /// Runs when the request completes (before the Work reports done); sees the status.
   std::function<void(const MPI_Status&)> on_complete;
   /// Buffers owned by the op (staging, counts) that must live until it completes.
   std::vector<std::shared_ptr<void>> keep_alive;
+  /// Whether completion is logged (false for the sequence check, which is not a user op).
+  bool logged = true;
+
+  /// This op's record for the control channel (what the other ranks compare against theirs).
+  MpiOpRecord record() const {
+    // all_to_all_v moves a different number of bytes on every rank: its count is not compared.
+    const std::uint64_t count =
+        info_.op == CommOp::all_to_all_v ? 0 : info_.bytes / size_of(info_.dtype);
+    return make_record(info_.op, info_.dtype, count, info_.seq, shared_->name);
+  }
 
   /// Throws CommError naming the op when rc is not MPI_SUCCESS.
   void check(int rc, std::string_view call) const {
@@ -206,10 +231,13 @@ class MpiWork final : public WorkState {
                        " s waiting for rank ", info_.peer, " (world rank ",
                        shared_->world_ranks[static_cast<std::size_t>(info_.peer)], ")");
     }
+    const std::string who = census(shared_->control, shared_->rank(), shared_->size(), record(),
+                                   shared_->census_grace_s(), shared_->world_ranks);
     raise<CommError>("MpiComm: ", describe(), " timed out after ", shared_->options.timeout_s,
                      " s: not every rank of the group (world ranks ", shared_->members(),
-                     ") joined it; every rank of a group must issue the same collectives in the "
-                     "same order. Raise CommOptions::timeout_s if the op is legitimately slow");
+                     ") joined it: ", who,
+                     ". Every rank of a group must issue the same collectives in the same order; "
+                     "raise CommOptions::timeout_s if the op is legitimately slow");
   }
 
   void finish(const MPI_Status& status) {
@@ -221,7 +249,7 @@ class MpiWork final : public WorkState {
       error_ = std::current_exception();
     }
     keep_alive.clear();
-    if (shared_->logger) {
+    if (logged && shared_->logger) {
       shared_->logger->record(info_.op, shared_->name, info_.peer >= 0 ? 2 : shared_->size(),
                               info_.bytes,
                               std::chrono::duration<double>(CommClock::now() - start_).count());
@@ -263,7 +291,8 @@ class MpiComm : public BlockingCollectives<MpiComm> {
 
   /// Initialises MPI with MPI_THREAD_MULTIPLE (async Work may be waited on from any thread)
   /// unless it already is, and returns MPI_COMM_WORLD. MPI is finalised when the last
-  /// communicator that initialised it is destroyed.
+  /// communicator that initialised it is destroyed. Collective: every rank calls it, because
+  /// it duplicates MPI_COMM_WORLD for the control channel (mpi_control.hpp).
   static MpiComm world(int& argc, char**& argv, CommOptions options = {}) {
     auto env =
         std::make_shared<boost::mpi::environment>(argc, argv, boost::mpi::threading::multiple,
@@ -324,6 +353,7 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     child->options = s.options;
     child->logger = s.logger;
     child->world_ranks = world_ranks_of(out);
+    child->control = duplicate(out, child->name);
     return MpiComm(std::move(child));
   }
 
@@ -538,7 +568,18 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     s->name = "world";
     s->options = options;
     s->world_ranks = world_ranks_of(MPI_COMM_WORLD);
+    s->control = duplicate(MPI_COMM_WORLD, s->name);
     return MpiComm(std::move(s));
+  }
+
+  // The control channel of a group: collective like the MPI_Comm_split before it.
+  static MPI_Comm duplicate(MPI_Comm comm, std::string_view name) {
+    MPI_Comm out = MPI_COMM_NULL;
+    const int rc = MPI_Comm_dup(comm, &out);
+    expect<CommError>(rc == MPI_SUCCESS, "MpiComm: duplicating group '", name,
+                      "' for its control channel failed: ", detail::mpi_error_string(rc));
+    MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+    return out;
   }
 
   static std::vector<int> world_ranks_of(MPI_Comm comm) {
@@ -564,8 +605,32 @@ class MpiComm : public BlockingCollectives<MpiComm> {
   std::shared_ptr<detail::MpiWork> make_work(CommOp op, std::size_t bytes, DType dtype,
                                              int peer = -1) {
     auto& s = checked();
-    return std::make_shared<detail::MpiWork>(
+    auto work = std::make_shared<detail::MpiWork>(
         shared_, detail::MpiWork::Info{op, s.next_seq++, bytes, dtype, peer});
+    if (peer < 0 && s.options.verify_sequence) verify_sequence(*work);
+    return work;
+  }
+
+  // Debug mode: all ranks all-gather their next collective's record on the control channel and
+  // compare, before the collective itself is posted (under the same deadline).
+  void verify_sequence(const detail::MpiWork& work) {
+    auto& s = checked();
+    auto records =
+        std::make_shared<std::vector<detail::MpiOpRecord>>(static_cast<std::size_t>(s.size()));
+    auto mine = std::make_shared<detail::MpiOpRecord>(work.record());
+    auto check = std::make_shared<detail::MpiWork>(shared_, work.info());
+    check->keep_alive = {records, mine};
+    check->logged = false;
+    check->check(MPI_Iallgather(mine.get(), sizeof *mine, MPI_BYTE, records->data(), sizeof *mine,
+                                MPI_BYTE, s.control, check->request()),
+                 "MPI_Iallgather (sequence check)");
+    const int me = s.rank();
+    check->on_complete = [records, me, shared = shared_](const MPI_Status&) {
+      const std::string error =
+          detail::sequence_mismatch(*records, me, shared->name, shared->world_ranks);
+      if (!error.empty()) throw CommError(error);
+    };
+    check->wait();
   }
 
   void finish_or_defer(Work work) {

@@ -36,10 +36,16 @@ class CompletionState final : public WorkState {
     return done_;
   }
   void wait() override {
-    std::unique_lock lock(mutex_);
-    // The op itself runs under the communicator's deadline, so this wait ends by then too.
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
+    std::exception_ptr error;
+    {
+      std::unique_lock lock(mutex_);
+      // The op itself runs under the communicator's deadline, so this wait ends by then too.
+      cv_.wait(lock, [&] { return done_; });
+      // Taken out (a Work is waited on once): the error then dies with the waiter's copy, on
+      // the waiter's thread, not with this state on the thread that completed it.
+      error = std::exchange(error_, nullptr);
+    }
+    if (error) std::rethrow_exception(std::move(error));
   }
 
  private:

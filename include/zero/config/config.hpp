@@ -372,7 +372,11 @@ struct Config {
         const std::string path = r.where("params") + "." + key;
         if (value.is_string() && value.get<std::string>() == "auto") {
           n.auto_params.push_back(key);
-        } else if (value.is_number() || value.is_boolean()) {
+        } else if (value.is_boolean()) {
+          // DeepSpeed's boolean params (amsgrad, torch_adam, adam_w_mode) as 0/1; nlohmann
+          // does not convert a boolean to a number itself (found by fuzz_config).
+          n.params[key] = {value.get<bool>() ? 1.0 : 0.0};
+        } else if (value.is_number()) {
           n.params[key] = {value.get<double>()};
         } else if (value.is_array()) {
           std::vector<double> v;

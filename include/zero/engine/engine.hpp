@@ -158,25 +158,29 @@ class Engine {
   /// Forward without dropout and without a backward to follow (evaluation, generation: with
   /// null targets only the logits are computed, readable from the model until the next forward).
   T evaluate(const MicroBatch& batch) {
-    expect<Error>(micro_.idle(),
-                  "Engine::evaluate: a training forward is waiting for its backward; evaluating "
-                  "now would overwrite what that backward needs");
-    expect_consistent("evaluate");
-    begin_micro_step(batch, false);
-    run_forward({0, num_units()});
-    if constexpr (stage_traits::gathers_before_use) {
-      for (int u = 0; u < num_units(); ++u) {
-        if (!unit(u).persistent) exchange_.release(u);
+    return communicating("evaluate", [&]() -> T {
+      expect<Error>(micro_.idle(),
+                    "Engine::evaluate: a training forward is waiting for its backward; evaluating "
+                    "now would overwrite what that backward needs");
+      expect_consistent("evaluate");
+      begin_micro_step(batch, false);
+      run_forward({0, num_units()});
+      if constexpr (stage_traits::gathers_before_use) {
+        for (int u = 0; u < num_units(); ++u) {
+          if (!unit(u).persistent) exchange_.release(u);
+        }
       }
-    }
-    return loss();
+      return loss();
+    });
   }
   /// Backward through every unit. A unit's gradient is complete once its own backward ran (its
   /// users run before it in reverse order); it is then reduced asynchronously (every micro-step
   /// at stages 2-3, on the boundary micro-step at stages 0-1) while the next unit computes.
   void backward() {
-    expect<Error>(micro_.forward_done(), "Engine::backward: call forward first");
-    backward_units({0, num_units()});
+    communicating("backward", [&] {
+      expect<Error>(micro_.forward_done(), "Engine::backward: call forward first");
+      backward_units({0, num_units()});
+    });
   }
 
   /// Runs the forward of units [r.first, r.last) of this micro-batch. input, when given, is the
@@ -185,96 +189,104 @@ class Engine {
   /// follow each other in order. Returns the activation leaving unit r.last - 1 (valid until
   /// the next forward; after the last unit read loss()).
   Tensor<T> forward_units(UnitRange r, const MicroBatch& batch, Tensor<T> input = {}) {
-    micro_.check_forward(r, num_units());
-    expect_consistent("forward");
-    if (r.first == 0) begin_micro_step(batch, true);
-    if (input.data() != nullptr) micro_.ctx().x = input;
-    run_forward(r);
-    return micro_.ctx().x;
+    return communicating("forward", [&]() -> Tensor<T> {
+      micro_.check_forward(r, num_units());
+      expect_consistent("forward");
+      if (r.first == 0) begin_micro_step(batch, true);
+      if (input.data() != nullptr) micro_.ctx().x = input;
+      run_forward(r);
+      return micro_.ctx().x;
+    });
   }
   /// Runs the backward of units [r.first, r.last): dy, when given, is the gradient arriving at
   /// unit r.last - 1's output (the last unit seeds it from the loss). Ranges must come down in
   /// order after the whole forward. Returns the gradient at unit r.first's input (valid until
   /// the next backward; empty past unit 0, whose backward ends the micro-step).
   Tensor<T> backward_units(UnitRange r, Tensor<T> dy = {}) {
-    micro_.check_backward(r, num_units());
-    nn::StepContext<T>& ctx = micro_.ctx();
-    if (dy.data() != nullptr) ctx.dy = dy;
-    const bool boundary = micro_.at_boundary();
-    for (int u = r.last - 1; u >= r.first; --u) {
-      exchange_.acquire(u, /*with_grads=*/true);
-      exchange_.prefetch(u, -1);
-      model_.backward_unit(u, ctx);
-      exchange_.gradient_complete(u, boundary);
-      exchange_.release_after_use(u);
-    }
-    const Tensor<T> dx = ctx.dx;
-    if (!micro_.backward_ran(r)) return dx;
-    exchange_.drain_reductions();  // the micro-step ends with every reduction done
-    return {};
+    return communicating("backward", [&]() -> Tensor<T> {
+      micro_.check_backward(r, num_units());
+      nn::StepContext<T>& ctx = micro_.ctx();
+      if (dy.data() != nullptr) ctx.dy = dy;
+      const bool boundary = micro_.at_boundary();
+      for (int u = r.last - 1; u >= r.first; --u) {
+        exchange_.acquire(u, /*with_grads=*/true);
+        exchange_.prefetch(u, -1);
+        model_.backward_unit(u, ctx);
+        exchange_.gradient_complete(u, boundary);
+        exchange_.release_after_use(u);
+      }
+      const Tensor<T> dx = ctx.dx;
+      if (!micro_.backward_ran(r)) return dx;
+      exchange_.drain_reductions();  // the micro-step ends with every reduction done
+      return {};
+    });
   }
 
   /// At the accumulation boundary: global norm (all ranks), skip on Inf/NaN, clip, update every
   /// slice, re-gather (stages 1-3). Returns false (and does nothing) between boundaries, true at
   /// a boundary whether the update was applied or skipped (see last_step_skipped()).
   bool step() {
-    if (!micro_.boundary_pending()) return false;
-    expect_consistent("step");
-    exchange_.drain_reductions();
-    // One all-reduce carries the sum of squares and the count of non-finite losses (a second
-    // one adds up the tensor-parallel ranks' parts).
-    double stats[2] = {0.0, static_cast<double>(micro_.nonfinite_losses())};
-    for (int u = 0; u < num_units(); ++u) stats[0] += local_sum_of_squares(u);
-    comm_.all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
-    if (groups_.tp) groups_.tp->all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
-    const double scale = training_.loss_scale();
-    last_grad_norm_ = std::sqrt(stats[0]) / scale;
-    const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
-    bool apply = !nonfinite;
-    if constexpr (loss_scaling) {
-      apply = training_.scaler->update(nonfinite);  // DeepSpeed: an fp16 overflow is a skip
-    } else if (nonfinite) {
-      ++training_.nonfinite_steps;
-      if (options_.nonfinite == NonFinitePolicy::raise) {
-        clear_accumulators();
-        finish_window();
-        raise<NonFiniteError>(
-            "Engine: step ", training_.steps, ": ",
-            stats[1] > 0 ? "the loss was Inf/NaN on some rank" : "the gradient norm is Inf/NaN",
-            " (nonfinite_policy is raise)");
+    return communicating("step", [&]() -> bool {
+      if (!micro_.boundary_pending()) return false;
+      expect_consistent("step");
+      exchange_.drain_reductions();
+      // One all-reduce carries the sum of squares and the count of non-finite losses (a second
+      // one adds up the tensor-parallel ranks' parts).
+      double stats[2] = {0.0, static_cast<double>(micro_.nonfinite_losses())};
+      for (int u = 0; u < num_units(); ++u) stats[0] += local_sum_of_squares(u);
+      comm_.all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
+      if (groups_.tp) {
+        groups_.tp->all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
       }
-    }
-    last_step_skipped_ = !apply;
-    if (apply) {
-      const double factor =
-          optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping) / scale;
-      if (training_.scheduler) training_.lr = training_.scheduler->lr();
-      try {
-        // The gather of an updated slice starts at once and overlaps the next units' updates
-        // (and, offloaded, their I/O).
-        store_.for_each_unit(StateAccess::update, [&](int u) {
-          update_unit(u, factor);
-          if constexpr (stage_traits::regathers_after_update) {
-            if (unit(u).persistent) exchange_.start_gather(u);
-          }
-        });
-      } catch (const std::exception& e) {
-        // Some slices are updated and others not, and an offloaded group may be half written:
-        // refuse to train on or save this state (a save would replace a good checkpoint).
-        inconsistent_ = e.what();
-        clear_accumulators();
-        finish_window();  // between steps again, so a checkpoint can be loaded
-        throw;
+      const double scale = training_.loss_scale();
+      last_grad_norm_ = std::sqrt(stats[0]) / scale;
+      const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
+      bool apply = !nonfinite;
+      if constexpr (loss_scaling) {
+        apply = training_.scaler->update(nonfinite);  // DeepSpeed: an fp16 overflow is a skip
+      } else if (nonfinite) {
+        ++training_.nonfinite_steps;
+        if (options_.nonfinite == NonFinitePolicy::raise) {
+          clear_accumulators();
+          finish_window();
+          raise<NonFiniteError>(
+              "Engine: step ", training_.steps, ": ",
+              stats[1] > 0 ? "the loss was Inf/NaN on some rank" : "the gradient norm is Inf/NaN",
+              " (nonfinite_policy is raise)");
+        }
       }
-      if (training_.scheduler) training_.scheduler->step();
-      ++training_.steps;
-    } else {
-      ++training_.skipped_steps;
-    }
-    clear_accumulators();
-    if (apply) exchange_.regather_after_update();
-    finish_window();
-    return true;
+      last_step_skipped_ = !apply;
+      if (apply) {
+        const double factor =
+            optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping) / scale;
+        if (training_.scheduler) training_.lr = training_.scheduler->lr();
+        try {
+          // The gather of an updated slice starts at once and overlaps the next units' updates
+          // (and, offloaded, their I/O).
+          store_.for_each_unit(StateAccess::update, [&](int u) {
+            update_unit(u, factor);
+            if constexpr (stage_traits::regathers_after_update) {
+              if (unit(u).persistent) exchange_.start_gather(u);
+            }
+          });
+        } catch (const std::exception& e) {
+          // Some slices are updated and others not, and an offloaded group may be half written:
+          // refuse to train on or save this state (a save would replace a good checkpoint).
+          inconsistent_ = e.what();
+          clear_accumulators();
+          finish_window();  // between steps again, so a checkpoint can be loaded
+          throw;
+        }
+        if (training_.scheduler) training_.scheduler->step();
+        ++training_.steps;
+      } else {
+        ++training_.skipped_steps;
+      }
+      clear_accumulators();
+      if (apply) exchange_.regather_after_update();
+      finish_window();
+      return true;
+    });
   }
 
   // ---- state: checkpoints, weights ------------------------------------------------------------
@@ -284,12 +296,14 @@ class Engine {
   /// (the program's own JSON, e.g. its data loader position). Call between steps.
   checkpoint::SaveResult save_checkpoint(const std::filesystem::path& dir, std::string_view tag,
                                          const nlohmann::json& client_state = {}) {
-    return save_engine_checkpoint(*this, dir, tag, client_state);
+    return communicating("save_checkpoint",
+                         [&] { return save_engine_checkpoint(*this, dir, tag, client_state); });
   }
   /// Loads <dir>/<tag> (`latest` when tag is empty), saved at any world size and stage; returns
   /// the client_state saved with it.
   nlohmann::json load_checkpoint(const std::filesystem::path& dir, std::string_view tag = {}) {
-    return load_engine_checkpoint(*this, dir, tag);
+    return communicating("load_checkpoint",
+                         [&] { return load_engine_checkpoint(*this, dir, tag); });
   }
   /// The view of this engine's state that checkpoint and weight tools use.
   EngineState<Engine> state() { return EngineState<Engine>(*this); }
@@ -300,25 +314,35 @@ class Engine {
   /// stopped part-way (an I/O failure of Offload<NVMe>). Until a checkpoint is loaded, forward,
   /// evaluate, step and save_checkpoint then raise Error naming it.
   const std::string& broken_reason() const { return inconsistent_; }
+  /// Empty while the communicator works; otherwise the CommError (a deadline, a departed rank)
+  /// that stopped a collective. The communicator cannot be used again (MPI cannot cancel a
+  /// collective, and the ranks stopped at different points), so every later call that
+  /// communicates raises a CommError naming it instead of hanging: restart the job from the
+  /// last checkpoint, at any world size.
+  const std::string& comm_failure() const { return comm_failure_; }
 
   /// Waits for every collective the engine still has in flight (the parameter gathers a step
   /// leaves running for the next forward).
-  void synchronize() { exchange_.synchronize(); }
+  void synchronize() {
+    communicating("synchronize", [&] { exchange_.synchronize(); });
+  }
 
   /// The whole flat parameters of unit u from the master (a collective; f64/f32 values).
   std::vector<MasterT> gather_unit_values(int u) {
-    Unit& s = unit(u);
-    const auto numel = static_cast<std::size_t>(s.partition->numel());
-    std::vector<MasterT> mine(
-        s.numel(stage_traits::shards_optimizer_states ? Extent::shard : Extent::whole));
-    store_.read_master_into(u, std::span<MasterT>(mine), backend_);
-    if constexpr (stage_traits::shards_optimizer_states) {
-      std::vector<MasterT> whole(s.numel(Extent::whole));
-      comm_.all_gather(std::span<const MasterT>(mine), std::span<MasterT>(whole));
-      mine = std::move(whole);
-    }
-    mine.resize(numel);
-    return mine;
+    return communicating("gather_unit_values", [&]() -> std::vector<MasterT> {
+      Unit& s = unit(u);
+      const auto numel = static_cast<std::size_t>(s.partition->numel());
+      std::vector<MasterT> mine(
+          s.numel(stage_traits::shards_optimizer_states ? Extent::shard : Extent::whole));
+      store_.read_master_into(u, std::span<MasterT>(mine), backend_);
+      if constexpr (stage_traits::shards_optimizer_states) {
+        std::vector<MasterT> whole(s.numel(Extent::whole));
+        comm_.all_gather(std::span<const MasterT>(mine), std::span<MasterT>(whole));
+        mine = std::move(whole);
+      }
+      mine.resize(numel);
+      return mine;
+    });
   }
 
   /// Bytes of model state held by this rank right now, by category.
@@ -333,6 +357,8 @@ class Engine {
   /// Stage 3: the most unit elements gathered at once so far (bounded by the prefetch window and
   /// stage3_max_live_parameters, beyond the units a forward or backward needs at once).
   std::int64_t peak_gathered_elems() const { return exchange_.peak_gathered_elems(); }
+  /// Highest bytes the activation arena held in any micro-step so far (its high-water mark).
+  std::size_t activation_peak_bytes() const { return micro_.activation_peak_bytes(); }
   /// The buffers each unit has under this engine's policies (what memory_report sums).
   const std::vector<BufferPlan>& buffer_plan() const { return plan_; }
 
@@ -451,6 +477,23 @@ class Engine {
   Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
   const Unit& unit_ref(int u) const { return units_[static_cast<std::size_t>(u)]; }
 
+  // Runs fn, a part of the flow that communicates, recording a CommError it raises (see
+  // comm_failure()); refuses to start once one was recorded.
+  template <class Fn>
+  decltype(auto) communicating(std::string_view what, Fn&& fn) {
+    expect<CommError>(comm_failure_.empty(), "Engine::", what,
+                      ": refused: an earlier collective failed and this engine's communicator "
+                      "cannot be used again (",
+                      comm_failure_,
+                      "); restart the job from the last checkpoint (it loads at any world size)");
+    try {
+      return fn();
+    } catch (const CommError& e) {
+      if (comm_failure_.empty()) comm_failure_ = e.what();
+      throw;
+    }
+  }
+
   void expect_consistent(std::string_view what) const {
     expect<Error>(inconsistent_.empty(), "Engine::", what, ": an earlier step stopped part-way (",
                   inconsistent_, "); its state is inconsistent, so load a checkpoint to continue");
@@ -544,6 +587,7 @@ class Engine {
   Store store_{units_, optimizers_};
   TrainingState training_;
   std::string inconsistent_;  // why the state is inconsistent; empty when whole
+  std::string comm_failure_;  // the CommError that broke the communicator; empty while it works
   MicroSteps<T> micro_;
   Exchange exchange_{model_, comm_, units_, store_, backend_, options_, [this] {
                        return " at step " + std::to_string(training_.boundaries()) +

@@ -47,6 +47,8 @@ class MicroSteps {
   bool idle() const { return phase_ == Phase::idle; }
   /// True when the whole forward ran and no backward yet.
   bool forward_done() const { return phase_ == Phase::forward_done; }
+  /// Highest bytes the activation arena held in any micro-step so far.
+  std::size_t activation_peak_bytes() const { return arena_.peak_bytes(); }
   /// Micro-steps in this window whose loss was Inf/NaN.
   std::int64_t nonfinite_losses() const { return nonfinite_; }
 
