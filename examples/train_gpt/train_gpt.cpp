@@ -11,9 +11,12 @@
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
 //               [--data corpus.txt | --tokens train.bin] [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
+//               [--temperature 0.8] [--top-k 40] [--sample-bytes 96]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //
+// The closing sample continues the start of the validation text by temperature / top-k sampling
+// seeded from --seed (--temperature 0 is greedy); bytes outside printable ASCII print escaped.
 // --export writes the trained weights at the end as one Hugging Face GPT-2 safetensors file,
 // streamed unit by unit from the live engine (no rank holds the whole model); --init reads such
 // a file back. --nvme-path puts the fp32 master and AdamW states in swap files under DIR
@@ -43,6 +46,7 @@
 #include <zero/engine/dispatch.hpp>
 #include <zero/engine/engine_weights.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/sampler.hpp>
 
 namespace {
 
@@ -60,6 +64,9 @@ struct Options {
   DType export_dtype = DType::f32;
   std::string nvme_path;
   std::int64_t save_every = 0;
+  double temperature = 0.8;
+  int top_k = 40;
+  std::int64_t sample_bytes = 96;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -118,6 +125,12 @@ Options parse(int argc, char** argv) {
       o.save_every = integer();
     else if (flag == "--export")
       o.export_path = v;
+    else if (flag == "--temperature")
+      o.temperature = std::atof(v.c_str());
+    else if (flag == "--top-k")
+      o.top_k = static_cast<int>(integer());
+    else if (flag == "--sample-bytes")
+      o.sample_bytes = integer();
     else if (flag == "--nvme-path")
       o.nvme_path = v;
     else if (flag == "--export-dtype") {
@@ -136,6 +149,9 @@ Options parse(int argc, char** argv) {
   }
   if (o.ranks < 1) usage("--ranks must be >= 1");
   if (o.steps < 0 || o.batch < 1 || o.seq < 1) usage("--steps, --batch and --seq must be positive");
+  if (!(o.temperature >= 0) || o.top_k < 0 || o.sample_bytes < 0) {
+    usage("--temperature, --top-k and --sample-bytes must be >= 0");
+  }
   if ((o.save_every > 0 || !o.resume.empty()) && o.save_dir.empty()) {
     usage("--save-every and --resume need --save-dir");
   }
@@ -345,23 +361,30 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                 std::log(static_cast<double>(corpus.vocab)), val_loss);
   }
 
-  // A short greedy sample from the start of the validation text (every rank takes part: the
-  // stage-3 forward gathers units collectively).
-  if (!corpus.prompt.empty()) {
+  // A short sample continuing the start of the validation text (every rank takes part: the
+  // stage-3 forward gathers units collectively; every rank draws the same numbers from the same
+  // logits, so all pick the same bytes). The window slides once the context fills seq.
+  if (!corpus.prompt.empty() && o.sample_bytes > 0) {
     std::vector<std::int32_t> context = corpus.prompt;
     const std::size_t prompt = context.size();
-    while (context.size() < static_cast<std::size_t>(o.seq)) {
-      const auto T = static_cast<std::int64_t>(context.size());
-      eng.evaluate(engine::MicroBatch{context.data(), nullptr, 1, T});
+    nn::Sampler sampler(o.temperature, o.top_k, o.seed);
+    const std::int64_t bytes = std::min<std::int64_t>(corpus.vocab, 256);  // never end-of-text
+    for (std::int64_t i = 0; i < o.sample_bytes; ++i) {
+      const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.seq);
+      const std::int32_t* window = context.data() + (static_cast<std::int64_t>(context.size()) - T);
+      eng.evaluate(engine::MicroBatch{window, nullptr, 1, T});
       const float* last_row = model.logits().data() + (T - 1) * corpus.vocab;
       context.push_back(
-          static_cast<std::int32_t>(std::max_element(last_row, last_row + 256) - last_row));
+          sampler.next(std::span<const float>(last_row, static_cast<std::size_t>(bytes))));
     }
     if (leader) {
-      std::string sample =
-          data::ByteTokenizer::decode(std::span<const std::int32_t>(context).subspan(1));
-      std::replace(sample.begin(), sample.end(), '\n', ' ');
-      std::printf("sample (prompt of %zu bytes, then greedy): %s\n", prompt - 1, sample.c_str());
+      const auto ids = std::span<const std::int32_t>(context);
+      std::printf(
+          "sample (temperature %g, top-k %d, seed %llu):\n  prompt: %s\n  output: %s\n",
+          o.temperature, o.top_k, static_cast<unsigned long long>(o.seed),
+          data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(1, prompt - 1)))
+              .c_str(),
+          data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(prompt))).c_str());
     }
   }
   return loss < first_loss || first_step > 0;
