@@ -16,6 +16,7 @@
 
 #include <zero/config/aio.hpp>
 #include <zero/config/json_reader.hpp>
+#include <zero/config/observability.hpp>
 #include <zero/config/zero_optimization.hpp>
 #include <zero/core/error.hpp>
 
@@ -64,8 +65,10 @@ struct Config {
   std::optional<NamedParams> optimizer;
   std::optional<NamedParams> scheduler;
   config::ZeroOptimizationConfig zero_optimization;
-  config::AioConfig aio;              ///< NVMe offload I/O (zero/offload)
-  std::vector<std::string> warnings;  ///< unknown keys and other non-fatal findings
+  config::AioConfig aio;                       ///< NVMe offload I/O (zero/offload)
+  config::FlopsProfilerConfig flops_profiler;  ///< zero::profile's FLOPs report
+  config::CommsLoggerConfig comms_logger;      ///< zero::profile's communication summary
+  std::vector<std::string> warnings;           ///< unknown keys and other non-fatal findings
 
   /// Parses a config; throws ConfigError naming the key path of the first bad value.
   static Config from_json(const nlohmann::json& j) {
@@ -135,9 +138,14 @@ struct Config {
       c.aio = config::AioConfig::read(r.object("aio"), unknown);
       for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");
     }
-    for (const char* section :
-         {"activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint", "data_types",
-          "tensorboard", "wandb", "csv_monitor", "zero"}) {
+    {
+      std::vector<std::string> unknown;
+      c.flops_profiler = config::FlopsProfilerConfig::read(r.object("flops_profiler"), unknown);
+      c.comms_logger = config::CommsLoggerConfig::read(r.object("comms_logger"), unknown);
+      for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");
+    }
+    for (const char* section : {"activation_checkpointing", "checkpoint", "data_types",
+                                "tensorboard", "wandb", "csv_monitor", "zero"}) {
       (void)r.raw(section);  // accepted sections whose keys zero reads elsewhere or ignores
     }
     collect(r, c.warnings);
