@@ -11,10 +11,13 @@
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
 //               [--data corpus.txt | --tokens train.bin] [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
-//               [--temperature 0.8] [--top-k 40] [--sample-bytes 96]
+//               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //
+// The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
+// print zero::profile's reports (docs/observability.md); --profile switches all four on (the
+// flops profile at step 2) and --metrics adds their figures to the JSONL lines.
 // The closing sample continues the start of the validation text by temperature / top-k sampling
 // seeded from --seed (--temperature 0 is greedy); bytes outside printable ASCII print escaped.
 // --export writes the trained weights at the end as one Hugging Face GPT-2 safetensors file,
@@ -47,6 +50,7 @@
 #include <zero/engine/engine_weights.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/sampler.hpp>
+#include <zero/profile/monitor.hpp>
 
 namespace {
 
@@ -67,6 +71,7 @@ struct Options {
   double temperature = 0.8;
   int top_k = 40;
   std::int64_t sample_bytes = 96;
+  bool profile = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -79,6 +84,11 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--profile") {  // the one flag without a value
+      o.profile = true;
+      --i;
+      continue;
+    }
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[i + 1];
     auto integer = [&] {
@@ -181,6 +191,13 @@ Config make_config(const Options& o) {
     c.zero_optimization.offload_optimizer.nvme_path = o.nvme_path;
   }
   if (o.lr && c.optimizer) c.optimizer->params["lr"] = {*o.lr};
+  if (o.profile) {
+    c.flops_profiler.enabled = true;
+    c.flops_profiler.profile_step = std::min<std::int64_t>(2, std::max<std::int64_t>(o.steps, 1));
+    c.wall_clock_breakdown = true;
+    c.memory_breakdown = true;
+    c.comms_logger.enabled = true;
+  }
   for (const auto& w : c.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
   return c;
 }
@@ -242,6 +259,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   gc.num_heads = o.heads;
   gc.channels = o.channels;
   nn::GPT<float> model(gc);
+  profile::Monitor monitor(cfg, comm.rank(), sizes.micro);
+  if (monitor.logger()) comm.set_logger(monitor.logger());  // before the engine's first op
   engine::EngineOptions eo;
   eo.seed = o.seed;
   eo.activation_bytes = std::size_t{512} << 20;
@@ -288,12 +307,19 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   std::int64_t since_print = 0;
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     double step_loss = 0;
+    monitor.begin_step(eng, step + 1);
     for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
       const data::Batch batch = train_loader.next();  // backward reads its targets too
       step_loss += static_cast<double>(eng.forward(micro(batch)));
       eng.backward();
     }
     eng.step();
+    const nlohmann::json observed = monitor.end_step(eng, model, step + 1);
+    if (metrics.is_open() && observed.contains("flops_profile")) {
+      metrics
+          << nlohmann::json{{"step", step + 1}, {"flops_profile", observed["flops_profile"]}}.dump()
+          << "\n";
+    }
     loss = mean_over_ranks(step_loss / static_cast<double>(sizes.accumulation));
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
@@ -323,15 +349,20 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
             eng.last_step_skipped() ? " | skipped" : "");
         std::fflush(stdout);
         if (metrics.is_open()) {
-          char buf[512];
-          std::snprintf(buf, sizeof buf,
-                        "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
-                        "\"loss_scale\": %g, \"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, "
-                        "\"model_state_bytes\": %zu, \"skipped\": %s}\n",
-                        static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
-                        eng.loss_scale(), tokens_per_s, ms, eng.memory_report().total(),
-                        eng.last_step_skipped() ? "true" : "false");
-          metrics << buf << std::flush;
+          nlohmann::json line = {{"step", step + 1},
+                                 {"loss", loss},
+                                 {"lr", eng.lr()},
+                                 {"grad_norm", eng.last_grad_norm()},
+                                 {"loss_scale", eng.loss_scale()},
+                                 {"tokens_per_s", tokens_per_s},
+                                 {"ms_per_step", ms},
+                                 {"model_state_bytes", eng.memory_report().total()},
+                                 {"activation_peak_bytes", eng.activation_peak_bytes()},
+                                 {"skipped", eng.last_step_skipped()}};
+          for (const char* key : {"wall_clock", "memory"}) {
+            if (observed.contains(key)) line[key] = observed[key];
+          }
+          metrics << line.dump() << "\n" << std::flush;
         }
       }
     }
@@ -353,6 +384,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                   std::string(name_of(o.export_dtype)).c_str());
     }
   }
+  monitor.finish();
   const double val_loss =
       mean_over_ranks(static_cast<double>(eng.evaluate(micro(val_loader.next()))));
   if (leader) {

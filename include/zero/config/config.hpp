@@ -57,6 +57,7 @@ struct Config {
   double gradient_predivide_factor = 1.0;
   std::int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
+  bool memory_breakdown = false;  ///< print zero::profile's memory breakdown every steps_per_print
   std::string communication_data_type;  ///< empty: the model's dtype
   double comm_timeout_s = 300;          ///< zero's own key: deadline of every collective wait
   std::string nonfinite_policy;  ///< zero's own key: "skip" or "raise" on Inf/NaN; empty: skip
@@ -109,7 +110,7 @@ struct Config {
     expect<ConfigError>(
         c.nonfinite_policy.empty() || c.nonfinite_policy == "skip" || c.nonfinite_policy == "raise",
         r.where("nonfinite_policy"), ": '", c.nonfinite_policy, "' is not one of skip, raise");
-    r.boolean("memory_breakdown");
+    c.memory_breakdown = r.boolean("memory_breakdown").value_or(false);
     r.boolean("dump_state");
     r.boolean("zero_allow_untested_optimizer");
     r.boolean("zero_force_ds_cpu_optimizer");

@@ -321,6 +321,8 @@ class Engine {
     exchange_.report(r);
     return r;
   }
+  /// Highest bytes of activations (the micro-step arena) held since construction.
+  std::size_t activation_peak_bytes() const { return micro_.activation_peak_bytes(); }
   /// The buffers each unit has under this engine's policies (what memory_report sums).
   const std::vector<BufferPlan>& buffer_plan() const { return plan_; }
 

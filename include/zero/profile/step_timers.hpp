@@ -70,6 +70,20 @@ class StepTimers {
     if (enabled_) ++micro_steps_;
   }
 
+  /// The time accumulated since earlier, a copy of these timers taken before (the same units).
+  StepTimers since(const StepTimers& earlier) const {
+    StepTimers d = *this;
+    for (std::size_t i = 0; i < phase_count; ++i) d.phase_s_[i] -= earlier.phase_s_[i];
+    for (std::size_t u = 0; u < d.unit_forward_s_.size(); ++u) {
+      d.unit_forward_s_[u] -= at(earlier.unit_forward_s_, static_cast<int>(u));
+    }
+    for (std::size_t u = 0; u < d.unit_backward_s_.size(); ++u) {
+      d.unit_backward_s_[u] -= at(earlier.unit_backward_s_, static_cast<int>(u));
+    }
+    d.micro_steps_ -= earlier.micro_steps_;
+    return d;
+  }
+
   /// Seconds accumulated in phase p.
   double seconds(Phase p) const { return phase_s_[static_cast<std::size_t>(p)]; }
   /// Seconds of unit u's own forward (0 when never timed).
