@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/launch_env.hpp>
 #if defined(ZERO_WITH_MPI)
 #include <parallel/comm/mpi_comm.hpp>
 #endif
@@ -428,8 +429,12 @@ bool run(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) 
       cfg, [&]<class E>(std::type_identity<E>) { return train<E>(o, cfg, corpus, comm); });
 }
 
+// Started by mpirun or mpiexec, or as one of several srun tasks (zero-launch drives all three);
+// a lone Slurm task (a batch script running train_gpt directly) keeps the LocalComm ranks.
 bool launched_by_mpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  const auto env = parallel::launch_env();
+  if (!env || env->launcher == "torchrun") return false;
+  return env->launcher != "slurm" || env->size > 1;
 }
 
 }  // namespace

@@ -168,6 +168,12 @@ TEST_CASE("flops_profiler and comms_logger config sections", "[unit][profile]") 
   CHECK_FALSE(c.comms_logger.prof_all);
   CHECK(c.comms_logger.prof_ops == std::vector<std::string>{"all_reduce"});
   CHECK(c.warnings.empty());
+  const Config n = Config::from_json(
+      nlohmann::json::parse(R"({"train_batch_size": 2, "flops_profiler": {"output_file": null}})"));
+  CHECK(n.flops_profiler.output_file.empty());  // DeepSpeed's default spelling
+  CHECK_THROWS_WITH(
+      Config::from_json({{"train_batch_size", 2}, {"flops_profiler", {{"output_file", 3}}}}),
+      Catch::Contains("flops_profiler.output_file: expected a file name or null"));
   const Config d = Config::from_json({{"train_batch_size", 2}});
   CHECK_FALSE(d.flops_profiler.enabled);
   CHECK(d.flops_profiler.profile_step == 1);

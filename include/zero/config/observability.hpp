@@ -29,7 +29,10 @@ struct FlopsProfilerConfig {
     c.module_depth = r.integer("module_depth").value_or(c.module_depth);
     c.top_modules = r.integer("top_modules").value_or(c.top_modules);
     c.detailed = r.boolean("detailed").value_or(c.detailed);
-    c.output_file = r.string("output_file").value_or("");
+    const nlohmann::json file = r.raw("output_file");  // DeepSpeed's default is null
+    expect<ConfigError>(file.is_null() || file.is_string(), r.where("output_file"),
+                        ": expected a file name or null, got ", file.dump());
+    if (file.is_string()) c.output_file = file.get<std::string>();
     expect<ConfigError>(c.profile_step >= 1, r.where("profile_step"), ": ", c.profile_step,
                         " must be >= 1 (the first optimizer step is 1)");
     expect<ConfigError>(c.module_depth >= -1, r.where("module_depth"), ": ", c.module_depth,
