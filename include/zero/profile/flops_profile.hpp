@@ -18,6 +18,7 @@
 
 #include <zero/config/observability.hpp>
 #include <zero/nn/flops.hpp>
+#include <zero/nn/param.hpp>
 #include <zero/profile/format.hpp>
 #include <zero/profile/step_timers.hpp>
 
@@ -227,24 +228,17 @@ struct FlopsProfile {
   }
 };
 
-/// The longest common prefix of a unit's parameter names, cut at a '.' ("transformer.h.3"), or
-/// "unit <u>" for a unit without parameters.
+/// The longest common prefix of a unit's parameter names cut back to a '.' ("transformer.h.3",
+/// "transformer.ln_f" for ln_f.weight and ln_f.bias), or "unit <u>" when there is none.
 inline std::string unit_name(const std::vector<nn::ParamSpec>& specs, int u) {
-  if (specs.empty()) return "unit " + std::to_string(u);
-  std::string prefix = specs.front().name;
+  std::string prefix = specs.empty() ? std::string() : specs.front().name;
   for (const nn::ParamSpec& s : specs) {
     std::size_t n = 0;
     while (n < prefix.size() && n < s.name.size() && prefix[n] == s.name[n]) ++n;
     prefix.resize(n);
   }
   const std::size_t dot = prefix.rfind('.');
-  if (specs.size() == 1 || dot == std::string::npos) {
-    const std::size_t last = specs.front().name.rfind('.');
-    return specs.size() == 1 && last != std::string::npos
-               ? specs.front().name.substr(0, last)
-               : (prefix.empty() ? "unit " + std::to_string(u) : prefix);
-  }
-  return prefix.substr(0, dot);
+  return dot == std::string::npos || dot == 0 ? "unit " + std::to_string(u) : prefix.substr(0, dot);
 }
 
 /// Builds the profile of the step the engine's timers covered (enable and reset them before
