@@ -70,7 +70,8 @@ def plot(runs, labels, output):
     loss_ax.set(title="loss", xlabel="step", ylabel="loss")
     lr_ax.set(title="learning rate", xlabel="step", ylabel="lr")
     speed_ax.set(title="throughput", xlabel="step", ylabel="tokens/s")
-    mem_ax.set(title="memory (rank 0)", xlabel="step", ylabel="MB")
+    # RSS (the activation arena reserved up front) dwarfs the model states: a log scale shows both
+    mem_ax.set(title="memory (rank 0)", xlabel="step", ylabel="MB (log scale)", yscale="log")
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
