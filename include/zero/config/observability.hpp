@@ -47,9 +47,9 @@ struct FlopsProfilerConfig {
 /// "comms_logger": record every collective and print DeepSpeed's log_summary table.
 struct CommsLoggerConfig {
   bool enabled = false;
-  bool verbose = false;               ///< also print one line per op as it completes
-  bool prof_all = true;               ///< record every op; false: only those in prof_ops
-  bool debug = false;                 ///< name the calling group in verbose lines
+  bool verbose = false;  ///< also print one line per op as it completes
+  bool prof_all = true;  ///< record every op; false: only those in prof_ops
+  bool debug = false;    ///< accepted for DeepSpeed parity (verbose lines always name the group)
   std::vector<std::string> prof_ops;  ///< op names ("all_reduce", ...) recorded when !prof_all
 
   /// Reads the section at r; key paths nobody reads are appended to unknown.
