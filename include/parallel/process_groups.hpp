@@ -13,11 +13,12 @@
 namespace zero::parallel {
 
 /// The masks ProcessGroups builds unless told otherwise: tp, cp, ep, dp, pp, dp-cp (ZeRO's
-/// data-parallel group when context parallel is on) and tp-pp (Megatron's model-parallel group).
+/// data-parallel group when context parallel is on), tp-pp (Megatron's model-parallel group) and
+/// tp-dp (every rank holding a distinct part of a tensor-parallel model's state: checkpoints).
 inline std::vector<AxisMask> standard_masks() {
-  return {AxisMask{Axis::tp},          AxisMask{Axis::cp}, AxisMask{Axis::ep},
-          AxisMask{Axis::dp},          AxisMask{Axis::pp}, AxisMask{Axis::dp, Axis::cp},
-          AxisMask{Axis::tp, Axis::pp}};
+  return {AxisMask{Axis::tp},           AxisMask{Axis::cp},          AxisMask{Axis::ep},
+          AxisMask{Axis::dp},           AxisMask{Axis::pp},          AxisMask{Axis::dp, Axis::cp},
+          AxisMask{Axis::tp, Axis::pp}, AxisMask{Axis::tp, Axis::dp}};
 }
 
 /// The sub-communicators of a Grid over a world communicator of type Comm.
@@ -65,6 +66,8 @@ class ProcessGroups {
   Comm& data_parallel() { return grid_.size(Axis::cp) > 1 ? dp_cp() : dp(); }
   /// Model-parallel group, tensor x pipeline (gradient-norm statistics).
   Comm& mp() { return get({Axis::tp, Axis::pp}); }
+  /// Tensor x data parallel group (the ranks holding distinct parts of a model's state).
+  Comm& tp_dp() { return get({Axis::tp, Axis::dp}); }
 
  private:
   Grid grid_;

@@ -5,6 +5,9 @@
 // for the fp32 master, "/exp_avg" and "/exp_avg_sq" for Adam's states, and so on. Loading fills
 // a shard of any other partition (world size, alignment) from the logical tensors and zeroes
 // its padding, which is what makes a resume at another world size or stage work.
+// A parameter that is a tensor-parallel part of a logical tensor (ParamSpec::split) is stored as
+// the runs of the logical tensor it covers, so a checkpoint is the same logical tensors whatever
+// the tensor-parallel size, and loads at any other.
 
 #include <algorithm>
 #include <span>
@@ -29,26 +32,35 @@ std::vector<TensorSpec> unit_tensor_specs(const std::vector<nn::ParamSpec>& para
                                           std::string_view suffix = "") {
   std::vector<TensorSpec> out;
   for (const nn::ParamSpec& p : params) {
-    out.push_back({p.name + std::string(suffix), dtype_of<T>, io::extents_of(p.shape)});
+    out.push_back({p.name + std::string(suffix), dtype_of<T>, io::extents_of(p.logical_shape())});
   }
   return out;
 }
 
 /// The segments of rank's shard (shard_numel elements of partition) of a unit, one per
-/// parameter piece, viewing shard's memory (which must outlive the save).
+/// contiguous run of a logical tensor, viewing shard's memory (which must outlive the save).
+/// whole_params false leaves out the parameters that are not split (a tensor-parallel rank
+/// other than 0: tp rank 0 saves the copies every tp rank holds).
 template <class T>
 std::vector<Segment> unit_segments(const std::vector<nn::ParamSpec>& params,
                                    const engine::UnitPartition& partition, int rank,
-                                   std::span<const T> shard, std::string_view suffix = "") {
+                                   std::span<const T> shard, std::string_view suffix = "",
+                                   bool whole_params = true) {
   expect<ShapeError>(static_cast<std::int64_t>(shard.size()) == partition.shard_numel(),
                      "unit_segments: the shard holds ", shard.size(),
                      " elements but the partition's shards hold ", partition.shard_numel());
   std::vector<Segment> out;
   for (const engine::ShardSegment& s : partition.segments(rank)) {
-    out.push_back(segment_of(params[static_cast<std::size_t>(s.param)].name + std::string(suffix),
-                             s.param_offset,
-                             shard.subspan(static_cast<std::size_t>(s.shard_offset),
-                                           static_cast<std::size_t>(s.count))));
+    const nn::ParamSpec& p = params[static_cast<std::size_t>(s.param)];
+    if (!whole_params && !p.split.is_split()) continue;
+    const std::string name = p.name + std::string(suffix);
+    p.for_each_run(
+        s.param_offset, s.count, [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+          out.push_back(segment_of(
+              name, logical,
+              shard.subspan(static_cast<std::size_t>(s.shard_offset + held - s.param_offset),
+                            static_cast<std::size_t>(count))));
+        });
   }
   return out;
 }
@@ -68,13 +80,17 @@ void read_unit_shard(const Reader& reader, const std::vector<nn::ParamSpec>& par
     const std::string name = p.name + std::string(suffix);
     const TensorRecord& t = reader.tensor(name);
     expect<CheckpointError>(
-        t.shape == io::extents_of(p.shape), "checkpoint '", reader.path().string(), "', tensor '",
-        name, "' has shape ", t.describe(), " but the model's parameter has ",
-        io::TensorInfo{"", t.dtype, io::extents_of(p.shape), 0, 0}.shape_string());
-    reader.read(
-        name, s.param_offset,
-        shard.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count)),
-        rule);
+        t.shape == io::extents_of(p.logical_shape()), "checkpoint '", reader.path().string(),
+        "', tensor '", name, "' has shape ", t.describe(), " but the model's parameter has ",
+        io::TensorInfo{"", t.dtype, io::extents_of(p.logical_shape()), 0, 0}.shape_string());
+    p.for_each_run(
+        s.param_offset, s.count, [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+          reader.read(
+              name, logical,
+              shard.subspan(static_cast<std::size_t>(s.shard_offset + held - s.param_offset),
+                            static_cast<std::size_t>(count)),
+              rule);
+        });
   }
 }
 

@@ -43,6 +43,7 @@
 #include <zero/engine/backend.hpp>
 #include <zero/engine/engine_checkpoint.hpp>
 #include <zero/engine/engine_config.hpp>
+#include <zero/engine/engine_groups.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/engine_policies.hpp>
 #include <zero/engine/engine_state.hpp>
@@ -90,8 +91,28 @@ class Engine {
   /// over comm (the data-parallel group).
   template <parallel::Communicator C>
   Engine(M& model, C& comm, UpdateFn update, EngineOptions options = {})
+      : Engine(model, EngineGroups(comm), std::move(update), options) {}
+
+  /// An engine configured from a DeepSpeed JSON config (accumulation, clipping, fp16 scaler,
+  /// stage-3 buckets, the optimizer, the LR scheduler, NVMe offload), sharding over comm. The
+  /// config's stage, precision and offload must agree with the policies (ConfigError otherwise).
+  template <parallel::Communicator C>
+  Engine(M& model, C& comm, const Config& config, EngineOptions options = {})
+      : Engine(model, EngineGroups(comm), config, options) {}
+
+  /// The engines above, sharding over the grid's data-parallel group (dp, or dp x cp with
+  /// context parallelism); the model keeps its own tensor, pipeline, expert and sequence groups.
+  /// With tensor parallelism (grid tp > 1) the gradient norm and checkpoints also span the
+  /// tensor-parallel group (EngineGroups).
+  template <parallel::Communicator C, class Update>
+  Engine(M& model, parallel::ProcessGroups<C>& groups, Update&& update_or_config,
+         EngineOptions options = {})
+      : Engine(model, EngineGroups(groups), std::forward<Update>(update_or_config), options) {}
+
+  /// An engine over explicit groups, with an update callback.
+  Engine(M& model, EngineGroups groups, UpdateFn update, EngineOptions options = {})
       : model_(model),
-        comm_(comm),
+        groups_(std::move(groups)),
         options_(options),
         update_(std::move(update)),
         micro_(options_.activation_bytes, options_.gradient_accumulation_steps) {
@@ -101,14 +122,11 @@ class Engine {
     setup({});
   }
 
-  /// An engine configured from a DeepSpeed JSON config (accumulation, clipping, fp16 scaler,
-  /// stage-3 buckets, the optimizer, the LR scheduler, NVMe offload), sharding over comm. The
-  /// config's stage, precision and offload must agree with the policies (ConfigError otherwise).
-  template <parallel::Communicator C>
-  Engine(M& model, C& comm, const Config& config, EngineOptions options = {})
+  /// An engine over explicit groups, configured from a DeepSpeed JSON config.
+  Engine(M& model, EngineGroups groups, const Config& config, EngineOptions options = {})
       : model_(model),
-        comm_(comm),
-        options_(options.with_config(config, comm.size())),
+        groups_(std::move(groups)),
+        options_(options.with_config(config, groups_.dp.size())),
         micro_(options_.activation_bytes, options_.gradient_accumulation_steps) {
     static_assert(!policies::reference_model,
                   "zero::Engine: an optimizer from the config updates fp32 masters; an f64 "
@@ -123,13 +141,6 @@ class Engine {
     const double lr = optimizer_spec_.get("lr", optimizers_.empty() ? 1e-3 : optimizers_[0].lr());
     training_.scheduler = scheduler_from_config(config, lr);
   }
-
-  /// The engines above, sharding over the grid's data-parallel group (dp, or dp x cp with
-  /// context parallelism); the model keeps its own tensor, pipeline, expert and sequence groups.
-  template <parallel::Communicator C, class Update>
-  Engine(M& model, parallel::ProcessGroups<C>& groups, Update&& update_or_config,
-         EngineOptions options = {})
-      : Engine(model, groups.data_parallel(), std::forward<Update>(update_or_config), options) {}
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -214,10 +225,12 @@ class Engine {
     expect_consistent("step");
     const auto timed = timers_.phase(profile::Phase::step);
     exchange_.drain_reductions();
-    // One all-reduce carries the sum of squares and the count of non-finite losses.
+    // One all-reduce carries the sum of squares and the count of non-finite losses (a second
+    // one adds up the tensor-parallel ranks' parts).
     double stats[2] = {0.0, static_cast<double>(micro_.nonfinite_losses())};
     for (int u = 0; u < num_units(); ++u) stats[0] += local_sum_of_squares(u);
     comm_.all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
+    if (groups_.tp) groups_.tp->all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
     const double scale = training_.loss_scale();
     last_grad_norm_ = std::sqrt(stats[0]) / scale;
     const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
@@ -364,6 +377,8 @@ class Engine {
   std::optional<optim::LossScaler>& loss_scaler() { return training_.scaler; }
   /// The data-parallel communicator (type-erased).
   parallel::AnyComm& comm() { return comm_; }
+  /// The communicators the engine works over (data, tensor parallel, state).
+  EngineGroups& groups() { return groups_; }
   /// This rank in the data-parallel group, and the group's size.
   int rank() const { return comm_.rank(); }
   int world_size() const { return comm_.size(); }
@@ -382,6 +397,13 @@ class Engine {
     expect<ConfigError>(options_.max_pending_reductions > 0,
                         "Engine: max_pending_reductions must be positive");
     if constexpr (loss_scaling) training_.scaler.emplace(options_.loss_scaler);
+    if constexpr (requires { model_.tensor_parallel().size(); }) {
+      expect<ConfigError>(model_.tensor_parallel().size() == groups_.tp_size(),
+                          "Engine: the model is split over a tensor-parallel group of ",
+                          model_.tensor_parallel().size(),
+                          " ranks but the engine's groups have tp = ", groups_.tp_size(),
+                          " (build the engine from the ProcessGroups the model's group came from)");
+    }
     plan_ = unit_buffer_plan({stage, sizeof(T), sizeof(MasterT), compute_is_master,
                               offload_device_of<typename policies::offload>});
     const int n = model_.num_units();
@@ -458,15 +480,23 @@ class Engine {
     }
   }
   // Sum of squares of this rank's part of the global gradient (with whole states every rank
-  // holds the whole reduced gradient, so each counts only its own slice).
+  // holds the whole reduced gradient, so each counts only its own slice). With tensor
+  // parallelism a parameter whole on every tp rank counts on tp rank 0 only.
   double local_sum_of_squares(int u) {
     std::span<MasterT> g = update_grad(u);
+    const UnitPartition& p = *unit(u).partition;
     if constexpr (!stage_traits::shards_optimizer_states) {
-      const UnitPartition& p = *unit(u).partition;
       g = g.subspan(static_cast<std::size_t>(p.shard_begin(comm_.rank())),
                     static_cast<std::size_t>(p.shard_numel()));
     }
-    return backend_type::sum_of_squares(std::span<const MasterT>(g));
+    if (groups_.tp_rank() == 0) return backend_type::sum_of_squares(std::span<const MasterT>(g));
+    double sum = 0.0;
+    for (const ShardSegment& s : p.segments(comm_.rank())) {
+      if (!unit(u).specs[static_cast<std::size_t>(s.param)].split.is_split()) continue;
+      sum += backend_type::sum_of_squares(std::span<const MasterT>(
+          g.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count))));
+    }
+    return sum;
   }
   void update_unit(int u, double factor) {
     const std::span<MasterT> param = unit(u).resident_master();
@@ -514,7 +544,8 @@ class Engine {
   void finish_window() { micro_.finish_window(); }
 
   M& model_;
-  parallel::AnyComm comm_;  // the data-parallel group
+  EngineGroups groups_;
+  parallel::AnyComm& comm_ = groups_.dp;  // the data-parallel group
   EngineOptions options_;
   UpdateFn update_;
   NamedParams optimizer_spec_;

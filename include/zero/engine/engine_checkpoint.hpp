@@ -5,6 +5,9 @@
 // scaler, the policies it ran with) and the program's own state. Loading reads, for whatever
 // world size and stage the loading engine has, exactly the ranges its slices need, so any
 // (world, stage) resumes any other. At stage 0 every rank holds replicas; rank 0 saves them.
+// With tensor parallelism every tp x dp rank takes part: a tensor-parallel part is saved as the
+// runs of its logical tensor, parameters whole on every tp rank by tp rank 0, so any
+// (tp, dp, stage) resumes any other.
 //
 // Saves and loads happen between optimizer steps (not in the middle of gradient accumulation).
 
@@ -41,8 +44,9 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
     const auto& specs = state.unit_specs(u);
     for (auto& t : checkpoint::unit_tensor_specs<E>(specs, suffix)) tensors.push_back(t);
     state.for_each_owned_shard(u, slice, ShardUse::save, [&](int r, std::span<E> shard) {
-      for (auto& s : checkpoint::unit_segments<E>(specs, state.partition(u), r,
-                                                  std::span<const E>(shard), suffix)) {
+      for (auto& s :
+           checkpoint::unit_segments<E>(specs, state.partition(u), r, std::span<const E>(shard),
+                                        suffix, state.tp_rank() == 0)) {
         segments.push_back(s);
       }
     });
@@ -65,7 +69,7 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   });
   nlohmann::json engine_json = state.to_json();
   engine_json["client_state"] = client_state;
-  return checkpoint::save(state.comm(), dir, tag, tensors, segments, engine_json);
+  return checkpoint::save(state.state_comm(), dir, tag, tensors, segments, engine_json);
 }
 
 /// Loads <dir>/<tag> (or the tag `latest` names when tag is empty) into eng, whatever world size
@@ -76,7 +80,7 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
   auto state = eng.state();
   state.require_between_steps("load_checkpoint");
   state.synchronize();
-  const checkpoint::Reader reader = checkpoint::load(state.comm(), dir, tag);
+  const checkpoint::Reader reader = checkpoint::load(state.state_comm(), dir, tag);
   auto read = [&](int u, auto slice, const std::string& suffix) {
     using E = typename decltype(slice)::element_type;
     const auto& specs = state.unit_specs(u);

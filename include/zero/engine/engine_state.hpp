@@ -53,6 +53,11 @@ class EngineState {
   int world_size() const { return eng_.world_size(); }
   /// The data-parallel communicator the state is sharded over.
   parallel::AnyComm& comm() { return eng_.comm_; }
+  /// Every rank holding a distinct part of the state (tp x dp): checkpoints run over it.
+  parallel::AnyComm& state_comm() { return eng_.groups_.state_group(); }
+  /// This rank in the tensor-parallel group, and the group's size (1 without one).
+  int tp_rank() const { return eng_.groups_.tp_rank(); }
+  int tp_size() const { return eng_.groups_.tp_size(); }
   /// Number of units, their parameters and their partitions.
   int num_units() const { return eng_.num_units(); }
   const std::vector<nn::ParamSpec>& unit_specs(int u) const { return eng_.unit_specs(u); }
@@ -99,6 +104,7 @@ class EngineState {
     j["format"] = "zero-engine-1";
     j["stage"] = Eng::stage;
     j["world_size"] = world_size();
+    j["tensor_parallel"] = tp_size();
     j["precision"] = name_of(dtype_of<typename Eng::T>);
     j["master_dtype"] = name_of(dtype_of<MasterT>);
     j["optimizer"] = optimizer_name();

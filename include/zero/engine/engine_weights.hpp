@@ -13,6 +13,10 @@
 // for GPT-2 the embedding unit, wte + wpe) plus, on rank 0, one Conv1D weight's transpose and a
 // conversion staging buffer; never the whole model. The file appears only when complete
 // (temporary name, fsync, rename); any failure on rank 0 is raised on every rank.
+//
+// With tensor parallelism (ParamSpec::split) a rank imports only the runs of the logical tensors
+// its parts cover (a Conv1D weight is read whole once per piece, then its runs picked), and the
+// export all-gathers each unit's parts over the tensor-parallel group and writes whole tensors.
 
 #include <algorithm>
 #include <cstdint>
@@ -45,9 +49,25 @@ void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
     state.for_each_owned_shard(u, slice, ShardUse::fill, [&](int r, std::span<MasterT> shard) {
       for (const ShardSegment& s : state.partition(u).segments(r)) {
         const nn::ParamSpec& p = specs[static_cast<std::size_t>(s.param)];
-        Tensor<MasterT> out(shard.data() + s.shard_offset, Shape{s.count});
-        io::gpt2::import_range(reader, p.name, p.shape, s.param_offset, out,
-                               io::DTypeRule::convert);
+        MasterT* base = shard.data() + s.shard_offset - s.param_offset;
+        if (p.split.is_split() && io::gpt2::is_conv1d_weight(p.name)) {
+          const Shape whole = p.logical_shape();
+          std::vector<MasterT> values(static_cast<std::size_t>(whole.numel()));
+          io::gpt2::import_range(reader, p.name, whole, 0,
+                                 Tensor<MasterT>(values.data(), Shape{whole.numel()}),
+                                 io::DTypeRule::convert);
+          p.for_each_run(s.param_offset, s.count,
+                         [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+                           std::copy_n(values.begin() + logical, count, base + held);
+                         });
+          continue;
+        }
+        p.for_each_run(s.param_offset, s.count,
+                       [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+                         io::gpt2::import_range(reader, p.name, p.logical_shape(), logical,
+                                                Tensor<MasterT>(base + held, Shape{count}),
+                                                io::DTypeRule::convert);
+                       });
       }
     });
   });
@@ -86,27 +106,49 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
       error = e.what();
     }
   };
-  const bool writes = eng.rank() == 0;
+  EngineGroups& groups = eng.groups();
+  const bool writes = eng.rank() == 0 && groups.tp_rank() == 0;
   if (writes) {
     attempt([&] {
       std::vector<io::TensorDecl> decls;
       for (int u = 0; u < eng.num_units(); ++u) {
         for (const nn::ParamSpec& p : eng.unit_specs(u)) {
-          decls.push_back(io::gpt2::export_decl(p.name, dtype, p.shape));
+          decls.push_back(io::gpt2::export_decl(p.name, dtype, p.logical_shape()));
         }
       }
       writer.emplace(file, decls, std::map<std::string, std::string>{{"format", "pt"}});
     });
   }
   for (int u = 0; u < eng.num_units(); ++u) {
-    const std::vector<MasterT> values = eng.gather_unit_values(u);
+    std::vector<MasterT> values = eng.gather_unit_values(u);
+    const int tp = groups.tp_size();
+    if (tp > 1) {  // every tensor-parallel rank's parts of the unit, rank-major
+      std::vector<MasterT> parts(values.size() * static_cast<std::size_t>(tp));
+      groups.tp->all_gather(std::span<const MasterT>(values), std::span<MasterT>(parts));
+      values = std::move(parts);
+    }
     result.peak_unit_bytes = std::max(result.peak_unit_bytes, values.size() * sizeof(MasterT));
     if (!writes) continue;
     attempt([&] {
+      const std::size_t part_numel = values.size() / static_cast<std::size_t>(tp);
       std::size_t offset = 0;
+      std::vector<MasterT> whole;
       for (const nn::ParamSpec& p : eng.unit_specs(u)) {
-        io::gpt2::export_tensor(*writer, p.name,
-                                Tensor<const MasterT>(values.data() + offset, p.shape),
+        const MasterT* data = values.data() + offset;
+        if (p.split.is_split()) {  // assemble the logical tensor from the ranks' parts
+          whole.assign(static_cast<std::size_t>(p.logical_shape().numel()), MasterT{});
+          for (int q = 0; q < tp; ++q) {
+            nn::TensorSplit split = p.split;
+            split.index = q;
+            const MasterT* part = values.data() + static_cast<std::size_t>(q) * part_numel + offset;
+            split.for_each_run(0, p.numel(),
+                               [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+                                 std::copy_n(part + held, count, whole.begin() + logical);
+                               });
+          }
+          data = whole.data();
+        }
+        io::gpt2::export_tensor(*writer, p.name, Tensor<const MasterT>(data, p.logical_shape()),
                                 io::DTypeRule::convert);
         offset += static_cast<std::size_t>(p.numel());
         ++result.tensors;
@@ -118,7 +160,7 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
   // Rank 0 tells the others whether the file exists and how large it is.
   std::vector<MasterT> outcome{error.empty() ? MasterT{1} : MasterT{0},
                                static_cast<MasterT>(result.tensors)};
-  eng.comm().broadcast_async(std::span<MasterT>(outcome), 0).wait();
+  groups.state_group().broadcast_async(std::span<MasterT>(outcome), 0).wait();
   if (writes) expect<CheckpointError>(error.empty(), "save_gpt2_weights: ", error);
   expect<CheckpointError>(outcome[0] == MasterT{1}, "save_gpt2_weights('", file.string(),
                           "'): rank 0 could not write the file (its error says why)");

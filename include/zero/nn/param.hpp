@@ -11,6 +11,7 @@
 #include <zero/core/rng.hpp>
 #include <zero/core/shape.hpp>
 #include <zero/core/tensor.hpp>
+#include <zero/nn/tensor_split.hpp>
 
 namespace zero::nn {
 
@@ -20,12 +21,22 @@ enum class Init : unsigned char { zeros, ones, normal };
 /// One parameter a unit declares. Shapes are zero's layout: a Linear weight is [out, in].
 struct ParamSpec {
   std::string name;          ///< Hugging Face GPT-2 name, e.g. "transformer.h.0.ln_1.weight"
-  Shape shape;               ///< logical shape
+  Shape shape;               ///< shape held by this rank (the whole tensor unless split)
   Init init = Init::normal;  ///< initialiser
   double stddev = 0.02;      ///< for Init::normal
   bool weight_decay = true;  ///< false for biases, norms (and embeddings where configured)
+  TensorSplit split = {};    ///< the part of a logical tensor held (tensor parallelism)
 
+  /// Elements held.
   std::int64_t numel() const { return shape.numel(); }
+  /// The logical tensor's shape (shape itself unless split).
+  Shape logical_shape() const { return split.is_split() ? split.whole : shape; }
+  /// fn(logical_offset, offset, count) for each contiguous run of the held elements
+  /// [first, first + count) in the logical tensor (one run unless split).
+  template <class Fn>
+  void for_each_run(std::int64_t first, std::int64_t count, Fn&& fn) const {
+    split.for_each_run(first, count, fn);
+  }
 };
 
 /// A bound parameter: its value and its gradient (empty when only evaluating).
@@ -36,7 +47,8 @@ struct ParamView {
 };
 
 /// Fills elements [first_index, first_index + slice.numel()) of the parameter spec describes,
-/// from (seed, name, index) alone: any split over ranks gives the single-process values.
+/// from (seed, name, logical index) alone: any split over ranks, data- or tensor-parallel,
+/// gives the single-process values.
 template <class T>
 void initialise(const ParamSpec& spec, Tensor<T> slice, std::int64_t first_index,
                 std::uint64_t seed) {
@@ -47,10 +59,15 @@ void initialise(const ParamSpec& spec, Tensor<T> slice, std::int64_t first_index
     case Init::ones:
       for (T& v : slice) v = convert<T>(1.0);
       break;
-    case Init::normal:
-      fill_normal(slice, CounterRng(CounterRng::key_for(seed, spec.name)), first_index, 0.0,
-                  spec.stddev);
+    case Init::normal: {
+      const CounterRng rng(CounterRng::key_for(seed, spec.name));
+      spec.for_each_run(first_index, slice.numel(),
+                        [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+                          fill_normal(slice.slice(held - first_index, count), rng, logical, 0.0,
+                                      spec.stddev);
+                        });
       break;
+    }
   }
 }
 

@@ -1,0 +1,132 @@
+#pragma once
+// VocabParallelCrossEntropy: softmax cross-entropy over logits split on the vocabulary, rank i
+// holding columns [i*V/tp, (i+1)*V/tp) of every row (the output of the column-parallel LM head).
+// The whole logits never exist on one rank (Megatron's vocab-parallel cross-entropy):
+//   m_n = max over the group of the local row maxima           (all-reduce max, N values)
+//   s_n = sum over the group of sum_v exp(l_nv - m_n)          (all-reduce sum, with the next)
+//   p_n = l_n,target - m_n on the rank holding the target, 0 elsewhere
+//   loss_n = log s_n - p_n,  loss = mean over counted rows (ignore_index rows skipped)
+// The two sums travel in one all-reduce of 2N values. Backward needs no communication:
+//   dlogits_nv = (exp(l_nv - m_n) / s_n - [v == target_n]) * dloss / counted rows.
+// Statistics are in the compute type (float for half types), as the whole-vocabulary kernel.
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/cross_entropy.hpp>
+#include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/parallel_for.hpp>
+
+namespace zero::parallel {
+
+/// Mean cross-entropy of vocabulary-split logits [N, V/tp] against labels [N] in [0, V).
+template <class T>
+class VocabParallelCrossEntropy final : public nn::Layer<T> {
+ public:
+  /// vocab is the whole vocabulary V; labels names the micro-batch input ("targets":
+  /// ctx.targets).
+  VocabParallelCrossEntropy(TensorParallel tp, std::int64_t vocab, std::string labels = "targets")
+      : tp_(std::move(tp)), vocab_(vocab), labels_(std::move(labels)) {
+    expect<ConfigError>(vocab > 0 && vocab % tp_.size() == 0, describe(), ": the vocabulary of ",
+                        vocab, " does not split over tensor-parallel size ", tp_.size());
+  }
+
+  std::string describe() const override { return "VocabParallelCrossEntropy '" + labels_ + "'"; }
+  void forward(nn::StepContext<T>& ctx) override {
+    const std::int64_t V = part();
+    N_ = nn::rows_of(ctx.x, V, describe());
+    logits_ = ctx.x;
+    labels_data_ = find_labels(ctx);
+    if (labels_data_ == nullptr) return;
+    const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, vocab_);
+    max_ = ctx.arena->template allocate<Stat>({N_});
+    sums_ = ctx.arena->template allocate<Stat>({2, N_});  // [predicted; sum of exponentials]
+    const T* x = logits_.data();
+    Stat* m = max_.data();
+    ops::cpu::parallel_for(N_, [&](std::int64_t n) {
+      Stat best = ops::cpu::load(x[n * V]);
+      for (std::int64_t v = 1; v < V; ++v) {
+        const Stat l = ops::cpu::load(x[n * V + v]);
+        best = l > best ? l : best;
+      }
+      m[n] = best;
+    });
+    if (tp_.active()) tp_.comm().all_reduce(max_.span(), ReduceOp::max);
+    const std::int64_t first = tp_.rank() * V;
+    const std::int32_t* labels = labels_data_;
+    Stat* predicted = sums_.data();
+    Stat* sum = sums_.data() + N_;
+    ops::cpu::parallel_for(N_, [&](std::int64_t n) {
+      Stat s = Stat(0);
+      for (std::int64_t v = 0; v < V; ++v) s += std::exp(ops::cpu::load(x[n * V + v]) - m[n]);
+      sum[n] = s;
+      const std::int64_t local = labels[n] - first;
+      predicted[n] = labels[n] != ops::cpu::ignore_index && local >= 0 && local < V
+                         ? ops::cpu::load(x[n * V + local]) - m[n]
+                         : Stat(0);
+    });
+    if (tp_.active()) tp_.comm().all_reduce(sums_.span(), ReduceOp::sum);
+    Stat total = Stat(0);
+    for (std::int64_t n = 0; n < N_; ++n) {  // fixed order: deterministic
+      if (labels[n] != ops::cpu::ignore_index) total += std::log(sum[n]) - predicted[n];
+    }
+    ctx.loss = convert<T>(valid > 0 ? total / static_cast<Stat>(valid) : Stat(0));
+  }
+  void backward(nn::StepContext<T>& ctx) override {
+    expect<nn::InputError>(labels_data_ != nullptr, describe(),
+                           ": backward needs labels; the micro-batch had no input '", labels_, "'");
+    const std::int64_t V = part(), first = tp_.rank() * V;
+    const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, vocab_);
+    const Stat scale =
+        valid > 0 ? convert<Stat>(ctx.loss_scale) / static_cast<Stat>(valid) : Stat(0);
+    const T* x = logits_.data();
+    T* dx = ctx.dx.data();
+    const Stat* m = max_.data();
+    const Stat* sum = sums_.data() + N_;
+    const std::int32_t* labels = labels_data_;
+    ops::cpu::parallel_for(N_, [&](std::int64_t n) {
+      T* d = dx + n * V;
+      if (labels[n] == ops::cpu::ignore_index) {
+        for (std::int64_t v = 0; v < V; ++v) d[v] = ops::cpu::store<T>(Stat(0));
+        return;
+      }
+      const Stat inv = Stat(1) / sum[n];
+      const std::int64_t local = labels[n] - first;
+      for (std::int64_t v = 0; v < V; ++v) {
+        Stat g = std::exp(ops::cpu::load(x[n * V + v]) - m[n]) * inv * scale;
+        if (v == local) g -= scale;
+        d[v] = ops::cpu::store<T>(g);
+      }
+    });
+  }
+  /// This rank's logits of the last forward, [N, V/tp] (valid until the next micro-step).
+  Tensor<const T> logits() const { return logits_; }
+
+ private:
+  using Stat = compute_type_t<T>;
+
+  std::int64_t part() const { return vocab_ / tp_.size(); }
+  const std::int32_t* find_labels(const nn::StepContext<T>& ctx) const {
+    if (labels_ == "targets" && !ctx.inputs.contains(labels_)) return ctx.targets;
+    if (!ctx.inputs.contains(labels_)) return nullptr;
+    const Tensor<const std::int32_t> labels = ctx.template input<std::int32_t>(labels_);
+    expect<nn::InputError>(labels.numel() == N_, describe(), ": ", labels.numel(), " labels for ",
+                           N_, " rows of logits");
+    return labels.data();
+  }
+
+  TensorParallel tp_;
+  std::int64_t vocab_;
+  std::string labels_;
+  Tensor<T> logits_;
+  Tensor<Stat> max_, sums_;
+  const std::int32_t* labels_data_ = nullptr;
+  std::int64_t N_ = 0;
+};
+
+}  // namespace zero::parallel

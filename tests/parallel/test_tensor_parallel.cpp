@@ -1,0 +1,376 @@
+// Tensor and sequence parallelism, layer by layer (f64): the region operators are adjoint pairs,
+// each parallel layer equals its whole (tp = 1) counterpart forward and backward at tp 2 and 4,
+// parts initialise as slices of the whole initialisation, and a GPT block split over tp equals
+// the whole block, with negative controls (a missing all-reduce, a missing LayerNorm-gradient
+// reduction) that the same comparison catches.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <parallel/comm/local_comm.hpp>
+#include <parallel/tensor_parallel/column_parallel_linear.hpp>
+#include <parallel/tensor_parallel/region_layer.hpp>
+#include <parallel/tensor_parallel/regions.hpp>
+#include <parallel/tensor_parallel/row_parallel_linear.hpp>
+#include <parallel/tensor_parallel/sequence_parallel_params.hpp>
+#include <parallel/tensor_parallel/vocab_parallel_cross_entropy.hpp>
+#include <parallel/tensor_parallel/vocab_parallel_embedding.hpp>
+#include <zero/core/arena.hpp>
+#include <zero/core/rng.hpp>
+#include <zero/nn/layer_gpt.hpp>
+#include <zero/nn/layers/layer_norm.hpp>
+#include <zero/nn/layers/linear.hpp>
+#include <zero/nn/local_parameters.hpp>
+#include <zero/ops/cpu/cross_entropy.hpp>
+#include <zero/ops/cpu/linear.hpp>
+
+#include "../support/per_rank.hpp"
+
+using namespace zero;
+using parallel::LocalComm;
+using parallel::Region;
+using parallel::TensorParallel;
+
+namespace {
+
+std::vector<double> random_values(std::int64_t n, std::uint64_t seed) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  fill_normal(Tensor<double>(v.data(), Shape{n}), CounterRng(seed), 0, 0.0, 1.0);
+  return v;
+}
+
+double dot(const double* a, const double* b, std::int64_t n) {
+  double s = 0;
+  for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double w = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, std::fabs(a[i] - b[i]));
+  return w;
+}
+
+// The held part of a logical tensor `whole` under split.
+std::vector<double> part_of(const nn::TensorSplit& split, const std::vector<double>& whole) {
+  const std::int64_t n = split.part_shape().numel();
+  std::vector<double> out(static_cast<std::size_t>(n));
+  split.for_each_run(0, n, [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+    std::copy_n(whole.begin() + logical, count, out.begin() + held);
+  });
+  return out;
+}
+
+// Rows [first, first + count) of a row-major [*, cols] matrix.
+std::vector<double> rows_of(const std::vector<double>& m, std::int64_t cols, std::int64_t first,
+                            std::int64_t count) {
+  return {m.begin() + first * cols, m.begin() + (first + count) * cols};
+}
+
+}  // namespace
+
+// Whether a region's input (output) is replicated: the same tensor on every rank, whose inner
+// product counts once, rather than a tensor per rank, whose inner products add up over ranks.
+// Megatron's pairs are adjoint on these spaces (an all-reduce's adjoint is the identity only
+// because the gradient of a replicated output is itself replicated). gather_from_sp's output
+// feeds a column-parallel layer, so each rank's gradient of it differs: a tensor per rank.
+bool replicated_input(Region r) {
+  return r == Region::copy_to_tp || r == Region::scatter_to_tp || r == Region::scatter_to_sp;
+}
+bool replicated_output(Region r) {
+  return r == Region::reduce_from_tp || r == Region::gather_from_tp;
+}
+
+TEST_CASE("Region operators: each backward is the adjoint of its forward at tp 2 and 4",
+          "[unit][tp]") {
+  for (int tp : {2, 4}) {
+    for (Region region : parallel::all_regions) {
+      const std::int64_t rows = 8, cols = 12;
+      struct Dots {
+        double forward = 0, adjoint = 0, wrong = 0;
+      };
+      const auto dots = testing::per_rank<Dots>(tp, [&](LocalComm& comm) {
+        const TensorParallel group(comm);
+        const auto o = parallel::region_output_shape(region, tp, rows, cols);
+        const auto rank = static_cast<std::uint64_t>(comm.rank());
+        const auto x = random_values(rows * cols, replicated_input(region) ? 100 : 100 + rank);
+        const auto y = random_values(o.rows * o.cols, replicated_output(region) ? 200 : 200 + rank);
+        const bool counts_x = !replicated_input(region) || rank == 0;
+        const bool counts_y = !replicated_output(region) || rank == 0;
+        std::vector<double> ax(static_cast<std::size_t>(o.rows * o.cols));
+        parallel::region_forward(region, group, x.data(), ax.data(), rows, cols);
+        std::vector<double> aty(x.size(), 0.0);
+        parallel::region_backward(region, group, y.data(), aty.data(), rows, cols);
+        Dots d;
+        d.forward = counts_y ? dot(ax.data(), y.data(), o.rows * o.cols) : 0.0;
+        d.adjoint = counts_x ? dot(x.data(), aty.data(), rows * cols) : 0.0;
+        // Negative control: copy_to_tp's backward taken as the identity is not its adjoint.
+        if (region == Region::copy_to_tp) {
+          std::vector<double> id(x.size(), 0.0);
+          parallel::region_backward(Region::reduce_from_tp, group, y.data(), id.data(), rows, cols);
+          d.wrong = counts_x ? dot(x.data(), id.data(), rows * cols) : 0.0;
+        }
+        return d;
+      });
+      double lhs = 0, rhs = 0, wrong = 0;
+      for (const Dots& d : dots) {
+        lhs += d.forward;
+        rhs += d.adjoint;
+        wrong += d.wrong;
+      }
+      INFO(parallel::name_of(region) << " at tp " << tp);
+      CHECK(std::fabs(lhs - rhs) <= 1e-12 * (1 + std::fabs(lhs)));
+      if (region == Region::copy_to_tp) CHECK(std::fabs(lhs - wrong) > 1e-3);
+    }
+  }
+}
+
+TEST_CASE("Region operators: gathers concatenate the ranks' blocks in rank order", "[unit][tp]") {
+  const int tp = 4;
+  const std::int64_t rows = 3, cols = 2;
+  const auto results = testing::per_rank<std::vector<double>>(tp, [&](LocalComm& comm) {
+    const TensorParallel group(comm);
+    std::vector<double> x(rows * cols);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 100.0 * comm.rank() + static_cast<double>(i);
+    std::vector<double> by_cols(rows * cols * tp), by_rows(rows * cols * tp);
+    parallel::region_forward(Region::gather_from_tp, group, x.data(), by_cols.data(), rows, cols);
+    parallel::region_forward(Region::gather_from_sp, group, x.data(), by_rows.data(), rows, cols);
+    by_cols.insert(by_cols.end(), by_rows.begin(), by_rows.end());
+    return by_cols;
+  });
+  for (int r = 0; r < tp; ++r) {
+    const auto& got = results[static_cast<std::size_t>(r)];
+    for (std::int64_t n = 0; n < rows; ++n) {
+      for (int q = 0; q < tp; ++q) {
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const double want = 100.0 * q + static_cast<double>(n * cols + c);
+          CHECK(got[static_cast<std::size_t>((n * tp + q) * cols + c)] == want);  // columns
+          CHECK(got[static_cast<std::size_t>(rows * cols * tp + (q * rows + n) * cols + c)] ==
+                want);  // rows
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("TensorSplit: a rank's part initialises as the slice of the whole initialisation",
+          "[unit][tp]") {
+  for (int stride : {1, 3}) {
+    const Shape whole{24, 5};
+    nn::ParamSpec full{"transformer.h.0.attn.c_attn.weight", whole, nn::Init::normal, 0.02};
+    std::vector<double> all(static_cast<std::size_t>(whole.numel()));
+    nn::initialise(full, Tensor<double>(all.data(), whole), 0, 7);
+    for (int parts : {2, 4}) {
+      for (int index = 0; index < parts; ++index) {
+        nn::ParamSpec spec = full;
+        spec.split = nn::TensorSplit::of(whole, 0, parts, index, stride);
+        spec.shape = spec.split.part_shape();
+        std::vector<double> mine(static_cast<std::size_t>(spec.numel()));
+        // In two pieces, as a data-parallel shard boundary would cut it.
+        const std::int64_t cut = spec.numel() / 3;
+        nn::initialise(spec, Tensor<double>(mine.data(), Shape{cut}), 0, 7);
+        nn::initialise(spec, Tensor<double>(mine.data() + cut, Shape{spec.numel() - cut}), cut, 7);
+        CHECK(mine == part_of(spec.split, all));
+      }
+    }
+  }
+  CHECK_THROWS_AS(nn::TensorSplit::of({10, 4}, 0, 4, 0), ShapeError);
+  CHECK_THROWS_AS(nn::TensorSplit::of({12, 4}, 0, 2, 0, 4), ShapeError);  // 12 = 4 blocks of 3
+}
+
+namespace {
+
+// A layer's forward and backward on one rank: binds the given values (zero gradients), runs x
+// through it and dy back; returns [y, dx, grads...] flattened.
+struct LayerRun {
+  std::vector<double> y, dx;
+  std::vector<std::vector<double>> grads;
+  double loss = 0;
+};
+
+LayerRun run_layer(nn::Layer<double>& layer, std::vector<std::vector<double>> values,
+                   const std::vector<double>& x, Shape x_shape, const std::vector<double>& dy,
+                   std::int64_t batch, std::int64_t seq, const std::int32_t* tokens = nullptr,
+                   const std::int32_t* targets = nullptr) {
+  const auto specs = layer.params();
+  std::vector<std::vector<double>> grads;
+  std::vector<nn::ParamView<double>> views;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    grads.emplace_back(values[i].size(), 0.0);
+    views.push_back({Tensor<double>(values[i].data(), specs[i].shape),
+                     Tensor<double>(grads[i].data(), specs[i].shape)});
+  }
+  layer.bind(views);
+  Arena<> arena(8 << 20);
+  nn::StepContext<double> ctx;
+  ctx.arena = &arena;
+  ctx.batch = batch;
+  ctx.seq_len = seq;
+  ctx.tokens = tokens;
+  ctx.targets = targets;
+  std::vector<double> input = x;
+  if (!x.empty()) ctx.x = Tensor<double>(input.data(), x_shape);
+  layer.forward(ctx);
+  LayerRun r;
+  r.loss = ctx.loss;
+  r.y.assign(ctx.x.begin(), ctx.x.end());
+  std::vector<double> dout = dy;
+  std::vector<double> dx(x.size(), 0.0);
+  ctx.dy = Tensor<double>(dout.data(), ctx.x.shape());
+  ctx.dx = x.empty() ? Tensor<double>() : Tensor<double>(dx.data(), x_shape);
+  if (targets != nullptr) {  // a loss layer writes dlogits into dx shaped like its input
+    dx.assign(static_cast<std::size_t>(x_shape.numel()), 0.0);
+    ctx.dx = Tensor<double>(dx.data(), x_shape);
+  }
+  layer.backward(ctx);
+  r.dx = dx;
+  r.grads = grads;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("ColumnParallelLinear and RowParallelLinear equal a whole Linear at tp 2 and 4",
+          "[unit][tp]") {
+  const std::int64_t B = 2, T = 4, N = B * T, in = 8, out = 12;
+  const auto W = random_values(out * in, 1), b = random_values(out, 2),
+             x = random_values(N * in, 3);
+  const auto dy = random_values(N * out, 4);
+  nn::Linear<double> whole("fc", in, out);
+  const LayerRun want = run_layer(whole, {W, b}, x, Shape{N, in}, dy, B, T);
+  for (int tp : {2, 4}) {
+    for (bool sp : {false, true}) {
+      for (int stride : {1, 3}) {
+        if (out % (tp * stride) != 0) continue;
+        const auto errors = testing::per_rank<double>(tp, [&](LocalComm& comm) {
+          const TensorParallel group(comm, sp);
+          parallel::ColumnParallelLinear<double> layer(group, "fc", in, out, true, 0.0, stride);
+          const auto specs = layer.params();
+          const std::int64_t rows = sp ? N / tp : N, first = sp ? comm.rank() * rows : 0;
+          // Columns this rank holds: the bias's runs.
+          std::vector<std::int64_t> columns;
+          specs[1].for_each_run(0, out / tp, [&](std::int64_t l, std::int64_t, std::int64_t n) {
+            for (std::int64_t k = 0; k < n; ++k) columns.push_back(l + k);
+          });
+          std::vector<double> my_dy;
+          for (std::int64_t n = 0; n < N; ++n) {
+            for (std::int64_t c : columns)
+              my_dy.push_back(dy[static_cast<std::size_t>(n * out + c)]);
+          }
+          const LayerRun got =
+              run_layer(layer, {part_of(specs[0].split, W), part_of(specs[1].split, b)},
+                        rows_of(x, in, first, rows), Shape{rows, in}, my_dy, B, T);
+          std::vector<double> want_y;
+          for (std::int64_t n = 0; n < N; ++n) {
+            for (std::int64_t c : columns)
+              want_y.push_back(want.y[static_cast<std::size_t>(n * out + c)]);
+          }
+          return std::max({max_diff(got.y, want_y),
+                           max_diff(got.dx, rows_of(want.dx, in, first, rows)),
+                           max_diff(got.grads[0], part_of(specs[0].split, want.grads[0])),
+                           max_diff(got.grads[1], part_of(specs[1].split, want.grads[1]))});
+        });
+        INFO("column-parallel, tp " << tp << (sp ? " with" : " without") << " SP, stride "
+                                    << stride);
+        for (double e : errors) CHECK(e <= 1e-12);
+      }
+      const auto errors = testing::per_rank<double>(tp, [&](LocalComm& comm) {
+        const TensorParallel group(comm, sp);
+        parallel::RowParallelLinear<double> layer(group, "fc", in, out);
+        const auto specs = layer.params();
+        const std::int64_t part = in / tp, c0 = comm.rank() * part;
+        std::vector<double> my_x;
+        for (std::int64_t n = 0; n < N; ++n) {
+          for (std::int64_t c = 0; c < part; ++c)
+            my_x.push_back(x[static_cast<std::size_t>(n * in + c0 + c)]);
+        }
+        const std::int64_t rows = sp ? N / tp : N, first = sp ? comm.rank() * rows : 0;
+        const LayerRun got = run_layer(layer, {part_of(specs[0].split, W), b}, my_x, Shape{N, part},
+                                       rows_of(dy, out, first, rows), B, T);
+        std::vector<double> want_dx;
+        for (std::int64_t n = 0; n < N; ++n) {
+          for (std::int64_t c = 0; c < part; ++c)
+            want_dx.push_back(want.dx[static_cast<std::size_t>(n * in + c0 + c)]);
+        }
+        return std::max({max_diff(got.y, rows_of(want.y, out, first, rows)),
+                         max_diff(got.dx, want_dx),
+                         max_diff(got.grads[0], part_of(specs[0].split, want.grads[0])),
+                         max_diff(got.grads[1], want.grads[1])});
+      });
+      INFO("row-parallel, tp " << tp << (sp ? " with" : " without") << " SP");
+      for (double e : errors) CHECK(e <= 1e-12);
+    }
+  }
+}
+
+TEST_CASE("VocabParallelEmbedding and VocabParallelCrossEntropy equal the whole-vocabulary layers",
+          "[unit][tp]") {
+  const std::int64_t B = 2, T = 6, N = B * T, V = 16, C = 4;
+  const auto table = random_values(V * C, 5), dy = random_values(N * C, 6);
+  const auto logits = random_values(N * V, 7);
+  // Repeated ids and ids at every shard boundary; one ignored target.
+  const std::vector<std::int32_t> ids{0, 3, 4, 7, 8, 11, 12, 15, 3, 3, 8, 0};
+  const std::vector<std::int32_t> targets{15, 0, 4, 3, 8, 7, 12, 11, -1, 3, 8, 15};
+  nn::TokenEmbedding<double> whole("wte", V, C);
+  const LayerRun want = run_layer(whole, {table}, {}, Shape{}, dy, B, T, ids.data());
+  std::vector<double> losses(N), want_dlogits(N * V);
+  const double want_loss =
+      ops::cpu::cross_entropy_forward<double>(losses.data(), logits.data(), targets.data(), N, V);
+  ops::cpu::cross_entropy_backward<double>(want_dlogits.data(), logits.data(), targets.data(), N,
+                                           V);
+  for (int tp : {2, 4}) {
+    const auto errors = testing::per_rank<double>(tp, [&](LocalComm& comm) {
+      const TensorParallel group(comm);
+      parallel::VocabParallelEmbedding<double> embedding(group, "wte", V, C);
+      const auto specs = embedding.params();
+      const LayerRun got =
+          run_layer(embedding, {part_of(specs[0].split, table)}, {}, Shape{}, dy, B, T, ids.data());
+      parallel::VocabParallelCrossEntropy<double> loss(group, V);
+      const std::int64_t part = V / tp, first = comm.rank() * part;
+      std::vector<double> mine;
+      std::vector<double> want_mine;
+      for (std::int64_t n = 0; n < N; ++n) {
+        for (std::int64_t v = 0; v < part; ++v) {
+          mine.push_back(logits[static_cast<std::size_t>(n * V + first + v)]);
+          want_mine.push_back(want_dlogits[static_cast<std::size_t>(n * V + first + v)]);
+        }
+      }
+      const LayerRun ce =
+          run_layer(loss, {}, mine, Shape{N, part}, {}, B, T, nullptr, targets.data());
+      return std::max({max_diff(got.y, want.y),
+                       max_diff(got.grads[0], part_of(specs[0].split, want.grads[0])),
+                       std::fabs(ce.loss - want_loss), max_diff(ce.dx, want_mine)});
+    });
+    INFO("tp " << tp);
+    for (double e : errors) CHECK(e <= 1e-12);
+  }
+}
+
+TEST_CASE("VocabParallelCrossEntropy: Megatron's numeric case", "[unit][tp]") {
+  // Megatron's test at tp 4: every rank's logits are arange(0, 8) repeated to its 32 columns (a
+  // vocabulary of 128), targets arange(0, 32, 2): losses 10.2309, 8.2309, 6.2309, 4.2309, ...
+  const std::int64_t N = 16, V = 128, local = 32;
+  const auto losses = testing::per_rank<std::vector<double>>(4, [&](LocalComm& comm) {
+    const TensorParallel group(comm);
+    parallel::VocabParallelCrossEntropy<double> loss(group, V);
+    std::vector<double> row(local);
+    for (std::int64_t v = 0; v < local; ++v)
+      row[static_cast<std::size_t>(v)] = static_cast<double>(v % 8);
+    std::vector<double> per_row;
+    for (std::int64_t n = 0; n < N; ++n) {  // one row at a time: the layer's loss is a mean
+      const std::int32_t target = static_cast<std::int32_t>(2 * n);
+      per_row.push_back(run_layer(loss, {}, row, Shape{1, local}, {}, 1, 1, nullptr, &target).loss);
+    }
+    return per_row;
+  });
+  const double want[4] = {10.2309, 8.2309, 6.2309, 4.2309};
+  for (const auto& rank : losses) {
+    for (std::size_t n = 0; n < rank.size(); ++n)
+      CHECK(rank[n] == Approx(want[n % 4]).margin(1e-3));
+  }
+}
