@@ -82,8 +82,10 @@ class Monitor {
     nlohmann::json due = nlohmann::json::object();
     if (cfg_.flops_profiler.enabled && step == cfg_.flops_profiler.profile_step) {
       StepTimers only_this = engine.timers().since(before_profile_);
-      FlopsProfile p =
-          collect_flops_profile(only_this_engine(engine, only_this), model, step, batch_per_rank_);
+      int mp_size = 1;  // the tensor-parallel group, where the engine has one
+      if constexpr (requires { engine.groups().tp_size(); }) mp_size = engine.groups().tp_size();
+      FlopsProfile p = collect_flops_profile(only_this_engine(engine, only_this), model, step,
+                                             batch_per_rank_, mp_size);
       due["flops_profile"] = p.to_json();
       if (rank_ == 0) write_profile(p);
     }
