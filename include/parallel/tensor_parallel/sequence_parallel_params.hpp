@@ -50,7 +50,7 @@ class SequenceParallelParams final : public nn::Layer<T> {
   }
   void forward(nn::StepContext<T>& ctx) override { inner_->forward(ctx); }
   void backward(nn::StepContext<T>& ctx) override {
-    for (T& g : private_.span()) g = T(0);
+    for (T& g : private_.view()) g = T(0);
     inner_->backward(ctx);
     std::size_t offset = 0;
     for (const auto& v : real_) {

@@ -106,7 +106,7 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
       error = e.what();
     }
   };
-  EngineGroups& groups = eng.groups();
+  auto& groups = eng.groups();
   const bool writes = eng.rank() == 0 && groups.tp_rank() == 0;
   if (writes) {
     attempt([&] {

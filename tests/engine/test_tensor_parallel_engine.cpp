@@ -1,0 +1,278 @@
+// The engine with a tensor-parallel GPT: every (tp, dp, stage) layout, with and without sequence
+// parallelism, equals one process on the global batch over several AdamW steps with gradient
+// clipping (f64 1e-10: a missing or doubled reduction, or a replicated parameter counted tp times
+// in the clipping norm, is an O(1) error); f32 AdamW from a DeepSpeed config within 2e-5; a
+// checkpoint saved at (tp 2, dp 2, stage 3) resumes at (tp 4, dp 1, stage 1) and
+// (tp 1, dp 4, stage 2) equal to the uninterrupted run; GPT-2 weights exported from tp 2 are the
+// whole tensors and import into tp 4; bad layouts are refused naming the key.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <parallel/comm/local_comm.hpp>
+#include <parallel/process_groups.hpp>
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <zero/engine/engine.hpp>
+#include <zero/engine/engine_weights.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/local_parameters.hpp>
+
+#include "../support/per_rank.hpp"
+#include "engine_test_util.hpp"
+#include "tp_test_util.hpp"
+
+using namespace zero;
+using parallel::LocalComm;
+using parallel::TensorParallel;
+
+namespace {
+
+constexpr double clip = 0.05;  // small enough to clip every step of the tiny model
+
+// One process on the global batch: `steps` AdamW steps with clipping; the whole tensors.
+template <class T>
+test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows, int steps) {
+  nn::GPT<T> model(cfg);
+  nn::LocalParameters<nn::GPT<T>> params(model, 1234);
+  test::AdamW64 adam;
+  Arena<> arena(64 << 20);
+  for (int step = 0; step < steps; ++step) {
+    params.zero_grads();
+    const test::GlobalBatch b(global_rows, step, cfg.vocab_size);
+    nn::StepContext<T> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = b.tokens.data();
+    ctx.targets = b.targets.data();
+    ctx.batch = global_rows;
+    ctx.seq_len = test::seq;
+    model.forward(ctx);
+    model.backward(ctx);
+    arena.reset();
+    double sq = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      for (T g : params.unit_grads(u)) sq += static_cast<double>(g) * static_cast<double>(g);
+    }
+    const double c = optim::clip_coefficient(std::sqrt(sq), clip);
+    for (int u = 0; u < model.num_units(); ++u) {
+      auto g = params.unit_grads(u).span();
+      for (T& x : g) x = static_cast<T>(x * c);
+      adam(u, params.unit_values(u).span(), std::span<const T>(g));
+    }
+  }
+  test::LogicalValues out;
+  for (int u = 0; u < model.num_units(); ++u) {
+    const auto v = params.unit_values(u);
+    std::size_t offset = 0;
+    for (const nn::ParamSpec& p : params.unit_specs(u)) {
+      out[p.name].assign(v.begin() + offset, v.begin() + offset + p.numel());
+      offset += static_cast<std::size_t>(p.numel());
+    }
+  }
+  return out;
+}
+
+// Trains `steps` boundaries of `accumulation` micro-steps on this rank of a (tp, dp) grid.
+template <class Eng>
+void train(Eng& eng, int dp_rank, int dp, int accumulation, int steps, std::int64_t vocab,
+           int first_step = 0) {
+  const std::int64_t global_rows = test::micro_rows * accumulation * dp;
+  for (int step = first_step; step < first_step + steps; ++step) {
+    const test::GlobalBatch b(global_rows, step, vocab);
+    for (int m = 0; m < accumulation; ++m) {
+      eng.forward(b.micro(m, dp_rank, dp));
+      eng.backward();
+      eng.step();
+    }
+  }
+}
+
+struct Layout {
+  int tp, dp, stage;
+  bool sp;
+};
+
+template <int S>
+std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int accumulation,
+                                      int steps) {
+  parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = l.tp, .dp = l.dp}));
+  nn::GPT<double> model(test::tp_tiny(), TensorParallel(groups.tp(), l.sp));
+  engine::EngineOptions options;
+  options.gradient_accumulation_steps = accumulation;
+  options.activation_bytes = 32 << 20;
+  options.gradient_clipping = clip;
+  options.persistence_threshold = 0;
+  options.seed = 1234;
+  engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, groups, test::AdamW64{}, options);
+  train(eng, groups.dp().rank(), l.dp, accumulation, steps, test::tp_tiny().vocab_size);
+  return test::held_params(eng);
+}
+
+std::vector<test::HeldParam> f64_rank_any(LocalComm& world, const Layout& l, int accumulation,
+                                          int steps) {
+  switch (l.stage) {
+    case 0: return f64_rank<0>(world, l, accumulation, steps);
+    case 1: return f64_rank<1>(world, l, accumulation, steps);
+    case 2: return f64_rank<2>(world, l, accumulation, steps);
+    default: return f64_rank<3>(world, l, accumulation, steps);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Tensor-parallel GPT: every (tp, dp, stage) layout, with and without SP, equals the "
+          "single-process reference (f64 AdamW, clipping)",
+          "[unit][tp]") {
+  const int accumulation = 2, steps = 3;
+  for (int dp : {1, 2}) {
+    const auto want =
+        reference<double>(test::tp_tiny(), test::micro_rows * accumulation * dp, steps);
+    for (int tp : {1, 2, 4}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        for (bool sp : {false, true}) {
+          if (sp && tp == 1) continue;
+          const Layout l{tp, dp, stage, sp};
+          const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
+              tp * dp, [&](LocalComm& world) { return f64_rank_any(world, l, accumulation, steps); });
+          double copies_differ = 0;
+          const auto got = test::assemble(ranks, &copies_differ);
+          INFO("tp " << tp << ", dp " << dp << ", stage " << stage << (sp ? ", SP" : ""));
+          CHECK(test::max_difference(got, want) <= 1e-10);
+          CHECK(copies_differ == 0.0);  // replicated parameters stay equal on every tp rank
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Tensor-parallel GPT: f32 AdamW from a DeepSpeed config within 2e-5 of the reference",
+          "[unit][tp]") {
+  // tiny() has 2 heads: tp 2, dp 2, stage 3 with SP, against the f32 reference of the other
+  // engine tests (DeepSpeed's no-decay groups).
+  const int accumulation = 2, steps = 3, dp = 2;
+  const auto want_units =
+      test::reference_adamw(test::micro_rows * accumulation * dp, steps, test::adamw_hyper(), 1.0);
+  const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 2, .dp = dp}));
+    nn::GPT<float> model(test::tiny(), TensorParallel(groups.tp(), true));
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
+        model, groups, test::adamw_config(3, accumulation, 1.0), options);
+    train(eng, groups.dp().rank(), dp, accumulation, steps, test::tiny().vocab_size);
+    return test::held_params(eng);
+  });
+  nn::GPT<float> whole(test::tiny());
+  test::LogicalValues want;
+  for (int u = 0; u < whole.num_units(); ++u) {
+    std::size_t offset = 0;
+    for (const nn::ParamSpec& p : whole.unit_params(u)) {
+      const auto& unit = want_units[static_cast<std::size_t>(u)];
+      want[p.name].assign(unit.begin() + offset, unit.begin() + offset + p.numel());
+      offset += static_cast<std::size_t>(p.numel());
+    }
+  }
+  CHECK(test::max_difference(test::assemble(ranks), want) <= 2e-5);
+}
+
+namespace {
+
+// f32 AdamW from a config at (tp, dp, stage S): optionally loads `load` first, trains `steps`
+// boundaries starting at first_step (a global batch of 8 rows whatever dp), optionally saves.
+template <int S>
+std::vector<test::HeldParam> f32_rank(LocalComm& world, int tp, int dp, int first_step, int steps,
+                                      const std::filesystem::path& load,
+                                      const std::filesystem::path& save) {
+  parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp, .dp = dp}));
+  nn::GPT<float> model(test::tp_tiny(), TensorParallel(groups.tp(), tp > 1));
+  const int accumulation = 4 / dp;
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(model, groups,
+                                                   test::adamw_config(S, accumulation, 1.0), options);
+  if (!load.empty()) eng.load_checkpoint(load);
+  train(eng, groups.dp().rank(), dp, accumulation, steps, test::tp_tiny().vocab_size, first_step);
+  if (!save.empty()) eng.save_checkpoint(save, "step2");
+  return test::held_params(eng);
+}
+
+}  // namespace
+
+TEST_CASE("Tensor-parallel checkpoints: (tp 2, dp 2, stage 3) resumes at (tp 4, dp 1, stage 1) "
+          "and (tp 1, dp 4, stage 2) equal to the uninterrupted run",
+          "[unit][tp]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zero-tp-ckpt-" + std::to_string(static_cast<long>(::getpid())));
+  std::filesystem::remove_all(dir);
+  // Uninterrupted: 4 steps at (2, 2, 3), saving after 2.
+  const auto straight = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 0, 2, {}, dir); }));
+  (void)straight;
+  const auto continued = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 2, 2, dir, {}); }));
+  const auto at_tp4 = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+      4, [&](LocalComm& w) { return f32_rank<1>(w, 4, 1, 2, 2, dir, {}); }));
+  const auto at_dp4 = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+      4, [&](LocalComm& w) { return f32_rank<2>(w, 1, 4, 2, 2, dir, {}); }));
+  // The resumed runs differ from the continued one by rounding only (f32, other reduction
+  // orders); a wrong slice or a lost optimizer state is orders of magnitude larger.
+  CHECK(test::max_difference(at_tp4, continued) <= 2e-5);
+  CHECK(test::max_difference(at_dp4, continued) <= 2e-5);
+  CHECK(test::max_difference(continued, straight) > 1e-4);  // the resumed steps did train
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Tensor-parallel GPT-2 weights: exported whole from tp 2, imported at tp 4",
+          "[unit][tp]") {
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("zero-tp-weights-" + std::to_string(static_cast<long>(::getpid())) +
+                     ".safetensors");
+  auto run = [&](int tp, int dp, bool load) {
+    return test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+        tp * dp, [&](LocalComm& world) {
+          parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp, .dp = dp}));
+          nn::GPT<float> model(test::tp_tiny(), TensorParallel(groups.tp()));
+          engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
+              model, groups, test::adamw_config(3, 1, 1.0), engine::EngineOptions{});
+          if (load) {
+            engine::load_gpt2_weights(eng, file);
+          } else {
+            train(eng, groups.dp().rank(), dp, 1, 1, test::tp_tiny().vocab_size);
+            engine::save_gpt2_weights(eng, file);
+          }
+          return test::held_params(eng);
+        }));
+  };
+  const auto saved = run(2, 2, false);
+  const auto loaded = run(4, 1, true);
+  CHECK(test::max_difference(saved, loaded) == 0.0);
+  const io::SafetensorsReader reader(file);
+  CHECK(reader.info("transformer.h.0.attn.c_attn.weight").shape ==
+        std::vector<std::int64_t>{16, 48});  // whole, Conv1D [in, out]
+  std::filesystem::remove(file);
+}
+
+TEST_CASE("Tensor-parallel GPT: sizes that do not split are refused naming the key", "[unit][tp]") {
+  const auto messages = testing::per_rank<std::string>(4, [](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 4}));
+    nn::GPTConfig cfg = test::tp_tiny();
+    cfg.num_heads = 2;
+    std::string out = testing::thrown_message([&] { nn::GPT<double> m(cfg, TensorParallel(groups.tp())); });
+    cfg = test::tp_tiny();
+    cfg.vocab_size = 66;
+    out += "|" + testing::thrown_message([&] { nn::GPT<double> m(cfg, TensorParallel(groups.tp())); });
+    // A tp model under an engine whose groups have no tensor-parallel axis.
+    nn::GPT<double> m(test::tp_tiny(), TensorParallel(groups.tp()));
+    out += "|" + testing::thrown_message([&] {
+      engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(
+          m, world, [](int, std::span<double>, std::span<const double>) {});
+    });
+    return out;
+  });
+  for (const auto& m : messages) {
+    CHECK_THAT(m, Catch::Contains("tensor_parallel.tp_size = 4") && Catch::Contains("n_head") &&
+                      Catch::Contains("vocab_size (66)") &&
+                      Catch::Contains("tensor-parallel group of 4 ranks"));
+  }
+}

@@ -1,0 +1,115 @@
+#pragma once
+// Shared by the tensor-parallel engine tests: a GPT small enough for tp 4 (4 heads), the
+// parameters of a rank as parts of logical tensors, their assembly into whole tensors, and an
+// f64 AdamW the reference and the engines both run (elementwise, so it updates any shard).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zero/nn/gpt_config.hpp>
+#include <zero/nn/param.hpp>
+
+namespace zero::test {
+
+inline nn::GPTConfig tp_tiny() {
+  nn::GPTConfig c = nn::GPTConfig::preset("tiny");  // V 64, C 16, T <= 16
+  c.num_layers = 2;
+  c.num_heads = 4;
+  return c;
+}
+
+/// One parameter as a rank holds it.
+struct HeldParam {
+  std::string name;
+  nn::TensorSplit split;
+  Shape shape;
+  std::vector<double> values;
+};
+
+/// name -> the whole tensor's values.
+using LogicalValues = std::map<std::string, std::vector<double>>;
+
+/// The parameters of a rank: the values of unit u come flat in spec order.
+template <class Eng>
+std::vector<HeldParam> held_params(Eng& eng) {
+  std::vector<HeldParam> out;
+  for (int u = 0; u < eng.num_units(); ++u) {
+    const auto values = eng.gather_unit_values(u);
+    std::size_t offset = 0;
+    for (const nn::ParamSpec& p : eng.unit_specs(u)) {
+      const auto n = static_cast<std::size_t>(p.numel());
+      out.push_back({p.name, p.split, p.shape,
+                     std::vector<double>(values.begin() + static_cast<std::ptrdiff_t>(offset),
+                                         values.begin() + static_cast<std::ptrdiff_t>(offset + n))});
+      offset += n;
+    }
+  }
+  return out;
+}
+
+/// Whole tensors from every rank's parts; replicated copies must agree exactly, else the largest
+/// disagreement is returned in copies_differ.
+inline LogicalValues assemble(const std::vector<std::vector<HeldParam>>& ranks,
+                              double* copies_differ = nullptr) {
+  LogicalValues out;
+  double differ = 0;
+  for (const auto& rank : ranks) {
+    for (const HeldParam& p : rank) {
+      const Shape whole = p.split.is_split() ? p.split.whole : p.shape;
+      auto [it, fresh] = out.try_emplace(p.name, static_cast<std::size_t>(whole.numel()), 0.0);
+      if (!p.split.is_split() && !fresh) {
+        for (std::size_t i = 0; i < p.values.size(); ++i) {
+          differ = std::max(differ, std::fabs(it->second[i] - p.values[i]));
+        }
+      }
+      p.split.for_each_run(0, static_cast<std::int64_t>(p.values.size()),
+                           [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+                             std::copy_n(p.values.begin() + held, count,
+                                         it->second.begin() + logical);
+                           });
+    }
+  }
+  if (copies_differ != nullptr) *copies_differ = differ;
+  return out;
+}
+
+/// Largest difference between two sets of whole tensors (infinity when the names or sizes differ).
+inline double max_difference(const LogicalValues& a, const LogicalValues& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double w = 0;
+  for (const auto& [name, values] : a) {
+    const auto it = b.find(name);
+    if (it == b.end() || it->second.size() != values.size()) return INFINITY;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      w = std::max(w, std::fabs(values[i] - it->second[i]));
+    }
+  }
+  return w;
+}
+
+/// f64 AdamW (bias-corrected, decoupled decay on every element), its moments kept per unit.
+struct AdamW64 {
+  double lr = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  std::map<int, std::vector<double>> m, v;
+  std::map<int, int> steps;
+
+  void operator()(int u, std::span<double> p, std::span<const double> g) {
+    auto& mu = m[u];
+    auto& nu = v[u];
+    mu.resize(p.size(), 0.0);
+    nu.resize(p.size(), 0.0);
+    const int t = ++steps[u];
+    const double c1 = 1 - std::pow(beta1, t), c2 = 1 - std::pow(beta2, t);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      mu[i] = beta1 * mu[i] + (1 - beta1) * g[i];
+      nu[i] = beta2 * nu[i] + (1 - beta2) * g[i] * g[i];
+      p[i] -= lr * (mu[i] / c1 / (std::sqrt(nu[i] / c2) + eps) + weight_decay * p[i]);
+    }
+  }
+};
+
+}  // namespace zero::test
