@@ -14,6 +14,12 @@
 //               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
+//               [--tp 2 [--sp]]
+//
+// --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
+// "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
+// remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary
+// (257) is padded to a multiple of N, as Megatron pads its vocabulary.
 //
 // The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
 // print zero::profile's reports (docs/observability.md); --profile switches all four on (the
@@ -40,6 +46,9 @@
 
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/launch_env.hpp>
+#include <parallel/process_groups.hpp>
+#include <parallel/tensor_parallel/regions.hpp>
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
 #if defined(ZERO_WITH_MPI)
 #include <parallel/comm/mpi_comm.hpp>
 #endif
@@ -61,6 +70,8 @@ struct Options {
   std::string config;
   int ranks = 2;
   std::optional<int> stage;
+  std::optional<int> tp;  // tensor-parallel size (default: the config's, else 1)
+  bool sp = false;        // sequence parallelism
   std::int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, channels = 128;
   std::optional<double> lr;
   std::uint64_t seed = 1234;
@@ -85,8 +96,8 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--profile") {  // the one flag without a value
-      o.profile = true;
+    if (flag == "--profile" || flag == "--sp") {  // the flags without a value
+      (flag == "--sp" ? o.sp : o.profile) = true;
       --i;
       continue;
     }
@@ -104,6 +115,8 @@ Options parse(int argc, char** argv) {
       o.ranks = static_cast<int>(integer());
     else if (flag == "--stage")
       o.stage = static_cast<int>(integer());
+    else if (flag == "--tp")
+      o.tp = static_cast<int>(integer());
     else if (flag == "--steps")
       o.steps = integer();
     else if (flag == "--batch")
@@ -192,6 +205,8 @@ Config make_config(const Options& o) {
     c.zero_optimization.offload_optimizer.nvme_path = o.nvme_path;
   }
   if (o.lr && c.optimizer) c.optimizer->params["lr"] = {*o.lr};
+  if (o.tp) c.tensor_parallel.tp_size = *o.tp;
+  if (o.sp) c.tensor_parallel.sequence_parallel = true;
   if (o.profile) {
     c.flops_profiler.enabled = true;
     c.flops_profiler.profile_step = std::min<std::int64_t>(2, std::max<std::int64_t>(o.steps, 1));
@@ -235,16 +250,24 @@ Corpus load_corpus(const Options& o) {
   return c;
 }
 
-// Trains with engine type E on comm; rank 0 prints. Returns whether the loss fell.
+// Trains with engine type E on comm (tp x dp ranks); rank 0 prints. Returns whether the loss
+// fell.
 template <class E, class Comm>
 bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
   const bool leader = comm.rank() == 0;
-  const auto sizes = cfg.resolve_batch(comm.size());
-  data::LoaderConfig lc;
+  const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
+  expect<ConfigError>(comm.size() % tp == 0, "tensor_parallel.tp_size = ", tp,
+                      " does not divide the ", comm.size(), " ranks");
+  profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / tp).micro);
+  if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
+  parallel::ProcessGroups<Comm> groups(comm, parallel::Grid({.tp = tp, .dp = comm.size() / tp}));
+  const int dp = groups.dp().size(), dp_rank = groups.dp().rank();
+  const auto sizes = cfg.resolve_batch(dp);
+  data::LoaderConfig lc;  // the tp ranks of a data-parallel rank read the same rows
   lc.global_batch = sizes.train;
   lc.seq_len = o.seq;
-  lc.world_size = comm.size();
-  lc.rank = comm.rank();
+  lc.world_size = dp;
+  lc.rank = dp_rank;
   lc.micro_batches = static_cast<int>(sizes.accumulation);
   lc.shuffle = true;
   lc.seed = o.seed;
@@ -254,18 +277,17 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   data::DataLoader val_loader(corpus.val, lc);
 
   nn::GPTConfig gc;
-  gc.vocab_size = corpus.vocab;
+  gc.vocab_size = (corpus.vocab + tp - 1) / tp * tp;  // padded so the vocabulary splits
   gc.max_seq_len = o.seq;
   gc.num_layers = o.layers;
   gc.num_heads = o.heads;
   gc.channels = o.channels;
-  nn::GPT<float> model(gc);
-  profile::Monitor monitor(cfg, comm.rank(), sizes.micro);
-  if (monitor.logger()) comm.set_logger(monitor.logger());  // before the engine's first op
+  nn::GPT<float> model(
+      gc, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel));
   engine::EngineOptions eo;
   eo.seed = o.seed;
   eo.activation_bytes = std::size_t{512} << 20;
-  E eng(model, comm, cfg, eo);
+  E eng(model, groups, cfg, eo);
   if (!o.init.empty()) engine::load_gpt2_weights(eng, o.init);
 
   std::int64_t first_step = 0;
@@ -282,13 +304,14 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   if (leader) {
     std::printf(
         "train_gpt: %lld parameters (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
-        "%d ranks; global batch %lld = %lld micro x %lld accumulation x %d ranks; %lld steps; "
-        "model state on rank 0: %.2f MB\n",
+        "%d data-parallel ranks x %d tensor-parallel%s; global batch %lld = %lld micro x %lld "
+        "accumulation x %d ranks; %lld steps; model state on rank 0: %.2f MB\n",
         static_cast<long long>(gc.num_parameters()), static_cast<long long>(o.layers),
         static_cast<long long>(o.heads), static_cast<long long>(o.channels),
-        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, comm.size(),
+        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, dp, tp,
+        model.tensor_parallel().sequence_parallel() ? " (sequence parallel)" : "",
         static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
-        static_cast<long long>(sizes.accumulation), comm.size(), static_cast<long long>(o.steps),
+        static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.steps),
         static_cast<double>(mem.total()) / 1e6);
   }
   std::ofstream metrics;
@@ -406,7 +429,13 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
       const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.seq);
       const std::int32_t* window = context.data() + (static_cast<std::int64_t>(context.size()) - T);
       eng.evaluate(engine::MicroBatch{window, nullptr, 1, T});
-      const float* last_row = model.logits().data() + (T - 1) * corpus.vocab;
+      // With tensor parallelism each rank holds V/tp columns: gather the last row's.
+      const std::int64_t local_vocab = gc.vocab_size / tp;
+      std::vector<float> row(static_cast<std::size_t>(gc.vocab_size));
+      parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
+                               model.logits().data() + (T - 1) * local_vocab, row.data(), 1,
+                               local_vocab);
+      const float* last_row = row.data();
       context.push_back(
           sampler.next(std::span<const float>(last_row, static_cast<std::size_t>(bytes))));
     }

@@ -108,6 +108,7 @@ struct GroupRun {
   double wrong_reference_error = 0;  // to a reference with half the learning rate
   std::set<std::string> groups;      // groups that carried traffic
   std::uint64_t dp_bytes = 0;        // bytes on the dp group
+  std::uint64_t tp_bytes = 0;        // bytes on the tp group
 };
 
 // Stage S on world split as a Grid (tp, dp = world / tp): the engine shards over the grid's
@@ -138,6 +139,7 @@ GroupRun grid_run(Comm& world, int tp, int accumulation, int steps) {
     if (rec.stats.count == 0) continue;
     r.groups.insert(rec.group);
     if (rec.group == "dp") r.dp_bytes += rec.stats.bytes;
+    if (rec.group == "tp") r.tp_bytes += rec.stats.bytes;
   }
   r.error = largest_difference(eng, reference_sgd(micro_rows * accumulation * dp, steps, 1.0));
   r.wrong_reference_error =

@@ -108,8 +108,8 @@ TEST_CASE("slices must run in order", "[unit][engine][slices]") {
 }
 
 TEMPLATE_TEST_CASE_SIG(
-    "an engine over each dp group of a 2x2 grid equals the reference and "
-    "talks on the dp groups only",
+    "an engine over each dp group of a 2x2 grid equals the reference and talks on the dp "
+    "groups, and on the tp groups only for the gradient-norm statistics",
     "[unit][engine][groups]", ((int S), S), 0, 1, 2, 3) {
   for (int accumulation : {1, 2}) {
     INFO("stage " << S << " accumulation " << accumulation);
@@ -118,8 +118,11 @@ TEMPLATE_TEST_CASE_SIG(
     for (const GroupRun& r : runs) {
       CHECK(r.error < 1e-10);
       CHECK(r.wrong_reference_error > 1e-3);  // negative control
-      CHECK(r.groups == std::set<std::string>{"dp"});
+      // The model replicates over tp (it is not split), so the only tp traffic is the engine's
+      // all-reduce of the norm statistics (two doubles) at each boundary.
+      CHECK(r.groups == std::set<std::string>{"dp", "tp"});
       CHECK(r.dp_bytes > 0);
+      CHECK(r.tp_bytes == static_cast<std::uint64_t>(steps) * 2 * sizeof(double));
     }
   }
 }

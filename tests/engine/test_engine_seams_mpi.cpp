@@ -22,15 +22,17 @@ TEMPLATE_TEST_CASE_SIG("MpiComm: stage slices equal the whole model", "[mpi][eng
 
 TEMPLATE_TEST_CASE_SIG(
     "MpiComm: an engine over each dp group equals the reference and talks on "
-    "the dp groups only",
+    "the dp groups, and on tp only for the gradient-norm statistics",
     "[mpi][engine][groups]", ((int S), S), 0, 1, 2, 3) {
   for (int tp : {1, 2}) {
     INFO("stage " << S << " ranks " << world().size() << " tp " << tp);
     const GroupRun r = grid_run<S>(world(), tp, 2, 2);
     CHECK(worst(r.error) < 1e-10);
     CHECK(r.wrong_reference_error > 1e-3);
-    // Every op ran on the dp group (one-rank ops too, when each dp group is a single rank).
-    for (const std::string& g : r.groups) CHECK(g == "dp");
+    // Every op ran on the dp group (one-rank ops too, when each dp group is a single rank),
+    // except the norm statistics' all-reduce over tp (two doubles per boundary) when tp > 1.
+    for (const std::string& g : r.groups) CHECK((g == "dp" || (g == "tp" && tp > 1)));
     if (world().size() / tp > 1) CHECK(r.dp_bytes > 0);
+    CHECK(r.tp_bytes == (tp > 1 ? 2u * 2 * sizeof(double) : 0u));
   }
 }

@@ -29,64 +29,8 @@ using parallel::TensorParallel;
 
 namespace {
 
-constexpr double clip = 0.05;  // small enough to clip every step of the tiny model
-
-// One process on the global batch: `steps` AdamW steps with clipping; the whole tensors.
-template <class T>
-test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows, int steps) {
-  nn::GPT<T> model(cfg);
-  nn::LocalParameters<nn::GPT<T>> params(model, 1234);
-  test::AdamW64 adam;
-  Arena<> arena(64 << 20);
-  for (int step = 0; step < steps; ++step) {
-    params.zero_grads();
-    const test::GlobalBatch b(global_rows, step, cfg.vocab_size);
-    nn::StepContext<T> ctx;
-    ctx.arena = &arena;
-    ctx.tokens = b.tokens.data();
-    ctx.targets = b.targets.data();
-    ctx.batch = global_rows;
-    ctx.seq_len = test::seq;
-    model.forward(ctx);
-    model.backward(ctx);
-    arena.reset();
-    double sq = 0;
-    for (int u = 0; u < model.num_units(); ++u) {
-      for (T g : params.unit_grads(u)) sq += static_cast<double>(g) * static_cast<double>(g);
-    }
-    const double c = optim::clip_coefficient(std::sqrt(sq), clip);
-    for (int u = 0; u < model.num_units(); ++u) {
-      auto g = params.unit_grads(u).span();
-      for (T& x : g) x = static_cast<T>(x * c);
-      adam(u, params.unit_values(u).span(), std::span<const T>(g));
-    }
-  }
-  test::LogicalValues out;
-  for (int u = 0; u < model.num_units(); ++u) {
-    const auto v = params.unit_values(u);
-    std::size_t offset = 0;
-    for (const nn::ParamSpec& p : params.unit_specs(u)) {
-      out[p.name].assign(v.begin() + offset, v.begin() + offset + p.numel());
-      offset += static_cast<std::size_t>(p.numel());
-    }
-  }
-  return out;
-}
-
-// Trains `steps` boundaries of `accumulation` micro-steps on this rank of a (tp, dp) grid.
-template <class Eng>
-void train(Eng& eng, int dp_rank, int dp, int accumulation, int steps, std::int64_t vocab,
-           int first_step = 0) {
-  const std::int64_t global_rows = test::micro_rows * accumulation * dp;
-  for (int step = first_step; step < first_step + steps; ++step) {
-    const test::GlobalBatch b(global_rows, step, vocab);
-    for (int m = 0; m < accumulation; ++m) {
-      eng.forward(b.micro(m, dp_rank, dp));
-      eng.backward();
-      eng.step();
-    }
-  }
-}
+using test::clip;
+using test::train;
 
 struct Layout {
   int tp, dp, stage;
@@ -112,29 +56,35 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
 std::vector<test::HeldParam> f64_rank_any(LocalComm& world, const Layout& l, int accumulation,
                                           int steps) {
   switch (l.stage) {
-    case 0: return f64_rank<0>(world, l, accumulation, steps);
-    case 1: return f64_rank<1>(world, l, accumulation, steps);
-    case 2: return f64_rank<2>(world, l, accumulation, steps);
-    default: return f64_rank<3>(world, l, accumulation, steps);
+    case 0:
+      return f64_rank<0>(world, l, accumulation, steps);
+    case 1:
+      return f64_rank<1>(world, l, accumulation, steps);
+    case 2:
+      return f64_rank<2>(world, l, accumulation, steps);
+    default:
+      return f64_rank<3>(world, l, accumulation, steps);
   }
 }
 
 }  // namespace
 
-TEST_CASE("Tensor-parallel GPT: every (tp, dp, stage) layout, with and without SP, equals the "
-          "single-process reference (f64 AdamW, clipping)",
-          "[unit][tp]") {
+TEST_CASE(
+    "Tensor-parallel GPT: every (tp, dp, stage) layout, with and without SP, equals the "
+    "single-process reference (f64 AdamW, clipping)",
+    "[unit][tp]") {
   const int accumulation = 2, steps = 3;
   for (int dp : {1, 2}) {
     const auto want =
-        reference<double>(test::tp_tiny(), test::micro_rows * accumulation * dp, steps);
+        test::reference<double>(test::tp_tiny(), test::micro_rows * accumulation * dp, steps);
     for (int tp : {1, 2, 4}) {
       for (int stage = 0; stage <= 3; ++stage) {
         for (bool sp : {false, true}) {
           if (sp && tp == 1) continue;
           const Layout l{tp, dp, stage, sp};
           const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
-              tp * dp, [&](LocalComm& world) { return f64_rank_any(world, l, accumulation, steps); });
+              tp * dp,
+              [&](LocalComm& world) { return f64_rank_any(world, l, accumulation, steps); });
           double copies_differ = 0;
           const auto got = test::assemble(ranks, &copies_differ);
           INFO("tp " << tp << ", dp " << dp << ", stage " << stage << (sp ? ", SP" : ""));
@@ -189,8 +139,8 @@ std::vector<test::HeldParam> f32_rank(LocalComm& world, int tp, int dp, int firs
   const int accumulation = 4 / dp;
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
-  engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(model, groups,
-                                                   test::adamw_config(S, accumulation, 1.0), options);
+  engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(
+      model, groups, test::adamw_config(S, accumulation, 1.0), options);
   if (!load.empty()) eng.load_checkpoint(load);
   train(eng, groups.dp().rank(), dp, accumulation, steps, test::tp_tiny().vocab_size, first_step);
   if (!save.empty()) eng.save_checkpoint(save, "step2");
@@ -199,9 +149,10 @@ std::vector<test::HeldParam> f32_rank(LocalComm& world, int tp, int dp, int firs
 
 }  // namespace
 
-TEST_CASE("Tensor-parallel checkpoints: (tp 2, dp 2, stage 3) resumes at (tp 4, dp 1, stage 1) "
-          "and (tp 1, dp 4, stage 2) equal to the uninterrupted run",
-          "[unit][tp]") {
+TEST_CASE(
+    "Tensor-parallel checkpoints: (tp 2, dp 2, stage 3) resumes at (tp 4, dp 1, stage 1) "
+    "and (tp 1, dp 4, stage 2) equal to the uninterrupted run",
+    "[unit][tp]") {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("zero-tp-ckpt-" + std::to_string(static_cast<long>(::getpid())));
   std::filesystem::remove_all(dir);
@@ -225,12 +176,12 @@ TEST_CASE("Tensor-parallel checkpoints: (tp 2, dp 2, stage 3) resumes at (tp 4, 
 
 TEST_CASE("Tensor-parallel GPT-2 weights: exported whole from tp 2, imported at tp 4",
           "[unit][tp]") {
-  const auto file = std::filesystem::temp_directory_path() /
-                    ("zero-tp-weights-" + std::to_string(static_cast<long>(::getpid())) +
-                     ".safetensors");
+  const auto file =
+      std::filesystem::temp_directory_path() /
+      ("zero-tp-weights-" + std::to_string(static_cast<long>(::getpid())) + ".safetensors");
   auto run = [&](int tp, int dp, bool load) {
-    return test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-        tp * dp, [&](LocalComm& world) {
+    return test::assemble(
+        testing::per_rank<std::vector<test::HeldParam>>(tp * dp, [&](LocalComm& world) {
           parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp, .dp = dp}));
           nn::GPT<float> model(test::tp_tiny(), TensorParallel(groups.tp()));
           engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
@@ -258,16 +209,18 @@ TEST_CASE("Tensor-parallel GPT: sizes that do not split are refused naming the k
     parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 4}));
     nn::GPTConfig cfg = test::tp_tiny();
     cfg.num_heads = 2;
-    std::string out = testing::thrown_message([&] { nn::GPT<double> m(cfg, TensorParallel(groups.tp())); });
+    std::string out =
+        testing::thrown_message([&] { nn::GPT<double> m(cfg, TensorParallel(groups.tp())); });
     cfg = test::tp_tiny();
     cfg.vocab_size = 66;
-    out += "|" + testing::thrown_message([&] { nn::GPT<double> m(cfg, TensorParallel(groups.tp())); });
+    out +=
+        "|" + testing::thrown_message([&] { nn::GPT<double> m(cfg, TensorParallel(groups.tp())); });
     // A tp model under an engine whose groups have no tensor-parallel axis.
     nn::GPT<double> m(test::tp_tiny(), TensorParallel(groups.tp()));
     out += "|" + testing::thrown_message([&] {
-      engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(
-          m, world, [](int, std::span<double>, std::span<const double>) {});
-    });
+             engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(
+                 m, world, [](int, std::span<double>, std::span<const double>) {});
+           });
     return out;
   });
   for (const auto& m : messages) {

@@ -10,8 +10,14 @@
 #include <string>
 #include <vector>
 
+#include <optim/grad_norm.hpp>
+#include <zero/core/arena.hpp>
+#include <zero/nn/gpt.hpp>
 #include <zero/nn/gpt_config.hpp>
+#include <zero/nn/local_parameters.hpp>
 #include <zero/nn/param.hpp>
+
+#include "engine_test_util.hpp"
 
 namespace zero::test {
 
@@ -42,9 +48,10 @@ std::vector<HeldParam> held_params(Eng& eng) {
     std::size_t offset = 0;
     for (const nn::ParamSpec& p : eng.unit_specs(u)) {
       const auto n = static_cast<std::size_t>(p.numel());
-      out.push_back({p.name, p.split, p.shape,
-                     std::vector<double>(values.begin() + static_cast<std::ptrdiff_t>(offset),
-                                         values.begin() + static_cast<std::ptrdiff_t>(offset + n))});
+      out.push_back(
+          {p.name, p.split, p.shape,
+           std::vector<double>(values.begin() + static_cast<std::ptrdiff_t>(offset),
+                               values.begin() + static_cast<std::ptrdiff_t>(offset + n))});
       offset += n;
     }
   }
@@ -111,5 +118,83 @@ struct AdamW64 {
     }
   }
 };
+
+/// Largest difference between this rank's parts and the same parts of whole tensors (a rank
+/// checks itself, no assembly needed: MPI tests).
+inline double max_part_difference(const std::vector<HeldParam>& held, const LogicalValues& want) {
+  double w = 0;
+  for (const HeldParam& p : held) {
+    const auto it = want.find(p.name);
+    if (it == want.end()) return INFINITY;
+    p.split.for_each_run(0, static_cast<std::int64_t>(p.values.size()),
+                         [&](std::int64_t logical, std::int64_t at, std::int64_t count) {
+                           for (std::int64_t k = 0; k < count; ++k) {
+                             w = std::max(
+                                 w, std::fabs(p.values[static_cast<std::size_t>(at + k)] -
+                                              it->second[static_cast<std::size_t>(logical + k)]));
+                           }
+                         });
+  }
+  return w;
+}
+
+inline constexpr double clip = 0.05;  // small enough to clip every step of the tiny model
+
+// One process on the global batch: `steps` AdamW steps with clipping; the whole tensors.
+template <class T>
+LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows, int steps) {
+  nn::GPT<T> model(cfg);
+  nn::LocalParameters<nn::GPT<T>> params(model, 1234);
+  AdamW64 adam;
+  Arena<> arena(64 << 20);
+  for (int step = 0; step < steps; ++step) {
+    params.zero_grads();
+    const GlobalBatch b(global_rows, step, cfg.vocab_size);
+    nn::StepContext<T> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = b.tokens.data();
+    ctx.targets = b.targets.data();
+    ctx.batch = global_rows;
+    ctx.seq_len = seq;
+    model.forward(ctx);
+    model.backward(ctx);
+    arena.reset();
+    double sq = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      for (T g : params.unit_grads(u)) sq += static_cast<double>(g) * static_cast<double>(g);
+    }
+    const double c = optim::clip_coefficient(std::sqrt(sq), clip);
+    for (int u = 0; u < model.num_units(); ++u) {
+      auto g = params.unit_grads(u).span();
+      for (T& x : g) x = static_cast<T>(x * c);
+      adam(u, params.unit_values(u).span(), std::span<const T>(g));
+    }
+  }
+  LogicalValues out;
+  for (int u = 0; u < model.num_units(); ++u) {
+    const auto v = params.unit_values(u);
+    std::size_t offset = 0;
+    for (const nn::ParamSpec& p : params.unit_specs(u)) {
+      out[p.name].assign(v.begin() + offset, v.begin() + offset + p.numel());
+      offset += static_cast<std::size_t>(p.numel());
+    }
+  }
+  return out;
+}
+
+// Trains `steps` boundaries of `accumulation` micro-steps on this rank of a (tp, dp) grid.
+template <class Eng>
+void train(Eng& eng, int dp_rank, int dp, int accumulation, int steps, std::int64_t vocab,
+           int first_step = 0) {
+  const std::int64_t global_rows = micro_rows * accumulation * dp;
+  for (int step = first_step; step < first_step + steps; ++step) {
+    const GlobalBatch b(global_rows, step, vocab);
+    for (int m = 0; m < accumulation; ++m) {
+      eng.forward(b.micro(m, dp_rank, dp));
+      eng.backward();
+      eng.step();
+    }
+  }
+}
 
 }  // namespace zero::test

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/tensor_parallel/column_parallel_linear.hpp>
 #include <parallel/tensor_parallel/region_layer.hpp>
@@ -22,8 +23,12 @@
 #include <zero/core/arena.hpp>
 #include <zero/core/rng.hpp>
 #include <zero/nn/layer_gpt.hpp>
+#include <zero/nn/layers/activation.hpp>
+#include <zero/nn/layers/attention.hpp>
 #include <zero/nn/layers/layer_norm.hpp>
 #include <zero/nn/layers/linear.hpp>
+#include <zero/nn/layers/residual.hpp>
+#include <zero/nn/layers/sequential.hpp>
 #include <zero/nn/local_parameters.hpp>
 #include <zero/ops/cpu/cross_entropy.hpp>
 #include <zero/ops/cpu/linear.hpp>
@@ -372,5 +377,274 @@ TEST_CASE("VocabParallelCrossEntropy: Megatron's numeric case", "[unit][tp]") {
   for (const auto& rank : losses) {
     for (std::size_t n = 0; n < rank.size(); ++n)
       CHECK(rank[n] == Approx(want[n % 4]).margin(1e-3));
+  }
+}
+
+namespace {
+
+// What a GPT block split over tp must equal: the whole block's output, input gradient and
+// parameter gradients, for x [N, C] and dy [N, C].
+enum class BlockFault { none, missing_row_reduce, missing_norm_reduce };
+
+// 128 rows: every arena allocation of the block is a multiple of the arena's 256-byte alignment
+// at tp 1, 2 and 4 (a LayerNorm's statistics of 32 rows are 256 bytes), so held bytes add up.
+constexpr std::int64_t block_batch = 2, block_seq = 64, block_rows = block_batch * block_seq;
+
+nn::GPTConfig block_config() {
+  nn::GPTConfig c = nn::GPTConfig::preset("tiny");  // C 16
+  c.num_heads = 4;
+  return c;
+}
+
+// The block of add_gpt_block, by hand, with one fault: the attention's row-parallel projection
+// replaced by a plain Linear on the rank's input columns (its partial sums never all-reduced),
+// or, with SP, ln_1 without its gradient reduction over the group.
+void add_faulty_block(nn::Sequential<double>& unit, const TensorParallel& tp, BlockFault fault) {
+  const nn::GPTConfig cfg = block_config();
+  const std::int64_t C = cfg.channels;
+  const std::string p = "transformer.h.1.";
+  auto& attn = unit.add<nn::Residual<double>>(p + "attn");
+  if (tp.sequence_parallel() && fault != BlockFault::missing_norm_reduce) {
+    attn.add<parallel::SequenceParallelParams<double>>(
+        tp, std::make_unique<nn::LayerNorm<double>>(p + "ln_1", C));
+  } else {
+    attn.add<nn::LayerNorm<double>>(p + "ln_1", C);
+  }
+  attn.add<parallel::ColumnParallelLinear<double>>(tp, p + "attn.c_attn", C, 3 * C, true, 0.02, 3);
+  attn.add<nn::CausalSelfAttention<double>>(cfg.num_heads / tp.size());
+  if (fault == BlockFault::missing_row_reduce) {
+    attn.add<nn::Linear<double>>(p + "attn.c_proj", C / tp.size(), C);
+  } else {
+    attn.add<parallel::RowParallelLinear<double>>(tp, p + "attn.c_proj", C, C);
+  }
+  auto& mlp = unit.add<nn::Residual<double>>(p + "mlp");
+  if (tp.sequence_parallel()) {
+    mlp.add<parallel::SequenceParallelParams<double>>(
+        tp, std::make_unique<nn::LayerNorm<double>>(p + "ln_2", C));
+  } else {
+    mlp.add<nn::LayerNorm<double>>(p + "ln_2", C);
+  }
+  mlp.add<parallel::ColumnParallelLinear<double>>(tp, p + "mlp.c_fc", C, 4 * C);
+  mlp.add<nn::GELU<double>>();
+  mlp.add<parallel::RowParallelLinear<double>>(tp, p + "mlp.c_proj", 4 * C, C);
+}
+
+// The held values of spec from the whole tensor: its part, or (a faulty layer that declares no
+// split) the rank's input columns.
+std::vector<double> held_values(const nn::ParamSpec& spec, const std::vector<double>& whole,
+                                const Shape& whole_shape, const TensorParallel& tp) {
+  if (spec.split.is_split()) return part_of(spec.split, whole);
+  if (spec.numel() == whole_shape.numel()) return whole;
+  return part_of(nn::TensorSplit::of(whole_shape, 1, tp.size(), tp.rank()), whole);
+}
+
+struct BlockCheck {
+  double error = 0;            // largest difference to the whole block
+  std::size_t held_bytes = 0;  // arena bytes held between forward and backward
+};
+
+BlockCheck check_block(LocalComm& comm, bool sp, BlockFault fault, const LayerRun& want,
+                       const std::vector<nn::ParamSpec>& whole_specs,
+                       const std::vector<std::vector<double>>& whole_values,
+                       const std::vector<double>& x, const std::vector<double>& dy) {
+  const TensorParallel tp(comm, sp);
+  const std::int64_t C = block_config().channels;
+  nn::Sequential<double> block;
+  if (fault == BlockFault::none) {
+    nn::add_gpt_block(block, block_config(), 1, tp);
+  } else {
+    add_faulty_block(block, tp, fault);
+  }
+  const auto specs = block.params();
+  std::vector<std::vector<double>> values, grads;
+  std::vector<Shape> whole_shapes;
+  for (const auto& s : specs) {
+    std::size_t k = 0;
+    while (whole_specs[k].name != s.name) ++k;
+    whole_shapes.push_back(whole_specs[k].shape);
+    values.push_back(held_values(s, whole_values[k], whole_specs[k].shape, tp));
+    grads.emplace_back(values.back().size(), 0.0);
+  }
+  std::vector<nn::ParamView<double>> views;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    views.push_back({Tensor<double>(values[i].data(), specs[i].shape),
+                     Tensor<double>(grads[i].data(), specs[i].shape)});
+  }
+  block.bind(views);
+  const std::int64_t rows = sp ? block_rows / tp.size() : block_rows;
+  const std::int64_t first = sp ? tp.rank() * rows : 0;
+  std::vector<double> input = rows_of(x, C, first, rows), dout = rows_of(dy, C, first, rows);
+  Arena<> arena(16 << 20);
+  nn::StepContext<double> ctx;
+  ctx.arena = &arena;
+  ctx.batch = block_batch;
+  ctx.seq_len = block_seq;
+  ctx.x = Tensor<double>(input.data(), Shape{rows, C});
+  block.forward(ctx);
+  BlockCheck r;
+  r.held_bytes = arena.used_bytes();
+  const std::vector<double> y(ctx.x.begin(), ctx.x.end());
+  ctx.dy = Tensor<double>(dout.data(), Shape{rows, C});
+  block.backward(ctx);
+  const std::vector<double> dx(ctx.dx.begin(), ctx.dx.end());
+  r.error = std::max(max_diff(y, rows_of(want.y, C, first, rows)),
+                     max_diff(dx, rows_of(want.dx, C, first, rows)));
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::size_t k = 0;
+    while (whole_specs[k].name != specs[i].name) ++k;
+    r.error = std::max(
+        r.error, max_diff(grads[i], held_values(specs[i], want.grads[k], whole_shapes[i], tp)));
+  }
+  return r;
+}
+
+struct WholeBlock {
+  std::vector<nn::ParamSpec> specs;
+  std::vector<std::vector<double>> values;
+  std::vector<double> x, dy;
+  LayerRun want;
+  std::size_t held_bytes = 0;
+};
+
+WholeBlock whole_block() {
+  WholeBlock w;
+  const std::int64_t C = block_config().channels;
+  nn::Sequential<double> block;
+  nn::add_gpt_block(block, block_config(), 1);
+  w.specs = block.params();
+  std::uint64_t seed = 11;
+  for (const auto& s : w.specs) {
+    w.values.push_back(random_values(s.numel(), seed++));
+    for (double& v : w.values.back()) v *= 0.3;
+  }
+  w.x = random_values(block_rows * C, 40);
+  w.dy = random_values(block_rows * C, 41);
+  // The whole block through the same harness: a Sequential has no Layer base, so run it here.
+  std::vector<std::vector<double>> grads;
+  std::vector<nn::ParamView<double>> views;
+  for (std::size_t i = 0; i < w.specs.size(); ++i) {
+    grads.emplace_back(w.values[i].size(), 0.0);
+    views.push_back({Tensor<double>(w.values[i].data(), w.specs[i].shape),
+                     Tensor<double>(grads[i].data(), w.specs[i].shape)});
+  }
+  block.bind(views);
+  Arena<> arena(16 << 20);
+  nn::StepContext<double> ctx;
+  ctx.arena = &arena;
+  ctx.batch = block_batch;
+  ctx.seq_len = block_seq;
+  std::vector<double> input = w.x, dout = w.dy;
+  ctx.x = Tensor<double>(input.data(), Shape{block_rows, C});
+  block.forward(ctx);
+  w.held_bytes = arena.used_bytes();
+  w.want.y.assign(ctx.x.begin(), ctx.x.end());
+  ctx.dy = Tensor<double>(dout.data(), Shape{block_rows, C});
+  block.backward(ctx);
+  w.want.dx.assign(ctx.dx.begin(), ctx.dx.end());
+  w.want.grads = grads;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A GPT block split over tp equals the whole block; a missing all-reduce or a missing "
+    "LayerNorm-gradient reduction is caught",
+    "[unit][tp]") {
+  const WholeBlock w = whole_block();
+  auto run = [&](int tp, bool sp, BlockFault fault) {
+    return testing::per_rank<BlockCheck>(tp, [&](LocalComm& comm) {
+      return check_block(comm, sp, fault, w.want, w.specs, w.values, w.x, w.dy);
+    });
+  };
+  for (int tp : {2, 4}) {
+    for (bool sp : {false, true}) {
+      INFO("tp " << tp << (sp ? " with" : " without") << " SP");
+      for (const BlockCheck& r : run(tp, sp, BlockFault::none)) CHECK(r.error <= 1e-12);
+      if (sp) continue;
+      double worst = 0;
+      for (const BlockCheck& r : run(tp, sp, BlockFault::missing_row_reduce)) {
+        worst = std::max(worst, r.error);
+      }
+      CHECK(worst > 1e-3);  // negative control: the partial sums were never added up
+    }
+    double worst = 0;
+    for (const BlockCheck& r : run(tp, true, BlockFault::missing_norm_reduce)) {
+      worst = std::max(worst, r.error);
+    }
+    CHECK(worst > 1e-3);  // negative control: ln_1's gradients are one rank's rows only
+  }
+}
+
+TEST_CASE(
+    "Sequence parallelism divides the activations held outside the tensor-parallel "
+    "region by tp (measured from the arena)",
+    "[unit][tp]") {
+  // Held bytes M = R + P: R in the replicated region (LayerNorms, residuals: rows), P in the
+  // tensor-parallel region (qkv, attention, MLP: columns or heads). Tensor parallelism divides P
+  // by tp; sequence parallelism also R.
+  const WholeBlock w = whole_block();
+  auto held = [&](int tp, bool sp) {
+    return testing::per_rank<BlockCheck>(tp,
+                                         [&](LocalComm& comm) {
+                                           return check_block(comm, sp, BlockFault::none, w.want,
+                                                              w.specs, w.values, w.x, w.dy);
+                                         })[0]
+        .held_bytes;
+  };
+  const double whole = static_cast<double>(w.held_bytes);
+  const double tp2 = static_cast<double>(held(2, false)), sp2 = static_cast<double>(held(2, true));
+  const double replicated = 2 * (tp2 - sp2), parallel_region = 2 * (whole - tp2);
+  CHECK(replicated > 0);
+  CHECK(parallel_region > 0);
+  CHECK(replicated + parallel_region == whole);
+  CHECK(static_cast<double>(held(4, true)) == (replicated + parallel_region) / 4);
+  CHECK(static_cast<double>(held(4, false)) == replicated + parallel_region / 4);
+}
+
+TEST_CASE("Communication of a GPT block over the tp group equals Megatron's formulas",
+          "[unit][tp]") {
+  // Per transformer layer, activations of N x C elements of e bytes (nccl-tests S):
+  //   without SP: forward 2 all-reduces of N*C*e, backward 2 more (the column layers' dx);
+  //   with SP: forward 2 all-gathers and 2 reduce-scatters of N*C*e; backward 4 all-gathers
+  //   (the row layers' dy and the column layers' re-gathered inputs) and 2 reduce-scatters,
+  //   plus the gradients of the parameters computed on row shards: ln_1 and ln_2 (2C each) and
+  //   the two row-parallel biases (C each), all-reduced.
+  const WholeBlock w = whole_block();
+  const std::uint64_t e = sizeof(double), NC = block_rows * block_config().channels * e;
+  const std::uint64_t C = static_cast<std::uint64_t>(block_config().channels) * e;
+  for (int tp : {2, 4}) {
+    for (bool sp : {false, true}) {
+      struct Volume {
+        std::uint64_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, ops = 0;
+      };
+      const auto volumes = testing::per_rank<Volume>(tp, [&](LocalComm& comm) {
+        auto logger = std::make_shared<parallel::CommLogger>();
+        comm.set_logger(logger);
+        check_block(comm, sp, BlockFault::none, w.want, w.specs, w.values, w.x, w.dy);
+        comm.set_logger(nullptr);
+        Volume v;
+        for (const auto& r : logger->records()) {
+          v.ops += r.stats.count;
+          if (r.op == parallel::CommOp::all_reduce) v.all_reduce += r.stats.bytes;
+          if (r.op == parallel::CommOp::all_gather) v.all_gather += r.stats.bytes;
+          if (r.op == parallel::CommOp::reduce_scatter) v.reduce_scatter += r.stats.bytes;
+        }
+        return v;
+      });
+      INFO("tp " << tp << (sp ? " with" : " without") << " SP");
+      for (const Volume& v : volumes) {
+        if (sp) {
+          CHECK(v.all_gather == 6 * NC);
+          CHECK(v.reduce_scatter == 4 * NC);
+          CHECK(v.all_reduce == 2 * 2 * C + 2 * C);
+          CHECK(v.ops == 6 + 4 + 4);
+        } else {
+          CHECK(v.all_reduce == 4 * NC);
+          CHECK(v.all_gather + v.reduce_scatter == 0);
+          CHECK(v.ops == 4);
+        }
+      }
+    }
   }
 }

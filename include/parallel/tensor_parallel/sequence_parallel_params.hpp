@@ -52,12 +52,13 @@ class SequenceParallelParams final : public nn::Layer<T> {
   void backward(nn::StepContext<T>& ctx) override {
     for (T& g : private_.view()) g = T(0);
     inner_->backward(ctx);
+    // One all-reduce for all the layer's parameters (LayerNorm: weight and bias, 2C values).
+    if (tp_.active())
+      tp_.comm().all_reduce(std::span<T>(private_.data(), private_.size()), ReduceOp::sum);
     std::size_t offset = 0;
     for (const auto& v : real_) {
       const auto n = static_cast<std::int64_t>(v.value.numel());
-      if (v.grad.data() != nullptr) {
-        region_backward(Region::copy_to_tp, tp_, private_.data() + offset, v.grad.data(), 1, n);
-      }
+      if (v.grad.data() != nullptr) detail::add_into(v.grad.data(), private_.data() + offset, n);
       offset += static_cast<std::size_t>(n);
     }
   }

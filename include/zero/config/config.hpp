@@ -17,6 +17,7 @@
 #include <zero/config/aio.hpp>
 #include <zero/config/json_reader.hpp>
 #include <zero/config/observability.hpp>
+#include <zero/config/tensor_parallel.hpp>
 #include <zero/config/zero_optimization.hpp>
 #include <zero/core/error.hpp>
 
@@ -66,10 +67,11 @@ struct Config {
   std::optional<NamedParams> optimizer;
   std::optional<NamedParams> scheduler;
   config::ZeroOptimizationConfig zero_optimization;
-  config::AioConfig aio;                       ///< NVMe offload I/O (zero/offload)
-  config::FlopsProfilerConfig flops_profiler;  ///< zero::profile's FLOPs report
-  config::CommsLoggerConfig comms_logger;      ///< zero::profile's communication summary
-  std::vector<std::string> warnings;           ///< unknown keys and other non-fatal findings
+  config::AioConfig aio;                         ///< NVMe offload I/O (zero/offload)
+  config::TensorParallelConfig tensor_parallel;  ///< tensor and sequence parallelism
+  config::FlopsProfilerConfig flops_profiler;    ///< zero::profile's FLOPs report
+  config::CommsLoggerConfig comms_logger;        ///< zero::profile's communication summary
+  std::vector<std::string> warnings;             ///< unknown keys and other non-fatal findings
 
   /// Parses a config; throws ConfigError naming the key path of the first bad value.
   static Config from_json(const nlohmann::json& j) {
@@ -141,6 +143,8 @@ struct Config {
     }
     {
       std::vector<std::string> unknown;
+      c.tensor_parallel = config::TensorParallelConfig::read(r.object("tensor_parallel"), unknown);
+      c.tensor_parallel.merge_megatron(r);
       c.flops_profiler = config::FlopsProfilerConfig::read(r.object("flops_profiler"), unknown);
       c.comms_logger = config::CommsLoggerConfig::read(r.object("comms_logger"), unknown);
       for (const auto& k : unknown) c.warnings.push_back("unknown key " + k + " (ignored)");

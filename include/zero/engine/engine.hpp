@@ -398,7 +398,8 @@ class Engine {
                         "Engine: max_pending_reductions must be positive");
     if constexpr (loss_scaling) training_.scaler.emplace(options_.loss_scaler);
     if constexpr (requires { model_.tensor_parallel().size(); }) {
-      expect<ConfigError>(model_.tensor_parallel().size() == groups_.tp_size(),
+      const int model_tp = model_.tensor_parallel().size();
+      expect<ConfigError>(model_tp == 1 || model_tp == groups_.tp_size(),
                           "Engine: the model is split over a tensor-parallel group of ",
                           model_.tensor_parallel().size(),
                           " ranks but the engine's groups have tp = ", groups_.tp_size(),
