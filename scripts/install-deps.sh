@@ -9,6 +9,7 @@ packages=(
   libopenblas-dev
   libboost-mpi-dev libopenmpi-dev openmpi-bin
   liburing-dev
+  python3-matplotlib  # scripts/plot_metrics.py (its test skips without it)
 )
 
 missing=()

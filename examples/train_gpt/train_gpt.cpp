@@ -16,6 +16,7 @@
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
 //               [--data corpus.txt | --tokens train.bin] [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
+//               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //               [--tp 2 [--sp]]
@@ -25,6 +26,11 @@
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary
 // (257) is padded to a multiple of N, as Megatron pads its vocabulary.
 //
+// The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
+// print zero::profile's reports (docs/observability.md); --profile switches all four on (the
+// flops profile at step 2) and --metrics adds their figures to the JSONL lines.
+// The closing sample continues the start of the validation text by temperature / top-k sampling
+// seeded from --seed (--temperature 0 is greedy); bytes outside printable ASCII print escaped.
 // --export writes the trained weights at the end as one Hugging Face GPT-2 safetensors file,
 // streamed unit by unit from the live engine (no rank holds the whole model); --init reads such
 // a file back. --nvme-path puts the fp32 master and AdamW states in swap files under DIR
@@ -44,6 +50,7 @@
 #include <unistd.h>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/launch_env.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
@@ -58,6 +65,8 @@
 #include <zero/engine/dispatch.hpp>
 #include <zero/engine/engine_weights.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/sampler.hpp>
+#include <zero/profile/monitor.hpp>
 
 namespace {
 
@@ -80,6 +89,10 @@ struct Options {
   DType export_dtype = DType::f32;
   std::string nvme_path;
   std::int64_t save_every = 0;
+  double temperature = 0.8;
+  int top_k = 40;
+  std::int64_t sample_bytes = 96;
+  bool profile = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -92,8 +105,8 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--sp") {  // the one flag without a value
-      o.sp = true;
+    if (flag == "--profile" || flag == "--sp") {  // the flags without a value
+      (flag == "--sp" ? o.sp : o.profile) = true;
       --i;
       continue;
     }
@@ -152,6 +165,12 @@ Options parse(int argc, char** argv) {
       o.save_every = integer();
     else if (flag == "--export")
       o.export_path = v;
+    else if (flag == "--temperature")
+      o.temperature = std::atof(v.c_str());
+    else if (flag == "--top-k")
+      o.top_k = static_cast<int>(integer());
+    else if (flag == "--sample-bytes")
+      o.sample_bytes = integer();
     else if (flag == "--nvme-path")
       o.nvme_path = v;
     else if (flag == "--export-dtype") {
@@ -171,6 +190,9 @@ Options parse(int argc, char** argv) {
   if (o.ranks < 1) usage("--ranks must be >= 1");
   if (o.steps < 0 || o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
     usage("--steps, --batch, --seq and --grad-accum must be positive");
+  }
+  if (!(o.temperature >= 0) || o.top_k < 0 || o.sample_bytes < 0) {
+    usage("--temperature, --top-k and --sample-bytes must be >= 0");
   }
   if ((o.save_every > 0 || !o.resume.empty()) && o.save_dir.empty()) {
     usage("--save-every and --resume need --save-dir");
@@ -225,6 +247,13 @@ Config make_config(const Options& o) {
   }
   if (o.tp) c.tensor_parallel.tp_size = *o.tp;
   if (o.sp) c.tensor_parallel.sequence_parallel = true;
+  if (o.profile) {
+    c.flops_profiler.enabled = true;
+    c.flops_profiler.profile_step = std::min<std::int64_t>(2, std::max<std::int64_t>(o.steps, 1));
+    c.wall_clock_breakdown = true;
+    c.memory_breakdown = true;
+    c.comms_logger.enabled = true;
+  }
   return c;
 }
 
@@ -285,6 +314,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
   expect<ConfigError>(comm.size() % tp == 0, "tensor_parallel.tp_size = ", tp,
                       " does not divide the ", comm.size(), " ranks");
+  profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / tp).micro);
+  if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
   parallel::ProcessGroups<Comm> groups(comm, parallel::Grid({.tp = tp, .dp = comm.size() / tp}));
   const int dp = groups.dp().size(), dp_rank = groups.dp().rank();
   const auto sizes = cfg.resolve_batch(dp);
@@ -356,12 +387,19 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   std::int64_t since_print = 0;
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     double step_loss = 0;
+    monitor.begin_step(eng, step + 1);
     for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
       const data::Batch batch = train_loader.next();  // backward reads its targets too
       step_loss += static_cast<double>(static_cast<float>(eng.forward(micro(batch))));
       eng.backward();
     }
     eng.step();
+    const nlohmann::json observed = monitor.end_step(eng, model, step + 1);
+    if (metrics.is_open() && observed.contains("flops_profile")) {
+      metrics
+          << nlohmann::json{{"step", step + 1}, {"flops_profile", observed["flops_profile"]}}.dump()
+          << "\n";
+    }
     loss = mean_over_ranks(step_loss / static_cast<double>(sizes.accumulation));
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
@@ -391,15 +429,20 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
             eng.last_step_skipped() ? " | skipped" : "");
         std::fflush(stdout);
         if (metrics.is_open()) {
-          char buf[512];
-          std::snprintf(buf, sizeof buf,
-                        "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
-                        "\"loss_scale\": %g, \"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, "
-                        "\"model_state_bytes\": %zu, \"skipped\": %s}\n",
-                        static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
-                        eng.loss_scale(), tokens_per_s, ms, eng.memory_report().total(),
-                        eng.last_step_skipped() ? "true" : "false");
-          metrics << buf << std::flush;
+          nlohmann::json line = {{"step", step + 1},
+                                 {"loss", loss},
+                                 {"lr", eng.lr()},
+                                 {"grad_norm", eng.last_grad_norm()},
+                                 {"loss_scale", eng.loss_scale()},
+                                 {"tokens_per_s", tokens_per_s},
+                                 {"ms_per_step", ms},
+                                 {"model_state_bytes", eng.memory_report().total()},
+                                 {"activation_peak_bytes", eng.activation_peak_bytes()},
+                                 {"skipped", eng.last_step_skipped()}};
+          for (const char* key : {"wall_clock", "memory"}) {
+            if (observed.contains(key)) line[key] = observed[key];
+          }
+          metrics << line.dump() << "\n" << std::flush;
         }
       }
     }
@@ -421,6 +464,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                   std::string(name_of(o.export_dtype)).c_str());
     }
   }
+  monitor.finish();
   const double val_loss = mean_over_ranks(
       static_cast<double>(static_cast<float>(eng.evaluate(micro(val_loader.next())))));
   if (leader) {
@@ -429,14 +473,18 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                 std::log(static_cast<double>(corpus.vocab)), val_loss);
   }
 
-  // A short greedy sample from the start of the validation text (every rank takes part: the
-  // stage-3 forward gathers units collectively).
-  if (!corpus.prompt.empty()) {
+  // A short sample continuing the start of the validation text (every rank takes part: the
+  // stage-3 forward gathers units collectively; every rank draws the same numbers from the same
+  // logits, so all pick the same bytes). The window slides once the context fills seq.
+  if (!corpus.prompt.empty() && o.sample_bytes > 0) {
     std::vector<std::int32_t> context = corpus.prompt;
     const std::size_t prompt = context.size();
-    while (context.size() < static_cast<std::size_t>(o.seq)) {
-      const auto T = static_cast<std::int64_t>(context.size());
-      eng.evaluate(engine::MicroBatch{context.data(), nullptr, 1, T});
+    nn::Sampler sampler(o.temperature, o.top_k, o.seed);
+    const std::int64_t bytes = std::min<std::int64_t>(corpus.vocab, 256);  // never end-of-text
+    for (std::int64_t i = 0; i < o.sample_bytes; ++i) {
+      const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.seq);
+      const std::int32_t* window = context.data() + (static_cast<std::int64_t>(context.size()) - T);
+      eng.evaluate(engine::MicroBatch{window, nullptr, 1, T});
       // With tensor parallelism each rank holds V/tp columns: gather the last row's.
       using Elem = typename E::T;
       const std::int64_t local_vocab = gc.vocab_size / tp;
@@ -444,19 +492,18 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
       parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
                                model.logits().data() + (T - 1) * local_vocab, row.data(), 1,
                                local_vocab);
-      const Elem* last_row = row.data();
-      context.push_back(static_cast<std::int32_t>(std::max_element(last_row, last_row + 256,
-                                                                   [](Elem a, Elem b) {
-                                                                     return static_cast<float>(a) <
-                                                                            static_cast<float>(b);
-                                                                   }) -
-                                                  last_row));
+      std::vector<float> last_row(static_cast<std::size_t>(bytes));
+      for (std::size_t v = 0; v < last_row.size(); ++v) last_row[v] = static_cast<float>(row[v]);
+      context.push_back(sampler.next(std::span<const float>(last_row)));
     }
     if (leader) {
-      std::string sample =
-          data::ByteTokenizer::decode(std::span<const std::int32_t>(context).subspan(1));
-      std::replace(sample.begin(), sample.end(), '\n', ' ');
-      std::printf("sample (prompt of %zu bytes, then greedy): %s\n", prompt - 1, sample.c_str());
+      const auto ids = std::span<const std::int32_t>(context);
+      std::printf(
+          "sample (temperature %g, top-k %d, seed %llu):\n  prompt: %s\n  output: %s\n",
+          o.temperature, o.top_k, static_cast<unsigned long long>(o.seed),
+          data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(1, prompt - 1)))
+              .c_str(),
+          data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(prompt))).c_str());
     }
   }
   return loss < first_loss || first_step > 0;
@@ -482,8 +529,12 @@ bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& com
       cfg, [&]<class E>(std::type_identity<E>) { return train<E>(o, cfg, corpus, comm); });
 }
 
+// Started by mpirun or mpiexec, or as one of several srun tasks (zero-launch drives all three);
+// a lone Slurm task (a batch script running train_gpt directly) keeps the LocalComm ranks.
 bool launched_by_mpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  const auto env = parallel::launch_env();
+  if (!env || env->launcher == "torchrun") return false;
+  return env->launcher != "slurm" || env->size > 1;
 }
 
 }  // namespace

@@ -83,3 +83,16 @@ TEST_CASE("the bundled corpus tokenizes, round-trips and feeds a loader", "[unit
   CHECK(b.rows == 4);
   CHECK(b.input_tensor().shape() == Shape{4, 64});
 }
+
+TEST_CASE("ByteTokenizer::escape keeps printable ASCII and escapes every other byte",
+          "[unit][data]") {
+  CHECK(ByteTokenizer::escape("plain text, 1 2 3!") == "plain text, 1 2 3!");
+  CHECK(ByteTokenizer::escape("a\nb\tc\\d") == "a\\nb\\tc\\\\d");
+  CHECK(ByteTokenizer::escape(std::string("\x00\x1f\x7f\xff", 4)) == "\\x00\\x1f\\x7f\\xff");
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  const std::string shown = ByteTokenizer::escape(all);
+  for (const char c : shown) {
+    CHECK((c >= 0x20 && c <= 0x7e));  // nothing a terminal would interpret
+  }
+}

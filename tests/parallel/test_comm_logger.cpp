@@ -79,3 +79,42 @@ TEST_CASE("CommLogger report prints one JSON object per row", "[unit][comm]") {
         "{\"op\":\"all_gather\",\"group\":\"dp\",\"ranks\":8,\"count\":1,\"bytes\":8000,"
         "\"bus_bytes\":7000,\"time_s\":0.001,\"algbw_gbps\":0.008,\"busbw_gbps\":0.007}\n");
 }
+
+TEST_CASE("CommLogger summary per op, group and size; op filter; verbose lines", "[unit][comm]") {
+  CommLogger logger;
+  std::vector<std::string> lines;
+  logger.set_verbose([&](const std::string& line) { lines.push_back(line); });
+  logger.record(CommOp::all_reduce, "dp", 4, 4096, 0.002);
+  logger.record(CommOp::all_reduce, "dp", 4, 4096, 0.004);
+  logger.record(CommOp::all_reduce, "dp", 4, 1 << 20, 0.010);
+  logger.record(CommOp::all_gather, "tp", 2, 512, 0.001);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0].find("comm op: all_reduce | group: dp (4 ranks)") != std::string::npos);
+  CHECK(lines[0].find("msg size: 4.0 KB") != std::string::npos);
+
+  const auto sized = logger.records_by_size();
+  REQUIRE(sized.size() == 3);
+  CHECK(sized[0].second == 4096);
+  CHECK(sized[0].first.stats.count == 2);
+  CHECK(sized[0].first.stats.time_s == Approx(0.006));
+  CHECK(sized[0].first.stats.busbw_gbps() == Approx(2 * 4096 * 1.5 / 0.006 / 1e9));
+  CHECK(logger.total(CommOp::all_reduce, "dp").count == 3);  // the (op, group) rows still sum
+
+  const std::string table = logger.log_summary();
+  CHECK(table.find("Comm. Op") != std::string::npos);
+  CHECK(table.find("all_reduce [dp, 4 ranks]") != std::string::npos);
+  CHECK(table.find("all_gather [tp, 2 ranks]") != std::string::npos);
+  CHECK(table.find("1.0 MB") != std::string::npos);
+  CHECK(table.find("4.0 KB        2 ") != std::string::npos);  // count 2 for the 4 KB rows
+
+  // prof_ops: only the listed ops are recorded
+  logger.reset();
+  logger.set_verbose(nullptr);
+  logger.record_only({comm_op_named("all_gather")});
+  logger.record(CommOp::all_reduce, "dp", 4, 4096, 0.002);
+  logger.record(CommOp::all_gather, "dp", 4, 4096, 0.002);
+  CHECK(logger.total(CommOp::all_reduce).count == 0);
+  CHECK(logger.total(CommOp::all_gather).count == 1);
+  CHECK(lines.size() == 4);
+  CHECK_THROWS_WITH(comm_op_named("allreduce"), Catch::Contains("all_reduce, reduce_scatter"));
+}

@@ -3,10 +3,16 @@
 // Bytes follow nccl-tests: S is the whole buffer (count*size for reduce_scatter, all_gather and
 // all_to_all), and bus bytes = S * bus_factor(op, n) are what each rank moves over its links in
 // a ring, so the engine can hold totals per step to the ZeRO formulas (2Ψ, 3Ψ, ...).
+// Rows are also kept per message size, for DeepSpeed's comms_logger summary (log_summary: per
+// op, group and size, the count, total and mean latency, algbw and busbw); a filter records
+// only chosen ops (comms_logger.prof_ops), and a verbose sink sees one line per op.
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -16,8 +22,21 @@
 #include <vector>
 
 #include <parallel/comm/comm_op.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::parallel {
+
+/// The op named name ("all_reduce", as name_of spells it); throws CommError listing the names
+/// otherwise (comms_logger.prof_ops names ops this way).
+inline CommOp comm_op_named(std::string_view name) {
+  std::string names;
+  for (int i = 0; i < comm_op_count; ++i) {
+    const auto op = static_cast<CommOp>(i);
+    if (name_of(op) == name) return op;
+    names += (i ? ", " : "") + std::string(name_of(op));
+  }
+  raise<CommError>("comm op '", std::string(name), "' is not one of ", names);
+}
 
 /// Totals of one (op, group) pair, or of several summed.
 struct CommStats {
@@ -60,16 +79,44 @@ class CommLogger {
   /// True while recording.
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
+  /// Records only the ops listed (empty: every op; comms_logger's prof_all / prof_ops).
+  void record_only(std::vector<CommOp> ops) {
+    std::lock_guard lock(mutex_);
+    only_ = std::move(ops);
+  }
+  /// Hands one line per recorded op to sink (comms_logger.verbose); null: none.
+  void set_verbose(std::function<void(const std::string&)> sink) {
+    std::lock_guard lock(mutex_);
+    verbose_ = std::move(sink);
+  }
+
   /// Records one op of S = bytes on group (ranks ranks) that took seconds.
   void record(CommOp op, std::string_view group, int ranks, std::size_t bytes, double seconds) {
     if (!enabled()) return;
-    std::lock_guard lock(mutex_);
-    auto& row = rows_[{static_cast<int>(op), std::string(group)}];
-    row.ranks = ranks;
-    row.stats.count += 1;
-    row.stats.bytes += bytes;
-    row.stats.bus_bytes += static_cast<double>(bytes) * bus_factor(op, ranks);
-    row.stats.time_s += seconds;
+    std::function<void(const std::string&)> sink;
+    {
+      std::lock_guard lock(mutex_);
+      if (!only_.empty() && std::find(only_.begin(), only_.end(), op) == only_.end()) return;
+      for (auto* row : {&rows_[{static_cast<int>(op), std::string(group)}],
+                        &sized_[{{static_cast<int>(op), std::string(group)}, bytes}]}) {
+        row->ranks = ranks;
+        row->stats.count += 1;
+        row->stats.bytes += bytes;
+        row->stats.bus_bytes += static_cast<double>(bytes) * bus_factor(op, ranks);
+        row->stats.time_s += seconds;
+      }
+      sink = verbose_;
+    }
+    if (sink) {
+      CommStats one{1, bytes, static_cast<double>(bytes) * bus_factor(op, ranks), seconds};
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "comm op: %s | group: %s (%d ranks) | time (ms): %.3f | msg size: %s | "
+                    "algbw (GB/s): %.3f | busbw (GB/s): %.3f",
+                    std::string(name_of(op)).c_str(), std::string(group).c_str(), ranks,
+                    seconds * 1e3, size_text(bytes).c_str(), one.algbw_gbps(), one.busbw_gbps());
+      sink(line);
+    }
   }
 
   /// Totals of op over every group.
@@ -95,10 +142,64 @@ class CommLogger {
     return out;
   }
 
+  /// Every (op, group, message size) row, ordered by op, group, then size.
+  std::vector<std::pair<CommRecord, std::size_t>> records_by_size() const {
+    std::lock_guard lock(mutex_);
+    std::vector<std::pair<CommRecord, std::size_t>> out;
+    for (const auto& [key, row] : sized_) {
+      out.push_back({{static_cast<CommOp>(key.first.first), key.first.second, row.ranks, row.stats},
+                     key.second});
+    }
+    return out;
+  }
+
   /// Forgets everything recorded (e.g. at the start of a step).
   void reset() {
     std::lock_guard lock(mutex_);
     rows_.clear();
+    sized_.clear();
+  }
+
+  /// DeepSpeed's comms summary (deepspeed.comm.log_summary): per op and group, one line per
+  /// message size with the count, total and mean latency, algorithm and bus bandwidth.
+  std::string log_summary() const {
+    const auto rows = records_by_size();
+    std::ostringstream out;
+    char line[256];
+    std::snprintf(line, sizeof line, "%-20s%-14s%-10s%-20s%-18s%-16s%-16s\n", "Comm. Op",
+                  "Message Size", "Count", "Total Latency(ms)", "Avg Latency(ms)", "algbw (GB/s)",
+                  "busbw (GB/s)");
+    out << line;
+    std::string current;
+    for (const auto& [r, size] : rows) {
+      const std::string title =
+          std::string(name_of(r.op)) + " [" + r.group + ", " + std::to_string(r.ranks) + " ranks]";
+      if (title != current) {
+        out << title << "\n";
+        current = title;
+      }
+      std::snprintf(line, sizeof line, "%-20s%-14s%-10llu%-20.3f%-18.3f%-16.3f%-16.3f\n", "",
+                    size_text(size).c_str(), static_cast<unsigned long long>(r.stats.count),
+                    r.stats.time_s * 1e3,
+                    r.stats.count ? r.stats.time_s * 1e3 / static_cast<double>(r.stats.count) : 0.0,
+                    r.stats.algbw_gbps(), r.stats.busbw_gbps());
+      out << line;
+    }
+    return std::move(out).str();
+  }
+
+  /// A message size as DeepSpeed prints it ("4.0 KB", "1.5 MB").
+  static std::string size_text(std::size_t bytes) {
+    static constexpr const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+    double v = static_cast<double>(bytes);
+    int i = 0;
+    while (v >= 1024.0 && i < 4) {
+      v /= 1024.0;
+      ++i;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[i]);
+    return buf;
   }
 
   /// One JSON object per row: op, group, ranks, count, bytes, bus_bytes, time_s, algbw, busbw.
@@ -133,6 +234,9 @@ class CommLogger {
   std::atomic<bool> enabled_;
   mutable std::mutex mutex_;
   std::map<std::pair<int, std::string>, Row> rows_;
+  std::map<std::pair<std::pair<int, std::string>, std::size_t>, Row> sized_;
+  std::vector<CommOp> only_;
+  std::function<void(const std::string&)> verbose_;
 };
 
 }  // namespace zero::parallel

@@ -21,6 +21,7 @@
 #include <zero/config/aio.hpp>
 #include <zero/config/json_reader.hpp>
 #include <zero/config/key_table.hpp>
+#include <zero/config/observability.hpp>
 #include <zero/config/tensor_parallel.hpp>
 #include <zero/config/zero_optimization.hpp>
 #include <zero/core/error.hpp>
@@ -63,6 +64,7 @@ struct Config {
   double gradient_predivide_factor = 1.0;
   std::int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
+  bool memory_breakdown = false;  ///< print zero::profile's memory breakdown every steps_per_print
   std::string communication_data_type;  ///< empty: the model's dtype
   double comm_timeout_s = 300;          ///< zero's own key: deadline of every collective wait
   bool comm_timeout_given = false;      ///< comm_timeout_s was set (the engine then applies it)
@@ -74,6 +76,8 @@ struct Config {
   config::ZeroOptimizationConfig zero_optimization;
   config::AioConfig aio;                         ///< NVMe offload I/O (zero/offload)
   config::TensorParallelConfig tensor_parallel;  ///< tensor and sequence parallelism
+  config::FlopsProfilerConfig flops_profiler;    ///< zero::profile's FLOPs report
+  config::CommsLoggerConfig comms_logger;        ///< zero::profile's communication summary
   std::vector<std::string> warnings;             ///< unknown keys and other non-fatal findings
   /// "accepted but has no effect in zero: <key> (<why>)", one per such key (see key_table.hpp).
   std::vector<std::string> notices;
@@ -134,6 +138,7 @@ struct Config {
     expect<ConfigError>(
         c.nonfinite_policy.empty() || c.nonfinite_policy == "skip" || c.nonfinite_policy == "raise",
         r.where("nonfinite_policy"), ": '", c.nonfinite_policy, "' is not one of skip, raise");
+    c.memory_breakdown = r.boolean("memory_breakdown").value_or(false);
 
     read_fp16(r.object("fp16"), c);
     {
@@ -168,6 +173,8 @@ struct Config {
       std::vector<std::string> unknown;
       c.tensor_parallel = config::TensorParallelConfig::read(r.object("tensor_parallel"), unknown);
       c.tensor_parallel.merge_megatron(r);
+      c.flops_profiler = config::FlopsProfilerConfig::read(r.object("flops_profiler"), unknown);
+      c.comms_logger = config::CommsLoggerConfig::read(r.object("comms_logger"), unknown);
       for (const auto& k : unknown) c.warnings.push_back(unknown_key_warning(k));
     }
     config::read_inert(r);  // the keys and whole sections listed without effect

@@ -45,6 +45,31 @@ struct ByteTokenizer {
     }
     return text;
   }
+
+  /// text with every byte outside printable ASCII written as an escape (\n, \t, \\, \xNN),
+  /// so a sample of a half-trained model shows what it produced without corrupting a terminal.
+  static std::string escape(std::string_view text) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+      const auto b = static_cast<unsigned char>(c);
+      if (c == '\\') {
+        out += "\\\\";
+      } else if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else if (b < 0x20 || b > 0x7e) {
+        out += "\\x";
+        out += hex[b >> 4];
+        out += hex[b & 15];
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  }
 };
 
 }  // namespace zero::data

@@ -56,6 +56,7 @@
 #include <zero/engine/unit_exchange.hpp>
 #include <zero/engine/unit_storage.hpp>
 #include <zero/nn/model.hpp>
+#include <zero/profile/step_timers.hpp>
 
 namespace zero::engine {
 
@@ -192,6 +193,8 @@ class Engine {
     return communicating("forward", [&]() -> Tensor<T> {
       micro_.check_forward(r, num_units());
       expect_consistent("forward");
+      const auto timed = timers_.phase(profile::Phase::forward);
+      if (r.first == 0) timers_.count_micro_step();
       if (r.first == 0) begin_micro_step(batch, true);
       if (input.data() != nullptr) micro_.ctx().x = input;
       run_forward(r);
@@ -205,13 +208,17 @@ class Engine {
   Tensor<T> backward_units(UnitRange r, Tensor<T> dy = {}) {
     return communicating("backward", [&]() -> Tensor<T> {
       micro_.check_backward(r, num_units());
+      const auto timed = timers_.phase(profile::Phase::backward);
       nn::StepContext<T>& ctx = micro_.ctx();
       if (dy.data() != nullptr) ctx.dy = dy;
       const bool boundary = micro_.at_boundary();
       for (int u = r.last - 1; u >= r.first; --u) {
         exchange_.acquire(u, /*with_grads=*/true);
         exchange_.prefetch(u, -1);
-        model_.backward_unit(u, ctx);
+        {
+          const auto unit_timed = timers_.unit(profile::Phase::backward, u);
+          model_.backward_unit(u, ctx);
+        }
         exchange_.gradient_complete(u, boundary);
         exchange_.release_after_use(u);
       }
@@ -229,6 +236,7 @@ class Engine {
     return communicating("step", [&]() -> bool {
       if (!micro_.boundary_pending()) return false;
       expect_consistent("step");
+      const auto timed = timers_.phase(profile::Phase::step);
       exchange_.drain_reductions();
       // One all-reduce carries the sum of squares and the count of non-finite losses (a second
       // one adds up the tensor-parallel ranks' parts).
@@ -362,6 +370,12 @@ class Engine {
   /// The buffers each unit has under this engine's policies (what memory_report sums).
   const std::vector<BufferPlan>& buffer_plan() const { return plan_; }
 
+  /// The wall-clock accumulators of forward, backward, step, the communication waits and each
+  /// unit (off until enabled; zero::profile reads them).
+  profile::StepTimers& timers() { return timers_; }
+  /// Read-only view of timers().
+  const profile::StepTimers& timers() const { return timers_; }
+
   // ---- queries -------------------------------------------------------------------------------
 
   /// Optimizer steps applied so far (skipped steps not counted).
@@ -449,6 +463,7 @@ class Engine {
     so.faults = options_.nvme_faults;
     store_.settle(so);
     masters_replaced();
+    exchange_.set_timers(&timers_);
     for (int u = 0; u < n; ++u) exchange_.bind(u);
     synchronize();  // construction ends with every rank's parameters in place
   }
@@ -468,7 +483,10 @@ class Engine {
     for (int u = r.first; u < r.last; ++u) {
       exchange_.acquire(u, false);
       exchange_.prefetch(u, +1);
-      model_.forward_unit(u, micro_.ctx());
+      {
+        const auto unit_timed = timers_.unit(profile::Phase::forward, u, micro_.ctx().training);
+        model_.forward_unit(u, micro_.ctx());
+      }
       exchange_.release_after_use(u);
     }
     micro_.forward_ran(r);
@@ -593,6 +611,7 @@ class Engine {
                        return " at step " + std::to_string(training_.boundaries()) +
                               " micro-step " + std::to_string(micro_.done());
                      }};
+  profile::StepTimers timers_;
   bool last_step_skipped_ = false;
   double last_grad_norm_ = 0.0;
 };

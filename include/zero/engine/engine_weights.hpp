@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <zero/engine/engine_checkpoint.hpp>
+#include <zero/engine/engine_groups.hpp>
 #include <zero/io/gpt2_layout.hpp>
 #include <zero/io/safetensors_reader.hpp>
 #include <zero/io/safetensors_writer.hpp>

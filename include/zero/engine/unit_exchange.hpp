@@ -22,6 +22,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <parallel/comm/any_comm.hpp>
@@ -31,6 +32,7 @@
 #include <zero/engine/stage_traits.hpp>
 #include <zero/engine/unit_storage.hpp>
 #include <zero/nn/param.hpp>
+#include <zero/profile/step_timers.hpp>
 
 namespace zero::engine {
 
@@ -55,6 +57,9 @@ class UnitExchange {
         backend_(backend),
         options_(options),
         context_(std::move(context)) {}
+
+  /// Adds the time spent waiting for gathers and reductions to timers (null: untimed).
+  void set_timers(profile::StepTimers* timers) { timers_ = timers; }
 
   /// Binds unit u's parameter views to its current buffers (grads empty while there are none).
   void bind(int u) {
@@ -278,6 +283,10 @@ class UnitExchange {
   }
   // Waits for work, adding the op, the unit and the step to a communication failure.
   void wait(parallel::Work& work, const char* op, int u) {
+    const bool gather = std::string_view(op) == "all-gather";
+    const auto timed = timers_ != nullptr ? timers_->phase(gather ? profile::Phase::gather_wait
+                                                                  : profile::Phase::reduction_wait)
+                                          : profile::StepTimers::Scope(nullptr);
     try {
       work.wait();
     } catch (const CommError& e) {
@@ -295,6 +304,7 @@ class UnitExchange {
   Backend& backend_;
   const EngineOptions& options_;
   ContextFn context_;
+  profile::StepTimers* timers_ = nullptr;
   std::vector<DeviceBuffer<T>> scratch_pool_;
   std::deque<Pending> pending_;  // after the pool: its work may still write into its scratch
   std::int64_t peak_gathered_elems_ = 0;

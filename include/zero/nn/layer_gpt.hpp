@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -177,6 +178,8 @@ class LayerGPT {
   void forward_unit(int u, StepContext<T>& ctx) { unit(u).forward(ctx); }
   /// Runs unit u backward (ctx.dy in, ctx.dx and ctx.dy out).
   void backward_unit(int u, StepContext<T>& ctx) { unit(u).backward(ctx); }
+  /// MACs and FLOPs of unit u's last forward (nn/flops.hpp), for the flops profiler.
+  std::optional<FlopCount> unit_forward_flops(int u) const { return unit(u).forward_flops(); }
   /// Forward through every unit; returns the loss (0 without targets).
   T forward(StepContext<T>& ctx) {
     for (int u = 0; u < num_units(); ++u) forward_unit(u, ctx);

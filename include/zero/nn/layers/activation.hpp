@@ -68,6 +68,10 @@ class Activation : public Layer<T> {
     }
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return elementwise_flops(in.input.numel());
+  }
+
  private:
   ActivationKind kind_;
   Tensor<T> input_;

@@ -54,6 +54,15 @@ class CausalSelfAttention final : public Layer<T> {
                                  heads_, mask_);
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    // Per sequence and head, T(T+1)/2 unmasked scores, each a head_dim dot product for QK^T and
+    // one for the probabilities times V; plus the softmax over the scores.
+    const std::int64_t channels = in.input[-1] / 3, seq = in.seq_len;
+    const std::int64_t scores = in.batch * heads_ * seq * (seq + 1) / 2;
+    const std::int64_t macs = 2 * scores * (channels / heads_);
+    return FlopCount{macs, 2 * macs + scores};
+  }
+
  private:
   ops::cpu::DropoutMask mask(const StepContext<T>& ctx) const {
     if (!ctx.training || p_ <= 0) return {};

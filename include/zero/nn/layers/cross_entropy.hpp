@@ -42,6 +42,10 @@ class SoftmaxCrossEntropy final : public Layer<T> {
   /// Logits of the last forward, [..., classes] (valid until the next micro-step).
   Tensor<const T> logits() const { return logits_; }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return elementwise_flops(in.input.numel());  // the softmax over the logits
+  }
+
  private:
   using Stat = compute_type_t<T>;
 

@@ -46,6 +46,10 @@ class Dropout final : public Layer<T> {
     }
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return elementwise_flops(in.input.numel());
+  }
+
  private:
   CounterRng rng() const { return CounterRng(CounterRng::key_for(seed_, "dropout." + site_)); }
 

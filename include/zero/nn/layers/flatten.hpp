@@ -24,6 +24,10 @@ class Flatten final : public Layer<T> {
   void backward(StepContext<T>& ctx) override {
     ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
   }
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    (void)in;
+    return FlopCount{};  // a view: no arithmetic
+  }
 };
 
 }  // namespace zero::nn

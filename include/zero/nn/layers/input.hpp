@@ -29,6 +29,11 @@ class FromInput final : public Layer<T> {
   }
   void backward(StepContext<T>&) override {}  // inputs are data: no gradient flows into them
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    (void)in;
+    return FlopCount{};  // a look-up or a view: no arithmetic
+  }
+
  private:
   std::string name_;
   double scale_;

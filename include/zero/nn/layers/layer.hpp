@@ -14,8 +14,11 @@
 #include <string>
 #include <vector>
 
+#include <optional>
 #include <zero/core/error.hpp>
+
 #include <zero/nn/context.hpp>
+#include <zero/nn/flops.hpp>
 #include <zero/nn/param.hpp>
 
 namespace zero::nn {
@@ -39,6 +42,12 @@ class Layer {
   virtual void forward(StepContext<T>& ctx) = 0;
   /// ctx.dy in; adds into ctx.dx and the parameter gradients.
   virtual void backward(StepContext<T>& ctx) = 0;
+  /// MACs and FLOPs of a forward that saw in (nn/flops.hpp conventions); empty when the layer
+  /// does not know its count, and the flops profiler then shows its unit as n/a.
+  virtual std::optional<FlopCount> forward_flops(const FlopInput& in) const {
+    (void)in;
+    return std::nullopt;
+  }
 };
 
 /// Rows of x when its last dimension must be features: throws ShapeError naming layer otherwise.

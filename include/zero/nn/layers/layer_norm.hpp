@@ -46,6 +46,10 @@ class LayerNorm final : public Layer<T> {
                                   rstd_.data(), input_.numel() / channels_, channels_);
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return elementwise_flops(in.input.numel(), 5);
+  }
+
  private:
   using Stat = compute_type_t<T>;
 

@@ -55,6 +55,10 @@ class Linear final : public Layer<T> {
                                  input_.data(), weight_.value.data(), N, in_, out_);
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return matmul_flops(in.input.numel() / in_, in_, out_);
+  }
+
  private:
   std::string name_;
   std::int64_t in_, out_;

@@ -43,6 +43,10 @@ class MSELoss final : public Layer<T> {
   /// Predictions of the last forward (valid until the next micro-step).
   Tensor<const T> predictions() const { return pred_; }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return elementwise_flops(in.input.numel(), 3);  // difference, square, sum
+  }
+
  private:
   using Stat = compute_type_t<T>;
 

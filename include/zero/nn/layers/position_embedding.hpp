@@ -58,6 +58,10 @@ class PositionEmbedding final : public Layer<T> {
                                     channels_);
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return elementwise_flops(in.input.numel());  // the add onto the token embedding
+  }
+
  private:
   std::string name_;
   std::int64_t max_, channels_;

@@ -35,6 +35,11 @@ class Reshape final : public Layer<T> {
     ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    (void)in;
+    return FlopCount{};  // a look-up or a view: no arithmetic
+  }
+
  private:
   static Shape make_shape(const std::int64_t* e, int rank) {
     switch (rank) {

@@ -51,6 +51,12 @@ class Residual final : public Layer<T> {
     ctx.dx = dx;
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    std::optional<FlopCount> branch = inner_.forward_flops();
+    if (branch) *branch += elementwise_flops(in.input.numel());
+    return branch;
+  }
+
  private:
   std::string name_;
   Sequential<T> inner_;

@@ -40,6 +40,10 @@ class RMSNorm final : public Layer<T> {
                                 channels_);
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return elementwise_flops(in.input.numel(), 4);
+  }
+
  private:
   using Stat = compute_type_t<T>;
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -102,6 +103,20 @@ class Sequential {
     }
   }
 
+  /// MACs and FLOPs of the last forward (nn/flops.hpp), summed over the layers; empty before a
+  /// forward ran or when some layer does not report its count.
+  std::optional<FlopCount> forward_flops() const {
+    if (input_shapes_.size() != layers_.size() || layers_.empty()) return std::nullopt;
+    FlopCount sum;
+    for (std::size_t k = 0; k < layers_.size(); ++k) {
+      const std::optional<FlopCount> f =
+          layers_[k]->forward_flops({input_shapes_[k], batch_, seq_len_});
+      if (!f) return std::nullopt;
+      sum += *f;
+    }
+    return sum;
+  }
+
   /// Runs every layer backward in reverse: ctx.dy in, ctx.dx (and ctx.dy) out; releases the
   /// unit's activations. input_grad_start, when given, is where the gradient at the unit's
   /// input starts instead of zero (a residual's skip path): the first layer adds into it, so
@@ -142,6 +157,8 @@ class Sequential {
  private:
   void run_forward(StepContext<T>& ctx) {
     input_shapes_.clear();
+    batch_ = ctx.batch;
+    seq_len_ = ctx.seq_len;
     for (const auto& l : layers_) {
       // An empty shape marks a layer with no input (an input layer): it gets no dx.
       input_shapes_.push_back(ctx.x.data() != nullptr ? ctx.x.shape() : Shape{});
@@ -151,6 +168,7 @@ class Sequential {
 
   std::vector<std::unique_ptr<Layer<T>>> layers_;
   std::vector<Shape> input_shapes_;
+  std::int64_t batch_ = 0, seq_len_ = 0;  // of the last forward, for forward_flops
   Buffer<T> gradients_[2];
   Arena<Host>::Mark mark_ = 0;
   Tensor<T> input_;

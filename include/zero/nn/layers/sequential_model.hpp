@@ -3,6 +3,7 @@
 // (every unit_uses is empty). A model with ties writes its own Model class around Sequential
 // units and declares the ties in unit_uses (docs/custom-models.md).
 
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -57,6 +58,12 @@ class SequentialModel {
   void backward_unit(int u, StepContext<T>& ctx) {
     check_unit(u);
     units_[static_cast<std::size_t>(u)].backward(ctx);
+  }
+  /// MACs and FLOPs of unit u's last forward (empty before one ran, or when a layer does not
+  /// report its count); the flops profiler reads it.
+  std::optional<FlopCount> unit_forward_flops(int u) const {
+    check_unit(u);
+    return units_[static_cast<std::size_t>(u)].forward_flops();
   }
   /// Forward through every unit; returns the loss (0 without labels).
   T forward(StepContext<T>& ctx) {

@@ -40,6 +40,10 @@ class TiedLinear final : public Layer<T> {
                                  input_.data(), w.value.data(), input_.numel() / in_, in_, out_);
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    return matmul_flops(in.input.numel() / in_, in_, out_);
+  }
+
  private:
   std::string name_;
   std::function<ParamView<T>()> weight_;

@@ -62,6 +62,11 @@ class TokenEmbedding final : public Layer<T> {
                                     count_, channels_);
   }
 
+  std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
+    (void)in;
+    return FlopCount{};  // a look-up or a view: no arithmetic
+  }
+
  private:
   std::string name_, ids_;
   std::int64_t vocab_, channels_;

@@ -1,0 +1,180 @@
+#pragma once
+// Monitor: switches on and prints zero::profile's reports as a DeepSpeed config asks, so a
+// training loop needs three calls (begin_step, end_step, finish):
+//   flops_profiler        the FlopsProfile of step profile_step, once (text, or JSON when
+//                         output_file ends in .json; standard output when it is empty);
+//   wall_clock_breakdown  the WallClockBreakdown every steps_per_print steps;
+//   memory_breakdown      the MemoryBreakdown every steps_per_print steps;
+//   comms_logger          a CommLogger to install on the communicators before building the
+//                         engine, and its log_summary at finish (verbose: a line per op).
+// Rank 0 prints; every rank measures. end_step returns the figures due at that step as JSON,
+// for the program's metrics file.
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <parallel/comm/comm_logger.hpp>
+#include <zero/config/config.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+#include <zero/engine/memory_estimator.hpp>
+#include <zero/profile/flops_profile.hpp>
+#include <zero/profile/memory_breakdown.hpp>
+#include <zero/profile/step_timers.hpp>
+#include <zero/profile/wall_clock.hpp>
+
+namespace zero::profile {
+
+/// Optimizer-state bytes per parameter of the config's optimizer, for the memory estimate.
+inline int optimizer_state_bytes(const Config& cfg) {
+  if (!cfg.optimizer) return 0;
+  const std::string& t = cfg.optimizer->type;
+  if (t == "Adam" || t == "AdamW" || t == "LAMB") return 8;
+  if (t == "SGD") return cfg.optimizer->get("momentum", 0.0) != 0.0 ? 4 : 0;
+  return 4;  // Lion, RMSprop, Adagrad: one state
+}
+
+/// Drives the observability sections of a config (see the file comment).
+class Monitor {
+ public:
+  /// For rank (rank 0 prints) of a run whose micro-batches have batch_per_rank rows.
+  Monitor(const Config& cfg, int rank, std::int64_t batch_per_rank)
+      : cfg_(cfg), rank_(rank), batch_per_rank_(batch_per_rank) {
+    if (cfg_.comms_logger.enabled || cfg_.wall_clock_breakdown) {
+      logger_ = std::make_shared<parallel::CommLogger>();
+      if (cfg_.comms_logger.enabled && !cfg_.comms_logger.prof_all) {
+        std::vector<parallel::CommOp> ops;
+        for (const auto& name : cfg_.comms_logger.prof_ops) {
+          ops.push_back(parallel::comm_op_named(name));
+        }
+        logger_->record_only(std::move(ops));
+      }
+      if (cfg_.comms_logger.enabled && cfg_.comms_logger.verbose && rank_ == 0) {
+        logger_->set_verbose(
+            [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+      }
+    }
+  }
+
+  /// The logger to install on the communicators (set_logger), or null when nothing needs one.
+  std::shared_ptr<parallel::CommLogger> logger() const { return logger_; }
+
+  /// Call before optimizer step `step` (1-based) begins: switches the engine's timers on when
+  /// this step is profiled or the breakdown is on.
+  template <class Engine>
+  void begin_step(Engine& engine, std::int64_t step) {
+    const bool profiled = cfg_.flops_profiler.enabled && step == cfg_.flops_profiler.profile_step;
+    engine.timers().enable(profiled || cfg_.wall_clock_breakdown);
+    if (profiled) before_profile_ = engine.timers();
+  }
+
+  /// Call after optimizer step `step` ended: prints (rank 0) what is due and returns it as JSON
+  /// ("flops_profile", "wall_clock", "memory"; empty when nothing is due).
+  template <class Engine, class Model>
+  nlohmann::json end_step(Engine& engine, const Model& model, std::int64_t step) {
+    nlohmann::json due = nlohmann::json::object();
+    if (cfg_.flops_profiler.enabled && step == cfg_.flops_profiler.profile_step) {
+      StepTimers only_this = engine.timers().since(before_profile_);
+      int mp_size = 1;  // the tensor-parallel group, where the engine has one
+      if constexpr (requires { engine.groups().tp_size(); }) mp_size = engine.groups().tp_size();
+      FlopsProfile p = collect_flops_profile(only_this_engine(engine, only_this), model, step,
+                                             batch_per_rank_, mp_size);
+      due["flops_profile"] = p.to_json();
+      if (rank_ == 0) write_profile(p);
+    }
+    ++window_steps_;
+    const bool print = step % cfg_.steps_per_print == 0;
+    if (cfg_.wall_clock_breakdown && print) {
+      const double comm_now = logger_ ? logger_->total().time_s : 0.0;
+      const WallClockBreakdown b = WallClockBreakdown::of(
+          engine.timers().since(window_start_), window_steps_,
+          logger_ ? std::optional<double>(comm_now - window_comm_s_) : std::nullopt);
+      due["wall_clock"] = b.to_json();
+      if (rank_ == 0) std::printf("%s\n", b.text().c_str());
+      window_start_ = engine.timers();
+      window_comm_s_ = comm_now;
+    }
+    if (print) window_steps_ = 0;
+    if (cfg_.memory_breakdown && print) {
+      const MemoryBreakdown m = memory_breakdown(engine, estimate(engine));
+      due["memory"] = m.to_json();
+      if (rank_ == 0) std::printf("%s\n", m.text().c_str());
+    }
+    if (rank_ == 0 && !due.empty()) std::fflush(stdout);
+    return due;
+  }
+
+  /// Call at the end of the run: prints the comms summary (rank 0) when comms_logger is on.
+  void finish() {
+    if (cfg_.comms_logger.enabled && logger_ && rank_ == 0) {
+      std::printf("Communication summary (rank 0):\n%s", logger_->log_summary().c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  /// The estimator's model-state bytes in memory for engine's layout (device at rest).
+  template <class Engine>
+  double estimate(const Engine& engine) const {
+    engine::MemoryEstimateInput in;
+    for (int u = 0; u < engine.num_units(); ++u) {
+      std::int64_t n = 0;
+      for (const auto& s : engine.unit_specs(u)) n += s.numel();
+      in.params += n;
+      in.largest_unit_params = std::max(in.largest_unit_params, n);
+    }
+    in.gpus_per_node = engine.world_size();
+    in.stage = Engine::stage;
+    in.precision = dtype_of<typename Engine::T>;
+    in.optimizer_state_bytes = optimizer_state_bytes(cfg_);
+    in.offload_optimizer = cfg_.zero_optimization.offload_optimizer.device;
+    return engine::estimate_model_states(in).device_at_rest;
+  }
+
+ private:
+  // The engine's queries with other timers: what collect_flops_profile reads.
+  template <class Engine>
+  struct EngineWithTimers {
+    const Engine& engine;
+    const StepTimers& t;
+    const StepTimers& timers() const { return t; }
+    int world_size() const { return engine.world_size(); }
+    int num_units() const { return engine.num_units(); }
+    const auto& unit_specs(int u) const { return engine.unit_specs(u); }
+  };
+  template <class Engine>
+  static EngineWithTimers<Engine> only_this_engine(const Engine& e, const StepTimers& t) {
+    return {e, t};
+  }
+
+  void write_profile(const FlopsProfile& p) const {
+    const std::string& file = cfg_.flops_profiler.output_file;
+    const bool json = file.size() >= 5 && file.compare(file.size() - 5, 5, ".json") == 0;
+    const std::string text = json ? p.to_json().dump(2) + "\n" : p.report(cfg_.flops_profiler);
+    if (file.empty()) {
+      std::printf("%s", text.c_str());
+      return;
+    }
+    std::ofstream out(file);
+    expect<IoError>(out.good(), "flops_profiler.output_file: cannot write '", file, "'");
+    out << text;
+    std::printf("flops profile of step %lld written to %s\n", static_cast<long long>(p.step),
+                file.c_str());
+  }
+
+  Config cfg_;
+  int rank_;
+  std::int64_t batch_per_rank_;
+  std::shared_ptr<parallel::CommLogger> logger_;
+  StepTimers before_profile_, window_start_;
+  double window_comm_s_ = 0;
+  std::int64_t window_steps_ = 0;
+};
+
+}  // namespace zero::profile

@@ -1,0 +1,69 @@
+// LaunchEnv reads rank, size and local rank/size from OpenMPI, MPICH, Slurm and torchrun
+// variables, and names a bad one.
+#include <map>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include <parallel/launch_env.hpp>
+
+using zero::parallel::launch_env;
+
+namespace {
+auto from(const std::map<std::string, std::string>& env) {
+  return [env](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+}
+}  // namespace
+
+TEST_CASE("launch_env reads each launcher's variables", "[unit][comm]") {
+  CHECK_FALSE(launch_env(from({})));
+  const auto ompi = launch_env(from({{"OMPI_COMM_WORLD_RANK", "3"},
+                                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  REQUIRE(ompi);
+  CHECK(ompi->launcher == "openmpi");
+  CHECK(ompi->rank == 3);
+  CHECK(ompi->size == 4);
+  CHECK(ompi->local_rank == 1);
+  CHECK(ompi->local_size == 2);
+  const auto mpich = launch_env(from({{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}}));
+  REQUIRE(mpich);
+  CHECK(mpich->launcher == "mpich");
+  CHECK(mpich->rank == 2);
+  CHECK(mpich->local_rank == 0);  // no local variables: its own host's only rank
+  CHECK(mpich->local_size == 1);
+  const auto slurm = launch_env(from({{"SLURM_PROCID", "5"},
+                                      {"SLURM_NTASKS", "8"},
+                                      {"SLURM_LOCALID", "1"},
+                                      {"SLURM_NTASKS_PER_NODE", "4(x2)"}}));
+  REQUIRE(slurm);
+  CHECK(slurm->launcher == "slurm");
+  CHECK(slurm->local_size == 4);
+  // mpirun inside a Slurm allocation: OpenMPI's variables win.
+  const auto both = launch_env(from({{"SLURM_PROCID", "0"},
+                                     {"SLURM_NTASKS", "1"},
+                                     {"OMPI_COMM_WORLD_RANK", "1"},
+                                     {"OMPI_COMM_WORLD_SIZE", "2"}}));
+  REQUIRE(both);
+  CHECK(both->launcher == "openmpi");
+  CHECK(both->rank == 1);
+  const auto torch = launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}}));
+  REQUIRE(torch);
+  CHECK(torch->launcher == "torchrun");
+}
+
+TEST_CASE("launch_env names a malformed or contradictory variable", "[unit][comm]") {
+  CHECK_THROWS_WITH(launch_env(from({{"PMI_RANK", "x"}, {"PMI_SIZE", "2"}})),
+                    Catch::Contains("PMI_RANK='x'"));
+  CHECK_THROWS_WITH(launch_env(from({{"PMI_RANK", "2"}, {"PMI_SIZE", "2"}})),
+                    Catch::Contains("PMI_RANK=2 is not below PMI_SIZE=2"));
+  CHECK_THROWS_WITH(launch_env(from({{"OMPI_COMM_WORLD_RANK", "0"},
+                                     {"OMPI_COMM_WORLD_SIZE", "2"},
+                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})),
+                    Catch::Contains("OMPI_COMM_WORLD_LOCAL_RANK=2"));
+}
