@@ -142,6 +142,12 @@ class ColumnParallelLinear final : public nn::Layer<T> {
     ctx.arena->release(mark);
   }
 
+  /// This rank's share: its out/tp columns over every row (the gathered rows with SP).
+  std::optional<nn::FlopCount> forward_flops(const nn::FlopInput& in) const override {
+    const std::int64_t rows = in.input.numel() / in_ * (tp_.sequence_parallel() ? tp_.size() : 1);
+    return nn::matmul_flops(rows, in_, out_ / tp_.size());
+  }
+
  private:
   void check_sizes() const {
     expect<ConfigError>(in_ > 0 && out_ > 0, describe(), ": in = ", in_, ", out = ", out_,

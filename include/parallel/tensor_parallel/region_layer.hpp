@@ -35,6 +35,11 @@ class RegionLayer final : public nn::Layer<T> {
     region_backward(region_, tp_, ctx.dy.data(), ctx.dx.data(), rows_, cols_);
   }
 
+  /// Data movement only.
+  std::optional<nn::FlopCount> forward_flops(const nn::FlopInput&) const override {
+    return nn::FlopCount{};
+  }
+
  private:
   TensorParallel tp_;
   Region region_;

@@ -108,6 +108,12 @@ class RowParallelLinear final : public nn::Layer<T> {
     ctx.arena->release(mark);
   }
 
+  /// This rank's share: its in/tp input columns over every row.
+  std::optional<nn::FlopCount> forward_flops(const nn::FlopInput& in) const override {
+    const std::int64_t part = in_ / tp_.size();
+    return nn::matmul_flops(in.input.numel() / part, part, out_);
+  }
+
  private:
   void add_bias(T* y, std::int64_t rows) const {
     const T* b = bias_view_.value.data();

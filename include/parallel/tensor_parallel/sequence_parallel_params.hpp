@@ -62,6 +62,10 @@ class SequenceParallelParams final : public nn::Layer<T> {
       offset += static_cast<std::size_t>(n);
     }
   }
+  /// The wrapped layer's.
+  std::optional<nn::FlopCount> forward_flops(const nn::FlopInput& in) const override {
+    return inner_->forward_flops(in);
+  }
   /// The wrapped layer.
   nn::Layer<T>& inner() { return *inner_; }
 

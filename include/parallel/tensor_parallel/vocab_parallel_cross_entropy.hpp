@@ -107,6 +107,11 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   /// This rank's logits of the last forward, [N, V/tp] (valid until the next micro-step).
   Tensor<const T> logits() const { return logits_; }
 
+  /// The softmax over this rank's logits.
+  std::optional<nn::FlopCount> forward_flops(const nn::FlopInput& in) const override {
+    return nn::elementwise_flops(in.input.numel());
+  }
+
  private:
   using Stat = compute_type_t<T>;
 

@@ -120,6 +120,11 @@ class VocabParallelEmbedding final : public nn::Layer<T> {
     ctx.arena->release(mark);
   }
 
+  /// A look-up: no FLOPs (as TokenEmbedding).
+  std::optional<nn::FlopCount> forward_flops(const nn::FlopInput&) const override {
+    return nn::FlopCount{};
+  }
+
  private:
   std::int64_t part() const { return vocab_ / tp_.size(); }
 

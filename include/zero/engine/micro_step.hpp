@@ -104,8 +104,6 @@ class MicroSteps {
     if (++done_ == accumulation_) boundary_pending_ = true;
     return true;
   }
-  /// Highest bytes the activation arena held since construction.
-  std::size_t activation_peak_bytes() const { return arena_.peak_bytes(); }
   /// Ends the window (after step(), or when a failed step left it).
   void finish_window() {
     done_ = 0;
