@@ -483,8 +483,13 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     const std::int64_t bytes = std::min<std::int64_t>(corpus.vocab, 256);  // never end-of-text
     for (std::int64_t i = 0; i < o.sample_bytes; ++i) {
       const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.seq);
-      const std::int32_t* window = context.data() + (static_cast<std::int64_t>(context.size()) - T);
-      eng.evaluate(engine::MicroBatch{window, nullptr, 1, T});
+      // Sequence parallelism splits the rows over tp: pad the window on the right to a multiple
+      // of tp (seq is one). Attention is causal, so row T-1 does not see the padding.
+      const std::int64_t split = model.tensor_parallel().sequence_parallel() ? tp : 1;
+      const std::int64_t padded = (T + split - 1) / split * split;
+      std::vector<std::int32_t> window(context.end() - T, context.end());
+      window.resize(static_cast<std::size_t>(padded), window.back());
+      eng.evaluate(engine::MicroBatch{window.data(), nullptr, 1, padded});
       // With tensor parallelism each rank holds V/tp columns: gather the last row's.
       using Elem = typename E::T;
       const std::int64_t local_vocab = gc.vocab_size / tp;
