@@ -51,16 +51,17 @@ void sgd(double lr, std::span<T> p, std::span<const T> g) {
 }
 
 // One process on the whole global batch for `steps` steps; per step: global gradient norm,
-// clip coefficient, then update(unit, values, grads, coefficient). Returns each unit's values.
+// clip coefficient, then update(unit, values, grads, specs, coefficient). Returns each unit's
+// values. The model is tiny() unless cfg says otherwise.
 template <class T, class Update>
 std::vector<std::vector<T>> reference_run(std::int64_t global_rows, int steps, double clip,
-                                          Update update) {
-  nn::GPT<T> model(tiny());
+                                          Update update, const nn::GPTConfig& cfg = tiny()) {
+  nn::GPT<T> model(cfg);
   nn::LocalParameters<nn::GPT<T>> params(model, 1234);
   Arena<> arena(64 << 20);
   for (int step = 0; step < steps; ++step) {
     params.zero_grads();
-    const GlobalBatch b(global_rows, step, tiny().vocab_size);
+    const GlobalBatch b(global_rows, step, cfg.vocab_size);
     nn::StepContext<T> ctx;
     ctx.arena = &arena;
     ctx.tokens = b.tokens.data();

@@ -143,39 +143,23 @@ inline constexpr double clip = 0.05;  // small enough to clip every step of the 
 // One process on the global batch: `steps` AdamW steps with clipping; the whole tensors.
 template <class T>
 LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows, int steps) {
-  nn::GPT<T> model(cfg);
-  nn::LocalParameters<nn::GPT<T>> params(model, 1234);
   AdamW64 adam;
-  Arena<> arena(64 << 20);
-  for (int step = 0; step < steps; ++step) {
-    params.zero_grads();
-    const GlobalBatch b(global_rows, step, cfg.vocab_size);
-    nn::StepContext<T> ctx;
-    ctx.arena = &arena;
-    ctx.tokens = b.tokens.data();
-    ctx.targets = b.targets.data();
-    ctx.batch = global_rows;
-    ctx.seq_len = seq;
-    model.forward(ctx);
-    model.backward(ctx);
-    arena.reset();
-    double sq = 0;
-    for (int u = 0; u < model.num_units(); ++u) {
-      for (T g : params.unit_grads(u)) sq += static_cast<double>(g) * static_cast<double>(g);
-    }
-    const double c = optim::clip_coefficient(std::sqrt(sq), clip);
-    for (int u = 0; u < model.num_units(); ++u) {
-      auto g = params.unit_grads(u).span();
-      for (T& x : g) x = static_cast<T>(x * c);
-      adam(u, params.unit_values(u).span(), std::span<const T>(g));
-    }
-  }
+  std::vector<std::vector<nn::ParamSpec>> specs;
+  const auto units = reference_run<T>(
+      global_rows, steps, clip,
+      [&](int u, std::span<T> p, std::span<T> g, const std::vector<nn::ParamSpec>& unit_specs,
+          double coefficient) {
+        for (T& x : g) x = static_cast<T>(x * coefficient);
+        adam(u, p, std::span<const T>(g));
+        if (specs.size() <= static_cast<std::size_t>(u)) specs.resize(u + 1);
+        specs[u] = unit_specs;
+      },
+      cfg);
   LogicalValues out;
-  for (int u = 0; u < model.num_units(); ++u) {
-    const auto v = params.unit_values(u);
+  for (std::size_t u = 0; u < units.size(); ++u) {
     std::size_t offset = 0;
-    for (const nn::ParamSpec& p : params.unit_specs(u)) {
-      out[p.name].assign(v.begin() + offset, v.begin() + offset + p.numel());
+    for (const nn::ParamSpec& p : specs[u]) {
+      out[p.name].assign(units[u].begin() + offset, units[u].begin() + offset + p.numel());
       offset += static_cast<std::size_t>(p.numel());
     }
   }

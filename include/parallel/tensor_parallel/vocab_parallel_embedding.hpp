@@ -16,6 +16,7 @@
 #include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
 #include <zero/nn/layers/layer.hpp>
+#include <zero/nn/layers/token_ids.hpp>
 #include <zero/ops/cpu/embedding.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
 
@@ -58,17 +59,9 @@ class VocabParallelEmbedding final : public nn::Layer<T> {
   std::int64_t first_id() const { return tp_.rank() * part(); }
 
   void forward(nn::StepContext<T>& ctx) override {
-    Shape shape;
-    if (ids_ == "tokens" && !ctx.inputs.contains(ids_)) {
-      expect<nn::InputError>(ctx.tokens != nullptr, describe(),
-                             ": the micro-batch has neither tokens nor an input named 'tokens'");
-      ids_data_ = ctx.tokens;
-      shape = Shape{ctx.batch, ctx.seq_len};
-    } else {
-      const Tensor<const std::int32_t> ids = ctx.template input<std::int32_t>(ids_);
-      ids_data_ = ids.data();
-      shape = ids.shape();
-    }
+    const nn::TokenIds batch_ids = nn::token_ids(ctx, ids_, describe());
+    ids_data_ = batch_ids.data;
+    const Shape shape = batch_ids.shape;
     count_ = shape.numel();
     for (std::int64_t i = 0; i < count_; ++i) {
       expect<ShapeError>(ids_data_[i] >= 0 && ids_data_[i] < vocab_, describe(), ": token ",

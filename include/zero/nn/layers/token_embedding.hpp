@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <zero/nn/layers/layer.hpp>
+#include <zero/nn/layers/token_ids.hpp>
 #include <zero/ops/cpu/embedding.hpp>
 
 namespace zero::nn {
@@ -37,17 +38,9 @@ class TokenEmbedding final : public Layer<T> {
   /// The bound table (value and gradient): a TiedLinear reads it as its weight.
   const ParamView<T>& table() const { return table_; }
   void forward(StepContext<T>& ctx) override {
-    Shape shape;
-    if (ids_ == "tokens" && !ctx.inputs.contains(ids_)) {
-      expect<InputError>(ctx.tokens != nullptr, describe(),
-                         ": the micro-batch has neither tokens nor an input named 'tokens'");
-      ids_data_ = ctx.tokens;
-      shape = Shape{ctx.batch, ctx.seq_len};
-    } else {
-      const Tensor<const std::int32_t> ids = ctx.template input<std::int32_t>(ids_);
-      ids_data_ = ids.data();
-      shape = ids.shape();
-    }
+    const TokenIds ids = token_ids(ctx, ids_, describe());
+    ids_data_ = ids.data;
+    const Shape shape = ids.shape;
     count_ = shape.numel();
     Shape out_shape = Shape{count_, channels_};
     if (shape.rank() == 2) out_shape = Shape{shape[0], shape[1], channels_};
