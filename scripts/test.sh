@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, checks the formatting, configures,
 # builds and runs the tests.
-#   bash scripts/test.sh            unit, package and MPI tests (the default CTest run)
+#   bash scripts/test.sh            unit, package and MPI tests (the default CTest run), then
+#                                   the ASan + UBSan subset (scripts/sanitize.sh ci)
 #   bash scripts/test.sh --slow     also the [slow] tests
-#   bash scripts/test.sh --sanitize the ASan/UBSan and TSan runs (scripts/sanitize.sh)
+#   bash scripts/test.sh --sanitize the whole ASan/UBSan and TSan runs (scripts/sanitize.sh)
 # Exits non-zero when anything fails, after printing the failing tests' output. Unformatted
 # files (scripts/check-format.sh) fail the run too, but only after the tests ran.
 set -euo pipefail
@@ -31,6 +32,9 @@ bash scripts/check-format.sh || format_ok=0
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" -j 2
 ctest "${ctest_args[@]}"
+
+# The communicators and the readers of untrusted files under ASan + UBSan, leak detection on.
+bash scripts/sanitize.sh ci
 
 if [ $format_ok -eq 0 ]; then
   echo "test.sh: the tests passed, but some files are not formatted (listed above)" >&2
