@@ -102,6 +102,32 @@ TEMPLATE_TEST_CASE("MpiComm: every op matches the closed form on the world and a
   check_all_ops<TestType>(halves);
 }
 
+TEST_CASE("MpiComm: all_reduce above the ring threshold runs libnbc's ring and stays exact",
+          "[mpi]") {
+  // The rule (mpi_algorithms.hpp): ring from 64 KiB below 4 ranks, from 1 MiB at 4 or more.
+  CHECK(parallel::detail::iallreduce_algorithm(2, (64 << 10) - 4) == 0);
+  CHECK(parallel::detail::iallreduce_algorithm(2, 64 << 10) == 1);
+  CHECK(parallel::detail::iallreduce_algorithm(4, 512 << 10) == 0);
+  CHECK(parallel::detail::iallreduce_algorithm(4, 1 << 20) == 1);
+  auto world = MpiComm::world();
+  const int n = world.size(), me = world.rank();
+  for (std::size_t count : {std::size_t{1000}, std::size_t{(1 << 20) / 4 + 3}}) {
+    INFO("count " << count);
+    for (ReduceOp op : all_reduce_ops) {
+      auto send = make_input<float>(me, count);
+      std::vector<float> recv(count), want(count);
+      for (std::size_t i = 0; i < count; ++i) want[i] = expected_reduction<float>(op, n, i);
+      world.all_reduce(std::span<const float>(send), std::span<float>(recv), op);
+      CHECK(first_mismatch(recv, want) == -1);
+      world.all_reduce(std::span<float>(send), op);  // in place
+      CHECK(first_mismatch(send, want) == -1);
+    }
+  }
+  // Open MPI here has the control variable; binding it did not change the thread level.
+  CHECK(parallel::detail::IallreduceAlgorithm::instance().active());
+  CHECK(MpiComm::thread_level() == MPI_THREAD_MULTIPLE);
+}
+
 TEST_CASE("MpiComm: ProcessGroups' sub-communicators hold the Grid's ranks", "[mpi]") {
   auto world = MpiComm::world();
   const int n = world.size();
