@@ -146,6 +146,17 @@ inline optim::AdamHyper adamw_hyper() {
   return h;
 }
 
+// Every unit's gathered values, in unit order (collective at stage 3).
+template <class Eng>
+auto all_unit_values(Eng& eng) {
+  std::vector<typename Eng::T> out;
+  for (int u = 0; u < eng.num_units(); ++u) {
+    const auto v = eng.gather_unit_values(u);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
 // Trains `steps` steps on this rank and returns the largest difference to want (every rank
 // gathers every unit). A run that cannot be compared (step() misplaces the accumulation
 // boundary, the engine and want disagree on units or their sizes) throws std::runtime_error

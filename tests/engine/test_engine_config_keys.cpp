@@ -107,11 +107,7 @@ TEST_CASE("stage3_max_live_parameters bounds the gathered elements, not the numb
         eng.backward();
         eng.step();
       }
-      std::vector<float> mine;
-      for (int u = 0; u < eng.num_units(); ++u) {
-        const auto v = eng.gather_unit_values(u);
-        mine.insert(mine.end(), v.begin(), v.end());
-      }
+      const std::vector<float> mine = all_unit_values(eng);
       if (comm.rank() == 0) {
         out.values = mine;
         out.peak = eng.peak_gathered_elems();

@@ -150,10 +150,8 @@ TEST_CASE("the same configuration run twice gives bitwise identical losses and p
           eng.step();
         }
       }
-      for (int u = 0; u < eng.num_units(); ++u) {
-        const auto v = eng.gather_unit_values(u);
-        mine.insert(mine.end(), v.begin(), v.end());
-      }
+      const std::vector<float> values = all_unit_values(eng);
+      mine.insert(mine.end(), values.begin(), values.end());
       if (comm.rank() == 0) out = mine;
     });
     return out;
@@ -343,11 +341,7 @@ TEST_CASE("stage-3 prefetch and persistence change memory and traffic, not numbe
         eng.backward();
         eng.step();
       }
-      std::vector<float> mine;
-      for (int u = 0; u < eng.num_units(); ++u) {
-        const auto v = eng.gather_unit_values(u);
-        mine.insert(mine.end(), v.begin(), v.end());
-      }
+      const std::vector<float> mine = all_unit_values(eng);
       if (comm.rank() == 0) {
         out = mine;
         whole_bytes = eng.memory_report().whole_param_bytes;

@@ -42,12 +42,7 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
                                       int steps) {
   parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = l.tp, .dp = l.dp}));
   nn::GPT<double> model(test::tp_tiny(), TensorParallel(groups.tp(), l.sp));
-  engine::EngineOptions options;
-  options.gradient_accumulation_steps = accumulation;
-  options.activation_bytes = 32 << 20;
-  options.gradient_clipping = clip;
-  options.persistence_threshold = 0;
-  options.seed = 1234;
+  const engine::EngineOptions options = test::tp_options(accumulation);
   engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, groups, test::AdamW64{}, options);
   train(eng, groups.dp().rank(), l.dp, accumulation, steps, test::tp_tiny().vocab_size);
   return test::held_params(eng);

@@ -21,12 +21,7 @@ double tp_error(int tp, bool sp, const LogicalValues& want, int accumulation, in
   parallel::ProcessGroups<parallel::MpiComm> groups(
       world(), parallel::Grid({.tp = tp, .dp = world().size() / tp}));
   nn::GPT<double> model(tp_tiny(), parallel::TensorParallel(groups.tp(), sp));
-  engine::EngineOptions options;
-  options.gradient_accumulation_steps = accumulation;
-  options.activation_bytes = 32 << 20;
-  options.gradient_clipping = clip;
-  options.persistence_threshold = 0;
-  options.seed = 1234;
+  const engine::EngineOptions options = tp_options(accumulation);
   engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, groups, AdamW64{}, options);
   train(eng, groups.dp().rank(), groups.dp().size(), accumulation, steps, tp_tiny().vocab_size);
   return max_part_difference(held_params(eng), want);

@@ -166,6 +166,17 @@ LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows, int 
   return out;
 }
 
+// The engine options of the f64 tensor-parallel runs (clipping active, every unit sharded).
+inline engine::EngineOptions tp_options(int accumulation) {
+  engine::EngineOptions options;
+  options.gradient_accumulation_steps = accumulation;
+  options.activation_bytes = 32 << 20;
+  options.gradient_clipping = clip;
+  options.persistence_threshold = 0;
+  options.seed = 1234;
+  return options;
+}
+
 // Trains `steps` boundaries of `accumulation` micro-steps on this rank of a (tp, dp) grid.
 template <class Eng>
 void train(Eng& eng, int dp_rank, int dp, int accumulation, int steps, std::int64_t vocab,
