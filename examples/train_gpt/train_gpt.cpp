@@ -19,12 +19,18 @@
 //               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
-//               [--tp 2 [--sp]]
+//               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved]]
 //
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary
 // (257) is padded to a multiple of N, as Megatron pads its vocabulary.
+// --pp N cuts the model's units into N pipeline stages (the config's "pipeline": {"stages": N},
+// or Megatron's pipeline_model_parallel_size) run by a checked schedule (--schedule, default
+// 1f1b; --vpp V chunks per stage with the interleaved schedule); each step runs the
+// accumulation's micro-batches through the pipeline. The built-in config then uses ZeRO stage 1
+// (stages 2 and 3 do not compose with a pipeline). The step line adds the bubble fraction;
+// the profiler's per-unit reports are not collected across stages.
 //
 // The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
 // print zero::profile's reports (docs/observability.md); --profile switches all four on (the
@@ -51,6 +57,7 @@
 
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/launch_env.hpp>
+#include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
@@ -76,8 +83,10 @@ struct Options {
   std::string config;
   int ranks = 2;
   std::optional<int> stage;
-  std::optional<int> tp;  // tensor-parallel size (default: the config's, else 1)
-  bool sp = false;        // sequence parallelism
+  std::optional<int> tp;       // tensor-parallel size (default: the config's, else 1)
+  bool sp = false;             // sequence parallelism
+  std::optional<int> pp, vpp;  // pipeline stages and chunks per stage (default: the config's)
+  std::string schedule;        // pipeline schedule (default: the config's, else 1f1b)
   std::int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, channels = 128;
   std::int64_t grad_accum = 1;
   std::optional<std::int64_t> warmup;
@@ -126,6 +135,12 @@ Options parse(int argc, char** argv) {
       o.stage = static_cast<int>(integer());
     else if (flag == "--tp")
       o.tp = static_cast<int>(integer());
+    else if (flag == "--pp")
+      o.pp = static_cast<int>(integer());
+    else if (flag == "--vpp")
+      o.vpp = static_cast<int>(integer());
+    else if (flag == "--schedule")
+      o.schedule = v;
     else if (flag == "--steps")
       o.steps = integer();
     else if (flag == "--batch")
@@ -217,8 +232,10 @@ Config make_config(const Options& o) {
          {{"total_num_steps", std::max<std::int64_t>(o.steps, 1)},
           {"warmup_num_steps", std::max<std::int64_t>(1, o.steps / 10)},
           {"cos_min_ratio", 0.1}}}}},
-      {"zero_optimization", {{"stage", o.stage.value_or(3)}}}};
+      {"zero_optimization", {{"stage", o.stage.value_or(o.pp.value_or(1) > 1 ? 1 : 3)}}}};
   if (o.precision == "bf16") j["bf16"] = {{"enabled", true}};
+  // The pipeline's micro-batches per step (and plain accumulation) in the built-in config.
+  if (o.grad_accum > 1) j["gradient_accumulation_steps"] = o.grad_accum;
   if (!o.config.empty()) {
     std::ifstream in(o.config);
     if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
@@ -244,6 +261,13 @@ Config make_config(const Options& o) {
   } catch (const ConfigError& e) {
     if (o.config.empty()) throw;
     throw ConfigError(o.config + ": " + e.what());
+  }
+  if (o.pp || o.vpp || !o.schedule.empty()) {  // re-read so the pipeline checks see the flags
+    nlohmann::json with = j;
+    if (o.pp) with["pipeline"]["stages"] = *o.pp;
+    if (o.vpp) with["pipeline"]["virtual_stages"] = *o.vpp;
+    if (!o.schedule.empty()) with["pipeline"]["schedule"] = o.schedule;
+    c = Config::from_json(with);
   }
   if (o.tp) c.tensor_parallel.tp_size = *o.tp;
   if (o.sp) c.tensor_parallel.sequence_parallel = true;
@@ -306,12 +330,143 @@ Corpus load_corpus(const Options& o) {
   return c;
 }
 
+// The pipeline engine with E's model and policies (E = Engine<GPT<T>, Policies...>).
+template <class E>
+struct pipeline_engine_of;
+template <class M, class... Policies>
+struct pipeline_engine_of<engine::Engine<M, Policies...>> {
+  using type = parallel::pipeline::PipelineEngine<M, Policies...>;
+};
+
+// Trains with pipeline stages (tp x dp x pp ranks; --pp): each step runs the accumulation's
+// micro-batches through the schedule. Rank 0 prints; the loss comes from the last stage.
+// Returns whether the loss fell.
+template <class E, class Comm>
+bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
+  using Pipe = typename pipeline_engine_of<E>::type;
+  const bool leader = comm.rank() == 0;
+  const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
+  const auto pp = static_cast<int>(cfg.pipeline.stages);
+  const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, 1, 1, pp);
+  parallel::ProcessGroups<Comm> groups(comm, grid);
+  const int dp = groups.dp().size();
+  const auto sizes = cfg.resolve_batch(dp);
+  data::LoaderConfig lc;  // the tp and pp ranks of a data-parallel rank read the same rows
+  lc.global_batch = sizes.train;
+  lc.seq_len = o.seq;
+  lc.world_size = dp;
+  lc.rank = groups.dp().rank();
+  lc.micro_batches = static_cast<int>(sizes.accumulation);
+  lc.shuffle = true;
+  lc.seed = o.seed;
+  lc.vocab_size = corpus.vocab;
+  data::DataLoader train_loader(corpus.train, lc);
+  lc.shuffle = false;
+  data::DataLoader val_loader(corpus.val, lc);
+  nn::GPTConfig gc;
+  gc.vocab_size = (corpus.vocab + tp - 1) / tp * tp;
+  gc.max_seq_len = o.seq;
+  gc.num_layers = o.layers;
+  gc.num_heads = o.heads;
+  gc.channels = o.channels;
+  typename E::model_type model(
+      gc, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel));
+  engine::EngineOptions eo;
+  eo.seed = o.seed;
+  eo.activation_bytes = std::size_t{512} << 20;
+  parallel::pipeline::PipelineOptions po;
+  po.schedule = parallel::pipeline::parse_schedule_kind(cfg.pipeline.schedule);
+  po.virtual_stages = static_cast<int>(cfg.pipeline.virtual_stages);
+  po.partition_method = cfg.pipeline.partition_method;
+  Pipe pipe(model, comm, groups, cfg, po, eo);
+  auto& eng = pipe.engine();
+  std::int64_t first_step = 0;
+  if (!o.resume.empty()) {
+    const auto client = eng.load_checkpoint(o.save_dir, o.resume == "latest" ? "" : o.resume);
+    first_step = client.at("next_step").template get<std::int64_t>();
+    train_loader.restore(data::LoaderState::from_json(client.at("loader")));
+  }
+  if (leader) {
+    for (const auto& w : pipe.partition().warnings) std::printf("train_gpt: %s\n", w.c_str());
+    std::string layout;
+    for (const auto& part : pipe.partition().parts) {
+      layout += (layout.empty() ? "" : " | ") + std::to_string(part.first) + "-" +
+                std::to_string(part.last - 1);
+    }
+    std::printf(
+        "train_gpt: %lld parameters (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
+        "%d data-parallel x %d tensor-parallel x %d pipeline ranks (%s schedule, units %s); "
+        "global batch %lld = %lld micro x %lld accumulation x %d ranks; %lld steps\n",
+        static_cast<long long>(gc.num_parameters()), static_cast<long long>(o.layers),
+        static_cast<long long>(o.heads), static_cast<long long>(o.channels),
+        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, dp, tp, pp,
+        std::string(name_of(po.schedule)).c_str(), layout.c_str(),
+        static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
+        static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.steps));
+  }
+  auto mean_over_dp = [&](double v) {
+    eng.comm().all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
+    return v;
+  };
+  auto micro = [](const data::Batch& b) {
+    return engine::MicroBatch{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
+  };
+  double first_loss = NAN, loss = NAN;
+  auto last = Clock::now();
+  std::int64_t since_print = 0;
+  for (std::int64_t step = first_step; step < o.steps; ++step) {
+    std::vector<data::Batch> held;  // the micro-batches' data lives through the step
+    std::vector<engine::MicroBatch> batches;
+    for (std::int64_t m = 0; m < sizes.accumulation; ++m) held.push_back(train_loader.next());
+    for (const auto& b : held) batches.push_back(micro(b));
+    const auto r = pipe.train_batch(batches);
+    loss = mean_over_dp(r.loss);
+    if (std::isnan(first_loss)) first_loss = loss;
+    ++since_print;
+    if (leader && ((step + 1) % cfg.steps_per_print == 0 || step + 1 == o.steps)) {
+      const auto now = Clock::now();
+      const double seconds = std::chrono::duration<double>(now - last).count();
+      last = now;
+      std::printf(
+          "step %4lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tokens/s | %.1f ms/step | "
+          "bubble %.2f | stage 0 state %.2f MB%s\n",
+          static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
+          static_cast<double>(since_print * sizes.train * o.seq) / seconds,
+          1e3 * seconds / static_cast<double>(since_print), r.bubble_fraction,
+          static_cast<double>(eng.memory_report().total()) / 1e6,
+          eng.last_step_skipped() ? " | skipped" : "");
+      std::fflush(stdout);
+      since_print = 0;
+    }
+    if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == o.steps)) {
+      const auto saved = eng.save_checkpoint(
+          o.save_dir, "step" + std::to_string(step + 1),
+          {{"next_step", step + 1}, {"loader", train_loader.state().to_json()}});
+      if (leader) std::printf("train_gpt: saved %s\n", saved.path.string().c_str());
+    }
+  }
+  const double val_loss = mean_over_dp(pipe.evaluate(micro(val_loader.next())));
+  if (leader) {
+    std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); validation loss %.4f\n",
+                first_loss, loss, static_cast<long long>(corpus.vocab),
+                std::log(static_cast<double>(corpus.vocab)), val_loss);
+  }
+  return loss < first_loss || first_step > 0;
+}
+
 // Trains with engine type E on comm (tp x dp ranks); rank 0 prints. Returns whether the loss
 // fell.
 template <class E, class Comm>
 bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
   const bool leader = comm.rank() == 0;
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
+  if (cfg.pipeline.stages > 1) {
+    if constexpr (E::stage <= 1) {
+      return train_pipeline<E>(o, cfg, corpus, comm);
+    } else {
+      throw ConfigError("pipeline.stages > 1 needs ZeRO stage 0 or 1");  // the config refuses it
+    }
+  }
   expect<ConfigError>(comm.size() % tp == 0, "tensor_parallel.tp_size = ", tp,
                       " does not divide the ", comm.size(), " ranks");
   profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / tp).micro);
@@ -520,7 +675,8 @@ template <class Comm>
 bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& comm) {
   Config cfg = parsed;
   const auto tp = std::max<std::int64_t>(1, cfg.tensor_parallel.tp_size);
-  const auto chosen = fill_auto(o, cfg, static_cast<int>(comm.size() / tp));  // the dp size
+  const auto pp = std::max<std::int64_t>(1, cfg.pipeline.stages);
+  const auto chosen = fill_auto(o, cfg, static_cast<int>(comm.size() / (tp * pp)));  // dp
   if (comm.rank() == 0) {
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
     for (const auto& n : cfg.notices) std::printf("train_gpt: config: %s\n", n.c_str());

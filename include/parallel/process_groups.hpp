@@ -13,12 +13,19 @@
 namespace zero::parallel {
 
 /// The masks ProcessGroups builds unless told otherwise: tp, cp, ep, dp, pp, dp-cp (ZeRO's
-/// data-parallel group when context parallel is on), tp-pp (Megatron's model-parallel group) and
-/// tp-dp (every rank holding a distinct part of a tensor-parallel model's state: checkpoints).
+/// data-parallel group when context parallel is on), tp-pp (Megatron's model-parallel group),
+/// tp-dp (every rank holding a distinct part of a tensor-parallel model's state: checkpoints)
+/// and tp-dp-pp (the same with pipeline stages).
 inline std::vector<AxisMask> standard_masks() {
-  return {AxisMask{Axis::tp},           AxisMask{Axis::cp},          AxisMask{Axis::ep},
-          AxisMask{Axis::dp},           AxisMask{Axis::pp},          AxisMask{Axis::dp, Axis::cp},
-          AxisMask{Axis::tp, Axis::pp}, AxisMask{Axis::tp, Axis::dp}};
+  return {AxisMask{Axis::tp},
+          AxisMask{Axis::cp},
+          AxisMask{Axis::ep},
+          AxisMask{Axis::dp},
+          AxisMask{Axis::pp},
+          AxisMask{Axis::dp, Axis::cp},
+          AxisMask{Axis::tp, Axis::pp},
+          AxisMask{Axis::tp, Axis::dp},
+          AxisMask{Axis::tp, Axis::dp, Axis::pp}};
 }
 
 /// The sub-communicators of a Grid over a world communicator of type Comm.
@@ -68,6 +75,8 @@ class ProcessGroups {
   Comm& mp() { return get({Axis::tp, Axis::pp}); }
   /// Tensor x data parallel group (the ranks holding distinct parts of a model's state).
   Comm& tp_dp() { return get({Axis::tp, Axis::dp}); }
+  /// Tensor x data x pipeline parallel group (the same, with pipeline stages).
+  Comm& tp_dp_pp() { return get({Axis::tp, Axis::dp, Axis::pp}); }
 
  private:
   Grid grid_;

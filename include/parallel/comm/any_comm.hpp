@@ -50,6 +50,16 @@ class AnyComm {
   Work broadcast_async(std::span<T> buf, int root) {
     return impl_->broadcast(erase(buf), root);
   }
+  /// Async point-to-point send of buf to peer (tag: messages of one tag arrive in order).
+  template <CommElement T>
+  Work send_async(std::span<const T> buf, int peer, int tag = 0) {
+    return impl_->send(erase(buf), peer, tag);
+  }
+  /// Async point-to-point receive of buf from peer.
+  template <CommElement T>
+  Work recv_async(std::span<T> buf, int peer, int tag = 0) {
+    return impl_->recv(erase(buf), peer, tag);
+  }
   /// Blocking all-reduce in place.
   template <CommElement T>
   void all_reduce(std::span<T> buf, ReduceOp op) {
@@ -88,6 +98,8 @@ class AnyComm {
     virtual Work reduce_scatter(Erased send, Erased recv, ReduceOp op) = 0;
     virtual Work all_gather(Erased send, Erased recv) = 0;
     virtual Work broadcast(Erased buf, int root) = 0;
+    virtual Work send(Erased buf, int peer, int tag) = 0;
+    virtual Work recv(Erased buf, int peer, int tag) = 0;
     virtual void barrier() = 0;
   };
 
@@ -142,6 +154,14 @@ class AnyComm {
     }
     Work broadcast(Erased buf, int root) override {
       return typed(buf.dtype, [&]<class T>(T*) { return comm.broadcast_async(as<T>(buf), root); });
+    }
+    Work send(Erased buf, int peer, int tag) override {
+      return typed(buf.dtype, [&]<class T>(T*) {
+        return comm.send_async(std::span<const T>(as<T>(buf)), peer, tag);
+      });
+    }
+    Work recv(Erased buf, int peer, int tag) override {
+      return typed(buf.dtype, [&]<class T>(T*) { return comm.recv_async(as<T>(buf), peer, tag); });
     }
     void barrier() override { comm.barrier(); }
   };

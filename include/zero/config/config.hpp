@@ -22,6 +22,7 @@
 #include <zero/config/json_reader.hpp>
 #include <zero/config/key_table.hpp>
 #include <zero/config/observability.hpp>
+#include <zero/config/pipeline.hpp>
 #include <zero/config/tensor_parallel.hpp>
 #include <zero/config/zero_optimization.hpp>
 #include <zero/core/error.hpp>
@@ -76,6 +77,7 @@ struct Config {
   config::ZeroOptimizationConfig zero_optimization;
   config::AioConfig aio;                         ///< NVMe offload I/O (zero/offload)
   config::TensorParallelConfig tensor_parallel;  ///< tensor and sequence parallelism
+  config::PipelineConfig pipeline;               ///< pipeline parallelism
   config::FlopsProfilerConfig flops_profiler;    ///< zero::profile's FLOPs report
   config::CommsLoggerConfig comms_logger;        ///< zero::profile's communication summary
   std::vector<std::string> warnings;             ///< unknown keys and other non-fatal findings
@@ -173,6 +175,9 @@ struct Config {
       std::vector<std::string> unknown;
       c.tensor_parallel = config::TensorParallelConfig::read(r.object("tensor_parallel"), unknown);
       c.tensor_parallel.merge_megatron(r);
+      c.pipeline = config::PipelineConfig::read(r.object("pipeline"), unknown);
+      c.pipeline.merge_megatron(r);
+      check_pipeline_zero(r, c);
       c.flops_profiler = config::FlopsProfilerConfig::read(r.object("flops_profiler"), unknown);
       c.comms_logger = config::CommsLoggerConfig::read(r.object("comms_logger"), unknown);
       for (const auto& k : unknown) c.warnings.push_back(unknown_key_warning(k));
@@ -296,7 +301,8 @@ struct Config {
         "zero_optimization.stage3_prefetch_bucket_size",
         "zero_optimization.stage3_param_persistence_threshold",
         "zero_optimization.stage3_max_live_parameters",
-        "zero_optimization.stage3_max_reuse_distance"};
+        "zero_optimization.stage3_max_reuse_distance",
+        "pipeline.stages"};
     return std::find(allowed.begin(), allowed.end(), path) != allowed.end() ||
            path.starts_with("optimizer.params.") || path.starts_with("scheduler.params.");
   }
@@ -324,6 +330,25 @@ struct Config {
     }
     c.source = j;
     c.notices = config::no_effect_notices(j);
+  }
+
+  // A pipeline runs several micro-batches through each stage per step; ZeRO-2 and ZeRO-3 would
+  // put a collective inside every one of them, which DeepSpeed refuses too.
+  static void check_pipeline_zero(const config::JsonReader& r, const Config& c) {
+    const int stage = c.zero_optimization.stage;
+    if (c.pipeline.stages == 1 || stage < 2) return;
+    const std::string size_key = r.has("pipeline_model_parallel_size")
+                                     ? r.where("pipeline_model_parallel_size")
+                                     : "pipeline.stages";
+    raise<ConfigError>(
+        size_key, " = ", c.pipeline.stages, " with zero_optimization.stage = ", stage,
+        ": pipeline parallelism works with ZeRO stage 0 or 1 only. ",
+        stage == 2 ? "ZeRO-2 would reduce-scatter the gradients after every micro-batch of the "
+                     "pipeline"
+                   : "ZeRO-3 would gather each stage's parameters for every micro-batch's "
+                     "forward and backward",
+        ", instead of once per step; DeepSpeed refuses both ZeRO-2 and ZeRO-3 with a pipeline. "
+        "Set zero_optimization.stage to 0 or 1, or pipeline.stages to 1");
   }
 
   static void read_fp16(config::JsonReader f, Config& c) {

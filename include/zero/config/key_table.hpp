@@ -355,6 +355,37 @@ inline std::span<const KeyInfo> known_keys() {
        "-1"},
       {"zero_optimization.mics_hierarchical_params_gather", no_effect,
        "MiCS sharding is not implemented", "true", "false"},
+      // ---- pipeline parallelism (config/pipeline.hpp); after the ZeRO rows so that a tie in
+      // nearest_key ("stage") still suggests zero_optimization.stage
+      {"pipeline.stages", applied,
+       "pipeline-parallel size: stages the layers are split into (\"auto\": the program "
+       "decides)",
+       "\"auto\""},
+      {"pipeline.virtual_stages", applied,
+       "model chunks per stage (the interleaved schedule; above 1 it implies it)", "2"},
+      {"pipeline.schedule", applied,
+       "the pipeline schedule: gpipe, 1f1b, interleaved or zb (zb-h1)", "\"gpipe\""},
+      {"pipeline.partition_method", applied,
+       "how the units are split into stages: uniform, parameters or type:<regex>", "\"uniform\""},
+      {"pipeline.partition", no_effect,
+       "DeepSpeed's partition is not read; zero splits stages by pipeline.partition_method",
+       "\"uniform\"", "\"best\""},
+      {"pipeline.seed_layers", no_effect,
+       "zero initialises every parameter from (seed, name, index), so the layout never changes "
+       "the values",
+       "true", "false"},
+      {"pipeline.activation_checkpoint_interval", no_effect,
+       "the executor keeps only stage inputs between a micro-batch's forward and backward and "
+       "recomputes the stage's forward, so every stage is checkpointed",
+       "1"},
+      {"pipeline.pipe_partitioned", no_effect,
+       "activations cross stages whole on each tensor-parallel rank", "false"},
+      {"pipeline.grad_partitioned", no_effect,
+       "gradients cross stages whole on each tensor-parallel rank", "false"},
+      {"pipeline_model_parallel_size", applied, "Megatron's spelling of pipeline.stages", "1"},
+      {"virtual_pipeline_model_parallel_size", applied,
+       "Megatron's spelling of pipeline.virtual_stages (above 1 without a schedule: interleaved)",
+       "2"},
   };
   return table;
 }

@@ -29,6 +29,20 @@ class Shape {
     }
   }
 
+  /// The shape of the first rank extents of extents (a shape sent as numbers).
+  static Shape of(const std::int64_t* extents, int rank) {
+    expect<ShapeError>(rank >= 0 && rank <= max_rank, "Shape: rank ", rank, " is outside [0, ",
+                       max_rank, "]");
+    Shape s;
+    for (int i = 0; i < rank; ++i) {
+      expect<ShapeError>(extents[i] >= 0, "Shape: extent ", extents[i], " at dimension ", i,
+                         " is negative; expected >= 0");
+      s.extents_[static_cast<std::size_t>(i)] = extents[i];
+    }
+    s.rank_ = rank;
+    return s;
+  }
+
   /// Number of dimensions.
   constexpr int rank() const { return rank_; }
   /// Extent of dimension i (negative i counts from the back).

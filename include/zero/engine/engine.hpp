@@ -209,24 +209,82 @@ class Engine {
     return communicating("backward", [&]() -> Tensor<T> {
       micro_.check_backward(r, num_units());
       const auto timed = timers_.phase(profile::Phase::backward);
-      nn::StepContext<T>& ctx = micro_.ctx();
-      if (dy.data() != nullptr) ctx.dy = dy;
       const bool boundary = micro_.at_boundary();
-      for (int u = r.last - 1; u >= r.first; --u) {
-        exchange_.acquire(u, /*with_grads=*/true);
-        exchange_.prefetch(u, -1);
-        {
-          const auto unit_timed = timers_.unit(profile::Phase::backward, u);
-          model_.backward_unit(u, ctx);
-        }
-        exchange_.gradient_complete(u, boundary);
-        exchange_.release_after_use(u);
-      }
-      const Tensor<T> dx = ctx.dx;
+      run_backward(r, dy, [boundary](int) { return boundary; });
+      const Tensor<T> dx = micro_.ctx().dx;
       if (!micro_.backward_ran(r)) return dx;
       exchange_.drain_reductions();  // the micro-step ends with every reduction done
       return {};
     });
+  }
+
+  // ---- pipeline passes -------------------------------------------------------------------------
+  // A pipeline stage runs micro-batches through its ranges in the order of its schedule: a pass
+  // is one micro-batch (its index in the window given) through one range, forward then backward.
+  // Layers keep the saved activations of one forward, so when the schedule runs another forward
+  // before this pass's backward, the executor discards the pass and starts it again from the
+  // same input just before the backward (the same dropout masks: they follow the micro-batch
+  // index). Each unit's gradient is reduced after its own last pass of the window.
+
+  /// Runs the forward of micro-batch `micro` (0 <= micro < gradient_accumulation_steps) through
+  /// units r: input, when given, enters unit r.first (it must live until the pass's backward).
+  /// Returns the activation leaving unit r.last - 1 (valid until the next pass; after the last
+  /// unit read loss()).
+  Tensor<T> forward_pass(UnitRange r, int micro, const MicroBatch& batch, Tensor<T> input = {}) {
+    return communicating("forward_pass", [&]() -> Tensor<T> {
+      micro_.check_pass(r, micro, num_units());
+      expect_consistent("forward_pass");
+      const auto timed = timers_.phase(profile::Phase::forward);
+      const auto accumulation = static_cast<std::uint64_t>(options_.gradient_accumulation_steps);
+      micro_.begin_pass(batch,
+                        static_cast<std::uint64_t>(training_.boundaries()) * accumulation +
+                            static_cast<std::uint64_t>(micro),
+                        training_.loss_scale() / static_cast<double>(accumulation), r, micro,
+                        num_units());
+      if (input.data() != nullptr) micro_.ctx().x = input;
+      for (int u = r.first; u < r.last; ++u) forward_unit(u);
+      return micro_.ctx().x;
+    });
+  }
+  /// Runs the backward of the pass in flight: dy, when given, is the gradient at its last
+  /// unit's output (the model's last unit seeds it from the loss). Returns the gradient at its
+  /// first unit's input (valid until the next pass).
+  Tensor<T> backward_pass(Tensor<T> dy = {}) {
+    return communicating("backward_pass", [&]() -> Tensor<T> {
+      const UnitRange r = micro_.pass_in_flight("backward_pass");
+      const auto timed = timers_.phase(profile::Phase::backward);
+      if (r.first == 0) timers_.count_micro_step();
+      run_backward(r, dy, [this](int u) { return micro_.pass_at_boundary(u); });
+      const Tensor<T> dx = micro_.ctx().dx;
+      if (micro_.pass_backward_ran(num_units())) exchange_.drain_reductions();
+      return dx;
+    });
+  }
+  /// Forward without dropout through units r, input entering unit r.first (a pipeline stage's
+  /// part of an evaluation: no backward follows). Returns the activation leaving unit
+  /// r.last - 1 (valid until the next forward; after the last unit read loss(), and the model's
+  /// logits).
+  Tensor<T> evaluate_pass(UnitRange r, const MicroBatch& batch, Tensor<T> input = {}) {
+    return communicating("evaluate_pass", [&]() -> Tensor<T> {
+      expect<Error>(micro_.idle(),
+                    "Engine::evaluate_pass: a training forward is waiting for its backward; "
+                    "evaluating now would overwrite what that backward needs");
+      expect_consistent("evaluate_pass");
+      micro_.begin_pass(batch, 0, 1.0, r, 0, num_units(), /*training=*/false);
+      if (input.data() != nullptr) micro_.ctx().x = input;
+      for (int u = r.first; u < r.last; ++u) forward_unit(u);
+      discard_pass();
+      return micro_.ctx().x;
+    });
+  }
+  /// Drops the pass in flight without running its backward (see the comment above).
+  void discard_pass() {
+    micro_.discard_pass();
+    if constexpr (stage_traits::gathers_before_use) {
+      for (int u = 0; u < num_units(); ++u) {
+        if (!unit(u).persistent) exchange_.release(u);
+      }
+    }
   }
 
   /// At the accumulation boundary: global norm (all ranks), skip on Inf/NaN, clip, update every
@@ -245,6 +303,9 @@ class Engine {
       comm_.all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
       if (groups_.tp) {
         groups_.tp->all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
+      }
+      if (groups_.pp) {
+        groups_.pp->all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
       }
       const double scale = training_.loss_scale();
       last_grad_norm_ = std::sqrt(stats[0]) / scale;
@@ -417,6 +478,20 @@ class Engine {
   int num_units() const { return static_cast<int>(units_.size()); }
   /// Parameters unit u declares.
   const std::vector<nn::ParamSpec>& unit_specs(int u) const { return unit_ref(u).specs; }
+  /// True when unit u is a replica of a unit another pipeline stage owns (tied weights; the
+  /// model's unit_is_replica): left out of the gradient norm and of checkpoints.
+  bool unit_is_replica(int u) const { return unit_ref(u).replica; }
+  /// This rank's reduced gradient of unit u while a boundary is pending (the whole unit at
+  /// stage 0, this rank's shard at stage 1), unscaled by the clip: a pipeline adds the gradients
+  /// of tied replicas into it before step().
+  std::span<MasterT> boundary_gradient(int u) {
+    expect<Error>(micro_.boundary_pending(),
+                  "Engine::boundary_gradient: no accumulation boundary is pending");
+    static_assert(!stage_traits::shards_grads,
+                  "Engine::boundary_gradient: stages 2-3 reduce gradients as they are produced");
+    exchange_.drain_reductions();
+    return update_grad(u);
+  }
 
  private:
   // ---- setup ---------------------------------------------------------------------------------
@@ -449,6 +524,7 @@ class Engine {
       for (int used : model_.unit_uses(u)) unit(used).pinned = true;
       s.persistent =
           stage_traits::holds_whole_params || p.numel() <= options_.persistence_threshold;
+      if constexpr (requires { model_.unit_is_replica(u); }) s.replica = model_.unit_is_replica(u);
       for (const BufferPlan& b : plan_) {
         if (b.lifetime == Lifetime::at_rest) s.allocate(b);
       }
@@ -480,16 +556,34 @@ class Engine {
                  training_.loss_scale() / static_cast<double>(accumulation), num_units());
   }
   void run_forward(UnitRange r) {
-    for (int u = r.first; u < r.last; ++u) {
-      exchange_.acquire(u, false);
-      exchange_.prefetch(u, +1);
+    for (int u = r.first; u < r.last; ++u) forward_unit(u);
+    micro_.forward_ran(r);
+  }
+  void forward_unit(int u) {
+    exchange_.acquire(u, false);
+    exchange_.prefetch(u, +1);
+    {
+      const auto unit_timed = timers_.unit(profile::Phase::forward, u, micro_.ctx().training);
+      model_.forward_unit(u, micro_.ctx());
+    }
+    exchange_.release_after_use(u);
+  }
+  // Runs units r backward from dy (when given); boundary(u) says whether u's gradient is reduced
+  // after this backward (its window's last).
+  template <class Boundary>
+  void run_backward(UnitRange r, Tensor<T> dy, Boundary&& boundary) {
+    nn::StepContext<T>& ctx = micro_.ctx();
+    if (dy.data() != nullptr) ctx.dy = dy;
+    for (int u = r.last - 1; u >= r.first; --u) {
+      exchange_.acquire(u, /*with_grads=*/true);
+      exchange_.prefetch(u, -1);
       {
-        const auto unit_timed = timers_.unit(profile::Phase::forward, u, micro_.ctx().training);
-        model_.forward_unit(u, micro_.ctx());
+        const auto unit_timed = timers_.unit(profile::Phase::backward, u);
+        model_.backward_unit(u, ctx);
       }
+      exchange_.gradient_complete(u, boundary(u));
       exchange_.release_after_use(u);
     }
-    micro_.forward_ran(r);
   }
 
   Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
@@ -532,6 +626,7 @@ class Engine {
   // holds the whole reduced gradient, so each counts only its own slice). With tensor
   // parallelism a parameter whole on every tp rank counts on tp rank 0 only.
   double local_sum_of_squares(int u) {
+    if (unit(u).replica) return 0.0;  // the stage that owns it counts it
     std::span<MasterT> g = update_grad(u);
     const UnitPartition& p = *unit(u).partition;
     if constexpr (!stage_traits::shards_optimizer_states) {

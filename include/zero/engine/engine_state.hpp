@@ -53,7 +53,7 @@ class EngineState {
   int world_size() const { return eng_.world_size(); }
   /// The data-parallel communicator the state is sharded over.
   parallel::AnyComm& comm() { return eng_.comm_; }
-  /// Every rank holding a distinct part of the state (tp x dp): checkpoints run over it.
+  /// Every rank holding a distinct part of the state (tp x dp x pp): checkpoints run over it.
   parallel::AnyComm& state_comm() { return eng_.groups_.state_group(); }
   /// This rank in the tensor-parallel group, and the group's size (1 without one).
   int tp_rank() const { return eng_.groups_.tp_rank(); }
@@ -86,6 +86,7 @@ class EngineState {
   template <class Span, class Fn>
   void for_each_owned_shard(int u, Span slice, ShardUse use, Fn&& fn) const {
     const UnitPartition& p = partition(u);
+    if (use == ShardUse::save && eng_.unit_is_replica(u)) return;  // its owner saves it
     if constexpr (holds_whole_units) {
       if (use == ShardUse::save && rank() != 0) return;
       for (int r = 0; r < p.world_size(); ++r) {

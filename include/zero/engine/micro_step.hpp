@@ -6,10 +6,16 @@
 // boundary is pending until the engine's step() finishes the window. Ranges out of this order
 // are Errors naming the range and the unit expected, so a pipeline executor that drives slices
 // wrongly is told where.
+// A pipeline executor runs passes instead: one micro-batch (its index given) through one range,
+// forward then backward, with the next micro-batch's pass free to start first (the forward is
+// then discarded and run again before the backward: layers keep one micro-batch's saved
+// activations). Each unit counts its own backward passes, so its accumulation boundary is its
+// own last pass, whatever order the schedule runs micro-batches and ranges in.
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include <zero/core/arena.hpp>
 #include <zero/core/dtype.hpp>
@@ -41,8 +47,10 @@ class MicroSteps {
   bool at_boundary() const { return done_ + 1 == accumulation_; }
   /// True once the window's last micro-step finished and step() has not run yet.
   bool boundary_pending() const { return boundary_pending_; }
-  /// True with no micro-step of a window done or in flight.
-  bool between_steps() const { return done_ == 0 && !boundary_pending_ && phase_ == Phase::idle; }
+  /// True with no micro-step (or pass) of a window done or in flight.
+  bool between_steps() const {
+    return done_ == 0 && !boundary_pending_ && phase_ == Phase::idle && !passes_started();
+  }
   /// True while no micro-step is in flight.
   bool idle() const { return phase_ == Phase::idle; }
   /// True when the whole forward ran and no backward yet.
@@ -66,6 +74,9 @@ class MicroSteps {
   /// Checks that r may run forward now; a range from unit 0 must then begin() a micro-step.
   void check_forward(UnitRange r, int num_units) const {
     check_range(r, num_units, "forward_units");
+    expect<Error>(!passes_started(),
+                  "Engine::forward_units: this accumulation window runs "
+                  "pipeline passes (forward_pass); finish it with step()");
     if (r.first == 0) {
       expect<Error>(phase_ == Phase::idle,
                     "Engine::forward: the last micro-step's backward has not run; call backward "
@@ -109,10 +120,84 @@ class MicroSteps {
     done_ = 0;
     boundary_pending_ = false;
     nonfinite_ = 0;
+    unit_passes_.clear();
+    if (phase_ == Phase::pass) phase_ = Phase::idle;
+  }
+
+  // ---- pipeline passes ------------------------------------------------------------------------
+
+  /// Checks that micro-batch `micro`'s pass through r may start now (no pass or micro-step in
+  /// flight, the window open, micro inside it).
+  void check_pass(UnitRange r, int micro, int num_units) const {
+    check_range(r, num_units, "forward_pass");
+    expect<Error>(phase_ == Phase::idle, "Engine::forward_pass: units [", r.first, ", ", r.last,
+                  "): ",
+                  phase_ == Phase::pass ? "the last pass was neither run backward nor discarded"
+                                        : "a micro-step of forward_units is in flight");
+    expect<Error>(done_ == 0,
+                  "Engine::forward_pass: this window ran forward_units micro-steps; "
+                  "finish it with step() first");
+    expect<Error>(!boundary_pending_,
+                  "Engine::forward_pass: the accumulation boundary was reached; call step() first");
+    expect<Error>(0 <= micro && micro < accumulation_, "Engine::forward_pass: micro-batch ", micro,
+                  " is outside the window of ", accumulation_, " (gradient_accumulation_steps)");
+    for (int u = r.first; u < r.last; ++u) {
+      expect<Error>(passes_of(u) < accumulation_, "Engine::forward_pass: unit ", u,
+                    " already ran its ", accumulation_, " backward passes of this window");
+    }
+  }
+  /// Starts micro-batch `micro`'s pass through r: a fresh arena and context (training: dropout
+  /// on and a backward to follow).
+  void begin_pass(const MicroBatch& batch, std::uint64_t rng_step, double loss_scale, UnitRange r,
+                  int micro, int num_units, bool training = true) {
+    ctx_ = batch.template context<T>(arena_, training, rng_step);
+    ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
+    if (unit_passes_.empty()) unit_passes_.assign(static_cast<std::size_t>(num_units), 0);
+    phase_ = Phase::pass;
+    pass_ = r;
+    pass_micro_ = micro;
+  }
+  /// The range of the pass in flight; Error unless a pass's forward ran.
+  UnitRange pass_in_flight(const char* what) const {
+    expect<Error>(phase_ == Phase::pass, "Engine::", what,
+                  ": no pass is in flight (forward_pass "
+                  "first)");
+    return pass_;
+  }
+  /// The micro-batch of the pass in flight.
+  int pass_micro() const { return pass_micro_; }
+  /// True when the pass in flight is unit u's last backward of the window.
+  bool pass_at_boundary(int u) const { return passes_of(u) + 1 == accumulation_; }
+  /// Records that the pass in flight ran backward (counting a non-finite loss when it held the
+  /// last unit); true when that was every unit's last pass (the boundary is then pending).
+  bool pass_backward_ran(int num_units) {
+    for (int u = pass_.first; u < pass_.last; ++u) ++unit_passes_[static_cast<std::size_t>(u)];
+    if (pass_.last == num_units && !std::isfinite(convert<double>(ctx_.loss))) ++nonfinite_;
+    phase_ = Phase::idle;
+    for (int u = 0; u < num_units; ++u) {
+      if (passes_of(u) < accumulation_) return false;
+    }
+    boundary_pending_ = true;
+    return true;
+  }
+  /// Drops the pass in flight without its backward (its forward runs again before it).
+  void discard_pass() {
+    (void)pass_in_flight("discard_pass");
+    phase_ = Phase::idle;
   }
 
  private:
-  enum class Phase : unsigned char { idle, forward, forward_done, backward };
+  enum class Phase : unsigned char { idle, forward, forward_done, backward, pass };
+
+  bool passes_started() const {
+    for (int n : unit_passes_) {
+      if (n > 0) return true;
+    }
+    return false;
+  }
+  int passes_of(int u) const {
+    return unit_passes_.empty() ? 0 : unit_passes_[static_cast<std::size_t>(u)];
+  }
 
   static void check_range(UnitRange r, int num_units, const char* what) {
     expect<Error>(0 <= r.first && r.first < r.last && r.last <= num_units, "Engine::", what,
@@ -128,6 +213,9 @@ class MicroSteps {
   std::int64_t nonfinite_ = 0;
   Phase phase_ = Phase::idle;
   int next_forward_ = 0, next_backward_ = 0, num_units_ = 0;
+  std::vector<int> unit_passes_;  // backward passes per unit in this window (pipeline passes)
+  UnitRange pass_;
+  int pass_micro_ = -1;
 };
 
 }  // namespace zero::engine

@@ -154,6 +154,7 @@ struct UnitState {
   bool params_hold_master = false;  ///< stage 0 in f32/f64: params is the master
   bool pinned = false;      ///< used by another unit: gathered from its forward to its backward
   bool persistent = false;  ///< kept gathered for the whole run (stages 0-2; small at stage 3)
+  bool replica = false;     ///< a copy of a unit another pipeline stage owns (tied weights)
 
   /// Elements of a buffer of extent e.
   std::size_t numel(Extent e) const {

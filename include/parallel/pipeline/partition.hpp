@@ -1,0 +1,157 @@
+#pragma once
+// Stage partitioning: a model's units cut into pp * v contiguous parts, one per virtual stage
+// (virtual stage c * pp + s is chunk c of pipeline rank s, Megatron's interleaving), by one of
+// DeepSpeed's partition methods (PipelineModule's partition_method):
+//   uniform          as many units per part as possible, the first parts one more;
+//   parameters       balanced by each unit's parameter count (minimises the largest part);
+//   type:<regex>     balanced by the number of units whose type name matches the regex
+//                    (case-insensitive, as DeepSpeed), every part at least one unit.
+// The first part holds unit 0 (a GPT's embedding) and the last the last unit (its LM head and
+// loss), so the ends stay on the first and last stages. Megatron balances a GPT by giving it
+// k * pp - 2 transformer layers: the embedding and the head each weigh about a layer, so
+// layers + 2 units split evenly. A uniform split that is uneven says so in `warnings`.
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <zero/core/error.hpp>
+#include <zero/engine/micro_step.hpp>
+
+namespace zero::parallel::pipeline {
+
+/// Units of each virtual stage: parts[c * pp + s] is chunk c of pipeline rank s.
+struct Partition {
+  std::vector<engine::UnitRange> parts;  ///< contiguous, in unit order, covering every unit
+  std::vector<std::string> warnings;     ///< non-fatal findings (an uneven uniform split)
+
+  /// Units of chunk c on pipeline rank s of pp.
+  engine::UnitRange chunk(int s, int c, int pp) const {
+    return parts.at(static_cast<std::size_t>(c * pp + s));
+  }
+  /// The virtual stage holding unit u.
+  int virtual_stage_of(int u) const {
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      if (parts[k].first <= u && u < parts[k].last) return static_cast<int>(k);
+    }
+    raise<ConfigError>("pipeline partition: unit ", u, " is on no stage");
+  }
+};
+
+/// Cuts weights (one per unit) into parts contiguous parts, each at least one unit, minimising
+/// the largest part's weight (ties: the earliest cut that achieves it, so parts lean forward).
+inline std::vector<engine::UnitRange> partition_balanced(const std::vector<double>& weights,
+                                                         int parts) {
+  const int n = static_cast<int>(weights.size());
+  std::vector<double> prefix(static_cast<std::size_t>(n) + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + weights[static_cast<std::size_t>(i)];
+  auto sum = [&](int a, int b) { return prefix[static_cast<std::size_t>(b)] - prefix[a]; };
+  // best[k][i]: the smallest largest-part weight of units [0, i) in k parts; cut[k][i] the start
+  // of the k-th part there. n and parts are small (units, stages), so O(parts * n^2) is cheap.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(static_cast<std::size_t>(parts) + 1,
+                                        std::vector<double>(static_cast<std::size_t>(n) + 1, inf));
+  std::vector<std::vector<int>> cut(static_cast<std::size_t>(parts) + 1,
+                                    std::vector<int>(static_cast<std::size_t>(n) + 1, 0));
+  best[0][0] = 0.0;
+  for (int k = 1; k <= parts; ++k) {
+    for (int i = k; i <= n - (parts - k); ++i) {
+      for (int j = k - 1; j < i; ++j) {
+        const double v = std::max(best[k - 1][static_cast<std::size_t>(j)], sum(j, i));
+        if (v < best[k][static_cast<std::size_t>(i)]) {
+          best[k][static_cast<std::size_t>(i)] = v;
+          cut[k][static_cast<std::size_t>(i)] = j;
+        }
+      }
+    }
+  }
+  std::vector<engine::UnitRange> out(static_cast<std::size_t>(parts));
+  int end = n;
+  for (int k = parts; k >= 1; --k) {
+    const int start = cut[k][static_cast<std::size_t>(end)];
+    out[static_cast<std::size_t>(k) - 1] = {start, end};
+    end = start;
+  }
+  return out;
+}
+
+/// Cuts n units into parts parts of n / parts units, the first n % parts one more (DeepSpeed's
+/// partition_uniform).
+inline std::vector<engine::UnitRange> partition_uniform(int n, int parts) {
+  std::vector<engine::UnitRange> out;
+  const int base = n / parts, extra = n % parts;
+  int start = 0;
+  for (int k = 0; k < parts; ++k) {
+    const int size = base + (k < extra ? 1 : 0);
+    out.push_back({start, start + size});
+    start += size;
+  }
+  return out;
+}
+
+/// Partitions units over pp * v virtual stages by method ("uniform", "parameters",
+/// "type:<regex>"). unit_params[u] is unit u's parameter count and unit_types[u] its type name
+/// (for type:). ConfigError naming the value when the method is unknown, the regex is invalid
+/// or matches no unit, or there are fewer units than virtual stages.
+inline Partition partition_units(std::string_view method, int pp, int v,
+                                 const std::vector<std::int64_t>& unit_params,
+                                 const std::vector<std::string>& unit_types) {
+  const int n = static_cast<int>(unit_params.size());
+  const int parts = pp * v;
+  expect<ConfigError>(pp >= 1 && v >= 1, "pipeline partition: pp = ", pp, " and v = ", v,
+                      " must be at least 1");
+  expect<ConfigError>(n >= parts, "pipeline partition: the model has ", n,
+                      " units, fewer than the ", parts, " (pp ", pp, " x virtual stages ", v,
+                      ") stages to fill; every stage needs at least one unit");
+  Partition p;
+  if (method == "uniform") {
+    p.parts = partition_uniform(n, parts);
+    if (n % parts != 0) {
+      p.warnings.push_back(
+          "pipeline partition: " + std::to_string(n) + " units do not split evenly over " +
+          std::to_string(parts) + " stages, so some stages run one unit more and the pipeline " +
+          "moves at their pace; a GPT balances with k * " + std::to_string(parts) +
+          " - 2 transformer layers (Megatron's rule: the embedding and the LM head weigh about "
+          "a layer each), e.g. " +
+          std::to_string(std::max(1, (n + parts - 1) / parts) * parts - 2) + " layers");
+    }
+    return p;
+  }
+  std::vector<double> weights(static_cast<std::size_t>(n), 0.0);
+  if (method == "parameters") {
+    for (int u = 0; u < n; ++u) {
+      weights[static_cast<std::size_t>(u)] =
+          static_cast<double>(unit_params[static_cast<std::size_t>(u)]);
+    }
+  } else if (method.starts_with("type:")) {
+    const std::string pattern(method.substr(5));
+    std::regex re;
+    try {
+      re = std::regex(pattern, std::regex::icase);
+    } catch (const std::regex_error& e) {
+      raise<ConfigError>("pipeline partition_method '", std::string(method),
+                         "': invalid regular expression (", e.what(), ")");
+    }
+    int matched = 0;
+    for (int u = 0; u < n; ++u) {
+      const bool hit = std::regex_search(unit_types.at(static_cast<std::size_t>(u)), re);
+      weights[static_cast<std::size_t>(u)] = hit ? 1.0 : 0.0;
+      matched += hit ? 1 : 0;
+    }
+    expect<ConfigError>(
+        matched > 0, "pipeline partition_method '", std::string(method),
+        "' matches no unit (unit types: ", unit_types.empty() ? std::string() : unit_types.front(),
+        " ... ", unit_types.empty() ? std::string() : unit_types.back(), ")");
+  } else {
+    raise<ConfigError>("pipeline partition_method '", std::string(method),
+                       "' is unknown: expected uniform, parameters or type:<regex>");
+  }
+  p.parts = partition_balanced(weights, parts);
+  return p;
+}
+
+}  // namespace zero::parallel::pipeline
