@@ -330,6 +330,102 @@ Corpus load_corpus(const Options& o) {
   return c;
 }
 
+// What both training paths build alike: the batch sizes for dp data-parallel ranks, the train
+// and validation loaders of data-parallel rank dp_rank (the tp and pp ranks of a data-parallel
+// rank read the same rows), and the model's shape, its byte vocabulary padded to a multiple of
+// tp as Megatron pads it.
+struct RunSetup {
+  Config::BatchSizes sizes;
+  data::DataLoader train_loader, val_loader;
+  nn::GPTConfig model;
+
+  RunSetup(const Options& o, const Config& cfg, const Corpus& corpus, int dp, int dp_rank, int tp)
+      : sizes(cfg.resolve_batch(dp)),
+        train_loader(corpus.train, loader_config(o, corpus, dp, dp_rank, true)),
+        val_loader(corpus.val, loader_config(o, corpus, dp, dp_rank, false)),
+        model(model_config(o, corpus, tp)) {}
+
+ private:
+  data::LoaderConfig loader_config(const Options& o, const Corpus& corpus, int dp, int dp_rank,
+                                   bool shuffle) const {
+    data::LoaderConfig lc;
+    lc.global_batch = sizes.train;
+    lc.seq_len = o.seq;
+    lc.world_size = dp;
+    lc.rank = dp_rank;
+    lc.micro_batches = static_cast<int>(sizes.accumulation);
+    lc.shuffle = shuffle;
+    lc.seed = o.seed;
+    lc.vocab_size = corpus.vocab;
+    return lc;
+  }
+  static nn::GPTConfig model_config(const Options& o, const Corpus& corpus, int tp) {
+    nn::GPTConfig gc;
+    gc.vocab_size = (corpus.vocab + tp - 1) / tp * tp;
+    gc.max_seq_len = o.seq;
+    gc.num_layers = o.layers;
+    gc.num_heads = o.heads;
+    gc.channels = o.channels;
+    return gc;
+  }
+};
+
+// The engine settings of both paths.
+engine::EngineOptions engine_options(const Options& o) {
+  engine::EngineOptions eo;
+  eo.seed = o.seed;
+  eo.activation_bytes = std::size_t{512} << 20;
+  return eo;
+}
+
+// A loader batch as the engine's micro-batch (views: the batch must outlive its use).
+engine::MicroBatch micro_of(const data::Batch& b) {
+  return engine::MicroBatch{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
+}
+
+// v averaged over eng's data-parallel group.
+template <class Eng>
+double mean_over_dp(Eng& eng, double v) {
+  eng.comm().all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
+  return v;
+}
+
+// Loads --resume into eng and the loader's position; returns the step to start from (0 without).
+template <class Eng>
+std::int64_t resume_if_asked(const Options& o, Eng& eng, data::DataLoader& loader, bool leader) {
+  if (o.resume.empty()) return 0;
+  const auto client = eng.load_checkpoint(o.save_dir, o.resume == "latest" ? "" : o.resume);
+  const auto first_step = client.at("next_step").template get<std::int64_t>();
+  loader.restore(data::LoaderState::from_json(client.at("loader")));
+  if (leader) {
+    std::printf("train_gpt: resumed from %s/%s at step %lld\n", o.save_dir.c_str(),
+                o.resume.c_str(), static_cast<long long>(first_step));
+  }
+  return first_step;
+}
+
+// Saves a checkpoint after `done` steps when --save-every says so (and after the last step).
+template <class Eng>
+void save_if_due(const Options& o, Eng& eng, const data::DataLoader& loader, std::int64_t done,
+                 bool leader) {
+  if (o.save_every <= 0 || (done % o.save_every != 0 && done != o.steps)) return;
+  const auto saved =
+      eng.save_checkpoint(o.save_dir, "step" + std::to_string(done),
+                          {{"next_step", done}, {"loader", loader.state().to_json()}});
+  if (leader) {
+    std::printf("train_gpt: saved %s (%.1f MB)\n", saved.path.string().c_str(),
+                static_cast<double>(saved.total_bytes) / 1e6);
+  }
+}
+
+// The closing line: the loss at the first and last step beside the uniform guess, and the
+// validation loss.
+void print_losses(double first_loss, double loss, const Corpus& corpus, double val_loss) {
+  std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); validation loss %.4f\n",
+              first_loss, loss, static_cast<long long>(corpus.vocab),
+              std::log(static_cast<double>(corpus.vocab)), val_loss);
+}
+
 // The pipeline engine with E's model and policies (E = Engine<GPT<T>, Policies...>).
 template <class E>
 struct pipeline_engine_of;
@@ -350,42 +446,18 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, 1, 1, pp);
   parallel::ProcessGroups<Comm> groups(comm, grid);
   const int dp = groups.dp().size();
-  const auto sizes = cfg.resolve_batch(dp);
-  data::LoaderConfig lc;  // the tp and pp ranks of a data-parallel rank read the same rows
-  lc.global_batch = sizes.train;
-  lc.seq_len = o.seq;
-  lc.world_size = dp;
-  lc.rank = groups.dp().rank();
-  lc.micro_batches = static_cast<int>(sizes.accumulation);
-  lc.shuffle = true;
-  lc.seed = o.seed;
-  lc.vocab_size = corpus.vocab;
-  data::DataLoader train_loader(corpus.train, lc);
-  lc.shuffle = false;
-  data::DataLoader val_loader(corpus.val, lc);
-  nn::GPTConfig gc;
-  gc.vocab_size = (corpus.vocab + tp - 1) / tp * tp;
-  gc.max_seq_len = o.seq;
-  gc.num_layers = o.layers;
-  gc.num_heads = o.heads;
-  gc.channels = o.channels;
+  RunSetup run(o, cfg, corpus, dp, groups.dp().rank(), tp);
+  const auto& sizes = run.sizes;
+  const nn::GPTConfig& gc = run.model;
   typename E::model_type model(
       gc, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel));
-  engine::EngineOptions eo;
-  eo.seed = o.seed;
-  eo.activation_bytes = std::size_t{512} << 20;
   parallel::pipeline::PipelineOptions po;
   po.schedule = parallel::pipeline::parse_schedule_kind(cfg.pipeline.schedule);
   po.virtual_stages = static_cast<int>(cfg.pipeline.virtual_stages);
   po.partition_method = cfg.pipeline.partition_method;
-  Pipe pipe(model, comm, groups, cfg, po, eo);
+  Pipe pipe(model, comm, groups, cfg, po, engine_options(o));
   auto& eng = pipe.engine();
-  std::int64_t first_step = 0;
-  if (!o.resume.empty()) {
-    const auto client = eng.load_checkpoint(o.save_dir, o.resume == "latest" ? "" : o.resume);
-    first_step = client.at("next_step").template get<std::int64_t>();
-    train_loader.restore(data::LoaderState::from_json(client.at("loader")));
-  }
+  const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
   if (leader) {
     for (const auto& w : pipe.partition().warnings) std::printf("train_gpt: %s\n", w.c_str());
     std::string layout;
@@ -404,23 +476,16 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
         static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
         static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.steps));
   }
-  auto mean_over_dp = [&](double v) {
-    eng.comm().all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
-    return v;
-  };
-  auto micro = [](const data::Batch& b) {
-    return engine::MicroBatch{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
-  };
   double first_loss = NAN, loss = NAN;
   auto last = Clock::now();
   std::int64_t since_print = 0;
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     std::vector<data::Batch> held;  // the micro-batches' data lives through the step
     std::vector<engine::MicroBatch> batches;
-    for (std::int64_t m = 0; m < sizes.accumulation; ++m) held.push_back(train_loader.next());
-    for (const auto& b : held) batches.push_back(micro(b));
+    for (std::int64_t m = 0; m < sizes.accumulation; ++m) held.push_back(run.train_loader.next());
+    for (const auto& b : held) batches.push_back(micro_of(b));
     const auto r = pipe.train_batch(batches);
-    loss = mean_over_dp(r.loss);
+    loss = mean_over_dp(eng, r.loss);
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
     if (leader && ((step + 1) % cfg.steps_per_print == 0 || step + 1 == o.steps)) {
@@ -438,19 +503,10 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
       std::fflush(stdout);
       since_print = 0;
     }
-    if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == o.steps)) {
-      const auto saved = eng.save_checkpoint(
-          o.save_dir, "step" + std::to_string(step + 1),
-          {{"next_step", step + 1}, {"loader", train_loader.state().to_json()}});
-      if (leader) std::printf("train_gpt: saved %s\n", saved.path.string().c_str());
-    }
+    save_if_due(o, eng, run.train_loader, step + 1, leader);
   }
-  const double val_loss = mean_over_dp(pipe.evaluate(micro(val_loader.next())));
-  if (leader) {
-    std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); validation loss %.4f\n",
-                first_loss, loss, static_cast<long long>(corpus.vocab),
-                std::log(static_cast<double>(corpus.vocab)), val_loss);
-  }
+  const double val_loss = mean_over_dp(eng, pipe.evaluate(micro_of(run.val_loader.next())));
+  if (leader) print_losses(first_loss, loss, corpus, val_loss);
   return loss < first_loss || first_step > 0;
 }
 
@@ -472,45 +528,15 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / tp).micro);
   if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
   parallel::ProcessGroups<Comm> groups(comm, parallel::Grid({.tp = tp, .dp = comm.size() / tp}));
-  const int dp = groups.dp().size(), dp_rank = groups.dp().rank();
-  const auto sizes = cfg.resolve_batch(dp);
-  data::LoaderConfig lc;  // the tp ranks of a data-parallel rank read the same rows
-  lc.global_batch = sizes.train;
-  lc.seq_len = o.seq;
-  lc.world_size = dp;
-  lc.rank = dp_rank;
-  lc.micro_batches = static_cast<int>(sizes.accumulation);
-  lc.shuffle = true;
-  lc.seed = o.seed;
-  lc.vocab_size = corpus.vocab;
-  data::DataLoader train_loader(corpus.train, lc);
-  lc.shuffle = false;
-  data::DataLoader val_loader(corpus.val, lc);
-
-  nn::GPTConfig gc;
-  gc.vocab_size = (corpus.vocab + tp - 1) / tp * tp;  // padded so the vocabulary splits
-  gc.max_seq_len = o.seq;
-  gc.num_layers = o.layers;
-  gc.num_heads = o.heads;
-  gc.channels = o.channels;
+  const int dp = groups.dp().size();
+  RunSetup run(o, cfg, corpus, dp, groups.dp().rank(), tp);
+  const auto& sizes = run.sizes;
+  const nn::GPTConfig& gc = run.model;
   typename E::model_type model(
       gc, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel));
-  engine::EngineOptions eo;
-  eo.seed = o.seed;
-  eo.activation_bytes = std::size_t{512} << 20;
-  E eng(model, groups, cfg, eo);
+  E eng(model, groups, cfg, engine_options(o));
   if (!o.init.empty()) engine::load_gpt2_weights(eng, o.init);
-
-  std::int64_t first_step = 0;
-  if (!o.resume.empty()) {
-    const auto client = eng.load_checkpoint(o.save_dir, o.resume == "latest" ? "" : o.resume);
-    first_step = client.at("next_step").template get<std::int64_t>();
-    train_loader.restore(data::LoaderState::from_json(client.at("loader")));
-    if (leader) {
-      std::printf("train_gpt: resumed from %s/%s at step %lld\n", o.save_dir.c_str(),
-                  o.resume.c_str(), static_cast<long long>(first_step));
-    }
-  }
+  const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
   const auto mem = eng.memory_report();
   if (leader) {
     std::printf(
@@ -528,13 +554,6 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   std::ofstream metrics;
   if (leader && !o.metrics.empty()) metrics.open(o.metrics, std::ios::app);
   const bool tty = leader && ::isatty(STDOUT_FILENO);
-  auto mean_over_ranks = [&](double v) {
-    eng.comm().all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
-    return v;
-  };
-  auto micro = [](const data::Batch& b) {
-    return engine::MicroBatch{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
-  };
 
   const std::int64_t print_every = cfg.steps_per_print;
   auto last = Clock::now();
@@ -544,8 +563,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     double step_loss = 0;
     monitor.begin_step(eng, step + 1);
     for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
-      const data::Batch batch = train_loader.next();  // backward reads its targets too
-      step_loss += static_cast<double>(static_cast<float>(eng.forward(micro(batch))));
+      const data::Batch batch = run.train_loader.next();  // backward reads its targets too
+      step_loss += static_cast<double>(static_cast<float>(eng.forward(micro_of(batch))));
       eng.backward();
     }
     eng.step();
@@ -555,7 +574,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
           << nlohmann::json{{"step", step + 1}, {"flops_profile", observed["flops_profile"]}}.dump()
           << "\n";
     }
-    loss = mean_over_ranks(step_loss / static_cast<double>(sizes.accumulation));
+    loss = mean_over_dp(eng, step_loss / static_cast<double>(sizes.accumulation));
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
     const bool print = (step + 1) % print_every == 0 || step + 1 == o.steps;
@@ -601,15 +620,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         }
       }
     }
-    if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == o.steps)) {
-      const std::string tag = "step" + std::to_string(step + 1);
-      const auto saved = eng.save_checkpoint(
-          o.save_dir, tag, {{"next_step", step + 1}, {"loader", train_loader.state().to_json()}});
-      if (leader) {
-        std::printf("train_gpt: saved %s (%.1f MB)\n", saved.path.string().c_str(),
-                    static_cast<double>(saved.total_bytes) / 1e6);
-      }
-    }
+    save_if_due(o, eng, run.train_loader, step + 1, leader);
   }
   if (!o.export_path.empty()) {
     const auto written = engine::save_gpt2_weights(eng, o.export_path, o.export_dtype);
@@ -620,13 +631,9 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     }
   }
   monitor.finish();
-  const double val_loss = mean_over_ranks(
-      static_cast<double>(static_cast<float>(eng.evaluate(micro(val_loader.next())))));
-  if (leader) {
-    std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); validation loss %.4f\n",
-                first_loss, loss, static_cast<long long>(corpus.vocab),
-                std::log(static_cast<double>(corpus.vocab)), val_loss);
-  }
+  const double val_loss = mean_over_dp(
+      eng, static_cast<double>(static_cast<float>(eng.evaluate(micro_of(run.val_loader.next())))));
+  if (leader) print_losses(first_loss, loss, corpus, val_loss);
 
   // A short sample continuing the start of the validation text (every rank takes part: the
   // stage-3 forward gathers units collectively; every rank draws the same numbers from the same
