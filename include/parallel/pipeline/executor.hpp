@@ -18,11 +18,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <parallel/comm/any_comm.hpp>
@@ -54,28 +52,52 @@ inline BoundaryHeader boundary_header(const Shape& shape) {
   return h;
 }
 
-/// Sends t to peer as an activation (or a gradient) and waits until it left.
+/// A tensor crossing a stage boundary: its values, its shape, and the header a send of it
+/// posts (kept here until the send completed).
 template <class T>
-void send_boundary(AnyComm& comm, Tensor<const T> t, int peer, bool activation) {
-  const BoundaryHeader h = boundary_header(t.shape());
-  Work header = comm.send_async(std::span<const std::int64_t>(h), peer,
-                                activation ? activation_header_tag : gradient_header_tag);
-  Work payload = comm.send_async(std::span<const T>(t.data(), static_cast<std::size_t>(t.numel())),
-                                 peer, activation ? activation_tag : gradient_tag);
-  header.wait();
-  payload.wait();
+struct BoundaryTensor {
+  std::vector<T> values;
+  Shape shape;
+  BoundaryHeader header{};
+
+  /// A view of the values (empty when there are none).
+  Tensor<T> view() { return values.empty() ? Tensor<T>{} : Tensor<T>(values.data(), shape); }
+  /// Copies t in (reusing the values' storage).
+  void assign(const Tensor<T>& t) {
+    shape = t.shape();
+    values.assign(t.data(), t.data() + t.numel());
+  }
+};
+
+/// Posts the sends of t to peer, as an activation (or a gradient): its header (written into
+/// header, which must live until the sends complete), then its values; the Works go into works.
+template <class T>
+void post_boundary_send(AnyComm& comm, BoundaryHeader& header, Tensor<const T> t, int peer,
+                        bool activation, std::vector<Work>& works) {
+  header = boundary_header(t.shape());
+  works.push_back(comm.send_async(std::span<const std::int64_t>(header), peer,
+                                  activation ? activation_header_tag : gradient_header_tag));
+  works.push_back(comm.send_async(std::span<const T>(t.data(), static_cast<std::size_t>(t.numel())),
+                                  peer, activation ? activation_tag : gradient_tag));
 }
-/// Receives an activation (or a gradient) from peer into `into`; returns its shape.
+/// Receives the header of an activation (or a gradient) from peer, sizes t by it and posts the
+/// receive of its values into works.
 template <class T>
-Shape recv_boundary(AnyComm& comm, std::vector<T>& into, int peer, bool activation) {
+void post_boundary_recv(AnyComm& comm, BoundaryTensor<T>& t, int peer, bool activation,
+                        std::vector<Work>& works) {
   BoundaryHeader h{};
   comm.recv_async(std::span<std::int64_t>(h), peer,
                   activation ? activation_header_tag : gradient_header_tag)
       .wait();
-  const Shape shape = Shape::of(h.data() + 1, static_cast<int>(h[0]));
-  into.assign(static_cast<std::size_t>(shape.numel()), T{});
-  comm.recv_async(std::span<T>(into), peer, activation ? activation_tag : gradient_tag).wait();
-  return shape;
+  t.shape = Shape::of(h.data() + 1, static_cast<int>(h[0]));
+  t.values.resize(static_cast<std::size_t>(t.shape.numel()));
+  works.push_back(
+      comm.recv_async(std::span<T>(t.values), peer, activation ? activation_tag : gradient_tag));
+}
+/// Waits for every Work of works.
+inline void wait_all(std::vector<Work>& works) {
+  for (Work& w : works) w.wait();
+  works.clear();
 }
 
 /// What one run of a stage's list measured.
@@ -107,11 +129,12 @@ class StageExecutor {
   /// batches: virtual stage 0 reads the tokens, the last the targets).
   StageRun run(std::span<const Instruction> list, std::span<const engine::MicroBatch> batches) {
     micro_ = static_cast<int>(batches.size());
-    slots_.assign(static_cast<std::size_t>(micro_ * chunks_), Slot{});
+    slots_.resize(static_cast<std::size_t>(micro_ * chunks_));
+    for (Slot& s : slots_) s.forward_done = s.backward_done = false;
     open_ = -1;
+    live_ = 0;
     StageRun out;
     const auto start = clock::now();
-    live_ = 0;
     for (std::size_t i = 0; i < list.size();) {
       const Instruction& in = list[i];
       if (is_compute(in.op)) {
@@ -128,7 +151,6 @@ class StageExecutor {
       i = end + 1;
     }
     out.wall_s = seconds(clock::now() - start);
-    out.peak_live_activations = peak_live_;
     return out;
   }
 
@@ -138,14 +160,10 @@ class StageExecutor {
 
   // What crosses the stage boundary for one (micro-batch, chunk).
   struct Slot {
-    std::vector<T> input;  // the activation entering the chunk (empty at virtual stage 0)
-    Shape input_shape;
-    std::vector<T> output_grad;  // the gradient at the chunk's output (empty at the last)
-    Shape output_grad_shape;
-    std::vector<T> to_send;  // output activation or input gradient, kept until sent
-    Shape to_send_shape;
-    BoundaryHeader header{};
-    bool forward_done = false, backward_done = false, holds_input = false;
+    BoundaryTensor<T> input;        // the activation entering the chunk (none at virtual stage 0)
+    BoundaryTensor<T> output_grad;  // the gradient at the chunk's output (none at the last)
+    BoundaryTensor<T> to_send;      // output activation or input gradient, kept until sent
+    bool forward_done = false, backward_done = false;
   };
 
   Slot& slot(int micro, int chunk) {
@@ -157,20 +175,24 @@ class StageExecutor {
   int virtual_stage(int chunk) const { return chunk * pp_ + stage_; }
   bool first_virtual(int chunk) const { return virtual_stage(chunk) == 0; }
   bool last_virtual(int chunk) const { return virtual_stage(chunk) == pp_ * chunks_ - 1; }
-  static Tensor<T> view(std::vector<T>& data, const Shape& shape) {
-    return data.empty() ? Tensor<T>{} : Tensor<T>(data.data(), shape);
+  // Boundary storage is reused across micro-batches and steps (a stage holds at most its peak
+  // live activations of it), so the hot path does not allocate once warm.
+  std::vector<T> take_storage() {
+    if (free_.empty()) return {};
+    std::vector<T> v = std::move(free_.back());
+    free_.pop_back();
+    return v;
   }
-  static void keep(std::vector<T>& into, Shape& shape, const Tensor<T>& t) {
-    shape = t.shape();
-    into.assign(t.data(), t.data() + t.numel());
+  void give_back(std::vector<T>& v) {
+    if (v.capacity() > 0) free_.push_back(std::move(v));
+    v = {};
   }
 
   // Runs the forward of micro-batch m through chunk c, from the kept input.
   Tensor<T> run_forward(int m, int c, std::span<const engine::MicroBatch> batches) {
     Slot& s = slot(m, c);
-    const Tensor<T> out =
-        engine_.forward_pass(stage_model_.chunk_units(c), m, batches[static_cast<std::size_t>(m)],
-                             view(s.input, s.input_shape));
+    const Tensor<T> out = engine_.forward_pass(
+        stage_model_.chunk_units(c), m, batches[static_cast<std::size_t>(m)], s.input.view());
     open_ = m * chunks_ + c;
     return out;
   }
@@ -184,20 +206,20 @@ class StageExecutor {
       case Op::forward: {
         expect<Error>(!s.forward_done, "pipeline executor: stage ", stage_, " instruction ", i,
                       ": ", to_string(in), " ran before");
-        expect<Error>(first_virtual(in.chunk) || !s.input.empty(), "pipeline executor: stage ",
-                      stage_, " instruction ", i, ": ", to_string(in),
+        expect<Error>(first_virtual(in.chunk) || !s.input.values.empty(),
+                      "pipeline executor: stage ", stage_, " instruction ", i, ": ", to_string(in),
                       " has no input activation (no recv before it)");
         if (open_ >= 0) engine_.discard_pass();
         open_ = -1;
         const Tensor<T> y = run_forward(in.micro, in.chunk, batches);
         s.forward_done = true;
-        s.holds_input = true;
-        peak_live_ = std::max(peak_live_, ++live_);
+        out.peak_live_activations = std::max(out.peak_live_activations, ++live_);
         if (last_virtual(in.chunk)) {
           out.loss_sum += convert<double>(engine_.loss());
           ++out.losses;
         } else {
-          keep(s.to_send, s.to_send_shape, y);
+          s.to_send.values = take_storage();
+          s.to_send.assign(y);
         }
         // Keep the pass open only when its own backward is the next computation.
         if (!next_compute_is_backward_of(list, i)) {
@@ -210,22 +232,24 @@ class StageExecutor {
         expect<Error>(s.forward_done && !s.backward_done, "pipeline executor: stage ", stage_,
                       " instruction ", i, ": ", to_string(in),
                       s.backward_done ? " ran before" : " comes before its forward");
-        expect<Error>(last_virtual(in.chunk) || !s.output_grad.empty(), "pipeline executor: stage ",
-                      stage_, " instruction ", i, ": ", to_string(in),
+        expect<Error>(last_virtual(in.chunk) || !s.output_grad.values.empty(),
+                      "pipeline executor: stage ", stage_, " instruction ", i, ": ", to_string(in),
                       " has no output gradient (no recv before it)");
         if (open_ != id) {
           if (open_ >= 0) engine_.discard_pass();
           (void)run_forward(in.micro, in.chunk, batches);
           ++out.recomputed_forwards;
         }
-        const Tensor<T> dx = engine_.backward_pass(view(s.output_grad, s.output_grad_shape));
+        const Tensor<T> dx = engine_.backward_pass(s.output_grad.view());
         open_ = -1;
         s.backward_done = true;
-        if (!first_virtual(in.chunk)) keep(s.to_send, s.to_send_shape, dx);
+        if (!first_virtual(in.chunk)) {
+          s.to_send.values = take_storage();
+          s.to_send.assign(dx);
+        }
         // The boundary tensors of this micro-batch are no longer needed.
-        std::vector<T>().swap(s.input);
-        std::vector<T>().swap(s.output_grad);
-        s.holds_input = false;
+        give_back(s.input.values);
+        give_back(s.output_grad.values);
         --live_;
         return;
       }
@@ -248,40 +272,27 @@ class StageExecutor {
   }
 
   void communicate(std::span<const Instruction> group) {
-    std::vector<Work> works;
     // Sends first: posting them early can only remove waits.
     for (const Instruction& in : group) {
       if (!is_send(in.op)) continue;
       Slot& s = slot(in.micro, in.chunk);
-      expect<Error>(in.op == Op::send_activation ? s.forward_done : s.backward_done,
-                    "pipeline executor: stage ", stage_, ": ", to_string(in),
-                    " before the computation that produces it");
-      s.header = boundary_header(s.to_send_shape);
       const bool act = in.op == Op::send_activation;
-      works.push_back(comm_.send_async(std::span<const std::int64_t>(s.header), in.peer,
-                                       act ? activation_header_tag : gradient_header_tag));
-      works.push_back(comm_.send_async(std::span<const T>(s.to_send), in.peer,
-                                       act ? activation_tag : gradient_tag));
+      expect<Error>(act ? s.forward_done : s.backward_done, "pipeline executor: stage ", stage_,
+                    ": ", to_string(in), " before the computation that produces it");
+      post_boundary_send(comm_, s.to_send.header, Tensor<const T>(s.to_send.view()), in.peer, act,
+                         works_);
     }
     for (const Instruction& in : group) {
       if (!is_recv(in.op)) continue;
       Slot& s = slot(in.micro, in.chunk);
       const bool act = in.op == Op::recv_activation;
-      BoundaryHeader h{};
-      comm_
-          .recv_async(std::span<std::int64_t>(h), in.peer,
-                      act ? activation_header_tag : gradient_header_tag)
-          .wait();
-      const Shape shape = Shape::of(h.data() + 1, static_cast<int>(h[0]));
-      std::vector<T>& into = act ? s.input : s.output_grad;
-      (act ? s.input_shape : s.output_grad_shape) = shape;
-      into.assign(static_cast<std::size_t>(shape.numel()), T{});
-      works.push_back(
-          comm_.recv_async(std::span<T>(into), in.peer, act ? activation_tag : gradient_tag));
+      BoundaryTensor<T>& into = act ? s.input : s.output_grad;
+      into.values = take_storage();
+      post_boundary_recv(comm_, into, in.peer, act, works_);
     }
-    for (Work& w : works) w.wait();
+    wait_all(works_);
     for (const Instruction& in : group) {
-      if (is_send(in.op)) std::vector<T>().swap(slot(in.micro, in.chunk).to_send);
+      if (is_send(in.op)) give_back(slot(in.micro, in.chunk).to_send.values);
     }
   }
 
@@ -291,8 +302,10 @@ class StageExecutor {
   int stage_, pp_, chunks_;
   int micro_ = 0;
   std::vector<Slot> slots_;
+  std::vector<std::vector<T>> free_;  // boundary storage to reuse
+  std::vector<Work> works_;           // the open group's messages
   int open_ = -1;  // the pass whose forward activations the engine still holds (-1: none)
-  int live_ = 0, peak_live_ = 0;
+  int live_ = 0;   // stage inputs held now
 };
 
 }  // namespace zero::parallel::pipeline

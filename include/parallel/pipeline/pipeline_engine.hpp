@@ -16,13 +16,9 @@
 // micro-batch, m times the traffic), and stage 3 would gather every stage's parameters for every
 // micro-batch's forward and backward (DeepSpeed refuses both for the same reasons).
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -170,16 +166,20 @@ class PipelineEngine {
     const int stages = pp_ * stage_model_.num_chunks();
     AnyComm* pp = engine_.groups().pp ? &*engine_.groups().pp : nullptr;
     double loss = 0.0;
-    std::vector<T> input;
-    Shape input_shape;
+    BoundaryTensor<T> input;
+    std::vector<Work> works;
     for (int vs = 0; vs < stages; ++vs) {
       if (vs % pp_ != stage_) continue;
-      if (vs > 0) input_shape = recv_boundary(*pp, input, (stage_ + pp_ - 1) % pp_, true);
+      if (vs > 0) {
+        post_boundary_recv(*pp, input, (stage_ + pp_ - 1) % pp_, true, works);
+        wait_all(works);
+      }
       const Tensor<T> y =
-          engine_.evaluate_pass(stage_model_.chunk_units(vs / pp_), batch,
-                                vs > 0 ? Tensor<T>(input.data(), input_shape) : Tensor<T>{});
+          engine_.evaluate_pass(stage_model_.chunk_units(vs / pp_), batch, input.view());
       if (vs + 1 < stages) {
-        send_boundary(*pp, Tensor<const T>(y), (stage_ + 1) % pp_, true);
+        BoundaryHeader header;
+        post_boundary_send(*pp, header, Tensor<const T>(y), (stage_ + 1) % pp_, true, works);
+        wait_all(works);
       } else {
         loss = convert<double>(engine_.loss());
       }
@@ -216,6 +216,10 @@ class PipelineEngine {
   static Partition checked_partition(const M& model, const PipelineOptions& o, int pp) {
     expect<ConfigError>(o.virtual_stages >= 1, "pipeline: virtual_pipeline_model_parallel_size ",
                         o.virtual_stages, " must be at least 1");
+    expect<ConfigError>(o.virtual_stages == 1 || pp > 1,
+                        "pipeline: virtual_pipeline_model_parallel_size ", o.virtual_stages,
+                        " needs more than one pipeline stage (pp is 1), as "
+                        "Megatron's: one stage holds the whole model, in one chunk");
     expect<ConfigError>(o.virtual_stages == 1 || o.schedule == ScheduleKind::interleaved,
                         "pipeline: virtual_pipeline_model_parallel_size ", o.virtual_stages,
                         " needs the interleaved schedule (the ", name_of(o.schedule),

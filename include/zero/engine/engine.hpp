@@ -159,20 +159,8 @@ class Engine {
   /// Forward without dropout and without a backward to follow (evaluation, generation: with
   /// null targets only the logits are computed, readable from the model until the next forward).
   T evaluate(const MicroBatch& batch) {
-    return communicating("evaluate", [&]() -> T {
-      expect<Error>(micro_.idle(),
-                    "Engine::evaluate: a training forward is waiting for its backward; evaluating "
-                    "now would overwrite what that backward needs");
-      expect_consistent("evaluate");
-      begin_micro_step(batch, false);
-      run_forward({0, num_units()});
-      if constexpr (stage_traits::gathers_before_use) {
-        for (int u = 0; u < num_units(); ++u) {
-          if (!unit(u).persistent) exchange_.release(u);
-        }
-      }
-      return loss();
-    });
+    evaluate_pass({0, num_units()}, batch);
+    return loss();
   }
   /// Backward through every unit. A unit's gradient is complete once its own backward ran (its
   /// users run before it in reverse order); it is then reduced asynchronously (every micro-step
@@ -239,7 +227,7 @@ class Engine {
       micro_.begin_pass(batch,
                         static_cast<std::uint64_t>(training_.boundaries()) * accumulation +
                             static_cast<std::uint64_t>(micro),
-                        training_.loss_scale() / static_cast<double>(accumulation), r, micro,
+                        training_.loss_scale() / static_cast<double>(accumulation), r,
                         num_units());
       if (input.data() != nullptr) micro_.ctx().x = input;
       for (int u = r.first; u < r.last; ++u) forward_unit(u);
@@ -265,12 +253,12 @@ class Engine {
   /// r.last - 1 (valid until the next forward; after the last unit read loss(), and the model's
   /// logits).
   Tensor<T> evaluate_pass(UnitRange r, const MicroBatch& batch, Tensor<T> input = {}) {
-    return communicating("evaluate_pass", [&]() -> Tensor<T> {
+    return communicating("evaluate", [&]() -> Tensor<T> {
       expect<Error>(micro_.idle(),
-                    "Engine::evaluate_pass: a training forward is waiting for its backward; "
-                    "evaluating now would overwrite what that backward needs");
-      expect_consistent("evaluate_pass");
-      micro_.begin_pass(batch, 0, 1.0, r, 0, num_units(), /*training=*/false);
+                    "Engine::evaluate: a training forward is waiting for its backward; evaluating "
+                    "now would overwrite what that backward needs");
+      expect_consistent("evaluate");
+      micro_.begin_pass(batch, 0, 1.0, r, num_units(), /*training=*/false);
       if (input.data() != nullptr) micro_.ctx().x = input;
       for (int u = r.first; u < r.last; ++u) forward_unit(u);
       discard_pass();

@@ -29,6 +29,7 @@ namespace zero::engine {
 struct UnitRange {
   int first = 0;
   int last = 0;
+  friend bool operator==(const UnitRange&, const UnitRange&) = default;
 };
 
 /// The micro-step state machine and the context of the micro-step in flight.
@@ -146,16 +147,15 @@ class MicroSteps {
                     " already ran its ", accumulation_, " backward passes of this window");
     }
   }
-  /// Starts micro-batch `micro`'s pass through r: a fresh arena and context (training: dropout
-  /// on and a backward to follow).
+  /// Starts a pass through r: a fresh arena and context (training: dropout on and a backward
+  /// to follow; rng_step selects the dropout masks of its micro-batch).
   void begin_pass(const MicroBatch& batch, std::uint64_t rng_step, double loss_scale, UnitRange r,
-                  int micro, int num_units, bool training = true) {
+                  int num_units, bool training = true) {
     ctx_ = batch.template context<T>(arena_, training, rng_step);
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     if (unit_passes_.empty()) unit_passes_.assign(static_cast<std::size_t>(num_units), 0);
     phase_ = Phase::pass;
     pass_ = r;
-    pass_micro_ = micro;
   }
   /// The range of the pass in flight; Error unless a pass's forward ran.
   UnitRange pass_in_flight(const char* what) const {
@@ -164,8 +164,6 @@ class MicroSteps {
                   "first)");
     return pass_;
   }
-  /// The micro-batch of the pass in flight.
-  int pass_micro() const { return pass_micro_; }
   /// True when the pass in flight is unit u's last backward of the window.
   bool pass_at_boundary(int u) const { return passes_of(u) + 1 == accumulation_; }
   /// Records that the pass in flight ran backward (counting a non-finite loss when it held the
@@ -215,7 +213,6 @@ class MicroSteps {
   int next_forward_ = 0, next_backward_ = 0, num_units_ = 0;
   std::vector<int> unit_passes_;  // backward passes per unit in this window (pipeline passes)
   UnitRange pass_;
-  int pass_micro_ = -1;
 };
 
 }  // namespace zero::engine
