@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <parallel/comm/local_comm.hpp>
@@ -205,6 +207,9 @@ TEST_CASE("Pipeline: bad layouts are refused naming the value", "[unit][pipeline
   l.schedule = ScheduleKind::interleaved;
   l.virtual_stages = 8;  // 16 virtual stages for 8 units
   refused(l, 4, "8 units, fewer than the 16");
+  l.pp = 1;  // chunks need more than one stage (they would hand over to themselves)
+  l.virtual_stages = 2;
+  refused(l, 4, "needs more than one pipeline stage");
 }
 
 namespace {
@@ -380,4 +385,73 @@ TEST_CASE(
   CHECK(interleaved >= 0.75 * 3.0 / 16.0);
   INFO("1F1B " << one_f_one_b << ", interleaved " << interleaved);
   CHECK(interleaved < one_f_one_b);
+}
+
+TEST_CASE("Pipeline partition: uniform, parameters and type:<regex>, and what they refuse",
+          "[unit][pipeline]") {
+  using parallel::pipeline::partition_balanced;
+  using parallel::pipeline::partition_model;
+  using parallel::pipeline::partition_units;
+  nn::GPT<double> model(pp_model());  // Embedding, 6 TransformerBlocks, LMHead
+  auto ranges = [](const parallel::pipeline::Partition& p) {
+    std::vector<std::pair<int, int>> out;
+    for (const auto& r : p.parts) out.emplace_back(r.first, r.last);
+    return out;
+  };
+  SECTION("uniform: the first parts take one more, and an uneven split warns with the rule") {
+    const auto p = partition_model(model, "uniform", 3, 1);
+    CHECK(ranges(p) == std::vector<std::pair<int, int>>{{0, 3}, {3, 6}, {6, 8}});
+    REQUIRE(p.warnings.size() == 1);
+    CHECK_THAT(p.warnings[0], Catch::Matchers::Contains("k * 3 - 2"));
+    CHECK(partition_model(model, "uniform", 4, 1).warnings.empty());  // 8 = 6 + 2 units
+  }
+  SECTION("parameters: the largest part is the smallest any cut achieves") {
+    CHECK(partition_balanced({1, 1, 1, 1, 4}, 2) == std::vector<engine::UnitRange>{{0, 4}, {4, 5}});
+    // Against every cut of 7 units into 3 parts.
+    const std::vector<double> w = {5, 1, 3, 8, 2, 2, 7};
+    double best = 1e30;
+    for (int a = 1; a < 7; ++a) {
+      for (int b = a + 1; b < 7; ++b) {
+        auto sum = [&](int from, int to) {
+          double s = 0;
+          for (int i = from; i < to; ++i) s += w[static_cast<std::size_t>(i)];
+          return s;
+        };
+        best = std::min(best, std::max({sum(0, a), sum(a, b), sum(b, 7)}));
+      }
+    }
+    double largest = 0;
+    for (const auto& r : partition_balanced(w, 3)) {
+      double s = 0;
+      for (int i = r.first; i < r.last; ++i) s += w[static_cast<std::size_t>(i)];
+      largest = std::max(largest, s);
+    }
+    CHECK(largest == best);
+    // The tiny GPT's embedding (V*C + T*C = 1280) and head (ln_f: 32; its matrix is the tied
+    // table) weigh less than a block (3.3k): the embedding and 3 blocks, then 3 blocks and the
+    // head (11.2k and 9.9k; cutting after 2 blocks would leave 13.2k on stage 1).
+    const auto p = partition_model(model, "parameters", 2, 1);
+    CHECK(ranges(p) == std::vector<std::pair<int, int>>{{0, 4}, {4, 8}});
+  }
+  SECTION("type:<regex> balances the matching units, the ends stay first and last") {
+    const auto p = partition_model(model, "type:transformerblock", 3, 1);  // case-insensitive
+    REQUIRE(p.parts.size() == 3);
+    for (const auto& r : p.parts) {
+      int blocks = 0;
+      for (int u = r.first; u < r.last; ++u) blocks += model.unit_type(u) == "TransformerBlock";
+      CHECK(blocks == 2);
+    }
+    CHECK(p.parts.front().first == 0);
+    CHECK(p.parts.back().last == model.num_units());
+  }
+  SECTION("refused naming the value") {
+    CHECK_THROWS_WITH(partition_model(model, "type:Mixer", 2, 1),
+                      Catch::Matchers::Contains("'type:Mixer' matches no unit"));
+    CHECK_THROWS_WITH(partition_model(model, "best", 2, 1),
+                      Catch::Matchers::Contains("'best' is not a partition method"));
+    CHECK_THROWS_WITH(partition_model(model, "type:[Block", 2, 1),
+                      Catch::Matchers::Contains("the regex after type: is invalid"));
+    CHECK_THROWS_WITH(partition_units("uniform", 4, 4, {1, 1, 1}, {"a", "b", "c"}),
+                      Catch::Matchers::Contains("3 units, fewer than the 16"));
+  }
 }

@@ -136,7 +136,7 @@ TEST_CASE("Schedule names, parsing and instruction text", "[unit][pipeline]") {
   CHECK(parse_schedule_kind("zb-h1") == ScheduleKind::zero_bubble);
   CHECK_THROWS_AS(parse_schedule_kind("pipedream"), ConfigError);
   CHECK_THROWS_WITH(parse_schedule_kind("pipedream"),
-                    Contains("'pipedream'") && Contains("gpipe, 1f1b, interleaved, zb"));
+                    Contains("'pipedream'") && Contains("gpipe, 1f1b, interleaved or zb"));
   CHECK(to_string({Op::recv_gradient, 3, 1, 2}) == "recv gradient (micro 3, chunk 1) from stage 2");
   CHECK(to_string({Op::send_activation, 0, 0, 1}) ==
         "send activation (micro 0, chunk 0) to stage 1");

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include <parallel/pipeline/partition_method.hpp>
 #include <zero/core/error.hpp>
 #include <zero/engine/micro_step.hpp>
 
@@ -107,8 +108,15 @@ inline Partition partition_units(std::string_view method, int pp, int v,
   expect<ConfigError>(n >= parts, "pipeline partition: the model has ", n,
                       " units, fewer than the ", parts, " (pp ", pp, " x virtual stages ", v,
                       ") stages to fill; every stage needs at least one unit");
+  const PartitionMethod how = [&] {
+    try {
+      return parse_partition_method(method);
+    } catch (const ConfigError& e) {
+      raise<ConfigError>("pipeline partition_method ", e.what());
+    }
+  }();
   Partition p;
-  if (method == "uniform") {
+  if (how.kind == PartitionMethod::Kind::uniform) {
     p.parts = partition_uniform(n, parts);
     if (n % parts != 0) {
       p.warnings.push_back(
@@ -122,34 +130,21 @@ inline Partition partition_units(std::string_view method, int pp, int v,
     return p;
   }
   std::vector<double> weights(static_cast<std::size_t>(n), 0.0);
-  if (method == "parameters") {
-    for (int u = 0; u < n; ++u) {
-      weights[static_cast<std::size_t>(u)] =
-          static_cast<double>(unit_params[static_cast<std::size_t>(u)]);
+  int matched = 0;
+  for (int u = 0; u < n; ++u) {
+    const auto k = static_cast<std::size_t>(u);
+    if (how.kind == PartitionMethod::Kind::parameters) {
+      weights[k] = static_cast<double>(unit_params[k]);
+    } else if (std::regex_search(unit_types.at(k), how.regex)) {
+      weights[k] = 1.0;
+      ++matched;
     }
-  } else if (method.starts_with("type:")) {
-    const std::string pattern(method.substr(5));
-    std::regex re;
-    try {
-      re = std::regex(pattern, std::regex::icase);
-    } catch (const std::regex_error& e) {
-      raise<ConfigError>("pipeline partition_method '", std::string(method),
-                         "': invalid regular expression (", e.what(), ")");
-    }
-    int matched = 0;
-    for (int u = 0; u < n; ++u) {
-      const bool hit = std::regex_search(unit_types.at(static_cast<std::size_t>(u)), re);
-      weights[static_cast<std::size_t>(u)] = hit ? 1.0 : 0.0;
-      matched += hit ? 1 : 0;
-    }
-    expect<ConfigError>(
-        matched > 0, "pipeline partition_method '", std::string(method),
-        "' matches no unit (unit types: ", unit_types.empty() ? std::string() : unit_types.front(),
-        " ... ", unit_types.empty() ? std::string() : unit_types.back(), ")");
-  } else {
-    raise<ConfigError>("pipeline partition_method '", std::string(method),
-                       "' is unknown: expected uniform, parameters or type:<regex>");
   }
+  expect<ConfigError>(
+      how.kind != PartitionMethod::Kind::type || matched > 0, "pipeline partition_method '",
+      std::string(method),
+      "' matches no unit (unit types: ", unit_types.empty() ? std::string() : unit_types.front(),
+      " ... ", unit_types.empty() ? std::string() : unit_types.back(), ")");
   p.parts = partition_balanced(weights, parts);
   return p;
 }

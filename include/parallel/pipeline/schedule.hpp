@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -110,8 +111,8 @@ inline ScheduleKind parse_schedule_kind(std::string_view text) {
     if (name_of(k) == text) return k;
   }
   if (text == "zb-h1") return ScheduleKind::zero_bubble;
-  raise<ConfigError>("unknown pipeline schedule '", std::string(text),
-                     "': expected one of gpipe, 1f1b, interleaved, zb (or zb-h1)");
+  raise<ConfigError>("'", std::string(text),
+                     "' is not a schedule; expected gpipe, 1f1b, interleaved or zb (zb-h1 is zb)");
 }
 
 /// Sizes a schedule is built for.
@@ -439,19 +440,19 @@ inline void zero_bubble_lists(const ScheduleShape& shape,
     auto& list = out[static_cast<std::size_t>(s)];
     list.reserve(computes.size() + msgs.size());
     std::size_t k = 0;
-    for (const TimedCompute& c : computes) {
-      for (; k < msgs.size() && msgs[k].at <= c.start; ++k) {
+    // Appends the messages of instants up to `until`, one group per instant.
+    auto post_messages = [&](int until) {
+      for (; k < msgs.size() && msgs[k].at <= until; ++k) {
         if (k > 0 && msgs[k - 1].at == msgs[k].at && !is_compute(list.back().op))
           list.back().grouped_with_next = true;
         list.push_back(msgs[k].in);
       }
+    };
+    for (const TimedCompute& c : computes) {
+      post_messages(c.start);
       list.push_back({c.op, c.micro, 0, -1, false});
     }
-    for (; k < msgs.size(); ++k) {
-      if (k > 0 && msgs[k - 1].at == msgs[k].at && !is_compute(list.back().op))
-        list.back().grouped_with_next = true;
-      list.push_back(msgs[k].in);
-    }
+    post_messages(std::numeric_limits<int>::max());
   }
 }
 

@@ -8,15 +8,28 @@
 // accepted too; sizes that disagree are a ConfigError naming both keys.
 
 #include <cstdint>
-#include <regex>
 #include <string>
 #include <vector>
 
+#include <parallel/pipeline/partition_method.hpp>
+#include <parallel/pipeline/schedule.hpp>
 #include <zero/config/json_reader.hpp>
 #include <zero/config/key_table.hpp>
 #include <zero/core/error.hpp>
 
 namespace zero::config {
+
+namespace detail {
+/// fn(), its ConfigError (which names the value) prefixed with the key path where.
+template <class Fn>
+auto at_key(const std::string& where, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const ConfigError& e) {
+    raise<ConfigError>(where, ": ", e.what());
+  }
+}
+}  // namespace detail
 
 /// Pipeline-parallelism settings.
 struct PipelineConfig {
@@ -37,18 +50,17 @@ struct PipelineConfig {
     expect<ConfigError>(c.virtual_stages >= 1, r.where("virtual_stages"), ": ", c.virtual_stages,
                         " must be at least 1 (model chunks per stage)");
     if (const auto schedule = r.string("schedule")) {
-      const std::string& s = *schedule;
-      expect<ConfigError>(
-          s == "gpipe" || s == "1f1b" || s == "interleaved" || s == "zb" || s == "zb-h1",
-          r.where("schedule"), ": '", s,
-          "' is not a schedule; expected gpipe, 1f1b, interleaved or zb (zb-h1)");
-      c.schedule = s == "zb-h1" ? "zb" : s;
+      c.schedule = detail::at_key(r.where("schedule"), [&] {
+        return std::string(
+            parallel::pipeline::name_of(parallel::pipeline::parse_schedule_kind(*schedule)));
+      });
     } else if (c.virtual_stages > 1) {
       c.schedule = "interleaved";  // chunks per stage only make sense interleaved
     }
     if (const auto method = r.string("partition_method")) {
       c.partition_method = *method;
-      check_partition_method(*method, r.where("partition_method"));
+      detail::at_key(r.where("partition_method"),
+                     [&] { return parallel::pipeline::parse_partition_method(*method); });
     }
     read_inert(r);  // DeepSpeed's keys without effect (key_table.hpp)
     for (const auto& k : r.unknown_keys()) unknown.push_back(k);
@@ -92,23 +104,6 @@ struct PipelineConfig {
     expect<ConfigError>(schedule != "interleaved" || virtual_stages >= 2, section.where("schedule"),
                         " \"interleaved\" needs ", chunks,
                         " of at least 2 chunks per stage, the config has ", virtual_stages);
-  }
-
- private:
-  // uniform, parameters, or type: followed by a regex the partitioner can compile (it matches
-  // std::regex, case-insensitively, against unit type names).
-  static void check_partition_method(const std::string& method, const std::string& where) {
-    if (method == "uniform" || method == "parameters") return;
-    expect<ConfigError>(method.starts_with("type:") && method.size() > 5, where, ": '", method,
-                        "' is not a partition method; expected uniform, parameters or "
-                        "type:<regex> with a non-empty regex");
-    try {
-      const std::regex compiled(method.substr(5), std::regex::icase);
-      (void)compiled;
-    } catch (const std::regex_error& e) {
-      raise<ConfigError>(where, ": '", method, "': the regex after type: is invalid (", e.what(),
-                         ")");
-    }
   }
 };
 

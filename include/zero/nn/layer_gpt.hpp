@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <parallel/tensor_parallel/column_parallel_linear.hpp>
@@ -166,6 +167,12 @@ class LayerGPT {
   int num_units() const { return static_cast<int>(units_.size()); }
   /// The head's index.
   int head_unit() const { return num_units() - 1; }
+  /// What unit u is, for a pipeline's partition_method type:<regex>: "Embedding",
+  /// "TransformerBlock" or "LMHead".
+  std::string_view unit_type(int u) const {
+    check_unit(u);
+    return u == 0 ? "Embedding" : u == head_unit() ? "LMHead" : "TransformerBlock";
+  }
   /// Unit u's parameters, in binding order (nn::GPT's).
   std::vector<ParamSpec> unit_params(int u) const { return unit(u).params(); }
   /// The head reads unit 0's token table (tied LM head).
