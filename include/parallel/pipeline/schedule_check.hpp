@@ -51,7 +51,7 @@ struct StageReport {
 struct ScheduleReport {
   std::vector<StageReport> stages;
   double makespan = 0.0;         ///< the latest finish
-  double bubble_fraction = 0.0;  ///< max over stages of (makespan - busy) / busy
+  double bubble_fraction = 0.0;  ///< (makespan - busiest stage's busy) / that busy
 };
 
 namespace detail {
@@ -408,11 +408,11 @@ inline ScheduleReport check_schedule(const Schedule& s, const OpCosts& costs = {
     report.stages[static_cast<std::size_t>(st)] = {r.peak, r.busy, r.clock};
     report.makespan = std::max(report.makespan, r.clock);
   }
-  for (const StageReport& r : report.stages) {
-    if (r.busy > 0.0)
-      report.bubble_fraction =
-          std::max(report.bubble_fraction, (report.makespan - r.busy) / r.busy);
-  }
+  // The time the busiest stage waits, as the executor measures it (PipelineStep): the pipeline
+  // moves at that stage's pace, so its idle time is the bubble.
+  double busiest = 0.0;
+  for (const StageReport& r : report.stages) busiest = std::max(busiest, r.busy);
+  if (busiest > 0.0) report.bubble_fraction = (report.makespan - busiest) / busiest;
   return report;
 }
 
