@@ -26,6 +26,7 @@
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
 
+#include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
 
 namespace {
@@ -149,26 +150,14 @@ void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std
 int main(int argc, char** argv) {
   BenchShape s;
   std::string nvme_path = "/var/tmp";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const long long v = std::atoll(argv[i + 1]);
-    if (flag == "--nvme-path")
-      nvme_path = argv[i + 1];
-    else if (flag == "--layers")
-      s.layers = v;
-    else if (flag == "--channels")
-      s.channels = v;
-    else if (flag == "--seq")
-      s.seq = v;
-    else if (flag == "--batch")
-      s.batch = v;
-    else if (flag == "--repeats")
-      s.repeats = static_cast<int>(v);
-    else {
-      std::fprintf(stderr, "engine_bench: unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  if (!bench::parse_flags(argc, argv, "engine_bench",
+                          {{"--nvme-path", &nvme_path},
+                           {"--layers", &s.layers},
+                           {"--channels", &s.channels},
+                           {"--seq", &s.seq},
+                           {"--batch", &s.batch},
+                           {"--repeats", &s.repeats}}))
+    return 2;
   // Every configuration uses all cores: OpenMP threads in the single process, ranks x threads
   // per rank in the engine runs.
   const int cores = std::max(1u, std::thread::hardware_concurrency());

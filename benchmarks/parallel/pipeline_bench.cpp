@@ -25,6 +25,7 @@
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
 
+#include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
 
 namespace {
@@ -128,28 +129,15 @@ Result pipelined(const Settings& s, const std::vector<std::int32_t>& tokens, int
 
 int main(int argc, char** argv) {
   Settings s;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const long long v = std::atoll(argv[i + 1]);
-    if (flag == "--layers")
-      s.layers = v;
-    else if (flag == "--channels")
-      s.channels = v;
-    else if (flag == "--heads")
-      s.heads = v;
-    else if (flag == "--seq")
-      s.seq = v;
-    else if (flag == "--micro")
-      s.micro = v;
-    else if (flag == "--micro-batches")
-      s.micro_batches = static_cast<int>(v);
-    else if (flag == "--repeats")
-      s.repeats = static_cast<int>(v);
-    else {
-      std::fprintf(stderr, "pipeline_bench: unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  if (!bench::parse_flags(argc, argv, "pipeline_bench",
+                          {{"--layers", &s.layers},
+                           {"--channels", &s.channels},
+                           {"--heads", &s.heads},
+                           {"--seq", &s.seq},
+                           {"--micro", &s.micro},
+                           {"--micro-batches", &s.micro_batches},
+                           {"--repeats", &s.repeats}}))
+    return 2;
   const nn::GPTConfig c = model_config(s);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(s.micro_batches * s.micro * s.seq));
   for (std::size_t i = 0; i < tokens.size(); ++i) {

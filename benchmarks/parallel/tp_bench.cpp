@@ -25,6 +25,7 @@
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
 
+#include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
 
 namespace {
@@ -137,26 +138,14 @@ double raw_ms(const std::map<parallel::CommOp, parallel::CommStats>& ops, int re
 
 int main(int argc, char** argv) {
   Shape_ s;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const long long v = std::atoll(argv[i + 1]);
-    if (flag == "--layers")
-      s.layers = v;
-    else if (flag == "--channels")
-      s.channels = v;
-    else if (flag == "--heads")
-      s.heads = v;
-    else if (flag == "--seq")
-      s.seq = v;
-    else if (flag == "--batch")
-      s.batch = v;
-    else if (flag == "--repeats")
-      s.repeats = static_cast<int>(v);
-    else {
-      std::fprintf(stderr, "tp_bench: unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  if (!bench::parse_flags(argc, argv, "tp_bench",
+                          {{"--layers", &s.layers},
+                           {"--channels", &s.channels},
+                           {"--heads", &s.heads},
+                           {"--seq", &s.seq},
+                           {"--batch", &s.batch},
+                           {"--repeats", &s.repeats}}))
+    return 2;
   const std::string shape = "\"layers\": " + std::to_string(s.layers) +
                             ", \"channels\": " + std::to_string(s.channels) +
                             ", \"seq\": " + std::to_string(s.seq) +
