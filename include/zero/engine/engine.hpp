@@ -227,8 +227,7 @@ class Engine {
       micro_.begin_pass(batch,
                         static_cast<std::uint64_t>(training_.boundaries()) * accumulation +
                             static_cast<std::uint64_t>(micro),
-                        training_.loss_scale() / static_cast<double>(accumulation), r,
-                        num_units());
+                        training_.loss_scale() / static_cast<double>(accumulation), r, num_units());
       if (input.data() != nullptr) micro_.ctx().x = input;
       for (int u = r.first; u < r.last; ++u) forward_unit(u);
       return micro_.ctx().x;
