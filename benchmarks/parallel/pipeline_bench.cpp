@@ -1,11 +1,11 @@
 // pipeline_bench: a GPT training step (m micro-batches, AdamW at ZeRO stage 1) through pp
-// LocalComm stages with each schedule (GPipe, 1F1B, interleaved with 2 chunks per stage), beside
-// the same model and global batch on one rank without a pipeline (the baseline, timed in the same
-// run). Per schedule: the best step time, its ratio to the baseline, the bubble fraction the
-// executor measured ((wall - busiest stage) / busiest stage) and the one check_schedule predicts
-// for equal stages, and the forwards recomputed on stage 0. One JSON line per result. With one
-// core per stage the ideal step time is baseline / pp x (1 + bubble) plus the recomputed
-// forwards; the machine's cores bound how many stages really run at once.
+// LocalComm stages with each schedule (GPipe, 1F1B, interleaved with 2 chunks per stage, ZB-H1
+// with its split backward), beside the same model and global batch on one rank without a
+// pipeline (the baseline, timed in the same run). Per schedule: the best step time, its ratio to
+// the baseline, the bubble fraction the executor measured ((wall - busiest stage) / busiest stage)
+// and the one check_schedule predicts for equal stages, and the forwards recomputed on stage 0. One
+// JSON line per result. With one core per stage the ideal step time is baseline / pp x (1 + bubble)
+// plus the recomputed forwards; the machine's cores bound how many stages really run at once.
 //
 //   ./pipeline_bench [--layers 6] [--channels 128] [--heads 4] [--seq 64] [--micro 2]
 //                    [--micro-batches 8] [--repeats 3]
@@ -150,8 +150,7 @@ int main(int argc, char** argv) {
   const Result base = baseline(s, tokens);
   bench::line("pipeline_step", shape + ", \"pp\": 1, \"schedule\": \"none\"", base.ms, "ms");
   for (int pp : {2, 4}) {
-    for (ScheduleKind kind :
-         {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved}) {
+    for (ScheduleKind kind : parallel::pipeline::all_schedule_kinds) {
       const int v = kind == ScheduleKind::interleaved ? 2 : 1;
       if (pp * v > s.layers + 2) continue;
       if (kind == ScheduleKind::interleaved && s.micro_batches % pp != 0) continue;

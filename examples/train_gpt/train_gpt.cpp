@@ -19,7 +19,7 @@
 //               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
-//               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved]]
+//               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved|zb]]
 //
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
@@ -30,7 +30,8 @@
 // 1f1b; --vpp V chunks per stage with the interleaved schedule); each step runs the
 // accumulation's micro-batches through the pipeline. The built-in config then uses ZeRO stage 1
 // (stages 2 and 3 do not compose with a pipeline). The step line adds the bubble fraction;
-// the profiler's per-unit reports are not collected across stages.
+// the profiler's per-unit reports are not collected across stages, so --profile is ignored
+// there.
 //
 // The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
 // print zero::profile's reports (docs/observability.md); --profile switches all four on (the
@@ -426,6 +427,56 @@ void print_losses(double first_loss, double loss, const Corpus& corpus, double v
               std::log(static_cast<double>(corpus.vocab)), val_loss);
 }
 
+// The bytes a sample draws from: the byte vocabulary without end-of-text.
+std::int64_t sample_vocab(const Corpus& corpus) {
+  return std::min<std::int64_t>(corpus.vocab, 256);
+}
+
+// Row `row` of the logits of model's last forward, its first `bytes` columns as floats (with
+// tensor parallelism each rank holds V/tp columns: they are gathered).
+template <class Model>
+std::vector<float> last_row_logits(const Model& model, const nn::GPTConfig& gc, int tp,
+                                   std::int64_t row, std::int64_t bytes) {
+  using Elem = typename Model::value_type;
+  const std::int64_t local_vocab = gc.vocab_size / tp;
+  std::vector<Elem> whole(static_cast<std::size_t>(gc.vocab_size));
+  parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
+                           model.logits().data() + row * local_vocab, whole.data(), 1, local_vocab);
+  std::vector<float> out(static_cast<std::size_t>(bytes));
+  for (std::size_t v = 0; v < out.size(); ++v) out[v] = static_cast<float>(whole[v]);
+  return out;
+}
+
+// The closing sample: continues the start of the validation text by --sample-bytes bytes, each
+// from next(window, row, sampler), which runs the model on the window and returns the byte drawn
+// from the logits of its last real row. The window slides once the context fills seq; with
+// sequence parallelism (split = tp) it is padded on the right to a multiple of tp (attention is
+// causal, so the last real row does not see the padding). Rank 0 prints.
+template <class Next>
+void print_sample(const Options& o, const Corpus& corpus, bool leader, std::int64_t split,
+                  Next&& next) {
+  if (corpus.prompt.empty() || o.sample_bytes <= 0) return;
+  std::vector<std::int32_t> context = corpus.prompt;
+  const std::size_t prompt = context.size();
+  nn::Sampler sampler(o.temperature, o.top_k, o.seed);
+  for (std::int64_t i = 0; i < o.sample_bytes; ++i) {
+    const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.seq);
+    const std::int64_t padded = (T + split - 1) / split * split;
+    std::vector<std::int32_t> window(context.end() - T, context.end());
+    window.resize(static_cast<std::size_t>(padded), window.back());
+    context.push_back(next(engine::MicroBatch{window.data(), nullptr, 1, padded}, T - 1, sampler));
+  }
+  if (leader) {
+    const auto ids = std::span<const std::int32_t>(context);
+    std::printf(
+        "sample (temperature %g, top-k %d, seed %llu):\n  prompt: %s\n  output: %s\n",
+        o.temperature, o.top_k, static_cast<unsigned long long>(o.seed),
+        data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(1, prompt - 1)))
+            .c_str(),
+        data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(prompt))).c_str());
+  }
+}
+
 // The pipeline engine with E's model and policies (E = Engine<GPT<T>, Policies...>).
 template <class E>
 struct pipeline_engine_of;
@@ -435,7 +486,8 @@ struct pipeline_engine_of<engine::Engine<M, Policies...>> {
 };
 
 // Trains with pipeline stages (tp x dp x pp ranks; --pp): each step runs the accumulation's
-// micro-batches through the schedule. Rank 0 prints; the loss comes from the last stage.
+// micro-batches through the schedule. Rank 0 prints; the loss and the closing sample's logits
+// come from the last stage.
 // Returns whether the loss fell.
 template <class E, class Comm>
 bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
@@ -460,6 +512,11 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
   if (leader) {
     for (const auto& w : pipe.partition().warnings) std::printf("train_gpt: %s\n", w.c_str());
+    if (o.profile) {
+      std::fprintf(stderr,
+                   "train_gpt: --profile has no effect with pipeline stages: the profiler's "
+                   "per-unit reports are not collected across stages\n");
+    }
     std::string layout;
     for (const auto& part : pipe.partition().parts) {
       layout += (layout.empty() ? "" : " | ") + std::to_string(part.first) + "-" +
@@ -507,6 +564,19 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   }
   const double val_loss = mean_over_dp(eng, pipe.evaluate(micro_of(run.val_loader.next())));
   if (leader) print_losses(first_loss, loss, corpus, val_loss);
+  // Every rank runs the pipelined forward; the last stage holds the logits and draws the byte,
+  // which the pipeline group then shares.
+  print_sample(o, corpus, leader, model.tensor_parallel().sequence_parallel() ? tp : 1,
+               [&](const engine::MicroBatch& window, std::int64_t row, nn::Sampler& sampler) {
+                 (void)pipe.evaluate(window);
+                 std::int32_t next = 0;
+                 if (pipe.holds_last_unit()) {
+                   next = sampler.next(std::span<const float>(
+                       last_row_logits(model, gc, tp, row, sample_vocab(corpus))));
+                 }
+                 groups.pp().broadcast(std::span<std::int32_t>(&next, 1), pp - 1);
+                 return next;
+               });
   return loss < first_loss || first_step > 0;
 }
 
@@ -635,44 +705,14 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
       eng, static_cast<double>(static_cast<float>(eng.evaluate(micro_of(run.val_loader.next())))));
   if (leader) print_losses(first_loss, loss, corpus, val_loss);
 
-  // A short sample continuing the start of the validation text (every rank takes part: the
-  // stage-3 forward gathers units collectively; every rank draws the same numbers from the same
-  // logits, so all pick the same bytes). The window slides once the context fills seq.
-  if (!corpus.prompt.empty() && o.sample_bytes > 0) {
-    std::vector<std::int32_t> context = corpus.prompt;
-    const std::size_t prompt = context.size();
-    nn::Sampler sampler(o.temperature, o.top_k, o.seed);
-    const std::int64_t bytes = std::min<std::int64_t>(corpus.vocab, 256);  // never end-of-text
-    for (std::int64_t i = 0; i < o.sample_bytes; ++i) {
-      const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.seq);
-      // Sequence parallelism splits the rows over tp: pad the window on the right to a multiple
-      // of tp (seq is one). Attention is causal, so row T-1 does not see the padding.
-      const std::int64_t split = model.tensor_parallel().sequence_parallel() ? tp : 1;
-      const std::int64_t padded = (T + split - 1) / split * split;
-      std::vector<std::int32_t> window(context.end() - T, context.end());
-      window.resize(static_cast<std::size_t>(padded), window.back());
-      eng.evaluate(engine::MicroBatch{window.data(), nullptr, 1, padded});
-      // With tensor parallelism each rank holds V/tp columns: gather the last row's.
-      using Elem = typename E::T;
-      const std::int64_t local_vocab = gc.vocab_size / tp;
-      std::vector<Elem> row(static_cast<std::size_t>(gc.vocab_size));
-      parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
-                               model.logits().data() + (T - 1) * local_vocab, row.data(), 1,
-                               local_vocab);
-      std::vector<float> last_row(static_cast<std::size_t>(bytes));
-      for (std::size_t v = 0; v < last_row.size(); ++v) last_row[v] = static_cast<float>(row[v]);
-      context.push_back(sampler.next(std::span<const float>(last_row)));
-    }
-    if (leader) {
-      const auto ids = std::span<const std::int32_t>(context);
-      std::printf(
-          "sample (temperature %g, top-k %d, seed %llu):\n  prompt: %s\n  output: %s\n",
-          o.temperature, o.top_k, static_cast<unsigned long long>(o.seed),
-          data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(1, prompt - 1)))
-              .c_str(),
-          data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(prompt))).c_str());
-    }
-  }
+  // Every rank takes part: the stage-3 forward gathers units collectively; every rank draws the
+  // same numbers from the same logits, so all pick the same bytes.
+  print_sample(o, corpus, leader, model.tensor_parallel().sequence_parallel() ? tp : 1,
+               [&](const engine::MicroBatch& window, std::int64_t row, nn::Sampler& sampler) {
+                 eng.evaluate(window);
+                 return sampler.next(std::span<const float>(
+                     last_row_logits(model, gc, tp, row, sample_vocab(corpus))));
+               });
   return loss < first_loss || first_step > 0;
 }
 

@@ -58,7 +58,8 @@ TEST_CASE("MpiComm: pipeline layouts (tp x dp x pp) with ZeRO-1 equal the refere
   for (int pp : {2, 4, 8}) {
     for (int tp : {1, 2}) {
       if (world().size() % (pp * tp) != 0) continue;
-      for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::interleaved}) {
+      for (ScheduleKind kind :
+           {ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zero_bubble}) {
         if (kind == ScheduleKind::interleaved && pp * 2 > 8) continue;
         INFO("tp " << tp << " pp " << pp << " dp " << world().size() / (pp * tp) << " "
                    << name_of(kind));

@@ -214,6 +214,23 @@ TEST_CASE("Bubble fractions and peak activations are the literature's", "[unit][
   const ScheduleReport few = check_schedule(make_schedule(ScheduleKind::one_f_one_b, {8, 3, 1}));
   CHECK(few.stages[0].peak_live_activations == 3);
   CHECK(few.stages[7].peak_live_activations == 1);
+  // Recomputation (OpCosts::recompute_forward, as StageExecutor): a backward pays one forward
+  // more unless its own forward ran just before. 1F1B's stage s < pp-1 recomputes all m (its
+  // forwards are followed by the next forward or a backward of an older micro-batch), the last
+  // stage none; GPipe all m on every stage (its backwards run micro-batches 0..m-1, so none follows
+  // its own forward).
+  OpCosts recompute;
+  recompute.recompute_forward = 1.0;
+  const ScheduleReport one_f_re =
+      check_schedule(make_schedule(ScheduleKind::one_f_one_b, {4, 8, 1}), recompute);
+  const ScheduleReport gpipe_re =
+      check_schedule(make_schedule(ScheduleKind::gpipe, {4, 8, 1}), recompute);
+  for (int s = 0; s < 3; ++s) CHECK(one_f_re.stages[s].recomputed_forwards == 8);
+  CHECK(one_f_re.stages[3].recomputed_forwards == 0);
+  CHECK(one_f_re.stages[0].busy == 32.0);
+  CHECK(one_f_re.stages[3].busy == 24.0);
+  for (const StageReport& s : gpipe_re.stages) CHECK(s.recomputed_forwards == 8);
+  CHECK(one_f.stages[0].recomputed_forwards == 8);  // counted whatever it costs
 }
 
 TEST_CASE("ZB-H1 splits every backward and is a function of the shape", "[unit][pipeline]") {

@@ -14,11 +14,16 @@
 // together, sends first, and waited on together, as an NCCL group: the static checker proved
 // the schedule free of deadlock under those semantics, and posting sends first only removes
 // waits.
+// A split backward (the zero-bubble schedule) runs the input half at backward_input, sending
+// the input gradient at once, and leaves the layers' weight-gradient products in a
+// DeferredWeightGrads of the micro-batch until its backward_weight; the micro-batch counts as
+// live until then. Those lists are reused across micro-batches and steps like boundary storage.
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -31,6 +36,7 @@
 #include <zero/core/tensor.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/micro_step.hpp>
+#include <zero/nn/deferred_weight_grads.hpp>
 
 namespace zero::parallel::pipeline {
 
@@ -130,7 +136,11 @@ class StageExecutor {
   StageRun run(std::span<const Instruction> list, std::span<const engine::MicroBatch> batches) {
     micro_ = static_cast<int>(batches.size());
     slots_.resize(static_cast<std::size_t>(micro_ * chunks_));
-    for (Slot& s : slots_) s.forward_done = s.backward_done = false;
+    for (Slot& s : slots_) {
+      s.forward_done = s.backward_done = s.weight_done = false;
+      expect<Error>(s.deferred == nullptr, "pipeline executor: stage ", stage_,
+                    ": an earlier run left a weight half undone");
+    }
     open_ = -1;
     live_ = 0;
     StageRun out;
@@ -163,7 +173,8 @@ class StageExecutor {
     BoundaryTensor<T> input;        // the activation entering the chunk (none at virtual stage 0)
     BoundaryTensor<T> output_grad;  // the gradient at the chunk's output (none at the last)
     BoundaryTensor<T> to_send;      // output activation or input gradient, kept until sent
-    bool forward_done = false, backward_done = false;
+    std::unique_ptr<nn::DeferredWeightGrads<T>> deferred;  // left by backward_input until W
+    bool forward_done = false, backward_done = false, weight_done = false;
   };
 
   Slot& slot(int micro, int chunk) {
@@ -228,7 +239,8 @@ class StageExecutor {
         }
         return;
       }
-      case Op::backward: {
+      case Op::backward:
+      case Op::backward_input: {
         expect<Error>(s.forward_done && !s.backward_done, "pipeline executor: stage ", stage_,
                       " instruction ", i, ": ", to_string(in),
                       s.backward_done ? " ran before" : " comes before its forward");
@@ -240,7 +252,15 @@ class StageExecutor {
           (void)run_forward(in.micro, in.chunk, batches);
           ++out.recomputed_forwards;
         }
-        const Tensor<T> dx = engine_.backward_pass(s.output_grad.view());
+        const bool split = in.op == Op::backward_input;
+        Tensor<T> dx;
+        if (split) {
+          s.deferred = take_deferred();
+          dx = engine_.backward_input_pass(s.output_grad.view(), *s.deferred);
+        } else {
+          dx = engine_.backward_pass(s.output_grad.view());
+          s.weight_done = true;
+        }
         open_ = -1;
         s.backward_done = true;
         if (!first_virtual(in.chunk)) {
@@ -250,23 +270,37 @@ class StageExecutor {
         // The boundary tensors of this micro-batch are no longer needed.
         give_back(s.input.values);
         give_back(s.output_grad.values);
+        if (!split) --live_;
+        return;
+      }
+      case Op::backward_weight: {
+        expect<Error>(s.backward_done && !s.weight_done && s.deferred != nullptr,
+                      "pipeline executor: stage ", stage_, " instruction ", i, ": ", to_string(in),
+                      s.weight_done ? " ran before" : " comes before its backward input");
+        engine_.weight_pass(stage_model_.chunk_units(in.chunk), *s.deferred);
+        free_deferred_.push_back(std::move(s.deferred));
+        s.weight_done = true;
         --live_;
         return;
       }
       default:
-        raise<ConfigError>("pipeline executor: stage ", stage_, " instruction ", i, ": ",
-                           to_string(in),
-                           ": layers compute input and weight gradients in one backward, so the "
-                           "split backward of the zero-bubble schedule cannot run; use gpipe, "
-                           "1f1b or interleaved");
+        raise<Error>("pipeline executor: stage ", stage_, " instruction ", i, ": ", to_string(in),
+                     " is not a computation");
     }
+  }
+
+  std::unique_ptr<nn::DeferredWeightGrads<T>> take_deferred() {
+    if (free_deferred_.empty()) return std::make_unique<nn::DeferredWeightGrads<T>>();
+    auto d = std::move(free_deferred_.back());
+    free_deferred_.pop_back();
+    return d;
   }
 
   bool next_compute_is_backward_of(std::span<const Instruction> list, std::size_t i) const {
     for (std::size_t k = i + 1; k < list.size(); ++k) {
       if (!is_compute(list[k].op)) continue;
-      return list[k].op == Op::backward && list[k].micro == list[i].micro &&
-             list[k].chunk == list[i].chunk;
+      return (list[k].op == Op::backward || list[k].op == Op::backward_input) &&
+             list[k].micro == list[i].micro && list[k].chunk == list[i].chunk;
     }
     return false;
   }
@@ -303,9 +337,10 @@ class StageExecutor {
   int micro_ = 0;
   std::vector<Slot> slots_;
   std::vector<std::vector<T>> free_;  // boundary storage to reuse
-  std::vector<Work> works_;           // the open group's messages
-  int open_ = -1;  // the pass whose forward activations the engine still holds (-1: none)
-  int live_ = 0;   // stage inputs held now
+  std::vector<std::unique_ptr<nn::DeferredWeightGrads<T>>> free_deferred_;  // likewise
+  std::vector<Work> works_;  // the open group's messages
+  int open_ = -1;            // the pass whose forward activations the engine still holds (-1: none)
+  int live_ = 0;             // stage inputs held now
 };
 
 }  // namespace zero::parallel::pipeline

@@ -39,7 +39,7 @@ namespace zero::parallel::pipeline {
 
 /// How the pipeline runs.
 struct PipelineOptions {
-  ScheduleKind schedule = ScheduleKind::one_f_one_b;  ///< gpipe, 1f1b or interleaved
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;  ///< gpipe, 1f1b, interleaved or zb
   int virtual_stages = 1;                             ///< chunks per rank (interleaved: >= 2)
   std::string partition_method = "parameters";        ///< uniform, parameters, type:<regex>
 };
@@ -224,10 +224,6 @@ class PipelineEngine {
                         "pipeline: virtual_pipeline_model_parallel_size ", o.virtual_stages,
                         " needs the interleaved schedule (the ", name_of(o.schedule),
                         " schedule runs one chunk per stage)");
-    expect<ConfigError>(o.schedule != ScheduleKind::zero_bubble,
-                        "pipeline schedule zb: layers compute input and weight gradients in one "
-                        "backward, so the zero-bubble schedule's split backward cannot run; use "
-                        "gpipe, 1f1b or interleaved");
     return partition_model(model, o.partition_method, pp, o.virtual_stages);
   }
 

@@ -38,6 +38,10 @@ class ScheduleError : public Error {
 /// Time each compute takes (any unit; messages take none).
 struct OpCosts {
   double forward = 1.0, backward = 2.0, backward_input = 1.0, backward_weight = 1.0;
+  /// Added to a backward (or backward input) whose forward is not the computation just before
+  /// it on its stage: StageExecutor runs that forward again first (layers keep one
+  /// micro-batch's activations). 0 simulates a stage that keeps every live micro-batch's.
+  double recompute_forward = 0.0;
 };
 
 /// What one stage did in the checked run.
@@ -45,6 +49,7 @@ struct StageReport {
   int peak_live_activations = 0;  ///< most (micro, chunk) between forward and (weight) backward
   double busy = 0.0;              ///< time spent computing
   double finish = 0.0;            ///< time its last instruction completed
+  int recomputed_forwards = 0;    ///< backwards whose forward did not run just before
 };
 
 /// What check_schedule found.
@@ -238,7 +243,9 @@ struct StageRun {
   double group_done = 0.0;    // when the open group's matched ops completed
   double busy = 0.0;
   int live = 0, peak = 0;
-  bool blocked = false;  // waiting for the open group
+  int recomputed = 0;
+  const Instruction* last_compute = nullptr;  // the compute before the next one
+  bool blocked = false;                       // waiting for the open group
   bool finished = false;
 };
 
@@ -339,12 +346,17 @@ inline ScheduleReport check_schedule(const Schedule& s, const OpCosts& costs = {
             r.peak = std::max(r.peak, ++r.live);
             break;
           case Op::backward:
-            cost = costs.backward;
-            --r.live;
+          case Op::backward_input: {
+            cost = in.op == Op::backward ? costs.backward : costs.backward_input;
+            if (in.op == Op::backward) --r.live;
+            const Instruction* f = r.last_compute;
+            if (f == nullptr || f->op != Op::forward || f->micro != in.micro ||
+                f->chunk != in.chunk) {
+              cost += costs.recompute_forward;
+              ++r.recomputed;
+            }
             break;
-          case Op::backward_input:
-            cost = costs.backward_input;
-            break;
+          }
           case Op::backward_weight:
             cost = costs.backward_weight;
             --r.live;
@@ -354,6 +366,7 @@ inline ScheduleReport check_schedule(const Schedule& s, const OpCosts& costs = {
         }
         r.clock += cost;
         r.busy += cost;
+        r.last_compute = &in;
         ++r.pc;
         continue;
       }
@@ -405,7 +418,7 @@ inline ScheduleReport check_schedule(const Schedule& s, const OpCosts& costs = {
   report.stages.resize(static_cast<std::size_t>(pp));
   for (int st = 0; st < pp; ++st) {
     const detail::StageRun& r = run[static_cast<std::size_t>(st)];
-    report.stages[static_cast<std::size_t>(st)] = {r.peak, r.busy, r.clock};
+    report.stages[static_cast<std::size_t>(st)] = {r.peak, r.busy, r.clock, r.recomputed};
     report.makespan = std::max(report.makespan, r.clock);
   }
   // The time the busiest stage waits, as the executor measures it (PipelineStep): the pipeline

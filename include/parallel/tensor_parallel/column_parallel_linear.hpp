@@ -20,6 +20,7 @@
 
 #include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
 #include <zero/ops/cpu/linear.hpp>
@@ -117,9 +118,9 @@ class ColumnParallelLinear final : public nn::Layer<T> {
       x = full.data();
     }
     if (!tp_.active()) {
-      ops::cpu::linear_backward<T>(ctx.dx.data(), w.grad.data(),
-                                   bias_ ? bias_view_.grad.data() : nullptr, ctx.dy.data(), x,
-                                   w.value.data(), rows_, in_, cols);
+      nn::linear_backward<T>(ctx, ctx.dx.data(), w.grad.data(),
+                             bias_ ? bias_view_.grad.data() : nullptr, ctx.dy.data(), x,
+                             w.value.data(), rows_, in_, cols);
       ctx.arena->release(mark);
       return;
     }
@@ -135,8 +136,8 @@ class ColumnParallelLinear final : public nn::Layer<T> {
     const std::span<T> recv(reduced.data(), static_cast<std::size_t>(local));
     Work work = sp ? tp_.comm().reduce_scatter_async(send, recv, ReduceOp::sum)
                    : tp_.comm().all_reduce_async(send, recv, ReduceOp::sum);
-    ops::cpu::linear_backward<T>(nullptr, w.grad.data(), bias_ ? bias_view_.grad.data() : nullptr,
-                                 ctx.dy.data(), x, w.value.data(), rows_, in_, cols);
+    nn::linear_backward<T>(ctx, nullptr, w.grad.data(), bias_ ? bias_view_.grad.data() : nullptr,
+                           ctx.dy.data(), x, w.value.data(), rows_, in_, cols);
     work.wait();
     ops::cpu::accumulate(ctx.dx.data(), reduced.data(), local);
     ctx.arena->release(mark);

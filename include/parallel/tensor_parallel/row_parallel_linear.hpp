@@ -17,6 +17,7 @@
 
 #include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/element_access.hpp>
 #include <zero/ops/cpu/linear.hpp>
@@ -91,8 +92,8 @@ class RowParallelLinear final : public nn::Layer<T> {
                      out_);
       dy = full.data();
     }
-    ops::cpu::linear_backward<T>(ctx.dx.data(), weight_.grad.data(), nullptr, dy, input_.data(),
-                                 weight_.value.data(), rows_, part, out_);
+    nn::linear_backward<T>(ctx, ctx.dx.data(), weight_.grad.data(), nullptr, dy, input_.data(),
+                           weight_.value.data(), rows_, part, out_);
     if (bias_) {
       if (sp) {  // each rank summed its own rows: add up the contributions over the group
         Tensor<T> db = ctx.arena->template allocate<T>({out_});

@@ -55,6 +55,7 @@
 #include <zero/engine/training_state.hpp>
 #include <zero/engine/unit_exchange.hpp>
 #include <zero/engine/unit_storage.hpp>
+#include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/model.hpp>
 #include <zero/profile/step_timers.hpp>
 
@@ -198,7 +199,7 @@ class Engine {
       micro_.check_backward(r, num_units());
       const auto timed = timers_.phase(profile::Phase::backward);
       const bool boundary = micro_.at_boundary();
-      run_backward(r, dy, [boundary](int) { return boundary; });
+      run_backward(r, dy, [&](int u) { exchange_.gradient_complete(u, boundary); });
       const Tensor<T> dx = micro_.ctx().dx;
       if (!micro_.backward_ran(r)) return dx;
       exchange_.drain_reductions();  // the micro-step ends with every reduction done
@@ -241,10 +242,61 @@ class Engine {
       const UnitRange r = micro_.pass_in_flight("backward_pass");
       const auto timed = timers_.phase(profile::Phase::backward);
       if (r.first == 0) timers_.count_micro_step();
-      run_backward(r, dy, [this](int u) { return micro_.pass_at_boundary(u); });
+      run_backward(r, dy,
+                   [&](int u) { exchange_.gradient_complete(u, micro_.pass_at_boundary(u)); });
       const Tensor<T> dx = micro_.ctx().dx;
-      if (micro_.pass_backward_ran(num_units())) exchange_.drain_reductions();
+      micro_.pass_input_ran(num_units());
+      if (micro_.weight_pass_ran(r, num_units())) exchange_.drain_reductions();
       return dx;
+    });
+  }
+  /// The input half of the backward of the pass in flight (zero-bubble schedules): as
+  /// backward_pass, but layers that can leave their weight-gradient GEMMs in `deferred` (with
+  /// copies of what they read, nn/deferred_weight_grads.hpp), so the gradient at the pass's
+  /// input is ready sooner. The units' gradients are complete, and reduced, only after
+  /// weight_pass ran `deferred`. Returns the gradient at the pass's first unit's input.
+  Tensor<T> backward_input_pass(Tensor<T> dy, nn::DeferredWeightGrads<T>& deferred) {
+    static_assert(!stage_traits::shards_grads,
+                  "Engine::backward_input_pass: a split backward keeps whole gradients until "
+                  "its weight half ran; ZeRO stages 2-3 reduce them after every pass");
+    return communicating("backward_input_pass", [&]() -> Tensor<T> {
+      const UnitRange r = micro_.pass_in_flight("backward_input_pass");
+      expect<Error>(deferred.empty(),
+                    "Engine::backward_input_pass: the deferred weight "
+                    "gradients given still hold ",
+                    deferred.size(), " products of an earlier pass; run its weight_pass first");
+      const auto timed = timers_.phase(profile::Phase::backward);
+      if (r.first == 0) timers_.count_micro_step();
+      nn::StepContext<T>& ctx = micro_.ctx();
+      ctx.weight_grads = &deferred;
+      try {
+        run_backward(r, dy, [](int) {});
+      } catch (...) {
+        ctx.weight_grads = nullptr;
+        throw;
+      }
+      ctx.weight_grads = nullptr;
+      micro_.pass_input_ran(num_units());
+      return ctx.dx;
+    });
+  }
+  /// The weight half of the split backward over units r that left `deferred`: computes its
+  /// products, after which each unit's gradient is complete and reduced after its last pass of
+  /// the window, as backward_pass does. Weight halves of one range run in the order of their
+  /// input halves.
+  void weight_pass(UnitRange r, nn::DeferredWeightGrads<T>& deferred) {
+    communicating("weight_pass", [&] {
+      micro_.check_weight_pass(r, num_units());
+      const auto timed = timers_.phase(profile::Phase::backward);
+      deferred.run();
+      for (int u = r.last - 1; u >= r.first; --u) {
+        // A later pass's input half may have run already, accumulating into u's gradient buffer
+        // and leaving products aimed at it: fold that buffer only once no such pass is left.
+        if (micro_.weight_passes_outstanding(u) == 1) {
+          exchange_.gradient_complete(u, micro_.pass_at_boundary(u));
+        }
+      }
+      if (micro_.weight_pass_ran(r, num_units())) exchange_.drain_reductions();
     });
   }
   /// Forward without dropout through units r, input entering unit r.first (a pipeline stage's
@@ -557,8 +609,8 @@ class Engine {
   }
   // Runs units r backward from dy (when given); boundary(u) says whether u's gradient is reduced
   // after this backward (its window's last).
-  template <class Boundary>
-  void run_backward(UnitRange r, Tensor<T> dy, Boundary&& boundary) {
+  template <class UnitDone>
+  void run_backward(UnitRange r, Tensor<T> dy, UnitDone&& unit_done) {
     nn::StepContext<T>& ctx = micro_.ctx();
     if (dy.data() != nullptr) ctx.dy = dy;
     for (int u = r.last - 1; u >= r.first; --u) {
@@ -568,7 +620,7 @@ class Engine {
         const auto unit_timed = timers_.unit(profile::Phase::backward, u);
         model_.backward_unit(u, ctx);
       }
-      exchange_.gradient_complete(u, boundary(u));
+      unit_done(u);
       exchange_.release_after_use(u);
     }
   }

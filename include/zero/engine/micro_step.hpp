@@ -10,7 +10,9 @@
 // forward then backward, with the next micro-batch's pass free to start first (the forward is
 // then discarded and run again before the backward: layers keep one micro-batch's saved
 // activations). Each unit counts its own backward passes, so its accumulation boundary is its
-// own last pass, whatever order the schedule runs micro-batches and ranges in.
+// own last pass, whatever order the schedule runs micro-batches and ranges in. A backward may
+// be split in two (zero-bubble schedules): the input half ends the pass, and the weight half,
+// later, completes the units' gradients; a unit's passes count its weight halves.
 
 #include <cmath>
 #include <cstddef>
@@ -122,6 +124,7 @@ class MicroSteps {
     boundary_pending_ = false;
     nonfinite_ = 0;
     unit_passes_.clear();
+    unit_inputs_.clear();
     if (phase_ == Phase::pass) phase_ = Phase::idle;
   }
 
@@ -143,7 +146,7 @@ class MicroSteps {
     expect<Error>(0 <= micro && micro < accumulation_, "Engine::forward_pass: micro-batch ", micro,
                   " is outside the window of ", accumulation_, " (gradient_accumulation_steps)");
     for (int u = r.first; u < r.last; ++u) {
-      expect<Error>(passes_of(u) < accumulation_, "Engine::forward_pass: unit ", u,
+      expect<Error>(inputs_of(u) < accumulation_, "Engine::forward_pass: unit ", u,
                     " already ran its ", accumulation_, " backward passes of this window");
     }
   }
@@ -153,7 +156,10 @@ class MicroSteps {
                   int num_units, bool training = true) {
     ctx_ = batch.template context<T>(arena_, training, rng_step);
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
-    if (unit_passes_.empty()) unit_passes_.assign(static_cast<std::size_t>(num_units), 0);
+    if (unit_passes_.empty()) {
+      unit_passes_.assign(static_cast<std::size_t>(num_units), 0);
+      unit_inputs_.assign(static_cast<std::size_t>(num_units), 0);
+    }
     phase_ = Phase::pass;
     pass_ = r;
   }
@@ -166,12 +172,31 @@ class MicroSteps {
   }
   /// True when the pass in flight is unit u's last backward of the window.
   bool pass_at_boundary(int u) const { return passes_of(u) + 1 == accumulation_; }
-  /// Records that the pass in flight ran backward (counting a non-finite loss when it held the
-  /// last unit); true when that was every unit's last pass (the boundary is then pending).
-  bool pass_backward_ran(int num_units) {
-    for (int u = pass_.first; u < pass_.last; ++u) ++unit_passes_[static_cast<std::size_t>(u)];
+  /// Records that the pass in flight ran its backward's input half (the whole backward is
+  /// both halves), counting a non-finite loss when it held the last unit; the next pass may
+  /// start.
+  void pass_input_ran(int num_units) {
+    for (int u = pass_.first; u < pass_.last; ++u) ++unit_inputs_[static_cast<std::size_t>(u)];
     if (pass_.last == num_units && !std::isfinite(convert<double>(ctx_.loss))) ++nonfinite_;
     phase_ = Phase::idle;
+  }
+  /// Checks that a weight half over r may run: an input half over r left one.
+  void check_weight_pass(UnitRange r, int num_units) const {
+    check_range(r, num_units, "weight_pass");
+    for (int u = r.first; u < r.last; ++u) {
+      expect<Error>(weight_passes_outstanding(u) > 0, "Engine::weight_pass: units [", r.first, ", ",
+                    r.last, "): unit ", u,
+                    " has no backward_input_pass waiting for its weight half");
+    }
+  }
+  /// Input halves of unit u whose weight half has not run.
+  int weight_passes_outstanding(int u) const {
+    return unit_inputs_.empty() ? 0 : inputs_of(u) - passes_of(u);
+  }
+  /// Records the weight half over r (after pass_input_ran, at once for a whole backward); true
+  /// when that was every unit's last pass (the boundary is then pending).
+  bool weight_pass_ran(UnitRange r, int num_units) {
+    for (int u = r.first; u < r.last; ++u) ++unit_passes_[static_cast<std::size_t>(u)];
     for (int u = 0; u < num_units; ++u) {
       if (passes_of(u) < accumulation_) return false;
     }
@@ -188,13 +213,16 @@ class MicroSteps {
   enum class Phase : unsigned char { idle, forward, forward_done, backward, pass };
 
   bool passes_started() const {
-    for (int n : unit_passes_) {
+    for (int n : unit_inputs_) {
       if (n > 0) return true;
     }
     return false;
   }
   int passes_of(int u) const {
     return unit_passes_.empty() ? 0 : unit_passes_[static_cast<std::size_t>(u)];
+  }
+  int inputs_of(int u) const {
+    return unit_inputs_.empty() ? 0 : unit_inputs_[static_cast<std::size_t>(u)];
   }
 
   static void check_range(UnitRange r, int num_units, const char* what) {
@@ -212,6 +240,7 @@ class MicroSteps {
   Phase phase_ = Phase::idle;
   int next_forward_ = 0, next_backward_ = 0, num_units_ = 0;
   std::vector<int> unit_passes_;  // backward passes per unit in this window (pipeline passes)
+  std::vector<int> unit_inputs_;  // of which the input half ran (split backwards run it first)
   UnitRange pass_;
 };
 

@@ -16,6 +16,9 @@
 
 namespace zero::nn {
 
+template <class T>
+class DeferredWeightGrads;  // deferred_weight_grads.hpp
+
 /// The state of one forward/backward micro-step through a model's units.
 template <class T>
 struct StepContext {
@@ -34,6 +37,9 @@ struct StepContext {
   /// dloss seeding the backward pass (fp16 scaling, over accumulation steps); kept in the compute
   /// type because fp16's initial scale 2^16 is past fp16's range.
   compute_type_t<T> loss_scale = 1;
+  /// Set for the input half of a split backward (zero-bubble pipeline schedules): layers that
+  /// can, leave their weight-gradient GEMMs here (deferred_weight_grads.hpp); null otherwise.
+  DeferredWeightGrads<T>* weight_grads = nullptr;
 
   /// Number of token positions B * T.
   std::int64_t tokens_count() const { return batch * seq_len; }

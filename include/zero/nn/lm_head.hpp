@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <zero/nn/context.hpp>
+#include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/gpt_config.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/ops/cpu/cross_entropy.hpp>
@@ -67,8 +68,8 @@ class LMHead {
                            convert<Stat>(ctx.loss_scale));
     Tensor<T> dln = a.template allocate<T>({N, C});
     for (T& v : dln) v = T(0);
-    linear_backward<T>(dln.data(), wte.grad.data(), nullptr, dlogits.data(), ln_.data(),
-                       wte.value.data(), N, C, V);
+    nn::linear_backward<T>(ctx, dln.data(), wte.grad.data(), nullptr, dlogits.data(), ln_.data(),
+                           wte.value.data(), N, C, V);
     T* dx = ctx.dx.data();
     for (std::int64_t i = 0; i < N * C; ++i) dx[i] = T(0);
     layer_norm_backward(dx, ln_w_.grad.data(), ln_b_.grad.data(), dln.data(), input_.data(),

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <zero/nn/context.hpp>
+#include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/gpt_config.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/ops/cpu/attention.hpp>
@@ -97,19 +98,22 @@ class TransformerBlock {
     accumulate(dh.data(), dy, N * C);
     const T* dfcproj = dropout_grad(ctx, dy, N * C, 1);
     Tensor<T> dgelu = zeros({N, 4 * C}), dfc = zeros({N, 4 * C}), dln2 = zeros({N, C});
-    linear_backward(dgelu.data(), g(10), g(11), dfcproj, s_.gelu.data(), w(10), N, 4 * C, C);
+    nn::linear_backward<T>(ctx, dgelu.data(), g(10), g(11), dfcproj, s_.gelu.data(), w(10), N,
+                           4 * C, C);
     gelu_backward(dfc.data(), s_.fc.data(), dgelu.data(), N * 4 * C);
-    linear_backward(dln2.data(), g(8), g(9), dfc.data(), s_.ln2.data(), w(8), N, C, 4 * C);
+    nn::linear_backward<T>(ctx, dln2.data(), g(8), g(9), dfc.data(), s_.ln2.data(), w(8), N, C,
+                           4 * C);
     layer_norm_backward(dh.data(), g(6), g(7), dln2.data(), s_.h.data(), w(6), s_.mean2.data(),
                         s_.rstd2.data(), N, C);
     // Attention branch: h = x + drop(attproj)
     accumulate(dx, dh.data(), N * C);
     const T* dattproj = dropout_grad(ctx, dh.data(), N * C, 0);
     Tensor<T> datty = zeros({N, C}), dqkv = zeros({N, 3 * C}), dln1 = zeros({N, C});
-    linear_backward(datty.data(), g(4), g(5), dattproj, s_.atty.data(), w(4), N, C, C);
+    nn::linear_backward<T>(ctx, datty.data(), g(4), g(5), dattproj, s_.atty.data(), w(4), N, C, C);
     attention_backward(dqkv.data(), datty.data(), s_.qkv.data(), s_.att.data(), B, Tn, C, NH,
                        attention_dropout(ctx));
-    linear_backward(dln1.data(), g(2), g(3), dqkv.data(), s_.ln1.data(), w(2), N, C, 3 * C);
+    nn::linear_backward<T>(ctx, dln1.data(), g(2), g(3), dqkv.data(), s_.ln1.data(), w(2), N, C,
+                           3 * C);
     layer_norm_backward(dx, g(0), g(1), dln1.data(), input_.data(), w(0), s_.mean1.data(),
                         s_.rstd1.data(), N, C);
     a.release(mark_);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/linear.hpp>
 
@@ -50,9 +51,9 @@ class Linear final : public Layer<T> {
   }
   void backward(StepContext<T>& ctx) override {
     const std::int64_t N = input_.numel() / in_;
-    ops::cpu::linear_backward<T>(ctx.dx.data(), weight_.grad.data(),
-                                 bias_ ? bias_view_.grad.data() : nullptr, ctx.dy.data(),
-                                 input_.data(), weight_.value.data(), N, in_, out_);
+    nn::linear_backward<T>(ctx, ctx.dx.data(), weight_.grad.data(),
+                           bias_ ? bias_view_.grad.data() : nullptr, ctx.dy.data(), input_.data(),
+                           weight_.value.data(), N, in_, out_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {

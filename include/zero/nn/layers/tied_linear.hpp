@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/linear.hpp>
 
@@ -36,8 +37,8 @@ class TiedLinear final : public Layer<T> {
   }
   void backward(StepContext<T>& ctx) override {
     const ParamView<T> w = weight_();
-    ops::cpu::linear_backward<T>(ctx.dx.data(), w.grad.data(), nullptr, ctx.dy.data(),
-                                 input_.data(), w.value.data(), input_.numel() / in_, in_, out_);
+    nn::linear_backward<T>(ctx, ctx.dx.data(), w.grad.data(), nullptr, ctx.dy.data(), input_.data(),
+                           w.value.data(), input_.numel() / in_, in_, out_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
