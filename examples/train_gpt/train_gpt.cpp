@@ -30,8 +30,7 @@
 // 1f1b; --vpp V chunks per stage with the interleaved schedule); each step runs the
 // accumulation's micro-batches through the pipeline. The built-in config then uses ZeRO stage 1
 // (stages 2 and 3 do not compose with a pipeline). The step line adds the bubble fraction;
-// the profiler's per-unit reports are not collected across stages, so --profile is ignored
-// there.
+// the profiler's reports are rank 0's, so pipeline stage 0's (not collected across stages).
 //
 // The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
 // print zero::profile's reports (docs/observability.md); --profile switches all four on (the
@@ -496,6 +495,8 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
   const auto pp = static_cast<int>(cfg.pipeline.stages);
   const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, 1, 1, pp);
+  profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / (tp * pp)).micro);
+  if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
   parallel::ProcessGroups<Comm> groups(comm, grid);
   const int dp = groups.dp().size();
   RunSetup run(o, cfg, corpus, dp, groups.dp().rank(), tp);
@@ -512,10 +513,13 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
   if (leader) {
     for (const auto& w : pipe.partition().warnings) std::printf("train_gpt: %s\n", w.c_str());
-    if (o.profile) {
-      std::fprintf(stderr,
-                   "train_gpt: --profile has no effect with pipeline stages: the profiler's "
-                   "per-unit reports are not collected across stages\n");
+    if (cfg.flops_profiler.enabled || cfg.wall_clock_breakdown || cfg.memory_breakdown ||
+        cfg.comms_logger.enabled) {
+      const auto& first = pipe.partition().parts.front();
+      std::printf(
+          "train_gpt: the profiler's reports below are rank 0's: pipeline stage 0 (units %d-%d "
+          "and its other chunks); the other stages' are not collected\n",
+          first.first, first.last - 1);
     }
     std::string layout;
     for (const auto& part : pipe.partition().parts) {
@@ -541,7 +545,9 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
     std::vector<engine::MicroBatch> batches;
     for (std::int64_t m = 0; m < sizes.accumulation; ++m) held.push_back(run.train_loader.next());
     for (const auto& b : held) batches.push_back(micro_of(b));
+    monitor.begin_step(eng, step + 1);
     const auto r = pipe.train_batch(batches);
+    (void)monitor.end_step(eng, pipe.stage_model(), step + 1);
     loss = mean_over_dp(eng, r.loss);
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
@@ -562,6 +568,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
     }
     save_if_due(o, eng, run.train_loader, step + 1, leader);
   }
+  monitor.finish();
   const double val_loss = mean_over_dp(eng, pipe.evaluate(micro_of(run.val_loader.next())));
   if (leader) print_losses(first_loss, loss, corpus, val_loss);
   // Every rank runs the pipelined forward; the last stage holds the logits and draws the byte,
