@@ -330,23 +330,30 @@ Corpus load_corpus(const Options& o) {
   return c;
 }
 
-// What both training paths build alike: the batch sizes for dp data-parallel ranks, the train
-// and validation loaders of data-parallel rank dp_rank (the tp and pp ranks of a data-parallel
-// rank read the same rows), and the model's shape, its byte vocabulary padded to a multiple of
-// tp as Megatron pads it.
+// What both training paths build alike over groups: the batch sizes for its data-parallel
+// ranks, the train and validation loaders of this data-parallel rank (the tp and pp ranks of a
+// data-parallel rank read the same rows), the model's shape (its byte vocabulary padded to a
+// multiple of tp as Megatron pads it) and the model, split over the tensor-parallel group.
+template <class Model>
 struct RunSetup {
+  int dp;
   Config::BatchSizes sizes;
   data::DataLoader train_loader, val_loader;
-  nn::GPTConfig model;
+  nn::GPTConfig gpt;
+  Model model;
 
-  RunSetup(const Options& o, const Config& cfg, const Corpus& corpus, int dp, int dp_rank, int tp)
-      : sizes(cfg.resolve_batch(dp)),
-        train_loader(corpus.train, loader_config(o, corpus, dp, dp_rank, true)),
-        val_loader(corpus.val, loader_config(o, corpus, dp, dp_rank, false)),
-        model(model_config(o, corpus, tp)) {}
+  template <class Comm>
+  RunSetup(const Options& o, const Config& cfg, const Corpus& corpus,
+           parallel::ProcessGroups<Comm>& groups)
+      : dp(groups.dp().size()),
+        sizes(cfg.resolve_batch(dp)),
+        train_loader(corpus.train, loader_config(o, corpus, groups.dp().rank(), true)),
+        val_loader(corpus.val, loader_config(o, corpus, groups.dp().rank(), false)),
+        gpt(model_config(o, corpus, groups.tp().size())),
+        model(gpt, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel)) {}
 
  private:
-  data::LoaderConfig loader_config(const Options& o, const Corpus& corpus, int dp, int dp_rank,
+  data::LoaderConfig loader_config(const Options& o, const Corpus& corpus, int dp_rank,
                                    bool shuffle) const {
     data::LoaderConfig lc;
     lc.global_batch = sizes.train;
@@ -498,12 +505,11 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / (tp * pp)).micro);
   if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
   parallel::ProcessGroups<Comm> groups(comm, grid);
-  const int dp = groups.dp().size();
-  RunSetup run(o, cfg, corpus, dp, groups.dp().rank(), tp);
+  RunSetup<typename E::model_type> run(o, cfg, corpus, groups);
+  const int dp = run.dp;
   const auto& sizes = run.sizes;
-  const nn::GPTConfig& gc = run.model;
-  typename E::model_type model(
-      gc, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel));
+  const nn::GPTConfig& gc = run.gpt;
+  auto& model = run.model;
   parallel::pipeline::PipelineOptions po;
   po.schedule = parallel::pipeline::parse_schedule_kind(cfg.pipeline.schedule);
   po.virtual_stages = static_cast<int>(cfg.pipeline.virtual_stages);
@@ -605,12 +611,11 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / tp).micro);
   if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
   parallel::ProcessGroups<Comm> groups(comm, parallel::Grid({.tp = tp, .dp = comm.size() / tp}));
-  const int dp = groups.dp().size();
-  RunSetup run(o, cfg, corpus, dp, groups.dp().rank(), tp);
+  RunSetup<typename E::model_type> run(o, cfg, corpus, groups);
+  const int dp = run.dp;
   const auto& sizes = run.sizes;
-  const nn::GPTConfig& gc = run.model;
-  typename E::model_type model(
-      gc, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel));
+  const nn::GPTConfig& gc = run.gpt;
+  auto& model = run.model;
   E eng(model, groups, cfg, engine_options(o));
   if (!o.init.empty()) engine::load_gpt2_weights(eng, o.init);
   const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);

@@ -207,16 +207,22 @@ TEST_CASE("Engine passes: a backward split into input and weight halves equals t
     std::size_t products = 0;
     const auto whole = passes_run<double>(false);
     const auto split = passes_run<double>(true, &products);
-    CHECK(test::max_difference(test::assemble(whole), test::assemble(split)) <= 1e-13);
+    const double f64 = test::max_difference(test::assemble(whole), test::assemble(split));
+    const double f32 = test::max_difference(test::assemble(passes_run<float>(false)),
+                                            test::assemble(passes_run<float>(true)));
+    INFO("f64 " << f64 << ", f32 " << f32);
+    CHECK(f64 <= 1e-13);
+    CHECK(f32 <= 1e-6);
     // Every block's 4 linear layers and the tied LM head left their products (6 blocks).
     CHECK(products == 6 * 4 + 1);
-    CHECK(test::max_difference(test::assemble(passes_run<float>(false)),
-                               test::assemble(passes_run<float>(true))) <= 1e-6);
   }
-  SECTION("bf16: within the format's rounding (its gradient buffers fold into f32 later)") {
+  // The bf16 gradient buffers fold into f32 after both micro-batches instead of after each: one
+  // bf16 rounding of a sum instead of two of its parts (measured 1.7e-6 after 2 steps).
+  SECTION("bf16: within the rounding of its gradient buffers") {
     const double d = test::max_difference(test::assemble(passes_run<bf16>(false)),
                                           test::assemble(passes_run<bf16>(true)));
-    CHECK(d <= 2e-2);
+    INFO("bf16 " << d);
+    CHECK(d <= 1e-4);
   }
   SECTION("a weight half with no input half before it is refused") {
     const auto message = testing::per_rank<std::string>(1, [&](LocalComm& world) {

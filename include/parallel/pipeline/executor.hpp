@@ -137,7 +137,7 @@ class StageExecutor {
     micro_ = static_cast<int>(batches.size());
     slots_.resize(static_cast<std::size_t>(micro_ * chunks_));
     for (Slot& s : slots_) {
-      s.forward_done = s.backward_done = s.weight_done = false;
+      s.forward_done = s.backward_done = false;
       expect<Error>(s.deferred == nullptr, "pipeline executor: stage ", stage_,
                     ": an earlier run left a weight half undone");
     }
@@ -173,8 +173,10 @@ class StageExecutor {
     BoundaryTensor<T> input;        // the activation entering the chunk (none at virtual stage 0)
     BoundaryTensor<T> output_grad;  // the gradient at the chunk's output (none at the last)
     BoundaryTensor<T> to_send;      // output activation or input gradient, kept until sent
-    std::unique_ptr<nn::DeferredWeightGrads<T>> deferred;  // left by backward_input until W
-    bool forward_done = false, backward_done = false, weight_done = false;
+    // Left by backward_input until its backward_weight: a backward is whole once it ran and
+    // none is left.
+    std::unique_ptr<nn::DeferredWeightGrads<T>> deferred;
+    bool forward_done = false, backward_done = false;
   };
 
   Slot& slot(int micro, int chunk) {
@@ -188,11 +190,13 @@ class StageExecutor {
   bool last_virtual(int chunk) const { return virtual_stage(chunk) == pp_ * chunks_ - 1; }
   // Boundary storage is reused across micro-batches and steps (a stage holds at most its peak
   // live activations of it), so the hot path does not allocate once warm.
-  std::vector<T> take_storage() {
-    if (free_.empty()) return {};
-    std::vector<T> v = std::move(free_.back());
-    free_.pop_back();
-    return v;
+  // The last of a free list (an empty X when there is none).
+  template <class X>
+  static X take(std::vector<X>& free) {
+    if (free.empty()) return {};
+    X x = std::move(free.back());
+    free.pop_back();
+    return x;
   }
   void give_back(std::vector<T>& v) {
     if (v.capacity() > 0) free_.push_back(std::move(v));
@@ -220,8 +224,7 @@ class StageExecutor {
         expect<Error>(first_virtual(in.chunk) || !s.input.values.empty(),
                       "pipeline executor: stage ", stage_, " instruction ", i, ": ", to_string(in),
                       " has no input activation (no recv before it)");
-        if (open_ >= 0) engine_.discard_pass();
-        open_ = -1;
+        discard_open_pass();
         const Tensor<T> y = run_forward(in.micro, in.chunk, batches);
         s.forward_done = true;
         out.peak_live_activations = std::max(out.peak_live_activations, ++live_);
@@ -229,14 +232,11 @@ class StageExecutor {
           out.loss_sum += convert<double>(engine_.loss());
           ++out.losses;
         } else {
-          s.to_send.values = take_storage();
+          s.to_send.values = take(free_);
           s.to_send.assign(y);
         }
         // Keep the pass open only when its own backward is the next computation.
-        if (!next_compute_is_backward_of(list, i)) {
-          engine_.discard_pass();
-          open_ = -1;
-        }
+        if (!next_compute_is_backward_of(list, i)) discard_open_pass();
         return;
       }
       case Op::backward:
@@ -248,23 +248,23 @@ class StageExecutor {
                       "pipeline executor: stage ", stage_, " instruction ", i, ": ", to_string(in),
                       " has no output gradient (no recv before it)");
         if (open_ != id) {
-          if (open_ >= 0) engine_.discard_pass();
+          discard_open_pass();
           (void)run_forward(in.micro, in.chunk, batches);
           ++out.recomputed_forwards;
         }
         const bool split = in.op == Op::backward_input;
         Tensor<T> dx;
         if (split) {
-          s.deferred = take_deferred();
+          s.deferred = take(free_deferred_);
+          if (!s.deferred) s.deferred = std::make_unique<nn::DeferredWeightGrads<T>>();
           dx = engine_.backward_input_pass(s.output_grad.view(), *s.deferred);
         } else {
           dx = engine_.backward_pass(s.output_grad.view());
-          s.weight_done = true;
         }
         open_ = -1;
         s.backward_done = true;
         if (!first_virtual(in.chunk)) {
-          s.to_send.values = take_storage();
+          s.to_send.values = take(free_);
           s.to_send.assign(dx);
         }
         // The boundary tensors of this micro-batch are no longer needed.
@@ -274,12 +274,12 @@ class StageExecutor {
         return;
       }
       case Op::backward_weight: {
-        expect<Error>(s.backward_done && !s.weight_done && s.deferred != nullptr,
-                      "pipeline executor: stage ", stage_, " instruction ", i, ": ", to_string(in),
-                      s.weight_done ? " ran before" : " comes before its backward input");
+        expect<Error>(s.deferred != nullptr, "pipeline executor: stage ", stage_, " instruction ",
+                      i, ": ", to_string(in),
+                      s.backward_done ? " ran before, or its backward was whole"
+                                      : " comes before its backward input");
         engine_.weight_pass(stage_model_.chunk_units(in.chunk), *s.deferred);
         free_deferred_.push_back(std::move(s.deferred));
-        s.weight_done = true;
         --live_;
         return;
       }
@@ -289,11 +289,10 @@ class StageExecutor {
     }
   }
 
-  std::unique_ptr<nn::DeferredWeightGrads<T>> take_deferred() {
-    if (free_deferred_.empty()) return std::make_unique<nn::DeferredWeightGrads<T>>();
-    auto d = std::move(free_deferred_.back());
-    free_deferred_.pop_back();
-    return d;
+  // Drops the pass whose activations the engine still holds, if any.
+  void discard_open_pass() {
+    if (open_ >= 0) engine_.discard_pass();
+    open_ = -1;
   }
 
   bool next_compute_is_backward_of(std::span<const Instruction> list, std::size_t i) const {
@@ -321,7 +320,7 @@ class StageExecutor {
       Slot& s = slot(in.micro, in.chunk);
       const bool act = in.op == Op::recv_activation;
       BoundaryTensor<T>& into = act ? s.input : s.output_grad;
-      into.values = take_storage();
+      into.values = take(free_);
       post_boundary_recv(comm_, into, in.peer, act, works_);
     }
     wait_all(works_);

@@ -239,15 +239,12 @@ class Engine {
   /// first unit's input (valid until the next pass).
   Tensor<T> backward_pass(Tensor<T> dy = {}) {
     return communicating("backward_pass", [&]() -> Tensor<T> {
-      const UnitRange r = micro_.pass_in_flight("backward_pass");
       const auto timed = timers_.phase(profile::Phase::backward);
-      if (r.first == 0) timers_.count_micro_step();
-      run_backward(r, dy,
-                   [&](int u) { exchange_.gradient_complete(u, micro_.pass_at_boundary(u)); });
-      const Tensor<T> dx = micro_.ctx().dx;
-      micro_.pass_input_ran(num_units());
+      const UnitRange r = pass_backward("backward_pass", dy, [&](int u) {
+        exchange_.gradient_complete(u, micro_.pass_at_boundary(u));
+      });
       if (micro_.weight_pass_ran(r, num_units())) exchange_.drain_reductions();
-      return dx;
+      return micro_.ctx().dx;
     });
   }
   /// The input half of the backward of the pass in flight (zero-bubble schedules): as
@@ -260,24 +257,16 @@ class Engine {
                   "Engine::backward_input_pass: a split backward keeps whole gradients until "
                   "its weight half ran; ZeRO stages 2-3 reduce them after every pass");
     return communicating("backward_input_pass", [&]() -> Tensor<T> {
-      const UnitRange r = micro_.pass_in_flight("backward_input_pass");
       expect<Error>(deferred.empty(),
                     "Engine::backward_input_pass: the deferred weight "
                     "gradients given still hold ",
                     deferred.size(), " products of an earlier pass; run its weight_pass first");
       const auto timed = timers_.phase(profile::Phase::backward);
-      if (r.first == 0) timers_.count_micro_step();
-      nn::StepContext<T>& ctx = micro_.ctx();
-      ctx.weight_grads = &deferred;
-      try {
-        run_backward(r, dy, [](int) {});
-      } catch (...) {
-        ctx.weight_grads = nullptr;
-        throw;
-      }
-      ctx.weight_grads = nullptr;
-      micro_.pass_input_ran(num_units());
-      return ctx.dx;
+      // Only this backward reads it: every pass (and micro-step) starts from a fresh context.
+      micro_.ctx().weight_grads = &deferred;
+      (void)pass_backward("backward_input_pass", dy, [](int) {});
+      micro_.ctx().weight_grads = nullptr;
+      return micro_.ctx().dx;
     });
   }
   /// The weight half of the split backward over units r that left `deferred`: computes its
@@ -607,8 +596,7 @@ class Engine {
     }
     exchange_.release_after_use(u);
   }
-  // Runs units r backward from dy (when given); boundary(u) says whether u's gradient is reduced
-  // after this backward (its window's last).
+  // Runs units r backward from dy (when given), calling unit_done(u) once unit u's backward ran.
   template <class UnitDone>
   void run_backward(UnitRange r, Tensor<T> dy, UnitDone&& unit_done) {
     nn::StepContext<T>& ctx = micro_.ctx();
@@ -623,6 +611,17 @@ class Engine {
       unit_done(u);
       exchange_.release_after_use(u);
     }
+  }
+
+  // The backward of the pass in flight (its input half when layers defer their weight
+  // products), recorded as such; returns the pass's range.
+  template <class UnitDone>
+  UnitRange pass_backward(const char* what, Tensor<T> dy, UnitDone&& unit_done) {
+    const UnitRange r = micro_.pass_in_flight(what);
+    if (r.first == 0) timers_.count_micro_step();
+    run_backward(r, dy, unit_done);
+    micro_.pass_input_ran(num_units());
+    return r;
   }
 
   Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }

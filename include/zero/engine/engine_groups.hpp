@@ -41,8 +41,8 @@ struct EngineGroups {
     const bool split_tp = groups.grid().size(Axis::tp) > 1;
     const bool split_pp = groups.grid().size(Axis::pp) > 1;
     if (split_tp) tp.emplace(groups.tp());
-    if (split_pp) pp.emplace(groups.pp());
     if (split_pp) {
+      pp.emplace(groups.pp());
       state.emplace(groups.get({Axis::tp, Axis::dp, Axis::pp}));
     } else if (split_tp) {
       state.emplace(groups.get({Axis::tp, Axis::dp}));

@@ -65,12 +65,6 @@ class DeferredWeightGrads {
   bool empty() const { return size_ == 0; }
   /// Jobs left to compute.
   std::size_t size() const { return size_; }
-  /// Bytes of the kept copies (their storage stays after run(), for the next pass).
-  std::size_t bytes() const {
-    std::size_t n = 0;
-    for (const Job& job : jobs_) n += (job.dout.capacity() + job.inp.capacity()) * sizeof(T);
-    return n;
-  }
 
  private:
   struct Job {
