@@ -3,9 +3,10 @@
 // with its split backward), beside the same model and global batch on one rank without a
 // pipeline (the baseline, timed in the same run). Per schedule: the best step time, its ratio to
 // the baseline, the bubble fraction the executor measured ((wall - busiest stage) / busiest stage)
-// and the one check_schedule predicts for equal stages, and the forwards recomputed on stage 0. One
-// JSON line per result. With one core per stage the ideal step time is baseline / pp x (1 + bubble)
-// plus the recomputed forwards; the machine's cores bound how many stages really run at once.
+// and the one check_schedule predicts for equal stages, and the forwards recomputed on stage 0
+// (none: GPT's layers park their passes), and stage 0's activation high-water mark. One JSON
+// line per result. With one core per stage the ideal step time is baseline / pp x (1 + bubble);
+// the machine's cores bound how many stages really run at once.
 //
 //   ./pipeline_bench [--layers 6] [--channels 128] [--heads 4] [--seq 64] [--micro 2]
 //                    [--micro-batches 8] [--repeats 3]
@@ -57,6 +58,7 @@ Config config_of(const Settings& s) {
 struct Result {
   double ms = 0, bubble = 0;
   int recomputed = 0;
+  double activation_mib = 0;  // rank 0's (stage 0's) activation high-water mark
 };
 
 // The micro-batches of one step (every stage reads the same).
@@ -86,6 +88,7 @@ Result baseline(const Settings& s, const std::vector<std::int32_t>& tokens) {
     };
     step();
     r.ms = 1e3 * bench::best_seconds(s.repeats, step);
+    r.activation_mib = static_cast<double>(eng.activation_peak_bytes()) / (1 << 20);
   });
   return r;
 }
@@ -120,6 +123,7 @@ Result pipelined(const Settings& s, const std::vector<std::int32_t>& tokens, int
       r.ms = 1e3 * t;
       r.bubble = best_bubble;
       r.recomputed = last.recomputed_forwards;
+      r.activation_mib = static_cast<double>(pipe.engine().activation_peak_bytes()) / (1 << 20);
     }
   });
   return r;
@@ -148,7 +152,11 @@ int main(int argc, char** argv) {
       ", \"seq\": " + std::to_string(s.seq) + ", \"micro\": " + std::to_string(s.micro) +
       ", \"micro_batches\": " + std::to_string(s.micro_batches);
   const Result base = baseline(s, tokens);
-  bench::line("pipeline_step", shape + ", \"pp\": 1, \"schedule\": \"none\"", base.ms, "ms");
+  char base_extra[64];
+  std::snprintf(base_extra, sizeof base_extra, ", \"activation_peak_mib\": %.2f",
+                base.activation_mib);
+  bench::line("pipeline_step", shape + ", \"pp\": 1, \"schedule\": \"none\"", base.ms, "ms",
+              base_extra);
   for (int pp : {2, 4}) {
     for (ScheduleKind kind : parallel::pipeline::all_schedule_kinds) {
       const int v = kind == ScheduleKind::interleaved ? 2 : 1;
@@ -158,11 +166,12 @@ int main(int argc, char** argv) {
       const auto predicted = parallel::pipeline::check_schedule(
                                  parallel::pipeline::make_schedule(kind, {pp, s.micro_batches, v}))
                                  .bubble_fraction;
-      char extra[256];
+      char extra[320];
       std::snprintf(extra, sizeof extra,
                     ", \"baseline_ms\": %.3f, \"ratio_to_baseline\": %.3f, \"bubble\": %.3f, "
-                    "\"bubble_equal_stages\": %.3f, \"recomputed_forwards_stage0\": %d",
-                    base.ms, r.ms / base.ms, r.bubble, predicted, r.recomputed);
+                    "\"bubble_equal_stages\": %.3f, \"recomputed_forwards_stage0\": %d, "
+                    "\"activation_peak_mib_stage0\": %.2f",
+                    base.ms, r.ms / base.ms, r.bubble, predicted, r.recomputed, r.activation_mib);
       bench::line("pipeline_step",
                   shape + ", \"pp\": " + std::to_string(pp) + ", \"schedule\": \"" +
                       std::string(parallel::pipeline::name_of(kind)) +

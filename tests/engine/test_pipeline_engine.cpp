@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <any>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -139,16 +140,8 @@ TEST_CASE(
         // ZB-H1 as 1F1B: a micro-batch is live from its forward to its weight half.
         if (kind == ScheduleKind::one_f_one_b || kind == ScheduleKind::zero_bubble)
           CHECK(o.ranks[0].peak_live == std::min(pp, m));
-        // The last stage runs each backward right after its forward: nothing to recompute.
-        if (kind == ScheduleKind::one_f_one_b)
-          CHECK(o.ranks[static_cast<std::size_t>(pp - 1)].recomputed == 0);
-        // Every stage recomputes exactly the forwards the checker's simulation charges for.
-        const auto report = parallel::pipeline::check_schedule(
-            parallel::pipeline::make_schedule(kind, {pp, m, l.virtual_stages}));
-        for (int s = 0; s < pp; ++s) {
-          CHECK(o.ranks[static_cast<std::size_t>(s)].recomputed ==
-                report.stages[static_cast<std::size_t>(s)].recomputed_forwards);
-        }
+        // GPT's layers park: every stage keeps its micro-batches in flight, none is recomputed.
+        for (const RankResult& r : o.ranks) CHECK(r.recomputed == 0);
       }
     }
   }
@@ -233,6 +226,103 @@ TEST_CASE("Engine passes: a backward split into input and weight halves equals t
       return testing::thrown_message([&] { eng.weight_pass({0, eng.num_units()}, deferred); });
     });
     CHECK_THAT(message[0], Catch::Matchers::Contains("has no backward_input_pass waiting"));
+  }
+}
+
+namespace {
+
+// Two steps of 3 micro-batches through one engine's passes, with dropout: either each pass's
+// backward right after its forward, or the three forwards first (each pass parked) and then
+// the backwards in order (each resumed). `peak` gets the activation high-water mark, `pass`
+// the bytes a parked pass holds.
+std::vector<std::vector<test::HeldParam>> parked_run(bool park, std::size_t* peak = nullptr,
+                                                     std::size_t* pass = nullptr) {
+  return testing::per_rank<std::vector<test::HeldParam>>(1, [&](LocalComm& world) {
+    nn::GPTConfig cfg = pp_model();
+    cfg.dropout = 0.1;
+    cfg.attn_dropout = 0.1;
+    nn::GPT<double> model(cfg);
+    engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(model, world, test::AdamW64{},
+                                                      test::tp_options(3));
+    const engine::UnitRange all{0, eng.num_units()};
+    CHECK(eng.parks(all));
+    for (int step = 0; step < 2; ++step) {
+      const test::GlobalBatch b(3 * test::micro_rows, step, cfg.vocab_size);
+      std::vector<engine::ParkedPass<double>> parked;
+      for (int m = 0; m < 3; ++m) {
+        (void)eng.forward_pass(all, m, b.micro(m, 0, 1));
+        if (park) {
+          parked.push_back(eng.park_pass());
+          if (pass != nullptr) *pass = parked.back().bytes();
+        } else {
+          (void)eng.backward_pass();
+        }
+      }
+      for (auto& p : parked) {
+        eng.resume_pass(std::move(p));
+        (void)eng.backward_pass();
+      }
+      CHECK(eng.step());
+    }
+    if (peak != nullptr) *peak = eng.activation_peak_bytes();
+    return test::held_params(eng);
+  });
+}
+
+// A GPT whose units cannot park (a Model without the nn::ParksPasses methods).
+struct UnparkedGPT : nn::GPT<double> {
+  using nn::GPT<double>::GPT;
+  bool parks_unit(int) const = delete;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "Engine passes: parked passes resumed later equal passes run one after the other (bits, "
+    "with dropout), each holding its own arena",
+    "[unit][pipeline]") {
+  std::size_t one = 0, three = 0, pass = 0;
+  const auto in_turn = parked_run(false, &one);
+  const auto parked = parked_run(true, &three, &pass);
+  CHECK(test::max_difference(test::assemble(in_turn), test::assemble(parked)) == 0.0);
+  // While the first backward runs, the other two passes' forward activations are held too.
+  INFO("one pass at a time " << one << " bytes, three in flight " << three << ", a parked pass "
+                             << pass);
+  CHECK(pass > 0);
+  CHECK(three == one + 2 * pass);
+  SECTION("what is refused") {
+    const auto messages = testing::per_rank<std::vector<std::string>>(1, [&](LocalComm& world) {
+      std::vector<std::string> out;
+      nn::GPT<double> model(pp_model());
+      engine::Engine<nn::GPT<double>, ZeroStage<0>> eng(model, world, test::AdamW64{},
+                                                        test::tp_options(2));
+      const engine::UnitRange all{0, eng.num_units()};
+      const test::GlobalBatch b(2 * test::micro_rows, 0, pp_model().vocab_size);
+      out.push_back(testing::thrown_message([&] { (void)eng.park_pass(); }));
+      (void)eng.forward_pass(all, 0, b.micro(0, 0, 1));
+      engine::ParkedPass<double> p = eng.park_pass();
+      (void)eng.forward_pass(all, 1, b.micro(1, 0, 1));
+      out.push_back(testing::thrown_message([&] { eng.resume_pass(std::move(p)); }));
+      (void)eng.backward_pass();
+      eng.resume_pass(std::move(p));
+      (void)eng.backward_pass();
+      CHECK(eng.step());
+      out.push_back(testing::thrown_message([&] { eng.resume_pass(std::move(p)); }));
+      UnparkedGPT unparked(pp_model());
+      static_assert(nn::Model<UnparkedGPT> && !nn::ParksPasses<UnparkedGPT>);
+      engine::Engine<UnparkedGPT, ZeroStage<0>> plain(unparked, world, test::AdamW64{},
+                                                      test::tp_options(1));
+      CHECK_FALSE(plain.parks({0, plain.num_units()}));
+      (void)plain.forward_pass({0, plain.num_units()}, 0, b.micro(0, 0, 2));
+      out.push_back(testing::thrown_message([&] { (void)plain.park_pass(); }));
+      return out;
+    });
+    const auto& m = messages[0];
+    REQUIRE(m.size() == 4);
+    CHECK_THAT(m[0], Catch::Matchers::Contains("no pass is in flight"));
+    CHECK_THAT(m[1], Catch::Matchers::Contains("of another pass are in flight"));
+    CHECK_THAT(m[2], Catch::Matchers::Contains("resumed before"));
+    CHECK_THAT(m[3], Catch::Matchers::Contains("cannot park"));
   }
 }
 
@@ -379,11 +469,18 @@ namespace {
 // backward (a calibrated cost, not a wait for another rank), passing a [rows] activation
 // through x -> w_u * x; the last unit's loss is the mean output. A split backward sleeps half
 // in its input half and leaves the other half, with the weight product, to the weight half.
+// With parks = false its units say they cannot park (a model with a layer that does not).
 class DelayModel {
  public:
   using value_type = double;
-  DelayModel(int units, std::chrono::microseconds forward) : units_(units), forward_(forward) {
+  DelayModel(int units, std::chrono::microseconds forward, bool parks = true)
+      : units_(units), forward_(forward), parks_(parks) {
     w_.resize(static_cast<std::size_t>(units));
+  }
+  bool parks_unit(int) const { return parks_; }
+  std::any park_unit(int u) { return std::exchange(inputs_[static_cast<std::size_t>(u)], {}); }
+  void resume_unit(int u, std::any saved) {
+    inputs_[static_cast<std::size_t>(u)] = std::any_cast<Tensor<double>>(saved);
   }
   int num_units() const { return units_; }
   std::vector<nn::ParamSpec> unit_params(int u) const {
@@ -435,15 +532,22 @@ class DelayModel {
   double w(int u) const { return w_[static_cast<std::size_t>(u)].value.data()[0]; }
   int units_;
   std::chrono::microseconds forward_;
+  bool parks_;
   std::vector<nn::ParamView<double>> w_;
   std::array<Tensor<double>, 16> inputs_{};
 };
 
-// The bubble fraction train_batch measures at pp stages x v chunks (one unit each).
-double measured_bubble(ScheduleKind kind, int pp, int v, int micro_batches) {
-  const auto bubbles = testing::per_rank<double>(pp, [&](LocalComm& world) {
+// What one rank of a DelayModel pipeline (pp stages x v chunks, one unit each) measured in its
+// second train_batch, and its weights after it.
+struct DelayRun {
+  parallel::pipeline::PipelineStep step;
+  std::vector<test::HeldParam> params;
+};
+std::vector<DelayRun> delay_pipeline(ScheduleKind kind, int pp, int v, int micro_batches,
+                                     std::chrono::microseconds forward, bool parks) {
+  return testing::per_rank<DelayRun>(pp, [&](LocalComm& world) {
     parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.pp = pp}));
-    DelayModel model(pp * v, std::chrono::milliseconds(10));
+    DelayModel model(pp * v, forward, parks);
     PipelineOptions options;
     options.schedule = kind;
     options.virtual_stages = v;
@@ -458,51 +562,76 @@ double measured_bubble(ScheduleKind kind, int pp, int v, int micro_batches) {
     std::vector<engine::MicroBatch> batches;
     for (int m = 0; m < micro_batches; ++m) batches.push_back(b.micro(m, 0, 1));
     (void)pipe.train_batch(batches);  // the first step also touches every buffer once
-    return pipe.train_batch(batches).bubble_fraction;
+    DelayRun out;
+    out.step = pipe.train_batch(batches);
+    out.params = test::held_params(pipe.engine());
+    return out;
   });
-  return bubbles[0];
+}
+
+// The bubble fraction train_batch measures at pp stages x v chunks (one unit each).
+double measured_bubble(ScheduleKind kind, int pp, int v, int micro_batches, bool parks = true) {
+  return delay_pipeline(kind, pp, v, micro_batches, std::chrono::milliseconds(10), parks)[0]
+      .step.bubble_fraction;
 }
 
 }  // namespace
 
 TEST_CASE(
-    "Pipeline: with a calibrated cost per forward and backward, the measured bubble is the "
-    "simulated one (within 10%), which is (pp-1)/m for 1F1B and (pp-1)/(v*m) interleaved on "
-    "equal stages, and ZB-H1's is lower than 1F1B's",
+    "Pipeline: a model that cannot park has its forwards recomputed where the checker charges "
+    "them, to the same weights as parking",
+    "[unit][pipeline]") {
+  const int pp = 4, m = 8;
+  for (auto [kind, v] :
+       {std::pair{ScheduleKind::gpipe, 1}, std::pair{ScheduleKind::one_f_one_b, 1},
+        std::pair{ScheduleKind::interleaved, 2}, std::pair{ScheduleKind::zero_bubble, 1}}) {
+    INFO(name_of(kind));
+    const auto parked = delay_pipeline(kind, pp, v, m, {}, true);
+    const auto recomputed = delay_pipeline(kind, pp, v, m, {}, false);
+    const auto report =
+        parallel::pipeline::check_schedule(parallel::pipeline::make_schedule(kind, {pp, m, v}));
+    for (int s = 0; s < pp; ++s) {
+      const auto i = static_cast<std::size_t>(s);
+      CHECK(parked[i].step.recomputed_forwards == 0);
+      CHECK(recomputed[i].step.recomputed_forwards == report.stages[i].recomputed_forwards);
+      CHECK(test::max_difference(test::assemble({parked[i].params}),
+                                 test::assemble({recomputed[i].params})) == 0.0);
+    }
+    // The last stage of 1F1B runs each backward right after its forward.
+    if (kind == ScheduleKind::one_f_one_b)
+      CHECK(report.stages[static_cast<std::size_t>(pp - 1)].recomputed_forwards == 0);
+  }
+}
+
+TEST_CASE(
+    "Pipeline: with a calibrated cost per forward and backward, the measured bubble is (pp-1)/m "
+    "for 1F1B and (pp-1)/(v*m) interleaved (within 10%), and ZB-H1's is lower than 1F1B's",
     "[slow][pipeline]") {
   using parallel::pipeline::check_schedule;
   using parallel::pipeline::make_schedule;
   using parallel::pipeline::OpCosts;
   const int pp = 4, m = 8;
-  // The DelayModel's costs in units of its 10 ms forward: B = 2, split into 1 + 1.
+  // The DelayModel's costs in units of its 10 ms forward: B = 2, split into 1 + 1. Its units
+  // park, so every stage runs the same work and the simulation is the textbook figure.
   const OpCosts equal_stages{1.0, 2.0, 1.0, 1.0, 0.0};
-  OpCosts executor = equal_stages;
-  executor.recompute_forward = 1.0;  // what StageExecutor pays where a forward did not just run
-  auto simulated = [&](ScheduleKind kind, int v, const OpCosts& costs) {
-    return check_schedule(make_schedule(kind, {pp, m, v}), costs).bubble_fraction;
+  auto simulated = [&](ScheduleKind kind, int v) {
+    return check_schedule(make_schedule(kind, {pp, m, v}), equal_stages).bubble_fraction;
   };
-  // On equal stages the simulation is the textbook figure.
-  CHECK(simulated(ScheduleKind::one_f_one_b, 1, equal_stages) == Approx(3.0 / 8.0));
-  CHECK(simulated(ScheduleKind::interleaved, 2, equal_stages) == Approx(3.0 / 16.0));
-  // The executor's stages are not equal: every stage but where a backward follows its own
-  // forward recomputes that forward (the last one of 1F1B does not), so its busiest stage is
-  // busier and waits relatively less. Measured against the simulation of those same costs:
-  for (auto [kind, v] :
-       {std::pair{ScheduleKind::one_f_one_b, 1}, std::pair{ScheduleKind::interleaved, 2},
-        std::pair{ScheduleKind::zero_bubble, 1}}) {
-    const double measured = measured_bubble(kind, pp, v, m);
-    const double expected = simulated(kind, v, executor);
-    INFO(name_of(kind) << ": measured " << measured << ", simulated " << expected
-                       << ", on equal stages " << simulated(kind, v, equal_stages));
-    CHECK(std::fabs(measured - expected) <= 0.1 * expected);
-  }
-  // ZB-H1 fills 1F1B's cooldown with weight halves, measured and simulated.
-  const double zb = measured_bubble(ScheduleKind::zero_bubble, pp, 1, m);
+  CHECK(simulated(ScheduleKind::one_f_one_b, 1) == Approx(3.0 / 8.0));
+  CHECK(simulated(ScheduleKind::interleaved, 2) == Approx(3.0 / 16.0));
   const double one_f_one_b = measured_bubble(ScheduleKind::one_f_one_b, pp, 1, m);
-  INFO("ZB-H1 " << zb << ", 1F1B " << one_f_one_b);
+  const double interleaved = measured_bubble(ScheduleKind::interleaved, pp, 2, m);
+  const double zb = measured_bubble(ScheduleKind::zero_bubble, pp, 1, m);
+  INFO("1F1B " << one_f_one_b << " (textbook " << 3.0 / 8.0 << "), interleaved " << interleaved
+               << " (" << 3.0 / 16.0 << "), ZB-H1 " << zb << " (simulated "
+               << simulated(ScheduleKind::zero_bubble, 1) << ")");
+  CHECK(std::fabs(one_f_one_b - 3.0 / 8.0) <= 0.1 * 3.0 / 8.0);
+  CHECK(std::fabs(interleaved - 3.0 / 16.0) <= 0.1 * 3.0 / 16.0);
+  const double zb_simulated = simulated(ScheduleKind::zero_bubble, 1);
+  CHECK(std::fabs(zb - zb_simulated) <= 0.1 * zb_simulated);
+  // ZB-H1 fills 1F1B's cooldown with weight halves, measured and simulated.
   CHECK(zb < one_f_one_b);
-  CHECK(simulated(ScheduleKind::zero_bubble, 1, equal_stages) <
-        simulated(ScheduleKind::one_f_one_b, 1, equal_stages));
+  CHECK(zb_simulated < simulated(ScheduleKind::one_f_one_b, 1));
 }
 
 TEST_CASE("Pipeline partition: uniform, parameters and type:<regex>, and what they refuse",

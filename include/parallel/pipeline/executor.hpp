@@ -1,14 +1,16 @@
 #pragma once
 // StageExecutor: runs one pipeline rank's instruction list (schedule.hpp) with its Engine's
 // passes (Engine::forward_pass / backward_pass) and point-to-point messages on the pipeline
-// group. Per micro-batch and chunk it keeps only what crosses the stage boundary: the input
-// activation (received, or the tokens at virtual stage 0) from its forward until its backward,
-// and the gradient received for its output until that backward. Layers keep the saved
-// activations of one forward, so a forward that is not followed directly by its own backward
-// is discarded once its output was copied out, and run again from the kept input just before
-// the backward (GPipe's rematerialisation; the same dropout masks, which follow the
-// micro-batch). Peak memory is therefore the schedule's live activations times one stage-input
-// tensor, plus one micro-batch's activations inside the stage.
+// group. Per micro-batch and chunk it keeps what crosses the stage boundary (the input
+// activation, received or the tokens at virtual stage 0, from its forward until its backward,
+// and the gradient received for its output until that backward) and, when the next
+// computation is not its own backward, the pass itself parked (Engine::park_pass: the
+// activations in their arena, as Megatron keeps every in-flight micro-batch's), resumed just
+// before the backward. Peak memory is then the schedule's live activations times one pass's.
+// A model that cannot park (nn::ParksPasses) has such a forward discarded once its output was
+// copied out, and run again from the kept input just before the backward (GPipe's
+// rematerialisation; the same dropout masks, which follow the micro-batch): one pass's
+// activations inside the stage, at the price of a forward per recomputed micro-batch.
 // Messages: each activation or gradient is a header (rank and extents) and the payload, tagged
 // by kind, so any shape crosses. A group of comm instructions (grouped_with_next) is posted
 // together, sends first, and waited on together, as an NCCL group: the static checker proved
@@ -138,6 +140,7 @@ class StageExecutor {
     slots_.resize(static_cast<std::size_t>(micro_ * chunks_));
     for (Slot& s : slots_) {
       s.forward_done = s.backward_done = false;
+      s.parked = {};  // an earlier run that stopped part-way may have left one
       expect<Error>(s.deferred == nullptr, "pipeline executor: stage ", stage_,
                     ": an earlier run left a weight half undone");
     }
@@ -176,6 +179,7 @@ class StageExecutor {
     // Left by backward_input until its backward_weight: a backward is whole once it ran and
     // none is left.
     std::unique_ptr<nn::DeferredWeightGrads<T>> deferred;
+    engine::ParkedPass<T> parked;  // the pass between its forward and its backward, when parked
     bool forward_done = false, backward_done = false;
   };
 
@@ -235,8 +239,15 @@ class StageExecutor {
           s.to_send.values = take(free_);
           s.to_send.assign(y);
         }
-        // Keep the pass open only when its own backward is the next computation.
-        if (!next_compute_is_backward_of(list, i)) discard_open_pass();
+        // Keep the pass open when its own backward is the next computation, else park it.
+        if (!next_compute_is_backward_of(list, i)) {
+          if (engine_.parks(stage_model_.chunk_units(in.chunk))) {
+            s.parked = engine_.park_pass();
+            open_ = -1;
+          } else {
+            discard_open_pass();
+          }
+        }
         return;
       }
       case Op::backward:
@@ -249,8 +260,14 @@ class StageExecutor {
                       " has no output gradient (no recv before it)");
         if (open_ != id) {
           discard_open_pass();
-          (void)run_forward(in.micro, in.chunk, batches);
-          ++out.recomputed_forwards;
+          if (!s.parked.empty()) {
+            engine_.resume_pass(std::move(s.parked));
+            s.parked = {};
+            open_ = id;
+          } else {
+            (void)run_forward(in.micro, in.chunk, batches);
+            ++out.recomputed_forwards;
+          }
         }
         const bool split = in.op == Op::backward_input;
         Tensor<T> dx;

@@ -11,6 +11,7 @@
 // The full model object exists on every rank, but it holds no parameter memory of its own (its
 // layers bind views the engine owns), so a rank stores only its stage's parameters.
 
+#include <any>
 #include <span>
 #include <string>
 #include <utility>
@@ -109,6 +110,19 @@ class StageModel {
   /// Runs the full model's unit backward (a replica runs nothing).
   void backward_unit(int u, nn::StepContext<value_type>& ctx) {
     if (!unit_is_replica(u)) model_.backward_unit(global_unit(u), ctx);
+  }
+  /// Whether local unit u parks (nn::ParksPasses; when the full model does): a replica keeps
+  /// nothing, so it always does.
+  bool parks_unit(int u) const requires nn::ParksPasses<M> {
+    return unit_is_replica(u) || model_.parks_unit(global_unit(u));
+  }
+  /// Moves out what the full model's unit kept for its backward (nothing for a replica).
+  std::any park_unit(int u) requires nn::ParksPasses<M> {
+    return unit_is_replica(u) ? std::any() : model_.park_unit(global_unit(u));
+  }
+  /// Puts back what park_unit(u) moved out.
+  void resume_unit(int u, std::any saved) requires nn::ParksPasses<M> {
+    if (!unit_is_replica(u)) model_.resume_unit(global_unit(u), std::move(saved));
   }
   /// The tensor-parallel group the full model is split over (when it has one).
   decltype(auto) tensor_parallel() const requires requires(const M& m) { m.tensor_parallel(); }

@@ -11,6 +11,7 @@
 // With a tied weight (the LM head reading the vocab-parallel embedding table) the layer owns no
 // parameters and uses the owner's part.
 
+#include <any>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -148,6 +149,10 @@ class ColumnParallelLinear final : public nn::Layer<T> {
     const std::int64_t rows = in.input.numel() / in_ * (tp_.sequence_parallel() ? tp_.size() : 1);
     return nn::matmul_flops(rows, in_, out_ / tp_.size());
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(input_, rows_); }
+  void resume(std::any saved) override { nn::resume_members(saved, input_, rows_); }
 
  private:
   void check_sizes() const {

@@ -4,6 +4,7 @@
 // adjoint of ctx.dy into ctx.dx. The GPT uses scatter_to_sp to enter the sequence-parallel
 // region after its embeddings.
 
+#include <any>
 #include <string>
 
 #include <parallel/tensor_parallel/regions.hpp>
@@ -39,6 +40,10 @@ class RegionLayer final : public nn::Layer<T> {
   std::optional<nn::FlopCount> forward_flops(const nn::FlopInput&) const override {
     return nn::FlopCount{};
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(rows_, cols_); }
+  void resume(std::any saved) override { nn::resume_members(saved, rows_, cols_); }
 
  private:
   TensorParallel tp_;

@@ -9,6 +9,7 @@
 // parallelism its gradient is the same on every rank; with it each rank sums its own rows, and
 // the contributions are all-reduced over the group before they are added.
 
+#include <any>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -114,6 +115,10 @@ class RowParallelLinear final : public nn::Layer<T> {
     const std::int64_t part = in_ / tp_.size();
     return nn::matmul_flops(in.input.numel() / part, part, out_);
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(input_, rows_); }
+  void resume(std::any saved) override { nn::resume_members(saved, input_, rows_); }
 
  private:
   void add_bias(T* y, std::int64_t rows) const {

@@ -8,6 +8,7 @@
 // them once per step in finalize_model_grads; here it happens per micro-step, inside the layer,
 // so it composes with every ZeRO stage's reduction schedule. The tensors are small: 2C per norm.)
 
+#include <any>
 #include <memory>
 #include <span>
 #include <string>
@@ -66,6 +67,10 @@ class SequenceParallelParams final : public nn::Layer<T> {
   std::optional<nn::FlopCount> forward_flops(const nn::FlopInput& in) const override {
     return inner_->forward_flops(in);
   }
+  /// The wrapped layer's (the gradient buffers here hold nothing between forward and backward).
+  bool parks() const override { return inner_->parks(); }
+  std::any park() override { return inner_->park(); }
+  void resume(std::any saved) override { inner_->resume(std::move(saved)); }
   /// The wrapped layer.
   nn::Layer<T>& inner() { return *inner_; }
 

@@ -10,6 +10,7 @@
 //   dlogits_nv = (exp(l_nv - m_n) / s_n - [v == target_n]) * dloss / counted rows.
 // Statistics are in the compute type (float for half types), as the whole-vocabulary kernel.
 
+#include <any>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -110,6 +111,12 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   /// The softmax over this rank's logits.
   std::optional<nn::FlopCount> forward_flops(const nn::FlopInput& in) const override {
     return nn::elementwise_flops(in.input.numel());
+  }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(logits_, max_, sums_, labels_data_, N_); }
+  void resume(std::any saved) override {
+    nn::resume_members(saved, logits_, max_, sums_, labels_data_, N_);
   }
 
  private:

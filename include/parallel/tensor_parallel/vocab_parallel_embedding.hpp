@@ -8,6 +8,7 @@
 // them (Megatron does the same for learned absolute positions), so this layer always all-reduces.
 
 #include <algorithm>
+#include <any>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -117,6 +118,10 @@ class VocabParallelEmbedding final : public nn::Layer<T> {
   std::optional<nn::FlopCount> forward_flops(const nn::FlopInput&) const override {
     return nn::FlopCount{};
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(ids_data_, count_); }
+  void resume(std::any saved) override { nn::resume_members(saved, ids_data_, count_); }
 
  private:
   std::int64_t part() const { return vocab_ / tp_.size(); }

@@ -56,9 +56,11 @@ class Arena {
   }
   /// Frees every view.
   void reset() { used_ = 0; }
+  /// Starts the high-water mark again from the current position.
+  void reset_peak() { peak_ = used_; }
 
   std::size_t used_bytes() const { return used_; }
-  /// Highest used_bytes() seen since construction.
+  /// Highest used_bytes() seen since construction (or the last reset_peak()).
   std::size_t peak_bytes() const { return peak_; }
   std::size_t capacity_bytes() const { return storage_.size(); }
   const std::string& name() const { return name_; }

@@ -23,6 +23,7 @@
 // by every rank through the global-norm all-reduce, so every rank skips the same steps.
 // forward_units/backward_units run a contiguous range of units (a pipeline stage's slice).
 
+#include <any>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -210,10 +211,12 @@ class Engine {
   // ---- pipeline passes -------------------------------------------------------------------------
   // A pipeline stage runs micro-batches through its ranges in the order of its schedule: a pass
   // is one micro-batch (its index in the window given) through one range, forward then backward.
-  // Layers keep the saved activations of one forward, so when the schedule runs another forward
-  // before this pass's backward, the executor discards the pass and starts it again from the
-  // same input just before the backward (the same dropout masks: they follow the micro-batch
-  // index). Each unit's gradient is reduced after its own last pass of the window.
+  // When the schedule runs other passes before this one's backward, the executor parks it
+  // (park_pass: its activations stay in their own arena, the units' saved state moves into the
+  // ParkedPass) and resumes it before the backward. A model that cannot park (nn::ParksPasses,
+  // parks(r)) has the pass discarded and started again from the same input just before the
+  // backward instead (the same dropout masks: they follow the micro-batch index). Each unit's
+  // gradient is reduced after its own last pass of the window.
 
   /// Runs the forward of micro-batch `micro` (0 <= micro < gradient_accumulation_steps) through
   /// units r: input, when given, enters unit r.first (it must live until the pass's backward).
@@ -305,14 +308,48 @@ class Engine {
       return micro_.ctx().x;
     });
   }
+  /// True when the model can park a pass through units r (nn::ParksPasses and every unit of r
+  /// parks): park_pass and resume_pass may then be used for them.
+  bool parks(UnitRange r) const {
+    if constexpr (nn::ParksPasses<M>) {
+      for (int u = r.first; u < r.last; ++u) {
+        if (!model_.parks_unit(u)) return false;
+      }
+      return true;
+    } else {
+      (void)r;
+      return false;
+    }
+  }
+  /// Sets the pass in flight aside after its forward, keeping its activations (see the comment
+  /// above); another pass may start. Error unless parks() holds for its range.
+  ParkedPass<T> park_pass() {
+    const UnitRange r = micro_.pass_in_flight("park_pass");
+    expect<Error>(parks(r), "Engine::park_pass: units [", r.first, ", ", r.last,
+                  ") cannot park (a layer does not implement Layer::park); discard_pass and run "
+                  "the forward again instead");
+    std::vector<std::any> units;
+    if constexpr (nn::ParksPasses<M>) {
+      for (int u = r.first; u < r.last; ++u) units.push_back(model_.park_unit(u));
+    }
+    ParkedPass<T> parked = micro_.park(std::move(units));
+    release_gathered();  // as discard_pass: the backward gathers again
+    return parked;
+  }
+  /// Makes a parked pass the pass in flight again, for its backward (no pass may be in flight).
+  void resume_pass(ParkedPass<T>&& parked) {
+    const UnitRange r = parked.range();
+    std::vector<std::any> units = micro_.resume(std::move(parked));
+    if constexpr (nn::ParksPasses<M>) {
+      for (int u = r.first; u < r.last; ++u) {
+        model_.resume_unit(u, std::move(units[static_cast<std::size_t>(u - r.first)]));
+      }
+    }
+  }
   /// Drops the pass in flight without running its backward (see the comment above).
   void discard_pass() {
     micro_.discard_pass();
-    if constexpr (stage_traits::gathers_before_use) {
-      for (int u = 0; u < num_units(); ++u) {
-        if (!unit(u).persistent) exchange_.release(u);
-      }
-    }
+    release_gathered();
   }
 
   /// At the accumulation boundary: global norm (all ranks), skip on Inf/NaN, clip, update every
@@ -622,6 +659,16 @@ class Engine {
     run_backward(r, dy, unit_done);
     micro_.pass_input_ran(num_units());
     return r;
+  }
+
+  // Stage 3: gives back every gathered unit that is not persistent (a pass set aside or dropped
+  // does not keep its units' parameters).
+  void release_gathered() {
+    if constexpr (stage_traits::gathers_before_use) {
+      for (int u = 0; u < num_units(); ++u) {
+        if (!unit(u).persistent) exchange_.release(u);
+      }
+    }
   }
 
   Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }

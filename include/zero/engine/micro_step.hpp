@@ -7,16 +7,22 @@
 // are Errors naming the range and the unit expected, so a pipeline executor that drives slices
 // wrongly is told where.
 // A pipeline executor runs passes instead: one micro-batch (its index given) through one range,
-// forward then backward, with the next micro-batch's pass free to start first (the forward is
-// then discarded and run again before the backward: layers keep one micro-batch's saved
-// activations). Each unit counts its own backward passes, so its accumulation boundary is its
-// own last pass, whatever order the schedule runs micro-batches and ranges in. A backward may
+// forward then backward, with other micro-batches' passes free to run in between: the pass in
+// flight is parked (its arena, context and the units' saved state set aside in a ParkedPass,
+// and a fresh arena taken for the next pass) and resumed before its backward, or, for a model
+// that cannot park, discarded and run again. Each unit counts its own backward passes, so its
+// accumulation boundary is its own last pass, whatever order the schedule runs micro-batches
+// and ranges in. A backward may
 // be split in two (zero-bubble schedules): the input half ends the pass, and the weight half,
 // later, completes the units' gradients; a unit's passes count its weight halves.
 
+#include <algorithm>
+#include <any>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include <zero/core/arena.hpp>
@@ -34,12 +40,38 @@ struct UnitRange {
   friend bool operator==(const UnitRange&, const UnitRange&) = default;
 };
 
+template <class T>
+class MicroSteps;
+
+/// A pass set aside between its forward and its backward (Engine::park_pass): its activation
+/// arena, its context and what its units' forwards kept. Move-only; dropping it drops the pass.
+template <class T>
+class ParkedPass {
+ public:
+  ParkedPass() = default;
+  /// True when it holds no pass.
+  bool empty() const { return arena_ == nullptr; }
+  /// The range the pass runs through.
+  UnitRange range() const { return range_; }
+  /// Bytes of activations it holds.
+  std::size_t bytes() const { return arena_ ? arena_->used_bytes() : 0; }
+
+ private:
+  friend class MicroSteps<T>;
+  std::unique_ptr<Arena<Host>> arena_;
+  nn::StepContext<T> ctx_;
+  UnitRange range_;
+  std::vector<std::any> units_;
+};
+
 /// The micro-step state machine and the context of the micro-step in flight.
 template <class T>
 class MicroSteps {
  public:
   MicroSteps(std::size_t activation_bytes, int accumulation_steps)
-      : arena_(activation_bytes, "engine activations"), accumulation_(accumulation_steps) {}
+      : arena_bytes_(activation_bytes),
+        arena_(std::make_unique<Arena<Host>>(activation_bytes, "engine activations")),
+        accumulation_(accumulation_steps) {}
 
   /// The context the units read and write.
   nn::StepContext<T>& ctx() { return ctx_; }
@@ -58,8 +90,11 @@ class MicroSteps {
   bool idle() const { return phase_ == Phase::idle; }
   /// True when the whole forward ran and no backward yet.
   bool forward_done() const { return phase_ == Phase::forward_done; }
-  /// Highest bytes the activation arena held in any micro-step so far.
-  std::size_t activation_peak_bytes() const { return arena_.peak_bytes(); }
+  /// Highest bytes the activation arenas held at once so far (the running pass's arena and the
+  /// parked passes').
+  std::size_t activation_peak_bytes() const {
+    return std::max(peak_, parked_bytes_ + arena_->peak_bytes());
+  }
   /// Micro-steps in this window whose loss was Inf/NaN.
   std::int64_t nonfinite_losses() const { return nonfinite_; }
 
@@ -67,7 +102,7 @@ class MicroSteps {
   /// loss_scale seeds the backward.
   void begin(const MicroBatch& batch, bool training, std::uint64_t rng_step, double loss_scale,
              int num_units) {
-    ctx_ = batch.template context<T>(arena_, training, rng_step);
+    ctx_ = batch.template context<T>(*arena_, training, rng_step);
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     phase_ = Phase::forward;
     next_forward_ = 0;
@@ -125,6 +160,7 @@ class MicroSteps {
     nonfinite_ = 0;
     unit_passes_.clear();
     unit_inputs_.clear();
+    parked_bytes_ = 0;  // a window that ended part-way may have dropped parked passes
     if (phase_ == Phase::pass) phase_ = Phase::idle;
   }
 
@@ -154,7 +190,7 @@ class MicroSteps {
   /// to follow; rng_step selects the dropout masks of its micro-batch).
   void begin_pass(const MicroBatch& batch, std::uint64_t rng_step, double loss_scale, UnitRange r,
                   int num_units, bool training = true) {
-    ctx_ = batch.template context<T>(arena_, training, rng_step);
+    ctx_ = batch.template context<T>(*arena_, training, rng_step);
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     if (unit_passes_.empty()) {
       unit_passes_.assign(static_cast<std::size_t>(num_units), 0);
@@ -208,6 +244,36 @@ class MicroSteps {
     (void)pass_in_flight("discard_pass");
     phase_ = Phase::idle;
   }
+  /// Sets the pass in flight aside with units, what its units' forwards kept (in range order),
+  /// and takes a fresh arena for the next pass.
+  ParkedPass<T> park(std::vector<std::any> units) {
+    (void)pass_in_flight("park_pass");
+    fold_peak();
+    ParkedPass<T> p;
+    p.arena_ = std::exchange(arena_, take_arena());
+    p.ctx_ = std::move(ctx_);
+    ctx_ = {};
+    p.range_ = pass_;
+    p.units_ = std::move(units);
+    parked_bytes_ += p.bytes();
+    phase_ = Phase::idle;
+    return p;
+  }
+  /// Makes p the pass in flight again (no pass may be in flight); returns what its units kept,
+  /// for the model to take back.
+  std::vector<std::any> resume(ParkedPass<T>&& p) {
+    expect<Error>(!p.empty(), "Engine::resume_pass: the parked pass is empty (resumed before?)");
+    expect<Error>(phase_ == Phase::idle, "Engine::resume_pass: units [", pass_.first, ", ",
+                  pass_.last, ") of another pass are in flight; run or park it first");
+    fold_peak();
+    parked_bytes_ -= p.bytes();
+    arena_->reset();
+    spare_arenas_.push_back(std::exchange(arena_, std::move(p.arena_)));
+    ctx_ = std::move(p.ctx_);
+    pass_ = p.range_;
+    phase_ = Phase::pass;
+    return std::move(p.units_);
+  }
 
  private:
   enum class Phase : unsigned char { idle, forward, forward_done, backward, pass };
@@ -225,13 +291,33 @@ class MicroSteps {
     return unit_inputs_.empty() ? 0 : unit_inputs_[static_cast<std::size_t>(u)];
   }
 
+  // A cleared arena for the next pass: a spare one, else a new one of the configured size.
+  std::unique_ptr<Arena<Host>> take_arena() {
+    if (spare_arenas_.empty()) {
+      return std::make_unique<Arena<Host>>(arena_bytes_, "engine activations");
+    }
+    std::unique_ptr<Arena<Host>> a = std::move(spare_arenas_.back());
+    spare_arenas_.pop_back();
+    return a;
+  }
+  // Records the running arena's high-water mark on top of what the parked passes hold (constant
+  // since the last park or resume), before either changes.
+  void fold_peak() {
+    peak_ = std::max(peak_, parked_bytes_ + arena_->peak_bytes());
+    arena_->reset_peak();
+  }
+
   static void check_range(UnitRange r, int num_units, const char* what) {
     expect<Error>(0 <= r.first && r.first < r.last && r.last <= num_units, "Engine::", what,
                   ": units [", r.first, ", ", r.last, ") are not a non-empty range of the ",
                   num_units, " units");
   }
 
-  Arena<Host> arena_;
+  std::size_t arena_bytes_;
+  std::unique_ptr<Arena<Host>> arena_;                      // the running pass's (or micro-step's)
+  std::vector<std::unique_ptr<Arena<Host>>> spare_arenas_;  // of resumed passes, reused
+  std::size_t parked_bytes_ = 0;  // activation bytes the parked passes hold
+  std::size_t peak_ = 0;          // activation_peak_bytes() before the last park or resume
   nn::StepContext<T> ctx_;
   int accumulation_ = 1;
   int done_ = 0;

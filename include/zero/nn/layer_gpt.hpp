@@ -7,6 +7,7 @@
 // (f64, f32, bf16, with dropout and activation checkpointing; tested), so it is a drop-in for
 // nn::GPT and a template for users' own transformer variants.
 
+#include <any>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -187,6 +188,22 @@ class LayerGPT {
   void backward_unit(int u, StepContext<T>& ctx) { unit(u).backward(ctx); }
   /// MACs and FLOPs of unit u's last forward (nn/flops.hpp), for the flops profiler.
   std::optional<FlopCount> unit_forward_flops(int u) const { return unit(u).forward_flops(); }
+  /// True when every layer of unit u parks (nn::ParksPasses): a pipeline stage then keeps
+  /// several of its micro-batches in flight instead of recomputing them.
+  bool parks_unit(int u) const {
+    check_unit(u);
+    return unit(u).parks();
+  }
+  /// Moves out what unit u's last forward kept for its backward.
+  std::any park_unit(int u) {
+    check_unit(u);
+    return unit(u).park();
+  }
+  /// Puts back what park_unit(u) moved out, before that forward's backward.
+  void resume_unit(int u, std::any saved) {
+    check_unit(u);
+    unit(u).resume(std::move(saved));
+  }
   /// Forward through every unit; returns the loss (0 without targets).
   T forward(StepContext<T>& ctx) {
     for (int u = 0; u < num_units(); ++u) forward_unit(u, ctx);
@@ -229,6 +246,7 @@ class LayerGPT {
   parallel::VocabParallelCrossEntropy<T>* parallel_loss_ = nullptr;
 };
 
-static_assert(Model<LayerGPT<double>> && Model<LayerGPT<float>> && Model<LayerGPT<bf16>>);
+static_assert(ParksPasses<LayerGPT<double>> && ParksPasses<LayerGPT<float>> &&
+              ParksPasses<LayerGPT<bf16>>);
 
 }  // namespace zero::nn

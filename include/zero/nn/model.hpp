@@ -2,9 +2,14 @@
 // The Model concept: an ordered list of units with explicit forward and backward. The engine
 // calls units in a static order (forward 0..U-1, backward U-1..0), so every rank issues the
 // same collectives in the same order by construction.
+// A model may also park its units (ParksPasses): move out what a unit's forward saved for its
+// backward and put it back later, so a pipeline stage keeps several micro-batches in flight
+// instead of recomputing their forwards.
 
+#include <any>
 #include <concepts>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <zero/nn/context.hpp>
@@ -26,6 +31,18 @@ concept Model = requires(M& m, const M& cm, int unit, StepContext<typename M::va
   m.bind_unit(unit, views);
   m.forward_unit(unit, ctx);
   m.backward_unit(unit, ctx);
+};
+
+/// Optional: a model whose units can park a pass. park_unit(u) moves out what unit u's last
+/// forward kept for its backward (views into that pass's arena, the micro-batch's facts), and
+/// resume_unit(u, saved) puts it back just before that backward; another micro-batch's forward
+/// and backward may run in between. parks_unit(u) is false where some part of u cannot (a
+/// user's layer that does not implement it): the engine then recomputes that pass instead.
+template <class M>
+concept ParksPasses = Model<M> && requires(M& m, const M& cm, int unit, std::any saved) {
+  { cm.parks_unit(unit) } -> std::convertible_to<bool>;
+  { m.park_unit(unit) } -> std::same_as<std::any>;
+  m.resume_unit(unit, std::move(saved));
 };
 
 }  // namespace zero::nn

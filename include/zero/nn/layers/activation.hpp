@@ -3,6 +3,7 @@
 // keeps a view of its input (the previous layer's output stays in the arena until this unit's
 // backward) and calls the host kernels; the shape passes through unchanged.
 
+#include <any>
 #include <cstdint>
 #include <string>
 
@@ -71,6 +72,10 @@ class Activation : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel());
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(input_); }
+  void resume(std::any saved) override { nn::resume_members(saved, input_); }
 
  private:
   ActivationKind kind_;

@@ -7,6 +7,7 @@
 // [B, NH, T, T] in the arena. Attention dropout redraws its counter-based mask from (site,
 // ctx.step) in backward instead of storing it.
 
+#include <any>
 #include <cstdint>
 #include <string>
 
@@ -62,6 +63,10 @@ class CausalSelfAttention final : public Layer<T> {
     const std::int64_t macs = 2 * scores * (channels / heads_);
     return FlopCount{macs, 2 * macs + scores};
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(B_, T_, C_, qkv_, att_, mask_); }
+  void resume(std::any saved) override { nn::resume_members(saved, B_, T_, C_, qkv_, att_, mask_); }
 
  private:
   ops::cpu::DropoutMask mask(const StepContext<T>& ctx) const {

@@ -6,6 +6,7 @@
 // rounded once to T) and leaves the logits in ctx.x; without labels (evaluation on unlabelled
 // data) it only passes the logits on. Backward ignores ctx.dy and seeds dloss = ctx.loss_scale.
 
+#include <any>
 #include <cstdint>
 #include <string>
 
@@ -45,6 +46,10 @@ class SoftmaxCrossEntropy final : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel());  // the softmax over the logits
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(logits_, labels_data_); }
+  void resume(std::any saved) override { nn::resume_members(saved, logits_, labels_data_); }
 
  private:
   using Stat = compute_type_t<T>;

@@ -5,6 +5,7 @@
 // The mask depends on a rank's local row index, so with dropout on, several ranks equal the
 // single-process run only in distribution (docs/engine.md, "Not yet").
 
+#include <any>
 #include <cstdint>
 #include <string>
 
@@ -49,6 +50,10 @@ class Dropout final : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel());
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(active_); }
+  void resume(std::any saved) override { nn::resume_members(saved, active_); }
 
  private:
   CounterRng rng() const { return CounterRng(CounterRng::key_for(seed_, "dropout." + site_)); }

@@ -28,6 +28,8 @@ class Flatten final : public Layer<T> {
     (void)in;
     return FlopCount{};  // a view: no arithmetic
   }
+
+  bool parks() const override { return true; }  // keeps nothing between forward and backward
 };
 
 }  // namespace zero::nn

@@ -34,6 +34,8 @@ class FromInput final : public Layer<T> {
     return FlopCount{};  // a look-up or a view: no arithmetic
   }
 
+  bool parks() const override { return true; }  // keeps nothing between forward and backward
+
  private:
   std::string name_;
   double scale_;

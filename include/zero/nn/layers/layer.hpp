@@ -9,9 +9,16 @@
 // nn::Sequential runs an ordered list of layers as one engine unit and owns the arena marks and
 // the gradient buffers, so a layer only computes. Layers are virtual: a unit is a run-time list,
 // and one call per layer per micro-step costs nothing beside the kernels.
+// A pipeline stage keeps several micro-batches in flight: park() moves out what the last forward
+// kept for backward (the members it set there), resume() puts it back before that backward.
+// park_members / resume_members do both for a list of members. A layer that does not override
+// parks() is recomputed instead, so a user's layer stays correct without them.
 
+#include <any>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <optional>
@@ -48,7 +55,26 @@ class Layer {
     (void)in;
     return std::nullopt;
   }
+  /// True when park() and resume() hold everything forward keeps for backward.
+  virtual bool parks() const { return false; }
+  /// Moves out what the last forward kept for backward (empty when it keeps nothing).
+  virtual std::any park() { return {}; }
+  /// Puts back what park() moved out, before that forward's backward.
+  virtual void resume(std::any saved) { (void)saved; }
 };
+
+/// A layer's park(): moves members into one std::any (each left value-initialised).
+template <class... M>
+std::any park_members(M&... members) {
+  return std::tuple<M...>(std::exchange(members, M{})...);
+}
+/// A layer's resume(): moves back what park_members(members...) moved out.
+template <class... M>
+void resume_members(std::any& saved, M&... members) {
+  auto* kept = std::any_cast<std::tuple<M...>>(&saved);
+  expect<Error>(kept != nullptr, "Layer::resume: the saved state is not this layer's");
+  std::tie(members...) = std::move(*kept);
+}
 
 /// Rows of x when its last dimension must be features: throws ShapeError naming layer otherwise.
 template <class T>

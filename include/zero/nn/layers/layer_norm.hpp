@@ -3,6 +3,7 @@
 // neither weight-decayed). The per-row mean and rstd go to the arena in the compute type, as
 // GPT's blocks keep them, so backward never recomputes the statistics.
 
+#include <any>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -49,6 +50,10 @@ class LayerNorm final : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel(), 5);
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(input_, mean_, rstd_); }
+  void resume(std::any saved) override { nn::resume_members(saved, input_, mean_, rstd_); }
 
  private:
   using Stat = compute_type_t<T>;

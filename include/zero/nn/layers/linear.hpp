@@ -3,6 +3,7 @@
 // weight starts normal with stddev 1/sqrt(in) unless given, so activations keep their scale
 // through a stack of layers; the bias starts at zero and is not weight-decayed.
 
+#include <any>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -59,6 +60,10 @@ class Linear final : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return matmul_flops(in.input.numel() / in_, in_, out_);
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(input_); }
+  void resume(std::any saved) override { nn::resume_members(saved, input_); }
 
  private:
   std::string name_;

@@ -5,6 +5,7 @@
 // elements and leaves the predictions in ctx.x; without the target it only passes them on.
 // Backward ignores ctx.dy and seeds dloss = ctx.loss_scale.
 
+#include <any>
 #include <cstdint>
 #include <string>
 
@@ -45,6 +46,12 @@ class MSELoss final : public Layer<T> {
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel(), 3);  // difference, square, sum
+  }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(pred_, target_values_, has_target_); }
+  void resume(std::any saved) override {
+    nn::resume_members(saved, pred_, target_values_, has_target_);
   }
 
  private:

@@ -5,6 +5,7 @@
 // e + p per element, and the positions' gradient summed over the batch in batch order by the
 // same kernel.
 
+#include <any>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -61,6 +62,10 @@ class PositionEmbedding final : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel());  // the add onto the token embedding
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(B_, T_); }
+  void resume(std::any saved) override { nn::resume_members(saved, B_, T_); }
 
  private:
   std::string name_;

@@ -40,6 +40,8 @@ class Reshape final : public Layer<T> {
     return FlopCount{};  // a look-up or a view: no arithmetic
   }
 
+  bool parks() const override { return true; }  // keeps nothing between forward and backward
+
  private:
   static Shape make_shape(const std::int64_t* e, int rank) {
     switch (rank) {

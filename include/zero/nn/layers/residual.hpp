@@ -6,6 +6,7 @@
 // operations and roundings as GPT's blocks, so a block built this way gives the same bits as
 // nn::TransformerBlock (f64, f32 and bf16).
 
+#include <any>
 #include <span>
 #include <string>
 #include <utility>
@@ -55,6 +56,15 @@ class Residual final : public Layer<T> {
     std::optional<FlopCount> branch = inner_.forward_flops();
     if (branch) *branch += elementwise_flops(in.input.numel());
     return branch;
+  }
+
+  bool parks() const override { return inner_.parks(); }
+  std::any park() override { return std::pair{std::exchange(input_, {}), inner_.park()}; }
+  void resume(std::any saved) override {
+    auto* kept = std::any_cast<std::pair<Tensor<T>, std::any>>(&saved);
+    expect<Error>(kept != nullptr, describe(), ": resume: the saved state is not this layer's");
+    input_ = kept->first;
+    inner_.resume(std::move(kept->second));
   }
 
  private:

@@ -2,6 +2,7 @@
 // RMSNorm over the last dimension (eps 1e-5 unless given; weight starts at 1 and is not
 // weight-decayed). The per-row rstd goes to the arena in the compute type.
 
+#include <any>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -43,6 +44,10 @@ class RMSNorm final : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel(), 4);
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(input_, rstd_); }
+  void resume(std::any saved) override { nn::resume_members(saved, input_, rstd_); }
 
  private:
   using Stat = compute_type_t<T>;

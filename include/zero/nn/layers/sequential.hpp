@@ -9,9 +9,12 @@
 //     layer only adds its input gradient. The unit's last dx is left in ctx.dx and ctx.dy for
 //     the unit below (the nn::Model contract, as GPT's units);
 //   - optionally, activation checkpointing (set_checkpoint): only the unit's input and output
-//     stay in the arena between forward and backward.
+//     stay in the arena between forward and backward;
+//   - parking (park/resume): what the last forward kept for backward, its own and each layer's,
+//     moved out while other micro-batches run (pipeline stages), when every layer parks.
 
 #include <algorithm>
+#include <any>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -154,7 +157,44 @@ class Sequential {
     ctx.arena->release(mark_);
   }
 
+  /// True when every layer parks (Layer::parks): park() then holds all the forward kept.
+  bool parks() const {
+    return std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->parks(); });
+  }
+  /// Moves out what the last forward kept for backward (the unit's arena mark and input, and
+  /// each layer's park()); another micro-batch's forward and backward may run before resume().
+  std::any park() {
+    expect<Error>(parks(), "Sequential::park: a layer does not implement Layer::park");
+    Parked p{std::move(input_shapes_), batch_, seq_len_, mark_, input_, recompute_, {}};
+    input_shapes_ = {};
+    recompute_ = false;
+    for (const auto& l : layers_) p.layers.push_back(l->park());
+    return p;
+  }
+  /// Puts back what park() moved out, before that forward's backward.
+  void resume(std::any saved) {
+    auto* p = std::any_cast<Parked>(&saved);
+    expect<Error>(p != nullptr && p->layers.size() == layers_.size(),
+                  "Sequential::resume: the saved state is not this unit's");
+    input_shapes_ = std::move(p->input_shapes);
+    batch_ = p->batch;
+    seq_len_ = p->seq_len;
+    mark_ = p->mark;
+    input_ = p->input;
+    recompute_ = p->recompute;
+    for (std::size_t k = 0; k < layers_.size(); ++k) layers_[k]->resume(std::move(p->layers[k]));
+  }
+
  private:
+  struct Parked {
+    std::vector<Shape> input_shapes;
+    std::int64_t batch, seq_len;
+    Arena<Host>::Mark mark;
+    Tensor<T> input;
+    bool recompute;
+    std::vector<std::any> layers;
+  };
+
   void run_forward(StepContext<T>& ctx) {
     input_shapes_.clear();
     batch_ = ctx.batch;

@@ -3,6 +3,7 @@
 // (every unit_uses is empty). A model with ties writes its own Model class around Sequential
 // units and declares the ties in unit_uses (docs/custom-models.md).
 
+#include <any>
 #include <optional>
 #include <set>
 #include <span>
@@ -65,6 +66,22 @@ class SequentialModel {
     check_unit(u);
     return units_[static_cast<std::size_t>(u)].forward_flops();
   }
+  /// True when every layer of unit u parks (nn::ParksPasses): a pipeline stage then keeps
+  /// several of its micro-batches in flight instead of recomputing them.
+  bool parks_unit(int u) const {
+    check_unit(u);
+    return units_[static_cast<std::size_t>(u)].parks();
+  }
+  /// Moves out what unit u's last forward kept for its backward.
+  std::any park_unit(int u) {
+    check_unit(u);
+    return units_[static_cast<std::size_t>(u)].park();
+  }
+  /// Puts back what park_unit(u) moved out, before that forward's backward.
+  void resume_unit(int u, std::any saved) {
+    check_unit(u);
+    units_[static_cast<std::size_t>(u)].resume(std::move(saved));
+  }
   /// Forward through every unit; returns the loss (0 without labels).
   T forward(StepContext<T>& ctx) {
     for (int u = 0; u < num_units(); ++u) forward_unit(u, ctx);
@@ -84,6 +101,6 @@ class SequentialModel {
   std::vector<Sequential<T>> units_;
 };
 
-static_assert(Model<SequentialModel<double>> && Model<SequentialModel<float>>);
+static_assert(ParksPasses<SequentialModel<double>> && ParksPasses<SequentialModel<float>>);
 
 }  // namespace zero::nn

@@ -5,6 +5,7 @@
 // The unit that holds it must list the owner's unit in unit_uses, so the engine keeps the
 // owner gathered and reduces its gradient only after this use (docs/custom-models.md).
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -44,6 +45,10 @@ class TiedLinear final : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return matmul_flops(in.input.numel() / in_, in_, out_);
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(input_); }
+  void resume(std::any saved) override { nn::resume_members(saved, input_); }
 
  private:
   std::string name_;

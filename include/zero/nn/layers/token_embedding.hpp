@@ -5,6 +5,7 @@
 // starts a unit-0 pipeline). The backward pass reuses GPT's deterministic scatter (positions
 // grouped by id in order), so gradients are the same bits for any thread count.
 
+#include <any>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -59,6 +60,10 @@ class TokenEmbedding final : public Layer<T> {
     (void)in;
     return FlopCount{};  // a look-up or a view: no arithmetic
   }
+
+  bool parks() const override { return true; }
+  std::any park() override { return nn::park_members(ids_data_, count_); }
+  void resume(std::any saved) override { nn::resume_members(saved, ids_data_, count_); }
 
  private:
   std::string name_, ids_;
