@@ -1,9 +1,12 @@
 // Shape, Tensor views, Buffer ownership and alignment, and the Arena allocator.
 #include <cstdint>
+#include <fstream>
 #include <thread>
 #include <utility>
 
 #include <catch2/catch.hpp>
+
+#include <unistd.h>
 
 #include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
@@ -59,6 +62,36 @@ TEST_CASE("Buffer is zeroed, aligned, and moves ownership", "[unit][tensor]") {
   Buffer<bf16> c(3);
   CHECK(reinterpret_cast<std::uintptr_t>(c.data()) % Host::default_alignment == 0);
   CHECK_THROWS_AS(Buffer<float>(4, 3), Error);
+}
+
+TEST_CASE("An arena's storage is not filled: pages it never reaches take no memory",
+          "[unit][tensor]") {
+  // Resident pages from /proc/self/statm (Linux); the test says nothing elsewhere.
+  auto resident_bytes = []() -> long {
+    std::ifstream statm("/proc/self/statm");
+    long size = 0, resident = -1;
+    statm >> size >> resident;
+    return resident < 0 ? -1 : resident * sysconf(_SC_PAGESIZE);
+  };
+  const long before = resident_bytes();
+  if (before < 0) {
+    WARN("no /proc/self/statm: resident memory not checked");
+    return;
+  }
+  Arena<> arena(std::size_t{1} << 30, "large");  // 1 GiB reserved
+  auto x = arena.allocate<float>({1024});
+  for (float& v : x) v = 1.0f;
+  const long after = resident_bytes();
+  INFO("resident before " << before << ", after " << after);
+  CHECK(after - before < (64L << 20));
+  // The high-water mark starts again from the current position.
+  CHECK(arena.peak_bytes() == 4096);
+  arena.reset();
+  arena.reset_peak();
+  CHECK(arena.peak_bytes() == 0);
+  Buffer<int> b(5, Buffer<int>::Uninitialized{});
+  CHECK(b.size() == 5);
+  CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % Host::default_alignment == 0);
 }
 
 TEST_CASE("Arena hands out aligned views in stack order and never grows", "[unit][tensor]") {

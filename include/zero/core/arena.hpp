@@ -24,9 +24,12 @@ class Arena {
   /// Alignment of every view unless a larger one is asked for; fits 128-bit loads and cuBLAS.
   static constexpr std::size_t default_alignment = 256;
 
-  /// Reserves capacity_bytes; name appears in error messages.
+  /// Reserves capacity_bytes (not filled: every view is written before it is read, and on the
+  /// host the pages a run never reaches take no memory); name appears in error messages.
   explicit Arena(std::size_t capacity_bytes, std::string name = "arena")
-      : storage_(capacity_bytes, default_alignment), name_(std::move(name)) {}
+      : storage_(capacity_bytes, typename Buffer<std::byte, Dev>::Uninitialized{},
+                 default_alignment),
+        name_(std::move(name)) {}
 
   /// A view of shape, aligned to alignment (a power of two); throws OutOfMemoryError when the
   /// arena cannot hold it.

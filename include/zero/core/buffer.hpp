@@ -1,6 +1,8 @@
 #pragma once
 // Buffer<T, Device>: owning, aligned, move-only storage for count elements of T on a device,
-// zero-filled on creation. Views of it are Tensor<T>.
+// zero-filled on creation unless asked not to (storage that is always written before it is
+// read, such as an arena: on the host its untouched pages then take no memory). Views of it are
+// Tensor<T>.
 
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +30,15 @@ class Buffer {
       : count_(count), stream_(&stream) {
     data_ = static_cast<T*>(Dev::allocate(count * sizeof(T), alignment, stream));
     Dev::fill_bytes(data_, 0, count * sizeof(T), stream);
+  }
+  /// Tag: allocate without zero-filling.
+  struct Uninitialized {};
+  /// Allocates count elements aligned to alignment bytes without filling them: every element
+  /// must be written before it is read.
+  Buffer(std::size_t count, Uninitialized, std::size_t alignment = Dev::default_alignment,
+         Stream& stream = Dev::default_stream())
+      : count_(count), stream_(&stream) {
+    data_ = static_cast<T*>(Dev::allocate(count * sizeof(T), alignment, stream));
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
