@@ -76,7 +76,8 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
     for (std::int64_t n = 0; n < N_; ++n) {  // fixed order: deterministic
       if (labels[n] != ops::cpu::ignore_index) total += std::log(sum[n]) - predicted[n];
     }
-    ctx.loss = convert<T>(valid > 0 ? total / static_cast<Stat>(valid) : Stat(0));
+    ctx.loss = convert<T>((valid > 0 ? total / static_cast<Stat>(valid) : Stat(0)) +
+                          static_cast<Stat>(ctx.aux_loss));
   }
   void backward(nn::StepContext<T>& ctx) override {
     expect<nn::InputError>(labels_data_ != nullptr, describe(),

@@ -34,6 +34,9 @@ struct StepContext {
   Tensor<T> dy;                           ///< gradient arriving at a unit's output (backward)
   Tensor<T> dx;                           ///< gradient the unit writes for its input (backward)
   T loss = T(0);                          ///< mean loss, set by the last unit
+  /// Auxiliary losses the pass's layers added, already weighted (a mixture of experts' load
+  /// balancing and router z-loss); the loss layer adds them to `loss`.
+  compute_type_t<T> aux_loss = 0;
   /// dloss seeding the backward pass (fp16 scaling, over accumulation steps); kept in the compute
   /// type because fp16's initial scale 2^16 is past fp16's range.
   compute_type_t<T> loss_scale = 1;

@@ -53,7 +53,8 @@ class LMHead {
     if (ctx.targets != nullptr) {
       Tensor<Stat> losses = a.template allocate<Stat>({N});
       ctx.loss =
-          convert<T>(cross_entropy_forward(losses.data(), logits_.data(), ctx.targets, N, V));
+          convert<T>(cross_entropy_forward(losses.data(), logits_.data(), ctx.targets, N, V) +
+                     static_cast<Stat>(ctx.aux_loss));
     }
   }
 

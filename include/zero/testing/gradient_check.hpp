@@ -132,11 +132,13 @@ GradientCheckReport check_unit_gradients(M& model, nn::LocalParameters<M>& param
   start();
   for (int u = 0; u < unit; ++u) model.forward_unit(u, ctx);
   const Tensor<double> x_in = ctx.x;
+  const double aux_in = ctx.aux_loss;  // what the earlier units added
   const auto mark = arena.mark();
   const auto rerun = [&] {
     arena.release(mark);
     ctx.x = x_in;
     ctx.loss = 0;
+    ctx.aux_loss = aux_in;
     return detail::loss_from(model, ctx, unit);
   };
   const auto difference = [&](double& value) {

@@ -31,7 +31,8 @@ class SoftmaxCrossEntropy final : public Layer<T> {
     if (labels_data_ == nullptr) return;
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
     ctx.loss = convert<T>(
-        ops::cpu::cross_entropy_forward(losses.data(), logits_.data(), labels_data_, N, classes_));
+        ops::cpu::cross_entropy_forward(losses.data(), logits_.data(), labels_data_, N, classes_) +
+        static_cast<Stat>(ctx.aux_loss));
   }
   void backward(StepContext<T>& ctx) override {
     expect<InputError>(labels_data_ != nullptr, describe(),

@@ -33,7 +33,8 @@ class MSELoss final : public Layer<T> {
     target_values_ = ctx.arena->template allocate<Stat>({pred_.numel()});
     ctx.inputs.copy_as(target_, target_values_);
     ctx.loss =
-        convert<T>(ops::cpu::mse_forward(pred_.data(), target_values_.data(), pred_.numel()));
+        convert<T>(ops::cpu::mse_forward(pred_.data(), target_values_.data(), pred_.numel()) +
+                   static_cast<Stat>(ctx.aux_loss));
   }
   void backward(StepContext<T>& ctx) override {
     expect<InputError>(has_target_, describe(),

@@ -1,0 +1,206 @@
+#pragma once
+// The token router of a mixture-of-experts layer, as DeepSpeed's TopKGate (sharded_moe.py) and
+// GShard / Switch define it, on the router logits [N, E] of N tokens over E experts:
+//   probs = softmax(logits); the first choice is each token's most probable expert (ties: the
+//   lowest index), the second (k = 2) the most probable of the others;
+//   capacity = max(min_capacity, ceil(k * N / E * capacity_factor)) slots per expert
+//   (unlimited without drop_tokens); slots are handed out in token order, every token's first
+//   choice before any second choice, and a choice past its expert's capacity is dropped;
+//   combine weight: k = 1 the first choice's probability; k = 2 each kept choice's probability
+//   over the sum of the kept ones (a dropped choice weighs 0, DeepSpeed's normalisation);
+//   load-balancing loss l_aux = E * sum_e me_e * ce_e, me the mean probability of expert e and ce
+//   the fraction of tokens whose first choice it is (counted before dropping, as DeepSpeed);
+//   router z-loss (ST-MoE) z = mean_t logsumexp(logits_t)^2.
+// No jitter and no noise on the second choice (DeepSpeed's top-2 adds Gumbel noise to the
+// logits that pick it; here the choice is deterministic, so every rank and every rerun routes
+// alike). route() computes all of it; router_backward() turns the gradients of the combine
+// weights, with the auxiliary losses' coefficients, into the gradient of the logits.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <zero/core/error.hpp>
+
+namespace zero::nn {
+
+/// DeepSpeed's MoE gate settings (the `moe` section: num_experts, k, capacity_factor,
+/// min_capacity, drop_tokens) and the auxiliary losses' coefficients.
+struct RouterConfig {
+  int num_experts = 1;
+  int k = 1;                     ///< experts per token: 1 (Switch) or 2 (GShard)
+  double capacity_factor = 1.0;  ///< slots per expert = ceil(k * tokens / experts * this)
+  int min_capacity = 4;          ///< at least this many slots per expert
+  bool drop_tokens = true;       ///< false: no capacity limit, nothing dropped
+  double aux_loss_coef = 0.01;   ///< weight of the load-balancing loss in the training loss
+  double z_loss_coef = 0.0;      ///< weight of the router z-loss (ST-MoE; 0: off)
+
+  /// Throws ConfigError naming the setting when one is out of range.
+  void validate() const {
+    expect<ConfigError>(num_experts >= 1, "moe.num_experts = ", num_experts, "; expected >= 1");
+    expect<ConfigError>(k == 1 || k == 2, "moe.k = ", k, "; expected 1 (top-1) or 2 (top-2)");
+    expect<ConfigError>(k <= num_experts, "moe.k = ", k,
+                        " is more than num_experts = ", num_experts);
+    expect<ConfigError>(capacity_factor > 0, "moe.capacity_factor = ", capacity_factor,
+                        "; expected > 0");
+    expect<ConfigError>(min_capacity >= 0, "moe.min_capacity = ", min_capacity, "; expected >= 0");
+    expect<ConfigError>(aux_loss_coef >= 0 && z_loss_coef >= 0,
+                        "moe: the auxiliary loss coefficients must be >= 0 (aux ", aux_loss_coef,
+                        ", z ", z_loss_coef, ")");
+  }
+  /// Slots per expert for tokens tokens.
+  std::int64_t capacity(std::int64_t tokens) const {
+    if (!drop_tokens) return tokens * k;
+    const double slots = std::ceil(static_cast<double>(k) * static_cast<double>(tokens) /
+                                   static_cast<double>(num_experts) * capacity_factor);
+    return std::max(static_cast<std::int64_t>(min_capacity), static_cast<std::int64_t>(slots));
+  }
+};
+
+/// Where route() sent N tokens: per token and choice j < k (index t * k + j), the expert, the
+/// slot it got there (-1 when dropped), its probability and its combine weight.
+template <class A>
+struct Routing {
+  std::int64_t tokens = 0, capacity = 0;
+  int k = 1, experts = 1;
+  std::vector<int> expert;            ///< [N * k]
+  std::vector<std::int64_t> slot;     ///< [N * k], -1: dropped
+  std::vector<A> prob;                ///< [N * k] the chosen expert's probability
+  std::vector<A> weight;              ///< [N * k] combine weight (0 when dropped)
+  std::vector<std::int64_t> kept;     ///< [E] slots used per expert
+  std::vector<A> probs;               ///< [N * E] softmax of the logits
+  std::vector<A> lse;                 ///< [N] logsumexp of each token's logits
+  std::vector<A> first_choice_share;  ///< [E] ce: tokens whose first choice is e, over N
+  A aux_loss = 0;                     ///< l_aux (unweighted)
+  A z_loss = 0;                       ///< z (unweighted)
+  std::int64_t dropped = 0;           ///< choices past capacity
+
+  /// The index of token t's choice j.
+  std::size_t at(std::int64_t t, int j) const { return static_cast<std::size_t>(t * k + j); }
+};
+
+/// Routes N tokens by their logits [N, E] (row-major) under cfg (see the file comment).
+template <class A>
+Routing<A> route(const A* logits, std::int64_t N, const RouterConfig& cfg) {
+  cfg.validate();
+  const int E = cfg.num_experts, k = cfg.k;
+  Routing<A> r;
+  r.tokens = N;
+  r.k = k;
+  r.experts = E;
+  r.capacity = cfg.capacity(N);
+  const auto n = static_cast<std::size_t>(N);
+  r.expert.assign(n * static_cast<std::size_t>(k), 0);
+  r.slot.assign(r.expert.size(), -1);
+  r.prob.assign(r.expert.size(), A(0));
+  r.weight.assign(r.expert.size(), A(0));
+  r.kept.assign(static_cast<std::size_t>(E), 0);
+  r.probs.assign(n * static_cast<std::size_t>(E), A(0));
+  r.lse.assign(n, A(0));
+  r.first_choice_share.assign(static_cast<std::size_t>(E), A(0));
+  for (std::int64_t t = 0; t < N; ++t) {
+    const A* l = logits + t * E;
+    A* p = r.probs.data() + t * E;
+    A max = l[0];
+    for (int e = 1; e < E; ++e) max = std::max(max, l[e]);
+    A sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - max));
+    for (int e = 0; e < E; ++e) p[e] /= sum;
+    r.lse[static_cast<std::size_t>(t)] = max + std::log(sum);
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < E; ++e) {
+        if (j == 1 && e == r.expert[r.at(t, 0)]) continue;
+        if (best < 0 || p[e] > p[best]) best = e;
+      }
+      r.expert[r.at(t, j)] = best;
+      r.prob[r.at(t, j)] = p[best];
+    }
+  }
+  // Slots in token order, first choices before second choices; counted whether kept or not.
+  std::vector<std::int64_t> taken(static_cast<std::size_t>(E), 0);
+  for (int j = 0; j < k; ++j) {
+    for (std::int64_t t = 0; t < N; ++t) {
+      const auto e = static_cast<std::size_t>(r.expert[r.at(t, j)]);
+      const std::int64_t position = taken[e]++;
+      if (position < r.capacity) {
+        r.slot[r.at(t, j)] = position;
+        ++r.kept[e];
+      } else {
+        ++r.dropped;
+      }
+    }
+  }
+  for (std::int64_t t = 0; t < N; ++t) {
+    if (k == 1) {
+      if (r.slot[r.at(t, 0)] >= 0) r.weight[r.at(t, 0)] = r.prob[r.at(t, 0)];
+      continue;
+    }
+    A g[2];
+    for (int j = 0; j < 2; ++j) g[j] = r.slot[r.at(t, j)] >= 0 ? r.prob[r.at(t, j)] : A(0);
+    const A denominator = std::max(g[0] + g[1], std::numeric_limits<A>::epsilon());
+    for (int j = 0; j < 2; ++j) r.weight[r.at(t, j)] = g[j] / denominator;
+  }
+  // The auxiliary losses.
+  for (std::int64_t t = 0; t < N; ++t) {
+    r.first_choice_share[static_cast<std::size_t>(r.expert[r.at(t, 0)])] += A(1);
+  }
+  A balance = 0, z = 0;
+  for (int e = 0; e < E; ++e) {
+    A me = 0;
+    for (std::int64_t t = 0; t < N; ++t) me += r.probs[static_cast<std::size_t>(t * E + e)];
+    me /= static_cast<A>(N);
+    r.first_choice_share[static_cast<std::size_t>(e)] /= static_cast<A>(N);
+    balance += me * r.first_choice_share[static_cast<std::size_t>(e)];
+  }
+  for (const A v : r.lse) z += v * v;
+  r.aux_loss = static_cast<A>(E) * balance;
+  r.z_loss = N > 0 ? z / static_cast<A>(N) : A(0);
+  return r;
+}
+
+/// Adds into dlogits [N, E] the gradient of the logits, from dweight [N * k] (the loss's
+/// gradient with respect to each choice's combine weight) and the auxiliary losses weighted by
+/// cfg's coefficients times seed (the loss's own gradient seed: the loss scale).
+template <class A>
+void router_backward(A* dlogits, const Routing<A>& r, const A* dweight, const RouterConfig& cfg,
+                     A seed) {
+  const int E = r.experts, k = r.k;
+  const std::int64_t N = r.tokens;
+  std::vector<A> dp(static_cast<std::size_t>(E));
+  const A aux = seed * static_cast<A>(cfg.aux_loss_coef) * static_cast<A>(E) / static_cast<A>(N);
+  const A zc = seed * static_cast<A>(cfg.z_loss_coef) * A(2) / static_cast<A>(N);
+  for (std::int64_t t = 0; t < N; ++t) {
+    const A* p = r.probs.data() + t * E;
+    // The load-balancing loss through me (ce counts choices: no gradient).
+    for (int e = 0; e < E; ++e) dp[static_cast<std::size_t>(e)] = aux * r.first_choice_share[e];
+    if (k == 1) {
+      if (r.slot[r.at(t, 0)] >= 0) dp[r.expert[r.at(t, 0)]] += dweight[r.at(t, 0)];
+    } else {
+      A g[2];
+      for (int j = 0; j < 2; ++j) g[j] = r.slot[r.at(t, j)] >= 0 ? r.prob[r.at(t, j)] : A(0);
+      const A s = g[0] + g[1];
+      const A dw0 = dweight[r.at(t, 0)], dw1 = dweight[r.at(t, 1)];
+      for (int j = 0; j < 2; ++j) {
+        if (r.slot[r.at(t, j)] < 0) continue;
+        const A dw = j == 0 ? dw0 : dw1;
+        // w_j = g_j / s (s above epsilon; below it the denominator is a constant).
+        const A dg = s > std::numeric_limits<A>::epsilon()
+                         ? dw / s - (dw0 * g[0] + dw1 * g[1]) / (s * s)
+                         : dw / std::numeric_limits<A>::epsilon();
+        dp[static_cast<std::size_t>(r.expert[r.at(t, j)])] += dg;
+      }
+    }
+    // Through the softmax, plus the z-loss's d(lse^2)/dlogits = 2 lse p.
+    A dot = 0;
+    for (int e = 0; e < E; ++e) dot += dp[static_cast<std::size_t>(e)] * p[e];
+    const A z = zc * r.lse[static_cast<std::size_t>(t)];
+    for (int e = 0; e < E; ++e) {
+      dlogits[t * E + e] += p[e] * (dp[static_cast<std::size_t>(e)] - dot) + z * p[e];
+    }
+  }
+}
+
+}  // namespace zero::nn

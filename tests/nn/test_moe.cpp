@@ -1,0 +1,234 @@
+// The mixture-of-experts router (capacity, dropping, combine weights, auxiliary losses) against
+// hand-computed cases, and the MixtureOfExperts layer's backward against finite differences.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <zero/nn/layers/activation.hpp>
+#include <zero/nn/layers/cross_entropy.hpp>
+#include <zero/nn/layers/input.hpp>
+#include <zero/nn/layers/linear.hpp>
+#include <zero/nn/layers/residual.hpp>
+#include <zero/nn/layers/sequential_model.hpp>
+#include <zero/nn/local_parameters.hpp>
+#include <zero/nn/moe/moe_layer.hpp>
+#include <zero/nn/moe/router.hpp>
+#include <zero/testing/gradient_check.hpp>
+
+using namespace zero;
+
+namespace {
+
+// Logits that make token t prefer the experts in `order[t]` (first choice, then second).
+std::vector<double> logits_for(const std::vector<std::vector<int>>& order, int E) {
+  std::vector<double> l;
+  for (const auto& o : order) {
+    std::vector<double> row(static_cast<std::size_t>(E), 0.0);
+    row[static_cast<std::size_t>(o[0])] = 2.0;
+    if (o.size() > 1) row[static_cast<std::size_t>(o[1])] = 1.0;
+    l.insert(l.end(), row.begin(), row.end());
+  }
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("MoE router: top-1 capacity, dropping in token order and the auxiliary losses",
+          "[unit][moe]") {
+  // 6 tokens over 2 experts, capacity ceil(6 / 2 * 1.0) = 3: the 4th token choosing expert 0 is
+  // dropped.
+  nn::RouterConfig cfg;
+  cfg.num_experts = 2;
+  cfg.min_capacity = 1;
+  const auto logits = logits_for({{0}, {0}, {1}, {0}, {0}, {1}}, 2);
+  const auto r = nn::route(logits.data(), 6, cfg);
+  CHECK(r.capacity == 3);
+  CHECK(r.expert == std::vector<int>{0, 0, 1, 0, 0, 1});
+  CHECK(r.slot == std::vector<std::int64_t>{0, 1, 0, 2, -1, 1});
+  CHECK(r.kept == std::vector<std::int64_t>{3, 2});
+  CHECK(r.dropped == 1);
+  // p(first choice) = e^2 / (e^2 + 1); a dropped choice weighs 0.
+  const double p = std::exp(2.0) / (std::exp(2.0) + 1.0);
+  for (int t : {0, 1, 2, 3, 5}) CHECK(r.weight[static_cast<std::size_t>(t)] == Approx(p));
+  CHECK(r.weight[4] == 0.0);
+  // me = (4p + 2(1-p)) / 6 for expert 0, ce = 4/6; l_aux = E * sum me * ce.
+  const double me0 = (4 * p + 2 * (1 - p)) / 6, me1 = 1 - me0;
+  CHECK(r.aux_loss == Approx(2 * (me0 * 4.0 / 6 + me1 * 2.0 / 6)));
+  const double lse = std::log(std::exp(2.0) + 1.0);
+  CHECK(r.z_loss == Approx(lse * lse));
+  // min_capacity raises the capacity; without drop_tokens nothing is dropped.
+  cfg.min_capacity = 4;
+  CHECK(nn::route(logits.data(), 6, cfg).dropped == 0);
+  cfg.min_capacity = 1;
+  cfg.drop_tokens = false;
+  CHECK(nn::route(logits.data(), 6, cfg).dropped == 0);
+  // Balanced routing gives l_aux = 1 exactly when the probabilities are uniform.
+  const std::vector<double> uniform(8, 0.0);
+  cfg.drop_tokens = true;
+  CHECK(nn::route(uniform.data(), 4, cfg).aux_loss == Approx(1.0));
+}
+
+TEST_CASE("MoE router: top-2 takes every first choice's slot before any second choice",
+          "[unit][moe]") {
+  // 4 tokens over 3 experts, k 2: capacity ceil(2 * 4 / 3 * 1.0) = 3.
+  nn::RouterConfig cfg;
+  cfg.num_experts = 3;
+  cfg.k = 2;
+  cfg.min_capacity = 1;
+  const auto logits = logits_for({{0, 1}, {0, 2}, {1, 0}, {0, 1}}, 3);
+  const auto r = nn::route(logits.data(), 4, cfg);
+  CHECK(r.capacity == 3);
+  // First choices: expert 0 gets tokens 0, 1, 3 (slots 0-2), expert 1 token 2. Second choices
+  // come after: token 0 -> expert 1 slot 1, token 1 -> expert 2 slot 0, token 2 -> expert 0
+  // (slot 3: dropped), token 3 -> expert 1 slot 2.
+  CHECK(r.expert == std::vector<int>{0, 1, 0, 2, 1, 0, 0, 1});
+  CHECK(r.slot == std::vector<std::int64_t>{0, 1, 1, 0, 0, -1, 2, 2});
+  CHECK(r.dropped == 1);
+  // Kept pairs are normalised over their sum; token 2 keeps only its first choice, weight 1.
+  const double p1 = std::exp(2.0) / (std::exp(2.0) + std::exp(1.0) + 1.0);
+  const double p2 = std::exp(1.0) / (std::exp(2.0) + std::exp(1.0) + 1.0);
+  CHECK(r.weight[0] == Approx(p1 / (p1 + p2)));
+  CHECK(r.weight[1] == Approx(p2 / (p1 + p2)));
+  CHECK(r.weight[4] == Approx(1.0));
+  CHECK(r.weight[5] == 0.0);
+  SECTION("bad settings name the key") {
+    nn::RouterConfig bad;
+    bad.num_experts = 2;
+    bad.k = 3;
+    CHECK_THROWS_WITH(bad.validate(), Catch::Contains("moe.k = 3"));
+    bad.k = 1;
+    bad.capacity_factor = 0;
+    CHECK_THROWS_WITH(bad.validate(), Catch::Contains("moe.capacity_factor"));
+  }
+}
+
+namespace {
+
+constexpr std::int64_t rows = 12, features = 4, channels = 6, hidden = 8, classes = 3;
+
+struct Data {
+  std::vector<float> x;
+  std::vector<std::int32_t> labels;
+  Data() {
+    std::mt19937_64 gen(11);
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    for (std::int64_t i = 0; i < rows * features; ++i) x.push_back(static_cast<float>(u(gen)));
+    for (std::int64_t i = 0; i < rows; ++i)
+      labels.push_back(static_cast<std::int32_t>(i % classes));
+  }
+  engine::MicroBatch batch() const {
+    nn::Inputs in;
+    in.set("x", Tensor<const float>(x.data(), Shape{rows, features}))
+        .set("labels", Tensor<const std::int32_t>(labels.data(), Shape{rows}));
+    return engine::MicroBatch::of(in, rows);
+  }
+};
+
+// unit 0: x -> Linear(features, channels); unit 1: a residual MoE branch; unit 2: the head.
+// `layer`, when given, gets the MoE layer (it stays where it is when the model moves).
+nn::SequentialModel<double> moe_model(const nn::RouterConfig& router,
+                                      nn::MixtureOfExperts<double>** layer = nullptr) {
+  nn::SequentialModel<double> m;
+  auto& in = m.add_unit();
+  in.add<nn::FromInput<double>>("x");
+  in.add<nn::Linear<double>>("pre", features, channels);
+  auto& branch = m.add_unit().add<nn::Residual<double>>("moe_block");
+  auto& moe = branch.add<nn::MixtureOfExperts<double>>("moe", channels, hidden, router, 0.3, 0.5);
+  if (layer != nullptr) *layer = &moe;
+  auto& head = m.add_unit();
+  head.add<nn::Linear<double>>("head", channels, classes);
+  head.add<nn::SoftmaxCrossEntropy<double>>(classes, "labels");
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "MixtureOfExperts: backward equals finite differences of the loss with its auxiliary losses "
+    "(top-1 and top-2, tokens dropped, z-loss on)",
+    "[unit][moe]") {
+  for (int k : {1, 2}) {
+    nn::RouterConfig router;
+    router.num_experts = 4;
+    router.k = k;
+    router.capacity_factor = 0.75;  // some choices are dropped
+    router.min_capacity = 1;
+    router.aux_loss_coef = 0.1;
+    router.z_loss_coef = 0.05;
+    nn::MixtureOfExperts<double>* moe = nullptr;
+    auto m = moe_model(router, &moe);
+    const Data d;
+    testing::GradientCheckOptions o;
+    o.seed = 5;
+    const auto r = testing::check_unit_gradients(m, 1, d.batch(), o);
+    INFO("k " << k << ": " << r.summary());
+    CHECK(r.passed());
+    // The routing did drop, so the check covered it.
+    CHECK(moe->last_stats().dropped > 0);
+    CHECK(moe->last_stats().choices == rows * k);
+  }
+}
+
+TEST_CASE("MixtureOfExperts: one expert is the GPT MLP it holds, bit for bit", "[unit][moe]") {
+  // One expert, no capacity limit: every token's weight is softmax over one logit = 1.
+  nn::RouterConfig router;
+  router.drop_tokens = false;
+  router.aux_loss_coef = 0.0;
+  nn::SequentialModel<double> moe;
+  moe.add_unit().add<nn::FromInput<double>>("x");
+  moe.unit(0).add<nn::Linear<double>>("pre", features, channels);
+  moe.add_unit().add<nn::MixtureOfExperts<double>>("moe", channels, hidden, router);
+  nn::SequentialModel<double> mlp;  // the same parameter names: the same initial values
+  mlp.add_unit().add<nn::FromInput<double>>("x");
+  mlp.unit(0).add<nn::Linear<double>>("pre", features, channels);
+  auto& unit = mlp.add_unit();
+  unit.add<nn::Linear<double>>("moe.experts.0.c_fc", channels, hidden, true, 0.02);
+  unit.add<nn::GELU<double>>();
+  unit.add<nn::Linear<double>>("moe.experts.0.c_proj", hidden, channels, true, 0.02);
+  auto run = [](nn::SequentialModel<double>& m) {
+    nn::LocalParameters<nn::SequentialModel<double>> p(m, 9);
+    Arena<> arena(1 << 20);
+    const Data d;
+    nn::StepContext<double> ctx = d.batch().context<double>(arena, true, 0);
+    for (int u = 0; u < m.num_units(); ++u) m.forward_unit(u, ctx);
+    return std::vector<double>(ctx.x.begin(), ctx.x.end());
+  };
+  CHECK(run(moe) == run(mlp));
+}
+
+TEST_CASE("MixtureOfExperts: parks what its forward kept", "[unit][moe]") {
+  nn::RouterConfig router;
+  router.num_experts = 3;
+  router.k = 2;
+  auto m = moe_model(router);
+  CHECK(m.parks_unit(1));
+  nn::LocalParameters<nn::SequentialModel<double>> p(m, 3);
+  // Two micro-batches: forward A, park, forward B, backward B, resume A, backward A equals
+  // forward A, backward A alone.
+  Data a;
+  Data b;
+  for (float& v : b.x) v = -v;
+  auto grads_of_a = [&](bool interleave) {
+    p.zero_grads();
+    Arena<> arena_a(1 << 20), arena_b(1 << 20);
+    nn::StepContext<double> ca = a.batch().context<double>(arena_a, true, 0);
+    for (int u = 0; u < 3; ++u) m.forward_unit(u, ca);
+    if (interleave) {
+      std::vector<std::any> parked;
+      for (int u = 0; u < 3; ++u) parked.push_back(m.park_unit(u));
+      nn::StepContext<double> cb = b.batch().context<double>(arena_b, true, 1);
+      for (int u = 0; u < 3; ++u) m.forward_unit(u, cb);
+      for (int u = 2; u >= 0; --u) m.backward_unit(u, cb);
+      p.zero_grads();
+      for (int u = 0; u < 3; ++u) m.resume_unit(u, std::move(parked[static_cast<std::size_t>(u)]));
+    }
+    for (int u = 2; u >= 0; --u) m.backward_unit(u, ca);
+    const auto g = p.unit_grads(1);
+    return std::vector<double>(g.begin(), g.end());
+  };
+  CHECK(grads_of_a(true) == grads_of_a(false));
+}
