@@ -66,7 +66,7 @@ TEST_CASE("MoE router: top-1 capacity, dropping in token order and the auxiliary
   cfg.min_capacity = 1;
   cfg.drop_tokens = false;
   CHECK(nn::route(logits.data(), 6, cfg).dropped == 0);
-  // Balanced routing gives l_aux = 1 exactly when the probabilities are uniform.
+  // Uniform probabilities give l_aux = 1 whatever the choices (here all the first expert's).
   const std::vector<double> uniform(8, 0.0);
   cfg.drop_tokens = true;
   CHECK(nn::route(uniform.data(), 4, cfg).aux_loss == Approx(1.0));

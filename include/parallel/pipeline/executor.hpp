@@ -261,8 +261,7 @@ class StageExecutor {
         if (open_ != id) {
           discard_open_pass();
           if (!s.parked.empty()) {
-            engine_.resume_pass(std::move(s.parked));
-            s.parked = {};
+            engine_.resume_pass(std::move(s.parked));  // leaves s.parked empty
             open_ = id;
           } else {
             (void)run_forward(in.micro, in.chunk, batches);

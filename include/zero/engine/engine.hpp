@@ -227,11 +227,7 @@ class Engine {
       micro_.check_pass(r, micro, num_units());
       expect_consistent("forward_pass");
       const auto timed = timers_.phase(profile::Phase::forward);
-      const auto accumulation = static_cast<std::uint64_t>(options_.gradient_accumulation_steps);
-      micro_.begin_pass(batch,
-                        static_cast<std::uint64_t>(training_.boundaries()) * accumulation +
-                            static_cast<std::uint64_t>(micro),
-                        training_.loss_scale() / static_cast<double>(accumulation), r, num_units());
+      micro_.begin_pass(batch, rng_step_of(micro), micro_loss_scale(), r, num_units());
       if (input.data() != nullptr) micro_.ctx().x = input;
       for (int u = r.first; u < r.last; ++u) forward_unit(u);
       return micro_.ctx().x;
@@ -614,11 +610,17 @@ class Engine {
   // Dropout masks follow the micro-step's index over the whole run; the loss seed averages
   // over the window (and carries the fp16 scale).
   void begin_micro_step(const MicroBatch& batch, bool training) {
-    const auto accumulation = static_cast<std::uint64_t>(options_.gradient_accumulation_steps);
-    micro_.begin(batch, training,
-                 static_cast<std::uint64_t>(training_.boundaries()) * accumulation +
-                     static_cast<std::uint64_t>(micro_.done()),
-                 training_.loss_scale() / static_cast<double>(accumulation), num_units());
+    micro_.begin(batch, training, rng_step_of(micro_.done()), micro_loss_scale(), num_units());
+  }
+  // The dropout step of micro-batch `micro` of this window, counted over the whole run.
+  std::uint64_t rng_step_of(int micro) const {
+    return static_cast<std::uint64_t>(training_.boundaries()) *
+               static_cast<std::uint64_t>(options_.gradient_accumulation_steps) +
+           static_cast<std::uint64_t>(micro);
+  }
+  // The loss seed of one micro-batch: the (fp16) loss scale averaged over the window.
+  double micro_loss_scale() const {
+    return training_.loss_scale() / static_cast<double>(options_.gradient_accumulation_steps);
   }
   void run_forward(UnitRange r) {
     for (int u = r.first; u < r.last; ++u) forward_unit(u);

@@ -12,9 +12,9 @@
 // and a fresh arena taken for the next pass) and resumed before its backward, or, for a model
 // that cannot park, discarded and run again. Each unit counts its own backward passes, so its
 // accumulation boundary is its own last pass, whatever order the schedule runs micro-batches
-// and ranges in. A backward may
-// be split in two (zero-bubble schedules): the input half ends the pass, and the weight half,
-// later, completes the units' gradients; a unit's passes count its weight halves.
+// and ranges in. A backward may be split in two (zero-bubble schedules): the input half ends
+// the pass, and the weight half, later, completes the units' gradients; a unit's passes count
+// its weight halves.
 
 #include <algorithm>
 #include <any>

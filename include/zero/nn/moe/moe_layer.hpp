@@ -79,35 +79,32 @@ class MixtureOfExperts final : public Layer<T> {
   void forward(StepContext<T>& ctx) override {
     using ops::cpu::load;
     const std::int64_t N = rows_of(ctx.x, C_, describe());
-    const int E = cfg_.num_experts, k = cfg_.k;
+    const int E = cfg_.num_experts;
     input_ = ctx.x;
     // Router logits in the compute type.
-    std::vector<A> logits(static_cast<std::size_t>(N * E));
+    Tensor<A> logits = zeros<A>(ctx, {N, E});
     const T* wg = gate().value.data();
     for (std::int64_t t = 0; t < N; ++t) {
       for (int e = 0; e < E; ++e) {
         A dot = 0;
-        for (std::int64_t c = 0; c < C_; ++c)
+        for (std::int64_t c = 0; c < C_; ++c) {
           dot += load(input_.data()[t * C_ + c]) * load(wg[e * C_ + c]);
-        logits[static_cast<std::size_t>(t * E + e)] = dot;
+        }
+        logits.data()[t * E + e] = dot;
       }
     }
     routing_ = route(logits.data(), N, cfg_);
     // Each expert's kept tokens as consecutive rows.
     first_row_.assign(static_cast<std::size_t>(E) + 1, 0);
     for (int e = 0; e < E; ++e) first_row_[e + 1] = first_row_[e] + routing_.kept[e];
-    const std::int64_t R = first_row_[static_cast<std::size_t>(E)];
-    rows_in_ = ctx.arena->template allocate<T>({std::max<std::int64_t>(R, 1), C_});
-    fc_ = ctx.arena->template allocate<T>({std::max<std::int64_t>(R, 1), H_});
-    act_ = ctx.arena->template allocate<T>({std::max<std::int64_t>(R, 1), H_});
-    rows_out_ = ctx.arena->template allocate<T>({std::max<std::int64_t>(R, 1), C_});
-    for (std::int64_t t = 0; t < N; ++t) {
-      for (int j = 0; j < k; ++j) {
-        const std::int64_t row = row_of(t, j);
-        if (row < 0) continue;
-        std::copy(input_.data() + t * C_, input_.data() + (t + 1) * C_, rows_in_.data() + row * C_);
-      }
-    }
+    const std::int64_t R = expert_rows();
+    rows_in_ = ctx.arena->template allocate<T>({R, C_});
+    fc_ = ctx.arena->template allocate<T>({R, H_});
+    act_ = ctx.arena->template allocate<T>({R, H_});
+    rows_out_ = ctx.arena->template allocate<T>({R, C_});
+    for_each_kept([&](std::int64_t t, int, std::int64_t row) {
+      std::copy(input_.data() + t * C_, input_.data() + (t + 1) * C_, rows_in_.data() + row * C_);
+    });
     for (int e = 0; e < E; ++e) {
       const std::int64_t first = first_row_[e], n = routing_.kept[e];
       if (n == 0) continue;
@@ -117,53 +114,46 @@ class MixtureOfExperts final : public Layer<T> {
       ops::cpu::linear_forward<T>(rows_out_.data() + first * C_, act_.data() + first * H_,
                                   param(e, 2).value.data(), param(e, 3).value.data(), n, H_, C_);
     }
-    // Combine: y_t = sum_j w_j * expert_j(x_t), rounded once.
-    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
-    std::vector<A> acc(static_cast<std::size_t>(C_));
-    for (std::int64_t t = 0; t < N; ++t) {
-      std::fill(acc.begin(), acc.end(), A(0));
-      for (int j = 0; j < k; ++j) {
-        const std::int64_t row = row_of(t, j);
-        if (row < 0) continue;
-        const A w = routing_.weight[routing_.at(t, j)];
-        for (std::int64_t c = 0; c < C_; ++c) acc[c] += w * load(rows_out_.data()[row * C_ + c]);
+    // Combine: y_t = sum_j w_j * expert_j(x_t), summed in the compute type, rounded once.
+    Tensor<A> acc = zeros<A>(ctx, {N, C_});
+    for_each_kept([&](std::int64_t t, int j, std::int64_t row) {
+      const A w = routing_.weight[routing_.at(t, j)];
+      for (std::int64_t c = 0; c < C_; ++c) {
+        acc.data()[t * C_ + c] += w * load(rows_out_.data()[row * C_ + c]);
       }
-      for (std::int64_t c = 0; c < C_; ++c) y.data()[t * C_ + c] = ops::cpu::store<T>(acc[c]);
-    }
+    });
+    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
+    for (std::int64_t i = 0; i < N * C_; ++i) y.data()[i] = ops::cpu::store<T>(acc.data()[i]);
     ctx.aux_loss += static_cast<A>(cfg_.aux_loss_coef) * routing_.aux_loss +
                     static_cast<A>(cfg_.z_loss_coef) * routing_.z_loss;
     stats_ = {static_cast<double>(routing_.aux_loss), static_cast<double>(routing_.z_loss),
-              routing_.dropped, N * k, routing_.capacity};
+              routing_.dropped, N * cfg_.k, routing_.capacity};
     ctx.x = y;
   }
 
   void backward(StepContext<T>& ctx) override {
     using ops::cpu::load;
     const std::int64_t N = routing_.tokens;
-    const int E = cfg_.num_experts, k = cfg_.k;
-    const std::int64_t R = first_row_[static_cast<std::size_t>(E)];
+    const int E = cfg_.num_experts;
+    const std::int64_t R = expert_rows();
     const T* dy = ctx.dy.data();
     // The experts' output gradient and each choice's combine-weight gradient.
-    Tensor<T> drows_out = zeros(ctx, {std::max<std::int64_t>(R, 1), C_});
-    std::vector<A> dweight(static_cast<std::size_t>(N * k), A(0));
-    for (std::int64_t t = 0; t < N; ++t) {
-      for (int j = 0; j < k; ++j) {
-        const std::int64_t row = row_of(t, j);
-        if (row < 0) continue;
-        const A w = routing_.weight[routing_.at(t, j)];
-        A dw = 0;
-        for (std::int64_t c = 0; c < C_; ++c) {
-          const A g = load(dy[t * C_ + c]);
-          drows_out.data()[row * C_ + c] = ops::cpu::store<T>(w * g);
-          dw += g * load(rows_out_.data()[row * C_ + c]);
-        }
-        dweight[routing_.at(t, j)] = dw;
+    Tensor<T> drows_out = zeros<T>(ctx, {R, C_});
+    Tensor<A> dweight = zeros<A>(ctx, {N, cfg_.k});
+    for_each_kept([&](std::int64_t t, int j, std::int64_t row) {
+      const A w = routing_.weight[routing_.at(t, j)];
+      A dw = 0;
+      for (std::int64_t c = 0; c < C_; ++c) {
+        const A g = load(dy[t * C_ + c]);
+        drows_out.data()[row * C_ + c] = ops::cpu::store<T>(w * g);
+        dw += g * load(rows_out_.data()[row * C_ + c]);
       }
-    }
+      dweight.data()[routing_.at(t, j)] = dw;
+    });
     // Through the experts.
-    Tensor<T> dact = zeros(ctx, {std::max<std::int64_t>(R, 1), H_});
-    Tensor<T> dfc = zeros(ctx, {std::max<std::int64_t>(R, 1), H_});
-    Tensor<T> drows_in = zeros(ctx, {std::max<std::int64_t>(R, 1), C_});
+    Tensor<T> dact = zeros<T>(ctx, {R, H_});
+    Tensor<T> dfc = zeros<T>(ctx, {R, H_});
+    Tensor<T> drows_in = zeros<T>(ctx, {R, C_});
     for (int e = 0; e < E; ++e) {
       const std::int64_t first = first_row_[e], n = routing_.kept[e];
       if (n == 0) continue;
@@ -176,35 +166,29 @@ class MixtureOfExperts final : public Layer<T> {
                              param(e, 1).grad.data(), dfc.data() + first * H_,
                              rows_in_.data() + first * C_, param(e, 0).value.data(), n, C_, H_);
     }
-    // The router: logits' gradient, then W_g's and the input's.
-    std::vector<A> dlogits(static_cast<std::size_t>(N * E), A(0));
+    // The router: the logits' gradient, then W_g's and the input's (summed in the compute type,
+    // each element rounded once).
+    Tensor<A> dlogits = zeros<A>(ctx, {N, E});
     router_backward(dlogits.data(), routing_, dweight.data(), cfg_, static_cast<A>(ctx.loss_scale));
     const T* wg = gate().value.data();
-    T* dwg = gate().grad.data();
-    std::vector<A> dwg_acc(static_cast<std::size_t>(E * C_), A(0));
-    std::vector<A> dx(static_cast<std::size_t>(C_));
-    for (std::int64_t t = 0; t < N; ++t) {
-      std::fill(dx.begin(), dx.end(), A(0));
-      for (int j = 0; j < k; ++j) {
-        const std::int64_t row = row_of(t, j);
-        if (row < 0) continue;
-        for (std::int64_t c = 0; c < C_; ++c) dx[c] += load(drows_in.data()[row * C_ + c]);
+    Tensor<A> dwg = zeros<A>(ctx, {E, C_});
+    Tensor<A> dx = zeros<A>(ctx, {N, C_});
+    for_each_kept([&](std::int64_t t, int, std::int64_t row) {
+      for (std::int64_t c = 0; c < C_; ++c) {
+        dx.data()[t * C_ + c] += load(drows_in.data()[row * C_ + c]);
       }
+    });
+    for (std::int64_t t = 0; t < N; ++t) {
       for (int e = 0; e < E; ++e) {
-        const A d = dlogits[static_cast<std::size_t>(t * E + e)];
+        const A d = dlogits.data()[t * E + e];
         for (std::int64_t c = 0; c < C_; ++c) {
-          dx[c] += d * load(wg[e * C_ + c]);
-          dwg_acc[static_cast<std::size_t>(e * C_ + c)] += d * load(input_.data()[t * C_ + c]);
+          dx.data()[t * C_ + c] += d * load(wg[e * C_ + c]);
+          dwg.data()[e * C_ + c] += d * load(input_.data()[t * C_ + c]);
         }
       }
-      T* out = ctx.dx.data() + t * C_;
-      for (std::int64_t c = 0; c < C_; ++c) out[c] = ops::cpu::store<T>(load(out[c]) + dx[c]);
     }
-    if (dwg != nullptr) {
-      for (std::int64_t i = 0; i < E * C_; ++i) {
-        dwg[i] = ops::cpu::store<T>(load(dwg[i]) + dwg_acc[static_cast<std::size_t>(i)]);
-      }
-    }
+    add_into(ctx.dx.data(), dx);
+    if (gate().grad.data() != nullptr) add_into(gate().grad.data(), dwg);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
@@ -235,17 +219,32 @@ class MixtureOfExperts final : public Layer<T> {
   const ParamView<T>& param(int e, int i) const {
     return views_.at(1 + static_cast<std::size_t>(e) * 4 + static_cast<std::size_t>(i));
   }
-  // Token t's choice j's row among the experts' rows, -1 when dropped.
-  std::int64_t row_of(std::int64_t t, int j) const {
-    const std::int64_t slot = routing_.slot[routing_.at(t, j)];
-    return slot < 0
-               ? -1
-               : first_row_[static_cast<std::size_t>(routing_.expert[routing_.at(t, j)])] + slot;
+  // Rows of the experts' buffers (at least one, so a batch that kept nothing still has views).
+  std::int64_t expert_rows() const { return std::max<std::int64_t>(first_row_.back(), 1); }
+  // Calls fn(t, j, row) for every kept choice j of token t; row is its row in the experts'
+  // buffers.
+  template <class Fn>
+  void for_each_kept(Fn&& fn) const {
+    for (std::int64_t t = 0; t < routing_.tokens; ++t) {
+      for (int j = 0; j < routing_.k; ++j) {
+        const std::size_t i = routing_.at(t, j);
+        if (routing_.slot[i] < 0) continue;
+        fn(t, j, first_row_[static_cast<std::size_t>(routing_.expert[i])] + routing_.slot[i]);
+      }
+    }
   }
-  static Tensor<T> zeros(StepContext<T>& ctx, Shape s) {
-    Tensor<T> t = ctx.arena->template allocate<T>(s);
-    for (T& v : t) v = T(0);
+  // A zeroed arena view (released with the unit's activations).
+  template <class U>
+  static Tensor<U> zeros(StepContext<T>& ctx, Shape s) {
+    Tensor<U> t = ctx.arena->template allocate<U>(s);
+    for (U& v : t) v = U(0);
     return t;
+  }
+  // to[i] += from[i], rounded once to T.
+  static void add_into(T* to, const Tensor<A>& from) {
+    for (std::int64_t i = 0; i < from.numel(); ++i) {
+      to[i] = ops::cpu::store<T>(ops::cpu::load(to[i]) + from.data()[i]);
+    }
   }
 
   std::string name_;
