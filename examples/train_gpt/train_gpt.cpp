@@ -20,6 +20,7 @@
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved|zb]]
+//               [--experts 4 [--ep 2] [--k 2]] [--sp N]
 //
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
@@ -31,6 +32,16 @@
 // accumulation's micro-batches through the pipeline. The built-in config then uses ZeRO stage 1
 // (stages 2 and 3 do not compose with a pipeline). The step line adds the bubble fraction;
 // the profiler's reports are rank 0's, so pipeline stage 0's (not collected across stages).
+// --experts E makes every second block's MLP a mixture of E GPT-MLP experts behind a top-k
+// router (--k 1 or 2; the config's "moe" section gives the rest: capacity_factor, min_capacity,
+// drop_tokens, aux_loss_coef, z_loss_coef, expert_interval), and --ep N splits the experts over
+// N expert-parallel ranks, the tokens travelling to their experts by all-to-all; the dense
+// parameters stay data parallel over all ranks (DeepSpeed's layout). The step line adds the
+// load-balancing loss and the share of routed choices dropped past their expert's capacity.
+// --sp N (a number) is DeepSpeed-Ulysses sequence parallelism: each of N ranks holds seq/N
+// positions of every sequence, attention gets whole sequences for heads/N heads by all-to-all,
+// and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config).
+// --sp without a number is Megatron's sequence parallelism beside --tp.
 //
 // The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
 // print zero::profile's reports (docs/observability.md); --profile switches all four on (the
@@ -57,8 +68,10 @@
 
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/launch_env.hpp>
+#include <parallel/moe/expert_parallel.hpp>
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
+#include <parallel/sequence/sequence_parallel.hpp>
 #include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
 #if defined(ZERO_WITH_MPI)
@@ -83,8 +96,10 @@ struct Options {
   std::string config;
   int ranks = 2;
   std::optional<int> stage;
-  std::optional<int> tp;       // tensor-parallel size (default: the config's, else 1)
-  bool sp = false;             // sequence parallelism
+  std::optional<int> tp;              // tensor-parallel size (default: the config's, else 1)
+  bool sp = false;                    // Megatron sequence parallelism (with --tp)
+  std::optional<int> ulysses;         // Ulysses sequence-parallel size (--sp N)
+  std::optional<int> experts, ep, k;  // MoE: experts per layer, expert-parallel size, top-k
   std::optional<int> pp, vpp;  // pipeline stages and chunks per stage (default: the config's)
   std::string schedule;        // pipeline schedule (default: the config's, else 1f1b)
   std::int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, channels = 128;
@@ -114,7 +129,9 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--profile" || flag == "--sp") {  // the flags without a value
+    const bool sp_size = flag == "--sp" && i + 1 < argc && argv[i + 1][0] >= '0' &&
+                         argv[i + 1][0] <= '9';                 // --sp N: Ulysses
+    if (flag == "--profile" || (flag == "--sp" && !sp_size)) {  // the flags without a value
       (flag == "--sp" ? o.sp : o.profile) = true;
       --i;
       continue;
@@ -135,6 +152,14 @@ Options parse(int argc, char** argv) {
       o.stage = static_cast<int>(integer());
     else if (flag == "--tp")
       o.tp = static_cast<int>(integer());
+    else if (flag == "--sp")
+      o.ulysses = static_cast<int>(integer());
+    else if (flag == "--experts")
+      o.experts = static_cast<int>(integer());
+    else if (flag == "--ep")
+      o.ep = static_cast<int>(integer());
+    else if (flag == "--k")
+      o.k = static_cast<int>(integer());
     else if (flag == "--pp")
       o.pp = static_cast<int>(integer());
     else if (flag == "--vpp")
@@ -255,6 +280,10 @@ Config make_config(const Options& o) {
     j["zero_optimization"]["offload_optimizer"]["device"] = "nvme";
     j["zero_optimization"]["offload_optimizer"]["nvme_path"] = o.nvme_path;
   }
+  if (o.experts) j["moe"]["num_experts"] = *o.experts;
+  if (o.ep) j["moe"]["ep_size"] = *o.ep;
+  if (o.k) j["moe"]["k"] = *o.k;
+  if (o.ulysses) j["sequence_parallel_size"] = *o.ulysses;
   Config c;
   try {
     c = Config::from_json(j);
@@ -331,9 +360,11 @@ Corpus load_corpus(const Options& o) {
 }
 
 // What both training paths build alike over groups: the batch sizes for its data-parallel
-// ranks, the train and validation loaders of this data-parallel rank (the tp and pp ranks of a
-// data-parallel rank read the same rows), the model's shape (its byte vocabulary padded to a
-// multiple of tp as Megatron pads it) and the model, split over the tensor-parallel group.
+// ranks (ep x dp: expert-parallel ranks read different rows, as DeepSpeed's), the train and
+// validation loaders of this data-parallel rank (the tp, sp and pp ranks of a data-parallel rank
+// read the same rows), the model's shape (its byte vocabulary padded to a multiple of tp as
+// Megatron pads it) and the model, split over the tensor-parallel group, the Ulysses group and
+// with its experts over the expert-parallel group.
 template <class Model>
 struct RunSetup {
   int dp;
@@ -345,12 +376,20 @@ struct RunSetup {
   template <class Comm>
   RunSetup(const Options& o, const Config& cfg, const Corpus& corpus,
            parallel::ProcessGroups<Comm>& groups)
-      : dp(groups.dp().size()),
+      : dp(data_group(groups).size()),
         sizes(cfg.resolve_batch(dp)),
-        train_loader(corpus.train, loader_config(o, corpus, groups.dp().rank(), true)),
-        val_loader(corpus.val, loader_config(o, corpus, groups.dp().rank(), false)),
+        train_loader(corpus.train, loader_config(o, corpus, data_group(groups).rank(), true)),
+        val_loader(corpus.val, loader_config(o, corpus, data_group(groups).rank(), false)),
         gpt(model_config(o, corpus, groups.tp().size())),
-        model(gpt, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel)) {}
+        model(gpt, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel),
+              parallel::SequenceParallel(groups.cp()),
+              nn::MoEBlocks::from_config(cfg.moe, parallel::ExpertParallel(groups.ep()))) {}
+
+  /// The ranks that read different rows: ep x dp.
+  template <class Comm>
+  static Comm& data_group(parallel::ProcessGroups<Comm>& groups) {
+    return groups.get({parallel::Axis::ep, parallel::Axis::dp});
+  }
 
  private:
   data::LoaderConfig loader_config(const Options& o, const Corpus& corpus, int dp_rank,
@@ -388,6 +427,70 @@ engine::EngineOptions engine_options(const Options& o) {
 // A loader batch as the engine's micro-batch (views: the batch must outlive its use).
 engine::MicroBatch micro_of(const data::Batch& b) {
   return engine::MicroBatch{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
+}
+
+// A loader batch as this rank feeds it: the whole batch, or with Ulysses sequence parallelism
+// this rank's positions of it (the slice lives as long as the micro-step reads it).
+struct RankBatch {
+  const data::Batch& batch;
+  std::optional<parallel::SequenceSlice> slice;
+
+  RankBatch(const data::Batch& b, const parallel::SequenceParallel& sp) : batch(b) {
+    if (sp.active()) slice.emplace(b.inputs.data(), b.targets.data(), b.rows, b.seq_len, sp);
+  }
+  engine::MicroBatch micro() const {
+    if (!slice) return micro_of(batch);
+    return engine::MicroBatch{slice->tokens.data(), slice->targets.data(), slice->batch,
+                              slice->seq_len};
+  }
+};
+
+// What the MoE layers routed over a step: the load-balancing loss (mean over micro-steps) and
+// the choices dropped past their expert's capacity, summed over micro-steps and ranks.
+struct RoutingTotals {
+  double aux_loss = 0, dropped = 0, choices = 0, micro_steps = 0;
+
+  void add(const nn::MoEStats& s) {
+    aux_loss += s.aux_loss;
+    dropped += static_cast<double>(s.dropped);
+    choices += static_cast<double>(s.choices);
+    micro_steps += 1;
+  }
+  // The totals of every data-parallel rank (a collective; the mean aux loss).
+  template <class Eng>
+  RoutingTotals over_ranks(Eng& eng) const {
+    double v[4] = {aux_loss, dropped, choices, micro_steps};
+    eng.comm().all_reduce(std::span<double>(v, 4), parallel::ReduceOp::sum);
+    return {v[3] > 0 ? v[0] / v[3] : 0, v[1], v[2], v[3]};
+  }
+  double dropped_fraction() const { return choices > 0 ? dropped / choices : 0; }
+  // " | aux 0.0123 | dropped 4.1%" with MoE layers, else empty.
+  std::string line() const {
+    if (choices == 0) return {};
+    char text[64];
+    std::snprintf(text, sizeof text, " | aux %.4f | dropped %.1f%%", aux_loss,
+                  100.0 * dropped_fraction());
+    return text;
+  }
+};
+
+// Parameters of the whole model as the engine holds them (experts split over ep counted once).
+template <class Eng>
+std::int64_t count_parameters(Eng& eng) {
+  double n = 0;
+  for (int u = 0; u < eng.num_units(); ++u) {
+    for (const nn::ParamSpec& p : eng.unit_specs(u))
+      n += static_cast<double>(p.logical_shape().numel());
+  }
+  return static_cast<std::int64_t>(n);
+}
+
+// " (MoE: 4 experts, top-2, 1 block in 2, ep 2)" for a mixture-of-experts config, else empty.
+std::string moe_note(const Config& cfg) {
+  if (!cfg.moe.active()) return {};
+  return " (MoE: " + std::to_string(cfg.moe.num_experts) + " experts, top-" +
+         std::to_string(cfg.moe.k) + ", 1 block in " + std::to_string(cfg.moe.expert_interval) +
+         ", ep " + std::to_string(cfg.moe.ep_size) + ")";
 }
 
 // v averaged over eng's data-parallel group.
@@ -501,6 +604,9 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const bool leader = comm.rank() == 0;
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
   const auto pp = static_cast<int>(cfg.pipeline.stages);
+  expect<ConfigError>(!cfg.moe.active() && cfg.sequence_parallel_size == 1,
+                      "pipeline.stages = ", pp,
+                      " with moe.num_experts or sequence_parallel_size is not supported yet");
   const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, 1, 1, pp);
   profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / (tp * pp)).micro);
   if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
@@ -606,11 +712,16 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
       throw ConfigError("pipeline.stages > 1 needs ZeRO stage 0 or 1");  // the config refuses it
     }
   }
-  expect<ConfigError>(comm.size() % tp == 0, "tensor_parallel.tp_size = ", tp,
-                      " does not divide the ", comm.size(), " ranks");
-  profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / tp).micro);
+  const auto sp = static_cast<int>(cfg.sequence_parallel_size);
+  const auto ep = static_cast<int>(cfg.moe.active() ? cfg.moe.ep_size : 1);
+  expect<ConfigError>(comm.size() % (tp * sp * ep) == 0, "tensor_parallel.tp_size = ", tp,
+                      ", sequence_parallel_size = ", sp, " and moe.ep_size = ", ep,
+                      " do not divide the ", comm.size(), " ranks");
+  if (sp > 1) parallel::check_sequence_split(o.seq, sp);
+  profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / (tp * sp)).micro);
   if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
-  parallel::ProcessGroups<Comm> groups(comm, parallel::Grid({.tp = tp, .dp = comm.size() / tp}));
+  parallel::ProcessGroups<Comm> groups(
+      comm, parallel::Grid({.tp = tp, .cp = sp, .ep = ep, .dp = comm.size() / (tp * sp * ep)}));
   RunSetup<typename E::model_type> run(o, cfg, corpus, groups);
   const int dp = run.dp;
   const auto& sizes = run.sizes;
@@ -622,13 +733,15 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   const auto mem = eng.memory_report();
   if (leader) {
     std::printf(
-        "train_gpt: %lld parameters (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
-        "%d data-parallel ranks x %d tensor-parallel%s in %s; global batch %lld = %lld micro x "
+        "train_gpt: %lld parameters%s (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
+        "%d data-parallel ranks x %d tensor-parallel%s%s in %s; global batch %lld = %lld micro x "
         "%lld accumulation x %d ranks; %lld steps; model state on rank 0: %.2f MB\n",
-        static_cast<long long>(gc.num_parameters()), static_cast<long long>(o.layers),
-        static_cast<long long>(o.heads), static_cast<long long>(o.channels),
-        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, dp, tp,
+        static_cast<long long>(count_parameters(eng)), moe_note(cfg).c_str(),
+        static_cast<long long>(o.layers), static_cast<long long>(o.heads),
+        static_cast<long long>(o.channels), static_cast<long long>(gc.vocab_size),
+        static_cast<long long>(o.seq), E::stage, dp, tp,
         model.tensor_parallel().sequence_parallel() ? " (sequence parallel)" : "",
+        sp > 1 ? (" x " + std::to_string(sp) + " Ulysses sequence-parallel").c_str() : "",
         std::string(name_of(dtype_of<typename E::T>)).c_str(), static_cast<long long>(sizes.train),
         static_cast<long long>(sizes.micro), static_cast<long long>(sizes.accumulation), dp,
         static_cast<long long>(o.steps), static_cast<double>(mem.total()) / 1e6);
@@ -643,11 +756,14 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   std::int64_t since_print = 0;
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     double step_loss = 0;
+    RoutingTotals routed;
     monitor.begin_step(eng, step + 1);
     for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
       const data::Batch batch = run.train_loader.next();  // backward reads its targets too
-      step_loss += static_cast<double>(static_cast<float>(eng.forward(micro_of(batch))));
+      const RankBatch mine(batch, model.sequence_parallel());
+      step_loss += static_cast<double>(static_cast<float>(eng.forward(mine.micro())));
       eng.backward();
+      routed.add(model.moe_stats());
     }
     eng.step();
     const nlohmann::json observed = monitor.end_step(eng, model, step + 1);
@@ -657,6 +773,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
           << "\n";
     }
     loss = mean_over_dp(eng, step_loss / static_cast<double>(sizes.accumulation));
+    const RoutingTotals routing = routed.over_ranks(eng);
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
     const bool print = (step + 1) % print_every == 0 || step + 1 == o.steps;
@@ -679,9 +796,9 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
       if (leader) {
         std::printf(
             "%sstep %4lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g | %.0f tokens/s"
-            " | %.1f ms/step | state %.2f MB%s\n",
+            " | %.1f ms/step | state %.2f MB%s%s\n",
             tty ? "\r" : "", static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
-            eng.loss_scale(), tokens_per_s, ms, state_mb,
+            eng.loss_scale(), tokens_per_s, ms, state_mb, routing.line().c_str(),
             eng.last_step_skipped() ? " | skipped" : "");
         std::fflush(stdout);
         if (metrics.is_open()) {
@@ -695,6 +812,10 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                                  {"model_state_bytes", eng.memory_report().total()},
                                  {"activation_peak_bytes", eng.activation_peak_bytes()},
                                  {"skipped", eng.last_step_skipped()}};
+          if (cfg.moe.active()) {
+            line["moe_aux_loss"] = routing.aux_loss;
+            line["moe_dropped_fraction"] = routing.dropped_fraction();
+          }
           for (const char* key : {"wall_clock", "memory"}) {
             if (observed.contains(key)) line[key] = observed[key];
           }
@@ -705,6 +826,9 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     save_if_due(o, eng, run.train_loader, step + 1, leader);
   }
   if (!o.export_path.empty()) {
+    expect<ConfigError>(!cfg.moe.active(),
+                        "--export writes GPT-2 weights; a mixture-of-experts model is not GPT-2 "
+                        "(save a checkpoint and convert it with zero_to_safetensors)");
     const auto written = engine::save_gpt2_weights(eng, o.export_path, o.export_dtype);
     if (leader) {
       std::printf("train_gpt: exported %zu tensors to %s (%.1f MB, %s)\n", written.tensors,
@@ -713,9 +837,15 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     }
   }
   monitor.finish();
-  const double val_loss = mean_over_dp(
-      eng, static_cast<double>(static_cast<float>(eng.evaluate(micro_of(run.val_loader.next())))));
+  const data::Batch val = run.val_loader.next();
+  const RankBatch val_mine(val, model.sequence_parallel());
+  const double val_loss =
+      mean_over_dp(eng, static_cast<double>(static_cast<float>(eng.evaluate(val_mine.micro()))));
   if (leader) print_losses(first_loss, loss, corpus, val_loss);
+  if (sp > 1) {  // the sampler would need the last position's logits from the last sp rank
+    if (leader) std::printf("train_gpt: no sample with Ulysses sequence parallelism\n");
+    return loss < first_loss || first_step > 0;
+  }
 
   // Every rank takes part: the stage-3 forward gathers units collectively; every rank draws the
   // same numbers from the same logits, so all pick the same bytes.

@@ -186,9 +186,9 @@ TEST_CASE("MixtureOfExperts: one expert is the GPT MLP it holds, bit for bit", "
   mlp.add_unit().add<nn::FromInput<double>>("x");
   mlp.unit(0).add<nn::Linear<double>>("pre", features, channels);
   auto& unit = mlp.add_unit();
-  unit.add<nn::Linear<double>>("moe.experts.0.c_fc", channels, hidden, true, 0.02);
+  unit.add<nn::Linear<double>>("moe.experts.c_fc", channels, hidden, true, 0.02);
   unit.add<nn::GELU<double>>();
-  unit.add<nn::Linear<double>>("moe.experts.0.c_proj", hidden, channels, true, 0.02);
+  unit.add<nn::Linear<double>>("moe.experts.c_proj", hidden, channels, true, 0.02);
   auto run = [](nn::SequentialModel<double>& m) {
     nn::LocalParameters<nn::SequentialModel<double>> p(m, 9);
     Arena<> arena(1 << 20);

@@ -45,6 +45,18 @@ class AnyComm {
   Work all_gather_async(std::span<const T> send, std::span<T> recv) {
     return impl_->all_gather(erase(send), erase(recv));
   }
+  /// Async all-to-all: chunk q of send goes to rank q, chunk q of recv comes from rank q.
+  template <CommElement T>
+  Work all_to_all_async(std::span<const T> send, std::span<T> recv) {
+    return impl_->all_to_all(erase(send), erase(recv));
+  }
+  /// Async variable all-to-all: send packs send_counts[q] elements for each rank q in rank
+  /// order, recv receives recv_counts[q] elements from each rank q in rank order.
+  template <CommElement T>
+  Work all_to_all_v_async(std::span<const T> send, std::span<const std::size_t> send_counts,
+                          std::span<T> recv, std::span<const std::size_t> recv_counts) {
+    return impl_->all_to_all_v(erase(send), send_counts, erase(recv), recv_counts);
+  }
   /// Async broadcast of buf from root.
   template <CommElement T>
   Work broadcast_async(std::span<T> buf, int root) {
@@ -69,6 +81,17 @@ class AnyComm {
   template <CommElement T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
     all_gather_async(send, recv).wait();
+  }
+  /// Blocking all-to-all.
+  template <CommElement T>
+  void all_to_all(std::span<const T> send, std::span<T> recv) {
+    all_to_all_async(send, recv).wait();
+  }
+  /// Blocking variable all-to-all.
+  template <CommElement T>
+  void all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
+                    std::span<T> recv, std::span<const std::size_t> recv_counts) {
+    all_to_all_v_async(send, send_counts, recv, recv_counts).wait();
   }
   /// Blocking broadcast of buf from root.
   template <CommElement T>
@@ -97,6 +120,9 @@ class AnyComm {
     virtual Work all_reduce(Erased send, Erased recv, ReduceOp op) = 0;
     virtual Work reduce_scatter(Erased send, Erased recv, ReduceOp op) = 0;
     virtual Work all_gather(Erased send, Erased recv) = 0;
+    virtual Work all_to_all(Erased send, Erased recv) = 0;
+    virtual Work all_to_all_v(Erased send, std::span<const std::size_t> send_counts, Erased recv,
+                              std::span<const std::size_t> recv_counts) = 0;
     virtual Work broadcast(Erased buf, int root) = 0;
     virtual Work send(Erased buf, int peer, int tag) = 0;
     virtual Work recv(Erased buf, int peer, int tag) = 0;
@@ -150,6 +176,18 @@ class AnyComm {
     Work all_gather(Erased send, Erased recv) override {
       return typed(send.dtype, [&]<class T>(T*) {
         return comm.all_gather_async(std::span<const T>(as<T>(send)), as<T>(recv));
+      });
+    }
+    Work all_to_all(Erased send, Erased recv) override {
+      return typed(send.dtype, [&]<class T>(T*) {
+        return comm.all_to_all_async(std::span<const T>(as<T>(send)), as<T>(recv));
+      });
+    }
+    Work all_to_all_v(Erased send, std::span<const std::size_t> send_counts, Erased recv,
+                      std::span<const std::size_t> recv_counts) override {
+      return typed(send.dtype, [&]<class T>(T*) {
+        return comm.all_to_all_v_async(std::span<const T>(as<T>(send)), send_counts, as<T>(recv),
+                                       recv_counts);
       });
     }
     Work broadcast(Erased buf, int root) override {

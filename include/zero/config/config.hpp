@@ -21,6 +21,7 @@
 #include <zero/config/aio.hpp>
 #include <zero/config/json_reader.hpp>
 #include <zero/config/key_table.hpp>
+#include <zero/config/moe.hpp>
 #include <zero/config/observability.hpp>
 #include <zero/config/pipeline.hpp>
 #include <zero/config/tensor_parallel.hpp>
@@ -78,6 +79,8 @@ struct Config {
   config::AioConfig aio;                         ///< NVMe offload I/O (zero/offload)
   config::TensorParallelConfig tensor_parallel;  ///< tensor and sequence parallelism
   config::PipelineConfig pipeline;               ///< pipeline parallelism
+  config::MoEConfig moe;                         ///< mixture of experts, expert parallelism
+  std::int64_t sequence_parallel_size = 1;       ///< Ulysses sequence-parallel ranks
   config::FlopsProfilerConfig flops_profiler;    ///< zero::profile's FLOPs report
   config::CommsLoggerConfig comms_logger;        ///< zero::profile's communication summary
   std::vector<std::string> warnings;             ///< unknown keys and other non-fatal findings
@@ -178,6 +181,10 @@ struct Config {
       c.pipeline = config::PipelineConfig::read(r.object("pipeline"), unknown);
       c.pipeline.merge_megatron(r);
       check_pipeline_zero(r, c);
+      c.moe = config::MoEConfig::read(r.object("moe"), unknown);
+      c.sequence_parallel_size = r.integer("sequence_parallel_size").value_or(1);
+      expect<ConfigError>(c.sequence_parallel_size >= 1, r.where("sequence_parallel_size"), " = ",
+                          c.sequence_parallel_size, "; expected >= 1");
       c.flops_profiler = config::FlopsProfilerConfig::read(r.object("flops_profiler"), unknown);
       c.comms_logger = config::CommsLoggerConfig::read(r.object("comms_logger"), unknown);
       for (const auto& k : unknown) c.warnings.push_back(unknown_key_warning(k));

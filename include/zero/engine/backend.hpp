@@ -62,7 +62,7 @@ struct HostBackend {
   /// v[i] = factor * v[i].
   template <class E>
   static void scale(std::span<E> v, double factor) {
-    for (E& x : v) x = static_cast<E>(x * factor);
+    for (E& x : v) x = convert<E>(convert<double>(x) * factor);
   }
   /// Sets every element to zero.
   template <class E>

@@ -131,7 +131,7 @@ class Engine {
   Engine(M& model, EngineGroups groups, const Config& config, EngineOptions options = {})
       : model_(model),
         groups_(std::move(groups)),
-        options_(options.with_config(config, groups_.dp.size())),
+        options_(options.with_config(config, groups_.sample_ranks)),
         micro_(options_.activation_bytes, options_.gradient_accumulation_steps) {
     static_assert(!policies::reference_model,
                   "zero::Engine: an optimizer from the config updates fp32 masters; an f64 "
@@ -467,7 +467,7 @@ class Engine {
       store_.read_master_into(u, std::span<MasterT>(mine), backend_);
       if constexpr (stage_traits::shards_optimizer_states) {
         std::vector<MasterT> whole(s.numel(Extent::whole));
-        comm_.all_gather(std::span<const MasterT>(mine), std::span<MasterT>(whole));
+        s.group->all_gather(std::span<const MasterT>(mine), std::span<MasterT>(whole));
         mine = std::move(whole);
       }
       mine.resize(numel);
@@ -518,6 +518,9 @@ class Engine {
   T loss() const { return micro_.ctx().loss; }
   /// The partition of unit u.
   const UnitPartition& partition(int u) const { return *unit_ref(u).partition; }
+  /// This rank in the group unit u is sharded over (the data-parallel group, or the expert
+  /// data-parallel group for an expert unit; EngineGroups::shard_group).
+  int unit_rank(int u) const { return unit_ref(u).group->rank(); }
   /// Settings in effect.
   const EngineOptions& options() const { return options_; }
   /// True when the engine was built from a config (it owns optimizers).
@@ -574,12 +577,23 @@ class Engine {
     }
     plan_ = unit_buffer_plan({stage, sizeof(T), sizeof(MasterT), compute_is_master,
                               offload_device_of<typename policies::offload>});
+    if constexpr (requires { model_.expert_parallel().size(); }) {
+      expect<ConfigError>(model_.expert_parallel().size() == groups_.ep_size(),
+                          "Engine: the model's experts are split over an expert-parallel group of ",
+                          model_.expert_parallel().size(),
+                          " ranks but the engine's groups have ep = ", groups_.ep_size(),
+                          " (build the engine from the ProcessGroups the model's group came from)");
+    }
     const int n = model_.num_units();
     units_.resize(static_cast<std::size_t>(n));
-    const int world = comm_.size(), rank = comm_.rank();
     for (int u = 0; u < n; ++u) {
       Unit& s = unit(u);
       s.specs = model_.unit_params(u);
+      bool expert = false;
+      if constexpr (nn::HasExpertUnits<M>) expert = model_.unit_is_expert(u);
+      s.group = &groups_.shard_group(expert);
+      if (expert) s.grad_scale = groups_.expert_grad_scale();
+      const int world = s.group->size(), rank = s.group->rank();
       s.partition.emplace(s.specs, world, options_.shard_alignment);
       const UnitPartition& p = *s.partition;
       for (int used : model_.unit_uses(u)) unit(used).pinned = true;
@@ -596,7 +610,7 @@ class Engine {
       }
     }
     StoreOptions so = store_options;
-    so.rank = rank;
+    so.rank = comm_.rank();
     so.faults = options_.nvme_faults;
     store_.settle(so);
     masters_replaced();
@@ -633,7 +647,7 @@ class Engine {
       const auto unit_timed = timers_.unit(profile::Phase::forward, u, micro_.ctx().training);
       model_.forward_unit(u, micro_.ctx());
     }
-    exchange_.release_after_use(u);
+    exchange_.release_after_use(u, /*forward=*/true);
   }
   // Runs units r backward from dy (when given), calling unit_done(u) once unit u's backward ran.
   template <class UnitDone>
@@ -648,7 +662,7 @@ class Engine {
         model_.backward_unit(u, ctx);
       }
       unit_done(u);
-      exchange_.release_after_use(u);
+      exchange_.release_after_use(u, /*forward=*/false);
     }
   }
 
@@ -717,12 +731,12 @@ class Engine {
     std::span<MasterT> g = update_grad(u);
     const UnitPartition& p = *unit(u).partition;
     if constexpr (!stage_traits::shards_optimizer_states) {
-      g = g.subspan(static_cast<std::size_t>(p.shard_begin(comm_.rank())),
+      g = g.subspan(static_cast<std::size_t>(p.shard_begin(unit(u).group->rank())),
                     static_cast<std::size_t>(p.shard_numel()));
     }
     if (groups_.tp_rank() == 0) return backend_type::sum_of_squares(std::span<const MasterT>(g));
     double sum = 0.0;
-    for (const ShardSegment& s : p.segments(comm_.rank())) {
+    for (const ShardSegment& s : p.segments(unit(u).group->rank())) {
       if (!unit(u).specs[static_cast<std::size_t>(s.param)].split.is_split()) continue;
       sum += backend_type::sum_of_squares(std::span<const MasterT>(
           g.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count))));
@@ -789,7 +803,7 @@ class Engine {
   std::string inconsistent_;  // why the state is inconsistent; empty when whole
   std::string comm_failure_;  // the CommError that broke the communicator; empty while it works
   MicroSteps<T> micro_;
-  Exchange exchange_{model_, comm_, units_, store_, backend_, options_, [this] {
+  Exchange exchange_{model_, units_, store_, backend_, options_, [this] {
                        return " at step " + std::to_string(training_.boundaries()) +
                               " micro-step " + std::to_string(micro_.done());
                      }};

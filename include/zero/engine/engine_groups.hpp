@@ -1,18 +1,29 @@
 #pragma once
 // EngineGroups: the communicators an engine works over, type-erased.
-//   dp     the data-parallel group: ZeRO shards every unit over it and reduces gradients in it;
+//   dp     the data-parallel group: ZeRO shards every dense unit over it and averages gradients
+//          in it (with expert parallelism: the ep x dp ranks, DeepSpeed's data-parallel group);
+//   expert_dp  with expert parallelism (ep > 1), the expert data-parallel group: the ranks that
+//          hold the same experts (the grid's dp axis). ZeRO shards expert units (the model's
+//          unit_is_expert) over it and averages their gradients in it, scaled by |expert_dp| /
+//          |dp| = 1/ep: an expert has summed the tokens of the whole ep group already, so its
+//          gradient is divided by the whole data-parallel size, as DeepSpeed and Megatron do;
+//   ep     with expert parallelism, the expert-parallel group the model's MoE layers dispatch
+//          over (the engine only checks its size against the model's);
 //   tp     the tensor-parallel group, when the model is split over one (tp > 1): the global
 //          gradient norm and the Inf/NaN verdict sum over it too, each tensor-parallel part
 //          counted once and parameters whole on every tp rank counted on tp rank 0 only;
 //   pp     the pipeline-parallel group, when the model's units are split over stages (pp > 1):
 //          the global gradient norm and the Inf/NaN verdict sum over it too (a unit counted by
 //          the stage that owns it, never by a stage holding a replica of it);
-//   state  every rank that holds a distinct part of the state (tp x dp x pp): checkpoints are
-//          saved and loaded over it, so a save at one (tp, dp, pp, stage) loads at any other.
+//   state  every rank that holds a distinct part of the state (tp x dp x pp; ep x dp): checkpoints
+//          are saved and loaded over it, so a save at one (tp, dp, pp, ep, stage) loads at any
+//          other.
 // Built from a communicator (data parallelism only) or from ProcessGroups.
 
 #include <optional>
 #include <utility>
+
+#include <zero/core/error.hpp>
 
 #include <parallel/comm/any_comm.hpp>
 #include <parallel/comm/communicator.hpp>
@@ -23,23 +34,35 @@ namespace zero::engine {
 
 /// The groups of an engine (see the file comment).
 struct EngineGroups {
-  parallel::AnyComm dp;                    ///< ZeRO's data-parallel group
-  std::optional<parallel::AnyComm> tp;     ///< the tensor-parallel group (tp > 1 only)
-  std::optional<parallel::AnyComm> pp;     ///< the pipeline-parallel group (pp > 1 only)
-  std::optional<parallel::AnyComm> state;  ///< tp x dp x pp (tp or pp > 1 only; else dp)
+  parallel::AnyComm dp;                        ///< ZeRO's data-parallel group (dense units)
+  std::optional<parallel::AnyComm> expert_dp;  ///< expert units' group (ep > 1 only)
+  std::optional<parallel::AnyComm> ep;         ///< the expert-parallel group (ep > 1 only)
+  std::optional<parallel::AnyComm> tp;         ///< the tensor-parallel group (tp > 1 only)
+  std::optional<parallel::AnyComm> pp;         ///< the pipeline-parallel group (pp > 1 only)
+  std::optional<parallel::AnyComm> state;      ///< tp x dp x pp (tp or pp > 1 only; else dp)
+  /// Ranks that read different samples: |dp|, except with Ulysses sequence parallelism, whose
+  /// sp ranks share their samples (|dp| / sp). DeepSpeed's batch arithmetic divides by it.
+  int sample_ranks = 0;
 
   /// Data parallelism only, over dp.
   template <parallel::Communicator C>
-  explicit EngineGroups(C& data_parallel) : dp(data_parallel) {}
+  explicit EngineGroups(C& data_parallel) : dp(data_parallel), sample_ranks(dp.size()) {}
 
   /// The grid's data-parallel group and, with tp > 1, its tensor-parallel group, with pp > 1 its
   /// pipeline-parallel group, and then the group of tp x dp x pp (ProcessGroups must have built
-  /// the tp-dp and tp-dp-pp masks, as standard_masks() does).
+  /// the tp-dp and tp-dp-pp masks, as standard_masks() does). With ep > 1 the data-parallel group
+  /// is ep x dp, and the expert groups are the grid's dp and ep axes (ep does not combine with
+  /// tp, cp or pp yet: ConfigError).
   template <parallel::Communicator C>
-  explicit EngineGroups(parallel::ProcessGroups<C>& groups) : dp(groups.data_parallel()) {
+  explicit EngineGroups(parallel::ProcessGroups<C>& groups)
+      : dp(dense_group(groups)), sample_ranks(dp.size() / groups.grid().size(parallel::Axis::cp)) {
     using parallel::Axis;
     const bool split_tp = groups.grid().size(Axis::tp) > 1;
     const bool split_pp = groups.grid().size(Axis::pp) > 1;
+    if (groups.grid().size(Axis::ep) > 1) {
+      expert_dp.emplace(groups.dp());
+      ep.emplace(groups.ep());
+    }
     if (split_tp) tp.emplace(groups.tp());
     if (split_pp) {
       pp.emplace(groups.pp());
@@ -55,6 +78,30 @@ struct EngineGroups {
   int tp_rank() const { return tp ? tp->rank() : 0; }
   /// The group checkpoints run over.
   parallel::AnyComm& state_group() { return state ? *state : dp; }
+  /// Ranks of the expert-parallel group (1 without one).
+  int ep_size() const { return ep ? ep->size() : 1; }
+  /// The group ZeRO shards a unit over: expert_dp for an expert unit when there is one, else dp.
+  parallel::AnyComm& shard_group(bool expert) { return expert && expert_dp ? *expert_dp : dp; }
+  /// The factor an expert unit's averaged gradient is scaled by: |expert_dp| / |dp| (1/ep).
+  double expert_grad_scale() const {
+    return expert_dp ? static_cast<double>(expert_dp->size()) / static_cast<double>(dp.size())
+                     : 1.0;
+  }
+
+ private:
+  // The data-parallel group of the grid: ep x dp with expert parallelism, else dp (dp x cp).
+  template <parallel::Communicator C>
+  static C& dense_group(parallel::ProcessGroups<C>& groups) {
+    using parallel::Axis;
+    const parallel::Grid& g = groups.grid();
+    if (g.size(Axis::ep) == 1) return groups.data_parallel();
+    expect<ConfigError>(g.size(Axis::tp) == 1 && g.size(Axis::cp) == 1 && g.size(Axis::pp) == 1,
+                        "EngineGroups: expert parallelism (ep = ", g.size(Axis::ep),
+                        ") with tensor, sequence or pipeline parallelism (tp = ", g.size(Axis::tp),
+                        ", cp/sp = ", g.size(Axis::cp), ", pp = ", g.size(Axis::pp),
+                        ") is not supported yet");
+    return groups.get({Axis::ep, Axis::dp});
+  }
 };
 
 }  // namespace zero::engine

@@ -83,18 +83,20 @@ class EngineState {
   }
   /// fn(r, shard) for each shard of unit u this rank holds, as parts of `slice` (u's master or
   /// a state of it): its own shard, or every shard of a whole unit (rank 0 alone when saving).
+  /// r and rank 0 count in the group u is sharded over (the expert data-parallel group for an
+  /// expert unit: each group of ranks holding the same experts saves them).
   template <class Span, class Fn>
   void for_each_owned_shard(int u, Span slice, ShardUse use, Fn&& fn) const {
     const UnitPartition& p = partition(u);
     if (use == ShardUse::save && eng_.unit_is_replica(u)) return;  // its owner saves it
     if constexpr (holds_whole_units) {
-      if (use == ShardUse::save && rank() != 0) return;
+      if (use == ShardUse::save && eng_.unit_rank(u) != 0) return;
       for (int r = 0; r < p.world_size(); ++r) {
         fn(r, slice.subspan(static_cast<std::size_t>(p.shard_begin(r)),
                             static_cast<std::size_t>(p.shard_numel())));
       }
     } else {
-      fn(rank(), slice);
+      fn(eng_.unit_rank(u), slice);
     }
   }
 

@@ -1,17 +1,21 @@
 #pragma once
 // UnitExchange: the collectives that move a unit's parameters and gradients between the
-// data-parallel ranks, and the buffers they need.
+// ranks it is sharded over (its group: the data-parallel group, or the expert data-parallel
+// group for an expert unit), and the buffers they need.
 //
 //   gathers     start_gather / finish_gather: all-gather a unit's whole parameters from the
 //               ranks' master slices (rounded to the compute type, or read from an offload
 //               store, into a pooled scratch); acquire makes a unit (and the units it uses)
 //               ready to run; prefetch starts the next units' gathers up to a byte budget
-//               (stage 3); release drops a gathered unit.
+//               (stage 3); release drops a gathered unit; a unit another unit uses (tied
+//               weights, experts) is dropped after its last user's forward at stage 3, unless
+//               that user is the model's last unit, whose backward follows at once.
 //   reductions  gradient_complete starts a unit's gradient reduction once its backward is done
 //               (all-reduce or reduce-scatter of the whole accumulator on the boundary at stages
 //               0-1; reduce-scatter of the compute gradient into the fp32 shard every micro-step
 //               at stages 2-3), at most max_pending_reductions in flight, each overlapping the
-//               next units' backward.
+//               next units' backward. An expert unit's averaged gradient is then scaled by
+//               its grad_scale (1/ep).
 //
 // Every rank calls these in the same order (the engine's static unit order), so the collectives
 // match on every rank. A failed collective is a CommError naming the op, the unit and the step.
@@ -48,10 +52,9 @@ class UnitExchange {
   /// Where a failure happened, for messages (" at step 3 micro-step 1").
   using ContextFn = std::function<std::string()>;
 
-  UnitExchange(Model& model, parallel::AnyComm& comm, std::vector<Unit>& units, Store& store,
-               Backend& backend, const EngineOptions& options, ContextFn context)
+  UnitExchange(Model& model, std::vector<Unit>& units, Store& store, Backend& backend,
+               const EngineOptions& options, ContextFn context)
       : model_(model),
-        comm_(comm),
         units_(units),
         store_(store),
         backend_(backend),
@@ -85,8 +88,8 @@ class UnitExchange {
     if (s.gathering) return;
     const bool fresh = !s.params;
     if (fresh) s.params.emplace(s.numel(Extent::whole));
-    s.pending_gather =
-        comm_.all_gather_async(gather_source(u), std::span<T>(s.params->data(), s.params->size()));
+    s.pending_gather = s.group->all_gather_async(gather_source(u),
+                                                 std::span<T>(s.params->data(), s.params->size()));
     s.gathering = true;
     if (fresh) bind(u);
     peak_gathered_elems_ = std::max(peak_gathered_elems_, gathered_elems());
@@ -144,12 +147,20 @@ class UnitExchange {
     }
   }
   /// Stage 3: drops unit u's gathered params once it has run, unless it stays gathered (used
-  /// by a later unit, or persistent).
-  void release_after_use(int u) {
+  /// by a later unit, or persistent). After a forward, also drops the units u uses whose last
+  /// user u is (their backward gathers them again), unless u is the model's last unit.
+  void release_after_use(int u, bool forward) {
     if constexpr (traits::gathers_before_use) {
       if (!unit(u).pinned && !unit(u).persistent) release_params(u);
+      if (!forward || u == num_units() - 1) return;
+      for (int used : model_.unit_uses(u)) {
+        if (last_user(used) == u && !unit(used).persistent && !unit(used).grads) {
+          release_params(used);
+        }
+      }
     } else {
       (void)u;
+      (void)forward;
     }
   }
   /// Drops unit u's gathered params.
@@ -196,17 +207,17 @@ class UnitExchange {
       const std::span<MasterT> acc = s.whole_accumulator();
       if constexpr (traits::all_reduces_grads) {
         p.work =
-            comm_.all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
+            s.group->all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
       } else {
-        p.work = comm_.reduce_scatter_async(std::span<const MasterT>(acc), span(s.grad_shard),
-                                            parallel::ReduceOp::avg);
+        p.work = s.group->reduce_scatter_async(std::span<const MasterT>(acc), span(s.grad_shard),
+                                               parallel::ReduceOp::avg);
       }
     } else {
       (void)boundary;
       backend_.comm_waits_for_compute();
       p.scratch = take_scratch(s.grad_shard.size());
-      p.work = comm_.reduce_scatter_async(std::span<const T>(span(*s.grads)), span(p.scratch),
-                                          parallel::ReduceOp::avg);
+      p.work = s.group->reduce_scatter_async(std::span<const T>(span(*s.grads)), span(p.scratch),
+                                             parallel::ReduceOp::avg);
     }
     pending_.push_back(std::move(p));
     while (static_cast<int>(pending_.size()) > options_.max_pending_reductions) finish_oldest();
@@ -239,6 +250,16 @@ class UnitExchange {
   }
   Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
   int num_units() const { return static_cast<int>(units_.size()); }
+  // The last unit (in forward order) that uses unit v; -1 when none does.
+  int last_user(int v) {
+    if (last_user_.empty()) {
+      last_user_.assign(units_.size(), -1);
+      for (int u = 0; u < num_units(); ++u) {
+        for (int used : model_.unit_uses(u)) last_user_[static_cast<std::size_t>(used)] = u;
+      }
+    }
+    return last_user_[static_cast<std::size_t>(v)];
+  }
 
   // The buffer the all-gather of unit u reads: the master slice itself when it is resident in
   // the compute type, else a pooled scratch that the store fills (rounded from the slice, or
@@ -260,8 +281,17 @@ class UnitExchange {
     Pending p = std::move(pending_.front());
     pending_.pop_front();
     wait(p.work, traits::all_reduces_grads ? "all-reduce" : "reduce-scatter", p.unit);
+    Unit& s = unit(p.unit);
+    if (s.grad_scale != 1.0) {  // an expert unit: averaged over expert_dp, divided by the whole dp
+      if constexpr (traits::shards_grads) {
+        Backend::scale(span(p.scratch), s.grad_scale);
+      } else if constexpr (traits::all_reduces_grads) {
+        Backend::scale(s.whole_accumulator(), s.grad_scale);
+      } else {
+        Backend::scale(span(s.grad_shard), s.grad_scale);
+      }
+    }
     if constexpr (traits::shards_grads) {
-      Unit& s = unit(p.unit);
       Backend::accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)));
       s.grads.reset();  // the whole gradient is released once reduced
       if constexpr (traits::gathers_before_use) {
@@ -291,14 +321,13 @@ class UnitExchange {
       work.wait();
     } catch (const CommError& e) {
       const auto& specs = unit(u).specs;
-      raise<CommError>("Engine rank ", comm_.rank(), ": ", op, " of unit ", u,
+      raise<CommError>("Engine rank ", unit(u).group->rank(), ": ", op, " of unit ", u,
                        specs.empty() ? std::string() : " (" + specs.front().name + ")", context_(),
                        " failed: ", e.what());
     }
   }
 
   Model& model_;
-  parallel::AnyComm& comm_;
   std::vector<Unit>& units_;
   Store& store_;
   Backend& backend_;
@@ -308,6 +337,7 @@ class UnitExchange {
   std::vector<DeviceBuffer<T>> scratch_pool_;
   std::deque<Pending> pending_;  // after the pool: its work may still write into its scratch
   std::int64_t peak_gathered_elems_ = 0;
+  std::vector<int> last_user_;  // last_user(v), filled on first use
 };
 
 }  // namespace zero::engine

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <parallel/comm/any_comm.hpp>
 #include <parallel/comm/work.hpp>
 #include <zero/engine/memory_report.hpp>
 #include <zero/engine/partition.hpp>
@@ -155,6 +156,11 @@ struct UnitState {
   bool pinned = false;      ///< used by another unit: gathered from its forward to its backward
   bool persistent = false;  ///< kept gathered for the whole run (stages 0-2; small at stage 3)
   bool replica = false;     ///< a copy of a unit another pipeline stage owns (tied weights)
+  /// The group the unit is sharded over and its gradient averaged in (EngineGroups::shard_group:
+  /// the data-parallel group, or the expert data-parallel group for an expert unit).
+  parallel::AnyComm* group = nullptr;
+  /// What the averaged gradient is multiplied by (1/ep for an expert unit, else 1).
+  double grad_scale = 1.0;
 
   /// Elements of a buffer of extent e.
   std::size_t numel(Extent e) const {

@@ -6,7 +6,12 @@
 // shapes, initialisers and flags equal nn::GPT's, and forward and backward give the same bits
 // (f64, f32, bf16, with dropout and activation checkpointing; tested), so it is a drop-in for
 // nn::GPT and a template for users' own transformer variants.
+// The MoE variant (MoEBlocks): every k-th block's MLP is a MixtureOfExperts; its experts are an
+// expert unit of their own (an ExpertStack, split over the expert-parallel group) just before
+// the block, which uses it (unit_uses) as the head uses unit 0's table. The engine shards expert
+// units over the expert data-parallel group and the rest over the data-parallel group.
 
+#include <algorithm>
 #include <any>
 #include <cmath>
 #include <memory>
@@ -16,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include <parallel/sequence/sequence_parallel.hpp>
+#include <parallel/sequence/ulysses_attention.hpp>
 #include <parallel/tensor_parallel/column_parallel_linear.hpp>
 #include <parallel/tensor_parallel/region_layer.hpp>
 #include <parallel/tensor_parallel/row_parallel_linear.hpp>
@@ -38,34 +45,55 @@
 #include <zero/nn/layers/tied_linear.hpp>
 #include <zero/nn/layers/token_embedding.hpp>
 #include <zero/nn/model.hpp>
+#include <zero/nn/moe/expert_stack.hpp>
+#include <zero/nn/moe/moe_blocks.hpp>
+#include <zero/nn/moe/moe_layer.hpp>
 #include <zero/nn/param.hpp>
 
 namespace zero::nn {
 
 /// Appends GPT-2's block `layer` of a model shaped by cfg to unit, as two residual branches
-/// with GPT's parameter names, initialisers and dropout sites; split over tp when it has more
-/// than one rank (see the file comment).
+/// with GPT's parameter names, initialisers and dropout sites. Given experts (an ExpertStack of an
+/// earlier unit), the MLP branch is a MixtureOfExperts over them routed by router, which is
+/// returned (null for a dense block). Split over tp when it has more
+/// than one rank (see the file comment); with a Ulysses group sp of more than one rank, the
+/// unit holds T/sp positions and its attention is parallel::UlyssesAttention.
 template <class T>
-void add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, std::int64_t layer,
-                   const parallel::TensorParallel& tp = {}) {
+MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, std::int64_t layer,
+                                   const parallel::TensorParallel& tp = {},
+                                   const parallel::SequenceParallel& sp = {},
+                                   const ExpertStack<T>* experts = nullptr,
+                                   const RouterConfig& router = {}) {
   const std::int64_t C = cfg.channels;
   const std::string p = "transformer.h." + std::to_string(layer) + ".";
   const std::string site = "h." + std::to_string(layer);  // GPT's dropout key per block
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
   if (!tp.active()) {
+    // Ulysses: each rank's rows are other positions, so its residual masks are its own.
+    const std::string rows_site = sp.active() ? site + "/sp" + std::to_string(sp.rank()) : site;
     auto& attn = unit.template add<Residual<T>>(p + "attn");
     attn.template add<LayerNorm<T>>(p + "ln_1", C);
     attn.template add<Linear<T>>(p + "attn.c_attn", C, 3 * C, true, 0.02);
-    attn.template add<CausalSelfAttention<T>>(cfg.num_heads, cfg.attn_dropout, site, 2);
+    if (sp.active()) {
+      attn.template add<parallel::UlyssesAttention<T>>(sp, cfg.num_heads, cfg.attn_dropout, site,
+                                                       2);
+    } else {
+      attn.template add<CausalSelfAttention<T>>(cfg.num_heads, cfg.attn_dropout, site, 2);
+    }
     attn.template add<Linear<T>>(p + "attn.c_proj", C, C, true, residual_std);
-    if (cfg.dropout > 0) attn.template add<Dropout<T>>(cfg.dropout, site, 0);
+    if (cfg.dropout > 0) attn.template add<Dropout<T>>(cfg.dropout, rows_site, 0);
     auto& mlp = unit.template add<Residual<T>>(p + "mlp");
     mlp.template add<LayerNorm<T>>(p + "ln_2", C);
-    mlp.template add<Linear<T>>(p + "mlp.c_fc", C, 4 * C, true, 0.02);
-    mlp.template add<GELU<T>>();
-    mlp.template add<Linear<T>>(p + "mlp.c_proj", 4 * C, C, true, residual_std);
-    if (cfg.dropout > 0) mlp.template add<Dropout<T>>(cfg.dropout, site, 1);
-    return;
+    MixtureOfExperts<T>* moe = nullptr;
+    if (experts != nullptr) {  // an MoE block: the experts are another unit's ExpertStack
+      moe = &mlp.template add<MixtureOfExperts<T>>(p + "mlp", router, *experts);
+    } else {
+      mlp.template add<Linear<T>>(p + "mlp.c_fc", C, 4 * C, true, 0.02);
+      mlp.template add<GELU<T>>();
+      mlp.template add<Linear<T>>(p + "mlp.c_proj", 4 * C, C, true, residual_std);
+    }
+    if (cfg.dropout > 0) mlp.template add<Dropout<T>>(cfg.dropout, rows_site, 1);
+    return moe;
   }
   using namespace parallel;
   const int t = tp.size();
@@ -92,6 +120,10 @@ void add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, std::int64_t layer
   mlp.template add<GELU<T>>();
   mlp.template add<RowParallelLinear<T>>(tp, p + "mlp.c_proj", 4 * C, C, true, residual_std);
   if (cfg.dropout > 0) mlp.template add<Dropout<T>>(cfg.dropout, residual_site, 1);
+  expect<ConfigError>(experts == nullptr,
+                      "add_gpt_block: MoE blocks with tensor parallelism are "
+                      "not supported yet");
+  return nullptr;
 }
 
 /// Throws ConfigError naming the key when cfg's heads, hidden size or vocabulary do not divide by
@@ -107,6 +139,16 @@ inline void check_tensor_parallel(const GPTConfig& cfg, int tp) {
   divides(cfg.vocab_size, "vocab_size");
 }
 
+/// Throws ConfigError naming the keys when Ulysses sequence parallelism over sp ranks cannot
+/// split cfg: heads not divisible by sp, or sp > 1 together with tensor parallelism tp > 1.
+inline void check_sequence_parallel(const GPTConfig& cfg, int tp, int sp) {
+  if (sp <= 1) return;
+  expect<ConfigError>(tp <= 1, "Ulysses sequence parallelism (sp = ", sp,
+                      ") with tensor_parallel.tp_size = ", tp,
+                      " is not supported; use one of them (DeepSpeed requires tp = 1 with its sp)");
+  parallel::check_ulysses_heads(cfg.num_heads, sp);
+}
+
 /// GPT-2 built from layers (see the file comment); an nn::Model.
 template <class T>
 class LayerGPT {
@@ -115,11 +157,22 @@ class LayerGPT {
 
   /// The model cfg describes (checkpoint_activations checkpoints every block unit), split over
   /// tp's group when it has more than one rank; ConfigError naming the key when the heads, the
-  /// hidden size or the vocabulary do not divide by tp.
-  explicit LayerGPT(GPTConfig cfg, parallel::TensorParallel tp = {})
-      : cfg_((cfg.validate(), check_tensor_parallel(cfg, tp.size()), cfg)), tp_(std::move(tp)) {
+  /// hidden size or the vocabulary do not divide by tp. With a Ulysses group sp of more than one
+  /// rank, each rank is fed T/sp positions of every sequence (parallel::SequenceSlice; the
+  /// positions of its rank's block), its attention is parallel::UlyssesAttention and its loss
+  /// the mean over its own positions; ConfigError when the heads do not divide by sp, or with
+  /// tp > 1 too. With active MoEBlocks, every moe.every-th block's MLP is a MixtureOfExperts
+  /// whose experts (split over moe.ep) are an expert unit of their own just before the block
+  /// (nn::HasExpertUnits); ConfigError for MoE with tp > 1.
+  explicit LayerGPT(GPTConfig cfg, parallel::TensorParallel tp = {},
+                    parallel::SequenceParallel sp = {}, MoEBlocks moe = {})
+      : cfg_((cfg.validate(), check_tensor_parallel(cfg, tp.size()),
+              check_sequence_parallel(cfg, tp.size(), sp.size()), check_moe(moe, tp.size()), cfg)),
+        tp_(std::move(tp)),
+        sp_(std::move(sp)),
+        moe_(std::move(moe)) {
     const std::int64_t C = cfg_.channels, V = cfg_.vocab_size;
-    units_.reserve(static_cast<std::size_t>(cfg_.num_layers + 2));
+    units_.reserve(static_cast<std::size_t>(2 * cfg_.num_layers + 2));
     auto& embedding = units_.emplace_back();
     if (tp_.active()) {
       vocab_table_ = &embedding.template add<parallel::VocabParallelEmbedding<T>>(
@@ -127,19 +180,33 @@ class LayerGPT {
     } else {
       wte_ = &embedding.template add<TokenEmbedding<T>>("transformer.wte", V, C, "tokens", 0.02);
     }
-    embedding.template add<PositionEmbedding<T>>("transformer.wpe", cfg_.max_seq_len, C, 0.02);
+    auto& positions =
+        embedding.template add<PositionEmbedding<T>>("transformer.wpe", cfg_.max_seq_len, C, 0.02);
+    positions.set_sequence_shard(sp_.rank());  // 0 without Ulysses
     if (tp_.sequence_parallel()) {
       embedding.template add<parallel::RegionLayer<T>>(tp_, parallel::Region::scatter_to_sp);
     }
-    if (cfg_.dropout > 0) {
-      embedding.template add<Dropout<T>>(
-          cfg_.dropout,
-          tp_.sequence_parallel() ? "embedding/sp" + std::to_string(tp_.rank()) : "embedding", 0);
+    if (cfg_.dropout > 0) {  // rows split over ranks (Megatron SP or Ulysses): masks per rank
+      const int rows_rank = tp_.sequence_parallel() ? tp_.rank() : sp_.rank();
+      embedding.template add<Dropout<T>>(cfg_.dropout,
+                                         tp_.sequence_parallel() || sp_.active()
+                                             ? "embedding/sp" + std::to_string(rows_rank)
+                                             : "embedding",
+                                         0);
     }
+    const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.num_layers));
     for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
+      const ExpertStack<T>* experts = nullptr;
+      if (moe_.is_moe_block(l)) {
+        experts_units_.push_back(num_units());
+        experts = &units_.emplace_back().template add<ExpertStack<T>>(
+            "transformer.h." + std::to_string(l) + ".mlp", moe_.router.num_experts, C, 4 * C,
+            residual_std, moe_.ep);
+      }
       Sequential<T>& block = units_.emplace_back();
-      add_gpt_block(block, cfg_, l, tp_);
+      MixtureOfExperts<T>* moe = add_gpt_block(block, cfg_, l, tp_, sp_, experts, moe_.router);
       block.set_checkpoint(cfg_.checkpoint_activations);  // as nn::GPT: the blocks only
+      if (moe != nullptr) moe_layers_.push_back(moe);
     }
     auto& head = units_.emplace_back();
     if (!tp_.active()) {
@@ -164,21 +231,28 @@ class LayerGPT {
 
   /// The configuration.
   const GPTConfig& config() const { return cfg_; }
-  /// L + 2 units.
+  /// L + 2 units, plus one expert unit per MoE block.
   int num_units() const { return static_cast<int>(units_.size()); }
   /// The head's index.
   int head_unit() const { return num_units() - 1; }
   /// What unit u is, for a pipeline's partition_method type:<regex>: "Embedding",
-  /// "TransformerBlock" or "LMHead".
+  /// "TransformerBlock", "Experts" (an MoE block's experts) or "LMHead".
   std::string_view unit_type(int u) const {
     check_unit(u);
+    if (unit_is_expert(u)) return "Experts";
     return u == 0 ? "Embedding" : u == head_unit() ? "LMHead" : "TransformerBlock";
+  }
+  /// True for the units holding an MoE block's experts (nn::HasExpertUnits).
+  bool unit_is_expert(int u) const {
+    return std::find(experts_units_.begin(), experts_units_.end(), u) != experts_units_.end();
   }
   /// Unit u's parameters, in binding order (nn::GPT's).
   std::vector<ParamSpec> unit_params(int u) const { return unit(u).params(); }
   /// The head reads unit 0's token table (tied LM head).
   std::vector<int> unit_uses(int u) const {
-    return u == head_unit() ? std::vector<int>{0} : std::vector<int>{};
+    if (u == head_unit()) return {0};
+    if (u > 0 && unit_is_expert(u - 1)) return {u - 1};  // an MoE block reads its experts
+    return {};
   }
   /// Binds unit u's parameters (views in unit_params order).
   void bind_unit(int u, std::span<const ParamView<T>> views) { unit(u).bind(views); }
@@ -215,6 +289,26 @@ class LayerGPT {
   }
   /// The tensor-parallel group the model is split over (size 1: whole).
   const parallel::TensorParallel& tensor_parallel() const { return tp_; }
+  /// The expert-parallel group the MoE blocks' experts are split over (size 1: all here).
+  const parallel::ExpertParallel& expert_parallel() const { return moe_.ep; }
+  /// The MoE blocks' settings.
+  const MoEBlocks& moe() const { return moe_; }
+  /// What the MoE layers routed in the last forward, summed over them (auxiliary losses
+  /// unweighted; zeros for a dense GPT).
+  MoEStats moe_stats() const {
+    MoEStats sum;
+    for (const MixtureOfExperts<T>* m : moe_layers_) {
+      const MoEStats& s = m->last_stats();
+      sum.aux_loss += s.aux_loss;
+      sum.z_loss += s.z_loss;
+      sum.dropped += s.dropped;
+      sum.choices += s.choices;
+      sum.capacity = std::max(sum.capacity, s.capacity);
+    }
+    return sum;
+  }
+  /// The Ulysses sequence-parallel group (size 1: each rank holds whole sequences).
+  const parallel::SequenceParallel& sequence_parallel() const { return sp_; }
   /// Logits of the last forward, [B*T, V] (valid until the next micro-step); with tensor
   /// parallelism this rank's vocabulary columns [B*T, V/tp], ids from rank * V/tp on.
   Tensor<const T> logits() const {
@@ -237,9 +331,21 @@ class LayerGPT {
                   num_units(), ")");
   }
 
+  static int check_moe(const MoEBlocks& moe, int tp) {
+    moe.validate();
+    expect<ConfigError>(!moe.active() || tp <= 1, "moe.num_experts = ", moe.router.num_experts,
+                        " with tensor_parallel.tp_size = ", tp,
+                        ": mixture of experts with tensor parallelism is not supported yet");
+    return 0;
+  }
+
   GPTConfig cfg_;
   parallel::TensorParallel tp_;
+  parallel::SequenceParallel sp_;
+  MoEBlocks moe_;
   std::vector<Sequential<T>> units_;
+  std::vector<int> experts_units_;                // the expert units, ascending
+  std::vector<MixtureOfExperts<T>*> moe_layers_;  // the MoE blocks' layers
   TokenEmbedding<T>* wte_ = nullptr;
   SoftmaxCrossEntropy<T>* loss_ = nullptr;
   parallel::VocabParallelEmbedding<T>* vocab_table_ = nullptr;

@@ -5,6 +5,8 @@
 // A model may also park its units (ParksPasses): move out what a unit's forward saved for its
 // backward and put it back later, so a pipeline stage keeps several micro-batches in flight
 // instead of recomputing their forwards.
+// A model may also hold expert units (HasExpertUnits): units whose parameters are split over the
+// expert-parallel group, each ep rank holding other experts (mixture of experts).
 
 #include <any>
 #include <concepts>
@@ -43,6 +45,17 @@ concept ParksPasses = Model<M> && requires(M& m, const M& cm, int unit, std::any
   { cm.parks_unit(unit) } -> std::convertible_to<bool>;
   { m.park_unit(unit) } -> std::same_as<std::any>;
   m.resume_unit(unit, std::move(saved));
+};
+
+/// Optional: a model with expert units. unit_is_expert(u) is true where every parameter of unit u
+/// belongs to this rank's experts, split over the expert-parallel group (so the ranks of that
+/// group hold different values under the same names). The engine then shards the unit over the
+/// expert data-parallel group (the ranks holding the same experts) instead of the data-parallel
+/// group, and averages its gradient over the whole data-parallel group as DeepSpeed and Megatron
+/// do (EngineGroups). Other units (the router, attention, embeddings) stay dense.
+template <class M>
+concept HasExpertUnits = Model<M> && requires(const M& cm, int unit) {
+  { cm.unit_is_expert(unit) } -> std::convertible_to<bool>;
 };
 
 }  // namespace zero::nn

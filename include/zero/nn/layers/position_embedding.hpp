@@ -3,7 +3,9 @@
 // that are (batch, position) pairs (B = ctx.batch, T = ctx.seq_len <= max_positions). After a
 // TokenEmbedding it is GPT-2's encoder (wte + wpe) with the same bits: one rounding of
 // e + p per element, and the positions' gradient summed over the batch in batch order by the
-// same kernel.
+// same kernel. Under Ulysses sequence parallelism a rank's rows are one block of positions of
+// each sequence: set_sequence_shard(r) adds table[r*T + t] instead (T = ctx.seq_len, the rank's
+// own length).
 
 #include <any>
 #include <cstdint>
@@ -28,6 +30,13 @@ class PositionEmbedding final : public Layer<T> {
                     double stddev = 0.02)
       : name_(std::move(name)), max_(max_positions), channels_(channels), stddev_(stddev) {}
 
+  /// Rows hold positions [index*T, (index+1)*T) of each sequence (T = ctx.seq_len): the
+  /// index-th block of a sequence split over sequence-parallel ranks; 0 (the default) is whole.
+  void set_sequence_shard(std::int64_t index) {
+    expect<ConfigError>(index >= 0, describe(), ": sequence shard ", index, "; expected >= 0");
+    shard_ = index;
+  }
+
   std::string describe() const override { return "PositionEmbedding '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override {
     return {{name_ + ".weight", {max_, channels_}, Init::normal, stddev_, false}};
@@ -37,11 +46,12 @@ class PositionEmbedding final : public Layer<T> {
     const std::int64_t N = rows_of(ctx.x, channels_, describe());
     B_ = ctx.batch;
     T_ = ctx.seq_len;
-    expect<ShapeError>(T_ <= max_, describe(), ": sequence length ", T_, " exceeds max_positions ",
-                       max_);
+    first_ = shard_ * T_;
+    expect<ShapeError>(first_ + T_ <= max_, describe(), ": sequence length ", T_, " from position ",
+                       first_, " exceeds max_positions ", max_);
     expect<ShapeError>(B_ * T_ == N, describe(), ": ", N, " rows, but batch * seq_len = ", B_ * T_);
     const T* x = ctx.x.data();
-    const T* p = table_.value.data();
+    const T* p = table_.value.data() + first_ * channels_;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
     T* out = y.data();
     const std::int64_t C = channels_;
@@ -55,8 +65,8 @@ class PositionEmbedding final : public Layer<T> {
   }
   void backward(StepContext<T>& ctx) override {
     ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
-    ops::cpu::embedding_backward<T>(nullptr, table_.grad.data(), ctx.dy.data(), nullptr, B_, T_,
-                                    channels_);
+    ops::cpu::embedding_backward<T>(nullptr, table_.grad.data() + first_ * channels_, ctx.dy.data(),
+                                    nullptr, B_, T_, channels_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
@@ -64,15 +74,16 @@ class PositionEmbedding final : public Layer<T> {
   }
 
   bool parks() const override { return true; }
-  std::any park() override { return nn::park_members(B_, T_); }
-  void resume(std::any saved) override { nn::resume_members(saved, B_, T_); }
+  std::any park() override { return nn::park_members(B_, T_, first_); }
+  void resume(std::any saved) override { nn::resume_members(saved, B_, T_, first_); }
 
  private:
   std::string name_;
   std::int64_t max_, channels_;
   double stddev_;
   ParamView<T> table_;
-  std::int64_t B_ = 0, T_ = 0;
+  std::int64_t shard_ = 0;
+  std::int64_t B_ = 0, T_ = 0, first_ = 0;
 };
 
 }  // namespace zero::nn

@@ -4,14 +4,17 @@
 // router's combine weights; a dropped choice contributes nothing (in a residual branch the token
 // then passes through the skip path alone, as in DeepSpeed). Each expert is a GPT MLP:
 // c_fc (C -> H), GELU (tanh), c_proj (H -> C). The router is a bias-free linear map W_g [E, C]
-// computed in the compute type. Parameters: name.gate.weight, then per expert e
-// name.experts.e.c_fc.{weight,bias} and name.experts.e.c_proj.{weight,bias}.
+// computed in the compute type. Parameters: name.gate.weight, then the experts' stacked weights
+// (expert_stack.hpp: name.experts.c_fc.{weight,bias}, name.experts.c_proj.{weight,bias}), which
+// the layer owns, or which an ExpertStack in an earlier unit holds (a model with expert units).
 // Forward gathers each expert's kept tokens into consecutive rows (expert by expert, in slot
 // order), runs the experts on those rows only, and combines; it adds the weighted auxiliary
 // losses (load balancing and router z-loss) to ctx.aux_loss, which the loss layer adds to the
 // training loss, and keeps the last forward's statistics for the step line (last_stats()).
-// This is the single-process layer (every expert on this rank); the expert-parallel dispatch
-// over an all-to-all builds on it.
+// With an expert-parallel group (ep > 1) each rank routes its own tokens (capacity from its own
+// token count, as DeepSpeed), and the rows travel to the rank holding their expert and back
+// through all_to_all_v (parallel/moe/token_exchange.hpp): forward dispatches and combines the
+// rows, backward sends the output gradients to the experts and the input gradients back.
 
 #include <any>
 #include <cmath>
@@ -19,8 +22,14 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+#include <span>
+
+#include <parallel/moe/expert_parallel.hpp>
+#include <parallel/moe/token_exchange.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
+#include <zero/nn/moe/expert_stack.hpp>
 #include <zero/nn/moe/router.hpp>
 #include <zero/ops/cpu/element_access.hpp>
 #include <zero/ops/cpu/gelu.hpp>
@@ -43,37 +52,35 @@ class MixtureOfExperts final : public Layer<T> {
  public:
   using A = compute_type_t<T>;
 
-  /// E = router.num_experts experts of hidden size `hidden` over `channels` features; the
-  /// experts' projections start as GPT's (stddev 0.02, c_proj's 0.02 / sqrt(2 L) given as
-  /// proj_stddev), the router's weight with stddev gate_stddev.
+  /// E = router.num_experts experts of hidden size `hidden` over `channels` features, owned by
+  /// the layer (this rank's E / ep of them); the experts' projections start as GPT's (stddev
+  /// 0.02, c_proj's 0.02 / sqrt(2 L) given as proj_stddev), the router's weight with stddev
+  /// gate_stddev.
   MixtureOfExperts(std::string name, std::int64_t channels, std::int64_t hidden,
-                   RouterConfig router, double proj_stddev = 0.02, double gate_stddev = 0.02)
-      : name_(std::move(name)),
-        C_(channels),
-        H_(hidden),
-        cfg_(router),
-        proj_stddev_(proj_stddev),
-        gate_stddev_(gate_stddev) {
-    cfg_.validate();
-    expect<ConfigError>(C_ > 0 && H_ > 0, describe(), ": channels = ", C_, ", hidden = ", H_,
-                        "; both must be positive");
-  }
+                   RouterConfig router, double proj_stddev = 0.02, double gate_stddev = 0.02,
+                   parallel::ExpertParallel ep = {})
+      : MixtureOfExperts(name, router, gate_stddev,
+                         std::make_unique<ExpertStack<T>>(name, router.num_experts, channels,
+                                                          hidden, proj_stddev, std::move(ep))) {}
+  /// The router of experts that `experts` (a layer of an earlier unit, which must outlive this
+  /// one) holds; the layer's only parameter is then the router's weight.
+  MixtureOfExperts(std::string name, RouterConfig router, const ExpertStack<T>& experts,
+                   double gate_stddev = 0.02)
+      : MixtureOfExperts(std::move(name), router, gate_stddev, nullptr, &experts) {}
 
   std::string describe() const override { return "MixtureOfExperts '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override {
     std::vector<ParamSpec> p{
         {name_ + ".gate.weight", {cfg_.num_experts, C_}, Init::normal, gate_stddev_, true}};
-    for (int e = 0; e < cfg_.num_experts; ++e) {
-      const std::string x = name_ + ".experts." + std::to_string(e) + ".";
-      p.push_back({x + "c_fc.weight", {H_, C_}, Init::normal, 0.02, true});
-      p.push_back({x + "c_fc.bias", {H_}, Init::zeros, 0, false});
-      p.push_back({x + "c_proj.weight", {C_, H_}, Init::normal, proj_stddev_, true});
-      p.push_back({x + "c_proj.bias", {C_}, Init::zeros, 0, false});
+    if (owned_) {
+      for (ParamSpec& e : owned_->params()) p.push_back(std::move(e));
     }
     return p;
   }
   void bind(std::span<const ParamView<T>> views) override {
-    views_.assign(views.begin(), views.end());
+    expect<Error>(!views.empty(), describe(), ": no parameter views");
+    gate_ = views[0];
+    if (owned_) owned_->bind(views.subspan(1));
   }
 
   void forward(StepContext<T>& ctx) override {
@@ -83,7 +90,7 @@ class MixtureOfExperts final : public Layer<T> {
     input_ = ctx.x;
     // Router logits in the compute type.
     Tensor<A> logits = zeros<A>(ctx, {N, E});
-    const T* wg = gate().value.data();
+    const T* wg = gate_.value.data();
     for (std::int64_t t = 0; t < N; ++t) {
       for (int e = 0; e < E; ++e) {
         A dot = 0;
@@ -97,23 +104,37 @@ class MixtureOfExperts final : public Layer<T> {
     // Each expert's kept tokens as consecutive rows.
     first_row_.assign(static_cast<std::size_t>(E) + 1, 0);
     for (int e = 0; e < E; ++e) first_row_[e + 1] = first_row_[e] + routing_.kept[e];
-    const std::int64_t R = expert_rows();
-    rows_in_ = ctx.arena->template allocate<T>({R, C_});
-    fc_ = ctx.arena->template allocate<T>({R, H_});
-    act_ = ctx.arena->template allocate<T>({R, H_});
+    const std::int64_t R = rows_routed();
+    Tensor<T> rows_in = ctx.arena->template allocate<T>({R, C_});
     rows_out_ = ctx.arena->template allocate<T>({R, C_});
     for_each_kept([&](std::int64_t t, int, std::int64_t row) {
-      std::copy(input_.data() + t * C_, input_.data() + (t + 1) * C_, rows_in_.data() + row * C_);
+      std::copy(input_.data() + t * C_, input_.data() + (t + 1) * C_, rows_in.data() + row * C_);
     });
-    for (int e = 0; e < E; ++e) {
-      const std::int64_t first = first_row_[e], n = routing_.kept[e];
-      if (n == 0) continue;
-      ops::cpu::linear_forward<T>(fc_.data() + first * H_, rows_in_.data() + first * C_,
-                                  param(e, 0).value.data(), param(e, 1).value.data(), n, C_, H_);
-      ops::cpu::gelu_forward<T>(act_.data() + first * H_, fc_.data() + first * H_, n * H_);
-      ops::cpu::linear_forward<T>(rows_out_.data() + first * C_, act_.data() + first * H_,
-                                  param(e, 2).value.data(), param(e, 3).value.data(), n, H_, C_);
+    // The local experts' rows: this rank's own, or those the expert-parallel ranks sent.
+    if (ep().active()) {
+      exchange_ = parallel::exchange_counts(
+          ep().comm(), std::span<const std::int64_t>(routing_.kept.data(), routing_.kept.size()));
+      expert_in_ = ctx.arena->template allocate<T>({expert_rows(), C_});
+      dispatch(ctx, rows_in, expert_in_);
+    } else {
+      exchange_ = local_exchange();
+      expert_in_ = rows_in;
     }
+    const std::int64_t Re = expert_rows();
+    fc_ = ctx.arena->template allocate<T>({Re, H_});
+    act_ = ctx.arena->template allocate<T>({Re, H_});
+    Tensor<T> expert_out = ep().active() ? ctx.arena->template allocate<T>({Re, C_}) : rows_out_;
+    for (int l = 0; l < experts().local_experts(); ++l) {
+      const std::int64_t first = exchange_.expert_first[static_cast<std::size_t>(l)];
+      const std::int64_t n = exchange_.expert_rows(l);
+      if (n == 0) continue;
+      ops::cpu::linear_forward<T>(fc_.data() + first * H_, expert_in_.data() + first * C_,
+                                  experts().value(l, 0), experts().value(l, 1), n, C_, H_);
+      ops::cpu::gelu_forward<T>(act_.data() + first * H_, fc_.data() + first * H_, n * H_);
+      ops::cpu::linear_forward<T>(expert_out.data() + first * C_, act_.data() + first * H_,
+                                  experts().value(l, 2), experts().value(l, 3), n, H_, C_);
+    }
+    if (ep().active()) combine(ctx, expert_out, rows_out_);
     // Combine: y_t = sum_j w_j * expert_j(x_t), summed in the compute type, rounded once.
     Tensor<A> acc = zeros<A>(ctx, {N, C_});
     for_each_kept([&](std::int64_t t, int j, std::int64_t row) {
@@ -135,7 +156,7 @@ class MixtureOfExperts final : public Layer<T> {
     using ops::cpu::load;
     const std::int64_t N = routing_.tokens;
     const int E = cfg_.num_experts;
-    const std::int64_t R = expert_rows();
+    const std::int64_t R = rows_routed(), Re = expert_rows();
     const T* dy = ctx.dy.data();
     // The experts' output gradient and each choice's combine-weight gradient.
     Tensor<T> drows_out = zeros<T>(ctx, {R, C_});
@@ -150,27 +171,38 @@ class MixtureOfExperts final : public Layer<T> {
       }
       dweight.data()[routing_.at(t, j)] = dw;
     });
-    // Through the experts.
-    Tensor<T> dact = zeros<T>(ctx, {R, H_});
-    Tensor<T> dfc = zeros<T>(ctx, {R, H_});
-    Tensor<T> drows_in = zeros<T>(ctx, {R, C_});
-    for (int e = 0; e < E; ++e) {
-      const std::int64_t first = first_row_[e], n = routing_.kept[e];
+    // Through the experts (on the ranks holding them).
+    Tensor<T> dexpert_out = drows_out;
+    if (ep().active()) {
+      dexpert_out = ctx.arena->template allocate<T>({Re, C_});
+      dispatch(ctx, drows_out, dexpert_out);
+    }
+    Tensor<T> dact = zeros<T>(ctx, {Re, H_});
+    Tensor<T> dfc = zeros<T>(ctx, {Re, H_});
+    Tensor<T> dexpert_in = zeros<T>(ctx, {Re, C_});
+    for (int l = 0; l < experts().local_experts(); ++l) {
+      const std::int64_t first = exchange_.expert_first[static_cast<std::size_t>(l)];
+      const std::int64_t n = exchange_.expert_rows(l);
       if (n == 0) continue;
-      nn::linear_backward<T>(ctx, dact.data() + first * H_, param(e, 2).grad.data(),
-                             param(e, 3).grad.data(), drows_out.data() + first * C_,
-                             act_.data() + first * H_, param(e, 2).value.data(), n, H_, C_);
+      nn::linear_backward<T>(ctx, dact.data() + first * H_, experts().grad(l, 2),
+                             experts().grad(l, 3), dexpert_out.data() + first * C_,
+                             act_.data() + first * H_, experts().value(l, 2), n, H_, C_);
       ops::cpu::gelu_backward<T>(dfc.data() + first * H_, fc_.data() + first * H_,
                                  dact.data() + first * H_, n * H_);
-      nn::linear_backward<T>(ctx, drows_in.data() + first * C_, param(e, 0).grad.data(),
-                             param(e, 1).grad.data(), dfc.data() + first * H_,
-                             rows_in_.data() + first * C_, param(e, 0).value.data(), n, C_, H_);
+      nn::linear_backward<T>(ctx, dexpert_in.data() + first * C_, experts().grad(l, 0),
+                             experts().grad(l, 1), dfc.data() + first * H_,
+                             expert_in_.data() + first * C_, experts().value(l, 0), n, C_, H_);
+    }
+    Tensor<T> drows_in = dexpert_in;
+    if (ep().active()) {
+      drows_in = ctx.arena->template allocate<T>({R, C_});
+      combine(ctx, dexpert_in, drows_in);
     }
     // The router: the logits' gradient, then W_g's and the input's (summed in the compute type,
     // each element rounded once).
     Tensor<A> dlogits = zeros<A>(ctx, {N, E});
     router_backward(dlogits.data(), routing_, dweight.data(), cfg_, static_cast<A>(ctx.loss_scale));
-    const T* wg = gate().value.data();
+    const T* wg = gate_.value.data();
     Tensor<A> dwg = zeros<A>(ctx, {E, C_});
     Tensor<A> dx = zeros<A>(ctx, {N, C_});
     for_each_kept([&](std::int64_t t, int, std::int64_t row) {
@@ -188,7 +220,7 @@ class MixtureOfExperts final : public Layer<T> {
       }
     }
     add_into(ctx.dx.data(), dx);
-    if (gate().grad.data() != nullptr) add_into(gate().grad.data(), dwg);
+    if (gate_.grad.data() != nullptr) add_into(gate_.grad.data(), dwg);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
@@ -202,25 +234,68 @@ class MixtureOfExperts final : public Layer<T> {
 
   bool parks() const override { return true; }
   std::any park() override {
-    return park_members(input_, routing_, first_row_, rows_in_, fc_, act_, rows_out_);
+    return park_members(input_, routing_, first_row_, exchange_, expert_in_, fc_, act_, rows_out_);
   }
   void resume(std::any saved) override {
-    resume_members(saved, input_, routing_, first_row_, rows_in_, fc_, act_, rows_out_);
+    resume_members(saved, input_, routing_, first_row_, exchange_, expert_in_, fc_, act_,
+                   rows_out_);
   }
 
   /// What the last forward routed.
   const MoEStats& last_stats() const { return stats_; }
   /// The router settings.
   const RouterConfig& router() const { return cfg_; }
+  /// The experts' weights (owned, or the ExpertStack given).
+  const ExpertStack<T>& experts() const { return *experts_; }
+  /// Rows this rank's experts ran in the last forward (its own tokens' when ep = 1).
+  std::int64_t last_expert_rows() const { return exchange_.rows_received(); }
+  /// Rows this rank routed in the last forward (kept choices of its tokens).
+  std::int64_t last_routed_rows() const { return exchange_.rows_sent(); }
 
  private:
-  const ParamView<T>& gate() const { return views_.at(0); }
-  // Expert e's parameter i: 0 c_fc.weight, 1 c_fc.bias, 2 c_proj.weight, 3 c_proj.bias.
-  const ParamView<T>& param(int e, int i) const {
-    return views_.at(1 + static_cast<std::size_t>(e) * 4 + static_cast<std::size_t>(i));
+  MixtureOfExperts(std::string name, RouterConfig router, double gate_stddev,
+                   std::unique_ptr<ExpertStack<T>> owned, const ExpertStack<T>* experts = nullptr)
+      : name_(std::move(name)),
+        cfg_(router),
+        gate_stddev_(gate_stddev),
+        owned_(std::move(owned)),
+        experts_(owned_ ? owned_.get() : experts) {
+    cfg_.validate();
+    expect<Error>(experts_ != nullptr, describe(), ": no experts");
+    expect<ConfigError>(experts_->num_experts() == cfg_.num_experts, describe(),
+                        ": the router has ", cfg_.num_experts, " experts but the expert stack ",
+                        experts_->num_experts());
+    C_ = experts_->channels();
+    H_ = experts_->hidden();
   }
-  // Rows of the experts' buffers (at least one, so a batch that kept nothing still has views).
-  std::int64_t expert_rows() const { return std::max<std::int64_t>(first_row_.back(), 1); }
+  const parallel::ExpertParallel& ep() const { return experts_->expert_parallel(); }
+  // Rows of a buffer of n rows (at least one, so a batch that kept nothing still has views).
+  static std::int64_t at_least_one(std::int64_t n) { return std::max<std::int64_t>(n, 1); }
+  // Rows this rank routed, and rows its experts run.
+  std::int64_t rows_routed() const { return at_least_one(first_row_.back()); }
+  std::int64_t expert_rows() const { return at_least_one(exchange_.rows_received()); }
+  // The exchange without an expert-parallel group: every row stays, expert e's rows are its own.
+  parallel::ExpertRows local_exchange() const {
+    parallel::ExpertRows x;
+    x.local = cfg_.num_experts;
+    x.sent.assign(routing_.kept.begin(), routing_.kept.end());
+    x.received = x.sent;
+    x.expert_first = first_row_;
+    return x;
+  }
+  // Sends rows [R, C] to the experts' ranks (expert_rows [R_e, C]), and back.
+  void dispatch(StepContext<T>& ctx, Tensor<T> rows, Tensor<T> expert_rows) {
+    const auto mark = ctx.arena->mark();
+    Tensor<T> scratch = ctx.arena->template allocate<T>({expert_rows.dim(0), C_});
+    parallel::dispatch(ep().comm(), exchange_, rows.data(), expert_rows.data(), scratch.data(), C_);
+    ctx.arena->release(mark);
+  }
+  void combine(StepContext<T>& ctx, Tensor<T> expert_rows, Tensor<T> rows) {
+    const auto mark = ctx.arena->mark();
+    Tensor<T> scratch = ctx.arena->template allocate<T>({expert_rows.dim(0), C_});
+    parallel::combine(ep().comm(), exchange_, expert_rows.data(), rows.data(), scratch.data(), C_);
+    ctx.arena->release(mark);
+  }
   // Calls fn(t, j, row) for every kept choice j of token t; row is its row in the experts'
   // buffers.
   template <class Fn>
@@ -248,16 +323,20 @@ class MixtureOfExperts final : public Layer<T> {
   }
 
   std::string name_;
-  std::int64_t C_, H_;
   RouterConfig cfg_;
-  double proj_stddev_, gate_stddev_;
-  std::vector<ParamView<T>> views_;
+  double gate_stddev_;
+  std::unique_ptr<ExpertStack<T>> owned_;  // the experts, when the layer holds them
+  const ExpertStack<T>* experts_;          // owned_, or another unit's stack
+  std::int64_t C_ = 0, H_ = 0;
+  ParamView<T> gate_;
   MoEStats stats_;
   // What forward keeps for backward.
   Tensor<T> input_;
   Routing<A> routing_;
-  std::vector<std::int64_t> first_row_;  // [E + 1] each expert's first row
-  Tensor<T> rows_in_, fc_, act_, rows_out_;
+  std::vector<std::int64_t> first_row_;  // [E + 1] each expert's first row among this rank's
+  parallel::ExpertRows exchange_;        // which rows the local experts ran
+  Tensor<T> expert_in_, fc_, act_;       // the local experts' input rows and activations
+  Tensor<T> rows_out_;                   // the experts' outputs of this rank's rows
 };
 
 }  // namespace zero::nn

@@ -1,0 +1,58 @@
+#pragma once
+// MoEBlocks: which blocks of a GPT (nn::LayerGPT) are mixture-of-experts blocks, and how their
+// experts are routed and split: Megatron-DeepSpeed's --num-experts and --expert-interval, and
+// DeepSpeed's MoE settings (the `moe` config section, RouterConfig) with the expert-parallel
+// group. Block l (from 0) is an MoE block when (l + 1) is a multiple of `every`: every = 1 makes
+// every block MoE, every = 2 (the default, Megatron-DeepSpeed's) every second one.
+
+#include <cstdint>
+#include <utility>
+
+#include <parallel/moe/expert_parallel.hpp>
+#include <zero/config/moe.hpp>
+#include <zero/core/error.hpp>
+#include <zero/nn/moe/router.hpp>
+
+namespace zero::nn {
+
+/// The mixture-of-experts blocks of a GPT (see the file comment).
+struct MoEBlocks {
+  RouterConfig router;          ///< num_experts <= 1: no MoE block (a dense GPT)
+  int every = 2;                ///< every `every`-th block is an MoE block
+  parallel::ExpertParallel ep;  ///< the experts' expert-parallel group (none: ep = 1)
+
+  /// True when the model has MoE blocks.
+  bool active() const { return router.num_experts > 1; }
+  /// True when block l is an MoE block.
+  bool is_moe_block(std::int64_t l) const { return active() && (l + 1) % every == 0; }
+  /// Throws ConfigError naming the setting when one is out of range or the experts do not
+  /// split over the expert-parallel group.
+  void validate() const {
+    if (!active()) return;
+    router.validate();
+    expect<ConfigError>(every >= 1, "moe.expert_interval = ", every, "; expected >= 1");
+    expect<ConfigError>(router.num_experts % ep.size() == 0,
+                        "moe.num_experts = ", router.num_experts,
+                        " must be a multiple of moe.ep_size = ", ep.size());
+  }
+
+  /// The MoE blocks of a config's `moe` section, their experts split over ep (whose size must be
+  /// moe.ep_size: ConfigError naming the key otherwise).
+  static MoEBlocks from_config(const config::MoEConfig& c, parallel::ExpertParallel ep = {}) {
+    expect<ConfigError>(!c.active() || c.ep_size == ep.size(), "moe.ep_size = ", c.ep_size,
+                        " but the model's expert-parallel group has ", ep.size(), " ranks");
+    MoEBlocks m;
+    m.router.num_experts = static_cast<int>(c.num_experts);
+    m.router.k = static_cast<int>(c.k);
+    m.router.capacity_factor = c.capacity_factor;
+    m.router.min_capacity = static_cast<int>(c.min_capacity);
+    m.router.drop_tokens = c.drop_tokens;
+    m.router.aux_loss_coef = c.aux_loss_coef;
+    m.router.z_loss_coef = c.z_loss_coef;
+    m.every = static_cast<int>(c.expert_interval);
+    m.ep = std::move(ep);
+    return m;
+  }
+};
+
+}  // namespace zero::nn

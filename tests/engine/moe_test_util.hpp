@@ -1,0 +1,86 @@
+#pragma once
+// Shared by the mixture-of-experts engine tests (LocalComm and MpiComm): a GPT with one MoE
+// block small enough for ep 4, and its single-process reference.
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include <optim/grad_norm.hpp>
+#include <parallel/moe/expert_parallel.hpp>
+#include <zero/core/arena.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/local_parameters.hpp>
+#include <zero/nn/moe/moe_blocks.hpp>
+
+#include "engine_test_util.hpp"
+#include "tp_test_util.hpp"
+
+namespace zero::test {
+
+// Two blocks, the second an MoE block of 4 experts, top-2 with a capacity that drops tokens,
+// both auxiliary losses on.
+inline nn::GPTConfig moe_cfg() {
+  return tp_tiny();
+}
+inline nn::MoEBlocks moe_blocks(parallel::ExpertParallel ep = {}) {
+  nn::MoEBlocks m;
+  m.router.num_experts = 4;
+  m.router.k = 2;
+  m.router.capacity_factor = 0.75;
+  m.router.min_capacity = 1;
+  m.router.aux_loss_coef = 0.01;
+  m.router.z_loss_coef = 0.001;
+  m.every = 2;
+  m.ep = std::move(ep);
+  return m;
+}
+
+// One process: each of the world * accumulation micro-batches of a step in turn (routing and
+// capacity are per micro-batch, as on the ranks), gradients summed with the loss seeded by
+// 1 / (world * accumulation), then the global norm, clipping and f64 AdamW per unit.
+inline LogicalValues moe_reference(int world, int accumulation, int steps, std::int64_t* dropped) {
+  nn::GPT<double> model(moe_cfg(), {}, {}, moe_blocks());
+  nn::LocalParameters<nn::GPT<double>> params(model, 1234);
+  AdamW64 adam;
+  Arena<> arena(32 << 20);
+  const int micros = world * accumulation;
+  *dropped = 0;
+  for (int step = 0; step < steps; ++step) {
+    params.zero_grads();
+    const GlobalBatch b(micro_rows * micros, step, moe_cfg().vocab_size);
+    for (int m = 0; m < micros; ++m) {
+      // Micro-batch m of GlobalBatch: micro-step m / world of rank m % world.
+      nn::StepContext<double> ctx =
+          b.micro(m / world, m % world, world).context<double>(arena, true, 0);
+      ctx.loss_scale = 1.0 / micros;
+      model.forward(ctx);
+      model.backward(ctx);
+      *dropped += model.moe_stats().dropped;
+      arena.reset();
+    }
+    double sq = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      for (double g : params.unit_grads(u)) sq += g * g;
+    }
+    const double coefficient = optim::clip_coefficient(std::sqrt(sq), clip);
+    for (int u = 0; u < model.num_units(); ++u) {
+      auto g = params.unit_grads(u).span();
+      for (double& x : g) x *= coefficient;
+      adam(u, params.unit_values(u).span(), std::span<const double>(g));
+    }
+  }
+  LogicalValues out;
+  for (int u = 0; u < model.num_units(); ++u) {
+    const auto v = params.unit_values(u);
+    std::size_t offset = 0;
+    for (const nn::ParamSpec& p : model.unit_params(u)) {
+      out[p.name].assign(v.begin() + static_cast<std::ptrdiff_t>(offset),
+                         v.begin() + static_cast<std::ptrdiff_t>(offset + p.numel()));
+      offset += static_cast<std::size_t>(p.numel());
+    }
+  }
+  return out;
+}
+
+}  // namespace zero::test

@@ -1,0 +1,230 @@
+// The engine with a mixture-of-experts GPT (nn::LayerGPT with MoEBlocks): every (ep, dp, stage)
+// layout equals one process running the same micro-batches in turn over several AdamW steps with
+// gradient clipping (f64 1e-10); without the expert data-parallel reduction it does not; the
+// all-to-all volume of an MoE layer equals its formula; a checkpoint saved at (ep 2, dp 2,
+// stage 3) resumes at (ep 4, dp 1, stage 1) equal to the uninterrupted run; bad layouts are
+// refused naming the key.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <optim/grad_norm.hpp>
+#include <parallel/comm/comm_logger.hpp>
+#include <parallel/comm/local_comm.hpp>
+#include <parallel/moe/expert_parallel.hpp>
+#include <parallel/process_groups.hpp>
+#include <zero/engine/engine.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/layers/sequential_model.hpp>
+#include <zero/nn/layers/token_embedding.hpp>
+#include <zero/nn/local_parameters.hpp>
+#include <zero/nn/moe/moe_layer.hpp>
+
+#include "../support/per_rank.hpp"
+#include "engine_test_util.hpp"
+#include "moe_test_util.hpp"
+#include "tp_test_util.hpp"
+
+using namespace zero;
+using parallel::LocalComm;
+
+namespace {
+
+using test::micro_rows;
+using test::moe_blocks;
+using test::moe_cfg;
+using test::moe_reference;
+
+struct Layout {
+  int ep, dp, stage;
+  bool drop_expert_reduction = false;  // the negative control
+};
+
+template <int S>
+std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int accumulation,
+                                      int steps) {
+  parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = l.ep, .dp = l.dp}));
+  nn::GPT<double> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+  engine::EngineGroups engine_groups(groups);
+  // The control: expert units "reduced" over a group of one rank, i.e. not at all.
+  if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(groups.tp());
+  engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(
+      model, std::move(engine_groups), test::AdamW64{}, test::tp_options(accumulation));
+  const int dense_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
+  test::train(eng, dense_rank, l.ep * l.dp, accumulation, steps, moe_cfg().vocab_size);
+  return test::held_params(eng);
+}
+
+std::vector<test::HeldParam> f64_rank_any(LocalComm& world, const Layout& l, int accumulation,
+                                          int steps) {
+  switch (l.stage) {
+    case 0:
+      return f64_rank<0>(world, l, accumulation, steps);
+    case 1:
+      return f64_rank<1>(world, l, accumulation, steps);
+    case 2:
+      return f64_rank<2>(world, l, accumulation, steps);
+    default:
+      return f64_rank<3>(world, l, accumulation, steps);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "MoE GPT: every (ep, dp, stage) layout equals the single-process reference (f64 AdamW, "
+    "clipping, tokens dropped), and not without the expert data-parallel reduction",
+    "[unit][moe]") {
+  const int accumulation = 2, steps = 3;
+  for (int dp : {1, 2}) {
+    for (int ep : {1, 2, 4}) {
+      std::int64_t dropped = 0;
+      const auto want = moe_reference(ep * dp, accumulation, steps, &dropped);
+      CHECK(dropped > 0);  // the capacity limit is exercised
+      for (int stage = 0; stage <= 3; ++stage) {
+        const Layout l{ep, dp, stage};
+        const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
+            ep * dp, [&](LocalComm& world) { return f64_rank_any(world, l, accumulation, steps); });
+        double copies_differ = 0;
+        const auto got = test::assemble(ranks, &copies_differ);
+        INFO("ep " << ep << ", dp " << dp << ", stage " << stage);
+        CHECK(test::max_difference(got, want) <= 1e-10);
+        CHECK(copies_differ == 0.0);  // the router and dense parameters agree on every rank
+      }
+      if (dp == 2 && ep == 2) {
+        for (int stage : {0, 3}) {
+          const Layout l{ep, dp, stage, true};
+          const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
+              4, [&](LocalComm& world) { return f64_rank_any(world, l, accumulation, steps); });
+          INFO("control at stage " << stage);
+          CHECK(test::max_difference(test::assemble(ranks), want) > 1e-6);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "MoE layer: the all-to-all volume of a forward and backward equals 8 E bytes of counts plus "
+    "2 (R + R_e) C elements of rows",
+    "[unit][moe]") {
+  struct Volume {
+    double counts = 0, rows = 0, want_rows = 0;
+    std::int64_t experts_ran = 0, routed = 0;
+  };
+  const int ep = 2;
+  const auto got = testing::per_rank<Volume>(ep, [&](LocalComm& world) {
+    auto logger = std::make_shared<parallel::CommLogger>();
+    world.set_logger(logger);
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = ep}));
+    nn::MoEBlocks moe = moe_blocks(parallel::ExpertParallel(groups.ep()));
+    const std::int64_t C = 16, H = 64;
+    nn::SequentialModel<double> m;
+    m.add_unit().add<nn::TokenEmbedding<double>>("wte", 64, C, "tokens", 0.02);
+    m.add_unit().add<nn::MixtureOfExperts<double>>("moe", C, H, moe.router, 0.02, 0.02, moe.ep);
+    nn::LocalParameters<nn::SequentialModel<double>> params(m, 7);
+    const test::GlobalBatch b(micro_rows * ep, 0, 64);
+    Arena<> arena(8 << 20);
+    nn::StepContext<double> ctx =
+        b.micro(0, groups.ep().rank(), ep).context<double>(arena, true, 0);
+    logger->enable(true);
+    m.forward_unit(0, ctx);
+    m.forward_unit(1, ctx);
+    ctx.dy = ctx.x;  // any output gradient
+    m.backward_unit(1, ctx);
+    logger->enable(false);
+    auto& moe_layer = dynamic_cast<nn::MixtureOfExperts<double>&>(m.unit(1).layer(0));
+    Volume v;
+    v.counts = static_cast<double>(logger->total(parallel::CommOp::all_to_all, "ep").bytes);
+    v.rows = static_cast<double>(logger->total(parallel::CommOp::all_to_all_v, "ep").bytes);
+    v.routed = moe_layer.last_routed_rows();
+    v.experts_ran = moe_layer.last_expert_rows();
+    v.want_rows = 2.0 * static_cast<double>(v.routed + v.experts_ran) * C * sizeof(double);
+    return v;
+  });
+  std::int64_t routed = 0, ran = 0;
+  for (const auto& v : got) {
+    CHECK(v.counts == 4 * 8);  // E = 4 counts of 8 bytes
+    CHECK(v.rows == v.want_rows);
+    CHECK(v.routed > 0);
+    routed += v.routed;
+    ran += v.experts_ran;
+  }
+  CHECK(routed == ran);  // every row sent was run by an expert somewhere
+}
+
+namespace {
+
+// f32 AdamW from a config at (ep, dp, stage S): optionally loads `load`, trains `steps`
+// boundaries from first_step (4 micro-batches a step whatever the layout), optionally saves.
+template <int S>
+std::vector<test::HeldParam> f32_rank(LocalComm& world, int ep, int dp, int first_step, int steps,
+                                      const std::filesystem::path& load,
+                                      const std::filesystem::path& save) {
+  parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = ep, .dp = dp}));
+  nn::GPT<float> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+  const int accumulation = 4 / (ep * dp);
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(
+      model, groups, test::adamw_config(S, accumulation, 1.0), options);
+  if (!load.empty()) eng.load_checkpoint(load);
+  const int dense_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
+  test::train(eng, dense_rank, ep * dp, accumulation, steps, moe_cfg().vocab_size, first_step);
+  if (!save.empty()) eng.save_checkpoint(save, "step2");
+  return test::held_params(eng);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "MoE checkpoints: (ep 2, dp 2, stage 3) resumes at (ep 4, dp 1, stage 1) and (ep 1, dp 4, "
+    "stage 2) equal to the uninterrupted run",
+    "[unit][moe]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zero-moe-ckpt-" + std::to_string(static_cast<long>(::getpid())));
+  std::filesystem::remove_all(dir);
+  const auto straight = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 0, 2, {}, dir); }));
+  const auto continued = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 2, 2, dir, {}); }));
+  const auto at_ep4 = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+      4, [&](LocalComm& w) { return f32_rank<1>(w, 4, 1, 2, 2, dir, {}); }));
+  const auto at_ep1 = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+      4, [&](LocalComm& w) { return f32_rank<2>(w, 1, 4, 2, 2, dir, {}); }));
+  CHECK(test::max_difference(at_ep4, continued) <= 2e-5);
+  CHECK(test::max_difference(at_ep1, continued) <= 2e-5);
+  CHECK(test::max_difference(continued, straight) > 1e-4);  // the resumed steps did train
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused naming the key",
+          "[unit][moe]") {
+  const auto messages = testing::per_rank<std::string>(4, [](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 4}));
+    nn::MoEBlocks moe = moe_blocks(parallel::ExpertParallel(groups.ep()));
+    moe.router.num_experts = 6;
+    std::string out = testing::thrown_message([&] { nn::GPT<double> m(moe_cfg(), {}, {}, moe); });
+    // An ep 4 model under an engine whose groups have no expert axis.
+    nn::GPT<double> m(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+    out += "|" + testing::thrown_message([&] {
+             engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(
+                 m, world, [](int, std::span<double>, std::span<const double>) {});
+           });
+    // Expert parallelism with tensor parallelism.
+    out += "|" + testing::thrown_message([&] {
+             parallel::ProcessGroups<LocalComm> g(world, parallel::Grid({.tp = 2, .ep = 2}));
+             engine::EngineGroups eg(g);
+           });
+    return out;
+  });
+  for (const auto& m : messages) {
+    CHECK_THAT(m, Catch::Contains("moe.num_experts = 6") && Catch::Contains("moe.ep_size = 4") &&
+                      Catch::Contains("expert-parallel group of 4 ranks") &&
+                      Catch::Contains("not supported yet"));
+  }
+}

@@ -1,0 +1,258 @@
+// The engine with a Ulysses sequence-parallel GPT: every (sp, dp, stage) layout, each rank fed
+// its T/sp positions of its dp rank's rows, equals one process on the global batch over several
+// f64 AdamW steps with gradient clipping (1e-10), and the copies of the parameters on the dp x sp
+// ranks stay bit-identical. ZeRO shards over the sequence-data-parallel group (dp x sp): each
+// rank's loss is the mean over its own positions, so the engine's average over dp x sp is the
+// global token mean. Negative controls: a rank fed another rank's positions, and a model without
+// Ulysses (local attention, positions from 0) fed the same slices, must both differ.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <parallel/comm/local_comm.hpp>
+#include <parallel/process_groups.hpp>
+#include <parallel/sequence/sequence_parallel.hpp>
+#include <zero/engine/engine.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/local_parameters.hpp>
+
+#include "../support/per_rank.hpp"
+#include "engine_test_util.hpp"
+#include "tp_test_util.hpp"
+
+using namespace zero;
+using parallel::LocalComm;
+using parallel::SequenceParallel;
+
+namespace {
+
+constexpr std::int64_t seq_len = 8;  // divisible by sp 1, 2, 4 (tp_tiny: max_seq_len 16)
+constexpr int accumulation = 2, steps = 3;
+
+// The rows of a step's global batch: tokens and targets [rows, seq_len], every target valid.
+struct Batch {
+  std::vector<std::int32_t> tokens, targets;
+  Batch(std::int64_t rows, int step, std::int64_t vocab) {
+    for (std::int64_t i = 0; i < rows * seq_len; ++i) {
+      tokens.push_back(static_cast<std::int32_t>((i * 7 + step * 13 + 1) % vocab));
+      targets.push_back(static_cast<std::int32_t>((i * 11 + step * 5 + 3) % vocab));
+    }
+  }
+  // The first row of dp rank d's micro-batch m (micro-steps and dp ranks interleaved).
+  static std::int64_t first_row(int m, int d, int dp) { return (m * dp + d) * test::micro_rows; }
+};
+
+// One process on the whole global batch: `steps` AdamW steps with clipping; the whole tensors.
+test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows) {
+  nn::GPT<double> model(cfg);
+  nn::LocalParameters<nn::GPT<double>> params(model, 1234);
+  Arena<> arena(64 << 20);
+  test::AdamW64 adam;
+  for (int step = 0; step < steps; ++step) {
+    params.zero_grads();
+    const Batch b(global_rows, step, cfg.vocab_size);
+    nn::StepContext<double> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = b.tokens.data();
+    ctx.targets = b.targets.data();
+    ctx.batch = global_rows;
+    ctx.seq_len = seq_len;
+    model.forward(ctx);
+    model.backward(ctx);
+    arena.reset();
+    double sq = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      for (double g : params.unit_grads(u)) sq += g * g;
+    }
+    const double coefficient = optim::clip_coefficient(std::sqrt(sq), test::clip);
+    for (int u = 0; u < model.num_units(); ++u) {
+      auto g = params.unit_grads(u);
+      for (double& x : g) x *= coefficient;
+      adam(u, params.unit_values(u).span(), std::span<const double>(g.span()));
+    }
+  }
+  test::LogicalValues out;
+  for (int u = 0; u < model.num_units(); ++u) {
+    const auto values = params.unit_values(u);
+    std::size_t offset = 0;
+    for (const nn::ParamSpec& p : params.unit_specs(u)) {
+      out[p.name].assign(values.begin() + static_cast<std::ptrdiff_t>(offset),
+                         values.begin() + static_cast<std::ptrdiff_t>(offset + p.numel()));
+      offset += static_cast<std::size_t>(p.numel());
+    }
+  }
+  return out;
+}
+
+// How a run deviates from the right one (negative controls).
+enum class Fault {
+  none,
+  wrong_slice,  // sp rank r is fed the positions of sp rank r+1
+  no_ulysses,   // the model is built without the sp group: local attention, positions from 0
+};
+
+struct Layout {
+  int sp, dp, stage;
+  Fault fault = Fault::none;
+  bool checkpoint = false;  // activation checkpointing: the blocks' forward (and its
+                            // all-to-alls) run again before their backward
+};
+
+template <int S>
+std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l) {
+  parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.cp = l.sp, .dp = l.dp}));
+  nn::GPTConfig cfg = test::tp_tiny();
+  cfg.checkpoint_activations = l.checkpoint;
+  const SequenceParallel sp =
+      l.fault == Fault::no_ulysses ? SequenceParallel() : SequenceParallel(groups.cp());
+  nn::GPT<double> model(cfg, {}, sp);
+  engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, groups, test::AdamW64{},
+                                                    test::tp_options(accumulation));
+  const int dp_rank = groups.dp().rank(), sp_rank = groups.cp().rank();
+  const int fed_rank = l.fault == Fault::wrong_slice ? (sp_rank + 1) % l.sp : sp_rank;
+  const std::int64_t global_rows = test::micro_rows * accumulation * l.dp;
+  for (int step = 0; step < steps; ++step) {
+    const Batch b(global_rows, step, cfg.vocab_size);
+    for (int m = 0; m < accumulation; ++m) {
+      const std::int64_t first = Batch::first_row(m, dp_rank, l.dp) * seq_len;
+      const auto n = static_cast<std::size_t>(test::micro_rows * seq_len);
+      const auto tokens = parallel::sequence_slice<std::int32_t>(
+          std::span(b.tokens).subspan(first, n), test::micro_rows, seq_len, l.sp, fed_rank);
+      const auto targets = parallel::sequence_slice<std::int32_t>(
+          std::span(b.targets).subspan(first, n), test::micro_rows, seq_len, l.sp, fed_rank);
+      eng.forward({tokens.data(), targets.data(), test::micro_rows, seq_len / l.sp});
+      eng.backward();
+      eng.step();
+    }
+  }
+  return test::held_params(eng);
+}
+
+std::vector<test::HeldParam> sp_rank_any(LocalComm& world, const Layout& l) {
+  switch (l.stage) {
+    case 0:
+      return sp_rank<0>(world, l);
+    case 1:
+      return sp_rank<1>(world, l);
+    case 2:
+      return sp_rank<2>(world, l);
+    default:
+      return sp_rank<3>(world, l);
+  }
+}
+
+// The whole tensors of a layout's run, and the largest disagreement between ranks' copies.
+struct Run {
+  test::LogicalValues values;
+  double copies_differ = 0;
+};
+
+Run run(const Layout& l) {
+  const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
+      l.sp * l.dp, [&](LocalComm& world) { return sp_rank_any(world, l); });
+  Run r;
+  r.values = test::assemble(ranks, &r.copies_differ);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Ulysses GPT: every (sp, dp, stage) layout equals the single-process reference on the "
+    "global batch (f64 AdamW, clipping)",
+    "[unit][ulysses]") {
+  for (int dp : {1, 2}) {
+    const auto want = reference(test::tp_tiny(), test::micro_rows * accumulation * dp);
+    for (int sp : {1, 2, 4}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        const Run got = run({sp, dp, stage});
+        const double error = test::max_difference(got.values, want);
+        INFO("sp " << sp << ", dp " << dp << ", stage " << stage << ": worst difference " << error);
+        CHECK(error <= 1e-10);
+        CHECK(got.copies_differ == 0.0);  // every dp x sp rank holds the same parameters
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "Ulysses GPT with activation checkpointing (the all-to-alls run again in backward) equals "
+    "the reference",
+    "[unit][ulysses]") {
+  const int dp = 2;
+  const auto want = reference(test::tp_tiny(), test::micro_rows * accumulation * dp);
+  for (int sp : {2, 4}) {
+    for (int stage : {1, 3}) {
+      const Run got = run({sp, dp, stage, Fault::none, /*checkpoint=*/true});
+      const double error = test::max_difference(got.values, want);
+      INFO("sp " << sp << ", stage " << stage << ", checkpointed: worst difference " << error);
+      CHECK(error <= 1e-10);
+      CHECK(got.copies_differ == 0.0);
+    }
+  }
+}
+
+TEST_CASE(
+    "Ulysses GPT negative controls: a rank fed another rank's positions, or a model without "
+    "Ulysses, differs from the reference",
+    "[unit][ulysses]") {
+  const int dp = 2;
+  const auto want = reference(test::tp_tiny(), test::micro_rows * accumulation * dp);
+  for (int sp : {2, 4}) {
+    for (Fault fault : {Fault::wrong_slice, Fault::no_ulysses}) {
+      const Run got = run({sp, dp, 3, fault});
+      const double error = test::max_difference(got.values, want);
+      INFO("sp " << sp << (fault == Fault::wrong_slice ? ", wrong slice" : ", no Ulysses")
+                 << ": worst difference " << error);
+      CHECK(error > 1e-4);
+    }
+  }
+}
+
+TEST_CASE("Ulysses GPT: f32 AdamW from a DeepSpeed config within 2e-5 of the reference",
+          "[unit][ulysses]") {
+  // tiny() (2 heads, the other engine tests' T = 6) at sp 2 x dp 2, stage 3, against the f32
+  // reference of the other engine tests (DeepSpeed's no-decay groups).
+  const int dp = 2, sp = 2, acc = 2, f32_steps = 3;
+  const auto want =
+      test::reference_adamw(test::micro_rows * acc * dp, f32_steps, test::adamw_hyper(), 1.0);
+  const auto errors = testing::per_rank<double>(sp * dp, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.cp = sp, .dp = dp}));
+    const SequenceParallel group(groups.cp());
+    nn::GPT<float> model(test::tiny(), {}, group);
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(model, groups, test::adamw_config(3, acc, 1.0),
+                                                     options);
+    for (int step = 0; step < f32_steps; ++step) {
+      const test::GlobalBatch b(test::micro_rows * acc * dp, step, test::tiny().vocab_size);
+      for (int m = 0; m < acc; ++m) {
+        const engine::MicroBatch whole = b.micro(m, groups.dp().rank(), dp);
+        const parallel::SequenceSlice mine(whole.tokens, whole.targets, whole.batch, whole.seq_len,
+                                           group);
+        eng.forward({mine.tokens.data(), mine.targets.data(), mine.batch, mine.seq_len});
+        eng.backward();
+        eng.step();
+      }
+    }
+    double w = 0;
+    for (int u = 0; u < eng.num_units(); ++u) {
+      const auto got = eng.gather_unit_values(u);
+      const auto& ref = want[static_cast<std::size_t>(u)];
+      if (got.size() != ref.size()) return static_cast<double>(INFINITY);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        w = std::max(w, std::fabs(static_cast<double>(got[i]) - static_cast<double>(ref[i])));
+      }
+    }
+    return w;
+  });
+  for (double e : errors) {
+    INFO("worst difference " << e);
+    CHECK(e <= 2e-5);
+  }
+}
