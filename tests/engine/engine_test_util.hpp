@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <optim/adam.hpp>
@@ -21,6 +22,22 @@ namespace zero::test {
 
 inline constexpr std::int64_t seq = 6;
 inline constexpr std::int64_t micro_rows = 2;
+
+/// fn(std::integral_constant<int, S>{}) for S = stage (0-3): a layout's run-time stage to the
+/// engine's template argument.
+template <class Fn>
+decltype(auto) with_stage(int stage, Fn&& fn) {
+  switch (stage) {
+    case 0:
+      return fn(std::integral_constant<int, 0>{});
+    case 1:
+      return fn(std::integral_constant<int, 1>{});
+    case 2:
+      return fn(std::integral_constant<int, 2>{});
+    default:
+      return fn(std::integral_constant<int, 3>{});
+  }
+}
 
 inline nn::GPTConfig tiny() {
   nn::GPTConfig c = nn::GPTConfig::preset("tiny");

@@ -70,17 +70,7 @@ inline LogicalValues moe_reference(int world, int accumulation, int steps, std::
       adam(u, params.unit_values(u).span(), std::span<const double>(g));
     }
   }
-  LogicalValues out;
-  for (int u = 0; u < model.num_units(); ++u) {
-    const auto v = params.unit_values(u);
-    std::size_t offset = 0;
-    for (const nn::ParamSpec& p : model.unit_params(u)) {
-      out[p.name].assign(v.begin() + static_cast<std::ptrdiff_t>(offset),
-                         v.begin() + static_cast<std::ptrdiff_t>(offset + p.numel()));
-      offset += static_cast<std::size_t>(p.numel());
-    }
-  }
-  return out;
+  return values_of(params, model.num_units());
 }
 
 }  // namespace zero::test

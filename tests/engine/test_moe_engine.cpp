@@ -59,20 +59,6 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
   return test::held_params(eng);
 }
 
-std::vector<test::HeldParam> f64_rank_any(LocalComm& world, const Layout& l, int accumulation,
-                                          int steps) {
-  switch (l.stage) {
-    case 0:
-      return f64_rank<0>(world, l, accumulation, steps);
-    case 1:
-      return f64_rank<1>(world, l, accumulation, steps);
-    case 2:
-      return f64_rank<2>(world, l, accumulation, steps);
-    default:
-      return f64_rank<3>(world, l, accumulation, steps);
-  }
-}
-
 }  // namespace
 
 TEST_CASE(
@@ -87,8 +73,12 @@ TEST_CASE(
       CHECK(dropped > 0);  // the capacity limit is exercised
       for (int stage = 0; stage <= 3; ++stage) {
         const Layout l{ep, dp, stage};
-        const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
-            ep * dp, [&](LocalComm& world) { return f64_rank_any(world, l, accumulation, steps); });
+        const auto ranks =
+            testing::per_rank<std::vector<test::HeldParam>>(ep * dp, [&](LocalComm& world) {
+              return test::with_stage(l.stage, [&](auto s) {
+                return f64_rank<decltype(s)::value>(world, l, accumulation, steps);
+              });
+            });
         double copies_differ = 0;
         const auto got = test::assemble(ranks, &copies_differ);
         INFO("ep " << ep << ", dp " << dp << ", stage " << stage);
@@ -98,8 +88,12 @@ TEST_CASE(
       if (dp == 2 && ep == 2) {
         for (int stage : {0, 3}) {
           const Layout l{ep, dp, stage, true};
-          const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
-              4, [&](LocalComm& world) { return f64_rank_any(world, l, accumulation, steps); });
+          const auto ranks =
+              testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& world) {
+                return test::with_stage(l.stage, [&](auto s) {
+                  return f64_rank<decltype(s)::value>(world, l, accumulation, steps);
+                });
+              });
           INFO("control at stage " << stage);
           CHECK(test::max_difference(test::assemble(ranks), want) > 1e-6);
         }
@@ -200,6 +194,32 @@ TEST_CASE(
   CHECK(test::max_difference(at_ep1, continued) <= 2e-5);
   CHECK(test::max_difference(continued, straight) > 1e-4);  // the resumed steps did train
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "MoE GPT at stage 3: the experts are dropped after their block's forward and gathered again "
+    "for its backward",
+    "[unit][moe]") {
+  struct Held {
+    std::size_t after_forward = 0, unit0 = 0;
+  };
+  const auto held = testing::per_rank<Held>(4, [](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 2, .dp = 2}));
+    nn::GPT<double> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+    engine::Engine<nn::GPT<double>, ZeroStage<3>> eng(model, groups, test::AdamW64{},
+                                                      test::tp_options(1));
+    const test::GlobalBatch b(micro_rows * 4, 0, moe_cfg().vocab_size);
+    const int rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
+    eng.forward(b.micro(0, rank, 4));
+    Held h;
+    // Only unit 0 stays gathered: the head (the last unit) reads its table in backward at once.
+    h.after_forward = eng.memory_report().whole_param_bytes;
+    h.unit0 = static_cast<std::size_t>(eng.partition(0).padded_numel()) * sizeof(double);
+    eng.backward();
+    eng.step();
+    return h;
+  });
+  for (const Held& h : held) CHECK(h.after_forward == h.unit0);
 }
 
 TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused naming the key",

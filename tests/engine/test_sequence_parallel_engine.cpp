@@ -76,17 +76,7 @@ test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows
       adam(u, params.unit_values(u).span(), std::span<const double>(g.span()));
     }
   }
-  test::LogicalValues out;
-  for (int u = 0; u < model.num_units(); ++u) {
-    const auto values = params.unit_values(u);
-    std::size_t offset = 0;
-    for (const nn::ParamSpec& p : params.unit_specs(u)) {
-      out[p.name].assign(values.begin() + static_cast<std::ptrdiff_t>(offset),
-                         values.begin() + static_cast<std::ptrdiff_t>(offset + p.numel()));
-      offset += static_cast<std::size_t>(p.numel());
-    }
-  }
-  return out;
+  return test::values_of(params, model.num_units());
 }
 
 // How a run deviates from the right one (negative controls).
@@ -133,19 +123,6 @@ std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l) {
   return test::held_params(eng);
 }
 
-std::vector<test::HeldParam> sp_rank_any(LocalComm& world, const Layout& l) {
-  switch (l.stage) {
-    case 0:
-      return sp_rank<0>(world, l);
-    case 1:
-      return sp_rank<1>(world, l);
-    case 2:
-      return sp_rank<2>(world, l);
-    default:
-      return sp_rank<3>(world, l);
-  }
-}
-
 // The whole tensors of a layout's run, and the largest disagreement between ranks' copies.
 struct Run {
   test::LogicalValues values;
@@ -153,8 +130,11 @@ struct Run {
 };
 
 Run run(const Layout& l) {
-  const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
-      l.sp * l.dp, [&](LocalComm& world) { return sp_rank_any(world, l); });
+  const auto ranks =
+      testing::per_rank<std::vector<test::HeldParam>>(l.sp * l.dp, [&](LocalComm& world) {
+        return test::with_stage(l.stage,
+                                [&](auto s) { return sp_rank<decltype(s)::value>(world, l); });
+      });
   Run r;
   r.values = test::assemble(ranks, &r.copies_differ);
   return r;

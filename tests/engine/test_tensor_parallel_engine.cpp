@@ -48,20 +48,6 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
   return test::held_params(eng);
 }
 
-std::vector<test::HeldParam> f64_rank_any(LocalComm& world, const Layout& l, int accumulation,
-                                          int steps) {
-  switch (l.stage) {
-    case 0:
-      return f64_rank<0>(world, l, accumulation, steps);
-    case 1:
-      return f64_rank<1>(world, l, accumulation, steps);
-    case 2:
-      return f64_rank<2>(world, l, accumulation, steps);
-    default:
-      return f64_rank<3>(world, l, accumulation, steps);
-  }
-}
-
 }  // namespace
 
 TEST_CASE(
@@ -77,9 +63,12 @@ TEST_CASE(
         for (bool sp : {false, true}) {
           if (sp && tp == 1) continue;
           const Layout l{tp, dp, stage, sp};
-          const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
-              tp * dp,
-              [&](LocalComm& world) { return f64_rank_any(world, l, accumulation, steps); });
+          const auto ranks =
+              testing::per_rank<std::vector<test::HeldParam>>(tp * dp, [&](LocalComm& world) {
+                return test::with_stage(l.stage, [&](auto s) {
+                  return f64_rank<decltype(s)::value>(world, l, accumulation, steps);
+                });
+              });
           double copies_differ = 0;
           const auto got = test::assemble(ranks, &copies_differ);
           INFO("tp " << tp << ", dp " << dp << ", stage " << stage << (sp ? ", SP" : ""));

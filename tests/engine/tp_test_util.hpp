@@ -84,6 +84,22 @@ inline LogicalValues assemble(const std::vector<std::vector<HeldParam>>& ranks,
   return out;
 }
 
+/// The whole tensors of a single-process model's parameters (nn::LocalParameters).
+template <class Params>
+LogicalValues values_of(Params& params, int num_units) {
+  LogicalValues out;
+  for (int u = 0; u < num_units; ++u) {
+    const auto values = params.unit_values(u);
+    std::size_t offset = 0;
+    for (const nn::ParamSpec& p : params.unit_specs(u)) {
+      out[p.name].assign(values.begin() + static_cast<std::ptrdiff_t>(offset),
+                         values.begin() + static_cast<std::ptrdiff_t>(offset + p.numel()));
+      offset += static_cast<std::size_t>(p.numel());
+    }
+  }
+  return out;
+}
+
 /// Largest difference between two sets of whole tensors (infinity when the names or sizes differ).
 inline double max_difference(const LogicalValues& a, const LogicalValues& b) {
   if (a.size() != b.size()) return INFINITY;

@@ -39,7 +39,8 @@ inline void check_ulysses_heads(std::int64_t num_heads, int sp) {
   expect<ConfigError>(sp >= 1 && num_heads > 0 && num_heads % sp == 0,
                       "Ulysses sequence parallelism: n_head (num_heads) = ", num_heads,
                       " is not divisible by the sequence-parallel size sp = ", sp,
-                      "; each rank attends over num_heads / sp whole heads");
+                      " (sequence_parallel_size); each rank attends over num_heads / sp whole "
+                      "heads");
 }
 
 /// Ulysses causal self-attention: qkv [B*T/sp, 3C] -> [B*T/sp, C] (see the file comment).
