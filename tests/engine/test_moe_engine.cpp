@@ -1,9 +1,11 @@
 // The engine with a mixture-of-experts GPT (nn::LayerGPT with MoEBlocks): every (ep, dp, stage)
 // layout equals one process running the same micro-batches in turn over several AdamW steps with
-// gradient clipping (f64 1e-10); without the expert data-parallel reduction it does not; the
+// gradient clipping (f64 1e-10), with activation checkpointing too (the all-to-alls run again
+// before each block's backward); without the expert data-parallel reduction it does not; the
 // all-to-all volume of an MoE layer equals its formula; a checkpoint saved at (ep 2, dp 2,
-// stage 3) resumes at (ep 4, dp 1, stage 1) equal to the uninterrupted run; bad layouts are
-// refused naming the key.
+// stage 3) resumes at (ep 4, dp 1, stage 1) and (ep 1, dp 4, stage 2) equal to the
+// uninterrupted run; at stage 3 the experts are not held gathered past their block's forward;
+// bad layouts are refused naming the key.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -42,13 +44,17 @@ using test::moe_reference;
 struct Layout {
   int ep, dp, stage;
   bool drop_expert_reduction = false;  // the negative control
+  bool checkpoint = false;  // activation checkpointing: each block's forward, all-to-alls
+                            // included, runs again before its backward
 };
 
 template <int S>
 std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int accumulation,
                                       int steps) {
   parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = l.ep, .dp = l.dp}));
-  nn::GPT<double> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+  nn::GPTConfig cfg = moe_cfg();
+  cfg.checkpoint_activations = l.checkpoint;
+  nn::GPT<double> model(cfg, {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
   engine::EngineGroups engine_groups(groups);
   // The control: expert units "reduced" over a group of one rank, i.e. not at all.
   if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(groups.tp());
@@ -63,7 +69,8 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
 
 TEST_CASE(
     "MoE GPT: every (ep, dp, stage) layout equals the single-process reference (f64 AdamW, "
-    "clipping, tokens dropped), and not without the expert data-parallel reduction",
+    "clipping, tokens dropped), with activation checkpointing too, and not without the expert "
+    "data-parallel reduction",
     "[unit][moe]") {
   const int accumulation = 2, steps = 3;
   for (int dp : {1, 2}) {
@@ -87,15 +94,18 @@ TEST_CASE(
       }
       if (dp == 2 && ep == 2) {
         for (int stage : {0, 3}) {
-          const Layout l{ep, dp, stage, true};
-          const auto ranks =
-              testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& world) {
-                return test::with_stage(l.stage, [&](auto s) {
-                  return f64_rank<decltype(s)::value>(world, l, accumulation, steps);
+          auto differs = [&](const Layout& l) {
+            const auto ranks =
+                testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& world) {
+                  return test::with_stage(l.stage, [&](auto s) {
+                    return f64_rank<decltype(s)::value>(world, l, accumulation, steps);
+                  });
                 });
-              });
-          INFO("control at stage " << stage);
-          CHECK(test::max_difference(test::assemble(ranks), want) > 1e-6);
+            return test::max_difference(test::assemble(ranks), want);
+          };
+          INFO("stage " << stage);
+          CHECK(differs({ep, dp, stage, true}) > 1e-6);           // the control
+          CHECK(differs({ep, dp, stage, false, true}) <= 1e-10);  // activation checkpointing
         }
       }
     }

@@ -49,10 +49,16 @@ struct HostBackend {
     e.record(compute_);
   }
 
-  /// acc[i] += g[i], in acc's type.
+  /// acc[i] += factor * g[i], in acc's type (the product rounded once).
   template <class A, class G>
-  static void accumulate(std::span<A> acc, std::span<const G> g) {
-    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += convert<A>(g[i]);
+  static void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0) {
+    if (factor == 1.0) {
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += convert<A>(g[i]);
+    } else {
+      for (std::size_t i = 0; i < acc.size(); ++i) {
+        acc[i] += convert<A>(convert<double>(g[i]) * factor);
+      }
+    }
   }
   /// out[i] = in[i], rounded to out's type.
   template <class O, class I>
@@ -62,7 +68,7 @@ struct HostBackend {
   /// v[i] = factor * v[i].
   template <class E>
   static void scale(std::span<E> v, double factor) {
-    for (E& x : v) x = convert<E>(convert<double>(x) * factor);
+    for (E& x : v) x = static_cast<E>(x * factor);
   }
   /// Sets every element to zero.
   template <class E>

@@ -282,17 +282,16 @@ class UnitExchange {
     pending_.pop_front();
     wait(p.work, traits::all_reduces_grads ? "all-reduce" : "reduce-scatter", p.unit);
     Unit& s = unit(p.unit);
-    if (s.grad_scale != 1.0) {  // an expert unit: averaged over expert_dp, divided by the whole dp
-      if constexpr (traits::shards_grads) {
-        Backend::scale(span(p.scratch), s.grad_scale);
-      } else if constexpr (traits::all_reduces_grads) {
-        Backend::scale(s.whole_accumulator(), s.grad_scale);
-      } else {
-        Backend::scale(span(s.grad_shard), s.grad_scale);
+    // An expert unit's gradient, averaged over expert_dp, is divided by the whole dp (grad_scale
+    // 1/ep), in the fp32 (f64) accumulator's type.
+    if constexpr (!traits::shards_grads) {
+      if (s.grad_scale != 1.0) {
+        Backend::scale(traits::all_reduces_grads ? s.whole_accumulator() : span(s.grad_shard),
+                       s.grad_scale);
       }
     }
     if constexpr (traits::shards_grads) {
-      Backend::accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)));
+      Backend::accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)), s.grad_scale);
       s.grads.reset();  // the whole gradient is released once reduced
       if constexpr (traits::gathers_before_use) {
         if (s.pinned && !s.persistent) s.params.reset();  // its last user is done

@@ -19,11 +19,10 @@
 #include <any>
 #include <cmath>
 #include <cstdint>
-#include <string>
-#include <vector>
-
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include <parallel/moe/expert_parallel.hpp>
 #include <parallel/moe/token_exchange.hpp>
