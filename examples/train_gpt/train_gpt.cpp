@@ -477,12 +477,11 @@ struct RoutingTotals {
 // Parameters of the whole model as the engine holds them (experts split over ep counted once).
 template <class Eng>
 std::int64_t count_parameters(Eng& eng) {
-  double n = 0;
+  std::int64_t n = 0;
   for (int u = 0; u < eng.num_units(); ++u) {
-    for (const nn::ParamSpec& p : eng.unit_specs(u))
-      n += static_cast<double>(p.logical_shape().numel());
+    for (const nn::ParamSpec& p : eng.unit_specs(u)) n += p.logical_shape().numel();
   }
-  return static_cast<std::int64_t>(n);
+  return n;
 }
 
 // " (MoE: 4 experts, top-2, 1 block in 2, ep 2)" for a mixture-of-experts config, else empty.
@@ -773,7 +772,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
           << "\n";
     }
     loss = mean_over_dp(eng, step_loss / static_cast<double>(sizes.accumulation));
-    const RoutingTotals routing = routed.over_ranks(eng);
+    // A collective: only a model with MoE layers pays it.
+    const RoutingTotals routing = cfg.moe.active() ? routed.over_ranks(eng) : routed;
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
     const bool print = (step + 1) % print_every == 0 || step + 1 == o.steps;

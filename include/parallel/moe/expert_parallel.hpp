@@ -6,7 +6,10 @@
 // communicator), so a model is built once per rank from the rank's ep group:
 //
 //   parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 2, .dp = 2}));
-//   nn::LayerGPT<float> model(cfg, {}, parallel::ExpertParallel(groups.ep()));
+//   nn::MoEBlocks moe;  // router settings, every k-th block
+//   moe.router.num_experts = 8;
+//   moe.ep = parallel::ExpertParallel(groups.ep());
+//   nn::LayerGPT<float> model(cfg, {}, {}, moe);
 //
 // The default (no group) is ep = 1: every expert on this rank, no collective.
 

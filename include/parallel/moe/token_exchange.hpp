@@ -32,10 +32,11 @@ struct ExpertRows {
   int local = 1;                       ///< experts per rank, E / ep
   std::vector<std::int64_t> sent;      ///< [E] rows this rank sends each global expert
   std::vector<std::int64_t> received;  ///< [ranks * local] rows from source s for local expert l
-  std::vector<std::int64_t> expert_first;  ///< [local + 1] first row of each local expert
+  std::vector<std::int64_t> expert_first;   ///< [local + 1] first row of each local expert
+  std::int64_t rows_sent = 0;               ///< R: the sum of sent
+  std::vector<std::size_t> send_counts;     ///< [ranks] elements to each rank (all_to_all_v)
+  std::vector<std::size_t> receive_counts;  ///< [ranks] elements from each rank
 
-  /// Rows this rank sends (R).
-  std::int64_t rows_sent() const { return sum(sent); }
   /// Rows this rank's experts receive (R_e).
   std::int64_t rows_received() const { return expert_first.back(); }
   /// Rows received for local expert l.
@@ -43,33 +44,11 @@ struct ExpertRows {
     return expert_first[static_cast<std::size_t>(l) + 1] -
            expert_first[static_cast<std::size_t>(l)];
   }
-  /// The rows this rank sends each rank q (times C: element counts of the all_to_all_v).
-  std::vector<std::size_t> send_counts(std::int64_t C) const { return per_rank(sent, C); }
-  /// The rows each source s sends this rank (times C).
-  std::vector<std::size_t> receive_counts(std::int64_t C) const { return per_rank(received, C); }
-
- private:
-  static std::int64_t sum(const std::vector<std::int64_t>& v) {
-    std::int64_t n = 0;
-    for (std::int64_t x : v) n += x;
-    return n;
-  }
-  // Sums of consecutive runs of `local` entries, times C.
-  std::vector<std::size_t> per_rank(const std::vector<std::int64_t>& v, std::int64_t C) const {
-    std::vector<std::size_t> out(static_cast<std::size_t>(ranks), 0);
-    for (int q = 0; q < ranks; ++q) {
-      for (int l = 0; l < local; ++l) {
-        out[static_cast<std::size_t>(q)] +=
-            static_cast<std::size_t>(v[static_cast<std::size_t>(q * local + l)] * C);
-      }
-    }
-    return out;
-  }
 };
 
-/// Exchanges the row counts: sent[e] is how many rows this rank routes to global expert e
-/// (E = ep * local entries). A collective over ep.
-inline ExpertRows exchange_counts(AnyComm& ep, std::span<const std::int64_t> sent) {
+/// Exchanges the row counts: sent[e] is how many rows of C elements this rank routes to global
+/// expert e (E = ep * local entries). A collective over ep.
+inline ExpertRows exchange_counts(AnyComm& ep, std::span<const std::int64_t> sent, std::int64_t C) {
   ExpertRows x;
   x.ranks = ep.size();
   const auto E = static_cast<int>(sent.size());
@@ -80,11 +59,19 @@ inline ExpertRows exchange_counts(AnyComm& ep, std::span<const std::int64_t> sen
   x.received.assign(sent.size(), 0);
   ep.all_to_all(std::span<const std::int64_t>(x.sent), std::span<std::int64_t>(x.received));
   x.expert_first.assign(static_cast<std::size_t>(x.local) + 1, 0);
-  for (int l = 0; l < x.local; ++l) {
-    std::int64_t n = 0;
-    for (int s = 0; s < x.ranks; ++s) n += x.received[static_cast<std::size_t>(s * x.local + l)];
-    x.expert_first[static_cast<std::size_t>(l) + 1] =
-        x.expert_first[static_cast<std::size_t>(l)] + n;
+  x.send_counts.assign(static_cast<std::size_t>(x.ranks), 0);
+  x.receive_counts.assign(static_cast<std::size_t>(x.ranks), 0);
+  for (int q = 0; q < x.ranks; ++q) {
+    for (int l = 0; l < x.local; ++l) {
+      const auto i = static_cast<std::size_t>(q * x.local + l);
+      x.rows_sent += x.sent[i];
+      x.send_counts[static_cast<std::size_t>(q)] += static_cast<std::size_t>(x.sent[i] * C);
+      x.receive_counts[static_cast<std::size_t>(q)] += static_cast<std::size_t>(x.received[i] * C);
+      x.expert_first[static_cast<std::size_t>(l) + 1] += x.received[i];
+    }
+  }
+  for (int l = 0; l < x.local; ++l) {  // counts per expert -> first rows
+    x.expert_first[static_cast<std::size_t>(l) + 1] += x.expert_first[static_cast<std::size_t>(l)];
   }
   return x;
 }
@@ -121,11 +108,10 @@ void regroup_rows(const ExpertRows& x, T* by_source, T* by_expert, std::int64_t 
 template <class T>
 void dispatch(AnyComm& ep, const ExpertRows& x, const T* rows, T* expert_rows, T* scratch,
               std::int64_t C) {
-  const auto R = static_cast<std::size_t>(x.rows_sent() * C);
+  const auto R = static_cast<std::size_t>(x.rows_sent * C);
   const auto Re = static_cast<std::size_t>(x.rows_received() * C);
-  const std::vector<std::size_t> sc = x.send_counts(C), rc = x.receive_counts(C);
-  ep.all_to_all_v(std::span<const T>(rows, R), std::span<const std::size_t>(sc),
-                  std::span<T>(scratch, Re), std::span<const std::size_t>(rc));
+  ep.all_to_all_v(std::span<const T>(rows, R), std::span<const std::size_t>(x.send_counts),
+                  std::span<T>(scratch, Re), std::span<const std::size_t>(x.receive_counts));
   detail::regroup_rows(x, scratch, expert_rows, C, /*to_experts=*/true);
 }
 
@@ -134,12 +120,11 @@ void dispatch(AnyComm& ep, const ExpertRows& x, const T* rows, T* expert_rows, T
 template <class T>
 void combine(AnyComm& ep, const ExpertRows& x, T* expert_rows, T* rows, T* scratch,
              std::int64_t C) {
-  const auto R = static_cast<std::size_t>(x.rows_sent() * C);
+  const auto R = static_cast<std::size_t>(x.rows_sent * C);
   const auto Re = static_cast<std::size_t>(x.rows_received() * C);
   detail::regroup_rows(x, scratch, expert_rows, C, /*to_experts=*/false);
-  const std::vector<std::size_t> sc = x.send_counts(C), rc = x.receive_counts(C);
-  ep.all_to_all_v(std::span<const T>(scratch, Re), std::span<const std::size_t>(rc),
-                  std::span<T>(rows, R), std::span<const std::size_t>(sc));
+  ep.all_to_all_v(std::span<const T>(scratch, Re), std::span<const std::size_t>(x.receive_counts),
+                  std::span<T>(rows, R), std::span<const std::size_t>(x.send_counts));
 }
 
 }  // namespace zero::parallel

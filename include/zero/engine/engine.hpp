@@ -578,10 +578,10 @@ class Engine {
     plan_ = unit_buffer_plan({stage, sizeof(T), sizeof(MasterT), compute_is_master,
                               offload_device_of<typename policies::offload>});
     if constexpr (requires { model_.expert_parallel().size(); }) {
-      expect<ConfigError>(model_.expert_parallel().size() == groups_.ep_size(),
+      expect<ConfigError>(model_.expert_parallel().size() == groups_.ep,
                           "Engine: the model's experts are split over an expert-parallel group of ",
                           model_.expert_parallel().size(),
-                          " ranks but the engine's groups have ep = ", groups_.ep_size(),
+                          " ranks but the engine's groups have ep = ", groups_.ep,
                           " (build the engine from the ProcessGroups the model's group came from)");
     }
     const int n = model_.num_units();
@@ -592,8 +592,9 @@ class Engine {
       bool expert = false;
       if constexpr (nn::HasExpertUnits<M>) expert = model_.unit_is_expert(u);
       s.group = &groups_.shard_group(expert);
-      if (expert) s.grad_scale = groups_.expert_grad_scale();
       const int world = s.group->size(), rank = s.group->rank();
+      // Averaged over its group, a gradient is divided by the whole data-parallel size.
+      s.grad_scale = static_cast<double>(world) / static_cast<double>(comm_.size());
       s.partition.emplace(s.specs, world, options_.shard_alignment);
       const UnitPartition& p = *s.partition;
       for (int used : model_.unit_uses(u)) unit(used).pinned = true;

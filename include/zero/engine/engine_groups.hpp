@@ -3,12 +3,11 @@
 //   dp     the data-parallel group: ZeRO shards every dense unit over it and averages gradients
 //          in it (with expert parallelism: the ep x dp ranks, DeepSpeed's data-parallel group);
 //   expert_dp  with expert parallelism (ep > 1), the expert data-parallel group: the ranks that
-//          hold the same experts (the grid's dp axis). ZeRO shards expert units (the model's
-//          unit_is_expert) over it and averages their gradients in it, scaled by |expert_dp| /
-//          |dp| = 1/ep: an expert has summed the tokens of the whole ep group already, so its
-//          gradient is divided by the whole data-parallel size, as DeepSpeed and Megatron do;
-//   ep     with expert parallelism, the expert-parallel group the model's MoE layers dispatch
-//          over (the engine only checks its size against the model's);
+//          hold the same experts (the grid's dp axis). ZeRO shards
+//          expert units (the model's unit_is_expert) over it and averages their gradients in
+//          it; the engine scales every unit's averaged gradient by |its group| / |dp| (1/ep for
+//          an expert unit: an expert has summed the tokens of the whole ep group already, so its
+//          gradient is divided by the whole data-parallel size, as DeepSpeed and Megatron do);
 //   tp     the tensor-parallel group, when the model is split over one (tp > 1): the global
 //          gradient norm and the Inf/NaN verdict sum over it too, each tensor-parallel part
 //          counted once and parameters whole on every tp rank counted on tp rank 0 only;
@@ -23,12 +22,11 @@
 #include <optional>
 #include <utility>
 
-#include <zero/core/error.hpp>
-
 #include <parallel/comm/any_comm.hpp>
 #include <parallel/comm/communicator.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/topology.hpp>
+#include <zero/core/error.hpp>
 
 namespace zero::engine {
 
@@ -36,10 +34,11 @@ namespace zero::engine {
 struct EngineGroups {
   parallel::AnyComm dp;                        ///< ZeRO's data-parallel group (dense units)
   std::optional<parallel::AnyComm> expert_dp;  ///< expert units' group (ep > 1 only)
-  std::optional<parallel::AnyComm> ep;         ///< the expert-parallel group (ep > 1 only)
   std::optional<parallel::AnyComm> tp;         ///< the tensor-parallel group (tp > 1 only)
   std::optional<parallel::AnyComm> pp;         ///< the pipeline-parallel group (pp > 1 only)
   std::optional<parallel::AnyComm> state;      ///< tp x dp x pp (tp or pp > 1 only; else dp)
+  /// The grid's expert-parallel size (the engine checks the model's experts against it).
+  int ep = 1;
   /// Ranks that read different samples: |dp|, except with Ulysses sequence parallelism, whose
   /// sp ranks share their samples (|dp| / sp). DeepSpeed's batch arithmetic divides by it.
   int sample_ranks = 0;
@@ -59,10 +58,8 @@ struct EngineGroups {
     using parallel::Axis;
     const bool split_tp = groups.grid().size(Axis::tp) > 1;
     const bool split_pp = groups.grid().size(Axis::pp) > 1;
-    if (groups.grid().size(Axis::ep) > 1) {
-      expert_dp.emplace(groups.dp());
-      ep.emplace(groups.ep());
-    }
+    ep = groups.grid().size(Axis::ep);
+    if (ep > 1) expert_dp.emplace(groups.dp());
     if (split_tp) tp.emplace(groups.tp());
     if (split_pp) {
       pp.emplace(groups.pp());
@@ -78,15 +75,8 @@ struct EngineGroups {
   int tp_rank() const { return tp ? tp->rank() : 0; }
   /// The group checkpoints run over.
   parallel::AnyComm& state_group() { return state ? *state : dp; }
-  /// Ranks of the expert-parallel group (1 without one).
-  int ep_size() const { return ep ? ep->size() : 1; }
   /// The group ZeRO shards a unit over: expert_dp for an expert unit when there is one, else dp.
   parallel::AnyComm& shard_group(bool expert) { return expert && expert_dp ? *expert_dp : dp; }
-  /// The factor an expert unit's averaged gradient is scaled by: |expert_dp| / |dp| (1/ep).
-  double expert_grad_scale() const {
-    return expert_dp ? static_cast<double>(expert_dp->size()) / static_cast<double>(dp.size())
-                     : 1.0;
-  }
 
  private:
   // The data-parallel group of the grid: ep x dp with expert parallelism, else dp (dp x cp).

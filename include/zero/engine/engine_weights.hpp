@@ -108,8 +108,8 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
     }
   };
   auto& groups = eng.groups();
-  expect<CheckpointError>(groups.ep_size() == 1, "save_gpt2_weights('", file.string(),
-                          "'): the experts are split over ", groups.ep_size(),
+  expect<CheckpointError>(groups.ep == 1, "save_gpt2_weights('", file.string(),
+                          "'): the experts are split over ", groups.ep,
                           " expert-parallel ranks; save a checkpoint and convert it with "
                           "zero_to_safetensors instead");
   const bool writes = eng.rank() == 0 && groups.tp_rank() == 0;

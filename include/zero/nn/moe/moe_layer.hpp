@@ -86,64 +86,67 @@ class MixtureOfExperts final : public Layer<T> {
     using ops::cpu::load;
     const std::int64_t N = rows_of(ctx.x, C_, describe());
     const int E = cfg_.num_experts;
+    Arena<Host>& arena = *ctx.arena;
     input_ = ctx.x;
-    // Router logits in the compute type.
-    Tensor<A> logits = zeros<A>(ctx, {N, E});
-    const T* wg = gate_.value.data();
-    for (std::int64_t t = 0; t < N; ++t) {
-      for (int e = 0; e < E; ++e) {
-        A dot = 0;
-        for (std::int64_t c = 0; c < C_; ++c) {
-          dot += load(input_.data()[t * C_ + c]) * load(wg[e * C_ + c]);
+    {  // Router logits in the compute type (scratch: route() keeps what backward needs).
+      const auto mark = arena.mark();
+      Tensor<A> logits = arena.template allocate<A>({N, E});
+      const T* wg = gate_.value.data();
+      for (std::int64_t t = 0; t < N; ++t) {
+        for (int e = 0; e < E; ++e) {
+          A dot = 0;
+          for (std::int64_t c = 0; c < C_; ++c) {
+            dot += load(input_.data()[t * C_ + c]) * load(wg[e * C_ + c]);
+          }
+          logits.data()[t * E + e] = dot;
         }
-        logits.data()[t * E + e] = dot;
       }
+      routing_ = route(logits.data(), N, cfg_);
+      arena.release(mark);
     }
-    routing_ = route(logits.data(), N, cfg_);
-    // Each expert's kept tokens as consecutive rows.
+    // Each expert's kept tokens as consecutive rows; the local experts' rows are this rank's
+    // own, or those the expert-parallel ranks send.
     first_row_.assign(static_cast<std::size_t>(E) + 1, 0);
     for (int e = 0; e < E; ++e) first_row_[e + 1] = first_row_[e] + routing_.kept[e];
-    const std::int64_t R = rows_routed();
-    Tensor<T> rows_in = ctx.arena->template allocate<T>({R, C_});
-    rows_out_ = ctx.arena->template allocate<T>({R, C_});
-    for_each_kept([&](std::int64_t t, int, std::int64_t row) {
-      std::copy(input_.data() + t * C_, input_.data() + (t + 1) * C_, rows_in.data() + row * C_);
-    });
-    // The local experts' rows: this rank's own, or those the expert-parallel ranks sent.
-    if (ep().active()) {
-      exchange_ = parallel::exchange_counts(
-          ep().comm(), std::span<const std::int64_t>(routing_.kept.data(), routing_.kept.size()));
-      expert_in_ = ctx.arena->template allocate<T>({expert_rows(), C_});
-      dispatch(ctx, rows_in, expert_in_);
+    const std::span<const std::int64_t> kept(routing_.kept.data(), routing_.kept.size());
+    exchange_ = ep().active() ? parallel::exchange_counts(ep().comm(), kept, C_) : local_exchange();
+    const std::int64_t R = rows_routed(), Re = expert_rows();
+    expert_in_ = arena.template allocate<T>({Re, C_});
+    fc_ = arena.template allocate<T>({Re, H_});
+    act_ = arena.template allocate<T>({Re, H_});
+    rows_out_ = arena.template allocate<T>({R, C_});
+    auto gather_rows = [&](Tensor<T> rows) {
+      for_each_kept([&](std::int64_t t, int, std::int64_t row) {
+        std::copy(input_.data() + t * C_, input_.data() + (t + 1) * C_, rows.data() + row * C_);
+      });
+    };
+    if (ep().active()) {  // this rank's rows and the experts' outputs are only in flight
+      const auto mark = arena.mark();
+      Tensor<T> rows = arena.template allocate<T>({R, C_});
+      gather_rows(rows);
+      dispatch(ctx, rows, expert_in_);
+      Tensor<T> expert_out = arena.template allocate<T>({Re, C_});
+      run_experts(expert_out);
+      combine(ctx, expert_out, rows_out_);
+      arena.release(mark);
     } else {
-      exchange_ = local_exchange();
-      expert_in_ = rows_in;
+      gather_rows(expert_in_);
+      run_experts(rows_out_);
     }
-    const std::int64_t Re = expert_rows();
-    fc_ = ctx.arena->template allocate<T>({Re, H_});
-    act_ = ctx.arena->template allocate<T>({Re, H_});
-    Tensor<T> expert_out = ep().active() ? ctx.arena->template allocate<T>({Re, C_}) : rows_out_;
-    for (int l = 0; l < experts().local_experts(); ++l) {
-      const std::int64_t first = exchange_.expert_first[static_cast<std::size_t>(l)];
-      const std::int64_t n = exchange_.expert_rows(l);
-      if (n == 0) continue;
-      ops::cpu::linear_forward<T>(fc_.data() + first * H_, expert_in_.data() + first * C_,
-                                  experts().value(l, 0), experts().value(l, 1), n, C_, H_);
-      ops::cpu::gelu_forward<T>(act_.data() + first * H_, fc_.data() + first * H_, n * H_);
-      ops::cpu::linear_forward<T>(expert_out.data() + first * C_, act_.data() + first * H_,
-                                  experts().value(l, 2), experts().value(l, 3), n, H_, C_);
-    }
-    if (ep().active()) combine(ctx, expert_out, rows_out_);
     // Combine: y_t = sum_j w_j * expert_j(x_t), summed in the compute type, rounded once.
-    Tensor<A> acc = zeros<A>(ctx, {N, C_});
-    for_each_kept([&](std::int64_t t, int j, std::int64_t row) {
-      const A w = routing_.weight[routing_.at(t, j)];
-      for (std::int64_t c = 0; c < C_; ++c) {
-        acc.data()[t * C_ + c] += w * load(rows_out_.data()[row * C_ + c]);
-      }
-    });
-    Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
-    for (std::int64_t i = 0; i < N * C_; ++i) y.data()[i] = ops::cpu::store<T>(acc.data()[i]);
+    Tensor<T> y = arena.template allocate<T>(ctx.x.shape());
+    {
+      const auto mark = arena.mark();
+      Tensor<A> acc = zeros<A>(ctx, {N, C_});
+      for_each_kept([&](std::int64_t t, int j, std::int64_t row) {
+        const A w = routing_.weight[routing_.at(t, j)];
+        for (std::int64_t c = 0; c < C_; ++c) {
+          acc.data()[t * C_ + c] += w * load(rows_out_.data()[row * C_ + c]);
+        }
+      });
+      for (std::int64_t i = 0; i < N * C_; ++i) y.data()[i] = ops::cpu::store<T>(acc.data()[i]);
+      arena.release(mark);
+    }
     ctx.aux_loss += static_cast<A>(cfg_.aux_loss_coef) * routing_.aux_loss +
                     static_cast<A>(cfg_.z_loss_coef) * routing_.z_loss;
     stats_ = {static_cast<double>(routing_.aux_loss), static_cast<double>(routing_.z_loss),
@@ -249,7 +252,7 @@ class MixtureOfExperts final : public Layer<T> {
   /// Rows this rank's experts ran in the last forward (its own tokens' when ep = 1).
   std::int64_t last_expert_rows() const { return exchange_.rows_received(); }
   /// Rows this rank routed in the last forward (kept choices of its tokens).
-  std::int64_t last_routed_rows() const { return exchange_.rows_sent(); }
+  std::int64_t last_routed_rows() const { return exchange_.rows_sent; }
 
  private:
   MixtureOfExperts(std::string name, RouterConfig router, double gate_stddev,
@@ -280,7 +283,21 @@ class MixtureOfExperts final : public Layer<T> {
     x.sent.assign(routing_.kept.begin(), routing_.kept.end());
     x.received = x.sent;
     x.expert_first = first_row_;
+    x.rows_sent = first_row_.back();
     return x;
+  }
+  // Runs each local expert's MLP on its rows of expert_in_ into out [R_e, C] (fc_, act_ kept).
+  void run_experts(Tensor<T> out) {
+    for (int l = 0; l < experts().local_experts(); ++l) {
+      const std::int64_t first = exchange_.expert_first[static_cast<std::size_t>(l)];
+      const std::int64_t n = exchange_.expert_rows(l);
+      if (n == 0) continue;
+      ops::cpu::linear_forward<T>(fc_.data() + first * H_, expert_in_.data() + first * C_,
+                                  experts().value(l, 0), experts().value(l, 1), n, C_, H_);
+      ops::cpu::gelu_forward<T>(act_.data() + first * H_, fc_.data() + first * H_, n * H_);
+      ops::cpu::linear_forward<T>(out.data() + first * C_, act_.data() + first * H_,
+                                  experts().value(l, 2), experts().value(l, 3), n, H_, C_);
+    }
   }
   // Sends rows [R, C] to the experts' ranks (expert_rows [R_e, C]), and back.
   void dispatch(StepContext<T>& ctx, Tensor<T> rows, Tensor<T> expert_rows) {
