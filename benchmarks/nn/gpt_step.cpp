@@ -11,6 +11,8 @@
 //
 //   ./gpt_step [--model gpt2|small-test|...] [--batch B] [--seq T] [--threads 1,2] [--steps 3]
 //              [--dtype f32,bf16] [--gemm-shapes 1|0]
+//              [--layers L --heads H --channels C --vocab V]  (override the preset's sizes)
+// After each (dtype, threads) row, a "gpt_step_ops" row gives one more step's time per layer kind.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -159,10 +161,38 @@ const char* gemm_path() {
 
 // One JSON row per (dtype, threads): tokens/s of a training step beside the raw GEMM GFLOP/s of
 // the step's forward shapes; per-shape rows when gemm_rows is set.
+// The per-op breakdown of one more step: ms per layer kind (profile/op_times.hpp) and each
+// kind's fraction of the step's summed op time.
 template <class T>
-void bench_model(const std::string& model_name, std::int64_t B, std::int64_t T_len, int steps,
-                 const std::vector<int>& thread_counts, bool gemm_rows) {
-  const zero::nn::GPTConfig cfg = zero::nn::GPTConfig::preset(model_name);
+void print_op_breakdown(zero::nn::GPT<T>& model, zero::nn::StepContext<T> ctx,
+                        const std::string& model_name, int threads) {
+  zero::profile::OpTimes times;
+  ctx.op_times = &times;
+  (void)model.forward(ctx);
+  model.backward(ctx);
+  const double total = times.total();
+  std::string ms, fraction;
+  for (const auto& [kind, s] : times.seconds()) {
+    char item[160];
+    std::snprintf(item, sizeof item, "%s\"%s\": %.2f", ms.empty() ? "" : ", ", kind.c_str(),
+                  s * 1e3);
+    ms += item;
+    std::snprintf(item, sizeof item, "%s\"%s\": %.3f", fraction.empty() ? "" : ", ", kind.c_str(),
+                  s / total);
+    fraction += item;
+  }
+  std::printf(
+      "{\"bench\": \"gpt_step_ops\", \"config\": {\"model\": \"%s\", \"B\": %lld, \"T\": "
+      "%lld, \"dtype\": \"%s\", \"threads\": %d}, \"value\": %.2f, \"unit\": \"ms\", "
+      "\"ms\": {%s}, \"fraction\": {%s}}\n",
+      model_name.c_str(), static_cast<long long>(ctx.batch), static_cast<long long>(ctx.seq_len),
+      dtype_name<T>(), threads, total * 1e3, ms.c_str(), fraction.c_str());
+}
+
+template <class T>
+void bench_model(const std::string& model_name, const zero::nn::GPTConfig& cfg, std::int64_t B,
+                 std::int64_t T_len, int steps, const std::vector<int>& thread_counts,
+                 bool gemm_rows) {
   zero::nn::GPT<T> model(cfg);
   zero::nn::LocalParameters<zero::nn::GPT<T>> params(model, 1234);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T_len)), targets(tokens.size());
@@ -190,20 +220,21 @@ void bench_model(const std::string& model_name, std::int64_t B, std::int64_t T_l
     set_threads(threads);
     double best = 1e30;
     float loss = 0;
+    zero::nn::StepContext<T> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = tokens.data();
+    ctx.targets = targets.data();
+    ctx.batch = B;
+    ctx.seq_len = T_len;
     for (int s = 0; s < steps + 1; ++s) {  // the first step warms up
       params.zero_grads();
-      zero::nn::StepContext<T> ctx;
-      ctx.arena = &arena;
-      ctx.tokens = tokens.data();
-      ctx.targets = targets.data();
-      ctx.batch = B;
-      ctx.seq_len = T_len;
       const auto t0 = Clock::now();
       loss = zero::convert<float>(model.forward(ctx));
       model.backward(ctx);
       const double t = seconds_since(t0);
       if (s > 0) best = std::min(best, t);
     }
+    print_op_breakdown(model, ctx, model_name, threads);
     double gemm_flops = 0, raw_seconds = 0;
     for (const Mm& s : shapes) {
       const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
@@ -250,10 +281,19 @@ int main(int argc, char** argv) {
   bool gemm_rows = true;
   std::vector<int> thread_counts = {1, 2};
   std::vector<std::string> dtypes = {"f32", "bf16"};
+  std::int64_t layers = 0, heads = 0, channels = 0, vocab = 0;  // 0: the preset's
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model")
       model_name = value;
+    else if (flag == "--layers")
+      layers = std::atoll(value.c_str());
+    else if (flag == "--heads")
+      heads = std::atoll(value.c_str());
+    else if (flag == "--channels")
+      channels = std::atoll(value.c_str());
+    else if (flag == "--vocab")
+      vocab = std::atoll(value.c_str());
     else if (flag == "--batch")
       B = std::atoll(value.c_str());
     else if (flag == "--seq")
@@ -272,11 +312,22 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  zero::nn::GPTConfig cfg = zero::nn::GPTConfig::preset(model_name);
+  if (layers > 0) cfg.num_layers = layers;
+  if (heads > 0) cfg.num_heads = heads;
+  if (channels > 0) cfg.channels = channels;
+  if (vocab > 0) cfg.vocab_size = vocab;
+  cfg.max_seq_len = std::max(cfg.max_seq_len, T);
+  if (layers > 0 || heads > 0 || channels > 0 || vocab > 0) {
+    model_name = "custom-" + std::to_string(cfg.num_layers) + "L-" + std::to_string(cfg.channels) +
+                 "C-" + std::to_string(cfg.num_heads) + "H-" + std::to_string(cfg.vocab_size) + "V";
+  }
+  cfg.validate();
   for (const std::string& dtype : dtypes) {
     if (dtype == "f32") {
-      bench_model<float>(model_name, B, T, steps, thread_counts, gemm_rows);
+      bench_model<float>(model_name, cfg, B, T, steps, thread_counts, gemm_rows);
     } else if (dtype == "bf16") {
-      bench_model<bf16>(model_name, B, T, steps, thread_counts, gemm_rows);
+      bench_model<bf16>(model_name, cfg, B, T, steps, thread_counts, gemm_rows);
     } else {
       std::fprintf(stderr, "unknown dtype %s (expected f32 or bf16)\n", dtype.c_str());
       return 2;

@@ -8,6 +8,7 @@
 // the same target and are entered after a run-time CPU check (cpu/isa.hpp). Every conversion
 // gives the bits of the scalar one in zero/core/bfloat16.hpp and float16.hpp (tested).
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -45,6 +46,21 @@ struct ScalarHostOps : ScalarOps {
   }
   /// x rounded to f16, nearest even.
   static void store_f16(std::uint16_t* p, float x) { *p = f16::round_nearest_even(x); }
+
+  // For the host op kernels (ops/cpu/vector_math.hpp): each as the vector instructions do it.
+  /// a < b ? a : b (b when either is NaN, as minps).
+  static float min(float a, float b) { return a < b ? a : b; }
+  /// a > b ? a : b (b when either is NaN, as maxps).
+  static float max(float a, float b) { return a > b ? a : b; }
+  /// x rounded to the nearest integer, ties to even (the default rounding mode).
+  static float round_nearest(float x) { return std::nearbyint(x); }
+  /// x * 2^n for an integral n in [-126, 127], exactly (n's bits as the exponent of a float).
+  static float scale_pow2(float x, float n) {
+    const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
+    float p;
+    std::memcpy(&p, &bits, sizeof p);
+    return x * p;
+  }
 };
 
 #if defined(ZERO_OPTIM_HAVE_X86)
@@ -141,6 +157,20 @@ struct Avx2Ops {
   ZERO_OPTIM_TARGET_AVX2 static void store_f16(std::uint16_t* p, const V& x) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm256_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  /// Per lane as ScalarHostOps::min.
+  ZERO_OPTIM_TARGET_AVX2 static V min(const V& a, const V& b) { return {_mm256_min_ps(a.v, b.v)}; }
+  /// Per lane as ScalarHostOps::max.
+  ZERO_OPTIM_TARGET_AVX2 static V max(const V& a, const V& b) { return {_mm256_max_ps(a.v, b.v)}; }
+  /// Per lane as ScalarHostOps::round_nearest.
+  ZERO_OPTIM_TARGET_AVX2 static V round_nearest(const V& x) {
+    return {_mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  }
+  /// Per lane as ScalarHostOps::scale_pow2.
+  ZERO_OPTIM_TARGET_AVX2 static V scale_pow2(const V& x, const V& n) {
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127)), 23);
+    return {_mm256_mul_ps(x.v, _mm256_castsi256_ps(e))};
   }
 };
 
@@ -243,6 +273,24 @@ struct Avx512Ops {
   ZERO_OPTIM_TARGET_AVX512 static void store_f16(std::uint16_t* p, const V& x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_maskz_cvtps_ph(all16, x.v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  /// Per lane as ScalarHostOps::min.
+  ZERO_OPTIM_TARGET_AVX512 static V min(const V& a, const V& b) {
+    return {_mm512_maskz_min_ps(all16, a.v, b.v)};
+  }
+  /// Per lane as ScalarHostOps::max.
+  ZERO_OPTIM_TARGET_AVX512 static V max(const V& a, const V& b) {
+    return {_mm512_maskz_max_ps(all16, a.v, b.v)};
+  }
+  /// Per lane as ScalarHostOps::round_nearest.
+  ZERO_OPTIM_TARGET_AVX512 static V round_nearest(const V& x) {
+    return {_mm512_maskz_roundscale_ps(all16, x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  }
+  /// Per lane as ScalarHostOps::scale_pow2.
+  ZERO_OPTIM_TARGET_AVX512 static V scale_pow2(const V& x, const V& n) {
+    const __m512i e = _mm512_maskz_slli_epi32(
+        all16, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(all16, n.v), _mm512_set1_epi32(127)), 23);
+    return {_mm512_mul_ps(x.v, _mm512_castsi512_ps(e))};
   }
 };
 

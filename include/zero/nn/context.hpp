@@ -13,6 +13,7 @@
 #include <zero/core/dtype.hpp>
 #include <zero/core/tensor.hpp>
 #include <zero/nn/inputs.hpp>
+#include <zero/profile/op_times.hpp>
 
 namespace zero::nn {
 
@@ -43,6 +44,9 @@ struct StepContext {
   /// Set for the input half of a split backward (zero-bubble pipeline schedules): layers that
   /// can, leave their weight-gradient GEMMs here (deferred_weight_grads.hpp); null otherwise.
   DeferredWeightGrads<T>* weight_grads = nullptr;
+  /// When set, Sequential times each layer's forward and backward into it by layer kind
+  /// (profile/op_times.hpp); null (the default) times nothing.
+  profile::OpTimes* op_times = nullptr;
 
   /// Number of token positions B * T.
   std::int64_t tokens_count() const { return batch * seq_len; }

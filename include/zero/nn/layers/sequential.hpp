@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -141,6 +142,7 @@ class Sequential {
         const auto n = static_cast<std::size_t>(shape.numel());
         if (buffer.size() < n) buffer = Buffer<T>(n);
         ctx.dx = buffer.view(shape);
+        const profile::OpTimes::Scope zeroing(ctx.op_times, "Sequential");
         if (k == 0 && input_grad_start.data() != nullptr) {
           expect<ShapeError>(input_grad_start.numel() == ctx.dx.numel(),
                              "Sequential::backward: the input gradient start has ",
@@ -151,7 +153,10 @@ class Sequential {
           for (T& v : ctx.dx) v = T(0);
         }
       }
-      layers_[k]->backward(ctx);
+      {
+        const profile::OpTimes::Scope timed(ctx.op_times, kind_of(*layers_[k], ctx));
+        layers_[k]->backward(ctx);
+      }
       ctx.dy = ctx.dx;
     }
     ctx.arena->release(mark_);
@@ -202,8 +207,15 @@ class Sequential {
     for (const auto& l : layers_) {
       // An empty shape marks a layer with no input (an input layer): it gets no dx.
       input_shapes_.push_back(ctx.x.data() != nullptr ? ctx.x.shape() : Shape{});
+      const profile::OpTimes::Scope timed(ctx.op_times, kind_of(*l, ctx));
       l->forward(ctx);
     }
+  }
+
+  // The layer's kind for the op timer, only when one is set (describe() builds a string).
+  static std::string kind_of(const Layer<T>& layer, const StepContext<T>& ctx) {
+    if (ctx.op_times == nullptr) return {};
+    return std::string(profile::OpTimes::kind_of(layer.describe()));
   }
 
   std::vector<std::unique_ptr<Layer<T>>> layers_;
