@@ -1,21 +1,37 @@
 // The dispatched host kernels (ops/cpu/isa_dispatch.hpp): every vector path the CPU has gives
 // the scalar path's bits on odd sizes (tails, several chunks), every path is within a few ulp of
 // the double reference, and the float kernels do not depend on the thread count.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <zero/ops/cpu/cross_entropy.hpp>
+#include <zero/ops/cpu/dropout.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
+#include <zero/ops/cpu/embedding.hpp>
 #include <zero/ops/cpu/gelu.hpp>
 #include <zero/ops/cpu/isa_dispatch.hpp>
+#include <zero/ops/cpu/layer_norm.hpp>
+#include <zero/ops/cpu/linear.hpp>
+#include <zero/ops/cpu/rms_norm.hpp>
 #include <zero/ops/cpu/vector_math.hpp>
 #include "gradcheck.hpp"
 
 using namespace zero::ops::cpu;
 using zero::bf16;
+using zero::f16;
 using zero::testing::random_vector;
 
 namespace {
@@ -113,5 +129,428 @@ TEST_CASE("gelu f32 is within a few ulp of the double formula, large |x| include
     // Relative to the value, with an absolute floor where y or y' pass through zero.
     CHECK(std::abs(both[i] - yd[i]) <= 4e-7 * std::abs(yd[i]) + 1e-7);
     CHECK(std::abs(both[xd.size() + i] - dd[i]) <= 4e-7 * std::abs(dd[i]) + 4e-7);
+  }
+}
+
+namespace {
+
+// A kernel run's outputs as one byte string, for bitwise comparison.
+struct Bytes {
+  std::vector<unsigned char> data;
+  template <class T>
+  void add(const std::vector<T>& v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+    data.insert(data.end(), p, p + v.size() * sizeof(T));
+  }
+  bool operator==(const Bytes&) const = default;
+};
+
+// run() at threads OpenMP threads (the thread count is restored).
+template <class Fn>
+Bytes with_threads([[maybe_unused]] int threads, Fn&& run) {
+#if defined(_OPENMP)
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  Bytes out = run();
+  omp_set_num_threads(saved);
+  return out;
+#else
+  return run();
+#endif
+}
+
+// Every vector ISA gives the scalar path's bytes, and 1 and 2 threads give the same bytes on
+// every path.
+template <class Fn>
+void check_paths(Fn&& run) {
+  std::vector<Isa> isas{Isa::scalar};
+  for (Isa isa : vector_isas()) isas.push_back(isa);
+  const Bytes reference = with_isa(Isa::scalar, [&] { return with_threads(1, run); });
+  CHECK(!reference.data.empty());
+  for (Isa isa : isas) {
+    INFO("isa " << zero::optim::name_of(isa));
+    CHECK(with_isa(isa, [&] { return with_threads(1, run); }) == reference);
+    CHECK(with_isa(isa, [&] { return with_threads(2, run); }) == reference);
+  }
+}
+
+// Normwise relative difference of got against the double reference: max |got - ref| / max |ref|.
+template <class T>
+double normwise_error(const std::vector<T>& got, const std::vector<double>& ref) {
+  REQUIRE(got.size() == ref.size());
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(zero::convert<float>(got[i])) - ref[i]));
+    scale = std::max(scale, std::abs(ref[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// The f32 kernels against the double ones on the same (float-representable) inputs: every
+// output within this normwise relative error (float rounding in sums of up to a few hundred
+// terms and vmath::exp's 2 ulp, with margin).
+constexpr double f32_vs_f64_tolerance = 2e-5;
+
+std::vector<double> float_values(std::size_t n, std::uint64_t seed, double scale = 1.0) {
+  auto v = random_vector(n, seed, scale);
+  for (auto& x : v) x = static_cast<float>(x);
+  return v;
+}
+
+template <class T>
+std::vector<T> cast(const std::vector<double>& v) {
+  if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return as<T>(v);
+  }
+}
+
+// LayerNorm forward and backward over N rows of C, all outputs as doubles and bytes.
+template <class T>
+Bytes layer_norm_run(std::int64_t N, std::int64_t C, std::vector<std::vector<double>>* values) {
+  using A = zero::compute_type_t<T>;
+  const auto n = static_cast<std::size_t>(N * C), c = static_cast<std::size_t>(C);
+  const auto x = cast<T>(float_values(n, 31, 3.0)), w = cast<T>(float_values(c, 32)),
+             b = cast<T>(float_values(c, 33)), dy = cast<T>(float_values(n, 34));
+  std::vector<T> out(n), dx = cast<T>(float_values(n, 35)), dw = cast<T>(float_values(c, 36)),
+                         db = cast<T>(float_values(c, 37));
+  std::vector<A> mean(static_cast<std::size_t>(N)), rstd(static_cast<std::size_t>(N));
+  layer_norm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layer_norm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                      rstd.data(), N, C);
+  Bytes bytes;
+  bytes.add(out), bytes.add(mean), bytes.add(rstd), bytes.add(dx), bytes.add(dw), bytes.add(db);
+  if (values != nullptr) {
+    auto to_double = [](const auto& v) {
+      std::vector<double> d(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
+      return d;
+    };
+    *values = {to_double(out), to_double(mean), to_double(rstd),
+               to_double(dx),  to_double(dw),   to_double(db)};
+  }
+  return bytes;
+}
+
+// Compares each output of the f32 run with the double run.
+void check_against_double(const std::vector<std::vector<double>>& f32,
+                          const std::vector<std::vector<double>>& f64) {
+  REQUIRE(f32.size() == f64.size());
+  for (std::size_t k = 0; k < f32.size(); ++k) {
+    INFO("output " << k);
+    CHECK(normwise_error(f32[k], f64[k]) <= f32_vs_f64_tolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "layer_norm: every ISA and thread count the same bits, f32 / bf16 / f16, and f32 "
+    "near f64",
+    "[unit][ops]") {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{
+      {1, 1}, {3, 7}, {5, 17}, {2, 33}, {7, 63}, {9, 65}, {45, 768}, {300, 129}, {2, 4097}};
+  for (auto [N, C] : shapes) {
+    INFO("N " << N << " C " << C);
+    check_paths([&] { return layer_norm_run<float>(N, C, nullptr); });
+    check_paths([&] { return layer_norm_run<bf16>(N, C, nullptr); });
+    check_paths([&] { return layer_norm_run<f16>(N, C, nullptr); });
+    std::vector<std::vector<double>> f32, f64;
+    layer_norm_run<float>(N, C, &f32);
+    layer_norm_run<double>(N, C, &f64);
+    check_against_double(f32, f64);
+  }
+}
+
+namespace {
+
+template <class T>
+Bytes rms_norm_run(std::int64_t N, std::int64_t C, std::vector<std::vector<double>>* values) {
+  using A = zero::compute_type_t<T>;
+  const auto n = static_cast<std::size_t>(N * C), c = static_cast<std::size_t>(C);
+  const auto x = cast<T>(float_values(n, 41, 3.0)), w = cast<T>(float_values(c, 42)),
+             dy = cast<T>(float_values(n, 43));
+  std::vector<T> out(n), dx = cast<T>(float_values(n, 44)), dw = cast<T>(float_values(c, 45));
+  std::vector<A> rstd(static_cast<std::size_t>(N));
+  rms_norm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C);
+  rms_norm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+  Bytes bytes;
+  bytes.add(out), bytes.add(rstd), bytes.add(dx), bytes.add(dw);
+  if (values != nullptr) {
+    auto to_double = [](const auto& v) {
+      std::vector<double> d(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
+      return d;
+    };
+    *values = {to_double(out), to_double(rstd), to_double(dx), to_double(dw)};
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("rms_norm: every ISA and thread count the same bits, f32 / bf16, and f32 near f64",
+          "[unit][ops]") {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{
+      {1, 1}, {3, 7}, {5, 17}, {2, 33}, {9, 65}, {45, 768}, {300, 129}};
+  for (auto [N, C] : shapes) {
+    INFO("N " << N << " C " << C);
+    check_paths([&] { return rms_norm_run<float>(N, C, nullptr); });
+    check_paths([&] { return rms_norm_run<bf16>(N, C, nullptr); });
+    std::vector<std::vector<double>> f32, f64;
+    rms_norm_run<float>(N, C, &f32);
+    rms_norm_run<double>(N, C, &f64);
+    check_against_double(f32, f64);
+  }
+}
+
+namespace {
+
+// Targets for N rows over V: row 1 ignored, the others spread over the vocabulary.
+std::vector<std::int32_t> ce_targets(std::int64_t N, std::int64_t V) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(N));
+  for (std::int64_t n = 0; n < N; ++n) {
+    t[static_cast<std::size_t>(n)] =
+        n == 1 ? ignore_index : static_cast<std::int32_t>((n * 7919 + 3) % V);
+  }
+  return t;
+}
+
+template <class T>
+Bytes cross_entropy_run(std::int64_t N, std::int64_t V, std::vector<std::vector<double>>* values) {
+  using A = zero::compute_type_t<T>;
+  const auto logits = cast<T>(float_values(static_cast<std::size_t>(N * V), 51, 8.0));
+  const auto targets = ce_targets(N, V);
+  std::vector<A> losses(static_cast<std::size_t>(N));
+  // dlogits is written, not accumulated: start from garbage to see every element written.
+  std::vector<T> dlogits = cast<T>(float_values(static_cast<std::size_t>(N * V), 52, 100.0));
+  const std::vector<A> mean{
+      cross_entropy_forward(losses.data(), logits.data(), targets.data(), N, V)};
+  cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), N, V, A(0.7));
+  Bytes bytes;
+  bytes.add(losses), bytes.add(mean), bytes.add(dlogits);
+  if (values != nullptr) {
+    auto to_double = [](const auto& v) {
+      std::vector<double> d(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
+      return d;
+    };
+    *values = {to_double(losses), to_double(mean), to_double(dlogits)};
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "cross_entropy: every ISA and thread count the same bits, f32 / bf16, V = 50257, and "
+    "f32 near f64",
+    "[unit][ops]") {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{{1, 1},  {2, 7},     {3, 17},
+                                                                  {3, 33}, {5, 16383}, {4, 50257}};
+  for (auto [N, V] : shapes) {
+    INFO("N " << N << " V " << V);
+    check_paths([&] { return cross_entropy_run<float>(N, V, nullptr); });
+    check_paths([&] { return cross_entropy_run<bf16>(N, V, nullptr); });
+    std::vector<std::vector<double>> f32, f64;
+    cross_entropy_run<float>(N, V, &f32);
+    cross_entropy_run<double>(N, V, &f64);
+    check_against_double(f32, f64);
+    // Ignored row: zero loss and zero gradient.
+    if (N > 1) {
+      CHECK(f32[0][1] == 0.0);
+      for (std::int64_t v = 0; v < V; ++v) REQUIRE(f32[2][static_cast<std::size_t>(V + v)] == 0.0);
+    }
+  }
+}
+
+namespace {
+
+const std::vector<std::int64_t> elementwise_sizes{1,    7,    17,           33,   4095,
+                                                  4096, 4097, 3 * 4096 + 5, 40000};
+
+template <class T>
+Bytes add_run(std::int64_t n, std::vector<std::vector<double>>* values) {
+  const auto a = cast<T>(float_values(static_cast<std::size_t>(n), 61)),
+             b = cast<T>(float_values(static_cast<std::size_t>(n), 62));
+  std::vector<T> out(a.size()), acc = cast<T>(float_values(static_cast<std::size_t>(n), 63));
+  add(out.data(), a.data(), b.data(), n);
+  accumulate(acc.data(), a.data(), n);
+  Bytes bytes;
+  bytes.add(out), bytes.add(acc);
+  if (values != nullptr) {
+    std::vector<double> o(out.size()), c(acc.size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      o[i] = zero::convert<double>(out[i]);
+      c[i] = zero::convert<double>(acc[i]);
+    }
+    *values = {o, c};
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("add / accumulate: every ISA and thread count the same bits, f32 / bf16 / f16",
+          "[unit][ops]") {
+  for (std::int64_t n : elementwise_sizes) {
+    INFO("n " << n);
+    check_paths([&] { return add_run<float>(n, nullptr); });
+    check_paths([&] { return add_run<bf16>(n, nullptr); });
+    check_paths([&] { return add_run<f16>(n, nullptr); });
+    std::vector<std::vector<double>> f32, f64;
+    add_run<float>(n, &f32);
+    add_run<double>(n, &f64);
+    check_against_double(f32, f64);
+  }
+}
+
+namespace {
+
+template <class T>
+Bytes dropout_run(std::int64_t n, double p) {
+  const zero::CounterRng rng(1234);
+  const auto x = cast<T>(float_values(static_cast<std::size_t>(n), 71, 4.0)),
+             dy = cast<T>(float_values(static_cast<std::size_t>(n), 72));
+  std::vector<T> out = cast<T>(float_values(static_cast<std::size_t>(n), 73)),
+                 dx = cast<T>(float_values(static_cast<std::size_t>(n), 74));
+  dropout_forward(out.data(), x.data(), n, p, rng, 5);
+  dropout_backward(dx.data(), dy.data(), n, p, rng, 5);
+  Bytes bytes;
+  bytes.add(out), bytes.add(dx);
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "dropout: every ISA and thread count the same bits, f32 / bf16, and the mask of "
+    "DropoutMask::keep",
+    "[unit][ops]") {
+  for (double p : {0.0, 0.1, 0.5}) {
+    for (std::int64_t n : elementwise_sizes) {
+      INFO("p " << p << " n " << n);
+      check_paths([&] { return dropout_run<float>(n, p); });
+      check_paths([&] { return dropout_run<bf16>(n, p); });
+      // f32 against the definition, element by element (the CUDA kernels draw the same mask).
+      const zero::CounterRng rng(1234);
+      const DropoutMask mask{p, rng, 5};
+      const auto x = as<float>(float_values(static_cast<std::size_t>(n), 71, 4.0)),
+                 dy = as<float>(float_values(static_cast<std::size_t>(n), 72)),
+                 dx0 = as<float>(float_values(static_cast<std::size_t>(n), 74));
+      std::vector<float> out(x.size()), dx = dx0;
+      dropout_forward(out.data(), x.data(), n, p, rng, 5);
+      dropout_backward(dx.data(), dy.data(), n, p, rng, 5);
+      const float scale = mask.scale<float>();
+      std::int64_t mismatches = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const bool keep = mask.keep(static_cast<std::int64_t>(i));
+        const float want_out = keep ? x[i] * scale : 0.0f;
+        const float want_dx = keep ? std::fma(dy[i], scale, dx0[i]) : dx0[i];
+        if (std::memcmp(&out[i], &want_out, sizeof(float)) != 0 ||
+            std::memcmp(&dx[i], &want_dx, sizeof(float)) != 0) {
+          ++mismatches;
+        }
+      }
+      CHECK(mismatches == 0);
+    }
+  }
+}
+
+namespace {
+
+template <class T>
+Bytes embedding_run(std::int64_t B, std::int64_t Tn, std::int64_t C, bool positions,
+                    std::vector<std::vector<double>>* values) {
+  constexpr std::int64_t V = 11;  // few tokens: rows repeat
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * Tn));
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>((i * 7 + i / 3) % V);
+  }
+  const auto wte = cast<T>(float_values(static_cast<std::size_t>(V * C), 81)),
+             wpe = cast<T>(float_values(static_cast<std::size_t>(Tn * C), 82)),
+             dout = cast<T>(float_values(static_cast<std::size_t>(B * Tn * C), 83));
+  std::vector<T> out(static_cast<std::size_t>(B * Tn * C)),
+      dwte = cast<T>(float_values(static_cast<std::size_t>(V * C), 84)),
+      dwpe = cast<T>(float_values(static_cast<std::size_t>(Tn * C), 85));
+  embedding_forward(out.data(), tokens.data(), wte.data(), positions ? wpe.data() : nullptr, B, Tn,
+                    C, V);
+  embedding_backward(dwte.data(), positions ? dwpe.data() : nullptr, dout.data(), tokens.data(), B,
+                     Tn, C);
+  Bytes bytes;
+  bytes.add(out), bytes.add(dwte), bytes.add(dwpe);
+  if (values != nullptr) {
+    auto to_double = [](const auto& v) {
+      std::vector<double> d(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
+      return d;
+    };
+    *values = {to_double(out), to_double(dwte), to_double(dwpe)};
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("embedding: every ISA and thread count the same bits, f32 / bf16, and f32 near f64",
+          "[unit][ops]") {
+  const std::vector<std::array<std::int64_t, 3>> shapes{
+      {1, 1, 1}, {2, 3, 7}, {2, 5, 17}, {3, 7, 33}, {2, 9, 65}, {4, 64, 129}, {2, 16, 1031}};
+  for (auto [B, Tn, C] : shapes) {
+    for (bool positions : {true, false}) {
+      INFO("B " << B << " T " << Tn << " C " << C << " positions " << positions);
+      check_paths([&] { return embedding_run<float>(B, Tn, C, positions, nullptr); });
+      check_paths([&] { return embedding_run<bf16>(B, Tn, C, positions, nullptr); });
+      std::vector<std::vector<double>> f32, f64;
+      embedding_run<float>(B, Tn, C, positions, &f32);
+      embedding_run<double>(B, Tn, C, positions, &f64);
+      check_against_double(f32, f64);
+    }
+  }
+}
+
+namespace {
+
+// linear_forward's bias broadcast and linear_backward's bias gradient (the GEMMs are BLAS's).
+template <class T>
+Bytes linear_bias_run(std::int64_t N, std::int64_t C, std::int64_t OC,
+                      std::vector<std::vector<double>>* values) {
+  const auto inp = cast<T>(float_values(static_cast<std::size_t>(N * C), 91)),
+             weight = cast<T>(float_values(static_cast<std::size_t>(OC * C), 92)),
+             bias = cast<T>(float_values(static_cast<std::size_t>(OC), 93)),
+             dout = cast<T>(float_values(static_cast<std::size_t>(N * OC), 94));
+  std::vector<T> out(static_cast<std::size_t>(N * OC)),
+      dbias = cast<T>(float_values(static_cast<std::size_t>(OC), 95));
+  linear_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  linear_backward<T>(nullptr, nullptr, dbias.data(), dout.data(), inp.data(), weight.data(), N, C,
+                     OC);
+  Bytes bytes;
+  bytes.add(out), bytes.add(dbias);
+  if (values != nullptr) {
+    auto to_double = [](const auto& v) {
+      std::vector<double> d(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
+      return d;
+    };
+    *values = {to_double(out), to_double(dbias)};
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("linear bias: every ISA and thread count the same bits, f32 / bf16, and f32 near f64",
+          "[unit][ops]") {
+  const std::vector<std::array<std::int64_t, 3>> shapes{{1, 1, 1},  {3, 5, 7},     {5, 3, 17},
+                                                        {4, 9, 33}, {300, 8, 129}, {70, 4, 1031}};
+  for (auto [N, C, OC] : shapes) {
+    INFO("N " << N << " C " << C << " OC " << OC);
+    check_paths([&] { return linear_bias_run<float>(N, C, OC, nullptr); });
+    check_paths([&] { return linear_bias_run<bf16>(N, C, OC, nullptr); });
+    std::vector<std::vector<double>> f32, f64;
+    linear_bias_run<float>(N, C, OC, &f32);
+    linear_bias_run<double>(N, C, OC, &f64);
+    check_against_double(f32, f64);
   }
 }

@@ -61,6 +61,8 @@ struct ScalarHostOps : ScalarOps {
     std::memcpy(&p, &bits, sizeof p);
     return x * p;
   }
+  /// a where mask[0] is all ones, b where it is 0 (the only two values a mask word takes).
+  static float select(const std::uint32_t* mask, float a, float b) { return mask[0] != 0 ? a : b; }
 };
 
 #if defined(ZERO_OPTIM_HAVE_X86)
@@ -171,6 +173,11 @@ struct Avx2Ops {
     const __m256i e =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127)), 23);
     return {_mm256_mul_ps(x.v, _mm256_castsi256_ps(e))};
+  }
+  /// Per lane as ScalarHostOps::select (mask: one word per lane).
+  ZERO_OPTIM_TARGET_AVX2 static V select(const std::uint32_t* mask, const V& a, const V& b) {
+    const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mask));
+    return {_mm256_blendv_ps(b.v, a.v, _mm256_castsi256_ps(m))};
   }
 };
 
@@ -291,6 +298,11 @@ struct Avx512Ops {
     const __m512i e = _mm512_maskz_slli_epi32(
         all16, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(all16, n.v), _mm512_set1_epi32(127)), 23);
     return {_mm512_mul_ps(x.v, _mm512_castsi512_ps(e))};
+  }
+  /// Per lane as ScalarHostOps::select (mask: one word per lane).
+  ZERO_OPTIM_TARGET_AVX512 static V select(const std::uint32_t* mask, const V& a, const V& b) {
+    const __m512i m = _mm512_loadu_si512(mask);
+    return {_mm512_mask_blend_ps(_mm512_test_epi32_mask(m, m), b.v, a.v)};
   }
 };
 

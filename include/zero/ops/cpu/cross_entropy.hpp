@@ -5,18 +5,105 @@
 //   dlogits_n = (softmax(logits_n) - onehot(target_n)) * dloss / valid     (0 for ignored rows)
 // Logits may be stored in a half type; the softmax, logsumexp, per-token losses and their mean
 // are computed in float (compute_type_t), and only dlogits is rounded to the storage type.
+// float, bf16 and f16 run the dispatched kernels (isa_dispatch.hpp), vectorised along the
+// vocabulary: a row's max and sum of exponentials fold 16 partials (lane_reduction.hpp) and the
+// exponentials are vmath::exp, so every ISA and thread count gives the same bits; the backward
+// recomputes the exponentials instead of keeping a row of them. double keeps the plain loops.
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include <zero/core/error.hpp>
 #include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/isa_dispatch.hpp>
+#include <zero/ops/cpu/lane_reduction.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
+#include <zero/ops/cpu/vector_math.hpp>
 
 namespace zero::ops::cpu {
 
 /// Target value marking a token that does not count towards the loss.
 inline constexpr std::int32_t ignore_index = -1;
+
+namespace detail {
+
+/// Rows per task of the cross-entropy kernels.
+inline std::int64_t cross_entropy_rows_per_chunk(std::int64_t V) {
+  return V >= 16384 ? 1 : 16384 / (V > 0 ? V : 1);
+}
+
+/// The row max of x[0, V) and the sum of e^(x - max) over the row.
+template <class O, class T>
+inline void softmax_max_sum(const T* x, std::int64_t V, float& maxval, float& sum) {
+  maxval = reduce_row<O>(
+      V, -std::numeric_limits<float>::infinity(),
+      [&](auto ops, const auto& acc, std::int64_t v) {
+        using P = decltype(ops);
+        return P::max(load_lanes<P>(x + v), acc);
+      },
+      [](float a, float b) { return optim::ScalarHostOps::max(a, b); });
+  const float m = maxval;
+  sum = reduce_row<O>(
+      V, 0.0f,
+      [&](auto ops, const auto& acc, std::int64_t v) {
+        using P = decltype(ops);
+        return P::add(acc, vmath::exp<P>(P::sub(load_lanes<P>(x + v), P::set1(m))));
+      },
+      [](float a, float b) { return a + b; });
+}
+
+struct CrossEntropyForward {
+  template <class O, class T>
+  static void run(float* losses, const T* logits, const std::int32_t* targets, std::int64_t V,
+                  std::int64_t n0, std::int64_t n1) {
+    for (std::int64_t n = n0; n < n1; ++n) {
+      if (targets[n] == ignore_index) {
+        losses[n] = 0.0f;
+        continue;
+      }
+      const T* x = logits + n * V;
+      float maxval, sum;
+      softmax_max_sum<O>(x, V, maxval, sum);
+      losses[n] = std::log(sum) + maxval - load(x[targets[n]]);
+    }
+  }
+};
+
+struct CrossEntropyBackward {
+  template <class O, class T>
+  static void run(T* dlogits, const T* logits, const std::int32_t* targets, std::int64_t V,
+                  float scale, std::int64_t n0, std::int64_t n1) {
+    using S = optim::ScalarHostOps;
+    for (std::int64_t n = n0; n < n1; ++n) {
+      T* d = dlogits + n * V;
+      std::int64_t v = 0;
+      if (targets[n] == ignore_index) {
+        for (; v + O::width <= V; v += O::width) store_lanes<O>(d + v, O::set1(0.0f));
+        for (; v < V; ++v) store_lanes<S>(d + v, 0.0f);
+        continue;
+      }
+      const T* x = logits + n * V;
+      float maxval, sum;
+      softmax_max_sum<O>(x, V, maxval, sum);
+      const float factor = 1.0f / sum * scale;
+      const auto write = [&](auto ops, std::int64_t i) {
+        using P = decltype(ops);
+        const auto e = vmath::exp<P>(P::sub(load_lanes<P>(x + i), P::set1(maxval)));
+        store_lanes<P>(d + i, P::mul(e, P::set1(factor)));
+      };
+      for (; v + O::width <= V; v += O::width) write(O{}, v);
+      for (; v < V; ++v) write(S{}, v);
+      // The target's entry again, minus the one-hot, rounded once (every lane computes e the
+      // same way, so this is the value the row pass wrote before the subtraction).
+      const std::int64_t t = targets[n];
+      const float e = vmath::exp<S>(S::sub(load(x[t]), maxval));
+      store_lanes<S>(d + t, S::sub(S::mul(e, factor), scale));
+    }
+  }
+};
+
+}  // namespace detail
 
 /// Number of targets that count (not ignore_index); throws ShapeError for a target outside
 /// [0, V) that is not ignore_index.
@@ -40,18 +127,26 @@ compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logi
                                         std::int64_t V) {
   using A = compute_type_t<T>;
   const std::int64_t valid = count_valid_targets(targets, N, V);
-  parallel_for(N, [&](std::int64_t n) {
-    if (targets[n] == ignore_index) {
-      losses[n] = A(0);
-      return;
-    }
-    const T* x = logits + n * V;
-    A maxval = load(x[0]);
-    for (std::int64_t v = 1; v < V; ++v) maxval = load(x[v]) > maxval ? load(x[v]) : maxval;
-    A sum = A(0);
-    for (std::int64_t v = 0; v < V; ++v) sum += std::exp(load(x[v]) - maxval);
-    losses[n] = std::log(sum) + maxval - load(x[targets[n]]);
-  });
+  if constexpr (dispatched_type<T>) {
+    const auto kernel = kernel_for<detail::CrossEntropyForward, float*, const T*,
+                                   const std::int32_t*, std::int64_t, std::int64_t, std::int64_t>();
+    parallel_chunks(
+        N, detail::cross_entropy_rows_per_chunk(V), N * V,
+        [&](std::int64_t n0, std::int64_t n1) { kernel(losses, logits, targets, V, n0, n1); });
+  } else {
+    parallel_for(N, [&](std::int64_t n) {
+      if (targets[n] == ignore_index) {
+        losses[n] = A(0);
+        return;
+      }
+      const T* x = logits + n * V;
+      A maxval = load(x[0]);
+      for (std::int64_t v = 1; v < V; ++v) maxval = load(x[v]) > maxval ? load(x[v]) : maxval;
+      A sum = A(0);
+      for (std::int64_t v = 0; v < V; ++v) sum += std::exp(load(x[v]) - maxval);
+      losses[n] = std::log(sum) + maxval - load(x[targets[n]]);
+    });
+  }
   A total = A(0);
   for (std::int64_t n = 0; n < N; ++n) total += losses[n];  // fixed order: deterministic
   return valid > 0 ? total / static_cast<A>(valid) : A(0);
@@ -65,6 +160,15 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
   using A = compute_type_t<T>;
   const std::int64_t valid = count_valid_targets(targets, N, V);
   const A scale = valid > 0 ? dloss / static_cast<A>(valid) : A(0);
+  if constexpr (dispatched_type<T>) {
+    const auto kernel = kernel_for<detail::CrossEntropyBackward, T*, const T*, const std::int32_t*,
+                                   std::int64_t, float, std::int64_t, std::int64_t>();
+    parallel_chunks(N, detail::cross_entropy_rows_per_chunk(V), N * V,
+                    [&](std::int64_t n0, std::int64_t n1) {
+                      kernel(dlogits, logits, targets, V, scale, n0, n1);
+                    });
+    return;
+  }
   parallel_for(N, [&](std::int64_t n) {
     T* d = dlogits + n * V;
     if (targets[n] == ignore_index) {

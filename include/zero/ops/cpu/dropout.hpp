@@ -4,12 +4,15 @@
 // recomputed under activation checkpointing, redraws exactly the forward's mask.
 // DropoutMask's member functions are ZERO_HOST_DEVICE: the CUDA kernels (zero/ops/cuda/dropout.cuh,
 // attention.cuh) call these very functions, so host and device masks are equal by construction.
+// On the host, float, bf16 and f16 draw the mask one element at a time (DropoutMask::keep) and
+// scale a vector of elements at once through the dispatched kernels (isa_dispatch.hpp).
 
 #include <cstdint>
 
 #include <zero/core/macros.hpp>
 #include <zero/core/rng.hpp>
 #include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
 
 namespace zero::ops::cpu {
@@ -39,6 +42,54 @@ struct DropoutMask {
   }
 };
 
+namespace detail {
+
+// Mask words (all ones: kept, 0: dropped) of the count elements from index; with no dropout
+// every element is kept and no draw is needed.
+inline void dropout_mask_words(std::uint32_t* words, const DropoutMask& mask, std::int64_t index,
+                               int count) {
+  for (int j = 0; j < count; ++j) {
+    words[j] = !mask.active() || mask.keep(index + j) ? ~std::uint32_t{0} : 0u;
+  }
+}
+
+struct DropoutForward {
+  template <class O, class T>
+  static void run(T* out, const T* inp, const DropoutMask* mask, float scale, std::int64_t begin,
+                  std::int64_t end) {
+    std::uint32_t words[O::width];
+    const auto at = [&](auto ops, std::int64_t i) {
+      using P = decltype(ops);
+      dropout_mask_words(words, *mask, i, P::width);
+      const auto kept = P::mul(load_lanes<P>(inp + i), P::set1(scale));
+      store_lanes<P>(out + i, P::select(words, kept, P::set1(0.0f)));
+    };
+    std::int64_t i = begin;
+    for (; i + O::width <= end; i += O::width) at(O{}, i);
+    for (; i < end; ++i) at(optim::ScalarHostOps{}, i);
+  }
+};
+
+struct DropoutBackward {
+  template <class O, class T>
+  static void run(T* dinp, const T* dout, const DropoutMask* mask, float scale, std::int64_t begin,
+                  std::int64_t end) {
+    std::uint32_t words[O::width];
+    const auto at = [&](auto ops, std::int64_t i) {
+      using P = decltype(ops);
+      dropout_mask_words(words, *mask, i, P::width);
+      const auto before = load_lanes<P>(dinp + i);
+      const auto after = P::fma(load_lanes<P>(dout + i), P::set1(scale), before);
+      store_lanes<P>(dinp + i, P::select(words, after, before));
+    };
+    std::int64_t i = begin;
+    for (; i + O::width <= end; i += O::width) at(O{}, i);
+    for (; i < end; ++i) at(optim::ScalarHostOps{}, i);
+  }
+};
+
+}  // namespace detail
+
 /// Inverted dropout: out = inp * keep / (1 - p) with keep drawn from (rng, stream, index), so a
 /// recomputed forward (activation checkpointing) draws the same mask.
 template <class T>
@@ -47,9 +98,17 @@ void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const Count
   using A = compute_type_t<T>;
   const DropoutMask mask{p, rng, stream};
   const A scale = mask.scale<A>();
-  parallel_for(n, [&](std::int64_t i) {
-    out[i] = mask.keep(i) ? store<T>(load(inp[i]) * scale) : store<T>(A(0));
-  });
+  if constexpr (dispatched_type<T>) {
+    const auto kernel = kernel_for<detail::DropoutForward, T*, const T*, const DropoutMask*, float,
+                                   std::int64_t, std::int64_t>();
+    parallel_chunks(
+        n, elementwise_chunk, mask.active() ? 8 * n : n,
+        [&](std::int64_t begin, std::int64_t end) { kernel(out, inp, &mask, scale, begin, end); });
+  } else {
+    parallel_for(n, [&](std::int64_t i) {
+      out[i] = mask.keep(i) ? store<T>(load(inp[i]) * scale) : store<T>(A(0));
+    });
+  }
 }
 
 /// dinp += dout * mask / (1 - p), the mask redrawn from the same (rng, stream).
@@ -59,9 +118,18 @@ void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const Co
   using A = compute_type_t<T>;
   const DropoutMask mask{p, rng, stream};
   const A scale = mask.scale<A>();
-  parallel_for(n, [&](std::int64_t i) {
-    if (mask.keep(i)) dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * scale);
-  });
+  if constexpr (dispatched_type<T>) {
+    const auto kernel = kernel_for<detail::DropoutBackward, T*, const T*, const DropoutMask*, float,
+                                   std::int64_t, std::int64_t>();
+    parallel_chunks(n, elementwise_chunk, mask.active() ? 8 * n : n,
+                    [&](std::int64_t begin, std::int64_t end) {
+                      kernel(dinp, dout, &mask, scale, begin, end);
+                    });
+  } else {
+    parallel_for(n, [&](std::int64_t i) {
+      if (mask.keep(i)) dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * scale);
+    });
+  }
 }
 
 }  // namespace zero::ops::cpu

@@ -1,25 +1,51 @@
 #pragma once
 // Elementwise kernels: residual add, accumulate (and, through dropout.hpp, dropout with a
-// counter-based mask). Half types are loaded to float, added there and rounded once.
+// counter-based mask). Half types are loaded to float, added there and rounded once; float,
+// bf16 and f16 run the dispatched kernels (isa_dispatch.hpp), double a plain loop.
 
 #include <cstdint>
 
 #include <zero/ops/cpu/dropout.hpp>
 #include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
 
 namespace zero::ops::cpu {
 
-/// out = a + b over n elements.
+namespace detail {
+
+struct AddKernel {
+  template <class O, class T>
+  static void run(T* out, const T* a, const T* b, std::int64_t begin, std::int64_t end) {
+    const auto add_at = [&](auto ops, std::int64_t i) {
+      using P = decltype(ops);
+      store_lanes<P>(out + i, P::add(load_lanes<P>(a + i), load_lanes<P>(b + i)));
+    };
+    std::int64_t i = begin;
+    for (; i + O::width <= end; i += O::width) add_at(O{}, i);
+    for (; i < end; ++i) add_at(optim::ScalarHostOps{}, i);
+  }
+};
+
+}  // namespace detail
+
+/// out = a + b over n elements (out may alias a or b).
 template <class T>
 void add(T* out, const T* a, const T* b, std::int64_t n) {
-  parallel_for(n, [&](std::int64_t i) { out[i] = store<T>(load(a[i]) + load(b[i])); });
+  if constexpr (dispatched_type<T>) {
+    const auto kernel =
+        kernel_for<detail::AddKernel, T*, const T*, const T*, std::int64_t, std::int64_t>();
+    parallel_chunks(n, elementwise_chunk, n,
+                    [&](std::int64_t begin, std::int64_t end) { kernel(out, a, b, begin, end); });
+  } else {
+    parallel_for(n, [&](std::int64_t i) { out[i] = store<T>(load(a[i]) + load(b[i])); });
+  }
 }
 
 /// acc += x over n elements.
 template <class T>
 void accumulate(T* acc, const T* x, std::int64_t n) {
-  parallel_for(n, [&](std::int64_t i) { acc[i] = store<T>(load(acc[i]) + load(x[i])); });
+  add(acc, acc, x, n);
 }
 
 }  // namespace zero::ops::cpu
