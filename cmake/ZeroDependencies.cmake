@@ -1,5 +1,5 @@
 # Finds zero's optional parts for its own build and creates one INTERFACE target per part:
-# zero::blas, zero::openmp, zero::mpi, zero::cuda, zero::nccl, zero::uring. Each links zero::zero,
+# zero::blas, zero::openmp, zero::dnnl, zero::mpi, zero::cuda, zero::nccl, zero::uring. Each links zero::zero,
 # the packages behind it, and defines ZERO_WITH_<PART>=1 so headers can tell what is available.
 include_guard(GLOBAL)
 include(ZeroComponents)

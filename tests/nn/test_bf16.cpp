@@ -139,10 +139,58 @@ TEST_CASE("the run-time sbgemm check accepts a correct sbgemm and rejects a wron
           "[unit][bf16]") {
   CHECK(check_sbgemm(&widening_sbgemm));
   CHECK_FALSE(check_sbgemm(&alpha_ignoring_sbgemm));  // negative control
-  // The path gemm<bf16> reports is the one the check chose (Debian 12's OpenBLAS has no
-  // sbgemm symbol: widen+sgemm there).
-  CHECK(std::string(half_gemm_path<bf16>()) == (sbgemm_usable() ? "sbgemm" : "widen+sgemm"));
+  // The path gemm<bf16> reports is the one the checks chose: oneDNN first, then sbgemm
+  // (Debian 12's OpenBLAS has no sbgemm symbol), else widen+sgemm.
+  const std::string expected =
+      dnnl_bf16_usable() ? "onednn" : (sbgemm_usable() ? "sbgemm" : "widen+sgemm");
+  CHECK(std::string(half_gemm_path<bf16>()) == expected);
   CHECK(std::string(half_gemm_path<f16>()) == "widen+sgemm");
+}
+#endif
+
+#if defined(ZERO_WITH_DNNL)
+TEST_CASE(
+    "oneDNN's bf16 matmul: the run-time check, and gemm<bf16> bit-identical at 1 and 2 "
+    "threads",
+    "[unit][bf16]") {
+  INFO("bf16 gemm path: " << half_gemm_path<bf16>());
+  // Where oneDNN runs bf16 here, its kernel passes the exact-integer check; a kernel that
+  // drops alpha does not (negative control).
+  if (dnnl_bf16_usable()) {
+    CHECK(check_bf16_gemm([](Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A,
+                             int lda, const bf16* B, int ldb, float* C, int ldc) {
+      dnnl_bf16_gemm_accumulate(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B, ldb,
+                                C, ldc);
+    }));
+    CHECK_FALSE(check_bf16_gemm([](Trans ta, Trans tb, int M, int N, int K, float, const bf16* A,
+                                   int lda, const bf16* B, int ldb, float* C, int ldc) {
+      dnnl_bf16_gemm_accumulate(ta == Trans::yes, tb == Trans::yes, M, N, K, 1.0f, A, lda, B, ldb,
+                                C, ldc);
+    }));
+  }
+  // A GEMM of several tiles (M = 600 rows: two row tiles) gives the same bits at 1 and 2
+  // threads on whichever path is active.
+  const std::int64_t M = 600, N = 72, K = 130;
+  std::vector<bf16> a(static_cast<std::size_t>(M * K)), b(static_cast<std::size_t>(K * N));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = bf16(std::sin(0.37f * static_cast<float>(i)));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = bf16(std::cos(0.11f * static_cast<float>(i)));
+  auto run = [&](int threads) {
+#if defined(_OPENMP)
+    omp_set_num_threads(threads);
+#endif
+    (void)threads;
+    std::vector<bf16> c(static_cast<std::size_t>(M * N), bf16(0.25f));
+    gemm<bf16>(Trans::no, Trans::no, M, N, K, 0.5f, a.data(), K, b.data(), N, 1.0f, c.data(), N);
+    return c;
+  };
+#if defined(_OPENMP)
+  const int saved_threads = omp_get_max_threads();
+#endif
+  const auto one = run(1), two = run(2);
+#if defined(_OPENMP)
+  omp_set_num_threads(saved_threads);
+#endif
+  CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(bf16)) == 0);
 }
 #endif
 

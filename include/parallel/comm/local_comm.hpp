@@ -12,6 +12,7 @@
 // Async ops run in issue order on a per-rank progress thread; a blocking op first waits for
 // the rank's pending async ops, so all ops of a rank keep one order.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,10 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/comm_op.hpp>
@@ -94,8 +99,11 @@ class LocalComm {
  public:
   /// Runs fn(comm) on n threads, one per rank, and joins them. If a rank throws, the ranks
   /// waiting on it get a CommError naming it, and run rethrows the first exception.
+  /// Each rank's host kernels get an equal share of the caller's OpenMP threads (at least one),
+  /// so n ranks do not start n full thread teams on the same cores.
   static void run(int n, const std::function<void(LocalComm&)>& fn, CommOptions options = {}) {
     expect<CommError>(n >= 1, "LocalComm::run: needs at least one rank, got ", n);
+    [[maybe_unused]] const int rank_threads = threads_per_rank(n);
     auto world = std::make_shared<detail::LocalWorld>(n);
     std::vector<int> members(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) members[static_cast<std::size_t>(r)] = r;
@@ -106,6 +114,9 @@ class LocalComm {
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         try {
+#if defined(_OPENMP)
+          omp_set_num_threads(rank_threads);
+#endif
           auto state = std::make_shared<detail::LocalRank>();
           state->group = group;
           state->rank = r;
@@ -126,21 +137,44 @@ class LocalComm {
     }
   }
 
+  /// The OpenMP threads each of n rank threads gets: the caller's count divided by n, at least
+  /// one (1 without OpenMP).
+  static int threads_per_rank(int n) {
+#if defined(_OPENMP)
+    return std::max(1, omp_get_max_threads() / std::max(1, n));
+#else
+    (void)n;
+    return 1;
+#endif
+  }
+
   /// A null communicator (what split with undefined_color returns).
   LocalComm() = default;
 
   /// This rank's index in the group.
-  int rank() const { return state_ ? state_->rank : -1; }
+  int rank() const {
+    return state_ ? state_->rank : -1;
+  }
   /// Number of ranks in the group (0 for a null communicator).
-  int size() const { return state_ ? state_->group->size() : 0; }
+  int size() const {
+    return state_ ? state_->group->size() : 0;
+  }
   /// True for the communicator split returns to ranks that passed undefined_color.
-  bool is_null() const { return state_ == nullptr; }
+  bool is_null() const {
+    return state_ == nullptr;
+  }
   /// The group's name in logs and errors ("world", "tp", ...).
-  const std::string& name() const { return checked().name; }
+  const std::string& name() const {
+    return checked().name;
+  }
   /// World rank of group rank r.
-  int world_rank(int r) const { return checked().group->members.at(static_cast<std::size_t>(r)); }
+  int world_rank(int r) const {
+    return checked().group->members.at(static_cast<std::size_t>(r));
+  }
   /// This communicator's options.
-  const CommOptions& options() const { return checked().options; }
+  const CommOptions& options() const {
+    return checked().options;
+  }
   /// Replaces the options (e.g. a shorter deadline) for this rank's later ops. Waits for the
   /// rank's pending async ops first: they read the options while they run.
   void set_options(const CommOptions& options) {
@@ -156,7 +190,9 @@ class LocalComm {
     s.logger = std::move(logger);
   }
   /// The logger, or null.
-  CommLogger* logger() const { return checked().logger.get(); }
+  CommLogger* logger() const {
+    return checked().logger.get();
+  }
 
   /// Splits the group: ranks passing the same color form a new group, ordered by (key, rank);
   /// undefined_color gives a null communicator. Collective over this group. name names the
@@ -262,7 +298,9 @@ class LocalComm {
 
   /// Starts a batch of point-to-point ops; receives complete at group_end (NCCL's group
   /// semantics, so a pipeline's exchange in any order cannot deadlock).
-  void group_start() { checked().grouping = true; }
+  void group_start() {
+    checked().grouping = true;
+  }
   /// Completes the receives posted since group_start, in order.
   void group_end() {
     auto& s = checked();

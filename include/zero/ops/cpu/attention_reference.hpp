@@ -1,4 +1,7 @@
 #pragma once
+// The reference (loop) form of attention.hpp's kernels: the same contract, computed entry by
+// entry in the obvious order, without BLAS. Tests hold the GEMM form to it.
+//
 // Causal multi-head self-attention on a packed qkv tensor [B, T, 3C] (q, k, v each [B, T, C],
 // head h in channels [h*hs, (h+1)*hs)), as GPT-2 lays it out after c_attn:
 //   preatt[t, t2] = q_t . k_t2 / sqrt(hs)  (t2 <= t),  att = softmax(preatt),
@@ -22,11 +25,12 @@
 
 namespace zero::ops::cpu {
 
-/// Writes out [B, T, C] and att [B, NH, T, T] (entries above the diagonal are zero); dropout
-/// (off by default) applies to the probabilities multiplying v, not to the saved att.
+/// attention_forward in loops: writes out [B, T, C] and att [B, NH, T, T] (entries above the
+/// diagonal are zero); dropout (off by default) applies to the probabilities multiplying v, not to
+/// the saved att.
 template <class T>
-void attention_forward(T* out, T* att, const T* qkv, std::int64_t B, std::int64_t Tn,
-                       std::int64_t C, std::int64_t NH, const DropoutMask& dropout = {}) {
+void attention_forward_reference(T* out, T* att, const T* qkv, std::int64_t B, std::int64_t Tn,
+                                 std::int64_t C, std::int64_t NH, const DropoutMask& dropout = {}) {
   using A = compute_type_t<T>;
   const std::int64_t hs = C / NH;
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
@@ -67,12 +71,12 @@ void attention_forward(T* out, T* att, const T* qkv, std::int64_t B, std::int64_
   });
 }
 
-/// Accumulates dqkv [B, T, 3C] from dout [B, T, C], the saved att and the forward input qkv;
-/// dropout must be the forward's mask.
+/// attention_backward in loops: accumulates dqkv [B, T, 3C] from dout [B, T, C], the saved att and
+/// the forward input qkv; dropout must be the forward's mask.
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, std::int64_t B,
-                        std::int64_t Tn, std::int64_t C, std::int64_t NH,
-                        const DropoutMask& dropout = {}) {
+void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T* att,
+                                  std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
+                                  const DropoutMask& dropout = {}) {
   using A = compute_type_t<T>;
   const std::int64_t hs = C / NH;
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));

@@ -2,11 +2,12 @@
 // Row-major GEMM for host kernels: CBLAS (OpenBLAS) for f32/f64 when zero::blas is linked,
 // a row-parallel loop otherwise. C = alpha * op(A) * op(B) + beta * C.
 // bf16/f16 operands: the product accumulates in float and C is rounded to the storage type once.
-// bf16 uses OpenBLAS's cblas_sbgemm (bf16 A and B, float C) when the loaded OpenBLAS exports it
-// (cblas.h always declares it, but builds without BUILD_BFLOAT16, Debian 12's among them, lack
-// the symbol, so it is looked up at run time) and a run-time check on exact integer data shows it
-// agrees with sgemm; otherwise, and for f16, A and B are widened to float and go through the f32
-// path.
+// bf16 takes the first of these that a run-time check on exact integer data (check_bf16_gemm)
+// finds equal to sgemm: oneDNN's matmul (zero::dnnl, dnnl_gemm.hpp: AMX or AVX512-BF16 where
+// the CPU has them), then OpenBLAS's cblas_sbgemm when the loaded OpenBLAS exports it (cblas.h
+// always declares it, but builds without BUILD_BFLOAT16, Debian 12's among them, lack the
+// symbol, so it is looked up at run time); otherwise, and for f16, A and B are widened to float
+// and go through the f32 path. half_gemm_path<T>() says which.
 
 #include <algorithm>
 #include <cstdint>
@@ -17,6 +18,10 @@
 #include <zero/core/dtype.hpp>
 #include <zero/ops/cpu/element_access.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
+
+#if defined(ZERO_WITH_DNNL)
+#include <zero/ops/cpu/dnnl_gemm.hpp>
+#endif
 
 #if defined(ZERO_WITH_BLAS)
 #include <cblas.h>
@@ -29,6 +34,14 @@ namespace zero::ops::cpu {
 
 /// Whether an operand is used as stored or transposed.
 enum class Trans : bool { no = false, yes = true };
+
+/// Makes BLAS single-threaded: call it before a parallel region whose iterations call
+/// gemm_serial (the OpenMP threads are the only ones, and the result does not depend on them).
+inline void blas_single_threaded() {
+#if defined(ZERO_WITH_BLAS)
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+#endif
+}
 
 /// The loop GEMM used without BLAS (and as the test reference): C[M,N] = alpha*op(A)*op(B) +
 /// beta*C with op(A) of shape [M,K] and op(B) of shape [K,N]; rows of C are independent.
@@ -51,33 +64,72 @@ void gemm_reference(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int
   });
 }
 
-/// Rows of C each BLAS call computes. The split is fixed, never derived from the thread count,
-/// and OpenBLAS runs single-threaded inside each block: OpenBLAS's own threading changes its
-/// kernel path (and so the rounding) with the thread count, this split does not.
-inline constexpr std::int64_t gemm_row_block = 64;
+/// The fixed split of C into the tiles single-threaded BLAS calls compute: C is cut along its
+/// longer side (rows when M >= N, else columns) into an even number of equal blocks (one block
+/// when the side is under 2 gemm_min_block) of at least gemm_min_block, at most gemm_max_tiles,
+/// each a multiple of 16. The split depends on the shape only, never on the thread count:
+/// OpenBLAS's own threading changes its kernel path (and so the rounding) with the thread count,
+/// this split does not. Cutting the longer side keeps the other operand whole in every call; a
+/// call repacks that whole operand, which costs about 18 / side of the call's time whatever
+/// the other sizes (the former fixed 64-row blocks lost a third of the GEMM time to it), hence
+/// the minimum. An even count keeps 2 and 4 threads evenly loaded.
+struct GemmTiles {
+  bool by_rows = true;     ///< the tiles are row blocks (else column blocks)
+  std::int64_t size = 0;   ///< rows (or columns) per tile; the last may be shorter
+  std::int64_t count = 0;  ///< number of tiles
+};
 
-#if defined(ZERO_WITH_BLAS)
-/// The type of OpenBLAS's cblas_sbgemm.
-using SbgemmFn = decltype(&cblas_sbgemm);
+/// Smallest side of a tile (see GemmTiles).
+inline constexpr std::int64_t gemm_min_block = 256;
+/// Most tiles of one GEMM.
+inline constexpr std::int64_t gemm_max_tiles = 32;
 
-namespace detail {
-
-// cblas_sbgemm from the loaded libraries, or null where the OpenBLAS build lacks it.
-inline SbgemmFn find_sbgemm() {
-  void* symbol = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
-  SbgemmFn fn = nullptr;
-  static_assert(sizeof fn == sizeof symbol);
-  std::memcpy(&fn, &symbol, sizeof fn);  // object to function pointer without a cast warning
-  return fn;
+/// The tiles of an M x N result (see GemmTiles).
+inline GemmTiles gemm_tiles(std::int64_t M, std::int64_t N) {
+  GemmTiles tiles;
+  tiles.by_rows = M >= N;
+  const std::int64_t side = tiles.by_rows ? M : N;
+  std::int64_t blocks = std::clamp<std::int64_t>(side / gemm_min_block, 1, gemm_max_tiles);
+  if (blocks > 1) blocks -= blocks % 2;
+  tiles.size = ((side + blocks - 1) / blocks + 15) / 16 * 16;
+  tiles.count = (side + tiles.size - 1) / tiles.size;
+  return tiles;
 }
 
-}  // namespace detail
+/// One f32 or f64 GEMM on the calling thread, C = alpha op(A) op(B) + beta C: a single BLAS
+/// call, or the loop without BLAS. For kernels that parallelise over independent products
+/// themselves (attention over its heads), after blas_single_threaded().
+template <class T>
+void gemm_serial(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+                 const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
+                 std::int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "gemm_serial multiplies float or double");
+  if (M == 0 || N == 0) return;
+#if defined(ZERO_WITH_BLAS)
+  const auto op_a = ta == Trans::yes ? CblasTrans : CblasNoTrans;
+  const auto op_b = tb == Trans::yes ? CblasTrans : CblasNoTrans;
+  const auto m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, op_a, op_b, m, n, k, alpha, A, static_cast<int>(lda), B,
+                static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, op_a, op_b, m, n, k, alpha, A, static_cast<int>(lda), B,
+                static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  }
+#else
+  gemm_reference(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
 
-/// Whether sbgemm computes what sgemm computes on widened inputs. The data are bf16 small
-/// integers, so every product and partial sum is an exact float and a correct sbgemm must equal
-/// sgemm exactly. Covers the four transposes, padded leading dimensions, alpha != 1, beta = 1 and
-/// more than one kernel tile in every dimension.
-inline bool check_sbgemm(SbgemmFn sbgemm) {
+/// Whether a bf16 GEMM kernel computes what the float GEMM computes on widened inputs.
+/// accumulate(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc) must add alpha op(A) op(B) to the
+/// float C. The data are bf16 small integers, so every product and partial sum is an exact float
+/// and a correct kernel must equal the float GEMM exactly. Covers the four transposes, padded
+/// leading dimensions, alpha != 1, accumulation into a nonzero C and more than one kernel tile
+/// in every dimension.
+template <class Accumulate>
+bool check_bf16_gemm(Accumulate&& accumulate) {
   const int M = 70, N = 37, K = 45, pad = 3;
   for (Trans ta : {Trans::no, Trans::yes}) {
     for (Trans tb : {Trans::no, Trans::yes}) {
@@ -96,45 +148,100 @@ inline bool check_sbgemm(SbgemmFn sbgemm) {
       }
       std::vector<float> c16(static_cast<std::size_t>(M * N)), c32(c16.size());
       for (std::size_t i = 0; i < c16.size(); ++i) c16[i] = c32[i] = static_cast<float>(i % 11);
-      const auto op_a = ta == Trans::yes ? CblasTrans : CblasNoTrans;
-      const auto op_b = tb == Trans::yes ? CblasTrans : CblasNoTrans;
-      sbgemm(CblasRowMajor, op_a, op_b, M, N, K, 0.5f,
-             reinterpret_cast<const bfloat16*>(a16.data()), lda,
-             reinterpret_cast<const bfloat16*>(b16.data()), ldb, 1.0f, c16.data(), N);
-      cblas_sgemm(CblasRowMajor, op_a, op_b, M, N, K, 0.5f, a32.data(), lda, b32.data(), ldb, 1.0f,
-                  c32.data(), N);
+      accumulate(ta, tb, M, N, K, 0.5f, a16.data(), lda, b16.data(), ldb, c16.data(), N);
+      gemm_serial<float>(ta, tb, M, N, K, 0.5f, a32.data(), lda, b32.data(), ldb, 1.0f, c32.data(),
+                         N);
       if (c16 != c32) return false;
     }
   }
   return true;
 }
 
+#if defined(ZERO_WITH_BLAS)
+/// The type of OpenBLAS's cblas_sbgemm.
+using SbgemmFn = decltype(&cblas_sbgemm);
+
+namespace detail {
+
+// cblas_sbgemm from the loaded libraries, or null where the OpenBLAS build lacks it.
+inline SbgemmFn find_sbgemm() {
+  void* symbol = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
+  SbgemmFn fn = nullptr;
+  static_assert(sizeof fn == sizeof symbol);
+  std::memcpy(&fn, &symbol, sizeof fn);  // object to function pointer without a cast warning
+  return fn;
+}
+
+// C += alpha op(A) op(B) through sbgemm.
+inline void sbgemm_accumulate(SbgemmFn sbgemm, Trans ta, Trans tb, int M, int N, int K, float alpha,
+                              const bf16* A, int lda, const bf16* B, int ldb, float* C, int ldc) {
+  sbgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
+         tb == Trans::yes ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+         reinterpret_cast<const bfloat16*>(A), lda, reinterpret_cast<const bfloat16*>(B), ldb, 1.0f,
+         C, ldc);
+}
+
+}  // namespace detail
+
+/// Whether sbgemm computes what sgemm computes on widened inputs (check_bf16_gemm).
+inline bool check_sbgemm(SbgemmFn sbgemm) {
+  return check_bf16_gemm([&](Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A,
+                             int lda, const bf16* B, int ldb, float* C, int ldc) {
+    detail::sbgemm_accumulate(sbgemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+  });
+}
+
 /// The cblas_sbgemm bf16 GEMM uses, or null: null when the loaded OpenBLAS does not export it or
-/// when check_sbgemm finds it wrong (some builds compute sbgemm wrongly on some CPUs); bf16 GEMM
-/// then widens to float and calls sgemm. Looked up and checked once per process.
+/// when check_sbgemm finds it wrong (some builds compute sbgemm wrongly on some CPUs). Looked up
+/// and checked once per process.
 inline SbgemmFn usable_sbgemm() {
   static const SbgemmFn fn = [] {  // a fact about the loaded library, computed once
     const SbgemmFn found = detail::find_sbgemm();
     if (found == nullptr) return SbgemmFn{nullptr};
-    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    blas_single_threaded();
     return check_sbgemm(found) ? found : SbgemmFn{nullptr};
   }();
   return fn;
 }
 
-/// True when bf16 GEMM runs on cblas_sbgemm.
+/// True when cblas_sbgemm is usable (bf16 GEMM runs on it unless oneDNN is usable too).
 inline bool sbgemm_usable() {
   return usable_sbgemm() != nullptr;
 }
 #endif
 
-/// The kernel behind gemm<T> for a half type: "sbgemm", "widen+sgemm" or "widen+loop".
+/// True when bf16 GEMM runs on oneDNN's matmul: zero::dnnl is linked, oneDNN can run a bf16
+/// matmul on this CPU, and check_bf16_gemm agrees. Decided once per process.
+inline bool dnnl_bf16_usable() {
+#if defined(ZERO_WITH_DNNL)
+  static const bool usable = [] {  // a fact about the CPU and the library, computed once
+    try {
+      return check_bf16_gemm([](Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A,
+                                int lda, const bf16* B, int ldb, float* C, int ldc) {
+        dnnl_bf16_gemm_accumulate(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B,
+                                  ldb, C, ldc);
+      });
+    } catch (const dnnl::error&) {
+      return false;  // no bf16 matmul on this CPU: the other paths
+    }
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
+
+/// The kernel behind gemm<T> for a half type: "onednn", "sbgemm", "widen+sgemm" or
+/// "widen+loop".
 template <class T>
 const char* half_gemm_path() {
-#if defined(ZERO_WITH_BLAS)
   if constexpr (std::is_same_v<T, bf16>) {
+    if (dnnl_bf16_usable()) return "onednn";
+#if defined(ZERO_WITH_BLAS)
     if (sbgemm_usable()) return "sbgemm";
+#endif
   }
+#if defined(ZERO_WITH_BLAS)
   return "widen+sgemm";
 #else
   return "widen+loop";
@@ -148,21 +255,27 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
 
 namespace detail {
 
-#if defined(ZERO_WITH_BLAS)
-/// The determinism rule of every BLAS path: op(A)'s rows are split into fixed blocks of
-/// gemm_row_block, each multiplied by single-threaded BLAS inside parallel_for, so the result
-/// does not depend on the thread count. fn(first row, rows, A at that row of op(A)).
+/// The determinism rule of every library GEMM path: C is split into the fixed tiles of
+/// gemm_tiles, each multiplied on one thread inside parallel_for, so the result does not
+/// depend on the thread count. fn(first row, rows, first column, columns, op(A) at that row,
+/// op(B) at that column).
 template <class T, class Fn>
-void for_each_row_block(Trans ta, std::int64_t M, const T* A, std::int64_t lda, Fn&& fn) {
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-  const std::int64_t blocks = (M + gemm_row_block - 1) / gemm_row_block;
-  parallel_for(blocks, [&](std::int64_t blk) {
-    const std::int64_t m0 = blk * gemm_row_block;
-    const int rows = static_cast<int>(std::min(gemm_row_block, M - m0));
-    fn(m0, rows, ta == Trans::no ? A + m0 * lda : A + m0);
+void for_each_tile(Trans ta, Trans tb, std::int64_t M, std::int64_t N, const T* A, std::int64_t lda,
+                   const T* B, std::int64_t ldb, Fn&& fn) {
+  blas_single_threaded();
+  const GemmTiles tiles = gemm_tiles(M, N);
+  parallel_for(tiles.count, [&](std::int64_t t) {
+    const std::int64_t first = t * tiles.size;
+    const std::int64_t extent = std::min(tiles.size, (tiles.by_rows ? M : N) - first);
+    if (tiles.by_rows) {
+      fn(first, static_cast<int>(extent), std::int64_t{0}, static_cast<int>(N),
+         ta == Trans::no ? A + first * lda : A + first, B);
+    } else {
+      fn(std::int64_t{0}, static_cast<int>(M), first, static_cast<int>(extent), A,
+         tb == Trans::no ? B + first : B + first * ldb);
+    }
   });
 }
-#endif
 
 // Widens the [rows, cols] matrix at src (leading dimension ld) to float with the same layout.
 template <class T>
@@ -176,8 +289,9 @@ std::unique_ptr<float[]> widen_matrix(const T* src, std::int64_t rows, std::int6
   return out;
 }
 
-// Half-type GEMM: C32 = beta * C in float, C32 += alpha op(A) op(B) in float (sbgemm, or the
-// f32 path on widened copies, both in the fixed 64-row blocks), then C = round(C32) once.
+// Half-type GEMM: C32 = beta * C in float, C32 += alpha op(A) op(B) in float (oneDNN or sbgemm
+// on bf16, else the f32 path on widened copies, all in the fixed tiles), then C = round(C32)
+// once.
 template <class T>
 void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                const T* A, std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C,
@@ -189,22 +303,37 @@ void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
       acc[m * N + n] = beta == 0.0f ? 0.0f : beta * load(C[m * ldc + n]);
     }
   });
+  // A bf16 kernel over the tiles: kernel(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, c, ldc).
+  [[maybe_unused]] const auto over_tiles = [&](auto&& kernel) {
+    for_each_tile(
+        ta, tb, M, N, A, lda, B, ldb,
+        [&](std::int64_t m0, int rows, std::int64_t n0, int cols, const T* a, const T* b) {
+          kernel(ta, tb, rows, cols, static_cast<int>(K), alpha, a, static_cast<int>(lda), b,
+                 static_cast<int>(ldb), acc + m0 * N + n0, static_cast<int>(N));
+        });
+  };
   bool done = false;
-#if defined(ZERO_WITH_BLAS)
   if constexpr (std::is_same_v<T, bf16>) {
-    if (const SbgemmFn sbgemm = usable_sbgemm(); sbgemm != nullptr) {
-      const auto op_a = ta == Trans::yes ? CblasTrans : CblasNoTrans;
-      const auto op_b = tb == Trans::yes ? CblasTrans : CblasNoTrans;
-      for_each_row_block(ta, M, A, lda, [&](std::int64_t m0, int rows, const T* a) {
-        sbgemm(CblasRowMajor, op_a, op_b, rows, static_cast<int>(N), static_cast<int>(K), alpha,
-               reinterpret_cast<const bfloat16*>(a), static_cast<int>(lda),
-               reinterpret_cast<const bfloat16*>(B), static_cast<int>(ldb), 1.0f, acc + m0 * N,
-               static_cast<int>(N));
+#if defined(ZERO_WITH_DNNL)
+    if (!done && dnnl_bf16_usable()) {
+      over_tiles([](Trans a_t, Trans b_t, int rows, int cols, int k, float s, const bf16* a,
+                    int a_ld, const bf16* b, int b_ld, float* c, int c_ld) {
+        dnnl_bf16_gemm_accumulate(a_t == Trans::yes, b_t == Trans::yes, rows, cols, k, s, a, a_ld,
+                                  b, b_ld, c, c_ld);
       });
       done = true;
     }
-  }
 #endif
+#if defined(ZERO_WITH_BLAS)
+    if (const SbgemmFn sbgemm = usable_sbgemm(); !done && sbgemm != nullptr) {
+      over_tiles([&](Trans a_t, Trans b_t, int rows, int cols, int k, float s, const bf16* a,
+                     int a_ld, const bf16* b, int b_ld, float* c, int c_ld) {
+        sbgemm_accumulate(sbgemm, a_t, b_t, rows, cols, k, s, a, a_ld, b, b_ld, c, c_ld);
+      });
+      done = true;
+    }
+#endif
+  }
   if (!done) {
     const auto a32 = widen_matrix(A, ta == Trans::no ? M : K, ta == Trans::no ? K : M, lda);
     const auto b32 = widen_matrix(B, tb == Trans::no ? K : N, tb == Trans::no ? N : K, ldb);
@@ -227,29 +356,13 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
   if (M == 0 || N == 0) return;
   if constexpr (is_half_type<T>) {
     detail::gemm_half(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-#if defined(ZERO_WITH_BLAS)
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    const auto op_a = ta == Trans::yes ? CblasTrans : CblasNoTrans;
-    const auto op_b = tb == Trans::yes ? CblasTrans : CblasNoTrans;
-    detail::for_each_row_block(ta, M, A, lda, [&](std::int64_t m0, int rows, const T* a) {
-      T* c = C + m0 * ldc;
-      if constexpr (std::is_same_v<T, float>) {
-        cblas_sgemm(CblasRowMajor, op_a, op_b, rows, static_cast<int>(N), static_cast<int>(K),
-                    alpha, a, static_cast<int>(lda), B, static_cast<int>(ldb), beta, c,
-                    static_cast<int>(ldc));
-      } else {
-        cblas_dgemm(CblasRowMajor, op_a, op_b, rows, static_cast<int>(N), static_cast<int>(K),
-                    alpha, a, static_cast<int>(lda), B, static_cast<int>(ldb), beta, c,
-                    static_cast<int>(ldc));
-      }
-    });
-    return;
-  }
-#endif
-  if constexpr (!is_half_type<T>) {
-    gemm_reference(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  } else {  // one BLAS call per tile (the loop per tile without BLAS: the same result)
+    detail::for_each_tile(
+        ta, tb, M, N, A, lda, B, ldb,
+        [&](std::int64_t m0, int rows, std::int64_t n0, int cols, const T* a, const T* b) {
+          gemm_serial<T>(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, beta, C + m0 * ldc + n0,
+                         ldc);
+        });
   }
 }
 

@@ -1,0 +1,244 @@
+#pragma once
+// Causal multi-head self-attention on a packed qkv tensor [B, T, 3C] (q, k, v each [B, T, C],
+// head h in channels [h*hs, (h+1)*hs)), as GPT-2 lays it out after c_attn:
+//   preatt[t, t2] = q_t . k_t2 / sqrt(hs)  (t2 <= t),  att = softmax(preatt),
+//   out_t = sum_t2 dropout(att)[t, t2] v_t2                    (GPT-2's attn_pdrop)
+// Forward saves att [B, NH, T, T] (before dropout; zero above the diagonal) for the backward
+// pass. The dropout mask is not stored: keep(b, h, t, t2) is redrawn from the counter-based mask
+// at the entry's index in att, and saves a B*NH*T*T mask per layer between the passes.
+//
+// Each (batch, head) pair is a handful of GEMMs on the calling thread (gemm_serial) over blocks
+// of attention_block query rows, each block against the keys up to its last row (the causal
+// mask skips the rest): scores Q K^T, the row softmax, then P V; backward dV += P^T dY,
+// dP = dY V^T, the softmax backward dS = P (dP - rowsum(P dP)) / sqrt(hs), dQ += dS K and
+// dK += dS^T Q. The pairs split over the threads and nothing inside depends on the thread count,
+// so results are bit-identical for any number of threads. attention_reference.hpp computes the
+// same in loops (the tests compare the two).
+// Half types: the head's q, k, v are widened to float, products, softmax and sums are float; att
+// and out are rounded once, and P V uses the rounded att (the backward sees the same values);
+// dqkv accumulates a whole head in float before its single rounding.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+
+#include <zero/ops/cpu/dropout.hpp>
+#include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/gemm.hpp>
+#include <zero/ops/cpu/parallel_for.hpp>
+
+namespace zero::ops::cpu {
+
+/// Query rows per block of the attention GEMMs: each block multiplies only the keys up to its
+/// last row, so the causal mask saves about half the score FLOPs at long sequences.
+inline constexpr std::int64_t attention_block = 64;
+
+namespace detail {
+
+// One head's operands in the compute type: q, k, v as [T, hs] matrices with a row stride (the
+// packed qkv itself for f32/f64, a widened copy for half types).
+template <class A>
+struct HeadOperands {
+  const A* q;
+  const A* k;
+  const A* v;
+  std::int64_t ld;
+};
+
+// The head (b, h) of qkv as compute-type matrices: views into qkv when T is its own compute
+// type, else a float copy [T][q k v][hs] in storage.
+template <class T>
+HeadOperands<compute_type_t<T>> head_operands(const T* qkv, std::int64_t b, std::int64_t h,
+                                              std::int64_t Tn, std::int64_t C, std::int64_t hs,
+                                              std::unique_ptr<compute_type_t<T>[]>& storage) {
+  using A = compute_type_t<T>;
+  const T* base = qkv + b * Tn * 3 * C + h * hs;
+  if constexpr (std::is_same_v<A, T>) {
+    return {base, base + C, base + 2 * C, 3 * C};
+  } else {
+    storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(Tn * 3 * hs));
+    A* dst = storage.get();
+    for (std::int64_t t = 0; t < Tn; ++t) {
+      for (std::int64_t part = 0; part < 3; ++part) {
+        const T* src = base + t * 3 * C + part * C;
+        for (std::int64_t i = 0; i < hs; ++i) dst[(t * 3 + part) * hs + i] = load(src[i]);
+      }
+    }
+    return {dst, dst + hs, dst + 2 * hs, 3 * hs};
+  }
+}
+
+// p[0, n) = dropout(p) in place, for the entries row + [0, n) of att.
+template <class A>
+void apply_dropout(A* p, std::int64_t n, std::int64_t row, const DropoutMask& dropout) {
+  const A scale = dropout.scale<A>();
+  for (std::int64_t t2 = 0; t2 < n; ++t2) p[t2] = dropout.keep(row + t2) ? p[t2] * scale : A(0);
+}
+
+}  // namespace detail
+
+/// Writes out [B, T, C] and att [B, NH, T, T] (entries above the diagonal are zero); dropout
+/// (off by default) applies to the probabilities multiplying v, not to the saved att.
+template <class T>
+void attention_forward(T* out, T* att, const T* qkv, std::int64_t B, std::int64_t Tn,
+                       std::int64_t C, std::int64_t NH, const DropoutMask& dropout = {}) {
+  using A = compute_type_t<T>;
+  const std::int64_t hs = C / NH;
+  const A scale = A(1) / std::sqrt(static_cast<A>(hs));
+  blas_single_threaded();
+  parallel_for(B * NH, [&](std::int64_t bh) {
+    const std::int64_t b = bh / NH, h = bh % NH;
+    std::unique_ptr<A[]> widened;
+    const auto head = detail::head_operands(qkv, b, h, Tn, C, hs, widened);
+    T* att_head = att + bh * Tn * Tn;
+    // Scores and probabilities of one block of rows [block, Tn] in the compute type: att itself
+    // for f32/f64 without dropout, else scratch. The head's output [Tn, hs] likewise.
+    constexpr bool in_place = std::is_same_v<A, T>;
+    const bool scratch_scores = !in_place || dropout.active();
+    std::unique_ptr<A[]> scores_storage, out_storage;
+    if (scratch_scores) {
+      scores_storage = std::make_unique_for_overwrite<A[]>(
+          static_cast<std::size_t>(std::min(attention_block, Tn) * Tn));
+    }
+    A* out_head = nullptr;
+    std::int64_t ld_out = hs;
+    if constexpr (in_place) {
+      out_head = out + b * Tn * C + h * hs;
+      ld_out = C;
+    } else {
+      out_storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(Tn * hs));
+      out_head = out_storage.get();
+    }
+    for (std::int64_t t0 = 0; t0 < Tn; t0 += attention_block) {
+      const std::int64_t rows = std::min(attention_block, Tn - t0), keys = t0 + rows;
+      A* s = scratch_scores ? scores_storage.get() : reinterpret_cast<A*>(att_head + t0 * Tn);
+      const std::int64_t lds = scratch_scores ? keys : Tn;
+      gemm_serial<A>(Trans::no, Trans::yes, rows, keys, hs, scale, head.q + t0 * head.ld, head.ld,
+                     head.k, head.ld, A(0), s, lds);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t t = t0 + r;
+        A* pre = s + r * lds;
+        A maxval = -INFINITY;
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) maxval = pre[t2] > maxval ? pre[t2] : maxval;
+        A sum = A(0);
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+          pre[t2] = std::exp(pre[t2] - maxval);
+          sum += pre[t2];
+        }
+        const A inv = A(1) / sum;
+        T* a = att_head + t * Tn;
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+          a[t2] = store<T>(pre[t2] * inv);
+          pre[t2] = load(a[t2]);  // the stored probability: backward sees exactly this value
+        }
+        for (std::int64_t t2 = t + 1; t2 < Tn; ++t2) a[t2] = store<T>(A(0));
+        for (std::int64_t t2 = t + 1; t2 < keys; ++t2) pre[t2] = A(0);
+        if (dropout.active()) detail::apply_dropout(pre, t + 1, (bh * Tn + t) * Tn, dropout);
+      }
+      gemm_serial<A>(Trans::no, Trans::no, rows, hs, keys, A(1), s, lds, head.v, head.ld, A(0),
+                     out_head + t0 * ld_out, ld_out);
+    }
+    if constexpr (!in_place) {
+      for (std::int64_t t = 0; t < Tn; ++t) {
+        T* o = out + (b * Tn + t) * C + h * hs;
+        for (std::int64_t i = 0; i < hs; ++i) o[i] = store<T>(out_head[t * hs + i]);
+      }
+    }
+  });
+}
+
+/// Accumulates dqkv [B, T, 3C] from dout [B, T, C], the saved att and the forward input qkv;
+/// dropout must be the forward's mask.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, std::int64_t B,
+                        std::int64_t Tn, std::int64_t C, std::int64_t NH,
+                        const DropoutMask& dropout = {}) {
+  using A = compute_type_t<T>;
+  const std::int64_t hs = C / NH;
+  const A scale = A(1) / std::sqrt(static_cast<A>(hs));
+  constexpr bool in_place = std::is_same_v<A, T>;
+  blas_single_threaded();
+  parallel_for(B * NH, [&](std::int64_t bh) {
+    const std::int64_t b = bh / NH, h = bh % NH;
+    std::unique_ptr<A[]> widened, grad_storage, dy_storage, p_storage;
+    const auto head = detail::head_operands(qkv, b, h, Tn, C, hs, widened);
+    // The head's gradients dq, dk, dv: dqkv itself for f32/f64; for half types a float copy
+    // [T][q k v][hs] that collects every contribution and is rounded into dqkv once at the end.
+    // dy likewise (a view of dout, or a widened copy).
+    A* grad = nullptr;
+    const A* dy = nullptr;
+    std::int64_t ld_grad = 3 * C, ld_dy = C, k_offset = C, v_offset = 2 * C;
+    if constexpr (in_place) {
+      grad = dqkv + b * Tn * 3 * C + h * hs;
+      dy = dout + b * Tn * C + h * hs;
+    } else {
+      ld_grad = 3 * hs, ld_dy = hs, k_offset = hs, v_offset = 2 * hs;
+      grad_storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(Tn * 3 * hs));
+      dy_storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(Tn * hs));
+      grad = grad_storage.get();
+      A* dy_head = dy_storage.get();
+      for (std::int64_t t = 0; t < Tn; ++t) {
+        const T* src = dqkv + (b * Tn + t) * 3 * C + h * hs;
+        for (std::int64_t part = 0; part < 3; ++part) {
+          for (std::int64_t i = 0; i < hs; ++i)
+            grad[t * ld_grad + part * hs + i] = load(src[part * C + i]);
+        }
+        const T* d = dout + (b * Tn + t) * C + h * hs;
+        for (std::int64_t i = 0; i < hs; ++i) dy_head[t * hs + i] = load(d[i]);
+      }
+      dy = dy_head;
+    }
+    // Per block: p (the probabilities as used, dropout applied) and dp = dY V^T, then dS in dp.
+    const std::int64_t block = std::min(attention_block, Tn);
+    p_storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(2 * block * Tn));
+    A* p = p_storage.get();
+    A* dp = p + block * Tn;
+    const T* att_head = att + bh * Tn * Tn;
+    for (std::int64_t t0 = 0; t0 < Tn; t0 += attention_block) {
+      const std::int64_t rows = std::min(attention_block, Tn - t0), keys = t0 + rows;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* a = att_head + (t0 + r) * Tn;
+        for (std::int64_t t2 = 0; t2 < keys; ++t2) p[r * keys + t2] = load(a[t2]);
+        if (dropout.active()) {
+          detail::apply_dropout(p + r * keys, keys, (bh * Tn + t0 + r) * Tn, dropout);
+        }
+      }
+      const A* dy_block = dy + t0 * ld_dy;
+      // dV[0, keys) += P^T dY
+      gemm_serial<A>(Trans::yes, Trans::no, keys, hs, rows, A(1), p, keys, dy_block, ld_dy, A(1),
+                     grad + v_offset, ld_grad);
+      // dP = dY V^T through the mask, then the softmax backward on the saved (undropped) att:
+      // dS = att (dP - sum_j att_j dP_j) / sqrt(hs).
+      gemm_serial<A>(Trans::no, Trans::yes, rows, keys, hs, A(1), dy_block, ld_dy, head.v, head.ld,
+                     A(0), dp, keys);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t t = t0 + r;
+        const T* a = att_head + t * Tn;
+        A* d = dp + r * keys;
+        if (dropout.active()) detail::apply_dropout(d, t + 1, (bh * Tn + t) * Tn, dropout);
+        A dot = A(0);
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) dot += d[t2] * load(a[t2]);
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) d[t2] = load(a[t2]) * (d[t2] - dot) * scale;
+        for (std::int64_t t2 = t + 1; t2 < keys; ++t2) d[t2] = A(0);
+      }
+      // dQ[block] += dS K;  dK[0, keys) += dS^T Q[block]
+      gemm_serial<A>(Trans::no, Trans::no, rows, hs, keys, A(1), dp, keys, head.k, head.ld, A(1),
+                     grad + t0 * ld_grad, ld_grad);
+      gemm_serial<A>(Trans::yes, Trans::no, keys, hs, rows, A(1), dp, keys, head.q + t0 * head.ld,
+                     head.ld, A(1), grad + k_offset, ld_grad);
+    }
+    if constexpr (!in_place) {
+      for (std::int64_t t = 0; t < Tn; ++t) {
+        T* dst = dqkv + (b * Tn + t) * 3 * C + h * hs;
+        for (std::int64_t part = 0; part < 3; ++part) {
+          for (std::int64_t i = 0; i < hs; ++i)
+            dst[part * C + i] = store<T>(grad[t * ld_grad + part * hs + i]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace zero::ops::cpu
