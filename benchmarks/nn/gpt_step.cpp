@@ -1,10 +1,11 @@
 // Host forward + backward step of nn::GPT in f32 and in bf16 (bf16 storage, f32 compute),
 // beside the raw GEMMs of the step's dominant shapes measured in the same run (so the fraction
 // of GEMM speed reached is printed): OpenBLAS's own threaded sgemm for f32 rows; for bf16 rows
-// OpenBLAS's threaded cblas_sbgemm where the loaded OpenBLAS has a usable one, otherwise the
-// fallback zero uses (widen A and B to float, sgemm, round C to bf16), timed with OpenBLAS's
-// threading. Per-shape rows ("bench": "gemm") time those raw GEMMs and zero's own gemm<T> (the
-// fixed 64-row split, single-threaded BLAS per block) on each shape.
+// the library of zero's bf16 path (ops/cpu/gemm.hpp: one oneDNN matmul on the OpenMP threads,
+// or OpenBLAS's threaded cblas_sbgemm), otherwise the fallback zero uses (widen A and B to float,
+// sgemm, round C to bf16), timed with the library's own threading; the rows name the path
+// ("gemm"). Per-shape rows ("bench": "gemm") time those raw GEMMs and zero's own gemm<T> (the
+// fixed tiles of gemm_tiles, one single-threaded library call per tile) on each shape.
 //
 // FLOPs per token: 6N + 6LCT (N parameters including the tied LM head's V*C; the attention term
 // is PaLM's 12LCT halved for the causal mask). One JSON object per line.
@@ -12,15 +13,32 @@
 //   ./gpt_step [--model gpt2|small-test|...] [--batch B] [--seq T] [--threads 1,2] [--steps 3]
 //              [--dtype f32,bf16] [--gemm-shapes 1|0]
 //              [--layers L --heads H --channels C --vocab V]  (override the preset's sizes)
+//              [--peer PYTHON|none]
 // After each (dtype, threads) row, a "gpt_step_ops" row gives one more step's time per layer kind.
+//
+// PyTorch peer: after zero's rows for a dtype, gpt_step runs benchmarks/nn/torch_peer.py (its
+// source path is compiled in as ZERO_TORCH_PEER_SCRIPT) under --peer PYTHON (default: the
+// environment's ZERO_PEER_PYTHON, else python3) with the same shape, dtype, thread counts and step
+// count, one run after the other, never concurrently. The script is a plain nn.Module GPT-2 of the
+// same shape and parameter count on the CPU, timed as here (one warm-up, best of --steps, gradients
+// zeroed in place outside the timer). Its "gpt_step_peer" rows (fwd+bwd tokens/s, and ms with an
+// AdamW step) are passed through, then one "gpt_step_vs_peer" row per (dtype, threads) gives
+// zero_ms / peer_ms of fwd+bwd (unit "ratio", lower is better) and, as with_adamw_ratio, of
+// fwd+bwd plus the AdamW step (zero's fused AdamW, timed after its rows' fwd+bwd). When PYTHON
+// cannot import torch the peer is skipped with one line on stderr; --peer none turns it off.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
+#include <nlohmann/json.hpp>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -29,6 +47,8 @@
 #include <cblas.h>
 #endif
 
+#include <optim/adam.hpp>
+#include <optim/fused_io.hpp>
 #include <zero/core/arena.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
@@ -87,8 +107,9 @@ void round_to(std::vector<bf16>& out, const std::vector<float>& in) {
   });
 }
 
-// Seconds of one raw GEMM of shape s at OpenBLAS's own threading (best of 3): sgemm for f32; for
-// bf16 cblas_sbgemm when usable, else widen+sgemm+round as zero's fallback does.
+// Seconds of one raw GEMM of shape s at the library's own threading (best of 3): sgemm for f32;
+// for bf16 the library zero's path uses (one oneDNN matmul, or cblas_sbgemm, then rounding),
+// else widen+sgemm+round as zero's fallback does.
 template <class T>
 double raw_gemm_seconds(const Mm& s, int threads) {
 #if defined(ZERO_WITH_BLAS)
@@ -103,6 +124,13 @@ double raw_gemm_seconds(const Mm& s, int threads) {
     if constexpr (std::is_same_v<T, float>) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
                   0.0f, c.data(), n);
+    } else if (zero::ops::cpu::dnnl_bf16_usable()) {  // one oneDNN call on the OpenMP threads
+#if defined(ZERO_WITH_DNNL)
+      std::vector<float> c32(c.size());
+      zero::ops::cpu::dnnl_bf16_gemm_accumulate(false, true, m, n, k, 1.0f, a.data(), k, b.data(),
+                                                k, c32.data(), n);
+      round_to(c, c32);
+#endif
     } else if (const auto sbgemm = zero::ops::cpu::usable_sbgemm(); sbgemm != nullptr) {
       std::vector<float> c32(c.size());
       sbgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f,
@@ -189,10 +217,60 @@ void print_op_breakdown(zero::nn::GPT<T>& model, zero::nn::StepContext<T> ctx,
       dtype_name<T>(), threads, total * 1e3, ms.c_str(), fraction.c_str());
 }
 
+// One AdamW step over every unit with zero's fused driver (optim::AdamW), as a single-process
+// trainer runs it after the backward: f32 parameters are their own master; bf16 keeps an fp32
+// master per unit and writes the rounded bf16 parameters back in the same pass.
 template <class T>
-void bench_model(const std::string& model_name, const zero::nn::GPTConfig& cfg, std::int64_t B,
-                 std::int64_t T_len, int steps, const std::vector<int>& thread_counts,
-                 bool gemm_rows) {
+class AdamWStep {
+ public:
+  explicit AdamWStep(zero::nn::LocalParameters<zero::nn::GPT<T>>& params, int units)
+      : params_(params), units_(units) {
+    for (int u = 0; u < units; ++u) {
+      const zero::Tensor<T> values = params.unit_values(u);
+      optimizers_.emplace_back(static_cast<std::size_t>(values.numel()));
+      if constexpr (!std::is_same_v<T, float>) {
+        std::vector<float> master(static_cast<std::size_t>(values.numel()));
+        for (std::size_t i = 0; i < master.size(); ++i) {
+          master[i] = zero::convert<float>(values.data()[i]);
+        }
+        masters_.push_back(std::move(master));
+      }
+    }
+  }
+  void run() {
+    for (int u = 0; u < units_; ++u) {
+      const zero::Tensor<T> values = params_.unit_values(u), grads = params_.unit_grads(u);
+      const auto n = static_cast<std::size_t>(values.numel());
+      const std::span<const T> grad(grads.data(), n);
+      auto& opt = optimizers_[static_cast<std::size_t>(u)];
+      if constexpr (std::is_same_v<T, float>) {
+        opt.step(zero::optim::FusedIo::over(std::span<float>(values.data(), n), grad));
+      } else {
+        std::vector<float>& master = masters_[static_cast<std::size_t>(u)];
+        opt.step(zero::optim::FusedIo::over(std::span<float>(master), grad)
+                     .write_back(std::span<T>(values.data(), n)));
+      }
+    }
+  }
+
+ private:
+  zero::nn::LocalParameters<zero::nn::GPT<T>>& params_;
+  int units_;
+  std::vector<zero::optim::AdamW> optimizers_;
+  std::vector<std::vector<float>> masters_;
+};
+
+// zero's best times of one configuration, for the peer comparison.
+struct StepTimes {
+  double fwd_bwd_ms = 0;     ///< forward + backward
+  double with_adamw_ms = 0;  ///< forward + backward + the AdamW step
+};
+
+// Returns zero's best times per thread count, for the peer comparison.
+template <class T>
+std::map<int, StepTimes> bench_model(const std::string& model_name, const zero::nn::GPTConfig& cfg,
+                                     std::int64_t B, std::int64_t T_len, int steps,
+                                     const std::vector<int>& thread_counts, bool gemm_rows) {
   zero::nn::GPT<T> model(cfg);
   zero::nn::LocalParameters<zero::nn::GPT<T>> params(model, 1234);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T_len)), targets(tokens.size());
@@ -216,6 +294,8 @@ void bench_model(const std::string& model_name, const zero::nn::GPTConfig& cfg, 
                                                       static_cast<double>(cfg.channels) *
                                                       static_cast<double>(T_len);
   const std::vector<Mm> shapes = step_shapes(B * T_len, cfg.channels, cfg.vocab_size);
+  std::map<int, StepTimes> best_ms;
+  AdamWStep<T> adamw(params, model.num_units());
   for (int threads : thread_counts) {
     set_threads(threads);
     double best = 1e30;
@@ -233,6 +313,12 @@ void bench_model(const std::string& model_name, const zero::nn::GPTConfig& cfg, 
       model.backward(ctx);
       const double t = seconds_since(t0);
       if (s > 0) best = std::min(best, t);
+    }
+    double best_adamw = 1e30;
+    for (int s = 0; s < steps + 1; ++s) {
+      const auto t0 = Clock::now();
+      adamw.run();
+      if (s > 0) best_adamw = std::min(best_adamw, seconds_since(t0));
     }
     print_op_breakdown(model, ctx, model_name, threads);
     double gemm_flops = 0, raw_seconds = 0;
@@ -260,16 +346,112 @@ void bench_model(const std::string& model_name, const zero::nn::GPTConfig& cfg, 
         "{\"bench\": \"gpt_step\", \"config\": {\"model\": \"%s\", \"params\": %.0f, "
         "\"B\": %lld, \"T\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"blas\": %s, "
         "\"gemm\": \"%s\"}, \"value\": %.1f, \"unit\": \"tokens/s\", "
-        "\"ms_per_step\": %.1f, \"gflops\": %.1f, \"%s_gflops\": %.1f, "
-        "\"fraction_of_%s\": %.3f, \"loss\": %.4f}\n",
+        "\"ms_per_step\": %.1f, \"ms_per_step_with_adamw\": %.1f, \"gflops\": %.1f, "
+        "\"%s_gflops\": %.1f, \"fraction_of_%s\": %.3f, \"loss\": %.4f}\n",
         model_name.c_str(), n_params, static_cast<long long>(B), static_cast<long long>(T_len),
         dtype_name<T>(), threads, zero::ops::cpu::gemm_uses_blas() ? "true" : "false",
-        gemm_path<T>(), tokens_per_s, best * 1e3, gflops,
+        gemm_path<T>(), tokens_per_s, best * 1e3, (best + best_adamw) * 1e3, gflops,
         std::is_same_v<T, float> ? "sgemm" : "bf16_gemm", gemm,
         std::is_same_v<T, float> ? "sgemm" : "bf16_gemm", gemm > 0 ? gflops / gemm : 0.0,
         static_cast<double>(loss));
     std::fflush(stdout);
+    best_ms[threads] = {best * 1e3, (best + best_adamw) * 1e3};
   }
+  return best_ms;
+}
+
+// `text` quoted for /bin/sh, so a path with spaces or quotes reaches popen's shell intact.
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Runs `command` under /bin/sh and returns its exit status (-1 when it did not exit normally),
+// handing each line of its stdout to on_line.
+template <class OnLine>
+int run_lines(const std::string& command, OnLine on_line) {
+  std::fflush(stdout);  // keep our rows ahead of anything the child prints
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  std::string line;
+  char chunk[4096];
+  while (std::fgets(chunk, sizeof chunk, pipe) != nullptr) {
+    line += chunk;
+    if (line.back() != '\n') continue;  // a line longer than the chunk
+    line.pop_back();
+    on_line(line);
+    line.clear();
+  }
+  if (!line.empty()) on_line(line);
+  const int status = pclose(pipe);
+  return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Empty when `python` can import torch, else why not (the last line it printed, or a status).
+std::string peer_unavailable_reason(const std::string& python) {
+  std::string last;
+  const int status =
+      run_lines(shell_quoted(python) + " -c 'import torch' 2>&1", [&](const std::string& line) {
+        if (!line.empty()) last = line;
+      });
+  if (status == 0) return {};
+  return last.empty() ? std::string("exit status ").append(std::to_string(status)) : last;
+}
+
+// Runs torch_peer.py for one dtype with the same shape, passes its rows through, and prints one
+// "gpt_step_vs_peer" row per thread count that both sides measured.
+void run_peer(const std::string& python, const std::string& model_name,
+              const zero::nn::GPTConfig& cfg, std::int64_t B, std::int64_t T_len, int steps,
+              const std::string& dtype, const std::vector<int>& thread_counts,
+              const std::map<int, StepTimes>& zero_ms) {
+  std::string threads;
+  for (int t : thread_counts) {
+    if (!threads.empty()) threads += ',';
+    threads += std::to_string(t);
+  }
+  const std::string command =
+      shell_quoted(python) + " " + shell_quoted(ZERO_TORCH_PEER_SCRIPT) + " --model " +
+      shell_quoted(model_name) + " --layers " + std::to_string(cfg.num_layers) + " --heads " +
+      std::to_string(cfg.num_heads) + " --channels " + std::to_string(cfg.channels) + " --vocab " +
+      std::to_string(cfg.vocab_size) + " --positions " + std::to_string(cfg.max_seq_len) +
+      " --batch " + std::to_string(B) + " --seq " + std::to_string(T_len) + " --dtype " + dtype +
+      " --threads " + threads + " --steps " + std::to_string(steps);
+  std::vector<std::string> vs_rows;
+  const int status = run_lines(command, [&](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!row.is_object() || row.value("bench", "") != "gpt_step_peer") return;
+    const nlohmann::json& config = row.at("config");
+    const auto params = config.at("params").get<std::int64_t>();
+    if (params != cfg.num_parameters())
+      std::fprintf(stderr, "gpt_step: the PyTorch peer has %lld parameters, zero's model %lld\n",
+                   static_cast<long long>(params), static_cast<long long>(cfg.num_parameters()));
+    const int t = config.at("threads").get<int>();
+    const auto zero_it = zero_ms.find(t);
+    if (zero_it == zero_ms.end()) return;
+    const double peer_ms = row.at("ms_per_step").get<double>();
+    const double peer_adamw_ms = row.value("ms_per_step_with_adamw", 0.0);
+    const StepTimes& own = zero_it->second;
+    char vs[640];
+    std::snprintf(vs, sizeof vs,
+                  "{\"bench\": \"gpt_step_vs_peer\", \"config\": {\"model\": \"%s\", \"B\": %lld, "
+                  "\"T\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"peer\": \"torch %s\"}, "
+                  "\"value\": %.3f, \"unit\": \"ratio\", \"zero_ms_per_step\": %.1f, "
+                  "\"peer_ms_per_step\": %.1f, \"with_adamw_ratio\": %.3f, "
+                  "\"zero_ms_per_step_with_adamw\": %.1f, \"peer_ms_per_step_with_adamw\": %.1f}",
+                  model_name.c_str(), static_cast<long long>(B), static_cast<long long>(T_len),
+                  dtype.c_str(), t, config.value("torch", "?").c_str(), own.fwd_bwd_ms / peer_ms,
+                  own.fwd_bwd_ms, peer_ms,
+                  peer_adamw_ms > 0 ? own.with_adamw_ms / peer_adamw_ms : 0.0, own.with_adamw_ms,
+                  peer_adamw_ms);
+    vs_rows.emplace_back(vs);
+  });
+  for (const std::string& vs : vs_rows) std::printf("%s\n", vs.c_str());
+  if (status != 0)
+    std::fprintf(stderr, "gpt_step: the PyTorch peer (%s) exited with status %d\n", command.c_str(),
+                 status);
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -282,6 +464,8 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1, 2};
   std::vector<std::string> dtypes = {"f32", "bf16"};
   std::int64_t layers = 0, heads = 0, channels = 0, vocab = 0;  // 0: the preset's
+  const char* peer_env = std::getenv("ZERO_PEER_PYTHON");
+  std::string peer_python = peer_env != nullptr && *peer_env != '\0' ? peer_env : "python3";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model")
@@ -300,6 +484,8 @@ int main(int argc, char** argv) {
       T = std::atoll(value.c_str());
     else if (flag == "--steps")
       steps = std::atoi(value.c_str());
+    else if (flag == "--peer")
+      peer_python = value;
     else if (flag == "--gemm-shapes")
       gemm_rows = value != "0";
     else if (flag == "--dtype")
@@ -323,15 +509,26 @@ int main(int argc, char** argv) {
                  "C-" + std::to_string(cfg.num_heads) + "H-" + std::to_string(cfg.vocab_size) + "V";
   }
   cfg.validate();
+  bool peer = peer_python != "none";
+  if (peer) {
+    const std::string reason = peer_unavailable_reason(peer_python);
+    if (!reason.empty()) {
+      std::fprintf(stderr, "gpt_step: PyTorch peer skipped: %s cannot import torch (%s)\n",
+                   peer_python.c_str(), reason.c_str());
+      peer = false;
+    }
+  }
   for (const std::string& dtype : dtypes) {
+    std::map<int, StepTimes> zero_ms;
     if (dtype == "f32") {
-      bench_model<float>(model_name, cfg, B, T, steps, thread_counts, gemm_rows);
+      zero_ms = bench_model<float>(model_name, cfg, B, T, steps, thread_counts, gemm_rows);
     } else if (dtype == "bf16") {
-      bench_model<bf16>(model_name, cfg, B, T, steps, thread_counts, gemm_rows);
+      zero_ms = bench_model<bf16>(model_name, cfg, B, T, steps, thread_counts, gemm_rows);
     } else {
       std::fprintf(stderr, "unknown dtype %s (expected f32 or bf16)\n", dtype.c_str());
       return 2;
     }
+    if (peer) run_peer(peer_python, model_name, cfg, B, T, steps, dtype, thread_counts, zero_ms);
   }
   return 0;
 }
