@@ -4,9 +4,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <parallel/comm/mpi_comm.hpp>
@@ -128,6 +130,77 @@ TEST_CASE("MpiComm: all_reduce above the ring threshold runs libnbc's ring and s
   CHECK(MpiComm::thread_level() == MPI_THREAD_MULTIPLE);
 }
 
+namespace {
+/// Rank r's element i for the direct-exchange test: not small integers, so that sums round and
+/// a fold in another order than rank order would show.
+float inexact_input(int rank, std::size_t i) {
+  return 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i % 97);
+}
+
+/// reduce_scatter (sum or avg) and all_gather of `chunk` elements per rank, each against the
+/// rank-order fp32 fold of every rank's input, bit for bit, with and without aliased buffers.
+template <class T>
+void check_direct_exchange(MpiComm& comm, std::size_t chunk) {
+  const int n = comm.size(), me = comm.rank();
+  const auto un = static_cast<std::size_t>(n), mine = static_cast<std::size_t>(me) * chunk;
+  std::vector<T> send(un * chunk);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = convert<T>(inexact_input(me, i));
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+    INFO("group " << comm.name() << " chunk " << chunk << " op " << name_of(op));
+    std::vector<T> want(chunk), wrong(chunk);
+    auto fold = [&](std::size_t at) {  // MpiComm's fold: fp32, rank order, rounded once
+      float acc = static_cast<float>(convert<T>(inexact_input(0, at)));
+      for (int q = 1; q < n; ++q) acc = acc + static_cast<float>(convert<T>(inexact_input(q, at)));
+      if (op == ReduceOp::avg) acc = acc / static_cast<float>(n);
+      return convert<T>(acc);
+    };
+    for (std::size_t i = 0; i < chunk; ++i) {
+      want[i] = fold(mine + i);
+      wrong[i] = fold(((static_cast<std::size_t>(me) + 1) % un) * chunk + i);  // another chunk
+    }
+    std::vector<T> recv(chunk);
+    comm.reduce_scatter(std::span<const T>(send), std::span<T>(recv), op);
+    CHECK(first_mismatch(recv, want) == -1);
+    if (n > 1) CHECK(first_mismatch(recv, wrong) != -1);  // negative control
+    std::vector<T> in_place = send;  // NCCL's form: recv is this rank's chunk of send
+    comm.reduce_scatter(std::span<const T>(in_place), std::span<T>(in_place).subspan(mine, chunk),
+                        op);
+    CHECK(first_mismatch(std::vector<T>(in_place.begin() + static_cast<long>(mine),
+                                        in_place.begin() + static_cast<long>(mine + chunk)),
+                         want) == -1);
+  }
+  std::vector<T> want_ag(un * chunk), gathered(un * chunk);
+  for (int q = 0; q < n; ++q) {
+    for (std::size_t i = 0; i < chunk; ++i) {
+      want_ag[static_cast<std::size_t>(q) * chunk + i] = convert<T>(inexact_input(q, i));
+    }
+  }
+  const std::vector<T> part(send.begin(), send.begin() + static_cast<long>(chunk));
+  comm.all_gather(std::span<const T>(part), std::span<T>(gathered));
+  CHECK(first_mismatch(gathered, want_ag) == -1);
+  std::vector<T> in_place(un * chunk);
+  std::copy(part.begin(), part.end(), in_place.begin() + static_cast<long>(mine));
+  comm.all_gather(std::span<const T>(in_place).subspan(mine, chunk), std::span<T>(in_place));
+  CHECK(first_mismatch(in_place, want_ag) == -1);
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE(
+    "MpiComm: all_gather and reduce_scatter on small groups run as direct exchanges, exactly",
+    "[mpi]", float, zero::bf16) {
+  // The rule (mpi_algorithms.hpp): direct up to 8 ranks, libnbc above.
+  CHECK(parallel::detail::direct_exchange(2));
+  CHECK(parallel::detail::direct_exchange(8));
+  CHECK_FALSE(parallel::detail::direct_exchange(9));
+  auto world = MpiComm::world();
+  auto halves = world.split(world.rank() % 2, world.rank(), "parity");
+  // 64 KiB of f32 in all at 4 ranks, and 1 MiB + 3 elements per rank (sizes comm_bench times).
+  for (std::size_t chunk : {std::size_t{4096}, std::size_t{(1 << 18) + 3}}) {
+    check_direct_exchange<TestType>(world, chunk);
+    check_direct_exchange<TestType>(halves, chunk);
+  }
+}
+
 TEST_CASE("MpiComm: ProcessGroups' sub-communicators hold the Grid's ranks", "[mpi]") {
   auto world = MpiComm::world();
   const int n = world.size();
@@ -200,6 +273,28 @@ TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the
     } else {
       world.barrier();  // the others have timed out; now join, so their requests complete
       late.barrier();
+    }
+    world.barrier();
+  }
+  {
+    // The same for an all_gather, which runs as a direct exchange (mpi_direct.hpp). Small
+    // messages go eagerly, so the late rank's exchange completes against the abandoned one.
+    auto late = world.split(0, me, "late_gather");
+    late.set_options(CommOptions{.timeout_s = 0.5});
+    std::vector<float> mine(4, 1.0f), all(4 * static_cast<std::size_t>(n));
+    if (me != n - 1) {
+      const auto start = std::chrono::steady_clock::now();
+      CHECK_THROWS_WITH(late.all_gather(std::span<const float>(mine), std::span<float>(all)),
+                        Contains("all_gather") && Contains("group 'late_gather'") &&
+                            Contains("timed out after 0.5 s") && Contains("never joined it") &&
+                            Contains("(world ranks [" + std::to_string(n - 1) + "])"));
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      CHECK(s < 2.5);
+      world.barrier();
+    } else {
+      world.barrier();
+      late.all_gather(std::span<const float>(mine), std::span<float>(all));
     }
     world.barrier();
   }

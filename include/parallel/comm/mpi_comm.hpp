@@ -1,10 +1,11 @@
 // zero-requires: mpi
 #pragma once
 // MpiComm: the Communicator over MPI. Boost.MPI owns the environment and the communicators
-// (boost::mpi::environment, boost::mpi::communicator); every op is a plain nonblocking MPI call
-// (MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Ialltoallv, ...) because Boost.MPI's
-// collectives block and have no reduce-scatter or all-to-all-v, and a nonblocking request can
-// be polled with MPI_Test against the deadline. A blocking op is its async form plus wait().
+// (boost::mpi::environment, boost::mpi::communicator); every op is plain nonblocking MPI
+// (MPI_Iallreduce, MPI_Ialltoallv, ...; all_gather and reduce_scatter on groups of up to 8 ranks
+// as MPI_Isend/MPI_Irecv exchanges, see mpi_direct.hpp) because Boost.MPI's collectives block
+// and have no reduce-scatter or all-to-all-v, and nonblocking requests can be polled with
+// MPI_Test against the deadline. A blocking op is its async form plus wait().
 //
 // bf16/f16 reductions are staged in fp32 (convert, reduce in float, round once), so they
 // accumulate in fp32 like LocalComm's; avg is a sum divided on completion (MPI has no avg).
@@ -46,6 +47,7 @@
 #include <parallel/comm/communicator.hpp>
 #include <parallel/comm/mpi_algorithms.hpp>
 #include <parallel/comm/mpi_control.hpp>
+#include <parallel/comm/mpi_direct.hpp>
 #include <parallel/comm/reduce_op.hpp>
 #include <parallel/comm/work.hpp>
 #include <zero/core/dtype.hpp>
@@ -106,6 +108,7 @@ struct MpiShared {
   std::vector<int> world_ranks;        ///< MPI_COMM_WORLD rank of each rank, for messages
   std::vector<MPI_Request> abandoned;  ///< requests of timed-out ops (MPI cannot cancel them)
   MPI_Comm control = MPI_COMM_NULL;    ///< the group's control channel (mpi_control.hpp)
+  MPI_Comm exchange = MPI_COMM_NULL;   ///< direct exchanges' channel (mpi_direct.hpp), or null
   bool grouping = false;               ///< between group_start and group_end
   std::vector<std::shared_ptr<WorkState>> grouped;  ///< point-to-point ops posted in the group
 
@@ -118,6 +121,7 @@ struct MpiShared {
     int finalized = 1;
     MPI_Finalized(&finalized);
     if (control != MPI_COMM_NULL && !finalized) MPI_Comm_free(&control);
+    if (exchange != MPI_COMM_NULL && !finalized) MPI_Comm_free(&exchange);
   }
 
   /// How long a census waits for the other ranks' reports: ranks stuck in the same collective
@@ -163,13 +167,20 @@ class MpiWork final : public WorkState {
   MpiWork(std::shared_ptr<MpiShared> shared, Info info)
       : shared_(std::move(shared)), info_(info), start_(CommClock::now()) {}
   ~MpiWork() override {
-    if (request_ != MPI_REQUEST_NULL) shared_->abandoned.push_back(request_);
+    for (MPI_Request r : requests_) {
+      if (r != MPI_REQUEST_NULL) shared_->abandoned.push_back(r);
+    }
   }
 
   /// What names the op.
   const Info& info() const { return info_; }
   /// The request to fill (pass to MPI_I*).
-  MPI_Request* request() { return &request_; }
+  MPI_Request* request() { return requests_.data(); }
+  /// count requests to fill, for an op made of several messages (it completes when all have).
+  MPI_Request* requests(std::size_t count) {
+    requests_.assign(count, MPI_REQUEST_NULL);
+    return requests_.data();
+  }
   /// Runs when the request completes (before the Work reports done); sees the status.
   std::function<void(const MPI_Status&)> on_complete;
   /// Buffers owned by the op (staging, counts) that must live until it completes.
@@ -195,7 +206,13 @@ class MpiWork final : public WorkState {
     if (finished_) return true;
     int flag = 0;
     MPI_Status status{};
-    check(MPI_Test(&request_, &flag, &status), "MPI_Test");
+    if (requests_.size() == 1) {
+      check(MPI_Test(requests_.data(), &flag, &status), "MPI_Test");
+    } else {
+      check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                        MPI_STATUSES_IGNORE),
+            "MPI_Testall");
+    }
     if (flag) finish(status);
     return finished_;
   }
@@ -226,8 +243,8 @@ class MpiWork final : public WorkState {
   [[noreturn]] void timeout() {
     if (info_.op == CommOp::recv) {
       // A receive can be cancelled, which leaves the communicator usable.
-      MPI_Cancel(&request_);
-      MPI_Wait(&request_, MPI_STATUS_IGNORE);
+      MPI_Cancel(requests_.data());
+      MPI_Wait(requests_.data(), MPI_STATUS_IGNORE);
     }
     finished_ = true;
     if (info_.peer >= 0) {
@@ -246,7 +263,7 @@ class MpiWork final : public WorkState {
 
   void finish(const MPI_Status& status) {
     finished_ = true;
-    request_ = MPI_REQUEST_NULL;
+    requests_.assign(requests_.size(), MPI_REQUEST_NULL);
     try {
       if (on_complete) on_complete(status);
     } catch (...) {
@@ -267,7 +284,7 @@ class MpiWork final : public WorkState {
   std::shared_ptr<MpiShared> shared_;
   Info info_;
   CommClock::time_point start_;
-  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> requests_{MPI_REQUEST_NULL};
   bool finished_ = false;
   std::exception_ptr error_;
 };
@@ -357,7 +374,10 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     child->options = s.options;
     child->logger = s.logger;
     child->world_ranks = world_ranks_of(out);
-    child->control = duplicate(out, child->name);
+    child->control = duplicate(out, child->name, "control channel");
+    if (detail::direct_exchange(child->size())) {
+      child->exchange = duplicate(out, child->name, "direct exchanges");
+    }
     return MpiComm(std::move(child));
   }
 
@@ -419,7 +439,8 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     }
     return Work(std::move(w));
   }
-  /// Async reduce_scatter (MPI_Ireduce_scatter_block).
+  /// Async reduce_scatter: a direct exchange on small groups (mpi_direct.hpp), else
+  /// MPI_Ireduce_scatter_block.
   template <CommElement T>
   [[nodiscard]] Work reduce_scatter_async(std::span<const std::type_identity_t<T>> send,
                                           std::span<T> recv, ReduceOp op) {
@@ -429,7 +450,9 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     auto w = make_work(CommOp::reduce_scatter, send.size_bytes(), dtype_of<T>);
     const int count = detail::mpi_count(recv.size(), CommOp::reduce_scatter);
     const MPI_Comm comm = native_handle();
-    if constexpr (is_half_type<T>) {
+    if (checked().exchange != MPI_COMM_NULL) {
+      direct_reduce_scatter(*w, send, recv, op, count);
+    } else if constexpr (is_half_type<T>) {
       auto in = staged(send), out = std::make_shared<std::vector<float>>(recv.size());
       w->keep_alive = {in, out};
       w->check(MPI_Ireduce_scatter_block(in->data(), out->data(), count, MPI_FLOAT,
@@ -451,16 +474,23 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     }
     return Work(std::move(w));
   }
-  /// Async all_gather (in place when send is this rank's chunk of recv).
+  /// Async all_gather (in place when send is this rank's chunk of recv): a direct exchange on
+  /// small groups (mpi_direct.hpp), else MPI_Iallgather.
   template <CommElement T>
   [[nodiscard]] Work all_gather_async(std::span<const std::type_identity_t<T>> send,
                                       std::span<T> recv) {
-    expect_size(CommOp::all_gather, "recv", recv.size(),
-                send.size() * static_cast<std::size_t>(size()));
+    const int n = size(), me = rank();
+    expect_size(CommOp::all_gather, "recv", recv.size(), send.size() * static_cast<std::size_t>(n));
     auto w = make_work(CommOp::all_gather, recv.size_bytes(), dtype_of<T>);
     const int count = detail::mpi_count(send.size(), CommOp::all_gather);
-    const bool in_place =
-        send.data() == recv.data() + static_cast<std::size_t>(rank()) * send.size();
+    if (const MPI_Comm exchange = checked().exchange; exchange != MPI_COMM_NULL) {
+      w->check(detail::post_direct_all_gather(send.data(), recv.data(), count,
+                                              detail::mpi_datatype<T>(), sizeof(T), me, n, exchange,
+                                              w->requests(detail::direct_requests(n))),
+               "MPI_Isend/MPI_Irecv (all_gather)");
+      return Work(std::move(w));
+    }
+    const bool in_place = send.data() == recv.data() + static_cast<std::size_t>(me) * send.size();
     w->check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data(), count, detail::mpi_datatype<T>(),
                             recv.data(), count, detail::mpi_datatype<T>(), native_handle(),
                             w->request()),
@@ -574,16 +604,20 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     s->name = "world";
     s->options = options;
     s->world_ranks = world_ranks_of(MPI_COMM_WORLD);
-    s->control = duplicate(MPI_COMM_WORLD, s->name);
+    s->control = duplicate(MPI_COMM_WORLD, s->name, "control channel");
+    if (detail::direct_exchange(s->size())) {
+      s->exchange = duplicate(MPI_COMM_WORLD, s->name, "direct exchanges");
+    }
     return MpiComm(std::move(s));
   }
 
-  // The control channel of a group: collective like the MPI_Comm_split before it.
-  static MPI_Comm duplicate(MPI_Comm comm, std::string_view name) {
+  // A channel of a group (control, direct exchanges): collective like the MPI_Comm_split
+  // before it. Errors return, so that they become CommErrors naming the op.
+  static MPI_Comm duplicate(MPI_Comm comm, std::string_view name, std::string_view purpose) {
     MPI_Comm out = MPI_COMM_NULL;
     const int rc = MPI_Comm_dup(comm, &out);
-    expect<CommError>(rc == MPI_SUCCESS, "MpiComm: duplicating group '", name,
-                      "' for its control channel failed: ", detail::mpi_error_string(rc));
+    expect<CommError>(rc == MPI_SUCCESS, "MpiComm: duplicating group '", name, "' for its ",
+                      purpose, " failed: ", detail::mpi_error_string(rc));
     MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
     return out;
   }
@@ -665,6 +699,57 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     expect<CommError>(peer >= 0 && peer < size() && peer != rank(), "MpiComm: ", name_of(op),
                       " on group '", name(), "' at rank ", rank(), ": peer ", peer,
                       " must be another rank of this ", size(), "-rank group");
+  }
+
+  // reduce_scatter as a direct exchange (mpi_direct.hpp); bf16/f16 travel and fold as fp32.
+  template <class T>
+  void direct_reduce_scatter(detail::MpiWork& w, std::span<const T> send, std::span<T> recv,
+                             ReduceOp op, int count) {
+    const int n = size(), me = rank();
+    const std::size_t un = static_cast<std::size_t>(n), chunk = recv.size();
+    using Wire = std::conditional_t<is_half_type<T>, float, T>;  // what travels and folds
+    const MPI_Datatype type = is_half_type<T> ? MPI_FLOAT : detail::mpi_datatype<T>();
+    const MPI_Op mpi_op = detail::mpi_reduce_op(op);
+    auto peers = std::make_shared<std::vector<Wire>>((un - 1) * chunk);
+    const Wire* wire_send = nullptr;
+    std::shared_ptr<std::vector<Wire>> copy;  // staged input, or my chunk where recv aliases it
+    Wire* out = nullptr;
+    if constexpr (is_half_type<T>) {
+      copy = staged(send);
+      wire_send = copy->data();
+      auto folded = std::make_shared<std::vector<float>>(chunk);
+      out = folded->data();
+      w.on_complete = [=, &w](const MPI_Status&) {
+        w.check(detail::fold_direct_reduce_scatter(wire_send + static_cast<std::size_t>(me) * chunk,
+                                                   peers->data(), out, count, type, sizeof(Wire),
+                                                   mpi_op, me, n),
+                "MPI_Reduce_local");
+        unstage(*folded, recv, op, n);
+      };
+      w.keep_alive = {copy, peers, folded};
+    } else {
+      wire_send = send.data();
+      out = recv.data();
+      const Wire* own = send.data() + static_cast<std::size_t>(me) * chunk;
+      if (detail::overlaps(send.data(), send.size_bytes(), recv.data(), recv.size_bytes())) {
+        // MPI forbids aliased buffers (NCCL's in-place form has recv inside send). The fold
+        // writes recv only once every send has completed, so only my chunk is kept aside.
+        copy = std::make_shared<std::vector<Wire>>(own, own + chunk);
+        own = copy->data();
+      }
+      w.on_complete = [=, &w](const MPI_Status&) {
+        w.check(detail::fold_direct_reduce_scatter(own, peers->data(), out, count, type,
+                                                   sizeof(Wire), mpi_op, me, n),
+                "MPI_Reduce_local");
+        if (op == ReduceOp::avg) divide(recv, n);
+      };
+      w.keep_alive = {peers};
+      if (copy) w.keep_alive.push_back(copy);
+    }
+    w.check(detail::post_direct_reduce_scatter(wire_send, peers->data(), count, type, sizeof(Wire),
+                                               me, n, checked().exchange,
+                                               w.requests(detail::direct_requests(n))),
+            "MPI_Isend/MPI_Irecv (reduce_scatter)");
   }
 
   template <class T>
