@@ -219,15 +219,23 @@ void print_op_breakdown(zero::nn::GPT<T>& model, zero::nn::StepContext<T> ctx,
 
 // One AdamW step over every unit with zero's fused driver (optim::AdamW), as a single-process
 // trainer runs it after the backward: f32 parameters are their own master; bf16 keeps an fp32
-// master per unit and writes the rounded bf16 parameters back in the same pass.
+// master per unit and writes the rounded bf16 parameters back in the same pass. The learning
+// rate is 0 (the pass does the same work), so every row of a run steps the same weights and
+// reports the same loss.
 template <class T>
 class AdamWStep {
  public:
+  static zero::optim::AdamHyper hyper() {
+    zero::optim::AdamHyper h = zero::optim::AdamW::default_hyper();
+    h.lr = 0.0;
+    h.weight_decay = 0.1;
+    return h;
+  }
   explicit AdamWStep(zero::nn::LocalParameters<zero::nn::GPT<T>>& params, int units)
       : params_(params), units_(units) {
     for (int u = 0; u < units; ++u) {
       const zero::Tensor<T> values = params.unit_values(u);
-      optimizers_.emplace_back(static_cast<std::size_t>(values.numel()));
+      optimizers_.emplace_back(static_cast<std::size_t>(values.numel()), hyper());
       if constexpr (!std::is_same_v<T, float>) {
         std::vector<float> master(static_cast<std::size_t>(values.numel()));
         for (std::size_t i = 0; i < master.size(); ++i) {

@@ -554,3 +554,57 @@ TEST_CASE("linear bias: every ISA and thread count the same bits, f32 / bf16, an
     check_against_double(f32, f64);
   }
 }
+
+namespace {
+
+// Runs kernel(dinp, overwrite) twice, once adding into zeros and once writing over garbage;
+// returns whether the two results have the same bits.
+template <class T, class Kernel>
+bool overwrite_equals_adding_into_zeros(std::size_t n, Kernel&& kernel) {
+  std::vector<T> added(n, zero::convert<T>(0.0f)), written(n, zero::convert<T>(1e30f));
+  kernel(added.data(), false);
+  kernel(written.data(), true);
+  return std::memcmp(added.data(), written.data(), n * sizeof(T)) == 0;
+}
+
+template <class T>
+void check_overwrite(std::int64_t N, std::int64_t C) {
+  const auto n = static_cast<std::size_t>(N * C);
+  const auto x = cast<T>(float_values(n, 51, 3.0)), dy = cast<T>(float_values(n, 52));
+  const auto w = cast<T>(float_values(static_cast<std::size_t>(C), 53));
+  const auto b = cast<T>(float_values(static_cast<std::size_t>(C), 54));
+  INFO("N " << N << " C " << C);
+  CHECK(overwrite_equals_adding_into_zeros<T>(n, [&](T* dinp, bool overwrite) {
+    gelu_backward(dinp, x.data(), dy.data(), static_cast<std::int64_t>(n), overwrite);
+  }));
+  std::vector<T> y(n);
+  std::vector<float> mean(static_cast<std::size_t>(N)), rstd(mean.size());
+  layer_norm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  CHECK(overwrite_equals_adding_into_zeros<T>(n, [&](T* dinp, bool overwrite) {
+    std::vector<T> dw(static_cast<std::size_t>(C)), db(dw.size());
+    layer_norm_backward(dinp, dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                        rstd.data(), N, C, overwrite);
+  }));
+  // Linear's input gradient: dinp [N, C] from dout [N, C] and a [C, C] weight.
+  const auto weight = cast<T>(float_values(static_cast<std::size_t>(C * C), 55));
+  CHECK(overwrite_equals_adding_into_zeros<T>(n, [&](T* dinp, bool overwrite) {
+    linear_backward<T>(dinp, nullptr, nullptr, dy.data(), x.data(), weight.data(), N, C, C,
+                       overwrite);
+  }));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "input-gradient overwrite (Layer::writes_input_grad) equals adding into zeros, bit "
+    "for bit",
+    "[unit][ops]") {
+  for (auto [N, C] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 17}, {70, 33}, {9, 600}}) {
+    check_overwrite<float>(N, C);
+    check_overwrite<bf16>(N, C);
+  }
+  // Negative control: a kernel that adds even when asked to write is caught.
+  const auto x = float_values(40, 56), dy = float_values(40, 57);
+  CHECK_FALSE(overwrite_equals_adding_into_zeros<double>(
+      40, [&](double* dinp, bool) { gelu_backward(dinp, x.data(), dy.data(), 40, false); }));
+}

@@ -44,6 +44,9 @@ struct StepContext {
   /// Set for the input half of a split backward (zero-bubble pipeline schedules): layers that
   /// can, leave their weight-gradient GEMMs here (deferred_weight_grads.hpp); null otherwise.
   DeferredWeightGrads<T>* weight_grads = nullptr;
+  /// Set by Sequential for the backward of a layer whose writes_input_grad() is true: ctx.dx
+  /// holds no gradient yet (it was not zeroed), so the layer writes it instead of adding into it.
+  bool overwrite_dx = false;
   /// When set, Sequential times each layer's forward and backward into it by layer kind
   /// (profile/op_times.hpp); null (the default) times nothing.
   profile::OpTimes* op_times = nullptr;

@@ -89,14 +89,15 @@ class DeferredWeightGrads {
 /// ctx.weight_grads set, the input gradient now and the weight and bias gradients left there.
 template <class T>
 void linear_backward(const StepContext<T>& ctx, T* dinp, T* dweight, T* dbias, const T* dout,
-                     const T* inp, const T* weight, std::int64_t N, std::int64_t C,
-                     std::int64_t OC) {
+                     const T* inp, const T* weight, std::int64_t N, std::int64_t C, std::int64_t OC,
+                     bool overwrite_dinp = false) {
   if (ctx.weight_grads == nullptr) {
-    ops::cpu::linear_backward<T>(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    ops::cpu::linear_backward<T>(dinp, dweight, dbias, dout, inp, weight, N, C, OC, overwrite_dinp);
     return;
   }
   if (dinp != nullptr)
-    ops::cpu::linear_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC);
+    ops::cpu::linear_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC,
+                                 overwrite_dinp);
   ctx.weight_grads->linear(dweight, dbias, dout, inp, N, C, OC);
 }
 

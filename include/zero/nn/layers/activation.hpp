@@ -61,13 +61,16 @@ class Activation : public Layer<T> {
         ops::cpu::relu_backward(dx, input_.data(), dy, n);
         break;
       case ActivationKind::gelu:
-        ops::cpu::gelu_backward(dx, input_.data(), dy, n);
+        ops::cpu::gelu_backward(dx, input_.data(), dy, n, ctx.overwrite_dx);
         break;
       case ActivationKind::silu:
         ops::cpu::silu_backward(dx, input_.data(), dy, n);
         break;
     }
   }
+
+  /// GELU writes its input gradient when asked (StepContext::overwrite_dx); ReLU and SiLU add.
+  bool writes_input_grad() const override { return kind_ == ActivationKind::gelu; }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel());

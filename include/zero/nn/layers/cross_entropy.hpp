@@ -41,6 +41,7 @@ class SoftmaxCrossEntropy final : public Layer<T> {
                                      logits_.numel() / classes_, classes_,
                                      convert<Stat>(ctx.loss_scale));
   }
+  bool writes_input_grad() const override { return true; }  // the kernel writes dlogits
   /// Logits of the last forward, [..., classes] (valid until the next micro-step).
   Tensor<const T> logits() const { return logits_; }
 

@@ -47,8 +47,12 @@ class Layer {
   virtual void bind(std::span<const ParamView<T>> views) { (void)views; }
   /// ctx.x in, ctx.x out; saves what backward needs.
   virtual void forward(StepContext<T>& ctx) = 0;
-  /// ctx.dy in; adds into ctx.dx and the parameter gradients.
+  /// ctx.dy in; adds into ctx.dx (writes it when ctx.overwrite_dx) and the parameter gradients.
   virtual void backward(StepContext<T>& ctx) = 0;
+  /// True when backward honours StepContext::overwrite_dx (writes ctx.dx instead of adding
+  /// into it), so Sequential does not zero the buffer first. The values are those of adding
+  /// into zeros.
+  virtual bool writes_input_grad() const { return false; }
   /// MACs and FLOPs of a forward that saw in (nn/flops.hpp conventions); empty when the layer
   /// does not know its count, and the flops profiler then shows its unit as n/a.
   virtual std::optional<FlopCount> forward_flops(const FlopInput& in) const {

@@ -44,8 +44,10 @@ class LayerNorm final : public Layer<T> {
   void backward(StepContext<T>& ctx) override {
     ops::cpu::layer_norm_backward(ctx.dx.data(), weight_.grad.data(), bias_.grad.data(),
                                   ctx.dy.data(), input_.data(), weight_.value.data(), mean_.data(),
-                                  rstd_.data(), input_.numel() / channels_, channels_);
+                                  rstd_.data(), input_.numel() / channels_, channels_,
+                                  ctx.overwrite_dx);
   }
+  bool writes_input_grad() const override { return true; }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel(), 5);

@@ -54,8 +54,9 @@ class Linear final : public Layer<T> {
     const std::int64_t N = input_.numel() / in_;
     nn::linear_backward<T>(ctx, ctx.dx.data(), weight_.grad.data(),
                            bias_ ? bias_view_.grad.data() : nullptr, ctx.dy.data(), input_.data(),
-                           weight_.value.data(), N, in_, out_);
+                           weight_.value.data(), N, in_, out_, ctx.overwrite_dx);
   }
+  bool writes_input_grad() const override { return true; }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return matmul_flops(in.input.numel() / in_, in_, out_);

@@ -6,6 +6,7 @@
 // operations and roundings as GPT's blocks, so a block built this way gives the same bits as
 // nn::TransformerBlock (f64, f32 and bf16).
 
+#include <algorithm>
 #include <any>
 #include <span>
 #include <string>
@@ -44,13 +45,20 @@ class Residual final : public Layer<T> {
     ctx.x = y;
   }
   /// dx += dy + df: the branch's input gradient starts from dy (the skip path), so each
-  /// element is rounded once, as in GPT's blocks (bf16 included).
+  /// element is rounded once, as in GPT's blocks (bf16 included); with ctx.overwrite_dx,
+  /// dx = dy + df (a copy instead of an add).
   void backward(StepContext<T>& ctx) override {
-    const Tensor<T> dx = ctx.dx;  // ours; the branch leaves its own in ctx.dx
+    const Tensor<T> dx = ctx.dx;              // ours; the branch leaves its own in ctx.dx
+    const bool overwrite = ctx.overwrite_dx;  // the branch's layers set their own
     inner_.backward(ctx, ctx.dy);
-    ops::cpu::accumulate(dx.data(), ctx.dx.data(), dx.numel());
+    if (overwrite) {
+      std::copy(ctx.dx.begin(), ctx.dx.end(), dx.begin());
+    } else {
+      ops::cpu::accumulate(dx.data(), ctx.dx.data(), dx.numel());
+    }
     ctx.dx = dx;
   }
+  bool writes_input_grad() const override { return true; }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     std::optional<FlopCount> branch = inner_.forward_flops();

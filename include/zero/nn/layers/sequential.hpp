@@ -144,13 +144,15 @@ class Sequential {
         if (buffer.size() < n) buffer = Buffer<T>(n);
         ctx.dx = buffer.view(shape);
         const profile::OpTimes::Scope zeroing(ctx.op_times, "Sequential");
-        if (k == 0 && input_grad_start.data() != nullptr) {
+        const bool starts = k == 0 && input_grad_start.data() != nullptr;
+        ctx.overwrite_dx = !starts && layers_[k]->writes_input_grad();
+        if (starts) {
           expect<ShapeError>(input_grad_start.numel() == ctx.dx.numel(),
                              "Sequential::backward: the input gradient start has ",
                              input_grad_start.numel(), " elements, the unit's input ",
                              ctx.dx.numel());
           std::copy(input_grad_start.begin(), input_grad_start.end(), ctx.dx.begin());
-        } else {
+        } else if (!ctx.overwrite_dx) {
           // Zero is all-bits-zero in every element type (f64 f32 bf16 f16): one memset.
           static_assert(std::is_trivially_copyable_v<T>);
           std::memset(static_cast<void*>(ctx.dx.data()), 0,
@@ -160,6 +162,7 @@ class Sequential {
       {
         const profile::OpTimes::Scope timed(ctx.op_times, kind_of(*layers_[k], ctx));
         layers_[k]->backward(ctx);
+        ctx.overwrite_dx = false;
       }
       ctx.dy = ctx.dx;
     }

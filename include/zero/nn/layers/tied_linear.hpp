@@ -39,8 +39,9 @@ class TiedLinear final : public Layer<T> {
   void backward(StepContext<T>& ctx) override {
     const ParamView<T> w = weight_();
     nn::linear_backward<T>(ctx, ctx.dx.data(), w.grad.data(), nullptr, ctx.dy.data(), input_.data(),
-                           w.value.data(), input_.numel() / in_, in_, out_);
+                           w.value.data(), input_.numel() / in_, in_, out_, ctx.overwrite_dx);
   }
+  bool writes_input_grad() const override { return true; }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return matmul_flops(in.input.numel() / in_, in_, out_);

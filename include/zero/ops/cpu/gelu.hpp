@@ -41,7 +41,7 @@ inline void gelu_forward_at(T* out, const T* inp, std::int64_t i) {
 }
 
 template <class O, class T>
-inline void gelu_backward_at(T* dinp, const T* inp, const T* dout, std::int64_t i) {
+inline void gelu_backward_at(T* dinp, const T* inp, const T* dout, bool overwrite, std::int64_t i) {
   typename O::V x2, e;
   const auto x = load_lanes<O>(inp + i);
   const auto s = gelu_sigmoid<O>(x, x2, e);
@@ -49,7 +49,8 @@ inline void gelu_backward_at(T* dinp, const T* inp, const T* dout, std::int64_t 
       O::mul(O::set1(2.0f * gelu_s), O::fma(O::set1(3.0f * gelu_c), x2, O::set1(1.0f)));
   // s (1 - s) as s^2 e: 1 - s = e s, without the cancellation of 1 - s where s is near 1.
   const auto grad = O::fma(O::mul(O::mul(x, s), O::mul(s, e)), slope, s);
-  store_lanes<O>(dinp + i, O::fma(grad, load_lanes<O>(dout + i), load_lanes<O>(dinp + i)));
+  const auto start = overwrite ? O::set1(0.0f) : load_lanes<O>(dinp + i);
+  store_lanes<O>(dinp + i, O::fma(grad, load_lanes<O>(dout + i), start));
 }
 
 struct GeluForward {
@@ -63,10 +64,11 @@ struct GeluForward {
 
 struct GeluBackward {
   template <class O, class T>
-  static void run(T* dinp, const T* inp, const T* dout, std::int64_t begin, std::int64_t end) {
+  static void run(T* dinp, const T* inp, const T* dout, bool overwrite, std::int64_t begin,
+                  std::int64_t end) {
     std::int64_t i = begin;
-    for (; i + O::width <= end; i += O::width) gelu_backward_at<O>(dinp, inp, dout, i);
-    for (; i < end; ++i) gelu_backward_at<optim::ScalarHostOps>(dinp, inp, dout, i);
+    for (; i + O::width <= end; i += O::width) gelu_backward_at<O>(dinp, inp, dout, overwrite, i);
+    for (; i < end; ++i) gelu_backward_at<optim::ScalarHostOps>(dinp, inp, dout, overwrite, i);
   }
 };
 
@@ -90,14 +92,16 @@ void gelu_forward(T* out, const T* inp, std::int64_t n) {
   }
 }
 
-/// dinp[i] += gelu'(inp[i]) * dout[i].
+/// dinp[i] += gelu'(inp[i]) * dout[i]; overwrite writes dinp instead (the values of adding
+/// into zeros).
 template <class T>
-void gelu_backward(T* dinp, const T* inp, const T* dout, std::int64_t n) {
+void gelu_backward(T* dinp, const T* inp, const T* dout, std::int64_t n, bool overwrite = false) {
   if constexpr (dispatched_type<T>) {
-    const auto kernel =
-        kernel_for<detail::GeluBackward, T*, const T*, const T*, std::int64_t, std::int64_t>();
+    const auto kernel = kernel_for<detail::GeluBackward, T*, const T*, const T*, bool, std::int64_t,
+                                   std::int64_t>();
     parallel_for((n + elementwise_chunk - 1) / elementwise_chunk, [&](std::int64_t c) {
-      kernel(dinp, inp, dout, c * elementwise_chunk, std::min(n, (c + 1) * elementwise_chunk));
+      kernel(dinp, inp, dout, overwrite, c * elementwise_chunk,
+             std::min(n, (c + 1) * elementwise_chunk));
     });
   } else {
     using A = compute_type_t<T>;
@@ -109,7 +113,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, std::int64_t n) {
       const A sech2 = A(1) - th * th;
       const A grad =
           A(0.5) * (A(1) + th) + A(0.5) * x * sech2 * s * (A(1) + A(3) * A(0.044715) * x * x);
-      dinp[i] = store<T>(load(dinp[i]) + grad * load(dout[i]));
+      dinp[i] = store<T>((overwrite ? A(0) : load(dinp[i])) + grad * load(dout[i]));
     });
   }
 }

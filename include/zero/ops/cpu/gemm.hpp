@@ -19,7 +19,11 @@
 #include <zero/ops/cpu/element_access.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
 
-#if defined(ZERO_WITH_DNNL)
+// oneDNN's headers are host code that nvcc's front end does not parse (an internal error), so
+// a CUDA translation unit that includes this header (ops/cuda/gemm.cuh does, for Trans) sees the
+// other bf16 paths only.
+#if defined(ZERO_WITH_DNNL) && !defined(__CUDACC__)
+#define ZERO_OPS_CPU_DNNL 1
 #include <zero/ops/cpu/dnnl_gemm.hpp>
 #endif
 
@@ -213,7 +217,7 @@ inline bool sbgemm_usable() {
 /// True when bf16 GEMM runs on oneDNN's matmul: zero::dnnl is linked, oneDNN can run a bf16
 /// matmul on this CPU, and check_bf16_gemm agrees. Decided once per process.
 inline bool dnnl_bf16_usable() {
-#if defined(ZERO_WITH_DNNL)
+#if defined(ZERO_OPS_CPU_DNNL)
   static const bool usable = [] {  // a fact about the CPU and the library, computed once
     try {
       return check_bf16_gemm([](Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A,
@@ -314,7 +318,7 @@ void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   };
   bool done = false;
   if constexpr (std::is_same_v<T, bf16>) {
-#if defined(ZERO_WITH_DNNL)
+#if defined(ZERO_OPS_CPU_DNNL)
     if (!done && dnnl_bf16_usable()) {
       over_tiles([](Trans a_t, Trans b_t, int rows, int cols, int k, float s, const bf16* a,
                     int a_ld, const bf16* b, int b_ld, float* c, int c_ld) {

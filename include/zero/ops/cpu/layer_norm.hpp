@@ -73,7 +73,8 @@ struct LayerNormForward {
 struct LayerNormBackwardRows {
   template <class O, class T>
   static void run(T* dinp, const T* dout, const T* inp, const T* weight, const float* mean,
-                  const float* rstd, std::int64_t C, std::int64_t n0, std::int64_t n1) {
+                  const float* rstd, bool overwrite, std::int64_t C, std::int64_t n0,
+                  std::int64_t n1) {
     using S = optim::ScalarHostOps;
     for (std::int64_t n = n0; n < n1; ++n) {
       const T* x = inp + n * C;
@@ -115,7 +116,8 @@ struct LayerNormBackwardRows {
         // large), as fma(dnorm, 1, -mean): an add no compiler contracts with dnorm's product.
         const auto centred = P::fma(dnorm_at(ops, c), P::set1(1.0f), P::set1(-dnorm_mean));
         const auto t = P::fnma(norm_at(ops, c), P::set1(dnorm_norm_mean), centred);
-        store_lanes<P>(dx + c, P::fma(t, P::set1(s), load_lanes<P>(dx + c)));
+        const auto start = overwrite ? P::set1(0.0f) : load_lanes<P>(dx + c);
+        store_lanes<P>(dx + c, P::fma(t, P::set1(s), start));
       };
       std::int64_t c = 0;
       for (; c + O::width <= C; c += O::width) update(O{}, c);
@@ -185,17 +187,19 @@ void layer_norm_forward(T* out, compute_type_t<T>* mean, compute_type_t<T>* rstd
   });
 }
 
-/// Accumulates dinp, dweight, dbias from dout and the saved mean/rstd.
+/// Accumulates dinp, dweight, dbias from dout and the saved mean/rstd; overwrite_dinp writes
+/// dinp instead (the values of accumulating into zeros).
 template <class T>
 void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                          const T* weight, const compute_type_t<T>* mean,
-                         const compute_type_t<T>* rstd, std::int64_t N, std::int64_t C) {
+                         const compute_type_t<T>* rstd, std::int64_t N, std::int64_t C,
+                         bool overwrite_dinp = false) {
   if constexpr (dispatched_type<T>) {
     const auto rows =
         kernel_for<detail::LayerNormBackwardRows, T*, const T*, const T*, const T*, const float*,
-                   const float*, std::int64_t, std::int64_t, std::int64_t>();
+                   const float*, bool, std::int64_t, std::int64_t, std::int64_t>();
     parallel_chunks(N, detail::rows_per_chunk(C), N * C, [&](std::int64_t n0, std::int64_t n1) {
-      rows(dinp, dout, inp, weight, mean, rstd, C, n0, n1);
+      rows(dinp, dout, inp, weight, mean, rstd, overwrite_dinp, C, n0, n1);
     });
     const auto columns =
         kernel_for<detail::LayerNormBackwardColumns, T*, T*, const T*, const T*, const float*,
@@ -222,7 +226,8 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
     for (std::int64_t c = 0; c < C; ++c) {
       const A norm = (load(x[c]) - mean[n]) * rstd[n];
       const A dnorm = load(weight[c]) * load(dy[c]);
-      dx[c] = store<T>(load(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[n]);
+      dx[c] = store<T>((overwrite_dinp ? A(0) : load(dx[c])) +
+                       (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[n]);
     }
   });
   // Parameter gradients reduce over rows; threads own channels so the row order is fixed.

@@ -61,12 +61,15 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, std::i
 }
 
 /// Accumulates the gradients of linear_forward; dinp, dweight, dbias may each be null.
+/// overwrite_dinp writes dinp instead (the values of accumulating into zeros).
 template <class T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     std::int64_t N, std::int64_t C, std::int64_t OC) {
+                     std::int64_t N, std::int64_t C, std::int64_t OC, bool overwrite_dinp = false) {
   using A = compute_type_t<T>;
-  if (dinp != nullptr)
-    gemm<T>(Trans::no, Trans::no, N, C, OC, A(1), dout, OC, weight, C, A(1), dinp, C);
+  if (dinp != nullptr) {
+    gemm<T>(Trans::no, Trans::no, N, C, OC, A(1), dout, OC, weight, C, overwrite_dinp ? A(0) : A(1),
+            dinp, C);
+  }
   if (dweight != nullptr) {
     gemm<T>(Trans::yes, Trans::no, OC, C, N, A(1), dout, OC, inp, C, A(1), dweight, C);
   }
