@@ -36,6 +36,18 @@ using zero::testing::random_vector;
 
 namespace {
 
+// The elements of v (any storage type) as doubles, for comparing with the f64 kernels.
+template <class V>
+std::vector<double> to_double(const V& v) {
+  std::vector<double> d(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
+  return d;
+}
+
+}  // namespace
+
+namespace {
+
 // The vector ISAs this CPU and build run (none on other architectures or at -O0).
 std::vector<Isa> vector_isas() {
   std::vector<Isa> out;
@@ -222,11 +234,6 @@ Bytes layer_norm_run(std::int64_t N, std::int64_t C, std::vector<std::vector<dou
   Bytes bytes;
   bytes.add(out), bytes.add(mean), bytes.add(rstd), bytes.add(dx), bytes.add(dw), bytes.add(db);
   if (values != nullptr) {
-    auto to_double = [](const auto& v) {
-      std::vector<double> d(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
-      return d;
-    };
     *values = {to_double(out), to_double(mean), to_double(rstd),
                to_double(dx),  to_double(dw),   to_double(db)};
   }
@@ -278,11 +285,6 @@ Bytes rms_norm_run(std::int64_t N, std::int64_t C, std::vector<std::vector<doubl
   Bytes bytes;
   bytes.add(out), bytes.add(rstd), bytes.add(dx), bytes.add(dw);
   if (values != nullptr) {
-    auto to_double = [](const auto& v) {
-      std::vector<double> d(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
-      return d;
-    };
     *values = {to_double(out), to_double(rstd), to_double(dx), to_double(dw)};
   }
   return bytes;
@@ -331,11 +333,6 @@ Bytes cross_entropy_run(std::int64_t N, std::int64_t V, std::vector<std::vector<
   Bytes bytes;
   bytes.add(losses), bytes.add(mean), bytes.add(dlogits);
   if (values != nullptr) {
-    auto to_double = [](const auto& v) {
-      std::vector<double> d(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
-      return d;
-    };
     *values = {to_double(losses), to_double(mean), to_double(dlogits)};
   }
   return bytes;
@@ -481,11 +478,6 @@ Bytes embedding_run(std::int64_t B, std::int64_t Tn, std::int64_t C, bool positi
   Bytes bytes;
   bytes.add(out), bytes.add(dwte), bytes.add(dwpe);
   if (values != nullptr) {
-    auto to_double = [](const auto& v) {
-      std::vector<double> d(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
-      return d;
-    };
     *values = {to_double(out), to_double(dwte), to_double(dwpe)};
   }
   return bytes;
@@ -528,11 +520,6 @@ Bytes linear_bias_run(std::int64_t N, std::int64_t C, std::int64_t OC,
   Bytes bytes;
   bytes.add(out), bytes.add(dbias);
   if (values != nullptr) {
-    auto to_double = [](const auto& v) {
-      std::vector<double> d(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) d[i] = zero::convert<double>(v[i]);
-      return d;
-    };
     *values = {to_double(out), to_double(dbias)};
   }
   return bytes;
