@@ -48,18 +48,16 @@ struct HeadOperands {
 };
 
 // The head (b, h) of qkv as compute-type matrices: views into qkv when T is its own compute
-// type, else a float copy [T][q k v][hs] in storage.
+// type, else a float copy [T][q k v][hs] written to dst (Tn * 3 * hs elements).
 template <class T>
 HeadOperands<compute_type_t<T>> head_operands(const T* qkv, std::int64_t b, std::int64_t h,
                                               std::int64_t Tn, std::int64_t C, std::int64_t hs,
-                                              std::unique_ptr<compute_type_t<T>[]>& storage) {
+                                              compute_type_t<T>* dst) {
   using A = compute_type_t<T>;
   const T* base = qkv + b * Tn * 3 * C + h * hs;
   if constexpr (std::is_same_v<A, T>) {
     return {base, base + C, base + 2 * C, 3 * C};
   } else {
-    storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(Tn * 3 * hs));
-    A* dst = storage.get();
     for (std::int64_t t = 0; t < Tn; ++t) {
       for (std::int64_t part = 0; part < 3; ++part) {
         const T* src = base + t * 3 * C + part * C;
@@ -77,6 +75,22 @@ void apply_dropout(A* p, std::int64_t n, std::int64_t row, const DropoutMask& dr
   for (std::int64_t t2 = 0; t2 < n; ++t2) p[t2] = dropout.keep(row + t2) ? p[t2] * scale : A(0);
 }
 
+// Calls body(bh, scratch) for every (batch, head) pair bh in [0, pairs). The pairs are split
+// into one contiguous range per thread, each with scratch_elems of its own from one allocation
+// per call (not one per pair: at long sequences a pair's scratch is past malloc's mmap
+// threshold). Pairs are independent, so the split changes no result.
+template <class A, class Body>
+void for_each_pair(std::int64_t pairs, std::int64_t scratch_elems, Body&& body) {
+  const std::int64_t workers =
+      std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(pairs, 1));
+  const auto scratch =
+      std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(workers * scratch_elems));
+  parallel_for(workers, [&](std::int64_t w) {
+    A* own = scratch.get() + w * scratch_elems;
+    for (std::int64_t bh = pairs * w / workers; bh < pairs * (w + 1) / workers; ++bh) body(bh, own);
+  });
+}
+
 }  // namespace detail
 
 /// Writes out [B, T, C] and att [B, NH, T, T] (entries above the diagonal are zero); dropout
@@ -87,66 +101,69 @@ void attention_forward(T* out, T* att, const T* qkv, std::int64_t B, std::int64_
   using A = compute_type_t<T>;
   const std::int64_t hs = C / NH;
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
+  // Scores and probabilities of one block of rows [block, Tn] in the compute type: att itself
+  // for f32/f64 without dropout, else scratch. For half types the widened head and its output
+  // [Tn, hs] are scratch too.
+  constexpr bool in_place = std::is_same_v<A, T>;
+  const bool scratch_scores = !in_place || dropout.active();
+  const std::int64_t widened_elems = in_place ? 0 : Tn * 3 * hs;
+  const std::int64_t out_elems = in_place ? 0 : Tn * hs;
+  const std::int64_t scores_elems = scratch_scores ? std::min(attention_block, Tn) * Tn : 0;
   blas_single_threaded();
-  parallel_for(B * NH, [&](std::int64_t bh) {
-    const std::int64_t b = bh / NH, h = bh % NH;
-    std::unique_ptr<A[]> widened;
-    const auto head = detail::head_operands(qkv, b, h, Tn, C, hs, widened);
-    T* att_head = att + bh * Tn * Tn;
-    // Scores and probabilities of one block of rows [block, Tn] in the compute type: att itself
-    // for f32/f64 without dropout, else scratch. The head's output [Tn, hs] likewise.
-    constexpr bool in_place = std::is_same_v<A, T>;
-    const bool scratch_scores = !in_place || dropout.active();
-    std::unique_ptr<A[]> scores_storage, out_storage;
-    if (scratch_scores) {
-      scores_storage = std::make_unique_for_overwrite<A[]>(
-          static_cast<std::size_t>(std::min(attention_block, Tn) * Tn));
-    }
-    A* out_head = nullptr;
-    std::int64_t ld_out = hs;
-    if constexpr (in_place) {
-      out_head = out + b * Tn * C + h * hs;
-      ld_out = C;
-    } else {
-      out_storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(Tn * hs));
-      out_head = out_storage.get();
-    }
-    for (std::int64_t t0 = 0; t0 < Tn; t0 += attention_block) {
-      const std::int64_t rows = std::min(attention_block, Tn - t0), keys = t0 + rows;
-      A* s = scratch_scores ? scores_storage.get() : reinterpret_cast<A*>(att_head + t0 * Tn);
-      const std::int64_t lds = scratch_scores ? keys : Tn;
-      gemm_serial<A>(Trans::no, Trans::yes, rows, keys, hs, scale, head.q + t0 * head.ld, head.ld,
-                     head.k, head.ld, A(0), s, lds);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t t = t0 + r;
-        A* pre = s + r * lds;
-        A maxval = -INFINITY;
-        for (std::int64_t t2 = 0; t2 <= t; ++t2) maxval = pre[t2] > maxval ? pre[t2] : maxval;
-        A sum = A(0);
-        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-          pre[t2] = std::exp(pre[t2] - maxval);
-          sum += pre[t2];
+  detail::for_each_pair<A>(
+      B * NH, widened_elems + out_elems + scores_elems, [&](std::int64_t bh, A* scratch) {
+        const std::int64_t b = bh / NH, h = bh % NH;
+        const auto head = detail::head_operands(qkv, b, h, Tn, C, hs, scratch);
+        T* att_head = att + bh * Tn * Tn;
+        A* out_head = scratch + widened_elems;
+        std::int64_t ld_out = hs;
+        if constexpr (in_place) {
+          out_head = out + b * Tn * C + h * hs;
+          ld_out = C;
         }
-        const A inv = A(1) / sum;
-        T* a = att_head + t * Tn;
-        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-          a[t2] = store<T>(pre[t2] * inv);
-          pre[t2] = load(a[t2]);  // the stored probability: backward sees exactly this value
+        A* const scores = scratch + widened_elems + out_elems;
+        for (std::int64_t t0 = 0; t0 < Tn; t0 += attention_block) {
+          const std::int64_t rows = std::min(attention_block, Tn - t0), keys = t0 + rows;
+          A* s = scores;
+          std::int64_t lds = keys;
+          if constexpr (in_place) {
+            if (!scratch_scores) {
+              s = att_head + t0 * Tn;
+              lds = Tn;
+            }
+          }
+          gemm_serial<A>(Trans::no, Trans::yes, rows, keys, hs, scale, head.q + t0 * head.ld,
+                         head.ld, head.k, head.ld, A(0), s, lds);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t t = t0 + r;
+            A* pre = s + r * lds;
+            A maxval = -INFINITY;
+            for (std::int64_t t2 = 0; t2 <= t; ++t2) maxval = pre[t2] > maxval ? pre[t2] : maxval;
+            A sum = A(0);
+            for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+              pre[t2] = std::exp(pre[t2] - maxval);
+              sum += pre[t2];
+            }
+            const A inv = A(1) / sum;
+            T* a = att_head + t * Tn;
+            for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+              a[t2] = store<T>(pre[t2] * inv);
+              pre[t2] = load(a[t2]);  // the stored probability: backward sees exactly this value
+            }
+            for (std::int64_t t2 = t + 1; t2 < Tn; ++t2) a[t2] = store<T>(A(0));
+            for (std::int64_t t2 = t + 1; t2 < keys; ++t2) pre[t2] = A(0);
+            if (dropout.active()) detail::apply_dropout(pre, t + 1, (bh * Tn + t) * Tn, dropout);
+          }
+          gemm_serial<A>(Trans::no, Trans::no, rows, hs, keys, A(1), s, lds, head.v, head.ld, A(0),
+                         out_head + t0 * ld_out, ld_out);
         }
-        for (std::int64_t t2 = t + 1; t2 < Tn; ++t2) a[t2] = store<T>(A(0));
-        for (std::int64_t t2 = t + 1; t2 < keys; ++t2) pre[t2] = A(0);
-        if (dropout.active()) detail::apply_dropout(pre, t + 1, (bh * Tn + t) * Tn, dropout);
-      }
-      gemm_serial<A>(Trans::no, Trans::no, rows, hs, keys, A(1), s, lds, head.v, head.ld, A(0),
-                     out_head + t0 * ld_out, ld_out);
-    }
-    if constexpr (!in_place) {
-      for (std::int64_t t = 0; t < Tn; ++t) {
-        T* o = out + (b * Tn + t) * C + h * hs;
-        for (std::int64_t i = 0; i < hs; ++i) o[i] = store<T>(out_head[t * hs + i]);
-      }
-    }
-  });
+        if constexpr (!in_place) {
+          for (std::int64_t t = 0; t < Tn; ++t) {
+            T* o = out + (b * Tn + t) * C + h * hs;
+            for (std::int64_t i = 0; i < hs; ++i) o[i] = store<T>(out_head[t * hs + i]);
+          }
+        }
+      });
 }
 
 /// Accumulates dqkv [B, T, 3C] from dout [B, T, C], the saved att and the forward input qkv;
@@ -159,86 +176,87 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, std:
   const std::int64_t hs = C / NH;
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
   constexpr bool in_place = std::is_same_v<A, T>;
+  // Scratch per pair: p and dp for one block of rows (2 [block, Tn]); for half types also the
+  // widened head, its float gradients [T][q k v][hs] and dy [T, hs].
+  const std::int64_t block = std::min(attention_block, Tn);
+  const std::int64_t head_elems = in_place ? 0 : Tn * 3 * hs;
+  const std::int64_t dy_elems = in_place ? 0 : Tn * hs;
   blas_single_threaded();
-  parallel_for(B * NH, [&](std::int64_t bh) {
-    const std::int64_t b = bh / NH, h = bh % NH;
-    std::unique_ptr<A[]> widened, grad_storage, dy_storage, p_storage;
-    const auto head = detail::head_operands(qkv, b, h, Tn, C, hs, widened);
-    // The head's gradients dq, dk, dv: dqkv itself for f32/f64; for half types a float copy
-    // [T][q k v][hs] that collects every contribution and is rounded into dqkv once at the end.
-    // dy likewise (a view of dout, or a widened copy).
-    A* grad = nullptr;
-    const A* dy = nullptr;
-    std::int64_t ld_grad = 3 * C, ld_dy = C, k_offset = C, v_offset = 2 * C;
-    if constexpr (in_place) {
-      grad = dqkv + b * Tn * 3 * C + h * hs;
-      dy = dout + b * Tn * C + h * hs;
-    } else {
-      ld_grad = 3 * hs, ld_dy = hs, k_offset = hs, v_offset = 2 * hs;
-      grad_storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(Tn * 3 * hs));
-      dy_storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(Tn * hs));
-      grad = grad_storage.get();
-      A* dy_head = dy_storage.get();
-      for (std::int64_t t = 0; t < Tn; ++t) {
-        const T* src = dqkv + (b * Tn + t) * 3 * C + h * hs;
-        for (std::int64_t part = 0; part < 3; ++part) {
-          for (std::int64_t i = 0; i < hs; ++i)
-            grad[t * ld_grad + part * hs + i] = load(src[part * C + i]);
+  detail::for_each_pair<A>(
+      B * NH, 2 * head_elems + dy_elems + 2 * block * Tn, [&](std::int64_t bh, A* scratch) {
+        const std::int64_t b = bh / NH, h = bh % NH;
+        const auto head = detail::head_operands(qkv, b, h, Tn, C, hs, scratch);
+        // The head's gradients dq, dk, dv: dqkv itself for f32/f64; for half types a float copy
+        // [T][q k v][hs] that collects every contribution and is rounded into dqkv once at the end.
+        // dy likewise (a view of dout, or a widened copy).
+        A* grad = nullptr;
+        const A* dy = nullptr;
+        std::int64_t ld_grad = 3 * C, ld_dy = C, k_offset = C, v_offset = 2 * C;
+        if constexpr (in_place) {
+          grad = dqkv + b * Tn * 3 * C + h * hs;
+          dy = dout + b * Tn * C + h * hs;
+        } else {
+          ld_grad = 3 * hs, ld_dy = hs, k_offset = hs, v_offset = 2 * hs;
+          grad = scratch + head_elems;
+          A* dy_head = scratch + 2 * head_elems;
+          for (std::int64_t t = 0; t < Tn; ++t) {
+            const T* src = dqkv + (b * Tn + t) * 3 * C + h * hs;
+            for (std::int64_t part = 0; part < 3; ++part) {
+              for (std::int64_t i = 0; i < hs; ++i)
+                grad[t * ld_grad + part * hs + i] = load(src[part * C + i]);
+            }
+            const T* d = dout + (b * Tn + t) * C + h * hs;
+            for (std::int64_t i = 0; i < hs; ++i) dy_head[t * hs + i] = load(d[i]);
+          }
+          dy = dy_head;
         }
-        const T* d = dout + (b * Tn + t) * C + h * hs;
-        for (std::int64_t i = 0; i < hs; ++i) dy_head[t * hs + i] = load(d[i]);
-      }
-      dy = dy_head;
-    }
-    // Per block: p (the probabilities as used, dropout applied) and dp = dY V^T, then dS in dp.
-    const std::int64_t block = std::min(attention_block, Tn);
-    p_storage = std::make_unique_for_overwrite<A[]>(static_cast<std::size_t>(2 * block * Tn));
-    A* p = p_storage.get();
-    A* dp = p + block * Tn;
-    const T* att_head = att + bh * Tn * Tn;
-    for (std::int64_t t0 = 0; t0 < Tn; t0 += attention_block) {
-      const std::int64_t rows = std::min(attention_block, Tn - t0), keys = t0 + rows;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* a = att_head + (t0 + r) * Tn;
-        for (std::int64_t t2 = 0; t2 < keys; ++t2) p[r * keys + t2] = load(a[t2]);
-        if (dropout.active()) {
-          detail::apply_dropout(p + r * keys, keys, (bh * Tn + t0 + r) * Tn, dropout);
+        // Per block: p (the probabilities as used, dropout applied) and dp = dY V^T, then dS in dp.
+        A* p = scratch + 2 * head_elems + dy_elems;
+        A* dp = p + block * Tn;
+        const T* att_head = att + bh * Tn * Tn;
+        for (std::int64_t t0 = 0; t0 < Tn; t0 += attention_block) {
+          const std::int64_t rows = std::min(attention_block, Tn - t0), keys = t0 + rows;
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const T* a = att_head + (t0 + r) * Tn;
+            for (std::int64_t t2 = 0; t2 < keys; ++t2) p[r * keys + t2] = load(a[t2]);
+            if (dropout.active()) {
+              detail::apply_dropout(p + r * keys, keys, (bh * Tn + t0 + r) * Tn, dropout);
+            }
+          }
+          const A* dy_block = dy + t0 * ld_dy;
+          // dV[0, keys) += P^T dY
+          gemm_serial<A>(Trans::yes, Trans::no, keys, hs, rows, A(1), p, keys, dy_block, ld_dy,
+                         A(1), grad + v_offset, ld_grad);
+          // dP = dY V^T through the mask, then the softmax backward on the saved (undropped) att:
+          // dS = att (dP - sum_j att_j dP_j) / sqrt(hs).
+          gemm_serial<A>(Trans::no, Trans::yes, rows, keys, hs, A(1), dy_block, ld_dy, head.v,
+                         head.ld, A(0), dp, keys);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t t = t0 + r;
+            const T* a = att_head + t * Tn;
+            A* d = dp + r * keys;
+            if (dropout.active()) detail::apply_dropout(d, t + 1, (bh * Tn + t) * Tn, dropout);
+            A dot = A(0);
+            for (std::int64_t t2 = 0; t2 <= t; ++t2) dot += d[t2] * load(a[t2]);
+            for (std::int64_t t2 = 0; t2 <= t; ++t2) d[t2] = load(a[t2]) * (d[t2] - dot) * scale;
+            for (std::int64_t t2 = t + 1; t2 < keys; ++t2) d[t2] = A(0);
+          }
+          // dQ[block] += dS K;  dK[0, keys) += dS^T Q[block]
+          gemm_serial<A>(Trans::no, Trans::no, rows, hs, keys, A(1), dp, keys, head.k, head.ld,
+                         A(1), grad + t0 * ld_grad, ld_grad);
+          gemm_serial<A>(Trans::yes, Trans::no, keys, hs, rows, A(1), dp, keys,
+                         head.q + t0 * head.ld, head.ld, A(1), grad + k_offset, ld_grad);
         }
-      }
-      const A* dy_block = dy + t0 * ld_dy;
-      // dV[0, keys) += P^T dY
-      gemm_serial<A>(Trans::yes, Trans::no, keys, hs, rows, A(1), p, keys, dy_block, ld_dy, A(1),
-                     grad + v_offset, ld_grad);
-      // dP = dY V^T through the mask, then the softmax backward on the saved (undropped) att:
-      // dS = att (dP - sum_j att_j dP_j) / sqrt(hs).
-      gemm_serial<A>(Trans::no, Trans::yes, rows, keys, hs, A(1), dy_block, ld_dy, head.v, head.ld,
-                     A(0), dp, keys);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t t = t0 + r;
-        const T* a = att_head + t * Tn;
-        A* d = dp + r * keys;
-        if (dropout.active()) detail::apply_dropout(d, t + 1, (bh * Tn + t) * Tn, dropout);
-        A dot = A(0);
-        for (std::int64_t t2 = 0; t2 <= t; ++t2) dot += d[t2] * load(a[t2]);
-        for (std::int64_t t2 = 0; t2 <= t; ++t2) d[t2] = load(a[t2]) * (d[t2] - dot) * scale;
-        for (std::int64_t t2 = t + 1; t2 < keys; ++t2) d[t2] = A(0);
-      }
-      // dQ[block] += dS K;  dK[0, keys) += dS^T Q[block]
-      gemm_serial<A>(Trans::no, Trans::no, rows, hs, keys, A(1), dp, keys, head.k, head.ld, A(1),
-                     grad + t0 * ld_grad, ld_grad);
-      gemm_serial<A>(Trans::yes, Trans::no, keys, hs, rows, A(1), dp, keys, head.q + t0 * head.ld,
-                     head.ld, A(1), grad + k_offset, ld_grad);
-    }
-    if constexpr (!in_place) {
-      for (std::int64_t t = 0; t < Tn; ++t) {
-        T* dst = dqkv + (b * Tn + t) * 3 * C + h * hs;
-        for (std::int64_t part = 0; part < 3; ++part) {
-          for (std::int64_t i = 0; i < hs; ++i)
-            dst[part * C + i] = store<T>(grad[t * ld_grad + part * hs + i]);
+        if constexpr (!in_place) {
+          for (std::int64_t t = 0; t < Tn; ++t) {
+            T* dst = dqkv + (b * Tn + t) * 3 * C + h * hs;
+            for (std::int64_t part = 0; part < 3; ++part) {
+              for (std::int64_t i = 0; i < hs; ++i)
+                dst[part * C + i] = store<T>(grad[t * ld_grad + part * hs + i]);
+            }
+          }
         }
-      }
-    }
-  });
+      });
 }
 
 }  // namespace zero::ops::cpu
