@@ -7,9 +7,10 @@
 // once over this interface.
 //
 // HostBackend is synchronous: its streams order nothing and its events are complete when
-// recorded, so the engine's "comm waits for compute" points cost nothing here. A CUDA backend
-// fills in the same members with the stream-ordered pool, a compute and a communication stream
-// and device kernels; until it exists Compute<Cuda> stops the build with the message below.
+// recorded, so the engine's "comm waits for compute" points cost nothing here. CudaBackend
+// (zero/engine/cuda_backend.cuh, nvcc only) fills in the same members with the stream-ordered
+// pool, a compute and a communication stream and device kernels; it specialises backend_for<Cuda>
+// where it is included, and elsewhere Compute<Cuda> stops the build with the message below.
 
 #include <cmath>
 #include <cstddef>
@@ -101,8 +102,9 @@ inline constexpr bool no_backend_for = false;
 template <class Device>
 struct backend_for {
   static_assert(detail::no_backend_for<Device>,
-                "zero::Engine: Compute<Cuda> needs the CUDA engine backend, which this build of "
-                "zero does not provide yet; use Compute<Host>");
+                "zero::Engine: Compute<Cuda> needs the CUDA engine backend: include "
+                "<zero/engine/cuda_backend.cuh> (compiled by nvcc) before naming it, or use "
+                "Compute<Host>");
 };
 /// The host backend serves Compute<Host>.
 template <>

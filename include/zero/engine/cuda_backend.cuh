@@ -1,0 +1,247 @@
+#pragma once
+// zero-requires: cuda
+// CudaBackend: the device seam of backend.hpp on one CUDA device, and the backend Compute<Cuda>
+// names once this header is included (backend_for<Cuda> below; include it before anything
+// instantiates backend_t<Cuda>, or the primary template's static_assert fires).
+//
+// One backend per rank. It owns two non-blocking streams: the compute stream (the units' kernels
+// and the flow's own element-wise kernels) and the communication stream (collectives), so a
+// unit's reduce-scatter can overlap the next unit's backward and a stage-3 gather can run ahead
+// of its use. comm_waits_for_compute() orders them with an event, never with a host wait.
+//
+// Every element-wise kernel runs on the compute stream: each reads or writes what the units'
+// kernels produce or consume there (gradients, accumulators, master slices rounded for a
+// gather), so stream order alone makes them safe; they are members (not static, as HostBackend's
+// are) because they need that stream. Work the comm stream writes and compute then reads (a
+// reduced shard folded into the fp32 shard, gathered params) still needs the opposite ordering.
+// Nothing synchronises the host except sum_of_squares, which returns its value.
+//
+// Rounding equals HostBackend's bit for bit: accumulate adds convert<A>(g) (factor 1) or
+// convert<A>(convert<double>(g) * factor) (the product in double, rounded through zero::convert),
+// convert_into is zero::convert, scale rounds the double product once. sum_of_squares sums the
+// exact double squares in CUB's order (ops/cuda/reduce.cuh): equal to the host's to double
+// rounding, not bit for bit, and +inf when any element is Inf or NaN.
+//
+// Buffers: DeviceBuffer<E> is Buffer<E, Cuda> (the device's stream-ordered pool), ordered on the
+// stream given at construction. A buffer the backend's streams use must be allocated and freed
+// on compute_stream() (Buffer(n, Cuda::default_alignment, backend.compute_stream())): the legacy
+// default stream that Buffer uses otherwise does not order against non-blocking streams. Such
+// buffers must also be freed before the backend (its streams) is destroyed.
+#if !defined(__CUDACC__)
+#error "zero/engine/cuda_backend.cuh needs nvcc; host-only code uses HostBackend (backend.hpp)"
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include <zero/core/buffer.hpp>
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/cuda_device.cuh>
+#include <zero/core/cuda_pinned_host.cuh>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+#include <zero/engine/backend.hpp>
+#include <zero/ops/cuda/common.cuh>
+#include <zero/ops/cuda/convert.cuh>
+#include <zero/ops/cuda/reduce.cuh>
+
+namespace zero::engine {
+
+namespace cuda_backend_detail {
+
+/// acc[i] += convert<A>(g[i]), grid-stride: HostBackend::accumulate's factor-1 loop.
+template <class A, class G>
+__global__ void accumulate_kernel(A* acc, const G* g, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    acc[i] += ::zero::convert<A>(g[i]);
+  }
+}
+
+/// acc[i] += convert<A>(convert<double>(g[i]) * factor): the product in double, rounded once.
+template <class A, class G>
+__global__ void accumulate_scaled_kernel(A* acc, const G* g, double factor, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    acc[i] += ::zero::convert<A>(::zero::convert<double>(g[i]) * factor);
+  }
+}
+
+/// v[i] = E(v[i] * factor) with the product in double, as HostBackend::scale.
+template <class E>
+__global__ void scale_kernel(E* v, double factor, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    v[i] = static_cast<E>(static_cast<double>(v[i]) * factor);
+  }
+}
+
+/// The current device after checking that one is visible; CudaError naming what is missing.
+inline int require_device() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();  // leave no error behind for the next runtime call
+    raise<CudaError>(
+        "zero::engine::CudaBackend (Compute<Cuda>): no CUDA device is visible "
+        "(cudaGetDeviceCount: ",
+        status == cudaSuccess ? "0 devices" : cudaGetErrorString(status),
+        "); it needs an NVIDIA GPU and a working driver (check nvidia-smi and "
+        "CUDA_VISIBLE_DEVICES), or use Compute<Host>");
+  }
+  int device = 0;
+  ZERO_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+}  // namespace cuda_backend_detail
+
+/// The CUDA backend: pool-allocated device buffers, page-locked host buffers, a compute and a
+/// communication stream ordered by events, and the flow's element-wise kernels on the device.
+class CudaBackend {
+ public:
+  using Device = Cuda;
+  /// A buffer the units compute on: device memory from the stream-ordered pool.
+  template <class E>
+  using DeviceBuffer = Buffer<E, Cuda>;
+  /// Page-locked host memory, which device copies reach by DMA without staging.
+  template <class E>
+  using PinnedBuffer = Buffer<E, CudaPinnedHost>;
+  using Stream = CudaStream;
+  using Event = CudaEvent;
+  /// Where the model's units find their kernels.
+  static constexpr DeviceKind kernels = DeviceKind::cuda;
+
+  /// Two streams on the current device; CudaError when no device is visible (never a host
+  /// fallback).
+  CudaBackend() {
+    int pageable = 0;
+    ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_));
+    pageable_access_ = pageable != 0;
+  }
+
+  /// The stream the units compute on (the address stays valid when the backend moves).
+  Stream& compute_stream() { return *compute_; }
+  /// The stream collectives run on.
+  Stream& comm_stream() { return *comm_; }
+  /// Makes work issued next on the communication stream wait for the compute issued so far (a
+  /// reduction must not read a gradient the backward is still writing): an event recorded on
+  /// compute and waited for on comm, on the device; the host does not block.
+  void comm_waits_for_compute() {
+    compute_done_.record(*compute_);
+    compute_done_.wait_on(*comm_);
+  }
+
+  /// acc[i] += factor * g[i], in acc's type (the product rounded once), on the compute stream.
+  template <class A, class G>
+  void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0) {
+    static_assert(std::is_same_v<A, float>,
+                  "CudaBackend::accumulate: the accumulator is f32 on the device (f64 reference "
+                  "engines run on Compute<Host>)");
+    static_assert(ops::cuda::is_device_float<G>,
+                  "CudaBackend::accumulate: gradients are f32, bf16 or f16 on the device");
+    expect<ShapeError>(acc.size() == g.size(), "CudaBackend::accumulate: acc has ", acc.size(),
+                       " elements, g ", g.size(), "; they must match");
+    if (acc.empty()) return;
+    expect_device_memory(acc.data(), "accumulate", "acc");
+    expect_device_memory(g.data(), "accumulate", "g");
+    const auto n = static_cast<std::int64_t>(acc.size());
+    const unsigned blocks = ops::cuda::grid_for(n);
+    if (factor == 1.0) {
+      cuda_backend_detail::accumulate_kernel<A, G>
+          <<<blocks, ops::cuda::elementwise_threads, 0, compute_->native()>>>(acc.data(), g.data(),
+                                                                              n);
+    } else {
+      cuda_backend_detail::accumulate_scaled_kernel<A, G>
+          <<<blocks, ops::cuda::elementwise_threads, 0, compute_->native()>>>(acc.data(), g.data(),
+                                                                              factor, n);
+    }
+    ZERO_CUDA_CHECK(cudaGetLastError());
+  }
+  /// out[i] = in[i], rounded to out's type (zero::convert), on the compute stream.
+  template <class O, class I>
+  void convert_into(std::span<O> out, std::span<const I> in) {
+    static_assert(ops::cuda::is_device_float<O> && ops::cuda::is_device_float<I>,
+                  "CudaBackend::convert_into: f32, bf16 and f16 on the device");
+    expect<ShapeError>(out.size() == in.size(), "CudaBackend::convert_into: out has ", out.size(),
+                       " elements, in ", in.size(), "; they must match");
+    if (out.empty()) return;
+    expect_device_memory(out.data(), "convert_into", "out");
+    expect_device_memory(in.data(), "convert_into", "in");
+    ops::cuda::convert_elements<O, I>(out.data(), in.data(), static_cast<std::int64_t>(out.size()),
+                                      compute_->native());
+  }
+  /// v[i] = factor * v[i], on the compute stream.
+  template <class E>
+  void scale(std::span<E> v, double factor) {
+    static_assert(std::is_same_v<E, float>,
+                  "CudaBackend::scale: scales f32 accumulators and gradients on the device");
+    if (v.empty()) return;
+    expect_device_memory(v.data(), "scale", "v");
+    const auto n = static_cast<std::int64_t>(v.size());
+    cuda_backend_detail::scale_kernel<E>
+        <<<ops::cuda::grid_for(n), ops::cuda::elementwise_threads, 0, compute_->native()>>>(
+            v.data(), factor, n);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+  }
+  /// Sets every element to zero (all-zero bits, which is E{} for zero's element types), on the
+  /// compute stream.
+  template <class E>
+  void clear(std::span<E> v) {
+    static_assert(std::is_arithmetic_v<E> || is_half_type<E>,
+                  "CudaBackend::clear: zero's element types, whose zero is all-zero bits");
+    if (v.empty()) return;
+    expect_device_memory(v.data(), "clear", "v");
+    ZERO_CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.size_bytes(), compute_->native()));
+  }
+  /// Sum of squares of v in double, or +inf when v holds an Inf/NaN. Runs on the compute stream
+  /// and blocks the host until that stream is done (it returns the value).
+  template <class E>
+  double sum_of_squares(std::span<const E> v) {
+    static_assert(ops::cuda::is_device_float<E>,
+                  "CudaBackend::sum_of_squares: f32, bf16 and f16 on the device");
+    if (v.empty()) return 0.0;
+    expect_device_memory(v.data(), "sum_of_squares", "v");
+    // Squares of f32/bf16/f16 are exact in double and cannot overflow, so the sum is finite
+    // exactly when every element is (reduce.cuh).
+    const ops::cuda::DeviceGradStats st =
+        ops::cuda::grad_stats(v.data(), static_cast<std::int64_t>(v.size()), compute_->native());
+    return st.finite ? st.sum_sq : std::numeric_limits<double>::infinity();
+  }
+
+ private:
+  // A kernel given pageable host memory faults with a sticky error that ends the context; say
+  // which argument it was instead. Devices that read pageable memory (HMM, ATS) skip the check.
+  void expect_device_memory(const void* p, const char* op, const char* arg) const {
+    if (pageable_access_) return;
+    cudaPointerAttributes attributes{};
+    ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, p));
+    expect<CudaError>(attributes.type != cudaMemoryTypeUnregistered, "CudaBackend::", op, ": ", arg,
+                      " (at ", p,
+                      ") is pageable host memory, which this device cannot read; pass a "
+                      "DeviceBuffer (or a PinnedBuffer)");
+  }
+
+  // First: the device check runs before any stream or event is created.
+  int device_ = cuda_backend_detail::require_device();
+  // On the heap: the references handed out (and kept by buffers) survive a move.
+  std::unique_ptr<Stream> compute_ = std::make_unique<Stream>();
+  std::unique_ptr<Stream> comm_ = std::make_unique<Stream>();
+  Event compute_done_;
+  bool pageable_access_ = false;
+};
+
+/// The CUDA backend serves Compute<Cuda> wherever this header is included.
+template <>
+struct backend_for<Cuda> {
+  using type = CudaBackend;
+};
+
+}  // namespace zero::engine

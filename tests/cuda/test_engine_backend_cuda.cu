@@ -1,0 +1,364 @@
+// zero::engine::CudaBackend against HostBackend on the same inputs: the flow's element-wise
+// kernels bit for bit (accumulate, convert_into, scale, clear) and sum_of_squares to 1e-12
+// relative, +inf on Inf/NaN; the streams and the event between them (a copy on the comm stream
+// sees what a compute kernel wrote, and without the event it does not); buffers from the pool
+// and page-locked host memory. The no-device error is in test_engine_backend_no_device.cu (this
+// executable's main skips before any test when no GPU is visible).
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <catch2/catch.hpp>
+
+#include <zero/core/buffer.hpp>
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/cuda_device.cuh>
+#include <zero/core/cuda_pinned_host.cuh>
+#include <zero/core/dtype.hpp>
+#include <zero/engine/backend.hpp>
+#include <zero/engine/cuda_backend.cuh>
+
+#include "ops_test_util.hpp"
+
+// No `using namespace zero`: zero::cuda would make CUB's unqualified cuda::std ambiguous in
+// nvcc's generated kernel stubs (sum_of_squares instantiates cub::DeviceReduce).
+using zero::bf16;
+using zero::convert;
+using zero::f16;
+using zero::engine::CudaBackend;
+using zero::engine::HostBackend;
+
+static_assert(std::is_same_v<zero::engine::backend_t<zero::Cuda>, CudaBackend>,
+              "including cuda_backend.cuh makes Compute<Cuda> name CudaBackend");
+static_assert(std::is_same_v<zero::engine::backend_t<zero::Host>, HostBackend>);
+static_assert(CudaBackend::kernels == zero::DeviceKind::cuda);
+static_assert(std::is_same_v<CudaBackend::Stream, zero::CudaStream> &&
+              std::is_same_v<CudaBackend::Event, zero::CudaEvent>);
+
+namespace {
+
+template <class T>
+using DeviceBuffer = CudaBackend::DeviceBuffer<T>;
+
+/// A device copy of h, allocated and filled on the backend's compute stream.
+template <class T>
+DeviceBuffer<T> upload(CudaBackend& backend, const std::vector<T>& h) {
+  DeviceBuffer<T> d(h.size(), typename DeviceBuffer<T>::Uninitialized{},
+                    zero::Cuda::default_alignment, backend.compute_stream());
+  if (!h.empty()) {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(d.data(), h.data(), h.size() * sizeof(T),
+                                    cudaMemcpyHostToDevice, backend.compute_stream().native()));
+  }
+  backend.compute_stream().synchronize();
+  return d;
+}
+
+/// The device buffer's elements, after the compute stream's work.
+template <class T>
+std::vector<T> download(CudaBackend& backend, const DeviceBuffer<T>& d) {
+  std::vector<T> h(d.size());
+  if (!h.empty()) {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(h.data(), d.data(), d.bytes(), cudaMemcpyDeviceToHost,
+                                    backend.compute_stream().native()));
+  }
+  backend.compute_stream().synchronize();
+  return h;
+}
+
+template <class T>
+std::span<T> span_of(DeviceBuffer<T>& d) {
+  return {d.data(), d.size()};
+}
+template <class T>
+std::span<const T> const_span_of(const DeviceBuffer<T>& d) {
+  return {d.data(), d.size()};
+}
+
+/// n values of T: uniform in [-scale, scale) from seed, with edge values spread over the front
+/// (signed zeros, an f32 subnormal, values past f16's range, a large value near f32's limit).
+template <class T>
+std::vector<T> inputs(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::vector<T> v = zero::test::random_vector<T>(n, seed, -scale, scale);
+  const float edges[] = {0.0f, -0.0f, 1e-40f, -3.5e-42f, 70000.0f, -1e5f, 1.0009765625f, 3e38f};
+  for (std::size_t i = 0; i < std::size(edges) && 7 * i < n; ++i) v[7 * i] = convert<T>(edges[i]);
+  return v;
+}
+
+/// Checks that got and want hold the same bits, reporting the first differences.
+template <class T>
+void check_same_bits(const std::vector<T>& got, const std::vector<T>& want,
+                     const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0;
+  std::string first;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
+    if (bad < 5) {
+      first += " [" + std::to_string(i) + "] got " + std::to_string(convert<double>(got[i])) +
+               " want " + std::to_string(convert<double>(want[i])) + ";";
+    }
+    ++bad;
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements differ:" << first);
+  CHECK(bad == 0);
+}
+
+const std::size_t sizes[] = {1, 1000, 65537};
+
+/// Blocks until *release is non-zero (set by the host), or about give_up_cycles have passed;
+/// then writes out[i] = i + 1 (or -1 when it gave up, so a broken test fails instead of hanging).
+__global__ void write_when_released(float* out, int n, const volatile int* release,
+                                    long long give_up_cycles) {
+  if (threadIdx.x == 0) {
+    const long long start = clock64();
+    while (*release == 0 && clock64() - start < give_up_cycles) {
+    }
+  }
+  __syncthreads();
+  const bool gave_up = *release == 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    out[i] = gave_up ? -1.0f : static_cast<float>(i + 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("CudaBackend owns two distinct streams", "[cuda][engine]") {
+  CudaBackend backend;
+  CHECK(backend.compute_stream().native() != nullptr);
+  CHECK(backend.comm_stream().native() != nullptr);
+  CHECK(backend.compute_stream().native() != backend.comm_stream().native());
+  // The streams live on the heap: references taken before a move still name them after it.
+  cudaStream_t compute = backend.compute_stream().native();
+  CudaBackend::Stream* address = &backend.compute_stream();
+  CudaBackend moved = std::move(backend);
+  CHECK(&moved.compute_stream() == address);
+  CHECK(moved.compute_stream().native() == compute);
+}
+
+TEMPLATE_TEST_CASE("CudaBackend::accumulate equals HostBackend bit for bit", "[cuda][engine]",
+                   float, bf16, f16) {
+  using G = TestType;
+  CudaBackend backend;
+  for (const double factor : {1.0, 0.5, 1.0 / 3.0, 0.1, -2.75}) {
+    for (const std::size_t n : sizes) {
+      const std::vector<float> acc0 = inputs<float>(n, 11, 4.0f);
+      const std::vector<G> g = inputs<G>(n, 12);
+      std::vector<float> want = acc0;
+      HostBackend::accumulate(std::span<float>(want), std::span<const G>(g), factor);
+
+      DeviceBuffer<float> acc = upload(backend, acc0);
+      const DeviceBuffer<G> dg = upload(backend, g);
+      backend.accumulate(span_of(acc), const_span_of(dg), factor);
+      // Twice, so the second call adds into a device-made sum.
+      HostBackend::accumulate(std::span<float>(want), std::span<const G>(g), factor);
+      backend.accumulate(span_of(acc), const_span_of(dg), factor);
+      check_same_bits(download(backend, acc), want,
+                      "accumulate n=" + std::to_string(n) + " factor=" + std::to_string(factor));
+    }
+  }
+}
+
+TEST_CASE("CudaBackend::accumulate refuses mismatched sizes and pageable memory",
+          "[cuda][engine]") {
+  CudaBackend backend;
+  DeviceBuffer<float> acc = upload(backend, std::vector<float>(8, 1.0f));
+  const DeviceBuffer<bf16> g = upload(backend, std::vector<bf16>(7, bf16(1.0f)));
+  CHECK_THROWS_AS(backend.accumulate(span_of(acc), const_span_of(g)), zero::ShapeError);
+
+  int pageable_access = 0, device = 0;
+  ZERO_CUDA_CHECK(cudaGetDevice(&device));
+  ZERO_CUDA_CHECK(
+      cudaDeviceGetAttribute(&pageable_access, cudaDevAttrPageableMemoryAccess, device));
+  if (pageable_access == 0) {
+    std::vector<float> host(8, 1.0f);
+    CHECK_THROWS_WITH(backend.clear(std::span<float>(host)),
+                      Catch::Contains("pageable host memory") && Catch::Contains("clear"));
+  }
+  // Empty spans launch nothing and touch no pointer.
+  backend.accumulate(std::span<float>(), std::span<const bf16>());
+  CHECK(backend.sum_of_squares(std::span<const float>()) == 0.0);
+}
+
+TEST_CASE("CudaBackend::convert_into equals HostBackend bit for bit", "[cuda][engine]") {
+  CudaBackend backend;
+  auto check_pair = [&](auto out_tag, auto in_tag, const char* name) {
+    using O = decltype(out_tag);
+    using I = decltype(in_tag);
+    for (const std::size_t n : sizes) {
+      // Values up to 4e5 reach f16's overflow to infinity and its subnormals (x 2^-24).
+      std::vector<I> in = inputs<I>(n, 21, 4e5f);
+      for (std::size_t i = 1; i < n; i += 5) in[i] = convert<I>(convert<float>(in[i]) * 1e-9f);
+      std::vector<O> want(n);
+      HostBackend::convert_into(std::span<O>(want), std::span<const I>(in));
+
+      DeviceBuffer<O> out = upload(backend, std::vector<O>(n));
+      const DeviceBuffer<I> din = upload(backend, in);
+      backend.convert_into(span_of(out), const_span_of(din));
+      check_same_bits(download(backend, out), want,
+                      std::string("convert_into ") + name + " n=" + std::to_string(n));
+    }
+  };
+  check_pair(bf16{}, float{}, "f32->bf16");
+  check_pair(f16{}, float{}, "f32->f16");
+  check_pair(float{}, bf16{}, "bf16->f32");
+  check_pair(float{}, f16{}, "f16->f32");
+  check_pair(float{}, float{}, "f32->f32");
+  check_pair(f16{}, bf16{}, "bf16->f16");
+}
+
+TEST_CASE("CudaBackend::scale equals HostBackend bit for bit", "[cuda][engine]") {
+  CudaBackend backend;
+  for (const double factor : {0.5, 1.0 / 3.0, 1e-3, -2.5, 1e30, 0.0}) {
+    for (const std::size_t n : sizes) {
+      const std::vector<float> v0 = inputs<float>(n, 31, 8.0f);
+      std::vector<float> want = v0;
+      HostBackend::scale(std::span<float>(want), factor);
+
+      DeviceBuffer<float> v = upload(backend, v0);
+      backend.scale(span_of(v), factor);
+      check_same_bits(download(backend, v), want,
+                      "scale n=" + std::to_string(n) + " factor=" + std::to_string(factor));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("CudaBackend::clear equals HostBackend", "[cuda][engine]", float, bf16, f16) {
+  CudaBackend backend;
+  for (const std::size_t n : sizes) {
+    std::vector<TestType> want = inputs<TestType>(n, 41);
+    DeviceBuffer<TestType> v = upload(backend, want);
+    HostBackend::clear(std::span<TestType>(want));
+    backend.clear(span_of(v));
+    check_same_bits(download(backend, v), want, "clear n=" + std::to_string(n));
+  }
+}
+
+TEMPLATE_TEST_CASE("CudaBackend::sum_of_squares matches the host to 1e-12, +inf on Inf/NaN",
+                   "[cuda][engine]", float, bf16, f16) {
+  using E = TestType;
+  CudaBackend backend;
+  for (const std::size_t n : sizes) {
+    const std::vector<E> v = zero::test::random_vector<E>(n, 51, -3.0f, 3.0f);
+    double want = 0.0;
+    if constexpr (std::is_same_v<E, float>) {
+      want = HostBackend::sum_of_squares(std::span<const float>(v));
+    } else {  // HostBackend sums f32 and f64 only: the exact squares in double, in order
+      for (const E x : v) want += convert<double>(x) * convert<double>(x);
+    }
+    const DeviceBuffer<E> d = upload(backend, v);
+    const double got = backend.sum_of_squares(const_span_of(d));
+    INFO("n=" << n << " got " << got << " want " << want);
+    CHECK(std::fabs(got - want) <= 1e-12 * std::fabs(want));
+
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+    for (const float special : specials) {
+      for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+        std::vector<E> bad = v;
+        bad[at] = convert<E>(special);
+        const DeviceBuffer<E> dbad = upload(backend, bad);
+        const double s = backend.sum_of_squares(const_span_of(dbad));
+        INFO("special " << special << " at " << at);
+        CHECK(s == std::numeric_limits<double>::infinity());
+        if constexpr (std::is_same_v<E, float>) {
+          CHECK(HostBackend::sum_of_squares(std::span<const float>(bad)) == s);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("comm_waits_for_compute orders a comm-stream copy after a compute kernel",
+          "[cuda][engine]") {
+  // The compute kernel blocks until the host releases it, so the order is decided by the event
+  // alone, not by timing. Serialising modes would deadlock the host against the kernel.
+  const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
+  if (blocking != nullptr && std::string(blocking) == "1") {
+    WARN("CUDA_LAUNCH_BLOCKING=1 serialises launches: stream-ordering test skipped");
+    return;
+  }
+  CudaBackend backend;
+  constexpr int n = 4099;
+  int clock_khz = 0, device = 0;
+  ZERO_CUDA_CHECK(cudaGetDevice(&device));
+  ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  const long long give_up_cycles = 20LL * 1000 * clock_khz;  // about 20 s
+
+  CudaBackend::PinnedBuffer<int> release(1, zero::CudaPinnedHost::default_alignment,
+                                         backend.compute_stream());
+  int* release_on_device = nullptr;
+  ZERO_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&release_on_device), release.data(), 0));
+  CudaBackend::PinnedBuffer<float> seen(n, zero::CudaPinnedHost::default_alignment,
+                                        backend.comm_stream());
+  DeviceBuffer<float> written(n, zero::Cuda::default_alignment, backend.compute_stream());
+  backend.compute_stream().synchronize();
+
+  auto run = [&](bool wait) {
+    __atomic_store_n(release.data(), 0, __ATOMIC_SEQ_CST);
+    // Zeroed before the run starts, so an unordered copy reads zeros, not the last run's values.
+    ZERO_CUDA_CHECK(
+        cudaMemsetAsync(written.data(), 0, written.bytes(), backend.compute_stream().native()));
+    backend.compute_stream().synchronize();
+    write_when_released<<<1, 256, 0, backend.compute_stream().native()>>>(
+        written.data(), n, release_on_device, give_up_cycles);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    if (wait) backend.comm_waits_for_compute();
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(seen.data(), written.data(), written.bytes(),
+                                    cudaMemcpyDeviceToHost, backend.comm_stream().native()));
+    if (wait) {
+      // The copy cannot have run: the kernel it waits for is still blocked.
+      CHECK(cudaStreamQuery(backend.comm_stream().native()) == cudaErrorNotReady);
+      __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
+      backend.comm_stream().synchronize();
+    } else {
+      backend.comm_stream().synchronize();  // nothing orders it after the blocked kernel
+      __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
+    }
+    backend.compute_stream().synchronize();
+    return std::vector<float>(seen.data(), seen.data() + n);
+  };
+
+  const std::vector<float> ordered = run(true);
+  std::vector<float> want(n);
+  for (int i = 0; i < n; ++i) want[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);
+  check_same_bits(ordered, want, "copy on comm after comm_waits_for_compute");
+
+  // Negative control: without the event the copy reads the buffer before the kernel writes it.
+  const std::vector<float> unordered = run(false);
+  check_same_bits(unordered, std::vector<float>(n, 0.0f), "copy on comm without the event");
+}
+
+TEST_CASE("CudaBackend buffers: pool memory on the compute stream, page-locked host memory",
+          "[cuda][engine]") {
+  CudaBackend backend;
+  DeviceBuffer<float> d(1000, zero::Cuda::default_alignment, backend.compute_stream());
+  CudaBackend::PinnedBuffer<float> p(1000, zero::CudaPinnedHost::default_alignment,
+                                     backend.compute_stream());
+  cudaPointerAttributes attributes{};
+  ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, d.data()));
+  CHECK(attributes.type == cudaMemoryTypeDevice);
+  ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, p.data()));
+  CHECK(attributes.type == cudaMemoryTypeHost);
+  // Both start zeroed; a device write reaches the pinned buffer by a stream-ordered copy.
+  CHECK(p.data()[999] == 0.0f);
+  std::vector<float> ones(1000, 1.0f);
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(d.data(), ones.data(), d.bytes(), cudaMemcpyHostToDevice,
+                                  backend.compute_stream().native()));
+  backend.scale(span_of(d), 3.0);
+  zero::CudaPinnedHost::copy(p.data(), d.data(), d.bytes(), backend.compute_stream());
+  backend.compute_stream().synchronize();
+  CHECK(p.data()[0] == 3.0f);
+  CHECK(p.data()[999] == 3.0f);
+}
