@@ -17,6 +17,7 @@
 #include <omp.h>
 #endif
 
+#include <zero/ops/cpu/attention.hpp>
 #include <zero/ops/cpu/cross_entropy.hpp>
 #include <zero/ops/cpu/dropout.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
@@ -594,4 +595,160 @@ TEST_CASE(
   const auto x = float_values(40, 56), dy = float_values(40, 57);
   CHECK_FALSE(overwrite_equals_adding_into_zeros<double>(
       40, [&](double* dinp, bool) { gelu_backward(dinp, x.data(), dy.data(), 40, false); }));
+}
+
+namespace {
+
+// Outputs of the attention softmax kernels on one block: att's rows, the probabilities P V
+// multiplies (dropout applied) and dS.
+template <class T>
+struct SoftmaxBlock {
+  std::vector<T> att;
+  std::vector<zero::compute_type_t<T>> probs, ds;
+};
+
+// The mask attention_softmax_block draws for p.
+DropoutMask softmax_block_mask(double p) {
+  return p > 0 ? DropoutMask{p, zero::CounterRng(11), 2} : DropoutMask{};
+}
+
+// The block kernels of attention.hpp for storage type T on query rows t0 + r (r < rows) of a head
+// with three positions past the block (so att has entries to zero beyond the block's keys),
+// scores drawn from +-score_range, dP at random, the mask of the fourth head (bh = 3).
+template <class T>
+SoftmaxBlock<T> attention_softmax_block(std::int64_t t0, std::int64_t rows, double p,
+                                        double score_range) {
+  using A = zero::compute_type_t<T>;
+  const std::int64_t keys = t0 + rows, Tn = keys + 3;
+  const DropoutMask mask = softmax_block_mask(p);
+  const std::int64_t mask_index = (3 * Tn + t0) * Tn;
+  SoftmaxBlock<T> out;
+  // att starts nonzero everywhere: the kernel must write the zeros above the diagonal.
+  out.att = cast<T>(std::vector<double>(static_cast<std::size_t>(rows * Tn), 7.0));
+  out.probs = cast<A>(float_values(static_cast<std::size_t>(rows * keys), 91, score_range));
+  detail::attention_softmax_for<T>()(out.probs.data(), keys, out.att.data(), Tn, t0, rows, &mask,
+                                     mask_index);
+  out.ds = cast<A>(float_values(static_cast<std::size_t>(rows * keys), 92));
+  detail::attention_softmax_backward_for<T>()(out.ds.data(), out.att.data(), Tn, t0, rows, A(0.125),
+                                              &mask, mask_index);
+  return out;
+}
+
+template <class T>
+Bytes attention_softmax_block_bytes(std::int64_t t0, std::int64_t rows, double p,
+                                    double score_range) {
+  const auto block = attention_softmax_block<T>(t0, rows, p, score_range);
+  Bytes bytes;
+  bytes.add(block.att), bytes.add(block.probs), bytes.add(block.ds);
+  return bytes;
+}
+
+// Blocks (t0, rows) whose rows have 1 to 130 keys: single rows of odd lengths, a whole query
+// block (1 to 64 keys), rows around the block size and a block of 66 rows (65 to 130 keys).
+const std::vector<std::pair<std::int64_t, std::int64_t>> softmax_blocks{
+    {0, 1}, {6, 1}, {16, 1}, {0, 64}, {62, 3}, {64, 66}, {129, 1}};
+
+// True when every entry of the f32 or bf16 block is what mask (drawn at the block's index) and
+// the stored att make it: probs = att * scale where kept, 0 where dropped and past the diagonal;
+// att 0 past the diagonal. Adds the causal entries dropped and kept to the counts.
+template <class T>
+bool follows_mask(const SoftmaxBlock<T>& block, std::int64_t t0, std::int64_t rows,
+                  const DropoutMask& mask, std::int64_t& dropped, std::int64_t& kept) {
+  const std::int64_t keys = t0 + rows, Tn = keys + 3;
+  const std::int64_t mask_index = (3 * Tn + t0) * Tn;
+  bool ok = true;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t i = 0; i < Tn; ++i) {
+      const float a = zero::convert<float>(block.att[static_cast<std::size_t>(r * Tn + i)]);
+      const bool causal = i <= t0 + r;
+      if (!causal) ok = ok && a == 0.0f;
+      if (i >= keys) continue;
+      const bool keep = causal && mask.keep(mask_index + r * Tn + i);
+      if (causal) ++(keep ? kept : dropped);
+      const float want = keep ? a * mask.scale<float>() : 0.0f;
+      ok = ok && std::memcmp(&block.probs[static_cast<std::size_t>(r * keys + i)], &want,
+                             sizeof(float)) == 0;
+    }
+  }
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "attention softmax kernels: every ISA the same bits on rows of 1 to 130 keys, f32 / bf16 / "
+    "f16, with and without dropout",
+    "[unit][ops]") {
+  for (auto [t0, rows] : softmax_blocks) {
+    for (double p : {0.0, 0.25}) {
+      // Scores up to 60 apart put e^(x - max) below e^-87, where vmath::exp clamps.
+      for (double score_range : {4.0, 60.0}) {
+        INFO("t0 " << t0 << " rows " << rows << " p " << p << " scores +-" << score_range);
+        check_paths([&] { return attention_softmax_block_bytes<float>(t0, rows, p, score_range); });
+        check_paths([&] { return attention_softmax_block_bytes<bf16>(t0, rows, p, score_range); });
+        check_paths([&] { return attention_softmax_block_bytes<f16>(t0, rows, p, score_range); });
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "attention softmax kernels: the dropout mask of DropoutMask::keep, and f32 near the f64 "
+    "loops",
+    "[unit][ops]") {
+  std::int64_t dropped = 0, kept = 0;  // causal entries over all blocks with dropout
+  for (auto [t0, rows] : softmax_blocks) {
+    for (double p : {0.0, 0.25}) {
+      INFO("t0 " << t0 << " rows " << rows << " p " << p);
+      const auto f32 = attention_softmax_block<float>(t0, rows, p, 4.0);
+      const auto f64 = attention_softmax_block<double>(t0, rows, p, 4.0);
+      CHECK(normwise_error(f32.att, to_double(f64.att)) <= f32_vs_f64_tolerance);
+      CHECK(normwise_error(f32.probs, to_double(f64.probs)) <= f32_vs_f64_tolerance);
+      CHECK(normwise_error(f32.ds, to_double(f64.ds)) <= f32_vs_f64_tolerance);
+      if (p == 0.0) continue;
+      CHECK(follows_mask(f32, t0, rows, softmax_block_mask(p), dropped, kept));
+      CHECK(follows_mask(attention_softmax_block<bf16>(t0, rows, p, 4.0), t0, rows,
+                         softmax_block_mask(p), dropped, kept));
+    }
+  }
+  CHECK(dropped > 0);
+  CHECK(kept > dropped);
+  // Negative control: the mask of another stream is not the one the kernels drew.
+  const DropoutMask other_stream{0.25, zero::CounterRng(11), 3};
+  CHECK_FALSE(follows_mask(attention_softmax_block<float>(0, 64, 0.25, 4.0), 0, 64, other_stream,
+                           dropped, kept));
+}
+
+namespace {
+
+// attention_forward and backward on B = 2, C = 16, NH = 2 at sequence length Tn: out, att and
+// dqkv as bytes.
+template <class T>
+Bytes attention_run(std::int64_t Tn, double p) {
+  constexpr std::int64_t B = 2, C = 16, NH = 2;
+  const auto qkv = cast<T>(float_values(static_cast<std::size_t>(B * Tn * 3 * C), 93, 2.0)),
+             dout = cast<T>(float_values(static_cast<std::size_t>(B * Tn * C), 94));
+  std::vector<T> out(static_cast<std::size_t>(B * Tn * C)),
+      att(static_cast<std::size_t>(B * NH * Tn * Tn)), dqkv = cast<T>(float_values(qkv.size(), 95));
+  const DropoutMask mask = p > 0 ? DropoutMask{p, zero::CounterRng(12), 4} : DropoutMask{};
+  attention_forward(out.data(), att.data(), qkv.data(), B, Tn, C, NH, mask);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, Tn, C, NH, mask);
+  Bytes bytes;
+  bytes.add(out), bytes.add(att), bytes.add(dqkv);
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "attention: every ISA and thread count the same bits, f32 / bf16, T 1 to 130, with and "
+    "without dropout",
+    "[unit][ops]") {
+  for (std::int64_t Tn : {1, 7, 17, 63, 65, 130}) {
+    for (double p : {0.0, 0.25}) {
+      INFO("T " << Tn << " p " << p);
+      check_paths([&] { return attention_run<float>(Tn, p); });
+      check_paths([&] { return attention_run<bf16>(Tn, p); });
+    }
+  }
 }

@@ -17,17 +17,25 @@
 // Half types: the head's q, k, v are widened to float, products, softmax and sums are float; att
 // and out are rounded once, and P V uses the rounded att (the backward sees the same values);
 // dqkv accumulates a whole head in float before its single rounding.
+// The row softmax and its backward run as dispatched kernels for float, bf16 and f16
+// (isa_dispatch.hpp): a row's max, sum of exponentials and rowsum(P dP) fold 16 partials
+// (lane_reduction.hpp) and the exponentials are vmath::exp on every lane and tail, so scalar, AVX2
+// and AVX-512 give the same bits. double keeps the plain loops with std::exp (the reference).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <type_traits>
 
 #include <zero/ops/cpu/dropout.hpp>
 #include <zero/ops/cpu/element_access.hpp>
 #include <zero/ops/cpu/gemm.hpp>
+#include <zero/ops/cpu/isa_dispatch.hpp>
+#include <zero/ops/cpu/lane_reduction.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
+#include <zero/ops/cpu/vector_math.hpp>
 
 namespace zero::ops::cpu {
 
@@ -75,6 +83,206 @@ void apply_dropout(A* p, std::int64_t n, std::int64_t row, const DropoutMask& dr
   for (std::int64_t t2 = 0; t2 < n; ++t2) p[t2] = dropout.keep(row + t2) ? p[t2] * scale : A(0);
 }
 
+// The row softmax of one block of query rows t0 + r (r < rows) against keys [0, t0 + rows), for
+// float compute: row r of scores (row stride lds) holds the scaled scores q_t . k_t2 / sqrt(hs)
+// and row r of att (row stride Tn) is row t0 + r of the head's att. Writes att (rounded to T,
+// zero above the diagonal) and leaves in scores the probabilities P V multiplies: the stored
+// ones, dropped and scaled where dropout is active (mask_index is the index in att of the
+// block's first entry). scores may be att itself (f32 without dropout).
+struct AttentionSoftmax {
+  template <class O, class T>
+  static void run(float* scores, std::int64_t lds, T* att, std::int64_t Tn, std::int64_t t0,
+                  std::int64_t rows, const DropoutMask* dropout, std::int64_t mask_index) {
+    const std::int64_t keys = t0 + rows;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t n = t0 + r + 1;  // the causal row: keys up to the diagonal
+      float* p = scores + r * lds;
+      T* a = att + r * Tn;
+      const float sum = exponentiate_row<O>(p, n, row_max<O>(p, n));
+      write_probabilities<O>(a, p, n, 1.0f / sum, *dropout, mask_index + r * Tn);
+      std::fill(a + n, a + Tn, store<T>(0.0f));
+      std::fill(p + n, p + keys, 0.0f);
+    }
+  }
+
+  // The largest of x[0, n).
+  template <class O>
+  static float row_max(const float* x, std::int64_t n) {
+    return reduce_row<O>(
+        n, -std::numeric_limits<float>::infinity(),
+        [&](auto ops, const auto& acc, std::int64_t i) {
+          using P = decltype(ops);
+          return P::max(P::load(x + i), acc);
+        },
+        [](float a, float b) { return optim::ScalarHostOps::max(a, b); });
+  }
+
+  // x[i] = e^(x[i] - maxval) over [0, n); returns their sum. The step stores each exponential
+  // as it folds it in (reduce_row visits every element once), so the row is read once. The add
+  // takes exp's last product (by 2^n, exact: e^-87 is a normal float), so a compiler that
+  // contracts the two into an fma changes no bit on any path.
+  template <class O>
+  static float exponentiate_row(float* x, std::int64_t n, float maxval) {
+    return reduce_row<O>(
+        n, 0.0f,
+        [&](auto ops, const auto& acc, std::int64_t i) {
+          using P = decltype(ops);
+          const auto e = vmath::exp<P>(P::sub(P::load(x + i), P::set1(maxval)));
+          P::store(x + i, e);
+          return P::add(acc, e);
+        },
+        [](float a, float b) { return a + b; });
+  }
+
+  // a[i] = e[i] * inv rounded to T; e[i] becomes that stored value (the one backward reads),
+  // dropped or scaled by the mask drawn at index + i when dropout is active.
+  template <class O, class T>
+  static void write_probabilities(T* a, float* e, std::int64_t n, float inv,
+                                  const DropoutMask& dropout, std::int64_t index) {
+    const float keep_scale = dropout.scale<float>();
+    std::uint32_t words[O::width];
+    const auto at = [&](auto ops, std::int64_t i) {
+      using P = decltype(ops);
+      store_lanes<P>(a + i, P::mul(P::load(e + i), P::set1(inv)));
+      const auto stored = load_lanes<P>(a + i);
+      if (dropout.active()) {
+        dropout_mask_words(words, dropout, index + i, P::width);
+        P::store(e + i, P::select(words, P::mul(stored, P::set1(keep_scale)), P::set1(0.0f)));
+      } else {
+        P::store(e + i, stored);
+      }
+    };
+    std::int64_t i = 0;
+    for (; i + O::width <= n; i += O::width) at(O{}, i);
+    for (; i < n; ++i) at(optim::ScalarHostOps{}, i);
+  }
+};
+
+// The softmax backward of one block of query rows t0 + r (r < rows), for float compute: row r of
+// dp (row stride t0 + rows, the block's keys) holds dY V^T and becomes
+// dS = att (dP - sum_j att_j dP_j) * scale, with dP = dp through the dropout mask drawn at
+// mask_index + r Tn + t2 (as the forward's) and att row r of att (row stride Tn), zero above the
+// diagonal.
+struct AttentionSoftmaxBackward {
+  template <class O, class T>
+  static void run(float* dp, const T* att, std::int64_t Tn, std::int64_t t0, std::int64_t rows,
+                  float scale, const DropoutMask* dropout, std::int64_t mask_index) {
+    using S = optim::ScalarHostOps;
+    const std::int64_t keys = t0 + rows;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t n = t0 + r + 1;
+      float* d = dp + r * keys;
+      const T* a = att + r * Tn;
+      const float dot = masked_dot<O>(d, a, n, *dropout, mask_index + r * Tn);
+      const auto at = [&](auto ops, std::int64_t i) {
+        using P = decltype(ops);
+        const auto centred = P::sub(P::load(d + i), P::set1(dot));
+        P::store(d + i, P::mul(P::mul(load_lanes<P>(a + i), centred), P::set1(scale)));
+      };
+      std::int64_t i = 0;
+      for (; i + O::width <= n; i += O::width) at(O{}, i);
+      for (; i < n; ++i) at(S{}, i);
+      std::fill(d + n, d + keys, 0.0f);
+    }
+  }
+
+  // sum_i d[i] a[i] over [0, n), after d[i] goes through the dropout mask drawn at index + i
+  // (stored back: the gradient then uses the masked value). The products enter the sum through
+  // an explicit fma, leaving a compiler no product and add to contract on one path only.
+  template <class O, class T>
+  static float masked_dot(float* d, const T* a, std::int64_t n, const DropoutMask& dropout,
+                          std::int64_t index) {
+    const float keep_scale = dropout.scale<float>();
+    std::uint32_t words[O::width];
+    return reduce_row<O>(
+        n, 0.0f,
+        [&](auto ops, const auto& acc, std::int64_t i) {
+          using P = decltype(ops);
+          auto g = P::load(d + i);
+          if (dropout.active()) {
+            dropout_mask_words(words, dropout, index + i, P::width);
+            g = P::select(words, P::mul(g, P::set1(keep_scale)), P::set1(0.0f));
+            P::store(d + i, g);
+          }
+          return P::fma(g, load_lanes<P>(a + i), acc);
+        },
+        [](float a, float b) { return a + b; });
+  }
+};
+
+// AttentionSoftmax for any compute type, in plain loops with std::exp: the f64 path.
+template <class T>
+void attention_softmax_loops(compute_type_t<T>* scores, std::int64_t lds, T* att, std::int64_t Tn,
+                             std::int64_t t0, std::int64_t rows, const DropoutMask* dropout,
+                             std::int64_t mask_index) {
+  using A = compute_type_t<T>;
+  const std::int64_t keys = t0 + rows;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t t = t0 + r;
+    A* pre = scores + r * lds;
+    A maxval = -INFINITY;
+    for (std::int64_t t2 = 0; t2 <= t; ++t2) maxval = pre[t2] > maxval ? pre[t2] : maxval;
+    A sum = A(0);
+    for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+      pre[t2] = std::exp(pre[t2] - maxval);
+      sum += pre[t2];
+    }
+    const A inv = A(1) / sum;
+    T* a = att + r * Tn;
+    for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+      a[t2] = store<T>(pre[t2] * inv);
+      pre[t2] = load(a[t2]);  // the stored probability: backward sees exactly this value
+    }
+    for (std::int64_t t2 = t + 1; t2 < Tn; ++t2) a[t2] = store<T>(A(0));
+    for (std::int64_t t2 = t + 1; t2 < keys; ++t2) pre[t2] = A(0);
+    if (dropout->active()) apply_dropout(pre, t + 1, mask_index + r * Tn, *dropout);
+  }
+}
+
+// AttentionSoftmaxBackward for any compute type, in plain loops: the f64 path.
+template <class T>
+void attention_softmax_backward_loops(compute_type_t<T>* dp, const T* att, std::int64_t Tn,
+                                      std::int64_t t0, std::int64_t rows, compute_type_t<T> scale,
+                                      const DropoutMask* dropout, std::int64_t mask_index) {
+  using A = compute_type_t<T>;
+  const std::int64_t keys = t0 + rows;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t t = t0 + r;
+    const T* a = att + r * Tn;
+    A* d = dp + r * keys;
+    if (dropout->active()) apply_dropout(d, t + 1, mask_index + r * Tn, *dropout);
+    A dot = A(0);
+    for (std::int64_t t2 = 0; t2 <= t; ++t2) dot += d[t2] * load(a[t2]);
+    for (std::int64_t t2 = 0; t2 <= t; ++t2) d[t2] = load(a[t2]) * (d[t2] - dot) * scale;
+    for (std::int64_t t2 = t + 1; t2 < keys; ++t2) d[t2] = A(0);
+  }
+}
+
+/// The row softmax of a block for storage type T: AttentionSoftmax's entry for the host ISA
+/// (float, bf16, f16), the plain loops otherwise.
+template <class T>
+auto attention_softmax_for() {
+  using A = compute_type_t<T>;
+  if constexpr (dispatched_type<T>) {
+    return kernel_for<AttentionSoftmax, A*, std::int64_t, T*, std::int64_t, std::int64_t,
+                      std::int64_t, const DropoutMask*, std::int64_t>();
+  } else {
+    return &attention_softmax_loops<T>;
+  }
+}
+
+/// The softmax backward of a block for storage type T, chosen as attention_softmax_for.
+template <class T>
+auto attention_softmax_backward_for() {
+  using A = compute_type_t<T>;
+  if constexpr (dispatched_type<T>) {
+    return kernel_for<AttentionSoftmaxBackward, A*, const T*, std::int64_t, std::int64_t,
+                      std::int64_t, A, const DropoutMask*, std::int64_t>();
+  } else {
+    return &attention_softmax_backward_loops<T>;
+  }
+}
+
 // Calls body(bh, scratch) for every (batch, head) pair bh in [0, pairs). The pairs are split
 // into one contiguous range per thread, each with scratch_elems of its own from one allocation
 // per call (not one per pair: at long sequences a pair's scratch is past malloc's mmap
@@ -109,6 +317,7 @@ void attention_forward(T* out, T* att, const T* qkv, std::int64_t B, std::int64_
   const std::int64_t widened_elems = in_place ? 0 : Tn * 3 * hs;
   const std::int64_t out_elems = in_place ? 0 : Tn * hs;
   const std::int64_t scores_elems = scratch_scores ? std::min(attention_block, Tn) * Tn : 0;
+  const auto softmax = detail::attention_softmax_for<T>();
   blas_single_threaded();
   detail::for_each_pair<A>(
       B * NH, widened_elems + out_elems + scores_elems, [&](std::int64_t bh, A* scratch) {
@@ -134,26 +343,7 @@ void attention_forward(T* out, T* att, const T* qkv, std::int64_t B, std::int64_
           }
           gemm_serial<A>(Trans::no, Trans::yes, rows, keys, hs, scale, head.q + t0 * head.ld,
                          head.ld, head.k, head.ld, A(0), s, lds);
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t t = t0 + r;
-            A* pre = s + r * lds;
-            A maxval = -INFINITY;
-            for (std::int64_t t2 = 0; t2 <= t; ++t2) maxval = pre[t2] > maxval ? pre[t2] : maxval;
-            A sum = A(0);
-            for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-              pre[t2] = std::exp(pre[t2] - maxval);
-              sum += pre[t2];
-            }
-            const A inv = A(1) / sum;
-            T* a = att_head + t * Tn;
-            for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-              a[t2] = store<T>(pre[t2] * inv);
-              pre[t2] = load(a[t2]);  // the stored probability: backward sees exactly this value
-            }
-            for (std::int64_t t2 = t + 1; t2 < Tn; ++t2) a[t2] = store<T>(A(0));
-            for (std::int64_t t2 = t + 1; t2 < keys; ++t2) pre[t2] = A(0);
-            if (dropout.active()) detail::apply_dropout(pre, t + 1, (bh * Tn + t) * Tn, dropout);
-          }
+          softmax(s, lds, att_head + t0 * Tn, Tn, t0, rows, &dropout, (bh * Tn + t0) * Tn);
           gemm_serial<A>(Trans::no, Trans::no, rows, hs, keys, A(1), s, lds, head.v, head.ld, A(0),
                          out_head + t0 * ld_out, ld_out);
         }
@@ -181,6 +371,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, std:
   const std::int64_t block = std::min(attention_block, Tn);
   const std::int64_t head_elems = in_place ? 0 : Tn * 3 * hs;
   const std::int64_t dy_elems = in_place ? 0 : Tn * hs;
+  const auto softmax_backward = detail::attention_softmax_backward_for<T>();
   blas_single_threaded();
   detail::for_each_pair<A>(
       B * NH, 2 * head_elems + dy_elems + 2 * block * Tn, [&](std::int64_t bh, A* scratch) {
@@ -231,16 +422,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, std:
           // dS = att (dP - sum_j att_j dP_j) / sqrt(hs).
           gemm_serial<A>(Trans::no, Trans::yes, rows, keys, hs, A(1), dy_block, ld_dy, head.v,
                          head.ld, A(0), dp, keys);
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t t = t0 + r;
-            const T* a = att_head + t * Tn;
-            A* d = dp + r * keys;
-            if (dropout.active()) detail::apply_dropout(d, t + 1, (bh * Tn + t) * Tn, dropout);
-            A dot = A(0);
-            for (std::int64_t t2 = 0; t2 <= t; ++t2) dot += d[t2] * load(a[t2]);
-            for (std::int64_t t2 = 0; t2 <= t; ++t2) d[t2] = load(a[t2]) * (d[t2] - dot) * scale;
-            for (std::int64_t t2 = t + 1; t2 < keys; ++t2) d[t2] = A(0);
-          }
+          softmax_backward(dp, att_head + t0 * Tn, Tn, t0, rows, scale, &dropout,
+                           (bh * Tn + t0) * Tn);
           // dQ[block] += dS K;  dK[0, keys) += dS^T Q[block]
           gemm_serial<A>(Trans::no, Trans::no, rows, hs, keys, A(1), dp, keys, head.k, head.ld,
                          A(1), grad + t0 * ld_grad, ld_grad);
