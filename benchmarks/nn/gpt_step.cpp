@@ -13,7 +13,7 @@
 //   ./gpt_step [--model gpt2|small-test|...] [--batch B] [--seq T] [--threads 1,2] [--steps 3]
 //              [--dtype f32,bf16] [--gemm-shapes 1|0]
 //              [--layers L --heads H --channels C --vocab V]  (override the preset's sizes)
-//              [--peer PYTHON|none]
+//              [--peer PYTHON|none] [--logits-chunk-mib M]  (the LM head's logits bound; 0: none)
 // After each (dtype, threads) row, a "gpt_step_ops" row gives one more step's time per layer kind.
 //
 // PyTorch peer: after zero's rows for a dtype, gpt_step runs benchmarks/nn/torch_peer.py (its
@@ -355,13 +355,15 @@ std::map<int, StepTimes> bench_model(const std::string& model_name, const zero::
         "\"B\": %lld, \"T\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"blas\": %s, "
         "\"gemm\": \"%s\"}, \"value\": %.1f, \"unit\": \"tokens/s\", "
         "\"ms_per_step\": %.1f, \"ms_per_step_with_adamw\": %.1f, \"gflops\": %.1f, "
-        "\"%s_gflops\": %.1f, \"fraction_of_%s\": %.3f, \"loss\": %.4f}\n",
+        "\"%s_gflops\": %.1f, \"fraction_of_%s\": %.3f, \"loss\": %.4f, "
+        "\"activation_peak_mib\": %.1f, \"logits_chunk_mib\": %.0f}\n",
         model_name.c_str(), n_params, static_cast<long long>(B), static_cast<long long>(T_len),
         dtype_name<T>(), threads, zero::ops::cpu::gemm_uses_blas() ? "true" : "false",
         gemm_path<T>(), tokens_per_s, best * 1e3, (best + best_adamw) * 1e3, gflops,
         std::is_same_v<T, float> ? "sgemm" : "bf16_gemm", gemm,
         std::is_same_v<T, float> ? "sgemm" : "bf16_gemm", gemm > 0 ? gflops / gemm : 0.0,
-        static_cast<double>(loss));
+        static_cast<double>(loss), static_cast<double>(arena.peak_bytes()) / (1 << 20),
+        static_cast<double>(cfg.logits_chunk_bytes) / (1 << 20));
     std::fflush(stdout);
     best_ms[threads] = {best * 1e3, (best + best_adamw) * 1e3};
   }
@@ -472,6 +474,7 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1, 2};
   std::vector<std::string> dtypes = {"f32", "bf16"};
   std::int64_t layers = 0, heads = 0, channels = 0, vocab = 0;  // 0: the preset's
+  double logits_chunk_mib = -1;                                 // < 0: GPTConfig's default
   const char* peer_env = std::getenv("ZERO_PEER_PYTHON");
   std::string peer_python = peer_env != nullptr && *peer_env != '\0' ? peer_env : "python3";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -496,6 +499,8 @@ int main(int argc, char** argv) {
       peer_python = value;
     else if (flag == "--gemm-shapes")
       gemm_rows = value != "0";
+    else if (flag == "--logits-chunk-mib")
+      logits_chunk_mib = std::atof(value.c_str());
     else if (flag == "--dtype")
       dtypes = split_list(value);
     else if (flag == "--threads") {
@@ -512,6 +517,9 @@ int main(int argc, char** argv) {
   if (channels > 0) cfg.channels = channels;
   if (vocab > 0) cfg.vocab_size = vocab;
   cfg.max_seq_len = std::max(cfg.max_seq_len, T);
+  if (logits_chunk_mib >= 0) {
+    cfg.logits_chunk_bytes = static_cast<std::int64_t>(logits_chunk_mib * (1 << 20));
+  }
   if (layers > 0 || heads > 0 || channels > 0 || vocab > 0) {
     model_name = "custom-" + std::to_string(cfg.num_layers) + "L-" + std::to_string(cfg.channels) +
                  "C-" + std::to_string(cfg.num_heads) + "H-" + std::to_string(cfg.vocab_size) + "V";

@@ -19,6 +19,10 @@ struct GPTConfig {
   double dropout = 0.0;                 ///< residual and embedding dropout (off by default)
   double attn_dropout = 0.0;            ///< attention-probability dropout, GPT-2's attn_pdrop (off)
   bool checkpoint_activations = false;  ///< recompute each block's forward before its backward
+  /// Most bytes of logits the LM head holds at once when training (nn::LinearCrossEntropy):
+  /// a batch with more is done in row chunks, recomputing all but the last chunk's logits in the
+  /// backward; 0: no bound.
+  std::int64_t logits_chunk_bytes = std::int64_t{256} << 20;
 
   /// Throws ConfigError naming the field when the shape is inconsistent.
   void validate() const {
@@ -33,6 +37,8 @@ struct GPTConfig {
                         " must be in [0, 1)");
     expect<ConfigError>(attn_dropout >= 0.0 && attn_dropout < 1.0, "GPTConfig: attn_dropout ",
                         attn_dropout, " must be in [0, 1)");
+    expect<ConfigError>(logits_chunk_bytes >= 0, "GPTConfig: logits_chunk_bytes ",
+                        logits_chunk_bytes, " must be >= 0");
   }
 
   /// Parameter count: wte, wpe, L blocks of 12C^2 + 13C, and ln_f (the LM head is tied).

@@ -2,10 +2,12 @@
 // nn::LayerGPT: GPT-2 assembled from the layer library (nn/layers) instead of hand-written
 // units: unit 0 = TokenEmbedding + PositionEmbedding (+ Dropout), units 1..L = two Residuals
 // each (attention and MLP branches, with GPT's dropout sites), unit L+1 = LayerNorm + a
-// TiedLinear reading unit 0's token table + SoftmaxCrossEntropy on the targets. Parameter names,
-// shapes, initialisers and flags equal nn::GPT's, and forward and backward give the same bits
-// (f64, f32, bf16, with dropout and activation checkpointing; tested), so it is a drop-in for
-// nn::GPT and a template for users' own transformer variants.
+// LinearCrossEntropy on the targets reading unit 0's token table (the logits in row chunks of at
+// most GPTConfig::logits_chunk_bytes). Parameter names, shapes, initialisers and flags equal
+// nn::GPT's, and forward and backward give the same bits (f64, f32, bf16, with dropout and
+// activation checkpointing; tested), so it is a drop-in for nn::GPT and a template for users' own
+// transformer variants.
+//
 // The MoE variant (MoEBlocks): every k-th block's MLP is a MixtureOfExperts; its experts are an
 // expert unit of their own (an ExpertStack, split over the expert-parallel group) just before
 // the block, which uses it (unit_uses) as the head uses unit 0's table. The engine shards expert
@@ -39,6 +41,7 @@
 #include <zero/nn/layers/dropout.hpp>
 #include <zero/nn/layers/layer_norm.hpp>
 #include <zero/nn/layers/linear.hpp>
+#include <zero/nn/layers/linear_cross_entropy.hpp>
 #include <zero/nn/layers/position_embedding.hpp>
 #include <zero/nn/layers/residual.hpp>
 #include <zero/nn/layers/sequential.hpp>
@@ -211,9 +214,9 @@ class LayerGPT {
     auto& head = units_.emplace_back();
     if (!tp_.active()) {
       head.template add<LayerNorm<T>>("transformer.ln_f", C);
-      head.template add<TiedLinear<T>>(
-          "lm_head", [wte = wte_] { return wte->table(); }, C, V);
-      loss_ = &head.template add<SoftmaxCrossEntropy<T>>(V, "targets");
+      loss_ = &head.template add<LinearCrossEntropy<T>>(
+          "lm_head", [wte = wte_] { return wte->table(); }, C, V, "targets",
+          cfg_.logits_chunk_bytes);
       return;
     }
     if (tp_.sequence_parallel()) {
@@ -309,8 +312,9 @@ class LayerGPT {
   }
   /// The Ulysses sequence-parallel group (size 1: each rank holds whole sequences).
   const parallel::SequenceParallel& sequence_parallel() const { return sp_; }
-  /// Logits of the last forward, [B*T, V] (valid until the next micro-step); with tensor
-  /// parallelism this rank's vocabulary columns [B*T, V/tp], ids from rank * V/tp on.
+  /// Logits of the last forward, [B*T, V] (valid until the next micro-step; an Error after a
+  /// forward with targets whose logits passed logits_chunk_bytes: evaluate without them); with
+  /// tensor parallelism this rank's vocabulary columns [B*T, V/tp], ids from rank * V/tp on.
   Tensor<const T> logits() const {
     const Tensor<const T> l = tp_.active() ? parallel_loss_->logits() : loss_->logits();
     const std::int64_t V = cfg_.vocab_size / tp_.size();
@@ -347,7 +351,7 @@ class LayerGPT {
   std::vector<int> experts_units_;                // the expert units, ascending
   std::vector<MixtureOfExperts<T>*> moe_layers_;  // the MoE blocks' layers
   TokenEmbedding<T>* wte_ = nullptr;
-  SoftmaxCrossEntropy<T>* loss_ = nullptr;
+  LinearCrossEntropy<T>* loss_ = nullptr;
   parallel::VocabParallelEmbedding<T>* vocab_table_ = nullptr;
   parallel::VocabParallelCrossEntropy<T>* parallel_loss_ = nullptr;
 };

@@ -15,6 +15,20 @@
 
 namespace zero::nn {
 
+/// The labels of a loss layer's rows: the micro-batch input `name` (i32, one per row), or
+/// ctx.targets when name is "targets" and the batch has no such input; null without them (an
+/// unlabelled batch). InputError naming layer when their count is not rows.
+template <class T>
+const std::int32_t* find_row_labels(const StepContext<T>& ctx, const std::string& name,
+                                    std::int64_t rows, const std::string& layer) {
+  if (name == "targets" && !ctx.inputs.contains(name)) return ctx.targets;
+  if (!ctx.inputs.contains(name)) return nullptr;
+  const Tensor<const std::int32_t> labels = ctx.template input<std::int32_t>(name);
+  expect<InputError>(labels.numel() == rows, layer, ": ", labels.numel(), " labels for ", rows,
+                     " rows of logits");
+  return labels.data();
+}
+
 /// Mean softmax cross-entropy of logits against integer labels.
 template <class T>
 class SoftmaxCrossEntropy final : public Layer<T> {
@@ -57,12 +71,7 @@ class SoftmaxCrossEntropy final : public Layer<T> {
   using Stat = compute_type_t<T>;
 
   const std::int32_t* find_labels(const StepContext<T>& ctx, std::int64_t rows) const {
-    if (labels_ == "targets" && !ctx.inputs.contains(labels_)) return ctx.targets;
-    if (!ctx.inputs.contains(labels_)) return nullptr;
-    const Tensor<const std::int32_t> labels = ctx.template input<std::int32_t>(labels_);
-    expect<InputError>(labels.numel() == rows, describe(), ": ", labels.numel(), " labels for ",
-                       rows, " rows of logits");
-    return labels.data();
+    return find_row_labels(ctx, labels_, rows, describe());
   }
 
   std::int64_t classes_;

@@ -8,7 +8,8 @@
 // float, bf16 and f16 run the dispatched kernels (isa_dispatch.hpp), vectorised along the
 // vocabulary: a row's max and sum of exponentials fold 16 partials (lane_reduction.hpp) and the
 // exponentials are vmath::exp, so every ISA and thread count gives the same bits; the backward
-// recomputes the exponentials instead of keeping a row of them. double keeps the plain loops.
+// recomputes the exponentials instead of keeping a row of them (and may write over the logits).
+// double keeps the plain loops.
 
 #include <cmath>
 #include <cstdint>
@@ -84,6 +85,7 @@ struct CrossEntropyBackward {
         continue;
       }
       const T* x = logits + n * V;
+      const float target_logit = load(x[targets[n]]);  // read first: dlogits may be logits
       float maxval, sum;
       softmax_max_sum<O>(x, V, maxval, sum);
       const float factor = 1.0f / sum * scale;
@@ -96,9 +98,8 @@ struct CrossEntropyBackward {
       for (; v < V; ++v) write(S{}, v);
       // The target's entry again, minus the one-hot, rounded once (every lane computes e the
       // same way, so this is the value the row pass wrote before the subtraction).
-      const std::int64_t t = targets[n];
-      const float e = vmath::exp<S>(S::sub(load(x[t]), maxval));
-      store_lanes<S>(d + t, S::sub(S::mul(e, factor), scale));
+      const float e = vmath::exp<S>(S::sub(target_logit, maxval));
+      store_lanes<S>(d + targets[n], S::sub(S::mul(e, factor), scale));
     }
   }
 };
@@ -117,6 +118,14 @@ inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_
     ++valid;
   }
   return valid;
+}
+
+/// The mean of per-token losses [N] over valid tokens (0 if none), summed in order.
+template <class A>
+A cross_entropy_mean(const A* losses, std::int64_t N, std::int64_t valid) {
+  A total = A(0);
+  for (std::int64_t n = 0; n < N; ++n) total += losses[n];  // fixed order: deterministic
+  return valid > 0 ? total / static_cast<A>(valid) : A(0);
 }
 
 /// Per-token losses [N] (0 for ignored tokens); returns the mean over valid tokens (0 if none).
@@ -147,18 +156,20 @@ compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logi
       losses[n] = std::log(sum) + maxval - load(x[targets[n]]);
     });
   }
-  A total = A(0);
-  for (std::int64_t n = 0; n < N; ++n) total += losses[n];  // fixed order: deterministic
-  return valid > 0 ? total / static_cast<A>(valid) : A(0);
+  return cross_entropy_mean(losses, N, valid);
 }
 
-/// Writes (not accumulates) dlogits [N, V] for the mean loss scaled by dloss.
+/// Writes (not accumulates) dlogits [N, V] for the mean loss scaled by dloss; dlogits may be
+/// logits (in place). valid is the number of tokens the mean is over: by default those of
+/// targets, else the whole batch's when these N rows are one chunk of it.
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                             std::int64_t N, std::int64_t V,
-                            compute_type_t<T> dloss = compute_type_t<T>(1)) {
+                            compute_type_t<T> dloss = compute_type_t<T>(1),
+                            std::int64_t valid = -1) {
   using A = compute_type_t<T>;
-  const std::int64_t valid = count_valid_targets(targets, N, V);
+  const std::int64_t in_rows = count_valid_targets(targets, N, V);
+  if (valid < 0) valid = in_rows;
   const A scale = valid > 0 ? dloss / static_cast<A>(valid) : A(0);
   if constexpr (dispatched_type<T>) {
     const auto kernel = kernel_for<detail::CrossEntropyBackward, T*, const T*, const std::int32_t*,

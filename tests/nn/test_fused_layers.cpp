@@ -1,0 +1,170 @@
+// LinearCrossEntropy (the LM head's GEMM and loss in row chunks) against TiedLinear +
+// SoftmaxCrossEntropy: with one chunk the bits must be the unfused ones; in several chunks the
+// values must be close, the bits independent of the thread count, and no whole set of logits
+// kept.
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <zero/core/arena.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/layers/linear_cross_entropy.hpp>
+#include <zero/nn/local_parameters.hpp>
+#include <zero/testing/gradient_check.hpp>
+
+using namespace zero;
+
+namespace {
+
+// Runs fn with threads OpenMP threads, then restores the count.
+template <class Fn>
+auto with_threads([[maybe_unused]] int threads, Fn&& fn) {
+#if defined(_OPENMP)
+  struct Restore {
+    int threads = omp_get_max_threads();
+    ~Restore() { omp_set_num_threads(threads); }
+  } restore;
+  omp_set_num_threads(threads);
+#endif
+  return fn();
+}
+
+// The loss and every gradient of one forward and backward, as doubles.
+template <class M>
+std::vector<double> run(M& model, nn::StepContext<typename M::value_type>& ctx) {
+  using T = typename M::value_type;
+  nn::LocalParameters<M> params(model, 5);
+  Arena<> arena(32 << 20);
+  ctx.arena = &arena;
+  std::vector<double> out{convert<double>(model.forward(ctx))};
+  model.backward(ctx);
+  for (int u = 0; u < model.num_units(); ++u) {
+    for (const T& g : params.unit_grads(u)) out.push_back(convert<double>(g));
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// GPT's tiny shape with vocab_size V; chunk_bytes bounds the head's logits.
+nn::GPTConfig tiny_gpt(std::int64_t chunk_bytes) {
+  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  cfg.num_layers = 1;
+  cfg.logits_chunk_bytes = chunk_bytes;
+  return cfg;
+}
+
+constexpr std::int64_t gpt_batch = 3, gpt_seq = 7;  // 21 rows
+
+// Loss and gradients of nn::GPT on a fixed batch (two targets ignored), loss scale 2.
+template <class T>
+std::vector<double> gpt_run(std::int64_t chunk_bytes) {
+  const nn::GPTConfig cfg = tiny_gpt(chunk_bytes);
+  nn::GPT<T> model(cfg);
+  std::vector<std::int32_t> tokens, targets;
+  for (std::int64_t i = 0; i < gpt_batch * gpt_seq; ++i) {
+    tokens.push_back(static_cast<std::int32_t>((i * 11 + 2) % cfg.vocab_size));
+    targets.push_back(i == 4 || i == 17 ? -1
+                                        : static_cast<std::int32_t>((i * 7 + 3) % cfg.vocab_size));
+  }
+  nn::StepContext<T> ctx;
+  ctx.tokens = tokens.data();
+  ctx.targets = targets.data();
+  ctx.batch = gpt_batch;
+  ctx.seq_len = gpt_seq;
+  ctx.loss_scale = 2;
+  return run(model, ctx);
+}
+
+double worst_relative(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0, diff = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    diff = std::max(diff, std::abs(got[i] - want[i]));
+  }
+  return diff / scale;
+}
+
+}  // namespace
+
+TEST_CASE("LinearCrossEntropy in row chunks equals the whole batch's logits, loss and gradients",
+          "[unit][nn][fused]") {
+  const std::int64_t V = tiny_gpt(0).vocab_size;
+  // 5 rows a chunk in f64 and f32 (21 rows: chunks of 5, 5, 5, 5, 1), and a 16-row chunk.
+  for (std::int64_t chunk_rows : {5, 16}) {
+    INFO("chunk rows " << chunk_rows);
+    const std::int64_t f64_bytes = chunk_rows * V * 8, f32_bytes = chunk_rows * V * 4;
+    CHECK(worst_relative(gpt_run<double>(f64_bytes), gpt_run<double>(0)) < 1e-13);
+    CHECK(worst_relative(gpt_run<float>(f32_bytes), gpt_run<float>(0)) < 1e-5);
+    CHECK(worst_relative(gpt_run<bf16>(chunk_rows * V * 2), gpt_run<bf16>(0)) < 2e-2);
+    // The chunking depends on the shape only: the same bits at 1 and 2 threads.
+    const auto want = with_threads(1, [&] { return gpt_run<float>(f32_bytes); });
+    CHECK(with_threads(2, [&] { return gpt_run<float>(f32_bytes); }) == want);
+    CHECK(want != gpt_run<float>(0));  // and the chunks really changed the weight gradient's sums
+  }
+  // A batch that fits one chunk takes the unfused path's bits (LayerGPT = HandWrittenGPT relies
+  // on it); a bound below one row still makes progress, a row a chunk.
+  CHECK(gpt_run<float>(21 * V * 4) == gpt_run<float>(0));
+  CHECK(worst_relative(gpt_run<double>(1), gpt_run<double>(0)) < 1e-13);
+}
+
+TEST_CASE("LinearCrossEntropy keeps one chunk of logits and says so when asked for them",
+          "[unit][nn][fused]") {
+  const nn::GPTConfig whole = tiny_gpt(0), chunked = tiny_gpt(4 * tiny_gpt(0).vocab_size * 4);
+  const auto held = [](const nn::GPTConfig& cfg, bool targets) {
+    nn::GPT<float> model(cfg);
+    nn::LocalParameters<nn::GPT<float>> params(model, 5);
+    std::vector<std::int32_t> tokens(gpt_batch * gpt_seq, 3), labels(tokens.size(), 1);
+    Arena<> arena(32 << 20);
+    nn::StepContext<float> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = tokens.data();
+    ctx.targets = targets ? labels.data() : nullptr;
+    ctx.batch = gpt_batch;
+    ctx.seq_len = gpt_seq;
+    const Arena<>::Mark before_head = [&] {
+      for (int u = 0; u < model.head_unit(); ++u) model.forward_unit(u, ctx);
+      return arena.mark();
+    }();
+    model.forward_unit(model.head_unit(), ctx);
+    const std::size_t bytes = arena.used_bytes() - before_head;
+    if (targets && cfg.logits_chunk_bytes > 0) {
+      CHECK_THROWS_WITH(model.logits(), Catch::Contains("kept no logits"));
+    } else {
+      CHECK(model.logits().numel() == gpt_batch * gpt_seq * cfg.vocab_size);
+    }
+    return bytes;
+  };
+  const std::size_t row_bytes = tiny_gpt(0).vocab_size * 4;
+  CHECK(held(whole, true) >= gpt_batch * gpt_seq * row_bytes);
+  // 4 rows of logits instead of 21 (arena allocations are aligned: a little slack).
+  CHECK(held(whole, true) - held(chunked, true) >= (gpt_batch * gpt_seq - 4) * row_bytes - 128);
+  CHECK(held(chunked, false) == held(whole, false));  // evaluation returns every logit
+  // Finite differences through the chunked head (f64), tied embedding included.
+  nn::GPTConfig cfg = tiny_gpt(3 * tiny_gpt(0).vocab_size * 8);
+  nn::GPT<double> gpt(cfg);
+  std::vector<std::int32_t> tokens, targets;
+  for (int i = 0; i < 2 * 4; ++i) {
+    tokens.push_back(static_cast<std::int32_t>((i * 7 + 1) % cfg.vocab_size));
+    targets.push_back(i == 2 ? -1 : static_cast<std::int32_t>((i * 3 + 2) % cfg.vocab_size));
+  }
+  engine::MicroBatch b{tokens.data(), targets.data(), 2, 4};
+  testing::GradientCheckOptions o;
+  o.max_elements = 24;
+  for (int unit : {0, gpt.head_unit()}) {
+    const auto r = testing::check_unit_gradients(gpt, unit, b, o);
+    INFO(r.summary());
+    CHECK(r.passed());
+  }
+  CHECK_THROWS_AS(tiny_gpt(-1).validate(), ConfigError);
+}
