@@ -96,10 +96,13 @@ struct CrossEntropyBackward {
       };
       for (; v + O::width <= V; v += O::width) write(O{}, v);
       for (; v < V; ++v) write(S{}, v);
-      // The target's entry again, minus the one-hot, rounded once (every lane computes e the
-      // same way, so this is the value the row pass wrote before the subtraction).
+      // The target's entry again, minus the one-hot (every lane computes e the same way, so
+      // the product is the value the row pass wrote), rounded to T once. The product enters the
+      // subtraction through fma(product, 1, -scale): a plain product fed into a subtraction is
+      // contracted into one FMA in the vector instantiations (target "fma") but rounded twice
+      // in the scalar one, which changed the last bit in about one row in a hundred.
       const float e = vmath::exp<S>(S::sub(target_logit, maxval));
-      store_lanes<S>(d + targets[n], S::sub(S::mul(e, factor), scale));
+      store_lanes<S>(d + targets[n], S::fma(S::mul(e, factor), 1.0f, -scale));
     }
   }
 };
