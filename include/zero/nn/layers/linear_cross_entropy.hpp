@@ -9,8 +9,9 @@
 // last, nothing when the batch fits one chunk. A batch of B*T rows needs a chunk of R x V
 // logits instead of B*T x V (GPT-2's V = 50257 in f32: 201 KB a row, so 256 MiB is 1335 rows
 // where B 8, T 1024 would need 1.6 GB).
-// Bits: with one chunk, those of TiedLinear + SoftmaxCrossEntropy (the same kernels on the
-// same buffers). With several, each row's loss and input gradient are those of its chunk's
+// Bits: with one chunk, those of TiedLinear + SoftmaxCrossEntropy (the same kernels; dlogits
+// get a buffer of their own, as in the two layers, so logits() still holds the logits after the
+// backward). With several, each row's loss and input gradient are those of its chunk's
 // GEMMs and the weight gradient adds the chunks' products in turn (last first); the chunking
 // depends on the shape only, never on the thread count. Without labels (evaluation) it computes
 // all the logits, passes them on in ctx.x and keeps them for logits(), like the two layers.
