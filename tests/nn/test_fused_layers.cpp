@@ -15,6 +15,7 @@
 
 #include <zero/core/arena.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/hand_written_gpt.hpp>
 #include <zero/nn/layers/linear_cross_entropy.hpp>
 #include <zero/nn/local_parameters.hpp>
 #include <zero/testing/gradient_check.hpp>
@@ -65,11 +66,12 @@ nn::GPTConfig tiny_gpt(std::int64_t chunk_bytes) {
 
 constexpr std::int64_t gpt_batch = 3, gpt_seq = 7;  // 21 rows
 
-// Loss and gradients of nn::GPT on a fixed batch (two targets ignored), loss scale 2.
-template <class T>
+// Loss and gradients of model M (nn::GPT, or the hand-written GPT with its unfused head) on a
+// fixed batch (two targets ignored), loss scale 2.
+template <class T, class M = nn::GPT<T>>
 std::vector<double> gpt_run(std::int64_t chunk_bytes) {
   const nn::GPTConfig cfg = tiny_gpt(chunk_bytes);
-  nn::GPT<T> model(cfg);
+  M model(cfg);
   std::vector<std::int32_t> tokens, targets;
   for (std::int64_t i = 0; i < gpt_batch * gpt_seq; ++i) {
     tokens.push_back(static_cast<std::int32_t>((i * 11 + 2) % cfg.vocab_size));
@@ -112,9 +114,9 @@ TEST_CASE("LinearCrossEntropy in row chunks equals the whole batch's logits, los
     CHECK(with_threads(2, [&] { return gpt_run<float>(f32_bytes); }) == want);
     CHECK(want != gpt_run<float>(0));  // and the chunks really changed the weight gradient's sums
   }
-  // A batch that fits one chunk takes the unfused path's bits (LayerGPT = HandWrittenGPT relies
-  // on it); a bound below one row still makes progress, a row a chunk.
-  CHECK(gpt_run<float>(21 * V * 4) == gpt_run<float>(0));
+  // A batch that just fits one chunk takes the bits of the hand-written GPT, whose head is the
+  // unfused GEMM then cross-entropy; a bound below one row still makes progress, a row a chunk.
+  CHECK(gpt_run<float>(21 * V * 4) == gpt_run<float, nn::HandWrittenGPT<float>>(0));
   CHECK(worst_relative(gpt_run<double>(1), gpt_run<double>(0)) < 1e-13);
 }
 
