@@ -5,8 +5,9 @@
 //                                  Each survivor must get a CommError naming world rank 3
 //                                  within the deadline, and the engine must then refuse to go
 //                                  on with that error. Survivors write <dir>/survivor_<r>.txt
-//                                  ("ok ..." or "FAIL ...") and leave with _Exit (MPI_Finalize
-//                                  would wait for the dead rank).
+//                                  ("ok ..." or "FAIL ..."), wait until all three files exist,
+//                                  and leave with _Exit (MPI_Finalize would wait for the dead
+//                                  rank).
 //   kill_rank_resume resume <dir>  3 ranks (accumulation 4: the same 24-row global batch):
 //                                  load the step-2 checkpoint, train steps 2..5 and, after each,
 //                                  equal the uninterrupted single-process run (1e-10), with a
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <parallel/comm/mpi_comm.hpp>
@@ -116,10 +118,29 @@ int kill_phase(parallel::MpiComm& world, const std::filesystem::path& dir) {
       }
     }
   }
-  std::ofstream(dir / ("survivor_" + std::to_string(world.rank()) + ".txt"))
-      << verdict << "\nelapsed_s " << elapsed_s << "\nerror " << error << "\n";
+  const auto survivor_file = [&](int r) {
+    return dir / ("survivor_" + std::to_string(r) + ".txt");
+  };
+  {
+    // Written under another name and renamed, so a survivor polling below never sees half a file.
+    const auto partial = dir / ("survivor_" + std::to_string(world.rank()) + ".partial");
+    std::ofstream(partial) << verdict << "\nelapsed_s " << elapsed_s << "\nerror " << error << "\n";
+    std::filesystem::rename(partial, survivor_file(world.rank()));
+  }
   std::cout << "rank " << world.rank() << ": " << verdict << " after " << elapsed_s
             << " s: " << error << std::endl;
+  // A file barrier among the survivors (a collective would wait for the dead rank): Open MPI
+  // kills the whole job as soon as one process leaves without MPI_Finalize, so a survivor that
+  // left first would kill one still detecting the failure. Give up after 60 s; the script then
+  // reports the rank that wrote nothing.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < 3 && std::chrono::steady_clock::now() < deadline;) {
+    if (std::filesystem::exists(survivor_file(r))) {
+      ++r;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   std::_Exit(0);  // MPI_Finalize would wait for the dead rank
 }
 
