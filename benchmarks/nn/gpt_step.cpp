@@ -1,6 +1,7 @@
 // Host forward + backward step of nn::GPT in f32 and in bf16 (bf16 storage, f32 compute),
 // beside the raw GEMMs of the step's dominant shapes measured in the same run (so the fraction
-// of GEMM speed reached is printed): OpenBLAS's own threaded sgemm for f32 rows; for bf16 rows
+// of GEMM speed reached is printed): for f32 rows the faster of OpenBLAS's own threaded sgemm and
+// one oneDNN f32 matmul on the OpenMP threads (when zero::dnnl is linked); for bf16 rows
 // the library of zero's bf16 path (ops/cpu/gemm.hpp: one oneDNN matmul on the OpenMP threads,
 // or OpenBLAS's threaded cblas_sbgemm), otherwise the fallback zero uses (widen A and B to float,
 // sgemm, round C to bf16), timed with the library's own threading; the rows name the path
@@ -107,11 +108,11 @@ void round_to(std::vector<bf16>& out, const std::vector<float>& in) {
   });
 }
 
-// Seconds of one raw GEMM of shape s at the library's own threading (best of 3): sgemm for f32;
-// for bf16 the library zero's path uses (one oneDNN matmul, or cblas_sbgemm, then rounding),
-// else widen+sgemm+round as zero's fallback does.
+// Seconds of one raw GEMM of shape s at the library's own threading (best of 3): sgemm for f32
+// (or with onednn set, one oneDNN f32 matmul); for bf16 the library zero's path uses (one oneDNN
+// matmul, or cblas_sbgemm, then rounding), else widen+sgemm+round as zero's fallback does.
 template <class T>
-double raw_gemm_seconds(const Mm& s, int threads) {
+double raw_gemm_seconds(const Mm& s, int threads, bool onednn = false) {
 #if defined(ZERO_WITH_BLAS)
   std::vector<T> a(static_cast<std::size_t>(s.m * s.k), zero::convert<T>(0.5f));
   std::vector<T> b(static_cast<std::size_t>(s.n * s.k), zero::convert<T>(0.25f));
@@ -122,13 +123,20 @@ double raw_gemm_seconds(const Mm& s, int threads) {
     openblas_set_num_threads(threads);
     const auto t0 = Clock::now();
     if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
-                  0.0f, c.data(), n);
-    } else if (zero::ops::cpu::dnnl_bf16_usable()) {  // one oneDNN call on the OpenMP threads
+      if (onednn) {  // one call outside an OpenMP region: oneDNN uses the OpenMP threads
+#if defined(ZERO_WITH_DNNL)
+        zero::ops::cpu::onednn_gemm<float>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                                           0.0f, c.data(), n, /*threaded=*/true);
+#endif
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(),
+                    k, 0.0f, c.data(), n);
+      }
+    } else if (zero::ops::cpu::onednn_gemm_usable<bf16>()) {  // one oneDNN call, OpenMP threads
 #if defined(ZERO_WITH_DNNL)
       std::vector<float> c32(c.size());
-      zero::ops::cpu::dnnl_bf16_gemm_accumulate(false, true, m, n, k, 1.0f, a.data(), k, b.data(),
-                                                k, c32.data(), n);
+      zero::ops::cpu::onednn_gemm<bf16>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+                                        c32.data(), n, /*threaded=*/true);
       round_to(c, c32);
 #endif
     } else if (const auto sbgemm = zero::ops::cpu::usable_sbgemm(); sbgemm != nullptr) {
@@ -150,7 +158,7 @@ double raw_gemm_seconds(const Mm& s, int threads) {
   openblas_set_num_threads(1);  // zero's gemm runs single-threaded BLAS per block
   return best;
 #else
-  (void)s, (void)threads;
+  (void)s, (void)threads, (void)onednn;
   return 0;
 #endif
 }
@@ -177,11 +185,11 @@ const char* dtype_name() {
   return std::is_same_v<T, float> ? "f32" : "bf16";
 }
 
-// The GEMM behind T's rows: "sgemm", or the bf16 path zero takes.
+// The GEMM behind T's rows: the f32 path ("onednn", "sgemm" or "loop"), or the bf16 path.
 template <class T>
 const char* gemm_path() {
   if constexpr (std::is_same_v<T, float>) {
-    return zero::ops::cpu::gemm_uses_blas() ? "sgemm" : "loop";
+    return zero::ops::cpu::float_gemm_path();
   } else {
     return zero::ops::cpu::half_gemm_path<T>();
   }
@@ -329,10 +337,19 @@ std::map<int, StepTimes> bench_model(const std::string& model_name, const zero::
       if (s > 0) best_adamw = std::min(best_adamw, seconds_since(t0));
     }
     print_op_breakdown(model, ctx, model_name, threads);
-    double gemm_flops = 0, raw_seconds = 0;
+    double gemm_flops = 0, raw_seconds = 0, sgemm_seconds = 0, onednn_seconds = 0;
     for (const Mm& s : shapes) {
       const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
-      const double raw = raw_gemm_seconds<T>(s, threads);
+      double raw = raw_gemm_seconds<T>(s, threads);
+      if constexpr (std::is_same_v<T, float>) {  // the faster library is the baseline
+        if (zero::ops::cpu::onednn_gemm_usable<float>()) {
+          const double sgemm = raw;
+          const double onednn = raw_gemm_seconds<T>(s, threads, /*onednn=*/true);
+          raw = std::min(sgemm, onednn);
+          sgemm_seconds += sgemm;
+          onednn_seconds += onednn;
+        }
+      }
       gemm_flops += flops;
       raw_seconds += raw;
       if (gemm_rows) {
@@ -350,20 +367,29 @@ std::map<int, StepTimes> bench_model(const std::string& model_name, const zero::
     const double tokens_per_s = static_cast<double>(B * T_len) / best;
     const double gflops = flops_per_token * tokens_per_s / 1e9;
     const double gemm = raw_seconds > 0 ? gemm_flops / raw_seconds / 1e9 : 0.0;
+    // f32 with oneDNN: "sgemm_gflops" is the faster library per shape; both are given.
+    std::string raw_split;
+    if (sgemm_seconds > 0 && onednn_seconds > 0) {
+      char text[128];
+      std::snprintf(text, sizeof text,
+                    ", \"openblas_sgemm_gflops\": %.1f, \"onednn_sgemm_gflops\": %.1f",
+                    gemm_flops / sgemm_seconds / 1e9, gemm_flops / onednn_seconds / 1e9);
+      raw_split = text;
+    }
     std::printf(
         "{\"bench\": \"gpt_step\", \"config\": {\"model\": \"%s\", \"params\": %.0f, "
         "\"B\": %lld, \"T\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"blas\": %s, "
         "\"gemm\": \"%s\"}, \"value\": %.1f, \"unit\": \"tokens/s\", "
         "\"ms_per_step\": %.1f, \"ms_per_step_with_adamw\": %.1f, \"gflops\": %.1f, "
         "\"%s_gflops\": %.1f, \"fraction_of_%s\": %.3f, \"loss\": %.4f, "
-        "\"activation_peak_mib\": %.1f, \"logits_chunk_mib\": %.0f}\n",
+        "\"activation_peak_mib\": %.1f, \"logits_chunk_mib\": %.0f%s}\n",
         model_name.c_str(), n_params, static_cast<long long>(B), static_cast<long long>(T_len),
         dtype_name<T>(), threads, zero::ops::cpu::gemm_uses_blas() ? "true" : "false",
         gemm_path<T>(), tokens_per_s, best * 1e3, (best + best_adamw) * 1e3, gflops,
         std::is_same_v<T, float> ? "sgemm" : "bf16_gemm", gemm,
         std::is_same_v<T, float> ? "sgemm" : "bf16_gemm", gemm > 0 ? gflops / gemm : 0.0,
         static_cast<double>(loss), static_cast<double>(arena.peak_bytes()) / (1 << 20),
-        static_cast<double>(cfg.logits_chunk_bytes) / (1 << 20));
+        static_cast<double>(cfg.logits_chunk_bytes) / (1 << 20), raw_split.c_str());
     std::fflush(stdout);
     best_ms[threads] = {best * 1e3, (best + best_adamw) * 1e3};
   }

@@ -142,9 +142,11 @@ TEST_CASE("the run-time sbgemm check accepts a correct sbgemm and rejects a wron
   // The path gemm<bf16> reports is the one the checks chose: oneDNN first, then sbgemm
   // (Debian 12's OpenBLAS has no sbgemm symbol), else widen+sgemm.
   const std::string expected =
-      dnnl_bf16_usable() ? "onednn" : (sbgemm_usable() ? "sbgemm" : "widen+sgemm");
+      onednn_gemm_usable<bf16>()
+          ? "onednn"
+          : (sbgemm_usable() ? "sbgemm" : std::string("widen+") + float_gemm_path());
   CHECK(std::string(half_gemm_path<bf16>()) == expected);
-  CHECK(std::string(half_gemm_path<f16>()) == "widen+sgemm");
+  CHECK(std::string(half_gemm_path<f16>()) == std::string("widen+") + float_gemm_path());
 }
 #endif
 
@@ -156,17 +158,19 @@ TEST_CASE(
   INFO("bf16 gemm path: " << half_gemm_path<bf16>());
   // Where oneDNN runs bf16 here, its kernel passes the exact-integer check; a kernel that
   // drops alpha does not (negative control).
-  if (dnnl_bf16_usable()) {
-    CHECK(check_bf16_gemm([](Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A,
-                             int lda, const bf16* B, int ldb, float* C, int ldc) {
-      dnnl_bf16_gemm_accumulate(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B, ldb,
-                                C, ldc);
+  if (onednn_gemm_usable<bf16>()) {
+    CHECK(check_gemm_kernel<bf16>([](Trans ta, Trans tb, int M, int N, int K, float alpha,
+                                     const bf16* A, int lda, const bf16* B, int ldb, float* C,
+                                     int ldc) {
+      onednn_gemm<bf16>(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B, ldb, 1.0f, C,
+                        ldc);
     }));
-    CHECK_FALSE(check_bf16_gemm([](Trans ta, Trans tb, int M, int N, int K, float, const bf16* A,
+    CHECK_FALSE(
+        check_gemm_kernel<bf16>([](Trans ta, Trans tb, int M, int N, int K, float, const bf16* A,
                                    int lda, const bf16* B, int ldb, float* C, int ldc) {
-      dnnl_bf16_gemm_accumulate(ta == Trans::yes, tb == Trans::yes, M, N, K, 1.0f, A, lda, B, ldb,
-                                C, ldc);
-    }));
+          onednn_gemm<bf16>(ta == Trans::yes, tb == Trans::yes, M, N, K, 1.0f, A, lda, B, ldb, 1.0f,
+                            C, ldc);
+        }));
   }
   // A GEMM of several tiles (M = 600 rows: two row tiles) gives the same bits at 1 and 2
   // threads on whichever path is active.

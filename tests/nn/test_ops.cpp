@@ -1,7 +1,15 @@
 // Host kernels: every backward pass against central finite differences of its forward pass in
 // f64, plus edge cases (T = 1, non-power-of-two heads and lengths, ignored targets).
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
 #include <vector>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include <catch2/catch.hpp>
 
@@ -41,6 +49,158 @@ TEST_CASE("gemm agrees with the loop reference for every transpose", "[unit][ops
       }
     }
   }
+}
+
+TEST_CASE(
+    "f32 gemm on its path (oneDNN, sgemm or the loop): every transpose and beta against f64, "
+    "beta 0 never reads C, and the same bits at 1 and 2 threads",
+    "[unit][ops]") {
+  const std::string path = float_gemm_path();
+  INFO("f32 gemm path: " << path);
+  CHECK(path == (onednn_gemm_usable<float>() ? "onednn" : gemm_uses_blas() ? "sgemm" : "loop"));
+#if defined(ZERO_WITH_DNNL)
+  if (onednn_gemm_usable<float>()) {
+    // The exact-integer check accepts oneDNN's f32 matmul and rejects one that drops alpha.
+    CHECK(check_gemm_kernel<float>([](Trans ta, Trans tb, int M, int N, int K, float alpha,
+                                      const float* A, int lda, const float* B, int ldb, float* C,
+                                      int ldc) {
+      onednn_gemm<float>(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B, ldb, 1.0f,
+                         C, ldc);
+    }));
+    CHECK_FALSE(
+        check_gemm_kernel<float>([](Trans ta, Trans tb, int M, int N, int K, float, const float* A,
+                                    int lda, const float* B, int ldb, float* C, int ldc) {
+          onednn_gemm<float>(ta == Trans::yes, tb == Trans::yes, M, N, K, 1.0f, A, lda, B, ldb,
+                             1.0f, C, ldc);
+        }));
+  }
+#endif
+#if defined(ZERO_WITH_DNNL) && defined(_OPENMP)
+  if (onednn_gemm_usable<float>()) {
+    // The library's oneDNN call, made outside an OpenMP region while OpenMP allows 2 threads,
+    // gives the bits of one made at 1: a thin, deep product with A transposed (a weight
+    // gradient's form), which oneDNN 2.6 splits over K between the threads it sees when its
+    // primitive is created (bits then differ from one thread's). C is dense (a padded C takes
+    // oneDNN's other kernel, which does not split K).
+    const int M = 16, N = 16, K = 1 << 15;
+    const Vec a64 = random_vector(std::int64_t{M} * K, 4),
+              b64 = random_vector(std::int64_t{K} * N, 5);
+    const std::vector<float> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
+    auto run = [&](int threads, int ldc) {
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      std::vector<float> c(static_cast<std::size_t>(M * ldc));
+      onednn_gemm<float>(true, false, M, N, K, 1.0f, a.data(), M, b.data(), N, 0.0f, c.data(), ldc);
+      omp_set_num_threads(saved);
+      std::vector<float> packed;
+      for (int m = 0; m < M; ++m) {
+        packed.insert(packed.end(), c.begin() + m * ldc, c.begin() + m * ldc + N);
+      }
+      return packed;
+    };
+    const std::vector<float> two = run(2, N), one = run(1, N);
+    CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+  }
+#endif
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  // Row tiles (600 rows: two), column tiles (700 columns: two, M < N), K = 0, a single tile.
+  for (const Shape s : {Shape{600, 72, 130}, Shape{40, 700, 33}, Shape{17, 9, 0}, Shape{5, 3, 7}}) {
+    for (Trans ta : {Trans::no, Trans::yes}) {
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        for (const float beta : {0.0f, 1.0f, 0.5f}) {
+          const std::int64_t pad = 3;
+          const std::int64_t lda = (ta == Trans::no ? s.K : s.M) + pad;
+          const std::int64_t ldb = (tb == Trans::no ? s.N : s.K) + pad;
+          const std::int64_t ldc = s.N + pad;
+          const Vec a64 = random_vector((ta == Trans::no ? s.M : s.K) * lda, 1);
+          const Vec b64 = random_vector((tb == Trans::no ? s.K : s.N) * ldb, 2);
+          const Vec c64 = random_vector(s.M * ldc, 3);
+          const std::vector<float> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
+          std::vector<float> c0(c64.begin(), c64.end());
+          // beta 0: C holds NaN, which must not reach the result.
+          if (beta == 0.0f) c0.assign(c0.size(), std::numeric_limits<float>::quiet_NaN());
+          auto run = [&](int threads) {
+#if defined(_OPENMP)
+            const int saved = omp_get_max_threads();
+            omp_set_num_threads(threads);
+#endif
+            (void)threads;
+            std::vector<float> c = c0;
+            gemm<float>(ta, tb, s.M, s.N, s.K, 0.75f, a.data(), lda, b.data(), ldb, beta, c.data(),
+                        ldc);
+#if defined(_OPENMP)
+            omp_set_num_threads(saved);
+#endif
+            return c;
+          };
+          const std::vector<float> one = run(1), two = run(2);
+          INFO("M " << s.M << " N " << s.N << " K " << s.K << " ta " << (ta == Trans::yes) << " tb "
+                    << (tb == Trans::yes) << " beta " << beta);
+          CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+          double worst = 0;  // error over the bound K eps sum |a b| + eps |beta c|, at most 1
+          for (std::int64_t m = 0; m < s.M; ++m) {
+            for (std::int64_t n = 0; n < s.N; ++n) {
+              double sum = 0, magnitude = 0;
+              for (std::int64_t k = 0; k < s.K; ++k) {
+                const double x =
+                    a[static_cast<std::size_t>(ta == Trans::no ? m * lda + k : k * lda + m)];
+                const double y =
+                    b[static_cast<std::size_t>(tb == Trans::no ? k * ldb + n : n * ldb + k)];
+                sum += x * y;
+                magnitude += std::fabs(x * y);
+              }
+              const double c_in = beta == 0.0f ? 0.0 : c0[static_cast<std::size_t>(m * ldc + n)];
+              const double want = 0.75 * sum + beta * c_in;
+              const double eps = std::numeric_limits<float>::epsilon();
+              const double bound = (static_cast<double>(s.K) + 2) * eps * magnitude +
+                                   2 * eps * std::fabs(beta * c_in) + 1e-30;
+              const double got = one[static_cast<std::size_t>(m * ldc + n)];
+              worst = std::max(worst, std::isfinite(got) ? std::fabs(got - want) / bound : 1e30);
+            }
+          }
+          CHECK(worst <= 1.0);
+          // The padding between rows of C is never written.
+          for (std::int64_t m = 0; m < s.M; ++m) {
+            for (std::int64_t n = s.N; n < ldc; ++n) {
+              const auto i = static_cast<std::size_t>(m * ldc + n);
+              CHECK(std::memcmp(&one[i], &c0[i], sizeof(float)) == 0);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("f32 gemm called from several threads at once gives each the single-thread bits",
+          "[unit][ops]") {
+  // Ranks that are threads (LocalComm) multiply at the same time, each over its own OpenMP
+  // tiles. A kernel's scratch memory shared between concurrent calls (oneDNN's library-wide
+  // scratchpad, before each call brought its own) corrupts results or crashes here. A
+  // transposed A makes oneDNN copy it into scratch.
+  const std::int64_t M = 96, N = 80, K = 300;
+  const Vec a64 = random_vector(K * M, 6), b64 = random_vector(K * N, 7);
+  const std::vector<float> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
+  auto product = [&] {
+    std::vector<float> c(static_cast<std::size_t>(M * N));
+    gemm<float>(Trans::yes, Trans::no, M, N, K, 1.0f, a.data(), M, b.data(), N, 0.0f, c.data(), N);
+    return c;
+  };
+  const std::vector<float> want = product();
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < wrong.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 40; ++rep) {
+        const std::vector<float> got = product();
+        if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) ++wrong[t];
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(wrong == std::vector<int>(4, 0));
 }
 
 TEST_CASE("linear backward equals finite differences", "[unit][ops]") {

@@ -1,13 +1,16 @@
 #pragma once
-// Row-major GEMM for host kernels: CBLAS (OpenBLAS) for f32/f64 when zero::blas is linked,
-// a row-parallel loop otherwise. C = alpha * op(A) * op(B) + beta * C.
+// Row-major GEMM for host kernels, C = alpha * op(A) * op(B) + beta * C, in fixed tiles (the
+// determinism rule, for_each_tile). Each path below is used only when a run-time check on exact
+// integer data (check_gemm_kernel) finds it equal to the float GEMM.
+// f32: oneDNN's matmul when zero::dnnl is linked (dnnl_gemm.hpp; faster than OpenBLAS's sgemm on
+// the CPUs measured), else CBLAS (OpenBLAS) when zero::blas is linked, else a row-parallel loop;
+// float_gemm_path() says which. f64: CBLAS, else the loop.
 // bf16/f16 operands: the product accumulates in float and C is rounded to the storage type once.
-// bf16 takes the first of these that a run-time check on exact integer data (check_bf16_gemm)
-// finds equal to sgemm: oneDNN's matmul (zero::dnnl, dnnl_gemm.hpp: AMX or AVX512-BF16 where
-// the CPU has them), then OpenBLAS's cblas_sbgemm when the loaded OpenBLAS exports it (cblas.h
-// always declares it, but builds without BUILD_BFLOAT16, Debian 12's among them, lack the
-// symbol, so it is looked up at run time); otherwise, and for f16, A and B are widened to float
-// and go through the f32 path. half_gemm_path<T>() says which.
+// bf16 takes the first usable of: oneDNN's matmul (AMX or AVX512-BF16 where the CPU has them),
+// OpenBLAS's cblas_sbgemm when the loaded OpenBLAS exports it (cblas.h always declares it, but
+// builds without BUILD_BFLOAT16, Debian 12's among them, lack the symbol, so it is looked up at
+// run time); otherwise, and for f16, A and B are widened to float and go through the f32 path.
+// half_gemm_path<T>() says which.
 
 #include <algorithm>
 #include <cstdint>
@@ -38,6 +41,16 @@ namespace zero::ops::cpu {
 
 /// Whether an operand is used as stored or transposed.
 enum class Trans : bool { no = false, yes = true };
+
+/// True when zero::blas (CBLAS) is linked: f64 GEMM, and f32 where oneDNN is not usable, run on
+/// it rather than the loop fallback.
+constexpr bool gemm_uses_blas() {
+#if defined(ZERO_WITH_BLAS)
+  return true;
+#else
+  return false;
+#endif
+}
 
 /// Makes BLAS single-threaded: call it before a parallel region whose iterations call
 /// gemm_serial (the OpenMP threads are the only ones, and the result does not depend on them).
@@ -126,36 +139,36 @@ void gemm_serial(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_
 #endif
 }
 
-/// Whether a bf16 GEMM kernel computes what the float GEMM computes on widened inputs.
-/// accumulate(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc) must add alpha op(A) op(B) to the
-/// float C. The data are bf16 small integers, so every product and partial sum is an exact float
-/// and a correct kernel must equal the float GEMM exactly. Covers the four transposes, padded
-/// leading dimensions, alpha != 1, accumulation into a nonzero C and more than one kernel tile
-/// in every dimension.
-template <class Accumulate>
-bool check_bf16_gemm(Accumulate&& accumulate) {
+/// Whether a library GEMM kernel on T operands (float or bf16) computes what gemm_serial<float>
+/// computes on the same values in float. accumulate(ta, tb, M, N, K, alpha, A, lda, B, ldb, C,
+/// ldc) must add alpha op(A) op(B) to the float C. The data are small integers, so every product
+/// and partial sum is an exact float and a correct kernel must equal the float GEMM exactly,
+/// whatever its order of summation. Covers the four transposes, padded leading dimensions,
+/// alpha != 1, accumulation into a nonzero C and more than one kernel tile in every dimension.
+template <class T, class Accumulate>
+bool check_gemm_kernel(Accumulate&& accumulate) {
   const int M = 70, N = 37, K = 45, pad = 3;
   for (Trans ta : {Trans::no, Trans::yes}) {
     for (Trans tb : {Trans::no, Trans::yes}) {
       const int lda = (ta == Trans::no ? K : M) + pad, ldb = (tb == Trans::no ? N : K) + pad;
       const int rows_a = ta == Trans::no ? M : K, rows_b = tb == Trans::no ? K : N;
-      std::vector<bf16> a16(static_cast<std::size_t>(rows_a * lda));
-      std::vector<bf16> b16(static_cast<std::size_t>(rows_b * ldb));
-      std::vector<float> a32(a16.size()), b32(b16.size());
-      for (std::size_t i = 0; i < a16.size(); ++i) {
+      std::vector<T> a(static_cast<std::size_t>(rows_a * lda));
+      std::vector<T> b(static_cast<std::size_t>(rows_b * ldb));
+      std::vector<float> a32(a.size()), b32(b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
         a32[i] = static_cast<float>(static_cast<int>((i * 7 + 3) % 17) - 8);
-        a16[i] = bf16(a32[i]);
+        a[i] = T(a32[i]);
       }
-      for (std::size_t i = 0; i < b16.size(); ++i) {
+      for (std::size_t i = 0; i < b.size(); ++i) {
         b32[i] = static_cast<float>(static_cast<int>((i * 5 + 1) % 13) - 6);
-        b16[i] = bf16(b32[i]);
+        b[i] = T(b32[i]);
       }
-      std::vector<float> c16(static_cast<std::size_t>(M * N)), c32(c16.size());
-      for (std::size_t i = 0; i < c16.size(); ++i) c16[i] = c32[i] = static_cast<float>(i % 11);
-      accumulate(ta, tb, M, N, K, 0.5f, a16.data(), lda, b16.data(), ldb, c16.data(), N);
+      std::vector<float> c(static_cast<std::size_t>(M * N)), c32(c.size());
+      for (std::size_t i = 0; i < c.size(); ++i) c[i] = c32[i] = static_cast<float>(i % 11);
+      accumulate(ta, tb, M, N, K, 0.5f, a.data(), lda, b.data(), ldb, c.data(), N);
       gemm_serial<float>(ta, tb, M, N, K, 0.5f, a32.data(), lda, b32.data(), ldb, 1.0f, c32.data(),
                          N);
-      if (c16 != c32) return false;
+      if (c != c32) return false;
     }
   }
   return true;
@@ -187,10 +200,11 @@ inline void sbgemm_accumulate(SbgemmFn sbgemm, Trans ta, Trans tb, int M, int N,
 
 }  // namespace detail
 
-/// Whether sbgemm computes what sgemm computes on widened inputs (check_bf16_gemm).
+/// Whether sbgemm computes what sgemm computes on widened inputs (check_gemm_kernel).
 inline bool check_sbgemm(SbgemmFn sbgemm) {
-  return check_bf16_gemm([&](Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A,
-                             int lda, const bf16* B, int ldb, float* C, int ldc) {
+  return check_gemm_kernel<bf16>([&](Trans ta, Trans tb, int M, int N, int K, float alpha,
+                                     const bf16* A, int lda, const bf16* B, int ldb, float* C,
+                                     int ldc) {
     detail::sbgemm_accumulate(sbgemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc);
   });
 }
@@ -214,19 +228,21 @@ inline bool sbgemm_usable() {
 }
 #endif
 
-/// True when bf16 GEMM runs on oneDNN's matmul: zero::dnnl is linked, oneDNN can run a bf16
-/// matmul on this CPU, and check_bf16_gemm agrees. Decided once per process.
-inline bool dnnl_bf16_usable() {
+/// True when gemm<T> (T float or bf16) runs on oneDNN's matmul: zero::dnnl is linked, oneDNN can
+/// run a matmul of T operands on this CPU, and check_gemm_kernel agrees. Decided once per process
+/// and type.
+template <class T>
+bool onednn_gemm_usable() {
 #if defined(ZERO_OPS_CPU_DNNL)
   static const bool usable = [] {  // a fact about the CPU and the library, computed once
     try {
-      return check_bf16_gemm([](Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A,
-                                int lda, const bf16* B, int ldb, float* C, int ldc) {
-        dnnl_bf16_gemm_accumulate(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B,
-                                  ldb, C, ldc);
+      return check_gemm_kernel<T>([](Trans ta, Trans tb, int M, int N, int K, float alpha,
+                                     const T* A, int lda, const T* B, int ldb, float* C, int ldc) {
+        onednn_gemm<T>(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B, ldb, 1.0f, C,
+                       ldc);
       });
     } catch (const dnnl::error&) {
-      return false;  // no bf16 matmul on this CPU: the other paths
+      return false;  // no such matmul on this CPU: the other paths
     }
   }();
   return usable;
@@ -235,21 +251,24 @@ inline bool dnnl_bf16_usable() {
 #endif
 }
 
-/// The kernel behind gemm<T> for a half type: "onednn", "sbgemm", "widen+sgemm" or
-/// "widen+loop".
+/// The kernel behind gemm<float> (and the widened half types): "onednn", "sgemm" or "loop".
+inline const char* float_gemm_path() {
+  if (onednn_gemm_usable<float>()) return "onednn";
+  return gemm_uses_blas() ? "sgemm" : "loop";
+}
+
+/// The kernel behind gemm<T> for a half type: "onednn", "sbgemm", or the float path on widened
+/// copies: "widen+onednn", "widen+sgemm" or "widen+loop".
 template <class T>
 const char* half_gemm_path() {
   if constexpr (std::is_same_v<T, bf16>) {
-    if (dnnl_bf16_usable()) return "onednn";
+    if (onednn_gemm_usable<bf16>()) return "onednn";
 #if defined(ZERO_WITH_BLAS)
     if (sbgemm_usable()) return "sbgemm";
 #endif
   }
-#if defined(ZERO_WITH_BLAS)
-  return "widen+sgemm";
-#else
-  return "widen+loop";
-#endif
+  if (onednn_gemm_usable<float>()) return "widen+onednn";
+  return gemm_uses_blas() ? "widen+sgemm" : "widen+loop";
 }
 
 template <class T>
@@ -319,11 +338,11 @@ void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   bool done = false;
   if constexpr (std::is_same_v<T, bf16>) {
 #if defined(ZERO_OPS_CPU_DNNL)
-    if (!done && dnnl_bf16_usable()) {
+    if (!done && onednn_gemm_usable<bf16>()) {
       over_tiles([](Trans a_t, Trans b_t, int rows, int cols, int k, float s, const bf16* a,
                     int a_ld, const bf16* b, int b_ld, float* c, int c_ld) {
-        dnnl_bf16_gemm_accumulate(a_t == Trans::yes, b_t == Trans::yes, rows, cols, k, s, a, a_ld,
-                                  b, b_ld, c, c_ld);
+        onednn_gemm<bf16>(a_t == Trans::yes, b_t == Trans::yes, rows, cols, k, s, a, a_ld, b, b_ld,
+                          1.0f, c, c_ld);
       });
       done = true;
     }
@@ -360,7 +379,24 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
   if (M == 0 || N == 0) return;
   if constexpr (is_half_type<T>) {
     detail::gemm_half(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  } else {  // one BLAS call per tile (the loop per tile without BLAS: the same result)
+    return;
+  }
+#if defined(ZERO_OPS_CPU_DNNL)
+  if constexpr (std::is_same_v<T, float>) {
+    if (K > 0 && onednn_gemm_usable<float>()) {  // one oneDNN matmul per tile
+      detail::for_each_tile(ta, tb, M, N, A, lda, B, ldb,
+                            [&](std::int64_t m0, int rows, std::int64_t n0, int cols,
+                                const float* a, const float* b) {
+                              onednn_gemm<float>(ta == Trans::yes, tb == Trans::yes, rows, cols,
+                                                 static_cast<int>(K), alpha, a,
+                                                 static_cast<int>(lda), b, static_cast<int>(ldb),
+                                                 beta, C + m0 * ldc + n0, static_cast<int>(ldc));
+                            });
+      return;
+    }
+  }
+#endif
+  if constexpr (!is_half_type<T>) {  // one BLAS call per tile (the loop without BLAS: the same)
     detail::for_each_tile(
         ta, tb, M, N, A, lda, B, ldb,
         [&](std::int64_t m0, int rows, std::int64_t n0, int cols, const T* a, const T* b) {
@@ -368,15 +404,6 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
                          ldc);
         });
   }
-}
-
-/// True when gemm runs on a BLAS library rather than the loop fallback.
-constexpr bool gemm_uses_blas() {
-#if defined(ZERO_WITH_BLAS)
-  return true;
-#else
-  return false;
-#endif
 }
 
 }  // namespace zero::ops::cpu
