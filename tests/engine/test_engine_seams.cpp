@@ -1,8 +1,11 @@
 // The Engine 2 seams on LocalComm: stage slices equal the whole model (f64, stages 0-3, 1 and
 // 2 ranks, accumulation 1 and 2, three split points) with a negative control and the order
 // rules; process groups on a 2x2 (tp x dp) grid train each dp group as one process would, with
-// traffic on the dp groups only; the policy set does not depend on the order of the tags.
+// traffic on the dp groups only; the policy set does not depend on the order of the tags; the
+// engine calls its backend's kernels on the backend object (a recording backend).
 #include <algorithm>
+#include <atomic>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -161,4 +164,101 @@ TEST_CASE("two orders of the policy tags train identically", "[unit][engine]") {
     const std::size_t half = r.size() / 2;
     for (std::size_t u = 0; u < half; ++u) CHECK(r[u] == r[half + u]);  // bit for bit
   }
+}
+
+// A device tag whose backend is the host's with every kernel a member (not static), counting its
+// calls: an engine that called a kernel through the type (Backend::accumulate) would not compile,
+// and one that skipped the backend would leave a count at zero. A device backend (CudaBackend)
+// needs the object: its kernels run on its streams.
+struct RecordingDevice {};
+
+struct RecordingBackend : engine::HostBackend {
+  enum Kernel { accumulate_k, convert_k, scale_k, clear_k, squares_k, comm_waits_k, kernels_n };
+  static inline std::atomic<int> calls[kernels_n] = {};
+
+  template <class A, class G>
+  void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0) {
+    ++calls[accumulate_k];
+    HostBackend::accumulate(acc, g, factor);
+  }
+  template <class O, class I>
+  void convert_into(std::span<O> out, std::span<const I> in) {
+    ++calls[convert_k];
+    HostBackend::convert_into(out, in);
+  }
+  template <class E>
+  void scale(std::span<E> v, double factor) {
+    ++calls[scale_k];
+    HostBackend::scale(v, factor);
+  }
+  template <class E>
+  void clear(std::span<E> v) {
+    ++calls[clear_k];
+    HostBackend::clear(v);
+  }
+  template <class E>
+  double sum_of_squares(std::span<const E> v) {
+    ++calls[squares_k];
+    return HostBackend::sum_of_squares(v);
+  }
+  void comm_waits_for_compute() {
+    ++calls[comm_waits_k];
+    HostBackend::comm_waits_for_compute();
+  }
+};
+
+template <>
+struct zero::engine::backend_for<RecordingDevice> {
+  using type = RecordingBackend;
+};
+
+namespace {
+
+// Two optimizer steps of a bf16 GPT over f32 masters (accumulation 2, clipping at 0.5) on
+// Compute<Device>; the units' masters after them.
+template <class Device, int S>
+std::vector<std::vector<float>> train_bf16(LocalComm& comm) {
+  nn::GPT<bf16> model(tiny());
+  Config config = adamw_config(S, 2, 0.5);
+  config.bf16_enabled = true;
+  engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>, Compute<Device>> eng(model, comm,
+                                                                                    config);
+  for (int step = 0; step < 2; ++step) {
+    const GlobalBatch b(micro_rows * 4, step, tiny().vocab_size);
+    for (int m = 0; m < 2; ++m) {
+      eng.forward(b.micro(m, comm.rank(), 2));
+      eng.backward();
+    }
+    eng.step();
+  }
+  std::vector<std::vector<float>> out;
+  for (int u = 0; u < eng.num_units(); ++u) out.push_back(eng.gather_unit_values(u));
+  return out;
+}
+
+template <int S>
+void check_recording_backend() {
+  using Masters = std::vector<std::vector<float>>;
+  const auto host = per_rank<Masters>(2, [](LocalComm& comm) { return train_bf16<Host, S>(comm); });
+  for (auto& c : RecordingBackend::calls) c = 0;
+  const auto recorded =
+      per_rank<Masters>(2, [](LocalComm& comm) { return train_bf16<RecordingDevice, S>(comm); });
+  INFO("stage " << S);
+  CHECK(recorded == host);  // the same kernels, bit for bit
+  // Stage 1 folds each micro-step's bf16 gradient into the f32 accumulator, stage 3 adds the
+  // reduced gradient into its shard; both round each updated master slice for its gather, clear
+  // the accumulators, take the sum of squares for clipping and order comm after compute. (scale
+  // serves expert units and optimizers given as functions: not reached here.)
+  CHECK(RecordingBackend::calls[RecordingBackend::accumulate_k] > 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::convert_k] > 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::clear_k] > 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::squares_k] > 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::comm_waits_k] > 0);
+}
+
+}  // namespace
+
+TEST_CASE("the engine calls its backend's kernels on the backend object", "[unit][engine]") {
+  check_recording_backend<1>();
+  check_recording_backend<3>();
 }

@@ -4,7 +4,8 @@
 // element-wise kernels its own flow needs (folding a gradient into an fp32 accumulator, rounding
 // a master slice for a gather, clearing, the sum of squares for the global norm). The model's
 // units bring their own kernels (zero::ops::cpu on the host); the flow in engine.hpp is written
-// once over this interface.
+// once over this interface, and calls the kernels on its backend object (one per engine: a
+// device backend's kernels run on its streams), never through the type.
 //
 // HostBackend is synchronous: its streams order nothing and its events are complete when
 // recorded, so the engine's "comm waits for compute" points cost nothing here. CudaBackend

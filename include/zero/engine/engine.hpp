@@ -735,11 +735,11 @@ class Engine {
       g = g.subspan(static_cast<std::size_t>(p.shard_begin(unit(u).group->rank())),
                     static_cast<std::size_t>(p.shard_numel()));
     }
-    if (groups_.tp_rank() == 0) return backend_type::sum_of_squares(std::span<const MasterT>(g));
+    if (groups_.tp_rank() == 0) return backend_.sum_of_squares(std::span<const MasterT>(g));
     double sum = 0.0;
     for (const ShardSegment& s : p.segments(unit(u).group->rank())) {
       if (!unit(u).specs[static_cast<std::size_t>(s.param)].split.is_split()) continue;
-      sum += backend_type::sum_of_squares(std::span<const MasterT>(
+      sum += backend_.sum_of_squares(std::span<const MasterT>(
           g.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count))));
     }
     return sum;
@@ -757,7 +757,7 @@ class Engine {
         opt.step(io);
       }
     } else {
-      if (factor != 1.0) backend_type::scale(grad, factor);
+      if (factor != 1.0) backend_.scale(grad, factor);
       update_(u, param, grad);
     }
     refresh_compute_params(u);
@@ -767,8 +767,8 @@ class Engine {
   void refresh_compute_params(int u) {
     if constexpr (!stage_traits::regathers_after_update && !compute_is_master) {
       Unit& s = unit(u);
-      backend_type::convert_into(std::span<T>(s.params->data(), s.params->size()),
-                                 std::span<const MasterT>(s.resident_master()));
+      backend_.convert_into(std::span<T>(s.params->data(), s.params->size()),
+                            std::span<const MasterT>(s.resident_master()));
     } else {
       (void)u;
     }
@@ -780,10 +780,10 @@ class Engine {
   }
   void clear_accumulators() {
     for (Unit& s : units_) {
-      backend_type::clear(std::span<MasterT>(s.grad_shard.data(), s.grad_shard.size()));
-      backend_type::clear(std::span<MasterT>(s.grad_accumulator.data(), s.grad_accumulator.size()));
+      backend_.clear(std::span<MasterT>(s.grad_shard.data(), s.grad_shard.size()));
+      backend_.clear(std::span<MasterT>(s.grad_accumulator.data(), s.grad_accumulator.size()));
       if constexpr (!stage_traits::shards_grads && compute_is_master) {
-        backend_type::clear(std::span<T>(s.grads->data(), s.grads->size()));
+        backend_.clear(std::span<T>(s.grads->data(), s.grads->size()));
       }
     }
   }

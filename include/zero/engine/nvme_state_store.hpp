@@ -75,16 +75,16 @@ class NvmeStates {
   /// Copies unit u's master slice into out: from its swap buffer when it is in one, else
   /// straight from its file (through staging when out is not fp32).
   template <class E, class Backend>
-  void read_master_into(int u, std::span<E> out, Backend&) {
+  void read_master_into(int u, std::span<E> out, Backend& backend) {
     Unit& s = units_[static_cast<std::size_t>(u)];
     if (s.swapped_in_master) {
-      Backend::convert_into(out, std::span<const float>(*s.swapped_in_master));
+      backend.convert_into(out, std::span<const float>(*s.swapped_in_master));
     } else if constexpr (std::is_same_v<E, float>) {
       swapper_->swap_in_tensor(static_cast<std::size_t>(u), 0, out);
     } else {
       staging_.resize(out.size());
       swapper_->swap_in_tensor(static_cast<std::size_t>(u), 0, std::span<float>(staging_));
-      Backend::convert_into(out, std::span<const float>(staging_));
+      backend.convert_into(out, std::span<const float>(staging_));
     }
   }
   /// The swap files (offloaded) and the swap buffers (scratch).

@@ -68,9 +68,9 @@ class InMemoryStates {
   }
   /// Copies unit u's master slice into out (the slice's size), rounded to out's type.
   template <class E, class Backend>
-  void read_master_into(int u, std::span<E> out, Backend&) {
+  void read_master_into(int u, std::span<E> out, Backend& backend) {
     const auto m = units_[static_cast<std::size_t>(u)].resident_master();
-    Backend::convert_into(out, std::span<const typename decltype(m)::value_type>(m));
+    backend.convert_into(out, std::span<const typename decltype(m)::value_type>(m));
   }
   /// Nothing outside the units' buffers.
   void report(MemoryReport&) const {}

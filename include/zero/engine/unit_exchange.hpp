@@ -88,8 +88,11 @@ class UnitExchange {
     if (s.gathering) return;
     const bool fresh = !s.params;
     if (fresh) s.params.emplace(s.numel(Extent::whole));
-    s.pending_gather = s.group->all_gather_async(gather_source(u),
-                                                 std::span<T>(s.params->data(), s.params->size()));
+    const std::span<const T> source = gather_source(u);
+    // The source may have just been rounded from the master on the compute stream.
+    backend_.comm_waits_for_compute();
+    s.pending_gather =
+        s.group->all_gather_async(source, std::span<T>(s.params->data(), s.params->size()));
     s.gathering = true;
     if (fresh) bind(u);
     peak_gathered_elems_ = std::max(peak_gathered_elems_, gathered_elems());
@@ -198,7 +201,7 @@ class UnitExchange {
     p.unit = u;
     if constexpr (!traits::shards_grads) {
       if constexpr (!Unit::compute_is_master) {  // fold into the fp32 accumulator
-        Backend::accumulate(span(s.grad_accumulator), std::span<const T>(span(*s.grads)));
+        backend_.accumulate(span(s.grad_accumulator), std::span<const T>(span(*s.grads)));
         s.grads.reset();
         bind(u);
       }
@@ -286,12 +289,12 @@ class UnitExchange {
     // 1/ep), in the fp32 (f64) accumulator's type.
     if constexpr (!traits::shards_grads) {
       if (s.grad_scale != 1.0) {
-        Backend::scale(traits::all_reduces_grads ? s.whole_accumulator() : span(s.grad_shard),
+        backend_.scale(traits::all_reduces_grads ? s.whole_accumulator() : span(s.grad_shard),
                        s.grad_scale);
       }
     }
     if constexpr (traits::shards_grads) {
-      Backend::accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)), s.grad_scale);
+      backend_.accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)), s.grad_scale);
       s.grads.reset();  // the whole gradient is released once reduced
       if constexpr (traits::gathers_before_use) {
         if (s.pinned && !s.persistent) s.params.reset();  // its last user is done
