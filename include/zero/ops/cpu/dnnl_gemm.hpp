@@ -31,6 +31,7 @@
 #endif
 
 #include <zero/core/dtype.hpp>
+#include <zero/ops/cpu/parallel_for.hpp>
 
 namespace zero::ops::cpu {
 
@@ -64,15 +65,6 @@ constexpr dnnl::memory::data_type dnnl_type() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                 "oneDNN GEMM takes float or bf16 operands");
   return std::is_same_v<T, float> ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
-}
-
-// The OpenMP thread count oneDNN sees on this thread (1 without OpenMP).
-inline int dnnl_max_threads() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
 }
 
 // Sets the OpenMP thread count of this thread (no-op without OpenMP).
@@ -109,7 +101,7 @@ inline std::shared_ptr<const DnnlMatmul> dnnl_matmul(dnnl::memory::data_type typ
     attr.set_post_ops(sum);
   }
   // oneDNN reads the thread count when the primitive is created (see the top of this file).
-  const int saved_threads = dnnl_max_threads();
+  const int saved_threads = num_threads();
   dnnl_set_max_threads(threads);
   try {
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(entry->a, entry->b, entry->c), attr,
@@ -136,7 +128,7 @@ template <class T>
 void onednn_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const T* A, int lda,
                  const T* B, int ldb, float beta, float* C, int ldc, bool threaded = false) {
   const auto mm = detail::dnnl_matmul(detail::dnnl_type<T>(), ta, tb, M, N, K, lda, ldb, ldc, alpha,
-                                      beta, threaded ? detail::dnnl_max_threads() : 1);
+                                      beta, threaded ? num_threads() : 1);
   const dnnl::engine& engine = detail::dnnl_state().engine;
   // A stream per call: cheap next to a tile's product, and a thread_local one would outlive the
   // library's state in OpenMP's pool threads, which are torn down after static destructors.
