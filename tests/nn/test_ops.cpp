@@ -174,6 +174,76 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "gemm_bias (f32 and bf16): the bits of filling C with the bias and accumulating, C never "
+    "read, padding untouched, the same bits at 1 and 2 threads",
+    "[unit][ops]") {
+  INFO("f32 bias inside oneDNN's matmul: " << onednn_gemm_bias_usable());
+#if defined(ZERO_WITH_DNNL)
+  CHECK(onednn_gemm_bias_usable() == onednn_gemm_usable<float>());
+#else
+  CHECK_FALSE(onednn_gemm_bias_usable());
+#endif
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  // Row tiles, column tiles (the bias offset per tile), K = 0 (C = the bias), one small tile.
+  for (const Shape s : {Shape{600, 72, 130}, Shape{40, 700, 33}, Shape{17, 9, 0}, Shape{5, 3, 7}}) {
+    for (Trans ta : {Trans::no, Trans::yes}) {
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        const std::int64_t pad = 3;
+        const std::int64_t lda = (ta == Trans::no ? s.K : s.M) + pad;
+        const std::int64_t ldb = (tb == Trans::no ? s.N : s.K) + pad;
+        const std::int64_t ldc = s.N + pad;
+        const Vec a64 = random_vector((ta == Trans::no ? s.M : s.K) * lda, 11);
+        const Vec b64 = random_vector((tb == Trans::no ? s.K : s.N) * ldb, 12);
+        const Vec bias64 = random_vector(s.N, 13);
+        INFO("M " << s.M << " N " << s.N << " K " << s.K << " ta " << (ta == Trans::yes) << " tb "
+                  << (tb == Trans::yes));
+        auto check = [&]<class T>(T) {
+          const std::vector<T> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
+          const std::vector<T> bias(bias64.begin(), bias64.end());
+          // C starts as NaN: the fused paths must not read it; the padding must stay NaN.
+          const std::vector<T> c0(static_cast<std::size_t>(s.M * ldc),
+                                  T(std::numeric_limits<float>::quiet_NaN()));
+          auto fused = [&](int threads) {
+#if defined(_OPENMP)
+            const int saved = omp_get_max_threads();
+            omp_set_num_threads(threads);
+#endif
+            (void)threads;
+            std::vector<T> c = c0;
+            gemm_bias<T>(ta, tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, bias.data(), c.data(),
+                         ldc);
+#if defined(_OPENMP)
+            omp_set_num_threads(saved);
+#endif
+            return c;
+          };
+          std::vector<T> want = c0;
+          for (std::int64_t m = 0; m < s.M; ++m) {
+            std::copy(bias.begin(), bias.end(), want.begin() + m * ldc);
+          }
+          gemm<T>(ta, tb, s.M, s.N, s.K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(),
+                  ldc);
+          const std::vector<T> one = fused(1), two = fused(2);
+          CHECK(std::memcmp(one.data(), want.data(), one.size() * sizeof(T)) == 0);
+          CHECK(std::memcmp(two.data(), want.data(), two.size() * sizeof(T)) == 0);
+          // Without a bias: C = op(A) op(B), the bits of gemm with beta 0.
+          std::vector<T> plain = c0, plain_want = c0;
+          gemm_bias<T>(ta, tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, nullptr, plain.data(),
+                       ldc);
+          gemm<T>(ta, tb, s.M, s.N, s.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                  plain_want.data(), ldc);
+          CHECK(std::memcmp(plain.data(), plain_want.data(), plain.size() * sizeof(T)) == 0);
+        };
+        check(float{});
+        check(zero::bf16{});
+      }
+    }
+  }
+}
+
 TEST_CASE("f32 gemm called from several threads at once gives each the single-thread bits",
           "[unit][ops]") {
   // Ranks that are threads (LocalComm) multiply at the same time, each over its own OpenMP

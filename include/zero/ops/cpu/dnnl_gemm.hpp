@@ -6,8 +6,11 @@
 // AMX or AVX512-BF16 where the CPU has them (about 5x the widen+sgemm path on a Sapphire Rapids
 // core); elsewhere bf16 may be emulated or refused. A refusal, or a result that differs from the
 // float GEMM on exact integer data (check_gemm_kernel in gemm.hpp), leaves gemm<T> on its other
-// paths. Transposes are strides of the memory descriptors, so nothing is copied.
-// One primitive per (element type, transposes, sizes, leading dimensions, alpha, beta, threads),
+// paths. Transposes are strides of the memory descriptors, so nothing is copied. A float bias
+// added to every row of C (a linear layer's forward) is oneDNN's bias argument: C is then written
+// without being first filled with the bias and read back.
+// One primitive per (element type, transposes, sizes, leading dimensions, alpha, beta, threads,
+// bias),
 // created on first use and cached; execution is thread-safe (each call brings its own scratch
 // memory), so the GEMM's fixed tiles run it from the OpenMP threads. The library's primitives are
 // single-threaded: oneDNN splits a matmul's work (over M and N, and for some shapes over K, which
@@ -23,6 +26,7 @@
 #include <mutex>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -40,6 +44,7 @@ namespace detail {
 // A cached matmul primitive with its memory descriptors.
 struct DnnlMatmul {
   dnnl::memory::desc a, b, c;
+  dnnl::memory::desc bias;        // [1, N] f32, empty without a bias
   dnnl::memory::desc scratchpad;  // the primitive's scratch memory, which each call provides
   dnnl::matmul primitive;
 };
@@ -48,7 +53,7 @@ struct DnnlMatmul {
 // JIT-compiled once per shape).
 struct DnnlState {
   using Key = std::tuple<dnnl::memory::data_type, bool, bool, int, int, int, int, int, int, float,
-                         float, int>;
+                         float, int, bool>;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mutex;
   std::map<Key, std::shared_ptr<const DnnlMatmul>> cache;
@@ -75,13 +80,15 @@ inline void dnnl_set_max_threads([[maybe_unused]] int threads) {
 }
 
 // The primitive for one shape (created under the lock on first use), made for `threads` OpenMP
-// threads. beta 0 has no sum post-op, so C is written without being read. Throws dnnl::error
-// when oneDNN cannot run this matmul on this CPU.
+// threads, with an f32 bias [N] added to every row when `bias`. beta 0 has no sum post-op, so C
+// is written without being read. Throws dnnl::error when oneDNN cannot run this matmul on this
+// CPU.
 inline std::shared_ptr<const DnnlMatmul> dnnl_matmul(dnnl::memory::data_type type, bool ta, bool tb,
                                                      int M, int N, int K, int lda, int ldb, int ldc,
-                                                     float alpha, float beta, int threads) {
+                                                     float alpha, float beta, int threads,
+                                                     bool bias = false) {
   DnnlState& state = dnnl_state();
-  const DnnlState::Key key{type, ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, threads};
+  const DnnlState::Key key{type, ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, threads, bias};
   const std::lock_guard lock(state.mutex);
   if (const auto it = state.cache.find(key); it != state.cache.end()) return it->second;
   using dims = dnnl::memory::dims;
@@ -89,6 +96,7 @@ inline std::shared_ptr<const DnnlMatmul> dnnl_matmul(dnnl::memory::data_type typ
   entry->a = dnnl::memory::desc(dims{M, K}, type, ta ? dims{1, lda} : dims{lda, 1});
   entry->b = dnnl::memory::desc(dims{K, N}, type, tb ? dims{1, ldb} : dims{ldb, 1});
   entry->c = dnnl::memory::desc(dims{M, N}, dnnl::memory::data_type::f32, dims{ldc, 1});
+  if (bias) entry->bias = dnnl::memory::desc(dims{1, N}, dnnl::memory::data_type::f32, dims{N, 1});
   dnnl::primitive_attr attr;
   // oneDNN's own scratchpad is one buffer for the whole library unless it was built for
   // concurrent execution; tiles run concurrently (and ranks may be threads), so each call brings
@@ -104,8 +112,10 @@ inline std::shared_ptr<const DnnlMatmul> dnnl_matmul(dnnl::memory::data_type typ
   const int saved_threads = num_threads();
   dnnl_set_max_threads(threads);
   try {
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(entry->a, entry->b, entry->c), attr,
-                                          state.engine);
+    const dnnl::matmul::desc desc =
+        bias ? dnnl::matmul::desc(entry->a, entry->b, entry->bias, entry->c)
+             : dnnl::matmul::desc(entry->a, entry->b, entry->c);
+    const dnnl::matmul::primitive_desc pd(desc, attr, state.engine);
     entry->primitive = dnnl::matmul(pd);
     entry->scratchpad = pd.scratchpad_desc();
   } catch (...) {
@@ -115,6 +125,34 @@ inline std::shared_ptr<const DnnlMatmul> dnnl_matmul(dnnl::memory::data_type typ
   dnnl_set_max_threads(saved_threads);
   if (state.cache.size() >= 4096) state.cache.clear();  // a bound for programs of many shapes
   return state.cache.emplace(key, std::move(entry)).first->second;
+}
+
+// Runs mm on the calling thread (or on the OpenMP threads it was made for) with this thread's
+// scratch memory; bias is read when mm has one.
+template <class T>
+void dnnl_execute(const DnnlMatmul& mm, const T* A, const T* B, const float* bias, float* C) {
+  const dnnl::engine& engine = dnnl_state().engine;
+  // A stream per call: cheap next to a tile's product, and a thread_local one would outlive the
+  // library's state in OpenMP's pool threads, which are torn down after static destructors.
+  dnnl::stream stream(engine);
+  // oneDNN takes non-const handles; it only reads A, B and the bias.
+  dnnl::memory a(mm.a, engine, const_cast<T*>(A));
+  dnnl::memory b(mm.b, engine, const_cast<T*>(B));
+  dnnl::memory c(mm.c, engine, C);
+  // This thread's scratch bytes, grown as needed (plain memory, so freeing it at thread exit
+  // does not touch oneDNN).
+  thread_local std::vector<std::byte> scratch;
+  if (scratch.size() < mm.scratchpad.get_size()) scratch.resize(mm.scratchpad.get_size());
+  dnnl::memory scratchpad(mm.scratchpad, engine, scratch.data());
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, a},
+                                             {DNNL_ARG_WEIGHTS, b},
+                                             {DNNL_ARG_DST, c},
+                                             {DNNL_ARG_SCRATCHPAD, scratchpad}};
+  if (bias != nullptr) {
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.bias, engine, const_cast<float*>(bias)));
+  }
+  mm.primitive.execute(stream, args);
+  stream.wait();
 }
 
 }  // namespace detail
@@ -129,24 +167,18 @@ void onednn_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const T* A,
                  const T* B, int ldb, float beta, float* C, int ldc, bool threaded = false) {
   const auto mm = detail::dnnl_matmul(detail::dnnl_type<T>(), ta, tb, M, N, K, lda, ldb, ldc, alpha,
                                       beta, threaded ? num_threads() : 1);
-  const dnnl::engine& engine = detail::dnnl_state().engine;
-  // A stream per call: cheap next to a tile's product, and a thread_local one would outlive the
-  // library's state in OpenMP's pool threads, which are torn down after static destructors.
-  dnnl::stream stream(engine);
-  // oneDNN takes non-const handles; it only reads A and B.
-  dnnl::memory a(mm->a, engine, const_cast<T*>(A));
-  dnnl::memory b(mm->b, engine, const_cast<T*>(B));
-  dnnl::memory c(mm->c, engine, C);
-  // This thread's scratch bytes, grown as needed (plain memory, so freeing it at thread exit
-  // does not touch oneDNN).
-  thread_local std::vector<std::byte> scratch;
-  if (scratch.size() < mm->scratchpad.get_size()) scratch.resize(mm->scratchpad.get_size());
-  dnnl::memory scratchpad(mm->scratchpad, engine, scratch.data());
-  mm->primitive.execute(stream, {{DNNL_ARG_SRC, a},
-                                 {DNNL_ARG_WEIGHTS, b},
-                                 {DNNL_ARG_DST, c},
-                                 {DNNL_ARG_SCRATCHPAD, scratchpad}});
-  stream.wait();
+  detail::dnnl_execute(*mm, A, B, nullptr, C);
+}
+
+/// C[M,N] = op(A) op(B) + bias, the float bias [N] added to every row (oneDNN's bias argument:
+/// C is written without being read), on the calling thread. Throws dnnl::error where oneDNN
+/// cannot run it.
+template <class T>
+void onednn_gemm_bias(bool ta, bool tb, int M, int N, int K, const T* A, int lda, const T* B,
+                      int ldb, const float* bias, float* C, int ldc) {
+  const auto mm = detail::dnnl_matmul(detail::dnnl_type<T>(), ta, tb, M, N, K, lda, ldb, ldc, 1.0f,
+                                      0.0f, 1, true);
+  detail::dnnl_execute(*mm, A, B, bias, C);
 }
 
 }  // namespace zero::ops::cpu

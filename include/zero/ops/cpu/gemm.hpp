@@ -251,6 +251,45 @@ bool onednn_gemm_usable() {
 #endif
 }
 
+/// True when gemm_bias<float> adds the bias inside oneDNN's matmul (onednn_gemm_bias): gemm<float>
+/// runs on oneDNN and, on small integers with a padded C, the bias primitive equals C filled
+/// with the bias plus the float GEMM exactly, for the four transposes. Decided once per process.
+inline bool onednn_gemm_bias_usable() {
+#if defined(ZERO_OPS_CPU_DNNL)
+  static const bool usable = [] {
+    if (!onednn_gemm_usable<float>()) return false;
+    try {
+      const int M = 37, N = 29, K = 45, pad = 3, ldc = N + pad;
+      for (Trans ta : {Trans::no, Trans::yes}) {
+        for (Trans tb : {Trans::no, Trans::yes}) {
+          const int lda = (ta == Trans::no ? K : M) + pad, ldb = (tb == Trans::no ? N : K) + pad;
+          std::vector<float> a(static_cast<std::size_t>((ta == Trans::no ? M : K) * lda));
+          std::vector<float> b(static_cast<std::size_t>((tb == Trans::no ? K : N) * ldb));
+          std::vector<float> bias(static_cast<std::size_t>(N));
+          for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(int(i * 7 % 17) - 8);
+          for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(int(i * 5 % 13) - 6);
+          for (std::size_t i = 0; i < bias.size(); ++i)
+            bias[i] = static_cast<float>(int(i % 9) - 4);
+          std::vector<float> got(static_cast<std::size_t>(M * ldc), -7.0f), want = got;
+          for (int m = 0; m < M; ++m) std::copy_n(bias.data(), N, want.data() + m * ldc);
+          onednn_gemm_bias<float>(ta == Trans::yes, tb == Trans::yes, M, N, K, a.data(), lda,
+                                  b.data(), ldb, bias.data(), got.data(), ldc);
+          gemm_serial<float>(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(),
+                             ldc);
+          if (got != want) return false;  // padding included: it must stay untouched
+        }
+      }
+      return true;
+    } catch (const dnnl::error&) {
+      return false;  // no bias matmul on this CPU: fill C with the bias, then accumulate
+    }
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
+
 /// The kernel behind gemm<float> (and the widened half types): "onednn", "sgemm" or "loop".
 inline const char* float_gemm_path() {
   if (onednn_gemm_usable<float>()) return "onednn";
@@ -312,18 +351,20 @@ std::unique_ptr<float[]> widen_matrix(const T* src, std::int64_t rows, std::int6
   return out;
 }
 
-// Half-type GEMM: C32 = beta * C in float, C32 += alpha op(A) op(B) in float (oneDNN or sbgemm
-// on bf16, else the f32 path on widened copies, all in the fixed tiles), then C = round(C32)
-// once.
+// Half-type GEMM: C32 = beta * C in float (or, with a bias [N], every row of C32 = the bias),
+// C32 += alpha op(A) op(B) in float (oneDNN or sbgemm on bf16, else the f32 path on widened
+// copies, all in the fixed tiles), then C = round(C32) once.
 template <class T>
 void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                const T* A, std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C,
-               std::int64_t ldc) {
+               std::int64_t ldc, const T* bias = nullptr) {
   auto c32 = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(M * N));
   float* acc = c32.get();
   parallel_for(M, [&](std::int64_t m) {
     for (std::int64_t n = 0; n < N; ++n) {
-      acc[m * N + n] = beta == 0.0f ? 0.0f : beta * load(C[m * ldc + n]);
+      acc[m * N + n] = bias != nullptr ? load(bias[n])
+                       : beta == 0.0f  ? 0.0f
+                                       : beta * load(C[m * ldc + n]);
     }
   });
   // A bf16 kernel over the tiles: kernel(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, c, ldc).
@@ -335,7 +376,7 @@ void gemm_half(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
                  static_cast<int>(ldb), acc + m0 * N + n0, static_cast<int>(N));
         });
   };
-  bool done = false;
+  bool done = K == 0;  // an empty sum adds nothing (and oneDNN refuses K = 0)
   if constexpr (std::is_same_v<T, bf16>) {
 #if defined(ZERO_OPS_CPU_DNNL)
     if (!done && onednn_gemm_usable<bf16>()) {
@@ -403,6 +444,51 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
           gemm_serial<T>(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, beta, C + m0 * ldc + n0,
                          ldc);
         });
+  }
+}
+
+/// C[M,N] = op(A) op(B) + bias, the bias [N] added to every row (null: no bias); C is written,
+/// never read. The values are those of filling C's rows with the bias and calling gemm with
+/// beta 1 (which is what runs without a fused path); f32 on oneDNN adds the bias inside the
+/// matmul (onednn_gemm_bias_usable) and half types start their float accumulator from it, so
+/// neither writes C twice. Bit-identical results for any number of threads.
+template <class T>
+void gemm_bias(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A,
+               std::int64_t lda, const T* B, std::int64_t ldb, const T* bias, T* C,
+               std::int64_t ldc) {
+  using S = compute_type_t<T>;
+  if (M == 0 || N == 0) return;
+  if (bias == nullptr) {
+    gemm<T>(ta, tb, M, N, K, S(1), A, lda, B, ldb, S(0), C, ldc);
+    return;
+  }
+  if constexpr (is_half_type<T>) {
+    detail::gemm_half(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, bias);
+    return;
+  }
+#if defined(ZERO_OPS_CPU_DNNL)
+  if constexpr (std::is_same_v<T, float>) {
+    if (K > 0 && onednn_gemm_bias_usable()) {
+      detail::for_each_tile(ta, tb, M, N, A, lda, B, ldb,
+                            [&](std::int64_t m0, int rows, std::int64_t n0, int cols,
+                                const float* a, const float* b) {
+                              onednn_gemm_bias<float>(ta == Trans::yes, tb == Trans::yes, rows,
+                                                      cols, static_cast<int>(K), a,
+                                                      static_cast<int>(lda), b,
+                                                      static_cast<int>(ldb), bias + n0,
+                                                      C + m0 * ldc + n0, static_cast<int>(ldc));
+                            });
+      return;
+    }
+  }
+#endif
+  if constexpr (!is_half_type<T>) {
+    // A copy per row (no arithmetic), then accumulate.
+    const std::int64_t rows = std::max<std::int64_t>(1, 16384 / N);
+    parallel_chunks(M, rows, M * N, [&](std::int64_t m0, std::int64_t m1) {
+      for (std::int64_t m = m0; m < m1; ++m) std::copy_n(bias, N, C + m * ldc);
+    });
+    gemm<T>(ta, tb, M, N, K, S(1), A, lda, B, ldb, S(1), C, ldc);
   }
 }
 

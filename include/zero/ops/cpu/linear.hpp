@@ -49,15 +49,7 @@ struct BiasGradient {
 template <class T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, std::int64_t N,
                     std::int64_t C, std::int64_t OC) {
-  using A = compute_type_t<T>;
-  if (bias != nullptr) {
-    // A copy per row (no arithmetic): the same bits on every path.
-    const std::int64_t rows = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(1, OC));
-    parallel_chunks(N, rows, N * OC, [&](std::int64_t n0, std::int64_t n1) {
-      for (std::int64_t n = n0; n < n1; ++n) std::copy_n(bias, OC, out + n * OC);
-    });
-  }
-  gemm<T>(Trans::no, Trans::yes, N, OC, C, A(1), inp, C, weight, C, bias ? A(1) : A(0), out, OC);
+  gemm_bias<T>(Trans::no, Trans::yes, N, OC, C, inp, C, weight, C, bias, out, OC);
 }
 
 /// Accumulates the gradients of linear_forward; dinp, dweight, dbias may each be null.
