@@ -326,17 +326,24 @@ std::vector<std::int32_t> ce_targets(std::int64_t N, std::int64_t V) {
   return t;
 }
 
+// Loss, mean and dlogits; with row_stats the backward takes the forward's row max and sum, and
+// in_place writes dlogits over the logits.
 template <class T>
-Bytes cross_entropy_run(std::int64_t N, std::int64_t V, std::vector<std::vector<double>>* values) {
+Bytes cross_entropy_run(std::int64_t N, std::int64_t V, std::vector<std::vector<double>>* values,
+                        bool row_stats = false, bool in_place = false) {
   using A = zero::compute_type_t<T>;
-  const auto logits = cast<T>(float_values(static_cast<std::size_t>(N * V), 51, 8.0));
+  auto logits = cast<T>(float_values(static_cast<std::size_t>(N * V), 51, 8.0));
   const auto targets = ce_targets(N, V);
   std::vector<A> losses(static_cast<std::size_t>(N));
+  std::vector<A> stats(static_cast<std::size_t>(2 * N));
   // dlogits is written, not accumulated: start from garbage to see every element written.
   std::vector<T> dlogits = cast<T>(float_values(static_cast<std::size_t>(N * V), 52, 100.0));
-  const std::vector<A> mean{
-      cross_entropy_forward(losses.data(), logits.data(), targets.data(), N, V)};
-  cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), N, V, A(0.7));
+  const std::vector<A> mean{cross_entropy_forward(losses.data(), logits.data(), targets.data(), N,
+                                                  V, row_stats ? stats.data() : nullptr)};
+  T* out = in_place ? logits.data() : dlogits.data();
+  cross_entropy_backward(out, logits.data(), targets.data(), N, V, A(0.7), -1,
+                         row_stats ? stats.data() : nullptr);
+  if (in_place) dlogits = logits;
   Bytes bytes;
   bytes.add(losses), bytes.add(mean), bytes.add(dlogits);
   if (values != nullptr) {
@@ -366,6 +373,28 @@ TEST_CASE(
       CHECK(f32[0][1] == 0.0);
       for (std::int64_t v = 0; v < V; ++v) REQUIRE(f32[2][static_cast<std::size_t>(V + v)] == 0.0);
     }
+  }
+}
+
+TEST_CASE(
+    "cross_entropy backward from the forward's row max and sum: the bits of recomputing them, "
+    "in place too, on every ISA",
+    "[unit][ops]") {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{
+      {1, 1}, {2, 7}, {3, 33}, {5, 16383}, {4, 50257}};
+  for (auto [N, V] : shapes) {
+    INFO("N " << N << " V " << V);
+    for (const bool in_place : {false, true}) {
+      INFO("in place " << in_place);
+      CHECK(cross_entropy_run<float>(N, V, nullptr, true, in_place) ==
+            cross_entropy_run<float>(N, V, nullptr, false, in_place));
+      CHECK(cross_entropy_run<bf16>(N, V, nullptr, true, in_place) ==
+            cross_entropy_run<bf16>(N, V, nullptr, false, in_place));
+      CHECK(cross_entropy_run<double>(N, V, nullptr, true, in_place) ==
+            cross_entropy_run<double>(N, V, nullptr, false, in_place));
+    }
+    check_paths([&] { return cross_entropy_run<float>(N, V, nullptr, true); });
+    check_paths([&] { return cross_entropy_run<bf16>(N, V, nullptr, true); });
   }
 }
 

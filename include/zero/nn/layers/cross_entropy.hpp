@@ -44,16 +44,18 @@ class SoftmaxCrossEntropy final : public Layer<T> {
     labels_data_ = find_labels(ctx, N);
     if (labels_data_ == nullptr) return;
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
-    ctx.loss = convert<T>(
-        ops::cpu::cross_entropy_forward(losses.data(), logits_.data(), labels_data_, N, classes_) +
-        static_cast<Stat>(ctx.aux_loss));
+    row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
+    ctx.loss =
+        convert<T>(ops::cpu::cross_entropy_forward(losses.data(), logits_.data(), labels_data_, N,
+                                                   classes_, row_stats_.data()) +
+                   static_cast<Stat>(ctx.aux_loss));
   }
   void backward(StepContext<T>& ctx) override {
     expect<InputError>(labels_data_ != nullptr, describe(),
                        ": backward needs labels; the micro-batch had no input '", labels_, "'");
     ops::cpu::cross_entropy_backward(ctx.dx.data(), logits_.data(), labels_data_,
                                      logits_.numel() / classes_, classes_,
-                                     convert<Stat>(ctx.loss_scale));
+                                     convert<Stat>(ctx.loss_scale), -1, row_stats_.data());
   }
   bool writes_input_grad() const override { return true; }  // the kernel writes dlogits
   /// Logits of the last forward, [..., classes] (valid until the next micro-step).
@@ -64,8 +66,10 @@ class SoftmaxCrossEntropy final : public Layer<T> {
   }
 
   bool parks() const override { return true; }
-  std::any park() override { return nn::park_members(logits_, labels_data_); }
-  void resume(std::any saved) override { nn::resume_members(saved, logits_, labels_data_); }
+  std::any park() override { return nn::park_members(logits_, row_stats_, labels_data_); }
+  void resume(std::any saved) override {
+    nn::resume_members(saved, logits_, row_stats_, labels_data_);
+  }
 
  private:
   using Stat = compute_type_t<T>;
@@ -77,6 +81,7 @@ class SoftmaxCrossEntropy final : public Layer<T> {
   std::int64_t classes_;
   std::string labels_;
   Tensor<T> logits_;
+  Tensor<Stat> row_stats_;  // [rows, 2]: the forward's softmax max and sum per row
   const std::int32_t* labels_data_ = nullptr;
 };
 

@@ -84,12 +84,13 @@ class LinearCrossEntropy final : public Layer<T> {
     }
     valid_ = ops::cpu::count_valid_targets(labels_data_, N, classes_);
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
+    row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
     for (std::int64_t n0 = 0; n0 < N; n0 += chunk_) {
       const std::int64_t rows = std::min(chunk_, N - n0);
       ops::cpu::linear_forward<T>(logits_.data(), input_.data() + n0 * in_, w.value.data(), nullptr,
                                   rows, in_, classes_);
       ops::cpu::cross_entropy_forward(losses.data() + n0, logits_.data(), labels_data_ + n0, rows,
-                                      classes_);
+                                      classes_, row_stats_.data() + 2 * n0);
     }
     ctx.loss = convert<T>(ops::cpu::cross_entropy_mean(losses.data(), N, valid_) +
                           static_cast<Stat>(ctx.aux_loss));
@@ -112,7 +113,7 @@ class LinearCrossEntropy final : public Layer<T> {
                                     classes_);
       }
       ops::cpu::cross_entropy_backward(dlogits.data(), logits_.data(), labels_data_ + n0, rows,
-                                       classes_, dloss, valid_);
+                                       classes_, dloss, valid_, row_stats_.data() + 2 * n0);
       nn::linear_backward<T>(ctx, ctx.dx.data() + n0 * in_, w.grad.data(), nullptr, dlogits.data(),
                              x, w.value.data(), rows, in_, classes_, ctx.overwrite_dx);
     }
@@ -137,10 +138,10 @@ class LinearCrossEntropy final : public Layer<T> {
 
   bool parks() const override { return true; }
   std::any park() override {
-    return nn::park_members(input_, logits_, labels_data_, chunk_, valid_);
+    return nn::park_members(input_, logits_, row_stats_, labels_data_, chunk_, valid_);
   }
   void resume(std::any saved) override {
-    nn::resume_members(saved, input_, logits_, labels_data_, chunk_, valid_);
+    nn::resume_members(saved, input_, logits_, row_stats_, labels_data_, chunk_, valid_);
   }
 
  private:
@@ -159,6 +160,7 @@ class LinearCrossEntropy final : public Layer<T> {
   std::string labels_;
   std::int64_t chunk_bytes_;
   Tensor<T> input_, logits_;
+  Tensor<Stat> row_stats_;  // [rows, 2]: the forward's softmax max and sum per row
   const std::int32_t* labels_data_ = nullptr;
   std::int64_t chunk_ = 0, valid_ = 0;
 };

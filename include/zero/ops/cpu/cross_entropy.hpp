@@ -9,7 +9,9 @@
 // vocabulary: a row's max and sum of exponentials fold 16 partials (lane_reduction.hpp) and the
 // exponentials are vmath::exp, so every ISA and thread count gives the same bits; the backward
 // recomputes the exponentials instead of keeping a row of them (and may write over the logits).
-// double keeps the plain loops.
+// The forward can leave each row's max and sum of exponentials (row_stats, two numbers per row);
+// a backward given them skips the two passes that would recompute them (the same values, so the
+// same bits) and reads the row once. double keeps the plain loops.
 
 #include <cmath>
 #include <cstdint>
@@ -56,8 +58,8 @@ inline void softmax_max_sum(const T* x, std::int64_t V, float& maxval, float& su
 
 struct CrossEntropyForward {
   template <class O, class T>
-  static void run(float* losses, const T* logits, const std::int32_t* targets, std::int64_t V,
-                  std::int64_t n0, std::int64_t n1) {
+  static void run(float* losses, float* row_stats, const T* logits, const std::int32_t* targets,
+                  std::int64_t V, std::int64_t n0, std::int64_t n1) {
     for (std::int64_t n = n0; n < n1; ++n) {
       if (targets[n] == ignore_index) {
         losses[n] = 0.0f;
@@ -66,6 +68,10 @@ struct CrossEntropyForward {
       const T* x = logits + n * V;
       float maxval, sum;
       softmax_max_sum<O>(x, V, maxval, sum);
+      if (row_stats != nullptr) {
+        row_stats[2 * n] = maxval;
+        row_stats[2 * n + 1] = sum;
+      }
       losses[n] = std::log(sum) + maxval - load(x[targets[n]]);
     }
   }
@@ -73,8 +79,8 @@ struct CrossEntropyForward {
 
 struct CrossEntropyBackward {
   template <class O, class T>
-  static void run(T* dlogits, const T* logits, const std::int32_t* targets, std::int64_t V,
-                  float scale, std::int64_t n0, std::int64_t n1) {
+  static void run(T* dlogits, const T* logits, const float* row_stats, const std::int32_t* targets,
+                  std::int64_t V, float scale, std::int64_t n0, std::int64_t n1) {
     using S = optim::ScalarHostOps;
     for (std::int64_t n = n0; n < n1; ++n) {
       T* d = dlogits + n * V;
@@ -87,7 +93,12 @@ struct CrossEntropyBackward {
       const T* x = logits + n * V;
       const float target_logit = load(x[targets[n]]);  // read first: dlogits may be logits
       float maxval, sum;
-      softmax_max_sum<O>(x, V, maxval, sum);
+      if (row_stats != nullptr) {
+        maxval = row_stats[2 * n];
+        sum = row_stats[2 * n + 1];
+      } else {
+        softmax_max_sum<O>(x, V, maxval, sum);
+      }
       const float factor = 1.0f / sum * scale;
       const auto write = [&](auto ops, std::int64_t i) {
         using P = decltype(ops);
@@ -132,19 +143,22 @@ A cross_entropy_mean(const A* losses, std::int64_t N, std::int64_t valid) {
 }
 
 /// Per-token losses [N] (0 for ignored tokens); returns the mean over valid tokens (0 if none).
-/// Losses and the mean are in the compute type (float for half-type logits).
+/// Losses and the mean are in the compute type (float for half-type logits). With row_stats
+/// ([N, 2]), each counted row's max and sum of e^(logit - max) go there for the backward (ignored
+/// rows' entries are left as they were).
 template <class T>
 compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logits,
-                                        const std::int32_t* targets, std::int64_t N,
-                                        std::int64_t V) {
+                                        const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                        compute_type_t<T>* row_stats = nullptr) {
   using A = compute_type_t<T>;
   const std::int64_t valid = count_valid_targets(targets, N, V);
   if constexpr (dispatched_type<T>) {
-    const auto kernel = kernel_for<detail::CrossEntropyForward, float*, const T*,
+    const auto kernel = kernel_for<detail::CrossEntropyForward, float*, float*, const T*,
                                    const std::int32_t*, std::int64_t, std::int64_t, std::int64_t>();
-    parallel_chunks(
-        N, detail::cross_entropy_rows_per_chunk(V), N * V,
-        [&](std::int64_t n0, std::int64_t n1) { kernel(losses, logits, targets, V, n0, n1); });
+    parallel_chunks(N, detail::cross_entropy_rows_per_chunk(V), N * V,
+                    [&](std::int64_t n0, std::int64_t n1) {
+                      kernel(losses, row_stats, logits, targets, V, n0, n1);
+                    });
   } else {
     parallel_for(N, [&](std::int64_t n) {
       if (targets[n] == ignore_index) {
@@ -156,6 +170,10 @@ compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logi
       for (std::int64_t v = 1; v < V; ++v) maxval = load(x[v]) > maxval ? load(x[v]) : maxval;
       A sum = A(0);
       for (std::int64_t v = 0; v < V; ++v) sum += std::exp(load(x[v]) - maxval);
+      if (row_stats != nullptr) {
+        row_stats[2 * n] = maxval;
+        row_stats[2 * n + 1] = sum;
+      }
       losses[n] = std::log(sum) + maxval - load(x[targets[n]]);
     });
   }
@@ -164,22 +182,25 @@ compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logi
 
 /// Writes (not accumulates) dlogits [N, V] for the mean loss scaled by dloss; dlogits may be
 /// logits (in place). valid is the number of tokens the mean is over: by default those of
-/// targets, else the whole batch's when these N rows are one chunk of it.
+/// targets, else the whole batch's when these N rows are one chunk of it. row_stats, when
+/// given, is what cross_entropy_forward left for these logits (the result is the same bits, in
+/// one pass over each row instead of three).
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                             std::int64_t N, std::int64_t V,
-                            compute_type_t<T> dloss = compute_type_t<T>(1),
-                            std::int64_t valid = -1) {
+                            compute_type_t<T> dloss = compute_type_t<T>(1), std::int64_t valid = -1,
+                            const compute_type_t<T>* row_stats = nullptr) {
   using A = compute_type_t<T>;
   const std::int64_t in_rows = count_valid_targets(targets, N, V);
   if (valid < 0) valid = in_rows;
   const A scale = valid > 0 ? dloss / static_cast<A>(valid) : A(0);
   if constexpr (dispatched_type<T>) {
-    const auto kernel = kernel_for<detail::CrossEntropyBackward, T*, const T*, const std::int32_t*,
-                                   std::int64_t, float, std::int64_t, std::int64_t>();
+    const auto kernel =
+        kernel_for<detail::CrossEntropyBackward, T*, const T*, const float*, const std::int32_t*,
+                   std::int64_t, float, std::int64_t, std::int64_t>();
     parallel_chunks(N, detail::cross_entropy_rows_per_chunk(V), N * V,
                     [&](std::int64_t n0, std::int64_t n1) {
-                      kernel(dlogits, logits, targets, V, scale, n0, n1);
+                      kernel(dlogits, logits, row_stats, targets, V, scale, n0, n1);
                     });
     return;
   }
@@ -191,7 +212,11 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
     }
     const T* x = logits + n * V;
     A maxval = load(x[0]);
-    for (std::int64_t v = 1; v < V; ++v) maxval = load(x[v]) > maxval ? load(x[v]) : maxval;
+    if (row_stats != nullptr) {
+      maxval = row_stats[2 * n];
+    } else {
+      for (std::int64_t v = 1; v < V; ++v) maxval = load(x[v]) > maxval ? load(x[v]) : maxval;
+    }
     // The row's exponentials: in dlogits itself for f32/f64, in a float row for half types.
     const ComputeBuffer<T> e(d, V);
     A sum = A(0);
