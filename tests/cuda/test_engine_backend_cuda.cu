@@ -279,65 +279,99 @@ TEMPLATE_TEST_CASE("CudaBackend::sum_of_squares matches the host to 1e-12, +inf 
   }
 }
 
-TEST_CASE("comm_waits_for_compute orders a comm-stream copy after a compute kernel",
-          "[cuda][engine]") {
-  // The compute kernel blocks until the host releases it, so the order is decided by the event
-  // alone, not by timing. Serialising modes would deadlock the host against the kernel.
+namespace {
+
+// A kernel on `producer` blocks until the host releases it, then writes 1..n; a copy on
+// `consumer` issued after order(backend) must wait for it and see those values, and the same
+// copy without order() (the negative control) must read the zeros from before. The order is
+// decided by the event alone, not by timing.
+template <class Order>
+void check_stream_order(CudaBackend& backend, CudaBackend::Stream& producer,
+                        CudaBackend::Stream& consumer, Order&& order, const char* what) {
+  // Serialising modes would deadlock the host against the kernel.
   const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
   if (blocking != nullptr && std::string(blocking) == "1") {
     WARN("CUDA_LAUNCH_BLOCKING=1 serialises launches: stream-ordering test skipped");
     return;
   }
-  CudaBackend backend;
   constexpr int n = 4099;
   int clock_khz = 0, device = 0;
   ZERO_CUDA_CHECK(cudaGetDevice(&device));
   ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
   const long long give_up_cycles = 20LL * 1000 * clock_khz;  // about 20 s
 
-  CudaBackend::PinnedBuffer<int> release(1, zero::CudaPinnedHost::default_alignment,
-                                         backend.compute_stream());
+  CudaBackend::PinnedBuffer<int> release(1, zero::CudaPinnedHost::default_alignment, producer);
   int* release_on_device = nullptr;
   ZERO_CUDA_CHECK(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&release_on_device), release.data(), 0));
-  CudaBackend::PinnedBuffer<float> seen(n, zero::CudaPinnedHost::default_alignment,
-                                        backend.comm_stream());
-  DeviceBuffer<float> written(n, zero::Cuda::default_alignment, backend.compute_stream());
+  CudaBackend::PinnedBuffer<float> seen(n, zero::CudaPinnedHost::default_alignment, consumer);
+  DeviceBuffer<float> written = backend.make_buffer<float>(n);
   backend.compute_stream().synchronize();
 
-  auto run = [&](bool wait) {
+  auto run = [&](bool ordered) {
     __atomic_store_n(release.data(), 0, __ATOMIC_SEQ_CST);
     // Zeroed before the run starts, so an unordered copy reads zeros, not the last run's values.
-    ZERO_CUDA_CHECK(
-        cudaMemsetAsync(written.data(), 0, written.bytes(), backend.compute_stream().native()));
-    backend.compute_stream().synchronize();
-    write_when_released<<<1, 256, 0, backend.compute_stream().native()>>>(
-        written.data(), n, release_on_device, give_up_cycles);
+    ZERO_CUDA_CHECK(cudaMemsetAsync(written.data(), 0, written.bytes(), producer.native()));
+    producer.synchronize();
+    write_when_released<<<1, 256, 0, producer.native()>>>(written.data(), n, release_on_device,
+                                                          give_up_cycles);
     ZERO_CUDA_CHECK(cudaGetLastError());
-    if (wait) backend.comm_waits_for_compute();
+    if (ordered) order(backend);
     ZERO_CUDA_CHECK(cudaMemcpyAsync(seen.data(), written.data(), written.bytes(),
-                                    cudaMemcpyDeviceToHost, backend.comm_stream().native()));
-    if (wait) {
+                                    cudaMemcpyDeviceToHost, consumer.native()));
+    if (ordered) {
       // The copy cannot have run: the kernel it waits for is still blocked.
-      CHECK(cudaStreamQuery(backend.comm_stream().native()) == cudaErrorNotReady);
+      CHECK(cudaStreamQuery(consumer.native()) == cudaErrorNotReady);
       __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
-      backend.comm_stream().synchronize();
+      consumer.synchronize();
     } else {
-      backend.comm_stream().synchronize();  // nothing orders it after the blocked kernel
+      consumer.synchronize();  // nothing orders it after the blocked kernel
       __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
     }
-    backend.compute_stream().synchronize();
+    producer.synchronize();
     return std::vector<float>(seen.data(), seen.data() + n);
   };
 
-  const std::vector<float> ordered = run(true);
+  INFO(what);
   std::vector<float> want(n);
   for (int i = 0; i < n; ++i) want[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);
-  check_same_bits(ordered, want, "copy on comm after comm_waits_for_compute");
+  check_same_bits(run(true), want, "the copy ordered after the kernel");
+  check_same_bits(run(false), std::vector<float>(n, 0.0f), "the copy without the event");
+}
 
-  // Negative control: without the event the copy reads the buffer before the kernel writes it.
-  const std::vector<float> unordered = run(false);
-  check_same_bits(unordered, std::vector<float>(n, 0.0f), "copy on comm without the event");
+}  // namespace
+
+TEST_CASE("comm_waits_for_compute orders a comm-stream copy after a compute kernel",
+          "[cuda][engine]") {
+  CudaBackend backend;
+  check_stream_order(
+      backend, backend.compute_stream(), backend.comm_stream(),
+      [](CudaBackend& b) { b.comm_waits_for_compute(); }, "comm waits for compute");
+}
+
+TEST_CASE("compute_waits_for_comm orders a compute-stream copy after a comm kernel",
+          "[cuda][engine]") {
+  // What a gather or a reduction on the comm stream writes, the units and the optimizer read on
+  // the compute stream.
+  CudaBackend backend;
+  check_stream_order(
+      backend, backend.comm_stream(), backend.compute_stream(),
+      [](CudaBackend& b) { b.compute_waits_for_comm(); }, "compute waits for comm");
+}
+
+TEST_CASE("CudaBackend::make_buffer: zeroed pool memory ordered on the compute stream",
+          "[cuda][engine]") {
+  CudaBackend backend;
+  DeviceBuffer<float> b = backend.make_buffer<float>(5000);
+  CHECK(&b.stream() == &backend.compute_stream());
+  cudaPointerAttributes attributes{};
+  ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, b.data()));
+  CHECK(attributes.type == cudaMemoryTypeDevice);
+  std::vector<float> host(5000, 1.0f);
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(host.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost,
+                                  backend.compute_stream().native()));
+  backend.compute_stream().synchronize();
+  check_same_bits(host, std::vector<float>(5000, 0.0f), "make_buffer zero-fills");
 }
 
 TEST_CASE("CudaBackend buffers: pool memory on the compute stream, page-locked host memory",

@@ -169,12 +169,49 @@ TEST_CASE("two orders of the policy tags train identically", "[unit][engine]") {
 // A device tag whose backend is the host's with every kernel a member (not static), counting its
 // calls: an engine that called a kernel through the type (Backend::accumulate) would not compile,
 // and one that skipped the backend would leave a count at zero. A device backend (CudaBackend)
-// needs the object: its kernels run on its streams.
+// needs the object: its kernels run on its streams, and its buffers are made on its compute
+// stream. So this backend's DeviceBuffer can only be made by its make_buffer: an engine that
+// constructed one by size (on the default stream) would not compile either.
 struct RecordingDevice {};
 
+struct RecordingBackend;
+
+// Host memory that only RecordingBackend::make_buffer can allocate.
+template <class E>
+class RecordedBuffer : public Buffer<E, Host> {
+ public:
+  RecordedBuffer() = default;
+
+ private:
+  friend struct RecordingBackend;
+  explicit RecordedBuffer(std::size_t n) : Buffer<E, Host>(n) {}
+};
+
 struct RecordingBackend : engine::HostBackend {
-  enum Kernel { accumulate_k, convert_k, scale_k, clear_k, squares_k, comm_waits_k, kernels_n };
+  template <class E>
+  using DeviceBuffer = RecordedBuffer<E>;
+  enum Kernel {
+    accumulate_k,
+    convert_k,
+    scale_k,
+    clear_k,
+    squares_k,
+    comm_waits_k,
+    compute_waits_k,
+    buffers_k,
+    kernels_n
+  };
   static inline std::atomic<int> calls[kernels_n] = {};
+
+  template <class E>
+  DeviceBuffer<E> make_buffer(std::size_t n) {
+    ++calls[buffers_k];
+    return DeviceBuffer<E>(n);
+  }
+  void compute_waits_for_comm() {
+    ++calls[compute_waits_k];
+    HostBackend::compute_waits_for_comm();
+  }
 
   template <class A, class G>
   void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0) {
@@ -231,6 +268,7 @@ std::vector<std::vector<float>> train_bf16(LocalComm& comm) {
     }
     eng.step();
   }
+  eng.synchronize();  // the gathers the last update started
   std::vector<std::vector<float>> out;
   for (int u = 0; u < eng.num_units(); ++u) out.push_back(eng.gather_unit_values(u));
   return out;
@@ -254,9 +292,23 @@ void check_recording_backend() {
   CHECK(RecordingBackend::calls[RecordingBackend::clear_k] > 0);
   CHECK(RecordingBackend::calls[RecordingBackend::squares_k] > 0);
   CHECK(RecordingBackend::calls[RecordingBackend::comm_waits_k] > 0);
+  // Every buffer came from make_buffer (the type allows nothing else), and every gather and
+  // reduction, ordered after compute when it started, has compute ordered after it once waited
+  // for (on both ranks; synchronize waited for the last update's gathers).
+  CHECK(RecordingBackend::calls[RecordingBackend::buffers_k] > 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::compute_waits_k] ==
+        RecordingBackend::calls[RecordingBackend::comm_waits_k]);
 }
 
 }  // namespace
+
+TEST_CASE("HostBackend::make_buffer: zeroed, ordered on the compute stream", "[unit][engine]") {
+  engine::HostBackend backend;
+  auto b = backend.make_buffer<float>(1000);
+  CHECK(&b.stream() == &backend.compute_stream());
+  CHECK(b.size() == 1000);
+  CHECK(std::all_of(b.data(), b.data() + b.size(), [](float x) { return x == 0.0f; }));
+}
 
 TEST_CASE("the engine calls its backend's kernels on the backend object", "[unit][engine]") {
   check_recording_backend<1>();

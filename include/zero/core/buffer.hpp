@@ -57,6 +57,9 @@ class Buffer {
   }
   ~Buffer() { release(); }
 
+  /// The stream the allocation, the zero-fill and the free are ordered on.
+  Stream& stream() const { return *stream_; }
+
   T* data() { return data_; }
   const T* data() const { return data_; }
   std::size_t size() const { return count_; }

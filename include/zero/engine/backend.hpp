@@ -44,11 +44,24 @@ struct HostBackend {
   Stream& compute_stream() { return compute_; }
   /// The stream collectives run on.
   Stream& comm_stream() { return comm_; }
+  /// A zeroed buffer of n elements for the units and the flow, ordered on the compute stream
+  /// (every buffer the engine holds is made here, never by DeviceBuffer's own constructor).
+  template <class E>
+  DeviceBuffer<E> make_buffer(std::size_t n) {
+    return DeviceBuffer<E>(n, Host::default_alignment, compute_);
+  }
   /// Makes work issued next on the communication stream wait for the compute issued so far (a
   /// reduction must not read a gradient the backward is still writing). Synchronous here.
   void comm_waits_for_compute() {
     Event e;
     e.record(compute_);
+  }
+  /// Makes compute issued next wait for the collectives issued so far, once their Work has
+  /// completed on the host (a unit must not read parameters a gather is still writing, nor the
+  /// optimizer a shard a reduction is still writing). Synchronous here.
+  void compute_waits_for_comm() {
+    Event e;
+    e.record(comm_);
   }
 
   /// acc[i] += factor * g[i], in acc's type (the product rounded once).

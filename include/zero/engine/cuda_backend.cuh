@@ -138,6 +138,19 @@ class CudaBackend {
     compute_done_.record(*compute_);
     compute_done_.wait_on(*comm_);
   }
+  /// Makes compute issued next wait for the collectives issued on the communication stream so
+  /// far (a unit reads the parameters a gather wrote, the optimizer the shard a reduction wrote):
+  /// an event recorded on comm and waited for on compute, on the device.
+  void compute_waits_for_comm() {
+    comm_done_.record(*comm_);
+    comm_done_.wait_on(*compute_);
+  }
+  /// A zeroed device buffer of n elements from the pool, allocated, filled and (when dropped)
+  /// freed in the compute stream's order. Such buffers must be destroyed before the backend.
+  template <class E>
+  DeviceBuffer<E> make_buffer(std::size_t n) {
+    return DeviceBuffer<E>(n, Cuda::default_alignment, *compute_);
+  }
 
   /// acc[i] += factor * g[i], in acc's type (the product rounded once), on the compute stream.
   template <class A, class G>
@@ -235,6 +248,7 @@ class CudaBackend {
   std::unique_ptr<Stream> compute_ = std::make_unique<Stream>();
   std::unique_ptr<Stream> comm_ = std::make_unique<Stream>();
   Event compute_done_;
+  Event comm_done_;
   bool pageable_access_ = false;
 };
 

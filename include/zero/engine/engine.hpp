@@ -602,7 +602,7 @@ class Engine {
           stage_traits::holds_whole_params || p.numel() <= options_.persistence_threshold;
       if constexpr (requires { model_.unit_is_replica(u); }) s.replica = model_.unit_is_replica(u);
       for (const BufferPlan& b : plan_) {
-        if (b.lifetime == Lifetime::at_rest) s.allocate(b);
+        if (b.lifetime == Lifetime::at_rest) s.allocate(b, backend_);
       }
       s.initialise_master(!stage_traits::shards_optimizer_states, rank, options_.seed);
       if (!optimizer_spec_.type.empty()) {

@@ -87,7 +87,7 @@ class UnitExchange {
     Unit& s = unit(u);
     if (s.gathering) return;
     const bool fresh = !s.params;
-    if (fresh) s.params.emplace(s.numel(Extent::whole));
+    if (fresh) s.params.emplace(backend_.template make_buffer<T>(s.numel(Extent::whole)));
     const std::span<const T> source = gather_source(u);
     // The source may have just been rounded from the master on the compute stream.
     backend_.comm_waits_for_compute();
@@ -123,7 +123,7 @@ class UnitExchange {
       if (!s.params) start_gather(v);
       finish_gather(v);
       if (with_grads && !s.grads) {
-        s.grads.emplace(s.numel(Extent::whole));
+        s.grads.emplace(backend_.template make_buffer<T>(s.numel(Extent::whole)));
         bind(v);
       }
     };
@@ -311,7 +311,7 @@ class UnitExchange {
         return b;
       }
     }
-    return DeviceBuffer<T>(n);
+    return backend_.template make_buffer<T>(n);
   }
   // Waits for work, adding the op, the unit and the step to a communication failure.
   void wait(parallel::Work& work, const char* op, int u) {
@@ -321,6 +321,9 @@ class UnitExchange {
                                           : profile::StepTimers::Scope(nullptr);
     try {
       work.wait();
+      // What the collective wrote is read next by the units or the optimizer on the compute
+      // stream.
+      backend_.compute_waits_for_comm();
     } catch (const CommError& e) {
       const auto& specs = unit(u).specs;
       raise<CommError>("Engine rank ", unit(u).group->rank(), ": ", op, " of unit ", u,

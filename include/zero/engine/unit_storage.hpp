@@ -168,27 +168,27 @@ struct UnitState {
     return static_cast<std::size_t>(e == Extent::whole ? partition->padded_numel()
                                                        : partition->shard_numel());
   }
-  /// Allocates the buffer b describes (at-rest buffers, at setup).
-  void allocate(const BufferPlan& b) {
+  /// Allocates the buffer b describes from backend (at-rest buffers, at setup).
+  void allocate(const BufferPlan& b, Backend& backend) {
     const std::size_t n = numel(b.extent);
     switch (b.role) {
       case BufferRole::master:
-        master = DeviceBuffer<MasterT>(n);
+        master = backend.template make_buffer<MasterT>(n);
         break;
       case BufferRole::optimizer_states:
         break;  // the optimizer allocates its own
       case BufferRole::grad_shard:
-        grad_shard = DeviceBuffer<MasterT>(n);
+        grad_shard = backend.template make_buffer<MasterT>(n);
         break;
       case BufferRole::grad_accumulator:
-        grad_accumulator = DeviceBuffer<MasterT>(n);
+        grad_accumulator = backend.template make_buffer<MasterT>(n);
         break;
       case BufferRole::params:
-        params.emplace(n);
+        params.emplace(backend.template make_buffer<T>(n));
         params_hold_master = b.holds_master;
         break;
       case BufferRole::grads:
-        grads.emplace(n);
+        grads.emplace(backend.template make_buffer<T>(n));
         break;
     }
   }
