@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -357,6 +358,17 @@ TEST_CASE("compute_waits_for_comm orders a compute-stream copy after a comm kern
   check_stream_order(
       backend, backend.comm_stream(), backend.compute_stream(),
       [](CudaBackend& b) { b.compute_waits_for_comm(); }, "compute waits for comm");
+}
+
+TEST_CASE("CudaBackend::free_device_bytes reports the device's free memory, and a buffer takes it",
+          "[cuda][engine]") {
+  CudaBackend backend;
+  std::size_t free = 0, total = 0;
+  ZERO_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const std::optional<std::size_t> reported = backend.free_device_bytes();
+  REQUIRE(reported.has_value());
+  CHECK(*reported > 0);
+  CHECK(*reported <= total);
 }
 
 TEST_CASE("CudaBackend::make_buffer: zeroed pool memory ordered on the compute stream",

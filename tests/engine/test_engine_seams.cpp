@@ -302,6 +302,76 @@ void check_recording_backend() {
 
 }  // namespace
 
+// A device tag whose backend reports a set amount of free device memory (the host's reports none).
+struct SmallDevice {};
+struct SmallDeviceBackend : engine::HostBackend {
+  static inline std::atomic<std::size_t> free_bytes = 0;
+  std::optional<std::size_t> free_device_bytes() const { return free_bytes.load(); }
+};
+template <>
+struct zero::engine::backend_for<SmallDevice> {
+  using type = SmallDeviceBackend;
+};
+
+namespace {
+
+// Builds a bf16 GPT engine at stage S on Compute<SmallDevice> on each of 2 ranks: each rank's
+// error message, empty where construction succeeded.
+template <int S>
+std::vector<std::string> build_on_small_device() {
+  return per_rank<std::string>(2, [](LocalComm& comm) -> std::string {
+    nn::GPT<bf16> model(tiny());
+    Config config = adamw_config(S, 1, 1.0);
+    config.bf16_enabled = true;
+    try {
+      engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>, Compute<SmallDevice>> eng(
+          model, comm, config);
+      return "";
+    } catch (const OutOfMemoryError& e) {
+      return e.what();
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("too little device memory for the layout: OutOfMemoryError before allocating",
+          "[unit][engine]") {
+  nn::GPT<bf16> sizing(tiny());
+  // The estimator's figures for this model in bf16 with Adam over 2 ranks: at stage 3 every unit
+  // may be gathered at once (the default prefetch budget covers this small model).
+  engine::MemoryEstimateInput in;
+  for (int u = 0; u < sizing.num_units(); ++u) {
+    std::int64_t n = 0;
+    for (const auto& spec : sizing.unit_params(u)) n += spec.shape.numel();
+    in.params += n;
+    in.largest_unit_params = std::max(in.largest_unit_params, n);
+  }
+  in.gpus_per_node = 2;
+  in.live_units = sizing.num_units();
+  const double stage3 = engine::estimate_model_states(in).device_peak();
+  in.stage = 0;
+  in.live_units = 1;
+  const double stage0 = engine::estimate_model_states(in).device_peak();
+  REQUIRE(stage3 < stage0);
+  // Far too little: every rank says what the layout needs, what is free, and what to change.
+  SmallDeviceBackend::free_bytes = 4096;
+  for (const std::string& message : build_on_small_device<3>()) {
+    INFO(message);
+    CHECK(message.find("of device memory") != std::string::npos);
+    CHECK(message.find("ZeRO stage 3 over 2 ranks") != std::string::npos);
+    CHECK(message.find("0.00 MiB free") != std::string::npos);
+    CHECK(message.find("Offload<CPU>") != std::string::npos);
+  }
+  // Enough for stage 3 but not for stage 0 (every rank then holds the whole model's states).
+  SmallDeviceBackend::free_bytes = static_cast<std::size_t>((stage3 + stage0) / 2);
+  for (const std::string& message : build_on_small_device<3>()) CHECK(message.empty());
+  for (const std::string& message : build_on_small_device<0>()) {
+    INFO(message);
+    CHECK(message.find("ZeRO stage 0 over 2 ranks") != std::string::npos);
+  }
+}
+
 TEST_CASE("HostBackend::make_buffer: zeroed, ordered on the compute stream", "[unit][engine]") {
   engine::HostBackend backend;
   auto b = backend.make_buffer<float>(1000);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <span>
 #include <type_traits>
 
@@ -44,6 +45,10 @@ struct HostBackend {
   Stream& compute_stream() { return compute_; }
   /// The stream collectives run on.
   Stream& comm_stream() { return comm_; }
+  /// Bytes the compute device has free for the engine, checked against the layout's figure before
+  /// the engine allocates; none here (host memory is the operating system's to give, and it may
+  /// swap rather than fail).
+  std::optional<std::size_t> free_device_bytes() const { return std::nullopt; }
   /// A zeroed buffer of n elements for the units and the flow, ordered on the compute stream
   /// (every buffer the engine holds is made here, never by DeviceBuffer's own constructor).
   template <class E>

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 
@@ -144,6 +145,13 @@ class CudaBackend {
   void compute_waits_for_comm() {
     comm_done_.record(*comm_);
     comm_done_.wait_on(*compute_);
+  }
+  /// Bytes free on the device now (cudaMemGetInfo), which the engine checks its layout's figure
+  /// against before allocating.
+  std::optional<std::size_t> free_device_bytes() const {
+    std::size_t free = 0, total = 0;
+    ZERO_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
   }
   /// A zeroed device buffer of n elements from the pool, allocated, filled and (when dropped)
   /// freed in the compute stream's order. Such buffers must be destroyed before the backend.

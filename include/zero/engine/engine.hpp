@@ -48,6 +48,7 @@
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/engine_policies.hpp>
 #include <zero/engine/engine_state.hpp>
+#include <zero/engine/memory_estimator.hpp>
 #include <zero/engine/memory_report.hpp>
 #include <zero/engine/micro_step.hpp>
 #include <zero/engine/nvme_state_store.hpp>
@@ -58,6 +59,7 @@
 #include <zero/engine/unit_storage.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/model.hpp>
+#include <zero/offload/preflight.hpp>
 #include <zero/profile/step_timers.hpp>
 
 namespace zero::engine {
@@ -592,15 +594,19 @@ class Engine {
       bool expert = false;
       if constexpr (nn::HasExpertUnits<M>) expert = model_.unit_is_expert(u);
       s.group = &groups_.shard_group(expert);
-      const int world = s.group->size(), rank = s.group->rank();
       // Averaged over its group, a gradient is divided by the whole data-parallel size.
-      s.grad_scale = static_cast<double>(world) / static_cast<double>(comm_.size());
-      s.partition.emplace(s.specs, world, options_.shard_alignment);
-      const UnitPartition& p = *s.partition;
+      s.grad_scale = static_cast<double>(s.group->size()) / static_cast<double>(comm_.size());
+      s.partition.emplace(s.specs, s.group->size(), options_.shard_alignment);
       for (int used : model_.unit_uses(u)) unit(used).pinned = true;
-      s.persistent =
-          stage_traits::holds_whole_params || p.numel() <= options_.persistence_threshold;
+      s.persistent = stage_traits::holds_whole_params ||
+                     s.partition->numel() <= options_.persistence_threshold;
       if constexpr (requires { model_.unit_is_replica(u); }) s.replica = model_.unit_is_replica(u);
+    }
+    check_device_memory();  // before the first allocation
+    for (int u = 0; u < n; ++u) {
+      Unit& s = unit(u);
+      const int rank = s.group->rank();
+      const UnitPartition& p = *s.partition;
       for (const BufferPlan& b : plan_) {
         if (b.lifetime == Lifetime::at_rest) s.allocate(b, backend_);
       }
@@ -618,6 +624,41 @@ class Engine {
     exchange_.set_timers(&timers_);
     for (int u = 0; u < n; ++u) exchange_.bind(u);
     synchronize();  // construction ends with every rank's parameters in place
+  }
+
+  // Throws OutOfMemoryError, before anything is allocated, when the backend reports less free
+  // device memory than this layout's model states need on a rank: the memory estimator's figure
+  // (memory_estimator.hpp) for these units, this stage, precision, optimizer and world, at rest
+  // plus the units gathered at once. Backends that report nothing (the host) are not checked.
+  void check_device_memory() {
+    const std::optional<std::size_t> free = backend_.free_device_bytes();
+    if (!free) return;
+    MemoryEstimateInput in;
+    for (const Unit& s : units_) {
+      in.params += s.partition->numel();
+      in.largest_unit_params = std::max(in.largest_unit_params, s.partition->numel());
+    }
+    if (in.params == 0) return;
+    in.gpus_per_node = comm_.size();
+    in.stage = stage;
+    in.precision = dtype_of<T>;
+    in.optimizer_state_bytes = optimizer_state_bytes(optimizer_spec_);
+    in.offload_optimizer = offload_device_of<typename policies::offload>;
+    if constexpr (stage == 3) {  // the unit running and the ones the prefetch budget gathers
+      in.live_units = 1 + static_cast<int>(std::min<std::int64_t>(
+                              static_cast<std::int64_t>(units_.size()) - 1,
+                              options_.prefetch_elems / in.largest_unit_params));
+    }
+    const MemoryEstimate e = estimate_model_states(in);
+    const auto bytes = [](double b) { return offload::human_bytes(static_cast<std::uint64_t>(b)); };
+    expect<OutOfMemoryError>(
+        e.device_peak() <= static_cast<double>(*free), "Engine rank ", comm_.rank(),
+        ": the model states need ", bytes(e.device_peak()), " of device memory (", in.params,
+        " parameters at ZeRO stage ", stage, " over ", comm_.size(),
+        " ranks: ", bytes(e.device_at_rest), " at rest + ", bytes(e.device_working),
+        " for the units gathered at once; the memory estimator's figure) but the device has ",
+        bytes(static_cast<double>(*free)),
+        " free; use a higher ZeRO stage, more ranks, Offload<CPU> or a smaller model");
   }
 
   // ---- forward and backward ------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <zero/config/config.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/engine/unit_storage.hpp>
@@ -55,6 +56,17 @@ struct MemoryEstimate {
   /// Device peak: at rest plus the working buffers.
   double device_peak() const { return device_at_rest + device_working; }
 };
+
+/// Optimizer-state bytes per parameter of an optimizer given by its config section (type and
+/// parameters): Adam, AdamW and LAMB keep two fp32 states, SGD one with momentum and none
+/// without, the others (Lion, RMSprop, Adagrad) one.
+inline int optimizer_state_bytes(const NamedParams& optimizer) {
+  const std::string& t = optimizer.type;
+  if (t.empty()) return 0;
+  if (t == "Adam" || t == "AdamW" || t == "LAMB") return 8;
+  if (t == "SGD") return optimizer.get("momentum", 0.0) != 0.0 ? 4 : 0;
+  return 4;
+}
 
 /// zero's model-state memory per rank (see the formulas at the top).
 inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {

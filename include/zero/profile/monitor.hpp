@@ -34,11 +34,7 @@ namespace zero::profile {
 
 /// Optimizer-state bytes per parameter of the config's optimizer, for the memory estimate.
 inline int optimizer_state_bytes(const Config& cfg) {
-  if (!cfg.optimizer) return 0;
-  const std::string& t = cfg.optimizer->type;
-  if (t == "Adam" || t == "AdamW" || t == "LAMB") return 8;
-  if (t == "SGD") return cfg.optimizer->get("momentum", 0.0) != 0.0 ? 4 : 0;
-  return 4;  // Lion, RMSprop, Adagrad: one state
+  return cfg.optimizer ? engine::optimizer_state_bytes(*cfg.optimizer) : 0;
 }
 
 /// Drives the observability sections of a config (see the file comment).
