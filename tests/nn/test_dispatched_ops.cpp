@@ -13,10 +13,6 @@
 
 #include <catch2/catch.hpp>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 #include <zero/core/arena.hpp>
 #include <zero/nn/gpt_config.hpp>
 #include <zero/nn/hand_written_gpt.hpp>
@@ -33,11 +29,13 @@
 #include <zero/ops/cpu/rms_norm.hpp>
 #include <zero/ops/cpu/vector_math.hpp>
 #include "gradcheck.hpp"
+#include "thread_count.hpp"
 
 using namespace zero::ops::cpu;
 using zero::bf16;
 using zero::f16;
 using zero::testing::random_vector;
+using zero::testing::with_threads;
 
 namespace {
 
@@ -163,20 +161,6 @@ struct Bytes {
   }
   bool operator==(const Bytes&) const = default;
 };
-
-// run() at threads OpenMP threads (the thread count is restored).
-template <class Fn>
-Bytes with_threads([[maybe_unused]] int threads, Fn&& run) {
-#if defined(_OPENMP)
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  Bytes out = run();
-  omp_set_num_threads(saved);
-  return out;
-#else
-  return run();
-#endif
-}
 
 // Every vector ISA gives the scalar path's bytes, and 1 and 2 threads give the same bytes on
 // every path.

@@ -1,15 +1,14 @@
 // Host kernels: every backward pass against central finite differences of its forward pass in
 // f64, plus edge cases (T = 1, non-power-of-two heads and lengths, ignored targets).
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 #include <catch2/catch.hpp>
 
@@ -22,12 +21,49 @@
 #include <zero/ops/cpu/layer_norm.hpp>
 #include <zero/ops/cpu/linear.hpp>
 #include "gradcheck.hpp"
+#include "thread_count.hpp"
 
 using namespace zero::ops::cpu;
 using zero::testing::max_gradient_error;
 using zero::testing::random_vector;
 using zero::testing::weighted_sum;
+using zero::testing::with_threads;
 using Vec = std::vector<double>;
+
+namespace {
+
+// The padded GEMM cases of the gemm tests: row tiles (600 rows: two), column tiles (700
+// columns: two, M < N), K = 0 and one small tile, each with the four transposes; every row of A,
+// B and C padded by 3 elements.
+struct GemmCase {
+  std::int64_t M, N, K;
+  Trans ta, tb;
+  std::int64_t lda, ldb, ldc;
+  std::int64_t a_elems() const { return (ta == Trans::no ? M : K) * lda; }
+  std::int64_t b_elems() const { return (tb == Trans::no ? K : N) * ldb; }
+};
+
+std::ostream& operator<<(std::ostream& os, const GemmCase& g) {
+  return os << "M " << g.M << " N " << g.N << " K " << g.K << " ta " << (g.ta == Trans::yes)
+            << " tb " << (g.tb == Trans::yes);
+}
+
+std::vector<GemmCase> padded_gemm_cases() {
+  std::vector<GemmCase> cases;
+  const std::int64_t pad = 3;
+  for (const auto [M, N, K] :
+       {std::array<std::int64_t, 3>{600, 72, 130}, {40, 700, 33}, {17, 9, 0}, {5, 3, 7}}) {
+    for (Trans ta : {Trans::no, Trans::yes}) {
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        cases.push_back({M, N, K, ta, tb, (ta == Trans::no ? K : M) + pad,
+                         (tb == Trans::no ? N : K) + pad, N + pad});
+      }
+    }
+  }
+  return cases;
+}
+
+}  // namespace
 
 TEST_CASE("gemm agrees with the loop reference for every transpose", "[unit][ops]") {
   const std::int64_t M = 7, N = 5, K = 9;
@@ -87,11 +123,12 @@ TEST_CASE(
               b64 = random_vector(std::int64_t{K} * N, 5);
     const std::vector<float> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
     auto run = [&](int threads, int ldc) {
-      const int saved = omp_get_max_threads();
-      omp_set_num_threads(threads);
-      std::vector<float> c(static_cast<std::size_t>(M * ldc));
-      onednn_gemm<float>(true, false, M, N, K, 1.0f, a.data(), M, b.data(), N, 0.0f, c.data(), ldc);
-      omp_set_num_threads(saved);
+      const std::vector<float> c = with_threads(threads, [&] {
+        std::vector<float> out(static_cast<std::size_t>(M * ldc));
+        onednn_gemm<float>(true, false, M, N, K, 1.0f, a.data(), M, b.data(), N, 0.0f, out.data(),
+                           ldc);
+        return out;
+      });
       std::vector<float> packed;
       for (int m = 0; m < M; ++m) {
         packed.insert(packed.end(), c.begin() + m * ldc, c.begin() + m * ldc + N);
@@ -102,72 +139,52 @@ TEST_CASE(
     CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
   }
 #endif
-  struct Shape {
-    std::int64_t M, N, K;
-  };
-  // Row tiles (600 rows: two), column tiles (700 columns: two, M < N), K = 0, a single tile.
-  for (const Shape s : {Shape{600, 72, 130}, Shape{40, 700, 33}, Shape{17, 9, 0}, Shape{5, 3, 7}}) {
-    for (Trans ta : {Trans::no, Trans::yes}) {
-      for (Trans tb : {Trans::no, Trans::yes}) {
-        for (const float beta : {0.0f, 1.0f, 0.5f}) {
-          const std::int64_t pad = 3;
-          const std::int64_t lda = (ta == Trans::no ? s.K : s.M) + pad;
-          const std::int64_t ldb = (tb == Trans::no ? s.N : s.K) + pad;
-          const std::int64_t ldc = s.N + pad;
-          const Vec a64 = random_vector((ta == Trans::no ? s.M : s.K) * lda, 1);
-          const Vec b64 = random_vector((tb == Trans::no ? s.K : s.N) * ldb, 2);
-          const Vec c64 = random_vector(s.M * ldc, 3);
-          const std::vector<float> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
-          std::vector<float> c0(c64.begin(), c64.end());
-          // beta 0: C holds NaN, which must not reach the result.
-          if (beta == 0.0f) c0.assign(c0.size(), std::numeric_limits<float>::quiet_NaN());
-          auto run = [&](int threads) {
-#if defined(_OPENMP)
-            const int saved = omp_get_max_threads();
-            omp_set_num_threads(threads);
-#endif
-            (void)threads;
-            std::vector<float> c = c0;
-            gemm<float>(ta, tb, s.M, s.N, s.K, 0.75f, a.data(), lda, b.data(), ldb, beta, c.data(),
-                        ldc);
-#if defined(_OPENMP)
-            omp_set_num_threads(saved);
-#endif
-            return c;
-          };
-          const std::vector<float> one = run(1), two = run(2);
-          INFO("M " << s.M << " N " << s.N << " K " << s.K << " ta " << (ta == Trans::yes) << " tb "
-                    << (tb == Trans::yes) << " beta " << beta);
-          CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
-          double worst = 0;  // error over the bound K eps sum |a b| + eps |beta c|, at most 1
-          for (std::int64_t m = 0; m < s.M; ++m) {
-            for (std::int64_t n = 0; n < s.N; ++n) {
-              double sum = 0, magnitude = 0;
-              for (std::int64_t k = 0; k < s.K; ++k) {
-                const double x =
-                    a[static_cast<std::size_t>(ta == Trans::no ? m * lda + k : k * lda + m)];
-                const double y =
-                    b[static_cast<std::size_t>(tb == Trans::no ? k * ldb + n : n * ldb + k)];
-                sum += x * y;
-                magnitude += std::fabs(x * y);
-              }
-              const double c_in = beta == 0.0f ? 0.0 : c0[static_cast<std::size_t>(m * ldc + n)];
-              const double want = 0.75 * sum + beta * c_in;
-              const double eps = std::numeric_limits<float>::epsilon();
-              const double bound = (static_cast<double>(s.K) + 2) * eps * magnitude +
-                                   2 * eps * std::fabs(beta * c_in) + 1e-30;
-              const double got = one[static_cast<std::size_t>(m * ldc + n)];
-              worst = std::max(worst, std::isfinite(got) ? std::fabs(got - want) / bound : 1e30);
-            }
+  for (const GemmCase& g : padded_gemm_cases()) {
+    for (const float beta : {0.0f, 1.0f, 0.5f}) {
+      const Vec a64 = random_vector(g.a_elems(), 1), b64 = random_vector(g.b_elems(), 2);
+      const Vec c64 = random_vector(g.M * g.ldc, 3);
+      const std::vector<float> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
+      std::vector<float> c0(c64.begin(), c64.end());
+      // beta 0: C holds NaN, which must not reach the result.
+      if (beta == 0.0f) c0.assign(c0.size(), std::numeric_limits<float>::quiet_NaN());
+      auto run = [&](int threads) {
+        return with_threads(threads, [&] {
+          std::vector<float> c = c0;
+          gemm<float>(g.ta, g.tb, g.M, g.N, g.K, 0.75f, a.data(), g.lda, b.data(), g.ldb, beta,
+                      c.data(), g.ldc);
+          return c;
+        });
+      };
+      const std::vector<float> one = run(1), two = run(2);
+      INFO(g << " beta " << beta);
+      CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+      double worst = 0;  // error over the bound K eps sum |a b| + eps |beta c|, at most 1
+      for (std::int64_t m = 0; m < g.M; ++m) {
+        for (std::int64_t n = 0; n < g.N; ++n) {
+          double sum = 0, magnitude = 0;
+          for (std::int64_t k = 0; k < g.K; ++k) {
+            const double x =
+                a[static_cast<std::size_t>(g.ta == Trans::no ? m * g.lda + k : k * g.lda + m)];
+            const double y =
+                b[static_cast<std::size_t>(g.tb == Trans::no ? k * g.ldb + n : n * g.ldb + k)];
+            sum += x * y;
+            magnitude += std::fabs(x * y);
           }
-          CHECK(worst <= 1.0);
-          // The padding between rows of C is never written.
-          for (std::int64_t m = 0; m < s.M; ++m) {
-            for (std::int64_t n = s.N; n < ldc; ++n) {
-              const auto i = static_cast<std::size_t>(m * ldc + n);
-              CHECK(std::memcmp(&one[i], &c0[i], sizeof(float)) == 0);
-            }
-          }
+          const double c_in = beta == 0.0f ? 0.0 : c0[static_cast<std::size_t>(m * g.ldc + n)];
+          const double want = 0.75 * sum + beta * c_in;
+          const double eps = std::numeric_limits<float>::epsilon();
+          const double bound = (static_cast<double>(g.K) + 2) * eps * magnitude +
+                               2 * eps * std::fabs(beta * c_in) + 1e-30;
+          const double got = one[static_cast<std::size_t>(m * g.ldc + n)];
+          worst = std::max(worst, std::isfinite(got) ? std::fabs(got - want) / bound : 1e30);
+        }
+      }
+      CHECK(worst <= 1.0);
+      // The padding between rows of C is never written.
+      for (std::int64_t m = 0; m < g.M; ++m) {
+        for (std::int64_t n = g.N; n < g.ldc; ++n) {
+          const auto i = static_cast<std::size_t>(m * g.ldc + n);
+          CHECK(std::memcmp(&one[i], &c0[i], sizeof(float)) == 0);
         }
       }
     }
@@ -184,63 +201,44 @@ TEST_CASE(
 #else
   CHECK_FALSE(onednn_gemm_bias_usable());
 #endif
-  struct Shape {
-    std::int64_t M, N, K;
-  };
-  // Row tiles, column tiles (the bias offset per tile), K = 0 (C = the bias), one small tile.
-  for (const Shape s : {Shape{600, 72, 130}, Shape{40, 700, 33}, Shape{17, 9, 0}, Shape{5, 3, 7}}) {
-    for (Trans ta : {Trans::no, Trans::yes}) {
-      for (Trans tb : {Trans::no, Trans::yes}) {
-        const std::int64_t pad = 3;
-        const std::int64_t lda = (ta == Trans::no ? s.K : s.M) + pad;
-        const std::int64_t ldb = (tb == Trans::no ? s.N : s.K) + pad;
-        const std::int64_t ldc = s.N + pad;
-        const Vec a64 = random_vector((ta == Trans::no ? s.M : s.K) * lda, 11);
-        const Vec b64 = random_vector((tb == Trans::no ? s.K : s.N) * ldb, 12);
-        const Vec bias64 = random_vector(s.N, 13);
-        INFO("M " << s.M << " N " << s.N << " K " << s.K << " ta " << (ta == Trans::yes) << " tb "
-                  << (tb == Trans::yes));
-        auto check = [&]<class T>(T) {
-          const std::vector<T> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
-          const std::vector<T> bias(bias64.begin(), bias64.end());
-          // C starts as NaN: the fused paths must not read it; the padding must stay NaN.
-          const std::vector<T> c0(static_cast<std::size_t>(s.M * ldc),
-                                  T(std::numeric_limits<float>::quiet_NaN()));
-          auto fused = [&](int threads) {
-#if defined(_OPENMP)
-            const int saved = omp_get_max_threads();
-            omp_set_num_threads(threads);
-#endif
-            (void)threads;
-            std::vector<T> c = c0;
-            gemm_bias<T>(ta, tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, bias.data(), c.data(),
-                         ldc);
-#if defined(_OPENMP)
-            omp_set_num_threads(saved);
-#endif
-            return c;
-          };
-          std::vector<T> want = c0;
-          for (std::int64_t m = 0; m < s.M; ++m) {
-            std::copy(bias.begin(), bias.end(), want.begin() + m * ldc);
-          }
-          gemm<T>(ta, tb, s.M, s.N, s.K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(),
-                  ldc);
-          const std::vector<T> one = fused(1), two = fused(2);
-          CHECK(std::memcmp(one.data(), want.data(), one.size() * sizeof(T)) == 0);
-          CHECK(std::memcmp(two.data(), want.data(), two.size() * sizeof(T)) == 0);
-          // Without a bias: C = op(A) op(B), the bits of gemm with beta 0.
-          std::vector<T> plain = c0, plain_want = c0;
-          gemm_bias<T>(ta, tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, nullptr, plain.data(),
-                       ldc);
-          gemm<T>(ta, tb, s.M, s.N, s.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
-                  plain_want.data(), ldc);
-          CHECK(std::memcmp(plain.data(), plain_want.data(), plain.size() * sizeof(T)) == 0);
-        };
-        check(float{});
-        check(zero::bf16{});
+  // Column tiles check the bias offset per tile; K = 0 gives C = the bias.
+  for (const GemmCase& g : padded_gemm_cases()) {
+    const Vec a64 = random_vector(g.a_elems(), 11), b64 = random_vector(g.b_elems(), 12);
+    const Vec bias64 = random_vector(g.N, 13);
+    INFO(g);
+    auto check = [&]<class T>(T) {
+      const std::vector<T> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
+      const std::vector<T> bias(bias64.begin(), bias64.end());
+      // C starts as NaN: the fused paths must not read it; the padding must stay NaN.
+      const std::vector<T> c0(static_cast<std::size_t>(g.M * g.ldc),
+                              T(std::numeric_limits<float>::quiet_NaN()));
+      auto fused = [&](int threads) {
+        return with_threads(threads, [&] {
+          std::vector<T> c = c0;
+          gemm_bias<T>(g.ta, g.tb, g.M, g.N, g.K, a.data(), g.lda, b.data(), g.ldb, bias.data(),
+                       c.data(), g.ldc);
+          return c;
+        });
+      };
+      std::vector<T> want = c0;
+      for (std::int64_t m = 0; m < g.M; ++m) {
+        std::copy(bias.begin(), bias.end(), want.begin() + m * g.ldc);
       }
-    }
+      gemm<T>(g.ta, g.tb, g.M, g.N, g.K, 1.0f, a.data(), g.lda, b.data(), g.ldb, 1.0f, want.data(),
+              g.ldc);
+      const std::vector<T> one = fused(1), two = fused(2);
+      CHECK(std::memcmp(one.data(), want.data(), one.size() * sizeof(T)) == 0);
+      CHECK(std::memcmp(two.data(), want.data(), two.size() * sizeof(T)) == 0);
+      // Without a bias: C = op(A) op(B), the bits of gemm with beta 0.
+      std::vector<T> plain = c0, plain_want = c0;
+      gemm_bias<T>(g.ta, g.tb, g.M, g.N, g.K, a.data(), g.lda, b.data(), g.ldb, nullptr,
+                   plain.data(), g.ldc);
+      gemm<T>(g.ta, g.tb, g.M, g.N, g.K, 1.0f, a.data(), g.lda, b.data(), g.ldb, 0.0f,
+              plain_want.data(), g.ldc);
+      CHECK(std::memcmp(plain.data(), plain_want.data(), plain.size() * sizeof(T)) == 0);
+    };
+    check(float{});
+    check(zero::bf16{});
   }
 }
 

@@ -139,15 +139,16 @@ void gemm_serial(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_
 #endif
 }
 
-/// Whether a library GEMM kernel on T operands (float or bf16) computes what gemm_serial<float>
-/// computes on the same values in float. accumulate(ta, tb, M, N, K, alpha, A, lda, B, ldb, C,
-/// ldc) must add alpha op(A) op(B) to the float C. The data are small integers, so every product
-/// and partial sum is an exact float and a correct kernel must equal the float GEMM exactly,
-/// whatever its order of summation. Covers the four transposes, padded leading dimensions,
-/// alpha != 1, accumulation into a nonzero C and more than one kernel tile in every dimension.
-template <class T, class Accumulate>
-bool check_gemm_kernel(Accumulate&& accumulate) {
-  const int M = 70, N = 37, K = 45, pad = 3;
+namespace detail {
+
+// Small-integer operands of an M x N x K product for each of the four transposes, with padded
+// leading dimensions: check(ta, tb, a, a32, lda, b, b32, ldb) gets them in T and in float and
+// returns whether the kernel it tries agrees; true when every case does. Every product and
+// partial sum of such data is an exact float, so a correct kernel equals the float GEMM exactly
+// whatever its order of summation.
+template <class T, class Check>
+bool all_exact_gemm_cases(int M, int N, int K, Check&& check) {
+  const int pad = 3;
   for (Trans ta : {Trans::no, Trans::yes}) {
     for (Trans tb : {Trans::no, Trans::yes}) {
       const int lda = (ta == Trans::no ? K : M) + pad, ldb = (tb == Trans::no ? N : K) + pad;
@@ -163,15 +164,33 @@ bool check_gemm_kernel(Accumulate&& accumulate) {
         b32[i] = static_cast<float>(static_cast<int>((i * 5 + 1) % 13) - 6);
         b[i] = T(b32[i]);
       }
-      std::vector<float> c(static_cast<std::size_t>(M * N)), c32(c.size());
-      for (std::size_t i = 0; i < c.size(); ++i) c[i] = c32[i] = static_cast<float>(i % 11);
-      accumulate(ta, tb, M, N, K, 0.5f, a.data(), lda, b.data(), ldb, c.data(), N);
-      gemm_serial<float>(ta, tb, M, N, K, 0.5f, a32.data(), lda, b32.data(), ldb, 1.0f, c32.data(),
-                         N);
-      if (c != c32) return false;
+      if (!check(ta, tb, a.data(), a32.data(), lda, b.data(), b32.data(), ldb)) return false;
     }
   }
   return true;
+}
+
+}  // namespace detail
+
+/// Whether a library GEMM kernel on T operands (float or bf16) computes what gemm_serial<float>
+/// computes on the same values in float. accumulate(ta, tb, M, N, K, alpha, A, lda, B, ldb, C,
+/// ldc) must add alpha op(A) op(B) to the float C. On small integers (all_exact_gemm_cases) a
+/// correct kernel must equal the float GEMM exactly. Covers the four transposes, padded leading
+/// dimensions, alpha != 1, accumulation into a nonzero C and more than one kernel tile in every
+/// dimension.
+template <class T, class Accumulate>
+bool check_gemm_kernel(Accumulate&& accumulate) {
+  const int M = 70, N = 37, K = 45;
+  return detail::all_exact_gemm_cases<T>(
+      M, N, K,
+      [&](Trans ta, Trans tb, const T* a, const float* a32, int lda, const T* b, const float* b32,
+          int ldb) {
+        std::vector<float> c(static_cast<std::size_t>(M * N)), c32(c.size());
+        for (std::size_t i = 0; i < c.size(); ++i) c[i] = c32[i] = static_cast<float>(i % 11);
+        accumulate(ta, tb, M, N, K, 0.5f, a, lda, b, ldb, c.data(), N);
+        gemm_serial<float>(ta, tb, M, N, K, 0.5f, a32, lda, b32, ldb, 1.0f, c32.data(), N);
+        return c == c32;
+      });
 }
 
 #if defined(ZERO_WITH_BLAS)
@@ -259,27 +278,20 @@ inline bool onednn_gemm_bias_usable() {
   static const bool usable = [] {
     if (!onednn_gemm_usable<float>()) return false;
     try {
-      const int M = 37, N = 29, K = 45, pad = 3, ldc = N + pad;
-      for (Trans ta : {Trans::no, Trans::yes}) {
-        for (Trans tb : {Trans::no, Trans::yes}) {
-          const int lda = (ta == Trans::no ? K : M) + pad, ldb = (tb == Trans::no ? N : K) + pad;
-          std::vector<float> a(static_cast<std::size_t>((ta == Trans::no ? M : K) * lda));
-          std::vector<float> b(static_cast<std::size_t>((tb == Trans::no ? K : N) * ldb));
-          std::vector<float> bias(static_cast<std::size_t>(N));
-          for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(int(i * 7 % 17) - 8);
-          for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(int(i * 5 % 13) - 6);
-          for (std::size_t i = 0; i < bias.size(); ++i)
-            bias[i] = static_cast<float>(int(i % 9) - 4);
-          std::vector<float> got(static_cast<std::size_t>(M * ldc), -7.0f), want = got;
-          for (int m = 0; m < M; ++m) std::copy_n(bias.data(), N, want.data() + m * ldc);
-          onednn_gemm_bias<float>(ta == Trans::yes, tb == Trans::yes, M, N, K, a.data(), lda,
-                                  b.data(), ldb, bias.data(), got.data(), ldc);
-          gemm_serial<float>(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(),
-                             ldc);
-          if (got != want) return false;  // padding included: it must stay untouched
-        }
-      }
-      return true;
+      const int M = 37, N = 29, K = 45, ldc = N + 3;
+      std::vector<float> bias(static_cast<std::size_t>(N));
+      for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(int(i % 9) - 4);
+      return detail::all_exact_gemm_cases<float>(
+          M, N, K,
+          [&](Trans ta, Trans tb, const float* a, const float*, int lda, const float* b,
+              const float*, int ldb) {
+            std::vector<float> got(static_cast<std::size_t>(M * ldc), -7.0f), want = got;
+            for (int m = 0; m < M; ++m) std::copy_n(bias.data(), N, want.data() + m * ldc);
+            onednn_gemm_bias<float>(ta == Trans::yes, tb == Trans::yes, M, N, K, a, lda, b, ldb,
+                                    bias.data(), got.data(), ldc);
+            gemm_serial<float>(ta, tb, M, N, K, 1.0f, a, lda, b, ldb, 1.0f, want.data(), ldc);
+            return got == want;  // padding included: it must stay untouched
+          });
     } catch (const dnnl::error&) {
       return false;  // no bias matmul on this CPU: fill C with the bias, then accumulate
     }
