@@ -2,20 +2,28 @@
 // NH=12, V=50257) in bf16. Memory-bound kernels report achieved bandwidth (the bytes they must
 // move at least, over their time) beside a cudaMemcpy device-to-device copy measured in the same
 // run (fraction_of_copy); GEMMs report FLOP/s beside a 4096^3 cuBLASLt GEMM; flash attention
-// reports FLOP/s and its speed-up over the cuBLAS reference path (attention_reference.cuh).
+// reports FLOP/s and its speed-up over the cuBLAS reference path (attention_reference.cuh); the
+// whole GPT-2 small, forward and backward through the layers on nn::CudaKernels, reports tokens/s
+// and its model FLOP rate (6N + 6LCT per token) against the same GEMM.
 // Prints one JSON object per line. Without a GPU it says so and exits 0.
 //   kernel_bench [--batch B] [--seq T] [--repeats R]
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
 
+#include <zero/core/arena.hpp>
 #include <zero/core/bfloat16.hpp>
 #include <zero/core/cuda_check.cuh>
+#include <zero/core/cuda_device.cuh>
 #include <zero/core/rng.hpp>
+#include <zero/nn/cuda_kernels.cuh>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/local_parameters.hpp>
 #include <zero/ops/cuda/attention.cuh>
 #include <zero/ops/cuda/attention_reference.cuh>
 #include <zero/ops/cuda/convert.cuh>
@@ -260,6 +268,55 @@ int main(int argc, char** argv) {
                                               Tn, C, NH, stream);
     });
     line("flash_attention_backward_speedup", cfg, ref_bwd / flash_bwd, "x");
+  }
+
+  // ---- the whole GPT-2 small, forward and backward, through the layers on CudaKernels ----
+  {
+    zero::nn::GPTConfig cfg = zero::nn::GPTConfig::preset("gpt2");
+    cfg.max_seq_len = Tn > cfg.max_seq_len ? Tn : cfg.max_seq_len;
+    zero::nn::GPT<bf16> gpt(cfg);
+    zero::nn::LocalParameters<zero::nn::GPT<bf16>> host(gpt, 1);  // initialised on the host
+    std::deque<DeviceArray<bf16>> values, grads;  // deque: DeviceArray does not move
+    for (int u = 0; u < gpt.num_units(); ++u) {
+      const zero::Tensor<bf16> v = host.unit_values(u);
+      values.emplace_back(static_cast<std::size_t>(v.numel()));
+      grads.emplace_back(static_cast<std::size_t>(v.numel()));
+      values.back().upload(std::vector<bf16>(v.begin(), v.end()));
+      std::vector<zero::nn::ParamView<bf16>> views;
+      std::int64_t offset = 0;
+      for (const zero::nn::ParamSpec& spec : host.unit_specs(u)) {
+        views.push_back(
+            {zero::Tensor<bf16>(values.back().get() + offset, spec.shape, zero::DeviceKind::cuda),
+             zero::Tensor<bf16>(grads.back().get() + offset, spec.shape, zero::DeviceKind::cuda)});
+        offset += spec.numel();
+      }
+      gpt.bind_unit(u, views);
+    }
+    zero::nn::CudaKernels<bf16> kernels(stream);
+    zero::Arena<zero::Cuda> arena(std::size_t{24} << 30, "gpt2 activations");
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+    zero::nn::StepContext<bf16> step;
+    step.arena = &arena;
+    step.kernels = &kernels;
+    step.tokens = tokens.get();
+    step.targets = tokens.get();
+    step.batch = B;
+    step.seq_len = Tn;
+    const double ms = time_ms(repeats, [&] {
+      arena.reset();
+      (void)gpt.forward(step);
+      gpt.backward(step);
+    });
+    const double params = static_cast<double>(host.num_parameters());
+    const double per_token = 6.0 * params + 6.0 * static_cast<double>(cfg.num_layers * C * Tn);
+    const double tflops = per_token * static_cast<double>(N) / (ms * 1e-3) / 1e12;
+    char extra[192];
+    std::snprintf(extra, sizeof extra,
+                  ", \"ms\": %.3f, \"tflops\": %.1f, \"fraction_of_gemm\": %.3f, "
+                  "\"flops_per_token\": \"6N + 6LCT\", \"note\": \"no optimizer step\"",
+                  ms, tflops, tflops / gemm_tflops);
+    line("gpt2_layers_forward_backward", shape, static_cast<double>(N) / (ms * 1e-3), "tokens/s",
+         extra);
   }
   ZERO_CUDA_CHECK(cudaDeviceSynchronize());
   return 0;

@@ -43,9 +43,9 @@ inline std::int64_t channels_per_rank(const SequenceParallel& sp, std::int64_t b
 // One all-to-all of n elements per rank through the arena's scratch: pack(send) fills the send
 // buffer (chunk s for rank s), unpack(recv) reads the received one (chunk s from rank s).
 template <class T, class Pack, class Unpack>
-void all_to_all_through(const SequenceParallel& sp, Arena<Host>& arena, std::int64_t n, Pack pack,
+void all_to_all_through(const SequenceParallel& sp, BumpArena& arena, std::int64_t n, Pack pack,
                         Unpack unpack) {
-  const Arena<Host>::Mark mark = arena.mark();
+  const BumpArena::Mark mark = arena.mark();
   Tensor<T> send = arena.allocate<T>({n});
   Tensor<T> recv = arena.allocate<T>({n});
   pack(send.data());
@@ -67,7 +67,7 @@ void all_to_all_through(const SequenceParallel& sp, Arena<Host>& arena, std::int
 /// position's share of this rank's channels of each piece (see the file comment). Collective
 /// over sp.
 template <class T>
-void sequence_to_heads(const SequenceParallel& sp, Arena<Host>& arena, const T* in, T* out,
+void sequence_to_heads(const SequenceParallel& sp, BumpArena& arena, const T* in, T* out,
                        std::int64_t batch, std::int64_t local_len, std::int64_t pieces,
                        std::int64_t channels) {
   const std::int64_t S = sp.size(), B = batch, Tl = local_len, C = channels;
@@ -100,7 +100,7 @@ void sequence_to_heads(const SequenceParallel& sp, Arena<Host>& arena, const T* 
 /// accumulate the result is added into out (a backward's input gradient), else written.
 /// Collective over sp.
 template <class T>
-void heads_to_sequence(const SequenceParallel& sp, Arena<Host>& arena, const T* in, T* out,
+void heads_to_sequence(const SequenceParallel& sp, BumpArena& arena, const T* in, T* out,
                        std::int64_t batch, std::int64_t local_len, std::int64_t pieces,
                        std::int64_t channels, bool accumulate = false) {
   const std::int64_t S = sp.size(), B = batch, Tl = local_len, C = channels;

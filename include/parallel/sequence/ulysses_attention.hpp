@@ -63,6 +63,7 @@ class UlyssesAttention final : public nn::Layer<T> {
   }
 
   void forward(nn::StepContext<T>& ctx) override {
+    nn::expect_host_kernels(ctx, describe());
     if (!sp_.active()) {
       inner_.forward(ctx);
       return;
@@ -79,7 +80,7 @@ class UlyssesAttention final : public nn::Layer<T> {
                        " rows of qkv, but the micro-batch has batch * seq_len = ", B_ * local_len_,
                        " (this rank's positions)");
     const std::int64_t S = sp_.size(), T_whole = local_len_ * S;
-    Arena<Host>& arena = *ctx.arena;
+    BumpArena& arena = *ctx.arena;
     // Kept for backward: the inner layer keeps a view of it as its qkv.
     Tensor<T> heads = arena.allocate<T>({B_ * T_whole, 3 * C_ / S});
     sequence_to_heads(sp_, arena, ctx.x.data(), heads.data(), B_, local_len_, 3, C_);
@@ -101,8 +102,8 @@ class UlyssesAttention final : public nn::Layer<T> {
     }
     const std::int64_t S = sp_.size(), rows = B_ * local_len_ * S;
     const Tensor<T> dx = ctx.dx, dy = ctx.dy;
-    Arena<Host>& arena = *ctx.arena;
-    const Arena<Host>::Mark mark = arena.mark();
+    BumpArena& arena = *ctx.arena;
+    const BumpArena::Mark mark = arena.mark();
     Tensor<T> dy_heads = arena.allocate<T>({rows, C_ / S});
     sequence_to_heads(sp_, arena, dy.data(), dy_heads.data(), B_, local_len_, 1, C_);
     Tensor<T> dqkv_heads = arena.allocate<T>({rows, 3 * C_ / S});

@@ -85,6 +85,7 @@ class ColumnParallelLinear final : public nn::Layer<T> {
     if (bias_) bias_view_ = views[1];
   }
   void forward(nn::StepContext<T>& ctx) override {
+    nn::expect_host_kernels(ctx, describe());
     const std::int64_t local_rows = nn::rows_of(ctx.x, in_, describe());
     const bool sp = tp_.sequence_parallel();
     rows_ = sp ? local_rows * tp_.size() : local_rows;

@@ -22,6 +22,7 @@ class RegionLayer final : public nn::Layer<T> {
 
   std::string describe() const override { return "Region '" + std::string(name_of(region_)) + "'"; }
   void forward(nn::StepContext<T>& ctx) override {
+    nn::expect_host_kernels(ctx, describe());
     expect<ShapeError>(ctx.x.data() != nullptr && ctx.x.rank() >= 1, describe(),
                        ": no input activation");
     cols_ = ctx.x.dim(-1);

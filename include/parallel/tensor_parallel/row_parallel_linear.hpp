@@ -63,6 +63,7 @@ class RowParallelLinear final : public nn::Layer<T> {
     if (bias_) bias_view_ = views[1];
   }
   void forward(nn::StepContext<T>& ctx) override {
+    nn::expect_host_kernels(ctx, describe());
     const std::int64_t part = in_ / tp_.size();
     rows_ = nn::rows_of(ctx.x, part, describe());
     input_ = ctx.x;

@@ -49,7 +49,10 @@ class SequenceParallelParams final : public nn::Layer<T> {
     }
     inner_->bind(inner_views);
   }
-  void forward(nn::StepContext<T>& ctx) override { inner_->forward(ctx); }
+  void forward(nn::StepContext<T>& ctx) override {
+    nn::expect_host_kernels(ctx, describe());
+    inner_->forward(ctx);
+  }
   void backward(nn::StepContext<T>& ctx) override {
     for (T& g : private_.view()) g = T(0);
     inner_->backward(ctx);

@@ -39,6 +39,7 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
 
   std::string describe() const override { return "VocabParallelCrossEntropy '" + labels_ + "'"; }
   void forward(nn::StepContext<T>& ctx) override {
+    nn::expect_host_kernels(ctx, describe());
     const std::int64_t V = part();
     N_ = nn::rows_of(ctx.x, V, describe());
     logits_ = ctx.x;

@@ -60,6 +60,7 @@ class VocabParallelEmbedding final : public nn::Layer<T> {
   std::int64_t first_id() const { return tp_.rank() * part(); }
 
   void forward(nn::StepContext<T>& ctx) override {
+    nn::expect_host_kernels(ctx, describe());
     const nn::TokenIds batch_ids = nn::token_ids(ctx, ids_, describe());
     ids_data_ = batch_ids.data;
     const Shape shape = batch_ids.shape;

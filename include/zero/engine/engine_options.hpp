@@ -111,7 +111,7 @@ struct MicroBatch {
   /// A fresh context for a micro-step on this batch: its data, arena (reset), whether it
   /// trains, and the step that selects dropout masks.
   template <class T>
-  nn::StepContext<T> context(Arena<Host>& arena, bool training, std::uint64_t step) const {
+  nn::StepContext<T> context(BumpArena& arena, bool training, std::uint64_t step) const {
     arena.reset();
     nn::StepContext<T> ctx;
     ctx.arena = &arena;

@@ -19,11 +19,16 @@ namespace zero::nn {
 
 template <class T>
 class DeferredWeightGrads;  // deferred_weight_grads.hpp
+template <class T>
+class Kernels;  // kernels.hpp
 
 /// The state of one forward/backward micro-step through a model's units.
 template <class T>
 struct StepContext {
-  Arena<Host>* arena = nullptr;           ///< activations and temporaries
+  BumpArena* arena = nullptr;  ///< activations and temporaries (on the kernels' device)
+  /// The kernels the layers run (nn/kernels.hpp); null means the host's. The arena, the
+  /// activations and the bound parameters are memory of its device.
+  Kernels<T>* kernels = nullptr;
   const std::int32_t* tokens = nullptr;   ///< [B, T] inputs
   const std::int32_t* targets = nullptr;  ///< [B, T] labels (ignore_index = -1 skips a token)
   std::int64_t batch = 0;                 ///< B

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <zero/nn/context.hpp>
+#include <zero/nn/kernels.hpp>
 #include <zero/ops/cpu/linear.hpp>
 
 namespace zero::nn {
@@ -85,16 +86,19 @@ class DeferredWeightGrads {
   std::size_t size_ = 0;
 };
 
-/// A layer's linear backward (ops::cpu::linear_backward's arguments): all of it now, or, with
-/// ctx.weight_grads set, the input gradient now and the weight and bias gradients left there.
+/// A layer's linear backward (ops::cpu::linear_backward's arguments): all of it now, on the
+/// pass's kernels, or, with ctx.weight_grads set (host only), the input gradient now and the
+/// weight and bias gradients left there.
 template <class T>
 void linear_backward(const StepContext<T>& ctx, T* dinp, T* dweight, T* dbias, const T* dout,
                      const T* inp, const T* weight, std::int64_t N, std::int64_t C, std::int64_t OC,
                      bool overwrite_dinp = false) {
   if (ctx.weight_grads == nullptr) {
-    ops::cpu::linear_backward<T>(dinp, dweight, dbias, dout, inp, weight, N, C, OC, overwrite_dinp);
+    kernels_of(ctx).linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC,
+                                    overwrite_dinp);
     return;
   }
+  expect_host_kernels(ctx, "a split backward (DeferredWeightGrads)");
   if (dinp != nullptr)
     ops::cpu::linear_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC,
                                  overwrite_dinp);

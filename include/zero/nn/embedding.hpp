@@ -9,6 +9,7 @@
 
 #include <zero/nn/context.hpp>
 #include <zero/nn/gpt_config.hpp>
+#include <zero/nn/kernels.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
 #include <zero/ops/cpu/embedding.hpp>
@@ -36,6 +37,7 @@ class Embedding {
 
   /// Writes ctx.x = wte[tokens] + wpe[positions] (with dropout when training and configured).
   void forward(StepContext<T>& ctx) {
+    expect_host_kernels(ctx, "GPT's embedding unit (nn::HandWrittenGPT)");
     const std::int64_t N = ctx.tokens_count(), C = cfg_.channels;
     expect<ShapeError>(ctx.seq_len <= cfg_.max_seq_len, "Embedding: sequence length ", ctx.seq_len,
                        " exceeds max_seq_len ", cfg_.max_seq_len);
@@ -72,7 +74,7 @@ class Embedding {
 
   GPTConfig cfg_;
   ParamView<T> wte_, wpe_;
-  Arena<Host>::Mark mark_ = 0;
+  BumpArena::Mark mark_ = 0;
 };
 
 }  // namespace zero::nn

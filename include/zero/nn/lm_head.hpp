@@ -11,6 +11,7 @@
 #include <zero/nn/context.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/gpt_config.hpp>
+#include <zero/nn/kernels.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/ops/cpu/cross_entropy.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
@@ -38,9 +39,10 @@ class LMHead {
   /// Computes logits (kept until backward or the next forward) and, when ctx.targets is set,
   /// ctx.loss. wte is the embedding's bound weight.
   void forward(StepContext<T>& ctx, const ParamView<T>& wte) {
+    expect_host_kernels(ctx, "GPT's head unit (nn::HandWrittenGPT)");
     using namespace ops::cpu;
     const std::int64_t N = ctx.tokens_count(), C = cfg_.channels, V = cfg_.vocab_size;
-    Arena<Host>& a = *ctx.arena;
+    BumpArena& a = *ctx.arena;
     mark_ = a.mark();
     input_ = ctx.x;
     ln_ = a.template allocate<T>({N, C});
@@ -63,7 +65,7 @@ class LMHead {
     using namespace ops::cpu;
     const std::int64_t N = ctx.tokens_count(), C = cfg_.channels, V = cfg_.vocab_size;
     expect<Error>(ctx.targets != nullptr, "LMHead::backward: the step has no targets");
-    Arena<Host>& a = *ctx.arena;
+    BumpArena& a = *ctx.arena;
     Tensor<T> dlogits = a.template allocate<T>({N, V});
     cross_entropy_backward(dlogits.data(), logits_.data(), ctx.targets, N, V,
                            convert<Stat>(ctx.loss_scale));
@@ -88,7 +90,7 @@ class LMHead {
   ParamView<T> ln_w_, ln_b_;
   Tensor<T> input_, ln_, logits_;
   Tensor<Stat> mean_, rstd_;
-  Arena<Host>::Mark mark_ = 0;
+  BumpArena::Mark mark_ = 0;
 };
 
 }  // namespace zero::nn

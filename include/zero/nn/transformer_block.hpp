@@ -19,6 +19,7 @@
 #include <zero/nn/context.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/gpt_config.hpp>
+#include <zero/nn/kernels.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/ops/cpu/attention.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
@@ -62,6 +63,7 @@ class TransformerBlock {
 
   /// ctx.x <- block(ctx.x).
   void forward(StepContext<T>& ctx) {
+    expect_host_kernels(ctx, "nn::TransformerBlock");
     const std::int64_t N = ctx.tokens_count(), C = cfg_.channels;
     mark_ = ctx.arena->mark();
     input_ = ctx.x;
@@ -83,7 +85,7 @@ class TransformerBlock {
       Tensor<T> scratch_out = ctx.arena->template allocate<T>({N, C});
       compute(ctx, scratch_out);
     }
-    Arena<Host>& a = *ctx.arena;
+    BumpArena& a = *ctx.arena;
     auto zeros = [&](Shape s) {
       Tensor<T> t = a.template allocate<T>(s);
       for (T& v : t) v = T(0);
@@ -138,7 +140,7 @@ class TransformerBlock {
     using namespace ops::cpu;
     const std::int64_t N = ctx.tokens_count(), C = cfg_.channels;
     const std::int64_t B = ctx.batch, Tn = ctx.seq_len, NH = cfg_.num_heads;
-    Arena<Host>& a = *ctx.arena;
+    BumpArena& a = *ctx.arena;
     after_output_ = a.mark();
     s_.ln1 = a.template allocate<T>({N, C});
     s_.mean1 = a.template allocate<Stat>({N});
@@ -196,7 +198,7 @@ class TransformerBlock {
   std::array<ParamView<T>, 12> p_{};
   Saved s_{};
   Tensor<T> input_;
-  Arena<Host>::Mark mark_ = 0, after_output_ = 0;
+  BumpArena::Mark mark_ = 0, after_output_ = 0;
 };
 
 }  // namespace zero::nn

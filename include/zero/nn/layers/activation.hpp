@@ -1,7 +1,8 @@
 #pragma once
 // Elementwise activations as layers: ReLU, GELU (tanh approximation, GPT-2's) and SiLU. Each
 // keeps a view of its input (the previous layer's output stays in the arena until this unit's
-// backward) and calls the host kernels; the shape passes through unchanged.
+// backward); GELU runs on the pass's kernels (any device), ReLU and SiLU on the host's only. The
+// shape passes through unchanged.
 
 #include <any>
 #include <cstdint>
@@ -9,7 +10,6 @@
 
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/activation.hpp>
-#include <zero/ops/cpu/gelu.hpp>
 
 namespace zero::nn {
 
@@ -36,6 +36,7 @@ class Activation : public Layer<T> {
   }
   void forward(StepContext<T>& ctx) override {
     expect<ShapeError>(ctx.x.data() != nullptr, describe(), ": no input activation");
+    if (kind_ != ActivationKind::gelu) expect_host_kernels(ctx, describe());
     input_ = ctx.x;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
     const std::int64_t n = y.numel();
@@ -44,7 +45,7 @@ class Activation : public Layer<T> {
         ops::cpu::relu_forward(y.data(), input_.data(), n);
         break;
       case ActivationKind::gelu:
-        ops::cpu::gelu_forward(y.data(), input_.data(), n);
+        kernels_of(ctx).gelu_forward(y.data(), input_.data(), n);
         break;
       case ActivationKind::silu:
         ops::cpu::silu_forward(y.data(), input_.data(), n);
@@ -61,7 +62,7 @@ class Activation : public Layer<T> {
         ops::cpu::relu_backward(dx, input_.data(), dy, n);
         break;
       case ActivationKind::gelu:
-        ops::cpu::gelu_backward(dx, input_.data(), dy, n, ctx.overwrite_dx);
+        kernels_of(ctx).gelu_backward(dx, input_.data(), dy, n, ctx.overwrite_dx);
         break;
       case ActivationKind::silu:
         ops::cpu::silu_backward(dx, input_.data(), dy, n);

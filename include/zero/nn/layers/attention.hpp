@@ -3,9 +3,10 @@
 // output of a Linear(C, 3C), GPT-2's c_attn layout: q, k, v each C channels, head h in channels
 // [h*hs, (h+1)*hs)), giving [B*T, C]. Rows are (batch, position) with B = ctx.batch and
 // T = ctx.seq_len, so it belongs to models fed tokens or [B, T, ...] inputs. The layer has no
-// parameters (the projections are Linear layers around it); it saves the probabilities
-// [B, NH, T, T] in the arena. Attention dropout redraws its counter-based mask from (site,
-// ctx.step) in backward instead of storing it.
+// parameters (the projections are Linear layers around it); it saves in the arena what its
+// kernels ask for: the probabilities [B, NH, T, T] on the host, each row's log-sum-exp on a GPU.
+// Attention dropout redraws its counter-based mask from (site, ctx.step) in backward instead of
+// storing it.
 
 #include <any>
 #include <cstdint>
@@ -13,7 +14,6 @@
 
 #include <zero/core/rng.hpp>
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/attention.hpp>
 
 namespace zero::nn {
 
@@ -44,15 +44,17 @@ class CausalSelfAttention final : public Layer<T> {
                        ctx.x.numel() / (3 * C_),
                        " rows of qkv, but the micro-batch has batch * seq_len = ", B_ * T_);
     qkv_ = ctx.x;
-    att_ = ctx.arena->template allocate<T>({B_, heads_, T_, T_});
+    Kernels<T>& kernels = kernels_of(ctx);
+    saved_ = ctx.arena->template allocate<std::byte>(
+        {static_cast<std::int64_t>(kernels.attention_saved_bytes(B_, T_, heads_))});
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, C_));
     mask_ = mask(ctx);
-    ops::cpu::attention_forward(y.data(), att_.data(), qkv_.data(), B_, T_, C_, heads_, mask_);
+    kernels.attention_forward(y.data(), saved_.data(), qkv_.data(), B_, T_, C_, heads_, mask_);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
-    ops::cpu::attention_backward(ctx.dx.data(), ctx.dy.data(), qkv_.data(), att_.data(), B_, T_, C_,
-                                 heads_, mask_);
+    kernels_of(ctx).attention_backward(ctx.dx.data(), ctx.dy.data(), qkv_.data(), saved_.data(), B_,
+                                       T_, C_, heads_, mask_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
@@ -65,8 +67,10 @@ class CausalSelfAttention final : public Layer<T> {
   }
 
   bool parks() const override { return true; }
-  std::any park() override { return nn::park_members(B_, T_, C_, qkv_, att_, mask_); }
-  void resume(std::any saved) override { nn::resume_members(saved, B_, T_, C_, qkv_, att_, mask_); }
+  std::any park() override { return nn::park_members(B_, T_, C_, qkv_, saved_, mask_); }
+  void resume(std::any saved) override {
+    nn::resume_members(saved, B_, T_, C_, qkv_, saved_, mask_);
+  }
 
  private:
   ops::cpu::DropoutMask mask(const StepContext<T>& ctx) const {
@@ -80,7 +84,8 @@ class CausalSelfAttention final : public Layer<T> {
   std::string site_;
   std::uint64_t seed_;
   std::int64_t B_ = 0, T_ = 0, C_ = 0;
-  Tensor<T> qkv_, att_;
+  Tensor<T> qkv_;
+  Tensor<std::byte> saved_;  // what the kernels keep for backward
   ops::cpu::DropoutMask mask_;
 };
 

@@ -24,6 +24,7 @@ const std::int32_t* find_row_labels(const StepContext<T>& ctx, const std::string
   if (name == "targets" && !ctx.inputs.contains(name)) return ctx.targets;
   if (!ctx.inputs.contains(name)) return nullptr;
   const Tensor<const std::int32_t> labels = ctx.template input<std::int32_t>(name);
+  expect_input_on_kernels_device(ctx, labels, name, layer);
   expect<InputError>(labels.numel() == rows, layer, ": ", labels.numel(), " labels for ", rows,
                      " rows of logits");
   return labels.data();
@@ -43,19 +44,21 @@ class SoftmaxCrossEntropy final : public Layer<T> {
     logits_ = ctx.x;
     labels_data_ = find_labels(ctx, N);
     if (labels_data_ == nullptr) return;
+    Kernels<T>& kernels = kernels_of(ctx);
+    valid_ = kernels.count_valid_targets(labels_data_, N, classes_);
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
     row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
-    ctx.loss =
-        convert<T>(ops::cpu::cross_entropy_forward(losses.data(), logits_.data(), labels_data_, N,
-                                                   classes_, row_stats_.data()) +
-                   static_cast<Stat>(ctx.aux_loss));
+    kernels.cross_entropy_forward(losses.data(), logits_.data(), labels_data_, N, classes_,
+                                  row_stats_.data());
+    ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) +
+                          static_cast<Stat>(ctx.aux_loss));
   }
   void backward(StepContext<T>& ctx) override {
     expect<InputError>(labels_data_ != nullptr, describe(),
                        ": backward needs labels; the micro-batch had no input '", labels_, "'");
-    ops::cpu::cross_entropy_backward(ctx.dx.data(), logits_.data(), labels_data_,
-                                     logits_.numel() / classes_, classes_,
-                                     convert<Stat>(ctx.loss_scale), -1, row_stats_.data());
+    kernels_of(ctx).cross_entropy_backward(
+        ctx.dx.data(), logits_.data(), labels_data_, logits_.numel() / classes_, classes_,
+        convert<Stat>(ctx.loss_scale), valid_, row_stats_.data());
   }
   bool writes_input_grad() const override { return true; }  // the kernel writes dlogits
   /// Logits of the last forward, [..., classes] (valid until the next micro-step).
@@ -66,9 +69,9 @@ class SoftmaxCrossEntropy final : public Layer<T> {
   }
 
   bool parks() const override { return true; }
-  std::any park() override { return nn::park_members(logits_, row_stats_, labels_data_); }
+  std::any park() override { return nn::park_members(logits_, row_stats_, labels_data_, valid_); }
   void resume(std::any saved) override {
-    nn::resume_members(saved, logits_, row_stats_, labels_data_);
+    nn::resume_members(saved, logits_, row_stats_, labels_data_, valid_);
   }
 
  private:
@@ -83,6 +86,7 @@ class SoftmaxCrossEntropy final : public Layer<T> {
   Tensor<T> logits_;
   Tensor<Stat> row_stats_;  // [rows, 2]: the forward's softmax max and sum per row
   const std::int32_t* labels_data_ = nullptr;
+  std::int64_t valid_ = 0;  // counted labels of the last forward
 };
 
 }  // namespace zero::nn

@@ -11,8 +11,6 @@
 
 #include <zero/core/rng.hpp>
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/dropout.hpp>
-#include <zero/ops/cpu/elementwise.hpp>
 
 namespace zero::nn {
 
@@ -33,17 +31,17 @@ class Dropout final : public Layer<T> {
     active_ = ctx.training && p_ > 0.0;
     if (!active_) return;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
-    ops::cpu::dropout_forward(y.data(), ctx.x.data(), y.numel(), p_, rng(),
-                              static_cast<std::uint32_t>(ctx.step));
+    kernels_of(ctx).dropout_forward(y.data(), ctx.x.data(), y.numel(), p_, rng(),
+                                    static_cast<std::uint32_t>(ctx.step));
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
     const std::int64_t n = ctx.dx.numel();
     if (active_) {
-      ops::cpu::dropout_backward(ctx.dx.data(), ctx.dy.data(), n, p_, rng(),
-                                 static_cast<std::uint32_t>(ctx.step));
+      kernels_of(ctx).dropout_backward(ctx.dx.data(), ctx.dy.data(), n, p_, rng(),
+                                       static_cast<std::uint32_t>(ctx.step));
     } else {
-      ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), n);
+      kernels_of(ctx).accumulate(ctx.dx.data(), ctx.dy.data(), n);
     }
   }
 

@@ -22,7 +22,7 @@ class Flatten final : public Layer<T> {
     ctx.x = ctx.x.reshape(Shape{n, n > 0 ? ctx.x.numel() / n : 0});
   }
   void backward(StepContext<T>& ctx) override {
-    ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
+    kernels_of(ctx).accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
   }
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     (void)in;

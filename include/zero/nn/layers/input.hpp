@@ -19,6 +19,7 @@ class FromInput final : public Layer<T> {
 
   std::string describe() const override { return "FromInput '" + name_ + "'"; }
   void forward(StepContext<T>& ctx) override {
+    expect_host_kernels(ctx, describe());
     const InputTensor& in = ctx.inputs.entry(name_);
     Tensor<T> x = ctx.arena->template allocate<T>(in.shape);
     ctx.inputs.copy_as(name_, x);

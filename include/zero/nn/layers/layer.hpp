@@ -26,6 +26,7 @@
 
 #include <zero/nn/context.hpp>
 #include <zero/nn/flops.hpp>
+#include <zero/nn/kernels.hpp>
 #include <zero/nn/param.hpp>
 
 namespace zero::nn {

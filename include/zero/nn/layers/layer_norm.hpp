@@ -10,7 +10,6 @@
 #include <vector>
 
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/layer_norm.hpp>
 
 namespace zero::nn {
 
@@ -37,15 +36,15 @@ class LayerNorm final : public Layer<T> {
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
     mean_ = ctx.arena->template allocate<Stat>({N});
     rstd_ = ctx.arena->template allocate<Stat>({N});
-    ops::cpu::layer_norm_forward(y.data(), mean_.data(), rstd_.data(), input_.data(),
-                                 weight_.value.data(), bias_.value.data(), N, channels_);
+    kernels_of(ctx).layer_norm_forward(y.data(), mean_.data(), rstd_.data(), input_.data(),
+                                       weight_.value.data(), bias_.value.data(), N, channels_);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
-    ops::cpu::layer_norm_backward(ctx.dx.data(), weight_.grad.data(), bias_.grad.data(),
-                                  ctx.dy.data(), input_.data(), weight_.value.data(), mean_.data(),
-                                  rstd_.data(), input_.numel() / channels_, channels_,
-                                  ctx.overwrite_dx);
+    kernels_of(ctx).layer_norm_backward(ctx.dx.data(), weight_.grad.data(), bias_.grad.data(),
+                                        ctx.dy.data(), input_.data(), weight_.value.data(),
+                                        mean_.data(), rstd_.data(), input_.numel() / channels_,
+                                        channels_, ctx.overwrite_dx);
   }
   bool writes_input_grad() const override { return true; }
 

@@ -12,7 +12,6 @@
 
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/linear.hpp>
 
 namespace zero::nn {
 
@@ -46,8 +45,8 @@ class Linear final : public Layer<T> {
     const std::int64_t N = rows_of(ctx.x, in_, describe());
     input_ = ctx.x;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, out_));
-    ops::cpu::linear_forward<T>(y.data(), input_.data(), weight_.value.data(),
-                                bias_ ? bias_view_.value.data() : nullptr, N, in_, out_);
+    kernels_of(ctx).linear_forward(y.data(), input_.data(), weight_.value.data(),
+                                   bias_ ? bias_view_.value.data() : nullptr, N, in_, out_);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {

@@ -26,8 +26,6 @@
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/cross_entropy.hpp>
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/cross_entropy.hpp>
-#include <zero/ops/cpu/linear.hpp>
 
 namespace zero::nn {
 
@@ -76,23 +74,24 @@ class LinearCrossEntropy final : public Layer<T> {
     chunk_ = labels_data_ != nullptr ? chunk_rows(N) : N;
     logits_ = chunk_ == N ? ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, classes_))
                           : ctx.arena->template allocate<T>({chunk_, classes_});
+    Kernels<T>& kernels = kernels_of(ctx);
     if (labels_data_ == nullptr) {  // evaluation: the logits are the output
-      ops::cpu::linear_forward<T>(logits_.data(), input_.data(), w.value.data(), nullptr, N, in_,
-                                  classes_);
+      kernels.linear_forward(logits_.data(), input_.data(), w.value.data(), nullptr, N, in_,
+                             classes_);
       ctx.x = logits_;
       return;
     }
-    valid_ = ops::cpu::count_valid_targets(labels_data_, N, classes_);
+    valid_ = kernels.count_valid_targets(labels_data_, N, classes_);
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
     row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
     for (std::int64_t n0 = 0; n0 < N; n0 += chunk_) {
       const std::int64_t rows = std::min(chunk_, N - n0);
-      ops::cpu::linear_forward<T>(logits_.data(), input_.data() + n0 * in_, w.value.data(), nullptr,
-                                  rows, in_, classes_);
-      ops::cpu::cross_entropy_forward(losses.data() + n0, logits_.data(), labels_data_ + n0, rows,
-                                      classes_, row_stats_.data() + 2 * n0);
+      kernels.linear_forward(logits_.data(), input_.data() + n0 * in_, w.value.data(), nullptr,
+                             rows, in_, classes_);
+      kernels.cross_entropy_forward(losses.data() + n0, logits_.data(), labels_data_ + n0, rows,
+                                    classes_, row_stats_.data() + 2 * n0);
     }
-    ctx.loss = convert<T>(ops::cpu::cross_entropy_mean(losses.data(), N, valid_) +
+    ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) +
                           static_cast<Stat>(ctx.aux_loss));
     ctx.x = logits_;  // the last chunk's logits (all of them with one chunk)
   }
@@ -105,15 +104,15 @@ class LinearCrossEntropy final : public Layer<T> {
     const auto dloss = convert<Stat>(ctx.loss_scale);
     const std::int64_t last = (N - 1) / chunk_ * chunk_;
     Tensor<T> dlogits = chunk_ == N ? ctx.arena->template allocate<T>(logits_.shape()) : logits_;
+    Kernels<T>& kernels = kernels_of(ctx);
     for (std::int64_t n0 = last; n0 >= 0; n0 -= chunk_) {
       const std::int64_t rows = std::min(chunk_, N - n0);
       const T* x = input_.data() + n0 * in_;
       if (n0 != last) {  // the forward kept only the last chunk's logits
-        ops::cpu::linear_forward<T>(logits_.data(), x, w.value.data(), nullptr, rows, in_,
-                                    classes_);
+        kernels.linear_forward(logits_.data(), x, w.value.data(), nullptr, rows, in_, classes_);
       }
-      ops::cpu::cross_entropy_backward(dlogits.data(), logits_.data(), labels_data_ + n0, rows,
-                                       classes_, dloss, valid_, row_stats_.data() + 2 * n0);
+      kernels.cross_entropy_backward(dlogits.data(), logits_.data(), labels_data_ + n0, rows,
+                                     classes_, dloss, valid_, row_stats_.data() + 2 * n0);
       nn::linear_backward<T>(ctx, ctx.dx.data() + n0 * in_, w.grad.data(), nullptr, dlogits.data(),
                              x, w.value.data(), rows, in_, classes_, ctx.overwrite_dx);
     }

@@ -23,6 +23,7 @@ class MSELoss final : public Layer<T> {
 
   std::string describe() const override { return "MSELoss '" + target_ + "'"; }
   void forward(StepContext<T>& ctx) override {
+    expect_host_kernels(ctx, describe());
     expect<ShapeError>(ctx.x.data() != nullptr, describe(), ": no input activation");
     pred_ = ctx.x;
     has_target_ = ctx.inputs.contains(target_);

@@ -14,10 +14,6 @@
 #include <vector>
 
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/element_access.hpp>
-#include <zero/ops/cpu/elementwise.hpp>
-#include <zero/ops/cpu/embedding.hpp>
-#include <zero/ops/cpu/parallel_for.hpp>
 
 namespace zero::nn {
 
@@ -50,23 +46,16 @@ class PositionEmbedding final : public Layer<T> {
     expect<ShapeError>(first_ + T_ <= max_, describe(), ": sequence length ", T_, " from position ",
                        first_, " exceeds max_positions ", max_);
     expect<ShapeError>(B_ * T_ == N, describe(), ": ", N, " rows, but batch * seq_len = ", B_ * T_);
-    const T* x = ctx.x.data();
-    const T* p = table_.value.data() + first_ * channels_;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
-    T* out = y.data();
-    const std::int64_t C = channels_;
-    ops::cpu::parallel_for(N, [&](std::int64_t i) {
-      const T* pi = p + (i % T_) * C;
-      for (std::int64_t c = 0; c < C; ++c) {
-        out[i * C + c] = ops::cpu::store<T>(ops::cpu::load(x[i * C + c]) + ops::cpu::load(pi[c]));
-      }
-    });
+    kernels_of(ctx).add_periodic_rows(y.data(), ctx.x.data(),
+                                      table_.value.data() + first_ * channels_, N, T_, channels_);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
-    ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
-    ops::cpu::embedding_backward<T>(nullptr, table_.grad.data() + first_ * channels_, ctx.dy.data(),
-                                    nullptr, B_, T_, channels_);
+    Kernels<T>& kernels = kernels_of(ctx);
+    kernels.accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
+    kernels.embedding_backward(nullptr, table_.grad.data() + first_ * channels_, ctx.dy.data(),
+                               nullptr, B_, T_, channels_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {

@@ -32,7 +32,7 @@ class Reshape final : public Layer<T> {
     ctx.x = ctx.x.reshape(make_shape(extents, sample_.rank() + 1));
   }
   void backward(StepContext<T>& ctx) override {
-    ops::cpu::accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
+    kernels_of(ctx).accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include <zero/nn/layers/sequential.hpp>
-#include <zero/ops/cpu/elementwise.hpp>
 
 namespace zero::nn {
 
@@ -41,7 +40,7 @@ class Residual final : public Layer<T> {
     expect<ShapeError>(ctx.x.shape() == input_.shape(), describe(),
                        ": the branch changes the shape; a residual needs f(x) shaped like x");
     Tensor<T> y = ctx.arena->template allocate<T>(input_.shape());
-    ops::cpu::add(y.data(), input_.data(), ctx.x.data(), y.numel());
+    kernels_of(ctx).add(y.data(), input_.data(), ctx.x.data(), y.numel());
     ctx.x = y;
   }
   /// dx += dy + df: the branch's input gradient starts from dy (the skip path), so each
@@ -52,9 +51,9 @@ class Residual final : public Layer<T> {
     const bool overwrite = ctx.overwrite_dx;  // the branch's layers set their own
     inner_.backward(ctx, ctx.dy);
     if (overwrite) {
-      std::copy(ctx.dx.begin(), ctx.dx.end(), dx.begin());
+      kernels_of(ctx).copy(dx.data(), ctx.dx.data(), dx.numel());
     } else {
-      ops::cpu::accumulate(dx.data(), ctx.dx.data(), dx.numel());
+      kernels_of(ctx).accumulate(dx.data(), ctx.dx.data(), dx.numel());
     }
     ctx.dx = dx;
   }

@@ -27,6 +27,7 @@ class RMSNorm final : public Layer<T> {
   }
   void bind(std::span<const ParamView<T>> views) override { weight_ = views[0]; }
   void forward(StepContext<T>& ctx) override {
+    expect_host_kernels(ctx, describe());
     const std::int64_t N = rows_of(ctx.x, channels_, describe());
     input_ = ctx.x;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());

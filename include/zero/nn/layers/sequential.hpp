@@ -6,8 +6,9 @@
 //     after the last, so saved activations stay LIFO across units as the engine requires;
 //   - the gradient between layers: two buffers used in turn (a layer reads dy from one and
 //     writes dx into the other), each zeroed and shaped like the layer's forward input, so a
-//     layer only adds its input gradient. The unit's last dx is left in ctx.dx and ctx.dy for
-//     the unit below (the nn::Model contract, as GPT's units);
+//     layer only adds its input gradient. They are memory of the pass's kernels (host or
+//     device), as are the copies and fills Sequential makes itself. The unit's last dx is left in
+//     ctx.dx and ctx.dy for the unit below (the nn::Model contract, as GPT's units);
 //   - optionally, activation checkpointing (set_checkpoint): only the unit's input and output
 //     stay in the arena between forward and backward;
 //   - parking (park/resume): what the last forward kept for backward, its own and each layer's,
@@ -17,16 +18,13 @@
 #include <any>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include <zero/core/buffer.hpp>
 #include <zero/nn/layers/layer.hpp>
 
 namespace zero::nn {
@@ -102,8 +100,7 @@ class Sequential {
       const Tensor<T> out = ctx.x;
       ctx.arena->release(mark_);
       Tensor<T> kept = ctx.arena->template allocate<T>(out.shape());
-      std::memmove(static_cast<void*>(kept.data()), static_cast<const void*>(out.data()),
-                   out.bytes());
+      kernels_of(ctx).copy(kept.data(), out.data(), out.numel());
       ctx.x = kept;
     }
   }
@@ -134,15 +131,18 @@ class Sequential {
       ctx.dy = dy;
       recompute_ = false;
     }
+    Kernels<T>& kernels = kernels_of(ctx);
     for (std::size_t k = layers_.size(); k-- > 0;) {
       const Shape& shape = input_shapes_[k];
       if (shape.rank() == 0) {
         ctx.dx = {};
       } else {
-        Buffer<T>& buffer = gradients_[k % 2];
-        const auto n = static_cast<std::size_t>(shape.numel());
-        if (buffer.size() < n) buffer = Buffer<T>(n);
-        ctx.dx = buffer.view(shape);
+        KernelMemory& buffer = gradients_[k % 2];
+        const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
+        if (buffer.size < bytes || buffer.device != kernels.device()) {
+          buffer = kernels.allocate(bytes);
+        }
+        ctx.dx = buffer.view<T>(shape);
         const profile::OpTimes::Scope zeroing(ctx.op_times, "Sequential");
         const bool starts = k == 0 && input_grad_start.data() != nullptr;
         ctx.overwrite_dx = !starts && layers_[k]->writes_input_grad();
@@ -151,12 +151,9 @@ class Sequential {
                              "Sequential::backward: the input gradient start has ",
                              input_grad_start.numel(), " elements, the unit's input ",
                              ctx.dx.numel());
-          std::copy(input_grad_start.begin(), input_grad_start.end(), ctx.dx.begin());
+          kernels.copy(ctx.dx.data(), input_grad_start.data(), ctx.dx.numel());
         } else if (!ctx.overwrite_dx) {
-          // Zero is all-bits-zero in every element type (f64 f32 bf16 f16): one memset.
-          static_assert(std::is_trivially_copyable_v<T>);
-          std::memset(static_cast<void*>(ctx.dx.data()), 0,
-                      static_cast<std::size_t>(ctx.dx.numel()) * sizeof(T));
+          kernels.fill_zero(ctx.dx.data(), ctx.dx.numel());
         }
       }
       {
@@ -201,7 +198,7 @@ class Sequential {
   struct Parked {
     std::vector<Shape> input_shapes;
     std::int64_t batch, seq_len;
-    Arena<Host>::Mark mark;
+    BumpArena::Mark mark;
     Tensor<T> input;
     bool recompute;
     std::vector<std::any> layers;
@@ -228,8 +225,8 @@ class Sequential {
   std::vector<std::unique_ptr<Layer<T>>> layers_;
   std::vector<Shape> input_shapes_;
   std::int64_t batch_ = 0, seq_len_ = 0;  // of the last forward, for forward_flops
-  Buffer<T> gradients_[2];
-  Arena<Host>::Mark mark_ = 0;
+  KernelMemory gradients_[2];
+  BumpArena::Mark mark_ = 0;
   Tensor<T> input_;
   bool checkpoint_ = false, recompute_ = false;
 };

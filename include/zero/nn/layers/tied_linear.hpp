@@ -12,7 +12,6 @@
 
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/linear.hpp>
 
 namespace zero::nn {
 
@@ -33,7 +32,7 @@ class TiedLinear final : public Layer<T> {
                        w.value.numel(), " elements, expected ", out_, " x ", in_);
     input_ = ctx.x;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, out_));
-    ops::cpu::linear_forward<T>(y.data(), input_.data(), w.value.data(), nullptr, N, in_, out_);
+    kernels_of(ctx).linear_forward(y.data(), input_.data(), w.value.data(), nullptr, N, in_, out_);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {

@@ -13,7 +13,6 @@
 
 #include <zero/nn/layers/layer.hpp>
 #include <zero/nn/layers/token_ids.hpp>
-#include <zero/ops/cpu/embedding.hpp>
 
 namespace zero::nn {
 
@@ -47,13 +46,13 @@ class TokenEmbedding final : public Layer<T> {
     if (shape.rank() == 2) out_shape = Shape{shape[0], shape[1], channels_};
     Tensor<T> y = ctx.arena->template allocate<T>(out_shape);
     // One "sequence" of count_ positions and no position table: a plain lookup.
-    ops::cpu::embedding_forward<T>(y.data(), ids_data_, table_.value.data(), nullptr, 1, count_,
-                                   channels_, vocab_);
+    kernels_of(ctx).embedding_forward(y.data(), ids_data_, table_.value.data(), nullptr, 1, count_,
+                                      channels_, vocab_);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
-    ops::cpu::embedding_backward<T>(table_.grad.data(), nullptr, ctx.dy.data(), ids_data_, 1,
-                                    count_, channels_);
+    kernels_of(ctx).embedding_backward(table_.grad.data(), nullptr, ctx.dy.data(), ids_data_, 1,
+                                       count_, channels_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {

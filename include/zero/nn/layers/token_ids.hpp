@@ -12,6 +12,7 @@
 #include <zero/core/tensor.hpp>
 #include <zero/nn/context.hpp>
 #include <zero/nn/inputs.hpp>
+#include <zero/nn/kernels.hpp>
 
 namespace zero::nn {
 
@@ -31,6 +32,7 @@ TokenIds token_ids(const StepContext<T>& ctx, const std::string& name, const std
     return {ctx.tokens, Shape{ctx.batch, ctx.seq_len}};
   }
   const Tensor<const std::int32_t> ids = ctx.template input<std::int32_t>(name);
+  expect_input_on_kernels_device(ctx, ids, name, who);
   return {ids.data(), ids.shape()};
 }
 

@@ -83,10 +83,11 @@ class MixtureOfExperts final : public Layer<T> {
   }
 
   void forward(StepContext<T>& ctx) override {
+    expect_host_kernels(ctx, describe());
     using ops::cpu::load;
     const std::int64_t N = rows_of(ctx.x, C_, describe());
     const int E = cfg_.num_experts;
-    Arena<Host>& arena = *ctx.arena;
+    BumpArena& arena = *ctx.arena;
     input_ = ctx.x;
     {  // Router logits in the compute type (scratch: route() keeps what backward needs).
       const auto mark = arena.mark();

@@ -48,4 +48,17 @@ void accumulate(T* acc, const T* x, std::int64_t n) {
   add(acc, acc, x, n);
 }
 
+/// out[n, c] = x[n, c] + rows[n % R, c] for N rows of C (out may alias x): a position table of
+/// R = T rows added to B sequences of T rows.
+template <class T>
+void add_periodic_rows(T* out, const T* x, const T* rows, std::int64_t N, std::int64_t R,
+                       std::int64_t C) {
+  parallel_for(N, [&](std::int64_t n) {
+    const T* r = rows + (n % R) * C;
+    for (std::int64_t c = 0; c < C; ++c) {
+      out[n * C + c] = store<T>(load(x[n * C + c]) + load(r[c]));
+    }
+  });
+}
+
 }  // namespace zero::ops::cpu

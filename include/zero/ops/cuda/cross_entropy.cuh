@@ -87,11 +87,12 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
-/// One block per row: dlogits[n] = (softmax - onehot) * dloss / valid, or zeros when ignored.
+/// One block per row: dlogits[n] = (softmax - onehot) * dloss / valid, or zeros when ignored;
+/// valid is *valid_count when that is given, else fixed_valid.
 template <class T>
 __global__ void __launch_bounds__(cross_entropy_threads)
     cross_entropy_backward_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
-                                  const int* valid, int V, float dloss) {
+                                  const int* valid_count, int fixed_valid, int V, float dloss) {
   const std::int64_t n = blockIdx.x;
   const std::int32_t target = targets[n];
   T* d = dlogits + n * V;
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(cross_entropy_threads)
   const T* x = logits + n * V;
   float maxval, sum;
   row_max_sum(x, V, maxval, sum);
-  const int count = *valid;
+  const int count = valid_count != nullptr ? *valid_count : fixed_valid;
   const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.0f;
   const float inv = 1.0f / sum;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
@@ -149,8 +150,58 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
       <<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr, targets, static_cast<int>(N));
   ZERO_CUDA_CHECK(cudaGetLastError());
   cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
-      dlogits, logits, targets, valid.as<int>(), static_cast<int>(V), dloss);
+      dlogits, logits, targets, valid.as<int>(), 0, static_cast<int>(V), dloss);
   ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// cross_entropy_backward for N rows that are a chunk of a batch with valid counted targets
+/// (count_valid_targets of the whole batch): the mean's denominator is valid, not the chunk's.
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
+                            std::int64_t N, std::int64_t V, float dloss, std::int64_t valid,
+                            cudaStream_t stream) {
+  expect_int_range(N, "cross_entropy_backward");
+  expect_int_range(V, "cross_entropy_backward");
+  expect_int_range(valid, "cross_entropy_backward");
+  if (N == 0) return;
+  cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
+      dlogits, logits, targets, nullptr, static_cast<int>(valid), static_cast<int>(V), dloss);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// The number of targets [N] that count (not ignore_index), returned to the host: synchronises
+/// the stream.
+inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
+                                        cudaStream_t stream) {
+  expect_int_range(N, "count_valid_targets");
+  if (N == 0) return 0;
+  DeviceScratch valid(sizeof(int), stream);
+  cross_entropy_mean_kernel<1024>
+      <<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr, targets, static_cast<int>(N));
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  int count = 0;
+  ZERO_CUDA_CHECK(
+      cudaMemcpyAsync(&count, valid.as<int>(), sizeof(int), cudaMemcpyDeviceToHost, stream));
+  ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return count;
+}
+
+/// The mean of per-token losses [N] (cross_entropy_forward's, of every chunk) over the valid
+/// targets (0 if none), returned to the host: synchronises the stream.
+inline float cross_entropy_mean(const float* losses, const std::int32_t* targets, std::int64_t N,
+                                cudaStream_t stream) {
+  expect_int_range(N, "cross_entropy_mean");
+  if (N == 0) return 0.0f;
+  DeviceScratch scratch(2 * sizeof(float), stream);
+  cross_entropy_mean_kernel<1024>
+      <<<1, 1024, 0, stream>>>(scratch.as<float>(), reinterpret_cast<int*>(scratch.as<float>() + 1),
+                               losses, targets, static_cast<int>(N));
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  float mean = 0.0f;
+  ZERO_CUDA_CHECK(
+      cudaMemcpyAsync(&mean, scratch.as<float>(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+  ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return mean;
 }
 
 }  // namespace zero::ops::cuda

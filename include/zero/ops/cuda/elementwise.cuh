@@ -28,12 +28,13 @@ __global__ void add_kernel(T* out, const T* a, const T* b, std::int64_t n) {
   }
 }
 
-/// out[n, o] += bias[o] over rows of OC, grid-stride over all N*OC elements.
+/// out[n, c] = x[n, c] + rows[n % R, c] over rows of C, grid-stride over all N*C elements.
 template <class T>
-__global__ void add_bias_kernel(T* out, const T* bias, std::int64_t total, std::int64_t OC) {
+__global__ void add_periodic_rows_kernel(T* out, const T* x, const T* rows, std::int64_t total,
+                                         std::int64_t C, std::int64_t R) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = store<T>(load(out[i]) + load(bias[i % OC]));
+    out[i] = store<T>(load(x[i]) + load(rows[(i / C) % R * C + i % C]));
   }
 }
 
@@ -53,13 +54,22 @@ void accumulate(T* acc, const T* x, std::int64_t n, cudaStream_t stream) {
   add<T>(acc, acc, x, n, stream);
 }
 
+/// out[n, c] = x[n, c] + rows[n % R, c] for N rows of C (out may alias x): a position table of
+/// R = T rows added to B sequences of T rows, or a bias (R = 1).
+template <class T>
+void add_periodic_rows(T* out, const T* x, const T* rows, std::int64_t N, std::int64_t R,
+                       std::int64_t C, cudaStream_t stream) {
+  if (N * C == 0) return;
+  add_periodic_rows_kernel<T>
+      <<<grid_for(N * C), elementwise_threads, 0, stream>>>(out, x, rows, N * C, C, R);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
 /// out[N, OC] += bias[OC] broadcast over the rows (what linear_forward's epilogue does, for
 /// callers that produced out another way).
 template <class T>
 void add_bias(T* out, const T* bias, std::int64_t N, std::int64_t OC, cudaStream_t stream) {
-  if (N * OC == 0) return;
-  add_bias_kernel<T><<<grid_for(N * OC), elementwise_threads, 0, stream>>>(out, bias, N * OC, OC);
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  add_periodic_rows(out, out, bias, N, 1, OC, stream);
 }
 
 }  // namespace zero::ops::cuda

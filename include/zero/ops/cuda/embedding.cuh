@@ -26,7 +26,8 @@ namespace zero::ops::cuda {
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-/// out[i, c] = wte[tokens[i], c] + wpe[i % T, c]; NaN for a token outside [0, V).
+/// out[i, c] = wte[tokens[i], c] + wpe[i % T, c] (the row alone without wpe); NaN for a token
+/// outside [0, V).
 template <class T>
 __global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, const T* wte,
                                          const T* wpe, std::int64_t total, int Tn, int C, int V) {
@@ -35,10 +36,11 @@ __global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, con
     const std::int64_t i = e / C;
     const int c = static_cast<int>(e % C);
     const std::int32_t token = tokens[i];
-    const float value =
-        token >= 0 && token < V
-            ? load(wte[static_cast<std::int64_t>(token) * C + c]) + load(wpe[(i % Tn) * C + c])
-            : __int_as_float(0x7fc00000);
+    float value = __int_as_float(0x7fc00000);
+    if (token >= 0 && token < V) {
+      value = load(wte[static_cast<std::int64_t>(token) * C + c]);
+      if (wpe != nullptr) value += load(wpe[(i % Tn) * C + c]);
+    }
     out[e] = store<T>(value);
   }
 }
@@ -85,7 +87,8 @@ __global__ void embedding_backward_wpe_kernel(T* dwpe, const T* dout, int B, int
 
 // ---- launchers ----------------------------------------------------------------------------------
 
-/// out [B*T, C] from tokens [B*T] (device pointers); rows of out-of-range tokens become NaN.
+/// out [B*T, C] from tokens [B*T] (device pointers; wpe may be null: no positions); rows of
+/// out-of-range tokens become NaN.
 template <class T>
 void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
                        std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t V,

@@ -1,0 +1,210 @@
+#pragma once
+// zero-requires: cuda
+// nn::CudaKernels<T>: the layers' kernel set (nn/kernels.hpp) on one CUDA stream, running
+// zero::ops::cuda. Put it in a StepContext (ctx.kernels) with an arena of the same device's
+// memory (Arena<Cuda>) and parameters bound to device buffers, and the layers that have device
+// kernels run on the GPU: Linear, TiedLinear, LayerNorm, GELU, Dropout, Residual,
+// CausalSelfAttention, TokenEmbedding, PositionEmbedding, SoftmaxCrossEntropy,
+// LinearCrossEntropy, Flatten, Reshape and Sequential itself, so all of nn::GPT (LayerGPT) without
+// tensor, sequence or expert parallelism. The others refuse with a message naming them.
+//
+// Element types f32, bf16 and f16 (arithmetic in float; f64 stays on the host). Every call is
+// ordered on the stream and none synchronises the host. Differences from the host set:
+// - attention is the flash kernel: it saves each row's log-sum-exp (float [B, NH, T]) instead of
+//   the probabilities, and needs a head size of 64 or 128 (ShapeError otherwise);
+// - the device kernels of the linear input gradient, LayerNorm and GELU add into dx; where the
+//   layer asks for dx to be written (overwrite_dx), the linear GEMM runs with beta = 0 and the
+//   other two clear dx first (one memset);
+// - copy stages overlapping ranges through scratch (cudaMemcpyAsync requires disjoint ones);
+// - the loss: count_valid_targets and cross_entropy_mean return host values, so a loss layer's
+//   forward waits for the stream twice (as PyTorch's loss.item()); the backward recomputes each
+//   row's softmax max and sum instead of reading the forward's row_stats; a target outside the
+//   vocabulary makes its row's loss NaN instead of the host's ShapeError.
+#if !defined(__CUDACC__)
+#error \
+    "zero/nn/cuda_kernels.cuh needs nvcc; host-only code uses nn::HostKernels (zero/nn/kernels.hpp)"
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include <zero/core/cuda_check.cuh>
+#include <zero/nn/kernels.hpp>
+#include <zero/ops/cuda/attention.cuh>
+#include <zero/ops/cuda/common.cuh>
+#include <zero/ops/cuda/cross_entropy.cuh>
+#include <zero/ops/cuda/dropout.cuh>
+#include <zero/ops/cuda/elementwise.cuh>
+#include <zero/ops/cuda/embedding.cuh>
+#include <zero/ops/cuda/gelu.cuh>
+#include <zero/ops/cuda/gemm.cuh>
+#include <zero/ops/cuda/layer_norm.cuh>
+#include <zero/ops/cuda/linear.cuh>
+
+namespace zero::nn {
+
+/// The layers' kernels on one CUDA stream (see the file comment).
+template <class T>
+class CudaKernels final : public Kernels<T> {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>,
+                "nn::CudaKernels: element types are float, bf16 and f16 (f64 runs on the host)");
+
+ public:
+  using Stat = typename Kernels<T>::Stat;
+
+  /// Kernels on stream (which must outlive this set and the memory it hands out); the GEMMs'
+  /// handles, workspace and algorithm cache are this set's own.
+  explicit CudaKernels(cudaStream_t stream) : stream_(stream), gemm_(stream) {}
+
+  /// The stream every kernel runs on.
+  cudaStream_t stream() const { return stream_; }
+
+  DeviceKind device() const override { return DeviceKind::cuda; }
+  KernelMemory allocate(std::size_t bytes) override {
+    void* p = nullptr;
+    if (bytes != 0) {
+      const cudaError_t status = cudaMallocAsync(&p, bytes, stream_);
+      if (status == cudaErrorMemoryAllocation) {
+        raise<OutOfMemoryError>("nn::CudaKernels: out of device memory allocating ", bytes,
+                                " bytes");
+      }
+      ZERO_CUDA_CHECK(status);
+    }
+    const cudaStream_t stream = stream_;
+    return {std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
+                                       [stream](std::byte* q) {
+                                         if (q != nullptr) cudaFreeAsync(q, stream);
+                                       }),
+            bytes, DeviceKind::cuda};
+  }
+
+  void fill_zero(T* x, std::int64_t n) override {
+    if (n > 0) ZERO_CUDA_CHECK(cudaMemsetAsync(x, 0, bytes_of(n), stream_));
+  }
+  void copy(T* dst, const T* src, std::int64_t n) override {
+    if (n <= 0 || dst == src) return;
+    const auto d = reinterpret_cast<std::uintptr_t>(dst);
+    const auto s = reinterpret_cast<std::uintptr_t>(src);
+    const std::size_t bytes = bytes_of(n);
+    if (d < s + bytes && s < d + bytes) {  // overlapping: through scratch
+      ops::cuda::DeviceScratch staged(bytes, stream_);
+      ZERO_CUDA_CHECK(
+          cudaMemcpyAsync(staged.as<T>(), src, bytes, cudaMemcpyDeviceToDevice, stream_));
+      ZERO_CUDA_CHECK(
+          cudaMemcpyAsync(dst, staged.as<T>(), bytes, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void add(T* y, const T* a, const T* b, std::int64_t n) override {
+    ops::cuda::add(y, a, b, n, stream_);
+  }
+  void accumulate(T* y, const T* x, std::int64_t n) override {
+    ops::cuda::accumulate(y, x, n, stream_);
+  }
+  void add_periodic_rows(T* y, const T* x, const T* rows, std::int64_t N, std::int64_t R,
+                         std::int64_t C) override {
+    ops::cuda::add_periodic_rows(y, x, rows, N, R, C, stream_);
+  }
+
+  void embedding_forward(T* y, const std::int32_t* tokens, const T* wte, const T* wpe,
+                         std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t V) override {
+    ops::cuda::embedding_forward<T>(y, tokens, wte, wpe, B, Tn, C, V, stream_);
+  }
+  void embedding_backward(T* dwte, T* dwpe, const T* dy, const std::int32_t* tokens, std::int64_t B,
+                          std::int64_t Tn, std::int64_t C) override {
+    ops::cuda::embedding_backward<T>(dwte, dwpe, dy, tokens, B, Tn, C, stream_);
+  }
+
+  void linear_forward(T* y, const T* x, const T* w, const T* b, std::int64_t N, std::int64_t in,
+                      std::int64_t out) override {
+    ops::cuda::linear_forward<T>(gemm_, y, x, w, b, N, in, out, stream_);
+  }
+  void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::int64_t N,
+                       std::int64_t in, std::int64_t out, bool overwrite_dx) override {
+    if (dx != nullptr && overwrite_dx) {  // dx = dy w, then the parameter gradients
+      ops::cuda::gemm<T>(gemm_, ops::cuda::Trans::no, ops::cuda::Trans::no, N, in, out, 1.0f, dy,
+                         out, w, in, 0.0f, dx, in, stream_);
+      dx = nullptr;
+    }
+    ops::cuda::linear_backward<T>(gemm_, dx, dw, db, dy, x, w, N, in, out, stream_);
+  }
+  void layer_norm_forward(T* y, Stat* mean, Stat* rstd, const T* x, const T* w, const T* b,
+                          std::int64_t N, std::int64_t C) override {
+    ops::cuda::layer_norm_forward<T>(y, mean, rstd, x, w, b, N, C, stream_);
+  }
+  void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
+                           const Stat* mean, const Stat* rstd, std::int64_t N, std::int64_t C,
+                           bool overwrite_dx) override {
+    if (overwrite_dx) fill_zero(dx, N * C);
+    ops::cuda::layer_norm_backward<T>(dx, dw, db, dy, x, w, mean, rstd, N, C, stream_);
+  }
+  void gelu_forward(T* y, const T* x, std::int64_t n) override {
+    ops::cuda::gelu_forward(y, x, n, stream_);
+  }
+  void gelu_backward(T* dx, const T* x, const T* dy, std::int64_t n, bool overwrite_dx) override {
+    if (overwrite_dx) fill_zero(dx, n);
+    ops::cuda::gelu_backward(dx, x, dy, n, stream_);
+  }
+  void dropout_forward(T* y, const T* x, std::int64_t n, double p, const CounterRng& rng,
+                       std::uint32_t stream_id) override {
+    ops::cuda::dropout_forward(y, x, n, p, rng, stream_id, stream_);
+  }
+  void dropout_backward(T* dx, const T* dy, std::int64_t n, double p, const CounterRng& rng,
+                        std::uint32_t stream_id) override {
+    ops::cuda::dropout_backward(dx, dy, n, p, rng, stream_id, stream_);
+  }
+
+  std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
+                                   std::int64_t V) override {
+    (void)V;  // a target outside [0, V) makes its row's loss NaN instead (docs/cuda.md)
+    return ops::cuda::count_valid_targets(targets, N, stream_);
+  }
+  /// row_stats is not used: the device backward recomputes each row's max and sum.
+  void cross_entropy_forward(Stat* losses, const T* logits, const std::int32_t* targets,
+                             std::int64_t N, std::int64_t V, Stat* row_stats) override {
+    (void)row_stats;
+    ops::cuda::cross_entropy_forward<T>(losses, nullptr, logits, targets, N, V, stream_);
+  }
+  Stat cross_entropy_mean(const Stat* losses, const std::int32_t* targets, std::int64_t N,
+                          std::int64_t valid) override {
+    (void)valid;  // the kernel counts the same targets again
+    return ops::cuda::cross_entropy_mean(losses, targets, N, stream_);
+  }
+  void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
+                              std::int64_t N, std::int64_t V, Stat dloss, std::int64_t valid,
+                              const Stat* row_stats) override {
+    (void)row_stats;
+    ops::cuda::cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, stream_);
+  }
+
+  /// Flash attention keeps each row's log-sum-exp: float [B, NH, Tn].
+  std::size_t attention_saved_bytes(std::int64_t B, std::int64_t Tn,
+                                    std::int64_t NH) const override {
+    return static_cast<std::size_t>(B * NH * Tn) * sizeof(float);
+  }
+  void attention_forward(T* y, std::byte* saved, const T* qkv, std::int64_t B, std::int64_t Tn,
+                         std::int64_t C, std::int64_t NH,
+                         const ops::cpu::DropoutMask& mask) override {
+    ops::cuda::attention_forward(y, reinterpret_cast<float*>(saved), qkv, B, Tn, C, NH, mask,
+                                 stream_);
+  }
+  void attention_backward(T* dqkv, const T* dy, const T* qkv, const std::byte* saved,
+                          std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
+                          const ops::cpu::DropoutMask& mask) override {
+    ops::cuda::attention_backward(dqkv, dy, qkv, reinterpret_cast<const float*>(saved), B, Tn, C,
+                                  NH, mask, stream_);
+  }
+
+ private:
+  static std::size_t bytes_of(std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(T); }
+
+  cudaStream_t stream_;
+  ops::cuda::GemmContext gemm_;
+};
+
+}  // namespace zero::nn

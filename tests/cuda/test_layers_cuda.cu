@@ -1,0 +1,318 @@
+// The layers on the GPU: one GPT block (nn::add_gpt_block: LayerNorm, the attention and MLP
+// linears, flash attention, GELU, residual adds, dropout) run forward and backward through
+// nn::CudaKernels on device memory (an Arena<Cuda>, parameters bound to device buffers), against
+// the same block on the host kernels with the same weights, input, output gradient and dropout
+// masks. The host side of the seam (every kernel goes through the pass's set) is
+// tests/nn/test_layer_kernels.cpp.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <catch2/catch.hpp>
+
+#include <zero/core/arena.hpp>
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/cuda_device.cuh>
+#include <zero/core/rng.hpp>
+#include <zero/nn/cuda_kernels.cuh>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/kernels.hpp>
+#include <zero/nn/layer_gpt.hpp>
+#include <zero/nn/layers/sequential_model.hpp>
+#include <zero/nn/local_parameters.hpp>
+
+#include "ops_test_util.hpp"
+
+// No `using namespace zero`: zero::cuda would make CUB's unqualified cuda::std ambiguous in
+// nvcc's generated kernel stubs.
+using zero::bf16;
+using zero::convert;
+using zero::Shape;
+using zero::Tensor;
+using zero::test::check_close;
+using zero::test::DeviceVector;
+namespace nn = zero::nn;
+
+namespace {
+
+struct BlockShape {
+  std::int64_t B, T, C, NH;
+};
+
+template <class E>
+nn::SequentialModel<E> gpt_block(const BlockShape& s, bool checkpoint) {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 64;
+  cfg.max_seq_len = s.T;
+  cfg.num_layers = 2;
+  cfg.num_heads = s.NH;
+  cfg.channels = s.C;
+  cfg.dropout = 0.1;
+  cfg.attn_dropout = 0.1;
+  nn::SequentialModel<E> m;
+  nn::add_gpt_block(m.add_unit(), cfg, 0);
+  m.unit(0).set_checkpoint(checkpoint);
+  return m;
+}
+
+struct BlockRun {
+  std::vector<float> y, dx, grads;
+};
+
+template <class E>
+std::vector<float> as_floats(const std::vector<E>& v) {
+  std::vector<float> f;
+  for (E x : v) f.push_back(convert<float>(x));
+  return f;
+}
+
+// got against ref (values of E held as float) under ops_test_util's rule for E: f32 within rel
+// relative, bf16 within ulps.
+template <class E>
+void check_values(const std::vector<float>& got, const std::vector<float>& ref,
+                  const std::string& what, double rel, double ulps) {
+  std::vector<E> g, r;
+  for (float v : got) g.push_back(convert<E>(v));
+  for (float v : ref) r.push_back(convert<E>(v));
+  check_close(g, r, what, rel, ulps);
+}
+
+// The block's inputs: x and dy from fixed counters, so host and device see the same values.
+template <class E>
+void block_inputs(const BlockShape& s, std::vector<E>& x, std::vector<E>& dy) {
+  const zero::CounterRng rng(5);
+  const auto n = static_cast<std::size_t>(s.B * s.T * s.C);
+  x.resize(n);
+  dy.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = convert<E>(rng.normal(i));
+    dy[i] = convert<E>(rng.normal(n + i) * 0.1);
+  }
+}
+
+template <class E>
+BlockRun run_on_host(const BlockShape& s, bool checkpoint) {
+  nn::SequentialModel<E> m = gpt_block<E>(s, checkpoint);
+  nn::LocalParameters<nn::SequentialModel<E>> p(m, 9);
+  zero::Arena<> arena(std::size_t{64} << 20);
+  std::vector<E> x, dy;
+  block_inputs(s, x, dy);
+  nn::StepContext<E> ctx;
+  ctx.arena = &arena;
+  ctx.batch = s.B;
+  ctx.seq_len = s.T;
+  ctx.step = 4;
+  ctx.x = Tensor<E>(x.data(), Shape{s.B * s.T, s.C});
+  m.forward_unit(0, ctx);
+  BlockRun r;
+  for (E v : ctx.x) r.y.push_back(convert<float>(v));
+  ctx.dy = Tensor<E>(dy.data(), Shape{s.B * s.T, s.C});
+  m.backward_unit(0, ctx);
+  for (E v : ctx.dx) r.dx.push_back(convert<float>(v));
+  for (E v : p.unit_grads(0)) r.grads.push_back(convert<float>(v));
+  return r;
+}
+
+template <class E>
+BlockRun run_on_device(const BlockShape& s, bool checkpoint) {
+  nn::SequentialModel<E> m = gpt_block<E>(s, checkpoint);
+  // The host's initial values, copied to the device and bound there.
+  nn::LocalParameters<nn::SequentialModel<E>> host_params(m, 9);
+  const Tensor<E> values = host_params.unit_values(0);
+  DeviceVector<E> d_values(std::vector<E>(values.begin(), values.end()));
+  DeviceVector<E> d_grads(std::vector<E>(values.numel(), convert<E>(0.0f)));
+  std::vector<nn::ParamView<E>> views;
+  std::int64_t offset = 0;
+  for (const nn::ParamSpec& spec : host_params.unit_specs(0)) {
+    views.push_back({Tensor<E>(d_values.get() + offset, spec.shape, zero::DeviceKind::cuda),
+                     Tensor<E>(d_grads.get() + offset, spec.shape, zero::DeviceKind::cuda)});
+    offset += spec.numel();
+  }
+  m.bind_unit(0, views);
+
+  zero::CudaStream stream;
+  nn::CudaKernels<E> kernels(stream.native());
+  zero::Arena<zero::Cuda> arena(std::size_t{64} << 20, "device activations");
+  ZERO_CUDA_CHECK(cudaDeviceSynchronize());  // the arena's memory before the stream uses it
+  std::vector<E> x, dy;
+  block_inputs(s, x, dy);
+  DeviceVector<E> d_x(x), d_dy(dy);
+  nn::StepContext<E> ctx;
+  ctx.arena = &arena;
+  ctx.kernels = &kernels;
+  ctx.batch = s.B;
+  ctx.seq_len = s.T;
+  ctx.step = 4;
+  ctx.x = Tensor<E>(d_x.get(), Shape{s.B * s.T, s.C}, zero::DeviceKind::cuda);
+  m.forward_unit(0, ctx);
+  const auto download = [&](const Tensor<E>& t) {
+    stream.synchronize();
+    std::vector<E> h(static_cast<std::size_t>(t.numel()));
+    ZERO_CUDA_CHECK(cudaMemcpy(h.data(), t.data(), h.size() * sizeof(E), cudaMemcpyDeviceToHost));
+    return as_floats(h);
+  };
+  BlockRun r;
+  r.y = download(ctx.x);
+  ctx.dy = Tensor<E>(d_dy.get(), Shape{s.B * s.T, s.C}, zero::DeviceKind::cuda);
+  m.backward_unit(0, ctx);
+  r.dx = download(ctx.dx);
+  stream.synchronize();
+  r.grads = as_floats(d_grads.download());
+  return r;
+}
+
+}  // namespace
+
+// f32 is held to 1e-4 relative, not the single kernels' 1e-5: the block chains ten kernels whose
+// sums run in other orders (cuBLASLt against the host GEMM, CUB's LayerNorm reductions, flash
+// attention's online softmax), and the gradients pass through all of them. bf16 gets 8 ulps: the
+// host rounds the attention probabilities and the GEMM outputs between kernels at other points
+// than the device (docs/cuda.md).
+TEMPLATE_TEST_CASE("a GPT block on CudaKernels equals the block on the host kernels",
+                   "[cuda][layers]", float, bf16) {
+  using E = TestType;
+  const double rel = 1e-4, ulps = 8.0;
+  for (const BlockShape s :
+       {BlockShape{2, 64, 128, 2}, BlockShape{1, 1, 128, 2}, BlockShape{2, 100, 256, 2}}) {
+    for (const bool checkpoint : {false, true}) {
+      INFO("B " << s.B << " T " << s.T << " C " << s.C << " heads " << s.NH << " checkpoint "
+                << checkpoint);
+      const BlockRun host = run_on_host<E>(s, checkpoint);
+      const BlockRun device = run_on_device<E>(s, checkpoint);
+      check_values<E>(device.y, host.y, "output", rel, ulps);
+      check_values<E>(device.dx, host.dx, "input gradient", rel, ulps);
+      check_values<E>(device.grads, host.grads, "parameter gradients", rel, ulps);
+    }
+  }
+}
+
+// The whole GPT: embedding unit (tokens and positions), two blocks, the tied head with its loss
+// over the logits in row chunks; the loss and every unit's gradient, on the device and the host.
+struct GPTRun {
+  float loss = 0;
+  std::vector<float> grads;
+};
+
+nn::GPTConfig small_gpt(std::int64_t chunk_rows, std::size_t element_bytes) {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 1000;  // not a multiple of the cross-entropy block
+  cfg.max_seq_len = 64;
+  cfg.num_layers = 2;
+  cfg.num_heads = 2;
+  cfg.channels = 128;
+  cfg.dropout = 0.1;
+  cfg.logits_chunk_bytes = chunk_rows * cfg.vocab_size * static_cast<std::int64_t>(element_bytes);
+  return cfg;
+}
+
+void gpt_batch(const nn::GPTConfig& cfg, std::int64_t n, std::vector<std::int32_t>& tokens,
+               std::vector<std::int32_t>& targets) {
+  tokens.resize(n);
+  targets.resize(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    tokens[i] = static_cast<std::int32_t>((37 * i + 11) % cfg.vocab_size);
+    targets[i] = i % 9 == 4 ? -1 : static_cast<std::int32_t>((53 * i + 7) % cfg.vocab_size);
+  }
+}
+
+template <class E>
+GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_device) {
+  const nn::GPTConfig cfg = small_gpt(chunk_rows, sizeof(E));
+  nn::GPT<E> gpt(cfg);
+  nn::LocalParameters<nn::GPT<E>> params(gpt, 21);
+  std::vector<std::int32_t> tokens, targets;
+  gpt_batch(cfg, B * T, tokens, targets);
+  nn::StepContext<E> ctx;
+  ctx.batch = B;
+  ctx.seq_len = T;
+  ctx.step = 2;
+  GPTRun r;
+  if (!on_device) {
+    zero::Arena<> arena(std::size_t{64} << 20);
+    ctx.arena = &arena;
+    ctx.tokens = tokens.data();
+    ctx.targets = targets.data();
+    r.loss = convert<float>(gpt.forward(ctx));
+    gpt.backward(ctx);
+    for (int u = 0; u < gpt.num_units(); ++u) {
+      for (E g : params.unit_grads(u)) r.grads.push_back(convert<float>(g));
+    }
+    return r;
+  }
+  // Device copies of every unit's values, bound in place of the host's.
+  std::vector<DeviceVector<E>> values, grads;
+  for (int u = 0; u < gpt.num_units(); ++u) {
+    const Tensor<E> v = params.unit_values(u);
+    values.emplace_back(std::vector<E>(v.begin(), v.end()));
+    grads.emplace_back(std::vector<E>(v.numel(), convert<E>(0.0f)));
+  }
+  for (int u = 0; u < gpt.num_units(); ++u) {
+    std::vector<nn::ParamView<E>> views;
+    std::int64_t offset = 0;
+    for (const nn::ParamSpec& spec : params.unit_specs(u)) {
+      views.push_back({Tensor<E>(values[u].get() + offset, spec.shape, zero::DeviceKind::cuda),
+                       Tensor<E>(grads[u].get() + offset, spec.shape, zero::DeviceKind::cuda)});
+      offset += spec.numel();
+    }
+    gpt.bind_unit(u, views);
+  }
+  zero::CudaStream stream;
+  nn::CudaKernels<E> kernels(stream.native());
+  zero::Arena<zero::Cuda> arena(std::size_t{64} << 20, "device activations");
+  DeviceVector<std::int32_t> d_tokens(tokens), d_targets(targets);
+  ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+  ctx.arena = &arena;
+  ctx.kernels = &kernels;
+  ctx.tokens = d_tokens.get();
+  ctx.targets = d_targets.get();
+  r.loss = convert<float>(gpt.forward(ctx));
+  gpt.backward(ctx);
+  stream.synchronize();
+  for (int u = 0; u < gpt.num_units(); ++u) {
+    const std::vector<float> g = as_floats(grads[u].download());
+    r.grads.insert(r.grads.end(), g.begin(), g.end());
+  }
+  return r;
+}
+
+TEMPLATE_TEST_CASE("all of GPT on CudaKernels equals GPT on the host kernels", "[cuda][layers]",
+                   float, bf16) {
+  using E = TestType;
+  const double rel = 1e-4, ulps = 8.0;
+  for (const std::int64_t chunk_rows : {std::int64_t{0}, std::int64_t{48}}) {
+    INFO("logits in chunks of " << chunk_rows << " rows (0: one chunk)");
+    const GPTRun host = gpt_run<E>(2, 64, chunk_rows, false);
+    const GPTRun device = gpt_run<E>(2, 64, chunk_rows, true);
+    check_values<E>({device.loss}, {host.loss}, "loss", rel, ulps);
+    check_values<E>(device.grads, host.grads, "every unit's gradient", rel, ulps);
+  }
+}
+
+TEST_CASE("CudaKernels copies overlapping ranges and hands out device memory", "[cuda][layers]") {
+  zero::CudaStream stream;
+  nn::CudaKernels<float> kernels(stream.native());
+  CHECK(kernels.device() == zero::DeviceKind::cuda);
+  const nn::KernelMemory mem = kernels.allocate(1000 * sizeof(float));
+  REQUIRE(mem.bytes != nullptr);
+  CHECK(mem.device == zero::DeviceKind::cuda);
+  cudaPointerAttributes attributes{};
+  ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, mem.bytes.get()));
+  CHECK(attributes.type == cudaMemoryTypeDevice);
+
+  std::vector<float> h(1000);
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i);
+  DeviceVector<float> d(h);
+  kernels.copy(d.get(), d.get() + 10, 900);         // down onto itself
+  kernels.copy(d.get() + 500, d.get() + 490, 400);  // up onto itself
+  stream.synchronize();
+  std::vector<float> want = h;
+  std::copy(h.begin() + 10, h.begin() + 910, want.begin());
+  const std::vector<float> after_down = want;
+  std::copy(after_down.begin() + 490, after_down.begin() + 890, want.begin() + 500);
+  CHECK(d.download() == want);
+  kernels.fill_zero(d.get(), 1000);
+  stream.synchronize();
+  CHECK(d.download() == std::vector<float>(1000, 0.0f));
+}

@@ -1,0 +1,246 @@
+// The layers' kernel seam (nn/kernels.hpp): layers run the kernels of the pass's set
+// (StepContext::kernels), the host set when none is given, and layers with host kernels only
+// refuse a set on another device. A recording set forwards to the host kernels and names each
+// call, so these run on every machine; the same GPT block on nn::CudaKernels is
+// tests/cuda/test_layers_cuda.cu.
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <zero/core/arena.hpp>
+#include <zero/core/rng.hpp>
+#include <zero/nn/deferred_weight_grads.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/nn/kernels.hpp>
+#include <zero/nn/layer_gpt.hpp>
+#include <zero/nn/layers/rms_norm.hpp>
+#include <zero/nn/layers/sequential_model.hpp>
+#include <zero/nn/layers/token_embedding.hpp>
+#include <zero/nn/local_parameters.hpp>
+
+#include "recording_kernels.hpp"
+
+using namespace zero;
+
+namespace {
+
+using test::RecordingKernels;
+
+constexpr std::int64_t B = 2, T = 5, C = 16, NH = 2;
+
+// One GPT block (nn::add_gpt_block, with dropout and attention dropout) as a one-unit model.
+template <class E>
+nn::SequentialModel<E> gpt_block(bool checkpoint) {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 32;
+  cfg.max_seq_len = T;
+  cfg.num_layers = 1;
+  cfg.num_heads = NH;
+  cfg.channels = C;
+  cfg.dropout = 0.1;
+  cfg.attn_dropout = 0.1;
+  nn::SequentialModel<E> m;
+  nn::Sequential<E>& unit = m.add_unit();
+  nn::add_gpt_block(unit, cfg, 0);
+  unit.set_checkpoint(checkpoint);
+  return m;
+}
+
+struct BlockRun {
+  std::vector<float> y, dx, grads;
+};
+
+// Forward and backward of the block on one input and output gradient, through kernels (null:
+// the context's default).
+template <class E>
+BlockRun run_block(nn::Kernels<E>* kernels, bool checkpoint) {
+  nn::SequentialModel<E> m = gpt_block<E>(checkpoint);
+  nn::LocalParameters<nn::SequentialModel<E>> p(m, 7);
+  Arena<> arena(1 << 20);
+  std::vector<E> x(B * T * C), dy(B * T * C);
+  const CounterRng rng(11);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = convert<E>(rng.normal(i));
+    dy[i] = convert<E>(rng.normal(x.size() + i) * 0.1);
+  }
+  nn::StepContext<E> ctx;
+  ctx.arena = &arena;
+  ctx.kernels = kernels;
+  ctx.batch = B;
+  ctx.seq_len = T;
+  ctx.step = 3;
+  ctx.x = Tensor<E>(x.data(), Shape{B * T, C});
+  m.forward_unit(0, ctx);
+  BlockRun r;
+  for (E v : ctx.x) r.y.push_back(convert<float>(v));
+  ctx.dy = Tensor<E>(dy.data(), Shape{B * T, C});
+  m.backward_unit(0, ctx);
+  for (E v : ctx.dx) r.dx.push_back(convert<float>(v));
+  for (E v : p.unit_grads(0)) r.grads.push_back(convert<float>(v));
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a GPT block runs on the kernel set of its pass", "[unit][nn][layers][kernels]",
+                   float, bf16) {
+  using E = TestType;
+  for (const bool checkpoint : {false, true}) {
+    INFO("activation checkpointing " << checkpoint);
+    const BlockRun plain = run_block<E>(nullptr, checkpoint);
+    RecordingKernels<E> recording;
+    const BlockRun through = run_block<E>(&recording, checkpoint);
+    // The same kernels in the same order: the same bits.
+    CHECK(same_bits(plain.y, through.y));
+    CHECK(same_bits(plain.dx, through.dx));
+    CHECK(same_bits(plain.grads, through.grads));
+    // Every kernel of the block went through the set: 4 linears, 2 LayerNorms, attention, GELU,
+    // 2 residual dropouts, 2 residual adds; in backward, Sequential's gradient buffers and fills.
+    CHECK(recording.calls["linear_forward"] == (checkpoint ? 8 : 4));
+    CHECK(recording.calls["linear_backward"] == 4);
+    CHECK(recording.calls["layer_norm_forward"] == (checkpoint ? 4 : 2));
+    CHECK(recording.calls["layer_norm_backward"] == 2);
+    CHECK(recording.calls["attention_forward"] == (checkpoint ? 2 : 1));
+    CHECK(recording.calls["attention_backward"] == 1);
+    CHECK(recording.calls["gelu_forward"] == (checkpoint ? 2 : 1));
+    CHECK(recording.calls["gelu_backward"] == 1);
+    CHECK(recording.calls["dropout_forward"] == (checkpoint ? 4 : 2));
+    CHECK(recording.calls["dropout_backward"] == 2);
+    CHECK(recording.calls["add"] == (checkpoint ? 4 : 2));
+    CHECK(recording.calls["allocate"] >= 2);
+    // Checkpointing moves the unit's output down to its mark with the set's copy.
+    CHECK(recording.calls["copy"] >= (checkpoint ? 1 : 0));
+  }
+}
+
+// The whole GPT (embedding unit, two blocks, the head with its loss over logits in chunks of 4
+// rows), forward and backward, through kernels (null: the context's default): loss and every
+// unit's gradient.
+template <class E>
+std::pair<float, std::vector<float>> run_gpt(nn::Kernels<E>* kernels) {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 40;
+  cfg.max_seq_len = 8;
+  cfg.num_layers = 2;
+  cfg.num_heads = NH;
+  cfg.channels = C;
+  cfg.dropout = 0.1;
+  cfg.logits_chunk_bytes = 4 * 40 * static_cast<std::int64_t>(sizeof(E));
+  nn::GPT<E> gpt(cfg);
+  nn::LocalParameters<nn::GPT<E>> p(gpt, 3);
+  Arena<> arena(1 << 22);
+  std::vector<std::int32_t> tokens(B * T), targets(B * T);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<std::int32_t>((7 * i + 3) % cfg.vocab_size);
+    targets[i] = i == 4 ? -1 : static_cast<std::int32_t>((5 * i + 1) % cfg.vocab_size);
+  }
+  nn::StepContext<E> ctx;
+  ctx.arena = &arena;
+  ctx.kernels = kernels;
+  ctx.tokens = tokens.data();
+  ctx.targets = targets.data();
+  ctx.batch = B;
+  ctx.seq_len = T;
+  const float loss = convert<float>(gpt.forward(ctx));
+  gpt.backward(ctx);
+  std::vector<float> grads;
+  for (int u = 0; u < gpt.num_units(); ++u) {
+    for (E g : p.unit_grads(u)) grads.push_back(convert<float>(g));
+  }
+  return {loss, grads};
+}
+
+TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][gpt][kernels]",
+                   float, bf16) {
+  using E = TestType;
+  const auto [loss, grads] = run_gpt<E>(nullptr);
+  RecordingKernels<E> recording;
+  const auto [loss_through, grads_through] = run_gpt<E>(&recording);
+  CHECK(std::memcmp(&loss, &loss_through, sizeof(float)) == 0);
+  CHECK(same_bits(grads, grads_through));
+  CHECK(recording.calls["embedding_forward"] == 1);  // the token table
+  CHECK(recording.calls["add_periodic_rows"] == 1);  // the positions
+  CHECK(recording.calls["embedding_backward"] == 2);
+  CHECK(recording.calls["count_valid_targets"] == 1);
+  CHECK(recording.calls["cross_entropy_forward"] == 3);  // 10 rows in chunks of 4
+  CHECK(recording.calls["cross_entropy_mean"] == 1);
+  CHECK(recording.calls["cross_entropy_backward"] == 3);
+  // 4 per block, the head's 3 chunks forward and the 2 it recomputes in backward.
+  CHECK(recording.calls["linear_forward"] == 2 * 4 + 3 + 2);
+}
+
+TEST_CASE("the host kernel set is the default and reports the host", "[unit][nn][kernels]") {
+  nn::StepContext<float> ctx;
+  CHECK(&nn::kernels_of(ctx) == &nn::host_kernels<float>());
+  CHECK(nn::kernels_of(ctx).device() == DeviceKind::host);
+  RecordingKernels<float> k;
+  ctx.kernels = &k;
+  CHECK(&nn::kernels_of(ctx) == &k);
+  // Memory it hands out is writable, aligned host memory of the size asked.
+  const nn::KernelMemory mem = nn::host_kernels<float>().allocate(1000);
+  REQUIRE(mem.bytes != nullptr);
+  CHECK(mem.size == 1000);
+  CHECK(reinterpret_cast<std::uintptr_t>(mem.bytes.get()) % Host::default_alignment == 0);
+  std::memset(mem.bytes.get(), 0x5a, 1000);
+  // copy handles overlapping ranges (Sequential moves a checkpointed output down onto itself).
+  std::vector<float> v{1, 2, 3, 4, 5};
+  nn::host_kernels<float>().copy(v.data(), v.data() + 1, 4);
+  CHECK(v == std::vector<float>{2, 3, 4, 5, 5});
+}
+
+TEST_CASE("layers with host kernels only refuse a device kernel set", "[unit][nn][kernels]") {
+  RecordingKernels<float> device(DeviceKind::cuda);
+  Arena<> arena(1 << 20);
+  nn::StepContext<float> ctx;
+  ctx.arena = &arena;
+  ctx.kernels = &device;
+  std::vector<std::int32_t> tokens(B * T, 1);
+  ctx.tokens = tokens.data();
+  ctx.batch = B;
+  ctx.seq_len = T;
+
+  std::vector<float> x(B * T * C, 0.5f);
+  ctx.x = Tensor<float>(x.data(), Shape{B * T, C});
+  nn::RMSNorm<float> norm("norm", C);
+  std::vector<float> weight(C, 1.f), grad(C, 0.f);
+  const nn::ParamView<float> view{Tensor<float>(weight.data(), Shape{C}),
+                                  Tensor<float>(grad.data(), Shape{C})};
+  norm.bind(std::span<const nn::ParamView<float>>(&view, 1));
+  CHECK_THROWS_WITH(norm.forward(ctx), Catch::Contains("RMSNorm 'norm'") &&
+                                           Catch::Contains("host kernels only") &&
+                                           Catch::Contains("cuda device"));
+  CHECK(arena.used_bytes() == 0);  // refused before it took anything
+
+  // ReLU has no device kernel; GELU has, and runs through the set.
+  nn::ReLU<float> relu;
+  CHECK_THROWS_WITH(relu.forward(ctx), Catch::Contains("ReLU has host kernels only"));
+  nn::GELU<float> gelu;
+  gelu.forward(ctx);
+  CHECK(device.calls["gelu_forward"] == 1);
+
+  // A split backward (zero-bubble pipelines) keeps host copies of its operands: host only.
+  nn::DeferredWeightGrads<float> deferred;
+  ctx.weight_grads = &deferred;
+  std::vector<float> w(C * C, 0.f), dw(C * C, 0.f), dy(B * T * C, 0.f), dx(B * T * C, 0.f);
+  CHECK_THROWS_WITH(nn::linear_backward<float>(ctx, dx.data(), dw.data(), nullptr, dy.data(),
+                                               x.data(), w.data(), B * T, C, C),
+                    Catch::Contains("split backward") && Catch::Contains("host kernels only"));
+
+  // A named input in host memory cannot feed a device pass (the engine moves tokens and
+  // targets only).
+  ctx.weight_grads = nullptr;
+  ctx.inputs.set("ids", Tensor<const std::int32_t>(tokens.data(), Shape{B, T}));
+  nn::TokenEmbedding<float> wte("wte", 32, C, "ids");
+  CHECK_THROWS_WITH(wte.forward(ctx), Catch::Contains("TokenEmbedding 'wte'") &&
+                                          Catch::Contains("input 'ids' is host memory") &&
+                                          Catch::Contains("runs on the cuda device"));
+}
