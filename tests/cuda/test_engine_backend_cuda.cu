@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,6 +21,7 @@
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
+#include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
 #include <zero/core/cuda_check.cuh>
 #include <zero/core/cuda_device.cuh>
@@ -27,6 +29,8 @@
 #include <zero/core/dtype.hpp>
 #include <zero/engine/backend.hpp>
 #include <zero/engine/cuda_backend.cuh>
+#include <zero/engine/engine_options.hpp>
+#include <zero/nn/cuda_kernels.cuh>
 
 #include "ops_test_util.hpp"
 
@@ -407,4 +411,41 @@ TEST_CASE("CudaBackend buffers: pool memory on the compute stream, page-locked h
   backend.compute_stream().synchronize();
   CHECK(p.data()[0] == 3.0f);
   CHECK(p.data()[999] == 3.0f);
+}
+
+TEST_CASE("CudaBackend gives the layers device kernels on its compute stream and device arenas",
+          "[cuda][engine]") {
+  CudaBackend backend;
+  const std::unique_ptr<zero::nn::Kernels<bf16>> kernels = backend.make_layer_kernels<bf16>();
+  REQUIRE(kernels != nullptr);
+  CHECK(kernels->device() == zero::DeviceKind::cuda);
+  const auto* cuda_kernels = dynamic_cast<const zero::nn::CudaKernels<bf16>*>(kernels.get());
+  REQUIRE(cuda_kernels != nullptr);
+  CHECK(cuda_kernels->stream() == backend.compute_stream().native());
+
+  const std::unique_ptr<zero::BumpArena> arena = backend.make_arena(1 << 20, "activations");
+  CHECK(arena->device() == zero::DeviceKind::cuda);
+  CHECK(arena->capacity_bytes() == (1 << 20));
+  const zero::Tensor<std::int32_t> ids = arena->allocate<std::int32_t>({64});
+  cudaPointerAttributes attributes{};
+  ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, ids.data()));
+  CHECK(attributes.type == cudaMemoryTypeDevice);
+
+  // A micro-batch's tokens and targets go into the arena, in device memory, on the set's stream.
+  std::vector<std::int32_t> tokens(64), targets(64);
+  for (int i = 0; i < 64; ++i) {
+    tokens[static_cast<std::size_t>(i)] = i;
+    targets[static_cast<std::size_t>(i)] = 63 - i;
+  }
+  const zero::engine::MicroBatch batch{tokens.data(), targets.data(), 4, 16};
+  const zero::nn::StepContext<bf16> ctx = batch.context<bf16>(*arena, true, 0, kernels.get());
+  REQUIRE(ctx.tokens != tokens.data());
+  std::vector<std::int32_t> got(64);
+  backend.compute_stream().synchronize();
+  ZERO_CUDA_CHECK(
+      cudaMemcpy(got.data(), ctx.tokens, 64 * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  CHECK(got == tokens);
+  ZERO_CUDA_CHECK(
+      cudaMemcpy(got.data(), ctx.targets, 64 * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  CHECK(got == targets);
 }

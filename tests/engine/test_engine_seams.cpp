@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -15,6 +17,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <zero/engine/engine.hpp>
 
+#include "../nn/recording_kernels.hpp"
 #include "../parallel/comm_test_util.hpp"
 #include "seam_checks.hpp"
 
@@ -199,9 +202,21 @@ struct RecordingBackend : engine::HostBackend {
     comm_waits_k,
     compute_waits_k,
     buffers_k,
+    arenas_k,
     kernels_n
   };
   static inline std::atomic<int> calls[kernels_n] = {};
+  // Calls the model's layers made through this backend's kernel sets (all ranks).
+  static inline std::atomic<long> layer_calls = 0;
+
+  std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
+    ++calls[arenas_k];
+    return HostBackend::make_arena(bytes, std::move(name));
+  }
+  template <class T>
+  std::unique_ptr<nn::Kernels<T>> make_layer_kernels() {
+    return std::make_unique<test::RecordingKernels<T>>(DeviceKind::host, &layer_calls);
+  }
 
   template <class E>
   DeviceBuffer<E> make_buffer(std::size_t n) {
@@ -279,6 +294,7 @@ void check_recording_backend() {
   using Masters = std::vector<std::vector<float>>;
   const auto host = per_rank<Masters>(2, [](LocalComm& comm) { return train_bf16<Host, S>(comm); });
   for (auto& c : RecordingBackend::calls) c = 0;
+  RecordingBackend::layer_calls = 0;
   const auto recorded =
       per_rank<Masters>(2, [](LocalComm& comm) { return train_bf16<RecordingDevice, S>(comm); });
   INFO("stage " << S);
@@ -298,6 +314,9 @@ void check_recording_backend() {
   CHECK(RecordingBackend::calls[RecordingBackend::buffers_k] > 0);
   CHECK(RecordingBackend::calls[RecordingBackend::compute_waits_k] ==
         RecordingBackend::calls[RecordingBackend::comm_waits_k]);
+  // The units ran on the backend's kernel set, in the backend's activation arenas (one a rank).
+  CHECK(RecordingBackend::layer_calls > 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::arenas_k] == 2);
 }
 
 }  // namespace
@@ -383,4 +402,20 @@ TEST_CASE("HostBackend::make_buffer: zeroed, ordered on the compute stream", "[u
 TEST_CASE("the engine calls its backend's kernels on the backend object", "[unit][engine]") {
   check_recording_backend<1>();
   check_recording_backend<3>();
+}
+
+TEST_CASE("a micro-step's arena must be memory of its kernels' device", "[unit][engine][kernels]") {
+  Arena<> arena(1 << 16, "host activations");
+  test::RecordingKernels<float> device_kernels(DeviceKind::cuda);
+  std::vector<std::int32_t> tokens(8, 1);
+  engine::MicroBatch batch{tokens.data(), tokens.data(), 2, 4};
+  CHECK_THROWS_WITH(batch.context<float>(arena, true, 0, &device_kernels),
+                    Catch::Contains("'host activations' is host memory") &&
+                        Catch::Contains("kernels run on the cuda device"));
+  // On the host's kernels the batch's own ids are used as they are.
+  test::RecordingKernels<float> host_kernels;
+  const nn::StepContext<float> ctx = batch.context<float>(arena, true, 0, &host_kernels);
+  CHECK(ctx.kernels == &host_kernels);
+  CHECK(ctx.tokens == tokens.data());
+  CHECK(arena.used_bytes() == 0);
 }

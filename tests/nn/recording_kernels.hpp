@@ -42,6 +42,10 @@ class RecordingKernels final : public nn::Kernels<T> {
     note("copy");
     host().copy(dst, src, n);
   }
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    note("copy_from_host");
+    host().copy_from_host(dst, src, bytes);
+  }
   void add(T* y, const T* a, const T* b, std::int64_t n) override {
     note("add");
     host().add(y, a, b, n);

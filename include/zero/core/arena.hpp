@@ -97,10 +97,13 @@ template <Device Dev = Host>
 class Arena : private detail::ArenaStorage<Dev>, public BumpArena {
  public:
   /// Reserves capacity_bytes (not filled: every view is written before it is read, and on the
-  /// host the pages a run never reaches take no memory); name appears in error messages.
-  explicit Arena(std::size_t capacity_bytes, std::string name = "arena")
+  /// host the pages a run never reaches take no memory), allocated and freed in stream's order;
+  /// name appears in error messages.
+  explicit Arena(std::size_t capacity_bytes, std::string name = "arena",
+                 typename Dev::Stream& stream = Dev::default_stream())
       : detail::ArenaStorage<Dev>{Buffer<std::byte, Dev>(
-            capacity_bytes, typename Buffer<std::byte, Dev>::Uninitialized{}, default_alignment)},
+            capacity_bytes, typename Buffer<std::byte, Dev>::Uninitialized{}, default_alignment,
+            stream)},
         BumpArena(this->storage.data(), this->storage.size(), Dev::kind, std::move(name)) {}
 };
 

@@ -2,8 +2,10 @@
 // The device seam: Compute<Device> resolves to a backend, the one place that says how the engine
 // allocates buffers (plain and pinned), orders work (streams and events) and runs the few
 // element-wise kernels its own flow needs (folding a gradient into an fp32 accumulator, rounding
-// a master slice for a gather, clearing, the sum of squares for the global norm). The model's
-// units bring their own kernels (zero::ops::cpu on the host); the flow in engine.hpp is written
+// a master slice for a gather, clearing, the sum of squares for the global norm). It also makes
+// what the model's layers run on: their kernel set (nn/kernels.hpp: zero::ops::cpu on the host,
+// zero::ops::cuda on a device's compute stream) and the activation arenas in the same memory.
+// The flow in engine.hpp is written
 // once over this interface, and calls the kernels on its backend object (one per engine: a
 // device backend's kernels run on its streams), never through the type.
 //
@@ -16,14 +18,19 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include <optim/grad_norm.hpp>
+#include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
 #include <zero/core/device.hpp>
 #include <zero/core/dtype.hpp>
+#include <zero/nn/kernels.hpp>
 
 namespace zero::engine {
 
@@ -54,6 +61,15 @@ struct HostBackend {
   template <class E>
   DeviceBuffer<E> make_buffer(std::size_t n) {
     return DeviceBuffer<E>(n, Host::default_alignment, compute_);
+  }
+  /// The activation arena of a micro-step: bytes of the memory the units compute on.
+  std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
+    return std::make_unique<Arena<Host>>(bytes, std::move(name));
+  }
+  /// The kernels the model's layers run (nn/kernels.hpp): zero::ops::cpu here.
+  template <class T>
+  std::unique_ptr<nn::Kernels<T>> make_layer_kernels() {
+    return std::make_unique<nn::HostKernels<T>>();
   }
   /// Makes work issued next on the communication stream wait for the compute issued so far (a
   /// reduction must not read a gradient the backward is still writing). Synchronous here.

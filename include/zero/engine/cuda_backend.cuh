@@ -38,10 +38,13 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_runtime.h>
 
+#include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
 #include <zero/core/cuda_check.cuh>
 #include <zero/core/cuda_device.cuh>
@@ -49,6 +52,7 @@
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/engine/backend.hpp>
+#include <zero/nn/cuda_kernels.cuh>
 #include <zero/ops/cuda/common.cuh>
 #include <zero/ops/cuda/convert.cuh>
 #include <zero/ops/cuda/reduce.cuh>
@@ -158,6 +162,16 @@ class CudaBackend {
   template <class E>
   DeviceBuffer<E> make_buffer(std::size_t n) {
     return DeviceBuffer<E>(n, Cuda::default_alignment, *compute_);
+  }
+  /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
+  std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
+    return std::make_unique<Arena<Cuda>>(bytes, std::move(name), *compute_);
+  }
+  /// The layers' kernels: zero::ops::cuda on the compute stream (nn::CudaKernels; element types
+  /// f32, bf16, f16).
+  template <class T>
+  std::unique_ptr<nn::Kernels<T>> make_layer_kernels() {
+    return std::make_unique<nn::CudaKernels<T>>(compute_->native());
   }
 
   /// acc[i] += factor * g[i], in acc's type (the product rounded once), on the compute stream.

@@ -122,7 +122,8 @@ class Engine {
         groups_(std::move(groups)),
         options_(options),
         update_(std::move(update)),
-        micro_(options_.activation_bytes, options_.gradient_accumulation_steps) {
+        micro_(options_.activation_bytes, options_.gradient_accumulation_steps, arena_maker(),
+               layer_kernels_.get()) {
     static_assert(!offload_nvme,
                   "zero::Engine: Offload<NVMe> swaps the states of an optimizer built from the "
                   "config; construct the engine from a Config");
@@ -134,7 +135,8 @@ class Engine {
       : model_(model),
         groups_(std::move(groups)),
         options_(options.with_config(config, groups_.sample_ranks)),
-        micro_(options_.activation_bytes, options_.gradient_accumulation_steps) {
+        micro_(options_.activation_bytes, options_.gradient_accumulation_steps, arena_maker(),
+               layer_kernels_.get()) {
     static_assert(!policies::reference_model,
                   "zero::Engine: an optimizer from the config updates fp32 masters; an f64 "
                   "reference model takes an UpdateFn");
@@ -626,6 +628,10 @@ class Engine {
     synchronize();  // construction ends with every rank's parameters in place
   }
 
+  // Activation arenas from the backend, in the memory its kernels compute on.
+  ArenaMaker arena_maker() {
+    return [this](std::size_t bytes) { return backend_.make_arena(bytes, "engine activations"); };
+  }
   // Throws OutOfMemoryError, before anything is allocated, when the backend reports less free
   // device memory than this layout's model states need on a rank: the memory estimator's figure
   // (memory_estimator.hpp) for these units, this stage, precision, optimizer and world, at rest
@@ -837,6 +843,8 @@ class Engine {
   UpdateFn update_;
   NamedParams optimizer_spec_;
   backend_type backend_;
+  // What the units compute with: the backend's kernel set (micro_'s contexts point at it).
+  std::unique_ptr<nn::Kernels<T>> layer_kernels_ = backend_.template make_layer_kernels<T>();
   std::vector<BufferPlan> plan_;
   std::vector<Unit> units_;
   std::vector<optim::AnyOptimizer> optimizers_;

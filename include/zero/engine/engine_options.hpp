@@ -15,6 +15,7 @@
 #include <zero/core/error.hpp>
 #include <zero/nn/context.hpp>
 #include <zero/nn/inputs.hpp>
+#include <zero/nn/kernels.hpp>
 #include <zero/offload/fault_injector.hpp>
 
 namespace zero::engine {
@@ -109,20 +110,44 @@ struct MicroBatch {
     return b;
   }
   /// A fresh context for a micro-step on this batch: its data, arena (reset), whether it
-  /// trains, and the step that selects dropout masks.
+  /// trains, the step that selects dropout masks, and the kernels its layers run (null: the
+  /// host's). On a device's kernels the tokens and targets are copied into the arena (device
+  /// memory), below everything the units take; named inputs stay where the caller put them.
   template <class T>
-  nn::StepContext<T> context(BumpArena& arena, bool training, std::uint64_t step) const {
+  nn::StepContext<T> context(BumpArena& arena, bool training, std::uint64_t step,
+                             nn::Kernels<T>* kernels = nullptr) const {
     arena.reset();
     nn::StepContext<T> ctx;
     ctx.arena = &arena;
+    ctx.kernels = kernels;
     ctx.tokens = tokens;
     ctx.targets = targets;
+    if (kernels != nullptr && kernels->device() != arena.device()) {
+      raise<Error>("MicroBatch::context: the arena '", arena.name(), "' is ",
+                   name_of(arena.device()), " memory and the kernels run on the ",
+                   name_of(kernels->device()), " device");
+    }
+    if (kernels != nullptr && kernels->device() != DeviceKind::host) {
+      ctx.tokens = to_device(arena, *kernels, tokens);
+      ctx.targets = to_device(arena, *kernels, targets);
+    }
     ctx.batch = batch;
     ctx.seq_len = seq_len;
     ctx.inputs = inputs;
     ctx.training = training;
     ctx.step = step;
     return ctx;
+  }
+
+ private:
+  // A copy of batch * seq_len ids in the arena, on the kernels' device (null for none).
+  template <class T>
+  const std::int32_t* to_device(BumpArena& arena, nn::Kernels<T>& kernels,
+                                const std::int32_t* ids) const {
+    if (ids == nullptr) return nullptr;
+    const Tensor<std::int32_t> copy = arena.template allocate<std::int32_t>({batch * seq_len});
+    kernels.copy_from_host(copy.data(), ids, static_cast<std::size_t>(copy.bytes()));
+    return copy.data();
   }
 };
 

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -30,6 +31,7 @@
 #include <zero/core/error.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/nn/context.hpp>
+#include <zero/nn/kernels.hpp>
 
 namespace zero::engine {
 
@@ -58,19 +60,28 @@ class ParkedPass {
 
  private:
   friend class MicroSteps<T>;
-  std::unique_ptr<Arena<Host>> arena_;
+  std::unique_ptr<BumpArena> arena_;
   nn::StepContext<T> ctx_;
   UnitRange range_;
   std::vector<std::any> units_;
 };
 
+/// Makes an activation arena of the given bytes in the memory the units compute on (the
+/// backend's make_arena).
+using ArenaMaker = std::function<std::unique_ptr<BumpArena>(std::size_t bytes)>;
+
 /// The micro-step state machine and the context of the micro-step in flight.
 template <class T>
 class MicroSteps {
  public:
-  MicroSteps(std::size_t activation_bytes, int accumulation_steps)
+  /// Activation arenas of activation_bytes from make_arena (host memory when none is given);
+  /// every context it starts runs its layers on kernels (null: the host's).
+  MicroSteps(std::size_t activation_bytes, int accumulation_steps, ArenaMaker make_arena = {},
+             nn::Kernels<T>* kernels = nullptr)
       : arena_bytes_(activation_bytes),
-        arena_(std::make_unique<Arena<Host>>(activation_bytes, "engine activations")),
+        make_arena_(make_arena ? std::move(make_arena) : host_arenas()),
+        arena_(make_arena_(activation_bytes)),
+        kernels_(kernels),
         accumulation_(accumulation_steps) {}
 
   /// The context the units read and write.
@@ -102,7 +113,7 @@ class MicroSteps {
   /// loss_scale seeds the backward.
   void begin(const MicroBatch& batch, bool training, std::uint64_t rng_step, double loss_scale,
              int num_units) {
-    ctx_ = batch.template context<T>(*arena_, training, rng_step);
+    ctx_ = batch.template context<T>(*arena_, training, rng_step, kernels_);
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     phase_ = Phase::forward;
     next_forward_ = 0;
@@ -190,7 +201,7 @@ class MicroSteps {
   /// to follow; rng_step selects the dropout masks of its micro-batch).
   void begin_pass(const MicroBatch& batch, std::uint64_t rng_step, double loss_scale, UnitRange r,
                   int num_units, bool training = true) {
-    ctx_ = batch.template context<T>(*arena_, training, rng_step);
+    ctx_ = batch.template context<T>(*arena_, training, rng_step, kernels_);
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     if (unit_passes_.empty()) {
       unit_passes_.assign(static_cast<std::size_t>(num_units), 0);
@@ -292,11 +303,9 @@ class MicroSteps {
   }
 
   // A cleared arena for the next pass: a spare one, else a new one of the configured size.
-  std::unique_ptr<Arena<Host>> take_arena() {
-    if (spare_arenas_.empty()) {
-      return std::make_unique<Arena<Host>>(arena_bytes_, "engine activations");
-    }
-    std::unique_ptr<Arena<Host>> a = std::move(spare_arenas_.back());
+  std::unique_ptr<BumpArena> take_arena() {
+    if (spare_arenas_.empty()) return make_arena_(arena_bytes_);
+    std::unique_ptr<BumpArena> a = std::move(spare_arenas_.back());
     spare_arenas_.pop_back();
     return a;
   }
@@ -313,11 +322,20 @@ class MicroSteps {
                   num_units, " units");
   }
 
+  // Arenas of host memory: the default.
+  static ArenaMaker host_arenas() {
+    return [](std::size_t bytes) -> std::unique_ptr<BumpArena> {
+      return std::make_unique<Arena<Host>>(bytes, "engine activations");
+    };
+  }
+
   std::size_t arena_bytes_;
-  std::unique_ptr<Arena<Host>> arena_;                      // the running pass's (or micro-step's)
-  std::vector<std::unique_ptr<Arena<Host>>> spare_arenas_;  // of resumed passes, reused
-  std::size_t parked_bytes_ = 0;  // activation bytes the parked passes hold
-  std::size_t peak_ = 0;          // activation_peak_bytes() before the last park or resume
+  ArenaMaker make_arena_;
+  std::unique_ptr<BumpArena> arena_;                      // the running pass's (or micro-step's)
+  std::vector<std::unique_ptr<BumpArena>> spare_arenas_;  // of resumed passes, reused
+  std::size_t parked_bytes_ = 0;                          // activation bytes the parked passes hold
+  std::size_t peak_ = 0;     // activation_peak_bytes() before the last park or resume
+  nn::Kernels<T>* kernels_;  // the layers' kernels (null: the host's)
   nn::StepContext<T> ctx_;
   int accumulation_ = 1;
   int done_ = 0;

@@ -100,6 +100,12 @@ class CudaKernels final : public Kernels<T> {
     }
     ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
+  /// From pageable memory the copy is staged before it returns, so src may be reused at once.
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes != 0) {
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    }
+  }
   void add(T* y, const T* a, const T* b, std::int64_t n) override {
     ops::cuda::add(y, a, b, n, stream_);
   }

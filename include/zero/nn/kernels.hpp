@@ -73,6 +73,8 @@ class Kernels {
   virtual void fill_zero(T* x, std::int64_t n) = 0;
   /// dst[0, n) = src[0, n); the ranges may overlap.
   virtual void copy(T* dst, const T* src, std::int64_t n) = 0;
+  /// bytes from host memory src to dst (memory of device()); src may be reused on return.
+  virtual void copy_from_host(void* dst, const void* src, std::size_t bytes) = 0;
   /// y = a + b (y may alias a or b).
   virtual void add(T* y, const T* a, const T* b, std::int64_t n) = 0;
   /// y += x.
@@ -173,6 +175,9 @@ class HostKernels final : public Kernels<T> {
       std::memmove(static_cast<void*>(dst), static_cast<const void*>(src),
                    static_cast<std::size_t>(n) * sizeof(T));
     }
+  }
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
   }
   void add(T* y, const T* a, const T* b, std::int64_t n) override { ops::cpu::add(y, a, b, n); }
   void accumulate(T* y, const T* x, std::int64_t n) override { ops::cpu::accumulate(y, x, n); }
