@@ -65,15 +65,7 @@ class CudaKernels final : public Kernels<T> {
 
   DeviceKind device() const override { return DeviceKind::cuda; }
   KernelMemory allocate(std::size_t bytes) override {
-    void* p = nullptr;
-    if (bytes != 0) {
-      const cudaError_t status = cudaMallocAsync(&p, bytes, stream_);
-      if (status == cudaErrorMemoryAllocation) {
-        raise<OutOfMemoryError>("nn::CudaKernels: out of device memory allocating ", bytes,
-                                " bytes");
-      }
-      ZERO_CUDA_CHECK(status);
-    }
+    void* p = ops::cuda::allocate_async(bytes, stream_, "nn::CudaKernels");
     const cudaStream_t stream = stream_;
     return {std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
                                        [stream](std::byte* q) {

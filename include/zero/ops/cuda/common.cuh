@@ -104,21 +104,26 @@ struct SumOp {
 
 // ---- scratch memory -----------------------------------------------------------------------------
 
+/// bytes from the device's default pool (cudaMallocAsync) ordered on stream (null for 0); an
+/// OutOfMemoryError naming who when the pool cannot give them.
+inline void* allocate_async(std::size_t bytes, cudaStream_t stream, const char* who) {
+  void* p = nullptr;
+  if (bytes == 0) return p;
+  const cudaError_t status = cudaMallocAsync(&p, bytes, stream);
+  if (status == cudaErrorMemoryAllocation) {
+    raise<OutOfMemoryError>(who, ": out of device memory allocating ", bytes, " bytes");
+  }
+  ZERO_CUDA_CHECK(status);
+  return p;
+}
+
 /// Stream-ordered scratch from the device's default pool (cudaMallocAsync), returned to the pool
 /// on the same stream when it goes out of scope: safe for kernels queued on that stream before.
 class DeviceScratch {
  public:
   /// bytes of scratch (none for 0), ordered on stream.
-  DeviceScratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes != 0) {
-      const cudaError_t status = cudaMallocAsync(&data_, bytes, stream);
-      if (status == cudaErrorMemoryAllocation) {
-        raise<OutOfMemoryError>("ops::cuda scratch: out of device memory allocating ", bytes,
-                                " bytes");
-      }
-      ZERO_CUDA_CHECK(status);
-    }
-  }
+  DeviceScratch(std::size_t bytes, cudaStream_t stream)
+      : data_(allocate_async(bytes, stream, "ops::cuda scratch")), stream_(stream) {}
   DeviceScratch(const DeviceScratch&) = delete;
   DeviceScratch& operator=(const DeviceScratch&) = delete;
   ~DeviceScratch() {

@@ -169,39 +169,42 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace detail {
+/// The count of targets [N] that count and, given losses, their mean loss, on the host.
+struct TargetStats {
+  int valid = 0;
+  float mean = 0.0f;
+};
+inline TargetStats target_stats(const float* losses, const std::int32_t* targets, std::int64_t N,
+                                cudaStream_t stream, const char* op) {
+  expect_int_range(N, op);
+  if (N == 0) return {};
+  DeviceScratch scratch(sizeof(TargetStats), stream);
+  auto* stats = scratch.as<TargetStats>();
+  cross_entropy_mean_kernel<1024>
+      <<<1, 1024, 0, stream>>>(losses != nullptr ? &stats->mean : nullptr, &stats->valid, losses,
+                               targets, static_cast<int>(N));
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  TargetStats host;
+  ZERO_CUDA_CHECK(
+      cudaMemcpyAsync(&host, stats, sizeof(TargetStats), cudaMemcpyDeviceToHost, stream));
+  ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+}  // namespace detail
+
 /// The number of targets [N] that count (not ignore_index), returned to the host: synchronises
 /// the stream.
 inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
                                         cudaStream_t stream) {
-  expect_int_range(N, "count_valid_targets");
-  if (N == 0) return 0;
-  DeviceScratch valid(sizeof(int), stream);
-  cross_entropy_mean_kernel<1024>
-      <<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr, targets, static_cast<int>(N));
-  ZERO_CUDA_CHECK(cudaGetLastError());
-  int count = 0;
-  ZERO_CUDA_CHECK(
-      cudaMemcpyAsync(&count, valid.as<int>(), sizeof(int), cudaMemcpyDeviceToHost, stream));
-  ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return count;
+  return detail::target_stats(nullptr, targets, N, stream, "count_valid_targets").valid;
 }
 
 /// The mean of per-token losses [N] (cross_entropy_forward's, of every chunk) over the valid
 /// targets (0 if none), returned to the host: synchronises the stream.
 inline float cross_entropy_mean(const float* losses, const std::int32_t* targets, std::int64_t N,
                                 cudaStream_t stream) {
-  expect_int_range(N, "cross_entropy_mean");
-  if (N == 0) return 0.0f;
-  DeviceScratch scratch(2 * sizeof(float), stream);
-  cross_entropy_mean_kernel<1024>
-      <<<1, 1024, 0, stream>>>(scratch.as<float>(), reinterpret_cast<int*>(scratch.as<float>() + 1),
-                               losses, targets, static_cast<int>(N));
-  ZERO_CUDA_CHECK(cudaGetLastError());
-  float mean = 0.0f;
-  ZERO_CUDA_CHECK(
-      cudaMemcpyAsync(&mean, scratch.as<float>(), sizeof(float), cudaMemcpyDeviceToHost, stream));
-  ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return mean;
+  return detail::target_stats(losses, targets, N, stream, "cross_entropy_mean").mean;
 }
 
 }  // namespace zero::ops::cuda
