@@ -449,3 +449,17 @@ TEST_CASE("CudaBackend gives the layers device kernels on its compute stream and
       cudaMemcpy(got.data(), ctx.targets, 64 * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
   CHECK(got == targets);
 }
+
+TEST_CASE("CudaBackend copies between host and device memory for the engine", "[cuda][engine]") {
+  CudaBackend backend;
+  auto device = backend.make_buffer<float>(1000);
+  std::vector<float> values(1000), back(1000, -1.0f);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  backend.copy_from_host(std::span<float>(device.data(), 1000), std::span<const float>(values));
+  values.assign(1000, 7.0f);  // the source may be reused once the call returns
+  backend.copy_to_host(std::span<float>(back), std::span<const float>(device.data(), 1000));
+  for (std::size_t i = 0; i < back.size(); ++i) REQUIRE(back[i] == static_cast<float>(i) * 0.5f);
+  CHECK_THROWS_AS(backend.copy_to_host(std::span<float>(back).first(10),
+                                       std::span<const float>(device.data(), 1000)),
+                  zero::ShapeError);
+}

@@ -203,6 +203,8 @@ struct RecordingBackend : engine::HostBackend {
     compute_waits_k,
     buffers_k,
     arenas_k,
+    to_device_k,
+    to_host_k,
     kernels_n
   };
   static inline std::atomic<int> calls[kernels_n] = {};
@@ -226,6 +228,17 @@ struct RecordingBackend : engine::HostBackend {
   void compute_waits_for_comm() {
     ++calls[compute_waits_k];
     HostBackend::compute_waits_for_comm();
+  }
+
+  template <class E>
+  void copy_from_host(std::span<E> dst, std::span<const E> src) {
+    ++calls[to_device_k];
+    HostBackend::copy_from_host(dst, src);
+  }
+  template <class E>
+  void copy_to_host(std::span<E> dst, std::span<const E> src) {
+    ++calls[to_host_k];
+    HostBackend::copy_to_host(dst, src);
   }
 
   template <class A, class G>
@@ -317,6 +330,9 @@ void check_recording_backend() {
   // The units ran on the backend's kernel set, in the backend's activation arenas (one a rank).
   CHECK(RecordingBackend::layer_calls > 0);
   CHECK(RecordingBackend::calls[RecordingBackend::arenas_k] == 2);
+  // Initial values went in, and the values read back came out, through the backend's copies.
+  CHECK(RecordingBackend::calls[RecordingBackend::to_device_k] > 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::to_host_k] > 0);
 }
 
 }  // namespace

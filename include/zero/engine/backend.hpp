@@ -15,6 +15,7 @@
 // pool, a compute and a communication stream and device kernels; it specialises backend_for<Cuda>
 // where it is included, and elsewhere Compute<Cuda> stops the build with the message below.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -83,6 +84,22 @@ struct HostBackend {
   void compute_waits_for_comm() {
     Event e;
     e.record(comm_);
+  }
+
+  /// dst = src: host memory into the memory the units compute on (initial values). A plain copy
+  /// here; spans of equal size.
+  template <class E>
+  static void copy_from_host(std::span<E> dst, std::span<const E> src) {
+    expect<ShapeError>(dst.size() == src.size(), "HostBackend::copy_from_host: ", src.size(),
+                       " elements into ", dst.size());
+    std::copy(src.begin(), src.end(), dst.begin());
+  }
+  /// dst = src: the units' memory into host memory (values read back). A plain copy here.
+  template <class E>
+  static void copy_to_host(std::span<E> dst, std::span<const E> src) {
+    expect<ShapeError>(dst.size() == src.size(), "HostBackend::copy_to_host: ", src.size(),
+                       " elements into ", dst.size());
+    std::copy(src.begin(), src.end(), dst.begin());
   }
 
   /// acc[i] += factor * g[i], in acc's type (the product rounded once).

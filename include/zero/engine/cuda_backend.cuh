@@ -163,6 +163,27 @@ class CudaBackend {
   DeviceBuffer<E> make_buffer(std::size_t n) {
     return DeviceBuffer<E>(n, Cuda::default_alignment, *compute_);
   }
+  /// dst (device) = src (host), on the compute stream; returns once src may be reused (the
+  /// compute stream has caught up), since the engine hands over short-lived host buffers.
+  template <class E>
+  void copy_from_host(std::span<E> dst, std::span<const E> src) {
+    expect<ShapeError>(dst.size() == src.size(), "CudaBackend::copy_from_host: ", src.size(),
+                       " elements into ", dst.size());
+    if (src.empty()) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(),
+                                    cudaMemcpyHostToDevice, compute_->native()));
+    compute_->synchronize();
+  }
+  /// dst (host) = src (device), after the compute issued so far; returns with dst filled.
+  template <class E>
+  void copy_to_host(std::span<E> dst, std::span<const E> src) {
+    expect<ShapeError>(dst.size() == src.size(), "CudaBackend::copy_to_host: ", src.size(),
+                       " elements into ", dst.size());
+    if (src.empty()) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(),
+                                    cudaMemcpyDeviceToHost, compute_->native()));
+    compute_->synchronize();
+  }
   /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
     return std::make_unique<Arena<Cuda>>(bytes, std::move(name), *compute_);

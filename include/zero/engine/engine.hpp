@@ -466,9 +466,13 @@ class Engine {
     return communicating("gather_unit_values", [&]() -> std::vector<MasterT> {
       Unit& s = unit(u);
       const auto numel = static_cast<std::size_t>(s.partition->numel());
-      std::vector<MasterT> mine(
-          s.numel(stage_traits::shards_optimizer_states ? Extent::shard : Extent::whole));
-      store_.read_master_into(u, std::span<MasterT>(mine), backend_);
+      // Read in the units' memory, then copied to the host (the master may be device memory).
+      const std::size_t n =
+          s.numel(stage_traits::shards_optimizer_states ? Extent::shard : Extent::whole);
+      auto read = backend_.template make_buffer<MasterT>(n);
+      store_.read_master_into(u, std::span<MasterT>(read.data(), n), backend_);
+      std::vector<MasterT> mine(n);
+      backend_.copy_to_host(std::span<MasterT>(mine), std::span<const MasterT>(read.data(), n));
       if constexpr (stage_traits::shards_optimizer_states) {
         std::vector<MasterT> whole(s.numel(Extent::whole));
         s.group->all_gather(std::span<const MasterT>(mine), std::span<MasterT>(whole));
@@ -612,7 +616,7 @@ class Engine {
       for (const BufferPlan& b : plan_) {
         if (b.lifetime == Lifetime::at_rest) s.allocate(b, backend_);
       }
-      s.initialise_master(!stage_traits::shards_optimizer_states, rank, options_.seed);
+      s.initialise_master(!stage_traits::shards_optimizer_states, rank, options_.seed, backend_);
       if (!optimizer_spec_.type.empty()) {
         optimizers_.push_back(unit_optimizer(optimizer_spec_, s.specs, p,
                                              !stage_traits::shards_optimizer_states, rank));

@@ -211,14 +211,18 @@ struct UnitState {
   }
   /// Fills the master slices this rank holds from (seed, name, index): its shard, or every
   /// shard when whole (stage 0), so the union over ranks equals a single-process initialisation.
-  void initialise_master(bool whole, int rank, std::uint64_t seed) {
+  /// Each shard is computed in host memory and copied in by the backend (the master may be device
+  /// memory).
+  void initialise_master(bool whole, int rank, std::uint64_t seed, Backend& backend) {
     const UnitPartition& p = *partition;
     const std::span<MasterT> m = resident_master();
+    const auto n = static_cast<std::size_t>(p.shard_numel());
+    std::vector<MasterT> staged(n);
     for (int r = 0; r < p.world_size(); ++r) {
       if (!whole && r != rank) continue;
-      const std::int64_t begin = whole ? p.shard_begin(r) : 0;
-      initialise_shard(specs, p, r, Tensor<MasterT>(m.data() + begin, Shape{p.shard_numel()}),
-                       seed);
+      const auto begin = static_cast<std::size_t>(whole ? p.shard_begin(r) : 0);
+      initialise_shard(specs, p, r, Tensor<MasterT>(staged.data(), Shape{p.shard_numel()}), seed);
+      backend.copy_from_host(m.subspan(begin, n), std::span<const MasterT>(staged));
     }
   }
   /// Adds this unit's buffers to r by role (optimizer states are the optimizer's to report).
