@@ -165,8 +165,8 @@ BlockRun run_on_device(const BlockShape& s, bool checkpoint) {
 
 }  // namespace
 
-// f32 is held to 1e-4 relative, not the single kernels' 1e-5: the block chains ten kernels whose
-// sums run in other orders (cuBLASLt against the host GEMM, CUB's LayerNorm reductions, flash
+// f32 is held to 1e-4 relative, not the single kernels' 1e-5: the block chains a dozen kernels
+// whose sums run in other orders (cuBLASLt against the host GEMM, CUB's LayerNorm reductions, flash
 // attention's online softmax), and the gradients pass through all of them. bf16 gets 8 ulps: the
 // host rounds the attention probabilities and the GEMM outputs between kernels at other points
 // than the device (docs/cuda.md).

@@ -167,22 +167,12 @@ class CudaBackend {
   /// compute stream has caught up), since the engine hands over short-lived host buffers.
   template <class E>
   void copy_from_host(std::span<E> dst, std::span<const E> src) {
-    expect<ShapeError>(dst.size() == src.size(), "CudaBackend::copy_from_host: ", src.size(),
-                       " elements into ", dst.size());
-    if (src.empty()) return;
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(),
-                                    cudaMemcpyHostToDevice, compute_->native()));
-    compute_->synchronize();
+    copy_waiting(dst, src, cudaMemcpyHostToDevice, "CudaBackend::copy_from_host");
   }
   /// dst (host) = src (device), after the compute issued so far; returns with dst filled.
   template <class E>
   void copy_to_host(std::span<E> dst, std::span<const E> src) {
-    expect<ShapeError>(dst.size() == src.size(), "CudaBackend::copy_to_host: ", src.size(),
-                       " elements into ", dst.size());
-    if (src.empty()) return;
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(),
-                                    cudaMemcpyDeviceToHost, compute_->native()));
-    compute_->synchronize();
+    copy_waiting(dst, src, cudaMemcpyDeviceToHost, "CudaBackend::copy_to_host");
   }
   /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
@@ -273,6 +263,16 @@ class CudaBackend {
   }
 
  private:
+  // dst = src in the compute stream's order, then a wait for it (host memory on one side).
+  template <class E>
+  void copy_waiting(std::span<E> dst, std::span<const E> src, cudaMemcpyKind kind, const char* op) {
+    expect<ShapeError>(dst.size() == src.size(), op, ": ", src.size(), " elements into ",
+                       dst.size());
+    if (src.empty()) return;
+    ZERO_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), kind, compute_->native()));
+    compute_->synchronize();
+  }
   // A kernel given pageable host memory faults with a sticky error that ends the context; say
   // which argument it was instead. Devices that read pageable memory (HMM, ATS) skip the check.
   void expect_device_memory(const void* p, const char* op, const char* arg) const {
