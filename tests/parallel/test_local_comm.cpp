@@ -380,3 +380,112 @@ TEST_CASE("Negative control: a wrong closed form is caught by the comparison", "
   CHECK(first_mismatch(got[0], missing_rank) == 0);
   CHECK(first_mismatch(got[0], doubled_rank) == 0);
 }
+
+namespace {
+
+/// What one rank's CountingMover saw.
+struct MoverTally {
+  int begins = 0, ends = 0;
+  std::size_t copied = 0, folded = 0, to_host = 0, from_host = 0;  // bytes, elements, bytes
+};
+
+/// HostMover with a tally of every move, so a test can tell that BasicLocalComm moves each
+/// byte through its mover (a plain memcpy beside it would be missing from the tally, and would
+/// crash on device memory in CudaLocalComm).
+class CountingMover : public HostMover {
+ public:
+  static constexpr std::string_view comm_name = "CountingLocalComm";
+  using HostMover::HostMover;
+  void begin(const parallel::detail::OpContext&, CommClock::time_point) { ++tally.begins; }
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    tally.copied += bytes;
+    HostMover::copy(dst, src, bytes);
+  }
+  template <class T>
+  void reduce(ReduceOp op, const T* const* in, int ranks, std::size_t count, T* const* out,
+              int n_out) {
+    tally.folded += count * static_cast<std::size_t>(n_out);
+    HostMover::reduce<T>(op, in, ranks, count, out, n_out);
+  }
+  void end(const parallel::detail::OpContext&, CommClock::time_point) { ++tally.ends; }
+  void to_host(void* dst, const void* src, std::size_t bytes) {
+    tally.to_host += bytes;
+    HostMover::to_host(dst, src, bytes);
+  }
+  void from_host(void* dst, const void* src, std::size_t bytes) {
+    tally.from_host += bytes;
+    HostMover::from_host(dst, src, bytes);
+  }
+
+  MoverTally tally;
+};
+
+/// One rank's outputs of one of each collective and a send/recv pair, concatenated, and its
+/// mover's tally (empty on LocalComm).
+struct EveryOp {
+  std::vector<float> values;
+  MoverTally tally;
+};
+
+constexpr std::size_t every_op_count = 10;  // uneven all_reduce chunks over 3 ranks: 3, 3, 4
+
+template <class Comm>
+EveryOp run_every_op(Comm& comm) {
+  constexpr std::size_t count = every_op_count;
+  const int me = comm.rank();
+  const auto n = static_cast<std::size_t>(comm.size());
+  const auto in = make_input<float>(me, count), wide = make_input<float>(me, n * count);
+  std::vector<float> out(count), scattered(count), gathered(n * count), transposed(n * count);
+  comm.all_reduce(std::span<const float>(in), std::span<float>(out), ReduceOp::sum);
+  comm.reduce_scatter(std::span<const float>(wide), std::span<float>(scattered), ReduceOp::max);
+  comm.all_gather(std::span<const float>(in), std::span<float>(gathered));
+  std::vector<float> mine = in;
+  comm.broadcast(std::span<float>(mine), 1);
+  comm.all_to_all(std::span<const float>(wide), std::span<float>(transposed));
+  if (me == 0) comm.send(std::span<const float>(in), 2, 7);
+  if (me == 2) comm.recv(std::span<float>(mine), 0, 7);
+  EveryOp result;
+  for (const auto* part : {&out, &scattered, &gathered, &mine, &transposed}) {
+    result.values.insert(result.values.end(), part->begin(), part->end());
+  }
+  if constexpr (requires { comm.mover().tally; }) result.tally = comm.mover().tally;
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("BasicLocalComm moves every byte through its mover and names it in errors",
+          "[unit][comm]") {
+  using CountingComm = BasicLocalComm<CountingMover>;
+  static_assert(Communicator<CountingComm>);
+  constexpr int n = 3;
+  constexpr std::size_t count = every_op_count;
+  auto got = per_rank<EveryOp, CountingComm>(n, [](CountingComm& c) { return run_every_op(c); });
+  auto want = per_rank<EveryOp>(n, [](LocalComm& c) { return run_every_op(c); });
+  // Each rank folded its own share (its all_reduce chunk into n outputs, its reduce_scatter
+  // output) and copied its own outputs: all_gather's n chunks, broadcast's buffer off the root,
+  // all_to_all's n chunks; the send went to the host mailbox and the receive came from it.
+  const std::size_t f = sizeof(float);
+  const std::size_t chunk[n] = {3, 3, 4};
+  for (int r = 0; r < n; ++r) {
+    const EveryOp& g = got[static_cast<std::size_t>(r)];
+    INFO("rank " << r);
+    CHECK(first_mismatch(g.values, want[static_cast<std::size_t>(r)].values) == -1);
+    CHECK(g.tally.begins == 5);  // five collectives; send and recv are not rendezvous
+    CHECK(g.tally.ends == 5);
+    CHECK(g.tally.folded == chunk[r] * n + count);
+    const std::size_t bcast = r == 1 ? 0 : count * f;
+    CHECK(g.tally.copied == n * count * f + bcast + n * count * f);
+    CHECK(g.tally.to_host == (r == 0 ? count * f : 0));
+    CHECK(g.tally.from_host == (r == 2 ? count * f : 0));
+  }
+  // Errors carry the mover's name.
+  auto messages = per_rank<std::string, CountingComm>(2, [](CountingComm& comm) {
+    return zero::testing::thrown_message([&] {
+      std::vector<float> v(static_cast<std::size_t>(comm.rank()) + 1);
+      comm.all_reduce(std::span<float>(v), ReduceOp::sum);
+    });
+  });
+  CHECK_THAT(messages[0], Catch::Contains("CountingLocalComm: all_reduce #0"));
+  CHECK_THAT(messages[0], Catch::Contains("mismatched buffers"));
+}

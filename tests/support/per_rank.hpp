@@ -16,16 +16,16 @@
 
 namespace zero::testing {
 
-/// Runs fn(comm) on n LocalComm ranks and returns each rank's result, indexed by rank.
-template <class R>
-std::vector<R> per_rank(int n, const std::function<R(parallel::LocalComm&)>& fn,
+/// Runs fn(comm) on n ranks of Comm (LocalComm, or another BasicLocalComm such as
+/// CudaLocalComm) and returns each rank's result, indexed by rank.
+template <class R, class Comm = parallel::LocalComm>
+std::vector<R> per_rank(int n, const std::type_identity_t<std::function<R(Comm&)>>& fn,
                         parallel::CommOptions options = {}) {
   // std::vector<bool> packs ranks' slots into shared words: concurrent writes would race.
   static_assert(!std::is_same_v<R, bool>, "per_rank<bool> races; return int or a struct");
   std::vector<R> out(static_cast<std::size_t>(n));
-  parallel::LocalComm::run(
-      n, [&](parallel::LocalComm& comm) { out[static_cast<std::size_t>(comm.rank())] = fn(comm); },
-      options);
+  Comm::run(
+      n, [&](Comm& comm) { out[static_cast<std::size_t>(comm.rank())] = fn(comm); }, options);
   return out;
 }
 

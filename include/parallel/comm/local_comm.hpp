@@ -1,7 +1,9 @@
 #pragma once
 // LocalComm: N ranks as threads of one process, moving real data between the ranks' buffers
 // through shared memory. The embedded default backend: tests and the quick start need no
-// launcher.
+// launcher. It is BasicLocalComm<HostMover>; the same rendezvous over device memory is
+// CudaLocalComm (cuda_local_comm.cuh), which differs only in its Mover (local_mover.hpp): the
+// policy that moves and reduces the bytes.
 //
 // Every collective is a rendezvous: each rank posts a descriptor (op, dtype, count, buffer
 // pointers), all ranks check that the descriptors agree, then each rank moves its own share of
@@ -35,6 +37,7 @@
 #include <parallel/comm/comm_op.hpp>
 #include <parallel/comm/comm_options.hpp>
 #include <parallel/comm/communicator.hpp>
+#include <parallel/comm/local_mover.hpp>
 #include <parallel/comm/local_world.hpp>
 #include <parallel/comm/progress_thread.hpp>
 #include <parallel/comm/reduce_op.hpp>
@@ -52,8 +55,13 @@ inline std::pair<std::size_t, std::size_t> chunk_bounds(std::size_t count, int p
   return {count * p / n, count * (p + 1) / n};
 }
 
-/// One rank's view of a LocalGroup: its rank, name, options, logger and progress thread.
+/// One rank's view of a LocalGroup: its rank, name, options, logger, the mover of its memory and
+/// its progress thread.
+template <LocalMover Mover>
 struct LocalRank {
+  /// A rank whose memory lives at place.
+  explicit LocalRank(typename Mover::Place place) : mover(place) {}
+
   std::shared_ptr<LocalGroup> group;
   int rank = 0;
   std::string name;
@@ -62,12 +70,13 @@ struct LocalRank {
   std::uint64_t next_seq = 0;  ///< touched only by the op running now (ops are serialised)
   bool grouping = false;       ///< between group_start and group_end
   std::vector<std::function<void()>> deferred;  ///< receives posted inside a group
+  Mover mover;              ///< moves this rank's share of every op; outlives the progress thread
   ProgressThread progress;  ///< declared last: joined first, while the rest is alive
 
   /// Context for error messages of op moving bytes of dtype.
   OpContext context(CommOp op, std::uint64_t seq, std::size_t bytes, DType dtype) const {
     const int world_rank = group->members[static_cast<std::size_t>(rank)];
-    return {op, seq, bytes, dtype, name, rank, group->size(), world_rank};
+    return {op, seq, bytes, dtype, name, rank, group->size(), world_rank, Mover::comm_name};
   }
 
   /// The choke point of every collective: rendezvous, validation, data movement by body,
@@ -78,12 +87,14 @@ struct LocalRank {
     const OpContext ctx = context(desc.op, desc.seq, bytes, desc.dtype);
     const auto start = CommClock::now();
     const auto deadline = deadline_after(options.timeout_s);
+    mover.begin(ctx, deadline);
     group->arrive(rank, &desc, deadline, ctx, options.timeout_s);
     if (std::string error = group->validation_error(ctx); !error.empty()) {
       group->arrive(rank, nullptr, deadline, ctx, options.timeout_s);
       throw CommError(error);
     }
     body(group->slots);
+    mover.end(ctx, deadline);
     group->arrive(rank, nullptr, deadline, ctx, options.timeout_s);
     if (logger) {
       logger->record(desc.op, name, group->size(), bytes,
@@ -94,15 +105,26 @@ struct LocalRank {
 
 }  // namespace detail
 
-/// A communicator whose ranks are threads of this process (see the file comment).
-class LocalComm {
+/// A communicator whose ranks are threads of this process, exchanging the memory Mover moves
+/// (see the file comment).
+template <LocalMover Mover>
+class BasicLocalComm {
+  using Rank = detail::LocalRank<Mover>;
+
  public:
+  /// The prefix of this communicator's errors ("LocalComm", "CudaLocalComm").
+  static constexpr std::string_view comm_name = Mover::comm_name;
+
   /// Runs fn(comm) on n threads, one per rank, and joins them. If a rank throws, the ranks
   /// waiting on it get a CommError naming it, and run rethrows the first exception.
   /// Each rank's host kernels get an equal share of the caller's OpenMP threads (at least one),
   /// so n ranks do not start n full thread teams on the same cores.
-  static void run(int n, const std::function<void(LocalComm&)>& fn, CommOptions options = {}) {
-    expect<CommError>(n >= 1, "LocalComm::run: needs at least one rank, got ", n);
+  /// Every rank's memory is at the place current on the calling thread (for CudaLocalComm, the
+  /// current device).
+  static void run(int n, const std::function<void(BasicLocalComm&)>& fn, CommOptions options = {}) {
+    expect<CommError>(n >= 1 && n <= Mover::max_ranks, comm_name, "::run: needs 1 to ",
+                      Mover::max_ranks, " ranks, got ", n);
+    const typename Mover::Place place = Mover::current_place();
     [[maybe_unused]] const int rank_threads = threads_per_rank(n);
     auto world = std::make_shared<detail::LocalWorld>(n);
     std::vector<int> members(static_cast<std::size_t>(n));
@@ -117,12 +139,12 @@ class LocalComm {
 #if defined(_OPENMP)
           omp_set_num_threads(rank_threads);
 #endif
-          auto state = std::make_shared<detail::LocalRank>();
+          auto state = std::make_shared<Rank>(place);
           state->group = group;
           state->rank = r;
           state->name = "world";
           state->options = options;
-          LocalComm comm(std::move(state));
+          BasicLocalComm comm(std::move(state));
           fn(comm);
         } catch (...) {
           errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -149,7 +171,7 @@ class LocalComm {
   }
 
   /// A null communicator (what split with undefined_color returns).
-  LocalComm() = default;
+  BasicLocalComm() = default;
 
   /// This rank's index in the group.
   int rank() const {
@@ -193,18 +215,22 @@ class LocalComm {
   CommLogger* logger() const {
     return checked().logger.get();
   }
+  /// The mover of this rank's memory (CudaLocalComm: its stream).
+  Mover& mover() const {
+    return checked().mover;
+  }
 
   /// Splits the group: ranks passing the same color form a new group, ordered by (key, rank);
   /// undefined_color gives a null communicator. Collective over this group. name names the
   /// new group in logs and errors (default: "<parent>.split(<color>)").
-  LocalComm split(int color, int key, std::string_view name = {}) {
+  BasicLocalComm split(int color, int key, std::string_view name = {}) {
     auto& s = checked();
     s.progress.drain();
     detail::OpDesc desc;
     desc.op = CommOp::split;
     desc.color = color;
     desc.key = key;
-    std::shared_ptr<detail::LocalRank> child;
+    std::shared_ptr<Rank> child;
     s.collective(desc, 0, [&](const std::vector<detail::OpDesc>& slots) {
       if (color < 0) return;
       std::vector<std::pair<int, int>> order;  // (key, old rank) of the ranks with our color
@@ -220,7 +246,7 @@ class LocalComm {
         members.push_back(s.group->members[static_cast<std::size_t>(order[i].second)]);
         if (order[i].second == s.rank) new_rank = static_cast<int>(i);
       }
-      child = std::make_shared<detail::LocalRank>();
+      child = std::make_shared<Rank>(s.mover.place());
       child->group =
           s.group->split_group(slots[static_cast<std::size_t>(s.rank)].seq, color, members);
       child->rank = new_rank;
@@ -229,7 +255,7 @@ class LocalComm {
       child->options = s.options;
       child->logger = s.logger;
     });
-    return LocalComm(std::move(child));
+    return BasicLocalComm(std::move(child));
   }
 
   // ---- collectives (blocking) -------------------------------------------------------------
@@ -237,7 +263,7 @@ class LocalComm {
   /// recv[i] = op over ranks of send[i]; send and recv may be the same span.
   template <CommElement T>
   void all_reduce(std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op) {
-    blocking([&](detail::LocalRank& s) { do_all_reduce<T>(s, send, recv, op); });
+    blocking([&](Rank& s) { do_all_reduce<T>(s, send, recv, op); });
   }
   /// In-place all_reduce of buf.
   template <CommElement T>
@@ -248,22 +274,22 @@ class LocalComm {
   template <CommElement T>
   void reduce_scatter(std::span<const std::type_identity_t<T>> send, std::span<T> recv,
                       ReduceOp op) {
-    blocking([&](detail::LocalRank& s) { do_reduce_scatter<T>(s, send, recv, op); });
+    blocking([&](Rank& s) { do_reduce_scatter<T>(s, send, recv, op); });
   }
   /// Chunk q of recv (size()*count) = send (count) of rank q.
   template <CommElement T>
   void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    blocking([&](detail::LocalRank& s) { do_all_gather<T>(s, send, recv); });
+    blocking([&](Rank& s) { do_all_gather<T>(s, send, recv); });
   }
   /// Every rank's buf = root's buf.
   template <CommElement T>
   void broadcast(std::span<T> buf, int root) {
-    blocking([&](detail::LocalRank& s) { do_broadcast<T>(s, buf, root); });
+    blocking([&](Rank& s) { do_broadcast<T>(s, buf, root); });
   }
   /// Chunk q of recv = chunk rank() of rank q's send; both hold size()*count elements.
   template <CommElement T>
   void all_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
-    blocking([&](detail::LocalRank& s) { do_all_to_all<T>(s, send, recv); });
+    blocking([&](Rank& s) { do_all_to_all<T>(s, send, recv); });
   }
   /// Variable all_to_all: send packs send_counts[q] elements for each rank q in rank order,
   /// recv receives recv_counts[q] elements from each rank q in rank order.
@@ -271,15 +297,14 @@ class LocalComm {
   void all_to_all_v(std::span<const std::type_identity_t<T>> send,
                     std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
-    blocking(
-        [&](detail::LocalRank& s) { do_all_to_all_v<T>(s, send, send_counts, recv, recv_counts); });
+    blocking([&](Rank& s) { do_all_to_all_v<T>(s, send, send_counts, recv, recv_counts); });
   }
   /// Sends buf to peer (eager: returns once copied).
   template <class T>
     requires CommElement<std::remove_const_t<T>>
   void send(std::span<T> buf, int peer, int tag = 0) {
     using E = std::remove_const_t<T>;
-    blocking([&](detail::LocalRank& s) { do_send<E>(s, std::span<const E>(buf), peer, tag); });
+    blocking([&](Rank& s) { do_send<E>(s, std::span<const E>(buf), peer, tag); });
   }
   /// Receives buf from peer; inside group_start/group_end it completes at group_end.
   template <CommElement T>
@@ -289,11 +314,11 @@ class LocalComm {
       s.deferred.push_back([&s, buf, peer, tag] { do_recv<T>(s, buf, peer, tag); });
       return;
     }
-    blocking([&](detail::LocalRank& st) { do_recv<T>(st, buf, peer, tag); });
+    blocking([&](Rank& st) { do_recv<T>(st, buf, peer, tag); });
   }
   /// Returns once every rank of the group has called barrier.
   void barrier() {
-    blocking([&](detail::LocalRank& s) { do_barrier(s); });
+    blocking([&](Rank& s) { do_barrier(s); });
   }
 
   /// Starts a batch of point-to-point ops; receives complete at group_end (NCCL's group
@@ -317,38 +342,37 @@ class LocalComm {
   template <CommElement T>
   [[nodiscard]] Work all_reduce_async(std::span<const std::type_identity_t<T>> send,
                                       std::span<T> recv, ReduceOp op) {
-    return async([=](detail::LocalRank& s) { do_all_reduce<T>(s, send, recv, op); });
+    return async([=](Rank& s) { do_all_reduce<T>(s, send, recv, op); });
   }
   /// Async reduce_scatter.
   template <CommElement T>
   [[nodiscard]] Work reduce_scatter_async(std::span<const std::type_identity_t<T>> send,
                                           std::span<T> recv, ReduceOp op) {
-    return async([=](detail::LocalRank& s) { do_reduce_scatter<T>(s, send, recv, op); });
+    return async([=](Rank& s) { do_reduce_scatter<T>(s, send, recv, op); });
   }
   /// Async all_gather.
   template <CommElement T>
   [[nodiscard]] Work all_gather_async(std::span<const std::type_identity_t<T>> send,
                                       std::span<T> recv) {
-    return async([=](detail::LocalRank& s) { do_all_gather<T>(s, send, recv); });
+    return async([=](Rank& s) { do_all_gather<T>(s, send, recv); });
   }
   /// Async broadcast.
   template <CommElement T>
   [[nodiscard]] Work broadcast_async(std::span<T> buf, int root) {
-    return async([=](detail::LocalRank& s) { do_broadcast<T>(s, buf, root); });
+    return async([=](Rank& s) { do_broadcast<T>(s, buf, root); });
   }
   /// Async all_to_all.
   template <CommElement T>
   [[nodiscard]] Work all_to_all_async(std::span<const std::type_identity_t<T>> send,
                                       std::span<T> recv) {
-    return async([=](detail::LocalRank& s) { do_all_to_all<T>(s, send, recv); });
+    return async([=](Rank& s) { do_all_to_all<T>(s, send, recv); });
   }
   /// Async all_to_all_v; the count arrays must stay alive too.
   template <CommElement T>
   [[nodiscard]] Work all_to_all_v_async(std::span<const std::type_identity_t<T>> send,
                                         std::span<const std::size_t> send_counts, std::span<T> recv,
                                         std::span<const std::size_t> recv_counts) {
-    return async(
-        [=](detail::LocalRank& s) { do_all_to_all_v<T>(s, send, send_counts, recv, recv_counts); });
+    return async([=](Rank& s) { do_all_to_all_v<T>(s, send, send_counts, recv, recv_counts); });
   }
   /// Async send.
   template <class T>
@@ -356,24 +380,24 @@ class LocalComm {
   [[nodiscard]] Work send_async(std::span<T> buf, int peer, int tag = 0) {
     using E = std::remove_const_t<T>;
     const std::span<const E> data(buf);
-    return async([=](detail::LocalRank& s) { do_send<E>(s, data, peer, tag); });
+    return async([=](Rank& s) { do_send<E>(s, data, peer, tag); });
   }
   /// Async recv.
   template <CommElement T>
   [[nodiscard]] Work recv_async(std::span<T> buf, int peer, int tag = 0) {
-    return async([=](detail::LocalRank& s) { do_recv<T>(s, buf, peer, tag); });
+    return async([=](Rank& s) { do_recv<T>(s, buf, peer, tag); });
   }
   /// Async barrier.
   [[nodiscard]] Work barrier_async() {
-    return async([](detail::LocalRank& s) { do_barrier(s); });
+    return async([](Rank& s) { do_barrier(s); });
   }
 
  private:
-  explicit LocalComm(std::shared_ptr<detail::LocalRank> state) : state_(std::move(state)) {}
+  explicit BasicLocalComm(std::shared_ptr<Rank> state) : state_(std::move(state)) {}
 
-  detail::LocalRank& checked() const {
-    expect<CommError>(state_ != nullptr,
-                      "LocalComm: this is a null communicator (split with undefined_color)");
+  Rank& checked() const {
+    expect<CommError>(state_ != nullptr, comm_name,
+                      ": this is a null communicator (split with undefined_color)");
     return *state_;
   }
 
@@ -397,7 +421,7 @@ class LocalComm {
   template <class Fn>
   Work async(Fn fn) {
     auto state = state_;
-    expect<CommError>(state != nullptr, "LocalComm: async op on a null communicator");
+    expect<CommError>(state != nullptr, comm_name, ": async op on a null communicator");
     auto work = std::make_shared<detail::CompletionState>();
     state->progress.submit([state_ptr = state.get(), work, fn = std::move(fn)] {
       std::exception_ptr error;
@@ -432,18 +456,17 @@ class LocalComm {
   }
 
   template <class T>
-  static void check_size(const detail::LocalRank& s, CommOp op, std::string_view what,
-                         std::size_t got, std::size_t expected) {
+  static void check_size(const Rank& s, CommOp op, std::string_view what, std::size_t got,
+                         std::size_t expected) {
     std::string_view type = "size_t";
     if constexpr (CommElement<T>) type = name_of(dtype_of<T>);
-    expect<CommError>(got == expected, "LocalComm: ", name_of(op), " on group '", s.name,
+    expect<CommError>(got == expected, comm_name, ": ", name_of(op), " on group '", s.name,
                       "' at rank ", s.rank, ": ", what, " holds ", got, " elements of ", type,
                       ", expected ", expected);
   }
 
   template <class T>
-  static void do_all_reduce(detail::LocalRank& s, std::span<const T> send, std::span<T> recv,
-                            ReduceOp op) {
+  static void do_all_reduce(Rank& s, std::span<const T> send, std::span<T> recv, ReduceOp op) {
     check_size<T>(s, CommOp::all_reduce, "recv", recv.size(), send.size());
     auto desc = describe<T>(CommOp::all_reduce, send.data(), recv.data(), send.size());
     desc.reduce = op;
@@ -456,13 +479,12 @@ class LocalComm {
         in[q] = static_cast<const T*>(slots[q].send) + begin;
         out[q] = static_cast<T*>(slots[q].recv) + begin;
       }
-      reduce_in_rank_order<T>(op, in.data(), n, end - begin, out.data(), n);
+      s.mover.template reduce<T>(op, in.data(), n, end - begin, out.data(), n);
     });
   }
 
   template <class T>
-  static void do_reduce_scatter(detail::LocalRank& s, std::span<const T> send, std::span<T> recv,
-                                ReduceOp op) {
+  static void do_reduce_scatter(Rank& s, std::span<const T> send, std::span<T> recv, ReduceOp op) {
     const std::size_t n = static_cast<std::size_t>(s.group->size());
     check_size<T>(s, CommOp::reduce_scatter, "send", send.size(), n * recv.size());
     auto desc = describe<T>(CommOp::reduce_scatter, send.data(), recv.data(), recv.size());
@@ -474,12 +496,12 @@ class LocalComm {
         in[q] = static_cast<const T*>(slots[q].send) + static_cast<std::size_t>(s.rank) * count;
       }
       T* out = recv.data();
-      reduce_in_rank_order<T>(op, in.data(), static_cast<int>(n), count, &out, 1);
+      s.mover.template reduce<T>(op, in.data(), static_cast<int>(n), count, &out, 1);
     });
   }
 
   template <class T>
-  static void do_all_gather(detail::LocalRank& s, std::span<const T> send, std::span<T> recv) {
+  static void do_all_gather(Rank& s, std::span<const T> send, std::span<T> recv) {
     const std::size_t n = static_cast<std::size_t>(s.group->size());
     check_size<T>(s, CommOp::all_gather, "recv", recv.size(), n * send.size());
     auto desc = describe<T>(CommOp::all_gather, send.data(), recv.data(), send.size());
@@ -488,34 +510,34 @@ class LocalComm {
       for (std::size_t q = 0; q < n; ++q) {
         const T* src = static_cast<const T*>(slots[q].send);
         T* dst = recv.data() + q * count;
-        if (src != dst && count) std::memcpy(dst, src, count * sizeof(T));  // in place: skip
+        if (src != dst && count) s.mover.copy(dst, src, count * sizeof(T));  // in place: skip
       }
     });
   }
 
   template <class T>
-  static void do_broadcast(detail::LocalRank& s, std::span<T> buf, int root) {
-    expect<CommError>(root >= 0 && root < s.group->size(), "LocalComm: broadcast on group '",
+  static void do_broadcast(Rank& s, std::span<T> buf, int root) {
+    expect<CommError>(root >= 0 && root < s.group->size(), comm_name, ": broadcast on group '",
                       s.name, "': root ", root, " is not a rank of this ", s.group->size(),
                       "-rank group");
     auto desc = describe<T>(CommOp::broadcast, buf.data(), buf.data(), buf.size());
     desc.root = root;
     s.collective(desc, buf.size_bytes(), [&](const std::vector<detail::OpDesc>& slots) {
       if (s.rank != root && !buf.empty()) {
-        std::memcpy(buf.data(), slots[static_cast<std::size_t>(root)].send, buf.size_bytes());
+        s.mover.copy(buf.data(), slots[static_cast<std::size_t>(root)].send, buf.size_bytes());
       }
     });
   }
 
   template <class T>
-  static void do_all_to_all(detail::LocalRank& s, std::span<const T> send, std::span<T> recv) {
+  static void do_all_to_all(Rank& s, std::span<const T> send, std::span<T> recv) {
     const std::size_t n = static_cast<std::size_t>(s.group->size());
     check_size<T>(s, CommOp::all_to_all, "recv", recv.size(), send.size());
-    expect<CommError>(send.size() % n == 0, "LocalComm: all_to_all on group '", s.name,
+    expect<CommError>(send.size() % n == 0, comm_name, ": all_to_all on group '", s.name,
                       "': send holds ", send.size(), " elements, not a multiple of the ", n,
                       " ranks");
-    expect<CommError>(send.empty() || send.data() != recv.data(),
-                      "LocalComm: all_to_all on group '", s.name,
+    expect<CommError>(send.empty() || send.data() != recv.data(), comm_name,
+                      ": all_to_all on group '", s.name,
                       "': send and recv must not be the same buffer");
     const std::size_t count = send.size() / n;
     auto desc = describe<T>(CommOp::all_to_all, send.data(), recv.data(), count);
@@ -523,13 +545,13 @@ class LocalComm {
       for (std::size_t q = 0; q < n; ++q) {
         const T* src =
             static_cast<const T*>(slots[q].send) + static_cast<std::size_t>(s.rank) * count;
-        if (count) std::memcpy(recv.data() + q * count, src, count * sizeof(T));
+        if (count) s.mover.copy(recv.data() + q * count, src, count * sizeof(T));
       }
     });
   }
 
   template <class T>
-  static void do_all_to_all_v(detail::LocalRank& s, std::span<const T> send,
+  static void do_all_to_all_v(Rank& s, std::span<const T> send,
                               std::span<const std::size_t> send_counts, std::span<T> recv,
                               std::span<const std::size_t> recv_counts) {
     const std::size_t n = static_cast<std::size_t>(s.group->size());
@@ -553,8 +575,8 @@ class LocalComm {
         for (std::size_t p = 0; p < me; ++p) send_offset += slots[q].send_counts[p];
         const std::size_t len = recv_counts[q];
         if (len) {
-          std::memcpy(recv.data() + recv_offset, static_cast<const T*>(slots[q].send) + send_offset,
-                      len * sizeof(T));
+          s.mover.copy(recv.data() + recv_offset,
+                       static_cast<const T*>(slots[q].send) + send_offset, len * sizeof(T));
         }
         recv_offset += len;
       }
@@ -562,19 +584,18 @@ class LocalComm {
   }
 
   template <class T>
-  static void check_peer(const detail::LocalRank& s, CommOp op, int peer) {
-    expect<CommError>(peer >= 0 && peer < s.group->size() && peer != s.rank,
-                      "LocalComm: ", name_of(op), " on group '", s.name, "' at rank ", s.rank,
-                      ": peer ", peer, " must be another rank of this ", s.group->size(),
-                      "-rank group");
+  static void check_peer(const Rank& s, CommOp op, int peer) {
+    expect<CommError>(peer >= 0 && peer < s.group->size() && peer != s.rank, comm_name, ": ",
+                      name_of(op), " on group '", s.name, "' at rank ", s.rank, ": peer ", peer,
+                      " must be another rank of this ", s.group->size(), "-rank group");
   }
 
   template <class T>
-  static void do_send(detail::LocalRank& s, std::span<const T> buf, int peer, int tag) {
+  static void do_send(Rank& s, std::span<const T> buf, int peer, int tag) {
     check_peer<T>(s, CommOp::send, peer);
     const auto start = CommClock::now();
     detail::LocalMessage message{dtype_of<T>, buf.size(), std::vector<std::byte>(buf.size_bytes())};
-    if (!buf.empty()) std::memcpy(message.data.data(), buf.data(), buf.size_bytes());
+    if (!buf.empty()) s.mover.to_host(message.data.data(), buf.data(), buf.size_bytes());
     s.group->post(s.rank, peer, tag, std::move(message));
     if (s.logger) {
       s.logger->record(CommOp::send, s.name, 2, buf.size_bytes(),
@@ -583,30 +604,33 @@ class LocalComm {
   }
 
   template <class T>
-  static void do_recv(detail::LocalRank& s, std::span<T> buf, int peer, int tag) {
+  static void do_recv(Rank& s, std::span<T> buf, int peer, int tag) {
     check_peer<T>(s, CommOp::recv, peer);
     const auto start = CommClock::now();
     const auto ctx = s.context(CommOp::recv, s.next_seq, buf.size_bytes(), dtype_of<T>);
     auto message = s.group->take(peer, s.rank, tag, deadline_after(s.options.timeout_s), ctx,
                                  s.options.timeout_s);
-    expect<CommError>(message.dtype == dtype_of<T> && message.count == buf.size(),
-                      "LocalComm: ", ctx.describe(), ": rank ", peer, " sent ", message.count,
-                      " elements of ", name_of(message.dtype), " with tag ", tag,
-                      ", the receive expects ", buf.size(), " elements of ", name_of(dtype_of<T>));
-    if (!buf.empty()) std::memcpy(buf.data(), message.data.data(), buf.size_bytes());
+    expect<CommError>(message.dtype == dtype_of<T> && message.count == buf.size(), comm_name, ": ",
+                      ctx.describe(), ": rank ", peer, " sent ", message.count, " elements of ",
+                      name_of(message.dtype), " with tag ", tag, ", the receive expects ",
+                      buf.size(), " elements of ", name_of(dtype_of<T>));
+    if (!buf.empty()) s.mover.from_host(buf.data(), message.data.data(), buf.size_bytes());
     if (s.logger) {
       s.logger->record(CommOp::recv, s.name, 2, buf.size_bytes(),
                        std::chrono::duration<double>(CommClock::now() - start).count());
     }
   }
 
-  static void do_barrier(detail::LocalRank& s) {
+  static void do_barrier(Rank& s) {
     s.collective(describe<std::uint8_t>(CommOp::barrier, nullptr, nullptr, 0), 0,
                  [](const std::vector<detail::OpDesc>&) {});
   }
 
-  std::shared_ptr<detail::LocalRank> state_;
+  std::shared_ptr<Rank> state_;
 };
+
+/// The communicator of ranks as threads over host memory.
+using LocalComm = BasicLocalComm<HostMover>;
 
 static_assert(Communicator<LocalComm>);
 

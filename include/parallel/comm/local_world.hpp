@@ -89,6 +89,7 @@ struct OpContext {
   int rank;
   int size;
   int world_rank;
+  std::string_view comm = "LocalComm";  ///< the communicator type, prefixing its errors
 
   /// "all_reduce #3 (4096 bytes of f32) on group 'world' at rank 1 of 4 (world rank 1)".
   std::string describe() const {
@@ -165,7 +166,7 @@ struct LocalGroup {
         }
       }
       if (!gone.empty()) {
-        raise<CommError>("LocalComm: ", ctx.describe(), ": group ranks ", format_ranks(gone),
+        raise<CommError>(ctx.comm, ": ", ctx.describe(), ": group ranks ", format_ranks(gone),
                          " (world ranks ", format_ranks(world_ranks(gone)),
                          ") returned from their function without joining it; every rank of a "
                          "group must issue the same collectives in the same order");
@@ -177,7 +178,7 @@ struct LocalGroup {
         for (int r = 0; r < size(); ++r) {
           (arrived_at[static_cast<std::size_t>(r)] == gen + 1 ? present : missing).push_back(r);
         }
-        raise<CommError>("LocalComm: ", ctx.describe(), " timed out after ", timeout_s,
+        raise<CommError>(ctx.comm, ": ", ctx.describe(), " timed out after ", timeout_s,
                          " s: group ranks ", format_ranks(missing), " (world ranks ",
                          format_ranks(world_ranks(missing)), ") never joined; ranks ",
                          format_ranks(present),
@@ -205,19 +206,19 @@ struct LocalGroup {
     for (int r = 1; r < size(); ++r) {
       const OpDesc& d = slots[static_cast<std::size_t>(r)];
       if (d.op != ref.op) {
-        raise<CommError>("LocalComm: ", ctx.describe(),
+        raise<CommError>(ctx.comm, ": ", ctx.describe(),
                          ": ranks disagree on the op sequence: rank ", r, " issued ", name_of(d.op),
                          " #", d.seq, " where rank 0 issued ", name_of(ref.op), " #", ref.seq,
                          "; every rank of a group must issue the same collectives in order");
       }
       if (d.dtype != ref.dtype || (d.count != ref.count && d.op != CommOp::split)) {
-        raise<CommError>("LocalComm: ", ctx.describe(), ": mismatched buffers: rank ", r,
+        raise<CommError>(ctx.comm, ": ", ctx.describe(), ": mismatched buffers: rank ", r,
                          " passed ", d.count, " elements of ", name_of(d.dtype), ", rank 0 passed ",
                          ref.count, " elements of ", name_of(ref.dtype),
                          "; every rank must pass the same count and type");
       }
       if (d.reduce != ref.reduce || d.root != ref.root) {
-        raise<CommError>("LocalComm: ", ctx.describe(), ": rank ", r, " passed reduction ",
+        raise<CommError>(ctx.comm, ": ", ctx.describe(), ": rank ", r, " passed reduction ",
                          name_of(d.reduce), " root ", d.root, ", rank 0 passed ",
                          name_of(ref.reduce), " root ", ref.root);
       }
@@ -228,7 +229,7 @@ struct LocalGroup {
           const std::size_t sent = slots[static_cast<std::size_t>(src)].send_counts[dst];
           const std::size_t expected = slots[static_cast<std::size_t>(dst)].recv_counts[src];
           if (sent != expected) {
-            raise<CommError>("LocalComm: ", ctx.describe(), ": rank ", src, " sends ", sent,
+            raise<CommError>(ctx.comm, ": ", ctx.describe(), ": rank ", src, " sends ", sent,
                              " elements to rank ", dst, " but rank ", dst, " expects ", expected,
                              " from it (send_counts[", dst, "] vs recv_counts[", src, "])");
           }
@@ -247,7 +248,7 @@ struct LocalGroup {
   /// Throws the CommError that tells a waiting rank that another rank failed.
   void throw_if_aborted(const OpContext& ctx) const {
     if (world->aborted) {
-      raise<CommError>("LocalComm: ", ctx.describe(), " aborted: world rank ", world->failed_rank,
+      raise<CommError>(ctx.comm, ": ", ctx.describe(), " aborted: world rank ", world->failed_rank,
                        " failed: ", world->failure);
     }
   }
@@ -289,14 +290,14 @@ struct LocalGroup {
       }
       throw_if_aborted(ctx);
       if (world->left[static_cast<std::size_t>(members[static_cast<std::size_t>(src)])]) {
-        raise<CommError>("LocalComm: ", ctx.describe(), ": waiting for a message from rank ", src,
+        raise<CommError>(ctx.comm, ": ", ctx.describe(), ": waiting for a message from rank ", src,
                          " with tag ", tag, ", but rank ", src,
                          " returned from its function without sending it");
       }
       if (world->cv.wait_until(lock, deadline) == std::cv_status::timeout) {
         auto again = mailboxes.find({src, dst, tag});
         if (again != mailboxes.end() && !again->second.empty()) continue;
-        raise<CommError>("LocalComm: ", ctx.describe(), " timed out after ", timeout_s,
+        raise<CommError>(ctx.comm, ": ", ctx.describe(), " timed out after ", timeout_s,
                          " s waiting for a message from rank ", src, " (world rank ",
                          members[static_cast<std::size_t>(src)], ") with tag ", tag);
       }
