@@ -3,14 +3,17 @@
 // units' kernel set and arenas, the host copies) that the engine no longer fits stops CI here
 // even on machines without a GPU. Stage 1 is instantiated member by member; stages 2-3 refuse
 // some members with static_asserts (the split backward), so stage 3 is instantiated through its
-// public calls below. It runs nothing: the engine does not train on the GPU yet (docs/cuda.md,
-// "Still missing").
+// public calls below. ZeRO-Offload (Offload<CPU>) is instantiated member by member at stage 1
+// as well; test_engine_cuda.cu trains it on a GPU.
 #include <zero/engine/cuda_backend.cuh>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
 
 template class zero::engine::Engine<zero::nn::GPT<zero::bf16>, zero::ZeroStage<1>,
                                     zero::Precision<zero::bf16>, zero::Compute<zero::Cuda>>;
+template class zero::engine::Engine<zero::nn::GPT<zero::bf16>, zero::ZeroStage<1>,
+                                    zero::Precision<zero::bf16>, zero::Offload<zero::CPU>,
+                                    zero::Compute<zero::Cuda>>;
 
 namespace zero::test {
 // Stage 3's micro-step and update, instantiated (never called).

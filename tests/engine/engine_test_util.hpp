@@ -174,6 +174,33 @@ auto all_unit_values(Eng& eng) {
   return out;
 }
 
+// Builds Eng over a tiny nn::GPT<typename Eng::T> on comm from config, trains `steps` optimizer
+// steps of `accumulation` micro-steps each on the GlobalBatch rows, waits for the gathers the
+// last update started, and returns every unit's gathered values; the engine is handed to
+// inspect (say, for memory_report()) before it goes.
+template <class Eng, class Comm, class Inspect>
+std::vector<std::vector<float>> train_tiny_gpt(Comm& comm, const Config& config, int steps,
+                                               int accumulation, Inspect&& inspect) {
+  nn::GPT<typename Eng::T> model(tiny());
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  Eng eng(model, comm, config, options);
+  const int world = comm.size();
+  for (int step = 0; step < steps; ++step) {
+    const GlobalBatch b(micro_rows * accumulation * world, step, tiny().vocab_size);
+    for (int m = 0; m < accumulation; ++m) {
+      eng.forward(b.micro(m, comm.rank(), world));
+      eng.backward();
+    }
+    eng.step();
+  }
+  eng.synchronize();
+  std::vector<std::vector<float>> units;
+  for (int u = 0; u < eng.num_units(); ++u) units.push_back(eng.gather_unit_values(u));
+  inspect(eng);
+  return units;
+}
+
 // Trains `steps` steps on this rank and returns the largest difference to want (every rank
 // gathers every unit). A run that cannot be compared (step() misplaces the accumulation
 // boundary, the engine and want disagree on units or their sizes) throws std::runtime_error

@@ -29,6 +29,9 @@ class AnyComm {
   int rank() const { return impl_->rank(); }
   /// Ranks in the group.
   int size() const { return impl_->size(); }
+  /// The CUDA stream the communicator runs its ops on (a cudaStream_t), or null for one that
+  /// moves host memory. A device engine issues its collectives after its compute through it.
+  void* device_stream() const { return impl_->device_stream(); }
 
   /// Async all-reduce of send into recv (the same span for in place).
   template <CommElement T>
@@ -117,6 +120,7 @@ class AnyComm {
     virtual ~Concept() = default;
     virtual int rank() const = 0;
     virtual int size() const = 0;
+    virtual void* device_stream() const = 0;
     virtual Work all_reduce(Erased send, Erased recv, ReduceOp op) = 0;
     virtual Work reduce_scatter(Erased send, Erased recv, ReduceOp op) = 0;
     virtual Work all_gather(Erased send, Erased recv) = 0;
@@ -163,6 +167,13 @@ class AnyComm {
 
     int rank() const override { return comm.rank(); }
     int size() const override { return comm.size(); }
+    void* device_stream() const override {
+      if constexpr (requires { comm.device_stream(); }) {
+        return static_cast<void*>(comm.device_stream());
+      } else {
+        return nullptr;
+      }
+    }
     Work all_reduce(Erased send, Erased recv, ReduceOp op) override {
       return typed(send.dtype, [&]<class T>(T*) {
         return comm.all_reduce_async(std::span<const T>(as<T>(send)), as<T>(recv), op);

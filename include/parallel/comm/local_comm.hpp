@@ -219,6 +219,12 @@ class BasicLocalComm {
   Mover& mover() const {
     return checked().mover;
   }
+  /// The stream this rank's ops run on, for a mover of device memory (CudaLocalComm); order the
+  /// producers of an op's buffers before it.
+  auto device_stream() const requires requires(const Mover& m) {
+    m.stream();
+  }
+  { return checked().mover.stream(); }
 
   /// Splits the group: ranks passing the same color form a new group, ordered by (key, rank);
   /// undefined_color gives a null communicator. Collective over this group. name names the

@@ -244,6 +244,8 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   const std::string& name() const { return checked().name; }
   /// The stream every op is enqueued on; make it wait for the producers of the buffers.
   cudaStream_t stream() const { return checked().stream; }
+  /// The same stream, under the name AnyComm (and so the engine) asks for.
+  cudaStream_t device_stream() const { return stream(); }
   /// The CUDA device of this rank.
   int device() const { return checked().device; }
   /// The NCCL communicator, for calls zero does not wrap.

@@ -31,6 +31,7 @@
 #include <zero/core/buffer.hpp>
 #include <zero/core/device.hpp>
 #include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
 #include <zero/nn/kernels.hpp>
 
 namespace zero::engine {
@@ -49,6 +50,15 @@ struct HostBackend {
   /// Where the model's units find their kernels.
   static constexpr DeviceKind kernels = DeviceKind::host;
 
+  /// Takes the communicator's stream as the stream collectives run on: null for a communicator
+  /// of host memory, the only kind the host engine can use (ConfigError otherwise).
+  void use_comm_stream(void* stream) {
+    expect<ConfigError>(
+        stream == nullptr,
+        "Engine (Compute<Host>): the communicator moves device memory (NcclComm, "
+        "CudaLocalComm); the host engine's buffers are host memory, so use LocalComm "
+        "or MpiComm, or Compute<Cuda>");
+  }
   /// The stream the units compute on.
   Stream& compute_stream() { return compute_; }
   /// The stream collectives run on.
@@ -63,6 +73,16 @@ struct HostBackend {
   DeviceBuffer<E> make_buffer(std::size_t n) {
     return DeviceBuffer<E>(n, Host::default_alignment, compute_);
   }
+  /// A zeroed buffer of n elements in host memory that the device's copies and kernels reach
+  /// directly (page-locked on a GPU): where Offload<CPU> keeps the master slices and gradient
+  /// shards that the host optimizer updates. Plain host memory here.
+  template <class E>
+  PinnedBuffer<E> make_pinned_buffer(std::size_t n) {
+    return PinnedBuffer<E>(n, Host::default_alignment, compute_);
+  }
+  /// Blocks the host until the compute issued so far is done (Offload<CPU>'s optimizer reads on
+  /// the host the gradient shards the device wrote). Synchronous here.
+  void host_waits_for_compute() {}
   /// The activation arena of a micro-step: bytes of the memory the units compute on.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
     return std::make_unique<Arena<Host>>(bytes, std::move(name));

@@ -88,6 +88,15 @@ __global__ void scale_kernel(E* v, double factor, std::int64_t n) {
   }
 }
 
+/// v[i] = E{} (all-zero bits for zero's element types), grid-stride.
+template <class E>
+__global__ void clear_kernel(E* v, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    v[i] = E{};
+  }
+}
+
 /// The current device after checking that one is visible; CudaError naming what is missing.
 inline int require_device() {
   int count = 0;
@@ -132,6 +141,17 @@ class CudaBackend {
     pageable_access_ = pageable != 0;
   }
 
+  /// Takes the communicator's stream (NcclComm's, or a CudaLocalComm rank's) as the stream
+  /// collectives run on, so comm_waits_for_compute() orders the ops the engine issues after the
+  /// compute that produced their buffers. ConfigError for a communicator of host memory
+  /// (LocalComm, MpiComm), whose copies cannot reach device buffers.
+  void use_comm_stream(void* stream) {
+    expect<ConfigError>(stream != nullptr,
+                        "Engine (Compute<Cuda>): the communicator moves host memory (LocalComm, "
+                        "MpiComm); device buffers need NcclComm, or CudaLocalComm for ranks as "
+                        "threads on one GPU");
+    comm_ = std::make_unique<Stream>(Stream::view(static_cast<cudaStream_t>(stream)));
+  }
   /// The stream the units compute on (the address stays valid when the backend moves).
   Stream& compute_stream() { return *compute_; }
   /// The stream collectives run on.
@@ -163,16 +183,27 @@ class CudaBackend {
   DeviceBuffer<E> make_buffer(std::size_t n) {
     return DeviceBuffer<E>(n, Cuda::default_alignment, *compute_);
   }
+  /// A zeroed buffer of n elements of page-locked host memory (Offload<CPU>'s master slices and
+  /// gradient shards): the host optimizer updates it in place, and the compute stream's kernels
+  /// read and write it directly over the bus (unified addressing maps it into the device's
+  /// address space). Freed once the compute stream's earlier work is done.
+  template <class E>
+  PinnedBuffer<E> make_pinned_buffer(std::size_t n) {
+    return PinnedBuffer<E>(n, CudaPinnedHost::default_alignment, *compute_);
+  }
+  /// Blocks the host until the compute stream's work so far is done (before the host optimizer
+  /// reads what the device wrote into pinned memory).
+  void host_waits_for_compute() { compute_->synchronize(); }
   /// dst (device) = src (host), on the compute stream; returns once src may be reused (the
   /// compute stream has caught up), since the engine hands over short-lived host buffers.
   template <class E>
   void copy_from_host(std::span<E> dst, std::span<const E> src) {
-    copy_waiting(dst, src, cudaMemcpyHostToDevice, "CudaBackend::copy_from_host");
+    copy_waiting(dst, src, "CudaBackend::copy_from_host");
   }
   /// dst (host) = src (device), after the compute issued so far; returns with dst filled.
   template <class E>
   void copy_to_host(std::span<E> dst, std::span<const E> src) {
-    copy_waiting(dst, src, cudaMemcpyDeviceToHost, "CudaBackend::copy_to_host");
+    copy_waiting(dst, src, "CudaBackend::copy_to_host");
   }
   /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
@@ -245,6 +276,14 @@ class CudaBackend {
                   "CudaBackend::clear: zero's element types, whose zero is all-zero bits");
     if (v.empty()) return;
     expect_device_memory(v.data(), "clear", "v");
+    if (is_host_memory(v.data())) {  // Offload<CPU>'s pinned shards: a kernel writes them
+      const auto n = static_cast<std::int64_t>(v.size());
+      cuda_backend_detail::clear_kernel<E>
+          <<<ops::cuda::grid_for(n), ops::cuda::elementwise_threads, 0, compute_->native()>>>(
+              v.data(), n);
+      ZERO_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
     ZERO_CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.size_bytes(), compute_->native()));
   }
   /// Sum of squares of v in double, or +inf when v holds an Inf/NaN. Runs on the compute stream
@@ -263,15 +302,24 @@ class CudaBackend {
   }
 
  private:
-  // dst = src in the compute stream's order, then a wait for it (host memory on one side).
+  // dst = src in the compute stream's order, then a wait for it (host memory on one side). The
+  // runtime infers the direction from the pointers: under Offload<CPU> the units' side of a copy
+  // (a master slice) is itself pinned host memory.
   template <class E>
-  void copy_waiting(std::span<E> dst, std::span<const E> src, cudaMemcpyKind kind, const char* op) {
+  void copy_waiting(std::span<E> dst, std::span<const E> src, const char* op) {
     expect<ShapeError>(dst.size() == src.size(), op, ": ", src.size(), " elements into ",
                        dst.size());
     if (src.empty()) return;
-    ZERO_CUDA_CHECK(
-        cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), kind, compute_->native()));
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
+                                    compute_->native()));
     compute_->synchronize();
+  }
+  // True for host memory (page-locked, so kernels reach it), which cudaMemsetAsync is not
+  // documented to accept.
+  static bool is_host_memory(const void* p) {
+    cudaPointerAttributes attributes{};
+    ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, p));
+    return attributes.type == cudaMemoryTypeHost;
   }
   // A kernel given pageable host memory faults with a sticky error that ends the context; say
   // which argument it was instead. Devices that read pageable memory (HMM, ATS) skip the check.

@@ -46,7 +46,9 @@ decltype(auto) dispatch_stage(const Config& config, Fn&& fn) {
     if (stage == 0) return with(std::integral_constant<int, 0>{});
   } else {
     expect<ConfigError>(stage != 0, "zero_optimization.stage: 0 cannot offload (the config ",
-                        "puts the optimizer or the parameters on NVMe); use stage 1, 2 or 3");
+                        "puts the optimizer or the parameters on ",
+                        name_of(offload_device_of<typename Extra::where>),
+                        "); use stage 1, 2 or 3");
   }
   if (stage == 1) return with(std::integral_constant<int, 1>{});
   if (stage == 2) return with(std::integral_constant<int, 2>{});
@@ -56,16 +58,26 @@ decltype(auto) dispatch_stage(const Config& config, Fn&& fn) {
 
 /// Calls fn(std::type_identity<Engine<M, ZeroStage<s>, Fixed...>>{}) for the config's stage s.
 /// When Fixed names no Offload policy, the model trains in fp32 or lower, and the config puts
-/// the optimizer or the parameters on NVMe, the engine gets Offload<NVMe> as well (stages 1-3).
+/// the optimizer or the parameters on NVMe, the engine gets Offload<NVMe> as well (stages 1-3);
+/// when it puts them on the cpu and Fixed computes on a device (Compute<Cuda>), Offload<CPU>
+/// (on the host, where the states already live, it needs none).
 template <nn::Model M, class... Fixed, class Fn>
 decltype(auto) dispatch(const Config& config, Fn&& fn) {
   constexpr bool may_offload = count_policies<offload_policy, Fixed...> == 0 &&
                                !std::is_same_v<typename M::value_type, double>;
+  using device = typename find_policy_t<compute_policy, Compute<Host>, Fixed...>::device;
   if constexpr (may_offload) {
     const auto& z = config.zero_optimization;
-    if (z.offload_optimizer.device == OffloadDevice::nvme ||
-        z.offload_param.device == OffloadDevice::nvme) {
+    const auto asks = [&](OffloadDevice d) {
+      return z.offload_optimizer.device == d || z.offload_param.device == d;
+    };
+    if (asks(OffloadDevice::nvme)) {
       return detail::dispatch_stage<M, Offload<NVMe>, Fixed...>(config, std::forward<Fn>(fn));
+    }
+    if constexpr (!std::is_same_v<device, Host>) {
+      if (asks(OffloadDevice::cpu)) {
+        return detail::dispatch_stage<M, Offload<CPU>, Fixed...>(config, std::forward<Fn>(fn));
+      }
     }
   }
   return detail::dispatch_stage<M, void, Fixed...>(config, std::forward<Fn>(fn));

@@ -78,12 +78,15 @@ class Engine {
   static constexpr bool compute_is_master = std::is_same_v<T, MasterT>;
   static constexpr bool loss_scaling = std::is_same_v<T, f16>;
   static constexpr bool offload_nvme = std::is_same_v<typename policies::offload, NVMe>;
+  /// ZeRO-Offload: master slices, optimizer states and gradient shards in pinned host memory,
+  /// updated by the host optimizer (a device backend only).
+  static constexpr bool offload_cpu = std::is_same_v<typename policies::offload, CPU>;
   /// Updates a master slice from its gradient (already averaged, unscaled and clipped):
   /// (unit, master, grad). Stage 0 passes the whole padded unit, stages 1-3 this rank's shard.
   using UpdateFn = std::function<void(int, std::span<MasterT>, std::span<const MasterT>)>;
 
  private:
-  using Unit = UnitState<T, MasterT, backend_type>;
+  using Unit = UnitState<T, MasterT, backend_type, offload_cpu>;
   using Store = state_store_t<typename policies::offload, Unit>;
   using Exchange = UnitExchange<M, Unit, Store, backend_type, stage>;
   friend class EngineState<Engine>;
@@ -365,13 +368,9 @@ class Engine {
       // one adds up the tensor-parallel ranks' parts).
       double stats[2] = {0.0, static_cast<double>(micro_.nonfinite_losses())};
       for (int u = 0; u < num_units(); ++u) stats[0] += local_sum_of_squares(u);
-      comm_.all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
-      if (groups_.tp) {
-        groups_.tp->all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
-      }
-      if (groups_.pp) {
-        groups_.pp->all_reduce(std::span<double>(stats, 2), parallel::ReduceOp::sum);
-      }
+      sum_host_values(comm_, std::span<double>(stats, 2));
+      if (groups_.tp) sum_host_values(*groups_.tp, std::span<double>(stats, 2));
+      if (groups_.pp) sum_host_values(*groups_.pp, std::span<double>(stats, 2));
       const double scale = training_.loss_scale();
       last_grad_norm_ = std::sqrt(stats[0]) / scale;
       const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
@@ -394,6 +393,8 @@ class Engine {
         const double factor =
             optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping) / scale;
         if (training_.scheduler) training_.lr = training_.scheduler->lr();
+        // Offload<CPU>: the host optimizer reads gradient shards the device's kernels wrote.
+        if constexpr (offload_cpu) backend_.host_waits_for_compute();
         try {
           // The gather of an updated slice starts at once and overlaps the next units' updates
           // (and, offloaded, their I/O).
@@ -466,18 +467,22 @@ class Engine {
     return communicating("gather_unit_values", [&]() -> std::vector<MasterT> {
       Unit& s = unit(u);
       const auto numel = static_cast<std::size_t>(s.partition->numel());
-      // Read in the units' memory, then copied to the host (the master may be device memory).
+      // Read and gathered in the units' memory (the communicator's), then copied to the host.
       const std::size_t n =
           s.numel(stage_traits::shards_optimizer_states ? Extent::shard : Extent::whole);
       auto read = backend_.template make_buffer<MasterT>(n);
       store_.read_master_into(u, std::span<MasterT>(read.data(), n), backend_);
-      std::vector<MasterT> mine(n);
-      backend_.copy_to_host(std::span<MasterT>(mine), std::span<const MasterT>(read.data(), n));
       if constexpr (stage_traits::shards_optimizer_states) {
-        std::vector<MasterT> whole(s.numel(Extent::whole));
-        s.group->all_gather(std::span<const MasterT>(mine), std::span<MasterT>(whole));
-        mine = std::move(whole);
+        auto whole = backend_.template make_buffer<MasterT>(s.numel(Extent::whole));
+        backend_.comm_waits_for_compute();
+        s.group->all_gather(std::span<const MasterT>(read.data(), n),
+                            std::span<MasterT>(whole.data(), whole.size()));
+        backend_.compute_waits_for_comm();
+        read = std::move(whole);
       }
+      std::vector<MasterT> mine(read.size());
+      backend_.copy_to_host(std::span<MasterT>(mine),
+                            std::span<const MasterT>(read.data(), mine.size()));
       mine.resize(numel);
       return mine;
     });
@@ -487,7 +492,10 @@ class Engine {
   MemoryReport memory_report() const {
     MemoryReport r;
     for (const Unit& s : units_) s.report(r);
-    for (const auto& o : optimizers_) r.optimizer_bytes += o.state_bytes();
+    for (const auto& o : optimizers_) {
+      r.optimizer_bytes += o.state_bytes();
+      if constexpr (offload_cpu) r.host_bytes += o.state_bytes();  // host optimizer's states
+    }
     store_.report(r);
     exchange_.report(r);
     return r;
@@ -569,6 +577,15 @@ class Engine {
   // ---- setup ---------------------------------------------------------------------------------
 
   void setup(const StoreOptions& store_options) {
+    backend_.use_comm_stream(comm_.device_stream());
+    if constexpr (backend_type::Device::kind != DeviceKind::host && !offload_cpu) {
+      expect<ConfigError>(optimizer_spec_.type.empty(), "Engine: optimizer.type '",
+                          optimizer_spec_.type,
+                          "' runs on the host, so on a device its master slices and states must "
+                          "be in host memory: use Offload<CPU> "
+                          "(zero_optimization.offload_optimizer.device \"cpu\"), or an update "
+                          "callback that runs on the device (no device optimizer is built in yet)");
+    }
     expect<ConfigError>(options_.gradient_accumulation_steps > 0,
                         "Engine: gradient_accumulation_steps ",
                         options_.gradient_accumulation_steps, " must be positive");
@@ -632,6 +649,20 @@ class Engine {
     synchronize();  // construction ends with every rank's parameters in place
   }
 
+  // Sums a few host values (the step's statistics) over group: in place where the units'
+  // memory is host memory, else through a buffer of the units' memory, the only memory a device
+  // communicator moves.
+  void sum_host_values(parallel::AnyComm& group, std::span<double> values) {
+    if constexpr (backend_type::Device::kind == DeviceKind::host) {
+      group.all_reduce(values, parallel::ReduceOp::sum);
+    } else {
+      auto staged = backend_.template make_buffer<double>(values.size());
+      const std::span<double> on_device(staged.data(), staged.size());
+      backend_.copy_from_host(on_device, std::span<const double>(values));
+      group.all_reduce(on_device, parallel::ReduceOp::sum);
+      backend_.copy_to_host(values, std::span<const double>(on_device));
+    }
+  }
   // Activation arenas from the backend, in the memory its kernels compute on.
   ArenaMaker arena_maker() {
     return [this](std::size_t bytes) { return backend_.make_arena(bytes, "engine activations"); };

@@ -68,10 +68,11 @@ void check_config_against_policies(const Config& config, int stage) {
   };
   const OffloadDevice device = met(config.zero_optimization.offload_optimizer.device);
   // The master slice is a rank's only parameter copy at rest, so parameter offload (stage 3)
-  // is the same move as optimizer offload: offload_param alone also selects Offload<NVMe>.
+  // is the same move as optimizer offload: offload_param alone also selects Offload<NVMe> (or
+  // Offload<CPU> on a device).
   const OffloadDevice param_device = met(config.zero_optimization.offload_param.device);
   const bool param_only =
-      device == OffloadDevice::none && param_device == expected && expected == OffloadDevice::nvme;
+      device == OffloadDevice::none && param_device == expected && expected != OffloadDevice::none;
   expect<ConfigError>(device == expected || param_only,
                       "zero_optimization.offload_optimizer.device: the config says '",
                       name_of(device), "' but the engine was built with Offload<",

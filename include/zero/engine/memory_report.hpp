@@ -16,12 +16,17 @@ struct MemoryReport {
   std::size_t whole_grad_bytes = 0;        ///< whole unit gradients in compute type
   std::size_t scratch_bytes = 0;           ///< reduction/gather buffers in flight or kept for reuse
   std::size_t offloaded_bytes = 0;         ///< state kept off this memory (files for NVMe)
+  /// Of the bytes above, those in host memory beside a compute device (Offload<CPU>: the master
+  /// slice, its optimizer states and the gradient shard); 0 without offload.
+  std::size_t host_bytes = 0;
 
   /// Everything this rank holds in memory (offloaded bytes excluded).
   std::size_t total() const {
     return master_bytes + optimizer_bytes + grad_accumulator_bytes + whole_param_bytes +
            whole_grad_bytes + scratch_bytes;
   }
+  /// What this rank holds in the compute device's memory: total() less host_bytes.
+  std::size_t device_bytes() const { return total() - host_bytes; }
   /// The sharded part: master, optimizer states and gradient shards (16 psi / N with Adam).
   std::size_t sharded_state_bytes() const {
     return master_bytes + optimizer_bytes + grad_accumulator_bytes;

@@ -211,6 +211,12 @@ class UnitExchange {
       if constexpr (traits::all_reduces_grads) {
         p.work =
             s.group->all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
+      } else if constexpr (Unit::host_states) {
+        // Offload<CPU>: the collective writes device memory; finish_oldest folds it into the
+        // pinned host shard.
+        p.shard_scratch = backend_.template make_buffer<MasterT>(s.grad_shard.size());
+        p.work = s.group->reduce_scatter_async(std::span<const MasterT>(acc), span(p.shard_scratch),
+                                               parallel::ReduceOp::avg);
       } else {
         p.work = s.group->reduce_scatter_async(std::span<const MasterT>(acc), span(s.grad_shard),
                                                parallel::ReduceOp::avg);
@@ -243,8 +249,9 @@ class UnitExchange {
  private:
   struct Pending {
     int unit = 0;
-    DeviceBuffer<T> scratch;  // stages 2-3: receives the reduced shard
-    parallel::Work work;      // declared after the buffer it writes
+    DeviceBuffer<T> scratch;              // stages 2-3: receives the reduced shard
+    DeviceBuffer<MasterT> shard_scratch;  // stage 1 under Offload<CPU>: the same, in fp32
+    parallel::Work work;                  // declared after the buffers it writes
   };
 
   template <class B>
@@ -265,12 +272,13 @@ class UnitExchange {
   }
 
   // The buffer the all-gather of unit u reads: the master slice itself when it is resident in
-  // the compute type, else a pooled scratch that the store fills (rounded from the slice, or
-  // read from its file) and that lives until the gather finished. No low-precision copy is kept
+  // the compute type in the compute device's memory, else a pooled scratch that the store fills
+  // (rounded from the slice, read from its file, or copied up from pinned host memory) and that
+  // lives until the gather finished. No low-precision copy is kept
   // between gathers, so stage 3 holds 16 psi / N at rest whatever the precision.
   std::span<const T> gather_source(int u) {
     Unit& s = unit(u);
-    if constexpr (Unit::compute_is_master && Store::in_memory) {
+    if constexpr (Unit::compute_is_master && Store::in_memory && !Unit::host_states) {
       const std::span<MasterT> m = s.resident_master();
       return std::span<const T>(m.data(), m.size());
     } else {
@@ -288,6 +296,10 @@ class UnitExchange {
     // An expert unit's gradient, averaged over expert_dp, is divided by the whole dp (grad_scale
     // 1/ep), in the fp32 (f64) accumulator's type.
     if constexpr (!traits::shards_grads) {
+      if constexpr (Unit::host_states && !traits::all_reduces_grads) {
+        // Into the cleared host shard: 0 + x is x, so this is the copy down to the host.
+        backend_.accumulate(span(s.grad_shard), std::span<const MasterT>(span(p.shard_scratch)));
+      }
       if (s.grad_scale != 1.0) {
         backend_.scale(traits::all_reduces_grads ? s.whole_accumulator() : span(s.grad_shard),
                        s.grad_scale);

@@ -14,7 +14,10 @@
 //                  | or while used | or while used   |                 |
 // b is the compute type's size: with f32 (or f64) compute the whole gradient is itself the
 // accumulator and, at stage 0, the whole parameters are the master. Offloading moves the master
-// and states to host memory (CPU) or files (NVMe) and the gradient shard to host memory.
+// and states to host memory (CPU) or files (NVMe) and the gradient shard to host memory. Under
+// Offload<CPU> (UnitState's HostStates) the master and the gradient shard are the backend's
+// pinned host buffers: the host optimizer updates them in place, and the device's kernels read
+// and write them directly (the reduced gradient folded in, the master rounded for a gather).
 
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +28,7 @@
 
 #include <parallel/comm/any_comm.hpp>
 #include <parallel/comm/work.hpp>
+#include <zero/core/error.hpp>
 #include <zero/engine/memory_report.hpp>
 #include <zero/engine/partition.hpp>
 #include <zero/nn/param.hpp>
@@ -132,21 +136,28 @@ inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
 }
 
 /// One unit's buffers, in compute type T and master type MasterT, allocated by Backend. Which
-/// of them exist follows unit_buffer_plan.
-template <class T, class MasterT, class Backend>
+/// of them exist follows unit_buffer_plan; with HostStates (Offload<CPU>) the master and the
+/// gradient shard are in the backend's pinned host memory.
+template <class T, class MasterT, class Backend, bool HostStates = false>
 struct UnitState {
   template <class E>
   using DeviceBuffer = typename Backend::template DeviceBuffer<E>;
+  /// The buffers of the offloadable state: pinned host memory under Offload<CPU>.
+  template <class E>
+  using StateBuffer =
+      std::conditional_t<HostStates, typename Backend::template PinnedBuffer<E>, DeviceBuffer<E>>;
   using compute_type = T;
   using master_type = MasterT;
   /// The compute type is the master type (f32, or f64 reference models).
   static constexpr bool compute_is_master = std::is_same_v<T, MasterT>;
+  /// The master slice and gradient shard are in host memory (Offload<CPU>).
+  static constexpr bool host_states = HostStates;
 
   std::vector<nn::ParamSpec> specs;
   std::optional<UnitPartition> partition;
-  DeviceBuffer<MasterT> master;  ///< empty when params holds it or it is offloaded
+  StateBuffer<MasterT> master;  ///< empty when params holds it or it is in files
   std::optional<std::span<MasterT>> swapped_in_master;  ///< Offload<NVMe>: while in a buffer
-  DeviceBuffer<MasterT> grad_shard;                     ///< stages 1-3
+  StateBuffer<MasterT> grad_shard;                      ///< stages 1-3
   DeviceBuffer<MasterT> grad_accumulator;        ///< stages 0-1 with a compute type below fp32
   DeviceBuffer<T> gather_scratch;                ///< the slice rounded (or read) for an all-gather
   std::optional<DeviceBuffer<T>> params, grads;  ///< whole unit in the compute type
@@ -173,12 +184,12 @@ struct UnitState {
     const std::size_t n = numel(b.extent);
     switch (b.role) {
       case BufferRole::master:
-        master = backend.template make_buffer<MasterT>(n);
+        master = make_state_buffer(b, n, backend);
         break;
       case BufferRole::optimizer_states:
         break;  // the optimizer allocates its own
       case BufferRole::grad_shard:
-        grad_shard = backend.template make_buffer<MasterT>(n);
+        grad_shard = make_state_buffer(b, n, backend);
         break;
       case BufferRole::grad_accumulator:
         grad_accumulator = backend.template make_buffer<MasterT>(n);
@@ -225,8 +236,22 @@ struct UnitState {
       backend.copy_from_host(m.subspan(begin, n), std::span<const MasterT>(staged));
     }
   }
+  /// A master or gradient-shard buffer of n elements: pinned host memory under Offload<CPU>,
+  /// else the compute device's (Offload<NVMe> runs on the host, where that is host memory too).
+  static StateBuffer<MasterT> make_state_buffer(const BufferPlan& b, std::size_t n,
+                                                Backend& backend) {
+    expect<Error>(!HostStates || b.placement == Placement::host,
+                  "UnitState: under Offload<CPU> the plan must place the master and the gradient "
+                  "shard in host memory");
+    if constexpr (HostStates) {
+      return backend.template make_pinned_buffer<MasterT>(n);
+    } else {
+      return backend.template make_buffer<MasterT>(n);
+    }
+  }
   /// Adds this unit's buffers to r by role (optimizer states are the optimizer's to report).
   void report(MemoryReport& r) const {
+    if constexpr (HostStates) r.host_bytes += master.bytes() + grad_shard.bytes();
     add_bytes(r, params_hold_master ? BufferRole::master : BufferRole::params,
               params ? params->bytes() : 0);
     add_bytes(r, BufferRole::master, master.bytes());

@@ -1,0 +1,131 @@
+// The engine on a GPU: Engine<GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>, Compute<Cuda>>
+// over CudaLocalComm (ranks as threads sharing the GPU) against the host engine over LocalComm
+// on the same config, weights and batches, after three steps of AdamW with accumulation 2 and
+// clipping: every unit's values within 1e-5 of its largest magnitude in f32, 2e-3 in bf16
+// (the device's GEMM and attention round in another order), at stages 1-3 and 1, 2 and 4
+// ranks. The refusals: a host communicator on the device engine, a device communicator on the
+// host engine, and a host optimizer over device memory.
+
+#include <zero/engine/cuda_backend.cuh>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <parallel/comm/cuda_local_comm.cuh>
+#include <parallel/comm/local_comm.hpp>
+
+#include "../engine/engine_test_util.hpp"
+#include "../support/per_rank.hpp"
+
+// Inside zero::test rather than `using namespace zero`: a using-directive at global scope makes
+// `cuda` ambiguous (zero::cuda, CCCL's ::cuda) in the stubs nvcc generates for CUB's kernels.
+namespace zero::test {
+
+using parallel::CudaLocalComm;
+using parallel::LocalComm;
+using testing::per_rank;
+using testing::thrown_message;
+
+namespace {
+
+constexpr int steps = 3;
+constexpr int accumulation = 2;
+using Masters = std::vector<std::vector<float>>;
+
+Config gpu_config(int stage, bool bf16, bool offload) {
+  Config c = adamw_config(stage, accumulation, 0.5);
+  c.bf16_enabled = bf16;
+  if (offload) c.zero_optimization.offload_optimizer.device = OffloadDevice::cpu;
+  return c;
+}
+
+template <class Eng, class Comm>
+Masters train(Comm& comm, const Config& config) {
+  return train_tiny_gpt<Eng>(comm, config, steps, accumulation, [](Eng&) {});
+}
+
+/// The largest |a - b| over a unit, divided by the unit's largest |b|.
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+template <class T, int S>
+void check_gpu_engine(double tolerance) {
+  constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
+  using HostEngine = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>>;
+  using GpuEngine =
+      engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>, Compute<Cuda>>;
+  for (int world : {1, 2, 4}) {
+    INFO("stage " << S << (bf16 ? " bf16" : " f32") << " world " << world);
+    const auto host = per_rank<Masters>(
+        world, [](LocalComm& comm) { return train<HostEngine>(comm, gpu_config(S, bf16, false)); });
+    const auto gpu = per_rank<Masters, CudaLocalComm>(world, [](CudaLocalComm& comm) {
+      return train<GpuEngine>(comm, gpu_config(S, bf16, true));
+    });
+    for (int r = 0; r < world; ++r) {
+      const Masters& h = host[static_cast<std::size_t>(r)];
+      const Masters& g = gpu[static_cast<std::size_t>(r)];
+      REQUIRE(g.size() == h.size());
+      for (std::size_t u = 0; u < h.size(); ++u) {
+        INFO("rank " << r << " unit " << u);
+        CHECK(relative_difference(g[u], h[u]) <= tolerance);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (f32)", "[cuda][engine]") {
+  check_gpu_engine<float, 1>(1e-5);
+  check_gpu_engine<float, 2>(1e-5);
+  check_gpu_engine<float, 3>(1e-5);
+}
+
+TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (bf16)", "[cuda][engine]") {
+  check_gpu_engine<zero::bf16, 1>(2e-3);
+  check_gpu_engine<zero::bf16, 2>(2e-3);
+  check_gpu_engine<zero::bf16, 3>(2e-3);
+}
+
+TEST_CASE("the GPU engine refuses memory its communicator or optimizer cannot reach",
+          "[cuda][engine]") {
+  using Offloaded =
+      engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>, Compute<Cuda>>;
+  using OnDevice = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Compute<Cuda>>;
+  using OnHost = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>>;
+  const auto host_comm = per_rank<std::string>(1, [](LocalComm& comm) {
+    return thrown_message([&] {
+      nn::GPT<bf16> model(tiny());
+      Offloaded eng(model, comm, gpu_config(2, true, true));
+    });
+  });
+  CHECK_THAT(host_comm[0], Catch::Contains("the communicator moves host memory"));
+  const auto device_comm = per_rank<std::string, CudaLocalComm>(1, [](CudaLocalComm& comm) {
+    return thrown_message([&] {
+      nn::GPT<bf16> model(tiny());
+      OnHost eng(model, comm, gpu_config(2, true, false));
+    });
+  });
+  CHECK_THAT(device_comm[0], Catch::Contains("the communicator moves device memory"));
+  const auto host_optimizer = per_rank<std::string, CudaLocalComm>(1, [](CudaLocalComm& comm) {
+    return thrown_message([&] {
+      nn::GPT<bf16> model(tiny());
+      OnDevice eng(model, comm, gpu_config(2, true, false));
+    });
+  });
+  CHECK_THAT(host_optimizer[0], Catch::Contains("use Offload<CPU>"));
+}
+
+}  // namespace zero::test
