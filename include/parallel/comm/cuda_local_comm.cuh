@@ -131,22 +131,19 @@ class CudaMover {
     wait(ctx, deadline, "its own copies and folds");
   }
   /// dst (host) = src (device), finished on return.
-  void to_host(void* dst, const void* src, std::size_t bytes) {
-    enter();
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.native()));
-    stream_.synchronize();
-  }
+  void to_host(void* dst, const void* src, std::size_t bytes) { copy_now(dst, src, bytes); }
   /// dst (device) = src (host), finished on return.
-  void from_host(void* dst, const void* src, std::size_t bytes) {
-    enter();
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.native()));
-    stream_.synchronize();
-  }
+  void from_host(void* dst, const void* src, std::size_t bytes) { copy_now(dst, src, bytes); }
 
  private:
   static CudaStream make_stream(Place place) {
     ZERO_CUDA_CHECK(cudaSetDevice(place.device));
     return CudaStream();
+  }
+  /// A copy on the stream (after its earlier work), waited for.
+  void copy_now(void* dst, const void* src, std::size_t bytes) {
+    copy(dst, src, bytes);
+    stream_.synchronize();
   }
   /// Ops run on the rank's thread or its progress thread: both must be on the device.
   void enter() const { ZERO_CUDA_CHECK(cudaSetDevice(place_.device)); }

@@ -275,8 +275,9 @@ class CudaBackend {
     static_assert(std::is_arithmetic_v<E> || is_half_type<E>,
                   "CudaBackend::clear: zero's element types, whose zero is all-zero bits");
     if (v.empty()) return;
-    expect_device_memory(v.data(), "clear", "v");
-    if (is_host_memory(v.data())) {  // Offload<CPU>'s pinned shards: a kernel writes them
+    if (checked_memory_type(v.data(), "clear", "v") == cudaMemoryTypeHost) {
+      // Offload<CPU>'s pinned shards, which cudaMemsetAsync is not documented to take: a kernel
+      // writes them.
       const auto n = static_cast<std::int64_t>(v.size());
       cuda_backend_detail::clear_kernel<E>
           <<<ops::cuda::grid_for(n), ops::cuda::elementwise_threads, 0, compute_->native()>>>(
@@ -314,23 +315,22 @@ class CudaBackend {
                                     compute_->native()));
     compute_->synchronize();
   }
-  // True for host memory (page-locked, so kernels reach it), which cudaMemsetAsync is not
-  // documented to accept.
-  static bool is_host_memory(const void* p) {
+  // The kind of memory p is, with expect_device_memory's check made on the same (single)
+  // query: clear needs the kind on every device, the other kernels only the check.
+  cudaMemoryType checked_memory_type(const void* p, const char* op, const char* arg) const {
     cudaPointerAttributes attributes{};
     ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, p));
-    return attributes.type == cudaMemoryTypeHost;
+    expect<CudaError>(pageable_access_ || attributes.type != cudaMemoryTypeUnregistered,
+                      "CudaBackend::", op, ": ", arg, " (at ", p,
+                      ") is pageable host memory, which this device cannot read; pass a "
+                      "DeviceBuffer (or a PinnedBuffer)");
+    return attributes.type;
   }
   // A kernel given pageable host memory faults with a sticky error that ends the context; say
   // which argument it was instead. Devices that read pageable memory (HMM, ATS) skip the check.
   void expect_device_memory(const void* p, const char* op, const char* arg) const {
     if (pageable_access_) return;
-    cudaPointerAttributes attributes{};
-    ZERO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, p));
-    expect<CudaError>(attributes.type != cudaMemoryTypeUnregistered, "CudaBackend::", op, ": ", arg,
-                      " (at ", p,
-                      ") is pageable host memory, which this device cannot read; pass a "
-                      "DeviceBuffer (or a PinnedBuffer)");
+    (void)checked_memory_type(p, op, arg);
   }
 
   // First: the device check runs before any stream or event is created.

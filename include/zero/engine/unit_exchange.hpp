@@ -297,8 +297,8 @@ class UnitExchange {
     // 1/ep), in the fp32 (f64) accumulator's type.
     if constexpr (!traits::shards_grads) {
       if constexpr (Unit::host_states && !traits::all_reduces_grads) {
-        // Into the cleared host shard: 0 + x is x, so this is the copy down to the host.
-        backend_.accumulate(span(s.grad_shard), std::span<const MasterT>(span(p.shard_scratch)));
+        // The reduced shard down to the pinned host shard (an exact fp32 copy).
+        backend_.convert_into(span(s.grad_shard), std::span<const MasterT>(span(p.shard_scratch)));
       }
       if (s.grad_scale != 1.0) {
         backend_.scale(traits::all_reduces_grads ? s.whole_accumulator() : span(s.grad_shard),
