@@ -21,6 +21,7 @@
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved|zb]]
 //               [--experts 4 [--ep 2] [--k 2]] [--sp N]
+//               [--device host|cuda] [--offload-cpu] [--activation-mb M]
 //
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
@@ -43,6 +44,16 @@
 // and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config).
 // --sp without a number is Megatron's sequence parallelism beside --tp.
 //
+// --device cuda (the train_gpt_cuda build: this file compiled by nvcc, when CMake finds it) trains
+// on the GPU: Compute<Cuda>, bf16, the --ranks ranks as threads sharing one GPU over
+// CudaLocalComm, the optimizer's fused passes on the device (or on the host with --offload-cpu,
+// the config's "offload_optimizer": {"device": "cpu"}: ZeRO-Offload), ZeRO stages 0-3, data
+// parallel only (tensor, pipeline, expert and sequence parallelism run on the host);
+// train_gpt_cuda defaults to it and train_gpt refuses it. GPT-2 small is --layers 12 --heads 12
+// --channels 768 --seq 1024 (with --tokens for GPT-2's vocabulary, and --init for its weights);
+// --activation-mb sizes the activation arena (default 512; GPT-2 small at batch 8 needs about
+// 20000). The step line adds the model's TFLOP/s (6N + 6LCT per token) and, on a GPU whose
+// datasheet bf16 peak is known, the MFU.
 // The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
 // print zero::profile's reports (docs/observability.md); --profile switches all four on (the
 // flops profile at step 2) and --metrics adds their figures to the JSONL lines.
@@ -77,6 +88,12 @@
 #if defined(ZERO_WITH_MPI)
 #include <parallel/comm/mpi_comm.hpp>
 #endif
+#if defined(ZERO_TRAIN_GPT_CUDA)
+#include <cuda_runtime.h>
+
+#include <parallel/comm/cuda_local_comm.cuh>
+#include <zero/core/cuda_check.cuh>
+#endif
 #include <zero/config/auto_values.hpp>
 #include <zero/data/byte_tokenizer.hpp>
 #include <zero/data/data_loader.hpp>
@@ -86,11 +103,14 @@
 #include <zero/engine/engine_weights.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/sampler.hpp>
+#include <zero/profile/mfu.hpp>
 #include <zero/profile/monitor.hpp>
 
+// Inside zero (rather than `using namespace zero` at file scope): a using-directive that reaches
+// the global scope makes `cuda` ambiguous (zero::cuda, CCCL's ::cuda) in the stubs nvcc generates
+// for CUB's kernels when train_gpt_cuda compiles this file.
+namespace zero::train_gpt {
 namespace {
-
-using namespace zero;
 
 struct Options {
   std::string config;
@@ -117,6 +137,13 @@ struct Options {
   int top_k = 40;
   std::int64_t sample_bytes = 96;
   bool profile = false;
+  bool offload_cpu = false;  // ZeRO-Offload on the GPU (--offload-cpu)
+#if defined(ZERO_TRAIN_GPT_CUDA)
+  std::string device = "cuda";  // the train_gpt_cuda build trains on the GPU
+#else
+  std::string device = "host";
+#endif
+  std::int64_t activation_mb = 512;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -130,9 +157,10 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     const bool sp_size = flag == "--sp" && i + 1 < argc && argv[i + 1][0] >= '0' &&
-                         argv[i + 1][0] <= '9';                 // --sp N: Ulysses
-    if (flag == "--profile" || (flag == "--sp" && !sp_size)) {  // the flags without a value
-      (flag == "--sp" ? o.sp : o.profile) = true;
+                         argv[i + 1][0] <= '9';  // --sp N: Ulysses
+    if (flag == "--profile" || flag == "--offload-cpu" ||
+        (flag == "--sp" && !sp_size)) {  // the flags without a value
+      (flag == "--sp" ? o.sp : flag == "--offload-cpu" ? o.offload_cpu : o.profile) = true;
       --i;
       continue;
     }
@@ -224,10 +252,16 @@ Options parse(int argc, char** argv) {
         usage("--export-dtype must be f32, bf16 or f16, not '" + v + "'");
     } else if (flag == "--resume")
       o.resume = v;
+    else if (flag == "--device") {
+      if (v != "host" && v != "cuda") usage("--device must be host or cuda, not '" + v + "'");
+      o.device = v;
+    } else if (flag == "--activation-mb")
+      o.activation_mb = integer();
     else
       usage("unknown flag " + flag);
   }
   if (o.ranks < 1) usage("--ranks must be >= 1");
+  if (o.activation_mb < 1) usage("--activation-mb must be positive");
   if (o.steps < 0 || o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
     usage("--steps, --batch, --seq and --grad-accum must be positive");
   }
@@ -276,6 +310,7 @@ Config make_config(const Options& o) {
       j["optimizer"]["params"]["lr"] = *o.lr;
     }
   }
+  if (o.offload_cpu) j["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
   if (!o.nvme_path.empty()) {
     j["zero_optimization"]["offload_optimizer"]["device"] = "nvme";
     j["zero_optimization"]["offload_optimizer"]["nvme_path"] = o.nvme_path;
@@ -420,7 +455,7 @@ struct RunSetup {
 engine::EngineOptions engine_options(const Options& o) {
   engine::EngineOptions eo;
   eo.seed = o.seed;
-  eo.activation_bytes = std::size_t{512} << 20;
+  eo.activation_bytes = static_cast<std::size_t>(o.activation_mb) << 20;
   return eo;
 }
 
@@ -460,7 +495,7 @@ struct RoutingTotals {
   template <class Eng>
   RoutingTotals over_ranks(Eng& eng) const {
     double v[4] = {aux_loss, dropped, choices, micro_steps};
-    eng.comm().all_reduce(std::span<double>(v, 4), parallel::ReduceOp::sum);
+    eng.sum_over_data_parallel(std::span<double>(v, 4));
     return {v[3] > 0 ? v[0] / v[3] : 0, v[1], v[2], v[3]};
   }
   double dropped_fraction() const { return choices > 0 ? dropped / choices : 0; }
@@ -492,11 +527,17 @@ std::string moe_note(const Config& cfg) {
          ", ep " + std::to_string(cfg.moe.ep_size) + ")";
 }
 
-// v averaged over eng's data-parallel group.
+// v averaged over eng's data-parallel group (through the engine, whose communicator may move
+// device memory only).
 template <class Eng>
 double mean_over_dp(Eng& eng, double v) {
-  eng.comm().all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
-  return v;
+  if constexpr (requires(std::span<double> s) { eng.sum_over_data_parallel(s); }) {
+    eng.sum_over_data_parallel(std::span<double>(&v, 1));
+    return v / eng.world_size();
+  } else {
+    eng.comm().all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
+    return v;
+  }
 }
 
 // Loads --resume into eng and the loader's position; returns the step to start from (0 without).
@@ -542,14 +583,24 @@ std::int64_t sample_vocab(const Corpus& corpus) {
 
 // Row `row` of the logits of model's last forward, its first `bytes` columns as floats (with
 // tensor parallelism each rank holds V/tp columns: they are gathered).
-template <class Model>
+// On a device (no tensor parallelism there) the row is copied out of device memory.
+template <bool OnDevice, class Model>
 std::vector<float> last_row_logits(const Model& model, const nn::GPTConfig& gc, int tp,
                                    std::int64_t row, std::int64_t bytes) {
   using Elem = typename Model::value_type;
   const std::int64_t local_vocab = gc.vocab_size / tp;
   std::vector<Elem> whole(static_cast<std::size_t>(gc.vocab_size));
-  parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
-                           model.logits().data() + row * local_vocab, whole.data(), 1, local_vocab);
+  if constexpr (OnDevice) {
+#if defined(ZERO_TRAIN_GPT_CUDA)
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());  // the forward ran on the engine's own stream
+    ZERO_CUDA_CHECK(cudaMemcpy(whole.data(), model.logits().data() + row * local_vocab,
+                               whole.size() * sizeof(Elem), cudaMemcpyDeviceToHost));
+#endif
+  } else {
+    parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
+                             model.logits().data() + row * local_vocab, whole.data(), 1,
+                             local_vocab);
+  }
   std::vector<float> out(static_cast<std::size_t>(bytes));
   for (std::size_t v = 0; v < out.size(); ++v) out[v] = static_cast<float>(whole[v]);
   return out;
@@ -583,6 +634,22 @@ void print_sample(const Options& o, const Corpus& corpus, bool leader, std::int6
             .c_str(),
         data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(prompt))).c_str());
   }
+}
+
+// The datasheet bf16 peak of the GPU the CUDA runtime uses now, in TFLOP/s (0: not listed, or no
+// CUDA in this build).
+double device_peak_tflops() {
+#if defined(ZERO_TRAIN_GPT_CUDA)
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    return 0.0;
+  }
+  return profile::datasheet_bf16_tflops(prop.name);
+#else
+  return 0.0;
+#endif
 }
 
 // The pipeline engine with E's model and policies (E = Engine<GPT<T>, Policies...>).
@@ -690,7 +757,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
                  std::int32_t next = 0;
                  if (pipe.holds_last_unit()) {
                    next = sampler.next(std::span<const float>(
-                       last_row_logits(model, gc, tp, row, sample_vocab(corpus))));
+                       last_row_logits<false>(model, gc, tp, row, sample_vocab(corpus))));
                  }
                  groups.pp().broadcast(std::span<std::int32_t>(&next, 1), pp - 1);
                  return next;
@@ -702,10 +769,11 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
 // fell.
 template <class E, class Comm>
 bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
+  constexpr bool on_device = E::backend_type::Device::kind != DeviceKind::host;
   const bool leader = comm.rank() == 0;
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
   if (cfg.pipeline.stages > 1) {
-    if constexpr (E::stage <= 1) {
+    if constexpr (E::stage <= 1 && !on_device) {
       return train_pipeline<E>(o, cfg, corpus, comm);
     } else {
       throw ConfigError("pipeline.stages > 1 needs ZeRO stage 0 or 1");  // the config refuses it
@@ -748,6 +816,10 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   std::ofstream metrics;
   if (leader && !o.metrics.empty()) metrics.open(o.metrics, std::ios::app);
   const bool tty = leader && ::isatty(STDOUT_FILENO);
+  // The model's FLOPs per token, and the peak they are measured against (one GPU's on a device).
+  const double flops_per_token =
+      profile::gpt_flops_per_token(count_parameters(eng), o.layers, o.channels, o.seq);
+  const double peak_tflops = on_device ? device_peak_tflops() : 0.0;
 
   const std::int64_t print_every = cfg.steps_per_print;
   auto last = Clock::now();
@@ -793,12 +865,17 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
       const double ms = 1e3 * seconds / static_cast<double>(since_print);
       since_print = 0;
       const double state_mb = static_cast<double>(eng.memory_report().total()) / 1e6;
+      const double model_tflops = flops_per_token * tokens_per_s / 1e12;
+      char mfu[32] = "";
+      if (peak_tflops > 0) {
+        std::snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * model_tflops / peak_tflops);
+      }
       if (leader) {
         std::printf(
             "%sstep %4lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g | %.0f tokens/s"
-            " | %.1f ms/step | state %.2f MB%s%s\n",
+            " | %.3g TFLOP/s%s | %.1f ms/step | state %.2f MB%s%s\n",
             tty ? "\r" : "", static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
-            eng.loss_scale(), tokens_per_s, ms, state_mb, routing.line().c_str(),
+            eng.loss_scale(), tokens_per_s, model_tflops, mfu, ms, state_mb, routing.line().c_str(),
             eng.last_step_skipped() ? " | skipped" : "");
         std::fflush(stdout);
         if (metrics.is_open()) {
@@ -808,10 +885,12 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                                  {"grad_norm", eng.last_grad_norm()},
                                  {"loss_scale", eng.loss_scale()},
                                  {"tokens_per_s", tokens_per_s},
+                                 {"model_tflops", model_tflops},
                                  {"ms_per_step", ms},
                                  {"model_state_bytes", eng.memory_report().total()},
                                  {"activation_peak_bytes", eng.activation_peak_bytes()},
                                  {"skipped", eng.last_step_skipped()}};
+          if (peak_tflops > 0) line["mfu"] = model_tflops / peak_tflops;
           if (cfg.moe.active()) {
             line["moe_aux_loss"] = routing.aux_loss;
             line["moe_dropped_fraction"] = routing.dropped_fraction();
@@ -853,14 +932,15 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                [&](const engine::MicroBatch& window, std::int64_t row, nn::Sampler& sampler) {
                  eng.evaluate(window);
                  return sampler.next(std::span<const float>(
-                     last_row_logits(model, gc, tp, row, sample_vocab(corpus))));
+                     last_row_logits<on_device>(model, gc, tp, row, sample_vocab(corpus))));
                });
   return loss < first_loss || first_step > 0;
 }
 
 // Fills "auto" for this world size, says once (rank 0) what it chose and which keys have no
-// effect, then trains with the engine the config names (stage, f32 or bf16, offload).
-template <class Comm>
+// effect, then trains with the engine the config names (stage, f32 or bf16, offload): on the
+// host, or with Device = Cuda on the GPU (bf16, data parallel only).
+template <class Device, class Comm>
 bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& comm) {
   Config cfg = parsed;
   const auto tp = std::max<std::int64_t>(1, cfg.tensor_parallel.tp_size);
@@ -870,13 +950,25 @@ bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& com
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
     for (const auto& n : cfg.notices) std::printf("train_gpt: config: %s\n", n.c_str());
     for (const auto& c : chosen) std::printf("train_gpt: config: auto: %s\n", c.c_str());
-    if (engine::offload_cpu_already_host<None, Host>(cfg)) {
+    if (engine::offload_cpu_already_host<None, Device>(cfg)) {
       std::printf("train_gpt: config: %s\n", engine::host_offload_note().c_str());
     }
     std::fflush(stdout);
   }
-  return zero::dispatch<nn::GPT, Precisions<float, bf16>>(
-      cfg, [&]<class E>(std::type_identity<E>) { return train<E>(o, cfg, corpus, comm); });
+  if constexpr (std::is_same_v<Device, Host>) {
+    return zero::dispatch<nn::GPT, Precisions<float, bf16>>(
+        cfg, [&]<class E>(std::type_identity<E>) { return train<E>(o, cfg, corpus, comm); });
+  } else {
+    expect<ConfigError>(tp == 1 && pp == 1 && cfg.sequence_parallel_size <= 1 && !cfg.moe.active(),
+                        "train_gpt --device cuda trains data-parallel GPT (ZeRO stages 0-3): "
+                        "tensor, pipeline, sequence and expert parallelism run on the host "
+                        "(--device host)");
+    expect<ConfigError>(!cfg.fp16.enabled.value_or(false) && cfg.bf16_enabled.value_or(true),
+                        "train_gpt --device cuda trains in bf16 (--precision bf16, or the "
+                        "config's \"bf16\": {\"enabled\": true})");
+    return zero::dispatch<nn::GPT, Precisions<bf16>, Compute<Device>>(
+        cfg, [&]<class E>(std::type_identity<E>) { return train<E>(o, cfg, corpus, comm); });
+  }
 }
 
 // Started by mpirun or mpiexec, or as one of several srun tasks (zero-launch drives all three);
@@ -888,16 +980,45 @@ bool launched_by_mpi() {
 }
 
 }  // namespace
+}  // namespace zero::train_gpt
 
 int main(int argc, char** argv) try {
+  using namespace zero;
+  using namespace zero::train_gpt;
   const Options o = parse(argc, argv);
   const Config cfg = make_config(o);
   const Corpus corpus = load_corpus(o);
   bool improved = true;
+#if defined(ZERO_TRAIN_GPT_CUDA)
+  expect<ConfigError>(o.device == "cuda",
+                      "train_gpt_cuda trains on the GPU (--device cuda, its default); train_gpt "
+                      "trains on the host");
+  expect<ConfigError>(!launched_by_mpi(),
+                      "train_gpt --device cuda runs its --ranks ranks as threads on one GPU "
+                      "(CudaLocalComm); one process per GPU over NCCL is not wired into "
+                      "train_gpt yet");
+  int devices = 0;
+  const cudaError_t found = cudaGetDeviceCount(&devices);
+  expect<CudaError>(found == cudaSuccess && devices > 0,
+                    "train_gpt_cuda: no CUDA device is visible (cudaGetDeviceCount: ",
+                    found == cudaSuccess ? "0 devices" : cudaGetErrorString(found),
+                    "); it needs an NVIDIA GPU and a working driver (check nvidia-smi and "
+                    "CUDA_VISIBLE_DEVICES), or train_gpt on the host");
+  parallel::CudaLocalComm::run(
+      o.ranks,
+      [&](parallel::CudaLocalComm& comm) {
+        const bool ok = run<Cuda>(o, cfg, corpus, comm);
+        if (comm.rank() == 0) improved = ok;
+      },
+      parallel::CommOptions{cfg.comm_timeout_s});
+#else
+  expect<ConfigError>(o.device == "host",
+                      "--device cuda: this train_gpt was built without CUDA; build the "
+                      "train_gpt_cuda target (configured when CMake finds nvcc) and run that");
   if (launched_by_mpi()) {
 #if defined(ZERO_WITH_MPI)
     auto world = parallel::MpiComm::world(argc, argv, parallel::CommOptions{cfg.comm_timeout_s});
-    improved = run(o, cfg, corpus, world);
+    improved = run<Host>(o, cfg, corpus, world);
 #else
     throw ConfigError("train_gpt runs under mpiexec but was built without MPI (ZERO_WITH_MPI)");
 #endif
@@ -905,11 +1026,12 @@ int main(int argc, char** argv) try {
     parallel::LocalComm::run(
         o.ranks,
         [&](parallel::LocalComm& comm) {
-          const bool ok = run(o, cfg, corpus, comm);
+          const bool ok = run<Host>(o, cfg, corpus, comm);
           if (comm.rank() == 0) improved = ok;
         },
         parallel::CommOptions{cfg.comm_timeout_s});
   }
+#endif
   return improved ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_gpt: %s\n", e.what());

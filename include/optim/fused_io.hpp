@@ -18,6 +18,8 @@
 
 namespace zero::optim {
 
+class FusedExecutor;  // fused_executor.hpp
+
 /// How the low-precision copy is rounded.
 enum class Rounding : std::uint8_t {
   nearest_even,  ///< IEEE round to nearest, ties to even
@@ -74,6 +76,9 @@ struct FusedIo {
 struct StepOptions {
   Isa isa = Isa::automatic;  ///< instruction set; tests force each one the CPU supports
   int threads = 0;           ///< OpenMP threads; 0 uses the OpenMP default
+  /// Where the passes run: null for the host's threads, else an executor whose memory the
+  /// shard and the states are in (a device backend's; fused_executor.hpp).
+  const FusedExecutor* executor = nullptr;
 };
 
 /// Throws a message naming the problem when io cannot be used for a shard of numel elements.

@@ -74,6 +74,7 @@ class Lamb : public FlatOptimizer<LambHyper> {
   /// Pass 1: advances the step and updates the moments from the gradient.
   void begin_step(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, true, "LAMB");
+    expect_host(run);
     ++step_;
     std::vector<LambMomentsRule> rules;
     for (const auto& g : groups_) {
@@ -90,6 +91,7 @@ class Lamb : public FlatOptimizer<LambHyper> {
   /// tensor is split); deterministic for any thread count.
   LambNorms local_norms(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, false, "LAMB");
+    expect_host(run);
     struct Block {
       std::size_t tensor, begin, end;
     };
@@ -162,6 +164,16 @@ class Lamb : public FlatOptimizer<LambHyper> {
 
  private:
   static constexpr std::size_t norm_block_elems = 4096;
+
+  // The norm pass reads the parameters and moments on the host, so the shard must be there.
+  static void expect_host(const StepOptions& run) {
+    expect<ConfigError>(run.executor == nullptr,
+                        "LAMB: its trust-ratio norms are summed on the host, so it has no pass "
+                        "on an executor (",
+                        run.executor == nullptr ? "" : run.executor->where(),
+                        "): use another optimizer there, or keep LAMB's states in host memory "
+                        "(Offload<CPU>)");
+  }
 
   LambDirection direction(const LambHyper& h) const {
     const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(step_));

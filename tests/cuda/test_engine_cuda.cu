@@ -1,10 +1,13 @@
-// The engine on a GPU: Engine<GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>, Compute<Cuda>>
-// over CudaLocalComm (ranks as threads sharing the GPU) against the host engine over LocalComm
-// on the same config, weights and batches, after three steps of AdamW with accumulation 2 and
-// clipping: every unit's values within 1e-5 of its largest magnitude in f32, 2e-3 in bf16
-// (the device's GEMM and attention round in another order), at stages 1-3 and 1, 2 and 4
-// ranks. The refusals: a host communicator on the device engine, a device communicator on the
-// host engine, and a host optimizer over device memory.
+// The engine on a GPU: Engine<GPT<T>, ZeroStage<S>, Precision<T>, Compute<Cuda>> (AdamW's
+// states in device memory, its passes on the GPU's fused executor) at stages 0-3, and the same
+// with Offload<CPU> at stages 1-3, over CudaLocalComm (ranks as threads sharing the GPU) against
+// the host engine over LocalComm on the same config, weights and batches, after three steps of
+// AdamW with accumulation 2 and clipping: every unit's values within 1e-5 of its largest
+// magnitude in f32, 2e-3 in bf16 (the device's GEMM and attention round in another order), at
+// 1, 2 and 4 ranks. A checkpoint of the GPU engine (its master slices and AdamW states staged
+// through host memory) loads into the host engine and into a fresh GPU engine with the same
+// values bit for bit. The refusals: a host communicator on the device engine, a device
+// communicator on the host engine, and LAMB (whose norms the host sums) on the device.
 
 #include <zero/engine/cuda_backend.cuh>
 
@@ -21,6 +24,7 @@
 
 #include "../engine/engine_test_util.hpp"
 #include "../support/per_rank.hpp"
+#include "../support/temp_dir.hpp"
 
 // Inside zero::test rather than `using namespace zero`: a using-directive at global scope makes
 // `cuda` ambiguous (zero::cuda, CCCL's ::cuda) in the stubs nvcc generates for CUB's kernels.
@@ -60,18 +64,21 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
   return scale > 0 ? diff / scale : diff;
 }
 
-template <class T, int S>
+template <class T, int S, class Where>
 void check_gpu_engine(double tolerance) {
   constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
+  constexpr bool offload = std::is_same_v<Where, CPU>;
   using HostEngine = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>>;
   using GpuEngine =
-      engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>, Compute<Cuda>>;
+      engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<Where>, Compute<Cuda>>;
+  static_assert(GpuEngine::device_optimizer == !offload);
   for (int world : {1, 2, 4}) {
-    INFO("stage " << S << (bf16 ? " bf16" : " f32") << " world " << world);
+    INFO("stage " << S << (bf16 ? " bf16" : " f32") << (offload ? " Offload<CPU>" : "") << " world "
+                  << world);
     const auto host = per_rank<Masters>(
         world, [](LocalComm& comm) { return train<HostEngine>(comm, gpu_config(S, bf16, false)); });
     const auto gpu = per_rank<Masters, CudaLocalComm>(world, [](CudaLocalComm& comm) {
-      return train<GpuEngine>(comm, gpu_config(S, bf16, true));
+      return train<GpuEngine>(comm, gpu_config(S, bf16, offload));
     });
     for (int r = 0; r < world; ++r) {
       const Masters& h = host[static_cast<std::size_t>(r)];
@@ -87,16 +94,65 @@ void check_gpu_engine(double tolerance) {
 
 }  // namespace
 
+TEST_CASE("the GPU engine trains as the host engine (f32)", "[cuda][engine]") {
+  check_gpu_engine<float, 0, None>(1e-5);
+  check_gpu_engine<float, 1, None>(1e-5);
+  check_gpu_engine<float, 2, None>(1e-5);
+  check_gpu_engine<float, 3, None>(1e-5);
+}
+
+TEST_CASE("the GPU engine trains as the host engine (bf16)", "[cuda][engine]") {
+  check_gpu_engine<zero::bf16, 0, None>(2e-3);
+  check_gpu_engine<zero::bf16, 1, None>(2e-3);
+  check_gpu_engine<zero::bf16, 2, None>(2e-3);
+  check_gpu_engine<zero::bf16, 3, None>(2e-3);
+}
+
 TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (f32)", "[cuda][engine]") {
-  check_gpu_engine<float, 1>(1e-5);
-  check_gpu_engine<float, 2>(1e-5);
-  check_gpu_engine<float, 3>(1e-5);
+  check_gpu_engine<float, 1, CPU>(1e-5);
+  check_gpu_engine<float, 2, CPU>(1e-5);
+  check_gpu_engine<float, 3, CPU>(1e-5);
 }
 
 TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (bf16)", "[cuda][engine]") {
-  check_gpu_engine<zero::bf16, 1>(2e-3);
-  check_gpu_engine<zero::bf16, 2>(2e-3);
-  check_gpu_engine<zero::bf16, 3>(2e-3);
+  check_gpu_engine<zero::bf16, 1, CPU>(2e-3);
+  check_gpu_engine<zero::bf16, 2, CPU>(2e-3);
+  check_gpu_engine<zero::bf16, 3, CPU>(2e-3);
+}
+
+TEST_CASE("a GPU engine's checkpoint loads into the host engine and back", "[cuda][engine]") {
+  using GpuEngine = engine::Engine<nn::GPT<float>, ZeroStage<2>, Precision<float>, Compute<Cuda>>;
+  using HostEngine = engine::Engine<nn::GPT<float>, ZeroStage<2>, Precision<float>>;
+  const Config config = gpu_config(2, false, false);
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  for (int world : {1, 2}) {
+    INFO("world " << world);
+    zero::testing::TempDir tmp("gpu-engine-ckpt");
+    const auto saved = per_rank<Masters, CudaLocalComm>(world, [&](CudaLocalComm& comm) {
+      nn::GPT<float> model(tiny());
+      GpuEngine eng(model, comm, config, options);
+      Masters m = train_steps(eng, comm, 0, 2, accumulation);
+      eng.save_checkpoint(tmp.path(), "two", {});
+      return m;
+    });
+    const auto on_host = per_rank<Masters>(world, [&](LocalComm& comm) {
+      nn::GPT<float> model(tiny());
+      HostEngine eng(model, comm, config, options);
+      eng.load_checkpoint(tmp.path(), "two");
+      return train_steps(eng, comm, 0, 0, accumulation);  // no steps: the loaded values
+    });
+    const auto on_gpu = per_rank<Masters, CudaLocalComm>(world, [&](CudaLocalComm& comm) {
+      nn::GPT<float> model(tiny());
+      GpuEngine eng(model, comm, config, options);
+      eng.load_checkpoint(tmp.path(), "two");
+      return train_steps(eng, comm, 0, 0, accumulation);
+    });
+    for (int r = 0; r < world; ++r) {
+      CHECK(on_host[static_cast<std::size_t>(r)] == saved[static_cast<std::size_t>(r)]);
+      CHECK(on_gpu[static_cast<std::size_t>(r)] == saved[static_cast<std::size_t>(r)]);
+    }
+  }
 }
 
 TEST_CASE("the GPU engine refuses memory its communicator or optimizer cannot reach",
@@ -119,13 +175,16 @@ TEST_CASE("the GPU engine refuses memory its communicator or optimizer cannot re
     });
   });
   CHECK_THAT(device_comm[0], Catch::Contains("the communicator moves device memory"));
-  const auto host_optimizer = per_rank<std::string, CudaLocalComm>(1, [](CudaLocalComm& comm) {
+  const auto lamb = per_rank<std::string, CudaLocalComm>(1, [](CudaLocalComm& comm) {
     return thrown_message([&] {
       nn::GPT<bf16> model(tiny());
-      OnDevice eng(model, comm, gpu_config(2, true, false));
+      Config config = gpu_config(2, true, false);
+      config.optimizer->type = "LAMB";
+      config.optimizer->params.clear();
+      OnDevice eng(model, comm, config);
     });
   });
-  CHECK_THAT(host_optimizer[0], Catch::Contains("use Offload<CPU>"));
+  CHECK_THAT(lamb[0], Catch::Contains("'LAMB'") && Catch::Contains("Offload<CPU>"));
 }
 
 }  // namespace zero::test

@@ -1,22 +1,32 @@
 // [cuda] The CUDA AdamW (optim/cuda/adamw.cuh) against the host AdamW (optim/adam.hpp, scalar
-// path): several steps over a shard whose size and offsets exercise the unaligned head, the
-// 128-bit body and the tail, with fp32, bf16 and f16 gradients and bf16 (nearest and stochastic)
-// and f16 write-back. Both run the same AdamRule with correctly rounded operations, so the
-// expected difference is zero; up to 1 ulp is tolerated (and reported) so that a compiler
-// surprise shows as a number rather than a flood of failures.
+// path), and every optimizer whose passes go through run_fused (AdamW, Adam, SGD, RMSprop,
+// Adagrad, Lion) on the GPU's fused executor (optim/cuda/fused_executor.cuh) against the same
+// optimizer on the host: several steps over a shard whose size and offsets exercise the
+// unaligned head, the 128-bit body and the tail, with fp32, bf16 and f16 gradients and bf16
+// (nearest and stochastic) and f16 write-back. Both sides run the same rule with correctly
+// rounded operations, so the expected difference is zero; up to 1 ulp is tolerated (and
+// reported) so that a compiler surprise shows as a number rather than a flood of failures.
 //
 // Exit codes: 0 pass, 1 fail, 77 no GPU (CTest SKIP_RETURN_CODE).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
 
+#include <optim/adagrad.hpp>
 #include <optim/adam.hpp>
 #include <optim/cuda/adamw.cuh>
+#include <optim/cuda/fused_executor.cuh>
+#include <optim/lion.hpp>
+#include <optim/rmsprop.hpp>
+#include <optim/sgd.hpp>
 
 namespace {
 
@@ -81,6 +91,55 @@ std::vector<float> data(std::size_t n, std::uint64_t seed, double scale) {
   return out;
 }
 
+// The gradient of one step: total elements of dtype (from the same fp32 draw), on the host and on
+// the device.
+struct StepGrad {
+  std::vector<unsigned char> host;
+  void* device = nullptr;
+  std::size_t element_bytes;
+
+  StepGrad(std::size_t total, int step, DType dtype) : element_bytes(dtype == DType::f32 ? 4 : 2) {
+    const auto g32 = data(total, 100 + step, 3.0);
+    host.resize(total * element_bytes);
+    for (std::size_t i = 0; i < total; ++i) {
+      unsigned char* at = host.data() + i * element_bytes;
+      if (dtype == DType::bf16) {
+        const bf16 b(g32[i]);
+        std::memcpy(at, &b, 2);
+      } else if (dtype == DType::f16) {
+        const f16 h(g32[i]);
+        std::memcpy(at, &h, 2);
+      } else {
+        std::memcpy(at, &g32[i], 4);
+      }
+    }
+    ZERO_CUDA_CHECK(cudaMalloc(&device, host.size()));
+    ZERO_CUDA_CHECK(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice));
+  }
+  StepGrad(const StepGrad&) = delete;
+  StepGrad& operator=(const StepGrad&) = delete;
+  ~StepGrad() { cudaFree(device); }
+  const void* host_at(std::size_t offset) const { return host.data() + offset * element_bytes; }
+  const void* device_at(std::size_t offset) const {
+    return static_cast<const char*>(device) + offset * element_bytes;
+  }
+};
+
+// A step over n elements starting at global index offset; write_back 0 none, 1 bf16 nearest,
+// 2 bf16 stochastic (key), 3 f16 (pointers are the caller's).
+FusedIo step_io(std::size_t n, DType grad_dtype, float scale, std::size_t offset, std::uint64_t key,
+                int write_back) {
+  FusedIo io;
+  io.numel = n;
+  io.grad_dtype = grad_dtype;
+  io.grad_scale = scale;
+  io.first_index = offset;
+  io.rounding_key = key;
+  io.lowp_dtype = write_back == 3 ? DType::f16 : DType::bf16;
+  io.rounding = write_back == 2 ? Rounding::stochastic : Rounding::nearest_even;
+  return io;
+}
+
 // One comparison: grad dtype, write-back kind, shard offset (for alignment) and size.
 void run_case(DType grad_dtype, int write_back, std::size_t offset, std::size_t n) {
   const std::size_t total = offset + n;
@@ -101,43 +160,21 @@ void run_case(DType grad_dtype, int write_back, std::size_t offset, std::size_t 
   std::uint16_t* low_dev_base = to_device(low_host);
 
   for (int step = 1; step <= 4; ++step) {
-    const auto g32 = data(total, 100 + step, 3.0);
-    std::vector<bf16> gb(total);
-    std::vector<f16> gh(total);
-    for (std::size_t i = 0; i < total; ++i) {
-      gb[i] = bf16(g32[i]);
-      gh[i] = f16(g32[i]);
-    }
-    const void* g_host = grad_dtype == DType::bf16  ? static_cast<const void*>(gb.data())
-                         : grad_dtype == DType::f16 ? static_cast<const void*>(gh.data())
-                                                    : static_cast<const void*>(g32.data());
-    const std::size_t gbytes = grad_dtype == DType::f32 ? 4 : 2;
-    void* g_dev = nullptr;
-    ZERO_CUDA_CHECK(cudaMalloc(&g_dev, total * gbytes));
-    ZERO_CUDA_CHECK(cudaMemcpy(g_dev, g_host, total * gbytes, cudaMemcpyHostToDevice));
-
-    FusedIo io;
-    io.numel = n;
-    io.grad_dtype = grad_dtype;
-    io.grad_scale = 0.125f;
-    io.first_index = offset;
-    io.rounding_key = 77;
-    io.lowp_dtype = write_back == 3 ? DType::f16 : DType::bf16;
-    io.rounding = write_back == 2 ? Rounding::stochastic : Rounding::nearest_even;
+    const StepGrad grad(total, step, grad_dtype);
+    const FusedIo io = step_io(n, grad_dtype, 0.125f, offset, 77, write_back);
 
     FusedIo hio = io;
     hio.param = p_host.data() + offset;
-    hio.grad = static_cast<const char*>(g_host) + offset * gbytes;
+    hio.grad = grad.host_at(offset);
     hio.lowp = write_back == 0 ? nullptr : low_host.data() + offset;
     host.step(hio, StepOptions{Isa::scalar, 1});
 
     FusedIo dio = io;
     dio.param = p_dev;
-    dio.grad = static_cast<const char*>(g_dev) + offset * gbytes;
+    dio.grad = grad.device_at(offset);
     dio.lowp = write_back == 0 ? nullptr : low_dev_base + offset;
     device.step(dio);
     ZERO_CUDA_CHECK(cudaDeviceSynchronize());
-    ZERO_CUDA_CHECK(cudaFree(g_dev));
   }
 
   const auto p_back = to_host(p_dev, n);
@@ -163,6 +200,111 @@ void run_case(DType grad_dtype, int write_back, std::size_t offset, std::size_t 
   ZERO_CUDA_CHECK(cudaFree(low_dev_base));
 }
 
+// One optimizer of optim/ stepped on the host and, its states moved to device memory, on the
+// GPU's executor (what the engine does on a device): params, states and write-back compared.
+template <class Opt, class Make>
+void run_executor_case(const char* name, const Make& make, DType grad_dtype, int write_back,
+                       std::size_t offset, std::size_t n) {
+  const std::size_t total = offset + n;
+  Opt host = make(n);
+  Opt device = make(n);
+  // The same non-trivial starting states on both sides, the device's in device memory.
+  std::vector<float*> dev_states;
+  std::vector<std::span<float>> bound;
+  std::uint64_t seed = 40;
+  for (const auto& s : host.state_names()) {
+    std::vector<float> init = data(n, ++seed, 0.1);
+    for (float& x : init) x = s == "exp_avg_sq" || s == "square_avg" || s == "sum" ? x * x : x;
+    std::copy(init.begin(), init.end(), host.state(s).begin());
+    dev_states.push_back(to_device(init));
+    bound.emplace_back(dev_states.back(), n);
+  }
+  device.release_state_storage();
+  device.bind_state(std::span<const std::span<float>>(bound));
+  cuda::CudaFusedExecutor executor;
+  StepOptions on_device;
+  on_device.executor = &executor;
+
+  std::vector<float> p_host = data(total, 1, 1.0);
+  float* p_dev_base = to_device(p_host);
+  std::vector<std::uint16_t> low_host(total, 0);
+  std::uint16_t* low_dev_base = to_device(low_host);
+  for (int step = 1; step <= 3; ++step) {
+    const StepGrad grad(total, step, grad_dtype);
+    const FusedIo io = step_io(n, grad_dtype, step == 2 ? 1e-3f : 0.25f, offset, 91, write_back);
+    FusedIo hio = io;
+    hio.param = p_host.data() + offset;
+    hio.grad = grad.host_at(offset);
+    hio.lowp = write_back == 0 ? nullptr : low_host.data() + offset;
+    host.step(hio, StepOptions{Isa::scalar, 1});
+    FusedIo dio = io;
+    dio.param = p_dev_base + offset;
+    dio.grad = grad.device_at(offset);
+    dio.lowp = write_back == 0 ? nullptr : low_dev_base + offset;
+    device.step(dio, on_device);
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  const auto p_back = to_host(p_dev_base + offset, n);
+  const auto low_back = to_host(low_dev_base + offset, n);
+  std::int64_t worst = 0, inexact = 0;
+  auto account = [&](std::int64_t d) {
+    worst = d > worst ? d : worst;
+    inexact += d != 0;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    account(ulp_distance(p_back[i], p_host[offset + i]));
+    if (write_back != 0) account(ulp_distance16(low_back[i], low_host[offset + i]));
+  }
+  for (std::size_t k = 0; k < dev_states.size(); ++k) {
+    const auto st = to_host(dev_states[k], n);
+    const auto want = host.state(host.state_names()[k]);
+    for (std::size_t i = 0; i < n; ++i) account(ulp_distance(st[i], want[i]));
+    ZERO_CUDA_CHECK(cudaFree(dev_states[k]));
+  }
+  std::printf(
+      "%s on the executor, grad %s write-back %d offset %zu n %zu: %lld inexact, worst "
+      "%lld ulp\n",
+      name, std::string(zero::name_of(grad_dtype)).c_str(), write_back, offset, n,
+      static_cast<long long>(inexact), static_cast<long long>(worst));
+  check(worst <= 1, "the executor's pass within 1 ulp of the host's");
+  check(device.step_count() == host.step_count(), "step counters agree");
+  ZERO_CUDA_CHECK(cudaFree(p_dev_base));
+  ZERO_CUDA_CHECK(cudaFree(low_dev_base));
+}
+
+// Every optimizer with a device pass, at each gradient type and write-back.
+void run_executor_cases() {
+  const auto each = [](const char* name, auto make) {
+    using Opt = decltype(make(std::size_t{1}));
+    for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
+      for (int wb : {0, 2, 3}) {
+        run_executor_case<Opt>(name, make, gt, wb, 0, 40003);
+        run_executor_case<Opt>(name, make, gt, wb, 1, 1029);
+      }
+    }
+  };
+  const auto two_groups = [](std::size_t n, auto hyper) {
+    auto no_decay = hyper;
+    no_decay.weight_decay = 0.0;
+    using H = decltype(hyper);
+    return std::vector<ParamGroup<H>>{{{0, n / 3}, hyper}, {{n / 3, n - n / 3}, no_decay}};
+  };
+  each("AdamW", [&](std::size_t n) {
+    return AdamW(n, two_groups(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1}));
+  });
+  each("Adam", [](std::size_t n) { return Adam(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1}); });
+  each("SGD Nesterov", [](std::size_t n) {
+    return Sgd(n, SgdHyper{0.1, 0.01}, SgdOptions{0.9, 0.0, true});
+  });
+  each("SGD", [](std::size_t n) { return Sgd(n, SgdHyper{0.1, 0.01}); });
+  each("RMSprop centered momentum", [](std::size_t n) {
+    return Rmsprop(n, RmspropHyper{1e-2, 0.99, 1e-8, 0.01}, RmspropOptions{0.9, true});
+  });
+  each("RMSprop", [](std::size_t n) { return Rmsprop(n); });
+  each("Adagrad", [](std::size_t n) { return Adagrad(n, AdagradHyper{0.1, 0.01, 1e-10, 0.01}); });
+  each("Lion", [](std::size_t n) { return Lion(n, LionHyper{1e-3, 0.9, 0.99, 0.1}); });
+}
+
 }  // namespace
 
 int main() {
@@ -178,6 +320,7 @@ int main() {
         run_case(gt, wb, 3, 4099);    // unaligned head
       }
     }
+    run_executor_cases();
     // Negative control: a host step with a different lr must be visibly different, or the
     // comparison above could not fail.
     {

@@ -174,6 +174,27 @@ auto all_unit_values(Eng& eng) {
   return out;
 }
 
+// Trains eng on the optimizer steps [first, last) of the GlobalBatch sequence (`accumulation`
+// micro-steps each, rows split over comm's ranks), waits for the gathers the last update
+// started, and returns every unit's gathered values.
+template <class Eng, class Comm>
+std::vector<std::vector<float>> train_steps(Eng& eng, Comm& comm, int first, int last,
+                                            int accumulation) {
+  const int world = comm.size();
+  for (int step = first; step < last; ++step) {
+    const GlobalBatch b(micro_rows * accumulation * world, step, tiny().vocab_size);
+    for (int m = 0; m < accumulation; ++m) {
+      eng.forward(b.micro(m, comm.rank(), world));
+      eng.backward();
+    }
+    eng.step();
+  }
+  eng.synchronize();
+  std::vector<std::vector<float>> units;
+  for (int u = 0; u < eng.num_units(); ++u) units.push_back(eng.gather_unit_values(u));
+  return units;
+}
+
 // Builds Eng over a tiny nn::GPT<typename Eng::T> on comm from config, trains `steps` optimizer
 // steps of `accumulation` micro-steps each on the GlobalBatch rows, waits for the gathers the
 // last update started, and returns every unit's gathered values; the engine is handed to
@@ -185,18 +206,7 @@ std::vector<std::vector<float>> train_tiny_gpt(Comm& comm, const Config& config,
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
   Eng eng(model, comm, config, options);
-  const int world = comm.size();
-  for (int step = 0; step < steps; ++step) {
-    const GlobalBatch b(micro_rows * accumulation * world, step, tiny().vocab_size);
-    for (int m = 0; m < accumulation; ++m) {
-      eng.forward(b.micro(m, comm.rank(), world));
-      eng.backward();
-    }
-    eng.step();
-  }
-  eng.synchronize();
-  std::vector<std::vector<float>> units;
-  for (int u = 0; u < eng.num_units(); ++u) units.push_back(eng.gather_unit_values(u));
+  auto units = train_steps(eng, comm, 0, steps, accumulation);
   inspect(eng);
   return units;
 }

@@ -6,7 +6,7 @@
 // 1-3, 1 and 2 ranks, accumulation 2, clipping); memory_report() puts the master, the states and
 // the gradient shard in host memory and nothing else; the optimizer runs on the host only after
 // the host waited for the compute that wrote its gradient; zero::dispatch picks Offload<CPU> from
-// the config's offload_optimizer.device for a device engine.
+// the config's offload_optimizer.device for a device engine, and refuses nvme there.
 #include <atomic>
 #include <cstddef>
 #include <span>
@@ -174,4 +174,8 @@ TEST_CASE("zero::dispatch picks Offload<CPU> for a device engine from offload_op
   // Stage 0 keeps whole states on every rank: nothing is partitioned to offload.
   Config stage0 = cpu_offload_config(0, true);
   CHECK_THROWS_WITH(offload_of(stage0), Catch::Contains("0 cannot offload"));
+  // NVMe swaps host states: a device engine refuses it instead of swapping device memory.
+  Config nvme = cpu_offload_config(2, true);
+  nvme.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
+  CHECK_THROWS_WITH(offload_of(nvme), Catch::Contains("nvme") && Catch::Contains("cpu"));
 }

@@ -1,7 +1,8 @@
 // The fused pass gives the same bits on every path: scalar, AVX2, AVX-512 (each forced, where the
 // running CPU supports it), any OpenMP thread count, every gradient type and write-back format.
 // Data include tails (sizes not a multiple of 16), signed zeros and denormals. Why bitwise: the
-// rules contain no contractible multiply-add (lane_ops.hpp), so any difference is a bug.
+// rules contain no contractible multiply-add (lane_ops.hpp), so any difference is a bug. A pass
+// handed to an executor (fused_executor.hpp) gives the same bits too.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <optim/rmsprop.hpp>
 #include <optim/sgd.hpp>
 
+#include "../support/recording_executor.hpp"
 #include "optim_test_util.hpp"
 
 namespace {
@@ -292,4 +294,49 @@ TEST_CASE("Stochastic rounding: unbiased, reproducible, independent of the shard
   std::size_t same = 0;
   for (std::size_t i = 0; i < n; ++i) same += parts[i].bits == whole[i].bits;
   CHECK(same == n);
+}
+
+TEST_CASE("Fused paths: an executor runs the same passes", "[unit][optim]") {
+  // Every optimizer whose passes all go through run_fused hands them to StepOptions::executor
+  // (a device's kernels in the engine; the recording executor here), which gives the host's bits.
+  zero::testing::RecordingExecutor executor;
+  const auto same_on_executor = [&]<class Opt>(const auto& make) {
+    for (DType gt : {DType::f32, DType::bf16}) {
+      for (std::size_t n : {std::size_t{1}, std::size_t{33}, std::size_t{16384 + 37}}) {
+        StepOptions on_executor{Isa::scalar, 1};
+        on_executor.executor = &executor;
+        executor.elements = 0;
+        const Outcome host = run<Opt>(make, Setup{n, gt, WriteBack::bf16_stochastic, {}});
+        const Outcome moved = run<Opt>(make, Setup{n, gt, WriteBack::bf16_stochastic, on_executor});
+        INFO("grad " << zero::name_of(gt) << " n " << n);
+        CHECK(differences(host, moved, true) == 0);
+        CHECK(executor.elements == 3 * n);  // three steps, every element once
+      }
+    }
+  };
+  same_on_executor.operator()<AdamW>([](std::size_t n) {
+    return AdamW(n, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1});
+  });
+  same_on_executor.operator()<Sgd>([](std::size_t n) {
+    return Sgd(n, SgdHyper{0.1, 0.01}, SgdOptions{0.9, 0.0, true});
+  });
+  same_on_executor.operator()<Rmsprop>([](std::size_t n) {
+    return Rmsprop(n, RmspropHyper{1e-2, 0.99, 1e-8, 0.01}, RmspropOptions{0.9, true});
+  });
+  same_on_executor.operator()<Adagrad>([](std::size_t n) {
+    return Adagrad(n, AdagradHyper{0.1, 0.01, 1e-10, 0.01});
+  });
+  same_on_executor.operator()<Lion>([](std::size_t n) {
+    return Lion(n, LionHyper{1e-3, 0.9, 0.99, 0.1});
+  });
+
+  // LAMB sums its norms on the host between passes: it refuses an executor before changing
+  // anything.
+  Lamb lamb(8, LambHyper{}, {{0, 8}});
+  std::vector<float> p(8, 1.0f), g(8, 0.5f);
+  StepOptions on_executor;
+  on_executor.executor = &executor;
+  CHECK_THROWS_WITH(lamb.step(FusedIo::over<float>(p, g), on_executor),
+                    Catch::Contains("LAMB") && Catch::Contains("a test executor"));
+  CHECK(lamb.step_count() == 0);
 }

@@ -25,6 +25,7 @@
 
 #include <optim/cpu/isa.hpp>
 #include <optim/cpu/vector_ops.hpp>
+#include <optim/fused_executor.hpp>
 #include <optim/fused_io.hpp>
 #include <optim/lane_ops.hpp>
 #include <optim/param_groups.hpp>
@@ -140,15 +141,23 @@ inline int thread_count(int requested) {
 
 /// Runs one fused pass: rules[k] over ranges[k] of the shard described by io, with the state
 /// buffers states (each numel floats, in the rule's order); step selects the stochastic-rounding
-/// stream. Threads share fixed chunks; the result does not depend on their number.
+/// stream. Threads share fixed chunks; the result does not depend on their number. With
+/// options.executor set, the executor runs the pass instead (fused_executor.hpp).
 template <class Rule>
 void run_fused(std::span<const Rule> rules, std::span<const Range> ranges, const FusedIo& io,
                std::span<float* const> states, std::uint32_t step, const StepOptions& options) {
   expect<Error>(rules.size() == ranges.size(), "zero::optim::run_fused: ", rules.size(),
                 " rules for ", ranges.size(), " ranges");
-  expect<Error>(states.size() >= static_cast<std::size_t>(Rule::states),
-                "zero::optim::run_fused: the rule needs ", Rule::states, " state buffers, got ",
-                states.size());
+  if constexpr (Rule::states > 0) {  // (a rule without states takes any list)
+    expect<Error>(states.size() >= static_cast<std::size_t>(Rule::states),
+                  "zero::optim::run_fused: the rule needs ", Rule::states, " state buffers, got ",
+                  states.size());
+  }
+  if (options.executor != nullptr) {
+    const std::vector<AnyRule> any(rules.begin(), rules.end());
+    options.executor->run(any, ranges, io, states, step);
+    return;
+  }
   std::vector<detail::FusedWork> work;
   for (std::size_t k = 0; k < ranges.size(); ++k) {
     for (std::size_t b = ranges[k].offset; b < ranges[k].end(); b += detail::fused_chunk_elems) {

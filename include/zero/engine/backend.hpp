@@ -14,6 +14,11 @@
 // (zero/engine/cuda_backend.cuh, nvcc only) fills in the same members with the stream-ordered
 // pool, a compute and a communication stream and device kernels; it specialises backend_for<Cuda>
 // where it is included, and elsewhere Compute<Cuda> stops the build with the message below.
+//
+// A backend may also have fused_executor(): the optim::FusedExecutor that runs a built-in
+// optimizer's passes on its device (CudaBackend's kernels). The engine then keeps the optimizer's
+// states in the backend's buffers beside the master slices. HostBackend has none: the host's
+// threads run the passes (optim/cpu/fused_driver.hpp).
 
 #include <algorithm>
 #include <cmath>

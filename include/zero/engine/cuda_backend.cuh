@@ -44,6 +44,7 @@
 
 #include <cuda_runtime.h>
 
+#include <optim/cuda/fused_executor.cuh>
 #include <zero/core/arena.hpp>
 #include <zero/core/buffer.hpp>
 #include <zero/core/cuda_check.cuh>
@@ -97,7 +98,8 @@ __global__ void clear_kernel(E* v, std::int64_t n) {
   }
 }
 
-/// The current device after checking that one is visible; CudaError naming what is missing.
+/// The current device after checking that one is visible and that this program has kernels for
+/// its architecture; CudaError naming what is missing.
 inline int require_device() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
@@ -112,6 +114,21 @@ inline int require_device() {
   }
   int device = 0;
   ZERO_CUDA_CHECK(cudaGetDevice(&device));
+  // An architecture this program was not compiled for has no image of its kernels: say so now,
+  // rather than at the first launch (cudaErrorNoKernelImageForDevice) in the middle of a step.
+  cudaFuncAttributes attributes{};
+  const cudaError_t image = cudaFuncGetAttributes(&attributes, clear_kernel<float>);
+  if (image != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaDeviceProp prop{};
+    const bool named = cudaGetDeviceProperties(&prop, device) == cudaSuccess;
+    raise<CudaError>("zero::engine::CudaBackend (Compute<Cuda>): device ", device, " (",
+                     named ? prop.name : "unknown", ", compute capability ",
+                     named ? std::to_string(prop.major) + "." + std::to_string(prop.minor) : "?",
+                     ") runs none of this program's kernels (", cudaGetErrorString(image),
+                     "): it was compiled for other architectures; add this one to "
+                     "CUDA_ARCHITECTURES (zero builds for 80;90: A100, H100 and later)");
+  }
   return device;
 }
 
@@ -191,6 +208,10 @@ class CudaBackend {
   PinnedBuffer<E> make_pinned_buffer(std::size_t n) {
     return PinnedBuffer<E>(n, CudaPinnedHost::default_alignment, *compute_);
   }
+  /// Where the optimizer's fused passes run when its states are in device memory (no offload):
+  /// kernels on the compute stream (optim/cuda/fused_executor.cuh), after the reductions the
+  /// compute stream waited for.
+  const optim::FusedExecutor* fused_executor() const { return executor_.get(); }
   /// Blocks the host until the compute stream's work so far is done (before the host optimizer
   /// reads what the device wrote into pinned memory).
   void host_waits_for_compute() { compute_->synchronize(); }
@@ -338,6 +359,8 @@ class CudaBackend {
   // On the heap: the references handed out (and kept by buffers) survive a move.
   std::unique_ptr<Stream> compute_ = std::make_unique<Stream>();
   std::unique_ptr<Stream> comm_ = std::make_unique<Stream>();
+  std::unique_ptr<optim::cuda::CudaFusedExecutor> executor_ =
+      std::make_unique<optim::cuda::CudaFusedExecutor>(compute_->native());
   Event compute_done_;
   Event comm_done_;
   bool pageable_access_ = false;

@@ -58,7 +58,8 @@ decltype(auto) dispatch_stage(const Config& config, Fn&& fn) {
 
 /// Calls fn(std::type_identity<Engine<M, ZeroStage<s>, Fixed...>>{}) for the config's stage s.
 /// When Fixed names no Offload policy, the model trains in fp32 or lower, and the config puts
-/// the optimizer or the parameters on NVMe, the engine gets Offload<NVMe> as well (stages 1-3);
+/// the optimizer or the parameters on NVMe, the engine gets Offload<NVMe> as well (stages 1-3;
+/// a ConfigError when Fixed computes on a device);
 /// when it puts them on the cpu and Fixed computes on a device (Compute<Cuda>), Offload<CPU>
 /// (on the host, where the states already live, it needs none).
 template <nn::Model M, class... Fixed, class Fn>
@@ -72,7 +73,13 @@ decltype(auto) dispatch(const Config& config, Fn&& fn) {
       return z.offload_optimizer.device == d || z.offload_param.device == d;
     };
     if (asks(OffloadDevice::nvme)) {
-      return detail::dispatch_stage<M, Offload<NVMe>, Fixed...>(config, std::forward<Fn>(fn));
+      if constexpr (std::is_same_v<device, Host>) {
+        return detail::dispatch_stage<M, Offload<NVMe>, Fixed...>(config, std::forward<Fn>(fn));
+      } else {
+        raise<ConfigError>(
+            "zero_optimization.offload_optimizer/offload_param.device: nvme swaps the states of "
+            "a host engine; on a device engine use cpu (Offload<CPU>) or none");
+      }
     }
     if constexpr (!std::is_same_v<device, Host>) {
       if (asks(OffloadDevice::cpu)) {

@@ -81,12 +81,24 @@ class Engine {
   /// ZeRO-Offload: master slices, optimizer states and gradient shards in pinned host memory,
   /// updated by the host optimizer (a device backend only).
   static constexpr bool offload_cpu = std::is_same_v<typename policies::offload, CPU>;
+  /// The optimizer's states live in the backend's memory beside the master slices, and its fused
+  /// passes run on the backend's executor (a device backend without offload: the GPU's AdamW,
+  /// SGD, ... kernels). Host backends run them on the host's threads.
+  static constexpr bool device_optimizer =
+      std::is_same_v<typename policies::offload, None> && requires(const backend_type& b) {
+    b.fused_executor();
+  };
+  /// The host reads the master slices and optimizer states where they live (host memory, or
+  /// pinned host memory under Offload<CPU>); else checkpoints and weight tools stage them
+  /// through host copies (EngineState).
+  static constexpr bool host_reads_states =
+      backend_type::Device::kind == DeviceKind::host || offload_cpu;
   /// Updates a master slice from its gradient (already averaged, unscaled and clipped):
   /// (unit, master, grad). Stage 0 passes the whole padded unit, stages 1-3 this rank's shard.
   using UpdateFn = std::function<void(int, std::span<MasterT>, std::span<const MasterT>)>;
 
  private:
-  using Unit = UnitState<T, MasterT, backend_type, offload_cpu>;
+  using Unit = UnitState<T, MasterT, backend_type, offload_cpu, device_optimizer>;
   using Store = state_store_t<typename policies::offload, Unit>;
   using Exchange = UnitExchange<M, Unit, Store, backend_type, stage>;
   friend class EngineState<Engine>;
@@ -462,6 +474,14 @@ class Engine {
     communicating("synchronize", [&] { exchange_.synchronize(); });
   }
 
+  /// Sums values (host doubles, as many on every rank) over the data-parallel group, in place (a
+  /// collective): a program's own statistics, such as its mean loss, go through here rather than
+  /// comm(), because a device engine's communicator moves device memory only (they travel
+  /// through a buffer of the units' memory).
+  void sum_over_data_parallel(std::span<double> values) {
+    communicating("sum_over_data_parallel", [&] { sum_host_values(comm_, values); });
+  }
+
   /// The whole flat parameters of unit u from the master (a collective; f64/f32 values).
   std::vector<MasterT> gather_unit_values(int u) {
     return communicating("gather_unit_values", [&]() -> std::vector<MasterT> {
@@ -578,13 +598,21 @@ class Engine {
 
   void setup(const StoreOptions& store_options) {
     backend_.use_comm_stream(comm_.device_stream());
-    if constexpr (backend_type::Device::kind != DeviceKind::host && !offload_cpu) {
+    if constexpr (backend_type::Device::kind != DeviceKind::host && !offload_cpu &&
+                  !device_optimizer) {
       expect<ConfigError>(optimizer_spec_.type.empty(), "Engine: optimizer.type '",
                           optimizer_spec_.type,
-                          "' runs on the host, so on a device its master slices and states must "
-                          "be in host memory: use Offload<CPU> "
+                          "' runs on the host, so on a device without a fused executor its master "
+                          "slices and states must be in host memory: use Offload<CPU> "
                           "(zero_optimization.offload_optimizer.device \"cpu\"), or an update "
-                          "callback that runs on the device (no device optimizer is built in yet)");
+                          "callback that runs on the device");
+    }
+    if constexpr (device_optimizer) {
+      expect<ConfigError>(optimizer_spec_.type != "LAMB",
+                          "Engine: optimizer.type 'LAMB' sums its trust-ratio norms on the host, "
+                          "so it has no device pass: on a device use Adam, AdamW, SGD, Lion, "
+                          "RMSprop or Adagrad, or LAMB with Offload<CPU> "
+                          "(zero_optimization.offload_optimizer.device \"cpu\")");
     }
     expect<ConfigError>(options_.gradient_accumulation_steps > 0,
                         "Engine: gradient_accumulation_steps ",
@@ -637,6 +665,7 @@ class Engine {
       if (!optimizer_spec_.type.empty()) {
         optimizers_.push_back(unit_optimizer(optimizer_spec_, s.specs, p,
                                              !stage_traits::shards_optimizer_states, rank));
+        if constexpr (device_optimizer) s.adopt_optimizer_states(optimizers_.back(), backend_);
       }
     }
     StoreOptions so = store_options;
@@ -836,7 +865,9 @@ class Engine {
       if constexpr (std::is_same_v<MasterT, float>) {
         auto io = optim::FusedIo::over(param, std::span<const float>(grad));
         io.scale_grad(static_cast<float>(factor));
-        opt.step(io);
+        optim::StepOptions run;
+        if constexpr (device_optimizer) run.executor = backend_.fused_executor();
+        opt.step(io, run);
       }
     } else {
       if (factor != 1.0) backend_.scale(grad, factor);

@@ -9,7 +9,10 @@
 //                                              optim::AnyOptimizer* optimizer) { ... });
 //
 // Passes go through the engine's state store, so offloaded slices (Offload<NVMe>) are swapped
-// in one unit at a time and, for update/overwrite passes, written back out.
+// in one unit at a time and, for update/overwrite passes, written back out. On a device without
+// offload (the optimizer's states in device memory) each unit's master slice and states are
+// staged through host copies for the call the same way: copied down first (unless the pass
+// overwrites them), copied back up after (unless it only reads).
 
 #include <cstdint>
 #include <span>
@@ -43,8 +46,13 @@ class EngineState {
   using MasterT = typename Eng::MasterT;
   /// Every rank holds whole units (stage 0) rather than its shard of each.
   static constexpr bool holds_whole_units = !Eng::stage_traits::shards_optimizer_states;
-  /// The master slices are always in memory (false: offloaded to files).
-  static constexpr bool states_in_memory = Eng::states_in_memory;
+  /// The master slices and optimizer states are memory the host reads (host memory, or pinned
+  /// host memory under Offload<CPU>); false on a device without offload, where for_each_unit
+  /// stages them through host copies.
+  static constexpr bool host_reads_states = Eng::host_reads_states;
+  /// The spans for_each_unit hands out stay valid after the call (false: they were swapped in
+  /// from files, or staged from device memory, for the call only).
+  static constexpr bool states_in_memory = Eng::states_in_memory && host_reads_states;
 
   explicit EngineState(Eng& eng) : eng_(eng) {}
 
@@ -73,7 +81,13 @@ class EngineState {
     eng_.store_.for_each_unit(access, [&](int u) {
       optim::AnyOptimizer* opt =
           eng_.optimizers_.empty() ? nullptr : &eng_.optimizers_[static_cast<std::size_t>(u)];
-      fn(u, eng_.unit(u).resident_master(), opt);
+      if constexpr (host_reads_states) {
+        fn(u, eng_.unit(u).resident_master(), opt);
+      } else {
+        HostStaging staged(eng_, u, opt, access);
+        fn(u, staged.master(), opt);
+        staged.keep(access);
+      }
     });
   }
   /// fn(u, master) for every unit (for_each_unit without the optimizer).
@@ -150,6 +164,64 @@ class EngineState {
   void synchronize() { eng_.synchronize(); }
 
  private:
+  // Unit u's master slice and optimizer states copied into host memory for one call of a pass
+  // (copied down unless the pass overwrites them), the optimizer bound to the copies meanwhile.
+  // keep() copies them back up when the pass keeps its changes; the destructor binds the
+  // optimizer to its device states again, also when the call threw.
+  class HostStaging {
+   public:
+    HostStaging(Eng& eng, int u, optim::AnyOptimizer* opt, StateAccess access)
+        : eng_(eng), unit_(eng.unit(u)), opt_(opt) {
+      expect<Error>(opt_ == nullptr || unit_.optimizer_states.size() == opt_->state_names().size(),
+                    "EngineState: the optimizer's states are not in the unit's device buffers");
+      const std::span<MasterT> device = unit_.resident_master();
+      master_.resize(device.size());
+      if (reads_first(access)) {
+        eng_.backend_.copy_to_host(std::span<MasterT>(master_), std::span<const MasterT>(device));
+      }
+      if (opt_ == nullptr) return;
+      std::vector<std::span<float>> bound;
+      for (auto& b : unit_.optimizer_states) {
+        states_.emplace_back(b.size());
+        if (reads_first(access)) {
+          eng_.backend_.copy_to_host(std::span<float>(states_.back()),
+                                     std::span<const float>(b.data(), b.size()));
+        }
+        bound.emplace_back(states_.back());
+      }
+      opt_->bind_state(std::span<const std::span<float>>(bound));
+    }
+    ~HostStaging() {
+      if (opt_ == nullptr) return;
+      std::vector<std::span<float>> device;
+      for (auto& b : unit_.optimizer_states) device.emplace_back(b.data(), b.size());
+      opt_->bind_state(std::span<const std::span<float>>(device));
+    }
+    HostStaging(const HostStaging&) = delete;
+    HostStaging& operator=(const HostStaging&) = delete;
+
+    // The host copy of the master slice.
+    std::span<MasterT> master() { return master_; }
+    // Copies what the pass wrote back into the unit's memory (nothing for a read-only pass).
+    void keep(StateAccess access) {
+      if (!keeps_changes(access)) return;
+      const std::span<MasterT> device = unit_.resident_master();
+      eng_.backend_.copy_from_host(device, std::span<const MasterT>(master_));
+      for (std::size_t k = 0; k < states_.size(); ++k) {
+        auto& b = unit_.optimizer_states[k];
+        eng_.backend_.copy_from_host(std::span<float>(b.data(), b.size()),
+                                     std::span<const float>(states_[k]));
+      }
+    }
+
+   private:
+    Eng& eng_;
+    typename Eng::Unit& unit_;
+    optim::AnyOptimizer* opt_;
+    std::vector<MasterT> master_;
+    std::vector<std::vector<float>> states_;
+  };
+
   std::string optimizer_name() const {
     return has_optimizer() ? eng_.optimizers_[0].type_name() : "callback";
   }

@@ -137,8 +137,9 @@ inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
 
 /// One unit's buffers, in compute type T and master type MasterT, allocated by Backend. Which
 /// of them exist follows unit_buffer_plan; with HostStates (Offload<CPU>) the master and the
-/// gradient shard are in the backend's pinned host memory.
-template <class T, class MasterT, class Backend, bool HostStates = false>
+/// gradient shard are in the backend's pinned host memory; with DeviceStates (a device backend
+/// that runs the optimizer) the optimizer's states are the unit's device buffers too.
+template <class T, class MasterT, class Backend, bool HostStates = false, bool DeviceStates = false>
 struct UnitState {
   template <class E>
   using DeviceBuffer = typename Backend::template DeviceBuffer<E>;
@@ -158,6 +159,8 @@ struct UnitState {
   StateBuffer<MasterT> master;  ///< empty when params holds it or it is in files
   std::optional<std::span<MasterT>> swapped_in_master;  ///< Offload<NVMe>: while in a buffer
   StateBuffer<MasterT> grad_shard;                      ///< stages 1-3
+  /// The optimizer's state buffers (exp_avg, ...) under DeviceStates; else the optimizer's own.
+  std::vector<DeviceBuffer<float>> optimizer_states;
   DeviceBuffer<MasterT> grad_accumulator;        ///< stages 0-1 with a compute type below fp32
   DeviceBuffer<T> gather_scratch;                ///< the slice rounded (or read) for an all-gather
   std::optional<DeviceBuffer<T>> params, grads;  ///< whole unit in the compute type
@@ -187,7 +190,7 @@ struct UnitState {
         master = make_state_buffer(b, n, backend);
         break;
       case BufferRole::optimizer_states:
-        break;  // the optimizer allocates its own
+        break;  // the optimizer's, moved here by adopt_optimizer_states under DeviceStates
       case BufferRole::grad_shard:
         grad_shard = make_state_buffer(b, n, backend);
         break;
@@ -236,6 +239,23 @@ struct UnitState {
       backend.copy_from_host(m.subspan(begin, n), std::span<const MasterT>(staged));
     }
   }
+  /// DeviceStates: moves opt's state buffers (with their initial values) into buffers of the
+  /// backend's memory, which the optimizer is then bound to: its passes run on the backend's
+  /// executor, where the master slice is.
+  template <class Optimizer>
+  void adopt_optimizer_states(Optimizer& opt, Backend& backend) {
+    static_assert(DeviceStates, "UnitState: the optimizer's states stay its own on the host");
+    std::vector<std::span<float>> bound;
+    for (const auto& name : opt.state_names()) {
+      const std::span<float> initial = opt.state(name);
+      optimizer_states.push_back(backend.template make_buffer<float>(initial.size()));
+      DeviceBuffer<float>& b = optimizer_states.back();
+      backend.copy_from_host(std::span<float>(b.data(), b.size()), std::span<const float>(initial));
+      bound.emplace_back(b.data(), b.size());
+    }
+    opt.release_state_storage();
+    opt.bind_state(std::span<const std::span<float>>(bound));
+  }
   /// A master or gradient-shard buffer of n elements: pinned host memory under Offload<CPU>,
   /// else the compute device's (Offload<NVMe> runs on the host, where that is host memory too).
   static StateBuffer<MasterT> make_state_buffer(const BufferPlan& b, std::size_t n,
@@ -249,7 +269,7 @@ struct UnitState {
       return backend.template make_buffer<MasterT>(n);
     }
   }
-  /// Adds this unit's buffers to r by role (optimizer states are the optimizer's to report).
+  /// Adds this unit's buffers to r by role (optimizer states only where the unit holds them).
   void report(MemoryReport& r) const {
     if constexpr (HostStates) r.host_bytes += master.bytes() + grad_shard.bytes();
     add_bytes(r, params_hold_master ? BufferRole::master : BufferRole::params,
@@ -258,6 +278,7 @@ struct UnitState {
     add_bytes(r, BufferRole::grad_shard, grad_shard.bytes());
     add_bytes(r, BufferRole::grad_accumulator, grad_accumulator.bytes());
     add_bytes(r, BufferRole::grads, grads ? grads->bytes() : 0);
+    for (const auto& b : optimizer_states) add_bytes(r, BufferRole::optimizer_states, b.bytes());
     r.scratch_bytes += gather_scratch.bytes();
   }
 };

@@ -1,0 +1,235 @@
+// gpu_step: the engine's whole training step (forward, backward, reductions, AdamW) on one GPU:
+// GPT-2 124M in bf16 (B=8, T=1024 by default) through Engine<GPT<bf16>, ZeroStage<S>,
+// Precision<bf16>, Compute<Cuda>> over a one-rank CudaLocalComm, at stages 0, 2 and 3 with the
+// optimizer on the device, and at stage 2 with Offload<CPU> (the host optimizer over pinned
+// states). Each line reports tokens/s and the model FLOP utilisation: 6N + 6LCT FLOPs per token
+// (N parameters, L layers, C channels, T positions) against a 4096^3 bf16 cuBLASLt GEMM measured
+// in the same run (mfu_vs_gemm) and against the card's datasheet dense bf16 peak where the card
+// is known (mfu_vs_peak); then stage 3 and Offload<CPU> as ratios of their baselines in the same
+// run. Prints one JSON object per line. Without a GPU it says so and exits 0.
+//   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
+//            [--activation-gib G]
+#include <zero/engine/cuda_backend.cuh>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <parallel/comm/cuda_local_comm.cuh>
+#include <zero/config/config.hpp>
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/cuda_device.cuh>
+#include <zero/engine/engine.hpp>
+#include <zero/nn/gpt.hpp>
+#include <zero/ops/cuda/gemm.cuh>
+#include <zero/profile/mfu.hpp>
+
+#include "../bench_timing.hpp"
+
+// Inside zero::bench rather than `using namespace zero`: a using-directive at global scope makes
+// `cuda` ambiguous (zero::cuda, CCCL's ::cuda) in the stubs nvcc generates for CUB's kernels.
+namespace zero::bench {
+namespace {
+
+struct Shape {
+  std::int64_t batch = 8, seq = 1024;
+  int steps = 10, warmup = 2;
+  std::string model = "gpt2";
+  double activation_gib = 24.0;
+};
+
+/// The bf16 rate of a 4096^3 cuBLASLt GEMM in TFLOP/s (mean of repeats after a warm-up).
+double gemm_tflops(int repeats) {
+  const std::int64_t G = 4096;
+  bf16 *a = nullptr, *b = nullptr, *c = nullptr;
+  const std::size_t bytes = static_cast<std::size_t>(G * G) * sizeof(bf16);
+  ZERO_CUDA_CHECK(cudaMalloc(&a, bytes));
+  ZERO_CUDA_CHECK(cudaMalloc(&b, bytes));
+  ZERO_CUDA_CHECK(cudaMalloc(&c, bytes));
+  ZERO_CUDA_CHECK(cudaMemset(a, 0x3c, bytes));  // small finite bf16 values
+  ZERO_CUDA_CHECK(cudaMemset(b, 0x3c, bytes));
+  ops::cuda::GemmContext ctx(nullptr);
+  const auto run = [&] {
+    ops::cuda::gemm<bf16>(ctx, ops::cuda::Trans::no, ops::cuda::Trans::no, G, G, G, 1.0f, a, G, b,
+                          G, 0.0f, c, G, nullptr);
+  };
+  run();
+  ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < repeats; ++r) run();
+  ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * G * G * G * repeats / s / 1e12;
+}
+
+/// The DeepSpeed config of one run: AdamW, clipping 1.0, bf16, the stage, optionally the
+/// optimizer offloaded to the cpu.
+Config step_config(const Shape& s, int stage, bool offload) {
+  std::string json = R"({"train_micro_batch_size_per_gpu": )" + std::to_string(s.batch) +
+                     R"(, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+      "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95],
+                    "eps": 1e-8, "weight_decay": 0.1}},
+      "zero_optimization": {"stage": )" +
+                     std::to_string(stage);
+  if (offload) json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})";
+  return Config::from_json_string(json + "}}");
+}
+
+struct Result {
+  double tokens_per_s = 0, step_ms = 0, device_gib = 0, host_gib = 0;
+  double loss = 0;
+};
+
+/// Trains warmup + steps steps of Eng on one rank and times the last steps.
+template <class Eng>
+Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config) {
+  Result out;
+  parallel::CudaLocalComm::run(1, [&](parallel::CudaLocalComm& comm) {
+    nn::GPT<bf16> model(gc);
+    engine::EngineOptions options;
+    options.activation_bytes = static_cast<std::size_t>(s.activation_gib * (1 << 30));
+    Eng eng(model, comm, config, options);
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(s.batch * s.seq + 1));
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] =
+          static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(gc.vocab_size));
+    }
+    engine::MicroBatch batch;
+    batch.tokens = tokens.data();
+    batch.targets = tokens.data() + 1;
+    batch.batch = s.batch;
+    batch.seq_len = s.seq;
+    const auto step = [&] {
+      out.loss = static_cast<double>(static_cast<float>(eng.forward(batch)));
+      eng.backward();
+      eng.step();
+    };
+    for (int w = 0; w < s.warmup; ++w) step();
+    eng.synchronize();
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < s.steps; ++i) step();
+    eng.synchronize();
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.step_ms = secs * 1e3 / s.steps;
+    out.tokens_per_s = static_cast<double>(s.batch * s.seq) * s.steps / secs;
+    const engine::MemoryReport r = eng.memory_report();
+    out.device_gib = static_cast<double>(r.device_bytes()) / (1 << 30);
+    out.host_gib = static_cast<double>(r.host_bytes) / (1 << 30);
+  });
+  return out;
+}
+
+template <int S, class Where>
+using StepEngine =
+    engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>, Offload<Where>, Compute<Cuda>>;
+
+int run(const Shape& s) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("gpu_step: no CUDA device visible; nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  ZERO_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  nn::GPTConfig gc = nn::GPTConfig::preset(s.model);
+  if (s.seq > gc.max_seq_len) gc.max_seq_len = s.seq;
+  const std::string gpu = "\"gpu\": \"" + std::string(prop.name) + "\"";
+  const double gemm = gemm_tflops(20);
+  line("cublaslt_gemm_4096", gpu + ", \"dtype\": \"bf16\"", gemm, "TFLOP/s");
+  const double peak = profile::datasheet_bf16_tflops(prop.name);
+
+  std::int64_t params = 0;
+  {
+    nn::GPT<bf16> shape_only(gc);
+    for (int u = 0; u < shape_only.num_units(); ++u) {
+      for (const auto& p : shape_only.unit_params(u)) params += p.numel();
+    }
+  }
+  const double per_token = profile::gpt_flops_per_token(params, gc.num_layers, gc.channels, s.seq);
+  const auto report = [&](int stage, bool offload, const Result& r) {
+    const double tflops = per_token * r.tokens_per_s / 1e12;
+    const std::string config =
+        gpu + ", \"model\": \"" + s.model + "\", \"params\": " + std::to_string(params) +
+        ", \"dtype\": \"bf16\", \"stage\": " + std::to_string(stage) + ", \"offload\": \"" +
+        (offload ? "cpu" : "none") + "\", \"B\": " + std::to_string(s.batch) +
+        ", \"T\": " + std::to_string(s.seq);
+    char extra[512];
+    std::snprintf(extra, sizeof extra,
+                  ", \"step_ms\": %.2f, \"model_tflops\": %.1f, \"mfu_vs_gemm\": %.3f, "
+                  "\"mfu_vs_peak\": %s, \"peak_tflops\": %.1f, \"device_gib\": %.2f, "
+                  "\"host_gib\": %.2f, \"loss\": %.4f, \"flops_per_token\": \"6N + 6LCT\"",
+                  r.step_ms, tflops, tflops / gemm,
+                  peak > 0 ? std::to_string(tflops / peak).c_str() : "null", peak, r.device_gib,
+                  r.host_gib, r.loss);
+    line("gpu_step", config, r.tokens_per_s, "tokens/s", extra);
+  };
+  const Result s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
+  report(0, false, s0);
+  const Result s2 = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false));
+  report(2, false, s2);
+  const Result s3 = time_engine<StepEngine<3, None>>(s, gc, step_config(s, 3, false));
+  report(3, false, s3);
+  const Result off = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true));
+  report(2, true, off);
+  const std::string base = gpu + ", \"model\": \"" + s.model + "\"";
+  line("gpu_step_stage3_vs_stage0", base, s3.step_ms / s0.step_ms, "x",
+       ", \"target\": \"<= 1.10 (stage 3 within 10% of stage 0 on one GPU)\"");
+  line("gpu_step_offload_vs_device", base + ", \"stage\": 2", off.step_ms / s2.step_ms, "x",
+       ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
+  return 0;
+}
+
+}  // namespace
+}  // namespace zero::bench
+
+int main(int argc, char** argv) try {
+  zero::bench::Shape s;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "gpu_step: %s needs a value\n", flag.c_str());
+      return 2;
+    }
+    const char* v = argv[i + 1];
+    if (flag == "--batch") {
+      s.batch = std::atoll(v);
+    } else if (flag == "--seq") {
+      s.seq = std::atoll(v);
+    } else if (flag == "--steps") {
+      s.steps = std::atoi(v);
+    } else if (flag == "--warmup") {
+      s.warmup = std::atoi(v);
+    } else if (flag == "--model") {
+      s.model = v;
+    } else if (flag == "--activation-gib") {
+      s.activation_gib = std::atof(v);
+    } else {
+      std::fprintf(stderr,
+                   "usage: gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] "
+                   "[--model gpt2|gpt2-medium|gpt2-large|gpt2-xl] [--activation-gib G]\n");
+      return 2;
+    }
+  }
+  if (s.batch <= 0 || s.seq <= 0 || s.steps <= 0 || s.warmup < 0 || s.activation_gib <= 0) {
+    std::fprintf(stderr,
+                 "gpu_step: --batch, --seq, --steps and --activation-gib must be "
+                 "positive, --warmup not negative\n");
+    return 2;
+  }
+  return zero::bench::run(s);
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "gpu_step: %s\n", e.what());
+  return 1;
+}
