@@ -91,6 +91,15 @@ std::vector<float> data(std::size_t n, std::uint64_t seed, double scale) {
   return out;
 }
 
+// The distances of a comparison: the worst, and how many were not 0.
+struct UlpTally {
+  std::int64_t worst = 0, inexact = 0;
+  void add(std::int64_t d) {
+    worst = d > worst ? d : worst;
+    inexact += d != 0;
+  }
+};
+
 // The gradient of one step: total elements of dtype (from the same fp32 draw), on the host and on
 // the device.
 struct StepGrad {
@@ -180,21 +189,17 @@ void run_case(DType grad_dtype, int write_back, std::size_t offset, std::size_t 
   const auto p_back = to_host(p_dev, n);
   const auto low_back = to_host(low_dev_base + offset, n);
   const auto dev_state = device.state_dict();
-  std::int64_t worst = 0, inexact = 0;
-  auto account = [&](std::int64_t d) {
-    worst = d > worst ? d : worst;
-    inexact += d != 0;
-  };
+  UlpTally tally;
   for (std::size_t i = 0; i < n; ++i) {
-    account(ulp_distance(p_back[i], p_host[offset + i]));
-    account(ulp_distance(dev_state.buffers.at("exp_avg")[i], host.state("exp_avg")[i]));
-    account(ulp_distance(dev_state.buffers.at("exp_avg_sq")[i], host.state("exp_avg_sq")[i]));
-    if (write_back != 0) account(ulp_distance16(low_back[i], low_host[offset + i]));
+    tally.add(ulp_distance(p_back[i], p_host[offset + i]));
+    tally.add(ulp_distance(dev_state.buffers.at("exp_avg")[i], host.state("exp_avg")[i]));
+    tally.add(ulp_distance(dev_state.buffers.at("exp_avg_sq")[i], host.state("exp_avg_sq")[i]));
+    if (write_back != 0) tally.add(ulp_distance16(low_back[i], low_host[offset + i]));
   }
   std::printf("grad %s write-back %d offset %zu n %zu: %lld inexact values, worst %lld ulp\n",
               std::string(zero::name_of(grad_dtype)).c_str(), write_back, offset, n,
-              static_cast<long long>(inexact), static_cast<long long>(worst));
-  check(worst <= 1, "CUDA AdamW within 1 ulp of the host AdamW");
+              static_cast<long long>(tally.inexact), static_cast<long long>(tally.worst));
+  check(tally.worst <= 1, "CUDA AdamW within 1 ulp of the host AdamW");
   check(device.step_count() == host.step_count(), "step counters agree");
   ZERO_CUDA_CHECK(cudaFree(p_dev_base));
   ZERO_CUDA_CHECK(cudaFree(low_dev_base));
@@ -246,27 +251,23 @@ void run_executor_case(const char* name, const Make& make, DType grad_dtype, int
   }
   const auto p_back = to_host(p_dev_base + offset, n);
   const auto low_back = to_host(low_dev_base + offset, n);
-  std::int64_t worst = 0, inexact = 0;
-  auto account = [&](std::int64_t d) {
-    worst = d > worst ? d : worst;
-    inexact += d != 0;
-  };
+  UlpTally tally;
   for (std::size_t i = 0; i < n; ++i) {
-    account(ulp_distance(p_back[i], p_host[offset + i]));
-    if (write_back != 0) account(ulp_distance16(low_back[i], low_host[offset + i]));
+    tally.add(ulp_distance(p_back[i], p_host[offset + i]));
+    if (write_back != 0) tally.add(ulp_distance16(low_back[i], low_host[offset + i]));
   }
   for (std::size_t k = 0; k < dev_states.size(); ++k) {
     const auto st = to_host(dev_states[k], n);
     const auto want = host.state(host.state_names()[k]);
-    for (std::size_t i = 0; i < n; ++i) account(ulp_distance(st[i], want[i]));
+    for (std::size_t i = 0; i < n; ++i) tally.add(ulp_distance(st[i], want[i]));
     ZERO_CUDA_CHECK(cudaFree(dev_states[k]));
   }
   std::printf(
       "%s on the executor, grad %s write-back %d offset %zu n %zu: %lld inexact, worst "
       "%lld ulp\n",
       name, std::string(zero::name_of(grad_dtype)).c_str(), write_back, offset, n,
-      static_cast<long long>(inexact), static_cast<long long>(worst));
-  check(worst <= 1, "the executor's pass within 1 ulp of the host's");
+      static_cast<long long>(tally.inexact), static_cast<long long>(tally.worst));
+  check(tally.worst <= 1, "the executor's pass within 1 ulp of the host's");
   check(device.step_count() == host.step_count(), "step counters agree");
   ZERO_CUDA_CHECK(cudaFree(p_dev_base));
   ZERO_CUDA_CHECK(cudaFree(low_dev_base));
@@ -330,12 +331,9 @@ int main() {
           y(n, AdamHyper{1.1e-2, 0.9, 0.999, 1e-8, 0.1});
       x.step(FusedIo::over<float>(a, g));
       y.step(FusedIo::over<float>(b, g));
-      std::int64_t worst = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::int64_t d = ulp_distance(a[i], b[i]);
-        worst = d > worst ? d : worst;
-      }
-      check(worst > 1, "negative control: a 10% lr change exceeds the 1-ulp bound");
+      UlpTally tally;
+      for (std::size_t i = 0; i < n; ++i) tally.add(ulp_distance(a[i], b[i]));
+      check(tally.worst > 1, "negative control: a 10% lr change exceeds the 1-ulp bound");
     }
   } catch (const std::exception& e) {
     std::printf("FAIL: exception: %s\n", e.what());
