@@ -149,6 +149,14 @@ FusedIo step_io(std::size_t n, DType grad_dtype, float scale, std::size_t offset
   return io;
 }
 
+// io pointed at one side's parameters, gradient and low-precision copy (null: none).
+FusedIo with_buffers(FusedIo io, float* param, const void* grad, std::uint16_t* lowp) {
+  io.param = param;
+  io.grad = grad;
+  io.lowp = lowp;
+  return io;
+}
+
 // One comparison: grad dtype, write-back kind, shard offset (for alignment) and size.
 void run_case(DType grad_dtype, int write_back, std::size_t offset, std::size_t n) {
   const std::size_t total = offset + n;
@@ -172,16 +180,12 @@ void run_case(DType grad_dtype, int write_back, std::size_t offset, std::size_t 
     const StepGrad grad(total, step, grad_dtype);
     const FusedIo io = step_io(n, grad_dtype, 0.125f, offset, 77, write_back);
 
-    FusedIo hio = io;
-    hio.param = p_host.data() + offset;
-    hio.grad = grad.host_at(offset);
-    hio.lowp = write_back == 0 ? nullptr : low_host.data() + offset;
+    const FusedIo hio = with_buffers(io, p_host.data() + offset, grad.host_at(offset),
+                                     write_back == 0 ? nullptr : low_host.data() + offset);
     host.step(hio, StepOptions{Isa::scalar, 1});
 
-    FusedIo dio = io;
-    dio.param = p_dev;
-    dio.grad = grad.device_at(offset);
-    dio.lowp = write_back == 0 ? nullptr : low_dev_base + offset;
+    const FusedIo dio = with_buffers(io, p_dev, grad.device_at(offset),
+                                     write_back == 0 ? nullptr : low_dev_base + offset);
     device.step(dio);
     ZERO_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -237,15 +241,11 @@ void run_executor_case(const char* name, const Make& make, DType grad_dtype, int
   for (int step = 1; step <= 3; ++step) {
     const StepGrad grad(total, step, grad_dtype);
     const FusedIo io = step_io(n, grad_dtype, step == 2 ? 1e-3f : 0.25f, offset, 91, write_back);
-    FusedIo hio = io;
-    hio.param = p_host.data() + offset;
-    hio.grad = grad.host_at(offset);
-    hio.lowp = write_back == 0 ? nullptr : low_host.data() + offset;
+    const FusedIo hio = with_buffers(io, p_host.data() + offset, grad.host_at(offset),
+                                     write_back == 0 ? nullptr : low_host.data() + offset);
     host.step(hio, StepOptions{Isa::scalar, 1});
-    FusedIo dio = io;
-    dio.param = p_dev_base + offset;
-    dio.grad = grad.device_at(offset);
-    dio.lowp = write_back == 0 ? nullptr : low_dev_base + offset;
+    const FusedIo dio = with_buffers(io, p_dev_base + offset, grad.device_at(offset),
+                                     write_back == 0 ? nullptr : low_dev_base + offset);
     device.step(dio, on_device);
     ZERO_CUDA_CHECK(cudaDeviceSynchronize());
   }
