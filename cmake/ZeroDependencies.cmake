@@ -37,6 +37,12 @@ function(zero_find_dependencies)
       target_compile_options(zero_${_comp} INTERFACE
         $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
     endif()
+    if(_comp STREQUAL "openmp" OR _comp STREQUAL "dnnl")
+      # OpenMP::OpenMP_CXX gives -fopenmp to C++ sources only; nvcc hands it to the host compiler
+      # of .cu sources, whose host code (the optimizer's passes under Offload<CPU>) uses threads.
+      target_compile_options(zero_${_comp} INTERFACE
+        $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fopenmp>)
+    endif()
     if(_comp STREQUAL "blas")
       target_include_directories(zero_${_comp} INTERFACE
         $<BUILD_INTERFACE:${ZERO_CBLAS_INCLUDE_DIR}>)

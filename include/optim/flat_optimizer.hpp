@@ -59,11 +59,12 @@ class FlatOptimizer {
     buffers_.clear();
     buffers_.shrink_to_fit();
     external_.assign(names_.size(), nullptr);
+    released_ = true;
   }
   /// Points the (released) states at memory the owner keeps, one span per state name in
   /// state_names() order, each numel() long; an empty list unbinds them.
   void bind_state(std::span<const std::span<float>> states) {
-    expect<Error>(!external_.empty(), name_, ": bind_state needs release_state_storage first");
+    expect<Error>(released_, name_, ": bind_state needs release_state_storage first");
     if (states.empty()) {
       external_.assign(names_.size(), nullptr);
       return;
@@ -83,7 +84,7 @@ class FlatOptimizer {
     StateDict out;
     out.counters["step"] = step_;
     for (std::size_t k = 0; k < names_.size(); ++k) {
-      const float* data = external_.empty() ? buffers_[k].data() : external_[k];
+      const float* data = released_ ? external_[k] : buffers_[k].data();
       expect<Error>(data != nullptr, name_, ": state '", names_[k], "' is not bound");
       out.buffers[names_[k]].assign(data, data + numel_);
     }
@@ -123,7 +124,7 @@ class FlatOptimizer {
   }
   /// Pointers to the state buffers, in name order (the bound ones once released).
   std::vector<float*> state_pointers() {
-    if (!external_.empty()) {
+    if (released_) {
       for (std::size_t k = 0; k < external_.size(); ++k) {
         expect<Error>(external_[k] != nullptr, name_, ": state '", names_[k],
                       "' is not bound (released storage; call bind_state)");
@@ -141,6 +142,8 @@ class FlatOptimizer {
   std::vector<std::string> names_;         ///< state buffer names
   std::vector<Buffer<float>> buffers_;     ///< state buffers (empty once released)
   std::vector<float*> external_;           ///< bound states after release_state_storage
+  bool released_ = false;                  ///< release_state_storage was called (a stateless
+                                           ///< optimizer has no external_ to say so)
   std::int64_t step_ = 0;                  ///< steps taken
 };
 

@@ -79,14 +79,17 @@ double ulp_at(double x) {
 }
 
 /// Compares got to ref element by element under the rules above; rel is used for f32, ulps for
-/// the 16-bit types. Reports the first mismatches and CHECKs that there are none.
+/// the 16-bit types. magnitude_floor raises the mean magnitude that every bound includes, for
+/// results that cancel far below their inputs' size. Reports the first mismatches and CHECKs
+/// that there are none.
 template <class T>
 void check_close(const std::vector<T>& got, const std::vector<T>& ref, const std::string& what,
-                 double rel = 1e-5, double ulps = 2.0) {
+                 double rel = 1e-5, double ulps = 2.0, double magnitude_floor = 0.0) {
   REQUIRE(got.size() == ref.size());
   double mean_abs = 0.0;
   for (const T& r : ref) mean_abs += std::fabs(as_float(r));
   mean_abs = ref.empty() ? 0.0 : mean_abs / static_cast<double>(ref.size());
+  mean_abs = std::max(mean_abs, magnitude_floor);
   std::size_t bad = 0;
   std::string first;
   double worst = 0.0;

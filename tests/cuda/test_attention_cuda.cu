@@ -1,6 +1,7 @@
 // Causal attention on the GPU against cpu::attention_forward/backward on the same qkv: the flash
 // kernels (out, lse, dqkv; with and without the dropout mask) for T from 1 to 2048 and head sizes
-// 64 and 128, and the cuBLAS reference path (out, att, dqkv).
+// from 8 to 128 (each kernel capacity, full and zero-padded), and the cuBLAS reference path (out,
+// att, dqkv).
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -104,19 +105,32 @@ TEST_CASE("flash attention equals the host attention in f32, T from 1 to 2048",
   for (const AttnShape s :
        {AttnShape{1, 1, 2, 64}, AttnShape{2, 7, 2, 64}, AttnShape{1, 33, 1, 128},
         AttnShape{2, 100, 3, 64}, AttnShape{1, 257, 2, 128}, AttnShape{1, 1024, 1, 64},
-        AttnShape{1, 2048, 1, 64}}) {
+        AttnShape{1, 2048, 1, 64}, AttnShape{2, 40, 4, 8}, AttnShape{1, 70, 2, 16},
+        AttnShape{2, 33, 2, 32}, AttnShape{1, 65, 3, 48}, AttnShape{1, 90, 2, 96},
+        AttnShape{1, 31, 1, 100}}) {
     compare_flash<float>(s, {}, 1e-5, 2.0, seed);
     seed += 10;
   }
 }
 
 TEST_CASE("flash attention equals the host attention in bf16", "[cuda][attention]") {
-  // 4 ulps, not 2: the host rounds the probabilities to bf16 (its saved att) before multiplying
-  // by v and before the softmax backward; the flash kernels keep them in float.
+  // 4 ulps, not 2: the host rounds the normalised probabilities to bf16 (its saved att) before
+  // multiplying by v and before the softmax backward; the CUDA-core kernels keep them in float,
+  // and the tensor-core ones (head size 64 and 128) round the unnormalised ones.
   std::uint32_t seed = 100;
-  for (const AttnShape s : {AttnShape{1, 1, 2, 64}, AttnShape{2, 7, 2, 128},
-                            AttnShape{1, 129, 2, 64}, AttnShape{1, 1024, 1, 128}}) {
+  for (const AttnShape s :
+       {AttnShape{1, 1, 2, 64}, AttnShape{2, 7, 2, 128}, AttnShape{1, 129, 2, 64},
+        AttnShape{1, 1024, 1, 128}, AttnShape{2, 50, 4, 16}, AttnShape{1, 64, 2, 96}}) {
     compare_flash<bf16>(s, {}, 1e-5, 4.0, seed);
+    seed += 10;
+  }
+}
+
+TEST_CASE("flash attention equals the host attention in f16", "[cuda][attention]") {
+  std::uint32_t seed = 150;
+  for (const AttnShape s : {AttnShape{1, 1, 2, 64}, AttnShape{2, 100, 2, 64},
+                            AttnShape{1, 200, 2, 128}, AttnShape{1, 40, 2, 32}}) {
+    compare_flash<zero::f16>(s, {}, 1e-5, 4.0, seed);
     seed += 10;
   }
 }
@@ -124,9 +138,14 @@ TEST_CASE("flash attention equals the host attention in bf16", "[cuda][attention
 TEST_CASE("flash attention applies the host's dropout mask", "[cuda][attention]") {
   const cpu::DropoutMask dropout{0.1, CounterRng(CounterRng::key_for(3, "dropout.h.0")), 5};
   std::uint32_t seed = 200;
-  for (const AttnShape s :
-       {AttnShape{1, 7, 2, 64}, AttnShape{2, 100, 2, 64}, AttnShape{1, 70, 1, 128}}) {
+  for (const AttnShape s : {AttnShape{1, 7, 2, 64}, AttnShape{2, 100, 2, 64},
+                            AttnShape{1, 70, 1, 128}, AttnShape{2, 45, 2, 16}}) {
     compare_flash<float>(s, dropout, 1e-5, 2.0, seed);
+    seed += 10;
+  }
+  // The tensor-core kernels draw the same mask (bf16, head size 64 and 128).
+  for (const AttnShape s : {AttnShape{2, 100, 2, 64}, AttnShape{1, 130, 1, 128}}) {
+    compare_flash<bf16>(s, dropout, 1e-5, 4.0, seed);
     seed += 10;
   }
 }
@@ -151,10 +170,10 @@ TEST_CASE("flash attention backward repeats bit for bit", "[cuda][attention]") {
   CHECK(same_bits(d_dqkv.download(), first));
 }
 
-TEST_CASE("flash attention refuses head sizes other than 64 and 128", "[cuda][attention]") {
-  DeviceVector<float> buf(3 * 96), lse(1);
+TEST_CASE("flash attention refuses head sizes over 128", "[cuda][attention]") {
+  DeviceVector<float> buf(3 * 160), lse(1);
   CHECK_THROWS_AS(
-      gpu::attention_forward<float>(buf.get(), lse.get(), buf.get(), 1, 1, 96, 1, nullptr),
+      gpu::attention_forward<float>(buf.get(), lse.get(), buf.get(), 1, 1, 160, 1, nullptr),
       ShapeError);
 }
 

@@ -44,7 +44,10 @@ struct DeviceSpace {
   template <class T>
   struct Vec {
     zero::test::DeviceVector<T> d;
-    explicit Vec(const std::vector<T>& h) : d(h) {}
+    // cudaMemcpy from pageable memory may return before the copy lands, and the communicator's
+    // non-blocking streams do not wait for the legacy stream: the producer must be done first,
+    // as the Communicator contract asks (a send that read too early failed on an H200).
+    explicit Vec(const std::vector<T>& h) : d(h) { ZERO_CUDA_CHECK(cudaDeviceSynchronize()); }
     std::span<T> span() { return {d.get(), d.size()}; }
     std::vector<T> read() const { return d.download(); }
   };

@@ -2,12 +2,13 @@
 // states in device memory, its passes on the GPU's fused executor) at stages 0-3, and the same
 // with Offload<CPU> at stages 1-3, over CudaLocalComm (ranks as threads sharing the GPU) against
 // the host engine over LocalComm on the same config, weights and batches, after three steps of
-// AdamW with accumulation 2 and clipping: every unit's values within 1e-5 of its largest
-// magnitude in f32, 2e-3 in bf16 (the device's GEMM and attention round in another order), at
-// 1, 2 and 4 ranks. A checkpoint of the GPU engine (its master slices and AdamW states staged
-// through host memory) loads into the host engine and into a fresh GPU engine with the same
-// values bit for bit. The refusals: a host communicator on the device engine, a device
-// communicator on the host engine, and LAMB (whose norms the host sums) on the device.
+// AdamW (f32; SGD with momentum in bf16, see sgd_config) with accumulation 2 and clipping: every
+// unit's values within 1e-5 of its largest magnitude in f32, 2e-3 in bf16 (the device's GEMM and
+// attention round in another order), at 1, 2 and 4 ranks. A checkpoint of the GPU engine (its
+// master slices and AdamW states staged through host memory) loads into the host engine and into a
+// fresh GPU engine with the same values bit for bit. The refusals: a host communicator on the
+// device engine, a device communicator on the host engine, and LAMB (whose norms the host sums) on
+// the device.
 
 #include <zero/engine/cuda_backend.cuh>
 
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -41,8 +43,25 @@ constexpr int steps = 3;
 constexpr int accumulation = 2;
 using Masters = std::vector<std::vector<float>>;
 
+// bf16 runs train with SGD and momentum rather than AdamW. AdamW's step g / sqrt(v) turns the
+// sign of a near-zero gradient into a whole lr step, so bf16 rounding differences in tiny
+// gradients (embedding rows of tokens absent from the batch, reached only through the tied head)
+// become lr-sized differences in the weights: seen on an H200, 2.7% of unit 0's largest weight
+// after 3 steps at lr 1e-3, at 2 and 4 ranks. SGD's update stays proportional to the gradient, so
+// what the comparison measures is the engine (reductions, shards, gathers), not that amplifier.
+Config sgd_config(int stage) {
+  return Config::from_json_string(R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
+                                  std::to_string(accumulation) + R"(,
+    "gradient_clipping": 0.5,
+    "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}},
+    "zero_optimization": {"stage": )" +
+                                  std::to_string(stage) +
+                                  R"(, "stage3_param_persistence_threshold": 0}})");
+}
+
 Config gpu_config(int stage, bool bf16, bool offload) {
-  Config c = adamw_config(stage, accumulation, 0.5);
+  Config c = bf16 ? sgd_config(stage) : adamw_config(stage, accumulation, 0.5);
   c.bf16_enabled = bf16;
   if (offload) c.zero_optimization.offload_optimizer.device = OffloadDevice::cpu;
   return c;
@@ -80,15 +99,20 @@ void check_gpu_engine(double tolerance) {
     const auto gpu = per_rank<Masters, CudaLocalComm>(world, [](CudaLocalComm& comm) {
       return train<GpuEngine>(comm, gpu_config(S, bf16, offload));
     });
+    double worst = 0;
     for (int r = 0; r < world; ++r) {
       const Masters& h = host[static_cast<std::size_t>(r)];
       const Masters& g = gpu[static_cast<std::size_t>(r)];
       REQUIRE(g.size() == h.size());
       for (std::size_t u = 0; u < h.size(); ++u) {
         INFO("rank " << r << " unit " << u);
-        CHECK(relative_difference(g[u], h[u]) <= tolerance);
+        const double difference = relative_difference(g[u], h[u]);
+        worst = std::max(worst, difference);
+        CHECK(difference <= tolerance);
       }
     }
+    std::printf("GPU engine stage %d %s%s world %d: worst unit difference %.3g (bound %.1g)\n", S,
+                bf16 ? "bf16" : "f32", offload ? " Offload<CPU>" : "", world, worst, tolerance);
   }
 }
 

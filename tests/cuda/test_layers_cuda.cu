@@ -5,8 +5,11 @@
 // masks. The host side of the seam (every kernel goes through the pass's set) is
 // tests/nn/test_layer_kernels.cpp.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -192,8 +195,26 @@ TEMPLATE_TEST_CASE("a GPT block on CudaKernels equals the block on the host kern
 // over the logits in row chunks; the loss and every unit's gradient, on the device and the host.
 struct GPTRun {
   float loss = 0;
-  std::vector<float> grads;
+  std::vector<float> grads;             ///< every unit's, one after another
+  std::vector<std::size_t> unit_sizes;  ///< where each unit's gradient ends in grads
 };
+
+/// The largest over units of ||got - ref|| / ||ref|| (Euclidean norms over each unit).
+double worst_unit_norm_error(const GPTRun& got, const GPTRun& ref) {
+  double worst = 0.0;
+  std::size_t begin = 0;
+  for (const std::size_t size : ref.unit_sizes) {
+    double diff = 0.0, norm = 0.0;
+    for (std::size_t i = begin; i < begin + size; ++i) {
+      const double d = static_cast<double>(got.grads[i]) - ref.grads[i];
+      diff += d * d;
+      norm += static_cast<double>(ref.grads[i]) * ref.grads[i];
+    }
+    worst = std::max(worst, norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
+    begin += size;
+  }
+  return worst;
+}
 
 nn::GPTConfig small_gpt(std::int64_t chunk_rows, std::size_t element_bytes) {
   nn::GPTConfig cfg;
@@ -238,6 +259,7 @@ GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_
     gpt.backward(ctx);
     for (int u = 0; u < gpt.num_units(); ++u) {
       for (E g : params.unit_grads(u)) r.grads.push_back(convert<float>(g));
+      r.unit_sizes.push_back(static_cast<std::size_t>(params.unit_grads(u).numel()));
     }
     return r;
   }
@@ -273,6 +295,7 @@ GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_
   for (int u = 0; u < gpt.num_units(); ++u) {
     const std::vector<float> g = as_floats(grads[u].download());
     r.grads.insert(r.grads.end(), g.begin(), g.end());
+    r.unit_sizes.push_back(g.size());
   }
   return r;
 }
@@ -286,8 +309,41 @@ TEMPLATE_TEST_CASE("all of GPT on CudaKernels equals GPT on the host kernels", "
     const GPTRun host = gpt_run<E>(2, 64, chunk_rows, false);
     const GPTRun device = gpt_run<E>(2, 64, chunk_rows, true);
     check_values<E>({device.loss}, {host.loss}, "loss", rel, ulps);
-    check_values<E>(device.grads, host.grads, "every unit's gradient", rel, ulps);
+    REQUIRE(device.unit_sizes == host.unit_sizes);
+    if constexpr (std::is_same_v<E, float>) {
+      check_values<E>(device.grads, host.grads, "every unit's gradient", rel, ulps);
+    } else {
+      // Element by element, 8 ulps failed on an H100 for 26 of 532992 bf16 gradient elements
+      // (worst 2.15 times the bound, e.g. 5.99e-4 against 4.44e-4): small weight gradients are
+      // sums over all 128 rows of terms of both signs, which the host and the device round to
+      // bf16 at different points (attention probabilities, GEMM outputs), so an element's error
+      // follows the size of its terms, not its own. Each unit's gradient is held to a norm-wise
+      // bound instead: within 2 bf16 epsilons (2^-7) of its own norm.
+      const double error = worst_unit_norm_error(device, host);
+      std::printf("GPT bf16 (logits chunk rows %lld): worst unit ||dg|| / ||g|| = %.3g\n",
+                  static_cast<long long>(chunk_rows), error);
+      CHECK(error <= 0x1p-7);
+    }
   }
+}
+
+// A layer's buffers (Sequential's gradients) usually outlive the engine whose kernel set made
+// them; freeing them afterwards must not touch the set's stream, which may be gone.
+TEST_CASE("memory from CudaKernels outlives the set and its stream", "[cuda][layers]") {
+  nn::KernelMemory kept;
+  {
+    zero::CudaStream stream;
+    nn::CudaKernels<float> kernels(stream.native());
+    kept = kernels.allocate(4096);
+    kernels.fill_zero(reinterpret_cast<float*>(kept.bytes.get()), 1024);
+  }
+  kept = {};  // freed after its stream was destroyed
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  // And the device still runs kernels.
+  DeviceVector<float> a(std::vector<float>(100, 1.0f));
+  zero::ops::cuda::add<float>(a.get(), a.get(), a.get(), 100, nullptr);
+  CHECK(a.download() == std::vector<float>(100, 2.0f));
 }
 
 TEST_CASE("CudaKernels copies overlapping ranges and hands out device memory", "[cuda][layers]") {

@@ -101,7 +101,8 @@ TEMPLATE_TEST_CASE("linear forward (bias epilogue) and backward equal the host's
   };
   std::uint32_t seed = 100;
   for (const Shape s :
-       {Shape{1, 8, 8}, Shape{24, 64, 192}, Shape{17, 40, 24}, Shape{64, 128, 512}}) {
+       {Shape{1, 8, 8}, Shape{24, 64, 192}, Shape{17, 40, 24}, Shape{64, 128, 512},
+        Shape{300, 40, 24}}) {  // 300 rows: the bias gradient's column sum in 5 chunks
     INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC);
     const auto inp = random_vector<T>(static_cast<std::size_t>(s.N * s.C), seed++);
     const auto w = random_vector<T>(static_cast<std::size_t>(s.OC * s.C), seed++);
@@ -194,7 +195,10 @@ TEMPLATE_TEST_CASE("GELU forward and backward equal the host's", "[cuda]", float
     cpu::gelu_forward<T>(y.data(), x.data(), n);
     cpu::gelu_backward<T>(dx.data(), x.data(), dy.data(), n);
     INFO("n=" << n);
-    check_close(d_y.download(), y, "gelu_forward");
+    // In the negative tail gelu(x) = 0.5 x (1 + tanh(u)) cancels: tanhf's last-ulp differences
+    // near -1 become a large part of a tiny result (seen on an H100: -1.5e-4 off by 5e-8). The
+    // f32 bound is therefore relative to values of order one, the inputs' scale.
+    check_close(d_y.download(), y, "gelu_forward", 1e-5, 2.0, std::is_same_v<T, float> ? 1.0 : 0.0);
     check_close(d_dx.download(), dx, "gelu_backward");
   }
 }
@@ -237,7 +241,10 @@ TEMPLATE_TEST_CASE("LayerNorm forward and backward equal the host's", "[cuda]", 
     std::int64_t N, C;
   };
   std::uint32_t seed = 200;
-  for (const Shape s : {Shape{1, 1}, Shape{1, 768}, Shape{7, 33}, Shape{64, 768}, Shape{5, 1600}}) {
+  // 1000 rows: the parameter gradients' column sums in 16 chunks (the last one partial); 70001:
+  // more rows than 1024 chunks of 64, so the chunks grow.
+  for (const Shape s : {Shape{1, 1}, Shape{1, 768}, Shape{7, 33}, Shape{64, 768}, Shape{5, 1600},
+                        Shape{1000, 96}, Shape{70001, 8}}) {
     INFO("N=" << s.N << " C=" << s.C);
     const auto n = static_cast<std::size_t>(s.N * s.C);
     const auto x = random_vector<T>(n, seed++, -2.0f, 3.0f);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -369,6 +370,46 @@ TEST_CASE("Optimizer state saves and restores mid-run", "[unit][optim]") {
   AdamW other(n + 1, h);
   CHECK_THROWS_WITH(other.load_state_dict(first.state_dict()),
                     Catch::Contains("exp_avg") && Catch::Contains("expected 204"));
+}
+
+// What the engine does on a device and NVMe offload does on the host: the states move out to
+// memory the owner keeps (release_state_storage, bind_state) and the steps give the same bits.
+// Plain SGD has no state, and must still release and bind (an empty list of buffers).
+template <class Opt>
+void check_bound_states_step_alike(Opt straight, Opt bound_opt) {
+  std::vector<float> p1, p2;
+  for (double x : initial_params()) p1.push_back(static_cast<float>(x));
+  p2 = p1;
+  std::vector<std::vector<float>> kept;
+  for (const auto& name : bound_opt.state_names()) {
+    const auto s = bound_opt.state(name);
+    kept.emplace_back(s.begin(), s.end());
+  }
+  bound_opt.release_state_storage();
+  CHECK(bound_opt.state_bytes() == 0);
+  std::vector<std::span<float>> spans(kept.begin(), kept.end());
+  bound_opt.bind_state(std::span<const std::span<float>>(spans));
+  for (int t = 1; t <= 4; ++t) {
+    const auto g = scaled_grad(t);
+    straight.step(FusedIo::over<float>(p1, g));
+    bound_opt.step(FusedIo::over<float>(p2, g));
+  }
+  CHECK(optim_test::count_bit_differences(p1.data(), p2.data(), n) == 0);
+  for (std::size_t k = 0; k < kept.size(); ++k) {
+    const auto want = straight.state(straight.state_names()[k]);
+    CHECK(optim_test::count_bit_differences(want.data(), kept[k].data(), n) == 0);
+  }
+}
+
+TEST_CASE("States released to the owner's memory step as the optimizer's own", "[unit][optim]") {
+  check_bound_states_step_alike(Sgd(n, SgdHyper{0.1, 0.01}), Sgd(n, SgdHyper{0.1, 0.01}));
+  check_bound_states_step_alike(Sgd(n, SgdHyper{0.1, 0.01}, SgdOptions{0.9, 0.0, true}),
+                                Sgd(n, SgdHyper{0.1, 0.01}, SgdOptions{0.9, 0.0, true}));
+  const AdamHyper h{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  check_bound_states_step_alike(AdamW(n, h), AdamW(n, h));
+  // bind_state before release_state_storage is refused, stateless or not.
+  Sgd plain(n, SgdHyper{0.1, 0.01});
+  CHECK_THROWS_WITH(plain.bind_state({}), Catch::Contains("release_state_storage first"));
 }
 
 TEST_CASE("FusedIo validation names the problem", "[unit][optim]") {

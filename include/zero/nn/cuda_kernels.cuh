@@ -11,7 +11,7 @@
 // Element types f32, bf16 and f16 (arithmetic in float; f64 stays on the host). Every call is
 // ordered on the stream and none synchronises the host. Differences from the host set:
 // - attention is the flash kernel: it saves each row's log-sum-exp (float [B, NH, T]) instead of
-//   the probabilities, and needs a head size of 64 or 128 (ShapeError otherwise);
+//   the probabilities, and takes head sizes up to 128 (ShapeError otherwise);
 // - the device kernels of the linear input gradient, LayerNorm and GELU add into dx; where the
 //   layer asks for dx to be written (overwrite_dx), the linear GEMM runs with beta = 0 and the
 //   other two clear dx first (one memset);
@@ -25,6 +25,7 @@
     "zero/nn/cuda_kernels.cuh needs nvcc; host-only code uses nn::HostKernels (zero/nn/kernels.hpp)"
 #endif
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -56,21 +57,35 @@ class CudaKernels final : public Kernels<T> {
  public:
   using Stat = typename Kernels<T>::Stat;
 
-  /// Kernels on stream (which must outlive this set and the memory it hands out); the GEMMs'
-  /// handles, workspace and algorithm cache are this set's own.
-  explicit CudaKernels(cudaStream_t stream) : stream_(stream), gemm_(stream) {}
+  /// Kernels on stream (which must outlive this set); the GEMMs' handles, workspace and
+  /// algorithm cache are this set's own.
+  explicit CudaKernels(cudaStream_t stream)
+      : stream_(stream), gemm_(stream), free_on_(std::make_shared<FreeStream>(stream)) {}
+  CudaKernels(const CudaKernels&) = delete;
+  CudaKernels& operator=(const CudaKernels&) = delete;
+  /// Waits for the stream's work, then tells the memory this set handed out that its stream is
+  /// no longer known to be alive (a layer's buffers usually outlive the engine that made them).
+  ~CudaKernels() override {
+    cudaStreamSynchronize(stream_);
+    free_on_->orphaned.store(true);
+  }
 
   /// The stream every kernel runs on.
   cudaStream_t stream() const { return stream_; }
 
   DeviceKind device() const override { return DeviceKind::cuda; }
+  /// Memory from the device's pool, ordered on the stream; freed on the stream while this set
+  /// lives, and on the legacy stream after it is gone.
   KernelMemory allocate(std::size_t bytes) override {
     void* p = ops::cuda::allocate_async(bytes, stream_, "nn::CudaKernels");
-    const cudaStream_t stream = stream_;
-    return {std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
-                                       [stream](std::byte* q) {
-                                         if (q != nullptr) cudaFreeAsync(q, stream);
-                                       }),
+    return {std::shared_ptr<std::byte>(
+                static_cast<std::byte*>(p),
+                [free_on = free_on_](std::byte* q) {
+                  if (q == nullptr) return;
+                  // Once the set is gone its stream's work is done (the destructor waited)
+                  // and the stream may be too: the legacy stream, which always exists, frees it.
+                  cudaFreeAsync(q, free_on->orphaned.load() ? cudaStream_t{} : free_on->stream);
+                }),
             bytes, DeviceKind::cuda};
   }
 
@@ -201,8 +216,17 @@ class CudaKernels final : public Kernels<T> {
  private:
   static std::size_t bytes_of(std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(T); }
 
+  /// What the memory handed out needs to free itself: the stream, and whether this set (and so
+  /// perhaps the stream) is gone.
+  struct FreeStream {
+    explicit FreeStream(cudaStream_t s) : stream(s) {}
+    cudaStream_t stream;
+    std::atomic<bool> orphaned{false};
+  };
+
   cudaStream_t stream_;
   ops::cuda::GemmContext gemm_;
+  std::shared_ptr<FreeStream> free_on_;
 };
 
 }  // namespace zero::nn

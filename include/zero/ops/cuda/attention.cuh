@@ -18,21 +18,26 @@
 //   dkdv kernel: warp per key row, over query tiles: dv += dropout(p) dout, dk += ds q
 // Each gradient element is owned by one lane, which adds into dqkv (+=, rounded once).
 //
-// The kernels use CUDA cores, not tensor cores: simple and checked against the host first; a
-// tensor-core (mma) version can replace the inner loops behind the same launchers.
-// Head sizes 64 and 128 (template parameter); others throw ShapeError.
+// These kernels use CUDA cores: they serve f32 and the head sizes the tensor-core kernels do not
+// take. bf16 and f16 at head size 64 or 128 (16-byte aligned pointers) run attention_mma.cuh's
+// mma.sync kernels behind the same launchers, with the same contracts.
+// Any head size up to 128: the kernels are compiled for capacities HD = 32, 64 and 128 (the
+// template parameter), and a smaller head is padded with zero channels in shared memory, which
+// add exact zeros to every dot product; larger heads throw ShapeError.
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/attention.cuh needs nvcc; host-only code includes zero/ops/cpu/attention.hpp"
 #endif
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
 #include <zero/core/cuda_check.cuh>
 #include <zero/core/error.hpp>
 #include <zero/ops/cpu/dropout.hpp>
+#include <zero/ops/cuda/attention_mma.cuh>
 #include <zero/ops/cuda/common.cuh>
 
 namespace zero::ops::cuda {
@@ -61,15 +66,16 @@ __device__ __forceinline__ float dot_row(const float* a, const float* b) {
   return sum;
 }
 
-/// Loads rows [first, first + count) of one head (base points at the head's q, k or v in row 0 of
-/// qkv, row_stride 3C; or into a [B, T, C] tensor, row_stride C) into dst[count][ld] as float;
-/// rows past Tn become zero.
+/// Loads rows [first, first + count) of one head of hs channels (base points at the head's q, k
+/// or v in row 0 of qkv, row_stride 3C; or into a [B, T, C] tensor, row_stride C) into
+/// dst[count][ld] as float, HD >= hs wide; rows past Tn and channels from hs on become zero.
 template <class T, int HD>
 __device__ __forceinline__ void load_rows(float* dst, int ld, const T* base,
-                                          std::int64_t row_stride, int first, int count, int Tn) {
+                                          std::int64_t row_stride, int first, int count, int Tn,
+                                          int hs) {
   for (int i = threadIdx.x; i < count * HD; i += blockDim.x) {
     const int r = i / HD, d = i % HD, row = first + r;
-    dst[r * ld + d] = row < Tn ? load(base[row * row_stride + d]) : 0.0f;
+    dst[r * ld + d] = row < Tn && d < hs ? load(base[row * row_stride + d]) : 0.0f;
   }
 }
 
@@ -80,7 +86,7 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, const T* base,
 /// Block (blockIdx.x: 8 query rows, blockIdx.y: b * NH + h): out rows and their lse.
 template <class T, int HD>
 __global__ void __launch_bounds__(flash_rows * 32)
-    flash_attention_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int C, int NH,
+    flash_attention_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int C, int NH, int hs,
                                    float scale, DropoutMask dropout) {
   constexpr int per_lane = HD / 32;
   __shared__ float q_s[flash_rows][HD];
@@ -90,8 +96,8 @@ __global__ void __launch_bounds__(flash_rows * 32)
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int t0 = blockIdx.x * flash_rows, t = t0 + warp;
   const std::int64_t stride = 3LL * C;
-  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
-  detail::load_rows<T, HD>(&q_s[0][0], HD, head, stride, t0, flash_rows, Tn);
+  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * hs;
+  detail::load_rows<T, HD>(&q_s[0][0], HD, head, stride, t0, flash_rows, Tn, hs);
   const bool dropping = dropout.active();
   const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
 
@@ -101,8 +107,8 @@ __global__ void __launch_bounds__(flash_rows * 32)
   const int last = min(t0 + flash_rows, Tn) - 1;  // the block's last query row
   for (int k0 = 0; k0 <= last; k0 += flash_tile) {
     __syncthreads();  // the previous tile is consumed (and q_s is loaded)
-    detail::load_rows<T, HD>(&k_s[0][0], HD + 1, head + C, stride, k0, flash_tile, Tn);
-    detail::load_rows<T, HD>(&v_s[0][0], HD + 1, head + 2 * C, stride, k0, flash_tile, Tn);
+    detail::load_rows<T, HD>(&k_s[0][0], HD + 1, head + C, stride, k0, flash_tile, Tn, hs);
+    detail::load_rows<T, HD>(&v_s[0][0], HD + 1, head + 2 * C, stride, k0, flash_tile, Tn, hs);
     __syncthreads();
     if (t < Tn && k0 <= t) {  // uniform over the warp: shuffles see all 32 lanes
       const int key = k0 + lane;
@@ -128,9 +134,11 @@ __global__ void __launch_bounds__(flash_rows * 32)
   }
   if (t < Tn) {
     const float inv = 1.0f / l;
-    T* o = out + (static_cast<std::int64_t>(b) * Tn + t) * C + h * HD;
+    T* o = out + (static_cast<std::int64_t>(b) * Tn + t) * C + h * hs;
 #pragma unroll
-    for (int r = 0; r < per_lane; ++r) o[lane + 32 * r] = store<T>(acc[r] * inv);
+    for (int r = 0; r < per_lane; ++r) {
+      if (lane + 32 * r < hs) o[lane + 32 * r] = store<T>(acc[r] * inv);
+    }
     if (lane == 0) lse[static_cast<std::int64_t>(bh) * Tn + t] = m + logf(l);
   }
 }
@@ -141,7 +149,7 @@ __global__ void __launch_bounds__(flash_rows * 32)
 template <class T, int HD>
 __global__ void __launch_bounds__(flash_rows * 32)
     flash_attention_backward_dq_kernel(T* dqkv, float* delta, const T* dout, const T* qkv,
-                                       const float* lse, int Tn, int C, int NH, float scale,
+                                       const float* lse, int Tn, int C, int NH, int hs, float scale,
                                        DropoutMask dropout) {
   constexpr int per_lane = HD / 32;
   __shared__ float q_s[flash_rows][HD];
@@ -152,10 +160,10 @@ __global__ void __launch_bounds__(flash_rows * 32)
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int t0 = blockIdx.x * flash_rows, t = t0 + warp;
   const std::int64_t stride = 3LL * C;
-  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
-  const T* dout_head = dout + static_cast<std::int64_t>(b) * Tn * C + h * HD;
-  detail::load_rows<T, HD>(&q_s[0][0], HD, head, stride, t0, flash_rows, Tn);
-  detail::load_rows<T, HD>(&do_s[0][0], HD, dout_head, C, t0, flash_rows, Tn);
+  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * hs;
+  const T* dout_head = dout + static_cast<std::int64_t>(b) * Tn * C + h * hs;
+  detail::load_rows<T, HD>(&q_s[0][0], HD, head, stride, t0, flash_rows, Tn, hs);
+  detail::load_rows<T, HD>(&do_s[0][0], HD, dout_head, C, t0, flash_rows, Tn, hs);
   const bool dropping = dropout.active();
   const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
   const float lse_t = t < Tn ? lse[static_cast<std::int64_t>(bh) * Tn + t] : 0.0f;
@@ -174,8 +182,8 @@ __global__ void __launch_bounds__(flash_rows * 32)
   float delta_part = 0.0f;
   for (int k0 = 0; k0 <= last; k0 += flash_tile) {  // pass 1: delta
     __syncthreads();
-    detail::load_rows<T, HD>(&k_s[0][0], HD + 1, head + C, stride, k0, flash_tile, Tn);
-    detail::load_rows<T, HD>(&v_s[0][0], HD + 1, head + 2 * C, stride, k0, flash_tile, Tn);
+    detail::load_rows<T, HD>(&k_s[0][0], HD + 1, head + C, stride, k0, flash_tile, Tn, hs);
+    detail::load_rows<T, HD>(&v_s[0][0], HD + 1, head + 2 * C, stride, k0, flash_tile, Tn, hs);
     __syncthreads();
     const int key = k0 + lane;
     if (t < Tn && key <= t) {
@@ -191,8 +199,8 @@ __global__ void __launch_bounds__(flash_rows * 32)
   for (int r = 0; r < per_lane; ++r) dq[r] = 0.0f;
   for (int k0 = 0; k0 <= last; k0 += flash_tile) {  // pass 2: dq
     __syncthreads();
-    detail::load_rows<T, HD>(&k_s[0][0], HD + 1, head + C, stride, k0, flash_tile, Tn);
-    detail::load_rows<T, HD>(&v_s[0][0], HD + 1, head + 2 * C, stride, k0, flash_tile, Tn);
+    detail::load_rows<T, HD>(&k_s[0][0], HD + 1, head + C, stride, k0, flash_tile, Tn, hs);
+    detail::load_rows<T, HD>(&v_s[0][0], HD + 1, head + 2 * C, stride, k0, flash_tile, Tn, hs);
     __syncthreads();
     if (t < Tn && k0 <= t) {
       const int key = k0 + lane;
@@ -210,10 +218,10 @@ __global__ void __launch_bounds__(flash_rows * 32)
     }
   }
   if (t < Tn) {
-    T* g = dqkv + (static_cast<std::int64_t>(b) * Tn + t) * stride + h * HD;
+    T* g = dqkv + (static_cast<std::int64_t>(b) * Tn + t) * stride + h * hs;
 #pragma unroll
     for (int r = 0; r < per_lane; ++r) {
-      g[lane + 32 * r] = store<T>(load(g[lane + 32 * r]) + dq[r]);
+      if (lane + 32 * r < hs) g[lane + 32 * r] = store<T>(load(g[lane + 32 * r]) + dq[r]);
     }
     if (lane == 0) delta[static_cast<std::int64_t>(bh) * Tn + t] = delta_t;
   }
@@ -224,8 +232,8 @@ __global__ void __launch_bounds__(flash_rows * 32)
 template <class T, int HD>
 __global__ void __launch_bounds__(flash_rows * 32)
     flash_attention_backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                                         const float* delta, int Tn, int C, int NH, float scale,
-                                         DropoutMask dropout) {
+                                         const float* delta, int Tn, int C, int NH, int hs,
+                                         float scale, DropoutMask dropout) {
   constexpr int per_lane = HD / 32;
   __shared__ float k_s[flash_rows][HD];
   __shared__ float v_s[flash_rows][HD];
@@ -237,12 +245,12 @@ __global__ void __launch_bounds__(flash_rows * 32)
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int j0 = blockIdx.x * flash_rows, j = j0 + warp;
   const std::int64_t stride = 3LL * C;
-  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
-  const T* dout_head = dout + static_cast<std::int64_t>(b) * Tn * C + h * HD;
+  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * hs;
+  const T* dout_head = dout + static_cast<std::int64_t>(b) * Tn * C + h * hs;
   const float* lse_head = lse + static_cast<std::int64_t>(bh) * Tn;
   const float* delta_head = delta + static_cast<std::int64_t>(bh) * Tn;
-  detail::load_rows<T, HD>(&k_s[0][0], HD, head + C, stride, j0, flash_rows, Tn);
-  detail::load_rows<T, HD>(&v_s[0][0], HD, head + 2 * C, stride, j0, flash_rows, Tn);
+  detail::load_rows<T, HD>(&k_s[0][0], HD, head + C, stride, j0, flash_rows, Tn, hs);
+  detail::load_rows<T, HD>(&v_s[0][0], HD, head + 2 * C, stride, j0, flash_rows, Tn, hs);
   const bool dropping = dropout.active();
   const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
 
@@ -251,8 +259,8 @@ __global__ void __launch_bounds__(flash_rows * 32)
   for (int r = 0; r < per_lane; ++r) dk[r] = dv[r] = 0.0f;
   for (int q0 = j0 - j0 % flash_tile; q0 < Tn; q0 += flash_tile) {
     __syncthreads();
-    detail::load_rows<T, HD>(&q_s[0][0], HD + 1, head, stride, q0, flash_tile, Tn);
-    detail::load_rows<T, HD>(&do_s[0][0], HD + 1, dout_head, C, q0, flash_tile, Tn);
+    detail::load_rows<T, HD>(&q_s[0][0], HD + 1, head, stride, q0, flash_tile, Tn, hs);
+    detail::load_rows<T, HD>(&do_s[0][0], HD + 1, dout_head, C, q0, flash_tile, Tn, hs);
     if (threadIdx.x < flash_tile) {
       const int row = q0 + threadIdx.x;
       lse_s[threadIdx.x] = row < Tn ? lse_head[row] : 0.0f;
@@ -283,10 +291,11 @@ __global__ void __launch_bounds__(flash_rows * 32)
     }
   }
   if (j < Tn) {
-    T* g = dqkv + (static_cast<std::int64_t>(b) * Tn + j) * stride + h * HD;
+    T* g = dqkv + (static_cast<std::int64_t>(b) * Tn + j) * stride + h * hs;
 #pragma unroll
     for (int r = 0; r < per_lane; ++r) {
       const int d = lane + 32 * r;
+      if (d >= hs) continue;
       g[C + d] = store<T>(load(g[C + d]) + dk[r]);
       g[2 * C + d] = store<T>(load(g[2 * C + d]) + dv[r]);
     }
@@ -303,12 +312,25 @@ inline int flash_head_size(std::int64_t B, std::int64_t Tn, std::int64_t C, std:
   expect<ShapeError>(NH > 0 && C % NH == 0, op, ": channels C=", C,
                      " must split evenly over NH=", NH, " heads");
   const std::int64_t hs = C / NH;
-  expect<ShapeError>(hs == 64 || hs == 128, op, ": head size ", hs,
-                     " is not supported (the flash kernels take 64 or 128)");
+  expect<ShapeError>(hs >= 1 && hs <= 128, op, ": head size ", hs,
+                     " is not supported (the flash kernels take up to 128)");
   expect<ShapeError>(B * NH <= 65535, op, ": B*NH = ", B * NH, " exceeds the grid's 65535");
   expect_int_range(Tn, op);  // rows are ints in the kernels; element offsets are 64-bit
   expect_int_range(3 * C, op);
   return static_cast<int>(hs);
+}
+
+/// Calls launch(std::integral_constant<int, HD>) with the smallest kernel capacity HD (32, 64
+/// or 128) that holds a head of hs channels.
+template <class Launch>
+void with_head_capacity(int hs, Launch&& launch) {
+  if (hs <= 32) {
+    launch(std::integral_constant<int, 32>{});
+  } else if (hs <= 64) {
+    launch(std::integral_constant<int, 64>{});
+  } else {
+    launch(std::integral_constant<int, 128>{});
+  }
 }
 
 }  // namespace detail
@@ -325,13 +347,18 @@ void attention_forward(T* out, float* lse, const T* qkv, std::int64_t B, std::in
   const dim3 grid(static_cast<unsigned>((Tn + flash_rows - 1) / flash_rows),
                   static_cast<unsigned>(B * NH));
   const int Ti = static_cast<int>(Tn), Ci = static_cast<int>(C), NHi = static_cast<int>(NH);
-  if (hs == 64) {
-    flash_attention_forward_kernel<T, 64>
-        <<<grid, flash_rows * 32, 0, stream>>>(out, lse, qkv, Ti, Ci, NHi, scale, dropout);
-  } else {
-    flash_attention_forward_kernel<T, 128>
-        <<<grid, flash_rows * 32, 0, stream>>>(out, lse, qkv, Ti, Ci, NHi, scale, dropout);
+  if (mma::takes<T>(hs, {out, qkv})) {  // bf16/f16, head size 64 or 128: tensor cores
+    if (hs == 64) {
+      mma::forward<T, 64>(out, lse, qkv, static_cast<int>(B), Ti, Ci, NHi, scale, dropout, stream);
+    } else {
+      mma::forward<T, 128>(out, lse, qkv, static_cast<int>(B), Ti, Ci, NHi, scale, dropout, stream);
+    }
+    return;
   }
+  detail::with_head_capacity(hs, [&](auto capacity) {
+    flash_attention_forward_kernel<T, decltype(capacity)::value>
+        <<<grid, flash_rows * 32, 0, stream>>>(out, lse, qkv, Ti, Ci, NHi, hs, scale, dropout);
+  });
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -356,19 +383,23 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, 
                   static_cast<unsigned>(B * NH));
   const int Ti = static_cast<int>(Tn), Ci = static_cast<int>(C), NHi = static_cast<int>(NH);
   float* d = delta.as<float>();
-  if (hs == 64) {
-    flash_attention_backward_dq_kernel<T, 64><<<grid, flash_rows * 32, 0, stream>>>(
-        dqkv, d, dout, qkv, lse, Ti, Ci, NHi, scale, dropout);
-    ZERO_CUDA_CHECK(cudaGetLastError());
-    flash_attention_backward_dkdv_kernel<T, 64><<<grid, flash_rows * 32, 0, stream>>>(
-        dqkv, dout, qkv, lse, d, Ti, Ci, NHi, scale, dropout);
-  } else {
-    flash_attention_backward_dq_kernel<T, 128><<<grid, flash_rows * 32, 0, stream>>>(
-        dqkv, d, dout, qkv, lse, Ti, Ci, NHi, scale, dropout);
-    ZERO_CUDA_CHECK(cudaGetLastError());
-    flash_attention_backward_dkdv_kernel<T, 128><<<grid, flash_rows * 32, 0, stream>>>(
-        dqkv, dout, qkv, lse, d, Ti, Ci, NHi, scale, dropout);
+  if (mma::takes<T>(hs, {dqkv, dout, qkv})) {  // bf16/f16, head size 64 or 128: tensor cores
+    const int Bi = static_cast<int>(B);
+    if (hs == 64) {
+      mma::backward<T, 64>(dqkv, d, dout, qkv, lse, Bi, Ti, Ci, NHi, scale, dropout, stream);
+    } else {
+      mma::backward<T, 128>(dqkv, d, dout, qkv, lse, Bi, Ti, Ci, NHi, scale, dropout, stream);
+    }
+    return;
   }
+  detail::with_head_capacity(hs, [&](auto capacity) {
+    constexpr int HD = decltype(capacity)::value;
+    flash_attention_backward_dq_kernel<T, HD><<<grid, flash_rows * 32, 0, stream>>>(
+        dqkv, d, dout, qkv, lse, Ti, Ci, NHi, hs, scale, dropout);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    flash_attention_backward_dkdv_kernel<T, HD><<<grid, flash_rows * 32, 0, stream>>>(
+        dqkv, dout, qkv, lse, d, Ti, Ci, NHi, hs, scale, dropout);
+  });
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

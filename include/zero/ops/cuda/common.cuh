@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 
@@ -41,6 +42,55 @@ __host__ __device__ __forceinline__ float load(T x) {
 template <class T>
 __host__ __device__ __forceinline__ T store(float x) {
   return ::zero::convert<T>(x);
+}
+
+// ---- 16-byte packs
+// -------------------------------------------------------------------------------
+
+/// Elements of T in 16 bytes: one vector load or store (8 bf16/f16, 4 float).
+template <class T>
+inline constexpr int pack_size = static_cast<int>(16 / sizeof(T));
+
+/// pack_size<T> elements loaded or stored at once; the elementwise kernels read and write through
+/// it when every pointer is 16-byte aligned (a scalar loop takes the tail).
+template <class T>
+struct alignas(16) Pack {
+  T v[pack_size<T>];
+};
+
+/// out[i] = op(in[i]...) for i < n, grid-stride (out may alias an input). Packed: every pointer
+/// is 16-byte aligned, and the first n / pack_size<T> packs are read and written 16 bytes at a
+/// time; the tail goes one element at a time. op maps the inputs' elements to a T.
+template <class T, bool Packed, class Op, class... In>
+__device__ __forceinline__ void map_elements(T* out, std::int64_t n, const Op& op,
+                                             const In*... in) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  std::int64_t done = 0;
+  if constexpr (Packed) {
+    constexpr int P = pack_size<T>;
+    static_assert(((pack_size<In> == P) && ...), "map_elements: packs of one width");
+    const std::int64_t packs = n / P;
+    for (std::int64_t i = first; i < packs; i += stride) {
+      Pack<T> result;
+      const auto apply = [&](const Pack<In>&... values) {
+#pragma unroll
+        for (int k = 0; k < P; ++k) result.v[k] = op(values.v[k]...);
+      };
+      apply(reinterpret_cast<const Pack<In>*>(in)[i]...);
+      reinterpret_cast<Pack<T>*>(out)[i] = result;
+    }
+    done = packs * P;
+  }
+  for (std::int64_t i = done + first; i < n; i += stride) out[i] = op(in[i]...);
+}
+
+/// True when every pointer is 16-byte aligned.
+inline bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 // ---- launch sizing ------------------------------------------------------------------------------

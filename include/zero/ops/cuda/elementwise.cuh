@@ -19,13 +19,11 @@ namespace zero::ops::cuda {
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-/// out[i] = a[i] + b[i], grid-stride.
-template <class T>
+/// out[i] = a[i] + b[i] (Packed: 16-byte accesses, common.cuh's map_elements).
+template <class T, bool Packed>
 __global__ void add_kernel(T* out, const T* a, const T* b, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = store<T>(load(a[i]) + load(b[i]));
-  }
+  map_elements<T, Packed>(
+      out, n, [](T x, T y) { return store<T>(load(x) + load(y)); }, a, b);
 }
 
 /// out[n, c] = x[n, c] + rows[n % R, c] over rows of C, grid-stride over all N*C elements.
@@ -44,7 +42,12 @@ __global__ void add_periodic_rows_kernel(T* out, const T* x, const T* rows, std:
 template <class T>
 void add(T* out, const T* a, const T* b, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  add_kernel<T><<<grid_for(n), elementwise_threads, 0, stream>>>(out, a, b, n);
+  if (aligned16({out, a, b})) {
+    add_kernel<T, true>
+        <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(out, a, b, n);
+  } else {
+    add_kernel<T, false><<<grid_for(n), elementwise_threads, 0, stream>>>(out, a, b, n);
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

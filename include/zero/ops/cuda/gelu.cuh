@@ -26,30 +26,34 @@ inline float gelu_tanh_scale() {
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-/// out[i] = gelu(inp[i]).
-template <class T>
-__global__ void gelu_forward_kernel(T* out, const T* inp, std::int64_t n, float s) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float x = load(inp[i]);
-    out[i] = store<T>(0.5f * x * (1.0f + tanhf(s * (x + 0.044715f * x * x * x))));
-  }
+/// gelu(x), the host's expression.
+__device__ __forceinline__ float gelu_value(float x, float s) {
+  return 0.5f * x * (1.0f + tanhf(s * (x + 0.044715f * x * x * x)));
 }
 
-/// dinp[i] += gelu'(inp[i]) * dout[i], the host's expression term for term.
-template <class T>
+/// gelu'(x), the host's expression term for term.
+__device__ __forceinline__ float gelu_slope(float x, float s) {
+  const float u = s * (x + 0.044715f * x * x * x);
+  const float th = tanhf(u);
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * s * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+/// out[i] = gelu(inp[i]) (Packed: 16-byte accesses, common.cuh's map_elements).
+template <class T, bool Packed>
+__global__ void gelu_forward_kernel(T* out, const T* inp, std::int64_t n, float s) {
+  map_elements<T, Packed>(
+      out, n, [s](T x) { return store<T>(gelu_value(load(x), s)); }, inp);
+}
+
+/// dinp[i] += gelu'(inp[i]) * dout[i] (Packed as in the forward).
+template <class T, bool Packed>
 __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, std::int64_t n,
                                      float s) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float x = load(inp[i]);
-    const float u = s * (x + 0.044715f * x * x * x);
-    const float th = tanhf(u);
-    const float sech2 = 1.0f - th * th;
-    const float grad =
-        0.5f * (1.0f + th) + 0.5f * x * sech2 * s * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = store<T>(load(dinp[i]) + grad * load(dout[i]));
-  }
+  map_elements<T, Packed>(
+      dinp, n,
+      [s](T dx, T x, T dy) { return store<T>(load(dx) + gelu_slope(load(x), s) * load(dy)); },
+      static_cast<const T*>(dinp), inp, dout);
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -58,8 +62,14 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, std::
 template <class T>
 void gelu_forward(T* out, const T* inp, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  gelu_forward_kernel<T>
-      <<<grid_for(n), elementwise_threads, 0, stream>>>(out, inp, n, gelu_tanh_scale());
+  if (aligned16({out, inp})) {
+    gelu_forward_kernel<T, true>
+        <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(out, inp, n,
+                                                                             gelu_tanh_scale());
+  } else {
+    gelu_forward_kernel<T, false>
+        <<<grid_for(n), elementwise_threads, 0, stream>>>(out, inp, n, gelu_tanh_scale());
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -67,8 +77,14 @@ void gelu_forward(T* out, const T* inp, std::int64_t n, cudaStream_t stream) {
 template <class T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  gelu_backward_kernel<T>
-      <<<grid_for(n), elementwise_threads, 0, stream>>>(dinp, inp, dout, n, gelu_tanh_scale());
+  if (aligned16({dinp, inp, dout})) {
+    gelu_backward_kernel<T, true>
+        <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(dinp, inp, dout, n,
+                                                                             gelu_tanh_scale());
+  } else {
+    gelu_backward_kernel<T, false>
+        <<<grid_for(n), elementwise_threads, 0, stream>>>(dinp, inp, dout, n, gelu_tanh_scale());
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

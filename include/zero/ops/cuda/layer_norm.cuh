@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <zero/core/cuda_check.cuh>
+#include <zero/ops/cuda/column_sum.cuh>
 #include <zero/ops/cuda/common.cuh>
 
 namespace zero::ops::cuda {
@@ -82,41 +83,21 @@ __global__ void __launch_bounds__(layer_norm_threads)
   }
 }
 
-/// Columns per block and row slices of the column reductions (dweight, dbias, linear's dbias).
-inline constexpr int column_block = 32;
-inline constexpr int column_slices = 8;
-
-/// Block (32, 8) owns 32 columns: thread (x, y) sums rows y, y + 8, ... of column x, and the 8
-/// partial sums are added in slice order: a fixed order, so results repeat bit for bit.
+/// LayerNorm's parameter-gradient terms of row n, column c: (x - mean) rstd dy and dy.
 template <class T>
-__global__ void __launch_bounds__(column_block* column_slices)
-    layer_norm_backward_params_kernel(T* dweight, T* dbias, const T* dout, const T* inp,
-                                      const float* mean, const float* rstd, int N, int C) {
-  __shared__ float dw_part[column_slices][column_block];
-  __shared__ float db_part[column_slices][column_block];
-  const int c = blockIdx.x * column_block + threadIdx.x;
-  float dw = 0.0f, db = 0.0f;
-  if (c < C) {
-    for (int n = threadIdx.y; n < N; n += column_slices) {
-      const std::int64_t i = static_cast<std::int64_t>(n) * C + c;
-      const float norm = (load(inp[i]) - mean[n]) * rstd[n];
-      dw += norm * load(dout[i]);
-      db += load(dout[i]);
-    }
+struct LayerNormParamTerms {
+  const T* dout;
+  const T* inp;
+  const float* mean;
+  const float* rstd;
+  int C;
+  __device__ void operator()(int n, int c, float (&v)[2]) const {
+    const std::int64_t i = static_cast<std::int64_t>(n) * C + c;
+    const float dy = load(dout[i]);
+    v[0] = (load(inp[i]) - mean[n]) * rstd[n] * dy;
+    v[1] = dy;
   }
-  dw_part[threadIdx.y][threadIdx.x] = dw;
-  db_part[threadIdx.y][threadIdx.x] = db;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float w = 0.0f, b = 0.0f;
-    for (int y = 0; y < column_slices; ++y) {
-      w += dw_part[y][threadIdx.x];
-      b += db_part[y][threadIdx.x];
-    }
-    dweight[c] = store<T>(load(dweight[c]) + w);
-    dbias[c] = store<T>(load(dbias[c]) + b);
-  }
-}
+};
 
 // ---- launchers ----------------------------------------------------------------------------------
 
@@ -146,15 +127,14 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
                          const T* weight, const float* mean, const float* rstd, std::int64_t N,
                          std::int64_t C, cudaStream_t stream) {
   expect_int_range(N, "layer_norm_backward");
-  expect_int_range(C * column_slices, "layer_norm_backward");
+  expect_int_range(C, "layer_norm_backward");
   if (N == 0 || C == 0) return;
   layer_norm_backward_input_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
       dinp, dout, inp, weight, mean, rstd, static_cast<int>(C));
   ZERO_CUDA_CHECK(cudaGetLastError());
-  const unsigned blocks = static_cast<unsigned>((C + column_block - 1) / column_block);
-  layer_norm_backward_params_kernel<T><<<blocks, dim3(column_block, column_slices), 0, stream>>>(
-      dweight, dbias, dout, inp, mean, rstd, static_cast<int>(N), static_cast<int>(C));
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  column_sums<T, 2>({{dweight, dbias}},
+                    LayerNormParamTerms<T>{dout, inp, mean, rstd, static_cast<int>(C)}, N, C,
+                    "layer_norm_backward", stream);
 }
 
 }  // namespace zero::ops::cuda

@@ -15,38 +15,21 @@
 #include <cuda_runtime.h>
 
 #include <zero/core/cuda_check.cuh>
+#include <zero/ops/cuda/column_sum.cuh>
 #include <zero/ops/cuda/common.cuh>
 #include <zero/ops/cuda/gemm.cuh>
 
 namespace zero::ops::cuda {
 
-/// Columns per block and row slices of the bias-gradient column sum.
-inline constexpr int bias_grad_columns = 32;
-inline constexpr int bias_grad_slices = 8;
-
-// ---- kernels ------------------------------------------------------------------------------------
-
-/// dbias[o] += sum over n of dout[n, o]; block (32, 8) owns 32 columns, partial sums of rows
-/// y, y + 8, ... are added in slice order.
+/// A linear layer's bias-gradient term of row n, column o: dout[n, o].
 template <class T>
-__global__ void __launch_bounds__(bias_grad_columns* bias_grad_slices)
-    bias_grad_kernel(T* dbias, const T* dout, int N, int OC) {
-  __shared__ float part[bias_grad_slices][bias_grad_columns];
-  const int o = blockIdx.x * bias_grad_columns + threadIdx.x;
-  float sum = 0.0f;
-  if (o < OC) {
-    for (int n = threadIdx.y; n < N; n += bias_grad_slices) {
-      sum += load(dout[static_cast<std::int64_t>(n) * OC + o]);
-    }
+struct BiasGradTerm {
+  const T* dout;
+  int OC;
+  __device__ void operator()(int n, int o, float (&v)[1]) const {
+    v[0] = load(dout[static_cast<std::int64_t>(n) * OC + o]);
   }
-  part[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && o < OC) {
-    float total = 0.0f;
-    for (int y = 0; y < bias_grad_slices; ++y) total += part[y][threadIdx.x];
-    dbias[o] = store<T>(load(dbias[o]) + total);
-  }
-}
+};
 
 // ---- launchers ----------------------------------------------------------------------------------
 
@@ -80,12 +63,8 @@ void linear_backward(GemmContext& ctx, T* dinp, T* dweight, T* dbias, const T* d
     gemm<T>(ctx, Trans::yes, Trans::no, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, stream);
   }
   if (dbias != nullptr && OC > 0) {
-    expect_int_range(N * bias_grad_slices, "linear_backward");
-    expect_int_range(OC, "linear_backward");
-    const unsigned blocks = static_cast<unsigned>((OC + bias_grad_columns - 1) / bias_grad_columns);
-    bias_grad_kernel<T><<<blocks, dim3(bias_grad_columns, bias_grad_slices), 0, stream>>>(
-        dbias, dout, static_cast<int>(N), static_cast<int>(OC));
-    ZERO_CUDA_CHECK(cudaGetLastError());
+    column_sums<T, 1>({{dbias}}, BiasGradTerm<T>{dout, static_cast<int>(OC)}, N, OC,
+                      "linear_backward", stream);
   }
 }
 

@@ -1,0 +1,681 @@
+#pragma once
+// zero-requires: cuda
+// Flash attention on tensor cores: the bf16 and f16 kernels behind attention.cuh's launchers for
+// head sizes 64 and 128 (FlashAttention-2's layout, Dao 2023; written from the paper and the PTX
+// ISA's mma.sync fragment tables). Same inputs, outputs and contracts as the CUDA-core kernels in
+// attention.cuh: causal, packed qkv [B, T, 3C], lse [B, NH, T] saved by the forward, the host's
+// dropout mask, gradients added into dqkv by one thread per element (no atomics).
+//
+// A block holds 64 rows (4 warps x 16) and streams tiles of the other side's rows through double
+// buffers in shared memory (cp.async: the next tile's copy overlaps this one's work); every product
+// is mma.sync.m16n8k16 with float accumulators, its operands loaded with ldmatrix (.trans where the
+// tile's rows are the reduction dimension). A score tile's accumulators become the next product's A
+// operand in registers (the C and A fragment layouts line up two 8-column tiles per 16-wide slice),
+// rounded to T as the host rounds its saved probabilities. The softmax (max, exp, sums) runs in
+// float on the accumulators.
+//   forward:  S = Q K^T, online softmax, O += P V; out = O / l, lse = m + log l
+//   dq:       pass 1 delta = rowsum(P * dP) (the host's sum_j att dp, not dO . O), pass 2
+//             dS = P (dP - delta) scale, dQ += dS K, with dP = dO V^T
+//   dkdv:     per key block over the query tiles after it: S^T = K Q^T, P^T = exp(S^T - lse),
+//             dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q
+// Shared rows are padded by 8 elements so the 8 rows an ldmatrix reads fall in distinct banks.
+#if !defined(__CUDACC__)
+#error \
+    "zero/ops/cuda/attention_mma.cuh needs nvcc; host-only code includes zero/ops/cpu/attention.hpp"
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <zero/core/bfloat16.hpp>
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/float16.hpp>
+#include <zero/ops/cpu/dropout.hpp>
+#include <zero/ops/cuda/common.cuh>
+
+namespace zero::ops::cuda::mma {
+
+/// Rows a block owns: 4 warps of 16.
+inline constexpr int block_rows = 64;
+inline constexpr int block_threads = 128;
+/// Elements of padding at the end of each shared row (16 bytes).
+inline constexpr int row_pad = 8;
+
+/// The storage types with a tensor-core path.
+template <class T>
+inline constexpr bool has_mma = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+/// Rows of the streamed tile: 64, or 32 for head size 128 in the backward (registers).
+template <int HD, bool Backward>
+inline constexpr int stream_rows = Backward&& HD == 128 ? 32 : 64;
+
+// ---- PTX wrappers -------------------------------------------------------------------------------
+
+/// d += a b for a 16x16 (row) by 16x8 (col) tile of T, float accumulators.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                          std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+/// Four 8x8 matrices of 16-bit elements from shared memory; lane l gives the address of row
+/// l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+/// The same, each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+/// Two floats rounded to T (nearest even) in one register, lo in the low half.
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+}
+
+// ---- fragments ----------------------------------------------------------------------------------
+// In an m16n8 accumulator c[4], lane l holds row l / 4 (c[0], c[1]) and row l / 4 + 8 (c[2],
+// c[3]), columns 2 (l % 4) and 2 (l % 4) + 1.
+
+/// The A operand (16 rows x 16 columns) at rows [r0, r0 + 16) and columns [c0, c0 + 16) of a
+/// row-major shared tile with ld elements per row.
+template <class T>
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const T* tile, int ld, int r0, int c0,
+                                       int lane) {
+  ldmatrix_x4(a, tile + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8);
+}
+
+/// B operands of two adjacent 8-column tiles of a product whose reduction runs along the shared
+/// tile's columns (the tile's rows are the product's columns: K in Q K^T): rows [n0, n0 + 16),
+/// columns [k0, k0 + 16). b[0], b[1] serve columns n0..n0+7, b[2], b[3] n0+8..n0+15.
+template <class T>
+__device__ __forceinline__ void load_b_rows(std::uint32_t (&b)[4], const T* tile, int ld, int n0,
+                                            int k0, int lane) {
+  ldmatrix_x4(b, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+
+/// B operands of a product whose reduction runs along the shared tile's rows (V in P V): rows
+/// [k0, k0 + 16), columns [n0, n0 + 16), transposed on load.
+template <class T>
+__device__ __forceinline__ void load_b_cols(std::uint32_t (&b)[4], const T* tile, int ld, int k0,
+                                            int n0, int lane) {
+  ldmatrix_x4_trans(b,
+                    tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
+
+/// The A operand of the 16-wide slice j of a 16 x (8 n) accumulator tile, rounded to T.
+template <class T, int N>
+__device__ __forceinline__ void accumulators_as_a(std::uint32_t (&a)[4], const float (&c)[N][4],
+                                                  int j) {
+  a[0] = pack2<T>(c[2 * j][0], c[2 * j][1]);
+  a[1] = pack2<T>(c[2 * j][2], c[2 * j][3]);
+  a[2] = pack2<T>(c[2 * j + 1][0], c[2 * j + 1][1]);
+  a[3] = pack2<T>(c[2 * j + 1][2], c[2 * j + 1][3]);
+}
+
+/// Sum over the 4 lanes that share an accumulator row.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+/// Copies rows [first, first + count) of one head (HD elements each, row_stride apart from base)
+/// into a shared tile of ld elements per row, 16 bytes per thread and step; rows past Tn become
+/// zero.
+template <class T, int HD>
+__device__ __forceinline__ void load_tile(T* tile, int ld, const T* base, std::int64_t row_stride,
+                                          int first, int count, int Tn) {
+  constexpr int chunks = HD / 8;  // 16-byte pieces per row
+  for (int i = threadIdx.x; i < count * chunks; i += blockDim.x) {
+    const int r = i / chunks, c = (i % chunks) * 8, row = first + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < Tn) v = *reinterpret_cast<const uint4*>(base + row * row_stride + c);
+    *reinterpret_cast<uint4*>(tile + r * ld + c) = v;
+  }
+}
+
+/// 16 bytes from global to shared memory without passing through registers (cp.async); zeros
+/// instead when !valid (src-size 0: nothing is read).
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void commit_async() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+/// Waits until at most Pending groups of this thread's copies are still in flight.
+template <int Pending>
+__device__ __forceinline__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+/// load_tile's copy issued with cp.async (wait for it with wait_async and a barrier).
+template <class T, int HD>
+__device__ __forceinline__ void load_tile_async(T* tile, int ld, const T* base,
+                                                std::int64_t row_stride, int first, int count,
+                                                int Tn) {
+  constexpr int chunks = HD / 8;
+  for (int i = threadIdx.x; i < count * chunks; i += blockDim.x) {
+    const int r = i / chunks, c = (i % chunks) * 8, row = first + r;
+    const bool valid = row < Tn;
+    copy16_async(tile + r * ld + c, base + (valid ? row * row_stride + c : 0), valid);
+  }
+}
+
+/// Streams the tiles at first, first + rows, ... (below end) of two row sets through double
+/// buffers: the copy of the next tile overlaps the work on this one. fn(a, b, start) sees the
+/// tiles of rows [start, start + rows) of a_base and b_base; buffers hold 2 tiles of each.
+template <class T, int HD, class Fn>
+__device__ __forceinline__ void stream_tiles(T* a_buf, T* b_buf, int ld, const T* a_base,
+                                             std::int64_t a_stride, const T* b_base,
+                                             std::int64_t b_stride, int first, int end, int rows,
+                                             int Tn, Fn&& fn) {
+  const int tile_elems = rows * ld;
+  if (first < end) {
+    load_tile_async<T, HD>(a_buf, ld, a_base, a_stride, first, rows, Tn);
+    load_tile_async<T, HD>(b_buf, ld, b_base, b_stride, first, rows, Tn);
+    commit_async();
+  }
+  for (int start = first, it = 0; start < end; start += rows, ++it) {
+    const int cur = it & 1;
+    if (start + rows < end) {  // the next tile into the other buffers (free since the last barrier)
+      load_tile_async<T, HD>(a_buf + (cur ^ 1) * tile_elems, ld, a_base, a_stride, start + rows,
+                             rows, Tn);
+      load_tile_async<T, HD>(b_buf + (cur ^ 1) * tile_elems, ld, b_base, b_stride, start + rows,
+                             rows, Tn);
+      commit_async();
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
+    __syncthreads();  // this tile has landed for every thread
+    fn(a_buf + cur * tile_elems, b_buf + cur * tile_elems, start, cur);
+    __syncthreads();  // every warp is done with it before it is overwritten
+  }
+}
+
+/// Adds a 16 x HD accumulator block (rows row0 and row0 + 8 of this lane) into dst (row stride
+/// row_stride) for rows below Tn, each element rounded once.
+template <class T, int HD>
+__device__ __forceinline__ void add_rows(T* dst, std::int64_t row_stride,
+                                         const float (&acc)[HD / 8][4], int row0, int Tn,
+                                         int lane) {
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + half * 8;
+    if (row >= Tn) continue;
+    T* r = dst + row * row_stride + 2 * (lane & 3);
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt) {
+      T* e = r + nt * 8;
+      e[0] = store<T>(load(e[0]) + acc[nt][2 * half]);
+      e[1] = store<T>(load(e[1]) + acc[nt][2 * half + 1]);
+    }
+  }
+}
+
+/// The index of attention entry (bh, t, t2) in the host's att [B, NH, T, T] (the dropout
+/// mask's counter).
+__device__ __forceinline__ std::int64_t entry(int bh, int t, int t2, int Tn) {
+  return (static_cast<std::int64_t>(bh) * Tn + t) * Tn + t2;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+/// Block (blockIdx.x: 64 query rows, last rows first; blockIdx.y: b * NH + h): out rows and lse.
+template <class T, int HD>
+__global__ void __launch_bounds__(block_threads)
+    forward_kernel(T* out, float* lse, const T* qkv, int Tn, int C, int NH, float scale,
+                   cpu::DropoutMask dropout) {
+  constexpr int KT = stream_rows<HD, false>, LD = HD + row_pad;
+  extern __shared__ __align__(16) unsigned char shared[];
+  T* q_s = reinterpret_cast<T*>(shared);
+  T* k_buf = q_s + block_rows * LD;  // two K tiles, then two V tiles
+  T* v_buf = k_buf + 2 * KT * LD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * block_rows;
+  const int row0 = q0 + warp * 16 + lane / 4;  // and row0 + 8
+  const std::int64_t stride = 3LL * C;
+  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
+  const bool dropping = dropout.active();
+  const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
+
+  load_tile<T, HD>(q_s, LD, head, stride, q0, block_rows, Tn);
+  __syncthreads();
+  std::uint32_t qf[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) load_a(qf[kk], q_s, LD, warp * 16, kk * 16, lane);
+
+  float o[HD / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int last_key = q0 + warp * 16 + 15;  // the warp's last row sees keys up to itself
+  const int kv_end = min(q0 + block_rows, Tn);
+  stream_tiles<T, HD>(
+      k_buf, v_buf, LD, head + C, stride, head + 2 * C, stride, 0, kv_end, KT, Tn,
+      [&](const T* k_s, const T* v_s, int k0, int) {
+        const int slices =
+            min(KT / 16, (last_key - k0) / 16 + 1);  // 16-key slices with a visible key
+        if (slices <= 0) return;
+        float s[KT / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+          for (int j = 0; j < KT / 16; ++j) {
+            if (j >= slices) break;
+            std::uint32_t kb[4];
+            load_b_rows(kb, k_s, LD, j * 16, kk * 16, lane);
+            mma_16816<T>(s[2 * j], qf[kk], kb[0], kb[1]);
+            mma_16816<T>(s[2 * j + 1], qf[kk], kb[2], kb[3]);
+          }
+        }
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < KT / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+            const float v = key <= row && key < Tn ? s[nt][e] * scale : -INFINITY;
+            s[nt][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          }
+        }
+        float correction[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = quad_max(mx[r]);  // finite: key k0 <= every row of the block is visible
+          correction[r] = expf(m[r] - mx[r]);
+          m[r] = mx[r];
+          l[r] *= correction[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < KT / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float p = expf(s[nt][e] - m[e >> 1]);
+            l[e >> 1] += p;
+            if (dropping && p != 0.0f) {
+              const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+              p = dropout.keep(entry(bh, row, key, Tn)) ? p * drop_scale : 0.0f;
+            }
+            s[nt][e] = p;
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; ++nt) {
+          o[nt][0] *= correction[0];
+          o[nt][1] *= correction[0];
+          o[nt][2] *= correction[1];
+          o[nt][3] *= correction[1];
+        }
+#pragma unroll
+        for (int j = 0; j < KT / 16; ++j) {
+          if (j >= slices) break;
+          std::uint32_t pa[4];
+          accumulators_as_a<T>(pa, s, j);
+#pragma unroll
+          for (int dp = 0; dp < HD / 16; ++dp) {
+            std::uint32_t vb[4];
+            load_b_cols(vb, v_s, LD, j * 16, dp * 16, lane);
+            mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
+            mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+          }
+        }
+      });
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + r * 8;
+    const float sum = quad_sum(l[r]);
+    if (row >= Tn) continue;
+    const float inv = 1.0f / sum;
+    T* dst = out + (static_cast<std::int64_t>(b) * Tn + row) * C + h * HD + 2 * (lane & 3);
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt) {
+      dst[nt * 8] = store<T>(o[nt][2 * r] * inv);
+      dst[nt * 8 + 1] = store<T>(o[nt][2 * r + 1] * inv);
+    }
+    if ((lane & 3) == 0) lse[static_cast<std::int64_t>(bh) * Tn + row] = m[r] + logf(sum);
+  }
+}
+
+// ---- backward: dq (and delta) -------------------------------------------------------------------
+
+/// Block (blockIdx.x: 64 query rows; blockIdx.y: b * NH + h): delta and dq += dS K.
+template <class T, int HD>
+__global__ void __launch_bounds__(block_threads)
+    backward_dq_kernel(T* dqkv, float* delta, const T* dout, const T* qkv, const float* lse, int Tn,
+                       int C, int NH, float scale, cpu::DropoutMask dropout) {
+  constexpr int KT = stream_rows<HD, true>, LD = HD + row_pad;
+  extern __shared__ __align__(16) unsigned char shared[];
+  T* q_s = reinterpret_cast<T*>(shared);
+  T* do_s = q_s + block_rows * LD;
+  T* k_buf = do_s + block_rows * LD;  // two K tiles, then two V tiles
+  T* v_buf = k_buf + 2 * KT * LD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * block_rows;
+  const int row0 = q0 + warp * 16 + lane / 4;
+  const std::int64_t stride = 3LL * C;
+  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
+  const T* dout_head = dout + static_cast<std::int64_t>(b) * Tn * C + h * HD;
+  const bool dropping = dropout.active();
+  const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
+
+  load_tile<T, HD>(q_s, LD, head, stride, q0, block_rows, Tn);
+  load_tile<T, HD>(do_s, LD, dout_head, C, q0, block_rows, Tn);
+  __syncthreads();
+  std::uint32_t qf[HD / 16][4], dof[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    load_a(qf[kk], q_s, LD, warp * 16, kk * 16, lane);
+    load_a(dof[kk], do_s, LD, warp * 16, kk * 16, lane);
+  }
+  float lse_r[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + r * 8;
+    lse_r[r] = row < Tn ? lse[static_cast<std::int64_t>(bh) * Tn + row] : 0.0f;
+  }
+  const int last_key = q0 + warp * 16 + 15;
+  const int kv_end = min(q0 + block_rows, Tn);
+
+  // P and dP (through the dropout mask) of the tile at k0, in p and dp; false when the warp
+  // sees no key of it.
+  auto scores = [&](const T* k_s, const T* v_s, int k0, float(&p)[KT / 8][4],
+                    float(&dp)[KT / 8][4]) {
+    const int slices = min(KT / 16, (last_key - k0) / 16 + 1);
+#pragma unroll
+    for (int nt = 0; nt < KT / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[nt][e] = dp[nt][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+      for (int j = 0; j < KT / 16; ++j) {
+        if (j >= slices) break;
+        std::uint32_t kb[4], vb[4];
+        load_b_rows(kb, k_s, LD, j * 16, kk * 16, lane);
+        mma_16816<T>(p[2 * j], qf[kk], kb[0], kb[1]);
+        mma_16816<T>(p[2 * j + 1], qf[kk], kb[2], kb[3]);
+        load_b_rows(vb, v_s, LD, j * 16, kk * 16, lane);
+        mma_16816<T>(dp[2 * j], dof[kk], vb[0], vb[1]);
+        mma_16816<T>(dp[2 * j + 1], dof[kk], vb[2], vb[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < KT / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+        const bool visible = key <= row && key < Tn && row < Tn;
+        p[nt][e] = visible ? expf(p[nt][e] * scale - lse_r[e >> 1]) : 0.0f;
+        if (!visible) {
+          dp[nt][e] = 0.0f;
+        } else if (dropping) {
+          dp[nt][e] = dropout.keep(entry(bh, row, key, Tn)) ? dp[nt][e] * drop_scale : 0.0f;
+        }
+      }
+    }
+    return slices > 0;
+  };
+
+  float delta_part[2] = {0.0f, 0.0f};
+  stream_tiles<T, HD>(k_buf, v_buf, LD, head + C, stride, head + 2 * C, stride, 0, kv_end, KT, Tn,
+                      [&](const T* k_s, const T* v_s, int k0, int) {  // pass 1: delta
+                        float p[KT / 8][4], dp[KT / 8][4];
+                        if (!scores(k_s, v_s, k0, p, dp)) return;
+#pragma unroll
+                        for (int nt = 0; nt < KT / 8; ++nt) {
+#pragma unroll
+                          for (int e = 0; e < 4; ++e) delta_part[e >> 1] += p[nt][e] * dp[nt][e];
+                        }
+                      });
+  const float delta_r[2] = {quad_sum(delta_part[0]), quad_sum(delta_part[1])};
+
+  float dq[HD / 8][4] = {};
+  stream_tiles<T, HD>(k_buf, v_buf, LD, head + C, stride, head + 2 * C, stride, 0, kv_end, KT, Tn,
+                      [&](const T* k_s, const T* v_s, int k0, int) {  // pass 2: dq
+                        float p[KT / 8][4], dp[KT / 8][4];
+                        if (!scores(k_s, v_s, k0, p, dp)) return;
+#pragma unroll
+                        for (int nt = 0; nt < KT / 8; ++nt) {
+#pragma unroll
+                          for (int e = 0; e < 4; ++e)
+                            p[nt][e] = p[nt][e] * (dp[nt][e] - delta_r[e >> 1]) * scale;
+                        }
+                        const int slices = min(KT / 16, (last_key - k0) / 16 + 1);
+#pragma unroll
+                        for (int j = 0; j < KT / 16; ++j) {
+                          if (j >= slices) break;
+                          std::uint32_t da[4];
+                          accumulators_as_a<T>(da, p, j);
+#pragma unroll
+                          for (int dp2 = 0; dp2 < HD / 16; ++dp2) {
+                            std::uint32_t kb[4];
+                            load_b_cols(kb, k_s, LD, j * 16, dp2 * 16, lane);
+                            mma_16816<T>(dq[2 * dp2], da, kb[0], kb[1]);
+                            mma_16816<T>(dq[2 * dp2 + 1], da, kb[2], kb[3]);
+                          }
+                        }
+                      });
+  add_rows<T, HD>(dqkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD, stride, dq, row0, Tn,
+                  lane);
+  if ((lane & 3) == 0) {
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + r * 8;
+      if (row < Tn) delta[static_cast<std::int64_t>(bh) * Tn + row] = delta_r[r];
+    }
+  }
+}
+
+// ---- backward: dk, dv ---------------------------------------------------------------------------
+
+/// Block (blockIdx.x: 64 key rows; blockIdx.y: b * NH + h): over the query tiles from the
+/// block's first key on, dv += P^T dO and dk += dS^T Q, into dqkv.
+template <class T, int HD>
+__global__ void __launch_bounds__(block_threads)
+    backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta,
+                         int Tn, int C, int NH, float scale, cpu::DropoutMask dropout) {
+  constexpr int QT = stream_rows<HD, true>, LD = HD + row_pad;
+  extern __shared__ __align__(16) unsigned char shared[];
+  T* k_s = reinterpret_cast<T*>(shared);
+  T* v_s = k_s + block_rows * LD;
+  T* q_buf = v_s + block_rows * LD;  // two Q tiles, then two dO tiles
+  T* do_buf = q_buf + 2 * QT * LD;
+  float* lse_buf = reinterpret_cast<float*>(do_buf + 2 * QT * LD);  // two tiles' lse, then delta
+  float* delta_buf = lse_buf + 2 * QT;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int j0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * block_rows;
+  const int key0 = j0 + warp * 16 + lane / 4;  // this lane's key rows: key0 and key0 + 8
+  const std::int64_t stride = 3LL * C;
+  const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
+  const T* dout_head = dout + static_cast<std::int64_t>(b) * Tn * C + h * HD;
+  const float* lse_head = lse + static_cast<std::int64_t>(bh) * Tn;
+  const float* delta_head = delta + static_cast<std::int64_t>(bh) * Tn;
+  const bool dropping = dropout.active();
+  const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
+
+  load_tile<T, HD>(k_s, LD, head + C, stride, j0, block_rows, Tn);
+  load_tile<T, HD>(v_s, LD, head + 2 * C, stride, j0, block_rows, Tn);
+  __syncthreads();
+  std::uint32_t kf[HD / 16][4], vf[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    load_a(kf[kk], k_s, LD, warp * 16, kk * 16, lane);
+    load_a(vf[kk], v_s, LD, warp * 16, kk * 16, lane);
+  }
+  const int first_key = j0 + warp * 16;
+  float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
+  // lse and delta of the first tile; each step stores the next tile's beside it (plain loads,
+  // visible after stream_tiles' barrier).
+  auto load_rows_stats = [&](int q0, int buffer) {
+    if (threadIdx.x < QT) {
+      const int row = q0 + static_cast<int>(threadIdx.x);
+      lse_buf[buffer * QT + threadIdx.x] = row < Tn ? lse_head[row] : 0.0f;
+      delta_buf[buffer * QT + threadIdx.x] = row < Tn ? delta_head[row] : 0.0f;
+    }
+  };
+  load_rows_stats(j0, 0);
+  stream_tiles<T, HD>(
+      q_buf, do_buf, LD, head, stride, dout_head, C, j0, Tn, QT, Tn,
+      [&](const T* q_s, const T* do_s, int q0, int cur) {
+        if (q0 + QT < Tn) load_rows_stats(q0 + QT, cur ^ 1);
+        const float* lse_s = lse_buf + cur * QT;
+        const float* delta_s = delta_buf + cur * QT;
+        if (q0 + QT - 1 < first_key) return;  // every query of the tile is before the warp's keys
+        float p[QT / 8][4] = {}, dp[QT / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+          for (int j = 0; j < QT / 16; ++j) {
+            std::uint32_t qb[4], ob[4];
+            load_b_rows(qb, q_s, LD, j * 16, kk * 16, lane);
+            mma_16816<T>(p[2 * j], kf[kk], qb[0], qb[1]);
+            mma_16816<T>(p[2 * j + 1], kf[kk], qb[2], qb[3]);
+            load_b_rows(ob, do_s, LD, j * 16, kk * 16, lane);
+            mma_16816<T>(dp[2 * j], vf[kk], ob[0], ob[1]);
+            mma_16816<T>(dp[2 * j + 1], vf[kk], ob[2], ob[3]);
+          }
+        }
+    // p becomes dropout(P^T) for dV, dp becomes dS^T for dK.
+#pragma unroll
+        for (int nt = 0; nt < QT / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + (e >> 1) * 8, qi = nt * 8 + 2 * (lane & 3) + (e & 1);
+            const int query = q0 + qi;
+            const bool visible = query >= key && query < Tn && key < Tn;
+            const float prob = visible ? expf(p[nt][e] * scale - lse_s[qi]) : 0.0f;
+            const bool kept = !dropping || (visible && dropout.keep(entry(bh, query, key, Tn)));
+            const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
+            p[nt][e] = kept ? prob * drop_scale : 0.0f;
+            dp[nt][e] = prob * (d - delta_s[qi]) * scale;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < QT / 16; ++j) {
+          std::uint32_t pa[4], sa[4];
+          accumulators_as_a<T>(pa, p, j);
+          accumulators_as_a<T>(sa, dp, j);
+#pragma unroll
+          for (int d2 = 0; d2 < HD / 16; ++d2) {
+            std::uint32_t ob[4], qb[4];
+            load_b_cols(ob, do_s, LD, j * 16, d2 * 16, lane);
+            mma_16816<T>(dv[2 * d2], pa, ob[0], ob[1]);
+            mma_16816<T>(dv[2 * d2 + 1], pa, ob[2], ob[3]);
+            load_b_cols(qb, q_s, LD, j * 16, d2 * 16, lane);
+            mma_16816<T>(dk[2 * d2], sa, qb[0], qb[1]);
+            mma_16816<T>(dk[2 * d2 + 1], sa, qb[2], qb[3]);
+          }
+        }
+      });
+  T* g = dqkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
+  add_rows<T, HD>(g + C, stride, dk, key0, Tn, lane);
+  add_rows<T, HD>(g + 2 * C, stride, dv, key0, Tn, lane);
+}
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+/// Shared bytes of each kernel: its own block's rows, and two buffers of each streamed tile.
+template <class T, int HD>
+constexpr std::size_t forward_shared_bytes() {
+  return static_cast<std::size_t>(block_rows + 4 * stream_rows<HD, false>) * (HD + row_pad) *
+         sizeof(T);
+}
+template <class T, int HD>
+constexpr std::size_t dq_shared_bytes() {
+  return static_cast<std::size_t>(2 * block_rows + 4 * stream_rows<HD, true>) * (HD + row_pad) *
+         sizeof(T);
+}
+template <class T, int HD>
+constexpr std::size_t dkdv_shared_bytes() {
+  return dq_shared_bytes<T, HD>() + 4 * stream_rows<HD, true> * sizeof(float);
+}
+
+/// True when the tensor-core kernels take this call: bf16 or f16, head size 64 or 128, and every
+/// pointer 16-byte aligned (rows are read 16 bytes at a time).
+template <class T>
+bool takes(std::int64_t hs, std::initializer_list<const void*> pointers) {
+  if constexpr (!has_mma<T>) {
+    return false;
+  } else {
+    if (hs != 64 && hs != 128) return false;
+    for (const void* p : pointers) {
+      if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+    }
+    return true;
+  }
+}
+
+/// Launches kernel with bytes of dynamic shared memory, raising the kernel's limit first where
+/// it passes the default 48 KiB.
+template <class Kernel, class... Args>
+void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t stream, Args... args) {
+  if (bytes > 48 * 1024) {
+    ZERO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+  }
+  kernel<<<grid, block_threads, bytes, stream>>>(args...);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T, int HD>
+void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, float scale,
+             const cpu::DropoutMask& dropout, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((Tn + block_rows - 1) / block_rows),
+                  static_cast<unsigned>(B * NH));
+  launch(forward_kernel<T, HD>, grid, forward_shared_bytes<T, HD>(), stream, out, lse, qkv, Tn, C,
+         NH, scale, dropout);
+}
+
+template <class T, int HD>
+void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const float* lse, int B, int Tn,
+              int C, int NH, float scale, const cpu::DropoutMask& dropout, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((Tn + block_rows - 1) / block_rows),
+                  static_cast<unsigned>(B * NH));
+  launch(backward_dq_kernel<T, HD>, grid, dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv,
+         lse, Tn, C, NH, scale, dropout);
+  launch(backward_dkdv_kernel<T, HD>, grid, dkdv_shared_bytes<T, HD>(), stream, dqkv, dout, qkv,
+         lse, static_cast<const float*>(delta), Tn, C, NH, scale, dropout);
+}
+
+}  // namespace zero::ops::cuda::mma
