@@ -146,6 +146,29 @@ __device__ __forceinline__ void accumulators_as_a(std::uint32_t (&a)[4], const f
   a[3] = pack2<T>(c[2 * j + 1][2], c[2 * j + 1][3]);
 }
 
+/// c[2j], c[2j + 1] += a (16 x 16) times the 16 rows [16 j, 16 j + 16) of a shared tile,
+/// transposed, over its columns [k0, k0 + 16): a product reducing along the tile's columns
+/// (S = Q K^T).
+template <class T, int N>
+__device__ __forceinline__ void mma_by_rows(float (&c)[N][4], const std::uint32_t (&a)[4],
+                                            const T* tile, int ld, int j, int k0, int lane) {
+  std::uint32_t b[4];
+  load_b_rows(b, tile, ld, j * 16, k0, lane);
+  mma_16816<T>(c[2 * j], a, b[0], b[1]);
+  mma_16816<T>(c[2 * j + 1], a, b[2], b[3]);
+}
+
+/// c[2 d], c[2 d + 1] += a (16 x 16) times the tile's rows [k0, k0 + 16) at columns
+/// [16 d, 16 d + 16): a product reducing along the tile's rows (O += P V).
+template <class T, int N>
+__device__ __forceinline__ void mma_by_cols(float (&c)[N][4], const std::uint32_t (&a)[4],
+                                            const T* tile, int ld, int k0, int d, int lane) {
+  std::uint32_t b[4];
+  load_b_cols(b, tile, ld, k0, d * 16, lane);
+  mma_16816<T>(c[2 * d], a, b[0], b[1]);
+  mma_16816<T>(c[2 * d + 1], a, b[2], b[3]);
+}
+
 /// Sum over the 4 lanes that share an accumulator row.
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -300,10 +323,7 @@ __global__ void __launch_bounds__(block_threads)
 #pragma unroll
           for (int j = 0; j < KT / 16; ++j) {
             if (j >= slices) break;
-            std::uint32_t kb[4];
-            load_b_rows(kb, k_s, LD, j * 16, kk * 16, lane);
-            mma_16816<T>(s[2 * j], qf[kk], kb[0], kb[1]);
-            mma_16816<T>(s[2 * j + 1], qf[kk], kb[2], kb[3]);
+            mma_by_rows<T>(s, qf[kk], k_s, LD, j, kk * 16, lane);
           }
         }
         float mx[2] = {m[0], m[1]};
@@ -352,10 +372,7 @@ __global__ void __launch_bounds__(block_threads)
           accumulators_as_a<T>(pa, s, j);
 #pragma unroll
           for (int dp = 0; dp < HD / 16; ++dp) {
-            std::uint32_t vb[4];
-            load_b_cols(vb, v_s, LD, j * 16, dp * 16, lane);
-            mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
-            mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+            mma_by_cols<T>(o, pa, v_s, LD, j * 16, dp, lane);
           }
         }
       });
@@ -431,13 +448,8 @@ __global__ void __launch_bounds__(block_threads)
 #pragma unroll
       for (int j = 0; j < KT / 16; ++j) {
         if (j >= slices) break;
-        std::uint32_t kb[4], vb[4];
-        load_b_rows(kb, k_s, LD, j * 16, kk * 16, lane);
-        mma_16816<T>(p[2 * j], qf[kk], kb[0], kb[1]);
-        mma_16816<T>(p[2 * j + 1], qf[kk], kb[2], kb[3]);
-        load_b_rows(vb, v_s, LD, j * 16, kk * 16, lane);
-        mma_16816<T>(dp[2 * j], dof[kk], vb[0], vb[1]);
-        mma_16816<T>(dp[2 * j + 1], dof[kk], vb[2], vb[3]);
+        mma_by_rows<T>(p, qf[kk], k_s, LD, j, kk * 16, lane);
+        mma_by_rows<T>(dp, dof[kk], v_s, LD, j, kk * 16, lane);
       }
     }
 #pragma unroll
@@ -489,10 +501,7 @@ __global__ void __launch_bounds__(block_threads)
                           accumulators_as_a<T>(da, p, j);
 #pragma unroll
                           for (int dp2 = 0; dp2 < HD / 16; ++dp2) {
-                            std::uint32_t kb[4];
-                            load_b_cols(kb, k_s, LD, j * 16, dp2 * 16, lane);
-                            mma_16816<T>(dq[2 * dp2], da, kb[0], kb[1]);
-                            mma_16816<T>(dq[2 * dp2 + 1], da, kb[2], kb[3]);
+                            mma_by_cols<T>(dq, da, k_s, LD, j * 16, dp2, lane);
                           }
                         }
                       });
@@ -567,13 +576,8 @@ __global__ void __launch_bounds__(block_threads)
         for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
           for (int j = 0; j < QT / 16; ++j) {
-            std::uint32_t qb[4], ob[4];
-            load_b_rows(qb, q_s, LD, j * 16, kk * 16, lane);
-            mma_16816<T>(p[2 * j], kf[kk], qb[0], qb[1]);
-            mma_16816<T>(p[2 * j + 1], kf[kk], qb[2], qb[3]);
-            load_b_rows(ob, do_s, LD, j * 16, kk * 16, lane);
-            mma_16816<T>(dp[2 * j], vf[kk], ob[0], ob[1]);
-            mma_16816<T>(dp[2 * j + 1], vf[kk], ob[2], ob[3]);
+            mma_by_rows<T>(p, kf[kk], q_s, LD, j, kk * 16, lane);
+            mma_by_rows<T>(dp, vf[kk], do_s, LD, j, kk * 16, lane);
           }
         }
     // p becomes dropout(P^T) for dV, dp becomes dS^T for dK.
@@ -598,13 +602,8 @@ __global__ void __launch_bounds__(block_threads)
           accumulators_as_a<T>(sa, dp, j);
 #pragma unroll
           for (int d2 = 0; d2 < HD / 16; ++d2) {
-            std::uint32_t ob[4], qb[4];
-            load_b_cols(ob, do_s, LD, j * 16, d2 * 16, lane);
-            mma_16816<T>(dv[2 * d2], pa, ob[0], ob[1]);
-            mma_16816<T>(dv[2 * d2 + 1], pa, ob[2], ob[3]);
-            load_b_cols(qb, q_s, LD, j * 16, d2 * 16, lane);
-            mma_16816<T>(dk[2 * d2], sa, qb[0], qb[1]);
-            mma_16816<T>(dk[2 * d2 + 1], sa, qb[2], qb[3]);
+            mma_by_cols<T>(dv, pa, do_s, LD, j * 16, d2, lane);
+            mma_by_cols<T>(dk, sa, q_s, LD, j * 16, d2, lane);
           }
         }
       });

@@ -34,14 +34,35 @@ inline constexpr int cross_entropy_threads = 512;
 
 // ---- kernels ------------------------------------------------------------------------------------
 
+/// Calls fn(v, x[v] as float) for every v < V, this thread's share of the block's row: 16-byte
+/// loads over the aligned middle of the row (a row of odd V starts at any 2-byte offset), single
+/// elements over its unaligned head and its tail.
+template <class T, class Fn>
+__device__ __forceinline__ void for_each_in_row(const T* x, int V, Fn&& fn) {
+  constexpr int P = pack_size<T>;
+  const auto misaligned = static_cast<int>(reinterpret_cast<std::uintptr_t>(x) % 16);
+  const int head = min(V, misaligned == 0 ? 0 : (16 - misaligned) / static_cast<int>(sizeof(T)));
+  const int packs = (V - head) / P;
+  const int tail = head + packs * P;
+  for (int v = threadIdx.x; v < head; v += blockDim.x) fn(v, load(x[v]));
+  const Pack<T>* body = reinterpret_cast<const Pack<T>*>(x + head);
+  for (int i = threadIdx.x; i < packs; i += blockDim.x) {
+    const Pack<T> p = body[i];
+#pragma unroll
+    for (int k = 0; k < P; ++k) fn(head + i * P + k, load(p.v[k]));
+  }
+  for (int v = tail + threadIdx.x; v < V; v += blockDim.x) fn(v, load(x[v]));
+}
+
 /// The row's maximum and sum of exp(x - max), both on every thread of the block.
 template <class T>
 __device__ __forceinline__ void row_max_sum(const T* x, int V, float& maxval, float& sum) {
   float m = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, load(x[v]));
+  for_each_in_row(x, V, [&](int, float value) { m = fmaxf(m, value); });
   maxval = block_all_reduce<cross_entropy_threads>(m, MaxOp{});
   float s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(load(x[v]) - maxval);
+  const float mx = maxval;
+  for_each_in_row(x, V, [&](int, float value) { s += expf(value - mx); });
   sum = block_all_reduce<cross_entropy_threads>(s, SumOp{});
 }
 
@@ -106,11 +127,12 @@ __global__ void __launch_bounds__(cross_entropy_threads)
   const int count = valid_count != nullptr ? *valid_count : fixed_valid;
   const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.0f;
   const float inv = 1.0f / sum;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    float g = expf(load(x[v]) - maxval) * inv * scale;
+  // Each element is read before it is written, by the same thread: d may be x (in place).
+  for_each_in_row(x, V, [&](int v, float value) {
+    float g = expf(value - maxval) * inv * scale;
     if (v == target) g -= scale;
     d[v] = store<T>(g);
-  }
+  });
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
