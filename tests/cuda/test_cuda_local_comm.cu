@@ -46,7 +46,8 @@ struct DeviceSpace {
     zero::test::DeviceVector<T> d;
     // cudaMemcpy from pageable memory may return before the copy lands, and the communicator's
     // non-blocking streams do not wait for the legacy stream: the producer must be done first,
-    // as the Communicator contract asks (a send that read too early failed on an H200).
+    // as the Communicator contract asks. On an H200 the first element a ring's recv got differed
+    // (bf16 at 4 ranks, f16 at 2) until the uploads were waited for; it passed in three runs after.
     explicit Vec(const std::vector<T>& h) : d(h) { ZERO_CUDA_CHECK(cudaDeviceSynchronize()); }
     std::span<T> span() { return {d.get(), d.size()}; }
     std::vector<T> read() const { return d.download(); }
