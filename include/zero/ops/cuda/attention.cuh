@@ -51,12 +51,6 @@ inline constexpr int flash_tile = 32;
 
 namespace detail {
 
-/// The index of attention entry (bh, t, t2) in the host's att [B, NH, T, T]: the dropout mask's
-/// counter, shared with cpu::attention_forward.
-__device__ __forceinline__ std::int64_t attention_entry(int bh, int t, int t2, int Tn) {
-  return (static_cast<std::int64_t>(bh) * Tn + t) * Tn + t2;
-}
-
 /// Dot product of two float rows of length HD in shared memory.
 template <int HD>
 __device__ __forceinline__ float dot_row(const float* a, const float* b) {

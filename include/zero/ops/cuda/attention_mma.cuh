@@ -40,7 +40,19 @@
 #include <zero/ops/cpu/dropout.hpp>
 #include <zero/ops/cuda/common.cuh>
 
-namespace zero::ops::cuda::mma {
+namespace zero::ops::cuda {
+
+namespace detail {
+
+/// The index of attention entry (bh, t, t2) in the host's att [B, NH, T, T]: the dropout mask's
+/// counter, shared with cpu::attention_forward and with attention.cuh's CUDA-core kernels.
+__device__ __forceinline__ std::int64_t attention_entry(int bh, int t, int t2, int Tn) {
+  return (static_cast<std::int64_t>(bh) * Tn + t) * Tn + t2;
+}
+
+}  // namespace detail
+
+namespace mma {
 
 /// Rows a block owns: 4 warps of 16.
 inline constexpr int block_rows = 64;
@@ -274,12 +286,6 @@ __device__ __forceinline__ void add_rows(T* dst, std::int64_t row_stride,
   }
 }
 
-/// The index of attention entry (bh, t, t2) in the host's att [B, NH, T, T] (the dropout
-/// mask's counter).
-__device__ __forceinline__ std::int64_t entry(int bh, int t, int t2, int Tn) {
-  return (static_cast<std::int64_t>(bh) * Tn + t) * Tn + t2;
-}
-
 // ---- forward ------------------------------------------------------------------------------------
 
 /// Block (blockIdx.x: 64 query rows, last rows first; blockIdx.y: b * NH + h): out rows and lse.
@@ -353,7 +359,7 @@ __global__ void __launch_bounds__(block_threads)
             l[e >> 1] += p;
             if (dropping && p != 0.0f) {
               const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-              p = dropout.keep(entry(bh, row, key, Tn)) ? p * drop_scale : 0.0f;
+              p = dropout.keep(detail::attention_entry(bh, row, key, Tn)) ? p * drop_scale : 0.0f;
             }
             s[nt][e] = p;
           }
@@ -462,7 +468,9 @@ __global__ void __launch_bounds__(block_threads)
         if (!visible) {
           dp[nt][e] = 0.0f;
         } else if (dropping) {
-          dp[nt][e] = dropout.keep(entry(bh, row, key, Tn)) ? dp[nt][e] * drop_scale : 0.0f;
+          dp[nt][e] = dropout.keep(detail::attention_entry(bh, row, key, Tn))
+                          ? dp[nt][e] * drop_scale
+                          : 0.0f;
         }
       }
     }
@@ -589,7 +597,8 @@ __global__ void __launch_bounds__(block_threads)
             const int query = q0 + qi;
             const bool visible = query >= key && query < Tn && key < Tn;
             const float prob = visible ? expf(p[nt][e] * scale - lse_s[qi]) : 0.0f;
-            const bool kept = !dropping || (visible && dropout.keep(entry(bh, query, key, Tn)));
+            const bool kept =
+                !dropping || (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
             const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
             p[nt][e] = kept ? prob * drop_scale : 0.0f;
             dp[nt][e] = prob * (d - delta_s[qi]) * scale;
@@ -677,4 +686,5 @@ void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const float* l
          lse, static_cast<const float*>(delta), Tn, C, NH, scale, dropout);
 }
 
-}  // namespace zero::ops::cuda::mma
+}  // namespace mma
+}  // namespace zero::ops::cuda
