@@ -4,7 +4,8 @@
 // run (fraction_of_copy); GEMMs report FLOP/s beside a 4096^3 cuBLASLt GEMM; flash attention
 // reports FLOP/s and its speed-up over the cuBLAS reference path (attention_reference.cuh); the
 // whole GPT-2 small, forward and backward through the layers on nn::CudaKernels, reports tokens/s
-// and its model FLOP rate (6N + 6LCT per token) against the same GEMM.
+// and its model FLOP rate (6N + 6LCT per token) against the same GEMM, then the milliseconds of
+// each layer kind in one more forward and backward (profile::OpTimes with a stream fence).
 // Prints one JSON object per line. Without a GPU it says so and exits 0.
 //   kernel_bench [--batch B] [--seq T] [--repeats R]
 #include <cstdint>
@@ -36,6 +37,7 @@
 #include <zero/ops/cuda/layer_norm.cuh>
 #include <zero/ops/cuda/linear.cuh>
 #include <zero/ops/cuda/reduce.cuh>
+#include <zero/profile/op_times.hpp>
 
 #include "../bench_timing.hpp"
 
@@ -317,6 +319,28 @@ int main(int argc, char** argv) {
                   ms, tflops, tflops / gemm_tflops);
     line("gpt2_layers_forward_backward", shape, static_cast<double>(N) / (ms * 1e-3), "tokens/s",
          extra);
+
+    // Where that time goes: one more forward and backward with an op timer per pass, fenced by
+    // a stream synchronize so that each layer kind gets its own device time.
+    zero::profile::OpTimes forward_times, backward_times;
+    const auto fence = [&] { ZERO_CUDA_CHECK(cudaStreamSynchronize(stream)); };
+    forward_times.set_fence(fence);
+    backward_times.set_fence(fence);
+    arena.reset();
+    step.op_times = &forward_times;
+    (void)gpt.forward(step);
+    step.op_times = &backward_times;
+    gpt.backward(step);
+    step.op_times = nullptr;
+    for (const auto* pass : {&forward_times, &backward_times}) {
+      const char* name = pass == &forward_times ? "forward" : "backward";
+      for (const auto& [kind, seconds] : pass->seconds()) {
+        std::snprintf(extra, sizeof extra,
+                      ", \"pass\": \"%s\", \"kind\": \"%s\", \"of_pass\": %.3f", name, kind.c_str(),
+                      seconds / pass->total());
+        line("gpt2_layers_time_by_kind", shape, seconds * 1e3, "ms", extra);
+      }
+    }
   }
   ZERO_CUDA_CHECK(cudaDeviceSynchronize());
   return 0;

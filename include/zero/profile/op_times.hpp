@@ -5,11 +5,19 @@
 // time, the time of the layers inside it going to their kinds, so the kinds add up to the pass.
 // The gradient buffers Sequential zeroes between layers are charged to "Sequential". Off (a null
 // pointer, the default) each hook costs one branch.
+//
+// Kernels that run asynchronously (a GPU's) return before their work is done, so the clock alone
+// would charge a kernel's time to whichever later call waits for it. set_fence(f) makes every
+// open and close call f first (a stream synchronize): each kind then gets its own device time,
+// at the cost of one wait per layer call. The profile is for finding where a step's time goes,
+// not for timing the step.
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace zero::profile {
@@ -46,6 +54,9 @@ class OpTimes {
   }
   /// Zeroes every kind.
   void clear() { seconds_.clear(); }
+  /// Runs fence before each reading of the clock (see the file comment); an empty one, the
+  /// default, runs nothing.
+  void set_fence(std::function<void()> fence) { fence_ = std::move(fence); }
 
   /// The kind of a layer from its description: the first word ("Linear 'mlp.fc'" -> "Linear").
   static std::string_view kind_of(std::string_view description) {
@@ -59,8 +70,12 @@ class OpTimes {
     double nested = 0;  // seconds of the scopes opened inside this one
   };
 
-  void open(std::string_view kind) { stack_.push_back({std::string(kind), Clock::now(), 0}); }
+  void open(std::string_view kind) {
+    if (fence_) fence_();
+    stack_.push_back({std::string(kind), Clock::now(), 0});
+  }
   void close() {
+    if (fence_) fence_();
     const Open top = std::move(stack_.back());
     stack_.pop_back();
     const double elapsed = std::chrono::duration<double>(Clock::now() - top.start).count();
@@ -72,6 +87,7 @@ class OpTimes {
 
   std::map<std::string, double, std::less<>> seconds_;
   std::vector<Open> stack_;
+  std::function<void()> fence_;
 };
 
 }  // namespace zero::profile
