@@ -34,7 +34,13 @@ macro(zero_find_component _comp _out)
   elseif("${_comp}" STREQUAL "dnnl")
     # dnnl_gemm.hpp sets OpenMP's thread count while it creates a primitive (the determinism
     # rule), so zero::dnnl brings OpenMP with it.
-    find_package(dnnl CONFIG QUIET)
+    # Debian's dnnl-config.cmake does find_package(OpenCL REQUIRED), which stops the whole
+    # configure where the OpenCL development files are missing; look for OpenCL first so that
+    # only this optional part goes.
+    find_package(OpenCL QUIET)
+    if(OpenCL_FOUND)
+      find_package(dnnl CONFIG QUIET)
+    endif()
     find_package(OpenMP QUIET COMPONENTS CXX)
     if(dnnl_FOUND AND TARGET DNNL::dnnl AND OpenMP_CXX_FOUND)
       set(${_out} TRUE)
