@@ -207,13 +207,19 @@ int main(int argc, char** argv) {
   });
   {
     DeviceArray<bf16> logits(N * V);
-    DeviceArray<float> losses(N), loss(1);
+    DeviceArray<float> losses(N), loss(1), row_stats(2 * N);
     const double nv = static_cast<double>(N * V);
     bandwidth("cross_entropy_forward", nv * e, [&] {
-      gpu::cross_entropy_forward<bf16>(losses.get(), loss.get(), logits.get(), tokens.get(), N, V,
-                                       stream);
+      gpu::cross_entropy_forward<bf16>(losses.get(), loss.get(), row_stats.get(), logits.get(),
+                                       tokens.get(), N, V, stream);
     });
+    // As the loss layers run it: the forward's row statistics, one pass.
     bandwidth("cross_entropy_backward_inplace", 2 * nv * e, [&] {
+      gpu::cross_entropy_backward<bf16>(logits.get(), logits.get(), tokens.get(), N, V, 1.0f, N,
+                                        row_stats.get(), stream);
+    });
+    // Without them: the row's maximum and sum again first (three passes).
+    bandwidth("cross_entropy_backward_inplace_no_row_stats", 2 * nv * e, [&] {
       gpu::cross_entropy_backward<bf16>(logits.get(), logits.get(), tokens.get(), N, V, 1.0f,
                                         stream);
     });

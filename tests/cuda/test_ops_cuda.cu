@@ -2,6 +2,7 @@
 // inputs (random, plus edge shapes: one row, odd sizes, a vocabulary that is not a multiple of
 // the block): GEMM and linear (cuBLASLt), elementwise, GELU, LayerNorm, embedding, softmax
 // cross-entropy, dropout, conversions and reductions. Attention is in test_attention_cuda.cu.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -102,7 +103,9 @@ TEMPLATE_TEST_CASE("linear forward (bias epilogue) and backward equal the host's
   std::uint32_t seed = 100;
   for (const Shape s :
        {Shape{1, 8, 8}, Shape{24, 64, 192}, Shape{17, 40, 24}, Shape{64, 128, 512},
-        Shape{300, 40, 24}}) {  // 300 rows: the bias gradient's column sum in 5 chunks
+        Shape{300, 40, 24},  // 300 rows: the bias gradient's column sum in 5 chunks
+        // Output rows that are not whole 16-byte packs go through padded scratch rows.
+        Shape{33, 64, 37}, Shape{5, 16, 1}, Shape{9, 24, 50257}}) {
     INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC);
     const auto inp = random_vector<T>(static_cast<std::size_t>(s.N * s.C), seed++);
     const auto w = random_vector<T>(static_cast<std::size_t>(s.OC * s.C), seed++);
@@ -129,6 +132,15 @@ TEMPLATE_TEST_CASE("linear forward (bias epilogue) and backward equal the host's
     check_close(d_dinp.download(), dinp, "linear_backward dinp");
     check_close(d_dw.download(), dw, "linear_backward dweight");
     check_close(d_db.download(), db, "linear_backward dbias");
+
+    // overwrite_dinp writes the input gradient instead of adding to it.
+    auto dinp_written = random_vector<T>(inp.size(), seed++);
+    DeviceVector<T> d_written(dinp_written);
+    gpu::linear_backward<T>(ctx, d_written.get(), nullptr, nullptr, d_dout.get(), d_inp.get(),
+                            d_w.get(), s.N, s.C, s.OC, true, nullptr);
+    cpu::linear_backward<T>(dinp_written.data(), nullptr, nullptr, dout.data(), inp.data(),
+                            w.data(), s.N, s.C, s.OC, true);
+    check_close(d_written.download(), dinp_written, "linear_backward overwrite_dinp");
   }
 }
 
@@ -242,9 +254,12 @@ TEMPLATE_TEST_CASE("LayerNorm forward and backward equal the host's", "[cuda]", 
   };
   std::uint32_t seed = 200;
   // 1000 rows: the parameter gradients' column sums in 16 chunks (the last one partial); 70001:
-  // more rows than 1024 chunks of 64, so the chunks grow.
+  // more rows than 1024 chunks of 64, so the chunks grow (and the last block of the warp-per-row
+  // kernels is partial). Rows of whole 16-byte packs go a warp per row, holding 1 to 8 packs per
+  // lane (bf16: C 8 and 96 take 1, 768 takes 4 with one unused, 1600 and 2048 take 8); C 33,
+  // 4104 (and float at 1600 and 2048) go a block per row.
   for (const Shape s : {Shape{1, 1}, Shape{1, 768}, Shape{7, 33}, Shape{64, 768}, Shape{5, 1600},
-                        Shape{1000, 96}, Shape{70001, 8}}) {
+                        Shape{3, 2048}, Shape{2, 4104}, Shape{1000, 96}, Shape{70001, 8}}) {
     INFO("N=" << s.N << " C=" << s.C);
     const auto n = static_cast<std::size_t>(s.N * s.C);
     const auto x = random_vector<T>(n, seed++, -2.0f, 3.0f);
@@ -351,8 +366,9 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
     DeviceVector<T> d_logits(logits);
     DeviceVector<std::int32_t> d_targets(targets);
     DeviceVector<float> d_losses(static_cast<std::size_t>(s.N)), d_mean(1);
-    gpu::cross_entropy_forward<T>(d_losses.get(), d_mean.get(), d_logits.get(), d_targets.get(),
-                                  s.N, s.V, nullptr);
+    DeviceVector<float> d_stats(static_cast<std::size_t>(2 * s.N));
+    gpu::cross_entropy_forward<T>(d_losses.get(), d_mean.get(), d_stats.get(), d_logits.get(),
+                                  d_targets.get(), s.N, s.V, nullptr);
     std::vector<float> losses(static_cast<std::size_t>(s.N));
     const float mean =
         cpu::cross_entropy_forward<T>(losses.data(), logits.data(), targets.data(), s.N, s.V);
@@ -367,9 +383,23 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
     cpu::cross_entropy_backward<T>(dlogits.data(), logits.data(), targets.data(), s.N, s.V, dloss);
     const auto out_of_place = d_dlogits.download();
     check_close(out_of_place, dlogits, "cross_entropy_backward");
-    // In place (no second logits-sized buffer) gives the same bits.
+    // The chunk form with the batch's valid count, from the forward's row statistics (one pass)
+    // and without them (two more), into a buffer one element off the logits' alignment (element
+    // stores): the same bits.
+    const auto valid = static_cast<std::int64_t>(std::count_if(
+        targets.begin(), targets.end(), [](auto t) { return t != cpu::ignore_index; }));
+    DeviceVector<T> d_shifted(logits.size() + 1);
+    gpu::cross_entropy_backward<T>(d_shifted.get() + 1, d_logits.get(), d_targets.get(), s.N, s.V,
+                                   dloss, valid, d_stats.get(), nullptr);
+    auto shifted = d_shifted.download();
+    shifted.erase(shifted.begin());
+    CHECK(same_bits(shifted, out_of_place));
+    gpu::cross_entropy_backward<T>(d_dlogits.get(), d_logits.get(), d_targets.get(), s.N, s.V,
+                                   dloss, valid, nullptr);
+    CHECK(same_bits(d_dlogits.download(), out_of_place));
+    // In place (no second logits-sized buffer) gives the same bits, with the row statistics too.
     gpu::cross_entropy_backward<T>(d_logits.get(), d_logits.get(), d_targets.get(), s.N, s.V, dloss,
-                                   nullptr);
+                                   valid, d_stats.get(), nullptr);
     CHECK(same_bits(d_logits.download(), out_of_place));
   }
 }

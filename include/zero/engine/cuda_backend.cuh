@@ -153,6 +153,7 @@ class CudaBackend {
   /// Two streams on the current device; CudaError when no device is visible (never a host
   /// fallback).
   CudaBackend() {
+    Cuda::keep_pool_memory();  // unit buffers and scratch come from the device's pool
     int pageable = 0;
     ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_));
     pageable_access_ = pageable != 0;

@@ -17,9 +17,13 @@
 //   other two clear dx first (one memset);
 // - copy stages overlapping ranges through scratch (cudaMemcpyAsync requires disjoint ones);
 // - the loss: count_valid_targets and cross_entropy_mean return host values, so a loss layer's
-//   forward waits for the stream twice (as PyTorch's loss.item()); the backward recomputes each
-//   row's softmax max and sum instead of reading the forward's row_stats; a target outside the
-//   vocabulary makes its row's loss NaN instead of the host's ShapeError.
+//   forward waits for the stream twice (as PyTorch's loss.item()); the backward reads each
+//   row's softmax max and sum from the forward's row_stats (device memory) when the layer kept
+//   them, as the host does; a target outside the vocabulary makes its row's loss NaN instead of
+//   the host's ShapeError;
+// - a linear layer whose output rows are not a whole number of 16 bytes (a vocabulary of 50257)
+//   runs its GEMMs on rows padded in scratch (ops/cuda/linear.cuh), which the tensor-core GEMMs
+//   need.
 #if !defined(__CUDACC__)
 #error \
     "zero/nn/cuda_kernels.cuh needs nvcc; host-only code uses nn::HostKernels (zero/nn/kernels.hpp)"
@@ -34,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include <zero/core/cuda_check.cuh>
+#include <zero/core/cuda_device.cuh>
 #include <zero/nn/kernels.hpp>
 #include <zero/ops/cuda/attention.cuh>
 #include <zero/ops/cuda/common.cuh>
@@ -60,7 +65,9 @@ class CudaKernels final : public Kernels<T> {
   /// Kernels on stream (which must outlive this set); the GEMMs' handles, workspace and
   /// algorithm cache are this set's own.
   explicit CudaKernels(cudaStream_t stream)
-      : stream_(stream), gemm_(stream), free_on_(std::make_shared<FreeStream>(stream)) {}
+      : stream_(stream), gemm_(stream), free_on_(std::make_shared<FreeStream>(stream)) {
+    Cuda::keep_pool_memory();  // the layers' buffers and the kernels' scratch come from the pool
+  }
   CudaKernels(const CudaKernels&) = delete;
   CudaKernels& operator=(const CudaKernels&) = delete;
   /// Waits for the stream's work, then tells the memory this set handed out that its stream is
@@ -139,12 +146,7 @@ class CudaKernels final : public Kernels<T> {
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::int64_t N,
                        std::int64_t in, std::int64_t out, bool overwrite_dx) override {
-    if (dx != nullptr && overwrite_dx) {  // dx = dy w, then the parameter gradients
-      ops::cuda::gemm<T>(gemm_, ops::cuda::Trans::no, ops::cuda::Trans::no, N, in, out, 1.0f, dy,
-                         out, w, in, 0.0f, dx, in, stream_);
-      dx = nullptr;
-    }
-    ops::cuda::linear_backward<T>(gemm_, dx, dw, db, dy, x, w, N, in, out, stream_);
+    ops::cuda::linear_backward<T>(gemm_, dx, dw, db, dy, x, w, N, in, out, overwrite_dx, stream_);
   }
   void layer_norm_forward(T* y, Stat* mean, Stat* rstd, const T* x, const T* w, const T* b,
                           std::int64_t N, std::int64_t C) override {
@@ -177,11 +179,10 @@ class CudaKernels final : public Kernels<T> {
     (void)V;  // a target outside [0, V) makes its row's loss NaN instead (docs/cuda.md)
     return ops::cuda::count_valid_targets(targets, N, stream_);
   }
-  /// row_stats is not used: the device backward recomputes each row's max and sum.
+  /// row_stats, when given, is device memory the backward reads instead of two passes per row.
   void cross_entropy_forward(Stat* losses, const T* logits, const std::int32_t* targets,
                              std::int64_t N, std::int64_t V, Stat* row_stats) override {
-    (void)row_stats;
-    ops::cuda::cross_entropy_forward<T>(losses, nullptr, logits, targets, N, V, stream_);
+    ops::cuda::cross_entropy_forward<T>(losses, nullptr, row_stats, logits, targets, N, V, stream_);
   }
   Stat cross_entropy_mean(const Stat* losses, const std::int32_t* targets, std::int64_t N,
                           std::int64_t valid) override {
@@ -191,8 +192,8 @@ class CudaKernels final : public Kernels<T> {
   void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                               std::int64_t N, std::int64_t V, Stat dloss, std::int64_t valid,
                               const Stat* row_stats) override {
-    (void)row_stats;
-    ops::cuda::cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, stream_);
+    ops::cuda::cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, row_stats,
+                                         stream_);
   }
 
   /// Flash attention keeps each row's log-sum-exp: float [B, NH, Tn].

@@ -5,10 +5,12 @@
 //   loss = mean_n [ logsumexp(logits_n) - logits_n[target_n] ]
 //   dlogits_n = (softmax(logits_n) - onehot(target_n)) * dloss / valid     (0 for ignored rows)
 // One block per row streams over the vocabulary in chunks of its threads: a pass for the maximum,
-// a pass for the sum of exponentials (the host's two steps; no E[exp] rescaling), and in the
-// backward a third pass that writes the gradient. No second logits-sized buffer exists: dlogits
-// may be the logits buffer itself (each element is read and then overwritten by one thread after
-// the row's reductions are complete).
+// a pass for the sum of exponentials (the host's two steps; no E[exp] rescaling). The forward can
+// keep each row's maximum and sum (row_stats, as the host twin does); a backward given them makes
+// one pass that reads the logits and writes the gradient, and without them it first makes the
+// forward's two passes again. No second logits-sized buffer exists: dlogits may be the logits
+// buffer itself (each element is read and then overwritten by one thread after the row's
+// reductions are complete).
 // A target outside [0, V) that is not ignore_index cannot throw on the device: its loss is NaN
 // (the host twin throws ShapeError).
 #if !defined(__CUDACC__)
@@ -34,24 +36,59 @@ inline constexpr int cross_entropy_threads = 512;
 
 // ---- kernels ------------------------------------------------------------------------------------
 
+/// A row of V elements at x split for 16-byte accesses: [0, head) up to the first 16-byte
+/// boundary, packs whole packs from there, [tail, V) the rest.
+template <class T>
+struct RowPacks {
+  int head, packs, tail;
+  __device__ __forceinline__ RowPacks(const T* x, int V) {
+    const auto misaligned = static_cast<int>(reinterpret_cast<std::uintptr_t>(x) % 16);
+    head = min(V, misaligned == 0 ? 0 : (16 - misaligned) / static_cast<int>(sizeof(T)));
+    packs = (V - head) / pack_size<T>;
+    tail = head + packs * pack_size<T>;
+  }
+};
+
 /// Calls fn(v, x[v] as float) for every v < V, this thread's share of the block's row: 16-byte
 /// loads over the aligned middle of the row (a row of odd V starts at any 2-byte offset), single
 /// elements over its unaligned head and its tail.
 template <class T, class Fn>
 __device__ __forceinline__ void for_each_in_row(const T* x, int V, Fn&& fn) {
-  constexpr int P = pack_size<T>;
-  const auto misaligned = static_cast<int>(reinterpret_cast<std::uintptr_t>(x) % 16);
-  const int head = min(V, misaligned == 0 ? 0 : (16 - misaligned) / static_cast<int>(sizeof(T)));
-  const int packs = (V - head) / P;
-  const int tail = head + packs * P;
-  for (int v = threadIdx.x; v < head; v += blockDim.x) fn(v, load(x[v]));
-  const Pack<T>* body = reinterpret_cast<const Pack<T>*>(x + head);
-  for (int i = threadIdx.x; i < packs; i += blockDim.x) {
+  const RowPacks<T> row(x, V);
+  for (int v = threadIdx.x; v < row.head; v += blockDim.x) fn(v, load(x[v]));
+  const Pack<T>* body = reinterpret_cast<const Pack<T>*>(x + row.head);
+  for (int i = threadIdx.x; i < row.packs; i += blockDim.x) {
     const Pack<T> p = body[i];
 #pragma unroll
-    for (int k = 0; k < P; ++k) fn(head + i * P + k, load(p.v[k]));
+    for (int k = 0; k < pack_size<T>; ++k) fn(row.head + i * pack_size<T> + k, load(p.v[k]));
   }
-  for (int v = tail + threadIdx.x; v < V; v += blockDim.x) fn(v, load(x[v]));
+  for (int v = row.tail + threadIdx.x; v < V; v += blockDim.x) fn(v, load(x[v]));
+}
+
+/// d[v] = fn(v, x[v] as float) rounded to T for every v < V, this thread's share of the block's
+/// row: 16 bytes at a time over the aligned middle when d and x sit at the same offset from a
+/// 16-byte boundary (d may be x), one element at a time otherwise. Each element is read before
+/// the same thread writes it.
+template <class T, class Fn>
+__device__ __forceinline__ void transform_row(T* d, const T* x, int V, Fn&& fn) {
+  const RowPacks<T> row(x, V);
+  if (reinterpret_cast<std::uintptr_t>(d) % 16 != reinterpret_cast<std::uintptr_t>(x) % 16) {
+    for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = store<T>(fn(v, load(x[v])));
+    return;
+  }
+  for (int v = threadIdx.x; v < row.head; v += blockDim.x) d[v] = store<T>(fn(v, load(x[v])));
+  const Pack<T>* in = reinterpret_cast<const Pack<T>*>(x + row.head);
+  Pack<T>* out = reinterpret_cast<Pack<T>*>(d + row.head);
+  for (int i = threadIdx.x; i < row.packs; i += blockDim.x) {
+    const Pack<T> p = in[i];
+    Pack<T> q;
+#pragma unroll
+    for (int k = 0; k < pack_size<T>; ++k) {
+      q.v[k] = store<T>(fn(row.head + i * pack_size<T> + k, load(p.v[k])));
+    }
+    out[i] = q;
+  }
+  for (int v = row.tail + threadIdx.x; v < V; v += blockDim.x) d[v] = store<T>(fn(v, load(x[v])));
 }
 
 /// The row's maximum and sum of exp(x - max), both on every thread of the block.
@@ -66,11 +103,12 @@ __device__ __forceinline__ void row_max_sum(const T* x, int V, float& maxval, fl
   sum = block_all_reduce<cross_entropy_threads>(s, SumOp{});
 }
 
-/// One block per row: losses[n] = logsumexp - logit of the target (0 when ignored).
+/// One block per row: losses[n] = logsumexp - logit of the target (0 when ignored); row_stats
+/// (when not null) [n] = {max, sum of exp(x - max)} of the rows that count.
 template <class T>
 __global__ void __launch_bounds__(cross_entropy_threads)
-    cross_entropy_forward_kernel(float* losses, const T* logits, const std::int32_t* targets,
-                                 int V) {
+    cross_entropy_forward_kernel(float* losses, float* row_stats, const T* logits,
+                                 const std::int32_t* targets, int V) {
   const std::int64_t n = blockIdx.x;
   const std::int32_t target = targets[n];
   if (target == ignore_index) {  // uniform over the block: no thread reaches a barrier
@@ -83,6 +121,10 @@ __global__ void __launch_bounds__(cross_entropy_threads)
   if (threadIdx.x == 0) {
     losses[n] = target >= 0 && target < V ? logf(sum) + maxval - load(x[target])
                                           : __int_as_float(0x7fc00000);
+    if (row_stats != nullptr) {
+      row_stats[2 * n] = maxval;
+      row_stats[2 * n + 1] = sum;
+    }
   }
 }
 
@@ -109,11 +151,13 @@ __global__ void __launch_bounds__(Threads)
 }
 
 /// One block per row: dlogits[n] = (softmax - onehot) * dloss / valid, or zeros when ignored;
-/// valid is *valid_count when that is given, else fixed_valid.
+/// valid is *valid_count when that is given, else fixed_valid; the row's max and sum come from
+/// row_stats when it is given (the forward's), else from two passes over the row.
 template <class T>
 __global__ void __launch_bounds__(cross_entropy_threads)
     cross_entropy_backward_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
-                                  const int* valid_count, int fixed_valid, int V, float dloss) {
+                                  const float* row_stats, const int* valid_count, int fixed_valid,
+                                  int V, float dloss) {
   const std::int64_t n = blockIdx.x;
   const std::int32_t target = targets[n];
   T* d = dlogits + n * V;
@@ -123,25 +167,32 @@ __global__ void __launch_bounds__(cross_entropy_threads)
   }
   const T* x = logits + n * V;
   float maxval, sum;
-  row_max_sum(x, V, maxval, sum);
+  if (row_stats != nullptr) {
+    maxval = row_stats[2 * n];
+    sum = row_stats[2 * n + 1];
+  } else {
+    row_max_sum(x, V, maxval, sum);
+  }
   const int count = valid_count != nullptr ? *valid_count : fixed_valid;
   const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.0f;
   const float inv = 1.0f / sum;
-  // Each element is read before it is written, by the same thread: d may be x (in place).
-  for_each_in_row(x, V, [&](int v, float value) {
+  transform_row(d, x, V, [&](int v, float value) {
     float g = expf(value - maxval) * inv * scale;
     if (v == target) g -= scale;
-    d[v] = store<T>(g);
+    return g;
   });
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
 
-/// Per-token losses [N] (0 for ignored tokens) and, when mean is not null, the mean over valid
-/// tokens into *mean (0 if none). All pointers are device pointers; nothing synchronises.
+/// Per-token losses [N] (0 for ignored tokens), when mean is not null the mean over valid tokens
+/// into *mean (0 if none), and when row_stats is not null each counted row's {max, sum of
+/// exponentials} into row_stats [N, 2] for cross_entropy_backward. All pointers are device
+/// pointers; nothing synchronises.
 template <class T>
-void cross_entropy_forward(float* losses, float* mean, const T* logits, const std::int32_t* targets,
-                           std::int64_t N, std::int64_t V, cudaStream_t stream) {
+void cross_entropy_forward(float* losses, float* mean, float* row_stats, const T* logits,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           cudaStream_t stream) {
   expect_int_range(N, "cross_entropy_forward");
   expect_int_range(V, "cross_entropy_forward");
   if (N == 0) {
@@ -149,7 +200,7 @@ void cross_entropy_forward(float* losses, float* mean, const T* logits, const st
     return;
   }
   cross_entropy_forward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
-      losses, logits, targets, static_cast<int>(V));
+      losses, row_stats, logits, targets, static_cast<int>(V));
   ZERO_CUDA_CHECK(cudaGetLastError());
   if (mean != nullptr) {
     DeviceScratch valid(sizeof(int), stream);
@@ -157,6 +208,13 @@ void cross_entropy_forward(float* losses, float* mean, const T* logits, const st
         <<<1, 1024, 0, stream>>>(mean, valid.as<int>(), losses, targets, static_cast<int>(N));
     ZERO_CUDA_CHECK(cudaGetLastError());
   }
+}
+
+/// cross_entropy_forward without row statistics.
+template <class T>
+void cross_entropy_forward(float* losses, float* mean, const T* logits, const std::int32_t* targets,
+                           std::int64_t N, std::int64_t V, cudaStream_t stream) {
+  cross_entropy_forward<T>(losses, mean, nullptr, logits, targets, N, V, stream);
 }
 
 /// Writes (not accumulates) dlogits [N, V] for the mean loss scaled by dloss; dlogits may be
@@ -172,23 +230,33 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
       <<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr, targets, static_cast<int>(N));
   ZERO_CUDA_CHECK(cudaGetLastError());
   cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
-      dlogits, logits, targets, valid.as<int>(), 0, static_cast<int>(V), dloss);
+      dlogits, logits, targets, nullptr, valid.as<int>(), 0, static_cast<int>(V), dloss);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
 /// cross_entropy_backward for N rows that are a chunk of a batch with valid counted targets
 /// (count_valid_targets of the whole batch): the mean's denominator is valid, not the chunk's.
+/// row_stats (may be null) is what cross_entropy_forward kept for these rows, on these logits.
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                             std::int64_t N, std::int64_t V, float dloss, std::int64_t valid,
-                            cudaStream_t stream) {
+                            const float* row_stats, cudaStream_t stream) {
   expect_int_range(N, "cross_entropy_backward");
   expect_int_range(V, "cross_entropy_backward");
   expect_int_range(valid, "cross_entropy_backward");
   if (N == 0) return;
   cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
-      dlogits, logits, targets, nullptr, static_cast<int>(valid), static_cast<int>(V), dloss);
+      dlogits, logits, targets, row_stats, nullptr, static_cast<int>(valid), static_cast<int>(V),
+      dloss);
   ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// The chunk backward without the forward's row statistics (two more passes per row).
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
+                            std::int64_t N, std::int64_t V, float dloss, std::int64_t valid,
+                            cudaStream_t stream) {
+  cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, nullptr, stream);
 }
 
 namespace detail {

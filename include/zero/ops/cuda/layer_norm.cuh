@@ -3,10 +3,13 @@
 // LayerNorm over the last dimension on the GPU; the twin of zero/ops/cpu/layer_norm.hpp (eps
 // 1e-5, biased variance, mean and rstd saved in float for the backward pass):
 //   out = (x - mean) * rstd * weight + bias,   rstd = 1 / sqrt(var + eps)
-// One block per row, sums through cub::BlockReduce (mean first, then the centred variance, as
-// the host does: no E[x^2] - E[x]^2 cancellation). The parameter gradients reduce over rows in a
-// fixed order (32 columns per block, 8 row slices combined in order), so they are deterministic
-// and need no atomics.
+// Rows whose 16-byte packs fit 32 lanes' registers (C up to 2048 bf16 or 1024 float, C a whole
+// number of packs, every row 16-byte aligned: GPT-2's rows) go one warp per row: the row is read
+// from memory once, 16 bytes at a time, into registers, and the sums are warp shuffles. Other rows
+// go one block per row, sums through cub::BlockReduce. Either way the mean comes first, then the
+// centred variance, as the host does (no E[x^2] - E[x]^2 cancellation). The parameter gradients
+// reduce over rows in a fixed order (column_sums), so they are deterministic and need no
+// atomics.
 // Reference: llm.c layernorm_forward/backward (dev/cuda/layernorm_*.cu).
 #if !defined(__CUDACC__)
 #error \
@@ -14,6 +17,7 @@
 #endif
 
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda_runtime.h>
 
@@ -83,6 +87,125 @@ __global__ void __launch_bounds__(layer_norm_threads)
   }
 }
 
+/// Rows per block of the warp-per-row kernels.
+inline constexpr int layer_norm_warps = 4;
+
+/// Calls fn(k, i) for each of the Packs packs i = lane + 32 k of a row of packs that this lane
+/// holds (i < packs).
+template <int Packs, class Fn>
+__device__ __forceinline__ void for_lane_packs(int lane, int packs, Fn&& fn) {
+#pragma unroll
+  for (int k = 0; k < Packs; ++k) {
+    const int i = lane + 32 * k;
+    if (i < packs) fn(k, i);
+  }
+}
+
+/// One warp per row n, the row in registers (Packs 16-byte packs per lane): mean, centred
+/// variance, then the normalised row.
+template <class T, int Packs>
+__global__ void __launch_bounds__(32 * layer_norm_warps)
+    layer_norm_forward_warp_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                                   const T* bias, int N, int C, float eps) {
+  constexpr int P = pack_size<T>;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::int64_t n =
+      static_cast<std::int64_t>(blockIdx.x) * layer_norm_warps + threadIdx.x / 32;
+  if (n >= N) return;  // a whole warp leaves: the shuffles below see full warps only
+  const int packs = C / P;
+  const auto* x = reinterpret_cast<const Pack<T>*>(inp + n * C);
+  float v[Packs][P];
+  float sum = 0.0f;
+  for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
+    const Pack<T> p = x[i];
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      v[k][j] = load(p.v[j]);
+      sum += v[k][j];
+    }
+  });
+  const float m = warp_sum(sum) / static_cast<float>(C);
+  float sq = 0.0f;
+  for_lane_packs<Packs>(lane, packs, [&](int k, int) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const float d = v[k][j] - m;
+      sq += d * d;
+    }
+  });
+  const float s = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
+  const auto* w = reinterpret_cast<const Pack<T>*>(weight);
+  const auto* b = reinterpret_cast<const Pack<T>*>(bias);
+  auto* o = reinterpret_cast<Pack<T>*>(out + n * C);
+  for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
+    const Pack<T> wp = w[i], bp = b[i];
+    Pack<T> r;
+#pragma unroll
+    for (int j = 0; j < P; ++j)
+      r.v[j] = store<T>((v[k][j] - m) * s * load(wp.v[j]) + load(bp.v[j]));
+    o[i] = r;
+  });
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+/// One warp per row n, x and weight * dy in registers: dinp[n] += (dnorm - mean(dnorm) - norm *
+/// mean(dnorm * norm)) * rstd.
+template <class T, int Packs>
+__global__ void __launch_bounds__(32 * layer_norm_warps)
+    layer_norm_backward_input_warp_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
+                                          const float* mean, const float* rstd, int N, int C) {
+  constexpr int P = pack_size<T>;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::int64_t n =
+      static_cast<std::int64_t>(blockIdx.x) * layer_norm_warps + threadIdx.x / 32;
+  if (n >= N) return;
+  const int packs = C / P;
+  const auto* x = reinterpret_cast<const Pack<T>*>(inp + n * C);
+  const auto* dy = reinterpret_cast<const Pack<T>*>(dout + n * C);
+  const auto* w = reinterpret_cast<const Pack<T>*>(weight);
+  const float m = mean[n], s = rstd[n];
+  float norm[Packs][P], dnorm[Packs][P];
+  float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+  for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
+    const Pack<T> xp = x[i], dp = dy[i], wp = w[i];
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      norm[k][j] = (load(xp.v[j]) - m) * s;
+      dnorm[k][j] = load(wp.v[j]) * load(dp.v[j]);
+      dnorm_sum += dnorm[k][j];
+      dnorm_norm_sum += dnorm[k][j] * norm[k][j];
+    }
+  });
+  const float dnorm_mean = warp_sum(dnorm_sum) / static_cast<float>(C);
+  const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
+  auto* dx = reinterpret_cast<Pack<T>*>(dinp + n * C);
+  for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
+    Pack<T> g = dx[i];
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      g.v[j] =
+          store<T>(load(g.v[j]) + (dnorm[k][j] - dnorm_mean - norm[k][j] * dnorm_norm_mean) * s);
+    }
+    dx[i] = g;
+  });
+}
+
+/// Packs per lane the warp-per-row kernels need for rows of C (1, 2, 4 or 8), or 0 when the rows
+/// go one block per row: C not a whole number of packs, a pointer not 16-byte aligned, or a row
+/// over 8 packs per lane.
+template <class T>
+int layer_norm_lane_packs(std::int64_t C, std::initializer_list<const void*> pointers) {
+  if (C % pack_size<T> != 0 || !aligned16(pointers)) return 0;
+  const std::int64_t per_lane = (C / pack_size<T> + 31) / 32;
+  for (int packs : {1, 2, 4, 8}) {
+    if (per_lane <= packs) return packs;
+  }
+  return 0;
+}
+
 /// LayerNorm's parameter-gradient terms of row n, column c: (x - mean) rstd dy and dy.
 template <class T>
 struct LayerNormParamTerms {
@@ -109,8 +232,30 @@ void layer_norm_forward(T* out, float* mean, float* rstd, const T* inp, const T*
   expect_int_range(N, "layer_norm_forward");
   expect_int_range(C, "layer_norm_forward");
   if (N == 0) return;
-  layer_norm_forward_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
-      out, mean, rstd, inp, weight, bias, static_cast<int>(C), eps);
+  const auto rows = static_cast<int>(N);
+  const auto cols = static_cast<int>(C);
+  const auto warp_grid = static_cast<unsigned>((N + layer_norm_warps - 1) / layer_norm_warps);
+  switch (layer_norm_lane_packs<T>(C, {out, inp, weight, bias})) {
+    case 1:
+      layer_norm_forward_warp_kernel<T, 1><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
+          out, mean, rstd, inp, weight, bias, rows, cols, eps);
+      break;
+    case 2:
+      layer_norm_forward_warp_kernel<T, 2><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
+          out, mean, rstd, inp, weight, bias, rows, cols, eps);
+      break;
+    case 4:
+      layer_norm_forward_warp_kernel<T, 4><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
+          out, mean, rstd, inp, weight, bias, rows, cols, eps);
+      break;
+    case 8:
+      layer_norm_forward_warp_kernel<T, 8><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
+          out, mean, rstd, inp, weight, bias, rows, cols, eps);
+      break;
+    default:
+      layer_norm_forward_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
+          out, mean, rstd, inp, weight, bias, cols, eps);
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -129,8 +274,31 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
   expect_int_range(N, "layer_norm_backward");
   expect_int_range(C, "layer_norm_backward");
   if (N == 0 || C == 0) return;
-  layer_norm_backward_input_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
-      dinp, dout, inp, weight, mean, rstd, static_cast<int>(C));
+  const auto rows = static_cast<int>(N);
+  const auto cols = static_cast<int>(C);
+  const auto warp_grid = static_cast<unsigned>((N + layer_norm_warps - 1) / layer_norm_warps);
+  switch (layer_norm_lane_packs<T>(C, {dinp, dout, inp, weight})) {
+    case 1:
+      layer_norm_backward_input_warp_kernel<T, 1><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
+          dinp, dout, inp, weight, mean, rstd, rows, cols);
+      break;
+    case 2:
+      layer_norm_backward_input_warp_kernel<T, 2><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
+          dinp, dout, inp, weight, mean, rstd, rows, cols);
+      break;
+    case 4:
+      layer_norm_backward_input_warp_kernel<T, 4><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
+          dinp, dout, inp, weight, mean, rstd, rows, cols);
+      break;
+    case 8:
+      layer_norm_backward_input_warp_kernel<T, 8><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
+          dinp, dout, inp, weight, mean, rstd, rows, cols);
+      break;
+    default:
+      layer_norm_backward_input_kernel<T>
+          <<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(dinp, dout, inp, weight,
+                                                                        mean, rstd, cols);
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
   column_sums<T, 2>({{dweight, dbias}},
                     LayerNormParamTerms<T>{dout, inp, mean, rstd, static_cast<int>(C)}, N, C,

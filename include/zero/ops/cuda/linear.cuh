@@ -6,6 +6,13 @@
 //   backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
 // Gradients accumulate (+=, GEMM beta = 1) like the host's. The bias gradient is a column sum in
 // a fixed order (no atomics): 32 columns per block, 8 row slices added in slice order.
+// Rows of OC elements that are not a whole number of 16 bytes (GPT-2's vocabulary, 50257) make
+// every row of out and dout start off a 16-byte boundary, and cuBLASLt's tensor-core kernels then
+// refuse the leading dimension: the fallback ran the LM head at about a tenth of the GEMM rate.
+// Such a layer goes through a scratch copy whose rows are padded to 16 bytes: the forward's GEMM
+// writes the padded rows and a copy packs them into out; the backward copies dout into padded
+// rows first. The products, and so the results, are those of the GEMM on padded rows (the pad is
+// never read into a sum).
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/linear.cuh needs nvcc; host-only code includes zero/ops/cpu/linear.hpp"
 #endif
@@ -31,14 +38,87 @@ struct BiasGradTerm {
   }
 };
 
+/// Elements in a row of cols elements padded to a whole number of 16 bytes.
+template <class T>
+std::int64_t padded_row(std::int64_t cols) {
+  return (cols + pack_size<T> - 1) / pack_size<T> * pack_size<T>;
+}
+
+/// dense [rows, cols] (contiguous, rows anywhere) = padded [rows, ld] (ld = padded_row(cols)):
+/// each thread stores 16 bytes of dense (16-byte aligned) from cols-long pieces of padded rows.
+template <class T>
+__global__ void pack_rows_kernel(T* dense, const T* padded, std::int64_t rows, std::int64_t cols,
+                                 std::int64_t ld) {
+  constexpr int P = pack_size<T>;
+  const std::int64_t total = rows * cols, packs = total / P;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       i < packs + P; i += stride) {
+    if (i < packs) {
+      Pack<T> out;
+      std::int64_t n = i * P / cols, c = i * P - n * cols;
+#pragma unroll
+      for (int k = 0; k < P; ++k) {
+        out.v[k] = padded[n * ld + c];
+        if (++c == cols) {
+          c = 0;
+          ++n;
+        }
+      }
+      reinterpret_cast<Pack<T>*>(dense)[i] = out;
+    } else {  // the last total % P elements, one per thread
+      const std::int64_t e = packs * P + (i - packs);
+      if (e < total) dense[e] = padded[e / cols * ld + e % cols];
+    }
+  }
+}
+
+/// padded [rows, ld] = dense [rows, cols], the pad zeroed: each thread writes one 16-byte pack of
+/// a padded row.
+template <class T>
+__global__ void pad_rows_kernel(T* padded, const T* dense, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld) {
+  constexpr int P = pack_size<T>;
+  const std::int64_t row_packs = ld / P, packs = rows * row_packs;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < packs;
+       i += stride) {
+    const std::int64_t n = i / row_packs, c0 = (i - n * row_packs) * P;
+    const T* src = dense + n * cols;
+    Pack<T> out;
+#pragma unroll
+    for (int k = 0; k < P; ++k) out.v[k] = c0 + k < cols ? src[c0 + k] : store<T>(0.0f);
+    reinterpret_cast<Pack<T>*>(padded)[i] = out;
+  }
+}
+
+/// True when rows of OC elements are not a whole number of 16 bytes and so go through padded
+/// scratch (see the file comment).
+template <class T>
+bool linear_pads_rows(std::int64_t OC) {
+  return OC % pack_size<T> != 0;
+}
+
 // ---- launchers ----------------------------------------------------------------------------------
 
 /// out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias[OC] (bias may be null).
 template <class T>
 void linear_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const T* bias,
                     std::int64_t N, std::int64_t C, std::int64_t OC, cudaStream_t stream) {
-  gemm<T>(ctx, Trans::no, Trans::yes, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC,
-          bias != nullptr ? Epilogue::bias : Epilogue::none, bias, stream);
+  const Epilogue epilogue = bias != nullptr ? Epilogue::bias : Epilogue::none;
+  if (!linear_pads_rows<T>(OC) || N == 0 || !aligned16({out})) {
+    gemm<T>(ctx, Trans::no, Trans::yes, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, epilogue,
+            bias, stream);
+    return;
+  }
+  const std::int64_t ld = padded_row<T>(OC);
+  DeviceScratch padded(static_cast<std::size_t>(N * ld) * sizeof(T), stream);
+  gemm<T>(ctx, Trans::no, Trans::yes, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, padded.as<T>(), ld,
+          epilogue, bias, stream);
+  pack_rows_kernel<T>
+      <<<grid_for(N * OC / pack_size<T> + pack_size<T>), elementwise_threads, 0, stream>>>(
+          out, padded.as<T>(), N, OC, ld);
+  ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
 /// out = gelu(inp @ weight^T + bias) in one cuBLASLt call (GELU-tanh epilogue; bias required).
@@ -52,20 +132,40 @@ void linear_gelu_forward(GemmContext& ctx, T* out, const T* inp, const T* weight
 }
 
 /// Accumulates the gradients of linear_forward; dinp, dweight, dbias may each be null.
+/// overwrite_dinp writes dinp instead (GEMM beta 0), as the host twin's flag does.
 template <class T>
 void linear_backward(GemmContext& ctx, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      const T* weight, std::int64_t N, std::int64_t C, std::int64_t OC,
-                     cudaStream_t stream) {
+                     bool overwrite_dinp, cudaStream_t stream) {
+  const bool pads = linear_pads_rows<T>(OC) && N > 0 && (dinp != nullptr || dweight != nullptr);
+  const std::int64_t ld = pads ? padded_row<T>(OC) : OC;
+  DeviceScratch padded(pads ? static_cast<std::size_t>(N * ld) * sizeof(T) : 0, stream);
+  const T* dy = dout;
+  if (pads) {
+    pad_rows_kernel<T><<<grid_for(N * ld / pack_size<T>), elementwise_threads, 0, stream>>>(
+        padded.as<T>(), dout, N, OC, ld);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    dy = padded.as<T>();
+  }
   if (dinp != nullptr) {
-    gemm<T>(ctx, Trans::no, Trans::no, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, stream);
+    gemm<T>(ctx, Trans::no, Trans::no, N, C, OC, 1.0f, dy, ld, weight, C,
+            overwrite_dinp ? 0.0f : 1.0f, dinp, C, stream);
   }
   if (dweight != nullptr) {
-    gemm<T>(ctx, Trans::yes, Trans::no, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, stream);
+    gemm<T>(ctx, Trans::yes, Trans::no, OC, C, N, 1.0f, dy, ld, inp, C, 1.0f, dweight, C, stream);
   }
   if (dbias != nullptr && OC > 0) {
     column_sums<T, 1>({{dbias}}, BiasGradTerm<T>{dout, static_cast<int>(OC)}, N, OC,
                       "linear_backward", stream);
   }
+}
+
+/// linear_backward accumulating into dinp.
+template <class T>
+void linear_backward(GemmContext& ctx, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                     const T* weight, std::int64_t N, std::int64_t C, std::int64_t OC,
+                     cudaStream_t stream) {
+  linear_backward<T>(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC, false, stream);
 }
 
 }  // namespace zero::ops::cuda
