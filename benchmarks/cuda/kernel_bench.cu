@@ -213,6 +213,16 @@ int main(int argc, char** argv) {
       gpu::cross_entropy_forward<bf16>(losses.get(), loss.get(), row_stats.get(), logits.get(),
                                        tokens.get(), N, V, stream);
     });
+    // The LM head's GEMMs: output rows of V = 50257 elements are not whole 16-byte packs, so
+    // they run on padded scratch rows (linear.cuh).
+    const std::string vocab_config = shape + ", \"OC\": " + std::to_string(V);
+    rate("linear_forward_vocab", vocab_config, 2.0 * N * C * V, [&] {
+      gpu::linear_forward<bf16>(ctx, logits.get(), x.get(), wte.get(), nullptr, N, C, V, stream);
+    });
+    rate("linear_backward_vocab", vocab_config, 4.0 * N * C * V, [&] {
+      gpu::linear_backward<bf16>(ctx, z.get(), wte.get(), nullptr, logits.get(), x.get(), wte.get(),
+                                 N, C, V, stream);
+    });
     // As the loss layers run it: the forward's row statistics, one pass.
     bandwidth("cross_entropy_backward_inplace", 2 * nv * e, [&] {
       gpu::cross_entropy_backward<bf16>(logits.get(), logits.get(), tokens.get(), N, V, 1.0f, N,
@@ -267,7 +277,13 @@ int main(int argc, char** argv) {
                                              stream);
     });
     line("flash_attention_forward_speedup", cfg, ref_fwd / flash_fwd, "x");
+    // As the layers run it: delta = rowsum(dout * out) from the forward's output.
     const double flash_bwd = rate("flash_attention_backward", cfg, 2.5 * fwd_flops, [&] {
+      gpu::attention_backward<bf16>(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, Tn,
+                                    C, NH, gpu::DropoutMask{}, stream);
+    });
+    // Without it: delta from the probabilities, a first pass over the keys in the dq kernel.
+    rate("flash_attention_backward_delta_from_probabilities", cfg, 2.5 * fwd_flops, [&] {
       gpu::attention_backward<bf16>(dqkv.get(), dout.get(), qkv.get(), lse.get(), B, Tn, C, NH,
                                     stream);
     });

@@ -68,7 +68,8 @@ std::vector<float> host_lse(const std::vector<T>& qkv, const AttnShape& s) {
 }
 
 /// Runs the flash forward and backward and the host's on random inputs and compares them;
-/// rel and ulps as in check_close.
+/// rel and ulps as in check_close. The backward runs twice: delta from the probabilities, and
+/// delta as rowsum(dout * out) from the forward's output (which only the tensor-core kernels use).
 template <class T>
 void compare_flash(const AttnShape& s, const cpu::DropoutMask& dropout, double rel, double ulps,
                    std::uint32_t seed) {
@@ -79,12 +80,14 @@ void compare_flash(const AttnShape& s, const cpu::DropoutMask& dropout, double r
   const auto dout = random_vector<T>(static_cast<std::size_t>(N * C), seed + 1);
   const auto dqkv_init = random_vector<T>(qkv.size(), seed + 2);
   DeviceVector<T> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_dout(dout),
-      d_dqkv(dqkv_init);
+      d_dqkv(dqkv_init), d_dqkv_given_out(dqkv_init);
   DeviceVector<float> d_lse(static_cast<std::size_t>(s.B * s.NH * s.T));
   gpu::attention_forward<T>(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, C, s.NH, dropout,
                             nullptr);
   gpu::attention_backward<T>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_lse.get(), s.B, s.T, C,
                              s.NH, dropout, nullptr);
+  gpu::attention_backward<T>(d_dqkv_given_out.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                             d_lse.get(), s.B, s.T, C, s.NH, dropout, nullptr);
 
   std::vector<T> out(static_cast<std::size_t>(N * C)),
       att(static_cast<std::size_t>(s.B * s.NH * s.T * s.T));
@@ -95,6 +98,8 @@ void compare_flash(const AttnShape& s, const cpu::DropoutMask& dropout, double r
   check_close(d_out.download(), out, "flash attention out", rel, ulps);
   check_close(d_lse.download(), host_lse(qkv, s), "flash attention lse", 1e-5, 0.0);
   check_close(d_dqkv.download(), dqkv, "flash attention dqkv", rel, ulps);
+  check_close(d_dqkv_given_out.download(), dqkv, "flash attention dqkv, delta from dout . out", rel,
+              ulps);
 }
 
 }  // namespace
@@ -168,6 +173,16 @@ TEST_CASE("flash attention backward repeats bit for bit", "[cuda][attention]") {
   gpu::attention_backward<bf16>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_lse.get(), s.B, s.T, C,
                                 s.NH, nullptr);
   CHECK(same_bits(d_dqkv.download(), first));
+  // With delta from dout . out too.
+  const cpu::DropoutMask none;
+  d_dqkv.upload(zeros);
+  gpu::attention_backward<bf16>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                                s.B, s.T, C, s.NH, none, nullptr);
+  const auto given_out = d_dqkv.download();
+  d_dqkv.upload(zeros);
+  gpu::attention_backward<bf16>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                                s.B, s.T, C, s.NH, none, nullptr);
+  CHECK(same_bits(d_dqkv.download(), given_out));
 }
 
 TEST_CASE("flash attention refuses head sizes over 128", "[cuda][attention]") {

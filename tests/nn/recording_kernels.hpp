@@ -139,11 +139,11 @@ class RecordingKernels final : public nn::Kernels<T> {
     note("attention_forward");
     host().attention_forward(y, saved, qkv, B, Tn, C, NH, mask);
   }
-  void attention_backward(T* dqkv, const T* dy, const T* qkv, const std::byte* saved,
+  void attention_backward(T* dqkv, const T* dy, const T* qkv, const T* y, const std::byte* saved,
                           std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
                           const ops::cpu::DropoutMask& mask) override {
     note("attention_backward");
-    host().attention_backward(dqkv, dy, qkv, saved, B, Tn, C, NH, mask);
+    host().attention_backward(dqkv, dy, qkv, y, saved, B, Tn, C, NH, mask);
   }
 
  private:

@@ -207,11 +207,11 @@ class CudaKernels final : public Kernels<T> {
     ops::cuda::attention_forward(y, reinterpret_cast<float*>(saved), qkv, B, Tn, C, NH, mask,
                                  stream_);
   }
-  void attention_backward(T* dqkv, const T* dy, const T* qkv, const std::byte* saved,
+  void attention_backward(T* dqkv, const T* dy, const T* qkv, const T* y, const std::byte* saved,
                           std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
                           const ops::cpu::DropoutMask& mask) override {
-    ops::cuda::attention_backward(dqkv, dy, qkv, reinterpret_cast<const float*>(saved), B, Tn, C,
-                                  NH, mask, stream_);
+    ops::cuda::attention_backward<T>(dqkv, dy, qkv, y, reinterpret_cast<const float*>(saved), B, Tn,
+                                     C, NH, mask, stream_);
   }
 
  private:

@@ -145,9 +145,11 @@ class Kernels {
   virtual void attention_forward(T* y, std::byte* saved, const T* qkv, std::int64_t B,
                                  std::int64_t Tn, std::int64_t C, std::int64_t NH,
                                  const ops::cpu::DropoutMask& mask) = 0;
-  /// dqkv += the gradient of attention_forward given dy and what it saved.
-  virtual void attention_backward(T* dqkv, const T* dy, const T* qkv, const std::byte* saved,
-                                  std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
+  /// dqkv += the gradient of attention_forward given dy, its output y and what it saved (a set
+  /// may use y: the device's tensor-core kernels take their row sums of dy * y from it).
+  virtual void attention_backward(T* dqkv, const T* dy, const T* qkv, const T* y,
+                                  const std::byte* saved, std::int64_t B, std::int64_t Tn,
+                                  std::int64_t C, std::int64_t NH,
                                   const ops::cpu::DropoutMask& mask) = 0;
 };
 
@@ -254,9 +256,11 @@ class HostKernels final : public Kernels<T> {
                          const ops::cpu::DropoutMask& mask) override {
     ops::cpu::attention_forward(y, reinterpret_cast<T*>(saved), qkv, B, Tn, C, NH, mask);
   }
-  void attention_backward(T* dqkv, const T* dy, const T* qkv, const std::byte* saved,
+  /// y is not used: the host's backward sums att * datt from the probabilities it saved.
+  void attention_backward(T* dqkv, const T* dy, const T* qkv, const T* y, const std::byte* saved,
                           std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
                           const ops::cpu::DropoutMask& mask) override {
+    (void)y;
     ops::cpu::attention_backward(dqkv, dy, qkv, reinterpret_cast<const T*>(saved), B, Tn, C, NH,
                                  mask);
   }

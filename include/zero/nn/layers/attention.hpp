@@ -50,11 +50,12 @@ class CausalSelfAttention final : public Layer<T> {
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, C_));
     mask_ = mask(ctx);
     kernels.attention_forward(y.data(), saved_.data(), qkv_.data(), B_, T_, C_, heads_, mask_);
+    y_ = y;
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
-    kernels_of(ctx).attention_backward(ctx.dx.data(), ctx.dy.data(), qkv_.data(), saved_.data(), B_,
-                                       T_, C_, heads_, mask_);
+    kernels_of(ctx).attention_backward(ctx.dx.data(), ctx.dy.data(), qkv_.data(), y_.data(),
+                                       saved_.data(), B_, T_, C_, heads_, mask_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
@@ -67,9 +68,9 @@ class CausalSelfAttention final : public Layer<T> {
   }
 
   bool parks() const override { return true; }
-  std::any park() override { return nn::park_members(B_, T_, C_, qkv_, saved_, mask_); }
+  std::any park() override { return nn::park_members(B_, T_, C_, qkv_, y_, saved_, mask_); }
   void resume(std::any saved) override {
-    nn::resume_members(saved, B_, T_, C_, qkv_, saved_, mask_);
+    nn::resume_members(saved, B_, T_, C_, qkv_, y_, saved_, mask_);
   }
 
  private:
@@ -84,7 +85,7 @@ class CausalSelfAttention final : public Layer<T> {
   std::string site_;
   std::uint64_t seed_;
   std::int64_t B_ = 0, T_ = 0, C_ = 0;
-  Tensor<T> qkv_;
+  Tensor<T> qkv_, y_;        // the forward's input and output (the layers after it only read y)
   Tensor<std::byte> saved_;  // what the kernels keep for backward
   ops::cpu::DropoutMask mask_;
 };

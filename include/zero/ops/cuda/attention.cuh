@@ -13,7 +13,8 @@
 // owning output channels d, d + 32, ...; keys after the row (causal) and past T are masked.
 //
 // Backward (no atomics, so deterministic): delta[t] = sum_t2 p * dp is the host's
-// sum_j att[j] dp[j] (computed from the probabilities, not from dout . out), then
+// sum_j att[j] dp[j] (computed from the probabilities here; the tensor-core kernels take it from
+// dout . out instead when the caller passes the forward's output, see attention_mma.cuh), then
 //   dq kernel:   warp per query row, over key tiles: ds = p (dp - delta) scale, dq += ds k
 //   dkdv kernel: warp per key row, over query tiles: dv += dropout(p) dout, dk += ds q
 // Each gradient element is owned by one lane, which adds into dqkv (+=, rounded once).
@@ -363,11 +364,14 @@ void attention_forward(T* out, float* lse, const T* qkv, std::int64_t B, std::in
   attention_forward(out, lse, qkv, B, Tn, C, NH, DropoutMask{}, stream);
 }
 
-/// Accumulates dqkv [B, T, 3C] from dout [B, T, C], the forward input qkv and its lse; dropout
-/// must be the forward's mask. Uses B*NH*T floats of stream-ordered scratch.
+/// Accumulates dqkv [B, T, 3C] from dout [B, T, C], the forward input qkv, its output out (may be
+/// null) and its lse; dropout must be the forward's mask. Uses B*NH*T floats of stream-ordered
+/// scratch. Given out, the tensor-core kernels take delta = rowsum(dout * out) from a small
+/// kernel instead of a first pass over the keys (attention_mma.cuh); the CUDA-core kernels always
+/// make that pass.
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, std::int64_t B,
-                        std::int64_t Tn, std::int64_t C, std::int64_t NH,
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                        std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
                         const DropoutMask& dropout, cudaStream_t stream) {
   if (B == 0 || Tn == 0) return;
   const int hs = detail::flash_head_size(B, Tn, C, NH, "attention_backward");
@@ -377,12 +381,12 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, 
                   static_cast<unsigned>(B * NH));
   const int Ti = static_cast<int>(Tn), Ci = static_cast<int>(C), NHi = static_cast<int>(NH);
   float* d = delta.as<float>();
-  if (mma::takes<T>(hs, {dqkv, dout, qkv})) {  // bf16/f16, head size 64 or 128: tensor cores
+  if (mma::takes<T>(hs, {dqkv, dout, qkv, out})) {  // bf16/f16, head 64 or 128: tensor cores
     const int Bi = static_cast<int>(B);
     if (hs == 64) {
-      mma::backward<T, 64>(dqkv, d, dout, qkv, lse, Bi, Ti, Ci, NHi, scale, dropout, stream);
+      mma::backward<T, 64>(dqkv, d, dout, qkv, out, lse, Bi, Ti, Ci, NHi, scale, dropout, stream);
     } else {
-      mma::backward<T, 128>(dqkv, d, dout, qkv, lse, Bi, Ti, Ci, NHi, scale, dropout, stream);
+      mma::backward<T, 128>(dqkv, d, dout, qkv, out, lse, Bi, Ti, Ci, NHi, scale, dropout, stream);
     }
     return;
   }
@@ -397,11 +401,19 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, 
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
+/// attention_backward without the forward's output: delta from the probabilities.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, std::int64_t B,
+                        std::int64_t Tn, std::int64_t C, std::int64_t NH,
+                        const DropoutMask& dropout, cudaStream_t stream) {
+  attention_backward<T>(dqkv, dout, qkv, nullptr, lse, B, Tn, C, NH, dropout, stream);
+}
+
 /// attention_backward without dropout.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, std::int64_t B,
                         std::int64_t Tn, std::int64_t C, std::int64_t NH, cudaStream_t stream) {
-  attention_backward(dqkv, dout, qkv, lse, B, Tn, C, NH, DropoutMask{}, stream);
+  attention_backward<T>(dqkv, dout, qkv, nullptr, lse, B, Tn, C, NH, DropoutMask{}, stream);
 }
 
 }  // namespace zero::ops::cuda

@@ -14,8 +14,10 @@
 // rounded to T as the host rounds its saved probabilities. The softmax (max, exp, sums) runs in
 // float on the accumulators.
 //   forward:  S = Q K^T, online softmax, O += P V; out = O / l, lse = m + log l
-//   dq:       pass 1 delta = rowsum(P * dP) (the host's sum_j att dp, not dO . O), pass 2
-//             dS = P (dP - delta) scale, dQ += dS K, with dP = dO V^T
+//   dq:       pass 1 delta = rowsum(P * dP) (the host's sum_j att dp), pass 2
+//             dS = P (dP - delta) scale, dQ += dS K, with dP = dO V^T; or, given the forward's
+//             output O, delta = rowsum(dO * O) first (FlashAttention-2's form, the same sum up to
+//             O's rounding to T: O_t = sum_j dropout(P_tj) V_j) and one pass over the keys
 //   dkdv:     per key block over the query tiles after it: S^T = K Q^T, P^T = exp(S^T - lse),
 //             dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q
 // Shared rows are padded by 8 elements so the 8 rows an ldmatrix reads fall in distinct banks.
@@ -400,8 +402,30 @@ __global__ void __launch_bounds__(block_threads)
 
 // ---- backward: dq (and delta) -------------------------------------------------------------------
 
-/// Block (blockIdx.x: 64 query rows; blockIdx.y: b * NH + h): delta and dq += dS K.
+/// One thread per row (b, t, h): delta[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d], in
+/// float from 16-byte loads.
 template <class T, int HD>
+__global__ void delta_kernel(float* delta, const T* out, const T* dout, int B, int Tn, int NH) {
+  constexpr int P = pack_size<T>;
+  const std::int64_t rows = static_cast<std::int64_t>(B) * Tn * NH;
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows) return;
+  const auto* o = reinterpret_cast<const Pack<T>*>(out + i * HD);  // row (b, t), head h
+  const auto* g = reinterpret_cast<const Pack<T>*>(dout + i * HD);
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < HD / P; ++k) {
+    const Pack<T> op = o[k], gp = g[k];
+#pragma unroll
+    for (int j = 0; j < P; ++j) sum += load(op.v[j]) * load(gp.v[j]);
+  }
+  const std::int64_t h = i % NH, bt = i / NH, b = bt / Tn, t = bt % Tn;
+  delta[(b * NH + h) * Tn + t] = sum;
+}
+
+/// Block (blockIdx.x: 64 query rows; blockIdx.y: b * NH + h): dq += dS K, with delta computed
+/// here from P and dP (written to delta for the dk/dv kernel) or, GivenDelta, read from delta.
+template <class T, int HD, bool GivenDelta>
 __global__ void __launch_bounds__(block_threads)
     backward_dq_kernel(T* dqkv, float* delta, const T* dout, const T* qkv, const float* lse, int Tn,
                        int C, int NH, float scale, cpu::DropoutMask dropout) {
@@ -477,18 +501,28 @@ __global__ void __launch_bounds__(block_threads)
     return slices > 0;
   };
 
-  float delta_part[2] = {0.0f, 0.0f};
-  stream_tiles<T, HD>(k_buf, v_buf, LD, head + C, stride, head + 2 * C, stride, 0, kv_end, KT, Tn,
-                      [&](const T* k_s, const T* v_s, int k0, int) {  // pass 1: delta
-                        float p[KT / 8][4], dp[KT / 8][4];
-                        if (!scores(k_s, v_s, k0, p, dp)) return;
+  float delta_r[2];
+  if constexpr (GivenDelta) {
 #pragma unroll
-                        for (int nt = 0; nt < KT / 8; ++nt) {
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + r * 8;
+      delta_r[r] = row < Tn ? delta[static_cast<std::int64_t>(bh) * Tn + row] : 0.0f;
+    }
+  } else {
+    float delta_part[2] = {0.0f, 0.0f};
+    stream_tiles<T, HD>(k_buf, v_buf, LD, head + C, stride, head + 2 * C, stride, 0, kv_end, KT, Tn,
+                        [&](const T* k_s, const T* v_s, int k0, int) {  // pass 1: delta
+                          float p[KT / 8][4], dp[KT / 8][4];
+                          if (!scores(k_s, v_s, k0, p, dp)) return;
 #pragma unroll
-                          for (int e = 0; e < 4; ++e) delta_part[e >> 1] += p[nt][e] * dp[nt][e];
-                        }
-                      });
-  const float delta_r[2] = {quad_sum(delta_part[0]), quad_sum(delta_part[1])};
+                          for (int nt = 0; nt < KT / 8; ++nt) {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) delta_part[e >> 1] += p[nt][e] * dp[nt][e];
+                          }
+                        });
+    delta_r[0] = quad_sum(delta_part[0]);
+    delta_r[1] = quad_sum(delta_part[1]);
+  }
 
   float dq[HD / 8][4] = {};
   stream_tiles<T, HD>(k_buf, v_buf, LD, head + C, stride, head + 2 * C, stride, 0, kv_end, KT, Tn,
@@ -515,7 +549,7 @@ __global__ void __launch_bounds__(block_threads)
                       });
   add_rows<T, HD>(dqkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD, stride, dq, row0, Tn,
                   lane);
-  if ((lane & 3) == 0) {
+  if (!GivenDelta && (lane & 3) == 0) {
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + r * 8;
       if (row < Tn) delta[static_cast<std::int64_t>(bh) * Tn + row] = delta_r[r];
@@ -675,13 +709,25 @@ void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, flo
          NH, scale, dropout);
 }
 
+/// The backward into dqkv; delta is B*NH*T floats of scratch. out (the forward's output, may be
+/// null) gives delta as rowsum(dout * out) and dq one pass over the keys.
 template <class T, int HD>
-void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const float* lse, int B, int Tn,
-              int C, int NH, float scale, const cpu::DropoutMask& dropout, cudaStream_t stream) {
+void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out, const float* lse,
+              int B, int Tn, int C, int NH, float scale, const cpu::DropoutMask& dropout,
+              cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((Tn + block_rows - 1) / block_rows),
                   static_cast<unsigned>(B * NH));
-  launch(backward_dq_kernel<T, HD>, grid, dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv,
-         lse, Tn, C, NH, scale, dropout);
+  if (out != nullptr) {
+    const std::int64_t rows = static_cast<std::int64_t>(B) * Tn * NH;
+    delta_kernel<T, HD><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(
+        delta, out, dout, B, Tn, NH);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    launch(backward_dq_kernel<T, HD, true>, grid, dq_shared_bytes<T, HD>(), stream, dqkv, delta,
+           dout, qkv, lse, Tn, C, NH, scale, dropout);
+  } else {
+    launch(backward_dq_kernel<T, HD, false>, grid, dq_shared_bytes<T, HD>(), stream, dqkv, delta,
+           dout, qkv, lse, Tn, C, NH, scale, dropout);
+  }
   launch(backward_dkdv_kernel<T, HD>, grid, dkdv_shared_bytes<T, HD>(), stream, dqkv, dout, qkv,
          lse, static_cast<const float*>(delta), Tn, C, NH, scale, dropout);
 }
