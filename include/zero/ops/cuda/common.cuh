@@ -176,6 +176,10 @@ class DeviceScratch {
       : data_(allocate_async(bytes, stream, "ops::cuda scratch")), stream_(stream) {}
   DeviceScratch(const DeviceScratch&) = delete;
   DeviceScratch& operator=(const DeviceScratch&) = delete;
+  /// Takes other's memory (other is left empty).
+  DeviceScratch(DeviceScratch&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), stream_(other.stream_) {}
+  DeviceScratch& operator=(DeviceScratch&&) = delete;
   ~DeviceScratch() {
     if (data_ != nullptr) cudaFreeAsync(data_, stream_);
   }

@@ -6,13 +6,15 @@
 //   backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
 // Gradients accumulate (+=, GEMM beta = 1) like the host's. The bias gradient is a column sum in
 // a fixed order (no atomics): 32 columns per block, 8 row slices added in slice order.
-// Rows of OC elements that are not a whole number of 16 bytes (GPT-2's vocabulary, 50257) make
-// every row of out and dout start off a 16-byte boundary, and cuBLASLt's tensor-core kernels then
-// refuse the leading dimension: the fallback ran the LM head at about a tenth of the GEMM rate.
-// Such a layer goes through a scratch copy whose rows are padded to 16 bytes: the forward's GEMM
-// writes the padded rows and a copy packs them into out; the backward copies dout into padded
-// rows first. The products, and so the results, are those of the GEMM on padded rows (the pad is
-// never read into a sum).
+// An OC that is not a whole number of 16-byte packs (GPT-2's vocabulary, 50257) ran the LM head's
+// GEMMs at 95-145 TFLOP/s on an H200 against 870 for the same shapes at OC = 50264, whatever the
+// leading dimensions (measured: an odd OC keeps cuBLASLt off its fast tensor-core kernels, as
+// llm.c and Megatron avoid by padding the vocabulary). Such a layer runs its GEMMs at OC padded to
+// whole packs (padded_row) on scratch copies: the weight (and bias) with zero rows after OC, the
+// output and dout with zero columns after OC, and in the backward the weight gradient, copied in
+// and out around a beta = 1 GEMM. The zero rows and columns add exact zeros to every sum, so the
+// values are those of the GEMM on the unpadded shapes; the copies cost a few passes over the
+// weight and the output per call.
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/linear.cuh needs nvcc; host-only code includes zero/ops/cpu/linear.hpp"
 #endif
@@ -92,11 +94,24 @@ __global__ void pad_rows_kernel(T* padded, const T* dense, std::int64_t rows, st
   }
 }
 
-/// True when rows of OC elements are not a whole number of 16 bytes and so go through padded
-/// scratch (see the file comment).
+/// True when OC is not a whole number of 16-byte packs and so the GEMMs run on padded copies
+/// (see the file comment).
 template <class T>
 bool linear_pads_rows(std::int64_t OC) {
   return OC % pack_size<T> != 0;
+}
+
+/// padded [ld] = v [n] and zeros after it, in scratch ordered on stream (ld >= n): a weight
+/// [OC, C] padded to [padded_row(OC), C] is its OC * C elements and zero rows.
+template <class T>
+DeviceScratch padded_copy(const T* v, std::int64_t n, std::int64_t ld, cudaStream_t stream) {
+  DeviceScratch out(static_cast<std::size_t>(ld) * sizeof(T), stream);
+  if (ld == 0) return out;
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(out.as<T>(), v, static_cast<std::size_t>(n) * sizeof(T),
+                                  cudaMemcpyDeviceToDevice, stream));
+  ZERO_CUDA_CHECK(
+      cudaMemsetAsync(out.as<T>() + n, 0, static_cast<std::size_t>(ld - n) * sizeof(T), stream));
+  return out;
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -112,9 +127,12 @@ void linear_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, con
     return;
   }
   const std::int64_t ld = padded_row<T>(OC);
+  const DeviceScratch w = padded_copy(weight, OC * C, ld * C, stream);
+  const DeviceScratch b =
+      padded_copy(bias, bias != nullptr ? OC : 0, bias != nullptr ? ld : 0, stream);
   DeviceScratch padded(static_cast<std::size_t>(N * ld) * sizeof(T), stream);
-  gemm<T>(ctx, Trans::no, Trans::yes, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, padded.as<T>(), ld,
-          epilogue, bias, stream);
+  gemm<T>(ctx, Trans::no, Trans::yes, N, ld, C, 1.0f, inp, C, w.as<T>(), C, 0.0f, padded.as<T>(),
+          ld, epilogue, b.as<T>(), stream);
   pack_rows_kernel<T>
       <<<grid_for(N * OC / pack_size<T> + pack_size<T>), elementwise_threads, 0, stream>>>(
           out, padded.as<T>(), N, OC, ld);
@@ -138,21 +156,31 @@ void linear_backward(GemmContext& ctx, T* dinp, T* dweight, T* dbias, const T* d
                      const T* weight, std::int64_t N, std::int64_t C, std::int64_t OC,
                      bool overwrite_dinp, cudaStream_t stream) {
   const bool pads = linear_pads_rows<T>(OC) && N > 0 && (dinp != nullptr || dweight != nullptr);
-  const std::int64_t ld = pads ? padded_row<T>(OC) : OC;
-  DeviceScratch padded(pads ? static_cast<std::size_t>(N * ld) * sizeof(T) : 0, stream);
+  // Padded, the GEMMs run at OP = padded_row(OC) on dout with zero columns after OC, the weight
+  // with zero rows after OC, and a copy of dweight with zero rows (copied back after).
+  const std::int64_t OP = pads ? padded_row<T>(OC) : OC;
+  DeviceScratch padded(pads ? static_cast<std::size_t>(N * OP) * sizeof(T) : 0, stream);
   const T* dy = dout;
   if (pads) {
-    pad_rows_kernel<T><<<grid_for(N * ld / pack_size<T>), elementwise_threads, 0, stream>>>(
-        padded.as<T>(), dout, N, OC, ld);
+    pad_rows_kernel<T><<<grid_for(N * OP / pack_size<T>), elementwise_threads, 0, stream>>>(
+        padded.as<T>(), dout, N, OC, OP);
     ZERO_CUDA_CHECK(cudaGetLastError());
     dy = padded.as<T>();
   }
   if (dinp != nullptr) {
-    gemm<T>(ctx, Trans::no, Trans::no, N, C, OC, 1.0f, dy, ld, weight, C,
+    const DeviceScratch w = padded_copy(weight, pads ? OC * C : 0, pads ? OP * C : 0, stream);
+    gemm<T>(ctx, Trans::no, Trans::no, N, C, OP, 1.0f, dy, OP, pads ? w.as<T>() : weight, C,
             overwrite_dinp ? 0.0f : 1.0f, dinp, C, stream);
   }
   if (dweight != nullptr) {
-    gemm<T>(ctx, Trans::yes, Trans::no, OC, C, N, 1.0f, dy, ld, inp, C, 1.0f, dweight, C, stream);
+    const DeviceScratch dw = padded_copy(dweight, pads ? OC * C : 0, pads ? OP * C : 0, stream);
+    gemm<T>(ctx, Trans::yes, Trans::no, OP, C, N, 1.0f, dy, OP, inp, C, 1.0f,
+            pads ? dw.as<T>() : dweight, C, stream);
+    if (pads) {
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(dweight, dw.as<T>(),
+                                      static_cast<std::size_t>(OC * C) * sizeof(T),
+                                      cudaMemcpyDeviceToDevice, stream));
+    }
   }
   if (dbias != nullptr && OC > 0) {
     column_sums<T, 1>({{dbias}}, BiasGradTerm<T>{dout, static_cast<int>(OC)}, N, OC,
