@@ -9,6 +9,9 @@
 # files (scripts/check-format.sh) fail the run too, but only after the tests ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache hashes paths relative to the clone and leaves the build directory out of debug builds'
+# hashes, so a clean clone at another path reuses what an earlier clone compiled.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 
 bash scripts/install-deps.sh
 if [ "${1:-}" = "--sanitize" ]; then
