@@ -35,8 +35,10 @@ macro(zero_find_component _comp _out)
     # dnnl_gemm.hpp sets OpenMP's thread count while it creates a primitive (the determinism
     # rule), so zero::dnnl brings OpenMP with it.
     # Debian's dnnl-config.cmake does find_package(OpenCL REQUIRED), which stops the whole
-    # configure where the OpenCL development files are missing; look for OpenCL first so that
-    # only this optional part goes.
+    # configure where the OpenCL development files (ocl-icd-opencl-dev) are missing; look for
+    # OpenCL first so that only this optional part goes. install-deps.sh does not install them:
+    # on an AMD EPYC (AVX2) oneDNN 2.6's f32 matmul gave different bits at 1 and 2 threads, which
+    # zero's determinism tests catch (docs/models.md).
     find_package(OpenCL QUIET)
     if(OpenCL_FOUND)
       find_package(dnnl CONFIG QUIET)

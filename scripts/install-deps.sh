@@ -7,7 +7,6 @@ packages=(
   cmake ninja-build g++ ccache pkg-config git clang-format
   catch2 nlohmann-json3-dev
   libopenblas-dev libdnnl-dev  # oneDNN: bf16 GEMM on AMX / AVX512-BF16 (optional part zero::dnnl)
-  ocl-icd-opencl-dev  # dnnl-config.cmake requires OpenCL (Debian's oneDNN is built with its GPU runtime)
   libboost-mpi-dev libopenmpi-dev openmpi-bin
   liburing-dev
   python3-matplotlib  # scripts/plot_metrics.py (its test skips without it)
