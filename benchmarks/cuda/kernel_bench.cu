@@ -202,7 +202,9 @@ int main(int argc, char** argv) {
   bandwidth("embedding_forward", 3 * nc * e, [&] {
     gpu::embedding_forward<bf16>(z.get(), tokens.get(), wte.get(), wpe.get(), B, Tn, C, V, stream);
   });
-  bandwidth("embedding_backward", 2 * nc * e, [&] {
+  // The bytes it must move: dout read for dwte and again for dwpe, each distinct token's dwte row
+  // read and written (the tokens below are all distinct), dwpe read and written.
+  bandwidth("embedding_backward", (4 * nc + 2.0 * Tn * C) * e, [&] {
     gpu::embedding_backward<bf16>(wte.get(), wpe.get(), x.get(), tokens.get(), B, Tn, C, stream);
   });
   {
@@ -228,7 +230,7 @@ int main(int argc, char** argv) {
       gpu::cross_entropy_backward<bf16>(logits.get(), logits.get(), tokens.get(), N, V, 1.0f, N,
                                         row_stats.get(), stream);
     });
-    // Without them: the row's maximum and sum again first (three passes).
+    // Without them: the row's maximum and sum again first (two passes).
     bandwidth("cross_entropy_backward_inplace_no_row_stats", 2 * nv * e, [&] {
       gpu::cross_entropy_backward<bf16>(logits.get(), logits.get(), tokens.get(), N, V, 1.0f,
                                         stream);

@@ -86,14 +86,29 @@ struct ScalarOps {
   }
 };
 
+/// Elements that share one Philox call's 128 bits of rounding bits (16 bits each).
+inline constexpr int rounding_group = 8;
+
+/// The 128 random bits of stochastic-rounding group group (elements [8 group, 8 group + 8)) at
+/// step step under key.
+ZERO_HOST_DEVICE Philox4x32::Counter rounding_words(std::uint64_t key, std::uint32_t step,
+                                                    std::uint64_t group) {
+  return CounterRng(key).words(group, step);
+}
+
+/// Element index's 16 bits out of its group's words (rounding_words of index / 8).
+ZERO_HOST_DEVICE std::uint32_t rounding_bits_in(const Philox4x32::Counter& words,
+                                                std::uint64_t index) {
+  const std::uint32_t word = words[(index >> 1) & 3u];
+  return (index & 1u) != 0 ? (word >> 16) : (word & 0xffffu);
+}
+
 /// 16 random bits for stochastic rounding of element index at step step under key: one Philox
 /// call yields 128 bits, shared by 8 consecutive elements, so a vector of 8 needs one call and
 /// every path (scalar, SIMD, CUDA) gets the same bits for the same element.
 ZERO_HOST_DEVICE std::uint32_t rounding_bits(std::uint64_t key, std::uint32_t step,
                                              std::uint64_t index) {
-  const auto words = CounterRng(key).words(index >> 3, step);
-  const std::uint32_t word = words[(index >> 1) & 3u];
-  return (index & 1u) != 0 ? (word >> 16) : (word & 0xffffu);
+  return rounding_bits_in(rounding_words(key, step, index / rounding_group), index);
 }
 
 }  // namespace zero::optim

@@ -42,6 +42,7 @@ using zero::convert;
 using zero::CounterRng;
 using zero::f16;
 namespace optim = zero::optim;
+using zero::test::as_float;
 using zero::test::check_close;
 using zero::test::DeviceVector;
 using zero::test::random_vector;
@@ -236,6 +237,23 @@ TEMPLATE_TEST_CASE("dropout draws the host's mask and equals the host bit for bi
       CHECK(same_bits(d_dx.download(), dx));
     }
   }
+  // Pointers off 16-byte alignment take the element-at-a-time path; the mask is the same.
+  {
+    const std::int64_t n = 1001;
+    const auto x = random_vector<T>(static_cast<std::size_t>(n) + 1, 24);
+    DeviceVector<T> d_x(x), d_y(x.size());
+    gpu::dropout_forward<T>(d_y.get() + 1, d_x.get() + 1, n, 0.3, rng, 7, nullptr);
+    std::vector<T> y(x.size());
+    cpu::dropout_forward<T>(y.data() + 1, x.data() + 1, n, 0.3, rng, 7);
+    auto got = d_y.download();
+    got[0] = y[0];  // never written on either side
+    CHECK(same_bits(got, y));
+    auto dx = random_vector<T>(x.size(), 25);
+    DeviceVector<T> d_dx(dx);
+    gpu::dropout_backward<T>(d_dx.get() + 1, d_x.get() + 1, n, 0.3, rng, 7, nullptr);
+    cpu::dropout_backward<T>(dx.data() + 1, x.data() + 1, n, 0.3, rng, 7);
+    CHECK(same_bits(d_dx.download(), dx));
+  }
   // Negative control: another stream draws another mask.
   const auto x = std::vector<T>(4096, T(1.0f));
   DeviceVector<T> d_x(x), d_y(x.size());
@@ -326,6 +344,22 @@ TEMPLATE_TEST_CASE("embedding forward and backward equal the host bit for bit, r
     cpu::embedding_forward<T>(out.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T, s.C,
                               s.V);
     CHECK(same_bits(d_out.download(), out));
+    // Without positions (wpe null), and a token outside [0, V): its row is NaN on the device.
+    gpu::embedding_forward<T>(d_out.get(), d_tokens.get(), d_wte.get(), nullptr, s.B, s.T, s.C, s.V,
+                              nullptr);
+    cpu::embedding_forward<T>(out.data(), tokens.data(), wte.data(), nullptr, s.B, s.T, s.C, s.V);
+    CHECK(same_bits(d_out.download(), out));
+    {
+      auto bad = tokens;
+      bad.back() = static_cast<std::int32_t>(s.V);
+      DeviceVector<std::int32_t> d_bad(bad);
+      gpu::embedding_forward<T>(d_out.get(), d_bad.get(), d_wte.get(), d_wpe.get(), s.B, s.T, s.C,
+                                s.V, nullptr);
+      const auto got = d_out.download();
+      CHECK(std::all_of(got.end() - s.C, got.end(), [](T v) { return std::isnan(as_float(v)); }));
+      CHECK(
+          std::none_of(got.begin(), got.end() - s.C, [](T v) { return std::isnan(as_float(v)); }));
+    }
 
     const auto dout = random_vector<T>(out.size(), seed++);
     auto dwte = random_vector<T>(wte.size(), seed++);
@@ -439,6 +473,19 @@ TEST_CASE("conversions round to nearest even and stochastically as the host does
   CHECK(same_bits(d_bf.download(), bf));
   CHECK(same_bits(d_h.download(), h));
   CHECK(same_bits(d_sr.download(), sr));
+  // The other paths: a first index inside a rounding group (each element draws its group's
+  // bits), and pointers off 16-byte alignment (one element at a time).
+  gpu::round_stochastic_bf16<float>(d_sr.get(), d_x.get(), n, key, 5, 1003, nullptr);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    sr[i] = bf16::from_bits(bf16::round_stochastic(x[i], optim::rounding_bits(key, 5, 1003 + i)));
+  }
+  CHECK(same_bits(d_sr.download(), sr));
+  ZERO_CUDA_CHECK(cudaMemset(d_bf.get(), 0, x.size() * sizeof(bf16)));
+  gpu::convert_elements<bf16, float>(d_bf.get() + 1, d_x.get() + 1, n - 1, nullptr);
+  std::vector<bf16> shifted = bf;
+  shifted[0] = bf16::from_bits(0);
+  CHECK(same_bits(d_bf.download(), shifted));
+  gpu::convert_elements<bf16, float>(d_bf.get(), d_x.get(), n, nullptr);
   // Widening back is exact.
   DeviceVector<float> d_back(x.size());
   gpu::convert_elements<float, bf16>(d_back.get(), d_bf.get(), n, nullptr);
@@ -447,9 +494,28 @@ TEST_CASE("conversions round to nearest even and stochastically as the host does
   CHECK(same_bits(d_back.download(), back));
 }
 
-TEMPLATE_TEST_CASE("sum of squares and the non-finite count over CUB", "[cuda]", float, bf16) {
+TEMPLATE_TEST_CASE("sum of squares and the non-finite count over CUB block reductions", "[cuda]",
+                   float, bf16) {
   using T = TestType;
-  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{1 << 20}}) {
+  {
+    // n = 0, and a pointer off 16-byte alignment (element loads): the same sums, run to run.
+    DeviceVector<double> d_sum(1);
+    const auto g = random_vector<T>(4097, 40, -3.0f, 3.0f);
+    DeviceVector<T> d_g(g);
+    gpu::sum_squares<T>(d_sum.get(), d_g.get(), 0, nullptr);
+    CHECK(d_sum.download()[0] == 0.0);
+    double host = 0.0;
+    for (std::size_t i = 1; i < g.size(); ++i) {
+      host += static_cast<double>(static_cast<float>(g[i])) * static_cast<float>(g[i]);
+    }
+    gpu::sum_squares<T>(d_sum.get(), d_g.get() + 1, 4096, nullptr);
+    const double first = d_sum.download()[0];
+    CHECK(std::fabs(first - host) <= 1e-10 * host);
+    gpu::sum_squares<T>(d_sum.get(), d_g.get() + 1, 4096, nullptr);
+    CHECK(d_sum.download()[0] == first);
+  }
+  for (const std::int64_t n :
+       {std::int64_t{1}, std::int64_t{1000}, std::int64_t{1 << 20}, std::int64_t{(1 << 22) + 3}}) {
     auto g = random_vector<T>(static_cast<std::size_t>(n), 41, -3.0f, 3.0f);
     DeviceVector<T> d_g(g);
     double host = 0.0;

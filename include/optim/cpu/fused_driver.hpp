@@ -46,9 +46,17 @@ inline void store_lowp(const FusedIo& io, std::size_t i, const V& p, std::uint32
   } else if (io.rounding == Rounding::nearest_even) {
     O::store_bf16(out, p);
   } else {
+    // One Philox call per group of rounding_group elements, not one per lane.
     std::uint32_t bits[O::width];
+    std::uint64_t group = ~std::uint64_t{0};
+    Philox4x32::Counter words{};
     for (int lane = 0; lane < O::width; ++lane) {
-      bits[lane] = rounding_bits(io.rounding_key, step, io.first_index + i + lane);
+      const std::uint64_t index = io.first_index + i + static_cast<std::uint64_t>(lane);
+      if (index / rounding_group != group) {
+        group = index / rounding_group;
+        words = rounding_words(io.rounding_key, step, group);
+      }
+      bits[lane] = rounding_bits_in(words, index);
     }
     O::store_bf16_stochastic(out, p, bits);
   }

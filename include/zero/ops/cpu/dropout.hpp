@@ -4,8 +4,9 @@
 // recomputed under activation checkpointing, redraws exactly the forward's mask.
 // DropoutMask's member functions are ZERO_HOST_DEVICE: the CUDA kernels (zero/ops/cuda/dropout.cuh,
 // attention.cuh) call these very functions, so host and device masks are equal by construction.
-// On the host, float, bf16 and f16 draw the mask one element at a time (DropoutMask::keep) and
-// scale a vector of elements at once through the dispatched kernels (isa_dispatch.hpp).
+// One Philox call (four 32-bit words) decides four consecutive elements. On the host, float, bf16
+// and f16 draw a vector's mask one group of four at a time and scale the vector at once through
+// the dispatched kernels (isa_dispatch.hpp).
 
 #include <cstdint>
 
@@ -26,10 +27,20 @@ struct DropoutMask {
 
   /// True when elements are dropped at all.
   ZERO_HOST_DEVICE bool active() const { return p > 0.0; }
-  /// Whether element index is kept.
+  /// Elements decided by one Philox call: each of its four words decides one element.
+  static constexpr int group_size = 4;
+
+  /// Whether element index is kept: word index % 4 of group index / 4's words.
   ZERO_HOST_DEVICE bool keep(std::int64_t index) const {
-    return rng.words(static_cast<std::uint64_t>(index), stream)[0] >= threshold();
+    const auto i = static_cast<std::uint64_t>(index);
+    return kept(group_words(i / group_size)[i % group_size]);
   }
+  /// The random words deciding elements [4 g, 4 g + 4), one per element in order.
+  ZERO_HOST_DEVICE Philox4x32::Counter group_words(std::uint64_t g) const {
+    return rng.words(g, stream);
+  }
+  /// Whether an element whose random word is word is kept (probability 1 - p).
+  ZERO_HOST_DEVICE bool kept(std::uint32_t word) const { return word >= threshold(); }
   /// The factor kept elements are multiplied by, in the compute type A.
   template <class A>
   ZERO_HOST_DEVICE A scale() const {
@@ -48,8 +59,20 @@ namespace detail {
 // every element is kept and no draw is needed.
 inline void dropout_mask_words(std::uint32_t* words, const DropoutMask& mask, std::int64_t index,
                                int count) {
+  if (!mask.active()) {
+    for (int j = 0; j < count; ++j) words[j] = ~std::uint32_t{0};
+    return;
+  }
+  // One Philox call per group of DropoutMask::group_size elements, not one per element.
+  std::uint64_t group = ~std::uint64_t{0};
+  Philox4x32::Counter random{};
   for (int j = 0; j < count; ++j) {
-    words[j] = !mask.active() || mask.keep(index + j) ? ~std::uint32_t{0} : 0u;
+    const auto i = static_cast<std::uint64_t>(index + j);
+    if (i / DropoutMask::group_size != group) {
+      group = i / DropoutMask::group_size;
+      random = mask.group_words(group);
+    }
+    words[j] = mask.kept(random[i % DropoutMask::group_size]) ? ~std::uint32_t{0} : 0u;
   }
 }
 

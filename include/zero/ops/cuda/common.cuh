@@ -10,6 +10,7 @@
     "zero/ops/cuda/common.cuh needs nvcc; host-only code includes zero/ops/cpu/element_access.hpp"
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -58,31 +59,63 @@ struct alignas(16) Pack {
   T v[pack_size<T>];
 };
 
+/// P consecutive elements of T as whole 16-byte packs (P a multiple of pack_size<T>): the unit a
+/// kernel reads and writes when its operands have different widths (4 floats to a pack, 8 bf16).
+template <class T, int P>
+struct Chunk {
+  static_assert(P % pack_size<T> == 0, "Chunk: P must be a whole number of packs");
+  Pack<T> packs[P / pack_size<T>];
+  __device__ __forceinline__ T& operator[](int k) {
+    return packs[k / pack_size<T>].v[k % pack_size<T>];
+  }
+  __device__ __forceinline__ const T& operator[](int k) const {
+    return packs[k / pack_size<T>].v[k % pack_size<T>];
+  }
+};
+
+/// Elements per chunk of a kernel over the types Ts: the largest pack among them, so every
+/// operand moves whole 16-byte packs (8 for bf16 with float: one bf16 pack, two float packs).
+template <class... Ts>
+inline constexpr int chunk_size = std::max({pack_size<Ts>...});
+
+/// Chunked map, grid-stride: for each whole chunk c (elements [c P, c P + P) of n),
+/// out's chunk = chunk_op(c P, in's chunks...) read and written as 16-byte packs, then
+/// out[i] = element_op(i, in[i]...) for the tail; every pointer must be 16-byte aligned.
+/// chunk_op returns a Chunk<T, P>; element_op a T. out may alias an input.
+template <int P, class T, class ChunkOp, class ElementOp, class... In>
+__device__ __forceinline__ void map_chunks(T* out, std::int64_t n, const ChunkOp& chunk_op,
+                                           const ElementOp& element_op, const In*... in) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t chunks = n / P;
+  for (std::int64_t c = first; c < chunks; c += stride) {
+    reinterpret_cast<Chunk<T, P>*>(out)[c] =
+        chunk_op(c * P, reinterpret_cast<const Chunk<In, P>*>(in)[c]...);
+  }
+  for (std::int64_t i = chunks * P + first; i < n; i += stride) out[i] = element_op(i, in[i]...);
+}
+
 /// out[i] = op(in[i]...) for i < n, grid-stride (out may alias an input). Packed: every pointer
-/// is 16-byte aligned, and the first n / pack_size<T> packs are read and written 16 bytes at a
-/// time; the tail goes one element at a time. op maps the inputs' elements to a T.
+/// is 16-byte aligned, and whole chunks of chunk_size<T, In...> elements move as 16-byte packs;
+/// the tail goes one element at a time. op maps the inputs' elements to a T.
 template <class T, bool Packed, class Op, class... In>
 __device__ __forceinline__ void map_elements(T* out, std::int64_t n, const Op& op,
                                              const In*... in) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  std::int64_t done = 0;
+  const auto element_op = [&](std::int64_t, const In&... values) { return op(values...); };
   if constexpr (Packed) {
-    constexpr int P = pack_size<T>;
-    static_assert(((pack_size<In> == P) && ...), "map_elements: packs of one width");
-    const std::int64_t packs = n / P;
-    for (std::int64_t i = first; i < packs; i += stride) {
-      Pack<T> result;
-      const auto apply = [&](const Pack<In>&... values) {
+    constexpr int P = chunk_size<T, In...>;
+    const auto chunk_op = [&](std::int64_t, const Chunk<In, P>&... values) {
+      Chunk<T, P> result;
 #pragma unroll
-        for (int k = 0; k < P; ++k) result.v[k] = op(values.v[k]...);
-      };
-      apply(reinterpret_cast<const Pack<In>*>(in)[i]...);
-      reinterpret_cast<Pack<T>*>(out)[i] = result;
-    }
-    done = packs * P;
+      for (int k = 0; k < P; ++k) result[k] = op(values[k]...);
+      return result;
+    };
+    map_chunks<P>(out, n, chunk_op, element_op, in...);
+  } else {
+    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+    const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+    for (std::int64_t i = first; i < n; i += stride) out[i] = op(in[i]...);
   }
-  for (std::int64_t i = done + first; i < n; i += stride) out[i] = op(in[i]...);
 }
 
 /// True when every pointer is 16-byte aligned.

@@ -24,25 +24,47 @@ namespace zero::ops::cuda {
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-/// out[i] = zero::convert<To>(in[i]).
-template <class To, class From>
+/// out[i] = zero::convert<To>(in[i]) (Packed: 16-byte accesses, common.cuh's map_elements).
+template <class To, class From, bool Packed>
 __global__ void convert_kernel(To* out, const From* in, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = ::zero::convert<To>(in[i]);
-  }
+  map_elements<To, Packed>(
+      out, n, [](From x) { return ::zero::convert<To>(x); }, in);
 }
 
 /// out[i] = in[i] rounded stochastically to bf16 with the bits of element first_index + i.
-template <class From>
+/// Grouped (first_index a multiple of optim::rounding_group, every pointer 16-byte aligned): each
+/// chunk of 8 elements is one rounding group, so it makes one Philox call for its 8 elements and
+/// moves them as 16-byte packs; otherwise every element draws its own group's bits.
+template <class From, bool Grouped>
 __global__ void round_stochastic_kernel(bf16* out, const From* in, std::int64_t n,
                                         std::uint64_t key, std::uint32_t step,
                                         std::uint64_t first_index) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  const auto element = [&](std::int64_t i, From x) {
     const std::uint32_t random16 =
         optim::rounding_bits(key, step, first_index + static_cast<std::uint64_t>(i));
-    out[i] = bf16::from_bits(bf16::round_stochastic(load(in[i]), random16));
+    return bf16::from_bits(bf16::round_stochastic(load(x), random16));
+  };
+  if constexpr (Grouped) {
+    constexpr int P = optim::rounding_group;
+    static_assert(P == chunk_size<bf16, From>, "a chunk is one rounding group");
+    const auto chunk = [&](std::int64_t i, const Chunk<From, P>& x) {
+      const std::uint64_t index = first_index + static_cast<std::uint64_t>(i);
+      const auto words = optim::rounding_words(key, step, index / P);
+      Chunk<bf16, P> result;
+#pragma unroll
+      for (int k = 0; k < P; ++k) {
+        result[k] = bf16::from_bits(
+            bf16::round_stochastic(load(x[k]), optim::rounding_bits_in(words, index + k)));
+      }
+      return result;
+    };
+    map_chunks<P>(out, n, chunk, element, in);
+  } else {
+    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += stride) {
+      out[i] = element(i, in[i]);
+    }
   }
 }
 
@@ -52,7 +74,12 @@ __global__ void round_stochastic_kernel(bf16* out, const From* in, std::int64_t 
 template <class To, class From>
 void convert_elements(To* out, const From* in, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  convert_kernel<To, From><<<grid_for(n), elementwise_threads, 0, stream>>>(out, in, n);
+  if (aligned16({out, in})) {
+    convert_kernel<To, From, true>
+        <<<grid_for(n / chunk_size<To, From> + 1), elementwise_threads, 0, stream>>>(out, in, n);
+  } else {
+    convert_kernel<To, From, false><<<grid_for(n), elementwise_threads, 0, stream>>>(out, in, n);
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -63,8 +90,14 @@ template <class From>
 void round_stochastic_bf16(bf16* out, const From* in, std::int64_t n, std::uint64_t key,
                            std::uint32_t step, std::uint64_t first_index, cudaStream_t stream) {
   if (n == 0) return;
-  round_stochastic_kernel<From>
-      <<<grid_for(n), elementwise_threads, 0, stream>>>(out, in, n, key, step, first_index);
+  if (first_index % optim::rounding_group == 0 && aligned16({out, in})) {
+    round_stochastic_kernel<From, true>
+        <<<grid_for(n / optim::rounding_group + 1), elementwise_threads, 0, stream>>>(
+            out, in, n, key, step, first_index);
+  } else {
+    round_stochastic_kernel<From, false>
+        <<<grid_for(n), elementwise_threads, 0, stream>>>(out, in, n, key, step, first_index);
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

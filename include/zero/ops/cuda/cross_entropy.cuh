@@ -4,15 +4,16 @@
 // zero/ops/cpu/cross_entropy.hpp (mean over the tokens whose target is not cpu::ignore_index):
 //   loss = mean_n [ logsumexp(logits_n) - logits_n[target_n] ]
 //   dlogits_n = (softmax(logits_n) - onehot(target_n)) * dloss / valid     (0 for ignored rows)
-// One block per row streams over the vocabulary in chunks of its threads: a pass for the maximum,
-// a pass for the sum of exponentials (the host's two steps; no E[exp] rescaling). The forward can
-// keep each row's maximum and sum (row_stats, as the host twin does); a backward given them makes
-// one pass that reads the logits and writes the gradient, and without them it first makes the
-// forward's two passes again. No second logits-sized buffer exists: dlogits may be the logits
-// buffer itself (each element is read and then overwritten by one thread after the row's
-// reductions are complete).
-// A target outside [0, V) that is not ignore_index cannot throw on the device: its loss is NaN
-// (the host twin throws ShapeError).
+// One block per row streams over the vocabulary once, 16 bytes per thread at a time, keeping an
+// online softmax's running maximum and sum of exponentials per thread (rescaled when a pack brings
+// a new maximum), then merges the threads' pairs (the host makes two passes: maximum, then sum;
+// the results agree to float rounding). The forward can keep each row's maximum and sum
+// (row_stats, as the host twin does); a backward given them makes one pass that reads the logits
+// and writes the gradient, and without them it first makes the forward's pass again. No second
+// logits-sized buffer exists: dlogits may be the logits buffer itself (each element is read and
+// then overwritten by one thread after the row's reductions are complete). A target outside [0, V)
+// that is not ignore_index cannot throw on the device: its loss is NaN (the host twin throws
+// ShapeError).
 #if !defined(__CUDACC__)
 #error \
     "zero/ops/cuda/cross_entropy.cuh needs nvcc; host-only code includes zero/ops/cpu/cross_entropy.hpp"
@@ -49,22 +50,6 @@ struct RowPacks {
   }
 };
 
-/// Calls fn(v, x[v] as float) for every v < V, this thread's share of the block's row: 16-byte
-/// loads over the aligned middle of the row (a row of odd V starts at any 2-byte offset), single
-/// elements over its unaligned head and its tail.
-template <class T, class Fn>
-__device__ __forceinline__ void for_each_in_row(const T* x, int V, Fn&& fn) {
-  const RowPacks<T> row(x, V);
-  for (int v = threadIdx.x; v < row.head; v += blockDim.x) fn(v, load(x[v]));
-  const Pack<T>* body = reinterpret_cast<const Pack<T>*>(x + row.head);
-  for (int i = threadIdx.x; i < row.packs; i += blockDim.x) {
-    const Pack<T> p = body[i];
-#pragma unroll
-    for (int k = 0; k < pack_size<T>; ++k) fn(row.head + i * pack_size<T> + k, load(p.v[k]));
-  }
-  for (int v = row.tail + threadIdx.x; v < V; v += blockDim.x) fn(v, load(x[v]));
-}
-
 /// d[v] = fn(v, x[v] as float) rounded to T for every v < V, this thread's share of the block's
 /// row: 16 bytes at a time over the aligned middle when d and x sit at the same offset from a
 /// 16-byte boundary (d may be x), one element at a time otherwise. Each element is read before
@@ -91,16 +76,49 @@ __device__ __forceinline__ void transform_row(T* d, const T* x, int V, Fn&& fn) 
   for (int v = row.tail + threadIdx.x; v < V; v += blockDim.x) d[v] = store<T>(fn(v, load(x[v])));
 }
 
-/// The row's maximum and sum of exp(x - max), both on every thread of the block.
+/// Folds value into a running maximum m and sum s of exp(x - m) (online softmax): a new maximum
+/// rescales the sum. Elements at -inf add nothing, also while every element so far was -inf.
+__device__ __forceinline__ void online_softmax_add(float& m, float& s, float value) {
+  if (value > m) {
+    s = s * expf(m - value) + 1.0f;
+    m = value;
+  } else if (m != -INFINITY) {
+    s += expf(value - m);
+  }
+}
+
+/// The row's maximum and sum of exp(x - max), both on every thread of the block, in one pass over
+/// the row: each thread keeps its own running maximum and sum (rescaled once per 16-byte pack
+/// with a new maximum), and the block merges them, rescaling each thread's sum to the row's
+/// maximum. The thread split is fixed, so the result repeats bit for bit.
 template <class T>
 __device__ __forceinline__ void row_max_sum(const T* x, int V, float& maxval, float& sum) {
-  float m = -INFINITY;
-  for_each_in_row(x, V, [&](int, float value) { m = fmaxf(m, value); });
+  const RowPacks<T> row(x, V);
+  float m = -INFINITY, s = 0.0f;
+  for (int v = threadIdx.x; v < row.head; v += blockDim.x) online_softmax_add(m, s, load(x[v]));
+  const Pack<T>* body = reinterpret_cast<const Pack<T>*>(x + row.head);
+  for (int i = threadIdx.x; i < row.packs; i += blockDim.x) {
+    const Pack<T> p = body[i];
+    float values[pack_size<T>];
+    float pack_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < pack_size<T>; ++k) {
+      values[k] = load(p.v[k]);
+      pack_max = fmaxf(pack_max, values[k]);
+    }
+    if (pack_max > m) {
+      s *= expf(m - pack_max);
+      m = pack_max;
+    }
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int k = 0; k < pack_size<T>; ++k) s += expf(values[k] - m);
+    }
+  }
+  for (int v = row.tail + threadIdx.x; v < V; v += blockDim.x) online_softmax_add(m, s, load(x[v]));
   maxval = block_all_reduce<cross_entropy_threads>(m, MaxOp{});
-  float s = 0.0f;
-  const float mx = maxval;
-  for_each_in_row(x, V, [&](int, float value) { s += expf(value - mx); });
-  sum = block_all_reduce<cross_entropy_threads>(s, SumOp{});
+  const float rescaled = s == 0.0f ? 0.0f : s * expf(m - maxval);
+  sum = block_all_reduce<cross_entropy_threads>(rescaled, SumOp{});
 }
 
 /// One block per row: losses[n] = logsumexp - logit of the target (0 when ignored); row_stats
@@ -152,7 +170,7 @@ __global__ void __launch_bounds__(Threads)
 
 /// One block per row: dlogits[n] = (softmax - onehot) * dloss / valid, or zeros when ignored;
 /// valid is *valid_count when that is given, else fixed_valid; the row's max and sum come from
-/// row_stats when it is given (the forward's), else from two passes over the row.
+/// row_stats when it is given (the forward's), else from a pass over the row first.
 template <class T>
 __global__ void __launch_bounds__(cross_entropy_threads)
     cross_entropy_backward_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
@@ -251,7 +269,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-/// The chunk backward without the forward's row statistics (two more passes per row).
+/// The chunk backward without the forward's row statistics (one more pass per row).
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                             std::int64_t N, std::int64_t V, float dloss, std::int64_t valid,

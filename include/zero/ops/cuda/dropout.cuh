@@ -1,9 +1,10 @@
 #pragma once
 // zero-requires: cuda
 // Inverted dropout on the GPU; the twin of zero/ops/cpu/dropout.hpp. The keep decision is
-// cpu::DropoutMask::keep itself (a __host__ __device__ function over the Philox counter RNG of
-// core/rng.hpp), so the device draws exactly the host's mask for the same (rng, stream, index),
-// and the scale is DropoutMask::scale: kept f32 elements equal the host's bit for bit.
+// cpu::DropoutMask's own __host__ __device__ functions over the Philox counter RNG of core/rng.hpp
+// (keep for one element; group_words and kept for a 16-byte chunk, one Philox call per four
+// elements), so the device draws exactly the host's mask for the same (rng, stream, index), and
+// the scale is DropoutMask::scale: kept f32 elements equal the host's bit for bit.
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/dropout.cuh needs nvcc; host-only code includes zero/ops/cpu/dropout.hpp"
 #endif
@@ -23,23 +24,68 @@ using cpu::DropoutMask;
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-/// out[i] = keep(i) ? inp[i] * scale : 0.
-template <class T>
-__global__ void dropout_forward_kernel(T* out, const T* inp, std::int64_t n, DropoutMask mask) {
-  const float scale = mask.scale<float>();
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = mask.keep(i) ? store<T>(load(inp[i]) * scale) : store<T>(0.0f);
+/// Calls fn(k, kept) for the P elements of the chunk at element i (i a multiple of P, P a
+/// multiple of DropoutMask::group_size): one Philox call per group of four.
+template <int P, class Fn>
+__device__ __forceinline__ void for_chunk_mask(const DropoutMask& mask, std::int64_t i, Fn&& fn) {
+  constexpr int G = DropoutMask::group_size;
+  static_assert(P % G == 0, "a chunk is whole mask groups");
+#pragma unroll
+  for (int g = 0; g < P / G; ++g) {
+    const auto words = mask.group_words(static_cast<std::uint64_t>(i) / G + g);
+#pragma unroll
+    for (int k = 0; k < G; ++k) fn(g * G + k, mask.kept(words[k]));
   }
 }
 
-/// dinp[i] += keep(i) ? dout[i] * scale : 0 (dropped elements are not touched, as on the host).
-template <class T>
+/// out[i] = keep(i) ? inp[i] * scale : 0 (Packed: 16-byte chunks, one draw per group of four).
+template <class T, bool Packed>
+__global__ void dropout_forward_kernel(T* out, const T* inp, std::int64_t n, DropoutMask mask) {
+  const float scale = mask.scale<float>();
+  const auto element = [&](std::int64_t i, T x) {
+    return mask.keep(i) ? store<T>(load(x) * scale) : store<T>(0.0f);
+  };
+  if constexpr (Packed) {
+    constexpr int P = chunk_size<T>;
+    const auto chunk = [&](std::int64_t i, const Chunk<T, P>& x) {
+      Chunk<T, P> y;
+      for_chunk_mask<P>(mask, i, [&](int k, bool kept) {
+        y[k] = kept ? store<T>(load(x[k]) * scale) : store<T>(0.0f);
+      });
+      return y;
+    };
+    map_chunks<P>(out, n, chunk, element, inp);
+  } else {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      out[i] = element(i, inp[i]);
+    }
+  }
+}
+
+/// dinp[i] += keep(i) ? dout[i] * scale : 0; a dropped element keeps its bits, as on the host
+/// (Packed as in the forward).
+template <class T, bool Packed>
 __global__ void dropout_backward_kernel(T* dinp, const T* dout, std::int64_t n, DropoutMask mask) {
   const float scale = mask.scale<float>();
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if (mask.keep(i)) dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * scale);
+  const auto element = [&](std::int64_t i, T dx, T dy) {
+    return mask.keep(i) ? store<T>(load(dx) + load(dy) * scale) : dx;
+  };
+  if constexpr (Packed) {
+    constexpr int P = chunk_size<T>;
+    const auto chunk = [&](std::int64_t i, const Chunk<T, P>& dx, const Chunk<T, P>& dy) {
+      Chunk<T, P> r = dx;
+      for_chunk_mask<P>(mask, i, [&](int k, bool kept) {
+        if (kept) r[k] = store<T>(load(dx[k]) + load(dy[k]) * scale);
+      });
+      return r;
+    };
+    map_chunks<P>(dinp, n, chunk, element, static_cast<const T*>(dinp), dout);
+  } else {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      if (mask.keep(i)) dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * scale);
+    }
   }
 }
 
@@ -50,8 +96,14 @@ template <class T>
 void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const CounterRng& rng,
                      std::uint32_t stream_id, cudaStream_t stream) {
   if (n == 0) return;
-  dropout_forward_kernel<T><<<grid_for(n), elementwise_threads, 0, stream>>>(
-      out, inp, n, DropoutMask{p, rng, stream_id});
+  const DropoutMask mask{p, rng, stream_id};
+  if (aligned16({out, inp})) {
+    dropout_forward_kernel<T, true>
+        <<<grid_for(n / chunk_size<T> + 1), elementwise_threads, 0, stream>>>(out, inp, n, mask);
+  } else {
+    dropout_forward_kernel<T, false>
+        <<<grid_for(n), elementwise_threads, 0, stream>>>(out, inp, n, mask);
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -60,8 +112,14 @@ template <class T>
 void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const CounterRng& rng,
                       std::uint32_t stream_id, cudaStream_t stream) {
   if (n == 0) return;
-  dropout_backward_kernel<T><<<grid_for(n), elementwise_threads, 0, stream>>>(
-      dinp, dout, n, DropoutMask{p, rng, stream_id});
+  const DropoutMask mask{p, rng, stream_id};
+  if (aligned16({dinp, dout})) {
+    dropout_backward_kernel<T, true>
+        <<<grid_for(n / chunk_size<T> + 1), elementwise_threads, 0, stream>>>(dinp, dout, n, mask);
+  } else {
+    dropout_backward_kernel<T, false>
+        <<<grid_for(n), elementwise_threads, 0, stream>>>(dinp, dout, n, mask);
+  }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -45,6 +45,47 @@ __global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, con
   }
 }
 
+/// Rows per block of the warp-per-row forward.
+inline constexpr int embedding_warps = 8;
+
+/// The forward with one warp per row and 16-byte packs (C a whole number of packs, every pointer
+/// 16-byte aligned): the token is read once per row, and each lane adds whole packs.
+template <class T>
+__global__ void __launch_bounds__(32 * embedding_warps)
+    embedding_forward_rows_kernel(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
+                                  std::int64_t N, int Tn, int C, int V) {
+  constexpr int P = pack_size<T>;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int packs = C / P;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * embedding_warps + threadIdx.x / 32;
+       i < N; i += static_cast<std::int64_t>(gridDim.x) * embedding_warps) {
+    const std::int32_t token = tokens[i];
+    const bool valid = token >= 0 && token < V;
+    const auto* row = reinterpret_cast<const Pack<T>*>(wte + (valid ? token : 0) * std::int64_t{C});
+    const auto* position =
+        wpe == nullptr ? nullptr : reinterpret_cast<const Pack<T>*>(wpe + (i % Tn) * C);
+    auto* o = reinterpret_cast<Pack<T>*>(out + i * C);
+    for (int c = lane; c < packs; c += 32) {
+      Pack<T> r;
+      if (valid) {
+        const Pack<T> a = row[c];
+        if (position != nullptr) {
+          const Pack<T> b = position[c];
+#pragma unroll
+          for (int k = 0; k < P; ++k) r.v[k] = store<T>(load(a.v[k]) + load(b.v[k]));
+        } else {
+#pragma unroll
+          for (int k = 0; k < P; ++k) r.v[k] = store<T>(load(a.v[k]));
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < P; ++k) r.v[k] = store<T>(__int_as_float(0x7fc00000));
+      }
+      o[c] = r;
+    }
+  }
+}
+
 /// positions[i] = i (the values radix sort carries along with the tokens).
 template <class I>
 __global__ void iota_kernel(I* positions, int n) {
@@ -73,15 +114,64 @@ __global__ void embedding_backward_wte_kernel(T* dwte, const T* dout,
   }
 }
 
-/// dwpe[t, c] += sum over b (in order) of dout[b, t, c].
+/// embedding_backward_wte_kernel with one warp per sorted entry and 16-byte packs (C a whole
+/// number of packs, every pointer 16-byte aligned): the same additions in the same order.
 template <class T>
+__global__ void __launch_bounds__(32 * embedding_warps)
+    embedding_backward_wte_rows_kernel(T* dwte, const T* dout, const std::int32_t* sorted_tokens,
+                                       const std::int32_t* sorted_positions, int N, int C) {
+  constexpr int P = pack_size<T>;
+  const int k = static_cast<int>(blockIdx.x) * embedding_warps + static_cast<int>(threadIdx.x / 32);
+  if (k >= N) return;
+  const std::int32_t token = sorted_tokens[k];
+  if (k > 0 && sorted_tokens[k - 1] == token) return;  // not the first of its run
+  int end = k + 1;
+  while (end < N && sorted_tokens[end] == token) ++end;
+  const int packs = C / P;
+  auto* g = reinterpret_cast<Pack<T>*>(dwte + static_cast<std::int64_t>(token) * C);
+  for (int c = static_cast<int>(threadIdx.x % 32); c < packs; c += 32) {
+    Pack<T> row = g[c];
+    float acc[P];
+#pragma unroll
+    for (int q = 0; q < P; ++q) acc[q] = load(row.v[q]);
+    for (int j = k; j < end; ++j) {
+      const Pack<T> d = reinterpret_cast<const Pack<T>*>(
+          dout + static_cast<std::int64_t>(sorted_positions[j]) * C)[c];
+#pragma unroll
+      for (int q = 0; q < P; ++q) acc[q] += load(d.v[q]);
+    }
+#pragma unroll
+    for (int q = 0; q < P; ++q) row.v[q] = store<T>(acc[q]);
+    g[c] = row;
+  }
+}
+
+/// dwpe[t, c] += sum over b (in order) of dout[b, t, c] (Packed: T*C a whole number of packs,
+/// both pointers 16-byte aligned, each thread adding whole packs).
+template <class T, bool Packed>
 __global__ void embedding_backward_wpe_kernel(T* dwpe, const T* dout, int B, int Tn, int C) {
-  const std::int64_t total = static_cast<std::int64_t>(Tn) * C;
-  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+  constexpr int P = Packed ? pack_size<T> : 1;
+  const std::int64_t units = static_cast<std::int64_t>(Tn) * C / P;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < units;
        e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float acc = load(dwpe[e]);
-    for (int b = 0; b < B; ++b) acc += load(dout[b * total + e]);
-    dwpe[e] = store<T>(acc);
+    if constexpr (Packed) {
+      Pack<T> r = reinterpret_cast<const Pack<T>*>(dwpe)[e];
+      float acc[P];
+#pragma unroll
+      for (int q = 0; q < P; ++q) acc[q] = load(r.v[q]);
+      for (int b = 0; b < B; ++b) {
+        const Pack<T> d = reinterpret_cast<const Pack<T>*>(dout)[b * units + e];
+#pragma unroll
+        for (int q = 0; q < P; ++q) acc[q] += load(d.v[q]);
+      }
+#pragma unroll
+      for (int q = 0; q < P; ++q) r.v[q] = store<T>(acc[q]);
+      reinterpret_cast<Pack<T>*>(dwpe)[e] = r;
+    } else {
+      float acc = load(dwpe[e]);
+      for (int b = 0; b < B; ++b) acc += load(dout[b * units + e]);
+      dwpe[e] = store<T>(acc);
+    }
   }
 }
 
@@ -98,6 +188,15 @@ void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T
   expect_int_range(Tn, "embedding_forward");
   const std::int64_t total = B * Tn * C;
   if (total == 0) return;
+  if (C % pack_size<T> == 0 && aligned16({out, wte, wpe})) {
+    const std::int64_t N = B * Tn;
+    embedding_forward_rows_kernel<T>
+        <<<grid_for(N, embedding_warps), 32 * embedding_warps, 0, stream>>>(
+            out, tokens, wte, wpe, N, static_cast<int>(Tn), static_cast<int>(C),
+            static_cast<int>(V));
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   embedding_forward_kernel<T><<<grid_for(total), elementwise_threads, 0, stream>>>(
       out, tokens, wte, wpe, total, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(V));
   ZERO_CUDA_CHECK(cudaGetLastError());
@@ -132,15 +231,28 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tok
     // Tokens are non-negative, so sorting all 32 bits as signed ints keeps their order.
     ZERO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, tokens, sorted_tokens,
                                                     positions, sorted_positions, n, 0, 32, stream));
-    embedding_backward_wte_kernel<T>
-        <<<dim3(static_cast<unsigned>(n), c_blocks), threads, 0, stream>>>(
-            dwte, dout, sorted_tokens, sorted_positions, n, static_cast<int>(C));
+    if (C % pack_size<T> == 0 && aligned16({dwte, dout})) {
+      embedding_backward_wte_rows_kernel<T>
+          <<<static_cast<unsigned>((n + embedding_warps - 1) / embedding_warps),
+             32 * embedding_warps, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions, n,
+                                                static_cast<int>(C));
+    } else {
+      embedding_backward_wte_kernel<T>
+          <<<dim3(static_cast<unsigned>(n), c_blocks), threads, 0, stream>>>(
+              dwte, dout, sorted_tokens, sorted_positions, n, static_cast<int>(C));
+    }
     ZERO_CUDA_CHECK(cudaGetLastError());
   }
   if (dwpe != nullptr) {
     expect_int_range(Tn * C, "embedding_backward");
-    embedding_backward_wpe_kernel<T><<<grid_for(Tn * C), elementwise_threads, 0, stream>>>(
-        dwpe, dout, static_cast<int>(B), static_cast<int>(Tn), static_cast<int>(C));
+    if (Tn * C % pack_size<T> == 0 && aligned16({dwpe, dout})) {
+      embedding_backward_wpe_kernel<T, true>
+          <<<grid_for(Tn * C / pack_size<T>), elementwise_threads, 0, stream>>>(
+              dwpe, dout, static_cast<int>(B), static_cast<int>(Tn), static_cast<int>(C));
+    } else {
+      embedding_backward_wpe_kernel<T, false><<<grid_for(Tn * C), elementwise_threads, 0, stream>>>(
+          dwpe, dout, static_cast<int>(B), static_cast<int>(Tn), static_cast<int>(C));
+    }
     ZERO_CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -7,9 +7,11 @@
 // number of packs, every row 16-byte aligned: GPT-2's rows) go one warp per row: the row is read
 // from memory once, 16 bytes at a time, into registers, and the sums are warp shuffles. Other rows
 // go one block per row, sums through cub::BlockReduce. Either way the mean comes first, then the
-// centred variance, as the host does (no E[x^2] - E[x]^2 cancellation). The parameter gradients
-// reduce over rows in a fixed order (column_sums), so they are deterministic and need no
-// atomics.
+// centred variance, as the host does (no E[x^2] - E[x]^2 cancellation). The backward of such rows
+// is one fused kernel: each block of 8 warps takes 32 rows, reads x and dy once for dinp and for
+// its share of dweight and dbias, and leaves per-block partials that a second kernel adds in block
+// order. Other rows take column_sums for the parameter gradients. Both reduce in a fixed order, so
+// they are deterministic and need no atomics.
 // Reference: llm.c layernorm_forward/backward (dev/cuda/layernorm_*.cu).
 #if !defined(__CUDACC__)
 #error \
@@ -18,6 +20,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -151,46 +154,106 @@ __global__ void __launch_bounds__(32 * layer_norm_warps)
   }
 }
 
-/// One warp per row n, x and weight * dy in registers: dinp[n] += (dnorm - mean(dnorm) - norm *
-/// mean(dnorm * norm)) * rstd.
+/// Warps per block and rows per block of the fused warp-per-row backward.
+inline constexpr int layer_norm_backward_warps = 8;
+inline constexpr int layer_norm_backward_rows = 32;
+
+/// The fused backward of the rows [32 b, 32 b + 32) of block b, one warp per row (warp w takes
+/// rows w, w + 8, ...), the row's x and dy in registers: dinp[n] += (dnorm - mean(dnorm) - norm *
+/// mean(dnorm * norm)) * rstd, and the block's parameter-gradient sums into partials [2][blocks][C]
+/// (norm * dy, then dy): each lane adds its columns over its warp's rows in row order, and the
+/// block adds its warps' sums in warp order through shared memory (2 C floats, dynamic). The
+/// partials go to column_sum_detail::finish_kernel, so the whole is deterministic.
 template <class T, int Packs>
-__global__ void __launch_bounds__(32 * layer_norm_warps)
-    layer_norm_backward_input_warp_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
-                                          const float* mean, const float* rstd, int N, int C) {
+__global__ void __launch_bounds__(32 * layer_norm_backward_warps)
+    layer_norm_backward_warp_kernel(T* dinp, float* partials, const T* dout, const T* inp,
+                                    const T* weight, const float* mean, const float* rstd, int N,
+                                    int C) {
   constexpr int P = pack_size<T>;
+  extern __shared__ float block_sums[];  // [2][C]
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::int64_t n =
-      static_cast<std::int64_t>(blockIdx.x) * layer_norm_warps + threadIdx.x / 32;
-  if (n >= N) return;
+  const int warp = static_cast<int>(threadIdx.x / 32);
   const int packs = C / P;
-  const auto* x = reinterpret_cast<const Pack<T>*>(inp + n * C);
-  const auto* dy = reinterpret_cast<const Pack<T>*>(dout + n * C);
   const auto* w = reinterpret_cast<const Pack<T>*>(weight);
-  const float m = mean[n], s = rstd[n];
-  float norm[Packs][P], dnorm[Packs][P];
-  float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-  for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
-    const Pack<T> xp = x[i], dp = dy[i], wp = w[i];
+  float dweight[Packs][P] = {}, dbias[Packs][P] = {};
+  const int first = static_cast<int>(blockIdx.x) * layer_norm_backward_rows;
+  const int last = min(N, first + layer_norm_backward_rows);
+  for (int n = first + warp; n < last; n += layer_norm_backward_warps) {
+    const auto* x = reinterpret_cast<const Pack<T>*>(inp + static_cast<std::int64_t>(n) * C);
+    const auto* dy = reinterpret_cast<const Pack<T>*>(dout + static_cast<std::int64_t>(n) * C);
+    const float m = mean[n], s = rstd[n];
+    Pack<T> xs[Packs], dys[Packs];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
+      xs[k] = x[i];
+      dys[k] = dy[i];
+      const Pack<T> wp = w[i];
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      norm[k][j] = (load(xp.v[j]) - m) * s;
-      dnorm[k][j] = load(wp.v[j]) * load(dp.v[j]);
-      dnorm_sum += dnorm[k][j];
-      dnorm_norm_sum += dnorm[k][j] * norm[k][j];
-    }
-  });
-  const float dnorm_mean = warp_sum(dnorm_sum) / static_cast<float>(C);
-  const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
-  auto* dx = reinterpret_cast<Pack<T>*>(dinp + n * C);
-  for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
-    Pack<T> g = dx[i];
+      for (int j = 0; j < P; ++j) {
+        const float norm = (load(xs[k].v[j]) - m) * s;
+        const float g = load(dys[k].v[j]);
+        const float dnorm = load(wp.v[j]) * g;
+        dnorm_sum += dnorm;
+        dnorm_norm_sum += dnorm * norm;
+        dweight[k][j] += norm * g;
+        dbias[k][j] += g;
+      }
+    });
+    const float dnorm_mean = warp_sum(dnorm_sum) / static_cast<float>(C);
+    const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
+    auto* dx = reinterpret_cast<Pack<T>*>(dinp + static_cast<std::int64_t>(n) * C);
+    for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
+      const Pack<T> wp = w[i];
+      Pack<T> r = dx[i];
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      g.v[j] =
-          store<T>(load(g.v[j]) + (dnorm[k][j] - dnorm_mean - norm[k][j] * dnorm_norm_mean) * s);
+      for (int j = 0; j < P; ++j) {
+        const float norm = (load(xs[k].v[j]) - m) * s;
+        const float dnorm = load(wp.v[j]) * load(dys[k].v[j]);
+        r.v[j] = store<T>(load(r.v[j]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+      }
+      dx[i] = r;
+    });
+  }
+  for (int turn = 0; turn < layer_norm_backward_warps; ++turn) {
+    if (warp == turn) {
+      for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          const int c = i * P + j;
+          block_sums[c] = (turn == 0 ? 0.0f : block_sums[c]) + dweight[k][j];
+          block_sums[C + c] = (turn == 0 ? 0.0f : block_sums[C + c]) + dbias[k][j];
+        }
+      });
     }
-    dx[i] = g;
-  });
+    __syncthreads();
+  }
+  const std::int64_t chunks = gridDim.x;
+  for (int c = static_cast<int>(threadIdx.x); c < C; c += static_cast<int>(blockDim.x)) {
+    partials[static_cast<std::int64_t>(blockIdx.x) * C + c] = block_sums[c];
+    partials[(chunks + blockIdx.x) * C + c] = block_sums[C + c];
+  }
+}
+
+/// Calls fn(std::integral_constant<int, Packs>{}) for Packs = packs in {1, 2, 4, 8} and returns
+/// true; false for any other count (the rows take the block-per-row kernels).
+template <class Fn>
+bool with_lane_packs(int packs, Fn&& fn) {
+  switch (packs) {
+    case 1:
+      fn(std::integral_constant<int, 1>{});
+      return true;
+    case 2:
+      fn(std::integral_constant<int, 2>{});
+      return true;
+    case 4:
+      fn(std::integral_constant<int, 4>{});
+      return true;
+    case 8:
+      fn(std::integral_constant<int, 8>{});
+      return true;
+    default:
+      return false;
+  }
 }
 
 /// Packs per lane the warp-per-row kernels need for rows of C (1, 2, 4 or 8), or 0 when the rows
@@ -235,26 +298,15 @@ void layer_norm_forward(T* out, float* mean, float* rstd, const T* inp, const T*
   const auto rows = static_cast<int>(N);
   const auto cols = static_cast<int>(C);
   const auto warp_grid = static_cast<unsigned>((N + layer_norm_warps - 1) / layer_norm_warps);
-  switch (layer_norm_lane_packs<T>(C, {out, inp, weight, bias})) {
-    case 1:
-      layer_norm_forward_warp_kernel<T, 1><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
-          out, mean, rstd, inp, weight, bias, rows, cols, eps);
-      break;
-    case 2:
-      layer_norm_forward_warp_kernel<T, 2><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
-          out, mean, rstd, inp, weight, bias, rows, cols, eps);
-      break;
-    case 4:
-      layer_norm_forward_warp_kernel<T, 4><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
-          out, mean, rstd, inp, weight, bias, rows, cols, eps);
-      break;
-    case 8:
-      layer_norm_forward_warp_kernel<T, 8><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
-          out, mean, rstd, inp, weight, bias, rows, cols, eps);
-      break;
-    default:
-      layer_norm_forward_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
-          out, mean, rstd, inp, weight, bias, cols, eps);
+  const bool warp_rows =
+      with_lane_packs(layer_norm_lane_packs<T>(C, {out, inp, weight, bias}), [&](auto packs) {
+        layer_norm_forward_warp_kernel<T, decltype(packs)::value>
+            <<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(out, mean, rstd, inp, weight, bias,
+                                                              rows, cols, eps);
+      });
+  if (!warp_rows) {
+    layer_norm_forward_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
+        out, mean, rstd, inp, weight, bias, cols, eps);
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
@@ -276,29 +328,26 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
   if (N == 0 || C == 0) return;
   const auto rows = static_cast<int>(N);
   const auto cols = static_cast<int>(C);
-  const auto warp_grid = static_cast<unsigned>((N + layer_norm_warps - 1) / layer_norm_warps);
-  switch (layer_norm_lane_packs<T>(C, {dinp, dout, inp, weight})) {
-    case 1:
-      layer_norm_backward_input_warp_kernel<T, 1><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
-          dinp, dout, inp, weight, mean, rstd, rows, cols);
-      break;
-    case 2:
-      layer_norm_backward_input_warp_kernel<T, 2><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
-          dinp, dout, inp, weight, mean, rstd, rows, cols);
-      break;
-    case 4:
-      layer_norm_backward_input_warp_kernel<T, 4><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
-          dinp, dout, inp, weight, mean, rstd, rows, cols);
-      break;
-    case 8:
-      layer_norm_backward_input_warp_kernel<T, 8><<<warp_grid, 32 * layer_norm_warps, 0, stream>>>(
-          dinp, dout, inp, weight, mean, rstd, rows, cols);
-      break;
-    default:
-      layer_norm_backward_input_kernel<T>
-          <<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(dinp, dout, inp, weight,
-                                                                        mean, rstd, cols);
+  const std::int64_t chunks = (N + layer_norm_backward_rows - 1) / layer_norm_backward_rows;
+  const int packs = layer_norm_lane_packs<T>(C, {dinp, dout, inp, weight});
+  if (packs != 0) {
+    // Fused: one read of x and dy for all three gradients.
+    DeviceScratch partials(static_cast<std::size_t>(2 * chunks * C) * sizeof(float), stream);
+    with_lane_packs(packs, [&](auto lane_packs) {
+      layer_norm_backward_warp_kernel<T, decltype(lane_packs)::value>
+          <<<static_cast<unsigned>(chunks), 32 * layer_norm_backward_warps, 2 * C * sizeof(float),
+             stream>>>(dinp, partials.as<float>(), dout, inp, weight, mean, rstd, rows, cols);
+    });
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    constexpr int threads = 256;
+    column_sum_detail::finish_kernel<T, 2>
+        <<<static_cast<unsigned>((C + threads - 1) / threads), threads, 0, stream>>>(
+            {{dweight, dbias}}, partials.as<float>(), static_cast<int>(chunks), cols);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    return;
   }
+  layer_norm_backward_input_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
+      dinp, dout, inp, weight, mean, rstd, cols);
   ZERO_CUDA_CHECK(cudaGetLastError());
   column_sums<T, 2>({{dweight, dbias}},
                     LayerNormParamTerms<T>{dout, inp, mean, rstd, static_cast<int>(C)}, N, C,
