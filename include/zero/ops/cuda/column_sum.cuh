@@ -4,7 +4,8 @@
 // dbias) and of a linear layer's bias: out_k[c] += sum over rows n of term_k(n, c). Two passes in
 // a fixed order, so results repeat bit for bit: blocks of (32 columns x a chunk of rows) add their
 // rows (8 interleaved slices, then the slices in order) into float partials [K][chunks][C], and a
-// second kernel adds each column's partials in chunk order and rounds once into out_k. Splitting
+// second kernel adds each column's partials (32 interleaved slices of the chunks, then the slices
+// in order) and rounds once into out_k. Splitting
 // the rows over chunks keeps every SM busy: one block per 32 columns alone leaves 24 blocks for
 // GPT-2 small's 768 channels, each walking all 8192 rows.
 #if !defined(__CUDACC__)
@@ -63,19 +64,44 @@ __global__ void __launch_bounds__(columns* slices)
   }
 }
 
-/// out_k[c] += the chunks' partials of column c, added in chunk order and rounded once.
+/// Chunk slices per block of the finishing kernel.
+inline constexpr int finish_slices = 32;
+
+/// Block (columns, finish_slices) at blockIdx.x: out_k[c] += the chunks' partials of column c,
+/// rounded once. Slice y adds chunks y, y + 32, ... in order; then the slices are added in order.
+/// Each column's many partials are read by 32 threads at once rather than by one in sequence.
 template <class T, int K>
-__global__ void finish_kernel(Outputs<T, K> outs, const float* partials, int chunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+__global__ void __launch_bounds__(columns* finish_slices)
+    finish_kernel(Outputs<T, K> outs, const float* partials, int chunks, int C) {
+  __shared__ float part[finish_slices][columns];
+  const int c = blockIdx.x * columns + threadIdx.x;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     float sum = 0.0f;
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      sum += partials[(static_cast<std::int64_t>(k) * chunks + chunk) * C + c];
+    if (c < C) {
+      for (int chunk = threadIdx.y; chunk < chunks; chunk += finish_slices) {
+        sum += partials[(static_cast<std::int64_t>(k) * chunks + chunk) * C + c];
+      }
     }
-    outs.out[k][c] = store<T>(load(outs.out[k][c]) + sum);
+    part[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+      float total = 0.0f;
+      for (int y = 0; y < finish_slices; ++y) total += part[y][threadIdx.x];
+      outs.out[k][c] = store<T>(load(outs.out[k][c]) + total);
+    }
+    __syncthreads();
   }
+}
+
+/// Launches finish_kernel for C columns of chunks partials each.
+template <class T, int K>
+void finish_column_sums(const Outputs<T, K>& outs, const float* partials, std::int64_t chunks,
+                        std::int64_t C, cudaStream_t stream) {
+  finish_kernel<T, K>
+      <<<static_cast<unsigned>((C + columns - 1) / columns), dim3(columns, finish_slices), 0,
+         stream>>>(outs, partials, static_cast<int>(chunks), static_cast<int>(C));
+  ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace column_sum_detail
@@ -100,10 +126,7 @@ void column_sums(const column_sum_detail::Outputs<T, K>& outs, const Term& term,
       partials.as<float>(), term, static_cast<int>(N), static_cast<int>(C),
       static_cast<int>(chunk_rows), static_cast<int>(chunks));
   ZERO_CUDA_CHECK(cudaGetLastError());
-  constexpr int threads = 256;
-  finish_kernel<T, K><<<static_cast<unsigned>((C + threads - 1) / threads), threads, 0, stream>>>(
-      outs, partials.as<float>(), static_cast<int>(chunks), static_cast<int>(C));
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  finish_column_sums(outs, partials.as<float>(), chunks, C, stream);
 }
 
 }  // namespace zero::ops::cuda

@@ -163,7 +163,7 @@ inline constexpr int layer_norm_backward_rows = 32;
 /// mean(dnorm * norm)) * rstd, and the block's parameter-gradient sums into partials [2][blocks][C]
 /// (norm * dy, then dy): each lane adds its columns over its warp's rows in row order, and the
 /// block adds its warps' sums in warp order through shared memory (2 C floats, dynamic). The
-/// partials go to column_sum_detail::finish_kernel, so the whole is deterministic.
+/// partials go to column_sum_detail::finish_column_sums, so the whole is deterministic.
 template <class T, int Packs>
 __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
     layer_norm_backward_warp_kernel(T* dinp, float* partials, const T* dout, const T* inp,
@@ -182,11 +182,13 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
     const auto* x = reinterpret_cast<const Pack<T>*>(inp + static_cast<std::int64_t>(n) * C);
     const auto* dy = reinterpret_cast<const Pack<T>*>(dout + static_cast<std::int64_t>(n) * C);
     const float m = mean[n], s = rstd[n];
-    Pack<T> xs[Packs], dys[Packs];
+    auto* dx = reinterpret_cast<Pack<T>*>(dinp + static_cast<std::int64_t>(n) * C);
+    Pack<T> xs[Packs], dys[Packs], dxs[Packs];
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
     for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
       xs[k] = x[i];
       dys[k] = dy[i];
+      dxs[k] = dx[i];  // read with x and dy: one round trip to memory per row
       const Pack<T> wp = w[i];
 #pragma unroll
       for (int j = 0; j < P; ++j) {
@@ -201,10 +203,9 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
     });
     const float dnorm_mean = warp_sum(dnorm_sum) / static_cast<float>(C);
     const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
-    auto* dx = reinterpret_cast<Pack<T>*>(dinp + static_cast<std::int64_t>(n) * C);
     for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
       const Pack<T> wp = w[i];
-      Pack<T> r = dx[i];
+      Pack<T> r = dxs[k];
 #pragma unroll
       for (int j = 0; j < P; ++j) {
         const float norm = (load(xs[k].v[j]) - m) * s;
@@ -339,11 +340,8 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
              stream>>>(dinp, partials.as<float>(), dout, inp, weight, mean, rstd, rows, cols);
     });
     ZERO_CUDA_CHECK(cudaGetLastError());
-    constexpr int threads = 256;
-    column_sum_detail::finish_kernel<T, 2>
-        <<<static_cast<unsigned>((C + threads - 1) / threads), threads, 0, stream>>>(
-            {{dweight, dbias}}, partials.as<float>(), static_cast<int>(chunks), cols);
-    ZERO_CUDA_CHECK(cudaGetLastError());
+    column_sum_detail::finish_column_sums<T, 2>({{dweight, dbias}}, partials.as<float>(), chunks, C,
+                                                stream);
     return;
   }
   layer_norm_backward_input_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(

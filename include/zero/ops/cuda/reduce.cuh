@@ -64,11 +64,23 @@ __global__ void __launch_bounds__(reduce_threads)
   std::int64_t done = 0;
   if constexpr (Packed) {
     constexpr int P = pack_size<T>;
+    // Four packs in flight per thread: their loads are issued before any of them is added.
+    constexpr int U = 4;
     const std::int64_t packs = n / P;
-    for (std::int64_t i = first; i < packs; i += stride) {
-      const Pack<T> p = reinterpret_cast<const Pack<T>*>(x)[i];
+    const auto* in = reinterpret_cast<const Pack<T>*>(x);
+    for (std::int64_t i = first; i < packs; i += U * stride) {
+      Pack<T> p[U];
 #pragma unroll
-      for (int k = 0; k < P; ++k) acc += fn(p.v[k]);
+      for (int u = 0; u < U; ++u) {
+        if (i + u * stride < packs) p[u] = in[i + u * stride];
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i + u * stride < packs) {
+#pragma unroll
+          for (int k = 0; k < P; ++k) acc += fn(p[u].v[k]);
+        }
+      }
     }
     done = packs * P;
   }
