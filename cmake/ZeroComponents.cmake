@@ -6,7 +6,7 @@ include_guard(GLOBAL)
 set(ZERO_KNOWN_COMPONENTS blas openmp dnnl mpi cuda nccl uring)
 
 set(ZERO_HINT_blas   "OpenBLAS with CBLAS (Debian: apt-get install libopenblas-dev)")
-set(ZERO_HINT_dnnl   "oneDNN (with OpenMP), for f32 GEMM and bf16 GEMM on AMX/AVX512-BF16 (Debian: apt-get install libdnnl-dev)")
+set(ZERO_HINT_dnnl   "oneDNN (with OpenMP), for f32 GEMM and bf16 GEMM on AMX/AVX512-BF16 (Debian: apt-get install libdnnl-dev ocl-icd-opencl-dev: Debian's oneDNN package config requires OpenCL's development files)")
 set(ZERO_HINT_openmp "OpenMP (Debian: comes with g++; for clang apt-get install libomp-dev)")
 set(ZERO_HINT_mpi    "MPI and Boost.MPI (Debian: apt-get install libboost-mpi-dev libopenmpi-dev openmpi-bin)")
 set(ZERO_HINT_cuda   "the CUDA toolkit with cuBLAS/cuBLASLt (NVIDIA's CUDA repository, or Debian non-free: nvidia-cuda-toolkit)")
