@@ -154,21 +154,27 @@ TEMPLATE_TEST_CASE("CudaBackend::accumulate equals HostBackend bit for bit", "[c
                    float, bf16, f16) {
   using G = TestType;
   CudaBackend backend;
-  for (const double factor : {1.0, 0.5, 1.0 / 3.0, 0.1, -2.75}) {
-    for (const std::size_t n : sizes) {
-      const std::vector<float> acc0 = inputs<float>(n, 11, 4.0f);
-      const std::vector<G> g = inputs<G>(n, 12);
-      std::vector<float> want = acc0;
-      HostBackend::accumulate(std::span<float>(want), std::span<const G>(g), factor);
+  for (const zero::engine::Fold first : {zero::engine::Fold::add, zero::engine::Fold::start}) {
+    for (const double factor : {1.0, 0.5, 1.0 / 3.0, 0.1, -2.75}) {
+      for (const std::size_t n : sizes) {
+        const std::vector<float> acc0 = inputs<float>(n, 11, 4.0f);
+        const std::vector<G> g = inputs<G>(n, 12);
+        std::vector<float> want = acc0;
+        // The first fold adds to acc0 or, Fold::start, ignores it (a window's first fold).
+        HostBackend::accumulate(std::span<float>(want), std::span<const G>(g), factor, first);
 
-      DeviceBuffer<float> acc = upload(backend, acc0);
-      const DeviceBuffer<G> dg = upload(backend, g);
-      backend.accumulate(span_of(acc), const_span_of(dg), factor);
-      // Twice, so the second call adds into a device-made sum.
-      HostBackend::accumulate(std::span<float>(want), std::span<const G>(g), factor);
-      backend.accumulate(span_of(acc), const_span_of(dg), factor);
-      check_same_bits(download(backend, acc), want,
-                      "accumulate n=" + std::to_string(n) + " factor=" + std::to_string(factor));
+        DeviceBuffer<float> acc = upload(backend, acc0);
+        const DeviceBuffer<G> dg = upload(backend, g);
+        backend.accumulate(span_of(acc), const_span_of(dg), factor, first);
+        check_same_bits(
+            download(backend, acc), want,
+            "first accumulate n=" + std::to_string(n) + " factor=" + std::to_string(factor));
+        // Twice, so the second call adds into a device-made sum.
+        HostBackend::accumulate(std::span<float>(want), std::span<const G>(g), factor);
+        backend.accumulate(span_of(acc), const_span_of(dg), factor);
+        check_same_bits(download(backend, acc), want,
+                        "accumulate n=" + std::to_string(n) + " factor=" + std::to_string(factor));
+      }
     }
   }
 }

@@ -5,8 +5,9 @@
 // the parameters equal those of the same run without offload, bit for bit (f32 and bf16, stages
 // 1-3, 1 and 2 ranks, accumulation 2, clipping); memory_report() puts the master, the states and
 // the gradient shard in host memory and nothing else; the optimizer runs on the host only after
-// the host waited for the compute that wrote its gradient; zero::dispatch picks Offload<CPU> from
-// the config's offload_optimizer.device for a device engine, and refuses nvme there.
+// the host waited for the compute that wrote its gradient; a step leaves each unit's update to the
+// next forward (overlap_offload_update) with the same values; zero::dispatch picks Offload<CPU>
+// from the config's offload_optimizer.device for a device engine, and refuses nvme there.
 #include <atomic>
 #include <cstddef>
 #include <span>
@@ -152,6 +153,111 @@ TEST_CASE("Offload<CPU> trains as without offload, with its states in host memor
           "[unit][engine][offload]") {
   check_cpu_offload<float, 3>();
   check_cpu_offload<bf16, 3>();
+}
+
+namespace {
+
+// Two Offload<CPU> engines on one rank, one deferring its units' updates to the next forward
+// (the default), one updating every unit in step(): after each step the deferring one has every
+// unit left to apply, a forward of the first unit applies what that unit needs before its gather
+// (only that at stage 2; stage 3 also the units it prefetches), the rest of the forward the
+// others, and losses, parameters and
+// optimizer states stay equal bit for bit; reading the state (gather_unit_values, optimizer(u))
+// right after a step applies what is left first.
+// What one rank saw (Catch's checks run on the main thread, after the ranks).
+struct DeferredRun {
+  int units = 0;
+  std::vector<int> after_step, after_first_unit, after_forward;  // deferred_updates()
+  int losses_differ = 0;
+  int eager_deferred = 0;  // deferred_updates() of the eager engine after its steps
+  int left_before_read = 0, left_after_read = 0;
+  std::vector<std::vector<float>> values_d, values_e, states_d, states_e;
+};
+
+template <int S>
+void check_deferred_update() {
+  using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>, Offload<CPU>,
+                                   Compute<PinnedTestDevice>>;
+  constexpr int world = 2;
+  const auto runs = per_rank<DeferredRun>(world, [&](LocalComm& comm) {
+    const Config config = cpu_offload_config(S, true);
+    engine::EngineOptions deferring;
+    deferring.activation_bytes = 32 << 20;
+    engine::EngineOptions eager = deferring;
+    eager.overlap_offload_update = false;
+    nn::GPT<bf16> model_d(tiny()), model_e(tiny());
+    Offloaded d(model_d, comm, config, deferring);
+    Offloaded e(model_e, comm, config, eager);
+    DeferredRun out;
+    const int n = out.units = d.num_units();
+    for (int step = 0; step < steps; ++step) {
+      const GlobalBatch b(micro_rows * accumulation * world, step, tiny().vocab_size);
+      for (int m = 0; m < accumulation; ++m) {
+        const engine::MicroBatch batch = b.micro(m, comm.rank(), world);
+        if (step > 0 && m == 0) {
+          out.after_step.push_back(d.deferred_updates());
+          const Tensor<bf16> x = d.forward_units({0, 1}, batch);
+          out.after_first_unit.push_back(d.deferred_updates());
+          d.forward_units({1, n}, batch, x);
+        } else {
+          d.forward(batch);
+        }
+        out.after_forward.push_back(d.deferred_updates());
+        if (static_cast<float>(d.loss()) != static_cast<float>(e.forward(batch))) {
+          ++out.losses_differ;
+        }
+        d.backward();
+        e.backward();
+      }
+      d.step();
+      e.step();
+      out.eager_deferred += e.deferred_updates();
+    }
+    // Reading values or states applies what the last step left.
+    out.left_before_read = d.deferred_updates();
+    for (int u = 0; u < n; ++u) {
+      out.values_d.push_back(d.gather_unit_values(u));
+      out.values_e.push_back(e.gather_unit_values(u));
+    }
+    out.left_after_read = d.deferred_updates();
+    for (int u = 0; u < n; ++u) {
+      for (const std::string& name : e.optimizer(u).state_names()) {
+        const std::span<float> sd = d.optimizer(u).state(name), se = e.optimizer(u).state(name);
+        out.states_d.emplace_back(sd.begin(), sd.end());
+        out.states_e.emplace_back(se.begin(), se.end());
+      }
+    }
+    return out;
+  });
+  for (const DeferredRun& r : runs) {
+    INFO("stage " << S);
+    const int n = r.units;
+    CHECK(r.after_step == std::vector<int>(steps - 1, n));
+    for (const int left : r.after_first_unit) {
+      // Stage 2 applies unit 0's alone; stage 3's prefetch also those it gathers ahead.
+      if constexpr (S == 2) {
+        CHECK(left == n - 1);
+      } else {
+        CHECK(left < n);
+      }
+    }
+    CHECK(r.after_forward == std::vector<int>(steps * accumulation, 0));
+    CHECK(r.losses_differ == 0);
+    CHECK(r.eager_deferred == 0);
+    CHECK(r.left_before_read == n);
+    CHECK(r.left_after_read == 0);
+    CHECK(r.values_d == r.values_e);  // bit for bit
+    CHECK(r.states_d == r.states_e);
+    CHECK_FALSE(r.states_d.empty());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Offload<CPU> defers each unit's update to the next forward, with the same values",
+          "[unit][engine][offload]") {
+  check_deferred_update<2>();
+  check_deferred_update<3>();
 }
 
 TEST_CASE("zero::dispatch picks Offload<CPU> for a device engine from offload_optimizer.device",

@@ -5,6 +5,9 @@
 // engine calls its backend's kernels on the backend object (a recording backend).
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -242,9 +245,10 @@ struct RecordingBackend : engine::HostBackend {
   }
 
   template <class A, class G>
-  void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0) {
+  void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0,
+                  engine::Fold fold = engine::Fold::add) {
     ++calls[accumulate_k];
-    HostBackend::accumulate(acc, g, factor);
+    HostBackend::accumulate(acc, g, factor, fold);
   }
   template <class O, class I>
   void convert_into(std::span<O> out, std::span<const I> in) {
@@ -313,12 +317,13 @@ void check_recording_backend() {
   INFO("stage " << S);
   CHECK(recorded == host);  // the same kernels, bit for bit
   // Stage 1 folds each micro-step's bf16 gradient into the f32 accumulator, stage 3 adds the
-  // reduced gradient into its shard; both round each updated master slice for its gather, clear
-  // the accumulators, take the sum of squares for clipping and order comm after compute. (scale
-  // serves expert units and optimizers given as functions: not reached here.)
+  // reduced gradient into its shard; both round each updated master slice for its gather, take
+  // the sum of squares for clipping and order comm after compute. Neither clears an accumulator:
+  // each window's first fold starts it (Fold::start). (scale serves expert units and optimizers
+  // given as functions: not reached here.)
   CHECK(RecordingBackend::calls[RecordingBackend::accumulate_k] > 0);
   CHECK(RecordingBackend::calls[RecordingBackend::convert_k] > 0);
-  CHECK(RecordingBackend::calls[RecordingBackend::clear_k] > 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::clear_k] == 0);
   CHECK(RecordingBackend::calls[RecordingBackend::squares_k] > 0);
   CHECK(RecordingBackend::calls[RecordingBackend::comm_waits_k] > 0);
   // Every buffer came from make_buffer (the type allows nothing else), and every gather and
@@ -413,6 +418,24 @@ TEST_CASE("HostBackend::make_buffer: zeroed, ordered on the compute stream", "[u
   CHECK(&b.stream() == &backend.compute_stream());
   CHECK(b.size() == 1000);
   CHECK(std::all_of(b.data(), b.data() + b.size(), [](float x) { return x == 0.0f; }));
+}
+
+TEST_CASE("HostBackend::accumulate: Fold::start equals a clear then an add, bit for bit",
+          "[unit][engine]") {
+  // A window's first fold ignores what the accumulator held; a negative zero still becomes +0,
+  // as adding it to a cleared accumulator makes it.
+  const std::vector<bf16> g = {bf16(-0.0f), bf16(1.5f), bf16(-3.25f), bf16(0.0f), bf16(1e-3f)};
+  for (const double factor : {1.0, 0.5, -2.0}) {
+    std::vector<float> started(g.size(), 7.0f), cleared(g.size(), 7.0f);
+    engine::HostBackend::accumulate(std::span<float>(started), std::span<const bf16>(g), factor,
+                                    engine::Fold::start);
+    engine::HostBackend::clear(std::span<float>(cleared));
+    engine::HostBackend::accumulate(std::span<float>(cleared), std::span<const bf16>(g), factor);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      CHECK(std::bit_cast<std::uint32_t>(started[i]) == std::bit_cast<std::uint32_t>(cleared[i]));
+    }
+    CHECK_FALSE(std::signbit(started[0]));
+  }
 }
 
 TEST_CASE("the engine calls its backend's kernels on the backend object", "[unit][engine]") {

@@ -41,6 +41,11 @@
 
 namespace zero::engine {
 
+/// How a fold of a gradient into an accumulator treats what the accumulator held: add to it, or
+/// start it as if it were zero, without reading it (the first fold of an accumulation window,
+/// which spares the clear and the read: under Offload<CPU> both cross the bus).
+enum class Fold : unsigned char { add, start };
+
 /// The host backend: aligned heap buffers, synchronous streams, loops over spans.
 struct HostBackend {
   using Device = Host;
@@ -127,15 +132,22 @@ struct HostBackend {
     std::copy(src.begin(), src.end(), dst.begin());
   }
 
-  /// acc[i] += factor * g[i], in acc's type (the product rounded once).
+  /// acc[i] += factor * g[i], in acc's type (the product rounded once); Fold::start writes
+  /// A{} + factor * g[i], the same bits as adding to a cleared acc (a negative zero becomes +0).
   template <class A, class G>
-  static void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0) {
-    if (factor == 1.0) {
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += convert<A>(g[i]);
-    } else {
-      for (std::size_t i = 0; i < acc.size(); ++i) {
-        acc[i] += convert<A>(convert<double>(g[i]) * factor);
+  static void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0,
+                         Fold fold = Fold::add) {
+    const auto fold_into = [&](auto term) {
+      if (fold == Fold::add) {
+        for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += term(i);
+      } else {
+        for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = A{} + term(i);
       }
+    };
+    if (factor == 1.0) {
+      fold_into([&](std::size_t i) { return convert<A>(g[i]); });
+    } else {
+      fold_into([&](std::size_t i) { return convert<A>(convert<double>(g[i]) * factor); });
     }
   }
   /// out[i] = in[i], rounded to out's type.

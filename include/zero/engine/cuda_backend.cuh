@@ -62,21 +62,23 @@ namespace zero::engine {
 
 namespace cuda_backend_detail {
 
-/// acc[i] += convert<A>(g[i]), grid-stride: HostBackend::accumulate's factor-1 loop.
-template <class A, class G>
+/// acc[i] += convert<A>(g[i]) (Start: acc[i] = A{} + ..., acc not read), grid-stride:
+/// HostBackend::accumulate's factor-1 loop.
+template <class A, class G, Fold F>
 __global__ void accumulate_kernel(A* acc, const G* g, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    acc[i] += ::zero::convert<A>(g[i]);
+    acc[i] = (F == Fold::add ? acc[i] : A{}) + ::zero::convert<A>(g[i]);
   }
 }
 
 /// acc[i] += convert<A>(convert<double>(g[i]) * factor): the product in double, rounded once.
-template <class A, class G>
+template <class A, class G, Fold F>
 __global__ void accumulate_scaled_kernel(A* acc, const G* g, double factor, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    acc[i] += ::zero::convert<A>(::zero::convert<double>(g[i]) * factor);
+    acc[i] = (F == Fold::add ? acc[i] : A{}) +
+             ::zero::convert<A>(::zero::convert<double>(g[i]) * factor);
   }
 }
 
@@ -238,9 +240,11 @@ class CudaBackend {
     return std::make_unique<nn::CudaKernels<T>>(compute_->native());
   }
 
-  /// acc[i] += factor * g[i], in acc's type (the product rounded once), on the compute stream.
+  /// acc[i] += factor * g[i], in acc's type (the product rounded once), on the compute stream;
+  /// Fold::start writes A{} + factor * g[i] without reading acc (HostBackend::accumulate).
   template <class A, class G>
-  void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0) {
+  void accumulate(std::span<A> acc, std::span<const G> g, double factor = 1.0,
+                  Fold fold = Fold::add) {
     static_assert(std::is_same_v<A, float>,
                   "CudaBackend::accumulate: the accumulator is f32 on the device (f64 reference "
                   "engines run on Compute<Host>)");
@@ -253,14 +257,21 @@ class CudaBackend {
     expect_device_memory(g.data(), "accumulate", "g");
     const auto n = static_cast<std::int64_t>(acc.size());
     const unsigned blocks = ops::cuda::grid_for(n);
-    if (factor == 1.0) {
-      cuda_backend_detail::accumulate_kernel<A, G>
-          <<<blocks, ops::cuda::elementwise_threads, 0, compute_->native()>>>(acc.data(), g.data(),
-                                                                              n);
+    const auto launch = [&]<Fold F>(std::integral_constant<Fold, F>) {
+      if (factor == 1.0) {
+        cuda_backend_detail::accumulate_kernel<A, G, F>
+            <<<blocks, ops::cuda::elementwise_threads, 0, compute_->native()>>>(acc.data(),
+                                                                                g.data(), n);
+      } else {
+        cuda_backend_detail::accumulate_scaled_kernel<A, G, F>
+            <<<blocks, ops::cuda::elementwise_threads, 0, compute_->native()>>>(
+                acc.data(), g.data(), factor, n);
+      }
+    };
+    if (fold == Fold::add) {
+      launch(std::integral_constant<Fold, Fold::add>{});
     } else {
-      cuda_backend_detail::accumulate_scaled_kernel<A, G>
-          <<<blocks, ops::cuda::elementwise_threads, 0, compute_->native()>>>(acc.data(), g.data(),
-                                                                              factor, n);
+      launch(std::integral_constant<Fold, Fold::start>{});
     }
     ZERO_CUDA_CHECK(cudaGetLastError());
   }

@@ -32,6 +32,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <optim/any_optimizer.hpp>
@@ -217,6 +218,7 @@ class Engine {
   Tensor<T> backward_units(UnitRange r, Tensor<T> dy = {}) {
     return communicating("backward", [&]() -> Tensor<T> {
       micro_.check_backward(r, num_units());
+      apply_deferred_updates();  // the folds below overwrite the gradients it reads
       const auto timed = timers_.phase(profile::Phase::backward);
       const bool boundary = micro_.at_boundary();
       run_backward(r, dy, [&](int u) { exchange_.gradient_complete(u, boundary); });
@@ -257,6 +259,7 @@ class Engine {
   /// first unit's input (valid until the next pass).
   Tensor<T> backward_pass(Tensor<T> dy = {}) {
     return communicating("backward_pass", [&]() -> Tensor<T> {
+      apply_deferred_updates();
       const auto timed = timers_.phase(profile::Phase::backward);
       const UnitRange r = pass_backward("backward_pass", dy, [&](int u) {
         exchange_.gradient_complete(u, micro_.pass_at_boundary(u));
@@ -279,6 +282,7 @@ class Engine {
                     "Engine::backward_input_pass: the deferred weight "
                     "gradients given still hold ",
                     deferred.size(), " products of an earlier pass; run its weight_pass first");
+      apply_deferred_updates();
       const auto timed = timers_.phase(profile::Phase::backward);
       // Only this backward reads it: every pass (and micro-step) starts from a fresh context.
       micro_.ctx().weight_grads = &deferred;
@@ -374,8 +378,14 @@ class Engine {
     return communicating("step", [&]() -> bool {
       if (!micro_.boundary_pending()) return false;
       expect_consistent("step");
+      apply_deferred_updates();
+      const int n = num_units();
       const auto timed = timers_.phase(profile::Phase::step);
       exchange_.drain_reductions();
+      for (int u = 0; u < num_units(); ++u) start_unfolded_gradient(u);
+      // Offload<CPU>: the norm and the host optimizer read gradient shards the device's kernels
+      // wrote.
+      if constexpr (offload_cpu) backend_.host_waits_for_compute();
       // One all-reduce carries the sum of squares and the count of non-finite losses (a second
       // one adds up the tensor-parallel ranks' parts).
       double stats[2] = {0.0, static_cast<double>(micro_.nonfinite_losses())};
@@ -405,24 +415,29 @@ class Engine {
         const double factor =
             optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping) / scale;
         if (training_.scheduler) training_.lr = training_.scheduler->lr();
-        // Offload<CPU>: the host optimizer reads gradient shards the device's kernels wrote.
-        if constexpr (offload_cpu) backend_.host_waits_for_compute();
-        try {
-          // The gather of an updated slice starts at once and overlaps the next units' updates
-          // (and, offloaded, their I/O).
-          store_.for_each_unit(StateAccess::update, [&](int u) {
-            update_unit(u, factor);
-            if constexpr (stage_traits::regathers_after_update) {
-              if (unit(u).persistent) exchange_.start_gather(u);
-            }
-          });
-        } catch (const std::exception& e) {
-          // Some slices are updated and others not, and an offloaded group may be half written:
-          // refuse to train on or save this state (a save would replace a good checkpoint).
-          inconsistent_ = e.what();
-          clear_accumulators();
-          finish_window();  // between steps again, so a checkpoint can be loaded
-          throw;
+        if (defers_update()) {
+          // The next forward applies it unit by unit, each just before the unit's gather.
+          deferred_.emplace(
+              DeferredUpdate{factor, std::vector<char>(static_cast<std::size_t>(n), 0), n});
+        } else {
+          try {
+            // The gather of an updated slice starts at once and overlaps the next units'
+            // updates (and, offloaded, their I/O).
+            store_.for_each_unit(StateAccess::update, [&](int u) {
+              update_unit(u, factor);
+              if constexpr (stage_traits::regathers_after_update) {
+                if (unit(u).persistent) exchange_.start_gather(u);
+              }
+            });
+          } catch (const std::exception& e) {
+            // Some slices are updated and others not, and an offloaded group may be half
+            // written: refuse to train on or save this state (a save would replace a good
+            // checkpoint).
+            inconsistent_ = e.what();
+            clear_accumulators();
+            finish_window();  // between steps again, so a checkpoint can be loaded
+            throw;
+          }
         }
         if (training_.scheduler) training_.scheduler->step();
         ++training_.steps;
@@ -430,7 +445,7 @@ class Engine {
         ++training_.skipped_steps;
       }
       clear_accumulators();
-      if (apply) exchange_.regather_after_update();
+      if (apply && !deferred_) exchange_.regather_after_update();
       finish_window();
       return true;
     });
@@ -443,17 +458,24 @@ class Engine {
   /// (the program's own JSON, e.g. its data loader position). Call between steps.
   checkpoint::SaveResult save_checkpoint(const std::filesystem::path& dir, std::string_view tag,
                                          const nlohmann::json& client_state = {}) {
-    return communicating("save_checkpoint",
-                         [&] { return save_engine_checkpoint(*this, dir, tag, client_state); });
+    return communicating("save_checkpoint", [&] {
+      apply_deferred_updates();
+      return save_engine_checkpoint(*this, dir, tag, client_state);
+    });
   }
   /// Loads <dir>/<tag> (`latest` when tag is empty), saved at any world size and stage; returns
   /// the client_state saved with it.
   nlohmann::json load_checkpoint(const std::filesystem::path& dir, std::string_view tag = {}) {
-    return communicating("load_checkpoint",
-                         [&] { return load_engine_checkpoint(*this, dir, tag); });
+    return communicating("load_checkpoint", [&] {
+      apply_deferred_updates();  // the load replaces what it would write
+      return load_engine_checkpoint(*this, dir, tag);
+    });
   }
   /// The view of this engine's state that checkpoint and weight tools use.
-  EngineState<Engine> state() { return EngineState<Engine>(*this); }
+  EngineState<Engine> state() {
+    communicating("state", [&] { apply_deferred_updates(); });
+    return EngineState<Engine>(*this);
+  }
 
   /// True between optimizer steps (no micro-step of an accumulation window done yet).
   bool between_steps() const { return micro_.between_steps(); }
@@ -471,7 +493,10 @@ class Engine {
   /// Waits for every collective the engine still has in flight (the parameter gathers a step
   /// leaves running for the next forward).
   void synchronize() {
-    communicating("synchronize", [&] { exchange_.synchronize(); });
+    communicating("synchronize", [&] {
+      apply_deferred_updates();
+      exchange_.synchronize();
+    });
   }
 
   /// Sums values (host doubles, as many on every rank) over the data-parallel group, in place (a
@@ -485,6 +510,7 @@ class Engine {
   /// The whole flat parameters of unit u from the master (a collective; f64/f32 values).
   std::vector<MasterT> gather_unit_values(int u) {
     return communicating("gather_unit_values", [&]() -> std::vector<MasterT> {
+      apply_deferred_updates();
       Unit& s = unit(u);
       const auto numel = static_cast<std::size_t>(s.partition->numel());
       // Read and gathered in the units' memory (the communicator's), then copied to the host.
@@ -562,7 +588,13 @@ class Engine {
   /// True when the engine was built from a config (it owns optimizers).
   bool has_optimizer() const { return !optimizers_.empty(); }
   /// The optimizer of unit u's slice (engines built from a config).
-  optim::AnyOptimizer& optimizer(int u) { return optimizers_.at(static_cast<std::size_t>(u)); }
+  optim::AnyOptimizer& optimizer(int u) {
+    communicating("optimizer", [&] { apply_deferred_updates(); });
+    return optimizers_.at(static_cast<std::size_t>(u));
+  }
+  /// Offload<CPU> with overlap_offload_update: units whose part of the last step's update the
+  /// next forward (or whatever reads the state first) has yet to apply; 0 otherwise.
+  int deferred_updates() const { return deferred_ ? deferred_->left : 0; }
   /// The LR scheduler, if the config had one.
   std::optional<optim::LrScheduler>& scheduler() { return training_.scheduler; }
   /// The fp16 loss scaler (Precision<f16> only).
@@ -590,6 +622,7 @@ class Engine {
     static_assert(!stage_traits::shards_grads,
                   "Engine::boundary_gradient: stages 2-3 reduce gradients as they are produced");
     exchange_.drain_reductions();
+    start_unfolded_gradient(u);
     return update_grad(u);
   }
 
@@ -674,6 +707,9 @@ class Engine {
     store_.settle(so);
     masters_replaced();
     exchange_.set_timers(&timers_);
+    if constexpr (offload_cpu) {
+      exchange_.set_before_gather([this](int u) { apply_deferred_update(u); });
+    }
     for (int u = 0; u < n; ++u) exchange_.bind(u);
     synchronize();  // construction ends with every rank's parameters in place
   }
@@ -846,14 +882,23 @@ class Engine {
       g = g.subspan(static_cast<std::size_t>(p.shard_begin(unit(u).group->rank())),
                     static_cast<std::size_t>(p.shard_numel()));
     }
-    if (groups_.tp_rank() == 0) return backend_.sum_of_squares(std::span<const MasterT>(g));
+    if (groups_.tp_rank() == 0) return sum_of_squares(std::span<const MasterT>(g));
     double sum = 0.0;
     for (const ShardSegment& s : p.segments(unit(u).group->rank())) {
       if (!unit(u).specs[static_cast<std::size_t>(s.param)].split.is_split()) continue;
-      sum += backend_.sum_of_squares(std::span<const MasterT>(
+      sum += sum_of_squares(std::span<const MasterT>(
           g.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count))));
     }
     return sum;
+  }
+  // Sum of squares of gradient values where they live: under Offload<CPU> the host's threads
+  // read the pinned shard (a device kernel would pull it over the bus), else the backend's.
+  double sum_of_squares(std::span<const MasterT> g) {
+    if constexpr (offload_cpu) {
+      return HostBackend::sum_of_squares(g);
+    } else {
+      return backend_.sum_of_squares(g);
+    }
   }
   void update_unit(int u, double factor) {
     const std::span<MasterT> param = unit(u).resident_master();
@@ -891,16 +936,70 @@ class Engine {
     for (int u = 0; u < num_units(); ++u) refresh_compute_params(u);
     exchange_.regather_after_update();
   }
+  // Ends the window's gradients: the next window's first fold starts the fp32 accumulators
+  // (Fold::start) instead of a clear here; whole f32 gradients, which the layers add into, are
+  // cleared.
   void clear_accumulators() {
     for (Unit& s : units_) {
-      backend_.clear(std::span<MasterT>(s.grad_shard.data(), s.grad_shard.size()));
-      backend_.clear(std::span<MasterT>(s.grad_accumulator.data(), s.grad_accumulator.size()));
+      s.window_folded = false;
       if constexpr (!stage_traits::shards_grads && compute_is_master) {
         backend_.clear(std::span<T>(s.grads->data(), s.grads->size()));
       }
     }
   }
+  // Makes unit u's fp32 accumulators hold this window's gradient when no fold started them (a
+  // unit that ran no backward in the window): they are cleared, as every step used to.
+  void start_unfolded_gradient(int u) {
+    Unit& s = unit(u);
+    if (std::exchange(s.window_folded, true)) return;
+    backend_.clear(std::span<MasterT>(s.grad_shard.data(), s.grad_shard.size()));
+    backend_.clear(std::span<MasterT>(s.grad_accumulator.data(), s.grad_accumulator.size()));
+  }
   void finish_window() { micro_.finish_window(); }
+
+  // ---- the deferred update (Offload<CPU>, EngineOptions::overlap_offload_update) ------------
+
+  // What step() left for the next forward: the factor its units' updates use, and which units
+  // have had theirs.
+  struct DeferredUpdate {
+    double factor = 1.0;
+    std::vector<char> done;
+    int left = 0;
+  };
+  bool defers_update() const {
+    if constexpr (offload_cpu) {
+      return options_.overlap_offload_update && num_units() > 0;
+    } else {
+      return false;
+    }
+  }
+  // Applies unit u's part of the deferred update, then starts its gather (or drops a stale
+  // gathered copy) as step() would have. The exchange calls it before any gather or use of u.
+  void apply_deferred_update(int u) {
+    if (!deferred_ || deferred_->done[static_cast<std::size_t>(u)] != 0) return;
+    deferred_->done[static_cast<std::size_t>(u)] = 1;
+    const double factor = deferred_->factor;
+    if (--deferred_->left == 0) deferred_.reset();
+    try {
+      const auto timed = timers_.phase(profile::Phase::step);
+      update_unit(u, factor);
+    } catch (const std::exception& e) {
+      inconsistent_ = e.what();  // as a step that stopped part-way
+      deferred_.reset();
+      throw;
+    }
+    if constexpr (stage_traits::regathers_after_update) {
+      if (unit(u).persistent) {
+        exchange_.start_gather(u);
+      } else if (unit(u).params) {
+        exchange_.release(u);
+      }
+    }
+  }
+  // Applies what is left of the deferred update, in unit order.
+  void apply_deferred_updates() {
+    for (int u = 0; deferred_ && u < num_units(); ++u) apply_deferred_update(u);
+  }
 
   M& model_;
   EngineGroups groups_;
@@ -926,6 +1025,7 @@ class Engine {
   profile::StepTimers timers_;
   bool last_step_skipped_ = false;
   double last_grad_norm_ = 0.0;
+  std::optional<DeferredUpdate> deferred_;
 };
 
 }  // namespace zero::engine

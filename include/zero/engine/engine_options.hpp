@@ -52,6 +52,12 @@ struct EngineOptions {
   std::int64_t max_live_elems = 1'000'000'000;
   /// Gradient reductions in flight during backward (each holds one unit-sized buffer).
   int max_pending_reductions = 2;
+  /// Offload<CPU>: step() leaves each unit's host update to the next forward, which applies it
+  /// just before the unit's gather, so the host updates one unit while the device computes the
+  /// units before it. The values are those of updating every unit in step(); whatever reads the
+  /// state (a backward, step, checkpoints, gather_unit_values, synchronize, optimizer(u))
+  /// applies what is left first. false updates every unit in step().
+  bool overlap_offload_update = true;
   /// Offload<NVMe>, tests only: fails chosen requests of the swapper's file I/O.
   std::shared_ptr<offload::FaultInjector> nvme_faults;
 

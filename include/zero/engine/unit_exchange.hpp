@@ -27,10 +27,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <parallel/comm/any_comm.hpp>
 #include <zero/core/error.hpp>
+#include <zero/engine/backend.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/memory_report.hpp>
 #include <zero/engine/stage_traits.hpp>
@@ -63,6 +65,9 @@ class UnitExchange {
 
   /// Adds the time spent waiting for gathers and reductions to timers (null: untimed).
   void set_timers(profile::StepTimers* timers) { timers_ = timers; }
+  /// fn(u) runs before unit u's master is read for a gather and before its gathered parameters
+  /// are used: where the engine applies the part of an update it deferred (Offload<CPU>).
+  void set_before_gather(std::function<void(int)> fn) { before_gather_ = std::move(fn); }
 
   /// Binds unit u's parameter views to its current buffers (grads empty while there are none).
   void bind(int u) {
@@ -84,6 +89,7 @@ class UnitExchange {
 
   /// Starts the all-gather of unit u's params into its whole buffer (allocated when absent).
   void start_gather(int u) {
+    if (before_gather_) before_gather_(u);
     Unit& s = unit(u);
     if (s.gathering) return;
     const bool fresh = !s.params;
@@ -119,6 +125,7 @@ class UnitExchange {
   /// a backward.
   void acquire(int u, bool with_grads) {
     auto ready = [&](int v) {
+      if (before_gather_) before_gather_(v);
       Unit& s = unit(v);
       if (!s.params) start_gather(v);
       finish_gather(v);
@@ -201,11 +208,14 @@ class UnitExchange {
     p.unit = u;
     if constexpr (!traits::shards_grads) {
       if constexpr (!Unit::compute_is_master) {  // fold into the fp32 accumulator
-        backend_.accumulate(span(s.grad_accumulator), std::span<const T>(span(*s.grads)));
+        backend_.accumulate(span(s.grad_accumulator), std::span<const T>(span(*s.grads)), 1.0,
+                            next_fold(s));
         s.grads.reset();
         bind(u);
       }
       if (!boundary) return;
+      // The reduction below writes the whole grad_shard (stage 1).
+      s.window_folded = true;
       backend_.comm_waits_for_compute();
       const std::span<MasterT> acc = s.whole_accumulator();
       if constexpr (traits::all_reduces_grads) {
@@ -260,6 +270,10 @@ class UnitExchange {
   }
   Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
   int num_units() const { return static_cast<int>(units_.size()); }
+  // How the next fold into s's fp32 accumulator treats it: the window's first starts it.
+  static Fold next_fold(Unit& s) {
+    return std::exchange(s.window_folded, true) ? Fold::add : Fold::start;
+  }
   // The last unit (in forward order) that uses unit v; -1 when none does.
   int last_user(int v) {
     if (last_user_.empty()) {
@@ -306,7 +320,8 @@ class UnitExchange {
       }
     }
     if constexpr (traits::shards_grads) {
-      backend_.accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)), s.grad_scale);
+      backend_.accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)), s.grad_scale,
+                          next_fold(s));
       s.grads.reset();  // the whole gradient is released once reduced
       if constexpr (traits::gathers_before_use) {
         if (s.pinned && !s.persistent) s.params.reset();  // its last user is done
@@ -351,6 +366,7 @@ class UnitExchange {
   const EngineOptions& options_;
   ContextFn context_;
   profile::StepTimers* timers_ = nullptr;
+  std::function<void(int)> before_gather_;
   std::vector<DeviceBuffer<T>> scratch_pool_;
   std::deque<Pending> pending_;  // after the pool: its work may still write into its scratch
   std::int64_t peak_gathered_elems_ = 0;

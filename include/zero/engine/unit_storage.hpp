@@ -166,6 +166,10 @@ struct UnitState {
   std::optional<DeviceBuffer<T>> params, grads;  ///< whole unit in the compute type
   parallel::Work pending_gather;                 ///< declared after the buffers it writes
   bool gathering = false;
+  /// The fp32 accumulators (grad_accumulator, grad_shard) hold this accumulation window's
+  /// gradient: the window's first fold started them (Fold::start), so a step need not clear them.
+  /// Until then they hold the last window's values.
+  bool window_folded = false;
   bool params_hold_master = false;  ///< stage 0 in f32/f64: params is the master
   bool pinned = false;      ///< used by another unit: gathered from its forward to its backward
   bool persistent = false;  ///< kept gathered for the whole run (stages 0-2; small at stage 3)
