@@ -3,11 +3,12 @@
 // make_pinned_buffer can construct. An engine that put an offloaded master or gradient shard in
 // device memory (or made a pinned buffer any other way) would not compile. After several steps
 // the parameters equal those of the same run without offload, bit for bit (f32 and bf16, stages
-// 1-3, 1 and 2 ranks, accumulation 2, clipping); memory_report() puts the master, the states and
-// the gradient shard in host memory and nothing else; the optimizer runs on the host only after
-// the host waited for the compute that wrote its gradient; a step leaves each unit's update to the
-// next forward (overlap_offload_update) with the same values; zero::dispatch picks Offload<CPU>
-// from the config's offload_optimizer.device for a device engine, and refuses nvme there.
+// 1-3, 1 and 2 ranks, accumulation 2, clipping); memory_report() puts the master (and its bf16
+// copy), the states and the gradient shard in host memory and nothing else; the optimizer runs on
+// the host only after the host waited for the compute that wrote its gradient; a step leaves each
+// unit's update to the next forward (overlap_offload_update) with the same values; zero::dispatch
+// picks Offload<CPU> from the config's offload_optimizer.device for a device engine, and refuses
+// nvme there.
 #include <atomic>
 #include <cstddef>
 #include <span>
@@ -116,24 +117,29 @@ void check_cpu_offload() {
       const Run& p = plain[static_cast<std::size_t>(r)];
       const Run& o = offloaded[static_cast<std::size_t>(r)];
       CHECK(o.units == p.units);  // bit for bit
-      // The master slice, its optimizer states and the gradient shard (a master-sized fp32
-      // slice) are in host memory, and nothing else is: the device holds what the run without
-      // offload holds beside them (scratch aside: an f32 gather reads a device copy of the
-      // pinned slice, where the plain run reads the slice itself).
+      // The master slice, its optimizer states, the gradient shard (a master-sized fp32 slice)
+      // and, in bf16, the slice's bf16 copy (half the master's bytes, counted with it) are in
+      // host memory, and nothing else is: the device holds what the run without offload holds
+      // beside them (scratch aside: a gather copies the pinned values into a device scratch,
+      // where the plain f32 run reads the slice itself).
+      const std::size_t copy_bytes = bf16 ? p.report.master_bytes / 2 : 0;
       const auto moved = [](const engine::MemoryReport& m) {
         return 2 * m.master_bytes + m.optimizer_bytes;
       };
       CHECK(p.report.host_bytes == 0);
-      CHECK(o.report.master_bytes == p.report.master_bytes);
+      CHECK(o.report.master_bytes == p.report.master_bytes + copy_bytes);
       CHECK(o.report.optimizer_bytes == p.report.optimizer_bytes);
-      CHECK(o.report.host_bytes == moved(o.report));
+      CHECK(o.report.host_bytes == moved(p.report) + copy_bytes);
       CHECK(o.report.device_bytes() - o.report.scratch_bytes ==
             p.report.total() - p.report.scratch_bytes - moved(p.report));
     }
-    // Two pinned buffers per unit and rank (master and gradient shard); one host wait per step
-    // and rank before the optimizer reads what the device wrote.
-    CHECK(PinnedTestBackend::pinned_buffers == 2 * offloaded[0].num_units * world);
-    CHECK(PinnedTestBackend::host_waits == steps * world);
+    // Two pinned buffers per unit and rank (master and gradient shard), three in bf16 (its
+    // compute copy); one host wait per step and rank before the optimizer reads what the device
+    // wrote, and in bf16 one per unit and rank before the host first rounds the initial master
+    // into the compute copy (the updates write it after that).
+    const int units = offloaded[0].num_units;
+    CHECK(PinnedTestBackend::pinned_buffers == (bf16 ? 3 : 2) * units * world);
+    CHECK(PinnedTestBackend::host_waits == (steps + (bf16 ? units : 0)) * world);
   }
 }
 

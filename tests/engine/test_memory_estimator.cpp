@@ -128,6 +128,9 @@ TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are be
   in.offload_param = OffloadDevice::cpu;
   CHECK(engine::estimate_model_states(in).device_at_rest == 0);  // unit buffers only
   CHECK(engine::estimate_model_states(in).device_working == Approx(2 * 2 * 2e8));
+  // The host holds the master, Adam's states, the fp32 gradient shard and the bf16 copy the host
+  // optimizer writes for the gathers: 18 psi / N, DeepSpeed's offload_param figure.
+  CHECK(engine::estimate_model_states(in).host == Approx(18 * psi / n));
   in.offload_optimizer = OffloadDevice::nvme;
   in.offload_param = OffloadDevice::none;
   const auto nv = engine::estimate_model_states(in);

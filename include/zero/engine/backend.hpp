@@ -131,6 +131,15 @@ struct HostBackend {
                        " elements into ", dst.size());
     std::copy(src.begin(), src.end(), dst.begin());
   }
+  /// dst = src in the compute stream's order, without waiting for it: pinned host memory into
+  /// the units' memory (Offload<CPU>'s gathers). src must stay unchanged until the compute
+  /// stream has passed the copy. A plain copy here.
+  template <class E>
+  static void copy_async(std::span<E> dst, std::span<const E> src) {
+    expect<ShapeError>(dst.size() == src.size(), "HostBackend::copy_async: ", src.size(),
+                       " elements into ", dst.size());
+    std::copy(src.begin(), src.end(), dst.begin());
+  }
 
   /// acc[i] += factor * g[i], in acc's type (the product rounded once); Fold::start writes
   /// A{} + factor * g[i], the same bits as adding to a cleared acc (a negative zero becomes +0).

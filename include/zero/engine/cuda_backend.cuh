@@ -229,6 +229,18 @@ class CudaBackend {
   void copy_to_host(std::span<E> dst, std::span<const E> src) {
     copy_waiting(dst, src, "CudaBackend::copy_to_host");
   }
+  /// dst = src by DMA (cudaMemcpyAsync) in the compute stream's order, without a host wait:
+  /// Offload<CPU>'s gathers copy the pinned compute copy of a master slice up this way. src must
+  /// stay unchanged until the compute stream has passed the copy (the host optimizer rewrites it
+  /// only after host_waits_for_compute()).
+  template <class E>
+  void copy_async(std::span<E> dst, std::span<const E> src) {
+    expect<ShapeError>(dst.size() == src.size(), "CudaBackend::copy_async: ", src.size(),
+                       " elements into ", dst.size());
+    if (src.empty()) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
+                                    compute_->native()));
+  }
   /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
     return std::make_unique<Arena<Cuda>>(bytes, std::move(name), *compute_);

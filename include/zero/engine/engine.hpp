@@ -910,13 +910,26 @@ class Engine {
       if constexpr (std::is_same_v<MasterT, float>) {
         auto io = optim::FusedIo::over(param, std::span<const float>(grad));
         io.scale_grad(static_cast<float>(factor));
+        // Offload<CPU> below fp32: the pass also writes the rounded copy a gather copies up.
+        if constexpr (offload_cpu && !compute_is_master) {
+          io.write_back(std::span<T>(unit(u).compute_copy.data(), unit(u).compute_copy.size()));
+        }
         optim::StepOptions run;
         if constexpr (device_optimizer) run.executor = backend_.fused_executor();
         opt.step(io, run);
       }
+      if constexpr (offload_cpu && !compute_is_master) {
+        unit(u).compute_copy_current = std::is_same_v<MasterT, float>;
+      }
     } else {
       if (factor != 1.0) backend_.scale(grad, factor);
       update_(u, param, grad);
+      if constexpr (offload_cpu && !compute_is_master) {  // the host rounds the copy itself
+        Unit& s = unit(u);
+        HostBackend::convert_into(std::span<T>(s.compute_copy.data(), s.compute_copy.size()),
+                                  std::span<const MasterT>(param));
+        s.compute_copy_current = true;
+      }
     }
     refresh_compute_params(u);
   }
@@ -933,6 +946,7 @@ class Engine {
   }
   // The master slices were written from outside (checkpoint or weights load).
   void masters_replaced() {
+    for (Unit& s : units_) s.compute_copy_current = false;
     for (int u = 0; u < num_units(); ++u) refresh_compute_params(u);
     exchange_.regather_after_update();
   }

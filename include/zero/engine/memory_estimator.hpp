@@ -16,8 +16,11 @@
 //   These are not written out here: the estimate walks unit_buffer_plan (unit_storage.hpp),
 //   the same list of buffers the engine allocates and memory_report() sums.
 //   Optimizer offload moves the sharded part to host memory (CPU) or, except the fp32 gradient
-//   shard, to files (NVMe). Parameter offload has nothing further to move (the master slice is
-//   the only copy of a rank's parameters at rest); it is accepted for DeepSpeed parity.
+//   shard, to files (NVMe). Offload to the CPU below fp32 adds the slice's compute-type copy
+//   there (b psi / N: the host optimizer writes it, a gather copies it up by DMA), so the host
+//   holds 18 psi / N with Adam in bf16, as DeepSpeed's figure. Parameter offload has nothing
+//   further to move (the master slice is the only copy of a rank's parameters in device memory
+//   at rest); it is accepted for DeepSpeed parity.
 
 #include <algorithm>
 #include <cstdint>

@@ -9,7 +9,9 @@ namespace zero::engine {
 
 /// Bytes of model state held by this rank, by category.
 struct MemoryReport {
-  std::size_t master_bytes = 0;            ///< fp32 (f64) master slice(s) this rank updates
+  /// fp32 (f64) master slice(s) this rank updates (with Offload<CPU> in bf16/f16, also their
+  /// copy in the compute type that the host optimizer writes for the gathers)
+  std::size_t master_bytes = 0;
   std::size_t optimizer_bytes = 0;         ///< optimizer states of that slice
   std::size_t grad_accumulator_bytes = 0;  ///< fp32 gradient shards or whole accumulators
   std::size_t whole_param_bytes = 0;       ///< gathered (whole) unit parameters in compute type
@@ -17,7 +19,7 @@ struct MemoryReport {
   std::size_t scratch_bytes = 0;           ///< reduction/gather buffers in flight or kept for reuse
   std::size_t offloaded_bytes = 0;         ///< state kept off this memory (files for NVMe)
   /// Of the bytes above, those in host memory beside a compute device (Offload<CPU>: the master
-  /// slice, its optimizer states and the gradient shard); 0 without offload.
+  /// slice and its compute copy, its optimizer states and the gradient shard); 0 without offload.
   std::size_t host_bytes = 0;
 
   /// Everything this rank holds in memory (offloaded bytes excluded).

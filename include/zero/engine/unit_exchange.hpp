@@ -286,20 +286,43 @@ class UnitExchange {
   }
 
   // The buffer the all-gather of unit u reads: the master slice itself when it is resident in
-  // the compute type in the compute device's memory, else a pooled scratch that the store fills
-  // (rounded from the slice, read from its file, or copied up from pinned host memory) and that
-  // lives until the gather finished. No low-precision copy is kept
-  // between gathers, so stage 3 holds 16 psi / N at rest whatever the precision.
+  // the compute type in the compute device's memory, else a pooled scratch that lives until the
+  // gather finished, filled by the store (rounded from the slice, or read from its file) or,
+  // under Offload<CPU>, copied up by DMA from pinned host memory (the fp32 slice, or its compute
+  // copy below fp32). No low-precision copy is kept in the device's memory between gathers, so
+  // stage 3 holds 16 psi / N there at rest whatever the precision.
   std::span<const T> gather_source(int u) {
     Unit& s = unit(u);
     if constexpr (Unit::compute_is_master && Store::in_memory && !Unit::host_states) {
       const std::span<MasterT> m = s.resident_master();
       return std::span<const T>(m.data(), m.size());
+    } else if constexpr (Unit::host_states) {
+      s.gather_scratch = take_scratch(s.numel(Extent::shard));
+      const std::span<T> out = span(s.gather_scratch);
+      backend_.copy_async(out, host_compute_values(s));
+      return out;
     } else {
       s.gather_scratch = take_scratch(s.numel(Extent::shard));
       const std::span<T> out = span(s.gather_scratch);
       store_.read_master_into(u, out, backend_);
       return out;
+    }
+  }
+  // Offload<CPU>: unit s's master slice in the compute type, in pinned host memory: the slice
+  // itself in f32, else its compute copy, rounded here on the host when no update wrote it since
+  // the slice was set (initialisation, a load), after the device's earlier copies of it.
+  std::span<const T> host_compute_values(Unit& s) {
+    if constexpr (Unit::compute_is_master) {
+      const std::span<MasterT> m = s.resident_master();
+      return std::span<const T>(m.data(), m.size());
+    } else {
+      const std::span<T> copy = span(s.compute_copy);
+      if (!s.compute_copy_current) {
+        backend_.host_waits_for_compute();
+        HostBackend::convert_into(copy, std::span<const MasterT>(s.resident_master()));
+        s.compute_copy_current = true;
+      }
+      return copy;
     }
   }
   void finish_oldest() {

@@ -9,6 +9,7 @@
 //   states         | whole         | shard           | shard           | shard
 //   grad_shard     | -             | shard           | shard           | shard
 //   grad_accum     | whole (b<4)   | whole (b<4)     | -               | -
+//   compute_copy   | -             | shard (CPU,b<4) | shard (CPU,b<4) | shard (CPU,b<4)
 //   params         | whole         | whole           | whole           | while used
 //   grads          | whole (b=4)   | whole (b=4)     | while used      | while used
 //                  | or while used | or while used   |                 |
@@ -16,8 +17,10 @@
 // accumulator and, at stage 0, the whole parameters are the master. Offloading moves the master
 // and states to host memory (CPU) or files (NVMe) and the gradient shard to host memory. Under
 // Offload<CPU> (UnitState's HostStates) the master and the gradient shard are the backend's
-// pinned host buffers: the host optimizer updates them in place, and the device's kernels read
-// and write them directly (the reduced gradient folded in, the master rounded for a gather).
+// pinned host buffers: the host optimizer updates them in place, and the device's kernels write
+// the reduced gradient into the shard directly. With a compute type below fp32 the host
+// optimizer also writes the updated slice rounded to it (compute_copy, pinned), which a gather
+// copies up by DMA: half the bytes of the fp32 master, which a kernel would read over the bus.
 
 #include <cstddef>
 #include <cstdint>
@@ -42,6 +45,7 @@ enum class BufferRole : unsigned char {
   optimizer_states,  ///< the optimizer's states of those values (the optimizer owns them)
   grad_shard,        ///< fp32 gradient of this rank's slice, reduced over the ranks
   grad_accumulator,  ///< whole fp32 gradient summed over micro-steps (bf16/f16, stages 0-1)
+  compute_copy,      ///< Offload<CPU>, b < 4: the master slice rounded, in host memory
   params,            ///< the whole unit's parameters in the compute type
   grads,             ///< the whole unit's gradient in the compute type
 };
@@ -104,6 +108,10 @@ inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
     plan.push_back({BufferRole::grad_accumulator, Extent::whole, Lifetime::at_rest,
                     Placement::compute, k.master_bytes});
   }
+  if (k.offload == OffloadDevice::cpu && !k.compute_is_master) {
+    plan.push_back({BufferRole::compute_copy, Extent::shard, Lifetime::at_rest, Placement::host,
+                    k.compute_bytes});
+  }
   plan.push_back({BufferRole::params, Extent::whole,
                   k.stage <= 2 ? Lifetime::at_rest : Lifetime::while_used, Placement::compute,
                   k.compute_bytes, params_hold_master});
@@ -117,6 +125,7 @@ inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
 inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
   switch (role) {
     case BufferRole::master:
+    case BufferRole::compute_copy:
       r.master_bytes += bytes;
       break;
     case BufferRole::optimizer_states:
@@ -159,6 +168,10 @@ struct UnitState {
   StateBuffer<MasterT> master;  ///< empty when params holds it or it is in files
   std::optional<std::span<MasterT>> swapped_in_master;  ///< Offload<NVMe>: while in a buffer
   StateBuffer<MasterT> grad_shard;                      ///< stages 1-3
+  StateBuffer<T> compute_copy;  ///< Offload<CPU> below fp32: the slice rounded (see the plan)
+  /// compute_copy holds the master's current values (the last update wrote it); false after
+  /// initialisation and after the master was replaced (a checkpoint or weights loaded).
+  bool compute_copy_current = false;
   /// The optimizer's state buffers (exp_avg, ...) under DeviceStates; else the optimizer's own.
   std::vector<DeviceBuffer<float>> optimizer_states;
   DeviceBuffer<MasterT> grad_accumulator;        ///< stages 0-1 with a compute type below fp32
@@ -191,12 +204,15 @@ struct UnitState {
     const std::size_t n = numel(b.extent);
     switch (b.role) {
       case BufferRole::master:
-        master = make_state_buffer(b, n, backend);
+        master = make_state_buffer<MasterT>(b, n, backend);
         break;
       case BufferRole::optimizer_states:
         break;  // the optimizer's, moved here by adopt_optimizer_states under DeviceStates
       case BufferRole::grad_shard:
-        grad_shard = make_state_buffer(b, n, backend);
+        grad_shard = make_state_buffer<MasterT>(b, n, backend);
+        break;
+      case BufferRole::compute_copy:
+        compute_copy = make_state_buffer<T>(b, n, backend);
         break;
       case BufferRole::grad_accumulator:
         grad_accumulator = backend.template make_buffer<MasterT>(n);
@@ -260,26 +276,30 @@ struct UnitState {
     opt.release_state_storage();
     opt.bind_state(std::span<const std::span<float>>(bound));
   }
-  /// A master or gradient-shard buffer of n elements: pinned host memory under Offload<CPU>,
-  /// else the compute device's (Offload<NVMe> runs on the host, where that is host memory too).
-  static StateBuffer<MasterT> make_state_buffer(const BufferPlan& b, std::size_t n,
-                                                Backend& backend) {
+  /// A master, gradient-shard or compute-copy buffer of n elements: pinned host memory under
+  /// Offload<CPU>, else the compute device's (Offload<NVMe> runs on the host, where that is host
+  /// memory too).
+  template <class E>
+  static StateBuffer<E> make_state_buffer(const BufferPlan& b, std::size_t n, Backend& backend) {
     expect<Error>(!HostStates || b.placement == Placement::host,
-                  "UnitState: under Offload<CPU> the plan must place the master and the gradient "
-                  "shard in host memory");
+                  "UnitState: under Offload<CPU> the plan must place the master, the gradient "
+                  "shard and the compute copy in host memory");
     if constexpr (HostStates) {
-      return backend.template make_pinned_buffer<MasterT>(n);
+      return backend.template make_pinned_buffer<E>(n);
     } else {
-      return backend.template make_buffer<MasterT>(n);
+      return backend.template make_buffer<E>(n);
     }
   }
   /// Adds this unit's buffers to r by role (optimizer states only where the unit holds them).
   void report(MemoryReport& r) const {
-    if constexpr (HostStates) r.host_bytes += master.bytes() + grad_shard.bytes();
+    if constexpr (HostStates) {
+      r.host_bytes += master.bytes() + grad_shard.bytes() + compute_copy.bytes();
+    }
     add_bytes(r, params_hold_master ? BufferRole::master : BufferRole::params,
               params ? params->bytes() : 0);
     add_bytes(r, BufferRole::master, master.bytes());
     add_bytes(r, BufferRole::grad_shard, grad_shard.bytes());
+    add_bytes(r, BufferRole::compute_copy, compute_copy.bytes());
     add_bytes(r, BufferRole::grad_accumulator, grad_accumulator.bytes());
     add_bytes(r, BufferRole::grads, grads ? grads->bytes() : 0);
     for (const auto& b : optimizer_states) add_bytes(r, BufferRole::optimizer_states, b.bytes());
