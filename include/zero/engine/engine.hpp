@@ -473,7 +473,7 @@ class Engine {
   }
   /// The view of this engine's state that checkpoint and weight tools use.
   EngineState<Engine> state() {
-    communicating("state", [&] { apply_deferred_updates(); });
+    apply_deferred_updates_for("state");
     return EngineState<Engine>(*this);
   }
 
@@ -589,7 +589,7 @@ class Engine {
   bool has_optimizer() const { return !optimizers_.empty(); }
   /// The optimizer of unit u's slice (engines built from a config).
   optim::AnyOptimizer& optimizer(int u) {
-    communicating("optimizer", [&] { apply_deferred_updates(); });
+    apply_deferred_updates_for("optimizer");
     return optimizers_.at(static_cast<std::size_t>(u));
   }
   /// Offload<CPU> with overlap_offload_update: units whose part of the last step's update the
@@ -1013,6 +1013,11 @@ class Engine {
   // Applies what is left of the deferred update, in unit order.
   void apply_deferred_updates() {
     for (int u = 0; deferred_ && u < num_units(); ++u) apply_deferred_update(u);
+  }
+  // The same before the state is read from outside the flow (`what`): communicating (its
+  // gathers) only when an update is pending, so reading the state works as before otherwise.
+  void apply_deferred_updates_for(std::string_view what) {
+    if (deferred_) communicating(what, [&] { apply_deferred_updates(); });
   }
 
   M& model_;
