@@ -46,9 +46,10 @@
 //
 // --device cuda (the train_gpt_cuda build: this file compiled by nvcc, when CMake finds it) trains
 // on the GPU: Compute<Cuda>, bf16, the --ranks ranks as threads sharing one GPU over
-// CudaLocalComm, the optimizer's fused passes on the device (or on the host with --offload-cpu,
-// the config's "offload_optimizer": {"device": "cpu"}: ZeRO-Offload), ZeRO stages 0-3, data
-// parallel only (tensor, pipeline, expert and sequence parallelism run on the host);
+// CudaLocalComm or, under mpiexec (built with NCCL and MPI), one process per GPU over NcclComm
+// (each on its node-local GPU), the optimizer's fused passes on the device (or on the host with
+// --offload-cpu, the config's "offload_optimizer": {"device": "cpu"}: ZeRO-Offload), ZeRO stages
+// 0-3, data parallel only (tensor, pipeline, expert and sequence parallelism run on the host);
 // train_gpt_cuda defaults to it and train_gpt refuses it. GPT-2 small is --layers 12 --heads 12
 // --channels 768 --seq 1024 (with --tokens for GPT-2's vocabulary, and --init for its weights);
 // --activation-mb sizes the activation arena (default 512; GPT-2 small at batch 8 needs about
@@ -93,6 +94,9 @@
 
 #include <parallel/comm/cuda_local_comm.cuh>
 #include <zero/core/cuda_check.cuh>
+#if defined(ZERO_WITH_NCCL) && defined(ZERO_WITH_MPI)
+#include <parallel/comm/nccl_comm.cuh>
+#endif
 #endif
 #include <zero/config/auto_values.hpp>
 #include <zero/data/byte_tokenizer.hpp>
@@ -993,10 +997,6 @@ int main(int argc, char** argv) try {
   expect<ConfigError>(o.device == "cuda",
                       "train_gpt_cuda trains on the GPU (--device cuda, its default); train_gpt "
                       "trains on the host");
-  expect<ConfigError>(!launched_by_mpi(),
-                      "train_gpt --device cuda runs its --ranks ranks as threads on one GPU "
-                      "(CudaLocalComm); one process per GPU over NCCL is not wired into "
-                      "train_gpt yet");
   int devices = 0;
   const cudaError_t found = cudaGetDeviceCount(&devices);
   expect<CudaError>(found == cudaSuccess && devices > 0,
@@ -1004,13 +1004,28 @@ int main(int argc, char** argv) try {
                     found == cudaSuccess ? "0 devices" : cudaGetErrorString(found),
                     "); it needs an NVIDIA GPU and a working driver (check nvidia-smi and "
                     "CUDA_VISIBLE_DEVICES), or train_gpt on the host");
-  parallel::CudaLocalComm::run(
-      o.ranks,
-      [&](parallel::CudaLocalComm& comm) {
-        const bool ok = run<Cuda>(o, cfg, corpus, comm);
-        if (comm.rank() == 0) improved = ok;
-      },
-      parallel::CommOptions{cfg.comm_timeout_s});
+  if (launched_by_mpi()) {
+#if defined(ZERO_WITH_NCCL) && defined(ZERO_WITH_MPI)
+    // One process per GPU: NCCL over the ranks mpiexec started, each on the GPU of its index
+    // among its node's ranks (modulo the node's devices).
+    auto world = parallel::MpiComm::world(argc, argv, parallel::CommOptions{cfg.comm_timeout_s});
+    parallel::NcclComm nccl(world);
+    improved = run<Cuda>(o, cfg, corpus, nccl);
+#else
+    throw ConfigError(
+        "train_gpt_cuda runs under mpiexec, one process per GPU over NCCL, but was built without "
+        "NCCL or MPI (ZERO_WITH_NCCL, ZERO_WITH_MPI); without mpiexec its --ranks ranks share "
+        "one GPU");
+#endif
+  } else {
+    parallel::CudaLocalComm::run(
+        o.ranks,
+        [&](parallel::CudaLocalComm& comm) {
+          const bool ok = run<Cuda>(o, cfg, corpus, comm);
+          if (comm.rank() == 0) improved = ok;
+        },
+        parallel::CommOptions{cfg.comm_timeout_s});
+  }
 #else
   expect<ConfigError>(o.device == "host",
                       "--device cuda: this train_gpt was built without CUDA; build the "

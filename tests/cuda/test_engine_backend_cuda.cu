@@ -293,12 +293,12 @@ TEMPLATE_TEST_CASE("CudaBackend::sum_of_squares matches the host to 1e-12, +inf 
 namespace {
 
 // A kernel on `producer` blocks until the host releases it, then writes 1..n; a copy on
-// `consumer` issued after order(backend) must wait for it and see those values, and the same
-// copy without order() (the negative control) must read the zeros from before. The order is
-// decided by the event alone, not by timing.
-template <class Order>
-void check_stream_order(CudaBackend& backend, CudaBackend::Stream& producer,
-                        CudaBackend::Stream& consumer, Order&& order, const char* what) {
+// `consumer` (copy(backend, dst, src)) issued after order(backend) must wait for it and see those
+// values, and the same copy without order() (the negative control) must read the zeros from
+// before. The order is decided by the event alone, not by timing.
+template <class Order, class Copy>
+void check_copy_order(CudaBackend& backend, CudaBackend::Stream& producer,
+                      CudaBackend::Stream& consumer, Order&& order, Copy&& copy, const char* what) {
   // Serialising modes would deadlock the host against the kernel.
   const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
   if (blocking != nullptr && std::string(blocking) == "1") {
@@ -328,8 +328,7 @@ void check_stream_order(CudaBackend& backend, CudaBackend::Stream& producer,
                                                           give_up_cycles);
     ZERO_CUDA_CHECK(cudaGetLastError());
     if (ordered) order(backend);
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(seen.data(), written.data(), written.bytes(),
-                                    cudaMemcpyDeviceToHost, consumer.native()));
+    copy(backend, std::span<float>(seen.data(), n), std::span<const float>(written.data(), n));
     if (ordered) {
       // The copy cannot have run: the kernel it waits for is still blocked.
       CHECK(cudaStreamQuery(consumer.native()) == cudaErrorNotReady);
@@ -350,6 +349,19 @@ void check_stream_order(CudaBackend& backend, CudaBackend::Stream& producer,
   check_same_bits(run(false), std::vector<float>(n, 0.0f), "the copy without the event");
 }
 
+// check_copy_order with a plain cudaMemcpyAsync on `consumer`.
+template <class Order>
+void check_stream_order(CudaBackend& backend, CudaBackend::Stream& producer,
+                        CudaBackend::Stream& consumer, Order&& order, const char* what) {
+  check_copy_order(
+      backend, producer, consumer, std::forward<Order>(order),
+      [&consumer](CudaBackend&, std::span<float> dst, std::span<const float> src) {
+        ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(),
+                                        cudaMemcpyDeviceToHost, consumer.native()));
+      },
+      what);
+}
+
 }  // namespace
 
 TEST_CASE("comm_waits_for_compute orders a comm-stream copy after a compute kernel",
@@ -358,6 +370,27 @@ TEST_CASE("comm_waits_for_compute orders a comm-stream copy after a compute kern
   check_stream_order(
       backend, backend.compute_stream(), backend.comm_stream(),
       [](CudaBackend& b) { b.comm_waits_for_compute(); }, "comm waits for compute");
+}
+
+TEST_CASE("comm_copy_async copies on the comm stream, after compute once ordered",
+          "[cuda][engine]") {
+  // Offload<CPU> folds a gradient shard into device staging on the compute stream and copies it
+  // down into pinned memory with comm_copy_async: the copy must be on the comm stream (the
+  // consumer synchronised below) and wait for the fold only through comm_waits_for_compute.
+  CudaBackend backend;
+  check_copy_order(
+      backend, backend.compute_stream(), backend.comm_stream(),
+      [](CudaBackend& b) { b.comm_waits_for_compute(); },
+      [](CudaBackend& b, std::span<float> dst, std::span<const float> src) {
+        b.comm_copy_async(dst, src);
+      },
+      "comm_copy_async after comm waits for compute");
+  auto device = backend.make_buffer<float>(8);
+  CudaBackend::PinnedBuffer<float> host(4, zero::CudaPinnedHost::default_alignment,
+                                        backend.compute_stream());
+  CHECK_THROWS_AS(backend.comm_copy_async(std::span<float>(host.data(), 4),
+                                          std::span<const float>(device.data(), 8)),
+                  zero::ShapeError);
 }
 
 TEST_CASE("compute_waits_for_comm orders a compute-stream copy after a comm kernel",

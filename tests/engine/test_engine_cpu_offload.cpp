@@ -9,8 +9,10 @@
 // unit's update to the next forward (overlap_offload_update) with the same values; zero::dispatch
 // picks Offload<CPU> from the config's offload_optimizer.device for a device engine, and refuses
 // nvme there.
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -31,7 +33,9 @@ using zero::parallel::LocalComm;
 using zero::testing::per_rank;
 
 // A device whose "pinned host memory" is host memory only its backend's make_pinned_buffer hands
-// out.
+// out, and whose communication stream runs its DMA copies (comm_copy_async) as late as the
+// engine allows: only when compute next waits for it. A shard read, or a staging buffer rewritten,
+// before that wait sees the wrong values, so the runs below would differ from the plain ones.
 struct PinnedTestDevice {};
 struct PinnedTestBackend;
 
@@ -50,6 +54,7 @@ struct PinnedTestBackend : engine::HostBackend {
   using PinnedBuffer = PinnedTestBuffer<E>;
   static inline std::atomic<int> pinned_buffers = 0;
   static inline std::atomic<int> host_waits = 0;
+  static inline std::atomic<int> comm_copies = 0;
 
   template <class E>
   PinnedBuffer<E> make_pinned_buffer(std::size_t n) {
@@ -60,6 +65,20 @@ struct PinnedTestBackend : engine::HostBackend {
     ++host_waits;
     HostBackend::host_waits_for_compute();
   }
+  template <class E>
+  void comm_copy_async(std::span<E> dst, std::span<const E> src) {
+    ++comm_copies;
+    expect<ShapeError>(dst.size() == src.size(), "comm_copy_async: sizes differ");
+    on_comm_.push_back([dst, src] { std::copy(src.begin(), src.end(), dst.begin()); });
+  }
+  void compute_waits_for_comm() {
+    for (auto& copy : on_comm_) copy();
+    on_comm_.clear();
+    HostBackend::compute_waits_for_comm();
+  }
+
+ private:
+  std::vector<std::function<void()>> on_comm_;  // the comm stream's copies not yet run
 };
 
 template <>
@@ -110,6 +129,7 @@ void check_cpu_offload() {
         per_rank<Run>(world, [&](LocalComm& comm) { return train<Plain>(comm, plain_config); });
     PinnedTestBackend::pinned_buffers = 0;
     PinnedTestBackend::host_waits = 0;
+    PinnedTestBackend::comm_copies = 0;
     const auto offloaded = per_rank<Run>(world, [&](LocalComm& comm) {
       return train<Offloaded>(comm, cpu_offload_config(S, bf16));
     });
@@ -140,6 +160,10 @@ void check_cpu_offload() {
     const int units = offloaded[0].num_units;
     CHECK(PinnedTestBackend::pinned_buffers == (bf16 ? 3 : 2) * units * world);
     CHECK(PinnedTestBackend::host_waits == (steps + (bf16 ? units : 0)) * world);
+    // Each unit's reduced shard reaches its pinned shard by one DMA copy a window: stage 1's
+    // reduction at the boundary, stages 2-3's first fold (later micro-steps' folds add into it
+    // over the bus).
+    CHECK(PinnedTestBackend::comm_copies == steps * units * world);
   }
 }
 

@@ -59,6 +59,9 @@ struct HostBackend {
   using Event = HostEvent;
   /// Where the model's units find their kernels.
   static constexpr DeviceKind kernels = DeviceKind::host;
+  /// The communicator reads host memory (LocalComm, MpiComm): the engine's collectives on host
+  /// values go to it directly (HostValueComm).
+  static constexpr bool comm_reads_host_memory = true;
 
   /// Takes the communicator's stream as the stream collectives run on: null for a communicator
   /// of host memory, the only kind the host engine can use (ConfigError otherwise).
@@ -137,6 +140,17 @@ struct HostBackend {
   template <class E>
   static void copy_async(std::span<E> dst, std::span<const E> src) {
     expect<ShapeError>(dst.size() == src.size(), "HostBackend::copy_async: ", src.size(),
+                       " elements into ", dst.size());
+    std::copy(src.begin(), src.end(), dst.begin());
+  }
+  /// dst = src by DMA in the communication stream's order, without waiting for it: Offload<CPU>
+  /// moves a gradient shard folded in the units' memory down into its pinned host shard this
+  /// way, beside the compute stream's backward. Call comm_waits_for_compute() first when compute
+  /// wrote src; src must stay unchanged, and dst unread, until compute_waits_for_comm() has
+  /// ordered compute after the copy. A plain copy here.
+  template <class E>
+  static void comm_copy_async(std::span<E> dst, std::span<const E> src) {
+    expect<ShapeError>(dst.size() == src.size(), "HostBackend::comm_copy_async: ", src.size(),
                        " elements into ", dst.size());
     std::copy(src.begin(), src.end(), dst.begin());
   }

@@ -151,6 +151,9 @@ class CudaBackend {
   using Event = CudaEvent;
   /// Where the model's units find their kernels.
   static constexpr DeviceKind kernels = DeviceKind::cuda;
+  /// NcclComm moves device memory only, so the engine's collectives on host values (statistics,
+  /// checkpoint sizes and text) are staged through device buffers (HostValueComm).
+  static constexpr bool comm_reads_host_memory = false;
 
   /// Two streams on the current device; CudaError when no device is visible (never a host
   /// fallback).
@@ -240,6 +243,19 @@ class CudaBackend {
     if (src.empty()) return;
     ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
                                     compute_->native()));
+  }
+  /// dst = src by DMA (cudaMemcpyAsync) in the communication stream's order, without a host
+  /// wait: Offload<CPU> copies a gradient shard folded in device memory down into its pinned
+  /// host shard this way, so the transfer overlaps the next units' backward on the compute
+  /// stream. Call comm_waits_for_compute() first when compute wrote src; src must stay
+  /// unchanged, and dst unread, until compute_waits_for_comm() has ordered compute after it.
+  template <class E>
+  void comm_copy_async(std::span<E> dst, std::span<const E> src) {
+    expect<ShapeError>(dst.size() == src.size(), "CudaBackend::comm_copy_async: ", src.size(),
+                       " elements into ", dst.size());
+    if (src.empty()) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
+                                    comm_->native()));
   }
   /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {

@@ -49,6 +49,7 @@
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/engine_policies.hpp>
 #include <zero/engine/engine_state.hpp>
+#include <zero/engine/host_value_comm.hpp>
 #include <zero/engine/memory_estimator.hpp>
 #include <zero/engine/memory_report.hpp>
 #include <zero/engine/micro_step.hpp>
@@ -490,8 +491,9 @@ class Engine {
   /// last checkpoint, at any world size.
   const std::string& comm_failure() const { return comm_failure_; }
 
-  /// Waits for every collective the engine still has in flight (the parameter gathers a step
-  /// leaves running for the next forward).
+  /// Applies the host updates a step left to the next forward (Offload<CPU>) and waits for every
+  /// collective the engine still has in flight (the parameter gathers a step leaves running for
+  /// the next forward).
   void synchronize() {
     communicating("synchronize", [&] {
       apply_deferred_updates();
@@ -501,8 +503,8 @@ class Engine {
 
   /// Sums values (host doubles, as many on every rank) over the data-parallel group, in place (a
   /// collective): a program's own statistics, such as its mean loss, go through here rather than
-  /// comm(), because a device engine's communicator moves device memory only (they travel
-  /// through a buffer of the units' memory).
+  /// comm(), because a device engine's communicator may move device memory only (they travel
+  /// through a buffer of the units' memory: HostValueComm).
   void sum_over_data_parallel(std::span<double> values) {
     communicating("sum_over_data_parallel", [&] { sum_host_values(comm_, values); });
   }
@@ -718,16 +720,11 @@ class Engine {
   // memory is host memory, else through a buffer of the units' memory, the only memory a device
   // communicator moves.
   void sum_host_values(parallel::AnyComm& group, std::span<double> values) {
-    if constexpr (backend_type::Device::kind == DeviceKind::host) {
-      group.all_reduce(values, parallel::ReduceOp::sum);
-    } else {
-      auto staged = backend_.template make_buffer<double>(values.size());
-      const std::span<double> on_device(staged.data(), staged.size());
-      backend_.copy_from_host(on_device, std::span<const double>(values));
-      group.all_reduce(on_device, parallel::ReduceOp::sum);
-      backend_.copy_to_host(values, std::span<const double>(on_device));
-    }
+    host_values(group).all_reduce(values, parallel::ReduceOp::sum);
   }
+  // The collectives on host values over group (staged through the backend's memory where the
+  // communicator cannot read the host's).
+  HostValueComm<backend_type> host_values(parallel::AnyComm& group) { return {group, backend_}; }
   // Activation arenas from the backend, in the memory its kernels compute on.
   ArenaMaker arena_maker() {
     return [this](std::size_t bytes) { return backend_.make_arena(bytes, "engine activations"); };

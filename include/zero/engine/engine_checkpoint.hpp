@@ -69,7 +69,8 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   });
   nlohmann::json engine_json = state.to_json();
   engine_json["client_state"] = client_state;
-  return checkpoint::save(state.state_comm(), dir, tag, tensors, segments, engine_json);
+  auto comm = state.state_comm();
+  return checkpoint::save(comm, dir, tag, tensors, segments, engine_json);
 }
 
 /// Loads <dir>/<tag> (or the tag `latest` names when tag is empty) into eng, whatever world size
@@ -80,7 +81,8 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
   auto state = eng.state();
   state.require_between_steps("load_checkpoint");
   state.synchronize();
-  const checkpoint::Reader reader = checkpoint::load(state.state_comm(), dir, tag);
+  auto comm = state.state_comm();
+  const checkpoint::Reader reader = checkpoint::load(comm, dir, tag);
   auto read = [&](int u, auto slice, const std::string& suffix) {
     using E = typename decltype(slice)::element_type;
     const auto& specs = state.unit_specs(u);

@@ -61,8 +61,12 @@ class EngineState {
   int world_size() const { return eng_.world_size(); }
   /// The data-parallel communicator the state is sharded over.
   parallel::AnyComm& comm() { return eng_.comm_; }
-  /// Every rank holding a distinct part of the state (tp x dp x pp): checkpoints run over it.
-  parallel::AnyComm& state_comm() { return eng_.groups_.state_group(); }
+  /// Every rank holding a distinct part of the state (tp x dp x pp): checkpoints run their
+  /// collectives on host values (sizes, text, the outcome) over it.
+  auto state_comm() { return host_values(eng_.groups_.state_group()); }
+  /// The collectives on host values over group, staged through the engine's memory where its
+  /// communicator cannot read the host's (NcclComm).
+  auto host_values(parallel::AnyComm& group) { return eng_.host_values(group); }
   /// This rank in the tensor-parallel group, and the group's size (1 without one).
   int tp_rank() const { return eng_.groups_.tp_rank(); }
   int tp_size() const { return eng_.groups_.tp_size(); }

@@ -129,7 +129,9 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
     const int tp = groups.tp_size();
     if (tp > 1) {  // every tensor-parallel rank's parts of the unit, rank-major
       std::vector<MasterT> parts(values.size() * static_cast<std::size_t>(tp));
-      groups.tp->all_gather(std::span<const MasterT>(values), std::span<MasterT>(parts));
+      eng.state()
+          .host_values(*groups.tp)
+          .all_gather(std::span<const MasterT>(values), std::span<MasterT>(parts));
       values = std::move(parts);
     }
     result.peak_unit_bytes = std::max(result.peak_unit_bytes, values.size() * sizeof(MasterT));
@@ -165,7 +167,7 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
   // Rank 0 tells the others whether the file exists and how large it is.
   std::vector<MasterT> outcome{error.empty() ? MasterT{1} : MasterT{0},
                                static_cast<MasterT>(result.tensors)};
-  groups.state_group().broadcast_async(std::span<MasterT>(outcome), 0).wait();
+  eng.state().state_comm().broadcast(std::span<MasterT>(outcome), 0);
   if (writes) expect<CheckpointError>(error.empty(), "save_gpt2_weights: ", error);
   expect<CheckpointError>(outcome[0] == MasterT{1}, "save_gpt2_weights('", file.string(),
                           "'): rank 0 could not write the file (its error says why)");

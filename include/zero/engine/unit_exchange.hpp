@@ -15,7 +15,9 @@
 //               0-1; reduce-scatter of the compute gradient into the fp32 shard every micro-step
 //               at stages 2-3), at most max_pending_reductions in flight, each overlapping the
 //               next units' backward. An expert unit's averaged gradient is then scaled by
-//               its grad_scale (1/ep).
+//               its grad_scale (1/ep). Under Offload<CPU> the reduced shard reaches its pinned
+//               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3 a
+//               window's first fold, through a device staging buffer: fold_into_host_shard).
 //
 // Every rank calls these in the same order (the engine's static unit order), so the collectives
 // match on every rank. A failed collective is a CommError naming the op, the unit and the step.
@@ -62,6 +64,18 @@ class UnitExchange {
         backend_(backend),
         options_(options),
         context_(std::move(context)) {}
+  UnitExchange(const UnitExchange&) = delete;
+  UnitExchange& operator=(const UnitExchange&) = delete;
+  /// Orders compute after the DMA copies still in flight, so the staging buffer they read (freed
+  /// in the compute stream's order) and the pinned shards they write (freed once compute is done)
+  /// outlive them.
+  ~UnitExchange() {
+    if (!copies_unordered_) return;
+    try {
+      backend_.compute_waits_for_comm();
+    } catch (...) {  // a failed device cannot order anything; nothing is left to protect
+    }
+  }
 
   /// Adds the time spent waiting for gathers and reductions to timers (null: untimed).
   void set_timers(profile::StepTimers* timers) { timers_ = timers; }
@@ -241,9 +255,11 @@ class UnitExchange {
     pending_.push_back(std::move(p));
     while (static_cast<int>(pending_.size()) > options_.max_pending_reductions) finish_oldest();
   }
-  /// Waits for every reduction in flight.
+  /// Waits for every reduction in flight; the compute issued next (and the host, once it waits
+  /// for compute) sees every gradient shard they wrote, the pinned shards' DMA copies included.
   void drain_reductions() {
     while (!pending_.empty()) finish_oldest();
+    order_copies_before_compute();
   }
   /// Waits for every collective in flight.
   void synchronize() {
@@ -254,6 +270,7 @@ class UnitExchange {
   void report(MemoryReport& r) const {
     for (const auto& b : scratch_pool_) r.scratch_bytes += b.bytes();
     for (const auto& p : pending_) r.scratch_bytes += p.scratch.bytes();
+    r.scratch_bytes += fold_staging_.bytes();
   }
 
  private:
@@ -334,8 +351,13 @@ class UnitExchange {
     // 1/ep), in the fp32 (f64) accumulator's type.
     if constexpr (!traits::shards_grads) {
       if constexpr (Unit::host_states && !traits::all_reduces_grads) {
-        // The reduced shard down to the pinned host shard (an exact fp32 copy).
-        backend_.convert_into(span(s.grad_shard), std::span<const MasterT>(span(p.shard_scratch)));
+        // The reduced shard down to the pinned host shard by DMA after the reduction on the comm
+        // stream; its scratch is freed once compute has waited for the copy.
+        backend_.comm_copy_async(span(s.grad_shard),
+                                 std::span<const MasterT>(span(p.shard_scratch)));
+        copies_unordered_ = true;
+        copied_out_.push_back(std::move(p.shard_scratch));
+        if (s.grad_scale != 1.0) order_copies_before_compute();
       }
       if (s.grad_scale != 1.0) {
         backend_.scale(traits::all_reduces_grads ? s.whole_accumulator() : span(s.grad_shard),
@@ -343,8 +365,18 @@ class UnitExchange {
       }
     }
     if constexpr (traits::shards_grads) {
-      backend_.accumulate(span(s.grad_shard), std::span<const T>(span(p.scratch)), s.grad_scale,
-                          next_fold(s));
+      const std::span<const T> reduced(span(p.scratch));
+      const Fold fold = next_fold(s);
+      if constexpr (Unit::host_states) {
+        if (fold == Fold::start) {
+          fold_into_host_shard(s, reduced);
+        } else {
+          // A later micro-step's fold reads the pinned shard: a kernel over the bus.
+          backend_.accumulate(span(s.grad_shard), reduced, s.grad_scale, Fold::add);
+        }
+      } else {
+        backend_.accumulate(span(s.grad_shard), reduced, s.grad_scale, fold);
+      }
       s.grads.reset();  // the whole gradient is released once reduced
       if constexpr (traits::gathers_before_use) {
         if (s.pinned && !s.persistent) s.params.reset();  // its last user is done
@@ -352,6 +384,33 @@ class UnitExchange {
       if (s.params) bind(p.unit);
       scratch_pool_.push_back(std::move(p.scratch));
     }
+  }
+  // Makes compute issued next wait for the DMA copies issued so far, and frees the scratch they
+  // read.
+  void order_copies_before_compute() {
+    if (!copies_unordered_) return;
+    backend_.compute_waits_for_comm();
+    copies_unordered_ = false;
+    copied_out_.clear();
+  }
+  // Offload<CPU> at stages 2-3, a window's first fold of unit s's reduced shard: the fold
+  // (Fold::start, the same kernel) writes a staging buffer in the units' memory, and a DMA copy
+  // on the communication stream moves it down into the pinned shard, so the compute stream
+  // neither writes over the bus nor waits for it. One staging buffer, sized to the largest shard,
+  // serves every unit: each fold into it follows a wait() (compute ordered after the comm
+  // stream's work so far, the last copy out of it included); drain_reductions orders the last
+  // copies before what reads the shards.
+  void fold_into_host_shard(Unit& s, std::span<const T> reduced) {
+    if (fold_staging_.size() == 0) {
+      std::size_t largest = 0;
+      for (const Unit& v : units_) largest = std::max(largest, v.grad_shard.size());
+      fold_staging_ = backend_.template make_buffer<MasterT>(largest);
+    }
+    const std::span<MasterT> staged(fold_staging_.data(), s.grad_shard.size());
+    backend_.accumulate(staged, reduced, s.grad_scale, Fold::start);
+    backend_.comm_waits_for_compute();
+    backend_.comm_copy_async(span(s.grad_shard), std::span<const MasterT>(staged));
+    copies_unordered_ = true;
   }
   DeviceBuffer<T> take_scratch(std::size_t n) {
     for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it) {
@@ -374,6 +433,8 @@ class UnitExchange {
       // What the collective wrote is read next by the units or the optimizer on the compute
       // stream.
       backend_.compute_waits_for_comm();
+      copies_unordered_ = false;  // the copies issued so far are ordered too
+      copied_out_.clear();
     } catch (const CommError& e) {
       const auto& specs = unit(u).specs;
       raise<CommError>("Engine rank ", unit(u).group->rank(), ": ", op, " of unit ", u,
@@ -391,6 +452,9 @@ class UnitExchange {
   profile::StepTimers* timers_ = nullptr;
   std::function<void(int)> before_gather_;
   std::vector<DeviceBuffer<T>> scratch_pool_;
+  DeviceBuffer<MasterT> fold_staging_;  // fold_into_host_shard's; empty until first used
+  bool copies_unordered_ = false;       // a DMA copy was issued after compute last waited for comm
+  std::vector<DeviceBuffer<MasterT>> copied_out_;  // stage 1: scratch a DMA copy may still read
   std::deque<Pending> pending_;  // after the pool: its work may still write into its scratch
   std::int64_t peak_gathered_elems_ = 0;
   std::vector<int> last_user_;  // last_user(v), filled on first use
