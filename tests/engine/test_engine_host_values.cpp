@@ -233,11 +233,12 @@ TEST_CASE("DeviceOnlyComm records host memory handed to it (the control)", "[uni
   CHECK(DeviceOnlyMover::host_moves > 0);
   // The same op on TrackedDevice memory is not counted.
   DeviceOnlyMover::host_moves = 0;
-  per_rank<int, DeviceOnlyComm>(2, [](DeviceOnlyComm& comm) {
+  const auto tracked = per_rank<double, DeviceOnlyComm>(2, [](DeviceOnlyComm& comm) {
     Buffer<double, TrackedDevice> values(1);
     values.data()[0] = comm.rank() + 1.0;
     comm.all_reduce(std::span<double>(values.data(), 1), parallel::ReduceOp::sum);
-    return values.data()[0] == 3.0 ? 1 : 0;
+    return values.data()[0];
   });
+  CHECK(tracked == std::vector<double>{3.0, 3.0});
   CHECK(DeviceOnlyMover::host_moves == 0);
 }
