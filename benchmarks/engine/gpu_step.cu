@@ -7,7 +7,10 @@
 // (N parameters, L layers, C channels, T positions) against a 4096^3 bf16 cuBLASLt GEMM measured
 // in the same run (mfu_vs_gemm) and against the card's datasheet dense bf16 peak where the card
 // is known (mfu_vs_peak); then stage 3 and Offload<CPU> as ratios of their baselines in the same
-// run. Prints one JSON object per line. Without a GPU it says so and exits 0.
+// run. Each run's line also has host_phase_ms: the engine's host-side phase timers per step
+// (forward and backward include their waits; step includes the host optimizer, the deferred
+// updates that the next forward applies too, so they count in both). Prints one JSON object per
+// line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
 //            [--activation-gib G]
 #include <zero/engine/cuda_backend.cuh>
@@ -29,6 +32,7 @@
 #include <zero/nn/gpt.hpp>
 #include <zero/ops/cuda/gemm.cuh>
 #include <zero/profile/mfu.hpp>
+#include <zero/profile/step_timers.hpp>
 
 #include "../bench_timing.hpp"
 
@@ -88,6 +92,9 @@ Config step_config(const Shape& s, int stage, bool offload) {
 struct Result {
   double tokens_per_s = 0, step_ms = 0, device_gib = 0, host_gib = 0;
   double loss = 0;
+  // The engine's host-side phase timers per timed step (profile::StepTimers): where the host
+  // spent the step (launching, waiting, the host optimizer under Offload<CPU>), not GPU time.
+  double host_ms[profile::phase_count] = {};
 };
 
 /// Trains warmup + steps steps of Eng on one rank and times the last steps. overlap: an
@@ -121,10 +128,16 @@ Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config
     for (int w = 0; w < s.warmup; ++w) step();
     eng.synchronize();
     ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+    eng.timers().reset();
+    eng.timers().enable();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < s.steps; ++i) step();
     eng.synchronize();
     ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+    eng.timers().enable(false);
+    for (std::size_t p = 0; p < profile::phase_count; ++p) {
+      out.host_ms[p] = eng.timers().seconds(static_cast<profile::Phase>(p)) * 1e3 / s.steps;
+    }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out.step_ms = secs * 1e3 / s.steps;
@@ -173,14 +186,19 @@ int run(const Shape& s) {
                        (overlap ? "with the next forward" : "in step") + "\""
                  : std::string()) +
         ", \"B\": " + std::to_string(s.batch) + ", \"T\": " + std::to_string(s.seq);
-    char extra[512];
+    using profile::Phase;
+    const auto ms = [&](Phase p) { return r.host_ms[static_cast<std::size_t>(p)]; };
+    char extra[1024];
     std::snprintf(extra, sizeof extra,
                   ", \"step_ms\": %.2f, \"model_tflops\": %.1f, \"mfu_vs_gemm\": %.3f, "
                   "\"mfu_vs_peak\": %s, \"peak_tflops\": %.1f, \"device_gib\": %.2f, "
-                  "\"host_gib\": %.2f, \"loss\": %.4f, \"flops_per_token\": \"6N + 6LCT\"",
+                  "\"host_gib\": %.2f, \"loss\": %.4f, \"flops_per_token\": \"6N + 6LCT\", "
+                  "\"host_phase_ms\": {\"forward\": %.2f, \"backward\": %.2f, \"step\": %.2f, "
+                  "\"gather_wait\": %.2f, \"reduction_wait\": %.2f}",
                   r.step_ms, tflops, tflops / gemm,
                   peak > 0 ? std::to_string(tflops / peak).c_str() : "null", peak, r.device_gib,
-                  r.host_gib, r.loss);
+                  r.host_gib, r.loss, ms(Phase::forward), ms(Phase::backward), ms(Phase::step),
+                  ms(Phase::gather_wait), ms(Phase::reduction_wait));
     line("gpu_step", config, r.tokens_per_s, "tokens/s", extra);
   };
   const Result s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));

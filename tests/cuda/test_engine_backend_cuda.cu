@@ -290,6 +290,33 @@ TEMPLATE_TEST_CASE("CudaBackend::sum_of_squares matches the host to 1e-12, +inf 
   }
 }
 
+TEMPLATE_TEST_CASE("CudaBackend::sum_of_squares_into writes sum_of_squares' value into a slot",
+                   "[cuda][engine]", float, bf16) {
+  // Offload<CPU> takes each unit's shard sum this way; the engine's norm then equals the one
+  // without offload, which calls sum_of_squares on the same values.
+  using E = TestType;
+  CudaBackend backend;
+  DeviceBuffer<double> slots = backend.make_buffer<double>(3);
+  for (const std::size_t n : sizes) {
+    std::vector<E> v = zero::test::random_vector<E>(n, 52, -3.0f, 3.0f);
+    const DeviceBuffer<E> d = upload(backend, v);
+    backend.sum_of_squares_into(std::span<double>(slots.data() + 1, 1), const_span_of(d));
+    const std::vector<double> got = download(backend, slots);
+    INFO("n=" << n);
+    CHECK(got[0] == 0.0);
+    CHECK(got[1] == backend.sum_of_squares(const_span_of(d)));
+    CHECK(got[2] == 0.0);
+    v[n / 2] = convert<E>(std::numeric_limits<float>::infinity());
+    const DeviceBuffer<E> dbad = upload(backend, v);
+    backend.sum_of_squares_into(std::span<double>(slots.data() + 1, 1), const_span_of(dbad));
+    CHECK(!std::isfinite(download(backend, slots)[1]));
+    CHECK_THROWS_AS(backend.sum_of_squares_into(std::span<double>(), const_span_of(d)),
+                    zero::ShapeError);
+  }
+  backend.sum_of_squares_into(std::span<double>(slots.data(), 1), std::span<const E>());
+  CHECK(download(backend, slots)[0] == 0.0);
+}
+
 namespace {
 
 // A kernel on `producer` blocks until the host releases it, then writes 1..n; a copy on

@@ -123,25 +123,20 @@ struct HostBackend {
   /// here; spans of equal size.
   template <class E>
   static void copy_from_host(std::span<E> dst, std::span<const E> src) {
-    expect<ShapeError>(dst.size() == src.size(), "HostBackend::copy_from_host: ", src.size(),
-                       " elements into ", dst.size());
-    std::copy(src.begin(), src.end(), dst.begin());
+    copy_checked(dst, src, "HostBackend::copy_from_host");
   }
   /// dst = src: the units' memory into host memory (values read back). A plain copy here.
   template <class E>
   static void copy_to_host(std::span<E> dst, std::span<const E> src) {
-    expect<ShapeError>(dst.size() == src.size(), "HostBackend::copy_to_host: ", src.size(),
-                       " elements into ", dst.size());
-    std::copy(src.begin(), src.end(), dst.begin());
+    copy_checked(dst, src, "HostBackend::copy_to_host");
   }
   /// dst = src in the compute stream's order, without waiting for it: pinned host memory into
-  /// the units' memory (Offload<CPU>'s gathers). src must stay unchanged until the compute
-  /// stream has passed the copy. A plain copy here.
+  /// the units' memory (Offload<CPU>'s gathers, and a later micro-step's fold copying its pinned
+  /// gradient shard up to add to it). src must stay unchanged until the compute stream has
+  /// passed the copy. A plain copy here.
   template <class E>
   static void copy_async(std::span<E> dst, std::span<const E> src) {
-    expect<ShapeError>(dst.size() == src.size(), "HostBackend::copy_async: ", src.size(),
-                       " elements into ", dst.size());
-    std::copy(src.begin(), src.end(), dst.begin());
+    copy_checked(dst, src, "HostBackend::copy_async");
   }
   /// dst = src by DMA in the communication stream's order, without waiting for it: Offload<CPU>
   /// moves a gradient shard folded in the units' memory down into its pinned host shard this
@@ -150,9 +145,7 @@ struct HostBackend {
   /// ordered compute after the copy. A plain copy here.
   template <class E>
   static void comm_copy_async(std::span<E> dst, std::span<const E> src) {
-    expect<ShapeError>(dst.size() == src.size(), "HostBackend::comm_copy_async: ", src.size(),
-                       " elements into ", dst.size());
-    std::copy(src.begin(), src.end(), dst.begin());
+    copy_checked(dst, src, "HostBackend::comm_copy_async");
   }
 
   /// acc[i] += factor * g[i], in acc's type (the product rounded once); Fold::start writes
@@ -200,8 +193,24 @@ struct HostBackend {
       return sum;
     }
   }
+  /// slot[0] = sum_of_squares(v), in the compute stream's order without waiting for it; slot
+  /// is in the units' memory (a DeviceBuffer's). Offload<CPU> takes each unit's sum where its
+  /// gradient shard passes through the units' memory on its way down, so the host never reads
+  /// the pinned shards for the global norm.
+  template <class E>
+  static void sum_of_squares_into(std::span<double> slot, std::span<const E> v) {
+    expect<ShapeError>(!slot.empty(), "HostBackend::sum_of_squares_into: an empty slot");
+    slot[0] = sum_of_squares(v);
+  }
 
  private:
+  template <class E>
+  static void copy_checked(std::span<E> dst, std::span<const E> src, const char* op) {
+    expect<ShapeError>(dst.size() == src.size(), op, ": ", src.size(), " elements into ",
+                       dst.size());
+    std::copy(src.begin(), src.end(), dst.begin());
+  }
+
   Stream compute_, comm_;
 };
 

@@ -238,11 +238,7 @@ class CudaBackend {
   /// only after host_waits_for_compute()).
   template <class E>
   void copy_async(std::span<E> dst, std::span<const E> src) {
-    expect<ShapeError>(dst.size() == src.size(), "CudaBackend::copy_async: ", src.size(),
-                       " elements into ", dst.size());
-    if (src.empty()) return;
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
-                                    compute_->native()));
+    copy_on(*compute_, dst, src, "CudaBackend::copy_async");
   }
   /// dst = src by DMA (cudaMemcpyAsync) in the communication stream's order, without a host
   /// wait: Offload<CPU> copies a gradient shard folded in device memory down into its pinned
@@ -251,11 +247,7 @@ class CudaBackend {
   /// unchanged, and dst unread, until compute_waits_for_comm() has ordered compute after it.
   template <class E>
   void comm_copy_async(std::span<E> dst, std::span<const E> src) {
-    expect<ShapeError>(dst.size() == src.size(), "CudaBackend::comm_copy_async: ", src.size(),
-                       " elements into ", dst.size());
-    if (src.empty()) return;
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
-                                    comm_->native()));
+    copy_on(*comm_, dst, src, "CudaBackend::comm_copy_async");
   }
   /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
@@ -363,18 +355,38 @@ class CudaBackend {
     return st.finite ? st.sum_sq : std::numeric_limits<double>::infinity();
   }
 
+  /// slot[0] (device) = the sum of squares of v in double, on the compute stream without a host
+  /// wait (sum_of_squares' reduction, so the same value): Offload<CPU> takes each unit's sum from
+  /// the device copy of its gradient shard on the way down. An Inf/NaN element makes it Inf or
+  /// NaN (sum_of_squares maps both to +inf; the engine does the same when it reads the slots).
+  template <class E>
+  void sum_of_squares_into(std::span<double> slot, std::span<const E> v) {
+    static_assert(ops::cuda::is_device_float<E>,
+                  "CudaBackend::sum_of_squares_into: f32, bf16 and f16 on the device");
+    expect<ShapeError>(!slot.empty(), "CudaBackend::sum_of_squares_into: an empty slot");
+    expect_device_memory(slot.data(), "sum_of_squares_into", "slot");
+    if (!v.empty()) expect_device_memory(v.data(), "sum_of_squares_into", "v");
+    ops::cuda::sum_squares(slot.data(), v.data(), static_cast<std::int64_t>(v.size()),
+                           compute_->native());
+  }
+
  private:
   // dst = src in the compute stream's order, then a wait for it (host memory on one side). The
   // runtime infers the direction from the pointers: under Offload<CPU> the units' side of a copy
   // (a master slice) is itself pinned host memory.
   template <class E>
   void copy_waiting(std::span<E> dst, std::span<const E> src, const char* op) {
+    copy_on(*compute_, dst, src, op);
+    compute_->synchronize();
+  }
+  // dst = src by DMA in stream's order, without a host wait.
+  template <class E>
+  static void copy_on(Stream& stream, std::span<E> dst, std::span<const E> src, const char* op) {
     expect<ShapeError>(dst.size() == src.size(), op, ": ", src.size(), " elements into ",
                        dst.size());
     if (src.empty()) return;
     ZERO_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
-                                    compute_->native()));
-    compute_->synchronize();
+                                    stream.native()));
   }
   // The kind of memory p is, with expect_device_memory's check made on the same (single)
   // query: clear needs the kind on every device, the other kernels only the check.

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -390,7 +391,7 @@ class Engine {
       // One all-reduce carries the sum of squares and the count of non-finite losses (a second
       // one adds up the tensor-parallel ranks' parts).
       double stats[2] = {0.0, static_cast<double>(micro_.nonfinite_losses())};
-      for (int u = 0; u < num_units(); ++u) stats[0] += local_sum_of_squares(u);
+      stats[0] = local_sum_of_squares();
       sum_host_values(comm_, std::span<double>(stats, 2));
       if (groups_.tp) sum_host_values(*groups_.tp, std::span<double>(stats, 2));
       if (groups_.pp) sum_host_values(*groups_.pp, std::span<double>(stats, 2));
@@ -868,9 +869,30 @@ class Engine {
       return unit(u).whole_accumulator();
     }
   }
-  // Sum of squares of this rank's part of the global gradient (with whole states every rank
-  // holds the whole reduced gradient, so each counts only its own slice). With tensor
-  // parallelism a parameter whole on every tp rank counts on tp rank 0 only.
+  // Sum of squares of this rank's part of the global gradient, unit by unit in unit order. Under
+  // Offload<CPU> the sum the exchange took of a unit's shard in the units' memory, on its way
+  // down beside the backward, stands in for a pass of the host over the pinned shard (which the
+  // device would wait for); tensor-parallel ranks other than 0 count only some of a shard's
+  // parameters, so they read the shard.
+  double local_sum_of_squares() {
+    std::vector<std::optional<double>> taken(static_cast<std::size_t>(num_units()));
+    if constexpr (offload_cpu) {
+      if (groups_.tp_rank() == 0) taken = exchange_.shard_sums_of_squares();
+    }
+    double sum = 0.0;
+    for (int u = 0; u < num_units(); ++u) {
+      const std::optional<double>& t = taken[static_cast<std::size_t>(u)];
+      if (t && !unit(u).replica) {
+        sum += std::isfinite(*t) ? *t : std::numeric_limits<double>::infinity();
+      } else {
+        sum += local_sum_of_squares(u);
+      }
+    }
+    return sum;
+  }
+  // Sum of squares of this rank's part of unit u's gradient (with whole states every rank holds
+  // the whole reduced gradient, so each counts only its own slice). With tensor parallelism a
+  // parameter whole on every tp rank counts on tp rank 0 only.
   double local_sum_of_squares(int u) {
     if (unit(u).replica) return 0.0;  // the stage that owns it counts it
     std::span<MasterT> g = update_grad(u);
@@ -951,6 +973,7 @@ class Engine {
   // (Fold::start) instead of a clear here; whole f32 gradients, which the layers add into, are
   // cleared.
   void clear_accumulators() {
+    exchange_.forget_shard_sums();
     for (Unit& s : units_) {
       s.window_folded = false;
       if constexpr (!stage_traits::shards_grads && compute_is_master) {

@@ -16,8 +16,9 @@
 //               at stages 2-3), at most max_pending_reductions in flight, each overlapping the
 //               next units' backward. An expert unit's averaged gradient is then scaled by
 //               its grad_scale (1/ep). Under Offload<CPU> the reduced shard reaches its pinned
-//               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3 a
-//               window's first fold, through a device staging buffer: fold_into_host_shard).
+//               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
+//               every fold, through a device staging buffer: fold_into_host_shard), and its sum
+//               of squares is taken on the way, in the units' memory (shard_sums_of_squares).
 //
 // Every rank calls these in the same order (the engine's static unit order), so the collectives
 // match on every rank. A failed collective is a CommError naming the op, the unit and the step.
@@ -26,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -271,7 +273,26 @@ class UnitExchange {
     for (const auto& b : scratch_pool_) r.scratch_bytes += b.bytes();
     for (const auto& p : pending_) r.scratch_bytes += p.scratch.bytes();
     r.scratch_bytes += fold_staging_.bytes();
+    r.scratch_bytes += shard_sums_.bytes();
   }
+  /// Offload<CPU>: each unit's sum of squares of its gradient shard, taken in the units' memory
+  /// as the window's last fold (stages 2-3) or its reduction (stage 1) went down to the pinned
+  /// shard, read back in one copy (after the compute issued so far); nullopt for a unit without
+  /// one this window (its shard is summed where it lives). Call after drain_reductions().
+  std::vector<std::optional<double>> shard_sums_of_squares() {
+    std::vector<std::optional<double>> sums(units_.size());
+    if (std::find(shard_sum_taken_.begin(), shard_sum_taken_.end(), 1) == shard_sum_taken_.end()) {
+      return sums;
+    }
+    std::vector<double> host(shard_sums_.size());
+    backend_.copy_to_host(std::span<double>(host), std::span<const double>(span(shard_sums_)));
+    for (std::size_t u = 0; u < sums.size(); ++u) {
+      if (shard_sum_taken_[u] != 0) sums[u] = host[u];
+    }
+    return sums;
+  }
+  /// A new accumulation window: no unit has a shard sum yet.
+  void forget_shard_sums() { std::fill(shard_sum_taken_.begin(), shard_sum_taken_.end(), 0); }
 
  private:
   struct Pending {
@@ -351,15 +372,16 @@ class UnitExchange {
     // 1/ep), in the fp32 (f64) accumulator's type.
     if constexpr (!traits::shards_grads) {
       if constexpr (Unit::host_states && !traits::all_reduces_grads) {
-        // The reduced shard down to the pinned host shard by DMA after the reduction on the comm
-        // stream; its scratch is freed once compute has waited for the copy.
-        backend_.comm_copy_async(span(s.grad_shard),
-                                 std::span<const MasterT>(span(p.shard_scratch)));
+        // The reduced shard, scaled and summed in the units' memory, goes down to the pinned
+        // host shard by DMA; its scratch is freed once compute has waited for the copy.
+        const std::span<MasterT> reduced = span(p.shard_scratch);
+        if (s.grad_scale != 1.0) backend_.scale(reduced, s.grad_scale);
+        take_shard_sum(p.unit, reduced);
+        backend_.comm_waits_for_compute();
+        backend_.comm_copy_async(span(s.grad_shard), std::span<const MasterT>(reduced));
         copies_unordered_ = true;
         copied_out_.push_back(std::move(p.shard_scratch));
-        if (s.grad_scale != 1.0) order_copies_before_compute();
-      }
-      if (s.grad_scale != 1.0) {
+      } else if (s.grad_scale != 1.0) {
         backend_.scale(traits::all_reduces_grads ? s.whole_accumulator() : span(s.grad_shard),
                        s.grad_scale);
       }
@@ -368,12 +390,7 @@ class UnitExchange {
       const std::span<const T> reduced(span(p.scratch));
       const Fold fold = next_fold(s);
       if constexpr (Unit::host_states) {
-        if (fold == Fold::start) {
-          fold_into_host_shard(s, reduced);
-        } else {
-          // A later micro-step's fold reads the pinned shard: a kernel over the bus.
-          backend_.accumulate(span(s.grad_shard), reduced, s.grad_scale, Fold::add);
-        }
+        fold_into_host_shard(p.unit, reduced, fold);
       } else {
         backend_.accumulate(span(s.grad_shard), reduced, s.grad_scale, fold);
       }
@@ -393,24 +410,42 @@ class UnitExchange {
     copies_unordered_ = false;
     copied_out_.clear();
   }
-  // Offload<CPU> at stages 2-3, a window's first fold of unit s's reduced shard: the fold
-  // (Fold::start, the same kernel) writes a staging buffer in the units' memory, and a DMA copy
-  // on the communication stream moves it down into the pinned shard, so the compute stream
-  // neither writes over the bus nor waits for it. One staging buffer, sized to the largest shard,
-  // serves every unit: each fold into it follows a wait() (compute ordered after the comm
-  // stream's work so far, the last copy out of it included); drain_reductions orders the last
-  // copies before what reads the shards.
-  void fold_into_host_shard(Unit& s, std::span<const T> reduced) {
+  // Offload<CPU> at stages 2-3, a fold of unit u's reduced shard: the fold (the same kernel)
+  // writes a staging buffer in the units' memory, and a DMA copy on the communication stream
+  // moves it down into the pinned shard, so the compute stream neither writes over the bus nor
+  // waits for it. A later micro-step's fold (Fold::add) first copies the pinned shard up into
+  // the staging buffer by DMA (as DeepSpeed does); every fold takes the shard's sum of squares
+  // there, so the window's last one is the norm's. One staging buffer, sized to the largest
+  // shard, serves every unit: each fold into it follows a wait() (compute ordered after the comm
+  // stream's work so far: the last copy out of it, and the last copy into this pinned shard);
+  // drain_reductions orders the last copies before what reads the shards.
+  void fold_into_host_shard(int u, std::span<const T> reduced, Fold fold) {
+    Unit& s = unit(u);
     if (fold_staging_.size() == 0) {
       std::size_t largest = 0;
       for (const Unit& v : units_) largest = std::max(largest, v.grad_shard.size());
       fold_staging_ = backend_.template make_buffer<MasterT>(largest);
     }
     const std::span<MasterT> staged(fold_staging_.data(), s.grad_shard.size());
-    backend_.accumulate(staged, reduced, s.grad_scale, Fold::start);
+    if (fold == Fold::add) {
+      backend_.copy_async(staged, std::span<const MasterT>(span(s.grad_shard)));
+    }
+    backend_.accumulate(staged, reduced, s.grad_scale, fold);
+    take_shard_sum(u, staged);
     backend_.comm_waits_for_compute();
     backend_.comm_copy_async(span(s.grad_shard), std::span<const MasterT>(staged));
     copies_unordered_ = true;
+  }
+  // Offload<CPU>: unit u's shard sum of squares from v, its gradient shard in the units' memory
+  // (a slot of shard_sums_, on the compute stream).
+  void take_shard_sum(int u, std::span<const MasterT> v) {
+    if (shard_sums_.size() == 0) {
+      shard_sums_ = backend_.template make_buffer<double>(units_.size());
+      shard_sum_taken_.assign(units_.size(), 0);
+    }
+    const auto slot = static_cast<std::size_t>(u);
+    backend_.sum_of_squares_into(std::span<double>(shard_sums_.data() + slot, 1), v);
+    shard_sum_taken_[slot] = 1;
   }
   DeviceBuffer<T> take_scratch(std::size_t n) {
     for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it) {
@@ -453,6 +488,8 @@ class UnitExchange {
   std::function<void(int)> before_gather_;
   std::vector<DeviceBuffer<T>> scratch_pool_;
   DeviceBuffer<MasterT> fold_staging_;  // fold_into_host_shard's; empty until first used
+  DeviceBuffer<double> shard_sums_;     // take_shard_sum's slots, one a unit; empty until used
+  std::vector<char> shard_sum_taken_;   // which slots hold this window's sum
   bool copies_unordered_ = false;       // a DMA copy was issued after compute last waited for comm
   std::vector<DeviceBuffer<MasterT>> copied_out_;  // stage 1: scratch a DMA copy may still read
   std::deque<Pending> pending_;  // after the pool: its work may still write into its scratch
