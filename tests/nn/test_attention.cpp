@@ -1,7 +1,8 @@
 // Attention through GEMMs (ops/cpu/attention.hpp) against the loop reference
 // (attention_reference.hpp): the same contract on the same inputs, at lengths around the query
-// block (1, 7, 63, 64, 65, 130), with and without dropout, in f64, f32 and bf16; and bit-identical
-// results at 1 and 2 threads.
+// block (1, 7, 63, 64, 65, 130), with and without dropout, in f64, f32 and bf16; bit-identical
+// results at 1 and 2 threads; and the causal tiling that the CUDA flash kernels share
+// (ops/causal_tiles.hpp) against a count of each tile's visible entries.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <zero/ops/causal_tiles.hpp>
 #include <zero/ops/cpu/attention.hpp>
 #include <zero/ops/cpu/attention_reference.hpp>
 #include "gradcheck.hpp"
@@ -149,4 +151,83 @@ TEST_CASE("attention through GEMMs: the same bits at 1 and 2 threads", "[unit][o
 #else
   SUCCEED("built without OpenMP: one thread only");
 #endif
+}
+
+namespace {
+
+// Visible entries of the tile rows [r0, r0 + rows) by keys [k0, k0 + keys), and whether any entry
+// lies outside the sequence.
+struct TileCount {
+  int visible = 0;
+  bool outside = false;
+};
+TileCount count_tile(int r0, int rows, int k0, int keys, int Tn) {
+  TileCount c;
+  for (int r = r0; r < r0 + rows; ++r) {
+    for (int k = k0; k < k0 + keys; ++k) {
+      if (r >= Tn || k >= Tn) c.outside = true;
+      if (k <= r && r < Tn && k < Tn) ++c.visible;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a causal tile is whole exactly when every entry of it is visible", "[unit][ops]") {
+  static_assert(zero::ops::causal_tile_whole(64, 16, 0, 64, 80));
+  static_assert(!zero::ops::causal_tile_whole(64, 16, 64, 64, 200));  // the diagonal tile
+  int whole = 0, checked = 0;
+  for (const int Tn : {1, 7, 16, 33, 64, 65, 100, 130}) {
+    for (const int rows : {16, 32, 64}) {
+      for (const int keys : {16, 32, 64}) {
+        for (int r0 = 0; r0 < Tn + rows; r0 += 3) {  // every offset mod 16
+          for (int k0 = 0; k0 < Tn + keys; k0 += 3) {
+            const TileCount c = count_tile(r0, rows, k0, keys, Tn);
+            const bool all = !c.outside && c.visible == rows * keys;
+            INFO("Tn " << Tn << ", rows [" << r0 << ", +" << rows << "), keys [" << k0 << ", +"
+                       << keys << ")");
+            REQUIRE(zero::ops::causal_tile_whole(r0, rows, k0, keys, Tn) == all);
+            whole += all ? 1 : 0;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  CHECK(whole > 0);  // both answers were checked
+  CHECK(whole < checked);
+  CHECK_FALSE(zero::ops::causal_tile_whole(0, 0, 0, 16, 64));
+  CHECK_FALSE(zero::ops::causal_tile_whole(32, 16, 0, 0, 64));
+}
+
+TEST_CASE("causal tiles start in order of their work, the heaviest first", "[unit][ops]") {
+  for (const int Tn : {1, 64, 65, 300, 1024}) {
+    const int tiles = (Tn + 63) / 64;
+    std::vector<int> seen_rows(static_cast<std::size_t>(tiles), 0);
+    std::vector<int> seen_keys(static_cast<std::size_t>(tiles), 0);
+    int last_rows_work = tiles, last_keys_work = tiles;
+    for (int i = 0; i < tiles; ++i) {
+      const int row_tile = zero::ops::causal_row_tile_in_work_order(i, tiles);
+      const int key_tile = zero::ops::causal_key_tile_in_work_order(i, tiles);
+      REQUIRE((row_tile >= 0 && row_tile < tiles && key_tile >= 0 && key_tile < tiles));
+      ++seen_rows[static_cast<std::size_t>(row_tile)];
+      ++seen_keys[static_cast<std::size_t>(key_tile)];
+      // A block's work: the tiles of the other side it visits (those with a visible entry; a
+      // partial tile past Tn costs a block as much as a full one).
+      int rows_work = 0, keys_work = 0;
+      for (int other = 0; other < tiles; ++other) {
+        rows_work += count_tile(row_tile * 64, 64, other * 64, 64, Tn).visible > 0 ? 1 : 0;
+        keys_work += count_tile(other * 64, 64, key_tile * 64, 64, Tn).visible > 0 ? 1 : 0;
+      }
+      CHECK(rows_work <= last_rows_work);
+      CHECK(keys_work <= last_keys_work);
+      last_rows_work = rows_work;
+      last_keys_work = keys_work;
+    }
+    for (std::size_t t = 0; t < seen_rows.size(); ++t) {  // each tile once
+      CHECK(seen_rows[t] == 1);
+      CHECK(seen_keys[t] == 1);
+    }
+  }
 }

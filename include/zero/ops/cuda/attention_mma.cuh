@@ -39,6 +39,7 @@
 #include <zero/core/bfloat16.hpp>
 #include <zero/core/cuda_check.cuh>
 #include <zero/core/float16.hpp>
+#include <zero/ops/causal_tiles.hpp>
 #include <zero/ops/cpu/dropout.hpp>
 #include <zero/ops/cuda/common.cuh>
 
@@ -193,6 +194,18 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/// fn(std::true_type{}) when the warp's part of a tile is whole (causal_tile_whole: no entry
+/// masked), else fn(std::false_type{}): the per-entry checks compiled out of the whole tiles.
+/// whole must be the same for every lane of the warp.
+template <class Fn>
+__device__ __forceinline__ void with_causal_mask(bool whole, Fn&& fn) {
+  if (whole) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
+  }
+}
+
 /// Copies rows [first, first + count) of one head (HD elements each, row_stride apart from base)
 /// into a shared tile of ld elements per row, 16 bytes per thread and step; rows past Tn become
 /// zero.
@@ -290,7 +303,8 @@ __device__ __forceinline__ void add_rows(T* dst, std::int64_t row_stride,
 
 // ---- forward ------------------------------------------------------------------------------------
 
-/// Block (blockIdx.x: 64 query rows, last rows first; blockIdx.y: b * NH + h): out rows and lse.
+/// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 query rows, the last rows of every head first):
+/// out rows and lse.
 template <class T, int HD>
 __global__ void __launch_bounds__(block_threads)
     forward_kernel(T* out, float* lse, const T* qkv, int Tn, int C, int NH, float scale,
@@ -301,8 +315,10 @@ __global__ void __launch_bounds__(block_threads)
   T* k_buf = q_s + block_rows * LD;  // two K tiles, then two V tiles
   T* v_buf = k_buf + 2 * KT * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * block_rows;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int q0 =
+      causal_row_tile_in_work_order(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y)) *
+      block_rows;
   const int row0 = q0 + warp * 16 + lane / 4;  // and row0 + 8
   const std::int64_t stride = 3LL * C;
   const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
@@ -335,16 +351,21 @@ __global__ void __launch_bounds__(block_threads)
           }
         }
         float mx[2] = {m[0], m[1]};
+        with_causal_mask(causal_tile_whole(q0 + warp * 16, 16, k0, KT, Tn), [&](auto whole) {
 #pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
+          for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-            const float v = key <= row && key < Tn ? s[nt][e] * scale : -INFINITY;
-            s[nt][e] = v;
-            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            for (int e = 0; e < 4; ++e) {
+              float v = s[nt][e] * scale;
+              if constexpr (!decltype(whole)::value) {
+                const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                if (!(key <= row && key < Tn)) v = -INFINITY;
+              }
+              s[nt][e] = v;
+              mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
           }
-        }
+        });
         float correction[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -423,8 +444,9 @@ __global__ void delta_kernel(float* delta, const T* out, const T* dout, int B, i
   delta[(b * NH + h) * Tn + t] = sum;
 }
 
-/// Block (blockIdx.x: 64 query rows; blockIdx.y: b * NH + h): dq += dS K, with delta computed
-/// here from P and dP (written to delta for the dk/dv kernel) or, GivenDelta, read from delta.
+/// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 query rows, the last first): dq += dS K, with
+/// delta computed here from P and dP (written to delta for the dk/dv kernel) or, GivenDelta, read
+/// from delta.
 template <class T, int HD, bool GivenDelta>
 __global__ void __launch_bounds__(block_threads)
     backward_dq_kernel(T* dqkv, float* delta, const T* dout, const T* qkv, const float* lse, int Tn,
@@ -436,8 +458,10 @@ __global__ void __launch_bounds__(block_threads)
   T* k_buf = do_s + block_rows * LD;  // two K tiles, then two V tiles
   T* v_buf = k_buf + 2 * KT * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * block_rows;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int q0 =
+      causal_row_tile_in_work_order(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y)) *
+      block_rows;
   const int row0 = q0 + warp * 16 + lane / 4;
   const std::int64_t stride = 3LL * C;
   const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
@@ -482,22 +506,25 @@ __global__ void __launch_bounds__(block_threads)
         mma_by_rows<T>(dp, dof[kk], v_s, LD, j, kk * 16, lane);
       }
     }
+    with_causal_mask(causal_tile_whole(q0 + warp * 16, 16, k0, KT, Tn), [&](auto whole) {
 #pragma unroll
-    for (int nt = 0; nt < KT / 8; ++nt) {
+      for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-        const bool visible = key <= row && key < Tn && row < Tn;
-        p[nt][e] = visible ? expf(p[nt][e] * scale - lse_r[e >> 1]) : 0.0f;
-        if (!visible) {
-          dp[nt][e] = 0.0f;
-        } else if (dropping) {
-          dp[nt][e] = dropout.keep(detail::attention_entry(bh, row, key, Tn))
-                          ? dp[nt][e] * drop_scale
-                          : 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+          bool visible = true;
+          if constexpr (!decltype(whole)::value) visible = key <= row && key < Tn && row < Tn;
+          p[nt][e] = expf(visible ? p[nt][e] * scale - lse_r[e >> 1] : -INFINITY);
+          if (!visible) {
+            dp[nt][e] = 0.0f;
+          } else if (dropping) {
+            dp[nt][e] = dropout.keep(detail::attention_entry(bh, row, key, Tn))
+                            ? dp[nt][e] * drop_scale
+                            : 0.0f;
+          }
         }
       }
-    }
+    });
     return slices > 0;
   };
 
@@ -559,8 +586,8 @@ __global__ void __launch_bounds__(block_threads)
 
 // ---- backward: dk, dv ---------------------------------------------------------------------------
 
-/// Block (blockIdx.x: 64 key rows; blockIdx.y: b * NH + h): over the query tiles from the
-/// block's first key on, dv += P^T dO and dk += dS^T Q, into dqkv.
+/// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 key rows, the first of every head first): over
+/// the query tiles from the block's first key on, dv += P^T dO and dk += dS^T Q, into dqkv.
 template <class T, int HD>
 __global__ void __launch_bounds__(block_threads)
     backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta,
@@ -574,8 +601,10 @@ __global__ void __launch_bounds__(block_threads)
   float* lse_buf = reinterpret_cast<float*>(do_buf + 2 * QT * LD);  // two tiles' lse, then delta
   float* delta_buf = lse_buf + 2 * QT;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int j0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * block_rows;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int j0 =
+      causal_key_tile_in_work_order(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y)) *
+      block_rows;
   const int key0 = j0 + warp * 16 + lane / 4;  // this lane's key rows: key0 and key0 + 8
   const std::int64_t stride = 3LL * C;
   const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
@@ -622,22 +651,29 @@ __global__ void __launch_bounds__(block_threads)
             mma_by_rows<T>(dp, vf[kk], do_s, LD, j, kk * 16, lane);
           }
         }
-    // p becomes dropout(P^T) for dV, dp becomes dS^T for dK.
+        // p becomes dropout(P^T) for dV, dp becomes dS^T for dK.
+        with_causal_mask(causal_tile_whole(q0, QT, first_key, 16, Tn), [&](auto whole) {
 #pragma unroll
-        for (int nt = 0; nt < QT / 8; ++nt) {
+          for (int nt = 0; nt < QT / 8; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key0 + (e >> 1) * 8, qi = nt * 8 + 2 * (lane & 3) + (e & 1);
-            const int query = q0 + qi;
-            const bool visible = query >= key && query < Tn && key < Tn;
-            const float prob = visible ? expf(p[nt][e] * scale - lse_s[qi]) : 0.0f;
-            const bool kept =
-                !dropping || (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
-            const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
-            p[nt][e] = kept ? prob * drop_scale : 0.0f;
-            dp[nt][e] = prob * (d - delta_s[qi]) * scale;
+            for (int e = 0; e < 4; ++e) {
+              const int key = key0 + (e >> 1) * 8, qi = nt * 8 + 2 * (lane & 3) + (e & 1);
+              const int query = q0 + qi;
+              bool visible = true;
+              if constexpr (!decltype(whole)::value) {
+                visible = query >= key && query < Tn && key < Tn;
+              }
+              // expf(-inf) is 0: no branch around the exponential for masked entries.
+              const float prob = expf(visible ? p[nt][e] * scale - lse_s[qi] : -INFINITY);
+              const bool kept =
+                  !dropping ||
+                  (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
+              const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
+              p[nt][e] = kept ? prob * drop_scale : 0.0f;
+              dp[nt][e] = prob * (d - delta_s[qi]) * scale;
+            }
           }
-        }
+        });
 #pragma unroll
         for (int j = 0; j < QT / 16; ++j) {
           std::uint32_t pa[4], sa[4];
@@ -688,6 +724,14 @@ bool takes(std::int64_t hs, std::initializer_list<const void*> pointers) {
   }
 }
 
+/// Every kernel's grid: x the head (b * NH + h), y the tile of block_rows rows, so blocks start
+/// tile by tile across all heads in the kernel's work order (the heaviest tile of every head
+/// before the next tile of any).
+inline dim3 grid_of(int B, int Tn, int NH) {
+  return dim3(static_cast<unsigned>(B * NH),
+              static_cast<unsigned>((Tn + block_rows - 1) / block_rows));
+}
+
 /// Launches kernel with bytes of dynamic shared memory, raising the kernel's limit first where
 /// it passes the default 48 KiB.
 template <class Kernel, class... Args>
@@ -703,8 +747,7 @@ void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t stream, Ar
 template <class T, int HD>
 void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, float scale,
              const cpu::DropoutMask& dropout, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((Tn + block_rows - 1) / block_rows),
-                  static_cast<unsigned>(B * NH));
+  const dim3 grid = grid_of(B, Tn, NH);
   launch(forward_kernel<T, HD>, grid, forward_shared_bytes<T, HD>(), stream, out, lse, qkv, Tn, C,
          NH, scale, dropout);
 }
@@ -715,8 +758,7 @@ template <class T, int HD>
 void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out, const float* lse,
               int B, int Tn, int C, int NH, float scale, const cpu::DropoutMask& dropout,
               cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((Tn + block_rows - 1) / block_rows),
-                  static_cast<unsigned>(B * NH));
+  const dim3 grid = grid_of(B, Tn, NH);
   if (out != nullptr) {
     const std::int64_t rows = static_cast<std::int64_t>(B) * Tn * NH;
     delta_kernel<T, HD><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(
