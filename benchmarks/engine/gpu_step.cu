@@ -9,10 +9,15 @@
 // is known (mfu_vs_peak); then stage 3 and Offload<CPU> as ratios of their baselines in the same
 // run. Each run's line also has host_phase_ms: the engine's host-side phase timers per step
 // (forward and backward include their waits; step includes the host optimizer, the deferred
-// updates that the next forward applies too, so they count in both). Prints one JSON object per
-// line. Without a GPU it says so and exits 0.
+// updates that the next forward applies too, so they count in both). The LM head computes its
+// loss in chunks of rows whose logits fit GPTConfig::logits_chunk_bytes (--logits-chunk-mib,
+// the library's 256 MiB by default: 4 chunks at B=8, T=1024, whose backward computes the logits
+// of all but the last again); one more run at stage 0 holds the whole batch's logits (0: no
+// chunks, no recomputation, two logits-sized buffers), and gpu_step_whole_logits_vs_chunked
+// is its step time over stage 0's. Prints one JSON object per line. Without a GPU it says so and
+// exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
-//            [--activation-gib G]
+//            [--activation-gib G] [--logits-chunk-mib M]
 #include <zero/engine/cuda_backend.cuh>
 
 #include <chrono>
@@ -46,6 +51,7 @@ struct Shape {
   int steps = 10, warmup = 2;
   std::string model = "gpt2";
   double activation_gib = 24.0;
+  double logits_chunk_mib = -1;  // GPTConfig::logits_chunk_bytes in MiB; < 0: the library's
 };
 
 /// The bf16 rate of a 4096^3 cuBLASLt GEMM in TFLOP/s (mean of repeats after a warm-up).
@@ -163,6 +169,11 @@ int run(const Shape& s) {
   ZERO_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   nn::GPTConfig gc = nn::GPTConfig::preset(s.model);
   if (s.seq > gc.max_seq_len) gc.max_seq_len = s.seq;
+  if (s.logits_chunk_mib >= 0) {
+    gc.logits_chunk_bytes = static_cast<std::int64_t>(s.logits_chunk_mib * (1 << 20));
+  }
+  nn::GPTConfig whole_logits = gc;
+  whole_logits.logits_chunk_bytes = 0;
   const std::string gpu = "\"gpu\": \"" + std::string(prop.name) + "\"";
   const double gemm = gemm_tflops(20);
   line("cublaslt_gemm_4096", gpu + ", \"dtype\": \"bf16\"", gemm, "TFLOP/s");
@@ -176,8 +187,12 @@ int run(const Shape& s) {
     }
   }
   const double per_token = profile::gpt_flops_per_token(params, gc.num_layers, gc.channels, s.seq);
-  const auto report = [&](int stage, bool offload, const Result& r, bool overlap = true) {
+  const auto report = [&](int stage, bool offload, const Result& r, bool overlap = true,
+                          const nn::GPTConfig* g = nullptr) {
     const double tflops = per_token * r.tokens_per_s / 1e12;
+    const std::int64_t chunk = (g != nullptr ? *g : gc).logits_chunk_bytes;
+    char chunk_mib[32];
+    std::snprintf(chunk_mib, sizeof chunk_mib, "%g", static_cast<double>(chunk) / (1 << 20));
     const std::string config =
         gpu + ", \"model\": \"" + s.model + "\", \"params\": " + std::to_string(params) +
         ", \"dtype\": \"bf16\", \"stage\": " + std::to_string(stage) + ", \"offload\": \"" +
@@ -185,7 +200,8 @@ int run(const Shape& s) {
         (offload ? std::string(", \"host_update\": \"") +
                        (overlap ? "with the next forward" : "in step") + "\""
                  : std::string()) +
-        ", \"B\": " + std::to_string(s.batch) + ", \"T\": " + std::to_string(s.seq);
+        ", \"B\": " + std::to_string(s.batch) + ", \"T\": " + std::to_string(s.seq) +
+        ", \"logits_chunk_mib\": " + chunk_mib;  // 0: the whole batch
     using profile::Phase;
     const auto ms = [&](Phase p) { return r.host_ms[static_cast<std::size_t>(p)]; };
     char extra[1024];
@@ -203,6 +219,9 @@ int run(const Shape& s) {
   };
   const Result s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
   report(0, false, s0);
+  const Result s0_whole =
+      time_engine<StepEngine<0, None>>(s, whole_logits, step_config(s, 0, false));
+  report(0, false, s0_whole, true, &whole_logits);
   const Result s2 = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false));
   report(2, false, s2);
   const Result s3 = time_engine<StepEngine<3, None>>(s, gc, step_config(s, 3, false));
@@ -216,6 +235,10 @@ int run(const Shape& s) {
   const std::string base = gpu + ", \"model\": \"" + s.model + "\"";
   line("gpu_step_stage3_vs_stage0", base, s3.step_ms / s0.step_ms, "x",
        ", \"target\": \"<= 1.10 (stage 3 within 10% of stage 0 on one GPU)\"");
+  line("gpu_step_whole_logits_vs_chunked", base + ", \"stage\": 0", s0_whole.step_ms / s0.step_ms,
+       "x",
+       ", \"meaning\": \"stage 0 with the whole batch's logits held (logits_chunk_bytes 0) over "
+       "stage 0 with the configured chunks\"");
   line("gpu_step_offload_vs_device", base + ", \"stage\": 2", off.step_ms / s2.step_ms, "x",
        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
   line("gpu_step_offload_overlap_vs_in_step", base + ", \"stage\": 2",
@@ -249,10 +272,17 @@ int main(int argc, char** argv) try {
       s.model = v;
     } else if (flag == "--activation-gib") {
       s.activation_gib = std::atof(v);
+    } else if (flag == "--logits-chunk-mib") {
+      s.logits_chunk_mib = std::atof(v);
+      if (s.logits_chunk_mib < 0) {
+        std::fprintf(stderr, "gpu_step: --logits-chunk-mib must be >= 0 (0: the whole batch)\n");
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] "
-                   "[--model gpt2|gpt2-medium|gpt2-large|gpt2-xl] [--activation-gib G]\n");
+                   "[--model gpt2|gpt2-medium|gpt2-large|gpt2-xl] [--activation-gib G] "
+                   "[--logits-chunk-mib M]\n");
       return 2;
     }
   }

@@ -9,7 +9,9 @@
 // does and the optimizers hold none of their own. LAMB, whose norms are summed on the host, is a
 // ConfigError. The tag's memory counts as a device's (DeviceKind::cuda), so a checkpoint must
 // stage the master slices and states through the backend's host copies: a run saved after two
-// steps and resumed in a fresh engine takes the third step exactly as the run that went on.
+// steps and resumed in a fresh engine takes the third step exactly as the run that went on. The
+// global norm waits for the device once a step: every unit's sum of squares goes into its slot
+// in the device's memory (sum_of_squares_into) and none comes back alone (sum_of_squares).
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -59,6 +61,18 @@ struct ExecutorTestBackend : engine::HostBackend {
   static inline std::atomic<int> copies = 0;
 
   template <class E>
+  double sum_of_squares(std::span<const E> v) {
+    ++waiting_sums;
+    return HostBackend::sum_of_squares(v);
+  }
+  template <class E>
+  void sum_of_squares_into(std::span<double> slot, std::span<const E> v) {
+    ++slot_sums;
+    HostBackend::sum_of_squares_into(slot, v);
+  }
+  static inline std::atomic<int> waiting_sums = 0, slot_sums = 0;
+
+  template <class E>
   DeviceBuffer<E> make_buffer(std::size_t n) {
     DeviceBuffer<E> b = HostBackend::make_buffer<E>(n);
     const std::lock_guard lock(mutex);
@@ -77,6 +91,8 @@ struct ExecutorTestBackend : engine::HostBackend {
   static void reset() {
     made.clear();
     executor.elements = 0;
+    waiting_sums = 0;
+    slot_sums = 0;
   }
   static inline std::mutex mutex;
   static inline std::vector<std::pair<const char*, std::size_t>> made;
@@ -140,6 +156,10 @@ void check_device_optimizer(const Config& config, std::initializer_list<int> wor
       numel += d.optimizer_numel;
     }
     CHECK(ExecutorTestBackend::executor.elements == steps * numel);
+    // One slot sum a unit, rank and step; no sum waited for alone.
+    CHECK(ExecutorTestBackend::waiting_sums == 0);
+    CHECK(ExecutorTestBackend::slot_sums ==
+          steps * world * static_cast<int>(device[0].units.size()));
   }
 }
 

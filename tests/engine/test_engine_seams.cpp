@@ -270,6 +270,11 @@ struct RecordingBackend : engine::HostBackend {
     ++calls[squares_k];
     return HostBackend::sum_of_squares(v);
   }
+  template <class E>
+  void sum_of_squares_into(std::span<double> slot, std::span<const E> v) {
+    ++calls[squares_k];
+    HostBackend::sum_of_squares_into(slot, v);
+  }
   void comm_waits_for_compute() {
     ++calls[comm_waits_k];
     HostBackend::comm_waits_for_compute();

@@ -869,15 +869,22 @@ class Engine {
       return unit(u).whole_accumulator();
     }
   }
-  // Sum of squares of this rank's part of the global gradient, unit by unit in unit order. Under
-  // Offload<CPU> the sum the exchange took of a unit's shard in the units' memory, on its way
-  // down beside the backward, stands in for a pass of the host over the pinned shard (which the
-  // device would wait for); tensor-parallel ranks other than 0 count only some of a shard's
-  // parameters, so they read the shard.
+  // Sum of squares of this rank's part of the global gradient, unit by unit in unit order. Each
+  // unit's sum is taken into its slot in the units' memory and the slots come back in one copy,
+  // so a device is waited for once, not once a unit: without offload every unit's is taken here;
+  // under Offload<CPU> the exchange took a unit's on its shard's way down beside the backward,
+  // which stands in for a pass of the host over the pinned shard (a unit without one is summed
+  // there). Tensor-parallel ranks other than 0 count only some of a shard's parameters, so they
+  // read the shard.
   double local_sum_of_squares() {
     std::vector<std::optional<double>> taken(static_cast<std::size_t>(num_units()));
-    if constexpr (offload_cpu) {
-      if (groups_.tp_rank() == 0) taken = exchange_.shard_sums_of_squares();
+    if (groups_.tp_rank() == 0) {
+      if constexpr (!offload_cpu) {
+        for (int u = 0; u < num_units(); ++u) {
+          if (!unit(u).replica) exchange_.take_shard_sum(u, local_gradient(u));
+        }
+      }
+      taken = exchange_.shard_sums_of_squares();
     }
     double sum = 0.0;
     for (int u = 0; u < num_units(); ++u) {
@@ -895,20 +902,26 @@ class Engine {
   // parameter whole on every tp rank counts on tp rank 0 only.
   double local_sum_of_squares(int u) {
     if (unit(u).replica) return 0.0;  // the stage that owns it counts it
-    std::span<MasterT> g = update_grad(u);
+    const std::span<const MasterT> g = local_gradient(u);
     const UnitPartition& p = *unit(u).partition;
-    if constexpr (!stage_traits::shards_optimizer_states) {
-      g = g.subspan(static_cast<std::size_t>(p.shard_begin(unit(u).group->rank())),
-                    static_cast<std::size_t>(p.shard_numel()));
-    }
-    if (groups_.tp_rank() == 0) return sum_of_squares(std::span<const MasterT>(g));
+    if (groups_.tp_rank() == 0) return sum_of_squares(g);
     double sum = 0.0;
     for (const ShardSegment& s : p.segments(unit(u).group->rank())) {
       if (!unit(u).specs[static_cast<std::size_t>(s.param)].split.is_split()) continue;
-      sum += sum_of_squares(std::span<const MasterT>(
-          g.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count))));
+      sum += sum_of_squares(
+          g.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count)));
     }
     return sum;
+  }
+  // This rank's slice of unit u's gradient (its shard, or its part of a whole gradient).
+  std::span<const MasterT> local_gradient(int u) {
+    std::span<MasterT> g = update_grad(u);
+    if constexpr (!stage_traits::shards_optimizer_states) {
+      const UnitPartition& p = *unit(u).partition;
+      g = g.subspan(static_cast<std::size_t>(p.shard_begin(unit(u).group->rank())),
+                    static_cast<std::size_t>(p.shard_numel()));
+    }
+    return g;
   }
   // Sum of squares of gradient values where they live: under Offload<CPU> the host's threads
   // read the pinned shard (a device kernel would pull it over the bus), else the backend's.

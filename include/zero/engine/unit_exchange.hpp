@@ -18,7 +18,9 @@
 //               its grad_scale (1/ep). Under Offload<CPU> the reduced shard reaches its pinned
 //               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
 //               every fold, through a device staging buffer: fold_into_host_shard), and its sum
-//               of squares is taken on the way, in the units' memory (shard_sums_of_squares).
+//               of squares is taken on the way, in the units' memory (shard_sums_of_squares;
+//               without offload the engine takes every unit's sum there at the step, so the
+//               device is waited for once for all of them).
 //
 // Every rank calls these in the same order (the engine's static unit order), so the collectives
 // match on every rank. A failed collective is a CommError naming the op, the unit and the step.
@@ -275,10 +277,21 @@ class UnitExchange {
     r.scratch_bytes += fold_staging_.bytes();
     r.scratch_bytes += shard_sums_.bytes();
   }
-  /// Offload<CPU>: each unit's sum of squares of its gradient shard, taken in the units' memory
-  /// as the window's last fold (stages 2-3) or its reduction (stage 1) went down to the pinned
-  /// shard, read back in one copy (after the compute issued so far); nullopt for a unit without
-  /// one this window (its shard is summed where it lives). Call after drain_reductions().
+  /// Unit u's sum of squares of v, a gradient (part) in the units' memory, into the unit's slot
+  /// there on the compute stream, without a host wait. Offload<CPU> takes it as a shard goes down
+  /// to pinned memory; the engine without offload takes every unit's at the step.
+  void take_shard_sum(int u, std::span<const MasterT> v) {
+    if (shard_sums_.size() == 0) {
+      shard_sums_ = backend_.template make_buffer<double>(units_.size());
+      shard_sum_taken_.assign(units_.size(), 0);
+    }
+    const auto slot = static_cast<std::size_t>(u);
+    backend_.sum_of_squares_into(std::span<double>(shard_sums_.data() + slot, 1), v);
+    shard_sum_taken_[slot] = 1;
+  }
+  /// The sums take_shard_sum took this window, read back in one copy (after the compute issued
+  /// so far); nullopt for a unit without one (Offload<CPU>: its shard is summed where it lives).
+  /// Call after drain_reductions().
   std::vector<std::optional<double>> shard_sums_of_squares() {
     std::vector<std::optional<double>> sums(units_.size());
     if (std::find(shard_sum_taken_.begin(), shard_sum_taken_.end(), 1) == shard_sum_taken_.end()) {
@@ -435,17 +448,6 @@ class UnitExchange {
     backend_.comm_waits_for_compute();
     backend_.comm_copy_async(span(s.grad_shard), std::span<const MasterT>(staged));
     copies_unordered_ = true;
-  }
-  // Offload<CPU>: unit u's shard sum of squares from v, its gradient shard in the units' memory
-  // (a slot of shard_sums_, on the compute stream).
-  void take_shard_sum(int u, std::span<const MasterT> v) {
-    if (shard_sums_.size() == 0) {
-      shard_sums_ = backend_.template make_buffer<double>(units_.size());
-      shard_sum_taken_.assign(units_.size(), 0);
-    }
-    const auto slot = static_cast<std::size_t>(u);
-    backend_.sum_of_squares_into(std::span<double>(shard_sums_.data() + slot, 1), v);
-    shard_sum_taken_[slot] = 1;
   }
   DeviceBuffer<T> take_scratch(std::size_t n) {
     for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it) {

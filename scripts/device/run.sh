@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# On a machine with a GPU, in the repository root with .carry/pack.tar.xz beside it (made by
+# scripts/device/pack.sh): unpacks the binaries and runs what $1 names, writing the logs under
+# $OUT (the device tool's result folder; /tmp/out elsewhere) and a summary.txt there:
+#   quick    the [cuda] suites, kernel_bench, gpu_step and two short train_gpt_cuda runs
+#   tests    the [cuda] suites only
+#   bench    gpu_step, PyTorch's GPT-2 step on the same GPU, kernel_bench, the host AdamW
+#   all      tests, bench and the train_gpt_cuda runs
+#   profile  gpu_step under nsys, where the machine has it
+set -uo pipefail
+mode=${1:-quick}
+final=${OUT:-/tmp/out}
+logs=/tmp/zero-device-logs
+root=$(pwd)
+rm -rf "$logs" && mkdir -p "$logs" "$final"
+rm -rf /tmp/zero-device && mkdir -p /tmp/zero-device && tar -C /tmp/zero-device -xJf .carry/pack.tar.xz
+bin=/tmp/zero-device/bin
+libs=/tmp/zero-device/lib
+for name in libcudart.so libcublasLt.so libcublas.so libnccl.so; do
+  d=$(ldconfig -p | awk -v n="$name" '$1 ~ n {print $NF; exit}' | xargs -r dirname)
+  [[ -z $d ]] && d=$(find /usr/local/cuda* /usr/lib /opt -name "${name}*" 2>/dev/null | head -1 | xargs -r dirname)
+  [[ -n $d ]] && libs="$libs:$d"
+done
+export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  git -C "$root" log --oneline -1 2>/dev/null
+  for b in "$bin"/*; do ldd "$b" | grep "not found"; done
+} > "$logs/env.txt" 2>&1
+cd /tmp/zero-device || exit 1  # train_gpt_cuda finds data/corpus.txt here
+
+run_tests() {
+  for t in zero_cuda_ops_tests zero_cuda_engine_backend_tests zero_cuda_comm_tests zero_cuda_core_tests; do
+    (timeout 150 "$bin/$t" > "$logs/test_$t.txt" 2>&1; echo "$t rc $?" >> "$logs/tests.txt") &
+  done
+  timeout 150 "$bin/test_optim_cuda" > "$logs/test_optim_cuda.txt" 2>&1
+  echo "test_optim_cuda rc $?" >> "$logs/tests.txt"
+  timeout 100 "$bin/zero_cuda_engine_backend_no_device_tests" > "$logs/test_no_device.txt" 2>&1
+  echo "no_device rc $?" >> "$logs/tests.txt"
+  wait
+  for f in "$logs"/test_*.txt; do
+    echo "== $f"; tail -3 "$f"; grep -B2 -A12 "FAILED" "$f" | head -60
+  done >> "$logs/tests.txt"
+}
+run_bench() {
+  timeout 150 "$bin/gpu_step" --warmup 2 --steps 6 > "$logs/gpu_step.txt" 2>&1
+  echo "rc $?" >> "$logs/gpu_step.txt"
+  timeout 150 "$bin/kernel_bench" --repeats 10 > "$logs/kernel_bench.txt" 2>&1
+  echo "rc $?" >> "$logs/kernel_bench.txt"
+}
+# PyTorch's GPT-2 step on the same GPU (the device machine has PyTorch), and the host AdamW
+# that Offload<CPU> runs, on this machine's cores.
+run_baselines() {
+  (cd "$root" && timeout 100 python3 benchmarks/engine/torch_gpt2_step.py > "$logs/torch.txt" 2>&1
+   echo "rc $?" >> "$logs/torch.txt")
+  OMP_WAIT_POLICY=PASSIVE timeout 60 "$bin/optim_bench" --elements 124000000 --repeats 3 \
+    > "$logs/optim_bench.txt" 2>&1
+  { echo "rc $?"; nproc; lscpu | grep -E "Model name|Socket|Thread|NUMA"; } >> "$logs/optim_bench.txt"
+}
+run_train() {
+  local extra
+  for extra in "--stage 2" "--stage 3 --offload-cpu"; do
+    read -ra flags <<< "$extra"
+    timeout 100 "$bin/train_gpt_cuda" --steps 8 --layers 2 --channels 64 --seq 32 --precision bf16 \
+      --ranks 2 "${flags[@]}" >> "$logs/train_gpt_cuda.txt" 2>&1
+    echo "rc $? ($extra)" >> "$logs/train_gpt_cuda.txt"
+  done
+}
+
+case $mode in
+  quick) run_tests; run_bench; run_train ;;
+  tests) run_tests ;;
+  bench) run_bench; run_baselines ;;
+  all) run_tests; run_bench; run_baselines; run_train ;;
+  profile)
+    if command -v nsys > /dev/null; then
+      timeout 200 nsys profile -o /tmp/zero-prof --force-overwrite true "$bin/gpu_step" --warmup 1 \
+        --steps 2 > "$logs/nsys_run.txt" 2>&1
+      nsys stats -r cuda_gpu_kern_sum /tmp/zero-prof.nsys-rep > "$logs/nsys_kernels.txt" 2>&1
+    else
+      echo "no nsys on this machine" > "$logs/nsys_run.txt"
+    fi
+    ;;
+  *) echo "run.sh: unknown mode $mode (quick, tests, bench, all, profile)"; exit 2 ;;
+esac
+echo "finished" >> "$logs/env.txt"
+tar -C "$logs" -czf "$final/logs.tar.gz" .
+cat "$logs"/env.txt "$logs"/tests.txt "$logs"/gpu_step.txt "$logs"/torch.txt "$logs"/train_gpt_cuda.txt \
+  > "$final/summary.txt" 2>/dev/null
+cp "$logs"/kernel_bench.txt "$final/" 2>/dev/null
+exit 0
