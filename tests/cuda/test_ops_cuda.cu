@@ -213,6 +213,13 @@ TEMPLATE_TEST_CASE("GELU forward and backward equal the host's", "[cuda]", float
     // f32 bound is therefore relative to values of order one, the inputs' scale.
     check_close(d_y.download(), y, "gelu_forward", 1e-5, 2.0, std::is_same_v<T, float> ? 1.0 : 0.0);
     check_close(d_dx.download(), dx, "gelu_backward");
+    // Written instead of added (a layer's fresh input gradient): the NaNs in dinp are not read.
+    DeviceVector<T> d_written(
+        std::vector<T>(x.size(), zero::convert<T>(std::numeric_limits<float>::quiet_NaN())));
+    gpu::gelu_backward<T>(d_written.get(), d_x.get(), d_dy.get(), n, true, nullptr);
+    std::vector<T> written(x.size());
+    cpu::gelu_backward<T>(written.data(), x.data(), dy.data(), n, true);
+    check_close(d_written.download(), written, "gelu_backward, overwrite");
   }
 }
 
@@ -311,6 +318,17 @@ TEMPLATE_TEST_CASE("LayerNorm forward and backward equal the host's", "[cuda]", 
     check_close(d_dx.download(), dx, "layer_norm_backward dinp");
     check_close(d_dw.download(), dw, "layer_norm_backward dweight");
     check_close(d_db.download(), db, "layer_norm_backward dbias");
+    // dinp written instead of added (the NaNs in it are not read); the parameters' still add.
+    DeviceVector<T> d_written(
+        std::vector<T>(n, zero::convert<T>(std::numeric_limits<float>::quiet_NaN())));
+    gpu::layer_norm_backward<T>(d_written.get(), d_dw.get(), d_db.get(), d_dy.get(), d_x.get(),
+                                d_w.get(), d_mean.get(), d_rstd.get(), s.N, s.C, true, nullptr);
+    std::vector<T> written(n);
+    cpu::layer_norm_backward<T>(written.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                mean.data(), rstd.data(), s.N, s.C, true);
+    check_close(d_written.download(), written, "layer_norm_backward dinp, overwrite");
+    check_close(d_dw.download(), dw, "layer_norm_backward dweight, twice");
+    check_close(d_db.download(), db, "layer_norm_backward dbias, twice");
   }
 }
 
@@ -435,6 +453,36 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
     gpu::cross_entropy_backward<T>(d_logits.get(), d_logits.get(), d_targets.get(), s.N, s.V, dloss,
                                    valid, d_stats.get(), nullptr);
     CHECK(same_bits(d_logits.download(), out_of_place));
+
+    // Rows ld apart, as the loss layer's padded chunks (V rounded up to whole 16-byte packs,
+    // and one pack more so every shape pads; NaN in the padding, never read): the host's losses,
+    // and in place its dlogits with zeros in the padding.
+    const std::int64_t P = 16 / static_cast<std::int64_t>(sizeof(T));
+    const std::int64_t ld = (s.V + P - 1) / P * P + P;
+    std::vector<T> padded(static_cast<std::size_t>(s.N * ld),
+                          zero::convert<T>(std::numeric_limits<float>::quiet_NaN()));
+    for (std::int64_t n = 0; n < s.N; ++n) {
+      std::copy_n(logits.begin() + n * s.V, s.V, padded.begin() + n * ld);
+    }
+    DeviceVector<T> d_padded(padded);
+    DeviceVector<float> d_padded_losses(static_cast<std::size_t>(s.N));
+    DeviceVector<float> d_padded_stats(static_cast<std::size_t>(2 * s.N));
+    gpu::cross_entropy_forward<T>(d_padded_losses.get(), nullptr, d_padded_stats.get(),
+                                  d_padded.get(), d_targets.get(), s.N, s.V, ld, nullptr);
+    check_close(d_padded_losses.download(), losses, "cross_entropy losses, rows ld apart");
+    gpu::cross_entropy_backward<T>(d_padded.get(), d_padded.get(), d_targets.get(), s.N, s.V, dloss,
+                                   valid, d_padded_stats.get(), ld, nullptr);
+    const auto padded_back = d_padded.download();
+    std::vector<T> rows(logits.size());
+    bool zero_padding = true;
+    for (std::int64_t n = 0; n < s.N; ++n) {
+      std::copy_n(padded_back.begin() + n * ld, s.V, rows.begin() + n * s.V);
+      for (std::int64_t v = s.V; v < ld; ++v) {
+        zero_padding = zero_padding && zero::convert<float>(padded_back[n * ld + v]) == 0.0f;
+      }
+    }
+    CHECK(zero_padding);
+    check_close(rows, dlogits, "cross_entropy_backward, rows ld apart");
   }
 }
 

@@ -28,6 +28,8 @@ class RecordingKernels final : public nn::Kernels<T> {
 
   /// Calls by kernel name.
   std::map<std::string, int> calls;
+  /// logits_row_stride's multiple.
+  std::int64_t logits_row_align = 1;
 
   DeviceKind device() const override { return device_; }
   nn::KernelMemory allocate(std::size_t bytes) override {
@@ -74,10 +76,16 @@ class RecordingKernels final : public nn::Kernels<T> {
     note("count_valid_targets");
     return host().count_valid_targets(targets, N, V);
   }
+  /// V rounded up to a multiple of logits_row_align (1 unless the test asks): a set that pads
+  /// the loss layers' logits rows as the device's does.
+  std::int64_t logits_row_stride(std::int64_t V) const override {
+    return (V + logits_row_align - 1) / logits_row_align * logits_row_align;
+  }
   void cross_entropy_forward(Stat* losses, const T* logits, const std::int32_t* targets,
-                             std::int64_t N, std::int64_t V, Stat* row_stats) override {
+                             std::int64_t N, std::int64_t V, std::int64_t ld,
+                             Stat* row_stats) override {
     note("cross_entropy_forward");
-    host().cross_entropy_forward(losses, logits, targets, N, V, row_stats);
+    host().cross_entropy_forward(losses, logits, targets, N, V, ld, row_stats);
   }
   Stat cross_entropy_mean(const Stat* losses, const std::int32_t* targets, std::int64_t N,
                           std::int64_t valid) override {
@@ -85,10 +93,10 @@ class RecordingKernels final : public nn::Kernels<T> {
     return host().cross_entropy_mean(losses, targets, N, valid);
   }
   void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
-                              std::int64_t N, std::int64_t V, Stat dloss, std::int64_t valid,
-                              const Stat* row_stats) override {
+                              std::int64_t N, std::int64_t V, std::int64_t ld, Stat dloss,
+                              std::int64_t valid, const Stat* row_stats) override {
     note("cross_entropy_backward");
-    host().cross_entropy_backward(dlogits, logits, targets, N, V, dloss, valid, row_stats);
+    host().cross_entropy_backward(dlogits, logits, targets, N, V, ld, dloss, valid, row_stats);
   }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::int64_t N, std::int64_t in,
                       std::int64_t out) override {

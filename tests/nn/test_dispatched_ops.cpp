@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -311,23 +312,41 @@ std::vector<std::int32_t> ce_targets(std::int64_t N, std::int64_t V) {
 }
 
 // Loss, mean and dlogits; with row_stats the backward takes the forward's row max and sum, and
-// in_place writes dlogits over the logits.
+// in_place writes dlogits over the logits. With pad, the rows lie V + pad apart, NaN in the
+// padding of the logits (never read) and garbage in dlogits' (which must become zeros); dlogits
+// comes back packed, so the bytes compare with those of pad 0.
 template <class T>
 Bytes cross_entropy_run(std::int64_t N, std::int64_t V, std::vector<std::vector<double>>* values,
-                        bool row_stats = false, bool in_place = false) {
+                        bool row_stats = false, bool in_place = false, std::int64_t pad = 0) {
   using A = zero::compute_type_t<T>;
-  auto logits = cast<T>(float_values(static_cast<std::size_t>(N * V), 51, 8.0));
+  const std::int64_t ld = V + pad;
+  const auto packed = cast<T>(float_values(static_cast<std::size_t>(N * V), 51, 8.0));
+  auto logits = cast<T>(std::vector<double>(static_cast<std::size_t>(N * ld),
+                                            std::numeric_limits<double>::quiet_NaN()));
+  for (std::int64_t n = 0; n < N; ++n) {
+    std::copy_n(packed.begin() + n * V, V, logits.begin() + n * ld);
+  }
   const auto targets = ce_targets(N, V);
   std::vector<A> losses(static_cast<std::size_t>(N));
   std::vector<A> stats(static_cast<std::size_t>(2 * N));
   // dlogits is written, not accumulated: start from garbage to see every element written.
-  std::vector<T> dlogits = cast<T>(float_values(static_cast<std::size_t>(N * V), 52, 100.0));
+  std::vector<T> dlogits = cast<T>(float_values(static_cast<std::size_t>(N * ld), 52, 100.0));
   const std::vector<A> mean{cross_entropy_forward(losses.data(), logits.data(), targets.data(), N,
-                                                  V, row_stats ? stats.data() : nullptr)};
+                                                  V, row_stats ? stats.data() : nullptr, ld)};
   T* out = in_place ? logits.data() : dlogits.data();
   cross_entropy_backward(out, logits.data(), targets.data(), N, V, A(0.7), -1,
-                         row_stats ? stats.data() : nullptr);
+                         row_stats ? stats.data() : nullptr, ld);
   if (in_place) dlogits = logits;
+  std::vector<T> rows(static_cast<std::size_t>(N * V));
+  bool zero_padding = true;
+  for (std::int64_t n = 0; n < N; ++n) {
+    std::copy_n(dlogits.begin() + n * ld, V, rows.begin() + n * V);
+    for (std::int64_t v = V; v < ld; ++v) {
+      zero_padding = zero_padding && zero::convert<double>(dlogits[n * ld + v]) == 0.0;
+    }
+  }
+  REQUIRE(zero_padding);
+  dlogits = rows;
   Bytes bytes;
   bytes.add(losses), bytes.add(mean), bytes.add(dlogits);
   if (values != nullptr) {
@@ -380,6 +399,39 @@ TEST_CASE(
     check_paths([&] { return cross_entropy_run<float>(N, V, nullptr, true); });
     check_paths([&] { return cross_entropy_run<bf16>(N, V, nullptr, true); });
   }
+}
+
+TEST_CASE(
+    "cross_entropy over rows ld apart: the bits of packed rows, zeros in the padding of dlogits, "
+    "on every ISA",
+    "[unit][ops]") {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{{1, 1}, {3, 17}, {4, 50257}};
+  for (auto [N, V] : shapes) {
+    for (const std::int64_t pad : {1, 7}) {
+      INFO("N " << N << " V " << V << " pad " << pad);
+      for (const bool row_stats : {false, true}) {
+        for (const bool in_place : {false, true}) {
+          INFO("row stats " << row_stats << ", in place " << in_place);
+          CHECK(cross_entropy_run<float>(N, V, nullptr, row_stats, in_place, pad) ==
+                cross_entropy_run<float>(N, V, nullptr, row_stats, in_place));
+          CHECK(cross_entropy_run<bf16>(N, V, nullptr, row_stats, in_place, pad) ==
+                cross_entropy_run<bf16>(N, V, nullptr, row_stats, in_place));
+          CHECK(cross_entropy_run<double>(N, V, nullptr, row_stats, in_place, pad) ==
+                cross_entropy_run<double>(N, V, nullptr, row_stats, in_place));
+        }
+      }
+      check_paths([&] { return cross_entropy_run<bf16>(N, V, nullptr, true, true, pad); });
+    }
+  }
+  // Rows closer than V apart are refused.
+  std::vector<float> logits(12, 0.0f), losses(3);
+  const std::vector<std::int32_t> targets{0, 1, 2};
+  CHECK_THROWS_AS(cross_entropy_forward(losses.data(), logits.data(), targets.data(), 3, 4,
+                                        static_cast<float*>(nullptr), 3),
+                  zero::ShapeError);
+  CHECK_THROWS_WITH(cross_entropy_backward(logits.data(), logits.data(), targets.data(), 3, 4, 1.0f,
+                                           -1, static_cast<const float*>(nullptr), 3),
+                    Catch::Contains("3 elements apart cannot hold 4 logits"));
 }
 
 namespace {

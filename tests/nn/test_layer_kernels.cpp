@@ -18,6 +18,7 @@
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/kernels.hpp>
 #include <zero/nn/layer_gpt.hpp>
+#include <zero/nn/layers/linear_cross_entropy.hpp>
 #include <zero/nn/layers/rms_norm.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
 #include <zero/nn/layers/token_embedding.hpp>
@@ -177,6 +178,18 @@ TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][
   CHECK(recording.calls["cross_entropy_backward"] == 3);
   // 4 per block, the head's 3 chunks forward and the 2 it recomputes in backward.
   CHECK(recording.calls["linear_forward"] == 2 * 4 + 3 + 2);
+
+  // A set that pads the logits rows, as the device pads GPT-2's 50257 (here 40 classes, rows 48
+  // apart): the same bits, through copies of the tied weight (forward, backward) and of its
+  // gradient (copied back) with 8 zero rows.
+  RecordingKernels<E> padding;
+  padding.logits_row_align = 16;
+  const auto [loss_padded, grads_padded] = run_gpt<E>(&padding);
+  CHECK(std::memcmp(&loss, &loss_padded, sizeof(float)) == 0);
+  CHECK(same_bits(grads, grads_padded));
+  CHECK(padding.calls["allocate"] == recording.calls["allocate"] + 3);
+  CHECK(padding.calls["copy"] == recording.calls["copy"] + 4);
+  CHECK(padding.calls["linear_forward"] == recording.calls["linear_forward"]);
 }
 
 TEST_CASE("the host kernel set is the default and reports the host", "[unit][nn][kernels]") {
@@ -244,4 +257,39 @@ TEST_CASE("layers with host kernels only refuse a device kernel set", "[unit][nn
   CHECK_THROWS_WITH(wte.forward(ctx), Catch::Contains("TokenEmbedding 'wte'") &&
                                           Catch::Contains("input 'ids' is host memory") &&
                                           Catch::Contains("runs on the cuda device"));
+}
+
+TEST_CASE("LinearCrossEntropy cannot leave the weight gradient of padded logits rows for later",
+          "[unit][nn][kernels]") {
+  constexpr std::int64_t N = 8, in = 4, classes = 5;
+  RecordingKernels<float> padding;
+  padding.logits_row_align = 8;  // rows 8 apart
+  std::vector<float> w(classes * in, 0.1f), dw(classes * in, 0.f), x(N * in, 0.5f);
+  std::vector<float> dx(N * in, 0.f);
+  const nn::ParamView<float> view{Tensor<float>(w.data(), Shape{classes, in}),
+                                  Tensor<float>(dw.data(), Shape{classes, in})};
+  // 3 rows a chunk: chunks of 3, 3 and 2 rows.
+  nn::LinearCrossEntropy<float> loss(
+      "head", [&] { return view; }, in, classes, "targets", 3 * classes * 4);
+  std::vector<std::int32_t> targets(N, 1);
+  Arena<> arena(1 << 20);
+  nn::StepContext<float> ctx;
+  ctx.arena = &arena;
+  ctx.kernels = &padding;
+  ctx.targets = targets.data();
+  ctx.batch = 1;
+  ctx.seq_len = N;
+  ctx.x = Tensor<float>(x.data(), Shape{N, in});
+  loss.forward(ctx);
+  // A split backward would keep the address of the gradient's padded copy past its life.
+  nn::DeferredWeightGrads<float> deferred;
+  ctx.weight_grads = &deferred;
+  ctx.dx = Tensor<float>(dx.data(), Shape{N, in});
+  CHECK_THROWS_WITH(loss.backward(ctx),
+                    Catch::Contains("split backward") && Catch::Contains("padded to 8"));
+  CHECK(deferred.empty());
+  ctx.weight_grads = nullptr;
+  loss.backward(ctx);
+  CHECK(padding.calls["cross_entropy_backward"] == 3);
+  CHECK(dw != std::vector<float>(classes * in, 0.f));
 }

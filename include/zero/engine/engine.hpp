@@ -935,6 +935,7 @@ class Engine {
   void update_unit(int u, double factor) {
     const std::span<MasterT> param = unit(u).resident_master();
     const std::span<MasterT> grad = update_grad(u);
+    bool params_rounded = false;  // the optimizer's pass wrote the whole params' rounded copy
     if (!optimizers_.empty()) {
       optim::AnyOptimizer& opt = optimizers_[static_cast<std::size_t>(u)];
       if (training_.scheduler) opt.set_lr(training_.lr);
@@ -945,6 +946,12 @@ class Engine {
         // Offload<CPU> below fp32: the pass also writes the rounded copy a gather copies up.
         if constexpr (offload_cpu && !compute_is_master) {
           io.write_back(std::span<T>(unit(u).compute_copy.data(), unit(u).compute_copy.size()));
+        } else if constexpr (rounds_whole_params) {
+          // Stage 0 below fp32: the pass rounds the updated master into the whole params as it
+          // goes (what refresh_compute_params would do in a second pass over the master).
+          Unit& s = unit(u);
+          io.write_back(std::span<T>(s.params->data(), s.params->size()));
+          params_rounded = true;
         }
         optim::StepOptions run;
         if constexpr (device_optimizer) run.executor = backend_.fused_executor();
@@ -963,12 +970,15 @@ class Engine {
         s.compute_copy_current = true;
       }
     }
-    refresh_compute_params(u);
+    if (!params_rounded) refresh_compute_params(u);
   }
   // Whole params kept beside a whole master of another type (stage 0 in bf16/f16) are rounded
-  // from it after each update; stages 1-3 gather them from the updated slices instead.
+  // from it after each update (by the fused optimizers' own pass, else here); stages 1-3 gather
+  // them from the updated slices instead.
+  static constexpr bool rounds_whole_params =
+      !stage_traits::regathers_after_update && !compute_is_master;
   void refresh_compute_params(int u) {
-    if constexpr (!stage_traits::regathers_after_update && !compute_is_master) {
+    if constexpr (rounds_whole_params) {
       Unit& s = unit(u);
       backend_.convert_into(std::span<T>(s.params->data(), s.params->size()),
                             std::span<const MasterT>(s.resident_master()));

@@ -14,7 +14,7 @@
 //   the probabilities, and takes head sizes up to 128 (ShapeError otherwise);
 // - the device kernels of the linear input gradient, LayerNorm and GELU add into dx; where the
 //   layer asks for dx to be written (overwrite_dx), the linear GEMM runs with beta = 0 and the
-//   other two clear dx first (one memset);
+//   other two write dx without reading it (no memset first, no read of zeros);
 // - copy stages overlapping ranges through scratch (cudaMemcpyAsync requires disjoint ones);
 // - the loss: count_valid_targets and cross_entropy_mean return host values, so a loss layer's
 //   forward waits for the stream twice (as PyTorch's loss.item()); the backward reads each
@@ -155,15 +155,14 @@ class CudaKernels final : public Kernels<T> {
   void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
                            const Stat* mean, const Stat* rstd, std::int64_t N, std::int64_t C,
                            bool overwrite_dx) override {
-    if (overwrite_dx) fill_zero(dx, N * C);
-    ops::cuda::layer_norm_backward<T>(dx, dw, db, dy, x, w, mean, rstd, N, C, stream_);
+    ops::cuda::layer_norm_backward<T>(dx, dw, db, dy, x, w, mean, rstd, N, C, overwrite_dx,
+                                      stream_);
   }
   void gelu_forward(T* y, const T* x, std::int64_t n) override {
     ops::cuda::gelu_forward(y, x, n, stream_);
   }
   void gelu_backward(T* dx, const T* x, const T* dy, std::int64_t n, bool overwrite_dx) override {
-    if (overwrite_dx) fill_zero(dx, n);
-    ops::cuda::gelu_backward(dx, x, dy, n, stream_);
+    ops::cuda::gelu_backward(dx, x, dy, n, overwrite_dx, stream_);
   }
   void dropout_forward(T* y, const T* x, std::int64_t n, double p, const CounterRng& rng,
                        std::uint32_t stream_id) override {
@@ -179,10 +178,18 @@ class CudaKernels final : public Kernels<T> {
     (void)V;  // a target outside [0, V) makes its row's loss NaN instead (docs/cuda.md)
     return ops::cuda::count_valid_targets(targets, N, stream_);
   }
+  /// Rows of whole 16-byte packs (ops::cuda::padded_row): the GEMMs that write and read the
+  /// logits then run on their fast kernels without padded copies (linear.cuh), and every row
+  /// starts aligned for the cross-entropy kernels' 16-byte accesses.
+  std::int64_t logits_row_stride(std::int64_t V) const override {
+    return ops::cuda::padded_row<T>(V);
+  }
   /// row_stats, when given, is device memory the backward reads instead of two passes per row.
   void cross_entropy_forward(Stat* losses, const T* logits, const std::int32_t* targets,
-                             std::int64_t N, std::int64_t V, Stat* row_stats) override {
-    ops::cuda::cross_entropy_forward<T>(losses, nullptr, row_stats, logits, targets, N, V, stream_);
+                             std::int64_t N, std::int64_t V, std::int64_t ld,
+                             Stat* row_stats) override {
+    ops::cuda::cross_entropy_forward<T>(losses, nullptr, row_stats, logits, targets, N, V, ld,
+                                        stream_);
   }
   Stat cross_entropy_mean(const Stat* losses, const std::int32_t* targets, std::int64_t N,
                           std::int64_t valid) override {
@@ -190,10 +197,10 @@ class CudaKernels final : public Kernels<T> {
     return ops::cuda::cross_entropy_mean(losses, targets, N, stream_);
   }
   void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
-                              std::int64_t N, std::int64_t V, Stat dloss, std::int64_t valid,
-                              const Stat* row_stats) override {
+                              std::int64_t N, std::int64_t V, std::int64_t ld, Stat dloss,
+                              std::int64_t valid, const Stat* row_stats) override {
     ops::cuda::cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, row_stats,
-                                         stream_);
+                                         ld, stream_);
   }
 
   /// Flash attention keeps each row's log-sum-exp: float [B, NH, Tn].

@@ -123,18 +123,25 @@ class Kernels {
   /// waits for its stream).
   virtual std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
                                            std::int64_t V) = 0;
-  /// Per-row softmax cross-entropy losses of N rows of V logits (0 where ignored); row_stats
-  /// ([N, 2], may be null) keeps what the backward may reuse.
+  /// Elements between the rows of a logits buffer of V classes that a loss layer asks this set's
+  /// linear_forward to fill and its cross_entropy kernels to read (>= V): V on the host; the
+  /// device's GEMMs run far faster at a whole number of 16-byte packs, so a set may pad the row
+  /// (the loss layer then gives the GEMMs a weight with ld - V zero rows after its V).
+  virtual std::int64_t logits_row_stride(std::int64_t V) const { return V; }
+  /// Per-row softmax cross-entropy losses of N rows of V logits, ld >= V apart (0 where
+  /// ignored); row_stats ([N, 2], may be null) keeps what the backward may reuse.
   virtual void cross_entropy_forward(Stat* losses, const T* logits, const std::int32_t* targets,
-                                     std::int64_t N, std::int64_t V, Stat* row_stats) = 0;
+                                     std::int64_t N, std::int64_t V, std::int64_t ld,
+                                     Stat* row_stats) = 0;
   /// The mean of N rows' losses over valid targets, as a host value (a device set waits for its
   /// stream).
   virtual Stat cross_entropy_mean(const Stat* losses, const std::int32_t* targets, std::int64_t N,
                                   std::int64_t valid) = 0;
-  /// Writes dlogits (may be logits) for the mean loss over valid targets scaled by dloss; the N
-  /// rows may be a chunk of the batch valid counts; row_stats is the forward's (may be null).
+  /// Writes dlogits (may be logits; rows ld apart in both, zeros in [V, ld)) for the mean loss
+  /// over valid targets scaled by dloss; the N rows may be a chunk of the batch valid counts;
+  /// row_stats is the forward's (may be null).
   virtual void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
-                                      std::int64_t N, std::int64_t V, Stat dloss,
+                                      std::int64_t N, std::int64_t V, std::int64_t ld, Stat dloss,
                                       std::int64_t valid, const Stat* row_stats) = 0;
 
   /// Bytes attention_forward saves for its backward at B sequences of Tn positions and NH heads.
@@ -232,8 +239,9 @@ class HostKernels final : public Kernels<T> {
     return ops::cpu::count_valid_targets(targets, N, V);
   }
   void cross_entropy_forward(Stat* losses, const T* logits, const std::int32_t* targets,
-                             std::int64_t N, std::int64_t V, Stat* row_stats) override {
-    ops::cpu::cross_entropy_forward(losses, logits, targets, N, V, row_stats);
+                             std::int64_t N, std::int64_t V, std::int64_t ld,
+                             Stat* row_stats) override {
+    ops::cpu::cross_entropy_forward(losses, logits, targets, N, V, row_stats, ld);
   }
   Stat cross_entropy_mean(const Stat* losses, const std::int32_t* targets, std::int64_t N,
                           std::int64_t valid) override {
@@ -241,9 +249,9 @@ class HostKernels final : public Kernels<T> {
     return ops::cpu::cross_entropy_mean(losses, N, valid);
   }
   void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
-                              std::int64_t N, std::int64_t V, Stat dloss, std::int64_t valid,
-                              const Stat* row_stats) override {
-    ops::cpu::cross_entropy_backward(dlogits, logits, targets, N, V, dloss, valid, row_stats);
+                              std::int64_t N, std::int64_t V, std::int64_t ld, Stat dloss,
+                              std::int64_t valid, const Stat* row_stats) override {
+    ops::cpu::cross_entropy_backward(dlogits, logits, targets, N, V, dloss, valid, row_stats, ld);
   }
 
   /// The host keeps the probabilities [B, NH, Tn, Tn] in T.

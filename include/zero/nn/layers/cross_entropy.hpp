@@ -49,7 +49,7 @@ class SoftmaxCrossEntropy final : public Layer<T> {
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
     row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
     kernels.cross_entropy_forward(losses.data(), logits_.data(), labels_data_, N, classes_,
-                                  row_stats_.data());
+                                  classes_, row_stats_.data());
     ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) +
                           static_cast<Stat>(ctx.aux_loss));
   }
@@ -57,7 +57,7 @@ class SoftmaxCrossEntropy final : public Layer<T> {
     expect<InputError>(labels_data_ != nullptr, describe(),
                        ": backward needs labels; the micro-batch had no input '", labels_, "'");
     kernels_of(ctx).cross_entropy_backward(
-        ctx.dx.data(), logits_.data(), labels_data_, logits_.numel() / classes_, classes_,
+        ctx.dx.data(), logits_.data(), labels_data_, logits_.numel() / classes_, classes_, classes_,
         convert<Stat>(ctx.loss_scale), valid_, row_stats_.data());
   }
   bool writes_input_grad() const override { return true; }  // the kernel writes dlogits

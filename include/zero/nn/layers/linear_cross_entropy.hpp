@@ -13,8 +13,21 @@
 // get a buffer of their own, as in the two layers, so logits() still holds the logits after the
 // backward). With several, each row's loss and input gradient are those of its chunk's
 // GEMMs and the weight gradient adds the chunks' products in turn (last first); the chunking
-// depends on the shape only, never on the thread count. Without labels (evaluation) it computes
-// all the logits, passes them on in ctx.x and keeps them for logits(), like the two layers.
+// depends on the shape only, never on the thread count or the device: the chunks are as even as
+// the bound allows, so the last, which the backward need not compute again, is not a remainder
+// of a few rows (B 8, T 1024 at GPT-2's bf16 logits: 4 chunks of 2048 rows, not 3 of 2656 and
+// one of 224). Without labels (evaluation) it computes all the logits, passes them on in ctx.x
+// and keeps them for logits(), like the two layers.
+// Padded rows: with several chunks, the chunk's rows lie kernels.logits_row_stride(classes) apart
+// (ld; classes on the host). A device whose GEMMs want rows of whole 16-byte packs (GPT-2's
+// 50257 is not: cuBLASLt's odd-size kernels ran the LM head 5x slower) pads them, and the layer
+// hands every GEMM a copy of the weight with ld - classes zero rows after its own (made once a
+// forward and once a backward, dropped after) and, in the backward, a copy of its gradient the
+// same way, copied back after the last chunk. The zero rows add exact zeros to every sum and the
+// cross-entropy kernels zero the padded columns of dlogits, so the values are those of rows
+// classes apart, with no per-GEMM copy of the weight or of the logits (ops/cuda/linear.cuh pads
+// any odd-sized GEMM that way: 8 GB of copies a step for GPT-2 at B 8). The bound counts
+// classes elements a row, so the chunking stays the host's.
 
 #include <algorithm>
 #include <any>
@@ -57,13 +70,16 @@ class LinearCrossEntropy final : public Layer<T> {
 
   std::string describe() const override { return "LinearCrossEntropy '" + name_ + "'"; }
 
-  /// Rows per chunk for a batch of rows (the whole batch when its logits fit chunk_bytes):
-  /// chunk_bytes over a row's logits, rounded down to a multiple of 16 when that leaves some.
+  /// Rows per chunk for a batch of rows (the whole batch when its logits fit chunk_bytes): the
+  /// fewest chunks of at most chunk_bytes over a row's logits (at least one row), made as even
+  /// as they can be, rounded up to a multiple of 16 rows where that still fits.
   std::int64_t chunk_rows(std::int64_t rows) const {
     const std::int64_t row_bytes = classes_ * static_cast<std::int64_t>(sizeof(T));
     if (chunk_bytes_ == 0 || rows * row_bytes <= chunk_bytes_) return rows;
     const std::int64_t fit = std::max<std::int64_t>(1, chunk_bytes_ / row_bytes);
-    return fit >= 16 ? fit / 16 * 16 : fit;
+    const std::int64_t chunks = (rows + fit - 1) / fit;
+    const std::int64_t even = (rows + chunks - 1) / chunks, rounded = (even + 15) / 16 * 16;
+    return rounded <= fit ? rounded : even;
   }
 
   void forward(StepContext<T>& ctx) override {
@@ -72,8 +88,9 @@ class LinearCrossEntropy final : public Layer<T> {
     input_ = ctx.x;
     labels_data_ = find_row_labels(ctx, labels_, N, describe());
     chunk_ = labels_data_ != nullptr ? chunk_rows(N) : N;
+    ld_ = row_stride(ctx, N);
     logits_ = chunk_ == N ? ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, classes_))
-                          : ctx.arena->template allocate<T>({chunk_, classes_});
+                          : ctx.arena->template allocate<T>({chunk_, ld_});
     Kernels<T>& kernels = kernels_of(ctx);
     if (labels_data_ == nullptr) {  // evaluation: the logits are the output
       kernels.linear_forward(logits_.data(), input_.data(), w.value.data(), nullptr, N, in_,
@@ -84,12 +101,13 @@ class LinearCrossEntropy final : public Layer<T> {
     valid_ = kernels.count_valid_targets(labels_data_, N, classes_);
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
     row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
+    const PaddedRows weight = padded_rows(kernels, w.value.data());
     for (std::int64_t n0 = 0; n0 < N; n0 += chunk_) {
       const std::int64_t rows = std::min(chunk_, N - n0);
-      kernels.linear_forward(logits_.data(), input_.data() + n0 * in_, w.value.data(), nullptr,
-                             rows, in_, classes_);
+      kernels.linear_forward(logits_.data(), input_.data() + n0 * in_, weight.data, nullptr, rows,
+                             in_, ld_);
       kernels.cross_entropy_forward(losses.data() + n0, logits_.data(), labels_data_ + n0, rows,
-                                    classes_, row_stats_.data() + 2 * n0);
+                                    classes_, ld_, row_stats_.data() + 2 * n0);
     }
     ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) +
                           static_cast<Stat>(ctx.aux_loss));
@@ -99,23 +117,32 @@ class LinearCrossEntropy final : public Layer<T> {
   void backward(StepContext<T>& ctx) override {
     expect<InputError>(labels_data_ != nullptr, describe(),
                        ": backward needs labels; the micro-batch had no input '", labels_, "'");
+    // A split backward would leave the weight-gradient GEMMs with the address of the padded
+    // gradient copy, which is gone by then; it runs on the host's kernels, whose rows are not
+    // padded.
+    expect<Error>(ctx.weight_grads == nullptr || ld_ == classes_, describe(),
+                  ": a split backward cannot leave the weight gradient of logits rows padded to ",
+                  ld_, " elements for later; run it on a kernel set that does not pad them");
     const ParamView<T> w = tied_weight();
     const std::int64_t N = input_.numel() / in_;
     const auto dloss = convert<Stat>(ctx.loss_scale);
     const std::int64_t last = (N - 1) / chunk_ * chunk_;
     Tensor<T> dlogits = chunk_ == N ? ctx.arena->template allocate<T>(logits_.shape()) : logits_;
     Kernels<T>& kernels = kernels_of(ctx);
+    const PaddedRows weight = padded_rows(kernels, w.value.data());
+    const PaddedRows grad = padded_rows(kernels, w.grad.data());
     for (std::int64_t n0 = last; n0 >= 0; n0 -= chunk_) {
       const std::int64_t rows = std::min(chunk_, N - n0);
       const T* x = input_.data() + n0 * in_;
       if (n0 != last) {  // the forward kept only the last chunk's logits
-        kernels.linear_forward(logits_.data(), x, w.value.data(), nullptr, rows, in_, classes_);
+        kernels.linear_forward(logits_.data(), x, weight.data, nullptr, rows, in_, ld_);
       }
       kernels.cross_entropy_backward(dlogits.data(), logits_.data(), labels_data_ + n0, rows,
-                                     classes_, dloss, valid_, row_stats_.data() + 2 * n0);
-      nn::linear_backward<T>(ctx, ctx.dx.data() + n0 * in_, w.grad.data(), nullptr, dlogits.data(),
-                             x, w.value.data(), rows, in_, classes_, ctx.overwrite_dx);
+                                     classes_, ld_, dloss, valid_, row_stats_.data() + 2 * n0);
+      nn::linear_backward<T>(ctx, ctx.dx.data() + n0 * in_, grad.data, nullptr, dlogits.data(), x,
+                             weight.data, rows, in_, ld_, ctx.overwrite_dx);
     }
+    if (grad.data != w.grad.data()) kernels.copy(w.grad.data(), grad.data, classes_ * in_);
   }
   bool writes_input_grad() const override { return true; }
 
@@ -137,14 +164,41 @@ class LinearCrossEntropy final : public Layer<T> {
 
   bool parks() const override { return true; }
   std::any park() override {
-    return nn::park_members(input_, logits_, row_stats_, labels_data_, chunk_, valid_);
+    return nn::park_members(input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_);
   }
   void resume(std::any saved) override {
-    nn::resume_members(saved, input_, logits_, row_stats_, labels_data_, chunk_, valid_);
+    nn::resume_members(saved, input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_);
   }
 
  private:
   using Stat = compute_type_t<T>;
+
+  /// A weight-shaped matrix [classes, in] as the GEMMs of rows ld_ apart read it: the matrix
+  /// itself when ld_ is classes, else a copy (memory of the pass's kernel set, freed in its
+  /// order when dropped) with ld_ - classes zero rows after its own.
+  struct PaddedRows {
+    T* data = nullptr;
+    KernelMemory copy;
+  };
+  PaddedRows padded_rows(Kernels<T>& kernels, T* matrix) const {
+    if (ld_ == classes_) return {matrix, {}};
+    PaddedRows out;
+    out.copy = kernels.allocate(static_cast<std::size_t>(ld_ * in_) * sizeof(T));
+    out.data = out.copy.template view<T>({ld_, in_}).data();
+    kernels.copy(out.data, matrix, classes_ * in_);
+    kernels.fill_zero(out.data + classes_ * in_, (ld_ - classes_) * in_);
+    return out;
+  }
+
+  /// The stride of this forward's logits rows: the kernel set's when the logits go in several
+  /// chunks, classes otherwise.
+  std::int64_t row_stride(const StepContext<T>& ctx, std::int64_t N) const {
+    if (chunk_ == N) return classes_;
+    const std::int64_t ld = kernels_of(ctx).logits_row_stride(classes_);
+    expect<Error>(ld >= classes_, describe(), ": the kernel set's logits row stride ", ld,
+                  " is below the ", classes_, " classes");
+    return ld;
+  }
 
   ParamView<T> tied_weight() const {
     const ParamView<T> w = weight_();
@@ -161,7 +215,7 @@ class LinearCrossEntropy final : public Layer<T> {
   Tensor<T> input_, logits_;
   Tensor<Stat> row_stats_;  // [rows, 2]: the forward's softmax max and sum per row
   const std::int32_t* labels_data_ = nullptr;
-  std::int64_t chunk_ = 0, valid_ = 0;
+  std::int64_t chunk_ = 0, ld_ = 0, valid_ = 0;  // ld_: elements between the chunk's logits rows
 };
 
 }  // namespace zero::nn

@@ -11,7 +11,10 @@
 // recomputes the exponentials instead of keeping a row of them (and may write over the logits).
 // The forward can leave each row's max and sum of exponentials (row_stats, two numbers per row);
 // a backward given them skips the two passes that would recompute them (the same values, so the
-// same bits) and reads the row once. double keeps the plain loops.
+// same bits) and reads the row once. double keeps the plain loops. Rows may lie ld >= V elements
+// apart (a logits buffer whose rows are padded for the GEMM that wrote it): the columns [V, ld)
+// are never read, and the backward writes zeros there, so the padded dlogits rows feed the next
+// GEMM's reduction with exact zeros.
 
 #include <cmath>
 #include <cstdint>
@@ -30,6 +33,13 @@ namespace zero::ops::cpu {
 inline constexpr std::int32_t ignore_index = -1;
 
 namespace detail {
+
+/// The row stride of a call: ld, or V when ld is 0; ShapeError when below V.
+inline std::int64_t logits_row_stride(std::int64_t V, std::int64_t ld, const char* op) {
+  if (ld == 0) return V;
+  expect<ShapeError>(ld >= V, op, ": rows ", ld, " elements apart cannot hold ", V, " logits");
+  return ld;
+}
 
 /// Rows per task of the cross-entropy kernels.
 inline std::int64_t cross_entropy_rows_per_chunk(std::int64_t V) {
@@ -59,13 +69,13 @@ inline void softmax_max_sum(const T* x, std::int64_t V, float& maxval, float& su
 struct CrossEntropyForward {
   template <class O, class T>
   static void run(float* losses, float* row_stats, const T* logits, const std::int32_t* targets,
-                  std::int64_t V, std::int64_t n0, std::int64_t n1) {
+                  std::int64_t V, std::int64_t ld, std::int64_t n0, std::int64_t n1) {
     for (std::int64_t n = n0; n < n1; ++n) {
       if (targets[n] == ignore_index) {
         losses[n] = 0.0f;
         continue;
       }
-      const T* x = logits + n * V;
+      const T* x = logits + n * ld;
       float maxval, sum;
       softmax_max_sum<O>(x, V, maxval, sum);
       if (row_stats != nullptr) {
@@ -80,17 +90,18 @@ struct CrossEntropyForward {
 struct CrossEntropyBackward {
   template <class O, class T>
   static void run(T* dlogits, const T* logits, const float* row_stats, const std::int32_t* targets,
-                  std::int64_t V, float scale, std::int64_t n0, std::int64_t n1) {
+                  std::int64_t V, std::int64_t ld, float scale, std::int64_t n0, std::int64_t n1) {
     using S = optim::ScalarHostOps;
     for (std::int64_t n = n0; n < n1; ++n) {
-      T* d = dlogits + n * V;
+      T* d = dlogits + n * ld;
+      for (std::int64_t v = V; v < ld; ++v) store_lanes<S>(d + v, 0.0f);  // the row's padding
       std::int64_t v = 0;
       if (targets[n] == ignore_index) {
         for (; v + O::width <= V; v += O::width) store_lanes<O>(d + v, O::set1(0.0f));
         for (; v < V; ++v) store_lanes<S>(d + v, 0.0f);
         continue;
       }
-      const T* x = logits + n * V;
+      const T* x = logits + n * ld;
       const float target_logit = load(x[targets[n]]);  // read first: dlogits may be logits
       float maxval, sum;
       if (row_stats != nullptr) {
@@ -145,19 +156,22 @@ A cross_entropy_mean(const A* losses, std::int64_t N, std::int64_t valid) {
 /// Per-token losses [N] (0 for ignored tokens); returns the mean over valid tokens (0 if none).
 /// Losses and the mean are in the compute type (float for half-type logits). With row_stats
 /// ([N, 2]), each counted row's max and sum of e^(logit - max) go there for the backward (ignored
-/// rows' entries are left as they were).
+/// rows' entries are left as they were). Row n starts at logits + n * ld (0: ld = V).
 template <class T>
 compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logits,
                                         const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                                        compute_type_t<T>* row_stats = nullptr) {
+                                        compute_type_t<T>* row_stats = nullptr,
+                                        std::int64_t ld = 0) {
   using A = compute_type_t<T>;
+  ld = detail::logits_row_stride(V, ld, "cross_entropy_forward");
   const std::int64_t valid = count_valid_targets(targets, N, V);
   if constexpr (dispatched_type<T>) {
-    const auto kernel = kernel_for<detail::CrossEntropyForward, float*, float*, const T*,
-                                   const std::int32_t*, std::int64_t, std::int64_t, std::int64_t>();
+    const auto kernel =
+        kernel_for<detail::CrossEntropyForward, float*, float*, const T*, const std::int32_t*,
+                   std::int64_t, std::int64_t, std::int64_t, std::int64_t>();
     parallel_chunks(N, detail::cross_entropy_rows_per_chunk(V), N * V,
                     [&](std::int64_t n0, std::int64_t n1) {
-                      kernel(losses, row_stats, logits, targets, V, n0, n1);
+                      kernel(losses, row_stats, logits, targets, V, ld, n0, n1);
                     });
   } else {
     parallel_for(N, [&](std::int64_t n) {
@@ -165,7 +179,7 @@ compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logi
         losses[n] = A(0);
         return;
       }
-      const T* x = logits + n * V;
+      const T* x = logits + n * ld;
       A maxval = load(x[0]);
       for (std::int64_t v = 1; v < V; ++v) maxval = load(x[v]) > maxval ? load(x[v]) : maxval;
       A sum = A(0);
@@ -184,33 +198,36 @@ compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logi
 /// logits (in place). valid is the number of tokens the mean is over: by default those of
 /// targets, else the whole batch's when these N rows are one chunk of it. row_stats, when
 /// given, is what cross_entropy_forward left for these logits (the result is the same bits, in
-/// one pass over each row instead of three).
+/// one pass over each row instead of three). Rows lie ld apart in both (0: ld = V); the columns
+/// [V, ld) of dlogits become zeros.
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                             std::int64_t N, std::int64_t V,
                             compute_type_t<T> dloss = compute_type_t<T>(1), std::int64_t valid = -1,
-                            const compute_type_t<T>* row_stats = nullptr) {
+                            const compute_type_t<T>* row_stats = nullptr, std::int64_t ld = 0) {
   using A = compute_type_t<T>;
+  ld = detail::logits_row_stride(V, ld, "cross_entropy_backward");
   const std::int64_t in_rows = count_valid_targets(targets, N, V);
   if (valid < 0) valid = in_rows;
   const A scale = valid > 0 ? dloss / static_cast<A>(valid) : A(0);
   if constexpr (dispatched_type<T>) {
     const auto kernel =
         kernel_for<detail::CrossEntropyBackward, T*, const T*, const float*, const std::int32_t*,
-                   std::int64_t, float, std::int64_t, std::int64_t>();
+                   std::int64_t, std::int64_t, float, std::int64_t, std::int64_t>();
     parallel_chunks(N, detail::cross_entropy_rows_per_chunk(V), N * V,
                     [&](std::int64_t n0, std::int64_t n1) {
-                      kernel(dlogits, logits, row_stats, targets, V, scale, n0, n1);
+                      kernel(dlogits, logits, row_stats, targets, V, ld, scale, n0, n1);
                     });
     return;
   }
   parallel_for(N, [&](std::int64_t n) {
-    T* d = dlogits + n * V;
+    T* d = dlogits + n * ld;
+    for (std::int64_t v = V; v < ld; ++v) d[v] = store<T>(A(0));
     if (targets[n] == ignore_index) {
       for (std::int64_t v = 0; v < V; ++v) d[v] = store<T>(A(0));
       return;
     }
-    const T* x = logits + n * V;
+    const T* x = logits + n * ld;
     A maxval = load(x[0]);
     if (row_stats != nullptr) {
       maxval = row_stats[2 * n];

@@ -11,9 +11,11 @@
 // (row_stats, as the host twin does); a backward given them makes one pass that reads the logits
 // and writes the gradient, and without them it first makes the forward's pass again. No second
 // logits-sized buffer exists: dlogits may be the logits buffer itself (each element is read and
-// then overwritten by one thread after the row's reductions are complete). A target outside [0, V)
-// that is not ignore_index cannot throw on the device: its loss is NaN (the host twin throws
-// ShapeError).
+// then overwritten by one thread after the row's reductions are complete). Rows may lie ld >= V
+// elements apart, as the host twin's: a buffer whose rows a GEMM wrote padded to whole 16-byte
+// packs (linear.cuh's padded_row) is read in place, every row aligned, and the backward writes
+// zeros into each row's padding. A target outside [0, V) that is not ignore_index cannot throw on
+// the device: its loss is NaN (the host twin throws ShapeError).
 #if !defined(__CUDACC__)
 #error \
     "zero/ops/cuda/cross_entropy.cuh needs nvcc; host-only code includes zero/ops/cpu/cross_entropy.hpp"
@@ -126,14 +128,14 @@ __device__ __forceinline__ void row_max_sum(const T* x, int V, float& maxval, fl
 template <class T>
 __global__ void __launch_bounds__(cross_entropy_threads)
     cross_entropy_forward_kernel(float* losses, float* row_stats, const T* logits,
-                                 const std::int32_t* targets, int V) {
+                                 const std::int32_t* targets, int V, std::int64_t ld) {
   const std::int64_t n = blockIdx.x;
   const std::int32_t target = targets[n];
   if (target == ignore_index) {  // uniform over the block: no thread reaches a barrier
     if (threadIdx.x == 0) losses[n] = 0.0f;
     return;
   }
-  const T* x = logits + n * V;
+  const T* x = logits + n * ld;
   float maxval, sum;
   row_max_sum(x, V, maxval, sum);
   if (threadIdx.x == 0) {
@@ -168,22 +170,24 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
-/// One block per row: dlogits[n] = (softmax - onehot) * dloss / valid, or zeros when ignored;
-/// valid is *valid_count when that is given, else fixed_valid; the row's max and sum come from
-/// row_stats when it is given (the forward's), else from a pass over the row first.
+/// One block per row: dlogits[n] = (softmax - onehot) * dloss / valid, or zeros when ignored,
+/// and zeros in the row's padding [V, ld); valid is *valid_count when that is given, else
+/// fixed_valid; the row's max and sum come from row_stats when it is given (the forward's), else
+/// from a pass over the row first.
 template <class T>
 __global__ void __launch_bounds__(cross_entropy_threads)
     cross_entropy_backward_kernel(T* dlogits, const T* logits, const std::int32_t* targets,
                                   const float* row_stats, const int* valid_count, int fixed_valid,
-                                  int V, float dloss) {
+                                  int V, std::int64_t ld, float dloss) {
   const std::int64_t n = blockIdx.x;
   const std::int32_t target = targets[n];
-  T* d = dlogits + n * V;
+  T* d = dlogits + n * ld;
+  for (int v = V + static_cast<int>(threadIdx.x); v < ld; v += blockDim.x) d[v] = store<T>(0.0f);
   if (target == ignore_index) {
     for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = store<T>(0.0f);
     return;
   }
-  const T* x = logits + n * V;
+  const T* x = logits + n * ld;
   float maxval, sum;
   if (row_stats != nullptr) {
     maxval = row_stats[2 * n];
@@ -205,20 +209,22 @@ __global__ void __launch_bounds__(cross_entropy_threads)
 
 /// Per-token losses [N] (0 for ignored tokens), when mean is not null the mean over valid tokens
 /// into *mean (0 if none), and when row_stats is not null each counted row's {max, sum of
-/// exponentials} into row_stats [N, 2] for cross_entropy_backward. All pointers are device
-/// pointers; nothing synchronises.
+/// exponentials} into row_stats [N, 2] for cross_entropy_backward. Row n of the logits starts
+/// at logits + n * ld (ld >= V). All pointers are device pointers; nothing synchronises.
 template <class T>
 void cross_entropy_forward(float* losses, float* mean, float* row_stats, const T* logits,
                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                           cudaStream_t stream) {
+                           std::int64_t ld, cudaStream_t stream) {
   expect_int_range(N, "cross_entropy_forward");
   expect_int_range(V, "cross_entropy_forward");
+  expect_int_range(ld, "cross_entropy_forward");
+  ld = cpu::detail::logits_row_stride(V, ld, "cross_entropy_forward");
   if (N == 0) {
     if (mean != nullptr) ZERO_CUDA_CHECK(cudaMemsetAsync(mean, 0, sizeof(float), stream));
     return;
   }
   cross_entropy_forward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
-      losses, row_stats, logits, targets, static_cast<int>(V));
+      losses, row_stats, logits, targets, static_cast<int>(V), ld);
   ZERO_CUDA_CHECK(cudaGetLastError());
   if (mean != nullptr) {
     DeviceScratch valid(sizeof(int), stream);
@@ -228,11 +234,19 @@ void cross_entropy_forward(float* losses, float* mean, float* row_stats, const T
   }
 }
 
+/// cross_entropy_forward of rows of V logits, V apart.
+template <class T>
+void cross_entropy_forward(float* losses, float* mean, float* row_stats, const T* logits,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           cudaStream_t stream) {
+  cross_entropy_forward<T>(losses, mean, row_stats, logits, targets, N, V, V, stream);
+}
+
 /// cross_entropy_forward without row statistics.
 template <class T>
 void cross_entropy_forward(float* losses, float* mean, const T* logits, const std::int32_t* targets,
                            std::int64_t N, std::int64_t V, cudaStream_t stream) {
-  cross_entropy_forward<T>(losses, mean, nullptr, logits, targets, N, V, stream);
+  cross_entropy_forward<T>(losses, mean, nullptr, logits, targets, N, V, V, stream);
 }
 
 /// Writes (not accumulates) dlogits [N, V] for the mean loss scaled by dloss; dlogits may be
@@ -248,25 +262,37 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
       <<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr, targets, static_cast<int>(N));
   ZERO_CUDA_CHECK(cudaGetLastError());
   cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
-      dlogits, logits, targets, nullptr, valid.as<int>(), 0, static_cast<int>(V), dloss);
+      dlogits, logits, targets, nullptr, valid.as<int>(), 0, static_cast<int>(V),
+      static_cast<std::int64_t>(V), dloss);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
 /// cross_entropy_backward for N rows that are a chunk of a batch with valid counted targets
 /// (count_valid_targets of the whole batch): the mean's denominator is valid, not the chunk's.
 /// row_stats (may be null) is what cross_entropy_forward kept for these rows, on these logits.
+/// Rows lie ld >= V apart in both buffers; the columns [V, ld) of dlogits become zeros.
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
+                            std::int64_t N, std::int64_t V, float dloss, std::int64_t valid,
+                            const float* row_stats, std::int64_t ld, cudaStream_t stream) {
+  expect_int_range(N, "cross_entropy_backward");
+  expect_int_range(V, "cross_entropy_backward");
+  expect_int_range(ld, "cross_entropy_backward");
+  expect_int_range(valid, "cross_entropy_backward");
+  ld = cpu::detail::logits_row_stride(V, ld, "cross_entropy_backward");
+  if (N == 0) return;
+  cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
+      dlogits, logits, targets, row_stats, nullptr, static_cast<int>(valid), static_cast<int>(V),
+      ld, dloss);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// The chunk backward over rows of V logits, V apart.
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                             std::int64_t N, std::int64_t V, float dloss, std::int64_t valid,
                             const float* row_stats, cudaStream_t stream) {
-  expect_int_range(N, "cross_entropy_backward");
-  expect_int_range(V, "cross_entropy_backward");
-  expect_int_range(valid, "cross_entropy_backward");
-  if (N == 0) return;
-  cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
-      dlogits, logits, targets, row_stats, nullptr, static_cast<int>(valid), static_cast<int>(V),
-      dloss);
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, row_stats, V, stream);
 }
 
 /// The chunk backward without the forward's row statistics (one more pass per row).
@@ -274,7 +300,7 @@ template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                             std::int64_t N, std::int64_t V, float dloss, std::int64_t valid,
                             cudaStream_t stream) {
-  cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, nullptr, stream);
+  cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, nullptr, V, stream);
 }
 
 namespace detail {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numbers>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -46,14 +47,20 @@ __global__ void gelu_forward_kernel(T* out, const T* inp, std::int64_t n, float 
       out, n, [s](T x) { return store<T>(gelu_value(load(x), s)); }, inp);
 }
 
-/// dinp[i] += gelu'(inp[i]) * dout[i] (Packed as in the forward).
-template <class T, bool Packed>
+/// dinp[i] += gelu'(inp[i]) * dout[i], or = without reading dinp when Overwrite (Packed as in
+/// the forward).
+template <class T, bool Packed, bool Overwrite>
 __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, std::int64_t n,
                                      float s) {
-  map_elements<T, Packed>(
-      dinp, n,
-      [s](T dx, T x, T dy) { return store<T>(load(dx) + gelu_slope(load(x), s) * load(dy)); },
-      static_cast<const T*>(dinp), inp, dout);
+  if constexpr (Overwrite) {
+    map_elements<T, Packed>(
+        dinp, n, [s](T x, T dy) { return store<T>(gelu_slope(load(x), s) * load(dy)); }, inp, dout);
+  } else {
+    map_elements<T, Packed>(
+        dinp, n,
+        [s](T dx, T x, T dy) { return store<T>(load(dx) + gelu_slope(load(x), s) * load(dy)); },
+        static_cast<const T*>(dinp), inp, dout);
+  }
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -73,19 +80,35 @@ void gelu_forward(T* out, const T* inp, std::int64_t n, cudaStream_t stream) {
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
+/// dinp[i] += gelu'(inp[i]) * dout[i]; with overwrite_dinp dinp is written instead (not read:
+/// a layer whose input gradient starts here skips a pass that zeroes it and one that reads it).
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, std::int64_t n, bool overwrite_dinp,
+                   cudaStream_t stream) {
+  if (n == 0) return;
+  const auto launch = [&](auto overwrite) {
+    constexpr bool Overwrite = decltype(overwrite)::value;
+    if (aligned16({dinp, inp, dout})) {
+      gelu_backward_kernel<T, true, Overwrite>
+          <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(dinp, inp, dout, n,
+                                                                               gelu_tanh_scale());
+    } else {
+      gelu_backward_kernel<T, false, Overwrite>
+          <<<grid_for(n), elementwise_threads, 0, stream>>>(dinp, inp, dout, n, gelu_tanh_scale());
+    }
+  };
+  if (overwrite_dinp) {
+    launch(std::true_type{});
+  } else {
+    launch(std::false_type{});
+  }
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
 /// dinp[i] += gelu'(inp[i]) * dout[i].
 template <class T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, std::int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  if (aligned16({dinp, inp, dout})) {
-    gelu_backward_kernel<T, true>
-        <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(dinp, inp, dout, n,
-                                                                             gelu_tanh_scale());
-  } else {
-    gelu_backward_kernel<T, false>
-        <<<grid_for(n), elementwise_threads, 0, stream>>>(dinp, inp, dout, n, gelu_tanh_scale());
-  }
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  gelu_backward<T>(dinp, inp, dout, n, false, stream);
 }
 
 }  // namespace zero::ops::cuda

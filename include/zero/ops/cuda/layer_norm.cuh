@@ -62,11 +62,12 @@ __global__ void __launch_bounds__(layer_norm_threads)
   }
 }
 
-/// One block per row n: dinp[n] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd.
+/// One block per row n: dinp[n] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd (=,
+/// dinp not read, when overwrite).
 template <class T>
 __global__ void __launch_bounds__(layer_norm_threads)
     layer_norm_backward_input_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
-                                     const float* mean, const float* rstd, int C) {
+                                     const float* mean, const float* rstd, int C, bool overwrite) {
   const std::int64_t n = blockIdx.x;
   const T* x = inp + n * C;
   const T* dy = dout + n * C;
@@ -86,7 +87,8 @@ __global__ void __launch_bounds__(layer_norm_threads)
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float norm = (load(x[c]) - m) * s;
     const float dnorm = load(weight[c]) * load(dy[c]);
-    dx[c] = store<T>(load(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+    const float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    dx[c] = store<T>(overwrite ? g : load(dx[c]) + g);
   }
 }
 
@@ -160,7 +162,8 @@ inline constexpr int layer_norm_backward_rows = 32;
 
 /// The fused backward of the rows [32 b, 32 b + 32) of block b, one warp per row (warp w takes
 /// rows w, w + 8, ...), the row's x and dy in registers: dinp[n] += (dnorm - mean(dnorm) - norm *
-/// mean(dnorm * norm)) * rstd, and the block's parameter-gradient sums into partials [2][blocks][C]
+/// mean(dnorm * norm)) * rstd (=, dinp not read, when overwrite), and the block's
+/// parameter-gradient sums into partials [2][blocks][C]
 /// (norm * dy, then dy): each lane adds its columns over its warp's rows in row order, and the
 /// block adds its warps' sums in warp order through shared memory (2 C floats, dynamic). The
 /// partials go to column_sum_detail::finish_column_sums, so the whole is deterministic.
@@ -168,7 +171,7 @@ template <class T, int Packs>
 __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
     layer_norm_backward_warp_kernel(T* dinp, float* partials, const T* dout, const T* inp,
                                     const T* weight, const float* mean, const float* rstd, int N,
-                                    int C) {
+                                    int C, bool overwrite) {
   constexpr int P = pack_size<T>;
   extern __shared__ float block_sums[];  // [2][C]
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -188,7 +191,7 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
     for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
       xs[k] = x[i];
       dys[k] = dy[i];
-      dxs[k] = dx[i];  // read with x and dy: one round trip to memory per row
+      if (!overwrite) dxs[k] = dx[i];  // read with x and dy: one round trip to memory per row
       const Pack<T> wp = w[i];
 #pragma unroll
       for (int j = 0; j < P; ++j) {
@@ -210,7 +213,8 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
       for (int j = 0; j < P; ++j) {
         const float norm = (load(xs[k].v[j]) - m) * s;
         const float dnorm = load(wp.v[j]) * load(dys[k].v[j]);
-        r.v[j] = store<T>(load(r.v[j]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+        const float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        r.v[j] = store<T>(overwrite ? g : load(r.v[j]) + g);
       }
       dx[i] = r;
     });
@@ -319,11 +323,12 @@ void layer_norm_forward(T* out, float* mean, float* rstd, const T* inp, const T*
   layer_norm_forward(out, mean, rstd, inp, weight, bias, N, C, 1e-5f, stream);
 }
 
-/// Accumulates dinp, dweight, dbias from dout and the saved mean/rstd.
+/// Accumulates dinp (writes it, without reading it, when overwrite_dinp), dweight, dbias from
+/// dout and the saved mean/rstd.
 template <class T>
 void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                          const T* weight, const float* mean, const float* rstd, std::int64_t N,
-                         std::int64_t C, cudaStream_t stream) {
+                         std::int64_t C, bool overwrite_dinp, cudaStream_t stream) {
   expect_int_range(N, "layer_norm_backward");
   expect_int_range(C, "layer_norm_backward");
   if (N == 0 || C == 0) return;
@@ -337,7 +342,8 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
     with_lane_packs(packs, [&](auto lane_packs) {
       layer_norm_backward_warp_kernel<T, decltype(lane_packs)::value>
           <<<static_cast<unsigned>(chunks), 32 * layer_norm_backward_warps, 2 * C * sizeof(float),
-             stream>>>(dinp, partials.as<float>(), dout, inp, weight, mean, rstd, rows, cols);
+             stream>>>(dinp, partials.as<float>(), dout, inp, weight, mean, rstd, rows, cols,
+                       overwrite_dinp);
     });
     ZERO_CUDA_CHECK(cudaGetLastError());
     column_sum_detail::finish_column_sums<T, 2>({{dweight, dbias}}, partials.as<float>(), chunks, C,
@@ -345,11 +351,19 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
     return;
   }
   layer_norm_backward_input_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
-      dinp, dout, inp, weight, mean, rstd, cols);
+      dinp, dout, inp, weight, mean, rstd, cols, overwrite_dinp);
   ZERO_CUDA_CHECK(cudaGetLastError());
   column_sums<T, 2>({{dweight, dbias}},
                     LayerNormParamTerms<T>{dout, inp, mean, rstd, static_cast<int>(C)}, N, C,
                     "layer_norm_backward", stream);
+}
+
+/// Accumulates dinp, dweight, dbias from dout and the saved mean/rstd.
+template <class T>
+void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                         const T* weight, const float* mean, const float* rstd, std::int64_t N,
+                         std::int64_t C, cudaStream_t stream) {
+  layer_norm_backward<T>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, false, stream);
 }
 
 }  // namespace zero::ops::cuda
