@@ -208,13 +208,13 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
     const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
     for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
       const Pack<T> wp = w[i];
-      Pack<T> r = dxs[k];
+      Pack<T> r;  // dxs[k] is read (and was loaded) only when adding
 #pragma unroll
       for (int j = 0; j < P; ++j) {
         const float norm = (load(xs[k].v[j]) - m) * s;
         const float dnorm = load(wp.v[j]) * load(dys[k].v[j]);
         const float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-        r.v[j] = store<T>(overwrite ? g : load(r.v[j]) + g);
+        r.v[j] = store<T>(overwrite ? g : load(dxs[k].v[j]) + g);
       }
       dx[i] = r;
     });
