@@ -9,13 +9,14 @@
 // is known (mfu_vs_peak); then stage 3 and Offload<CPU> as ratios of their baselines in the same
 // run. Each run's line also has host_phase_ms: the engine's host-side phase timers per step
 // (forward and backward include their waits; step includes the host optimizer, the deferred
-// updates that the next forward applies too, so they count in both). The LM head computes its
+// updates that the next forward applies too, so they count in both) and fenced_ms: one more
+// step with the device synchronized after its forward, backward and step, the device time of
+// each (the optimizer's and the reductions' share of the step). The LM head computes its
 // loss in chunks of rows whose logits fit GPTConfig::logits_chunk_bytes (--logits-chunk-mib,
-// the library's 256 MiB by default: 4 chunks at B=8, T=1024, whose backward computes the logits
-// of all but the last again); one more run at stage 0 holds the whole batch's logits (0: no
-// chunks, no recomputation, two logits-sized buffers), and gpu_step_whole_logits_vs_chunked
-// is its step time over stage 0's. Prints one JSON object per line. Without a GPU it says so and
-// exits 0.
+// the library's 256 MiB by default: 4 chunks at B=8, T=1024, their gradients computed in the
+// training forward); one more run at stage 0 holds the whole batch's logits (0: no chunks, two
+// logits-sized buffers), and gpu_step_whole_logits_vs_chunked is its step time over stage 0's.
+// Prints one JSON object per line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
 //            [--activation-gib G] [--logits-chunk-mib M]
 #include <zero/engine/cuda_backend.cuh>
@@ -101,6 +102,9 @@ struct Result {
   // The engine's host-side phase timers per timed step (profile::StepTimers): where the host
   // spent the step (launching, waiting, the host optimizer under Offload<CPU>), not GPU time.
   double host_ms[profile::phase_count] = {};
+  // One more step with the device synchronized after each call (forward, backward, step): the
+  // device time of each, which the unfenced steps overlap with the host's launches.
+  double fenced_forward_ms = 0, fenced_backward_ms = 0, fenced_step_ms = 0;
 };
 
 /// Trains warmup + steps steps of Eng on one rank and times the last steps. overlap: an
@@ -148,6 +152,24 @@ Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out.step_ms = secs * 1e3 / s.steps;
     out.tokens_per_s = static_cast<double>(s.batch * s.seq) * s.steps / secs;
+    const auto fence = [] {
+      ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+      return std::chrono::steady_clock::now();
+    };
+    const auto ms_between = [](auto a, auto b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    const auto f0 = fence();
+    eng.forward(batch);
+    const auto f1 = fence();
+    eng.backward();
+    const auto f2 = fence();
+    eng.step();
+    eng.synchronize();
+    const auto f3 = fence();
+    out.fenced_forward_ms = ms_between(f0, f1);
+    out.fenced_backward_ms = ms_between(f1, f2);
+    out.fenced_step_ms = ms_between(f2, f3);
     const engine::MemoryReport r = eng.memory_report();
     out.device_gib = static_cast<double>(r.device_bytes()) / (1 << 30);
     out.host_gib = static_cast<double>(r.host_bytes) / (1 << 30);
@@ -210,11 +232,13 @@ int run(const Shape& s) {
                   "\"mfu_vs_peak\": %s, \"peak_tflops\": %.1f, \"device_gib\": %.2f, "
                   "\"host_gib\": %.2f, \"loss\": %.4f, \"flops_per_token\": \"6N + 6LCT\", "
                   "\"host_phase_ms\": {\"forward\": %.2f, \"backward\": %.2f, \"step\": %.2f, "
-                  "\"gather_wait\": %.2f, \"reduction_wait\": %.2f}",
+                  "\"gather_wait\": %.2f, \"reduction_wait\": %.2f}, "
+                  "\"fenced_ms\": {\"forward\": %.2f, \"backward\": %.2f, \"step\": %.2f}",
                   r.step_ms, tflops, tflops / gemm,
                   peak > 0 ? std::to_string(tflops / peak).c_str() : "null", peak, r.device_gib,
                   r.host_gib, r.loss, ms(Phase::forward), ms(Phase::backward), ms(Phase::step),
-                  ms(Phase::gather_wait), ms(Phase::reduction_wait));
+                  ms(Phase::gather_wait), ms(Phase::reduction_wait), r.fenced_forward_ms,
+                  r.fenced_backward_ms, r.fenced_step_ms);
     line("gpu_step", config, r.tokens_per_s, "tokens/s", extra);
   };
   const Result s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));

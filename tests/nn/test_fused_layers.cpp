@@ -3,7 +3,9 @@
 // values must be close, the bits independent of the thread count, and no whole set of logits
 // kept.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -43,6 +45,12 @@ std::vector<double> run(M& model, nn::StepContext<typename M::value_type>& ctx) 
   using T = typename M::value_type;
   nn::LocalParameters<M> params(model, 5);
   Arena<> arena(32 << 20);
+  {  // the arena's memory starts as NaN (all bits set, in every float type), as a reused
+     // arena's holds old values: nothing may read it before writing it
+    const Tensor<std::byte> all = arena.allocate<std::byte>({32 << 20});
+    std::memset(all.data(), 0xff, static_cast<std::size_t>(all.numel()));
+    arena.reset();
+  }
   ctx.arena = &arena;
   std::vector<double> out{convert<double>(model.forward(ctx))};
   model.backward(ctx);
@@ -67,9 +75,11 @@ nn::GPTConfig tiny_gpt(std::int64_t chunk_bytes) {
 constexpr std::int64_t gpt_batch = 3, gpt_seq = 7;  // 21 rows
 
 // Loss and gradients of model M (nn::GPT, or the hand-written GPT with its unfused head) on a
-// fixed batch (two targets ignored), loss scale 2.
+// fixed batch (two targets ignored), loss scale 2; training false runs the forward as an
+// evaluation (the chunked head then computes its gradients in the backward; the tiny GPT has no
+// dropout).
 template <class T, class M = nn::GPT<T>>
-std::vector<double> gpt_run(std::int64_t chunk_bytes) {
+std::vector<double> gpt_run(std::int64_t chunk_bytes, bool training = true) {
   const nn::GPTConfig cfg = tiny_gpt(chunk_bytes);
   M model(cfg);
   std::vector<std::int32_t> tokens, targets;
@@ -84,6 +94,7 @@ std::vector<double> gpt_run(std::int64_t chunk_bytes) {
   ctx.batch = gpt_batch;
   ctx.seq_len = gpt_seq;
   ctx.loss_scale = 2;
+  ctx.training = training;
   return run(model, ctx);
 }
 
@@ -113,6 +124,12 @@ TEST_CASE("LinearCrossEntropy in row chunks equals the whole batch's logits, los
     const auto want = with_threads(1, [&] { return gpt_run<float>(f32_bytes); });
     CHECK(with_threads(2, [&] { return gpt_run<float>(f32_bytes); }) == want);
     CHECK(want != gpt_run<float>(0));  // and the chunks really changed the weight gradient's sums
+    // The gradients of a training forward (its chunks' weight gradients added first to last)
+    // and of a backward that recomputes the logits after an evaluation forward (last to first).
+    CHECK(worst_relative(gpt_run<double>(f64_bytes, false), gpt_run<double>(0)) < 1e-13);
+    const auto recomputed = gpt_run<float>(f32_bytes, false);
+    CHECK(worst_relative(recomputed, gpt_run<float>(0)) < 1e-5);
+    if (chunk_rows == 5) CHECK(recomputed != want);  // 5 chunks summed in the other order
   }
   // A batch that just fits one chunk takes the bits of the hand-written GPT, whose head is the
   // unfused GEMM then cross-entropy; a bound below one row still makes progress, a row a chunk.
@@ -123,7 +140,9 @@ TEST_CASE("LinearCrossEntropy in row chunks equals the whole batch's logits, los
 TEST_CASE("LinearCrossEntropy keeps one chunk of logits and says so when asked for them",
           "[unit][nn][fused]") {
   const nn::GPTConfig whole = tiny_gpt(0), chunked = tiny_gpt(4 * tiny_gpt(0).vocab_size * 4);
-  const auto held = [](const nn::GPTConfig& cfg, bool targets) {
+  // Bytes the head's forward leaves in the arena (targets given or not; a training forward or
+  // an evaluation).
+  const auto held = [](const nn::GPTConfig& cfg, bool targets, bool training) {
     nn::GPT<float> model(cfg);
     nn::LocalParameters<nn::GPT<float>> params(model, 5);
     std::vector<std::int32_t> tokens(gpt_batch * gpt_seq, 3), labels(tokens.size(), 1);
@@ -134,6 +153,7 @@ TEST_CASE("LinearCrossEntropy keeps one chunk of logits and says so when asked f
     ctx.targets = targets ? labels.data() : nullptr;
     ctx.batch = gpt_batch;
     ctx.seq_len = gpt_seq;
+    ctx.training = training;
     const Arena<>::Mark before_head = [&] {
       for (int u = 0; u < model.head_unit(); ++u) model.forward_unit(u, ctx);
       return arena.mark();
@@ -147,11 +167,24 @@ TEST_CASE("LinearCrossEntropy keeps one chunk of logits and says so when asked f
     }
     return bytes;
   };
-  const std::size_t row_bytes = tiny_gpt(0).vocab_size * 4;
-  CHECK(held(whole, true) >= gpt_batch * gpt_seq * row_bytes);
-  // 4 rows of logits instead of 21 (arena allocations are aligned: a little slack).
-  CHECK(held(whole, true) - held(chunked, true) >= (gpt_batch * gpt_seq - 4) * row_bytes - 128);
-  CHECK(held(chunked, false) == held(whole, false));  // evaluation returns every logit
+  const std::int64_t rows = gpt_batch * gpt_seq, V = tiny_gpt(0).vocab_size,
+                     C = tiny_gpt(0).channels;
+  const std::size_t row_bytes = V * 4;
+  for (const bool training : {true, false}) {
+    INFO("training " << training);
+    CHECK(held(whole, true, training) >= rows * row_bytes);
+    CHECK(held(chunked, false, training) == held(whole, false, training));  // every logit
+  }
+  // An evaluation with targets keeps 4 rows of logits instead of 21 (arena allocations are
+  // aligned: a little slack).
+  CHECK(held(whole, true, false) - held(chunked, true, false) >= (rows - 4) * row_bytes - 128);
+  // A training forward in chunks keeps the gradients it computed besides: the weight's [V, C]
+  // and the input's [rows, C] (GPT-2's 50257 x 768 and 8192 x 768 in bf16: 89 MB beside a
+  // 256 MiB chunk of logits).
+  const std::size_t grads = static_cast<std::size_t>(V * C + rows * C) * 4;
+  CHECK(held(chunked, true, true) - held(chunked, true, false) >= grads);
+  CHECK(held(chunked, true, true) - held(chunked, true, false) <=
+        grads + 2 * BumpArena::default_alignment);
   // Finite differences through the chunked head (f64), tied embedding included.
   nn::GPTConfig cfg = tiny_gpt(3 * tiny_gpt(0).vocab_size * 8);
   nn::GPT<double> gpt(cfg);

@@ -126,9 +126,10 @@ TEMPLATE_TEST_CASE("a GPT block runs on the kernel set of its pass", "[unit][nn]
 
 // The whole GPT (embedding unit, two blocks, the head with its loss over logits in chunks of 4
 // rows), forward and backward, through kernels (null: the context's default): loss and every
-// unit's gradient.
+// unit's gradient. training false runs the forward as an evaluation (no dropout; the head keeps
+// only its losses and recomputes its logits in the backward).
 template <class E>
-std::pair<float, std::vector<float>> run_gpt(nn::Kernels<E>* kernels) {
+std::pair<float, std::vector<float>> run_gpt(nn::Kernels<E>* kernels, bool training = true) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 40;
   cfg.max_seq_len = 8;
@@ -152,6 +153,7 @@ std::pair<float, std::vector<float>> run_gpt(nn::Kernels<E>* kernels) {
   ctx.targets = targets.data();
   ctx.batch = B;
   ctx.seq_len = T;
+  ctx.training = training;
   const float loss = convert<float>(gpt.forward(ctx));
   gpt.backward(ctx);
   std::vector<float> grads;
@@ -176,20 +178,38 @@ TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][
   CHECK(recording.calls["cross_entropy_forward"] == 3);  // 10 rows in chunks of 4
   CHECK(recording.calls["cross_entropy_mean"] == 1);
   CHECK(recording.calls["cross_entropy_backward"] == 3);
-  // 4 per block, the head's 3 chunks forward and the 2 it recomputes in backward.
-  CHECK(recording.calls["linear_forward"] == 2 * 4 + 3 + 2);
+  // 4 per block and the head's 3 chunks; the head's gradients came in the forward (a backward
+  // product per chunk there, none in the head's backward).
+  CHECK(recording.calls["linear_forward"] == 2 * 4 + 3);
+  CHECK(recording.calls["linear_backward"] == 2 * 4 + 3);
 
   // A set that pads the logits rows, as the device pads GPT-2's 50257 (here 40 classes, rows 48
-  // apart): the same bits, through copies of the tied weight (forward, backward) and of its
-  // gradient (copied back) with 8 zero rows.
+  // apart): the same bits, through one copy of the tied weight with 8 zero rows (the forward's
+  // weight gradient has them of its own).
   RecordingKernels<E> padding;
   padding.logits_row_align = 16;
   const auto [loss_padded, grads_padded] = run_gpt<E>(&padding);
   CHECK(std::memcmp(&loss, &loss_padded, sizeof(float)) == 0);
   CHECK(same_bits(grads, grads_padded));
-  CHECK(padding.calls["allocate"] == recording.calls["allocate"] + 3);
-  CHECK(padding.calls["copy"] == recording.calls["copy"] + 4);
+  CHECK(padding.calls["allocate"] == recording.calls["allocate"] + 1);
+  CHECK(padding.calls["copy"] == recording.calls["copy"] + 1);
   CHECK(padding.calls["linear_forward"] == recording.calls["linear_forward"]);
+
+  // After a forward that was not training, the head's backward computes the logits of its first
+  // 2 chunks again, padded the same way: copies of the weight (forward, backward) and of its
+  // gradient (copied back).
+  const auto [eval_loss, eval_grads] = run_gpt<E>(nullptr, false);
+  RecordingKernels<E> eval_recording, eval_padding;
+  eval_padding.logits_row_align = 16;
+  const auto [eval_loss_through, eval_grads_through] = run_gpt<E>(&eval_recording, false);
+  const auto [eval_loss_padded, eval_grads_padded] = run_gpt<E>(&eval_padding, false);
+  CHECK(std::memcmp(&eval_loss, &eval_loss_through, sizeof(float)) == 0);
+  CHECK(std::memcmp(&eval_loss, &eval_loss_padded, sizeof(float)) == 0);
+  CHECK(same_bits(eval_grads, eval_grads_through));
+  CHECK(same_bits(eval_grads, eval_grads_padded));
+  CHECK(eval_recording.calls["linear_forward"] == 2 * 4 + 3 + 2);
+  CHECK(eval_padding.calls["allocate"] == eval_recording.calls["allocate"] + 3);
+  CHECK(eval_padding.calls["copy"] == eval_recording.calls["copy"] + 4);
 }
 
 TEST_CASE("the host kernel set is the default and reports the host", "[unit][nn][kernels]") {
@@ -259,37 +279,57 @@ TEST_CASE("layers with host kernels only refuse a device kernel set", "[unit][nn
                                           Catch::Contains("runs on the cuda device"));
 }
 
-TEST_CASE("LinearCrossEntropy cannot leave the weight gradient of padded logits rows for later",
-          "[unit][nn][kernels]") {
+TEST_CASE("LinearCrossEntropy in a split backward over padded logits rows", "[unit][nn][kernels]") {
   constexpr std::int64_t N = 8, in = 4, classes = 5;
-  RecordingKernels<float> padding;
-  padding.logits_row_align = 8;  // rows 8 apart
-  std::vector<float> w(classes * in, 0.1f), dw(classes * in, 0.f), x(N * in, 0.5f);
-  std::vector<float> dx(N * in, 0.f);
-  const nn::ParamView<float> view{Tensor<float>(w.data(), Shape{classes, in}),
-                                  Tensor<float>(dw.data(), Shape{classes, in})};
-  // 3 rows a chunk: chunks of 3, 3 and 2 rows.
-  nn::LinearCrossEntropy<float> loss(
-      "head", [&] { return view; }, in, classes, "targets", 3 * classes * 4);
-  std::vector<std::int32_t> targets(N, 1);
-  Arena<> arena(1 << 20);
-  nn::StepContext<float> ctx;
-  ctx.arena = &arena;
-  ctx.kernels = &padding;
-  ctx.targets = targets.data();
-  ctx.batch = 1;
-  ctx.seq_len = N;
-  ctx.x = Tensor<float>(x.data(), Shape{N, in});
-  loss.forward(ctx);
-  // A split backward would keep the address of the gradient's padded copy past its life.
+  std::vector<float> w(classes * in);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  std::vector<float> x(N * in);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.05f * static_cast<float>(i % 9) - 0.2f;
+  std::vector<std::int32_t> targets{1, 4, 0, 2, 3, 1, 0, 4};
+  // Forward (training or not) and backward of the head through a set that pads its logits rows
+  // 8 apart, in chunks of 3 rows (3, 3 and 2), the backward split when deferred is given: the
+  // input and weight gradients.
+  const auto run = [&](bool training, nn::DeferredWeightGrads<float>* deferred) {
+    RecordingKernels<float> padding;
+    padding.logits_row_align = 8;
+    std::vector<float> dw(classes * in, 0.f), dx(N * in, 0.f);
+    const nn::ParamView<float> view{Tensor<float>(w.data(), Shape{classes, in}),
+                                    Tensor<float>(dw.data(), Shape{classes, in})};
+    nn::LinearCrossEntropy<float> loss(
+        "head", [&] { return view; }, in, classes, "targets", 3 * classes * 4);
+    Arena<> arena(1 << 20);
+    nn::StepContext<float> ctx;
+    ctx.arena = &arena;
+    ctx.kernels = &padding;
+    ctx.targets = targets.data();
+    ctx.batch = 1;
+    ctx.seq_len = N;
+    ctx.training = training;
+    ctx.x = Tensor<float>(x.data(), Shape{N, in});
+    loss.forward(ctx);
+    ctx.weight_grads = deferred;
+    ctx.dx = Tensor<float>(dx.data(), Shape{N, in});
+    loss.backward(ctx);
+    CHECK(padding.calls["cross_entropy_backward"] == 3);
+    return std::pair{dx, dw};
+  };
+  // A training forward computed the gradients: a split backward has no product left to defer
+  // and gives the plain backward's gradients.
   nn::DeferredWeightGrads<float> deferred;
-  ctx.weight_grads = &deferred;
-  ctx.dx = Tensor<float>(dx.data(), Shape{N, in});
-  CHECK_THROWS_WITH(loss.backward(ctx),
+  const auto plain = run(true, nullptr);
+  CHECK(run(true, &deferred) == plain);
+  CHECK(deferred.empty());
+  CHECK(plain.second != std::vector<float>(classes * in, 0.f));
+  // After an evaluation forward the backward computes them, and a split one would keep the
+  // address of the gradient's padded copy past its life: refused.
+  CHECK_THROWS_WITH(run(false, &deferred),
                     Catch::Contains("split backward") && Catch::Contains("padded to 8"));
   CHECK(deferred.empty());
-  ctx.weight_grads = nullptr;
-  loss.backward(ctx);
-  CHECK(padding.calls["cross_entropy_backward"] == 3);
-  CHECK(dw != std::vector<float>(classes * in, 0.f));
+  const auto recomputed = run(false, nullptr);
+  for (std::size_t i = 0; i < plain.first.size(); ++i) {
+    CHECK(recomputed.first[i] == Approx(plain.first[i]).margin(1e-7));
+  }
+  for (std::size_t i = 0; i < plain.second.size(); ++i) {
+    CHECK(recomputed.second[i] == Approx(plain.second[i]).margin(1e-7));
+  }
 }

@@ -234,15 +234,18 @@ class UnitExchange {
       if (!boundary) return;
       // The reduction below writes the whole grad_shard (stage 1).
       s.window_folded = true;
+      // Offload<CPU>: the collective writes device memory; finish_oldest folds it into the
+      // pinned host shard. The buffer is made (and zeroed on the compute stream) before the
+      // comm stream's wait, which orders the collective after the zeroing as after the fold.
+      if constexpr (Unit::host_states) {
+        p.shard_scratch = backend_.template make_buffer<MasterT>(s.grad_shard.size());
+      }
       backend_.comm_waits_for_compute();
       const std::span<MasterT> acc = s.whole_accumulator();
       if constexpr (traits::all_reduces_grads) {
         p.work =
             s.group->all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
       } else if constexpr (Unit::host_states) {
-        // Offload<CPU>: the collective writes device memory; finish_oldest folds it into the
-        // pinned host shard.
-        p.shard_scratch = backend_.template make_buffer<MasterT>(s.grad_shard.size());
         p.work = s.group->reduce_scatter_async(std::span<const MasterT>(acc), span(p.shard_scratch),
                                                parallel::ReduceOp::avg);
       } else {
@@ -251,8 +254,8 @@ class UnitExchange {
       }
     } else {
       (void)boundary;
+      p.scratch = take_scratch(s.grad_shard.size());  // a new one is zeroed on compute: first
       backend_.comm_waits_for_compute();
-      p.scratch = take_scratch(s.grad_shard.size());
       p.work = s.group->reduce_scatter_async(std::span<const T>(span(*s.grads)), span(p.scratch),
                                              parallel::ReduceOp::avg);
     }

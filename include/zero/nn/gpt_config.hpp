@@ -20,8 +20,8 @@ struct GPTConfig {
   double attn_dropout = 0.0;            ///< attention-probability dropout, GPT-2's attn_pdrop (off)
   bool checkpoint_activations = false;  ///< recompute each block's forward before its backward
   /// Most bytes of logits the LM head holds at once when training (nn::LinearCrossEntropy):
-  /// a batch with more is done in row chunks, recomputing all but the last chunk's logits in the
-  /// backward; 0: no bound.
+  /// a batch with more is done in row chunks, its gradients computed chunk by chunk in the
+  /// training forward and held for the backward; 0: no bound.
   std::int64_t logits_chunk_bytes = std::int64_t{256} << 20;
 
   /// Throws ConfigError naming the field when the shape is inconsistent.

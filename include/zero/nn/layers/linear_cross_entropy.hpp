@@ -2,32 +2,40 @@
 // LinearCrossEntropy: TiedLinear (logits = x W^T, W another layer's parameter) and
 // SoftmaxCrossEntropy in one loss layer that never holds more than a chunk of the logits when
 // only the loss and its gradient are needed. The rows (tokens) go in chunks whose logits fit
-// chunk_bytes: the forward computes each chunk's logits into one buffer and its per-row losses,
-// keeping the last chunk; the backward walks the chunks back, recomputing each chunk's logits
-// (the last is still there), turning them into dlogits in place and adding that chunk's input
-// and weight gradients. Its cost over the two layers: one more GEMM for every chunk but the
-// last, nothing when the batch fits one chunk. A batch of B*T rows needs a chunk of R x V
-// logits instead of B*T x V (GPT-2's V = 50257 in f32: 201 KB a row, so 256 MiB is 1335 rows
-// where B 8, T 1024 would need 1.6 GB).
+// chunk_bytes, each chunk's logits computed into one buffer. With one chunk, the forward keeps
+// the logits and the backward turns them into dlogits and the two gradients, as the two layers
+// do. With several, a training forward also computes the gradients (the loss's seed,
+// ctx.loss_scale, is known before the forward): each chunk's logits become its dlogits in place
+// as soon as its losses are out, its rows of the input gradient go to a buffer kept for the
+// backward, and its weight gradient is added to a weight-sized buffer kept the same way; the
+// backward hands the input gradient on and adds the weight gradient into the weight's (Liger's
+// fused linear cross-entropy; its cost over the two layers: nothing in FLOPs, and a weight-sized
+// and an input-sized buffer held from the forward to the backward, 89 MB for GPT-2 in bf16
+// instead of the 256 MiB of logits the chunked backward kept, which computed every chunk's
+// logits but the last again). A forward that is not training (ctx.training false) computes only
+// the losses and keeps the last chunk; a backward after it walks the chunks back, recomputing
+// each chunk's logits but the last.
 // Bits: with one chunk, those of TiedLinear + SoftmaxCrossEntropy (the same kernels; dlogits
 // get a buffer of their own, as in the two layers, so logits() still holds the logits after the
 // backward). With several, each row's loss and input gradient are those of its chunk's
-// GEMMs and the weight gradient adds the chunks' products in turn (last first); the chunking
-// depends on the shape only, never on the thread count or the device: the chunks are as even as
-// the bound allows, so the last, which the backward need not compute again, is not a remainder
-// of a few rows (B 8, T 1024 at GPT-2's bf16 logits: 4 chunks of 2048 rows, not 3 of 2656 and
-// one of 224). Without labels (evaluation) it computes all the logits, passes them on in ctx.x
-// and keeps them for logits(), like the two layers.
+// GEMMs and the weight gradient adds the chunks' products in turn (first first in a training
+// forward, then into the weight's gradient; last first in a backward that recomputes); the
+// chunking depends on the shape only, never on the thread count or the device: the chunks are
+// as even as the bound allows, so the last is not a remainder of a few rows (B 8, T 1024 at
+// GPT-2's bf16 logits: 4 chunks of 2048 rows, not 3 of 2656 and one of 224). Without labels
+// (evaluation) it computes all the logits, passes them on in ctx.x and keeps them for logits(),
+// like the two layers.
 // Padded rows: with several chunks, the chunk's rows lie kernels.logits_row_stride(classes) apart
 // (ld; classes on the host). A device whose GEMMs want rows of whole 16-byte packs (GPT-2's
 // 50257 is not: cuBLASLt's odd-size kernels ran the LM head 5x slower) pads them, and the layer
 // hands every GEMM a copy of the weight with ld - classes zero rows after its own (made once a
-// forward and once a backward, dropped after) and, in the backward, a copy of its gradient the
-// same way, copied back after the last chunk. The zero rows add exact zeros to every sum and the
-// cross-entropy kernels zero the padded columns of dlogits, so the values are those of rows
-// classes apart, with no per-GEMM copy of the weight or of the logits (ops/cuda/linear.cuh pads
-// any odd-sized GEMM that way: 8 GB of copies a step for GPT-2 at B 8). The bound counts
-// classes elements a row, so the chunking stays the host's.
+// pass, dropped after) and a weight gradient of ld rows (the training forward's buffer, or, in a
+// backward that recomputes, a copy of the weight's gradient the same way, copied back after the
+// last chunk). The zero rows add exact zeros to every sum and the cross-entropy kernels zero the
+// padded columns of dlogits, so the values are those of rows classes apart, with no per-GEMM
+// copy of the weight or of the logits (ops/cuda/linear.cuh pads any odd-sized GEMM that way: 8 GB
+// of copies a step for GPT-2 at B 8). The bound counts classes elements a row, so the chunking
+// stays the host's.
 
 #include <algorithm>
 #include <any>
@@ -101,22 +109,41 @@ class LinearCrossEntropy final : public Layer<T> {
     valid_ = kernels.count_valid_targets(labels_data_, N, classes_);
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
     row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
+    grads_in_forward_ = ctx.training && chunk_ < N;
+    if (grads_in_forward_) {
+      input_grad_ = ctx.arena->template allocate<T>({N, in_});
+      weight_grad_ = ctx.arena->template allocate<T>({ld_, in_});
+      kernels.fill_zero(weight_grad_.data(), ld_ * in_);
+    }
     const PaddedRows weight = padded_rows(kernels, w.value.data());
+    const auto dloss = convert<Stat>(ctx.loss_scale);
     for (std::int64_t n0 = 0; n0 < N; n0 += chunk_) {
       const std::int64_t rows = std::min(chunk_, N - n0);
-      kernels.linear_forward(logits_.data(), input_.data() + n0 * in_, weight.data, nullptr, rows,
-                             in_, ld_);
+      const T* x = input_.data() + n0 * in_;
+      kernels.linear_forward(logits_.data(), x, weight.data, nullptr, rows, in_, ld_);
       kernels.cross_entropy_forward(losses.data() + n0, logits_.data(), labels_data_ + n0, rows,
                                     classes_, ld_, row_stats_.data() + 2 * n0);
+      if (grads_in_forward_) {  // the chunk's logits become its dlogits, in place
+        kernels.cross_entropy_backward(logits_.data(), logits_.data(), labels_data_ + n0, rows,
+                                       classes_, ld_, dloss, valid_, row_stats_.data() + 2 * n0);
+        kernels.linear_backward(input_grad_.data() + n0 * in_, weight_grad_.data(), nullptr,
+                                logits_.data(), x, weight.data, rows, in_, ld_, true);
+      }
     }
     ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) +
                           static_cast<Stat>(ctx.aux_loss));
-    ctx.x = logits_;  // the last chunk's logits (all of them with one chunk)
+    // The last chunk's logits (all of them with one chunk; its dlogits after a training forward
+    // in several).
+    ctx.x = logits_;
   }
 
   void backward(StepContext<T>& ctx) override {
     expect<InputError>(labels_data_ != nullptr, describe(),
                        ": backward needs labels; the micro-batch had no input '", labels_, "'");
+    if (grads_in_forward_) {
+      hand_on_forward_grads(ctx);
+      return;
+    }
     // A split backward would leave the weight-gradient GEMMs with the address of the padded
     // gradient copy, which is gone by then; it runs on the host's kernels, whose rows are not
     // padded.
@@ -164,14 +191,31 @@ class LinearCrossEntropy final : public Layer<T> {
 
   bool parks() const override { return true; }
   std::any park() override {
-    return nn::park_members(input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_);
+    return nn::park_members(input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_,
+                            grads_in_forward_, input_grad_, weight_grad_);
   }
   void resume(std::any saved) override {
-    nn::resume_members(saved, input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_);
+    nn::resume_members(saved, input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_,
+                       grads_in_forward_, input_grad_, weight_grad_);
   }
 
  private:
   using Stat = compute_type_t<T>;
+
+  /// The backward of a training forward that computed the gradients: the input gradient handed
+  /// on (written or added, as Sequential asks), the weight gradient's first classes rows added
+  /// into the weight's. In a split backward this addition stays in the input half too (there is
+  /// no product left to defer, and the buffer goes with the pass's activations).
+  void hand_on_forward_grads(StepContext<T>& ctx) {
+    const ParamView<T> w = tied_weight();
+    Kernels<T>& kernels = kernels_of(ctx);
+    if (ctx.overwrite_dx) {
+      kernels.copy(ctx.dx.data(), input_grad_.data(), input_grad_.numel());
+    } else {
+      kernels.accumulate(ctx.dx.data(), input_grad_.data(), input_grad_.numel());
+    }
+    kernels.accumulate(w.grad.data(), weight_grad_.data(), classes_ * in_);
+  }
 
   /// A weight-shaped matrix [classes, in] as the GEMMs of rows ld_ apart read it: the matrix
   /// itself when ld_ is classes, else a copy (memory of the pass's kernel set, freed in its
@@ -216,6 +260,10 @@ class LinearCrossEntropy final : public Layer<T> {
   Tensor<Stat> row_stats_;  // [rows, 2]: the forward's softmax max and sum per row
   const std::int32_t* labels_data_ = nullptr;
   std::int64_t chunk_ = 0, ld_ = 0, valid_ = 0;  // ld_: elements between the chunk's logits rows
+  // A training forward in several chunks computed the gradients: the input's [rows, in] and the
+  // weight's [ld_, in] (its rows past classes_ zero).
+  bool grads_in_forward_ = false;
+  Tensor<T> input_grad_, weight_grad_;
 };
 
 }  // namespace zero::nn
