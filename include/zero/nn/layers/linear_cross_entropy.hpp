@@ -9,12 +9,12 @@
 // as soon as its losses are out, its rows of the input gradient go to a buffer kept for the
 // backward, and its weight gradient is added to a weight-sized buffer kept the same way; the
 // backward hands the input gradient on and adds the weight gradient into the weight's (Liger's
-// fused linear cross-entropy; its cost over the two layers: nothing in FLOPs, and a weight-sized
-// and an input-sized buffer held from the forward to the backward, 89 MB for GPT-2 in bf16
-// instead of the 256 MiB of logits the chunked backward kept, which computed every chunk's
-// logits but the last again). A forward that is not training (ctx.training false) computes only
-// the losses and keeps the last chunk; a backward after it walks the chunks back, recomputing
-// each chunk's logits but the last.
+// fused linear cross-entropy). Its cost over the two layers: no FLOPs, and a weight-sized and an
+// input-sized buffer held from the forward to the backward beside the chunk of logits (89 MB
+// for GPT-2 in bf16); a backward that recomputes (below) computes every chunk's logits but the
+// last again instead. A forward that is not training (ctx.training false) computes only the
+// losses and keeps the last chunk; a backward after it walks the chunks back, recomputing each
+// chunk's logits but the last.
 // Bits: with one chunk, those of TiedLinear + SoftmaxCrossEntropy (the same kernels; dlogits
 // get a buffer of their own, as in the two layers, so logits() still holds the logits after the
 // backward). With several, each row's loss and input gradient are those of its chunk's
