@@ -108,11 +108,11 @@ struct Result {
 };
 
 /// Trains warmup + steps steps of Eng on one rank and times the last steps. overlap: an
-/// Offload<CPU> engine leaves its host updates to the next forward (the default) rather than
-/// running them in step().
+/// Offload<CPU> engine leaves its host updates to the next forward
+/// (EngineOptions::overlap_offload_update) rather than running them in step() (the default).
 template <class Eng>
 Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config,
-                   bool overlap = true) {
+                   bool overlap = false) {
   Result out;
   parallel::CudaLocalComm::run(1, [&](parallel::CudaLocalComm& comm) {
     nn::GPT<bf16> model(gc);
@@ -250,12 +250,13 @@ int run(const Shape& s) {
   report(2, false, s2);
   const Result s3 = time_engine<StepEngine<3, None>>(s, gc, step_config(s, 3, false));
   report(3, false, s3);
+  // Offload<CPU> as configured by default (every unit updated in step()), then with the host
+  // updates deferred to the next forward (overlap_offload_update), in the same run.
   const Result off = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true));
-  report(2, true, off);
-  // The baseline of the deferred host update, in the same run: every unit updated in step().
-  const Result off_in_step =
-      time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true), /*overlap=*/false);
-  report(2, true, off_in_step, /*overlap=*/false);
+  report(2, true, off, /*overlap=*/false);
+  const Result off_deferred =
+      time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true), /*overlap=*/true);
+  report(2, true, off_deferred, /*overlap=*/true);
   const std::string base = gpu + ", \"model\": \"" + s.model + "\"";
   line("gpu_step_stage3_vs_stage0", base, s3.step_ms / s0.step_ms, "x",
        ", \"target\": \"<= 1.10 (stage 3 within 10% of stage 0 on one GPU)\"");
@@ -266,7 +267,7 @@ int run(const Shape& s) {
   line("gpu_step_offload_vs_device", base + ", \"stage\": 2", off.step_ms / s2.step_ms, "x",
        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
   line("gpu_step_offload_overlap_vs_in_step", base + ", \"stage\": 2",
-       off.step_ms / off_in_step.step_ms, "x",
+       off_deferred.step_ms / off.step_ms, "x",
        ", \"meaning\": \"Offload<CPU> step with the host update deferred to the next forward "
        "over the same step updating in step()\"");
   return 0;

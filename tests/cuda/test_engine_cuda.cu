@@ -67,9 +67,16 @@ Config gpu_config(int stage, bool bf16, bool offload) {
   return c;
 }
 
+// deferred: an Offload<CPU> engine leaves its host updates to the next forward
+// (overlap_offload_update; the values are the same).
 template <class Eng, class Comm>
-Masters train(Comm& comm, const Config& config) {
-  return train_tiny_gpt<Eng>(comm, config, steps, accumulation, [](Eng&) {});
+Masters train(Comm& comm, const Config& config, bool deferred = false) {
+  nn::GPT<typename Eng::T> model(tiny());
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  options.overlap_offload_update = deferred;
+  Eng eng(model, comm, config, options);
+  return train_steps(eng, comm, 0, steps, accumulation);
 }
 
 /// The largest |a - b| over a unit, divided by the unit's largest |b|.
@@ -84,7 +91,7 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
 }
 
 template <class T, int S, class Where>
-void check_gpu_engine(double tolerance) {
+void check_gpu_engine(double tolerance, bool deferred = false) {
   constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
   constexpr bool offload = std::is_same_v<Where, CPU>;
   using HostEngine = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>>;
@@ -92,12 +99,12 @@ void check_gpu_engine(double tolerance) {
       engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<Where>, Compute<Cuda>>;
   static_assert(GpuEngine::device_optimizer == !offload);
   for (int world : {1, 2, 4}) {
-    INFO("stage " << S << (bf16 ? " bf16" : " f32") << (offload ? " Offload<CPU>" : "") << " world "
-                  << world);
+    INFO("stage " << S << (bf16 ? " bf16" : " f32") << (offload ? " Offload<CPU>" : "")
+                  << (deferred ? " deferred" : "") << " world " << world);
     const auto host = per_rank<Masters>(
         world, [](LocalComm& comm) { return train<HostEngine>(comm, gpu_config(S, bf16, false)); });
-    const auto gpu = per_rank<Masters, CudaLocalComm>(world, [](CudaLocalComm& comm) {
-      return train<GpuEngine>(comm, gpu_config(S, bf16, offload));
+    const auto gpu = per_rank<Masters, CudaLocalComm>(world, [deferred](CudaLocalComm& comm) {
+      return train<GpuEngine>(comm, gpu_config(S, bf16, offload), deferred);
     });
     double worst = 0;
     for (int r = 0; r < world; ++r) {
@@ -111,8 +118,9 @@ void check_gpu_engine(double tolerance) {
         CHECK(difference <= tolerance);
       }
     }
-    std::printf("GPU engine stage %d %s%s world %d: worst unit difference %.3g (bound %.1g)\n", S,
-                bf16 ? "bf16" : "f32", offload ? " Offload<CPU>" : "", world, worst, tolerance);
+    std::printf("GPU engine stage %d %s%s%s world %d: worst unit difference %.3g (bound %.1g)\n", S,
+                bf16 ? "bf16" : "f32", offload ? " Offload<CPU>" : "", deferred ? " deferred" : "",
+                world, worst, tolerance);
   }
 }
 
@@ -142,6 +150,15 @@ TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (bf16)", "
   check_gpu_engine<zero::bf16, 1, CPU>(2e-3);
   check_gpu_engine<zero::bf16, 2, CPU>(2e-3);
   check_gpu_engine<zero::bf16, 3, CPU>(2e-3);
+}
+
+TEST_CASE(
+    "the GPU engine with Offload<CPU>'s updates deferred to the next forward trains as the "
+    "host engine",
+    "[cuda][engine]") {
+  check_gpu_engine<float, 2, CPU>(1e-5, /*deferred=*/true);
+  check_gpu_engine<zero::bf16, 2, CPU>(2e-3, /*deferred=*/true);
+  check_gpu_engine<zero::bf16, 3, CPU>(2e-3, /*deferred=*/true);
 }
 
 TEST_CASE("a GPU engine's checkpoint loads into the host engine and back", "[cuda][engine]") {

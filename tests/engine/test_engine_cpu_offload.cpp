@@ -199,13 +199,12 @@ TEST_CASE("Offload<CPU> trains as without offload, with its states in host memor
 namespace {
 
 // Two Offload<CPU> engines on one rank, one deferring its units' updates to the next forward
-// (the default), one updating every unit in step(): after each step the deferring one has every
-// unit left to apply, a forward of the first unit applies what that unit needs before its gather
-// (only that at stage 2; stage 3 also the units it prefetches), the rest of the forward the
-// others, and losses, parameters and
-// optimizer states stay equal bit for bit; reading the state (gather_unit_values, optimizer(u))
-// right after a step applies what is left first.
-// What one rank saw (Catch's checks run on the main thread, after the ranks).
+// (overlap_offload_update), one updating every unit in step() (the default): after each step the
+// deferring one has every unit left to apply, a forward of the first unit applies what that unit
+// needs before its gather (only that at stage 2; stage 3 also the units it prefetches), the rest of
+// the forward the others, and losses, parameters and optimizer states stay equal bit for bit;
+// reading the state (gather_unit_values, optimizer(u)) right after a step applies what is left
+// first. What one rank saw (Catch's checks run on the main thread, after the ranks).
 struct DeferredRun {
   int units = 0;
   std::vector<int> after_step, after_first_unit, after_forward;  // deferred_updates()
@@ -224,6 +223,7 @@ void check_deferred_update() {
     const Config config = cpu_offload_config(S, true);
     engine::EngineOptions deferring;
     deferring.activation_bytes = 32 << 20;
+    deferring.overlap_offload_update = true;
     engine::EngineOptions eager = deferring;
     eager.overlap_offload_update = false;
     nn::GPT<bf16> model_d(tiny()), model_e(tiny());

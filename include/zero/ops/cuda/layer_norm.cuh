@@ -160,25 +160,42 @@ __global__ void __launch_bounds__(32 * layer_norm_warps)
 inline constexpr int layer_norm_backward_warps = 8;
 inline constexpr int layer_norm_backward_rows = 32;
 
+/// Shared memory of the fused backward: each warp's parameter-gradient sums, 2 C floats a warp.
+inline std::size_t layer_norm_backward_shared_bytes(std::int64_t C) {
+  return static_cast<std::size_t>(layer_norm_backward_warps * 2 * C) * sizeof(float);
+}
+
 /// The fused backward of the rows [32 b, 32 b + 32) of block b, one warp per row (warp w takes
 /// rows w, w + 8, ...), the row's x and dy in registers: dinp[n] += (dnorm - mean(dnorm) - norm *
 /// mean(dnorm * norm)) * rstd (=, dinp not read, when overwrite), and the block's
-/// parameter-gradient sums into partials [2][blocks][C]
-/// (norm * dy, then dy): each lane adds its columns over its warp's rows in row order, and the
-/// block adds its warps' sums in warp order through shared memory (2 C floats, dynamic). The
-/// partials go to column_sum_detail::finish_column_sums, so the whole is deterministic.
+/// parameter-gradient sums into partials [2][blocks][C] (norm * dy, then dy). Each warp adds its
+/// rows' terms, in row order, into its own slice of shared memory (warp_sums [warps][2][C],
+/// column c of pack i at j * packs + i, so a warp's lanes touch consecutive words); then each
+/// column's warp sums are added in warp order. Kept in registers, those sums took 194 registers
+/// a thread at C = 768 in bf16 (one block of 8 warps an SM); in shared memory the warps of
+/// several blocks hide each other's loads. The partials go to
+/// column_sum_detail::finish_column_sums, so the whole is deterministic.
 template <class T, int Packs>
-__global__ void __launch_bounds__(32 * layer_norm_backward_warps)
+__global__ void __launch_bounds__(32 * layer_norm_backward_warps,
+                                  Packs <= 2 ? 3 : (Packs == 4 ? 2 : 1))
     layer_norm_backward_warp_kernel(T* dinp, float* partials, const T* dout, const T* inp,
                                     const T* weight, const float* mean, const float* rstd, int N,
                                     int C, bool overwrite) {
   constexpr int P = pack_size<T>;
-  extern __shared__ float block_sums[];  // [2][C]
+  extern __shared__ float warp_sums[];  // [warps][2][C]
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int packs = C / P;
   const auto* w = reinterpret_cast<const Pack<T>*>(weight);
-  float dweight[Packs][P] = {}, dbias[Packs][P] = {};
+  float* dweight = warp_sums + static_cast<std::int64_t>(warp) * 2 * C;
+  float* dbias = dweight + C;
+  for_lane_packs<Packs>(lane, packs, [&](int, int i) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      dweight[j * packs + i] = 0.0f;
+      dbias[j * packs + i] = 0.0f;
+    }
+  });
   const int first = static_cast<int>(blockIdx.x) * layer_norm_backward_rows;
   const int last = min(N, first + layer_norm_backward_rows);
   for (int n = first + warp; n < last; n += layer_norm_backward_warps) {
@@ -192,6 +209,8 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
       xs[k] = x[i];
       dys[k] = dy[i];
       if (!overwrite) dxs[k] = dx[i];  // read with x and dy: one round trip to memory per row
+    });
+    for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
       const Pack<T> wp = w[i];
 #pragma unroll
       for (int j = 0; j < P; ++j) {
@@ -200,8 +219,8 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
         const float dnorm = load(wp.v[j]) * g;
         dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
-        dweight[k][j] += norm * g;
-        dbias[k][j] += g;
+        dweight[j * packs + i] += norm * g;
+        dbias[j * packs + i] += g;
       }
     });
     const float dnorm_mean = warp_sum(dnorm_sum) / static_cast<float>(C);
@@ -219,23 +238,17 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps)
       dx[i] = r;
     });
   }
-  for (int turn = 0; turn < layer_norm_backward_warps; ++turn) {
-    if (warp == turn) {
-      for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          const int c = i * P + j;
-          block_sums[c] = (turn == 0 ? 0.0f : block_sums[c]) + dweight[k][j];
-          block_sums[C + c] = (turn == 0 ? 0.0f : block_sums[C + c]) + dbias[k][j];
-        }
-      });
-    }
-    __syncthreads();
-  }
+  __syncthreads();
   const std::int64_t chunks = gridDim.x;
   for (int c = static_cast<int>(threadIdx.x); c < C; c += static_cast<int>(blockDim.x)) {
-    partials[static_cast<std::int64_t>(blockIdx.x) * C + c] = block_sums[c];
-    partials[(chunks + blockIdx.x) * C + c] = block_sums[C + c];
+    const int slot = (c % P) * packs + c / P;
+    float dw = 0.0f, db = 0.0f;
+    for (int v = 0; v < layer_norm_backward_warps; ++v) {
+      dw += warp_sums[static_cast<std::int64_t>(v) * 2 * C + slot];
+      db += warp_sums[static_cast<std::int64_t>(v) * 2 * C + C + slot];
+    }
+    partials[static_cast<std::int64_t>(blockIdx.x) * C + c] = dw;
+    partials[(chunks + blockIdx.x) * C + c] = db;
   }
 }
 
@@ -339,11 +352,15 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
   if (packs != 0) {
     // Fused: one read of x and dy for all three gradients.
     DeviceScratch partials(static_cast<std::size_t>(2 * chunks * C) * sizeof(float), stream);
+    const std::size_t shared = layer_norm_backward_shared_bytes(C);
     with_lane_packs(packs, [&](auto lane_packs) {
-      layer_norm_backward_warp_kernel<T, decltype(lane_packs)::value>
-          <<<static_cast<unsigned>(chunks), 32 * layer_norm_backward_warps, 2 * C * sizeof(float),
-             stream>>>(dinp, partials.as<float>(), dout, inp, weight, mean, rstd, rows, cols,
-                       overwrite_dinp);
+      const auto kernel = layer_norm_backward_warp_kernel<T, decltype(lane_packs)::value>;
+      // Over the default 48 KiB of dynamic shared memory from C = 768 in f32 or 1536 in bf16
+      // (2048, the widest row a warp takes, needs 128 KiB; sm_80 allows 163).
+      ZERO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(shared)));
+      kernel<<<static_cast<unsigned>(chunks), 32 * layer_norm_backward_warps, shared, stream>>>(
+          dinp, partials.as<float>(), dout, inp, weight, mean, rstd, rows, cols, overwrite_dinp);
     });
     ZERO_CUDA_CHECK(cudaGetLastError());
     column_sum_detail::finish_column_sums<T, 2>({{dweight, dbias}}, partials.as<float>(), chunks, C,
