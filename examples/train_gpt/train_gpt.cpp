@@ -21,7 +21,7 @@
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved|zb]]
 //               [--experts 4 [--ep 2] [--k 2]] [--sp N]
-//               [--device host|cuda] [--offload-cpu] [--activation-mb M]
+//               [--device host|cuda] [--offload-cpu [--delayed-update N]] [--activation-mb M]
 //
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
@@ -52,6 +52,9 @@
 // 0-3, data parallel only (tensor, pipeline, expert and sequence parallelism run on the host);
 // train_gpt_cuda defaults to it and train_gpt refuses it. GPT-2 small is --layers 12 --heads 12
 // --channels 768 --seq 1024 (with --tokens for GPT-2's vocabulary, and --init for its weights);
+// --delayed-update N (with --offload-cpu, stages 1-2) runs the host optimizer one step late
+// beside the next window from step N + 1 on (ZeRO-Offload's delayed parameter update, DPU:
+// EngineOptions::delayed_param_update; the first N steps update in step() as a warm-up).
 // --activation-mb sizes the activation arena (default 512; GPT-2 small at batch 8 needs about
 // 20000). The step line adds the model's TFLOP/s (6N + 6LCT per token) and, on a GPU whose
 // datasheet bf16 peak is known, the MFU.
@@ -148,6 +151,7 @@ struct Options {
   std::string device = "host";
 #endif
   std::int64_t activation_mb = 512;
+  std::optional<std::int64_t> delayed_update;  // DPU after this many steps (--delayed-update)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -261,11 +265,18 @@ Options parse(int argc, char** argv) {
       o.device = v;
     } else if (flag == "--activation-mb")
       o.activation_mb = integer();
+    else if (flag == "--delayed-update")
+      o.delayed_update = integer();
     else
       usage("unknown flag " + flag);
   }
   if (o.ranks < 1) usage("--ranks must be >= 1");
   if (o.activation_mb < 1) usage("--activation-mb must be positive");
+  if (o.delayed_update && (*o.delayed_update < 0 || o.device != "cuda")) {
+    usage(
+        "--delayed-update N (N >= 0 warm-up steps) delays the host optimizer of --offload-cpu: "
+        "it needs --device cuda");
+  }
   if (o.steps < 0 || o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
     usage("--steps, --batch, --seq and --grad-accum must be positive");
   }
@@ -460,6 +471,10 @@ engine::EngineOptions engine_options(const Options& o) {
   engine::EngineOptions eo;
   eo.seed = o.seed;
   eo.activation_bytes = static_cast<std::size_t>(o.activation_mb) << 20;
+  if (o.delayed_update) {
+    eo.delayed_param_update = true;
+    eo.delayed_update_after = *o.delayed_update;
+  }
   return eo;
 }
 

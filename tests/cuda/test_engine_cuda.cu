@@ -6,7 +6,9 @@
 // unit's values within 1e-5 of its largest magnitude in f32, 2e-3 in bf16 (the device's GEMM and
 // attention round in another order), at 1, 2 and 4 ranks. A checkpoint of the GPU engine (its
 // master slices and AdamW states staged through host memory) loads into the host engine and into a
-// fresh GPU engine with the same values bit for bit. The refusals: a host communicator on the
+// fresh GPU engine with the same values bit for bit. Offload<CPU>'s delayed update
+// (delayed_param_update) follows the host engine's run of the same recurrence through a callback
+// within the same bounds. The refusals: a host communicator on the
 // device engine, a device communicator on the host engine, and LAMB (whose norms the host sums) on
 // the device.
 
@@ -71,12 +73,10 @@ Config gpu_config(int stage, bool bf16, bool offload) {
 // (overlap_offload_update; the values are the same).
 template <class Eng, class Comm>
 Masters train(Comm& comm, const Config& config, bool deferred = false) {
-  nn::GPT<typename Eng::T> model(tiny());
-  engine::EngineOptions options;
-  options.activation_bytes = 32 << 20;
+  engine::EngineOptions options = tiny_options();
   options.overlap_offload_update = deferred;
-  Eng eng(model, comm, config, options);
-  return train_steps(eng, comm, 0, steps, accumulation);
+  return train_tiny_gpt<Eng>(
+      comm, config, steps, accumulation, [](Eng&) {}, options);
 }
 
 /// The largest |a - b| over a unit, divided by the unit's largest |b|.
@@ -159,6 +159,60 @@ TEST_CASE(
   check_gpu_engine<float, 2, CPU>(1e-5, /*deferred=*/true);
   check_gpu_engine<zero::bf16, 2, CPU>(2e-3, /*deferred=*/true);
   check_gpu_engine<zero::bf16, 3, CPU>(2e-3, /*deferred=*/true);
+}
+
+namespace {
+
+// Offload<CPU>'s delayed update (delayed_param_update) on the GPU against the host engine
+// applying each step's gradient one step late through a callback (train_delayed: the same
+// recurrence one step behind): the losses of every window within the bound, and the units after
+// `delayed` steps within it of the callback's after one step more.
+template <class T, int S>
+void check_delayed_update(double tolerance) {
+  constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
+  using HostEngine = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>>;
+  using GpuEngine =
+      engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>, Compute<Cuda>>;
+  constexpr int delayed = 4;
+  for (int world : {1, 2}) {
+    INFO("stage " << S << (bf16 ? " bf16" : " f32") << " world " << world);
+    const auto host = per_rank<DelayedRun>(world, [](LocalComm& comm) {
+      return train_delayed<HostEngine>(comm, Delay::callback, delayed + 1, accumulation);
+    });
+    const auto gpu = per_rank<DelayedRun, CudaLocalComm>(world, [](CudaLocalComm& comm) {
+      return train_delayed<GpuEngine>(comm, Delay::engine, delayed, accumulation);
+    });
+    double worst = 0;
+    for (int r = 0; r < world; ++r) {
+      const DelayedRun& h = host[static_cast<std::size_t>(r)];
+      const DelayedRun& g = gpu[static_cast<std::size_t>(r)];
+      CHECK(g.in_flight_after_step == delayed);
+      CHECK(g.in_flight_after_read == 0);
+      const std::vector<float> host_losses(h.losses.begin(),
+                                           h.losses.begin() + delayed * accumulation);
+      CHECK(relative_difference(g.losses, host_losses) <= tolerance);
+      REQUIRE(g.units.size() == h.units.size());
+      for (std::size_t u = 0; u < h.units.size(); ++u) {
+        INFO("rank " << r << " unit " << u);
+        const double difference = relative_difference(g.units[u], h.units[u]);
+        worst = std::max(worst, difference);
+        CHECK(difference <= tolerance);
+      }
+    }
+    std::printf(
+        "GPU engine stage %d %s Offload<CPU> delayed update world %d: worst unit "
+        "difference %.3g (bound %.1g)\n",
+        S, bf16 ? "bf16" : "f32", world, worst, tolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the GPU engine with Offload<CPU>'s delayed update follows the host's delayed recurrence",
+          "[cuda][engine]") {
+  check_delayed_update<float, 1>(1e-5);
+  check_delayed_update<float, 2>(1e-5);
+  check_delayed_update<zero::bf16, 2>(2e-3);
 }
 
 TEST_CASE("a GPU engine's checkpoint loads into the host engine and back", "[cuda][engine]") {

@@ -195,20 +195,84 @@ std::vector<std::vector<float>> train_steps(Eng& eng, Comm& comm, int first, int
   return units;
 }
 
-// Builds Eng over a tiny nn::GPT<typename Eng::T> on comm from config, trains `steps` optimizer
-// steps of `accumulation` micro-steps each on the GlobalBatch rows, waits for the gathers the
-// last update started, and returns every unit's gathered values; the engine is handed to
-// inspect (say, for memory_report()) before it goes.
-template <class Eng, class Comm, class Inspect>
-std::vector<std::vector<float>> train_tiny_gpt(Comm& comm, const Config& config, int steps,
-                                               int accumulation, Inspect&& inspect) {
-  nn::GPT<typename Eng::T> model(tiny());
+// The engine options of the tiny runs: a 32 MiB activation arena, the rest by default.
+inline engine::EngineOptions tiny_options() {
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
+  return options;
+}
+
+// Builds Eng over a tiny nn::GPT<typename Eng::T> on comm from config (and options), trains
+// `steps` optimizer steps of `accumulation` micro-steps each on the GlobalBatch rows, waits for
+// the gathers the last update started, and returns every unit's gathered values; the engine is
+// handed to inspect (say, for memory_report()) before it goes.
+template <class Eng, class Comm, class Inspect>
+std::vector<std::vector<float>> train_tiny_gpt(
+    Comm& comm, const Config& config, int steps, int accumulation, Inspect&& inspect,
+    const engine::EngineOptions& options = tiny_options()) {
+  nn::GPT<typename Eng::T> model(tiny());
   Eng eng(model, comm, config, options);
   auto units = train_steps(eng, comm, 0, steps, accumulation);
   inspect(eng);
   return units;
+}
+
+// Where a run of train_delayed applies each step's update.
+enum class Delay {
+  engine,    ///< EngineOptions::delayed_param_update (an Offload<CPU> engine)
+  callback,  ///< in step(), through a callback that applies each step's gradient one step late
+  none,      ///< in step(), each step's own gradient
+};
+struct DelayedRun {
+  std::vector<float> losses;  // every micro-step's
+  std::vector<std::vector<float>> units;
+  int in_flight_after_step = 0, in_flight_after_read = 0;
+  engine::MemoryReport report;
+};
+
+// Trains `steps` steps of SGD (lr 0.05, clipping 0.5, `accumulation` micro-steps) through an
+// update callback on a tiny GPT, the update applied as `delay` says; the units' values after
+// synchronize(). The delayed update follows P_t+1 = update(P_t, grad(P_t-1)); the callback
+// delaying each gradient by one step follows the same recurrence one step behind, so window k of
+// both runs at the same parameters, and `steps` delayed steps end where `steps` + 1 of the
+// callback's do.
+template <class Eng, class Comm>
+DelayedRun train_delayed(Comm& comm, Delay delay, int steps, int accumulation) {
+  constexpr float lr = 0.05F;
+  engine::EngineOptions options = tiny_options();
+  options.gradient_accumulation_steps = accumulation;
+  options.gradient_clipping = 0.5;
+  options.delayed_param_update = delay == Delay::engine;
+  std::vector<std::vector<float>> held;  // Delay::callback: each unit's last gradient
+  auto sgd = [&](int u, std::span<float> param, std::span<const float> grad) {
+    if (delay != Delay::callback) {
+      for (std::size_t i = 0; i < param.size(); ++i) param[i] -= lr * grad[i];
+      return;
+    }
+    if (held.size() <= static_cast<std::size_t>(u)) held.resize(static_cast<std::size_t>(u) + 1);
+    std::vector<float>& last = held[static_cast<std::size_t>(u)];
+    for (std::size_t i = 0; i < last.size(); ++i) param[i] -= lr * last[i];
+    last.assign(grad.begin(), grad.end());
+  };
+  nn::GPT<typename Eng::T> model(tiny());
+  Eng eng(model, comm, sgd, options);
+  DelayedRun out;
+  const int world = comm.size();
+  const auto in_flight = [&] { return eng.update_in_flight() ? 1 : 0; };
+  for (int step = 0; step < steps; ++step) {
+    const GlobalBatch b(micro_rows * accumulation * world, step, tiny().vocab_size);
+    for (int m = 0; m < accumulation; ++m) {
+      out.losses.push_back(static_cast<float>(eng.forward(b.micro(m, comm.rank(), world))));
+      eng.backward();
+    }
+    eng.step();
+    out.in_flight_after_step += in_flight();
+  }
+  out.report = eng.memory_report();
+  eng.synchronize();
+  out.in_flight_after_read = in_flight();
+  for (int u = 0; u < eng.num_units(); ++u) out.units.push_back(eng.gather_unit_values(u));
+  return out;
 }
 
 // Trains `steps` steps on this rank and returns the largest difference to want (every rank

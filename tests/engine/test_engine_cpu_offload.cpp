@@ -6,14 +6,18 @@
 // 1-3, 1 and 2 ranks, accumulation 2, clipping); memory_report() puts the master (and its bf16
 // copy), the states and the gradient shard in host memory and nothing else; the optimizer runs on
 // the host only after the host waited for the compute that wrote its gradient; a step leaves each
-// unit's update to the next forward (overlap_offload_update) with the same values; zero::dispatch
-// picks Offload<CPU> from the config's offload_optimizer.device for a device engine, and refuses
-// nvme there.
+// unit's update to the next forward (overlap_offload_update) with the same values; the delayed
+// update (delayed_param_update) follows its one-step-late recurrence exactly, starts after its
+// warm-up, leaves a checkpoint's save without effect on the run, and is refused where it cannot
+// run; zero::dispatch picks Offload<CPU> from the config's offload_optimizer.device for a device
+// engine, and refuses nvme there.
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <filesystem>
 #include <functional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -299,6 +303,196 @@ TEST_CASE("Offload<CPU> defers each unit's update to the next forward, with the 
           "[unit][engine][offload]") {
   check_deferred_update<2>();
   check_deferred_update<3>();
+}
+
+namespace {
+
+// The delayed parameter update (delayed_param_update) against the same recurrence through a
+// callback (train_delayed): window k of both runs at the same parameters (the losses are equal
+// bit for bit), and after n delayed steps and synchronize() the parameters equal the callback's
+// after n + 1. A control without any delay must lose that equality.
+template <class T, int S>
+void check_delayed_update() {
+  constexpr int run_steps = 4;
+  for (int world : {1, 2}) {
+    INFO("stage " << S << (std::is_same_v<T, bf16> ? " bf16" : " f32") << " world " << world);
+    using Offloaded = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>,
+                                     Compute<PinnedTestDevice>>;
+    const auto delayed = per_rank<DelayedRun>(world, [&](LocalComm& comm) {
+      return train_delayed<Offloaded>(comm, Delay::engine, run_steps, accumulation);
+    });
+    const auto reference = per_rank<DelayedRun>(world, [&](LocalComm& comm) {
+      return train_delayed<Offloaded>(comm, Delay::callback, run_steps + 1, accumulation);
+    });
+    const auto undelayed = per_rank<DelayedRun>(world, [&](LocalComm& comm) {
+      return train_delayed<Offloaded>(comm, Delay::none, run_steps, accumulation);
+    });
+    for (int r = 0; r < world; ++r) {
+      const DelayedRun& d = delayed[static_cast<std::size_t>(r)];
+      const DelayedRun& ref = reference[static_cast<std::size_t>(r)];
+      const DelayedRun& none = undelayed[static_cast<std::size_t>(r)];
+      const std::vector<float> ref_losses(ref.losses.begin(),
+                                          ref.losses.begin() + run_steps * accumulation);
+      CHECK(d.losses == ref_losses);  // bit for bit
+      CHECK(d.units == ref.units);
+      CHECK(none.units != d.units);  // the control: the delay changes the run
+      CHECK(d.in_flight_after_step == run_steps);
+      CHECK(d.in_flight_after_read == 0);
+      CHECK(ref.in_flight_after_step == 0);
+      // One fp32 gradient shard more a unit (a master slice's bytes), in host memory.
+      const std::size_t shard_bytes =
+          std::is_same_v<T, bf16> ? none.report.master_bytes * 2 / 3 : none.report.master_bytes;
+      CHECK(d.report.host_bytes == none.report.host_bytes + shard_bytes);
+      CHECK(d.report.grad_accumulator_bytes == none.report.grad_accumulator_bytes + shard_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Offload<CPU>'s delayed parameter update applies each step's gradient one step late",
+          "[unit][engine][offload]") {
+  check_delayed_update<float, 1>();
+  check_delayed_update<bf16, 1>();
+  check_delayed_update<float, 2>();
+  check_delayed_update<bf16, 2>();
+}
+
+TEST_CASE("Offload<CPU>'s delayed update starts after its warm-up and leaves checkpoints whole",
+          "[unit][engine][offload]") {
+  using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>,
+                                   Compute<PinnedTestDevice>>;
+  constexpr int run_steps = 4, warmup = 2;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "zero_test_delayed_update";
+  std::filesystem::remove_all(dir);
+  struct Runs {
+    std::vector<float> eager, delayed, saving;  // every micro-step's loss
+    std::vector<int> in_flight;
+    std::vector<std::vector<float>> units_eager, units_delayed, units_saving;
+  };
+  const auto runs = per_rank<Runs>(2, [&](LocalComm& comm) {
+    const Config config = cpu_offload_config(2, true);
+    engine::EngineOptions eager;
+    eager.activation_bytes = 32 << 20;
+    engine::EngineOptions delaying = eager;
+    delaying.delayed_param_update = true;
+    delaying.delayed_update_after = warmup;
+    nn::GPT<bf16> model_e(tiny()), model_d(tiny()), model_s(tiny());
+    Offloaded e(model_e, comm, config, eager), d(model_d, comm, config, delaying),
+        s(model_s, comm, config, delaying);
+    Runs out;
+    for (int step = 0; step < run_steps; ++step) {
+      const GlobalBatch b(micro_rows * accumulation * 2, step, tiny().vocab_size);
+      for (int m = 0; m < accumulation; ++m) {
+        const engine::MicroBatch batch = b.micro(m, comm.rank(), 2);
+        out.eager.push_back(static_cast<float>(e.forward(batch)));
+        out.delayed.push_back(static_cast<float>(d.forward(batch)));
+        out.saving.push_back(static_cast<float>(s.forward(batch)));
+        e.backward();
+        d.backward();
+        s.backward();
+      }
+      e.step();
+      d.step();
+      s.step();
+      out.in_flight.push_back(d.update_in_flight() ? 1 : 0);
+      // A save waits for the update in flight and writes it, without changing what the run
+      // does next.
+      if (step == warmup) s.save_checkpoint(dir, "delayed");
+    }
+    for (int u = 0; u < d.num_units(); ++u) {
+      out.units_eager.push_back(e.gather_unit_values(u));
+      out.units_delayed.push_back(d.gather_unit_values(u));
+      out.units_saving.push_back(s.gather_unit_values(u));
+    }
+    return out;
+  });
+  std::filesystem::remove_all(dir);
+  for (const Runs& r : runs) {
+    // Steps 1-2 update in step(); from step 3 on the update runs one step late, so the windows
+    // up to the third run at the same parameters, and the fourth at those of two updates
+    // (where the eager run has three): the parameters after it differ.
+    CHECK(r.in_flight == std::vector<int>{0, 0, 1, 1});
+    const auto windows = [](const std::vector<float>& l, int w) {
+      return std::vector<float>(l.begin(), l.begin() + w * accumulation);
+    };
+    CHECK(windows(r.delayed, 3) == windows(r.eager, 3));
+    CHECK(r.units_delayed != r.units_eager);
+    CHECK(r.saving == r.delayed);
+    CHECK(r.units_saving == r.units_delayed);
+  }
+}
+
+TEST_CASE("an update that fails on its own thread stops the run until a checkpoint is loaded",
+          "[unit][engine][offload]") {
+  using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>,
+                                   Compute<PinnedTestDevice>>;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "zero_test_delayed_update_failure";
+  std::filesystem::remove_all(dir);
+  LocalComm::run(1, [&](LocalComm& comm) {
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    options.delayed_param_update = true;
+    int updates = 0;
+    auto failing = [&](int u, std::span<float> param, std::span<const float> grad) {
+      if (u == 1 && ++updates == 2) throw std::runtime_error("host update failed");
+      for (std::size_t i = 0; i < param.size(); ++i) param[i] -= 0.01F * grad[i];
+    };
+    nn::GPT<bf16> model(tiny());
+    Offloaded eng(model, comm, failing, options);
+    const GlobalBatch b(micro_rows, 0, tiny().vocab_size);
+    const auto train_step = [&] {
+      eng.forward(b.micro(0, 0, 1));
+      eng.backward();
+      eng.step();
+    };
+    train_step();  // its update (the first) runs beside the next window
+    eng.save_checkpoint(dir, "first");
+    train_step();  // waits for the first; the second fails on its thread
+    CHECK(eng.update_in_flight());
+    CHECK(eng.broken_reason().empty());
+    eng.forward(b.micro(0, 0, 1));
+    eng.backward();
+    CHECK_THROWS_WITH(eng.step(), Catch::Contains("host update failed"));
+    CHECK_FALSE(eng.update_in_flight());
+    CHECK_THAT(eng.broken_reason(), Catch::Contains("host update failed"));
+    CHECK_THROWS_WITH(eng.forward(b.micro(0, 0, 1)), Catch::Contains("inconsistent"));
+    eng.load_checkpoint(dir, "first");
+    CHECK(eng.broken_reason().empty());
+    train_step();  // the run goes on from the checkpoint
+    CHECK(eng.update_in_flight());
+  });
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("delayed_param_update is refused where it cannot delay the update",
+          "[unit][engine][offload]") {
+  LocalComm::run(1, [](LocalComm& comm) {
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    options.delayed_param_update = true;
+    nn::GPT<bf16> model(tiny());
+    using Stage3 = engine::Engine<nn::GPT<bf16>, ZeroStage<3>, Precision<bf16>, Offload<CPU>,
+                                  Compute<PinnedTestDevice>>;
+    CHECK_THROWS_WITH(Stage3(model, comm, cpu_offload_config(3, true), options),
+                      Catch::Contains("stage 1 or 2"));
+    using Plain = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>>;
+    Config plain = cpu_offload_config(2, true);
+    plain.zero_optimization.offload_optimizer.device = OffloadDevice::none;
+    CHECK_THROWS_WITH(Plain(model, comm, plain, options), Catch::Contains("Offload<CPU>"));
+    using Stage2 = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>,
+                                  Compute<PinnedTestDevice>>;
+    engine::EngineOptions both = options;
+    both.overlap_offload_update = true;
+    CHECK_THROWS_WITH(Stage2(model, comm, cpu_offload_config(2, true), both),
+                      Catch::Contains("overlap_offload_update"));
+    engine::EngineOptions negative = options;
+    negative.delayed_update_after = -1;
+    CHECK_THROWS_WITH(Stage2(model, comm, cpu_offload_config(2, true), negative),
+                      Catch::Contains("must not be negative"));
+  });
 }
 
 TEST_CASE("zero::dispatch picks Offload<CPU> for a device engine from offload_optimizer.device",

@@ -23,11 +23,13 @@
 // by every rank through the global-norm all-reduce, so every rank skips the same steps.
 // forward_units/backward_units run a contiguous range of units (a pipeline stage's slice).
 
+#include <algorithm>
 #include <any>
 #include <cmath>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <limits>
 #include <optional>
 #include <span>
@@ -63,6 +65,7 @@
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/model.hpp>
 #include <zero/offload/preflight.hpp>
+#include <zero/ops/cpu/parallel_for.hpp>
 #include <zero/profile/step_timers.hpp>
 
 namespace zero::engine {
@@ -381,6 +384,15 @@ class Engine {
       if (!micro_.boundary_pending()) return false;
       expect_consistent("step");
       apply_deferred_updates();
+      // delayed_param_update: the last step's update, now done, goes up to the device.
+      try {
+        finish_delayed_update();
+      } catch (const std::exception&) {
+        clear_accumulators();
+        finish_window();  // between steps again, so a checkpoint can be loaded
+        throw;
+      }
+      if (std::exchange(delayed_regather_, false)) exchange_.regather_after_update();
       const int n = num_units();
       const auto timed = timers_.phase(profile::Phase::step);
       exchange_.drain_reductions();
@@ -413,11 +425,16 @@ class Engine {
         }
       }
       last_step_skipped_ = !apply;
+      bool delayed = false;  // the update runs on its own thread (delayed_param_update)
       if (apply) {
         const double factor =
             optim::clip_coefficient(last_grad_norm_, options_.gradient_clipping) / scale;
         if (training_.scheduler) training_.lr = training_.scheduler->lr();
-        if (defers_update()) {
+        set_update_lr();
+        if (delays_update()) {
+          start_delayed_update(factor);
+          delayed = true;
+        } else if (defers_update()) {
           // The next forward applies it unit by unit, each just before the unit's gather.
           deferred_.emplace(
               DeferredUpdate{factor, std::vector<char>(static_cast<std::size_t>(n), 0), n});
@@ -447,7 +464,7 @@ class Engine {
         ++training_.skipped_steps;
       }
       clear_accumulators();
-      if (apply && !deferred_) exchange_.regather_after_update();
+      if (apply && !deferred_ && !delayed) exchange_.regather_after_update();
       finish_window();
       return true;
     });
@@ -462,6 +479,7 @@ class Engine {
                                          const nlohmann::json& client_state = {}) {
     return communicating("save_checkpoint", [&] {
       apply_deferred_updates();
+      finish_delayed_update();
       return save_engine_checkpoint(*this, dir, tag, client_state);
     });
   }
@@ -470,6 +488,7 @@ class Engine {
   nlohmann::json load_checkpoint(const std::filesystem::path& dir, std::string_view tag = {}) {
     return communicating("load_checkpoint", [&] {
       apply_deferred_updates();  // the load replaces what it would write
+      finish_delayed_update();
       return load_engine_checkpoint(*this, dir, tag);
     });
   }
@@ -492,12 +511,14 @@ class Engine {
   /// last checkpoint, at any world size.
   const std::string& comm_failure() const { return comm_failure_; }
 
-  /// Applies the host updates a step left to the next forward (Offload<CPU>) and waits for every
-  /// collective the engine still has in flight (the parameter gathers a step leaves running for
-  /// the next forward).
+  /// Applies the host updates a step left to the next forward (Offload<CPU>), waits for the
+  /// update in flight (delayed_param_update: its slices are gathered at the next step, so the
+  /// run goes on as without the call) and for every collective the engine still has in flight
+  /// (the parameter gathers a step leaves running for the next forward).
   void synchronize() {
     communicating("synchronize", [&] {
       apply_deferred_updates();
+      finish_delayed_update();
       exchange_.synchronize();
     });
   }
@@ -514,6 +535,7 @@ class Engine {
   std::vector<MasterT> gather_unit_values(int u) {
     return communicating("gather_unit_values", [&]() -> std::vector<MasterT> {
       apply_deferred_updates();
+      finish_delayed_update();
       Unit& s = unit(u);
       const auto numel = static_cast<std::size_t>(s.partition->numel());
       // Read and gathered in the units' memory (the communicator's), then copied to the host.
@@ -598,6 +620,9 @@ class Engine {
   /// Offload<CPU> with overlap_offload_update: units whose part of the last step's update the
   /// next forward (or whatever reads the state first) has yet to apply; 0 otherwise.
   int deferred_updates() const { return deferred_ ? deferred_->left : 0; }
+  /// delayed_param_update: a step's host update is running on its own thread (until the next
+  /// step, or whatever reads the state, waits for it).
+  bool update_in_flight() const { return delayed_update_.valid(); }
   /// The LR scheduler, if the config had one.
   std::optional<optim::LrScheduler>& scheduler() { return training_.scheduler; }
   /// The fp16 loss scaler (Precision<f16> only).
@@ -655,6 +680,21 @@ class Engine {
                         options_.gradient_accumulation_steps, " must be positive");
     expect<ConfigError>(options_.max_pending_reductions > 0,
                         "Engine: max_pending_reductions must be positive");
+    if (options_.delayed_param_update) {
+      expect<ConfigError>(offload_cpu,
+                          "Engine: delayed_param_update overlaps the host optimizer of "
+                          "Offload<CPU> with the device's next window; this engine has no "
+                          "Offload<CPU> (zero_optimization.offload_optimizer.device \"cpu\")");
+      expect<ConfigError>(stage == 1 || stage == 2,
+                          "Engine: delayed_param_update needs ZeRO "
+                          "stage 1 or 2, not ",
+                          stage, " (stage 3 gathers the slices the update writes in every window)");
+      expect<ConfigError>(!options_.overlap_offload_update,
+                          "Engine: delayed_param_update and overlap_offload_update both move "
+                          "the host update out of step(); choose one");
+      expect<ConfigError>(options_.delayed_update_after >= 0, "Engine: delayed_update_after ",
+                          options_.delayed_update_after, " must not be negative");
+    }
     if constexpr (loss_scaling) training_.scaler.emplace(options_.loss_scaler);
     if constexpr (requires { model_.tensor_parallel().size(); }) {
       const int model_tp = model_.tensor_parallel().size();
@@ -665,7 +705,8 @@ class Engine {
                           " (build the engine from the ProcessGroups the model's group came from)");
     }
     plan_ = unit_buffer_plan({stage, sizeof(T), sizeof(MasterT), compute_is_master,
-                              offload_device_of<typename policies::offload>});
+                              offload_device_of<typename policies::offload>,
+                              options_.delayed_param_update});
     if constexpr (requires { model_.expert_parallel().size(); }) {
       expect<ConfigError>(model_.expert_parallel().size() == groups_.ep,
                           "Engine: the model's experts are split over an expert-parallel group of ",
@@ -932,14 +973,22 @@ class Engine {
       return backend_.sum_of_squares(g);
     }
   }
-  void update_unit(int u, double factor) {
+  // The learning rate every unit's optimizer uses in this step's update (the scheduler's, else
+  // the optimizer's own), set before any update runs (a delayed update runs on its own thread).
+  void set_update_lr() {
+    for (optim::AnyOptimizer& opt : optimizers_) {
+      if (training_.scheduler) opt.set_lr(training_.lr);
+      training_.lr = opt.lr();
+    }
+  }
+  void update_unit(int u, double factor) { update_unit(u, factor, update_grad(u)); }
+  // Updates unit u's master slice from grad (its update_grad(u), or the delayed update's shard),
+  // scaled by factor; a host optimizer's pass runs on `threads` OpenMP threads (0: all).
+  void update_unit(int u, double factor, std::span<MasterT> grad, int threads = 0) {
     const std::span<MasterT> param = unit(u).resident_master();
-    const std::span<MasterT> grad = update_grad(u);
     bool params_rounded = false;  // the optimizer's pass wrote the whole params' rounded copy
     if (!optimizers_.empty()) {
       optim::AnyOptimizer& opt = optimizers_[static_cast<std::size_t>(u)];
-      if (training_.scheduler) opt.set_lr(training_.lr);
-      training_.lr = opt.lr();
       if constexpr (std::is_same_v<MasterT, float>) {
         auto io = optim::FusedIo::over(param, std::span<const float>(grad));
         io.scale_grad(static_cast<float>(factor));
@@ -954,6 +1003,7 @@ class Engine {
           params_rounded = true;
         }
         optim::StepOptions run;
+        run.threads = threads;
         if constexpr (device_optimizer) run.executor = backend_.fused_executor();
         opt.step(io, run);
       }
@@ -961,7 +1011,13 @@ class Engine {
         unit(u).compute_copy_current = std::is_same_v<MasterT, float>;
       }
     } else {
-      if (factor != 1.0) backend_.scale(grad, factor);
+      if (factor != 1.0) {
+        if constexpr (offload_cpu) {
+          HostBackend::scale(grad, factor);  // the pinned shard, which the host waited for
+        } else {
+          backend_.scale(grad, factor);
+        }
+      }
       update_(u, param, grad);
       if constexpr (offload_cpu && !compute_is_master) {  // the host rounds the copy itself
         Unit& s = unit(u);
@@ -988,6 +1044,7 @@ class Engine {
   }
   // The master slices were written from outside (checkpoint or weights load).
   void masters_replaced() {
+    delayed_regather_ = false;  // regathered below
     for (Unit& s : units_) s.compute_copy_current = false;
     for (int u = 0; u < num_units(); ++u) refresh_compute_params(u);
     exchange_.regather_after_update();
@@ -1060,7 +1117,51 @@ class Engine {
   // The same before the state is read from outside the flow (`what`): communicating (its
   // gathers) only when an update is pending, so reading the state works as before otherwise.
   void apply_deferred_updates_for(std::string_view what) {
+    finish_delayed_update();
     if (deferred_) communicating(what, [&] { apply_deferred_updates(); });
+  }
+
+  // ---- the delayed update (Offload<CPU>, EngineOptions::delayed_param_update) ----------------
+
+  bool delays_update() const {
+    if constexpr (offload_cpu) {
+      return options_.delayed_param_update && training_.steps >= options_.delayed_update_after;
+    } else {
+      return false;
+    }
+  }
+  // Starts this step's update on a thread of its own: it reads the window's gradient shards,
+  // swapped into delayed_grad, while the next window's reductions write grad_shard. The slices
+  // it writes (the master, its rounded copy) are read by nothing until it is done: stages 1-2
+  // gather them only after an update, and the last gathers are waited for first. The host
+  // optimizer's passes leave one of the OpenMP threads to the thread that drives the device
+  // (the passes are elementwise, so their results do not depend on the count).
+  void start_delayed_update(double factor) {
+    for (Unit& s : units_) std::swap(s.grad_shard, s.delayed_grad);
+    exchange_.synchronize();
+    backend_.host_waits_for_compute();  // the gathers' copies up have read the slices
+    const int threads = std::max(1, ops::cpu::num_threads() - 1);
+    delayed_update_ = std::async(std::launch::async, [this, factor, threads] {
+      for (int u = 0; u < num_units(); ++u) {
+        Unit& s = unit(u);
+        update_unit(u, factor, std::span<MasterT>(s.delayed_grad.data(), s.delayed_grad.size()),
+                    threads);
+      }
+    });
+  }
+  // Waits for the update in flight, if any; its result goes up to the device at the next step
+  // (or synchronize()). An update that threw leaves the state inconsistent, as a step that
+  // stopped part-way.
+  void finish_delayed_update() {
+    if (!delayed_update_.valid()) return;
+    std::future<void> running = std::move(delayed_update_);
+    delayed_regather_ = true;
+    try {
+      running.get();
+    } catch (const std::exception& e) {
+      inconsistent_ = e.what();
+      throw;
+    }
   }
 
   M& model_;
@@ -1088,6 +1189,11 @@ class Engine {
   bool last_step_skipped_ = false;
   double last_grad_norm_ = 0.0;
   std::optional<DeferredUpdate> deferred_;
+  // delayed_param_update: the update in flight, and whether a finished one's slices have yet
+  // to be gathered. Declared last, so the engine waits for the update before anything it
+  // touches is destroyed.
+  bool delayed_regather_ = false;
+  std::future<void> delayed_update_;
 };
 
 }  // namespace zero::engine

@@ -18,7 +18,8 @@
 //   Optimizer offload moves the sharded part to host memory (CPU) or, except the fp32 gradient
 //   shard, to files (NVMe). Offload to the CPU below fp32 adds the slice's compute-type copy
 //   there (b psi / N: the host optimizer writes it, a gather copies it up by DMA), so the host
-//   holds 18 psi / N with Adam in bf16, as DeepSpeed's figure. Parameter offload has nothing
+//   holds 18 psi / N with Adam in bf16, as DeepSpeed's figure (22 psi / N when the update is
+//   delayed a step: a second fp32 gradient shard). Parameter offload has nothing
 //   further to move (the master slice is the only copy of a rank's parameters in device memory
 //   at rest); it is accepted for DeepSpeed parity.
 
@@ -45,6 +46,9 @@ struct MemoryEstimateInput {
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;  ///< stage 3 only
   int live_units = 1;  ///< stage 3: units gathered at once (1 + prefetched)
+  /// Offload<CPU> with EngineOptions::delayed_param_update: one more fp32 gradient shard in host
+  /// memory (4 psi / N).
+  bool delayed_update = false;
 
   /// Ranks in the world.
   int world() const { return gpus_per_node * nodes; }
@@ -95,6 +99,7 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
   // optimizer offload would.
   key.offload =
       in.offload_optimizer != OffloadDevice::none ? in.offload_optimizer : in.offload_param;
+  key.delayed_update = in.delayed_update;
   const double live = in.stage == 3 ? std::max(1, in.live_units) : 1;
   MemoryEstimate e;
   for (const BufferPlan& b : unit_buffer_plan(key)) {

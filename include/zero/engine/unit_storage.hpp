@@ -46,6 +46,7 @@ enum class BufferRole : unsigned char {
   grad_shard,        ///< fp32 gradient of this rank's slice, reduced over the ranks
   grad_accumulator,  ///< whole fp32 gradient summed over micro-steps (bf16/f16, stages 0-1)
   compute_copy,      ///< Offload<CPU>, b < 4: the master slice rounded, in host memory
+  delayed_grad,      ///< Offload<CPU> delaying its update: the gradient shard the update reads
   params,            ///< the whole unit's parameters in the compute type
   grads,             ///< the whole unit's gradient in the compute type
 };
@@ -83,6 +84,9 @@ struct StorageKey {
   std::size_t master_bytes = 4;   ///< size of the master element type (4, or 8 for f64 models)
   bool compute_is_master = true;  ///< the compute type is the master type (f32 or f64)
   OffloadDevice offload = OffloadDevice::none;
+  /// Offload<CPU> with EngineOptions::delayed_param_update: a second gradient shard in host
+  /// memory, which the update in flight reads while the next window writes the first.
+  bool delayed_update = false;
 };
 
 /// The buffers of a unit under key, in the order above.
@@ -112,6 +116,10 @@ inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
     plan.push_back({BufferRole::compute_copy, Extent::shard, Lifetime::at_rest, Placement::host,
                     k.compute_bytes});
   }
+  if (k.offload == OffloadDevice::cpu && k.stage >= 1 && k.delayed_update) {
+    plan.push_back({BufferRole::delayed_grad, Extent::shard, Lifetime::at_rest, Placement::host,
+                    k.master_bytes});
+  }
   plan.push_back({BufferRole::params, Extent::whole,
                   k.stage <= 2 ? Lifetime::at_rest : Lifetime::while_used, Placement::compute,
                   k.compute_bytes, params_hold_master});
@@ -133,6 +141,7 @@ inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
       break;
     case BufferRole::grad_shard:
     case BufferRole::grad_accumulator:
+    case BufferRole::delayed_grad:
       r.grad_accumulator_bytes += bytes;
       break;
     case BufferRole::params:
@@ -168,6 +177,9 @@ struct UnitState {
   StateBuffer<MasterT> master;  ///< empty when params holds it or it is in files
   std::optional<std::span<MasterT>> swapped_in_master;  ///< Offload<NVMe>: while in a buffer
   StateBuffer<MasterT> grad_shard;                      ///< stages 1-3
+  /// EngineOptions::delayed_param_update: the last window's gradient shard, which the update in
+  /// flight reads while the next window's reductions write grad_shard (swapped at each step).
+  StateBuffer<MasterT> delayed_grad;
   StateBuffer<T> compute_copy;  ///< Offload<CPU> below fp32: the slice rounded (see the plan)
   /// compute_copy holds the master's current values (the last update wrote it); false after
   /// initialisation and after the master was replaced (a checkpoint or weights loaded).
@@ -213,6 +225,9 @@ struct UnitState {
         break;
       case BufferRole::compute_copy:
         compute_copy = make_state_buffer<T>(b, n, backend);
+        break;
+      case BufferRole::delayed_grad:
+        delayed_grad = make_state_buffer<MasterT>(b, n, backend);
         break;
       case BufferRole::grad_accumulator:
         grad_accumulator = backend.template make_buffer<MasterT>(n);
@@ -293,12 +308,14 @@ struct UnitState {
   /// Adds this unit's buffers to r by role (optimizer states only where the unit holds them).
   void report(MemoryReport& r) const {
     if constexpr (HostStates) {
-      r.host_bytes += master.bytes() + grad_shard.bytes() + compute_copy.bytes();
+      r.host_bytes +=
+          master.bytes() + grad_shard.bytes() + delayed_grad.bytes() + compute_copy.bytes();
     }
     add_bytes(r, params_hold_master ? BufferRole::master : BufferRole::params,
               params ? params->bytes() : 0);
     add_bytes(r, BufferRole::master, master.bytes());
     add_bytes(r, BufferRole::grad_shard, grad_shard.bytes());
+    add_bytes(r, BufferRole::delayed_grad, delayed_grad.bytes());
     add_bytes(r, BufferRole::compute_copy, compute_copy.bytes());
     add_bytes(r, BufferRole::grad_accumulator, grad_accumulator.bytes());
     add_bytes(r, BufferRole::grads, grads ? grads->bytes() : 0);
