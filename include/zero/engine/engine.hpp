@@ -1150,8 +1150,8 @@ class Engine {
     });
   }
   // Waits for the update in flight, if any; its result goes up to the device at the next step
-  // (or synchronize()). An update that threw leaves the state inconsistent, as a step that
-  // stopped part-way.
+  // (whoever waited: step, synchronize, a state reader). An update that threw leaves the state
+  // inconsistent, as a step that stopped part-way.
   void finish_delayed_update() {
     if (!delayed_update_.valid()) return;
     std::future<void> running = std::move(delayed_update_);
