@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
-#include <filesystem>
 #include <functional>
 #include <span>
 #include <stdexcept>
@@ -29,6 +28,7 @@
 #include <zero/engine/engine.hpp>
 
 #include "../support/per_rank.hpp"
+#include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 
 using namespace zero;
@@ -225,8 +225,7 @@ void check_deferred_update() {
   constexpr int world = 2;
   const auto runs = per_rank<DeferredRun>(world, [&](LocalComm& comm) {
     const Config config = cpu_offload_config(S, true);
-    engine::EngineOptions deferring;
-    deferring.activation_bytes = 32 << 20;
+    engine::EngineOptions deferring = tiny_options();
     deferring.overlap_offload_update = true;
     engine::EngineOptions eager = deferring;
     eager.overlap_offload_update = false;
@@ -363,9 +362,7 @@ TEST_CASE("Offload<CPU>'s delayed update starts after its warm-up and leaves che
   using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>,
                                    Compute<PinnedTestDevice>>;
   constexpr int run_steps = 4, warmup = 2;
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / "zero_test_delayed_update";
-  std::filesystem::remove_all(dir);
+  const zero::testing::TempDir dir("delayed-update");
   struct Runs {
     std::vector<float> eager, delayed, saving;  // every micro-step's loss
     std::vector<int> in_flight;
@@ -373,8 +370,7 @@ TEST_CASE("Offload<CPU>'s delayed update starts after its warm-up and leaves che
   };
   const auto runs = per_rank<Runs>(2, [&](LocalComm& comm) {
     const Config config = cpu_offload_config(2, true);
-    engine::EngineOptions eager;
-    eager.activation_bytes = 32 << 20;
+    const engine::EngineOptions eager = tiny_options();
     engine::EngineOptions delaying = eager;
     delaying.delayed_param_update = true;
     delaying.delayed_update_after = warmup;
@@ -399,7 +395,7 @@ TEST_CASE("Offload<CPU>'s delayed update starts after its warm-up and leaves che
       out.in_flight.push_back(d.update_in_flight() ? 1 : 0);
       // A save waits for the update in flight and writes it, without changing what the run
       // does next.
-      if (step == warmup) s.save_checkpoint(dir, "delayed");
+      if (step == warmup) s.save_checkpoint(dir.path(), "delayed");
     }
     for (int u = 0; u < d.num_units(); ++u) {
       out.units_eager.push_back(e.gather_unit_values(u));
@@ -408,7 +404,6 @@ TEST_CASE("Offload<CPU>'s delayed update starts after its warm-up and leaves che
     }
     return out;
   });
-  std::filesystem::remove_all(dir);
   for (const Runs& r : runs) {
     // Steps 1-2 update in step(); from step 3 on the update runs one step late, so the windows
     // up to the third run at the same parameters, and the fourth at those of two updates
@@ -428,12 +423,9 @@ TEST_CASE("an update that fails on its own thread stops the run until a checkpoi
           "[unit][engine][offload]") {
   using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>,
                                    Compute<PinnedTestDevice>>;
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / "zero_test_delayed_update_failure";
-  std::filesystem::remove_all(dir);
+  const zero::testing::TempDir dir("delayed-update-failure");
   LocalComm::run(1, [&](LocalComm& comm) {
-    engine::EngineOptions options;
-    options.activation_bytes = 32 << 20;
+    engine::EngineOptions options = tiny_options();
     options.delayed_param_update = true;
     int updates = 0;
     auto failing = [&](int u, std::span<float> param, std::span<const float> grad) {
@@ -449,7 +441,7 @@ TEST_CASE("an update that fails on its own thread stops the run until a checkpoi
       eng.step();
     };
     train_step();  // its update (the first) runs beside the next window
-    eng.save_checkpoint(dir, "first");
+    eng.save_checkpoint(dir.path(), "first");
     train_step();  // waits for the first; the second fails on its thread
     CHECK(eng.update_in_flight());
     CHECK(eng.broken_reason().empty());
@@ -459,19 +451,17 @@ TEST_CASE("an update that fails on its own thread stops the run until a checkpoi
     CHECK_FALSE(eng.update_in_flight());
     CHECK_THAT(eng.broken_reason(), Catch::Contains("host update failed"));
     CHECK_THROWS_WITH(eng.forward(b.micro(0, 0, 1)), Catch::Contains("inconsistent"));
-    eng.load_checkpoint(dir, "first");
+    eng.load_checkpoint(dir.path(), "first");
     CHECK(eng.broken_reason().empty());
     train_step();  // the run goes on from the checkpoint
     CHECK(eng.update_in_flight());
   });
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("delayed_param_update is refused where it cannot delay the update",
           "[unit][engine][offload]") {
   LocalComm::run(1, [](LocalComm& comm) {
-    engine::EngineOptions options;
-    options.activation_bytes = 32 << 20;
+    engine::EngineOptions options = tiny_options();
     options.delayed_param_update = true;
     nn::GPT<bf16> model(tiny());
     using Stage3 = engine::Engine<nn::GPT<bf16>, ZeroStage<3>, Precision<bf16>, Offload<CPU>,
