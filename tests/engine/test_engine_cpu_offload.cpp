@@ -5,7 +5,8 @@
 // the parameters equal those of the same run without offload, bit for bit (f32 and bf16, stages
 // 1-3, 1 and 2 ranks, accumulation 2, clipping); memory_report() puts the master (and its bf16
 // copy), the states and the gradient shard in host memory and nothing else; the optimizer runs on
-// the host only after the host waited for the compute that wrote its gradient; a step leaves each
+// the host only after the host waited for the compute that wrote its gradient, and no pinned
+// source of a copy up is written before the host waited for the copy; a step leaves each
 // unit's update to the next forward (overlap_offload_update) with the same values; the delayed
 // update (delayed_param_update) follows its one-step-late recurrence exactly, starts after its
 // warm-up, leaves a checkpoint's save without effect on the run, and is refused where it cannot
@@ -15,10 +16,13 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -40,17 +44,53 @@ using zero::testing::per_rank;
 // out, and whose communication stream runs its DMA copies (comm_copy_async) as late as the
 // engine allows: only when compute next waits for it. A shard read, or a staging buffer rewritten,
 // before that wait sees the wrong values, so the runs below would differ from the plain ones.
+// A copy up from pinned memory on the compute stream (copy_async: a gather's source) runs at once
+// but keeps the bytes it read: a real device may read them until the host next waits for
+// compute, so a source the host wrote before that wait counts in sources_overwritten.
 struct PinnedTestDevice {};
 struct PinnedTestBackend;
+
+// The pinned buffers alive, by address (ranks run as threads, so guarded).
+struct PinnedRanges {
+  static inline std::mutex mutex;
+  static inline std::map<const std::byte*, std::size_t> ranges;  // begin -> bytes
+  static void add(const void* p, std::size_t bytes) {
+    if (p == nullptr) return;
+    const std::lock_guard lock(mutex);
+    ranges[static_cast<const std::byte*>(p)] = bytes;
+  }
+  static void remove(const void* p) {
+    if (p == nullptr) return;
+    const std::lock_guard lock(mutex);
+    ranges.erase(static_cast<const std::byte*>(p));
+  }
+  static bool contains(const void* p) {
+    const auto* b = static_cast<const std::byte*>(p);
+    const std::lock_guard lock(mutex);
+    auto it = ranges.upper_bound(b);
+    if (it == ranges.begin()) return false;
+    --it;
+    return b < it->first + it->second;
+  }
+};
 
 template <class E>
 class PinnedTestBuffer : public Buffer<E, Host> {
  public:
   PinnedTestBuffer() = default;
+  PinnedTestBuffer(PinnedTestBuffer&&) noexcept = default;
+  PinnedTestBuffer& operator=(PinnedTestBuffer&& other) noexcept {
+    if (this != &other) PinnedRanges::remove(this->data());
+    Buffer<E, Host>::operator=(std::move(other));
+    return *this;
+  }
+  ~PinnedTestBuffer() { PinnedRanges::remove(this->data()); }
 
  private:
   friend struct PinnedTestBackend;
-  explicit PinnedTestBuffer(std::size_t n) : Buffer<E, Host>(n) {}
+  explicit PinnedTestBuffer(std::size_t n) : Buffer<E, Host>(n) {
+    PinnedRanges::add(this->data(), this->bytes());
+  }
 };
 
 struct PinnedTestBackend : engine::HostBackend {
@@ -60,6 +100,7 @@ struct PinnedTestBackend : engine::HostBackend {
   static inline std::atomic<int> host_waits = 0;
   static inline std::atomic<int> comm_copies = 0;
   static inline std::atomic<int> shard_sums = 0;
+  static inline std::atomic<int> sources_overwritten = 0;
 
   template <class E>
   PinnedBuffer<E> make_pinned_buffer(std::size_t n) {
@@ -68,13 +109,38 @@ struct PinnedTestBackend : engine::HostBackend {
   }
   void host_waits_for_compute() {
     ++host_waits;
+    // Every copy up has run on a real device by now: were their sources left as they read them?
+    for (const PinnedRead& r : pinned_reads_) {
+      if (!std::equal(r.bytes.begin(), r.bytes.end(), r.source)) ++sources_overwritten;
+    }
+    pinned_reads_.clear();
     HostBackend::host_waits_for_compute();
+  }
+  template <class E>
+  void copy_async(std::span<E> dst, std::span<const E> src) {
+    HostBackend::copy_async(dst, src);
+    if (!src.empty() && PinnedRanges::contains(src.data())) {
+      const auto* b = reinterpret_cast<const std::byte*>(src.data());
+      pinned_reads_.push_back({b, std::vector<std::byte>(b, b + src.size_bytes()), false});
+    }
   }
   template <class E>
   void comm_copy_async(std::span<E> dst, std::span<const E> src) {
     ++comm_copies;
     expect<ShapeError>(dst.size() == src.size(), "comm_copy_async: sizes differ");
     on_comm_.push_back([dst, src] { std::copy(src.begin(), src.end(), dst.begin()); });
+    // A copy up issued before the comm stream last waited for compute has run before this one
+    // writes its source; one issued after has not.
+    const auto* d = reinterpret_cast<const std::byte*>(dst.data());
+    std::erase_if(pinned_reads_, [&](const PinnedRead& r) {
+      const bool overlaps = r.source < d + dst.size_bytes() && d < r.source + r.bytes.size();
+      if (overlaps && !r.before_comm) ++sources_overwritten;  // unordered: a real race
+      return overlaps;
+    });
+  }
+  void comm_waits_for_compute() {
+    for (PinnedRead& r : pinned_reads_) r.before_comm = true;
+    HostBackend::comm_waits_for_compute();
   }
   template <class E>
   void sum_of_squares_into(std::span<double> slot, std::span<const E> v) {
@@ -89,6 +155,12 @@ struct PinnedTestBackend : engine::HostBackend {
 
  private:
   std::vector<std::function<void()>> on_comm_;  // the comm stream's copies not yet run
+  struct PinnedRead {
+    const std::byte* source;
+    std::vector<std::byte> bytes;  // what the copy read
+    bool before_comm = false;      // the comm stream has since waited for compute
+  };
+  std::vector<PinnedRead> pinned_reads_;  // copies up the host has not waited for yet
 };
 
 template <>
@@ -141,6 +213,7 @@ void check_cpu_offload() {
     PinnedTestBackend::host_waits = 0;
     PinnedTestBackend::comm_copies = 0;
     PinnedTestBackend::shard_sums = 0;
+    PinnedTestBackend::sources_overwritten = 0;
     const auto offloaded = per_rank<Run>(world, [&](LocalComm& comm) {
       return train<Offloaded>(comm, cpu_offload_config(S, bf16));
     });
@@ -179,6 +252,9 @@ void check_cpu_offload() {
     const int copies = steps * units * world * (S == 1 ? 1 : accumulation);
     CHECK(PinnedTestBackend::comm_copies == copies);
     CHECK(PinnedTestBackend::shard_sums == copies);
+    // No pinned source of a copy up (a gather's slice, a shard added to) was written before the
+    // host waited for the copy.
+    CHECK(PinnedTestBackend::sources_overwritten == 0);
   }
 }
 
@@ -223,6 +299,7 @@ void check_deferred_update() {
   using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>, Offload<CPU>,
                                    Compute<PinnedTestDevice>>;
   constexpr int world = 2;
+  PinnedTestBackend::sources_overwritten = 0;
   const auto runs = per_rank<DeferredRun>(world, [&](LocalComm& comm) {
     const Config config = cpu_offload_config(S, true);
     engine::EngineOptions deferring = tiny_options();
@@ -273,6 +350,8 @@ void check_deferred_update() {
     }
     return out;
   });
+  // A deferred update writes a unit's slice only after the copies up of the last window.
+  CHECK(PinnedTestBackend::sources_overwritten == 0);
   for (const DeferredRun& r : runs) {
     INFO("stage " << S);
     const int n = r.units;
@@ -317,9 +396,13 @@ void check_delayed_update() {
     INFO("stage " << S << (std::is_same_v<T, bf16> ? " bf16" : " f32") << " world " << world);
     using Offloaded = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>,
                                      Compute<PinnedTestDevice>>;
+    PinnedTestBackend::sources_overwritten = 0;
     const auto delayed = per_rank<DelayedRun>(world, [&](LocalComm& comm) {
       return train_delayed<Offloaded>(comm, Delay::engine, run_steps, accumulation);
     });
+    // The update in flight writes no slice a copy up may still read (below fp32 it writes the
+    // other compute copy; in f32 the copies are waited for first).
+    CHECK(PinnedTestBackend::sources_overwritten == 0);
     const auto reference = per_rank<DelayedRun>(world, [&](LocalComm& comm) {
       return train_delayed<Offloaded>(comm, Delay::callback, run_steps + 1, accumulation);
     });
@@ -338,11 +421,14 @@ void check_delayed_update() {
       CHECK(d.in_flight_after_step == run_steps);
       CHECK(d.in_flight_after_read == 0);
       CHECK(ref.in_flight_after_step == 0);
-      // One fp32 gradient shard more a unit (a master slice's bytes), in host memory.
+      // One fp32 gradient shard more a unit (a master slice's bytes) and, in bf16, one bf16
+      // copy more (the master and its copy are 6 bytes an element), in host memory.
       const std::size_t shard_bytes =
           std::is_same_v<T, bf16> ? none.report.master_bytes * 2 / 3 : none.report.master_bytes;
-      CHECK(d.report.host_bytes == none.report.host_bytes + shard_bytes);
+      const std::size_t copy_bytes = std::is_same_v<T, bf16> ? none.report.master_bytes / 3 : 0;
+      CHECK(d.report.host_bytes == none.report.host_bytes + shard_bytes + copy_bytes);
       CHECK(d.report.grad_accumulator_bytes == none.report.grad_accumulator_bytes + shard_bytes);
+      CHECK(d.report.master_bytes == none.report.master_bytes + copy_bytes);
     }
   }
 }

@@ -383,8 +383,10 @@ class Engine {
     return communicating("step", [&]() -> bool {
       if (!micro_.boundary_pending()) return false;
       expect_consistent("step");
+      // The step's host time includes the wait for a delayed update (below).
+      const auto timed = timers_.phase(profile::Phase::step);
       apply_deferred_updates();
-      // delayed_param_update: the last step's update, now done, goes up to the device.
+      // delayed_param_update: waits for the last step's update (its slices go up below).
       try {
         finish_delayed_update();
       } catch (const std::exception&) {
@@ -392,9 +394,7 @@ class Engine {
         finish_window();  // between steps again, so a checkpoint can be loaded
         throw;
       }
-      if (std::exchange(delayed_regather_, false)) exchange_.regather_after_update();
       const int n = num_units();
-      const auto timed = timers_.phase(profile::Phase::step);
       exchange_.drain_reductions();
       for (int u = 0; u < num_units(); ++u) start_unfolded_gradient(u);
       // Offload<CPU>: the norm and the host optimizer read gradient shards the device's kernels
@@ -407,6 +407,10 @@ class Engine {
       sum_host_values(comm_, std::span<double>(stats, 2));
       if (groups_.tp) sum_host_values(*groups_.tp, std::span<double>(stats, 2));
       if (groups_.pp) sum_host_values(*groups_.pp, std::span<double>(stats, 2));
+      // The last delayed update's slices go up to the device now, after the host's wait for
+      // compute above, so that wait does not include their copies (nor, below fp32, does this
+      // step's update, which writes the other compute copy: start_delayed_update).
+      if (std::exchange(delayed_regather_, false)) exchange_.regather_after_update();
       const double scale = training_.loss_scale();
       last_grad_norm_ = std::sqrt(stats[0]) / scale;
       const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
@@ -1131,15 +1135,26 @@ class Engine {
     }
   }
   // Starts this step's update on a thread of its own: it reads the window's gradient shards,
-  // swapped into delayed_grad, while the next window's reductions write grad_shard. The slices
-  // it writes (the master, its rounded copy) are read by nothing until it is done: stages 1-2
-  // gather them only after an update, and the last gathers are waited for first. The host
+  // swapped into delayed_grad, while the next window's reductions write grad_shard. What it
+  // writes is read by nothing until it is done: stages 1-2 gather the slices only after an
+  // update. Below fp32 it writes the other compute copy (swapped into compute_copy), so the
+  // gathers just started copy the last update's values up while it runs; the copy it writes
+  // was last copied up a step ago, which the host waited for at this step's norm. In f32 the
+  // gathers read the master itself, so those gathers are waited for first. The host
   // optimizer's passes leave one of the OpenMP threads to the thread that drives the device
   // (the passes are elementwise, so their results do not depend on the count).
   void start_delayed_update(double factor) {
-    for (Unit& s : units_) std::swap(s.grad_shard, s.delayed_grad);
-    exchange_.synchronize();
-    backend_.host_waits_for_compute();  // the gathers' copies up have read the slices
+    for (Unit& s : units_) {
+      std::swap(s.grad_shard, s.delayed_grad);
+      if constexpr (!compute_is_master) {
+        std::swap(s.compute_copy, s.delayed_copy);
+        s.compute_copy_current = false;  // until the update writes it
+      }
+    }
+    if constexpr (compute_is_master) {
+      exchange_.synchronize();
+      backend_.host_waits_for_compute();  // the gathers' copies up have read the slices
+    }
     const int threads = std::max(1, ops::cpu::num_threads() - 1);
     delayed_update_ = std::async(std::launch::async, [this, factor, threads] {
       for (int u = 0; u < num_units(); ++u) {

@@ -18,10 +18,10 @@
 //   Optimizer offload moves the sharded part to host memory (CPU) or, except the fp32 gradient
 //   shard, to files (NVMe). Offload to the CPU below fp32 adds the slice's compute-type copy
 //   there (b psi / N: the host optimizer writes it, a gather copies it up by DMA), so the host
-//   holds 18 psi / N with Adam in bf16, as DeepSpeed's figure (22 psi / N when the update is
-//   delayed a step: a second fp32 gradient shard). Parameter offload has nothing
-//   further to move (the master slice is the only copy of a rank's parameters in device memory
-//   at rest); it is accepted for DeepSpeed parity.
+//   holds 18 psi / N with Adam in bf16, as DeepSpeed's figure (24 psi / N when the update is
+//   delayed a step: a second fp32 gradient shard and a second bf16 copy). Parameter offload has
+//   nothing further to move (the master slice is the only copy of a rank's parameters in device
+//   memory at rest); it is accepted for DeepSpeed parity.
 
 #include <algorithm>
 #include <cstdint>
@@ -47,7 +47,7 @@ struct MemoryEstimateInput {
   OffloadDevice offload_param = OffloadDevice::none;  ///< stage 3 only
   int live_units = 1;  ///< stage 3: units gathered at once (1 + prefetched)
   /// Offload<CPU> with EngineOptions::delayed_param_update: one more fp32 gradient shard in host
-  /// memory (4 psi / N).
+  /// memory (4 psi / N) and, below fp32, one more compute copy (b psi / N).
   bool delayed_update = false;
 
   /// Ranks in the world.

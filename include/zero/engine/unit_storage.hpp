@@ -47,6 +47,7 @@ enum class BufferRole : unsigned char {
   grad_accumulator,  ///< whole fp32 gradient summed over micro-steps (bf16/f16, stages 0-1)
   compute_copy,      ///< Offload<CPU>, b < 4: the master slice rounded, in host memory
   delayed_grad,      ///< Offload<CPU> delaying its update: the gradient shard the update reads
+  delayed_copy,      ///< ... below fp32: the compute copy the update writes while the last goes up
   params,            ///< the whole unit's parameters in the compute type
   grads,             ///< the whole unit's gradient in the compute type
 };
@@ -85,7 +86,8 @@ struct StorageKey {
   bool compute_is_master = true;  ///< the compute type is the master type (f32 or f64)
   OffloadDevice offload = OffloadDevice::none;
   /// Offload<CPU> with EngineOptions::delayed_param_update: a second gradient shard in host
-  /// memory, which the update in flight reads while the next window writes the first.
+  /// memory, which the update in flight reads while the next window writes the first, and below
+  /// fp32 a second compute copy, which it writes while the last update's goes up to the device.
   bool delayed_update = false;
 };
 
@@ -119,6 +121,10 @@ inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
   if (k.offload == OffloadDevice::cpu && k.stage >= 1 && k.delayed_update) {
     plan.push_back({BufferRole::delayed_grad, Extent::shard, Lifetime::at_rest, Placement::host,
                     k.master_bytes});
+    if (!k.compute_is_master) {
+      plan.push_back({BufferRole::delayed_copy, Extent::shard, Lifetime::at_rest, Placement::host,
+                      k.compute_bytes});
+    }
   }
   plan.push_back({BufferRole::params, Extent::whole,
                   k.stage <= 2 ? Lifetime::at_rest : Lifetime::while_used, Placement::compute,
@@ -134,6 +140,7 @@ inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
   switch (role) {
     case BufferRole::master:
     case BufferRole::compute_copy:
+    case BufferRole::delayed_copy:
       r.master_bytes += bytes;
       break;
     case BufferRole::optimizer_states:
@@ -181,6 +188,9 @@ struct UnitState {
   /// flight reads while the next window's reductions write grad_shard (swapped at each step).
   StateBuffer<MasterT> delayed_grad;
   StateBuffer<T> compute_copy;  ///< Offload<CPU> below fp32: the slice rounded (see the plan)
+  /// delayed_param_update below fp32: the other compute copy (swapped with compute_copy at each
+  /// delayed update, which writes it while the gathers copy the last update's values up).
+  StateBuffer<T> delayed_copy;
   /// compute_copy holds the master's current values (the last update wrote it); false after
   /// initialisation and after the master was replaced (a checkpoint or weights loaded).
   bool compute_copy_current = false;
@@ -228,6 +238,9 @@ struct UnitState {
         break;
       case BufferRole::delayed_grad:
         delayed_grad = make_state_buffer<MasterT>(b, n, backend);
+        break;
+      case BufferRole::delayed_copy:
+        delayed_copy = make_state_buffer<T>(b, n, backend);
         break;
       case BufferRole::grad_accumulator:
         grad_accumulator = backend.template make_buffer<MasterT>(n);
@@ -308,8 +321,8 @@ struct UnitState {
   /// Adds this unit's buffers to r by role (optimizer states only where the unit holds them).
   void report(MemoryReport& r) const {
     if constexpr (HostStates) {
-      r.host_bytes +=
-          master.bytes() + grad_shard.bytes() + delayed_grad.bytes() + compute_copy.bytes();
+      r.host_bytes += master.bytes() + grad_shard.bytes() + delayed_grad.bytes() +
+                      compute_copy.bytes() + delayed_copy.bytes();
     }
     add_bytes(r, params_hold_master ? BufferRole::master : BufferRole::params,
               params ? params->bytes() : 0);
@@ -317,6 +330,7 @@ struct UnitState {
     add_bytes(r, BufferRole::grad_shard, grad_shard.bytes());
     add_bytes(r, BufferRole::delayed_grad, delayed_grad.bytes());
     add_bytes(r, BufferRole::compute_copy, compute_copy.bytes());
+    add_bytes(r, BufferRole::delayed_copy, delayed_copy.bytes());
     add_bytes(r, BufferRole::grad_accumulator, grad_accumulator.bytes());
     add_bytes(r, BufferRole::grads, grads ? grads->bytes() : 0);
     for (const auto& b : optimizer_states) add_bytes(r, BufferRole::optimizer_states, b.bytes());
