@@ -52,7 +52,7 @@
 // 0-3, data parallel only (tensor, pipeline, expert and sequence parallelism run on the host);
 // train_gpt_cuda defaults to it and train_gpt refuses it. GPT-2 small is --layers 12 --heads 12
 // --channels 768 --seq 1024 (with --tokens for GPT-2's vocabulary, and --init for its weights);
-// --delayed-update N (with --offload-cpu, stages 1-2) runs the host optimizer one step late
+// --delayed-update N (--offload-cpu; stages 1-2, or 3 in bf16) runs the host optimizer a step late
 // beside the next window from step N + 1 on (ZeRO-Offload's delayed parameter update, DPU:
 // EngineOptions::delayed_param_update; the first N steps update in step() as a warm-up).
 // --activation-mb sizes the activation arena (default 512; GPT-2 small at batch 8 needs about

@@ -213,6 +213,7 @@ TEST_CASE("the GPU engine with Offload<CPU>'s delayed update follows the host's 
   check_delayed_update<float, 1>(1e-5);
   check_delayed_update<float, 2>(1e-5);
   check_delayed_update<zero::bf16, 2>(2e-3);
+  check_delayed_update<zero::bf16, 3>(2e-3);
 }
 
 TEST_CASE("a GPU engine's checkpoint loads into the host engine and back", "[cuda][engine]") {

@@ -235,14 +235,17 @@ struct DelayedRun {
 // synchronize(). The delayed update follows P_t+1 = update(P_t, grad(P_t-1)); the callback
 // delaying each gradient by one step follows the same recurrence one step behind, so window k of
 // both runs at the same parameters, and `steps` delayed steps end where `steps` + 1 of the
-// callback's do.
+// callback's do. sync_mid_window calls synchronize() after each window's first micro-step (it
+// waits for a delayed update in flight, which must not change what the window computes).
 template <class Eng, class Comm>
-DelayedRun train_delayed(Comm& comm, Delay delay, int steps, int accumulation) {
+DelayedRun train_delayed(Comm& comm, Delay delay, int steps, int accumulation,
+                         bool sync_mid_window = false) {
   constexpr float lr = 0.05F;
   engine::EngineOptions options = tiny_options();
   options.gradient_accumulation_steps = accumulation;
   options.gradient_clipping = 0.5;
   options.delayed_param_update = delay == Delay::engine;
+  options.persistence_threshold = 0;     // stage 3 gathers every unit in every micro-step
   std::vector<std::vector<float>> held;  // Delay::callback: each unit's last gradient
   auto sgd = [&](int u, std::span<float> param, std::span<const float> grad) {
     if (delay != Delay::callback) {
@@ -264,6 +267,7 @@ DelayedRun train_delayed(Comm& comm, Delay delay, int steps, int accumulation) {
     for (int m = 0; m < accumulation; ++m) {
       out.losses.push_back(static_cast<float>(eng.forward(b.micro(m, comm.rank(), world))));
       eng.backward();
+      if (sync_mid_window && m == 0) eng.synchronize();
     }
     eng.step();
     out.in_flight_after_step += in_flight();

@@ -388,7 +388,10 @@ namespace {
 // The delayed parameter update (delayed_param_update) against the same recurrence through a
 // callback (train_delayed): window k of both runs at the same parameters (the losses are equal
 // bit for bit), and after n delayed steps and synchronize() the parameters equal the callback's
-// after n + 1. A control without any delay must lose that equality.
+// after n + 1. The delayed run also waits for its update in the middle of each window
+// (synchronize() after the first micro-step), which must not change the window: at stage 3 its
+// second micro-step gathers every unit again. A control without any delay must lose that
+// equality.
 template <class T, int S>
 void check_delayed_update() {
   constexpr int run_steps = 4;
@@ -398,7 +401,7 @@ void check_delayed_update() {
                                      Compute<PinnedTestDevice>>;
     PinnedTestBackend::sources_overwritten = 0;
     const auto delayed = per_rank<DelayedRun>(world, [&](LocalComm& comm) {
-      return train_delayed<Offloaded>(comm, Delay::engine, run_steps, accumulation);
+      return train_delayed<Offloaded>(comm, Delay::engine, run_steps, accumulation, true);
     });
     // The update in flight writes no slice a copy up may still read (below fp32 it writes the
     // other compute copy; in f32 the copies are waited for first).
@@ -441,6 +444,7 @@ TEST_CASE("Offload<CPU>'s delayed parameter update applies each step's gradient 
   check_delayed_update<bf16, 1>();
   check_delayed_update<float, 2>();
   check_delayed_update<bf16, 2>();
+  check_delayed_update<bf16, 3>();  // f32 is refused at stage 3 (below)
 }
 
 TEST_CASE("Offload<CPU>'s delayed update starts after its warm-up and leaves checkpoints whole",
@@ -550,10 +554,12 @@ TEST_CASE("delayed_param_update is refused where it cannot delay the update",
     engine::EngineOptions options = tiny_options();
     options.delayed_param_update = true;
     nn::GPT<bf16> model(tiny());
-    using Stage3 = engine::Engine<nn::GPT<bf16>, ZeroStage<3>, Precision<bf16>, Offload<CPU>,
+    // In f32 a stage-3 gather reads the master slice the update writes.
+    using Stage3 = engine::Engine<nn::GPT<float>, ZeroStage<3>, Precision<float>, Offload<CPU>,
                                   Compute<PinnedTestDevice>>;
-    CHECK_THROWS_WITH(Stage3(model, comm, cpu_offload_config(3, true), options),
-                      Catch::Contains("stage 1 or 2"));
+    nn::GPT<float> model_f32(tiny());
+    CHECK_THROWS_WITH(Stage3(model_f32, comm, cpu_offload_config(3, false), options),
+                      Catch::Contains("stage 3 below fp32, not stage 3 in f32"));
     using Plain = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>>;
     Config plain = cpu_offload_config(2, true);
     plain.zero_optimization.offload_optimizer.device = OffloadDevice::none;

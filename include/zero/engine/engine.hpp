@@ -410,7 +410,7 @@ class Engine {
       // The last delayed update's slices go up to the device now, after the host's wait for
       // compute above, so that wait does not include their copies (nor, below fp32, does this
       // step's update, which writes the other compute copy: start_delayed_update).
-      if (std::exchange(delayed_regather_, false)) exchange_.regather_after_update();
+      if (std::exchange(delayed_regather_, false)) publish_delayed_update();
       const double scale = training_.loss_scale();
       last_grad_norm_ = std::sqrt(stats[0]) / scale;
       const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
@@ -689,10 +689,11 @@ class Engine {
                           "Engine: delayed_param_update overlaps the host optimizer of "
                           "Offload<CPU> with the device's next window; this engine has no "
                           "Offload<CPU> (zero_optimization.offload_optimizer.device \"cpu\")");
-      expect<ConfigError>(stage == 1 || stage == 2,
-                          "Engine: delayed_param_update needs ZeRO "
-                          "stage 1 or 2, not ",
-                          stage, " (stage 3 gathers the slices the update writes in every window)");
+      expect<ConfigError>(stage >= 1 && (stage <= 2 || !compute_is_master),
+                          "Engine: delayed_param_update needs ZeRO stage 1 or 2, or stage 3 "
+                          "below fp32, not stage ",
+                          stage, " in ", name_of(dtype_of<T>),
+                          " (in f32 a stage-3 gather reads the master slice the update writes)");
       expect<ConfigError>(!options_.overlap_offload_update,
                           "Engine: delayed_param_update and overlap_offload_update both move "
                           "the host update out of step(); choose one");
@@ -988,8 +989,15 @@ class Engine {
   void update_unit(int u, double factor) { update_unit(u, factor, update_grad(u)); }
   // Updates unit u's master slice from grad (its update_grad(u), or the delayed update's shard),
   // scaled by factor; a host optimizer's pass runs on `threads` OpenMP threads (0: all).
-  void update_unit(int u, double factor, std::span<MasterT> grad, int threads = 0) {
+  // Offload<CPU> below fp32 writes the rounded copy into compute_copy, or, for a delayed update,
+  // into delayed_copy, which publish_delayed_update makes the compute copy.
+  void update_unit(int u, double factor, std::span<MasterT> grad, int threads = 0,
+                   bool delayed = false) {
     const std::span<MasterT> param = unit(u).resident_master();
+    const auto rounded_copy = [&](Unit& s) {
+      auto& b = delayed ? s.delayed_copy : s.compute_copy;
+      return std::span<T>(b.data(), b.size());
+    };
     bool params_rounded = false;  // the optimizer's pass wrote the whole params' rounded copy
     if (!optimizers_.empty()) {
       optim::AnyOptimizer& opt = optimizers_[static_cast<std::size_t>(u)];
@@ -998,7 +1006,7 @@ class Engine {
         io.scale_grad(static_cast<float>(factor));
         // Offload<CPU> below fp32: the pass also writes the rounded copy a gather copies up.
         if constexpr (offload_cpu && !compute_is_master) {
-          io.write_back(std::span<T>(unit(u).compute_copy.data(), unit(u).compute_copy.size()));
+          io.write_back(rounded_copy(unit(u)));
         } else if constexpr (rounds_whole_params) {
           // Stage 0 below fp32: the pass rounds the updated master into the whole params as it
           // goes (what refresh_compute_params would do in a second pass over the master).
@@ -1012,7 +1020,7 @@ class Engine {
         opt.step(io, run);
       }
       if constexpr (offload_cpu && !compute_is_master) {
-        unit(u).compute_copy_current = std::is_same_v<MasterT, float>;
+        if (!delayed) unit(u).compute_copy_current = std::is_same_v<MasterT, float>;
       }
     } else {
       if (factor != 1.0) {
@@ -1025,9 +1033,8 @@ class Engine {
       update_(u, param, grad);
       if constexpr (offload_cpu && !compute_is_master) {  // the host rounds the copy itself
         Unit& s = unit(u);
-        HostBackend::convert_into(std::span<T>(s.compute_copy.data(), s.compute_copy.size()),
-                                  std::span<const MasterT>(param));
-        s.compute_copy_current = true;
+        HostBackend::convert_into(rounded_copy(s), std::span<const MasterT>(param));
+        if (!delayed) s.compute_copy_current = true;
       }
     }
     if (!params_rounded) refresh_compute_params(u);
@@ -1135,22 +1142,17 @@ class Engine {
     }
   }
   // Starts this step's update on a thread of its own: it reads the window's gradient shards,
-  // swapped into delayed_grad, while the next window's reductions write grad_shard. What it
-  // writes is read by nothing until it is done: stages 1-2 gather the slices only after an
-  // update. Below fp32 it writes the other compute copy (swapped into compute_copy), so the
-  // gathers just started copy the last update's values up while it runs; the copy it writes
-  // was last copied up a step ago, which the host waited for at this step's norm. In f32 the
-  // gathers read the master itself, so those gathers are waited for first. The host
-  // optimizer's passes leave one of the OpenMP threads to the thread that drives the device
-  // (the passes are elementwise, so their results do not depend on the count).
+  // swapped into delayed_grad, while the next window's reductions write grad_shard. Below fp32
+  // it writes its rounded copy into delayed_copy, so every gather until it is done (the ones
+  // just started, and at stage 3 the next window's) copies the last update's values up from
+  // compute_copy while it runs; the buffer it writes was last copied up a step ago, which the
+  // host waited for at this step's norm. The master slices it writes are read by nothing else
+  // until it is done. In f32 (stages 1-2) the gathers read the master itself, so those just
+  // started are waited for first. The host optimizer's passes leave one of the OpenMP threads
+  // to the thread that drives the device (the passes are elementwise, so their results do not
+  // depend on the count).
   void start_delayed_update(double factor) {
-    for (Unit& s : units_) {
-      std::swap(s.grad_shard, s.delayed_grad);
-      if constexpr (!compute_is_master) {
-        std::swap(s.compute_copy, s.delayed_copy);
-        s.compute_copy_current = false;  // until the update writes it
-      }
-    }
+    for (Unit& s : units_) std::swap(s.grad_shard, s.delayed_grad);
     if constexpr (compute_is_master) {
       exchange_.synchronize();
       backend_.host_waits_for_compute();  // the gathers' copies up have read the slices
@@ -1160,7 +1162,7 @@ class Engine {
       for (int u = 0; u < num_units(); ++u) {
         Unit& s = unit(u);
         update_unit(u, factor, std::span<MasterT>(s.delayed_grad.data(), s.delayed_grad.size()),
-                    threads);
+                    threads, true);
       }
     });
   }
@@ -1177,6 +1179,19 @@ class Engine {
       inconsistent_ = e.what();
       throw;
     }
+  }
+  // The finished delayed update goes up (at the step after it, whoever waited for it): below
+  // fp32 its rounded copy becomes the compute copy the gathers read, then the units kept
+  // gathered gather it. Until then every gather reads the values before it, so a state reader
+  // waiting for the update mid-window does not change what the window computes.
+  void publish_delayed_update() {
+    if constexpr (!compute_is_master) {
+      for (Unit& s : units_) {
+        std::swap(s.compute_copy, s.delayed_copy);
+        s.compute_copy_current = true;
+      }
+    }
+    exchange_.regather_after_update();
   }
 
   M& model_;

@@ -62,19 +62,19 @@ struct EngineOptions {
   /// (50.5 ms) was the updates' plus the device's forward, not their overlap (why is not yet
   /// established).
   bool overlap_offload_update = false;
-  /// Offload<CPU> at stages 1-2: ZeRO-Offload's one-step delayed parameter update (DPU). step()
-  /// starts the host update on a thread of its own and returns; the next accumulation window
-  /// runs on the device with the parameters one update behind while the host updates, and the
-  /// step after waits for it, gathers its result and starts its own. The gradient of step t is
-  /// applied to the parameters of step t (P_t+1 = update(P_t, grad(P_t-1))), so the run differs
-  /// from the one without delay by one step of staleness, as in the paper. The window's
-  /// gradients go to a second pinned gradient shard per unit while the update reads the first
-  /// (host memory: one fp32 shard more). Whatever reads the state (checkpoints, weights,
-  /// gather_unit_values, synchronize, optimizer(u)) waits for the update in flight and sees it
-  /// applied; forward and evaluate see the parameters one update behind until the next step
-  /// gathers them, so reading the state does not change the run. A ConfigError elsewhere
-  /// (no Offload<CPU>, stage 3, whose gathers read the slices every window, or together with
-  /// overlap_offload_update).
+  /// Offload<CPU> at stages 1-2, or 3 below fp32: ZeRO-Offload's one-step delayed parameter
+  /// update (DPU). step() starts the host update on a thread of its own and returns; the next
+  /// accumulation window runs on the device with the parameters one update behind while the host
+  /// updates, and the step after waits for it, gathers its result and starts its own. The
+  /// gradient of step t is applied to the parameters of step t (P_t+1 = update(P_t, grad(P_t-1))),
+  /// one step of staleness, as in the paper. The window's gradients go to a second pinned
+  /// gradient shard per unit while the update reads the first, and below fp32 the update writes
+  /// a second compute copy (host memory: one fp32 shard and one copy more). Whatever reads the
+  /// state (checkpoints, weights, gather_unit_values, synchronize, optimizer(u)) waits for the
+  /// update in flight and sees it applied; forward and evaluate see the parameters one update
+  /// behind until the next step publishes it, so reading the state does not change the run. A
+  /// ConfigError elsewhere (no Offload<CPU>, stage 3 in f32, whose gathers read the master the
+  /// update writes, or together with overlap_offload_update).
   bool delayed_param_update = false;
   /// With delayed_param_update: the first steps update in step(), without delay (the paper's
   /// warm-up, while the gradients change fastest); the delay starts with step number this + 1.

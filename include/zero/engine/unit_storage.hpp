@@ -188,11 +188,12 @@ struct UnitState {
   /// flight reads while the next window's reductions write grad_shard (swapped at each step).
   StateBuffer<MasterT> delayed_grad;
   StateBuffer<T> compute_copy;  ///< Offload<CPU> below fp32: the slice rounded (see the plan)
-  /// delayed_param_update below fp32: the other compute copy (swapped with compute_copy at each
-  /// delayed update, which writes it while the gathers copy the last update's values up).
+  /// delayed_param_update below fp32: the rounded copy a delayed update writes while the gathers
+  /// copy compute_copy up; swapped with compute_copy at the step after it.
   StateBuffer<T> delayed_copy;
-  /// compute_copy holds the master's current values (the last update wrote it); false after
-  /// initialisation and after the master was replaced (a checkpoint or weights loaded).
+  /// compute_copy holds the master's values as of the last update the gathers may see (while a
+  /// delayed update runs, the values before it); false after initialisation and after the master
+  /// was replaced (a checkpoint or weights loaded).
   bool compute_copy_current = false;
   /// The optimizer's state buffers (exp_avg, ...) under DeviceStates; else the optimizer's own.
   std::vector<DeviceBuffer<float>> optimizer_states;
