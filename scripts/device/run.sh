@@ -59,7 +59,7 @@ run_baselines() {
     > "$logs/optim_bench.txt" 2>&1
   { echo "rc $?"; nproc; lscpu | grep -E "Model name|Socket|Thread|NUMA"; } >> "$logs/optim_bench.txt"
   # The delayed update's host AdamW leaves one thread to the thread that drives the device.
-  OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=$(( $(nproc) - 1 )) timeout 60 "$bin/optim_bench" \
+  OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=$(( $(nproc) > 1 ? $(nproc) - 1 : 1 )) timeout 60 "$bin/optim_bench" \
     --elements 124000000 --repeats 3 >> "$logs/optim_bench.txt" 2>&1
   echo "rc $? (one thread fewer)" >> "$logs/optim_bench.txt"
 }
