@@ -194,6 +194,17 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/// 2^x on the special-function unit (ex2.approx.ftz: about 2 ulp; results below the normal
+/// range are 0; 2^-inf is 0). The kernels' exponentials are exp(x) = 2^(x log2 e) with log2 e
+/// folded into one multiply-add per score (FlashAttention-2's form): expf's accurate expansion
+/// took about ten float instructions a score, more than the tensor cores' products of it.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+inline constexpr float log2e = 1.4426950408889634f;
+
 /// fn(std::true_type{}) when the warp's part of a tile is whole (causal_tile_whole: no entry
 /// masked), else fn(std::false_type{}): the per-entry checks compiled out of the whole tiles.
 /// whole must be the same for every lane of the warp.
@@ -304,8 +315,8 @@ __device__ __forceinline__ void add_rows(T* dst, std::int64_t row_stride,
 // ---- forward ------------------------------------------------------------------------------------
 
 /// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 query rows, the last rows of every head first):
-/// out rows and lse.
-template <class T, int HD>
+/// out rows and lse. Dropping: dropout is active (a kernel without it has no Philox code).
+template <class T, int HD, bool Dropping>
 __global__ void __launch_bounds__(block_threads)
     forward_kernel(T* out, float* lse, const T* qkv, int Tn, int C, int NH, float scale,
                    cpu::DropoutMask dropout) {
@@ -322,8 +333,10 @@ __global__ void __launch_bounds__(block_threads)
   const int row0 = q0 + warp * 16 + lane / 4;  // and row0 + 8
   const std::int64_t stride = 3LL * C;
   const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
-  const bool dropping = dropout.active();
+  constexpr bool dropping = Dropping;
   const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
+  const float scale_log2 =
+      scale * log2e;  // the scores stay unscaled: s scale = (s scale_log2) ln 2
 
   load_tile<T, HD>(q_s, LD, head, stride, q0, block_rows, Tn);
   __syncthreads();
@@ -356,7 +369,7 @@ __global__ void __launch_bounds__(block_threads)
           for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              float v = s[nt][e] * scale;
+              float v = s[nt][e];
               if constexpr (!decltype(whole)::value) {
                 const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
                 if (!(key <= row && key < Tn)) v = -INFINITY;
@@ -366,19 +379,20 @@ __global__ void __launch_bounds__(block_threads)
             }
           }
         });
-        float correction[2];
+        float correction[2], offset[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           mx[r] = quad_max(mx[r]);  // finite: key k0 <= every row of the block is visible
-          correction[r] = expf(m[r] - mx[r]);
+          correction[r] = exp2_approx((m[r] - mx[r]) * scale_log2);  // 0 on the first tile
           m[r] = mx[r];
           l[r] *= correction[r];
+          offset[r] = m[r] * scale_log2;
         }
 #pragma unroll
         for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float p = expf(s[nt][e] - m[e >> 1]);
+            float p = exp2_approx(fmaf(s[nt][e], scale_log2, -offset[e >> 1]));
             l[e >> 1] += p;
             if (dropping && p != 0.0f) {
               const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
@@ -417,7 +431,7 @@ __global__ void __launch_bounds__(block_threads)
       dst[nt * 8] = store<T>(o[nt][2 * r] * inv);
       dst[nt * 8 + 1] = store<T>(o[nt][2 * r + 1] * inv);
     }
-    if ((lane & 3) == 0) lse[static_cast<std::int64_t>(bh) * Tn + row] = m[r] + logf(sum);
+    if ((lane & 3) == 0) lse[static_cast<std::int64_t>(bh) * Tn + row] = m[r] * scale + logf(sum);
   }
 }
 
@@ -447,8 +461,8 @@ __global__ void delta_kernel(float* delta, const T* out, const T* dout, int B, i
 /// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 query rows, the last first): dq += dS K, with
 /// delta computed here from P and dP (written to delta for the dk/dv kernel) or, GivenDelta, read
 /// from delta.
-template <class T, int HD, bool GivenDelta>
-__global__ void __launch_bounds__(block_threads)
+template <class T, int HD, bool GivenDelta, bool Dropping>
+__global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
     backward_dq_kernel(T* dqkv, float* delta, const T* dout, const T* qkv, const float* lse, int Tn,
                        int C, int NH, float scale, cpu::DropoutMask dropout) {
   constexpr int KT = stream_rows<HD, true>, LD = HD + row_pad;
@@ -466,8 +480,9 @@ __global__ void __launch_bounds__(block_threads)
   const std::int64_t stride = 3LL * C;
   const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
   const T* dout_head = dout + static_cast<std::int64_t>(b) * Tn * C + h * HD;
-  const bool dropping = dropout.active();
+  constexpr bool dropping = Dropping;
   const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
+  const float scale_log2 = scale * log2e;
 
   load_tile<T, HD>(q_s, LD, head, stride, q0, block_rows, Tn);
   load_tile<T, HD>(do_s, LD, dout_head, C, q0, block_rows, Tn);
@@ -482,7 +497,7 @@ __global__ void __launch_bounds__(block_threads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + r * 8;
-    lse_r[r] = row < Tn ? lse[static_cast<std::int64_t>(bh) * Tn + row] : 0.0f;
+    lse_r[r] = row < Tn ? lse[static_cast<std::int64_t>(bh) * Tn + row] * log2e : 0.0f;  // base 2
   }
   const int last_key = q0 + warp * 16 + 15;
   const int kv_end = min(q0 + block_rows, Tn);
@@ -514,7 +529,7 @@ __global__ void __launch_bounds__(block_threads)
           const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
           bool visible = true;
           if constexpr (!decltype(whole)::value) visible = key <= row && key < Tn && row < Tn;
-          p[nt][e] = expf(visible ? p[nt][e] * scale - lse_r[e >> 1] : -INFINITY);
+          p[nt][e] = exp2_approx(visible ? fmaf(p[nt][e], scale_log2, -lse_r[e >> 1]) : -INFINITY);
           if (!visible) {
             dp[nt][e] = 0.0f;
           } else if (dropping) {
@@ -588,7 +603,7 @@ __global__ void __launch_bounds__(block_threads)
 
 /// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 key rows, the first of every head first): over
 /// the query tiles from the block's first key on, dv += P^T dO and dk += dS^T Q, into dqkv.
-template <class T, int HD>
+template <class T, int HD, bool Dropping>
 __global__ void __launch_bounds__(block_threads)
     backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta,
                          int Tn, int C, int NH, float scale, cpu::DropoutMask dropout) {
@@ -598,7 +613,8 @@ __global__ void __launch_bounds__(block_threads)
   T* v_s = k_s + block_rows * LD;
   T* q_buf = v_s + block_rows * LD;  // two Q tiles, then two dO tiles
   T* do_buf = q_buf + 2 * QT * LD;
-  float* lse_buf = reinterpret_cast<float*>(do_buf + 2 * QT * LD);  // two tiles' lse, then delta
+  // two tiles' lse (times log2 e), then delta
+  float* lse_buf = reinterpret_cast<float*>(do_buf + 2 * QT * LD);
   float* delta_buf = lse_buf + 2 * QT;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -611,8 +627,9 @@ __global__ void __launch_bounds__(block_threads)
   const T* dout_head = dout + static_cast<std::int64_t>(b) * Tn * C + h * HD;
   const float* lse_head = lse + static_cast<std::int64_t>(bh) * Tn;
   const float* delta_head = delta + static_cast<std::int64_t>(bh) * Tn;
-  const bool dropping = dropout.active();
+  constexpr bool dropping = Dropping;
   const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
+  const float scale_log2 = scale * log2e;
 
   load_tile<T, HD>(k_s, LD, head + C, stride, j0, block_rows, Tn);
   load_tile<T, HD>(v_s, LD, head + 2 * C, stride, j0, block_rows, Tn);
@@ -630,7 +647,7 @@ __global__ void __launch_bounds__(block_threads)
   auto load_rows_stats = [&](int q0, int buffer) {
     if (threadIdx.x < QT) {
       const int row = q0 + static_cast<int>(threadIdx.x);
-      lse_buf[buffer * QT + threadIdx.x] = row < Tn ? lse_head[row] : 0.0f;
+      lse_buf[buffer * QT + threadIdx.x] = row < Tn ? lse_head[row] * log2e : 0.0f;  // base 2
       delta_buf[buffer * QT + threadIdx.x] = row < Tn ? delta_head[row] : 0.0f;
     }
   };
@@ -663,8 +680,9 @@ __global__ void __launch_bounds__(block_threads)
               if constexpr (!decltype(whole)::value) {
                 visible = query >= key && query < Tn && key < Tn;
               }
-              // expf(-inf) is 0: no branch around the exponential for masked entries.
-              const float prob = expf(visible ? p[nt][e] * scale - lse_s[qi] : -INFINITY);
+              // 2^-inf is 0: no branch around the exponential for masked entries.
+              const float prob =
+                  exp2_approx(visible ? fmaf(p[nt][e], scale_log2, -lse_s[qi]) : -INFINITY);
               const bool kept =
                   !dropping ||
                   (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
@@ -744,12 +762,24 @@ void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t stream, Ar
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
+/// fn(std::bool_constant<dropout.active()>{}): each kernel is compiled with and without dropout.
+template <class Fn>
+void with_dropout(const cpu::DropoutMask& dropout, Fn&& fn) {
+  if (dropout.active()) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
+  }
+}
+
 template <class T, int HD>
 void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, float scale,
              const cpu::DropoutMask& dropout, cudaStream_t stream) {
   const dim3 grid = grid_of(B, Tn, NH);
-  launch(forward_kernel<T, HD>, grid, forward_shared_bytes<T, HD>(), stream, out, lse, qkv, Tn, C,
-         NH, scale, dropout);
+  with_dropout(dropout, [&](auto dropping) {
+    launch(forward_kernel<T, HD, decltype(dropping)::value>, grid, forward_shared_bytes<T, HD>(),
+           stream, out, lse, qkv, Tn, C, NH, scale, dropout);
+  });
 }
 
 /// The backward into dqkv; delta is B*NH*T floats of scratch. out (the forward's output, may be
@@ -759,19 +789,24 @@ void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out, 
               int B, int Tn, int C, int NH, float scale, const cpu::DropoutMask& dropout,
               cudaStream_t stream) {
   const dim3 grid = grid_of(B, Tn, NH);
-  if (out != nullptr) {
-    const std::int64_t rows = static_cast<std::int64_t>(B) * Tn * NH;
-    delta_kernel<T, HD><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(
-        delta, out, dout, B, Tn, NH);
-    ZERO_CUDA_CHECK(cudaGetLastError());
-    launch(backward_dq_kernel<T, HD, true>, grid, dq_shared_bytes<T, HD>(), stream, dqkv, delta,
-           dout, qkv, lse, Tn, C, NH, scale, dropout);
-  } else {
-    launch(backward_dq_kernel<T, HD, false>, grid, dq_shared_bytes<T, HD>(), stream, dqkv, delta,
-           dout, qkv, lse, Tn, C, NH, scale, dropout);
-  }
-  launch(backward_dkdv_kernel<T, HD>, grid, dkdv_shared_bytes<T, HD>(), stream, dqkv, dout, qkv,
-         lse, static_cast<const float*>(delta), Tn, C, NH, scale, dropout);
+  with_dropout(dropout, [&](auto dropping) {
+    if (out != nullptr) {
+      const std::int64_t rows = static_cast<std::int64_t>(B) * Tn * NH;
+      delta_kernel<T, HD><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(
+          delta, out, dout, B, Tn, NH);
+      ZERO_CUDA_CHECK(cudaGetLastError());
+      launch(backward_dq_kernel<T, HD, true, decltype(dropping)::value>, grid,
+             dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv, lse, Tn, C, NH, scale,
+             dropout);
+    } else {
+      launch(backward_dq_kernel<T, HD, false, decltype(dropping)::value>, grid,
+             dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv, lse, Tn, C, NH, scale,
+             dropout);
+    }
+    launch(backward_dkdv_kernel<T, HD, decltype(dropping)::value>, grid, dkdv_shared_bytes<T, HD>(),
+           stream, dqkv, dout, qkv, lse, static_cast<const float*>(delta), Tn, C, NH, scale,
+           dropout);
+  });
 }
 
 }  // namespace mma
