@@ -3,6 +3,7 @@
 // the block): GEMM and linear (cuBLASLt), elementwise, GELU, LayerNorm, embedding, softmax
 // cross-entropy, dropout, conversions and reductions. Attention is in test_attention_cuda.cu.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -506,18 +507,28 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
 
 TEST_CASE("conversions round to nearest even and stochastically as the host does", "[cuda]") {
   std::vector<float> x = random_vector<float>(100000, 31, -1e3f, 1e3f);
-  const float specials[] = {0.0f,
-                            -0.0f,
-                            1.0f,
-                            std::numeric_limits<float>::infinity(),
+  const float specials[] = {0.0f, -0.0f, 1.0f, std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::quiet_NaN(),
                             std::numeric_limits<float>::max(),
-                            std::numeric_limits<float>::denorm_min(),
-                            65519.0f,
-                            65520.0f,
+                            std::numeric_limits<float>::denorm_min(), 65519.0f, 65520.0f,
                             1.00390625f,  // a bf16 tie
-                            3e-8f};
+                            3e-8f,
+                            // store's hardware path against zero::convert's bits: NaN with a
+                            // payload (the host keeps it), ties of both formats at and below the
+                            // normal range, bf16 and f16 subnormals, the largest finite values
+                            std::bit_cast<float>(0x7fa12345u), std::bit_cast<float>(0xffc00001u),
+                            std::bit_cast<float>(0x3f818000u),  // a bf16 tie above an odd value
+                            std::bit_cast<float>(0x00018000u),  // float subnormal, bf16 tie
+                            std::bit_cast<float>(0x80008000u),  // negative subnormal tie
+                            3.0f * std::numeric_limits<float>::denorm_min(),
+                            5.9604644775390625e-8f,   // 2^-24: the smallest f16 subnormal
+                            2.98023223876953125e-8f,  // 2^-25: an f16 tie to 0
+                            8.94069671630859375e-8f,  // 3 2^-25: an f16 tie to 2^-23
+                            6.097555160522461e-5f,    // just below the f16 normal range
+                            -65504.0f,
+                            std::bit_cast<float>(0x7f7f7fffu),   // below bf16's overflow
+                            std::bit_cast<float>(0x7f7f8000u)};  // bf16's overflow tie
   x.insert(x.end(), std::begin(specials), std::end(specials));
   const auto n = static_cast<std::int64_t>(x.size());
   DeviceVector<float> d_x(x);

@@ -28,12 +28,15 @@ struct bf16 {
     return r;
   }
 
+  /// Bits of a NaN value as bf16: its sign and top mantissa bits, forced quiet.
+  ZERO_HOST_DEVICE static constexpr std::uint16_t nan_bits(float value) {
+    return static_cast<std::uint16_t>((std::bit_cast<std::uint32_t>(value) >> 16) | 0x0040u);
+  }
+
   /// Bits of value rounded to nearest, ties to even.
   ZERO_HOST_DEVICE static constexpr std::uint16_t round_nearest_even(float value) {
     std::uint32_t u = std::bit_cast<std::uint32_t>(value);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-      return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // NaN: keep sign, force quiet
-    }
+    if ((u & 0x7fffffffu) > 0x7f800000u) return nan_bits(value);
     // Adding 0x7fff plus the lowest kept bit rounds half to even; a carry out of the mantissa
     // bumps the exponent, and past the largest finite value it lands exactly on infinity.
     u += 0x7fffu + ((u >> 16) & 1u);

@@ -28,14 +28,18 @@ struct f16 {
     return r;
   }
 
+  /// Bits of a NaN value as f16: its sign and top mantissa bits, forced quiet.
+  ZERO_HOST_DEVICE static constexpr std::uint16_t nan_bits(float value) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(value);
+    return static_cast<std::uint16_t>(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x03ffu));
+  }
+
   /// Bits of value rounded to nearest, ties to even.
   ZERO_HOST_DEVICE static constexpr std::uint16_t round_nearest_even(float value) {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(value);
     const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
     const std::uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) {  // NaN: keep the top mantissa bits, force quiet
-      return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x03ffu));
-    }
+    if (a > 0x7f800000u) return nan_bits(value);  // NaN: keep the top mantissa bits, force quiet
     if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: Inf
     if (a < 0x38800000u) {                     // below 2^-14: an f16 subnormal or zero
       if (a <= 0x33000000u) return sign;       // <= 2^-25, half the smallest subnormal: ties to 0

@@ -194,17 +194,6 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-/// 2^x on the special-function unit (ex2.approx.ftz: about 2 ulp; results below the normal
-/// range are 0; 2^-inf is 0). The kernels' exponentials are exp(x) = 2^(x log2 e) with log2 e
-/// folded into one multiply-add per score (FlashAttention-2's form): expf's accurate expansion
-/// took about ten float instructions a score, more than the tensor cores' products of it.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-inline constexpr float log2e = 1.4426950408889634f;
-
 /// fn(std::true_type{}) when the warp's part of a tile is whole (causal_tile_whole: no entry
 /// masked), else fn(std::false_type{}): the per-entry checks compiled out of the whole tiles.
 /// whole must be the same for every lane of the warp.

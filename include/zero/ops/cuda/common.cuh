@@ -17,6 +17,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cub/block/block_reduce.cuh>
 
@@ -39,9 +41,25 @@ __host__ __device__ __forceinline__ float load(T x) {
   return ::zero::convert<float>(x);
 }
 
-/// Rounds a float result to the storage type once (nearest even); the twin of cpu::store.
+/// Rounds a float result to the storage type once (nearest even); the twin of cpu::store. On the
+/// device, bf16 and f16 take the hardware's conversion (cvt.rn: IEEE round to nearest, ties to
+/// even, subnormals kept, overflow to infinity) for every value but NaN, whose bits come from
+/// nan_bits (the host keeps the payload's top bits; the hardware makes a canonical NaN). The
+/// rounding rule is core/bfloat16.hpp's and core/float16.hpp's, bit for bit for every float
+/// (convert_elements, whose tests compare with the host's bits, converts through here): one
+/// instruction where the bit manipulation took about six, which memory-bound kernels writing
+/// bf16 spent their issue slots on.
 template <class T>
 __host__ __device__ __forceinline__ T store(float x) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    const std::uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    return bf16::from_bits(isnan(x) ? bf16::nan_bits(x) : bits);  // a select, not a branch
+  } else if constexpr (std::is_same_v<T, f16>) {
+    const std::uint16_t bits = __half_as_ushort(__float2half_rn(x));
+    return f16::from_bits(isnan(x) ? f16::nan_bits(x) : bits);
+  }
+#endif
   return ::zero::convert<T>(x);
 }
 
@@ -159,6 +177,17 @@ __device__ __forceinline__ float warp_max(float v) {
   }
   return v;
 }
+
+/// 2^x on the special-function unit (ex2.approx.ftz: about 2 ulp; results below the normal range
+/// are 0; 2^-inf is 0). The softmax kernels of bf16 and f16 take exp(x - m) as
+/// exp2_approx(x log2e - m log2e), the subtraction folded into one multiply-add (FlashAttention-2's
+/// form): expf's accurate expansion costs about ten float instructions an element.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+inline constexpr float log2e = 1.4426950408889634f;
 
 /// Maximum for cub::BlockReduce (CCCL 3 dropped cub::Max).
 struct MaxOp {

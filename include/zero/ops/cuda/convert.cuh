@@ -11,6 +11,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -24,11 +25,20 @@ namespace zero::ops::cuda {
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-/// out[i] = zero::convert<To>(in[i]) (Packed: 16-byte accesses, common.cuh's map_elements).
+/// out[i] = zero::convert<To>(in[i]) (Packed: 16-byte accesses, common.cuh's map_elements); from
+/// float through store, the kernels' own rounding, so its bits are held to the host's here.
 template <class To, class From, bool Packed>
 __global__ void convert_kernel(To* out, const From* in, std::int64_t n) {
   map_elements<To, Packed>(
-      out, n, [](From x) { return ::zero::convert<To>(x); }, in);
+      out, n,
+      [](From x) {
+        if constexpr (std::is_same_v<From, float>) {
+          return store<To>(x);
+        } else {
+          return ::zero::convert<To>(x);
+        }
+      },
+      in);
 }
 
 /// out[i] = in[i] rounded stochastically to bf16 with the bits of element first_index + i.

@@ -22,6 +22,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 #include <cub/block/block_reduce.cuh>
@@ -89,6 +90,20 @@ __device__ __forceinline__ void online_softmax_add(float& m, float& s, float val
   }
 }
 
+/// exp(value - max) over a row of T's logits, given max_log2 = max log2e: float logits take expf
+/// (their losses and gradients are held to 1e-5 of the host's); bf16 and f16 ones exp2_approx of
+/// one multiply-add (about 1e-6 relative, far below their ulp), a few instructions where expf
+/// takes about ten: the kernels stream the vocabulary at the copy's rate only if the arithmetic
+/// keeps up.
+template <class T>
+__device__ __forceinline__ float softmax_exp(float value, float max, float max_log2) {
+  if constexpr (std::is_same_v<T, float>) {
+    return expf(value - max);
+  } else {
+    return exp2_approx(fmaf(value, log2e, -max_log2));
+  }
+}
+
 /// The row's maximum and sum of exp(x - max), both on every thread of the block, in one pass over
 /// the row: each thread keeps its own running maximum and sum (rescaled once per 16-byte pack
 /// with a new maximum), and the block merges them, rescaling each thread's sum to the row's
@@ -98,6 +113,7 @@ __device__ __forceinline__ void row_max_sum(const T* x, int V, float& maxval, fl
   const RowPacks<T> row(x, V);
   float m = -INFINITY, s = 0.0f;
   for (int v = threadIdx.x; v < row.head; v += blockDim.x) online_softmax_add(m, s, load(x[v]));
+  float m_log2 = m * log2e;
   const Pack<T>* body = reinterpret_cast<const Pack<T>*>(x + row.head);
   for (int i = threadIdx.x; i < row.packs; i += blockDim.x) {
     const Pack<T> p = body[i];
@@ -111,10 +127,11 @@ __device__ __forceinline__ void row_max_sum(const T* x, int V, float& maxval, fl
     if (pack_max > m) {
       s *= expf(m - pack_max);
       m = pack_max;
+      m_log2 = m * log2e;
     }
     if (m != -INFINITY) {
 #pragma unroll
-      for (int k = 0; k < pack_size<T>; ++k) s += expf(values[k] - m);
+      for (int k = 0; k < pack_size<T>; ++k) s += softmax_exp<T>(values[k], m, m_log2);
     }
   }
   for (int v = row.tail + threadIdx.x; v < V; v += blockDim.x) online_softmax_add(m, s, load(x[v]));
@@ -198,8 +215,9 @@ __global__ void __launch_bounds__(cross_entropy_threads)
   const int count = valid_count != nullptr ? *valid_count : fixed_valid;
   const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.0f;
   const float inv = 1.0f / sum;
+  const float max_log2 = maxval * log2e;
   transform_row(d, x, V, [&](int v, float value) {
-    float g = expf(value - maxval) * inv * scale;
+    float g = softmax_exp<T>(value, maxval, max_log2) * inv * scale;
     if (v == target) g -= scale;
     return g;
   });
