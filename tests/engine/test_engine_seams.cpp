@@ -22,6 +22,7 @@
 
 #include "../nn/recording_kernels.hpp"
 #include "../parallel/comm_test_util.hpp"
+#include "../support/recording_executor.hpp"
 #include "seam_checks.hpp"
 
 using namespace zero;
@@ -462,4 +463,123 @@ TEST_CASE("a micro-step's arena must be memory of its kernels' device", "[unit][
   CHECK(ctx.kernels == &host_kernels);
   CHECK(ctx.tokens == tokens.data());
   CHECK(arena.used_bytes() == 0);
+}
+
+// A device tag whose buffers count their bytes while they live: what an engine holds of its
+// device's memory, by rank (each rank's engine makes and frees its buffers on its own thread).
+// Its optimizer passes run on an executor, as on a GPU, so the optimizer's states live in the
+// units' buffers too (without one they stay in the optimizer's host vectors).
+struct CountedDevice {};
+struct CountedBackend;
+
+// The bytes of the CountedBuffers alive on this thread.
+inline thread_local std::int64_t counted_device_bytes = 0;
+
+// Host memory that only CountedBackend::make_buffer can allocate; its bytes count while it lives
+// (a move hands them over with the memory).
+template <class E>
+class CountedBuffer : public Buffer<E, Host> {
+ public:
+  CountedBuffer() = default;
+  CountedBuffer(CountedBuffer&&) noexcept = default;
+  CountedBuffer& operator=(CountedBuffer&& other) noexcept {
+    if (this != &other) {
+      counted_device_bytes -= static_cast<std::int64_t>(this->bytes());
+      Buffer<E, Host>::operator=(std::move(other));
+    }
+    return *this;
+  }
+  ~CountedBuffer() { counted_device_bytes -= static_cast<std::int64_t>(this->bytes()); }
+
+ private:
+  friend struct CountedBackend;
+  explicit CountedBuffer(std::size_t n) : Buffer<E, Host>(n) {
+    counted_device_bytes += static_cast<std::int64_t>(this->bytes());
+  }
+};
+
+struct CountedBackend : engine::HostBackend {
+  template <class E>
+  using DeviceBuffer = CountedBuffer<E>;
+  template <class E>
+  DeviceBuffer<E> make_buffer(std::size_t n) {
+    return DeviceBuffer<E>(n);
+  }
+  const optim::FusedExecutor* fused_executor() const { return &executor; }
+  static inline testing::RecordingExecutor executor{std::function<bool(const void*)>{}};
+};
+
+template <>
+struct zero::engine::backend_for<CountedDevice> {
+  using type = CountedBackend;
+};
+
+namespace {
+
+struct HeldBytes {
+  std::int64_t at_rest = 0;   // the engine's buffers alive after its steps
+  std::int64_t reported = 0;  // memory_report().device_bytes() then
+  std::int64_t left = 0;      // alive once the engine is gone
+  std::int64_t whole = 0;     // memory_report().whole_param_bytes + whole_grad_bytes
+  std::int64_t sharded = 0;   // memory_report().sharded_state_bytes()
+};
+
+// Two steps (accumulation 2, clipping) of a tiny GPT in T at stage S on Compute<CountedDevice>,
+// each rank's bytes held at rest and reported.
+template <class T, int S>
+std::vector<HeldBytes> held_bytes(int world) {
+  return per_rank<HeldBytes>(world, [](LocalComm& comm) {
+    HeldBytes held;
+    const std::int64_t before = counted_device_bytes;
+    {
+      Config config = adamw_config(S, 2, 0.5);
+      config.bf16_enabled = std::is_same_v<T, bf16>;
+      engine::EngineOptions options = tiny_options();
+      options.persistence_threshold = 0;  // stage 3 holds no unit gathered between steps
+      train_tiny_gpt<
+          engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Compute<CountedDevice>>>(
+          comm, config, 2, 2,
+          [&](auto& eng) {
+            held.at_rest = counted_device_bytes - before;
+            const engine::MemoryReport r = eng.memory_report();
+            held.reported = static_cast<std::int64_t>(r.device_bytes());
+            held.whole = static_cast<std::int64_t>(r.whole_param_bytes + r.whole_grad_bytes);
+            held.sharded = static_cast<std::int64_t>(r.sharded_state_bytes());
+          },
+          options);
+    }
+    held.left = counted_device_bytes - before;
+    return held;
+  });
+}
+
+template <class T, int S>
+void check_held_bytes(int world) {
+  INFO("stage " << S << (std::is_same_v<T, bf16> ? " bf16" : " f32") << " world " << world);
+  for (const HeldBytes& h : held_bytes<T, S>(world)) {
+    CHECK(h.at_rest > 0);
+    CHECK(h.at_rest == h.reported);  // every byte the engine holds, and no more
+    CHECK(h.left == 0);              // and it gives them all back
+  }
+}
+
+}  // namespace
+
+TEST_CASE("memory_report() counts every device byte the engine holds at rest, and no more",
+          "[unit][engine]") {
+  for (int world : {1, 2}) {
+    check_held_bytes<float, 0>(world);
+    check_held_bytes<float, 1>(world);
+    check_held_bytes<float, 2>(world);
+    check_held_bytes<float, 3>(world);
+    check_held_bytes<bf16, 0>(world);
+    check_held_bytes<bf16, 2>(world);
+    check_held_bytes<bf16, 3>(world);
+  }
+  // At 4 ranks stage 3 holds a quarter of stage 0's model states (its whole parameters and
+  // gradients are gathered only while a unit runs).
+  const std::vector<HeldBytes> stage0 = held_bytes<bf16, 0>(4), stage3 = held_bytes<bf16, 3>(4);
+  CHECK(stage3[0].whole == 0);
+  CHECK(4 * stage3[0].sharded == stage0[0].sharded);
+  CHECK(stage3[0].at_rest < stage0[0].at_rest / 4 + stage0[0].at_rest / 50);
 }

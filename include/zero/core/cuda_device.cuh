@@ -5,6 +5,7 @@
 #error "zero/core/cuda_device.cuh needs nvcc; host-only code includes zero/core/device.hpp"
 #endif
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -129,12 +130,20 @@ struct Cuda {
       raise<OutOfMemoryError>("Cuda::allocate: out of device memory allocating ", bytes, " bytes");
     }
     ZERO_CUDA_CHECK(status);
+    held_bytes_ += bytes;
     return p;
   }
   /// Returns memory to the pool once stream's earlier work is done.
-  static void deallocate(void* p, std::size_t, Stream& stream) noexcept {
+  static void deallocate(void* p, std::size_t bytes, Stream& stream) noexcept {
+    if (p == nullptr) return;
+    held_bytes_ -= bytes;
     cudaFreeAsync(p, stream.native());
   }
+  /// Bytes allocated through allocate and not yet given back through deallocate, by every thread
+  /// of the process: what zero's buffers and arenas hold of the device's pool (ops::cuda's
+  /// DeviceScratch and cuBLASLt's workspace take theirs from the pool directly). The [cuda]
+  /// engine tests hold memory_report() to it.
+  static std::size_t allocated_bytes() { return held_bytes_.load(); }
   /// Copies bytes between any host or device pointers, ordered on stream.
   static void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) {
     if (bytes != 0) {
@@ -145,6 +154,9 @@ struct Cuda {
   static void fill_bytes(void* dst, int value, std::size_t bytes, Stream& stream) {
     if (bytes != 0) ZERO_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream.native()));
   }
+
+ private:
+  static inline std::atomic<std::size_t> held_bytes_{0};
 };
 
 static_assert(Device<Cuda>);
