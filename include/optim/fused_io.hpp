@@ -79,6 +79,9 @@ struct StepOptions {
   /// Where the passes run: null for the host's threads, else an executor whose memory the
   /// shard and the states are in (a device backend's; fused_executor.hpp).
   const FusedExecutor* executor = nullptr;
+  /// Host passes over shards of 2^20 elements and more write their bf16/f16 copy past the cache
+  /// (non-temporal stores, cpu/fused_driver.hpp); false keeps plain stores. The same bits.
+  bool stream_lowp = true;
 };
 
 /// Throws a message naming the problem when io cannot be used for a shard of numel elements.

@@ -43,6 +43,7 @@ struct Setup {
   DType grad_dtype;
   WriteBack write_back;
   StepOptions options;
+  std::size_t lowp_offset = 0;  // elements of the copy past a 64-byte boundary
 };
 
 bool is_second_moment(const std::string& name) {
@@ -60,7 +61,9 @@ Outcome run(const Make& make, const Setup& s) {
   }
   Outcome out;
   out.param = optim_test::make_data(s.n, 5, 1.0);
-  out.lowp.assign(s.n, 0);
+  std::vector<std::uint16_t> lowp(s.n + 64, 0);
+  const auto address = reinterpret_cast<std::uintptr_t>(lowp.data());
+  std::uint16_t* const raw = lowp.data() + (64 - address % 64) % 64 / 2 + s.lowp_offset;
   for (int step = 1; step <= 3; ++step) {
     const auto g32 = optim_test::make_data(s.n, 600 + step, 2.0);
     const auto gb = optim_test::convert_all<bf16>(g32);
@@ -70,7 +73,6 @@ Outcome run(const Make& make, const Setup& s) {
                                               : FusedIo::over<float>(out.param, g32);
     io.scale_grad(step == 2 ? 1e-3f : 0.25f);
     io.first_index = 1000;
-    auto* raw = out.lowp.data();
     switch (s.write_back) {
       case WriteBack::none:
         break;
@@ -91,6 +93,7 @@ Outcome run(const Make& make, const Setup& s) {
     const auto st = opt.state(name);
     out.states.emplace_back(st.begin(), st.end());
   }
+  out.lowp.assign(raw, raw + s.n);
   return out;
 }
 
@@ -188,6 +191,33 @@ TEST_CASE("Fused paths: SIMD equals scalar bit for bit", "[unit][optim]") {
       std::vector<Range> tensors{{0, n / 2}, {n / 2, n - n / 2}};
       return Lamb(n, LambHyper{}, tensors);
     });
+  }
+}
+
+TEST_CASE("Fused paths: a large shard's copy written past the cache has the scalar bits",
+          "[unit][optim]") {
+  // fused_stream_min_elems and more: the copy goes out through non-temporal stores where the
+  // address allows (aligned) and plain ones elsewhere (offset by one element), on 2 threads.
+  const std::size_t n = zero::optim::detail::fused_stream_min_elems + 37;
+  const auto make = [](std::size_t size) {
+    return AdamW(size, AdamHyper{1e-2, 0.9, 0.999, 1e-8, 0.1});
+  };
+  for (WriteBack wb :
+       {WriteBack::bf16_nearest, WriteBack::bf16_stochastic, WriteBack::f16_nearest}) {
+    for (std::size_t offset : {0, 1}) {
+      const Setup scalar{n, DType::f32, wb, StepOptions{Isa::scalar, 2}, offset};
+      const Outcome reference = run<AdamW>(make, scalar);
+      for (Isa isa : vector_isas()) {
+        for (bool stream : {true, false}) {
+          StepOptions options{isa, 2};
+          options.stream_lowp = stream;
+          INFO("isa " << name_of(isa) << " write-back " << static_cast<int>(wb) << " offset "
+                      << offset << " stream " << stream);
+          CHECK(differences(reference, run<AdamW>(make, Setup{n, DType::f32, wb, options, offset}),
+                            wb != WriteBack::f16_nearest) == 0);
+        }
+      }
+    }
   }
 }
 

@@ -160,6 +160,18 @@ struct Avx2Ops {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm256_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT));
   }
+  /// Copies the width uint16 at src to p past the cache (a non-temporal store: the line is not
+  /// read first) when p is 16-byte aligned, else with a plain store. store_fence orders them.
+  ZERO_OPTIM_TARGET_AVX2 static void stream_u16(std::uint16_t* p, const std::uint16_t* src) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 == 0) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(p), v);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
+    }
+  }
+  /// Makes this thread's non-temporal stores visible before its later stores.
+  ZERO_OPTIM_TARGET_AVX2 static void store_fence() { _mm_sfence(); }
   /// Per lane as ScalarHostOps::min.
   ZERO_OPTIM_TARGET_AVX2 static V min(const V& a, const V& b) { return {_mm256_min_ps(a.v, b.v)}; }
   /// Per lane as ScalarHostOps::max.
@@ -281,6 +293,18 @@ struct Avx512Ops {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_maskz_cvtps_ph(all16, x.v, _MM_FROUND_TO_NEAREST_INT));
   }
+  /// Copies the width uint16 at src to p past the cache (a non-temporal store: the line is not
+  /// read first) when p is 32-byte aligned, else with a plain store. store_fence orders them.
+  ZERO_OPTIM_TARGET_AVX512 static void stream_u16(std::uint16_t* p, const std::uint16_t* src) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    if (reinterpret_cast<std::uintptr_t>(p) % 32 == 0) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+    }
+  }
+  /// Makes this thread's non-temporal stores visible before its later stores.
+  ZERO_OPTIM_TARGET_AVX512 static void store_fence() { _mm_sfence(); }
   /// Per lane as ScalarHostOps::min.
   ZERO_OPTIM_TARGET_AVX512 static V min(const V& a, const V& b) {
     return {_mm512_maskz_min_ps(all16, a.v, b.v)};
