@@ -41,10 +41,10 @@ inline constexpr std::size_t fused_chunk_elems = 16384;
 /// Shards of at least this many elements write their bf16/f16 copy past the cache (non-temporal
 /// stores): the copy is written once and read next by someone else (a DMA copy up to the GPU, the
 /// next forward), and a plain store reads each line into the cache before writing it. On a
-/// 2-core EPYC a loop with AdamW's traffic (30 bytes an element, 124M elements) took 10% less
-/// time this way (optim_bench's AdamW, which does more arithmetic, is bound by its 2 cores there
-/// and took the same time; it prints both). Smaller shards keep plain stores, whose lines stay in
-/// the cache for their readers (StepOptions::stream_lowp turns it off).
+/// 2-core EPYC a memory-bound loop with AdamW's traffic (30 bytes an element, 124M elements) took
+/// 8% less time this way; optim_bench's AdamW, bound by those 2 cores' arithmetic, took 0.3-1.8%
+/// more (it prints both; docs/optimizers.md). Smaller shards keep plain stores, whose lines stay
+/// in the cache for their readers (StepOptions::stream_lowp turns it off).
 inline constexpr std::size_t fused_stream_min_elems = std::size_t{1} << 20;
 
 /// O with its bf16/f16 stores going past the cache: each vector is rounded by O's own store into
