@@ -279,7 +279,7 @@ TEST_CASE(
   const DeviceHeld stage0 = device_held<0>(), stage3 = device_held<3>();
   // Beside the model states the engines hold their activation arenas, the same at every stage
   // (and nothing else: the kernels' scratch and cuBLASLt's workspace come from the pool
-  // directly). test_engine_seams.cpp holds the states alone to memory_report() bit for bit on the
+  // directly). test_engine_seams.cpp holds the states alone to memory_report() byte for byte on the
   // host's counted device.
   const std::int64_t arenas0 = stage0.at_rest - stage0.reported;
   const std::int64_t arenas3 = stage3.at_rest - stage3.reported;

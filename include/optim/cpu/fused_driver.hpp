@@ -42,9 +42,9 @@ inline constexpr std::size_t fused_chunk_elems = 16384;
 /// stores): the copy is written once and read next by someone else (a DMA copy up to the GPU, the
 /// next forward), and a plain store reads each line into the cache before writing it. On a
 /// 2-core EPYC a memory-bound loop with AdamW's traffic (30 bytes an element, 124M elements) took
-/// 8% less time this way; optim_bench's AdamW, bound by those 2 cores' arithmetic, took 0.3-1.8%
-/// more (it prints both; docs/optimizers.md). Smaller shards keep plain stores, whose lines stay
-/// in the cache for their readers (StepOptions::stream_lowp turns it off).
+/// 8% less time this way; optim_bench's AdamW, bound by those 2 cores' arithmetic, took between
+/// 0.7% less and 1.8% more (it prints both; docs/optimizers.md). Smaller shards keep plain stores,
+/// whose lines stay in the cache for their readers (StepOptions::stream_lowp turns it off).
 inline constexpr std::size_t fused_stream_min_elems = std::size_t{1} << 20;
 
 /// O with its bf16/f16 stores going past the cache: each vector is rounded by O's own store into
@@ -53,18 +53,20 @@ template <class O>
 struct StreamingLowp : O {
   using V = typename O::V;
   static void store_bf16(std::uint16_t* p, const V& x) {
-    alignas(64) std::uint16_t rounded[O::width];
-    O::store_bf16(rounded, x);
-    O::stream_u16(p, rounded);
+    streamed(p, [&](std::uint16_t* r) { O::store_bf16(r, x); });
   }
   static void store_bf16_stochastic(std::uint16_t* p, const V& x, const std::uint32_t* bits) {
-    alignas(64) std::uint16_t rounded[O::width];
-    O::store_bf16_stochastic(rounded, x, bits);
-    O::stream_u16(p, rounded);
+    streamed(p, [&](std::uint16_t* r) { O::store_bf16_stochastic(r, x, bits); });
   }
   static void store_f16(std::uint16_t* p, const V& x) {
+    streamed(p, [&](std::uint16_t* r) { O::store_f16(r, x); });
+  }
+
+ private:
+  template <class Round>
+  static void streamed(std::uint16_t* p, const Round& round) {
     alignas(64) std::uint16_t rounded[O::width];
-    O::store_f16(rounded, x);
+    round(rounded);
     O::stream_u16(p, rounded);
   }
 };

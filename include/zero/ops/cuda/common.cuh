@@ -46,9 +46,9 @@ __host__ __device__ __forceinline__ float load(T x) {
 /// even, subnormals kept, overflow to infinity) for every value but NaN, whose bits come from
 /// nan_bits (the host keeps the payload's top bits; the hardware makes a canonical NaN). The
 /// rounding rule is core/bfloat16.hpp's and core/float16.hpp's, bit for bit for every float
-/// (convert_elements, whose tests compare with the host's bits, converts through here): one
-/// instruction where the bit manipulation took about six, which memory-bound kernels writing
-/// bf16 spent their issue slots on.
+/// (convert_elements, whose tests compare with the host's bits, converts through here): 4
+/// instructions an element in sm_90 SASS (the conversion, the NaN test and bits, a select)
+/// where the bit manipulation took 7, issue slots that memory-bound kernels writing bf16 need.
 template <class T>
 __host__ __device__ __forceinline__ T store(float x) {
 #if defined(__CUDA_ARCH__)
