@@ -225,6 +225,21 @@ int main(int argc, char** argv) {
       gpu::linear_backward<bf16>(ctx, z.get(), wte.get(), nullptr, logits.get(), x.get(), wte.get(),
                                  N, C, V, stream);
     });
+    // The LM head's forward GEMM on logits rows of whole 16-byte packs (what the layers run:
+    // 50264 for V = 50257) against rows of whole 64 elements (50304, nanoGPT's and llm.c's
+    // padded vocabulary): whether the wider padding is worth its 0.08% more products.
+    {
+      const std::int64_t widest = (V + 63) / 64 * 64;
+      DeviceArray<bf16> padded_w(widest * C), padded_logits(N * widest);
+      for (const std::int64_t multiple : {std::int64_t{8}, std::int64_t{64}}) {
+        const std::int64_t ld = (V + multiple - 1) / multiple * multiple;
+        rate("lm_head_gemm_padded_rows", vocab_config + ", \"ld\": " + std::to_string(ld),
+             2.0 * N * C * V, [&] {
+               gpu::gemm<bf16>(ctx, gpu::Trans::no, gpu::Trans::yes, N, ld, C, 1.0f, x.get(), C,
+                               padded_w.get(), C, 0.0f, padded_logits.get(), ld, stream);
+             });
+      }
+    }
     // As the loss layers run it: the forward's row statistics, one pass.
     bandwidth("cross_entropy_backward_inplace", 2 * nv * e, [&] {
       gpu::cross_entropy_backward<bf16>(logits.get(), logits.get(), tokens.get(), N, V, 1.0f, N,
@@ -261,6 +276,104 @@ int main(int argc, char** argv) {
     gpu::linear_backward<bf16>(ctx, z.get(), dw.get(), db.get(), fc.get(), x.get(), w.get(), N, C,
                                4 * C, stream);
   });
+
+  // ---- the block's four linear layers: each shape's algorithm as cuBLASLt's heuristic answers,
+  // then as a measured tuning picks it (the fastest of 16 candidates, GemmTuning::measured) ----
+  {
+    gpu::GemmContext tuned(stream);
+    tuned.set_tuning(gpu::GemmTuning::measured, gpu::GemmContext::max_candidates);
+    DeviceArray<bf16> lx(N * 4 * C), ly(N * 4 * C), ldx(N * 4 * C), lw(4 * C * C), ldw(4 * C * C),
+        lb(4 * C), ldbias(4 * C);
+    struct BlockLinear {
+      const char* name;
+      std::int64_t in, out;
+    };
+    double heuristic_ms = 0, measured_ms = 0;
+    for (const BlockLinear l :
+         {BlockLinear{"attn.c_attn", C, 3 * C}, BlockLinear{"attn.c_proj", C, C},
+          BlockLinear{"mlp.c_fc", C, 4 * C}, BlockLinear{"mlp.c_proj", 4 * C, C}}) {
+      const std::string config = shape + ", \"layer\": \"" + l.name +
+                                 "\", \"in\": " + std::to_string(l.in) +
+                                 ", \"out\": " + std::to_string(l.out);
+      double ms[2] = {};
+      for (int t = 0; t < 2; ++t) {
+        gpu::GemmContext& g = t == 0 ? ctx : tuned;
+        const std::string c =
+            config + ", \"gemm_tuning\": \"" + (t == 0 ? "heuristic" : "measured") + "\"";
+        ms[t] += rate("block_linear_forward", c, 2.0 * N * l.in * l.out, [&] {
+          gpu::linear_forward<bf16>(g, ly.get(), lx.get(), lw.get(), lb.get(), N, l.in, l.out,
+                                    stream);
+        });
+        ms[t] += rate("block_linear_backward", c, 4.0 * N * l.in * l.out, [&] {
+          gpu::linear_backward<bf16>(g, ldx.get(), ldw.get(), ldbias.get(), ly.get(), lx.get(),
+                                     lw.get(), N, l.in, l.out, stream);
+        });
+      }
+      heuristic_ms += ms[0];
+      measured_ms += ms[1];
+      line("block_linear_heuristic_over_measured", config, ms[0] / ms[1], "x",
+           ", \"meaning\": \"forward plus backward with cuBLASLt's first heuristic answer over "
+           "the same with a measured tuning (> 1: tuning is faster)\"");
+    }
+    char extra[128];
+    std::snprintf(extra, sizeof extra, ", \"shapes_retuned\": %zu, \"shapes\": %zu",
+                  tuned.retuned_shapes(), tuned.cached_shapes());
+    line("block_linears_heuristic_over_measured", shape, heuristic_ms / measured_ms, "x", extra);
+  }
+
+  // ---- the layers' fusions (what Sequential pairs on the device), each against its two
+  // kernels apart: c_fc with its GELU, c_proj's backward through that GELU, a residual's sum in
+  // c_proj's GEMM ----
+  {
+    DeviceArray<bf16> fin(N * 4 * C), fpre(N * 4 * C), fout(N * 4 * C), fscratch(N * 4 * C),
+        fw(4 * C * C), fb(4 * C), fdw(4 * C * C), fdb(4 * C), fdy(N * C), fskip(N * C), fsum(N * C);
+    const auto fused_line = [&](const char* name, const std::string& config, double apart_ms,
+                                double fused_ms) {
+      char extra[160];
+      std::snprintf(extra, sizeof extra,
+                    ", \"apart_ms\": %.4f, \"fused_ms\": %.4f, \"meaning\": \"two kernels "
+                    "over one (> 1: the fusion is faster)\"",
+                    apart_ms, fused_ms);
+      line(name, config, apart_ms / fused_ms, "x", extra);
+    };
+    const std::string fc = shape + ", \"layer\": \"mlp.c_fc\"";
+    fused_line("fused_linear_gelu_forward", fc,
+               time_ms(repeats,
+                       [&] {
+                         gpu::linear_forward<bf16>(ctx, fpre.get(), x.get(), fw.get(), fb.get(), N,
+                                                   C, 4 * C, stream);
+                         gpu::gelu_forward<bf16>(fout.get(), fpre.get(), N * 4 * C, stream);
+                       }),
+               time_ms(repeats, [&] {
+                 gpu::linear_gelu_aux_forward<bf16>(ctx, fpre.get(), fout.get(), x.get(), fw.get(),
+                                                    fb.get(), N, C, 4 * C, stream);
+               }));
+    const std::string proj = shape + ", \"layer\": \"mlp.c_proj\"";
+    fused_line(
+        "fused_linear_backward_gelu", proj,
+        time_ms(repeats,
+                [&] {
+                  gpu::linear_backward<bf16>(ctx, fscratch.get(), fdw.get(), fdb.get(), fdy.get(),
+                                             fin.get(), fw.get(), N, 4 * C, C, true, stream);
+                  gpu::gelu_backward<bf16>(fout.get(), fpre.get(), fscratch.get(), N * 4 * C, true,
+                                           stream);
+                }),
+        time_ms(repeats, [&] {
+          gpu::linear_backward_gelu<bf16>(ctx, fout.get(), fdw.get(), fdb.get(), fdy.get(),
+                                          fin.get(), fw.get(), fpre.get(), N, 4 * C, C, stream);
+        }));
+    fused_line("fused_linear_forward_add", proj,
+               time_ms(repeats,
+                       [&] {
+                         gpu::linear_forward<bf16>(ctx, fsum.get(), fin.get(), fw.get(), fb.get(),
+                                                   N, 4 * C, C, stream);
+                         gpu::add<bf16>(fsum.get(), fskip.get(), fsum.get(), N * C, stream);
+                       }),
+               time_ms(repeats, [&] {
+                 gpu::linear_forward_add<bf16>(ctx, fsum.get(), fskip.get(), fin.get(), fw.get(),
+                                               fb.get(), N, 4 * C, C, stream);
+               }));
+  }
 
   // ---- attention: flash against the cuBLAS reference ----
   {

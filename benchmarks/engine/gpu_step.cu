@@ -17,7 +17,9 @@
 // GPTConfig::logits_chunk_bytes (--logits-chunk-mib, the library's 256 MiB by default: 4 chunks at
 // B=8, T=1024, their gradients computed in the training forward); one more run at stage 0 holds the
 // whole batch's logits (0: no chunks, two logits-sized buffers), and
-// gpu_step_whole_logits_vs_chunked is its step time over stage 0's. Prints one JSON object per
+// gpu_step_whole_logits_vs_chunked is its step time over stage 0's; one more holds every GEMM
+// shape's algorithm to the fastest of cuBLASLt's candidates (ZERO_GEMM_TUNING=measured), and
+// gpu_step_gemm_measured_vs_heuristic is its step time over stage 0's. Prints one JSON object per
 // line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
 //            [--activation-gib G] [--logits-chunk-mib M]
@@ -215,6 +217,8 @@ int run(const Shape& s) {
   }
   nn::GPTConfig whole_logits = gc;
   whole_logits.logits_chunk_bytes = 0;
+  // Every run but the tuned one takes cuBLASLt's heuristic, whatever the caller's environment.
+  ::unsetenv("ZERO_GEMM_TUNING");
   const std::string gpu = "\"gpu\": \"" + std::string(prop.name) + "\"";
   const double gemm = gemm_tflops(20);
   line("cublaslt_gemm_4096", gpu + ", \"dtype\": \"bf16\"", gemm, "TFLOP/s");
@@ -229,7 +233,8 @@ int run(const Shape& s) {
   }
   const double per_token = profile::gpt_flops_per_token(params, gc.num_layers, gc.channels, s.seq);
   const auto report = [&](int stage, bool offload, const Result& r,
-                          HostUpdate how = HostUpdate::in_step, const nn::GPTConfig* g = nullptr) {
+                          HostUpdate how = HostUpdate::in_step, const nn::GPTConfig* g = nullptr,
+                          const char* gemm_tuning = "heuristic") {
     const double tflops = per_token * r.tokens_per_s / 1e12;
     const std::int64_t chunk = (g != nullptr ? *g : gc).logits_chunk_bytes;
     char chunk_mib[32];
@@ -241,7 +246,8 @@ int run(const Shape& s) {
         (offload ? std::string(", \"host_update\": \"") + host_update_name(how) + "\""
                  : std::string()) +
         ", \"B\": " + std::to_string(s.batch) + ", \"T\": " + std::to_string(s.seq) +
-        ", \"logits_chunk_mib\": " + chunk_mib;  // 0: the whole batch
+        ", \"logits_chunk_mib\": " + chunk_mib +  // 0: the whole batch
+        ", \"gemm_tuning\": \"" + gemm_tuning + "\"";
     using profile::Phase;
     const auto ms = [&](Phase p) { return r.host_ms[static_cast<std::size_t>(p)]; };
     char extra[1024];
@@ -264,6 +270,12 @@ int run(const Shape& s) {
   const Result s0_whole =
       time_engine<StepEngine<0, None>>(s, whole_logits, step_config(s, 0, false));
   report(0, false, s0_whole, HostUpdate::in_step, &whole_logits);
+  // Stage 0 again with every GEMM shape's algorithm measured (the layers' GemmContext reads
+  // ZERO_GEMM_TUNING when the engine makes its kernels).
+  ::setenv("ZERO_GEMM_TUNING", "measured", 1);
+  const Result s0_tuned = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
+  ::unsetenv("ZERO_GEMM_TUNING");
+  report(0, false, s0_tuned, HostUpdate::in_step, nullptr, "measured");
   const Result s2 = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false));
   report(2, false, s2);
   const Result s3 = time_engine<StepEngine<3, None>>(s, gc, step_config(s, 3, false));
@@ -285,6 +297,10 @@ int run(const Shape& s) {
        "x",
        ", \"meaning\": \"stage 0 with the whole batch's logits held (logits_chunk_bytes 0) over "
        "stage 0 with the configured chunks\"");
+  line("gpu_step_gemm_measured_vs_heuristic", base + ", \"stage\": 0",
+       s0_tuned.step_ms / s0.step_ms, "x",
+       ", \"meaning\": \"stage 0 with each GEMM shape's algorithm measured (ZERO_GEMM_TUNING="
+       "measured) over stage 0 with cuBLASLt's first heuristic answer (< 1: tuning is faster)\"");
   line("gpu_step_offload_vs_device", base + ", \"stage\": 2", off.step_ms / s2.step_ms, "x",
        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
   line("gpu_step_offload_overlap_vs_in_step", base + ", \"stage\": 2",

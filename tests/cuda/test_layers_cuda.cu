@@ -45,15 +45,15 @@ struct BlockShape {
 };
 
 template <class E>
-nn::SequentialModel<E> gpt_block(const BlockShape& s, bool checkpoint) {
+nn::SequentialModel<E> gpt_block(const BlockShape& s, bool checkpoint, bool dropout) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 64;
   cfg.max_seq_len = s.T;
   cfg.num_layers = 2;
   cfg.num_heads = s.NH;
   cfg.channels = s.C;
-  cfg.dropout = 0.1;
-  cfg.attn_dropout = 0.1;
+  cfg.dropout = dropout ? 0.1 : 0.0;
+  cfg.attn_dropout = dropout ? 0.1 : 0.0;
   nn::SequentialModel<E> m;
   nn::add_gpt_block(m.add_unit(), cfg, 0);
   m.unit(0).set_checkpoint(checkpoint);
@@ -96,8 +96,8 @@ void block_inputs(const BlockShape& s, std::vector<E>& x, std::vector<E>& dy) {
 }
 
 template <class E>
-BlockRun run_on_host(const BlockShape& s, bool checkpoint) {
-  nn::SequentialModel<E> m = gpt_block<E>(s, checkpoint);
+BlockRun run_on_host(const BlockShape& s, bool checkpoint, bool dropout) {
+  nn::SequentialModel<E> m = gpt_block<E>(s, checkpoint, dropout);
   nn::LocalParameters<nn::SequentialModel<E>> p(m, 9);
   zero::Arena<> arena(std::size_t{64} << 20);
   std::vector<E> x, dy;
@@ -119,8 +119,8 @@ BlockRun run_on_host(const BlockShape& s, bool checkpoint) {
 }
 
 template <class E>
-BlockRun run_on_device(const BlockShape& s, bool checkpoint) {
-  nn::SequentialModel<E> m = gpt_block<E>(s, checkpoint);
+BlockRun run_on_device(const BlockShape& s, bool checkpoint, bool dropout) {
+  nn::SequentialModel<E> m = gpt_block<E>(s, checkpoint, dropout);
   // The host's initial values, copied to the device and bound there.
   nn::LocalParameters<nn::SequentialModel<E>> host_params(m, 9);
   const Tensor<E> values = host_params.unit_values(0);
@@ -182,14 +182,18 @@ TEMPLATE_TEST_CASE("a GPT block on CudaKernels equals the block on the host kern
   const double rel = 1e-4, ulps = 8.0;
   for (const BlockShape s :
        {BlockShape{2, 64, 128, 2}, BlockShape{1, 1, 128, 2}, BlockShape{2, 100, 256, 2}}) {
-    for (const bool checkpoint : {false, true}) {
-      INFO("B " << s.B << " T " << s.T << " C " << s.C << " heads " << s.NH << " checkpoint "
-                << checkpoint);
-      const BlockRun host = run_on_host<E>(s, checkpoint);
-      const BlockRun device = run_on_device<E>(s, checkpoint);
-      check_values<E>(device.y, host.y, "output", rel, ulps);
-      check_values<E>(device.dx, host.dx, "input gradient", rel, ulps);
-      check_values<E>(device.grads, host.grads, "parameter gradients", rel, ulps + 2.0);
+    // Without dropout both branches end in a linear layer that adds the skip path inside its
+    // GEMM (linear_forward_add: one rounding on the device, two on the host).
+    for (const bool dropout : {true, false}) {
+      for (const bool checkpoint : {false, true}) {
+        INFO("B " << s.B << " T " << s.T << " C " << s.C << " heads " << s.NH << " checkpoint "
+                  << checkpoint << " dropout " << dropout);
+        const BlockRun host = run_on_host<E>(s, checkpoint, dropout);
+        const BlockRun device = run_on_device<E>(s, checkpoint, dropout);
+        check_values<E>(device.y, host.y, "output", rel, ulps);
+        check_values<E>(device.dx, host.dx, "input gradient", rel, ulps);
+        check_values<E>(device.grads, host.grads, "parameter gradients", rel, ulps + 2.0);
+      }
     }
   }
 }

@@ -95,6 +95,69 @@ TEMPLATE_TEST_CASE("cuBLASLt gemm equals the host gemm for every transpose", "[c
   CHECK(ctx.cached_shapes() == 17);
 }
 
+TEMPLATE_TEST_CASE("a measured tuning times GEMMs into scratch: each result is still the host's",
+                   "[cuda][gemm]", float, bf16) {
+  using T = TestType;
+  gpu::GemmContext ctx;
+  ctx.set_tuning(gpu::GemmTuning::measured, gpu::GemmContext::max_candidates);
+  CHECK(ctx.tuning() == gpu::GemmTuning::measured);
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  // beta = 1: a timing run that wrote C would add its product to the result again.
+  std::uint32_t seed = 50;
+  for (const Shape s : {Shape{1, 1, 1}, Shape{37, 53, 29}, Shape{256, 512, 384}, Shape{512, 96, 64},
+                        Shape{2048, 768, 768}}) {
+    INFO("M=" << s.M << " N=" << s.N << " K=" << s.K);
+    const auto a = random_vector<T>(static_cast<std::size_t>(s.M * s.K), seed++);
+    const auto b = random_vector<T>(static_cast<std::size_t>(s.N * s.K), seed++);
+    auto c = random_vector<T>(static_cast<std::size_t>(s.M * s.N), seed++);
+    DeviceVector<T> da(a), db(b), dc(c);
+    gpu::gemm<T>(ctx, cpu::Trans::no, cpu::Trans::yes, s.M, s.N, s.K, 0.5f, da.get(), s.K, db.get(),
+                 s.K, 1.0f, dc.get(), s.N, nullptr);
+    cpu::gemm<T>(cpu::Trans::no, cpu::Trans::yes, s.M, s.N, s.K, 0.5f, a.data(), s.K, b.data(), s.K,
+                 1.0f, c.data(), s.N);
+    check_close(dc.download(), c, "gemm, measured tuning");
+    // The second call takes the cached choice.
+    gpu::gemm<T>(ctx, cpu::Trans::no, cpu::Trans::yes, s.M, s.N, s.K, 0.5f, da.get(), s.K, db.get(),
+                 s.K, 1.0f, dc.get(), s.N, nullptr);
+    cpu::gemm<T>(cpu::Trans::no, cpu::Trans::yes, s.M, s.N, s.K, 0.5f, a.data(), s.K, b.data(), s.K,
+                 1.0f, c.data(), s.N);
+    check_close(dc.download(), c, "gemm, measured tuning, cached");
+  }
+  CHECK(ctx.cached_shapes() == 5);
+  CHECK(ctx.retuned_shapes() <= ctx.cached_shapes());
+  // The linear layers' GEMMs (a bias epilogue, beta 1 gradients, padded vocabulary rows).
+  const std::int64_t N = 300, C = 64, OC = 1003;
+  const auto inp = random_vector<T>(static_cast<std::size_t>(N * C), seed++);
+  const auto w = random_vector<T>(static_cast<std::size_t>(OC * C), seed++);
+  const auto bias = random_vector<T>(static_cast<std::size_t>(OC), seed++);
+  const auto dout = random_vector<T>(static_cast<std::size_t>(N * OC), seed++);
+  auto dinp = random_vector<T>(inp.size(), seed++);
+  auto dw = random_vector<T>(w.size(), seed++);
+  std::vector<T> out(static_cast<std::size_t>(N * OC));
+  DeviceVector<T> d_inp(inp), d_w(w), d_bias(bias), d_dout(dout), d_dinp(dinp), d_dw(dw),
+      d_out(out.size());
+  gpu::linear_forward<T>(ctx, d_out.get(), d_inp.get(), d_w.get(), d_bias.get(), N, C, OC, nullptr);
+  gpu::linear_backward<T>(ctx, d_dinp.get(), d_dw.get(), nullptr, d_dout.get(), d_inp.get(),
+                          d_w.get(), N, C, OC, nullptr);
+  cpu::linear_forward<T>(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  cpu::linear_backward<T>(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C,
+                          OC);
+  check_close(d_out.download(), out, "linear_forward, measured tuning");
+  check_close(d_dinp.download(), dinp, "linear_backward dinp, measured tuning");
+  check_close(d_dw.download(), dw, "linear_backward dweight, measured tuning");
+  // Back to the heuristic: new shapes are not timed (nothing more is retuned).
+  ctx.set_tuning(gpu::GemmTuning::heuristic);
+  const std::size_t retuned = ctx.retuned_shapes();
+  DeviceVector<T> dx(static_cast<std::size_t>(256 * 64)), dz(static_cast<std::size_t>(256 * 256));
+  gpu::gemm<T>(ctx, cpu::Trans::no, cpu::Trans::yes, 256, 256, 64, 1.0f, dx.get(), 64, dx.get(), 64,
+               0.0f, dz.get(), 256, nullptr);
+  CHECK(ctx.cached_shapes() == 9);  // 5 above, the linear layers' 3, this one
+  CHECK(ctx.retuned_shapes() == retuned);
+  CHECK_THROWS_AS(ctx.set_tuning(gpu::GemmTuning::measured, 0), zero::ConfigError);
+}
+
 TEMPLATE_TEST_CASE("linear forward (bias epilogue) and backward equal the host's", "[cuda][gemm]",
                    float, bf16) {
   using T = TestType;
@@ -121,6 +184,17 @@ TEMPLATE_TEST_CASE("linear forward (bias epilogue) and backward equal the host's
                            nullptr);
     cpu::linear_forward<T>(out.data(), inp.data(), w.data(), bias.data(), s.N, s.C, s.OC);
     check_close(d_out.download(), out, "linear_forward");
+
+    // With a residual's skip path added (one GEMM with skip as its addend; padded rows: the
+    // forward, then an add); the skip is read, never written.
+    const auto skip = random_vector<T>(out.size(), seed++);
+    DeviceVector<T> d_skip(skip), d_sum(out.size());
+    gpu::linear_forward_add<T>(ctx, d_sum.get(), d_skip.get(), d_inp.get(), d_w.get(), d_bias.get(),
+                               s.N, s.C, s.OC, nullptr);
+    std::vector<T> sum(out.size());
+    cpu::add<T>(sum.data(), skip.data(), out.data(), static_cast<std::int64_t>(out.size()));
+    check_close(d_sum.download(), sum, "linear_forward_add");
+    CHECK(same_bits(d_skip.download(), skip));
 
     // Gradients start non-zero: the kernels accumulate.
     auto dinp = random_vector<T>(inp.size(), seed++);
@@ -163,6 +237,71 @@ TEMPLATE_TEST_CASE("the GELU-bias epilogue equals linear then gelu on the host",
   // Looser: cuBLASLt's GELU is its own tanh implementation, and in bf16 the host rounds the
   // pre-activation to bf16 before GELU where the epilogue keeps it in float (two roundings).
   check_close(d_out.download(), out, "linear_gelu_forward", 1e-4, 4.0);
+}
+
+TEMPLATE_TEST_CASE("the GELU_AUX epilogues keep the pre-activation: linear then gelu on the host",
+                   "[cuda][gemm]", float, bf16, f16) {
+  using T = TestType;
+  gpu::GemmContext ctx;
+  struct Shape {
+    std::int64_t N, C, OC;
+  };
+  // OC 3072: GPT-2's c_fc, on the epilogue in bf16/f16; OC 20: not a multiple of 8, and f32
+  // throughout: linear_forward then gelu_forward. With and without a bias.
+  std::uint32_t seed = 300;
+  for (const Shape s : {Shape{64, 96, 3072}, Shape{33, 64, 256}, Shape{7, 16, 20}}) {
+    for (const bool with_bias : {true, false}) {
+      INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC << " bias " << with_bias);
+      const auto inp = random_vector<T>(static_cast<std::size_t>(s.N * s.C), seed++);
+      const auto w = random_vector<T>(static_cast<std::size_t>(s.OC * s.C), seed++);
+      const auto bias = random_vector<T>(static_cast<std::size_t>(s.OC), seed++);
+      const auto n = static_cast<std::size_t>(s.N * s.OC);
+      DeviceVector<T> d_inp(inp), d_w(w), d_bias(bias), d_pre(n), d_out(n);
+      gpu::linear_gelu_aux_forward<T>(ctx, d_pre.get(), d_out.get(), d_inp.get(), d_w.get(),
+                                      with_bias ? d_bias.get() : nullptr, s.N, s.C, s.OC, nullptr);
+      std::vector<T> pre(n), out(n);
+      cpu::linear_forward<T>(pre.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr,
+                             s.N, s.C, s.OC);
+      cpu::gelu_forward<T>(out.data(), pre.data(), s.N * s.OC);
+      check_close(d_pre.download(), pre, "pre-activation");
+      // As the GELU-bias epilogue above: cuBLASLt's own GELU, of the sum before it is rounded.
+      check_close(d_out.download(), out, "gelu output", 1e-4, 4.0);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("linear backward through a GELU (DGELU epilogue) equals the host's two kernels",
+                   "[cuda][gemm]", float, bf16, f16) {
+  using T = TestType;
+  gpu::GemmContext ctx;
+  struct Shape {
+    std::int64_t N, C, OC;
+  };
+  // C 3072 to OC 768: GPT-2's mlp.c_proj, on the epilogue in bf16/f16; C 20 (not a multiple of
+  // 8) and f32: linear_backward into scratch, then gelu_backward.
+  std::uint32_t seed = 400;
+  for (const Shape s : {Shape{64, 3072, 768}, Shape{33, 256, 64}, Shape{7, 20, 16}}) {
+    INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC);
+    const auto pre = random_vector<T>(static_cast<std::size_t>(s.N * s.C), seed++);
+    std::vector<T> inp(pre.size());
+    cpu::gelu_forward<T>(inp.data(), pre.data(), s.N * s.C);
+    const auto w = random_vector<T>(static_cast<std::size_t>(s.OC * s.C), seed++);
+    const auto dout = random_vector<T>(static_cast<std::size_t>(s.N * s.OC), seed++);
+    auto dpre = random_vector<T>(pre.size(), seed++);  // written, not added into
+    auto dw = random_vector<T>(w.size(), seed++);
+    auto db = random_vector<T>(static_cast<std::size_t>(s.OC), seed++);
+    DeviceVector<T> d_pre(pre), d_inp(inp), d_w(w), d_dout(dout), d_dpre(dpre), d_dw(dw), d_db(db);
+    gpu::linear_backward_gelu<T>(ctx, d_dpre.get(), d_dw.get(), d_db.get(), d_dout.get(),
+                                 d_inp.get(), d_w.get(), d_pre.get(), s.N, s.C, s.OC, nullptr);
+    std::vector<T> dinp(pre.size());
+    cpu::linear_backward<T>(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                            s.N, s.C, s.OC, true);
+    cpu::gelu_backward<T>(dpre.data(), pre.data(), dinp.data(), s.N * s.C, true);
+    // GELU's derivative of the product before it is rounded (one rounding, the host two).
+    check_close(d_dpre.download(), dpre, "dpre", 1e-4, 4.0);
+    check_close(d_dw.download(), dw, "dweight");
+    check_close(d_db.download(), db, "dbias");
+  }
 }
 
 // ---- elementwise, GELU, dropout -----------------------------------------------------------------

@@ -103,6 +103,26 @@ class RecordingKernels final : public nn::Kernels<T> {
     note("linear_forward");
     host().linear_forward(y, x, w, b, N, in, out);
   }
+  void linear_forward_add(T* y, const T* skip, const T* x, const T* w, const T* b, std::int64_t N,
+                          std::int64_t in, std::int64_t out) override {
+    note("linear_forward_add");
+    host().linear_forward_add(y, skip, x, w, b, N, in, out);
+  }
+  void linear_gelu_forward(T* pre, T* y, const T* x, const T* w, const T* b, std::int64_t N,
+                           std::int64_t in, std::int64_t out) override {
+    note("linear_gelu_forward");
+    host().linear_gelu_forward(pre, y, x, w, b, N, in, out);
+  }
+  /// Whether the set says it fuses a linear layer's backward through the GELU before it (false,
+  /// as the host's, unless the test asks); the fused call is then the host's two kernels.
+  bool fuse_gelu_backward = false;
+  bool fuses_gelu_backward() const override { return fuse_gelu_backward; }
+  void linear_backward_gelu(T* dpre, T* dw, T* db, const T* dy, const T* x, const T* w,
+                            const T* pre, std::int64_t N, std::int64_t in,
+                            std::int64_t out) override {
+    note("linear_backward_gelu");
+    host().linear_backward_gelu(dpre, dw, db, dy, x, w, pre, N, in, out);
+  }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::int64_t N,
                        std::int64_t in, std::int64_t out, bool overwrite_dx) override {
     note("linear_backward");

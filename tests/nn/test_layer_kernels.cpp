@@ -23,6 +23,11 @@
 #include <zero/nn/layers/sequential_model.hpp>
 #include <zero/nn/layers/token_embedding.hpp>
 #include <zero/nn/local_parameters.hpp>
+#include <zero/ops/cpu/attention.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
+#include <zero/ops/cpu/gelu.hpp>
+#include <zero/ops/cpu/layer_norm.hpp>
+#include <zero/ops/cpu/linear.hpp>
 
 #include "recording_kernels.hpp"
 
@@ -34,17 +39,18 @@ using test::RecordingKernels;
 
 constexpr std::int64_t B = 2, T = 5, C = 16, NH = 2;
 
-// One GPT block (nn::add_gpt_block, with dropout and attention dropout) as a one-unit model.
+// One GPT block (nn::add_gpt_block, with dropout and attention dropout unless told otherwise) as
+// a one-unit model.
 template <class E>
-nn::SequentialModel<E> gpt_block(bool checkpoint) {
+nn::SequentialModel<E> gpt_block(bool checkpoint, bool dropout = true) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 32;
   cfg.max_seq_len = T;
   cfg.num_layers = 1;
   cfg.num_heads = NH;
   cfg.channels = C;
-  cfg.dropout = 0.1;
-  cfg.attn_dropout = 0.1;
+  cfg.dropout = dropout ? 0.1 : 0.0;
+  cfg.attn_dropout = dropout ? 0.1 : 0.0;
   nn::SequentialModel<E> m;
   nn::Sequential<E>& unit = m.add_unit();
   nn::add_gpt_block(unit, cfg, 0);
@@ -59,8 +65,8 @@ struct BlockRun {
 // Forward and backward of the block on one input and output gradient, through kernels (null:
 // the context's default).
 template <class E>
-BlockRun run_block(nn::Kernels<E>* kernels, bool checkpoint) {
-  nn::SequentialModel<E> m = gpt_block<E>(checkpoint);
+BlockRun run_block(nn::Kernels<E>* kernels, bool checkpoint, bool dropout = true) {
+  nn::SequentialModel<E> m = gpt_block<E>(checkpoint, dropout);
   nn::LocalParameters<nn::SequentialModel<E>> p(m, 7);
   Arena<> arena(1 << 20);
   std::vector<E> x(B * T * C), dy(B * T * C);
@@ -104,24 +110,110 @@ TEMPLATE_TEST_CASE("a GPT block runs on the kernel set of its pass", "[unit][nn]
     CHECK(same_bits(plain.y, through.y));
     CHECK(same_bits(plain.dx, through.dx));
     CHECK(same_bits(plain.grads, through.grads));
-    // Every kernel of the block went through the set: 4 linears, 2 LayerNorms, attention, GELU,
-    // 2 residual dropouts, 2 residual adds; in backward, Sequential's gradient buffers and fills.
-    CHECK(recording.calls["linear_forward"] == (checkpoint ? 8 : 4));
+    // Every kernel of the block went through the set: 4 linears (c_fc with the GELU after it in
+    // one call), 2 LayerNorms, attention, 2 residual dropouts, 2 residual adds; in backward,
+    // Sequential's gradient buffers and fills.
+    CHECK(recording.calls["linear_forward"] == (checkpoint ? 6 : 3));
+    CHECK(recording.calls["linear_gelu_forward"] == (checkpoint ? 2 : 1));
+    CHECK(recording.calls["linear_forward_add"] == 0);
     CHECK(recording.calls["linear_backward"] == 4);
     CHECK(recording.calls["layer_norm_forward"] == (checkpoint ? 4 : 2));
     CHECK(recording.calls["layer_norm_backward"] == 2);
     CHECK(recording.calls["attention_forward"] == (checkpoint ? 2 : 1));
     CHECK(recording.calls["attention_backward"] == 1);
-    CHECK(recording.calls["gelu_forward"] == (checkpoint ? 2 : 1));
+    CHECK(recording.calls["gelu_forward"] == 0);
     CHECK(recording.calls["gelu_backward"] == 1);
     CHECK(recording.calls["dropout_forward"] == (checkpoint ? 4 : 2));
     CHECK(recording.calls["dropout_backward"] == 2);
     CHECK(recording.calls["add"] == (checkpoint ? 4 : 2));
     CHECK(recording.calls["allocate"] >= 2);
-    // Copies: each residual starts its branch's input gradient from the skip path's and writes
-    // its own (2 + 2); checkpointing also moves the unit's output down to its mark.
-    CHECK(recording.calls["copy"] == (checkpoint ? 5 : 4));
+    // Copies: each residual starts its branch's input gradient from the skip path's, in the
+    // residual's own input gradient (the unit writes it, so the branch adds into it there and
+    // nothing is copied after: 2); checkpointing also moves the unit's output down to its mark.
+    CHECK(recording.calls["copy"] == (checkpoint ? 3 : 2));
+    CHECK(recording.calls["accumulate"] == 0);
   }
+}
+
+TEMPLATE_TEST_CASE(
+    "a GPT block without dropout adds each residual inside its last linear layer "
+    "and GELU inside c_fc",
+    "[unit][nn][layers][kernels]", float, bf16) {
+  using E = TestType;
+  for (const bool checkpoint : {false, true}) {
+    INFO("activation checkpointing " << checkpoint);
+    const BlockRun plain = run_block<E>(nullptr, checkpoint, false);
+    RecordingKernels<E> recording;
+    const BlockRun through = run_block<E>(&recording, checkpoint, false);
+    CHECK(same_bits(plain.y, through.y));
+    CHECK(same_bits(plain.dx, through.dx));
+    CHECK(same_bits(plain.grads, through.grads));
+    // Both branches end in a Linear (c_proj), which writes x + f(x) itself: no residual add;
+    // c_fc computes the GELU after it, and c_attn runs alone.
+    CHECK(recording.calls["linear_forward_add"] == (checkpoint ? 4 : 2));
+    CHECK(recording.calls["linear_gelu_forward"] == (checkpoint ? 2 : 1));
+    CHECK(recording.calls["linear_forward"] == (checkpoint ? 2 : 1));
+    CHECK(recording.calls["gelu_forward"] == 0);
+    CHECK(recording.calls["add"] == 0);
+    CHECK(recording.calls["linear_backward"] == 4);
+    CHECK(recording.calls["dropout_forward"] == 0);
+    CHECK(recording.calls["copy"] == (checkpoint ? 3 : 2));
+  }
+  // A set that fuses GELU's backward into c_proj's (as the device's does) runs the pair as one
+  // call: the same bits here, where that call is the host's two kernels.
+  for (const bool dropout : {true, false}) {
+    for (const bool checkpoint : {false, true}) {
+      INFO("fused GELU backward, dropout " << dropout << ", checkpointing " << checkpoint);
+      const BlockRun plain = run_block<E>(nullptr, checkpoint, dropout);
+      RecordingKernels<E> fusing;
+      fusing.fuse_gelu_backward = true;
+      const BlockRun through = run_block<E>(&fusing, checkpoint, dropout);
+      CHECK(same_bits(plain.y, through.y));
+      CHECK(same_bits(plain.dx, through.dx));
+      CHECK(same_bits(plain.grads, through.grads));
+      CHECK(fusing.calls["linear_backward_gelu"] == 1);
+      CHECK(fusing.calls["gelu_backward"] == 0);
+      CHECK(fusing.calls["linear_backward"] == 3);
+    }
+  }
+
+  // The same bits as the fusions taken apart: the block written out with the host's ops.
+  const BlockRun fused = run_block<E>(nullptr, false, false);
+  nn::SequentialModel<E> m = gpt_block<E>(false, false);
+  nn::LocalParameters<nn::SequentialModel<E>> p(m, 7);
+  const Tensor<E> v = p.unit_values(0);
+  std::vector<E> x(B * T * C);
+  const CounterRng rng(11);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = convert<E>(rng.normal(i));
+  // ln_1, c_attn, attention, c_proj (+ x), ln_2, c_fc, gelu, c_proj (+ h), in params() order.
+  const E* w = v.data();
+  auto next = [&](std::int64_t n) {
+    const E* at = w;
+    w += n;
+    return at;
+  };
+  const E *ln1w = next(C), *ln1b = next(C), *attw = next(3 * C * C), *attb = next(3 * C),
+          *projw = next(C * C), *projb = next(C), *ln2w = next(C), *ln2b = next(C),
+          *fcw = next(4 * C * C), *fcb = next(4 * C), *fcpw = next(4 * C * C), *fcpb = next(C);
+  const std::int64_t N = B * T;
+  using Stat = compute_type_t<E>;
+  std::vector<E> ln(N * C), qkv(N * 3 * C), att(N * C), proj(N * C), h(N * C), fc(N * 4 * C),
+      g(N * 4 * C), y(N * C);
+  std::vector<Stat> mean(N), rstd(N);
+  std::vector<E> probs(static_cast<std::size_t>(B * NH * T * T));
+  ops::cpu::layer_norm_forward(ln.data(), mean.data(), rstd.data(), x.data(), ln1w, ln1b, N, C);
+  ops::cpu::linear_forward(qkv.data(), ln.data(), attw, attb, N, C, 3 * C);
+  ops::cpu::attention_forward(att.data(), probs.data(), qkv.data(), B, T, C, NH);
+  ops::cpu::linear_forward(proj.data(), att.data(), projw, projb, N, C, C);
+  ops::cpu::add(h.data(), x.data(), proj.data(), N * C);
+  ops::cpu::layer_norm_forward(ln.data(), mean.data(), rstd.data(), h.data(), ln2w, ln2b, N, C);
+  ops::cpu::linear_forward(fc.data(), ln.data(), fcw, fcb, N, C, 4 * C);
+  ops::cpu::gelu_forward(g.data(), fc.data(), N * 4 * C);
+  ops::cpu::linear_forward(proj.data(), g.data(), fcpw, fcpb, N, 4 * C, C);
+  ops::cpu::add(y.data(), h.data(), proj.data(), N * C);
+  std::vector<float> expected;
+  for (E e : y) expected.push_back(convert<float>(e));
+  CHECK(same_bits(fused.y, expected));
 }
 
 // The whole GPT (embedding unit, two blocks, the head with its loss over logits in chunks of 4
@@ -178,9 +270,12 @@ TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][
   CHECK(recording.calls["cross_entropy_forward"] == 3);  // 10 rows in chunks of 4
   CHECK(recording.calls["cross_entropy_mean"] == 1);
   CHECK(recording.calls["cross_entropy_backward"] == 3);
-  // 4 per block and the head's 3 chunks; the head's gradients came in the forward (a backward
+  // 4 per block (c_fc with its GELU in one call; with dropout after them, the c_proj layers add
+  // no skip path) and the head's 3 chunks; the head's gradients came in the forward (a backward
   // product per chunk there, none in the head's backward).
-  CHECK(recording.calls["linear_forward"] == 2 * 4 + 3);
+  CHECK(recording.calls["linear_forward"] == 2 * 3 + 3);
+  CHECK(recording.calls["linear_gelu_forward"] == 2);
+  CHECK(recording.calls["linear_forward_add"] == 0);
   CHECK(recording.calls["linear_backward"] == 2 * 4 + 3);
 
   // A set that pads the logits rows, as the device pads GPT-2's 50257 (here 40 classes, rows 48
@@ -207,7 +302,7 @@ TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][
   CHECK(std::memcmp(&eval_loss, &eval_loss_padded, sizeof(float)) == 0);
   CHECK(same_bits(eval_grads, eval_grads_through));
   CHECK(same_bits(eval_grads, eval_grads_padded));
-  CHECK(eval_recording.calls["linear_forward"] == 2 * 4 + 3 + 2);
+  CHECK(eval_recording.calls["linear_forward"] == 2 * 3 + 3 + 2);
   CHECK(eval_padding.calls["allocate"] == eval_recording.calls["allocate"] + 3);
   CHECK(eval_padding.calls["copy"] == eval_recording.calls["copy"] + 4);
 }

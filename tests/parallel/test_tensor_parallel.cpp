@@ -592,7 +592,12 @@ TEST_CASE(
                                          })[0]
         .held_bytes;
   };
-  const double whole = static_cast<double>(w.held_bytes);
+  // The whole block writes each residual's sum in its c_proj (Layer::adds_skip), so it holds no
+  // buffer for either branch's output; the split block's row-parallel c_proj all-reduces f(x)
+  // before the sum and holds one (N x C each). Counted back in, the whole block is R + P.
+  const double branch_outputs =
+      2.0 * static_cast<double>(block_rows * block_config().channels) * sizeof(double);
+  const double whole = static_cast<double>(w.held_bytes) + branch_outputs;
   const double tp2 = static_cast<double>(held(2, false)), sp2 = static_cast<double>(held(2, true));
   const double replicated = 2 * (tp2 - sp2), parallel_region = 2 * (whole - tp2);
   CHECK(replicated > 0);

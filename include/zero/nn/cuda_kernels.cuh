@@ -15,6 +15,12 @@
 // - the device kernels of the linear input gradient, LayerNorm and GELU add into dx; where the
 //   layer asks for dx to be written (overwrite_dx), the linear GEMM runs with beta = 0 and the
 //   other two write dx without reading it (no memset first, no read of zeros);
+// - linear_forward_add (a residual branch's last linear layer) adds the skip path inside its GEMM
+//   (beta = 1 from the skip): each sum rounded once, where the host rounds the product first;
+// - linear_gelu_forward (a linear layer followed by GELU) applies GELU in the GEMM's epilogue in
+//   bf16/f16, to the unrounded sum (cuBLASLt's tanh approximation), storing pre beside it; and
+//   the linear layer after a GELU takes its input gradient through GELU's derivative in its
+//   input-gradient GEMM (fuses_gelu_backward, linear_backward_gelu: cuBLASLt's DGELU);
 // - copy stages overlapping ranges through scratch (cudaMemcpyAsync requires disjoint ones);
 // - the loss: count_valid_targets and cross_entropy_mean return host values, so a loss layer's
 //   forward waits for the stream twice (as PyTorch's loss.item()); the backward reads each
@@ -143,6 +149,26 @@ class CudaKernels final : public Kernels<T> {
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::int64_t N, std::int64_t in,
                       std::int64_t out) override {
     ops::cuda::linear_forward<T>(gemm_, y, x, w, b, N, in, out, stream_);
+  }
+  /// One GEMM with skip as its addend (ops::cuda::linear_forward_add): one rounding per element
+  /// where the host rounds twice.
+  void linear_forward_add(T* y, const T* skip, const T* x, const T* w, const T* b, std::int64_t N,
+                          std::int64_t in, std::int64_t out) override {
+    ops::cuda::linear_forward_add<T>(gemm_, y, skip, x, w, b, N, in, out, stream_);
+  }
+  /// One GEMM with cuBLASLt's GELU_AUX epilogue in bf16/f16 (ops::cuda::linear_gelu_aux_forward):
+  /// GELU of the unrounded sum, where the host takes it of pre rounded.
+  void linear_gelu_forward(T* pre, T* y, const T* x, const T* w, const T* b, std::int64_t N,
+                           std::int64_t in, std::int64_t out) override {
+    ops::cuda::linear_gelu_aux_forward<T>(gemm_, pre, y, x, w, b, N, in, out, stream_);
+  }
+  /// The input-gradient GEMM with cuBLASLt's DGELU epilogue in bf16/f16
+  /// (ops::cuda::linear_backward_gelu): GELU's derivative of the unrounded product.
+  bool fuses_gelu_backward() const override { return true; }
+  void linear_backward_gelu(T* dpre, T* dw, T* db, const T* dy, const T* x, const T* w,
+                            const T* pre, std::int64_t N, std::int64_t in,
+                            std::int64_t out) override {
+    ops::cuda::linear_backward_gelu<T>(gemm_, dpre, dw, db, dy, x, w, pre, N, in, out, stream_);
   }
   void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::int64_t N,
                        std::int64_t in, std::int64_t out, bool overwrite_dx) override {

@@ -96,6 +96,37 @@ class Kernels {
   /// y [N, out] = x [N, in] w^T + b (b may be null).
   virtual void linear_forward(T* y, const T* x, const T* w, const T* b, std::int64_t N,
                               std::int64_t in, std::int64_t out) = 0;
+  /// y [N, out] = skip + (x w^T + b): a residual branch's last linear layer with the skip path
+  /// added (y and skip distinct). By default linear_forward then add, each element rounded as
+  /// the two calls round it (the host's bits); a device set may add inside its GEMM instead.
+  virtual void linear_forward_add(T* y, const T* skip, const T* x, const T* w, const T* b,
+                                  std::int64_t N, std::int64_t in, std::int64_t out) {
+    linear_forward(y, x, w, b, N, in, out);
+    add(y, skip, y, N * out);
+  }
+  /// pre [N, out] = x w^T + b and y = gelu(pre): a linear layer and the GELU after it, pre kept
+  /// for GELU's backward. By default linear_forward then gelu_forward (the host's bits); a device
+  /// set may apply GELU as its GEMM writes.
+  virtual void linear_gelu_forward(T* pre, T* y, const T* x, const T* w, const T* b, std::int64_t N,
+                                   std::int64_t in, std::int64_t out) {
+    linear_forward(pre, x, w, b, N, in, out);
+    gelu_forward(y, pre, N * out);
+  }
+  /// True when linear_backward_gelu is one kernel call, so Sequential runs a linear layer's
+  /// backward through the GELU before it with it (false here: the host set runs them apart).
+  virtual bool fuses_gelu_backward() const { return false; }
+  /// A linear layer's backward through the GELU before it: dpre [N, in] = gelu'(pre) * (dy w)
+  /// (written), dw += dy^T x, db += column sums of dy (either may be null); x = gelu(pre) is the
+  /// linear layer's input. By default linear_backward into scratch, then gelu_backward (the bits
+  /// of the two layers apart).
+  virtual void linear_backward_gelu(T* dpre, T* dw, T* db, const T* dy, const T* x, const T* w,
+                                    const T* pre, std::int64_t N, std::int64_t in,
+                                    std::int64_t out) {
+    KernelMemory scratch = allocate(static_cast<std::size_t>(N * in) * sizeof(T));
+    T* dx = scratch.template view<T>({N, in}).data();
+    linear_backward(dx, dw, db, dy, x, w, N, in, out, true);
+    gelu_backward(dpre, pre, dx, N * in, true);
+  }
   /// dx (+)= dy w, dw += dy^T x, db += column sums of dy (each may be null); dx is written, not
   /// added into, when overwrite_dx.
   virtual void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,

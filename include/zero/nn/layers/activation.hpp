@@ -70,6 +70,20 @@ class Activation : public Layer<T> {
     }
   }
 
+  /// GELU may be computed by the layer before it (Layer::forward_activating: a Linear's GEMM).
+  FusedActivation fusable_as() const override {
+    return kind_ == ActivationKind::gelu ? FusedActivation::gelu : FusedActivation::none;
+  }
+  void adopt_forward(StepContext<T>& ctx, Tensor<T> input) override {
+    expect<Error>(kind_ == ActivationKind::gelu, describe(),
+                  ": only GELU is computed by the "
+                  "layer before it");
+    expect<ShapeError>(input.shape() == ctx.x.shape(), describe(), ": input ", input.shape(),
+                       " and output ", ctx.x.shape(), " differ");
+    input_ = input;
+  }
+  Tensor<const T> fused_input() const override { return input_; }
+
   /// GELU writes its input gradient when asked (StepContext::overwrite_dx); ReLU and SiLU add.
   bool writes_input_grad() const override { return kind_ == ActivationKind::gelu; }
 

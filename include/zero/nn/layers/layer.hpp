@@ -13,6 +13,13 @@
 // kept for backward (the members it set there), resume() puts it back before that backward.
 // park_members / resume_members do both for a list of members. A layer that does not override
 // parks() is recomputed instead, so a user's layer stays correct without them.
+// Fusions Sequential makes between neighbours, each the same bits on the host as the layers run
+// apart: a layer that adds_skip() writes a Residual's sum itself (forward_adding), and a layer
+// that can apply the parameter-free activation after it (applies(), forward_activating) runs it
+// for that layer, which takes the result (adopt_forward); where the kernel set fuses it
+// (Kernels::fuses_gelu_backward), a layer after an activation takes its input gradient through
+// that activation too (backward_applies(), backward_activating), reading the activation's input
+// (fused_input), and the activation's backward is skipped.
 
 #include <any>
 #include <span>
@@ -31,6 +38,10 @@
 
 namespace zero::nn {
 
+/// A parameter-free elementwise activation a layer can apply to the output it writes on behalf of
+/// the activation layer after it (Layer::forward_activating).
+enum class FusedActivation : unsigned char { none, gelu };
+
 /// One building block of a unit (see the file comment for the forward/backward contract).
 template <class T>
 class Layer {
@@ -48,6 +59,59 @@ class Layer {
   virtual void bind(std::span<const ParamView<T>> views) { (void)views; }
   /// ctx.x in, ctx.x out; saves what backward needs.
   virtual void forward(StepContext<T>& ctx) = 0;
+  /// True when forward_adding can write skip + f(x) itself (a Residual's last layer: the skip
+  /// path added as the output is written, with no pass of its own and no second buffer).
+  virtual bool adds_skip() const { return false; }
+  /// forward, with ctx.x out = skip + f(x) (skip shaped like the output; ShapeError otherwise);
+  /// only for a layer that adds_skip(). backward is unchanged: dy reaches f(x) as it is.
+  virtual void forward_adding(StepContext<T>& ctx, Tensor<const T> skip) {
+    (void)ctx;
+    (void)skip;
+    raise<Error>(describe(), ": forward_adding called on a layer that does not add a skip path");
+  }
+  /// What this layer is when the layer before may compute it (an activation layer: GELU);
+  /// none by default.
+  virtual FusedActivation fusable_as() const { return FusedActivation::none; }
+  /// True when forward_activating can apply a to the output it writes.
+  virtual bool applies(FusedActivation a) const {
+    (void)a;
+    return false;
+  }
+  /// forward, then a: ctx.x out = a(f(x)); returns f(x), the activation layer's input (in the
+  /// arena before ctx.x). Only for a layer that applies(a).
+  virtual Tensor<T> forward_activating(StepContext<T>& ctx, FusedActivation a) {
+    (void)ctx;
+    (void)a;
+    raise<Error>(describe(), ": forward_activating called on a layer that applies no activation");
+  }
+  /// Takes the forward the layer before ran for this one (forward_activating): input is what its
+  /// forward would have read, ctx.x already its output. Only for a layer fusable_as() something.
+  virtual void adopt_forward(StepContext<T>& ctx, Tensor<T> input) {
+    (void)ctx;
+    (void)input;
+    raise<Error>(describe(), ": adopt_forward called on a layer that is not fusable");
+  }
+  /// What an activation layer saved as its input (fusable_as() something): the layer after it
+  /// reads it to take its backward through the activation (backward_activating).
+  virtual Tensor<const T> fused_input() const {
+    raise<Error>(describe(), ": fused_input called on a layer that is not fusable");
+  }
+  /// True when backward_activating can take the input gradient through activation a before it.
+  virtual bool backward_applies(FusedActivation a) const {
+    (void)a;
+    return false;
+  }
+  /// backward, with ctx.dx the gradient at the input of the activation a before this layer
+  /// (activation_input, what it saved): a'(activation_input) times this layer's input gradient,
+  /// written, not added; the activation layer's backward is then not run. Only for a layer that
+  /// backward_applies(a).
+  virtual void backward_activating(StepContext<T>& ctx, FusedActivation a,
+                                   Tensor<const T> activation_input) {
+    (void)ctx;
+    (void)a;
+    (void)activation_input;
+    raise<Error>(describe(), ": backward_activating called on a layer that applies no activation");
+  }
   /// ctx.dy in; adds into ctx.dx (writes it when ctx.overwrite_dx) and the parameter gradients.
   virtual void backward(StepContext<T>& ctx) = 0;
   /// True when backward honours StepContext::overwrite_dx (writes ctx.dx instead of adding

@@ -49,6 +49,50 @@ class Linear final : public Layer<T> {
                                    bias_ ? bias_view_.value.data() : nullptr, N, in_, out_);
     ctx.x = y;
   }
+  /// y = skip + (x W^T + b) in one kernel call (Kernels::linear_forward_add).
+  bool adds_skip() const override { return true; }
+  void forward_adding(StepContext<T>& ctx, Tensor<const T> skip) override {
+    const std::int64_t N = rows_of(ctx.x, in_, describe());
+    const Shape out_shape = ctx.x.shape().with_extent(-1, out_);
+    expect<ShapeError>(skip.shape() == out_shape, describe(),
+                       ": the skip path added to its output is ", skip.shape(), ", the output ",
+                       out_shape);
+    input_ = ctx.x;
+    Tensor<T> y = ctx.arena->template allocate<T>(out_shape);
+    kernels_of(ctx).linear_forward_add(y.data(), skip.data(), input_.data(), weight_.value.data(),
+                                       bias_ ? bias_view_.value.data() : nullptr, N, in_, out_);
+    ctx.x = y;
+  }
+  /// y = gelu(x W^T + b) with x W^T + b kept for GELU (Kernels::linear_gelu_forward).
+  bool applies(FusedActivation a) const override { return a == FusedActivation::gelu; }
+  Tensor<T> forward_activating(StepContext<T>& ctx, FusedActivation a) override {
+    expect<Error>(applies(a), describe(), ": no fused form for activation ", static_cast<int>(a));
+    const std::int64_t N = rows_of(ctx.x, in_, describe());
+    input_ = ctx.x;
+    const Shape out_shape = ctx.x.shape().with_extent(-1, out_);
+    Tensor<T> pre = ctx.arena->template allocate<T>(out_shape);
+    Tensor<T> y = ctx.arena->template allocate<T>(out_shape);
+    kernels_of(ctx).linear_gelu_forward(pre.data(), y.data(), input_.data(), weight_.value.data(),
+                                        bias_ ? bias_view_.value.data() : nullptr, N, in_, out_);
+    ctx.x = y;
+    return pre;
+  }
+  /// The input gradient through the GELU before it (Kernels::linear_backward_gelu); not in a
+  /// split backward (ctx.weight_grads), which the kernel sets that fuse it do not run.
+  bool backward_applies(FusedActivation a) const override { return a == FusedActivation::gelu; }
+  void backward_activating(StepContext<T>& ctx, FusedActivation a,
+                           Tensor<const T> activation_input) override {
+    expect<Error>(backward_applies(a) && ctx.weight_grads == nullptr, describe(),
+                  ": no fused backward through activation ", static_cast<int>(a),
+                  ctx.weight_grads != nullptr ? " in a split backward" : "");
+    const std::int64_t N = input_.numel() / in_;
+    expect<ShapeError>(activation_input.numel() == input_.numel(), describe(),
+                       ": the activation's input has ", activation_input.numel(),
+                       " elements, this layer's ", input_.numel());
+    kernels_of(ctx).linear_backward_gelu(
+        ctx.dx.data(), weight_.grad.data(), bias_ ? bias_view_.grad.data() : nullptr, ctx.dy.data(),
+        input_.data(), weight_.value.data(), activation_input.data(), N, in_, out_);
+  }
   void backward(StepContext<T>& ctx) override {
     const std::int64_t N = input_.numel() / in_;
     nn::linear_backward<T>(ctx, ctx.dx.data(), weight_.grad.data(),

@@ -4,7 +4,10 @@
 // and Residual{LayerNorm, Linear, GELU, Linear}. The backward starts the branch's input
 // gradient from dy (the skip path) and lets f's first layer add into it, the same order of
 // operations and roundings as GPT's blocks, so a block built this way gives the same bits as
-// nn::TransformerBlock (f64, f32 and bf16).
+// nn::TransformerBlock (f64, f32 and bf16). A branch that ends in a Linear (no dropout after it)
+// has that layer write x + f(x) itself (Kernels::linear_forward_add): the same bits on the host,
+// one GEMM with the skip path as its addend on the device (one rounding instead of two), and no
+// buffer for f(x) in either.
 
 #include <algorithm>
 #include <any>
@@ -33,9 +36,16 @@ class Residual final : public Layer<T> {
   std::string describe() const override { return "Residual '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override { return inner_.params(); }
   void bind(std::span<const ParamView<T>> views) override { inner_.bind(views); }
+  /// y = x + f(x). When f's last layer adds a skip path itself (Layer::adds_skip: a Linear), it
+  /// writes y directly, with no pass of the sum's own and no buffer for f(x); otherwise f(x)
+  /// then the sum.
   void forward(StepContext<T>& ctx) override {
     expect<ShapeError>(ctx.x.data() != nullptr, describe(), ": no input activation");
     input_ = ctx.x;
+    if (inner_.last_adds_skip()) {
+      inner_.forward(ctx, input_);
+      return;
+    }
     inner_.forward(ctx);
     expect<ShapeError>(ctx.x.shape() == input_.shape(), describe(),
                        ": the branch changes the shape; a residual needs f(x) shaped like x");
@@ -45,15 +55,19 @@ class Residual final : public Layer<T> {
   }
   /// dx += dy + df: the branch's input gradient starts from dy (the skip path), so each
   /// element is rounded once, as in GPT's blocks (bf16 included); with ctx.overwrite_dx,
-  /// dx = dy + df (a copy instead of an add).
+  /// dx = dy + df, the branch starting from dy in dx itself (no buffer of its own, no copy).
   void backward(StepContext<T>& ctx) override {
-    const Tensor<T> dx = ctx.dx;              // ours; the branch leaves its own in ctx.dx
+    const Tensor<T> dx = ctx.dx;              // ours
     const bool overwrite = ctx.overwrite_dx;  // the branch's layers set their own
-    inner_.backward(ctx, ctx.dy);
-    if (overwrite) {
-      kernels_of(ctx).copy(dx.data(), ctx.dx.data(), dx.numel());
-    } else {
-      kernels_of(ctx).accumulate(dx.data(), ctx.dx.data(), dx.numel());
+    if (overwrite && dx.data() != ctx.dy.data()) {
+      inner_.backward(ctx, ctx.dy, dx);
+    } else {  // the branch leaves its own in ctx.dx
+      inner_.backward(ctx, ctx.dy);
+      if (overwrite) {
+        kernels_of(ctx).copy(dx.data(), ctx.dx.data(), dx.numel());
+      } else {
+        kernels_of(ctx).accumulate(dx.data(), ctx.dx.data(), dx.numel());
+      }
     }
     ctx.dx = dx;
   }

@@ -12,7 +12,13 @@
 //   - optionally, activation checkpointing (set_checkpoint): only the unit's input and output
 //     stay in the arena between forward and backward;
 //   - parking (park/resume): what the last forward kept for backward, its own and each layer's,
-//     moved out while other micro-batches run (pipeline stages), when every layer parks.
+//     moved out while other micro-batches run (pipeline stages), when every layer parks;
+//   - fusions of neighbours (layer.hpp): a layer followed by an activation it can apply
+//     (Linear, then GELU) runs both in one kernel call, and, given a skip path (a Residual's
+//     branch), the last layer adds it as it writes (Linear). On the host the same kernels run
+//     apart, so the bits are those of the layers unfused; a device set fuses them in its GEMMs.
+//     Backward, where the kernel set fuses it (Kernels::fuses_gelu_backward, not the host's), a
+//     layer after an activation (Linear after GELU) writes the activation's input gradient.
 
 #include <algorithm>
 #include <any>
@@ -87,11 +93,20 @@ class Sequential {
   /// True when the unit recomputes its forward before its backward.
   bool checkpoint() const { return checkpoint_; }
 
-  /// Runs every layer forward: ctx.x in, ctx.x out.
-  void forward(StepContext<T>& ctx) {
+  /// True when the last layer can add a skip path to its output (Layer::adds_skip).
+  bool last_adds_skip() const { return !layers_.empty() && layers_.back()->adds_skip(); }
+
+  /// Runs every layer forward: ctx.x in, ctx.x out. Given skip (only when last_adds_skip()),
+  /// the last layer writes skip + its output (a residual's sum, Layer::forward_adding), in the
+  /// recomputation before backward too.
+  void forward(StepContext<T>& ctx, Tensor<const T> skip = {}) {
     expect<Error>(!layers_.empty(), "Sequential::forward: the unit has no layers");
+    expect<Error>(skip.data() == nullptr || last_adds_skip(),
+                  "Sequential::forward: the last layer (", layers_.back()->describe(),
+                  ") cannot add a skip path to its output");
     mark_ = ctx.arena->mark();
     input_ = ctx.x;
+    skip_ = skip;
     run_forward(ctx);
     recompute_ = checkpoint_ && ctx.training;
     if (recompute_) {
@@ -122,8 +137,11 @@ class Sequential {
   /// Runs every layer backward in reverse: ctx.dy in, ctx.dx (and ctx.dy) out; releases the
   /// unit's activations. input_grad_start, when given, is where the gradient at the unit's
   /// input starts instead of zero (a residual's skip path): the first layer adds into it, so
-  /// the sum is rounded once, as GPT's hand-written blocks do.
-  void backward(StepContext<T>& ctx, Tensor<const T> input_grad_start = {}) {
+  /// the sum is rounded once, as GPT's hand-written blocks do. input_grad_into, when given, is
+  /// where the first layer writes that gradient (ctx.dx out is it) instead of this unit's own
+  /// buffer, so a caller that wants it there needs no copy.
+  void backward(StepContext<T>& ctx, Tensor<const T> input_grad_start = {},
+                Tensor<T> input_grad_into = {}) {
     if (recompute_) {  // the internals were dropped after forward: rebuild them above the output
       const Tensor<T> dy = ctx.dy;
       ctx.x = input_;
@@ -132,20 +150,39 @@ class Sequential {
       recompute_ = false;
     }
     Kernels<T>& kernels = kernels_of(ctx);
+    const bool fuse = kernels.fuses_gelu_backward() && ctx.weight_grads == nullptr;
+    int turn = 0;  // the gradient buffer this layer writes; the other holds its dy
     for (std::size_t k = layers_.size(); k-- > 0;) {
-      const Shape& shape = input_shapes_[k];
+      // A layer after an activation that it takes its input gradient through (where the kernel
+      // set fuses it): it writes the activation's input gradient, and the activation is done.
+      FusedActivation through = FusedActivation::none;
+      if (fuse && k > 0 && input_shapes_[k - 1].rank() > 0 && layers_[k - 1]->writes_input_grad() &&
+          !(k == 1 && input_grad_start.data() != nullptr)) {
+        const FusedActivation a = layers_[k - 1]->fusable_as();
+        if (a != FusedActivation::none && layers_[k]->backward_applies(a)) through = a;
+      }
+      const std::size_t target = through != FusedActivation::none ? k - 1 : k;
+      const Shape& shape = input_shapes_[target];
       if (shape.rank() == 0) {
         ctx.dx = {};
       } else {
-        KernelMemory& buffer = gradients_[k % 2];
-        const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
-        if (buffer.size < bytes || buffer.device != kernels.device()) {
-          buffer = kernels.allocate(bytes);
+        if (target == 0 && input_grad_into.data() != nullptr) {
+          expect<ShapeError>(input_grad_into.numel() == shape.numel(),
+                             "Sequential::backward: the input gradient's buffer has ",
+                             input_grad_into.numel(), " elements, the unit's input ",
+                             shape.numel());
+          ctx.dx = input_grad_into.reshape(shape);
+        } else {
+          KernelMemory& buffer = gradients_[turn];
+          const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
+          if (buffer.size < bytes || buffer.device != kernels.device()) {
+            buffer = kernels.allocate(bytes);
+          }
+          ctx.dx = buffer.view<T>(shape);
         }
-        ctx.dx = buffer.view<T>(shape);
         const profile::OpTimes::Scope zeroing(ctx.op_times, "Sequential");
-        const bool starts = k == 0 && input_grad_start.data() != nullptr;
-        ctx.overwrite_dx = !starts && layers_[k]->writes_input_grad();
+        const bool starts = target == 0 && input_grad_start.data() != nullptr;
+        ctx.overwrite_dx = !starts && layers_[target]->writes_input_grad();
         if (starts) {
           expect<ShapeError>(input_grad_start.numel() == ctx.dx.numel(),
                              "Sequential::backward: the input gradient start has ",
@@ -158,10 +195,16 @@ class Sequential {
       }
       {
         const profile::OpTimes::Scope timed(ctx.op_times, kind_of(*layers_[k], ctx));
-        layers_[k]->backward(ctx);
+        if (through != FusedActivation::none) {
+          layers_[k]->backward_activating(ctx, through, layers_[k - 1]->fused_input());
+          k = target;  // the activation's backward ran with it
+        } else {
+          layers_[k]->backward(ctx);
+        }
         ctx.overwrite_dx = false;
       }
       ctx.dy = ctx.dx;
+      turn ^= 1;
     }
     ctx.arena->release(mark_);
   }
@@ -174,7 +217,7 @@ class Sequential {
   /// each layer's park()); another micro-batch's forward and backward may run before resume().
   std::any park() {
     expect<Error>(parks(), "Sequential::park: a layer does not implement Layer::park");
-    Parked p{std::move(input_shapes_), batch_, seq_len_, mark_, input_, recompute_, {}};
+    Parked p{std::move(input_shapes_), batch_, seq_len_, mark_, input_, skip_, recompute_, {}};
     input_shapes_ = {};
     recompute_ = false;
     for (const auto& l : layers_) p.layers.push_back(l->park());
@@ -190,6 +233,7 @@ class Sequential {
     seq_len_ = p->seq_len;
     mark_ = p->mark;
     input_ = p->input;
+    skip_ = p->skip;
     recompute_ = p->recompute;
     for (std::size_t k = 0; k < layers_.size(); ++k) layers_[k]->resume(std::move(p->layers[k]));
   }
@@ -200,6 +244,7 @@ class Sequential {
     std::int64_t batch, seq_len;
     BumpArena::Mark mark;
     Tensor<T> input;
+    Tensor<const T> skip;
     bool recompute;
     std::vector<std::any> layers;
   };
@@ -208,11 +253,23 @@ class Sequential {
     input_shapes_.clear();
     batch_ = ctx.batch;
     seq_len_ = ctx.seq_len;
-    for (const auto& l : layers_) {
+    for (std::size_t k = 0; k < layers_.size(); ++k) {
+      Layer<T>& l = *layers_[k];
       // An empty shape marks a layer with no input (an input layer): it gets no dx.
       input_shapes_.push_back(ctx.x.data() != nullptr ? ctx.x.shape() : Shape{});
-      const profile::OpTimes::Scope timed(ctx.op_times, kind_of(*l, ctx));
-      l->forward(ctx);
+      const profile::OpTimes::Scope timed(ctx.op_times, kind_of(l, ctx));
+      const FusedActivation next =
+          k + 1 < layers_.size() ? layers_[k + 1]->fusable_as() : FusedActivation::none;
+      if (skip_.data() != nullptr && k + 1 == layers_.size()) {
+        l.forward_adding(ctx, skip_);
+      } else if (next != FusedActivation::none && ctx.x.data() != nullptr && l.applies(next)) {
+        // This layer computes the activation after it too; that layer takes the result.
+        const Tensor<T> pre = l.forward_activating(ctx, next);
+        input_shapes_.push_back(pre.shape());
+        layers_[++k]->adopt_forward(ctx, pre);
+      } else {
+        l.forward(ctx);
+      }
     }
   }
 
@@ -228,6 +285,7 @@ class Sequential {
   KernelMemory gradients_[2];
   BumpArena::Mark mark_ = 0;
   Tensor<T> input_;
+  Tensor<const T> skip_;  // what the last forward added to the last layer's output (none: empty)
   bool checkpoint_ = false, recompute_ = false;
 };
 

@@ -2,23 +2,35 @@
 // zero-requires: cuda
 // Row-major GEMM on the GPU through cuBLASLt; the twin of zero/ops/cpu/gemm.hpp:
 //   C[M,N] = alpha * op(A) * op(B) + beta * C   (+ bias[N], then GELU, when an epilogue asks)
+// (gemm_from reads the beta term from another matrix laid out as C: a residual's skip path)
 // f32, bf16 and f16 operands, always with f32 accumulation (CUBLAS_COMPUTE_32F: no TF32, so f32
 // results match the host's to rounding). cuBLASLt is column-major; a row-major C is the
 // column-major C^T = op(B)^T op(A)^T, so the call swaps A and B and M and N, and a row-major bias
 // over C's columns is cuBLASLt's bias over D's rows.
 // A GemmContext owns the cuBLASLt and cuBLAS handles, a workspace from the device pool and the
-// algorithm heuristic cached per shape (dtype, transposes, sizes, leading dimensions, epilogue,
-// pointer alignment), so each shape asks cuBLASLt once. One context serves one stream at a time
-// (the workspace is shared by its calls); give each concurrent stream its own.
+// algorithm chosen per shape (dtype, transposes, sizes, leading dimensions, epilogue, pointer
+// alignment), so each shape is decided once. One context serves one stream at a time (the
+// workspace is shared by its calls); give each concurrent stream its own.
+// How a shape's algorithm is chosen (GemmTuning): cuBLASLt's first heuristic answer by default,
+// or, measured (ZERO_GEMM_TUNING=measured, or set_tuning), the fastest of its first candidates
+// timed on the shape's first call, on that call's operands, into scratch (the call's own output
+// is written once, by the chosen algorithm), as PyTorch's TunableOp does for its GEMMs. A measured
+// choice can differ from run to run (timings vary), and algorithms may split the sum over K
+// differently, so runs are then reproducible within a process but not bit for bit across them.
 // Reference: llm.c matmul_cublaslt (llmc/matmul.cuh), cuBLASLt's LtSgemm sample.
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/gemm.cuh needs nvcc; host-only code includes zero/ops/cpu/gemm.hpp"
 #endif
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <span>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 
@@ -70,10 +82,30 @@ constexpr cudaDataType_t cuda_data_type() {
 
 /// What cuBLASLt does to the product before it stores C.
 enum class Epilogue : int {
-  none,       ///< C = alpha op(A) op(B) + beta C
-  bias,       ///< ... + bias[n] (per column of the row-major C)
-  gelu_bias,  ///< GELU(... + bias[n]), cuBLASLt's GELU (tanh approximation)
+  none,           ///< C = alpha op(A) op(B) + beta C
+  bias,           ///< ... + bias[n] (per column of the row-major C)
+  gelu_bias,      ///< GELU(... + bias[n]), cuBLASLt's GELU (tanh approximation)
+  gelu_aux,       ///< GELU(...), the GELU's input also stored (aux, laid out as C)
+  gelu_aux_bias,  ///< GELU(... + bias[n]), the GELU's input also stored (aux)
+  dgelu,          ///< ... times GELU'(aux): the gradient through a GELU whose input aux holds
 };
+
+/// How a GemmContext chooses the algorithm of each shape (see the file comment).
+enum class GemmTuning : int {
+  heuristic,  ///< cuBLASLt's first heuristic answer: the same algorithm in every run
+  measured,   ///< the fastest of the heuristic's first candidates, timed once per shape
+};
+
+/// The tuning ZERO_GEMM_TUNING asks for: unset or empty is heuristic; "heuristic" or "measured";
+/// anything else a ConfigError naming the value.
+inline GemmTuning gemm_tuning_from_environment() {
+  const char* value = std::getenv("ZERO_GEMM_TUNING");
+  const std::string_view v = value != nullptr ? value : "";
+  if (v.empty() || v == "heuristic") return GemmTuning::heuristic;
+  expect<ConfigError>(v == "measured", "ZERO_GEMM_TUNING=", v,
+                      ": expected \"heuristic\" (the default) or \"measured\"");
+  return GemmTuning::measured;
+}
 
 // ---- the context --------------------------------------------------------------------------------
 
@@ -83,11 +115,17 @@ class GemmContext {
   /// Default workspace: 32 MiB, what cuBLAS recommends for Hopper.
   static constexpr std::size_t default_workspace_bytes = std::size_t{32} << 20;
 
+  /// The most candidates a measured tuning times per shape.
+  static constexpr int max_candidates = 16;
+
   /// Creates the handles and takes the workspace from the device's pool on stream (and waits for
-  /// it, so GEMMs on any stream may use it).
+  /// it, so GEMMs on any stream may use it). The tuning is ZERO_GEMM_TUNING's (heuristic unless
+  /// it says measured).
   explicit GemmContext(cudaStream_t stream = nullptr,
                        std::size_t workspace_bytes = default_workspace_bytes)
-      : workspace_bytes_(workspace_bytes), stream_(stream) {
+      : workspace_bytes_(workspace_bytes),
+        stream_(stream),
+        tuning_(gemm_tuning_from_environment()) {
     ZERO_CUBLAS_CHECK(cublasLtCreate(&lt_));
     ZERO_CUBLAS_CHECK(cublasCreate(&blas_));
     // Default math: f32 GEMMs with CUBLAS_COMPUTE_32F never use TF32, and bf16 ones still get
@@ -119,6 +157,22 @@ class GemmContext {
   void* workspace() const { return workspace_; }
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
+  /// How shapes not yet cached choose their algorithm; candidates (1..max_candidates) is how many
+  /// of the heuristic's answers a measured tuning times. Shapes already cached keep theirs.
+  void set_tuning(GemmTuning tuning, int candidates = 8) {
+    expect<ConfigError>(candidates >= 1 && candidates <= max_candidates,
+                        "GemmContext::set_tuning: candidates = ", candidates, " (1..",
+                        max_candidates, ")");
+    std::lock_guard lock(mutex_);
+    tuning_ = tuning;
+    candidates_ = candidates;
+  }
+  /// The tuning of shapes not yet cached.
+  GemmTuning tuning() const {
+    std::lock_guard lock(mutex_);
+    return tuning_;
+  }
+
   /// Everything the choice of algorithm depends on.
   struct Key {
     int dtype, ta, tb;
@@ -132,18 +186,34 @@ class GemmContext {
     }
   };
 
-  /// The cached algorithm for key, or asks make() once and caches its answer.
+  /// A shape's algorithm, and whether timing chose another than the heuristic's first.
+  struct Choice {
+    cublasLtMatmulAlgo_t algo;
+    bool retuned = false;
+  };
+  /// The cached algorithm for key, or calls make(tuning, candidates) once (under the context's
+  /// lock) and caches its Choice.
   template <class Make>
   cublasLtMatmulAlgo_t algorithm(const Key& key, Make&& make) {
     std::lock_guard lock(mutex_);
     auto it = cache_.find(key);
-    if (it == cache_.end()) it = cache_.emplace(key, make()).first;
-    return it->second;
+    if (it == cache_.end()) {
+      it = cache_.emplace(key, make(tuning_, tuning_ == GemmTuning::measured ? candidates_ : 1))
+               .first;
+    }
+    return it->second.algo;
   }
   /// Shapes whose algorithm is cached.
   std::size_t cached_shapes() const {
     std::lock_guard lock(mutex_);
     return cache_.size();
+  }
+  /// Cached shapes whose measured tuning chose another algorithm than the heuristic's first.
+  std::size_t retuned_shapes() const {
+    std::lock_guard lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& [key, choice] : cache_) n += choice.retuned ? 1 : 0;
+    return n;
   }
 
  private:
@@ -153,7 +223,9 @@ class GemmContext {
   std::size_t workspace_bytes_;
   cudaStream_t stream_;
   mutable std::mutex mutex_;
-  std::map<Key, cublasLtMatmulAlgo_t> cache_;
+  GemmTuning tuning_;
+  int candidates_ = 8;
+  std::map<Key, Choice> cache_;
 };
 
 namespace detail {
@@ -183,22 +255,82 @@ struct LtDescriptors {
   }
 };
 
+/// The fastest of candidates for the call d describes (C = alpha op(A) op(B) + beta C, rows
+/// rows of ldc elements): each runs once to warm up, then three times between two events on
+/// stream, all into a scratch copy of C's shape, so C is read (beta != 0) but never written.
+/// An aux output (the gelu_aux epilogues) is written by every run; the call's own run, after
+/// these, writes it last. A candidate cuBLASLt refuses at run time is skipped; the heuristic's
+/// first answer stands when every other is refused or slower.
+template <class T>
+GemmContext::Choice fastest_algorithm(GemmContext& ctx, const LtDescriptors& d,
+                                      std::span<const cublasLtMatmulHeuristicResult_t> candidates,
+                                      float alpha, const T* A, const T* B, float beta, const T* C,
+                                      std::int64_t rows, std::int64_t ldc, cudaStream_t stream) {
+  constexpr int timed_runs = 3;
+  const DeviceScratch out(static_cast<std::size_t>(rows * ldc) * sizeof(T), stream);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ZERO_CUDA_CHECK(cudaEventCreate(&start));
+  ZERO_CUDA_CHECK(cudaEventCreate(&stop));
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, out.as<T>(), d.c,
+                          &algo, ctx.workspace(), ctx.workspace_bytes(), stream);
+  };
+  float best_ms = 0;
+  std::size_t best = candidates.size();
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].state != CUBLAS_STATUS_SUCCESS ||
+        candidates[i].workspaceSize > ctx.workspace_bytes() ||
+        run(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    ZERO_CUDA_CHECK(cudaEventRecord(start, stream));
+    bool ran = true;
+    for (int r = 0; r < timed_runs && ran; ++r) {
+      ran = run(candidates[i].algo) == CUBLAS_STATUS_SUCCESS;
+    }
+    ZERO_CUDA_CHECK(cudaEventRecord(stop, stream));
+    ZERO_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    ZERO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ran && (best == candidates.size() || ms < best_ms)) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  if (best == candidates.size()) best = 0;
+  return GemmContext::Choice{candidates[best].algo, best != 0};
+}
+
 }  // namespace detail
 
 // ---- GEMM ---------------------------------------------------------------------------------------
 
-/// C[M,N] = epilogue(alpha*op(A)*op(B) + beta*C), row-major, leading dimensions lda, ldb, ldc
-/// (device pointers); bias (length N) is read by the bias epilogues only. Ordered on stream.
+/// C[M,N] = epilogue(alpha*op(A)*op(B) + beta*source), row-major, leading dimensions lda, ldb,
+/// ldc (device pointers); source is laid out as C and may be C itself (beta 0: not read); bias
+/// (length N) is read by the bias epilogues only; aux [M, ld_aux] (ld_aux a multiple of 8, at
+/// least N) receives the GELU's input under the gelu_aux epilogues and is read (only) under
+/// dgelu. Each element of C is rounded once. Ordered on stream.
 template <class T>
-void gemm(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
-          float alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C,
-          std::int64_t ldc, Epilogue epilogue, const T* bias, cudaStream_t stream) {
+void gemm_from(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, float beta,
+               const T* source, T* C, std::int64_t ldc, Epilogue epilogue, const T* bias, T* aux,
+               std::int64_t ld_aux, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   expect<ShapeError>(K > 0, "ops::cuda::gemm: K = ", K, " (M=", M, " N=", N,
                      "); an empty product is not a cuBLASLt shape");
-  expect<ShapeError>(epilogue == Epilogue::none || bias != nullptr, "ops::cuda::gemm: the ",
-                     epilogue == Epilogue::bias ? "bias" : "gelu_bias",
-                     " epilogue needs a bias pointer");
+  const bool biased = epilogue == Epilogue::bias || epilogue == Epilogue::gelu_bias ||
+                      epilogue == Epilogue::gelu_aux_bias;
+  const bool auxed = epilogue == Epilogue::gelu_aux || epilogue == Epilogue::gelu_aux_bias ||
+                     epilogue == Epilogue::dgelu;
+  expect<ShapeError>(!biased || bias != nullptr, "ops::cuda::gemm: epilogue ",
+                     static_cast<int>(epilogue), " needs a bias pointer");
+  expect<ShapeError>(!auxed || (aux != nullptr && ld_aux >= N && ld_aux % 8 == 0),
+                     "ops::cuda::gemm: the gelu_aux and dgelu epilogues need an aux pointer and "
+                     "a leading dimension that is a multiple of 8 and at least N (N=",
+                     N, ", ld_aux=", ld_aux, ")");
   constexpr cudaDataType_t type = cuda_data_type<T>();
   // Column-major view: D^T[N, M] = op(B)^T [N, K] * op(A)^T [K, M].
   const cublasOperation_t op_first = tb == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -212,15 +344,35 @@ void gemm(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, 
                                                    sizeof op_first));
   ZERO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                                    sizeof op_second));
-  const cublasLtEpilogue_t lt_epilogue = epilogue == Epilogue::bias ? CUBLASLT_EPILOGUE_BIAS
-                                         : epilogue == Epilogue::gelu_bias
-                                             ? CUBLASLT_EPILOGUE_GELU_BIAS
-                                             : CUBLASLT_EPILOGUE_DEFAULT;
+  const cublasLtEpilogue_t lt_epilogue = [&] {
+    switch (epilogue) {
+      case Epilogue::none:
+        break;
+      case Epilogue::bias:
+        return CUBLASLT_EPILOGUE_BIAS;
+      case Epilogue::gelu_bias:
+        return CUBLASLT_EPILOGUE_GELU_BIAS;
+      case Epilogue::gelu_aux:
+        return CUBLASLT_EPILOGUE_GELU_AUX;
+      case Epilogue::gelu_aux_bias:
+        return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      case Epilogue::dgelu:
+        return CUBLASLT_EPILOGUE_DGELU;
+    }
+    return CUBLASLT_EPILOGUE_DEFAULT;
+  }();
   ZERO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                    &lt_epilogue, sizeof lt_epilogue));
-  if (epilogue != Epilogue::none) {
+  if (biased) {
     ZERO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                      sizeof bias));
+  }
+  if (auxed) {  // aux is laid out as D: column-major [N, M] with leading dimension ld_aux
+    void* aux_pointer = aux;
+    ZERO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_pointer, sizeof aux_pointer));
+    ZERO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                     &ld_aux, sizeof ld_aux));
   }
   ZERO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, type, first_rows, first_cols, ldb));
   ZERO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, type, second_rows, second_cols, lda));
@@ -240,8 +392,9 @@ void gemm(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, 
                              beta == 0.0f,
                              detail::alignment_of(A),
                              detail::alignment_of(B),
-                             detail::alignment_of(C)};
-  const cublasLtMatmulAlgo_t algo = ctx.algorithm(key, [&] {
+                             std::min({detail::alignment_of(C), detail::alignment_of(source),
+                                       auxed ? detail::alignment_of(aux) : 256})};
+  const cublasLtMatmulAlgo_t algo = ctx.algorithm(key, [&](GemmTuning tuning, int candidates) {
     ZERO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
     const std::size_t ws = ctx.workspace_bytes();
     ZERO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -258,18 +411,41 @@ void gemm(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, 
         d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
     ZERO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
-    cublasLtMatmulHeuristicResult_t result{};
+    std::array<cublasLtMatmulHeuristicResult_t, GemmContext::max_candidates> results{};
     int found = 0;
-    ZERO_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                                     &result, &found));
+    ZERO_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref,
+                                                     candidates, results.data(), &found));
     expect<CudaError>(found > 0, "ops::cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N,
                       " K=", K, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
                       " epilogue=", static_cast<int>(epilogue), " (pointer alignments ",
                       key.align_a, "/", key.align_b, "/", key.align_c, " bytes)");
-    return result.algo;
+    if (tuning == GemmTuning::heuristic || found == 1) {
+      return GemmContext::Choice{results[0].algo, false};
+    }
+    return detail::fastest_algorithm(ctx, d, std::span(results.data(), found), alpha, A, B, beta,
+                                     source, M, ldc, stream);
   });
-  ZERO_CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
-                                   &algo, ctx.workspace(), ctx.workspace_bytes(), stream));
+  ZERO_CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, source, d.c, C,
+                                   d.c, &algo, ctx.workspace(), ctx.workspace_bytes(), stream));
+}
+
+/// gemm_from without an aux output.
+template <class T>
+void gemm_from(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, float beta,
+               const T* source, T* C, std::int64_t ldc, Epilogue epilogue, const T* bias,
+               cudaStream_t stream) {
+  gemm_from<T>(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, source, C, ldc, epilogue, bias,
+               nullptr, 0, stream);
+}
+
+/// C[M,N] = epilogue(alpha*op(A)*op(B) + beta*C): gemm_from with C as its own source.
+template <class T>
+void gemm(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+          float alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C,
+          std::int64_t ldc, Epilogue epilogue, const T* bias, cudaStream_t stream) {
+  gemm_from<T>(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, C, ldc, epilogue, bias,
+               stream);
 }
 
 /// gemm without an epilogue.

@@ -4,6 +4,9 @@
 // zero/ops/cpu/linear.hpp:
 //   forward:  out[n, o] = sum_c inp[n, c] * weight[o, c] + bias[o]     (bias in the epilogue)
 //   backward: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout
+//   forward_add: out = skip + forward (a residual's sum, skip as the GEMM's beta = 1 addend)
+//   gelu_aux_forward: pre = forward, out = gelu(pre) (cuBLASLt's GELU_AUX epilogue)
+//   backward_gelu: the input gradient through a GELU before the layer (cuBLASLt's DGELU)
 // Gradients accumulate (+=, GEMM beta = 1) like the host's. The bias gradient is a column sum in
 // a fixed order (no atomics): 32 columns per block, 8 row slices added in slice order.
 // An OC that is not a whole number of 16-byte packs (GPT-2's vocabulary, 50257) ran the LM head's
@@ -20,12 +23,15 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
 #include <zero/core/cuda_check.cuh>
 #include <zero/ops/cuda/column_sum.cuh>
 #include <zero/ops/cuda/common.cuh>
+#include <zero/ops/cuda/elementwise.cuh>
+#include <zero/ops/cuda/gelu.cuh>
 #include <zero/ops/cuda/gemm.cuh>
 
 namespace zero::ops::cuda {
@@ -139,9 +145,46 @@ void linear_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, con
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-/// out = gelu(inp @ weight^T + bias) in one cuBLASLt call (GELU-tanh epilogue; bias required).
-/// The GPT block keeps the pre-activation for its backward pass and so uses linear_forward plus
-/// gelu_forward; this fused form serves inference and the benchmark.
+/// out = skip + (inp @ weight^T + bias): a residual branch's last linear layer with the skip path
+/// as the GEMM's addend (beta = 1 from skip, out written once, each element rounded once; the
+/// host twin rounds the product, then the sum). A layer whose rows are padded (linear_pads_rows)
+/// runs linear_forward, then add. out and skip must not overlap.
+template <class T>
+void linear_forward_add(GemmContext& ctx, T* out, const T* skip, const T* inp, const T* weight,
+                        const T* bias, std::int64_t N, std::int64_t C, std::int64_t OC,
+                        cudaStream_t stream) {
+  if (linear_pads_rows<T>(OC)) {
+    linear_forward<T>(ctx, out, inp, weight, bias, N, C, OC, stream);
+    add<T>(out, skip, out, N * OC, stream);
+    return;
+  }
+  gemm_from<T>(ctx, Trans::no, Trans::yes, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, skip, out, OC,
+               bias != nullptr ? Epilogue::bias : Epilogue::none, bias, stream);
+}
+
+/// pre = inp @ weight^T + bias and out = gelu(pre) in one cuBLASLt call (its GELU_AUX epilogues:
+/// pre stored as the GELU's input beside out): a linear layer followed by GELU in training, whose
+/// backward reads pre. out is cuBLASLt's GELU (tanh approximation) of the unrounded sum, where
+/// the host twin (linear_forward, then gelu_forward) takes it of pre rounded. f32, an OC that is
+/// not a multiple of 8 (cuBLASLt's aux rows) and rows that are padded run the two calls instead.
+template <class T>
+void linear_gelu_aux_forward(GemmContext& ctx, T* pre, T* out, const T* inp, const T* weight,
+                             const T* bias, std::int64_t N, std::int64_t C, std::int64_t OC,
+                             cudaStream_t stream) {
+  if (std::is_same_v<T, float> || OC % 8 != 0 || linear_pads_rows<T>(OC) ||
+      !aligned16({pre, out})) {
+    linear_forward<T>(ctx, pre, inp, weight, bias, N, C, OC, stream);
+    gelu_forward<T>(out, pre, N * OC, stream);
+    return;
+  }
+  gemm_from<T>(ctx, Trans::no, Trans::yes, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, out, OC,
+               bias != nullptr ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux, bias, pre, OC,
+               stream);
+}
+
+/// out = gelu(inp @ weight^T + bias) in one cuBLASLt call (GELU-tanh epilogue; bias required),
+/// keeping no pre-activation: for inference and the benchmark (training uses
+/// linear_gelu_aux_forward).
 template <class T>
 void linear_gelu_forward(GemmContext& ctx, T* out, const T* inp, const T* weight, const T* bias,
                          std::int64_t N, std::int64_t C, std::int64_t OC, cudaStream_t stream) {
@@ -186,6 +229,29 @@ void linear_backward(GemmContext& ctx, T* dinp, T* dweight, T* dbias, const T* d
     column_sums<T, 1>({{dbias}}, BiasGradTerm<T>{dout, static_cast<int>(OC)}, N, OC,
                       "linear_backward", stream);
   }
+}
+
+/// A linear layer's backward through the GELU before it (inp = gelu(pre)): dpre = gelu'(pre) *
+/// (dout @ weight), written; dweight and dbias as linear_backward's (either may be null). In
+/// bf16/f16 the input-gradient GEMM applies GELU's derivative in its epilogue (cuBLASLt's DGELU,
+/// pre as its aux input: one rounding, where the host twin rounds dout @ weight first); f32, a C
+/// that is not a multiple of 8 or padded rows run linear_backward into scratch and gelu_backward.
+template <class T>
+void linear_backward_gelu(GemmContext& ctx, T* dpre, T* dweight, T* dbias, const T* dout,
+                          const T* inp, const T* weight, const T* pre, std::int64_t N,
+                          std::int64_t C, std::int64_t OC, cudaStream_t stream) {
+  if (std::is_same_v<T, float> || C % 8 != 0 || linear_pads_rows<T>(OC) ||
+      !aligned16({dpre, pre})) {
+    const DeviceScratch dinp(static_cast<std::size_t>(N * C) * sizeof(T), stream);
+    linear_backward<T>(ctx, dinp.as<T>(), dweight, dbias, dout, inp, weight, N, C, OC, true,
+                       stream);
+    gelu_backward<T>(dpre, pre, dinp.as<T>(), N * C, true, stream);
+    return;
+  }
+  // aux is only read under dgelu.
+  gemm_from<T>(ctx, Trans::no, Trans::no, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dpre, dpre, C,
+               Epilogue::dgelu, nullptr, const_cast<T*>(pre), C, stream);
+  linear_backward<T>(ctx, nullptr, dweight, dbias, dout, inp, weight, N, C, OC, false, stream);
 }
 
 /// linear_backward accumulating into dinp.
