@@ -54,6 +54,11 @@ namespace gpu = zero::ops::cuda;
 
 // ---- GEMM and linear ----------------------------------------------------------------------------
 
+/// A linear layer's shape: N rows of C inputs to OC outputs.
+struct LinearShape {
+  std::int64_t N, C, OC;
+};
+
 TEMPLATE_TEST_CASE("cuBLASLt gemm equals the host gemm for every transpose", "[cuda][gemm]", float,
                    bf16) {
   using T = TestType;
@@ -162,15 +167,13 @@ TEMPLATE_TEST_CASE("linear forward (bias epilogue) and backward equal the host's
                    float, bf16) {
   using T = TestType;
   gpu::GemmContext ctx;
-  struct Shape {
-    std::int64_t N, C, OC;
-  };
   std::uint32_t seed = 100;
-  for (const Shape s :
-       {Shape{1, 8, 8}, Shape{24, 64, 192}, Shape{17, 40, 24}, Shape{64, 128, 512},
-        Shape{300, 40, 24},  // 300 rows: the bias gradient's column sum in 5 chunks
+  for (const LinearShape s :
+       {LinearShape{1, 8, 8}, LinearShape{24, 64, 192}, LinearShape{17, 40, 24},
+        LinearShape{64, 128, 512},
+        LinearShape{300, 40, 24},  // 300 rows: the bias gradient's column sum in 5 chunks
         // Output rows that are not whole 16-byte packs go through padded scratch rows.
-        Shape{33, 64, 37}, Shape{5, 16, 1}, Shape{9, 24, 50257}}) {
+        LinearShape{33, 64, 37}, LinearShape{5, 16, 1}, LinearShape{9, 24, 50257}}) {
     INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC);
     const auto inp = random_vector<T>(static_cast<std::size_t>(s.N * s.C), seed++);
     const auto w = random_vector<T>(static_cast<std::size_t>(s.OC * s.C), seed++);
@@ -243,13 +246,11 @@ TEMPLATE_TEST_CASE("the GELU_AUX epilogues keep the pre-activation: linear then 
                    "[cuda][gemm]", float, bf16, f16) {
   using T = TestType;
   gpu::GemmContext ctx;
-  struct Shape {
-    std::int64_t N, C, OC;
-  };
   // OC 3072: GPT-2's c_fc, on the epilogue in bf16/f16; OC 20: not a multiple of 8, and f32
   // throughout: linear_forward then gelu_forward. With and without a bias.
   std::uint32_t seed = 300;
-  for (const Shape s : {Shape{64, 96, 3072}, Shape{33, 64, 256}, Shape{7, 16, 20}}) {
+  for (const LinearShape s :
+       {LinearShape{64, 96, 3072}, LinearShape{33, 64, 256}, LinearShape{7, 16, 20}}) {
     for (const bool with_bias : {true, false}) {
       INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC << " bias " << with_bias);
       const auto inp = random_vector<T>(static_cast<std::size_t>(s.N * s.C), seed++);
@@ -274,13 +275,11 @@ TEMPLATE_TEST_CASE("linear backward through a GELU (DGELU epilogue) equals the h
                    "[cuda][gemm]", float, bf16, f16) {
   using T = TestType;
   gpu::GemmContext ctx;
-  struct Shape {
-    std::int64_t N, C, OC;
-  };
   // C 3072 to OC 768: GPT-2's mlp.c_proj, on the epilogue in bf16/f16; C 20 (not a multiple of
   // 8) and f32: linear_backward into scratch, then gelu_backward.
   std::uint32_t seed = 400;
-  for (const Shape s : {Shape{64, 3072, 768}, Shape{33, 256, 64}, Shape{7, 20, 16}}) {
+  for (const LinearShape s :
+       {LinearShape{64, 3072, 768}, LinearShape{33, 256, 64}, LinearShape{7, 20, 16}}) {
     INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC);
     const auto pre = random_vector<T>(static_cast<std::size_t>(s.N * s.C), seed++);
     std::vector<T> inp(pre.size());

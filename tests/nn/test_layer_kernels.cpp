@@ -326,6 +326,46 @@ TEST_CASE("the host kernel set is the default and reports the host", "[unit][nn]
   CHECK(v == std::vector<float>{2, 3, 4, 5, 5});
 }
 
+TEST_CASE("the layers' fused forms refuse what they cannot do", "[unit][nn][layers][kernels]") {
+  Arena<> arena(1 << 20);
+  nn::StepContext<float> ctx;
+  ctx.arena = &arena;
+  ctx.batch = B;
+  ctx.seq_len = T;
+  std::vector<float> x(B * T * C, 0.5f);
+  ctx.x = Tensor<float>(x.data(), Shape{B * T, C});
+  const Tensor<const float> skip(x.data(), Shape{B * T, C});
+
+  // A unit whose last layer cannot add a skip path refuses one, before it runs anything.
+  nn::Sequential<float> unit;
+  unit.add<nn::Linear<float>>("fc", C, C);
+  unit.add<nn::GELU<float>>();
+  CHECK_FALSE(unit.last_adds_skip());
+  CHECK_THROWS_WITH(unit.forward(ctx, skip),
+                    Catch::Contains("the last layer (GELU) cannot add a skip path"));
+  CHECK(arena.used_bytes() == 0);
+
+  // A Linear refuses a skip path shaped otherwise than its output.
+  nn::Linear<float> wide("wide", C, 2 * C);
+  CHECK(wide.adds_skip());
+  CHECK_THROWS_AS(wide.forward_adding(ctx, skip), ShapeError);
+  CHECK_THROWS_WITH(wide.forward_adding(ctx, skip), Catch::Contains("Linear 'wide'"));
+
+  // Layers without a fused form say so; only GELU is fusable into the layer before it.
+  nn::GELU<float> gelu;
+  nn::ReLU<float> relu;
+  CHECK(gelu.fusable_as() == nn::FusedActivation::gelu);
+  CHECK(relu.fusable_as() == nn::FusedActivation::none);
+  CHECK_FALSE(gelu.applies(nn::FusedActivation::gelu));
+  CHECK_THROWS_WITH(gelu.forward_adding(ctx, skip),
+                    Catch::Contains("GELU") && Catch::Contains("does not add a skip path"));
+  CHECK_THROWS_WITH(relu.adopt_forward(ctx, ctx.x), Catch::Contains("only GELU"));
+  CHECK_THROWS_WITH(gelu.forward_activating(ctx, nn::FusedActivation::gelu),
+                    Catch::Contains("applies no activation"));
+  CHECK_THROWS_WITH(wide.backward_activating(ctx, nn::FusedActivation::none, skip),
+                    Catch::Contains("no fused backward"));
+}
+
 TEST_CASE("layers with host kernels only refuse a device kernel set", "[unit][nn][kernels]") {
   RecordingKernels<float> device(DeviceKind::cuda);
   Arena<> arena(1 << 20);
