@@ -131,7 +131,6 @@ TEMPLATE_TEST_CASE("a measured tuning times GEMMs into scratch: each result is s
     check_close(dc.download(), c, "gemm, measured tuning, cached");
   }
   CHECK(ctx.cached_shapes() == 5);
-  CHECK(ctx.retuned_shapes() <= ctx.cached_shapes());
   // The linear layers' GEMMs (a bias epilogue, beta 1 gradients, padded vocabulary rows).
   const std::int64_t N = 300, C = 64, OC = 1003;
   const auto inp = random_vector<T>(static_cast<std::size_t>(N * C), seed++);

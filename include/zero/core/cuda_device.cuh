@@ -54,10 +54,12 @@ class CudaStream {
   bool owned_ = false;
 };
 
-/// A CUDA event without timing, for ordering streams.
+/// A CUDA event for ordering streams: without timing unless made by timed().
 class CudaEvent {
  public:
-  CudaEvent() { ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  CudaEvent() : CudaEvent(cudaEventDisableTiming) {}
+  /// An event that also records a time (elapsed_ms), for measuring work on a stream.
+  static CudaEvent timed() { return CudaEvent(cudaEventDefault); }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
   CudaEvent(CudaEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
@@ -86,9 +88,16 @@ class CudaEvent {
     ZERO_CUDA_CHECK(status);
     return true;
   }
+  /// Milliseconds from start's recorded work to this event's (both timed() and complete).
+  float elapsed_ms(const CudaEvent& start) const {
+    float ms = 0;
+    ZERO_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+    return ms;
+  }
   cudaEvent_t native() const { return event_; }
 
  private:
+  explicit CudaEvent(unsigned flags) { ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&event_, flags)); }
   cudaEvent_t event_ = nullptr;
 };
 

@@ -76,8 +76,7 @@ class Activation : public Layer<T> {
   }
   void adopt_forward(StepContext<T>& ctx, Tensor<T> input) override {
     expect<Error>(kind_ == ActivationKind::gelu, describe(),
-                  ": only GELU is computed by the "
-                  "layer before it");
+                  ": only GELU is computed by the layer before it");
     expect<ShapeError>(input.shape() == ctx.x.shape(), describe(), ": input ", input.shape(),
                        " and output ", ctx.x.shape(), " differ");
     input_ = input;

@@ -39,6 +39,7 @@
 #include <cuda_runtime.h>
 
 #include <zero/core/cuda_check.cuh>
+#include <zero/core/cuda_device.cuh>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/ops/cpu/gemm.hpp>
@@ -268,9 +269,7 @@ GemmContext::Choice fastest_algorithm(GemmContext& ctx, const LtDescriptors& d,
                                       std::int64_t rows, std::int64_t ldc, cudaStream_t stream) {
   constexpr int timed_runs = 3;
   const DeviceScratch out(static_cast<std::size_t>(rows * ldc) * sizeof(T), stream);
-  cudaEvent_t start = nullptr, stop = nullptr;
-  ZERO_CUDA_CHECK(cudaEventCreate(&start));
-  ZERO_CUDA_CHECK(cudaEventCreate(&stop));
+  const CudaEvent start = CudaEvent::timed(), stop = CudaEvent::timed();
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, out.as<T>(), d.c,
                           &algo, ctx.workspace(), ctx.workspace_bytes(), stream);
@@ -283,22 +282,19 @@ GemmContext::Choice fastest_algorithm(GemmContext& ctx, const LtDescriptors& d,
         run(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) {
       continue;
     }
-    ZERO_CUDA_CHECK(cudaEventRecord(start, stream));
+    ZERO_CUDA_CHECK(cudaEventRecord(start.native(), stream));
     bool ran = true;
     for (int r = 0; r < timed_runs && ran; ++r) {
       ran = run(candidates[i].algo) == CUBLAS_STATUS_SUCCESS;
     }
-    ZERO_CUDA_CHECK(cudaEventRecord(stop, stream));
-    ZERO_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    ZERO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    ZERO_CUDA_CHECK(cudaEventRecord(stop.native(), stream));
+    stop.synchronize();
+    const float ms = stop.elapsed_ms(start);
     if (ran && (best == candidates.size() || ms < best_ms)) {
       best = i;
       best_ms = ms;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   ZERO_CUDA_CHECK(cudaGetLastError());
   if (best == candidates.size()) best = 0;
   return GemmContext::Choice{candidates[best].algo, best != 0};
