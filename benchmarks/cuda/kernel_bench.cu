@@ -192,6 +192,17 @@ int main(int argc, char** argv) {
     gpu::layer_norm_backward<bf16>(z.get(), dw.get(), db.get(), y.get(), x.get(), w.get(),
                                    mean.get(), rstd.get(), N, C, stream);
   });
+  {
+    // Its second kernel alone (the per-block partials of dweight and dbias added in block
+    // order), to say how much of the backward's time is that kernel.
+    const std::int64_t chunks =
+        (N + gpu::layer_norm_backward_rows - 1) / gpu::layer_norm_backward_rows;
+    DeviceArray<float> partials(2 * chunks * C);
+    bandwidth("layer_norm_backward_finish", 2.0 * chunks * C * 4 + 2.0 * 2 * C * e, [&] {
+      gpu::column_sum_detail::finish_column_sums<bf16, 2>({{dw.get(), db.get()}}, partials.get(),
+                                                          chunks, C, stream);
+    });
+  }
   DeviceArray<std::int32_t> tokens(N);
   std::vector<std::int32_t> token_values(static_cast<std::size_t>(N));
   for (std::size_t i = 0; i < token_values.size(); ++i) {
@@ -373,6 +384,24 @@ int main(int argc, char** argv) {
                  gpu::linear_forward_add<bf16>(ctx, fsum.get(), fskip.get(), fin.get(), fw.get(),
                                                fb.get(), N, 4 * C, C, stream);
                }));
+    // A residual branch's first LayerNorm: its input gradient from the skip path's, against a
+    // copy of the skip path's gradient and the backward adding into it.
+    const std::string ln = shape + ", \"layer\": \"ln_1\"";
+    fused_line(
+        "fused_layer_norm_backward_from", ln,
+        time_ms(repeats,
+                [&] {
+                  ZERO_CUDA_CHECK(cudaMemcpyAsync(fsum.get(), fskip.get(),
+                                                  static_cast<std::size_t>(N * C) * sizeof(bf16),
+                                                  cudaMemcpyDeviceToDevice, stream));
+                  gpu::layer_norm_backward<bf16>(fsum.get(), dw.get(), db.get(), y.get(), x.get(),
+                                                 w.get(), mean.get(), rstd.get(), N, C, stream);
+                }),
+        time_ms(repeats, [&] {
+          gpu::layer_norm_backward_from<bf16>(fsum.get(), fskip.get(), dw.get(), db.get(), y.get(),
+                                              x.get(), w.get(), mean.get(), rstd.get(), N, C,
+                                              stream);
+        }));
   }
 
   // ---- attention: flash against the cuBLAS reference ----

@@ -8,11 +8,17 @@
 #            every core, and on one fewer, as the delayed update runs it)
 #   all      tests, bench and the train_gpt_cuda runs
 #   profile  gpu_step under nsys, where the machine has it
+# Each phase's logs reach $OUT as soon as it ends (summary.txt and logs.tar.gz are rewritten after
+# every phase), so a call that runs past the device tool's limit still returns what finished. A
+# phase that starts with less than its usual time left of ZERO_DEVICE_BUDGET_S seconds from the
+# start (default 540, under the tool's 600 per call) is skipped; phases.txt says what each took.
 set -uo pipefail
 mode=${1:-quick}
 final=${OUT:-/tmp/out}
 logs=/tmp/zero-device-logs
 root=$(pwd)
+budget=${ZERO_DEVICE_BUDGET_S:-540}
+started=$(date +%s)
 rm -rf "$logs" && mkdir -p "$logs" "$final"
 rm -rf /tmp/zero-device && mkdir -p /tmp/zero-device && tar -C /tmp/zero-device -xJf .carry/pack.tar.xz
 bin=/tmp/zero-device/bin
@@ -73,26 +79,47 @@ run_train() {
   done
 }
 
+run_profile() {
+  if command -v nsys > /dev/null; then
+    timeout 200 nsys profile -o /tmp/zero-prof --force-overwrite true "$bin/gpu_step" --warmup 1 \
+      --steps 2 > "$logs/nsys_run.txt" 2>&1
+    nsys stats -r cuda_gpu_kern_sum /tmp/zero-prof.nsys-rep > "$logs/nsys_kernels.txt" 2>&1
+  else
+    echo "no nsys on this machine" > "$logs/nsys_run.txt"
+  fi
+}
+
+# What has finished, into $OUT: the summary, kernel_bench's lines and every log.
+save() {
+  tar -C "$logs" -czf "$final/logs.tar.gz" .
+  cat "$logs"/env.txt "$logs"/phases.txt "$logs"/tests.txt "$logs"/gpu_step.txt "$logs"/torch.txt \
+    "$logs"/optim_bench.txt "$logs"/train_gpt_cuda.txt > "$final/summary.txt" 2>/dev/null
+  cp "$logs"/kernel_bench.txt "$final/" 2>/dev/null
+  return 0
+}
+# phase NAME USUAL_S: runs run_NAME and saves, unless fewer than USUAL_S seconds of the budget
+# are left (then notes that it was skipped).
+phase() {
+  local name=$1 usual=$2 now
+  now=$(( $(date +%s) - started ))
+  if (( now + usual > budget )); then
+    echo "$name skipped at ${now} s: it usually takes ${usual} s, past the budget of ${budget} s" \
+      >> "$logs/phases.txt"
+    return
+  fi
+  "run_$name"
+  echo "$name took $(( $(date +%s) - started - now )) s (from ${now} s)" >> "$logs/phases.txt"
+  save
+}
+
 case $mode in
-  quick) run_tests; run_bench; run_train ;;
-  tests) run_tests ;;
-  bench) run_bench; run_baselines ;;
-  all) run_tests; run_bench; run_baselines; run_train ;;
-  profile)
-    if command -v nsys > /dev/null; then
-      timeout 200 nsys profile -o /tmp/zero-prof --force-overwrite true "$bin/gpu_step" --warmup 1 \
-        --steps 2 > "$logs/nsys_run.txt" 2>&1
-      nsys stats -r cuda_gpu_kern_sum /tmp/zero-prof.nsys-rep > "$logs/nsys_kernels.txt" 2>&1
-    else
-      echo "no nsys on this machine" > "$logs/nsys_run.txt"
-    fi
-    ;;
+  quick) phase tests 120; phase bench 120; phase train 60 ;;
+  tests) phase tests 120 ;;
+  bench) phase bench 120; phase baselines 60 ;;
+  all) phase tests 120; phase bench 120; phase baselines 60; phase train 60 ;;
+  profile) phase profile 120 ;;
   *) echo "run.sh: unknown mode $mode (quick, tests, bench, all, profile)"; exit 2 ;;
 esac
-echo "finished" >> "$logs/env.txt"
-tar -C "$logs" -czf "$final/logs.tar.gz" .
-cat "$logs"/env.txt "$logs"/tests.txt "$logs"/gpu_step.txt "$logs"/torch.txt "$logs"/optim_bench.txt \
-  "$logs"/train_gpt_cuda.txt \
-  > "$final/summary.txt" 2>/dev/null
-cp "$logs"/kernel_bench.txt "$final/" 2>/dev/null
+echo "finished after $(( $(date +%s) - started )) s" >> "$logs/env.txt"
+save
 exit 0

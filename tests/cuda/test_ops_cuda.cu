@@ -483,6 +483,25 @@ TEMPLATE_TEST_CASE("LayerNorm forward and backward equal the host's", "[cuda]", 
                 term_scale);
     check_close(d_dw.download(), dw, "layer_norm_backward dweight, twice");
     check_close(d_db.download(), db, "layer_norm_backward dbias, twice");
+    // dinp from another buffer (a residual's skip gradient; the NaNs in dinp are not read): the
+    // bits of adding into a copy of it, and the parameters' gradients still add.
+    const auto start = random_vector<T>(n, seed++);
+    DeviceVector<T> d_start(start), d_copy(start),
+        d_from(std::vector<T>(n, zero::convert<T>(std::numeric_limits<float>::quiet_NaN())));
+    gpu::layer_norm_backward<T>(d_copy.get(), d_dw.get(), d_db.get(), d_dy.get(), d_x.get(),
+                                d_w.get(), d_mean.get(), d_rstd.get(), s.N, s.C, nullptr);
+    gpu::layer_norm_backward_from<T>(d_from.get(), d_start.get(), d_dw.get(), d_db.get(),
+                                     d_dy.get(), d_x.get(), d_w.get(), d_mean.get(), d_rstd.get(),
+                                     s.N, s.C, nullptr);
+    CHECK(same_bits(d_from.download(), d_copy.download()));
+    CHECK(same_bits(d_start.download(), start));
+    std::vector<T> scratch(n);
+    for (int twice = 0; twice < 2; ++twice) {
+      cpu::layer_norm_backward<T>(scratch.data(), dw.data(), db.data(), dy.data(), x.data(),
+                                  w.data(), mean.data(), rstd.data(), s.N, s.C, true);
+    }
+    check_close(d_dw.download(), dw, "layer_norm_backward dweight, four times");
+    check_close(d_db.download(), db, "layer_norm_backward dbias, four times");
   }
 }
 

@@ -139,6 +139,12 @@ class RecordingKernels final : public nn::Kernels<T> {
     note("layer_norm_backward");
     host().layer_norm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, overwrite_dx);
   }
+  void layer_norm_backward_from(T* dx, const T* start, T* dw, T* db, const T* dy, const T* x,
+                                const T* w, const Stat* mean, const Stat* rstd, std::int64_t N,
+                                std::int64_t C) override {
+    note("layer_norm_backward_from");
+    host().layer_norm_backward_from(dx, start, dw, db, dy, x, w, mean, rstd, N, C);
+  }
   void gelu_forward(T* y, const T* x, std::int64_t n) override {
     note("gelu_forward");
     host().gelu_forward(y, x, n);

@@ -299,12 +299,28 @@ TEST_CASE("RMSNorm, Residual and CausalSelfAttention backwards equal finite diff
          s.template add<nn::Flatten<T>>();
          s.template add<nn::Linear<T>>("join", 8, hidden);
        }},
-      {"Residual MLP", [](auto& s) {
+      {"Residual MLP",
+       [](auto& s) {
          auto& r = s.template add<nn::Residual<T>>("mlp");
          r.template add<nn::LayerNorm<T>>("ln", hidden);
          r.template add<nn::Linear<T>>("fc", hidden, 2 * hidden);
          r.template add<nn::GELU<T>>();
          r.template add<nn::Linear<T>>("proj", 2 * hidden, hidden);
+       }},
+      // The skip gradient reaches each branch's first layer three ways: a LayerNorm that writes
+      // from it (the inner residual's), a residual that adds into a copy of it (the outer's
+      // first layer), a Linear that adds into a copy of it (the last residual's).
+      {"Residuals nested, and a branch starting with a Linear", [](auto& s) {
+         auto& outer = s.template add<nn::Residual<T>>("outer");
+         auto& inner = outer.template add<nn::Residual<T>>("inner");
+         inner.template add<nn::LayerNorm<T>>("ln", hidden);
+         inner.template add<nn::Linear<T>>("fc", hidden, hidden);
+         outer.template add<nn::LayerNorm<T>>("ln2", hidden);
+         outer.template add<nn::Linear<T>>("proj", hidden, hidden);
+         auto& last = s.template add<nn::Residual<T>>("last");
+         last.template add<nn::Linear<T>>("up", hidden, 2 * hidden);
+         last.template add<nn::GELU<T>>();
+         last.template add<nn::Linear<T>>("down", 2 * hidden, hidden);
        }}};
   for (const auto& [name, middle] : cases) {
     auto m = sandwich<T>(middle);

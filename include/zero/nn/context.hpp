@@ -52,6 +52,10 @@ struct StepContext {
   /// Set by Sequential for the backward of a layer whose writes_input_grad() is true: ctx.dx
   /// holds no gradient yet (it was not zeroed), so the layer writes it instead of adding into it.
   bool overwrite_dx = false;
+  /// Set by Sequential for the backward of a layer whose starts_input_grad() is true, when the
+  /// unit's input gradient starts from another buffer (a residual's skip gradient): ctx.dx holds
+  /// no gradient yet, and the layer writes dx = dx_start + its input gradient. Null otherwise.
+  const T* dx_start = nullptr;
   /// When set, Sequential times each layer's forward and backward into it by layer kind
   /// (profile/op_times.hpp); null (the default) times nothing.
   profile::OpTimes* op_times = nullptr;

@@ -14,7 +14,9 @@
 //   the probabilities, and takes head sizes up to 128 (ShapeError otherwise);
 // - the device kernels of the linear input gradient, LayerNorm and GELU add into dx; where the
 //   layer asks for dx to be written (overwrite_dx), the linear GEMM runs with beta = 0 and the
-//   other two write dx without reading it (no memset first, no read of zeros);
+//   other two write dx without reading it (no memset first, no read of zeros); a residual
+//   branch's first LayerNorm writes dx = skip gradient + its own (layer_norm_backward_from)
+//   instead of adding into a copy of the skip gradient;
 // - linear_forward_add (a residual branch's last linear layer) adds the skip path inside its GEMM
 //   (beta = 1 from the skip): each sum rounded once, where the host rounds the product first;
 // - linear_gelu_forward (a linear layer followed by GELU) applies GELU in the GEMM's epilogue in
@@ -183,6 +185,12 @@ class CudaKernels final : public Kernels<T> {
                            bool overwrite_dx) override {
     ops::cuda::layer_norm_backward<T>(dx, dw, db, dy, x, w, mean, rstd, N, C, overwrite_dx,
                                       stream_);
+  }
+  /// One kernel reading start where it would read dx (ops::cuda::layer_norm_backward_from).
+  void layer_norm_backward_from(T* dx, const T* start, T* dw, T* db, const T* dy, const T* x,
+                                const T* w, const Stat* mean, const Stat* rstd, std::int64_t N,
+                                std::int64_t C) override {
+    ops::cuda::layer_norm_backward_from<T>(dx, start, dw, db, dy, x, w, mean, rstd, N, C, stream_);
   }
   void gelu_forward(T* y, const T* x, std::int64_t n) override {
     ops::cuda::gelu_forward(y, x, n, stream_);

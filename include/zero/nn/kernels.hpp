@@ -139,6 +139,16 @@ class Kernels {
   virtual void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w,
                                    const Stat* mean, const Stat* rstd, std::int64_t N,
                                    std::int64_t C, bool overwrite_dx) = 0;
+  /// LayerNorm's gradients with dx = start + the input gradient (start [N, C], a residual's skip
+  /// gradient, distinct from dx; dw, db added into): the first layer of a residual's branch
+  /// (Layer::starts_input_grad). By default copy, then layer_norm_backward adding into dx (the
+  /// host's bits); a device set reads start where it would read dx, without the copy.
+  virtual void layer_norm_backward_from(T* dx, const T* start, T* dw, T* db, const T* dy,
+                                        const T* x, const T* w, const Stat* mean, const Stat* rstd,
+                                        std::int64_t N, std::int64_t C) {
+    copy(dx, start, N * C);
+    layer_norm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, false);
+  }
   /// GELU (tanh approximation) of n elements.
   virtual void gelu_forward(T* y, const T* x, std::int64_t n) = 0;
   /// GELU's input gradient (written when overwrite_dx, else added into dx).

@@ -118,6 +118,10 @@ class Layer {
   /// into it), so Sequential does not zero the buffer first. The values are those of adding
   /// into zeros.
   virtual bool writes_input_grad() const { return false; }
+  /// True when backward honours StepContext::dx_start (writes ctx.dx = dx_start + its input
+  /// gradient), so a Sequential whose input gradient starts from a residual's skip gradient does
+  /// not copy it into ctx.dx first. The values are those of adding into the copy.
+  virtual bool starts_input_grad() const { return false; }
   /// MACs and FLOPs of a forward that saw in (nn/flops.hpp conventions); empty when the layer
   /// does not know its count, and the flops profiler then shows its unit as n/a.
   virtual std::optional<FlopCount> forward_flops(const FlopInput& in) const {

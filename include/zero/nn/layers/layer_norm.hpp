@@ -41,12 +41,19 @@ class LayerNorm final : public Layer<T> {
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
+    const std::int64_t N = input_.numel() / channels_;
+    if (ctx.dx_start != nullptr) {
+      kernels_of(ctx).layer_norm_backward_from(
+          ctx.dx.data(), ctx.dx_start, weight_.grad.data(), bias_.grad.data(), ctx.dy.data(),
+          input_.data(), weight_.value.data(), mean_.data(), rstd_.data(), N, channels_);
+      return;
+    }
     kernels_of(ctx).layer_norm_backward(ctx.dx.data(), weight_.grad.data(), bias_.grad.data(),
                                         ctx.dy.data(), input_.data(), weight_.value.data(),
-                                        mean_.data(), rstd_.data(), input_.numel() / channels_,
-                                        channels_, ctx.overwrite_dx);
+                                        mean_.data(), rstd_.data(), N, channels_, ctx.overwrite_dx);
   }
   bool writes_input_grad() const override { return true; }
+  bool starts_input_grad() const override { return true; }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     return elementwise_flops(in.input.numel(), 5);

@@ -2,7 +2,8 @@
 // Residual: y = x + f(x) with f a list of layers (a Sequential inside the unit). Pre-LN
 // transformer blocks are two of them: Residual{LayerNorm, Linear, CausalSelfAttention, Linear}
 // and Residual{LayerNorm, Linear, GELU, Linear}. The backward starts the branch's input
-// gradient from dy (the skip path) and lets f's first layer add into it, the same order of
+// gradient from dy (the skip path) and lets f's first layer add into it (a LayerNorm reads dy
+// where it would read that gradient: Layer::starts_input_grad, no copy), the same order of
 // operations and roundings as GPT's blocks, so a block built this way gives the same bits as
 // nn::TransformerBlock (f64, f32 and bf16). A branch that ends in a Linear (no dropout after it)
 // has that layer write x + f(x) itself (Kernels::linear_forward_add): the same bits on the host,

@@ -188,7 +188,13 @@ class Sequential {
                              "Sequential::backward: the input gradient start has ",
                              input_grad_start.numel(), " elements, the unit's input ",
                              ctx.dx.numel());
-          kernels.copy(ctx.dx.data(), input_grad_start.data(), ctx.dx.numel());
+          // A layer that starts from it itself (a LayerNorm) reads it where it would read dx.
+          if (target == k && layers_[k]->starts_input_grad() &&
+              input_grad_start.data() != ctx.dx.data()) {
+            ctx.dx_start = input_grad_start.data();
+          } else {
+            kernels.copy(ctx.dx.data(), input_grad_start.data(), ctx.dx.numel());
+          }
         } else if (!ctx.overwrite_dx) {
           kernels.fill_zero(ctx.dx.data(), ctx.dx.numel());
         }
@@ -202,6 +208,7 @@ class Sequential {
           layers_[k]->backward(ctx);
         }
         ctx.overwrite_dx = false;
+        ctx.dx_start = nullptr;
       }
       ctx.dy = ctx.dx;
       turn ^= 1;

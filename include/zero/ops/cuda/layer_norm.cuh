@@ -11,7 +11,9 @@
 // is one fused kernel: each block of 8 warps takes 32 rows, reads x and dy once for dinp and for
 // its share of dweight and dbias, and leaves per-block partials that a second kernel adds in block
 // order. Other rows take column_sums for the parameter gradients. Both reduce in a fixed order, so
-// they are deterministic and need no atomics.
+// they are deterministic and need no atomics. The input gradient is written as start + its value:
+// start null (written without a read), dinp (added into) or another buffer, a residual's skip
+// gradient (layer_norm_backward_from), which saves the copy of the skip gradient into dinp first.
 // Reference: llm.c layernorm_forward/backward (dev/cuda/layernorm_*.cu).
 #if !defined(__CUDACC__)
 #error \
@@ -62,12 +64,13 @@ __global__ void __launch_bounds__(layer_norm_threads)
   }
 }
 
-/// One block per row n: dinp[n] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd (=,
-/// dinp not read, when overwrite).
+/// One block per row n: dinp[n] = start[n] + (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) *
+/// rstd, start null (dinp written, not read), dinp itself (added into) or another buffer (a
+/// residual's skip gradient).
 template <class T>
 __global__ void __launch_bounds__(layer_norm_threads)
-    layer_norm_backward_input_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
-                                     const float* mean, const float* rstd, int C, bool overwrite) {
+    layer_norm_backward_input_kernel(T* dinp, const T* start, const T* dout, const T* inp,
+                                     const T* weight, const float* mean, const float* rstd, int C) {
   const std::int64_t n = blockIdx.x;
   const T* x = inp + n * C;
   const T* dy = dout + n * C;
@@ -84,11 +87,12 @@ __global__ void __launch_bounds__(layer_norm_threads)
   const float dnorm_norm_mean =
       block_all_reduce<layer_norm_threads>(dnorm_norm_sum, SumOp{}) / static_cast<float>(C);
   T* dx = dinp + n * C;
+  const T* from = start != nullptr ? start + n * C : nullptr;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float norm = (load(x[c]) - m) * s;
     const float dnorm = load(weight[c]) * load(dy[c]);
     const float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-    dx[c] = store<T>(overwrite ? g : load(dx[c]) + g);
+    dx[c] = store<T>(from == nullptr ? g : load(from[c]) + g);
   }
 }
 
@@ -166,8 +170,9 @@ inline std::size_t layer_norm_backward_shared_bytes(std::int64_t C) {
 }
 
 /// The fused backward of the rows [32 b, 32 b + 32) of block b, one warp per row (warp w takes
-/// rows w, w + 8, ...), the row's x and dy in registers: dinp[n] += (dnorm - mean(dnorm) - norm *
-/// mean(dnorm * norm)) * rstd (=, dinp not read, when overwrite), and the block's
+/// rows w, w + 8, ...), the row's x and dy in registers: dinp[n] = start[n] + (dnorm - mean(dnorm)
+/// - norm * mean(dnorm * norm)) * rstd (start as layer_norm_backward_input_kernel's), and the
+/// block's
 /// parameter-gradient sums into partials [2][blocks][C] (norm * dy, then dy). Each warp adds its
 /// rows' terms, in row order, into its own slice of shared memory (warp_sums [warps][2][C],
 /// column c of pack i at j * packs + i, so a warp's lanes touch consecutive words); then each
@@ -178,9 +183,9 @@ inline std::size_t layer_norm_backward_shared_bytes(std::int64_t C) {
 template <class T, int Packs>
 __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
                                   Packs <= 2 ? 3 : (Packs == 4 ? 2 : 1))
-    layer_norm_backward_warp_kernel(T* dinp, float* partials, const T* dout, const T* inp,
-                                    const T* weight, const float* mean, const float* rstd, int N,
-                                    int C, bool overwrite) {
+    layer_norm_backward_warp_kernel(T* dinp, float* partials, const T* start, const T* dout,
+                                    const T* inp, const T* weight, const float* mean,
+                                    const float* rstd, int N, int C) {
   constexpr int P = pack_size<T>;
   extern __shared__ float warp_sums[];  // [warps][2][C]
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -203,12 +208,16 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
     const auto* dy = reinterpret_cast<const Pack<T>*>(dout + static_cast<std::int64_t>(n) * C);
     const float m = mean[n], s = rstd[n];
     auto* dx = reinterpret_cast<Pack<T>*>(dinp + static_cast<std::int64_t>(n) * C);
+    const auto* from =
+        start != nullptr
+            ? reinterpret_cast<const Pack<T>*>(start + static_cast<std::int64_t>(n) * C)
+            : nullptr;
     Pack<T> xs[Packs], dys[Packs], dxs[Packs];
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
     for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
       xs[k] = x[i];
       dys[k] = dy[i];
-      if (!overwrite) dxs[k] = dx[i];  // read with x and dy: one round trip to memory per row
+      if (from != nullptr) dxs[k] = from[i];  // read with x and dy: one round trip per row
     });
     for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
       const Pack<T> wp = w[i];
@@ -227,13 +236,13 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
     const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
     for_lane_packs<Packs>(lane, packs, [&](int k, int i) {
       const Pack<T> wp = w[i];
-      Pack<T> r;  // dxs[k] is read (and was loaded) only when adding
+      Pack<T> r;  // dxs[k] is read (and was loaded) only when starting from something
 #pragma unroll
       for (int j = 0; j < P; ++j) {
         const float norm = (load(xs[k].v[j]) - m) * s;
         const float dnorm = load(wp.v[j]) * load(dys[k].v[j]);
         const float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-        r.v[j] = store<T>(overwrite ? g : load(dxs[k].v[j]) + g);
+        r.v[j] = store<T>(from == nullptr ? g : load(dxs[k].v[j]) + g);
       }
       dx[i] = r;
     });
@@ -336,19 +345,21 @@ void layer_norm_forward(T* out, float* mean, float* rstd, const T* inp, const T*
   layer_norm_forward(out, mean, rstd, inp, weight, bias, N, C, 1e-5f, stream);
 }
 
-/// Accumulates dinp (writes it, without reading it, when overwrite_dinp), dweight, dbias from
-/// dout and the saved mean/rstd.
+/// dinp = start + LayerNorm's input gradient (start: null to write dinp without reading it, dinp
+/// to add into it, or another [N, C] buffer, such as a residual's skip gradient, which may not
+/// overlap dinp otherwise); dweight, dbias accumulated; from dout and the saved mean/rstd.
 template <class T>
-void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                         const T* weight, const float* mean, const float* rstd, std::int64_t N,
-                         std::int64_t C, bool overwrite_dinp, cudaStream_t stream) {
+void layer_norm_backward_from(T* dinp, const T* start, T* dweight, T* dbias, const T* dout,
+                              const T* inp, const T* weight, const float* mean, const float* rstd,
+                              std::int64_t N, std::int64_t C, cudaStream_t stream) {
   expect_int_range(N, "layer_norm_backward");
   expect_int_range(C, "layer_norm_backward");
   if (N == 0 || C == 0) return;
   const auto rows = static_cast<int>(N);
   const auto cols = static_cast<int>(C);
   const std::int64_t chunks = (N + layer_norm_backward_rows - 1) / layer_norm_backward_rows;
-  const int packs = layer_norm_lane_packs<T>(C, {dinp, dout, inp, weight});
+  const int packs = layer_norm_lane_packs<T>(
+      C, {dinp, start != nullptr ? static_cast<const void*>(start) : dinp, dout, inp, weight});
   if (packs != 0) {
     // Fused: one read of x and dy for all three gradients.
     DeviceScratch partials(static_cast<std::size_t>(2 * chunks * C) * sizeof(float), stream);
@@ -360,7 +371,7 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
       ZERO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(shared)));
       kernel<<<static_cast<unsigned>(chunks), 32 * layer_norm_backward_warps, shared, stream>>>(
-          dinp, partials.as<float>(), dout, inp, weight, mean, rstd, rows, cols, overwrite_dinp);
+          dinp, partials.as<float>(), start, dout, inp, weight, mean, rstd, rows, cols);
     });
     ZERO_CUDA_CHECK(cudaGetLastError());
     column_sum_detail::finish_column_sums<T, 2>({{dweight, dbias}}, partials.as<float>(), chunks, C,
@@ -368,11 +379,21 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
     return;
   }
   layer_norm_backward_input_kernel<T><<<static_cast<unsigned>(N), layer_norm_threads, 0, stream>>>(
-      dinp, dout, inp, weight, mean, rstd, cols, overwrite_dinp);
+      dinp, start, dout, inp, weight, mean, rstd, cols);
   ZERO_CUDA_CHECK(cudaGetLastError());
   column_sums<T, 2>({{dweight, dbias}},
                     LayerNormParamTerms<T>{dout, inp, mean, rstd, static_cast<int>(C)}, N, C,
                     "layer_norm_backward", stream);
+}
+
+/// Accumulates dinp (writes it, without reading it, when overwrite_dinp), dweight, dbias from
+/// dout and the saved mean/rstd.
+template <class T>
+void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                         const T* weight, const float* mean, const float* rstd, std::int64_t N,
+                         std::int64_t C, bool overwrite_dinp, cudaStream_t stream) {
+  layer_norm_backward_from<T>(dinp, overwrite_dinp ? nullptr : dinp, dweight, dbias, dout, inp,
+                              weight, mean, rstd, N, C, stream);
 }
 
 /// Accumulates dinp, dweight, dbias from dout and the saved mean/rstd.
