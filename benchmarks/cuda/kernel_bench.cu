@@ -263,6 +263,27 @@ int main(int argc, char** argv) {
     });
   }
   {
+    // As LinearCrossEntropy's training forward runs it, on rows of whole packs (50264 apart):
+    // the loss and the gradient in place, by the fused kernel (each row read once into
+    // registers) and by the forward and backward kernels one after the other. The bytes are
+    // the logits read and the gradient written, for both.
+    const std::int64_t ld = gpu::padded_row<bf16>(V);
+    DeviceArray<bf16> rows(N * ld);
+    DeviceArray<float> losses(N), row_stats(2 * N);
+    const double bytes = 2.0 * static_cast<double>(N * ld) * e;
+    bandwidth("cross_entropy_forward_backward_inplace", bytes, [&] {
+      gpu::cross_entropy_forward_backward<bf16>(losses.get(), row_stats.get(), rows.get(),
+                                                rows.get(), tokens.get(), N, V, ld, 1.0f, N,
+                                                stream);
+    });
+    bandwidth("cross_entropy_forward_then_backward_inplace", bytes, [&] {
+      gpu::cross_entropy_forward<bf16>(losses.get(), nullptr, row_stats.get(), rows.get(),
+                                       tokens.get(), N, V, ld, stream);
+      gpu::cross_entropy_backward<bf16>(rows.get(), rows.get(), tokens.get(), N, V, 1.0f, N,
+                                        row_stats.get(), ld, stream);
+    });
+  }
+  {
     DeviceArray<float> master(N * C);
     bandwidth("convert_f32_to_bf16", 6 * nc,
               [&] { gpu::convert_elements<bf16, float>(z.get(), master.get(), N * C, stream); });

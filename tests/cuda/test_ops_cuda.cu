@@ -656,6 +656,45 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
     }
     CHECK(zero_padding);
     check_close(rows, dlogits, "cross_entropy_backward, rows ld apart");
+
+    // Forward and backward in one call, in place, on the rows ld apart (whole packs: the fused
+    // kernel, each row in registers) and on rows V apart (the fused kernel where V is whole
+    // packs, the two kernels otherwise): the host's losses, row statistics and dlogits, zeros in
+    // the padding and in the ignored row.
+    for (const bool apart : {true, false}) {
+      INFO("rows " << (apart ? "ld" : "V") << " apart");
+      const std::int64_t stride = apart ? ld : s.V;
+      std::vector<T> source = apart ? padded : logits;
+      DeviceVector<T> d_rows(source);
+      DeviceVector<float> d_fused_losses(static_cast<std::size_t>(s.N));
+      DeviceVector<float> d_fused_stats(static_cast<std::size_t>(2 * s.N));
+      gpu::cross_entropy_forward_backward<T>(d_fused_losses.get(), d_fused_stats.get(),
+                                             d_rows.get(), d_rows.get(), d_targets.get(), s.N, s.V,
+                                             stride, dloss, valid, nullptr);
+      check_close(d_fused_losses.download(), losses, "cross_entropy_forward_backward losses");
+      auto fused_stats = d_fused_stats.download(), stats = d_stats.download();
+      for (std::size_t n = 0; n < targets.size(); ++n) {  // ignored rows keep no statistics
+        if (targets[n] == cpu::ignore_index) fused_stats[2 * n] = fused_stats[2 * n + 1] = 0.0f;
+        if (targets[n] == cpu::ignore_index) stats[2 * n] = stats[2 * n + 1] = 0.0f;
+      }
+      check_close(fused_stats, stats, "cross_entropy_forward_backward row statistics");
+      const auto back = d_rows.download();
+      std::vector<T> fused_rows(logits.size());
+      bool zeros = true;
+      for (std::int64_t n = 0; n < s.N; ++n) {
+        std::copy_n(back.begin() + n * stride, s.V, fused_rows.begin() + n * s.V);
+        for (std::int64_t v = s.V; v < stride; ++v) {
+          zeros = zeros && zero::convert<float>(back[n * stride + v]) == 0.0f;
+        }
+        if (targets[n] == cpu::ignore_index) {
+          for (std::int64_t v = 0; v < s.V; ++v) {
+            zeros = zeros && zero::convert<float>(back[n * stride + v]) == 0.0f;
+          }
+        }
+      }
+      CHECK(zeros);
+      check_close(fused_rows, dlogits, "cross_entropy_forward_backward dlogits");
+    }
   }
 }
 

@@ -92,6 +92,14 @@ class RecordingKernels final : public nn::Kernels<T> {
     note("cross_entropy_mean");
     return host().cross_entropy_mean(losses, targets, N, valid);
   }
+  void cross_entropy_forward_backward(Stat* losses, T* dlogits, const T* logits,
+                                      const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                      std::int64_t ld, Stat* row_stats, Stat dloss,
+                                      std::int64_t valid) override {
+    note("cross_entropy_forward_backward");
+    host().cross_entropy_forward_backward(losses, dlogits, logits, targets, N, V, ld, row_stats,
+                                          dloss, valid);
+  }
   void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                               std::int64_t N, std::int64_t V, std::int64_t ld, Stat dloss,
                               std::int64_t valid, const Stat* row_stats) override {

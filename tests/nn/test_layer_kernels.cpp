@@ -271,9 +271,11 @@ TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][
   CHECK(recording.calls["add_periodic_rows"] == 1);  // the positions
   CHECK(recording.calls["embedding_backward"] == 2);
   CHECK(recording.calls["count_valid_targets"] == 1);
-  CHECK(recording.calls["cross_entropy_forward"] == 3);  // 10 rows in chunks of 4
+  // 10 rows in chunks of 4, each chunk's loss and gradient in one call in the training forward.
+  CHECK(recording.calls["cross_entropy_forward_backward"] == 3);
+  CHECK(recording.calls["cross_entropy_forward"] == 0);
   CHECK(recording.calls["cross_entropy_mean"] == 1);
-  CHECK(recording.calls["cross_entropy_backward"] == 3);
+  CHECK(recording.calls["cross_entropy_backward"] == 0);
   // 4 per block (c_fc with its GELU in one call; with dropout after them, the c_proj layers add
   // no skip path) and the head's 3 chunks; the head's gradients came in the forward (a backward
   // product per chunk there, none in the head's backward).
@@ -449,7 +451,10 @@ TEST_CASE("LinearCrossEntropy in a split backward over padded logits rows", "[un
     ctx.weight_grads = deferred;
     ctx.dx = Tensor<float>(dx.data(), Shape{N, in});
     loss.backward(ctx);
-    CHECK(padding.calls["cross_entropy_backward"] == 3);
+    // A training forward takes each chunk's gradient with its loss; otherwise the backward
+    // computes it.
+    CHECK(padding.calls["cross_entropy_forward_backward"] == (training ? 3 : 0));
+    CHECK(padding.calls["cross_entropy_backward"] == (training ? 0 : 3));
     return std::pair{dx, dw};
   };
   // A training forward computed the gradients: a split backward has no product left to defer

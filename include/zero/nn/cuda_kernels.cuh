@@ -27,8 +27,10 @@
 // - the loss: count_valid_targets and cross_entropy_mean return host values, so a loss layer's
 //   forward waits for the stream twice (as PyTorch's loss.item()); the backward reads each
 //   row's softmax max and sum from the forward's row_stats (device memory) when the layer kept
-//   them, as the host does; a target outside the vocabulary makes its row's loss NaN instead of
-//   the host's ShapeError;
+//   them, as the host does; a loss layer that takes its gradients in its forward runs both in
+//   one kernel that reads each row once (cross_entropy_forward_backward), summing in another
+//   order than the two kernels (float rounding apart); a target outside the vocabulary makes its
+//   row's loss NaN instead of the host's ShapeError;
 // - a linear layer whose output rows are not a whole number of 16 bytes (a vocabulary of 50257)
 //   runs its GEMMs on rows padded in scratch (ops/cuda/linear.cuh), which the tensor-core GEMMs
 //   need.
@@ -235,6 +237,16 @@ class CudaKernels final : public Kernels<T> {
                               std::int64_t valid, const Stat* row_stats) override {
     ops::cuda::cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, row_stats,
                                          ld, stream_);
+  }
+
+  /// One pass over each row for both where the row fits the fused kernel's registers
+  /// (ops::cuda::cross_entropy_forward_backward; GPT-2's vocabulary does).
+  void cross_entropy_forward_backward(Stat* losses, T* dlogits, const T* logits,
+                                      const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                      std::int64_t ld, Stat* row_stats, Stat dloss,
+                                      std::int64_t valid) override {
+    ops::cuda::cross_entropy_forward_backward<T>(losses, row_stats, dlogits, logits, targets, N, V,
+                                                 ld, dloss, valid, stream_);
   }
 
   /// Flash attention keeps each row's log-sum-exp: float [B, NH, Tn].

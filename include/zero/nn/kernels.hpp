@@ -185,6 +185,17 @@ class Kernels {
                                       std::int64_t N, std::int64_t V, std::int64_t ld, Stat dloss,
                                       std::int64_t valid, const Stat* row_stats) = 0;
 
+  /// cross_entropy_forward, then cross_entropy_backward of the same rows from its row_stats
+  /// (dlogits may be logits): a loss layer that takes its gradients in its forward. By default
+  /// the two calls (the host's bits); a device set may read each row once for both.
+  virtual void cross_entropy_forward_backward(Stat* losses, T* dlogits, const T* logits,
+                                              const std::int32_t* targets, std::int64_t N,
+                                              std::int64_t V, std::int64_t ld, Stat* row_stats,
+                                              Stat dloss, std::int64_t valid) {
+    cross_entropy_forward(losses, logits, targets, N, V, ld, row_stats);
+    cross_entropy_backward(dlogits, logits, targets, N, V, ld, dloss, valid, row_stats);
+  }
+
   /// Bytes attention_forward saves for its backward at B sequences of Tn positions and NH heads.
   virtual std::size_t attention_saved_bytes(std::int64_t B, std::int64_t Tn,
                                             std::int64_t NH) const = 0;

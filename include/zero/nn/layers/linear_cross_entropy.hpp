@@ -121,13 +121,15 @@ class LinearCrossEntropy final : public Layer<T> {
       const std::int64_t rows = std::min(chunk_, N - n0);
       const T* x = input_.data() + n0 * in_;
       kernels.linear_forward(logits_.data(), x, weight.data, nullptr, rows, in_, ld_);
-      kernels.cross_entropy_forward(losses.data() + n0, logits_.data(), labels_data_ + n0, rows,
-                                    classes_, ld_, row_stats_.data() + 2 * n0);
       if (grads_in_forward_) {  // the chunk's logits become its dlogits, in place
-        kernels.cross_entropy_backward(logits_.data(), logits_.data(), labels_data_ + n0, rows,
-                                       classes_, ld_, dloss, valid_, row_stats_.data() + 2 * n0);
+        kernels.cross_entropy_forward_backward(losses.data() + n0, logits_.data(), logits_.data(),
+                                               labels_data_ + n0, rows, classes_, ld_,
+                                               row_stats_.data() + 2 * n0, dloss, valid_);
         kernels.linear_backward(input_grad_.data() + n0 * in_, weight_grad_.data(), nullptr,
                                 logits_.data(), x, weight.data, rows, in_, ld_, true);
+      } else {
+        kernels.cross_entropy_forward(losses.data() + n0, logits_.data(), labels_data_ + n0, rows,
+                                      classes_, ld_, row_stats_.data() + 2 * n0);
       }
     }
     ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) +

@@ -7,7 +7,9 @@
 // One block per row streams over the vocabulary once, 16 bytes per thread at a time, keeping an
 // online softmax's running maximum and sum of exponentials per thread (rescaled when a pack brings
 // a new maximum), then merges the threads' pairs (the host makes two passes: maximum, then sum;
-// the results agree to float rounding). The forward can keep each row's maximum and sum
+// the results agree to float rounding). A loss layer that takes its gradients in its forward
+// runs both in one kernel (cross_entropy_forward_backward: each row read once into registers and
+// written once, llm.c's fused classifier). The forward can keep each row's maximum and sum
 // (row_stats, as the host twin does); a backward given them makes one pass that reads the logits
 // and writes the gradient, and without them it first makes the forward's pass again. No second
 // logits-sized buffer exists: dlogits may be the logits buffer itself (each element is read and
@@ -22,6 +24,7 @@
 #endif
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -223,6 +226,91 @@ __global__ void __launch_bounds__(cross_entropy_threads)
   });
 }
 
+/// Threads per row of the fused forward and backward, which holds the row in registers.
+inline constexpr int cross_entropy_fused_threads = 1024;
+
+/// One block per row, the row's packs [0, ld / P) in registers (Packs per thread, pack i of
+/// thread t at k = i / blockDim.x): the forward and the backward of cross_entropy_forward_kernel
+/// and cross_entropy_backward_kernel reading the logits once. The maximum first, then the sum
+/// of exp(x - max) over the registers (the host's two passes, without reading the row twice);
+/// losses[n] and row_stats (when not null) as the forward's; dlogits[n] (may be logits, each
+/// pack written by the thread that read it, after the row's reductions) as the backward's with
+/// scale = dloss / valid, zeros in [V, ld) and for ignored rows.
+template <class T, int Packs>
+__global__ void __launch_bounds__(cross_entropy_fused_threads)
+    cross_entropy_fused_kernel(float* losses, float* row_stats, T* dlogits, const T* logits,
+                               const std::int32_t* targets, int V, std::int64_t ld, float scale) {
+  constexpr int P = pack_size<T>;
+  const std::int64_t n = blockIdx.x;
+  const std::int32_t target = targets[n];
+  const int packs = static_cast<int>(ld / P);
+  const auto* x = reinterpret_cast<const Pack<T>*>(logits + n * ld);
+  auto* d = reinterpret_cast<Pack<T>*>(dlogits + n * ld);
+  if (target == ignore_index) {  // uniform over the block: no thread reaches a barrier
+    Pack<T> zeros;
+#pragma unroll
+    for (int j = 0; j < P; ++j) zeros.v[j] = store<T>(0.0f);
+    for (int i = threadIdx.x; i < packs; i += blockDim.x) d[i] = zeros;
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    return;
+  }
+  const bool counted = target >= 0 && target < V;
+  // Read before the barriers below, so before any thread overwrites the row.
+  const float target_logit = threadIdx.x == 0 && counted ? load(logits[n * ld + target]) : 0.0f;
+  Pack<T> row[Packs];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < Packs; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (i < packs) {
+      row[k] = x[i];
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        if (i * P + j < V) m = fmaxf(m, load(row[k].v[j]));
+      }
+    }
+  }
+  const float maxval = block_all_reduce<cross_entropy_fused_threads>(m, MaxOp{});
+  const float max_log2 = maxval * log2e;
+  float s = 0.0f;
+  if (maxval != -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < Packs; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+      if (i < packs) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          if (i * P + j < V) s += softmax_exp<T>(load(row[k].v[j]), maxval, max_log2);
+        }
+      }
+    }
+  }
+  const float sum = block_all_reduce<cross_entropy_fused_threads>(s, SumOp{});
+  if (threadIdx.x == 0) {
+    losses[n] = counted ? logf(sum) + maxval - target_logit : __int_as_float(0x7fc00000);
+    if (row_stats != nullptr) {
+      row_stats[2 * n] = maxval;
+      row_stats[2 * n + 1] = sum;
+    }
+  }
+  const float inv = 1.0f / sum;
+#pragma unroll
+  for (int k = 0; k < Packs; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (i < packs) {
+      Pack<T> q;
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        const int v = i * P + j;
+        float g = v < V ? softmax_exp<T>(load(row[k].v[j]), maxval, max_log2) * inv * scale : 0.0f;
+        if (v == target) g -= scale;
+        q.v[j] = store<T>(g);
+      }
+      d[i] = q;
+    }
+  }
+}
+
 // ---- launchers ----------------------------------------------------------------------------------
 
 /// Per-token losses [N] (0 for ignored tokens), when mean is not null the mean over valid tokens
@@ -319,6 +407,67 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
                             std::int64_t N, std::int64_t V, float dloss, std::int64_t valid,
                             cudaStream_t stream) {
   cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, nullptr, V, stream);
+}
+
+/// Packs per thread the fused kernel needs for rows of ld elements (1, 2, 4 or 8), or 0 when it
+/// cannot take them: ld not a whole number of packs, a pointer not 16-byte aligned, or a row of
+/// more than 8 packs per thread (over 65536 bf16 or 32768 float logits).
+template <class T>
+int cross_entropy_fused_packs(std::int64_t ld, const void* logits, const void* dlogits) {
+  if (ld % pack_size<T> != 0 || !aligned16({logits, dlogits})) return 0;
+  const std::int64_t per_thread =
+      (ld / pack_size<T> + cross_entropy_fused_threads - 1) / cross_entropy_fused_threads;
+  for (int packs : {1, 2, 4, 8}) {
+    if (per_thread <= packs) return packs;
+  }
+  return 0;
+}
+
+/// cross_entropy_forward (losses, row_stats when not null) and then cross_entropy_backward of the
+/// same rows (dlogits for the mean over valid targets scaled by dloss; dlogits is logits or does
+/// not overlap it): a loss layer that takes its gradients in its forward. Rows of whole 16-byte
+/// packs, 16-byte aligned, up to 8 packs a thread of 1024 (GPT-2's 50257 logits in rows of
+/// 50264) go through one kernel that reads each row once and writes it once; others run the two
+/// kernels. The sums run in another order than the two kernels' (a split of the row over 1024
+/// threads, maximum first), so the two forms agree to float rounding, not bit for bit.
+template <class T>
+void cross_entropy_forward_backward(float* losses, float* row_stats, T* dlogits, const T* logits,
+                                    const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                    std::int64_t ld, float dloss, std::int64_t valid,
+                                    cudaStream_t stream) {
+  expect_int_range(N, "cross_entropy_forward_backward");
+  expect_int_range(V, "cross_entropy_forward_backward");
+  expect_int_range(ld, "cross_entropy_forward_backward");
+  expect_int_range(valid, "cross_entropy_forward_backward");
+  ld = cpu::detail::logits_row_stride(V, ld, "cross_entropy_forward_backward");
+  if (N == 0) return;
+  const int packs = V > 0 ? cross_entropy_fused_packs<T>(ld, logits, dlogits) : 0;
+  if (packs == 0) {
+    cross_entropy_forward<T>(losses, nullptr, row_stats, logits, targets, N, V, ld, stream);
+    cross_entropy_backward<T>(dlogits, logits, targets, N, V, dloss, valid, row_stats, ld, stream);
+    return;
+  }
+  const float scale = valid > 0 ? dloss / static_cast<float>(valid) : 0.0f;
+  const auto launch = [&](auto per_thread) {
+    cross_entropy_fused_kernel<T, decltype(per_thread)::value>
+        <<<static_cast<unsigned>(N), cross_entropy_fused_threads, 0, stream>>>(
+            losses, row_stats, dlogits, logits, targets, static_cast<int>(V), ld, scale);
+  };
+  switch (packs) {
+    case 1:
+      launch(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      launch(std::integral_constant<int, 2>{});
+      break;
+    case 4:
+      launch(std::integral_constant<int, 4>{});
+      break;
+    default:
+      launch(std::integral_constant<int, 8>{});
+      break;
+  }
+  ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
 namespace detail {
