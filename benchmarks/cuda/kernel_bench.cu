@@ -442,10 +442,18 @@ int main(int argc, char** argv) {
                                              stream);
     });
     line("flash_attention_forward_speedup", cfg, ref_fwd / flash_fwd, "x");
-    // As the layers run it: delta = rowsum(dout * out) from the forward's output.
+    // As the layers run it: delta = rowsum(dout * out) from the forward's output, dqkv written
+    // (Sequential no longer zeroes it first).
     const double flash_bwd = rate("flash_attention_backward", cfg, 2.5 * fwd_flops, [&] {
       gpu::attention_backward<bf16>(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, Tn,
-                                    C, NH, gpu::DropoutMask{}, stream);
+                                    C, NH, gpu::DropoutMask{}, true, stream);
+    });
+    // Added into dqkv, with the zeroing the layers did before: what writing it saves.
+    rate("flash_attention_backward_zeroed_and_added", cfg, 2.5 * fwd_flops, [&] {
+      ZERO_CUDA_CHECK(cudaMemsetAsync(dqkv.get(), 0,
+                                      static_cast<std::size_t>(N * 3 * C) * sizeof(bf16), stream));
+      gpu::attention_backward<bf16>(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, Tn,
+                                    C, NH, gpu::DropoutMask{}, false, stream);
     });
     // Without it: delta from the probabilities, a first pass over the keys in the dq kernel.
     rate("flash_attention_backward_delta_from_probabilities", cfg, 2.5 * fwd_flops, [&] {

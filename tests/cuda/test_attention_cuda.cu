@@ -4,6 +4,7 @@
 // att, dqkv).
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -100,6 +101,24 @@ void compare_flash(const AttnShape& s, const cpu::DropoutMask& dropout, double r
   check_close(d_dqkv.download(), dqkv, "flash attention dqkv", rel, ulps);
   check_close(d_dqkv_given_out.download(), dqkv, "flash attention dqkv, delta from dout . out", rel,
               ulps);
+  // Written instead of added (NaN in the buffer, never read): the values of adding into zeros
+  // (== on floats: a zero's sign may differ), with delta from the probabilities and from out.
+  for (const T* given : {static_cast<const T*>(nullptr), static_cast<const T*>(d_out.get())}) {
+    DeviceVector<T> d_written(
+        std::vector<T>(qkv.size(), zero::convert<T>(std::numeric_limits<float>::quiet_NaN())));
+    DeviceVector<T> d_added(std::vector<T>(qkv.size(), zero::convert<T>(0.0f)));
+    gpu::attention_backward<T>(d_written.get(), d_dout.get(), d_qkv.get(), given, d_lse.get(), s.B,
+                               s.T, C, s.NH, dropout, true, nullptr);
+    gpu::attention_backward<T>(d_added.get(), d_dout.get(), d_qkv.get(), given, d_lse.get(), s.B,
+                               s.T, C, s.NH, dropout, false, nullptr);
+    const auto written = d_written.download(), added = d_added.download();
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < written.size(); ++i) {
+      differ += zero::convert<float>(written[i]) == zero::convert<float>(added[i]) ? 0 : 1;
+    }
+    INFO("delta " << (given != nullptr ? "from dout . out" : "from the probabilities"));
+    CHECK(differ == 0);
+  }
 }
 
 }  // namespace

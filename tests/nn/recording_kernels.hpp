@@ -183,9 +183,9 @@ class RecordingKernels final : public nn::Kernels<T> {
   }
   void attention_backward(T* dqkv, const T* dy, const T* qkv, const T* y, const std::byte* saved,
                           std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
-                          const ops::cpu::DropoutMask& mask) override {
+                          const ops::cpu::DropoutMask& mask, bool overwrite_dx) override {
     note("attention_backward");
-    host().attention_backward(dqkv, dy, qkv, y, saved, B, Tn, C, NH, mask);
+    host().attention_backward(dqkv, dy, qkv, y, saved, B, Tn, C, NH, mask, overwrite_dx);
   }
 
  private:

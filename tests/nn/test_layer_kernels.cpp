@@ -129,6 +129,9 @@ TEMPLATE_TEST_CASE("a GPT block runs on the kernel set of its pass", "[unit][nn]
     CHECK(recording.calls["dropout_backward"] == 2);
     CHECK(recording.calls["add"] == (checkpoint ? 4 : 2));
     CHECK(recording.calls["allocate"] >= 2);
+    // Gradient buffers zeroed before a layer adds into them: the two residual dropouts'; the
+    // attention writes its input gradient (as LayerNorm, the linear layers and GELU do).
+    CHECK(recording.calls["fill_zero"] == 2);
     // Copies: each residual starts its branch's input gradient from the skip path's, in the
     // residual's own input gradient (the unit writes it, so nothing is copied after), and the
     // branch's first layer, a LayerNorm, reads the skip path's where it would read that buffer,
@@ -162,6 +165,7 @@ TEMPLATE_TEST_CASE(
     CHECK(recording.calls["linear_backward"] == 4);
     CHECK(recording.calls["dropout_forward"] == 0);
     CHECK(recording.calls["copy"] == (checkpoint ? 1 : 0));
+    CHECK(recording.calls["fill_zero"] == 0);  // every layer writes its input gradient
   }
   // A set that fuses GELU's backward into c_proj's (as the device's does) runs the pair as one
   // call: the same bits here, where that call is the host's two kernels.

@@ -12,9 +12,9 @@
 // ordered on the stream and none synchronises the host. Differences from the host set:
 // - attention is the flash kernel: it saves each row's log-sum-exp (float [B, NH, T]) instead of
 //   the probabilities, and takes head sizes up to 128 (ShapeError otherwise);
-// - the device kernels of the linear input gradient, LayerNorm and GELU add into dx; where the
-//   layer asks for dx to be written (overwrite_dx), the linear GEMM runs with beta = 0 and the
-//   other two write dx without reading it (no memset first, no read of zeros); a residual
+// - the device kernels of the linear input gradient, LayerNorm, GELU and attention add into dx;
+//   where the layer asks for dx to be written (overwrite_dx), the linear GEMM runs with beta = 0
+//   and the others write dx without reading it (no memset first, no read of zeros); a residual
 //   branch's first LayerNorm writes dx = skip gradient + its own (layer_norm_backward_from)
 //   instead of adding into a copy of the skip gradient;
 // - linear_forward_add (a residual branch's last linear layer) adds the skip path inside its GEMM
@@ -260,11 +260,12 @@ class CudaKernels final : public Kernels<T> {
     ops::cuda::attention_forward(y, reinterpret_cast<float*>(saved), qkv, B, Tn, C, NH, mask,
                                  stream_);
   }
+  /// Written, when overwrite_dx, by the kernels themselves (no zeroing, no read of dqkv).
   void attention_backward(T* dqkv, const T* dy, const T* qkv, const T* y, const std::byte* saved,
                           std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
-                          const ops::cpu::DropoutMask& mask) override {
+                          const ops::cpu::DropoutMask& mask, bool overwrite_dx) override {
     ops::cuda::attention_backward<T>(dqkv, dy, qkv, y, reinterpret_cast<const float*>(saved), B, Tn,
-                                     C, NH, mask, stream_);
+                                     C, NH, mask, overwrite_dx, stream_);
   }
 
  private:

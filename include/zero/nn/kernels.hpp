@@ -205,11 +205,12 @@ class Kernels {
                                  std::int64_t Tn, std::int64_t C, std::int64_t NH,
                                  const ops::cpu::DropoutMask& mask) = 0;
   /// dqkv += the gradient of attention_forward given dy, its output y and what it saved (a set
-  /// may use y: the device's tensor-core kernels take their row sums of dy * y from it).
+  /// may use y: the device's tensor-core kernels take their row sums of dy * y from it); dqkv
+  /// is written, not added into, when overwrite_dx.
   virtual void attention_backward(T* dqkv, const T* dy, const T* qkv, const T* y,
                                   const std::byte* saved, std::int64_t B, std::int64_t Tn,
                                   std::int64_t C, std::int64_t NH,
-                                  const ops::cpu::DropoutMask& mask) = 0;
+                                  const ops::cpu::DropoutMask& mask, bool overwrite_dx) = 0;
 };
 
 /// zero::ops::cpu on host memory; stateless, so one instance per element type serves every
@@ -316,11 +317,13 @@ class HostKernels final : public Kernels<T> {
                          const ops::cpu::DropoutMask& mask) override {
     ops::cpu::attention_forward(y, reinterpret_cast<T*>(saved), qkv, B, Tn, C, NH, mask);
   }
-  /// y is not used: the host's backward sums att * datt from the probabilities it saved.
+  /// y is not used: the host's backward sums att * datt from the probabilities it saved. It
+  /// adds, so overwrite_dx zeroes dqkv first (the bits of a zeroed buffer).
   void attention_backward(T* dqkv, const T* dy, const T* qkv, const T* y, const std::byte* saved,
                           std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
-                          const ops::cpu::DropoutMask& mask) override {
+                          const ops::cpu::DropoutMask& mask, bool overwrite_dx) override {
     (void)y;
+    if (overwrite_dx) fill_zero(dqkv, B * Tn * 3 * C);
     ops::cpu::attention_backward(dqkv, dy, qkv, reinterpret_cast<const T*>(saved), B, Tn, C, NH,
                                  mask);
   }

@@ -55,8 +55,10 @@ class CausalSelfAttention final : public Layer<T> {
   }
   void backward(StepContext<T>& ctx) override {
     kernels_of(ctx).attention_backward(ctx.dx.data(), ctx.dy.data(), qkv_.data(), y_.data(),
-                                       saved_.data(), B_, T_, C_, heads_, mask_);
+                                       saved_.data(), B_, T_, C_, heads_, mask_, ctx.overwrite_dx);
   }
+  /// The device's kernels write dqkv themselves; the host's zero it first (kernels.hpp).
+  bool writes_input_grad() const override { return true; }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     // Per sequence and head, T(T+1)/2 unmasked scores, each a head_dim dot product for QK^T and

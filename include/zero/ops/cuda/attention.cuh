@@ -17,7 +17,8 @@
 // dout . out instead when the caller passes the forward's output, see attention_mma.cuh), then
 //   dq kernel:   warp per query row, over key tiles: ds = p (dp - delta) scale, dq += ds k
 //   dkdv kernel: warp per key row, over query tiles: dv += dropout(p) dout, dk += ds q
-// Each gradient element is owned by one lane, which adds into dqkv (+=, rounded once).
+// Each gradient element is owned by one lane, which adds into dqkv (+=, rounded once), or writes
+// it when the caller asks (overwrite_dqkv: dqkv not read, no zeroing first).
 //
 // These kernels use CUDA cores: they serve f32 and the head sizes the tensor-core kernels do not
 // take. bf16 and f16 at head size 64 or 128 (16-byte aligned pointers) run attention_mma.cuh's
@@ -140,12 +141,13 @@ __global__ void __launch_bounds__(flash_rows * 32)
 
 // ---- backward -----------------------------------------------------------------------------------
 
-/// Warp per query row t: delta[t] = sum_t2 p dp, then dq_t += sum_t2 ds k_t2 into dqkv.
+/// Warp per query row t: delta[t] = sum_t2 p dp, then dq_t += sum_t2 ds k_t2 into dqkv (=, dqkv
+/// not read, when overwrite).
 template <class T, int HD>
 __global__ void __launch_bounds__(flash_rows * 32)
     flash_attention_backward_dq_kernel(T* dqkv, float* delta, const T* dout, const T* qkv,
                                        const float* lse, int Tn, int C, int NH, int hs, float scale,
-                                       DropoutMask dropout) {
+                                       DropoutMask dropout, bool overwrite) {
   constexpr int per_lane = HD / 32;
   __shared__ float q_s[flash_rows][HD];
   __shared__ float do_s[flash_rows][HD];
@@ -216,19 +218,21 @@ __global__ void __launch_bounds__(flash_rows * 32)
     T* g = dqkv + (static_cast<std::int64_t>(b) * Tn + t) * stride + h * hs;
 #pragma unroll
     for (int r = 0; r < per_lane; ++r) {
-      if (lane + 32 * r < hs) g[lane + 32 * r] = store<T>(load(g[lane + 32 * r]) + dq[r]);
+      if (lane + 32 * r < hs) {
+        g[lane + 32 * r] = store<T>(overwrite ? dq[r] : load(g[lane + 32 * r]) + dq[r]);
+      }
     }
     if (lane == 0) delta[static_cast<std::int64_t>(bh) * Tn + t] = delta_t;
   }
 }
 
 /// Warp per key row j: over the query tiles from j's on, dv_j += dropout(p) dout_t and
-/// dk_j += ds q_t, into dqkv.
+/// dk_j += ds q_t, into dqkv (=, dqkv not read, when overwrite).
 template <class T, int HD>
 __global__ void __launch_bounds__(flash_rows * 32)
     flash_attention_backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
                                          const float* delta, int Tn, int C, int NH, int hs,
-                                         float scale, DropoutMask dropout) {
+                                         float scale, DropoutMask dropout, bool overwrite) {
   constexpr int per_lane = HD / 32;
   __shared__ float k_s[flash_rows][HD];
   __shared__ float v_s[flash_rows][HD];
@@ -291,8 +295,8 @@ __global__ void __launch_bounds__(flash_rows * 32)
     for (int r = 0; r < per_lane; ++r) {
       const int d = lane + 32 * r;
       if (d >= hs) continue;
-      g[C + d] = store<T>(load(g[C + d]) + dk[r]);
-      g[2 * C + d] = store<T>(load(g[2 * C + d]) + dv[r]);
+      g[C + d] = store<T>(overwrite ? dk[r] : load(g[C + d]) + dk[r]);
+      g[2 * C + d] = store<T>(overwrite ? dv[r] : load(g[2 * C + d]) + dv[r]);
     }
   }
 }
@@ -364,15 +368,16 @@ void attention_forward(T* out, float* lse, const T* qkv, std::int64_t B, std::in
   attention_forward(out, lse, qkv, B, Tn, C, NH, DropoutMask{}, stream);
 }
 
-/// Accumulates dqkv [B, T, 3C] from dout [B, T, C], the forward input qkv, its output out (may be
-/// null) and its lse; dropout must be the forward's mask. Uses B*NH*T floats of stream-ordered
-/// scratch. Given out, the tensor-core kernels take delta = rowsum(dout * out) from a small
-/// kernel instead of a first pass over the keys (attention_mma.cuh); the CUDA-core kernels always
-/// make that pass.
+/// Accumulates dqkv [B, T, 3C] (writes it, without reading it, when overwrite_dqkv) from dout
+/// [B, T, C], the forward input qkv, its output out (may be null) and its lse; dropout must be
+/// the forward's mask. Uses B*NH*T floats of stream-ordered scratch. Given out, the tensor-core
+/// kernels take delta = rowsum(dout * out) from a small kernel instead of a first pass over the
+/// keys (attention_mma.cuh); the CUDA-core kernels always make that pass. Every element of dqkv
+/// is one lane's, so writing gives the values of adding into zeros (a zero's sign aside).
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
-                        const DropoutMask& dropout, cudaStream_t stream) {
+                        const DropoutMask& dropout, bool overwrite_dqkv, cudaStream_t stream) {
   if (B == 0 || Tn == 0) return;
   const int hs = detail::flash_head_size(B, Tn, C, NH, "attention_backward");
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -384,21 +389,31 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   if (mma::takes<T>(hs, {dqkv, dout, qkv, out})) {  // bf16/f16, head 64 or 128: tensor cores
     const int Bi = static_cast<int>(B);
     if (hs == 64) {
-      mma::backward<T, 64>(dqkv, d, dout, qkv, out, lse, Bi, Ti, Ci, NHi, scale, dropout, stream);
+      mma::backward<T, 64>(dqkv, d, dout, qkv, out, lse, Bi, Ti, Ci, NHi, scale, dropout,
+                           overwrite_dqkv, stream);
     } else {
-      mma::backward<T, 128>(dqkv, d, dout, qkv, out, lse, Bi, Ti, Ci, NHi, scale, dropout, stream);
+      mma::backward<T, 128>(dqkv, d, dout, qkv, out, lse, Bi, Ti, Ci, NHi, scale, dropout,
+                            overwrite_dqkv, stream);
     }
     return;
   }
   detail::with_head_capacity(hs, [&](auto capacity) {
     constexpr int HD = decltype(capacity)::value;
     flash_attention_backward_dq_kernel<T, HD><<<grid, flash_rows * 32, 0, stream>>>(
-        dqkv, d, dout, qkv, lse, Ti, Ci, NHi, hs, scale, dropout);
+        dqkv, d, dout, qkv, lse, Ti, Ci, NHi, hs, scale, dropout, overwrite_dqkv);
     ZERO_CUDA_CHECK(cudaGetLastError());
     flash_attention_backward_dkdv_kernel<T, HD><<<grid, flash_rows * 32, 0, stream>>>(
-        dqkv, dout, qkv, lse, d, Ti, Ci, NHi, hs, scale, dropout);
+        dqkv, dout, qkv, lse, d, Ti, Ci, NHi, hs, scale, dropout, overwrite_dqkv);
   });
   ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// attention_backward accumulating into dqkv.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                        std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
+                        const DropoutMask& dropout, cudaStream_t stream) {
+  attention_backward<T>(dqkv, dout, qkv, out, lse, B, Tn, C, NH, dropout, false, stream);
 }
 
 /// attention_backward without the forward's output: delta from the probabilities.

@@ -283,11 +283,12 @@ __device__ __forceinline__ void stream_tiles(T* a_buf, T* b_buf, int ld, const T
 }
 
 /// Adds a 16 x HD accumulator block (rows row0 and row0 + 8 of this lane) into dst (row stride
-/// row_stride) for rows below Tn, each element rounded once.
+/// row_stride) for rows below Tn, each element rounded once; writes it (dst not read) when
+/// overwrite.
 template <class T, int HD>
 __device__ __forceinline__ void add_rows(T* dst, std::int64_t row_stride,
-                                         const float (&acc)[HD / 8][4], int row0, int Tn,
-                                         int lane) {
+                                         const float (&acc)[HD / 8][4], int row0, int Tn, int lane,
+                                         bool overwrite) {
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + half * 8;
     if (row >= Tn) continue;
@@ -295,8 +296,8 @@ __device__ __forceinline__ void add_rows(T* dst, std::int64_t row_stride,
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt) {
       T* e = r + nt * 8;
-      e[0] = store<T>(load(e[0]) + acc[nt][2 * half]);
-      e[1] = store<T>(load(e[1]) + acc[nt][2 * half + 1]);
+      e[0] = store<T>(overwrite ? acc[nt][2 * half] : load(e[0]) + acc[nt][2 * half]);
+      e[1] = store<T>(overwrite ? acc[nt][2 * half + 1] : load(e[1]) + acc[nt][2 * half + 1]);
     }
   }
 }
@@ -449,11 +450,11 @@ __global__ void delta_kernel(float* delta, const T* out, const T* dout, int B, i
 
 /// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 query rows, the last first): dq += dS K, with
 /// delta computed here from P and dP (written to delta for the dk/dv kernel) or, GivenDelta, read
-/// from delta.
+/// from delta. overwrite writes dq into dqkv instead of adding (dqkv not read).
 template <class T, int HD, bool GivenDelta, bool Dropping>
 __global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
     backward_dq_kernel(T* dqkv, float* delta, const T* dout, const T* qkv, const float* lse, int Tn,
-                       int C, int NH, float scale, cpu::DropoutMask dropout) {
+                       int C, int NH, float scale, cpu::DropoutMask dropout, bool overwrite) {
   constexpr int KT = stream_rows<HD, true>, LD = HD + row_pad;
   extern __shared__ __align__(16) unsigned char shared[];
   T* q_s = reinterpret_cast<T*>(shared);
@@ -579,7 +580,7 @@ __global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
                         }
                       });
   add_rows<T, HD>(dqkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD, stride, dq, row0, Tn,
-                  lane);
+                  lane, overwrite);
   if (!GivenDelta && (lane & 3) == 0) {
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + r * 8;
@@ -591,11 +592,13 @@ __global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
 // ---- backward: dk, dv ---------------------------------------------------------------------------
 
 /// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 key rows, the first of every head first): over
-/// the query tiles from the block's first key on, dv += P^T dO and dk += dS^T Q, into dqkv.
+/// the query tiles from the block's first key on, dv += P^T dO and dk += dS^T Q, into dqkv (=,
+/// dqkv not read, when overwrite).
 template <class T, int HD, bool Dropping>
 __global__ void __launch_bounds__(block_threads)
     backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta,
-                         int Tn, int C, int NH, float scale, cpu::DropoutMask dropout) {
+                         int Tn, int C, int NH, float scale, cpu::DropoutMask dropout,
+                         bool overwrite) {
   constexpr int QT = stream_rows<HD, true>, LD = HD + row_pad;
   extern __shared__ __align__(16) unsigned char shared[];
   T* k_s = reinterpret_cast<T*>(shared);
@@ -694,8 +697,8 @@ __global__ void __launch_bounds__(block_threads)
         }
       });
   T* g = dqkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
-  add_rows<T, HD>(g + C, stride, dk, key0, Tn, lane);
-  add_rows<T, HD>(g + 2 * C, stride, dv, key0, Tn, lane);
+  add_rows<T, HD>(g + C, stride, dk, key0, Tn, lane, overwrite);
+  add_rows<T, HD>(g + 2 * C, stride, dv, key0, Tn, lane, overwrite);
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -771,12 +774,13 @@ void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, flo
   });
 }
 
-/// The backward into dqkv; delta is B*NH*T floats of scratch. out (the forward's output, may be
-/// null) gives delta as rowsum(dout * out) and dq one pass over the keys.
+/// The backward into dqkv (added, or written when overwrite); delta is B*NH*T floats of scratch.
+/// out (the forward's output, may be null) gives delta as rowsum(dout * out) and dq one pass over
+/// the keys.
 template <class T, int HD>
 void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out, const float* lse,
               int B, int Tn, int C, int NH, float scale, const cpu::DropoutMask& dropout,
-              cudaStream_t stream) {
+              bool overwrite, cudaStream_t stream) {
   const dim3 grid = grid_of(B, Tn, NH);
   with_dropout(dropout, [&](auto dropping) {
     if (out != nullptr) {
@@ -786,15 +790,15 @@ void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out, 
       ZERO_CUDA_CHECK(cudaGetLastError());
       launch(backward_dq_kernel<T, HD, true, decltype(dropping)::value>, grid,
              dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv, lse, Tn, C, NH, scale,
-             dropout);
+             dropout, overwrite);
     } else {
       launch(backward_dq_kernel<T, HD, false, decltype(dropping)::value>, grid,
              dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv, lse, Tn, C, NH, scale,
-             dropout);
+             dropout, overwrite);
     }
     launch(backward_dkdv_kernel<T, HD, decltype(dropping)::value>, grid, dkdv_shared_bytes<T, HD>(),
            stream, dqkv, dout, qkv, lse, static_cast<const float*>(delta), Tn, C, NH, scale,
-           dropout);
+           dropout, overwrite);
   });
 }
 
