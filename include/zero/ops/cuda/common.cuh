@@ -144,6 +144,38 @@ inline bool aligned16(std::initializer_list<const void*> pointers) {
   return true;
 }
 
+/// Packs per lane (1, 2, 4 or 8, the counts with_lane_packs compiles) a kernel that holds a row of
+/// packs 16-byte packs in the registers of lanes threads needs, or 0 when that is over 8.
+inline int lane_packs_for(std::int64_t packs, std::int64_t lanes) {
+  const std::int64_t per_lane = (packs + lanes - 1) / lanes;
+  for (int n : {1, 2, 4, 8}) {
+    if (per_lane <= n) return n;
+  }
+  return 0;
+}
+
+/// Calls fn(std::integral_constant<int, Packs>{}) for Packs = packs in {1, 2, 4, 8} and returns
+/// true; false for any other count (the caller's kernels that hold no row take it).
+template <class Fn>
+bool with_lane_packs(int packs, Fn&& fn) {
+  switch (packs) {
+    case 1:
+      fn(std::integral_constant<int, 1>{});
+      return true;
+    case 2:
+      fn(std::integral_constant<int, 2>{});
+      return true;
+    case 4:
+      fn(std::integral_constant<int, 4>{});
+      return true;
+    case 8:
+      fn(std::integral_constant<int, 8>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 // ---- launch sizing ------------------------------------------------------------------------------
 
 /// Threads per block of the elementwise kernels.

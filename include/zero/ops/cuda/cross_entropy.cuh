@@ -24,7 +24,6 @@
 #endif
 
 #include <cstdint>
-#include <initializer_list>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -415,12 +414,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
 template <class T>
 int cross_entropy_fused_packs(std::int64_t ld, const void* logits, const void* dlogits) {
   if (ld % pack_size<T> != 0 || !aligned16({logits, dlogits})) return 0;
-  const std::int64_t per_thread =
-      (ld / pack_size<T> + cross_entropy_fused_threads - 1) / cross_entropy_fused_threads;
-  for (int packs : {1, 2, 4, 8}) {
-    if (per_thread <= packs) return packs;
-  }
-  return 0;
+  return lane_packs_for(ld / pack_size<T>, cross_entropy_fused_threads);
 }
 
 /// cross_entropy_forward (losses, row_stats when not null) and then cross_entropy_backward of the
@@ -448,25 +442,11 @@ void cross_entropy_forward_backward(float* losses, float* row_stats, T* dlogits,
     return;
   }
   const float scale = valid > 0 ? dloss / static_cast<float>(valid) : 0.0f;
-  const auto launch = [&](auto per_thread) {
+  with_lane_packs(packs, [&](auto per_thread) {
     cross_entropy_fused_kernel<T, decltype(per_thread)::value>
         <<<static_cast<unsigned>(N), cross_entropy_fused_threads, 0, stream>>>(
             losses, row_stats, dlogits, logits, targets, static_cast<int>(V), ld, scale);
-  };
-  switch (packs) {
-    case 1:
-      launch(std::integral_constant<int, 1>{});
-      break;
-    case 2:
-      launch(std::integral_constant<int, 2>{});
-      break;
-    case 4:
-      launch(std::integral_constant<int, 4>{});
-      break;
-    default:
-      launch(std::integral_constant<int, 8>{});
-      break;
-  }
+  });
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -261,39 +261,13 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
   }
 }
 
-/// Calls fn(std::integral_constant<int, Packs>{}) for Packs = packs in {1, 2, 4, 8} and returns
-/// true; false for any other count (the rows take the block-per-row kernels).
-template <class Fn>
-bool with_lane_packs(int packs, Fn&& fn) {
-  switch (packs) {
-    case 1:
-      fn(std::integral_constant<int, 1>{});
-      return true;
-    case 2:
-      fn(std::integral_constant<int, 2>{});
-      return true;
-    case 4:
-      fn(std::integral_constant<int, 4>{});
-      return true;
-    case 8:
-      fn(std::integral_constant<int, 8>{});
-      return true;
-    default:
-      return false;
-  }
-}
-
 /// Packs per lane the warp-per-row kernels need for rows of C (1, 2, 4 or 8), or 0 when the rows
 /// go one block per row: C not a whole number of packs, a pointer not 16-byte aligned, or a row
 /// over 8 packs per lane.
 template <class T>
 int layer_norm_lane_packs(std::int64_t C, std::initializer_list<const void*> pointers) {
   if (C % pack_size<T> != 0 || !aligned16(pointers)) return 0;
-  const std::int64_t per_lane = (C / pack_size<T> + 31) / 32;
-  for (int packs : {1, 2, 4, 8}) {
-    if (per_lane <= packs) return packs;
-  }
-  return 0;
+  return lane_packs_for(C / pack_size<T>, 32);
 }
 
 /// LayerNorm's parameter-gradient terms of row n, column c: (x - mean) rstd dy and dy.
