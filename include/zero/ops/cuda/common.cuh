@@ -154,6 +154,17 @@ inline int lane_packs_for(std::int64_t packs, std::int64_t lanes) {
   return 0;
 }
 
+/// Calls fn(k, i) for each of the Packs packs i = lane + lanes k of a row of packs that this lane
+/// holds (i < packs): a warp's lanes (lanes 32) or a block's threads (lanes blockDim.x).
+template <int Packs, class Fn>
+__device__ __forceinline__ void for_lane_packs(int lane, int packs, Fn&& fn, int lanes = 32) {
+#pragma unroll
+  for (int k = 0; k < Packs; ++k) {
+    const int i = lane + lanes * k;
+    if (i < packs) fn(k, i);
+  }
+}
+
 /// Calls fn(std::integral_constant<int, Packs>{}) for Packs = packs in {1, 2, 4, 8} and returns
 /// true; false for any other count (the caller's kernels that hold no row take it).
 template <class Fn>

@@ -256,33 +256,32 @@ __global__ void __launch_bounds__(cross_entropy_fused_threads)
   const bool counted = target >= 0 && target < V;
   // Read before the barriers below, so before any thread overwrites the row.
   const float target_logit = threadIdx.x == 0 && counted ? load(logits[n * ld + target]) : 0.0f;
+  const int lane = static_cast<int>(threadIdx.x), lanes = static_cast<int>(blockDim.x);
   Pack<T> row[Packs];
   float m = -INFINITY;
+  for_lane_packs<Packs>(
+      lane, packs,
+      [&](int k, int i) {
+        row[k] = x[i];
 #pragma unroll
-  for (int k = 0; k < Packs; ++k) {
-    const int i = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
-    if (i < packs) {
-      row[k] = x[i];
-#pragma unroll
-      for (int j = 0; j < P; ++j) {
-        if (i * P + j < V) m = fmaxf(m, load(row[k].v[j]));
-      }
-    }
-  }
+        for (int j = 0; j < P; ++j) {
+          if (i * P + j < V) m = fmaxf(m, load(row[k].v[j]));
+        }
+      },
+      lanes);
   const float maxval = block_all_reduce<cross_entropy_fused_threads>(m, MaxOp{});
   const float max_log2 = maxval * log2e;
   float s = 0.0f;
   if (maxval != -INFINITY) {
+    for_lane_packs<Packs>(
+        lane, packs,
+        [&](int k, int i) {
 #pragma unroll
-    for (int k = 0; k < Packs; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
-      if (i < packs) {
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          if (i * P + j < V) s += softmax_exp<T>(load(row[k].v[j]), maxval, max_log2);
-        }
-      }
-    }
+          for (int j = 0; j < P; ++j) {
+            if (i * P + j < V) s += softmax_exp<T>(load(row[k].v[j]), maxval, max_log2);
+          }
+        },
+        lanes);
   }
   const float sum = block_all_reduce<cross_entropy_fused_threads>(s, SumOp{});
   if (threadIdx.x == 0) {
@@ -293,21 +292,21 @@ __global__ void __launch_bounds__(cross_entropy_fused_threads)
     }
   }
   const float inv = 1.0f / sum;
+  for_lane_packs<Packs>(
+      lane, packs,
+      [&](int k, int i) {
+        Pack<T> q;
 #pragma unroll
-  for (int k = 0; k < Packs; ++k) {
-    const int i = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
-    if (i < packs) {
-      Pack<T> q;
-#pragma unroll
-      for (int j = 0; j < P; ++j) {
-        const int v = i * P + j;
-        float g = v < V ? softmax_exp<T>(load(row[k].v[j]), maxval, max_log2) * inv * scale : 0.0f;
-        if (v == target) g -= scale;
-        q.v[j] = store<T>(g);
-      }
-      d[i] = q;
-    }
-  }
+        for (int j = 0; j < P; ++j) {
+          const int v = i * P + j;
+          float g =
+              v < V ? softmax_exp<T>(load(row[k].v[j]), maxval, max_log2) * inv * scale : 0.0f;
+          if (v == target) g -= scale;
+          q.v[j] = store<T>(g);
+        }
+        d[i] = q;
+      },
+      lanes);
 }
 
 // ---- launchers ----------------------------------------------------------------------------------

@@ -99,17 +99,6 @@ __global__ void __launch_bounds__(layer_norm_threads)
 /// Rows per block of the warp-per-row kernels.
 inline constexpr int layer_norm_warps = 4;
 
-/// Calls fn(k, i) for each of the Packs packs i = lane + 32 k of a row of packs that this lane
-/// holds (i < packs).
-template <int Packs, class Fn>
-__device__ __forceinline__ void for_lane_packs(int lane, int packs, Fn&& fn) {
-#pragma unroll
-  for (int k = 0; k < Packs; ++k) {
-    const int i = lane + 32 * k;
-    if (i < packs) fn(k, i);
-  }
-}
-
 /// One warp per row n, the row in registers (Packs 16-byte packs per lane): mean, centred
 /// variance, then the normalised row.
 template <class T, int Packs>
@@ -172,13 +161,12 @@ inline std::size_t layer_norm_backward_shared_bytes(std::int64_t C) {
 /// The fused backward of the rows [32 b, 32 b + 32) of block b, one warp per row (warp w takes
 /// rows w, w + 8, ...), the row's x and dy in registers: dinp[n] = start[n] + (dnorm - mean(dnorm)
 /// - norm * mean(dnorm * norm)) * rstd (start as layer_norm_backward_input_kernel's), and the
-/// block's
-/// parameter-gradient sums into partials [2][blocks][C] (norm * dy, then dy). Each warp adds its
-/// rows' terms, in row order, into its own slice of shared memory (warp_sums [warps][2][C],
-/// column c of pack i at j * packs + i, so a warp's lanes touch consecutive words); then each
-/// column's warp sums are added in warp order. Kept in registers, those sums took 194 registers
-/// a thread at C = 768 in bf16 (one block of 8 warps an SM); in shared memory the warps of
-/// several blocks hide each other's loads. The partials go to
+/// block's parameter-gradient sums into partials [2][blocks][C] (norm * dy, then dy). Each warp
+/// adds its rows' terms, in row order, into its own slice of shared memory (warp_sums
+/// [warps][2][C], column c of pack i at j * packs + i, so a warp's lanes touch consecutive words);
+/// then each column's warp sums are added in warp order. Kept in registers, those sums took 194
+/// registers a thread at C = 768 in bf16 (one block of 8 warps an SM); in shared memory the warps
+/// of several blocks hide each other's loads. The partials go to
 /// column_sum_detail::finish_column_sums, so the whole is deterministic.
 template <class T, int Packs>
 __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
