@@ -7,11 +7,13 @@
 // and its model FLOP rate (6N + 6LCT per token) against the same GEMM, then the milliseconds of
 // each layer kind in one more forward and backward (profile::OpTimes with a stream fence).
 // Prints one JSON object per line. Without a GPU it says so and exits 0.
-//   kernel_bench [--batch B] [--seq T] [--repeats R]
+//   kernel_bench [--batch B] [--seq T] [--repeats R] [--only NAME_PART]
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -102,6 +104,7 @@ double time_ms(int repeats, Fn&& fn) {
 int main(int argc, char** argv) {
   std::int64_t B = 8, Tn = 1024;
   int repeats = 20;
+  std::string only;  // --only: the benchmarks whose name holds this (the baselines always run)
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--batch") {
@@ -110,8 +113,11 @@ int main(int argc, char** argv) {
       Tn = std::atoll(argv[i + 1]);
     } else if (flag == "--repeats") {
       repeats = std::atoi(argv[i + 1]);
+    } else if (flag == "--only") {
+      only = argv[i + 1];
     } else {
-      std::fprintf(stderr, "usage: %s [--batch B] [--seq T] [--repeats R]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch B] [--seq T] [--repeats R] [--only NAME_PART]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -148,8 +154,19 @@ int main(int argc, char** argv) {
   const double gemm_tflops = 2.0 * G * G * G / (gemm_ms * 1e-3) / 1e12;
   line("cublaslt_gemm_4096", base, gemm_tflops, "TFLOP/s");
 
+  // Whether a benchmark of this name runs (--only; a profiler's run of a few kernels).
+  const auto wanted = [&](const char* name) {
+    return only.empty() || std::string(name).find(only) != std::string::npos;
+  };
+  const auto wanted_any = [&](std::initializer_list<const char*> names) {
+    for (const char* name : names) {
+      if (wanted(name)) return true;
+    }
+    return false;
+  };
   // A memory-bound kernel: bandwidth and its fraction of the copy.
   auto bandwidth = [&](const char* name, double bytes, auto&& fn) {
+    if (!wanted(name)) return;
     const double ms = time_ms(repeats, fn);
     const double gbps = bytes / (ms * 1e-3) / 1e9;
     char extra[128];
@@ -159,6 +176,7 @@ int main(int argc, char** argv) {
   };
   // A compute-bound kernel: FLOP/s and its fraction of the 4096^3 GEMM rate.
   auto rate = [&](const char* name, const std::string& config, double flops, auto&& fn) {
+    if (!wanted(name)) return 0.0;
     const double ms = time_ms(repeats, fn);
     const double tflops = flops / (ms * 1e-3) / 1e12;
     char extra[128];
@@ -311,7 +329,9 @@ int main(int argc, char** argv) {
 
   // ---- the block's four linear layers: each shape's algorithm as cuBLASLt's heuristic answers,
   // then as a measured tuning picks it (the fastest of 16 candidates, GemmTuning::measured) ----
-  {
+  if (wanted_any({"block_linear_forward", "block_linear_backward",
+                  "block_linear_heuristic_over_measured",
+                  "block_linears_heuristic_over_measured"})) {
     gpu::GemmContext tuned(stream);
     tuned.set_tuning(gpu::GemmTuning::measured, gpu::GemmContext::max_candidates);
     DeviceArray<bf16> lx(N * 4 * C), ly(N * 4 * C), ldx(N * 4 * C), lw(4 * C * C), ldw(4 * C * C),
@@ -359,8 +379,10 @@ int main(int argc, char** argv) {
   {
     DeviceArray<bf16> fin(N * 4 * C), fpre(N * 4 * C), fout(N * 4 * C), fscratch(N * 4 * C),
         fw(4 * C * C), fb(4 * C), fdw(4 * C * C), fdb(4 * C), fdy(N * C), fskip(N * C), fsum(N * C);
-    const auto fused_line = [&](const char* name, const std::string& config, double apart_ms,
-                                double fused_ms) {
+    const auto fused_line = [&](const char* name, const std::string& config, auto&& apart,
+                                auto&& fused) {
+      if (!wanted(name)) return;
+      const double apart_ms = time_ms(repeats, apart), fused_ms = time_ms(repeats, fused);
       char extra[160];
       std::snprintf(extra, sizeof extra,
                     ", \"apart_ms\": %.4f, \"fused_ms\": %.4f, \"meaning\": \"two kernels "
@@ -369,60 +391,57 @@ int main(int argc, char** argv) {
       line(name, config, apart_ms / fused_ms, "x", extra);
     };
     const std::string fc = shape + ", \"layer\": \"mlp.c_fc\"";
-    fused_line("fused_linear_gelu_forward", fc,
-               time_ms(repeats,
-                       [&] {
-                         gpu::linear_forward<bf16>(ctx, fpre.get(), x.get(), fw.get(), fb.get(), N,
-                                                   C, 4 * C, stream);
-                         gpu::gelu_forward<bf16>(fout.get(), fpre.get(), N * 4 * C, stream);
-                       }),
-               time_ms(repeats, [&] {
-                 gpu::linear_gelu_aux_forward<bf16>(ctx, fpre.get(), fout.get(), x.get(), fw.get(),
-                                                    fb.get(), N, C, 4 * C, stream);
-               }));
+    fused_line(
+        "fused_linear_gelu_forward", fc,
+        [&] {
+          gpu::linear_forward<bf16>(ctx, fpre.get(), x.get(), fw.get(), fb.get(), N, C, 4 * C,
+                                    stream);
+          gpu::gelu_forward<bf16>(fout.get(), fpre.get(), N * 4 * C, stream);
+        },
+        [&] {
+          gpu::linear_gelu_aux_forward<bf16>(ctx, fpre.get(), fout.get(), x.get(), fw.get(),
+                                             fb.get(), N, C, 4 * C, stream);
+        });
     const std::string proj = shape + ", \"layer\": \"mlp.c_proj\"";
     fused_line(
         "fused_linear_backward_gelu", proj,
-        time_ms(repeats,
-                [&] {
-                  gpu::linear_backward<bf16>(ctx, fscratch.get(), fdw.get(), fdb.get(), fdy.get(),
-                                             fin.get(), fw.get(), N, 4 * C, C, true, stream);
-                  gpu::gelu_backward<bf16>(fout.get(), fpre.get(), fscratch.get(), N * 4 * C, true,
-                                           stream);
-                }),
-        time_ms(repeats, [&] {
+        [&] {
+          gpu::linear_backward<bf16>(ctx, fscratch.get(), fdw.get(), fdb.get(), fdy.get(),
+                                     fin.get(), fw.get(), N, 4 * C, C, true, stream);
+          gpu::gelu_backward<bf16>(fout.get(), fpre.get(), fscratch.get(), N * 4 * C, true, stream);
+        },
+        [&] {
           gpu::linear_backward_gelu<bf16>(ctx, fout.get(), fdw.get(), fdb.get(), fdy.get(),
                                           fin.get(), fw.get(), fpre.get(), N, 4 * C, C, stream);
-        }));
-    fused_line("fused_linear_forward_add", proj,
-               time_ms(repeats,
-                       [&] {
-                         gpu::linear_forward<bf16>(ctx, fsum.get(), fin.get(), fw.get(), fb.get(),
-                                                   N, 4 * C, C, stream);
-                         gpu::add<bf16>(fsum.get(), fskip.get(), fsum.get(), N * C, stream);
-                       }),
-               time_ms(repeats, [&] {
-                 gpu::linear_forward_add<bf16>(ctx, fsum.get(), fskip.get(), fin.get(), fw.get(),
-                                               fb.get(), N, 4 * C, C, stream);
-               }));
+        });
+    fused_line(
+        "fused_linear_forward_add", proj,
+        [&] {
+          gpu::linear_forward<bf16>(ctx, fsum.get(), fin.get(), fw.get(), fb.get(), N, 4 * C, C,
+                                    stream);
+          gpu::add<bf16>(fsum.get(), fskip.get(), fsum.get(), N * C, stream);
+        },
+        [&] {
+          gpu::linear_forward_add<bf16>(ctx, fsum.get(), fskip.get(), fin.get(), fw.get(), fb.get(),
+                                        N, 4 * C, C, stream);
+        });
     // A residual branch's first LayerNorm: its input gradient from the skip path's, against a
     // copy of the skip path's gradient and the backward adding into it.
     const std::string ln = shape + ", \"layer\": \"ln_1\"";
     fused_line(
         "fused_layer_norm_backward_from", ln,
-        time_ms(repeats,
-                [&] {
-                  ZERO_CUDA_CHECK(cudaMemcpyAsync(fsum.get(), fskip.get(),
-                                                  static_cast<std::size_t>(N * C) * sizeof(bf16),
-                                                  cudaMemcpyDeviceToDevice, stream));
-                  gpu::layer_norm_backward<bf16>(fsum.get(), dw.get(), db.get(), y.get(), x.get(),
-                                                 w.get(), mean.get(), rstd.get(), N, C, stream);
-                }),
-        time_ms(repeats, [&] {
+        [&] {
+          ZERO_CUDA_CHECK(cudaMemcpyAsync(fsum.get(), fskip.get(),
+                                          static_cast<std::size_t>(N * C) * sizeof(bf16),
+                                          cudaMemcpyDeviceToDevice, stream));
+          gpu::layer_norm_backward<bf16>(fsum.get(), dw.get(), db.get(), y.get(), x.get(), w.get(),
+                                         mean.get(), rstd.get(), N, C, stream);
+        },
+        [&] {
           gpu::layer_norm_backward_from<bf16>(fsum.get(), fskip.get(), dw.get(), db.get(), y.get(),
                                               x.get(), w.get(), mean.get(), rstd.get(), N, C,
                                               stream);
-        }));
+        });
   }
 
   // ---- attention: flash against the cuBLAS reference ----
@@ -441,7 +460,32 @@ int main(int argc, char** argv) {
       gpu::attention_forward_reference<bf16>(ctx, out.get(), att.get(), qkv.get(), B, Tn, C, NH,
                                              stream);
     });
-    line("flash_attention_forward_speedup", cfg, ref_fwd / flash_fwd, "x");
+    if (flash_fwd > 0 && ref_fwd > 0) {
+      line("flash_attention_forward_speedup", cfg, ref_fwd / flash_fwd, "x");
+    }
+    // The tensor-core forward with each warp on 1 and on 2 tiles of 16 query rows (blocks of 64
+    // and 128 rows), whatever the launcher's default (mma::forward_row_tiles) is.
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const int Bi = static_cast<int>(B), Ti = static_cast<int>(Tn), Ci = static_cast<int>(C),
+              NHi = static_cast<int>(NH);
+    double row_tiles_ms[2] = {};
+    for (const int tiles : {1, 2}) {
+      row_tiles_ms[tiles - 1] =
+          rate("flash_attention_forward_row_tiles",
+               cfg + ", \"row_tiles\": " + std::to_string(tiles), fwd_flops, [&] {
+                 if (tiles == 1) {
+                   gpu::mma::forward<bf16, 64, 1>(out.get(), lse.get(), qkv.get(), Bi, Ti, Ci, NHi,
+                                                  scale, gpu::DropoutMask{}, stream);
+                 } else {
+                   gpu::mma::forward<bf16, 64, 2>(out.get(), lse.get(), qkv.get(), Bi, Ti, Ci, NHi,
+                                                  scale, gpu::DropoutMask{}, stream);
+                 }
+               });
+    }
+    if (row_tiles_ms[0] > 0) {
+      line("flash_attention_forward_one_over_two_row_tiles", cfg, row_tiles_ms[0] / row_tiles_ms[1],
+           "x", ", \"meaning\": \"> 1: two row tiles a warp are faster\"");
+    }
     // As the layers run it: delta = rowsum(dout * out) from the forward's output, dqkv written
     // (Sequential no longer zeroes it first).
     const double flash_bwd = rate("flash_attention_backward", cfg, 2.5 * fwd_flops, [&] {
@@ -464,11 +508,30 @@ int main(int argc, char** argv) {
       gpu::attention_backward_reference<bf16>(ctx, dqkv.get(), dout.get(), qkv.get(), att.get(), B,
                                               Tn, C, NH, stream);
     });
-    line("flash_attention_backward_speedup", cfg, ref_bwd / flash_bwd, "x");
+    if (flash_bwd > 0 && ref_bwd > 0) {
+      line("flash_attention_backward_speedup", cfg, ref_bwd / flash_bwd, "x");
+    }
+    // The backward's three kernels alone, as the layers run them (delta from the forward's
+    // output, dqkv written): their shares of flash_attention_backward. The dq kernel's products
+    // are 3 of the 2.5 x forward (S, dP, dS K: 1.5 x), the dk/dv kernel's 4 (S, dP, P^T dO,
+    // dS^T Q: 2 x).
+    DeviceArray<float> delta(B * NH * Tn);
+    bandwidth("flash_attention_backward_delta", 2 * nc * e + 4.0 * B * NH * Tn, [&] {
+      gpu::mma::backward_delta<bf16, 64>(delta.get(), out.get(), dout.get(), Bi, Ti, NHi, stream);
+    });
+    rate("flash_attention_backward_dq", cfg, 1.5 * fwd_flops, [&] {
+      gpu::mma::backward_dq<bf16, 64>(dqkv.get(), delta.get(), true, dout.get(), qkv.get(),
+                                      lse.get(), Bi, Ti, Ci, NHi, scale, gpu::DropoutMask{}, true,
+                                      stream);
+    });
+    rate("flash_attention_backward_dkdv", cfg, 2.0 * fwd_flops, [&] {
+      gpu::mma::backward_dkdv<bf16, 64>(dqkv.get(), delta.get(), dout.get(), qkv.get(), lse.get(),
+                                        Bi, Ti, Ci, NHi, scale, gpu::DropoutMask{}, true, stream);
+    });
   }
 
   // ---- the whole GPT-2 small, forward and backward, through the layers on CudaKernels ----
-  {
+  if (wanted_any({"gpt2_layers_forward_backward", "gpt2_layers_time_by_kind"})) {
     zero::nn::GPTConfig cfg = zero::nn::GPTConfig::preset("gpt2");
     cfg.max_seq_len = Tn > cfg.max_seq_len ? Tn : cfg.max_seq_len;
     zero::nn::GPT<bf16> gpt(cfg);

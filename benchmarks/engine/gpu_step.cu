@@ -19,16 +19,20 @@
 // whole batch's logits (0: no chunks, two logits-sized buffers), and
 // gpu_step_whole_logits_vs_chunked is its step time over stage 0's; one more holds every GEMM
 // shape's algorithm to the fastest of cuBLASLt's candidates (ZERO_GEMM_TUNING=measured), and
-// gpu_step_gemm_measured_vs_heuristic is its step time over stage 0's. Prints one JSON object per
-// line. Without a GPU it says so and exits 0.
+// gpu_step_gemm_measured_vs_heuristic is its step time over stage 0's. --runs runs only the named
+// runs (run_names below; a profiler's shorter run) and the ratios whose two runs ran. Prints one
+// JSON object per line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
-//            [--activation-gib G] [--logits-chunk-mib M]
+//            [--activation-gib G] [--logits-chunk-mib M] [--runs stage0,offload_delayed,...]
 #include <zero/engine/cuda_backend.cuh>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +61,19 @@ struct Shape {
   std::string model = "gpt2";
   double activation_gib = 24.0;
   double logits_chunk_mib = -1;  // GPTConfig::logits_chunk_bytes in MiB; < 0: the library's
+  std::string runs;              // --runs: a comma-separated subset of run_names; empty: all
 };
+
+/// The runs, in the order they run (--runs picks some: a profiler's shorter run).
+inline constexpr const char* run_names[] = {
+    "stage0",  "stage0_whole_logits", "stage0_gemm_measured", "stage2", "stage3",
+    "offload", "offload_deferred",    "offload_delayed"};
+
+/// Whether --runs (a comma-separated list) names run, or is empty.
+bool wanted(const Shape& s, const std::string& run) {
+  if (s.runs.empty()) return true;
+  return ("," + s.runs + ",").find("," + run + ",") != std::string::npos;
+}
 
 /// The bf16 rate of a 4096^3 cuBLASLt GEMM in TFLOP/s (mean of repeats after a warm-up).
 double gemm_tflops(int repeats) {
@@ -265,53 +281,71 @@ int run(const Shape& s) {
                   r.fenced_backward_ms, r.fenced_step_ms);
     line("gpu_step", config, r.tokens_per_s, "tokens/s", extra);
   };
-  const Result s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
-  report(0, false, s0);
-  const Result s0_whole =
-      time_engine<StepEngine<0, None>>(s, whole_logits, step_config(s, 0, false));
-  report(0, false, s0_whole, HostUpdate::in_step, &whole_logits);
+  // Each run that --runs names (all by default); a ratio's line where both of its runs ran.
+  std::optional<Result> s0, s0_whole, s0_tuned, s2, s3, off, off_deferred, off_delayed;
+  if (wanted(s, "stage0")) {
+    s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
+    report(0, false, *s0);
+  }
+  if (wanted(s, "stage0_whole_logits")) {
+    s0_whole = time_engine<StepEngine<0, None>>(s, whole_logits, step_config(s, 0, false));
+    report(0, false, *s0_whole, HostUpdate::in_step, &whole_logits);
+  }
   // Stage 0 again with every GEMM shape's algorithm measured (the layers' GemmContext reads
   // ZERO_GEMM_TUNING when the engine makes its kernels).
-  ::setenv("ZERO_GEMM_TUNING", "measured", 1);
-  const Result s0_tuned = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
-  ::unsetenv("ZERO_GEMM_TUNING");
-  report(0, false, s0_tuned, HostUpdate::in_step, nullptr, "measured");
-  const Result s2 = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false));
-  report(2, false, s2);
-  const Result s3 = time_engine<StepEngine<3, None>>(s, gc, step_config(s, 3, false));
-  report(3, false, s3);
+  if (wanted(s, "stage0_gemm_measured")) {
+    ::setenv("ZERO_GEMM_TUNING", "measured", 1);
+    s0_tuned = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
+    ::unsetenv("ZERO_GEMM_TUNING");
+    report(0, false, *s0_tuned, HostUpdate::in_step, nullptr, "measured");
+  }
+  if (wanted(s, "stage2")) {
+    s2 = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false));
+    report(2, false, *s2);
+  }
+  if (wanted(s, "stage3")) {
+    s3 = time_engine<StepEngine<3, None>>(s, gc, step_config(s, 3, false));
+    report(3, false, *s3);
+  }
   // Offload<CPU> as configured by default (every unit updated in step()), then with the host
   // updates deferred to the next forward, then delayed by one step, in the same run.
-  const Result off = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true));
-  report(2, true, off);
-  const Result off_deferred = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true),
-                                                              HostUpdate::with_next_forward);
-  report(2, true, off_deferred, HostUpdate::with_next_forward);
-  const Result off_delayed =
-      time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true), HostUpdate::delayed);
-  report(2, true, off_delayed, HostUpdate::delayed);
+  if (wanted(s, "offload")) {
+    off = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true));
+    report(2, true, *off);
+  }
+  if (wanted(s, "offload_deferred")) {
+    off_deferred = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true),
+                                                   HostUpdate::with_next_forward);
+    report(2, true, *off_deferred, HostUpdate::with_next_forward);
+  }
+  if (wanted(s, "offload_delayed")) {
+    off_delayed =
+        time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true), HostUpdate::delayed);
+    report(2, true, *off_delayed, HostUpdate::delayed);
+  }
   const std::string base = gpu + ", \"model\": \"" + s.model + "\"";
-  line("gpu_step_stage3_vs_stage0", base, s3.step_ms / s0.step_ms, "x",
-       ", \"target\": \"<= 1.10 (stage 3 within 10% of stage 0 on one GPU)\"");
-  line("gpu_step_whole_logits_vs_chunked", base + ", \"stage\": 0", s0_whole.step_ms / s0.step_ms,
-       "x",
-       ", \"meaning\": \"stage 0 with the whole batch's logits held (logits_chunk_bytes 0) over "
-       "stage 0 with the configured chunks\"");
-  line("gpu_step_gemm_measured_vs_heuristic", base + ", \"stage\": 0",
-       s0_tuned.step_ms / s0.step_ms, "x",
-       ", \"meaning\": \"stage 0 with each GEMM shape's algorithm measured (ZERO_GEMM_TUNING="
-       "measured) over stage 0 with cuBLASLt's first heuristic answer (< 1: tuning is faster)\"");
-  line("gpu_step_offload_vs_device", base + ", \"stage\": 2", off.step_ms / s2.step_ms, "x",
-       ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
-  line("gpu_step_offload_overlap_vs_in_step", base + ", \"stage\": 2",
-       off_deferred.step_ms / off.step_ms, "x",
-       ", \"meaning\": \"Offload<CPU> step with the host update deferred to the next forward "
-       "over the same step updating in step()\"");
-  line("gpu_step_offload_delayed_vs_device", base + ", \"stage\": 2",
-       off_delayed.step_ms / s2.step_ms, "x",
-       ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
-       "\"Offload<CPU> with delayed_param_update (the update of step t beside window t + 1, one "
-       "step stale) over stage 2 without offload\"");
+  const auto ratio = [&](const char* name, const std::string& config,
+                         const std::optional<Result>& over, const std::optional<Result>& under,
+                         const char* extra) {
+    if (over && under) line(name, config, over->step_ms / under->step_ms, "x", extra);
+  };
+  ratio("gpu_step_stage3_vs_stage0", base, s3, s0,
+        ", \"target\": \"<= 1.10 (stage 3 within 10% of stage 0 on one GPU)\"");
+  ratio("gpu_step_whole_logits_vs_chunked", base + ", \"stage\": 0", s0_whole, s0,
+        ", \"meaning\": \"stage 0 with the whole batch's logits held (logits_chunk_bytes 0) over "
+        "stage 0 with the configured chunks\"");
+  ratio("gpu_step_gemm_measured_vs_heuristic", base + ", \"stage\": 0", s0_tuned, s0,
+        ", \"meaning\": \"stage 0 with each GEMM shape's algorithm measured (ZERO_GEMM_TUNING="
+        "measured) over stage 0 with cuBLASLt's first heuristic answer (< 1: tuning is faster)\"");
+  ratio("gpu_step_offload_vs_device", base + ", \"stage\": 2", off, s2,
+        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
+  ratio("gpu_step_offload_overlap_vs_in_step", base + ", \"stage\": 2", off_deferred, off,
+        ", \"meaning\": \"Offload<CPU> step with the host update deferred to the next forward "
+        "over the same step updating in step()\"");
+  ratio("gpu_step_offload_delayed_vs_device", base + ", \"stage\": 2", off_delayed, s2,
+        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
+        "\"Offload<CPU> with delayed_param_update (the update of step t beside window t + 1, one "
+        "step stale) over stage 2 without offload\"");
   return 0;
 }
 
@@ -339,6 +373,23 @@ int main(int argc, char** argv) try {
       s.model = v;
     } else if (flag == "--activation-gib") {
       s.activation_gib = std::atof(v);
+    } else if (flag == "--runs") {
+      s.runs = v;
+      for (std::size_t start = 0; start <= s.runs.size();) {
+        const std::size_t end = std::min(s.runs.find(',', start), s.runs.size());
+        const std::string run = s.runs.substr(start, end - start);
+        if (std::find_if(std::begin(zero::bench::run_names), std::end(zero::bench::run_names),
+                         [&](const char* name) { return run == name; }) ==
+            std::end(zero::bench::run_names)) {
+          std::fprintf(stderr,
+                       "gpu_step: --runs names no run \"%s\" (stage0, "
+                       "stage0_whole_logits, stage0_gemm_measured, stage2, stage3, "
+                       "offload, offload_deferred, offload_delayed)\n",
+                       run.c_str());
+          return 2;
+        }
+        start = end + 1;
+      }
     } else if (flag == "--logits-chunk-mib") {
       s.logits_chunk_mib = std::atof(v);
       if (s.logits_chunk_mib < 0) {
@@ -349,7 +400,7 @@ int main(int argc, char** argv) try {
       std::fprintf(stderr,
                    "usage: gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] "
                    "[--model gpt2|gpt2-medium|gpt2-large|gpt2-xl] [--activation-gib G] "
-                   "[--logits-chunk-mib M]\n");
+                   "[--logits-chunk-mib M] [--runs RUN,...]\n");
       return 2;
     }
   }

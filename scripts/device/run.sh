@@ -6,8 +6,9 @@
 #   tests    the [cuda] suites only
 #   bench    gpu_step, PyTorch's GPT-2 step on the same GPU, kernel_bench, the host AdamW (on
 #            every core, and on one fewer, as the delayed update runs it)
-#   all      tests, bench and the train_gpt_cuda runs
-#   profile  gpu_step under nsys, where the machine has it
+#   all      tests, bench, the train_gpt_cuda runs and profile
+#   profile  nsys over two of gpu_step's runs, ncu over a few of kernel_bench's kernels (where the
+#            machine has them)
 # Each phase's logs reach $OUT as soon as it ends (summary.txt and logs.tar.gz are rewritten after
 # every phase), so a call that runs past the device tool's limit still returns what finished. A
 # phase that starts with less than its usual time left of ZERO_DEVICE_BUDGET_S seconds from the
@@ -79,21 +80,53 @@ run_train() {
   done
 }
 
+# Where the device time goes, with the machine's profilers where it has them: nsys's per-kernel
+# and per-copy sums over stage 0's step and the delayed Offload<CPU> step (gpu_step --runs), and
+# ncu's throughput, occupancy and warp-stall sections for the attention, LayerNorm-backward and
+# fused cross-entropy kernels (kernel_bench --only), each within what is left of the budget.
+find_tool() {
+  command -v "$1" || ls /usr/local/cuda*/bin/"$1" /opt/nvidia/nsight-*/"$1" \
+    /opt/nvidia/nsight-*/*/"$1" 2>/dev/null | head -1
+}
 run_profile() {
-  if command -v nsys > /dev/null; then
-    timeout 200 nsys profile -o /tmp/zero-prof --force-overwrite true "$bin/gpu_step" --warmup 1 \
-      --steps 2 > "$logs/nsys_run.txt" 2>&1
-    nsys stats -r cuda_gpu_kern_sum /tmp/zero-prof.nsys-rep > "$logs/nsys_kernels.txt" 2>&1
+  local nsys ncu left only kernels
+  nsys=$(find_tool nsys)
+  ncu=$(find_tool ncu)
+  left=$(( budget - ($(date +%s) - started) ))
+  if [[ -n $nsys ]]; then
+    timeout $(( left / 2 )) "$nsys" profile -o /tmp/zero-prof --force-overwrite true \
+      "$bin/gpu_step" --warmup 1 --steps 2 --runs stage0,offload_delayed > "$logs/nsys_run.txt" 2>&1
+    echo "rc $?" >> "$logs/nsys_run.txt"
+    "$nsys" stats -r cuda_gpu_kern_sum,cuda_gpu_mem_time_sum /tmp/zero-prof.nsys-rep \
+      > "$logs/nsys_kernels.txt" 2>&1
   else
     echo "no nsys on this machine" > "$logs/nsys_run.txt"
   fi
+  if [[ -z $ncu ]]; then
+    echo "no ncu on this machine" > "$logs/ncu.txt"
+    return
+  fi
+  left=$(( budget - ($(date +%s) - started) ))
+  # kernel_bench --only NAME_PART, then the kernels to profile (their launches in that run:
+  # warm-up and one repeat each).
+  for only in "flash_attention forward_kernel|delta_kernel|backward_dq_kernel|backward_dkdv_kernel 12" \
+              "layer_norm_backward layer_norm_backward_warp_kernel|finish_kernel 4" \
+              "cross_entropy_forward_backward cross_entropy_fused_kernel 2"; do
+    read -r name kernels count <<< "$only"
+    timeout $(( left / 4 )) "$ncu" -k "regex:$kernels" -c "$count" --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      "$bin/kernel_bench" --only "$name" --repeats 1 > "$logs/ncu_$name.txt" 2>&1
+    echo "rc $?" >> "$logs/ncu_$name.txt"
+  done
 }
 
 # What has finished, into $OUT: the summary, kernel_bench's lines and every log.
 save() {
   tar -C "$logs" -czf "$final/logs.tar.gz" .
   cat "$logs"/env.txt "$logs"/phases.txt "$logs"/tests.txt "$logs"/gpu_step.txt "$logs"/torch.txt \
-    "$logs"/optim_bench.txt "$logs"/train_gpt_cuda.txt > "$final/summary.txt" 2>/dev/null
+    "$logs"/optim_bench.txt "$logs"/train_gpt_cuda.txt "$logs"/nsys_kernels.txt \
+    > "$final/summary.txt" 2>/dev/null
   cp "$logs"/kernel_bench.txt "$final/" 2>/dev/null
   return 0
 }
@@ -116,7 +149,7 @@ case $mode in
   quick) phase tests 120; phase bench 120; phase train 60 ;;
   tests) phase tests 120 ;;
   bench) phase bench 120; phase baselines 60 ;;
-  all) phase tests 120; phase bench 120; phase baselines 60; phase train 60 ;;
+  all) phase tests 120; phase bench 120; phase baselines 60; phase train 60; phase profile 90 ;;
   profile) phase profile 120 ;;
   *) echo "run.sh: unknown mode $mode (quick, tests, bench, all, profile)"; exit 2 ;;
 esac

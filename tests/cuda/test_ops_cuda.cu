@@ -424,10 +424,12 @@ TEMPLATE_TEST_CASE("LayerNorm forward and backward equal the host's", "[cuda]", 
   // 1000 rows: the parameter gradients' column sums in 16 chunks (the last one partial); 70001:
   // more rows than 1024 chunks of 64, so the chunks grow (and the last block of the warp-per-row
   // kernels is partial). Rows of whole 16-byte packs go a warp per row, holding 1 to 8 packs per
-  // lane (bf16: C 8 and 96 take 1, 768 takes 4 with one unused, 1600 and 2048 take 8); C 33,
-  // 4104 (and float at 1600 and 2048) go a block per row.
-  for (const Shape s : {Shape{1, 1}, Shape{1, 768}, Shape{7, 33}, Shape{64, 768}, Shape{5, 1600},
-                        Shape{3, 2048}, Shape{2, 4104}, Shape{1000, 96}, Shape{70001, 8}}) {
+  // lane (bf16: C 8, 96 and 256 take 1, 512 takes 2, 768 takes 4 with one unused, 1600 and 2048
+  // take 8; float: 256 takes 2, 512 takes 4); C 33, 4104 (and float at 1600 and 2048) go a block
+  // per row.
+  for (const Shape s :
+       {Shape{1, 1}, Shape{1, 768}, Shape{7, 33}, Shape{64, 768}, Shape{5, 1600}, Shape{3, 2048},
+        Shape{2, 4104}, Shape{1000, 96}, Shape{70001, 8}, Shape{9, 512}, Shape{5, 256}}) {
     INFO("N=" << s.N << " C=" << s.C);
     const auto n = static_cast<std::size_t>(s.N * s.C);
     const auto x = random_vector<T>(n, seed++, -2.0f, 3.0f);
@@ -580,7 +582,11 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
     std::int64_t N, V;
   };
   std::uint32_t seed = 400;
-  for (const Shape s : {Shape{1, 1}, Shape{1, 37}, Shape{9, 1000}, Shape{16, 50257}}) {
+  // The fused kernel holds a row in 1 (V 1, 37, 1000), 2 (bf16 V 10000), 4 (bf16 V 20000, float
+  // V 10000) or 8 (bf16 V 50257, float V 20000) packs a thread; float V 50257 runs the two
+  // kernels.
+  for (const Shape s : {Shape{1, 1}, Shape{1, 37}, Shape{9, 1000}, Shape{16, 50257},
+                        Shape{3, 10000}, Shape{2, 20000}}) {
     INFO("N=" << s.N << " V=" << s.V);
     const auto logits = random_vector<T>(static_cast<std::size_t>(s.N * s.V), seed++, -8.0f, 8.0f);
     std::vector<std::int32_t> targets(static_cast<std::size_t>(s.N));
@@ -695,6 +701,20 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
       CHECK(zeros);
       check_close(fused_rows, dlogits, "cross_entropy_forward_backward dlogits");
     }
+  }
+  // A target in a row's padding (outside the vocabulary: the host refuses it) leaves the
+  // padding's gradient 0 in the fused kernel, as in the two kernels.
+  const std::int64_t V = 37, ld = 48;
+  std::vector<T> row(static_cast<std::size_t>(ld), zero::convert<T>(0.5f));
+  DeviceVector<T> d_row(row);
+  DeviceVector<std::int32_t> d_target(std::vector<std::int32_t>{static_cast<std::int32_t>(V + 2)});
+  DeviceVector<float> d_loss(1), d_stat(2);
+  gpu::cross_entropy_forward_backward<T>(d_loss.get(), d_stat.get(), d_row.get(), d_row.get(),
+                                         d_target.get(), 1, V, ld, 1.0f, 1, nullptr);
+  const auto back = d_row.download();
+  for (std::int64_t v = V; v < ld; ++v) {
+    INFO("padding column " << v);
+    CHECK(zero::convert<float>(back[static_cast<std::size_t>(v)]) == 0.0f);
   }
 }
 

@@ -304,23 +304,39 @@ __device__ __forceinline__ void add_rows(T* dst, std::int64_t row_stride,
 
 // ---- forward ------------------------------------------------------------------------------------
 
-/// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 query rows, the last rows of every head first):
-/// out rows and lse. Dropping: dropout is active (a kernel without it has no Philox code).
-template <class T, int HD, bool Dropping>
+/// m16 row tiles each warp of the forward owns: 1 (a block of 64 query rows) or, at head size 64,
+/// 2 (128 rows, FlashAttention-2's forward block): each K and V fragment loaded from shared memory
+/// then feeds two products, and each streamed tile serves twice the rows. The launchers' default
+/// stays 1 until a GPU has measured both (kernel_bench's flash_attention_forward_row_tiles).
+template <int HD>
+inline constexpr int forward_row_tiles = 1;
+
+/// Query rows of a forward block.
+template <int RowTiles>
+inline constexpr int forward_block_rows = block_rows* RowTiles;
+
+/// Block (blockIdx.x: b * NH + h; blockIdx.y: forward_block_rows query rows, the last rows of
+/// every head first): out rows and lse. Dropping: dropout is active (a kernel without it has no
+/// Philox code). Warp w owns the RowTiles x 16 rows from q0 + 16 RowTiles w, tile i of them the
+/// 16 rows from q0 + 16 (RowTiles w + i).
+template <class T, int HD, bool Dropping, int RowTiles>
 __global__ void __launch_bounds__(block_threads)
     forward_kernel(T* out, float* lse, const T* qkv, int Tn, int C, int NH, float scale,
                    cpu::DropoutMask dropout) {
-  constexpr int KT = stream_rows<HD, false>, LD = HD + row_pad;
+  static_assert(RowTiles == 1 || (RowTiles == 2 && HD == 64),
+                "two row tiles a warp only at head size 64 (registers)");
+  constexpr int KT = stream_rows<HD, false>, LD = HD + row_pad, MT = RowTiles;
+  constexpr int rows = forward_block_rows<RowTiles>;
   extern __shared__ __align__(16) unsigned char shared[];
   T* q_s = reinterpret_cast<T*>(shared);
-  T* k_buf = q_s + block_rows * LD;  // two K tiles, then two V tiles
+  T* k_buf = q_s + rows * LD;  // two K tiles, then two V tiles
   T* v_buf = k_buf + 2 * KT * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
   const int q0 =
       causal_row_tile_in_work_order(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y)) *
-      block_rows;
-  const int row0 = q0 + warp * 16 + lane / 4;  // and row0 + 8
+      rows;
+  const int warp_row = q0 + warp * 16 * MT;  // the first row of the warp's tiles
   const std::int64_t stride = 3LL * C;
   const T* head = qkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
   constexpr bool dropping = Dropping;
@@ -328,100 +344,139 @@ __global__ void __launch_bounds__(block_threads)
   const float scale_log2 =
       scale * log2e;  // the scores stay unscaled: s scale = (s scale_log2) ln 2
 
-  load_tile<T, HD>(q_s, LD, head, stride, q0, block_rows, Tn);
+  load_tile<T, HD>(q_s, LD, head, stride, q0, rows, Tn);
   __syncthreads();
-  std::uint32_t qf[HD / 16][4];
+  std::uint32_t qf[MT][HD / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < HD / 16; ++kk) load_a(qf[kk], q_s, LD, warp * 16, kk * 16, lane);
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      load_a(qf[i][kk], q_s, LD, (warp * MT + i) * 16, kk * 16, lane);
+    }
+  }
 
-  float o[HD / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int last_key = q0 + warp * 16 + 15;  // the warp's last row sees keys up to itself
-  const int kv_end = min(q0 + block_rows, Tn);
+  float o[MT][HD / 8][4] = {};
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    m[i][0] = m[i][1] = -INFINITY;
+    l[i][0] = l[i][1] = 0.0f;
+  }
+  const int kv_end = min(q0 + rows, Tn);
   stream_tiles<T, HD>(
       k_buf, v_buf, LD, head + C, stride, head + 2 * C, stride, 0, kv_end, KT, Tn,
       [&](const T* k_s, const T* v_s, int k0, int) {
-        const int slices =
-            min(KT / 16, (last_key - k0) / 16 + 1);  // 16-key slices with a visible key
-        if (slices <= 0) return;
-        float s[KT / 8][4] = {};
+        // 16-key slices of the tile with a key visible to tile i's last row (warp_row + 16 i +
+        // 15); the last tile's are the most.
+        int slices[MT];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          slices[i] = min(KT / 16, (warp_row + 16 * i + 15 - k0) / 16 + 1);
+        }
+        if (slices[MT - 1] <= 0) return;
+        float s[MT][KT / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
           for (int j = 0; j < KT / 16; ++j) {
-            if (j >= slices) break;
-            mma_by_rows<T>(s, qf[kk], k_s, LD, j, kk * 16, lane);
+            if (j >= slices[MT - 1]) break;
+            std::uint32_t kb[4];  // one load of K's fragments for every row tile
+            load_b_rows(kb, k_s, LD, j * 16, kk * 16, lane);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+              if (j >= slices[i]) continue;
+              mma_16816<T>(s[i][2 * j], qf[i][kk], kb[0], kb[1]);
+              mma_16816<T>(s[i][2 * j + 1], qf[i][kk], kb[2], kb[3]);
+            }
           }
         }
-        float mx[2] = {m[0], m[1]};
-        with_causal_mask(causal_tile_whole(q0 + warp * 16, 16, k0, KT, Tn), [&](auto whole) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const int row0 = warp_row + 16 * i + lane / 4;  // and row0 + 8
+          float mx[2] = {m[i][0], m[i][1]};
+          with_causal_mask(causal_tile_whole(warp_row + 16 * i, 16, k0, KT, Tn), [&](auto whole) {
+#pragma unroll
+            for (int nt = 0; nt < KT / 8; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                float v = s[i][nt][e];
+                if constexpr (!decltype(whole)::value) {
+                  const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                  if (!(key <= row && key < Tn)) v = -INFINITY;
+                }
+                s[i][nt][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+              }
+            }
+          });
+          float correction[2], offset[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // Finite: key 0 (the first tile's) is visible to every row, so m is after it.
+            mx[r] = quad_max(mx[r]);
+            correction[r] = exp2_approx((m[i][r] - mx[r]) * scale_log2);  // 0 on the first tile
+            m[i][r] = mx[r];
+            l[i][r] *= correction[r];
+            offset[r] = m[i][r] * scale_log2;
+          }
 #pragma unroll
           for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              float v = s[nt][e];
-              if constexpr (!decltype(whole)::value) {
+              float p = exp2_approx(fmaf(s[i][nt][e], scale_log2, -offset[e >> 1]));
+              l[i][e >> 1] += p;
+              if (dropping && p != 0.0f) {
                 const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-                if (!(key <= row && key < Tn)) v = -INFINITY;
+                p = dropout.keep(detail::attention_entry(bh, row, key, Tn)) ? p * drop_scale : 0.0f;
               }
-              s[nt][e] = v;
-              mx[e >> 1] = fmaxf(mx[e >> 1], v);
+              s[i][nt][e] = p;
             }
           }
-        });
-        float correction[2], offset[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = quad_max(mx[r]);  // finite: key k0 <= every row of the block is visible
-          correction[r] = exp2_approx((m[r] - mx[r]) * scale_log2);  // 0 on the first tile
-          m[r] = mx[r];
-          l[r] *= correction[r];
-          offset[r] = m[r] * scale_log2;
-        }
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float p = exp2_approx(fmaf(s[nt][e], scale_log2, -offset[e >> 1]));
-            l[e >> 1] += p;
-            if (dropping && p != 0.0f) {
-              const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-              p = dropout.keep(detail::attention_entry(bh, row, key, Tn)) ? p * drop_scale : 0.0f;
-            }
-            s[nt][e] = p;
+          for (int nt = 0; nt < HD / 8; ++nt) {
+            o[i][nt][0] *= correction[0];
+            o[i][nt][1] *= correction[0];
+            o[i][nt][2] *= correction[1];
+            o[i][nt][3] *= correction[1];
           }
-        }
-#pragma unroll
-        for (int nt = 0; nt < HD / 8; ++nt) {
-          o[nt][0] *= correction[0];
-          o[nt][1] *= correction[0];
-          o[nt][2] *= correction[1];
-          o[nt][3] *= correction[1];
         }
 #pragma unroll
         for (int j = 0; j < KT / 16; ++j) {
-          if (j >= slices) break;
-          std::uint32_t pa[4];
-          accumulators_as_a<T>(pa, s, j);
+          if (j >= slices[MT - 1]) break;
+          std::uint32_t pa[MT][4];
+#pragma unroll
+          for (int i = 0; i < MT; ++i) accumulators_as_a<T>(pa[i], s[i], j);
 #pragma unroll
           for (int dp = 0; dp < HD / 16; ++dp) {
-            mma_by_cols<T>(o, pa, v_s, LD, j * 16, dp, lane);
+            std::uint32_t vb[4];  // one load of V's fragments for every row tile
+            load_b_cols(vb, v_s, LD, j * 16, dp * 16, lane);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+              if (j >= slices[i]) continue;
+              mma_16816<T>(o[i][2 * dp], pa[i], vb[0], vb[1]);
+              mma_16816<T>(o[i][2 * dp + 1], pa[i], vb[2], vb[3]);
+            }
           }
         }
       });
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + r * 8;
-    const float sum = quad_sum(l[r]);
-    if (row >= Tn) continue;
-    const float inv = 1.0f / sum;
-    T* dst = out + (static_cast<std::int64_t>(b) * Tn + row) * C + h * HD + 2 * (lane & 3);
+  for (int i = 0; i < MT; ++i) {
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; ++nt) {
-      dst[nt * 8] = store<T>(o[nt][2 * r] * inv);
-      dst[nt * 8 + 1] = store<T>(o[nt][2 * r + 1] * inv);
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp_row + 16 * i + lane / 4 + r * 8;
+      const float sum = quad_sum(l[i][r]);
+      if (row >= Tn) continue;
+      const float inv = 1.0f / sum;
+      T* dst = out + (static_cast<std::int64_t>(b) * Tn + row) * C + h * HD + 2 * (lane & 3);
+#pragma unroll
+      for (int nt = 0; nt < HD / 8; ++nt) {
+        dst[nt * 8] = store<T>(o[i][nt][2 * r] * inv);
+        dst[nt * 8 + 1] = store<T>(o[i][nt][2 * r + 1] * inv);
+      }
+      if ((lane & 3) == 0) {
+        lse[static_cast<std::int64_t>(bh) * Tn + row] = m[i][r] * scale + logf(sum);
+      }
     }
-    if ((lane & 3) == 0) lse[static_cast<std::int64_t>(bh) * Tn + row] = m[r] * scale + logf(sum);
   }
 }
 
@@ -704,10 +759,10 @@ __global__ void __launch_bounds__(block_threads)
 // ---- launchers ----------------------------------------------------------------------------------
 
 /// Shared bytes of each kernel: its own block's rows, and two buffers of each streamed tile.
-template <class T, int HD>
+template <class T, int HD, int RowTiles>
 constexpr std::size_t forward_shared_bytes() {
-  return static_cast<std::size_t>(block_rows + 4 * stream_rows<HD, false>) * (HD + row_pad) *
-         sizeof(T);
+  return static_cast<std::size_t>(forward_block_rows<RowTiles> + 4 * stream_rows<HD, false>) *
+         (HD + row_pad) * sizeof(T);
 }
 template <class T, int HD>
 constexpr std::size_t dq_shared_bytes() {
@@ -737,9 +792,8 @@ bool takes(std::int64_t hs, std::initializer_list<const void*> pointers) {
 /// Every kernel's grid: x the head (b * NH + h), y the tile of block_rows rows, so blocks start
 /// tile by tile across all heads in the kernel's work order (the heaviest tile of every head
 /// before the next tile of any).
-inline dim3 grid_of(int B, int Tn, int NH) {
-  return dim3(static_cast<unsigned>(B * NH),
-              static_cast<unsigned>((Tn + block_rows - 1) / block_rows));
+inline dim3 grid_of(int B, int Tn, int NH, int rows = block_rows) {
+  return dim3(static_cast<unsigned>(B * NH), static_cast<unsigned>((Tn + rows - 1) / rows));
 }
 
 /// Launches kernel with bytes of dynamic shared memory, raising the kernel's limit first where
@@ -764,13 +818,55 @@ void with_dropout(const cpu::DropoutMask& dropout, Fn&& fn) {
   }
 }
 
-template <class T, int HD>
+/// The forward with RowTiles m16 row tiles a warp (forward_row_tiles by default).
+template <class T, int HD, int RowTiles = forward_row_tiles<HD>>
 void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, float scale,
              const cpu::DropoutMask& dropout, cudaStream_t stream) {
+  const dim3 grid = grid_of(B, Tn, NH, forward_block_rows<RowTiles>);
+  with_dropout(dropout, [&](auto dropping) {
+    launch(forward_kernel<T, HD, decltype(dropping)::value, RowTiles>, grid,
+           forward_shared_bytes<T, HD, RowTiles>(), stream, out, lse, qkv, Tn, C, NH, scale,
+           dropout);
+  });
+}
+
+/// The backward's three launches, each alone (kernel_bench times them apart): delta =
+/// rowsum(dout * out) into B*NH*T floats; dq (delta read when given_delta, else computed from
+/// the probabilities and written); dk and dv (delta read). dqkv is added into, or written when
+/// overwrite.
+template <class T, int HD>
+void backward_delta(float* delta, const T* out, const T* dout, int B, int Tn, int NH,
+                    cudaStream_t stream) {
+  const std::int64_t rows = static_cast<std::int64_t>(B) * Tn * NH;
+  delta_kernel<T, HD>
+      <<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(delta, out, dout, B, Tn, NH);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+template <class T, int HD>
+void backward_dq(T* dqkv, float* delta, bool given_delta, const T* dout, const T* qkv,
+                 const float* lse, int B, int Tn, int C, int NH, float scale,
+                 const cpu::DropoutMask& dropout, bool overwrite, cudaStream_t stream) {
   const dim3 grid = grid_of(B, Tn, NH);
   with_dropout(dropout, [&](auto dropping) {
-    launch(forward_kernel<T, HD, decltype(dropping)::value>, grid, forward_shared_bytes<T, HD>(),
-           stream, out, lse, qkv, Tn, C, NH, scale, dropout);
+    if (given_delta) {
+      launch(backward_dq_kernel<T, HD, true, decltype(dropping)::value>, grid,
+             dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv, lse, Tn, C, NH, scale,
+             dropout, overwrite);
+    } else {
+      launch(backward_dq_kernel<T, HD, false, decltype(dropping)::value>, grid,
+             dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv, lse, Tn, C, NH, scale,
+             dropout, overwrite);
+    }
+  });
+}
+template <class T, int HD>
+void backward_dkdv(T* dqkv, const float* delta, const T* dout, const T* qkv, const float* lse,
+                   int B, int Tn, int C, int NH, float scale, const cpu::DropoutMask& dropout,
+                   bool overwrite, cudaStream_t stream) {
+  const dim3 grid = grid_of(B, Tn, NH);
+  with_dropout(dropout, [&](auto dropping) {
+    launch(backward_dkdv_kernel<T, HD, decltype(dropping)::value>, grid, dkdv_shared_bytes<T, HD>(),
+           stream, dqkv, dout, qkv, lse, delta, Tn, C, NH, scale, dropout, overwrite);
   });
 }
 
@@ -781,25 +877,11 @@ template <class T, int HD>
 void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out, const float* lse,
               int B, int Tn, int C, int NH, float scale, const cpu::DropoutMask& dropout,
               bool overwrite, cudaStream_t stream) {
-  const dim3 grid = grid_of(B, Tn, NH);
-  with_dropout(dropout, [&](auto dropping) {
-    if (out != nullptr) {
-      const std::int64_t rows = static_cast<std::int64_t>(B) * Tn * NH;
-      delta_kernel<T, HD><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(
-          delta, out, dout, B, Tn, NH);
-      ZERO_CUDA_CHECK(cudaGetLastError());
-      launch(backward_dq_kernel<T, HD, true, decltype(dropping)::value>, grid,
-             dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv, lse, Tn, C, NH, scale,
-             dropout, overwrite);
-    } else {
-      launch(backward_dq_kernel<T, HD, false, decltype(dropping)::value>, grid,
-             dq_shared_bytes<T, HD>(), stream, dqkv, delta, dout, qkv, lse, Tn, C, NH, scale,
-             dropout, overwrite);
-    }
-    launch(backward_dkdv_kernel<T, HD, decltype(dropping)::value>, grid, dkdv_shared_bytes<T, HD>(),
-           stream, dqkv, dout, qkv, lse, static_cast<const float*>(delta), Tn, C, NH, scale,
-           dropout, overwrite);
-  });
+  if (out != nullptr) backward_delta<T, HD>(delta, out, dout, B, Tn, NH, stream);
+  backward_dq<T, HD>(dqkv, delta, out != nullptr, dout, qkv, lse, B, Tn, C, NH, scale, dropout,
+                     overwrite, stream);
+  backward_dkdv<T, HD>(dqkv, delta, dout, qkv, lse, B, Tn, C, NH, scale, dropout, overwrite,
+                       stream);
 }
 
 }  // namespace mma

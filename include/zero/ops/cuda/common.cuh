@@ -11,6 +11,8 @@
 #endif
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -188,6 +190,23 @@ bool with_lane_packs(int packs, Fn&& fn) {
 }
 
 // ---- launch sizing ------------------------------------------------------------------------------
+
+/// The most dynamic shared memory a block may opt in to on the current device
+/// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on sm_90, 163 on sm_80, 99 on sm_86/sm_89),
+/// asked once per device.
+inline std::size_t shared_bytes_optin() {
+  int device = 0;
+  ZERO_CUDA_CHECK(cudaGetDevice(&device));
+  constexpr int remembered = 64;
+  static std::array<std::atomic<int>, remembered> asked{};  // 0: not asked yet
+  if (device < remembered) {
+    if (const int bytes = asked[device].load(std::memory_order_relaxed); bytes != 0) return bytes;
+  }
+  int bytes = 0;
+  ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (device < remembered) asked[device].store(bytes, std::memory_order_relaxed);
+  return static_cast<std::size_t>(bytes);
+}
 
 /// Threads per block of the elementwise kernels.
 inline constexpr int elementwise_threads = 256;

@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(cross_entropy_fused_threads)
           const int v = i * P + j;
           float g =
               v < V ? softmax_exp<T>(load(row[k].v[j]), maxval, max_log2) * inv * scale : 0.0f;
-          if (v == target) g -= scale;
+          if (v < V && v == target) g -= scale;  // a target in the padding leaves it 0
           q.v[j] = store<T>(g);
         }
         d[i] = q;

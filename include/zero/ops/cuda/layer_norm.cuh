@@ -320,18 +320,24 @@ void layer_norm_backward_from(T* dinp, const T* start, T* dweight, T* dbias, con
   const auto rows = static_cast<int>(N);
   const auto cols = static_cast<int>(C);
   const std::int64_t chunks = (N + layer_norm_backward_rows - 1) / layer_norm_backward_rows;
-  const int packs = layer_norm_lane_packs<T>(
-      C, {dinp, start != nullptr ? static_cast<const void*>(start) : dinp, dout, inp, weight});
+  const std::size_t shared = layer_norm_backward_shared_bytes(C);
+  // The fused kernel's sums need shared memory by row width: the default 48 KiB holds rows up
+  // to C = 768, the widest a warp takes (2048 in bf16) 128 KiB, which sm_80 (163) and sm_90
+  // (227) allow and sm_86/sm_89 (99) do not: there the rows go to the block-per-row kernels.
+  const int packs = shared > shared_bytes_optin()
+                        ? 0
+                        : layer_norm_lane_packs<T>(
+                              C, {dinp, start != nullptr ? static_cast<const void*>(start) : dinp,
+                                  dout, inp, weight});
   if (packs != 0) {
     // Fused: one read of x and dy for all three gradients.
     DeviceScratch partials(static_cast<std::size_t>(2 * chunks * C) * sizeof(float), stream);
-    const std::size_t shared = layer_norm_backward_shared_bytes(C);
     with_lane_packs(packs, [&](auto lane_packs) {
       const auto kernel = layer_norm_backward_warp_kernel<T, decltype(lane_packs)::value>;
-      // The default 48 KiB of dynamic shared memory holds rows up to C = 768; wider ones need
-      // more (2048 in bf16, the widest row a warp takes: 128 KiB; sm_80 allows 163, sm_90 227).
-      ZERO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(shared)));
+      if (shared > 48 * 1024) {
+        ZERO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(shared)));
+      }
       kernel<<<static_cast<unsigned>(chunks), 32 * layer_norm_backward_warps, shared, stream>>>(
           dinp, partials.as<float>(), start, dout, inp, weight, mean, rstd, rows, cols);
     });
