@@ -89,7 +89,7 @@ find_tool() {
     /opt/nvidia/nsight-*/*/"$1" 2>/dev/null | head -1
 }
 run_profile() {
-  local nsys ncu left only kernels
+  local nsys ncu left only name kernels count
   nsys=$(find_tool nsys)
   ncu=$(find_tool ncu)
   left=$(( budget - ($(date +%s) - started) ))
