@@ -528,6 +528,20 @@ int main(int argc, char** argv) {
       gpu::mma::backward_dkdv<bf16, 64>(dqkv.get(), delta.get(), dout.get(), qkv.get(), lse.get(),
                                         Bi, Ti, Ci, NHi, scale, gpu::DropoutMask{}, true, stream);
     });
+    // dq fused into the dk/dv kernel (float atomics into B*T*C floats, then rounded into dqkv):
+    // one pass over the scores instead of two, the products of 2.5 forwards (FlashAttention-2's
+    // backward); against flash_attention_backward above.
+    DeviceArray<float> dq_accum(N * C);
+    const double fused_bwd = rate("flash_attention_backward_fused_dq", cfg, 2.5 * fwd_flops, [&] {
+      gpu::mma::backward_fused_dq<bf16, 64>(dqkv.get(), delta.get(), dq_accum.get(), dout.get(),
+                                            qkv.get(), out.get(), lse.get(), Bi, Ti, Ci, NHi, scale,
+                                            gpu::DropoutMask{}, true, stream);
+    });
+    if (flash_bwd > 0 && fused_bwd > 0) {
+      line("flash_attention_backward_apart_over_fused_dq", cfg, flash_bwd / fused_bwd, "x",
+           ", \"meaning\": \"the dq and dk/dv kernels over dq fused into the dk/dv kernel (> 1: "
+           "fusing is faster; its dq is not bit for bit run to run)\"");
+    }
   }
 
   // ---- the whole GPT-2 small, forward and backward, through the layers on CudaKernels ----

@@ -3,6 +3,7 @@
 // from 8 to 128 (each kernel capacity, full and zero-padded), and the cuBLAS reference path (out,
 // att, dqkv).
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -205,6 +206,69 @@ TEST_CASE("the flash forward with two row tiles a warp equals one row tile bit f
       CHECK(same_bits(d_lse2.download(), d_lse1.download()));
     }
   }
+}
+
+namespace {
+
+/// mma::backward_fused_dq (dq in the dk/dv kernel, float atomics) against the host backward, and
+/// its dk and dv against the two-kernel backward's, bit for bit (the same code computes them).
+template <class T>
+void compare_fused_dq(const AttnShape& s, const cpu::DropoutMask& dropout, bool overwrite,
+                      std::uint32_t seed) {
+  const std::int64_t C = s.NH * s.hs, N = s.B * s.T;
+  INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " p=" << dropout.p << " overwrite "
+            << overwrite);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
+  const int Bi = static_cast<int>(s.B), Ti = static_cast<int>(s.T), Ci = static_cast<int>(C),
+            NHi = static_cast<int>(s.NH);
+  const auto qkv = random_vector<T>(static_cast<std::size_t>(N * 3 * C), seed, -2.0f, 2.0f);
+  const auto dout = random_vector<T>(static_cast<std::size_t>(N * C), seed + 1);
+  const auto dqkv_init = random_vector<T>(qkv.size(), seed + 2);
+  DeviceVector<T> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_dout(dout),
+      d_fused(dqkv_init), d_apart(dqkv_init);
+  DeviceVector<float> d_lse(static_cast<std::size_t>(s.B * s.NH * s.T)),
+      d_delta(static_cast<std::size_t>(s.B * s.NH * s.T)), d_accum(static_cast<std::size_t>(N * C));
+  gpu::attention_forward<T>(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, C, s.NH, dropout,
+                            nullptr);
+  gpu::mma::backward_fused_dq<T, 64>(d_fused.get(), d_delta.get(), d_accum.get(), d_dout.get(),
+                                     d_qkv.get(), d_out.get(), d_lse.get(), Bi, Ti, Ci, NHi, scale,
+                                     dropout, overwrite, nullptr);
+  gpu::mma::backward<T, 64>(d_apart.get(), d_delta.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                            d_lse.get(), Bi, Ti, Ci, NHi, scale, dropout, overwrite, nullptr);
+  std::vector<T> out(static_cast<std::size_t>(N * C)),
+      att(static_cast<std::size_t>(s.B * s.NH * s.T * s.T));
+  auto dqkv = overwrite ? std::vector<T>(qkv.size(), zero::convert<T>(0.0f)) : dqkv_init;
+  cpu::attention_forward<T>(out.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH, dropout);
+  cpu::attention_backward<T>(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, C, s.NH,
+                             dropout);
+  const auto fused = d_fused.download(), apart = d_apart.download();
+  check_close(fused, dqkv, "fused-dq backward dqkv", 1e-5, 4.0);
+  std::vector<T> fused_kv, apart_kv;  // the k and v columns of every row
+  for (std::int64_t n = 0; n < N; ++n) {
+    const auto row = static_cast<std::size_t>(n * 3 * C);
+    fused_kv.insert(fused_kv.end(), fused.begin() + static_cast<std::ptrdiff_t>(row + C),
+                    fused.begin() + static_cast<std::ptrdiff_t>(row + 3 * C));
+    apart_kv.insert(apart_kv.end(), apart.begin() + static_cast<std::ptrdiff_t>(row + C),
+                    apart.begin() + static_cast<std::ptrdiff_t>(row + 3 * C));
+  }
+  CHECK(same_bits(fused_kv, apart_kv));
+}
+
+}  // namespace
+
+TEST_CASE("the backward with dq fused into the dk/dv kernel equals the host's",
+          "[cuda][attention]") {
+  const cpu::DropoutMask dropout{0.1, CounterRng(CounterRng::key_for(5, "dropout.h.2")), 7};
+  std::uint32_t seed = 500;
+  for (const AttnShape s : {AttnShape{1, 1, 2, 64}, AttnShape{2, 7, 2, 64}, AttnShape{1, 64, 1, 64},
+                            AttnShape{2, 129, 2, 64}, AttnShape{1, 300, 3, 64}}) {
+    for (const bool overwrite : {false, true}) {
+      compare_fused_dq<bf16>(s, {}, overwrite, seed);
+      seed += 10;
+    }
+  }
+  compare_fused_dq<bf16>(AttnShape{2, 100, 2, 64}, dropout, false, seed);
+  compare_fused_dq<zero::f16>(AttnShape{1, 200, 2, 64}, {}, true, seed + 10);
 }
 
 TEST_CASE("flash attention backward repeats bit for bit", "[cuda][attention]") {

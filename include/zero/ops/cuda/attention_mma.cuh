@@ -4,12 +4,14 @@
 // head sizes 64 and 128 (FlashAttention-2's layout, Dao 2023; written from the paper and the PTX
 // ISA's mma.sync fragment tables). Same inputs, outputs and contracts as the CUDA-core kernels in
 // attention.cuh: causal, packed qkv [B, T, 3C], lse [B, NH, T] saved by the forward, the host's
-// dropout mask, gradients added into dqkv by one thread per element (no atomics).
+// dropout mask, gradients added into dqkv by one thread per element (no atomics; backward_fused_dq,
+// which no launcher takes, adds dq with float atomics).
 //
-// A block holds 64 rows (4 warps x 16) and streams tiles of the other side's rows through double
-// buffers in shared memory (cp.async: the next tile's copy overlaps this one's work); every product
-// is mma.sync.m16n8k16 with float accumulators, its operands loaded with ldmatrix (.trans where the
-// tile's rows are the reduction dimension). A score tile's accumulators become the next product's A
+// A block holds 64 rows (4 warps x 16; the forward also compiles with 128, 2 tiles of 16 a warp)
+// and streams tiles of the other side's rows through double buffers in shared memory (cp.async:
+// the next tile's copy overlaps this one's work); every product is mma.sync.m16n8k16 with float
+// accumulators, its operands loaded with ldmatrix (.trans where the tile's rows are the reduction
+// dimension). A score tile's accumulators become the next product's A
 // operand in registers (the C and A fragment layouts line up two 8-column tiles per 16-wide slice),
 // rounded to T as the host rounds its saved probabilities. The softmax (max, exp, sums) runs in
 // float on the accumulators.
@@ -19,7 +21,8 @@
 //             output O, delta = rowsum(dO * O) first (FlashAttention-2's form, the same sum up to
 //             O's rounding to T: O_t = sum_j dropout(P_tj) V_j) and one pass over the keys
 //   dkdv:     per key block over the query tiles after it: S^T = K Q^T, P^T = exp(S^T - lse),
-//             dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q
+//             dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q;
+//             FuseDq also dQ += dS K over the block's keys (dS through shared memory, atomics)
 // Shared rows are padded by 8 elements so the 8 rows an ldmatrix reads fall in distinct banks.
 #if !defined(__CUDACC__)
 #error \
@@ -131,6 +134,17 @@ template <class T>
 __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const T* tile, int ld, int r0, int c0,
                                        int lane) {
   ldmatrix_x4(a, tile + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8);
+}
+
+/// The A operand (16 rows x 16 columns) of a tile stored transposed: A[r][c] is
+/// tile[(k0 + c) * ld + m0 + r], rows [m0, m0 + 16) of A the tile's columns, A's columns
+/// [k0, k0 + 16) the tile's rows (ldmatrix .trans; matrices in A's order: rows 0-7 and 8-15 at
+/// columns 0-7, then at columns 8-15).
+template <class T>
+__device__ __forceinline__ void load_a_trans(std::uint32_t (&a)[4], const T* tile, int ld, int m0,
+                                             int k0, int lane) {
+  ldmatrix_x4_trans(a,
+                    tile + (k0 + (lane & 7) + (lane >> 4) * 8) * ld + m0 + ((lane >> 3) & 1) * 8);
 }
 
 /// B operands of two adjacent 8-column tiles of a product whose reduction runs along the shared
@@ -649,11 +663,17 @@ __global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
 /// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 key rows, the first of every head first): over
 /// the query tiles from the block's first key on, dv += P^T dO and dk += dS^T Q, into dqkv (=,
 /// dqkv not read, when overwrite).
-template <class T, int HD, bool Dropping>
+/// FuseDq (head size 64): the block also adds its keys' share of dq, dS K, into dq_accum
+/// ([B, T, C] floats, zeroed before; finish_dq rounds it into dqkv): each query tile's dS goes
+/// through shared memory ([64 keys][QT queries], rounded to T as the dq kernel rounds it), each
+/// warp takes 16 of the tile's queries over the block's 64 keys and adds its 16 x HD sums with
+/// float atomics (FlashAttention-2's backward: one pass over the scores instead of the dq
+/// kernel's second one; the order of the atomic adds, so dq's last bits, vary run to run).
+template <class T, int HD, bool Dropping, bool FuseDq = false>
 __global__ void __launch_bounds__(block_threads)
     backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta,
                          int Tn, int C, int NH, float scale, cpu::DropoutMask dropout,
-                         bool overwrite) {
+                         bool overwrite, float* dq_accum) {
   constexpr int QT = stream_rows<HD, true>, LD = HD + row_pad;
   extern __shared__ __align__(16) unsigned char shared[];
   T* k_s = reinterpret_cast<T*>(shared);
@@ -663,6 +683,9 @@ __global__ void __launch_bounds__(block_threads)
   // two tiles' lse (times log2 e), then delta
   float* lse_buf = reinterpret_cast<float*>(do_buf + 2 * QT * LD);
   float* delta_buf = lse_buf + 2 * QT;
+  static_assert(!FuseDq || (HD == 64 && QT == block_rows), "FuseDq: 4 warps of 16 queries a tile");
+  constexpr int LDS = QT + row_pad;  // FuseDq: the tile's dS, [block_rows keys][QT queries]
+  T* ds_s = reinterpret_cast<T*>(delta_buf + 2 * QT);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
   const int j0 =
@@ -705,55 +728,111 @@ __global__ void __launch_bounds__(block_threads)
         if (q0 + QT < Tn) load_rows_stats(q0 + QT, cur ^ 1);
         const float* lse_s = lse_buf + cur * QT;
         const float* delta_s = delta_buf + cur * QT;
-        if (q0 + QT - 1 < first_key) return;  // every query of the tile is before the warp's keys
+        // Whether a query of the tile is at or after the warp's first key (else the warp's part
+        // is zero; with FuseDq it still writes those zeros for the block's dq product).
+        const bool sees = q0 + QT - 1 >= first_key;
+        if constexpr (!FuseDq) {
+          if (!sees) return;
+        }
         float p[QT / 8][4] = {}, dp[QT / 8][4] = {};
+        if (sees) {
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
+          for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+            for (int j = 0; j < QT / 16; ++j) {
+              mma_by_rows<T>(p, kf[kk], q_s, LD, j, kk * 16, lane);
+              mma_by_rows<T>(dp, vf[kk], do_s, LD, j, kk * 16, lane);
+            }
+          }
+          // p becomes dropout(P^T) for dV, dp becomes dS^T for dK.
+          with_causal_mask(causal_tile_whole(q0, QT, first_key, 16, Tn), [&](auto whole) {
+#pragma unroll
+            for (int nt = 0; nt < QT / 8; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = key0 + (e >> 1) * 8, qi = nt * 8 + 2 * (lane & 3) + (e & 1);
+                const int query = q0 + qi;
+                bool visible = true;
+                if constexpr (!decltype(whole)::value) {
+                  visible = query >= key && query < Tn && key < Tn;
+                }
+                // 2^-inf is 0: no branch around the exponential for masked entries.
+                const float prob =
+                    exp2_approx(visible ? fmaf(p[nt][e], scale_log2, -lse_s[qi]) : -INFINITY);
+                const bool kept =
+                    !dropping ||
+                    (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
+                const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
+                p[nt][e] = kept ? prob * drop_scale : 0.0f;
+                dp[nt][e] = prob * (d - delta_s[qi]) * scale;
+              }
+            }
+          });
 #pragma unroll
           for (int j = 0; j < QT / 16; ++j) {
-            mma_by_rows<T>(p, kf[kk], q_s, LD, j, kk * 16, lane);
-            mma_by_rows<T>(dp, vf[kk], do_s, LD, j, kk * 16, lane);
+            std::uint32_t pa[4], sa[4];
+            accumulators_as_a<T>(pa, p, j);
+            accumulators_as_a<T>(sa, dp, j);
+#pragma unroll
+            for (int d2 = 0; d2 < HD / 16; ++d2) {
+              mma_by_cols<T>(dv, pa, do_s, LD, j * 16, d2, lane);
+              mma_by_cols<T>(dk, sa, q_s, LD, j * 16, d2, lane);
+            }
           }
-        }
-        // p becomes dropout(P^T) for dV, dp becomes dS^T for dK.
-        with_causal_mask(causal_tile_whole(q0, QT, first_key, 16, Tn), [&](auto whole) {
+        }  // sees
+        // FuseDq: the warp's 16 key rows of dS (dS^T in its accumulators) into ds_s, rounded to T
+        // as sa, then the block's dq product.
+        if constexpr (FuseDq) {
 #pragma unroll
           for (int nt = 0; nt < QT / 8; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = key0 + (e >> 1) * 8, qi = nt * 8 + 2 * (lane & 3) + (e & 1);
-              const int query = q0 + qi;
-              bool visible = true;
-              if constexpr (!decltype(whole)::value) {
-                visible = query >= key && query < Tn && key < Tn;
-              }
-              // 2^-inf is 0: no branch around the exponential for masked entries.
-              const float prob =
-                  exp2_approx(visible ? fmaf(p[nt][e], scale_log2, -lse_s[qi]) : -INFINITY);
-              const bool kept =
-                  !dropping ||
-                  (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
-              const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
-              p[nt][e] = kept ? prob * drop_scale : 0.0f;
-              dp[nt][e] = prob * (d - delta_s[qi]) * scale;
+            for (int half = 0; half < 2; ++half) {
+              *reinterpret_cast<std::uint32_t*>(ds_s + (warp * 16 + lane / 4 + half * 8) * LDS +
+                                                nt * 8 + 2 * (lane & 3)) =
+                  pack2<T>(dp[nt][2 * half], dp[nt][2 * half + 1]);
             }
           }
-        });
+          __syncthreads();  // every warp's rows of dS are in ds_s (uniform: no warp returned)
+          // dq of the warp's 16 queries (rows warp * 16 of the tile) over the block's keys up to
+          // its last query; the keys after it have dS = 0.
+          const int first_query = q0 + warp * 16;
+          float dq[HD / 8][4] = {};
 #pragma unroll
-        for (int j = 0; j < QT / 16; ++j) {
-          std::uint32_t pa[4], sa[4];
-          accumulators_as_a<T>(pa, p, j);
-          accumulators_as_a<T>(sa, dp, j);
+          for (int kk = 0; kk < block_rows / 16; ++kk) {
+            if (j0 + kk * 16 > first_query + 15) break;
+            std::uint32_t da[4];
+            load_a_trans(da, ds_s, LDS, warp * 16, kk * 16, lane);
 #pragma unroll
-          for (int d2 = 0; d2 < HD / 16; ++d2) {
-            mma_by_cols<T>(dv, pa, do_s, LD, j * 16, d2, lane);
-            mma_by_cols<T>(dk, sa, q_s, LD, j * 16, d2, lane);
+            for (int d2 = 0; d2 < HD / 16; ++d2) mma_by_cols<T>(dq, da, k_s, LD, kk * 16, d2, lane);
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int query = first_query + lane / 4 + half * 8;
+            if (query >= Tn) continue;
+            float* row = dq_accum + (static_cast<std::int64_t>(b) * Tn + query) * C + h * HD +
+                         2 * (lane & 3);
+#pragma unroll
+            for (int nt = 0; nt < HD / 8; ++nt) {
+              atomicAdd(row + nt * 8, dq[nt][2 * half]);
+              atomicAdd(row + nt * 8 + 1, dq[nt][2 * half + 1]);
+            }
           }
         }
       });
   T* g = dqkv + static_cast<std::int64_t>(b) * Tn * stride + h * HD;
   add_rows<T, HD>(g + C, stride, dk, key0, Tn, lane, overwrite);
   add_rows<T, HD>(g + 2 * C, stride, dv, key0, Tn, lane, overwrite);
+}
+
+/// FuseDq's last step: dqkv's q columns = dq_accum rounded to T (added into them unless
+/// overwrite), one thread per element.
+template <class T>
+__global__ void finish_dq_kernel(T* dqkv, const float* dq_accum, std::int64_t rows, int C,
+                                 bool overwrite) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * C) return;
+  T& e = dqkv[(i / C) * 3 * C + i % C];
+  e = store<T>(overwrite ? dq_accum[i] : load(e) + dq_accum[i]);
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -769,9 +848,11 @@ constexpr std::size_t dq_shared_bytes() {
   return static_cast<std::size_t>(2 * block_rows + 4 * stream_rows<HD, true>) * (HD + row_pad) *
          sizeof(T);
 }
-template <class T, int HD>
+template <class T, int HD, bool FuseDq = false>
 constexpr std::size_t dkdv_shared_bytes() {
-  return dq_shared_bytes<T, HD>() + 4 * stream_rows<HD, true> * sizeof(float);
+  constexpr int QT = stream_rows<HD, true>;
+  return dq_shared_bytes<T, HD>() + 4 * QT * sizeof(float) +
+         (FuseDq ? static_cast<std::size_t>(block_rows) * (QT + row_pad) * sizeof(T) : 0);
 }
 
 /// True when the tensor-core kernels take this call: bf16 or f16, head size 64 or 128, and every
@@ -866,7 +947,8 @@ void backward_dkdv(T* dqkv, const float* delta, const T* dout, const T* qkv, con
   const dim3 grid = grid_of(B, Tn, NH);
   with_dropout(dropout, [&](auto dropping) {
     launch(backward_dkdv_kernel<T, HD, decltype(dropping)::value>, grid, dkdv_shared_bytes<T, HD>(),
-           stream, dqkv, dout, qkv, lse, delta, Tn, C, NH, scale, dropout, overwrite);
+           stream, dqkv, dout, qkv, lse, delta, Tn, C, NH, scale, dropout, overwrite,
+           static_cast<float*>(nullptr));
   });
 }
 
@@ -882,6 +964,32 @@ void backward(T* dqkv, float* delta, const T* dout, const T* qkv, const T* out, 
                      overwrite, stream);
   backward_dkdv<T, HD>(dqkv, delta, dout, qkv, lse, B, Tn, C, NH, scale, dropout, overwrite,
                        stream);
+}
+
+/// The backward with dq fused into the dk/dv kernel (FuseDq, head size 64; delta from the
+/// forward's output, which it needs): delta, then one pass over the scores adding each key
+/// block's dq into dq_accum (B*T*C floats of scratch, zeroed here) with float atomics, then
+/// dq_accum rounded into dqkv. kernel_bench times it beside backward(); it is no launcher's
+/// default, since dq's last bits vary run to run with the atomics' order.
+template <class T, int HD>
+void backward_fused_dq(T* dqkv, float* delta, float* dq_accum, const T* dout, const T* qkv,
+                       const T* out, const float* lse, int B, int Tn, int C, int NH, float scale,
+                       const cpu::DropoutMask& dropout, bool overwrite, cudaStream_t stream) {
+  static_assert(HD == 64, "backward_fused_dq: head size 64");
+  const std::int64_t rows = static_cast<std::int64_t>(B) * Tn;
+  ZERO_CUDA_CHECK(
+      cudaMemsetAsync(dq_accum, 0, static_cast<std::size_t>(rows * C) * sizeof(float), stream));
+  backward_delta<T, HD>(delta, out, dout, B, Tn, NH, stream);
+  const dim3 grid = grid_of(B, Tn, NH);
+  with_dropout(dropout, [&](auto dropping) {
+    launch(backward_dkdv_kernel<T, HD, decltype(dropping)::value, true>, grid,
+           dkdv_shared_bytes<T, HD, true>(), stream, dqkv, dout, qkv, lse,
+           static_cast<const float*>(delta), Tn, C, NH, scale, dropout, overwrite, dq_accum);
+  });
+  const std::int64_t n = rows * C;
+  finish_dq_kernel<T><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      dqkv, dq_accum, rows, C, overwrite);
+  ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace mma
