@@ -700,6 +700,15 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
       }
       CHECK(zeros);
       check_close(fused_rows, dlogits, "cross_entropy_forward_backward dlogits");
+      // Out of place (the logits kept, the gradient into NaNs it never reads): the same bits.
+      DeviceVector<T> d_source(source),
+          d_grad(std::vector<T>(source.size(),
+                                zero::convert<T>(std::numeric_limits<float>::quiet_NaN())));
+      gpu::cross_entropy_forward_backward<T>(d_fused_losses.get(), d_fused_stats.get(),
+                                             d_grad.get(), d_source.get(), d_targets.get(), s.N,
+                                             s.V, stride, dloss, valid, nullptr);
+      CHECK(same_bits(d_grad.download(), back));
+      CHECK(same_bits(d_source.download(), source));
     }
   }
   // A target in a row's padding (outside the vocabulary: the host refuses it) leaves the
@@ -716,6 +725,18 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
     INFO("padding column " << v);
     CHECK(zero::convert<float>(back[static_cast<std::size_t>(v)]) == 0.0f);
   }
+  // A chunk whose every target is ignored, in a batch with valid tokens elsewhere: zero losses
+  // and gradients, nothing read past a row.
+  DeviceVector<T> d_chunk(std::vector<T>(static_cast<std::size_t>(3 * ld), zero::convert<T>(1.0f)));
+  DeviceVector<std::int32_t> d_ignored(std::vector<std::int32_t>(3, cpu::ignore_index));
+  DeviceVector<float> d_losses(std::vector<float>(3, 5.0f)), d_stats(6);
+  gpu::cross_entropy_forward_backward<T>(d_losses.get(), d_stats.get(), d_chunk.get(),
+                                         d_chunk.get(), d_ignored.get(), 3, V, ld, 1.0f, 5,
+                                         nullptr);
+  CHECK(d_losses.download() == std::vector<float>(3, 0.0f));
+  bool zero_chunk = true;
+  for (const T e : d_chunk.download()) zero_chunk = zero_chunk && zero::convert<float>(e) == 0.0f;
+  CHECK(zero_chunk);
 }
 
 // ---- conversions and reductions -----------------------------------------------------------------
