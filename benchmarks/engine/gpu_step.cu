@@ -19,9 +19,11 @@
 // whole batch's logits (0: no chunks, two logits-sized buffers), and
 // gpu_step_whole_logits_vs_chunked is its step time over stage 0's; one more holds every GEMM
 // shape's algorithm to the fastest of cuBLASLt's candidates (ZERO_GEMM_TUNING=measured), and
-// gpu_step_gemm_measured_vs_heuristic is its step time over stage 0's. --runs runs only the named
-// runs (run_names below; a profiler's shorter run) and the ratios whose two runs ran. Prints one
-// JSON object per line. Without a GPU it says so and exits 0.
+// gpu_step_gemm_measured_vs_heuristic is its step time over stage 0's; one more takes the attention
+// backward's dq in its dk/dv kernel (ZERO_ATTENTION_BACKWARD=fused_dq), and
+// gpu_step_attention_fused_dq_vs_two_kernels is its step time over stage 0's. --runs runs only the
+// named runs (run_names below; a profiler's shorter run) and the ratios whose two runs ran. Prints
+// one JSON object per line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
 //            [--activation-gib G] [--logits-chunk-mib M] [--runs stage0,offload_delayed,...]
 #include <zero/engine/cuda_backend.cuh>
@@ -65,9 +67,15 @@ struct Shape {
 };
 
 /// The runs, in the order they run (--runs picks some: a profiler's shorter run).
-inline constexpr const char* run_names[] = {
-    "stage0",  "stage0_whole_logits", "stage0_gemm_measured", "stage2", "stage3",
-    "offload", "offload_deferred",    "offload_delayed"};
+inline constexpr const char* run_names[] = {"stage0",
+                                            "stage0_whole_logits",
+                                            "stage0_gemm_measured",
+                                            "stage0_attention_fused_dq",
+                                            "stage2",
+                                            "stage3",
+                                            "offload",
+                                            "offload_deferred",
+                                            "offload_delayed"};
 
 /// Whether --runs (a comma-separated list) names run, or is empty.
 bool wanted(const Shape& s, const std::string& run) {
@@ -233,8 +241,10 @@ int run(const Shape& s) {
   }
   nn::GPTConfig whole_logits = gc;
   whole_logits.logits_chunk_bytes = 0;
-  // Every run but the tuned one takes cuBLASLt's heuristic, whatever the caller's environment.
+  // Every run but the tuned one takes cuBLASLt's heuristic, and every run but the fused one the
+  // attention backward's two kernels, whatever the caller's environment.
   ::unsetenv("ZERO_GEMM_TUNING");
+  ::unsetenv("ZERO_ATTENTION_BACKWARD");
   const std::string gpu = "\"gpu\": \"" + std::string(prop.name) + "\"";
   const double gemm = gemm_tflops(20);
   line("cublaslt_gemm_4096", gpu + ", \"dtype\": \"bf16\"", gemm, "TFLOP/s");
@@ -250,7 +260,8 @@ int run(const Shape& s) {
   const double per_token = profile::gpt_flops_per_token(params, gc.num_layers, gc.channels, s.seq);
   const auto report = [&](int stage, bool offload, const Result& r,
                           HostUpdate how = HostUpdate::in_step, const nn::GPTConfig* g = nullptr,
-                          const char* gemm_tuning = "heuristic") {
+                          const char* gemm_tuning = "heuristic",
+                          const char* attention_backward = "two_kernels") {
     const double tflops = per_token * r.tokens_per_s / 1e12;
     const std::int64_t chunk = (g != nullptr ? *g : gc).logits_chunk_bytes;
     char chunk_mib[32];
@@ -263,7 +274,8 @@ int run(const Shape& s) {
                  : std::string()) +
         ", \"B\": " + std::to_string(s.batch) + ", \"T\": " + std::to_string(s.seq) +
         ", \"logits_chunk_mib\": " + chunk_mib +  // 0: the whole batch
-        ", \"gemm_tuning\": \"" + gemm_tuning + "\"";
+        ", \"gemm_tuning\": \"" + gemm_tuning + "\", \"attention_backward\": \"" +
+        attention_backward + "\"";
     using profile::Phase;
     const auto ms = [&](Phase p) { return r.host_ms[static_cast<std::size_t>(p)]; };
     char extra[1024];
@@ -282,7 +294,7 @@ int run(const Shape& s) {
     line("gpu_step", config, r.tokens_per_s, "tokens/s", extra);
   };
   // Each run that --runs names (all by default); a ratio's line where both of its runs ran.
-  std::optional<Result> s0, s0_whole, s0_tuned, s2, s3, off, off_deferred, off_delayed;
+  std::optional<Result> s0, s0_whole, s0_tuned, s0_fused_dq, s2, s3, off, off_deferred, off_delayed;
   if (wanted(s, "stage0")) {
     s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
     report(0, false, *s0);
@@ -298,6 +310,14 @@ int run(const Shape& s) {
     s0_tuned = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
     ::unsetenv("ZERO_GEMM_TUNING");
     report(0, false, *s0_tuned, HostUpdate::in_step, nullptr, "measured");
+  }
+  // Stage 0 again with the attention backward's dq fused into its dk/dv kernel (float atomics:
+  // dq's last bits vary run to run; ZERO_ATTENTION_BACKWARD, read at each backward).
+  if (wanted(s, "stage0_attention_fused_dq")) {
+    ::setenv("ZERO_ATTENTION_BACKWARD", "fused_dq", 1);
+    s0_fused_dq = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
+    ::unsetenv("ZERO_ATTENTION_BACKWARD");
+    report(0, false, *s0_fused_dq, HostUpdate::in_step, nullptr, "heuristic", "fused_dq");
   }
   if (wanted(s, "stage2")) {
     s2 = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false));
@@ -337,6 +357,10 @@ int run(const Shape& s) {
   ratio("gpu_step_gemm_measured_vs_heuristic", base + ", \"stage\": 0", s0_tuned, s0,
         ", \"meaning\": \"stage 0 with each GEMM shape's algorithm measured (ZERO_GEMM_TUNING="
         "measured) over stage 0 with cuBLASLt's first heuristic answer (< 1: tuning is faster)\"");
+  ratio("gpu_step_attention_fused_dq_vs_two_kernels", base + ", \"stage\": 0", s0_fused_dq, s0,
+        ", \"meaning\": \"stage 0 with the attention backward's dq fused into its dk/dv kernel "
+        "(ZERO_ATTENTION_BACKWARD=fused_dq) over stage 0 with its two kernels (< 1: fusing is "
+        "faster)\"");
   ratio("gpu_step_offload_vs_device", base + ", \"stage\": 2", off, s2,
         ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
   ratio("gpu_step_offload_overlap_vs_in_step", base + ", \"stage\": 2", off_deferred, off,
@@ -381,11 +405,12 @@ int main(int argc, char** argv) try {
         if (std::find_if(std::begin(zero::bench::run_names), std::end(zero::bench::run_names),
                          [&](const char* name) { return run == name; }) ==
             std::end(zero::bench::run_names)) {
-          std::fprintf(stderr,
-                       "gpu_step: --runs names no run \"%s\" (stage0, "
-                       "stage0_whole_logits, stage0_gemm_measured, stage2, stage3, "
-                       "offload, offload_deferred, offload_delayed)\n",
-                       run.c_str());
+          std::string names;
+          for (const char* name : zero::bench::run_names) {
+            names += (names.empty() ? "" : ", ") + std::string(name);
+          }
+          std::fprintf(stderr, "gpu_step: --runs names no run \"%s\" (%s)\n", run.c_str(),
+                       names.c_str());
           return 2;
         }
         start = end + 1;

@@ -32,6 +32,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -48,6 +50,21 @@ using cpu::DropoutMask;
 
 /// Query (forward, dq) or key (dkdv) rows per block: one warp each.
 inline constexpr int flash_rows = 8;
+
+/// How the tensor-core backward at head size 64, given the forward's output, takes dq:
+/// ZERO_ATTENTION_BACKWARD unset, empty or "two_kernels" (a dq kernel and a dk/dv kernel: every
+/// element one lane's, the same bits run to run; the default), or "fused_dq"
+/// (mma::backward_fused_dq: dq in the dk/dv kernel with float atomics, FlashAttention-2's
+/// backward, dq's last bits varying run to run); anything else a ConfigError naming the value.
+/// Read at each call.
+inline bool attention_backward_fuses_dq() {
+  const char* value = std::getenv("ZERO_ATTENTION_BACKWARD");
+  const std::string_view v = value != nullptr ? value : "";
+  if (v.empty() || v == "two_kernels") return false;
+  expect<ConfigError>(v == "fused_dq", "ZERO_ATTENTION_BACKWARD=", v,
+                      ": expected \"two_kernels\" (the default) or \"fused_dq\"");
+  return true;
+}
 /// Rows of the tile streamed through shared memory: one per lane.
 inline constexpr int flash_tile = 32;
 
@@ -373,7 +390,8 @@ void attention_forward(T* out, float* lse, const T* qkv, std::int64_t B, std::in
 /// the forward's mask. Uses B*NH*T floats of stream-ordered scratch. Given out, the tensor-core
 /// kernels take delta = rowsum(dout * out) from a small kernel instead of a first pass over the
 /// keys (attention_mma.cuh); the CUDA-core kernels always make that pass. Every element of dqkv
-/// is one lane's, so writing gives the values of adding into zeros (a zero's sign aside).
+/// is one lane's, so writing gives the values of adding into zeros (a zero's sign aside), unless
+/// ZERO_ATTENTION_BACKWARD=fused_dq (attention_backward_fuses_dq) has dq taken with atomics.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
@@ -388,7 +406,11 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   float* d = delta.as<float>();
   if (mma::takes<T>(hs, {dqkv, dout, qkv, out})) {  // bf16/f16, head 64 or 128: tensor cores
     const int Bi = static_cast<int>(B);
-    if (hs == 64) {
+    if (hs == 64 && out != nullptr && attention_backward_fuses_dq()) {
+      DeviceScratch dq(static_cast<std::size_t>(B * Tn * C) * sizeof(float), stream);
+      mma::backward_fused_dq<T, 64>(dqkv, d, dq.as<float>(), dout, qkv, out, lse, Bi, Ti, Ci, NHi,
+                                    scale, dropout, overwrite_dqkv, stream);
+    } else if (hs == 64) {
       mma::backward<T, 64>(dqkv, d, dout, qkv, out, lse, Bi, Ti, Ci, NHi, scale, dropout,
                            overwrite_dqkv, stream);
     } else {
