@@ -396,6 +396,8 @@ template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         std::int64_t B, std::int64_t Tn, std::int64_t C, std::int64_t NH,
                         const DropoutMask& dropout, bool overwrite_dqkv, cudaStream_t stream) {
+  // Read first, so a bad value is an error whichever kernels the call takes.
+  const bool fuse_dq = attention_backward_fuses_dq();
   if (B == 0 || Tn == 0) return;
   const int hs = detail::flash_head_size(B, Tn, C, NH, "attention_backward");
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -406,7 +408,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   float* d = delta.as<float>();
   if (mma::takes<T>(hs, {dqkv, dout, qkv, out})) {  // bf16/f16, head 64 or 128: tensor cores
     const int Bi = static_cast<int>(B);
-    if (hs == 64 && out != nullptr && attention_backward_fuses_dq()) {
+    if (hs == 64 && out != nullptr && fuse_dq) {
       DeviceScratch dq(static_cast<std::size_t>(B * Tn * C) * sizeof(float), stream);
       mma::backward_fused_dq<T, 64>(dqkv, d, dq.as<float>(), dout, qkv, out, lse, Bi, Ti, Ci, NHi,
                                     scale, dropout, overwrite_dqkv, stream);

@@ -381,11 +381,14 @@ __global__ void __launch_bounds__(block_threads)
       k_buf, v_buf, LD, head + C, stride, head + 2 * C, stride, 0, kv_end, KT, Tn,
       [&](const T* k_s, const T* v_s, int k0, int) {
         // 16-key slices of the tile with a key visible to tile i's last row (warp_row + 16 i +
-        // 15); the last tile's are the most.
+        // 15), none when the tile starts after it (a 128-row block's second key tile, for the
+        // first rows: the division would truncate -1 to 0 and count a slice); the last tile's
+        // are the most.
         int slices[MT];
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
-          slices[i] = min(KT / 16, (warp_row + 16 * i + 15 - k0) / 16 + 1);
+          const int last_visible = warp_row + 16 * i + 15 - k0;
+          slices[i] = last_visible < 0 ? 0 : min(KT / 16, last_visible / 16 + 1);
         }
         if (slices[MT - 1] <= 0) return;
         float s[MT][KT / 8][4] = {};
