@@ -303,20 +303,23 @@ int run(const Shape& s) {
     s0_whole = time_engine<StepEngine<0, None>>(s, whole_logits, step_config(s, 0, false));
     report(0, false, *s0_whole, HostUpdate::in_step, &whole_logits);
   }
-  // Stage 0 again with every GEMM shape's algorithm measured (the layers' GemmContext reads
-  // ZERO_GEMM_TUNING when the engine makes its kernels).
+  // Stage 0 with a variable of the environment set for the run alone.
+  const auto stage0_with = [&](const char* variable, const char* value) {
+    ::setenv(variable, value, 1);
+    const Result r = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
+    ::unsetenv(variable);
+    return r;
+  };
+  // Every GEMM shape's algorithm measured (the layers' GemmContext reads ZERO_GEMM_TUNING when
+  // the engine makes its kernels).
   if (wanted(s, "stage0_gemm_measured")) {
-    ::setenv("ZERO_GEMM_TUNING", "measured", 1);
-    s0_tuned = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
-    ::unsetenv("ZERO_GEMM_TUNING");
+    s0_tuned = stage0_with("ZERO_GEMM_TUNING", "measured");
     report(0, false, *s0_tuned, HostUpdate::in_step, nullptr, "measured");
   }
-  // Stage 0 again with the attention backward's dq fused into its dk/dv kernel (float atomics:
-  // dq's last bits vary run to run; ZERO_ATTENTION_BACKWARD, read at each backward).
+  // The attention backward's dq fused into its dk/dv kernel (float atomics: dq's last bits vary
+  // run to run; ZERO_ATTENTION_BACKWARD, read at each backward).
   if (wanted(s, "stage0_attention_fused_dq")) {
-    ::setenv("ZERO_ATTENTION_BACKWARD", "fused_dq", 1);
-    s0_fused_dq = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
-    ::unsetenv("ZERO_ATTENTION_BACKWARD");
+    s0_fused_dq = stage0_with("ZERO_ATTENTION_BACKWARD", "fused_dq");
     report(0, false, *s0_fused_dq, HostUpdate::in_step, nullptr, "heuristic", "fused_dq");
   }
   if (wanted(s, "stage2")) {
