@@ -220,21 +220,6 @@ __device__ __forceinline__ void with_causal_mask(bool whole, Fn&& fn) {
   }
 }
 
-/// Copies rows [first, first + count) of one head (HD elements each, row_stride apart from base)
-/// into a shared tile of ld elements per row, 16 bytes per thread and step; rows past Tn become
-/// zero.
-template <class T, int HD>
-__device__ __forceinline__ void load_tile(T* tile, int ld, const T* base, std::int64_t row_stride,
-                                          int first, int count, int Tn) {
-  constexpr int chunks = HD / 8;  // 16-byte pieces per row
-  for (int i = threadIdx.x; i < count * chunks; i += blockDim.x) {
-    const int r = i / chunks, c = (i % chunks) * 8, row = first + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < Tn) v = *reinterpret_cast<const uint4*>(base + row * row_stride + c);
-    *reinterpret_cast<uint4*>(tile + r * ld + c) = v;
-  }
-}
-
 /// 16 bytes from global to shared memory without passing through registers (cp.async); zeros
 /// instead when !valid (src-size 0: nothing is read).
 __device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
@@ -251,7 +236,9 @@ __device__ __forceinline__ void wait_async() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
-/// load_tile's copy issued with cp.async (wait for it with wait_async and a barrier).
+/// Copies rows [first, first + count) of one head (HD elements each, row_stride apart from base)
+/// into a shared tile of ld elements per row, 16 bytes per thread and step, with cp.async (wait
+/// for it with wait_async, or wait_all_async, and a barrier); rows past Tn become zero.
 template <class T, int HD>
 __device__ __forceinline__ void load_tile_async(T* tile, int ld, const T* base,
                                                 std::int64_t row_stride, int first, int count,
@@ -262,6 +249,14 @@ __device__ __forceinline__ void load_tile_async(T* tile, int ld, const T* base,
     const bool valid = row < Tn;
     copy16_async(tile + r * ld + c, base + (valid ? row * row_stride + c : 0), valid);
   }
+}
+
+/// Waits for every copy this thread has issued: a block's own tiles, loaded before the streamed
+/// ones start, arrive in one round trip to memory (each thread's copies of all their rows in
+/// flight together) instead of one per 16 bytes a thread.
+__device__ __forceinline__ void wait_all_async() {
+  commit_async();
+  wait_async<0>();
 }
 
 /// Streams the tiles at first, first + rows, ... (below end) of two row sets through double
@@ -358,7 +353,8 @@ __global__ void __launch_bounds__(block_threads)
   const float scale_log2 =
       scale * log2e;  // the scores stay unscaled: s scale = (s scale_log2) ln 2
 
-  load_tile<T, HD>(q_s, LD, head, stride, q0, rows, Tn);
+  load_tile_async<T, HD>(q_s, LD, head, stride, q0, rows, Tn);
+  wait_all_async();
   __syncthreads();
   std::uint32_t qf[MT][HD / 16][4];
 #pragma unroll
@@ -546,8 +542,9 @@ __global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
   const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
   const float scale_log2 = scale * log2e;
 
-  load_tile<T, HD>(q_s, LD, head, stride, q0, block_rows, Tn);
-  load_tile<T, HD>(do_s, LD, dout_head, C, q0, block_rows, Tn);
+  load_tile_async<T, HD>(q_s, LD, head, stride, q0, block_rows, Tn);
+  load_tile_async<T, HD>(do_s, LD, dout_head, C, q0, block_rows, Tn);
+  wait_all_async();
   __syncthreads();
   std::uint32_t qf[HD / 16][4], dof[HD / 16][4];
 #pragma unroll
@@ -704,8 +701,9 @@ __global__ void __launch_bounds__(block_threads)
   const float drop_scale = dropping ? dropout.scale<float>() : 1.0f;
   const float scale_log2 = scale * log2e;
 
-  load_tile<T, HD>(k_s, LD, head + C, stride, j0, block_rows, Tn);
-  load_tile<T, HD>(v_s, LD, head + 2 * C, stride, j0, block_rows, Tn);
+  load_tile_async<T, HD>(k_s, LD, head + C, stride, j0, block_rows, Tn);
+  load_tile_async<T, HD>(v_s, LD, head + 2 * C, stride, j0, block_rows, Tn);
+  wait_all_async();
   __syncthreads();
   std::uint32_t kf[HD / 16][4], vf[HD / 16][4];
 #pragma unroll
