@@ -826,14 +826,24 @@ __global__ void __launch_bounds__(block_threads)
 }
 
 /// FuseDq's last step: dqkv's q columns = dq_accum rounded to T (added into them unless
-/// overwrite), one thread per element.
+/// overwrite), one thread per 16-byte pack of dqkv (C is whole packs: heads of 64; dqkv 16-byte
+/// aligned, as the tensor-core kernels require).
 template <class T>
 __global__ void finish_dq_kernel(T* dqkv, const float* dq_accum, std::int64_t rows, int C,
                                  bool overwrite) {
+  constexpr int P = pack_size<T>;
+  const int packs = C / P;
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * C) return;
-  T& e = dqkv[(i / C) * 3 * C + i % C];
-  e = store<T>(overwrite ? dq_accum[i] : load(e) + dq_accum[i]);
+  if (i >= rows * packs) return;
+  const std::int64_t row = i / packs;
+  const std::int64_t c = (i - row * packs) * P;
+  auto* dst = reinterpret_cast<Pack<T>*>(dqkv + row * 3 * C + c);
+  const float* src = dq_accum + row * C + c;
+  Pack<T> q;
+  if (!overwrite) q = *dst;
+#pragma unroll
+  for (int j = 0; j < P; ++j) q.v[j] = store<T>(overwrite ? src[j] : load(q.v[j]) + src[j]);
+  *dst = q;
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -987,7 +997,7 @@ void backward_fused_dq(T* dqkv, float* delta, float* dq_accum, const T* dout, co
            dkdv_shared_bytes<T, HD, true>(), stream, dqkv, dout, qkv, lse,
            static_cast<const float*>(delta), Tn, C, NH, scale, dropout, overwrite, dq_accum);
   });
-  const std::int64_t n = rows * C;
+  const std::int64_t n = rows * C / pack_size<T>;
   finish_dq_kernel<T><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
       dqkv, dq_accum, rows, C, overwrite);
   ZERO_CUDA_CHECK(cudaGetLastError());
