@@ -729,58 +729,54 @@ __global__ void __launch_bounds__(block_threads)
         if (q0 + QT < Tn) load_rows_stats(q0 + QT, cur ^ 1);
         const float* lse_s = lse_buf + cur * QT;
         const float* delta_s = delta_buf + cur * QT;
-        // Whether a query of the tile is at or after the warp's first key (else the warp's part
-        // is zero; with FuseDq it still writes those zeros for the block's dq product).
-        const bool sees = q0 + QT - 1 >= first_key;
-        if constexpr (!FuseDq) {
-          if (!sees) return;
-        }
+        // Every query of the tile is before the warp's keys: its part is zero. Never with FuseDq
+        // (QT == block_rows and the tiles start at the block's first key, so every warp sees
+        // every tile): no warp leaves before the barrier of the dq product below.
+        if (q0 + QT - 1 < first_key) return;
         float p[QT / 8][4] = {}, dp[QT / 8][4] = {};
-        if (sees) {
 #pragma unroll
-          for (int kk = 0; kk < HD / 16; ++kk) {
-#pragma unroll
-            for (int j = 0; j < QT / 16; ++j) {
-              mma_by_rows<T>(p, kf[kk], q_s, LD, j, kk * 16, lane);
-              mma_by_rows<T>(dp, vf[kk], do_s, LD, j, kk * 16, lane);
-            }
-          }
-          // p becomes dropout(P^T) for dV, dp becomes dS^T for dK.
-          with_causal_mask(causal_tile_whole(q0, QT, first_key, 16, Tn), [&](auto whole) {
-#pragma unroll
-            for (int nt = 0; nt < QT / 8; ++nt) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int key = key0 + (e >> 1) * 8, qi = nt * 8 + 2 * (lane & 3) + (e & 1);
-                const int query = q0 + qi;
-                bool visible = true;
-                if constexpr (!decltype(whole)::value) {
-                  visible = query >= key && query < Tn && key < Tn;
-                }
-                // 2^-inf is 0: no branch around the exponential for masked entries.
-                const float prob =
-                    exp2_approx(visible ? fmaf(p[nt][e], scale_log2, -lse_s[qi]) : -INFINITY);
-                const bool kept =
-                    !dropping ||
-                    (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
-                const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
-                p[nt][e] = kept ? prob * drop_scale : 0.0f;
-                dp[nt][e] = prob * (d - delta_s[qi]) * scale;
-              }
-            }
-          });
+        for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
           for (int j = 0; j < QT / 16; ++j) {
-            std::uint32_t pa[4], sa[4];
-            accumulators_as_a<T>(pa, p, j);
-            accumulators_as_a<T>(sa, dp, j);
+            mma_by_rows<T>(p, kf[kk], q_s, LD, j, kk * 16, lane);
+            mma_by_rows<T>(dp, vf[kk], do_s, LD, j, kk * 16, lane);
+          }
+        }
+        // p becomes dropout(P^T) for dV, dp becomes dS^T for dK.
+        with_causal_mask(causal_tile_whole(q0, QT, first_key, 16, Tn), [&](auto whole) {
 #pragma unroll
-            for (int d2 = 0; d2 < HD / 16; ++d2) {
-              mma_by_cols<T>(dv, pa, do_s, LD, j * 16, d2, lane);
-              mma_by_cols<T>(dk, sa, q_s, LD, j * 16, d2, lane);
+          for (int nt = 0; nt < QT / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = key0 + (e >> 1) * 8, qi = nt * 8 + 2 * (lane & 3) + (e & 1);
+              const int query = q0 + qi;
+              bool visible = true;
+              if constexpr (!decltype(whole)::value) {
+                visible = query >= key && query < Tn && key < Tn;
+              }
+              // 2^-inf is 0: no branch around the exponential for masked entries.
+              const float prob =
+                  exp2_approx(visible ? fmaf(p[nt][e], scale_log2, -lse_s[qi]) : -INFINITY);
+              const bool kept =
+                  !dropping ||
+                  (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
+              const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
+              p[nt][e] = kept ? prob * drop_scale : 0.0f;
+              dp[nt][e] = prob * (d - delta_s[qi]) * scale;
             }
           }
-        }  // sees
+        });
+#pragma unroll
+        for (int j = 0; j < QT / 16; ++j) {
+          std::uint32_t pa[4], sa[4];
+          accumulators_as_a<T>(pa, p, j);
+          accumulators_as_a<T>(sa, dp, j);
+#pragma unroll
+          for (int d2 = 0; d2 < HD / 16; ++d2) {
+            mma_by_cols<T>(dv, pa, do_s, LD, j * 16, d2, lane);
+            mma_by_cols<T>(dk, sa, q_s, LD, j * 16, d2, lane);
+          }
+        }
         // FuseDq: the warp's 16 key rows of dS (dS^T in its accumulators) into ds_s, rounded to T
         // as sa, then the block's dq product.
         if constexpr (FuseDq) {
@@ -793,7 +789,7 @@ __global__ void __launch_bounds__(block_threads)
                   pack2<T>(dp[nt][2 * half], dp[nt][2 * half + 1]);
             }
           }
-          __syncthreads();  // every warp's rows of dS are in ds_s (uniform: no warp returned)
+          __syncthreads();  // every warp's rows of dS are in ds_s (no warp returned, above)
           // dq of the warp's 16 queries (rows warp * 16 of the tile) over the block's keys up to
           // its last query; the keys after it have dS = 0.
           const int first_query = q0 + warp * 16;
