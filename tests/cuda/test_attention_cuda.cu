@@ -211,6 +211,72 @@ TEST_CASE("the flash forward with two row tiles a warp equals one row tile bit f
   }
 }
 
+TEST_CASE("a key's value reaches no row before it in the flash kernels", "[cuda][attention]") {
+  // An Inf in V at key 64, and apart from it one in K at key 96 (each the first key of a 16-key
+  // slice), against the same inputs without it: every row before key 64 gives the same out, and
+  // every row before key 96 the same dq, bit for bit. A kernel that multiplies a slice of keys
+  // wholly after a warp's rows by their zero probabilities gets NaN there instead (the two-tile
+  // forward's second key tile; the dq kernel's last 32-key tile at head size 128). Within a
+  // slice that a row partly sees, a later key's Inf does reach it (0 times Inf), as in any tiled
+  // kernel; so does the fused backward's dq, which takes whole 64-key blocks.
+  for (const std::int64_t hs : {std::int64_t{64}, std::int64_t{128}}) {
+    const AttnShape s{1, 160, 2, hs};
+    INFO("hs=" << hs);
+    const std::int64_t C = s.NH * s.hs, N = s.B * s.T;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
+    const auto clean = random_vector<bf16>(static_cast<std::size_t>(N * 3 * C), 450, -2.0f, 2.0f);
+    const auto dout = random_vector<bf16>(static_cast<std::size_t>(N * C), 451);
+    const bf16 inf = zero::convert<bf16>(std::numeric_limits<float>::infinity());
+    auto with_inf = [&](std::int64_t key, std::int64_t part) {  // part 1: K, 2: V
+      auto qkv = clean;
+      for (std::int64_t h = 0; h < s.NH; ++h) {
+        qkv[static_cast<std::size_t>(key * 3 * C + part * C + h * hs)] = inf;
+      }
+      return qkv;
+    };
+    struct Result {
+      std::vector<bf16> out, out_two_tiles, dqkv;
+    };
+    auto run = [&](const std::vector<bf16>& qkv) {
+      DeviceVector<bf16> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_dout(dout),
+          d_dqkv(qkv.size());
+      DeviceVector<float> d_lse(static_cast<std::size_t>(s.B * s.NH * s.T));
+      Result r;
+      if (hs == 64) {
+        gpu::mma::forward<bf16, 64, 2>(d_out.get(), d_lse.get(), d_qkv.get(), 1,
+                                       static_cast<int>(s.T), static_cast<int>(C),
+                                       static_cast<int>(s.NH), scale, cpu::DropoutMask{}, nullptr);
+        r.out_two_tiles = d_out.download();
+      }
+      gpu::attention_forward<bf16>(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, C, s.NH,
+                                   nullptr);
+      gpu::attention_backward<bf16>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                    d_lse.get(), s.B, s.T, C, s.NH, cpu::DropoutMask{}, true,
+                                    nullptr);
+      r.out = d_out.download();
+      r.dqkv = d_dqkv.download();
+      return r;
+    };
+    // Elements [first, first + n) of every row of width columns from 0 to rows.
+    auto columns = [](const std::vector<bf16>& v, std::int64_t width, std::int64_t first,
+                      std::int64_t n, std::int64_t rows) {
+      std::vector<bf16> kept;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto at = v.begin() + static_cast<std::ptrdiff_t>(r * width + first);
+        kept.insert(kept.end(), at, at + static_cast<std::ptrdiff_t>(n));
+      }
+      return kept;
+    };
+    const Result want = run(clean), v_inf = run(with_inf(64, 2)), k_inf = run(with_inf(96, 1));
+    CHECK(same_bits(columns(v_inf.out, C, 0, C, 64), columns(want.out, C, 0, C, 64)));
+    if (hs == 64) {
+      CHECK(same_bits(columns(v_inf.out_two_tiles, C, 0, C, 64),
+                      columns(want.out_two_tiles, C, 0, C, 64)));
+    }
+    CHECK(same_bits(columns(k_inf.dqkv, 3 * C, 0, C, 96), columns(want.dqkv, 3 * C, 0, C, 96)));
+  }
+}
+
 namespace {
 
 /// mma::backward_fused_dq (dq in the dk/dv kernel, float atomics) against the host backward, and

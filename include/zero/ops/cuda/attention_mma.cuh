@@ -220,6 +220,15 @@ __device__ __forceinline__ void with_causal_mask(bool whole, Fn&& fn) {
   }
 }
 
+/// The 16-key slices of a key tile of KT keys from k0 that hold a key visible to a row tile whose
+/// last row is last_row (keys up to last_row); none when the tile starts after that row, where
+/// the division would truncate -1 to 0 and count a slice of masked work (and 0 times an Inf or
+/// NaN key there would reach rows that never see it).
+template <int KT>
+__device__ __forceinline__ int visible_slices(int last_row, int k0) {
+  return last_row < k0 ? 0 : min(KT / 16, (last_row - k0) / 16 + 1);
+}
+
 /// 16 bytes from global to shared memory without passing through registers (cp.async); zeros
 /// instead when !valid (src-size 0: nothing is read).
 __device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
@@ -378,14 +387,10 @@ __global__ void __launch_bounds__(block_threads)
       [&](const T* k_s, const T* v_s, int k0, int) {
         // 16-key slices of the tile with a key visible to tile i's last row (warp_row + 16 i +
         // 15), none when the tile starts after it (a 128-row block's second key tile, for the
-        // first rows: the division would truncate -1 to 0 and count a slice); the last tile's
-        // are the most.
+        // first rows); the last tile's are the most.
         int slices[MT];
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          const int last_visible = warp_row + 16 * i + 15 - k0;
-          slices[i] = last_visible < 0 ? 0 : min(KT / 16, last_visible / 16 + 1);
-        }
+        for (int i = 0; i < MT; ++i) slices[i] = visible_slices<KT>(warp_row + 16 * i + 15, k0);
         if (slices[MT - 1] <= 0) return;
         float s[MT][KT / 8][4] = {};
 #pragma unroll
@@ -565,7 +570,9 @@ __global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
   // sees no key of it.
   auto scores = [&](const T* k_s, const T* v_s, int k0, float(&p)[KT / 8][4],
                     float(&dp)[KT / 8][4]) {
-    const int slices = min(KT / 16, (last_key - k0) / 16 + 1);
+    // None for a tile after the warp's rows (head size 128: 32-key tiles, and warps 0 and 1 see
+    // no key of the block's last one).
+    const int slices = visible_slices<KT>(last_key, k0);
 #pragma unroll
     for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
@@ -636,7 +643,7 @@ __global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
                           for (int e = 0; e < 4; ++e)
                             p[nt][e] = p[nt][e] * (dp[nt][e] - delta_r[e >> 1]) * scale;
                         }
-                        const int slices = min(KT / 16, (last_key - k0) / 16 + 1);
+                        const int slices = visible_slices<KT>(last_key, k0);
 #pragma unroll
                         for (int j = 0; j < KT / 16; ++j) {
                           if (j >= slices) break;
