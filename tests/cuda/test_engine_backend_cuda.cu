@@ -4,6 +4,7 @@
 // sees what a compute kernel wrote, and without the event it does not); buffers from the pool
 // and page-locked host memory. The no-device error is in test_engine_backend_no_device.cu (this
 // executable's main skips before any test when no GPU is visible).
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -428,6 +430,77 @@ TEST_CASE("compute_waits_for_comm orders a compute-stream copy after a comm kern
   check_stream_order(
       backend, backend.comm_stream(), backend.compute_stream(),
       [](CudaBackend& b) { b.compute_waits_for_comm(); }, "compute waits for comm");
+}
+
+TEST_CASE("compute_waits_for_comm_copies orders compute after the comm stream's copies only",
+          "[cuda][engine]") {
+  // Offload<CPU>'s copies down go on the comm stream between collectives, and the engine orders
+  // compute after the copies alone. A kernel on comm that blocks until the host releases it
+  // stands for the work before a copy (which compute then waits for), and for a collective
+  // issued after the last copy (which must not hold compute back).
+  const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
+  if (blocking != nullptr && std::string(blocking) == "1") {
+    WARN("CUDA_LAUNCH_BLOCKING=1 serialises launches: stream-ordering test skipped");
+    return;
+  }
+  CudaBackend backend;
+  constexpr int n = 1000;
+  int clock_khz = 0, device = 0;
+  ZERO_CUDA_CHECK(cudaGetDevice(&device));
+  ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  const long long give_up_cycles = 20LL * 1000 * clock_khz;  // about 20 s
+  CudaBackend::PinnedBuffer<int> release(1, zero::CudaPinnedHost::default_alignment,
+                                         backend.compute_stream());
+  int* release_on_device = nullptr;
+  ZERO_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&release_on_device), release.data(), 0));
+  CudaBackend::PinnedBuffer<float> seen(n, zero::CudaPinnedHost::default_alignment,
+                                        backend.compute_stream());
+  DeviceBuffer<float> written = backend.make_buffer<float>(n),
+                      staged = backend.make_buffer<float>(n),
+                      blocked = backend.make_buffer<float>(n);
+  backend.compute_stream().synchronize();
+  std::vector<float> want(n);
+  for (int i = 0; i < n; ++i) want[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);
+
+  // Ordered: the blocked kernel, the copy after it, compute after the copy.
+  __atomic_store_n(release.data(), 0, __ATOMIC_SEQ_CST);
+  write_when_released<<<1, 256, 0, backend.comm_stream().native()>>>(
+      written.data(), n, release_on_device, give_up_cycles);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  backend.comm_copy_async(std::span<float>(staged.data(), n),
+                          std::span<const float>(written.data(), n));
+  backend.compute_waits_for_comm_copies();
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(seen.data(), staged.data(), n * sizeof(float),
+                                  cudaMemcpyDeviceToHost, backend.compute_stream().native()));
+  CHECK(cudaStreamQuery(backend.compute_stream().native()) == cudaErrorNotReady);
+  __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
+  backend.compute_stream().synchronize();
+  check_same_bits(std::vector<float>(seen.data(), seen.data() + n), want,
+                  "compute after comm_copy_async");
+
+  // Not ordered after what comm was given since the last copy.
+  __atomic_store_n(release.data(), 0, __ATOMIC_SEQ_CST);
+  backend.comm_copy_async(std::span<float>(staged.data(), n),
+                          std::span<const float>(written.data(), n));
+  write_when_released<<<1, 256, 0, backend.comm_stream().native()>>>(
+      blocked.data(), n, release_on_device, give_up_cycles);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  backend.compute_waits_for_comm_copies();
+  backend.clear(std::span<float>(staged.data(), n));  // compute's next work
+  // Compute finishes while the kernel after the copy is still blocked (polled up to 10 s).
+  cudaError_t compute_state = cudaErrorNotReady;
+  for (int i = 0; i < 10000 && compute_state == cudaErrorNotReady; ++i) {
+    compute_state = cudaStreamQuery(backend.compute_stream().native());
+    if (compute_state == cudaErrorNotReady) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  const cudaError_t comm_state = cudaStreamQuery(backend.comm_stream().native());
+  __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
+  backend.comm_stream().synchronize();
+  CHECK(compute_state == cudaSuccess);
+  CHECK(comm_state == cudaErrorNotReady);
 }
 
 TEST_CASE("CudaBackend::free_device_bytes reports the device's free memory, and a buffer takes it",

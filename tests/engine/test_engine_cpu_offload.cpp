@@ -148,12 +148,19 @@ struct PinnedTestBackend : engine::HostBackend {
     HostBackend::sum_of_squares_into(slot, v);
   }
   void compute_waits_for_comm() {
-    for (auto& copy : on_comm_) copy();
-    on_comm_.clear();
+    run_copies();
     HostBackend::compute_waits_for_comm();
+  }
+  void compute_waits_for_comm_copies() {
+    run_copies();
+    HostBackend::compute_waits_for_comm_copies();
   }
 
  private:
+  void run_copies() {
+    for (auto& copy : on_comm_) copy();
+    on_comm_.clear();
+  }
   std::vector<std::function<void()>> on_comm_;  // the comm stream's copies not yet run
   struct PinnedRead {
     const std::byte* source;

@@ -205,6 +205,7 @@ struct RecordingBackend : engine::HostBackend {
     squares_k,
     comm_waits_k,
     compute_waits_k,
+    copy_waits_k,
     buffers_k,
     arenas_k,
     to_device_k,
@@ -231,8 +232,17 @@ struct RecordingBackend : engine::HostBackend {
   }
   void compute_waits_for_comm() {
     ++calls[compute_waits_k];
+    if (in_steps) ++compute_waits_in_steps;
     HostBackend::compute_waits_for_comm();
   }
+  void compute_waits_for_comm_copies() {
+    ++calls[copy_waits_k];
+    HostBackend::compute_waits_for_comm_copies();
+  }
+  // Set on a rank's thread while it trains (not while it builds the engine or reads the values
+  // back), and the whole-stream waits made then (all ranks).
+  static inline thread_local bool in_steps = false;
+  static inline std::atomic<int> compute_waits_in_steps = 0;
 
   template <class E>
   void copy_from_host(std::span<E> dst, std::span<const E> src) {
@@ -298,6 +308,7 @@ std::vector<std::vector<float>> train_bf16(LocalComm& comm) {
   config.bf16_enabled = true;
   engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>, Compute<Device>> eng(model, comm,
                                                                                     config);
+  RecordingBackend::in_steps = true;
   for (int step = 0; step < 2; ++step) {
     const GlobalBatch b(micro_rows * 4, step, tiny().vocab_size);
     for (int m = 0; m < 2; ++m) {
@@ -307,6 +318,7 @@ std::vector<std::vector<float>> train_bf16(LocalComm& comm) {
     eng.step();
   }
   eng.synchronize();  // the gathers the last update started
+  RecordingBackend::in_steps = false;
   std::vector<std::vector<float>> out;
   for (int u = 0; u < eng.num_units(); ++u) out.push_back(eng.gather_unit_values(u));
   return out;
@@ -318,6 +330,7 @@ void check_recording_backend() {
   const auto host = per_rank<Masters>(2, [](LocalComm& comm) { return train_bf16<Host, S>(comm); });
   for (auto& c : RecordingBackend::calls) c = 0;
   RecordingBackend::layer_calls = 0;
+  RecordingBackend::compute_waits_in_steps = 0;
   const auto recorded =
       per_rank<Masters>(2, [](LocalComm& comm) { return train_bf16<RecordingDevice, S>(comm); });
   INFO("stage " << S);
@@ -332,12 +345,16 @@ void check_recording_backend() {
   CHECK(RecordingBackend::calls[RecordingBackend::clear_k] == 0);
   CHECK(RecordingBackend::calls[RecordingBackend::squares_k] > 0);
   CHECK(RecordingBackend::calls[RecordingBackend::comm_waits_k] > 0);
-  // Every buffer came from make_buffer (the type allows nothing else), and every gather and
-  // reduction, ordered after compute when it started, has compute ordered after it once waited
-  // for (on both ranks; synchronize waited for the last update's gathers).
+  // Every buffer came from make_buffer (the type allows nothing else). Every gather and
+  // reduction is ordered after compute when it starts, but compute never waits for the whole
+  // comm stream while training: a collective's Work completes with its data on the device, and
+  // such a wait would hold the units behind the collectives issued since (the next units'
+  // reductions, the gathers prefetched ahead). (This communicator reads host memory, so the
+  // step's statistics are not staged, which would wait once a step.) No DMA copies are made
+  // without Offload<CPU>, so none is waited for.
   CHECK(RecordingBackend::calls[RecordingBackend::buffers_k] > 0);
-  CHECK(RecordingBackend::calls[RecordingBackend::compute_waits_k] ==
-        RecordingBackend::calls[RecordingBackend::comm_waits_k]);
+  CHECK(RecordingBackend::compute_waits_in_steps == 0);
+  CHECK(RecordingBackend::calls[RecordingBackend::copy_waits_k] == 0);
   // The units ran on the backend's kernel set, in the backend's activation arenas (one a rank).
   CHECK(RecordingBackend::layer_calls > 0);
   CHECK(RecordingBackend::calls[RecordingBackend::arenas_k] == 2);

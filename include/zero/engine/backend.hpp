@@ -111,10 +111,18 @@ struct HostBackend {
     Event e;
     e.record(compute_);
   }
-  /// Makes compute issued next wait for the collectives issued so far, once their Work has
-  /// completed on the host (a unit must not read parameters a gather is still writing, nor the
-  /// optimizer a shard a reduction is still writing). Synchronous here.
+  /// Makes compute issued next wait for everything issued on the communication stream so far
+  /// (what a blocking collective on staged host values left there). A collective the flow
+  /// waited for through its Work needs no such wait: a device communicator's Work completes only
+  /// once the op's data is on the device. Synchronous here.
   void compute_waits_for_comm() {
+    Event e;
+    e.record(comm_);
+  }
+  /// Makes compute issued next wait for the DMA copies issued on the communication stream so far
+  /// (comm_copy_async), which no Work tracks, but not for the collectives issued there since.
+  /// Synchronous here.
+  void compute_waits_for_comm_copies() {
     Event e;
     e.record(comm_);
   }
@@ -141,8 +149,8 @@ struct HostBackend {
   /// dst = src by DMA in the communication stream's order, without waiting for it: Offload<CPU>
   /// moves a gradient shard folded in the units' memory down into its pinned host shard this
   /// way, beside the compute stream's backward. Call comm_waits_for_compute() first when compute
-  /// wrote src; src must stay unchanged, and dst unread, until compute_waits_for_comm() has
-  /// ordered compute after the copy. A plain copy here.
+  /// wrote src; src must stay unchanged, and dst unread, until compute_waits_for_comm_copies()
+  /// has ordered compute after the copy. A plain copy here.
   template <class E>
   static void comm_copy_async(std::span<E> dst, std::span<const E> src) {
     copy_checked(dst, src, "HostBackend::comm_copy_async");

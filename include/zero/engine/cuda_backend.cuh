@@ -186,13 +186,19 @@ class CudaBackend {
     compute_done_.record(*compute_);
     compute_done_.wait_on(*comm_);
   }
-  /// Makes compute issued next wait for the collectives issued on the communication stream so
-  /// far (a unit reads the parameters a gather wrote, the optimizer the shard a reduction wrote):
-  /// an event recorded on comm and waited for on compute, on the device.
+  /// Makes compute issued next wait for everything issued on the communication stream so far (a
+  /// blocking collective on staged host values): an event recorded on comm and waited for on
+  /// compute, on the device. Not needed after a collective's Work completed: its data is then on
+  /// the device, and a wait for the whole stream would also wait for the collectives issued
+  /// there since (the next units' reductions, a prefetched gather).
   void compute_waits_for_comm() {
     comm_done_.record(*comm_);
     comm_done_.wait_on(*compute_);
   }
+  /// Makes compute issued next wait for the DMA copies issued on the communication stream so far
+  /// (comm_copy_async records an event after each): on the device, and only as far as the last
+  /// copy, so collectives issued on the stream after it stay unordered.
+  void compute_waits_for_comm_copies() { copies_done_.wait_on(*compute_); }
   /// Bytes free on the device now (cudaMemGetInfo), which the engine checks its layout's figure
   /// against before allocating.
   std::optional<std::size_t> free_device_bytes() const {
@@ -244,10 +250,12 @@ class CudaBackend {
   /// wait: Offload<CPU> copies a gradient shard folded in device memory down into its pinned
   /// host shard this way, so the transfer overlaps the next units' backward on the compute
   /// stream. Call comm_waits_for_compute() first when compute wrote src; src must stay
-  /// unchanged, and dst unread, until compute_waits_for_comm() has ordered compute after it.
+  /// unchanged, and dst unread, until compute_waits_for_comm_copies() has ordered compute after
+  /// it.
   template <class E>
   void comm_copy_async(std::span<E> dst, std::span<const E> src) {
     copy_on(*comm_, dst, src, "CudaBackend::comm_copy_async");
+    copies_done_.record(*comm_);
   }
   /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
@@ -415,6 +423,7 @@ class CudaBackend {
       std::make_unique<optim::cuda::CudaFusedExecutor>(compute_->native());
   Event compute_done_;
   Event comm_done_;
+  Event copies_done_;  // recorded on comm after each comm_copy_async
   bool pageable_access_ = false;
 };
 

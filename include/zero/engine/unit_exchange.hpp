@@ -76,7 +76,7 @@ class UnitExchange {
   ~UnitExchange() {
     if (!copies_unordered_) return;
     try {
-      backend_.compute_waits_for_comm();
+      backend_.compute_waits_for_comm_copies();
     } catch (...) {  // a failed device cannot order anything; nothing is left to protect
     }
   }
@@ -422,7 +422,7 @@ class UnitExchange {
   // read.
   void order_copies_before_compute() {
     if (!copies_unordered_) return;
-    backend_.compute_waits_for_comm();
+    backend_.compute_waits_for_comm_copies();
     copies_unordered_ = false;
     copied_out_.clear();
   }
@@ -432,8 +432,8 @@ class UnitExchange {
   // waits for it. A later micro-step's fold (Fold::add) first copies the pinned shard up into
   // the staging buffer by DMA (as DeepSpeed does); every fold takes the shard's sum of squares
   // there, so the window's last one is the norm's. One staging buffer, sized to the largest
-  // shard, serves every unit: each fold into it follows a wait() (compute ordered after the comm
-  // stream's work so far: the last copy out of it, and the last copy into this pinned shard);
+  // shard, serves every unit: each fold into it follows a wait() (compute ordered after the DMA
+  // copies so far: the last copy out of it, and the last copy into this pinned shard);
   // drain_reductions orders the last copies before what reads the shards.
   void fold_into_host_shard(int u, std::span<const T> reduced, Fold fold) {
     Unit& s = unit(u);
@@ -471,10 +471,14 @@ class UnitExchange {
     try {
       work.wait();
       // What the collective wrote is read next by the units or the optimizer on the compute
-      // stream.
-      backend_.compute_waits_for_comm();
-      copies_unordered_ = false;  // the copies issued so far are ordered too
-      copied_out_.clear();
+      // stream, and it is on the device now: a device communicator's Work completes once the
+      // op's data is there (NcclComm's event recorded after it, CudaLocalComm's streams waited
+      // for). So compute does not wait for the comm stream, which holds the collectives issued
+      // since (the next units' reductions, the gathers prefetched ahead): they keep overlapping
+      // the backward and forward. Only the DMA copies, which no Work tracks, are ordered here:
+      // the next fold may write the staging buffer the last one read, and their scratch is
+      // freed (order_copies_before_compute).
+      order_copies_before_compute();
     } catch (const CommError& e) {
       const auto& specs = unit(u).specs;
       raise<CommError>("Engine rank ", unit(u).group->rank(), ": ", op, " of unit ", u,
