@@ -47,6 +47,11 @@ run_tests() {
   timeout 100 "$bin/zero_cuda_engine_backend_no_device_tests" > "$logs/test_no_device.txt" 2>&1
   echo "no_device rc $?" >> "$logs/tests.txt"
   wait
+  # The GEMMs and the layers' fused epilogues again with every shape's algorithm timed (the
+  # measured tuning runs candidates into scratch; beta 1 must still add once).
+  ZERO_GEMM_TUNING=measured timeout 120 "$bin/zero_cuda_ops_tests" "[gemm],[layers]" \
+    > "$logs/test_ops_measured_gemm.txt" 2>&1
+  echo "ops_measured_gemm rc $?" >> "$logs/tests.txt"
   for f in "$logs"/test_*.txt; do
     echo "== $f"; tail -3 "$f"; grep -B2 -A12 "FAILED" "$f" | head -60
   done >> "$logs/tests.txt"

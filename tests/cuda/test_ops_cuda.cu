@@ -270,6 +270,57 @@ TEMPLATE_TEST_CASE("the GELU_AUX epilogues keep the pre-activation: linear then 
   }
 }
 
+TEST_CASE("try_gemm_from runs what gemm_from runs, and a call cuBLASLt refuses runs nothing",
+          "[cuda][gemm]") {
+  // The fused linear layers ask with try_gemm_from and take their two kernels when cuBLASLt has
+  // no algorithm for an epilogue. A GELU_AUX call (GPT-2's c_fc epilogue at a small shape) runs
+  // as gemm_from does; with its aux 2 bytes off alignment cuBLASLt may refuse it (then nothing
+  // is written, the refusal is remembered, and gemm_from throws) or run it (then the same
+  // values); either way the two forms agree.
+  using T = bf16;
+  gpu::GemmContext ctx;
+  const std::int64_t N = 33, C = 64, OC = 256, ld_aux = OC;
+  const auto inp = random_vector<T>(static_cast<std::size_t>(N * C), 330);
+  const auto w = random_vector<T>(static_cast<std::size_t>(OC * C), 331);
+  const auto n = static_cast<std::size_t>(N * OC);
+  const T sentinel = convert<T>(-7.0f);
+  DeviceVector<T> d_inp(inp), d_w(w), d_out(n), d_pre(n + 8), d_tried(std::vector<T>(n, sentinel)),
+      d_tried_pre(d_pre.size());
+  gpu::gemm_from<T>(ctx, gpu::Trans::no, gpu::Trans::yes, N, OC, C, 1.0f, d_inp.get(), C, d_w.get(),
+                    C, 0.0f, d_out.get(), d_out.get(), OC, gpu::Epilogue::gelu_aux, nullptr,
+                    d_pre.get(), ld_aux, nullptr);
+  CHECK(gpu::try_gemm_from<T>(ctx, gpu::Trans::no, gpu::Trans::yes, N, OC, C, 1.0f, d_inp.get(), C,
+                              d_w.get(), C, 0.0f, d_tried.get(), d_tried.get(), OC,
+                              gpu::Epilogue::gelu_aux, nullptr, d_tried_pre.get(), ld_aux,
+                              nullptr));
+  CHECK(same_bits(d_tried.download(), d_out.download()));
+  auto first_n = [n](std::vector<T> v) {  // the aux rows written (8 elements spare after them)
+    v.resize(n);
+    return v;
+  };
+  CHECK(same_bits(first_n(d_tried_pre.download()), first_n(d_pre.download())));
+
+  DeviceVector<T> d_odd(std::vector<T>(n, sentinel));
+  T* odd_aux = d_tried_pre.get() + 1;  // 2 bytes past a 256-byte boundary
+  const std::size_t shapes = ctx.cached_shapes();
+  const bool ran = gpu::try_gemm_from<T>(
+      ctx, gpu::Trans::no, gpu::Trans::yes, N, OC, C, 1.0f, d_inp.get(), C, d_w.get(), C, 0.0f,
+      d_odd.get(), d_odd.get(), OC, gpu::Epilogue::gelu_aux, nullptr, odd_aux, ld_aux, nullptr);
+  CHECK(ctx.cached_shapes() == shapes + 1);  // another key: the aux's alignment is in it
+  if (ran) {
+    WARN("cuBLASLt ran GELU_AUX with its aux 2-byte aligned");
+    CHECK(same_bits(d_odd.download(), d_out.download()));
+  } else {
+    CHECK(same_bits(d_odd.download(), std::vector<T>(n, sentinel)));
+    CHECK_THROWS_AS(
+        gpu::gemm_from<T>(ctx, gpu::Trans::no, gpu::Trans::yes, N, OC, C, 1.0f, d_inp.get(), C,
+                          d_w.get(), C, 0.0f, d_odd.get(), d_odd.get(), OC, gpu::Epilogue::gelu_aux,
+                          nullptr, odd_aux, ld_aux, nullptr),
+        zero::CudaError);
+    CHECK(ctx.cached_shapes() == shapes + 1);  // asked once
+  }
+}
+
 TEMPLATE_TEST_CASE("linear backward through a GELU (DGELU epilogue) equals the host's two kernels",
                    "[cuda][gemm]", float, bf16, f16) {
   using T = TestType;

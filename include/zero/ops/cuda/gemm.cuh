@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <tuple>
@@ -174,28 +175,30 @@ class GemmContext {
     return tuning_;
   }
 
-  /// Everything the choice of algorithm depends on.
+  /// Everything the choice of algorithm depends on (align_c: the least alignment of C, its
+  /// source, the bias and aux, which cuBLASLt's heuristic reads from the descriptor too).
   struct Key {
     int dtype, ta, tb;
-    std::int64_t m, n, k, lda, ldb, ldc;
+    std::int64_t m, n, k, lda, ldb, ldc, ld_aux;
     int epilogue, beta_zero, align_a, align_b, align_c;
     friend bool operator<(const Key& x, const Key& y) {
-      return std::tie(x.dtype, x.ta, x.tb, x.m, x.n, x.k, x.lda, x.ldb, x.ldc, x.epilogue,
+      return std::tie(x.dtype, x.ta, x.tb, x.m, x.n, x.k, x.lda, x.ldb, x.ldc, x.ld_aux, x.epilogue,
                       x.beta_zero, x.align_a, x.align_b, x.align_c) <
-             std::tie(y.dtype, y.ta, y.tb, y.m, y.n, y.k, y.lda, y.ldb, y.ldc, y.epilogue,
+             std::tie(y.dtype, y.ta, y.tb, y.m, y.n, y.k, y.lda, y.ldb, y.ldc, y.ld_aux, y.epilogue,
                       y.beta_zero, y.align_a, y.align_b, y.align_c);
     }
   };
 
-  /// A shape's algorithm, and whether timing chose another than the heuristic's first.
+  /// A shape's algorithm (none: cuBLASLt has none for it, a refusal cached as well), and
+  /// whether timing chose another than the heuristic's first.
   struct Choice {
-    cublasLtMatmulAlgo_t algo;
+    std::optional<cublasLtMatmulAlgo_t> algo;
     bool retuned = false;
   };
   /// The cached algorithm for key, or calls make(tuning, candidates) once (under the context's
-  /// lock) and caches its Choice.
+  /// lock) and caches its Choice; nullopt when cuBLASLt has none.
   template <class Make>
-  cublasLtMatmulAlgo_t algorithm(const Key& key, Make&& make) {
+  std::optional<cublasLtMatmulAlgo_t> algorithm(const Key& key, Make&& make) {
     std::lock_guard lock(mutex_);
     auto it = cache_.find(key);
     if (it == cache_.end()) {
@@ -308,13 +311,17 @@ GemmContext::Choice fastest_algorithm(GemmContext& ctx, const LtDescriptors& d,
 /// ldc (device pointers); source is laid out as C and may be C itself (beta 0: not read); bias
 /// (length N) is read by the bias epilogues only; aux [M, ld_aux] (ld_aux a multiple of 8, at
 /// least N) receives the GELU's input under the gelu_aux epilogues and is read (only) under
-/// dgelu. Each element of C is rounded once. Ordered on stream.
+/// dgelu. Each element of C is rounded once. Ordered on stream. Returns false, having run
+/// nothing, when cuBLASLt has no algorithm for the call (a fused epilogue it lacks at this
+/// shape, type or alignment; remembered per shape, so it is asked once): a caller with another
+/// way to compute the same values takes it; gemm_from throws instead.
 template <class T>
-void gemm_from(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
-               float alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, float beta,
-               const T* source, T* C, std::int64_t ldc, Epilogue epilogue, const T* bias, T* aux,
-               std::int64_t ld_aux, cudaStream_t stream) {
-  if (M == 0 || N == 0) return;
+[[nodiscard]] bool try_gemm_from(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M,
+                                 std::int64_t N, std::int64_t K, float alpha, const T* A,
+                                 std::int64_t lda, const T* B, std::int64_t ldb, float beta,
+                                 const T* source, T* C, std::int64_t ldc, Epilogue epilogue,
+                                 const T* bias, T* aux, std::int64_t ld_aux, cudaStream_t stream) {
+  if (M == 0 || N == 0) return true;
   expect<ShapeError>(K > 0, "ops::cuda::gemm: K = ", K, " (M=", M, " N=", N,
                      "); an empty product is not a cuBLASLt shape");
   const bool biased = epilogue == Epilogue::bias || epilogue == Epilogue::gelu_bias ||
@@ -384,13 +391,15 @@ void gemm_from(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_
                              lda,
                              ldb,
                              ldc,
+                             auxed ? ld_aux : 0,
                              static_cast<int>(epilogue),
                              beta == 0.0f,
                              detail::alignment_of(A),
                              detail::alignment_of(B),
                              std::min({detail::alignment_of(C), detail::alignment_of(source),
-                                       auxed ? detail::alignment_of(aux) : 256})};
-  const cublasLtMatmulAlgo_t algo = ctx.algorithm(key, [&](GemmTuning tuning, int candidates) {
+                                       auxed ? detail::alignment_of(aux) : 256,
+                                       biased ? detail::alignment_of(bias) : 256})};
+  const auto algo = ctx.algorithm(key, [&](GemmTuning tuning, int candidates) {
     ZERO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
     const std::size_t ws = ctx.workspace_bytes();
     ZERO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -409,20 +418,38 @@ void gemm_from(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_
         d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
     std::array<cublasLtMatmulHeuristicResult_t, GemmContext::max_candidates> results{};
     int found = 0;
-    ZERO_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref,
-                                                     candidates, results.data(), &found));
-    expect<CudaError>(found > 0, "ops::cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N,
-                      " K=", K, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
-                      " epilogue=", static_cast<int>(epilogue), " (pointer alignments ",
-                      key.align_a, "/", key.align_b, "/", key.align_c, " bytes)");
+    // cuBLASLt answers NOT_SUPPORTED, or no result, when it has no algorithm for the call.
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref, candidates, results.data(), &found);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
+      return GemmContext::Choice{std::nullopt, false};
+    }
+    ZERO_CUBLAS_CHECK(status);
     if (tuning == GemmTuning::heuristic || found == 1) {
       return GemmContext::Choice{results[0].algo, false};
     }
     return detail::fastest_algorithm(ctx, d, std::span(results.data(), found), alpha, A, B, beta,
                                      source, M, ldc, stream);
   });
+  if (!algo) return false;
   ZERO_CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, source, d.c, C,
-                                   d.c, &algo, ctx.workspace(), ctx.workspace_bytes(), stream));
+                                   d.c, &*algo, ctx.workspace(), ctx.workspace_bytes(), stream));
+  return true;
+}
+
+/// try_gemm_from, or CudaError naming the call when cuBLASLt has no algorithm for it.
+template <class T>
+void gemm_from(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+               float alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, float beta,
+               const T* source, T* C, std::int64_t ldc, Epilogue epilogue, const T* bias, T* aux,
+               std::int64_t ld_aux, cudaStream_t stream) {
+  expect<CudaError>(try_gemm_from<T>(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, source, C,
+                                     ldc, epilogue, bias, aux, ld_aux, stream),
+                    "ops::cuda::gemm: cuBLASLt has no algorithm for M=", M, " N=", N, " K=", K,
+                    " lda=", lda, " ldb=", ldb, " ldc=", ldc,
+                    " epilogue=", static_cast<int>(epilogue), " (pointer alignments ",
+                    detail::alignment_of(A), "/", detail::alignment_of(B), "/",
+                    detail::alignment_of(C), " bytes)");
 }
 
 /// gemm_from without an aux output.

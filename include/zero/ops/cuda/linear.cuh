@@ -166,20 +166,21 @@ void linear_forward_add(GemmContext& ctx, T* out, const T* skip, const T* inp, c
 /// pre stored as the GELU's input beside out): a linear layer followed by GELU in training, whose
 /// backward reads pre. out is cuBLASLt's GELU (tanh approximation) of the unrounded sum, where
 /// the host twin (linear_forward, then gelu_forward) takes it of pre rounded. f32, an OC that is
-/// not a multiple of 8 (cuBLASLt's aux rows) and rows that are padded run the two calls instead.
+/// not a multiple of 8 (cuBLASLt's aux rows), rows that are padded, and a call cuBLASLt has no
+/// GELU_AUX algorithm for run the two calls instead.
 template <class T>
 void linear_gelu_aux_forward(GemmContext& ctx, T* pre, T* out, const T* inp, const T* weight,
                              const T* bias, std::int64_t N, std::int64_t C, std::int64_t OC,
                              cudaStream_t stream) {
-  if (std::is_same_v<T, float> || OC % 8 != 0 || linear_pads_rows<T>(OC) ||
-      !aligned16({pre, out})) {
-    linear_forward<T>(ctx, pre, inp, weight, bias, N, C, OC, stream);
-    gelu_forward<T>(out, pre, N * OC, stream);
+  if (!std::is_same_v<T, float> && OC % 8 == 0 && !linear_pads_rows<T>(OC) &&
+      aligned16({pre, out}) &&
+      try_gemm_from<T>(ctx, Trans::no, Trans::yes, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out,
+                       out, OC, bias != nullptr ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux,
+                       bias, pre, OC, stream)) {
     return;
   }
-  gemm_from<T>(ctx, Trans::no, Trans::yes, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, out, OC,
-               bias != nullptr ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux, bias, pre, OC,
-               stream);
+  linear_forward<T>(ctx, pre, inp, weight, bias, N, C, OC, stream);
+  gelu_forward<T>(out, pre, N * OC, stream);
 }
 
 /// out = gelu(inp @ weight^T + bias) in one cuBLASLt call (GELU-tanh epilogue; bias required),
@@ -235,23 +236,23 @@ void linear_backward(GemmContext& ctx, T* dinp, T* dweight, T* dbias, const T* d
 /// (dout @ weight), written; dweight and dbias as linear_backward's (either may be null). In
 /// bf16/f16 the input-gradient GEMM applies GELU's derivative in its epilogue (cuBLASLt's DGELU,
 /// pre as its aux input: one rounding, where the host twin rounds dout @ weight first); f32, a C
-/// that is not a multiple of 8 or padded rows run linear_backward into scratch and gelu_backward.
+/// that is not a multiple of 8, padded rows and a call cuBLASLt has no DGELU algorithm for run
+/// linear_backward into scratch and gelu_backward.
 template <class T>
 void linear_backward_gelu(GemmContext& ctx, T* dpre, T* dweight, T* dbias, const T* dout,
                           const T* inp, const T* weight, const T* pre, std::int64_t N,
                           std::int64_t C, std::int64_t OC, cudaStream_t stream) {
-  if (std::is_same_v<T, float> || C % 8 != 0 || linear_pads_rows<T>(OC) ||
-      !aligned16({dpre, pre})) {
-    const DeviceScratch dinp(static_cast<std::size_t>(N * C) * sizeof(T), stream);
-    linear_backward<T>(ctx, dinp.as<T>(), dweight, dbias, dout, inp, weight, N, C, OC, true,
-                       stream);
-    gelu_backward<T>(dpre, pre, dinp.as<T>(), N * C, true, stream);
+  // aux is only read under dgelu.
+  if (!std::is_same_v<T, float> && C % 8 == 0 && !linear_pads_rows<T>(OC) &&
+      aligned16({dpre, pre}) &&
+      try_gemm_from<T>(ctx, Trans::no, Trans::no, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dpre,
+                       dpre, C, Epilogue::dgelu, nullptr, const_cast<T*>(pre), C, stream)) {
+    linear_backward<T>(ctx, nullptr, dweight, dbias, dout, inp, weight, N, C, OC, false, stream);
     return;
   }
-  // aux is only read under dgelu.
-  gemm_from<T>(ctx, Trans::no, Trans::no, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dpre, dpre, C,
-               Epilogue::dgelu, nullptr, const_cast<T*>(pre), C, stream);
-  linear_backward<T>(ctx, nullptr, dweight, dbias, dout, inp, weight, N, C, OC, false, stream);
+  const DeviceScratch dinp(static_cast<std::size_t>(N * C) * sizeof(T), stream);
+  linear_backward<T>(ctx, dinp.as<T>(), dweight, dbias, dout, inp, weight, N, C, OC, true, stream);
+  gelu_backward<T>(dpre, pre, dinp.as<T>(), N * C, true, stream);
 }
 
 /// linear_backward accumulating into dinp.
