@@ -276,7 +276,8 @@ TEST_CASE("try_gemm_from runs what gemm_from runs, and a call cuBLASLt refuses r
   // no algorithm for an epilogue. A GELU_AUX call (GPT-2's c_fc epilogue at a small shape) runs
   // as gemm_from does; with its aux 2 bytes off alignment cuBLASLt may refuse it (then nothing
   // is written, the refusal is remembered, and gemm_from throws) or run it (then the same
-  // values); either way the two forms agree.
+  // values, up to the summation order of the algorithm it picks); either way the two forms
+  // agree.
   using T = bf16;
   gpu::GemmContext ctx;
   const std::int64_t N = 33, C = 64, OC = 256, ld_aux = OC;
@@ -309,7 +310,8 @@ TEST_CASE("try_gemm_from runs what gemm_from runs, and a call cuBLASLt refuses r
   CHECK(ctx.cached_shapes() == shapes + 1);  // another key: the aux's alignment is in it
   if (ran) {
     WARN("cuBLASLt ran GELU_AUX with its aux 2-byte aligned");
-    CHECK(same_bits(d_odd.download(), d_out.download()));
+    // Another key, so perhaps another algorithm: the same values up to its summation order.
+    check_close(d_odd.download(), d_out.download(), "GELU_AUX, aux 2-byte aligned", 1e-5, 2.0);
   } else {
     CHECK(same_bits(d_odd.download(), std::vector<T>(n, sentinel)));
     CHECK_THROWS_AS(
