@@ -137,6 +137,38 @@ __global__ void write_when_released(float* out, int n, const volatile int* relea
   }
 }
 
+/// write_when_released launched from the host, with the pinned flag that releases it.
+class HeldKernel {
+ public:
+  explicit HeldKernel(CudaBackend::Stream& stream)
+      : release_(1, zero::CudaPinnedHost::default_alignment, stream) {
+    int clock_khz = 0, device = 0;
+    ZERO_CUDA_CHECK(cudaGetDevice(&device));
+    ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+    give_up_cycles_ = 20LL * 1000 * clock_khz;  // about 20 s
+    ZERO_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&on_device_), release_.data(), 0));
+  }
+  /// Serialising modes would deadlock the host against the kernel: tests skip under them.
+  static bool launches_serialised() {
+    const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
+    return blocking != nullptr && std::string(blocking) == "1";
+  }
+  /// Holds the next launch until release().
+  void hold() { __atomic_store_n(release_.data(), 0, __ATOMIC_SEQ_CST); }
+  void release() { __atomic_store_n(release_.data(), 1, __ATOMIC_SEQ_CST); }
+  /// Writes out[i] = i + 1 on stream once released.
+  void launch(CudaBackend::Stream& stream, float* out, int n) {
+    write_when_released<<<1, 256, 0, stream.native()>>>(out, n, on_device_, give_up_cycles_);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  CudaBackend::PinnedBuffer<int> release_;
+  int* on_device_ = nullptr;
+  long long give_up_cycles_ = 0;
+};
+
 }  // namespace
 
 TEST_CASE("CudaBackend owns two distinct streams", "[cuda][engine]") {
@@ -328,44 +360,32 @@ namespace {
 template <class Order, class Copy>
 void check_copy_order(CudaBackend& backend, CudaBackend::Stream& producer,
                       CudaBackend::Stream& consumer, Order&& order, Copy&& copy, const char* what) {
-  // Serialising modes would deadlock the host against the kernel.
-  const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
-  if (blocking != nullptr && std::string(blocking) == "1") {
+  if (HeldKernel::launches_serialised()) {
     WARN("CUDA_LAUNCH_BLOCKING=1 serialises launches: stream-ordering test skipped");
     return;
   }
   constexpr int n = 4099;
-  int clock_khz = 0, device = 0;
-  ZERO_CUDA_CHECK(cudaGetDevice(&device));
-  ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
-  const long long give_up_cycles = 20LL * 1000 * clock_khz;  // about 20 s
-
-  CudaBackend::PinnedBuffer<int> release(1, zero::CudaPinnedHost::default_alignment, producer);
-  int* release_on_device = nullptr;
-  ZERO_CUDA_CHECK(
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&release_on_device), release.data(), 0));
+  HeldKernel held(producer);
   CudaBackend::PinnedBuffer<float> seen(n, zero::CudaPinnedHost::default_alignment, consumer);
   DeviceBuffer<float> written = backend.make_buffer<float>(n);
   backend.compute_stream().synchronize();
 
   auto run = [&](bool ordered) {
-    __atomic_store_n(release.data(), 0, __ATOMIC_SEQ_CST);
+    held.hold();
     // Zeroed before the run starts, so an unordered copy reads zeros, not the last run's values.
     ZERO_CUDA_CHECK(cudaMemsetAsync(written.data(), 0, written.bytes(), producer.native()));
     producer.synchronize();
-    write_when_released<<<1, 256, 0, producer.native()>>>(written.data(), n, release_on_device,
-                                                          give_up_cycles);
-    ZERO_CUDA_CHECK(cudaGetLastError());
+    held.launch(producer, written.data(), n);
     if (ordered) order(backend);
     copy(backend, std::span<float>(seen.data(), n), std::span<const float>(written.data(), n));
     if (ordered) {
       // The copy cannot have run: the kernel it waits for is still blocked.
       CHECK(cudaStreamQuery(consumer.native()) == cudaErrorNotReady);
-      __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
+      held.release();
       consumer.synchronize();
     } else {
       consumer.synchronize();  // nothing orders it after the blocked kernel
-      __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
+      held.release();
     }
     producer.synchronize();
     return std::vector<float>(seen.data(), seen.data() + n);
@@ -438,22 +458,13 @@ TEST_CASE("compute_waits_for_comm_copies orders compute after the comm stream's 
   // compute after the copies alone. A kernel on comm that blocks until the host releases it
   // stands for the work before a copy (which compute then waits for), and for a collective
   // issued after the last copy (which must not hold compute back).
-  const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
-  if (blocking != nullptr && std::string(blocking) == "1") {
+  if (HeldKernel::launches_serialised()) {
     WARN("CUDA_LAUNCH_BLOCKING=1 serialises launches: stream-ordering test skipped");
     return;
   }
   CudaBackend backend;
   constexpr int n = 1000;
-  int clock_khz = 0, device = 0;
-  ZERO_CUDA_CHECK(cudaGetDevice(&device));
-  ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
-  const long long give_up_cycles = 20LL * 1000 * clock_khz;  // about 20 s
-  CudaBackend::PinnedBuffer<int> release(1, zero::CudaPinnedHost::default_alignment,
-                                         backend.compute_stream());
-  int* release_on_device = nullptr;
-  ZERO_CUDA_CHECK(
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&release_on_device), release.data(), 0));
+  HeldKernel held(backend.compute_stream());
   CudaBackend::PinnedBuffer<float> seen(n, zero::CudaPinnedHost::default_alignment,
                                         backend.compute_stream());
   DeviceBuffer<float> written = backend.make_buffer<float>(n),
@@ -464,28 +475,24 @@ TEST_CASE("compute_waits_for_comm_copies orders compute after the comm stream's 
   for (int i = 0; i < n; ++i) want[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);
 
   // Ordered: the blocked kernel, the copy after it, compute after the copy.
-  __atomic_store_n(release.data(), 0, __ATOMIC_SEQ_CST);
-  write_when_released<<<1, 256, 0, backend.comm_stream().native()>>>(
-      written.data(), n, release_on_device, give_up_cycles);
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  held.hold();
+  held.launch(backend.comm_stream(), written.data(), n);
   backend.comm_copy_async(std::span<float>(staged.data(), n),
                           std::span<const float>(written.data(), n));
   backend.compute_waits_for_comm_copies();
   ZERO_CUDA_CHECK(cudaMemcpyAsync(seen.data(), staged.data(), n * sizeof(float),
                                   cudaMemcpyDeviceToHost, backend.compute_stream().native()));
   CHECK(cudaStreamQuery(backend.compute_stream().native()) == cudaErrorNotReady);
-  __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
+  held.release();
   backend.compute_stream().synchronize();
   check_same_bits(std::vector<float>(seen.data(), seen.data() + n), want,
                   "compute after comm_copy_async");
 
   // Not ordered after what comm was given since the last copy.
-  __atomic_store_n(release.data(), 0, __ATOMIC_SEQ_CST);
+  held.hold();
   backend.comm_copy_async(std::span<float>(staged.data(), n),
                           std::span<const float>(written.data(), n));
-  write_when_released<<<1, 256, 0, backend.comm_stream().native()>>>(
-      blocked.data(), n, release_on_device, give_up_cycles);
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  held.launch(backend.comm_stream(), blocked.data(), n);
   backend.compute_waits_for_comm_copies();
   backend.clear(std::span<float>(staged.data(), n));  // compute's next work
   // Compute finishes while the kernel after the copy is still blocked (polled up to 10 s).
@@ -497,7 +504,7 @@ TEST_CASE("compute_waits_for_comm_copies orders compute after the comm stream's 
     }
   }
   const cudaError_t comm_state = cudaStreamQuery(backend.comm_stream().native());
-  __atomic_store_n(release.data(), 1, __ATOMIC_SEQ_CST);
+  held.release();
   backend.comm_stream().synchronize();
   CHECK(compute_state == cudaSuccess);
   CHECK(comm_state == cudaErrorNotReady);

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -242,6 +243,16 @@ inline int alignment_of(const void* p) {
   return align;
 }
 
+/// The least alignment_of the pointers given (null ones do not count): what cuBLASLt's heuristic
+/// may assume of C, the matrix its beta term reads, the bias and the aux together.
+inline int least_alignment(std::initializer_list<const void*> pointers) {
+  int align = 256;
+  for (const void* p : pointers) {
+    if (p != nullptr) align = std::min(align, alignment_of(p));
+  }
+  return align;
+}
+
 /// RAII holders for the cuBLASLt descriptors of one call.
 struct LtDescriptors {
   cublasLtMatmulDesc_t op = nullptr;
@@ -382,23 +393,22 @@ template <class T>
   ZERO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, type, static_cast<std::uint64_t>(N),
                                                static_cast<std::uint64_t>(M), ldc));
 
-  const GemmContext::Key key{static_cast<int>(type),
-                             static_cast<int>(ta),
-                             static_cast<int>(tb),
-                             M,
-                             N,
-                             K,
-                             lda,
-                             ldb,
-                             ldc,
-                             auxed ? ld_aux : 0,
-                             static_cast<int>(epilogue),
-                             beta == 0.0f,
-                             detail::alignment_of(A),
-                             detail::alignment_of(B),
-                             std::min({detail::alignment_of(C), detail::alignment_of(source),
-                                       auxed ? detail::alignment_of(aux) : 256,
-                                       biased ? detail::alignment_of(bias) : 256})};
+  const GemmContext::Key key{
+      static_cast<int>(type),
+      static_cast<int>(ta),
+      static_cast<int>(tb),
+      M,
+      N,
+      K,
+      lda,
+      ldb,
+      ldc,
+      auxed ? ld_aux : 0,
+      static_cast<int>(epilogue),
+      beta == 0.0f,
+      detail::alignment_of(A),
+      detail::alignment_of(B),
+      detail::least_alignment({C, source, auxed ? aux : nullptr, biased ? bias : nullptr})};
   const auto algo = ctx.algorithm(key, [&](GemmTuning tuning, int candidates) {
     ZERO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
     const std::size_t ws = ctx.workspace_bytes();
@@ -449,7 +459,8 @@ void gemm_from(GemmContext& ctx, Trans ta, Trans tb, std::int64_t M, std::int64_
                     " lda=", lda, " ldb=", ldb, " ldc=", ldc,
                     " epilogue=", static_cast<int>(epilogue), " (pointer alignments ",
                     detail::alignment_of(A), "/", detail::alignment_of(B), "/",
-                    detail::alignment_of(C), " bytes)");
+                    detail::least_alignment({C, source, aux, bias}),
+                    " bytes: A, B, and the least of C, source, aux and bias)");
 }
 
 /// gemm_from without an aux output.
