@@ -100,6 +100,70 @@ TEMPLATE_TEST_CASE("cuBLASLt gemm equals the host gemm for every transpose", "[c
   CHECK(ctx.cached_shapes() == 17);
 }
 
+TEMPLATE_TEST_CASE("a GEMM over K = 0 is the host's empty product: beta times C, plus the bias",
+                   "[cuda][gemm]", float, bf16) {
+  using T = TestType;
+  gpu::GemmContext ctx;
+  const std::int64_t M = 5, N = 7, ldc = N + 3;  // odd sizes, a padded leading dimension
+  const auto c = random_vector<T>(static_cast<std::size_t>(M * ldc), 900);
+  const auto other = random_vector<T>(c.size(), 901);
+  const auto bias = random_vector<T>(static_cast<std::size_t>(N), 902);
+  DeviceVector<T> operand(std::vector<T>(8, T(1.0f)));  // never read at K = 0
+  const T* none = operand.get();
+  const std::vector<T> host_operand(8, T(1.0f));
+
+  // beta 0.5 in place: the host's gemm over K = 0, bit for bit (one rounding of beta * C).
+  std::vector<T> want = c;
+  cpu::gemm<T>(cpu::Trans::no, cpu::Trans::yes, M, N, 0, 1.0f, host_operand.data(), 1,
+               host_operand.data(), 1, 0.5f, want.data(), ldc);
+  DeviceVector<T> half(c);
+  gpu::gemm<T>(ctx, cpu::Trans::no, cpu::Trans::yes, M, N, 0, 1.0f, none, 1, none, 1, 0.5f,
+               half.get(), ldc, nullptr);
+  CHECK(same_bits(half.download(), want));
+  CHECK(ctx.cached_shapes() == 0);  // no cuBLASLt shape was asked for
+
+  // beta 1 in place (a weight gradient over a batch of no rows): C as it was.
+  DeviceVector<T> kept(c);
+  gpu::gemm<T>(ctx, cpu::Trans::yes, cpu::Trans::no, M, N, 0, 1.0f, none, M, none, N, 1.0f,
+               kept.get(), ldc, nullptr);
+  CHECK(same_bits(kept.download(), c));
+
+  // From another source with the bias epilogue: source + bias rounded once, the padding of each
+  // row untouched; beta 0 does not read the source.
+  for (const float beta : {1.0f, 0.0f}) {
+    DeviceVector<T> d_other(other), d_bias(bias), out(c);
+    gpu::gemm_from<T>(ctx, cpu::Trans::no, cpu::Trans::no, M, N, 0, 1.0f, none, 1, none, N, beta,
+                      d_other.get(), out.get(), ldc, gpu::Epilogue::bias, d_bias.get(), nullptr);
+    std::vector<T> expected = c;
+    for (std::int64_t i = 0; i < M; ++i) {
+      for (std::int64_t j = 0; j < N; ++j) {
+        const float from = beta == 0.0f ? 0.0f : beta * as_float(other[i * ldc + j]);
+        expected[i * ldc + j] = convert<T>(from + as_float(bias[j]));
+      }
+    }
+    INFO("beta " << beta);
+    CHECK(same_bits(out.download(), expected));
+  }
+
+  // A GELU epilogue has no empty form: refused, not run.
+  DeviceVector<T> d_bias(bias), untouched(c);
+  CHECK_THROWS_AS(
+      gpu::gemm<T>(ctx, cpu::Trans::no, cpu::Trans::no, M, N, 0, 1.0f, none, 1, none, N, 0.0f,
+                   untouched.get(), ldc, gpu::Epilogue::gelu_bias, d_bias.get(), nullptr),
+      zero::ShapeError);
+  CHECK(same_bits(untouched.download(), c));
+
+  // linear_backward over no rows: every gradient as it was (the weight's is a K = 0 product).
+  const std::int64_t C = 16, OC = 24;
+  const auto dw = random_vector<T>(static_cast<std::size_t>(OC * C), 903);
+  const auto db = random_vector<T>(static_cast<std::size_t>(OC), 904);
+  DeviceVector<T> d_dw(dw), d_db(db), weight(dw);
+  gpu::linear_backward<T>(ctx, nullptr, d_dw.get(), d_db.get(), none, none, weight.get(), 0, C, OC,
+                          nullptr);
+  CHECK(same_bits(d_dw.download(), dw));
+  CHECK(same_bits(d_db.download(), db));
+}
+
 TEMPLATE_TEST_CASE("a measured tuning times GEMMs into scratch: each result is still the host's",
                    "[cuda][gemm]", float, bf16) {
   using T = TestType;

@@ -314,6 +314,21 @@ GemmContext::Choice fastest_algorithm(GemmContext& ctx, const LtDescriptors& d,
   return GemmContext::Choice{candidates[best].algo, best != 0};
 }
 
+/// C[i, j] = beta * source[i, j] + bias[j] over M rows of N (source not read at beta 0; bias may
+/// be null), rounded once: what a product over K = 0 leaves, as the host twin computes it.
+template <class T>
+__global__ void empty_product_kernel(T* C, const T* source, std::int64_t ldc, float beta,
+                                     const T* bias, std::int64_t M, std::int64_t N) {
+  const std::int64_t total = M * N;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = e / N, j = e % N;
+    float value = beta == 0.0f ? 0.0f : beta * load(source[i * ldc + j]);
+    if (bias != nullptr) value += load(bias[j]);
+    C[i * ldc + j] = store<T>(value);
+  }
+}
+
 }  // namespace detail
 
 // ---- GEMM ---------------------------------------------------------------------------------------
@@ -333,8 +348,7 @@ template <class T>
                                  const T* source, T* C, std::int64_t ldc, Epilogue epilogue,
                                  const T* bias, T* aux, std::int64_t ld_aux, cudaStream_t stream) {
   if (M == 0 || N == 0) return true;
-  expect<ShapeError>(K > 0, "ops::cuda::gemm: K = ", K, " (M=", M, " N=", N,
-                     "); an empty product is not a cuBLASLt shape");
+  expect<ShapeError>(K >= 0, "ops::cuda::gemm: K = ", K, " (M=", M, " N=", N, ") is negative");
   const bool biased = epilogue == Epilogue::bias || epilogue == Epilogue::gelu_bias ||
                       epilogue == Epilogue::gelu_aux_bias;
   const bool auxed = epilogue == Epilogue::gelu_aux || epilogue == Epilogue::gelu_aux_bias ||
@@ -345,6 +359,18 @@ template <class T>
                      "ops::cuda::gemm: the gelu_aux and dgelu epilogues need an aux pointer and "
                      "a leading dimension that is a multiple of 8 and at least N (N=",
                      N, ", ld_aux=", ld_aux, ")");
+  if (K == 0) {
+    // An empty product adds nothing (cuBLASLt has no K = 0 shape): C = beta * source (+ bias), as
+    // on the host, where a batch of no rows leaves a weight gradient as it was.
+    expect<ShapeError>(epilogue == Epilogue::none || epilogue == Epilogue::bias,
+                       "ops::cuda::gemm: K = 0 (M=", M, " N=", N, ") with GELU epilogue ",
+                       static_cast<int>(epilogue), "; only none and bias take an empty product");
+    if (beta == 1.0f && source == C && !biased) return true;
+    detail::empty_product_kernel<T><<<grid_for(M * N), elementwise_threads, 0, stream>>>(
+        C, source, ldc, beta, biased ? bias : nullptr, M, N);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    return true;
+  }
   constexpr cudaDataType_t type = cuda_data_type<T>();
   // Column-major view: D^T[N, M] = op(B)^T [N, K] * op(A)^T [K, M].
   const cublasOperation_t op_first = tb == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
