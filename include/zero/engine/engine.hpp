@@ -45,6 +45,7 @@
 #include <parallel/process_groups.hpp>
 #include <zero/config/config.hpp>
 #include <zero/core/arena.hpp>
+#include <zero/core/worker_thread.hpp>
 #include <zero/engine/backend.hpp>
 #include <zero/engine/engine_checkpoint.hpp>
 #include <zero/engine/engine_config.hpp>
@@ -1158,7 +1159,9 @@ class Engine {
       backend_.host_waits_for_compute();  // the gathers' copies up have read the slices
     }
     const int threads = std::max(1, ops::cpu::num_threads() - 1);
-    delayed_update_ = std::async(std::launch::async, [this, factor, threads] {
+    // One thread for every step's update, made at the first: its OpenMP team lives as long.
+    if (!update_worker_) update_worker_.emplace();
+    delayed_update_ = update_worker_->run([this, factor, threads] {
       for (int u = 0; u < num_units(); ++u) {
         Unit& s = unit(u);
         update_unit(u, factor, std::span<MasterT>(s.delayed_grad.data(), s.delayed_grad.size()),
@@ -1219,11 +1222,12 @@ class Engine {
   bool last_step_skipped_ = false;
   double last_grad_norm_ = 0.0;
   std::optional<DeferredUpdate> deferred_;
-  // delayed_param_update: the update in flight, and whether a finished one's slices have yet
-  // to be gathered. Declared last, so the engine waits for the update before anything it
-  // touches is destroyed.
+  // delayed_param_update: the update in flight, whether a finished one's slices have yet to be
+  // gathered, and the thread the updates run on. The worker is declared last, so the engine
+  // waits for an update in flight (its destructor joins) before anything it touches is destroyed.
   bool delayed_regather_ = false;
   std::future<void> delayed_update_;
+  std::optional<WorkerThread> update_worker_;
 };
 
 }  // namespace zero::engine
