@@ -164,8 +164,8 @@ TEMPLATE_TEST_CASE("a GEMM over K = 0 is the host's empty product: beta times C,
   CHECK(same_bits(d_db.download(), db));
 }
 
-TEMPLATE_TEST_CASE("a measured tuning times GEMMs into scratch: each result is still the host's",
-                   "[cuda][gemm]", float, bf16) {
+TEMPLATE_TEST_CASE("a measured tuning's timing runs leave each result the host's", "[cuda][gemm]",
+                   float, bf16) {
   using T = TestType;
   gpu::GemmContext ctx;
   ctx.set_tuning(gpu::GemmTuning::measured, gpu::GemmContext::max_candidates);
@@ -195,7 +195,8 @@ TEMPLATE_TEST_CASE("a measured tuning times GEMMs into scratch: each result is s
     check_close(dc.download(), c, "gemm, measured tuning, cached");
   }
   CHECK(ctx.cached_shapes() == 5);
-  // The linear layers' GEMMs (a bias epilogue, beta 1 gradients, padded vocabulary rows).
+  // The linear layers' GEMMs (a beta 0 forward with a bias epilogue, timed in its own output;
+  // beta 1 gradients; padded vocabulary rows).
   const std::int64_t N = 300, C = 64, OC = 1003;
   const auto inp = random_vector<T>(static_cast<std::size_t>(N * C), seed++);
   const auto w = random_vector<T>(static_cast<std::size_t>(OC * C), seed++);

@@ -13,8 +13,9 @@
 // workspace is shared by its calls); give each concurrent stream its own.
 // How a shape's algorithm is chosen (GemmTuning): cuBLASLt's first heuristic answer by default,
 // or, measured (ZERO_GEMM_TUNING=measured, or set_tuning), the fastest of its first candidates
-// timed on the shape's first call, on that call's operands, into scratch (the call's own output
-// is written once, by the chosen algorithm), as PyTorch's TunableOp does for its GEMMs. A measured
+// timed on the shape's first call, on that call's operands (into scratch where beta reads C; at
+// beta 0 into the output, which the chosen algorithm writes last), as PyTorch's TunableOp does
+// for its GEMMs. A measured
 // choice can differ from run to run (timings vary), and algorithms may split the sum over K
 // differently, so runs are then reproducible within a process but not bit for bit across them.
 // Reference: llm.c matmul_cublaslt (llmc/matmul.cuh), cuBLASLt's LtSgemm sample.
@@ -270,23 +271,29 @@ struct LtDescriptors {
   }
 };
 
-/// The fastest of candidates for the call d describes (C = alpha op(A) op(B) + beta C, rows
+/// The fastest of candidates for the call d describes (output = alpha op(A) op(B) + beta C, rows
 /// rows of ldc elements): each runs once to warm up, then three times between two events on
-/// stream, all into a scratch copy of C's shape, so C is read (beta != 0) but never written.
-/// An aux output (the gelu_aux epilogues) is written by every run; the call's own run, after
-/// these, writes it last. A candidate cuBLASLt refuses at run time is skipped; the heuristic's
-/// first answer stands when every other is refused or slower.
+/// stream. At beta != 0 they all write a scratch copy of the output's shape, so C (which may be
+/// the output) is read but never written; at beta 0 nothing reads the output, so they write it
+/// in place (no scratch: the LM head's would be its whole logits) and the call's own run, after
+/// these, writes it last, as it does an aux output (the gelu_aux epilogues). A candidate
+/// cuBLASLt refuses at run time is skipped; the heuristic's first answer stands when every other
+/// is refused or slower.
 template <class T>
 GemmContext::Choice fastest_algorithm(GemmContext& ctx, const LtDescriptors& d,
                                       std::span<const cublasLtMatmulHeuristicResult_t> candidates,
                                       float alpha, const T* A, const T* B, float beta, const T* C,
-                                      std::int64_t rows, std::int64_t ldc, cudaStream_t stream) {
+                                      T* output, std::int64_t rows, std::int64_t ldc,
+                                      cudaStream_t stream) {
   constexpr int timed_runs = 3;
-  const DeviceScratch out(static_cast<std::size_t>(rows * ldc) * sizeof(T), stream);
+  const bool in_place = beta == 0.0f;
+  const DeviceScratch scratch(in_place ? 0 : static_cast<std::size_t>(rows * ldc) * sizeof(T),
+                              stream);
+  T* const out = in_place ? output : scratch.as<T>();
   const CudaEvent start = CudaEvent::timed(), stop = CudaEvent::timed();
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, out.as<T>(), d.c,
-                          &algo, ctx.workspace(), ctx.workspace_bytes(), stream);
+    return cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, out, d.c, &algo,
+                          ctx.workspace(), ctx.workspace_bytes(), stream);
   };
   float best_ms = 0;
   std::size_t best = candidates.size();
@@ -465,7 +472,7 @@ template <class T>
       return GemmContext::Choice{results[0].algo, false};
     }
     return detail::fastest_algorithm(ctx, d, std::span(results.data(), found), alpha, A, B, beta,
-                                     source, M, ldc, stream);
+                                     source, C, M, ldc, stream);
   });
   if (!algo) return false;
   ZERO_CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), d.op, &alpha, B, d.a, A, d.b, &beta, source, d.c, C,
