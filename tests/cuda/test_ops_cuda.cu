@@ -464,10 +464,11 @@ TEMPLATE_TEST_CASE("GELU forward and backward equal the host's", "[cuda]", float
     cpu::gelu_forward<T>(y.data(), x.data(), n);
     cpu::gelu_backward<T>(dx.data(), x.data(), dy.data(), n);
     INFO("n=" << n);
-    // In the negative tail the host's gelu(x) = 0.5 x (1 + tanh(u)) cancels: its tanh's last-ulp
-    // differences near -1 become a large part of a tiny result (seen on an H100 against the
-    // device's tanhf: -1.5e-4 off by 5e-8; the device's sigmoid form does not cancel). The f32
-    // bound is therefore relative to values of order one, the inputs' scale.
+    // Both sides compute x sigmoid(2u) with e^(-2u), the host by its vector exp, the device by
+    // __expf (up to about 31 ulps at |2u| = 25, the inputs' negative tail, where the result is
+    // tiny). (At d643635 the device took tanhf's 0.5 x (1 + tanh(u)), which cancels there: -1.5e-4
+    // off by 5e-8 on an H100.) The f32 bound is therefore relative to values of order one, the
+    // inputs' scale; not yet run on a GPU with the sigmoid form on both sides.
     check_close(d_y.download(), y, "gelu_forward", 1e-5, 2.0, std::is_same_v<T, float> ? 1.0 : 0.0);
     check_close(d_dx.download(), dx, "gelu_backward");
     // Written instead of added (a layer's fresh input gradient): the NaNs in dinp are not read.
@@ -476,9 +477,9 @@ TEMPLATE_TEST_CASE("GELU forward and backward equal the host's", "[cuda]", float
     gpu::gelu_backward<T>(d_written.get(), d_x.get(), d_dy.get(), n, true, nullptr);
     std::vector<T> written(x.size());
     cpu::gelu_backward<T>(written.data(), x.data(), dy.data(), n, true);
-    // Written alone (nothing added), a tail input's tiny gradient shows the same cancellation
-    // (seen on an H200 at n = 1: 4.64e-4 off by 16 of its own bound): the f32 bound is again
-    // relative to dy's scale, values of order one.
+    // Written alone (nothing added), a tail input's tiny gradient shows the same exp differences
+    // (at d643635, with the device's tanhf, an H200 at n = 1 had 4.64e-4 off by 16 of its own
+    // bound): the f32 bound is again relative to dy's scale, values of order one.
     check_close(d_written.download(), written, "gelu_backward, overwrite", 1e-5, 2.0,
                 std::is_same_v<T, float> ? 1.0 : 0.0);
   }
