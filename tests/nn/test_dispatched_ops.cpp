@@ -113,6 +113,62 @@ TEST_CASE("exp over the op vocabulary: every ISA the same bits, within 2 ulp", "
   // The vector paths through GELU's forward: the same exp in every lane (checked by bits below).
 }
 
+TEST_CASE("a NaN logit makes its row's cross-entropy loss and gradients NaN on every ISA",
+          "[unit][ops]") {
+  // The exponentials clamp their argument to [-87, 88]; a clamp that took a NaN to 88 once made
+  // a NaN logit pass as a large one: a finite loss (or Inf) and finite gradients, so the engine's
+  // non-finite checks did not see it. A -inf logit (a masked entry) still adds nothing.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(std::isnan(vmath::exp<zero::optim::ScalarHostOps>(nan)));
+  CHECK(vmath::exp<zero::optim::ScalarHostOps>(-inf) ==
+        vmath::exp<zero::optim::ScalarHostOps>(-87.0f));
+  const std::int64_t N = 4, V = 67;  // odd: vector bodies and scalar tails
+  auto logits = as<float>(random_vector(static_cast<std::size_t>(N * V), 77, 4.0));
+  logits[3] = -inf;                                          // row 0: a masked entry
+  logits[static_cast<std::size_t>(V)] = nan;                 // row 1: first (a vector body)
+  logits[static_cast<std::size_t>(3 * V - 1)] = nan;         // row 2: last (the scalar tail)
+  std::fill(logits.begin() + 3 * V, logits.end() - 1, nan);  // row 3: NaN but its last element
+  const std::vector<std::int32_t> targets{1, 2, 0, static_cast<std::int32_t>(V - 1)};
+  std::vector<Isa> isas{Isa::scalar};
+  for (Isa isa : vector_isas()) isas.push_back(isa);
+  for (Isa isa : isas) {
+    INFO("isa " << zero::optim::name_of(isa));
+    for (const bool as_bf16 : {false, true}) {
+      INFO((as_bf16 ? "bf16" : "f32"));
+      std::vector<float> losses(static_cast<std::size_t>(N));
+      std::vector<float> grads(logits.size());
+      with_isa(isa, [&] {
+        if (as_bf16) {
+          const auto x = as<bf16>(to_double(logits));
+          std::vector<bf16> d(x.size());
+          cross_entropy_forward<bf16>(losses.data(), x.data(), targets.data(), N, V);
+          cross_entropy_backward<bf16>(d.data(), x.data(), targets.data(), N, V, 1.0f);
+          for (std::size_t i = 0; i < d.size(); ++i) grads[i] = zero::convert<float>(d[i]);
+        } else {
+          cross_entropy_forward<float>(losses.data(), logits.data(), targets.data(), N, V);
+          cross_entropy_backward<float>(grads.data(), logits.data(), targets.data(), N, V, 1.0f);
+        }
+        return 0;
+      });
+      CHECK(std::isfinite(losses[0]));
+      for (std::int64_t v = 0; v < V; ++v) {
+        CHECK(std::isfinite(grads[static_cast<std::size_t>(v)]));
+      }
+      CHECK(std::fabs(grads[3]) < 1e-30f);  // e^-87 (the clamp) over the row's sum: next to 0
+      for (std::int64_t n = 1; n < N; ++n) {
+        INFO("row " << n);
+        CHECK(std::isnan(losses[static_cast<std::size_t>(n)]));
+        std::int64_t finite = 0;
+        for (std::int64_t v = 0; v < V; ++v) {
+          finite += std::isfinite(grads[static_cast<std::size_t>(n * V + v)]) ? 1 : 0;
+        }
+        CHECK(finite == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("gelu: every ISA gives the scalar path's bits, f32 / bf16, odd sizes", "[unit][ops]") {
   for (std::int64_t n : {1, 7, 15, 17, 33, 4095, 4097, 3 * 4096 + 5}) {
     const auto xd = random_vector(static_cast<std::size_t>(n), 21, 6.0);

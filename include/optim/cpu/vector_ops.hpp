@@ -54,8 +54,10 @@ struct ScalarHostOps : ScalarOps {
   static float max(float a, float b) { return a > b ? a : b; }
   /// x rounded to the nearest integer, ties to even (the default rounding mode).
   static float round_nearest(float x) { return std::nearbyint(x); }
-  /// x * 2^n for an integral n in [-126, 127], exactly (n's bits as the exponent of a float).
+  /// x * 2^n for an integral n in [-126, 127], exactly (n's bits as the exponent of a float); a
+  /// NaN n (from a NaN x) gives x * 1, what the vector forms' conversion of NaN to INT_MIN makes.
   static float scale_pow2(float x, float n) {
+    if (n != n) return x * 1.0f;
     const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
     float p;
     std::memcpy(&p, &bits, sizeof p);

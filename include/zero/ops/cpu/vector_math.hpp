@@ -6,10 +6,12 @@
 namespace zero::ops::cpu::vmath {
 
 /// e^x, within 2 ulp of the exact value for x in [-87, 88] (Cephes' expf: x = n ln2 + r with
-/// |r| <= ln2/2, a degree-7 polynomial for e^r, then the exponent n); x is clamped to that range.
+/// |r| <= ln2/2, a degree-7 polynomial for e^r, then the exponent n); x is clamped to that range,
+/// and a NaN stays NaN (the clamp's min and max return their second operand, x, for a NaN x: a
+/// NaN logit or score reaches its row's sum instead of passing as e^88).
 template <class O, class V>
 inline V exp(const V& in) {
-  const V x = O::max(O::min(in, O::set1(88.0f)), O::set1(-87.0f));
+  const V x = O::max(O::set1(-87.0f), O::min(O::set1(88.0f), in));
   const V n = O::round_nearest(O::mul(x, O::set1(1.44269504088896341f)));
   V r = O::fnma(n, O::set1(0.693359375f), x);  // ln2 split in two: the first part is exact
   r = O::fnma(n, O::set1(-2.12194440e-4f), r);
