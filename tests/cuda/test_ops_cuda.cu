@@ -860,6 +860,51 @@ TEMPLATE_TEST_CASE("softmax cross-entropy forward and backward equal the host's"
 
 // ---- conversions and reductions -----------------------------------------------------------------
 
+TEMPLATE_TEST_CASE(
+    "a NaN logit makes its row's loss NaN in every cross-entropy path, as on the host", "[cuda]",
+    float, bf16) {
+  using T = TestType;
+  const std::int64_t P = 16 / static_cast<std::int64_t>(sizeof(T));
+  for (const std::int64_t V : {std::int64_t{37}, 8 * P}) {  // rows V apart: odd, and whole packs
+    INFO("V=" << V);
+    const std::int64_t N = 4;
+    auto logits = random_vector<T>(static_cast<std::size_t>(N * V), 990, -8.0f, 8.0f);
+    const T nan = zero::convert<T>(std::numeric_limits<float>::quiet_NaN());
+    // Row 1: a NaN first (at V = 37 in f32 an unaligned row's head, read one element at a time,
+    // before its thread has seen a number). Row 2: a NaN last. Row 3: NaN everywhere but its
+    // last element (whole packs of NaN before any number). Row 0 stays finite.
+    logits[static_cast<std::size_t>(V)] = nan;
+    logits[static_cast<std::size_t>(3 * V - 1)] = nan;
+    std::fill(logits.begin() + 3 * V, logits.end() - 1, nan);
+    const std::vector<std::int32_t> targets{1, 2, 0, static_cast<std::int32_t>(V - 1)};
+    std::vector<float> losses(static_cast<std::size_t>(N));
+    cpu::cross_entropy_forward<T>(losses.data(), logits.data(), targets.data(), N, V);
+    DeviceVector<std::int32_t> d_targets(targets);
+    const auto check_rows = [&](const std::vector<float>& got, const char* path) {
+      INFO(path);
+      CHECK(std::isfinite(got[0]));
+      check_close(std::vector<float>{got[0]}, std::vector<float>{losses[0]}, "the finite row");
+      for (std::size_t n = 1; n < got.size(); ++n) {
+        INFO("row " << n);
+        CHECK(std::isnan(losses[n]));
+        CHECK(std::isnan(got[n]));
+      }
+    };
+    DeviceVector<T> d_logits(logits);
+    DeviceVector<float> d_losses(static_cast<std::size_t>(N));
+    gpu::cross_entropy_forward<T>(d_losses.get(), nullptr, d_logits.get(), d_targets.get(), N, V,
+                                  nullptr);
+    check_rows(d_losses.download(), "cross_entropy_forward");
+    // Forward and backward in one call: the fused kernel where V is whole packs, the two
+    // kernels otherwise.
+    DeviceVector<float> d_stats(static_cast<std::size_t>(2 * N));
+    gpu::cross_entropy_forward_backward<T>(d_losses.get(), d_stats.get(), d_logits.get(),
+                                           d_logits.get(), d_targets.get(), N, V, V, 1.0f, N,
+                                           nullptr);
+    check_rows(d_losses.download(), "cross_entropy_forward_backward");
+  }
+}
+
 TEST_CASE("conversions round to nearest even and stochastically as the host does", "[cuda]") {
   std::vector<float> x = random_vector<float>(100000, 31, -1e3f, 1e3f);
   const float specials[] = {0.0f, -0.0f, 1.0f, std::numeric_limits<float>::infinity(),

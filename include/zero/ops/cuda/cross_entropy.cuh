@@ -82,13 +82,16 @@ __device__ __forceinline__ void transform_row(T* d, const T* x, int V, Fn&& fn) 
 }
 
 /// Folds value into a running maximum m and sum s of exp(x - m) (online softmax): a new maximum
-/// rescales the sum. Elements at -inf add nothing, also while every element so far was -inf.
+/// rescales the sum. Elements at -inf add nothing, also while every element so far was -inf; a
+/// NaN makes the sum NaN, also then (a NaN logit makes the row's loss NaN, as on the host).
 __device__ __forceinline__ void online_softmax_add(float& m, float& s, float value) {
   if (value > m) {
     s = s * expf(m - value) + 1.0f;
     m = value;
   } else if (m != -INFINITY) {
     s += expf(value - m);
+  } else if (value != value) {
+    s = value;
   }
 }
 
@@ -134,6 +137,13 @@ __device__ __forceinline__ void row_max_sum(const T* x, int V, float& maxval, fl
     if (m != -INFINITY) {
 #pragma unroll
       for (int k = 0; k < pack_size<T>; ++k) s += softmax_exp<T>(values[k], m, m_log2);
+    } else {
+      // Nothing above -inf yet: fmaxf passed over any NaN in the pack, which must still reach
+      // the sum (the packs after it rescale a NaN sum to NaN).
+#pragma unroll
+      for (int k = 0; k < pack_size<T>; ++k) {
+        if (values[k] != values[k]) s = values[k];
+      }
     }
   }
   for (int v = row.tail + threadIdx.x; v < V; v += blockDim.x) online_softmax_add(m, s, load(x[v]));
