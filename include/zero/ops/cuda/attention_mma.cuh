@@ -521,11 +521,22 @@ __global__ void delta_kernel(float* delta, const T* out, const T* dout, int B, i
   delta[(b * NH + h) * Tn + t] = sum;
 }
 
+/// Blocks an SM the dq kernel asks for at head size 64 without dropout: 3 where three blocks'
+/// shared memory fits an SM (sm_90: 228 KiB), which caps its registers at 168; elsewhere 1 (on
+/// sm_80, 164 KiB, three blocks' 55 KiB do not fit, so asking for 3 only capped the registers
+/// and spilled).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define ZERO_ATTENTION_DQ_BLOCKS_PER_SM 1
+#else
+#define ZERO_ATTENTION_DQ_BLOCKS_PER_SM 3
+#endif
+
 /// Block (blockIdx.x: b * NH + h; blockIdx.y: 64 query rows, the last first): dq += dS K, with
 /// delta computed here from P and dP (written to delta for the dk/dv kernel) or, GivenDelta, read
 /// from delta. overwrite writes dq into dqkv instead of adding (dqkv not read).
 template <class T, int HD, bool GivenDelta, bool Dropping>
-__global__ void __launch_bounds__(block_threads, HD == 64 && !Dropping ? 3 : 1)
+__global__ void __launch_bounds__(block_threads,
+                                  HD == 64 && !Dropping ? ZERO_ATTENTION_DQ_BLOCKS_PER_SM : 1)
     backward_dq_kernel(T* dqkv, float* delta, const T* dout, const T* qkv, const float* lse, int Tn,
                        int C, int NH, float scale, cpu::DropoutMask dropout, bool overwrite) {
   constexpr int KT = stream_rows<HD, true>, LD = HD + row_pad;
