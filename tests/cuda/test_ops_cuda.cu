@@ -925,10 +925,15 @@ TEST_CASE("conversions round to nearest even and stochastically as the host does
                             5.9604644775390625e-8f,   // 2^-24: the smallest f16 subnormal
                             2.98023223876953125e-8f,  // 2^-25: an f16 tie to 0
                             8.94069671630859375e-8f,  // 3 2^-25: an f16 tie to 2^-23
-                            6.097555160522461e-5f,    // just below the f16 normal range
+                            6.097555160522461e-5f,    // the largest f16 subnormal
                             -65504.0f,
-                            std::bit_cast<float>(0x7f7f7fffu),   // below bf16's overflow
-                            std::bit_cast<float>(0x7f7f8000u)};  // bf16's overflow tie
+                            std::bit_cast<float>(0x7f7f7fffu),  // below bf16's overflow
+                            std::bit_cast<float>(0x7f7f8000u),  // bf16's overflow tie
+                            // f16 ties in the normal range (down to 1, up from an odd value),
+                            // the negative f16 subnormal tie and overflow tie, a negative
+                            // signalling NaN
+                            std::bit_cast<float>(0x3f801000u), std::bit_cast<float>(0x3f803000u),
+                            -8.94069671630859375e-8f, -65520.0f, std::bit_cast<float>(0xff800001u)};
   x.insert(x.end(), std::begin(specials), std::end(specials));
   const auto n = static_cast<std::int64_t>(x.size());
   DeviceVector<float> d_x(x);
