@@ -207,6 +207,22 @@ TEST_CASE("CudaLocalComm runs an op after the work ordered before it on the rank
   for (const auto& rank : got) CHECK(rank == std::vector<float>(count, 3.0f));
 }
 
+TEST_CASE("a CudaLocalComm split runs on its parent's stream, each rank on its own",
+          "[cuda][comm]") {
+  // The engine orders one comm stream after its compute; a split on another would run an
+  // expert or tensor-parallel group's ops unordered (EngineGroups refuses that).
+  const auto streams = per_rank<std::vector<void*>, CudaLocalComm>(2, [](CudaLocalComm& comm) {
+    auto half = comm.split(0, comm.rank(), "half");
+    return std::vector<void*>{static_cast<void*>(comm.device_stream()),
+                              static_cast<void*>(half.device_stream())};
+  });
+  for (const auto& s : streams) {
+    CHECK(s[0] != nullptr);
+    CHECK(s[1] == s[0]);
+  }
+  CHECK(streams[0][0] != streams[1][0]);
+}
+
 TEST_CASE("CudaLocalComm names the op when a rank never joins or its stream never drains",
           "[cuda][comm]") {
   CommOptions quick;

@@ -258,3 +258,40 @@ TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused nami
                       Catch::Contains("not supported yet"));
   }
 }
+
+namespace {
+
+// HostMover whose every mover reports a device stream of its own, as CudaLocalComm's splits did
+// before they shared their parent's: a group split from it runs on another stream than dp's.
+class OwnStreamMover : public parallel::HostMover {
+ public:
+  using HostMover::HostMover;
+  void* stream() const { return const_cast<char*>(&token_); }
+
+ private:
+  char token_ = 0;
+};
+using OwnStreamComm = parallel::BasicLocalComm<OwnStreamMover>;
+
+}  // namespace
+
+TEST_CASE("the engine's groups run on the data-parallel group's device stream, or are refused",
+          "[unit][engine][moe]") {
+  // Splits that share their parent's stream (here none: host communicators) pass.
+  LocalComm::run(4, [](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 2, .dp = 2}));
+    const engine::EngineGroups eg(groups);
+    CHECK_NOTHROW(eg.expect_one_device_stream());
+  });
+  // Each split on a stream of its own: the expert group's ops would not be ordered after the
+  // compute the engine orders dp's stream behind.
+  const auto messages = testing::per_rank<std::string, OwnStreamComm>(4, [](OwnStreamComm& world) {
+    parallel::ProcessGroups<OwnStreamComm> groups(world, parallel::Grid({.ep = 2, .dp = 2}));
+    const engine::EngineGroups eg(groups);
+    return testing::thrown_message([&] { eg.expect_one_device_stream(); });
+  });
+  for (const auto& m : messages) {
+    CHECK_THAT(m, Catch::Contains("expert data-parallel group") &&
+                      Catch::Contains("another device stream"));
+  }
+}

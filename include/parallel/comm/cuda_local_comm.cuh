@@ -6,8 +6,10 @@
 // LocalComm (local_comm.hpp); only the moves differ.
 //
 // Each rank's mover owns a non-blocking stream on the device that was current when run was
-// called. Make it wait for the producers of a rank's buffers before issuing an op on them
-// (cudaStreamWaitEvent on mover().stream()), as with NcclComm::stream(). An op then:
+// called, which the rank's splits share (as NcclComm's do: a backend that orders the stream
+// after its compute orders every group's ops). Make it wait for the producers of a rank's buffers
+// before issuing an op on them (cudaStreamWaitEvent on mover().stream()), as with
+// NcclComm::stream(). An op then:
 //   1. waits, from the host, for that stream: the rank's inputs are final;
 //   2. meets the other ranks; each enqueues its own share of the movement on its stream
 //      (cudaMemcpyAsync between any ranks' buffers, and a fold kernel that reduces in rank order
@@ -24,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <thread>
 
@@ -74,9 +77,11 @@ __global__ void fold_ranks_kernel(RankPointers<T> p, int ranks, int n_outputs, s
 /// Device memory on one GPU shared by every rank (see the file comment).
 class CudaMover {
  public:
-  /// The device the ranks' buffers live on.
+  /// The device the ranks' buffers live on, and the stream a rank's moves run on: none for a
+  /// new rank (its mover makes one), its parent's for a split (place() carries it).
   struct Place {
     int device = 0;
+    std::shared_ptr<const CudaStream> stream;
   };
   /// The prefix of this communicator's errors.
   static constexpr std::string_view comm_name = "CudaLocalComm";
@@ -89,12 +94,14 @@ class CudaMover {
     ZERO_CUDA_CHECK(cudaGetDevice(&place.device));
     return place;
   }
-  /// Makes place's device current on this thread and a non-blocking stream on it.
-  explicit CudaMover(Place place) : place_(place), stream_(make_stream(place)) {}
-  /// The place this mover was made for.
+  /// Makes place's device current on this thread and a non-blocking stream on it, unless place
+  /// brings one.
+  explicit CudaMover(Place place)
+      : place_{place.device, place.stream ? std::move(place.stream) : make_stream(place)} {}
+  /// The place this mover was made for, with its stream (a split's mover shares it).
   Place place() const { return place_; }
   /// The stream this rank's moves run on; order the producers of its buffers before it.
-  cudaStream_t stream() const { return stream_.native(); }
+  cudaStream_t stream() const { return place_.stream->native(); }
 
   /// Waits until the work ordered on the stream before this op has finished.
   void begin(const detail::OpContext& ctx, CommClock::time_point deadline) {
@@ -104,7 +111,7 @@ class CudaMover {
   /// Enqueues dst = src (any ranks' device buffers).
   void copy(void* dst, const void* src, std::size_t bytes) {
     enter();
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.native()));
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
   }
   /// Enqueues the rank-order fold of inputs[0..ranks) into outputs[0..n_outputs).
   template <class T>
@@ -121,8 +128,8 @@ class CudaMover {
     const auto n = static_cast<std::int64_t>(count);
     visit_reduce_op(op, [&]<ReduceOp Op>() {
       cuda_local_detail::fold_ranks_kernel<Op, T>
-          <<<ops::cuda::grid_for(n), ops::cuda::elementwise_threads, 0, stream_.native()>>>(
-              p, ranks, n_outputs, n);
+          <<<ops::cuda::grid_for(n), ops::cuda::elementwise_threads, 0, stream()>>>(p, ranks,
+                                                                                    n_outputs, n);
     });
     ZERO_CUDA_CHECK(cudaGetLastError());
   }
@@ -136,14 +143,14 @@ class CudaMover {
   void from_host(void* dst, const void* src, std::size_t bytes) { copy_now(dst, src, bytes); }
 
  private:
-  static CudaStream make_stream(Place place) {
+  static std::shared_ptr<const CudaStream> make_stream(const Place& place) {
     ZERO_CUDA_CHECK(cudaSetDevice(place.device));
-    return CudaStream();
+    return std::make_shared<const CudaStream>();
   }
   /// A copy on the stream (after its earlier work), waited for.
   void copy_now(void* dst, const void* src, std::size_t bytes) {
     copy(dst, src, bytes);
-    stream_.synchronize();
+    place_.stream->synchronize();
   }
   /// Ops run on the rank's thread or its progress thread: both must be on the device.
   void enter() const { ZERO_CUDA_CHECK(cudaSetDevice(place_.device)); }
@@ -151,7 +158,7 @@ class CudaMover {
   void wait(const detail::OpContext& ctx, CommClock::time_point deadline,
             std::string_view what) const {
     for (;;) {
-      const cudaError_t status = cudaStreamQuery(stream_.native());
+      const cudaError_t status = cudaStreamQuery(stream());
       if (status == cudaSuccess) return;
       if (status != cudaErrorNotReady) ZERO_CUDA_CHECK(status);
       if (CommClock::now() >= deadline) {
@@ -163,8 +170,7 @@ class CudaMover {
     }
   }
 
-  Place place_;
-  CudaStream stream_;
+  Place place_;  // with the stream
 };
 
 static_assert(LocalMover<CudaMover>);

@@ -663,6 +663,7 @@ class Engine {
   // ---- setup ---------------------------------------------------------------------------------
 
   void setup(const StoreOptions& store_options) {
+    groups_.expect_one_device_stream();
     backend_.use_comm_stream(comm_.device_stream());
     if constexpr (backend_type::Device::kind != DeviceKind::host && !offload_cpu &&
                   !device_optimizer) {

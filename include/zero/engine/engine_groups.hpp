@@ -78,6 +78,24 @@ struct EngineGroups {
   /// The group ZeRO shards a unit over: expert_dp for an expert unit when there is one, else dp.
   parallel::AnyComm& shard_group(bool expert) { return expert && expert_dp ? *expert_dp : dp; }
 
+  /// ConfigError unless every group runs its ops on dp's device stream (none, for host
+  /// communicators): a device backend orders that one stream after its compute, so a group on
+  /// another would read gradients the backward is still writing. Splits of one NcclComm or
+  /// CudaLocalComm share its stream.
+  void expect_one_device_stream() const {
+    const void* stream = dp.device_stream();
+    const auto check = [&](const std::optional<parallel::AnyComm>& group, const char* role) {
+      expect<ConfigError>(!group || group->device_stream() == stream, "EngineGroups: the ", role,
+                          " group runs its ops on another device stream than the data-parallel "
+                          "group's, which the engine orders after its compute; make every group "
+                          "a split of one communicator (its splits share its stream)");
+    };
+    check(expert_dp, "expert data-parallel");
+    check(tp, "tensor-parallel");
+    check(pp, "pipeline-parallel");
+    check(state, "state (checkpoint)");
+  }
+
  private:
   // The data-parallel group of the grid: ep x dp with expert parallelism, else dp (dp x cp).
   template <parallel::Communicator C>
