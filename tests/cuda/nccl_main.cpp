@@ -1,5 +1,6 @@
 // Main of the NcclComm test: MPI is initialised once around the Catch2 session; without a
-// visible GPU every rank exits with 77, which CTest reports as skipped (not as passed).
+// visible GPU, or with more ranks on a node than GPUs (NCCL takes one GPU a rank), every rank
+// exits with 77, which CTest reports as skipped (not as passed).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -17,6 +18,22 @@ int main(int argc, char** argv) {
   MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, world.native_handle());
   if (all_have == 0) {
     if (world.rank() == 0) std::printf("no CUDA device visible: skipping the NcclComm tests\n");
+    return 77;
+  }
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world.native_handle(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL,
+                      &node);
+  int node_ranks = 1;
+  MPI_Comm_size(node, &node_ranks);
+  MPI_Comm_free(&node);
+  const int fits = node_ranks <= devices ? 1 : 0;
+  int all_fit = fits;
+  MPI_Allreduce(&fits, &all_fit, 1, MPI_INT, MPI_MIN, world.native_handle());
+  if (all_fit == 0) {
+    if (world.rank() == 0) {
+      std::printf("more ranks on a node than GPUs (%d on %d): skipping the NcclComm tests\n",
+                  node_ranks, devices);
+    }
     return 77;
   }
   int result = Catch::Session().run(argc, argv);

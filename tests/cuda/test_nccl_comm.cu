@@ -107,6 +107,8 @@ TEMPLATE_TEST_CASE("NcclComm: ops match the closed forms on the world and a spli
   NcclComm world(MpiComm::world());
   check_nccl_ops<TestType>(world);
   auto halves = world.split(world.rank() % 2, world.rank(), "parity");
+  // A split runs on its parent's stream: what orders one orders both.
+  CHECK(halves.stream() == world.stream());
   check_nccl_ops<TestType>(halves);
 }
 
@@ -122,8 +124,15 @@ TEST_CASE("NcclComm: the logger sees the ops and a withheld rank times out", "[m
   world.all_reduce(v.span(), ReduceOp::sum);
   CHECK(logger->total(CommOp::all_reduce).bytes == 1024);
   CHECK(v.host()[17] == static_cast<float>(world.size()));
+  // Inside a group only sends and receives: a collective would complete before the group runs.
+  world.group_start();
+  CHECK_THROWS_AS(world.all_reduce(v.span(), ReduceOp::sum), CommError);
+  world.group_end();
   if (world.size() > 1) {
     auto late = world.split(0, world.rank(), "late");
+    // Every rank joins one op first: NCCL 2.22 and later connect a communicator's ranks inside
+    // its first op, on the host and without a deadline, so a withheld first op would hang there.
+    late.all_reduce(v.span(), ReduceOp::sum);
     late.set_options(CommOptions{.timeout_s = 1.0});
     if (world.rank() == 0) {
       CHECK_THROWS_AS(late.all_reduce(v.span(), ReduceOp::sum), CommError);  // aborted after

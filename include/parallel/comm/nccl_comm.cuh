@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -32,6 +33,9 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+// ncclBfloat16 and ncclAvg, which the element types and ReduceOp::avg map to, came in NCCL 2.10.
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0), "NcclComm needs NCCL 2.10 or newer");
 
 #include <parallel/comm/blocking_collectives.hpp>
 #include <parallel/comm/comm_logger.hpp>
@@ -98,6 +102,11 @@ inline void cuda_comm_check(cudaError_t rc, std::string_view call, std::string_v
 struct NcclShared {
   MpiComm mpi;  ///< same ranks; carries the unique id and the splits
   ncclComm_t comm = nullptr;
+  /// The stream every op is enqueued on: one for a communicator and all its splits, so a backend
+  /// that orders the stream after its compute orders every group's ops (the engine's expert and
+  /// tensor-parallel groups beside its data-parallel one), and the groups' kernels run in the
+  /// order the ranks issue them. Destroyed with the last group that uses it.
+  std::shared_ptr<CUstream_st> stream_owner;
   cudaStream_t stream = nullptr;
   int device = 0;
   std::string name;
@@ -114,8 +123,7 @@ struct NcclShared {
   ~NcclShared() {
     if (comm) ncclCommDestroy(comm);
     if (barrier_buffer) cudaFree(barrier_buffer);
-    if (stream) cudaStreamDestroy(stream);
-  }
+  }  // then stream_owner: the stream goes with the last communicator on it
 
   /// "all_reduce #3 (4096 bytes of f32) on group 'world' at rank 1 of 4".
   std::string describe(CommOp op, std::uint64_t seq, std::size_t bytes, DType dtype) const {
@@ -147,6 +155,10 @@ class NcclWork final : public WorkState {
 
   bool done() override {
     if (finished_) return true;
+    // An abort ends the communicator's kernels, so their events complete without the data.
+    if (!shared_->comm) {
+      raise<CommError>("NcclComm: ", describe(), ": the communicator was aborted earlier");
+    }
     const cudaError_t q = cudaEventQuery(event_);
     if (q == cudaErrorNotReady) {
       check_async_error();
@@ -208,31 +220,11 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   NcclComm() = default;
 
   /// An NCCL communicator over the ranks of mpi, on device (default: the rank's index among
-  /// the ranks on its node, modulo the device count), with its own non-blocking stream.
-  explicit NcclComm(MpiComm mpi, int device = -1, std::string_view name = {}) {
-    expect<CommError>(!mpi.is_null(), "NcclComm: needs a non-null MpiComm");
-    auto s = std::make_shared<detail::NcclShared>();
-    s->name = name.empty() ? mpi.name() : std::string(name);
-    s->options = mpi.options();
-    const std::string where = zero::detail::concat("creating group '", s->name, "' at rank ",
-                                                   mpi.rank(), " of ", mpi.size());
-    if (device < 0) device = local_rank(mpi) % device_count(where);
-    s->device = device;
-    detail::cuda_comm_check(cudaSetDevice(device), "cudaSetDevice", where);
-    detail::cuda_comm_check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking),
-                            "cudaStreamCreate", where);
-    detail::cuda_comm_check(cudaMalloc(&s->barrier_buffer, sizeof(int)), "cudaMalloc", where);
-    ncclUniqueId id{};
-    if (mpi.rank() == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", where);
-    // The id is opaque bytes; broadcasting it over MPI is deadline-bounded, so a missing rank
-    // fails here rather than inside ncclCommInitRank.
-    std::span<std::uint8_t> id_bytes(reinterpret_cast<std::uint8_t*>(&id), sizeof(id));
-    mpi.broadcast(id_bytes, 0);
-    detail::nccl_check(ncclCommInitRank(&s->comm, mpi.size(), id, mpi.rank()), "ncclCommInitRank",
-                       where);
-    s->mpi = std::move(mpi);
-    shared_ = std::move(s);
-  }
+  /// the ranks on its node, modulo the device count), with its own non-blocking stream. NCCL
+  /// takes one device a rank: ranks of a node on the same device are a CommError on each of
+  /// them (on one GPU, CudaLocalComm runs ranks as threads).
+  explicit NcclComm(MpiComm mpi, int device = -1, std::string_view name = {})
+      : NcclComm(std::move(mpi), device, name, nullptr) {}
 
   /// This rank's index in the group.
   int rank() const { return shared_ ? shared_->mpi.rank() : -1; }
@@ -262,7 +254,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     auto& s = checked();
     MpiComm child = s.mpi.split(color, key, name);
     if (child.is_null()) return NcclComm();
-    NcclComm out(std::move(child), s.device);
+    NcclComm out(std::move(child), s.device, {}, s.stream_owner);
     out.shared_->logger = s.logger;
     out.shared_->options = s.options;
     return out;
@@ -316,7 +308,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   [[nodiscard]] Work all_reduce_async(std::span<const std::type_identity_t<T>> send,
                                       std::span<T> recv, ReduceOp op) {
     expect_size(CommOp::all_reduce, "recv", recv.size(), send.size());
-    auto& s = checked();
+    auto& s = ungrouped(CommOp::all_reduce);
     detail::nccl_check(
         ncclAllReduce(send.data(), recv.data(), send.size(), detail::nccl_datatype<T>(),
                       detail::nccl_reduce_op(op), s.comm, s.stream),
@@ -329,7 +321,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
                                           std::span<T> recv, ReduceOp op) {
     expect_size(CommOp::reduce_scatter, "send", send.size(),
                 recv.size() * static_cast<std::size_t>(size()));
-    auto& s = checked();
+    auto& s = ungrouped(CommOp::reduce_scatter);
     detail::nccl_check(
         ncclReduceScatter(send.data(), recv.data(), recv.size(), detail::nccl_datatype<T>(),
                           detail::nccl_reduce_op(op), s.comm, s.stream),
@@ -342,7 +334,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
                                       std::span<T> recv) {
     expect_size(CommOp::all_gather, "recv", recv.size(),
                 send.size() * static_cast<std::size_t>(size()));
-    auto& s = checked();
+    auto& s = ungrouped(CommOp::all_gather);
     detail::nccl_check(ncclAllGather(send.data(), recv.data(), send.size(),
                                      detail::nccl_datatype<T>(), s.comm, s.stream),
                        "ncclAllGather", s.name);
@@ -351,7 +343,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   /// Async broadcast.
   template <CommElement T>
   [[nodiscard]] Work broadcast_async(std::span<T> buf, int root) {
-    auto& s = checked();
+    auto& s = ungrouped(CommOp::broadcast);
     expect<CommError>(root >= 0 && root < size(), "NcclComm: broadcast on group '", s.name,
                       "': root ", root, " is not a rank of this ", size(), "-rank group");
     detail::nccl_check(ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl_datatype<T>(),
@@ -363,6 +355,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   template <CommElement T>
   [[nodiscard]] Work all_to_all_async(std::span<const std::type_identity_t<T>> send,
                                       std::span<T> recv) {
+    ungrouped(CommOp::all_to_all);
     const std::size_t n = static_cast<std::size_t>(size());
     expect_size(CommOp::all_to_all, "recv", recv.size(), send.size());
     expect<CommError>(send.size() % n == 0, "NcclComm: all_to_all on group '", name(),
@@ -378,6 +371,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   [[nodiscard]] Work all_to_all_v_async(std::span<const std::type_identity_t<T>> send,
                                         std::span<const std::size_t> send_counts, std::span<T> recv,
                                         std::span<const std::size_t> recv_counts) {
+    ungrouped(CommOp::all_to_all_v);
     const std::size_t n = static_cast<std::size_t>(size());
     expect_size(CommOp::all_to_all_v, "send_counts", send_counts.size(), n);
     expect_size(CommOp::all_to_all_v, "recv_counts", recv_counts.size(), n);
@@ -393,18 +387,20 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   template <class T>
     requires CommElement<std::remove_const_t<T>>
   [[nodiscard]] Work send_async(std::span<T> buf, int peer, int tag = 0) {
+    ungrouped(CommOp::send);
     enqueue_send(buf, peer, tag);
     return record(CommOp::send, buf.size_bytes(), dtype_of<std::remove_const_t<T>>);
   }
   /// Async recv (matching is by order per peer).
   template <CommElement T>
   [[nodiscard]] Work recv_async(std::span<T> buf, int peer, int tag = 0) {
+    ungrouped(CommOp::recv);
     enqueue_recv(buf, peer, tag);
     return record(CommOp::recv, buf.size_bytes(), dtype_of<T>);
   }
   /// Async barrier: an all_reduce of one int on the stream.
   [[nodiscard]] Work barrier_async() {
-    auto& s = checked();
+    auto& s = ungrouped(CommOp::barrier);
     detail::nccl_check(
         ncclAllReduce(s.barrier_buffer, s.barrier_buffer, 1, ncclInt32, ncclSum, s.comm, s.stream),
         "ncclAllReduce (barrier)", s.name);
@@ -412,6 +408,87 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   }
 
  private:
+  // The constructor above, on stream (a parent's, for a split) or a new one (null).
+  NcclComm(MpiComm mpi, int device, std::string_view name, std::shared_ptr<CUstream_st> stream) {
+    expect<CommError>(!mpi.is_null(), "NcclComm: needs a non-null MpiComm");
+    auto s = std::make_shared<detail::NcclShared>();
+    s->name = name.empty() ? mpi.name() : std::string(name);
+    s->options = mpi.options();
+    const std::string where = zero::detail::concat("creating group '", s->name, "' at rank ",
+                                                   mpi.rank(), " of ", mpi.size());
+    if (device < 0) device = local_rank(mpi) % device_count(where);
+    s->device = device;
+    detail::cuda_comm_check(cudaSetDevice(device), "cudaSetDevice", where);
+    expect_own_device(mpi, device, where);
+    if (!stream) {
+      cudaStream_t created = nullptr;
+      detail::cuda_comm_check(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking),
+                              "cudaStreamCreate", where);
+      stream = std::shared_ptr<CUstream_st>(created, [](cudaStream_t t) { cudaStreamDestroy(t); });
+    }
+    s->stream_owner = std::move(stream);
+    s->stream = s->stream_owner.get();
+    detail::cuda_comm_check(cudaMalloc(&s->barrier_buffer, sizeof(int)), "cudaMalloc", where);
+    ncclUniqueId id{};
+    if (mpi.rank() == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", where);
+    // The id is opaque bytes; broadcasting it over MPI is deadline-bounded, so a missing rank
+    // fails here rather than inside ncclCommInitRank.
+    std::span<std::uint8_t> id_bytes(reinterpret_cast<std::uint8_t*>(&id), sizeof(id));
+    mpi.broadcast(id_bytes, 0);
+    detail::nccl_check(ncclCommInitRank(&s->comm, mpi.size(), id, mpi.rank()), "ncclCommInitRank",
+                       where);
+    s->mpi = std::move(mpi);
+    shared_ = std::move(s);
+  }
+
+  // NCCL refuses two ranks of a communicator on one GPU ("Duplicate GPU detected") with an
+  // error that does not say which: the ranks of a node compare their devices' UUIDs first (the
+  // same on every rank of the node, so all of them raise), whatever CUDA_VISIBLE_DEVICES each
+  // sees.
+  static void expect_own_device(MpiComm& mpi, int device, std::string_view where) {
+    cudaDeviceProp prop{};
+    detail::cuda_comm_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties",
+                            where);
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(mpi.native_handle(), MPI_COMM_TYPE_SHARED, mpi.rank(), MPI_INFO_NULL,
+                        &node);
+    int node_size = 1, node_rank = 0;
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_rank(node, &node_rank);
+    constexpr int uuid_bytes = static_cast<int>(sizeof(prop.uuid.bytes));
+    std::vector<char> uuids(static_cast<std::size_t>(node_size) * uuid_bytes);
+    std::vector<int> devices(static_cast<std::size_t>(node_size));
+    MPI_Allgather(prop.uuid.bytes, uuid_bytes, MPI_CHAR, uuids.data(), uuid_bytes, MPI_CHAR, node);
+    MPI_Allgather(&device, 1, MPI_INT, devices.data(), 1, MPI_INT, node);
+    MPI_Comm_free(&node);
+    for (int a = 0; a < node_size; ++a) {
+      for (int b = a + 1; b < node_size; ++b) {
+        const char* ua = uuids.data() + static_cast<std::size_t>(a) * uuid_bytes;
+        const char* ub = uuids.data() + static_cast<std::size_t>(b) * uuid_bytes;
+        expect<CommError>(!std::equal(ua, ua + uuid_bytes, ub), "NcclComm: ", where,
+                          ": the node's ranks ", a, " and ", b,
+                          " (in node order) both use one GPU "
+                          "(device ",
+                          devices[static_cast<std::size_t>(a)], " and ",
+                          devices[static_cast<std::size_t>(b)],
+                          " as each sees it); NCCL takes "
+                          "one GPU a rank: launch at most as many ranks a node as it has GPUs, or "
+                          "run ranks on one GPU as threads over CudaLocalComm");
+      }
+    }
+  }
+
+  // checked(), and no group open: an op's event would be recorded before ncclGroupEnd launched
+  // it, so its Work would complete before the op ran (and a blocking one would wait for an op
+  // that cannot start until group_end).
+  detail::NcclShared& ungrouped(CommOp op) const {
+    auto& s = checked();
+    expect<CommError>(!s.grouping, "NcclComm: ", name_of(op), " on group '", s.name,
+                      "' inside group_start/group_end: only the blocking send and recv may be "
+                      "grouped (an async op or a collective would complete before the group runs)");
+    return s;
+  }
+
   detail::NcclShared& checked() const {
     expect<CommError>(shared_ != nullptr,
                       "NcclComm: this is a null communicator (split with undefined_color)");
