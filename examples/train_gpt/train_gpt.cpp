@@ -998,6 +998,25 @@ bool launched_by_mpi() {
   return env->launcher != "slurm" || env->size > 1;
 }
 
+#if defined(ZERO_WITH_MPI)
+// fn(), and on an exception from it with other ranks running, the message and MPI_Abort: the
+// other ranks may be inside a collective this rank will never join (NCCL's wait for a peer has
+// no deadline while it connects), and MPI_Finalize, which the unwinding would run, can wait for
+// them too. One rank alone rethrows, so main reports it as on the host.
+template <class Fn>
+bool abort_others_on_error(parallel::MpiComm& world, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    if (world.size() <= 1) throw;
+    std::fprintf(stderr, "train_gpt: rank %d: %s\n", world.rank(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(world.native_handle(), 1);
+    throw;  // not reached: MPI_Abort ends the job
+  }
+}
+#endif
+
 }  // namespace
 }  // namespace zero::train_gpt
 
@@ -1024,8 +1043,10 @@ int main(int argc, char** argv) try {
     // One process per GPU: NCCL over the ranks mpiexec started, each on the GPU of its index
     // among its node's ranks (modulo the node's devices).
     auto world = parallel::MpiComm::world(argc, argv, parallel::CommOptions{cfg.comm_timeout_s});
-    parallel::NcclComm nccl(world);
-    improved = run<Cuda>(o, cfg, corpus, nccl);
+    improved = abort_others_on_error(world, [&] {
+      parallel::NcclComm nccl(world);
+      return run<Cuda>(o, cfg, corpus, nccl);
+    });
 #else
     throw ConfigError(
         "train_gpt_cuda runs under mpiexec, one process per GPU over NCCL, but was built without "
@@ -1048,7 +1069,7 @@ int main(int argc, char** argv) try {
   if (launched_by_mpi()) {
 #if defined(ZERO_WITH_MPI)
     auto world = parallel::MpiComm::world(argc, argv, parallel::CommOptions{cfg.comm_timeout_s});
-    improved = run<Host>(o, cfg, corpus, world);
+    improved = abort_others_on_error(world, [&] { return run<Host>(o, cfg, corpus, world); });
 #else
     throw ConfigError("train_gpt runs under mpiexec but was built without MPI (ZERO_WITH_MPI)");
 #endif
