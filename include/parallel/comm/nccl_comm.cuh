@@ -416,7 +416,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     s->options = mpi.options();
     const std::string where = zero::detail::concat("creating group '", s->name, "' at rank ",
                                                    mpi.rank(), " of ", mpi.size());
-    if (device < 0) device = local_rank(mpi) % device_count(where);
+    if (device < 0) device = NodeRanks(mpi).rank % device_count(where);
     s->device = device;
     detail::cuda_comm_check(cudaSetDevice(device), "cudaSetDevice", where);
     expect_own_device(mpi, device, where);
@@ -449,20 +449,15 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     cudaDeviceProp prop{};
     detail::cuda_comm_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties",
                             where);
-    MPI_Comm node = MPI_COMM_NULL;
-    MPI_Comm_split_type(mpi.native_handle(), MPI_COMM_TYPE_SHARED, mpi.rank(), MPI_INFO_NULL,
-                        &node);
-    int node_size = 1, node_rank = 0;
-    MPI_Comm_size(node, &node_size);
-    MPI_Comm_rank(node, &node_rank);
+    const NodeRanks node(mpi);
     constexpr int uuid_bytes = static_cast<int>(sizeof(prop.uuid.bytes));
-    std::vector<char> uuids(static_cast<std::size_t>(node_size) * uuid_bytes);
-    std::vector<int> devices(static_cast<std::size_t>(node_size));
-    MPI_Allgather(prop.uuid.bytes, uuid_bytes, MPI_CHAR, uuids.data(), uuid_bytes, MPI_CHAR, node);
-    MPI_Allgather(&device, 1, MPI_INT, devices.data(), 1, MPI_INT, node);
-    MPI_Comm_free(&node);
-    for (int a = 0; a < node_size; ++a) {
-      for (int b = a + 1; b < node_size; ++b) {
+    std::vector<char> uuids(static_cast<std::size_t>(node.size) * uuid_bytes);
+    std::vector<int> devices(static_cast<std::size_t>(node.size));
+    MPI_Allgather(prop.uuid.bytes, uuid_bytes, MPI_CHAR, uuids.data(), uuid_bytes, MPI_CHAR,
+                  node.comm);
+    MPI_Allgather(&device, 1, MPI_INT, devices.data(), 1, MPI_INT, node.comm);
+    for (int a = 0; a < node.size; ++a) {
+      for (int b = a + 1; b < node.size; ++b) {
         const char* ua = uuids.data() + static_cast<std::size_t>(a) * uuid_bytes;
         const char* ub = uuids.data() + static_cast<std::size_t>(b) * uuid_bytes;
         expect<CommError>(!std::equal(ua, ua + uuid_bytes, ub), "NcclComm: ", where,
@@ -504,15 +499,21 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     return n;
   }
 
-  static int local_rank(MpiComm& mpi) {
-    MPI_Comm node = MPI_COMM_NULL;
-    MPI_Comm_split_type(mpi.native_handle(), MPI_COMM_TYPE_SHARED, mpi.rank(), MPI_INFO_NULL,
-                        &node);
-    int r = 0;
-    MPI_Comm_rank(node, &r);
-    MPI_Comm_free(&node);
-    return r;
-  }
+  // The ranks of mpi on this rank's node (MPI_COMM_TYPE_SHARED; collective over mpi): their
+  // communicator, freed with this, this rank's index among them and their count.
+  struct NodeRanks {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rank = 0, size = 1;
+    explicit NodeRanks(MpiComm& mpi) {
+      MPI_Comm_split_type(mpi.native_handle(), MPI_COMM_TYPE_SHARED, mpi.rank(), MPI_INFO_NULL,
+                          &comm);
+      MPI_Comm_rank(comm, &rank);
+      MPI_Comm_size(comm, &size);
+    }
+    NodeRanks(const NodeRanks&) = delete;
+    NodeRanks& operator=(const NodeRanks&) = delete;
+    ~NodeRanks() { MPI_Comm_free(&comm); }
+  };
 
   Work record(CommOp op, std::size_t bytes, DType dtype) {
     auto& s = checked();
