@@ -153,9 +153,50 @@ __global__ void __launch_bounds__(32 * layer_norm_warps)
 inline constexpr int layer_norm_backward_warps = 8;
 inline constexpr int layer_norm_backward_rows = 32;
 
-/// Shared memory of the fused backward: each warp's parameter-gradient sums, 2 C floats a warp.
-inline std::size_t layer_norm_backward_shared_bytes(std::int64_t C) {
-  return static_cast<std::size_t>(layer_norm_backward_warps * 2 * C) * sizeof(float);
+/// The fused backward's shared sums hold element j of a row's pack i at word j * stride + i:
+/// stride is the least count >= packs that is 32 / P more than a multiple of 32 (P elements a
+/// pack). The row loop's lanes take consecutive packs at one j (consecutive words); the column
+/// loop's 32 threads take 32 consecutive columns, 32 / P packs' P elements, at banks i + (32 / P)
+/// j, all different (with stride = packs, a multiple of 32 at C = 768 in bf16, the 8 elements of a
+/// pack fell in one bank).
+template <class T>
+__host__ __device__ constexpr int layer_norm_sum_stride(int packs) {
+  constexpr int skew = 32 / pack_size<T>;
+  return skew + (packs - skew + 31) / 32 * 32;
+}
+
+/// True when layer_norm_sum_stride keeps every 32 consecutive columns of rows of packs in distinct
+/// banks (checked below for every row a warp takes).
+template <class T>
+constexpr bool layer_norm_sums_conflict_free(int packs) {
+  constexpr int P = pack_size<T>;
+  const int stride = layer_norm_sum_stride<T>(packs);
+  if (stride < packs) return false;
+  for (int c0 = 0; c0 < packs * P; c0 += 32) {
+    unsigned banks = 0;
+    for (int c = c0; c < c0 + 32; ++c) banks |= 1u << (((c % P) * stride + c / P) % 32);
+    if (banks != 0xffffffffu) return false;
+  }
+  return true;
+}
+
+template <class T>
+constexpr bool layer_norm_sums_conflict_free_up_to(int max_packs) {
+  for (int packs = 1; packs <= max_packs; ++packs) {
+    if (!layer_norm_sums_conflict_free<T>(packs)) return false;
+  }
+  return true;
+}
+static_assert(layer_norm_sums_conflict_free_up_to<bf16>(256) &&
+              layer_norm_sums_conflict_free_up_to<float>(256));
+
+/// Shared memory of the fused backward: each warp's parameter-gradient sums, 2 P stride floats a
+/// warp (2 C and the padding).
+template <class T>
+std::size_t layer_norm_backward_shared_bytes(std::int64_t C) {
+  const auto packs = static_cast<int>(C / pack_size<T>);
+  return static_cast<std::size_t>(layer_norm_backward_warps) * 2 * pack_size<T> *
+         static_cast<std::size_t>(layer_norm_sum_stride<T>(packs)) * sizeof(float);
 }
 
 /// The fused backward of the rows [32 b, 32 b + 32) of block b, one warp per row (warp w takes
@@ -163,7 +204,7 @@ inline std::size_t layer_norm_backward_shared_bytes(std::int64_t C) {
 /// - norm * mean(dnorm * norm)) * rstd (start as layer_norm_backward_input_kernel's), and the
 /// block's parameter-gradient sums into partials [2][blocks][C] (norm * dy, then dy). Each warp
 /// adds its rows' terms, in row order, into its own slice of shared memory (warp_sums
-/// [warps][2][C], column c of pack i at j * packs + i, so a warp's lanes touch consecutive words);
+/// [warps][2][P stride], element j of pack i at j * stride + i, layer_norm_sum_stride);
 /// then each column's warp sums are added in warp order. Kept in registers, those sums took 194
 /// registers a thread at C = 768 in bf16 (one block of 8 warps an SM); in shared memory the warps
 /// of several blocks hide each other's loads. The partials go to
@@ -175,18 +216,20 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
                                     const T* inp, const T* weight, const float* mean,
                                     const float* rstd, int N, int C) {
   constexpr int P = pack_size<T>;
-  extern __shared__ float warp_sums[];  // [warps][2][C]
+  extern __shared__ float warp_sums[];  // [warps][2][P stride]
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int packs = C / P;
+  const int stride = layer_norm_sum_stride<T>(packs);
+  const int sums = P * stride;  // a warp's dweight sums, then as many of dbias
   const auto* w = reinterpret_cast<const Pack<T>*>(weight);
-  float* dweight = warp_sums + static_cast<std::int64_t>(warp) * 2 * C;
-  float* dbias = dweight + C;
+  float* dweight = warp_sums + static_cast<std::int64_t>(warp) * 2 * sums;
+  float* dbias = dweight + sums;
   for_lane_packs<Packs>(lane, packs, [&](int, int i) {
 #pragma unroll
     for (int j = 0; j < P; ++j) {
-      dweight[j * packs + i] = 0.0f;
-      dbias[j * packs + i] = 0.0f;
+      dweight[j * stride + i] = 0.0f;
+      dbias[j * stride + i] = 0.0f;
     }
   });
   const int first = static_cast<int>(blockIdx.x) * layer_norm_backward_rows;
@@ -216,8 +259,8 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
         const float dnorm = load(wp.v[j]) * g;
         dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
-        dweight[j * packs + i] += norm * g;
-        dbias[j * packs + i] += g;
+        dweight[j * stride + i] += norm * g;
+        dbias[j * stride + i] += g;
       }
     });
     const float dnorm_mean = warp_sum(dnorm_sum) / static_cast<float>(C);
@@ -238,11 +281,11 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
   __syncthreads();
   const std::int64_t chunks = gridDim.x;
   for (int c = static_cast<int>(threadIdx.x); c < C; c += static_cast<int>(blockDim.x)) {
-    const int slot = (c % P) * packs + c / P;
+    const int slot = (c % P) * stride + c / P;
     float dw = 0.0f, db = 0.0f;
     for (int v = 0; v < layer_norm_backward_warps; ++v) {
-      dw += warp_sums[static_cast<std::int64_t>(v) * 2 * C + slot];
-      db += warp_sums[static_cast<std::int64_t>(v) * 2 * C + C + slot];
+      dw += warp_sums[static_cast<std::int64_t>(v) * 2 * sums + slot];
+      db += warp_sums[static_cast<std::int64_t>(v) * 2 * sums + sums + slot];
     }
     partials[static_cast<std::int64_t>(blockIdx.x) * C + c] = dw;
     partials[(chunks + blockIdx.x) * C + c] = db;
@@ -320,10 +363,11 @@ void layer_norm_backward_from(T* dinp, const T* start, T* dweight, T* dbias, con
   const auto rows = static_cast<int>(N);
   const auto cols = static_cast<int>(C);
   const std::int64_t chunks = (N + layer_norm_backward_rows - 1) / layer_norm_backward_rows;
-  const std::size_t shared = layer_norm_backward_shared_bytes(C);
+  const std::size_t shared = layer_norm_backward_shared_bytes<T>(C);
   // The fused kernel's sums need shared memory by row width: the default 48 KiB holds rows up
-  // to C = 768, the widest a warp takes (2048 in bf16) 128 KiB, which sm_80 (163) and sm_90
-  // (227) allow and sm_86/sm_89 (99) do not: there the rows go to the block-per-row kernels.
+  // to C = 544 in bf16 (GPT-2's 768 takes 50 KiB), the widest a warp takes (2048 in bf16)
+  // 130 KiB, which sm_80 (163) and sm_90 (227) allow and sm_86/sm_89 (99) do not: there the
+  // rows go to the block-per-row kernels.
   const int packs = shared > shared_bytes_optin()
                         ? 0
                         : layer_norm_lane_packs<T>(
