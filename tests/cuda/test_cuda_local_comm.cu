@@ -241,6 +241,9 @@ TEST_CASE("CudaLocalComm names the op when a rank never joins or its stream neve
   CHECK_THAT(withheld[0], Catch::Contains("CudaLocalComm: all_reduce #0"));
   CHECK_THAT(withheld[0], Catch::Contains("timed out"));
   CHECK_THAT(withheld[0], Catch::Contains("group ranks [1]"));
+  // Rank 1 joins after the others gave up: the group is broken, so its all_reduce fails at once
+  // instead of completing against their descriptors (buffers they have freed).
+  CHECK_THAT(withheld[1], Catch::Contains("all_reduce #0") && Catch::Contains("unusable"));
   // A kernel that waits for the host holds the mover's stream past the deadline.
   int* flag = nullptr;
   ZERO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(int), cudaHostAllocMapped));

@@ -86,15 +86,63 @@ TEST_CASE("A rank withheld from a collective makes the others fail within the de
         others_done.count_down();
       },
       CommOptions{.timeout_s = timeout});
+  // The first rank whose deadline passes breaks the group; the others, waiting in the same
+  // rendezvous, fail then with its message (so they may not have waited their own full deadline).
+  int timed_out_themselves = 0;
   for (int r = 0; r < 3; ++r) {
     const auto& c = got[static_cast<std::size_t>(r)];
     INFO(c.message);
     CHECK_THAT(c.message, Contains("all_reduce #0") && Contains("4096 bytes of f32") &&
                               Contains("group 'world'") && Contains("timed out after 0.5 s") &&
                               Contains("group ranks [3]") && Contains("never joined"));
-    CHECK(c.seconds >= timeout * 0.99);
+    if (c.message.find("unusable") == std::string::npos) {
+      ++timed_out_themselves;
+      CHECK(c.seconds >= timeout * 0.99);
+    }
     CHECK(c.seconds < timeout + 2.0);
   }
+  CHECK(timed_out_themselves >= 1);
+}
+
+TEST_CASE("After a rendezvous times out, a late rank and later ops fail at once", "[unit][comm]") {
+  // Ranks 0 and 2 time out waiting for rank 1 and keep their buffers alive; rank 1 then joins.
+  // Were the timed-out arrivals still counted, rank 1's all_reduce would complete alone against
+  // their stale descriptors, and their next op against its.
+  std::latch timed_out(2);
+  std::vector<Caught> first(3), later(3);
+  std::vector<std::vector<float>> buffers(3, std::vector<float>(64, 1.0f));
+  LocalComm::run(
+      3,
+      [&](LocalComm& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        auto& v = buffers[r];
+        if (comm.rank() == 1) {
+          timed_out.wait();
+          first[r] = catch_comm_error([&] { comm.all_reduce(std::span<float>(v), ReduceOp::sum); });
+          later[r] = catch_comm_error([&] { comm.barrier(); });
+          return;
+        }
+        first[r] = catch_comm_error([&] { comm.all_reduce(std::span<float>(v), ReduceOp::sum); });
+        timed_out.count_down();
+        later[r] = catch_comm_error([&] { comm.barrier(); });
+      },
+      CommOptions{.timeout_s = 0.3});
+  for (int r : {0, 2}) {
+    INFO("rank " << r << ": " << first[static_cast<std::size_t>(r)].message);
+    CHECK_THAT(first[static_cast<std::size_t>(r)].message,
+               Contains("all_reduce #0") && Contains("timed out after 0.3 s"));
+  }
+  for (int r = 0; r < 3; ++r) {
+    const auto& c = later[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << c.message);
+    CHECK_THAT(c.message,
+               Contains("barrier #1") && Contains("unusable") && Contains("timed out after 0.3 s"));
+    CHECK(c.seconds < 0.2);  // at once, not at its own deadline
+  }
+  INFO(first[1].message);
+  CHECK_THAT(first[1].message, Contains("all_reduce #0") && Contains("unusable"));
+  CHECK(first[1].seconds < 0.2);
+  CHECK(buffers[1] == std::vector<float>(64, 1.0f));  // nothing was reduced into it
 }
 
 TEST_CASE("A deadline in a sub-group names the group and the world ranks", "[unit][comm]") {

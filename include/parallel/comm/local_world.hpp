@@ -3,7 +3,10 @@
 // ranks have left) and one LocalGroup per communicator (the rendezvous where every rank posts
 // its op's descriptor, and the point-to-point mailboxes). Every wait here is bounded by a
 // deadline and wakes when the world aborts or a rank it waits for has left, so a failure on one
-// rank reaches the others as a CommError instead of a hang.
+// rank reaches the others as a CommError instead of a hang. A rank that fails at a rendezvous
+// (its deadline, or a partner that left) breaks the group, as NcclComm aborts its communicator:
+// it withdraws its arrival, and every op on the group after that fails at once with the first
+// failure's message, so no later op completes against descriptors of buffers already freed.
 
 #include <algorithm>
 #include <condition_variable>
@@ -132,6 +135,9 @@ struct LocalGroup {
   std::vector<std::uint64_t> arrived_at;  ///< generation+1 of the barrier each rank is in
   int arrived = 0;
   std::uint64_t generation = 0;
+  /// Set by the first rank that failed at a rendezvous of this group (see the file comment):
+  /// what it threw. Guarded by world->mutex.
+  std::string broken;
   /// Split results keyed by (op seq, color): the new group and how many members still fetch it.
   std::map<std::pair<std::uint64_t, int>, std::pair<std::shared_ptr<LocalGroup>, int>> splits;
   /// Eager messages keyed by (source, destination, tag), in send order.
@@ -141,11 +147,13 @@ struct LocalGroup {
   int size() const { return static_cast<int>(members.size()); }
 
   /// Posts desc (when given) and blocks until every rank of the group arrived at this barrier.
-  /// Throws CommError when the world aborts, a missing rank has left, or deadline passes.
+  /// Throws CommError when the world aborts, the group is broken, a missing rank has left, or
+  /// deadline passes; in the last two cases it breaks the group.
   void arrive(int rank, const OpDesc* desc, CommClock::time_point deadline, const OpContext& ctx,
               double timeout_s) {
     std::unique_lock lock(world->mutex);
     throw_if_aborted(ctx);
+    throw_if_broken(ctx);
     if (desc) slots[static_cast<std::size_t>(rank)] = *desc;
     const std::uint64_t gen = generation;
     arrived_at[static_cast<std::size_t>(rank)] = gen + 1;
@@ -155,8 +163,25 @@ struct LocalGroup {
       world->cv.notify_all();
       return;
     }
+    try {
+      wait_for_all(gen, deadline, ctx, timeout_s, lock);
+    } catch (const CommError& e) {
+      // The op cannot complete: take this rank's arrival back (a later arrival must not count
+      // it) and, unless the world aborted (every rank stops anyway), break the group.
+      arrived_at[static_cast<std::size_t>(rank)] = 0;
+      --arrived;
+      if (!world->aborted && broken.empty()) broken = e.what();
+      world->cv.notify_all();
+      throw;
+    }
+  }
+
+  /// arrive's wait, under lock, until generation passes gen.
+  void wait_for_all(std::uint64_t gen, CommClock::time_point deadline, const OpContext& ctx,
+                    double timeout_s, std::unique_lock<std::mutex>& lock) {
     while (generation == gen) {
       throw_if_aborted(ctx);
+      throw_if_broken(ctx);
       std::vector<int> missing, gone;
       for (int r = 0; r < size(); ++r) {
         if (arrived_at[static_cast<std::size_t>(r)] == gen + 1) continue;
@@ -171,7 +196,13 @@ struct LocalGroup {
                          ") returned from their function without joining it; every rank of a "
                          "group must issue the same collectives in the same order");
       }
-      if (world->cv.wait_until(lock, deadline) == std::cv_status::timeout && generation == gen) {
+      const bool timed_out = world->cv.wait_until(lock, deadline) == std::cv_status::timeout;
+      if (generation != gen) return;
+      // A rank that failed meanwhile, at its own deadline, withdrew its arrival: its failure
+      // is the one to report, not a census that counts it missing.
+      throw_if_aborted(ctx);
+      throw_if_broken(ctx);
+      if (timed_out) {
         // Arrivals before the last one do not notify, so both lists are taken afresh here.
         std::vector<int> present;
         missing.clear();
@@ -253,6 +284,14 @@ struct LocalGroup {
     }
   }
 
+  /// Throws the CommError that tells a rank that the group broke at an earlier rendezvous.
+  void throw_if_broken(const OpContext& ctx) const {
+    if (!broken.empty()) {
+      raise<CommError>(ctx.comm, ": ", ctx.describe(),
+                       ": the group is unusable since a rank failed at a rendezvous: ", broken);
+    }
+  }
+
   /// The group of the split with sequence number seq for color: created by the first member
   /// to ask, shared with the others. members_of_color lists (key, old rank) sorted.
   std::shared_ptr<LocalGroup> split_group(std::uint64_t seq, int color,
@@ -289,6 +328,7 @@ struct LocalGroup {
         return message;
       }
       throw_if_aborted(ctx);
+      throw_if_broken(ctx);
       if (world->left[static_cast<std::size_t>(members[static_cast<std::size_t>(src)])]) {
         raise<CommError>(ctx.comm, ": ", ctx.describe(), ": waiting for a message from rank ", src,
                          " with tag ", tag, ", but rank ", src,
