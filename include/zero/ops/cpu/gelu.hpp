@@ -16,13 +16,11 @@
 #include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
 #include <zero/ops/cpu/vector_math.hpp>
+#include <zero/ops/gelu_tanh.hpp>
 
 namespace zero::ops::cpu {
 
 namespace detail {
-
-inline constexpr float gelu_s = 0.7978845608028654f;  // sqrt(2/pi)
-inline constexpr float gelu_c = 0.044715f;
 
 // s = 1 / (1 + e^(-2u)) for x; also x^2 and e = e^(-2u) (the backward reuses them).
 template <class O>

@@ -2,54 +2,55 @@
 // zero-requires: cuda
 // GELU, tanh approximation (GPT-2), on the GPU; the twin of zero/ops/cpu/gelu.hpp:
 //   y = 0.5 x (1 + tanh(s (x + 0.044715 x^3))),  s = sqrt(2 / pi).
-// s is computed on the host exactly as the host kernel computes it and passed in. The device
-// evaluates the same function through 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u)), with
-// the hardware's exp2 and reciprocal (__expf, __fdividef: a few ulps): tanhf's accurate path made
-// the forward compute-bound on an H200 (0.58 of the copy bandwidth where the backward, with more
-// bytes an element, reached 0.89). In the negative tail this form does not cancel, so it is
-// nearer the exact value than the host's expression there.
+// s and the cubic coefficient are the host kernel's constants (zero/ops/gelu_tanh.hpp). Both
+// sides evaluate 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u)), which does not cancel in
+// the negative tail; the device with the hardware's exp2 and reciprocal (__expf, __fdividef: a
+// few ulps), the host with its vector exp: tanhf's accurate path made the forward compute-bound
+// on an H200 (0.58 of the copy bandwidth where the backward, with more bytes an element, reached
+// 0.89).
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/gelu.cuh needs nvcc; host-only code includes zero/ops/cpu/gelu.hpp"
 #endif
 
-#include <cmath>
 #include <cstdint>
-#include <numbers>
 #include <type_traits>
 
 #include <cuda_runtime.h>
 
 #include <zero/core/cuda_check.cuh>
 #include <zero/ops/cuda/common.cuh>
+#include <zero/ops/gelu_tanh.hpp>
 
 namespace zero::ops::cuda {
 
-/// sqrt(2/pi) in float, the host kernel's expression.
+/// sqrt(2/pi) in float, the host kernel's constant.
 inline float gelu_tanh_scale() {
-  return std::sqrt(2.0f / std::numbers::pi_v<float>);
+  return gelu_s;
 }
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-/// sigmoid(2u) = 0.5 (1 + tanh(u)), and e = exp(-2u) (its argument capped at 80, so e stays
-/// finite and e * sigmoid(2u) = 1 - sigmoid(2u) holds in the tail).
+/// sigmoid(2u) = 0.5 (1 + tanh(u)), and e = exp(-2u), its argument capped at 87: e stays finite
+/// (so e * sigmoid(2u) = 1 - sigmoid(2u) holds in the tail) and 1 + e below 2^126, where
+/// __fdividef would return 0. The host's exp clamps at 88, so for x below about -10 the two
+/// differ in values under 2e-37.
 __device__ __forceinline__ float gelu_sigmoid(float u, float& e) {
-  e = __expf(fminf(-2.0f * u, 80.0f));
+  e = __expf(fminf(-2.0f * u, 87.0f));
   return __fdividef(1.0f, 1.0f + e);
 }
 
 /// gelu(x) = x sigmoid(2u), u = s (x + 0.044715 x^3).
 __device__ __forceinline__ float gelu_value(float x, float s) {
   float e;
-  return x * gelu_sigmoid(s * (x + 0.044715f * x * x * x), e);
+  return x * gelu_sigmoid(s * (x + gelu_c * x * x * x), e);
 }
 
 /// gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2), with
 /// 0.5 (1 + tanh(u)) = sig and 1 - tanh(u)^2 = 4 sig (1 - sig), 1 - sig = e sig.
 __device__ __forceinline__ float gelu_slope(float x, float s) {
   float e;
-  const float sig = gelu_sigmoid(s * (x + 0.044715f * x * x * x), e);
-  return sig + 2.0f * x * sig * (e * sig) * s * (1.0f + 3.0f * 0.044715f * x * x);
+  const float sig = gelu_sigmoid(s * (x + gelu_c * x * x * x), e);
+  return sig + 2.0f * x * sig * (e * sig) * s * (1.0f + 3.0f * gelu_c * x * x);
 }
 
 /// out[i] = gelu(inp[i]) (Packed: 16-byte accesses, common.cuh's map_elements).
