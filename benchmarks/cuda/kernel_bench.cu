@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
   // The bytes it must move: dout read for dwte and again for dwpe, each distinct token's dwte row
   // read and written (the tokens below are all distinct), dwpe read and written.
   bandwidth("embedding_backward", (4 * nc + 2.0 * Tn * C) * e, [&] {
-    gpu::embedding_backward<bf16>(wte.get(), wpe.get(), x.get(), tokens.get(), B, Tn, C, stream);
+    gpu::embedding_backward<bf16>(wte.get(), wpe.get(), x.get(), tokens.get(), B, Tn, C, V, stream);
   });
   {
     DeviceArray<bf16> logits(N * V);

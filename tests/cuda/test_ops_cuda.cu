@@ -678,17 +678,50 @@ TEMPLATE_TEST_CASE("embedding forward and backward equal the host bit for bit, r
     auto dwpe = random_vector<T>(wpe.size(), seed++);
     DeviceVector<T> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
     gpu::embedding_backward<T>(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), s.B, s.T,
-                               s.C, nullptr);
+                               s.C, s.V, nullptr);
     const auto first_wte = d_dwte.download(), first_wpe = d_dwpe.download();
     d_dwte.upload(dwte);
     d_dwpe.upload(dwpe);
     gpu::embedding_backward<T>(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), s.B, s.T,
-                               s.C, nullptr);
+                               s.C, s.V, nullptr);
     CHECK(same_bits(d_dwte.download(), first_wte));  // run to run
     CHECK(same_bits(d_dwpe.download(), first_wpe));
+    const auto before_wte = dwte;
     cpu::embedding_backward<T>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), s.B, s.T, s.C);
     CHECK(same_bits(first_wte, dwte));  // and the host's order
     CHECK(same_bits(first_wpe, dwpe));
+
+    // Tokens outside [0, V) (V and -1, whose forward rows were NaN) add nothing, and nothing
+    // beyond the table: dwte sits between two guard rows that must keep their bits. The valid
+    // tokens' rows are the host's over the valid positions alone.
+    {
+      auto bad = tokens;
+      bad.front() = -1;
+      bad.back() = static_cast<std::int32_t>(s.V);
+      const auto guard = random_vector<T>(static_cast<std::size_t>(s.C), seed++);
+      std::vector<T> guarded(guard);
+      guarded.insert(guarded.end(), before_wte.begin(), before_wte.end());
+      guarded.insert(guarded.end(), guard.begin(), guard.end());
+      DeviceVector<std::int32_t> d_bad(bad);
+      DeviceVector<T> d_guarded(guarded);
+      gpu::embedding_backward<T>(d_guarded.get() + s.C, nullptr, d_dout.get(), d_bad.get(), s.B,
+                                 s.T, s.C, s.V, nullptr);
+      const auto got = d_guarded.download();
+      CHECK(same_bits(std::vector<T>(got.begin(), got.begin() + s.C), guard));
+      CHECK(same_bits(std::vector<T>(got.end() - s.C, got.end()), guard));
+      // The host twin over the valid positions: zero dout rows stand for the dropped ones.
+      auto masked = dout;
+      std::fill(masked.begin(), masked.begin() + s.C, zero::convert<T>(0.0f));
+      std::fill(masked.end() - s.C, masked.end(), zero::convert<T>(0.0f));
+      auto valid = bad;
+      valid.front() = tokens.front();
+      valid.back() = tokens.back();
+      auto expected = before_wte;
+      cpu::embedding_backward<T>(expected.data(), nullptr, masked.data(), valid.data(), s.B, s.T,
+                                 s.C);
+      std::vector<T> table(got.begin() + s.C, got.end() - s.C);
+      CHECK(same_bits(table, expected));
+    }
   }
 }
 

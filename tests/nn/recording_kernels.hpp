@@ -67,9 +67,9 @@ class RecordingKernels final : public nn::Kernels<T> {
     host().embedding_forward(y, tokens, wte, wpe, B, Tn, C, V);
   }
   void embedding_backward(T* dwte, T* dwpe, const T* dy, const std::int32_t* tokens, std::int64_t B,
-                          std::int64_t Tn, std::int64_t C) override {
+                          std::int64_t Tn, std::int64_t C, std::int64_t V) override {
     note("embedding_backward");
-    host().embedding_backward(dwte, dwpe, dy, tokens, B, Tn, C);
+    host().embedding_backward(dwte, dwpe, dy, tokens, B, Tn, C, V);
   }
   std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
                                    std::int64_t V) override {

@@ -146,8 +146,8 @@ class CudaKernels final : public Kernels<T> {
     ops::cuda::embedding_forward<T>(y, tokens, wte, wpe, B, Tn, C, V, stream_);
   }
   void embedding_backward(T* dwte, T* dwpe, const T* dy, const std::int32_t* tokens, std::int64_t B,
-                          std::int64_t Tn, std::int64_t C) override {
-    ops::cuda::embedding_backward<T>(dwte, dwpe, dy, tokens, B, Tn, C, stream_);
+                          std::int64_t Tn, std::int64_t C, std::int64_t V) override {
+    ops::cuda::embedding_backward<T>(dwte, dwpe, dy, tokens, B, Tn, C, V, stream_);
   }
 
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::int64_t N, std::int64_t in,

@@ -89,9 +89,12 @@ class Kernels {
   virtual void embedding_forward(T* y, const std::int32_t* tokens, const T* wte, const T* wpe,
                                  std::int64_t B, std::int64_t Tn, std::int64_t C,
                                  std::int64_t V) = 0;
-  /// dwte[token] += dy rows, dwpe[position] += dy rows (either may be null), in the host's order.
+  /// dwte[token] += dy rows, dwpe[position] += dy rows (either may be null), in the host's order;
+  /// dwte has V rows. A token outside [0, V) adds nothing (the host's forward refuses it; the
+  /// device's gives its row NaN and cannot throw).
   virtual void embedding_backward(T* dwte, T* dwpe, const T* dy, const std::int32_t* tokens,
-                                  std::int64_t B, std::int64_t Tn, std::int64_t C) = 0;
+                                  std::int64_t B, std::int64_t Tn, std::int64_t C,
+                                  std::int64_t V) = 0;
 
   /// y [N, out] = x [N, in] w^T + b (b may be null).
   virtual void linear_forward(T* y, const T* x, const T* w, const T* b, std::int64_t N,
@@ -253,7 +256,7 @@ class HostKernels final : public Kernels<T> {
     ops::cpu::embedding_forward<T>(y, tokens, wte, wpe, B, Tn, C, V);
   }
   void embedding_backward(T* dwte, T* dwpe, const T* dy, const std::int32_t* tokens, std::int64_t B,
-                          std::int64_t Tn, std::int64_t C) override {
+                          std::int64_t Tn, std::int64_t C, std::int64_t /*V*/) override {
     ops::cpu::embedding_backward<T>(dwte, dwpe, dy, tokens, B, Tn, C);
   }
 

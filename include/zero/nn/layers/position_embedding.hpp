@@ -55,7 +55,7 @@ class PositionEmbedding final : public Layer<T> {
     Kernels<T>& kernels = kernels_of(ctx);
     kernels.accumulate(ctx.dx.data(), ctx.dy.data(), ctx.dx.numel());
     kernels.embedding_backward(nullptr, table_.grad.data() + first_ * channels_, ctx.dy.data(),
-                               nullptr, B_, T_, channels_);
+                               nullptr, B_, T_, channels_, 0);  // no token table
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {

@@ -52,7 +52,7 @@ class TokenEmbedding final : public Layer<T> {
   }
   void backward(StepContext<T>& ctx) override {
     kernels_of(ctx).embedding_backward(table_.grad.data(), nullptr, ctx.dy.data(), ids_data_, 1,
-                                       count_, channels_);
+                                       count_, channels_, vocab_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {

@@ -8,11 +8,14 @@
 // rounding once. Every gradient element therefore sees the same float additions in the same order
 // as on the host: the result is the host's bit for bit, and repeats run to run.
 // A token outside [0, V) cannot throw on the device: forward writes NaN rows for it (the host
-// twin throws ShapeError); backward requires valid tokens.
+// twin throws ShapeError), and backward adds its positions nowhere (it takes V for that, which
+// the host twin, never reached with such a token, does not).
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/embedding.cuh needs nvcc; host-only code includes zero/ops/cpu/embedding.hpp"
 #endif
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -86,21 +89,28 @@ __global__ void __launch_bounds__(32 * embedding_warps)
   }
 }
 
-/// positions[i] = i (the values radix sort carries along with the tokens).
+/// The radix sort's input: keys[i] = tokens[i], or V for a token outside [0, V) (so the sort
+/// needs only the bits of V, and such tokens sort last, in one run the kernels below skip), and
+/// positions[i] = i (the values it carries along).
 template <class I>
-__global__ void iota_kernel(I* positions, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) positions[i] = i;
+__global__ void embedding_sort_input_kernel(I* keys, I* positions, const I* tokens, int n, int V) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  const I token = tokens[i];
+  keys[i] = token >= 0 && token < V ? token : V;
+  positions[i] = i;
 }
 
-/// Block k handles sorted entry k when it starts a run of equal tokens: threads over channels
-/// add the run's rows of dout in position order into dwte[token].
+/// Block k handles sorted entry k when it starts a run of equal tokens below V: threads over
+/// channels add the run's rows of dout in position order into dwte[token].
 template <class T>
 __global__ void embedding_backward_wte_kernel(T* dwte, const T* dout,
                                               const std::int32_t* sorted_tokens,
-                                              const std::int32_t* sorted_positions, int N, int C) {
+                                              const std::int32_t* sorted_positions, int N, int C,
+                                              int V) {
   const int k = blockIdx.x;
   const std::int32_t token = sorted_tokens[k];
+  if (token == V) return;                              // out of range: no row to add into
   if (k > 0 && sorted_tokens[k - 1] == token) return;  // not the first of its run
   int end = k + 1;
   while (end < N && sorted_tokens[end] == token) ++end;
@@ -119,11 +129,12 @@ __global__ void embedding_backward_wte_kernel(T* dwte, const T* dout,
 template <class T>
 __global__ void __launch_bounds__(32 * embedding_warps)
     embedding_backward_wte_rows_kernel(T* dwte, const T* dout, const std::int32_t* sorted_tokens,
-                                       const std::int32_t* sorted_positions, int N, int C) {
+                                       const std::int32_t* sorted_positions, int N, int C, int V) {
   constexpr int P = pack_size<T>;
   const int k = static_cast<int>(blockIdx.x) * embedding_warps + static_cast<int>(threadIdx.x / 32);
   if (k >= N) return;
   const std::int32_t token = sorted_tokens[k];
+  if (token == V) return;                              // out of range: no row to add into
   if (k > 0 && sorted_tokens[k - 1] == token) return;  // not the first of its run
   int end = k + 1;
   while (end < N && sorted_tokens[end] == token) ++end;
@@ -202,44 +213,55 @@ void embedding_forward(T* out, const std::int32_t* tokens, const T* wte, const T
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-/// Accumulates dwte and dwpe (either may be null) from dout [B*T, C]; tokens must be in [0, V).
-/// Uses stream-ordered scratch of about 16 bytes per position plus CUB's sort storage.
+/// Accumulates dwte [V, C] and dwpe [T, C] (either may be null) from dout [B*T, C]; a token
+/// outside [0, V) adds nothing (its forward row was NaN). Uses stream-ordered scratch of about
+/// 16 bytes per position plus CUB's sort storage.
 template <class T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, std::int64_t B,
-                        std::int64_t Tn, std::int64_t C, cudaStream_t stream) {
+                        std::int64_t Tn, std::int64_t C, std::int64_t V, cudaStream_t stream) {
   const std::int64_t N = B * Tn;
   expect_int_range(N, "embedding_backward");
   expect_int_range(C, "embedding_backward");
+  expect_int_range(V, "embedding_backward");
   if (N == 0 || C == 0) return;
   constexpr int threads = 256;
-  const int c_blocks = static_cast<int>((C + threads - 1) / threads);
+  // Blocks over channels: the kernel strides by the grid, so a row past 65535 blocks is fine.
+  const int c_blocks = static_cast<int>(std::min<std::int64_t>((C + threads - 1) / threads, 65535));
   if (dwte != nullptr) {
     const int n = static_cast<int>(N);
+    // Keys in [0, V]: the sort passes over the bits V needs (16 for GPT-2's 50257), not all 32.
+    const int key_bits =
+        std::max(1, static_cast<int>(std::bit_width(static_cast<std::uint32_t>(V))));
     std::size_t sort_bytes = 0;
     ZERO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
         nullptr, sort_bytes, static_cast<const std::int32_t*>(nullptr),
         static_cast<std::int32_t*>(nullptr), static_cast<const std::int32_t*>(nullptr),
-        static_cast<std::int32_t*>(nullptr), n, 0, 32, stream));
+        static_cast<std::int32_t*>(nullptr), n, 0, key_bits, stream));
     const std::size_t array_bytes = (static_cast<std::size_t>(n) * 4 + 255) / 256 * 256;
-    DeviceScratch scratch(3 * array_bytes + sort_bytes, stream);
-    auto* positions = scratch.as<std::int32_t>();
-    auto* sorted_positions = reinterpret_cast<std::int32_t*>(scratch.as<char>() + array_bytes);
-    auto* sorted_tokens = reinterpret_cast<std::int32_t*>(scratch.as<char>() + 2 * array_bytes);
-    void* sort_storage = scratch.as<char>() + 3 * array_bytes;
-    iota_kernel<std::int32_t><<<(n + threads - 1) / threads, threads, 0, stream>>>(positions, n);
+    DeviceScratch scratch(4 * array_bytes + sort_bytes, stream);
+    auto* keys = scratch.as<std::int32_t>();
+    auto* positions = reinterpret_cast<std::int32_t*>(scratch.as<char>() + array_bytes);
+    auto* sorted_positions = reinterpret_cast<std::int32_t*>(scratch.as<char>() + 2 * array_bytes);
+    auto* sorted_tokens = reinterpret_cast<std::int32_t*>(scratch.as<char>() + 3 * array_bytes);
+    void* sort_storage = scratch.as<char>() + 4 * array_bytes;
+    embedding_sort_input_kernel<std::int32_t>
+        <<<static_cast<unsigned>((N + threads - 1) / threads), threads, 0, stream>>>(
+            keys, positions, tokens, n, static_cast<int>(V));
     ZERO_CUDA_CHECK(cudaGetLastError());
-    // Tokens are non-negative, so sorting all 32 bits as signed ints keeps their order.
-    ZERO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, tokens, sorted_tokens,
-                                                    positions, sorted_positions, n, 0, 32, stream));
+    // Keys are non-negative and below 2^key_bits, so sorting those bits keeps their order.
+    ZERO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_storage, sort_bytes, keys, sorted_tokens,
+                                                    positions, sorted_positions, n, 0, key_bits,
+                                                    stream));
     if (C % pack_size<T> == 0 && aligned16({dwte, dout})) {
       embedding_backward_wte_rows_kernel<T>
-          <<<static_cast<unsigned>((n + embedding_warps - 1) / embedding_warps),
+          <<<static_cast<unsigned>((N + embedding_warps - 1) / embedding_warps),
              32 * embedding_warps, 0, stream>>>(dwte, dout, sorted_tokens, sorted_positions, n,
-                                                static_cast<int>(C));
+                                                static_cast<int>(C), static_cast<int>(V));
     } else {
       embedding_backward_wte_kernel<T>
           <<<dim3(static_cast<unsigned>(n), c_blocks), threads, 0, stream>>>(
-              dwte, dout, sorted_tokens, sorted_positions, n, static_cast<int>(C));
+              dwte, dout, sorted_tokens, sorted_positions, n, static_cast<int>(C),
+              static_cast<int>(V));
     }
     ZERO_CUDA_CHECK(cudaGetLastError());
   }
