@@ -580,7 +580,9 @@ TEMPLATE_TEST_CASE("LayerNorm forward and backward equal the host's", "[cuda]", 
     cpu::layer_norm_backward<T>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
                                 mean.data(), rstd.data(), s.N, s.C);
     // dinp = rstd (dy w - mean(dy w) - xhat mean(dy w xhat)) cancels: at C = 1 it is exactly 0
-    // on the host and an ulp of its terms on the device (seen on an H200: -7e-6 with rstd 316).
+    // on the host and was an ulp of its terms on the device (seen on an H200: -7e-6 with rstd
+    // 316, when nvcc contracted dy w into the subtraction; the kernels now round dy w first, as
+    // the host does, not yet run).
     // Its bounds are relative to the terms' mean size, rstd |dy w|, as well as to the result's.
     double term_scale = 0.0;
     for (std::int64_t i = 0; i < s.N * s.C; ++i) {

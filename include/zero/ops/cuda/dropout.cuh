@@ -64,19 +64,20 @@ __global__ void dropout_forward_kernel(T* out, const T* inp, std::int64_t n, Dro
 }
 
 /// dinp[i] += keep(i) ? dout[i] * scale : 0; a dropped element keeps its bits, as on the host
-/// (Packed as in the forward).
+/// (Packed as in the forward). The host adds with one fused multiply-add, so the device asks for
+/// one (__fmaf_rn) rather than relying on nvcc's contraction, which -fmad=false turns off.
 template <class T, bool Packed>
 __global__ void dropout_backward_kernel(T* dinp, const T* dout, std::int64_t n, DropoutMask mask) {
   const float scale = mask.scale<float>();
   const auto element = [&](std::int64_t i, T dx, T dy) {
-    return mask.keep(i) ? store<T>(load(dx) + load(dy) * scale) : dx;
+    return mask.keep(i) ? store<T>(__fmaf_rn(load(dy), scale, load(dx))) : dx;
   };
   if constexpr (Packed) {
     constexpr int P = chunk_size<T>;
     const auto chunk = [&](std::int64_t i, const Chunk<T, P>& dx, const Chunk<T, P>& dy) {
       Chunk<T, P> r = dx;
       for_chunk_mask<P>(mask, i, [&](int k, bool kept) {
-        if (kept) r[k] = store<T>(load(dx[k]) + load(dy[k]) * scale);
+        if (kept) r[k] = store<T>(__fmaf_rn(load(dy[k]), scale, load(dx[k])));
       });
       return r;
     };
@@ -84,7 +85,7 @@ __global__ void dropout_backward_kernel(T* dinp, const T* dout, std::int64_t n, 
   } else {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-      if (mask.keep(i)) dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * scale);
+      if (mask.keep(i)) dinp[i] = store<T>(__fmaf_rn(load(dout[i]), scale, load(dinp[i])));
     }
   }
 }

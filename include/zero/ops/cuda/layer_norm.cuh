@@ -11,10 +11,12 @@
 // is one fused kernel: each block of 8 warps takes 32 rows, reads x and dy once for dinp and for
 // its share of dweight and dbias, and leaves per-block partials that a second kernel adds in block
 // order. Other rows take column_sums for the parameter gradients. Both reduce in a fixed order, so
-// they are deterministic and need no atomics. The input gradient is written as start + its value:
-// start null (written without a read), dinp (added into) or another buffer, a residual's skip
-// gradient (layer_norm_backward_from), which saves the copy of the skip gradient into dinp first.
-// Reference: llm.c layernorm_forward/backward (dev/cuda/layernorm_*.cu).
+// they are deterministic and need no atomics. dnorm = weight * dy is rounded before anything adds
+// to it (__fmul_rn, not a product nvcc may contract into the next add), as the host rounds it:
+// dnorm - mean(dnorm) is then exactly 0 at C = 1, where rstd is large. The input gradient is
+// written as start + its value: start null (written without a read), dinp (added into) or another
+// buffer, a residual's skip gradient (layer_norm_backward_from), which saves the copy of the skip
+// gradient into dinp first. Reference: llm.c layernorm_forward/backward (dev/cuda/layernorm_*.cu).
 #if !defined(__CUDACC__)
 #error \
     "zero/ops/cuda/layer_norm.cuh needs nvcc; host-only code includes zero/ops/cpu/layer_norm.hpp"
@@ -78,7 +80,7 @@ __global__ void __launch_bounds__(layer_norm_threads)
   float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float norm = (load(x[c]) - m) * s;
-    const float dnorm = load(weight[c]) * load(dy[c]);
+    const float dnorm = __fmul_rn(load(weight[c]), load(dy[c]));
     dnorm_sum += dnorm;
     dnorm_norm_sum += dnorm * norm;
   }
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(layer_norm_threads)
   const T* from = start != nullptr ? start + n * C : nullptr;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float norm = (load(x[c]) - m) * s;
-    const float dnorm = load(weight[c]) * load(dy[c]);
+    const float dnorm = __fmul_rn(load(weight[c]), load(dy[c]));
     const float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     dx[c] = store<T>(from == nullptr ? g : load(from[c]) + g);
   }
@@ -256,7 +258,7 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
       for (int j = 0; j < P; ++j) {
         const float norm = (load(xs[k].v[j]) - m) * s;
         const float g = load(dys[k].v[j]);
-        const float dnorm = load(wp.v[j]) * g;
+        const float dnorm = __fmul_rn(load(wp.v[j]), g);
         dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
         dweight[j * stride + i] += norm * g;
@@ -271,7 +273,7 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
 #pragma unroll
       for (int j = 0; j < P; ++j) {
         const float norm = (load(xs[k].v[j]) - m) * s;
-        const float dnorm = load(wp.v[j]) * load(dys[k].v[j]);
+        const float dnorm = __fmul_rn(load(wp.v[j]), load(dys[k].v[j]));
         const float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         r.v[j] = store<T>(from == nullptr ? g : load(dxs[k].v[j]) + g);
       }
