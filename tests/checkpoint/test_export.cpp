@@ -120,6 +120,34 @@ TEST_CASE("export of a corrupted checkpoint fails and leaves no output file", "[
   CHECK_FALSE(std::filesystem::exists(out));
 }
 
+TEST_CASE("a square tensor selected for transposition is written transposed", "[unit]") {
+  // Its transposed shape equals its stored one (GPT-2's [C, C] attn.c_proj.weight): the export
+  // once told the two apart by shape and wrote it as stored.
+  TempDir dir("ckpt-export-square");
+  const std::int64_t n = 6;
+  LogicalTensor square{{"h.0.attn.c_proj.weight", DType::f32, {n, n}}, {}};
+  std::vector<float> stored(static_cast<std::size_t>(n * n));
+  for (std::size_t i = 0; i < stored.size(); ++i) stored[i] = static_cast<float>(i);
+  square.bytes.resize(stored.size() * sizeof(float));
+  std::memcpy(square.bytes.data(), stored.data(), square.bytes.size());
+  save_with_ranks(2, dir.path(), "t", {square}, 4);
+  const Reader reader(dir.path(), "t");
+  const auto out = dir.path() / "t.safetensors";
+  ExportOptions options;
+  options.transpose = [](std::string_view) { return true; };
+  export_safetensors(reader, {}, out, DType::f32, {}, options);
+  const auto got =
+      io::SafetensorsReader(out).read_vector<float>(square.spec.name, io::DTypeRule::convert);
+  std::size_t wrong = 0;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+    for (std::size_t c = 0; c < static_cast<std::size_t>(n); ++c) {
+      wrong +=
+          got[c * static_cast<std::size_t>(n) + r] != stored[r * static_cast<std::size_t>(n) + c];
+    }
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("export writes selected 2-D tensors transposed, in bounded blocks", "[unit]") {
   TempDir dir("ckpt-export-t");
   const auto tensors = finite_tensors();

@@ -100,6 +100,9 @@ inline ExportResult export_safetensors(const Reader& reader, const std::vector<s
     records.push_back(&reader.tensor(name));
   }
   std::vector<io::TensorDecl> decls;
+  // Whether each tensor is written transposed: by options.transpose, never by comparing shapes
+  // (a square [C, C] weight, GPT-2's attn.c_proj, has the same shape either way).
+  std::vector<char> transposed;
   std::set<std::string> outputs;
   for (const TensorRecord* t : records) {
     std::string out_name = mapping ? mapping(t->name) : t->name;
@@ -108,7 +111,8 @@ inline ExportResult export_safetensors(const Reader& reader, const std::vector<s
                             "', which another tensor already maps to");
     const DType out_dtype = is_floating(t->dtype) ? dtype : t->dtype;
     std::vector<std::int64_t> shape = t->shape;
-    if (options.transpose && options.transpose(t->name)) {
+    transposed.push_back(options.transpose && options.transpose(t->name) ? 1 : 0);
+    if (transposed.back()) {
       expect<CheckpointError>(shape.size() == 2, "exporting '", out_path.string(), "': tensor '",
                               t->name, "' is ", t->describe(), "; only 2-D tensors transpose");
       std::swap(shape[0], shape[1]);
@@ -124,7 +128,7 @@ inline ExportResult export_safetensors(const Reader& reader, const std::vector<s
   for (std::size_t i = 0; i < records.size(); ++i) {
     const TensorRecord& t = *records[i];
     const io::TensorDecl& d = decls[i];
-    if (d.shape != t.shape) {  // declared transposed
+    if (transposed[i]) {
       visit_dtype(d.dtype, [&](auto tag) {
         const std::size_t held =
             detail::export_transposed<decltype(tag)>(reader, t, d, writer, chunk_bytes);
