@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -327,4 +328,113 @@ TEST_CASE("A failed GPT-2 weights export raises on every rank and leaves no file
   CHECK_THAT(outcome[1].message, Catch::Contains("rank 0 could not write"));
   CHECK(!std::filesystem::exists(file));
   CHECK(!std::filesystem::exists(file.parent_path()));
+}
+
+namespace {
+
+// A 2-rank stage-2 float GPT engine of optimizer type (AdamW, or Adam with L2 decay) on comm.
+template <class Fn>
+void with_adam_engine(LocalComm& comm, bool l2, Fn&& fn) {
+  nn::GPT<float> model(tiny());
+  Config cfg = adamw_config(2, 1, 1.0);
+  if (l2) {
+    cfg.optimizer->type = "Adam";
+    cfg.optimizer->params["adam_w_mode"] = {0.0};
+  }
+  engine::Engine<nn::GPT<float>, ZeroStage<2>> eng(model, comm, cfg, tiny_options());
+  fn(eng);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a load refused before any slice changes leaves the engine as it was; one that fails on one "
+    "rank fails on every rank, which then refuse to train",
+    "[unit][engine][checkpoint]") {
+  zero::testing::TempDir tmp("engine-ckpt-fail");
+  // Saved by Adam with L2 decay: the same state names as AdamW, so every slice would load.
+  LocalComm::run(2, [&](LocalComm& comm) {
+    with_adam_engine(comm, true, [&](auto& eng) {
+      train_steps(eng, comm, 0, 1, 1);
+      eng.save_checkpoint(tmp.path(), "adam");
+    });
+  });
+  const auto refused = per_rank<std::vector<std::string>>(2, [&](LocalComm& comm) {
+    std::vector<std::string> seen;
+    with_adam_engine(comm, false, [&](auto& eng) {
+      const auto before = train_steps(eng, comm, 0, 1, 1);
+      try {
+        eng.load_checkpoint(tmp.path(), "adam");
+        seen.push_back("loaded");
+      } catch (const CheckpointError& e) {
+        seen.push_back(e.what());
+      }
+      // Nothing changed, and the engine trains on.
+      std::vector<std::vector<float>> after;
+      for (int u = 0; u < eng.num_units(); ++u) after.push_back(eng.gather_unit_values(u));
+      seen.push_back(after == before ? "unchanged" : "changed");
+      train_steps(eng, comm, 1, 2, 1);
+      seen.push_back("trained");
+    });
+    return seen;
+  });
+  for (const auto& seen : refused) {
+    REQUIRE(seen.size() == 3);
+    CHECK_THAT(seen[0], Catch::Contains("saved with optimizer Adam") &&
+                            Catch::Contains("this engine runs AdamW"));
+    CHECK(seen[1] == "unchanged");
+    CHECK(seen[2] == "trained");
+  }
+
+  // Rank 1 alone reads the end of unit 0 (its shard), whose last segment is corrupted: rank 0
+  // reads its own slices without error, yet both throw rank 1's error (before, rank 0 went on to
+  // the regather and waited there for rank 1), and both then refuse to train.
+  LocalComm::run(2, [&](LocalComm& comm) {
+    with_adam_engine(comm, false, [&](auto& eng) {
+      train_steps(eng, comm, 0, 1, 1);
+      eng.save_checkpoint(tmp.path(), "adamw");
+    });
+  });
+  {
+    const nn::GPT<float> model(tiny());
+    const std::string last = model.unit_params(0).back().name;
+    const checkpoint::Reader reader(tmp.path(), "adamw");
+    const auto& s = reader.tensor(last).segments.back();
+    const auto shard =
+        tmp.path() / "adamw" / reader.index().files[static_cast<std::size_t>(s.file)].name;
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(s.byte_end - 1));
+    const char c = static_cast<char>(f.get() ^ 0x5a);
+    f.seekp(static_cast<std::streamoff>(s.byte_end - 1));
+    f.put(c);
+  }
+  const auto broken = per_rank<std::vector<std::string>>(
+      2,
+      [&](LocalComm& comm) {
+        std::vector<std::string> seen;
+        with_adam_engine(comm, false, [&](auto& eng) {
+          train_steps(eng, comm, 0, 1, 1);
+          try {
+            eng.load_checkpoint(tmp.path(), "adamw");
+            seen.push_back("loaded");
+          } catch (const CheckpointError& e) {
+            seen.push_back(e.what());
+          }
+          try {
+            train_steps(eng, comm, 1, 2, 1);
+            seen.push_back("trained");
+          } catch (const Error& e) {
+            seen.push_back(e.what());
+          }
+        });
+        return seen;
+      },
+      parallel::CommOptions{.timeout_s = 20});
+  for (const auto& seen : broken) {
+    REQUIRE(seen.size() == 2);
+    INFO(seen[0] << "\n" << seen[1]);
+    CHECK_THAT(seen[0],
+               Catch::Contains("failed part-way on rank 1") && Catch::Contains("corrupted"));
+    CHECK_THAT(seen[1], Catch::Contains("load a checkpoint to continue"));
+  }
 }

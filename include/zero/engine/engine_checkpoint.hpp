@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <zero/checkpoint/comm_text.hpp>
 #include <zero/checkpoint/reader.hpp>
 #include <zero/checkpoint/save.hpp>
 #include <zero/checkpoint/unit_segments.hpp>
@@ -98,19 +99,41 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
                                      io::DTypeRule::convert);
     });
   };
-  try {  // from here on a failure leaves some slices loaded and others not
+  // Each rank reads its own slices, so a failure (a checksum, a file only it reads, another
+  // optimizer's states) may be one rank's alone: the ranks agree on the outcome before any
+  // collective, so all of them throw, and none goes on to the regather waiting for the others.
+  // A failure before the first slice changed leaves the engine as it was; after, it is marked
+  // inconsistent (some slices loaded, the counters not) until a load succeeds.
+  bool touched = false;
+  std::string failure;
+  try {
+    state.check_json(reader.engine_state());
+    touched = true;
     state.for_each_unit(StateAccess::overwrite, [&](int u, auto master, optim::AnyOptimizer* opt) {
       read(u, master, "");
       if (opt == nullptr) return;
       for (const std::string& name : opt->state_names()) read(u, opt->state(name), "/" + name);
     });
+    state.load_json(reader.engine_state());
   } catch (const std::exception& e) {
-    state.mark_inconsistent(std::string("load_checkpoint of '") + reader.path().string() +
-                            "' failed part-way: " + e.what());
-    throw;
+    failure = zero::detail::concat(touched ? "+" : "-", "rank ", comm.rank(), ": ", e.what());
   }
-  state.load_json(reader.engine_state());
+  std::string first;
+  bool any_touched = false;
+  for (const std::string& r : checkpoint::detail::all_gather_text(comm, failure)) {
+    if (r.empty()) continue;
+    if (first.empty()) first = r.substr(1);
+    any_touched = any_touched || r.front() == '+';
+  }
+  if (!first.empty()) {
+    const std::string why =
+        zero::detail::concat("load_checkpoint of '", reader.path().string(), "' failed",
+                             any_touched ? " part-way" : "", " on ", first);
+    if (any_touched) state.mark_inconsistent(why);
+    throw CheckpointError(why);
+  }
   state.masters_replaced();
+  state.mark_consistent();
   state.synchronize();
   const nlohmann::json& saved = reader.engine_state();
   return saved.contains("client_state") ? saved["client_state"] : nlohmann::json();

@@ -134,14 +134,22 @@ class EngineState {
     j["seed"] = eng_.options_.seed;
     return j;
   }
-  /// Restores what to_json saved (the state is consistent again: a load has just replaced every
-  /// slice); CheckpointError when it does not fit this engine.
-  void load_json(const nlohmann::json& j) {
-    eng_.inconsistent_.clear();
+  /// CheckpointError when what to_json saved does not fit this engine (another optimizer, or a
+  /// malformed state); changes nothing, so a load checks it before it replaces any slice.
+  void check_json(const nlohmann::json& j) const {
     try {
       const std::string saved = j.at("optimizer").get<std::string>();
       expect<CheckpointError>(saved == optimizer_name(), "checkpoint: saved with optimizer ", saved,
                               ", this engine runs ", optimizer_name());
+      (void)j.at("optimizer_step").get<std::int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      raise<CheckpointError>("checkpoint: malformed engine state: ", e.what());
+    }
+  }
+  /// Restores what to_json saved; CheckpointError when it does not fit this engine.
+  void load_json(const nlohmann::json& j) {
+    check_json(j);
+    try {
       eng_.training_.load(j);
       for (auto& o : eng_.optimizers_) o.set_step_count(j.at("optimizer_step").get<std::int64_t>());
     } catch (const nlohmann::json::exception& e) {
@@ -162,6 +170,8 @@ class EngineState {
   /// Records that the state is inconsistent (a load that stopped part-way) and why; training
   /// and saving are refused until a checkpoint loads.
   void mark_inconsistent(std::string why) { eng_.inconsistent_ = std::move(why); }
+  /// Records that the state is whole again: a load replaced every slice and the engine state.
+  void mark_consistent() { eng_.inconsistent_.clear(); }
   /// The master slices were replaced from outside: refresh the compute copies and re-gather.
   void masters_replaced() { eng_.masters_replaced(); }
   /// Waits for every collective in flight.

@@ -35,15 +35,11 @@
 
 namespace zero::engine {
 
-/// Overwrites eng's master slices with the weights of a GPT-2 safetensors file (any float
-/// dtype; a collective only in that every rank must call it before its next step).
-template <class Eng>
-void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
-  using MasterT = typename Eng::MasterT;
-  auto state = eng.state();
-  state.require_between_steps("load_gpt2_weights");
-  state.synchronize();
-  const io::SafetensorsReader reader(file);
+namespace detail {
+/// load_gpt2_weights' pass over the master slices: each rank fills its own from reader.
+template <class State>
+void import_gpt2_masters(State& state, const io::SafetensorsReader& reader) {
+  using MasterT = typename State::MasterT;
   state.for_each_master(StateAccess::update, [&](int u, std::span<MasterT> slice) {
     const auto& specs = state.unit_specs(u);
     std::fill(slice.begin(), slice.end(), MasterT{});
@@ -72,7 +68,44 @@ void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
       }
     });
   });
+}
+}  // namespace detail
+
+/// Overwrites eng's master slices with the weights of a GPT-2 safetensors file (any float
+/// dtype). A collective: every rank calls it between steps, and a failure on any rank (a file it
+/// cannot read, a missing or malformed tensor) is thrown on every rank, as load_checkpoint does;
+/// one after the first slice changed leaves the engine refusing to train until a load succeeds.
+template <class Eng>
+void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
+  auto state = eng.state();
+  state.require_between_steps("load_gpt2_weights");
+  state.synchronize();
+  auto comm = state.state_comm();
+  bool touched = false;
+  std::string failure;
+  try {
+    const io::SafetensorsReader reader(file);
+    touched = true;
+    detail::import_gpt2_masters(state, reader);
+  } catch (const std::exception& e) {
+    failure = zero::detail::concat(touched ? "+" : "-", "rank ", comm.rank(), ": ", e.what());
+  }
+  std::string first;
+  bool any_touched = false;
+  for (const std::string& r : checkpoint::detail::all_gather_text(comm, failure)) {
+    if (r.empty()) continue;
+    if (first.empty()) first = r.substr(1);
+    any_touched = any_touched || r.front() == '+';
+  }
+  if (!first.empty()) {
+    const std::string why =
+        zero::detail::concat("load_gpt2_weights of '", file.string(), "' failed",
+                             any_touched ? " part-way" : "", " on ", first);
+    if (any_touched) state.mark_inconsistent(why);
+    throw CheckpointError(why);
+  }
   state.masters_replaced();
+  state.mark_consistent();
   state.synchronize();
 }
 
