@@ -266,9 +266,29 @@ TEST_CASE("CudaLocalComm names the op when a rank never joins or its stream neve
       quick);
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ZERO_CUDA_CHECK(cudaFreeHost(flag));
   CHECK_THAT(hung[0], Catch::Contains("CudaLocalComm: all_reduce #0"));
   CHECK_THAT(hung[0],
              Catch::Contains("passed its deadline waiting for the work ordered before it"));
   CHECK(waited < 5.0);
+  // A send's copy to the host waits on the same stream, within the deadline too (it
+  // synchronised the stream without one before).
+  *flag = 0;
+  auto hung_send = per_rank<std::string, CudaLocalComm>(
+      2,
+      [&](CudaLocalComm& comm) {
+        if (comm.rank() == 1) return std::string();
+        wait_for_host<<<1, 1, 0, comm.mover().stream()>>>(device_flag);
+        std::string message = thrown_message([&] {
+          zero::test::DeviceVector<float> v(std::vector<float>(8, 1.0f));
+          comm.send(std::span<const float>(v.get(), 8), 1);
+        });
+        *reinterpret_cast<volatile int*>(flag) = 1;
+        ZERO_CUDA_CHECK(cudaStreamSynchronize(comm.mover().stream()));
+        return message;
+      },
+      quick);
+  CHECK_THAT(hung_send[0], Catch::Contains("CudaLocalComm: send #0") &&
+                               Catch::Contains("passed its deadline waiting for the copy of its "
+                                               "message to the host"));
+  ZERO_CUDA_CHECK(cudaFreeHost(flag));
 }

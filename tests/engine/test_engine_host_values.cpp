@@ -109,13 +109,15 @@ class DeviceOnlyMover : public parallel::HostMover {
     for (int o = 0; o < n_outputs; ++o) check(outputs[o], count * sizeof(T));
     HostMover::reduce<T>(op, inputs, ranks, count, outputs, n_outputs);
   }
-  void to_host(void* dst, const void* src, std::size_t bytes) {
+  void to_host(void* dst, const void* src, std::size_t bytes,
+               const parallel::detail::OpContext& ctx, parallel::CommClock::time_point deadline) {
     check(src, bytes);
-    HostMover::to_host(dst, src, bytes);
+    HostMover::to_host(dst, src, bytes, ctx, deadline);
   }
-  void from_host(void* dst, const void* src, std::size_t bytes) {
+  void from_host(void* dst, const void* src, std::size_t bytes,
+                 const parallel::detail::OpContext& ctx, parallel::CommClock::time_point deadline) {
     check(dst, bytes);
-    HostMover::from_host(dst, src, bytes);
+    HostMover::from_host(dst, src, bytes, ctx, deadline);
   }
 
  private:

@@ -408,13 +408,15 @@ class CountingMover : public HostMover {
     HostMover::reduce<T>(op, in, ranks, count, out, n_out);
   }
   void end(const parallel::detail::OpContext&, CommClock::time_point) { ++tally.ends; }
-  void to_host(void* dst, const void* src, std::size_t bytes) {
+  void to_host(void* dst, const void* src, std::size_t bytes,
+               const parallel::detail::OpContext& ctx, CommClock::time_point deadline) {
     tally.to_host += bytes;
-    HostMover::to_host(dst, src, bytes);
+    HostMover::to_host(dst, src, bytes, ctx, deadline);
   }
-  void from_host(void* dst, const void* src, std::size_t bytes) {
+  void from_host(void* dst, const void* src, std::size_t bytes,
+                 const parallel::detail::OpContext& ctx, CommClock::time_point deadline) {
     tally.from_host += bytes;
-    HostMover::from_host(dst, src, bytes);
+    HostMover::from_host(dst, src, bytes, ctx, deadline);
   }
 
   MoverTally tally;

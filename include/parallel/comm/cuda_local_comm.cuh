@@ -137,20 +137,23 @@ class CudaMover {
   void end(const detail::OpContext& ctx, CommClock::time_point deadline) {
     wait(ctx, deadline, "its own copies and folds");
   }
-  /// dst (host) = src (device), finished on return.
-  void to_host(void* dst, const void* src, std::size_t bytes) { copy_now(dst, src, bytes); }
-  /// dst (device) = src (host), finished on return.
-  void from_host(void* dst, const void* src, std::size_t bytes) { copy_now(dst, src, bytes); }
+  /// dst (host) = src (device), finished on return (or a CommError past deadline).
+  void to_host(void* dst, const void* src, std::size_t bytes, const detail::OpContext& ctx,
+               CommClock::time_point deadline) {
+    copy(dst, src, bytes);
+    wait(ctx, deadline, "the copy of its message to the host, after the work ordered before it");
+  }
+  /// dst (device) = src (host), finished on return (or a CommError past deadline).
+  void from_host(void* dst, const void* src, std::size_t bytes, const detail::OpContext& ctx,
+                 CommClock::time_point deadline) {
+    copy(dst, src, bytes);
+    wait(ctx, deadline, "the copy of its message from the host, after the work ordered before it");
+  }
 
  private:
   static std::shared_ptr<const CudaStream> make_stream(const Place& place) {
     ZERO_CUDA_CHECK(cudaSetDevice(place.device));
     return std::make_shared<const CudaStream>();
-  }
-  /// A copy on the stream (after its earlier work), waited for.
-  void copy_now(void* dst, const void* src, std::size_t bytes) {
-    copy(dst, src, bytes);
-    place_.stream->synchronize();
   }
   /// Ops run on the rank's thread or its progress thread: both must be on the device.
   void enter() const { ZERO_CUDA_CHECK(cudaSetDevice(place_.device)); }

@@ -601,7 +601,11 @@ class BasicLocalComm {
     check_peer<T>(s, CommOp::send, peer);
     const auto start = CommClock::now();
     detail::LocalMessage message{dtype_of<T>, buf.size(), std::vector<std::byte>(buf.size_bytes())};
-    if (!buf.empty()) s.mover.to_host(message.data.data(), buf.data(), buf.size_bytes());
+    if (!buf.empty()) {
+      const auto ctx = s.context(CommOp::send, s.next_seq, buf.size_bytes(), dtype_of<T>);
+      s.mover.to_host(message.data.data(), buf.data(), buf.size_bytes(), ctx,
+                      deadline_after(s.options.timeout_s));
+    }
     s.group->post(s.rank, peer, tag, std::move(message));
     if (s.logger) {
       s.logger->record(CommOp::send, s.name, 2, buf.size_bytes(),
@@ -620,7 +624,10 @@ class BasicLocalComm {
                       ctx.describe(), ": rank ", peer, " sent ", message.count, " elements of ",
                       name_of(message.dtype), " with tag ", tag, ", the receive expects ",
                       buf.size(), " elements of ", name_of(dtype_of<T>));
-    if (!buf.empty()) s.mover.from_host(buf.data(), message.data.data(), buf.size_bytes());
+    if (!buf.empty()) {
+      s.mover.from_host(buf.data(), message.data.data(), buf.size_bytes(), ctx,
+                        deadline_after(s.options.timeout_s));
+    }
     if (s.logger) {
       s.logger->record(CommOp::recv, s.name, 2, buf.size_bytes(),
                        std::chrono::duration<double>(CommClock::now() - start).count());

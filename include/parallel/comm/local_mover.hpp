@@ -14,8 +14,8 @@
 //   copy / reduce ...     the rank's own share of the data movement, on any rank's buffers;
 //   end(ctx, deadline)    that movement has finished (before the second rendezvous frees the
 //                         buffers to their owners).
-// to_host / from_host move a point-to-point message through the host mailbox and have finished
-// when they return. Every wait past the deadline is a CommError naming the op.
+// to_host / from_host (ctx, deadline) move a point-to-point message through the host mailbox
+// and have finished when they return. Every wait past the deadline is a CommError naming the op.
 
 #include <concepts>
 #include <cstddef>
@@ -45,8 +45,8 @@ concept LocalMover =
       m.copy(dst, src, bytes);
       m.reduce(op, in, 2, bytes, out, 2);
       m.end(ctx, deadline);
-      m.to_host(dst, src, bytes);
-      m.from_host(dst, src, bytes);
+      m.to_host(dst, src, bytes, ctx, deadline);
+      m.from_host(dst, src, bytes, ctx, deadline);
     };
 // clang-format on
 
@@ -80,9 +80,15 @@ class HostMover {
   /// Every move above finished when it returned.
   void end(const detail::OpContext&, CommClock::time_point) {}
   /// dst (host) = src (a rank's buffer).
-  void to_host(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  void to_host(void* dst, const void* src, std::size_t bytes, const detail::OpContext&,
+               CommClock::time_point) {
+    std::memcpy(dst, src, bytes);
+  }
   /// dst (a rank's buffer) = src (host).
-  void from_host(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  void from_host(void* dst, const void* src, std::size_t bytes, const detail::OpContext&,
+                 CommClock::time_point) {
+    std::memcpy(dst, src, bytes);
+  }
 };
 
 static_assert(LocalMover<HostMover>);
