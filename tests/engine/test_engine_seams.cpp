@@ -4,6 +4,7 @@
 // traffic on the dp groups only; the policy set does not depend on the order of the tags; the
 // engine calls its backend's kernels on the backend object (a recording backend).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -367,9 +368,13 @@ void check_recording_backend() {
 
 // A device tag whose backend reports a set amount of free device memory (the host's reports none).
 struct SmallDevice {};
+/// A host backend that reports a device: the free bytes and the device's identity that the rank
+/// thread building the engine set.
 struct SmallDeviceBackend : engine::HostBackend {
-  static inline std::atomic<std::size_t> free_bytes = 0;
-  std::optional<std::size_t> free_device_bytes() const { return free_bytes.load(); }
+  static inline thread_local std::size_t free_here = 0;
+  static inline thread_local std::uint64_t device_here = 0;
+  std::optional<std::size_t> free_device_bytes() const { return free_here; }
+  std::uint64_t device_identity() const { return device_here; }
 };
 template <>
 struct zero::engine::backend_for<SmallDevice> {
@@ -378,11 +383,16 @@ struct zero::engine::backend_for<SmallDevice> {
 
 namespace {
 
-// Builds a bf16 GPT engine at stage S on Compute<SmallDevice> on each of 2 ranks: each rank's
-// error message, empty where construction succeeded.
+// Builds a bf16 GPT engine at stage S on Compute<SmallDevice> on each of 2 ranks, rank r seeing
+// free_of[r] bytes free on device device_of[r]: each rank's error message, empty where
+// construction succeeded.
 template <int S>
-std::vector<std::string> build_on_small_device() {
-  return per_rank<std::string>(2, [](LocalComm& comm) -> std::string {
+std::vector<std::string> build_on_small_device(std::array<std::size_t, 2> free_of,
+                                               std::array<std::uint64_t, 2> device_of = {1, 2}) {
+  return per_rank<std::string>(2, [&](LocalComm& comm) -> std::string {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    SmallDeviceBackend::free_here = free_of[r];
+    SmallDeviceBackend::device_here = device_of[r];
     nn::GPT<bf16> model(tiny());
     Config config = adamw_config(S, 1, 1.0);
     config.bf16_enabled = true;
@@ -396,13 +406,14 @@ std::vector<std::string> build_on_small_device() {
   });
 }
 
-}  // namespace
-
-TEST_CASE("too little device memory for the layout: OutOfMemoryError before allocating",
-          "[unit][engine]") {
+// The estimator's figures for tiny() in bf16 with Adam over 2 ranks: at stage 3 every unit may
+// be gathered at once (the default prefetch budget covers this small model), and the default
+// 2 pending reductions each hold a unit's gradient.
+struct SmallDeviceFigures {
+  double stage3 = 0, stage0 = 0;
+};
+SmallDeviceFigures small_device_figures() {
   nn::GPT<bf16> sizing(tiny());
-  // The estimator's figures for this model in bf16 with Adam over 2 ranks: at stage 3 every unit
-  // may be gathered at once (the default prefetch budget covers this small model).
   engine::MemoryEstimateInput in;
   for (int u = 0; u < sizing.num_units(); ++u) {
     std::int64_t n = 0;
@@ -412,14 +423,24 @@ TEST_CASE("too little device memory for the layout: OutOfMemoryError before allo
   }
   in.gpus_per_node = 2;
   in.live_units = sizing.num_units();
-  const double stage3 = engine::estimate_model_states(in).device_peak();
+  in.pending_reductions = 2;
+  SmallDeviceFigures f;
+  f.stage3 = engine::estimate_model_states(in).device_peak();
   in.stage = 0;
   in.live_units = 1;
-  const double stage0 = engine::estimate_model_states(in).device_peak();
+  in.pending_reductions = 0;
+  f.stage0 = engine::estimate_model_states(in).device_peak();
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("too little device memory for the layout: OutOfMemoryError before allocating",
+          "[unit][engine]") {
+  const auto [stage3, stage0] = small_device_figures();
   REQUIRE(stage3 < stage0);
   // Far too little: every rank says what the layout needs, what is free, and what to change.
-  SmallDeviceBackend::free_bytes = 4096;
-  for (const std::string& message : build_on_small_device<3>()) {
+  for (const std::string& message : build_on_small_device<3>({4096, 4096})) {
     INFO(message);
     CHECK(message.find("of device memory") != std::string::npos);
     CHECK(message.find("ZeRO stage 3 over 2 ranks") != std::string::npos);
@@ -427,12 +448,41 @@ TEST_CASE("too little device memory for the layout: OutOfMemoryError before allo
     CHECK(message.find("Offload<CPU>") != std::string::npos);
   }
   // Enough for stage 3 but not for stage 0 (every rank then holds the whole model's states).
-  SmallDeviceBackend::free_bytes = static_cast<std::size_t>((stage3 + stage0) / 2);
-  for (const std::string& message : build_on_small_device<3>()) CHECK(message.empty());
-  for (const std::string& message : build_on_small_device<0>()) {
+  const auto between = static_cast<std::size_t>((stage3 + stage0) / 2);
+  for (const std::string& message : build_on_small_device<3>({between, between})) {
+    CHECK(message.empty());
+  }
+  for (const std::string& message : build_on_small_device<0>({between, between})) {
     INFO(message);
     CHECK(message.find("ZeRO stage 0 over 2 ranks") != std::string::npos);
   }
+  // Just below the stage-3 figure, which counts the gradients the pending reductions hold.
+  const auto just_below = static_cast<std::size_t>(stage3) - 1;
+  for (const std::string& message : build_on_small_device<3>({just_below, just_below})) {
+    INFO(message);
+    CHECK(message.find("pending reductions hold") != std::string::npos);
+  }
+}
+
+TEST_CASE("ranks that share a device need its figure each; one rank short stops every rank",
+          "[unit][engine]") {
+  const double stage3 = small_device_figures().stage3;
+  const auto one_rank = static_cast<std::size_t>(stage3 * 1.5);  // one rank's figure, not two
+  // On two devices it fits; on one (CudaLocalComm's threads on one GPU) it does not, and each
+  // rank names the count.
+  for (const std::string& message : build_on_small_device<3>({one_rank, one_rank}, {5, 6})) {
+    CHECK(message.empty());
+  }
+  for (const std::string& message : build_on_small_device<3>({one_rank, one_rank}, {5, 5})) {
+    INFO(message);
+    CHECK(message.find("times the 2 ranks on this device") != std::string::npos);
+  }
+  // Rank 1 alone is short: rank 0, which fits, throws too (it would otherwise allocate and then
+  // wait in a collective for rank 1), naming the rank that lacks memory.
+  const auto got = build_on_small_device<3>({one_rank, 4096});
+  INFO(got[0] << "\n" << got[1]);
+  CHECK(got[0].find("ranks [1] have too little free device memory") != std::string::npos);
+  CHECK(got[1].find("0.00 MiB free") != std::string::npos);
 }
 
 TEST_CASE("HostBackend::make_buffer: zeroed, ordered on the compute stream", "[unit][engine]") {

@@ -135,6 +135,18 @@ TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are be
   in.offload_param = OffloadDevice::cpu;
   CHECK(engine::estimate_model_states(in).device_at_rest == 0);  // unit buffers only
   CHECK(engine::estimate_model_states(in).device_working == Approx(2 * 2 * 2e8));
+  // Pending reductions each hold a whole unit's bf16 gradient while the next backward runs
+  // (stages 2 and 3, where the gradient is a working buffer); the parameters are not held.
+  in.pending_reductions = 2;
+  CHECK(engine::estimate_model_states(in).device_working == Approx(2 * 2 * 2e8 + 2 * 2 * 2e8));
+  in.offload_param = OffloadDevice::none;
+  in.stage = 2;
+  CHECK(engine::estimate_model_states(in).device_working == Approx(2 * 2e8 + 2 * 2 * 2e8));
+  in.stage = 1;  // the accumulator at rest is reduced: only the running unit's gradient
+  CHECK(engine::estimate_model_states(in).device_working == Approx(2 * 2e8));
+  in.stage = 3;
+  in.offload_param = OffloadDevice::cpu;
+  in.pending_reductions = 0;
   // The host holds the master, Adam's states, the fp32 gradient shard and the bf16 copy the host
   // optimizer writes for the gathers: 18 psi / N, DeepSpeed's offload_param figure.
   CHECK(engine::estimate_model_states(in).host == Approx(18 * psi / n));

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -80,6 +81,10 @@ struct HostBackend {
   /// the engine allocates; none here (host memory is the operating system's to give, and it may
   /// swap rather than fail).
   std::optional<std::size_t> free_device_bytes() const { return std::nullopt; }
+  /// The device this rank computes on, as a number equal on the ranks that share its memory
+  /// (the engine multiplies its figure by their count) and different elsewhere; read only where
+  /// free_device_bytes() reports a figure. One host: 0.
+  std::uint64_t device_identity() const { return 0; }
   /// A zeroed buffer of n elements for the units and the flow, ordered on the compute stream
   /// (every buffer the engine holds is made here, never by DeviceBuffer's own constructor).
   template <class E>

@@ -200,11 +200,27 @@ class CudaBackend {
   /// copy, so collectives issued on the stream after it stay unordered.
   void compute_waits_for_comm_copies() { copies_done_.wait_on(*compute_); }
   /// Bytes free on the device now (cudaMemGetInfo), which the engine checks its layout's figure
-  /// against before allocating.
+  /// against before allocating. The pool's idle memory goes back to the driver first: the pool
+  /// keeps what is freed to it (Cuda::keep_pool_memory), which cudaMemGetInfo counts as used, so
+  /// an engine built after another (or after a setup that failed) would see too little.
   std::optional<std::size_t> free_device_bytes() const {
+    cudaMemPool_t pool = nullptr;
+    ZERO_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    ZERO_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
     std::size_t free = 0, total = 0;
     ZERO_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free;
+  }
+  /// The device this rank computes on, as a number equal on every rank (thread or process) of
+  /// the job that shares its memory and different elsewhere: 48 bits of its UUID.
+  std::uint64_t device_identity() const {
+    cudaDeviceProp prop{};
+    ZERO_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    std::uint64_t id = 0;
+    for (int i = 0; i < 6; ++i) {
+      id = (id << 8) | static_cast<unsigned char>(prop.uuid.bytes[i]);
+    }
+    return id;
   }
   /// A zeroed device buffer of n elements from the pool, allocated, filled and (when dropped)
   /// freed in the compute stream's order. Such buffers must be destroyed before the backend.
@@ -259,7 +275,15 @@ class CudaBackend {
   }
   /// The activation arena of a micro-step: bytes of device memory, ordered on the compute stream.
   std::unique_ptr<BumpArena> make_arena(std::size_t bytes, std::string name) {
-    return std::make_unique<Arena<Cuda>>(bytes, std::move(name), *compute_);
+    try {
+      return std::make_unique<Arena<Cuda>>(bytes, name, *compute_);
+    } catch (const OutOfMemoryError& e) {
+      // The pool's message names only a byte count: say which arena, and what sizes it.
+      raise<OutOfMemoryError>("CudaBackend: the ", bytes, "-byte arena '", name,
+                              "' does not fit in device memory (", e.what(),
+                              "); lower EngineOptions::activation_bytes (train_gpt: "
+                              "--activation-mb) or the micro-batch, or checkpoint activations");
+    }
   }
   /// The layers' kernels: zero::ops::cuda on the compute stream (nn::CudaKernels; element types
   /// f32, bf16, f16).

@@ -779,9 +779,13 @@ class Engine {
     return [this](std::size_t bytes) { return backend_.make_arena(bytes, "engine activations"); };
   }
   // Throws OutOfMemoryError, before anything is allocated, when the backend reports less free
-  // device memory than this layout's model states need on a rank: the memory estimator's figure
-  // (memory_estimator.hpp) for these units, this stage, precision, optimizer and world, at rest
-  // plus the units gathered at once. Backends that report nothing (the host) are not checked.
+  // device memory than this layout's model states need on the ranks that compute on the device:
+  // the memory estimator's figure (memory_estimator.hpp) for these units, this stage, precision,
+  // optimizer and world, at rest plus the units gathered at once and the gradients pending
+  // reductions hold, times the ranks of the job on the same device (CudaLocalComm's threads
+  // share one). Collective, with one verdict: every rank throws when any rank lacks memory,
+  // rather than the others allocating and then waiting for it in a collective. Backends that
+  // report nothing (the host) are not checked.
   void check_device_memory() {
     const std::optional<std::size_t> free = backend_.free_device_bytes();
     if (!free) return;
@@ -796,21 +800,51 @@ class Engine {
     in.precision = dtype_of<T>;
     in.optimizer_state_bytes = optimizer_state_bytes(optimizer_spec_);
     in.offload_optimizer = offload_device_of<typename policies::offload>;
-    if constexpr (stage == 3) {  // the unit running and the ones the prefetch budget gathers
-      in.live_units = 1 + static_cast<int>(std::min<std::int64_t>(
-                              static_cast<std::int64_t>(units_.size()) - 1,
-                              options_.prefetch_elems / in.largest_unit_params));
+    if constexpr (stage == 3) {
+      // The unit running and the ones prefetch gathers: it starts gathers while budget is left,
+      // so up to the budget plus one unit, and the gathered stay within max_live_elems.
+      const std::int64_t L = in.largest_unit_params;
+      const std::int64_t prefetched =
+          options_.prefetch_elems > 0 ? options_.prefetch_elems / L + 1 : 0;
+      const std::int64_t live_cap = std::max<std::int64_t>(1, options_.max_live_elems / L);
+      in.live_units = static_cast<int>(std::min<std::int64_t>(
+          {static_cast<std::int64_t>(units_.size()), 1 + prefetched, live_cap}));
     }
+    if constexpr (stage >= 2) in.pending_reductions = options_.max_pending_reductions;
     const MemoryEstimate e = estimate_model_states(in);
+    // The ranks on this device: equal identities, counted over every rank of the engine (tensor
+    // and pipeline ranks too), which also share the verdict.
+    parallel::AnyComm& all = groups_.state_group();
+    std::vector<double> devices(static_cast<std::size_t>(all.size()), 0.0);
+    const auto me = static_cast<std::size_t>(all.rank());
+    devices[me] = static_cast<double>(backend_.device_identity());
+    sum_host_values(all, devices);
+    const auto sharing = std::count(devices.begin(), devices.end(), devices[me]);
+    const double need = e.device_peak() * static_cast<double>(sharing);
+    std::vector<double> short_of(devices.size(), 0.0);
+    short_of[me] = need <= static_cast<double>(*free) ? 0.0 : 1.0;
+    sum_host_values(all, short_of);
     const auto bytes = [](double b) { return offload::human_bytes(static_cast<std::uint64_t>(b)); };
+    const std::string per_device =
+        sharing > 1
+            ? zero::detail::concat(", times the ", sharing, " ranks on this device: ", bytes(need))
+            : std::string();
     expect<OutOfMemoryError>(
-        e.device_peak() <= static_cast<double>(*free), "Engine rank ", comm_.rank(),
-        ": the model states need ", bytes(e.device_peak()), " of device memory (", in.params,
+        short_of[me] == 0.0, "Engine rank ", comm_.rank(), ": the model states need ",
+        bytes(e.device_peak()), " of device memory a rank (", in.params,
         " parameters at ZeRO stage ", stage, " over ", comm_.size(),
         " ranks: ", bytes(e.device_at_rest), " at rest + ", bytes(e.device_working),
-        " for the units gathered at once; the memory estimator's figure) but the device has ",
-        bytes(static_cast<double>(*free)),
+        " for the units gathered at once and the gradients pending reductions hold; the memory "
+        "estimator's figure",
+        per_device, ") but the device has ", bytes(static_cast<double>(*free)),
         " free; use a higher ZeRO stage, more ranks, Offload<CPU> or a smaller model");
+    std::string lacking;
+    for (std::size_t r = 0; r < short_of.size(); ++r) {
+      if (short_of[r] != 0.0) lacking += zero::detail::concat(lacking.empty() ? "" : ", ", r);
+    }
+    expect<OutOfMemoryError>(lacking.empty(), "Engine rank ", all.rank(), ": ranks [", lacking,
+                             "] have too little free device memory for this layout (their "
+                             "errors give the figures); no rank allocates");
   }
 
   // ---- forward and backward ------------------------------------------------------------------

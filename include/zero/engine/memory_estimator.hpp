@@ -46,6 +46,9 @@ struct MemoryEstimateInput {
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;  ///< stage 3 only
   int live_units = 1;  ///< stage 3: units gathered at once (1 + prefetched)
+  /// Stages 2-3: whole-unit gradients a reduce-scatter still holds while the next unit's backward
+  /// runs (EngineOptions::max_pending_reductions; 0 leaves them out, as the paper's figures do).
+  int pending_reductions = 0;
   /// Offload<CPU> with EngineOptions::delayed_param_update: one more fp32 gradient shard in host
   /// memory (4 psi / N) and, below fp32, one more compute copy (b psi / N).
   bool delayed_update = false;
@@ -107,7 +110,10 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
                                       ? in.optimizer_state_bytes
                                       : static_cast<double>(b.element_bytes);
     if (b.lifetime == Lifetime::while_used) {  // whole units, only while they run
-      e.device_working += bytes_per_elem * L * live;
+      // Stages 2-3 reduce-scatter each unit's gradient (stages 0-1 the accumulator at rest).
+      const double held =
+          b.role == BufferRole::grads && in.stage >= 2 ? std::max(0, in.pending_reductions) : 0;
+      e.device_working += bytes_per_elem * L * (live + held);
       continue;
     }
     const double bytes = bytes_per_elem * (b.extent == Extent::whole ? psi : psi / n);
