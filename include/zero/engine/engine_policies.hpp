@@ -67,6 +67,10 @@ struct EnginePolicies {
                 "partitioned before they are offloaded), as in DeepSpeed");
   static_assert(!std::is_same_v<offload, NVMe> || !reference_model,
                 "zero::Engine: Offload<NVMe> swaps fp32 optimizer states; an f64 model has none");
+  static_assert(!std::is_same_v<offload, NVMe> || std::is_same_v<compute, Host>,
+                "zero::Engine: Offload<NVMe> runs on Compute<Host> only: its swap buffers and "
+                "host optimizer read the gradient shard in host memory, which Compute<Cuda> "
+                "keeps on the device; on a GPU use Offload<CPU>");
 };
 
 }  // namespace zero::engine
