@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -278,17 +279,20 @@ int run(const Shape& s) {
         attention_backward + "\"";
     using profile::Phase;
     const auto ms = [&](Phase p) { return r.host_ms[static_cast<std::size_t>(p)]; };
+    // A NaN loss (a broken step) prints as null: JSON has no NaN.
+    char loss[32] = "null";
+    if (std::isfinite(r.loss)) std::snprintf(loss, sizeof loss, "%.4f", r.loss);
     char extra[1024];
     std::snprintf(extra, sizeof extra,
                   ", \"step_ms\": %.2f, \"model_tflops\": %.1f, \"mfu_vs_gemm\": %.3f, "
                   "\"mfu_vs_peak\": %s, \"peak_tflops\": %.1f, \"device_gib\": %.2f, "
-                  "\"host_gib\": %.2f, \"loss\": %.4f, \"flops_per_token\": \"6N + 6LCT\", "
+                  "\"host_gib\": %.2f, \"loss\": %s, \"flops_per_token\": \"6N + 6LCT\", "
                   "\"host_phase_ms\": {\"forward\": %.2f, \"backward\": %.2f, \"step\": %.2f, "
                   "\"gather_wait\": %.2f, \"reduction_wait\": %.2f}, "
                   "\"fenced_ms\": {\"forward\": %.2f, \"backward\": %.2f, \"step\": %.2f}",
                   r.step_ms, tflops, tflops / gemm,
                   peak > 0 ? std::to_string(tflops / peak).c_str() : "null", peak, r.device_gib,
-                  r.host_gib, r.loss, ms(Phase::forward), ms(Phase::backward), ms(Phase::step),
+                  r.host_gib, loss, ms(Phase::forward), ms(Phase::backward), ms(Phase::step),
                   ms(Phase::gather_wait), ms(Phase::reduction_wait), r.fenced_forward_ms,
                   r.fenced_backward_ms, r.fenced_step_ms);
     line("gpu_step", config, r.tokens_per_s, "tokens/s", extra);

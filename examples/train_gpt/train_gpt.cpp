@@ -56,8 +56,9 @@
 // beside the next window from step N + 1 on (ZeRO-Offload's delayed parameter update, DPU:
 // EngineOptions::delayed_param_update; the first N steps update in step() as a warm-up).
 // --activation-mb sizes the activation arena (default 512; GPT-2 small at batch 8 needs about
-// 20000). The step line adds the model's TFLOP/s (6N + 6LCT per token) and, on a GPU whose
-// datasheet bf16 peak is known, the MFU.
+// 20000). The step line adds the model's TFLOP/s (6N + 6LCT per token, every rank's tokens) and,
+// on a GPU whose datasheet bf16 peak is known, the MFU against the peak of every GPU in use (one
+// for --ranks over CudaLocalComm, one a process under mpiexec).
 // The config's flops_profiler, wall_clock_breakdown, memory_breakdown and comms_logger sections
 // print zero::profile's reports (docs/observability.md); --profile switches all four on (the
 // flops profile at step 2) and --metrics adds their figures to the JSONL lines.
@@ -77,6 +78,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <unistd.h>
@@ -784,6 +786,16 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   return loss < first_loss || first_step > 0;
 }
 
+// The GPUs the ranks of comm compute on, for MFU: CudaLocalComm runs its ranks as threads on one
+// GPU; NcclComm, the other device communicator, has one GPU a rank.
+template <class Comm>
+int gpus_of(const Comm& comm) {
+  if constexpr (requires { Comm::comm_name; }) {
+    if (std::string_view(Comm::comm_name) == "CudaLocalComm") return 1;
+  }
+  return comm.size();
+}
+
 // Trains with engine type E on comm (tp x dp ranks); rank 0 prints. Returns whether the loss
 // fell.
 template <class E, class Comm>
@@ -835,10 +847,12 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   std::ofstream metrics;
   if (leader && !o.metrics.empty()) metrics.open(o.metrics, std::ios::app);
   const bool tty = leader && ::isatty(STDOUT_FILENO);
-  // The model's FLOPs per token, and the peak they are measured against (one GPU's on a device).
+  // The model's FLOPs per token, and the peak they are measured against: the GPUs' on a device
+  // (tokens/s and TFLOP/s count every rank's tokens, so MFU divides by every GPU's peak).
   const double flops_per_token =
       profile::gpt_flops_per_token(count_parameters(eng), o.layers, o.channels, o.seq);
-  const double peak_tflops = on_device ? device_peak_tflops() : 0.0;
+  const int gpus = on_device ? gpus_of(comm) : 1;
+  const double peak_tflops = on_device ? device_peak_tflops() * gpus : 0.0;
 
   const std::int64_t print_every = cfg.steps_per_print;
   auto last = Clock::now();

@@ -13,6 +13,9 @@
 # every phase), so a call that runs past the device tool's limit still returns what finished. A
 # phase that starts with less than its usual time left of ZERO_DEVICE_BUDGET_S seconds from the
 # start (default 540, under the tool's 600 per call) is skipped; phases.txt says what each took.
+# Every failure (a suite or binary that exits non-zero, 77 included: a [cuda] suite that sees no
+# GPU skips, which here is a failure; a library ldd cannot find; no gpu_step line) is listed in
+# failures.txt, at the top of summary.txt, and the script then exits 1.
 set -uo pipefail
 mode=${1:-quick}
 final=${OUT:-/tmp/out}
@@ -21,7 +24,15 @@ root=$(pwd)
 budget=${ZERO_DEVICE_BUDGET_S:-540}
 started=$(date +%s)
 rm -rf "$logs" && mkdir -p "$logs" "$final"
-rm -rf /tmp/zero-device && mkdir -p /tmp/zero-device && tar -C /tmp/zero-device -xJf .carry/pack.tar.xz
+: > "$logs/failures.txt"
+# fail WHAT: records a failure (from any phase, background jobs included).
+fail() { echo "FAILED: $*" >> "$logs/failures.txt"; }
+rm -rf /tmp/zero-device && mkdir -p /tmp/zero-device
+if ! tar -C /tmp/zero-device -xJf .carry/pack.tar.xz; then
+  echo "FAILED: cannot unpack .carry/pack.tar.xz (make it with scripts/device/pack.sh)" \
+    | tee "$final/summary.txt"
+  exit 1
+fi
 bin=/tmp/zero-device/bin
 libs=/tmp/zero-device/lib
 for name in libcudart.so libcublasLt.so libcublas.so libnccl.so; do
@@ -34,33 +45,39 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   git -C "$root" log --oneline -1 2>/dev/null
-  for b in "$bin"/*; do ldd "$b" | grep "not found"; done
 } > "$logs/env.txt" 2>&1
+for b in "$bin"/*; do
+  missing=$(ldd "$b" 2>&1 | grep "not found")
+  [[ -n $missing ]] && fail "$(basename "$b") needs libraries ldd cannot find: $missing"
+done
 cd /tmp/zero-device || exit 1  # train_gpt_cuda finds data/corpus.txt here
 
 run_tests() {
   for t in zero_cuda_ops_tests zero_cuda_engine_backend_tests zero_cuda_comm_tests zero_cuda_core_tests; do
-    (timeout 150 "$bin/$t" > "$logs/test_$t.txt" 2>&1; echo "$t rc $?" >> "$logs/tests.txt") &
+    (timeout 150 "$bin/$t" > "$logs/test_$t.txt" 2>&1; checked "$t" $? "$logs/tests.txt") &
   done
   timeout 150 "$bin/test_optim_cuda" > "$logs/test_optim_cuda.txt" 2>&1
-  echo "test_optim_cuda rc $?" >> "$logs/tests.txt"
-  timeout 100 "$bin/zero_cuda_engine_backend_no_device_tests" > "$logs/test_no_device.txt" 2>&1
-  echo "no_device rc $?" >> "$logs/tests.txt"
+  checked test_optim_cuda $? "$logs/tests.txt"
+  # With no device visible, as ctest runs it: the error paths it checks need that.
+  CUDA_VISIBLE_DEVICES=-1 timeout 100 "$bin/zero_cuda_engine_backend_no_device_tests" \
+    > "$logs/test_no_device.txt" 2>&1
+  checked no_device $? "$logs/tests.txt"
   wait
   # The GEMMs and the layers' fused epilogues again with every shape's algorithm timed (the
   # measured tuning runs candidates into scratch; beta 1 must still add once).
   ZERO_GEMM_TUNING=measured timeout 120 "$bin/zero_cuda_ops_tests" "[gemm],[layers]" \
     > "$logs/test_ops_measured_gemm.txt" 2>&1
-  echo "ops_measured_gemm rc $?" >> "$logs/tests.txt"
+  checked ops_measured_gemm $? "$logs/tests.txt"
   for f in "$logs"/test_*.txt; do
     echo "== $f"; tail -3 "$f"; grep -B2 -A12 "FAILED" "$f" | head -60
   done >> "$logs/tests.txt"
 }
 run_bench() {
   timeout 150 "$bin/gpu_step" --warmup 2 --steps 6 > "$logs/gpu_step.txt" 2>&1
-  echo "rc $?" >> "$logs/gpu_step.txt"
+  checked gpu_step $? "$logs/gpu_step.txt"
+  grep -q '"bench": "gpu_step"' "$logs/gpu_step.txt" || fail "gpu_step measured nothing"
   timeout 150 "$bin/kernel_bench" --repeats 10 > "$logs/kernel_bench.txt" 2>&1
-  echo "rc $?" >> "$logs/kernel_bench.txt"
+  checked kernel_bench $? "$logs/kernel_bench.txt"
 }
 # PyTorch's GPT-2 step on the same GPU (the device machine has PyTorch), and the host AdamW
 # that Offload<CPU> runs, on this machine's cores.
@@ -79,9 +96,9 @@ run_train() {
   local extra
   for extra in "--stage 2" "--stage 3 --offload-cpu" "--stage 2 --offload-cpu --delayed-update 2"; do
     read -ra flags <<< "$extra"
-    timeout 100 "$bin/train_gpt_cuda" --steps 8 --layers 2 --channels 64 --seq 32 --precision bf16 \
-      --ranks 2 "${flags[@]}" >> "$logs/train_gpt_cuda.txt" 2>&1
-    echo "rc $? ($extra)" >> "$logs/train_gpt_cuda.txt"
+    timeout 100 "$bin/train_gpt_cuda" --data data/corpus.txt --steps 8 --layers 2 --channels 64 \
+      --seq 32 --precision bf16 --ranks 2 "${flags[@]}" >> "$logs/train_gpt_cuda.txt" 2>&1
+    checked "train_gpt_cuda $extra" $? "$logs/train_gpt_cuda.txt"
   done
 }
 
@@ -126,10 +143,17 @@ run_profile() {
   done
 }
 
-# What has finished, into $OUT: the summary, kernel_bench's lines and every log.
+# checked NAME RC LOG: appends "NAME rc RC" to LOG, and records a failure unless RC is 0.
+checked() {
+  echo "$1 rc $2" >> "$3"
+  (( $2 == 0 )) || fail "$1 exited $2$( (( $2 == 124 )) && echo ' (timed out)')"
+}
+
+# What has finished, into $OUT: the summary (failures first), kernel_bench's lines and every log.
 save() {
   tar -C "$logs" -czf "$final/logs.tar.gz" .
-  cat "$logs"/env.txt "$logs"/phases.txt "$logs"/tests.txt "$logs"/gpu_step.txt "$logs"/torch.txt \
+  cat "$logs"/failures.txt "$logs"/env.txt "$logs"/phases.txt "$logs"/tests.txt \
+    "$logs"/gpu_step.txt "$logs"/torch.txt \
     "$logs"/optim_bench.txt "$logs"/train_gpt_cuda.txt "$logs"/nsys_kernels.txt \
     > "$final/summary.txt" 2>/dev/null
   cp "$logs"/kernel_bench.txt "$final/" 2>/dev/null
@@ -160,4 +184,8 @@ case $mode in
 esac
 echo "finished after $(( $(date +%s) - started )) s" >> "$logs/env.txt"
 save
+if [[ -s $logs/failures.txt ]]; then
+  cat "$logs/failures.txt"
+  exit 1
+fi
 exit 0

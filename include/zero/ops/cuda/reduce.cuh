@@ -4,7 +4,8 @@
 // gradient shard in double (the device twin of optim::grad_stats in optim/grad_norm.hpp) and a
 // count of non-finite elements. Two kernels: blocks read the input 16 bytes at a time and reduce
 // their share with cub::BlockReduce into per-block partials, then one block adds the partials. The
-// block count depends on n alone, so the order, and the result, repeat on any GPU.
+// block count depends on n and on whether x is 16-byte aligned alone, so the order, and the
+// result, repeat on any GPU (the same data at another alignment may sum in another order).
 // As on the host, squares of floats are exact in double and cannot overflow, so the sum is finite
 // exactly when every element is: grad_stats' finiteness flag comes from the sum itself. The
 // summation order is not the host's 8-lane order, so the two agree to double rounding (relative
@@ -48,7 +49,8 @@ struct IsNonFinite {
 // ---- kernels ------------------------------------------------------------------------------------
 
 /// Threads per block and the most blocks of the two-step reductions. The block count depends on n
-/// alone (never on the GPU), so the summation order, and the result, repeat on any device.
+/// and x's alignment (never on the GPU), so the summation order, and the result, repeat on any
+/// device.
 inline constexpr int reduce_threads = 256;
 inline constexpr int reduce_max_blocks = 1024;
 
