@@ -74,6 +74,42 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   return checkpoint::save(comm, dir, tag, tensors, segments, engine_json);
 }
 
+/// Runs a load's pass over this rank's slices, pass(touched), which sets touched before it
+/// changes the first one, and then refreshes the engine from the new masters (a collective).
+/// Each rank reads its own slices, so a failure (a checksum, a file only it reads, another
+/// optimizer's states) may be one rank's alone: the ranks agree on the outcome first, so when any
+/// pass threw every rank throws CheckpointError naming what of source and the first failure, and
+/// none goes on to the regather waiting for the others. A failure before the first slice changed
+/// leaves the engine as it was; after, it is marked inconsistent (some slices loaded, the counters
+/// not) until a load succeeds.
+template <class State, class Pass>
+void load_agreed(State& state, std::string_view what, const std::string& source, Pass&& pass) {
+  auto comm = state.state_comm();
+  bool touched = false;
+  std::string failure;
+  try {
+    pass(touched);
+  } catch (const std::exception& e) {
+    failure = zero::detail::concat(touched ? "+" : "-", "rank ", comm.rank(), ": ", e.what());
+  }
+  std::string first;
+  bool any_touched = false;
+  for (const std::string& r : checkpoint::detail::all_gather_text(comm, failure)) {
+    if (r.empty()) continue;
+    if (first.empty()) first = r.substr(1);
+    any_touched = any_touched || r.front() == '+';
+  }
+  if (!first.empty()) {
+    const std::string why = zero::detail::concat(what, " of '", source, "' failed",
+                                                 any_touched ? " part-way" : "", " on ", first);
+    if (any_touched) state.mark_inconsistent(why);
+    throw CheckpointError(why);
+  }
+  state.masters_replaced();
+  state.mark_consistent();
+  state.synchronize();
+}
+
 /// Loads <dir>/<tag> (or the tag `latest` names when tag is empty) into eng, whatever world size
 /// and stage saved it (a collective). Returns the client_state saved with it.
 template <class Eng>
@@ -99,15 +135,8 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
                                      io::DTypeRule::convert);
     });
   };
-  // Each rank reads its own slices, so a failure (a checksum, a file only it reads, another
-  // optimizer's states) may be one rank's alone: the ranks agree on the outcome before any
-  // collective, so all of them throw, and none goes on to the regather waiting for the others.
-  // A failure before the first slice changed leaves the engine as it was; after, it is marked
-  // inconsistent (some slices loaded, the counters not) until a load succeeds.
-  bool touched = false;
-  std::string failure;
-  try {
-    state.check_json(reader.engine_state());
+  load_agreed(state, "load_checkpoint", reader.path().string(), [&](bool& touched) {
+    state.check_json(reader.engine_state());  // another optimizer's states are refused here
     touched = true;
     state.for_each_unit(StateAccess::overwrite, [&](int u, auto master, optim::AnyOptimizer* opt) {
       read(u, master, "");
@@ -115,26 +144,7 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
       for (const std::string& name : opt->state_names()) read(u, opt->state(name), "/" + name);
     });
     state.load_json(reader.engine_state());
-  } catch (const std::exception& e) {
-    failure = zero::detail::concat(touched ? "+" : "-", "rank ", comm.rank(), ": ", e.what());
-  }
-  std::string first;
-  bool any_touched = false;
-  for (const std::string& r : checkpoint::detail::all_gather_text(comm, failure)) {
-    if (r.empty()) continue;
-    if (first.empty()) first = r.substr(1);
-    any_touched = any_touched || r.front() == '+';
-  }
-  if (!first.empty()) {
-    const std::string why =
-        zero::detail::concat("load_checkpoint of '", reader.path().string(), "' failed",
-                             any_touched ? " part-way" : "", " on ", first);
-    if (any_touched) state.mark_inconsistent(why);
-    throw CheckpointError(why);
-  }
-  state.masters_replaced();
-  state.mark_consistent();
-  state.synchronize();
+  });
   const nlohmann::json& saved = reader.engine_state();
   return saved.contains("client_state") ? saved["client_state"] : nlohmann::json();
 }

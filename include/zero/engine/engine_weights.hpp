@@ -80,33 +80,11 @@ void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
   auto state = eng.state();
   state.require_between_steps("load_gpt2_weights");
   state.synchronize();
-  auto comm = state.state_comm();
-  bool touched = false;
-  std::string failure;
-  try {
+  load_agreed(state, "load_gpt2_weights", file.string(), [&](bool& touched) {
     const io::SafetensorsReader reader(file);
     touched = true;
     detail::import_gpt2_masters(state, reader);
-  } catch (const std::exception& e) {
-    failure = zero::detail::concat(touched ? "+" : "-", "rank ", comm.rank(), ": ", e.what());
-  }
-  std::string first;
-  bool any_touched = false;
-  for (const std::string& r : checkpoint::detail::all_gather_text(comm, failure)) {
-    if (r.empty()) continue;
-    if (first.empty()) first = r.substr(1);
-    any_touched = any_touched || r.front() == '+';
-  }
-  if (!first.empty()) {
-    const std::string why =
-        zero::detail::concat("load_gpt2_weights of '", file.string(), "' failed",
-                             any_touched ? " part-way" : "", " on ", first);
-    if (any_touched) state.mark_inconsistent(why);
-    throw CheckpointError(why);
-  }
-  state.masters_replaced();
-  state.mark_consistent();
-  state.synchronize();
+  });
 }
 
 /// What save_gpt2_weights wrote.
