@@ -288,7 +288,7 @@ TEST_CASE("CudaLocalComm names the op when a rank never joins or its stream neve
       },
       quick);
   CHECK_THAT(hung_send[0], Catch::Contains("CudaLocalComm: send #0") &&
-                               Catch::Contains("passed its deadline waiting for the copy of its "
-                                               "message to the host"));
+                               Catch::Contains("passed its deadline waiting for the work ordered "
+                                               "before its message's copy to the host"));
   ZERO_CUDA_CHECK(cudaFreeHost(flag));
 }

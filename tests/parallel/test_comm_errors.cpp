@@ -126,22 +126,22 @@ TEST_CASE("After a rendezvous times out, a late rank and later ops fail at once"
         timed_out.count_down();
         later[r] = catch_comm_error([&] { comm.barrier(); });
       },
-      CommOptions{.timeout_s = 0.3});
+      CommOptions{.timeout_s = 1.0});
   for (int r : {0, 2}) {
     INFO("rank " << r << ": " << first[static_cast<std::size_t>(r)].message);
     CHECK_THAT(first[static_cast<std::size_t>(r)].message,
-               Contains("all_reduce #0") && Contains("timed out after 0.3 s"));
+               Contains("all_reduce #0") && Contains("timed out after 1 s"));
   }
   for (int r = 0; r < 3; ++r) {
     const auto& c = later[static_cast<std::size_t>(r)];
     INFO("rank " << r << ": " << c.message);
     CHECK_THAT(c.message,
-               Contains("barrier #1") && Contains("unusable") && Contains("timed out after 0.3 s"));
-    CHECK(c.seconds < 0.2);  // at once, not at its own deadline
+               Contains("barrier #1") && Contains("unusable") && Contains("timed out after 1 s"));
+    CHECK(c.seconds < 0.5);  // at once, not at its own deadline (1 s)
   }
   INFO(first[1].message);
   CHECK_THAT(first[1].message, Contains("all_reduce #0") && Contains("unusable"));
-  CHECK(first[1].seconds < 0.2);
+  CHECK(first[1].seconds < 0.5);
   CHECK(buffers[1] == std::vector<float>(64, 1.0f));  // nothing was reduced into it
 }
 

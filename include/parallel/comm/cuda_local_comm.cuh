@@ -137,17 +137,22 @@ class CudaMover {
   void end(const detail::OpContext& ctx, CommClock::time_point deadline) {
     wait(ctx, deadline, "its own copies and folds");
   }
-  /// dst (host) = src (device), finished on return (or a CommError past deadline).
+  /// dst (host) = src (device), finished on return (or a CommError past deadline). The stream's
+  /// earlier work is waited for first: a copy into pageable memory returns only once it is done,
+  /// so issued behind a kernel that never finishes it would block where no deadline reaches.
   void to_host(void* dst, const void* src, std::size_t bytes, const detail::OpContext& ctx,
                CommClock::time_point deadline) {
+    wait(ctx, deadline, "the work ordered before its message's copy to the host");
     copy(dst, src, bytes);
-    wait(ctx, deadline, "the copy of its message to the host, after the work ordered before it");
+    wait(ctx, deadline, "its message's copy to the host");
   }
-  /// dst (device) = src (host), finished on return (or a CommError past deadline).
+  /// dst (device) = src (host), finished on return (or a CommError past deadline), after the
+  /// stream's earlier work as to_host.
   void from_host(void* dst, const void* src, std::size_t bytes, const detail::OpContext& ctx,
                  CommClock::time_point deadline) {
+    wait(ctx, deadline, "the work ordered before its message's copy from the host");
     copy(dst, src, bytes);
-    wait(ctx, deadline, "the copy of its message from the host, after the work ordered before it");
+    wait(ctx, deadline, "its message's copy from the host");
   }
 
  private:

@@ -87,14 +87,28 @@ struct LocalRank {
     const OpContext ctx = context(desc.op, desc.seq, bytes, desc.dtype);
     const auto start = CommClock::now();
     const auto deadline = deadline_after(options.timeout_s);
-    mover.begin(ctx, deadline);
+    // A failure outside the rendezvous (the rank's stream past the deadline, a move that threw)
+    // breaks the group as one inside it does: the others must not complete this op, or the
+    // next, without this rank. The descriptors' disagreement, which every rank sees alike, does
+    // not.
+    const auto breaking = [&](auto&& step) {
+      try {
+        step();
+      } catch (const std::exception& e) {
+        group->break_with(e.what());
+        throw;
+      }
+    };
+    breaking([&] { mover.begin(ctx, deadline); });
     group->arrive(rank, &desc, deadline, ctx, options.timeout_s);
     if (std::string error = group->validation_error(ctx); !error.empty()) {
       group->arrive(rank, nullptr, deadline, ctx, options.timeout_s);
       throw CommError(error);
     }
-    body(group->slots);
-    mover.end(ctx, deadline);
+    breaking([&] {
+      body(group->slots);
+      mover.end(ctx, deadline);
+    });
     group->arrive(rank, nullptr, deadline, ctx, options.timeout_s);
     if (logger) {
       logger->record(desc.op, name, group->size(), bytes,
@@ -618,15 +632,14 @@ class BasicLocalComm {
     check_peer<T>(s, CommOp::recv, peer);
     const auto start = CommClock::now();
     const auto ctx = s.context(CommOp::recv, s.next_seq, buf.size_bytes(), dtype_of<T>);
-    auto message = s.group->take(peer, s.rank, tag, deadline_after(s.options.timeout_s), ctx,
-                                 s.options.timeout_s);
+    const auto deadline = deadline_after(s.options.timeout_s);  // the message and its copy
+    auto message = s.group->take(peer, s.rank, tag, deadline, ctx, s.options.timeout_s);
     expect<CommError>(message.dtype == dtype_of<T> && message.count == buf.size(), comm_name, ": ",
                       ctx.describe(), ": rank ", peer, " sent ", message.count, " elements of ",
                       name_of(message.dtype), " with tag ", tag, ", the receive expects ",
                       buf.size(), " elements of ", name_of(dtype_of<T>));
     if (!buf.empty()) {
-      s.mover.from_host(buf.data(), message.data.data(), buf.size_bytes(), ctx,
-                        deadline_after(s.options.timeout_s));
+      s.mover.from_host(buf.data(), message.data.data(), buf.size_bytes(), ctx, deadline);
     }
     if (s.logger) {
       s.logger->record(CommOp::recv, s.name, 2, buf.size_bytes(),

@@ -3,10 +3,11 @@
 // ranks have left) and one LocalGroup per communicator (the rendezvous where every rank posts
 // its op's descriptor, and the point-to-point mailboxes). Every wait here is bounded by a
 // deadline and wakes when the world aborts or a rank it waits for has left, so a failure on one
-// rank reaches the others as a CommError instead of a hang. A rank that fails at a rendezvous
-// (its deadline, or a partner that left) breaks the group, as NcclComm aborts its communicator:
-// it withdraws its arrival, and every op on the group after that fails at once with the first
-// failure's message, so no later op completes against descriptors of buffers already freed.
+// rank reaches the others as a CommError instead of a hang. A rank that fails in a collective
+// (at a rendezvous: its deadline, or a partner that left; or outside one: break_with) breaks the
+// group, as NcclComm aborts its communicator: it withdraws its arrival, and every op on the group
+// after that fails at once with the first failure's message, so no later op completes against
+// descriptors of buffers already freed.
 
 #include <algorithm>
 #include <condition_variable>
@@ -176,6 +177,16 @@ struct LocalGroup {
     }
   }
 
+  /// Breaks the group with why (unless it is already broken): a rank failed in an op outside
+  /// its rendezvous, which the other ranks must then not complete without it.
+  void break_with(const std::string& why) {
+    {
+      std::lock_guard lock(world->mutex);
+      if (broken.empty()) broken = why;
+    }
+    world->cv.notify_all();
+  }
+
   /// arrive's wait, under lock, until generation passes gen.
   void wait_for_all(std::uint64_t gen, CommClock::time_point deadline, const OpContext& ctx,
                     double timeout_s, std::unique_lock<std::mutex>& lock) {
@@ -288,7 +299,7 @@ struct LocalGroup {
   void throw_if_broken(const OpContext& ctx) const {
     if (!broken.empty()) {
       raise<CommError>(ctx.comm, ": ", ctx.describe(),
-                       ": the group is unusable since a rank failed at a rendezvous: ", broken);
+                       ": the group is unusable since a rank failed in an op on it: ", broken);
     }
   }
 
