@@ -438,3 +438,39 @@ TEST_CASE(
     CHECK_THAT(seen[1], Catch::Contains("load a checkpoint to continue"));
   }
 }
+
+TEST_CASE("load_gpt2_weights that fails on one rank after another replaced its slices stops both",
+          "[unit][engine][checkpoint]") {
+  // Rank 1 cannot open its file (it changed nothing); rank 0 replaced every slice of its own.
+  // Both throw, and both refuse to train: a rank that failed before touching anything must
+  // still not go on with the others' mix.
+  zero::testing::TempDir tmp("engine-weights-fail");
+  const auto file = tmp.path() / "w.safetensors";
+  LocalComm::run(2, [&](LocalComm& comm) {
+    with_adam_engine(comm, false, [&](auto& eng) { engine::save_gpt2_weights(eng, file); });
+  });
+  const auto seen_by = per_rank<std::vector<std::string>>(2, [&](LocalComm& comm) {
+    std::vector<std::string> seen;
+    with_adam_engine(comm, false, [&](auto& eng) {
+      try {
+        engine::load_gpt2_weights(eng, comm.rank() == 0 ? file : tmp.path() / "missing");
+        seen.push_back("loaded");
+      } catch (const CheckpointError& e) {
+        seen.push_back(e.what());
+      }
+      try {
+        train_steps(eng, comm, 0, 1, 1);
+        seen.push_back("trained");
+      } catch (const Error& e) {
+        seen.push_back(e.what());
+      }
+    });
+    return seen;
+  });
+  for (const auto& seen : seen_by) {
+    REQUIRE(seen.size() == 2);
+    INFO(seen[0] << "\n" << seen[1]);
+    CHECK_THAT(seen[0], Catch::Contains("failed part-way on rank 1") && Catch::Contains("missing"));
+    CHECK_THAT(seen[1], Catch::Contains("load a checkpoint to continue"));
+  }
+}

@@ -830,7 +830,7 @@ class Engine {
             ? zero::detail::concat(", times the ", sharing, " ranks on this device: ", bytes(need))
             : std::string();
     expect<OutOfMemoryError>(
-        short_of[me] == 0.0, "Engine rank ", comm_.rank(), ": the model states need ",
+        short_of[me] == 0.0, "Engine rank ", all.rank(), ": the model states need ",
         bytes(e.device_peak()), " of device memory a rank (", in.params,
         " parameters at ZeRO stage ", stage, " over ", comm_.size(),
         " ranks: ", bytes(e.device_at_rest), " at rest + ", bytes(e.device_working),

@@ -79,25 +79,32 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
 /// Each rank reads its own slices, so a failure (a checksum, a file only it reads, another
 /// optimizer's states) may be one rank's alone: the ranks agree on the outcome first, so when any
 /// pass threw every rank throws CheckpointError naming what of source and the first failure, and
-/// none goes on to the regather waiting for the others. A failure before the first slice changed
-/// leaves the engine as it was; after, it is marked inconsistent (some slices loaded, the counters
-/// not) until a load succeeds.
+/// none goes on to the regather waiting for the others. When no rank changed a slice the engine
+/// is left as it was; when any did, every rank is marked inconsistent (some slices loaded, others
+/// not) until a load succeeds. A load that replaces the whole state (whole) marks the engine
+/// consistent when it succeeds; one that replaces only the masters keeps what it was.
 template <class State, class Pass>
-void load_agreed(State& state, std::string_view what, const std::string& source, Pass&& pass) {
+void load_agreed(State& state, std::string_view what, const std::string& source, bool whole,
+                 Pass&& pass) {
   auto comm = state.state_comm();
+  const std::string before = state.inconsistency();
+  const std::string unfinished = zero::detail::concat(what, " of '", source, "' did not finish");
   bool touched = false;
   std::string failure;
   try {
     pass(touched);
   } catch (const std::exception& e) {
-    failure = zero::detail::concat(touched ? "+" : "-", "rank ", comm.rank(), ": ", e.what());
+    failure = zero::detail::concat("rank ", comm.rank(), ": ", e.what());
   }
+  // Marked before the agreement, which may itself fail (a broken communicator).
+  if (touched) state.mark_inconsistent(unfinished);
+  // Each rank's report: whether it changed a slice, then its failure (empty: none).
   std::string first;
   bool any_touched = false;
-  for (const std::string& r : checkpoint::detail::all_gather_text(comm, failure)) {
-    if (r.empty()) continue;
-    if (first.empty()) first = r.substr(1);
+  for (const std::string& r :
+       checkpoint::detail::all_gather_text(comm, (touched ? "+" : "-") + failure)) {
     any_touched = any_touched || r.front() == '+';
+    if (first.empty() && r.size() > 1) first = r.substr(1);
   }
   if (!first.empty()) {
     const std::string why = zero::detail::concat(what, " of '", source, "' failed",
@@ -106,7 +113,11 @@ void load_agreed(State& state, std::string_view what, const std::string& source,
     throw CheckpointError(why);
   }
   state.masters_replaced();
-  state.mark_consistent();
+  if (whole || before.empty()) {
+    state.mark_consistent();
+  } else {
+    state.mark_inconsistent(before);
+  }
   state.synchronize();
 }
 
@@ -135,7 +146,7 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
                                      io::DTypeRule::convert);
     });
   };
-  load_agreed(state, "load_checkpoint", reader.path().string(), [&](bool& touched) {
+  load_agreed(state, "load_checkpoint", reader.path().string(), true, [&](bool& touched) {
     state.check_json(reader.engine_state());  // another optimizer's states are refused here
     touched = true;
     state.for_each_unit(StateAccess::overwrite, [&](int u, auto master, optim::AnyOptimizer* opt) {

@@ -172,6 +172,8 @@ class EngineState {
   void mark_inconsistent(std::string why) { eng_.inconsistent_ = std::move(why); }
   /// Records that the state is whole again: a load replaced every slice and the engine state.
   void mark_consistent() { eng_.inconsistent_.clear(); }
+  /// Why the state is inconsistent; empty when it is whole.
+  const std::string& inconsistency() const { return eng_.inconsistent_; }
   /// The master slices were replaced from outside: refresh the compute copies and re-gather.
   void masters_replaced() { eng_.masters_replaced(); }
   /// Waits for every collective in flight.

@@ -74,13 +74,15 @@ void import_gpt2_masters(State& state, const io::SafetensorsReader& reader) {
 /// Overwrites eng's master slices with the weights of a GPT-2 safetensors file (any float
 /// dtype). A collective: every rank calls it between steps, and a failure on any rank (a file it
 /// cannot read, a missing or malformed tensor) is thrown on every rank, as load_checkpoint does;
-/// one after the first slice changed leaves the engine refusing to train until a load succeeds.
+/// one after any rank changed a slice leaves the engine refusing to train until a checkpoint
+/// loads. It replaces the masters only, so an engine already inconsistent (a step that stopped
+/// part-way) stays so.
 template <class Eng>
 void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
   auto state = eng.state();
   state.require_between_steps("load_gpt2_weights");
   state.synchronize();
-  load_agreed(state, "load_gpt2_weights", file.string(), [&](bool& touched) {
+  load_agreed(state, "load_gpt2_weights", file.string(), false, [&](bool& touched) {
     const io::SafetensorsReader reader(file);
     touched = true;
     detail::import_gpt2_masters(state, reader);
