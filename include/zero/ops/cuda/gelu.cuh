@@ -23,11 +23,6 @@
 
 namespace zero::ops::cuda {
 
-/// sqrt(2/pi) in float, the host kernel's constant.
-inline float gelu_tanh_scale() {
-  return gelu_s;
-}
-
 // ---- kernels ------------------------------------------------------------------------------------
 
 /// sigmoid(2u) = 0.5 (1 + tanh(u)), and e = exp(-2u), its argument capped at 87: e stays finite
@@ -39,39 +34,38 @@ __device__ __forceinline__ float gelu_sigmoid(float u, float& e) {
   return __fdividef(1.0f, 1.0f + e);
 }
 
-/// gelu(x) = x sigmoid(2u), u = s (x + 0.044715 x^3).
-__device__ __forceinline__ float gelu_value(float x, float s) {
+/// gelu(x) = x sigmoid(2u), u = s (x + 0.044715 x^3), s = gelu_s.
+__device__ __forceinline__ float gelu_value(float x) {
   float e;
-  return x * gelu_sigmoid(s * (x + gelu_c * x * x * x), e);
+  return x * gelu_sigmoid(gelu_s * (x + gelu_c * x * x * x), e);
 }
 
 /// gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2), with
 /// 0.5 (1 + tanh(u)) = sig and 1 - tanh(u)^2 = 4 sig (1 - sig), 1 - sig = e sig.
-__device__ __forceinline__ float gelu_slope(float x, float s) {
+__device__ __forceinline__ float gelu_slope(float x) {
   float e;
-  const float sig = gelu_sigmoid(s * (x + gelu_c * x * x * x), e);
-  return sig + 2.0f * x * sig * (e * sig) * s * (1.0f + 3.0f * gelu_c * x * x);
+  const float sig = gelu_sigmoid(gelu_s * (x + gelu_c * x * x * x), e);
+  return sig + 2.0f * x * sig * (e * sig) * gelu_s * (1.0f + 3.0f * gelu_c * x * x);
 }
 
 /// out[i] = gelu(inp[i]) (Packed: 16-byte accesses, common.cuh's map_elements).
 template <class T, bool Packed>
-__global__ void gelu_forward_kernel(T* out, const T* inp, std::int64_t n, float s) {
+__global__ void gelu_forward_kernel(T* out, const T* inp, std::int64_t n) {
   map_elements<T, Packed>(
-      out, n, [s](T x) { return store<T>(gelu_value(load(x), s)); }, inp);
+      out, n, [](T x) { return store<T>(gelu_value(load(x))); }, inp);
 }
 
 /// dinp[i] += gelu'(inp[i]) * dout[i], or = without reading dinp when Overwrite (Packed as in
 /// the forward).
 template <class T, bool Packed, bool Overwrite>
-__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, std::int64_t n,
-                                     float s) {
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, std::int64_t n) {
   if constexpr (Overwrite) {
     map_elements<T, Packed>(
-        dinp, n, [s](T x, T dy) { return store<T>(gelu_slope(load(x), s) * load(dy)); }, inp, dout);
+        dinp, n, [](T x, T dy) { return store<T>(gelu_slope(load(x)) * load(dy)); }, inp, dout);
   } else {
     map_elements<T, Packed>(
         dinp, n,
-        [s](T dx, T x, T dy) { return store<T>(load(dx) + gelu_slope(load(x), s) * load(dy)); },
+        [](T dx, T x, T dy) { return store<T>(load(dx) + gelu_slope(load(x)) * load(dy)); },
         static_cast<const T*>(dinp), inp, dout);
   }
 }
@@ -84,11 +78,9 @@ void gelu_forward(T* out, const T* inp, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (aligned16({out, inp})) {
     gelu_forward_kernel<T, true>
-        <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(out, inp, n,
-                                                                             gelu_tanh_scale());
+        <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(out, inp, n);
   } else {
-    gelu_forward_kernel<T, false>
-        <<<grid_for(n), elementwise_threads, 0, stream>>>(out, inp, n, gelu_tanh_scale());
+    gelu_forward_kernel<T, false><<<grid_for(n), elementwise_threads, 0, stream>>>(out, inp, n);
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
@@ -103,11 +95,10 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, std::int64_t n, bool ov
     constexpr bool Overwrite = decltype(overwrite)::value;
     if (aligned16({dinp, inp, dout})) {
       gelu_backward_kernel<T, true, Overwrite>
-          <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(dinp, inp, dout, n,
-                                                                               gelu_tanh_scale());
+          <<<grid_for(n / pack_size<T> + 1), elementwise_threads, 0, stream>>>(dinp, inp, dout, n);
     } else {
       gelu_backward_kernel<T, false, Overwrite>
-          <<<grid_for(n), elementwise_threads, 0, stream>>>(dinp, inp, dout, n, gelu_tanh_scale());
+          <<<grid_for(n), elementwise_threads, 0, stream>>>(dinp, inp, dout, n);
     }
   };
   if (overwrite_dinp) {
