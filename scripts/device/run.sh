@@ -13,9 +13,11 @@
 # every phase), so a call that runs past the device tool's limit still returns what finished. A
 # phase that starts with less than its usual time left of ZERO_DEVICE_BUDGET_S seconds from the
 # start (default 540, under the tool's 600 per call) is skipped; phases.txt says what each took.
-# Every failure (a suite or binary that exits non-zero, 77 included: a [cuda] suite that sees no
-# GPU skips, which here is a failure; a library ldd cannot find; no gpu_step line) is listed in
-# failures.txt, at the top of summary.txt, and the script then exits 1.
+# Every failure of the tests, bench and train phases (a suite or binary that exits non-zero, 77
+# included: a [cuda] suite that sees no GPU skips, which here is a failure; no gpu_step line), a
+# library ldd cannot find, or a pack that does not unpack is listed in failures.txt, at the top
+# of summary.txt, and the script then exits 1. The baselines (PyTorch, the host AdamW) and the
+# profilers only log their exit status: the machine may lack them.
 set -uo pipefail
 mode=${1:-quick}
 final=${OUT:-/tmp/out}
