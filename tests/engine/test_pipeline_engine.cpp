@@ -28,6 +28,7 @@
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <zero/engine/engine_weights.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/gpt.hpp>
 
@@ -461,6 +462,77 @@ TEST_CASE(
   CHECK(test::max_difference(plain, continued) <= 2e-5);
   CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// Two steps of 2 micro-batches at ZeRO stage S over 2 ranks, through forward()/backward() or
+// through the passes over the whole model, optionally evaluating after each backward pass (which
+// releases the units it gathered at stage 3).
+template <int S>
+test::LogicalValues staged_run(bool passes, bool evaluate) {
+  return test::assemble(testing::per_rank<std::vector<test::HeldParam>>(2, [&](LocalComm& world) {
+    nn::GPT<double> model(pp_model());
+    engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, world, test::AdamW64{},
+                                                      test::tp_options(2));
+    const engine::UnitRange all{0, eng.num_units()};
+    for (int step = 0; step < 2; ++step) {
+      const test::GlobalBatch b(4 * test::micro_rows, step, pp_model().vocab_size);
+      for (int m = 0; m < 2; ++m) {
+        const engine::MicroBatch mb = b.micro(m, world.rank(), 2);
+        if (passes) {
+          (void)eng.forward_pass(all, m, mb);
+          (void)eng.backward_pass();
+          if (evaluate) (void)eng.evaluate_pass(all, mb);
+        } else {
+          eng.forward(mb);
+          eng.backward();
+        }
+      }
+      CHECK(eng.step());
+    }
+    return test::held_params(eng);
+  }));
+}
+
+}  // namespace
+
+TEST_CASE("Engine passes at ZeRO stages 2-3 equal forward and backward", "[unit][pipeline]") {
+  // A backward pass leaves its last reductions in flight (up to max_pending_reductions), reading
+  // the units' gradient buffers. The next pass's backward used to accumulate into those buffers
+  // (the tied head into unit 0's, whose reduction then dropped the head's part), and at stage 3
+  // a discarded pass (evaluate) released them while their reductions read them.
+  const auto whole2 = staged_run<2>(false, false);
+  const auto whole3 = staged_run<3>(false, false);
+  CHECK(test::max_difference(staged_run<2>(true, false), whole2) <= 1e-15);
+  CHECK(test::max_difference(staged_run<3>(true, false), whole3) <= 1e-15);
+  CHECK(test::max_difference(staged_run<3>(true, true), whole3) <= 1e-15);
+  CHECK(test::max_difference(whole2, whole3) <= 1e-12);
+}
+
+TEST_CASE("Pipeline: a GPT-2 weights export is refused (each stage holds its own units)",
+          "[unit][pipeline]") {
+  // Rank 0 of each stage wrote the same file with its own stage's tensors, and every rank
+  // reported success; now every rank refuses, and no file appears.
+  const auto file =
+      std::filesystem::temp_directory_path() /
+      ("zero-pp-export-" + std::to_string(static_cast<long>(::getpid())) + ".safetensors");
+  const auto messages = testing::per_rank<std::string>(2, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.dp = 1, .pp = 2}));
+    nn::GPT<float> model(pp_model());
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    PipelineOptions po;
+    po.partition_method = "parameters";
+    PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(model, world, groups,
+                                                      test::adamw_config(1, 1, 1.0), po, options);
+    return testing::thrown_message([&] { engine::save_gpt2_weights(pipe.engine(), file); });
+  });
+  for (const std::string& m : messages) {
+    CHECK_THAT(m, Catch::Contains("split over 2 pipeline stages") &&
+                      Catch::Contains("zero_to_safetensors"));
+  }
+  CHECK_FALSE(std::filesystem::exists(file));
 }
 
 namespace {

@@ -125,6 +125,12 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
                           "'): the experts are split over ", groups.ep,
                           " expert-parallel ranks; save a checkpoint and convert it with "
                           "zero_to_safetensors instead");
+  // Each pipeline stage holds its own units (rank 0 of every stage would write the same file
+  // with its stage's tensors only, and the last rename would win).
+  expect<CheckpointError>(!groups.pp, "save_gpt2_weights('", file.string(),
+                          "'): the units are split over ", groups.pp ? groups.pp->size() : 1,
+                          " pipeline stages; save a checkpoint and convert it with "
+                          "zero_to_safetensors instead");
   const bool writes = eng.rank() == 0 && groups.tp_rank() == 0;
   if (writes) {
     attempt([&] {

@@ -142,6 +142,14 @@ class UnitExchange {
   /// Makes unit u and the units it uses ready to run: gathered, and with gradient buffers for
   /// a backward.
   void acquire(int u, bool with_grads) {
+    // A reduction of an earlier pass may still read the gradient buffer of u or of a unit it
+    // uses (the pass API leaves up to max_pending_reductions in flight): it finishes, and so
+    // releases the buffer (at stage 3 perhaps the params too), before the gathers below and
+    // before this backward accumulates into a fresh buffer.
+    if (with_grads) {
+      finish_reductions_of(u);
+      for (int used : model_.unit_uses(u)) finish_reductions_of(used);
+    }
     auto ready = [&](int v) {
       if (before_gather_) before_gather_(v);
       Unit& s = unit(v);
@@ -196,10 +204,18 @@ class UnitExchange {
     finish_gather(u);
     unit(u).params.reset();
   }
-  /// Drops unit u's gathered params and gradient.
+  /// Drops unit u's gathered params and gradient (once the reductions reading it are done).
   void release(int u) {
+    finish_reductions_of(u);
     release_params(u);
     unit(u).grads.reset();
+  }
+  /// Waits for unit u's reductions in flight (and the older ones before them, in order).
+  void finish_reductions_of(int u) {
+    while (std::any_of(pending_.begin(), pending_.end(),
+                       [u](const Pending& p) { return p.unit == u; })) {
+      finish_oldest();
+    }
   }
   /// After an update: units kept gathered gather the new params (the gathers run while later
   /// work proceeds); a stale gathered copy of another unit (evaluate left it) is dropped.
