@@ -232,6 +232,24 @@ TEST_CASE("a save cleans up what interrupted saves left and restores a replaced 
   for (const auto& t : tensors) CHECK(same_bytes(t, 0, read_bytes(restored, t, 0, t.spec.numel())));
 }
 
+TEST_CASE("a load restores a tag that a save interrupted inside its two-rename fallback",
+          "[unit]") {
+  // Only keep.old-<nonce> is left and `latest` names keep: before, every load failed ("does
+  // not exist") until some save ran remove_stale_entries.
+  TempDir dir("ckpt-restore-on-load");
+  const auto tensors = make_tensors(6);
+  save_with_ranks(2, dir.path(), "keep", tensors, 1, {{"version", 6}});
+  std::filesystem::rename(dir / "keep", dir / "keep.old-0123456789abcdef");
+  CHECK_THROWS_AS(Reader(dir.path(), "keep"), CheckpointError);
+  LocalComm::run(2, [&](LocalComm& comm) {
+    const Reader reader = load(comm, dir.path());
+    CHECK(reader.engine_state().at("version") == 6);
+    for (const auto& t : tensors) CHECK(same_bytes(t, 0, read_bytes(reader, t, 0, t.spec.numel())));
+  });
+  CHECK(std::filesystem::exists(dir / "keep"));
+  CHECK_FALSE(std::filesystem::exists(dir / "keep.old-0123456789abcdef"));
+}
+
 TEST_CASE("each rank's own state is kept beside the shared engine state", "[unit]") {
   TempDir dir("ckpt-rank-state");
   const auto tensors = make_tensors(2);

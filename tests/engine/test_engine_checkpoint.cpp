@@ -439,6 +439,40 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a checkpoint that one rank cannot open fails on every rank and changes nothing",
+          "[unit][engine][checkpoint]") {
+  // Rank 1 looks for the tag in a directory where it is not (a file system that shows a rank
+  // the new tag late, a directory local to its node): its Reader fails, rank 0's opens. Before,
+  // rank 1 left the load while rank 0 went on to wait for it in the load's agreement.
+  zero::testing::TempDir tmp("engine-ckpt-open");
+  LocalComm::run(2, [&](LocalComm& comm) {
+    with_adam_engine(comm, false, [&](auto& eng) {
+      train_steps(eng, comm, 0, 1, 1);
+      eng.save_checkpoint(tmp.path(), "adamw");
+    });
+  });
+  const auto seen_by = per_rank<std::vector<std::string>>(
+      2,
+      [&](LocalComm& comm) {
+        std::vector<std::string> seen;
+        with_adam_engine(comm, false, [&](auto& eng) {
+          const auto dir = comm.rank() == 0 ? tmp.path() : tmp.path() / "elsewhere";
+          seen.push_back(zero::testing::thrown_message([&] { eng.load_checkpoint(dir, "adamw"); }));
+          seen.push_back(zero::testing::thrown_message([&] { train_steps(eng, comm, 0, 1, 1); }));
+        });
+        return seen;
+      },
+      parallel::CommOptions{.timeout_s = 20});
+  REQUIRE(seen_by[0].size() == 2);
+  REQUIRE(seen_by[1].size() == 2);
+  CHECK_THAT(seen_by[0][0],
+             Catch::Contains("could not be opened on rank 1") && Catch::Contains("elsewhere"));
+  CHECK_THAT(seen_by[1][0], Catch::Contains("elsewhere"));  // its own error
+  for (const auto& seen : seen_by) {
+    CHECK(seen[1] == zero::testing::nothing_thrown);  // nothing changed: training goes on
+  }
+}
+
 TEST_CASE("load_gpt2_weights that fails on one rank after another replaced its slices stops both",
           "[unit][engine][checkpoint]") {
   // Rank 1 cannot open its file (it changed nothing); rank 0 replaced every slice of its own.

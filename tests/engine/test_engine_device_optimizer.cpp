@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <filesystem>
 #include <mutex>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -50,7 +52,9 @@ struct ExecutorTestBackend : engine::HostBackend {
   using Device = ExecutorTestMemory;
   template <class E>
   void copy_to_host(std::span<E> dst, std::span<const E> src) {
+    if (fail_copies_down) throw std::runtime_error("a copy down failed");
     ++copies;
+    ++copies_down_here;
     HostBackend::copy_to_host(dst, src);
   }
   template <class E>
@@ -59,6 +63,8 @@ struct ExecutorTestBackend : engine::HostBackend {
     HostBackend::copy_from_host(dst, src);
   }
   static inline std::atomic<int> copies = 0;
+  static inline thread_local int copies_down_here = 0;       // this rank's (thread's) copies down
+  static inline thread_local bool fail_copies_down = false;  // this rank's copies down throw
 
   template <class E>
   double sum_of_squares(std::span<const E> v) {
@@ -248,16 +254,17 @@ TEST_CASE("A device optimizer: LAMB is refused", "[unit][engine]") {
   CHECK_THAT(message[0], Catch::Contains("'LAMB'") && Catch::Contains("Offload<CPU>"));
 }
 
-TEST_CASE("A device optimizer: checkpoints stage the states through host copies",
-          "[unit][engine]") {
-  using DeviceEngine =
-      engine::Engine<nn::GPT<float>, ZeroStage<2>, Precision<float>, Compute<ExecutorTestDevice>>;
+namespace {
+template <int Stage>
+void check_staged_checkpoint() {
+  using DeviceEngine = engine::Engine<nn::GPT<float>, ZeroStage<Stage>, Precision<float>,
+                                      Compute<ExecutorTestDevice>>;
   zero::testing::TempDir tmp("device-optimizer-ckpt");
-  const Config config = adamw_config(2, accumulation, 0.5);
+  const Config config = adamw_config(Stage, accumulation, 0.5);
   constexpr int world = 2;
   struct Out {
     std::vector<std::vector<float>> units;
-    int save_copies = 0, load_copies = 0;
+    int save_copies = 0, load_copies = 0, save_copies_down_here = 0;
   };
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
@@ -268,7 +275,9 @@ TEST_CASE("A device optimizer: checkpoints stage the states through host copies"
     train_steps(eng, comm, 0, 2, accumulation);
     comm.barrier();
     const int before = ExecutorTestBackend::copies;
+    const int before_here = ExecutorTestBackend::copies_down_here;
     eng.save_checkpoint(tmp.path(), "two", {});
+    out.save_copies_down_here = ExecutorTestBackend::copies_down_here - before_here;
     comm.barrier();
     out.save_copies = ExecutorTestBackend::copies - before;
     out.units = train_steps(eng, comm, 2, 3, accumulation);
@@ -292,7 +301,55 @@ TEST_CASE("A device optimizer: checkpoints stage the states through host copies"
     CHECK(b.units == a.units);  // the master slices and AdamW's states came back bit for bit
     CHECK(a.save_copies > 0);   // down to the host for the save
     CHECK(b.load_copies > 0);   // up from the host after the load
+    // Each rank stages what it saves: its shard, or at stage 0 rank 0 the whole units and the
+    // other ranks nothing (they used to copy every unit down and drop it).
+    if (Stage == 0 && r > 0) {
+      CHECK(a.save_copies_down_here == 0);
+    } else {
+      CHECK(a.save_copies_down_here > 0);
+    }
   }
+}
+}  // namespace
+
+TEST_CASE("A device optimizer: checkpoints stage the states through host copies",
+          "[unit][engine]") {
+  check_staged_checkpoint<2>();
+  check_staged_checkpoint<0>();
+}
+
+TEST_CASE("A device optimizer: a save whose staging fails on one rank fails on every rank",
+          "[unit][engine]") {
+  // Rank 1's copies down throw while it collects its segments. Before, rank 0 went on into the
+  // save's collectives and waited there for rank 1; now both throw before anything is written,
+  // and the next save works.
+  using DeviceEngine =
+      engine::Engine<nn::GPT<float>, ZeroStage<2>, Precision<float>, Compute<ExecutorTestDevice>>;
+  zero::testing::TempDir tmp("device-optimizer-save-fail");
+  const auto seen_by = per_rank<std::vector<std::string>>(
+      2,
+      [&](LocalComm& comm) {
+        std::vector<std::string> seen;
+        nn::GPT<float> model(tiny());
+        engine::EngineOptions options;
+        options.activation_bytes = 32 << 20;
+        DeviceEngine eng(model, comm, adamw_config(2, accumulation, 0.5), options);
+        train_steps(eng, comm, 0, 1, accumulation);
+        ExecutorTestBackend::fail_copies_down = comm.rank() == 1;
+        seen.push_back(thrown_message([&] { eng.save_checkpoint(tmp.path(), "one", {}); }));
+        ExecutorTestBackend::fail_copies_down = false;
+        seen.push_back(thrown_message([&] { eng.save_checkpoint(tmp.path(), "two", {}); }));
+        return seen;
+      },
+      parallel::CommOptions{.timeout_s = 20});
+  for (const auto& seen : seen_by) {
+    REQUIRE(seen.size() == 2);
+    CHECK_THAT(seen[0], Catch::Contains("save_checkpoint('one') failed on rank 1") &&
+                            Catch::Contains("a copy down failed"));
+    CHECK(seen[1] == zero::testing::nothing_thrown);
+  }
+  CHECK_FALSE(std::filesystem::exists(tmp.path() / "one"));
+  CHECK(std::filesystem::exists(tmp.path() / "two"));
 }
 
 TEST_CASE("A device optimizer: stage 3 at 4 ranks holds about a quarter of stage 0's states",

@@ -8,7 +8,9 @@
 // the new one; the old one, now under the temporary name, is then removed. Where the file system
 // cannot exchange (EINVAL), the fallback is two renames: <tag> -> <tag>.old-<nonce>, then the
 // new one into place. A crash between them leaves no <tag> but a complete <tag>.old-<nonce>;
-// remove_stale_entries (run by every save) renames it back, so the old checkpoint is never lost.
+// remove_stale_entries (run by every save) and load (restore_replaced_tag, for the tag it opens)
+// rename it back, so the old checkpoint is never lost; a second rename that fails puts the old
+// one back at once.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -78,9 +80,33 @@ inline void publish_directory(const std::filesystem::path& temp,
   old_name.replace(marker, temp_marker.size(), old_marker);
   const std::filesystem::path old = parent / old_name;
   detail::rename_or_throw(final, old);
-  detail::rename_or_throw(temp, final);
+  try {
+    detail::rename_or_throw(temp, final);
+  } catch (const IoError&) {
+    // The old checkpoint goes back under its name (if that fails too, a load or the next save
+    // restores it: restore_replaced_tag); the caller removes the new one with its temporary.
+    if (::rename(old.c_str(), final.c_str()) == 0) sync_directory(parent);
+    throw;
+  }
   sync_directory(parent);
   std::filesystem::remove_all(old, ec);
+}
+
+/// Renames "<tag>.old-*" in dir back to <tag> when <tag> is missing: what a crash (or a failed
+/// second rename) inside publish_directory's two-rename fallback leaves, a complete checkpoint
+/// under the old name. Returns whether it renamed one; IoError when the rename fails.
+inline bool restore_replaced_tag(const std::filesystem::path& dir, const std::string& tag) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir / tag, ec)) return false;
+  const std::string prefix = tag + std::string(old_marker);
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || !entry.is_directory(ec)) continue;
+    detail::rename_or_throw(entry.path(), dir / tag);
+    sync_directory(dir);
+    return true;
+  }
+  return false;
 }
 
 /// Removes what interrupted saves left in dir: "<tag>.tmp-*" directories and temporary files of

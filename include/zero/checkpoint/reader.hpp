@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -38,6 +39,7 @@
 #include <zero/checkpoint/crc32c.hpp>
 #include <zero/checkpoint/index.hpp>
 #include <zero/checkpoint/layout.hpp>
+#include <zero/checkpoint/publish.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/io/element_conversion.hpp>
@@ -357,21 +359,47 @@ class Reader {
 
 /// Opens the same tag on every rank (a collective): rank 0 resolves tag (or `latest` when it is
 /// empty) and broadcasts it, so a save that replaces `latest` meanwhile cannot make ranks load
-/// different checkpoints. Throws on every rank if rank 0 cannot resolve the tag.
+/// different checkpoints. Throws on every rank if rank 0 cannot resolve the tag or any rank
+/// cannot open it (a rank that failed throws its own error, the others CheckpointError naming
+/// the first such rank).
 template <CheckpointComm Comm>
 Reader load(Comm& comm, const std::filesystem::path& dir, std::string_view tag = {},
             ReaderOptions options = {}) {
   std::string resolved;
   if (comm.rank() == 0) {
     try {
-      resolved = "+" + (tag.empty() ? read_latest(dir) : std::string(tag));
+      const std::string t = tag.empty() ? read_latest(dir) : std::string(tag);
+      restore_replaced_tag(dir, t);  // a save interrupted inside its two-rename fallback
+      resolved = "+" + t;
     } catch (const std::exception& e) {
       resolved = std::string("-") + e.what();
     }
   }
   resolved = detail::broadcast_text(comm, resolved, 0);
   if (resolved.front() != '+') throw CheckpointError(resolved.substr(1));
-  return Reader(dir, resolved.substr(1), options);
+  // Each rank opens the checkpoint itself, and one may fail alone (a file system that shows it
+  // the new tag late, a directory local to its node): the ranks agree, so every rank throws the
+  // first failure instead of the others going on to wait for it in the load's next collective.
+  std::optional<Reader> reader;
+  std::string failure;
+  std::exception_ptr thrown;
+  try {
+    reader.emplace(dir, resolved.substr(1), options);
+  } catch (const std::exception& e) {
+    failure = e.what();
+    thrown = std::current_exception();
+  }
+  // Each rank's outcome: "+", or "-" and its failure.
+  const std::vector<std::string> outcomes =
+      detail::all_gather_text(comm, thrown ? "-" + failure : std::string("+"));
+  for (std::size_t r = 0; r < outcomes.size(); ++r) {
+    if (outcomes[r].front() == '+') continue;
+    if (thrown) std::rethrow_exception(thrown);  // this rank's own failure, as it was
+    throw CheckpointError(zero::detail::concat("checkpoint '", resolved.substr(1),
+                                               "' could not be opened on rank ", r, ": ",
+                                               outcomes[r].substr(1)));
+  }
+  return std::move(*reader);
 }
 
 }  // namespace zero::checkpoint

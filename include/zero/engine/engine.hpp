@@ -493,7 +493,12 @@ class Engine {
   nlohmann::json load_checkpoint(const std::filesystem::path& dir, std::string_view tag = {}) {
     return communicating("load_checkpoint", [&] {
       apply_deferred_updates();  // the load replaces what it would write
-      finish_delayed_update();
+      // A delayed update that failed is what a load recovers from: its error stays the state's
+      // broken_reason() until the load below succeeds, rather than stopping this call.
+      try {
+        finish_delayed_update();
+      } catch (const std::exception&) {
+      }
       return load_engine_checkpoint(*this, dir, tag);
     });
   }
@@ -617,7 +622,9 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   /// True when the engine was built from a config (it owns optimizers).
   bool has_optimizer() const { return !optimizers_.empty(); }
-  /// The optimizer of unit u's slice (engines built from a config).
+  /// The optimizer of unit u's slice (engines built from a config). Its states live where the
+  /// engine keeps them: on a device engine without Offload<CPU>, state(name) spans device memory
+  /// (copy it with the backend before reading it on the host).
   optim::AnyOptimizer& optimizer(int u) {
     apply_deferred_updates_for("optimizer");
     return optimizers_.at(static_cast<std::size_t>(u));

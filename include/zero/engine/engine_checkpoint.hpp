@@ -39,11 +39,23 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   state.require_between_steps(what);
   state.require_consistent(what);
   state.synchronize();
+  // Every rank names every tensor; the segments come from the units this rank saves, which
+  // alone are staged (at stage 0 rank 0 saves the whole units, so the others copy nothing).
   std::vector<checkpoint::TensorSpec> tensors;
+  auto name = [&]<class E>(int u, const std::string& suffix) {
+    for (auto& t : checkpoint::unit_tensor_specs<E>(state.unit_specs(u), suffix)) {
+      tensors.push_back(t);
+    }
+  };
+  for (int u = 0; u < state.num_units(); ++u) {
+    name.template operator()<typename decltype(state)::MasterT>(u, "");
+    if (const optim::AnyOptimizer* opt = state.optimizer_of(u)) {
+      for (const std::string& n : opt->state_names()) name.template operator()<float>(u, "/" + n);
+    }
+  }
   std::vector<checkpoint::Segment> segments;
   auto add = [&]<class E>(int u, std::span<E> slice, const std::string& suffix) {
     const auto& specs = state.unit_specs(u);
-    for (auto& t : checkpoint::unit_tensor_specs<E>(specs, suffix)) tensors.push_back(t);
     state.for_each_owned_shard(u, slice, ShardUse::save, [&](int r, std::span<E> shard) {
       for (auto& s :
            checkpoint::unit_segments<E>(specs, state.partition(u), r, std::span<const E>(shard),
@@ -63,14 +75,30 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
       return std::span<float>(copies.back());
     }
   };
-  state.for_each_unit(StateAccess::read, [&](int u, auto master, optim::AnyOptimizer* opt) {
-    add(u, kept(master), "");
-    if (opt == nullptr) return;
-    for (const std::string& name : opt->state_names()) add(u, kept(opt->state(name)), "/" + name);
-  });
+  // Collecting may fail on one rank alone (a swap file's read, a device copy, host memory for
+  // the copies): the ranks agree before the save's collectives, so every rank throws the first
+  // failure instead of the others waiting for it there.
+  std::string failure;
+  try {
+    state.for_each_unit(
+        StateAccess::read,
+        [&](int u, auto master, optim::AnyOptimizer* opt) {
+          add(u, kept(master), "");
+          if (opt == nullptr) return;
+          for (const std::string& n : opt->state_names()) add(u, kept(opt->state(n)), "/" + n);
+        },
+        [&](int u) { return state.saves_unit(u); });
+  } catch (const std::exception& e) {
+    failure = zero::detail::concat("rank ", state.state_comm().rank(), ": ", e.what());
+  }
+  auto comm = state.state_comm();
+  for (const std::string& r : checkpoint::detail::all_gather_text(comm, failure)) {
+    if (!r.empty()) {
+      raise<CheckpointError>(what, " failed on ", r, " (nothing was written)");
+    }
+  }
   nlohmann::json engine_json = state.to_json();
   engine_json["client_state"] = client_state;
-  auto comm = state.state_comm();
   return checkpoint::save(comm, dir, tag, tensors, segments, engine_json);
 }
 

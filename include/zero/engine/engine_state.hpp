@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -82,9 +83,15 @@ class EngineState {
   /// whether fn's writes are kept and whether the old values are read first.
   template <class Fn>
   void for_each_unit(StateAccess access, Fn&& fn) {
+    for_each_unit(access, std::forward<Fn>(fn), [](int) { return true; });
+  }
+  /// The same for the units wanted(u) names only: the others are neither staged nor passed to
+  /// fn (a save's units this rank does not save).
+  template <class Fn, class Wanted>
+  void for_each_unit(StateAccess access, Fn&& fn, Wanted&& wanted) {
     eng_.store_.for_each_unit(access, [&](int u) {
-      optim::AnyOptimizer* opt =
-          eng_.optimizers_.empty() ? nullptr : &eng_.optimizers_[static_cast<std::size_t>(u)];
+      if (!wanted(u)) return;
+      optim::AnyOptimizer* opt = optimizer_of(u);
       if constexpr (host_reads_states) {
         fn(u, eng_.unit(u).resident_master(), opt);
       } else {
@@ -106,9 +113,8 @@ class EngineState {
   template <class Span, class Fn>
   void for_each_owned_shard(int u, Span slice, ShardUse use, Fn&& fn) const {
     const UnitPartition& p = partition(u);
-    if (use == ShardUse::save && eng_.unit_is_replica(u)) return;  // its owner saves it
+    if (use == ShardUse::save && !saves_unit(u)) return;
     if constexpr (holds_whole_units) {
-      if (use == ShardUse::save && eng_.unit_rank(u) != 0) return;
       for (int r = 0; r < p.world_size(); ++r) {
         fn(r, slice.subspan(static_cast<std::size_t>(p.shard_begin(r)),
                             static_cast<std::size_t>(p.shard_numel())));
@@ -116,6 +122,17 @@ class EngineState {
     } else {
       fn(eng_.unit_rank(u), slice);
     }
+  }
+
+  /// True when this rank saves shards of unit u: a replica's owner saves it, and of whole units
+  /// (stage 0) the group's rank 0 alone.
+  bool saves_unit(int u) const {
+    if (eng_.unit_is_replica(u)) return false;
+    return !holds_whole_units || eng_.unit_rank(u) == 0;
+  }
+  /// The optimizer of unit u, or null for an engine with an update callback.
+  optim::AnyOptimizer* optimizer_of(int u) {
+    return eng_.optimizers_.empty() ? nullptr : &eng_.optimizers_[static_cast<std::size_t>(u)];
   }
 
   /// The engine's own state as saved in a checkpoint: counters, scheduler, loss scaler and the
