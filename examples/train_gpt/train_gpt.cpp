@@ -182,6 +182,13 @@ Options parse(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0') usage(flag + " expects an integer, got '" + v + "'");
       return static_cast<std::int64_t>(x);
     };
+    auto real = [&] {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !std::isfinite(x))
+        usage(flag + " expects a finite number, got '" + v + "'");
+      return x;
+    };
     if (flag == "--config")
       o.config = v;
     else if (flag == "--ranks")
@@ -224,7 +231,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--channels")
       o.channels = integer();
     else if (flag == "--lr")
-      o.lr = std::atof(v.c_str());
+      o.lr = real();
     else if (flag == "--seed")
       o.seed = static_cast<std::uint64_t>(integer());
     else if (flag == "--print-every")
@@ -244,7 +251,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--export")
       o.export_path = v;
     else if (flag == "--temperature")
-      o.temperature = std::atof(v.c_str());
+      o.temperature = real();
     else if (flag == "--top-k")
       o.top_k = static_cast<int>(integer());
     else if (flag == "--sample-bytes")

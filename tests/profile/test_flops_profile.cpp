@@ -16,6 +16,7 @@
 #include <zero/nn/hand_written_gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
 #include <zero/profile/flops_profile.hpp>
+#include <zero/profile/mfu.hpp>
 
 #include "../support/per_rank.hpp"
 
@@ -90,6 +91,22 @@ TEST_CASE("GPT's forward FLOPs: exact per-layer sum, and a third of 6N + 6LCT pe
   // Negative control: counting the full T x T attention (12LCT) misses by 9%.
   const double full_attention = static_cast<double>(R) * (6 * N + 12.0 * L * C * T) / 3.0;
   CHECK(std::abs(counted / full_attention - 1) > 0.05);
+}
+
+TEST_CASE("MFU's closed form and the datasheet peaks by card name", "[unit][profile]") {
+  // GPT-2 124M (124,439,808 parameters with the position table) at T = 1024.
+  CHECK(profile::gpt_flops_per_token(124439808, 12, 768, 1024) ==
+        6.0 * 124439808 + 6.0 * 12 * 768 * 1024);
+  // cudaDeviceProp::name of each board: the PCIe and NVL boards are not the SXM module's rate.
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.4);
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA H200") == 989.4);
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA GH200 480GB") == 989.4);
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA H100 PCIe") == 756.0);
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA H800 PCIe") == 756.0);
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA H100 NVL") == 835.0);
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA H200 NVL") == 835.0);
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0);
+  CHECK(profile::datasheet_bf16_tflops("NVIDIA GeForce RTX 4090") == 0.0);
 }
 
 TEST_CASE("Flops profile of an engine step: summary, units, JSON; n/a without FLOP counts",
