@@ -54,7 +54,15 @@ class CudaAdamFamily {
       ranges.push_back(groups_[k].range);
     }
     validate_ranges(ranges, numel_, "CudaAdam");
+    // The states were made and zeroed on the legacy stream, which a non-blocking stream given
+    // to step() does not wait for.
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
+  CudaAdamFamily(CudaAdamFamily&&) noexcept = default;
+  CudaAdamFamily& operator=(CudaAdamFamily&&) noexcept = default;
+  /// Waits for the device before the states are freed (on the legacy stream, which the streams
+  /// step() ran on need not be ordered with).
+  ~CudaAdamFamily() { cudaDeviceSynchronize(); }
 
   /// One fused step; io's pointers are device pointers; ordered on stream.
   void step(const FusedIo& io, cudaStream_t stream = nullptr) {
@@ -71,6 +79,7 @@ class CudaAdamFamily {
   std::vector<ParamGroup<AdamHyper>>& groups() { return groups_; }
   /// Step counter and states copied to the host (synchronous), named as the host optimizer's.
   StateDict state_dict() const {
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());  // after the steps, whatever stream they ran on
     StateDict s;
     s.counters["step"] = step_;
     s.buffers["exp_avg"].resize(numel_);
@@ -84,6 +93,7 @@ class CudaAdamFamily {
   /// Restores a state saved by this class or by the host optimizer (synchronous).
   void load_state_dict(const StateDict& s) {
     step_ = s.counter("step", "CudaAdam");
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());  // no step still reads the states it replaces
     ZERO_CUDA_CHECK(cudaMemcpy(m_.data(), s.buffer("exp_avg", numel_, "CudaAdam").data(),
                                numel_ * sizeof(float), cudaMemcpyHostToDevice));
     ZERO_CUDA_CHECK(cudaMemcpy(v_.data(), s.buffer("exp_avg_sq", numel_, "CudaAdam").data(),

@@ -92,17 +92,26 @@ class CudaKernels final : public Kernels<T> {
 
   DeviceKind device() const override { return DeviceKind::cuda; }
   /// Memory from the device's pool, ordered on the stream; freed on the stream while this set
-  /// lives, and on the legacy stream after it is gone.
+  /// lives, and after the device's work on the legacy stream once it is gone.
   KernelMemory allocate(std::size_t bytes) override {
     void* p = ops::cuda::allocate_async(bytes, stream_, "nn::CudaKernels");
-    return {std::shared_ptr<std::byte>(
-                static_cast<std::byte*>(p),
-                [free_on = free_on_](std::byte* q) {
-                  if (q == nullptr) return;
-                  // Once the set is gone its stream's work is done (the destructor waited)
-                  // and the stream may be too: the legacy stream, which always exists, frees it.
-                  cudaFreeAsync(q, free_on->orphaned.load() ? cudaStream_t{} : free_on->stream);
-                }),
+    return {std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
+                                       [free_on = free_on_](std::byte* q) {
+                                         if (q == nullptr) return;
+                                         // Once the set is gone its stream's work is done (the
+                                         // destructor waited) and the stream may be too: the legacy
+                                         // stream, which always exists, frees it. A layer may have
+                                         // gone on using the memory through another set (another
+                                         // engine over the same model) on a stream the legacy
+                                         // stream does not wait for, so the device finishes its
+                                         // work first.
+                                         if (free_on->orphaned.load()) {
+                                           cudaDeviceSynchronize();
+                                           cudaFreeAsync(q, cudaStream_t{});
+                                         } else {
+                                           cudaFreeAsync(q, free_on->stream);
+                                         }
+                                       }),
             bytes, DeviceKind::cuda};
   }
 

@@ -41,12 +41,14 @@ __global__ void __launch_bounds__(columns* slices)
     partials_kernel(float* partials, Term term, int N, int C, int chunk_rows, int chunks) {
   __shared__ float part[K][slices][columns];
   const int c = blockIdx.x * columns + threadIdx.x;
-  const int first = blockIdx.y * chunk_rows, last = min(N, first + chunk_rows);
+  // Rows in 64 bits: N may come within a chunk (or a slice step) of 2^31.
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * chunk_rows;
+  const std::int64_t last = min(static_cast<std::int64_t>(N), first + chunk_rows);
   float acc[K] = {};
   if (c < C) {
-    for (int n = first + threadIdx.y; n < last; n += slices) {
+    for (std::int64_t n = first + threadIdx.y; n < last; n += slices) {
       float v[K];
-      term(n, c, v);
+      term(static_cast<int>(n), c, v);
 #pragma unroll
       for (int k = 0; k < K; ++k) acc[k] += v[k];
     }

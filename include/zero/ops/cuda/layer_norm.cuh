@@ -234,9 +234,11 @@ __global__ void __launch_bounds__(32 * layer_norm_backward_warps,
       dbias[j * stride + i] = 0.0f;
     }
   });
-  const int first = static_cast<int>(blockIdx.x) * layer_norm_backward_rows;
-  const int last = min(N, first + layer_norm_backward_rows);
-  for (int n = first + warp; n < last; n += layer_norm_backward_warps) {
+  // Rows in 64 bits: N may come within a block's rows of 2^31.
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * layer_norm_backward_rows;
+  const std::int64_t last = min(static_cast<std::int64_t>(N), first + layer_norm_backward_rows);
+  for (std::int64_t row = first + warp; row < last; row += layer_norm_backward_warps) {
+    const int n = static_cast<int>(row);
     const auto* x = reinterpret_cast<const Pack<T>*>(inp + static_cast<std::int64_t>(n) * C);
     const auto* dy = reinterpret_cast<const Pack<T>*>(dout + static_cast<std::int64_t>(n) * C);
     const float m = mean[n], s = rstd[n];
