@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/process_groups.hpp>
 #include <zero/engine/dispatch.hpp>
 
 #include "../support/per_rank.hpp"
@@ -34,6 +35,31 @@ Config with_keys(int stage, const std::string& extra_top, const std::string& ext
 }
 
 }  // namespace
+
+TEST_CASE("comm_timeout_s reaches every group of a process grid the engine works over",
+          "[unit][engine]") {
+  // The pipeline's groups (its sends, the norm's sum over stages, checkpoints over tp x dp x pp)
+  // and the expert groups kept the world's deadline: only dp (and tp's) took the config's.
+  const Config cfg = with_keys(1, R"("comm_timeout_s": 7,)", "");
+  const auto seen = per_rank<std::vector<double>>(4, [&](LocalComm& world) {
+    std::vector<double> out;
+    {
+      parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.dp = 2, .pp = 2}));
+      engine::apply_comm_timeout(cfg, groups);
+      out.push_back(groups.dp().options().timeout_s);
+      out.push_back(groups.pp().options().timeout_s);
+      out.push_back(groups.tp_dp_pp().options().timeout_s);
+    }
+    {
+      parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 2, .dp = 2}));
+      engine::apply_comm_timeout(cfg, groups);
+      out.push_back(groups.get({parallel::Axis::ep, parallel::Axis::dp}).options().timeout_s);
+      out.push_back(groups.dp().options().timeout_s);
+    }
+    return out;
+  });
+  for (const auto& v : seen) CHECK(v == std::vector<double>(5, 7.0));
+}
 
 TEST_CASE("comm_timeout_s from the config is the deadline of the engine's communicator",
           "[unit][engine]") {

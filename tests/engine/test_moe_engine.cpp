@@ -259,6 +259,29 @@ TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused nami
   }
 }
 
+TEST_CASE("experts split over ep in a unit the model does not mark as an expert unit are refused",
+          "[unit][moe]") {
+  // A SequentialModel with a split MixtureOfExperts has no unit_is_expert: every unit counted
+  // as dense, so stage 0 averaged rank 0's expert 0 with rank 1's expert 2 (the same flat
+  // offsets) and stages 1-3 stitched shards of different experts together, silently.
+  const auto messages = testing::per_rank<std::string>(2, [](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 2}));
+    nn::MoEBlocks moe = moe_blocks(parallel::ExpertParallel(groups.ep()));
+    nn::SequentialModel<double> m;
+    m.add_unit().add<nn::TokenEmbedding<double>>("wte", 64, 16, "tokens", 0.02);
+    m.add_unit().add<nn::MixtureOfExperts<double>>("moe", 16, 64, moe.router, 0.02, 0.02, moe.ep);
+    return testing::thrown_message([&] {
+      engine::Engine<nn::SequentialModel<double>, ZeroStage<1>> eng(
+          m, groups, [](int, std::span<double>, std::span<const double>) {});
+    });
+  });
+  for (const auto& m : messages) {
+    CHECK_THAT(m, Catch::Contains("unit 1's parameter 'moe.") &&
+                      Catch::Contains("expert-parallel group of 2 ranks") &&
+                      Catch::Contains("unit_is_expert"));
+  }
+}
+
 namespace {
 
 // HostMover whose every mover reports a device stream of its own, as CudaLocalComm's splits did

@@ -70,6 +70,10 @@ TEST_CASE("MoE router: top-1 capacity, dropping in token order and the auxiliary
   const std::vector<double> uniform(8, 0.0);
   cfg.drop_tokens = true;
   CHECK(nn::route(uniform.data(), 4, cfg).aux_loss == Approx(1.0));
+  // No tokens (an ep rank's empty micro-batch): both losses 0, not 0/0.
+  const auto none = nn::route(uniform.data(), 0, cfg);
+  CHECK(none.aux_loss == 0.0);
+  CHECK(none.z_loss == 0.0);
 }
 
 TEST_CASE("MoE router: top-2 takes every first choice's slot before any second choice",

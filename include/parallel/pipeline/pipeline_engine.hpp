@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -93,6 +94,10 @@ class PipelineEngine {
                 "whole gradients until the last one (stage 2 would reduce-scatter after every "
                 "micro-batch), and stage 3 would gather each stage's parameters for every "
                 "micro-batch's forward and backward; use ZeroStage<0> or ZeroStage<1>");
+  static_assert(std::is_same_v<typename engine_type::policies::compute, Host>,
+                "zero::PipelineEngine: the stages run on the host for now (the boundary tensors "
+                "and the loss go through host memory over the communicators); drop Compute<...> "
+                "or use the engine without pipeline parallelism on a device");
 
   /// Rank world.rank() of groups' grid trains its pipeline stage of model; update_or_config is
   /// an Engine's update callback or DeepSpeed config (its gradient_accumulation_steps is the
@@ -108,7 +113,7 @@ class PipelineEngine {
         engine_(stage_model_, groups, std::forward<UpdateOrConfig>(update_or_config),
                 engine_options),
         executor_(engine_, stage_model_, AnyComm(groups.pp()), stage_, pp_) {
-    build_tied_groups(model, world, groups.grid());
+    build_tied_groups(model, world, groups);
   }
 
   PipelineEngine(const PipelineEngine&) = delete;
@@ -230,7 +235,8 @@ class PipelineEngine {
   // For each unit some stage reads without owning it: a group of its owner and the stages
   // replicating it, at this rank's other coordinates (every rank splits once per such unit).
   template <Communicator C>
-  void build_tied_groups(const M& model, C& world, const Grid& grid) {
+  void build_tied_groups(const M& model, C& world, ProcessGroups<C>& groups) {
+    const Grid& grid = groups.grid();
     for (int g = 0; g < model.num_units(); ++g) {
       const int owner = partition_.virtual_stage_of(g) % pp_;
       std::vector<bool> member(static_cast<std::size_t>(pp_), false);
@@ -252,6 +258,11 @@ class PipelineEngine {
           world.split(in ? grid.color(rank, AxisMask{Axis::pp}) : undefined_color,
                       grid.coord(rank, Axis::pp), "tied"));
       if (!in) continue;
+      // The pipeline group's deadline (the config's comm_timeout_s, set by the engine), rather
+      // than the world's the split inherited.
+      if constexpr (requires { comm->set_options(groups.pp().options()); }) {
+        comm->set_options(groups.pp().options());
+      }
       const int local = stage_model_.local_unit(g);
       expect<Error>(local >= 0, "PipelineEngine: stage ", stage_, " holds no copy of tied unit ",
                     g);

@@ -735,6 +735,23 @@ class Engine {
       s.specs = model_.unit_params(u);
       bool expert = false;
       if constexpr (nn::HasExpertUnits<M>) expert = model_.unit_is_expert(u);
+      // With experts split over ep (which takes tp = 1), a split parameter is an expert's and
+      // an expert unit holds nothing else: a model that does not say which units hold its
+      // experts (a SequentialModel with a split MixtureOfExperts) would have different experts'
+      // values averaged and sharded as one tensor.
+      for (const nn::ParamSpec& p : s.specs) {
+        if (groups_.ep == 1 || p.split.is_split() == expert) continue;
+        raise<ConfigError>(
+            "Engine: unit ", u, "'s parameter '", p.name, "' ",
+            expert ? "is not split over the expert-parallel group, but its unit is an expert unit "
+                     "(sharded and averaged over the expert data-parallel group only): keep "
+                     "dense parameters out of expert units"
+                   : "is split (the experts over the expert-parallel group of " +
+                         std::to_string(groups_.ep) +
+                         " ranks), but the model does not say its unit holds experts "
+                         "(nn::HasExpertUnits: unit_is_expert), so the engine would average "
+                         "different experts' values as one tensor");
+      }
       s.group = &groups_.shard_group(expert);
       // Averaged over its group, a gradient is divided by the whole data-parallel size.
       s.grad_scale = static_cast<double>(s.group->size()) / static_cast<double>(comm_.size());
@@ -913,11 +930,15 @@ class Engine {
   }
 
   // Stage 3: gives back every gathered unit that is not persistent (a pass set aside or dropped
-  // does not keep its units' parameters).
+  // does not keep its units' parameters). Gradient buffers stay: once its reductions are done, a
+  // unit's buffer holds a part not yet reduced (the tied head's product in the embedding's, from
+  // a later range's backward), which the unit's own backward adds to and reduces.
   void release_gathered() {
     if constexpr (stage_traits::gathers_before_use) {
       for (int u = 0; u < num_units(); ++u) {
-        if (!unit(u).persistent) exchange_.release(u);
+        if (unit(u).persistent) continue;
+        exchange_.finish_reductions_of(u);
+        exchange_.release_params(u);
       }
     }
   }

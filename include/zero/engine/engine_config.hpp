@@ -99,15 +99,31 @@ C& apply_comm_timeout(const ConfigOrUpdate& config, C& comm) {
   return comm;
 }
 
-/// The same for the groups of a process grid the engine works over: the data-parallel group
-/// and, with tensor parallelism, the tensor-parallel and tp x dp groups (EngineGroups).
+/// The same for every group of a process grid the engine works over (EngineGroups): the
+/// data-parallel group; with tensor parallelism the tensor-parallel and tp x dp groups; with
+/// pipeline stages the pipeline-parallel and tp x dp x pp groups (the stages' sends, the norm,
+/// checkpoints); with experts the ep x dp group and the experts' data-parallel group.
 template <class ConfigOrUpdate, class C>
 parallel::ProcessGroups<C>& apply_comm_timeout(const ConfigOrUpdate& config,
                                                parallel::ProcessGroups<C>& groups) {
+  using parallel::Axis;
+  const parallel::Grid& g = groups.grid();
+  if (g.size(Axis::ep) > 1) {
+    // EngineGroups refuses ep with tp, cp or pp (naming them), so those groups need no deadline.
+    if (g.size(Axis::tp) == 1 && g.size(Axis::cp) == 1 && g.size(Axis::pp) == 1) {
+      apply_comm_timeout(config, groups.get({Axis::ep, Axis::dp}));
+      apply_comm_timeout(config, groups.dp());
+    }
+    return groups;
+  }
   apply_comm_timeout(config, groups.data_parallel());
-  if (groups.grid().size(parallel::Axis::tp) > 1) {
+  if (g.size(Axis::tp) > 1) {
     apply_comm_timeout(config, groups.tp());
     apply_comm_timeout(config, groups.tp_dp());
+  }
+  if (g.size(Axis::pp) > 1) {
+    apply_comm_timeout(config, groups.pp());
+    apply_comm_timeout(config, groups.tp_dp_pp());
   }
   return groups;
 }

@@ -148,7 +148,9 @@ Routing<A> route(const A* logits, std::int64_t N, const RouterConfig& cfg) {
     r.first_choice_share[static_cast<std::size_t>(r.expert[r.at(t, 0)])] += A(1);
   }
   A balance = 0, z = 0;
-  for (int e = 0; e < E; ++e) {
+  // No tokens (an empty micro-batch on an ep rank that still joins the all-to-alls): no
+  // balance term, rather than 0/0.
+  for (int e = 0; e < E && N > 0; ++e) {
     A me = 0;
     for (std::int64_t t = 0; t < N; ++t) me += r.probs[static_cast<std::size_t>(t * E + e)];
     me /= static_cast<A>(N);
