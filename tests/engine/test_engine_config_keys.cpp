@@ -55,10 +55,16 @@ TEST_CASE("comm_timeout_s reaches every group of a process grid the engine works
       engine::apply_comm_timeout(cfg, groups);
       out.push_back(groups.get({parallel::Axis::ep, parallel::Axis::dp}).options().timeout_s);
       out.push_back(groups.dp().options().timeout_s);
+      out.push_back(groups.ep().options().timeout_s);
+    }
+    {
+      parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.cp = 2, .dp = 2}));
+      engine::apply_comm_timeout(cfg, groups);
+      out.push_back(groups.cp().options().timeout_s);
     }
     return out;
   });
-  for (const auto& v : seen) CHECK(v == std::vector<double>(5, 7.0));
+  for (const auto& v : seen) CHECK(v == std::vector<double>(7, 7.0));
 }
 
 TEST_CASE("comm_timeout_s from the config is the deadline of the engine's communicator",

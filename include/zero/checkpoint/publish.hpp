@@ -102,7 +102,13 @@ inline bool restore_replaced_tag(const std::filesystem::path& dir, const std::st
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (!name.starts_with(prefix) || !entry.is_directory(ec)) continue;
-    detail::rename_or_throw(entry.path(), dir / tag);
+    if (::rename(entry.path().c_str(), (dir / tag).c_str()) != 0) {
+      const int code = errno;
+      // Another load (or the interrupted save itself) put a <tag> back meanwhile.
+      if (std::filesystem::exists(dir / tag, ec)) return false;
+      raise<IoError>("renaming '", entry.path().string(), "' back to '", (dir / tag).string(),
+                     "' failed: ", io::detail::errno_text(code));
+    }
     sync_directory(dir);
     return true;
   }

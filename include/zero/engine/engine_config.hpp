@@ -102,7 +102,8 @@ C& apply_comm_timeout(const ConfigOrUpdate& config, C& comm) {
 /// The same for every group of a process grid the engine works over (EngineGroups): the
 /// data-parallel group; with tensor parallelism the tensor-parallel and tp x dp groups; with
 /// pipeline stages the pipeline-parallel and tp x dp x pp groups (the stages' sends, the norm,
-/// checkpoints); with experts the ep x dp group and the experts' data-parallel group.
+/// checkpoints); with sequence parallelism the cp group; with experts the ep x dp group, the
+/// experts' data-parallel group and the expert-parallel group (the all-to-alls).
 template <class ConfigOrUpdate, class C>
 parallel::ProcessGroups<C>& apply_comm_timeout(const ConfigOrUpdate& config,
                                                parallel::ProcessGroups<C>& groups) {
@@ -113,10 +114,12 @@ parallel::ProcessGroups<C>& apply_comm_timeout(const ConfigOrUpdate& config,
     if (g.size(Axis::tp) == 1 && g.size(Axis::cp) == 1 && g.size(Axis::pp) == 1) {
       apply_comm_timeout(config, groups.get({Axis::ep, Axis::dp}));
       apply_comm_timeout(config, groups.dp());
+      apply_comm_timeout(config, groups.ep());  // the experts' all-to-alls
     }
     return groups;
   }
   apply_comm_timeout(config, groups.data_parallel());
+  if (g.size(Axis::cp) > 1) apply_comm_timeout(config, groups.cp());  // Ulysses' all-to-alls
   if (g.size(Axis::tp) > 1) {
     apply_comm_timeout(config, groups.tp());
     apply_comm_timeout(config, groups.tp_dp());

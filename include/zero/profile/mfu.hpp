@@ -5,7 +5,7 @@
 // matrix products (Kaplan et al. 2020), plus attention's two T x T products over L layers of C
 // channels at context T. PaLM's MFU (Chowdhery et al. 2022, appendix B) counts those products
 // whole, 12LCT; a causal mask needs the half on and below the diagonal only, so zero counts
-// 6LCT (the figure the target is stated in), which gives a lower MFU than PaLM's.
+// 6LCT (as llm.c and the project's MFU targets do), which gives a lower MFU than PaLM's.
 //
 // The peaks are datasheet dense (no sparsity) bf16 tensor-core rates; programs also measure a
 // large cuBLASLt GEMM in the same run, the rate a step can actually approach.
