@@ -29,6 +29,7 @@ using namespace zero;
 using namespace zero::test;
 using zero::parallel::LocalComm;
 using zero::testing::per_rank;
+using zero::testing::thrown_message;
 
 namespace {
 
@@ -414,18 +415,8 @@ TEST_CASE(
         std::vector<std::string> seen;
         with_adam_engine(comm, false, [&](auto& eng) {
           train_steps(eng, comm, 0, 1, 1);
-          try {
-            eng.load_checkpoint(tmp.path(), "adamw");
-            seen.push_back("loaded");
-          } catch (const CheckpointError& e) {
-            seen.push_back(e.what());
-          }
-          try {
-            train_steps(eng, comm, 1, 2, 1);
-            seen.push_back("trained");
-          } catch (const Error& e) {
-            seen.push_back(e.what());
-          }
+          seen.push_back(thrown_message([&] { eng.load_checkpoint(tmp.path(), "adamw"); }));
+          seen.push_back(thrown_message([&] { train_steps(eng, comm, 1, 2, 1); }));
         });
         return seen;
       },
@@ -457,8 +448,8 @@ TEST_CASE("a checkpoint that one rank cannot open fails on every rank and change
         std::vector<std::string> seen;
         with_adam_engine(comm, false, [&](auto& eng) {
           const auto dir = comm.rank() == 0 ? tmp.path() : tmp.path() / "elsewhere";
-          seen.push_back(zero::testing::thrown_message([&] { eng.load_checkpoint(dir, "adamw"); }));
-          seen.push_back(zero::testing::thrown_message([&] { train_steps(eng, comm, 0, 1, 1); }));
+          seen.push_back(thrown_message([&] { eng.load_checkpoint(dir, "adamw"); }));
+          seen.push_back(thrown_message([&] { train_steps(eng, comm, 0, 1, 1); }));
         });
         return seen;
       },
@@ -486,18 +477,9 @@ TEST_CASE("load_gpt2_weights that fails on one rank after another replaced its s
   const auto seen_by = per_rank<std::vector<std::string>>(2, [&](LocalComm& comm) {
     std::vector<std::string> seen;
     with_adam_engine(comm, false, [&](auto& eng) {
-      try {
-        engine::load_gpt2_weights(eng, comm.rank() == 0 ? file : tmp.path() / "missing");
-        seen.push_back("loaded");
-      } catch (const CheckpointError& e) {
-        seen.push_back(e.what());
-      }
-      try {
-        train_steps(eng, comm, 0, 1, 1);
-        seen.push_back("trained");
-      } catch (const Error& e) {
-        seen.push_back(e.what());
-      }
+      const auto from = comm.rank() == 0 ? file : tmp.path() / "missing";
+      seen.push_back(thrown_message([&] { engine::load_gpt2_weights(eng, from); }));
+      seen.push_back(thrown_message([&] { train_steps(eng, comm, 0, 1, 1); }));
     });
     return seen;
   });
