@@ -157,6 +157,26 @@ TEST_CASE("latest missing or naming a missing tag is named", "[unit]") {
   CHECK(threw == std::vector<int>{1, 1});
 }
 
+TEST_CASE("a Reader reads the tag it opened: a move follows it, a replacement is an error",
+          "[unit]") {
+  Fixture fx;
+  const auto& t = fx.tensors[0];
+  const auto& other = fx.tensors[3];
+  {  // Moved after opening: every file still comes from the directory the index was read from.
+    const Reader reader(fx.dir.path(), "t", {Verify::none});
+    std::filesystem::rename(fx.dir.path() / "t", fx.dir.path() / "moved");
+    CHECK(same_bytes(other, 0, read_bytes(reader, other, 0, other.spec.numel())));
+    std::filesystem::rename(fx.dir.path() / "moved", fx.dir.path() / "t");
+  }
+  // Replaced by a save of the same tag with other values (same segmentation, so every shard
+  // has the size the first index records): reading is an error, never the new checkpoint's
+  // bytes under the old index (without checksums nothing else would notice).
+  const Reader reader(fx.dir.path(), "t", {Verify::none});
+  save_with_ranks(2, fx.dir.path(), "t", make_tensors(1, 20), 11);
+  CHECK_THROWS_WITH(read_bytes(reader, t, 0, t.spec.numel()),
+                    Contains("can no longer be opened") && Contains("replaced"));
+}
+
 TEST_CASE("a missing tensor or an out-of-bounds range is named", "[unit]") {
   Fixture fx;
   const Reader reader(fx.dir.path(), "t");

@@ -6,8 +6,9 @@
 // Opening checks the index (index.hpp) and that every shard file exists with exactly the size
 // the index records (a truncated file is named at open, before any read); a file is opened by
 // the first read that needs it, so each rank holds descriptors only for the shards it reads
-// (a load at large world sizes stays under the descriptor limit). Checksums: with
-// Verify::touched_segments (the default) every segment a read touches is verified in full
+// (a load at large world sizes stays under the descriptor limit), relative to the tag directory
+// the index came from, so a save replacing the tag cannot mix its files into this read. Checksums:
+// with Verify::touched_segments (the default) every segment a read touches is verified in full
 // before the read returns, once per Reader (verified segments are remembered). A read that
 // covers whole segments checksums the bytes it reads anyway, at no extra I/O; a read that
 // covers part of a segment not yet verified reads the rest of it too, through a bounded staging
@@ -16,6 +17,7 @@
 // escaped its checksum. Verify::none trusts the storage and reads exactly the requested bytes.
 
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -84,11 +86,16 @@ class Reader {
     std::error_code ec;
     expect<CheckpointError>(std::filesystem::is_directory(path_, ec), "checkpoint '",
                             path_.string(), "' does not exist", available_tags(dir));
+    // Every file is opened relative to the tag directory as it is now: a save replacing the tag
+    // (or a move of it) while this Reader lives cannot mix its files with the index read here.
+    dir_ = io::open_directory(path_);
     const auto index_path = path_ / index_file_name;
-    expect<CheckpointError>(std::filesystem::is_regular_file(index_path, ec), "checkpoint '",
-                            path_.string(), "' has no ", index_file_name,
+    struct stat index_info {};
+    expect<CheckpointError>(::fstatat(dir_.get(), index_file_name.data(), &index_info, 0) == 0 &&
+                                S_ISREG(index_info.st_mode),
+                            "checkpoint '", path_.string(), "' has no ", index_file_name,
                             " (not a complete zero checkpoint)");
-    const io::ReadFile index_file(index_path);
+    const io::ReadFile index_file(dir_, std::string(index_file_name), index_path);
     std::string text(static_cast<std::size_t>(index_file.size()), '\0');
     index_file.read_at(0, text.data(), text.size(), "the checkpoint index");
     index_ = parse_index(text, "checkpoint index '" + index_path.string() + "'");
@@ -232,18 +239,21 @@ class Reader {
     state_->files = std::vector<std::optional<io::ReadFile>>(index_.files.size());
     state_->opened = std::make_unique<std::once_flag[]>(index_.files.size());
     for (const FileRecord& f : index_.files) {
-      const auto p = path_ / f.name;
-      std::error_code ec;
-      if (!std::filesystem::is_regular_file(p, ec)) {
+      struct stat info {};
+      if (::fstatat(dir_.get(), f.name.c_str(), &info, 0) != 0 || !S_ISREG(info.st_mode)) {
         raise<CheckpointError>("checkpoint '", path_.string(), "': shard file '", f.name,
                                "' (rank ", f.rank, ") is missing", first_tensor_in(f.name));
       }
-      const std::uint64_t size = std::filesystem::file_size(p, ec);
-      expect<CheckpointError>(
-          !ec && size == f.bytes, "checkpoint '", path_.string(), "': shard file '", f.name,
-          "' has ", size, " bytes but the index records ", f.bytes,
-          size < f.bytes ? " (truncated)" : " (modified)", first_tensor_in(f.name));
+      check_size(f, static_cast<std::uint64_t>(info.st_size));
     }
+  }
+
+  /// CheckpointError when shard file f has size bytes and the index records another.
+  void check_size(const FileRecord& f, std::uint64_t size) const {
+    expect<CheckpointError>(size == f.bytes, "checkpoint '", path_.string(), "': shard file '",
+                            f.name, "' has ", size, " bytes but the index records ", f.bytes,
+                            size < f.bytes ? " (truncated)" : " (modified)",
+                            first_tensor_in(f.name));
   }
 
   /// "; it holds segments of tensor 'X' ..." for file messages.
@@ -258,11 +268,23 @@ class Reader {
     return "";
   }
 
-  /// The open shard file of s, opened by the first read that needs it (thread-safe).
+  /// The open shard file of s, opened by the first read that needs it (thread-safe), in the
+  /// directory the index was read from: once a save has replaced the tag and removed the old
+  /// files, the open fails with a CheckpointError instead of reading the new checkpoint's bytes.
   const io::ReadFile& file_of(const SegmentRecord& s) const {
     const auto i = static_cast<std::size_t>(s.file);
-    std::call_once(state_->opened[i],
-                   [&] { state_->files[i].emplace(path_ / index_.files[i].name); });
+    std::call_once(state_->opened[i], [&] {
+      const FileRecord& f = index_.files[i];
+      try {
+        state_->files[i].emplace(dir_, f.name, path_ / f.name);
+      } catch (const IoError& e) {
+        raise<CheckpointError>("checkpoint '", path_.string(), "': shard file '", f.name,
+                               "' can no longer be opened (was the tag replaced or removed "
+                               "while it was being read?): ",
+                               e.what());
+      }
+      check_size(f, state_->files[i]->size());
+    });
     return *state_->files[i];
   }
 
@@ -342,6 +364,7 @@ class Reader {
   nlohmann::json null_;  // what rank_state returns for a checkpoint without rank states
   std::string tag_;
   std::filesystem::path path_;
+  io::FileDescriptor dir_;  // the tag directory, every file opened relative to it
   Index index_;
   std::map<std::string, std::size_t, std::less<>> by_name_;
   std::vector<std::size_t> first_segment_;  // per tensor: its first slot in verified_

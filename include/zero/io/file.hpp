@@ -68,24 +68,27 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
+/// Opens the directory path read-only (for openat and fstatat relative to it); IoError naming
+/// it and the system's reason.
+inline FileDescriptor open_directory(const std::filesystem::path& path) {
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) {
+    const int code = errno;
+    raise<IoError>("cannot open directory '", path.string(), "': ", detail::errno_text(code));
+  }
+  return fd;
+}
+
 /// A regular file opened read-only, read at absolute offsets.
 class ReadFile {
  public:
   /// Opens path; throws IoError naming the file and the system's reason.
-  explicit ReadFile(std::filesystem::path path) : path_(std::move(path)) {
-    fd_ = FileDescriptor(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd_) {
-      const int code = errno;
-      raise<IoError>("cannot open '", path_.string(), "' for reading: ", detail::errno_text(code));
-    }
-    struct stat info {};
-    if (::fstat(fd_.get(), &info) != 0) {
-      const int code = errno;
-      raise<IoError>("cannot stat '", path_.string(), "': ", detail::errno_text(code));
-    }
-    expect<IoError>(S_ISREG(info.st_mode), "'", path_.string(), "' is not a regular file");
-    size_ = static_cast<std::uint64_t>(info.st_size);
-  }
+  explicit ReadFile(std::filesystem::path path) : ReadFile(AT_FDCWD, std::move(path)) {}
+  /// Opens the entry name of the open directory dir (openat: the directory, not whatever a
+  /// path names now, so a rename or replacement of the directory does not redirect the open);
+  /// shown is the path messages name.
+  ReadFile(const FileDescriptor& dir, const std::string& name, std::filesystem::path shown)
+      : ReadFile(dir.get(), std::move(shown), name.c_str()) {}
 
   /// The file's path as opened.
   const std::filesystem::path& path() const { return path_; }
@@ -116,6 +119,23 @@ class ReadFile {
   }
 
  private:
+  /// Opens entry (relative to dir_fd, or the working directory for AT_FDCWD); path is shown.
+  ReadFile(int dir_fd, std::filesystem::path path, const char* entry = nullptr)
+      : path_(std::move(path)) {
+    fd_ = FileDescriptor(::openat(dir_fd, entry ? entry : path_.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd_) {
+      const int code = errno;
+      raise<IoError>("cannot open '", path_.string(), "' for reading: ", detail::errno_text(code));
+    }
+    struct stat info {};
+    if (::fstat(fd_.get(), &info) != 0) {
+      const int code = errno;
+      raise<IoError>("cannot stat '", path_.string(), "': ", detail::errno_text(code));
+    }
+    expect<IoError>(S_ISREG(info.st_mode), "'", path_.string(), "' is not a regular file");
+    size_ = static_cast<std::uint64_t>(info.st_size);
+  }
+
   std::filesystem::path path_;
   FileDescriptor fd_;
   std::uint64_t size_ = 0;
