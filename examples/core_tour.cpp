@@ -6,18 +6,20 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include <zero/zero.hpp>
 
-int main(int argc, char** argv) {
-  const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
-  const std::int64_t numel = argc > 2 ? std::atoll(argv[2]) : 768 * 2304;
-  if (ranks < 1 || numel < 1) {
-    std::fprintf(stderr, "usage: core_tour [ranks >= 1] [elements >= 1]\n");
-    return 2;
-  }
+#include "cli_number.hpp"
+
+int main(int argc, char** argv) try {
+  const int ranks =
+      argc > 1 ? static_cast<int>(zero::examples::parse_integer("ranks", argv[1], 1, 1024)) : 4;
+  const std::int64_t numel =
+      argc > 2 ? zero::examples::parse_integer("elements", argv[2], 1, std::int64_t{1} << 40)
+               : 768 * 2304;
   const std::string name = "transformer.h.0.attn.c_attn.weight";
   const zero::CounterRng rng(zero::CounterRng::key_for(/*seed=*/1234, name));
   std::printf("zero %s: initialising %s (%lld elements) over %d ranks\n", zero::version_string,
@@ -60,4 +62,7 @@ int main(int argc, char** argv) {
               scratch.used_bytes(), scratch.capacity_bytes(), a.shape().to_string().c_str(),
               b.shape().to_string().c_str());
   return mismatches == 0 ? 0 : 1;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "core_tour: %s\nusage: core_tour [ranks >= 1] [elements >= 1]\n", e.what());
+  return 2;
 }

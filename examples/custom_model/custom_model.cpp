@@ -28,6 +28,8 @@
 #include <zero/nn/layers/linear.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
 
+#include "../cli_number.hpp"
+
 using namespace zero;
 
 namespace {
@@ -48,13 +50,13 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--ranks") {
-      o.ranks = std::atoi(value());
+      o.ranks = static_cast<int>(examples::parse_integer(a, value(), 1, 1024));
     } else if (a == "--steps") {
-      o.steps = std::atoi(value());
+      o.steps = static_cast<int>(examples::parse_integer(a, value(), 0, 1 << 30));
     } else if (a == "--hidden") {
-      o.hidden = std::atoll(value());
+      o.hidden = examples::parse_integer(a, value(), 1, 1 << 20);
     } else if (a == "--min-accuracy") {
-      o.min_accuracy = std::atof(value());
+      o.min_accuracy = examples::parse_real(a, value(), 0.0, 1.0);
     } else {
       raise<ConfigError>("custom_model: unknown option '", a,
                          "' (known: --ranks --steps --hidden --min-accuracy)");

@@ -9,11 +9,14 @@
 #include <zero/data/data_loader.hpp>
 #include <zero/data/prepare_text.hpp>
 
+#include "../cli_number.hpp"
+
 int main(int argc, char** argv) {
   const std::string text = argc > 1 ? argv[1] : ZERO_DEFAULT_CORPUS;
   const std::string prefix = argc > 2 ? argv[2] : "corpus";
-  const double val_fraction = argc > 3 ? std::atof(argv[3]) : 0.1;
   try {
+    const double val_fraction =
+        argc > 3 ? zero::examples::parse_real("val_fraction", argv[3], 0.0, 1.0) : 0.1;
     const auto tokens = zero::data::prepare_text_file(text, prefix, val_fraction);
     std::printf("{\"file\": \"%s_train.bin\", \"tokens\": %zu}\n", prefix.c_str(),
                 tokens.train.size());

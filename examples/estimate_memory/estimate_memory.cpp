@@ -11,6 +11,8 @@
 #include <zero/engine/memory_estimator.hpp>
 #include <zero/nn/gpt_config.hpp>
 
+#include "../cli_number.hpp"
+
 namespace {
 
 using namespace zero;
@@ -42,13 +44,13 @@ int main(int argc, char** argv) try {
     if (flag == "--model")
       model = v;
     else if (flag == "--params")
-      in.params = static_cast<std::int64_t>(std::atof(v.c_str()));
+      in.params = examples::parse_count(flag, v);
     else if (flag == "--largest-layer")
-      in.largest_unit_params = static_cast<std::int64_t>(std::atof(v.c_str()));
+      in.largest_unit_params = examples::parse_count(flag, v);
     else if (flag == "--gpus-per-node")
-      in.gpus_per_node = std::atoi(v.c_str());
+      in.gpus_per_node = static_cast<int>(examples::parse_integer(flag, v, 1, 1 << 20));
     else if (flag == "--nodes")
-      in.nodes = std::atoi(v.c_str());
+      in.nodes = static_cast<int>(examples::parse_integer(flag, v, 1, 1 << 20));
     else if (flag == "--precision") {
       if (v == "f32")
         in.precision = DType::f32;

@@ -29,6 +29,8 @@
 #include <zero/nn/layers/linear.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
 
+#include "../cli_number.hpp"
+
 using namespace zero;
 
 namespace {
@@ -49,11 +51,11 @@ Options parse(int argc, char** argv) {
     expect<ConfigError>(i + 1 < argc, "vision_model: ", a, " needs a value");
     const char* v = argv[++i];
     if (a == "--ranks") {
-      o.ranks = std::atoi(v);
+      o.ranks = static_cast<int>(examples::parse_integer(a, v, 1, 1024));
     } else if (a == "--steps") {
-      o.steps = std::atoi(v);
+      o.steps = static_cast<int>(examples::parse_integer(a, v, 0, 1 << 30));
     } else if (a == "--min-accuracy") {
-      o.min_accuracy = std::atof(v);
+      o.min_accuracy = examples::parse_real(a, v, 0.0, 1.0);
     } else {
       raise<ConfigError>("vision_model: unknown option '", a,
                          "' (known: --ranks --steps --min-accuracy)");
