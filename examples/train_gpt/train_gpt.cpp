@@ -182,6 +182,11 @@ Options parse(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0') usage(flag + " expects an integer, got '" + v + "'");
       return static_cast<std::int64_t>(x);
     };
+    auto positive = [&] {  // a count: ranks, sizes, lengths
+      const std::int64_t x = integer();
+      if (x < 1 || x > 2147483647) usage(flag + " must be in [1, 2147483647], got '" + v + "'");
+      return x;
+    };
     auto real = [&] {
       char* end = nullptr;
       const double x = std::strtod(v.c_str(), &end);
@@ -192,44 +197,44 @@ Options parse(int argc, char** argv) {
     if (flag == "--config")
       o.config = v;
     else if (flag == "--ranks")
-      o.ranks = static_cast<int>(integer());
+      o.ranks = static_cast<int>(positive());
     else if (flag == "--stage")
       o.stage = static_cast<int>(integer());
     else if (flag == "--tp")
-      o.tp = static_cast<int>(integer());
+      o.tp = static_cast<int>(positive());
     else if (flag == "--sp")
-      o.ulysses = static_cast<int>(integer());
+      o.ulysses = static_cast<int>(positive());
     else if (flag == "--experts")
-      o.experts = static_cast<int>(integer());
+      o.experts = static_cast<int>(positive());
     else if (flag == "--ep")
-      o.ep = static_cast<int>(integer());
+      o.ep = static_cast<int>(positive());
     else if (flag == "--k")
-      o.k = static_cast<int>(integer());
+      o.k = static_cast<int>(positive());
     else if (flag == "--pp")
-      o.pp = static_cast<int>(integer());
+      o.pp = static_cast<int>(positive());
     else if (flag == "--vpp")
-      o.vpp = static_cast<int>(integer());
+      o.vpp = static_cast<int>(positive());
     else if (flag == "--schedule")
       o.schedule = v;
     else if (flag == "--steps")
       o.steps = integer();
     else if (flag == "--batch")
-      o.batch = integer();
+      o.batch = positive();
     else if (flag == "--seq")
-      o.seq = integer();
+      o.seq = positive();
     else if (flag == "--grad-accum")
-      o.grad_accum = integer();
+      o.grad_accum = positive();
     else if (flag == "--warmup")
       o.warmup = integer();
     else if (flag == "--precision") {
       if (v != "f32" && v != "bf16") usage("--precision must be f32 or bf16, not '" + v + "'");
       o.precision = v;
     } else if (flag == "--layers")
-      o.layers = integer();
+      o.layers = positive();
     else if (flag == "--heads")
-      o.heads = integer();
+      o.heads = positive();
     else if (flag == "--channels")
-      o.channels = integer();
+      o.channels = positive();
     else if (flag == "--lr")
       o.lr = real();
     else if (flag == "--seed")
@@ -985,7 +990,12 @@ bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& com
   Config cfg = parsed;
   const auto tp = std::max<std::int64_t>(1, cfg.tensor_parallel.tp_size);
   const auto pp = std::max<std::int64_t>(1, cfg.pipeline.stages);
-  const auto chosen = fill_auto(o, cfg, static_cast<int>(comm.size() / (tp * pp)));  // dp
+  // The ranks that read different samples: sequence-parallel ranks share theirs.
+  const auto sp = std::max<std::int64_t>(1, cfg.sequence_parallel_size);
+  expect<ConfigError>(comm.size() % (tp * pp * sp) == 0, "tensor_parallel.tp_size = ", tp,
+                      ", pipeline.stages = ", pp, " and sequence_parallel_size = ", sp,
+                      " do not divide the ", comm.size(), " ranks");
+  const auto chosen = fill_auto(o, cfg, static_cast<int>(comm.size() / (tp * pp * sp)));  // dp
   if (comm.rank() == 0) {
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
     for (const auto& n : cfg.notices) std::printf("train_gpt: config: %s\n", n.c_str());

@@ -244,7 +244,10 @@ void read_param(const nlohmann::json& params, const char* key, T& out) {
   if (it == params.end() || it->is_null()) return;
   bool ok;
   if constexpr (std::is_same_v<T, bool>) {
-    ok = it->is_boolean();
+    // The engine's Config keeps a boolean param as the number 0 or 1 (NamedParams holds
+    // numbers), and DeepSpeed's Python reads either as a truth value.
+    ok = it->is_boolean() ||
+         (it->is_number() && (it->get<double>() == 0.0 || it->get<double>() == 1.0));
   } else if constexpr (std::is_integral_v<T>) {
     ok = it->is_number_integer() ||
          (it->is_number() && std::floor(it->get<double>()) == it->get<double>());
@@ -253,7 +256,9 @@ void read_param(const nlohmann::json& params, const char* key, T& out) {
   }
   expect<ConfigError>(ok, "scheduler.params.", key, ": expected a ",
                       std::is_same_v<T, bool> ? "boolean" : "number", ", got ", it->dump());
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+  if constexpr (std::is_same_v<T, bool>) {
+    out = it->is_boolean() ? it->get<bool>() : it->get<double>() != 0.0;
+  } else if constexpr (std::is_integral_v<T>) {
     out = static_cast<T>(it->get<double>());
   } else {
     out = it->get<T>();

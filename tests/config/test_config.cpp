@@ -155,7 +155,20 @@ TEST_CASE("bad values are rejected with their key path", "[unit][config]") {
   expect_error(R"({"optimizer": {"type": "Adam", "params": {"lr": {"x": 1}}}})",
                "optimizer.params.lr");
   expect_error(R"({"gradient_clipping": -1})", "gradient_clipping: -1");
-  expect_error(R"({"train_batch_size": 0})", "train_batch_size: 0 must be positive");
+  expect_error(R"({"train_batch_size": 0})", "train_batch_size: 0 must be in [1, 2147483647]");
+  // Batch keys whose product wrapped to 0 (a division by zero) or to a wrong batch.
+  expect_error(R"({"train_batch_size": 1, "train_micro_batch_size_per_gpu": 4294967296,
+                   "gradient_accumulation_steps": 4294967296})",
+               "train_micro_batch_size_per_gpu: 4294967296 must be in [1, 2147483647]");
+  CHECK_THROWS_WITH(Config::from_json_string(R"({"train_micro_batch_size_per_gpu": 2147483647,
+                                                  "gradient_accumulation_steps": 2147483647})")
+                        .resolve_batch(2147483647),
+                    Catch::Contains("overflows a 64-bit batch size"));
+  // Integers that narrow to int are range-checked first: 4294967312 is not 16.
+  expect_error(R"({"fp16": {"enabled": true, "initial_scale_power": 4294967312}})",
+               "fp16.initial_scale_power: 4294967312 is out of range");
+  expect_error(R"({"fp16": {"enabled": true, "hysteresis": 4294967298}})",
+               "fp16.hysteresis: 4294967298 is out of range");
   expect_error(R"({"fp16": {"enabled": true, "hysteresis": 0}})", "fp16.hysteresis");
   expect_error(R"({"fp16": {"loss_scale_window": "often"}})",
                "fp16.loss_scale_window: expected an integer");

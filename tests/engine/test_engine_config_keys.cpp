@@ -13,6 +13,7 @@
 
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/process_groups.hpp>
+#include <zero/config/auto_values.hpp>
 #include <zero/engine/dispatch.hpp>
 
 #include "../support/per_rank.hpp"
@@ -234,4 +235,54 @@ TEST_CASE("a bf16 config trains the bf16 engine that dispatch picks", "[unit][en
   });
   INFO(losses[0][0] << " -> " << losses[0][3]);
   CHECK(losses[0][3] < losses[0][0]);
+}
+
+TEST_CASE("boolean scheduler params of a config reach the schedule", "[unit][engine]") {
+  // The config keeps a boolean param as 0/1; the schedule refused that as "expected a boolean".
+  const Config one_cycle =
+      with_keys(1,
+                R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001,
+          "cycle_max_lr": 0.001, "cycle_first_step_size": 10, "cycle_momentum": false}},)",
+                "");
+  const auto s = engine::scheduler_from_config(one_cycle, 1e-3);
+  REQUIRE(s.has_value());
+  CHECK_FALSE(s->momentum().has_value());  // cycling on would give beta1 at every step
+  const Config range =
+      with_keys(1,
+                R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.001,
+          "lr_range_test_step_size": 10, "lr_range_test_step_rate": 1.0,
+          "lr_range_test_staircase": true}},)",
+                "");
+  auto staircase = *engine::scheduler_from_config(range, 1e-3);
+  for (int i = 0; i < 15; ++i) staircase.step();  // iteration 14: still the first stair
+  CHECK(staircase.lr() == Approx(2e-3));
+}
+
+TEST_CASE("an Engine refuses a config with \"auto\" left unfilled", "[unit][engine]") {
+  // Unfilled, gradient_clipping "auto" read as 0 (clipping off) and the schedule's "auto"
+  // params as its defaults.
+  const Config cfg = with_keys(1, R"("gradient_clipping": "auto",
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}},)",
+                               "");
+  const auto errors = per_rank<std::string>(2, [&](LocalComm& comm) {
+    return thrown_message([&] {
+      nn::GPT<float> model(tiny());
+      engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, comm, cfg);
+    });
+  });
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::Contains("gradient_clipping") &&
+                      Catch::Contains("scheduler.params.warmup_max_lr") &&
+                      Catch::Contains("config::fill_auto"));
+  }
+  // Negative control: filled, the same config builds.
+  Config filled = cfg;
+  config::fill_auto(filled, config::AutoValues{}, 2);
+  const auto built = per_rank<std::string>(2, [&](LocalComm& comm) {
+    return thrown_message([&] {
+      nn::GPT<float> model(tiny());
+      engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, comm, filled);
+    });
+  });
+  CHECK(built[0] == nothing_thrown);
 }

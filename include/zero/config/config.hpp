@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -92,6 +93,9 @@ struct Config {
   /// filled, since whether a key takes effect can depend on the filled precision).
   nlohmann::json source;
 
+  /// The largest batch-size key accepted (train_batch_size and its two factors).
+  static constexpr std::int64_t max_batch_key = 2147483647;
+
   /// Parses a config; throws ConfigError naming the key path of the first bad value.
   static Config from_json(const nlohmann::json& j) {
     expect<ConfigError>(j.is_object(), "config: expected a JSON object at the top, got ",
@@ -102,8 +106,11 @@ struct Config {
     c.train_batch_size = r.integer("train_batch_size");
     c.train_micro_batch_size_per_gpu = r.integer("train_micro_batch_size_per_gpu");
     c.gradient_accumulation_steps = r.integer("gradient_accumulation_steps");
+    // Batch sizes are counts of samples per step: positive, and below 2^31 so their products
+    // with each other and the data-parallel size stay exact (resolve_batch).
     auto positive = [&](const char* key, const std::optional<std::int64_t>& v) {
-      expect<ConfigError>(!v || *v > 0, r.where(key), ": ", v.value_or(0), " must be positive");
+      expect<ConfigError>(!v || (*v > 0 && *v <= max_batch_key), r.where(key), ": ", v.value_or(0),
+                          " must be in [1, ", max_batch_key, "]");
     };
     positive("train_batch_size", c.train_batch_size);
     positive("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
@@ -225,7 +232,17 @@ struct Config {
   /// accumulation give the third; one of train or micro alone means accumulation 1; all three
   /// must agree. Throws ConfigError with the numbers when they cannot.
   BatchSizes resolve_batch(std::int64_t dp) const {
-    expect<ConfigError>(dp > 0, "resolve_batch: data-parallel size ", dp, " must be positive");
+    expect<ConfigError>(dp > 0 && dp <= max_batch_key, "resolve_batch: data-parallel size ", dp,
+                        " must be in [1, ", max_batch_key, "]");
+    // Each factor is below 2^31 (from_json), so two of them multiply exactly; three may not.
+    const auto product = [&](std::int64_t a, std::int64_t b, std::int64_t c) {
+      std::int64_t ab = 0, abc = 0;
+      expect<ConfigError>(
+          !__builtin_mul_overflow(a, b, &ab) && !__builtin_mul_overflow(ab, c, &abc),
+          "train_micro_batch_size_per_gpu ", a, " x gradient_accumulation_steps ", b,
+          " x data-parallel size ", c, " overflows a 64-bit batch size");
+      return abc;
+    };
     const auto& t = train_batch_size;
     const auto& m = train_micro_batch_size_per_gpu;
     const auto& g = gradient_accumulation_steps;
@@ -243,7 +260,7 @@ struct Config {
                           " x data-parallel size ", dp);
       b = {*t, *t / (*g * dp), *g};
     } else if (m && g) {
-      b = {*m * *g * dp, *m, *g};
+      b = {product(*m, *g, dp), *m, *g};
     } else if (t) {
       expect<ConfigError>(*t % dp == 0, "train_batch_size ", *t,
                           " is not divisible by the data-parallel size ", dp);
@@ -255,8 +272,8 @@ struct Config {
           "train_batch_size or train_micro_batch_size_per_gpu must be given "
           "(gradient_accumulation_steps alone does not fix the batch)");
     }
-    expect<ConfigError>(b.train == b.micro * b.accumulation * dp, "train_batch_size ", b.train,
-                        " != train_micro_batch_size_per_gpu ", b.micro,
+    expect<ConfigError>(b.train == product(b.micro, b.accumulation, dp), "train_batch_size ",
+                        b.train, " != train_micro_batch_size_per_gpu ", b.micro,
                         " x gradient_accumulation_steps ", b.accumulation, " x data-parallel size ",
                         dp);
     return b;
@@ -361,9 +378,17 @@ struct Config {
   static void read_fp16(config::JsonReader f, Config& c) {
     c.fp16.enabled = f.boolean_or_auto("enabled", false);
     c.fp16.loss_scale = f.number("loss_scale").value_or(0);
-    c.fp16.initial_scale_power = static_cast<int>(f.integer("initial_scale_power").value_or(16));
+    // Range-checked as 64-bit integers before they narrow to int (4294967312 is not 16).
+    const auto small_int = [&](const char* key, std::int64_t fallback) {
+      const std::int64_t v = f.integer(key).value_or(fallback);
+      expect<ConfigError>(
+          v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(),
+          f.where(key), ": ", v, " is out of range");
+      return static_cast<int>(v);
+    };
+    c.fp16.initial_scale_power = small_int("initial_scale_power", 16);
     c.fp16.loss_scale_window = f.integer("loss_scale_window").value_or(1000);
-    c.fp16.hysteresis = static_cast<int>(f.integer("hysteresis").value_or(2));
+    c.fp16.hysteresis = small_int("hysteresis", 2);
     c.fp16.consecutive_hysteresis = f.boolean("consecutive_hysteresis").value_or(false);
     c.fp16.min_loss_scale = f.number("min_loss_scale").value_or(1);
     expect<ConfigError>(c.fp16.loss_scale >= 0, f.where("loss_scale"), ": ", c.fp16.loss_scale,

@@ -85,6 +85,15 @@ struct EngineOptions {
   /// These options with the numeric DeepSpeed keys of config applied; data_parallel_size
   /// resolves the batch-size rule into gradient_accumulation_steps.
   EngineOptions with_config(const Config& config, int data_parallel_size) const {
+    // An "auto" left in place would read as absent: clipping off, the schedule's defaults, one
+    // micro-step per step, where the run meant its own values.
+    if (!config.auto_keys.empty()) {
+      std::string keys;
+      for (const auto& k : config.auto_keys) keys += (keys.empty() ? "" : ", ") + k;
+      raise<ConfigError>("config: \"auto\" is not filled in for ", keys,
+                         "; call config::fill_auto with the run's values before building an "
+                         "Engine, or give numbers");
+    }
     EngineOptions o = *this;
     if (config.train_batch_size || config.train_micro_batch_size_per_gpu) {
       o.gradient_accumulation_steps =
