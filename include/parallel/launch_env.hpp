@@ -5,10 +5,13 @@
 // it was launched as one of many ranks (then it builds an MpiComm) and to pick its device by
 // local rank before MPI is initialised. The first launcher whose variables are all present wins.
 
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <zero/core/error.hpp>
 
@@ -23,6 +26,62 @@ struct LaunchEnv {
   std::string launcher;  ///< "openmpi", "mpich", "slurm" or "torchrun"
 };
 
+namespace detail {
+
+/// The count for node index node in a Slurm per-node task list ("2(x3),1": 2 tasks on each of
+/// nodes 0-2, 1 on node 3); empty when the list does not parse or is shorter.
+inline std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
+  std::int64_t first = 0;  // node index of the item's first node
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    const std::string_view item = list.substr(0, comma);
+    const char* const end = item.data() + item.size();
+    int count = 0, repeat = 1;
+    const auto [after_count, e1] = std::from_chars(item.data(), end, count);
+    if (e1 != std::errc() || count < 0) return std::nullopt;
+    if (after_count != end) {  // "(xK)"
+      const std::string_view rest(after_count, static_cast<std::size_t>(end - after_count));
+      if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')') return std::nullopt;
+      const auto [after_repeat, e2] = std::from_chars(rest.data() + 2, end - 1, repeat);
+      if (e2 != std::errc() || after_repeat != end - 1 || repeat < 1) return std::nullopt;
+    }
+    if (node < first + repeat) return count;
+    first += repeat;
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return std::nullopt;
+}
+
+/// Slurm's ranks on this node: this step's per-node task list at SLURM_NODEID (srun sets
+/// SLURM_STEP_TASKS_PER_NODE; SLURM_TASKS_PER_NODE is the job's), else SLURM_NTASKS_PER_NODE
+/// when it fits this launch (set only with --ntasks-per-node, and a step may run fewer tasks),
+/// else at least local_rank + 1.
+inline int slurm_local_size(const std::function<const char*(const char*)>& getenv, int local_rank,
+                            int size) {
+  const auto fits = [&](std::optional<int> v) { return v && *v > local_rank && *v <= size; };
+  const char* node_text = getenv("SLURM_NODEID");
+  int node = 0;
+  if (node_text != nullptr) {
+    const std::string_view t(node_text);
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), node);
+    if (ec != std::errc() || end != t.data() + t.size() || node < 0) node = -1;
+  }
+  for (const char* name :
+       {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"}) {
+    const char* list = getenv(name);
+    // SLURM_NTASKS_PER_NODE is one count for every node ("4", or "4(x2)" on some versions);
+    // SLURM_TASKS_PER_NODE is the job's list, right where the step spans the allocation.
+    const bool per_job = std::string_view(name) == "SLURM_NTASKS_PER_NODE";
+    if (list == nullptr || (node < 0 && !per_job)) continue;
+    const auto v = slurm_tasks_on_node(list, per_job ? 0 : node);
+    if (fits(v)) return *v;
+  }
+  return local_rank + 1;
+}
+
+}  // namespace detail
+
 /// Reads the launch from getenv (std::getenv by default; tests pass a map); empty when no
 /// launcher's variables are set. Throws ConfigError naming the variable when one is not a
 /// non-negative integer or the numbers contradict each other.
@@ -36,15 +95,14 @@ inline std::optional<LaunchEnv> launch_env(const std::function<const char*(const
       {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
        "OMPI_COMM_WORLD_LOCAL_SIZE"},
       {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},  // slurm_local_size
       {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}};
   auto number = [&](const char* name) -> std::optional<int> {
     const char* v = getenv(name);
     if (v == nullptr) return std::nullopt;
     char* end = nullptr;
     const long x = std::strtol(v, &end, 10);
-    // Slurm writes SLURM_NTASKS_PER_NODE as "2" or "2(x3)"; the count before '(' is ours.
-    expect<ConfigError>(end != v && (*end == '\0' || *end == '(') && x >= 0 && x < (1L << 30),
+    expect<ConfigError>(end != v && *end == '\0' && x >= 0 && x < (1L << 30),
                         "launch environment: ", name, "='", v, "' is not a non-negative integer");
     return static_cast<int>(x);
   };
@@ -58,7 +116,8 @@ inline std::optional<LaunchEnv> launch_env(const std::function<const char*(const
     // Without local variables (MPICH's Hydra sets them only with some bootstraps) every rank
     // counts as its own host's only one.
     e.local_rank = number(n.local_rank).value_or(0);
-    e.local_size = number(n.local_size).value_or(1);
+    e.local_size = n.local_size ? number(n.local_size).value_or(1)
+                                : detail::slurm_local_size(getenv, e.local_rank, e.size);
     expect<ConfigError>(e.size >= 1 && e.rank < e.size, "launch environment (", e.launcher,
                         "): ", n.rank, "=", e.rank, " is not below ", n.size, "=", e.size);
     expect<ConfigError>(e.local_size >= 1 && e.local_rank < e.local_size && e.local_size <= e.size,

@@ -67,3 +67,41 @@ TEST_CASE("launch_env names a malformed or contradictory variable", "[unit][comm
                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})),
                     Catch::Contains("OMPI_COMM_WORLD_LOCAL_RANK=2"));
 }
+
+TEST_CASE("launch_env: Slurm's ranks on a node come from the step's per-node task list",
+          "[unit][comm]") {
+  // SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node (and is the job's, not the
+  // step's): srun -n4 without it failed on ranks 1-3 ("do not fit"), srun -n2 in an allocation
+  // of 8 per node on every rank.
+  const auto plain = launch_env(from({{"SLURM_PROCID", "1"},
+                                      {"SLURM_NTASKS", "4"},
+                                      {"SLURM_LOCALID", "1"},
+                                      {"SLURM_NODEID", "0"},
+                                      {"SLURM_STEP_TASKS_PER_NODE", "4"}}));
+  REQUIRE(plain);
+  CHECK(plain->local_rank == 1);
+  CHECK(plain->local_size == 4);
+  const auto uneven = launch_env(from({{"SLURM_PROCID", "5"},
+                                       {"SLURM_NTASKS", "9"},
+                                       {"SLURM_LOCALID", "2"},
+                                       {"SLURM_NODEID", "2"},
+                                       {"SLURM_STEP_TASKS_PER_NODE", "2(x2),5"}}));
+  REQUIRE(uneven);
+  CHECK(uneven->local_size == 5);
+  const auto fewer = launch_env(from({{"SLURM_PROCID", "1"},
+                                      {"SLURM_NTASKS", "2"},
+                                      {"SLURM_LOCALID", "1"},
+                                      {"SLURM_NTASKS_PER_NODE", "8"},
+                                      {"SLURM_STEP_TASKS_PER_NODE", "2"}}));
+  REQUIRE(fewer);
+  CHECK(fewer->local_size == 2);
+  // Nothing usable: at least the ranks up to this one.
+  const auto bare =
+      launch_env(from({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "3"}}));
+  REQUIRE(bare);
+  CHECK(bare->local_size == 4);
+  CHECK(zero::parallel::detail::slurm_tasks_on_node("2(x3),1", 3) == 1);
+  CHECK(zero::parallel::detail::slurm_tasks_on_node("2(x3),1", 2) == 2);
+  CHECK_FALSE(zero::parallel::detail::slurm_tasks_on_node("2(x3),1", 4));
+  CHECK_FALSE(zero::parallel::detail::slurm_tasks_on_node("2(y3)", 0));
+}

@@ -2,10 +2,14 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <latch>
+#include <mutex>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include <parallel/comm/local_comm.hpp>
@@ -490,4 +494,71 @@ TEST_CASE("BasicLocalComm moves every byte through its mover and names it in err
   });
   CHECK_THAT(messages[0], Catch::Contains("CountingLocalComm: all_reduce #0"));
   CHECK_THAT(messages[0], Catch::Contains("mismatched buffers"));
+}
+
+namespace {
+
+/// What GateMover's held fold waits on, shared by one test's ranks.
+struct Gate {
+  std::latch in_body{1};
+  std::mutex m;
+  std::condition_variable cv;
+  bool peer_returned = false;  // rank 0 came back from the op
+  bool seen_returned = false;  // rank 1's fold, when it finished, saw that
+};
+
+/// HostMover whose fold on the rank with role 1 holds until its peer returns from the op, or
+/// long enough to tell that the peer does not.
+class GateMover : public HostMover {
+ public:
+  static constexpr std::string_view comm_name = "GateLocalComm";
+  using HostMover::HostMover;
+  template <class T>
+  void reduce(ReduceOp op, const T* const* in, int ranks, std::size_t count, T* const* out,
+              int n_out) {
+    if (role == 1 && gate != nullptr) {
+      gate->in_body.count_down();
+      std::unique_lock lock(gate->m);
+      gate->cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return gate->peer_returned; });
+      gate->seen_returned = gate->peer_returned;
+    }
+    HostMover::reduce<T>(op, in, ranks, count, out, n_out);
+  }
+
+  int role = -1;
+  Gate* gate = nullptr;
+};
+
+}  // namespace
+
+TEST_CASE("a rank leaves a collective only once its peers have finished with its buffers",
+          "[unit][comm]") {
+  // World rank 2 fails while rank 1 still folds into rank 0's output of an all-reduce over the
+  // group {0, 1}. Rank 0 returned at the world's abort, freeing buffers rank 1 was writing.
+  using GateComm = BasicLocalComm<GateMover>;
+  Gate gate;
+  CHECK_THROWS_WITH(GateComm::run(3,
+                                  [&](GateComm& world) {
+                                    GateComm pair = world.split(
+                                        world.rank() < 2 ? 0 : undefined_color, world.rank());
+                                    if (world.rank() == 2) {
+                                      gate.in_body.wait();
+                                      throw std::runtime_error("rank 2 fails");
+                                    }
+                                    pair.mover().role = pair.rank();
+                                    pair.mover().gate = &gate;
+                                    std::vector<float> in(1 << 12, 1.0f), out(in.size());
+                                    try {
+                                      pair.all_reduce(std::span<const float>(in),
+                                                      std::span<float>(out), ReduceOp::sum);
+                                    } catch (const CommError&) {
+                                    }
+                                    if (pair.rank() == 0) {
+                                      std::lock_guard lock(gate.m);
+                                      gate.peer_returned = true;
+                                      gate.cv.notify_all();
+                                    }
+                                  }),
+                    Catch::Contains("rank 2 fails"));
+  CHECK_FALSE(gate.seen_returned);
 }

@@ -363,3 +363,20 @@ TEST_CASE("MpiComm: the logger counts nccl-tests bytes per op", "[mpi]") {
   CHECK(logger->total(CommOp::all_reduce).bus_bytes == Approx(1024 * 2.0 * (n - 1) / n));
   CHECK(logger->total(CommOp::reduce_scatter, "world").bytes == 1024u * static_cast<unsigned>(n));
 }
+
+TEST_CASE("MpiComm: verify_sequence counts collectives only, not sends and receives", "[mpi]") {
+  // A pipeline's middle stages send and receive twice as often as its ends: numbered with the
+  // collectives, the next all_reduce carried different numbers on different ranks and failed
+  // the check.
+  auto world = MpiComm::world();
+  const int me = world.rank(), n = world.size();
+  auto comm = world.split(0, me, "chain");
+  comm.set_options(CommOptions{.timeout_s = 20, .verify_sequence = true});
+  std::vector<float> token(3, 1.0f);
+  if (me > 0) comm.recv(std::span<float>(token), me - 1, 5);
+  if (me + 1 < n) comm.send(std::span<const float>(token), me + 1, 5);
+  std::vector<float> buf(4, 1.0f);
+  CHECK_NOTHROW(comm.all_reduce(std::span<float>(buf), ReduceOp::sum));
+  CHECK(buf[0] == static_cast<float>(n));
+  world.barrier();
+}

@@ -8,7 +8,7 @@
 // Every collective is a rendezvous: each rank posts a descriptor (op, dtype, count, buffer
 // pointers), all ranks check that the descriptors agree, then each rank moves its own share of
 // the data (rank r reduces chunk r of an all_reduce, its own output of a reduce_scatter, ...)
-// and a second rendezvous keeps every buffer alive until all ranks are done with it.
+// and a release keeps every buffer alive until all ranks are done with it.
 // Reductions fold ranks in rank order, so a run is bitwise reproducible.
 // Point-to-point sends are eager (copied into a mailbox), so a send never blocks.
 // Async ops run in issue order on a per-rank progress thread; a blocking op first waits for
@@ -80,7 +80,7 @@ struct LocalRank {
   }
 
   /// The choke point of every collective: rendezvous, validation, data movement by body,
-  /// second rendezvous, logging. bytes is the nccl-tests S of the op.
+  /// release (every rank's movement has finished), logging. bytes is the nccl-tests S of the op.
   template <class Body>
   void collective(OpDesc desc, std::size_t bytes, Body&& body) {
     desc.seq = next_seq++;
@@ -101,15 +101,28 @@ struct LocalRank {
     };
     breaking([&] { mover.begin(ctx, deadline); });
     group->arrive(rank, &desc, deadline, ctx, options.timeout_s);
+    // Past the rendezvous every rank has posted buffers the others read and write: each rank
+    // leaves only through the release, once all have finished with them (a rank that failed
+    // meanwhile, or whose world aborted, still waits for the peers writing into its memory).
     if (std::string error = group->validation_error(ctx); !error.empty()) {
-      group->arrive(rank, nullptr, deadline, ctx, options.timeout_s);
+      group->release(false);
       throw CommError(error);
     }
-    breaking([&] {
-      body(group->slots);
-      mover.end(ctx, deadline);
-    });
-    group->arrive(rank, nullptr, deadline, ctx, options.timeout_s);
+    try {
+      breaking([&] {
+        body(group->slots);
+        mover.end(ctx, deadline);
+      });
+    } catch (...) {
+      group->release(true);
+      throw;
+    }
+    // A peer whose share of this op failed broke the group: the op did not complete everywhere,
+    // so no rank goes on as if it had.
+    if (group->release(false)) {
+      std::lock_guard lock(group->world->mutex);
+      group->throw_if_broken(ctx);
+    }
     if (logger) {
       logger->record(desc.op, name, group->size(), bytes,
                      std::chrono::duration<double>(CommClock::now() - start).count());

@@ -12,7 +12,7 @@
 //   begin(ctx, deadline)  the rank's buffers are ready to be read by every rank (for a device:
 //                         the work ordered before the op on the mover's stream has finished);
 //   copy / reduce ...     the rank's own share of the data movement, on any rank's buffers;
-//   end(ctx, deadline)    that movement has finished (before the second rendezvous frees the
+//   end(ctx, deadline)    that movement has finished (before the release frees the
 //                         buffers to their owners).
 // to_host / from_host (ctx, deadline) move a point-to-point message through the host mailbox
 // and have finished when they return. Every wait past the deadline is a CommError naming the op.

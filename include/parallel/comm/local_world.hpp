@@ -1,9 +1,11 @@
 #pragma once
 // The shared state behind LocalComm: one LocalWorld per LocalComm::run (abort flag, which
 // ranks have left) and one LocalGroup per communicator (the rendezvous where every rank posts
-// its op's descriptor, and the point-to-point mailboxes). Every wait here is bounded by a
-// deadline and wakes when the world aborts or a rank it waits for has left, so a failure on one
-// rank reaches the others as a CommError instead of a hang. A rank that fails in a collective
+// its op's descriptor, and the point-to-point mailboxes). Every wait for another rank to join
+// is bounded by a deadline and wakes when the world aborts or a rank it waits for has left, so
+// a failure on one rank reaches the others as a CommError instead of a hang. The release that
+// ends an op every rank joined waits without a deadline for the ranks still moving bytes (see
+// release). A rank that fails in a collective
 // (at a rendezvous: its deadline, or a partner that left; or outside one: break_with) breaks the
 // group, as NcclComm aborts its communicator: it withdraws its arrival, and every op on the group
 // after that fails at once with the first failure's message, so no later op completes against
@@ -136,6 +138,10 @@ struct LocalGroup {
   std::vector<std::uint64_t> arrived_at;  ///< generation+1 of the barrier each rank is in
   int arrived = 0;
   std::uint64_t generation = 0;
+  int released = 0;                      ///< ranks at the current op's release
+  int release_failures = 0;              ///< of those, ranks whose share failed
+  bool last_release_failed = false;      ///< the outcome of the last completed release
+  std::uint64_t release_generation = 0;  ///< completed releases
   /// Set by the first rank that failed at a rendezvous of this group (see the file comment):
   /// what it threw. Guarded by world->mutex.
   std::string broken;
@@ -175,6 +181,30 @@ struct LocalGroup {
       world->cv.notify_all();
       throw;
     }
+  }
+
+  /// The closing barrier of an op every rank of the group has joined (passed the first
+  /// rendezvous): blocks until each rank has finished its share of the data movement or failed
+  /// in it (failed), and returns whether any rank of this op failed. It has no deadline and no
+  /// abort or broken exit on purpose: a rank's share reads and writes the other ranks' buffers,
+  /// so none may return (and free its buffers) while a peer still moves bytes, and every rank
+  /// that joined comes here after its own share, whose device waits have their deadline.
+  bool release(bool failed) {
+    std::unique_lock lock(world->mutex);
+    const std::uint64_t gen = release_generation;
+    release_failures += failed ? 1 : 0;
+    if (++released == size()) {
+      // Kept until this rank's next release completes, which needs every rank to have left
+      // this one first: each reads its own op's outcome.
+      last_release_failed = release_failures > 0;
+      released = 0;
+      release_failures = 0;
+      ++release_generation;
+      world->cv.notify_all();
+      return last_release_failed;
+    }
+    world->cv.wait(lock, [&] { return release_generation != gen; });
+    return last_release_failed;
   }
 
   /// Breaks the group with why (unless it is already broken): a rank failed in an op outside
@@ -231,7 +261,7 @@ struct LocalGroup {
 
   /// The CommError message when the ranks' descriptors disagree (op, dtype, count, reduction,
   /// root, all_to_all_v counts), or an empty string. Every rank sees the same slots, so all
-  /// ranks get the same answer; they throw only after a second rendezvous, because the
+  /// ranks get the same answer; they throw only after the release, because the
   /// descriptors point into other ranks' memory, which a throwing rank would free.
   std::string validation_error(const OpContext& ctx) const {
     try {

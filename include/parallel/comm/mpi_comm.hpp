@@ -32,6 +32,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -105,23 +106,57 @@ struct MpiShared {
   CommOptions options;
   std::shared_ptr<CommLogger> logger;
   std::atomic<std::uint64_t> next_seq{0};
-  std::vector<int> world_ranks;        ///< MPI_COMM_WORLD rank of each rank, for messages
-  std::vector<MPI_Request> abandoned;  ///< requests of timed-out ops (MPI cannot cancel them)
-  MPI_Comm control = MPI_COMM_NULL;    ///< the group's control channel (mpi_control.hpp)
-  MPI_Comm exchange = MPI_COMM_NULL;   ///< direct exchanges' channel (mpi_direct.hpp), or null
-  bool grouping = false;               ///< between group_start and group_end
+  std::vector<int> world_ranks;  ///< MPI_COMM_WORLD rank of each rank, for messages
+  /// A timed-out op's requests (MPI cannot cancel a collective) and the buffers they may still
+  /// read or write: they stay alive until the requests complete.
+  struct Abandoned {
+    std::vector<MPI_Request> requests;
+    std::vector<std::shared_ptr<void>> buffers;
+  };
+  std::mutex abandoned_mutex;         ///< guards abandoned (a Work may be dropped on any thread)
+  std::vector<Abandoned> abandoned;   ///< timed-out ops not yet seen complete
+  MPI_Comm control = MPI_COMM_NULL;   ///< the group's control channel (mpi_control.hpp)
+  MPI_Comm exchange = MPI_COMM_NULL;  ///< direct exchanges' channel (mpi_direct.hpp), or null
+  bool grouping = false;              ///< between group_start and group_end
   std::vector<std::shared_ptr<WorkState>> grouped;  ///< point-to-point ops posted in the group
 
   ~MpiShared() {
-    // A timed-out collective may still complete if the late ranks joined meanwhile.
-    for (MPI_Request& r : abandoned) {
-      int flag = 0;
-      if (r != MPI_REQUEST_NULL) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+    // A timed-out collective may still complete if the late ranks joined meanwhile; buffers of
+    // one that has not are left allocated, since MPI may still write them.
+    reap_abandoned();
+    for (Abandoned& a : abandoned) {
+      if (!a.buffers.empty()) graveyard().push_back(std::move(a.buffers));
     }
     int finalized = 1;
     MPI_Finalized(&finalized);
     if (control != MPI_COMM_NULL && !finalized) MPI_Comm_free(&control);
     if (exchange != MPI_COMM_NULL && !finalized) MPI_Comm_free(&exchange);
+  }
+
+  /// Hands a timed-out op's requests and buffers over (see Abandoned).
+  void abandon(std::vector<MPI_Request> requests, std::vector<std::shared_ptr<void>> buffers) {
+    std::lock_guard lock(abandoned_mutex);
+    abandoned.push_back({std::move(requests), std::move(buffers)});
+  }
+  /// Where buffers MPI may still write outlive their communicator: never freed, but reachable
+  /// (a leak checker does not count them).
+  static std::vector<std::vector<std::shared_ptr<void>>>& graveyard() {
+    static auto* kept = new std::vector<std::vector<std::shared_ptr<void>>>();
+    return *kept;
+  }
+  /// Frees the buffers of abandoned ops whose requests have completed since.
+  void reap_abandoned() {
+    std::lock_guard lock(abandoned_mutex);
+    if (abandoned.empty()) return;
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    std::erase_if(abandoned, [](Abandoned& a) {
+      int flag = 0;
+      MPI_Testall(static_cast<int>(a.requests.size()), a.requests.data(), &flag,
+                  MPI_STATUSES_IGNORE);
+      return flag != 0;
+    });
   }
 
   /// How long a census waits for the other ranks' reports: ranks stuck in the same collective
@@ -167,9 +202,9 @@ class MpiWork final : public WorkState {
   MpiWork(std::shared_ptr<MpiShared> shared, Info info)
       : shared_(std::move(shared)), info_(info), start_(CommClock::now()) {}
   ~MpiWork() override {
-    for (MPI_Request r : requests_) {
-      if (r != MPI_REQUEST_NULL) shared_->abandoned.push_back(r);
-    }
+    const bool pending = std::any_of(requests_.begin(), requests_.end(),
+                                     [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+    if (pending) shared_->abandon(std::move(requests_), std::move(keep_alive));
   }
 
   /// What names the op.
@@ -645,8 +680,13 @@ class MpiComm : public BlockingCollectives<MpiComm> {
   std::shared_ptr<detail::MpiWork> make_work(CommOp op, std::size_t bytes, DType dtype,
                                              int peer = -1) {
     auto& s = checked();
+    // Only collectives are numbered (every rank of the group issues each one): ranks send and
+    // receive different numbers of messages (a pipeline's middle stages twice its ends'), so a
+    // point-to-point op carries the number of the next collective, as LocalComm's do.
+    s.reap_abandoned();
+    const std::uint64_t seq = peer < 0 ? s.next_seq++ : s.next_seq.load();
     auto work = std::make_shared<detail::MpiWork>(
-        shared_, detail::MpiWork::Info{op, s.next_seq++, bytes, dtype, peer});
+        shared_, detail::MpiWork::Info{op, seq, bytes, dtype, peer});
     if (peer < 0 && s.options.verify_sequence) verify_sequence(*work);
     return work;
   }

@@ -296,8 +296,9 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     auto& s = checked();
     s.grouping = false;
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", s.name);
-    Work(std::make_shared<detail::NcclWork>(shared_, CommOp::send, s.next_seq++, s.grouped_bytes,
-                                            DType::u8))
+    // Sends and receives are not numbered: ranks issue different numbers of them (MpiComm).
+    Work(std::make_shared<detail::NcclWork>(shared_, CommOp::send, s.next_seq.load(),
+                                            s.grouped_bytes, DType::u8))
         .wait();
   }
 
@@ -517,7 +518,9 @@ class NcclComm : public BlockingCollectives<NcclComm> {
 
   Work record(CommOp op, std::size_t bytes, DType dtype) {
     auto& s = checked();
-    return Work(std::make_shared<detail::NcclWork>(shared_, op, s.next_seq++, bytes, dtype));
+    const bool point_to_point = op == CommOp::send || op == CommOp::recv;
+    return Work(std::make_shared<detail::NcclWork>(
+        shared_, op, point_to_point ? s.next_seq.load() : s.next_seq++, bytes, dtype));
   }
 
   template <class T>
