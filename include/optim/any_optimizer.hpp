@@ -7,9 +7,11 @@
 //   every other key of params must belong to the chosen type (a typo is an error, not ignored).
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -129,6 +131,23 @@ class AnyOptimizer {
   /// Sets every group's learning rate (the schedule's value for the next step).
   void set_lr(double lr) {
     std::visit([&](auto& o) { o.set_lr(lr); }, optimizer_);
+  }
+  /// Sets every group's (beta1, beta2) where the optimizer has betas (FlatOptimizer::set_betas);
+  /// false for one without them.
+  bool set_betas(double beta1, double beta2) {
+    return std::visit([&](auto& o) { return o.set_betas(beta1, beta2); }, optimizer_);
+  }
+  /// The first group's (beta1, beta2), for an optimizer with betas.
+  std::optional<std::pair<double, double>> betas() const {
+    return std::visit(
+        [](const auto& o) -> std::optional<std::pair<double, double>> {
+          if constexpr (requires { o.groups()[0].hyper.beta2; }) {
+            if (!o.groups().empty())
+              return std::pair{o.groups()[0].hyper.beta1, o.groups()[0].hyper.beta2};
+          }
+          return std::nullopt;
+        },
+        optimizer_);
   }
   /// The learning rate of the first group.
   double lr() const {

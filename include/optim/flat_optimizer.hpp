@@ -42,6 +42,22 @@ class FlatOptimizer {
   void set_lr(double lr) {
     for (auto& g : groups_) g.hyper.lr = lr;
   }
+  /// Sets every group's (beta1, beta2) when the hyper-parameters have betas (a momentum
+  /// schedule: DeepSpeed's OneCycle); false, changing nothing, for an optimizer without them.
+  bool set_betas(double beta1, double beta2) {
+    if constexpr (requires(Hyper h) {
+                    h.beta1 = 0.0;
+                    h.beta2 = 0.0;
+                  }) {
+      for (auto& g : groups_) {
+        g.hyper.beta1 = beta1;
+        g.hyper.beta2 = beta2;
+      }
+      return true;
+    } else {
+      return false;
+    }
+  }
   /// Names of the state buffers, in the order the update rule uses them.
   const std::vector<std::string>& state_names() const { return names_; }
   /// The state buffer called name (numel floats).

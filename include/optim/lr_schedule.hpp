@@ -14,6 +14,7 @@
 #include <numbers>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -209,6 +210,15 @@ class LrScheduler {
       return one->momentum(last_batch_iteration_);
     }
     return std::nullopt;
+  }
+  /// The (beta1, beta2) DeepSpeed's OneCycle gives an optimizer with betas for the next step,
+  /// when it cycles momentum: (cycle_min_mom, 0.99) before the first step (what its constructor
+  /// sets), then (momentum(), 0.99): DeepSpeed replaces beta2 with 0.99 too.
+  std::optional<std::pair<double, double>> betas() const {
+    const auto* one = std::get_if<OneCycle>(&schedule_);
+    if (one == nullptr || !one->cycle_momentum) return std::nullopt;
+    constexpr double one_cycle_beta2 = 0.99;
+    return std::pair{last_batch_iteration_ < 0 ? one->cycle_min_mom : *momentum(), one_cycle_beta2};
   }
   /// Advances one iteration (call after each optimizer step).
   void step() { ++last_batch_iteration_; }

@@ -96,3 +96,27 @@ TEST_CASE("ByteTokenizer::escape keeps printable ASCII and escapes every other b
     CHECK((c >= 0x20 && c <= 0x7e));  // nothing a terminal would interpret
   }
 }
+
+TEST_CASE("the validation split is never empty: a long last line or one newline at the end",
+          "[unit][data]") {
+  // The cut moved to the first line start after it; when that was the text's end (a text whose
+  // only newline after the cut is its last byte), validation came out empty and train_gpt failed
+  // on a temporary file the user never named.
+  const std::string one_line = std::string(100, 'a') + "\n";
+  const PreparedText single = tokenize_text(one_line, 0.1);
+  REQUIRE(single.val.size() > 1);  // more than the end-of-text token
+  CHECK(ByteTokenizer::decode(single.train).substr(13) +
+            ByteTokenizer::decode(single.val).substr(13) ==
+        one_line);
+  // The last line a little longer than the share asked for: validation starts at its start.
+  std::string lines;
+  for (int i = 0; i < 18; ++i) lines += "aaaa\n";
+  const std::string last = std::string(12, 'b') + "\n";
+  CHECK(ByteTokenizer::decode(tokenize_text(lines + last, 0.1).val).substr(13) == last);
+  // A last line far longer: cut inside it rather than hand validation most of the text.
+  const std::string long_last = "short\n" + std::string(100, 'b') + "\n";
+  const PreparedText mid = tokenize_text(long_last, 0.1);
+  CHECK(ByteTokenizer::decode(mid.val).substr(13) == std::string(10, 'b') + "\n");
+  CHECK(tokenize_text("xy", 0.5).val.size() == 2);  // two bytes: one each
+  CHECK(tokenize_text("x", 0.5).val.empty());       // one byte stays training data
+}

@@ -286,3 +286,46 @@ TEST_CASE("an Engine refuses a config with \"auto\" left unfilled", "[unit][engi
   });
   CHECK(built[0] == nothing_thrown);
 }
+
+TEST_CASE("OneCycle cycles the optimizer's betas as DeepSpeed does", "[unit][engine]") {
+  // DeepSpeed's OneCycle sets betas (cycle_min_mom, 0.99) when it is built and (momentum, 0.99)
+  // at each of its steps; the engine kept the configured betas, so the runs parted at step 2.
+  const auto config = [](bool cycle) {
+    return with_keys(1,
+                     R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001,
+                         "cycle_max_lr": 0.001, "cycle_first_step_size": 4,
+                         "cycle_momentum": )" +
+                         std::string(cycle ? "true" : "false") + "}},",
+                     "");
+  };
+  struct Seen {
+    std::vector<std::pair<double, double>> betas;  // after each step: the ones it used
+    std::vector<float> values;
+  };
+  const auto run = [&](bool cycle) {
+    return per_rank<Seen>(2, [&](LocalComm& comm) {
+      nn::GPT<float> model(tiny());
+      engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, comm, config(cycle));
+      Seen s;
+      for (int step = 0; step < 3; ++step) {
+        const GlobalBatch b(micro_rows * 2, step, tiny().vocab_size);
+        eng.forward(b.micro(0, comm.rank(), 2));
+        eng.backward();
+        eng.step();
+        s.betas.push_back(*eng.optimizer(0).betas());
+      }
+      s.values = all_unit_values(eng);
+      return s;
+    })[0];
+  };
+  const Seen cycled = run(true), fixed = run(false);
+  const auto schedule = *engine::scheduler_from_config(config(true), 1e-3);
+  const auto& one = std::get<optim::OneCycle>(schedule.schedule());
+  REQUIRE(cycled.betas.size() == 3);
+  CHECK(cycled.betas[0] == std::pair{0.8, 0.99});  // cycle_min_mom before the first step
+  CHECK(cycled.betas[1] == std::pair{*one.momentum(0), 0.99});
+  CHECK(cycled.betas[2] == std::pair{*one.momentum(1), 0.99});
+  CHECK(cycled.betas[2].first != cycled.betas[1].first);
+  CHECK(fixed.betas[2] == std::pair{0.9, 0.999});  // AdamW's own (with_keys: default betas)
+  CHECK(cycled.values != fixed.values);
+}

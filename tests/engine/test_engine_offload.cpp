@@ -17,11 +17,15 @@
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/process_groups.hpp>
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
 
 #include <zero/engine/engine_weights.hpp>
 
+#include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
+#include "tp_test_util.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -305,4 +309,38 @@ TEST_CASE("Offload<NVMe> in bf16 trains exactly like bf16 without offload",
   other_lr.optimizer->params["lr"] = {0.002};
   const auto wrong = train_as<bf16, 3, Precision<bf16>, Offload<NVMe>>(2, other_lr, 3);
   CHECK_FALSE(same_bits(plain3.params, wrong.params));  // negative control
+}
+
+namespace {
+
+// Each rank's gathered unit values after `steps` steps of a tp 2 GPT over 2 ranks (dp 1).
+template <class... Extra>
+std::vector<std::vector<float>> train_tp2(const Config& cfg, int steps) {
+  return zero::testing::per_rank<std::vector<float>>(2, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 2}));
+    nn::GPT<float> model(tp_tiny(), parallel::TensorParallel(groups.tp()));
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    engine::Engine<nn::GPT<float>, ZeroStage<1>, Extra...> eng(model, groups, cfg, options);
+    for (int step = 0; step < steps; ++step) {
+      const GlobalBatch b(micro_rows, step, tp_tiny().vocab_size);
+      eng.forward(b.micro(0, 0, 1));  // both tp ranks take the dp rank's rows
+      eng.backward();
+      eng.step();
+    }
+    return all_unit_values(eng);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("Offload<NVMe> with tensor parallelism: each tp rank swaps to its own files",
+          "[unit][engine][offload]") {
+  // The swap directory was named after the dp rank, which both tp ranks share: the second
+  // engine found the first one's lock and refused to start.
+  zero::testing::TempDir nvme("engine-nvme-tp", "/var/tmp");
+  const auto offloaded = train_tp2<Offload<NVMe>>(offload_config(1, nvme.path()), 2);
+  const auto plain = train_tp2<>(offload_config(1, {}), 2);
+  CHECK(offloaded == plain);
+  CHECK(offloaded[0] != offloaded[1]);  // the ranks hold different parts
 }

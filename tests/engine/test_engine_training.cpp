@@ -529,3 +529,68 @@ TEST_CASE("evaluate between a forward and its backward is refused", "[unit][engi
   CHECK(seen.boundary);
   CHECK(seen.after_step == nothing_thrown);
 }
+
+TEST_CASE("LAMB at stage 0 over 2 ranks equals one rank: one trust ratio per tensor",
+          "[unit][engine]") {
+  // Stage 0's whole-master ranges were cut where the shards meet: a weight across the cut got
+  // two trust ratios at 2 ranks and one at 1.
+  const auto run = [](int world) {
+    const int accumulation = 2 / world;  // the same 4 rows per step either way
+    const Config cfg = Config::from_json_string(
+        R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
+        std::to_string(accumulation) +
+        R"(, "optimizer": {"type": "LAMB", "params": {"lr": 0.01, "weight_decay": 0.01}},
+            "zero_optimization": {"stage": 0}})");
+    return per_rank<std::vector<std::vector<float>>>(world, [&](LocalComm& comm) {
+      nn::GPT<float> model(tiny());
+      engine::Engine<nn::GPT<float>, ZeroStage<0>> eng(model, comm, cfg);
+      return train_steps(eng, comm, 0, 3, accumulation);
+    })[0];
+  };
+  const auto one = run(1), two = run(2);
+  REQUIRE(one.size() == two.size());
+  double worst = 0;
+  for (std::size_t u = 0; u < one.size(); ++u) {
+    REQUIRE(one[u].size() == two[u].size());
+    for (std::size_t i = 0; i < one[u].size(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(one[u][i]) - two[u][i]));
+    }
+  }
+  INFO("worst difference " << worst);
+  CHECK(worst < 1e-6);  // summation order only (8e-8); split ratios moved it by 2.5e-5
+}
+
+TEST_CASE("fp16: the loss-scale error at the minimum leaves the engine between steps",
+          "[unit][engine]") {
+  // LossScaleError came out of step() with the boundary still pending: forward, load_checkpoint
+  // and step itself were refused (or counted the overflow twice) until the engine was rebuilt.
+  engine::EngineOptions options;
+  options.loss_scaler.initial_scale_power = 0;  // the scale starts at its minimum, 1
+  options.loss_scaler.hysteresis = 1;
+  const auto seen = per_rank<std::string>(2, [&](LocalComm& comm) {
+    ToyModel<f16> model;
+    model.overflow_instead = true;
+    engine::Engine<ToyModel<f16>, ZeroStage<1>, Precision<f16>> eng(
+        model, comm,
+        [](int, std::span<float> p, std::span<const float> g) { sgd<float>(0.1, p, g); }, options);
+    std::vector<std::int32_t> tokens(16);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i);
+    auto one_step = [&](bool overflow) {
+      tokens[3] = overflow ? ToyModel<f16>::poison : 3;
+      eng.forward({tokens.data(), tokens.data(), 2, 8});
+      eng.backward();
+      return eng.step();
+    };
+    std::string out = zero::testing::thrown_message([&] { one_step(true); });
+    out += eng.between_steps() ? " | between steps" : " | mid-step";
+    out += " | " + zero::testing::thrown_message([&] { one_step(false); });
+    // The clean step applied (the failed one counts as neither, as a NonFiniteError's).
+    out += " | applied " + std::to_string(eng.steps());
+    return out;
+  });
+  for (const auto& s : seen) {
+    CHECK_THAT(s, Catch::Contains("loss scale is at its minimum") &&
+                      Catch::Contains("| between steps | " +
+                                      std::string(zero::testing::nothing_thrown) + " | applied 1"));
+  }
+}

@@ -3,8 +3,8 @@
 // f64 AdamW steps with gradient clipping (1e-10), and the copies of the parameters on the dp x sp
 // ranks stay bit-identical. ZeRO shards over the sequence-data-parallel group (dp x sp): each
 // rank's loss is the mean over its own positions, so the engine's average over dp x sp is the
-// global token mean. Negative controls: a rank fed another rank's positions, and a model without
-// Ulysses (local attention, positions from 0) fed the same slices, must both differ.
+// global token mean. Negative controls: a rank fed another rank's positions must differ, and a
+// model without Ulysses (local attention, positions from 0) on the cp grid is refused.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -178,19 +178,20 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "Ulysses GPT negative controls: a rank fed another rank's positions, or a model without "
-    "Ulysses, differs from the reference",
+    "Ulysses GPT negative controls: a rank fed another rank's positions differs from the "
+    "reference; a model without Ulysses on a cp grid is refused",
     "[unit][ulysses]") {
   const int dp = 2;
   const auto want = reference(test::tp_tiny(), test::micro_rows * accumulation * dp);
   for (int sp : {2, 4}) {
-    for (Fault fault : {Fault::wrong_slice, Fault::no_ulysses}) {
-      const Run got = run({sp, dp, 3, fault});
-      const double error = test::max_difference(got.values, want);
-      INFO("sp " << sp << (fault == Fault::wrong_slice ? ", wrong slice" : ", no Ulysses")
-                 << ": worst difference " << error);
-      CHECK(error > 1e-4);
-    }
+    const Run got = run({sp, dp, 3, Fault::wrong_slice});
+    const double error = test::max_difference(got.values, want);
+    INFO("sp " << sp << ", wrong slice: worst difference " << error);
+    CHECK(error > 1e-4);
+    // A model without Ulysses on a cp grid attends locally: the engine refuses it.
+    CHECK_THROWS_WITH(run({sp, dp, 3, Fault::no_ulysses}),
+                      Catch::Contains("sequence-parallel group of 1 ranks") &&
+                          Catch::Contains("cp = " + std::to_string(sp)));
   }
 }
 
@@ -234,5 +235,25 @@ TEST_CASE("Ulysses GPT: f32 AdamW from a DeepSpeed config within 2e-5 of the ref
   for (double e : errors) {
     INFO("worst difference " << e);
     CHECK(e <= 2e-5);
+  }
+}
+
+TEST_CASE("a sequence past max_seq_len over the Ulysses ranks is refused on every rank",
+          "[unit][engine]") {
+  // Each rank holds T/sp positions: only the last ranks' positions ran past the table, so they
+  // threw while the first went on into the all-to-all without them.
+  const auto errors = testing::per_rank<std::string>(2, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.cp = 2, .dp = 1}));
+    nn::GPT<double> model(test::tp_tiny(), {}, SequenceParallel(groups.cp()));
+    engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(model, groups, test::AdamW64{},
+                                                      test::tp_options(1));
+    const std::int64_t local = 12;  // 24 positions in all; tp_tiny has 16
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(test::micro_rows * local), 1);
+    return testing::thrown_message([&] {
+      eng.forward({tokens.data(), tokens.data(), test::micro_rows, local});
+    });
+  });
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::Contains("sequence length 24") && Catch::Contains("max_positions 16"));
   }
 }

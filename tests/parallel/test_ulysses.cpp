@@ -393,10 +393,10 @@ TEST_CASE("PositionEmbedding of sequence shard r adds positions [r*T/sp, (r+1)*T
   struct Out {
     std::vector<double> y, table_grad;
   };
-  auto run = [&](std::int64_t shard, std::int64_t seq_len, const std::vector<double>& in,
-                 const std::vector<double>& g) {
+  auto run = [&](std::int64_t shard, std::int64_t shards, std::int64_t seq_len,
+                 const std::vector<double>& in, const std::vector<double>& g) {
     nn::PositionEmbedding<double> layer("wpe", max_positions, C);
-    layer.set_sequence_shard(shard);
+    layer.set_sequence_shard(shard, shards);
     std::vector<double> values = table, grads(table.size(), 0.0);
     const nn::ParamView<double> view{Tensor<double>(values.data(), Shape{max_positions, C}),
                                      Tensor<double>(grads.data(), Shape{max_positions, C})};
@@ -416,22 +416,25 @@ TEST_CASE("PositionEmbedding of sequence shard r adds positions [r*T/sp, (r+1)*T
     o.table_grad = grads;
     return o;
   };
-  const Out whole = run(0, T, x, dy);
+  const Out whole = run(0, 1, T, x, dy);
   std::vector<double> summed(table.size(), 0.0);
   for (std::int64_t r = 0; r < sp; ++r) {
-    const Out part =
-        run(r, Tl, position_rows(x, B, T, C, r * Tl, Tl), position_rows(dy, B, T, C, r * Tl, Tl));
+    const Out part = run(r, sp, Tl, position_rows(x, B, T, C, r * Tl, Tl),
+                         position_rows(dy, B, T, C, r * Tl, Tl));
     INFO("shard " << r);
     CHECK(max_diff(part.y, position_rows(whole.y, B, T, C, r * Tl, Tl)) <= 1e-15);
     for (std::size_t i = 0; i < summed.size(); ++i) summed[i] += part.table_grad[i];
     if (r > 0) {  // negative control: the shard's rows with positions from 0
-      const Out unshifted =
-          run(0, Tl, position_rows(x, B, T, C, r * Tl, Tl), position_rows(dy, B, T, C, r * Tl, Tl));
+      const Out unshifted = run(0, sp, Tl, position_rows(x, B, T, C, r * Tl, Tl),
+                                position_rows(dy, B, T, C, r * Tl, Tl));
       CHECK(max_diff(unshifted.y, position_rows(whole.y, B, T, C, r * Tl, Tl)) > 1e-3);
     }
   }
   CHECK(max_diff(summed, whole.table_grad) <= 1e-15);
-  // Shard 3 of 4 at seq_len 8 would reach position 32 > 16.
-  CHECK_THAT(testing::thrown_message([&] { run(3, T, x, dy); }),
-             Contains("exceeds max_positions 16"));
+  // 4 shards of seq_len 8 reach position 32 > 16: every shard refuses, not only the last ones
+  // (shard 0 went on into the all-to-all while the others threw).
+  for (std::int64_t r : {0, 3}) {
+    CHECK_THAT(testing::thrown_message([&] { run(r, sp, T, x, dy); }),
+               Contains("sequence length 32") && Contains("exceeds max_positions 16"));
+  }
 }

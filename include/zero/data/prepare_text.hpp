@@ -3,6 +3,7 @@
 // document, a validation split taken from the end, and llm.c-format token files. This is what
 // examples/data/prepare_text runs on data/corpus.txt.
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -24,16 +25,30 @@ struct PreparedText {
 };
 
 /// Byte-tokenizes text, splitting off about val_fraction of it (in [0, 1)) at a line start
-/// near the end as validation data; each part starts with the end-of-text token.
+/// near the end as validation data (neither part empty when val_fraction > 0 and the text has
+/// two bytes or more);
+/// each part starts with the end-of-text token.
 inline PreparedText tokenize_text(std::string_view text, double val_fraction) {
   expect<ConfigError>(val_fraction >= 0.0 && val_fraction < 1.0, "tokenize_text: val_fraction ",
                       val_fraction, " is outside [0, 1)");
   std::size_t cut = text.size();
-  if (val_fraction > 0.0) {
-    cut = static_cast<std::size_t>(static_cast<double>(text.size()) * (1.0 - val_fraction));
-    // Start validation at a line so that it does not begin mid-word.
-    const std::size_t newline = text.find('\n', cut);
-    cut = newline == std::string_view::npos ? cut : newline + 1;
+  if (val_fraction > 0.0 && text.size() >= 2) {
+    cut = std::clamp(
+        static_cast<std::size_t>(static_cast<double>(text.size()) * (1.0 - val_fraction)),
+        std::size_t{1}, text.size() - 1);
+    // Start validation at a line so that it does not begin mid-word: the next line start, or
+    // the one before when no line starts after the cut (a long last line, or the only newline
+    // after the cut is the text's last byte) as long as validation stays within twice the
+    // share asked for, or else the cut itself: neither part is ever empty.
+    const std::size_t next = text.find('\n', cut);
+    const std::size_t before = text.rfind('\n', cut - 1);
+    const auto wanted = static_cast<double>(text.size() - cut);
+    if (next != std::string_view::npos && next + 1 < text.size()) {
+      cut = next + 1;
+    } else if (before != std::string_view::npos &&
+               static_cast<double>(text.size() - (before + 1)) <= 2.0 * wanted) {
+      cut = before + 1;
+    }
   }
   const auto part = [](std::string_view piece) {
     std::vector<std::int32_t> ids{ByteTokenizer::eot};

@@ -167,6 +167,10 @@ class Engine {
     expect<ConfigError>(config.optimizer.has_value(),
                         "optimizer: required to build an Engine from a config");
     optimizer_spec_ = *config.optimizer;
+    expect<ConfigError>(optimizer_spec_.type != "LAMB" || groups_.tp_size() == 1,
+                        "optimizer.type: LAMB's per-tensor trust ratio would see only this "
+                        "rank's part of a tensor-parallel weight (tp = ",
+                        groups_.tp_size(), "); use another optimizer or tp = 1");
     StoreOptions store_options;
     if constexpr (offload_nvme) store_options.nvme = nvme_settings(config);
     setup(store_options);
@@ -417,7 +421,15 @@ class Engine {
       const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
       bool apply = !nonfinite;
       if constexpr (loss_scaling) {
-        apply = training_.scaler->update(nonfinite);  // DeepSpeed: an fp16 overflow is a skip
+        try {
+          apply = training_.scaler->update(nonfinite);  // DeepSpeed: an fp16 overflow is a skip
+        } catch (const std::exception&) {
+          // LossScaleError at the minimum scale: the step is over (skipped) on every rank, so
+          // the engine is between steps again and a checkpoint can be loaded.
+          clear_accumulators();
+          finish_window();
+          throw;
+        }
       } else if (nonfinite) {
         ++training_.nonfinite_steps;
         if (options_.nonfinite == NonFinitePolicy::raise) {
@@ -721,6 +733,17 @@ class Engine {
     plan_ = unit_buffer_plan({stage, sizeof(T), sizeof(MasterT), compute_is_master,
                               offload_device_of<typename policies::offload>,
                               options_.delayed_param_update});
+    if constexpr (requires { model_.sequence_parallel().size(); }) {
+      // A model split over sp ranks whose engine averages without them lets the copies drift;
+      // a cp grid whose model attends locally trains on the wrong attention.
+      expect<ConfigError>(model_.sequence_parallel().size() == groups_.cp,
+                          "Engine: the model splits its sequences over a sequence-parallel group "
+                          "of ",
+                          model_.sequence_parallel().size(),
+                          " ranks but the engine's groups have cp = ", groups_.cp,
+                          " (build the model's SequenceParallel from the cp group of the "
+                          "ProcessGroups the engine is built from)");
+    }
     if constexpr (requires { model_.expert_parallel().size(); }) {
       expect<ConfigError>(model_.expert_parallel().size() == groups_.ep,
                           "Engine: the model's experts are split over an expert-parallel group of ",
@@ -777,7 +800,9 @@ class Engine {
       }
     }
     StoreOptions so = store_options;
-    so.rank = comm_.rank();
+    // Swap files are named after a rank no other holder of state shares: with tp or pp several
+    // ranks have the same dp rank.
+    so.rank = groups_.state_group().rank();
     so.faults = options_.nvme_faults;
     store_.settle(so);
     masters_replaced();
@@ -1045,8 +1070,11 @@ class Engine {
   // The learning rate every unit's optimizer uses in this step's update (the scheduler's, else
   // the optimizer's own), set before any update runs (a delayed update runs on its own thread).
   void set_update_lr() {
+    const auto betas = training_.scheduler ? training_.scheduler->betas() : std::nullopt;
     for (optim::AnyOptimizer& opt : optimizers_) {
       if (training_.scheduler) opt.set_lr(training_.lr);
+      // OneCycle's momentum (an optimizer without betas keeps its own, as DeepSpeed's does).
+      if (betas) opt.set_betas(betas->first, betas->second);
       training_.lr = opt.lr();
     }
   }

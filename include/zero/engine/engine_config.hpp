@@ -163,12 +163,20 @@ inline optim::AnyOptimizer unit_optimizer(const NamedParams& spec,
   std::vector<optim::Range> tensors;
   const int first = whole_master ? 0 : rank;
   const int last = whole_master ? p.world_size() : rank + 1;
+  int last_param = -1;
   for (int r = first; r < last; ++r) {
     const std::int64_t base = whole_master ? p.shard_begin(r) : 0;
     for (const ShardSegment& seg : p.segments(r)) {
       const auto offset = static_cast<std::size_t>(base + seg.shard_offset);
       const auto count = static_cast<std::size_t>(seg.count);
-      tensors.push_back({offset, count});
+      // A whole master holds a parameter that crosses a shard boundary as two segments that
+      // meet: one tensor (LAMB's trust ratio is per tensor).
+      if (seg.param == last_param && tensors.back().offset + tensors.back().count == offset) {
+        tensors.back().count += count;
+      } else {
+        tensors.push_back({offset, count});
+      }
+      last_param = seg.param;
       if (!specs[static_cast<std::size_t>(seg.param)].weight_decay) {
         std::fill_n(no_decay.begin() + static_cast<std::ptrdiff_t>(offset), count, 1);
       }

@@ -39,6 +39,9 @@ struct EngineGroups {
   std::optional<parallel::AnyComm> state;      ///< tp x dp x pp (tp or pp > 1 only; else dp)
   /// The grid's expert-parallel size (the engine checks the model's experts against it).
   int ep = 1;
+  /// The grid's context (Ulysses sequence) parallel size (the engine checks the model's
+  /// sequence-parallel group against it).
+  int cp = 1;
   /// Ranks that read different samples: |dp|, except with Ulysses sequence parallelism, whose
   /// sp ranks share their samples (|dp| / sp). DeepSpeed's batch arithmetic divides by it.
   int sample_ranks = 0;
@@ -59,6 +62,14 @@ struct EngineGroups {
     const bool split_tp = groups.grid().size(Axis::tp) > 1;
     const bool split_pp = groups.grid().size(Axis::pp) > 1;
     ep = groups.grid().size(Axis::ep);
+    cp = groups.grid().size(Axis::cp);
+    // The state group (checkpoints, the norm's sum) would leave the cp copies of each shard's
+    // peers out: tp x dp x pp is not every rank holding distinct state when dp is dp x cp.
+    expect<ConfigError>(
+        cp == 1 || (!split_tp && !split_pp),
+        "EngineGroups: context (Ulysses sequence) parallelism (cp = ", cp,
+        ") with tensor or pipeline parallelism (tp = ", groups.grid().size(Axis::tp),
+        ", pp = ", groups.grid().size(Axis::pp), ") is not supported yet");
     if (ep > 1) expert_dp.emplace(groups.dp());
     if (split_tp) tp.emplace(groups.tp());
     if (split_pp) {

@@ -185,7 +185,7 @@ class LayerGPT {
     }
     auto& positions =
         embedding.template add<PositionEmbedding<T>>("transformer.wpe", cfg_.max_seq_len, C, 0.02);
-    positions.set_sequence_shard(sp_.rank());  // 0 without Ulysses
+    positions.set_sequence_shard(sp_.rank(), sp_.size());  // (0, 1) without Ulysses
     if (tp_.sequence_parallel()) {
       embedding.template add<parallel::RegionLayer<T>>(tp_, parallel::Region::scatter_to_sp);
     }

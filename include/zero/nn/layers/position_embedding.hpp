@@ -4,7 +4,7 @@
 // TokenEmbedding it is GPT-2's encoder (wte + wpe) with the same bits: one rounding of
 // e + p per element, and the positions' gradient summed over the batch in batch order by the
 // same kernel. Under Ulysses sequence parallelism a rank's rows are one block of positions of
-// each sequence: set_sequence_shard(r) adds table[r*T + t] instead (T = ctx.seq_len, the rank's
+// each sequence: set_sequence_shard(r, sp) adds table[r*T + t] instead (T = ctx.seq_len, the rank's
 // own length).
 
 #include <any>
@@ -27,10 +27,15 @@ class PositionEmbedding final : public Layer<T> {
       : name_(std::move(name)), max_(max_positions), channels_(channels), stddev_(stddev) {}
 
   /// Rows hold positions [index*T, (index+1)*T) of each sequence (T = ctx.seq_len): the
-  /// index-th block of a sequence split over sequence-parallel ranks; 0 (the default) is whole.
-  void set_sequence_shard(std::int64_t index) {
-    expect<ConfigError>(index >= 0, describe(), ": sequence shard ", index, "; expected >= 0");
+  /// index-th of shards blocks of a sequence split over sequence-parallel ranks; (0, 1), the
+  /// default, is whole. The length checked against max_positions is the whole sequence's, so
+  /// every rank of the split refuses the same batches.
+  void set_sequence_shard(std::int64_t index, std::int64_t shards) {
+    expect<ConfigError>(shards >= 1 && index >= 0 && index < shards, describe(),
+                        ": sequence shard ", index, " of ", shards,
+                        "; expected 0 <= index < shards");
     shard_ = index;
+    shards_ = shards;
   }
 
   std::string describe() const override { return "PositionEmbedding '" + name_ + "'"; }
@@ -43,8 +48,11 @@ class PositionEmbedding final : public Layer<T> {
     B_ = ctx.batch;
     T_ = ctx.seq_len;
     first_ = shard_ * T_;
-    expect<ShapeError>(first_ + T_ <= max_, describe(), ": sequence length ", T_, " from position ",
-                       first_, " exceeds max_positions ", max_);
+    expect<ShapeError>(shards_ * T_ <= max_, describe(), ": sequence length ", shards_ * T_,
+                       shards_ > 1 ? " (the rank's " + std::to_string(T_) + " positions x " +
+                                         std::to_string(shards_) + " sequence-parallel ranks)"
+                                   : std::string(),
+                       " exceeds max_positions ", max_);
     expect<ShapeError>(B_ * T_ == N, describe(), ": ", N, " rows, but batch * seq_len = ", B_ * T_);
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
     kernels_of(ctx).add_periodic_rows(y.data(), ctx.x.data(),
@@ -71,7 +79,7 @@ class PositionEmbedding final : public Layer<T> {
   std::int64_t max_, channels_;
   double stddev_;
   ParamView<T> table_;
-  std::int64_t shard_ = 0;
+  std::int64_t shard_ = 0, shards_ = 1;
   std::int64_t B_ = 0, T_ = 0, first_ = 0;
 };
 
