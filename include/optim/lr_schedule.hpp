@@ -204,7 +204,8 @@ class LrScheduler {
   double lr() const {
     return std::visit([&](const auto& s) { return s.lr(last_batch_iteration_); }, schedule_);
   }
-  /// The momentum (beta1) for the next step when the schedule cycles it (OneCycle).
+  /// OneCycle's momentum formula at the current iteration, when it cycles momentum (what an
+  /// optimizer gets is betas(): before the first step that is cycle_min_mom, not this).
   std::optional<double> momentum() const {
     if (const auto* one = std::get_if<OneCycle>(&schedule_)) {
       return one->momentum(last_batch_iteration_);

@@ -122,8 +122,8 @@ inline std::optional<LaunchEnv> launch_env(const std::function<const char*(const
                         "): ", n.rank, "=", e.rank, " is not below ", n.size, "=", e.size);
     expect<ConfigError>(e.local_size >= 1 && e.local_rank < e.local_size && e.local_size <= e.size,
                         "launch environment (", e.launcher, "): ", n.local_rank, "=", e.local_rank,
-                        ", ", n.local_size, "=", e.local_size, " do not fit a launch of ", e.size,
-                        " ranks");
+                        ", ", n.local_size ? n.local_size : "the local size", "=", e.local_size,
+                        " do not fit a launch of ", e.size, " ranks");
     return e;
   }
   return std::nullopt;

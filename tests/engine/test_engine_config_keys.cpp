@@ -329,3 +329,34 @@ TEST_CASE("OneCycle cycles the optimizer's betas as DeepSpeed does", "[unit][eng
   CHECK(fixed.betas[2] == std::pair{0.9, 0.999});  // AdamW's own (with_keys: default betas)
   CHECK(cycled.values != fixed.values);
 }
+
+TEST_CASE("OneCycle's momentum decay past 1 stops the step before any update, naming the key",
+          "[unit][engine]") {
+  // beta1 = cycle_max_mom * (1 + decay_mom_rate * interval) after the cycle: at 1.8 the
+  // optimizer's own check threw inside the update, leaving the engine inconsistent.
+  const Config cfg =
+      with_keys(1,
+                R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0001,
+          "cycle_max_lr": 0.001, "cycle_first_step_size": 1, "decay_step_size": 1,
+          "decay_lr_rate": 0.1, "decay_mom_rate": 1.0}},)",
+                "");
+  const auto seen = per_rank<std::string>(2, [&](LocalComm& comm) {
+    nn::GPT<float> model(tiny());
+    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, comm, cfg);
+    std::string out;
+    for (int step = 0; step < 4 && out.empty(); ++step) {
+      const GlobalBatch b(micro_rows * 2, step, tiny().vocab_size);
+      out = thrown_message([&] {
+        eng.forward(b.micro(0, comm.rank(), 2));
+        eng.backward();
+        eng.step();
+      });
+      if (out == nothing_thrown) out.clear();
+    }
+    return out + (eng.between_steps() ? " | between steps" : " | mid-step");
+  });
+  for (const auto& s : seen) {
+    CHECK_THAT(s, Catch::Contains("scheduler.params.decay_mom_rate") &&
+                      Catch::Contains("| between steps"));
+  }
+}

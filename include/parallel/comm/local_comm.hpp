@@ -114,6 +114,7 @@ struct LocalRank {
         mover.end(ctx, deadline);
       });
     } catch (...) {
+      group->break_with("a rank's share of the op threw a non-standard exception");  // if not yet
       group->release(true);
       throw;
     }

@@ -125,7 +125,9 @@ struct MpiShared {
     // one that has not are left allocated, since MPI may still write them.
     reap_abandoned();
     for (Abandoned& a : abandoned) {
-      if (!a.buffers.empty()) graveyard().push_back(std::move(a.buffers));
+      if (a.buffers.empty()) continue;
+      std::lock_guard lock(graveyard_mutex());
+      graveyard().push_back(std::move(a.buffers));
     }
     int finalized = 1;
     MPI_Finalized(&finalized);
@@ -143,6 +145,11 @@ struct MpiShared {
   static std::vector<std::vector<std::shared_ptr<void>>>& graveyard() {
     static auto* kept = new std::vector<std::vector<std::shared_ptr<void>>>();
     return *kept;
+  }
+  /// Guards graveyard (communicators end on whichever thread drops their last Work).
+  static std::mutex& graveyard_mutex() {
+    static std::mutex m;
+    return m;
   }
   /// Frees the buffers of abandoned ops whose requests have completed since.
   void reap_abandoned() {

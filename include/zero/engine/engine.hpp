@@ -1071,6 +1071,15 @@ class Engine {
   // the optimizer's own), set before any update runs (a delayed update runs on its own thread).
   void set_update_lr() {
     const auto betas = training_.scheduler ? training_.scheduler->betas() : std::nullopt;
+    if (betas && !(betas->first >= 0.0 && betas->first < 1.0)) {
+      // OneCycle's decay_mom_rate grows beta1 after the cycle; at 1 Adam's moment never forgets.
+      clear_accumulators();
+      finish_window();  // nothing updated: between steps, as a skipped step
+      raise<ConfigError>("scheduler.params.decay_mom_rate: OneCycle's momentum reached ",
+                         betas->first, " at iteration ",
+                         training_.scheduler->last_batch_iteration(),
+                         " (beta1 must stay below 1); lower decay_mom_rate or cycle_max_mom");
+    }
     for (optim::AnyOptimizer& opt : optimizers_) {
       if (training_.scheduler) opt.set_lr(training_.lr);
       // OneCycle's momentum (an optimizer without betas keeps its own, as DeepSpeed's does).
