@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -88,7 +89,8 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(result.bytes_written), s,
         static_cast<double>(result.bytes_written) / s / 1e9, result.peak_buffer_bytes, chunk_mib);
     return 0;
-  } catch (const zero::Error& e) {
+  } catch (const std::exception& e) {  // zero::Error, and bad_alloc or filesystem_error too:
+    // returning (rather than terminating) unwinds the writer, which removes its temporary file
     std::fprintf(stderr, "zero_to_safetensors: %s\n", e.what());
     return 1;
   }

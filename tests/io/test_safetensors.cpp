@@ -197,6 +197,9 @@ TEST_CASE("safetensors converts dtypes on read and write only when asked", "[uni
   const auto as_f64 = reader.read_vector<double>("f", DTypeRule::convert);
   CHECK(as_f64[2] == static_cast<double>(master[2]));
   CHECK(reader.read_vector<std::int64_t>("ids", DTypeRule::convert) == ids);
+  CHECK_THROWS_WITH(reader.read_vector<std::uint16_t>("ids", DTypeRule::convert),
+                    Catch::Contains("c.safetensors") && Catch::Contains("'ids'") &&
+                        Catch::Contains("i32 value -2 to u16: it is out of range"));
 
   CHECK_THROWS_WITH(reader.read_vector<float>("bf"),
                     Catch::Contains("c.safetensors") && Catch::Contains("'bf'") &&
@@ -396,4 +399,55 @@ TEST_CASE("safetensors reads a file written by the reference implementation",
   CHECK(reader.read_vector<std::uint16_t>("u16") == std::vector<std::uint16_t>{65535, 0, 12});
   CHECK(reader.info("u8").shape == std::vector<std::int64_t>{3, 0});
   CHECK(reader.read_vector<std::uint8_t>("u8").empty());
+}
+
+TEST_CASE("converting elements refuses integers that do not fit and rounds doubles once",
+          "[unit][safetensors]") {
+  // An id 70000 (a large vocabulary) read as u16 would wrap to 4464; -1 as u8 to 255.
+  const std::int64_t ids[] = {1, 70000};
+  std::uint16_t narrow[2] = {};
+  CHECK_THROWS_WITH(convert_elements(DType::i64, ids, DType::u16, narrow, 2),
+                    Catch::Contains("i64 value 70000 to u16") && Catch::Contains("out of range"));
+  const std::int32_t negative[] = {-1};
+  std::uint8_t byte = 0;
+  CHECK_THROWS_WITH(convert_elements(DType::i32, negative, DType::u8, &byte, 1),
+                    Catch::Contains("i32 value -1 to u8"));
+  const std::int64_t fit[] = {0, 65535};
+  convert_elements(DType::i64, fit, DType::u16, narrow, 2);
+  CHECK(narrow[1] == 65535);
+
+  // 1 + 2^-8 + 2^-30 is above the bf16 midpoint 1 + 2^-8, but its nearest float is that
+  // midpoint, which ties to even (0x3f80): one rounding gives 0x3f81. The same for f16.
+  const double above_bf16_tie = 1.0 + 0x1p-8 + 0x1p-30;
+  const double above_f16_tie = 1.0 + 0x1p-11 + 0x1p-40;
+  bf16 b;
+  f16 h;
+  convert_elements(DType::f64, &above_bf16_tie, DType::bf16, &b, 1);
+  convert_elements(DType::f64, &above_f16_tie, DType::f16, &h, 1);
+  CHECK(b.bits == 0x3f81);
+  CHECK(h.bits == 0x3c01);
+  const double below_bf16_tie = 1.0 + 0x1p-8 - 0x1p-30, exact_tie = 1.0 + 0x1p-8;
+  convert_elements(DType::f64, &below_bf16_tie, DType::bf16, &b, 1);
+  CHECK(b.bits == 0x3f80);
+  convert_elements(DType::f64, &exact_tie, DType::bf16, &b, 1);
+  CHECK(b.bits == 0x3f80);  // a true tie still goes to even
+  const double negative_above = -above_bf16_tie, tiny = 1e-300, huge = 1e300;
+  convert_elements(DType::f64, &negative_above, DType::bf16, &b, 1);
+  CHECK(b.bits == 0xbf81);
+  convert_elements(DType::f64, &tiny, DType::bf16, &b, 1);
+  CHECK(b.bits == 0x0000);
+  convert_elements(DType::f64, &huge, DType::bf16, &b, 1);
+  CHECK(b.bits == 0x7f80);
+}
+
+TEST_CASE("safetensors refuses names and metadata that are not UTF-8, leaving no file",
+          "[unit][safetensors]") {
+  TempDir dir("st-utf8");
+  const auto path = dir / "u.safetensors";
+  CHECK_THROWS_WITH(
+      SafetensorsWriter(path, {TensorDecl("w", DType::f32, Shape{1})}, {{"source", "\xff"}}),
+      Catch::Contains("must be UTF-8"));
+  CHECK_THROWS_AS(SafetensorsWriter(path, {TensorDecl("w\xfe", DType::f32, Shape{1})}),
+                  CheckpointError);
+  CHECK(std::filesystem::is_empty(dir.path()));
 }

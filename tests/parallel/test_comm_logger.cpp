@@ -115,6 +115,9 @@ TEST_CASE("CommLogger summary per op, group and size; op filter; verbose lines",
   logger.record(CommOp::all_gather, "dp", 4, 4096, 0.002);
   CHECK(logger.total(CommOp::all_reduce).count == 0);
   CHECK(logger.total(CommOp::all_gather).count == 1);
+  // The wall-clock breakdown's time counts every op, the filter aside.
+  CHECK(logger.total().time_s == Approx(0.002));
+  CHECK(logger.seconds_of_every_op() == Approx(0.004));
   CHECK(lines.size() == 4);
   CHECK_THROWS_WITH(comm_op_named("allreduce"), Catch::Contains("all_reduce, reduce_scatter"));
 }

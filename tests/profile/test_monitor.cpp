@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+#include <thread>
+
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/local_comm.hpp>
@@ -123,6 +126,50 @@ TEST_CASE("Monitor: wall-clock and memory breakdowns every steps_per_print, flop
   }
   CHECK(s.summary.find("all_gather [world, 2 ranks]") != std::string::npos);
   CHECK(s.summary.find("reduce_scatter [world, 2 ranks]") != std::string::npos);
+}
+
+TEST_CASE("Monitor: the wall-clock comm time keeps the ops comms_logger.prof_ops leaves out",
+          "[unit][profile]") {
+  Config c = base();
+  c.wall_clock_breakdown = true;
+  c.comms_logger.enabled = true;
+  c.comms_logger.prof_all = false;
+  c.comms_logger.prof_ops = {"broadcast"};  // stage 3 gathers and reduce-scatters, never this
+  const Seen s = run(c);
+  REQUIRE(s.due.size() == 4);
+  for (const int i : {1, 3}) {
+    CHECK(s.due[static_cast<std::size_t>(i)].at("wall_clock")["comm_ms"].get<double>() > 0);
+  }
+  CHECK(s.summary.find("all_gather") == std::string::npos);  // the summary keeps the filter
+}
+
+TEST_CASE("StepTimers: a phase inside another moves its time out; waits stay inside",
+          "[unit][profile]") {
+  using profile::Phase;
+  using namespace std::chrono_literals;
+  profile::StepTimers t;
+  t.enable();
+  const auto start = std::chrono::steady_clock::now();
+  {
+    const auto f = t.phase(Phase::forward);
+    std::this_thread::sleep_for(20ms);
+    {
+      const auto s = t.phase(Phase::step);  // the deferred update of overlap_offload_update
+      const auto w = t.phase(Phase::gather_wait);
+      std::this_thread::sleep_for(40ms);
+    }
+    { const auto again = t.phase(Phase::forward); }  // nested forward: counted once
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double forward = t.seconds(Phase::forward), step = t.seconds(Phase::step);
+  CHECK(step >= 0.04);
+  CHECK(forward >= 0.02);
+  CHECK(forward < 0.055);  // without the step's 40 ms (with it: at least 60)
+  CHECK(forward + step <= wall);
+  CHECK(t.seconds(Phase::gather_wait) >= 0.04);  // a part of the step, counted in it too
+  { const auto b = t.phase(Phase::backward); }   // the outer phase closed: nothing is open
+  CHECK(t.seconds(Phase::forward) == forward);
 }
 
 TEST_CASE("WallClockBreakdown: per-step means and the overlap fraction", "[unit][profile]") {

@@ -102,11 +102,62 @@ class DryRun(unittest.TestCase):
     def test_slurm(self):
         rc, out, _ = dry_run(["--launcher", "slurm", "--num_gpus", "2", "-x", "A=1", "./p"])
         self.assertEqual(rc, 0)
-        self.assertEqual(out, "srun -n 4 --nodes=2 --ntasks-per-node=2 --export=ALL,A=1 "
+        self.assertEqual(out, "env A=1 srun -n 4 --nodes=2 --ntasks-per-node=2 --export=ALL "
                               "--nodelist=worker-0,worker-1 ./p")
         rc, _, err = dry_run(["--launcher", "slurm", "./p"])  # 2 and 4 slots: uneven
         self.assertEqual(rc, 2)
         self.assertIn("same number of ranks", err)
+
+    def test_slurm_exports_values_with_commas_whole(self):
+        # --export=ALL,NAME=a,b would hand the ranks NAME=a: the values travel in srun's
+        # environment instead.
+        rc, out, _ = dry_run(["--launcher", "slurm", "--num_gpus", "2",
+                              "-x", "NCCL_SOCKET_IFNAME=eth0,eth1", "./p"])
+        self.assertEqual(rc, 0)
+        self.assertEqual(out, "env NCCL_SOCKET_IFNAME=eth0,eth1 srun -n 4 --nodes=2 "
+                              "--ntasks-per-node=2 --export=ALL --nodelist=worker-0,worker-1 ./p")
+
+    def test_slurm_narrowed_slots_get_their_devices(self):
+        rc, out, _ = dry_run(["--launcher", "slurm", "-i", "worker-1:1,3", "./p"])
+        self.assertEqual(rc, 0)
+        self.assertEqual(out, "env CUDA_VISIBLE_DEVICES=1,3 srun -n 2 --nodes=1 "
+                              "--ntasks-per-node=2 --export=ALL --nodelist=worker-1 ./p")
+        # srun cannot give nodes different devices.
+        rc, _, err = dry_run(["--launcher", "slurm", "-i", "worker-0:0@worker-1:1", "./p"])
+        self.assertEqual(rc, 2)
+        self.assertIn("narrowed slots must be the same on every node", err)
+
+    def test_num_gpus_beyond_a_hosts_slots_is_an_error(self):
+        rc, _, err = dry_run(["--num_gpus", "8", "./p"])
+        self.assertEqual(rc, 2)
+        self.assertIn("--num_gpus 8: more slots than a host offers (worker-0 has 2, "
+                      "worker-1 has 4)", err)
+
+    def test_slurm_tasks_and_gpus_per_node_from_the_job(self):
+        def run(args, **extra):
+            env = {"HOME": "/nonexistent", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-2]"}
+            env.update(extra)
+            out, err = io.StringIO(), io.StringIO()
+            with redirect_stdout(out), redirect_stderr(err):
+                rc = zl.main(["--dry-run"] + args + ["./p"], env)
+            return rc, out.getvalue().strip(), err.getvalue().strip()
+        # SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; SLURM_TASKS_PER_NODE always.
+        rc, out, err = run([], SLURM_TASKS_PER_NODE="4(x2)")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("srun -n 8 --nodes=2 --ntasks-per-node=4", out)
+        # --num_gpus is GPUs per node, as DeepSpeed's: it raises the allocation's one task too.
+        rc, out, err = run(["--num_gpus", "8"], SLURM_TASKS_PER_NODE="1(x2)")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("srun -n 16 --nodes=2 --ntasks-per-node=8", out)
+        rc, _, err = run([], SLURM_TASKS_PER_NODE="2,1")  # uneven
+        self.assertEqual(rc, 2)
+        self.assertIn("same number of ranks", err)
+        rc, _, err = run([], SLURM_TASKS_PER_NODE="4(x3)")
+        self.assertEqual(rc, 2)
+        self.assertIn("gives 3 nodes but SLURM_JOB_NODELIST has 2", err)
+        rc, _, err = run([], SLURM_NTASKS_PER_NODE="", SLURM_TASKS_PER_NODE="x")
+        self.assertEqual(rc, 2)
+        self.assertIn("SLURM_TASKS_PER_NODE=x: expected counts", err)
 
     def test_slurm_from_the_job_environment(self):
         env = {"HOME": "/nonexistent", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-2]",

@@ -96,6 +96,7 @@ class CommLogger {
     std::function<void(const std::string&)> sink;
     {
       std::lock_guard lock(mutex_);
+      every_op_s_ += seconds;
       if (!only_.empty() && std::find(only_.begin(), only_.end(), op) == only_.end()) return;
       for (auto* row : {&rows_[{static_cast<int>(op), std::string(group)}],
                         &sized_[{{static_cast<int>(op), std::string(group)}, bytes}]}) {
@@ -126,6 +127,12 @@ class CommLogger {
   /// Totals of op on the group named group.
   CommStats total(CommOp op, std::string_view group) const {
     return sum_if([&](CommOp o, const std::string& g) { return o == op && g == group; });
+  }
+  /// Seconds of every op recorded while enabled, record_only's filter aside (the wall-clock
+  /// breakdown's communication time, which must not lose the ops prof_ops leaves out).
+  double seconds_of_every_op() const {
+    std::lock_guard lock(mutex_);
+    return every_op_s_;
   }
   /// Totals of every op on every group.
   CommStats total() const {
@@ -158,6 +165,7 @@ class CommLogger {
     std::lock_guard lock(mutex_);
     rows_.clear();
     sized_.clear();
+    every_op_s_ = 0;
   }
 
   /// DeepSpeed's comms summary (deepspeed.comm.log_summary): per op and group, one line per
@@ -236,6 +244,7 @@ class CommLogger {
   std::map<std::pair<int, std::string>, Row> rows_;
   std::map<std::pair<std::pair<int, std::string>, std::size_t>, Row> sized_;
   std::vector<CommOp> only_;
+  double every_op_s_ = 0;  ///< seconds_of_every_op()
   std::function<void(const std::string&)> verbose_;
 };
 

@@ -2,6 +2,7 @@
 // Element types: the runtime tag DType, the compile-time mapping between C++ types and tags,
 // and conversions between any two element types through float or double.
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -119,13 +120,29 @@ inline constexpr bool is_half_type = std::is_same_v<T, bf16> || std::is_same_v<T
 template <class T>
 using compute_type_t = std::conditional_t<is_half_type<T>, float, T>;
 
-/// Converts between element types; half types go through float with round-to-nearest-even.
+/// value rounded to a float toward zero, its last bit set when inexact ("round to odd"): a
+/// second rounding of the result to a type with at most 22 significant bits then equals one
+/// rounding of value (a double rounded to nearest float and then to bf16 can land on a tie and
+/// go the wrong way: 1 + 2^-8 + 2^-30).
+ZERO_HOST_DEVICE constexpr float round_to_odd_float(double value) {
+  const float nearest = static_cast<float>(value);
+  if (!(nearest - nearest == 0.0f) || static_cast<double>(nearest) == value) return nearest;
+  auto bits = std::bit_cast<std::uint32_t>(nearest);
+  const double magnitude = nearest < 0.0f ? -static_cast<double>(nearest) : nearest;
+  if (magnitude > (value < 0.0 ? -value : value)) --bits;  // the float on zero's side
+  return std::bit_cast<float>(bits | 1u);
+}
+
+/// Converts between element types; half types go through float with round-to-nearest-even
+/// (from double through round_to_odd_float, so the result is rounded once).
 template <class To, class From>
 ZERO_HOST_DEVICE constexpr To convert(From value) {
   if constexpr (std::is_same_v<To, From>) {
     return value;
   } else if constexpr (is_half_type<From>) {
     return convert<To>(static_cast<float>(value));
+  } else if constexpr (is_half_type<To> && std::is_same_v<From, double>) {
+    return To(round_to_odd_float(value));
   } else if constexpr (is_half_type<To>) {
     return To(static_cast<float>(value));
   } else {

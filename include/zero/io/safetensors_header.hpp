@@ -252,23 +252,35 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view text, std::ui
 
 /// The header bytes for tensors (in the given order) and metadata: compact JSON with
 /// "__metadata__" first when present, padded with spaces to a multiple of 8 bytes as the
-/// reference writer does, so the data section starts 8-byte aligned.
+/// reference writer does, so the data section starts 8-byte aligned. Written entry by entry
+/// (the names are unique, as the writer checks): an ordered_json object looks each key up
+/// linearly, which made a shard of many segments quadratic to describe.
 inline std::string serialize_safetensors_header(
     const std::vector<TensorInfo>& tensors, const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json json = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    auto& meta = json[std::string(safetensors_metadata_key)];
-    meta = nlohmann::ordered_json::object();
-    for (const auto& [key, value] : metadata) meta[key] = value;
+  std::string text = "{";
+  try {
+    const auto key = [&](const std::string& name) {
+      if (text.size() > 1) text += ',';
+      text += nlohmann::json(name).dump();  // quoted and escaped
+      text += ':';
+    };
+    if (!metadata.empty()) {
+      key(std::string(safetensors_metadata_key));
+      text += nlohmann::json(metadata).dump();  // a std::map: keys in order
+    }
+    for (const auto& t : tensors) {
+      key(t.name);
+      text += R"({"dtype":")";
+      text += safetensors_dtype_name(t.dtype);
+      text += R"(","shape":)";
+      text += nlohmann::json(t.shape).dump();
+      text += R"(,"data_offsets":[)" + std::to_string(t.begin) + ',' + std::to_string(t.end) + "]}";
+    }
+  } catch (const nlohmann::json::type_error& e) {  // 316: a name or value is not UTF-8
+    raise<CheckpointError>("safetensors header: tensor names and metadata must be UTF-8 (",
+                           e.what(), ")");
   }
-  for (const auto& t : tensors) {
-    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
-    entry["dtype"] = std::string(safetensors_dtype_name(t.dtype));
-    entry["shape"] = t.shape;
-    entry["data_offsets"] = {t.begin, t.end};
-    json[t.name] = std::move(entry);
-  }
-  std::string text = json.dump();
+  text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;
 }

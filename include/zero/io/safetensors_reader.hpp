@@ -121,7 +121,7 @@ class SafetensorsReader {
           std::min<std::int64_t>(count - done, static_cast<std::int64_t>(conversion_chunk_elems)));
       file_.read_at(start + static_cast<std::uint64_t>(done) * elem, staging.data(), n * elem,
                     where(t));
-      convert_elements(t.dtype, staging.data(), dtype_of<T>, out.data() + done, n);
+      convert_elements(t.dtype, staging.data(), dtype_of<T>, out.data() + done, n, where(t));
       done += static_cast<std::int64_t>(n);
     }
   }

@@ -97,7 +97,7 @@ class SafetensorsWriter {
     std::vector<std::byte> staging(std::min(count, chunk) * size_of(t.dtype));
     for (std::size_t done = 0; done < count; done += chunk) {
       const std::size_t n = std::min(chunk, count - done);
-      convert_elements(from, data.data() + done, t.dtype, staging.data(), n);
+      convert_elements(from, data.data() + done, t.dtype, staging.data(), n, where(t));
       append(staging.data(), n * size_of(t.dtype));
     }
   }
@@ -157,8 +157,11 @@ class SafetensorsWriter {
     return zero::detail::concat("safetensors file '", path().string(), "', tensor '", t.name, "'");
   }
 
-  /// Position of name among the declarations; CheckpointError if it was not declared.
+  /// Position of name among the declarations; CheckpointError if it was not declared. Data
+  /// arrive in declaration order, so the tensor being written is looked at first (a search per
+  /// write made a shard of many segments quadratic to write).
   std::size_t index_of(std::string_view name) const {
+    if (current_ < tensors_.size() && tensors_[current_].name == name) return current_;
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       if (tensors_[i].name == name) return i;
     }

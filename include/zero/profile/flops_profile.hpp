@@ -244,15 +244,18 @@ inline std::string unit_name(const std::vector<nn::ParamSpec>& specs, int u) {
 /// Builds the profile of the step the engine's timers covered (enable and reset them before
 /// the step, read after it): parameters from the engine's units, FLOPs from model's
 /// unit_forward_flops where it has one (its last forward), latencies from engine.timers().
+/// sample_ranks: the engine's ranks that read different samples (EngineGroups::sample_ranks:
+/// Ulysses' sp ranks share theirs), the dp_size of samples/second; 0: every rank of its group.
 template <class Engine, class Model>
 FlopsProfile collect_flops_profile(const Engine& engine, const Model& model, std::int64_t step,
-                                   std::int64_t batch_per_rank, int mp_size = 1) {
+                                   std::int64_t batch_per_rank, int mp_size = 1,
+                                   int sample_ranks = 0) {
   const StepTimers& t = engine.timers();
   FlopsProfile p;
   p.step = step;
-  p.dp_size = engine.world_size();
+  p.dp_size = sample_ranks > 0 ? sample_ranks : engine.world_size();
   p.mp_size = mp_size;
-  p.world_size = p.dp_size * mp_size;
+  p.world_size = engine.world_size() * mp_size;
   p.batch_per_rank = batch_per_rank;
   p.micro_steps = std::max<std::int64_t>(1, t.micro_steps());
   const auto per_micro = [&](double s) { return s / static_cast<double>(p.micro_steps); };

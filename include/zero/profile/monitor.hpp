@@ -78,17 +78,21 @@ class Monitor {
     nlohmann::json due = nlohmann::json::object();
     if (cfg_.flops_profiler.enabled && step == cfg_.flops_profiler.profile_step) {
       StepTimers only_this = engine.timers().since(before_profile_);
-      int mp_size = 1;  // the tensor-parallel group, where the engine has one
-      if constexpr (requires { engine.groups().tp_size(); }) mp_size = engine.groups().tp_size();
+      int mp_size = 1;       // the tensor-parallel group, where the engine has one
+      int sample_ranks = 0;  // Ulysses' sp ranks share their samples
+      if constexpr (requires { engine.groups().tp_size(); }) {
+        mp_size = engine.groups().tp_size();
+        sample_ranks = engine.groups().sample_ranks;
+      }
       FlopsProfile p = collect_flops_profile(only_this_engine(engine, only_this), model, step,
-                                             batch_per_rank_, mp_size);
+                                             batch_per_rank_, mp_size, sample_ranks);
       due["flops_profile"] = p.to_json();
       if (rank_ == 0) write_profile(p);
     }
     ++window_steps_;
     const bool print = step % cfg_.steps_per_print == 0;
     if (cfg_.wall_clock_breakdown && print) {
-      const double comm_now = logger_ ? logger_->total().time_s : 0.0;
+      const double comm_now = logger_ ? logger_->seconds_of_every_op() : 0.0;
       const WallClockBreakdown b = WallClockBreakdown::of(
           engine.timers().since(window_start_), window_steps_,
           logger_ ? std::optional<double>(comm_now - window_comm_s_) : std::nullopt);

@@ -4,6 +4,11 @@
 // the engine sat waiting for a gradient reduction or a parameter gather (communication that did
 // not hide behind compute), plus each unit's own forward and backward. Off (the default) each
 // hook costs one branch; nothing is timed.
+//
+// Forward, backward and step exclude each other: one opened inside another (the deferred
+// optimizer update of overlap_offload_update, applied as the next forward gathers a unit) moves
+// its time out of the enclosing one, so their sum stays the wall time. The waits are parts of
+// them and stay counted in both.
 
 #include <array>
 #include <chrono>
@@ -26,19 +31,29 @@ class StepTimers {
   class Scope {
    public:
     /// Times into target; a null target times nothing.
-    explicit Scope(double* target) : target_(target) {
-      if (target_ != nullptr) start_ = Clock::now();
-    }
+    explicit Scope(double* target) : Scope(target, nullptr, -1) {}
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
     ~Scope() {
-      if (target_ != nullptr) {
-        *target_ += std::chrono::duration<double>(Clock::now() - start_).count();
-      }
+      if (target_ == nullptr) return;
+      const double s = std::chrono::duration<double>(Clock::now() - start_).count();
+      *target_ += s;
+      if (owner_ == nullptr) return;
+      if (outer_ >= 0) owner_->phase_s_[static_cast<std::size_t>(outer_)] -= s;
+      owner_->open_ = outer_;
     }
 
    private:
+    friend class StepTimers;
+    // An exclusive phase of owner: on its end, its time leaves phase outer (-1: none), which
+    // is open again.
+    Scope(double* target, StepTimers* owner, int outer)
+        : target_(target), owner_(owner), outer_(outer) {
+      if (target_ != nullptr) start_ = Clock::now();
+    }
     double* target_;
+    StepTimers* owner_;
+    int outer_;
     Clock::time_point start_;
   };
 
@@ -54,9 +69,15 @@ class StepTimers {
     micro_steps_ = 0;
   }
 
-  /// Times phase p for the scope's life.
+  /// Times phase p for the scope's life (see the file comment for phases inside phases).
   Scope phase(Phase p) {
-    return Scope(enabled_ ? &phase_s_[static_cast<std::size_t>(p)] : nullptr);
+    if (!enabled_) return Scope(nullptr);
+    double* target = &phase_s_[static_cast<std::size_t>(p)];
+    if (p == Phase::reduction_wait || p == Phase::gather_wait) return Scope(target);
+    const int outer = open_;
+    if (outer == static_cast<int>(p)) return Scope(nullptr);  // already timed by the outer one
+    open_ = static_cast<int>(p);
+    return Scope(target, this, outer);
   }
   /// Times unit u's own forward (when counted) or backward.
   Scope unit(Phase p, int u, bool counted = true) {
@@ -99,6 +120,7 @@ class StepTimers {
   }
 
   bool enabled_ = false;
+  int open_ = -1;  ///< the exclusive phase being timed (forward, backward or step), or -1
   std::array<double, phase_count> phase_s_{};
   std::vector<double> unit_forward_s_, unit_backward_s_;
   long micro_steps_ = 0;
