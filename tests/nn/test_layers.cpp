@@ -24,6 +24,7 @@
 #include <zero/nn/layers/input.hpp>
 #include <zero/nn/layers/layer_norm.hpp>
 #include <zero/nn/layers/linear.hpp>
+#include <zero/nn/layers/linear_cross_entropy.hpp>
 #include <zero/nn/layers/mse_loss.hpp>
 #include <zero/nn/layers/reshape.hpp>
 #include <zero/nn/layers/residual.hpp>
@@ -32,6 +33,7 @@
 #include <zero/nn/layers/token_embedding.hpp>
 #include <zero/nn/local_parameters.hpp>
 #include <zero/nn/transformer_block.hpp>
+#include <zero/ops/cpu/activation.hpp>
 #include <zero/testing/gradient_check.hpp>
 
 using namespace zero;
@@ -605,4 +607,74 @@ TEST_CASE("LayerGPT (GPT-2 from layers, nn::GPT) equals the hand-written GPT bit
   check_layer_gpt<double>(cfg);
   check_layer_gpt<float>(cfg);
   check_layer_gpt<bf16>(cfg);
+}
+
+TEST_CASE(
+    "layer edge cases: NaN through ReLU, targets that do not match the rows, a loss that "
+    "adds its gradient, an empty batch, a Dropout with no input",
+    "[unit][nn][layers]") {
+  // ReLU keeps a NaN (as PyTorch's): a diverged activation must reach the loss's checks.
+  const float x[3] = {NAN, -1.0f, 2.0f};
+  float y[3] = {};
+  ops::cpu::relu_forward(y, x, 3);
+  CHECK(std::isnan(y[0]));
+  CHECK(y[1] == 0.0f);
+  CHECK(y[2] == 2.0f);
+
+  Arena<> arena(1 << 20);
+  nn::StepContext<double> ctx;
+  ctx.arena = &arena;
+  std::vector<double> logits(rows * classes);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = 0.1 * static_cast<double>(i % 7);
+  std::vector<std::int32_t> targets(rows, 1);
+
+  // ctx.targets hold batch x seq_len labels: 4 of them for 5 rows of logits is an error, not a
+  // read past their end.
+  nn::SoftmaxCrossEntropy<double> ce(classes, "targets");
+  ctx.targets = targets.data();
+  ctx.batch = 2;
+  ctx.seq_len = 2;
+  ctx.x = Tensor<double>(logits.data(), Shape{rows, classes});
+  CHECK_THROWS_WITH(ce.forward(ctx), Catch::Contains("4 targets (batch x seq_len) for 5 rows"));
+  ctx.batch = rows;
+  ctx.seq_len = 1;
+  ce.forward(ctx);
+
+  // With overwrite_dx false (the first layer of a Residual branch) the loss adds its gradient
+  // to the skip gradient already in dx.
+  std::vector<double> written(rows * classes, 0.0), added(rows * classes, 1.0);
+  ctx.loss_scale = 1.0;
+  ctx.dx = Tensor<double>(written.data(), Shape{rows, classes});
+  ctx.overwrite_dx = true;
+  ce.backward(ctx);
+  ctx.dx = Tensor<double>(added.data(), Shape{rows, classes});
+  ctx.overwrite_dx = false;
+  ce.backward(ctx);
+  for (std::size_t i = 0; i < added.size(); ++i) CHECK(added[i] == Approx(1.0 + written[i]));
+  CHECK(written[0] != 0.0);
+
+  // An empty batch through the fused head: no rows, no gradient, no division by zero.
+  std::vector<double> w(classes * features, 0.5), gw(classes * features, 0.0);
+  nn::LinearCrossEntropy<double> head(
+      "head",
+      [&] {
+        return nn::ParamView<double>{Tensor<double>(w.data(), Shape{classes, features}),
+                                     Tensor<double>(gw.data(), Shape{classes, features})};
+      },
+      features, classes, "targets", 64);
+  std::vector<double> none(1);
+  arena.reset();
+  ctx.batch = 0;
+  ctx.x = Tensor<double>(none.data(), Shape{0, features});
+  ctx.dx = Tensor<double>(none.data(), Shape{0, features});
+  ctx.overwrite_dx = true;
+  ctx.training = true;
+  head.forward(ctx);
+  head.backward(ctx);
+  CHECK(gw == std::vector<double>(classes * features, 0.0));
+
+  // Dropout first in unit 0 has no input to drop from.
+  nn::Dropout<double> drop(0.5, "d");
+  ctx.x = {};
+  CHECK_THROWS_WITH(drop.forward(ctx), Catch::Contains("Dropout 'd': no input activation"));
 }

@@ -64,6 +64,12 @@ TEST_CASE("MoE router: top-1 capacity, dropping in token order and the auxiliary
   cfg.min_capacity = 4;
   CHECK(nn::route(logits.data(), 6, cfg).dropped == 0);
   cfg.min_capacity = 1;
+  // A huge factor means "never drop": capped at tokens * k, not converted past int64's range
+  // (which gave INT64_MIN, i.e. min_capacity, and dropped most tokens).
+  cfg.capacity_factor = 1e300;
+  CHECK(cfg.capacity(6) == 6);
+  CHECK(nn::route(logits.data(), 6, cfg).dropped == 0);
+  cfg.capacity_factor = 1.0;
   cfg.drop_tokens = false;
   CHECK(nn::route(logits.data(), 6, cfg).dropped == 0);
   // Uniform probabilities give l_aux = 1 whatever the choices (here all the first expert's).

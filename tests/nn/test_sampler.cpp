@@ -56,3 +56,15 @@ TEST_CASE("Sampler rejects a negative temperature or top_k", "[unit][nn]") {
   CHECK_THROWS_AS(Sampler(-0.1, 0, 1), zero::Error);
   CHECK_THROWS_AS(Sampler(1.0, -1, 1), zero::Error);
 }
+
+TEST_CASE("Sampler gives +inf logits all the mass and refuses NaN", "[unit][nn]") {
+  Sampler s(1.0, 0, 7);
+  const std::vector<float> inf{0.0f, INFINITY, 1.0f};
+  for (int i = 0; i < 16; ++i) CHECK(s.next(std::span<const float>(inf)) == 1);
+  const std::vector<float> two_inf{INFINITY, 0.0f, INFINITY};
+  for (int i = 0; i < 16; ++i) CHECK(s.next(std::span<const float>(two_inf)) != 1);
+  const std::vector<float> none{-INFINITY, -INFINITY};  // every token equally (im)possible
+  CHECK(s.next(std::span<const float>(none)) >= 0);
+  const std::vector<float> nan{0.0f, NAN, 1.0f};
+  CHECK_THROWS_WITH(s.next(std::span<const float>(nan)), Catch::Contains("logit 1 is NaN"));
+}

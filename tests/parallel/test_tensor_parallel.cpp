@@ -201,7 +201,7 @@ struct LayerRun {
 LayerRun run_layer(nn::Layer<double>& layer, std::vector<std::vector<double>> values,
                    const std::vector<double>& x, Shape x_shape, const std::vector<double>& dy,
                    std::int64_t batch, std::int64_t seq, const std::int32_t* tokens = nullptr,
-                   const std::int32_t* targets = nullptr) {
+                   const std::int32_t* targets = nullptr, double dx_start = 0.0) {
   const auto specs = layer.params();
   std::vector<std::vector<double>> grads;
   std::vector<nn::ParamView<double>> views;
@@ -229,7 +229,8 @@ LayerRun run_layer(nn::Layer<double>& layer, std::vector<std::vector<double>> va
   ctx.dy = Tensor<double>(dout.data(), ctx.x.shape());
   ctx.dx = x.empty() ? Tensor<double>() : Tensor<double>(dx.data(), x_shape);
   if (targets != nullptr) {  // a loss layer writes dlogits into dx shaped like its input
-    dx.assign(static_cast<std::size_t>(x_shape.numel()), 0.0);
+    // (adding them to dx_start: overwrite_dx is false, as for a Residual branch's first layer)
+    dx.assign(static_cast<std::size_t>(x_shape.numel()), dx_start);
     ctx.dx = Tensor<double>(dx.data(), x_shape);
   }
   layer.backward(ctx);
@@ -347,9 +348,15 @@ TEST_CASE("VocabParallelEmbedding and VocabParallelCrossEntropy equal the whole-
       }
       const LayerRun ce =
           run_layer(loss, {}, mine, Shape{N, part}, {}, B, T, nullptr, targets.data());
+      // A gradient already in dx (a residual's skip gradient) is added to, not overwritten.
+      const LayerRun onto_one =
+          run_layer(loss, {}, mine, Shape{N, part}, {}, B, T, nullptr, targets.data(), 1.0);
+      std::vector<double> want_onto_one = want_mine;
+      for (double& g : want_onto_one) g += 1.0;
       return std::max({max_diff(got.y, want.y),
                        max_diff(got.grads[0], part_of(specs[0].split, want.grads[0])),
-                       std::fabs(ce.loss - want_loss), max_diff(ce.dx, want_mine)});
+                       std::fabs(ce.loss - want_loss), max_diff(ce.dx, want_mine),
+                       max_diff(onto_one.dx, want_onto_one)});
     });
     INFO("tp " << tp);
     for (double e : errors) CHECK(e <= 1e-12);

@@ -92,10 +92,16 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
     const Stat* m = max_.data();
     const Stat* sum = sums_.data() + N_;
     const std::int32_t* labels = labels_data_;
+    // dlogits go into dx, or are added to what it holds (overwrite_dx false: the first layer of
+    // a Residual branch, whose skip gradient Sequential put there).
+    const bool overwrite = ctx.overwrite_dx;
+    const auto put = [overwrite](T& d, Stat g) {
+      d = ops::cpu::store<T>(overwrite ? g : ops::cpu::load(d) + g);
+    };
     ops::cpu::parallel_for(N_, [&](std::int64_t n) {
       T* d = dx + n * V;
       if (labels[n] == ops::cpu::ignore_index) {
-        for (std::int64_t v = 0; v < V; ++v) d[v] = ops::cpu::store<T>(Stat(0));
+        for (std::int64_t v = 0; v < V; ++v) put(d[v], Stat(0));
         return;
       }
       const Stat inv = Stat(1) / sum[n];
@@ -103,10 +109,11 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
       for (std::int64_t v = 0; v < V; ++v) {
         Stat g = std::exp(ops::cpu::load(x[n * V + v]) - m[n]) * inv * scale;
         if (v == local) g -= scale;
-        d[v] = ops::cpu::store<T>(g);
+        put(d[v], g);
       }
     });
   }
+  bool writes_input_grad() const override { return true; }  // honours overwrite_dx
   /// This rank's logits of the last forward, [N, V/tp] (valid until the next micro-step).
   Tensor<const T> logits() const { return logits_; }
 

@@ -28,9 +28,14 @@ class Sampler {
   }
 
   /// The next token id from logits (one row, one entry per token); each call draws a new number.
+  /// A NaN logit is an Error (a diverged model); +inf logits share all the probability.
   template <class T>
   std::int32_t next(std::span<const T> logits) {
     expect<Error>(!logits.empty(), "Sampler::next: no logits");
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      expect<Error>(!std::isnan(static_cast<double>(logits[i])), "Sampler::next: logit ", i,
+                    " is NaN (has the model diverged?)");
+    }
     std::vector<std::int32_t> ids(logits.size());
     std::iota(ids.begin(), ids.end(), 0);
     auto larger = [&](std::int32_t a, std::int32_t b) {
@@ -44,12 +49,13 @@ class Sampler {
     std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), larger);
     ids.resize(k);
     // softmax over the k survivors, shifted by the largest logit so exp cannot overflow
+    // (an infinite largest logit: the tokens equal to it share the mass evenly)
     const double top = static_cast<double>(logits[static_cast<std::size_t>(ids[0])]);
     std::vector<double> weight(k);
     double sum = 0;
     for (std::size_t i = 0; i < k; ++i) {
-      weight[i] = std::exp((static_cast<double>(logits[static_cast<std::size_t>(ids[i])]) - top) /
-                           temperature_);
+      const auto l = static_cast<double>(logits[static_cast<std::size_t>(ids[i])]);
+      weight[i] = std::isinf(top) ? (l == top ? 1.0 : 0.0) : std::exp((l - top) / temperature_);
       sum += weight[i];
     }
     double u = rng_.uniform(draws_++) * sum;

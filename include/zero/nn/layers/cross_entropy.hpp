@@ -21,7 +21,12 @@ namespace zero::nn {
 template <class T>
 const std::int32_t* find_row_labels(const StepContext<T>& ctx, const std::string& name,
                                     std::int64_t rows, const std::string& layer) {
-  if (name == "targets" && !ctx.inputs.contains(name)) return ctx.targets;
+  if (name == "targets" && !ctx.inputs.contains(name)) {
+    expect<InputError>(ctx.targets == nullptr || ctx.tokens_count() == rows, layer, ": ",
+                       ctx.tokens_count(), " targets (batch x seq_len) for ", rows,
+                       " rows of logits");
+    return ctx.targets;
+  }
   if (!ctx.inputs.contains(name)) return nullptr;
   const Tensor<const std::int32_t> labels = ctx.template input<std::int32_t>(name);
   expect_input_on_kernels_device(ctx, labels, name, layer);
@@ -56,9 +61,15 @@ class SoftmaxCrossEntropy final : public Layer<T> {
   void backward(StepContext<T>& ctx) override {
     expect<InputError>(labels_data_ != nullptr, describe(),
                        ": backward needs labels; the micro-batch had no input '", labels_, "'");
-    kernels_of(ctx).cross_entropy_backward(
-        ctx.dx.data(), logits_.data(), labels_data_, logits_.numel() / classes_, classes_, classes_,
-        convert<Stat>(ctx.loss_scale), valid_, row_stats_.data());
+    Kernels<T>& kernels = kernels_of(ctx);
+    // The kernel writes dlogits: into dx, or beside it when dx already holds a gradient to add
+    // to (the first layer of a Residual branch, whose skip gradient Sequential put there).
+    const Tensor<T> dlogits =
+        ctx.overwrite_dx ? ctx.dx : ctx.arena->template allocate<T>(logits_.shape());
+    kernels.cross_entropy_backward(dlogits.data(), logits_.data(), labels_data_,
+                                   logits_.numel() / classes_, classes_, classes_,
+                                   convert<Stat>(ctx.loss_scale), valid_, row_stats_.data());
+    if (!ctx.overwrite_dx) kernels.accumulate(ctx.dx.data(), dlogits.data(), logits_.numel());
   }
   bool writes_input_grad() const override { return true; }  // the kernel writes dlogits
   /// Logits of the last forward, [..., classes] (valid until the next micro-step).

@@ -28,6 +28,7 @@ class Dropout final : public Layer<T> {
 
   std::string describe() const override { return "Dropout '" + site_ + "'"; }
   void forward(StepContext<T>& ctx) override {
+    expect_input_activation(ctx.x, describe());
     active_ = ctx.training && p_ > 0.0;
     if (!active_) return;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());

@@ -149,13 +149,19 @@ void resume_members(std::any& saved, M&... members) {
   std::tie(members...) = std::move(*kept);
 }
 
-/// Rows of x when its last dimension must be features: throws ShapeError naming layer otherwise.
+/// ShapeError naming layer when there is no input activation x (a layer first in unit 0).
 template <class T>
-std::int64_t rows_of(const Tensor<T>& x, std::int64_t features, const std::string& layer) {
+void expect_input_activation(const Tensor<T>& x, const std::string& layer) {
   expect<ShapeError>(
       x.data() != nullptr, layer,
       ": no input activation (put an input layer such as FromInput or TokenEmbedding "
       "first in unit 0)");
+}
+
+/// Rows of x when its last dimension must be features: throws ShapeError naming layer otherwise.
+template <class T>
+std::int64_t rows_of(const Tensor<T>& x, std::int64_t features, const std::string& layer) {
+  expect_input_activation(x, layer);
   expect<ShapeError>(x.rank() >= 1 && x.dim(-1) == features, layer,
                      ": the input's last dimension is ", x.rank() >= 1 ? x.dim(-1) : 0,
                      ", expected ", features, " features");

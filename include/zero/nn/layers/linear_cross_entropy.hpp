@@ -154,6 +154,7 @@ class LinearCrossEntropy final : public Layer<T> {
                   ld_, " elements for later; run it on a kernel set that does not pad them");
     const ParamView<T> w = tied_weight();
     const std::int64_t N = input_.numel() / in_;
+    if (N == 0) return;  // no rows: no gradient (and no chunk to divide by)
     const auto dloss = convert<Stat>(ctx.loss_scale);
     const std::int64_t last = (N - 1) / chunk_ * chunk_;
     Tensor<T> dlogits = chunk_ == N ? ctx.arena->template allocate<T>(logits_.shape()) : logits_;

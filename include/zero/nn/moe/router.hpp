@@ -50,12 +50,15 @@ struct RouterConfig {
                         "moe: the auxiliary loss coefficients must be >= 0 (aux ", aux_loss_coef,
                         ", z ", z_loss_coef, ")");
   }
-  /// Slots per expert for tokens tokens.
+  /// Slots per expert for tokens tokens. No expert can receive more than tokens * k choices, so
+  /// a larger factor (1e300: "never drop") is capped there before the conversion to an integer.
   std::int64_t capacity(std::int64_t tokens) const {
     if (!drop_tokens) return tokens * k;
     const double slots = std::ceil(static_cast<double>(k) * static_cast<double>(tokens) /
                                    static_cast<double>(num_experts) * capacity_factor);
-    return std::max(static_cast<std::int64_t>(min_capacity), static_cast<std::int64_t>(slots));
+    const double most = static_cast<double>(tokens) * static_cast<double>(k);
+    return std::max(static_cast<std::int64_t>(min_capacity),
+                    static_cast<std::int64_t>(std::min(slots, most)));
   }
 };
 

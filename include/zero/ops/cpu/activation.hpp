@@ -11,13 +11,14 @@
 
 namespace zero::ops::cpu {
 
-/// out[i] = max(inp[i], 0) for n elements.
+/// out[i] = max(inp[i], 0) for n elements; a NaN stays NaN (as PyTorch's), so a diverged
+/// activation reaches the loss and the engine's non-finite checks instead of becoming 0.
 template <class T>
 void relu_forward(T* out, const T* inp, std::int64_t n) {
   using A = compute_type_t<T>;
   parallel_for(n, [&](std::int64_t i) {
     const A x = load(inp[i]);
-    out[i] = store<T>(x > A(0) ? x : A(0));
+    out[i] = store<T>(x <= A(0) ? A(0) : x);
   });
 }
 
