@@ -18,6 +18,7 @@
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/moe/expert_parallel.hpp>
+#include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
@@ -256,6 +257,27 @@ TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused nami
     CHECK_THAT(m, Catch::Contains("moe.num_experts = 6") && Catch::Contains("moe.ep_size = 4") &&
                       Catch::Contains("expert-parallel group of 4 ranks") &&
                       Catch::Contains("not supported yet"));
+  }
+}
+
+TEST_CASE("a pipeline stage checks the model's expert group against its grid, as the engine does",
+          "[unit][moe][pipeline]") {
+  // Experts split over the dp axis of a (dp 2, pp 2) grid, which has no expert axis: the stage
+  // model did not pass expert_parallel() on, so the engine averaged rank 0's experts 0-1 with
+  // rank 1's experts 2-3 as if they were one tensor.
+  const auto messages = testing::per_rank<std::string>(4, [](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.dp = 2, .pp = 2}));
+    nn::GPT<double> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.dp())));
+    engine::EngineOptions options;
+    options.activation_bytes = 16 << 20;
+    return testing::thrown_message([&] {
+      parallel::pipeline::PipelineEngine<nn::GPT<double>, ZeroStage<1>> pipe(
+          model, world, groups, test::AdamW64{}, {}, options);
+    });
+  });
+  for (const auto& m : messages) {
+    CHECK_THAT(m, Catch::Contains("experts are split over an expert-parallel group of 2 ranks") &&
+                      Catch::Contains("ep = 1"));
   }
 }
 

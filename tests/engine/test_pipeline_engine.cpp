@@ -393,6 +393,27 @@ TEST_CASE("Pipeline: bad layouts are refused naming the value", "[unit][pipeline
   refused(l, 4, "needs more than one pipeline stage");
 }
 
+TEST_CASE("Pipeline: a schedule that cannot run the accumulation steps is refused when built",
+          "[unit][pipeline]") {
+  // Before, the engine was built and the first train_batch refused it.
+  const auto messages = testing::per_rank<std::string>(2, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.pp = 2}));
+    nn::GPT<float> model(pp_model());
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    PipelineOptions po;
+    po.schedule = ScheduleKind::interleaved;
+    po.virtual_stages = 2;
+    return testing::thrown_message([&] {
+      PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(model, world, groups,
+                                                        test::adamw_config(1, 3, 1.0), po, options);
+    });
+  });
+  for (const std::string& m : messages) {
+    CHECK_THAT(m, Catch::Contains("micro_batches is 3") && Catch::Contains("multiple of 2"));
+  }
+}
+
 namespace {
 
 // f32 AdamW from a config on a (dp, pp) grid (pp 1: the plain engine): optionally loads `load`,

@@ -114,6 +114,9 @@ class PipelineEngine {
                 engine_options),
         executor_(engine_, stage_model_, AnyComm(groups.pp()), stage_, pp_) {
     build_tied_groups(model, world, groups);
+    // A schedule that cannot run this many micro-batches is refused now, not at the first step
+    // after a model was built and a checkpoint loaded (every rank throws the same).
+    (void)schedule_for(engine_.options().gradient_accumulation_steps);
   }
 
   PipelineEngine(const PipelineEngine&) = delete;

@@ -127,6 +127,16 @@ class StageModel {
   /// The tensor-parallel group the full model is split over (when it has one).
   decltype(auto) tensor_parallel() const requires requires(const M& m) { m.tensor_parallel(); }
   { return model_.tensor_parallel(); }
+  /// The expert- and sequence-parallel groups of the full model (when it has them), so the
+  /// engine checks them against its grid as it does for a whole model.
+  decltype(auto) expert_parallel() const requires requires(const M& m) { m.expert_parallel(); }
+  { return model_.expert_parallel(); }
+  decltype(auto) sequence_parallel() const requires requires(const M& m) { m.sequence_parallel(); }
+  { return model_.sequence_parallel(); }
+  /// True when local unit u is one of the full model's expert units (a replica too).
+  bool unit_is_expert(int u) const requires nn::HasExpertUnits<M> {
+    return model_.unit_is_expert(global_unit(u));
+  }
   /// The full model's flop count of local unit u's last forward (replicas count nothing).
   auto unit_forward_flops(int u) const requires requires(const M& m) { m.unit_forward_flops(0); }
   {
