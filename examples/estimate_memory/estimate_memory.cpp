@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include <zero/engine/engine_options.hpp>
 #include <zero/engine/memory_estimator.hpp>
 #include <zero/nn/gpt_config.hpp>
 
@@ -93,8 +94,17 @@ int main(int argc, char** argv) try {
                       {3, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
                       {3, OffloadDevice::cpu, OffloadDevice::cpu, "optimizer+params->cpu"},
                       {3, OffloadDevice::nvme, OffloadDevice::nvme, "optimizer+params->nvme"}};
+  // The working buffers the engine holds with its default options (what its own check before
+  // the first allocation counts): stage 3's gathered units, stages 2-3's pending reductions.
+  const engine::EngineOptions defaults;
+  const std::int64_t units = (in.params + in.largest_unit_params - 1) / in.largest_unit_params;
   for (const Row& r : rows) {
     in.stage = r.stage;
+    in.live_units =
+        r.stage == 3 ? engine::stage3_live_units(in.largest_unit_params, units,
+                                                 defaults.prefetch_elems, defaults.max_live_elems)
+                     : 1;
+    in.pending_reductions = r.stage >= 2 ? defaults.max_pending_reductions : 0;
     in.offload_optimizer = r.opt;
     in.offload_param = r.param;
     const auto z = engine::estimate_model_states(in);

@@ -108,6 +108,28 @@ TEST_CASE("a malformed or truncated index is named", "[unit]") {
   CHECK_THROWS_WITH(Reader(fx.dir.path(), "t"), Contains("has no index.json"));
 }
 
+TEST_CASE("a flipped digit in the engine or client state fails the index's checksum", "[unit]") {
+  // The segments' CRCs cover the tensors; "steps": 1000 read as 1001 (or a data loader's
+  // position) parsed and loaded silently.
+  TempDir dir("ckpt-state-crc");
+  const auto tensors = make_tensors(0, 20);
+  save_with_ranks(2, dir.path(), "t", tensors, 11,
+                  {{"steps", 1000}, {"client_state", {{"next", 7}}}});
+  CHECK(Reader(dir.path(), "t").engine_state().at("steps") == 1000);  // negative control
+  const auto index = dir.path() / "t" / "index.json";
+  const std::string text = zero::testing::read_file(index);
+  for (const auto& [from, to] :
+       {std::pair{"\"steps\": 1000", "\"steps\": 1001"}, std::pair{"\"next\": 7", "\"next\": 8"}}) {
+    std::string flipped = text;
+    const auto at = flipped.find(from);
+    REQUIRE(at != std::string::npos);
+    flipped.replace(at, std::string(from).size(), to);
+    zero::testing::write_file(index, flipped);
+    CHECK_THROWS_WITH(Reader(dir.path(), "t"),
+                      Contains("index.json") && Contains("fail their checksum"));
+  }
+}
+
 TEST_CASE("an index number that is a float or out of range is named, not cast (fuzz finding)",
           "[unit]") {
   // fuzz_checkpoint_index found "bytes": 8.9e102, which nlohmann cast to uint64 (undefined
@@ -134,6 +156,11 @@ TEST_CASE("an index number that is a float or out of range is named, not cast (f
                     Contains("\"shape\" must be an integer") && Contains("2.5"));
   CHECK_THROWS_WITH(parse_index(with("8", "[2]", "4294967296"), where),
                     Contains("\"crc32c\" must be an integer in [0, 4294967295]"));
+  // A shape whose element count wraps to 0 in int64 would pass with no segments.
+  std::string wrapped = with("8", "[4294967296, 4294967296]", "7");
+  const auto segments = wrapped.find("[{\"file\"");
+  wrapped.replace(segments, wrapped.find("]}}}") + 1 - segments, "[]");
+  CHECK_THROWS_WITH(parse_index(wrapped, where), Contains("product fit in 64 bits"));
 }
 
 TEST_CASE("latest missing or naming a missing tag is named", "[unit]") {
@@ -218,6 +245,8 @@ TEST_CASE("a bad segmentation fails the save on every rank and publishes nothing
   CHECK_THAT(attempt({{{2, 0, 7}}, {{2, 6, 7}}}), Contains(name) && Contains("overlaps"));
   CHECK_THAT(attempt({{{2, 0, 6}}, {{2, 7, 6}}}), Contains(name) && Contains("missing before"));
   CHECK_THAT(attempt({{{2, 0, 13}}, {}}, "bad/tag"), Contains("bad/tag"));
+  // The name of latest's temporary file: the next save would remove it as a leftover.
+  CHECK_THAT(attempt({{{2, 0, 13}}, {}}, "latest.tmp.1"), Contains("temporary file of 'latest'"));
   CHECK_THAT(attempt({{{2, 0, 13}}, {{2, 13, 1}}}),
              Contains("rank 1") && Contains(name) && Contains("outside"));
   // A segment of a tensor nobody declared.
@@ -233,4 +262,17 @@ TEST_CASE("a bad segmentation fails the save on every rank and publishes nothing
   });
   CHECK_THAT(errors[1], Contains("'ghost'") && Contains("not declared"));
   CHECK(list_tags(dir.path()) == std::vector<std::string>{"good"});
+}
+
+TEST_CASE("a save whose tag was published but whose latest could not be updated says so",
+          "[unit]") {
+  // It said nothing was published, while the tag (replacing an older one of the same name) was
+  // already in place.
+  TempDir dir("ckpt-latest-fails");
+  std::filesystem::create_directories(dir.path() / "latest" / "blocker");  // rename onto it fails
+  const auto tensors = make_tensors(0, 20);
+  CHECK_THROWS_WITH(
+      save_with_ranks(2, dir.path(), "t1", tensors, 3),
+      Contains("was saved and published") && Contains("'latest' could not be updated"));
+  CHECK(Reader(dir.path(), "t1").tag() == "t1");  // complete and readable
 }

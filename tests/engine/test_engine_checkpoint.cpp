@@ -167,6 +167,37 @@ TEST_CASE("a checkpoint from another optimizer is refused by name", "[unit][engi
                     Catch::Contains("exp_avg") || Catch::Contains("optimizer"));
 }
 
+TEST_CASE("a checkpoint of a larger model is refused, naming a tensor this model lacks",
+          "[unit][engine][checkpoint]") {
+  // 2 blocks saved, 1 loaded: every name of the smaller model matches, so each tensor alone
+  // loads; the second block's were dropped without a word.
+  zero::testing::TempDir tmp("engine-ckpt");
+  auto engine_of = [](nn::GPT<float>& model, LocalComm& comm) {
+    engine::EngineOptions options;
+    options.activation_bytes = 32 << 20;
+    return engine::Engine<nn::GPT<float>, ZeroStage<1>>(model, comm, adamw_config(1, 1, 1.0),
+                                                        options);
+  };
+  LocalComm::run(2, [&](LocalComm& comm) {
+    nn::GPTConfig two = tiny();
+    two.num_layers = 2;
+    nn::GPT<float> model(two);
+    auto eng = engine_of(model, comm);
+    eng.save_checkpoint(tmp.path(), "two", {});
+  });
+  const auto messages = per_rank<std::string>(2, [&](LocalComm& comm) {
+    nn::GPTConfig one = tiny();
+    one.num_layers = 1;
+    nn::GPT<float> model(one);
+    auto eng = engine_of(model, comm);
+    return thrown_message([&] { (void)eng.load_checkpoint(tmp.path(), "two"); });
+  });
+  for (const std::string& m : messages) {
+    CHECK_THAT(m, Catch::Contains("tensor(s) this model does not have") &&
+                      Catch::Contains("transformer.h.1.") && Catch::Contains("Nothing was loaded"));
+  }
+}
+
 TEST_CASE("GPT-2 safetensors weights start training at any stage without a whole-model rank",
           "[unit][engine][checkpoint]") {
   zero::testing::TempDir tmp("engine-weights");

@@ -2,6 +2,9 @@
 // model-state bytes at rest equals what memory_report() measures (given the padded parameter
 // count), and the formulas have the shape of the ZeRO paper and of DeepSpeed's estimators.
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -48,6 +51,7 @@ void check_against_engine(const Config& cfg, DType precision,
   in.stage = S;
   in.precision = precision;
   in.offload_optimizer = offload;
+  if (cfg.optimizer) in.optimizer_state_bytes = engine::optimizer_state_bytes(*cfg.optimizer);
   const auto e = engine::estimate_model_states(in);
   INFO("stage " << S << " precision " << name_of(precision));
   // Pooled gather/reduce scratch is working memory (unit-sized), not state at rest. With
@@ -82,6 +86,11 @@ TEST_CASE("the estimator equals memory_report() at rest (f32 GPT, bf16 toy)", "[
   check_against_engine<nn::GPT<float>, 1>(adamw_config(1, 1, 0), DType::f32);
   check_against_engine<nn::GPT<float>, 2>(adamw_config(2, 1, 0), DType::f32);
   check_against_engine<nn::GPT<float>, 3>(adamw_config(3, 1, 0), DType::f32);
+  // RMSprop, centered with momentum: three states (it was counted as one).
+  Config rmsprop = adamw_config(1, 1, 0);
+  rmsprop.optimizer->type = "RMSprop";
+  rmsprop.optimizer->params = {{"lr", {0.01}}, {"centered", {1.0}}, {"momentum", {0.9}}};
+  check_against_engine<nn::GPT<float>, 1>(rmsprop, DType::f32);
   check_against_engine<ToyModel<bf16>, 0, Precision<bf16>>(toy_config(0, true), DType::bf16);
   check_against_engine<ToyModel<bf16>, 1, Precision<bf16>>(toy_config(1, true), DType::bf16);
   check_against_engine<ToyModel<bf16>, 2, Precision<bf16>>(toy_config(2, true), DType::bf16);
@@ -119,6 +128,8 @@ TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are be
   in.stage = 3;
   CHECK(engine::estimate_model_states(in).device_at_rest == Approx(16 * psi / n));  // the paper's
   CHECK(engine::deepspeed_estimate(in).device_at_rest == Approx(18 * psi / n));
+  // DeepSpeed's host figure with zero.Init: one largest layer in fp32 per process of the node.
+  CHECK(engine::deepspeed_estimate(in).host == Approx(4 * 2e8 * 8 * 1.5));
   in.stage = 2;
   CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi + 16 * psi / n));
   in.offload_optimizer = OffloadDevice::cpu;
@@ -158,4 +169,20 @@ TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are be
   in.stage = 2;
   in.offload_param = OffloadDevice::cpu;
   CHECK_THROWS_WITH(engine::estimate_model_states(in), Catch::Contains("stage 3"));
+}
+
+TEST_CASE("optimizer state bytes follow the states each optimizer keeps", "[unit][engine]") {
+  const auto bytes = [](const char* type, std::map<std::string, std::vector<double>> params) {
+    NamedParams o;
+    o.type = type;
+    o.params = std::move(params);
+    return engine::optimizer_state_bytes(o);
+  };
+  CHECK(bytes("AdamW", {}) == 8);
+  CHECK(bytes("SGD", {}) == 0);
+  CHECK(bytes("SGD", {{"momentum", {0.9}}}) == 4);
+  CHECK(bytes("RMSprop", {}) == 4);                                           // square_avg
+  CHECK(bytes("RMSprop", {{"centered", {1.0}}}) == 8);                        // + grad_avg
+  CHECK(bytes("RMSprop", {{"centered", {1.0}}, {"momentum", {0.9}}}) == 12);  // + momentum
+  CHECK(bytes("Adagrad", {}) == 4);
 }

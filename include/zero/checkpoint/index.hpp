@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -18,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <zero/checkpoint/crc32c.hpp>
 #include <zero/checkpoint/segment.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
@@ -88,6 +90,16 @@ struct Index {
       rank_states;  ///< Per saving rank, free-form (null: none); may be empty.
 };
 
+/// CRC32C of the index's free-form state (engine, then rank_states), over their compact dumps:
+/// the segments' checksums cover the tensors, this one the counters, scheduler, loss scaler and
+/// client_state, where a flipped digit would still parse.
+inline std::uint32_t state_crc32c(const nlohmann::json& engine,
+                                  const std::vector<nlohmann::json>& rank_states) {
+  std::string text = engine.dump();
+  for (const auto& r : rank_states) text += "\n" + r.dump();
+  return crc32c(std::as_bytes(std::span<const char>(text.data(), text.size())));
+}
+
 /// The index as JSON (tensors in order; segments name their file).
 inline nlohmann::ordered_json index_to_json(const Index& index) {
   nlohmann::ordered_json j;
@@ -123,6 +135,8 @@ inline nlohmann::ordered_json index_to_json(const Index& index) {
     for (const auto& r : index.rank_states)
       ranks.push_back(nlohmann::ordered_json::parse(r.dump()));
   }
+  j["state_crc32c"] = state_crc32c(
+      index.engine, any_rank_state ? index.rank_states : std::vector<nlohmann::json>{});
   return j;
 }
 
@@ -137,6 +151,14 @@ inline void validate_index(Index& index, const std::string& where) {
     const std::string at = where + ", tensor '" + t.name + "' (" + t.describe() + ")";
     expect<CheckpointError>(!t.name.empty(), where, ": a tensor has an empty name");
     expect<CheckpointError>(seen.emplace(t.name, 0).second, at, ": listed twice");
+    // Its element count and bytes must fit int64 before numel() is used (a product that wraps
+    // to 0 would pass with no segments).
+    std::int64_t bytes = static_cast<std::int64_t>(size_of(t.dtype));
+    for (std::int64_t e : t.shape) {
+      expect<CheckpointError>(
+          e >= 0 && !__builtin_mul_overflow(bytes, e, &bytes), at,
+          ": the shape's extents must be >= 0 and their product fit in 64 bits");
+    }
     std::sort(t.segments.begin(), t.segments.end(),
               [](const auto& a, const auto& b) { return a.offset < b.offset; });
     std::int64_t next = 0;
@@ -292,6 +314,14 @@ inline Index parse_index(std::string_view text, const std::string& where) {
         ranks.is_array() && ranks.size() == static_cast<std::size_t>(index.world_size), where,
         ": \"rank_states\" must be an array of world_size (", index.world_size, ") entries");
     for (const auto& r : ranks) index.rank_states.push_back(nlohmann::json::parse(r.dump()));
+  }
+  // Indexes written before the field have none to check.
+  if (j.contains("state_crc32c")) {
+    const auto want = detail::index_field<std::uint32_t>(j, "state_crc32c", where);
+    const std::uint32_t got = state_crc32c(index.engine, index.rank_states);
+    expect<CheckpointError>(got == want, where,
+                            ": the engine and client state fail their checksum (", got, " against ",
+                            want, "): the index is corrupted");
   }
   validate_index(index, where);
   return index;

@@ -37,7 +37,8 @@ inline std::string shard_file_name(int rank, int world_size) {
 }
 
 /// Throws CheckpointError unless tag is a usable tag: 1..200 characters of [A-Za-z0-9._-], not
-/// "." or "..", not "latest", and without the temporary or replaced markers.
+/// "." or "..", not "latest", not starting "latest.tmp.", and without the temporary or replaced
+/// markers.
 inline void validate_tag(std::string_view tag) {
   expect<CheckpointError>(!tag.empty() && tag.size() <= max_tag_chars, "checkpoint tag '", tag,
                           "' must have 1 to ", max_tag_chars, " characters");
@@ -53,6 +54,11 @@ inline void validate_tag(std::string_view tag) {
                               tag.find(old_marker) == std::string_view::npos,
                           "checkpoint tag '", tag, "' contains '", temp_marker, "' or '",
                           old_marker, "', which mark incomplete directories");
+  // The temporary file of `latest` (AtomicFile's "latest.tmp.<pid>..."): a later save clears
+  // such names away as its own leftovers.
+  expect<CheckpointError>(!tag.starts_with(std::string(latest_file_name) + ".tmp."),
+                          "checkpoint tag '", tag, "' starts with '", latest_file_name,
+                          ".tmp.', which marks a temporary file of '", latest_file_name, "'");
 }
 
 /// Reads the tag named by <dir>/latest; CheckpointError if the file is missing, empty or holds

@@ -90,12 +90,13 @@ class Reader {
     // (or a move of it) while this Reader lives cannot mix its files with the index read here.
     dir_ = io::open_directory(path_);
     const auto index_path = path_ / index_file_name;
+    const std::string index_name(index_file_name);  // fstatat needs a terminated name
     struct stat index_info {};
-    expect<CheckpointError>(::fstatat(dir_.get(), index_file_name.data(), &index_info, 0) == 0 &&
+    expect<CheckpointError>(::fstatat(dir_.get(), index_name.c_str(), &index_info, 0) == 0 &&
                                 S_ISREG(index_info.st_mode),
                             "checkpoint '", path_.string(), "' has no ", index_file_name,
                             " (not a complete zero checkpoint)");
-    const io::ReadFile index_file(dir_, std::string(index_file_name), index_path);
+    const io::ReadFile index_file(dir_, index_name, index_path);
     std::string text(static_cast<std::size_t>(index_file.size()), '\0');
     index_file.read_at(0, text.data(), text.size(), "the checkpoint index");
     index_ = parse_index(text, "checkpoint index '" + index_path.string() + "'");

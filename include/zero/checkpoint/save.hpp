@@ -217,7 +217,18 @@ inline std::uint64_t finish_save(const std::filesystem::path& dir, std::string_v
   index_file.commit();
   sync_directory(temp);
   publish_directory(temp, final_dir);
-  if (options.update_latest) write_latest(dir, tag);
+  if (options.update_latest) {
+    try {
+      write_latest(dir, tag);
+    } catch (const std::exception& e) {
+      // The tag is in place (and replaced what it named before): say so, rather than let the
+      // caller take the failure for a save that published nothing.
+      raise<CheckpointError>("checkpoint '", final_dir.string(),
+                             "' was saved and published, but 'latest' could not be updated to "
+                             "name it (it still names the tag before): ",
+                             e.what());
+    }
+  }
   return text.size();
 }
 
@@ -230,7 +241,8 @@ inline std::uint64_t finish_save(const std::filesystem::path& dir, std::string_v
 /// every tensor must tile it exactly: no gap, no overlap (replicated state is saved by one rank).
 /// engine is the engine's free-form state; rank 0's is stored (options.rank_state, per rank).
 /// Throws CheckpointError (or IoError) on every rank if any rank failed; then nothing was
-/// published.
+/// published, except when only the update of `latest` failed, which the message says (the tag
+/// itself is complete and in place).
 template <CheckpointComm Comm>
 SaveResult save(Comm& comm, const std::filesystem::path& dir, std::string_view tag,
                 std::span<const TensorSpec> tensors, std::span<const Segment> segments,

@@ -11,7 +11,10 @@
 //
 // Saves and loads happen between optimizer steps (not in the middle of gradient accumulation).
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -174,6 +177,30 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
                                      io::DTypeRule::convert);
     });
   };
+  // As a strict module load: a tensor this model lacks means another (larger) model, e.g. 24
+  // layers read into 12, whose names all match. A pipeline stage holds only its own units.
+  bool whole_model = true;
+  if constexpr (requires { eng.groups().pp.has_value(); }) whole_model = !eng.groups().pp;
+  if (whole_model) {
+    std::set<std::string, std::less<>> known;
+    for (int u = 0; u < state.num_units(); ++u) {
+      for (const auto& p : state.unit_specs(u)) known.insert(p.name);
+    }
+    std::vector<std::string> extra;
+    for (const std::string& n : reader.names()) {
+      if (!known.contains(std::string_view(n).substr(0, n.find('/')))) extra.push_back(n);
+    }
+    if (!extra.empty()) {
+      std::string listed;
+      for (std::size_t i = 0; i < std::min<std::size_t>(extra.size(), 4); ++i) {
+        listed += (i ? ", '" : "'") + extra[i] + "'";
+      }
+      raise<CheckpointError>("checkpoint '", reader.path().string(), "' holds ", extra.size(),
+                             " tensor(s) this model does not have (", listed,
+                             extra.size() > 4 ? ", ..." : "",
+                             "): saved from another model? Nothing was loaded");
+    }
+  }
   load_agreed(state, "load_checkpoint", reader.path().string(), true, [&](bool& touched) {
     state.check_json(reader.engine_state());  // another optimizer's states are refused here
     touched = true;

@@ -67,14 +67,31 @@ struct MemoryEstimate {
   double device_peak() const { return device_at_rest + device_working; }
 };
 
+/// Stage 3's units gathered at once (MemoryEstimateInput::live_units) under the engine's
+/// prefetch settings: the unit running plus those prefetch gathers while its budget of
+/// prefetch_elems is left (up to that budget plus one unit), at most max_live_elems / largest
+/// and at most units.
+inline int stage3_live_units(std::int64_t largest, std::int64_t units, std::int64_t prefetch_elems,
+                             std::int64_t max_live_elems) {
+  if (largest <= 0) return 1;
+  const std::int64_t prefetched = prefetch_elems > 0 ? prefetch_elems / largest + 1 : 0;
+  const std::int64_t live_cap = std::max<std::int64_t>(1, max_live_elems / largest);
+  return static_cast<int>(std::max<std::int64_t>(1, std::min({units, 1 + prefetched, live_cap})));
+}
+
 /// Optimizer-state bytes per parameter of an optimizer given by its config section (type and
 /// parameters): Adam, AdamW and LAMB keep two fp32 states, SGD one with momentum and none
-/// without, the others (Lion, RMSprop, Adagrad) one.
+/// without, RMSprop its square average plus a gradient average when centered and a momentum
+/// buffer with momentum, the others (Lion, Adagrad) one.
 inline int optimizer_state_bytes(const NamedParams& optimizer) {
   const std::string& t = optimizer.type;
   if (t.empty()) return 0;
   if (t == "Adam" || t == "AdamW" || t == "LAMB") return 8;
   if (t == "SGD") return optimizer.get("momentum", 0.0) != 0.0 ? 4 : 0;
+  if (t == "RMSprop") {
+    return 4 + (optimizer.get("centered", 0.0) != 0.0 ? 4 : 0) +
+           (optimizer.get("momentum", 0.0) != 0.0 ? 4 : 0);
+  }
   return 4;
 }
 
@@ -151,6 +168,7 @@ inline MemoryEstimate deepspeed_estimate(const MemoryEstimateInput& in) {
     e.device_working = 4 * L;
     if (in.offload_optimizer == OffloadDevice::none) {
       e.device_at_rest = 18 * psi / n;
+      e.host = 4 * L * g * 1.5;  // with zero.Init: each process loads one layer at a time
     } else if (in.offload_param == OffloadDevice::none) {
       e.device_at_rest = 2 * psi / n;
       e.host = 16 * psi / nodes * 1.5;
