@@ -10,8 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <latch>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -592,5 +595,133 @@ TEST_CASE("fp16: the loss-scale error at the minimum leaves the engine between s
     CHECK_THAT(s, Catch::Contains("loss scale is at its minimum") &&
                       Catch::Contains("| between steps | " +
                                       std::string(zero::testing::nothing_thrown) + " | applied 1"));
+  }
+}
+
+namespace {
+
+// ToyModel whose unit forwards and backwards throw on demand (a bad batch, an arena that
+// overflows, a failed read), and whose unit 1 may read other units (unit_uses).
+class FailingToy : public ToyModel<double> {
+ public:
+  int fail_forward = -1, fail_backward = -1;
+  std::vector<int> uses_of_1;
+  std::vector<int> unit_uses(int u) const { return u == 1 ? uses_of_1 : std::vector<int>{}; }
+  void forward_unit(int u, nn::StepContext<double>& ctx) {
+    if (u == fail_forward) throw nn::InputError("planted forward failure");
+    ToyModel<double>::forward_unit(u, ctx);
+  }
+  void backward_unit(int u, nn::StepContext<double>& ctx) {
+    if (u == fail_backward) throw nn::InputError("planted backward failure");
+    ToyModel<double>::backward_unit(u, ctx);
+  }
+};
+
+// Trains 2 windows of 2 micro-steps; with `failures`, a forward fails inside the first window
+// and a backward inside the third, which a checkpoint of the second recovers. Returns rank 0's
+// parameters and, per rank, what it saw.
+template <int S>
+std::pair<std::vector<double>, std::vector<std::string>> failing_run(
+    bool failures, const std::filesystem::path& dir) {
+  std::vector<double> params;
+  const auto seen = per_rank<std::string>(2, [&](LocalComm& comm) {
+    FailingToy model;
+    engine::EngineOptions options;
+    options.gradient_accumulation_steps = 2;
+    engine::Engine<FailingToy, ZeroStage<S>> eng(
+        model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(0.1, p, g); },
+        options);
+    std::vector<std::int32_t> tokens(16);
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<std::int32_t>(i * 3 + static_cast<std::size_t>(comm.rank()));
+    }
+    const engine::MicroBatch batch{tokens.data(), tokens.data(), 2, 8};
+    std::string out;
+    for (int window = 0; window < 2; ++window) {
+      eng.forward(batch);
+      eng.backward();
+      if (failures && window == 0) {
+        // A forward that fails drops its micro-step only: the window goes on from micro-step 2.
+        model.fail_forward = 1;
+        out += thrown_message([&] { eng.forward(batch); });
+        model.fail_forward = -1;
+        out += eng.broken_reason().empty() ? " | consistent" : " | broken";
+      }
+      eng.forward(batch);
+      eng.backward();
+      out += eng.step() ? " | stepped" : " | no step";
+    }
+    eng.save_checkpoint(dir, "two", {});
+    for (int u = 0; u < eng.num_units(); ++u) {
+      if (comm.rank() == 0) {
+        for (double v : eng.gather_unit_values(u)) params.push_back(v);
+      } else {
+        (void)eng.gather_unit_values(u);
+      }
+    }
+    if (failures) {
+      // A backward that fails part-way (unit 1's gradient folded, unit 0's not) ends the window
+      // and marks the state inconsistent; a checkpoint loads and training goes on.
+      eng.forward(batch);
+      model.fail_backward = 0;
+      out += " | " + thrown_message([&] { eng.backward(); });
+      model.fail_backward = -1;
+      out += eng.between_steps() ? " | between steps" : " | mid-window";
+      out += " | " + thrown_message([&] { eng.forward(batch); });
+      (void)eng.load_checkpoint(dir, "two");
+      out += eng.broken_reason().empty() ? " | recovered" : " | still broken";
+      eng.forward(batch);
+      eng.backward();
+      eng.forward(batch);
+      eng.backward();
+      out += eng.step() ? " | stepped" : " | no step";
+    }
+    return out;
+  });
+  return {params, seen};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a forward that throws drops its micro-step; a backward that throws leaves a state a "
+    "checkpoint recovers",
+    "[unit][engine]") {
+  zero::testing::TempDir tmp("engine-failures");
+  // Before: the engine stayed in the failed micro-step, refusing forward, backward, step and
+  // load_checkpoint ("in the middle of gradient accumulation") until it was rebuilt.
+  auto check = [&]<int S>(std::integral_constant<int, S>) {
+    INFO("stage " << S);
+    const auto clean = failing_run<S>(false, tmp.path());
+    const auto failed = failing_run<S>(true, tmp.path());
+    CHECK(failed.first == clean.first);  // the dropped micro-step changed nothing
+    for (const std::string& s : failed.second) {
+      CHECK_THAT(s, Catch::Contains("planted forward failure | consistent | stepped | stepped") &&
+                        Catch::Contains("planted backward failure | between steps") &&
+                        Catch::Contains("an earlier step stopped part-way") &&
+                        Catch::Contains("| recovered | stepped"));
+    }
+  };
+  check(std::integral_constant<int, 0>{});
+  check(std::integral_constant<int, 2>{});
+  check(std::integral_constant<int, 3>{});
+}
+
+TEST_CASE("a unit that reads a later unit (or itself, or none) is refused", "[unit][engine]") {
+  for (const std::vector<int>& uses :
+       {std::vector<int>{1}, std::vector<int>{2}, std::vector<int>{-1}, std::vector<int>{0}}) {
+    const auto messages = per_rank<std::string>(1, [&](LocalComm& comm) {
+      FailingToy model;
+      model.uses_of_1 = uses;
+      return thrown_message([&] {
+        engine::Engine<FailingToy, ZeroStage<1>> eng(
+            model, comm, [](int, std::span<double>, std::span<const double>) {});
+      });
+    });
+    if (uses[0] == 0) {
+      CHECK(messages[0] == nothing_thrown);  // unit 1 reading unit 0 is the allowed shape
+    } else {
+      CHECK_THAT(messages[0], Catch::Contains("unit 1 reads unit " + std::to_string(uses[0])));
+    }
   }
 }

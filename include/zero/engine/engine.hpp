@@ -215,9 +215,14 @@ class Engine {
       expect_consistent("forward");
       const auto timed = timers_.phase(profile::Phase::forward);
       if (r.first == 0) timers_.count_micro_step();
-      if (r.first == 0) begin_micro_step(batch, true);
-      if (input.data() != nullptr) micro_.ctx().x = input;
-      run_forward(r);
+      try {
+        if (r.first == 0) begin_micro_step(batch, true);
+        if (input.data() != nullptr) micro_.ctx().x = input;
+        run_forward(r);
+      } catch (...) {
+        abandon_forward();
+        throw;
+      }
       return micro_.ctx().x;
     });
   }
@@ -231,10 +236,15 @@ class Engine {
       apply_deferred_updates();  // the folds below overwrite the gradients it reads
       const auto timed = timers_.phase(profile::Phase::backward);
       const bool boundary = micro_.at_boundary();
-      run_backward(r, dy, [&](int u) { exchange_.gradient_complete(u, boundary); });
-      const Tensor<T> dx = micro_.ctx().dx;
-      if (!micro_.backward_ran(r)) return dx;
-      exchange_.drain_reductions();  // the micro-step ends with every reduction done
+      try {
+        run_backward(r, dy, [&](int u) { exchange_.gradient_complete(u, boundary); });
+        const Tensor<T> dx = micro_.ctx().dx;
+        if (!micro_.backward_ran(r)) return dx;
+        exchange_.drain_reductions();  // the micro-step ends with every reduction done
+      } catch (const std::exception& e) {
+        abandon_backward(e.what());
+        throw;
+      }
       return {};
     });
   }
@@ -332,7 +342,13 @@ class Engine {
       expect_consistent("evaluate");
       micro_.begin_pass(batch, 0, 1.0, r, num_units(), /*training=*/false);
       if (input.data() != nullptr) micro_.ctx().x = input;
-      for (int u = r.first; u < r.last; ++u) forward_unit(u);
+      try {
+        for (int u = r.first; u < r.last; ++u) forward_unit(u);
+      } catch (...) {
+        micro_.abandon_pass();
+        abandon_forward();
+        throw;
+      }
       discard_pass();
       return micro_.ctx().x;
     });
@@ -387,6 +403,7 @@ class Engine {
   bool step() {
     return communicating("step", [&]() -> bool {
       if (!micro_.boundary_pending()) return false;
+      if (!inconsistent_.empty()) abandon_window();  // between steps, so a load can recover
       expect_consistent("step");
       // The step's host time includes the wait for a delayed update (below).
       const auto timed = timers_.phase(profile::Phase::step);
@@ -779,7 +796,15 @@ class Engine {
       // Averaged over its group, a gradient is divided by the whole data-parallel size.
       s.grad_scale = static_cast<double>(s.group->size()) / static_cast<double>(comm_.size());
       s.partition.emplace(s.specs, s.group->size(), options_.shard_alignment);
-      for (int used : model_.unit_uses(u)) unit(used).pinned = true;
+      for (int used : model_.unit_uses(u)) {
+        // A unit read by a later one: its gradient must be complete (the reader's backward ran
+        // first) before its own backward reduces it.
+        expect<ConfigError>(0 <= used && used < u, "Engine: unit ", u, " reads unit ", used,
+                            " (unit_uses); a unit may only read the parameters of units before "
+                            "it, in [0, ",
+                            u, ")");
+        unit(used).pinned = true;
+      }
       s.persistent = stage_traits::holds_whole_params ||
                      s.partition->numel() <= options_.persistence_threshold;
       if constexpr (requires { model_.unit_is_replica(u); }) s.replica = model_.unit_is_replica(u);
@@ -850,14 +875,9 @@ class Engine {
     in.optimizer_state_bytes = optimizer_state_bytes(optimizer_spec_);
     in.offload_optimizer = offload_device_of<typename policies::offload>;
     if constexpr (stage == 3) {
-      // The unit running and the ones prefetch gathers: it starts gathers while budget is left,
-      // so up to the budget plus one unit, and the gathered stay within max_live_elems.
-      const std::int64_t L = in.largest_unit_params;
-      const std::int64_t prefetched =
-          options_.prefetch_elems > 0 ? options_.prefetch_elems / L + 1 : 0;
-      const std::int64_t live_cap = std::max<std::int64_t>(1, options_.max_live_elems / L);
-      in.live_units = static_cast<int>(std::min<std::int64_t>(
-          {static_cast<std::int64_t>(units_.size()), 1 + prefetched, live_cap}));
+      in.live_units =
+          stage3_live_units(in.largest_unit_params, static_cast<std::int64_t>(units_.size()),
+                            options_.prefetch_elems, options_.max_live_elems);
     }
     if constexpr (stage >= 2) in.pending_reductions = options_.max_pending_reductions;
     const MemoryEstimate e = estimate_model_states(in);
@@ -1183,6 +1203,54 @@ class Engine {
   }
   void finish_window() { micro_.finish_window(); }
 
+  // ---- failures inside the flow ---------------------------------------------------------------
+
+  // A forward (or evaluation) that threw: its micro-step is dropped as if it had not begun and
+  // the units it gathered are released; what earlier micro-steps of the window accumulated
+  // stays, so the window goes on with the next forward. When the failure left the state
+  // inconsistent (a deferred update that threw), the window ends, so a checkpoint can be loaded.
+  void abandon_forward() noexcept {
+    micro_.abandon_forward();
+    release_after_failure();
+    if (!inconsistent_.empty()) abandon_window();
+  }
+  // A backward that threw part-way: some units' gradients were folded or reduced and others
+  // not, so the window cannot go on. It ends with its accumulators cleared and the state marked
+  // inconsistent: forward and step are refused until load_checkpoint (which is accepted).
+  void abandon_backward(const char* why) noexcept {
+    if (inconsistent_.empty()) {
+      try {
+        inconsistent_ = std::string("a backward stopped part-way: ") + why;
+      } catch (...) {
+        // no memory for the message: the window still ends below
+      }
+    }
+    abandon_window();
+  }
+  // Ends the window after a failure: the reductions in flight finish (their buffers are about
+  // to be cleared), gathered units are released and the accumulators cleared.
+  void abandon_window() noexcept {
+    try {
+      exchange_.drain_reductions();
+    } catch (...) {
+      // a failed reduction: the exception already in flight says why
+    }
+    release_after_failure();
+    try {
+      clear_accumulators();
+    } catch (...) {
+      // a device that failed: the exception in flight says why
+    }
+    micro_.abandon_window();
+  }
+  void release_after_failure() noexcept {
+    try {
+      release_gathered();
+    } catch (...) {
+      // a gather that failed: the exception in flight says why
+    }
+  }
+
   // ---- the deferred update (Offload<CPU>, EngineOptions::overlap_offload_update) ------------
 
   // What step() left for the next forward: the factor its units' updates use, and which units
@@ -1280,6 +1348,9 @@ class Engine {
       running.get();
     } catch (const std::exception& e) {
       inconsistent_ = e.what();
+      // A reader that waited mid-window (synchronize, state, optimizer) ends the window too:
+      // nothing more can train on it, and a checkpoint loads only between steps.
+      abandon_window();
       throw;
     }
   }

@@ -164,6 +164,25 @@ class MicroSteps {
     if (++done_ == accumulation_) boundary_pending_ = true;
     return true;
   }
+  /// Drops a micro-step whose forward threw, as if it had not begun (the window's earlier
+  /// micro-steps stay); nothing when no forward is in flight.
+  void abandon_forward() {
+    if (phase_ == Phase::forward) {
+      phase_ = Phase::idle;
+      next_forward_ = 0;
+    }
+  }
+  /// Drops the pass in flight, if any (an evaluation or pass whose forward threw).
+  void abandon_pass() {
+    if (phase_ == Phase::pass) phase_ = Phase::idle;
+  }
+  /// Ends a window that failed part-way (a backward that threw): as finish_window, with no
+  /// micro-step in flight either.
+  void abandon_window() {
+    finish_window();
+    phase_ = Phase::idle;
+    next_forward_ = 0;
+  }
   /// Ends the window (after step(), or when a failed step left it).
   void finish_window() {
     done_ = 0;
