@@ -75,6 +75,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -114,6 +115,8 @@
 #include <zero/nn/sampler.hpp>
 #include <zero/profile/mfu.hpp>
 #include <zero/profile/monitor.hpp>
+
+#include "../cli_number.hpp"
 
 // Inside zero (rather than `using namespace zero` at file scope): a using-directive that reaches
 // the global scope makes `cuda` ambiguous (zero::cuda, CCCL's ::cuda) in the stubs nvcc generates
@@ -176,30 +179,26 @@ Options parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[i + 1];
-    auto integer = [&] {
-      char* end = nullptr;
-      const long long x = std::strtoll(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0') usage(flag + " expects an integer, got '" + v + "'");
-      return static_cast<std::int64_t>(x);
+    // Numbers are read whole and in range (examples/cli_number.hpp); a bad one ends in usage().
+    auto read = [&](auto parse) {
+      try {
+        return parse();
+      } catch (const zero::ConfigError& e) {
+        usage(e.what());
+      }
     };
-    auto positive = [&] {  // a count: ranks, sizes, lengths
-      const std::int64_t x = integer();
-      if (x < 1 || x > 2147483647) usage(flag + " must be in [1, 2147483647], got '" + v + "'");
-      return x;
+    auto integer = [&](std::int64_t min = std::numeric_limits<std::int64_t>::min(),
+                       std::int64_t max = std::numeric_limits<std::int64_t>::max()) {
+      return read([&] { return zero::examples::parse_integer(flag, v, min, max); });
     };
-    auto real = [&] {
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !std::isfinite(x))
-        usage(flag + " expects a finite number, got '" + v + "'");
-      return x;
-    };
+    auto positive = [&] { return integer(1, std::numeric_limits<int>::max()); };  // a count
+    auto real = [&] { return read([&] { return zero::examples::parse_real(flag, v); }); };
     if (flag == "--config")
       o.config = v;
     else if (flag == "--ranks")
       o.ranks = static_cast<int>(positive());
     else if (flag == "--stage")
-      o.stage = static_cast<int>(integer());
+      o.stage = static_cast<int>(integer(0, 3));
     else if (flag == "--tp")
       o.tp = static_cast<int>(positive());
     else if (flag == "--sp")
@@ -258,7 +257,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--temperature")
       o.temperature = real();
     else if (flag == "--top-k")
-      o.top_k = static_cast<int>(integer());
+      o.top_k = static_cast<int>(integer(0, std::numeric_limits<int>::max()));
     else if (flag == "--sample-bytes")
       o.sample_bytes = integer();
     else if (flag == "--nvme-path")
@@ -548,6 +547,25 @@ std::int64_t count_parameters(Eng& eng) {
   std::int64_t n = 0;
   for (int u = 0; u < eng.num_units(); ++u) {
     for (const nn::ParamSpec& p : eng.unit_specs(u)) n += p.logical_shape().numel();
+  }
+  return n;
+}
+
+// The parameters one token passes through, for its FLOPs: with top-k routing over E experts a
+// token uses k of each MoE block's experts, so the expert units count k/E of their parameters.
+template <class Eng, class Model>
+double active_parameters(Eng& eng, const Model& model, const Config& cfg) {
+  double n = 0;
+  for (int u = 0; u < eng.num_units(); ++u) {
+    double unit = 0;
+    for (const nn::ParamSpec& p : eng.unit_specs(u))
+      unit += static_cast<double>(p.logical_shape().numel());
+    if constexpr (nn::HasExpertUnits<Model>) {
+      if (cfg.moe.active() && model.unit_is_expert(u)) {
+        unit *= static_cast<double>(cfg.moe.k) / static_cast<double>(cfg.moe.num_experts);
+      }
+    }
+    n += unit;
   }
   return n;
 }
@@ -861,8 +879,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   const bool tty = leader && ::isatty(STDOUT_FILENO);
   // The model's FLOPs per token, and the peak they are measured against: the GPUs' on a device
   // (tokens/s and TFLOP/s count every rank's tokens, so MFU divides by every GPU's peak).
-  const double flops_per_token =
-      profile::gpt_flops_per_token(count_parameters(eng), o.layers, o.channels, o.seq);
+  const double flops_per_token = profile::gpt_flops_per_token(
+      static_cast<std::int64_t>(active_parameters(eng, model, cfg)), o.layers, o.channels, o.seq);
   const int gpus = on_device ? gpus_of(comm) : 1;
   const double peak_tflops = on_device ? device_peak_tflops() * gpus : 0.0;
 

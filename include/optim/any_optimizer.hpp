@@ -94,6 +94,13 @@ class AnyOptimizer {
       h.min_trust = r.number("min_coeff", 0.01);
       r.only({"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "bias_correction",
               "max_grad_norm"});
+      // Accepted so DeepSpeed's FusedLamb configs load, but only at what zero does anyway.
+      expect<ConfigError>(r.number("bias_correction", 1.0) != 0.0,
+                          "optimizer.params.bias_correction: false is not supported");
+      expect<ConfigError>(r.number("max_grad_norm", 0.0) == 0.0,
+                          "optimizer.params.max_grad_norm: FusedLamb's own clipping is not "
+                          "supported; set gradient_clipping (the engine clips before any "
+                          "optimizer)");
       return AnyOptimizer(Lamb(numel, groups(h), std::move(tensors)));
     }
     if (type == "RMSprop") {

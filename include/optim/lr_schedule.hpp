@@ -260,8 +260,9 @@ void read_param(const nlohmann::json& params, const char* key, T& out) {
     ok = it->is_boolean() ||
          (it->is_number() && (it->get<double>() == 0.0 || it->get<double>() == 1.0));
   } else if constexpr (std::is_integral_v<T>) {
-    ok = it->is_number_integer() ||
-         (it->is_number() && std::floor(it->get<double>()) == it->get<double>());
+    // Whole and within 2^53 (exact in a double), so the conversion below cannot overflow.
+    ok = it->is_number() && std::floor(it->get<double>()) == it->get<double>() &&
+         std::fabs(it->get<double>()) <= 9007199254740992.0;
   } else {
     ok = it->is_number();
   }
@@ -315,6 +316,18 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
   const nlohmann::json params = block.value("params", nlohmann::json::object());
   expect<ConfigError>(params.is_object(), "scheduler.params: expected an object");
   using detail::read_param;
+  // Every schedule takes DeepSpeed's last_batch_iteration: the counter it starts at (-1: fresh;
+  // L: the first step uses the schedule at L, as a DeepSpeed run resumed by hand). A checkpoint
+  // loaded later replaces it with its own counter.
+  std::int64_t start = -1;
+  read_param(params, "last_batch_iteration", start);
+  expect<ConfigError>(start >= -1, "scheduler.params.last_batch_iteration: must be >= -1, got ",
+                      start);
+  const auto started = [start](Schedule schedule) {
+    LrScheduler s(std::move(schedule));
+    s.step(start);
+    return s;
+  };
   if (type == "WarmupLR" || type == "WarmupDecayLR") {
     WarmupLR w;
     read_param(params, "warmup_min_lr", w.warmup_min_lr);
@@ -329,7 +342,7 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
                              {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
                               "last_batch_iteration"},
                              type);
-      return LrScheduler(w);
+      return started(w);
     }
     detail::reject_unknown(params,
                            {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
@@ -340,7 +353,7 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
     expect<ConfigError>(params.contains("total_num_steps"),
                         "scheduler.params.total_num_steps: required by WarmupDecayLR");
     read_param(params, "total_num_steps", d.total_num_steps);
-    return LrScheduler(d);
+    return started(d);
   }
   if (type == "WarmupCosineLR") {
     detail::reject_unknown(params,
@@ -359,7 +372,7 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
     expect<ConfigError>(c.warmup_num_steps > 0,
                         "scheduler.params.warmup_num_steps: must be a positive integer, got ",
                         c.warmup_num_steps);
-    return LrScheduler(c);
+    return started(c);
   }
   if (type == "OneCycle") {
     detail::reject_unknown(
@@ -386,7 +399,7 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
     read_param(params, "decay_mom_rate", o.decay_mom_rate);
     expect<ConfigError>(o.cycle_first_step_size > 0,
                         "scheduler.params.cycle_first_step_size: must be positive");
-    return LrScheduler(o);
+    return started(o);
   }
   if (type == "LRRangeTest") {
     detail::reject_unknown(
@@ -401,7 +414,7 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
     read_param(params, "lr_range_test_staircase", r.lr_range_test_staircase);
     expect<ConfigError>(r.lr_range_test_step_size > 0,
                         "scheduler.params.lr_range_test_step_size: must be positive");
-    return LrScheduler(r);
+    return started(r);
   }
   raise<ConfigError>("scheduler.type: '", type,
                      "' is not one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, "

@@ -27,7 +27,6 @@ TEST_CASE("NvmeConfig reads offload_optimizer, offload_param and aio with DeepSp
   CHECK(o.nvme_path == "/local_nvme");
   CHECK(o.buffer_count == 4);  // DeepSpeed's optimizer default
   CHECK(o.pin_memory);
-  CHECK(o.sub_group_size == default_nvme_sub_group_elems);  // not set: zero's choice
   CHECK(o.block_size == 262144);
   CHECK(o.queue_depth == 16);
   CHECK(o.thread_count == 2);
@@ -41,7 +40,6 @@ TEST_CASE("NvmeConfig reads offload_optimizer, offload_param and aio with DeepSp
       "sub_group_size": 2e8,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/n"}}})");
   const auto dn = NvmeConfig::from_config(d);
-  CHECK(dn.sub_group_size == 200'000'000);
   CHECK(dn.block_size == 1'048'576);
   CHECK(dn.queue_depth == 8);
   CHECK(dn.thread_count == 1);
@@ -112,7 +110,7 @@ TEST_CASE("preflight passes on a good directory and says what to change otherwis
     const auto r = preflight(cfg, {ok.free_bytes * 2, 8u << 20});
     REQUIRE(r.problems.size() == 2);
     CHECK_THAT(r.summary(), Catch::Contains("free but the swap files need"));
-    CHECK_THAT(r.summary(), Catch::Contains("lower zero_optimization.sub_group_size"));
+    CHECK_THAT(r.summary(), Catch::Contains("lower offload_*.buffer_count, make the largest"));
     // The swapper runs the preflight before creating anything.
     CHECK_THROWS_WITH(NvmeSwapper(cfg, {{{"master", 4'000'000}}}),
                       Catch::Contains("buffer_count 4 x the largest sub-group"));

@@ -147,3 +147,39 @@ TEST_CASE("LrScheduler: DeepSpeed's counter, JSON block, save and restore", "[un
           nlohmann::json::parse(R"({"type": "WarmupLR", "params": {"warmup_max_lr": "x"}})"), 1.0),
       Catch::Contains("warmup_max_lr"));
 }
+
+TEST_CASE("LrScheduler: last_batch_iteration starts the counter where the config says",
+          "[unit][optim]") {
+  const auto block = nlohmann::json::parse(R"({
+    "type": "WarmupLR",
+    "params": {"warmup_min_lr": 0, "warmup_max_lr": 1.0, "warmup_num_steps": 100,
+               "warmup_type": "linear", "last_batch_iteration": 50}})");
+  LrScheduler s = LrScheduler::from_json(block, 5e-4);
+  CHECK(s.last_batch_iteration() == 50);
+  CHECK(s.lr() == Approx(0.5));  // the first step uses the schedule at 50, not at -1
+  s.step();
+  CHECK(s.lr() == Approx(0.51));
+
+  // OneCycle at a started counter gives the cycled momentum, not cycle_min_mom.
+  const auto one = nlohmann::json::parse(
+      R"({"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1.1,
+          "cycle_first_step_size": 10, "last_batch_iteration": 4.0}})");
+  const LrScheduler o = LrScheduler::from_json(one, 0.0);
+  CHECK(o.lr() == Approx(0.6));
+  CHECK(o.betas()->first == Approx(0.85));
+
+  // A checkpoint's counter replaces the config's.
+  LrScheduler resumed = LrScheduler::from_json(block, 5e-4);
+  LrScheduler fresh = LrScheduler::from_json(
+      nlohmann::json::parse(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 100}})"), 1.0);
+  fresh.step(9);
+  resumed.load_state_dict(fresh.state_dict());
+  CHECK(resumed.last_batch_iteration() == 9);
+
+  for (const char* bad : {R"(-2)", R"(1.5)", R"("3")", R"(1e300)"}) {
+    CAPTURE(bad);
+    auto b = block;
+    b["params"]["last_batch_iteration"] = nlohmann::json::parse(bad);
+    CHECK_THROWS_WITH(LrScheduler::from_json(b, 1.0), Catch::Contains("last_batch_iteration"));
+  }
+}

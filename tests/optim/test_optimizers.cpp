@@ -21,6 +21,7 @@
 
 #include <optim/adagrad.hpp>
 #include <optim/adam.hpp>
+#include <optim/any_optimizer.hpp>
 #include <optim/lamb.hpp>
 #include <optim/lion.hpp>
 #include <optim/rmsprop.hpp>
@@ -418,4 +419,22 @@ TEST_CASE("FusedIo validation names the problem", "[unit][optim]") {
   CHECK_THROWS_WITH(opt.step(FusedIo::over<float>(p, g)), Catch::Contains("10"));
   std::vector<float> g2(8);
   CHECK_THROWS_AS(FusedIo::over<float>(p, g2), zero::ShapeError);
+}
+
+TEST_CASE("LAMB from a config refuses FusedLamb's own clipping and turning bias correction off",
+          "[unit][optim]") {
+  zero::NamedParams spec;
+  spec.type = "LAMB";
+  spec.params["lr"] = {0.01};
+  spec.params["max_grad_norm"] = {0.0};  // FusedLamb's default: accepted, nothing to do
+  spec.params["bias_correction"] = {1.0};
+  const AnyOptimizer ok = AnyOptimizer::from_config(spec, 4, {});
+  CHECK(ok.numel() == 4);
+  spec.params["max_grad_norm"] = {1.0};  // was accepted and ignored: the run went unclipped
+  CHECK_THROWS_WITH(AnyOptimizer::from_config(spec, 4, {}),
+                    Catch::Contains("max_grad_norm") && Catch::Contains("gradient_clipping"));
+  spec.params["max_grad_norm"] = {0.0};
+  spec.params["bias_correction"] = {0.0};
+  CHECK_THROWS_WITH(AnyOptimizer::from_config(spec, 4, {}),
+                    Catch::Contains("bias_correction: false is not supported"));
 }

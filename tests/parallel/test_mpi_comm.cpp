@@ -253,6 +253,7 @@ TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the
       CHECK(s < 2.5);
     }
     world.barrier();
+    comm.barrier();  // the receive was cancelled: the group still works
   }
   {
     auto late = world.split(0, me, "late");
@@ -269,6 +270,12 @@ TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       CHECK(s < 2.5);
+      // The barrier is still posted: a later op could match its messages, so every op on this
+      // group is refused at once, naming the op that timed out.
+      std::vector<float> one(1, 1.0f);
+      CHECK_THROWS_WITH(late.all_reduce(std::span<float>(one), ReduceOp::sum),
+                        Contains("group 'late' is unusable") && Contains("barrier #0") &&
+                            Contains("timed out earlier"));
       world.barrier();
     } else {
       world.barrier();  // the others have timed out; now join, so their requests complete

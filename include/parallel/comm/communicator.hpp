@@ -11,7 +11,11 @@
 //   all_to_all_v(send, send_counts[size], recv, recv_counts[size])  chunks packed in rank order
 //   send(buf, peer, tag), recv(buf, peer, tag), barrier()
 // Each op has an *_async form returning a Work handle. Every rank of a group must issue the
-// same collectives in the same order.
+// same collectives in the same order. A rank's async ops may run in issue order (LocalComm's
+// progress thread, NcclComm's stream): a recv_async holds up the ops issued after it until its
+// message arrives, so two ranks that each post recv_async to the other before send_async can
+// deadlock. Post an exchange's sends first, as the pipeline executor does (NcclComm and
+// LocalComm also take it between group_start and group_end, NCCL's grouped point-to-point).
 
 #include <concepts>
 #include <cstddef>

@@ -14,9 +14,11 @@
 // A timed-out collective names the ranks that never joined it: a census on the group's
 // control channel (mpi_control.hpp) asks who else is stuck there. With
 // CommOptions::verify_sequence every collective first checks that all ranks issue the same one.
-// After a timeout the communicator is unusable (MPI cannot cancel a collective); the usual
-// recovery is to let the CommError end the job and restart it from the last checkpoint (the
-// Engine refuses further steps, see docs/reliability.md).
+// After a timed-out collective or send the communicator refuses every later op with a CommError
+// (MPI cannot cancel them, and their posted messages could match a later op's; a timed-out
+// receive is cancelled and leaves it usable); the usual recovery is to let the CommError end the
+// job and restart it from the last checkpoint (the Engine refuses further steps, see
+// docs/reliability.md).
 
 #include <mpi.h>
 
@@ -113,8 +115,14 @@ struct MpiShared {
     std::vector<MPI_Request> requests;
     std::vector<std::shared_ptr<void>> buffers;
   };
-  std::mutex abandoned_mutex;         ///< guards abandoned (a Work may be dropped on any thread)
-  std::vector<Abandoned> abandoned;   ///< timed-out ops not yet seen complete
+  std::mutex abandoned_mutex;        ///< guards abandoned (a Work may be dropped on any thread)
+  std::vector<Abandoned> abandoned;  ///< timed-out ops not yet seen complete
+  std::atomic<std::size_t> abandoned_count{0};  ///< abandoned.size(), read without the lock
+  /// Set by the first op that timed out with requests MPI cannot cancel (a collective, a send):
+  /// they stay posted, so a later op's messages could match them. Every op after is refused.
+  std::atomic<bool> broken{false};
+  std::string broken_by;  ///< that op, described; written once, before broken is set
+  std::mutex broken_mutex;
   MPI_Comm control = MPI_COMM_NULL;   ///< the group's control channel (mpi_control.hpp)
   MPI_Comm exchange = MPI_COMM_NULL;  ///< direct exchanges' channel (mpi_direct.hpp), or null
   bool grouping = false;              ///< between group_start and group_end
@@ -139,6 +147,7 @@ struct MpiShared {
   void abandon(std::vector<MPI_Request> requests, std::vector<std::shared_ptr<void>> buffers) {
     std::lock_guard lock(abandoned_mutex);
     abandoned.push_back({std::move(requests), std::move(buffers)});
+    abandoned_count.store(abandoned.size(), std::memory_order_release);
   }
   /// Where buffers MPI may still write outlive their communicator: never freed, but reachable
   /// (a leak checker does not count them).
@@ -152,7 +161,9 @@ struct MpiShared {
     return m;
   }
   /// Frees the buffers of abandoned ops whose requests have completed since.
+  /// Every op calls this: without abandoned ops it costs one atomic load, not the lock.
   void reap_abandoned() {
+    if (abandoned_count.load(std::memory_order_acquire) == 0) return;
     std::lock_guard lock(abandoned_mutex);
     if (abandoned.empty()) return;
     int finalized = 1;
@@ -164,6 +175,22 @@ struct MpiShared {
                   MPI_STATUSES_IGNORE);
       return flag != 0;
     });
+    abandoned_count.store(abandoned.size(), std::memory_order_release);
+  }
+
+  /// Marks the group unusable after op (see broken); the first caller's op is kept.
+  void mark_broken(const std::string& op) {
+    std::lock_guard lock(broken_mutex);
+    if (broken.load(std::memory_order_relaxed)) return;
+    broken_by = op;
+    broken.store(true, std::memory_order_release);
+  }
+  /// CommError when the group is unusable.
+  void throw_if_broken() const {
+    if (!broken.load(std::memory_order_acquire)) return;
+    raise<CommError>("MpiComm: group '", name, "' is unusable: ", broken_by,
+                     " timed out earlier and MPI cannot cancel it (its messages could match a "
+                     "later op's); end the job and restart it from the last checkpoint");
   }
 
   /// How long a census waits for the other ranks' reports: ranks stuck in the same collective
@@ -289,6 +316,7 @@ class MpiWork final : public WorkState {
       MPI_Wait(requests_.data(), MPI_STATUS_IGNORE);
     }
     finished_ = true;
+    if (info_.op != CommOp::recv) shared_->mark_broken(describe());
     if (info_.peer >= 0) {
       raise<CommError>("MpiComm: ", describe(), " timed out after ", shared_->options.timeout_s,
                        " s waiting for rank ", info_.peer, " (world rank ",
@@ -690,6 +718,7 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     // Only collectives are numbered (every rank of the group issues each one): ranks send and
     // receive different numbers of messages (a pipeline's middle stages twice its ends'), so a
     // point-to-point op carries the number of the next collective, as LocalComm's do.
+    s.throw_if_broken();
     s.reap_abandoned();
     const std::uint64_t seq = peer < 0 ? s.next_seq++ : s.next_seq.load();
     auto work = std::make_shared<detail::MpiWork>(

@@ -274,8 +274,10 @@ inline std::span<const KeyInfo> known_keys() {
        "zero's linear layers already save only their input", "false", "true"},
       {"zero_optimization.elastic_checkpoint", no_effect,
        "checkpoints load at any world size anyway", "true", "false"},
-      {"zero_optimization.sub_group_size", applied, "elements per NVMe swap sub-group", "100000000",
-       "1000000000", keys::unless_nvme},
+      {"zero_optimization.sub_group_size", no_effect,
+       "NVMe offload swaps one sub-group per unit and does not split units: smaller units make "
+       "smaller swap buffers",
+       "100000000", "1000000000"},
       {"zero_optimization.stage3_prefetch_bucket_size", applied, "elements gathered ahead of use",
        "1000000", "50000000", keys::unless_stage3},
       {"zero_optimization.stage3_param_persistence_threshold", applied,

@@ -52,8 +52,8 @@ class AlignedBuffer {
     data_ = static_cast<std::byte*>(std::aligned_alloc(start, round_up(size_, start)));
     expect<OutOfMemoryError>(data_ != nullptr, "AlignedBuffer: could not allocate ", size_,
                              " bytes aligned to ", start,
-                             " for NVMe swap buffers; lower offload_*.buffer_count or "
-                             "zero_optimization.sub_group_size");
+                             " for NVMe swap buffers; lower offload_*.buffer_count or make "
+                             "the largest unit smaller");
     advise_huge_pages(data_, size_ / huge_page_bytes * huge_page_bytes);
     std::memset(data_, 0, size_);  // also touches every page before any transfer uses it
     if (lock) locked_ = ::mlock(data_, size_) == 0;

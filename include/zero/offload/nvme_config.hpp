@@ -2,11 +2,9 @@
 // NvmeConfig: every knob of NVMe offload in one struct, with DeepSpeed's defaults, built from a
 // DeepSpeed config's zero_optimization.offload_optimizer / offload_param and aio sections.
 //
-// sub_group_size: DeepSpeed's default is 1e9 elements. The swapper holds buffer_count buffers of
-// the largest sub-group's optimizer state (fp32 master + exp_avg + exp_avg_sq = 12 bytes per
-// element), so 1e9 would mean 4 x 12 GB = 48 GB of host buffers. zero uses 1e8 elements
-// (4 x 1.2 GB = 4.8 GB) unless the config sets zero_optimization.sub_group_size explicitly;
-// the preflight says when the buffers do not fit the host budget.
+// zero_optimization.sub_group_size is not one of them: a swapper's sub-group is what its owner
+// hands it (the engine: one unit's master slice and states), so the buffers (buffer_count x the
+// largest sub-group) shrink with smaller units, and the preflight says when they do not fit.
 
 #include <cstddef>
 #include <cstdint>
@@ -28,15 +26,11 @@ constexpr const char* section_of(OffloadSection s) {
   return s == OffloadSection::optimizer ? "offload_optimizer" : "offload_param";
 }
 
-/// zero's sub-group size for NVMe offload when the config does not set one (elements).
-inline constexpr std::int64_t default_nvme_sub_group_elems = 100'000'000;
-
 /// NVMe offload settings.
 struct NvmeConfig {
-  std::filesystem::path nvme_path;  ///< offload_*.nvme_path: swap files go under it
-  int buffer_count = 4;             ///< offload_*.buffer_count: sub-group buffers (4 / 5 in DS)
-  bool pin_memory = false;          ///< offload_*.pin_memory: mlock the buffers
-  std::int64_t sub_group_size = default_nvme_sub_group_elems;  ///< elements per sub-group
+  std::filesystem::path nvme_path;   ///< offload_*.nvme_path: swap files go under it
+  int buffer_count = 4;              ///< offload_*.buffer_count: sub-group buffers (4 / 5 in DS)
+  bool pin_memory = false;           ///< offload_*.pin_memory: mlock the buffers
   std::size_t block_size = 1 << 20;  ///< aio.block_size: bytes per request
   int queue_depth = 8;               ///< aio.queue_depth: requests in flight
   int thread_count = 1;              ///< aio.intra_op_parallelism: fallback worker threads
@@ -72,12 +66,6 @@ struct NvmeConfig {
     c.nvme_path = o.nvme_path;
     c.buffer_count = static_cast<int>(o.buffer_count);
     c.pin_memory = o.pin_memory;
-    if (z.sub_group_size_given) {
-      expect<ConfigError>(z.sub_group_size > 0,
-                          "zero_optimization.sub_group_size: ", z.sub_group_size,
-                          " must be positive for NVMe offload");
-      c.sub_group_size = z.sub_group_size;
-    }
     c.block_size = static_cast<std::size_t>(cfg.aio.block_size);
     c.queue_depth = static_cast<int>(cfg.aio.queue_depth);
     c.thread_count = static_cast<int>(cfg.aio.thread_count);

@@ -80,8 +80,10 @@ inline PreflightReport preflight(const NvmeConfig& cfg, const PreflightNeeds& ne
     r.problems.push_back(zero::detail::concat(
         "swap buffers need ", human_bytes(needs.buffer_bytes), " of host memory (buffer_count ",
         cfg.buffer_count, " x the largest sub-group) but the budget is ",
-        human_bytes(r.budget_bytes), ": lower zero_optimization.sub_group_size (now ",
-        cfg.sub_group_size, " elements) or offload_*.buffer_count"));
+        human_bytes(r.budget_bytes),
+        ": lower offload_*.buffer_count, make the largest "
+        "sub-group smaller (the engine's is one unit's shard: wrap smaller modules as units, or "
+        "shard over more ranks) or raise the host budget"));
   if (cfg.pin_memory) {
     struct rlimit lim {};
     if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&

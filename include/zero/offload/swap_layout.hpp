@@ -47,20 +47,4 @@ struct SwapLayout {
   }
 };
 
-/// A range [begin, end) of a flat shard's elements.
-struct ElementRange {
-  std::int64_t begin = 0, end = 0;
-};
-
-/// Splits a flat shard of numel elements into consecutive sub-groups of at most sub_group_size
-/// elements (DeepSpeed's tiling of the optimizer step); the last one takes the remainder.
-inline std::vector<ElementRange> sub_group_ranges(std::int64_t numel, std::int64_t sub_group_size) {
-  expect<ConfigError>(sub_group_size > 0, "zero_optimization.sub_group_size: ", sub_group_size,
-                      " must be positive");
-  std::vector<ElementRange> out;
-  for (std::int64_t b = 0; b < numel; b += sub_group_size)
-    out.push_back({b, std::min(numel, b + sub_group_size)});
-  return out;
-}
-
 }  // namespace zero::offload
