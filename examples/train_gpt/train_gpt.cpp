@@ -541,27 +541,19 @@ struct RoutingTotals {
   }
 };
 
-// Parameters of the whole model as the engine holds them (experts split over ep counted once).
-template <class Eng>
-std::int64_t count_parameters(Eng& eng) {
-  std::int64_t n = 0;
-  for (int u = 0; u < eng.num_units(); ++u) {
-    for (const nn::ParamSpec& p : eng.unit_specs(u)) n += p.logical_shape().numel();
-  }
-  return n;
-}
-
-// The parameters one token passes through, for its FLOPs: with top-k routing over E experts a
-// token uses k of each MoE block's experts, so the expert units count k/E of their parameters.
+// Parameters of the whole model as the engine holds them (experts split over ep counted once);
+// with active, those one token passes through, for its FLOPs: with top-k routing over E experts
+// a token uses k of each MoE block's experts, so the expert units count k/E of their parameters.
 template <class Eng, class Model>
-double active_parameters(Eng& eng, const Model& model, const Config& cfg) {
+double count_parameters(Eng& eng, const Model& model, const Config& cfg, bool active = false) {
   double n = 0;
   for (int u = 0; u < eng.num_units(); ++u) {
     double unit = 0;
-    for (const nn::ParamSpec& p : eng.unit_specs(u))
+    for (const nn::ParamSpec& p : eng.unit_specs(u)) {
       unit += static_cast<double>(p.logical_shape().numel());
+    }
     if constexpr (nn::HasExpertUnits<Model>) {
-      if (cfg.moe.active() && model.unit_is_expert(u)) {
+      if (active && cfg.moe.active() && model.unit_is_expert(u)) {
         unit *= static_cast<double>(cfg.moe.k) / static_cast<double>(cfg.moe.num_experts);
       }
     }
@@ -864,7 +856,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         "train_gpt: %lld parameters%s (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
         "%d data-parallel ranks x %d tensor-parallel%s%s in %s; global batch %lld = %lld micro x "
         "%lld accumulation x %d ranks; %lld steps; model state on rank 0: %.2f MB\n",
-        static_cast<long long>(count_parameters(eng)), moe_note(cfg).c_str(),
+        static_cast<long long>(count_parameters(eng, model, cfg)), moe_note(cfg).c_str(),
         static_cast<long long>(o.layers), static_cast<long long>(o.heads),
         static_cast<long long>(o.channels), static_cast<long long>(gc.vocab_size),
         static_cast<long long>(o.seq), E::stage, dp, tp,
@@ -880,7 +872,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   // The model's FLOPs per token, and the peak they are measured against: the GPUs' on a device
   // (tokens/s and TFLOP/s count every rank's tokens, so MFU divides by every GPU's peak).
   const double flops_per_token = profile::gpt_flops_per_token(
-      static_cast<std::int64_t>(active_parameters(eng, model, cfg)), o.layers, o.channels, o.seq);
+      static_cast<std::int64_t>(count_parameters(eng, model, cfg, /*active=*/true)), o.layers,
+      o.channels, o.seq);
   const int gpus = on_device ? gpus_of(comm) : 1;
   const double peak_tflops = on_device ? device_peak_tflops() * gpus : 0.0;
 

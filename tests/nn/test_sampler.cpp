@@ -63,8 +63,14 @@ TEST_CASE("Sampler gives +inf logits all the mass and refuses NaN", "[unit][nn]"
   for (int i = 0; i < 16; ++i) CHECK(s.next(std::span<const float>(inf)) == 1);
   const std::vector<float> two_inf{INFINITY, 0.0f, INFINITY};
   for (int i = 0; i < 16; ++i) CHECK(s.next(std::span<const float>(two_inf)) != 1);
-  const std::vector<float> none{-INFINITY, -INFINITY};  // every token equally (im)possible
-  CHECK(s.next(std::span<const float>(none)) >= 0);
+  // Every token equally (im)possible: both are drawn (before, the NaN weights fell through to
+  // the last survivor every time).
+  const std::vector<float> none{-INFINITY, -INFINITY};
+  std::array<int, 2> drawn{};
+  for (int i = 0; i < 64; ++i)
+    ++drawn[static_cast<std::size_t>(s.next(std::span<const float>(none)))];
+  CHECK(drawn[0] > 0);
+  CHECK(drawn[1] > 0);
   const std::vector<float> nan{0.0f, NAN, 1.0f};
   CHECK_THROWS_WITH(s.next(std::span<const float>(nan)), Catch::Contains("logit 1 is NaN"));
 }

@@ -1,6 +1,7 @@
 // The flops profiler: GPT's counted forward FLOPs against the closed form 6N + 6LCT per token
 // (training; the forward is a third), the exact per-layer sum, and the report and JSON of an
 // engine step (latencies measured, n/a for a model whose units do not count FLOPs).
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -165,6 +166,28 @@ TEST_CASE("Flops profile of an engine step: summary, units, JSON; n/a without FL
   CHECK(h.report({}).find("fwd flops per rank:") != std::string::npos);
   CHECK(h.report({}).find("n/a") != std::string::npos);
   CHECK(h.to_json().at("fwd").is_null());
+}
+
+TEST_CASE("Flops profile: ranks that share their samples (Ulysses' sp) are not data-parallel",
+          "[unit][profile]") {
+  // Over 2 ranks that read one sample stream (sample_ranks 1, as sp 2 gives), the world is 2
+  // ranks but samples/second counts one rank's rows; it counted both.
+  const nn::GPTConfig cfg = shape(1, 16, 8, 32, 2);
+  const std::int64_t B = 2;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * cfg.max_seq_len), 3);
+  const auto sizes = testing::per_rank<std::array<int, 4>>(2, [&](parallel::LocalComm& comm) {
+    nn::GPT<float> model(cfg);
+    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(
+        model, comm, [](int, std::span<float>, std::span<const float>) {});
+    eng.timers().enable();
+    eng.forward({tokens.data(), tokens.data(), B, cfg.max_seq_len});
+    eng.backward();
+    eng.step();
+    const auto shared = profile::collect_flops_profile(eng, model, 1, B, 1, /*sample_ranks=*/1);
+    const auto own = profile::collect_flops_profile(eng, model, 1, B);
+    return std::array<int, 4>{shared.dp_size, shared.world_size, own.dp_size, own.world_size};
+  });
+  for (const auto& s : sizes) CHECK(s == std::array<int, 4>{1, 2, 2, 2});
 }
 
 TEST_CASE("flops_profiler and comms_logger config sections", "[unit][profile]") {
