@@ -279,8 +279,13 @@ TEST_CASE("a key's value reaches no row before it in the flash kernels", "[cuda]
 
 namespace {
 
-/// mma::backward_fused_dq (dq in the dk/dv kernel, float atomics) against the host backward, and
-/// its dk and dv against the two-kernel backward's, bit for bit (the same code computes them).
+/// mma::backward_fused_dq (dq in the dk/dv kernel, float atomics) against the host backward when
+/// it adds into a start (the bounds compare_flash holds the two kernels to), against the
+/// two-kernel backward within 2 ulps when it writes, and its dk and dv against the two kernels'
+/// bit for bit (the same code computes them). Written from zero, the host's bf16-rounded
+/// probabilities put a small gradient 2.3x outside 4 ulps of its own scale (H200, 4fda685: dk
+/// elements too, which equal the two kernels' bit for bit), so the written form is checked
+/// against the two kernels, whose written values compare_flash checks against their added ones.
 template <class T>
 void compare_fused_dq(const AttnShape& s, const cpu::DropoutMask& dropout, bool overwrite,
                       std::uint32_t seed) {
@@ -311,7 +316,12 @@ void compare_fused_dq(const AttnShape& s, const cpu::DropoutMask& dropout, bool 
   cpu::attention_backward<T>(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, C, s.NH,
                              dropout);
   const auto fused = d_fused.download(), apart = d_apart.download();
-  check_close(fused, dqkv, "fused-dq backward dqkv", 1e-5, 4.0);
+  if (overwrite) {
+    // Only dq's float sums run in another order before its one rounding.
+    check_close(fused, apart, "fused-dq backward dqkv against the two kernels", 1e-5, 2.0);
+  } else {
+    check_close(fused, dqkv, "fused-dq backward dqkv", 1e-5, 4.0);
+  }
   std::vector<T> fused_kv, apart_kv;  // the k and v columns of every row
   for (std::int64_t n = 0; n < N; ++n) {
     const auto row = static_cast<std::size_t>(n * 3 * C);
@@ -353,22 +363,24 @@ struct ScopedEnv {
 TEST_CASE("ZERO_ATTENTION_BACKWARD=fused_dq has the launcher take the fused backward",
           "[cuda][attention]") {
   // Through attention_backward (what the layers call): the host's values within the flash
-  // bounds, given the forward's output (the two kernels meet the same bounds, so this checks
-  // the values the layers get, not which kernels ran); an unknown value is a ConfigError naming
-  // it, on any path (here head size 64 without the forward's output, which never fuses).
+  // bounds, given the forward's output, added into a start as compare_flash adds (the two
+  // kernels meet the same bounds, so this checks the values the layers get, not which kernels
+  // ran; written from zero, the bound is too tight for either, see compare_fused_dq); an unknown
+  // value is a ConfigError naming it, on any path (here head size 64 without the forward's
+  // output, which never fuses).
   const AttnShape s{2, 150, 2, 64};
   const std::int64_t C = s.NH * s.hs, N = s.B * s.T;
   const auto qkv = random_vector<bf16>(static_cast<std::size_t>(N * 3 * C), 600, -2.0f, 2.0f);
   const auto dout = random_vector<bf16>(static_cast<std::size_t>(N * C), 601);
-  DeviceVector<bf16> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_dout(dout),
-      d_dqkv(qkv.size());
+  auto dqkv = random_vector<bf16>(qkv.size(), 602);
+  DeviceVector<bf16> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_dout(dout), d_dqkv(dqkv);
   DeviceVector<float> d_lse(static_cast<std::size_t>(s.B * s.NH * s.T));
   gpu::attention_forward<bf16>(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, C, s.NH, nullptr);
   std::optional<ScopedEnv> env(std::in_place, "ZERO_ATTENTION_BACKWARD", "fused_dq");
   gpu::attention_backward<bf16>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
-                                s.B, s.T, C, s.NH, gpu::DropoutMask{}, true, nullptr);
+                                s.B, s.T, C, s.NH, gpu::DropoutMask{}, false, nullptr);
   std::vector<bf16> out(static_cast<std::size_t>(N * C)),
-      att(static_cast<std::size_t>(s.B * s.NH * s.T * s.T)), dqkv(qkv.size(), bf16(0.0f));
+      att(static_cast<std::size_t>(s.B * s.NH * s.T * s.T));
   cpu::attention_forward<bf16>(out.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
   cpu::attention_backward<bf16>(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, C,
                                 s.NH);
