@@ -21,11 +21,16 @@
 // shape's algorithm to the fastest of cuBLASLt's candidates (ZERO_GEMM_TUNING=measured), and
 // gpu_step_gemm_measured_vs_heuristic is its step time over stage 0's; one more takes the attention
 // backward's dq in its dk/dv kernel (ZERO_ATTENTION_BACKWARD=fused_dq), and
-// gpu_step_attention_fused_dq_vs_two_kernels is its step time over stage 0's. --runs runs only the
-// named runs (run_names below; a profiler's shorter run) and the ratios whose two runs ran. Prints
-// one JSON object per line. Without a GPU it says so and exits 0.
+// gpu_step_attention_fused_dq_vs_two_kernels is its step time over stage 0's. Three more runs take
+// --accumulation micro-batches a step (4 by default: 32768 tokens at B=8, T=1024; GPT-2's own
+// batch was 0.5M): stage 2 on the device, Offload<CPU> updating in step() and delayed, with the
+// host update's cost spread over as many micro-batches as a step commonly has
+// (gpu_step_offload_vs_device_accumulated, gpu_step_offload_delayed_vs_device_accumulated).
+// --runs runs only the named runs (run_names below; a profiler's shorter run) and the ratios whose
+// two runs ran. Prints one JSON object per line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
-//            [--activation-gib G] [--logits-chunk-mib M] [--runs stage0,offload_delayed,...]
+//            [--activation-gib G] [--logits-chunk-mib M] [--accumulation A]
+//            [--runs stage0,offload_delayed,...]
 #include <zero/engine/cuda_backend.cuh>
 
 #include <algorithm>
@@ -65,6 +70,7 @@ struct Shape {
   double activation_gib = 24.0;
   double logits_chunk_mib = -1;  // GPTConfig::logits_chunk_bytes in MiB; < 0: the library's
   std::string runs;              // --runs: a comma-separated subset of run_names; empty: all
+  int accumulation = 4;          // micro-batches a step of the *_accumulated runs
 };
 
 /// The runs, in the order they run (--runs picks some: a profiler's shorter run).
@@ -76,7 +82,10 @@ inline constexpr const char* run_names[] = {"stage0",
                                             "stage3",
                                             "offload",
                                             "offload_deferred",
-                                            "offload_delayed"};
+                                            "offload_delayed",
+                                            "stage2_accumulated",
+                                            "offload_accumulated",
+                                            "offload_delayed_accumulated"};
 
 /// Whether --runs (a comma-separated list) names run, or is empty.
 bool wanted(const Shape& s, const std::string& run) {
@@ -112,10 +121,11 @@ double gemm_tflops(int repeats) {
 }
 
 /// The DeepSpeed config of one run: AdamW, clipping 1.0, bf16, the stage, optionally the
-/// optimizer offloaded to the cpu.
-Config step_config(const Shape& s, int stage, bool offload) {
+/// optimizer offloaded to the cpu, accumulation micro-batches a step.
+Config step_config(const Shape& s, int stage, bool offload, int accumulation = 1) {
   std::string json = R"({"train_micro_batch_size_per_gpu": )" + std::to_string(s.batch) +
-                     R"(, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+                     R"(, "gradient_accumulation_steps": )" + std::to_string(accumulation) +
+                     R"(, "gradient_clipping": 1.0,
       "bf16": {"enabled": true},
       "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95],
                     "eps": 1e-8, "weight_decay": 0.1}},
@@ -126,13 +136,15 @@ Config step_config(const Shape& s, int stage, bool offload) {
 }
 
 struct Result {
+  int accumulation = 1;  // micro-batches a step
   double tokens_per_s = 0, step_ms = 0, device_gib = 0, host_gib = 0;
   double loss = 0;
   // The engine's host-side phase timers per timed step (profile::StepTimers): where the host
   // spent the step (launching, waiting, the host optimizer under Offload<CPU>), not GPU time.
   double host_ms[profile::phase_count] = {};
   // One more step with the device synchronized after each call (forward, backward, step): the
-  // device time of each, which the unfenced steps overlap with the host's launches.
+  // device time of each (forward and backward summed over the step's micro-batches), which the
+  // unfenced steps overlap with the host's launches.
   double fenced_forward_ms = 0, fenced_backward_ms = 0, fenced_step_ms = 0;
 };
 
@@ -166,6 +178,8 @@ Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config
     options.overlap_offload_update = how == HostUpdate::with_next_forward;
     options.delayed_param_update = how == HostUpdate::delayed;
     Eng eng(model, comm, config, options);
+    const int accumulation = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
+    out.accumulation = accumulation;
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(s.batch * s.seq + 1));
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       tokens[i] =
@@ -177,8 +191,10 @@ Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config
     batch.batch = s.batch;
     batch.seq_len = s.seq;
     const auto step = [&] {
-      out.loss = static_cast<double>(static_cast<float>(eng.forward(batch)));
-      eng.backward();
+      for (int a = 0; a < accumulation; ++a) {
+        out.loss = static_cast<double>(static_cast<float>(eng.forward(batch)));
+        eng.backward();
+      }
       eng.step();
     };
     for (int w = 0; w < s.warmup; ++w) step();
@@ -197,7 +213,7 @@ Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out.step_ms = secs * 1e3 / s.steps;
-    out.tokens_per_s = static_cast<double>(s.batch * s.seq) * s.steps / secs;
+    out.tokens_per_s = static_cast<double>(s.batch * s.seq) * accumulation * s.steps / secs;
     const auto fence = [] {
       ZERO_CUDA_CHECK(cudaDeviceSynchronize());
       return std::chrono::steady_clock::now();
@@ -205,17 +221,19 @@ Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config
     const auto ms_between = [](auto a, auto b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
     };
-    const auto f0 = fence();
-    eng.forward(batch);
-    const auto f1 = fence();
-    eng.backward();
+    for (int a = 0; a < accumulation; ++a) {
+      const auto f0 = fence();
+      eng.forward(batch);
+      const auto f1 = fence();
+      eng.backward();
+      const auto f2 = fence();
+      out.fenced_forward_ms += ms_between(f0, f1);
+      out.fenced_backward_ms += ms_between(f1, f2);
+    }
     const auto f2 = fence();
     eng.step();
     eng.synchronize();
-    const auto f3 = fence();
-    out.fenced_forward_ms = ms_between(f0, f1);
-    out.fenced_backward_ms = ms_between(f1, f2);
-    out.fenced_step_ms = ms_between(f2, f3);
+    out.fenced_step_ms = ms_between(f2, fence());
     const engine::MemoryReport r = eng.memory_report();
     out.device_gib = static_cast<double>(r.device_bytes()) / (1 << 30);
     out.host_gib = static_cast<double>(r.host_bytes) / (1 << 30);
@@ -274,6 +292,7 @@ int run(const Shape& s) {
         (offload ? std::string(", \"host_update\": \"") + host_update_name(how) + "\""
                  : std::string()) +
         ", \"B\": " + std::to_string(s.batch) + ", \"T\": " + std::to_string(s.seq) +
+        ", \"accumulation\": " + std::to_string(r.accumulation) +
         ", \"logits_chunk_mib\": " + chunk_mib +  // 0: the whole batch
         ", \"gemm_tuning\": \"" + gemm_tuning + "\", \"attention_backward\": \"" +
         attention_backward + "\"";
@@ -298,7 +317,8 @@ int run(const Shape& s) {
     line("gpu_step", config, r.tokens_per_s, "tokens/s", extra);
   };
   // Each run that --runs names (all by default); a ratio's line where both of its runs ran.
-  std::optional<Result> s0, s0_whole, s0_tuned, s0_fused_dq, s2, s3, off, off_deferred, off_delayed;
+  std::optional<Result> s0, s0_whole, s0_tuned, s0_fused_dq, s2, s3, off, off_deferred, off_delayed,
+      s2_acc, off_acc, off_delayed_acc;
   if (wanted(s, "stage0")) {
     s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
     report(0, false, *s0);
@@ -350,6 +370,20 @@ int run(const Shape& s) {
         time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true), HostUpdate::delayed);
     report(2, true, *off_delayed, HostUpdate::delayed);
   }
+  // The same three at --accumulation micro-batches a step.
+  if (wanted(s, "stage2_accumulated")) {
+    s2_acc = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false, s.accumulation));
+    report(2, false, *s2_acc);
+  }
+  if (wanted(s, "offload_accumulated")) {
+    off_acc = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true, s.accumulation));
+    report(2, true, *off_acc);
+  }
+  if (wanted(s, "offload_delayed_accumulated")) {
+    off_delayed_acc = time_engine<StepEngine<2, CPU>>(
+        s, gc, step_config(s, 2, true, s.accumulation), HostUpdate::delayed);
+    report(2, true, *off_delayed_acc, HostUpdate::delayed);
+  }
   const std::string base = gpu + ", \"model\": \"" + s.model + "\"";
   const auto ratio = [&](const char* name, const std::string& config,
                          const std::optional<Result>& over, const std::optional<Result>& under,
@@ -377,6 +411,14 @@ int run(const Shape& s) {
         ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
         "\"Offload<CPU> with delayed_param_update (the update of step t beside window t + 1, one "
         "step stale) over stage 2 without offload\"");
+  const std::string accumulated =
+      base + ", \"stage\": 2, \"accumulation\": " + std::to_string(s.accumulation);
+  ratio("gpu_step_offload_vs_device_accumulated", accumulated, off_acc, s2_acc,
+        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
+  ratio("gpu_step_offload_delayed_vs_device_accumulated", accumulated, off_delayed_acc, s2_acc,
+        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
+        "\"Offload<CPU> with delayed_param_update over stage 2 without offload, both at "
+        "--accumulation micro-batches a step\"");
   return 0;
 }
 
@@ -422,6 +464,8 @@ int main(int argc, char** argv) try {
         }
         start = end + 1;
       }
+    } else if (flag == "--accumulation") {
+      s.accumulation = std::atoi(v);
     } else if (flag == "--logits-chunk-mib") {
       s.logits_chunk_mib = std::atof(v);
       if (s.logits_chunk_mib < 0) {
@@ -432,13 +476,14 @@ int main(int argc, char** argv) try {
       std::fprintf(stderr,
                    "usage: gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] "
                    "[--model gpt2|gpt2-medium|gpt2-large|gpt2-xl] [--activation-gib G] "
-                   "[--logits-chunk-mib M] [--runs RUN,...]\n");
+                   "[--logits-chunk-mib M] [--accumulation A] [--runs RUN,...]\n");
       return 2;
     }
   }
-  if (s.batch <= 0 || s.seq <= 0 || s.steps <= 0 || s.warmup < 0 || s.activation_gib <= 0) {
+  if (s.batch <= 0 || s.seq <= 0 || s.steps <= 0 || s.warmup < 0 || s.activation_gib <= 0 ||
+      s.accumulation <= 0) {
     std::fprintf(stderr,
-                 "gpu_step: --batch, --seq, --steps and --activation-gib must be "
+                 "gpu_step: --batch, --seq, --steps, --activation-gib and --accumulation must be "
                  "positive, --warmup not negative\n");
     return 2;
   }
