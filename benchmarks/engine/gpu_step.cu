@@ -23,9 +23,12 @@
 // backward's dq in its dk/dv kernel (ZERO_ATTENTION_BACKWARD=fused_dq), and
 // gpu_step_attention_fused_dq_vs_two_kernels is its step time over stage 0's. Three more runs take
 // --accumulation micro-batches a step (4 by default: 32768 tokens at B=8, T=1024; GPT-2's own
-// batch was 0.5M): stage 2 on the device, Offload<CPU> updating in step() and delayed, with the
-// host update's cost spread over as many micro-batches as a step commonly has
-// (gpu_step_offload_vs_device_accumulated, gpu_step_offload_delayed_vs_device_accumulated).
+// batch was 0.5M): stage 2 on the device, and Offload<CPU> updating in step() with each
+// micro-step's shards folded into the pinned shards (the default), then with the window's shards
+// summed on the device (accumulate_grads_on_device) updating in step() and delayed: the host
+// update's cost spread over as many micro-batches as a step commonly has
+// (gpu_step_offload_vs_device_accumulated, gpu_step_offload_on_device_vs_device_accumulated,
+// gpu_step_offload_delayed_vs_device_accumulated).
 // --runs runs only the named runs (run_names below; a profiler's shorter run) and the ratios whose
 // two runs ran. Prints one JSON object per line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
@@ -85,6 +88,7 @@ inline constexpr const char* run_names[] = {"stage0",
                                             "offload_delayed",
                                             "stage2_accumulated",
                                             "offload_accumulated",
+                                            "offload_on_device_accumulated",
                                             "offload_delayed_accumulated"};
 
 /// Whether --runs (a comma-separated list) names run, or is empty.
@@ -136,7 +140,8 @@ Config step_config(const Shape& s, int stage, bool offload, int accumulation = 1
 }
 
 struct Result {
-  int accumulation = 1;  // micro-batches a step
+  int accumulation = 1;          // micro-batches a step
+  bool grads_on_device = false;  // Offload<CPU>: EngineOptions::accumulate_grads_on_device
   double tokens_per_s = 0, step_ms = 0, device_gib = 0, host_gib = 0;
   double loss = 0;
   // The engine's host-side phase timers per timed step (profile::StepTimers): where the host
@@ -166,17 +171,20 @@ const char* host_update_name(HostUpdate h) {
 }
 
 /// Trains warmup + steps steps of Eng on one rank and times the last steps (how: where an
-/// Offload<CPU> engine runs its host update).
+/// Offload<CPU> engine runs its host update; grads_on_device: whether it sums a window's
+/// gradient shards on the device).
 template <class Eng>
 Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config,
-                   HostUpdate how = HostUpdate::in_step) {
+                   HostUpdate how = HostUpdate::in_step, bool grads_on_device = false) {
   Result out;
+  out.grads_on_device = grads_on_device;
   parallel::CudaLocalComm::run(1, [&](parallel::CudaLocalComm& comm) {
     nn::GPT<bf16> model(gc);
     engine::EngineOptions options;
     options.activation_bytes = static_cast<std::size_t>(s.activation_gib * (1 << 30));
     options.overlap_offload_update = how == HostUpdate::with_next_forward;
     options.delayed_param_update = how == HostUpdate::delayed;
+    options.accumulate_grads_on_device = grads_on_device;
     Eng eng(model, comm, config, options);
     const int accumulation = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
     out.accumulation = accumulation;
@@ -289,7 +297,9 @@ int run(const Shape& s) {
         gpu + ", \"model\": \"" + s.model + "\", \"params\": " + std::to_string(params) +
         ", \"dtype\": \"bf16\", \"stage\": " + std::to_string(stage) + ", \"offload\": \"" +
         (offload ? "cpu" : "none") + "\"" +
-        (offload ? std::string(", \"host_update\": \"") + host_update_name(how) + "\""
+        (offload ? std::string(", \"host_update\": \"") + host_update_name(how) +
+                       "\", \"grad_accumulation\": \"" +
+                       (r.grads_on_device ? "device" : "pinned shards") + "\""
                  : std::string()) +
         ", \"B\": " + std::to_string(s.batch) + ", \"T\": " + std::to_string(s.seq) +
         ", \"accumulation\": " + std::to_string(r.accumulation) +
@@ -318,7 +328,7 @@ int run(const Shape& s) {
   };
   // Each run that --runs names (all by default); a ratio's line where both of its runs ran.
   std::optional<Result> s0, s0_whole, s0_tuned, s0_fused_dq, s2, s3, off, off_deferred, off_delayed,
-      s2_acc, off_acc, off_delayed_acc;
+      s2_acc, off_acc, off_on_device_acc, off_delayed_acc;
   if (wanted(s, "stage0")) {
     s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
     report(0, false, *s0);
@@ -370,7 +380,8 @@ int run(const Shape& s) {
         time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true), HostUpdate::delayed);
     report(2, true, *off_delayed, HostUpdate::delayed);
   }
-  // The same three at --accumulation micro-batches a step.
+  // At --accumulation micro-batches a step, the last two with the window's shards summed on the
+  // device.
   if (wanted(s, "stage2_accumulated")) {
     s2_acc = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false, s.accumulation));
     report(2, false, *s2_acc);
@@ -379,9 +390,14 @@ int run(const Shape& s) {
     off_acc = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true, s.accumulation));
     report(2, true, *off_acc);
   }
+  if (wanted(s, "offload_on_device_accumulated")) {
+    off_on_device_acc = time_engine<StepEngine<2, CPU>>(
+        s, gc, step_config(s, 2, true, s.accumulation), HostUpdate::in_step, true);
+    report(2, true, *off_on_device_acc);
+  }
   if (wanted(s, "offload_delayed_accumulated")) {
     off_delayed_acc = time_engine<StepEngine<2, CPU>>(
-        s, gc, step_config(s, 2, true, s.accumulation), HostUpdate::delayed);
+        s, gc, step_config(s, 2, true, s.accumulation), HostUpdate::delayed, true);
     report(2, true, *off_delayed_acc, HostUpdate::delayed);
   }
   const std::string base = gpu + ", \"model\": \"" + s.model + "\"";
@@ -415,9 +431,14 @@ int run(const Shape& s) {
       base + ", \"stage\": 2, \"accumulation\": " + std::to_string(s.accumulation);
   ratio("gpu_step_offload_vs_device_accumulated", accumulated, off_acc, s2_acc,
         ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
+  ratio("gpu_step_offload_on_device_vs_device_accumulated", accumulated, off_on_device_acc, s2_acc,
+        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
+        "\"Offload<CPU> summing the window's gradient shards on the device "
+        "(accumulate_grads_on_device) over stage 2 without offload\"");
   ratio("gpu_step_offload_delayed_vs_device_accumulated", accumulated, off_delayed_acc, s2_acc,
         ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
-        "\"Offload<CPU> with delayed_param_update over stage 2 without offload, both at "
+        "\"Offload<CPU> with delayed_param_update, summing the window's gradient shards on the "
+        "device, over stage 2 without offload, both at "
         "--accumulation micro-batches a step\"");
   return 0;
 }

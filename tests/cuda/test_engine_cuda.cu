@@ -8,8 +8,10 @@
 // GPU engine (its master slices and AdamW states staged through host memory) loads into the host
 // engine and into a fresh GPU engine with the same values bit for bit. Offload<CPU>'s delayed
 // update (delayed_param_update) follows the host engine's run of the same recurrence through a
-// callback within the same bounds. The refusals: a host communicator on the device engine, a device
-// communicator on the host engine, and LAMB (whose norms the host sums) on the device.
+// callback within the same bounds; summing a window's gradient shards on the device
+// (accumulate_grads_on_device) gives what folding them into the pinned shards gives, bit for bit.
+// The refusals: a host communicator on the device engine, a device communicator on the host
+// engine, and LAMB (whose norms the host sums) on the device.
 
 #include <zero/engine/cuda_backend.cuh>
 
@@ -77,11 +79,13 @@ Config gpu_config(int stage, bool bf16, bool offload) {
 }
 
 // deferred: an Offload<CPU> engine leaves its host updates to the next forward
-// (overlap_offload_update; the values are the same).
+// (overlap_offload_update; the values are the same); on_device: it sums a window's gradient
+// shards on the device (accumulate_grads_on_device; the same values too).
 template <class Eng, class Comm>
-Masters train(Comm& comm, const Config& config, bool deferred = false) {
+Masters train(Comm& comm, const Config& config, bool deferred = false, bool on_device = false) {
   engine::EngineOptions options = tiny_options();
   options.overlap_offload_update = deferred;
+  options.accumulate_grads_on_device = on_device;
   return train_tiny_gpt<Eng>(
       comm, config, steps, accumulation, [](Eng&) {}, options);
 }
@@ -166,6 +170,38 @@ TEST_CASE(
   check_gpu_engine<float, 2, CPU>(1e-5, /*deferred=*/true);
   check_gpu_engine<zero::bf16, 2, CPU>(bf16_tolerance, /*deferred=*/true);
   check_gpu_engine<zero::bf16, 3, CPU>(bf16_tolerance, /*deferred=*/true);
+}
+
+namespace {
+
+// Offload<CPU> summing a window's gradient shards on the device (accumulate_grads_on_device)
+// against the same engine folding every micro-step's into the pinned shards: bit for bit, at 1,
+// 2 and 4 ranks, with accumulation 2 and clipping.
+template <class T, int S>
+void check_on_device_accumulation() {
+  using GpuEngine =
+      engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>, Compute<Cuda>>;
+  for (int world : {1, 2, 4}) {
+    INFO("stage " << S << (std::is_same_v<T, zero::bf16> ? " bf16" : " f32") << " world " << world);
+    const Config config = gpu_config(S, std::is_same_v<T, zero::bf16>, true);
+    const auto pinned = per_rank<Masters, CudaLocalComm>(
+        world, [&](CudaLocalComm& comm) { return train<GpuEngine>(comm, config); });
+    const auto on_device = per_rank<Masters, CudaLocalComm>(world, [&](CudaLocalComm& comm) {
+      return train<GpuEngine>(comm, config, false, /*on_device=*/true);
+    });
+    CHECK(on_device == pinned);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the GPU engine with Offload<CPU> summing a window's gradient shards on the device trains "
+    "as when it folds them into the pinned shards",
+    "[cuda][engine]") {
+  check_on_device_accumulation<float, 2>();
+  check_on_device_accumulation<zero::bf16, 2>();
+  check_on_device_accumulation<zero::bf16, 3>();
 }
 
 namespace {

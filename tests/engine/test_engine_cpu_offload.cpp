@@ -7,7 +7,9 @@
 // copy), the states and the gradient shard in host memory and nothing else; the optimizer runs on
 // the host only after the host waited for the compute that wrote its gradient, and no pinned
 // source of a copy up is written before the host waited for the copy; a step leaves each
-// unit's update to the next forward (overlap_offload_update) with the same values; the delayed
+// unit's update to the next forward (overlap_offload_update) with the same values; at stages 2-3
+// the window's shards summed on the device (accumulate_grads_on_device) give the same values with
+// one copy down a unit and window, and the accumulator in device memory; the delayed
 // update (delayed_param_update) follows its one-step-late recurrence exactly, starts after its
 // warm-up, leaves a checkpoint's save without effect on the run, and is refused where it cannot
 // run; zero::dispatch picks Offload<CPU> from the config's offload_optimizer.device for a device
@@ -187,12 +189,16 @@ struct Run {
 };
 
 template <class Eng>
-Run train(LocalComm& comm, const Config& config) {
+Run train(LocalComm& comm, const Config& config,
+          const engine::EngineOptions& options = tiny_options()) {
   Run out;
-  out.units = train_tiny_gpt<Eng>(comm, config, steps, accumulation, [&](Eng& eng) {
-    out.report = eng.memory_report();
-    out.num_units = eng.num_units();
-  });
+  out.units = train_tiny_gpt<Eng>(
+      comm, config, steps, accumulation,
+      [&](Eng& eng) {
+        out.report = eng.memory_report();
+        out.num_units = eng.num_units();
+      },
+      options);
   return out;
 }
 
@@ -204,14 +210,16 @@ Config cpu_offload_config(int stage, bool bf16) {
   return c;
 }
 
+// on_device: EngineOptions::accumulate_grads_on_device (stages 2-3).
 template <class T, int S>
-void check_cpu_offload() {
+void check_cpu_offload(bool on_device = false) {
   constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
   using Plain = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>>;
   using Offloaded = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>,
                                    Compute<PinnedTestDevice>>;
   for (int world : {1, 2}) {
-    INFO("stage " << S << (bf16 ? " bf16" : " f32") << " world " << world);
+    INFO("stage " << S << (bf16 ? " bf16" : " f32") << " world " << world
+                  << (on_device ? " accumulating on the device" : ""));
     Config plain_config = adamw_config(S, accumulation, 0.5);
     plain_config.bf16_enabled = bf16;
     const auto plain =
@@ -221,8 +229,10 @@ void check_cpu_offload() {
     PinnedTestBackend::comm_copies = 0;
     PinnedTestBackend::shard_sums = 0;
     PinnedTestBackend::sources_overwritten = 0;
+    engine::EngineOptions options = tiny_options();
+    options.accumulate_grads_on_device = on_device;
     const auto offloaded = per_rank<Run>(world, [&](LocalComm& comm) {
-      return train<Offloaded>(comm, cpu_offload_config(S, bf16));
+      return train<Offloaded>(comm, cpu_offload_config(S, bf16), options);
     });
     for (int r = 0; r < world; ++r) {
       const Run& p = plain[static_cast<std::size_t>(r)];
@@ -241,8 +251,11 @@ void check_cpu_offload() {
       CHECK(o.report.master_bytes == p.report.master_bytes + copy_bytes);
       CHECK(o.report.optimizer_bytes == p.report.optimizer_bytes);
       CHECK(o.report.host_bytes == moved(p.report) + copy_bytes);
+      // On the device, accumulate_grads_on_device adds an fp32 shard, the size of the gradient
+      // shard the run without offload holds there (its grad_accumulator_bytes at stages 2-3).
+      const std::size_t accumulator = on_device ? p.report.grad_accumulator_bytes : 0;
       CHECK(o.report.device_bytes() - o.report.scratch_bytes ==
-            p.report.total() - p.report.scratch_bytes - moved(p.report));
+            p.report.total() - p.report.scratch_bytes - moved(p.report) + accumulator);
     }
     // Two pinned buffers per unit and rank (master and gradient shard), three in bf16 (its
     // compute copy); one host wait per step and rank before the optimizer reads what the device
@@ -253,10 +266,11 @@ void check_cpu_offload() {
     CHECK(PinnedTestBackend::host_waits == (steps + (bf16 ? units : 0)) * world);
     // Each unit's reduced shard reaches its pinned shard by DMA copies: one a window at stage 1
     // (the reduction at the boundary), one a micro-step at stages 2-3 (every fold, through the
-    // staging buffer; a later micro-step's copies the pinned shard up first). Each copy's
-    // source is summed on the way for the norm; the runs above equal the plain ones (clipping
-    // included) only if the last sum of each window is the one the norm takes.
-    const int copies = steps * units * world * (S == 1 ? 1 : accumulation);
+    // staging buffer; a later micro-step's copies the pinned shard up first), one a window there
+    // too when the window's folds sum on the device. Each copy's source is summed on the way for
+    // the norm; the runs above equal the plain ones (clipping included) only if the last sum of
+    // each window is the one the norm takes.
+    const int copies = steps * units * world * (S == 1 || on_device ? 1 : accumulation);
     CHECK(PinnedTestBackend::comm_copies == copies);
     CHECK(PinnedTestBackend::shard_sums == copies);
     // No pinned source of a copy up (a gather's slice, a shard added to) was written before the
@@ -281,6 +295,12 @@ TEST_CASE("Offload<CPU> trains as without offload, with its states in host memor
           "[unit][engine][offload]") {
   check_cpu_offload<float, 3>();
   check_cpu_offload<bf16, 3>();
+}
+TEST_CASE("Offload<CPU> summing a window's gradient shards on the device trains as without offload",
+          "[unit][engine][offload]") {
+  check_cpu_offload<float, 2>(/*on_device=*/true);
+  check_cpu_offload<bf16, 2>(/*on_device=*/true);
+  check_cpu_offload<bf16, 3>(/*on_device=*/true);
 }
 
 namespace {
@@ -593,6 +613,24 @@ TEST_CASE("delayed_param_update is refused where it cannot delay the update",
     negative.delayed_update_after = -1;
     CHECK_THROWS_WITH(Stage2(model, comm, cpu_offload_config(2, true), negative),
                       Catch::Contains("must not be negative"));
+  });
+}
+
+TEST_CASE("accumulate_grads_on_device is refused where there is nothing to sum on the device",
+          "[unit][engine][offload]") {
+  LocalComm::run(1, [](LocalComm& comm) {
+    engine::EngineOptions options = tiny_options();
+    options.accumulate_grads_on_device = true;
+    nn::GPT<bf16> model(tiny());
+    using Stage1 = engine::Engine<nn::GPT<bf16>, ZeroStage<1>, Precision<bf16>, Offload<CPU>,
+                                  Compute<PinnedTestDevice>>;
+    CHECK_THROWS_WITH(Stage1(model, comm, cpu_offload_config(1, true), options),
+                      Catch::Contains("stage 1 sums its whole gradient there already"));
+    using Plain = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>>;
+    Config plain = cpu_offload_config(2, true);
+    plain.zero_optimization.offload_optimizer.device = OffloadDevice::none;
+    CHECK_THROWS_WITH(Plain(model, comm, plain, options),
+                      Catch::Contains("stage 2 without Offload<CPU>"));
   });
 }
 

@@ -142,6 +142,11 @@ TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are be
   CHECK(engine::estimate_model_states(in).host == Approx(24 * psi / n));
   CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi));
   in.delayed_update = false;
+  // accumulate_grads_on_device sums the window's fp32 gradient shard in device memory.
+  in.device_grad_accumulator = true;
+  CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi + 4 * psi / n));
+  CHECK(engine::estimate_model_states(in).host == Approx(18 * psi / n));
+  in.device_grad_accumulator = false;
   in.stage = 3;
   in.offload_param = OffloadDevice::cpu;
   CHECK(engine::estimate_model_states(in).device_at_rest == 0);  // unit buffers only

@@ -738,6 +738,12 @@ class Engine {
       expect<ConfigError>(options_.delayed_update_after >= 0, "Engine: delayed_update_after ",
                           options_.delayed_update_after, " must not be negative");
     }
+    expect<ConfigError>(
+        !options_.accumulate_grads_on_device || (offload_cpu && stage >= 2),
+        "Engine: accumulate_grads_on_device sums the reduced gradient shards of "
+        "Offload<CPU> at ZeRO stages 2-3 on the device; this engine is stage ",
+        stage,
+        offload_cpu ? " (stage 1 sums its whole gradient there already)" : " without Offload<CPU>");
     if constexpr (loss_scaling) training_.scaler.emplace(options_.loss_scaler);
     if constexpr (requires { model_.tensor_parallel().size(); }) {
       const int model_tp = model_.tensor_parallel().size();
@@ -749,7 +755,7 @@ class Engine {
     }
     plan_ = unit_buffer_plan({stage, sizeof(T), sizeof(MasterT), compute_is_master,
                               offload_device_of<typename policies::offload>,
-                              options_.delayed_param_update});
+                              options_.delayed_param_update, options_.accumulate_grads_on_device});
     if constexpr (requires { model_.sequence_parallel().size(); }) {
       // A model split over sp ranks whose engine averages without them lets the copies drift;
       // a cp grid whose model attends locally trains on the wrong attention.
@@ -880,6 +886,7 @@ class Engine {
                             options_.prefetch_elems, options_.max_live_elems);
     }
     if constexpr (stage >= 2) in.pending_reductions = options_.max_pending_reductions;
+    in.device_grad_accumulator = options_.accumulate_grads_on_device;
     const MemoryEstimate e = estimate_model_states(in);
     // The ranks on this device: equal identities, counted over every rank of the engine (tensor
     // and pipeline ranks too), which also share the verdict.

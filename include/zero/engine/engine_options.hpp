@@ -76,6 +76,16 @@ struct EngineOptions {
   /// ConfigError elsewhere (no Offload<CPU>, stage 3 in f32, whose gathers read the master the
   /// update writes, or together with overlap_offload_update).
   bool delayed_param_update = false;
+  /// Offload<CPU> at stages 2-3: each unit sums its reduced gradient shards of an accumulation
+  /// window in an fp32 shard buffer in device memory (4 psi / N bytes more there) and copies the
+  /// sum down to its pinned host shard once, at the window's last micro-step. false (the
+  /// default, as DeepSpeed) folds every micro-step's shard into the pinned shard: the shard is
+  /// copied up, added to and copied down again, so with several micro-batches a step each moves
+  /// the whole model's fp32 gradients across the bus twice, the copy up on the compute stream
+  /// (GPT-2 124M on an H200, 4 micro-batches: the backward 93 ms against 46 without offload,
+  /// docs/cuda.md). The values are the same bit for bit. A ConfigError elsewhere (stage 1 sums
+  /// its whole gradient on the device already).
+  bool accumulate_grads_on_device = false;
   /// With delayed_param_update: the first steps update in step(), without delay (the paper's
   /// warm-up, while the gradients change fastest); the delay starts with step number this + 1.
   std::int64_t delayed_update_after = 0;

@@ -52,6 +52,9 @@ struct MemoryEstimateInput {
   /// Offload<CPU> with EngineOptions::delayed_param_update: one more fp32 gradient shard in host
   /// memory (4 psi / N) and, below fp32, one more compute copy (b psi / N).
   bool delayed_update = false;
+  /// Offload<CPU> at stages 2-3 with EngineOptions::accumulate_grads_on_device: an fp32 gradient
+  /// shard in device memory (4 psi / N).
+  bool device_grad_accumulator = false;
 
   /// Ranks in the world.
   int world() const { return gpus_per_node * nodes; }
@@ -120,6 +123,7 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
   key.offload =
       in.offload_optimizer != OffloadDevice::none ? in.offload_optimizer : in.offload_param;
   key.delayed_update = in.delayed_update;
+  key.device_grad_accumulator = in.device_grad_accumulator;
   const double live = in.stage == 3 ? std::max(1, in.live_units) : 1;
   MemoryEstimate e;
   for (const BufferPlan& b : unit_buffer_plan(key)) {

@@ -17,8 +17,9 @@
 //               next units' backward. An expert unit's averaged gradient is then scaled by
 //               its grad_scale (1/ep). Under Offload<CPU> the reduced shard reaches its pinned
 //               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
-//               every fold, through a device staging buffer: fold_into_host_shard), and its sum
-//               of squares is taken on the way, in the units' memory (shard_sums_of_squares;
+//               every fold, through a device staging buffer, or once a window from the unit's
+//               device accumulator with accumulate_grads_on_device: fold_into_host_shard), and its
+//               sum of squares is taken on the way, in the units' memory (shard_sums_of_squares;
 //               without offload the engine takes every unit's sum there at the step, so the
 //               device is waited for once for all of them).
 //
@@ -269,7 +270,7 @@ class UnitExchange {
                                                parallel::ReduceOp::avg);
       }
     } else {
-      (void)boundary;
+      p.boundary = boundary;
       p.scratch = take_scratch(s.grad_shard.size());  // a new one is zeroed on compute: first
       backend_.comm_waits_for_compute();
       p.work = s.group->reduce_scatter_async(std::span<const T>(span(*s.grads)), span(p.scratch),
@@ -331,6 +332,7 @@ class UnitExchange {
     int unit = 0;
     DeviceBuffer<T> scratch;              // stages 2-3: receives the reduced shard
     DeviceBuffer<MasterT> shard_scratch;  // stage 1 under Offload<CPU>: the same, in fp32
+    bool boundary = false;                // stages 2-3: the unit's last fold of the window
     parallel::Work work;                  // declared after the buffers it writes
   };
 
@@ -422,7 +424,7 @@ class UnitExchange {
       const std::span<const T> reduced(span(p.scratch));
       const Fold fold = next_fold(s);
       if constexpr (Unit::host_states) {
-        fold_into_host_shard(p.unit, reduced, fold);
+        fold_into_host_shard(p.unit, reduced, fold, p.boundary);
       } else {
         backend_.accumulate(span(s.grad_shard), reduced, s.grad_scale, fold);
       }
@@ -450,9 +452,22 @@ class UnitExchange {
   // there, so the window's last one is the norm's. One staging buffer, sized to the largest
   // shard, serves every unit: each fold into it follows a wait() (compute ordered after the DMA
   // copies so far: the last copy out of it, and the last copy into this pinned shard);
-  // drain_reductions orders the last copies before what reads the shards.
-  void fold_into_host_shard(int u, std::span<const T> reduced, Fold fold) {
+  // drain_reductions orders the last copies before what reads the shards. With
+  // accumulate_grads_on_device the unit's own fp32 shard in device memory (grad_accumulator)
+  // takes every fold of the window and goes down once, at its last (last: the window's last
+  // micro-step), with its sum: the same values, without the bus twice a micro-step.
+  void fold_into_host_shard(int u, std::span<const T> reduced, Fold fold, bool last) {
     Unit& s = unit(u);
+    if (s.grad_accumulator.size() != 0) {
+      const std::span<MasterT> acc = span(s.grad_accumulator);
+      backend_.accumulate(acc, reduced, s.grad_scale, fold);
+      if (!last) return;
+      take_shard_sum(u, acc);
+      backend_.comm_waits_for_compute();
+      backend_.comm_copy_async(span(s.grad_shard), std::span<const MasterT>(acc));
+      copies_unordered_ = true;
+      return;
+    }
     if (fold_staging_.size() == 0) {
       std::size_t largest = 0;
       for (const Unit& v : units_) largest = std::max(largest, v.grad_shard.size());

@@ -8,13 +8,15 @@
 //   master (fp32)  | whole         | shard           | shard           | shard
 //   states         | whole         | shard           | shard           | shard
 //   grad_shard     | -             | shard           | shard           | shard
-//   grad_accum     | whole (b<4)   | whole (b<4)     | -               | -
+//   grad_accum     | whole (b<4)   | whole (b<4)     | shard (CPU, *)  | shard (CPU, *)
 //   compute_copy   | -             | shard (CPU,b<4) | shard (CPU,b<4) | shard (CPU,b<4)
 //   params         | whole         | whole           | whole           | while used
 //   grads          | whole (b=4)   | whole (b=4)     | while used      | while used
 //                  | or while used | or while used   |                 |
 // b is the compute type's size: with f32 (or f64) compute the whole gradient is itself the
-// accumulator and, at stage 0, the whole parameters are the master. Offloading moves the master
+// accumulator and, at stage 0, the whole parameters are the master. (*) Offload<CPU> with
+// EngineOptions::accumulate_grads_on_device: the window's reduced shards summed in device memory,
+// copied down to the pinned gradient shard once a window. Offloading moves the master
 // and states to host memory (CPU) or files (NVMe) and the gradient shard to host memory. Under
 // Offload<CPU> (UnitState's HostStates) the master and the gradient shard are the backend's
 // pinned host buffers: the host optimizer updates them in place, and the device's kernels write
@@ -44,7 +46,8 @@ enum class BufferRole : unsigned char {
   master,            ///< fp32 (f64) master values this rank updates: the source of truth
   optimizer_states,  ///< the optimizer's states of those values (the optimizer owns them)
   grad_shard,        ///< fp32 gradient of this rank's slice, reduced over the ranks
-  grad_accumulator,  ///< whole fp32 gradient summed over micro-steps (bf16/f16, stages 0-1)
+  grad_accumulator,  ///< whole fp32 gradient summed over micro-steps (bf16/f16, stages 0-1),
+                     ///< or the shard's (Offload<CPU> at stages 2-3, accumulate_grads_on_device)
   compute_copy,      ///< Offload<CPU>, b < 4: the master slice rounded, in host memory
   delayed_grad,      ///< Offload<CPU> delaying its update: the gradient shard the update reads
   delayed_copy,      ///< ... below fp32: the compute copy the update writes while the last goes up
@@ -89,6 +92,9 @@ struct StorageKey {
   /// memory, which the update in flight reads while the next window writes the first, and below
   /// fp32 a second compute copy, which it writes while the last update's goes up to the device.
   bool delayed_update = false;
+  /// Offload<CPU> at stages 2-3 with EngineOptions::accumulate_grads_on_device: an fp32 shard in
+  /// device memory sums the window's reduced gradient shards (grad_accumulator, shard extent).
+  bool device_grad_accumulator = false;
 };
 
 /// The buffers of a unit under key, in the order above.
@@ -112,6 +118,9 @@ inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
   }
   if (k.stage <= 1 && !k.compute_is_master) {
     plan.push_back({BufferRole::grad_accumulator, Extent::whole, Lifetime::at_rest,
+                    Placement::compute, k.master_bytes});
+  } else if (k.stage >= 2 && k.offload == OffloadDevice::cpu && k.device_grad_accumulator) {
+    plan.push_back({BufferRole::grad_accumulator, Extent::shard, Lifetime::at_rest,
                     Placement::compute, k.master_bytes});
   }
   if (k.offload == OffloadDevice::cpu && !k.compute_is_master) {
@@ -197,7 +206,9 @@ struct UnitState {
   bool compute_copy_current = false;
   /// The optimizer's state buffers (exp_avg, ...) under DeviceStates; else the optimizer's own.
   std::vector<DeviceBuffer<float>> optimizer_states;
-  DeviceBuffer<MasterT> grad_accumulator;        ///< stages 0-1 with a compute type below fp32
+  /// Stages 0-1 with a compute type below fp32: the whole gradient; Offload<CPU> at stages 2-3
+  /// with accumulate_grads_on_device: the window's sum of the reduced shards.
+  DeviceBuffer<MasterT> grad_accumulator;
   DeviceBuffer<T> gather_scratch;                ///< the slice rounded (or read) for an all-gather
   std::optional<DeviceBuffer<T>> params, grads;  ///< whole unit in the compute type
   parallel::Work pending_gather;                 ///< declared after the buffers it writes
