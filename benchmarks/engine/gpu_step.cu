@@ -21,7 +21,7 @@
 // shape's algorithm to the fastest of cuBLASLt's candidates (ZERO_GEMM_TUNING=measured), and
 // gpu_step_gemm_measured_vs_heuristic is its step time over stage 0's; one more takes the attention
 // backward's dq in its dk/dv kernel (ZERO_ATTENTION_BACKWARD=fused_dq), and
-// gpu_step_attention_fused_dq_vs_two_kernels is its step time over stage 0's. Three more runs take
+// gpu_step_attention_fused_dq_vs_two_kernels is its step time over stage 0's. Four more runs take
 // --accumulation micro-batches a step (4 by default: 32768 tokens at B=8, T=1024; GPT-2's own
 // batch was 0.5M): stage 2 on the device, and Offload<CPU> updating in step() with each
 // micro-step's shards folded into the pinned shards (the default), then with the window's shards

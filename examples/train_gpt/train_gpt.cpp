@@ -21,7 +21,8 @@
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved|zb]]
 //               [--experts 4 [--ep 2] [--k 2]] [--sp N]
-//               [--device host|cuda] [--offload-cpu [--delayed-update N]] [--activation-mb M]
+//               [--device host|cuda] [--offload-cpu [--delayed-update N] [--grads-on-device]]
+//               [--activation-mb M]
 //
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
@@ -55,6 +56,9 @@
 // --delayed-update N (--offload-cpu; stages 1-2, or 3 in bf16) runs the host optimizer a step late
 // beside the next window from step N + 1 on (ZeRO-Offload's delayed parameter update, DPU:
 // EngineOptions::delayed_param_update; the first N steps update in step() as a warm-up).
+// --grads-on-device (--offload-cpu; stages 2-3) sums a step's --grad-accum micro-batches of
+// gradient shards in device memory and copies them to the host once a step
+// (EngineOptions::accumulate_grads_on_device), not once a micro-batch.
 // --activation-mb sizes the activation arena (default 512; GPT-2 small at batch 8 needs about
 // 20000). The step line adds the model's TFLOP/s (6N + 6LCT per token, every rank's tokens) and,
 // on a GPU whose datasheet bf16 peak is known, the MFU against the peak of every GPU in use (one
@@ -157,6 +161,7 @@ struct Options {
 #endif
   std::int64_t activation_mb = 512;
   std::optional<std::int64_t> delayed_update;  // DPU after this many steps (--delayed-update)
+  bool grads_on_device = false;                // --grads-on-device
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -171,9 +176,12 @@ Options parse(int argc, char** argv) {
     const std::string flag = argv[i];
     const bool sp_size = flag == "--sp" && i + 1 < argc && argv[i + 1][0] >= '0' &&
                          argv[i + 1][0] <= '9';  // --sp N: Ulysses
-    if (flag == "--profile" || flag == "--offload-cpu" ||
+    if (flag == "--profile" || flag == "--offload-cpu" || flag == "--grads-on-device" ||
         (flag == "--sp" && !sp_size)) {  // the flags without a value
-      (flag == "--sp" ? o.sp : flag == "--offload-cpu" ? o.offload_cpu : o.profile) = true;
+      (flag == "--sp"                ? o.sp
+       : flag == "--offload-cpu"     ? o.offload_cpu
+       : flag == "--grads-on-device" ? o.grads_on_device
+                                     : o.profile) = true;
       --i;
       continue;
     }
@@ -289,6 +297,11 @@ Options parse(int argc, char** argv) {
     usage(
         "--delayed-update N (N >= 0 warm-up steps) delays the host optimizer of --offload-cpu: "
         "it needs --device cuda");
+  }
+  if (o.grads_on_device && (!o.offload_cpu || o.device != "cuda")) {
+    usage(
+        "--grads-on-device sums the gradient shards of --offload-cpu on the device: it needs "
+        "--offload-cpu and --device cuda");
   }
   if (o.steps < 0 || o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
     usage("--steps, --batch, --seq and --grad-accum must be positive");
@@ -488,6 +501,7 @@ engine::EngineOptions engine_options(const Options& o) {
     eo.delayed_param_update = true;
     eo.delayed_update_after = *o.delayed_update;
   }
+  eo.accumulate_grads_on_device = o.grads_on_device;
   return eo;
 }
 

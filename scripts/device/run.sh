@@ -2,7 +2,7 @@
 # On a machine with a GPU, in the repository root with .carry/pack.tar.xz beside it (made by
 # scripts/device/pack.sh): unpacks the binaries and runs what $1 names, writing the logs under
 # $OUT (the device tool's result folder; /tmp/out elsewhere) and a summary.txt there:
-#   quick    the [cuda] suites, kernel_bench, gpu_step and three short train_gpt_cuda runs
+#   quick    the [cuda] suites, kernel_bench, gpu_step and four short train_gpt_cuda runs
 #   tests    the [cuda] suites only
 #   bench    gpu_step, PyTorch's GPT-2 step on the same GPU, kernel_bench, the host AdamW (on
 #            every core, and on one fewer, as the delayed update runs it)
@@ -96,7 +96,8 @@ run_baselines() {
 }
 run_train() {
   local extra
-  for extra in "--stage 2" "--stage 3 --offload-cpu" "--stage 2 --offload-cpu --delayed-update 2"; do
+  for extra in "--stage 2" "--stage 3 --offload-cpu" "--stage 2 --offload-cpu --delayed-update 2" \
+               "--stage 2 --offload-cpu --grad-accum 2 --grads-on-device"; do
     read -ra flags <<< "$extra"
     timeout 100 "$bin/train_gpt_cuda" --data data/corpus.txt --steps 8 --layers 2 --channels 64 \
       --seq 32 --precision bf16 --ranks 2 "${flags[@]}" >> "$logs/train_gpt_cuda.txt" 2>&1

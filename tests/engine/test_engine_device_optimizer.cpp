@@ -273,9 +273,13 @@ void check_staged_checkpoint() {
     nn::GPT<float> model(tiny());
     DeviceEngine eng(model, comm, config, options);
     train_steps(eng, comm, 0, 2, accumulation);
+    // The count is shared by the ranks' threads: each reads its start between two barriers, so
+    // no rank has begun its save's copies then (at stage 0 rank 1 copies nothing and, reading
+    // its start late, could count none of rank 0's).
     comm.barrier();
     const int before = ExecutorTestBackend::copies;
     const int before_here = ExecutorTestBackend::copies_down_here;
+    comm.barrier();
     eng.save_checkpoint(tmp.path(), "two", {});
     out.save_copies_down_here = ExecutorTestBackend::copies_down_here - before_here;
     comm.barrier();
@@ -289,6 +293,7 @@ void check_staged_checkpoint() {
     DeviceEngine eng(model, comm, config, options);
     comm.barrier();
     const int before = ExecutorTestBackend::copies;
+    comm.barrier();
     eng.load_checkpoint(tmp.path(), "two");
     comm.barrier();
     out.load_copies = ExecutorTestBackend::copies - before;
