@@ -21,14 +21,15 @@
 // shape's algorithm to the fastest of cuBLASLt's candidates (ZERO_GEMM_TUNING=measured), and
 // gpu_step_gemm_measured_vs_heuristic is its step time over stage 0's; one more takes the attention
 // backward's dq in its dk/dv kernel (ZERO_ATTENTION_BACKWARD=fused_dq), and
-// gpu_step_attention_fused_dq_vs_two_kernels is its step time over stage 0's. Four more runs take
+// gpu_step_attention_fused_dq_vs_two_kernels is its step time over stage 0's. Five more runs take
 // --accumulation micro-batches a step (4 by default: 32768 tokens at B=8, T=1024; GPT-2's own
-// batch was 0.5M): stage 2 on the device, and Offload<CPU> updating in step() with each
-// micro-step's shards folded into the pinned shards (the default), then with the window's shards
-// summed on the device (accumulate_grads_on_device) updating in step() and delayed: the host
-// update's cost spread over as many micro-batches as a step commonly has
-// (gpu_step_offload_vs_device_accumulated, gpu_step_offload_on_device_vs_device_accumulated,
-// gpu_step_offload_delayed_vs_device_accumulated).
+// batch was 0.5M): stage 2 on the device, and Offload<CPU> updating in step() and delayed, each
+// with every micro-step's shards folded into the pinned shards (the default) and with the
+// window's shards summed on the device (accumulate_grads_on_device): the host update's cost
+// spread over as many micro-batches as a step commonly has (gpu_step_offload_vs_device_accumulated,
+// gpu_step_offload_on_device_vs_device_accumulated,
+// gpu_step_offload_delayed_vs_device_accumulated,
+// gpu_step_offload_delayed_on_device_vs_device_accumulated).
 // --runs runs only the named runs (run_names below; a profiler's shorter run) and the ratios whose
 // two runs ran. Prints one JSON object per line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
@@ -89,7 +90,8 @@ inline constexpr const char* run_names[] = {"stage0",
                                             "stage2_accumulated",
                                             "offload_accumulated",
                                             "offload_on_device_accumulated",
-                                            "offload_delayed_accumulated"};
+                                            "offload_delayed_accumulated",
+                                            "offload_delayed_on_device_accumulated"};
 
 /// Whether --runs (a comma-separated list) names run, or is empty.
 bool wanted(const Shape& s, const std::string& run) {
@@ -328,7 +330,7 @@ int run(const Shape& s) {
   };
   // Each run that --runs names (all by default); a ratio's line where both of its runs ran.
   std::optional<Result> s0, s0_whole, s0_tuned, s0_fused_dq, s2, s3, off, off_deferred, off_delayed,
-      s2_acc, off_acc, off_on_device_acc, off_delayed_acc;
+      s2_acc, off_acc, off_on_device_acc, off_delayed_acc, off_delayed_on_device_acc;
   if (wanted(s, "stage0")) {
     s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
     report(0, false, *s0);
@@ -380,8 +382,8 @@ int run(const Shape& s) {
         time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true), HostUpdate::delayed);
     report(2, true, *off_delayed, HostUpdate::delayed);
   }
-  // At --accumulation micro-batches a step, the last two with the window's shards summed on the
-  // device.
+  // At --accumulation micro-batches a step, with every micro-step's shards folded into the
+  // pinned shards or the window's summed on the device.
   if (wanted(s, "stage2_accumulated")) {
     s2_acc = time_engine<StepEngine<2, None>>(s, gc, step_config(s, 2, false, s.accumulation));
     report(2, false, *s2_acc);
@@ -397,8 +399,13 @@ int run(const Shape& s) {
   }
   if (wanted(s, "offload_delayed_accumulated")) {
     off_delayed_acc = time_engine<StepEngine<2, CPU>>(
-        s, gc, step_config(s, 2, true, s.accumulation), HostUpdate::delayed, true);
+        s, gc, step_config(s, 2, true, s.accumulation), HostUpdate::delayed);
     report(2, true, *off_delayed_acc, HostUpdate::delayed);
+  }
+  if (wanted(s, "offload_delayed_on_device_accumulated")) {
+    off_delayed_on_device_acc = time_engine<StepEngine<2, CPU>>(
+        s, gc, step_config(s, 2, true, s.accumulation), HostUpdate::delayed, true);
+    report(2, true, *off_delayed_on_device_acc, HostUpdate::delayed);
   }
   const std::string base = gpu + ", \"model\": \"" + s.model + "\"";
   const auto ratio = [&](const char* name, const std::string& config,
@@ -430,16 +437,22 @@ int run(const Shape& s) {
   const std::string accumulated =
       base + ", \"stage\": 2, \"accumulation\": " + std::to_string(s.accumulation);
   ratio("gpu_step_offload_vs_device_accumulated", accumulated, off_acc, s2_acc,
-        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\"");
+        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
+        "\"Offload<CPU> folding every micro-step's gradient shards into the pinned shards over "
+        "stage 2 without offload\"");
   ratio("gpu_step_offload_on_device_vs_device_accumulated", accumulated, off_on_device_acc, s2_acc,
         ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
         "\"Offload<CPU> summing the window's gradient shards on the device "
         "(accumulate_grads_on_device) over stage 2 without offload\"");
   ratio("gpu_step_offload_delayed_vs_device_accumulated", accumulated, off_delayed_acc, s2_acc,
         ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
+        "\"Offload<CPU> with delayed_param_update, folding into the pinned shards, over stage 2 "
+        "without offload, both at --accumulation micro-batches a step\"");
+  ratio("gpu_step_offload_delayed_on_device_vs_device_accumulated", accumulated,
+        off_delayed_on_device_acc, s2_acc,
+        ", \"target\": \"<= 1.5 (Offload<CPU> step within 1.5x of no offload)\", \"meaning\": "
         "\"Offload<CPU> with delayed_param_update, summing the window's gradient shards on the "
-        "device, over stage 2 without offload, both at "
-        "--accumulation micro-batches a step\"");
+        "device, over stage 2 without offload, both at --accumulation micro-batches a step\"");
   return 0;
 }
 

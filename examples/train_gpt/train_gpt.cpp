@@ -56,9 +56,10 @@
 // --delayed-update N (--offload-cpu; stages 1-2, or 3 in bf16) runs the host optimizer a step late
 // beside the next window from step N + 1 on (ZeRO-Offload's delayed parameter update, DPU:
 // EngineOptions::delayed_param_update; the first N steps update in step() as a warm-up).
-// --grads-on-device (--offload-cpu; stages 2-3) sums a step's --grad-accum micro-batches of
-// gradient shards in device memory and copies them to the host once a step
-// (EngineOptions::accumulate_grads_on_device), not once a micro-batch.
+// --grads-on-device (the optimizer offloaded to the cpu, by --offload-cpu or the config; stages
+// 2-3) sums a step's --grad-accum micro-batches of gradient shards in device memory and copies
+// them to the host once a step (EngineOptions::accumulate_grads_on_device), not once a
+// micro-batch.
 // --activation-mb sizes the activation arena (default 512; GPT-2 small at batch 8 needs about
 // 20000). The step line adds the model's TFLOP/s (6N + 6LCT per token, every rank's tokens) and,
 // on a GPU whose datasheet bf16 peak is known, the MFU against the peak of every GPU in use (one
@@ -298,10 +299,10 @@ Options parse(int argc, char** argv) {
         "--delayed-update N (N >= 0 warm-up steps) delays the host optimizer of --offload-cpu: "
         "it needs --device cuda");
   }
-  if (o.grads_on_device && (!o.offload_cpu || o.device != "cuda")) {
+  // Without offload (from --offload-cpu or the config) or at stage 1 the engine refuses it.
+  if (o.grads_on_device && o.device != "cuda") {
     usage(
-        "--grads-on-device sums the gradient shards of --offload-cpu on the device: it needs "
-        "--offload-cpu and --device cuda");
+        "--grads-on-device sums the offloaded gradient shards on the GPU: it needs --device cuda");
   }
   if (o.steps < 0 || o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
     usage("--steps, --batch, --seq and --grad-accum must be positive");

@@ -3,8 +3,9 @@
 // with Offload<CPU> at stages 1-3, over CudaLocalComm (ranks as threads sharing the GPU) against
 // the host engine over LocalComm on the same config, weights and batches, after three steps of
 // AdamW (f32; SGD with momentum in bf16, see sgd_config) with accumulation 2 and clipping: every
-// unit's values within 1e-5 of its largest magnitude in f32, 3e-3 in bf16 (the device's GEMM and
-// attention round in another order; see bf16_tolerance), at 1, 2 and 4 ranks. A checkpoint of the
+// unit's values within 1e-5 of its largest magnitude in f32, 2e-3 or 3e-3 in bf16 (the device's
+// GEMM and attention round in another order; see bf16_tolerance), at 1, 2 and 4 ranks. A
+// checkpoint of the
 // GPU engine (its master slices and AdamW states staged through host memory) loads into the host
 // engine and into a fresh GPU engine with the same values bit for bit. Offload<CPU>'s delayed
 // update (delayed_param_update) follows the host engine's run of the same recurrence through a
@@ -53,13 +54,16 @@ using Masters = std::vector<std::vector<float>>;
 // become lr-sized differences in the weights: seen on an H200, 2.7% of unit 0's largest weight
 // after 3 steps at lr 1e-3, at 2 and 4 ranks. SGD's update stays proportional to the gradient, so
 // what the comparison measures is the engine (reductions, shards, gathers), not that amplifier.
-// The bf16 bound, 3e-3 of a unit's largest weight, covers the kernels' documented differences
-// from the host's (exponentials by ex2.approx, GELU evaluated on the GEMM's float accumulator,
-// the host's bf16-rounded probabilities): at f9f36a3 the worst unit was 1.4e-3; at 4fda685 (H200)
+// The bf16 bound, 2e-3 of a unit's largest weight at stages 0-1 and 3e-3 at stages 2-3 (whose
+// reductions round every micro-step's gradient), covers the kernels' documented differences from
+// the host's (exponentials by ex2.approx, GELU evaluated on the GEMM's float accumulator, the
+// host's bf16-rounded probabilities): at f9f36a3 the worst unit was 1.4e-3; at 4fda685 (H200)
 // 1.6e-3 at stages 0-1 and 2.24e-3 at stages 2-3 on 2 ranks, the same figure with and without
 // Offload<CPU> and deferred updates (deterministic: a race would vary between them), while every
 // f32 run stays within 5e-7 at 2 and 4 ranks.
-constexpr double bf16_tolerance = 3e-3;
+constexpr double bf16_tolerance(int stage) {
+  return stage >= 2 ? 3e-3 : 2e-3;
+}
 Config sgd_config(int stage) {
   return Config::from_json_string(R"({
     "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
@@ -145,10 +149,10 @@ TEST_CASE("the GPU engine trains as the host engine (f32)", "[cuda][engine]") {
 }
 
 TEST_CASE("the GPU engine trains as the host engine (bf16)", "[cuda][engine]") {
-  check_gpu_engine<zero::bf16, 0, None>(bf16_tolerance);
-  check_gpu_engine<zero::bf16, 1, None>(bf16_tolerance);
-  check_gpu_engine<zero::bf16, 2, None>(bf16_tolerance);
-  check_gpu_engine<zero::bf16, 3, None>(bf16_tolerance);
+  check_gpu_engine<zero::bf16, 0, None>(bf16_tolerance(0));
+  check_gpu_engine<zero::bf16, 1, None>(bf16_tolerance(1));
+  check_gpu_engine<zero::bf16, 2, None>(bf16_tolerance(2));
+  check_gpu_engine<zero::bf16, 3, None>(bf16_tolerance(3));
 }
 
 TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (f32)", "[cuda][engine]") {
@@ -158,9 +162,9 @@ TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (f32)", "[
 }
 
 TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (bf16)", "[cuda][engine]") {
-  check_gpu_engine<zero::bf16, 1, CPU>(bf16_tolerance);
-  check_gpu_engine<zero::bf16, 2, CPU>(bf16_tolerance);
-  check_gpu_engine<zero::bf16, 3, CPU>(bf16_tolerance);
+  check_gpu_engine<zero::bf16, 1, CPU>(bf16_tolerance(1));
+  check_gpu_engine<zero::bf16, 2, CPU>(bf16_tolerance(2));
+  check_gpu_engine<zero::bf16, 3, CPU>(bf16_tolerance(3));
 }
 
 TEST_CASE(
@@ -168,8 +172,8 @@ TEST_CASE(
     "host engine",
     "[cuda][engine]") {
   check_gpu_engine<float, 2, CPU>(1e-5, /*deferred=*/true);
-  check_gpu_engine<zero::bf16, 2, CPU>(bf16_tolerance, /*deferred=*/true);
-  check_gpu_engine<zero::bf16, 3, CPU>(bf16_tolerance, /*deferred=*/true);
+  check_gpu_engine<zero::bf16, 2, CPU>(bf16_tolerance(2), /*deferred=*/true);
+  check_gpu_engine<zero::bf16, 3, CPU>(bf16_tolerance(3), /*deferred=*/true);
 }
 
 namespace {
@@ -255,8 +259,8 @@ TEST_CASE("the GPU engine with Offload<CPU>'s delayed update follows the host's 
           "[cuda][engine]") {
   check_delayed_update<float, 1>(1e-5);
   check_delayed_update<float, 2>(1e-5);
-  check_delayed_update<zero::bf16, 2>(bf16_tolerance);
-  check_delayed_update<zero::bf16, 3>(bf16_tolerance);
+  check_delayed_update<zero::bf16, 2>(bf16_tolerance(2));
+  check_delayed_update<zero::bf16, 3>(bf16_tolerance(3));
 }
 
 namespace {

@@ -300,7 +300,40 @@ TEST_CASE("Offload<CPU> summing a window's gradient shards on the device trains 
           "[unit][engine][offload]") {
   check_cpu_offload<float, 2>(/*on_device=*/true);
   check_cpu_offload<bf16, 2>(/*on_device=*/true);
+  check_cpu_offload<float, 3>(/*on_device=*/true);
   check_cpu_offload<bf16, 3>(/*on_device=*/true);
+}
+
+namespace {
+
+// accumulate_grads_on_device beside the other ways of moving the host update (delayed by a step,
+// deferred to the next forward): the same values bit for bit as without it, at 2 ranks.
+template <int S>
+void check_on_device_with_moved_updates() {
+  using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>, Offload<CPU>,
+                                   Compute<PinnedTestDevice>>;
+  for (const bool delayed : {true, false}) {
+    INFO("stage " << S << (delayed ? " delayed" : " deferred"));
+    const auto run = [&](bool on_device) {
+      engine::EngineOptions options = tiny_options();
+      options.delayed_param_update = delayed;
+      options.overlap_offload_update = !delayed;
+      options.accumulate_grads_on_device = on_device;
+      return per_rank<Run>(2, [&](LocalComm& comm) {
+        return train<Offloaded>(comm, cpu_offload_config(S, true), options);
+      });
+    };
+    const auto pinned = run(false), on_device = run(true);
+    for (std::size_t r = 0; r < pinned.size(); ++r) CHECK(on_device[r].units == pinned[r].units);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("summing on the device leaves the delayed and deferred host updates' values as they were",
+          "[unit][engine][offload]") {
+  check_on_device_with_moved_updates<2>();
+  check_on_device_with_moved_updates<3>();
 }
 
 namespace {
