@@ -5,13 +5,12 @@
 // AdamW (f32; SGD with momentum in bf16, see sgd_config) with accumulation 2 and clipping: every
 // unit's values within 1e-5 of its largest magnitude in f32, 2e-3 or 3e-3 in bf16 (the device's
 // GEMM and attention round in another order; see bf16_tolerance), at 1, 2 and 4 ranks. A
-// checkpoint of the
-// GPU engine (its master slices and AdamW states staged through host memory) loads into the host
-// engine and into a fresh GPU engine with the same values bit for bit. Offload<CPU>'s delayed
-// update (delayed_param_update) follows the host engine's run of the same recurrence through a
-// callback within the same bounds; summing a window's gradient shards on the device
-// (accumulate_grads_on_device) gives what folding them into the pinned shards gives, bit for bit.
-// The refusals: a host communicator on the device engine, a device communicator on the host
+// checkpoint of the GPU engine (its master slices and AdamW states staged through host memory)
+// loads into the host engine and into a fresh GPU engine with the same values bit for bit.
+// Offload<CPU>'s delayed update (delayed_param_update) follows the host engine's run of the same
+// recurrence through a callback within the same bounds; summing a window's gradient shards on the
+// device (accumulate_grads_on_device) gives what folding them into the pinned shards gives, bit for
+// bit. The refusals: a host communicator on the device engine, a device communicator on the host
 // engine, and LAMB (whose norms the host sums) on the device.
 
 #include <zero/engine/cuda_backend.cuh>
