@@ -309,6 +309,22 @@ TEST_CASE(
       (void)eng.backward_pass();
       CHECK(eng.step());
       out.push_back(testing::thrown_message([&] { eng.resume_pass(std::move(p)); }));
+      // A parked pass holds its place in the window: micro-batch 0 cannot start a third pass
+      // of a window of 2 (its backward would land after the boundary's reductions), and the
+      // window is open (no checkpoint load under it). Dropped, it gives the place back.
+      (void)eng.forward_pass(all, 0, b.micro(0, 0, 1));
+      p = eng.park_pass();
+      CHECK_FALSE(eng.between_steps());
+      out.push_back(testing::thrown_message([&] { (void)eng.load_checkpoint("no-such-dir"); }));
+      (void)eng.forward_pass(all, 1, b.micro(1, 0, 1));
+      (void)eng.backward_pass();
+      out.push_back(
+          testing::thrown_message([&] { (void)eng.forward_pass(all, 0, b.micro(0, 0, 1)); }));
+      p = {};
+      (void)eng.forward_pass(all, 0, b.micro(0, 0, 1));
+      (void)eng.backward_pass();
+      CHECK(eng.step());
+      CHECK(eng.between_steps());
       UnparkedGPT unparked(pp_model());
       static_assert(nn::Model<UnparkedGPT> && !nn::ParksPasses<UnparkedGPT>);
       engine::Engine<UnparkedGPT, ZeroStage<0>> plain(unparked, world, test::AdamW64{},
@@ -319,11 +335,14 @@ TEST_CASE(
       return out;
     });
     const auto& m = messages[0];
-    REQUIRE(m.size() == 4);
+    REQUIRE(m.size() == 6);
     CHECK_THAT(m[0], Catch::Matchers::Contains("no pass is in flight"));
     CHECK_THAT(m[1], Catch::Matchers::Contains("of another pass are in flight"));
     CHECK_THAT(m[2], Catch::Matchers::Contains("resumed before"));
-    CHECK_THAT(m[3], Catch::Matchers::Contains("cannot park"));
+    CHECK_THAT(m[3], Catch::Matchers::Contains("middle of gradient accumulation"));
+    CHECK_THAT(m[4], Catch::Matchers::Contains("already has the window's 2 passes (1 ran "
+                                               "backward, 1 parked or in flight"));
+    CHECK_THAT(m[5], Catch::Matchers::Contains("cannot park"));
   }
 }
 

@@ -14,7 +14,9 @@
 // accumulation boundary is its own last pass, whatever order the schedule runs micro-batches
 // and ranges in. A backward may be split in two (zero-bubble schedules): the input half ends
 // the pass, and the weight half, later, completes the units' gradients; a unit's passes count
-// its weight halves.
+// its weight halves. A pass counts against its units' window from its forward on (parked or
+// not), so no more passes start than the window holds; a parked pass dropped gives its place
+// back, and one kept past the end of its window cannot be resumed into the next.
 
 #include <algorithm>
 #include <any>
@@ -45,12 +47,47 @@ struct UnitRange {
 template <class T>
 class MicroSteps;
 
+/// The training passes of one accumulation window whose forward began and whose backward has
+/// not run (the pass in flight and the parked ones), per unit, and the activation bytes the
+/// parked ones hold. A window's MicroSteps and its parked passes share it: a parked pass dropped
+/// takes itself out, and one whose window ended finds its ledger no longer the engine's.
+struct OpenPasses {
+  std::vector<int> per_unit;     // open passes through each unit (empty: none yet)
+  std::size_t parked_bytes = 0;  // activation bytes of the parked ones
+
+  int of(int u) const { return per_unit.empty() ? 0 : per_unit[static_cast<std::size_t>(u)]; }
+  bool any() const {
+    return std::any_of(per_unit.begin(), per_unit.end(), [](int n) { return n > 0; });
+  }
+  void open(UnitRange r, int num_units) {
+    if (per_unit.empty()) per_unit.assign(static_cast<std::size_t>(num_units), 0);
+    for (int u = r.first; u < r.last; ++u) ++per_unit[static_cast<std::size_t>(u)];
+  }
+  void close(UnitRange r) noexcept {
+    for (int u = r.first; u < r.last; ++u) --per_unit[static_cast<std::size_t>(u)];
+  }
+};
+
 /// A pass set aside between its forward and its backward (Engine::park_pass): its activation
-/// arena, its context and what its units' forwards kept. Move-only; dropping it drops the pass.
+/// arena, its context and what its units' forwards kept. Move-only; dropping it drops the pass
+/// (its micro-batch may then start again).
 template <class T>
 class ParkedPass {
  public:
   ParkedPass() = default;
+  ParkedPass(ParkedPass&&) = default;
+  ParkedPass& operator=(ParkedPass&& other) noexcept {
+    if (this != &other) {
+      drop();
+      arena_ = std::move(other.arena_);
+      ctx_ = std::move(other.ctx_);
+      range_ = other.range_;
+      units_ = std::move(other.units_);
+      window_ = std::move(other.window_);
+    }
+    return *this;
+  }
+  ~ParkedPass() { drop(); }
   /// True when it holds no pass.
   bool empty() const { return arena_ == nullptr; }
   /// The range the pass runs through.
@@ -60,10 +97,21 @@ class ParkedPass {
 
  private:
   friend class MicroSteps<T>;
+  // Gives the pass's place in its window back (nothing once resumed or moved from).
+  void drop() noexcept {
+    if (arena_ != nullptr && window_ != nullptr) {
+      window_->close(range_);
+      window_->parked_bytes -= arena_->used_bytes();
+    }
+    arena_.reset();
+    window_.reset();
+  }
+
   std::unique_ptr<BumpArena> arena_;
   nn::StepContext<T> ctx_;
   UnitRange range_;
   std::vector<std::any> units_;
+  std::shared_ptr<OpenPasses> window_;  // the open passes of the window it was parked in
 };
 
 /// Makes an activation arena of the given bytes in the memory the units compute on (the
@@ -104,7 +152,7 @@ class MicroSteps {
   /// Highest bytes the activation arenas held at once so far (the running pass's arena and the
   /// parked passes').
   std::size_t activation_peak_bytes() const {
-    return std::max(peak_, parked_bytes_ + arena_->peak_bytes());
+    return std::max(peak_, open_->parked_bytes + arena_->peak_bytes());
   }
   /// Micro-steps in this window whose loss was Inf/NaN.
   std::int64_t nonfinite_losses() const { return nonfinite_; }
@@ -174,7 +222,7 @@ class MicroSteps {
   }
   /// Drops the pass in flight, if any (an evaluation or pass whose forward threw).
   void abandon_pass() {
-    if (phase_ == Phase::pass) phase_ = Phase::idle;
+    if (phase_ == Phase::pass) close_pass();
   }
   /// Ends a window that failed part-way (a backward that threw): as finish_window, with no
   /// micro-step in flight either.
@@ -190,7 +238,9 @@ class MicroSteps {
     nonfinite_ = 0;
     unit_passes_.clear();
     unit_inputs_.clear();
-    parked_bytes_ = 0;  // a window that ended part-way may have dropped parked passes
+    // Passes still parked belong to the window that ended: a fresh ledger leaves them out.
+    open_ = std::make_shared<OpenPasses>();
+    pass_counted_ = false;
     if (phase_ == Phase::pass) phase_ = Phase::idle;
   }
 
@@ -212,8 +262,10 @@ class MicroSteps {
     expect<Error>(0 <= micro && micro < accumulation_, "Engine::forward_pass: micro-batch ", micro,
                   " is outside the window of ", accumulation_, " (gradient_accumulation_steps)");
     for (int u = r.first; u < r.last; ++u) {
-      expect<Error>(inputs_of(u) < accumulation_, "Engine::forward_pass: unit ", u,
-                    " already ran its ", accumulation_, " backward passes of this window");
+      expect<Error>(inputs_of(u) + open_->of(u) < accumulation_, "Engine::forward_pass: unit ", u,
+                    " already has the window's ", accumulation_, " passes (", inputs_of(u),
+                    " ran backward, ", open_->of(u),
+                    " parked or in flight; drop a parked pass to run its micro-batch again)");
     }
   }
   /// Starts a pass through r: a fresh arena and context (training: dropout on and a backward
@@ -228,6 +280,8 @@ class MicroSteps {
     }
     phase_ = Phase::pass;
     pass_ = r;
+    pass_counted_ = training;  // an evaluation takes no place in the window
+    if (training) open_->open(r, num_units);
   }
   /// The range of the pass in flight; Error unless a pass's forward ran.
   UnitRange pass_in_flight(const char* what) const {
@@ -244,7 +298,7 @@ class MicroSteps {
   void pass_input_ran(int num_units) {
     for (int u = pass_.first; u < pass_.last; ++u) ++unit_inputs_[static_cast<std::size_t>(u)];
     if (pass_.last == num_units && !std::isfinite(convert<double>(ctx_.loss))) ++nonfinite_;
-    phase_ = Phase::idle;
+    close_pass();
   }
   /// Checks that a weight half over r may run: an input half over r left one.
   void check_weight_pass(UnitRange r, int num_units) const {
@@ -272,7 +326,7 @@ class MicroSteps {
   /// Drops the pass in flight without its backward (its forward runs again before it).
   void discard_pass() {
     (void)pass_in_flight("discard_pass");
-    phase_ = Phase::idle;
+    close_pass();
   }
   /// Sets the pass in flight aside with units, what its units' forwards kept (in range order),
   /// and takes a fresh arena for the next pass.
@@ -285,7 +339,8 @@ class MicroSteps {
     ctx_ = {};
     p.range_ = pass_;
     p.units_ = std::move(units);
-    parked_bytes_ += p.bytes();
+    p.window_ = open_;  // its place in the window goes with it
+    open_->parked_bytes += p.bytes();
     phase_ = Phase::idle;
     return p;
   }
@@ -293,10 +348,16 @@ class MicroSteps {
   /// for the model to take back.
   std::vector<std::any> resume(ParkedPass<T>&& p) {
     expect<Error>(!p.empty(), "Engine::resume_pass: the parked pass is empty (resumed before?)");
+    expect<Error>(p.window_ == open_, "Engine::resume_pass: units [", p.range_.first, ", ",
+                  p.range_.last,
+                  "): the pass was parked in an accumulation window that has ended (a step() or "
+                  "a failed backward ended it); run its forward again");
     expect<Error>(phase_ == Phase::idle, "Engine::resume_pass: units [", pass_.first, ", ",
                   pass_.last, ") of another pass are in flight; run or park it first");
     fold_peak();
-    parked_bytes_ -= p.bytes();
+    open_->parked_bytes -= p.bytes();
+    p.window_.reset();  // its place in the window is the pass in flight's again
+    pass_counted_ = true;
     arena_->reset();
     spare_arenas_.push_back(std::exchange(arena_, std::move(p.arena_)));
     ctx_ = std::move(p.ctx_);
@@ -308,11 +369,18 @@ class MicroSteps {
  private:
   enum class Phase : unsigned char { idle, forward, forward_done, backward, pass };
 
+  // True once a pass of this window ran its backward or is parked.
   bool passes_started() const {
     for (int n : unit_inputs_) {
       if (n > 0) return true;
     }
-    return false;
+    return open_->any();
+  }
+  // The pass in flight ends (backward ran, or dropped): it leaves the window's open passes.
+  void close_pass() noexcept {
+    if (pass_counted_) open_->close(pass_);
+    pass_counted_ = false;
+    phase_ = Phase::idle;
   }
   int passes_of(int u) const {
     return unit_passes_.empty() ? 0 : unit_passes_[static_cast<std::size_t>(u)];
@@ -331,7 +399,7 @@ class MicroSteps {
   // Records the running arena's high-water mark on top of what the parked passes hold (constant
   // since the last park or resume), before either changes.
   void fold_peak() {
-    peak_ = std::max(peak_, parked_bytes_ + arena_->peak_bytes());
+    peak_ = std::max(peak_, open_->parked_bytes + arena_->peak_bytes());
     arena_->reset_peak();
   }
 
@@ -352,7 +420,7 @@ class MicroSteps {
   ArenaMaker make_arena_;
   std::unique_ptr<BumpArena> arena_;                      // the running pass's (or micro-step's)
   std::vector<std::unique_ptr<BumpArena>> spare_arenas_;  // of resumed passes, reused
-  std::size_t parked_bytes_ = 0;                          // activation bytes the parked passes hold
+  std::shared_ptr<OpenPasses> open_ = std::make_shared<OpenPasses>();  // this window's
   std::size_t peak_ = 0;     // activation_peak_bytes() before the last park or resume
   nn::Kernels<T>* kernels_;  // the layers' kernels (null: the host's)
   nn::StepContext<T> ctx_;
@@ -365,6 +433,7 @@ class MicroSteps {
   std::vector<int> unit_passes_;  // backward passes per unit in this window (pipeline passes)
   std::vector<int> unit_inputs_;  // of which the input half ran (split backwards run it first)
   UnitRange pass_;
+  bool pass_counted_ = false;  // the pass in flight is a training pass (open_ counts it)
 };
 
 }  // namespace zero::engine
