@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <optim/grad_norm.hpp>
@@ -338,5 +339,79 @@ TEST_CASE("the engine's groups run on the data-parallel group's device stream, o
   for (const auto& m : messages) {
     CHECK_THAT(m, Catch::Contains("expert data-parallel group") &&
                       Catch::Contains("another device stream"));
+  }
+}
+
+namespace {
+
+// Each rank's model states at rest, as memory_report() measures them and as memory_estimate()
+// figures them, for an f32 MoE GPT at stage S over 4 ranks as ep 2 x dp 2.
+template <int S>
+std::vector<std::pair<double, double>> measured_and_estimated() {
+  return testing::per_rank<std::pair<double, double>>(4, [](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 2, .dp = 2}));
+    nn::GPT<float> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+    engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(model, groups, test::adamw_config(S, 1, 0));
+    const engine::MemoryReport m = eng.memory_report();
+    const engine::MemoryEstimate e = eng.memory_estimate();
+    return std::pair{static_cast<double>(m.total() - m.scratch_bytes), e.device_at_rest + e.host};
+  });
+}
+
+}  // namespace
+
+TEST_CASE("MoE GPT: the engine's memory estimate shards expert units over their own group",
+          "[unit][moe]") {
+  // Dense units are sharded over all 4 ranks, the experts over the 2 that hold the same
+  // experts. The estimate a device's free memory is checked against divided every unit by 4,
+  // leaving out half of the experts' master, optimizer and gradient shards.
+  auto check = [](const std::vector<std::pair<double, double>>& ranks, int stage) {
+    for (const auto& [measured, estimated] : ranks) {
+      INFO("stage " << stage << ": measured " << measured << " bytes, estimated " << estimated);
+      CHECK(estimated == measured);
+    }
+  };
+  check(measured_and_estimated<1>(), 1);
+  check(measured_and_estimated<2>(), 2);
+  check(measured_and_estimated<3>(), 3);
+}
+
+TEST_CASE("MoE GPT in a pipeline: the reported loss holds every stage's auxiliary losses",
+          "[unit][moe][pipeline]") {
+  // The loss layer adds the routers' losses of its own pass to the loss; a stage without the
+  // loss holds its MoE blocks' share in its passes, and the pipeline reported the last stage's
+  // loss alone. Four blocks, the second and the fourth MoE: one on each of 2 stages.
+  nn::GPTConfig cfg = moe_cfg();
+  cfg.num_layers = 4;
+  const int m = 2;
+  const test::GlobalBatch b(micro_rows * m, 0, cfg.vocab_size);
+  // One engine without a pipeline: the mean loss of the window's micro-batches, then an
+  // evaluation, before any step.
+  const auto plain = testing::per_rank<std::pair<double, double>>(1, [&](LocalComm& world) {
+    nn::GPT<double> model(cfg, {}, {}, moe_blocks());
+    engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(model, world, test::AdamW64{},
+                                                      test::tp_options(m));
+    double train = 0;
+    for (int i = 0; i < m; ++i) {
+      train += eng.forward(b.micro(i, 0, 1)) / m;
+      eng.backward();
+    }
+    return std::pair{train, eng.evaluate(b.micro(0, 0, 1))};
+  })[0];
+  const auto piped = testing::per_rank<std::pair<double, double>>(2, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.pp = 2}));
+    nn::GPT<double> model(cfg, {}, {}, moe_blocks());
+    parallel::pipeline::PipelineOptions options;
+    options.partition_method = "type:TransformerBlock";
+    parallel::pipeline::PipelineEngine<nn::GPT<double>, ZeroStage<1>> pipe(
+        model, world, groups, test::AdamW64{}, options, test::tp_options(m));
+    const double eval = pipe.evaluate(b.micro(0, 0, 1));
+    std::vector<engine::MicroBatch> batches;
+    for (int i = 0; i < m; ++i) batches.push_back(b.micro(i, 0, 1));
+    return std::pair{pipe.train_batch(batches).loss, eval};
+  });
+  for (const auto& [train, eval] : piped) {
+    CHECK(train == Approx(plain.first).epsilon(1e-12));
+    CHECK(eval == Approx(plain.second).epsilon(1e-12));
   }
 }

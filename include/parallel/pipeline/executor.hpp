@@ -110,7 +110,10 @@ inline void wait_all(std::vector<Work>& works) {
 
 /// What one run of a stage's list measured.
 struct StageRun {
-  double loss_sum = 0.0;          ///< sum of the micro-batches' losses (last virtual stage only)
+  double loss_sum = 0.0;  ///< sum of the micro-batches' losses (last virtual stage only)
+  /// Sum of the micro-batches' auxiliary losses (MoE routers) on the chunks before the last
+  /// virtual stage, whose passes' loss does not hold them.
+  double aux_sum = 0.0;
   int losses = 0;                 ///< micro-batches whose loss this stage computed
   double busy_s = 0.0;            ///< seconds spent in forward and backward passes
   double wall_s = 0.0;            ///< seconds from the first instruction to the last
@@ -236,6 +239,7 @@ class StageExecutor {
           out.loss_sum += convert<double>(engine_.loss());
           ++out.losses;
         } else {
+          out.aux_sum += static_cast<double>(engine_.aux_loss());
           s.to_send.values = take(free_);
           s.to_send.assign(y);
         }

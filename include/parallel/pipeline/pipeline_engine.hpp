@@ -130,11 +130,14 @@ class PipelineEngine {
     reduce_tied_gradients();
     PipelineStep out;
     out.stepped = engine_.step();
-    // The loss lives on the last stage; the timings of every stage decide the bubble.
-    double stats[3] = {run.losses > 0 ? run.loss_sum / run.losses : 0.0, run.wall_s, run.busy_s};
+    // The loss lives on the last stage, and the auxiliary losses of earlier stages' blocks on
+    // theirs: their sum over stages, per micro-batch. The timings of every stage decide the
+    // bubble.
+    const double m = static_cast<double>(batches.size());
+    double stats[3] = {(run.loss_sum + run.aux_sum) / m, run.wall_s, run.busy_s};
     if (engine_.groups().pp) {
       parallel::AnyComm& pp = *engine_.groups().pp;
-      pp.broadcast(std::span<double>(stats, 1), pp_ - 1);
+      pp.all_reduce(std::span<double>(stats, 1), ReduceOp::sum);
       pp.all_reduce(std::span<double>(stats + 1, 2), ReduceOp::max);
     }
     out.loss = stats[0];
@@ -168,8 +171,8 @@ class PipelineEngine {
     }
   }
   /// Forward of batch without dropout through every virtual stage in turn (no backward):
-  /// returns the mean loss on every rank (0 without targets); the last stage's model then holds
-  /// the logits. Collective over the pipeline group.
+  /// returns the mean loss on every rank (0 without targets), with every stage's auxiliary
+  /// losses; the last stage's model then holds the logits. Collective over the pipeline group.
   double evaluate(const engine::MicroBatch& batch) {
     const int stages = pp_ * stage_model_.num_chunks();
     AnyComm* pp = engine_.groups().pp ? &*engine_.groups().pp : nullptr;
@@ -188,11 +191,13 @@ class PipelineEngine {
         BoundaryHeader header;
         post_boundary_send(*pp, header, Tensor<const T>(y), (stage_ + 1) % pp_, true, works);
         wait_all(works);
+        // The loss layer's pass lacks this stage's auxiliary losses (no loss without targets).
+        if (batch.targets != nullptr) loss += static_cast<double>(engine_.aux_loss());
       } else {
-        loss = convert<double>(engine_.loss());
+        loss += convert<double>(engine_.loss());
       }
     }
-    if (pp != nullptr) pp->broadcast(std::span<double>(&loss, 1), pp_ - 1);
+    if (pp != nullptr) pp->all_reduce(std::span<double>(&loss, 1), ReduceOp::sum);
     return loss;
   }
   /// True on the stage that runs the model's last unit (its loss and logits).

@@ -598,6 +598,13 @@ class Engine {
     });
   }
 
+  /// The memory estimator's figures for this engine's layout, per rank: its units' padded
+  /// sizes, each over the group it is sharded over (an expert unit over the expert data-parallel
+  /// group), at this stage, precision, optimizer, offload and options. Built before allocating,
+  /// its device_peak() is what a device backend's free memory is checked against; at rest it
+  /// equals memory_report()'s model states.
+  MemoryEstimate memory_estimate() const { return estimate_model_states(memory_estimate_input()); }
+
   /// Bytes of model state held by this rank right now, by category.
   MemoryReport memory_report() const {
     MemoryReport r;
@@ -642,6 +649,10 @@ class Engine {
   double lr() const { return training_.lr; }
   /// This rank's mean loss of the last forward that reached the last unit.
   T loss() const { return micro_.ctx().loss; }
+  /// The weighted auxiliary losses (an MoE router's) the units of the last forward or pass
+  /// reported. The loss layer adds them to loss() on the pass that computes it; a pipeline stage
+  /// without the loss holds its blocks' share here.
+  compute_type_t<T> aux_loss() const { return micro_.ctx().aux_loss; }
   /// The partition of unit u.
   const UnitPartition& partition(int u) const { return *unit_ref(u).partition; }
   /// This rank in the group unit u is sharded over (the data-parallel group, or the expert
@@ -858,23 +869,16 @@ class Engine {
   ArenaMaker arena_maker() {
     return [this](std::size_t bytes) { return backend_.make_arena(bytes, "engine activations"); };
   }
-  // Throws OutOfMemoryError, before anything is allocated, when the backend reports less free
-  // device memory than this layout's model states need on the ranks that compute on the device:
-  // the memory estimator's figure (memory_estimator.hpp) for these units, this stage, precision,
-  // optimizer and world, at rest plus the units gathered at once and the gradients pending
-  // reductions hold, times the ranks of the job on the same device (CudaLocalComm's threads
-  // share one). Collective, with one verdict: every rank throws when any rank lacks memory,
-  // rather than the others allocating and then waiting for it in a collective. Backends that
-  // report nothing (the host) are not checked.
-  void check_device_memory() {
-    const std::optional<std::size_t> free = backend_.free_device_bytes();
-    if (!free) return;
+  // The memory estimator's input for this engine's units (their padded sizes, each over its
+  // own shard group), stage, precision, optimizer and options.
+  MemoryEstimateInput memory_estimate_input() const {
     MemoryEstimateInput in;
     for (const Unit& s : units_) {
-      in.params += s.partition->numel();
-      in.largest_unit_params = std::max(in.largest_unit_params, s.partition->numel());
+      const std::int64_t numel = s.partition->padded_numel();
+      in.params += numel;
+      in.largest_unit_params = std::max(in.largest_unit_params, numel);
+      in.shard_params += static_cast<double>(numel) / static_cast<double>(s.group->size());
     }
-    if (in.params == 0) return;
     in.gpus_per_node = comm_.size();
     in.stage = stage;
     in.precision = dtype_of<T>;
@@ -886,7 +890,23 @@ class Engine {
                             options_.prefetch_elems, options_.max_live_elems);
     }
     if constexpr (stage >= 2) in.pending_reductions = options_.max_pending_reductions;
+    in.delayed_update = options_.delayed_param_update;
     in.device_grad_accumulator = options_.accumulate_grads_on_device;
+    return in;
+  }
+  // Throws OutOfMemoryError, before anything is allocated, when the backend reports less free
+  // device memory than this layout's model states need on the ranks that compute on the device:
+  // the memory estimator's figure (memory_estimator.hpp) for these units, this stage, precision,
+  // optimizer and world, at rest plus the units gathered at once and the gradients pending
+  // reductions hold, times the ranks of the job on the same device (CudaLocalComm's threads
+  // share one). Collective, with one verdict: every rank throws when any rank lacks memory,
+  // rather than the others allocating and then waiting for it in a collective. Backends that
+  // report nothing (the host) are not checked.
+  void check_device_memory() {
+    const std::optional<std::size_t> free = backend_.free_device_bytes();
+    if (!free) return;
+    const MemoryEstimateInput in = memory_estimate_input();
+    if (in.params == 0) return;
     const MemoryEstimate e = estimate_model_states(in);
     // The ranks on this device: equal identities, counted over every rank of the engine (tensor
     // and pipeline ranks too), which also share the verdict.

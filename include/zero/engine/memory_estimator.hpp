@@ -55,6 +55,10 @@ struct MemoryEstimateInput {
   /// Offload<CPU> at stages 2-3 with EngineOptions::accumulate_grads_on_device: an fp32 gradient
   /// shard in device memory (4 psi / N).
   bool device_grad_accumulator = false;
+  /// A rank's share of the sharded buffers in parameters, where units are sharded over groups
+  /// of different sizes (expert units over the expert data-parallel group, smaller than the
+  /// world): the sum over units of a unit's parameters over its group's size. 0: params / world.
+  double shard_params = 0;
 
   /// Ranks in the world.
   int world() const { return gpus_per_node * nodes; }
@@ -113,6 +117,7 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
   const double psi = static_cast<double>(in.params),
                L = static_cast<double>(in.largest_unit_params);
   const double n = in.world();
+  const double shard = in.shard_params > 0 ? in.shard_params : psi / n;
   StorageKey key;
   key.stage = in.stage;
   key.compute_bytes = size_of(in.precision);
@@ -137,7 +142,7 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
       e.device_working += bytes_per_elem * L * (live + held);
       continue;
     }
-    const double bytes = bytes_per_elem * (b.extent == Extent::whole ? psi : psi / n);
+    const double bytes = bytes_per_elem * (b.extent == Extent::whole ? psi : shard);
     switch (b.placement) {
       case Placement::compute:
         e.device_at_rest += bytes;
