@@ -98,19 +98,17 @@ class UringFileIo final : public detail::QueuedFileIo {
     ::io_uring_sqe_set_data64(sqe, slot);
   }
 
-  void submit_all() {
-    for (;;) {
-      const int rc = ::io_uring_submit(&ring_);
-      if (rc >= 0 || (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)) break;
-    }
-  }
+  // One attempt: what the kernel does not take now stays in the ring, for reap's submit.
+  void submit_all() { (void)::io_uring_submit(&ring_); }
 
-  // Waits for at least one completion, then takes every completion that is ready.
+  // Submits what the ring still holds (a submit the kernel took only part of, or refused with
+  // EAGAIN or EBUSY, leaves the rest there: waiting without submitting it would wait forever),
+  // waits for at least one completion, then takes every completion that is ready.
   void reap() {
     io_uring_cqe* cqe = nullptr;
-    int rc = ::io_uring_wait_cqe(&ring_, &cqe);
-    while (rc == -EINTR) rc = ::io_uring_wait_cqe(&ring_, &cqe);
-    if (rc < 0) return;  // nothing completed; the loop tries again
+    int rc = ::io_uring_submit_and_wait(&ring_, 1);
+    while (rc == -EINTR) rc = ::io_uring_submit_and_wait(&ring_, 1);
+    if (::io_uring_peek_cqe(&ring_, &cqe) != 0) return;  // none yet; the loop tries again
     do {
       const auto slot = static_cast<unsigned>(::io_uring_cqe_get_data64(cqe));
       const int res = cqe->res;
