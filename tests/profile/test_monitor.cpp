@@ -12,6 +12,8 @@
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/process_groups.hpp>
+#include <parallel/sequence/sequence_parallel.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
@@ -141,6 +143,37 @@ TEST_CASE("Monitor: the wall-clock comm time keeps the ops comms_logger.prof_ops
     CHECK(s.due[static_cast<std::size_t>(i)].at("wall_clock")["comm_ms"].get<double>() > 0);
   }
   CHECK(s.summary.find("all_gather") == std::string::npos);  // the summary keeps the filter
+}
+
+TEST_CASE("Monitor: the flops profile counts the ranks that read their own samples",
+          "[unit][profile]") {
+  // Over cp 2 x dp 2 (Ulysses), the engine shards and averages over all 4 ranks, but each
+  // dp rank's 2 sp ranks read one sample stream between them: samples/second counts 2 ranks'
+  // rows. The Monitor passes the engine's sample_ranks on (collect_flops_profile's own test
+  // gives it the figure by hand).
+  Config c = base();
+  c.flops_profiler.enabled = true;
+  c.flops_profiler.profile_step = 1;
+  c.flops_profiler.output_file = "/dev/null";
+  const nn::GPTConfig gc = small_gpt();
+  const std::int64_t rows = 2, local = gc.max_seq_len / 2;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * local), 3);
+  const auto due = testing::per_rank<nlohmann::json>(4, [&](parallel::LocalComm& world) {
+    parallel::ProcessGroups<parallel::LocalComm> groups(world, parallel::Grid({.cp = 2, .dp = 2}));
+    profile::Monitor monitor(c, world.rank(), rows);
+    nn::GPT<float> model(gc, {}, parallel::SequenceParallel(groups.cp()));
+    engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(model, groups, c);
+    monitor.begin_step(eng, 1);
+    eng.forward({tokens.data(), tokens.data(), rows, local});
+    eng.backward();
+    eng.step();
+    return monitor.end_step(eng, model, 1);
+  });
+  for (const nlohmann::json& d : due) {
+    REQUIRE(d.contains("flops_profile"));
+    CHECK(d["flops_profile"]["dp_size"] == 2);
+    CHECK(d["flops_profile"]["world_size"] == 4);
+  }
 }
 
 TEST_CASE("StepTimers: a phase inside another moves its time out; waits stay inside",
