@@ -10,6 +10,7 @@
 
 #include <zero/zero.hpp>
 
+#include "bench_flags.hpp"
 #include "bench_timing.hpp"
 
 namespace {
@@ -29,7 +30,8 @@ void report(const char* bench, long long n, double seconds, double bytes, double
 }  // namespace
 
 int main(int argc, char** argv) {
-  const long long n = argc > 1 ? std::atoll(argv[1]) : 32ll << 20;
+  const long long n =
+      argc > 1 ? zero::bench::integer_arg("convert_bench", "elements", argv[1]) : 32ll << 20;
   zero::Buffer<float> src(static_cast<std::size_t>(n));
   zero::fill_uniform(src.view(), zero::CounterRng(1), 0, -4.0, 4.0);
   zero::Buffer<float> copy(static_cast<std::size_t>(n));

@@ -33,6 +33,7 @@
 #include <zero/io/file.hpp>
 #include <zero/nn/gpt.hpp>
 
+#include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
 
 using zero::bench::line;
@@ -211,22 +212,27 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--layers")
-      o.layers = std::atoi(next());
+      o.layers = static_cast<int>(
+          zero::bench::integer_arg("ckpt_bench", std::string(a), next(), 1, 1 << 20));
     else if (a == "--hidden")
-      o.hidden = std::atoi(next());
+      o.hidden = static_cast<int>(
+          zero::bench::integer_arg("ckpt_bench", std::string(a), next(), 1, 1 << 20));
     else if (a == "--vocab")
-      o.vocab = std::atoi(next());
+      o.vocab = static_cast<int>(
+          zero::bench::integer_arg("ckpt_bench", std::string(a), next(), 1, 1 << 24));
     else if (a == "--dir")
       o.dir = next();
     else if (a == "--export-chunk-mib")
-      o.export_chunk_mib = std::strtoull(next(), nullptr, 10);
+      o.export_chunk_mib =
+          static_cast<std::size_t>(zero::bench::integer_arg("ckpt_bench", std::string(a), next()));
     else if (a == "--no-engine")
       o.engine = false;
     else if (a == "--ranks") {
       o.ranks.clear();
       for (std::string list = next(); !list.empty();) {
         const auto comma = list.find(',');
-        o.ranks.push_back(std::atoi(list.substr(0, comma).c_str()));
+        o.ranks.push_back(static_cast<int>(zero::bench::integer_arg(
+            "ckpt_bench", "--ranks", list.substr(0, comma).c_str(), 1, 4096)));
         list = comma == std::string::npos ? "" : list.substr(comma + 1);
       }
     } else {

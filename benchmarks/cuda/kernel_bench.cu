@@ -43,6 +43,7 @@
 #include <zero/ops/cuda/reduce.cuh>
 #include <zero/profile/op_times.hpp>
 
+#include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
 
 namespace gpu = zero::ops::cuda;
@@ -110,11 +111,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--batch") {
-      B = std::atoll(argv[i + 1]);
+      B = zero::bench::integer_arg("kernel_bench", flag, argv[i + 1]);
     } else if (flag == "--seq") {
-      Tn = std::atoll(argv[i + 1]);
+      Tn = zero::bench::integer_arg("kernel_bench", flag, argv[i + 1]);
     } else if (flag == "--repeats") {
-      repeats = std::atoi(argv[i + 1]);
+      repeats =
+          static_cast<int>(zero::bench::integer_arg("kernel_bench", flag, argv[i + 1], 1, 1 << 20));
     } else if (flag == "--only") {
       only = argv[i + 1];
     } else {

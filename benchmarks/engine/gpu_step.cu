@@ -60,6 +60,7 @@
 #include <zero/profile/mfu.hpp>
 #include <zero/profile/step_timers.hpp>
 
+#include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
 
 // Inside zero::bench rather than `using namespace zero`: a using-directive at global scope makes
@@ -475,17 +476,17 @@ int main(int argc, char** argv) try {
     }
     const char* v = argv[i + 1];
     if (flag == "--batch") {
-      s.batch = std::atoll(v);
+      s.batch = zero::bench::integer_arg("gpu_step", flag, v);
     } else if (flag == "--seq") {
-      s.seq = std::atoll(v);
+      s.seq = zero::bench::integer_arg("gpu_step", flag, v);
     } else if (flag == "--steps") {
-      s.steps = std::atoi(v);
+      s.steps = static_cast<int>(zero::bench::integer_arg("gpu_step", flag, v, 1, 1 << 20));
     } else if (flag == "--warmup") {
-      s.warmup = std::atoi(v);
+      s.warmup = static_cast<int>(zero::bench::integer_arg("gpu_step", flag, v, 0, 1 << 20));
     } else if (flag == "--model") {
       s.model = v;
     } else if (flag == "--activation-gib") {
-      s.activation_gib = std::atof(v);
+      s.activation_gib = zero::bench::real_arg("gpu_step", flag, v);
     } else if (flag == "--runs") {
       s.runs = v;
       for (std::size_t start = 0; start <= s.runs.size();) {
@@ -505,13 +506,9 @@ int main(int argc, char** argv) try {
         start = end + 1;
       }
     } else if (flag == "--accumulation") {
-      s.accumulation = std::atoi(v);
+      s.accumulation = static_cast<int>(zero::bench::integer_arg("gpu_step", flag, v, 1, 1 << 20));
     } else if (flag == "--logits-chunk-mib") {
-      s.logits_chunk_mib = std::atof(v);
-      if (s.logits_chunk_mib < 0) {
-        std::fprintf(stderr, "gpu_step: --logits-chunk-mib must be >= 0 (0: the whole batch)\n");
-        return 2;
-      }
+      s.logits_chunk_mib = zero::bench::real_arg("gpu_step", flag, v);  // 0: the whole batch
     } else {
       std::fprintf(stderr,
                    "usage: gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] "

@@ -55,6 +55,8 @@
 #include <zero/nn/local_parameters.hpp>
 #include <zero/ops/cpu/gemm.hpp>
 
+#include "../bench_flags.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -508,30 +510,33 @@ int main(int argc, char** argv) {
     if (flag == "--model")
       model_name = value;
     else if (flag == "--layers")
-      layers = std::atoll(value.c_str());
+      layers = zero::bench::integer_arg("gpt_step", flag, value.c_str(), 0);
     else if (flag == "--heads")
-      heads = std::atoll(value.c_str());
+      heads = zero::bench::integer_arg("gpt_step", flag, value.c_str(), 0);
     else if (flag == "--channels")
-      channels = std::atoll(value.c_str());
+      channels = zero::bench::integer_arg("gpt_step", flag, value.c_str(), 0);
     else if (flag == "--vocab")
-      vocab = std::atoll(value.c_str());
+      vocab = zero::bench::integer_arg("gpt_step", flag, value.c_str(), 0);
     else if (flag == "--batch")
-      B = std::atoll(value.c_str());
+      B = zero::bench::integer_arg("gpt_step", flag, value.c_str());
     else if (flag == "--seq")
-      T = std::atoll(value.c_str());
+      T = zero::bench::integer_arg("gpt_step", flag, value.c_str());
     else if (flag == "--steps")
-      steps = std::atoi(value.c_str());
+      steps =
+          static_cast<int>(zero::bench::integer_arg("gpt_step", flag, value.c_str(), 1, 1 << 20));
     else if (flag == "--peer")
       peer_python = value;
     else if (flag == "--gemm-shapes")
       gemm_rows = value != "0";
     else if (flag == "--logits-chunk-mib")
-      logits_chunk_mib = std::atof(value.c_str());
+      logits_chunk_mib = zero::bench::real_arg("gpt_step", flag, value.c_str());
     else if (flag == "--dtype")
       dtypes = split_list(value);
     else if (flag == "--threads") {
       thread_counts.clear();
-      for (const std::string& t : split_list(value)) thread_counts.push_back(std::atoi(t.c_str()));
+      for (const std::string& t : split_list(value))
+        thread_counts.push_back(
+            static_cast<int>(zero::bench::integer_arg("gpt_step", flag, t.c_str(), 1, 1024)));
     } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;

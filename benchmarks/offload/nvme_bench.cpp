@@ -48,6 +48,7 @@
 #include <vector>
 
 #include <zero/offload/nvme_swapper.hpp>
+#include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
 
 using zero::bench::line;
@@ -98,17 +99,20 @@ int main(int argc, char** argv) {
     if (flag == "--path")
       path = v;
     else if (flag == "--mib")
-      mib = std::atoll(v.c_str());
+      mib = zero::bench::integer_arg("nvme_bench", flag, v.c_str());
     else if (flag == "--groups")
-      groups = std::atoi(v.c_str());
+      groups =
+          static_cast<int>(zero::bench::integer_arg("nvme_bench", flag, v.c_str(), 1, 1 << 20));
     else if (flag == "--repeats")
-      repeats = std::atoi(v.c_str());
+      repeats =
+          static_cast<int>(zero::bench::integer_arg("nvme_bench", flag, v.c_str(), 1, 1 << 20));
     else if (flag == "--block")
-      block = std::atoll(v.c_str());
+      block = zero::bench::integer_arg("nvme_bench", flag, v.c_str());
     else if (flag == "--queue-depth")
-      queue_depth = std::atoi(v.c_str());
+      queue_depth =
+          static_cast<int>(zero::bench::integer_arg("nvme_bench", flag, v.c_str(), 1, 4096));
     else if (flag == "--buffers")
-      buffers = std::atoi(v.c_str());
+      buffers = static_cast<int>(zero::bench::integer_arg("nvme_bench", flag, v.c_str(), 1, 1024));
     else if (flag == "--backend")
       backend = v == "uring"   ? IoBackend::uring
                 : v == "posix" ? IoBackend::posix

@@ -24,6 +24,7 @@
 
 #include <optim/adam.hpp>
 #include <zero/core/buffer.hpp>
+#include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
 
 using zero::bench::line;
@@ -64,9 +65,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--elements") {
-      n = std::atoll(argv[i + 1]);
+      n = zero::bench::integer_arg("optim_bench", flag, argv[i + 1]);
     } else if (flag == "--repeats") {
-      repeats = std::atoi(argv[i + 1]);
+      repeats =
+          static_cast<int>(zero::bench::integer_arg("optim_bench", flag, argv[i + 1], 1, 1 << 20));
     } else if (flag == "--isa") {
       const std::string v = argv[i + 1];
       isa = v == "scalar"   ? zero::optim::Isa::scalar

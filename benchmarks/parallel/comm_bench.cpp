@@ -29,6 +29,8 @@
 #include <parallel/comm/mpi_comm.hpp>
 #endif
 
+#include "../bench_flags.hpp"
+
 namespace {
 
 using zero::parallel::CommOp;
@@ -59,17 +61,21 @@ Options parse(int argc, char** argv) {
     if (a == "--backend")
       o.backend = next();
     else if (a == "--min-bytes")
-      o.min_bytes = std::strtoull(next(), nullptr, 10);
+      o.min_bytes =
+          static_cast<std::size_t>(zero::bench::integer_arg("comm_bench", std::string(a), next()));
     else if (a == "--max-bytes")
-      o.max_bytes = std::strtoull(next(), nullptr, 10);
+      o.max_bytes =
+          static_cast<std::size_t>(zero::bench::integer_arg("comm_bench", std::string(a), next()));
     else if (a == "--step")
-      o.step = std::max<std::size_t>(2, std::strtoull(next(), nullptr, 10));
+      o.step = static_cast<std::size_t>(
+          zero::bench::integer_arg("comm_bench", std::string(a), next(), 2));
     else if (a == "--ranks") {
       o.ranks.clear();
       std::string list = next();
       for (std::size_t p = 0; p < list.size();) {
         const auto comma = list.find(',', p);
-        o.ranks.push_back(std::atoi(list.substr(p, comma - p).c_str()));
+        o.ranks.push_back(static_cast<int>(zero::bench::integer_arg(
+            "comm_bench", "--ranks", list.substr(p, comma - p).c_str(), 1, 4096)));
         p = comma == std::string::npos ? list.size() : comma + 1;
       }
     } else {
