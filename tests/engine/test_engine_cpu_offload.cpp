@@ -620,6 +620,21 @@ TEST_CASE("an update that fails on its own thread stops the run until a checkpoi
   });
 }
 
+namespace {
+
+// Builds a bf16 stage-2 engine without offload under options: what it threw (the refusal of
+// an option that only Offload<CPU> has).
+std::string refused_without_offload(LocalComm& comm, nn::GPT<bf16>& model,
+                                    const engine::EngineOptions& options) {
+  Config plain = cpu_offload_config(2, true);
+  plain.zero_optimization.offload_optimizer.device = OffloadDevice::none;
+  return testing::thrown_message([&] {
+    engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>> eng(model, comm, plain, options);
+  });
+}
+
+}  // namespace
+
 TEST_CASE("delayed_param_update is refused where it cannot delay the update",
           "[unit][engine][offload]") {
   LocalComm::run(1, [](LocalComm& comm) {
@@ -632,10 +647,7 @@ TEST_CASE("delayed_param_update is refused where it cannot delay the update",
     nn::GPT<float> model_f32(tiny());
     CHECK_THROWS_WITH(Stage3(model_f32, comm, cpu_offload_config(3, false), options),
                       Catch::Contains("stage 3 below fp32, not stage 3 in f32"));
-    using Plain = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>>;
-    Config plain = cpu_offload_config(2, true);
-    plain.zero_optimization.offload_optimizer.device = OffloadDevice::none;
-    CHECK_THROWS_WITH(Plain(model, comm, plain, options), Catch::Contains("Offload<CPU>"));
+    CHECK_THAT(refused_without_offload(comm, model, options), Catch::Contains("Offload<CPU>"));
     using Stage2 = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>,
                                   Compute<PinnedTestDevice>>;
     engine::EngineOptions both = options;
@@ -659,11 +671,8 @@ TEST_CASE("accumulate_grads_on_device is refused where there is nothing to sum o
                                   Compute<PinnedTestDevice>>;
     CHECK_THROWS_WITH(Stage1(model, comm, cpu_offload_config(1, true), options),
                       Catch::Contains("stage 1 sums its whole gradient there already"));
-    using Plain = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>>;
-    Config plain = cpu_offload_config(2, true);
-    plain.zero_optimization.offload_optimizer.device = OffloadDevice::none;
-    CHECK_THROWS_WITH(Plain(model, comm, plain, options),
-                      Catch::Contains("stage 2 without Offload<CPU>"));
+    CHECK_THAT(refused_without_offload(comm, model, options),
+               Catch::Contains("stage 2 without Offload<CPU>"));
   });
 }
 
