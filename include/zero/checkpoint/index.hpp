@@ -96,7 +96,10 @@ struct Index {
 inline std::uint32_t state_crc32c(const nlohmann::json& engine,
                                   const std::vector<nlohmann::json>& rank_states) {
   std::string text = engine.dump();
-  for (const auto& r : rank_states) text += "\n" + r.dump();
+  for (const auto& r : rank_states) {
+    text += '\n';  // appended in two steps: GCC 12 warns (-Wrestrict) on "\n" + r.dump()
+    text += r.dump();
+  }
   return crc32c(std::as_bytes(std::span<const char>(text.data(), text.size())));
 }
 

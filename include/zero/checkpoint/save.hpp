@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <random>
 #include <span>
@@ -55,6 +56,11 @@ struct SaveResult {
   std::uint64_t total_bytes = 0;  ///< Bytes of all shard files and the index.
 };
 
+/// Takes one segment's data to write (streamed saves: valid only during the call).
+using SegmentSink = std::function<void(const Segment&)>;
+/// Hands every segment a rank declared to the sink, in the declared order.
+using SegmentProducer = std::function<void(const SegmentSink&)>;
+
 namespace detail {
 
 /// 16 hex digits from the system's random source and the process id: the temporary directory
@@ -74,10 +80,13 @@ inline std::string segment_key(std::string_view tensor, std::int64_t offset) {
 }
 
 /// Writes rank's shard file into temp and returns the report rank 0 builds the index from:
-/// {"ok", "rank", "tag", "tensors": [specs], "file": {...}, "segments": [...]}.
+/// {"ok", "rank", "tag", "tensors": [specs], "file": {...}, "segments": [...]}. declared are the
+/// segments' shapes, in the order produce hands their data to its sink (each segment's data is
+/// read only during that call).
 inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, int world_size,
                                   std::string_view tag, std::span<const TensorSpec> tensors,
-                                  std::span<const Segment> segments,
+                                  std::span<const SegmentShape> declared,
+                                  const SegmentProducer& produce,
                                   const nlohmann::json& rank_state) {
   const std::string who = "rank " + std::to_string(rank);
   std::map<std::string, const TensorSpec*, std::less<>> spec_of;
@@ -97,22 +106,19 @@ inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, i
         {{"name", t.name}, {"dtype", io::safetensors_dtype_name(t.dtype)}, {"shape", t.shape}});
   }
   std::vector<io::TensorDecl> decls;
-  std::vector<const Segment*> kept;
-  for (const Segment& s : segments) {
+  std::vector<const SegmentShape*> kept;
+  for (const SegmentShape& s : declared) {
     const auto it = spec_of.find(s.name);
     expect<CheckpointError>(it != spec_of.end(), who, ": segment at element ", s.offset,
                             " belongs to tensor '", s.name, "', which was not declared");
     const TensorSpec& t = *it->second;
     expect<CheckpointError>(s.dtype == t.dtype, who, ": segment of tensor '", t.name, "' carries ",
                             name_of(s.dtype), " data but the tensor is ", name_of(t.dtype));
-    expect<CheckpointError>(s.data.size() % size_of(t.dtype) == 0, who, ": segment of tensor '",
-                            t.name, "' has ", s.data.size(), " bytes, not whole elements");
-    expect<CheckpointError>(s.offset >= 0 && s.count() <= t.numel() - s.offset, who, ": segment [",
-                            s.offset, ", ", s.offset + s.count(), ") of tensor '", t.name,
-                            "' is outside its ", t.numel(), " elements");
-    if (s.count() == 0) continue;
-    decls.emplace_back(segment_key(s.name, s.offset), t.dtype,
-                       std::vector<std::int64_t>{s.count()});
+    expect<CheckpointError>(s.offset >= 0 && s.count >= 0 && s.count <= t.numel() - s.offset, who,
+                            ": segment [", s.offset, ", ", s.offset + s.count, ") of tensor '",
+                            t.name, "' is outside its ", t.numel(), " elements");
+    if (s.count == 0) continue;
+    decls.emplace_back(segment_key(s.name, s.offset), t.dtype, std::vector<std::int64_t>{s.count});
     kept.push_back(&s);
   }
   const std::string file_name = shard_file_name(rank, world_size);
@@ -125,9 +131,16 @@ inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, i
   const std::uint64_t data_offset =
       8 + io::serialize_safetensors_header(writer.tensors(), metadata).size();
   nlohmann::json records = nlohmann::json::array();
-  for (std::size_t i = 0; i < kept.size(); ++i) {
-    const Segment& s = *kept[i];
-    const io::TensorInfo& info = writer.tensors()[i];
+  std::size_t next = 0;
+  produce([&](const Segment& s) {
+    expect<CheckpointError>(s.data.size() % size_of(s.dtype) == 0, who, ": segment of tensor '",
+                            s.name, "' has ", s.data.size(), " bytes, not whole elements");
+    if (s.count() == 0) return;
+    expect<CheckpointError>(next < kept.size() && shape_of(s) == *kept[next], who,
+                            ": the data of segment [", s.offset, ", ", s.offset + s.count(),
+                            ") of tensor '", s.name, "' is not the next one declared (",
+                            next < kept.size() ? kept[next]->name : std::string("none left"), ")");
+    const io::TensorInfo& info = writer.tensors()[next];
     const std::uint32_t crc = crc32c(s.data);
     writer.write_bytes(info.name, s.data);
     records.push_back({{"tensor", s.name},
@@ -135,7 +148,10 @@ inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, i
                        {"count", s.count()},
                        {"bytes", {data_offset + info.begin, data_offset + info.end}},
                        {"crc32c", crc}});
-  }
+    ++next;
+  });
+  expect<CheckpointError>(next == kept.size(), who, ": ", kept.size() - next, " of the ",
+                          kept.size(), " declared segments got no data");
   writer.commit();
   const std::uint64_t file_bytes =
       data_offset + (writer.tensors().empty() ? 0 : writer.tensors().back().end);
@@ -236,18 +252,21 @@ inline std::uint64_t finish_save(const std::filesystem::path& dir, std::string_v
 
 /// Saves a checkpoint under <dir>/<tag>: a collective, every rank of comm must call it with the
 /// same dir and tag. tensors are the logical tensors this rank knows (ranks may declare
-/// different subsets; declarations of one name must agree); segments are the runs of them this
-/// rank holds (their data must stay valid until save returns). Across all ranks the segments of
-/// every tensor must tile it exactly: no gap, no overlap (replicated state is saved by one rank).
-/// engine is the engine's free-form state; rank 0's is stored (options.rank_state, per rank).
-/// Throws CheckpointError (or IoError) on every rank if any rank failed; then nothing was
-/// published, except when only the update of `latest` failed, which the message says (the tag
-/// itself is complete and in place).
+/// different subsets; declarations of one name must agree); declared are the shapes of the runs
+/// of them this rank holds, and produce hands their data to its sink in that order, each only
+/// for the call (so a rank may stage its state one piece at a time, as an offloaded engine swaps
+/// in one unit at a time). Across all ranks the segments of every tensor must tile it exactly:
+/// no gap, no overlap (replicated state is saved by one rank). engine is the engine's free-form
+/// state; rank 0's is stored (options.rank_state, per rank). Throws CheckpointError (or IoError)
+/// on every rank if any rank failed, producing its data too; then nothing was published, except
+/// when only the update of `latest` failed, which the message says (the tag itself is complete
+/// and in place).
 template <CheckpointComm Comm>
-SaveResult save(Comm& comm, const std::filesystem::path& dir, std::string_view tag,
-                std::span<const TensorSpec> tensors, std::span<const Segment> segments,
-                const nlohmann::json& engine = nlohmann::json::object(),
-                const SaveOptions& options = {}) {
+SaveResult save_streamed(Comm& comm, const std::filesystem::path& dir, std::string_view tag,
+                         std::span<const TensorSpec> tensors,
+                         std::span<const SegmentShape> declared, const SegmentProducer& produce,
+                         const nlohmann::json& engine = nlohmann::json::object(),
+                         const SaveOptions& options = {}) {
   const int rank = comm.rank();
   std::string prepared;
   if (rank == 0) {
@@ -269,8 +288,8 @@ SaveResult save(Comm& comm, const std::filesystem::path& dir, std::string_view t
 
   nlohmann::json report;
   try {
-    report =
-        detail::write_shard(temp, rank, comm.size(), tag, tensors, segments, options.rank_state);
+    report = detail::write_shard(temp, rank, comm.size(), tag, tensors, declared, produce,
+                                 options.rank_state);
   } catch (const std::exception& e) {
     report = {{"ok", false}, {"rank", rank}, {"error", e.what()}};
   }
@@ -303,6 +322,23 @@ SaveResult save(Comm& comm, const std::filesystem::path& dir, std::string_view t
     result.shard_bytes = report.at("file").at("bytes").get<std::uint64_t>();
   }
   return result;
+}
+
+/// save_streamed with every segment's data in memory (it must stay valid until save returns).
+template <CheckpointComm Comm>
+SaveResult save(Comm& comm, const std::filesystem::path& dir, std::string_view tag,
+                std::span<const TensorSpec> tensors, std::span<const Segment> segments,
+                const nlohmann::json& engine = nlohmann::json::object(),
+                const SaveOptions& options = {}) {
+  std::vector<SegmentShape> declared;
+  declared.reserve(segments.size());
+  for (const Segment& s : segments) declared.push_back(shape_of(s));
+  return save_streamed(
+      comm, dir, tag, tensors, declared,
+      [&](const SegmentSink& sink) {
+        for (const Segment& s : segments) sink(s);
+      },
+      engine, options);
 }
 
 /// Collects a rank's tensors and segments, then saves them (a convenience over save()).

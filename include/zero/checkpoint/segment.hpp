@@ -3,7 +3,9 @@
 // same on every rank that declares them) and the segments of them it holds: a contiguous run of
 // the flattened tensor (element offset, count) with its data. In ZeRO terms a segment is one
 // engine::ShardSegment of a rank's flat shard: the part of one parameter (or one optimizer
-// state of it, named "<param>/exp_avg") that falls into the rank's slice.
+// state of it, named "<param>/exp_avg") that falls into the rank's slice. A streamed save
+// (save.hpp) declares its segments first as SegmentShapes (no data) and hands each one's data
+// over only while it is written, so a rank's state need not be in memory at once.
 
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +47,21 @@ struct Segment {
   /// Number of elements.
   std::int64_t count() const { return static_cast<std::int64_t>(data.size() / size_of(dtype)); }
 };
+
+/// A segment declared before its data: tensor name, first element, element type and count.
+struct SegmentShape {
+  std::string name;
+  std::int64_t offset = 0;
+  DType dtype = DType::f32;
+  std::int64_t count = 0;
+
+  bool operator==(const SegmentShape&) const = default;
+};
+
+/// The shape of segment s (its data left out).
+inline SegmentShape shape_of(const Segment& s) {
+  return {s.name, s.offset, s.dtype, s.count()};
+}
 
 /// A segment of tensor name starting at element offset, viewing elements.
 template <class T>

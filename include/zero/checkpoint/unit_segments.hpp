@@ -37,6 +37,27 @@ std::vector<TensorSpec> unit_tensor_specs(const std::vector<nn::ParamSpec>& para
   return out;
 }
 
+namespace detail {
+
+/// fn(tensor name, first logical element, position in the shard, count) for each contiguous run
+/// of a logical tensor in rank's shard of a unit, in shard order (see unit_segments).
+template <class Fn>
+void for_each_shard_run(const std::vector<nn::ParamSpec>& params,
+                        const engine::UnitPartition& partition, int rank, std::string_view suffix,
+                        bool whole_params, Fn&& fn) {
+  for (const engine::ShardSegment& s : partition.segments(rank)) {
+    const nn::ParamSpec& p = params[static_cast<std::size_t>(s.param)];
+    if (!whole_params && !p.split.is_split()) continue;
+    const std::string name = p.name + std::string(suffix);
+    p.for_each_run(s.param_offset, s.count,
+                   [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+                     fn(name, logical, s.shard_offset + held - s.param_offset, count);
+                   });
+  }
+}
+
+}  // namespace detail
+
 /// The segments of rank's shard (shard_numel elements of partition) of a unit, one per
 /// contiguous run of a logical tensor, viewing shard's memory (which must outlive the save).
 /// whole_params false leaves out the parameters that are not split (a tensor-parallel rank
@@ -50,18 +71,29 @@ std::vector<Segment> unit_segments(const std::vector<nn::ParamSpec>& params,
                      "unit_segments: the shard holds ", shard.size(),
                      " elements but the partition's shards hold ", partition.shard_numel());
   std::vector<Segment> out;
-  for (const engine::ShardSegment& s : partition.segments(rank)) {
-    const nn::ParamSpec& p = params[static_cast<std::size_t>(s.param)];
-    if (!whole_params && !p.split.is_split()) continue;
-    const std::string name = p.name + std::string(suffix);
-    p.for_each_run(
-        s.param_offset, s.count, [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
-          out.push_back(segment_of(
-              name, logical,
-              shard.subspan(static_cast<std::size_t>(s.shard_offset + held - s.param_offset),
-                            static_cast<std::size_t>(count))));
-        });
-  }
+  detail::for_each_shard_run(
+      params, partition, rank, suffix, whole_params,
+      [&](const std::string& name, std::int64_t logical, std::int64_t at, std::int64_t count) {
+        out.push_back(segment_of(
+            name, logical,
+            shard.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(count))));
+      });
+  return out;
+}
+
+/// The shapes of unit_segments' segments (T elements), without a shard: what a streamed save
+/// declares before the shard's data is read.
+template <class T>
+std::vector<SegmentShape> unit_segment_shapes(const std::vector<nn::ParamSpec>& params,
+                                              const engine::UnitPartition& partition, int rank,
+                                              std::string_view suffix = "",
+                                              bool whole_params = true) {
+  std::vector<SegmentShape> out;
+  detail::for_each_shard_run(
+      params, partition, rank, suffix, whole_params,
+      [&](const std::string& name, std::int64_t logical, std::int64_t, std::int64_t count) {
+        out.push_back({name, logical, dtype_of<T>, count});
+      });
   return out;
 }
 

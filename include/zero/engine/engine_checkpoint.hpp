@@ -50,47 +50,35 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
       tensors.push_back(t);
     }
   };
-  for (int u = 0; u < state.num_units(); ++u) {
-    name.template operator()<typename decltype(state)::MasterT>(u, "");
-    if (const optim::AnyOptimizer* opt = state.optimizer_of(u)) {
-      for (const std::string& n : opt->state_names()) name.template operator()<float>(u, "/" + n);
-    }
-  }
-  std::vector<checkpoint::Segment> segments;
-  auto add = [&]<class E>(int u, std::span<E> slice, const std::string& suffix) {
-    const auto& specs = state.unit_specs(u);
-    state.for_each_owned_shard(u, slice, ShardUse::save, [&](int r, std::span<E> shard) {
-      for (auto& s :
-           checkpoint::unit_segments<E>(specs, state.partition(u), r, std::span<const E>(shard),
-                                        suffix, state.tp_rank() == 0)) {
-        segments.push_back(s);
+  // The save streams: it declares this rank's segments first (their shapes need no data), then
+  // writes each unit's as the state store hands the unit out, so state that is only swapped in
+  // or staged for the pass (Offload<NVMe>, a device's optimizer states) is never in host memory
+  // more than a unit at a time. Both passes walk the units, shards and states in one order.
+  const bool whole_params = state.tp_rank() == 0;
+  std::vector<checkpoint::SegmentShape> declared;
+  auto declare = [&]<class E>(int u, const std::string& suffix) {
+    for (int r : state.owned_shard_ranks(u, ShardUse::save)) {
+      for (auto& s : checkpoint::unit_segment_shapes<E>(state.unit_specs(u), state.partition(u), r,
+                                                        suffix, whole_params)) {
+        declared.push_back(std::move(s));
       }
-    });
-  };
-  // The save writes every segment at once, so state that is only swapped in for the pass
-  // (offloaded, always fp32) is copied; state in memory is saved from where it is.
-  std::vector<std::vector<float>> copies;
-  auto kept = [&]<class E>(std::span<E> s) -> std::span<E> {
-    if constexpr (decltype(state)::states_in_memory || !std::is_same_v<E, float>) {
-      return s;
-    } else {
-      copies.emplace_back(s.begin(), s.end());
-      return std::span<float>(copies.back());
     }
   };
-  // Collecting may fail on one rank alone (a swap file's read, a device copy, host memory for
-  // the copies): the ranks agree before the save's collectives, so every rank throws the first
-  // failure instead of the others waiting for it there.
+  // Declaring may fail on one rank alone: the ranks agree before the save's collectives, so
+  // every rank throws the first failure instead of the others waiting for it there. A failure
+  // while a unit is written (a swap file's read, a device copy) is agreed on by the save.
   std::string failure;
   try {
-    state.for_each_unit(
-        StateAccess::read,
-        [&](int u, auto master, optim::AnyOptimizer* opt) {
-          add(u, kept(master), "");
-          if (opt == nullptr) return;
-          for (const std::string& n : opt->state_names()) add(u, kept(opt->state(n)), "/" + n);
-        },
-        [&](int u) { return state.saves_unit(u); });
+    for (int u = 0; u < state.num_units(); ++u) {
+      name.template operator()<typename decltype(state)::MasterT>(u, "");
+      declare.template operator()<typename decltype(state)::MasterT>(u, "");
+      if (const optim::AnyOptimizer* opt = state.optimizer_of(u)) {
+        for (const std::string& n : opt->state_names()) {
+          name.template operator()<float>(u, "/" + n);
+          declare.template operator()<float>(u, "/" + n);
+        }
+      }
+    }
   } catch (const std::exception& e) {
     failure = zero::detail::concat("rank ", state.state_comm().rank(), ": ", e.what());
   }
@@ -100,9 +88,28 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
       raise<CheckpointError>(what, " failed on ", r, " (nothing was written)");
     }
   }
+  const auto produce = [&](const checkpoint::SegmentSink& sink) {
+    auto write = [&]<class E>(int u, std::span<E> slice, const std::string& suffix) {
+      state.for_each_owned_shard(u, slice, ShardUse::save, [&](int r, std::span<E> shard) {
+        for (const auto& s :
+             checkpoint::unit_segments<E>(state.unit_specs(u), state.partition(u), r,
+                                          std::span<const E>(shard), suffix, whole_params)) {
+          sink(s);
+        }
+      });
+    };
+    state.for_each_unit(
+        StateAccess::read,
+        [&](int u, auto master, optim::AnyOptimizer* opt) {
+          write(u, master, "");
+          if (opt == nullptr) return;
+          for (const std::string& n : opt->state_names()) write(u, opt->state(n), "/" + n);
+        },
+        [&](int u) { return state.saves_unit(u); });
+  };
   nlohmann::json engine_json = state.to_json();
   engine_json["client_state"] = client_state;
-  return checkpoint::save(comm, dir, tag, tensors, segments, engine_json);
+  return checkpoint::save_streamed(comm, dir, tag, tensors, declared, produce, engine_json);
 }
 
 /// Runs a load's pass over this rank's slices, pass(touched), which sets touched before it

@@ -113,14 +113,25 @@ class EngineState {
   template <class Span, class Fn>
   void for_each_owned_shard(int u, Span slice, ShardUse use, Fn&& fn) const {
     const UnitPartition& p = partition(u);
-    if (use == ShardUse::save && !saves_unit(u)) return;
-    if constexpr (holds_whole_units) {
-      for (int r = 0; r < p.world_size(); ++r) {
+    for (int r : owned_shard_ranks(u, use)) {
+      if constexpr (holds_whole_units) {
         fn(r, slice.subspan(static_cast<std::size_t>(p.shard_begin(r)),
                             static_cast<std::size_t>(p.shard_numel())));
+      } else {
+        fn(r, slice);
       }
+    }
+  }
+  /// The r for_each_owned_shard passes for unit u, in its order (no slice needed: what a
+  /// streamed save declares before it reads the slice).
+  std::vector<int> owned_shard_ranks(int u, ShardUse use) const {
+    if (use == ShardUse::save && !saves_unit(u)) return {};
+    if constexpr (holds_whole_units) {
+      std::vector<int> all(static_cast<std::size_t>(partition(u).world_size()));
+      for (std::size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+      return all;
     } else {
-      fn(eng_.unit_rank(u), slice);
+      return {eng_.unit_rank(u)};
     }
   }
 
