@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -95,6 +97,54 @@ TEST_CASE("the estimator equals memory_report() at rest (f32 GPT, bf16 toy)", "[
   check_against_engine<ToyModel<bf16>, 1, Precision<bf16>>(toy_config(1, true), DType::bf16);
   check_against_engine<ToyModel<bf16>, 2, Precision<bf16>>(toy_config(2, true), DType::bf16);
   check_against_engine<ToyModel<bf16>, 3, Precision<bf16>>(toy_config(3, true), DType::bf16);
+}
+
+TEST_CASE("the engine's estimate of an f64 reference model counts its f64 master",
+          "[unit][engine]") {
+  // An f64 model's master is its compute type: 8-byte master slices and gradient shards, no
+  // separate compute copy. The estimate assumed a 4-byte fp32 master beside an 8-byte compute
+  // type, so it matched neither the layout nor the bytes. At stage 3 the units at most
+  // persistence_threshold elements keep their whole parameters gathered (with the default
+  // threshold every unit of this tiny GPT), which the estimate left out.
+  const auto check = [&]<int S>(std::integral_constant<int, S>, std::int64_t threshold) {
+    std::vector<std::pair<double, double>> ranks(4);  // measured, estimated
+    std::vector<int> persistent(4, 0);
+    LocalComm::run(4, [&](LocalComm& comm) {
+      nn::GPT<double> model(tiny());
+      engine::EngineOptions options;
+      options.persistence_threshold = threshold;
+      engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(
+          model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(0.5, p, g); },
+          options);
+      const engine::MemoryReport m = eng.memory_report();
+      const engine::MemoryEstimate e = eng.memory_estimate();
+      const auto r = static_cast<std::size_t>(comm.rank());
+      ranks[r] = {static_cast<double>(m.total() - m.scratch_bytes), e.device_at_rest + e.host};
+      for (int u = 0; u < eng.num_units(); ++u) {
+        persistent[r] += eng.partition(u).numel() <= threshold ? 1 : 0;
+      }
+    });
+    for (const auto& [measured, estimated] : ranks) {
+      INFO("stage " << S << ", persistence threshold " << threshold << " (" << persistent[0]
+                    << " units under it): measured " << measured << " bytes, estimated "
+                    << estimated);
+      CHECK(estimated == measured);
+    }
+    return persistent[0];
+  };
+  const std::int64_t default_threshold = engine::EngineOptions{}.persistence_threshold;
+  check(std::integral_constant<int, 0>{}, default_threshold);
+  check(std::integral_constant<int, 1>{}, default_threshold);
+  check(std::integral_constant<int, 2>{}, default_threshold);
+  CHECK(check(std::integral_constant<int, 3>{}, default_threshold) == 4);  // every unit
+  CHECK(check(std::integral_constant<int, 3>{}, 0) == 0);
+  // The last unit (the head's LayerNorm) alone: the others are sharded at rest.
+  CHECK(check(std::integral_constant<int, 3>{}, 2 * tiny().channels) == 1);
+  engine::MemoryEstimateInput bad;
+  bad.params = bad.largest_unit_params = 8;
+  bad.master = DType::bf16;
+  CHECK_THROWS_WITH(engine::estimate_model_states(bad),
+                    Catch::Contains("master type is bf16; it is f32 or f64"));
 }
 
 TEST_CASE("the estimator equals memory_report() with NVMe offload (master and states in files)",

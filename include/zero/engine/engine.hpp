@@ -878,10 +878,12 @@ class Engine {
       in.params += numel;
       in.largest_unit_params = std::max(in.largest_unit_params, numel);
       in.shard_params += static_cast<double>(numel) / static_cast<double>(s.group->size());
+      if (stage == 3 && s.persistent) in.persistent_params += numel;
     }
     in.gpus_per_node = comm_.size();
     in.stage = stage;
     in.precision = dtype_of<T>;
+    in.master = dtype_of<MasterT>;
     in.optimizer_state_bytes = optimizer_state_bytes(optimizer_spec_);
     in.offload_optimizer = offload_device_of<typename policies::offload>;
     if constexpr (stage == 3) {

@@ -7,10 +7,13 @@
 // Per rank, with psi parameters, N ranks, L the largest unit, b bytes per compute element
 // (4 for f32, 2 for bf16/f16), K optimizer-state bytes per parameter (8 for Adam):
 //   sharded = (4 master + K states + 4 fp32 gradient shard) psi / N   (16 psi / N with Adam)
+//   (an f64 reference model: 8 + K + 8, its master and gradient shard in f64; see
+//   MemoryEstimateInput::master)
 //   stage 0: every rank holds (8 + K) psi (f32: params = master; bf16: + b psi compute copy)
 //   stage 1: sharded + whole params b psi + whole fp32 gradient accumulators 4 psi
 //   stage 2: sharded + whole params b psi
-//   stage 3: sharded, + gathered units while they run (params and grads: 2 b L per live unit)
+//   stage 3: sharded, + gathered units while they run (params and grads: 2 b L per live unit),
+//            + the whole parameters of persistent units (small ones, kept gathered: b each)
 //   No low-precision copy of the owned slice is kept: a gather rounds the master slice into a
 //   unit-sized scratch, so bf16 stage 3 holds the paper's 16 psi / N at rest (DeepSpeed: 18).
 //   These are not written out here: the estimate walks unit_buffer_plan (unit_storage.hpp),
@@ -41,7 +44,10 @@ struct MemoryEstimateInput {
   int gpus_per_node = 1;
   int nodes = 1;
   int stage = 3;
-  DType precision = DType::bf16;  ///< compute type: f32, bf16 or f16
+  DType precision = DType::bf16;  ///< compute type: f32, bf16 or f16 (f64: reference models)
+  /// Master type: f32, or f64 (a reference model's master is its f64 compute type; its master
+  /// slice and gradient shard are 8 bytes a parameter, its optimizer states still fp32).
+  DType master = DType::f32;
   int optimizer_state_bytes = 8;  ///< per parameter: Adam 8, SGD with momentum 4, SGD 0
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;  ///< stage 3 only
@@ -49,6 +55,11 @@ struct MemoryEstimateInput {
   /// Stages 2-3: whole-unit gradients a reduce-scatter still holds while the next unit's backward
   /// runs (EngineOptions::max_pending_reductions; 0 leaves them out, as the paper's figures do).
   int pending_reductions = 0;
+  /// Stage 3: parameters of the units kept gathered for the whole run (a unit of at most
+  /// EngineOptions::persistence_threshold elements, DeepSpeed's
+  /// stage3_param_persistence_threshold applied per unit): their whole parameters stay in device
+  /// memory at rest, b bytes each. 0: none.
+  std::int64_t persistent_params = 0;
   /// Offload<CPU> with EngineOptions::delayed_param_update: one more fp32 gradient shard in host
   /// memory (4 psi / N) and, below fp32, one more compute copy (b psi / N).
   bool delayed_update = false;
@@ -114,6 +125,11 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
                       "estimate_model_states: parameter offload needs stage 3");
   expect<ConfigError>(in.offload_optimizer == OffloadDevice::none || in.stage >= 1,
                       "estimate_model_states: optimizer offload needs stage 1 or higher");
+  expect<ConfigError>(in.persistent_params >= 0 && in.persistent_params <= in.params,
+                      "estimate_model_states: need 0 <= persistent parameters <= params");
+  expect<ConfigError>(in.master == DType::f32 || in.master == DType::f64,
+                      "estimate_model_states: the master type is ", name_of(in.master),
+                      "; it is f32 or f64");
   const double psi = static_cast<double>(in.params),
                L = static_cast<double>(in.largest_unit_params);
   const double n = in.world();
@@ -121,8 +137,8 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
   StorageKey key;
   key.stage = in.stage;
   key.compute_bytes = size_of(in.precision);
-  key.master_bytes = 4;
-  key.compute_is_master = in.precision == DType::f32;
+  key.master_bytes = size_of(in.master);
+  key.compute_is_master = in.precision == in.master;
   // Parameter offload alone moves the master slice (a rank's only parameter copy at rest) as
   // optimizer offload would.
   key.offload =
@@ -154,6 +170,11 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
         e.nvme += bytes;
         break;
     }
+  }
+  // Stage 3's persistent units keep their whole parameters gathered between steps.
+  if (in.stage == 3) {
+    e.device_at_rest +=
+        static_cast<double>(size_of(in.precision)) * static_cast<double>(in.persistent_params);
   }
   return e;
 }
