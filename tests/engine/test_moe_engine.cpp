@@ -415,3 +415,38 @@ TEST_CASE("MoE GPT in a pipeline: the reported loss holds every stage's auxiliar
     CHECK(eval == Approx(plain.second).epsilon(1e-12));
   }
 }
+
+TEST_CASE("MoE GPT: a pipeline partition keeps each experts unit on its block's stage",
+          "[unit][moe][pipeline]") {
+  // Units: the embedding, then per MoE block its experts unit just before the block, which reads
+  // it, then the head. A cut between the two put the experts on the next stage and a replica of
+  // them on the block's (the experts' memory twice); uniform over 4 stages cut unit 6's block
+  // from its experts (unit 5).
+  nn::GPTConfig cfg = moe_cfg();
+  cfg.num_layers = 4;
+  nn::GPT<double> model(cfg, {}, {}, moe_blocks());
+  REQUIRE(model.num_units() == 8);
+  REQUIRE(model.unit_is_expert(2));
+  REQUIRE(model.unit_is_expert(5));
+  for (const char* method : {"uniform", "parameters", "type:TransformerBlock"}) {
+    for (int pp : {2, 3, 4}) {
+      INFO(method << " over " << pp << " stages");
+      const parallel::pipeline::Partition p =
+          parallel::pipeline::partition_model(model, method, pp, 1);
+      REQUIRE(static_cast<int>(p.parts.size()) == pp);
+      for (std::size_t k = 1; k < p.parts.size(); ++k) {
+        CHECK_FALSE(model.unit_is_expert(p.parts[k].first - 1));
+      }
+      // The only replica is the head's copy of the embedding, on the last stage.
+      for (int s = 0; s < pp; ++s) {
+        parallel::pipeline::StageModel<nn::GPT<double>> stage(model, p, s, pp);
+        int replicas = 0;
+        for (int u = 0; u < stage.num_units(); ++u) replicas += stage.unit_is_replica(u) ? 1 : 0;
+        CHECK(replicas == (s == pp - 1 ? 1 : 0));
+      }
+    }
+  }
+  // Kept together, 8 units are 6 groups: 7 stages are too many.
+  CHECK_THROWS_WITH(parallel::pipeline::partition_model(model, "uniform", 7, 1),
+                    Catch::Contains("8 units (6 groups") && Catch::Contains("fewer than the 7"));
+}

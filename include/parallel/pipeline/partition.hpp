@@ -96,18 +96,37 @@ inline std::vector<engine::UnitRange> partition_uniform(int n, int parts) {
 
 /// Partitions units over pp * v virtual stages by method ("uniform", "parameters",
 /// "type:<regex>"). unit_params[u] is unit u's parameter count and unit_types[u] its type name
-/// (for type:). ConfigError naming the value when the method is unknown, the regex is invalid
-/// or matches no unit, or there are fewer units than virtual stages.
+/// (for type:). joined[u] (when given) keeps unit u on unit u-1's stage: a unit that reads the
+/// parameters of the unit just before it (an MoE block and its experts unit), which on another
+/// stage would need a replica of that unit, as much memory again. The methods then place these
+/// groups of units (uniform counts groups; the balanced methods sum their weights).
+/// ConfigError naming the value when the method is unknown, the regex is invalid or matches no
+/// unit, or there are fewer units (groups) than virtual stages.
 inline Partition partition_units(std::string_view method, int pp, int v,
                                  const std::vector<std::int64_t>& unit_params,
-                                 const std::vector<std::string>& unit_types) {
+                                 const std::vector<std::string>& unit_types,
+                                 const std::vector<bool>& joined = {}) {
   const int n = static_cast<int>(unit_params.size());
   const int parts = pp * v;
   expect<ConfigError>(pp >= 1 && v >= 1, "pipeline partition: pp = ", pp, " and v = ", v,
                       " must be at least 1");
-  expect<ConfigError>(n >= parts, "pipeline partition: the model has ", n,
-                      " units, fewer than the ", parts, " (pp ", pp, " x virtual stages ", v,
-                      ") stages to fill; every stage needs at least one unit");
+  expect<ConfigError>(joined.empty() || static_cast<int>(joined.size()) == n,
+                      "pipeline partition: joined has ", joined.size(), " entries for ", n,
+                      " units");
+  // first[g]: the first unit of group g (first.back() == n).
+  std::vector<int> first;
+  for (int u = 0; u < n; ++u) {
+    if (u == 0 || joined.empty() || !joined[static_cast<std::size_t>(u)]) first.push_back(u);
+  }
+  const int groups = static_cast<int>(first.size());
+  first.push_back(n);
+  const std::string kept_together =
+      groups == n ? std::string()
+                  : " (" + std::to_string(groups) +
+                        " groups: a unit stays with the unit before it that it reads)";
+  expect<ConfigError>(groups >= parts, "pipeline partition: the model has ", n, " units",
+                      kept_together, ", fewer than the ", parts, " (pp ", pp, " x virtual stages ",
+                      v, ") stages to fill; every stage needs at least one unit");
   const PartitionMethod how = [&] {
     try {
       return parse_partition_method(method);
@@ -115,29 +134,40 @@ inline Partition partition_units(std::string_view method, int pp, int v,
       raise<ConfigError>("pipeline partition_method ", e.what());
     }
   }();
+  // Cuts over groups, then back to units.
+  const auto in_units = [&](std::vector<engine::UnitRange> over_groups) {
+    for (engine::UnitRange& r : over_groups) {
+      r = {first[static_cast<std::size_t>(r.first)], first[static_cast<std::size_t>(r.last)]};
+    }
+    return over_groups;
+  };
   Partition p;
   if (how.kind == PartitionMethod::Kind::uniform) {
-    p.parts = partition_uniform(n, parts);
-    if (n % parts != 0) {
+    p.parts = in_units(partition_uniform(groups, parts));
+    if (groups % parts != 0) {
       p.warnings.push_back(
-          "pipeline partition: " + std::to_string(n) + " units do not split evenly over " +
-          std::to_string(parts) + " stages, so some stages run one unit more and the pipeline " +
+          "pipeline partition: " + std::to_string(n) + " units" + kept_together +
+          " do not split evenly over " + std::to_string(parts) +
+          " stages, so some stages run one unit more and the pipeline " +
           "moves at their pace; a GPT balances with k * " + std::to_string(parts) +
           " - 2 transformer layers (Megatron's rule: the embedding and the LM head weigh about "
           "a layer each), e.g. " +
-          std::to_string(std::max(1, (n + parts - 1) / parts) * parts - 2) + " layers");
+          std::to_string(std::max(1, (groups + parts - 1) / parts) * parts - 2) + " layers");
     }
     return p;
   }
-  std::vector<double> weights(static_cast<std::size_t>(n), 0.0);
+  std::vector<double> weights(static_cast<std::size_t>(groups), 0.0);
   int matched = 0;
-  for (int u = 0; u < n; ++u) {
-    const auto k = static_cast<std::size_t>(u);
-    if (how.kind == PartitionMethod::Kind::parameters) {
-      weights[k] = static_cast<double>(unit_params[k]);
-    } else if (std::regex_search(unit_types.at(k), how.regex)) {
-      weights[k] = 1.0;
-      ++matched;
+  for (int g = 0; g < groups; ++g) {
+    for (int u = first[static_cast<std::size_t>(g)]; u < first[static_cast<std::size_t>(g) + 1];
+         ++u) {
+      const auto k = static_cast<std::size_t>(u);
+      if (how.kind == PartitionMethod::Kind::parameters) {
+        weights[static_cast<std::size_t>(g)] += static_cast<double>(unit_params[k]);
+      } else if (std::regex_search(unit_types.at(k), how.regex)) {
+        weights[static_cast<std::size_t>(g)] += 1.0;
+        ++matched;
+      }
     }
   }
   expect<ConfigError>(
@@ -145,7 +175,7 @@ inline Partition partition_units(std::string_view method, int pp, int v,
       std::string(method),
       "' matches no unit (unit types: ", unit_types.empty() ? std::string() : unit_types.front(),
       " ... ", unit_types.empty() ? std::string() : unit_types.back(), ")");
-  p.parts = partition_balanced(weights, parts);
+  p.parts = in_units(partition_balanced(weights, parts));
   return p;
 }
 

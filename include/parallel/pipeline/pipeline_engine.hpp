@@ -16,6 +16,7 @@
 // micro-batch, m times the traffic), and stage 3 would gather every stage's parameters for every
 // micro-batch's forward and backward (DeepSpeed refuses both for the same reasons).
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -67,18 +68,27 @@ std::string unit_type_of(const M& model, int u) {
   }
 }
 
-/// Partitions model's units over pp * v virtual stages by method (partition.hpp).
+/// Partitions model's units over pp * v virtual stages by method (partition.hpp), keeping a
+/// unit on the stage of the unit just before it when it reads that unit's parameters
+/// (unit_uses: an MoE block and its experts unit); ties across the model (the LM head reading
+/// the embedding's table) are replicated instead (stage_model.hpp).
 template <nn::Model M>
 Partition partition_model(const M& model, std::string_view method, int pp, int v) {
   std::vector<std::int64_t> params;
   std::vector<std::string> types;
+  std::vector<bool> joined;
+  const auto reads = [&](int reader, int read) {
+    const std::vector<int> uses = model.unit_uses(reader);
+    return std::find(uses.begin(), uses.end(), read) != uses.end();
+  };
   for (int u = 0; u < model.num_units(); ++u) {
     std::int64_t n = 0;
     for (const nn::ParamSpec& p : model.unit_params(u)) n += p.shape.numel();
     params.push_back(n);
     types.push_back(unit_type_of(model, u));
+    joined.push_back(u > 0 && reads(u, u - 1));  // a unit reads only units before it
   }
-  return partition_units(method, pp, v, params, types);
+  return partition_units(method, pp, v, params, types, joined);
 }
 
 /// Pipeline-parallel training of M (see the file comment).
