@@ -387,3 +387,35 @@ TEST_CASE("MpiComm: verify_sequence counts collectives only, not sends and recei
   CHECK(buf[0] == static_cast<float>(n));
   world.barrier();
 }
+
+TEST_CASE("MpiComm: verify_sequence checks all_to_all_v's counts pair by pair", "[mpi]") {
+  // Each rank's own sizes are checked in any mode, but whether rank a's send_counts[b] equals
+  // rank b's recv_counts[a] needs both ranks' counts: without the check MPI truncates the message
+  // or leaves part of the receive buffer unwritten, on one rank only.
+  auto world = MpiComm::world();
+  const int me = world.rank(), n = world.size();
+  auto comm = world.split(0, me, "exchange");
+  comm.set_options(CommOptions{.timeout_s = 20, .verify_sequence = true});
+  const auto exchange = [&](std::vector<std::size_t> send_counts) {
+    std::vector<std::size_t> recv_counts(static_cast<std::size_t>(n), 1);
+    std::size_t total = 0;
+    for (std::size_t c : send_counts) total += c;
+    std::vector<float> send(total, static_cast<float>(me)), recv(static_cast<std::size_t>(n));
+    comm.all_to_all_v(std::span<const float>(send), std::span<const std::size_t>(send_counts),
+                      std::span<float>(recv), std::span<const std::size_t>(recv_counts));
+    return recv;
+  };
+  const std::vector<std::size_t> ones(static_cast<std::size_t>(n), 1);
+  // Negative control: counts that agree pass and exchange.
+  const std::vector<float> got = exchange(ones);
+  for (int q = 0; q < n; ++q) CHECK(got[static_cast<std::size_t>(q)] == static_cast<float>(q));
+  // Rank 0 sends 2 elements to rank 1, which expects 1: every rank fails with the same message.
+  std::vector<std::size_t> skewed = ones;
+  if (me == 0) skewed[1] = 2;
+  CHECK_THROWS_WITH(exchange(skewed), Contains("all_to_all_v #") && Contains("group 'exchange'") &&
+                                          Contains("rank 0 sends 2 elements to rank 1 but rank "
+                                                   "1 expects 1 from it"));
+  // Nothing was posted, so the group still works.
+  CHECK(exchange(ones) == got);
+  world.barrier();
+}

@@ -13,7 +13,8 @@
 // is tested or waited on, or when this rank calls MPI for something else.
 // A timed-out collective names the ranks that never joined it: a census on the group's
 // control channel (mpi_control.hpp) asks who else is stuck there. With
-// CommOptions::verify_sequence every collective first checks that all ranks issue the same one.
+// CommOptions::verify_sequence every collective first checks that all ranks issue the same one,
+// and an all_to_all_v that every rank's send counts match their receivers' receive counts.
 // After a timed-out collective or send the communicator refuses every later op with a CommError
 // (MPI cannot cancel them, and their posted messages could match a later op's; a timed-out
 // receive is cancelled and leaves it usable); the usual recovery is to let the CommError end the
@@ -620,6 +621,7 @@ class MpiComm : public BlockingCollectives<MpiComm> {
     expect_size(CommOp::all_to_all_v, "send (sum of send_counts)", send.size(), send_total);
     expect_size(CommOp::all_to_all_v, "recv (sum of recv_counts)", recv.size(), recv_total);
     auto w = make_work(CommOp::all_to_all_v, send.size_bytes(), dtype_of<T>);
+    if (checked().options.verify_sequence) verify_counts(*w, send_counts, recv_counts);
     w->keep_alive = {table};
     w->check(MPI_Ialltoallv(send.data(), sc, sd, detail::mpi_datatype<T>(), recv.data(), rc, rd,
                             detail::mpi_datatype<T>(), native_handle(), w->request()),
@@ -745,6 +747,44 @@ class MpiComm : public BlockingCollectives<MpiComm> {
       const std::string error =
           detail::sequence_mismatch(*records, me, shared->name, shared->world_ranks);
       if (!error.empty()) throw CommError(error);
+    };
+    check->wait();
+  }
+
+  // Debug mode, all_to_all_v: every rank all-gathers its send and receive counts on the control
+  // channel and checks every pair (rank a's send_counts[b] against rank b's recv_counts[a]), so
+  // all ranks fail with the same message before the exchange is posted, where MPI would
+  // truncate a message or leave part of a receive buffer unwritten (LocalComm checks the same).
+  void verify_counts(const detail::MpiWork& work, std::span<const std::size_t> send_counts,
+                     std::span<const std::size_t> recv_counts) {
+    auto& s = checked();
+    const auto n = static_cast<std::size_t>(s.size());
+    auto mine = std::make_shared<std::vector<std::uint64_t>>(2 * n);
+    for (std::size_t q = 0; q < n; ++q) {
+      (*mine)[q] = send_counts[q];
+      (*mine)[n + q] = recv_counts[q];
+    }
+    auto all = std::make_shared<std::vector<std::uint64_t>>(2 * n * n);
+    auto check = std::make_shared<detail::MpiWork>(shared_, work.info());
+    check->keep_alive = {mine, all};
+    check->logged = false;
+    check->check(MPI_Iallgather(mine->data(), static_cast<int>(2 * n), MPI_UINT64_T, all->data(),
+                                static_cast<int>(2 * n), MPI_UINT64_T, s.control, check->request()),
+                 "MPI_Iallgather (count check)");
+    const detail::MpiWork::Info& i = work.info();
+    check->on_complete = [all, n,
+                          where = s.describe(i.op, i.seq, i.bytes, i.dtype)](const MPI_Status&) {
+      for (std::size_t src = 0; src < n; ++src) {
+        for (std::size_t dst = 0; dst < n; ++dst) {
+          const std::uint64_t sent = (*all)[src * 2 * n + dst];
+          const std::uint64_t expected = (*all)[dst * 2 * n + n + src];
+          if (sent != expected) {
+            raise<CommError>("MpiComm: ", where, ": rank ", src, " sends ", sent,
+                             " elements to rank ", dst, " but rank ", dst, " expects ", expected,
+                             " from it (send_counts[", dst, "] vs recv_counts[", src, "])");
+          }
+        }
+      }
     };
     check->wait();
   }
