@@ -11,6 +11,7 @@
 // --hf-gpt2 writes GPT-2's four Conv1D weights per block transposed ([in, out]), the layout
 // Hugging Face's GPT2LMHeadModel loads; zero keeps them [out, in].
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -20,6 +21,8 @@
 
 #include <zero/checkpoint/checkpoint.hpp>
 #include <zero/io/gpt2_layout.hpp>
+
+#include "../cli_number.hpp"
 
 namespace {
 
@@ -52,7 +55,15 @@ int main(int argc, char** argv) {
       if (a == "--tag") tag = value;
       if (a == "--out") out = value;
       if (a == "--dtype") dtype_name = value;
-      if (a == "--chunk-mib") chunk_mib = std::strtoull(value, nullptr, 10);
+      if (a == "--chunk-mib") {
+        try {
+          chunk_mib = static_cast<std::size_t>(
+              zero::examples::parse_integer("--chunk-mib", value, 1, std::int64_t{1} << 20));
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "zero_to_safetensors: %s\n", e.what());
+          return 2;
+        }
+      }
       if (a == "--strip-prefix") strip = value;
     } else if (!a.starts_with("--") && dir.empty()) {
       dir = a;
@@ -60,7 +71,7 @@ int main(int argc, char** argv) {
       return usage(argv[0]);
     }
   }
-  if (dir.empty() || (dtype_name != "f32" && dtype_name != "bf16") || chunk_mib == 0) {
+  if (dir.empty() || (dtype_name != "f32" && dtype_name != "bf16")) {
     return usage(argv[0]);
   }
   try {

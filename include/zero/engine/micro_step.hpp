@@ -350,8 +350,8 @@ class MicroSteps {
     expect<Error>(!p.empty(), "Engine::resume_pass: the parked pass is empty (resumed before?)");
     expect<Error>(p.window_ == open_, "Engine::resume_pass: units [", p.range_.first, ", ",
                   p.range_.last,
-                  "): the pass was parked in an accumulation window that has ended (a step() or "
-                  "a failed backward ended it); run its forward again");
+                  "): the pass was parked in an accumulation window that a failure ended (a "
+                  "backward or an update that threw); run its forward again");
     expect<Error>(phase_ == Phase::idle, "Engine::resume_pass: units [", pass_.first, ", ",
                   pass_.last, ") of another pass are in flight; run or park it first");
     fold_peak();
