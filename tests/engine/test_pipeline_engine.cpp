@@ -33,6 +33,7 @@
 #include <zero/nn/gpt.hpp>
 
 #include "../support/per_rank.hpp"
+#include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 #include "tp_test_util.hpp"
 
@@ -344,6 +345,109 @@ TEST_CASE(
                                                "backward, 1 parked or in flight"));
     CHECK_THAT(m[5], Catch::Matchers::Contains("cannot park"));
   }
+}
+
+namespace {
+
+// A GPT whose unit 1 throws in its forward or its backward when told to.
+struct FailingGPT : nn::GPT<double> {
+  using nn::GPT<double>::GPT;
+  bool fail_forward = false, fail_backward = false;
+  void forward_unit(int u, nn::StepContext<double>& ctx) {
+    if (fail_forward && u == 1) throw nn::InputError("planted forward failure");
+    nn::GPT<double>::forward_unit(u, ctx);
+  }
+  void backward_unit(int u, nn::StepContext<double>& ctx) {
+    if (fail_backward && u == 1) throw nn::InputError("planted backward failure");
+    nn::GPT<double>::backward_unit(u, ctx);
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "Engine passes: a pass that throws ends as a micro-step does (a backward or either half of "
+    "a split one ends the window until a load; a forward drops only its pass)",
+    "[unit][pipeline]") {
+  using Catch::Matchers::Contains;
+  const auto after = testing::per_rank<std::vector<test::HeldParam>>(1, [&](LocalComm& world) {
+    testing::TempDir dir("pass-failure");
+    FailingGPT model(pp_model());
+    engine::Engine<FailingGPT, ZeroStage<0>> eng(model, world, test::AdamW64{},
+                                                 test::tp_options(2));
+    const engine::UnitRange all{0, eng.num_units()};
+    const test::GlobalBatch b(2 * test::micro_rows, 0, pp_model().vocab_size);
+    eng.save_checkpoint(dir.path(), "start");
+    auto recovered = [&] {
+      CHECK(eng.between_steps());
+      CHECK_THAT(testing::thrown_message([&] { (void)eng.forward_pass(all, 0, b.micro(0, 0, 1)); }),
+                 Contains("load a checkpoint to continue"));
+      (void)eng.load_checkpoint(dir.path(), "start");
+      CHECK(eng.broken_reason().empty());
+    };
+    // A backward that stops part-way (the units above 1 done, the rest not) ends the window:
+    // the engine is broken until a load, and a pass parked in that window cannot resume.
+    (void)eng.forward_pass(all, 0, b.micro(0, 0, 1));
+    engine::ParkedPass<double> parked = eng.park_pass();
+    (void)eng.forward_pass(all, 1, b.micro(1, 0, 1));
+    model.fail_backward = true;
+    CHECK_THAT(testing::thrown_message([&] { (void)eng.backward_pass(); }),
+               Contains("planted backward failure"));
+    CHECK_THAT(eng.broken_reason(), Contains("a backward stopped part-way: planted backward"));
+    CHECK_THAT(testing::thrown_message([&] { eng.resume_pass(std::move(parked)); }),
+               Contains("a failure ended"));
+    recovered();
+    // The input half of a split backward: the products the units above 1 left are dropped
+    // with the window they were aimed at.
+    nn::DeferredWeightGrads<double> deferred;
+    (void)eng.forward_pass(all, 0, b.micro(0, 0, 1));
+    CHECK_THAT(testing::thrown_message([&] { (void)eng.backward_input_pass({}, deferred); }),
+               Contains("planted backward failure"));
+    model.fail_backward = false;
+    CHECK(deferred.empty());
+    CHECK_THAT(eng.broken_reason(), Contains("planted backward failure"));
+    recovered();
+    // The weight half.
+    (void)eng.forward_pass(all, 0, b.micro(0, 0, 1));
+    (void)eng.backward_input_pass({}, deferred);
+    deferred.call([] { throw nn::InputError("planted weight failure"); });
+    CHECK_THAT(testing::thrown_message([&] { eng.weight_pass(all, deferred); }),
+               Contains("planted weight failure"));
+    CHECK(deferred.empty());
+    CHECK_THAT(eng.broken_reason(), Contains("a backward stopped part-way: planted weight"));
+    recovered();
+    // A forward that throws drops its pass alone: no backward runs over units whose forward
+    // did not, its place in the window is given back and the window goes on.
+    model.fail_forward = true;
+    CHECK_THAT(testing::thrown_message([&] { (void)eng.forward_pass(all, 1, b.micro(1, 0, 1)); }),
+               Contains("planted forward failure"));
+    model.fail_forward = false;
+    CHECK(eng.broken_reason().empty());
+    CHECK(eng.between_steps());
+    CHECK_THAT(testing::thrown_message([&] { (void)eng.backward_pass(); }),
+               Contains("no pass is in flight"));
+    for (int m = 0; m < 2; ++m) {
+      (void)eng.forward_pass(all, m, b.micro(m, 0, 1));
+      (void)eng.backward_pass();
+    }
+    CHECK(eng.step());
+    return test::held_params(eng);
+  });
+  // After the loads, the step is the one a fresh engine takes: nothing of the failed passes
+  // stayed in the gradients.
+  const auto clean = testing::per_rank<std::vector<test::HeldParam>>(1, [&](LocalComm& world) {
+    nn::GPT<double> model(pp_model());
+    engine::Engine<nn::GPT<double>, ZeroStage<0>> eng(model, world, test::AdamW64{},
+                                                      test::tp_options(2));
+    const test::GlobalBatch b(2 * test::micro_rows, 0, pp_model().vocab_size);
+    for (int m = 0; m < 2; ++m) {
+      (void)eng.forward_pass({0, eng.num_units()}, m, b.micro(m, 0, 1));
+      (void)eng.backward_pass();
+    }
+    CHECK(eng.step());
+    return test::held_params(eng);
+  });
+  CHECK(test::max_difference(test::assemble(after), test::assemble(clean)) == 0.0);
 }
 
 TEST_CASE("Pipeline: the reported loss is the mean over the micro-batches on every rank",

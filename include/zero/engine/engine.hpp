@@ -270,7 +270,15 @@ class Engine {
       const auto timed = timers_.phase(profile::Phase::forward);
       micro_.begin_pass(batch, rng_step_of(micro), micro_loss_scale(), r, num_units());
       if (input.data() != nullptr) micro_.ctx().x = input;
-      for (int u = r.first; u < r.last; ++u) forward_unit(u);
+      try {
+        for (int u = r.first; u < r.last; ++u) forward_unit(u);
+      } catch (...) {
+        // The pass is dropped as if it had not begun (its place in the window given back), as
+        // a forward's micro-step is: no backward may run over units whose forward did not.
+        micro_.abandon_pass();
+        abandon_forward();
+        throw;
+      }
       return micro_.ctx().x;
     });
   }
@@ -279,12 +287,18 @@ class Engine {
   /// first unit's input (valid until the next pass).
   Tensor<T> backward_pass(Tensor<T> dy = {}) {
     return communicating("backward_pass", [&]() -> Tensor<T> {
+      (void)micro_.pass_in_flight("backward_pass");  // refused before anything ran
       apply_deferred_updates();
       const auto timed = timers_.phase(profile::Phase::backward);
-      const UnitRange r = pass_backward("backward_pass", dy, [&](int u) {
-        exchange_.gradient_complete(u, micro_.pass_at_boundary(u));
-      });
-      if (micro_.weight_pass_ran(r, num_units())) exchange_.drain_reductions();
+      try {
+        const UnitRange r = pass_backward("backward_pass", dy, [&](int u) {
+          exchange_.gradient_complete(u, micro_.pass_at_boundary(u));
+        });
+        if (micro_.weight_pass_ran(r, num_units())) exchange_.drain_reductions();
+      } catch (const std::exception& e) {
+        abandon_backward(e.what());
+        throw;
+      }
       return micro_.ctx().dx;
     });
   }
@@ -301,12 +315,21 @@ class Engine {
       expect<Error>(deferred.empty(),
                     "Engine::backward_input_pass: the deferred weight "
                     "gradients given still hold ",
-                    deferred.size(), " products of an earlier pass; run its weight_pass first");
+                    deferred.size(),
+                    " products of an earlier pass; run its weight_pass first (or clear() it "
+                    "when a failure ended that pass's window)");
+      (void)micro_.pass_in_flight("backward_input_pass");  // refused before anything ran
       apply_deferred_updates();
       const auto timed = timers_.phase(profile::Phase::backward);
       // Only this backward reads it: every pass (and micro-step) starts from a fresh context.
       micro_.ctx().weight_grads = &deferred;
-      (void)pass_backward("backward_input_pass", dy, [](int) {});
+      try {
+        (void)pass_backward("backward_input_pass", dy, [](int) {});
+      } catch (const std::exception& e) {
+        deferred.clear();  // its products aim at gradients the abandoned window clears
+        abandon_backward(e.what());
+        throw;
+      }
       micro_.ctx().weight_grads = nullptr;
       return micro_.ctx().dx;
     });
@@ -319,15 +342,22 @@ class Engine {
     communicating("weight_pass", [&] {
       micro_.check_weight_pass(r, num_units());
       const auto timed = timers_.phase(profile::Phase::backward);
-      deferred.run();
-      for (int u = r.last - 1; u >= r.first; --u) {
-        // A later pass's input half may have run already, accumulating into u's gradient buffer
-        // and leaving products aimed at it: fold that buffer only once no such pass is left.
-        if (micro_.weight_passes_outstanding(u) == 1) {
-          exchange_.gradient_complete(u, micro_.pass_at_boundary(u));
+      try {
+        deferred.run();
+        for (int u = r.last - 1; u >= r.first; --u) {
+          // A later pass's input half may have run already, accumulating into u's gradient
+          // buffer and leaving products aimed at it: fold that buffer only once no such pass is
+          // left.
+          if (micro_.weight_passes_outstanding(u) == 1) {
+            exchange_.gradient_complete(u, micro_.pass_at_boundary(u));
+          }
         }
+        if (micro_.weight_pass_ran(r, num_units())) exchange_.drain_reductions();
+      } catch (const std::exception& e) {
+        deferred.clear();
+        abandon_backward(e.what());
+        throw;
       }
-      if (micro_.weight_pass_ran(r, num_units())) exchange_.drain_reductions();
     });
   }
   /// Forward without dropout through units r, input entering unit r.first (a pipeline stage's

@@ -62,6 +62,12 @@ class DeferredWeightGrads {
     }
     size_ = 0;
   }
+  /// Drops every weight gradient left without computing it (the engine does so when a failure
+  /// ends the window they were aimed at).
+  void clear() noexcept {
+    for (std::size_t i = 0; i < size_; ++i) jobs_[i].fn = nullptr;
+    size_ = 0;
+  }
   /// True with nothing left to compute.
   bool empty() const { return size_ == 0; }
   /// Jobs left to compute.
