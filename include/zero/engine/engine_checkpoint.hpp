@@ -45,18 +45,16 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   // Every rank names every tensor; the segments come from the units this rank saves, which
   // alone are staged (at stage 0 rank 0 saves the whole units, so the others copy nothing).
   std::vector<checkpoint::TensorSpec> tensors;
-  auto name = [&]<class E>(int u, const std::string& suffix) {
-    for (auto& t : checkpoint::unit_tensor_specs<E>(state.unit_specs(u), suffix)) {
-      tensors.push_back(t);
-    }
-  };
   // The save streams: it declares this rank's segments first (their shapes need no data), then
   // writes each unit's as the state store hands the unit out, so state that is only swapped in
   // or staged for the pass (Offload<NVMe>, a device's optimizer states) is never in host memory
   // more than a unit at a time. Both passes walk the units, shards and states in one order.
   const bool whole_params = state.tp_rank() == 0;
   std::vector<checkpoint::SegmentShape> declared;
-  auto declare = [&]<class E>(int u, const std::string& suffix) {
+  auto name_and_declare = [&]<class E>(int u, const std::string& suffix) {
+    for (auto& t : checkpoint::unit_tensor_specs<E>(state.unit_specs(u), suffix)) {
+      tensors.push_back(t);
+    }
     for (int r : state.owned_shard_ranks(u, ShardUse::save)) {
       for (auto& s : checkpoint::unit_segment_shapes<E>(state.unit_specs(u), state.partition(u), r,
                                                         suffix, whole_params)) {
@@ -70,12 +68,10 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   std::string failure;
   try {
     for (int u = 0; u < state.num_units(); ++u) {
-      name.template operator()<typename decltype(state)::MasterT>(u, "");
-      declare.template operator()<typename decltype(state)::MasterT>(u, "");
+      name_and_declare.template operator()<typename decltype(state)::MasterT>(u, "");
       if (const optim::AnyOptimizer* opt = state.optimizer_of(u)) {
         for (const std::string& n : opt->state_names()) {
-          name.template operator()<float>(u, "/" + n);
-          declare.template operator()<float>(u, "/" + n);
+          name_and_declare.template operator()<float>(u, "/" + n);
         }
       }
     }
