@@ -2,9 +2,11 @@
 // its T/sp positions of its dp rank's rows, equals one process on the global batch over several
 // f64 AdamW steps with gradient clipping (1e-10), and the copies of the parameters on the dp x sp
 // ranks stay bit-identical. ZeRO shards over the sequence-data-parallel group (dp x sp): each
-// rank's loss is the mean over its own positions, so the engine's average over dp x sp is the
-// global token mean. Negative controls: a rank fed another rank's positions must differ, and a
-// model without Ulysses (local attention, positions from 0) on the cp grid is refused.
+// rank's loss is its mean over its own positions weighted by its share of the sp group's counted
+// targets, so the engine's average over dp x sp is the global token mean, also with targets
+// ignored unevenly over the positions. Negative controls: a rank fed another rank's positions must
+// differ, and a model without Ulysses (local attention, positions from 0) on the cp grid is
+// refused.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -34,13 +36,18 @@ namespace {
 constexpr std::int64_t seq_len = 8;  // divisible by sp 1, 2, 4 (tp_tiny: max_seq_len 16)
 constexpr int accumulation = 2, steps = 3;
 
-// The rows of a step's global batch: tokens and targets [rows, seq_len], every target valid.
+// Targets a padded row ignores: its last ones, as padding at the end of a sequence.
+constexpr std::int64_t padding = 3;
+
+// The rows of a step's global batch: tokens and targets [rows, seq_len], every target valid, or
+// (padded) each row's last `padding` targets ignored (-1).
 struct Batch {
   std::vector<std::int32_t> tokens, targets;
-  Batch(std::int64_t rows, int step, std::int64_t vocab) {
+  Batch(std::int64_t rows, int step, std::int64_t vocab, bool padded = false) {
     for (std::int64_t i = 0; i < rows * seq_len; ++i) {
       tokens.push_back(static_cast<std::int32_t>((i * 7 + step * 13 + 1) % vocab));
-      targets.push_back(static_cast<std::int32_t>((i * 11 + step * 5 + 3) % vocab));
+      const bool ignored = padded && i % seq_len >= seq_len - padding;
+      targets.push_back(ignored ? -1 : static_cast<std::int32_t>((i * 11 + step * 5 + 3) % vocab));
     }
   }
   // The first row of dp rank d's micro-batch m (micro-steps and dp ranks interleaved).
@@ -48,14 +55,15 @@ struct Batch {
 };
 
 // One process on the whole global batch: `steps` AdamW steps with clipping; the whole tensors.
-test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows) {
+test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows,
+                              bool padded = false) {
   nn::GPT<double> model(cfg);
   nn::LocalParameters<nn::GPT<double>> params(model, 1234);
   Arena<> arena(64 << 20);
   test::AdamW64 adam;
   for (int step = 0; step < steps; ++step) {
     params.zero_grads();
-    const Batch b(global_rows, step, cfg.vocab_size);
+    const Batch b(global_rows, step, cfg.vocab_size, padded);
     nn::StepContext<double> ctx;
     ctx.arena = &arena;
     ctx.tokens = b.tokens.data();
@@ -91,6 +99,7 @@ struct Layout {
   Fault fault = Fault::none;
   bool checkpoint = false;  // activation checkpointing: the blocks' forward (and its
                             // all-to-alls) run again before their backward
+  bool padded = false;      // each row's last `padding` targets ignored
 };
 
 template <int S>
@@ -107,7 +116,7 @@ std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l) {
   const int fed_rank = l.fault == Fault::wrong_slice ? (sp_rank + 1) % l.sp : sp_rank;
   const std::int64_t global_rows = test::micro_rows * accumulation * l.dp;
   for (int step = 0; step < steps; ++step) {
-    const Batch b(global_rows, step, cfg.vocab_size);
+    const Batch b(global_rows, step, cfg.vocab_size, l.padded);
     for (int m = 0; m < accumulation; ++m) {
       const std::int64_t first = Batch::first_row(m, dp_rank, l.dp) * seq_len;
       const auto n = static_cast<std::size_t>(test::micro_rows * seq_len);
@@ -171,6 +180,26 @@ TEST_CASE(
       const Run got = run({sp, dp, stage, Fault::none, /*checkpoint=*/true});
       const double error = test::max_difference(got.values, want);
       INFO("sp " << sp << ", stage " << stage << ", checkpointed: worst difference " << error);
+      CHECK(error <= 1e-10);
+      CHECK(got.copies_differ == 0.0);
+    }
+  }
+}
+
+TEST_CASE(
+    "Ulysses GPT: targets ignored unevenly over the positions count per token, as one process "
+    "counts them",
+    "[unit][ulysses]") {
+  // Every row ignores its last 3 of 8 targets: at sp 2 rank 0 counts 4 a row and rank 1 one, at
+  // sp 4 the ranks count 2, 2, 1 and 0 (a rank with nothing to count). Every micro-batch of
+  // every dp rank counts as many, so only the weights of the sp ranks' means are under test.
+  const int dp = 2;
+  const auto want = reference(test::tp_tiny(), test::micro_rows * accumulation * dp, true);
+  for (int sp : {2, 4}) {
+    for (int stage : {0, 3}) {
+      const Run got = run({sp, dp, stage, Fault::none, /*checkpoint=*/false, /*padded=*/true});
+      const double error = test::max_difference(got.values, want);
+      INFO("sp " << sp << ", stage " << stage << ", padded: worst difference " << error);
       CHECK(error <= 1e-10);
       CHECK(got.copies_differ == 0.0);
     }

@@ -20,6 +20,7 @@
 
 #include <parallel/comm/any_comm.hpp>
 #include <parallel/comm/communicator.hpp>
+#include <parallel/comm/reduce_op.hpp>
 #include <zero/core/error.hpp>
 
 namespace zero::parallel {
@@ -43,6 +44,17 @@ class SequenceParallel {
   AnyComm& comm() const {
     expect<Error>(comm_ != nullptr, "SequenceParallel: no sequence-parallel group (sp = 1)");
     return *comm_;
+  }
+  /// The weight of this rank's mean loss over its `counted` positions that makes the group's
+  /// mean of the ranks' losses the mean over every position the group counts: counted * sp /
+  /// (the group's sum of counted), 1 when the group counts none (or without a group). Equal
+  /// counts give exactly 1. Collective over the group (one all-reduce of one integer).
+  double token_share(std::int64_t counted) const {
+    if (!active()) return 1.0;
+    std::int64_t total = counted;
+    comm().all_reduce(std::span<std::int64_t>(&total, 1), ReduceOp::sum);
+    if (total == 0) return 1.0;
+    return static_cast<double>(counted) * static_cast<double>(size()) / static_cast<double>(total);
   }
 
  private:

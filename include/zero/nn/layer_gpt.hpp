@@ -163,7 +163,9 @@ class LayerGPT {
   /// hidden size or the vocabulary do not divide by tp. With a Ulysses group sp of more than one
   /// rank, each rank is fed T/sp positions of every sequence (parallel::SequenceSlice; the
   /// positions of its rank's block), its attention is parallel::UlyssesAttention and its loss
-  /// the mean over its own positions; ConfigError when the heads do not divide by sp, or with
+  /// its share of the mean over the group's counted positions (parallel::SequenceParallel::
+  /// token_share, so the ranks' mean is the whole sequences' token mean with targets of -1
+  /// anywhere); ConfigError when the heads do not divide by sp, or with
   /// tp > 1 too. With active MoEBlocks, every moe.every-th block's MLP is a MixtureOfExperts
   /// whose experts (split over moe.ep) are an expert unit of their own just before the block
   /// (nn::HasExpertUnits); ConfigError for MoE with tp > 1.
@@ -217,6 +219,9 @@ class LayerGPT {
       loss_ = &head.template add<LinearCrossEntropy<T>>(
           "lm_head", [wte = wte_] { return wte->table(); }, C, V, "targets",
           cfg_.logits_chunk_bytes);
+      if (sp_.active()) {
+        loss_->share_counted_rows([sp = sp_](std::int64_t n) { return sp.token_share(n); });
+      }
       return;
     }
     if (tp_.sequence_parallel()) {

@@ -36,6 +36,12 @@
 // copy of the weight or of the logits (ops/cuda/linear.cuh pads any odd-sized GEMM that way: 8 GB
 // of copies a step for GPT-2 at B 8). The bound counts classes elements a row, so the chunking
 // stays the host's.
+// Shared rows: when the rows of one batch are spread over ranks that average their losses (the
+// positions of Ulysses sequence parallelism), share_counted_rows gives a function that turns
+// this rank's count of labelled rows into the weight of its mean, so the ranks' mean is the
+// mean over all their counted rows (padding spread unevenly over the positions is counted per
+// token, as one process counts it). The loss and the backward's seed are multiplied by it; with
+// equal counts it is exactly 1.
 
 #include <algorithm>
 #include <any>
@@ -78,6 +84,13 @@ class LinearCrossEntropy final : public Layer<T> {
 
   std::string describe() const override { return "LinearCrossEntropy '" + name_ + "'"; }
 
+  /// The weight of this rank's mean given its counted rows (see the file comment), called once
+  /// a labelled forward on every rank of the group; null (the default): 1, the rows are this
+  /// rank's alone.
+  void share_counted_rows(std::function<double(std::int64_t)> share) {
+    share_of_ = std::move(share);
+  }
+
   /// Rows per chunk for a batch of rows (the whole batch when its logits fit chunk_bytes): the
   /// fewest chunks of at most chunk_bytes over a row's logits (at least one row), made as even
   /// as they can be, rounded up to a multiple of 16 rows where that still fits.
@@ -107,6 +120,7 @@ class LinearCrossEntropy final : public Layer<T> {
       return;
     }
     valid_ = kernels.count_valid_targets(labels_data_, N, classes_);
+    share_ = share_of_ ? share_of_(valid_) : 1.0;
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
     row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
     grads_in_forward_ = ctx.training && chunk_ < N;
@@ -116,7 +130,7 @@ class LinearCrossEntropy final : public Layer<T> {
       kernels.fill_zero(weight_grad_.data(), ld_ * in_);
     }
     const PaddedRows weight = padded_rows(kernels, w.value.data());
-    const auto dloss = convert<Stat>(ctx.loss_scale);
+    const Stat dloss = seed(ctx);
     for (std::int64_t n0 = 0; n0 < N; n0 += chunk_) {
       const std::int64_t rows = std::min(chunk_, N - n0);
       const T* x = input_.data() + n0 * in_;
@@ -132,7 +146,8 @@ class LinearCrossEntropy final : public Layer<T> {
                                       classes_, ld_, row_stats_.data() + 2 * n0);
       }
     }
-    ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) +
+    ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) *
+                              static_cast<Stat>(share_) +
                           static_cast<Stat>(ctx.aux_loss));
     // The last chunk's logits (all of them with one chunk; its dlogits after a training forward
     // in several).
@@ -155,7 +170,7 @@ class LinearCrossEntropy final : public Layer<T> {
     const ParamView<T> w = tied_weight();
     const std::int64_t N = input_.numel() / in_;
     if (N == 0) return;  // no rows: no gradient (and no chunk to divide by)
-    const auto dloss = convert<Stat>(ctx.loss_scale);
+    const Stat dloss = seed(ctx);
     const std::int64_t last = (N - 1) / chunk_ * chunk_;
     Tensor<T> dlogits = chunk_ == N ? ctx.arena->template allocate<T>(logits_.shape()) : logits_;
     Kernels<T>& kernels = kernels_of(ctx);
@@ -194,16 +209,21 @@ class LinearCrossEntropy final : public Layer<T> {
 
   bool parks() const override { return true; }
   std::any park() override {
-    return nn::park_members(input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_,
+    return nn::park_members(input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_, share_,
                             grads_in_forward_, input_grad_, weight_grad_);
   }
   void resume(std::any saved) override {
     nn::resume_members(saved, input_, logits_, row_stats_, labels_data_, chunk_, ld_, valid_,
-                       grads_in_forward_, input_grad_, weight_grad_);
+                       share_, grads_in_forward_, input_grad_, weight_grad_);
   }
 
  private:
   using Stat = compute_type_t<T>;
+
+  // The backward's seed: the loss scale times this rank's share of the loss.
+  Stat seed(const StepContext<T>& ctx) const {
+    return convert<Stat>(ctx.loss_scale) * static_cast<Stat>(share_);
+  }
 
   /// The backward of a training forward that computed the gradients: the input gradient handed
   /// on (written or added, as Sequential asks), the weight gradient's first classes rows added
@@ -262,7 +282,9 @@ class LinearCrossEntropy final : public Layer<T> {
   Tensor<T> input_, logits_;
   Tensor<Stat> row_stats_;  // [rows, 2]: the forward's softmax max and sum per row
   const std::int32_t* labels_data_ = nullptr;
-  std::int64_t chunk_ = 0, ld_ = 0, valid_ = 0;  // ld_: elements between the chunk's logits rows
+  std::int64_t chunk_ = 0, ld_ = 0, valid_ = 0;   // ld_: elements between the chunk's logits rows
+  std::function<double(std::int64_t)> share_of_;  // null: the rows are this rank's alone
+  double share_ = 1.0;                            // the last labelled forward's weight
   // A training forward in several chunks computed the gradients: the input's [rows, in] and the
   // weight's [ld_, in] (its rows past classes_ zero).
   bool grads_in_forward_ = false;
