@@ -64,20 +64,37 @@ int main(int argc, char** argv) try {
     } else
       usage("unknown flag " + flag);
   }
+  // The engine's options by default: stage 3's gathered units and persistence threshold, stages
+  // 2-3's pending reductions (what its own check before the first allocation counts).
+  const engine::EngineOptions defaults;
+  std::int64_t units = 0, persistent = 0;
   if (!model.empty()) {
     const nn::GPTConfig c = nn::GPTConfig::preset(model);
     in.params = c.num_parameters();
-    // The largest unit: the embedding (token + position tables) or one block (12 C^2 + 13 C).
+    // nn::GPT's units: the embedding (token + position tables), one per block (12 C^2 + 13 C)
+    // and the head (ln_f; the LM head is tied to the token table). At stage 3 the units of at
+    // most persistence_threshold parameters stay gathered.
     const std::int64_t C = c.channels;
-    in.largest_unit_params = std::max(c.vocab_size * C + c.max_seq_len * C, 12 * C * C + 13 * C);
+    const std::int64_t embedding = c.vocab_size * C + c.max_seq_len * C,
+                       block = 12 * C * C + 13 * C, head = 2 * C;
+    in.largest_unit_params = std::max(embedding, block);
+    units = c.num_layers + 2;
+    for (const std::int64_t n : {embedding, block, head}) {
+      if (n <= defaults.persistence_threshold) {
+        persistent += n == block ? n * c.num_layers : n;
+      }
+    }
   }
   if (in.params <= 0 || in.largest_unit_params <= 0)
     usage("give --model or --params and --largest-layer");
+  // Without a model, as many units as the largest fills (none small enough to persist).
+  if (units == 0) units = (in.params + in.largest_unit_params - 1) / in.largest_unit_params;
   std::printf(
-      "%lld parameters, largest unit %lld, %d GPU(s) per node x %d node(s), %s compute,"
-      " Adam (8 bytes of state per parameter)\n",
+      "%lld parameters, largest unit %lld, %lld kept gathered at stage 3, %d GPU(s) per node x "
+      "%d node(s), %s compute, Adam (8 bytes of state per parameter)\n",
       static_cast<long long>(in.params), static_cast<long long>(in.largest_unit_params),
-      in.gpus_per_node, in.nodes, std::string(name_of(in.precision)).c_str());
+      static_cast<long long>(persistent), in.gpus_per_node, in.nodes,
+      std::string(name_of(in.precision)).c_str());
   std::printf("%-6s %-26s | %-12s %-12s %-12s %-12s | %-12s %-12s\n", "stage", "offload",
               "GPU at rest", "GPU peak", "CPU/node", "NVMe/node", "DS GPU", "DS CPU/node");
   struct Row {
@@ -94,12 +111,9 @@ int main(int argc, char** argv) try {
                       {3, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
                       {3, OffloadDevice::cpu, OffloadDevice::cpu, "optimizer+params->cpu"},
                       {3, OffloadDevice::nvme, OffloadDevice::nvme, "optimizer+params->nvme"}};
-  // The working buffers the engine holds with its default options (what its own check before
-  // the first allocation counts): stage 3's gathered units, stages 2-3's pending reductions.
-  const engine::EngineOptions defaults;
-  const std::int64_t units = (in.params + in.largest_unit_params - 1) / in.largest_unit_params;
   for (const Row& r : rows) {
     in.stage = r.stage;
+    in.persistent_params = r.stage == 3 ? persistent : 0;
     in.live_units =
         r.stage == 3 ? engine::stage3_live_units(in.largest_unit_params, units,
                                                  defaults.prefetch_elems, defaults.max_live_elems)
