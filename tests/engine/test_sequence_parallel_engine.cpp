@@ -4,14 +4,16 @@
 // ranks stay bit-identical. ZeRO shards over the sequence-data-parallel group (dp x sp): each
 // rank's loss is its mean over its own positions weighted by its share of the sp group's counted
 // targets, so the engine's average over dp x sp is the global token mean, also with targets
-// ignored unevenly over the positions. Negative controls: a rank fed another rank's positions must
-// differ, and a model without Ulysses (local attention, positions from 0) on the cp grid is
-// refused.
+// ignored unevenly over the positions; a checkpoint saved at (sp 2, dp 2, stage 3) resumes at
+// other sp sizes and stages as the uninterrupted run. Negative controls: a rank fed another rank's
+// positions must differ, and a model without Ulysses (local attention, positions from 0) on the cp
+// grid is refused.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@
 #include <zero/nn/local_parameters.hpp>
 
 #include "../support/per_rank.hpp"
+#include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 #include "tp_test_util.hpp"
 
@@ -100,22 +103,37 @@ struct Layout {
   bool checkpoint = false;  // activation checkpointing: the blocks' forward (and its
                             // all-to-alls) run again before their backward
   bool padded = false;      // each row's last `padding` targets ignored
+  bool sgd = false;         // a stateless f64 SGD update in place of AdamW64, whose moments (the
+                            // callback's own) a checkpoint does not hold
+};
+
+// Which steps a run takes: [first, last), after loading `load` and saving to `save` at the end
+// (empty: neither).
+struct Steps {
+  int first = 0, last = steps;
+  std::filesystem::path load, save;
 };
 
 template <int S>
-std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l) {
+std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l, const Steps& when) {
   parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.cp = l.sp, .dp = l.dp}));
   nn::GPTConfig cfg = test::tp_tiny();
   cfg.checkpoint_activations = l.checkpoint;
   const SequenceParallel sp =
       l.fault == Fault::no_ulysses ? SequenceParallel() : SequenceParallel(groups.cp());
   nn::GPT<double> model(cfg, {}, sp);
-  engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, groups, test::AdamW64{},
-                                                    test::tp_options(accumulation));
+  using Engine = engine::Engine<nn::GPT<double>, ZeroStage<S>>;
+  const auto sgd = [](int, std::span<double> p, std::span<const double> g) {
+    test::sgd(0.1, p, g);
+  };
+  Engine eng(model, groups,
+             l.sgd ? typename Engine::UpdateFn(sgd) : typename Engine::UpdateFn(test::AdamW64{}),
+             test::tp_options(accumulation));
   const int dp_rank = groups.dp().rank(), sp_rank = groups.cp().rank();
   const int fed_rank = l.fault == Fault::wrong_slice ? (sp_rank + 1) % l.sp : sp_rank;
   const std::int64_t global_rows = test::micro_rows * accumulation * l.dp;
-  for (int step = 0; step < steps; ++step) {
+  if (!when.load.empty()) (void)eng.load_checkpoint(when.load);
+  for (int step = when.first; step < when.last; ++step) {
     const Batch b(global_rows, step, cfg.vocab_size, l.padded);
     for (int m = 0; m < accumulation; ++m) {
       const std::int64_t first = Batch::first_row(m, dp_rank, l.dp) * seq_len;
@@ -129,6 +147,7 @@ std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l) {
       eng.step();
     }
   }
+  if (!when.save.empty()) eng.save_checkpoint(when.save, "step" + std::to_string(when.last));
   return test::held_params(eng);
 }
 
@@ -138,11 +157,11 @@ struct Run {
   double copies_differ = 0;
 };
 
-Run run(const Layout& l) {
+Run run(const Layout& l, const Steps& when = {}) {
   const auto ranks =
       testing::per_rank<std::vector<test::HeldParam>>(l.sp * l.dp, [&](LocalComm& world) {
-        return test::with_stage(l.stage,
-                                [&](auto s) { return sp_rank<decltype(s)::value>(world, l); });
+        return test::with_stage(
+            l.stage, [&](auto s) { return sp_rank<decltype(s)::value>(world, l, when); });
       });
   Run r;
   r.values = test::assemble(ranks, &r.copies_differ);
@@ -204,6 +223,30 @@ TEST_CASE(
       CHECK(got.copies_differ == 0.0);
     }
   }
+}
+
+TEST_CASE(
+    "Ulysses GPT: a checkpoint saved at (sp 2, dp 2, stage 3) resumes at other sp sizes and "
+    "stages as the uninterrupted run",
+    "[unit][ulysses]") {
+  // A stateless update: an update callback's own state is the program's, not the checkpoint's.
+  const int dp = 2;
+  const Layout saved{2, dp, 3, Fault::none, false, false, /*sgd=*/true};
+  const auto want = run(saved).values;
+  testing::TempDir dir("ulysses-resume");
+  (void)run(saved, {0, steps - 1, {}, dir.path()});
+  for (const auto& [sp, stage] : {std::pair{4, 1}, std::pair{1, 0}, std::pair{2, 2}}) {
+    const Layout resumed{sp, dp, stage, Fault::none, false, false, true};
+    const Run got = run(resumed, {steps - 1, steps, dir.path(), {}});
+    const double error = test::max_difference(got.values, want);
+    INFO("resumed at sp " << sp << ", stage " << stage << ": worst difference " << error);
+    CHECK(error <= 1e-10);
+    CHECK(got.copies_differ == 0.0);
+  }
+  // The negative control: the last step without the load starts from the initial weights.
+  const double fresh = test::max_difference(run(saved, {steps - 1, steps, {}, {}}).values, want);
+  INFO("the last step alone: " << fresh);
+  CHECK(fresh > 1e-4);
 }
 
 TEST_CASE(
