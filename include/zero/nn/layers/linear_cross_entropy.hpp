@@ -84,8 +84,8 @@ class LinearCrossEntropy final : public Layer<T> {
 
   std::string describe() const override { return "LinearCrossEntropy '" + name_ + "'"; }
 
-  /// The weight of this rank's mean given its counted rows (see the file comment), called once
-  /// a labelled forward on every rank of the group; null (the default): 1, the rows are this
+  /// The weight of this rank's mean given its counted rows (see the file comment), called on
+  /// every rank of the group in each labelled forward; null (the default): 1, the rows are this
   /// rank's alone.
   void share_counted_rows(std::function<double(std::int64_t)> share) {
     share_of_ = std::move(share);
