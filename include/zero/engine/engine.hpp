@@ -269,16 +269,7 @@ class Engine {
       expect_consistent("forward_pass");
       const auto timed = timers_.phase(profile::Phase::forward);
       micro_.begin_pass(batch, rng_step_of(micro), micro_loss_scale(), r, num_units());
-      if (input.data() != nullptr) micro_.ctx().x = input;
-      try {
-        for (int u = r.first; u < r.last; ++u) forward_unit(u);
-      } catch (...) {
-        // The pass is dropped as if it had not begun (its place in the window given back), as
-        // a forward's micro-step is: no backward may run over units whose forward did not.
-        micro_.abandon_pass();
-        abandon_forward();
-        throw;
-      }
+      run_pass_forward(r, input);
       return micro_.ctx().x;
     });
   }
@@ -371,14 +362,7 @@ class Engine {
                     "now would overwrite what that backward needs");
       expect_consistent("evaluate");
       micro_.begin_pass(batch, 0, 1.0, r, num_units(), /*training=*/false);
-      if (input.data() != nullptr) micro_.ctx().x = input;
-      try {
-        for (int u = r.first; u < r.last; ++u) forward_unit(u);
-      } catch (...) {
-        micro_.abandon_pass();
-        abandon_forward();
-        throw;
-      }
+      run_pass_forward(r, input);
       discard_pass();
       return micro_.ctx().x;
     });
@@ -995,6 +979,19 @@ class Engine {
   void run_forward(UnitRange r) {
     for (int u = r.first; u < r.last; ++u) forward_unit(u);
     micro_.forward_ran(r);
+  }
+  // The forward of the pass just begun through units r, input (when given) entering unit
+  // r.first. A failure drops the pass as if it had not begun (its place in the window given
+  // back), as a forward's micro-step is: no backward may run over units whose forward did not.
+  void run_pass_forward(UnitRange r, Tensor<T> input) {
+    if (input.data() != nullptr) micro_.ctx().x = input;
+    try {
+      for (int u = r.first; u < r.last; ++u) forward_unit(u);
+    } catch (...) {
+      micro_.abandon_pass();
+      abandon_forward();
+      throw;
+    }
   }
   void forward_unit(int u) {
     exchange_.acquire(u, false);
