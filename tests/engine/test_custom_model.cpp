@@ -2,11 +2,14 @@
 // with integer labels, fed by data::ArrayLoader through MicroBatch inputs) trained by the engine
 // at ZeRO stages 0-3 over 1, 2 and 4 LocalComm ranks, with gradient accumulation 1 and 2,
 // equals the single-process run on the same global batches (f64 SGD, 1e-10), with a negative
-// control; the layers' gradients pass the public checker on the same model.
+// control; the layers' gradients pass the public checker on the same model. A training forward
+// without the labels is refused before it counts, and the run still ends at the same weights.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -24,6 +27,7 @@
 #include <zero/nn/local_parameters.hpp>
 #include <zero/testing/gradient_check.hpp>
 
+#include "../support/per_rank.hpp"
 #include "engine_test_util.hpp"
 
 using namespace zero;
@@ -104,9 +108,13 @@ std::vector<std::vector<double>> reference(double shift = 0.0) {
 }
 
 // Stage S on world ranks with micro micro-batches per step: the worst difference to want.
+// refused, when given, asks each window first for a training forward without the labels and
+// receives what each rank's refusal said (and whether the engine was broken after it).
 template <int S>
-double engine_error(int world, int micro, const std::vector<std::vector<double>>& want) {
+double engine_error(int world, int micro, const std::vector<std::vector<double>>& want,
+                    std::vector<std::string>* refused = nullptr) {
   std::vector<double> worst(static_cast<std::size_t>(world), 0.0);
+  if (refused != nullptr) refused->assign(static_cast<std::size_t>(world), "");
   LocalComm::run(world, [&](LocalComm& comm) {
     auto model = mlp();
     engine::EngineOptions o;
@@ -121,6 +129,16 @@ double engine_error(int world, int micro, const std::vector<std::vector<double>>
     for (int step = 0; step < steps; ++step) {
       for (int m = 0; m < micro; ++m) {
         const data::ArrayBatch b = l.next();  // alive until the backward
+        if (refused != nullptr && m == 0) {
+          const nn::Inputs all = b.inputs();
+          const nn::InputTensor& f = all.entry("features");
+          nn::Inputs unlabelled;
+          unlabelled.set_raw("features", f.data, f.shape, f.dtype);
+          std::string& seen = (*refused)[static_cast<std::size_t>(comm.rank())];
+          seen += testing::thrown_message(
+              [&] { eng.forward(engine::MicroBatch::of(unlabelled, b.rows)); });
+          seen += eng.broken_reason().empty() ? " | consistent\n" : " | broken\n";
+        }
         eng.forward(engine::MicroBatch::of(b.inputs(), b.rows));
         eng.backward();
         if (eng.step() != (m + 1 == micro)) w = 1e9;
@@ -165,6 +183,29 @@ TEST_CASE("a layer-built MLP at stage 2 equals its single-process run", "[unit][
 }
 TEST_CASE("a layer-built MLP at stage 3 equals its single-process run", "[unit][engine][custom]") {
   check_stage<3>();
+}
+
+TEST_CASE(
+    "a training forward without the labels is refused at the forward, and the run goes on to "
+    "the single-process weights",
+    "[unit][engine][custom]") {
+  // Before, the forward passed the logits on and counted as a micro-step; its backward then
+  // threw ("backward needs labels") and left the engine broken until a checkpoint was loaded.
+  const auto want = reference();
+  auto check = [&]<int S>(std::integral_constant<int, S>) {
+    for (int micro : {1, 2}) {
+      INFO("stage " << S << " micro-batches " << micro);
+      std::vector<std::string> refused;
+      CHECK(engine_error<S>(2, micro, want, &refused) < 1e-10);
+      for (const std::string& seen : refused) {
+        CHECK_THAT(seen, Catch::Contains("SoftmaxCrossEntropy 'labels': a training forward needs "
+                                         "the labels, and the micro-batch has no input 'labels'"));
+        CHECK_THAT(seen, !Catch::Contains("broken") && !Catch::Contains("(nothing thrown)"));
+      }
+    }
+  };
+  check(std::integral_constant<int, 0>{});
+  check(std::integral_constant<int, 3>{});
 }
 
 TEST_CASE("the layer-built MLP's units pass the gradient checker", "[unit][engine][custom]") {

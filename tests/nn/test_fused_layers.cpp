@@ -141,7 +141,7 @@ TEST_CASE("LinearCrossEntropy keeps one chunk of logits and says so when asked f
           "[unit][nn][fused]") {
   const nn::GPTConfig whole = tiny_gpt(0), chunked = tiny_gpt(4 * tiny_gpt(0).vocab_size * 4);
   // Bytes the head's forward leaves in the arena (targets given or not; a training forward or
-  // an evaluation).
+  // an evaluation; 0 for the training forward without targets the head refuses).
   const auto held = [](const nn::GPTConfig& cfg, bool targets, bool training) {
     nn::GPT<float> model(cfg);
     nn::LocalParameters<nn::GPT<float>> params(model, 5);
@@ -158,6 +158,12 @@ TEST_CASE("LinearCrossEntropy keeps one chunk of logits and says so when asked f
       for (int u = 0; u < model.head_unit(); ++u) model.forward_unit(u, ctx);
       return arena.mark();
     }();
+    if (training && !targets) {  // refused: its backward could not seed a gradient
+      CHECK_THROWS_WITH(model.forward_unit(model.head_unit(), ctx),
+                        Catch::Contains("a training forward needs the labels") &&
+                            Catch::Contains("no input 'targets'"));
+      return std::size_t{0};
+    }
     model.forward_unit(model.head_unit(), ctx);
     const std::size_t bytes = arena.used_bytes() - before_head;
     if (targets && cfg.logits_chunk_bytes > 0) {
@@ -173,8 +179,11 @@ TEST_CASE("LinearCrossEntropy keeps one chunk of logits and says so when asked f
   for (const bool training : {true, false}) {
     INFO("training " << training);
     CHECK(held(whole, true, training) >= rows * row_bytes);
-    CHECK(held(chunked, false, training) == held(whole, false, training));  // every logit
   }
+  CHECK(held(chunked, false, false) == held(whole, false, false));  // every logit
+  CHECK(held(whole, false, false) >= rows * row_bytes);
+  CHECK(held(chunked, false, true) == 0);  // a training forward without targets is refused
+  CHECK(held(whole, false, true) == 0);
   // An evaluation with targets keeps 4 rows of logits instead of 21 (arena allocations are
   // aligned: a little slack).
   CHECK(held(whole, true, false) - held(chunked, true, false) >= (rows - 4) * row_bytes - 128);

@@ -288,6 +288,35 @@ TEST_CASE("layers name the input and dtype a micro-batch lacks", "[unit][nn][lay
   CHECK_THROWS_WITH(dup.unit_params(0), Catch::Contains("'fc.weight' is used twice"));
 }
 
+TEST_CASE(
+    "a loss layer refuses a training forward without its labels and passes an evaluation's "
+    "predictions on",
+    "[unit][nn][layers]") {
+  std::vector<double> x(rows * features, 0.5);
+  for (const bool mse : {false, true}) {
+    INFO((mse ? "MSELoss" : "SoftmaxCrossEntropy"));
+    auto m = sandwich<double>([](nn::Sequential<double>& s) { s.add<nn::ReLU<double>>(); }, mse);
+    nn::LocalParameters<SequentialModel<double>> p(m, 1);
+    Arena<> arena(1 << 20);
+    nn::StepContext<double> ctx;
+    ctx.arena = &arena;
+    ctx.batch = rows;
+    ctx.seq_len = 1;
+    ctx.inputs.set("x", Tensor<const double>(x.data(), Shape{rows, features}));
+    CHECK_THROWS_WITH(
+        m.forward(ctx),
+        Catch::Contains(mse ? "MSELoss 'target': a training forward needs the labels, and the "
+                              "micro-batch has no input 'target'"
+                            : "SoftmaxCrossEntropy 'labels': a training forward needs the "
+                              "labels, and the micro-batch has no input 'labels'"));
+    arena.reset();
+    ctx.x = {};
+    ctx.training = false;
+    CHECK_NOTHROW(m.forward(ctx));
+    CHECK(ctx.x.numel() == rows * classes);
+  }
+}
+
 TEST_CASE("RMSNorm, Residual and CausalSelfAttention backwards equal finite differences (f64)",
           "[unit][nn][layers]") {
   using T = double;

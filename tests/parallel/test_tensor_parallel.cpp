@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <parallel/comm/comm_logger.hpp>
@@ -384,6 +385,20 @@ TEST_CASE("VocabParallelCrossEntropy: Megatron's numeric case", "[unit][tp]") {
   for (const auto& rank : losses) {
     for (std::size_t n = 0; n < rank.size(); ++n)
       CHECK(rank[n] == Approx(want[n % 4]).margin(1e-3));
+  }
+}
+
+TEST_CASE("VocabParallelCrossEntropy refuses a training forward without targets", "[unit][tp]") {
+  // On every rank, before its all-reduces: no rank waits for one that refused.
+  const auto seen = testing::per_rank<std::string>(2, [&](LocalComm& comm) {
+    const TensorParallel group(comm);
+    parallel::VocabParallelCrossEntropy<double> loss(group, 8);
+    const std::vector<double> row(4, 0.5);
+    return testing::thrown_message([&] { (void)run_layer(loss, {}, row, Shape{1, 4}, {}, 1, 1); });
+  });
+  for (const std::string& s : seen) {
+    CHECK_THAT(s, Catch::Contains("VocabParallelCrossEntropy 'targets': a training forward needs "
+                                  "the labels, and the micro-batch has no input 'targets'"));
   }
 }
 

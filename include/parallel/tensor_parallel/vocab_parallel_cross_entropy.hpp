@@ -44,6 +44,7 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
     N_ = nn::rows_of(ctx.x, V, describe());
     logits_ = ctx.x;
     labels_data_ = find_labels(ctx);
+    nn::expect_labels_when_training(ctx, labels_data_ != nullptr, describe(), labels_);
     if (labels_data_ == nullptr) return;
     const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, vocab_);
     max_ = ctx.arena->template allocate<Stat>({N_});

@@ -4,7 +4,8 @@
 // micro-batch input `labels`, or from ctx.targets when it is "targets" and the batch has no
 // such input. Forward sets ctx.loss to the mean over counted rows (computed in the compute type,
 // rounded once to T) and leaves the logits in ctx.x; without labels (evaluation on unlabelled
-// data) it only passes the logits on. Backward ignores ctx.dy and seeds dloss = ctx.loss_scale.
+// data) it only passes the logits on, and a training forward without them is an InputError.
+// Backward ignores ctx.dy and seeds dloss = ctx.loss_scale.
 
 #include <any>
 #include <cstdint>
@@ -48,6 +49,7 @@ class SoftmaxCrossEntropy final : public Layer<T> {
     const std::int64_t N = rows_of(ctx.x, classes_, describe());
     logits_ = ctx.x;
     labels_data_ = find_labels(ctx, N);
+    expect_labels_when_training(ctx, labels_data_ != nullptr, describe(), labels_);
     if (labels_data_ == nullptr) return;
     Kernels<T>& kernels = kernels_of(ctx);
     valid_ = kernels.count_valid_targets(labels_data_, N, classes_);

@@ -158,6 +158,20 @@ void expect_input_activation(const Tensor<T>& x, const std::string& layer) {
       "first in unit 0)");
 }
 
+/// A loss layer's refusal of a training forward without its labels (has_labels false): InputError
+/// naming layer and the input. Its backward could not seed a gradient, and the micro-step would
+/// count toward the accumulation window with nothing in it; an evaluation (ctx.training false)
+/// passes the predictions on without them.
+template <class T>
+void expect_labels_when_training(const StepContext<T>& ctx, bool has_labels,
+                                 const std::string& layer, const std::string& name) {
+  expect<InputError>(!ctx.training || has_labels, layer,
+                     ": a training forward needs the labels, and the micro-batch has no input '",
+                     name,
+                     "' (evaluate, or a forward with training off, gives the predictions "
+                     "without them)");
+}
+
 /// Rows of x when its last dimension must be features: throws ShapeError naming layer otherwise.
 template <class T>
 std::int64_t rows_of(const Tensor<T>& x, std::int64_t features, const std::string& layer) {

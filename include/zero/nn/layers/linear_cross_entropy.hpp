@@ -24,7 +24,7 @@
 // as even as the bound allows, so the last is not a remainder of a few rows (B 8, T 1024 at
 // GPT-2's bf16 logits: 4 chunks of 2048 rows, not 3 of 2656 and one of 224). Without labels
 // (evaluation) it computes all the logits, passes them on in ctx.x and keeps them for logits(),
-// like the two layers.
+// like the two layers; a training forward without them is an InputError.
 // Padded rows: with several chunks, the chunk's rows lie kernels.logits_row_stride(classes) apart
 // (ld; classes on the host). A device whose GEMMs want rows of whole 16-byte packs (GPT-2's
 // 50257 is not: cuBLASLt's odd-size kernels ran the LM head 5x slower) pads them, and the layer
@@ -108,6 +108,7 @@ class LinearCrossEntropy final : public Layer<T> {
     const ParamView<T> w = tied_weight();
     input_ = ctx.x;
     labels_data_ = find_row_labels(ctx, labels_, N, describe());
+    expect_labels_when_training(ctx, labels_data_ != nullptr, describe(), labels_);
     chunk_ = labels_data_ != nullptr ? chunk_rows(N) : N;
     ld_ = row_stride(ctx, N);
     logits_ = chunk_ == N ? ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, classes_))

@@ -2,7 +2,8 @@
 // MSELoss: the regression loss layer. ctx.x holds predictions; the target (any numeric dtype,
 // the same element count) comes from the micro-batch input `target` and is converted to the
 // compute type in the arena. Forward sets ctx.loss to the mean of (pred - target)^2 over all
-// elements and leaves the predictions in ctx.x; without the target it only passes them on.
+// elements and leaves the predictions in ctx.x; without the target it only passes them on (an
+// evaluation: a training forward without it is an InputError).
 // Backward ignores ctx.dy and seeds dloss = ctx.loss_scale.
 
 #include <any>
@@ -27,6 +28,7 @@ class MSELoss final : public Layer<T> {
     expect<ShapeError>(ctx.x.data() != nullptr, describe(), ": no input activation");
     pred_ = ctx.x;
     has_target_ = ctx.inputs.contains(target_);
+    expect_labels_when_training(ctx, has_target_, describe(), target_);
     if (!has_target_) return;
     const InputTensor& t = ctx.inputs.entry(target_);
     expect<InputError>(t.shape.numel() == pred_.numel(), describe(), ": the target has ",
