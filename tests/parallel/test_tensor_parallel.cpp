@@ -388,17 +388,28 @@ TEST_CASE("VocabParallelCrossEntropy: Megatron's numeric case", "[unit][tp]") {
   }
 }
 
-TEST_CASE("VocabParallelCrossEntropy refuses a training forward without targets", "[unit][tp]") {
+TEST_CASE(
+    "VocabParallelCrossEntropy refuses a training forward without targets, and targets "
+    "for another number of rows",
+    "[unit][tp]") {
   // On every rank, before its all-reduces: no rank waits for one that refused.
   const auto seen = testing::per_rank<std::string>(2, [&](LocalComm& comm) {
     const TensorParallel group(comm);
     parallel::VocabParallelCrossEntropy<double> loss(group, 8);
     const std::vector<double> row(4, 0.5);
-    return testing::thrown_message([&] { (void)run_layer(loss, {}, row, Shape{1, 4}, {}, 1, 1); });
+    const std::vector<std::int32_t> targets{1, 2};
+    return testing::thrown_message([&] {
+             (void)run_layer(loss, {}, row, Shape{1, 4}, {}, 1, 1);
+           }) +
+           " | " + testing::thrown_message([&] {
+             (void)run_layer(loss, {}, row, Shape{1, 4}, {}, 2, 1, nullptr, targets.data());
+           });
   });
   for (const std::string& s : seen) {
     CHECK_THAT(s, Catch::Contains("VocabParallelCrossEntropy 'targets': a training forward needs "
                                   "the labels, and the micro-batch has no input 'targets'"));
+    // Targets for another number of rows than the logits' are refused, not read past.
+    CHECK_THAT(s, Catch::Contains("2 targets (batch x seq_len) for 1 rows of logits"));
   }
 }
 

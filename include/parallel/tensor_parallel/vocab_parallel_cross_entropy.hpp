@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <zero/nn/layers/cross_entropy.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/cross_entropy.hpp>
 #include <zero/ops/cpu/element_access.hpp>
@@ -133,13 +134,10 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   using Stat = compute_type_t<T>;
 
   std::int64_t part() const { return vocab_ / tp_.size(); }
+  // The whole-vocabulary loss's rule: a named input, or ctx.targets (batch x seq_len of them
+  // for N_ rows), counted against the rows.
   const std::int32_t* find_labels(const nn::StepContext<T>& ctx) const {
-    if (labels_ == "targets" && !ctx.inputs.contains(labels_)) return ctx.targets;
-    if (!ctx.inputs.contains(labels_)) return nullptr;
-    const Tensor<const std::int32_t> labels = ctx.template input<std::int32_t>(labels_);
-    expect<nn::InputError>(labels.numel() == N_, describe(), ": ", labels.numel(), " labels for ",
-                           N_, " rows of logits");
-    return labels.data();
+    return nn::find_row_labels(ctx, labels_, N_, describe());
   }
 
   TensorParallel tp_;
