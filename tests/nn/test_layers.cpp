@@ -315,6 +315,25 @@ TEST_CASE(
     CHECK_NOTHROW(m.forward(ctx));
     CHECK(ctx.x.numel() == rows * classes);
   }
+  // The hand-written GPT's head refuses it the same way.
+  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  cfg.num_layers = 1;
+  nn::HandWrittenGPT<float> gpt(cfg);
+  nn::LocalParameters<nn::HandWrittenGPT<float>> gpt_params(gpt, 3);
+  std::vector<std::int32_t> tokens(2 * 4, 1);
+  Arena<> arena(4 << 20);
+  nn::StepContext<float> ctx;
+  ctx.arena = &arena;
+  ctx.tokens = tokens.data();
+  ctx.batch = 2;
+  ctx.seq_len = 4;
+  CHECK_THROWS_WITH(
+      gpt.forward(ctx),
+      Catch::Contains("GPT's head unit (nn::HandWrittenGPT): a training forward "
+                      "needs the labels, and the micro-batch has no input 'targets'"));
+  arena.reset();
+  ctx.training = false;
+  CHECK_NOTHROW(gpt.forward(ctx));
 }
 
 TEST_CASE("RMSNorm, Residual and CausalSelfAttention backwards equal finite differences (f64)",

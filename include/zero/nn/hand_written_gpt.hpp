@@ -91,7 +91,7 @@ class HandWrittenGPT {
     ctx.dy = ctx.dx;
   }
 
-  /// Forward through every unit; returns the loss (0 without targets).
+  /// Forward through every unit; returns the loss (0 in an evaluation without targets).
   T forward(StepContext<T>& ctx) {
     for (int u = 0; u < num_units(); ++u) forward_unit(u, ctx);
     return ctx.loss;

@@ -12,6 +12,7 @@
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/gpt_config.hpp>
 #include <zero/nn/kernels.hpp>
+#include <zero/nn/layers/layer.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/ops/cpu/cross_entropy.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
@@ -40,6 +41,8 @@ class LMHead {
   /// ctx.loss. wte is the embedding's bound weight.
   void forward(StepContext<T>& ctx, const ParamView<T>& wte) {
     expect_host_kernels(ctx, "GPT's head unit (nn::HandWrittenGPT)");
+    expect_labels_when_training(ctx, ctx.targets != nullptr, "GPT's head unit (nn::HandWrittenGPT)",
+                                "targets");
     using namespace ops::cpu;
     const std::int64_t N = ctx.tokens_count(), C = cfg_.channels, V = cfg_.vocab_size;
     BumpArena& a = *ctx.arena;
