@@ -390,8 +390,9 @@ inline std::span<const KeyInfo> known_keys() {
        "the values",
        "true", "false"},
       {"pipeline.activation_checkpoint_interval", no_effect,
-       "the executor keeps only stage inputs between a micro-batch's forward and backward and "
-       "recomputes the stage's forward, so every stage is checkpointed",
+       "the model decides checkpointing (nn::GPT checkpoints its blocks; "
+       "Sequential::set_checkpoint); the executor keeps each pass's activations until its "
+       "backward and recomputes a stage's forward only for a model that cannot park",
        "1"},
       {"pipeline.pipe_partitioned", no_effect,
        "activations cross stages whole on each tensor-parallel rank", "false"},
