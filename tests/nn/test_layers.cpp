@@ -68,6 +68,16 @@ struct Data {
   }
 };
 
+// A context of batch rows of seq_len positions over arena, with no inputs yet.
+nn::StepContext<double> context_of(Arena<>& arena, std::int64_t batch = rows,
+                                   std::int64_t seq_len = 1) {
+  nn::StepContext<double> ctx;
+  ctx.arena = &arena;
+  ctx.batch = batch;
+  ctx.seq_len = seq_len;
+  return ctx;
+}
+
 // unit 0: x -> Linear(features, hidden); unit 1: the layers under test (hidden -> hidden);
 // unit 2: Linear(hidden, classes) -> loss (cross-entropy, or MSE when mse).
 template <class T>
@@ -256,10 +266,7 @@ TEST_CASE("layers name the input and dtype a micro-batch lacks", "[unit][nn][lay
   auto m = sandwich<double>([](nn::Sequential<double>& s) { s.add<nn::ReLU<double>>(); });
   nn::LocalParameters<SequentialModel<double>> p(m, 1);
   Arena<> arena(1 << 20);
-  nn::StepContext<double> ctx;
-  ctx.arena = &arena;
-  ctx.batch = rows;
-  ctx.seq_len = 1;
+  nn::StepContext<double> ctx = context_of(arena);
   std::vector<double> x(rows * features, 0.5);
   std::vector<float> labels(rows, 1.0f);
   ctx.inputs.set("features", Tensor<const double>(x.data(), Shape{rows, features}));
@@ -298,10 +305,7 @@ TEST_CASE(
     auto m = sandwich<double>([](nn::Sequential<double>& s) { s.add<nn::ReLU<double>>(); }, mse);
     nn::LocalParameters<SequentialModel<double>> p(m, 1);
     Arena<> arena(1 << 20);
-    nn::StepContext<double> ctx;
-    ctx.arena = &arena;
-    ctx.batch = rows;
-    ctx.seq_len = 1;
+    nn::StepContext<double> ctx = context_of(arena);
     ctx.inputs.set("x", Tensor<const double>(x.data(), Shape{rows, features}));
     CHECK_THROWS_WITH(
         m.forward(ctx),
@@ -526,10 +530,7 @@ TEST_CASE("a layer-built language model reads tokens and targets by name or from
   const auto run = [&](bool named) {
     nn::LocalParameters<SequentialModel<double>> p(m, 3);
     Arena<> arena(8 << 20);
-    nn::StepContext<double> ctx;
-    ctx.arena = &arena;
-    ctx.batch = B;
-    ctx.seq_len = Tn;
+    nn::StepContext<double> ctx = context_of(arena, B, Tn);
     if (named) {
       ctx.inputs.set("tokens", Tensor<const std::int32_t>(tokens.data(), Shape{B, Tn}))
           .set("targets", Tensor<const std::int32_t>(targets.data(), Shape{B, Tn}));
