@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -25,6 +26,16 @@
 #include <zero/core/dtype.hpp>
 
 namespace zero::test {
+
+/// Sets an environment variable for a scope, and unsets it at the end of the scope (a failed
+/// check must not leave it to the cases after it).
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  const char* name;
+};
 
 /// A device copy of a host vector (at least one element, so pointers are never null).
 template <class T>

@@ -30,6 +30,7 @@ using zero::test::check_close;
 using zero::test::DeviceVector;
 using zero::test::random_vector;
 using zero::test::same_bits;
+using zero::test::ScopedEnv;
 
 namespace cpu = zero::ops::cpu;
 namespace gpu = zero::ops::cuda;
@@ -349,16 +350,6 @@ TEST_CASE("the backward with dq fused into the dk/dv kernel equals the host's",
   compare_fused_dq<bf16>(AttnShape{2, 100, 2, 64}, dropout, false, seed);
   compare_fused_dq<zero::f16>(AttnShape{1, 200, 2, 64}, {}, true, seed + 10);
 }
-
-/// Sets an environment variable for a scope, and unsets it at the end of the scope (a failed
-/// check must not leave it to the cases after it).
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  const char* name;
-};
 
 TEST_CASE("ZERO_ATTENTION_BACKWARD=fused_dq has the launcher take the fused backward",
           "[cuda][attention]") {

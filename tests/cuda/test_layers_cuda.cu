@@ -18,6 +18,7 @@
 #include <zero/core/arena.hpp>
 #include <zero/core/cuda_check.cuh>
 #include <zero/core/cuda_device.cuh>
+#include <zero/core/error.hpp>
 #include <zero/core/rng.hpp>
 #include <zero/nn/cuda_kernels.cuh>
 #include <zero/nn/gpt.hpp>
@@ -380,4 +381,29 @@ TEST_CASE("CudaKernels copies overlapping ranges and hands out device memory", "
   kernels.fill_zero(d.get(), 1000);
   stream.synchronize();
   CHECK(d.download() == std::vector<float>(1000, 0.0f));
+}
+
+TEST_CASE("CudaKernels refuses a bad target and a bad attention backward as the host would",
+          "[cuda][layers]") {
+  zero::CudaStream stream;
+  {
+    // The loss layers count their targets through the set before any loss kernel runs: a target
+    // outside the vocabulary is the host set's ShapeError, not a NaN loss.
+    nn::CudaKernels<float> kernels(stream.native());
+    const DeviceVector<std::int32_t> targets(std::vector<std::int32_t>{0, -1, 4, 5});
+    CHECK(kernels.count_valid_targets(targets.get(), 3, 5) == 2);
+    CHECK_THROWS_AS(kernels.count_valid_targets(targets.get(), 4, 5), zero::ShapeError);
+    CHECK_THROWS_WITH(kernels.count_valid_targets(targets.get(), 4, 5),
+                      Catch::Contains("target 5 at position 3 is outside the vocabulary [0, 5)"));
+  }
+  // A ZERO_ATTENTION_BACKWARD the backward would refuse is refused when the set is made (an
+  // engine makes its set when it is built), not at the first backward.
+  {
+    const zero::test::ScopedEnv env("ZERO_ATTENTION_BACKWARD", "atomic");
+    CHECK_THROWS_AS(nn::CudaKernels<bf16>(stream.native()), zero::ConfigError);
+    CHECK_THROWS_WITH(nn::CudaKernels<bf16>(stream.native()),
+                      Catch::Contains("ZERO_ATTENTION_BACKWARD=atomic"));
+  }
+  const zero::test::ScopedEnv env("ZERO_ATTENTION_BACKWARD", "fused_dq");
+  CHECK_NOTHROW(nn::CudaKernels<bf16>(stream.native()));
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -942,6 +943,45 @@ TEMPLATE_TEST_CASE(
                                            nullptr);
     check_rows(d_losses.download(), "cross_entropy_forward_backward");
   }
+}
+
+TEST_CASE("count_valid_targets refuses a target outside the vocabulary as the host does",
+          "[cuda]") {
+  // 1100 targets: more than the counting block's 1024 threads, so the first bad position must
+  // come out of the block's reduction, not one thread's loop.
+  const std::int64_t N = 1100, V = 37;
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+  for (std::int64_t n = 0; n < N; ++n) {
+    targets[static_cast<std::size_t>(n)] = static_cast<std::int32_t>(n % V);
+  }
+  targets[3] = cpu::ignore_index;
+  targets[1050] = cpu::ignore_index;
+  const DeviceVector<std::int32_t> d_targets(targets);
+  CHECK(gpu::count_valid_targets(d_targets.get(), N, V, nullptr) == N - 2);
+  CHECK(cpu::count_valid_targets(targets.data(), N, V) == N - 2);
+  // Two bad targets: at 1030 (thread 6's second element) and 700 (thread 700's first).
+  for (const std::int32_t bad : {std::int32_t{37}, std::int32_t{-2}, std::int32_t{1} << 30}) {
+    INFO("target " << bad);
+    auto wrong = targets;
+    wrong[1030] = bad;
+    wrong[700] = bad;
+    const DeviceVector<std::int32_t> d_wrong(wrong);
+    const std::string says =
+        "target " + std::to_string(bad) + " at position 700 is outside the vocabulary [0, 37)";
+    CHECK_THROWS_WITH(cpu::count_valid_targets(wrong.data(), N, V), "cross_entropy: " + says);
+    CHECK_THROWS_AS(gpu::count_valid_targets(d_wrong.get(), N, V, nullptr), zero::ShapeError);
+    CHECK_THROWS_WITH(gpu::count_valid_targets(d_wrong.get(), N, V, nullptr),
+                      "cross_entropy: " + says);
+  }
+  // One token, and none: no reduction over other threads, nothing to count.
+  const DeviceVector<std::int32_t> d_one(std::vector<std::int32_t>{37});
+  CHECK_THROWS_WITH(gpu::count_valid_targets(d_one.get(), 1, V, nullptr),
+                    Catch::Contains("target 37 at position 0 is outside"));
+  CHECK(gpu::count_valid_targets(d_one.get(), 0, V, nullptr) == 0);
+  // The mean does not check the vocabulary: it counts the same targets the loss layer counted.
+  const DeviceVector<float> d_losses(std::vector<float>(static_cast<std::size_t>(N), 2.0f));
+  CHECK(gpu::cross_entropy_mean(d_losses.get(), d_targets.get(), N, nullptr) ==
+        static_cast<float>(2 * N) / static_cast<float>(N - 2));
 }
 
 TEST_CASE("conversions round to nearest even and stochastically as the host does", "[cuda]") {

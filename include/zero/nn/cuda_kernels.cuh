@@ -29,8 +29,9 @@
 //   row's softmax max and sum from the forward's row_stats (device memory) when the layer kept
 //   them, as the host does; a loss layer that takes its gradients in its forward runs both in
 //   one kernel that reads each row once (cross_entropy_forward_backward), summing in another
-//   order than the two kernels (float rounding apart); a target outside the vocabulary makes its
-//   row's loss NaN instead of the host's ShapeError;
+//   order than the two kernels (float rounding apart); count_valid_targets, which the loss
+//   layers call before any loss kernel, throws the host's ShapeError for a target outside the
+//   vocabulary;
 // - a linear layer whose output rows are not a whole number of 16 bytes (a vocabulary of 50257)
 //   runs its GEMMs on rows padded in scratch (ops/cuda/linear.cuh), which the tensor-core GEMMs
 //   need.
@@ -73,9 +74,12 @@ class CudaKernels final : public Kernels<T> {
   using Stat = typename Kernels<T>::Stat;
 
   /// Kernels on stream (which must outlive this set); the GEMMs' handles, workspace and
-  /// algorithm cache are this set's own.
+  /// algorithm cache are this set's own. A ZERO_ATTENTION_BACKWARD the attention backward would
+  /// refuse is a ConfigError here, so an engine refuses it when it is made rather than break at
+  /// its first backward (the launcher still reads the variable at each call).
   explicit CudaKernels(cudaStream_t stream)
       : stream_(stream), gemm_(stream), free_on_(std::make_shared<FreeStream>(stream)) {
+    (void)ops::cuda::attention_backward_fuses_dq();
     Cuda::keep_pool_memory();  // the layers' buffers and the kernels' scratch come from the pool
   }
   CudaKernels(const CudaKernels&) = delete;
@@ -220,8 +224,7 @@ class CudaKernels final : public Kernels<T> {
 
   std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
                                    std::int64_t V) override {
-    (void)V;  // a target outside [0, V) makes its row's loss NaN instead (docs/cuda.md)
-    return ops::cuda::count_valid_targets(targets, N, stream_);
+    return ops::cuda::count_valid_targets(targets, N, V, stream_);
   }
   /// Rows of whole 16-byte packs (ops::cuda::padded_row): the GEMMs that write and read the
   /// logits then run on their fast kernels without padded copies (linear.cuh), and every row

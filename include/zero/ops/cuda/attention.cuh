@@ -56,7 +56,8 @@ inline constexpr int flash_rows = 8;
 /// element one lane's, the same bits run to run; the default), or "fused_dq"
 /// (mma::backward_fused_dq: dq in the dk/dv kernel with float atomics, FlashAttention-2's
 /// backward, dq's last bits varying run to run); anything else a ConfigError naming the value.
-/// Read at each call.
+/// Read at each call; nn::CudaKernels also reads it when it is made, so an engine refuses a bad
+/// value before its first step.
 inline bool attention_backward_fuses_dq() {
   const char* value = std::getenv("ZERO_ATTENTION_BACKWARD");
   const std::string_view v = value != nullptr ? value : "";

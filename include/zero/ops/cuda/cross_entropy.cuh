@@ -16,8 +16,9 @@
 // then overwritten by one thread after the row's reductions are complete). Rows may lie ld >= V
 // elements apart, as the host twin's: a buffer whose rows a GEMM wrote padded to whole 16-byte
 // packs (linear.cuh's padded_row) is read in place, every row aligned, and the backward writes
-// zeros into each row's padding. A target outside [0, V) that is not ignore_index cannot throw on
-// the device: its loss is NaN (the host twin throws ShapeError).
+// zeros into each row's padding. A target outside [0, V) that is not ignore_index cannot throw in
+// a kernel: its row's loss is NaN there; count_valid_targets, which returns to the host, throws
+// the host twin's ShapeError for it, so a loss layer refuses the batch before any kernel runs.
 #if !defined(__CUDACC__)
 #error \
     "zero/ops/cuda/cross_entropy.cuh needs nvcc; host-only code includes zero/ops/cpu/cross_entropy.hpp"
@@ -177,25 +178,46 @@ __global__ void __launch_bounds__(cross_entropy_threads)
   }
 }
 
+/// Minimum of two ints for cub::BlockReduce.
+struct IntMinOp {
+  __device__ __forceinline__ int operator()(int a, int b) const { return a < b ? a : b; }
+};
+
+/// The first target a vocabulary of V refuses (neither ignore_index nor in [0, V)): its position
+/// (N when there is none) and its value.
+struct OutsideTarget {
+  int position;
+  std::int32_t target;
+};
+
 /// One block: the number of valid targets into *valid and, when losses is not null, their mean
-/// loss into *mean. cub::BlockReduce's fixed tree makes both repeat run to run.
+/// loss into *mean; when outside is not null, the first target outside [0, V) into *outside.
+/// cub::BlockReduce's fixed tree makes every result repeat run to run.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    cross_entropy_mean_kernel(float* mean, int* valid, const float* losses,
-                              const std::int32_t* targets, int N) {
+    cross_entropy_mean_kernel(float* mean, int* valid, OutsideTarget* outside, const float* losses,
+                              const std::int32_t* targets, int N, int V) {
   using IntReduce = cub::BlockReduce<int, Threads>;
   __shared__ typename IntReduce::TempStorage temp;
   int count = 0;
+  int first = N;  // this thread's first position outside the vocabulary
   float total = 0.0f;
   for (int n = threadIdx.x; n < N; n += Threads) {
-    count += targets[n] != ignore_index;
+    const std::int32_t target = targets[n];
+    count += target != ignore_index;
+    if (target != ignore_index && (target < 0 || target >= V) && first == N) first = n;
     if (losses != nullptr) total += losses[n];
   }
   const int all = IntReduce(temp).Sum(count);
+  __syncthreads();  // temp again
+  const int first_outside = outside != nullptr ? IntReduce(temp).Reduce(first, IntMinOp{}) : N;
   const float sum = block_all_reduce<Threads>(total, SumOp{});
   if (threadIdx.x == 0) {
     *valid = all;
     if (mean != nullptr) *mean = all > 0 ? sum / static_cast<float>(all) : 0.0f;
+    if (outside != nullptr) {
+      *outside = {first_outside, first_outside < N ? targets[first_outside] : 0};
+    }
   }
 }
 
@@ -342,8 +364,8 @@ void cross_entropy_forward(float* losses, float* mean, float* row_stats, const T
   ZERO_CUDA_CHECK(cudaGetLastError());
   if (mean != nullptr) {
     DeviceScratch valid(sizeof(int), stream);
-    cross_entropy_mean_kernel<1024>
-        <<<1, 1024, 0, stream>>>(mean, valid.as<int>(), losses, targets, static_cast<int>(N));
+    cross_entropy_mean_kernel<1024><<<1, 1024, 0, stream>>>(
+        mean, valid.as<int>(), nullptr, losses, targets, static_cast<int>(N), static_cast<int>(V));
     ZERO_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -372,8 +394,9 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
   expect_int_range(V, "cross_entropy_backward");
   if (N == 0) return;
   DeviceScratch valid(sizeof(int), stream);
-  cross_entropy_mean_kernel<1024>
-      <<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr, targets, static_cast<int>(N));
+  cross_entropy_mean_kernel<1024><<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr,
+                                                          nullptr, targets, static_cast<int>(N),
+                                                          static_cast<int>(V));
   ZERO_CUDA_CHECK(cudaGetLastError());
   cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
       dlogits, logits, targets, nullptr, valid.as<int>(), 0, static_cast<int>(V),
@@ -460,20 +483,23 @@ void cross_entropy_forward_backward(float* losses, float* row_stats, T* dlogits,
 }
 
 namespace detail {
-/// The count of targets [N] that count and, given losses, their mean loss, on the host.
+/// The count of targets [N] that count, given losses their mean loss, and given V >= 0 the
+/// first target outside [0, V), on the host.
 struct TargetStats {
   int valid = 0;
   float mean = 0.0f;
+  OutsideTarget outside{};
 };
 inline TargetStats target_stats(const float* losses, const std::int32_t* targets, std::int64_t N,
-                                cudaStream_t stream, const char* op) {
+                                std::int64_t V, cudaStream_t stream, const char* op) {
   expect_int_range(N, op);
+  if (V >= 0) expect_int_range(V, op);
   if (N == 0) return {};
   DeviceScratch scratch(sizeof(TargetStats), stream);
   auto* stats = scratch.as<TargetStats>();
-  cross_entropy_mean_kernel<1024>
-      <<<1, 1024, 0, stream>>>(losses != nullptr ? &stats->mean : nullptr, &stats->valid, losses,
-                               targets, static_cast<int>(N));
+  cross_entropy_mean_kernel<1024><<<1, 1024, 0, stream>>>(
+      losses != nullptr ? &stats->mean : nullptr, &stats->valid, V >= 0 ? &stats->outside : nullptr,
+      losses, targets, static_cast<int>(N), static_cast<int>(V));
   ZERO_CUDA_CHECK(cudaGetLastError());
   TargetStats host;
   ZERO_CUDA_CHECK(
@@ -484,17 +510,22 @@ inline TargetStats target_stats(const float* losses, const std::int32_t* targets
 }  // namespace detail
 
 /// The number of targets [N] that count (not ignore_index), returned to the host: synchronises
-/// the stream.
-inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
+/// the stream. Throws the host twin's ShapeError, naming the first one, for a target outside
+/// [0, V) that is not ignore_index.
+inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N, std::int64_t V,
                                         cudaStream_t stream) {
-  return detail::target_stats(nullptr, targets, N, stream, "count_valid_targets").valid;
+  const auto stats = detail::target_stats(nullptr, targets, N, V, stream, "count_valid_targets");
+  expect<ShapeError>(stats.outside.position >= N, "cross_entropy: target ", stats.outside.target,
+                     " at position ", stats.outside.position, " is outside the vocabulary [0, ", V,
+                     ")");
+  return stats.valid;
 }
 
 /// The mean of per-token losses [N] (cross_entropy_forward's, of every chunk) over the valid
 /// targets (0 if none), returned to the host: synchronises the stream.
 inline float cross_entropy_mean(const float* losses, const std::int32_t* targets, std::int64_t N,
                                 cudaStream_t stream) {
-  return detail::target_stats(losses, targets, N, stream, "cross_entropy_mean").mean;
+  return detail::target_stats(losses, targets, N, -1, stream, "cross_entropy_mean").mean;
 }
 
 }  // namespace zero::ops::cuda
