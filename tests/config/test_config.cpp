@@ -169,6 +169,27 @@ TEST_CASE("bad values are rejected with their key path", "[unit][config]") {
                "fp16.initial_scale_power: 4294967312 is out of range");
   expect_error(R"({"fp16": {"enabled": true, "hysteresis": 4294967298}})",
                "fp16.hysteresis: 4294967298 is out of range");
+  // So are the sizes and counts of the parallel layouts, which become ranks and loop counts:
+  // an expert_interval of 2^32 + 1 was 1 (every block an MoE block), and num_experts and
+  // ep_size of 2^32 passed the checks as 0 experts on 0 ranks (a division by zero later).
+  expect_error(R"({"moe": {"num_experts": 4, "expert_interval": 4294967297}})",
+               "moe.expert_interval: 4294967297 is out of range");
+  expect_error(R"({"moe": {"num_experts": 4294967296, "ep_size": 4294967296}})",
+               "moe.num_experts: 4294967296 is out of range");
+  expect_error(R"({"moe": {"num_experts": 4, "min_capacity": 4294967300}})",
+               "moe.min_capacity: 4294967300 is out of range");
+  expect_error(R"({"pipeline": {"stages": 4294967298}})",
+               "pipeline.stages: 4294967298 is out of range");
+  expect_error(R"({"pipeline": {"virtual_stages": 4294967298, "schedule": "interleaved"}})",
+               "pipeline.virtual_stages: 4294967298 is out of range");
+  expect_error(R"({"pipeline_model_parallel_size": 4294967298})",
+               "pipeline_model_parallel_size: 4294967298 is out of range");
+  expect_error(R"({"tensor_parallel": {"autotp_size": 4294967298}})",
+               "tensor_parallel.autotp_size: 4294967298 is out of range");
+  expect_error(R"({"tensor_model_parallel_size": 4294967298})",
+               "tensor_model_parallel_size: 4294967298 is out of range");
+  expect_error(R"({"sequence_parallel_size": 4294967298})",
+               "sequence_parallel_size: 4294967298 is out of range");
   expect_error(R"({"fp16": {"enabled": true, "hysteresis": 0}})", "fp16.hysteresis");
   expect_error(R"({"fp16": {"loss_scale_window": "often"}})",
                "fp16.loss_scale_window: expected an integer");

@@ -135,6 +135,13 @@ TEST_CASE("applied keys say so when this configuration gives them nothing to do"
       R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1000,
                                 "stage3_max_live_parameters": 5000}})");
   CHECK(stage3.notices.empty());
+  // A stage written as a whole float runs as that stage (the parser accepts 3.0), and the
+  // notices agree with it: they read it as stage 0 before.
+  const Config stage3_float = Config::from_json_string(
+      R"({"zero_optimization": {"stage": 3.0, "stage3_max_live_parameters": 5000},
+          "bf16": {"enabled": true}, "communication_data_type": "bf16"})");
+  CHECK(stage3_float.zero_optimization.stage == 3);
+  CHECK(stage3_float.notices.empty());
 
   // communication_data_type: applied when it names what zero reduces in.
   CHECK(Config::from_json_string(R"({"communication_data_type": "fp32"})").notices.empty());

@@ -41,6 +41,11 @@ TEST_CASE("tensor_parallel: bad or disagreeing sizes are refused naming the keys
   CHECK_THROWS_WITH(Config::from_json_string(
                         R"({"tensor_parallel": {"tp_size": 2}, "tensor_model_parallel_size": 4})"),
                     Catch::Contains("tensor_model_parallel_size") && Catch::Contains("disagrees"));
+  // A size of 1 written out disagrees too (it was taken for "no size given").
+  CHECK_THROWS_WITH(
+      Config::from_json_string(
+          R"({"tensor_parallel": {"autotp_size": 1}, "tensor_model_parallel_size": 4})"),
+      Catch::Contains("tensor_model_parallel_size = 4 disagrees with tensor_parallel's size 1"));
   CHECK_THROWS_WITH(
       Config::from_json_string(R"({"tensor_parallel": {"sequence_parallel": "yes"}})"),
       Catch::Contains("tensor_parallel.sequence_parallel"));

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <latch>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <parallel/comm/local_comm.hpp>
@@ -102,6 +104,30 @@ TEST_CASE("A rank withheld from a collective makes the others fail within the de
     CHECK(c.seconds < timeout + 2.0);
   }
   CHECK(timed_out_themselves >= 1);
+}
+
+TEST_CASE("A timeout too long for the clock waits instead of failing at once", "[unit][comm]") {
+  // 1e10 s and more (a config's way to say "never") overflowed the clock's 64-bit nanoseconds
+  // into a deadline in the past, so every wait timed out at once; NaN and infinity likewise.
+  const auto thirty_years = std::chrono::hours(24 * 365 * 30);
+  for (const double s : {1e10, 1e12, std::numeric_limits<double>::infinity(),
+                         std::numeric_limits<double>::quiet_NaN()}) {
+    INFO("timeout_s " << s);
+    CHECK(deadline_after(s) > CommClock::now() + thirty_years);
+  }
+  CHECK(deadline_after(1.0) < CommClock::now() + std::chrono::seconds(2));
+  // A collective under such a timeout runs, on ranks that arrive apart.
+  std::vector<float> sums(2);
+  LocalComm::run(
+      2,
+      [&](LocalComm& comm) {
+        if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        std::vector<float> v(16, 1.0f);
+        comm.all_reduce(std::span<float>(v), ReduceOp::sum);
+        sums[static_cast<std::size_t>(comm.rank())] = v[0];
+      },
+      CommOptions{.timeout_s = 1e12});
+  CHECK(sums == std::vector<float>{2.0f, 2.0f});
 }
 
 TEST_CASE("After a rendezvous times out, a late rank and later ops fail at once", "[unit][comm]") {

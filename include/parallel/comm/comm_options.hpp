@@ -22,10 +22,16 @@ struct CommOptions {
 /// Clock of every deadline: steady, so wall-clock changes cannot fire or stall a timeout.
 using CommClock = std::chrono::steady_clock;
 
-/// The time point timeout_s from now.
+/// The longest wait a deadline stands for: about 31.7 years. A longer timeout_s (1e12 or
+/// infinity for "never") waits this long; converted as it is, it would overflow the clock's
+/// 64-bit nanoseconds into a deadline in the past, and every wait would time out at once.
+inline constexpr double max_timeout_s = 1e9;
+
+/// The time point timeout_s from now (max_timeout_s at most; NaN counts as that too).
 inline CommClock::time_point deadline_after(double timeout_s) {
+  const double s = timeout_s < max_timeout_s ? timeout_s : max_timeout_s;
   return CommClock::now() +
-         std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(timeout_s));
+         std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
 }
 
 }  // namespace zero::parallel

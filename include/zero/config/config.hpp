@@ -189,7 +189,7 @@ struct Config {
       c.pipeline.merge_megatron(r);
       check_pipeline_zero(r, c);
       c.moe = config::MoEConfig::read(r.object("moe"), unknown);
-      c.sequence_parallel_size = r.integer("sequence_parallel_size").value_or(1);
+      c.sequence_parallel_size = r.int32("sequence_parallel_size").value_or(1);
       expect<ConfigError>(c.sequence_parallel_size >= 1, r.where("sequence_parallel_size"), " = ",
                           c.sequence_parallel_size, "; expected >= 1");
       c.flops_profiler = config::FlopsProfilerConfig::read(r.object("flops_profiler"), unknown);
@@ -378,17 +378,10 @@ struct Config {
   static void read_fp16(config::JsonReader f, Config& c) {
     c.fp16.enabled = f.boolean_or_auto("enabled", false);
     c.fp16.loss_scale = f.number("loss_scale").value_or(0);
-    // Range-checked as 64-bit integers before they narrow to int (4294967312 is not 16).
-    const auto small_int = [&](const char* key, std::int64_t fallback) {
-      const std::int64_t v = f.integer(key).value_or(fallback);
-      expect<ConfigError>(
-          v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(),
-          f.where(key), ": ", v, " is out of range");
-      return static_cast<int>(v);
-    };
-    c.fp16.initial_scale_power = small_int("initial_scale_power", 16);
+    // Range-checked before they narrow to int (4294967312 is not 16).
+    c.fp16.initial_scale_power = f.int32("initial_scale_power").value_or(16);
     c.fp16.loss_scale_window = f.integer("loss_scale_window").value_or(1000);
-    c.fp16.hysteresis = small_int("hysteresis", 2);
+    c.fp16.hysteresis = f.int32("hysteresis").value_or(2);
     c.fp16.consecutive_hysteresis = f.boolean("consecutive_hysteresis").value_or(false);
     c.fp16.min_loss_scale = f.number("min_loss_scale").value_or(1);
     expect<ConfigError>(c.fp16.loss_scale >= 0, f.where("loss_scale"), ": ", c.fp16.loss_scale,

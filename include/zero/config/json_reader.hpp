@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -75,6 +76,20 @@ class JsonReader {
     expect<ConfigError>(std::floor(d) == d && std::fabs(d) < 9.0e18, where(key),
                         ": expected an integer, got ", v->dump());
     return v->is_number_integer() ? v->get<std::int64_t>() : static_cast<std::int64_t>(d);
+  }
+  /// An integer that narrows to int (a size, count or rank number): integer(), and a
+  /// ConfigError naming the key outside int's range (4294967297 would wrap to 1).
+  std::optional<int> int32(const std::string& key) {
+    const auto v = integer(key);
+    if (!v) return std::nullopt;
+    return within_int(*v, key);
+  }
+  /// v read from key, checked to fit an int.
+  int within_int(std::int64_t v, const std::string& key) const {
+    expect<ConfigError>(
+        v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(), where(key),
+        ": ", v, " is out of range (a 32-bit integer)");
+    return static_cast<int>(v);
   }
   /// A string; empty when absent (a literal "auto" is returned as "auto" only via is_auto()).
   std::optional<std::string> string(const std::string& key) {

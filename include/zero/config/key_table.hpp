@@ -6,6 +6,7 @@
 // (tests/config), so no key can be parsed and then silently ignored.
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -41,8 +42,11 @@ inline const nlohmann::json* json_at(const nlohmann::json& root, std::string_vie
 namespace keys {
 // Facts about the raw config the conditions below read (absent/"auto"/bad values fall back).
 inline int stage(const nlohmann::json& root) {
+  // A whole float (3.0) is the stage it names, as JsonReader::integer reads it.
   const auto* v = json_at(root, "zero_optimization.stage");
-  return v != nullptr && v->is_number_integer() ? v->get<int>() : 0;
+  if (v == nullptr || !v->is_number()) return 0;
+  const double d = v->get<double>();
+  return d >= 0 && d <= 3 && std::floor(d) == d ? static_cast<int>(d) : 0;
 }
 inline bool is_true(const nlohmann::json& root, std::string_view path) {
   const auto* v = json_at(root, path);

@@ -32,15 +32,15 @@ struct MoEConfig {
   /// Reads the section at r (the "moe" object); key paths nobody reads are appended to unknown.
   static MoEConfig read(JsonReader r, std::vector<std::string>& unknown) {
     MoEConfig c;
-    c.num_experts = r.integer("num_experts").value_or(c.num_experts);
-    c.ep_size = r.integer("ep_size").value_or(c.ep_size);
-    c.k = r.integer("k").value_or(c.k);
+    c.num_experts = r.int32("num_experts").value_or(c.num_experts);
+    c.ep_size = r.int32("ep_size").value_or(c.ep_size);
+    c.k = r.int32("k").value_or(c.k);
     c.capacity_factor = r.number("capacity_factor").value_or(c.capacity_factor);
-    c.min_capacity = r.integer("min_capacity").value_or(c.min_capacity);
+    c.min_capacity = r.int32("min_capacity").value_or(c.min_capacity);
     c.drop_tokens = r.boolean("drop_tokens").value_or(c.drop_tokens);
     c.aux_loss_coef = r.number("aux_loss_coef").value_or(c.aux_loss_coef);
     c.z_loss_coef = r.number("z_loss_coef").value_or(c.z_loss_coef);
-    c.expert_interval = r.integer("expert_interval").value_or(c.expert_interval);
+    c.expert_interval = r.int32("expert_interval").value_or(c.expert_interval);
     expect<ConfigError>(c.num_experts >= 1, r.where("num_experts"), " = ", c.num_experts,
                         "; expected >= 1");
     expect<ConfigError>(c.ep_size >= 1, r.where("ep_size"), " = ", c.ep_size, "; expected >= 1");

@@ -43,10 +43,10 @@ struct PipelineConfig {
   /// Megatron's top-level virtual size may complete the section.
   static PipelineConfig read(JsonReader r, std::vector<std::string>& unknown) {
     PipelineConfig c;
-    c.stages = r.integer_or_auto("stages", 1).value_or(1);  // "auto": the program decides
+    c.stages = r.within_int(r.integer_or_auto("stages", 1).value_or(1), "stages");  // "auto": 1
     expect<ConfigError>(c.stages >= 1, r.where("stages"), ": ", c.stages,
                         " must be at least 1 (or \"auto\")");
-    c.virtual_stages = r.integer("virtual_stages").value_or(1);
+    c.virtual_stages = r.int32("virtual_stages").value_or(1);
     expect<ConfigError>(c.virtual_stages >= 1, r.where("virtual_stages"), ": ", c.virtual_stages,
                         " must be at least 1 (model chunks per stage)");
     if (const auto schedule = r.string("schedule")) {
@@ -74,14 +74,14 @@ struct PipelineConfig {
     const JsonReader section = top.object("pipeline");
     const std::string size_key = "pipeline_model_parallel_size";
     const std::string virtual_key = "virtual_pipeline_model_parallel_size";
-    if (const auto size = top.integer(size_key)) {
+    if (const auto size = top.int32(size_key)) {
       expect<ConfigError>(*size >= 1, top.where(size_key), ": ", *size, " must be at least 1");
       const bool given = section.has("stages") && !section.is_auto("stages");
       expect<ConfigError>(!given || stages == *size, top.where(size_key), " = ", *size, " and ",
                           section.where("stages"), " = ", stages, " disagree; give one of them");
       stages = *size;
     }
-    const auto virtual_size = top.integer(virtual_key);
+    const auto virtual_size = top.int32(virtual_key);
     if (virtual_size) {
       expect<ConfigError>(*virtual_size >= 1, top.where(virtual_key), ": ", *virtual_size,
                           " must be at least 1 (model chunks per stage)");

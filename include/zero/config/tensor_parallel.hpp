@@ -23,8 +23,8 @@ struct TensorParallelConfig {
   /// to unknown.
   static TensorParallelConfig read(JsonReader r, std::vector<std::string>& unknown) {
     TensorParallelConfig c;
-    const auto autotp = r.integer("autotp_size");
-    const auto tp = r.integer("tp_size");
+    const auto autotp = r.int32("autotp_size");
+    const auto tp = r.int32("tp_size");
     expect<ConfigError>(!autotp || !tp || *autotp == *tp, r.where("autotp_size"), " = ",
                         autotp.value_or(0), " and ", r.where("tp_size"), " = ", tp.value_or(0),
                         " disagree; give one of them");
@@ -37,13 +37,16 @@ struct TensorParallelConfig {
   }
   /// The Megatron top-level spelling, tensor_model_parallel_size, checked against the section.
   void merge_megatron(JsonReader& top) {
-    const auto megatron = top.integer("tensor_model_parallel_size");
+    const auto megatron = top.int32("tensor_model_parallel_size");
     if (!megatron) return;
     expect<ConfigError>(*megatron >= 1, top.where("tensor_model_parallel_size"), ": ", *megatron,
                         " must be at least 1");
-    expect<ConfigError>(tp_size == 1 || tp_size == *megatron,
-                        top.where("tensor_model_parallel_size"), " = ", *megatron,
-                        " disagrees with tensor_parallel's size ", tp_size);
+    // The section's size when it gives one, 1 included (as the pipeline's merge does).
+    const JsonReader section = top.object("tensor_parallel");
+    const auto gives = [&](const char* key) { return section.has(key) && !section.is_auto(key); };
+    const bool given = gives("autotp_size") || gives("tp_size");
+    expect<ConfigError>(!given || tp_size == *megatron, top.where("tensor_model_parallel_size"),
+                        " = ", *megatron, " disagrees with tensor_parallel's size ", tp_size);
     tp_size = *megatron;
   }
 };
