@@ -3,6 +3,7 @@
 // bytes they need; dtype conversion; replacing a tag; shard files are plain safetensors; a
 // streamed save writes each segment's data while it is handed over.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -234,6 +235,38 @@ TEST_CASE("a save cleans up what interrupted saves left and restores a replaced 
   for (const auto& t : tensors) CHECK(same_bytes(t, 0, read_bytes(restored, t, 0, t.spec.numel())));
 }
 
+TEST_CASE("a save leaves alone what only looks like a leftover of an interrupted save",
+          "[unit]") {
+  // Every name with ".tmp-" or ".old-" in it was removed (or renamed onto its prefix) by the
+  // next save into the directory: a user's files beside the checkpoints were lost.
+  TempDir dir("ckpt-not-stale");
+  const auto tensors = make_tensors(2);
+  std::filesystem::create_directory(dir / "eval");
+  std::filesystem::create_directory(dir / "eval.old-run");              // not a nonce
+  std::filesystem::create_directory(dir / "run.tmp-feedfacefeedfac");   // 15 digits
+  std::filesystem::create_directory(dir / "run.tmp-FEEDFACEFEEDFACE");  // not make_nonce's case
+  std::filesystem::create_directory(dir / "a b.tmp-feedfacefeedface");  // not a tag
+  zero::testing::write_file(dir / "notes.tmp-0123456789abcdef", "a file, not a save's directory");
+  zero::testing::write_file(dir / "config.old-2024.json", "{}");
+  zero::testing::write_file(dir / "latest.tmp.backup", "not AtomicFile's name");
+  std::filesystem::create_directory(dir / "latest.tmp.12.34");  // a directory, not its file
+  // What a save does leave: these three go.
+  std::filesystem::create_directory(dir / "next.tmp-feedfacefeedface");
+  zero::testing::write_file(dir / "latest.tmp.123.456.2", "half");
+  std::filesystem::create_directory(dir / "eval.old-0123456789abcdef");  // eval exists: removed
+  save_with_ranks(1, dir.path(), "t", tensors, 1, {{"version", 1}});
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    entries.push_back(e.path().filename().string());
+  }
+  std::sort(entries.begin(), entries.end());
+  CHECK(entries == std::vector<std::string>{"a b.tmp-feedfacefeedface", "config.old-2024.json",
+                                            "eval", "eval.old-run", "latest", "latest.tmp.12.34",
+                                            "latest.tmp.backup", "notes.tmp-0123456789abcdef",
+                                            "run.tmp-FEEDFACEFEEDFACE", "run.tmp-feedfacefeedfac",
+                                            "t"});
+}
+
 TEST_CASE("a load restores a tag that a save interrupted inside its two-rename fallback",
           "[unit]") {
   // Only keep.old-<nonce> is left and `latest` names keep: before, every load failed ("does
@@ -250,6 +283,78 @@ TEST_CASE("a load restores a tag that a save interrupted inside its two-rename f
   });
   CHECK(std::filesystem::exists(dir / "keep"));
   CHECK_FALSE(std::filesystem::exists(dir / "keep.old-0123456789abcdef"));
+}
+
+TEST_CASE("a save refuses a state that JSON would not give back", "[unit]") {
+  // An infinite or NaN number was written as null (best_val_loss = inf came back as null, and
+  // its get<double>() threw after the load); a rank_state string that is not UTF-8 was replaced
+  // with U+FFFD. Now the save fails on every rank and publishes nothing.
+  TempDir dir("ckpt-unstorable");
+  const auto tensors = make_tensors(2);
+  const auto pieces = random_segmentation(tensors, 2, 5);
+  const auto refused = [&](const nlohmann::json& engine, const SaveOptions& rank1) {
+    std::vector<std::string> errors(2);
+    LocalComm::run(2, [&](LocalComm& comm) {
+      try {
+        save_pieces(comm, dir.path(), "t", tensors, pieces[static_cast<std::size_t>(comm.rank())],
+                    engine, comm.rank() == 1 ? rank1 : SaveOptions{});
+      } catch (const CheckpointError& e) {
+        errors[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    CHECK_FALSE(std::filesystem::exists(dir / "t"));
+    CHECK(errors[0] == errors[1]);
+    return errors[0];
+  };
+  CHECK_THAT(refused({{"step", 3}, {"client_state", {{"best_val_loss", INFINITY}}}}, {}),
+             Catch::Contains("the engine state holds inf at '/client_state/best_val_loss'"));
+  SaveOptions nan_state;
+  nan_state.rank_state = {{"rng", {{"a/b", {1.0, std::nan("")}}}}};
+  CHECK_THAT(refused({{"step", 3}}, nan_state),
+             Catch::Contains("rank 1's SaveOptions::rank_state holds nan at '/rng/a~1b/1'"));
+  SaveOptions bad_text;
+  bad_text.rank_state = {{"name", std::string("\xff\xfe")}};
+  CHECK_THAT(refused({{"step", 3}}, bad_text),
+             Catch::Contains("rank 1's SaveOptions::rank_state holds a string that is not valid "
+                             "UTF-8"));
+  // Finite numbers, and strings of any UTF-8, come back as they were.
+  SaveOptions fine;
+  fine.rank_state = {{"x", -0.5}, {"name", "h\u00e9"}};
+  LocalComm::run(2, [&](LocalComm& comm) {
+    save_pieces(comm, dir.path(), "t", tensors, pieces[static_cast<std::size_t>(comm.rank())],
+                {{"best", 1e300}}, comm.rank() == 1 ? fine : SaveOptions{});
+  });
+  const Reader reader(dir.path(), "t");
+  CHECK(reader.engine_state().at("best") == 1e300);
+  CHECK(reader.rank_state(1) == fine.rank_state);
+}
+
+TEST_CASE("a load refuses ranks that read different saves of one tag", "[unit]") {
+  // Node-local copies of a checkpoint directory that differ (or a save of the same tag between
+  // the ranks' opens): each rank opened its own version and loaded it, silently.
+  TempDir here("ckpt-copy-a"), there("ckpt-copy-b");
+  const auto tensors = make_tensors(3);
+  save_with_ranks(2, here.path(), "t", tensors, 1, {{"version", 1}});
+  save_with_ranks(2, there.path(), "t", tensors, 1, {{"version", 2}});
+  std::vector<std::string> errors(2);
+  LocalComm::run(2, [&](LocalComm& comm) {
+    try {
+      (void)load(comm, comm.rank() == 0 ? here.path() : there.path(), "t");
+    } catch (const CheckpointError& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const std::string& e : errors) {
+    CHECK_THAT(e, Catch::Contains("checkpoint 't': rank 1 read another index than rank 0") &&
+                      Catch::Contains("nothing was loaded"));
+  }
+  // Identical copies load.
+  std::filesystem::remove_all(there / "t");
+  std::filesystem::copy(here / "t", there / "t", std::filesystem::copy_options::recursive);
+  LocalComm::run(2, [&](LocalComm& comm) {
+    const Reader reader = load(comm, comm.rank() == 0 ? here.path() : there.path(), "t");
+    CHECK(reader.engine_state().at("version") == 1);
+  });
 }
 
 TEST_CASE("each rank's own state is kept beside the shared engine state", "[unit]") {

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <zero/checkpoint/layout.hpp>
@@ -44,6 +45,44 @@ inline void sync_directory(const std::filesystem::path& dir) {
 }
 
 namespace detail {
+/// The tag of name when name is "<tag><marker><nonce>", the form of the directories a save
+/// makes (a valid tag, then 16 lowercase hex digits: make_nonce); empty otherwise.
+inline std::string_view tag_of_leftover(std::string_view name, std::string_view marker) {
+  constexpr std::size_t nonce_chars = 16;
+  if (name.size() <= marker.size() + nonce_chars) return {};
+  const std::size_t at = name.size() - nonce_chars - marker.size();
+  if (name.substr(at, marker.size()) != marker) return {};
+  for (char c : name.substr(at + marker.size())) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return {};
+  }
+  const std::string_view tag = name.substr(0, at);
+  try {
+    validate_tag(tag);
+  } catch (const CheckpointError&) {
+    return {};
+  }
+  return tag;
+}
+/// True when name is "latest.tmp.<pid>.<thread>" or "latest.tmp.<pid>.<thread>.<attempt>",
+/// the temporary file io::AtomicFile writes `latest` under.
+inline bool is_latest_leftover(std::string_view name) {
+  const std::string prefix = std::string(latest_file_name) + ".tmp.";
+  if (!name.starts_with(prefix)) return false;
+  name.remove_prefix(prefix.size());
+  int numbers = 0;
+  while (!name.empty()) {
+    const std::size_t dot = name.find('.');
+    const std::string_view number = name.substr(0, dot);
+    if (number.empty() || number.find_first_not_of("0123456789") != std::string_view::npos) {
+      return false;
+    }
+    ++numbers;
+    name = dot == std::string_view::npos ? std::string_view() : name.substr(dot + 1);
+    if (dot != std::string_view::npos && name.empty()) return false;  // a trailing dot
+  }
+  return numbers == 2 || numbers == 3;
+}
+
 /// rename(from, to) or IoError naming both.
 inline void rename_or_throw(const std::filesystem::path& from, const std::filesystem::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) {
@@ -98,10 +137,9 @@ inline void publish_directory(const std::filesystem::path& temp,
 inline bool restore_replaced_tag(const std::filesystem::path& dir, const std::string& tag) {
   std::error_code ec;
   if (std::filesystem::exists(dir / tag, ec)) return false;
-  const std::string prefix = tag + std::string(old_marker);
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!name.starts_with(prefix) || !entry.is_directory(ec)) continue;
+    if (detail::tag_of_leftover(name, old_marker) != tag || !entry.is_directory(ec)) continue;
     if (::rename(entry.path().c_str(), (dir / tag).c_str()) != 0) {
       const int code = errno;
       // Another load (or the interrupted save itself) put a <tag> back meanwhile.
@@ -115,23 +153,28 @@ inline bool restore_replaced_tag(const std::filesystem::path& dir, const std::st
   return false;
 }
 
-/// Removes what interrupted saves left in dir: "<tag>.tmp-*" directories and temporary files of
-/// `latest`; a "<tag>.old-*" directory is renamed back to <tag> when <tag> is missing (a crash
-/// inside the two-rename fallback of publish_directory) and removed otherwise. Only one save
-/// may run in a directory at a time: this would remove a concurrent save's temporary.
+/// Removes what interrupted saves left in dir: "<tag>.tmp-<nonce>" directories and temporary
+/// files of `latest`; a "<tag>.old-<nonce>" directory is renamed back to <tag> when <tag> is
+/// missing (a crash inside the two-rename fallback of publish_directory) and removed otherwise.
+/// Only those exact forms are touched (a valid tag, a 16-digit nonce, a directory; `latest`'s
+/// temporary a file): a user's "notes.tmp-1" or "eval.old-run/" beside the checkpoints stays.
+/// Only one save may run in a directory at a time: this would remove a concurrent save's
+/// temporary.
 inline void remove_stale_entries(const std::filesystem::path& dir) {
   std::error_code ec;
-  std::vector<std::string> names;  // listed first: changing a directory while iterating it
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    names.push_back(entry.path().filename().string());
-  }
-  for (const std::string& name : names) {
+  // Listed first: the loop below changes the directory, which an iteration must not see.
+  std::vector<std::filesystem::directory_entry> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) entries.push_back(entry);
+  for (const auto& entry : entries) {
+    const std::string name = entry.path().filename().string();
     const auto path = dir / name;
-    if (name.find(temp_marker) != std::string::npos ||
-        name.starts_with(std::string(latest_file_name) + ".tmp.")) {
+    const bool directory = entry.is_directory(ec) && !entry.is_symlink(ec);
+    if ((directory && !detail::tag_of_leftover(name, temp_marker).empty()) ||
+        (detail::is_latest_leftover(name) && entry.is_regular_file(ec) && !entry.is_symlink(ec))) {
       std::filesystem::remove_all(path, ec);
-    } else if (const auto at = name.find(old_marker); at != std::string::npos) {
-      const auto original = dir / name.substr(0, at);
+    } else if (const auto tag = detail::tag_of_leftover(name, old_marker);
+               directory && !tag.empty()) {
+      const auto original = dir / std::string(tag);
       if (!std::filesystem::exists(original, ec)) {
         detail::rename_or_throw(path, original);
         sync_directory(dir);

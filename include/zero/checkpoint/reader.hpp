@@ -99,6 +99,7 @@ class Reader {
     const io::ReadFile index_file(dir_, index_name, index_path);
     std::string text(static_cast<std::size_t>(index_file.size()), '\0');
     index_file.read_at(0, text.data(), text.size(), "the checkpoint index");
+    index_crc32c_ = crc32c(std::as_bytes(std::span<const char>(text)));
     index_ = parse_index(text, "checkpoint index '" + index_path.string() + "'");
     for (std::size_t i = 0; i < index_.tensors.size(); ++i) {
       by_name_.emplace(index_.tensors[i].name, i);
@@ -116,6 +117,9 @@ class Reader {
   const std::string& tag() const { return tag_; }
   /// The parsed index.
   const Index& index() const { return index_; }
+  /// The CRC32C of the index file as read: two Readers of one tag with equal values read the
+  /// same save (load compares them across ranks).
+  std::uint32_t index_crc32c() const { return index_crc32c_; }
   /// The engine's state as saved.
   const nlohmann::json& engine_state() const { return index_.engine; }
   /// The state saving rank r passed in SaveOptions::rank_state (null when none was saved); a
@@ -370,6 +374,7 @@ class Reader {
   std::map<std::string, std::size_t, std::less<>> by_name_;
   std::vector<std::size_t> first_segment_;  // per tensor: its first slot in verified_
   std::size_t segment_total_ = 0;
+  std::uint32_t index_crc32c_ = 0;
   /// What reads update (behind a pointer so a Reader stays movable).
   struct State {
     std::unique_ptr<std::atomic<bool>[]> verified;  // per segment, in tensor order
@@ -383,9 +388,11 @@ class Reader {
 
 /// Opens the same tag on every rank (a collective): rank 0 resolves tag (or `latest` when it is
 /// empty) and broadcasts it, so a save that replaces `latest` meanwhile cannot make ranks load
-/// different checkpoints. Throws on every rank if rank 0 cannot resolve the tag or any rank
-/// cannot open it (a rank that failed throws its own error, the others CheckpointError naming
-/// the first such rank).
+/// different checkpoints; and the ranks compare the CRC32C of the index each read, so neither
+/// can a save of that same tag between their opens, nor per-node copies of dir that differ.
+/// Throws on every rank if rank 0 cannot resolve the tag, any rank cannot open it (a rank that
+/// failed throws its own error, the others CheckpointError naming the first such rank) or the
+/// ranks read different indexes (CheckpointError naming the first rank that differs from 0).
 template <CheckpointComm Comm>
 Reader load(Comm& comm, const std::filesystem::path& dir, std::string_view tag = {},
             ReaderOptions options = {}) {
@@ -413,15 +420,22 @@ Reader load(Comm& comm, const std::filesystem::path& dir, std::string_view tag =
     failure = e.what();
     thrown = std::current_exception();
   }
-  // Each rank's outcome: "+", or "-" and its failure.
-  const std::vector<std::string> outcomes =
-      detail::all_gather_text(comm, thrown ? "-" + failure : std::string("+"));
+  // Each rank's outcome: "+" and the CRC32C of the index it read, or "-" and its failure.
+  const std::vector<std::string> outcomes = detail::all_gather_text(
+      comm, thrown ? "-" + failure : "+" + std::to_string(reader->index_crc32c()));
   for (std::size_t r = 0; r < outcomes.size(); ++r) {
     if (outcomes[r].front() == '+') continue;
     if (thrown) std::rethrow_exception(thrown);  // this rank's own failure, as it was
     throw CheckpointError(zero::detail::concat("checkpoint '", resolved.substr(1),
                                                "' could not be opened on rank ", r, ": ",
                                                outcomes[r].substr(1)));
+  }
+  for (std::size_t r = 1; r < outcomes.size(); ++r) {
+    expect<CheckpointError>(
+        outcomes[r] == outcomes[0], "checkpoint '", resolved.substr(1), "': rank ", r,
+        " read another index than rank 0 (a save of the same tag ran while the ranks opened "
+        "it, or the ranks see different copies of '",
+        dir.string(), "'); nothing was loaded, load again");
   }
   return std::move(*reader);
 }

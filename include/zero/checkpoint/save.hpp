@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -74,6 +75,48 @@ inline std::string make_nonce() {
   return text;
 }
 
+/// Walks state for a number JSON cannot hold (dump() writes inf and NaN as null), at the JSON
+/// pointer at (extended while it descends).
+inline void expect_finite_numbers(const nlohmann::json& state, std::string& at,
+                                  const std::string& what) {
+  if (state.is_number_float()) {
+    const double v = state.get<double>();
+    expect<CheckpointError>(std::isfinite(v), what, " holds ", v, " at '", at.empty() ? "/" : at,
+                            "', which JSON cannot store (it would load as null); store it as a "
+                            "string or a finite number");
+    return;
+  }
+  const std::size_t length = at.size();
+  if (state.is_object()) {
+    for (const auto& [key, value] : state.items()) {
+      at += '/';
+      for (char c : key) at += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+      expect_finite_numbers(value, at, what);
+      at.resize(length);
+    }
+  } else if (state.is_array()) {
+    for (std::size_t i = 0; i < state.size(); ++i) {
+      at += '/' + std::to_string(i);
+      expect_finite_numbers(state[i], at, what);
+      at.resize(length);
+    }
+  }
+}
+
+/// CheckpointError unless state (what names it) comes back from the index as it was saved:
+/// no infinite or NaN number (saved as null), no string that is not UTF-8 (replaced or refused
+/// by the dump).
+inline void expect_storable(const nlohmann::json& state, const std::string& what) {
+  std::string at;
+  expect_finite_numbers(state, at, what);
+  try {
+    (void)state.dump();
+  } catch (const nlohmann::json::type_error& e) {
+    raise<CheckpointError>(what, " holds a string that is not valid UTF-8, which JSON cannot store (",
+                           e.what(), ")");
+  }
+}
+
 /// The name a segment has inside its shard file.
 inline std::string segment_key(std::string_view tensor, std::int64_t offset) {
   return std::string(tensor) + "@" + std::to_string(offset);
@@ -89,6 +132,7 @@ inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, i
                                   const SegmentProducer& produce,
                                   const nlohmann::json& rank_state) {
   const std::string who = "rank " + std::to_string(rank);
+  expect_storable(rank_state, who + "'s SaveOptions::rank_state");
   std::map<std::string, const TensorSpec*, std::less<>> spec_of;
   nlohmann::json specs = nlohmann::json::array();
   for (const TensorSpec& t : tensors) {
@@ -257,7 +301,9 @@ inline std::uint64_t finish_save(const std::filesystem::path& dir, std::string_v
 /// for the call (so a rank may stage its state one piece at a time, as an offloaded engine swaps
 /// in one unit at a time). Across all ranks the segments of every tensor must tile it exactly:
 /// no gap, no overlap (replicated state is saved by one rank). engine is the engine's free-form
-/// state; rank 0's is stored (options.rank_state, per rank). Throws CheckpointError (or IoError)
+/// state; rank 0's is stored (options.rank_state, per rank); either must come back from JSON as
+/// it is (no infinite or NaN number, which would load as null; no string that is not UTF-8), or
+/// the save is a CheckpointError naming where. Throws CheckpointError (or IoError)
 /// on every rank if any rank failed, producing its data too; then nothing was published, except
 /// when only the update of `latest` failed, which the message says (the tag itself is complete
 /// and in place).
@@ -272,6 +318,7 @@ SaveResult save_streamed(Comm& comm, const std::filesystem::path& dir, std::stri
   if (rank == 0) {
     try {
       validate_tag(tag);
+      detail::expect_storable(engine, "the engine state");
       std::filesystem::create_directories(dir);
       remove_stale_entries(dir);
       const auto temp = dir / (std::string(tag) + std::string(temp_marker) + detail::make_nonce());
