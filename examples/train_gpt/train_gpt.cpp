@@ -233,7 +233,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--grad-accum")
       o.grad_accum = positive();
     else if (flag == "--warmup")
-      o.warmup = integer();
+      o.warmup = positive();
     else if (flag == "--precision") {
       if (v != "f32" && v != "bf16") usage("--precision must be f32 or bf16, not '" + v + "'");
       o.precision = v;
@@ -331,7 +331,7 @@ Config make_config(const Options& o) {
        {{"type", "WarmupCosineLR"},
         {"params",
          {{"total_num_steps", std::max<std::int64_t>(o.steps, 1)},
-          {"warmup_num_steps", std::max<std::int64_t>(1, o.steps / 10)},
+          {"warmup_num_steps", o.warmup.value_or(std::max<std::int64_t>(1, o.steps / 10))},
           {"cos_min_ratio", 0.1}}}}},
       {"zero_optimization", {{"stage", o.stage.value_or(o.pp.value_or(1) > 1 ? 1 : 3)}}}};
   if (o.precision == "bf16") j["bf16"] = {{"enabled", true}};
@@ -347,9 +347,20 @@ Config make_config(const Options& o) {
     }
     if (!j.is_object()) return Config::from_json(j);  // the parser names the problem
     if (o.stage) j["zero_optimization"]["stage"] = *o.stage;
-    const auto* lr = config::json_at(j, "optimizer.params.lr");
-    if (o.lr && lr != nullptr && lr->is_number()) {  // an "auto" lr takes --lr anyway
-      j["optimizer"]["params"]["lr"] = *o.lr;
+    // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
+    const auto overrides = [&](const char* path) {
+      const auto* v = config::json_at(j, path);
+      return v != nullptr && !(v->is_string() && v->get<std::string>() == "auto");
+    };
+    if (o.lr && overrides("optimizer.params.lr")) j["optimizer"]["params"]["lr"] = *o.lr;
+    if (o.warmup && overrides("scheduler.params.warmup_num_steps")) {
+      j["scheduler"]["params"]["warmup_num_steps"] = *o.warmup;
+    }
+    if (!o.precision.empty()) {  // the flag's precision, whatever the file enables
+      const bool bf16 = o.precision == "bf16";
+      if (bf16 || overrides("bf16.enabled")) j["bf16"]["enabled"] = bf16;
+      if (overrides("bfloat16.enabled")) j["bfloat16"]["enabled"] = bf16;
+      if (overrides("fp16.enabled")) j["fp16"]["enabled"] = false;
     }
   }
   if (o.offload_cpu) j["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
@@ -469,15 +480,17 @@ struct RunSetup {
   }
 
  private:
+  // The training loader reads whole steps (shuffled); the validation loader one micro-batch a
+  // rank, all the evaluation reads, so the 10% validation split need not hold a global batch.
   data::LoaderConfig loader_config(const Options& o, const Corpus& corpus, int dp_rank,
-                                   bool shuffle) const {
+                                   bool training) const {
     data::LoaderConfig lc;
-    lc.global_batch = sizes.train;
+    lc.global_batch = training ? sizes.train : sizes.micro * dp;
     lc.seq_len = o.seq;
     lc.world_size = dp;
     lc.rank = dp_rank;
-    lc.micro_batches = static_cast<int>(sizes.accumulation);
-    lc.shuffle = shuffle;
+    lc.micro_batches = training ? static_cast<int>(sizes.accumulation) : 1;
+    lc.shuffle = training;
     lc.seed = o.seed;
     lc.vocab_size = corpus.vocab;
     return lc;

@@ -235,8 +235,7 @@ TEST_CASE("a save cleans up what interrupted saves left and restores a replaced 
   for (const auto& t : tensors) CHECK(same_bytes(t, 0, read_bytes(restored, t, 0, t.spec.numel())));
 }
 
-TEST_CASE("a save leaves alone what only looks like a leftover of an interrupted save",
-          "[unit]") {
+TEST_CASE("a save leaves alone what only looks like a leftover of an interrupted save", "[unit]") {
   // Every name with ".tmp-" or ".old-" in it was removed (or renamed onto its prefix) by the
   // next save into the directory: a user's files beside the checkpoints were lost.
   TempDir dir("ckpt-not-stale");

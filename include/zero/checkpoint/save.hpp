@@ -111,9 +111,9 @@ inline void expect_storable(const nlohmann::json& state, const std::string& what
   expect_finite_numbers(state, at, what);
   try {
     (void)state.dump();
-  } catch (const nlohmann::json::type_error& e) {
+  } catch (const nlohmann::json::type_error& e) {  // clang-format off
     raise<CheckpointError>(what, " holds a string that is not valid UTF-8, which JSON cannot store (",
-                           e.what(), ")");
+                           e.what(), ")");  // clang-format on
   }
 }
 
