@@ -528,6 +528,49 @@ TEMPLATE_TEST_CASE("dropout draws the host's mask and equals the host bit for bi
     cpu::dropout_backward<T>(dx.data() + 1, x.data() + 1, n, 0.3, rng, 7);
     CHECK(same_bits(d_dx.download(), dx));
   }
+  // A NaN or infinity is NaN where it is dropped (multiplied by 0, as on the host and in
+  // PyTorch), in the forward and in the backward; every other element has the host's bits.
+  for (const bool aligned : {true, false}) {
+    INFO((aligned ? "16-byte chunks" : "element at a time"));
+    const std::int64_t n = 515, off = aligned ? 0 : 1;
+    auto x = random_vector<T>(static_cast<std::size_t>(n + off), 26);
+    auto dy = random_vector<T>(x.size(), 27);
+    const float special[] = {std::numeric_limits<float>::quiet_NaN(),
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity()};
+    for (std::size_t i = 0; i < x.size(); i += 7) {
+      x[i] = convert<T>(special[i % 3]);
+      dy[i] = convert<T>(special[(i + 1) % 3]);
+    }
+    const auto dx0 = random_vector<T>(x.size(), 28);
+    DeviceVector<T> d_x(x), d_y(x.size()), d_dy(dy), d_dx(dx0);
+    gpu::dropout_forward<T>(d_y.get() + off, d_x.get() + off, n, 0.5, rng, 9, nullptr);
+    gpu::dropout_backward<T>(d_dx.get() + off, d_dy.get() + off, n, 0.5, rng, 9, nullptr);
+    std::vector<T> y(x.size()), dx = dx0;
+    cpu::dropout_forward<T>(y.data() + off, x.data() + off, n, 0.5, rng, 9);
+    cpu::dropout_backward<T>(dx.data() + off, dy.data() + off, n, 0.5, rng, 9);
+    const cpu::DropoutMask mask{0.5, rng, 9};
+    auto got_y = d_y.download(), got_dx = d_dx.download();
+    std::int64_t dropped_nonfinite = 0, mismatches = 0;
+    for (std::int64_t k = 0; k < n; ++k) {
+      const auto i = static_cast<std::size_t>(k + off);
+      const bool nan_y = std::isnan(as_float(y[i])), nan_dx = std::isnan(as_float(dx[i]));
+      if (!mask.keep(k) && !std::isfinite(as_float(x[i]))) {
+        ++dropped_nonfinite;
+        mismatches += nan_y ? 0 : 1;
+      }
+      if (!mask.keep(k) && !std::isfinite(as_float(dy[i]))) mismatches += nan_dx ? 0 : 1;
+      // NaN payloads differ between the host and the device; compare NaN as NaN.
+      if (nan_y) got_y[i] = std::isnan(as_float(got_y[i])) ? y[i] : got_y[i];
+      if (nan_dx) got_dx[i] = std::isnan(as_float(got_dx[i])) ? dx[i] : got_dx[i];
+    }
+    got_y[0] = y[0];  // never written when off = 1
+    got_dx[0] = dx[0];
+    CHECK(dropped_nonfinite > 10);
+    CHECK(mismatches == 0);
+    CHECK(same_bits(got_y, y));
+    CHECK(same_bits(got_dx, dx));
+  }
   // Negative control: another stream draws another mask.
   const auto x = std::vector<T>(4096, T(1.0f));
   DeviceVector<T> d_x(x), d_y(x.size());

@@ -687,14 +687,108 @@ TEST_CASE(
       std::int64_t mismatches = 0;
       for (std::size_t i = 0; i < x.size(); ++i) {
         const bool keep = mask.keep(static_cast<std::int64_t>(i));
-        const float want_out = keep ? x[i] * scale : 0.0f;
-        const float want_dx = keep ? std::fma(dy[i], scale, dx0[i]) : dx0[i];
+        const float factor = keep ? scale : 0.0f;  // a dropped element is multiplied by 0
+        const float want_out = x[i] * factor;
+        const float want_dx = std::fma(dy[i], factor, dx0[i]);
         if (std::memcmp(&out[i], &want_out, sizeof(float)) != 0 ||
             std::memcmp(&dx[i], &want_dx, sizeof(float)) != 0) {
           ++mismatches;
         }
       }
       CHECK(mismatches == 0);
+    }
+  }
+}
+
+namespace {
+
+// Dropout of x (forward) and of dy into dx (backward) with the mask of (p, rng, 5), as floats.
+template <class T>
+std::pair<std::vector<float>, std::vector<float>> dropout_values(const std::vector<float>& x,
+                                                                 const std::vector<float>& dy,
+                                                                 double p) {
+  const zero::CounterRng rng(1234);
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<T> tx(x.size()), tdy(x.size()), out(x.size()), dx(x.size(), zero::convert<T>(0.5f));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    tx[i] = zero::convert<T>(x[i]);
+    tdy[i] = zero::convert<T>(dy[i]);
+  }
+  dropout_forward(out.data(), tx.data(), n, p, rng, 5);
+  dropout_backward(dx.data(), tdy.data(), n, p, rng, 5);
+  std::pair<std::vector<float>, std::vector<float>> r;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    r.first.push_back(zero::convert<float>(out[i]));
+    r.second.push_back(zero::convert<float>(dx[i]));
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "dropout: a NaN or infinity stays NaN where it is dropped, on every ISA, f32 / bf16 / f64",
+    "[unit][ops]") {
+  // PyTorch's dropout is x * mask * scale and its backward grad * mask * scale, so a non-finite
+  // element it drops is NaN (0 * inf, 0 * NaN), and the loss scaler's overflow check sees it. A
+  // dropout that selected 0 for a dropped element hid a NaN activation or gradient there.
+  const double p = 0.5;
+  const DropoutMask mask{p, zero::CounterRng(1234), 5};
+  const std::int64_t n = 103;  // vector bodies and a scalar tail
+  std::vector<float> x(static_cast<std::size_t>(n), -1.5f), dy(x.size(), 2.0f);
+  std::vector<std::size_t> dropped, kept;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    (mask.keep(static_cast<std::int64_t>(i)) ? kept : dropped).push_back(i);
+  }
+  REQUIRE(dropped.size() >= 4);
+  REQUIRE(kept.size() >= 2);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  // Dropped: NaN first (a vector body), inf, -inf, NaN last; kept: NaN and inf.
+  const std::vector<std::size_t> nonfinite{dropped.front(), dropped[1],   dropped[2],
+                                           dropped.back(),  kept.front(), kept.back()};
+  const std::vector<float> values{nan, inf, -inf, nan, nan, inf};
+  for (std::size_t k = 0; k < nonfinite.size(); ++k) {
+    x[nonfinite[k]] = values[k];
+    dy[nonfinite[k]] = values[k];
+  }
+  std::vector<Isa> isas{Isa::scalar};
+  for (Isa isa : vector_isas()) isas.push_back(isa);
+  for (Isa isa : isas) {
+    INFO("isa " << zero::optim::name_of(isa));
+    for (int type = 0; type < 3; ++type) {
+      INFO((type == 0 ? "f32" : type == 1 ? "bf16" : "f64"));
+      const auto [out, dx] = with_isa(isa, [&] {
+        return type == 0   ? dropout_values<float>(x, dy, p)
+               : type == 1 ? dropout_values<bf16>(x, dy, p)
+                           : dropout_values<double>(x, dy, p);
+      });
+      for (std::size_t k = 0; k < nonfinite.size(); ++k) {
+        const std::size_t i = nonfinite[k];
+        INFO("element " << i << " holding " << values[k]);
+        const bool keep = mask.keep(static_cast<std::int64_t>(i));
+        if (keep && std::isinf(values[k])) {
+          CHECK(out[i] == values[k]);  // scaled, still infinite
+          CHECK(dx[i] == values[k]);
+        } else {
+          CHECK(std::isnan(out[i]));
+          CHECK(std::isnan(dx[i]));
+        }
+      }
+      // Finite elements: kept ones scaled, dropped ones 0 (negative zero for a negative x, as
+      // in PyTorch) with their gradient untouched.
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        if (!std::isfinite(x[i])) continue;
+        INFO("element " << i);
+        if (mask.keep(static_cast<std::int64_t>(i))) {
+          CHECK(out[i] == -3.0f);
+          CHECK(dx[i] == 4.5f);
+        } else {
+          CHECK(out[i] == 0.0f);
+          CHECK(std::signbit(out[i]));
+          CHECK(dx[i] == 0.5f);
+        }
+      }
     }
   }
 }

@@ -131,6 +131,14 @@ struct CrossEntropyBackward {
 
 }  // namespace detail
 
+/// Throws the ShapeError for target, at position, outside the vocabulary [0, V) (the host's
+/// count_valid_targets and its CUDA twin both refuse with it).
+[[noreturn]] inline void throw_target_outside_vocabulary(std::int32_t target, std::int64_t position,
+                                                         std::int64_t V) {
+  raise<ShapeError>("cross_entropy: target ", target, " at position ", position,
+                    " is outside the vocabulary [0, ", V, ")");
+}
+
 /// Number of targets that count (not ignore_index); throws ShapeError for a target outside
 /// [0, V) that is not ignore_index.
 inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
@@ -138,8 +146,7 @@ inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_
   std::int64_t valid = 0;
   for (std::int64_t n = 0; n < N; ++n) {
     if (targets[n] == ignore_index) continue;
-    expect<ShapeError>(targets[n] >= 0 && targets[n] < V, "cross_entropy: target ", targets[n],
-                       " at position ", n, " is outside the vocabulary [0, ", V, ")");
+    if (targets[n] < 0 || targets[n] >= V) throw_target_outside_vocabulary(targets[n], n, V);
     ++valid;
   }
   return valid;

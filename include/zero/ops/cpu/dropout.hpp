@@ -46,6 +46,13 @@ struct DropoutMask {
   ZERO_HOST_DEVICE A scale() const {
     return static_cast<A>(1.0 / (1.0 - p));
   }
+  /// The factor an element is multiplied by: scale for a kept element, 0 for a dropped one.
+  /// Dropout multiplies rather than selects (PyTorch's x * mask * scale), so a NaN or an
+  /// infinity stays NaN where it is dropped and an overflow is not hidden from the loss scaler.
+  template <class A>
+  ZERO_HOST_DEVICE static A factor(bool kept, A scale) {
+    return kept ? scale : A(0);
+  }
 
  private:
   ZERO_HOST_DEVICE std::uint32_t threshold() const {
@@ -84,8 +91,8 @@ struct DropoutForward {
     const auto at = [&](auto ops, std::int64_t i) {
       using P = decltype(ops);
       dropout_mask_words(words, *mask, i, P::width);
-      const auto kept = P::mul(load_lanes<P>(inp + i), P::set1(scale));
-      store_lanes<P>(out + i, P::select(words, kept, P::set1(0.0f)));
+      const auto factor = P::select(words, P::set1(scale), P::set1(0.0f));
+      store_lanes<P>(out + i, P::mul(load_lanes<P>(inp + i), factor));
     };
     std::int64_t i = begin;
     for (; i + O::width <= end; i += O::width) at(O{}, i);
@@ -101,9 +108,8 @@ struct DropoutBackward {
     const auto at = [&](auto ops, std::int64_t i) {
       using P = decltype(ops);
       dropout_mask_words(words, *mask, i, P::width);
-      const auto before = load_lanes<P>(dinp + i);
-      const auto after = P::fma(load_lanes<P>(dout + i), P::set1(scale), before);
-      store_lanes<P>(dinp + i, P::select(words, after, before));
+      const auto factor = P::select(words, P::set1(scale), P::set1(0.0f));
+      store_lanes<P>(dinp + i, P::fma(load_lanes<P>(dout + i), factor, load_lanes<P>(dinp + i)));
     };
     std::int64_t i = begin;
     for (; i + O::width <= end; i += O::width) at(O{}, i);
@@ -114,7 +120,8 @@ struct DropoutBackward {
 }  // namespace detail
 
 /// Inverted dropout: out = inp * keep / (1 - p) with keep drawn from (rng, stream, index), so a
-/// recomputed forward (activation checkpointing) draws the same mask.
+/// recomputed forward (activation checkpointing) draws the same mask. A dropped element is
+/// multiplied by 0 (DropoutMask::factor): NaN and infinities give NaN, as in PyTorch.
 template <class T>
 void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const CounterRng& rng,
                      std::uint32_t stream) {
@@ -129,12 +136,14 @@ void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const Count
         [&](std::int64_t begin, std::int64_t end) { kernel(out, inp, &mask, scale, begin, end); });
   } else {
     parallel_for(n, [&](std::int64_t i) {
-      out[i] = mask.keep(i) ? store<T>(load(inp[i]) * scale) : store<T>(A(0));
+      out[i] = store<T>(load(inp[i]) * DropoutMask::factor(mask.keep(i), scale));
     });
   }
 }
 
-/// dinp += dout * mask / (1 - p), the mask redrawn from the same (rng, stream).
+/// dinp += dout * mask / (1 - p), the mask redrawn from the same (rng, stream): a dropped element
+/// adds dout * 0, which keeps a finite dinp's value and gives NaN for a NaN or infinite dout
+/// (PyTorch's grad * mask * scale).
 template <class T>
 void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const CounterRng& rng,
                       std::uint32_t stream) {
@@ -150,7 +159,8 @@ void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const Co
                     });
   } else {
     parallel_for(n, [&](std::int64_t i) {
-      if (mask.keep(i)) dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * scale);
+      const A factor = DropoutMask::factor(mask.keep(i), scale);
+      dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * factor);
     });
   }
 }

@@ -515,9 +515,9 @@ inline TargetStats target_stats(const float* losses, const std::int32_t* targets
 inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N, std::int64_t V,
                                         cudaStream_t stream) {
   const auto stats = detail::target_stats(nullptr, targets, N, V, stream, "count_valid_targets");
-  expect<ShapeError>(stats.outside.position >= N, "cross_entropy: target ", stats.outside.target,
-                     " at position ", stats.outside.position, " is outside the vocabulary [0, ", V,
-                     ")");
+  if (stats.outside.position < N) {
+    cpu::throw_target_outside_vocabulary(stats.outside.target, stats.outside.position, V);
+  }
   return stats.valid;
 }
 

@@ -38,19 +38,20 @@ __device__ __forceinline__ void for_chunk_mask(const DropoutMask& mask, std::int
   }
 }
 
-/// out[i] = keep(i) ? inp[i] * scale : 0 (Packed: 16-byte chunks, one draw per group of four).
+/// out[i] = inp[i] * (keep(i) ? scale : 0) (DropoutMask::factor: a dropped NaN or infinity is
+/// NaN, as on the host; Packed: 16-byte chunks, one draw per group of four).
 template <class T, bool Packed>
 __global__ void dropout_forward_kernel(T* out, const T* inp, std::int64_t n, DropoutMask mask) {
   const float scale = mask.scale<float>();
   const auto element = [&](std::int64_t i, T x) {
-    return mask.keep(i) ? store<T>(load(x) * scale) : store<T>(0.0f);
+    return store<T>(load(x) * DropoutMask::factor(mask.keep(i), scale));
   };
   if constexpr (Packed) {
     constexpr int P = chunk_size<T>;
     const auto chunk = [&](std::int64_t i, const Chunk<T, P>& x) {
       Chunk<T, P> y;
       for_chunk_mask<P>(mask, i, [&](int k, bool kept) {
-        y[k] = kept ? store<T>(load(x[k]) * scale) : store<T>(0.0f);
+        y[k] = store<T>(load(x[k]) * DropoutMask::factor(kept, scale));
       });
       return y;
     };
@@ -63,21 +64,22 @@ __global__ void dropout_forward_kernel(T* out, const T* inp, std::int64_t n, Dro
   }
 }
 
-/// dinp[i] += keep(i) ? dout[i] * scale : 0; a dropped element keeps its bits, as on the host
-/// (Packed as in the forward). The host adds with one fused multiply-add, so the device asks for
-/// one (__fmaf_rn) rather than relying on nvcc's contraction, which -fmad=false turns off.
+/// dinp[i] += dout[i] * (keep(i) ? scale : 0): a dropped element adds dout * 0, which keeps a
+/// finite dinp and gives NaN for a NaN or infinite dout, as on the host (Packed as in the
+/// forward). The host adds with one fused multiply-add, so the device asks for one (__fmaf_rn)
+/// rather than relying on nvcc's contraction, which -fmad=false turns off.
 template <class T, bool Packed>
 __global__ void dropout_backward_kernel(T* dinp, const T* dout, std::int64_t n, DropoutMask mask) {
   const float scale = mask.scale<float>();
   const auto element = [&](std::int64_t i, T dx, T dy) {
-    return mask.keep(i) ? store<T>(__fmaf_rn(load(dy), scale, load(dx))) : dx;
+    return store<T>(__fmaf_rn(load(dy), DropoutMask::factor(mask.keep(i), scale), load(dx)));
   };
   if constexpr (Packed) {
     constexpr int P = chunk_size<T>;
     const auto chunk = [&](std::int64_t i, const Chunk<T, P>& dx, const Chunk<T, P>& dy) {
-      Chunk<T, P> r = dx;
+      Chunk<T, P> r;
       for_chunk_mask<P>(mask, i, [&](int k, bool kept) {
-        if (kept) r[k] = store<T>(__fmaf_rn(load(dy[k]), scale, load(dx[k])));
+        r[k] = store<T>(__fmaf_rn(load(dy[k]), DropoutMask::factor(kept, scale), load(dx[k])));
       });
       return r;
     };
@@ -85,7 +87,8 @@ __global__ void dropout_backward_kernel(T* dinp, const T* dout, std::int64_t n, 
   } else {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-      if (mask.keep(i)) dinp[i] = store<T>(__fmaf_rn(load(dout[i]), scale, load(dinp[i])));
+      const float factor = DropoutMask::factor(mask.keep(i), scale);
+      dinp[i] = store<T>(__fmaf_rn(load(dout[i]), factor, load(dinp[i])));
     }
   }
 }
