@@ -3,6 +3,7 @@
 // missing tag; and wrong requests: a missing tensor, a range out of bounds. Bad saves (gaps,
 // overlaps, undeclared tensors, a bad tag) fail on every rank and publish nothing.
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -215,6 +216,49 @@ TEST_CASE("a missing tensor or an out-of-bounds range is named", "[unit]") {
   CHECK_THROWS_WITH(reader.read(bias.spec.name, 10, std::span<float>(out)),
                     Contains(bias.spec.name) && Contains("[10, 14)") && Contains("out of bounds"));
   CHECK_NOTHROW(reader.read(bias.spec.name, 9, std::span<float>(out)));
+  // A range whose end passes int64: the message writes the end as a sum (computing it was
+  // signed overflow).
+  const std::int64_t far = std::numeric_limits<std::int64_t>::max() - 1;
+  CHECK_THROWS_WITH(
+      reader.read(bias.spec.name, far, std::span<float>(out)),
+      Contains("[9223372036854775806, 9223372036854775806 + 4)") && Contains("out of bounds"));
+}
+
+TEST_CASE("a save refuses a shape or a segment whose element counts pass int64", "[unit]") {
+  // The shape's product and a segment's end were computed, with signed overflow, before (or
+  // while) refusing them; now each is refused by name with nothing published.
+  TempDir dir("ckpt-overflow");
+  const std::int64_t big = std::int64_t{1} << 40;
+  const auto attempt = [&](const std::vector<TensorSpec>& specs,
+                           const std::vector<SegmentShape>& declared) {
+    std::string error;
+    LocalComm::run(1, [&](LocalComm& comm) {
+      try {
+        save_streamed(comm, dir.path(), "t", specs, declared, [](const SegmentSink&) {});
+      } catch (const CheckpointError& e) {
+        error = e.what();
+      }
+    });
+    CHECK(list_tags(dir.path()).empty());
+    return error;
+  };
+  CHECK_THAT(attempt({{"huge", DType::f32, {big, big}}}, {}),
+             Contains("'huge'") && Contains("more bytes than fit in 64 bits"));
+  // 2^61 f32 elements are 2^63 bytes: one past int64.
+  CHECK_THAT(attempt({{"bytes", DType::f32, {std::int64_t{1} << 61}}}, {}),
+             Contains("'bytes'") && Contains("64 bits"));
+  CHECK_THAT(attempt({{"neg", DType::f32, {4, -1}}}, {}), Contains("'neg'"));
+  const std::int64_t last = std::numeric_limits<std::int64_t>::max();
+  CHECK_THAT(attempt({{"w", DType::f32, {8}}}, {{"w", last, DType::f32, 2}}),
+             Contains("[9223372036854775807, 9223372036854775807 + 2)") && Contains("'w'"));
+  // Negative control: large extents with a zero among them are an empty tensor, in any order
+  // (the byte count through 2^40 x 2^40 was refused before reaching the 0).
+  LocalComm::run(1, [&](LocalComm& comm) {
+    const std::vector<TensorSpec> fits{{"empty", DType::f32, {0, big, big}},
+                                       {"empty_last", DType::f32, {big, big, 0}}};
+    save_streamed(comm, dir.path(), "ok", fits, {}, [](const SegmentSink&) {});
+  });
+  CHECK(list_tags(dir.path()) == std::vector<std::string>{"ok"});
 }
 
 TEST_CASE("a bad segmentation fails the save on every rank and publishes nothing", "[unit]") {

@@ -451,3 +451,17 @@ TEST_CASE("safetensors refuses names and metadata that are not UTF-8, leaving no
                   CheckpointError);
   CHECK(std::filesystem::is_empty(dir.path()));
 }
+
+TEST_CASE("an empty tensor whose other extents multiply past int64 opens with no elements",
+          "[unit][safetensors]") {
+  // [2^31, 2^32, 0] passed the header's unsigned checks (2^63 fits in 64 unsigned bits), and
+  // numel() then multiplied 2^31 by 2^32 in int64: signed overflow before the 0.
+  TempDir dir("st-empty");
+  const auto path = dir / "empty.safetensors";
+  zero::testing::write_file(
+      path,
+      craft(R"({"e":{"dtype":"F32","shape":[2147483648,4294967296,0],"data_offsets":[0,0]}})"));
+  const SafetensorsReader reader(path);
+  CHECK(reader.info("e").numel() == 0);
+  CHECK(reader.read_vector<float>("e").empty());
+}

@@ -62,6 +62,9 @@ struct TensorRecord {
   /// Elements of the flattened tensor.
   std::int64_t numel() const {
     std::int64_t n = 1;
+    for (std::int64_t e : shape) {
+      if (e == 0) return 0;  // before a product of the others that may not fit
+    }
     for (std::int64_t e : shape) n *= e;
     return n;
   }
@@ -156,12 +159,8 @@ inline void validate_index(Index& index, const std::string& where) {
     expect<CheckpointError>(seen.emplace(t.name, 0).second, at, ": listed twice");
     // Its element count and bytes must fit int64 before numel() is used (a product that wraps
     // to 0 would pass with no segments).
-    std::int64_t bytes = static_cast<std::int64_t>(size_of(t.dtype));
-    for (std::int64_t e : t.shape) {
-      expect<CheckpointError>(
-          e >= 0 && !__builtin_mul_overflow(bytes, e, &bytes), at,
-          ": the shape's extents must be >= 0 and their product fit in 64 bits");
-    }
+    expect<CheckpointError>(shape_fits(t.shape, t.dtype), at,
+                            ": the shape's extents must be >= 0 and their product fit in 64 bits");
     std::sort(t.segments.begin(), t.segments.end(),
               [](const auto& a, const auto& b) { return a.offset < b.offset; });
     std::int64_t next = 0;

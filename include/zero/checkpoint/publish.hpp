@@ -44,6 +44,23 @@ inline void sync_directory(const std::filesystem::path& dir) {
   }
 }
 
+/// create_directories(dir), then an fsync of the parent of every directory it made, so a
+/// checkpoint directory made by the first save survives a crash with the tag published in it.
+inline void create_durable_directories(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> made;  // deepest first
+  std::error_code ec;
+  for (std::filesystem::path p = dir; !p.empty() && !std::filesystem::exists(p, ec);
+       p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  std::filesystem::create_directories(dir);
+  for (auto it = made.rbegin(); it != made.rend(); ++it) {
+    const std::filesystem::path parent = it->parent_path().empty() ? "." : it->parent_path();
+    sync_directory(parent);
+  }
+}
+
 namespace detail {
 /// The tag of name when name is "<tag><marker><nonce>", the form of the directories a save
 /// makes (a valid tag, then 16 lowercase hex digits: make_nonce); empty otherwise.

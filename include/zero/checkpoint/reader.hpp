@@ -166,8 +166,8 @@ class Reader {
     const TensorRecord& t = tensor(name);
     const auto count = static_cast<std::int64_t>(out.size());
     expect<CheckpointError>(offset >= 0 && offset <= t.numel() && count <= t.numel() - offset,
-                            where(t), ": element range [", offset, ", ", offset + count,
-                            ") is out of bounds (the tensor has ", t.numel(), " elements)");
+                            where(t), ": element range ", element_range(offset, count),
+                            " is out of bounds (the tensor has ", t.numel(), " elements)");
     constexpr DType want = dtype_of<T>;
     if (t.dtype != want) {
       expect<CheckpointError>(rule == io::DTypeRule::convert, where(t), ": stored as ",

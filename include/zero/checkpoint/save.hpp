@@ -111,9 +111,9 @@ inline void expect_storable(const nlohmann::json& state, const std::string& what
   expect_finite_numbers(state, at, what);
   try {
     (void)state.dump();
-  } catch (const nlohmann::json::type_error& e) {  // clang-format off
-    raise<CheckpointError>(what, " holds a string that is not valid UTF-8, which JSON cannot store (",
-                           e.what(), ")");  // clang-format on
+  } catch (const nlohmann::json::type_error& e) {
+    raise<CheckpointError>(what, " holds a string that is not valid UTF-8, which JSON cannot ",
+                           "store (", e.what(), ")");
   }
 }
 
@@ -137,9 +137,8 @@ inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, i
   nlohmann::json specs = nlohmann::json::array();
   for (const TensorSpec& t : tensors) {
     expect<CheckpointError>(!t.name.empty(), who, ": a tensor has an empty name");
-    for (std::int64_t e : t.shape) {
-      expect<CheckpointError>(e >= 0, who, ": tensor '", t.name, "' has a negative extent");
-    }
+    expect<CheckpointError>(shape_fits(t.shape, t.dtype), who, ": tensor '", t.name,
+                            "' has a negative extent or more bytes than fit in 64 bits");
     const auto [it, fresh] = spec_of.emplace(t.name, &t);
     if (!fresh) {
       expect<CheckpointError>(*it->second == t, who, ": tensor '", t.name,
@@ -159,8 +158,8 @@ inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, i
     expect<CheckpointError>(s.dtype == t.dtype, who, ": segment of tensor '", t.name, "' carries ",
                             name_of(s.dtype), " data but the tensor is ", name_of(t.dtype));
     expect<CheckpointError>(s.offset >= 0 && s.count >= 0 && s.count <= t.numel() - s.offset, who,
-                            ": segment [", s.offset, ", ", s.offset + s.count, ") of tensor '",
-                            t.name, "' is outside its ", t.numel(), " elements");
+                            ": segment ", element_range(s.offset, s.count), " of tensor '", t.name,
+                            "' is outside its ", t.numel(), " elements");
     if (s.count == 0) continue;
     decls.emplace_back(segment_key(s.name, s.offset), t.dtype, std::vector<std::int64_t>{s.count});
     kept.push_back(&s);
@@ -181,8 +180,8 @@ inline nlohmann::json write_shard(const std::filesystem::path& temp, int rank, i
                             s.name, "' has ", s.data.size(), " bytes, not whole elements");
     if (s.count() == 0) return;
     expect<CheckpointError>(next < kept.size() && shape_of(s) == *kept[next], who,
-                            ": the data of segment [", s.offset, ", ", s.offset + s.count(),
-                            ") of tensor '", s.name, "' is not the next one declared (",
+                            ": the data of segment ", element_range(s.offset, s.count()),
+                            " of tensor '", s.name, "' is not the next one declared (",
                             next < kept.size() ? kept[next]->name : std::string("none left"), ")");
     const io::TensorInfo& info = writer.tensors()[next];
     const std::uint32_t crc = crc32c(s.data);
@@ -319,7 +318,7 @@ SaveResult save_streamed(Comm& comm, const std::filesystem::path& dir, std::stri
     try {
       validate_tag(tag);
       detail::expect_storable(engine, "the engine state");
-      std::filesystem::create_directories(dir);
+      create_durable_directories(dir);
       remove_stale_entries(dir);
       const auto temp = dir / (std::string(tag) + std::string(temp_marker) + detail::make_nonce());
       std::filesystem::create_directory(temp);

@@ -29,6 +29,9 @@ struct TensorSpec {
   /// Number of elements of the flattened tensor.
   std::int64_t numel() const {
     std::int64_t n = 1;
+    for (std::int64_t e : shape) {
+      if (e == 0) return 0;  // before a product of the others that may not fit
+    }
     for (std::int64_t e : shape) n *= e;
     return n;
   }
@@ -57,6 +60,34 @@ struct SegmentShape {
 
   bool operator==(const SegmentShape&) const = default;
 };
+
+/// True when every extent of shape is >= 0 and the tensor's bytes in dtype fit in int64 (a
+/// zero extent makes it empty whatever the others are), so numel() and byte counts may be
+/// computed without overflow.
+inline bool shape_fits(std::span<const std::int64_t> shape, DType dtype) {
+  bool empty = false;
+  for (std::int64_t e : shape) {
+    if (e < 0) return false;
+    empty = empty || e == 0;
+  }
+  if (empty) return true;
+  auto bytes = static_cast<std::int64_t>(size_of(dtype));
+  for (std::int64_t e : shape) {
+    if (__builtin_mul_overflow(bytes, e, &bytes)) return false;
+  }
+  return true;
+}
+
+/// "[offset, offset + count)" for messages, the end written as a sum where it would pass int64
+/// (a message about a bad range must not overflow computing it).
+inline std::string element_range(std::int64_t offset, std::int64_t count) {
+  std::int64_t end = 0;
+  if (__builtin_add_overflow(offset, count, &end)) {
+    return "[" + std::to_string(offset) + ", " + std::to_string(offset) + " + " +
+           std::to_string(count) + ")";
+  }
+  return "[" + std::to_string(offset) + ", " + std::to_string(end) + ")";
+}
 
 /// The shape of segment s (its data left out).
 inline SegmentShape shape_of(const Segment& s) {

@@ -74,6 +74,9 @@ struct TensorInfo {
   /// Number of elements (1 for rank 0, 0 if any extent is 0).
   std::int64_t numel() const {
     std::int64_t n = 1;
+    for (std::int64_t e : shape) {
+      if (e == 0) return 0;  // before a product of the others that may not fit
+    }
     for (std::int64_t e : shape) n *= e;
     return n;
   }
