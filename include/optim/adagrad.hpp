@@ -22,6 +22,17 @@ struct AdagradHyper {
   double weight_decay = 0.0;  ///< L2 term added to the gradient
 };
 
+/// Throws ConfigError naming the bad Adagrad hyper-parameter of group index group (as
+/// torch.optim.Adagrad refuses them).
+inline void validate(const AdagradHyper& h, std::size_t group, const char* who) {
+  expect<ConfigError>(h.lr >= 0.0, who, ": group ", group, ": lr must be >= 0, got ", h.lr);
+  expect<ConfigError>(h.lr_decay >= 0.0, who, ": group ", group, ": lr_decay must be >= 0, got ",
+                      h.lr_decay);
+  expect<ConfigError>(h.eps >= 0.0, who, ": group ", group, ": eps must be >= 0, got ", h.eps);
+  expect<ConfigError>(h.weight_decay >= 0.0, who, ": group ", group,
+                      ": weight_decay must be >= 0, got ", h.weight_decay);
+}
+
 /// Adagrad over a flat shard; state sum (starting at initial_accumulator_value).
 class Adagrad : public FlatOptimizer<AdagradHyper> {
  public:
@@ -37,6 +48,7 @@ class Adagrad : public FlatOptimizer<AdagradHyper> {
     expect<ConfigError>(initial_accumulator_value >= 0.0,
                         "Adagrad: initial_accumulator_value must be >= 0, got ",
                         initial_accumulator_value);
+    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "Adagrad");
   }
 
   /// One fused step.
@@ -44,9 +56,9 @@ class Adagrad : public FlatOptimizer<AdagradHyper> {
     validate(io, numel_, true, "Adagrad");
     ++step_;
     std::vector<AdagradRule> rules;
-    for (const auto& g : groups_) {
-      expect<ConfigError>(g.hyper.lr >= 0.0 && g.hyper.lr_decay >= 0.0,
-                          "Adagrad: lr and lr_decay must be >= 0");
+    for (std::size_t k = 0; k < groups_.size(); ++k) {
+      const auto& g = groups_[k];
+      validate(g.hyper, k, "Adagrad");  // a schedule may have changed it since the last step
       const double clr = g.hyper.lr / (1.0 + static_cast<double>(step_ - 1) * g.hyper.lr_decay);
       rules.push_back({static_cast<float>(g.hyper.weight_decay), static_cast<float>(g.hyper.eps),
                        static_cast<float>(-clr)});

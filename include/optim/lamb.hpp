@@ -36,6 +36,22 @@ struct LambHyper {
   double max_trust = 10.0;     ///< upper clamp of the trust ratio
 };
 
+/// Throws ConfigError naming the bad LAMB hyper-parameter of group index group (beta 1 would
+/// divide by a zero bias correction, and a min_coeff above max_coeff is no clamp).
+inline void validate(const LambHyper& h, std::size_t group, const char* who) {
+  expect<ConfigError>(h.lr >= 0.0, who, ": group ", group, ": lr must be >= 0, got ", h.lr);
+  expect<ConfigError>(h.beta1 >= 0.0 && h.beta1 < 1.0, who, ": group ", group,
+                      ": beta1 must be in [0, 1), got ", h.beta1);
+  expect<ConfigError>(h.beta2 >= 0.0 && h.beta2 < 1.0, who, ": group ", group,
+                      ": beta2 must be in [0, 1), got ", h.beta2);
+  expect<ConfigError>(h.eps >= 0.0, who, ": group ", group, ": eps must be >= 0, got ", h.eps);
+  expect<ConfigError>(h.weight_decay >= 0.0, who, ": group ", group,
+                      ": weight_decay must be >= 0, got ", h.weight_decay);
+  expect<ConfigError>(h.min_trust >= 0.0 && h.min_trust <= h.max_trust, who, ": group ", group,
+                      ": the trust ratio's clamp [min_coeff, max_coeff] = [", h.min_trust, ", ",
+                      h.max_trust, "] must have 0 <= min_coeff <= max_coeff");
+}
+
 /// Sums of squares per tensor: of the parameters and of the update direction.
 struct LambNorms {
   std::vector<double> param_sq;   ///< sum of p^2 per tensor
@@ -55,6 +71,7 @@ class Lamb : public FlatOptimizer<LambHyper> {
     if (tensors_.empty()) {
       for (const auto& g : groups_) tensors_.push_back(g.range);
     }
+    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "LAMB");
     validate_ranges(tensors_, numel_, "LAMB tensors");
     for (const Range& t : tensors_) {
       std::size_t owner = groups_.size();
@@ -75,6 +92,8 @@ class Lamb : public FlatOptimizer<LambHyper> {
   void begin_step(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, true, "LAMB");
     expect_host(run);
+    // A schedule (OneCycle's betas) may have changed them since the last step.
+    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "LAMB");
     ++step_;
     std::vector<LambMomentsRule> rules;
     for (const auto& g : groups_) {

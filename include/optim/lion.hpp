@@ -22,6 +22,16 @@ struct LionHyper {
   double weight_decay = 0.0;  ///< decoupled: p *= 1 - lr * wd
 };
 
+/// Throws ConfigError naming the bad Lion hyper-parameter of group index group.
+inline void validate(const LionHyper& h, std::size_t group, const char* who) {
+  expect<ConfigError>(h.lr >= 0.0, who, ": group ", group, ": lr must be >= 0, got ", h.lr);
+  expect<ConfigError>(h.beta1 >= 0.0 && h.beta1 <= 1.0 && h.beta2 >= 0.0 && h.beta2 < 1.0, who,
+                      ": group ", group, ": betas must be in [0, 1] and [0, 1), got ", h.beta1,
+                      ", ", h.beta2);
+  expect<ConfigError>(h.weight_decay >= 0.0, who, ": group ", group,
+                      ": weight_decay must be >= 0, got ", h.weight_decay);
+}
+
 /// Lion over a flat shard; state exp_avg.
 class Lion : public FlatOptimizer<LionHyper> {
  public:
@@ -30,17 +40,18 @@ class Lion : public FlatOptimizer<LionHyper> {
       : Lion(numel, single_group(numel, hyper)) {}
   /// Several groups.
   Lion(std::size_t numel, std::vector<ParamGroup<LionHyper>> groups)
-      : FlatOptimizer<LionHyper>("Lion", numel, std::move(groups), {"exp_avg"}) {}
+      : FlatOptimizer<LionHyper>("Lion", numel, std::move(groups), {"exp_avg"}) {
+    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "Lion");
+  }
 
   /// One fused step.
   void step(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, true, "Lion");
     ++step_;
     std::vector<LionRule> rules;
-    for (const auto& g : groups_) {
-      const LionHyper& h = g.hyper;
-      expect<ConfigError>(h.beta1 >= 0.0 && h.beta1 <= 1.0 && h.beta2 >= 0.0 && h.beta2 < 1.0,
-                          "Lion: betas must be in [0, 1], got ", h.beta1, ", ", h.beta2);
+    for (std::size_t k = 0; k < groups_.size(); ++k) {
+      const LionHyper& h = groups_[k].hyper;
+      validate(h, k, "Lion");  // a schedule may have changed it since the last step
       rules.push_back({static_cast<float>(h.beta1), static_cast<float>(1.0 - h.beta1),
                        static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2),
                        static_cast<float>(-h.lr), static_cast<float>(1.0 - h.lr * h.weight_decay)});

@@ -196,8 +196,8 @@ class LrScheduler {
   explicit LrScheduler(Schedule schedule) : schedule_(std::move(schedule)) {}
 
   /// Reads DeepSpeed's `scheduler` block ({"type": ..., "params": {...}}); optimizer_lr is the
-  /// optimizer's lr (WarmupCosineLR's base). Unknown types and keys are ConfigErrors that name
-  /// the key path.
+  /// optimizer's lr (WarmupCosineLR's base, WarmupLR's warmup_max_lr when not given). Unknown
+  /// types and keys are ConfigErrors that name the key path.
   static LrScheduler from_json(const nlohmann::json& block, double optimizer_lr);
 
   /// The lr for the next optimizer step.
@@ -330,6 +330,9 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
   };
   if (type == "WarmupLR" || type == "WarmupDecayLR") {
     WarmupLR w;
+    // DeepSpeed's WarmupLR warms up to the optimizer's lr when warmup_max_lr is not given;
+    // WarmupDecayLR keeps its 1e-3.
+    if (type == "WarmupLR") w.warmup_max_lr = optimizer_lr;
     read_param(params, "warmup_min_lr", w.warmup_min_lr);
     read_param(params, "warmup_max_lr", w.warmup_max_lr);
     read_param(params, "warmup_num_steps", w.warmup_num_steps);

@@ -23,6 +23,17 @@ struct RmspropHyper {
   double weight_decay = 0.0;  ///< L2 term added to the gradient
 };
 
+/// Throws ConfigError naming the bad RMSprop hyper-parameter of group index group (as
+/// torch.optim.RMSprop refuses them).
+inline void validate(const RmspropHyper& h, std::size_t group, const char* who) {
+  expect<ConfigError>(h.lr >= 0.0, who, ": group ", group, ": lr must be >= 0, got ", h.lr);
+  expect<ConfigError>(h.alpha >= 0.0 && h.alpha < 1.0, who, ": group ", group,
+                      ": alpha must be in [0, 1), got ", h.alpha);
+  expect<ConfigError>(h.eps >= 0.0, who, ": group ", group, ": eps must be >= 0, got ", h.eps);
+  expect<ConfigError>(h.weight_decay >= 0.0, who, ": group ", group,
+                      ": weight_decay must be >= 0, got ", h.weight_decay);
+}
+
 /// Optimizer-wide RMSProp options (they decide which state buffers exist).
 struct RmspropOptions {
   double momentum = 0.0;  ///< 0 disables the momentum buffer
@@ -43,6 +54,7 @@ class Rmsprop : public FlatOptimizer<RmspropHyper> {
         options_(options) {
     expect<ConfigError>(options.momentum >= 0.0, "RMSprop: momentum must be >= 0, got ",
                         options.momentum);
+    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "RMSprop");
   }
 
   /// One fused step.
@@ -68,9 +80,9 @@ class Rmsprop : public FlatOptimizer<RmspropHyper> {
   template <bool Centered, bool Momentum>
   void run_rules(const FusedIo& io, const StepOptions& run) {
     std::vector<RmspropRule<Centered, Momentum>> rules;
-    for (const auto& g : groups_) {
-      expect<ConfigError>(g.hyper.alpha >= 0.0 && g.hyper.alpha < 1.0,
-                          "RMSprop: alpha must be in [0, 1), got ", g.hyper.alpha);
+    for (std::size_t k = 0; k < groups_.size(); ++k) {
+      const auto& g = groups_[k];
+      validate(g.hyper, k, "RMSprop");  // a schedule may have changed it since the last step
       RmspropRule<Centered, Momentum> r{};
       r.weight_decay = static_cast<float>(g.hyper.weight_decay);
       r.alpha = static_cast<float>(g.hyper.alpha);

@@ -20,6 +20,14 @@ struct SgdHyper {
   double weight_decay = 0.0;  ///< L2 term added to the gradient
 };
 
+/// Throws ConfigError naming the bad SGD hyper-parameter of group index group (as
+/// torch.optim.SGD refuses them).
+inline void validate(const SgdHyper& h, std::size_t group, const char* who) {
+  expect<ConfigError>(h.lr >= 0.0, who, ": group ", group, ": lr must be >= 0, got ", h.lr);
+  expect<ConfigError>(h.weight_decay >= 0.0, who, ": group ", group,
+                      ": weight_decay must be >= 0, got ", h.weight_decay);
+}
+
 /// Optimizer-wide SGD options (they decide which state buffers exist).
 struct SgdOptions {
   double momentum = 0.0;   ///< 0 disables the momentum buffer
@@ -43,6 +51,7 @@ class Sgd : public FlatOptimizer<SgdHyper> {
                         options.momentum);
     expect<ConfigError>(!options.nesterov || (options.momentum > 0.0 && options.dampening == 0.0),
                         "SGD: nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
+    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "SGD");
   }
 
   /// The optimizer-wide options.
@@ -63,8 +72,9 @@ class Sgd : public FlatOptimizer<SgdHyper> {
   template <bool Momentum>
   void run_rules(const FusedIo& io, const StepOptions& run) {
     std::vector<SgdRule<Momentum>> rules;
-    for (const auto& g : groups_) {
-      expect<ConfigError>(g.hyper.lr >= 0.0, "SGD: lr must be >= 0, got ", g.hyper.lr);
+    for (std::size_t k = 0; k < groups_.size(); ++k) {
+      const auto& g = groups_[k];
+      validate(g.hyper, k, "SGD");  // a schedule may have changed it since the last step
       SgdRule<Momentum> r{};
       r.weight_decay = static_cast<float>(g.hyper.weight_decay);
       r.momentum = static_cast<float>(options_.momentum);

@@ -1,6 +1,8 @@
 // DeepSpeed JSON configs: the documented examples parse with "auto" left for the program, the
 // batch-size rule, and every kind of bad value rejected with its key path.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -216,4 +218,31 @@ TEST_CASE("unknown keys are warned about, not fatal; type names match case-insen
   CHECK(c.optimizer->type == "AdamW");
   CHECK_THROWS_WITH(Config::from_json_file("/nonexistent/ds_config.json"),
                     Catch::Contains("/nonexistent/ds_config.json"));
+}
+
+TEST_CASE("a decay that ends before its warmup is warned about, as DeepSpeed does",
+          "[unit][config]") {
+  const auto warnings = [](const char* scheduler) {
+    return Config::from_json_string(std::string(R"({"scheduler": )") + scheduler + "}").warnings;
+  };
+  const auto short_decay = [](const std::vector<std::string>& w) {
+    return std::count_if(w.begin(), w.end(), [](const std::string& s) {
+      return s.find("total_num_steps: 100 is less than warmup_num_steps") != std::string::npos;
+    });
+  };
+  CHECK(short_decay(warnings(R"({"type": "WarmupDecayLR",
+      "params": {"total_num_steps": 100, "warmup_num_steps": 1000}})")) == 1);
+  CHECK(short_decay(warnings(R"({"type": "WarmupCosineLR",
+      "params": {"total_num_steps": 100, "warmup_num_steps": 500}})")) == 1);
+  // warmup_num_steps' default is 1000.
+  CHECK(short_decay(warnings(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 100}})")) ==
+        1);
+  // Negative controls: a decay longer than its warmup, an "auto" warmup, WarmupLR.
+  CHECK(warnings(R"({"type": "WarmupDecayLR",
+      "params": {"total_num_steps": 2000, "warmup_num_steps": 1000}})")
+            .empty());
+  CHECK(warnings(R"({"type": "WarmupDecayLR",
+      "params": {"total_num_steps": 100, "warmup_num_steps": "auto"}})")
+            .empty());
+  CHECK(warnings(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 1000}})").empty());
 }

@@ -27,6 +27,25 @@ TEST_CASE("WarmupLR", "[unit][optim]") {
   CHECK(s.lr(0) == 0.0);
 }
 
+TEST_CASE("WarmupLR from a config warms up to the optimizer's lr unless warmup_max_lr is given",
+          "[unit][optim]") {
+  // DeepSpeed's WarmupLR defaults warmup_max_lr to the optimizer's lr (WarmupDecayLR keeps
+  // 1e-3); this one warmed up to 1e-3, 100x an optimizer lr of 1e-5.
+  const auto lr_after = [](const char* block, double optimizer_lr) {
+    LrScheduler s = LrScheduler::from_json(nlohmann::json::parse(block), optimizer_lr);
+    s.step(10);
+    return s.lr();
+  };
+  CHECK(lr_after(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 10}})", 1e-5) == 1e-5);
+  CHECK(lr_after(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 10}})", 3e-4) == 3e-4);
+  CHECK(lr_after(R"({"type": "WarmupLR",
+                     "params": {"warmup_num_steps": 10, "warmup_max_lr": 2e-3}})",
+                 1e-5) == 2e-3);
+  CHECK(lr_after(R"({"type": "WarmupDecayLR",
+                     "params": {"warmup_num_steps": 10, "total_num_steps": 1000}})",
+                 1e-5) == Approx(1e-3));
+}
+
 TEST_CASE("WarmupDecayLR", "[unit][optim]") {
   WarmupDecayLR s{1000, WarmupLR{0.0, 1.0, 100, WarmupType::linear}};
   CHECK(s.lr(99) == Approx(0.99));

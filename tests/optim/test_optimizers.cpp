@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -437,4 +438,65 @@ TEST_CASE("LAMB from a config refuses FusedLamb's own clipping and turning bias 
   spec.params["bias_correction"] = {0.0};
   CHECK_THROWS_WITH(AnyOptimizer::from_config(spec, 4, {}),
                     Catch::Contains("bias_correction: false is not supported"));
+}
+
+TEST_CASE("every optimizer refuses hyper-parameters PyTorch refuses, naming them",
+          "[unit][optim]") {
+  // Only Adam checked its values: LAMB with a beta of 1 divided by a zero bias correction and
+  // wrote NaN into every parameter, a min_coeff above max_coeff was std::clamp's undefined
+  // behaviour, and a negative lr on Lion or RMSprop trained uphill without a word.
+  const auto refuses = [](const std::string& type, const char* key, double value,
+                          const char* named) {
+    zero::NamedParams spec;
+    spec.type = type;
+    spec.params["lr"] = {0.01};
+    spec.params[key] = {value};
+    INFO(type << " " << key << " = " << value);
+    CHECK_THROWS_AS(AnyOptimizer::from_config(spec, 4, {}), zero::ConfigError);
+    CHECK_THROWS_WITH(AnyOptimizer::from_config(spec, 4, {}),
+                      Catch::Contains(type) && Catch::Contains(named));
+  };
+  refuses("LAMB", "lr", -1e-3, "lr must be >= 0");
+  refuses("LAMB", "eps", -1e-8, "eps must be >= 0");
+  refuses("LAMB", "weight_decay", -0.1, "weight_decay must be >= 0");
+  refuses("LAMB", "max_coeff", 0.005, "min_coeff <= max_coeff");  // min_coeff 0.01
+  refuses("LAMB", "min_coeff", -1.0, "min_coeff <= max_coeff");
+  refuses("Lion", "lr", -0.01, "lr must be >= 0");
+  refuses("Lion", "weight_decay", -0.1, "weight_decay must be >= 0");
+  refuses("RMSprop", "lr", -0.01, "lr must be >= 0");
+  refuses("RMSprop", "eps", -1e-8, "eps must be >= 0");
+  refuses("RMSprop", "weight_decay", -0.1, "weight_decay must be >= 0");
+  refuses("RMSprop", "alpha", 1.0, "alpha must be in [0, 1)");
+  refuses("Adagrad", "lr", -0.01, "lr must be >= 0");
+  refuses("Adagrad", "eps", -1e-10, "eps must be >= 0");
+  refuses("Adagrad", "weight_decay", -0.1, "weight_decay must be >= 0");
+  refuses("SGD", "lr", -0.01, "lr must be >= 0");
+  refuses("SGD", "weight_decay", -0.1, "weight_decay must be >= 0");
+  // LAMB's betas.
+  for (const std::vector<double>& betas :
+       {std::vector<double>{0.9, 1.0}, {1.0, 0.999}, {0.9, 1.5}, {-0.1, 0.999}}) {
+    zero::NamedParams spec;
+    spec.type = "LAMB";
+    spec.params["betas"] = betas;
+    INFO("betas " << betas[0] << ", " << betas[1]);
+    CHECK_THROWS_WITH(AnyOptimizer::from_config(spec, 4, {}),
+                      Catch::Contains("LAMB") && Catch::Contains("must be in [0, 1)"));
+  }
+  // A value a schedule sets after construction is refused at the next step, before any update.
+  Lamb lamb(4);
+  lamb.groups()[0].hyper.beta2 = 1.0;
+  std::vector<float> p(4, 1.0f), g(4, 0.5f);
+  CHECK_THROWS_WITH(lamb.step(FusedIo::over<float>(p, g)), Catch::Contains("beta2"));
+  CHECK(p == std::vector<float>(4, 1.0f));
+  // Negative control: the defaults and valid edges build and step to finite values.
+  for (const char* type : {"LAMB", "Lion", "RMSprop", "Adagrad", "SGD"}) {
+    zero::NamedParams spec;
+    spec.type = type;
+    spec.params["lr"] = {0.0};
+    spec.params["weight_decay"] = {0.0};
+    AnyOptimizer opt = AnyOptimizer::from_config(spec, 4, {});
+    std::vector<float> q(4, 1.0f), h(4, 0.5f);
+    CHECK_NOTHROW(opt.step(FusedIo::over<float>(q, h)));
+    for (float v : q) CHECK(std::isfinite(v));
+  }
 }

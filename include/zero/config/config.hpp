@@ -172,9 +172,11 @@ struct Config {
                         "fp16.enabled and bf16.enabled are both true: choose one precision");
     if (r.has("optimizer"))
       c.optimizer = read_named(r.object("optimizer"), c.warnings, optimizer_types(), {});
-    if (r.has("scheduler"))
+    if (r.has("scheduler")) {
       c.scheduler =
           read_named(r.object("scheduler"), c.warnings, scheduler_types(), {"warmup_type"});
+      warn_short_decay(*c.scheduler, c.warnings);
+    }
     read_zero(r.object("zero_optimization"), c);
     {
       std::vector<std::string> unknown;
@@ -298,6 +300,25 @@ struct Config {
     static const std::vector<std::string> types = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
                                                    "OneCycle", "LRRangeTest"};
     return types;
+  }
+
+  // DeepSpeed's warning for a decay that ends before its warmup does (the run never reaches
+  // the lr it warms up to, or drops from it at once): total_num_steps < warmup_num_steps, its
+  // default 1000 included; not judged while either is "auto".
+  static void warn_short_decay(const NamedParams& s, std::vector<std::string>& warnings) {
+    if (s.type != "WarmupDecayLR" && s.type != "WarmupCosineLR") return;
+    const auto given = [&](const char* key) { return s.params.contains(key); };
+    const auto is_auto = [&](const char* key) {
+      return std::find(s.auto_params.begin(), s.auto_params.end(), key) != s.auto_params.end();
+    };
+    if (!given("total_num_steps") || is_auto("warmup_num_steps")) return;
+    const double total = s.get("total_num_steps", 0.0);
+    const double warmup = s.get("warmup_num_steps", 1000.0);
+    if (total < warmup) {
+      warnings.push_back(zero::detail::concat("scheduler.params.total_num_steps: ", total,
+                                              " is less than warmup_num_steps ", warmup, " (",
+                                              s.type, " decays before its warmup ends)"));
+    }
   }
 
   static void collect(const config::JsonReader& r, std::vector<std::string>& warnings) {
