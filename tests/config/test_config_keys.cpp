@@ -87,8 +87,13 @@ TEST_CASE("every known key is read by the parser and is either applied or report
                key.path == "bf16.enabled" || key.path == "bfloat16.enabled" ? false : true);
       if (key.path == "communication_data_type") set_path(live, "fp16.enabled", false);
       if (!key.path.ends_with(".device")) {
-        set_path(live, "zero_optimization.offload_optimizer.device", "nvme");
-        set_path(live, "zero_optimization.offload_optimizer.nvme_path", "/tmp");
+        // offload_param's swap keys act when it is the section on nvme (alone: with
+        // offload_optimizer on nvme too, that section's buffers are used).
+        const std::string section = key.path.starts_with("zero_optimization.offload_param.")
+                                        ? "zero_optimization.offload_param"
+                                        : "zero_optimization.offload_optimizer";
+        set_path(live, section + ".device", "nvme");
+        set_path(live, section + ".nvme_path", "/tmp");
       }
       if (key.path == "zero_optimization.overlap_comm") set_path(live, key.path, true);
       CHECK_FALSE(noticed(Config::from_json(live), key.path));
@@ -115,7 +120,18 @@ TEST_CASE("every key the offload sections read is in the key table, in both sect
   CHECK(c.warnings.empty());
   CHECK(noticed(c, "zero_optimization.offload_optimizer.max_in_cpu"));
   CHECK(noticed(c, "zero_optimization.offload_param.ratio"));
-  CHECK_FALSE(noticed(c, "zero_optimization.offload_param.pin_memory"));  // NVMe: it acts
+  // With both sections on nvme one swapper holds both, with offload_optimizer's buffers.
+  CHECK(noticed(c, "zero_optimization.offload_param.pin_memory"));
+  CHECK(noticed(c, "zero_optimization.offload_param.buffer_count"));
+  CHECK_FALSE(noticed(c, "zero_optimization.offload_optimizer.pin_memory"));
+  // offload_param alone on nvme: its swap buffers are the ones used.
+  nlohmann::json cpu = section;
+  cpu["device"] = "cpu";
+  const Config params_only =
+      Config::from_json({{"zero_optimization",
+                          {{"stage", 3}, {"offload_optimizer", cpu}, {"offload_param", section}}}});
+  CHECK_FALSE(noticed(params_only, "zero_optimization.offload_param.pin_memory"));
+  CHECK_FALSE(noticed(params_only, "zero_optimization.offload_param.buffer_count"));
 }
 
 TEST_CASE("applied keys say so when this configuration gives them nothing to do",

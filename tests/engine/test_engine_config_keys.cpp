@@ -360,3 +360,31 @@ TEST_CASE("OneCycle's momentum decay past 1 stops the step before any update, na
                       Catch::Contains("| between steps"));
   }
 }
+
+TEST_CASE("with both offload sections on NVMe their nvme_paths must agree", "[unit][engine]") {
+  // One swapper holds the master, the optimizer states and the parameter shards. offload_param's
+  // nvme_path (and its range-checked buffer_count) were never read when offload_optimizer was
+  // on nvme too: a config putting them on two drives used the optimizer's without a word.
+  const auto config = [](const char* param_path, int param_buffers) {
+    return Config::from_json_string(std::string(R"({"zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme0", "buffer_count": 3},
+        "offload_param": {"device": "nvme", "nvme_path": ")") +
+                                    param_path + R"(", "buffer_count": )" +
+                                    std::to_string(param_buffers) + "}}}");
+  };
+  CHECK_THROWS_WITH(engine::nvme_settings(config("/nvme1", 5)),
+                    Catch::Contains("offload_param.nvme_path: '/nvme1' differs from "
+                                    "offload_optimizer.nvme_path '/nvme0'"));
+  CHECK_THROWS_WITH(engine::nvme_settings(config("/nvme0", 1000)),
+                    Catch::Contains("offload_param.buffer_count: 1000 must be in [1, 64]"));
+  // The same path (compared after lexical normalisation) is one swapper with the optimizer's
+  // buffers.
+  const auto same = engine::nvme_settings(config("/nvme0/../nvme0", 5));
+  CHECK(same.nvme_path == "/nvme0");
+  CHECK(same.buffer_count == 3);
+  // offload_param alone on nvme: its own section.
+  const auto alone = engine::nvme_settings(Config::from_json_string(R"({"zero_optimization": {
+      "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme1", "buffer_count": 6}}})"));
+  CHECK(alone.nvme_path == "/nvme1");
+  CHECK(alone.buffer_count == 6);
+}

@@ -78,6 +78,21 @@ TEST_CASE("bad NVMe and aio values name the key path", "[unit][offload][config]"
       error_of(
           R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/n", "buffer_count": 0}}})"),
       Catch::Contains("zero_optimization.offload_optimizer.buffer_count: 0 must be positive"));
+  // More than Linux moves in one request (io_uring's length is 32 bits): every request came
+  // back short, or with 4 GiB as 0 bytes.
+  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"block_size": 4294967296}})"),
+             Catch::Contains("aio.block_size: 4294967296 is more than 1 GiB"));
+  CHECK(error_of("{" + nvme + R"(, "aio": {"block_size": 1073741824}})") == "no error");
+  // A bad thread count is named by the spelling the config used.
+  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"thread_count": 0}})"),
+             Catch::Contains("aio.thread_count: 0 must be in [1, 256]"));
+  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"intra_op_parallelism": 0}})"),
+             Catch::Contains("aio.intra_op_parallelism: 0 must be in [1, 256]"));
+  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"thread_count": 2, "intra_op_parallelism": 0}})"),
+             Catch::Contains("aio.intra_op_parallelism: 0"));
+  IoOptions too_large;
+  too_large.block_size = std::size_t{2} << 30;
+  CHECK_THROWS_WITH(make_file_io(too_large, IoBackend::posix), Catch::Contains("at most 1 GiB"));
   const auto w = Config::from_json_string(R"({"aio": {"blok_size": 4096}})");
   REQUIRE(w.warnings.size() == 1);
   CHECK_THAT(w.warnings[0], Catch::Contains("aio.blok_size"));

@@ -1,6 +1,7 @@
 // NvmeSwapper: round trips of odd-sized tensors, the pipelined pass equal to a sequential loop
 // for every buffer count, fault injection that leaves other sub-groups intact, and cleanup.
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -389,4 +390,91 @@ TEST_CASE("swappers of several ranks come and go on one nvme_path without trippi
     CHECK(failures[static_cast<std::size_t>(r)].empty());
   }
   CHECK(!std::filesystem::exists(dir.path() / "zero_swap"));  // the last one out tidied up
+}
+
+TEST_CASE("a swapper removes the swap files a run that was killed left in its directory",
+          "[unit][offload]") {
+  // They were kept until this run truncated the ones it reuses: their space counted against the
+  // preflight (a restart refused for the space its own stale files held), and the files of
+  // groups the new run does not have stayed for good.
+  TempDir dir("stale", zero::testing::direct_io_base());
+  const auto own = dir.path() / "zero_swap" / "rank0" / "optimizer";
+  std::filesystem::create_directories(own);
+  zero::testing::write_file(own / "group0.swp", std::string(1 << 20, '\xff'));
+  zero::testing::write_file(own / "group7.swp", "stale");
+  zero::testing::write_file(own / "notes.txt", "the user's");
+  zero::testing::write_file(own / "group1.swp.bak", "the user's");
+  {
+    NvmeSwapper s(small_config(dir.path(), 2), odd_groups(2));
+    CHECK(!std::filesystem::exists(own / "group7.swp"));
+    CHECK(std::filesystem::file_size(s.file_of(0)) == s.layout(0).bytes);
+    CHECK(read(s, 0)[0] == std::vector<float>(read(s, 0)[0].size(), 0.0f));  // fresh: zeros
+    CHECK(std::filesystem::exists(own / "notes.txt"));
+    CHECK(std::filesystem::exists(own / "group1.swp.bak"));
+  }
+  CHECK(!std::filesystem::exists(own / "group0.swp"));
+  CHECK(std::filesystem::exists(own / "notes.txt"));  // not a swap file: kept, and so the folder
+}
+
+TEST_CASE("a pass called from inside a pass is refused without taking the outer pass's errors",
+          "[unit][offload]") {
+  // The nested call drained the outer pass's transfers before refusing: a failed read-ahead was
+  // consumed there, and the outer pass went on to update a partly read buffer and write it.
+  TempDir dir("nested", zero::testing::direct_io_base());
+  const auto groups = odd_groups(4);
+  const auto alignment = probe_direct_io(dir.path()).alignment;
+  const std::uint64_t group0_reads = (SwapLayout::plan(groups[0], alignment).bytes + 65535) / 65536;
+  auto faults = std::make_shared<FaultInjector>(group0_reads, EIO, IoOp::read);  // group 1's
+  NvmeSwapper s(small_config(dir.path(), 3), groups, opts(IoBackend::automatic, 0, faults));
+  fill(s);
+  std::string nested;
+  CHECK_THROWS_AS(s.for_each_group([&](std::size_t g, std::span<const std::span<float>>) {
+    if (g != 0) return;
+    try {
+      s.for_each_group([](std::size_t, std::span<const std::span<float>>) {});
+    } catch (const Error& e) {
+      nested = e.what();
+    }
+  }),
+                  NvmeIoError);
+  CHECK(faults->fired() == 1);
+  CHECK_THAT(nested, Catch::Contains("inside for_each_group"));
+}
+
+TEST_CASE("one rank's swappers coming and going never share a directory", "[unit][offload]") {
+  // A swapper closing removes its lock file, then lets the lock go: one that had opened the file
+  // before it was removed took a lock on a removed file, and a third could take a new one at
+  // the same time (two swappers on one set of files), or the second found its directory gone.
+  TempDir dir("swapper-lock");
+  constexpr int threads_n = 4, rounds = 150;
+  std::atomic<int> live{0}, most{0};
+  std::vector<std::string> failures(threads_n);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < threads_n; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < rounds; ++i) {
+        try {
+          NvmeSwapper s(small_config(dir.path(), 1), {{{"master", 1024}}});
+          const int now = live.fetch_add(1) + 1;
+          int seen = most.load();
+          while (now > seen && !most.compare_exchange_weak(seen, now)) {
+          }
+          std::this_thread::yield();
+          live.fetch_sub(1);
+        } catch (const ConfigError&) {
+          // "in use by another swapper": the honest refusal
+        } catch (const std::exception& e) {
+          failures[static_cast<std::size_t>(t)] = e.what();
+          return;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < threads_n; ++t) {
+    INFO("thread " << t << ": " << failures[static_cast<std::size_t>(t)]);
+    CHECK(failures[static_cast<std::size_t>(t)].empty());
+  }
+  CHECK(most.load() == 1);
+  CHECK(!std::filesystem::exists(dir.path() / "zero_swap"));
 }

@@ -72,6 +72,15 @@ inline const char* unless_stage3(const nlohmann::json& root) {
 inline const char* unless_nvme(const nlohmann::json& root) {
   return nvme(root) ? nullptr : "only NVMe offload reads it; this config offloads nothing to nvme";
 }
+// offload_param's swap buffers: one swapper holds both sections' states, and with
+// offload_optimizer on nvme too it takes that section's buffer_count and pin_memory.
+inline const char* unless_param_swapper(const nlohmann::json& root) {
+  if (!nvme(root)) return unless_nvme(root);
+  return text(root, "zero_optimization.offload_optimizer.device") == "nvme"
+             ? "offload_optimizer is on nvme too: one swapper holds both, with "
+               "offload_optimizer's buffer_count and pin_memory"
+             : nullptr;
+}
 inline const char* unless_fp16(const nlohmann::json& root) {
   return fp16(root) ? nullptr : "only an fp16 engine scales the loss; fp16.enabled is not true";
 }
@@ -329,14 +338,16 @@ inline std::span<const KeyInfo> known_keys() {
        "stage 3: parameter shards go where the master goes", "\"nvme\""},
       {"zero_optimization.offload_param.nvme_path",
        applied,
-       "directory of the swap files",
+       "directory of the swap files (offload_optimizer's must be the same when both are nvme)",
        "\"/tmp\"",
        {},
        keys::unless_nvme},
-      {"zero_optimization.offload_param.buffer_count", applied, "swap buffers", "2", "5",
-       keys::unless_nvme},
-      {"zero_optimization.offload_param.pin_memory", applied, "mlock the swap buffers", "true",
-       "false", keys::unless_nvme},
+      {"zero_optimization.offload_param.buffer_count", applied,
+       "swap buffers (offload_optimizer's when it is on nvme too)", "2", "5",
+       keys::unless_param_swapper},
+      {"zero_optimization.offload_param.pin_memory", applied,
+       "mlock the swap buffers (offload_optimizer's when it is on nvme too)", "true", "false",
+       keys::unless_param_swapper},
       {"zero_optimization.offload_param.buffer_size", no_effect,
        "swap buffers are sized from sub_group_size", "1000000", "100000000"},
       {"zero_optimization.offload_param.max_in_cpu", no_effect,

@@ -132,10 +132,25 @@ parallel::ProcessGroups<C>& apply_comm_timeout(const ConfigOrUpdate& config,
 }
 
 /// The NVMe settings of config: offload_optimizer's section when it offloads to NVMe, else
-/// offload_param's.
+/// offload_param's. With both on NVMe one swapper holds the master, the optimizer states and
+/// the parameter shards, so offload_param's section is checked too and must name the same
+/// nvme_path (DeepSpeed may put the two on different drives; zero would have used the
+/// optimizer's without a word); offload_optimizer's buffer_count and pin_memory apply.
 inline offload::NvmeConfig nvme_settings(const Config& config) {
-  const bool optimizer_section =
-      config.zero_optimization.offload_optimizer.device == OffloadDevice::nvme;
+  const auto& z = config.zero_optimization;
+  const bool optimizer_section = z.offload_optimizer.device == OffloadDevice::nvme;
+  if (optimizer_section && z.offload_param.device == OffloadDevice::nvme) {
+    const auto params = offload::NvmeConfig::from_config(config, offload::OffloadSection::param);
+    const auto states =
+        offload::NvmeConfig::from_config(config, offload::OffloadSection::optimizer);
+    expect<ConfigError>(
+        params.nvme_path.lexically_normal() == states.nvme_path.lexically_normal(),
+        "zero_optimization.offload_param.nvme_path: '", params.nvme_path.string(),
+        "' differs from offload_optimizer.nvme_path '", states.nvme_path.string(),
+        "'; zero swaps parameters and optimizer states together, under one path: give both "
+        "the same nvme_path");
+    return states;
+  }
   return offload::NvmeConfig::from_config(config, optimizer_section
                                                       ? offload::OffloadSection::optimizer
                                                       : offload::OffloadSection::param);

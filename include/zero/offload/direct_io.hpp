@@ -96,6 +96,14 @@ inline DirectIoSupport probe_direct_io(const std::filesystem::path& dir) {
     ::unlink(probe.c_str());
     return out;
   }
+  struct RemoveProbe {  // also when a buffer allocation below throws
+    const std::filesystem::path& path;
+    io::FileDescriptor& fd;
+    ~RemoveProbe() {
+      fd.reset();
+      ::unlink(path.c_str());
+    }
+  } remove_probe{probe, fd};
   std::size_t hint = 0;
 #ifdef STATX_DIOALIGN
   struct statx sx {};
@@ -118,8 +126,6 @@ inline DirectIoSupport probe_direct_io(const std::filesystem::path& dir) {
   if (!out.supported)
     out.reason =
         zero::detail::concat("an aligned O_DIRECT write failed: ", errno_reason(last_error));
-  fd.reset();
-  ::unlink(probe.c_str());
   return out;
 }
 

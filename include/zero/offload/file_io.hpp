@@ -119,10 +119,15 @@ class QueuedFileIo : public FileIo {
     FaultInjector::Decision fault;
   };
 
+  /// The largest request: Linux moves at most 0x7ffff000 bytes in one read or write, and an
+  /// io_uring request's length is 32 bits, so a larger block would come back short.
+  static constexpr std::size_t max_block_size = std::size_t{1} << 30;
+
   explicit QueuedFileIo(IoOptions options) : options_(std::move(options)) {
-    expect<ConfigError>(options_.block_size >= 512 && options_.block_size % 512 == 0,
+    expect<ConfigError>(options_.block_size >= 512 && options_.block_size % 512 == 0 &&
+                            options_.block_size <= max_block_size,
                         "aio.block_size: ", options_.block_size,
-                        " must be a positive multiple of 512 bytes");
+                        " must be a positive multiple of 512 bytes, at most 1 GiB");
     expect<ConfigError>(options_.queue_depth >= 1, "aio.queue_depth: ", options_.queue_depth,
                         " must be at least 1");
     expect<ConfigError>(options_.thread_count >= 1,

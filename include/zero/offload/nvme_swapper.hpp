@@ -31,6 +31,8 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -78,33 +80,39 @@ class NvmeSwapper {
   /// fn(group, tensors): tensors are spans into the group's buffer, in the group's order.
   using GroupFn = std::function<void(std::size_t, std::span<const std::span<float>>)>;
 
-  /// Lays out the groups, runs the preflight (throws ConfigError listing what to change),
-  /// creates and allocates the files and the buffer_count buffers.
+  /// Takes its directory's lock and removes the swap files a crashed run left there, runs the
+  /// preflight (throws ConfigError listing what to change; the space those files held counts
+  /// as free), creates and allocates the files and the buffer_count buffers.
   NvmeSwapper(const NvmeConfig& cfg, std::vector<std::vector<SwapTensor>> groups,
               Options options = {})
       : cfg_(cfg), options_(std::move(options)) {
     expect<ConfigError>(cfg_.buffer_count >= 1, "offload_*.buffer_count: ", cfg_.buffer_count,
                         " must be at least 1");
-    const PreflightReport report = require_preflight(cfg_, needs(cfg_, groups, 4096));
-    alignment_ = cfg_.direct_io ? report.direct.alignment : 4096;
-    expect<ConfigError>(cfg_.block_size % alignment_ == 0, "aio.block_size: ", cfg_.block_size,
-                        " is not a multiple of the logical block size ", alignment_, " of '",
-                        cfg_.nvme_path.string(), "'");
-    std::size_t largest = 0;
-    for (auto& g : groups) {
-      layouts_.push_back(SwapLayout::plan(std::move(g), alignment_));
-      largest = std::max(largest, layouts_.back().bytes);
-    }
-    state_.assign(layouts_.size(), GroupState::fresh);
     dir_ = cfg_.nvme_path / "zero_swap" / ("rank" + std::to_string(options_.rank)) / options_.tag;
-    create_and_lock_directory();  // before any file is touched: others' files are left alone
     try {
+      // Only under an existing, writable nvme_path (the preflight names what is wrong
+      // otherwise): the lock comes before any file is touched, so others' files are left alone.
+      std::error_code ec;
+      if (std::filesystem::is_directory(cfg_.nvme_path, ec) &&
+          ::access(cfg_.nvme_path.c_str(), W_OK | X_OK) == 0) {
+        create_and_lock_directory();
+        remove_stale_files();
+      }
+      const PreflightReport report = require_preflight(cfg_, needs(cfg_, groups, 4096));
+      alignment_ = cfg_.direct_io ? report.direct.alignment : 4096;
+      expect<ConfigError>(cfg_.block_size % alignment_ == 0, "aio.block_size: ", cfg_.block_size,
+                          " is not a multiple of the logical block size ", alignment_, " of '",
+                          cfg_.nvme_path.string(), "'");
+      std::size_t largest = 0;
+      for (auto& g : groups) {
+        layouts_.push_back(SwapLayout::plan(std::move(g), alignment_));
+        largest = std::max(largest, layouts_.back().bytes);
+      }
+      state_.assign(layouts_.size(), GroupState::fresh);
       for (std::size_t g = 0; g < layouts_.size(); ++g) {
         const auto path = file_of(g);
         fds_.push_back(open_direct(path, true, cfg_.direct_io));
         paths_.push_back(path.string());
-        if (::ftruncate(fds_.back().get(), 0) != 0) {
-        }  // a stale file of a crashed run
         const int rc =
             ::posix_fallocate(fds_.back().get(), 0, static_cast<::off_t>(layouts_[g].bytes));
         if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
@@ -230,6 +238,7 @@ class NvmeSwapper {
   /// (and further, with more buffers) is being read and group i-1 written. The first error (an
   /// NvmeIoError or fn's own exception) is rethrown after every transfer in flight finished.
   void for_each_group(const GroupFn& fn, Pass pass = {}) {
+    expect_idle("for_each_group");  // before drain: a nested call must not take the outer's
     drain();
     const std::size_t n = layouts_.size();
     const std::size_t nbuf = buffers_.size();
@@ -244,7 +253,6 @@ class NvmeSwapper {
                                            : nbuf - 1;
     std::size_t next_read = 0;
     std::vector<std::span<float>> spans;
-    expect_idle("for_each_group");
     // Marks the pass as running (and how it reads) until it returns or throws.
     struct PassScope {
       NvmeSwapper& s;
@@ -409,7 +417,8 @@ class NvmeSwapper {
       }
     }
   }
-  // Takes dir_'s lock; false when dir_ vanished before the lock file was created.
+  // Takes dir_'s lock; false when dir_ vanished before the lock file was created, or the lock
+  // file was removed (by the swapper closing that held it) before the lock was taken.
   bool lock_directory() {
     const auto path = dir_ / ".lock";
     lock_ = io::FileDescriptor(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
@@ -424,7 +433,36 @@ class NvmeSwapper {
                          "another engine of rank ", options_.rank, " with the same nvme_path?); ",
                          "give each engine its own nvme_path");
     }
+    // A swapper closing removes .lock while it still holds it, then lets go: a lock taken on
+    // the file it removed guards nothing (a third swapper creates a new .lock and takes that
+    // one too). Only a lock on the file .lock names now counts; otherwise try again.
+    struct stat held {
+    }, named{};
+    if (::fstat(lock_.get(), &held) != 0 || ::stat(path.c_str(), &named) != 0 ||
+        held.st_nlink == 0 || held.st_ino != named.st_ino || held.st_dev != named.st_dev) {
+      lock_ = io::FileDescriptor();
+      return false;
+    }
     return true;
+  }
+
+  // Removes the swap files (group<n>.swp) a run that did not close its swapper (killed, out
+  // of memory) left in dir_: this swapper holds dir_'s lock, so nobody else uses them, and
+  // their space is free again before the preflight counts it.
+  void remove_stale_files() {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string name = entry.path().filename().string();
+      const bool swap_file = name.starts_with("group") && name.ends_with(".swp") &&
+                             name.size() > 9 &&
+                             name.find_first_not_of("0123456789", 5) == name.size() - 4;
+      if (!swap_file) continue;
+      std::error_code removed;
+      if (!std::filesystem::remove(entry.path(), removed) && removed) {
+        throw NvmeIoError("removing the stale swap file", entry.path().string(), 0, 0,
+                          removed.value(), errno_reason(removed.value()));
+      }
+    }
   }
 
   void remove_files() noexcept {

@@ -32,9 +32,14 @@ class UringFileIo final : public detail::QueuedFileIo {
                      ") failed: ", std::strerror(-rc),
                      " (io_uring disabled by the kernel, a seccomp profile or "
                      "sysctl kernel.io_uring_disabled?)");
-    slots_.resize(entries);
-    for (unsigned i = 0; i < entries; ++i) free_slots_.push_back(entries - 1 - i);
-    worker_ = std::thread([this] { run(); });
+    try {
+      slots_.resize(entries);
+      for (unsigned i = 0; i < entries; ++i) free_slots_.push_back(entries - 1 - i);
+      worker_ = std::thread([this] { run(); });
+    } catch (...) {
+      ::io_uring_queue_exit(&ring_);  // the destructor does not run for a failed constructor
+      throw;
+    }
   }
   UringFileIo(const UringFileIo&) = delete;
   UringFileIo& operator=(const UringFileIo&) = delete;
