@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <parallel/comm/local_comm.hpp>
@@ -278,6 +279,49 @@ TEST_CASE("LocalComm send/recv and grouped exchanges", "[unit][comm]") {
                                       left * 10, left * 10 + 1});
     }
   }
+}
+
+TEST_CASE(
+    "LocalComm: a grouped receive that fails breaks the group rather than leave the "
+    "group's other messages for later receives",
+    "[unit][comm]") {
+  // The first failing receive skipped the rest of the group: their messages stayed queued, and
+  // the next step's receive of the same tag took the stale one without an error.
+  const auto errors = per_rank<std::vector<std::string>>(
+      2,
+      [](LocalComm& comm) {
+        std::vector<std::string> seen;
+        const auto attempt = [&](auto&& op) {
+          try {
+            op();
+            seen.emplace_back();
+          } catch (const CommError& e) {
+            seen.emplace_back(e.what());
+          }
+        };
+        std::vector<float> a(4, 1.0f), b(4, 2.0f), wrong(3), in(4);
+        if (comm.rank() == 1) {
+          attempt([&] {
+            comm.send(std::span<const float>(a), 0, 1);
+            comm.send(std::span<const float>(b), 0, 2);
+          });
+          attempt([&] { comm.barrier(); });
+        } else {
+          attempt([&] {
+            comm.group_start();
+            comm.recv(std::span<float>(wrong), 1, 1);  // 3 elements: the sender sent 4
+            comm.recv(std::span<float>(in), 1, 2);
+            comm.group_end();
+          });
+          attempt([&] { comm.recv(std::span<float>(in), 1, 2); });  // the next step's receive
+        }
+        return seen;
+      },
+      CommOptions{.timeout_s = 2});
+  CHECK(errors[1][0].empty());  // sends are eager
+  CHECK_THAT(errors[1][1], Catch::Contains("a grouped receive failed with 1 receives"));
+  CHECK_THAT(errors[0][0], Catch::Contains("rank 1 sent 4 elements"));
+  CHECK_THAT(errors[0][1], Catch::Contains("a grouped receive failed with 1 receives"));
 }
 
 TEST_CASE("LocalComm split builds ordered sub-groups; undefined color gives a null comm",
@@ -561,4 +605,22 @@ TEST_CASE("a rank leaves a collective only once its peers have finished with its
                                   }),
                     Catch::Contains("rank 2 fails"));
   CHECK_FALSE(gate.seen_returned);
+}
+
+TEST_CASE("LocalComm: a u8 average divides by the rank count, not by it wrapped to 8 bits",
+          "[unit][comm]") {
+  // The count was cast to the element type: 0 at 256 ranks (a division by zero) and 1 at 257
+  // (the sum returned as the average). NCCL keeps it an int.
+  for (const int n : {255, 256, 257}) {
+    INFO(n << " ranks");
+    const auto got = per_rank<int>(n, [](LocalComm& comm) {
+      std::vector<std::uint8_t> v{static_cast<std::uint8_t>(comm.rank() == 0 ? 255 : 0),
+                                  static_cast<std::uint8_t>(comm.rank() == 0 ? 254 : 0)};
+      comm.all_reduce(std::span<std::uint8_t>(v), ReduceOp::avg);
+      return v[0] * 1000 + v[1];
+    });
+    // 255 / n and 254 / n in integer division: 1 and 0 at 255 ranks, 0 and 0 above.
+    CHECK(got[0] == (n == 255 ? 1000 : 0));
+    CHECK(got[static_cast<std::size_t>(n - 1)] == got[0]);
+  }
 }

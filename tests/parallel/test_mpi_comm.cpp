@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <parallel/comm/mpi_comm.hpp>
@@ -305,6 +306,53 @@ TEST_CASE("MpiComm: a withheld receive and a withheld collective fail within the
     }
     world.barrier();
   }
+}
+
+TEST_CASE(
+    "MpiComm: a receive that matched its message as it timed out never waits past the "
+    "deadline and its grace, and keeps the data that came in whole",
+    "[mpi]") {
+  // A timed-out receive was cancelled and then waited for without a deadline. Cancelling does
+  // nothing to a receive that matched a message already: a large one moves only while its
+  // sender calls into MPI, so the wait hung while the sender did other work, and where the data
+  // did land the caller got "timed out" with the message in its buffer.
+  auto world = MpiComm::world();
+  const int me = world.rank();
+  auto comm = world.split(0, me, "matched");
+  comm.set_options(CommOptions{.timeout_s = 0.4});  // census grace 0.2 s
+  const std::size_t n = std::size_t{64} << 20;      // 256 MiB: a rendezvous message
+  std::vector<float> buf(me <= 1 ? n : 0, me == 1 ? 2.5f : 0.0f);
+  if (me == 1) {
+    // Posted just before rank 0's deadline, so the deadline passes while the message moves.
+    std::this_thread::sleep_for(std::chrono::milliseconds(370));
+    auto work = comm.send_async(std::span<const float>(buf), 0, 9);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // no MPI calls meanwhile
+    try {
+      work.wait();
+    } catch (const CommError&) {
+      // rank 0's receive was cancelled before the message reached it (a loaded machine)
+    }
+  } else if (me == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+      comm.recv(std::span<float>(buf), 1, 9);
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO(error);
+    CHECK(s < 1.2);  // 0.4 s, its grace of 0.2 s, slack; the sender calls MPI again at 1.8 s
+    const bool whole = std::all_of(buf.begin(), buf.end(), [](float x) { return x == 2.5f; });
+    if (error.empty()) {
+      CHECK(whole);
+    } else {
+      CHECK_THAT(error, Contains("timed out after 0.4 s"));
+      CHECK_FALSE(whole);  // a message that came in whole is no timeout
+    }
+  }
+  world.barrier();  // rank 1's send is complete: nothing writes into buf any more
 }
 
 TEST_CASE("MpiComm: verify_sequence names both ranks' ops where the collective sequence diverges",

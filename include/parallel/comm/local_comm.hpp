@@ -360,14 +360,27 @@ class BasicLocalComm {
   void group_start() {
     checked().grouping = true;
   }
-  /// Completes the receives posted since group_start, in order.
+  /// Completes the receives posted since group_start, in order. One that fails (a size
+  /// mismatch, its deadline) with receives after it breaks the group: their messages, never
+  /// taken, would otherwise match a later step's receives.
   void group_end() {
     auto& s = checked();
     s.grouping = false;
     auto deferred = std::move(s.deferred);
     s.deferred.clear();
     s.progress.drain();
-    for (auto& fn : deferred) fn();
+    for (std::size_t i = 0; i < deferred.size(); ++i) {
+      try {
+        deferred[i]();
+      } catch (const std::exception& e) {
+        if (i + 1 < deferred.size()) {
+          s.group->break_with(
+              zero::detail::concat("a grouped receive failed with ", deferred.size() - i - 1,
+                                   " receives of its group not taken (", e.what(), ")"));
+        }
+        throw;
+      }
+    }
   }
 
   // ---- collectives (async) ----------------------------------------------------------------

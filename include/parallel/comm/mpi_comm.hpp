@@ -310,14 +310,35 @@ class MpiWork final : public WorkState {
     return shared_->describe(info_.op, info_.seq, info_.bytes, info_.dtype);
   }
 
-  [[noreturn]] void timeout() {
+  // Raises the CommError of an op past its deadline, except for a receive whose message
+  // arrived after all (then it finishes as if in time and returns).
+  void timeout() {
+    bool stuck = info_.op != CommOp::recv;
     if (info_.op == CommOp::recv) {
-      // A receive can be cancelled, which leaves the communicator usable.
+      // A receive not yet matched is cancelled, which leaves the communicator usable. One that
+      // matched a message cannot be: its data may still be on the way (a large message moves
+      // only while the sender calls into MPI), so a plain MPI_Wait could block past any
+      // deadline. Wait the census grace for either outcome.
       MPI_Cancel(requests_.data());
-      MPI_Wait(requests_.data(), MPI_STATUS_IGNORE);
+      const auto grace = deadline_after(shared_->census_grace_s());
+      int flag = 0;
+      MPI_Status status{};
+      while (MPI_Test(requests_.data(), &flag, &status) == MPI_SUCCESS && !flag &&
+             CommClock::now() < grace) {
+        std::this_thread::yield();
+      }
+      int cancelled = 0;
+      if (flag) MPI_Test_cancelled(&status, &cancelled);
+      if (flag && !cancelled) {
+        finish(status);  // the message came in whole: not a timeout
+        return;
+      }
+      // Still matched and moving: left posted (its buffer may yet be written) with the group
+      // broken, as a send that timed out.
+      stuck = !flag;
     }
     finished_ = true;
-    if (info_.op != CommOp::recv) shared_->mark_broken(describe());
+    if (stuck) shared_->mark_broken(describe());
     if (info_.peer >= 0) {
       raise<CommError>("MpiComm: ", describe(), " timed out after ", shared_->options.timeout_s,
                        " s waiting for rank ", info_.peer, " (world rank ",
@@ -885,7 +906,7 @@ class MpiComm : public BlockingCollectives<MpiComm> {
 
   template <class T>
   static void divide(std::span<T> values, int n) {
-    for (auto& v : values) v = static_cast<T>(v / static_cast<T>(n));
+    for (auto& v : values) v = finish_reduce<ReduceOp::avg>(v, n);  // LocalComm's rule
   }
 
   std::shared_ptr<detail::MpiShared> shared_;

@@ -20,6 +20,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -102,11 +104,22 @@ inline std::string census(MPI_Comm control, int rank, int size, const MpiOpRecor
   if (control == MPI_COMM_NULL || size < 2) return {};
   std::vector<MpiOpRecord> got(static_cast<std::size_t>(size));
   got[static_cast<std::size_t>(rank)] = mine;
+  // The requests are freed at once (a dead peer never completes them), and MPI may read a
+  // freed send's buffer until the send completes: the record is sent from a copy kept for the
+  // life of the process (one per census, which runs only on the way to a CommError), never
+  // from the caller's temporary.
+  const MpiOpRecord* sent = nullptr;
+  {
+    static std::mutex kept_mutex;
+    static auto* kept = new std::vector<std::unique_ptr<MpiOpRecord>>();
+    std::lock_guard lock(kept_mutex);
+    kept->push_back(std::make_unique<MpiOpRecord>(mine));
+    sent = kept->back().get();
+  }
   for (int q = 0; q < size; ++q) {
     if (q == rank) continue;
     MPI_Request request = MPI_REQUEST_NULL;
-    // Small and eager: completes locally even when q is dead, so the request is freed at once.
-    if (MPI_Isend(&mine, sizeof mine, MPI_BYTE, q, census_tag, control, &request) == MPI_SUCCESS) {
+    if (MPI_Isend(sent, sizeof *sent, MPI_BYTE, q, census_tag, control, &request) == MPI_SUCCESS) {
       MPI_Request_free(&request);
     }
   }

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include <zero/core/dtype.hpp>
 
@@ -61,7 +62,10 @@ constexpr Acc fold(Acc acc, Acc value) {
 /// division for integer types, as NCCL's ncclAvg), the other ops are already final.
 template <ReduceOp Op, class Acc>
 constexpr Acc finish_reduce(Acc acc, int ranks) {
-  if constexpr (Op == ReduceOp::avg) {
+  if constexpr (Op == ReduceOp::avg && std::is_integral_v<Acc>) {
+    // The rank count stays an int (as NCCL's): as a u8 it was 0 at 256 ranks.
+    return static_cast<Acc>(static_cast<std::int64_t>(acc) / ranks);
+  } else if constexpr (Op == ReduceOp::avg) {
     return static_cast<Acc>(acc / static_cast<Acc>(ranks));
   } else {
     (void)ranks;
