@@ -431,19 +431,16 @@ Corpus load_corpus(const Options& o) {
     c.vocab = 50257;
     return c;
   }
-  // The corpus as byte tokens (256 = end of text), 90% train, 10% validation.
-  const auto prefix = std::filesystem::temp_directory_path() /
-                      ("zero_train_gpt_corpus_" + std::to_string(::getpid()));
-  const data::PreparedText text = data::prepare_text_file(o.data, prefix, 0.1);
-  c.train = std::make_shared<const data::TokenFile>(
-      data::TokenFile::open(prefix.string() + "_train.bin"));
-  c.val =
-      std::make_shared<const data::TokenFile>(data::TokenFile::open(prefix.string() + "_val.bin"));
-  std::filesystem::remove(prefix.string() + "_train.bin");
-  std::filesystem::remove(prefix.string() + "_val.bin");
+  // The corpus as byte tokens (256 = end of text), 90% train, 10% validation, held in memory
+  // under names that say which split of the text file a loader's message is about.
+  data::PreparedText text = data::tokenize_text_file(o.data, 0.1);
   c.prompt.assign(text.val.begin(),
                   text.val.begin() +
                       std::min<std::ptrdiff_t>(16, static_cast<std::ptrdiff_t>(text.val.size())));
+  c.train = std::make_shared<const data::TokenFile>(
+      data::TokenFile::from_tokens(std::move(text.train), o.data + " (its 90% training split)"));
+  c.val = std::make_shared<const data::TokenFile>(
+      data::TokenFile::from_tokens(std::move(text.val), o.data + " (its 10% validation split)"));
   return c;
 }
 
@@ -846,6 +843,30 @@ int gpus_of(const Comm& comm) {
   return comm.size();
 }
 
+// --init and --export read and write GPT-2's tensors; what this run cannot map onto them is
+// refused before it trains (the pipeline path dropped both flags without a word, and a MoE
+// model's export failed only after the whole run).
+void check_gpt2_weight_files(const Options& o, const Config& cfg, const Corpus& corpus) {
+  if (o.init.empty() && o.export_path.empty()) return;
+  const char* flags = !o.init.empty() && !o.export_path.empty() ? "--init and --export"
+                      : !o.init.empty()                         ? "--init"
+                                                                : "--export";
+  expect<ConfigError>(cfg.pipeline.stages <= 1, flags,
+                      " with pipeline parallelism (pipeline.stages = ", cfg.pipeline.stages,
+                      ") is not supported: a stage holds only its own layers; save a checkpoint "
+                      "(--save-dir) and convert it with zero_to_safetensors");
+  expect<ConfigError>(!cfg.moe.active(), flags,
+                      " reads and writes GPT-2 weights; a mixture-of-experts model is not GPT-2 "
+                      "(save a checkpoint and convert it with zero_to_safetensors)");
+  const auto tp = cfg.tensor_parallel.tp_size;
+  expect<ConfigError>(corpus.vocab % tp == 0, flags, " with tensor_parallel.tp_size = ", tp,
+                      ": the vocabulary of ", corpus.vocab, " tokens is padded to ",
+                      (corpus.vocab + tp - 1) / tp * tp,
+                      " rows for tensor parallelism, which a GPT-2 file does not hold; use a tp "
+                      "that divides ",
+                      corpus.vocab);
+}
+
 // Trains with engine type E on comm (tp x dp ranks); rank 0 prints. Returns whether the loss
 // fell.
 template <class E, class Comm>
@@ -853,6 +874,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   constexpr bool on_device = E::backend_type::Device::kind != DeviceKind::host;
   const bool leader = comm.rank() == 0;
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
+  check_gpt2_weight_files(o, cfg, corpus);
   if (cfg.pipeline.stages > 1) {
     if constexpr (E::stage <= 1 && !on_device) {
       return train_pipeline<E>(o, cfg, corpus, comm);
@@ -989,9 +1011,6 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     save_if_due(o, eng, run.train_loader, step + 1, leader);
   }
   if (!o.export_path.empty()) {
-    expect<ConfigError>(!cfg.moe.active(),
-                        "--export writes GPT-2 weights; a mixture-of-experts model is not GPT-2 "
-                        "(save a checkpoint and convert it with zero_to_safetensors)");
     const auto written = engine::save_gpt2_weights(eng, o.export_path, o.export_dtype);
     if (leader) {
       std::printf("train_gpt: exported %zu tensors to %s (%.1f MB, %s)\n", written.tensors,

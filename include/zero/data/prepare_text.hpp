@@ -62,16 +62,22 @@ inline PreparedText tokenize_text(std::string_view text, double val_fraction) {
   return out;
 }
 
+/// Reads text_path and tokenizes it as tokenize_text does (nothing is written).
+inline PreparedText tokenize_text_file(const std::filesystem::path& text_path,
+                                       double val_fraction) {
+  std::ifstream in(text_path, std::ios::binary);
+  expect<IoError>(static_cast<bool>(in), "cannot open text file '", text_path.string(), "'");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  expect<IoError>(!in.bad(), "reading text file '", text_path.string(), "' failed");
+  return tokenize_text(text, val_fraction);
+}
+
 /// Reads text_path and writes <out_prefix>_train.bin and, when val_fraction > 0,
 /// <out_prefix>_val.bin as llm.c token files; returns the tokens written.
 inline PreparedText prepare_text_file(const std::filesystem::path& text_path,
                                       const std::filesystem::path& out_prefix,
                                       double val_fraction = 0.1) {
-  std::ifstream in(text_path, std::ios::binary);
-  expect<IoError>(static_cast<bool>(in), "cannot open text file '", text_path.string(), "'");
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  expect<IoError>(!in.bad(), "reading text file '", text_path.string(), "' failed");
-  PreparedText tokens = tokenize_text(text, val_fraction);
+  PreparedText tokens = tokenize_text_file(text_path, val_fraction);
   const std::string prefix = out_prefix.string();
   write_token_file(prefix + "_train.bin", tokens.train);
   if (!tokens.val.empty()) write_token_file(prefix + "_val.bin", tokens.val);

@@ -192,7 +192,8 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
                           "'): rank 0 could not write the file (its error says why)");
   result.tensors = static_cast<std::size_t>(outcome[1]);
   std::error_code ec;
-  result.bytes = std::filesystem::file_size(file, ec);
+  const auto bytes = std::filesystem::file_size(file, ec);  // uintmax_t(-1) on an error
+  result.bytes = ec ? 0 : bytes;
   return result;
 }
 
