@@ -444,6 +444,12 @@ Corpus load_corpus(const Options& o) {
   return c;
 }
 
+// The rows of the model's embedding: the vocabulary padded to a multiple of tp, as Megatron pads
+// it, so each tensor-parallel rank holds an equal slice.
+std::int64_t padded_vocab(std::int64_t vocab, std::int64_t tp) {
+  return (vocab + tp - 1) / tp * tp;
+}
+
 // What both training paths build alike over groups: the batch sizes for its data-parallel
 // ranks (ep x dp: expert-parallel ranks read different rows, as DeepSpeed's), the train and
 // validation loaders of this data-parallel rank (the tp, sp and pp ranks of a data-parallel rank
@@ -494,7 +500,7 @@ struct RunSetup {
   }
   static nn::GPTConfig model_config(const Options& o, const Corpus& corpus, int tp) {
     nn::GPTConfig gc;
-    gc.vocab_size = (corpus.vocab + tp - 1) / tp * tp;
+    gc.vocab_size = padded_vocab(corpus.vocab, tp);
     gc.max_seq_len = o.seq;
     gc.num_layers = o.layers;
     gc.num_heads = o.heads;
@@ -859,9 +865,9 @@ void check_gpt2_weight_files(const Options& o, const Config& cfg, const Corpus& 
                       " reads and writes GPT-2 weights; a mixture-of-experts model is not GPT-2 "
                       "(save a checkpoint and convert it with zero_to_safetensors)");
   const auto tp = cfg.tensor_parallel.tp_size;
-  expect<ConfigError>(corpus.vocab % tp == 0, flags, " with tensor_parallel.tp_size = ", tp,
-                      ": the vocabulary of ", corpus.vocab, " tokens is padded to ",
-                      (corpus.vocab + tp - 1) / tp * tp,
+  const std::int64_t rows = padded_vocab(corpus.vocab, tp);
+  expect<ConfigError>(rows == corpus.vocab, flags, " with tensor_parallel.tp_size = ", tp,
+                      ": the vocabulary of ", corpus.vocab, " tokens is padded to ", rows,
                       " rows for tensor parallelism, which a GPT-2 file does not hold; use a tp "
                       "that divides ",
                       corpus.vocab);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <string>
+#include <utility>
 
 #include <catch2/catch.hpp>
 
@@ -58,16 +59,30 @@ TEST_CASE("bad NVMe and aio values name the key path", "[unit][offload][config]"
     }
     return std::string("no error");
   };
-  const std::string nvme =
-      R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/n"}})";
-  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"block_size": 1000}})"),
-             Catch::Contains("aio.block_size: 1000 must be a positive multiple of 512"));
-  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"queue_depth": 0}})"),
-             Catch::Contains("aio.queue_depth: 0 must be in [1, 4096]"));
-  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"single_submit": "yes"}})"),
-             Catch::Contains("aio.single_submit: expected true or false"));
-  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"use_gds": true}})"),
-             Catch::Contains("aio.use_gds"));
+  // The error of an NVMe config with the "aio" section aio.
+  const auto aio_error_of = [&](const std::string& aio) {
+    return error_of(
+        R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/n"}}, "aio": )" +
+        aio + "}");
+  };
+  const std::pair<const char*, const char*> bad_aio[] = {
+      {R"({"block_size": 1000})", "aio.block_size: 1000 must be a positive multiple of 512"},
+      {R"({"queue_depth": 0})", "aio.queue_depth: 0 must be in [1, 4096]"},
+      {R"({"single_submit": "yes"})", "aio.single_submit: expected true or false"},
+      {R"({"use_gds": true})", "aio.use_gds"},
+      // More than Linux moves in one request (io_uring's length is 32 bits): every request
+      // came back short, or with 4 GiB as 0 bytes.
+      {R"({"block_size": 4294967296})", "aio.block_size: 4294967296 is more than 1 GiB"},
+      // A bad thread count is named by the spelling the config used.
+      {R"({"thread_count": 0})", "aio.thread_count: 0 must be in [1, 256]"},
+      {R"({"intra_op_parallelism": 0})", "aio.intra_op_parallelism: 0 must be in [1, 256]"},
+      {R"({"thread_count": 2, "intra_op_parallelism": 0})", "aio.intra_op_parallelism: 0"},
+  };
+  for (const auto& [aio, message] : bad_aio) {
+    INFO(aio);
+    CHECK_THAT(aio_error_of(aio), Catch::Contains(message));
+  }
+  CHECK(aio_error_of(R"({"block_size": 1073741824})") == "no error");
   CHECK_THAT(
       error_of(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})"),
       Catch::Contains("zero_optimization.offload_optimizer.device: is 'cpu'"));
@@ -78,18 +93,6 @@ TEST_CASE("bad NVMe and aio values name the key path", "[unit][offload][config]"
       error_of(
           R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/n", "buffer_count": 0}}})"),
       Catch::Contains("zero_optimization.offload_optimizer.buffer_count: 0 must be positive"));
-  // More than Linux moves in one request (io_uring's length is 32 bits): every request came
-  // back short, or with 4 GiB as 0 bytes.
-  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"block_size": 4294967296}})"),
-             Catch::Contains("aio.block_size: 4294967296 is more than 1 GiB"));
-  CHECK(error_of("{" + nvme + R"(, "aio": {"block_size": 1073741824}})") == "no error");
-  // A bad thread count is named by the spelling the config used.
-  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"thread_count": 0}})"),
-             Catch::Contains("aio.thread_count: 0 must be in [1, 256]"));
-  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"intra_op_parallelism": 0}})"),
-             Catch::Contains("aio.intra_op_parallelism: 0 must be in [1, 256]"));
-  CHECK_THAT(error_of("{" + nvme + R"(, "aio": {"thread_count": 2, "intra_op_parallelism": 0}})"),
-             Catch::Contains("aio.intra_op_parallelism: 0"));
   IoOptions too_large;
   too_large.block_size = std::size_t{2} << 30;
   CHECK_THROWS_WITH(make_file_io(too_large, IoBackend::posix), Catch::Contains("at most 1 GiB"));
