@@ -285,8 +285,8 @@ TEST_CASE("LocalComm: a grouped receive that fails, with receives after it, brea
           "[unit][comm]") {
   // The first failing receive skipped the rest of the group and the ranks went on: the skipped
   // messages stayed queued for later receives of the same tags. Now the group is broken, so
-  // every later collective fails at once. (A later receive whose message is already queued
-  // still takes it: the mailbox checks the broken state only while it waits.)
+  // every later op fails at once, a receive whose message is already queued included (tag 2
+  // is sent first, so it is queued before the grouped receive of tag 1 fails).
   const auto errors = per_rank<std::vector<std::string>>(
       2,
       [](LocalComm& comm) {
@@ -302,8 +302,8 @@ TEST_CASE("LocalComm: a grouped receive that fails, with receives after it, brea
         std::vector<float> a(4, 1.0f), b(4, 2.0f), wrong(3), in(4);
         if (comm.rank() == 1) {
           attempt([&] {
-            comm.send(std::span<const float>(a), 0, 1);
             comm.send(std::span<const float>(b), 0, 2);
+            comm.send(std::span<const float>(a), 0, 1);
           });
         } else {
           attempt([&] {
@@ -314,6 +314,7 @@ TEST_CASE("LocalComm: a grouped receive that fails, with receives after it, brea
           });
         }
         attempt([&] { comm.barrier(); });  // the next step's collective
+        if (comm.rank() == 0) attempt([&] { comm.recv(std::span<float>(in), 1, 2); });
         return seen;
       },
       CommOptions{.timeout_s = 5});
@@ -324,6 +325,9 @@ TEST_CASE("LocalComm: a grouped receive that fails, with receives after it, brea
     CHECK_THAT(errors[static_cast<std::size_t>(r)][1],
                Catch::Contains("a grouped receive failed with 1 receives of its group not taken"));
   }
+  REQUIRE(errors[0].size() == 3);
+  CHECK_THAT(errors[0][2],
+             Catch::Contains("a grouped receive failed with 1 receives of its group not taken"));
 }
 
 TEST_CASE("LocalComm split builds ordered sub-groups; undefined color gives a null comm",

@@ -361,8 +361,8 @@ class BasicLocalComm {
     checked().grouping = true;
   }
   /// Completes the receives posted since group_start, in order. One that fails (a size
-  /// mismatch, its deadline) with receives after it breaks the group, so later collectives
-  /// fail (a later receive whose message is already queued still takes it).
+  /// mismatch, its deadline) with receives after it breaks the group, so every later op fails,
+  /// a receive whose message is already queued included.
   void group_end() {
     auto& s = checked();
     s.grouping = false;

@@ -358,18 +358,20 @@ struct LocalGroup {
   }
 
   /// Waits for the next message from src to dst with tag and removes it from the mailbox.
+  /// Throws, as every op does, once the world aborted or the group broke, even where the
+  /// message is already queued: a broken group's queue holds what a failed exchange left.
   LocalMessage take(int src, int dst, int tag, CommClock::time_point deadline, const OpContext& ctx,
                     double timeout_s) {
     std::unique_lock lock(world->mutex);
     for (;;) {
+      throw_if_aborted(ctx);
+      throw_if_broken(ctx);
       auto it = mailboxes.find({src, dst, tag});
       if (it != mailboxes.end() && !it->second.empty()) {
         LocalMessage message = std::move(it->second.front());
         it->second.pop_front();
         return message;
       }
-      throw_if_aborted(ctx);
-      throw_if_broken(ctx);
       if (world->left[static_cast<std::size_t>(members[static_cast<std::size_t>(src)])]) {
         raise<CommError>(ctx.comm, ": ", ctx.describe(), ": waiting for a message from rank ", src,
                          " with tag ", tag, ", but rank ", src,

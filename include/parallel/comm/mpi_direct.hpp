@@ -16,7 +16,8 @@
 // a duplicate of the group's communicator with a tag per op, so they never match the user's
 // point-to-point messages; ops of one kind match in issue order (MPI does not overtake).
 // reduce_scatter folds the chunks in rank order (((c0 op c1) op c2) ...), like LocalComm,
-// so its results do not depend on arrival order and equal LocalComm's bit for bit.
+// so its results do not depend on arrival order and equal LocalComm's bit for bit (max and min
+// with a NaN aside: each library has its own rule, see docs/collectives.md).
 
 #include <mpi.h>
 
@@ -100,8 +101,8 @@ inline int fold_direct_reduce_scatter(const void* own, const void* peers, void* 
   };
   if (chunk_of(0) != out && chunk != 0) std::memcpy(out, chunk_of(0), chunk);
   for (int q = 1; q < ranks; ++q) {
-    // MPI_Reduce_local computes inout = in op inout; every op MpiComm uses is commutative, so
-    // this is out op chunk_q, bit for bit.
+    // MPI_Reduce_local computes inout = in op inout; sum and prod commute, and max and min do
+    // on values other than NaN, so this is out op chunk_q bit for bit (not with a NaN).
     const int rc = MPI_Reduce_local(chunk_of(q), out, count, type, op);
     if (rc != MPI_SUCCESS) return rc;
   }
