@@ -1,7 +1,10 @@
 // File-I/O engines (pread/pwrite and io_uring): O_DIRECT round trips split into block-sized
 // requests, concurrent transfers, and injected and real faults reported with file, offset,
 // bytes and errno text.
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cerrno>
 #include <cstdint>
@@ -190,6 +193,47 @@ TEST_CASE("injected EIO, ENOSPC and short writes name file, offset, bytes and re
         CHECK(e.error_code() == 0);
       }
     }
+  }
+}
+
+TEST_CASE("a write that moves part of its bytes goes on, and the next part says why it stopped",
+          "[unit][offload]") {
+  // The file-size limit truncates the write that crosses it (the kernel moves the bytes below
+  // the limit) and refuses the next with EFBIG, as a filling disk does with ENOSPC. io_uring
+  // reported the partial completion as "short write" without the reason.
+  TempDir dir("partial", zero::testing::direct_io_base());
+  const auto align = probe_direct_io(dir.path()).alignment;
+  const std::size_t bytes = 2 * 64 * 1024;
+  const rlim_t limit = 64 * 1024 + align;
+  AlignedBuffer data = pattern(bytes, align, 4);
+  {
+    const auto backend = GENERATE(from_range(zero::testing::backends()));
+    INFO("engine " << zero::testing::name_of(backend));
+    const auto path = (dir / "limited.swp").string();
+    auto fd = open_direct(path, true);
+    auto io = make_file_io(small_options(), backend);
+    rlimit saved{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a core dump
+    rlimit lowered = saved;
+    lowered.rlim_cur = limit;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lowered) == 0);
+    std::string message;
+    int code = -1;
+    try {
+      io->run({IoOp::write, fd.get(), path, 0, data.data(), bytes});
+    } catch (const NvmeIoError& e) {
+      message = e.what();
+      code = e.error_code();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, old_handler);
+    INFO(message);
+    CHECK(code == EFBIG);
+    CHECK(message.find(std::strerror(EFBIG)) != std::string::npos);
+    CHECK(std::filesystem::file_size(path) == limit);  // the part below the limit was written
+    fd.reset();
+    std::filesystem::remove(path);
   }
 }
 

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -34,6 +36,7 @@ class UringFileIo final : public detail::QueuedFileIo {
                      "sysctl kernel.io_uring_disabled?)");
     try {
       slots_.resize(entries);
+      done_.resize(entries);
       for (unsigned i = 0; i < entries; ++i) free_slots_.push_back(entries - 1 - i);
       worker_ = std::thread([this] { run(); });
     } catch (...) {
@@ -76,6 +79,7 @@ class UringFileIo final : public detail::QueuedFileIo {
           const unsigned slot = free_slots_.back();
           free_slots_.pop_back();
           slots_[slot] = std::move(*r);
+          done_[slot] = 0;
           prepare(slot);
           ++prepared;
           ++in_flight_;
@@ -89,17 +93,24 @@ class UringFileIo final : public detail::QueuedFileIo {
     }
   }
 
+  // The bytes slot's request moves: all of it, or what a fault injector lets through.
+  std::size_t wanted(unsigned slot) const {
+    const Request& r = slots_[slot];
+    return r.fault.short_bytes ? std::min(*r.fault.short_bytes, r.bytes) : r.bytes;
+  }
+
+  // Queues the rest of slot's request, past the done_[slot] bytes already moved.
   void prepare(unsigned slot) {
     Request& r = slots_[slot];
     io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_);
     // The ring has queue_depth entries and at most queue_depth requests are in flight.
-    const unsigned want = static_cast<unsigned>(
-        r.fault.short_bytes ? std::min(*r.fault.short_bytes, r.bytes) : r.bytes);
+    const std::size_t done = done_[slot];
+    const auto rest = static_cast<unsigned>(wanted(slot) - done);
     const Transfer& t = r.state->transfer;
     if (t.op == IoOp::read)
-      ::io_uring_prep_read(sqe, t.fd, r.data, want, r.offset);
+      ::io_uring_prep_read(sqe, t.fd, r.data + done, rest, r.offset + done);
     else
-      ::io_uring_prep_write(sqe, t.fd, r.data, want, r.offset);
+      ::io_uring_prep_write(sqe, t.fd, r.data + done, rest, r.offset + done);
     ::io_uring_sqe_set_data64(sqe, slot);
   }
 
@@ -108,7 +119,10 @@ class UringFileIo final : public detail::QueuedFileIo {
 
   // Submits what the ring still holds (a submit the kernel took only part of, or refused with
   // EAGAIN or EBUSY, leaves the rest there: waiting without submitting it would wait forever),
-  // waits for at least one completion, then takes every completion that is ready.
+  // waits for at least one completion, then takes every completion that is ready. A completion
+  // that moved part of its bytes queues the rest again, as the pread/pwrite engine loops (a
+  // write that reaches a full disk or the file-size limit moves part, and the next one reports
+  // why); one that moved none ends the request short.
   void reap() {
     io_uring_cqe* cqe = nullptr;
     int rc = ::io_uring_submit_and_wait(&ring_, 1);
@@ -118,18 +132,25 @@ class UringFileIo final : public detail::QueuedFileIo {
       const auto slot = static_cast<unsigned>(::io_uring_cqe_get_data64(cqe));
       const int res = cqe->res;
       ::io_uring_cqe_seen(&ring_, cqe);
+      if (res > 0 && done_[slot] + static_cast<std::size_t>(res) < wanted(slot)) {
+        done_[slot] += static_cast<std::size_t>(res);
+        prepare(slot);  // its slot stays in flight: the ring has room for it
+        continue;
+      }
+      const std::int64_t result = res < 0 ? res : static_cast<std::int64_t>(done_[slot]) + res;
       Request r = std::move(slots_[slot]);
       {
         std::lock_guard lock(mutex_);
         free_slots_.push_back(slot);
         --in_flight_;
       }
-      complete(r, res);
+      complete(r, result);
     } while (::io_uring_peek_cqe(&ring_, &cqe) == 0);
   }
 
   io_uring ring_{};
   std::vector<Request> slots_;
+  std::vector<std::size_t> done_;  // bytes each slot's request has moved so far
   std::vector<unsigned> free_slots_;
   unsigned in_flight_ = 0;  // touched by the worker only (and read under the mutex)
   std::thread worker_;
