@@ -14,7 +14,8 @@
 //   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--steps 100] [--batch 8] [--seq 64]
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
-//               [--data corpus.txt | --tokens train.bin] [--init gpt2.safetensors]
+//               [--data corpus.txt | --tokens train.bin [--val-tokens val.bin]]
+//               [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
 //               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
@@ -146,7 +147,8 @@ struct Options {
   std::optional<double> lr;
   std::uint64_t seed = 1234;
   std::int64_t print_every = 10;
-  std::string data = ZERO_DEFAULT_CORPUS, tokens, init, metrics, save_dir, resume, export_path;
+  std::string data = ZERO_DEFAULT_CORPUS, tokens, val_tokens, init, metrics, save_dir, resume,
+              export_path;
   DType export_dtype = DType::f32;
   std::string nvme_path;
   std::int64_t save_every = 0;
@@ -253,6 +255,8 @@ Options parse(int argc, char** argv) {
       o.data = v;
     else if (flag == "--tokens")
       o.tokens = v;
+    else if (flag == "--val-tokens")
+      o.val_tokens = v;
     else if (flag == "--init")
       o.init = v;
     else if (flag == "--metrics")
@@ -312,6 +316,9 @@ Options parse(int argc, char** argv) {
   }
   if ((o.save_every > 0 || !o.resume.empty()) && o.save_dir.empty()) {
     usage("--save-every and --resume need --save-dir");
+  }
+  if (!o.val_tokens.empty() && o.tokens.empty()) {
+    usage("--val-tokens is the validation file beside --tokens (a --data text is split itself)");
   }
   return o;
 }
@@ -419,15 +426,19 @@ using Clock = std::chrono::steady_clock;
 
 struct Corpus {
   std::shared_ptr<const data::TokenFile> train, val;
+  bool val_held_out = true;  // false: val is the training file (--tokens without --val-tokens)
   std::vector<std::int32_t> prompt;  // the start of the validation text, for the sample
   std::int64_t vocab = 257;
 };
 
 Corpus load_corpus(const Options& o) {
   Corpus c;
-  if (!o.tokens.empty()) {  // an llm.c token file: validation from the same file
+  if (!o.tokens.empty()) {  // llm.c token files: --val-tokens, else the training rows
     c.train = std::make_shared<const data::TokenFile>(data::TokenFile::open(o.tokens));
-    c.val = c.train;
+    c.val_held_out = !o.val_tokens.empty();
+    c.val = c.val_held_out
+                ? std::make_shared<const data::TokenFile>(data::TokenFile::open(o.val_tokens))
+                : c.train;
     c.vocab = 50257;
     return c;
   }
@@ -643,11 +654,13 @@ void save_if_due(const Options& o, Eng& eng, const data::DataLoader& loader, std
 }
 
 // The closing line: the loss at the first and last step beside the uniform guess, and the
-// validation loss.
+// validation loss, or, with no held-out tokens, the loss on the first training rows (which
+// training has seen, so it is no validation figure).
 void print_losses(double first_loss, double loss, const Corpus& corpus, double val_loss) {
-  std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); validation loss %.4f\n",
-              first_loss, loss, static_cast<long long>(corpus.vocab),
-              std::log(static_cast<double>(corpus.vocab)), val_loss);
+  std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); %s %.4f\n", first_loss, loss,
+              static_cast<long long>(corpus.vocab), std::log(static_cast<double>(corpus.vocab)),
+              corpus.val_held_out ? "validation loss" : "loss on training rows (no --val-tokens)",
+              val_loss);
 }
 
 // The bytes a sample draws from: the byte vocabulary without end-of-text.
@@ -1086,7 +1099,8 @@ bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& com
 }
 
 // Started by mpirun or mpiexec, or as one of several srun tasks (zero-launch drives all three);
-// a lone Slurm task (a batch script running train_gpt directly) keeps the LocalComm ranks.
+// a lone srun task, or a batch script running train_gpt directly (no step: launch_env finds
+// nothing), keeps the LocalComm ranks.
 bool launched_by_mpi() {
   const auto env = parallel::launch_env();
   if (!env || env->launcher == "torchrun") return false;

@@ -57,6 +57,12 @@ TEST_CASE("text is prepared as llm.c token files with a validation split", "[uni
   CHECK(val_file.size() == static_cast<std::int64_t>(parts.val.size()));
   CHECK(train_file[0] == ByteTokenizer::eot);
   CHECK(val_file[1] == 'l');
+  // Prepared again without a validation part, the earlier one (whose lines the new training
+  // file holds) is gone.
+  prepare_text_file(dir / "t.txt", dir / "t", 0.0);
+  CHECK(TokenFile::open(dir / "t_train.bin").size() ==
+        static_cast<std::int64_t>(parts.train.size() + parts.val.size() - 1));
+  CHECK_FALSE(std::filesystem::exists(dir / "t_val.bin"));
 }
 
 TEST_CASE("the bundled corpus tokenizes, round-trips and feeds a loader", "[unit][data]") {

@@ -220,6 +220,19 @@ TEST_CASE("a saved loader state continues identically, also at another world siz
                     Catch::Contains("seed = 5") && Catch::Contains("seed = 6"));
   CHECK_THROWS_WITH(LoaderState::from_json(nlohmann::json{{"step", 1}}),
                     Catch::Contains("missing key 'micro'"));
+
+  // Another file of the same size (the next shard of a corpus) is refused: only its count
+  // was compared. A state saved before the fingerprint was kept still restores.
+  std::vector<std::int32_t> other_ids(static_cast<std::size_t>(tokens->size()), 3);
+  const auto other = std::make_shared<const TokenFile>(
+      TokenFile::from_tokens(std::move(other_ids), "the next shard"));
+  DataLoader other_file(other, c);
+  CHECK_THROWS_WITH(other_file.restore(at_step2), Catch::Contains("fingerprint"));
+  nlohmann::json older = at_step2.to_json();
+  older.erase("fingerprint");
+  DataLoader same_file(tokens, c);
+  CHECK_NOTHROW(same_file.restore(LoaderState::from_json(older)));
+  CHECK(same_file.next().step == 2);
 }
 
 TEST_CASE("loader configuration errors say what does not divide", "[unit][data]") {
@@ -251,6 +264,11 @@ TEST_CASE("loader configuration errors say what does not divide", "[unit][data]"
   DataLoader loader(tokens, c);
   loader.next();
   CHECK_NOTHROW(loader.next_step());  // micro_batches = 1: every next() ends a step
+  // A bad step and a bad row are told apart (a negative step was blamed on the row's range).
+  CHECK_THROWS_WITH(loader.sample_index(-1, 0),
+                    Catch::Contains("step -1 is negative") && !Catch::Contains("row"));
+  CHECK_THROWS_WITH(loader.sample_index(0, 4),
+                    Catch::Contains("row 4 is outside [0, global_batch 4)"));
 }
 
 TEST_CASE("DataLoader batches are also named micro-batch inputs", "[unit][data]") {

@@ -68,6 +68,21 @@ struct Batch {
   }
 };
 
+/// A 64-bit digest of a token file: its size and its first and last 1024 tokens (so it costs
+/// the same for any file size). Never 0, which marks a state saved without one.
+inline std::uint64_t token_fingerprint(const TokenFile& tokens) {
+  const std::int64_t n = tokens.size(), edge = std::min<std::int64_t>(n, 1024);
+  std::vector<std::int32_t> buffer(static_cast<std::size_t>(edge));
+  std::uint64_t h = CounterRng::mix(static_cast<std::uint64_t>(n));
+  for (const std::int64_t first : {std::int64_t{0}, n - edge}) {
+    tokens.copy(first, buffer);
+    for (const std::int32_t t : buffer) {
+      h = CounterRng::mix(h ^ static_cast<std::uint32_t>(t));
+    }
+  }
+  return h == 0 ? 1 : h;
+}
+
 /// A loader's position plus what it must match on restore (a JSON-serialisable struct).
 struct LoaderState {
   std::int64_t step = 0;          ///< Next step to produce.
@@ -77,8 +92,10 @@ struct LoaderState {
   bool shuffle = false;           ///< shuffle when saved.
   std::uint64_t seed = 0;         ///< seed when saved.
   std::int64_t num_tokens = 0;    ///< Tokens in the file when saved.
-  int world_size = 1;             ///< W when saved (matters only mid-step).
-  int micro_batches = 1;          ///< M when saved (matters only mid-step).
+  /// token_fingerprint of the file when saved; 0 in a state written before it was kept.
+  std::uint64_t fingerprint = 0;
+  int world_size = 1;     ///< W when saved (matters only mid-step).
+  int micro_batches = 1;  ///< M when saved (matters only mid-step).
 
   /// The state as a JSON object.
   nlohmann::json to_json() const {
@@ -89,6 +106,7 @@ struct LoaderState {
             {"shuffle", shuffle},
             {"seed", seed},
             {"num_tokens", num_tokens},
+            {"fingerprint", fingerprint},
             {"world_size", world_size},
             {"micro_batches", micro_batches}};
   }
@@ -105,6 +123,7 @@ struct LoaderState {
     get("shuffle", s.shuffle);
     get("seed", s.seed);
     get("num_tokens", s.num_tokens);
+    if (json.is_object() && json.contains("fingerprint")) get("fingerprint", s.fingerprint);
     get("world_size", s.world_size);
     get("micro_batches", s.micro_batches);
     return s;
@@ -130,7 +149,9 @@ class DataLoader : public MicroBatchCursor<DataLoader, Batch> {
     expect<DataError>(samples_ >= c.global_batch, "DataLoader: token file '", tokens_->name(),
                       "' has ", tokens_->size(), " tokens, i.e. ", samples_,
                       " samples of seq_len + 1 = ", c.seq_len + 1,
-                      " tokens, fewer than one global batch of ", c.global_batch);
+                      " tokens (consecutive samples share one: (tokens - 1) / seq_len), fewer "
+                      "than one global batch of ",
+                      c.global_batch);
   }
 
   /// The configuration.
@@ -170,20 +191,24 @@ class DataLoader : public MicroBatchCursor<DataLoader, Batch> {
     s.shuffle = config_.shuffle;
     s.seed = config_.seed;
     s.num_tokens = tokens_->size();
+    s.fingerprint = token_fingerprint(*tokens_);
     s.world_size = config_.world_size;
     s.micro_batches = config_.micro_batches;
     return s;
   }
 
-  /// Continues from state. The data settings (B, T, shuffle, seed, token count) must match;
-  /// world size and micro-batches may differ when the state is at a step boundary. Throws
-  /// DataError naming the first setting that differs.
+  /// Continues from state. The data settings (B, T, shuffle, seed, token count and fingerprint)
+  /// must match; world size and micro-batches may differ when the state is at a step boundary.
+  /// Throws DataError naming the first setting that differs.
   void restore(const LoaderState& s) {
     expect_same("global_batch", s.global_batch, config_.global_batch);
     expect_same("seq_len", s.seq_len, config_.seq_len);
     expect_same("shuffle", s.shuffle, config_.shuffle);
     expect_same("seed", s.seed, config_.seed);
     expect_same("num_tokens", s.num_tokens, tokens_->size());
+    // Shards of one corpus often have the same size (llm.c's FineWeb shards do): the tokens at
+    // the file's ends tell them apart.
+    if (s.fingerprint != 0) expect_same("fingerprint", s.fingerprint, token_fingerprint(*tokens_));
     restore_position(s.step, s.micro, s.world_size, s.micro_batches);
   }
 

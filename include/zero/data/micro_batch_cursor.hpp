@@ -52,9 +52,11 @@ class MicroBatchCursor {
     const auto& c = loader().config_;
     expect<ConfigError>(steps_per_epoch() > 0, Loader::loader_name, ": ", loader().samples(),
                         " samples, fewer than one global batch of ", c.global_batch);
-    expect<ConfigError>(step >= 0 && row >= 0 && row < c.global_batch, Loader::loader_name,
-                        "::sample_index: step ", step, ", row ", row, " is outside [0, ",
-                        "global_batch ", c.global_batch, ")");
+    expect<ConfigError>(step >= 0, Loader::loader_name, "::sample_index: step ", step,
+                        " is negative");
+    expect<ConfigError>(row >= 0 && row < c.global_batch, Loader::loader_name,
+                        "::sample_index: row ", row, " is outside [0, global_batch ",
+                        c.global_batch, ")");
     const std::int64_t epoch = step / steps_per_epoch();
     const std::int64_t position = (step % steps_per_epoch()) * c.global_batch + row;
     if (!c.shuffle) return position;

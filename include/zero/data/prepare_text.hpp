@@ -10,6 +10,7 @@
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <zero/core/error.hpp>
@@ -73,14 +74,22 @@ inline PreparedText tokenize_text_file(const std::filesystem::path& text_path,
 }
 
 /// Reads text_path and writes <out_prefix>_train.bin and, when val_fraction > 0,
-/// <out_prefix>_val.bin as llm.c token files; returns the tokens written.
+/// <out_prefix>_val.bin as llm.c token files; returns the tokens written. Without a validation
+/// part an earlier run's <out_prefix>_val.bin is removed: it overlaps the new training file.
 inline PreparedText prepare_text_file(const std::filesystem::path& text_path,
                                       const std::filesystem::path& out_prefix,
                                       double val_fraction = 0.1) {
   PreparedText tokens = tokenize_text_file(text_path, val_fraction);
   const std::string prefix = out_prefix.string();
   write_token_file(prefix + "_train.bin", tokens.train);
-  if (!tokens.val.empty()) write_token_file(prefix + "_val.bin", tokens.val);
+  if (!tokens.val.empty()) {
+    write_token_file(prefix + "_val.bin", tokens.val);
+  } else {
+    std::error_code ec;
+    std::filesystem::remove(prefix + "_val.bin", ec);
+    expect<IoError>(!ec, "cannot remove the earlier validation file '", prefix,
+                    "_val.bin': ", ec.message());
+  }
   return tokens;
 }
 
