@@ -6,7 +6,8 @@ commit's binary measured in the same run on the same machine.
   python3 scripts/bench-compare.py OLD_BINARY NEW_BINARY [--rounds 3] -- [benchmark args]
 
 Both binaries must print one JSON object per result line with "bench", "config" and "value"
-(the benchmarks' convention). Lower values are better for times; the ratio is new / old.
+(the benchmarks' convention). Lower values are better for times; the ratio is new / old (null
+where the old value is 0, and left out of the summary's median).
 """
 import json
 import statistics
@@ -53,10 +54,13 @@ def main():
         o = statistics.median(v for v, _ in values["old"][key])
         n = statistics.median(v for v, _ in values["new"][key])
         unit = values["old"][key][0][1]
-        ratio = n / o if o else float("nan")
-        ratios.append(ratio)
+        # No ratio to a baseline of 0: null in the line (NaN is not JSON) and out of the median.
+        ratio = n / o if o else None
+        if ratio is not None:
+            ratios.append(ratio)
         print(json.dumps({**json.loads(key), "old": o, "new": n, "unit": unit,
-                          "ratio_new_over_old": round(ratio, 3), "rounds": rounds}))
+                          "ratio_new_over_old": None if ratio is None else round(ratio, 3),
+                          "rounds": rounds}))
     if ratios:
         print(json.dumps({"bench": "summary", "median_ratio_new_over_old":
                           round(statistics.median(ratios), 3), "configs": len(ratios)}))

@@ -3,7 +3,11 @@
 // started it says, read from the environment: OpenMPI (mpirun, zero-launch's default), MPICH /
 // Hydra (mpiexec), Slurm (srun), or torchrun-style variables. A program uses it to tell whether
 // it was launched as one of many ranks (then it builds an MpiComm) and to pick its device by
-// local rank before MPI is initialised. The first launcher whose variables are all present wins.
+// local rank before MPI is initialised. The first launcher whose variables are all present wins:
+// the MPIs, then torchrun, then Slurm, so a launcher started inside another's allocation or step
+// is the one heard. Slurm counts only inside an srun step (SLURM_STEP_NUM_TASKS): a batch script
+// also has SLURM_PROCID and the job's SLURM_NTASKS, and a program it runs directly is one
+// process, not rank 0 of the job's tasks.
 
 #include <charconv>
 #include <cstdint>
@@ -90,13 +94,14 @@ inline std::optional<LaunchEnv> launch_env(const std::function<const char*(const
   struct Names {
     const char *launcher, *rank, *size, *local_rank, *local_size;
   };
-  // Slurm after the MPIs: mpirun inside a Slurm allocation sets both, and its own are right.
+  // Slurm last: mpirun or torchrun inside a Slurm allocation sees both, and its own are right.
   static constexpr Names launchers[] = {
       {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
        "OMPI_COMM_WORLD_LOCAL_SIZE"},
       {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},  // slurm_local_size
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}};
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
+       nullptr}};  // slurm_local_size
   auto number = [&](const char* name) -> std::optional<int> {
     const char* v = getenv(name);
     if (v == nullptr) return std::nullopt;
@@ -113,11 +118,20 @@ inline std::optional<LaunchEnv> launch_env(const std::function<const char*(const
     e.launcher = n.launcher;
     e.rank = *rank;
     e.size = *size;
-    // Without local variables (MPICH's Hydra sets them only with some bootstraps) every rank
-    // counts as its own host's only one.
-    e.local_rank = number(n.local_rank).value_or(0);
-    e.local_size = n.local_size ? number(n.local_size).value_or(1)
-                                : detail::slurm_local_size(getenv, e.local_rank, e.size);
+    // Without local variables (MPICH's Hydra sets them only with some bootstraps, Slurm's PMI
+    // plugins never) they come from the Slurm step this rank is (srun --mpi=pmi2 sets PMI_RANK
+    // and PMI_SIZE), else every rank counts as its own host's only one.
+    const auto local_rank = number(n.local_rank);
+    const bool slurm = std::string_view(n.launcher) == "slurm";
+    if (!slurm && !local_rank && number("SLURM_PROCID") == rank &&
+        number("SLURM_STEP_NUM_TASKS") == size) {
+      e.local_rank = number("SLURM_LOCALID").value_or(0);
+      e.local_size = detail::slurm_local_size(getenv, e.local_rank, e.size);
+    } else {
+      e.local_rank = local_rank.value_or(0);
+      e.local_size = n.local_size ? number(n.local_size).value_or(1)
+                                  : detail::slurm_local_size(getenv, e.local_rank, e.size);
+    }
     expect<ConfigError>(e.size >= 1 && e.rank < e.size, "launch environment (", e.launcher,
                         "): ", n.rank, "=", e.rank, " is not below ", n.size, "=", e.size);
     expect<ConfigError>(e.local_size >= 1 && e.local_rank < e.local_size && e.local_size <= e.size,

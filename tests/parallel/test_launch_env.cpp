@@ -37,7 +37,7 @@ TEST_CASE("launch_env reads each launcher's variables", "[unit][comm]") {
   CHECK(mpich->local_rank == 0);  // no local variables: its own host's only rank
   CHECK(mpich->local_size == 1);
   const auto slurm = launch_env(from({{"SLURM_PROCID", "5"},
-                                      {"SLURM_NTASKS", "8"},
+                                      {"SLURM_STEP_NUM_TASKS", "8"},
                                       {"SLURM_LOCALID", "1"},
                                       {"SLURM_NTASKS_PER_NODE", "4(x2)"}}));
   REQUIRE(slurm);
@@ -54,6 +54,37 @@ TEST_CASE("launch_env reads each launcher's variables", "[unit][comm]") {
   const auto torch = launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}}));
   REQUIRE(torch);
   CHECK(torch->launcher == "torchrun");
+  // torchrun inside an srun step: the inner launcher's variables win, as mpirun's do.
+  const auto torch_in_srun = launch_env(from({{"SLURM_PROCID", "1"},
+                                              {"SLURM_STEP_NUM_TASKS", "2"},
+                                              {"SLURM_LOCALID", "0"},
+                                              {"RANK", "5"},
+                                              {"WORLD_SIZE", "16"},
+                                              {"LOCAL_RANK", "1"},
+                                              {"LOCAL_WORLD_SIZE", "8"}}));
+  REQUIRE(torch_in_srun);
+  CHECK(torch_in_srun->launcher == "torchrun");
+  CHECK(torch_in_srun->rank == 5);
+  CHECK(torch_in_srun->local_size == 8);
+  // A batch script running a program directly: the batch step has SLURM_PROCID 0 and the
+  // job's SLURM_NTASKS, but no step of tasks (it counted as rank 0 of 8).
+  CHECK_FALSE(launch_env(from({{"SLURM_PROCID", "0"},
+                               {"SLURM_NTASKS", "8"},
+                               {"SLURM_LOCALID", "0"},
+                               {"SLURM_TASKS_PER_NODE", "4(x2)"}})));
+  // srun --mpi=pmi2: PMI_RANK and PMI_SIZE without MPICH's local variables; the node's ranks
+  // come from the Slurm step (every rank counted as its own host's only one).
+  const auto pmi2 = launch_env(from({{"PMI_RANK", "3"},
+                                     {"PMI_SIZE", "8"},
+                                     {"SLURM_PROCID", "3"},
+                                     {"SLURM_STEP_NUM_TASKS", "8"},
+                                     {"SLURM_LOCALID", "3"},
+                                     {"SLURM_NODEID", "0"},
+                                     {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}}));
+  REQUIRE(pmi2);
+  CHECK(pmi2->launcher == "mpich");
+  CHECK(pmi2->local_rank == 3);
+  CHECK(pmi2->local_size == 4);
 }
 
 TEST_CASE("launch_env names a malformed or contradictory variable", "[unit][comm]") {
@@ -74,7 +105,7 @@ TEST_CASE("launch_env: Slurm's ranks on a node come from the step's per-node tas
   // step's): srun -n4 without it failed on ranks 1-3 ("do not fit"), srun -n2 in an allocation
   // of 8 per node on every rank.
   const auto plain = launch_env(from({{"SLURM_PROCID", "1"},
-                                      {"SLURM_NTASKS", "4"},
+                                      {"SLURM_STEP_NUM_TASKS", "4"},
                                       {"SLURM_LOCALID", "1"},
                                       {"SLURM_NODEID", "0"},
                                       {"SLURM_STEP_TASKS_PER_NODE", "4"}}));
@@ -82,22 +113,22 @@ TEST_CASE("launch_env: Slurm's ranks on a node come from the step's per-node tas
   CHECK(plain->local_rank == 1);
   CHECK(plain->local_size == 4);
   const auto uneven = launch_env(from({{"SLURM_PROCID", "5"},
-                                       {"SLURM_NTASKS", "9"},
+                                       {"SLURM_STEP_NUM_TASKS", "9"},
                                        {"SLURM_LOCALID", "2"},
                                        {"SLURM_NODEID", "2"},
                                        {"SLURM_STEP_TASKS_PER_NODE", "2(x2),5"}}));
   REQUIRE(uneven);
   CHECK(uneven->local_size == 5);
   const auto fewer = launch_env(from({{"SLURM_PROCID", "1"},
-                                      {"SLURM_NTASKS", "2"},
+                                      {"SLURM_STEP_NUM_TASKS", "2"},
                                       {"SLURM_LOCALID", "1"},
                                       {"SLURM_NTASKS_PER_NODE", "8"},
                                       {"SLURM_STEP_TASKS_PER_NODE", "2"}}));
   REQUIRE(fewer);
   CHECK(fewer->local_size == 2);
   // Nothing usable: at least the ranks up to this one.
-  const auto bare =
-      launch_env(from({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "3"}}));
+  const auto bare = launch_env(
+      from({{"SLURM_PROCID", "3"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "3"}}));
   REQUIRE(bare);
   CHECK(bare->local_size == 4);
   CHECK(zero::parallel::detail::slurm_tasks_on_node("2(x3),1", 3) == 1);

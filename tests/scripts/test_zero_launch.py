@@ -73,6 +73,11 @@ class Selection(unittest.TestCase):
 
     def test_slurm_nodelist(self):
         self.assertEqual(zl.expand_nodelist("n[01-03,7],gpu"), ["n01", "n02", "n03", "n7", "gpu"])
+        # Text after a group, and several groups in one name (the suffix became a host).
+        self.assertEqual(zl.expand_nodelist("gpu-[01-02]-ib"), ["gpu-01-ib", "gpu-02-ib"])
+        self.assertEqual(zl.expand_nodelist("r[1-2]n[1-2],x"), ["r1n1", "r1n2", "r2n1", "r2n2", "x"])
+        with self.assertRaises(zl.LaunchError):
+            zl.expand_nodelist("n[a-b]")
 
 
 class DryRun(unittest.TestCase):
@@ -94,6 +99,12 @@ class DryRun(unittest.TestCase):
         self.assertEqual(rc, 0)
         self.assertEqual(out, "mpirun -n 2 --host worker-0:2 env CUDA_VISIBLE_DEVICES=0,1 ./p : "
                               "-n 2 --host worker-1:2 env CUDA_VISIBLE_DEVICES=1,3 ./p")
+
+    def test_separator_before_the_program_is_dropped(self):
+        # argparse's REMAINDER keeps "--"; "env CUDA_VISIBLE_DEVICES=1 -- ./p" runs "--".
+        rc, out, _ = dry_run(["-i", "worker-1:1", "--", "./p", "--steps", "3"])
+        self.assertEqual(rc, 0)
+        self.assertEqual(out, "mpirun -n 1 --host worker-1:1 env CUDA_VISIBLE_DEVICES=1 ./p --steps 3")
 
     def test_mpich(self):
         rc, out, _ = dry_run(["--launcher", "mpich", "-x", "A=1", "./p"])

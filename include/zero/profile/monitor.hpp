@@ -22,20 +22,13 @@
 
 #include <parallel/comm/comm_logger.hpp>
 #include <zero/config/config.hpp>
-#include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
-#include <zero/engine/memory_estimator.hpp>
 #include <zero/profile/flops_profile.hpp>
 #include <zero/profile/memory_breakdown.hpp>
 #include <zero/profile/step_timers.hpp>
 #include <zero/profile/wall_clock.hpp>
 
 namespace zero::profile {
-
-/// Optimizer-state bytes per parameter of the config's optimizer, for the memory estimate.
-inline int optimizer_state_bytes(const Config& cfg) {
-  return cfg.optimizer ? engine::optimizer_state_bytes(*cfg.optimizer) : 0;
-}
 
 /// Drives the observability sections of a config (see the file comment).
 class Monitor {
@@ -63,12 +56,18 @@ class Monitor {
   std::shared_ptr<parallel::CommLogger> logger() const { return logger_; }
 
   /// Call before optimizer step `step` (1-based) begins: switches the engine's timers on when
-  /// this step is profiled or the breakdown is on.
+  /// this step is profiled or the breakdown is on. The first step of a breakdown window starts
+  /// its count here, so what ran between windows (the engine's construction, a checkpoint's
+  /// load, an evaluation) is not in it.
   template <class Engine>
   void begin_step(Engine& engine, std::int64_t step) {
     const bool profiled = cfg_.flops_profiler.enabled && step == cfg_.flops_profiler.profile_step;
     engine.timers().enable(profiled || cfg_.wall_clock_breakdown);
     if (profiled) before_profile_ = engine.timers();
+    if (window_steps_ == 0) {
+      window_start_ = engine.timers();
+      window_comm_s_ = logger_ ? logger_->seconds_of_every_op() : 0.0;
+    }
   }
 
   /// Call after optimizer step `step` ended: prints (rank 0) what is due and returns it as JSON
@@ -98,12 +97,10 @@ class Monitor {
           logger_ ? std::optional<double>(comm_now - window_comm_s_) : std::nullopt);
       due["wall_clock"] = b.to_json();
       if (rank_ == 0) std::printf("%s\n", b.text().c_str());
-      window_start_ = engine.timers();
-      window_comm_s_ = comm_now;
     }
     if (print) window_steps_ = 0;
     if (cfg_.memory_breakdown && print) {
-      const MemoryBreakdown m = memory_breakdown(engine, estimate(engine));
+      const MemoryBreakdown m = memory_breakdown(engine, engine.memory_estimate().device_at_rest);
       due["memory"] = m.to_json();
       if (rank_ == 0) std::printf("%s\n", m.text().c_str());
     }
@@ -117,24 +114,6 @@ class Monitor {
       std::printf("Communication summary (rank 0):\n%s", logger_->log_summary().c_str());
       std::fflush(stdout);
     }
-  }
-
-  /// The estimator's model-state bytes in memory for engine's layout (device at rest).
-  template <class Engine>
-  double estimate(const Engine& engine) const {
-    engine::MemoryEstimateInput in;
-    for (int u = 0; u < engine.num_units(); ++u) {
-      std::int64_t n = 0;
-      for (const auto& s : engine.unit_specs(u)) n += s.numel();
-      in.params += n;
-      in.largest_unit_params = std::max(in.largest_unit_params, n);
-    }
-    in.gpus_per_node = engine.world_size();
-    in.stage = Engine::stage;
-    in.precision = dtype_of<typename Engine::T>;
-    in.optimizer_state_bytes = optimizer_state_bytes(cfg_);
-    in.offload_optimizer = cfg_.zero_optimization.offload_optimizer.device;
-    return engine::estimate_model_states(in).device_at_rest;
   }
 
  private:
