@@ -4,9 +4,12 @@
 // OneCycle (with its momentum cycle and stairs) and LRRangeTest.
 //
 // Each schedule is a pure function of last_batch_iteration, DeepSpeed's counter: it starts at -1
-// (the lr before the first step), and the engine calls step() after every optimizer step, so the
-// k-th optimizer step (k = 1, 2, ...) runs with the lr at iteration k - 1. LrScheduler holds the
-// counter, saves and restores it, and reads DeepSpeed's `scheduler` JSON block.
+// (the lr before the first step) unless the config's last_batch_iteration says otherwise. The
+// engine reads lr() for an optimizer step and calls step() after it, so the k-th optimizer step
+// (k = 1, 2, ...) runs with the lr at iteration start + k - 1: from -1, the first runs at -1 (lr 0
+// for the warmup schedules, as DeepSpeed's get_lr before the first step), the second at 0.
+// LrScheduler holds the counter, saves and restores it, and reads DeepSpeed's `scheduler` JSON
+// block.
 
 #include <algorithm>
 #include <cmath>

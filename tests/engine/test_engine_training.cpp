@@ -192,8 +192,37 @@ TEST_CASE("a NaN loss on one rank raises on every rank (policy raise)", "[unit][
   options.nonfinite = engine::NonFinitePolicy::raise;
   const auto bad = toy_run<double, 1>(
       4, 3, [](int step, int rank) { return step == 1 && rank == 2; }, options);
-  for (const auto& e : bad.errors) {
-    CHECK_THAT(e, Catch::Contains("step 1") && Catch::Contains("Inf/NaN"));
+  for (std::size_t r = 0; r < bad.errors.size(); ++r) {
+    CHECK_THAT(bad.errors[r], Catch::Contains("step 1") && Catch::Contains("Inf/NaN"));
+    // The boundary counts as skipped (it counted as neither, so a caller going on drew the
+    // failed window's dropout masks again).
+    CHECK(bad.skipped[r] == 1);
+    CHECK(bad.nonfinite[r] == 1);
+  }
+}
+
+TEST_CASE("fp16: policy raise raises on a NaN loss; an overflowed gradient stays a skip",
+          "[unit][engine]") {
+  // Under fp16 every non-finite boundary went to the loss scaler, so raise was ignored and a
+  // NaN loss halved the scale step after step until LossScaleError.
+  engine::EngineOptions options;
+  options.nonfinite = engine::NonFinitePolicy::raise;
+  options.loss_scaler.initial_scale_power = 8;
+  const auto bad = toy_run<f16, 1, Precision<f16>>(
+      2, 3, [](int step, int rank) { return step == 1 && rank == 0; }, options);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK_THAT(bad.errors[r],
+               Catch::Contains("step 1") && Catch::Contains("the loss was Inf/NaN on some rank"));
+    CHECK(bad.skipped[r] == 1);
+  }
+  // At 2^16 the toy's gradients overflow fp16 while its loss is finite: skipped, not raised.
+  options.loss_scaler.initial_scale_power = 16;
+  const auto overflow = toy_run<f16, 1, Precision<f16>>(
+      2, 2, [](int, int) { return false; }, options);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(overflow.errors[r].empty());
+    CHECK(overflow.skipped[r] >= 1);
+    CHECK(overflow.nonfinite[r] == 0);
   }
 }
 
@@ -587,14 +616,17 @@ TEST_CASE("fp16: the loss-scale error at the minimum leaves the engine between s
     std::string out = zero::testing::thrown_message([&] { one_step(true); });
     out += eng.between_steps() ? " | between steps" : " | mid-step";
     out += " | " + zero::testing::thrown_message([&] { one_step(false); });
-    // The clean step applied (the failed one counts as neither, as a NonFiniteError's).
-    out += " | applied " + std::to_string(eng.steps());
+    // The clean step applied; the failed one counts as skipped, as the scaler counted it.
+    out += " | applied " + std::to_string(eng.steps()) + ", skipped " +
+           std::to_string(eng.skipped_steps()) + " (scaler " +
+           std::to_string(eng.loss_scaler()->skipped()) + ")";
     return out;
   });
   for (const auto& s : seen) {
-    CHECK_THAT(s, Catch::Contains("loss scale is at its minimum") &&
-                      Catch::Contains("| between steps | " +
-                                      std::string(zero::testing::nothing_thrown) + " | applied 1"));
+    CHECK_THAT(
+        s, Catch::Contains("loss scale is at its minimum") &&
+               Catch::Contains("| between steps | " + std::string(zero::testing::nothing_thrown) +
+                               " | applied 1, skipped 1 (scaler 1)"));
   }
 }
 
@@ -605,6 +637,7 @@ namespace {
 class FailingToy : public ToyModel<double> {
  public:
   int fail_forward = -1, fail_backward = -1;
+  bool write_before_failing = false;  // the failing backward first adds its gradient
   std::vector<int> uses_of_1;
   std::vector<int> unit_uses(int u) const { return u == 1 ? uses_of_1 : std::vector<int>{}; }
   void forward_unit(int u, nn::StepContext<double>& ctx) {
@@ -612,18 +645,27 @@ class FailingToy : public ToyModel<double> {
     ToyModel<double>::forward_unit(u, ctx);
   }
   void backward_unit(int u, nn::StepContext<double>& ctx) {
-    if (u == fail_backward) throw nn::InputError("planted backward failure");
+    if (u == fail_backward && !write_before_failing) {
+      throw nn::InputError("planted backward failure");
+    }
     ToyModel<double>::backward_unit(u, ctx);
+    if (u == fail_backward) throw nn::InputError("planted backward failure");
   }
 };
 
-// Trains 2 windows of 2 micro-steps; with `failures`, a forward fails inside the first window
-// and a backward inside the third, which a checkpoint of the second recovers. Returns rank 0's
-// parameters and, per rank, what it saw.
+// What failing_run saw: rank 0's parameters after the second window and after the window that
+// follows the checkpoint's load, and per rank what it saw.
+struct FailingRun {
+  std::vector<double> params, after_load;
+  std::vector<std::string> seen;
+};
+
+// Trains 2 windows of 2 micro-steps and saves a checkpoint; with `failures`, a forward fails
+// inside the first window and a backward (after adding its gradient) inside the third, which
+// the checkpoint recovers. Then loads the checkpoint and trains one more window.
 template <int S>
-std::pair<std::vector<double>, std::vector<std::string>> failing_run(
-    bool failures, const std::filesystem::path& dir) {
-  std::vector<double> params;
+FailingRun failing_run(bool failures, const std::filesystem::path& dir) {
+  std::vector<double> params, after_load;
   const auto seen = per_rank<std::string>(2, [&](LocalComm& comm) {
     FailingToy model;
     engine::EngineOptions options;
@@ -652,33 +694,38 @@ std::pair<std::vector<double>, std::vector<std::string>> failing_run(
       out += eng.step() ? " | stepped" : " | no step";
     }
     eng.save_checkpoint(dir, "two", {});
-    for (int u = 0; u < eng.num_units(); ++u) {
-      if (comm.rank() == 0) {
-        for (double v : eng.gather_unit_values(u)) params.push_back(v);
-      } else {
-        (void)eng.gather_unit_values(u);
+    const auto gather = [&](std::vector<double>& into) {
+      for (int u = 0; u < eng.num_units(); ++u) {
+        const auto values = eng.gather_unit_values(u);
+        if (comm.rank() == 0) into.insert(into.end(), values.begin(), values.end());
       }
-    }
+    };
+    gather(params);
     if (failures) {
-      // A backward that fails part-way (unit 1's gradient folded, unit 0's not) ends the window
-      // and marks the state inconsistent; a checkpoint loads and training goes on.
+      // A backward that fails part-way (unit 1's gradient folded, unit 0's added into its
+      // buffer but not reduced) ends the window and marks the state inconsistent.
       eng.forward(batch);
       model.fail_backward = 0;
+      model.write_before_failing = true;
       out += " | " + thrown_message([&] { eng.backward(); });
       model.fail_backward = -1;
       out += eng.between_steps() ? " | between steps" : " | mid-window";
       out += " | " + thrown_message([&] { eng.forward(batch); });
-      (void)eng.load_checkpoint(dir, "two");
-      out += eng.broken_reason().empty() ? " | recovered" : " | still broken";
-      eng.forward(batch);
-      eng.backward();
-      eng.forward(batch);
-      eng.backward();
-      out += eng.step() ? " | stepped" : " | no step";
     }
+    // A checkpoint loads and training goes on as from the checkpoint (the failed backward's
+    // part of unit 0's gradient stayed in its buffer at stages 2-3, and the next window added
+    // to it).
+    (void)eng.load_checkpoint(dir, "two");
+    out += eng.broken_reason().empty() ? " | recovered" : " | still broken";
+    eng.forward(batch);
+    eng.backward();
+    eng.forward(batch);
+    eng.backward();
+    out += eng.step() ? " | stepped" : " | no step";
+    gather(after_load);
     return out;
   });
-  return {params, seen};
+  return {params, after_load, seen};
 }
 
 }  // namespace
@@ -694,8 +741,9 @@ TEST_CASE(
     INFO("stage " << S);
     const auto clean = failing_run<S>(false, tmp.path());
     const auto failed = failing_run<S>(true, tmp.path());
-    CHECK(failed.first == clean.first);  // the dropped micro-step changed nothing
-    for (const std::string& s : failed.second) {
+    CHECK(failed.params == clean.params);  // the dropped micro-step changed nothing
+    CHECK(failed.after_load == clean.after_load);
+    for (const std::string& s : failed.seen) {
       CHECK_THAT(s, Catch::Contains("planted forward failure | consistent | stepped | stepped") &&
                         Catch::Contains("planted backward failure | between steps") &&
                         Catch::Contains("an earlier step stopped part-way") &&
@@ -705,6 +753,32 @@ TEST_CASE(
   check(std::integral_constant<int, 0>{});
   check(std::integral_constant<int, 2>{});
   check(std::integral_constant<int, 3>{});
+}
+
+TEST_CASE("options that differ between ranks are refused at construction", "[unit][engine]") {
+  // A seed passed as base + rank gave stage 0's replicas other starting values, which the
+  // averaged updates never brought together; a differing accumulation hung until the deadline.
+  const auto seed = per_rank<std::string>(2, [](LocalComm& comm) {
+    ToyModel<double> model;
+    engine::EngineOptions options;
+    options.seed = 1000 + static_cast<std::uint64_t>(comm.rank());
+    return thrown_message([&] {
+      engine::Engine<ToyModel<double>, ZeroStage<0>> eng(
+          model, comm, [](int, std::span<double>, std::span<const double>) {}, options);
+    });
+  });
+  CHECK_THAT(seed[0], Catch::Contains("EngineOptions::seed is 1000 here but 1001 on rank 1"));
+  CHECK_THAT(seed[1], Catch::Contains("EngineOptions::seed is 1001 here but 1000 on rank 0"));
+  const auto accumulation = per_rank<std::string>(2, [](LocalComm& comm) {
+    ToyModel<double> model;
+    engine::EngineOptions options;
+    options.gradient_accumulation_steps = 1 + comm.rank();
+    return thrown_message([&] {
+      engine::Engine<ToyModel<double>, ZeroStage<2>> eng(
+          model, comm, [](int, std::span<double>, std::span<const double>) {}, options);
+    });
+  });
+  CHECK_THAT(accumulation[0], Catch::Contains("gradient_accumulation_steps is 1 here but 2"));
 }
 
 TEST_CASE("a unit that reads a later unit (or itself, or none) is refused", "[unit][engine]") {

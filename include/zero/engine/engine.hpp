@@ -392,7 +392,9 @@ class Engine {
       for (int u = r.first; u < r.last; ++u) units.push_back(model_.park_unit(u));
     }
     ParkedPass<T> parked = micro_.park(std::move(units));
-    release_gathered();  // as discard_pass: the backward gathers again
+    // As discard_pass: the backward gathers again. Waiting for reductions communicates, so a
+    // CommError here makes later calls fail fast, as in every other call.
+    recording_comm_failure([&] { release_gathered(); });
     return parked;
   }
   /// Makes a parked pass the pass in flight again, for its backward (no pass may be in flight).
@@ -408,7 +410,7 @@ class Engine {
   /// Drops the pass in flight without running its backward (see the comment above).
   void discard_pass() {
     micro_.discard_pass();
-    release_gathered();
+    recording_comm_failure([&] { release_gathered(); });
   }
 
   /// At the accumulation boundary: global norm (all ranks), skip on Inf/NaN, clip, update every
@@ -451,26 +453,35 @@ class Engine {
       last_grad_norm_ = std::sqrt(stats[0]) / scale;
       const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
       bool apply = !nonfinite;
+      // nonfinite_policy raise: an Inf/NaN loss raises in every precision (under fp16 too: no
+      // smaller loss scale mends a forward), an Inf/NaN gradient norm where no loss scaler
+      // skips it. A boundary that raises counts as skipped, so the next window draws new
+      // dropout masks.
+      const bool raises = loss_scaling ? stats[1] > 0 : nonfinite;
+      if (raises && options_.nonfinite == NonFinitePolicy::raise) {
+        ++training_.nonfinite_steps;
+        ++training_.skipped_steps;
+        clear_accumulators();
+        finish_window();
+        raise<NonFiniteError>(
+            "Engine: step ", training_.steps, ": ",
+            stats[1] > 0 ? "the loss was Inf/NaN on some rank" : "the gradient norm is Inf/NaN",
+            " (nonfinite_policy is raise)");
+      }
       if constexpr (loss_scaling) {
         try {
           apply = training_.scaler->update(nonfinite);  // DeepSpeed: an fp16 overflow is a skip
         } catch (const std::exception&) {
-          // LossScaleError at the minimum scale: the step is over (skipped) on every rank, so
-          // the engine is between steps again and a checkpoint can be loaded.
+          // LossScaleError at the minimum scale: the step is over (skipped, as the scaler
+          // counted it) on every rank, so the engine is between steps again and a checkpoint
+          // can be loaded.
+          ++training_.skipped_steps;
           clear_accumulators();
           finish_window();
           throw;
         }
       } else if (nonfinite) {
         ++training_.nonfinite_steps;
-        if (options_.nonfinite == NonFinitePolicy::raise) {
-          clear_accumulators();
-          finish_window();
-          raise<NonFiniteError>(
-              "Engine: step ", training_.steps, ": ",
-              stats[1] > 0 ? "the loss was Inf/NaN on some rank" : "the gradient norm is Inf/NaN",
-              " (nonfinite_policy is raise)");
-        }
       }
       last_step_skipped_ = !apply;
       bool delayed = false;  // the update runs on its own thread (delayed_param_update)
@@ -715,7 +726,7 @@ class Engine {
                   "Engine::boundary_gradient: no accumulation boundary is pending");
     static_assert(!stage_traits::shards_grads,
                   "Engine::boundary_gradient: stages 2-3 reduce gradients as they are produced");
-    exchange_.drain_reductions();
+    communicating("boundary_gradient", [&] { exchange_.drain_reductions(); });
     start_unfolded_gradient(u);
     return update_grad(u);
   }
@@ -840,6 +851,7 @@ class Engine {
                      s.partition->numel() <= options_.persistence_threshold;
       if constexpr (requires { model_.unit_is_replica(u); }) s.replica = model_.unit_is_replica(u);
     }
+    check_options_agree();
     check_device_memory();  // before the first allocation
     for (int u = 0; u < n; ++u) {
       Unit& s = unit(u);
@@ -910,6 +922,50 @@ class Engine {
     in.device_grad_accumulator = options_.accumulate_grads_on_device;
     return in;
   }
+  // The options every rank of the engine must share, compared before anything is allocated: a
+  // seed that differs gives stage 0's replicas (and a tensor-parallel rank's part) other
+  // initial values, which the averaged updates never bring together (DeepSpeed broadcasts rank
+  // 0's parameters instead); a differing accumulation, shard alignment or persistence
+  // threshold mismatches the collectives until their deadline; a differing clipping updates
+  // the replicas apart. Collective over every rank of the engine.
+  void check_options_agree() {
+    const double mine[] = {static_cast<double>(options_.seed >> 32),
+                           static_cast<double>(options_.seed & 0xffffffffu),
+                           static_cast<double>(options_.gradient_accumulation_steps),
+                           options_.gradient_clipping,
+                           static_cast<double>(options_.shard_alignment),
+                           static_cast<double>(options_.persistence_threshold)};
+    static constexpr const char* names[] = {"seed",
+                                            "seed",
+                                            "gradient_accumulation_steps",
+                                            "gradient_clipping",
+                                            "shard_alignment",
+                                            "persistence_threshold"};
+    constexpr std::size_t k = std::size(mine);
+    parallel::AnyComm& all = groups_.state_group();
+    std::vector<double> every(k * static_cast<std::size_t>(all.size()), 0.0);
+    const std::size_t me = static_cast<std::size_t>(all.rank());
+    std::copy(std::begin(mine), std::end(mine),
+              every.begin() + static_cast<std::ptrdiff_t>(me * k));
+    sum_host_values(all, every);
+    const auto text = [&](std::size_t r, std::size_t i) -> std::string {
+      const double* v = every.data() + r * k;
+      if (i <= 1) {
+        return std::to_string((static_cast<std::uint64_t>(v[0]) << 32) |
+                              static_cast<std::uint64_t>(v[1]));
+      }
+      return zero::detail::concat(v[i]);
+    };
+    for (std::size_t r = 0; r < static_cast<std::size_t>(all.size()); ++r) {
+      for (std::size_t i = 0; i < k; ++i) {
+        const double theirs = every[r * k + i];
+        const bool same = theirs == mine[i] || (std::isnan(theirs) && std::isnan(mine[i]));
+        expect<ConfigError>(same, "Engine rank ", me, ": EngineOptions::", names[i], " is ",
+                            text(me, i), " here but ", text(r, i), " on rank ", r,
+                            "; every rank of an engine must pass the same");
+      }
+    }
+  }
   // Throws OutOfMemoryError, before anything is allocated, when the backend reports less free
   // device memory than this layout's model states need on the ranks that compute on the device:
   // the memory estimator's figure (memory_estimator.hpp) for these units, this stage, precision,
@@ -922,8 +978,9 @@ class Engine {
     const std::optional<std::size_t> free = backend_.free_device_bytes();
     if (!free) return;
     const MemoryEstimateInput in = memory_estimate_input();
-    if (in.params == 0) return;
-    const MemoryEstimate e = estimate_model_states(in);
+    // A rank without parameters (a pipeline stage of none) needs nothing but still joins the
+    // collectives below, which the others wait in.
+    const MemoryEstimate e = in.params > 0 ? estimate_model_states(in) : MemoryEstimate{};
     // The ranks on this device: equal identities, counted over every rank of the engine (tensor
     // and pipeline ranks too), which also share the verdict.
     parallel::AnyComm& all = groups_.state_group();
@@ -1056,6 +1113,12 @@ class Engine {
                       "cannot be used again (",
                       comm_failure_,
                       "); restart the job from the last checkpoint (it loads at any world size)");
+    return recording_comm_failure(std::forward<Fn>(fn));
+  }
+  // Runs fn, recording a CommError it raises, without refusing to start: for setting a pass
+  // aside or dropping it, which waits for the reductions in flight.
+  template <class Fn>
+  decltype(auto) recording_comm_failure(Fn&& fn) {
     try {
       return fn();
     } catch (const CommError& e) {
@@ -1284,7 +1347,10 @@ class Engine {
     abandon_window();
   }
   // Ends the window after a failure: the reductions in flight finish (their buffers are about
-  // to be cleared), gathered units are released and the accumulators cleared.
+  // to be cleared), gathered units are released and the accumulators cleared, with the whole
+  // gradients the failed backward had begun to add into (a unit's own part, or a tied head's
+  // part in the embedding's buffer): they held no reduced gradient, and the next window's
+  // backward would add to them.
   void abandon_window() noexcept {
     try {
       exchange_.drain_reductions();
@@ -1293,11 +1359,23 @@ class Engine {
     }
     release_after_failure();
     try {
+      drop_whole_gradients();
       clear_accumulators();
     } catch (...) {
       // a device that failed: the exception in flight says why
     }
     micro_.abandon_window();
+  }
+  // Gives back the whole gradient buffers that live only while a unit computes (every layout
+  // but stages 0-1 with the master as compute copy, whose buffers clear_accumulators clears).
+  void drop_whole_gradients() {
+    if constexpr (stage_traits::shards_grads || !compute_is_master) {
+      for (int u = 0; u < num_units(); ++u) {
+        if (!unit(u).grads) continue;
+        unit(u).grads.reset();
+        exchange_.bind(u);
+      }
+    }
   }
   void release_after_failure() noexcept {
     try {
@@ -1376,8 +1454,10 @@ class Engine {
   // started are waited for first. The host optimizer's passes leave one of the OpenMP threads
   // to the thread that drives the device (the passes are elementwise, so their results do not
   // depend on the count).
+  // What can throw runs before the swap, and a run that cannot start swaps back: a step that
+  // throws here leaves the window's gradient in grad_shard for a retry (it was left in
+  // delayed_grad, and the retry updated with the previous window's).
   void start_delayed_update(double factor) {
-    for (Unit& s : units_) std::swap(s.grad_shard, s.delayed_grad);
     if constexpr (compute_is_master) {
       exchange_.synchronize();
       backend_.host_waits_for_compute();  // the gathers' copies up have read the slices
@@ -1385,13 +1465,22 @@ class Engine {
     const int threads = std::max(1, ops::cpu::num_threads() - 1);
     // One thread for every step's update, made at the first: its OpenMP team lives as long.
     if (!update_worker_) update_worker_.emplace();
-    delayed_update_ = update_worker_->run([this, factor, threads] {
-      for (int u = 0; u < num_units(); ++u) {
-        Unit& s = unit(u);
-        update_unit(u, factor, std::span<MasterT>(s.delayed_grad.data(), s.delayed_grad.size()),
-                    threads, true);
-      }
-    });
+    const auto swap_gradients = [this] {
+      for (Unit& s : units_) std::swap(s.grad_shard, s.delayed_grad);
+    };
+    swap_gradients();
+    try {
+      delayed_update_ = update_worker_->run([this, factor, threads] {
+        for (int u = 0; u < num_units(); ++u) {
+          Unit& s = unit(u);
+          update_unit(u, factor, std::span<MasterT>(s.delayed_grad.data(), s.delayed_grad.size()),
+                      threads, true);
+        }
+      });
+    } catch (...) {
+      swap_gradients();
+      throw;
+    }
   }
   // Waits for the update in flight, if any; its result goes up to the device at the next step
   // (whoever waited: step, synchronize, a state reader). An update that threw leaves the state
