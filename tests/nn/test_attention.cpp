@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -173,6 +174,48 @@ TileCount count_tile(int r0, int rows, int k0, int keys, int Tn) {
 }
 
 }  // namespace
+
+namespace {
+
+// The query gradient of row t, where the probability of key 0 (whose value holds an infinity)
+// is dropped, after attention_forward and attention_backward with mask.
+template <class T>
+std::vector<double> dq_under_dropped_infinity(const DropoutMask& mask, std::int64_t t) {
+  const std::int64_t Tn = 4, C = 4;
+  std::vector<T> qkv(static_cast<std::size_t>(Tn * 3 * C)), dout(static_cast<std::size_t>(Tn * C));
+  for (std::size_t i = 0; i < qkv.size(); ++i) {
+    qkv[i] = zero::convert<T>(0.1f * static_cast<float>(i % 7));
+  }
+  qkv[static_cast<std::size_t>(2 * C)] = zero::convert<T>(std::numeric_limits<float>::infinity());
+  for (auto& d : dout) d = zero::convert<T>(1.0f);
+  std::vector<T> out(dout.size()), att(static_cast<std::size_t>(Tn * Tn)), dqkv(qkv.size());
+  for (auto& d : dqkv) d = zero::convert<T>(0.0f);
+  attention_forward(out.data(), att.data(), qkv.data(), 1, Tn, C, 1, mask);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), 1, Tn, C, 1, mask);
+  std::vector<double> dq;
+  for (std::int64_t i = 0; i < C; ++i) {
+    dq.push_back(
+        static_cast<double>(zero::convert<float>(dqkv[static_cast<std::size_t>(t * 3 * C + i)])));
+  }
+  return dq;
+}
+
+}  // namespace
+
+TEST_CASE("attention dropout: an infinite gradient under a dropped probability is NaN",
+          "[unit][ops]") {
+  // PyTorch multiplies by the mask, so 0 * inf is NaN and the overflow checks see it; selecting
+  // 0 for a dropped entry gave row t a finite gradient (dropout.hpp already multiplied).
+  const DropoutMask mask{0.5, zero::CounterRng(77), 3};
+  std::int64_t t = 1;
+  while (t < 4 && mask.keep(t * 4)) ++t;  // a row whose entry against key 0 is dropped
+  REQUIRE(t < 4);
+  for (const auto& dq :
+       {dq_under_dropped_infinity<float>(mask, t), dq_under_dropped_infinity<double>(mask, t),
+        dq_under_dropped_infinity<bf16>(mask, t)}) {
+    for (double v : dq) CHECK(std::isnan(v));
+  }
+}
 
 TEST_CASE("a causal tile is whole exactly when every entry of it is visible", "[unit][ops]") {
   static_assert(zero::ops::causal_tile_whole(64, 16, 0, 64, 80));

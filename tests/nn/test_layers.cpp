@@ -625,6 +625,18 @@ TEST_CASE("LayerGPT (GPT-2 from layers, nn::GPT) equals the hand-written GPT bit
       }
       CHECK(layered.unit_uses(u) == gpt.unit_uses(u));
     }
+    // The embeddings decay, as in nanoGPT, llm.c and Megatron (every matrix but the norms); the
+    // tied head's weight is the token embedding's. Biases and norms do not.
+    for (const auto& p : layered.unit_params(0)) {
+      INFO(p.name);
+      CHECK(p.weight_decay);
+    }
+    for (const auto& p : gpt.unit_params(0)) CHECK(p.weight_decay);
+    for (const auto& p : layered.unit_params(1)) {
+      INFO(p.name);
+      const bool matrix = p.shape.rank() == 2;
+      CHECK(p.weight_decay == matrix);
+    }
   }
   for (double dropout : {0.0, 0.1}) {
     INFO("dropout " << dropout);

@@ -25,8 +25,8 @@ class Embedding {
   /// wte then wpe.
   std::vector<ParamSpec> params() const {
     return {
-        {"transformer.wte.weight", {cfg_.vocab_size, cfg_.channels}, Init::normal, 0.02, false},
-        {"transformer.wpe.weight", {cfg_.max_seq_len, cfg_.channels}, Init::normal, 0.02, false}};
+        {"transformer.wte.weight", {cfg_.vocab_size, cfg_.channels}, Init::normal, 0.02, true},
+        {"transformer.wpe.weight", {cfg_.max_seq_len, cfg_.channels}, Init::normal, 0.02, true}};
   }
   /// Binds views in params() order.
   void bind(std::span<const ParamView<T>> views) {

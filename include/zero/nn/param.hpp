@@ -24,7 +24,7 @@ struct ParamSpec {
   Shape shape;               ///< shape held by this rank (the whole tensor unless split)
   Init init = Init::normal;  ///< initialiser
   double stddev = 0.02;      ///< for Init::normal
-  bool weight_decay = true;  ///< false for biases, norms (and embeddings where configured)
+  bool weight_decay = true;  ///< false for biases and norms (embeddings decay, as in Megatron)
   TensorSplit split = {};    ///< the part of a logical tensor held (tensor parallelism)
 
   /// Elements held.

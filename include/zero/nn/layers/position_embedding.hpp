@@ -40,7 +40,7 @@ class PositionEmbedding final : public Layer<T> {
 
   std::string describe() const override { return "PositionEmbedding '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override {
-    return {{name_ + ".weight", {max_, channels_}, Init::normal, stddev_, false}};
+    return {{name_ + ".weight", {max_, channels_}, Init::normal, stddev_, true}};
   }
   void bind(std::span<const ParamView<T>> views) override { table_ = views[0]; }
   void forward(StepContext<T>& ctx) override {

@@ -32,7 +32,7 @@ class TokenEmbedding final : public Layer<T> {
 
   std::string describe() const override { return "TokenEmbedding '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override {
-    return {{name_ + ".weight", {vocab_, channels_}, Init::normal, stddev_, false}};
+    return {{name_ + ".weight", {vocab_, channels_}, Init::normal, stddev_, true}};
   }
   void bind(std::span<const ParamView<T>> views) override { table_ = views[0]; }
   /// The bound table (value and gradient): a TiedLinear reads it as its weight.

@@ -76,11 +76,14 @@ HeadOperands<compute_type_t<T>> head_operands(const T* qkv, std::int64_t b, std:
   }
 }
 
-// p[0, n) = dropout(p) in place, for the entries row + [0, n) of att.
+// p[0, n) = dropout(p) in place, for the entries row + [0, n) of att: a dropped entry is
+// multiplied by 0 (DropoutMask::factor), so a NaN stays NaN, as in dropout.hpp.
 template <class A>
 void apply_dropout(A* p, std::int64_t n, std::int64_t row, const DropoutMask& dropout) {
   const A scale = dropout.scale<A>();
-  for (std::int64_t t2 = 0; t2 < n; ++t2) p[t2] = dropout.keep(row + t2) ? p[t2] * scale : A(0);
+  for (std::int64_t t2 = 0; t2 < n; ++t2) {
+    p[t2] = p[t2] * DropoutMask::factor(dropout.keep(row + t2), scale);
+  }
 }
 
 // The row softmax of one block of query rows t0 + r (r < rows) against keys [0, t0 + rows), for
@@ -147,7 +150,7 @@ struct AttentionSoftmax {
       const auto stored = load_lanes<P>(a + i);
       if (dropout.active()) {
         dropout_mask_words(words, dropout, index + i, P::width);
-        P::store(e + i, P::select(words, P::mul(stored, P::set1(keep_scale)), P::set1(0.0f)));
+        P::store(e + i, P::mul(stored, P::select(words, P::set1(keep_scale), P::set1(0.0f))));
       } else {
         P::store(e + i, stored);
       }
@@ -201,7 +204,7 @@ struct AttentionSoftmaxBackward {
           auto g = P::load(d + i);
           if (dropout.active()) {
             dropout_mask_words(words, dropout, index + i, P::width);
-            g = P::select(words, P::mul(g, P::set1(keep_scale)), P::set1(0.0f));
+            g = P::mul(g, P::select(words, P::set1(keep_scale), P::set1(0.0f)));
             P::store(d + i, g);
           }
           return P::fma(g, load_lanes<P>(a + i), acc);

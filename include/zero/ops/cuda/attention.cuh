@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(flash_rows * 32)
       l = l * correction + warp_sum(p);
       float p_used = p;
       if (dropping && visible) {
-        p_used = dropout.keep(detail::attention_entry(bh, t, key, Tn)) ? p * drop_scale : 0.0f;
+        p_used = p * DropoutMask::factor(dropout.keep(detail::attention_entry(bh, t, key, Tn)),
+                                         drop_scale);
       }
 #pragma unroll
       for (int r = 0; r < per_lane; ++r) acc[r] *= correction;
@@ -189,9 +190,9 @@ __global__ void __launch_bounds__(flash_rows * 32)
     const float s = detail::dot_row<HD>(q_s[warp], k_s[key % flash_tile]) * scale;
     p = expf(s - lse_t);
     const float d = detail::dot_row<HD>(do_s[warp], v_s[key % flash_tile]);
-    dp = !dropping
-             ? d
-             : (dropout.keep(detail::attention_entry(bh, t, key, Tn)) ? d * drop_scale : 0.0f);
+    dp = !dropping ? d
+                   : d * DropoutMask::factor(dropout.keep(detail::attention_entry(bh, t, key, Tn)),
+                                             drop_scale);
   };
 
   float delta_part = 0.0f;
@@ -292,8 +293,9 @@ __global__ void __launch_bounds__(flash_rows * 32)
         const float p = expf(s - lse_s[lane]);
         const float d = detail::dot_row<HD>(do_s[lane], v_s[warp]);
         const bool kept = !dropping || dropout.keep(detail::attention_entry(bh, query, j, Tn));
-        p_used = !dropping ? p : (kept ? p * drop_scale : 0.0f);
-        const float dp = !dropping ? d : (kept ? d * drop_scale : 0.0f);
+        const float factor = DropoutMask::factor(kept, drop_scale);
+        p_used = !dropping ? p : p * factor;
+        const float dp = !dropping ? d : d * factor;
         ds = p * (dp - delta_s[lane]) * scale;
       }
       for (int i = 0; i < flash_tile; ++i) {

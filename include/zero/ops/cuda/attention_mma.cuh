@@ -446,7 +446,8 @@ __global__ void __launch_bounds__(block_threads)
               l[i][e >> 1] += p;
               if (dropping && p != 0.0f) {
                 const int row = row0 + (e >> 1) * 8, key = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-                p = dropout.keep(detail::attention_entry(bh, row, key, Tn)) ? p * drop_scale : 0.0f;
+                p *= cpu::DropoutMask::factor(
+                    dropout.keep(detail::attention_entry(bh, row, key, Tn)), drop_scale);
               }
               s[i][nt][e] = p;
             }
@@ -611,9 +612,8 @@ __global__ void __launch_bounds__(block_threads,
           if (!visible) {
             dp[nt][e] = 0.0f;
           } else if (dropping) {
-            dp[nt][e] = dropout.keep(detail::attention_entry(bh, row, key, Tn))
-                            ? dp[nt][e] * drop_scale
-                            : 0.0f;
+            dp[nt][e] *= cpu::DropoutMask::factor(
+                dropout.keep(detail::attention_entry(bh, row, key, Tn)), drop_scale);
           }
         }
       }
@@ -776,11 +776,16 @@ __global__ void __launch_bounds__(block_threads)
               // 2^-inf is 0: no branch around the exponential for masked entries.
               const float prob =
                   exp2_approx(visible ? fmaf(p[nt][e], scale_log2, -lse_s[qi]) : -INFINITY);
-              const bool kept =
-                  !dropping ||
-                  (visible && dropout.keep(detail::attention_entry(bh, query, key, Tn)));
-              const float d = kept ? dp[nt][e] * drop_scale : 0.0f;
-              p[nt][e] = kept ? prob * drop_scale : 0.0f;
+              // Masked entries are 0 (their dp may be anything); a dropped one is multiplied by
+              // 0, so a NaN or infinite dp stays NaN (DropoutMask::factor).
+              const float factor =
+                  !dropping ? drop_scale
+                  : visible
+                      ? cpu::DropoutMask::factor(
+                            dropout.keep(detail::attention_entry(bh, query, key, Tn)), drop_scale)
+                      : 0.0f;
+              const float d = visible || !dropping ? dp[nt][e] * factor : 0.0f;
+              p[nt][e] = prob * factor;
               dp[nt][e] = prob * (d - delta_s[qi]) * scale;
             }
           }
