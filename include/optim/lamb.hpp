@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <optim/adam_hyper.hpp>
 #include <optim/cpu/fused_driver.hpp>
 #include <optim/flat_optimizer.hpp>
 #include <optim/update_rules.hpp>
@@ -39,14 +40,8 @@ struct LambHyper {
 /// Throws ConfigError naming the bad LAMB hyper-parameter of group index group (beta 1 would
 /// divide by a zero bias correction, and a min_coeff above max_coeff is no clamp).
 inline void validate(const LambHyper& h, std::size_t group, const char* who) {
-  expect<ConfigError>(h.lr >= 0.0, who, ": group ", group, ": lr must be >= 0, got ", h.lr);
-  expect<ConfigError>(h.beta1 >= 0.0 && h.beta1 < 1.0, who, ": group ", group,
-                      ": beta1 must be in [0, 1), got ", h.beta1);
-  expect<ConfigError>(h.beta2 >= 0.0 && h.beta2 < 1.0, who, ": group ", group,
-                      ": beta2 must be in [0, 1), got ", h.beta2);
-  expect<ConfigError>(h.eps >= 0.0, who, ": group ", group, ": eps must be >= 0, got ", h.eps);
-  expect<ConfigError>(h.weight_decay >= 0.0, who, ": group ", group,
-                      ": weight_decay must be >= 0, got ", h.weight_decay);
+  // lr, betas, eps and weight_decay have Adam's ranges.
+  validate(AdamHyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay}, group, who);
   expect<ConfigError>(h.min_trust >= 0.0 && h.min_trust <= h.max_trust, who, ": group ", group,
                       ": the trust ratio's clamp [min_coeff, max_coeff] = [", h.min_trust, ", ",
                       h.max_trust, "] must have 0 <= min_coeff <= max_coeff");

@@ -23,6 +23,7 @@
 #include <zero/checkpoint/segment.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
+#include <zero/core/shape.hpp>
 #include <zero/io/safetensors_header.hpp>
 
 namespace zero::checkpoint {
@@ -60,14 +61,7 @@ struct TensorRecord {
   std::vector<SegmentRecord> segments;
 
   /// Elements of the flattened tensor.
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (std::int64_t e : shape) {
-      if (e == 0) return 0;  // before a product of the others that may not fit
-    }
-    for (std::int64_t e : shape) n *= e;
-    return n;
-  }
+  std::int64_t numel() const { return numel_of(shape); }
   /// The spec (name, dtype, shape).
   TensorSpec spec() const { return {name, dtype, shape}; }
   /// "F32 [768, 2304]" for messages.

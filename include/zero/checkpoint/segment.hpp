@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <zero/core/dtype.hpp>
+#include <zero/core/shape.hpp>
 #include <zero/io/safetensors_header.hpp>
 
 namespace zero::checkpoint {
@@ -27,14 +28,7 @@ struct TensorSpec {
   std::vector<std::int64_t> shape;  ///< Logical extents (row-major); rank 0 is a scalar.
 
   /// Number of elements of the flattened tensor.
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (std::int64_t e : shape) {
-      if (e == 0) return 0;  // before a product of the others that may not fit
-    }
-    for (std::int64_t e : shape) n *= e;
-    return n;
-  }
+  std::int64_t numel() const { return numel_of(shape); }
   /// Two specs agree when name, dtype and shape are equal.
   bool operator==(const TensorSpec&) const = default;
 };

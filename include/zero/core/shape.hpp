@@ -6,11 +6,23 @@
 #include <cstdint>
 #include <initializer_list>
 #include <ostream>
+#include <span>
 #include <string>
 
 #include <zero/core/error.hpp>
 
 namespace zero {
+
+/// Elements of a dense tensor of these extents: 1 for none (a scalar), 0 when any extent is 0,
+/// which is checked before multiplying, as the product of the others may not fit.
+constexpr std::int64_t numel_of(std::span<const std::int64_t> extents) {
+  for (std::int64_t e : extents) {
+    if (e == 0) return 0;
+  }
+  std::int64_t n = 1;
+  for (std::int64_t e : extents) n *= e;
+  return n;
+}
 
 /// Extents of a dense row-major tensor (last dimension contiguous), rank 0 to max_rank.
 class Shape {
@@ -52,11 +64,9 @@ class Shape {
                        rank_);
     return extents_[static_cast<std::size_t>(k)];
   }
-  /// Product of the extents (1 for rank 0).
+  /// Product of the extents (1 for rank 0, 0 when any extent is 0).
   constexpr std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (int i = 0; i < rank_; ++i) n *= extents_[static_cast<std::size_t>(i)];
-    return n;
+    return numel_of(std::span(extents_.data(), static_cast<std::size_t>(rank_)));
   }
   /// Elements between consecutive indices of dimension i.
   std::int64_t stride(int i) const {

@@ -144,7 +144,7 @@ inline offload::NvmeConfig nvme_settings(const Config& config) {
     const auto states =
         offload::NvmeConfig::from_config(config, offload::OffloadSection::optimizer);
     expect<ConfigError>(
-        params.nvme_path.lexically_normal() == states.nvme_path.lexically_normal(),
+        (params.nvme_path / "").lexically_normal() == (states.nvme_path / "").lexically_normal(),
         "zero_optimization.offload_param.nvme_path: '", params.nvme_path.string(),
         "' differs from offload_optimizer.nvme_path '", states.nvme_path.string(),
         "'; zero swaps parameters and optimizer states together, under one path: give both "

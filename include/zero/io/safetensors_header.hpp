@@ -72,14 +72,7 @@ struct TensorInfo {
   std::uint64_t end = 0;            ///< One past the last byte, relative to the data section.
 
   /// Number of elements (1 for rank 0, 0 if any extent is 0).
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (std::int64_t e : shape) {
-      if (e == 0) return 0;  // before a product of the others that may not fit
-    }
-    for (std::int64_t e : shape) n *= e;
-    return n;
-  }
+  std::int64_t numel() const { return numel_of(shape); }
   /// Size of the data in bytes.
   std::uint64_t bytes() const { return end - begin; }
   /// The extents as a zero::Shape; throws ShapeError past Shape::max_rank.
