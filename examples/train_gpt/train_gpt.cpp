@@ -1,5 +1,6 @@
-// train_gpt: trains a byte-level GPT-2 on the bundled corpus (or an llm.c token file) with the
-// ZeRO engine, configured like a DeepSpeed run.
+// train_gpt: trains a byte-level GPT-2 on the bundled corpus (or GPT-2 token files: llm.c's, or
+// raw uint16 / int32 streams such as nanoGPT's train.bin with --token-format) with the ZeRO
+// engine, configured like a DeepSpeed run.
 //
 // By default 2 ranks in one process (LocalComm threads) at ZeRO stage 3: every rank holds only its
 // shard of each unit and gathers a unit just before using it. Under mpiexec (built with MPI)
@@ -14,7 +15,8 @@
 //   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--steps 100] [--batch 8] [--seq 64]
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
-//               [--data corpus.txt | --tokens train.bin [--val-tokens val.bin]]
+//               [--data corpus.txt |
+//                --tokens train.bin [--val-tokens val.bin] [--token-format llmc|raw_u16|raw_i32]]
 //               [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
 //               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
@@ -28,7 +30,8 @@
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary
-// (257) is padded to a multiple of N, as Megatron pads its vocabulary.
+// (257) is padded to a multiple of N, as Megatron pads its vocabulary; --init and --export read
+// and write the real tokens' rows, so a GPT-2 file loads at any N.
 // --pp N cuts the model's units into N pipeline stages (the config's "pipeline": {"stages": N},
 // or Megatron's pipeline_model_parallel_size) run by a checked schedule (--schedule, default
 // 1f1b; --vpp V chunks per stage with the interleaved schedule); each step runs the
@@ -150,6 +153,7 @@ struct Options {
   std::string data = ZERO_DEFAULT_CORPUS, tokens, val_tokens, init, metrics, save_dir, resume,
               export_path;
   DType export_dtype = DType::f32;
+  data::TokenFormat token_format = data::TokenFormat::llmc;  // of --tokens and --val-tokens
   std::string nvme_path;
   std::int64_t save_every = 0;
   double temperature = 0.8;
@@ -275,7 +279,16 @@ Options parse(int argc, char** argv) {
       o.sample_bytes = integer();
     else if (flag == "--nvme-path")
       o.nvme_path = v;
-    else if (flag == "--export-dtype") {
+    else if (flag == "--token-format") {
+      if (v == "llmc")
+        o.token_format = data::TokenFormat::llmc;
+      else if (v == "raw_u16")
+        o.token_format = data::TokenFormat::raw_u16;
+      else if (v == "raw_i32")
+        o.token_format = data::TokenFormat::raw_i32;
+      else
+        usage("--token-format must be llmc, raw_u16 or raw_i32, not '" + v + "'");
+    } else if (flag == "--export-dtype") {
       if (v == "f32")
         o.export_dtype = DType::f32;
       else if (v == "bf16")
@@ -316,6 +329,9 @@ Options parse(int argc, char** argv) {
   }
   if ((o.save_every > 0 || !o.resume.empty()) && o.save_dir.empty()) {
     usage("--save-every and --resume need --save-dir");
+  }
+  if (o.token_format != data::TokenFormat::llmc && o.tokens.empty()) {
+    usage("--token-format says how the --tokens file is stored");
   }
   if (!o.val_tokens.empty() && o.tokens.empty()) {
     usage("--val-tokens is the validation file beside --tokens (a --data text is split itself)");
@@ -433,12 +449,13 @@ struct Corpus {
 
 Corpus load_corpus(const Options& o) {
   Corpus c;
-  if (!o.tokens.empty()) {  // llm.c token files: --val-tokens, else the training rows
-    c.train = std::make_shared<const data::TokenFile>(data::TokenFile::open(o.tokens));
+  if (!o.tokens.empty()) {  // token files: --val-tokens, else the training rows
+    c.train =
+        std::make_shared<const data::TokenFile>(data::TokenFile::open(o.tokens, o.token_format));
     c.val_held_out = !o.val_tokens.empty();
-    c.val = c.val_held_out
-                ? std::make_shared<const data::TokenFile>(data::TokenFile::open(o.val_tokens))
-                : c.train;
+    c.val = c.val_held_out ? std::make_shared<const data::TokenFile>(
+                                 data::TokenFile::open(o.val_tokens, o.token_format))
+                           : c.train;
     c.vocab = 50257;
     return c;
   }
@@ -865,7 +882,7 @@ int gpus_of(const Comm& comm) {
 // --init and --export read and write GPT-2's tensors; what this run cannot map onto them is
 // refused before it trains (the pipeline path dropped both flags without a word, and a MoE
 // model's export failed only after the whole run).
-void check_gpt2_weight_files(const Options& o, const Config& cfg, const Corpus& corpus) {
+void check_gpt2_weight_files(const Options& o, const Config& cfg) {
   if (o.init.empty() && o.export_path.empty()) return;
   const char* flags = !o.init.empty() && !o.export_path.empty() ? "--init and --export"
                       : !o.init.empty()                         ? "--init"
@@ -877,13 +894,8 @@ void check_gpt2_weight_files(const Options& o, const Config& cfg, const Corpus& 
   expect<ConfigError>(!cfg.moe.active(), flags,
                       " reads and writes GPT-2 weights; a mixture-of-experts model is not GPT-2 "
                       "(save a checkpoint and convert it with zero_to_safetensors)");
-  const auto tp = cfg.tensor_parallel.tp_size;
-  const std::int64_t rows = padded_vocab(corpus.vocab, tp);
-  expect<ConfigError>(rows == corpus.vocab, flags, " with tensor_parallel.tp_size = ", tp,
-                      ": the vocabulary of ", corpus.vocab, " tokens is padded to ", rows,
-                      " rows for tensor parallelism, which a GPT-2 file does not hold; use a tp "
-                      "that divides ",
-                      corpus.vocab);
+  // A vocabulary padded for tensor parallelism is no obstacle: the files hold the real tokens'
+  // rows (load_gpt2_weights and save_gpt2_weights take the vocabulary).
 }
 
 // Trains with engine type E on comm (tp x dp ranks); rank 0 prints. Returns whether the loss
@@ -893,7 +905,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   constexpr bool on_device = E::backend_type::Device::kind != DeviceKind::host;
   const bool leader = comm.rank() == 0;
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
-  check_gpt2_weight_files(o, cfg, corpus);
+  check_gpt2_weight_files(o, cfg);
   if (cfg.pipeline.stages > 1) {
     if constexpr (E::stage <= 1 && !on_device) {
       return train_pipeline<E>(o, cfg, corpus, comm);
@@ -917,7 +929,9 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   const nn::GPTConfig& gc = run.gpt;
   auto& model = run.model;
   E eng(model, groups, cfg, engine_options(o));
-  if (!o.init.empty()) engine::load_gpt2_weights(eng, o.init);
+  // The embedding may be padded past the vocabulary (tensor parallelism): the file holds the
+  // real tokens' rows.
+  if (!o.init.empty()) engine::load_gpt2_weights(eng, o.init, corpus.vocab);
   const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
   const auto mem = eng.memory_report();
   if (leader) {
@@ -1030,7 +1044,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     save_if_due(o, eng, run.train_loader, step + 1, leader);
   }
   if (!o.export_path.empty()) {
-    const auto written = engine::save_gpt2_weights(eng, o.export_path, o.export_dtype);
+    const auto written =
+        engine::save_gpt2_weights(eng, o.export_path, o.export_dtype, corpus.vocab);
     if (leader) {
       std::printf("train_gpt: exported %zu tensors to %s (%.1f MB, %s)\n", written.tensors,
                   o.export_path.c_str(), static_cast<double>(written.bytes) / 1e6,

@@ -382,6 +382,7 @@ TEST_CASE("with both offload sections on NVMe their nvme_paths must agree", "[un
   const auto same = engine::nvme_settings(config("/nvme0/../nvme0", 5));
   CHECK(same.nvme_path == "/nvme0");
   CHECK(same.buffer_count == 3);
+  CHECK_NOTHROW(engine::nvme_settings(config("/nvme0/", 5)));  // a trailing slash: one folder
   // offload_param alone on nvme: its own section.
   const auto alone = engine::nvme_settings(Config::from_json_string(R"({"zero_optimization": {
       "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme1", "buffer_count": 6}}})"));

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,66 @@ TEST_CASE("Tensor-parallel GPT-2 weights: exported whole from tp 2, imported at 
   CHECK(reader.info("transformer.h.0.attn.c_attn.weight").shape ==
         std::vector<std::int64_t>{16, 48});  // whole, Conv1D [in, out]
   std::filesystem::remove(file);
+}
+
+TEST_CASE(
+    "Tensor-parallel GPT-2 weights with a padded vocabulary: the file holds the real tokens' rows",
+    "[unit][tp]") {
+  // A vocabulary of 63 tokens is padded to 64 rows at tp 2 (Megatron's padding, so each rank
+  // holds 32). GPT-2 files were refused at such a tp: the import needs the padding rows zero and
+  // the export only the real rows.
+  const auto stem = std::filesystem::temp_directory_path() /
+                    ("zero-tp-vocab-" + std::to_string(static_cast<long>(::getpid())));
+  const auto original = stem.string() + "-63.safetensors",
+             again = stem.string() + "-again.safetensors";
+  const std::string wte = "transformer.wte.weight";
+  // tp 1, 63 tokens: one step, then the file.
+  testing::per_rank<int>(2, [&](LocalComm& world) {
+    nn::GPTConfig cfg = test::tp_tiny();
+    cfg.vocab_size = 63;
+    nn::GPT<float> model(cfg);
+    engine::Engine<nn::GPT<float>, ZeroStage<2>> eng(model, world, test::adamw_config(2, 1, 1.0),
+                                                     engine::EngineOptions{});
+    train(eng, world.rank(), 2, 1, 1, 63);
+    engine::save_gpt2_weights(eng, original);
+    return 0;
+  });
+  // tp 2, 64 rows: imported with the vocabulary, exported again with it.
+  const auto padded =
+      test::assemble(testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& world) {
+        parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 2, .dp = 2}));
+        nn::GPT<float> model(test::tp_tiny(), TensorParallel(groups.tp()));
+        engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(
+            model, groups, test::adamw_config(3, 1, 1.0), engine::EngineOptions{});
+        engine::load_gpt2_weights(eng, original, 63);
+        engine::save_gpt2_weights(eng, again, DType::f32, 63);
+        return test::held_params(eng);
+      }));
+  const io::SafetensorsReader a(original), b(again);
+  CHECK(b.info(wte).shape == std::vector<std::int64_t>{63, 16});
+  REQUIRE(a.tensors().size() == b.tensors().size());
+  for (const auto& t : a.tensors()) {
+    INFO(t.name);
+    CHECK(a.read_vector<float>(t.name) == b.read_vector<float>(t.name));  // bit for bit, f32
+  }
+  const auto& rows = padded.at(wte);
+  REQUIRE(rows.size() == 64 * 16);
+  const std::vector<float> from_file = a.read_vector<float>(wte);
+  for (std::size_t i = 0; i < from_file.size(); ++i) CHECK(rows[i] == from_file[i]);
+  for (std::size_t i = from_file.size(); i < rows.size(); ++i) CHECK(rows[i] == 0.0);  // padding
+  // More tokens than rows is refused on every rank.
+  const auto refused = testing::per_rank<std::string>(2, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 2}));
+    nn::GPT<float> model(test::tp_tiny(), TensorParallel(groups.tp()));
+    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, groups, test::adamw_config(1, 1, 1.0),
+                                                     engine::EngineOptions{});
+    return testing::thrown_message([&] { engine::save_gpt2_weights(eng, again, DType::f32, 65); });
+  });
+  for (const auto& m : refused) {
+    CHECK_THAT(m, Catch::Contains("vocab_size 65 is more than the 64 rows"));
+  }
+  std::filesystem::remove(original);
+  std::filesystem::remove(again);
 }
 
 TEST_CASE("Tensor-parallel GPT: sizes that do not split are refused naming the key", "[unit][tp]") {

@@ -17,6 +17,12 @@
 // With tensor parallelism (ParamSpec::split) a rank imports only the runs of the logical tensors
 // its parts cover (a Conv1D weight is read whole once per piece, then its runs picked), and the
 // export all-gathers each unit's parts over the tensor-parallel group and writes whole tensors.
+//
+// A model whose token embedding is padded past the vocabulary (Megatron pads it to a multiple of
+// the tensor-parallel size, so every rank holds an equal slice) passes vocab_size, the real
+// tokens: the file's transformer.wte.weight has vocab_size rows, the import leaves the padding
+// rows zero and the export writes the first vocab_size rows, so the file is GPT-2's whatever the
+// padding (and loads at another tp).
 
 #include <algorithm>
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <zero/engine/engine_checkpoint.hpp>
@@ -36,9 +43,26 @@
 namespace zero::engine {
 
 namespace detail {
-/// load_gpt2_weights' pass over the master slices: each rank fills its own from reader.
+/// The token embedding, which a padded vocabulary pads.
+inline constexpr std::string_view gpt2_token_embedding = "transformer.wte.weight";
+
+/// The shape parameter p has in a GPT-2 file when the model's vocabulary is vocab_size tokens
+/// (0: the token embedding's rows): the token embedding's first vocab_size rows, else p's
+/// logical shape. Throws ConfigError when vocab_size is more than the embedding's rows.
+inline Shape gpt2_file_shape(const nn::ParamSpec& p, std::int64_t vocab_size,
+                             std::string_view who) {
+  const Shape whole = p.logical_shape();
+  if (vocab_size <= 0 || p.name != gpt2_token_embedding) return whole;
+  expect<ConfigError>(vocab_size <= whole[0], who, ": vocab_size ", vocab_size,
+                      " is more than the ", whole[0], " rows of '", p.name, "'");
+  return Shape{vocab_size, whole[1]};
+}
+
+/// load_gpt2_weights' pass over the master slices: each rank fills its own from reader (the
+/// token embedding's rows from vocab_size on, padding, stay zero).
 template <class State>
-void import_gpt2_masters(State& state, const io::SafetensorsReader& reader) {
+void import_gpt2_masters(State& state, const io::SafetensorsReader& reader,
+                         std::int64_t vocab_size) {
   using MasterT = typename State::MasterT;
   state.for_each_master(StateAccess::update, [&](int u, std::span<MasterT> slice) {
     const auto& specs = state.unit_specs(u);
@@ -59,10 +83,15 @@ void import_gpt2_masters(State& state, const io::SafetensorsReader& reader) {
                          });
           continue;
         }
+        const Shape stored = gpt2_file_shape(p, vocab_size, "load_gpt2_weights");
+        const std::int64_t in_file = stored.numel();  // the logical elements the file holds
         p.for_each_run(s.param_offset, s.count,
                        [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
-                         io::gpt2::import_range(reader, p.name, p.logical_shape(), logical,
-                                                Tensor<MasterT>(base + held, Shape{count}),
+                         const std::int64_t n =
+                             std::clamp<std::int64_t>(in_file - logical, 0, count);
+                         if (n == 0) return;  // padding rows: zero
+                         io::gpt2::import_range(reader, p.name, stored, logical,
+                                                Tensor<MasterT>(base + held, Shape{n}),
                                                 io::DTypeRule::convert);
                        });
       }
@@ -76,16 +105,17 @@ void import_gpt2_masters(State& state, const io::SafetensorsReader& reader) {
 /// cannot read, a missing or malformed tensor) is thrown on every rank, as load_checkpoint does;
 /// one after any rank changed a slice leaves the engine refusing to train until a checkpoint
 /// loads. It replaces the masters only, so an engine already inconsistent (a step that stopped
-/// part-way) stays so.
+/// part-way) stays so. vocab_size (0: the embedding's rows) is the vocabulary of a model whose
+/// token embedding is padded past it (see the file comment).
 template <class Eng>
-void load_gpt2_weights(Eng& eng, const std::filesystem::path& file) {
+void load_gpt2_weights(Eng& eng, const std::filesystem::path& file, std::int64_t vocab_size = 0) {
   auto state = eng.state();
   state.require_between_steps("load_gpt2_weights");
   state.synchronize();
   load_agreed(state, "load_gpt2_weights", file.string(), false, [&](bool& touched) {
     const io::SafetensorsReader reader(file);
     touched = true;
-    detail::import_gpt2_masters(state, reader);
+    detail::import_gpt2_masters(state, reader, vocab_size);
   });
 }
 
@@ -99,10 +129,11 @@ struct WeightsExport {
 /// Writes eng's master weights to a Hugging Face GPT-2 safetensors file (Conv1D weights as
 /// [in, out]) in dtype f32, bf16 or f16, streamed unit by unit as the file comment says. A
 /// collective: every rank calls it between steps. Throws CheckpointError on every rank when the
-/// file cannot be written (and no file appears).
+/// file cannot be written (and no file appears). vocab_size (0: the embedding's rows) is the
+/// vocabulary of a model whose token embedding is padded past it: only its rows are written.
 template <class Eng>
 WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
-                                DType dtype = DType::f32) {
+                                DType dtype = DType::f32, std::int64_t vocab_size = 0) {
   using MasterT = typename Eng::MasterT;
   eng.state().require_between_steps("save_gpt2_weights('" + file.string() + "')");
   expect<CheckpointError>(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
@@ -131,13 +162,19 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
                           "'): the units are split over ", groups.pp ? groups.pp->size() : 1,
                           " pipeline stages; save a checkpoint and convert it with "
                           "zero_to_safetensors instead");
+  for (int u = 0; u < eng.num_units(); ++u) {  // every rank refuses a bad vocab_size alike
+    for (const nn::ParamSpec& p : eng.unit_specs(u)) {
+      (void)detail::gpt2_file_shape(p, vocab_size, "save_gpt2_weights");
+    }
+  }
   const bool writes = eng.rank() == 0 && groups.tp_rank() == 0;
   if (writes) {
     attempt([&] {
       std::vector<io::TensorDecl> decls;
       for (int u = 0; u < eng.num_units(); ++u) {
         for (const nn::ParamSpec& p : eng.unit_specs(u)) {
-          decls.push_back(io::gpt2::export_decl(p.name, dtype, p.logical_shape()));
+          decls.push_back(io::gpt2::export_decl(
+              p.name, dtype, detail::gpt2_file_shape(p, vocab_size, "save_gpt2_weights")));
         }
       }
       writer.emplace(file, decls, std::map<std::string, std::string>{{"format", "pt"}});
@@ -174,8 +211,12 @@ WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
           }
           data = whole.data();
         }
-        io::gpt2::export_tensor(*writer, p.name, Tensor<const MasterT>(data, p.logical_shape()),
-                                io::DTypeRule::convert);
+        // A padded embedding's first vocab_size rows: the start of its row-major values.
+        io::gpt2::export_tensor(
+            *writer, p.name,
+            Tensor<const MasterT>(data,
+                                  detail::gpt2_file_shape(p, vocab_size, "save_gpt2_weights")),
+            io::DTypeRule::convert);
         offset += static_cast<std::size_t>(p.numel());
         ++result.tensors;
       }
