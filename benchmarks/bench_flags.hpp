@@ -53,14 +53,40 @@ inline double real_arg(const char* program, const std::string& flag, const char*
   return v;
 }
 
+/// argv[i + 1], the value of flag argv[i]; prints "<program>: <flag> needs a value" and exits
+/// with status 2 when it is missing (a loop to i + 1 < argc never looked at a last flag, so
+/// "--help" ran the whole benchmark).
+inline const char* value_arg(const char* program, int argc, char** argv, int i) {
+  if (i + 1 >= argc) {
+    std::fprintf(stderr, "%s: %s needs a value\n", program, argv[i]);
+    std::exit(2);
+  }
+  return argv[i + 1];
+}
+
+/// The index of text among choices; otherwise prints "<program>: <flag> must be one of ..." and
+/// exits with status 2 (a misspelt value ran with the default).
+inline std::size_t choice_arg(const char* program, const std::string& flag, const std::string& text,
+                              std::initializer_list<const char*> choices) {
+  std::size_t k = 0;
+  std::string known;
+  for (const char* c : choices) {
+    if (text == c) return k;
+    known += (k++ == 0 ? "" : "|") + std::string(c);
+  }
+  std::fprintf(stderr, "%s: %s must be one of %s, got '%s'\n", program, flag.c_str(), known.c_str(),
+               text.c_str());
+  std::exit(2);
+}
+
 /// One flag and the variable its value goes into.
 struct Flag {
   const char* name;  ///< "--layers"
   std::variant<std::int64_t*, int*, std::string*> into;
 };
 
-/// Reads "--name value" pairs of argv into flags; on an unknown flag or a bad number prints
-/// "<program>: ..." and returns false.
+/// Reads "--name value" pairs of argv into flags; on an unknown flag, a missing value or a
+/// number that is not a whole count in range prints "<program>: ..." and returns false.
 inline bool parse_flags(int argc, char** argv, const char* program,
                         std::initializer_list<Flag> flags) {
   for (int i = 1; i < argc; i += 2) {
@@ -79,10 +105,15 @@ inline bool parse_flags(int argc, char** argv, const char* program,
       **s = value;
       continue;
     }
+    // Every numeric flag is a count or a size: at least 1, and an int's range where it goes
+    // into one (--repeats 0 printed a time of 1e33 ms; a size past INT_MAX was truncated).
+    const bool narrow = std::holds_alternative<int*>(flag->into);
+    const std::int64_t max =
+        narrow ? std::numeric_limits<int>::max() : std::numeric_limits<std::int64_t>::max();
     const std::optional<std::int64_t> v = whole_integer(value.c_str());
-    if (!v) {
-      std::fprintf(stderr, "%s: %s expects an integer, got '%s'\n", program, name.c_str(),
-                   value.c_str());
+    if (!v || *v < 1 || *v > max) {
+      std::fprintf(stderr, "%s: %s expects an integer in [1, %lld], got '%s'\n", program,
+                   name.c_str(), static_cast<long long>(max), value.c_str());
       return false;
     }
     if (auto* p = std::get_if<std::int64_t*>(&flag->into)) {

@@ -108,21 +108,22 @@ int main(int argc, char** argv) {
   std::int64_t B = 8, Tn = 1024;
   int repeats = 20;
   std::string only;  // --only: the benchmarks whose name holds this (the baselines always run)
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--batch") {
-      B = zero::bench::integer_arg("kernel_bench", flag, argv[i + 1]);
-    } else if (flag == "--seq") {
-      Tn = zero::bench::integer_arg("kernel_bench", flag, argv[i + 1]);
-    } else if (flag == "--repeats") {
-      repeats =
-          static_cast<int>(zero::bench::integer_arg("kernel_bench", flag, argv[i + 1], 1, 1 << 20));
-    } else if (flag == "--only") {
-      only = argv[i + 1];
-    } else {
+    if (flag != "--batch" && flag != "--seq" && flag != "--repeats" && flag != "--only") {
       std::fprintf(stderr, "usage: %s [--batch B] [--seq T] [--repeats R] [--only NAME_PART]\n",
                    argv[0]);
       return 2;
+    }
+    const char* v = zero::bench::value_arg("kernel_bench", argc, argv, i);
+    if (flag == "--batch") {
+      B = zero::bench::integer_arg("kernel_bench", flag, v);
+    } else if (flag == "--seq") {
+      Tn = zero::bench::integer_arg("kernel_bench", flag, v);
+    } else if (flag == "--repeats") {
+      repeats = static_cast<int>(zero::bench::integer_arg("kernel_bench", flag, v, 1, 1 << 20));
+    } else {
+      only = v;
     }
   }
   // The attention lines time the two-kernel backward as the default, and the fused one by name,

@@ -505,8 +505,8 @@ int main(int argc, char** argv) {
   double logits_chunk_mib = -1;                                 // < 0: GPTConfig's default
   const char* peer_env = std::getenv("ZERO_PEER_PYTHON");
   std::string peer_python = peer_env != nullptr && *peer_env != '\0' ? peer_env : "python3";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i], value = zero::bench::value_arg("gpt_step", argc, argv, i);
     if (flag == "--model")
       model_name = value;
     else if (flag == "--layers")
@@ -527,7 +527,7 @@ int main(int argc, char** argv) {
     else if (flag == "--peer")
       peer_python = value;
     else if (flag == "--gemm-shapes")
-      gemm_rows = value != "0";
+      gemm_rows = zero::bench::choice_arg("gpt_step", flag, value, {"0", "1"}) == 1;
     else if (flag == "--logits-chunk-mib")
       logits_chunk_mib = zero::bench::real_arg("gpt_step", flag, value.c_str());
     else if (flag == "--dtype")

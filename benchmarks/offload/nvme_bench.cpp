@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
   int groups = 8, repeats = 5, buffers = 4, queue_depth = 8;
   long long block = 1 << 20;
   IoBackend backend = IoBackend::automatic;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i], v = zero::bench::value_arg("nvme_bench", argc, argv, i);
     if (flag == "--path")
       path = v;
     else if (flag == "--mib")
@@ -113,11 +113,11 @@ int main(int argc, char** argv) {
           static_cast<int>(zero::bench::integer_arg("nvme_bench", flag, v.c_str(), 1, 4096));
     else if (flag == "--buffers")
       buffers = static_cast<int>(zero::bench::integer_arg("nvme_bench", flag, v.c_str(), 1, 1024));
-    else if (flag == "--backend")
-      backend = v == "uring"   ? IoBackend::uring
-                : v == "posix" ? IoBackend::posix
-                               : IoBackend::automatic;
-    else {
+    else if (flag == "--backend") {
+      const IoBackend backends[] = {IoBackend::automatic, IoBackend::uring, IoBackend::posix};
+      backend =
+          backends[zero::bench::choice_arg("nvme_bench", flag, v, {"automatic", "uring", "posix"})];
+    } else {
       std::fprintf(stderr, "unknown flag %s (see the top of nvme_bench.cpp)\n", flag.c_str());
       return 2;
     }

@@ -62,19 +62,20 @@ int main(int argc, char** argv) {
   long long n = 100'000'000;
   int repeats = 5;
   zero::optim::Isa isa = zero::optim::Isa::automatic;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--elements") {
-      n = zero::bench::integer_arg("optim_bench", flag, argv[i + 1]);
+      n = zero::bench::integer_arg("optim_bench", flag,
+                                   zero::bench::value_arg("optim_bench", argc, argv, i));
     } else if (flag == "--repeats") {
-      repeats =
-          static_cast<int>(zero::bench::integer_arg("optim_bench", flag, argv[i + 1], 1, 1 << 20));
+      repeats = static_cast<int>(zero::bench::integer_arg(
+          "optim_bench", flag, zero::bench::value_arg("optim_bench", argc, argv, i), 1, 1 << 20));
     } else if (flag == "--isa") {
-      const std::string v = argv[i + 1];
-      isa = v == "scalar"   ? zero::optim::Isa::scalar
-            : v == "avx2"   ? zero::optim::Isa::avx2
-            : v == "avx512" ? zero::optim::Isa::avx512
-                            : zero::optim::Isa::automatic;
+      const zero::optim::Isa isas[] = {zero::optim::Isa::automatic, zero::optim::Isa::scalar,
+                                       zero::optim::Isa::avx2, zero::optim::Isa::avx512};
+      isa = isas[zero::bench::choice_arg("optim_bench", flag,
+                                         zero::bench::value_arg("optim_bench", argc, argv, i),
+                                         {"automatic", "scalar", "avx2", "avx512"})];
     } else {
       std::fprintf(stderr, "usage: %s [--elements N] [--repeats R] [--isa scalar|avx2|avx512]\n",
                    argv[0]);

@@ -58,9 +58,11 @@ Options parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--backend")
-      o.backend = next();
-    else if (a == "--min-bytes")
+    if (a == "--backend") {
+      static const char* const backends[] = {"local", "mpi"};
+      o.backend =
+          backends[zero::bench::choice_arg("comm_bench", std::string(a), next(), {"local", "mpi"})];
+    } else if (a == "--min-bytes")
       o.min_bytes =
           static_cast<std::size_t>(zero::bench::integer_arg("comm_bench", std::string(a), next()));
     else if (a == "--max-bytes")
@@ -123,17 +125,26 @@ double traffic_factor(CommOp op, int n) {
   return op == CommOp::reduce_scatter ? n + 1.0 : 2.0 * n;
 }
 
+/// Results printed with a wrong count above 0 (main then exits 1).
+int wrong_results = 0;
+
+/// One JSON line; "config" and "value" (the time, us) are the benchmarks' convention, which
+/// scripts/bench-compare.py reads.
 void print(CommOp op, const char* backend, int n, std::size_t bytes, double seconds,
            const char* baseline_key, double baseline, const char* extra_key, double extra,
            int wrong) {
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+  const std::string name(zero::parallel::name_of(op));
   std::printf(
-      "{\"bench\":\"comm\",\"op\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"bytes\":%zu,"
+      "{\"bench\":\"comm\",\"config\":\"%s %s %d ranks %zu bytes\",\"value\":%.2f,"
+      "\"unit\":\"us\",\"op\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"bytes\":%zu,"
       "\"time_us\":%.2f,\"algbw_gbps\":%.3f,\"busbw_gbps\":%.3f,\"%s\":%.3f,\"%s\":%.3f,"
       "\"wrong\":%d}\n",
-      std::string(zero::parallel::name_of(op)).c_str(), backend, n, bytes, seconds * 1e6, algbw,
-      algbw * zero::parallel::bus_factor(op, n), baseline_key, baseline, extra_key, extra, wrong);
+      name.c_str(), backend, n, bytes, seconds * 1e6, name.c_str(), backend, n, bytes,
+      seconds * 1e6, algbw, algbw * zero::parallel::bus_factor(op, n), baseline_key, baseline,
+      extra_key, extra, wrong);
   std::fflush(stdout);
+  if (wrong > 0) ++wrong_results;
 }
 
 // ---- STREAM triad baseline -------------------------------------------------------------------
@@ -276,12 +287,16 @@ int main(int argc, char** argv) {
   if (o.backend == "mpi") {
 #if defined(ZERO_WITH_MPI)
     bench_mpi(o, argc, argv);
-    return 0;
+    return wrong_results > 0 ? 1 : 0;
 #else
     std::fprintf(stderr, "comm_bench: built without MPI\n");
     return 1;
 #endif
   }
   bench_local(o);
+  if (wrong_results > 0) {
+    std::fprintf(stderr, "comm_bench: %d results were wrong\n", wrong_results);
+    return 1;
+  }
   return 0;
 }

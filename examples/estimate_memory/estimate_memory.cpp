@@ -29,7 +29,7 @@ using zero::OffloadDevice;
 
 std::string gib(double bytes) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%9.2f GB", bytes / (1024.0 * 1024 * 1024));
+  std::snprintf(buf, sizeof buf, "%9.2f GiB", bytes / (1024.0 * 1024 * 1024));
   return buf;
 }
 
@@ -63,6 +63,10 @@ int main(int argc, char** argv) try {
         usage("--precision must be f32, bf16 or f16");
     } else
       usage("unknown flag " + flag);
+  }
+  // The world is an int in the estimator.
+  if (static_cast<std::int64_t>(in.gpus_per_node) * in.nodes > (std::int64_t{1} << 30)) {
+    usage("--gpus-per-node times --nodes must be at most 2^30");
   }
   // The engine's options by default: stage 3's gathered units and persistence threshold, stages
   // 2-3's pending reductions (what its own check before the first allocation counts).
