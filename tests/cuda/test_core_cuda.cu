@@ -128,5 +128,8 @@ TEST_CASE("CUDA errors become zero::CudaError naming the call", "[cuda]") {
   CHECK_THROWS_WITH(ZERO_CUDA_CHECK(cudaSetDevice(1 << 20)), Catch::Contains("cudaSetDevice"));
   cudaGetLastError();  // clear the sticky-free error state for later tests
   CHECK_THROWS_AS((Buffer<float, Cuda>(std::size_t{1} << 45)), OutOfMemoryError);
+  // The failed allocation leaves no error behind for the next kernel launch's check to report
+  // as its own (a caller may recover from the OutOfMemoryError with a smaller buffer).
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
   cudaGetLastError();
 }

@@ -198,7 +198,14 @@ class NcclWork final : public WorkState {
     }
     ncclResult_t async = ncclSuccess;
     nccl_check(ncclCommGetAsyncError(shared_->comm, &async), "ncclCommGetAsyncError", describe());
-    nccl_check(async, "NCCL (asynchronous error)", describe());
+    if (async != ncclSuccess) {
+      // The communicator's kernels may wait for data that will never come (a peer's link
+      // failed): aborting is the only way to stop them, as at the deadline, and later ops, the
+      // streams' synchronisations and the destructor's ncclCommDestroy would otherwise hang.
+      ncclCommAbort(shared_->comm);
+      shared_->comm = nullptr;
+      nccl_check(async, "NCCL (asynchronous error; the communicator was aborted)", describe());
+    }
   }
 
   std::shared_ptr<NcclShared> shared_;
@@ -523,14 +530,34 @@ class NcclComm : public BlockingCollectives<NcclComm> {
         shared_, op, point_to_point ? s.next_seq.load() : s.next_seq++, bytes, dtype));
   }
 
+  // Closes an NCCL group that an exception leaves open: NCCL's group depth is per thread, so
+  // every later NCCL call of the thread, on any communicator, would wait for a group end that
+  // never comes while its completion event is recorded at once (a wait that returns before the
+  // op ran).
+  struct OpenGroup {
+    bool open = true;
+    ~OpenGroup() {
+      if (open) (void)ncclGroupEnd();
+    }
+  };
+  // The failure of an NCCL call inside group_start/group_end ends that group before it
+  // propagates (see OpenGroup).
+  void check_grouped(ncclResult_t result, const char* call) {
+    auto& s = checked();
+    if (result != ncclSuccess && s.grouping) {
+      s.grouping = false;
+      (void)ncclGroupEnd();
+    }
+    detail::nccl_check(result, call, s.name);
+  }
+
   template <class T>
   void enqueue_send(std::span<T> buf, int peer, int /*tag*/) {
     auto& s = checked();
     check_peer(CommOp::send, peer);
-    detail::nccl_check(
-        ncclSend(buf.data(), buf.size(), detail::nccl_datatype<std::remove_const_t<T>>(), peer,
-                 s.comm, s.stream),
-        "ncclSend", s.name);
+    check_grouped(ncclSend(buf.data(), buf.size(), detail::nccl_datatype<std::remove_const_t<T>>(),
+                           peer, s.comm, s.stream),
+                  "ncclSend");
     s.grouped_bytes += buf.size_bytes();
   }
 
@@ -538,9 +565,9 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   void enqueue_recv(std::span<T> buf, int peer, int /*tag*/) {
     auto& s = checked();
     check_peer(CommOp::recv, peer);
-    detail::nccl_check(
+    check_grouped(
         ncclRecv(buf.data(), buf.size(), detail::nccl_datatype<T>(), peer, s.comm, s.stream),
-        "ncclRecv", s.name);
+        "ncclRecv");
     s.grouped_bytes += buf.size_bytes();
   }
 
@@ -549,6 +576,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
                 const std::vector<std::size_t>& recv_counts) {
     auto& s = checked();
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart", s.name);
+    OpenGroup group;
     std::size_t send_offset = 0, recv_offset = 0;
     for (std::size_t q = 0; q < send_counts.size(); ++q) {
       const int peer = static_cast<int>(q);
@@ -565,6 +593,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
       send_offset += send_counts[q];
       recv_offset += recv_counts[q];
     }
+    group.open = false;
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", s.name);
   }
 

@@ -136,6 +136,9 @@ struct Cuda {
     void* p = nullptr;
     const cudaError_t status = cudaMallocAsync(&p, bytes, stream.native());
     if (status == cudaErrorMemoryAllocation) {
+      // The failed call left its error as the thread's last one, which the next kernel
+      // launch's check would report as its own: the caller may recover (a smaller arena).
+      (void)cudaGetLastError();
       raise<OutOfMemoryError>("Cuda::allocate: out of device memory allocating ", bytes, " bytes");
     }
     ZERO_CUDA_CHECK(status);

@@ -42,6 +42,7 @@ struct CudaPinnedHost {
     void* p = nullptr;
     const cudaError_t status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not the next kernel check's error (see Cuda::allocate)
       raise<OutOfMemoryError>("CudaPinnedHost::allocate: could not page-lock ", bytes,
                               " bytes of host memory (check ulimit -l and the free host memory)");
     }

@@ -14,7 +14,9 @@
 // gather), so stream order alone makes them safe; they are members (not static, as HostBackend's
 // are) because they need that stream. Work the comm stream writes and compute then reads (a
 // reduced shard folded into the fp32 shard, gathered params) still needs the opposite ordering.
-// Nothing synchronises the host except sum_of_squares, which returns its value.
+// Of the element-wise calls only sum_of_squares, which returns its value, synchronises the host;
+// so do the copies from and to pageable host memory, host_waits_for_compute, and a pinned
+// buffer's zero-fill and free.
 //
 // Rounding equals HostBackend's bit for bit: accumulate adds convert<A>(g) (factor 1) or
 // convert<A>(convert<double>(g) * factor) (the product in double, rounded through zero::convert),

@@ -285,6 +285,7 @@ inline void* allocate_async(std::size_t bytes, cudaStream_t stream, const char* 
   if (bytes == 0) return p;
   const cudaError_t status = cudaMallocAsync(&p, bytes, stream);
   if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not the next kernel check's error: the caller may recover
     raise<OutOfMemoryError>(who, ": out of device memory allocating ", bytes, " bytes");
   }
   ZERO_CUDA_CHECK(status);
