@@ -72,7 +72,8 @@ inline std::size_t choice_arg(const char* program, const std::string& flag, cons
   std::string known;
   for (const char* c : choices) {
     if (text == c) return k;
-    known += (k++ == 0 ? "" : "|") + std::string(c);
+    if (k++ > 0) known += '|';
+    known += c;
   }
   std::fprintf(stderr, "%s: %s must be one of %s, got '%s'\n", program, flag.c_str(), known.c_str(),
                text.c_str());

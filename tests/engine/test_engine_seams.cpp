@@ -130,8 +130,9 @@ TEMPLATE_TEST_CASE_SIG(
       CHECK(r.error < 1e-10);
       CHECK(r.wrong_reference_error > 1e-3);  // negative control
       // The model replicates over tp (it is not split), so the only tp traffic is the engine's
-      // all-reduce of the norm statistics (two doubles) at each boundary.
-      CHECK(r.groups == std::set<std::string>{"dp", "tp"});
+      // all-reduce of the norm statistics (two doubles) at each boundary; at construction the
+      // engine checks once over all its ranks (tp-dp) that their options agree.
+      CHECK(r.groups == std::set<std::string>{"dp", "tp", "tp-dp"});
       CHECK(r.dp_bytes > 0);
       CHECK(r.tp_bytes == static_cast<std::uint64_t>(steps) * 2 * sizeof(double));
     }

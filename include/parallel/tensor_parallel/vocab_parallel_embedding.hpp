@@ -50,7 +50,7 @@ class VocabParallelEmbedding final : public nn::Layer<T> {
              {part(), channels_},
              nn::Init::normal,
              stddev_,
-             false,
+             true,  // decayed, as nn::TokenEmbedding (Megatron decays its embeddings)
              nn::TensorSplit::of({vocab_, channels_}, 0, tp_.size(), tp_.rank())}};
   }
   void bind(std::span<const nn::ParamView<T>> views) override { table_ = views[0]; }
