@@ -30,8 +30,12 @@ TEMPLATE_TEST_CASE_SIG(
     CHECK(worst(r.error) < 1e-10);
     CHECK(r.wrong_reference_error > 1e-3);
     // Every op ran on the dp group (one-rank ops too, when each dp group is a single rank),
-    // except the norm statistics' all-reduce over tp (two doubles per boundary) when tp > 1.
-    for (const std::string& g : r.groups) CHECK((g == "dp" || (g == "tp" && tp > 1)));
+    // except the norm statistics' all-reduce over tp (two doubles per boundary) when tp > 1,
+    // and the construction's check over all the engine's ranks (tp-dp) that their options
+    // agree.
+    for (const std::string& g : r.groups) {
+      CHECK((g == "dp" || ((g == "tp" || g == "tp-dp") && tp > 1)));
+    }
     if (world().size() / tp > 1) CHECK(r.dp_bytes > 0);
     CHECK(r.tp_bytes == (tp > 1 ? 2u * 2 * sizeof(double) : 0u));
   }
