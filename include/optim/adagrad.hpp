@@ -48,17 +48,16 @@ class Adagrad : public FlatOptimizer<AdagradHyper> {
     expect<ConfigError>(initial_accumulator_value >= 0.0,
                         "Adagrad: initial_accumulator_value must be >= 0, got ",
                         initial_accumulator_value);
-    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "Adagrad");
+    validate_groups();
   }
 
   /// One fused step.
   void step(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, true, "Adagrad");
-    ++step_;
+    begin_counted_step();
     std::vector<AdagradRule> rules;
     for (std::size_t k = 0; k < groups_.size(); ++k) {
       const auto& g = groups_[k];
-      validate(g.hyper, k, "Adagrad");  // a schedule may have changed it since the last step
       const double clr = g.hyper.lr / (1.0 + static_cast<double>(step_ - 1) * g.hyper.lr_decay);
       rules.push_back({static_cast<float>(g.hyper.weight_decay), static_cast<float>(g.hyper.eps),
                        static_cast<float>(-clr)});

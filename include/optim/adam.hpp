@@ -40,19 +40,16 @@ class AdamFamily : public FlatOptimizer<AdamHyper> {
   /// Several groups (e.g. from groups_from_mask).
   AdamFamily(std::size_t numel, std::vector<ParamGroup<AdamHyper>> groups)
       : FlatOptimizer<AdamHyper>(name, numel, std::move(groups), {"exp_avg", "exp_avg_sq"}) {
-    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, name);
+    this->validate_groups();
   }
 
   /// One fused step: unscale and clip the gradient by io.grad_scale, update param, m and v,
   /// write the low-precision copy when io asks for one.
   void step(const FusedIo& io, const StepOptions& options = {}) {
     optim::validate(io, numel_, true, name);
-    ++step_;
+    this->begin_counted_step();
     std::vector<AdamRule> rules;
-    for (std::size_t k = 0; k < groups_.size(); ++k) {
-      validate(groups_[k].hyper, k, name);
-      rules.push_back(make_adam_rule(groups_[k].hyper, step_, Mode));
-    }
+    for (const auto& g : groups_) rules.push_back(make_adam_rule(g.hyper, step_, Mode));
     const auto r = ranges();
     const auto s = state_pointers();
     run_fused<AdamRule>(rules, r, io, s, static_cast<std::uint32_t>(step_), options);

@@ -3,7 +3,10 @@
 // "optimizer" block ({"type": "AdamW", "params": {"lr": ..., "betas": [..], ...}}), over one
 // shard with a no-weight-decay mask (biases and norm weights). DeepSpeed's conventions:
 //   "Adam" is decoupled (AdamW) unless params.adam_w_mode is false (DeepSpeed's FusedAdam);
-//   "LAMB" clamps the trust ratio to [min_coeff, max_coeff];
+//   "LAMB" is FusedLamb's update (bias corrections in the step size) and clamps the trust
+//   ratio to [min_coeff, max_coeff];
+//   a key left out takes the default of DeepSpeed's optimizer of that type (Lion: lr 1e-3,
+//   betas 0.9/0.999, as FusedLion);
 //   every other key of params must belong to the chosen type (a typo is an error, not ignored).
 
 #include <cstdint>
@@ -78,9 +81,9 @@ class AnyOptimizer {
     }
     if (type == "Lion") {
       LionHyper h;
-      h.lr = r.number("lr", 1e-4);
+      h.lr = r.number("lr", 1e-3);  // FusedLion's and DeepSpeedCPULion's defaults
       h.weight_decay = wd;
-      r.betas(h.beta1, h.beta2, 0.99);
+      r.betas(h.beta1, h.beta2);
       r.only({"lr", "betas", "weight_decay"});
       return AnyOptimizer(Lion(numel, groups(h)));
     }
@@ -92,6 +95,7 @@ class AnyOptimizer {
       h.eps = r.number("eps", 1e-8);
       h.max_trust = r.number("max_coeff", 10.0);
       h.min_trust = r.number("min_coeff", 0.01);
+      h.corrections_in_step_size = true;  // FusedLamb's update, which the config names
       r.only({"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "bias_correction",
               "max_grad_norm"});
       // Accepted so DeepSpeed's FusedLamb configs load, but only at what zero does anyway.
@@ -230,8 +234,10 @@ class AnyOptimizer {
                           ": expected one number, got ", it->second.size());
       return it->second.front();
     }
-    void betas(double& beta1, double& beta2, double default2 = 0.999) const {
-      beta2 = default2;
+    // DeepSpeed's default betas, 0.9 and 0.999, for every type that has them.
+    void betas(double& beta1, double& beta2) const {
+      beta1 = 0.9;
+      beta2 = 0.999;
       const auto it = spec_.params.find("betas");
       if (it == spec_.params.end()) return;
       expect<ConfigError>(it->second.size() == 2,

@@ -132,6 +132,19 @@ class FlatOptimizer {
     }
   }
 
+  /// Checks every group's hyper-parameters (validate(Hyper, group, name), of the optimizer's
+  /// header): at construction, and at every step, since a schedule may have changed them.
+  void validate_groups() const {
+    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, name_);
+  }
+  /// Starts a step: validate_groups, then counts it, so a step refused for a bad value (a
+  /// schedule's negative learning rate) leaves the counter, and the bias corrections that
+  /// follow it, as they were.
+  void begin_counted_step() {
+    validate_groups();
+    ++step_;
+  }
+
   /// The group ranges, in group order.
   std::vector<Range> ranges() const {
     std::vector<Range> out;

@@ -3,7 +3,9 @@
 // You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes",
 // ICLR 2020, Algorithm 2 (bias-corrected Adam direction plus decoupled weight decay, scaled per
 // layer by ||p|| / ||u||), with DeepSpeed FusedLamb's clamp of the ratio to [min_trust, max_trust]
-// and ratio 1 when either norm is zero.
+// and ratio 1 when either norm is zero. LambHyper::corrections_in_step_size takes FusedLamb's
+// form instead (what a DeepSpeed config builds): u from the uncorrected moments, and the bias
+// corrections in the step size, lr * sqrt(1 - beta2^t) / (1 - beta1^t), outside the ratio.
 //
 // Three passes, because the ratio of a tensor needs the norm of its whole update before any
 // element may change: (1) moments: m, v from the unscaled, clipped gradient; (2) norms: the sums
@@ -35,6 +37,9 @@ struct LambHyper {
   double weight_decay = 0.01;  ///< decoupled, inside the trust-ratio-scaled update
   double min_trust = 0.01;     ///< lower clamp of the trust ratio
   double max_trust = 10.0;     ///< upper clamp of the trust ratio
+  /// DeepSpeed FusedLamb's form: u = m / (sqrt(v) + eps) + wd * p from the uncorrected
+  /// moments, and p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * ratio * u; false: the paper's.
+  bool corrections_in_step_size = false;
 };
 
 /// Throws ConfigError naming the bad LAMB hyper-parameter of group index group (beta 1 would
@@ -66,7 +71,7 @@ class Lamb : public FlatOptimizer<LambHyper> {
     if (tensors_.empty()) {
       for (const auto& g : groups_) tensors_.push_back(g.range);
     }
-    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "LAMB");
+    validate_groups();
     validate_ranges(tensors_, numel_, "LAMB tensors");
     for (const Range& t : tensors_) {
       std::size_t owner = groups_.size();
@@ -87,9 +92,7 @@ class Lamb : public FlatOptimizer<LambHyper> {
   void begin_step(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, true, "LAMB");
     expect_host(run);
-    // A schedule (OneCycle's betas) may have changed them since the last step.
-    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "LAMB");
-    ++step_;
+    begin_counted_step();  // a schedule (OneCycle's betas) may have changed them
     std::vector<LambMomentsRule> rules;
     for (const auto& g : groups_) {
       const LambHyper& h = g.hyper;
@@ -164,7 +167,7 @@ class Lamb : public FlatOptimizer<LambHyper> {
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       const LambHyper& h = groups_[group_of_[t]].hyper;
       const double ratio = trust_ratio(t, global.param_sq[t], global.update_sq[t]);
-      rules.push_back({direction(h), static_cast<float>(-h.lr * ratio)});
+      rules.push_back({direction(h), static_cast<float>(-h.lr * step_size_factor(h) * ratio)});
     }
     const auto s = state_pointers();
     run_fused<LambApplyRule>(rules, tensors_, io, s, static_cast<std::uint32_t>(step_), run);
@@ -189,11 +192,24 @@ class Lamb : public FlatOptimizer<LambHyper> {
                         "(Offload<CPU>)");
   }
 
+  // The bias corrections of this step, 1 - beta^t.
+  double bias1(const LambHyper& h) const {
+    return 1.0 - std::pow(h.beta1, static_cast<double>(step_));
+  }
+  double bias2(const LambHyper& h) const {
+    return 1.0 - std::pow(h.beta2, static_cast<double>(step_));
+  }
+  // The direction u: the paper's corrects the moments inside it, FusedLamb's does not.
   LambDirection direction(const LambHyper& h) const {
-    const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(step_));
-    const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(step_));
-    return {static_cast<float>(1.0 / bias1), static_cast<float>(1.0 / std::sqrt(bias2)),
+    if (h.corrections_in_step_size) {
+      return {1.0f, 1.0f, static_cast<float>(h.eps), static_cast<float>(h.weight_decay)};
+    }
+    return {static_cast<float>(1.0 / bias1(h)), static_cast<float>(1.0 / std::sqrt(bias2(h))),
             static_cast<float>(h.eps), static_cast<float>(h.weight_decay)};
+  }
+  // What multiplies lr: FusedLamb's bias corrections, or 1 when u carries them.
+  double step_size_factor(const LambHyper& h) const {
+    return h.corrections_in_step_size ? std::sqrt(bias2(h)) / bias1(h) : 1.0;
   }
 
   std::vector<Range> tensors_;

@@ -41,17 +41,16 @@ class Lion : public FlatOptimizer<LionHyper> {
   /// Several groups.
   Lion(std::size_t numel, std::vector<ParamGroup<LionHyper>> groups)
       : FlatOptimizer<LionHyper>("Lion", numel, std::move(groups), {"exp_avg"}) {
-    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "Lion");
+    validate_groups();
   }
 
   /// One fused step.
   void step(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, true, "Lion");
-    ++step_;
+    begin_counted_step();
     std::vector<LionRule> rules;
     for (std::size_t k = 0; k < groups_.size(); ++k) {
       const LionHyper& h = groups_[k].hyper;
-      validate(h, k, "Lion");  // a schedule may have changed it since the last step
       rules.push_back({static_cast<float>(h.beta1), static_cast<float>(1.0 - h.beta1),
                        static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2),
                        static_cast<float>(-h.lr), static_cast<float>(1.0 - h.lr * h.weight_decay)});

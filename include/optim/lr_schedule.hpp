@@ -163,7 +163,9 @@ struct OneCycle {
       scale = (x - 1.0) / (step_ratio - 1.0);
       stairs = cycle_second_stair_count.value_or(cycle_first_stair_count);
     }
-    if (stairs > 0) {  // quantise from the integer offset, as DeepSpeed, not from scale
+    // Stairs as DeepSpeed's docs describe them, quantised from the integer offset; DeepSpeed's
+    // own OneCycle reads the counts but does not apply them (a smooth cycle).
+    if (stairs > 0) {
       const double in_cycle = std::fmod(batch, total);
       const double position = in_cycle <= first()
                                   ? in_cycle * static_cast<double>(stairs) / first()
@@ -340,8 +342,9 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
     read_param(params, "warmup_max_lr", w.warmup_max_lr);
     read_param(params, "warmup_num_steps", w.warmup_num_steps);
     detail::read_warmup_type(params, w.warmup_type);
-    expect<ConfigError>(w.warmup_num_steps > 0,
-                        "scheduler.params.warmup_num_steps: must be a positive integer, got ",
+    // 0 and 1 ramp over 2 steps, as DeepSpeed's max(2, n) (HF's "auto" fills in 0 without one).
+    expect<ConfigError>(w.warmup_num_steps >= 0,
+                        "scheduler.params.warmup_num_steps: must not be negative, got ",
                         w.warmup_num_steps);
     if (type == "WarmupLR") {
       detail::reject_unknown(params,
@@ -375,8 +378,9 @@ inline LrScheduler LrScheduler::from_json(const nlohmann::json& block, double op
     read_param(params, "warmup_num_steps", c.warmup_num_steps);
     read_param(params, "cos_min_ratio", c.cos_min_ratio);
     detail::read_warmup_type(params, c.warmup_type);
-    expect<ConfigError>(c.warmup_num_steps > 0,
-                        "scheduler.params.warmup_num_steps: must be a positive integer, got ",
+    // 0 and 1 ramp over 2 steps, as DeepSpeed's max(2, n) (HF's "auto" fills in 0 without one).
+    expect<ConfigError>(c.warmup_num_steps >= 0,
+                        "scheduler.params.warmup_num_steps: must not be negative, got ",
                         c.warmup_num_steps);
     return started(c);
   }

@@ -54,13 +54,13 @@ class Rmsprop : public FlatOptimizer<RmspropHyper> {
         options_(options) {
     expect<ConfigError>(options.momentum >= 0.0, "RMSprop: momentum must be >= 0, got ",
                         options.momentum);
-    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "RMSprop");
+    validate_groups();
   }
 
   /// One fused step.
   void step(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, true, "RMSprop");
-    ++step_;
+    begin_counted_step();
     const bool momentum = options_.momentum > 0.0;
     if (options_.centered) {
       momentum ? run_rules<true, true>(io, run) : run_rules<true, false>(io, run);
@@ -82,7 +82,6 @@ class Rmsprop : public FlatOptimizer<RmspropHyper> {
     std::vector<RmspropRule<Centered, Momentum>> rules;
     for (std::size_t k = 0; k < groups_.size(); ++k) {
       const auto& g = groups_[k];
-      validate(g.hyper, k, "RMSprop");  // a schedule may have changed it since the last step
       RmspropRule<Centered, Momentum> r{};
       r.weight_decay = static_cast<float>(g.hyper.weight_decay);
       r.alpha = static_cast<float>(g.hyper.alpha);

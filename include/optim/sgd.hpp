@@ -51,7 +51,7 @@ class Sgd : public FlatOptimizer<SgdHyper> {
                         options.momentum);
     expect<ConfigError>(!options.nesterov || (options.momentum > 0.0 && options.dampening == 0.0),
                         "SGD: nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
-    for (std::size_t k = 0; k < groups_.size(); ++k) validate(groups_[k].hyper, k, "SGD");
+    validate_groups();
   }
 
   /// The optimizer-wide options.
@@ -60,7 +60,7 @@ class Sgd : public FlatOptimizer<SgdHyper> {
   /// One fused step.
   void step(const FusedIo& io, const StepOptions& run = {}) {
     validate(io, numel_, true, "SGD");
-    ++step_;
+    begin_counted_step();
     if (options_.momentum > 0.0) {
       run_rules<true>(io, run);
     } else {
@@ -74,7 +74,6 @@ class Sgd : public FlatOptimizer<SgdHyper> {
     std::vector<SgdRule<Momentum>> rules;
     for (std::size_t k = 0; k < groups_.size(); ++k) {
       const auto& g = groups_[k];
-      validate(g.hyper, k, "SGD");  // a schedule may have changed it since the last step
       SgdRule<Momentum> r{};
       r.weight_decay = static_cast<float>(g.hyper.weight_decay);
       r.momentum = static_cast<float>(options_.momentum);

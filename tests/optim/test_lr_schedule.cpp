@@ -3,6 +3,7 @@
 // (with stairs and decay), LRRangeTest; the JSON block, and save/restore.
 #include <cmath>
 #include <numbers>
+#include <string>
 
 #include <catch2/catch.hpp>
 
@@ -44,6 +45,32 @@ TEST_CASE("WarmupLR from a config warms up to the optimizer's lr unless warmup_m
   CHECK(lr_after(R"({"type": "WarmupDecayLR",
                      "params": {"warmup_num_steps": 10, "total_num_steps": 1000}})",
                  1e-5) == Approx(1e-3));
+}
+
+TEST_CASE(
+    "a warmup of 0 steps from a config ramps over 2, as DeepSpeed's max(2, n); a negative one "
+    "is refused",
+    "[unit][optim]") {
+  // The Hugging Face Trainer fills "auto" with 0 for a run without warmup; this refused it.
+  for (const char* type : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}) {
+    CAPTURE(type);
+    const auto block = [&](int n) {
+      nlohmann::json b = {{"type", type},
+                          {"params", {{"warmup_num_steps", n}, {"total_num_steps", 100}}}};
+      if (std::string(type) == "WarmupLR") b["params"].erase("total_num_steps");
+      return b;
+    };
+    LrScheduler zero_steps = LrScheduler::from_json(block(0), 1e-3);
+    LrScheduler two_steps = LrScheduler::from_json(block(2), 1e-3);
+    for (int it = 0; it < 4; ++it) {
+      zero_steps.step(it);
+      two_steps.step(it);
+      CHECK(zero_steps.lr() == two_steps.lr());
+    }
+    CHECK(zero_steps.lr() > 0.0);
+    CHECK_THROWS_WITH(LrScheduler::from_json(block(-1), 1e-3),
+                      Catch::Contains("warmup_num_steps: must not be negative"));
+  }
 }
 
 TEST_CASE("WarmupDecayLR", "[unit][optim]") {

@@ -8,7 +8,8 @@
 //   Lion:  Chen et al. 2023, Algorithm 2: c = b1 m + (1-b1) g; p -= lr (sign(c) + wd p);
 //          m = b2 m + (1-b2) g.
 //   LAMB:  You et al., ICLR 2020, Algorithm 2, per-tensor ratio ||p|| / ||u|| clamped to
-//          [0.01, 10] as DeepSpeed FusedLamb.
+//          [0.01, 10] as DeepSpeed FusedLamb; and FusedLamb's own form (DeepSpeed's
+//          csrc/lamb: u from the uncorrected moments, lr * sqrt(1 - b2^t) / (1 - b1^t)).
 // The fp32 implementation must stay within a tight relative bound of the f64 one; a negative
 // control (a deliberately wrong reference) must fail the same bound.
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -173,17 +175,21 @@ Vec ref_lion(const LionHyper& h) {
   return p;
 }
 
-Vec ref_lamb(const LambHyper& h, const std::vector<Range>& tensors, bool trust = true) {
+// fused: FusedLamb's form, u = m / (sqrt(v) + eps) + wd * p and the corrections in the step.
+Vec ref_lamb(const LambHyper& h, const std::vector<Range>& tensors, bool trust = true,
+             bool fused = false) {
   Vec p = initial_params(), m(n, 0.0), v(n, 0.0), u(n, 0.0);
   for (int t = 1; t <= steps; ++t) {
     const Vec g = reference_grad(t);
+    const double bias1 = 1.0 - std::pow(h.beta1, t), bias2 = 1.0 - std::pow(h.beta2, t);
     for (std::size_t i = 0; i < n; ++i) {
       m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * g[i];
       v[i] = h.beta2 * v[i] + (1.0 - h.beta2) * g[i] * g[i];
-      const double m_hat = m[i] / (1.0 - std::pow(h.beta1, t));
-      const double v_hat = v[i] / (1.0 - std::pow(h.beta2, t));
+      const double m_hat = fused ? m[i] : m[i] / bias1;
+      const double v_hat = fused ? v[i] : v[i] / bias2;
       u[i] = m_hat / (std::sqrt(v_hat) + h.eps) + h.weight_decay * p[i];
     }
+    const double step_size = fused ? h.lr * std::sqrt(bias2) / bias1 : h.lr;
     for (const Range& r : tensors) {
       double pn = 0.0, un = 0.0;
       for (std::size_t i = r.offset; i < r.end(); ++i) {
@@ -194,7 +200,7 @@ Vec ref_lamb(const LambHyper& h, const std::vector<Range>& tensors, bool trust =
       un = std::sqrt(un);
       double ratio = (pn > 0 && un > 0) ? std::clamp(pn / un, h.min_trust, h.max_trust) : 1.0;
       if (!trust) ratio = 1.0;
-      for (std::size_t i = r.offset; i < r.end(); ++i) p[i] -= h.lr * ratio * u[i];
+      for (std::size_t i = r.offset; i < r.end(); ++i) p[i] -= step_size * ratio * u[i];
     }
   }
   return p;
@@ -295,6 +301,61 @@ TEST_CASE("LAMB matches You et al. 2020 with per-tensor trust ratios", "[unit][o
   // Negative controls: one ratio for the whole shard, or no ratio at all.
   CHECK(max_error(p.data(), ref_lamb(h, {{0, n}})) > 10 * tolerance);
   CHECK(max_error(p.data(), ref_lamb(h, tensors, false)) > 10 * tolerance);
+}
+
+TEST_CASE(
+    "LAMB from a DeepSpeed config is FusedLamb's update: the bias corrections in the step size",
+    "[unit][optim]") {
+  LambHyper h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  h.eps = 1e-8;
+  h.corrections_in_step_size = true;
+  const std::vector<Range> tensors{{0, 50}, {50, 3}, {53, 150}};
+  Lamb opt(n, h, tensors);
+  const auto p = run_fp32(opt);
+  CHECK(max_error(p.data(), ref_lamb(h, tensors, true, true)) < tolerance);
+  // Negative control: the paper's form, which a config built before (early steps ~3x larger).
+  CHECK(max_error(p.data(), ref_lamb(h, tensors)) > 10 * tolerance);
+  // The config's "LAMB" (FusedLamb's eps 1e-8 and weight decay as given).
+  zero::NamedParams spec;
+  spec.type = "LAMB";
+  spec.params["lr"] = {1e-2};
+  spec.params["weight_decay"] = {0.01};
+  AnyOptimizer configured = AnyOptimizer::from_config(spec, n, {});
+  const auto q = run_fp32(configured);
+  CHECK(max_error(q.data(), ref_lamb(h, {{0, n}}, true, true)) < tolerance);
+}
+
+TEST_CASE("Lion from a DeepSpeed config takes FusedLion's defaults", "[unit][optim]") {
+  zero::NamedParams spec;
+  spec.type = "Lion";
+  const AnyOptimizer lion = AnyOptimizer::from_config(spec, 4, {});
+  CHECK(lion.lr() == 1e-3);
+  CHECK(lion.betas() == std::pair<double, double>{0.9, 0.999});  // was 0.99, the paper's
+}
+
+TEST_CASE("a step refused for a bad hyper-parameter leaves the step count as it was",
+          "[unit][optim]") {
+  // The count went up before the check, so the next step's bias corrections were one off.
+  std::vector<float> p(8, 1.0f), g(8, 0.5f);
+  const auto io = FusedIo::over<float>(p, g);
+  const auto refused = [&](auto opt) {
+    opt.step(io);
+    opt.set_lr(-1.0);  // a schedule gone wrong
+    CHECK_THROWS_WITH(opt.step(io), Catch::Contains("lr must be >= 0"));
+    return opt.step_count();
+  };
+  CHECK(refused(AdamW(8)) == 1);
+  CHECK(refused(Sgd(8, SgdHyper{0.1, 0.0})) == 1);
+  CHECK(refused(Lion(8)) == 1);
+  CHECK(refused(Adagrad(8)) == 1);
+  CHECK(refused(Rmsprop(8)) == 1);
+  Lamb lamb(8);
+  lamb.step(io);
+  lamb.set_lr(-1.0);
+  CHECK_THROWS(lamb.step(io));
+  CHECK(lamb.step_count() == 1);
 }
 
 TEST_CASE("LAMB rejects a tensor that straddles two groups", "[unit][optim]") {
