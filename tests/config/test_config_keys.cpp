@@ -65,6 +65,11 @@ TEST_CASE("every known key is read by the parser and is either applied or report
         key.path.ends_with("offload_param.device")) {
       set_path(j, std::string(key.path.substr(0, key.path.rfind('.'))) + ".nvme_path", "/tmp");
     }
+    if (key.path.find("virtual") != std::string_view::npos) {
+      // Chunks per stage need stages; "auto" leaves them to the program (stage 3 refuses more
+      // than one).
+      set_path(j, "pipeline.stages", "auto");
+    }
     const Config c = Config::from_json(j);
     // Read by the parser: no "unknown key" warning for it.
     CHECK_FALSE(mentions(c.warnings, "unknown key " + std::string(key.path)));
@@ -86,7 +91,8 @@ TEST_CASE("every known key is read by the parser and is either applied or report
       set_path(live, "fp16.enabled",
                key.path == "bf16.enabled" || key.path == "bfloat16.enabled" ? false : true);
       if (key.path == "communication_data_type") set_path(live, "fp16.enabled", false);
-      if (!key.path.ends_with(".device")) {
+      // (cpu_offload is offload_optimizer's deprecated spelling: not given beside it.)
+      if (!key.path.ends_with(".device") && key.path != "zero_optimization.cpu_offload") {
         // offload_param's swap keys act when it is the section on nvme (alone: with
         // offload_optimizer on nvme too, that section's buffers are used).
         const std::string section = key.path.starts_with("zero_optimization.offload_param.")
@@ -166,6 +172,15 @@ TEST_CASE("applied keys say so when this configuration gives them nothing to do"
   CHECK(Config::from_json_string(R"({"communication_data_type": "bf16", "bf16": {"enabled": true},
                                      "zero_optimization": {"stage": 2}})")
             .notices.empty());
+  // As DeepSpeed: any case, and null (its default) is no type given.
+  const Config upper = Config::from_json_string(R"({"communication_data_type": "BF16"})");
+  CHECK(upper.communication_data_type == "bf16");
+  CHECK(noticed(upper, "communication_data_type"));
+  CHECK(Config::from_json_string(R"({"communication_data_type": "FP32"})").notices.empty());
+  const Config null_type = Config::from_json_string(R"({"communication_data_type": null})");
+  CHECK(null_type.communication_data_type.empty());
+  CHECK(null_type.warnings.empty());
+  CHECK(null_type.notices.empty());
   // overlap_comm: zero always overlaps, so only false is without effect.
   CHECK(
       Config::from_json_string(R"({"zero_optimization": {"overlap_comm": true}})").notices.empty());
@@ -202,6 +217,9 @@ TEST_CASE("unknown keys warn with the nearest known key", "[unit][config]") {
   // Nothing close: no suggestion.
   CHECK(mentions(c.warnings, "unknown key completely_unrelated_setting (ignored)"));
   CHECK(c.warnings.size() == 7);
+  // A misspelled section is a key too (the stage in it went unread, and the run trained at 0).
+  CHECK(mentions(Config::from_json_string(R"({"zero_optimisation": {"stage": 3}})").warnings,
+                 "unknown key zero_optimisation (ignored; did you mean zero_optimization?)"));
   CHECK(zero::config::edit_distance("kitten", "sitting") == 3);
   CHECK(zero::config::nearest_key("zzz").empty());
 }
@@ -284,6 +302,10 @@ TEST_CASE("bad configs a user might write are refused with the key path named", 
        "zero_optimization.offload_optimizer: optimizer offload needs stage 1"},
       {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme"}}})",
        "zero_optimization.offload_optimizer.nvme_path: required"},
+      {R"({"zero_optimization": {"stage": 2, "cpu_offload": true,
+                                 "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})",
+       "zero_optimization.cpu_offload is the deprecated spelling of "
+       "zero_optimization.offload_optimizer; give only one of them"},
       // bad enums
       {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "GPU"}}})",
        "zero_optimization.offload_optimizer.device: 'GPU'"},

@@ -175,6 +175,10 @@ TEST_CASE("pipeline: bad values are refused naming the key", "[unit][config][pip
        "pipeline.schedule \"interleaved\" needs pipeline.virtual_stages of at least 2"},
       {R"({"pipeline": {"schedule": "interleaved", "virtual_stages": 1}})",
        "pipeline.schedule \"interleaved\" needs pipeline.virtual_stages"},
+      {R"({"pipeline": {"virtual_stages": 2, "schedule": "interleaved"}})",
+       "pipeline.virtual_stages = 2 needs a pipeline of at least 2 stages"},
+      {R"({"pipeline": {"stages": 1}, "virtual_pipeline_model_parallel_size": 2})",
+       "virtual_pipeline_model_parallel_size = 2 needs a pipeline of at least 2 stages"},
       // DeepSpeed's keys without effect are type-checked
       {R"({"pipeline": {"seed_layers": "yes"}})", "pipeline.seed_layers: expected true or false"},
       {R"({"pipeline": {"activation_checkpoint_interval": true}})",

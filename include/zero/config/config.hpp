@@ -134,7 +134,9 @@ struct Config {
     expect<ConfigError>(c.steps_per_print > 0, r.where("steps_per_print"), ": ", c.steps_per_print,
                         " must be positive");
     c.wall_clock_breakdown = r.boolean("wall_clock_breakdown").value_or(false);
-    c.communication_data_type = r.string("communication_data_type").value_or("");
+    // DeepSpeed lowercases it; null is its default (the model's dtype).
+    c.communication_data_type =
+        config::lowercase(r.string_or_null("communication_data_type").value_or(""));
     if (!c.communication_data_type.empty()) {
       const auto& t = c.communication_data_type;
       expect<ConfigError>(t == "fp32" || t == "fp16" || t == "bf16",
@@ -432,11 +434,7 @@ struct Config {
     std::string list;
     for (const auto& k : known) {
       list += (list.empty() ? "" : ", ") + k;
-      if (k.size() == n.type.size() &&
-          std::equal(k.begin(), k.end(), n.type.begin(), [](char a, char b) {
-            return std::tolower(static_cast<unsigned char>(a)) ==
-                   std::tolower(static_cast<unsigned char>(b));
-          })) {
+      if (config::lowercase(k) == config::lowercase(n.type)) {
         n.type = k;  // DeepSpeed matches type names case-insensitively
         ok = true;
       }
@@ -511,6 +509,10 @@ struct Config {
     o.offload_optimizer = config::OffloadConfig::read(z.object("offload_optimizer"), 4, unknown);
     o.offload_param = config::OffloadConfig::read(z.object("offload_param"), 5, unknown);
     for (const auto& k : unknown) c.warnings.push_back(unknown_key_warning(k));
+    // DeepSpeed refuses the deprecated spelling beside the section that replaced it.
+    expect<ConfigError>(!(z.has("cpu_offload") && z.has("offload_optimizer")),
+                        z.where("cpu_offload"), " is the deprecated spelling of ",
+                        z.where("offload_optimizer"), "; give only one of them");
     if (z.boolean("cpu_offload").value_or(false)) {  // deprecated spelling
       o.offload_optimizer.device = OffloadDevice::cpu;
       c.warnings.push_back(z.where("cpu_offload") +

@@ -5,6 +5,7 @@
 // that nobody read reported as unknown. Readers of one config share a log of the key paths they
 // read and of those set to "auto", so the parser can check its reads against the key table.
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -25,6 +26,12 @@ struct ReadLog {
   std::vector<std::string> read;   ///< every present key path a reader took
   std::vector<std::string> autos;  ///< those set to "auto"
 };
+
+/// s in lower case (ASCII: DeepSpeed lowercases some of its string values).
+inline std::string lowercase(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 /// Reads the keys of one JSON object; path is the object's key path ("" at the top).
 class JsonReader {
@@ -97,6 +104,12 @@ class JsonReader {
     if (v == nullptr) return std::nullopt;
     expect<ConfigError>(v->is_string(), where(key), ": expected a string, got ", v->dump());
     return v->get<std::string>();
+  }
+  /// A string, empty also when null (DeepSpeed's None: the default).
+  std::optional<std::string> string_or_null(const std::string& key) {
+    const nlohmann::json* v = take(key);
+    if (v == nullptr || v->is_null()) return std::nullopt;
+    return string(key);
   }
   /// "auto" -> empty; absent -> fallback; otherwise the boolean.
   std::optional<bool> boolean_or_auto(const std::string& key, bool fallback) {

@@ -94,7 +94,7 @@ inline const char* unless_overlapping(const nlohmann::json& root) {
 inline const char* unless_comm_type_matches(const nlohmann::json& root) {
   // What the engine reduces in: the fp32 accumulator at stages 0-1, the compute gradient at
   // stages 2-3 (reduce-scattered every micro-step).
-  const std::string want = text(root, "communication_data_type");
+  const std::string want = lowercase(text(root, "communication_data_type"));
   const std::string compute = is_true(root, "bf16.enabled")       ? "bf16"
                               : is_true(root, "bfloat16.enabled") ? "bf16"
                               : fp16(root)                        ? "fp16"
@@ -477,23 +477,32 @@ inline std::size_t edit_distance(std::string_view a, std::string_view b) {
 /// compared (so a key written in the wrong section finds its place), a key in the same section
 /// wins a tie, and a suggestion needs at most a third of the name changed.
 inline std::string nearest_key(std::string_view path) {
-  const std::size_t dot = path.rfind('.');
-  const std::string_view parent = dot == std::string_view::npos ? "" : path.substr(0, dot);
-  const std::string_view name = dot == std::string_view::npos ? path : path.substr(dot + 1);
+  const auto split = [](std::string_view p) {
+    const std::size_t dot = p.rfind('.');
+    return dot == std::string_view::npos
+               ? std::pair<std::string_view, std::string_view>{"", p}
+               : std::pair<std::string_view, std::string_view>{p.substr(0, dot), p.substr(dot + 1)};
+  };
+  const auto [parent, name] = split(path);
   std::string best;
   std::size_t best_score = std::string::npos;
-  for (const KeyInfo& k : known_keys()) {
-    const std::size_t kdot = k.path.rfind('.');
-    const std::string_view kparent = kdot == std::string_view::npos ? "" : k.path.substr(0, kdot);
-    const std::string_view kname =
-        kdot == std::string_view::npos ? k.path : k.path.substr(kdot + 1);
+  const auto consider = [&](std::string_view candidate) {
+    const auto [kparent, kname] = split(candidate);
     const std::size_t d = edit_distance(name, kname);
-    if (d > std::max<std::size_t>(1, name.size() / 3)) continue;
+    if (d > std::max<std::size_t>(1, name.size() / 3)) return;
     const std::size_t score = 2 * d + (kparent == parent ? 0 : 1);
     if (score < best_score) {
       best_score = score;
-      best = std::string(k.path);
+      best = std::string(candidate);
     }
+  };
+  // Every known key, and every section above one (a misspelled zero_optimization is a section).
+  for (const KeyInfo& k : known_keys()) {
+    for (std::size_t dot = k.path.find('.'); dot != std::string_view::npos;
+         dot = k.path.find('.', dot + 1)) {
+      consider(k.path.substr(0, dot));
+    }
+    consider(k.path);
   }
   return best;
 }

@@ -104,6 +104,15 @@ struct PipelineConfig {
     expect<ConfigError>(schedule != "interleaved" || virtual_stages >= 2, section.where("schedule"),
                         " \"interleaved\" needs ", chunks,
                         " of at least 2 chunks per stage, the config has ", virtual_stages);
+    // Chunks of stages there are not: without a pipeline they would be ignored without a word
+    // (train_gpt --vpp 2 alone trained with none). "auto" stages are the program's to set.
+    const bool stages_auto = section.is_auto("stages");
+    expect<ConfigError>(virtual_stages == 1 || stages > 1 || stages_auto, chunks, " = ",
+                        virtual_stages, " needs a pipeline of at least 2 stages (",
+                        section.where("stages"),
+                        " or pipeline_model_parallel_size), the config "
+                        "has ",
+                        stages);
   }
 };
 
