@@ -2,6 +2,8 @@
 // a shard truncated or missing, the index malformed or truncated, `latest` missing or naming a
 // missing tag; and wrong requests: a missing tensor, a range out of bounds. Bad saves (gaps,
 // overlaps, undeclared tensors, a bad tag) fail on every rank and publish nothing.
+#include <cstddef>
+#include <cstdint>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -173,16 +175,20 @@ TEST_CASE("latest missing or naming a missing tag is named", "[unit]") {
   CHECK_THROWS_WITH(Reader(fx.dir.path()), Contains("latest") && Contains("does not exist"));
   CHECK_THROWS_WITH(Reader(fx.dir.path(), "nope"),
                     Contains("nope") && Contains("complete tags there: t"));
-  // Collectively: every rank gets the error.
-  const auto threw = per_rank<int>(2, [&](LocalComm& comm) {
+  // Collectively: every rank gets the error, naming latest as Reader does (load passed the tag
+  // it had read on, and the message said only that the tag did not exist).
+  zero::testing::write_file(fx.dir.path() / "latest", "gone\n");
+  const auto threw = per_rank<std::string>(2, [&](LocalComm& comm) {
     try {
       (void)load(comm, fx.dir.path());
-    } catch (const CheckpointError&) {
-      return 1;
+    } catch (const CheckpointError& e) {
+      return std::string(e.what());
     }
-    return 0;
+    return std::string("(nothing thrown)");
   });
-  CHECK(threw == std::vector<int>{1, 1});
+  for (const std::string& m : threw) {
+    CHECK_THAT(m, Contains("latest") && Contains("names tag 'gone'") && Contains("does not exist"));
+  }
 }
 
 TEST_CASE("a Reader reads the tag it opened: a move follows it, a replacement is an error",
@@ -222,6 +228,14 @@ TEST_CASE("a missing tensor or an out-of-bounds range is named", "[unit]") {
   CHECK_THROWS_WITH(
       reader.read(bias.spec.name, far, std::span<float>(out)),
       Contains("[9223372036854775806, 9223372036854775806 + 4)") && Contains("out of bounds"));
+  // A raw byte range whose end wraps past 2^64 is refused (its check summed the two, and the
+  // read came from before the segment).
+  const TensorRecord& record = reader.tensor(fx.tensors[0].spec.name);
+  std::vector<std::byte> two(2);
+  CHECK_THROWS_WITH(reader.read_segment_bytes(record, record.segments.front(),
+                                              std::numeric_limits<std::uint64_t>::max(), two),
+                    Contains("byte range outside its segment"));
+  CHECK_NOTHROW(reader.read_segment_bytes(record, record.segments.front(), 0, two));
 }
 
 TEST_CASE("a save refuses a shape or a segment whose element counts pass int64", "[unit]") {

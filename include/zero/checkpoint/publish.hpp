@@ -28,21 +28,7 @@
 
 namespace zero::checkpoint {
 
-/// fsync of a directory, so the entries created or renamed in it are durable. File systems that
-/// cannot sync a directory (EINVAL) are accepted; other failures throw IoError naming it.
-inline void sync_directory(const std::filesystem::path& dir) {
-  io::FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd) {
-    const int code = errno;
-    raise<IoError>("cannot open directory '", dir.string(),
-                   "' to sync it: ", io::detail::errno_text(code));
-  }
-  if (::fsync(fd.get()) != 0 && errno != EINVAL) {
-    const int code = errno;
-    raise<IoError>("fsync of directory '", dir.string(),
-                   "' failed: ", io::detail::errno_text(code));
-  }
-}
+using io::sync_directory;
 
 /// create_directories(dir), then an fsync of the parent of every directory it made, so a
 /// checkpoint directory made by the first save survives a crash with the tag published in it.

@@ -63,6 +63,16 @@ struct ReaderOptions {
   std::size_t chunk_bytes = std::size_t{8} << 20;
 };
 
+namespace detail {
+/// Throws CheckpointError naming <dir>/latest when the tag it names has no directory.
+inline void expect_latest_tag_exists(const std::filesystem::path& dir, const std::string& tag) {
+  std::error_code ec;
+  expect<CheckpointError>(std::filesystem::is_directory(dir / tag, ec), "'",
+                          (dir / latest_file_name).string(), "' names tag '", tag, "' but '",
+                          (dir / tag).string(), "' does not exist");
+}
+}  // namespace detail
+
 /// Read access to one checkpoint tag. Reads are const and may run from several threads at once.
 class Reader {
  public:
@@ -74,10 +84,7 @@ class Reader {
     options_.chunk_bytes = std::max<std::size_t>(options_.chunk_bytes, 64);
     if (tag.empty()) {
       tag_ = read_latest(dir);
-      std::error_code ec;
-      expect<CheckpointError>(std::filesystem::is_directory(dir / tag_, ec), "'",
-                              (dir / latest_file_name).string(), "' names tag '", tag_, "' but '",
-                              (dir / tag_).string(), "' does not exist");
+      detail::expect_latest_tag_exists(dir, tag_);
     } else {
       validate_tag(tag);
       tag_ = std::string(tag);
@@ -201,7 +208,8 @@ class Reader {
   /// checksum verification (for streaming consumers that checksum themselves, like export).
   void read_segment_bytes(const TensorRecord& t, const SegmentRecord& s, std::uint64_t first_byte,
                           std::span<std::byte> out) const {
-    expect<CheckpointError>(first_byte + out.size() <= s.byte_end - s.byte_begin, where(t),
+    const std::uint64_t length = s.byte_end - s.byte_begin;  // a sum past 2^64 would wrap
+    expect<CheckpointError>(first_byte <= length && out.size() <= length - first_byte, where(t),
                             ": byte range outside its segment");
     file_of(s).read_at(s.byte_begin + first_byte, out.data(), out.size(), where(t));
   }
@@ -401,6 +409,7 @@ Reader load(Comm& comm, const std::filesystem::path& dir, std::string_view tag =
     try {
       const std::string t = tag.empty() ? read_latest(dir) : std::string(tag);
       restore_replaced_tag(dir, t);  // a save interrupted inside its two-rename fallback
+      if (tag.empty()) detail::expect_latest_tag_exists(dir, t);
       resolved = "+" + t;
     } catch (const std::exception& e) {
       resolved = std::string("-") + e.what();

@@ -68,6 +68,21 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
+/// fsync of a directory, so the entries created or renamed in it are durable. File systems that
+/// cannot sync a directory (EINVAL) are accepted; other failures throw IoError naming it.
+inline void sync_directory(const std::filesystem::path& dir) {
+  FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) {
+    const int code = errno;
+    raise<IoError>("cannot open directory '", dir.string(),
+                   "' to sync it: ", detail::errno_text(code));
+  }
+  if (::fsync(fd.get()) != 0 && errno != EINVAL) {
+    const int code = errno;
+    raise<IoError>("fsync of directory '", dir.string(), "' failed: ", detail::errno_text(code));
+  }
+}
+
 /// Opens the directory path read-only (for openat and fstatat relative to it); IoError naming
 /// it and the system's reason.
 inline FileDescriptor open_directory(const std::filesystem::path& path) {
@@ -260,11 +275,12 @@ class AtomicFile {
       raise<IoError>("renaming '", temp_path_.string(), "' to '", final_path_.string(),
                      "' failed: ", detail::errno_text(code));
     }
-    // The rename is only durable once the directory itself is synced.
+    // The rename is only durable once the directory itself is synced: a failure throws (the
+    // file is in place, but a crash may lose it), except on a file system that cannot sync a
+    // directory (EINVAL).
     std::filesystem::path dir = final_path_.parent_path();
     if (dir.empty()) dir = ".";
-    FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir_fd) ::fsync(dir_fd.get());  // best effort: some file systems refuse directory fsync
+    sync_directory(dir);
   }
 
  private:

@@ -101,8 +101,7 @@ class SafetensorsReader {
     const std::int64_t count = out.numel();
     expect<CheckpointError>(
         first >= 0 && count >= 0 && first <= t.numel() && count <= t.numel() - first, where(t),
-        ": element range [", first, ", ", first + count, ") is outside its ", t.numel(),
-        " elements");
+        ": ", count, " elements from element ", first, " are outside its ", t.numel(), " elements");
     expect<CheckpointError>(out.device() == DeviceKind::host, where(t),
                             ": reads go to host memory, but the destination lives on ",
                             name_of(out.device()));
