@@ -123,6 +123,14 @@ TEST_CASE("the validation split is never empty: a long last line or one newline 
   const std::string long_last = "short\n" + std::string(100, 'b') + "\n";
   const PreparedText mid = tokenize_text(long_last, 0.1);
   CHECK(ByteTokenizer::decode(mid.val).substr(13) == std::string(10, 'b') + "\n");
+  // A cut on a line start stays there (it moved to the next line: validation got half the
+  // share), and a line start far after the cut is passed over for one before it.
+  std::string fifty;
+  for (int i = 0; i < 20; ++i) fifty += std::string(49, 'a') + "\n";
+  CHECK(ByteTokenizer::decode(tokenize_text(fifty, 0.1).val).substr(13) ==
+        std::string(49, 'a') + "\n" + std::string(49, 'a') + "\n");
+  const std::string late = "x\n" + std::string(40, 'a') + "\n" + std::string(1000, 'b') + "\nc\n";
+  CHECK(ByteTokenizer::decode(tokenize_text(late, 0.1).val).size() - 13 > 50);
   CHECK(tokenize_text("xy", 0.5).val.size() == 2);  // two bytes: one each
   CHECK(tokenize_text("x", 0.5).val.empty());       // one byte stays training data
 }

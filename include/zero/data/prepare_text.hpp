@@ -37,17 +37,20 @@ inline PreparedText tokenize_text(std::string_view text, double val_fraction) {
     cut = std::clamp(
         static_cast<std::size_t>(static_cast<double>(text.size()) * (1.0 - val_fraction)),
         std::size_t{1}, text.size() - 1);
-    // Start validation at a line so that it does not begin mid-word: the next line start, or
-    // the one before when no line starts after the cut (a long last line, or the only newline
-    // after the cut is the text's last byte) as long as validation stays within twice the
-    // share asked for, or else the cut itself: neither part is ever empty.
-    const std::size_t next = text.find('\n', cut);
-    const std::size_t before = text.rfind('\n', cut - 1);
+    // Start validation at a line so that it does not begin mid-word: the first line start at
+    // or after the cut (the cut itself when a line starts there), or else the one before it,
+    // whichever keeps validation within half to twice the share asked for; or else the cut
+    // itself: neither part is ever empty.
     const auto wanted = static_cast<double>(text.size() - cut);
-    if (next != std::string_view::npos && next + 1 < text.size()) {
+    const auto near_share = [&](std::size_t start) {
+      const auto got = static_cast<double>(text.size() - start);
+      return got >= 0.5 * wanted && got <= 2.0 * wanted;
+    };
+    const std::size_t next = text.find('\n', cut - 1);  // a line starts at next + 1 >= cut
+    const std::size_t before = cut >= 2 ? text.rfind('\n', cut - 2) : std::string_view::npos;
+    if (next != std::string_view::npos && next + 1 < text.size() && near_share(next + 1)) {
       cut = next + 1;
-    } else if (before != std::string_view::npos &&
-               static_cast<double>(text.size() - (before + 1)) <= 2.0 * wanted) {
+    } else if (before != std::string_view::npos && near_share(before + 1)) {
       cut = before + 1;
     }
   }
