@@ -208,6 +208,25 @@ TEST_CASE(
   check(std::integral_constant<int, 3>{});
 }
 
+TEST_CASE("a parameter name holding '/' is refused when the engine is built",
+          "[unit][engine][custom]") {
+  // Checkpoints key a parameter's optimizer states "<name>/<state>": the save of "enc/fc" went
+  // through, and its load refused the checkpoint as holding a tensor the model has not ('enc').
+  nn::SequentialModel<double> m;
+  auto& u0 = m.add_unit();
+  u0.add<nn::FromInput<double>>("features");
+  u0.add<nn::Linear<double>>("enc/fc", in_features, classes);
+  u0.add<nn::SoftmaxCrossEntropy<double>>(classes, "labels");
+  LocalComm::run(1, [&](LocalComm& comm) {
+    const auto build = [&] {
+      engine::Engine<nn::SequentialModel<double>, ZeroStage<1>> eng(
+          m, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(p, g); });
+    };
+    CHECK_THROWS_WITH(build(),
+                      Catch::Contains("parameter 'enc/fc.") && Catch::Contains("hold no '/'"));
+  });
+}
+
 TEST_CASE("the layer-built MLP's units pass the gradient checker", "[unit][engine][custom]") {
   auto model = mlp();
   const data::ArrayBatch b = loader(1, 0, 1).global_batch(0);

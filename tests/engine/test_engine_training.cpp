@@ -21,6 +21,7 @@
 
 #include <parallel/comm/local_comm.hpp>
 #include <zero/engine/dispatch.hpp>
+#include <zero/engine/engine_weights.hpp>
 
 #include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
@@ -162,6 +163,46 @@ TEST_CASE("the same configuration run twice gives bitwise identical losses and p
   const auto a = run(), b = run();
   REQUIRE(a.size() == b.size());
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE(
+    "the engine's seed keys the dropout masks: from the same weights another seed gives other "
+    "training losses and the same evaluation, the same seed the same losses",
+    "[unit][engine]") {
+  const zero::testing::TempDir dir("dropout-seed");
+  const auto file = dir / "start.safetensors";
+  // Under seed, from the weights in file (the first run writes its own there): one training
+  // forward's loss (dropout on) and an evaluation's (dropout off).
+  auto run = [&](std::uint64_t seed, bool write) {
+    std::pair<float, float> out;
+    LocalComm::run(1, [&](LocalComm& comm) {
+      nn::GPTConfig c = tiny();
+      c.dropout = 0.1f;
+      c.attn_dropout = 0.1f;
+      nn::GPT<float> model(c);
+      engine::EngineOptions options;
+      options.seed = seed;
+      options.activation_bytes = 32 << 20;
+      engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, comm, adamw_config(1, 1, 1.0),
+                                                       options);
+      if (write) {
+        engine::save_gpt2_weights(eng, file);
+      } else {
+        engine::load_gpt2_weights(eng, file);
+      }
+      const GlobalBatch b(micro_rows, 0, c.vocab_size);
+      out.second = eng.evaluate(b.micro(0, 0, 1));
+      out.first = eng.forward(b.micro(0, 0, 1));
+      eng.backward();
+    });
+    return out;
+  };
+  const auto first = run(1, true);
+  const auto same = run(1, false), other = run(2, false);
+  CHECK(same.first == first.first);
+  CHECK(same.second == first.second);
+  CHECK(other.second == first.second);  // the same weights
+  CHECK(other.first != first.first);    // other masks
 }
 
 TEST_CASE("a NaN loss on one rank skips the step on every rank (policy skip)", "[unit][engine]") {

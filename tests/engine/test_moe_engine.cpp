@@ -282,6 +282,24 @@ TEST_CASE("a pipeline stage checks the model's expert group against its grid, as
   }
 }
 
+TEST_CASE("experts split over another group of ep ranks than the engine's ep axis are refused",
+          "[unit][moe]") {
+  // Experts split over the dp axis of an (ep 2, dp 2) grid: the sizes agree, so the engine
+  // sharded and averaged rank 0's experts 0-1 with rank 1's experts 2-3 as one tensor.
+  const auto messages = testing::per_rank<std::string>(4, [](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 2, .dp = 2}));
+    nn::GPT<double> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.dp())));
+    engine::EngineOptions options;
+    options.activation_bytes = 16 << 20;
+    return testing::thrown_message([&] {
+      engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(model, groups, test::AdamW64{}, options);
+    });
+  });
+  for (const auto& m : messages) {
+    CHECK_THAT(m, Catch::Contains("split over another group than the engine's ep axis"));
+  }
+}
+
 TEST_CASE("experts split over ep in a unit the model does not mark as an expert unit are refused",
           "[unit][moe]") {
   // A SequentialModel with a split MixtureOfExperts has no unit_is_expert: every unit counted

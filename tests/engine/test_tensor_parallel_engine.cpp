@@ -18,6 +18,7 @@
 #include <zero/engine/engine.hpp>
 #include <zero/engine/engine_weights.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/layer_gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
 
 #include "../support/per_rank.hpp"
@@ -266,11 +267,20 @@ TEST_CASE("Tensor-parallel GPT: sizes that do not split are refused naming the k
              engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(
                  m, world, [](int, std::span<double>, std::span<const double>) {});
            });
+    // A block built alone (a user's model) is checked as LayerGPT's are: 6 heads over 4 ranks
+    // ran 1.5 heads per rank as one head, without a word.
+    nn::GPTConfig six = test::tp_tiny();
+    six.num_heads = 6;
+    six.channels = 24;
+    nn::Sequential<double> unit;
+    out += "|" + testing::thrown_message(
+                     [&] { nn::add_gpt_block(unit, six, 0, TensorParallel(groups.tp())); });
     return out;
   });
   for (const auto& m : messages) {
     CHECK_THAT(m, Catch::Contains("tensor_parallel.tp_size = 4") && Catch::Contains("n_head") &&
                       Catch::Contains("vocab_size (66)") &&
-                      Catch::Contains("tensor-parallel group of 4 ranks"));
+                      Catch::Contains("tensor-parallel group of 4 ranks") &&
+                      Catch::Contains("n_head (num_heads) (6)"));
   }
 }

@@ -59,6 +59,13 @@ class CounterRng {
     }
     return mix(h ^ mix(seed));
   }
+  /// The stream of a dropout site: its name under the site's own seed, with the run's seed
+  /// (nn::StepContext::seed) folded in by an odd multiplier, so another run seed draws other
+  /// masks; run seed 0 keeps the stream of key_for(site_seed, name).
+  static constexpr CounterRng dropout_site(std::uint64_t run_seed, std::uint64_t site_seed,
+                                           std::string_view name) {
+    return CounterRng(key_for(site_seed ^ (run_seed * 0x9e3779b97f4a7c15ull), name));
+  }
   /// SplitMix64's finaliser: a bijective 64-bit mix.
   static constexpr std::uint64_t mix(std::uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;

@@ -32,6 +32,7 @@
 #include <future>
 #include <limits>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -145,7 +146,7 @@ class Engine {
         options_(options),
         update_(std::move(update)),
         micro_(options_.activation_bytes, options_.gradient_accumulation_steps, arena_maker(),
-               layer_kernels_.get()) {
+               layer_kernels_.get(), options_.seed) {
     static_assert(!offload_nvme,
                   "zero::Engine: Offload<NVMe> swaps the states of an optimizer built from the "
                   "config; construct the engine from a Config");
@@ -158,7 +159,7 @@ class Engine {
         groups_(std::move(groups)),
         options_(options.with_config(config, groups_.sample_ranks)),
         micro_(options_.activation_bytes, options_.gradient_accumulation_steps, arena_maker(),
-               layer_kernels_.get()) {
+               layer_kernels_.get(), options_.seed) {
     static_assert(!policies::reference_model,
                   "zero::Engine: an optimizer from the config updates fp32 masters; an f64 "
                   "reference model takes an UpdateFn");
@@ -812,9 +813,11 @@ class Engine {
     }
     const int n = model_.num_units();
     units_.resize(static_cast<std::size_t>(n));
+    std::set<std::string, std::less<>> names;
     for (int u = 0; u < n; ++u) {
       Unit& s = unit(u);
       s.specs = model_.unit_params(u);
+      for (const nn::ParamSpec& p : s.specs) check_param_name(u, p.name, names);
       bool expert = false;
       if constexpr (nn::HasExpertUnits<M>) expert = model_.unit_is_expert(u);
       // With experts split over ep (which takes tp = 1), a split parameter is an expert's and
@@ -851,6 +854,7 @@ class Engine {
                      s.partition->numel() <= options_.persistence_threshold;
       if constexpr (requires { model_.unit_is_replica(u); }) s.replica = model_.unit_is_replica(u);
     }
+    check_expert_placement();
     check_options_agree();
     check_device_memory();  // before the first allocation
     for (int u = 0; u < n; ++u) {
@@ -928,6 +932,40 @@ class Engine {
   // 0's parameters instead); a differing accumulation, shard alignment or persistence
   // threshold mismatches the collectives until their deadline; a differing clipping updates
   // the replicas apart. Collective over every rank of the engine.
+  // A parameter's name keys its tensor in checkpoints, where "<name>/<state>" keys its optimizer
+  // states: a name must be non-empty, hold no '/', and be the model's only one.
+  static void check_param_name(int u, const std::string& name,
+                               std::set<std::string, std::less<>>& seen) {
+    expect<ConfigError>(!name.empty() && name.find('/') == std::string::npos, "Engine: unit ", u,
+                        "'s parameter '", name,
+                        "': a parameter name must be non-empty and hold no '/' (checkpoints key "
+                        "a parameter's optimizer states as '<name>/<state>')");
+    expect<ConfigError>(seen.insert(name).second, "Engine: unit ", u, "'s parameter '", name,
+                        "' has the name of another parameter of the model; give each its own");
+  }
+  // With experts split over ep ranks, the ranks that shard and average an expert unit (the
+  // expert data-parallel group) must hold the same experts, i.e. the same rank of the model's
+  // expert group: a model split over another group of ep ranks (the dp group) passes the size
+  // check but would have different experts averaged as one tensor. Collective over that group,
+  // with one verdict.
+  void check_expert_placement() {
+    if constexpr (requires { model_.expert_parallel().rank(); }) {
+      if (groups_.ep == 1) return;
+      parallel::AnyComm& g = groups_.shard_group(true);
+      std::vector<double> held(static_cast<std::size_t>(g.size()), 0.0);
+      const double mine = model_.expert_parallel().rank();
+      held[static_cast<std::size_t>(g.rank())] = mine;
+      sum_host_values(g, held);
+      for (std::size_t r = 0; r < held.size(); ++r) {
+        expect<ConfigError>(held[r] == mine, "Engine: this rank holds the experts of rank ", mine,
+                            " of the model's expert-parallel group, but rank ", r,
+                            " of its expert data-parallel group holds those of rank ", held[r],
+                            ": the model's experts are split over another group than the "
+                            "engine's ep axis (build the model's ExpertParallel from the ep group "
+                            "of the ProcessGroups the engine is built from)");
+      }
+    }
+  }
   void check_options_agree() {
     const double mine[] = {static_cast<double>(options_.seed >> 32),
                            static_cast<double>(options_.seed & 0xffffffffu),
@@ -1018,7 +1056,8 @@ class Engine {
 
   // ---- forward and backward ------------------------------------------------------------------
 
-  // Dropout masks follow the micro-step's index over the whole run; the loss seed averages
+  // Dropout masks follow the run's seed and the micro-step's index over the whole run (every
+  // context micro_ starts carries options_.seed); the loss seed averages
   // over the window (and carries the fp16 scale).
   void begin_micro_step(const MicroBatch& batch, bool training) {
     micro_.begin(batch, training, rng_step_of(micro_.done()), micro_loss_scale(), num_units());

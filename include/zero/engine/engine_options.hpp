@@ -34,7 +34,8 @@ class NonFiniteError : public Error {
 
 /// Run-time settings of an Engine.
 struct EngineOptions {
-  std::uint64_t seed = 1234;                          ///< per-name initialisation seed
+  /// Per-name initialisation seed, and the seed of the dropout masks (nn::StepContext::seed).
+  std::uint64_t seed = 1234;
   int gradient_accumulation_steps = 1;                ///< micro-steps per optimizer step
   std::int64_t shard_alignment = 16;                  ///< elements; keeps shards vector-aligned
   std::size_t activation_bytes = 256 << 20;           ///< arena for saved activations

@@ -123,13 +123,15 @@ template <class T>
 class MicroSteps {
  public:
   /// Activation arenas of activation_bytes from make_arena (host memory when none is given);
-  /// every context it starts runs its layers on kernels (null: the host's).
+  /// every context it starts runs its layers on kernels (null: the host's) and draws its
+  /// dropout masks under seed (nn::StepContext::seed).
   MicroSteps(std::size_t activation_bytes, int accumulation_steps, ArenaMaker make_arena = {},
-             nn::Kernels<T>* kernels = nullptr)
+             nn::Kernels<T>* kernels = nullptr, std::uint64_t seed = 0)
       : arena_bytes_(activation_bytes),
         make_arena_(make_arena ? std::move(make_arena) : host_arenas()),
         arena_(make_arena_(activation_bytes)),
         kernels_(kernels),
+        seed_(seed),
         accumulation_(accumulation_steps) {}
 
   /// The context the units read and write.
@@ -162,6 +164,7 @@ class MicroSteps {
   void begin(const MicroBatch& batch, bool training, std::uint64_t rng_step, double loss_scale,
              int num_units) {
     ctx_ = batch.template context<T>(*arena_, training, rng_step, kernels_);
+    ctx_.seed = seed_;
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     phase_ = Phase::forward;
     next_forward_ = 0;
@@ -273,6 +276,7 @@ class MicroSteps {
   void begin_pass(const MicroBatch& batch, std::uint64_t rng_step, double loss_scale, UnitRange r,
                   int num_units, bool training = true) {
     ctx_ = batch.template context<T>(*arena_, training, rng_step, kernels_);
+    ctx_.seed = seed_;
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     if (unit_passes_.empty()) {
       unit_passes_.assign(static_cast<std::size_t>(num_units), 0);
@@ -423,6 +427,7 @@ class MicroSteps {
   std::shared_ptr<OpenPasses> open_ = std::make_shared<OpenPasses>();  // this window's
   std::size_t peak_ = 0;     // activation_peak_bytes() before the last park or resume
   nn::Kernels<T>* kernels_;  // the layers' kernels (null: the host's)
+  std::uint64_t seed_;       // every context's dropout seed
   nn::StepContext<T> ctx_;
   int accumulation_ = 1;
   int done_ = 0;

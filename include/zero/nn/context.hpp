@@ -36,6 +36,7 @@ struct StepContext {
   Inputs inputs;                          ///< named tensors of the micro-batch (any dtype)
   bool training = true;                   ///< save what backward needs; dropout active
   std::uint64_t step = 0;                 ///< selects dropout masks
+  std::uint64_t seed = 0;                 ///< the run's seed: keys dropout masks with the site
   Tensor<T> x;                            ///< activation between units (forward)
   Tensor<T> dy;                           ///< gradient arriving at a unit's output (backward)
   Tensor<T> dx;                           ///< gradient the unit writes for its input (backward)

@@ -46,7 +46,7 @@ class Embedding {
     ops::cpu::embedding_forward(out.data(), ctx.tokens, wte_.value.data(), wpe_.value.data(),
                                 ctx.batch, ctx.seq_len, C, cfg_.vocab_size);
     if (ctx.training && cfg_.dropout > 0) {
-      ops::cpu::dropout_forward(out.data(), out.data(), N * C, cfg_.dropout, rng(),
+      ops::cpu::dropout_forward(out.data(), out.data(), N * C, cfg_.dropout, rng(ctx),
                                 static_cast<std::uint32_t>(ctx.step));
     }
     ctx.x = out;
@@ -59,7 +59,7 @@ class Embedding {
     if (cfg_.dropout > 0) {
       masked = ctx.arena->template allocate<T>({N, C});
       for (T& v : masked) v = T(0);
-      ops::cpu::dropout_backward(masked.data(), dy, N * C, cfg_.dropout, rng(),
+      ops::cpu::dropout_backward(masked.data(), dy, N * C, cfg_.dropout, rng(ctx),
                                  static_cast<std::uint32_t>(ctx.step));
       dy = masked.data();
     }
@@ -70,7 +70,9 @@ class Embedding {
   }
 
  private:
-  CounterRng rng() const { return CounterRng(CounterRng::key_for(0, "dropout.embedding")); }
+  static CounterRng rng(const StepContext<T>& ctx) {
+    return CounterRng::dropout_site(ctx.seed, 0, "dropout.embedding");
+  }
 
   GPTConfig cfg_;
   ParamView<T> wte_, wpe_;

@@ -55,18 +55,57 @@
 
 namespace zero::nn {
 
+namespace detail {
+// ConfigError naming the key when n (cfg's `what`) does not divide by tp.
+inline void expect_divides_tp(std::int64_t n, const char* what, int tp) {
+  expect<ConfigError>(n % tp == 0, "tensor_parallel.tp_size = ", tp, ": the model's ", what, " (",
+                      n, ") must be a multiple of it");
+}
+}  // namespace detail
+
+/// Throws ConfigError naming the key when cfg's heads or hidden size, which a block splits, do
+/// not divide by the tensor-parallel size tp.
+inline void check_tensor_parallel_block(const GPTConfig& cfg, int tp) {
+  if (tp <= 1) return;
+  detail::expect_divides_tp(cfg.num_heads, "n_head (num_heads)", tp);
+  detail::expect_divides_tp(cfg.channels, "n_embd (channels)", tp);
+}
+
+/// Throws ConfigError naming the key when cfg's heads, hidden size or vocabulary do not divide by
+/// the tensor-parallel size tp.
+inline void check_tensor_parallel(const GPTConfig& cfg, int tp) {
+  if (tp <= 1) return;
+  check_tensor_parallel_block(cfg, tp);
+  detail::expect_divides_tp(cfg.vocab_size, "vocab_size", tp);
+}
+
+/// Throws ConfigError naming the keys when Ulysses sequence parallelism over sp ranks cannot
+/// split cfg: heads not divisible by sp, or sp > 1 together with tensor parallelism tp > 1.
+inline void check_sequence_parallel(const GPTConfig& cfg, int tp, int sp) {
+  if (sp <= 1) return;
+  expect<ConfigError>(tp <= 1, "Ulysses sequence parallelism (sp = ", sp,
+                      ") with tensor_parallel.tp_size = ", tp,
+                      " is not supported; use one of them (DeepSpeed requires tp = 1 with its sp)");
+  parallel::check_ulysses_heads(cfg.num_heads, sp);
+}
+
 /// Appends GPT-2's block `layer` of a model shaped by cfg to unit, as two residual branches
 /// with GPT's parameter names, initialisers and dropout sites. Given experts (an ExpertStack of an
 /// earlier unit), the MLP branch is a MixtureOfExperts over them routed by router, which is
 /// returned (null for a dense block). Split over tp when it has more
 /// than one rank (see the file comment); with a Ulysses group sp of more than one rank, the
-/// unit holds T/sp positions and its attention is parallel::UlyssesAttention.
+/// unit holds T/sp positions and its attention is parallel::UlyssesAttention. ConfigError naming
+/// the key when the heads or hidden size do not divide by tp, or by sp, or both are active.
 template <class T>
 MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, std::int64_t layer,
                                    const parallel::TensorParallel& tp = {},
                                    const parallel::SequenceParallel& sp = {},
                                    const ExpertStack<T>* experts = nullptr,
                                    const RouterConfig& router = {}) {
+  // A block built alone (a user's model) is checked as LayerGPT checks its blocks: heads that
+  // do not divide by tp, or tp with Ulysses, computed wrong attention without a word.
+  check_tensor_parallel_block(cfg, tp.size());
+  check_sequence_parallel(cfg, tp.size(), sp.size());
   const std::int64_t C = cfg.channels;
   const std::string p = "transformer.h." + std::to_string(layer) + ".";
   const std::string site = "h." + std::to_string(layer);  // GPT's dropout key per block
@@ -127,29 +166,6 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
                       "add_gpt_block: MoE blocks with tensor parallelism are "
                       "not supported yet");
   return nullptr;
-}
-
-/// Throws ConfigError naming the key when cfg's heads, hidden size or vocabulary do not divide by
-/// the tensor-parallel size tp.
-inline void check_tensor_parallel(const GPTConfig& cfg, int tp) {
-  if (tp <= 1) return;
-  auto divides = [&](std::int64_t n, const char* what) {
-    expect<ConfigError>(n % tp == 0, "tensor_parallel.tp_size = ", tp, ": the model's ", what, " (",
-                        n, ") must be a multiple of it");
-  };
-  divides(cfg.num_heads, "n_head (num_heads)");
-  divides(cfg.channels, "n_embd (channels)");
-  divides(cfg.vocab_size, "vocab_size");
-}
-
-/// Throws ConfigError naming the keys when Ulysses sequence parallelism over sp ranks cannot
-/// split cfg: heads not divisible by sp, or sp > 1 together with tensor parallelism tp > 1.
-inline void check_sequence_parallel(const GPTConfig& cfg, int tp, int sp) {
-  if (sp <= 1) return;
-  expect<ConfigError>(tp <= 1, "Ulysses sequence parallelism (sp = ", sp,
-                      ") with tensor_parallel.tp_size = ", tp,
-                      " is not supported; use one of them (DeepSpeed requires tp = 1 with its sp)");
-  parallel::check_ulysses_heads(cfg.num_heads, sp);
 }
 
 /// GPT-2 built from layers (see the file comment); an nn::Model.

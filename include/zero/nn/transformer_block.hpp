@@ -130,9 +130,9 @@ class TransformerBlock {
 
   const T* w(int i) const { return p_[static_cast<std::size_t>(i)].value.data(); }
   T* g(int i) const { return p_[static_cast<std::size_t>(i)].grad.data(); }
-  CounterRng rng(int site) const {
-    return CounterRng(CounterRng::key_for(static_cast<std::uint64_t>(site),
-                                          "dropout.h." + std::to_string(layer_)));
+  CounterRng rng(const StepContext<T>& ctx, int site) const {
+    return CounterRng::dropout_site(ctx.seed, static_cast<std::uint64_t>(site),
+                                    "dropout.h." + std::to_string(layer_));
   }
 
   // Runs the block on input_ into out, saving the internals above the arena mark after out.
@@ -176,11 +176,11 @@ class TransformerBlock {
   // Site 2: the attention probabilities (sites 0 and 1 are the residual branches).
   ops::cpu::DropoutMask attention_dropout(const StepContext<T>& ctx) const {
     if (!ctx.training || cfg_.attn_dropout <= 0) return {};
-    return {cfg_.attn_dropout, rng(2), static_cast<std::uint32_t>(ctx.step)};
+    return {cfg_.attn_dropout, rng(ctx, 2), static_cast<std::uint32_t>(ctx.step)};
   }
   void dropout(StepContext<T>& ctx, Tensor<T> x, int site) {
     if (!ctx.training || cfg_.dropout <= 0) return;
-    ops::cpu::dropout_forward(x.data(), x.data(), x.numel(), cfg_.dropout, rng(site),
+    ops::cpu::dropout_forward(x.data(), x.data(), x.numel(), cfg_.dropout, rng(ctx, site),
                               static_cast<std::uint32_t>(ctx.step));
   }
   // The gradient through a residual-branch dropout: dy itself when dropout is off (no copy).
@@ -188,7 +188,7 @@ class TransformerBlock {
     if (cfg_.dropout <= 0) return dy;
     Tensor<T> d = ctx.arena->template allocate<T>({n});
     for (T& v : d) v = T(0);
-    ops::cpu::dropout_backward(d.data(), dy, n, cfg_.dropout, rng(site),
+    ops::cpu::dropout_backward(d.data(), dy, n, cfg_.dropout, rng(ctx, site),
                                static_cast<std::uint32_t>(ctx.step));
     return d.data();
   }

@@ -78,7 +78,7 @@ class CausalSelfAttention final : public Layer<T> {
  private:
   ops::cpu::DropoutMask mask(const StepContext<T>& ctx) const {
     if (!ctx.training || p_ <= 0) return {};
-    return {p_, CounterRng(CounterRng::key_for(seed_, "dropout." + site_)),
+    return {p_, CounterRng::dropout_site(ctx.seed, seed_, "dropout." + site_),
             static_cast<std::uint32_t>(ctx.step)};
   }
 

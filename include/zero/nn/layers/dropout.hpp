@@ -1,9 +1,9 @@
 #pragma once
 // Dropout as a layer: inverted dropout with the counter-based mask of ops/cpu/dropout.hpp,
-// keyed by the layer's site name and the micro-step's ctx.step, so backward redraws the
-// forward's mask without storing it. Inactive when not training or p = 0 (x passes through).
-// The mask depends on a rank's local row index, so with dropout on, several ranks equal the
-// single-process run only in distribution (docs/engine.md, "Not yet").
+// keyed by the layer's site name, the run's ctx.seed and the micro-step's ctx.step, so backward
+// redraws the forward's mask without storing it. Inactive when not training or p = 0 (x passes
+// through). The mask depends on a rank's local row index, so with dropout on, several ranks equal
+// the single-process run only in distribution (docs/engine.md, "Not yet").
 
 #include <any>
 #include <cstdint>
@@ -32,14 +32,14 @@ class Dropout final : public Layer<T> {
     active_ = ctx.training && p_ > 0.0;
     if (!active_) return;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
-    kernels_of(ctx).dropout_forward(y.data(), ctx.x.data(), y.numel(), p_, rng(),
+    kernels_of(ctx).dropout_forward(y.data(), ctx.x.data(), y.numel(), p_, rng(ctx),
                                     static_cast<std::uint32_t>(ctx.step));
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
     const std::int64_t n = ctx.dx.numel();
     if (active_) {
-      kernels_of(ctx).dropout_backward(ctx.dx.data(), ctx.dy.data(), n, p_, rng(),
+      kernels_of(ctx).dropout_backward(ctx.dx.data(), ctx.dy.data(), n, p_, rng(ctx),
                                        static_cast<std::uint32_t>(ctx.step));
     } else {
       kernels_of(ctx).accumulate(ctx.dx.data(), ctx.dy.data(), n);
@@ -55,7 +55,9 @@ class Dropout final : public Layer<T> {
   void resume(std::any saved) override { nn::resume_members(saved, active_); }
 
  private:
-  CounterRng rng() const { return CounterRng(CounterRng::key_for(seed_, "dropout." + site_)); }
+  CounterRng rng(const StepContext<T>& ctx) const {
+    return CounterRng::dropout_site(ctx.seed, seed_, "dropout." + site_);
+  }
 
   double p_;
   std::string site_;
