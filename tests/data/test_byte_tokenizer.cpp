@@ -63,6 +63,15 @@ TEST_CASE("text is prepared as llm.c token files with a validation split", "[uni
   CHECK(TokenFile::open(dir / "t_train.bin").size() ==
         static_cast<std::int64_t>(parts.train.size() + parts.val.size() - 1));
   CHECK_FALSE(std::filesystem::exists(dir / "t_val.bin"));
+  // A training file that cannot be written (a directory in its place) leaves no earlier
+  // validation file behind: it is removed first (it stayed, beside whatever training file the
+  // next attempt wrote).
+  prepare_text_file(dir / "t.txt", dir / "u", 0.3);
+  REQUIRE(std::filesystem::exists(dir / "u_val.bin"));
+  std::filesystem::remove(dir / "u_train.bin");
+  std::filesystem::create_directory(dir / "u_train.bin");
+  CHECK_THROWS_AS(prepare_text_file(dir / "t.txt", dir / "u", 0.3), zero::IoError);
+  CHECK_FALSE(std::filesystem::exists(dir / "u_val.bin"));
 }
 
 TEST_CASE("the bundled corpus tokenizes, round-trips and feeds a loader", "[unit][data]") {

@@ -220,6 +220,21 @@ TEST_CASE("a saved loader state continues identically, also at another world siz
                     Catch::Contains("seed = 5") && Catch::Contains("seed = 6"));
   CHECK_THROWS_WITH(LoaderState::from_json(nlohmann::json{{"step", 1}}),
                     Catch::Contains("missing key 'micro'"));
+  // An integer the field cannot hold is refused, not converted.
+  const auto edited = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json j = saved;
+    j[key] = value;
+    return j;
+  };
+  CHECK_THROWS_WITH(LoaderState::from_json(edited("step", 2.5)),
+                    Catch::Contains("key 'step' must be an integer") && Catch::Contains("2.5"));
+  CHECK_THROWS_WITH(LoaderState::from_json(edited("seed", -1)),
+                    Catch::Contains("key 'seed' must be an integer in [0, "));
+  CHECK_THROWS_WITH(LoaderState::from_json(edited("world_size", std::int64_t{1} << 40)),
+                    Catch::Contains("key 'world_size'"));
+  CHECK_THROWS_WITH(LoaderState::from_json(edited("shuffle", 1)),
+                    Catch::Contains("key 'shuffle' has the wrong type"));
+  CHECK(LoaderState::from_json(edited("step", 3)).step == 3);
 
   // Another file of the same size (the next shard of a corpus) is refused: only its count
   // was compared. A state saved before the fingerprint was kept still restores.

@@ -16,6 +16,8 @@
 // (config_ and rows_of may be private: the cursor is a friend).
 
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -28,14 +30,31 @@
 namespace zero::data {
 
 /// Reads json[key] into field for a loader state's from_json; DataError naming what and the key
-/// when it is missing or of the wrong type.
+/// when it is missing or of the wrong type. An integer field takes only a JSON integer that it
+/// can hold (2.5 became 2, and a seed of -1 became 2^64 - 1, without a word).
 template <class Field>
 void read_state_key(const nlohmann::json& json, const char* what, const char* key, Field& field) {
   expect<DataError>(json.is_object() && json.contains(key), what, ": missing key '", key, "'");
-  try {
-    json.at(key).get_to(field);
-  } catch (const nlohmann::json::exception& e) {
-    raise<DataError>(what, ": key '", key, "' has the wrong type: ", e.what());
+  const nlohmann::json& v = json.at(key);
+  if constexpr (std::is_integral_v<Field> && !std::is_same_v<Field, bool>) {
+    using Limits = std::numeric_limits<Field>;
+    bool fits = false;
+    if (v.is_number_unsigned()) {
+      fits = v.get<std::uint64_t>() <= static_cast<std::uint64_t>(Limits::max());
+    } else if (v.is_number_integer()) {
+      const auto x = v.get<std::int64_t>();
+      fits = std::is_signed_v<Field> && x >= static_cast<std::int64_t>(Limits::min()) &&
+             x <= static_cast<std::int64_t>(Limits::max());
+    }
+    expect<DataError>(fits, what, ": key '", key, "' must be an integer in [", +Limits::min(), ", ",
+                      +Limits::max(), "], got ", v.dump());
+    field = v.get<Field>();
+  } else {
+    try {
+      v.get_to(field);
+    } catch (const nlohmann::json::exception& e) {
+      raise<DataError>(what, ": key '", key, "' has the wrong type: ", e.what());
+    }
   }
 }
 

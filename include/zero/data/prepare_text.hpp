@@ -77,22 +77,20 @@ inline PreparedText tokenize_text_file(const std::filesystem::path& text_path,
 }
 
 /// Reads text_path and writes <out_prefix>_train.bin and, when val_fraction > 0,
-/// <out_prefix>_val.bin as llm.c token files; returns the tokens written. Without a validation
-/// part an earlier run's <out_prefix>_val.bin is removed: it overlaps the new training file.
+/// <out_prefix>_val.bin as llm.c token files; returns the tokens written. An earlier run's
+/// <out_prefix>_val.bin is removed first: it may overlap the new training file, and a write that
+/// fails part-way must not leave the two side by side.
 inline PreparedText prepare_text_file(const std::filesystem::path& text_path,
                                       const std::filesystem::path& out_prefix,
                                       double val_fraction = 0.1) {
   PreparedText tokens = tokenize_text_file(text_path, val_fraction);
   const std::string prefix = out_prefix.string();
+  std::error_code ec;
+  std::filesystem::remove(prefix + "_val.bin", ec);
+  expect<IoError>(!ec, "cannot remove the earlier validation file '", prefix,
+                  "_val.bin': ", ec.message());
   write_token_file(prefix + "_train.bin", tokens.train);
-  if (!tokens.val.empty()) {
-    write_token_file(prefix + "_val.bin", tokens.val);
-  } else {
-    std::error_code ec;
-    std::filesystem::remove(prefix + "_val.bin", ec);
-    expect<IoError>(!ec, "cannot remove the earlier validation file '", prefix,
-                    "_val.bin': ", ec.message());
-  }
+  if (!tokens.val.empty()) write_token_file(prefix + "_val.bin", tokens.val);
   return tokens;
 }
 
