@@ -16,7 +16,8 @@
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
 //               [--data corpus.txt |
-//                --tokens train.bin [--val-tokens val.bin] [--token-format llmc|raw_u16|raw_i32]]
+//                --tokens train.bin [--val-tokens val.bin] [--token-format llmc|raw_u16|raw_i32]
+//                [--vocab 50257]]
 //               [--init gpt2.safetensors]
 //               [--print-every 10] [--metrics metrics.jsonl]
 //               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
@@ -154,6 +155,7 @@ struct Options {
               export_path;
   DType export_dtype = DType::f32;
   data::TokenFormat token_format = data::TokenFormat::llmc;  // of --tokens and --val-tokens
+  std::optional<std::int64_t> vocab;  // the --tokens files' vocabulary (default: GPT-2's 50257)
   std::string nvme_path;
   std::int64_t save_every = 0;
   double temperature = 0.8;
@@ -261,6 +263,8 @@ Options parse(int argc, char** argv) {
       o.tokens = v;
     else if (flag == "--val-tokens")
       o.val_tokens = v;
+    else if (flag == "--vocab")
+      o.vocab = positive();
     else if (flag == "--init")
       o.init = v;
     else if (flag == "--metrics")
@@ -332,6 +336,9 @@ Options parse(int argc, char** argv) {
   }
   if (o.token_format != data::TokenFormat::llmc && o.tokens.empty()) {
     usage("--token-format says how the --tokens file is stored");
+  }
+  if (o.vocab && o.tokens.empty()) {
+    usage("--vocab is the vocabulary of the --tokens files (a --data text is byte tokens, 257)");
   }
   if (!o.val_tokens.empty() && o.tokens.empty()) {
     usage("--val-tokens is the validation file beside --tokens (a --data text is split itself)");
@@ -456,7 +463,7 @@ Corpus load_corpus(const Options& o) {
     c.val = c.val_held_out ? std::make_shared<const data::TokenFile>(
                                  data::TokenFile::open(o.val_tokens, o.token_format))
                            : c.train;
-    c.vocab = 50257;
+    c.vocab = o.vocab.value_or(50257);  // GPT-2's, unless the files are another tokenizer's
     return c;
   }
   // The corpus as byte tokens (256 = end of text), 90% train, 10% validation, held in memory
