@@ -227,6 +227,42 @@ TEST_CASE("a parameter name holding '/' is refused when the engine is built",
   });
 }
 
+TEST_CASE("an empty or repeated parameter name is refused when the engine is built",
+          "[unit][engine][custom]") {
+  // SequentialModel names its parameters itself; a hand-written model names them as it likes.
+  // An empty name or one given twice would key two tensors alike in a checkpoint.
+  struct Renamed : nn::SequentialModel<double> {
+    std::string last;  // the name the model's last parameter reports
+    std::vector<nn::ParamSpec> unit_params(int u) const {
+      std::vector<nn::ParamSpec> specs = nn::SequentialModel<double>::unit_params(u);
+      if (u == num_units() - 1) specs.back().name = last;
+      return specs;
+    }
+  };
+  Renamed m;
+  auto& u0 = m.add_unit();
+  u0.add<nn::FromInput<double>>("features");
+  u0.add<nn::Linear<double>>("fc1", in_features, classes);
+  auto& u1 = m.add_unit();
+  u1.add<nn::Linear<double>>("fc2", classes, classes);
+  u1.add<nn::SoftmaxCrossEntropy<double>>(classes, "labels");
+  const std::string first = m.unit_params(0).front().name;
+  LocalComm::run(1, [&](LocalComm& comm) {
+    const auto build = [&] {
+      engine::Engine<Renamed, ZeroStage<2>> eng(
+          m, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(p, g); });
+    };
+    m.last = "";
+    CHECK_THROWS_WITH(
+        build(), Catch::Contains("unit 1's parameter ''") && Catch::Contains("must be non-empty"));
+    m.last = first;
+    CHECK_THROWS_WITH(build(), Catch::Contains("unit 1's parameter '" + first + "'") &&
+                                   Catch::Contains("name of another parameter"));
+    m.last = "fc2.renamed";
+    CHECK_NOTHROW(build());
+  });
+}
+
 TEST_CASE("the layer-built MLP's units pass the gradient checker", "[unit][engine][custom]") {
   auto model = mlp();
   const data::ArrayBatch b = loader(1, 0, 1).global_batch(0);

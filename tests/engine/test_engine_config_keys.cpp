@@ -166,6 +166,60 @@ TEST_CASE("stage3_max_live_parameters bounds the gathered elements, not the numb
                     free.values.size() * sizeof(float)) == 0);
 }
 
+TEST_CASE("stage3_prefetch_bucket_size bounds the units gathered ahead", "[unit][engine]") {
+  // Each unit's prefetch skipped the units the previous one had gathered ahead and gathered a
+  // bucket more beyond them: with a bucket of 1.5 blocks the window grew by a block at every
+  // block (7 of 8 blocks at once), far past what the estimator and the device check count.
+  nn::GPTConfig cfg = tiny();
+  cfg.num_layers = 8;
+  struct Result {
+    std::int64_t peak = 0, block = 0, embedding = 0, largest_need = 0;
+  };
+  const auto run = [&](double blocks_ahead) {
+    Result out;
+    LocalComm::run(2, [&](LocalComm& comm) {
+      nn::GPT<float> model(cfg);
+      // The block's padded size, from a first engine, sizes the bucket of the second.
+      std::int64_t block = 0;
+      {
+        engine::Engine<nn::GPT<float>, ZeroStage<3>> probe(model, comm, with_keys(3, "", ""));
+        block = probe.partition(1).padded_numel();
+      }
+      const auto bucket = static_cast<std::int64_t>(blocks_ahead * static_cast<double>(block));
+      const Config c = with_keys(3, "",
+                                 R"(, "stage3_param_persistence_threshold": 0,
+                                 "stage3_prefetch_bucket_size": )" +
+                                     std::to_string(bucket));
+      engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(model, comm, c);
+      const GlobalBatch b(micro_rows * 2, 0, cfg.vocab_size);
+      eng.forward(b.micro(0, comm.rank(), 2));
+      eng.backward();
+      eng.step();
+      if (comm.rank() == 0) {
+        out.peak = eng.peak_gathered_elems();
+        out.block = block;
+        out.embedding = eng.partition(0).padded_numel();
+        for (int u = 0; u < eng.num_units(); ++u) {
+          std::int64_t need = eng.partition(u).padded_numel();
+          for (int used : model.unit_uses(u)) need += eng.partition(used).padded_numel();
+          out.largest_need = std::max(out.largest_need, need);
+        }
+      }
+    });
+    return out;
+  };
+  const Result r = run(1.5);
+  REQUIRE(r.block > r.embedding);  // the blocks are the largest units
+  // The unit running (with what it uses), the bucket and the unit that overshoots it, and the
+  // embedding the tied head keeps gathered through the forward.
+  const std::int64_t bound = r.largest_need + r.block * 3 / 2 + r.block + r.embedding;
+  INFO("peak " << r.peak << ", bound " << bound << ", block " << r.block);
+  CHECK(r.peak <= bound);
+  CHECK(r.peak >= 2 * r.block);  // the bucket gathers ahead at all
+  // A bucket of the whole model gathers (nearly) all of it ahead: the bound took effect above.
+  CHECK(run(100.0).peak > bound);
+}
+
 TEST_CASE("offload_optimizer.device cpu on a host-only engine is met as it stands",
           "[unit][engine]") {
   const Config cpu =
@@ -353,11 +407,13 @@ TEST_CASE("OneCycle's momentum decay past 1 stops the step before any update, na
       });
       if (out == nothing_thrown) out.clear();
     }
-    return out + (eng.between_steps() ? " | between steps" : " | mid-step");
+    // Counted as a skipped step (the next window draws other dropout masks).
+    return out + (eng.between_steps() ? " | between steps" : " | mid-step") + " | skipped " +
+           std::to_string(eng.skipped_steps()) + (eng.last_step_skipped() ? " (last)" : "");
   });
   for (const auto& s : seen) {
     CHECK_THAT(s, Catch::Contains("scheduler.params.decay_mom_rate") &&
-                      Catch::Contains("| between steps"));
+                      Catch::Contains("| between steps") && Catch::Contains("| skipped 1 (last)"));
   }
 }
 

@@ -820,6 +820,28 @@ TEST_CASE("options that differ between ranks are refused at construction", "[uni
     });
   });
   CHECK_THAT(accumulation[0], Catch::Contains("gradient_accumulation_steps is 1 here but 2"));
+  // Each rank scaled its loss by its own fp16 scale and unscaled the averaged gradients by it;
+  // a differing prefetch interleaved stage 3's gathers and reductions differently.
+  const auto scale = per_rank<std::string>(2, [](LocalComm& comm) {
+    ToyModel<double> model;
+    engine::EngineOptions options;
+    options.loss_scaler.initial_scale_power = 7 + comm.rank();
+    return thrown_message([&] {
+      engine::Engine<ToyModel<double>, ZeroStage<0>> eng(
+          model, comm, [](int, std::span<double>, std::span<const double>) {}, options);
+    });
+  });
+  CHECK_THAT(scale[0], Catch::Contains("loss_scaler.initial_scale_power is 7 here but 8"));
+  const auto prefetch = per_rank<std::string>(2, [](LocalComm& comm) {
+    ToyModel<double> model;
+    engine::EngineOptions options;
+    options.prefetch_elems = comm.rank() == 0 ? 1 << 20 : 0;
+    return thrown_message([&] {
+      engine::Engine<ToyModel<double>, ZeroStage<3>> eng(
+          model, comm, [](int, std::span<double>, std::span<const double>) {}, options);
+    });
+  });
+  CHECK_THAT(prefetch[1], Catch::Contains("prefetch_elems is 0 here but 1048576 on rank 0"));
 }
 
 TEST_CASE("a unit that reads a later unit (or itself, or none) is refused", "[unit][engine]") {

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <limits>
@@ -499,24 +500,7 @@ class Engine {
           deferred_.emplace(
               DeferredUpdate{factor, std::vector<char>(static_cast<std::size_t>(n), 0), n});
         } else {
-          try {
-            // The gather of an updated slice starts at once and overlaps the next units'
-            // updates (and, offloaded, their I/O).
-            store_.for_each_unit(StateAccess::update, [&](int u) {
-              update_unit(u, factor);
-              if constexpr (stage_traits::regathers_after_update) {
-                if (unit(u).persistent) exchange_.start_gather(u);
-              }
-            });
-          } catch (const std::exception& e) {
-            // Some slices are updated and others not, and an offloaded group may be half
-            // written: refuse to train on or save this state (a save would replace a good
-            // checkpoint).
-            inconsistent_ = e.what();
-            clear_accumulators();
-            finish_window();  // between steps again, so a checkpoint can be loaded
-            throw;
-          }
+          update_all_units(factor);
         }
         if (training_.scheduler) training_.scheduler->step();
         ++training_.steps;
@@ -932,6 +916,59 @@ class Engine {
   // 0's parameters instead); a differing accumulation, shard alignment or persistence
   // threshold mismatches the collectives until their deadline; a differing clipping updates
   // the replicas apart. Collective over every rank of the engine.
+  // The step's update pass over every unit's slice. In memory, the gather of an updated slice
+  // starts at once and overlaps the next units' updates. Offloaded to files, a failed read or
+  // write may be one rank's alone: the ranks agree on the outcome before any gather starts, so a
+  // failure on one rank raises on every rank (the one that failed rethrows its own error) instead
+  // of leaving the others waiting in gathers it never starts. Either way a failure leaves some
+  // slices updated and others not, and an offloaded group maybe half written: the engine refuses
+  // to train on or save this state (a save would replace a good checkpoint) until a load.
+  void update_all_units(double factor) {
+    std::exception_ptr failed;
+    std::string why;
+    try {
+      store_.for_each_unit(StateAccess::update, [&](int u) {
+        update_unit(u, factor);
+        if constexpr (stage_traits::regathers_after_update && states_in_memory) {
+          if (unit(u).persistent) exchange_.start_gather(u);
+        }
+      });
+    } catch (const std::exception& e) {
+      failed = std::current_exception();
+      why = e.what();
+    }
+    if constexpr (!states_in_memory) {
+      const std::string mine =
+          failed ? zero::detail::concat("rank ", groups_.state_group().rank(), ": ", why) : "";
+      inconsistent_ = "an offloaded update did not finish";  // the agreement itself may fail
+      std::string first;
+      try {
+        auto comm = state().state_comm();
+        for (const std::string& r : checkpoint::detail::all_gather_text(comm, mine)) {
+          if (first.empty() && !r.empty()) first = r;
+        }
+      } catch (const std::exception&) {
+        if (!failed) throw;  // the agreement's own failure; this rank's update went through
+        first = mine;
+      }
+      if (first.empty()) {
+        inconsistent_.clear();
+        return;
+      }
+      inconsistent_ = "the step's offloaded update failed on " + first;
+      clear_accumulators();
+      finish_window();  // between steps again, so a checkpoint can be loaded
+      if (failed) std::rethrow_exception(failed);
+      raise<Error>("Engine::step: ", inconsistent_,
+                   "; this rank's slices are updated and that rank's maybe not: load a checkpoint "
+                   "on every rank before training on or saving");
+    } else if (failed) {
+      inconsistent_ = why;
+      clear_accumulators();
+      finish_window();
+      std::rethrow_exception(failed);
+    }
+  }
   // A parameter's name keys its tensor in checkpoints, where "<name>/<state>" keys its optimizer
   // states: a name must be non-empty, hold no '/', and be the model's only one.
   static void check_param_name(int u, const std::string& name,
@@ -967,18 +1004,42 @@ class Engine {
     }
   }
   void check_options_agree() {
-    const double mine[] = {static_cast<double>(options_.seed >> 32),
-                           static_cast<double>(options_.seed & 0xffffffffu),
-                           static_cast<double>(options_.gradient_accumulation_steps),
-                           options_.gradient_clipping,
-                           static_cast<double>(options_.shard_alignment),
-                           static_cast<double>(options_.persistence_threshold)};
+    const double mine[] = {
+        static_cast<double>(options_.seed >> 32), static_cast<double>(options_.seed & 0xffffffffu),
+        static_cast<double>(options_.gradient_accumulation_steps), options_.gradient_clipping,
+        static_cast<double>(options_.shard_alignment),
+        static_cast<double>(options_.persistence_threshold),
+        // Stage 3's prefetch orders the gathers among the reductions; a
+        // differing one interleaves the collectives differently.
+        static_cast<double>(options_.prefetch_elems), static_cast<double>(options_.max_live_elems),
+        // One rank raising where the others skip leaves them waiting.
+        static_cast<double>(options_.nonfinite),
+        // Each rank scales its own loss: the averaged gradients would mix
+        // scales and each rank unscale them by its own.
+        options_.loss_scaler.loss_scale,
+        static_cast<double>(options_.loss_scaler.initial_scale_power),
+        static_cast<double>(options_.loss_scaler.loss_scale_window),
+        static_cast<double>(options_.loss_scaler.hysteresis),
+        options_.loss_scaler.consecutive_hysteresis ? 1.0 : 0.0,
+        options_.loss_scaler.min_loss_scale,
+        static_cast<double>(options_.loss_scaler.max_overflows_at_min_scale)};
     static constexpr const char* names[] = {"seed",
                                             "seed",
                                             "gradient_accumulation_steps",
                                             "gradient_clipping",
                                             "shard_alignment",
-                                            "persistence_threshold"};
+                                            "persistence_threshold",
+                                            "prefetch_elems",
+                                            "max_live_elems",
+                                            "nonfinite",
+                                            "loss_scaler.loss_scale",
+                                            "loss_scaler.initial_scale_power",
+                                            "loss_scaler.loss_scale_window",
+                                            "loss_scaler.hysteresis",
+                                            "loss_scaler.consecutive_hysteresis",
+                                            "loss_scaler.min_loss_scale",
+                                            "loss_scaler.max_overflows_at_min_scale"};
+    static_assert(std::size(names) == std::size(mine));
     constexpr std::size_t k = std::size(mine);
     parallel::AnyComm& all = groups_.state_group();
     std::vector<double> every(k * static_cast<std::size_t>(all.size()), 0.0);
@@ -991,6 +1052,9 @@ class Engine {
       if (i <= 1) {
         return std::to_string((static_cast<std::uint64_t>(v[0]) << 32) |
                               static_cast<std::uint64_t>(v[1]));
+      }
+      if (std::isfinite(v[i]) && v[i] == std::floor(v[i]) && std::fabs(v[i]) < 0x1p53) {
+        return std::to_string(static_cast<std::int64_t>(v[i]));  // counts, not 1.04858e+06
       }
       return zero::detail::concat(v[i]);
     };
@@ -1251,8 +1315,12 @@ class Engine {
     const auto betas = training_.scheduler ? training_.scheduler->betas() : std::nullopt;
     if (betas && !(betas->first >= 0.0 && betas->first < 1.0)) {
       // OneCycle's decay_mom_rate grows beta1 after the cycle; at 1 Adam's moment never forgets.
+      // Nothing is updated: a skipped step, counted as one (the next window draws new dropout
+      // masks), and the engine is between steps.
+      ++training_.skipped_steps;
+      last_step_skipped_ = true;
       clear_accumulators();
-      finish_window();  // nothing updated: between steps, as a skipped step
+      finish_window();
       raise<ConfigError>("scheduler.params.decay_mom_rate: OneCycle's momentum reached ",
                          betas->first, " at iteration ",
                          training_.scheduler->last_batch_iteration(),

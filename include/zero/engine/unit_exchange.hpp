@@ -166,13 +166,19 @@ class UnitExchange {
   }
   /// Stage 3: starts gathers of the units after u in direction dir (+1 forward, -1 backward),
   /// up to the prefetch budget, and only while the gathered units stay within max_live_elems.
+  /// Units already gathered ahead (by the previous unit's prefetch) spend the budget too, so the
+  /// window ahead holds about prefetch_elems (DeepSpeed's bucket of parameters in flight) rather
+  /// than growing by a unit at every unit; persistent units are always there and spend nothing.
   void prefetch(int u, int dir) {
     if constexpr (traits::gathers_before_use) {
       std::int64_t budget = options_.prefetch_elems;
       std::int64_t live = gathered_elems();
       for (int v = u + dir; v >= 0 && v < num_units() && budget > 0; v += dir) {
-        if (unit(v).params) continue;
         const std::int64_t n = unit(v).partition->padded_numel();
+        if (unit(v).params) {
+          if (!unit(v).persistent) budget -= n;
+          continue;
+        }
         if (live + n > options_.max_live_elems) break;
         budget -= n;
         live += n;
