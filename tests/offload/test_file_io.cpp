@@ -178,6 +178,28 @@ TEST_CASE("injected EIO, ENOSPC and short writes name file, offset, bytes and re
       // Request 1 ([64K, 128K)) failed before touching the file.
       CHECK(std::memcmp(in.data() + 65536, good.data() + 65536, 65536) == 0);
     }
+    SECTION("EAGAIN and EINTR are retried, not errors") {
+      // io_uring completes an O_DIRECT transfer with -EAGAIN when the block layer is out of
+      // tags; the application is to reissue it. It failed the step instead.
+      for (const int transient : {EAGAIN, EINTR}) {
+        for (const IoOp op : {IoOp::write, IoOp::read}) {
+          INFO("errno " << transient << (op == IoOp::read ? " on a read" : " on a write"));
+          auto opt = small_options();
+          opt.faults = std::make_shared<FaultInjector>(1, transient, op);
+          auto io = make_file_io(opt, backend);
+          AlignedBuffer data = pattern(bytes, align, 3);
+          if (op == IoOp::write) {
+            CHECK_NOTHROW(io->run({IoOp::write, fd.get(), path, 0, data.data(), bytes}));
+          }
+          AlignedBuffer in(bytes, align);
+          CHECK_NOTHROW(io->run({IoOp::read, fd.get(), path, 0, in.data(), bytes}));
+          CHECK(opt.faults->fired() == 1);
+          // What was written (the pattern, or the good data before) reads back whole.
+          CHECK(std::memcmp(in.data(), op == IoOp::write ? data.data() : good.data(), bytes) == 0);
+          if (op == IoOp::write) io->run({IoOp::write, fd.get(), path, 0, good.data(), bytes});
+        }
+      }
+    }
     SECTION("a short write is an error, not silent truncation") {
       auto opt = small_options();
       opt.faults = std::make_shared<FaultInjector>(0, 0, IoOp::write, align);

@@ -2,6 +2,8 @@
 // preflight's messages: missing or unwritable path, no O_DIRECT, too little space or memory.
 #include <sys/stat.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -133,6 +135,25 @@ TEST_CASE("preflight passes on a good directory and says what to change otherwis
     CHECK_THROWS_WITH(NvmeSwapper(cfg, {{{"master", 4'000'000}}}),
                       Catch::Contains("buffer_count 4 x the largest sub-group"));
     CHECK(!std::filesystem::exists(dir / "zero_swap"));
+  }
+  SECTION("the default budget is shared by the ranks the launcher put on this host") {
+    // Each rank checked its own buffers against half the memory: four ranks passed with two
+    // memories' worth between them.
+    const std::uint64_t whole = default_host_budget_bytes(1);
+    CHECK(default_host_budget_bytes(4) == whole / 4);
+    const std::uint64_t buffers = whole * 3 / 5;  // 0.3 of the physical memory
+    CHECK(preflight(cfg, {1 << 20, buffers}).ok());
+    ::setenv("RANK", "0", 1);
+    ::setenv("WORLD_SIZE", "4", 1);
+    ::setenv("LOCAL_RANK", "0", 1);
+    ::setenv("LOCAL_WORLD_SIZE", "4", 1);
+    const auto shared = preflight(cfg, {1 << 20, buffers});
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) ::unsetenv(v);
+    CHECK(shared.budget_bytes == whole / 4);
+    CHECK_THAT(shared.summary(), Catch::Contains("swap buffers need") &&
+                                     Catch::Contains("over the 4 ranks on this host"));
+    cfg.host_budget_bytes = buffers;  // a budget given is this rank's own
+    CHECK(preflight(cfg, {1 << 20, buffers}).ok());
   }
   SECTION("a read-only directory") {
     if (::geteuid() == 0) {

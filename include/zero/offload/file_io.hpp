@@ -10,6 +10,7 @@
 // share the queueing, ticket and fault-injection logic of detail::QueuedFileIo below.
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -118,6 +119,12 @@ class QueuedFileIo : public FileIo {
     std::size_t bytes = 0;
     FaultInjector::Decision fault;
   };
+
+  /// A request that fails with EAGAIN or EINTR is issued again, this many times at most: the
+  /// kernel could not take it now (io_uring can complete an O_DIRECT transfer of a MiB or more
+  /// with -EAGAIN when the block layer is out of tags), and the application is to reissue it.
+  static constexpr int max_transient_retries = 16;
+  static constexpr bool transient_error(int error) { return error == EAGAIN || error == EINTR; }
 
   /// The largest request: Linux moves at most 0x7ffff000 bytes in one read or write, and an
   /// io_uring request's length is 32 bits, so a larger block would come back short.

@@ -428,7 +428,13 @@ class NvmeSwapper {
       throw NvmeIoError("creating", path.string(), 0, 0, code, errno_reason(code));
     }
     if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+      const int code = errno;
       lock_ = io::FileDescriptor();
+      // Only EWOULDBLOCK means another holder; ENOLCK (NFS without a lock daemon) and the like
+      // are the file system's answer, not a second swapper.
+      if (code != EWOULDBLOCK) {
+        throw NvmeIoError("locking", path.string(), 0, 0, code, errno_reason(code));
+      }
       raise<ConfigError>("NVMe offload: '", dir_.string(), "' is in use by another swapper (",
                          "another engine of rank ", options_.rank, " with the same nvme_path?); ",
                          "give each engine its own nvme_path");

@@ -36,7 +36,8 @@ class PosixFileIo final : public detail::QueuedFileIo {
  private:
   void run() {
     while (auto r = take_blocking()) {
-      if (r->fault.error != 0) {
+      // An injected transient error is retried as a real one would be: the transfer goes on.
+      if (r->fault.error != 0 && !transient_error(r->fault.error)) {
         complete(*r, -r->fault.error);
         continue;
       }
@@ -48,16 +49,18 @@ class PosixFileIo final : public detail::QueuedFileIo {
     }
   }
 
-  // Moves want bytes (retrying partial transfers and EINTR); returns bytes done or -errno.
+  // Moves want bytes (retrying partial transfers, EINTR, and EAGAIN a few times); returns
+  // bytes done or -errno.
   static std::int64_t transfer(IoOp op, int fd, std::byte* data, std::size_t want,
                                std::uint64_t offset) {
     std::size_t done = 0;
+    int retries = 0;
     while (done < want) {
       const auto at = static_cast<::off_t>(offset + done);
       const ::ssize_t n = op == IoOp::read ? ::pread(fd, data + done, want - done, at)
                                            : ::pwrite(fd, data + done, want - done, at);
       if (n < 0) {
-        if (errno == EINTR) continue;
+        if (errno == EINTR || (errno == EAGAIN && ++retries <= max_transient_retries)) continue;
         return -errno;
       }
       if (n == 0) break;  // end of file (read) or no progress (write): a short transfer

@@ -8,12 +8,15 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include <parallel/launch_env.hpp>
 #include <zero/core/error.hpp>
 #include <zero/offload/direct_io.hpp>
 #include <zero/offload/nvme_config.hpp>
@@ -53,12 +56,25 @@ inline std::string human_bytes(std::uint64_t bytes) {
   return text;
 }
 
-/// Half the physical memory: the default host budget for swap buffers.
-inline std::uint64_t default_host_budget_bytes() {
+/// The ranks the launcher started on this host (parallel::launch_env's local size; 1 when no
+/// launcher says, or its variables do not parse).
+inline int ranks_on_this_host() {
+  try {
+    const auto env = parallel::launch_env();
+    return env ? std::max(1, env->local_size) : 1;
+  } catch (const std::exception&) {
+    return 1;
+  }
+}
+
+/// The default host budget for one rank's swap buffers: half the physical memory, shared by the
+/// ranks on this host (each checks only its own buffers, and together they must fit).
+inline std::uint64_t default_host_budget_bytes(int ranks_on_host = ranks_on_this_host()) {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page = ::sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return UINT64_MAX;
-  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2;
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2 /
+         static_cast<std::uint64_t>(std::max(1, ranks_on_host));
 }
 
 /// The advice for a path without O_DIRECT.
@@ -75,12 +91,17 @@ inline PreflightReport preflight(const NvmeConfig& cfg, const PreflightNeeds& ne
   namespace fs = std::filesystem;
   PreflightReport r;
   const fs::path& p = cfg.nvme_path;
-  r.budget_bytes = cfg.host_budget_bytes != 0 ? cfg.host_budget_bytes : default_host_budget_bytes();
+  const int host_ranks = cfg.host_budget_bytes != 0 ? 1 : ranks_on_this_host();
+  r.budget_bytes =
+      cfg.host_budget_bytes != 0 ? cfg.host_budget_bytes : default_host_budget_bytes(host_ranks);
   if (needs.buffer_bytes > r.budget_bytes)
     r.problems.push_back(zero::detail::concat(
         "swap buffers need ", human_bytes(needs.buffer_bytes), " of host memory (buffer_count ",
         cfg.buffer_count, " x the largest sub-group) but the budget is ",
         human_bytes(r.budget_bytes),
+        host_ranks > 1 ? zero::detail::concat(" (half the physical memory over the ", host_ranks,
+                                              " ranks on this host)")
+                       : std::string(),
         ": lower offload_*.buffer_count, make the largest "
         "sub-group smaller (the engine's is one unit's shard: wrap smaller modules as units, or "
         "shard over more ranks) or raise the host budget"));

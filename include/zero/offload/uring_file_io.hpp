@@ -37,6 +37,7 @@ class UringFileIo final : public detail::QueuedFileIo {
     try {
       slots_.resize(entries);
       done_.resize(entries);
+      retries_.resize(entries);
       for (unsigned i = 0; i < entries; ++i) free_slots_.push_back(entries - 1 - i);
       worker_ = std::thread([this] { run(); });
     } catch (...) {
@@ -57,7 +58,7 @@ class UringFileIo final : public detail::QueuedFileIo {
  private:
   void run() {
     const auto& opt = options();
-    std::vector<Request> injected;
+    std::vector<unsigned> injected;  // slots whose request a fault injector fails
     for (;;) {
       // Fill the ring with whatever is queued; block only when nothing is in flight.
       unsigned prepared = 0;
@@ -72,21 +73,28 @@ class UringFileIo final : public detail::QueuedFileIo {
             work_cv_.wait(lock);
             continue;
           }
-          if (r->fault.error != 0) {
-            injected.push_back(std::move(*r));
-            continue;
-          }
           const unsigned slot = free_slots_.back();
           free_slots_.pop_back();
+          const bool fails = r->fault.error != 0;
           slots_[slot] = std::move(*r);
           done_[slot] = 0;
+          retries_[slot] = 0;
+          if (fails) {  // completes as the kernel would have failed it, below
+            injected.push_back(slot);
+            ++in_flight_;
+            continue;
+          }
           prepare(slot);
           ++prepared;
           ++in_flight_;
           if (opt.single_submit) ::io_uring_submit(&ring_);
         }
       }
-      for (auto& r : injected) complete(r, -r.fault.error);
+      for (const unsigned slot : injected) {
+        const int error = slots_[slot].fault.error;
+        slots_[slot].fault.error = 0;  // a retry of a transient error goes to the disk
+        completed(slot, -error);
+      }
       injected.clear();
       if (prepared > 0 && !opt.single_submit) submit_all();
       if (in_flight_ > 0) reap();
@@ -132,25 +140,38 @@ class UringFileIo final : public detail::QueuedFileIo {
       const auto slot = static_cast<unsigned>(::io_uring_cqe_get_data64(cqe));
       const int res = cqe->res;
       ::io_uring_cqe_seen(&ring_, cqe);
-      if (res > 0 && done_[slot] + static_cast<std::size_t>(res) < wanted(slot)) {
-        done_[slot] += static_cast<std::size_t>(res);
-        prepare(slot);  // its slot stays in flight: the ring has room for it
-        continue;
-      }
-      const std::int64_t result = res < 0 ? res : static_cast<std::int64_t>(done_[slot]) + res;
-      Request r = std::move(slots_[slot]);
-      {
-        std::lock_guard lock(mutex_);
-        free_slots_.push_back(slot);
-        --in_flight_;
-      }
-      complete(r, result);
+      completed(slot, res);
     } while (::io_uring_peek_cqe(&ring_, &cqe) == 0);
+  }
+
+  // A completion of slot's request with the kernel's result res. Part of the bytes: the rest is
+  // queued again. A transient error (transient_error): the request is reissued, up to
+  // max_transient_retries times. Otherwise the request ends with res.
+  void completed(unsigned slot, int res) {
+    if ((res > 0 && done_[slot] + static_cast<std::size_t>(res) < wanted(slot)) ||
+        (res < 0 && transient_error(-res) && retries_[slot] < max_transient_retries)) {
+      if (res > 0) {
+        done_[slot] += static_cast<std::size_t>(res);
+      } else {
+        ++retries_[slot];
+      }
+      prepare(slot);  // its slot stays in flight: the ring has room for it
+      return;
+    }
+    const std::int64_t result = res < 0 ? res : static_cast<std::int64_t>(done_[slot]) + res;
+    Request r = std::move(slots_[slot]);
+    {
+      std::lock_guard lock(mutex_);
+      free_slots_.push_back(slot);
+      --in_flight_;
+    }
+    complete(r, result);
   }
 
   io_uring ring_{};
   std::vector<Request> slots_;
   std::vector<std::size_t> done_;  // bytes each slot's request has moved so far
+  std::vector<int> retries_;       // transient errors each slot's request has met
   std::vector<unsigned> free_slots_;
   unsigned in_flight_ = 0;  // touched by the worker only (and read under the mutex)
   std::thread worker_;
