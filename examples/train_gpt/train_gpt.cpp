@@ -79,10 +79,12 @@
 // a file back. --nvme-path puts the fp32 master and AdamW states in swap files under DIR
 // (ZeRO-Infinity; the same as "offload_optimizer": {"device": "nvme", "nvme_path": DIR}).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -663,6 +665,18 @@ std::int64_t resume_if_asked(const Options& o, Eng& eng, data::DataLoader& loade
   return first_step;
 }
 
+// The --metrics file (appended to) on the leader, or none: ConfigError when it cannot be opened,
+// rather than a run that writes nothing.
+std::ofstream open_metrics(const Options& o, bool leader) {
+  std::ofstream metrics;
+  if (leader && !o.metrics.empty()) {
+    metrics.open(o.metrics, std::ios::app);
+    expect<ConfigError>(metrics.is_open(), "--metrics ", o.metrics, ": cannot open it to append (",
+                        std::strerror(errno), ")");
+  }
+  return metrics;
+}
+
 // Saves a checkpoint after `done` steps when --save-every says so (and after the last step).
 template <class Eng>
 void save_if_due(const Options& o, Eng& eng, const data::DataLoader& loader, std::int64_t done,
@@ -826,6 +840,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
         static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
         static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.steps));
   }
+  std::ofstream metrics = open_metrics(o, leader);
   double first_loss = NAN, loss = NAN;
   auto last = Clock::now();
   std::int64_t since_print = 0;
@@ -836,7 +851,12 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
     for (const auto& b : held) batches.push_back(micro_of(b));
     monitor.begin_step(eng, step + 1);
     const auto r = pipe.train_batch(batches);
-    (void)monitor.end_step(eng, pipe.stage_model(), step + 1);
+    const nlohmann::json observed = monitor.end_step(eng, pipe.stage_model(), step + 1);
+    if (metrics.is_open() && observed.contains("flops_profile")) {
+      metrics
+          << nlohmann::json{{"step", step + 1}, {"flops_profile", observed["flops_profile"]}}.dump()
+          << "\n";
+    }
     loss = mean_over_dp(eng, r.loss);
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
@@ -844,16 +864,32 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
       const auto now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - last).count();
       last = now;
+      const double tokens_per_s = static_cast<double>(since_print * sizes.train * o.seq) / seconds;
+      const double ms = 1e3 * seconds / static_cast<double>(since_print);
       std::printf(
           "step %4lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tokens/s | %.1f ms/step | "
           "bubble %.2f | stage 0 state %.2f MB%s\n",
-          static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
-          static_cast<double>(since_print * sizes.train * o.seq) / seconds,
-          1e3 * seconds / static_cast<double>(since_print), r.bubble_fraction,
-          static_cast<double>(eng.memory_report().total()) / 1e6,
+          static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(), tokens_per_s, ms,
+          r.bubble_fraction, static_cast<double>(eng.memory_report().total()) / 1e6,
           eng.last_step_skipped() ? " | skipped" : "");
       std::fflush(stdout);
       since_print = 0;
+      if (metrics.is_open()) {  // the fields train() writes that a pipeline has, and its bubble
+        nlohmann::json line = {{"step", step + 1},
+                               {"loss", loss},
+                               {"lr", eng.lr()},
+                               {"grad_norm", eng.last_grad_norm()},
+                               {"loss_scale", eng.loss_scale()},
+                               {"tokens_per_s", tokens_per_s},
+                               {"ms_per_step", ms},
+                               {"bubble", r.bubble_fraction},
+                               {"model_state_bytes", eng.memory_report().total()},
+                               {"skipped", eng.last_step_skipped()}};
+        for (const char* key : {"wall_clock", "memory"}) {
+          if (observed.contains(key)) line[key] = observed[key];
+        }
+        metrics << line.dump() << "\n" << std::flush;
+      }
     }
     save_if_due(o, eng, run.train_loader, step + 1, leader);
   }
@@ -956,8 +992,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         static_cast<long long>(sizes.micro), static_cast<long long>(sizes.accumulation), dp,
         static_cast<long long>(o.steps), static_cast<double>(mem.total()) / 1e6);
   }
-  std::ofstream metrics;
-  if (leader && !o.metrics.empty()) metrics.open(o.metrics, std::ios::app);
+  std::ofstream metrics = open_metrics(o, leader);
   const bool tty = leader && ::isatty(STDOUT_FILENO);
   // The model's FLOPs per token, and the peak they are measured against: the GPUs' on a device
   // (tokens/s and TFLOP/s count every rank's tokens, so MFU divides by every GPU's peak).

@@ -66,8 +66,11 @@ class Monitor {
     if (profiled) before_profile_ = engine.timers();
     if (window_steps_ == 0) {
       window_start_ = engine.timers();
-      window_comm_s_ = logger_ ? logger_->seconds_of_every_op() : 0.0;
+      window_comm_s_ = 0;
     }
+    // The window's communication is what the steps themselves log: a checkpoint's agreement or
+    // an evaluation between two steps of a window is not in it, as the timers do not count it.
+    step_comm_start_s_ = logger_ ? logger_->seconds_of_every_op() : 0.0;
   }
 
   /// Call after optimizer step `step` ended: prints (rank 0) what is due and returns it as JSON
@@ -89,18 +92,21 @@ class Monitor {
       if (rank_ == 0) write_profile(p);
     }
     ++window_steps_;
+    if (logger_) window_comm_s_ += logger_->seconds_of_every_op() - step_comm_start_s_;
     const bool print = step % cfg_.steps_per_print == 0;
     if (cfg_.wall_clock_breakdown && print) {
-      const double comm_now = logger_ ? logger_->seconds_of_every_op() : 0.0;
-      const WallClockBreakdown b = WallClockBreakdown::of(
-          engine.timers().since(window_start_), window_steps_,
-          logger_ ? std::optional<double>(comm_now - window_comm_s_) : std::nullopt);
+      const WallClockBreakdown b =
+          WallClockBreakdown::of(engine.timers().since(window_start_), window_steps_,
+                                 logger_ ? std::optional<double>(window_comm_s_) : std::nullopt);
       due["wall_clock"] = b.to_json();
       if (rank_ == 0) std::printf("%s\n", b.text().c_str());
     }
     if (print) window_steps_ = 0;
     if (cfg_.memory_breakdown && print) {
-      const MemoryBreakdown m = memory_breakdown(engine, engine.memory_estimate().device_at_rest);
+      // The estimate of what memory_report counts: the model states at rest, on the device and
+      // offloaded to host memory alike.
+      const auto e = engine.memory_estimate();
+      const MemoryBreakdown m = memory_breakdown(engine, e.device_at_rest + e.host);
       due["memory"] = m.to_json();
       if (rank_ == 0) std::printf("%s\n", m.text().c_str());
     }
@@ -152,7 +158,8 @@ class Monitor {
   std::int64_t batch_per_rank_;
   std::shared_ptr<parallel::CommLogger> logger_;
   StepTimers before_profile_, window_start_;
-  double window_comm_s_ = 0;
+  double window_comm_s_ = 0;      // the communication the window's steps logged
+  double step_comm_start_s_ = 0;  // the logger's total when this step began
   std::int64_t window_steps_ = 0;
 };
 
