@@ -17,6 +17,7 @@
 
 #include <zero/core/arena.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/hand_written_gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
 
 using namespace zero;
@@ -156,6 +157,35 @@ TEST_CASE("attention dropout: off by default and when not training, same masks w
   CHECK(dropped != plain);
   CHECK(run(0.3, true, true, &g_recomputed) == dropped);
   CHECK(g_stored == g_recomputed);  // checkpointing redraws the forward's masks
+}
+
+TEST_CASE("a backward after a forward with training off applies no dropout mask", "[unit][gpt]") {
+  // The forward drops nothing outside training; the embedding's and blocks' backwards applied
+  // the mask anyway, so gradients through an evaluation-mode pass were those of a dropped-out
+  // model that never ran.
+  const TinyBatch batch(GPTConfig::preset("tiny").vocab_size, 3);
+  auto grads_of = [&]<class Model>(Model*, double p) {
+    GPTConfig cfg = GPTConfig::preset("tiny");
+    cfg.dropout = p;
+    cfg.attn_dropout = p;
+    Model model(cfg);
+    LocalParameters<Model> params(model, 4);
+    Arena<> arena(16 << 20);
+    auto ctx = context<double>(arena, batch);
+    ctx.training = false;
+    model.forward(ctx);
+    model.backward(ctx);
+    std::vector<double> grads;
+    for (int u = 0; u < model.num_units(); ++u) {
+      auto g = params.unit_grads(u);
+      grads.insert(grads.end(), g.begin(), g.end());
+    }
+    return grads;
+  };
+  CHECK(grads_of(static_cast<GPT<double>*>(nullptr), 0.3) ==
+        grads_of(static_cast<GPT<double>*>(nullptr), 0.0));
+  CHECK(grads_of(static_cast<HandWrittenGPT<double>*>(nullptr), 0.3) ==
+        grads_of(static_cast<HandWrittenGPT<double>*>(nullptr), 0.0));
 }
 
 TEST_CASE("activation checkpointing gives the same loss and gradients", "[unit][gpt]") {

@@ -422,6 +422,21 @@ TEST_CASE("layers with host kernels only refuse a device kernel set", "[unit][nn
   CHECK_THROWS_WITH(wte.forward(ctx), Catch::Contains("TokenEmbedding 'wte'") &&
                                           Catch::Contains("input 'ids' is host memory") &&
                                           Catch::Contains("runs on the cuda device"));
+  // Given in the pass's device memory (tagged so; the recording set runs the host kernels), it
+  // feeds the layer: the tag was dropped by Inputs, so no input could ever pass.
+  ctx.inputs.set("ids", Tensor<const std::int32_t>(tokens.data(), Shape{B, T}, DeviceKind::cuda));
+  CHECK(ctx.inputs.get<std::int32_t>("ids").device() == DeviceKind::cuda);
+  std::vector<float> table(32 * C, 0.25f), table_grad(32 * C, 0.f);
+  const nn::ParamView<float> table_view{Tensor<float>(table.data(), Shape{32, C}),
+                                        Tensor<float>(table_grad.data(), Shape{32, C})};
+  wte.bind(std::span<const nn::ParamView<float>>(&table_view, 1));
+  CHECK_NOTHROW(wte.forward(ctx));
+  CHECK(device.calls["embedding_forward"] == 1);
+  CHECK(ctx.x.shape() == Shape{B, T, C});
+  // A layer that converts its input on the host refuses device memory by name.
+  std::vector<float> y(4);
+  CHECK_THROWS_WITH(ctx.inputs.copy_as("ids", Tensor<float>(y.data(), Shape{4})),
+                    Catch::Contains("'ids' is cuda memory"));
 }
 
 TEST_CASE("LinearCrossEntropy in a split backward over padded logits rows", "[unit][nn][kernels]") {

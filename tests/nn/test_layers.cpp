@@ -26,10 +26,12 @@
 #include <zero/nn/layers/linear.hpp>
 #include <zero/nn/layers/linear_cross_entropy.hpp>
 #include <zero/nn/layers/mse_loss.hpp>
+#include <zero/nn/layers/position_embedding.hpp>
 #include <zero/nn/layers/reshape.hpp>
 #include <zero/nn/layers/residual.hpp>
 #include <zero/nn/layers/rms_norm.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
+#include <zero/nn/layers/tied_linear.hpp>
 #include <zero/nn/layers/token_embedding.hpp>
 #include <zero/nn/local_parameters.hpp>
 #include <zero/nn/transformer_block.hpp>
@@ -181,6 +183,31 @@ TEST_CASE("TokenEmbedding's backward equals finite differences (f64)", "[unit][n
   }
 }
 
+TEST_CASE("TokenEmbedding gives ids of any rank one more dimension of channels",
+          "[unit][nn][layers]") {
+  // [..., C] as documented: ids [2, 3, 4] were flattened to [24, C].
+  nn::TokenEmbedding<double> emb("emb", 7, 3, "ids");
+  std::vector<double> table(7 * 3), grad(7 * 3, 0.0);
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<double>(i);
+  const nn::ParamView<double> view{Tensor<double>(table.data(), Shape{7, 3}),
+                                   Tensor<double>(grad.data(), Shape{7, 3})};
+  emb.bind(std::span<const nn::ParamView<double>>(&view, 1));
+  std::vector<std::int32_t> ids(24);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i % 7);
+  Arena<> arena(1 << 20);
+  for (const Shape& shape : {Shape{24}, Shape{6, 4}, Shape{2, 3, 4}, Shape{1, 2, 3, 4}}) {
+    INFO(shape);
+    arena.reset();
+    nn::StepContext<double> ctx = context_of(arena);
+    ctx.inputs.set("ids", Tensor<const std::int32_t>(ids.data(), shape));
+    emb.forward(ctx);
+    REQUIRE(ctx.x.rank() == shape.rank() + 1);
+    for (int d = 0; d < shape.rank(); ++d) CHECK(ctx.x.dim(d) == shape[d]);
+    CHECK(ctx.x.dim(-1) == 3);
+    CHECK(ctx.x.data()[3 * 5 + 1] == table[3 * 5 + 1]);  // row 5 looks up id 5
+  }
+}
+
 TEST_CASE("the gradient checker catches a wrong backward (negative controls)",
           "[unit][nn][layers]") {
   Scale* scale = nullptr;
@@ -293,6 +320,23 @@ TEST_CASE("layers name the input and dtype a micro-batch lacks", "[unit][nn][lay
   dup.add_unit().add<nn::Linear<double>>("fc", 2, 2);
   dup.add_unit().add<nn::Linear<double>>("fc", 2, 2);
   CHECK_THROWS_WITH(dup.unit_params(0), Catch::Contains("'fc.weight' is used twice"));
+}
+
+TEST_CASE("layers refuse a size of 0 when they are built", "[unit][nn][layers]") {
+  // A LayerNorm over 0 channels divided by zero in its mean; embeddings and losses of size 0
+  // made empty parameters or read no logits at all.
+  using T = double;
+  const auto none = [] { return nn::ParamView<T>{}; };
+  CHECK_THROWS_WITH(nn::LayerNorm<T>("ln", 0), Catch::Contains("LayerNorm 'ln': channels = 0"));
+  CHECK_THROWS_WITH(nn::RMSNorm<T>("rms", -1), Catch::Contains("RMSNorm 'rms': channels = -1"));
+  CHECK_THROWS_WITH(nn::TokenEmbedding<T>("wte", 0, 4), Catch::Contains("vocab = 0"));
+  CHECK_THROWS_WITH(nn::TokenEmbedding<T>("wte", 8, 0), Catch::Contains("channels = 0"));
+  CHECK_THROWS_WITH(nn::PositionEmbedding<T>("wpe", 0, 4), Catch::Contains("max_positions = 0"));
+  CHECK_THROWS_WITH(nn::PositionEmbedding<T>("wpe", 8, 0), Catch::Contains("channels = 0"));
+  CHECK_THROWS_WITH(nn::SoftmaxCrossEntropy<T>(0), Catch::Contains("classes = 0"));
+  CHECK_THROWS_WITH(nn::TiedLinear<T>("head", none, 0, 4), Catch::Contains("in = 0"));
+  CHECK_THROWS_AS(nn::TiedLinear<T>("head", none, 4, 0), ShapeError);
+  CHECK_NOTHROW(nn::LayerNorm<T>("ln", 1));
 }
 
 TEST_CASE(

@@ -56,7 +56,7 @@ class Embedding {
     const std::int64_t N = ctx.tokens_count(), C = cfg_.channels;
     const T* dy = ctx.dy.data();
     Tensor<T> masked;
-    if (cfg_.dropout > 0) {
+    if (ctx.training && cfg_.dropout > 0) {  // as the forward: no mask outside training
       masked = ctx.arena->template allocate<T>({N, C});
       for (T& v : masked) v = T(0);
       ops::cpu::dropout_backward(masked.data(), dy, N * C, cfg_.dropout, rng(ctx),

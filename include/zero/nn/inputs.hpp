@@ -26,12 +26,13 @@ class InputError : public Error {
   using Error::Error;
 };
 
-/// One named input: a host view and its element type.
+/// One named input: a view, its element type and the device its memory is on.
 struct InputTensor {
-  std::string name;            ///< the name units look it up by, e.g. "features"
-  const void* data = nullptr;  ///< first element
-  Shape shape;                 ///< row-major extents; dimension 0 is the row (sample)
-  DType dtype = DType::f32;    ///< element type of data
+  std::string name;                      ///< the name units look it up by, e.g. "features"
+  const void* data = nullptr;            ///< first element
+  Shape shape;                           ///< row-major extents; dimension 0 is the row (sample)
+  DType dtype = DType::f32;              ///< element type of data
+  DeviceKind device = DeviceKind::host;  ///< where data lives (layers check it against the pass)
 };
 
 /// The named input tensors of one micro-batch (views; the owner keeps the memory alive for the
@@ -42,11 +43,13 @@ class Inputs {
   template <class U>
   Inputs& set(std::string name, Tensor<const U> tensor) {
     static_assert(!std::is_same_v<U, bool>, "Inputs: store masks as std::uint8_t, not bool");
-    return set_raw(std::move(name), tensor.data(), tensor.shape(), dtype_of<std::remove_cv_t<U>>);
+    return set_raw(std::move(name), tensor.data(), tensor.shape(), dtype_of<std::remove_cv_t<U>>,
+                   tensor.device());
   }
   /// Adds (or replaces) an entry typed at run time (loaders that hold arrays of any dtype).
-  Inputs& set_raw(std::string name, const void* data, Shape shape, DType dtype) {
-    InputTensor entry{std::move(name), data, shape, dtype};
+  Inputs& set_raw(std::string name, const void* data, Shape shape, DType dtype,
+                  DeviceKind device = DeviceKind::host) {
+    InputTensor entry{std::move(name), data, shape, dtype, device};
     if (InputTensor* old = find_mutable(entry.name)) {
       *old = std::move(entry);
     } else {
@@ -85,12 +88,17 @@ class Inputs {
                        name_of(e.dtype), " elements but ", name_of(dtype_of<U>),
                        " were asked for; convert it when building the batch, or read it with "
                        "Inputs::copy_as");
-    return Tensor<const U>(static_cast<const U*>(e.data), e.shape);
+    return Tensor<const U>(static_cast<const U*>(e.data), e.shape, e.device);
   }
-  /// Converts the floating or integer tensor name element by element into out (sized to it).
+  /// Converts the floating or integer tensor name element by element into out (sized to it);
+  /// the input must be host memory (InputError otherwise: the conversion reads it here).
   template <class U>
   void copy_as(std::string_view name, Tensor<U> out) const {
     const InputTensor& e = entry(name);
+    expect<InputError>(e.device == DeviceKind::host, "micro-batch input '", name, "' is ",
+                       name_of(e.device),
+                       " memory; a layer that converts its input reads it on the host (give it "
+                       "in host memory)");
     expect<InputError>(out.numel() == e.shape.numel(), "micro-batch input '", name, "' has ",
                        e.shape.numel(), " elements; the destination has ", out.numel());
     visit_dtype(e.dtype, [&](auto tag) {

@@ -183,9 +183,10 @@ class TransformerBlock {
     ops::cpu::dropout_forward(x.data(), x.data(), x.numel(), cfg_.dropout, rng(ctx, site),
                               static_cast<std::uint32_t>(ctx.step));
   }
-  // The gradient through a residual-branch dropout: dy itself when dropout is off (no copy).
+  // The gradient through a residual-branch dropout: dy itself when dropout is off or the pass is
+  // not a training one, as in the forward (no copy).
   const T* dropout_grad(StepContext<T>& ctx, const T* dy, std::int64_t n, int site) {
-    if (cfg_.dropout <= 0) return dy;
+    if (!ctx.training || cfg_.dropout <= 0) return dy;
     Tensor<T> d = ctx.arena->template allocate<T>({n});
     for (T& v : d) v = T(0);
     ops::cpu::dropout_backward(d.data(), dy, n, cfg_.dropout, rng(ctx, site),

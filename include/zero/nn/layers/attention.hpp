@@ -33,8 +33,8 @@ class CausalSelfAttention final : public Layer<T> {
 
   std::string describe() const override { return "CausalSelfAttention '" + site_ + "'"; }
   void forward(StepContext<T>& ctx) override {
-    expect<ShapeError>(ctx.x.data() != nullptr && ctx.x.dim(-1) % 3 == 0, describe(),
-                       ": input must be packed qkv [B*T, 3C]");
+    expect<ShapeError>(ctx.x.data() != nullptr && ctx.x.dim(-1) > 0 && ctx.x.dim(-1) % 3 == 0,
+                       describe(), ": input must be packed qkv [B*T, 3C]");
     C_ = ctx.x.dim(-1) / 3;
     expect<ShapeError>(C_ % heads_ == 0, describe(), ": C = ", C_, " is not divisible by ", heads_,
                        " heads");

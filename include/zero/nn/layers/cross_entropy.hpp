@@ -42,7 +42,9 @@ class SoftmaxCrossEntropy final : public Layer<T> {
  public:
   /// Logits have classes columns; labels names the input.
   explicit SoftmaxCrossEntropy(std::int64_t classes, std::string labels = "labels")
-      : classes_(classes), labels_(std::move(labels)) {}
+      : classes_(classes), labels_(std::move(labels)) {
+    expect_positive_size(describe(), "classes", classes);
+  }
 
   std::string describe() const override { return "SoftmaxCrossEntropy '" + labels_ + "'"; }
   void forward(StepContext<T>& ctx) override {

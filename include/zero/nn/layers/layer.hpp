@@ -172,6 +172,12 @@ void expect_labels_when_training(const StepContext<T>& ctx, bool has_labels,
                      "without them)");
 }
 
+/// A size a layer is built with (channels, vocabulary, classes): ShapeError naming layer and
+/// what unless it is positive (a 0 would make empty parameters and divide by zero in a mean).
+inline void expect_positive_size(const std::string& layer, const char* what, std::int64_t size) {
+  expect<ShapeError>(size > 0, layer, ": ", what, " = ", size, "; expected > 0");
+}
+
 /// Rows of x when its last dimension must be features: throws ShapeError naming layer otherwise.
 template <class T>
 std::int64_t rows_of(const Tensor<T>& x, std::int64_t features, const std::string& layer) {

@@ -18,8 +18,9 @@ template <class T>
 class LayerNorm final : public Layer<T> {
  public:
   /// Parameters name.weight [C] and name.bias [C].
-  LayerNorm(std::string name, std::int64_t channels)
-      : name_(std::move(name)), channels_(channels) {}
+  LayerNorm(std::string name, std::int64_t channels) : name_(std::move(name)), channels_(channels) {
+    expect_positive_size(describe(), "channels", channels);
+  }
 
   std::string describe() const override { return "LayerNorm '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override {

@@ -21,10 +21,14 @@ namespace zero::nn {
 template <class T>
 class PositionEmbedding final : public Layer<T> {
  public:
-  /// Parameter name.weight [max_positions, channels] (normal, stddev, not weight-decayed).
+  /// Parameter name.weight [max_positions, channels] (normal, stddev, weight-decayed as in
+  /// Megatron).
   PositionEmbedding(std::string name, std::int64_t max_positions, std::int64_t channels,
                     double stddev = 0.02)
-      : name_(std::move(name)), max_(max_positions), channels_(channels), stddev_(stddev) {}
+      : name_(std::move(name)), max_(max_positions), channels_(channels), stddev_(stddev) {
+    expect_positive_size(describe(), "max_positions", max_positions);
+    expect_positive_size(describe(), "channels", channels);
+  }
 
   /// Rows hold positions [index*T, (index+1)*T) of each sequence (T = ctx.seq_len): the
   /// index-th of shards blocks of a sequence split over sequence-parallel ranks; (0, 1), the

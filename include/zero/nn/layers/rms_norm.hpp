@@ -19,7 +19,9 @@ class RMSNorm final : public Layer<T> {
  public:
   /// Parameter name.weight [C].
   RMSNorm(std::string name, std::int64_t channels, double eps = 1e-5)
-      : name_(std::move(name)), channels_(channels), eps_(eps) {}
+      : name_(std::move(name)), channels_(channels), eps_(eps) {
+    expect_positive_size(describe(), "channels", channels);
+  }
 
   std::string describe() const override { return "RMSNorm '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override {

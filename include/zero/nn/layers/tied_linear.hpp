@@ -22,7 +22,10 @@ class TiedLinear final : public Layer<T> {
   /// weight returns the owner's current view (e.g. [&] { return embedding.table(); }).
   TiedLinear(std::string name, std::function<ParamView<T>()> weight, std::int64_t in,
              std::int64_t out)
-      : name_(std::move(name)), weight_(std::move(weight)), in_(in), out_(out) {}
+      : name_(std::move(name)), weight_(std::move(weight)), in_(in), out_(out) {
+    expect_positive_size(describe(), "in", in);
+    expect_positive_size(describe(), "out", out);
+  }
 
   std::string describe() const override { return "TiedLinear '" + name_ + "'"; }
   void forward(StepContext<T>& ctx) override {

@@ -20,15 +20,18 @@ namespace zero::nn {
 template <class T>
 class TokenEmbedding final : public Layer<T> {
  public:
-  /// Parameter name.weight [vocab, channels] (normal, stddev, not weight-decayed), looked up by
-  /// the input ids.
+  /// Parameter name.weight [vocab, channels] (normal, stddev, weight-decayed as in Megatron),
+  /// looked up by the input ids.
   TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t channels,
                  std::string ids = "tokens", double stddev = 0.02)
       : name_(std::move(name)),
         ids_(std::move(ids)),
         vocab_(vocab),
         channels_(channels),
-        stddev_(stddev) {}
+        stddev_(stddev) {
+    expect_positive_size(describe(), "vocab", vocab);
+    expect_positive_size(describe(), "channels", channels);
+  }
 
   std::string describe() const override { return "TokenEmbedding '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override {
@@ -42,8 +45,17 @@ class TokenEmbedding final : public Layer<T> {
     ids_data_ = ids.data;
     const Shape shape = ids.shape;
     count_ = shape.numel();
+    // [..., C]: the ids' extents and one more (a rank-0 id gives one row).
+    expect<ShapeError>(shape.rank() < Shape::max_rank, describe(), ": ids of rank ", shape.rank(),
+                       " leave no room for the channel dimension (at most ", Shape::max_rank - 1,
+                       ")");
     Shape out_shape = Shape{count_, channels_};
-    if (shape.rank() == 2) out_shape = Shape{shape[0], shape[1], channels_};
+    if (shape.rank() >= 1) {
+      std::int64_t extents[Shape::max_rank];
+      for (int i = 0; i < shape.rank(); ++i) extents[i] = shape[i];
+      extents[shape.rank()] = channels_;
+      out_shape = Shape::of(extents, shape.rank() + 1);
+    }
     Tensor<T> y = ctx.arena->template allocate<T>(out_shape);
     // One "sequence" of count_ positions and no position table: a plain lookup.
     kernels_of(ctx).embedding_forward(y.data(), ids_data_, table_.value.data(), nullptr, 1, count_,
