@@ -58,12 +58,13 @@ class AnyOptimizer {
       h.weight_decay = wd;
       r.betas(h.beta1, h.beta2);
       h.eps = r.number("eps", 1e-8);
-      const bool decoupled = type == "AdamW" || r.number("adam_w_mode", 1.0) != 0.0;
+      const bool decoupled = type == "AdamW" || r.flag("adam_w_mode", true);
       r.only({"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "torch_adam",
               "amsgrad"});
-      expect<ConfigError>(r.number("bias_correction", 1.0) != 0.0,
+      r.flag("torch_adam", false);  // which implementation; the update is the same
+      expect<ConfigError>(r.flag("bias_correction", true),
                           "optimizer.params.bias_correction: false is not supported");
-      expect<ConfigError>(r.number("amsgrad", 0.0) == 0.0,
+      expect<ConfigError>(!r.flag("amsgrad", false),
                           "optimizer.params.amsgrad: true is not supported");
       if (decoupled) return AnyOptimizer(AdamW(numel, groups(h)));
       return AnyOptimizer(Adam(numel, groups(h)));
@@ -75,7 +76,7 @@ class AnyOptimizer {
       SgdOptions o;
       o.momentum = r.number("momentum", 0.0);
       o.dampening = r.number("dampening", 0.0);
-      o.nesterov = r.number("nesterov", 0.0) != 0.0;
+      o.nesterov = r.flag("nesterov", false);
       r.only({"lr", "weight_decay", "momentum", "dampening", "nesterov"});
       return AnyOptimizer(Sgd(numel, groups(h), o));
     }
@@ -99,7 +100,7 @@ class AnyOptimizer {
       r.only({"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "bias_correction",
               "max_grad_norm"});
       // Accepted so DeepSpeed's FusedLamb configs load, but only at what zero does anyway.
-      expect<ConfigError>(r.number("bias_correction", 1.0) != 0.0,
+      expect<ConfigError>(r.flag("bias_correction", true),
                           "optimizer.params.bias_correction: false is not supported");
       expect<ConfigError>(r.number("max_grad_norm", 0.0) == 0.0,
                           "optimizer.params.max_grad_norm: FusedLamb's own clipping is not "
@@ -115,7 +116,7 @@ class AnyOptimizer {
       h.eps = r.number("eps", 1e-8);
       RmspropOptions o;
       o.momentum = r.number("momentum", 0.0);
-      o.centered = r.number("centered", 0.0) != 0.0;
+      o.centered = r.flag("centered", false);
       r.only({"lr", "alpha", "eps", "weight_decay", "momentum", "centered"});
       return AnyOptimizer(Rmsprop(numel, groups(h), o));
     }
@@ -233,6 +234,14 @@ class AnyOptimizer {
       expect<ConfigError>(it->second.size() == 1, "optimizer.params.", key,
                           ": expected one number, got ", it->second.size());
       return it->second.front();
+    }
+    // A boolean parameter: true or false (the parser stores them as 1 and 0), so a 2 or a 0.5
+    // is refused rather than read as true.
+    bool flag(const std::string& key, bool fallback) const {
+      const double v = number(key, fallback ? 1.0 : 0.0);
+      expect<ConfigError>(v == 0.0 || v == 1.0, "optimizer.params.", key,
+                          ": expected true or false, got ", v);
+      return v == 1.0;
     }
     // DeepSpeed's default betas, 0.9 and 0.999, for every type that has them.
     void betas(double& beta1, double& beta2) const {

@@ -501,6 +501,34 @@ TEST_CASE("LAMB from a config refuses FusedLamb's own clipping and turning bias 
                     Catch::Contains("bias_correction: false is not supported"));
 }
 
+TEST_CASE("boolean optimizer parameters take only true or false", "[unit][optim]") {
+  // The parser stores true/false as 1/0; a 2 or 0.5 read as "not 0" turned adam_w_mode, nesterov
+  // or centered on without a word.
+  const std::vector<std::pair<std::string, std::string>> flags = {
+      {"Adam", "adam_w_mode"},     {"Adam", "torch_adam"},      {"Adam", "amsgrad"},
+      {"Adam", "bias_correction"}, {"LAMB", "bias_correction"}, {"SGD", "nesterov"},
+      {"RMSprop", "centered"}};
+  for (const auto& [type, key] : flags) {
+    INFO(type << " " << key);
+    zero::NamedParams spec;
+    spec.type = type;
+    spec.params["lr"] = {0.01};
+    spec.params["momentum"] = {0.9};
+    if (type != "SGD" && type != "RMSprop") spec.params.erase("momentum");
+    spec.params[key] = {0.5};
+    CHECK_THROWS_WITH(
+        AnyOptimizer::from_config(spec, 4, {}),
+        Catch::Contains("optimizer.params." + key) && Catch::Contains("expected true or false"));
+  }
+  zero::NamedParams adam;
+  adam.type = "Adam";
+  adam.params["adam_w_mode"] = {0.0};
+  adam.params["torch_adam"] = {1.0};
+  CHECK(std::holds_alternative<Adam>(AnyOptimizer::from_config(adam, 4, {}).variant()));
+  adam.params["adam_w_mode"] = {1.0};
+  CHECK(std::holds_alternative<AdamW>(AnyOptimizer::from_config(adam, 4, {}).variant()));
+}
+
 TEST_CASE("every optimizer refuses hyper-parameters PyTorch refuses, naming them",
           "[unit][optim]") {
   // Only Adam checked its values: LAMB with a beta of 1 divided by a zero bias correction and

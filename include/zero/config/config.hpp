@@ -168,6 +168,7 @@ struct Config {
                           "bfloat16.enabled: ", enabled ? "true" : "false",
                           " contradicts bf16.enabled; write only bf16");
       c.bf16_enabled = enabled;
+      config::read_inert(b);
       collect(b, c.warnings);
     }
     expect<ConfigError>(!(c.fp16.enabled.value_or(false) && c.bf16_enabled.value_or(false)),

@@ -186,6 +186,8 @@ inline std::span<const KeyInfo> known_keys() {
       {"bf16.immediate_grad_update", no_effect,
        "gradients accumulate in fp32 and the update runs at the step boundary", "true", "false"},
       {"bfloat16.enabled", applied, "DeepSpeed's older spelling of bf16.enabled", "true"},
+      {"bfloat16.immediate_grad_update", no_effect,
+       "gradients accumulate in fp32 and the update runs at the step boundary", "true", "false"},
       {"data_types", no_effect, "gradients always accumulate in fp32 (the master type)",
        "{\"grad_accum_dtype\": \"bf16\"}"},
       // ---- optimizer and schedule
