@@ -4,17 +4,20 @@
 //
 //   zero_to_safetensors <checkpoint-dir> [--tag TAG] [--out model.safetensors]
 //                       [--dtype f32|bf16] [--chunk-mib 64] [--all] [--strip-prefix PREFIX]
-//                       [--hf-gpt2]
+//                       [--hf-gpt2] [--vocab N]
 //
 // By default only the model's tensors are written (names without '/'; optimizer states are
 // "<param>/exp_avg" and similar); --all writes every tensor. --tag defaults to `latest`.
 // --hf-gpt2 writes GPT-2's four Conv1D weights per block transposed ([in, out]), the layout
-// Hugging Face's GPT2LMHeadModel loads; zero keeps them [out, in].
+// Hugging Face's GPT2LMHeadModel loads; zero keeps them [out, in]. --vocab N writes the first N
+// rows of the token embedding (the tensor named "*wte.weight"): a run at tensor-parallel size tp
+// stores the vocabulary padded to a multiple of tp (GPT-2's 50257 tokens as 50258 rows).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,7 +32,7 @@ namespace {
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s <checkpoint-dir> [--tag TAG] [--out FILE] [--dtype f32|bf16] "
-               "[--chunk-mib N] [--all] [--strip-prefix PREFIX] [--hf-gpt2]\n",
+               "[--chunk-mib N] [--all] [--strip-prefix PREFIX] [--hf-gpt2] [--vocab N]\n",
                argv0);
   return 2;
 }
@@ -40,6 +43,7 @@ int main(int argc, char** argv) {
   namespace ckpt = zero::checkpoint;
   std::string dir, tag, out = "model.safetensors", dtype_name = "f32", strip;
   std::size_t chunk_mib = 64;
+  std::int64_t vocab = 0;  // 0: every row of the token embedding
   bool all = false, hf_gpt2 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -50,19 +54,22 @@ int main(int argc, char** argv) {
     } else if (a == "--hf-gpt2") {
       hf_gpt2 = true;
     } else if (a == "--tag" || a == "--out" || a == "--dtype" || a == "--chunk-mib" ||
-               a == "--strip-prefix") {
+               a == "--strip-prefix" || a == "--vocab") {
       if ((value = next()) == nullptr) return usage(argv[0]);
       if (a == "--tag") tag = value;
       if (a == "--out") out = value;
       if (a == "--dtype") dtype_name = value;
-      if (a == "--chunk-mib") {
-        try {
+      try {
+        if (a == "--chunk-mib") {
           chunk_mib = static_cast<std::size_t>(
               zero::examples::parse_integer("--chunk-mib", value, 1, std::int64_t{1} << 20));
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "zero_to_safetensors: %s\n", e.what());
-          return 2;
         }
+        if (a == "--vocab") {
+          vocab = zero::examples::parse_integer("--vocab", value, 1, std::int64_t{1} << 40);
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "zero_to_safetensors: %s\n", e.what());
+        return 2;
       }
       if (a == "--strip-prefix") strip = value;
     } else if (!a.starts_with("--") && dir.empty()) {
@@ -87,6 +94,21 @@ int main(int argc, char** argv) {
     ckpt::ExportOptions options;
     options.chunk_bytes = chunk_mib << 20;
     if (hf_gpt2) options.transpose = zero::io::gpt2::is_conv1d_weight;
+    if (vocab > 0) {
+      bool found = false;
+      for (const auto& name : names) found = found || name.ends_with("wte.weight");
+      if (!found) {
+        std::fprintf(stderr,
+                     "zero_to_safetensors: --vocab %lld: the checkpoint has no token embedding "
+                     "(a tensor named *wte.weight) to trim\n",
+                     static_cast<long long>(vocab));
+        return 1;
+      }
+      options.leading_rows = [vocab](std::string_view name) -> std::optional<std::int64_t> {
+        if (name.ends_with("wte.weight")) return vocab;
+        return std::nullopt;
+      };
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const auto result = ckpt::export_safetensors(
         reader, names, out, dtype_name == "bf16" ? zero::DType::bf16 : zero::DType::f32, mapping,

@@ -3,6 +3,7 @@
 // even for tensors larger than a chunk, and a corrupted segment aborts without an output file.
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,48 @@ TEST_CASE("a square tensor selected for transposition is written transposed", "[
     }
   }
   CHECK(wrong == 0);
+}
+
+TEST_CASE("export keeps the leading rows of a padded embedding", "[unit]") {
+  // At tp 2 the byte vocabulary (257 tokens) is stored as 258 rows: the export wrote [258, C],
+  // which Hugging Face and load_gpt2_weights refuse, and nothing could trim it.
+  TempDir dir("ckpt-export-rows");
+  const std::int64_t rows = 7, cols = 5;
+  LogicalTensor wte{{"transformer.wte.weight", DType::f32, {rows, cols}}, {}};
+  std::vector<float> stored(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < stored.size(); ++i) stored[i] = static_cast<float>(i) * 0.5f;
+  wte.bytes.resize(stored.size() * sizeof(float));
+  std::memcpy(wte.bytes.data(), stored.data(), wte.bytes.size());
+  save_with_ranks(3, dir.path(), "t", {wte}, 4);  // in three ranks' segments
+  const Reader reader(dir.path(), "t");
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const std::size_t chunk : {std::size_t{12}, std::size_t{1} << 20}) {
+      INFO(name_of(dtype) << ", chunk " << chunk);
+      const auto out = dir.path() / "rows.safetensors";
+      ExportOptions options;
+      options.chunk_bytes = chunk;
+      options.leading_rows = [](std::string_view name) -> std::optional<std::int64_t> {
+        if (name.ends_with("wte.weight")) return 6;
+        return std::nullopt;
+      };
+      export_safetensors(reader, {}, out, dtype, {}, options);
+      const io::SafetensorsReader file(out);
+      CHECK(file.info(wte.spec.name).shape == std::vector<std::int64_t>{6, cols});
+      const auto got = file.read_vector<float>(wte.spec.name, io::DTypeRule::convert);
+      REQUIRE(got.size() == static_cast<std::size_t>(6 * cols));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        wrong += got[i] != (dtype == DType::f32 ? stored[i] : float(bf16(stored[i])));
+      }
+      CHECK(wrong == 0);
+    }
+  }
+  ExportOptions bad;
+  bad.leading_rows = [](std::string_view) -> std::optional<std::int64_t> { return 8; };
+  CHECK_THROWS_WITH(
+      export_safetensors(reader, {}, dir.path() / "bad.safetensors", DType::f32, {}, bad),
+      Contains("cannot keep its first 8 rows") && Contains("transformer.wte.weight"));
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "bad.safetensors"));
 }
 
 TEST_CASE("export writes selected 2-D tensors transposed, in bounded blocks", "[unit]") {

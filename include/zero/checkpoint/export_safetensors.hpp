@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -45,11 +46,19 @@ using NameMapping = std::function<std::string(std::string_view)>;
 /// Selects the 2-D tensors that are written transposed.
 using TransposePredicate = std::function<bool(std::string_view)>;
 
+/// The leading rows (of dimension 0) of a tensor, by checkpoint name, to write; nullopt: all.
+using RowLimit = std::function<std::optional<std::int64_t>(std::string_view)>;
+
 /// How export_safetensors streams.
 struct ExportOptions {
   std::size_t chunk_bytes = std::size_t{64} << 20;  ///< Stored bytes read per step.
   bool verify = true;                               ///< Check every segment's CRC32C.
   TransposePredicate transpose = {};  ///< 2-D tensors (by checkpoint name) written as [C, R].
+  /// Tensors written without their last rows: a token embedding padded past the vocabulary for
+  /// tensor parallelism (GPT-2's 50257 tokens stored as 50258 rows) keeps the vocabulary's rows,
+  /// the shape Hugging Face and load_gpt2_weights expect. The rows dropped are still read and
+  /// checksummed.
+  RowLimit leading_rows = {};
 };
 
 /// What export_safetensors wrote.
@@ -103,6 +112,7 @@ inline ExportResult export_safetensors(const Reader& reader, const std::vector<s
   // Whether each tensor is written transposed: by options.transpose, never by comparing shapes
   // (a square [C, C] weight, GPT-2's attn.c_proj, has the same shape either way).
   std::vector<char> transposed;
+  std::vector<std::int64_t> kept;  // the leading elements of each tensor written
   std::set<std::string> outputs;
   for (const TensorRecord* t : records) {
     std::string out_name = mapping ? mapping(t->name) : t->name;
@@ -112,6 +122,16 @@ inline ExportResult export_safetensors(const Reader& reader, const std::vector<s
     const DType out_dtype = is_floating(t->dtype) ? dtype : t->dtype;
     std::vector<std::int64_t> shape = t->shape;
     transposed.push_back(options.transpose && options.transpose(t->name) ? 1 : 0);
+    std::int64_t keep = t->numel();
+    if (const auto rows = options.leading_rows ? options.leading_rows(t->name) : std::nullopt) {
+      expect<CheckpointError>(
+          !shape.empty() && *rows >= 1 && *rows <= shape[0] && !transposed.back(), "exporting '",
+          out_path.string(), "': tensor '", t->name, "' is ", t->describe(),
+          "; cannot keep its first ", *rows, " rows (1 to its first extent, and not transposed)");
+      keep = shape[0] == 0 ? 0 : t->numel() / shape[0] * *rows;
+      shape[0] = *rows;
+    }
+    kept.push_back(keep);
     if (transposed.back()) {
       expect<CheckpointError>(shape.size() == 2, "exporting '", out_path.string(), "': tensor '",
                               t->name, "' is ", t->describe(), "; only 2-D tensors transpose");
@@ -155,11 +175,16 @@ inline ExportResult export_safetensors(const Reader& reader, const std::vector<s
         const std::span<std::byte> raw(staging.data(), n * in_elem);
         reader.read_segment_bytes(t, s, done * in_elem, raw);
         if (options.verify) crc = crc32c(raw, crc);
+        // The elements of this chunk inside the rows written (segments tile the tensor in order).
+        const std::int64_t first = s.offset + static_cast<std::int64_t>(done);
+        const auto w = static_cast<std::size_t>(
+            std::clamp<std::int64_t>(kept[i] - first, 0, static_cast<std::int64_t>(n)));
+        if (w == 0) continue;
         if (d.dtype == t.dtype) {
-          writer.write_bytes(d.name, raw);
+          writer.write_bytes(d.name, raw.first(w * in_elem));
         } else {
-          io::convert_elements(t.dtype, raw.data(), d.dtype, converted.data(), n);
-          writer.write_bytes(d.name, std::span<const std::byte>(converted.data(), n * out_elem));
+          io::convert_elements(t.dtype, raw.data(), d.dtype, converted.data(), w);
+          writer.write_bytes(d.name, std::span<const std::byte>(converted.data(), w * out_elem));
         }
       }
       if (options.verify) reader.expect_checksum(t, s, crc);
