@@ -129,6 +129,19 @@ TEST_CASE("ArrayLoader saves and restores its position and rejects bad settings"
   data::ArrayLoader d = make_loader({8, 2, 1, 2, true, 4});
   CHECK_THROWS_WITH(d.restore(saved), Catch::Contains("seed = 3"));
   CHECK_THROWS_AS(data::ArrayLoaderState::from_json(nlohmann::json{{"step", 1}}), data::DataError);
+  // Other arrays with as many samples (another dtype, sample shape or name) are another
+  // dataset: the state named only the sample count and restored onto them.
+  CHECK(saved.arrays == "features:f32[3];labels:i32[]");
+  data::ArrayLoader other({8, 2, 1, 2, true, 3});
+  other.add("features", std::vector<float>(samples * 4), Shape{samples, 4})
+      .add("labels", std::vector<std::int32_t>(samples), Shape{samples});
+  CHECK_THROWS_WITH(other.restore(saved),
+                    Catch::Contains("arrays = features:f32[3];labels:i32[]") &&
+                        Catch::Contains("features:f32[4]"));
+  // A state saved before the arrays were kept restores without the check.
+  nlohmann::json older = saved.to_json();
+  older.erase("arrays");
+  CHECK_NOTHROW(other.restore(data::ArrayLoaderState::from_json(older)));
 
   CHECK_THROWS_WITH(make_loader({6, 4, 0, 1, false, 0}),
                     Catch::Contains("global_batch 6 is not divisible by world_size 4"));

@@ -1,5 +1,5 @@
-// Token files: llm.c format (versions 1 and 2) byte for byte, raw uint16/int32 streams, and the
-// errors for files that do not match their format.
+// Token files: llm.c format (GPT-2's uint16 and Llama 3's uint32 headers) byte for byte, raw
+// uint16/int32 streams, and the errors for files that do not match their format.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -55,15 +55,26 @@ TEST_CASE("llm.c token files are written byte for byte and read back", "[unit][d
   CHECK_THROWS_WITH(tokens.copy(4, middle),
                     Catch::Contains("train.bin") && Catch::Contains("[4, 7) are outside its 6"));
 
-  // Tokens past 16 bits (Llama 3's vocabulary) make a version 2 file of uint32.
+  // Tokens past 16 bits (Llama 3's vocabulary) make a file of uint32 under Llama 3's header, as
+  // llm.c's writer makes it (magic 20240801, version 7; llm.c refuses 20240520 version 2).
   const std::vector<std::int32_t> wide = {128000, 5, 70000};
   write_token_file(dir / "wide.bin", wide);
   const std::vector<std::uint32_t> wide_u(wide.begin(), wide.end());
   CHECK(zero::testing::read_file(dir / "wide.bin") ==
-        llmc_header(20240520, 2, 3) + bytes_of(wide_u));
+        llmc_header(20240801, 7, 3) + bytes_of(wide_u));
   const TokenFile wide_tokens = TokenFile::open(dir / "wide.bin");
   CHECK(wide_tokens.token_bytes() == 4);
   CHECK(wide_tokens[0] == 128000);
+  // An llm.c Llama 3 shard reads (it was refused, and the hint to read it as raw_u16 split its
+  // tokens), and a file zero wrote before (20240520, version 2) still does.
+  zero::testing::write_file(dir / "llama3.bin", llmc_header(20240801, 7, 3) + bytes_of(wide_u));
+  zero::testing::write_file(dir / "older.bin", llmc_header(20240520, 2, 3) + bytes_of(wide_u));
+  for (const char* name : {"llama3.bin", "older.bin"}) {
+    const TokenFile t = TokenFile::open(dir / name);
+    std::vector<std::int32_t> got(3);
+    t.copy(0, got);
+    CHECK(got == wide);
+  }
 
   // An empty file is valid.
   write_token_file(dir / "empty.bin", std::vector<std::int32_t>{});
@@ -113,6 +124,9 @@ TEST_CASE("malformed llm.c token files name the file and the problem", "[unit][d
                     Catch::Contains("bad.bin") && Catch::Contains("magic 20240519"));
   zero::testing::write_file(path, llmc_header(20240520, 3, 4) + four_tokens);
   CHECK_THROWS_WITH(TokenFile::open(path), Catch::Contains("version 3 is unknown"));
+  zero::testing::write_file(path, llmc_header(20240801, 1, 4) + four_tokens);
+  CHECK_THROWS_WITH(TokenFile::open(path), Catch::Contains("version 1 is unknown for magic "
+                                                           "20240801; expected 7"));
   zero::testing::write_file(path, llmc_header(20240520, 1, 5) + four_tokens);
   CHECK_THROWS_WITH(TokenFile::open(path), Catch::Contains("bad.bin") &&
                                                Catch::Contains("promises 5 tokens") &&

@@ -86,6 +86,9 @@ struct ArrayLoaderState {
   std::uint64_t seed = 0;         ///< seed when saved.
   int world_size = 1;             ///< W when saved (matters only mid-step).
   int micro_batches = 1;          ///< M when saved (matters only mid-step).
+  /// The arrays when saved, "name:dtype[sample shape]" joined by ';' (empty in a state written
+  /// before it was kept: then not checked).
+  std::string arrays;
 
   /// The state as a JSON object.
   nlohmann::json to_json() const {
@@ -96,7 +99,8 @@ struct ArrayLoaderState {
             {"shuffle", shuffle},
             {"seed", seed},
             {"world_size", world_size},
-            {"micro_batches", micro_batches}};
+            {"micro_batches", micro_batches},
+            {"arrays", arrays}};
   }
   /// Parses a state written by to_json; throws DataError naming a missing or mistyped key.
   static ArrayLoaderState from_json(const nlohmann::json& json) {
@@ -112,6 +116,7 @@ struct ArrayLoaderState {
     get("seed", s.seed);
     get("world_size", s.world_size);
     get("micro_batches", s.micro_batches);
+    if (json.is_object() && json.contains("arrays")) get("arrays", s.arrays);
     return s;
   }
   friend bool operator==(const ArrayLoaderState&, const ArrayLoaderState&) = default;
@@ -192,15 +197,17 @@ class ArrayLoader : public MicroBatchCursor<ArrayLoader, ArrayBatch> {
   /// The current position and the settings a restore must match.
   ArrayLoaderState state() const {
     return {step_,           micro_,       config_.global_batch, samples_,
-            config_.shuffle, config_.seed, config_.world_size,   config_.micro_batches};
+            config_.shuffle, config_.seed, config_.world_size,   config_.micro_batches,
+            arrays_text()};
   }
 
-  /// Continues from s. B, the sample count, shuffle and seed must match; world size and
-  /// micro-batches may differ when s is at a step boundary. Throws DataError naming the first
-  /// setting that differs.
+  /// Continues from s. B, the sample count, the arrays (names, dtypes, sample shapes), shuffle
+  /// and seed must match; world size and micro-batches may differ when s is at a step boundary.
+  /// Throws DataError naming the first setting that differs.
   void restore(const ArrayLoaderState& s) {
     expect_same("global_batch", s.global_batch, config_.global_batch);
     expect_same("samples", s.samples, samples_);
+    if (!s.arrays.empty()) expect_same("arrays", s.arrays, arrays_text());
     expect_same("shuffle", s.shuffle, config_.shuffle);
     expect_same("seed", s.seed, config_.seed);
     restore_position(s.step, s.micro, s.world_size, s.micro_batches);
@@ -215,6 +222,16 @@ class ArrayLoader : public MicroBatchCursor<ArrayLoader, ArrayBatch> {
     std::size_t row_bytes = 0;
     std::vector<std::byte> bytes;
   };
+
+  // Each array as "name:dtype[sample shape]", joined by ';'.
+  std::string arrays_text() const {
+    std::string text;
+    for (const Array& a : arrays_) {
+      text += (text.empty() ? "" : ";") + a.name + ":" + std::string(name_of(a.dtype)) +
+              a.shape.drop_front().to_string();
+    }
+    return text;
+  }
 
   ArrayLoaderConfig config_;
   std::vector<Array> arrays_;

@@ -1,9 +1,11 @@
 #pragma once
 // Token files: a flat stream of token ids on disk, memory-mapped so that any rank reads any
 // window without loading the file. The default format is llm.c's (so its prepared data sets
-// work unchanged): a header of 256 little-endian int32 (magic 20240520, version, token count,
-// the rest zero), then the tokens as uint16 (version 1) or uint32 (version 2). Headerless
-// streams of little-endian uint16 or int32 are accepted when asked for explicitly.
+// work unchanged): a header of 256 little-endian int32 (magic, version, token count, the rest
+// zero), then the tokens: uint16 under GPT-2's header (magic 20240520, version 1) or uint32 under
+// Llama 3's (magic 20240801, version 7); files of uint32 that zero wrote before it used Llama 3's
+// header (20240520, version 2) still read. Headerless streams of little-endian uint16 or int32
+// are accepted when asked for explicitly.
 // docs/data.md describes the format.
 
 #include <algorithm>
@@ -30,13 +32,17 @@ class DataError : public IoError {
 
 /// How the tokens of a file are laid out.
 enum class TokenFormat {
-  llmc,     ///< llm.c: 256-int32 header (magic, version, count), then uint16 (v1) or uint32 (v2).
+  llmc,     ///< llm.c: 256-int32 header (magic, version, count), then uint16 or uint32 tokens.
   raw_u16,  ///< No header: little-endian uint16 tokens to the end of the file.
   raw_i32,  ///< No header: little-endian int32 tokens to the end of the file.
 };
 
-/// The llm.c header's magic number (its first int32).
+/// The llm.c header's magic number (its first int32) for uint16 tokens (GPT-2's, version 1).
 inline constexpr std::int32_t llmc_magic = 20240520;
+/// The llm.c header's magic number for uint32 tokens (Llama 3's, version 7).
+inline constexpr std::int32_t llmc_magic_u32 = 20240801;
+/// The llm.c header's version for uint32 tokens.
+inline constexpr std::int32_t llmc_version_u32 = 7;
 /// int32 entries in an llm.c header.
 inline constexpr std::size_t llmc_header_ints = 256;
 /// Bytes in an llm.c header.
@@ -60,14 +66,19 @@ class TokenFile {
                         "-byte header (a raw token stream? open it as raw_u16 or raw_i32)");
       std::int32_t header[3];
       std::memcpy(header, bytes, sizeof(header));
-      expect<DataError>(header[0] == llmc_magic, "token file '", file, "': magic ", header[0],
-                        " is not llm.c's ", llmc_magic,
-                        " (a raw token stream? open it as raw_u16 or raw_i32)");
-      expect<DataError>(header[1] == 1 || header[1] == 2, "token file '", file, "': version ",
-                        header[1], " is unknown; expected 1 (uint16 tokens) or 2 (uint32 tokens)");
+      expect<DataError>(header[0] == llmc_magic || header[0] == llmc_magic_u32, "token file '",
+                        file, "': magic ", header[0], " is not llm.c's ", llmc_magic,
+                        " (uint16 tokens) or ", llmc_magic_u32,
+                        " (uint32 tokens) (a raw token stream? open it as raw_u16 or raw_i32)");
+      const bool u16 = header[0] == llmc_magic && header[1] == 1;
+      const bool u32 = (header[0] == llmc_magic_u32 && header[1] == llmc_version_u32) ||
+                       (header[0] == llmc_magic && header[1] == 2);  // zero's earlier uint32 files
+      expect<DataError>(u16 || u32, "token file '", file, "': version ", header[1],
+                        " is unknown for magic ", header[0], "; expected ",
+                        header[0] == llmc_magic ? "1 (uint16 tokens)" : "7 (uint32 tokens)");
       expect<DataError>(header[2] >= 0, "token file '", file, "': token count ", header[2],
                         " is negative");
-      tokens.width_ = header[1] == 1 ? 2 : 4;
+      tokens.width_ = u16 ? 2 : 4;
       tokens.count_ = header[2];
       const std::uint64_t expected =
           llmc_header_bytes + static_cast<std::uint64_t>(tokens.count_) * tokens.width_;
@@ -161,8 +172,9 @@ class TokenFile {
   std::string name_;
 };
 
-/// Writes tokens to path atomically in format. llmc writes version 1 (uint16) when every token
-/// fits 16 bits and version 2 (uint32) otherwise; raw_u16 refuses tokens outside [0, 65535].
+/// Writes tokens to path atomically in format. llmc writes GPT-2's header and uint16 tokens when
+/// every token fits 16 bits and Llama 3's header and uint32 tokens otherwise, as llm.c's
+/// writer does; raw_u16 refuses tokens outside [0, 65535].
 /// Throws DataError naming the file and the first offending token.
 inline void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> ids,
                              TokenFormat format = TokenFormat::llmc) {
@@ -188,8 +200,8 @@ inline void write_token_file(const std::filesystem::path& path, std::span<const 
         "token file '", file, "': ", ids.size(),
         " tokens exceed what llm.c's int32 count holds; split the data");
     std::int32_t header[llmc_header_ints] = {};
-    header[0] = llmc_magic;
-    header[1] = narrow ? 1 : 2;
+    header[0] = narrow ? llmc_magic : llmc_magic_u32;
+    header[1] = narrow ? 1 : llmc_version_u32;
     header[2] = static_cast<std::int32_t>(ids.size());
     out.write(header, sizeof(header));
   }
