@@ -152,7 +152,7 @@ struct Options {
   std::string precision;  // f32 or bf16; empty: the config's, else f32
   std::optional<double> lr;
   std::uint64_t seed = 1234;
-  std::int64_t print_every = 10;
+  std::optional<std::int64_t> print_every;  // steps_per_print; 10 in the built-in config
   std::string data = ZERO_DEFAULT_CORPUS, tokens, val_tokens, init, metrics, save_dir, resume,
               export_path;
   DType export_dtype = DType::f32;
@@ -256,9 +256,9 @@ Options parse(int argc, char** argv) {
     else if (flag == "--lr")
       o.lr = real();
     else if (flag == "--seed")
-      o.seed = static_cast<std::uint64_t>(integer());
+      o.seed = static_cast<std::uint64_t>(integer(0));  // -1 became 2^64 - 1
     else if (flag == "--print-every")
-      o.print_every = std::max<std::int64_t>(1, integer());
+      o.print_every = positive();  // 0 and -5 became 1
     else if (flag == "--data")
       o.data = v;
     else if (flag == "--tokens")
@@ -274,7 +274,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--save-dir")
       o.save_dir = v;
     else if (flag == "--save-every")
-      o.save_every = integer();
+      o.save_every = positive();  // -2 never saved
     else if (flag == "--export")
       o.export_path = v;
     else if (flag == "--temperature")
@@ -309,7 +309,7 @@ Options parse(int argc, char** argv) {
       if (v != "host" && v != "cuda") usage("--device must be host or cuda, not '" + v + "'");
       o.device = v;
     } else if (flag == "--activation-mb")
-      o.activation_mb = integer();
+      o.activation_mb = integer(1, std::int64_t{1} << 40);  // MiB; 2^44 << 20 wrapped to 0
     else if (flag == "--delayed-update")
       o.delayed_update = integer();
     else
@@ -355,7 +355,7 @@ Config make_config(const Options& o) {
   nlohmann::json j = {
       {"train_batch_size", o.batch},
       {"gradient_clipping", 1.0},
-      {"steps_per_print", o.print_every},
+      {"steps_per_print", o.print_every.value_or(10)},
       {"optimizer",
        {{"type", "AdamW"},
         {"params", {{"lr", o.lr.value_or(1e-3)}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.0}}}}},
@@ -379,14 +379,45 @@ Config make_config(const Options& o) {
     }
     if (!j.is_object()) return Config::from_json(j);  // the parser names the problem
     if (o.stage) j["zero_optimization"]["stage"] = *o.stage;
+    if (o.print_every) j["steps_per_print"] = *o.print_every;
     // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
     const auto overrides = [&](const char* path) {
       const auto* v = config::json_at(j, path);
       return v != nullptr && !(v->is_string() && v->get<std::string>() == "auto");
     };
-    if (o.lr && overrides("optimizer.params.lr")) j["optimizer"]["params"]["lr"] = *o.lr;
-    if (o.warmup && overrides("scheduler.params.warmup_num_steps")) {
-      j["scheduler"]["params"]["warmup_num_steps"] = *o.warmup;
+    // --lr and --warmup set the file's keys whether it gives them or leaves them to their
+    // defaults (a file without optimizer.params.lr trained at 1e-3 under --lr 3e-4); a file
+    // without the section they belong to is an error, not a flag without effect.
+    const auto given_or_default = [&](const char* path) {
+      const auto* v = config::json_at(j, path);
+      return v == nullptr || !(v->is_string() && v->get<std::string>() == "auto");
+    };
+    const std::string scheduler = j.contains("scheduler") && j["scheduler"].is_object() &&
+                                          j["scheduler"].contains("type") &&
+                                          j["scheduler"]["type"].is_string()
+                                      ? config::lowercase(j["scheduler"]["type"].get<std::string>())
+                                      : "";
+    const bool warms_to_own_peak = scheduler == "warmuplr" || scheduler == "warmupdecaylr";
+    const bool has_warmup = warms_to_own_peak || scheduler == "warmupcosinelr";
+    if (o.lr) {
+      expect<ConfigError>(j.contains("optimizer") && j["optimizer"].is_object(), "--lr: ", o.config,
+                          " has no optimizer section to set it in");
+      if (given_or_default("optimizer.params.lr")) j["optimizer"]["params"]["lr"] = *o.lr;
+      // WarmupLR and WarmupDecayLR ramp to warmup_max_lr, not to the optimizer's lr.
+      if (warms_to_own_peak && given_or_default("scheduler.params.warmup_max_lr")) {
+        j["scheduler"]["params"]["warmup_max_lr"] = *o.lr;
+      }
+    }
+    if (o.warmup) {
+      expect<ConfigError>(has_warmup, "--warmup: ", o.config,
+                          scheduler.empty()
+                              ? std::string(" has no scheduler")
+                              : " has scheduler type " + j["scheduler"]["type"].get<std::string>() +
+                                    ", which has no warmup_num_steps",
+                          " (WarmupLR, WarmupDecayLR and WarmupCosineLR have one)");
+      if (given_or_default("scheduler.params.warmup_num_steps")) {
+        j["scheduler"]["params"]["warmup_num_steps"] = *o.warmup;
+      }
     }
     if (!o.precision.empty()) {  // the flag's precision, whatever the file enables
       const bool bf16 = o.precision == "bf16";
@@ -419,6 +450,10 @@ Config make_config(const Options& o) {
     c = Config::from_json(with);
   }
   if (o.tp) c.tensor_parallel.tp_size = *o.tp;
+  // Megatron's sequence parallelism splits the tensor-parallel regions: at tp 1 it does nothing.
+  expect<ConfigError>(!o.sp || c.tensor_parallel.tp_size > 1,
+                      "--sp without a size is Megatron's sequence parallelism, which needs tensor "
+                      "parallelism (--tp 2 or more); --sp N is Ulysses over N ranks");
   if (o.sp) c.tensor_parallel.sequence_parallel = true;
   if (o.profile) {
     c.flops_profiler.enabled = true;
