@@ -383,6 +383,34 @@ TEST_CASE("CudaKernels copies overlapping ranges and hands out device memory", "
   CHECK(d.download() == std::vector<float>(1000, 0.0f));
 }
 
+TEST_CASE("CudaKernels::copy_from_host leaves a page-locked source free to reuse on return",
+          "[cuda][layers]") {
+  // From page-locked memory cudaMemcpyAsync returns while the DMA still reads the source: a
+  // caller reusing it at once, as the contract allows, changed what arrived.
+  zero::CudaStream stream;
+  nn::CudaKernels<float> kernels(stream.native());
+  const std::size_t n = std::size_t{64} << 20;  // 256 MB: the DMA outlasts the overwrite's start
+  float* pinned = nullptr;
+  ZERO_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned), n * sizeof(float)));
+  std::fill(pinned, pinned + n, 1.0f);
+  const nn::KernelMemory mem = kernels.allocate(n * sizeof(float));
+  auto* dst = reinterpret_cast<float*>(mem.bytes.get());
+  kernels.copy_from_host(dst, pinned, n * sizeof(float));
+  std::fill(pinned, pinned + n, 2.0f);
+  stream.synchronize();
+  ZERO_CUDA_CHECK(cudaMemcpy(pinned, dst, n * sizeof(float), cudaMemcpyDeviceToHost));
+  CHECK(static_cast<std::size_t>(std::count(pinned, pinned + n, 1.0f)) == n);
+  ZERO_CUDA_CHECK(cudaFreeHost(pinned));
+  // Pageable memory takes the same path without a wait (the runtime stages it).
+  std::vector<float> pageable(1000, 3.0f);
+  kernels.copy_from_host(dst, pageable.data(), pageable.size() * sizeof(float));
+  stream.synchronize();
+  std::vector<float> back(1000);
+  ZERO_CUDA_CHECK(
+      cudaMemcpy(back.data(), dst, back.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  CHECK(back == pageable);
+}
+
 TEST_CASE("CudaKernels refuses a bad target and a bad attention backward as the host would",
           "[cuda][layers]") {
   zero::CudaStream stream;

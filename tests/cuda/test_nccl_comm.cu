@@ -112,6 +112,27 @@ TEMPLATE_TEST_CASE("NcclComm: ops match the closed forms on the world and a spli
   check_nccl_ops<TestType>(halves);
 }
 
+// apply_comm_timeout sets a communicator's deadline only where options() and set_options()
+// both exist: NcclComm had no options(), so comm_timeout_s never reached an NCCL engine.
+static_assert(requires(NcclComm & c) { c.set_options(c.options()); });
+
+TEST_CASE("NcclComm: options reach the MPI communicator under it; all_to_all is not in place",
+          "[mpi][cuda]") {
+  if (!have_gpu()) {
+    WARN("no CUDA device visible: NcclComm test skipped");
+    return;
+  }
+  NcclComm world(MpiComm::world());
+  world.set_options(CommOptions{.timeout_s = 12.5});
+  CHECK(world.options().timeout_s == 12.5);
+  CHECK(world.mpi().options().timeout_s == 12.5);  // split's barrier and broadcast use it
+  // In place, a peer's chunk could land on one not sent yet: refused, as LocalComm refuses it.
+  const auto n = static_cast<std::size_t>(world.size());
+  DeviceVector<float> buf(std::vector<float>(4 * n, 1.0f));
+  CHECK_THROWS_AS(world.all_to_all(std::span<const float>(buf.span()), buf.span()), CommError);
+  world.mpi().barrier();
+}
+
 TEST_CASE("NcclComm: the logger sees the ops and a withheld rank times out", "[mpi][cuda]") {
   if (!have_gpu()) {
     WARN("no CUDA device visible: NcclComm test skipped");

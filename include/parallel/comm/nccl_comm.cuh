@@ -251,8 +251,15 @@ class NcclComm : public BlockingCollectives<NcclComm> {
   ncclComm_t native_handle() const { return checked().comm; }
   /// The MPI communicator over the same ranks.
   MpiComm& mpi() { return checked().mpi; }
-  /// Replaces the options (deadline) for later ops.
-  void set_options(const CommOptions& options) { checked().options = options; }
+  /// The options (deadline) of later ops.
+  const CommOptions& options() const { return checked().options; }
+  /// Replaces the options (deadline) for later ops, on the MPI communicator under it too (its
+  /// barriers and the unique id's broadcast in split).
+  void set_options(const CommOptions& options) {
+    auto& s = checked();
+    s.options = options;
+    s.mpi.set_options(options);
+  }
   /// Logs this rank's ops into logger (inherited by later splits).
   void set_logger(std::shared_ptr<CommLogger> logger) { checked().logger = std::move(logger); }
 
@@ -369,6 +376,8 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     expect<CommError>(send.size() % n == 0, "NcclComm: all_to_all on group '", name(),
                       "': send holds ", send.size(), " elements, not a multiple of the ", n,
                       " ranks");
+    expect_apart(CommOp::all_to_all, send.data(), send.size_bytes(), recv.data(),
+                 recv.size_bytes());
     const std::size_t count = send.size() / n;
     std::vector<std::size_t> counts(n, count);
     exchange<T>(send.data(), counts, recv.data(), counts);
@@ -387,6 +396,8 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     for (std::size_t q = 0; q < n; ++q) send_total += send_counts[q], recv_total += recv_counts[q];
     expect_size(CommOp::all_to_all_v, "send (sum of send_counts)", send.size(), send_total);
     expect_size(CommOp::all_to_all_v, "recv (sum of recv_counts)", recv.size(), recv_total);
+    expect_apart(CommOp::all_to_all_v, send.data(), send.size_bytes(), recv.data(),
+                 recv.size_bytes());
     exchange<T>(send.data(), {send_counts.begin(), send_counts.end()}, recv.data(),
                 {recv_counts.begin(), recv_counts.end()});
     return record(CommOp::all_to_all_v, send.size_bytes(), dtype_of<T>);
@@ -601,6 +612,14 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     expect<CommError>(got == expected, "NcclComm: ", name_of(op), " on group '", name(),
                       "' at rank ", rank(), ": ", what, " holds ", got, " elements, expected ",
                       expected);
+  }
+
+  // all_to_all is not done in place: a peer's chunk could land on one not sent yet.
+  void expect_apart(CommOp op, const void* send, std::size_t send_bytes, const void* recv,
+                    std::size_t recv_bytes) const {
+    expect<CommError>(!detail::overlaps(send, send_bytes, recv, recv_bytes),
+                      "NcclComm: ", name_of(op), " on group '", name(), "' at rank ", rank(),
+                      ": send and recv must not overlap");
   }
 
   void check_peer(CommOp op, int peer) const {

@@ -137,11 +137,18 @@ class CudaKernels final : public Kernels<T> {
     }
     ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
-  /// From pageable memory the copy is staged before it returns, so src may be reused at once.
+  /// src may be reused on return: from pageable memory the copy is staged before it returns;
+  /// from page-locked memory (cudaHostAlloc, cudaHostRegister) it is a DMA still running, so the
+  /// call waits for the stream.
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
-    if (bytes != 0) {
-      ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    if (bytes == 0) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    cudaPointerAttributes where{};
+    if (cudaPointerGetAttributes(&where, src) != cudaSuccess) {
+      (void)cudaGetLastError();  // an unknown pointer is pageable memory: nothing to wait for
+      return;
     }
+    if (where.type == cudaMemoryTypeHost) ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void add(T* y, const T* a, const T* b, std::int64_t n) override {
     ops::cuda::add(y, a, b, n, stream_);
