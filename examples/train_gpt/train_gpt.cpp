@@ -712,6 +712,26 @@ std::ofstream open_metrics(const Options& o, bool leader) {
   return metrics;
 }
 
+// The --metrics line of a printed step: the figures every run has, and the Monitor's wall-clock
+// and memory breakdowns when they were due (observed, end_step's JSON); the caller adds its own.
+template <class Eng>
+nlohmann::json metrics_line(const Eng& eng, std::int64_t step, double loss, double tokens_per_s,
+                            double ms, const nlohmann::json& observed) {
+  nlohmann::json line = {{"step", step},
+                         {"loss", loss},
+                         {"lr", eng.lr()},
+                         {"grad_norm", eng.last_grad_norm()},
+                         {"loss_scale", eng.loss_scale()},
+                         {"tokens_per_s", tokens_per_s},
+                         {"ms_per_step", ms},
+                         {"model_state_bytes", eng.memory_report().total()},
+                         {"skipped", eng.last_step_skipped()}};
+  for (const char* key : {"wall_clock", "memory"}) {
+    if (observed.contains(key)) line[key] = observed[key];
+  }
+  return line;
+}
+
 // Saves a checkpoint after `done` steps when --save-every says so (and after the last step).
 template <class Eng>
 void save_if_due(const Options& o, Eng& eng, const data::DataLoader& loader, std::int64_t done,
@@ -909,20 +929,9 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
           eng.last_step_skipped() ? " | skipped" : "");
       std::fflush(stdout);
       since_print = 0;
-      if (metrics.is_open()) {  // the fields train() writes that a pipeline has, and its bubble
-        nlohmann::json line = {{"step", step + 1},
-                               {"loss", loss},
-                               {"lr", eng.lr()},
-                               {"grad_norm", eng.last_grad_norm()},
-                               {"loss_scale", eng.loss_scale()},
-                               {"tokens_per_s", tokens_per_s},
-                               {"ms_per_step", ms},
-                               {"bubble", r.bubble_fraction},
-                               {"model_state_bytes", eng.memory_report().total()},
-                               {"skipped", eng.last_step_skipped()}};
-        for (const char* key : {"wall_clock", "memory"}) {
-          if (observed.contains(key)) line[key] = observed[key];
-        }
+      if (metrics.is_open()) {
+        nlohmann::json line = metrics_line(eng, step + 1, loss, tokens_per_s, ms, observed);
+        line["bubble"] = r.bubble_fraction;
         metrics << line.dump() << "\n" << std::flush;
       }
     }
@@ -1095,24 +1104,13 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
             eng.last_step_skipped() ? " | skipped" : "");
         std::fflush(stdout);
         if (metrics.is_open()) {
-          nlohmann::json line = {{"step", step + 1},
-                                 {"loss", loss},
-                                 {"lr", eng.lr()},
-                                 {"grad_norm", eng.last_grad_norm()},
-                                 {"loss_scale", eng.loss_scale()},
-                                 {"tokens_per_s", tokens_per_s},
-                                 {"model_tflops", model_tflops},
-                                 {"ms_per_step", ms},
-                                 {"model_state_bytes", eng.memory_report().total()},
-                                 {"activation_peak_bytes", eng.activation_peak_bytes()},
-                                 {"skipped", eng.last_step_skipped()}};
+          nlohmann::json line = metrics_line(eng, step + 1, loss, tokens_per_s, ms, observed);
+          line["model_tflops"] = model_tflops;
+          line["activation_peak_bytes"] = eng.activation_peak_bytes();
           if (peak_tflops > 0) line["mfu"] = model_tflops / peak_tflops;
           if (cfg.moe.active()) {
             line["moe_aux_loss"] = routing.aux_loss;
             line["moe_dropped_fraction"] = routing.dropped_fraction();
-          }
-          for (const char* key : {"wall_clock", "memory"}) {
-            if (observed.contains(key)) line[key] = observed[key];
           }
           metrics << line.dump() << "\n" << std::flush;
         }

@@ -910,12 +910,6 @@ class Engine {
     in.device_grad_accumulator = options_.accumulate_grads_on_device;
     return in;
   }
-  // The options every rank of the engine must share, compared before anything is allocated: a
-  // seed that differs gives stage 0's replicas (and a tensor-parallel rank's part) other
-  // initial values, which the averaged updates never bring together (DeepSpeed broadcasts rank
-  // 0's parameters instead); a differing accumulation, shard alignment or persistence
-  // threshold mismatches the collectives until their deadline; a differing clipping updates
-  // the replicas apart. Collective over every rank of the engine.
   // The step's update pass over every unit's slice. In memory, the gather of an updated slice
   // starts at once and overlaps the next units' updates. Offloaded to files, a failed read or
   // write may be one rank's alone: the ranks agree on the outcome before any gather starts, so a
@@ -1003,6 +997,12 @@ class Engine {
       }
     }
   }
+  // The options every rank of the engine must share, compared before anything is allocated: a
+  // seed that differs gives stage 0's replicas (and a tensor-parallel rank's part) other
+  // initial values, which the averaged updates never bring together (DeepSpeed broadcasts rank
+  // 0's parameters instead); a differing accumulation, shard alignment, persistence threshold or
+  // prefetch mismatches the collectives until their deadline; a differing clipping or loss
+  // scaler updates the replicas apart. Collective over every rank of the engine.
   void check_options_agree() {
     const double mine[] = {
         static_cast<double>(options_.seed >> 32), static_cast<double>(options_.seed & 0xffffffffu),
