@@ -145,6 +145,19 @@ TEST_CASE("NcclComm: the logger sees the ops and a withheld rank times out", "[m
   world.all_reduce(v.span(), ReduceOp::sum);
   CHECK(logger->total(CommOp::all_reduce).bytes == 1024);
   CHECK(v.host()[17] == static_cast<float>(world.size()));
+  if (world.size() > 1) {
+    // A group's sends and receives are logged apart, as the other backends log them (its
+    // receives were counted as sends).
+    const int right = (world.rank() + 1) % world.size();
+    const int left = (world.rank() + world.size() - 1) % world.size();
+    DeviceVector<float> out(std::vector<float>(5, 2.0f)), in(5);
+    world.group_start();
+    world.send(std::span<const float>(out.span()), right);
+    world.recv(in.span(), left);
+    world.group_end();
+    CHECK(logger->total(CommOp::send).bytes == 5 * sizeof(float));
+    CHECK(logger->total(CommOp::recv).bytes == 5 * sizeof(float));
+  }
   // Inside a group only sends and receives: a collective would complete before the group runs.
   world.group_start();
   CHECK_THROWS_AS(world.all_reduce(v.span(), ReduceOp::sum), CommError);

@@ -113,9 +113,10 @@ struct NcclShared {
   CommOptions options;
   std::shared_ptr<CommLogger> logger;
   std::atomic<std::uint64_t> next_seq{0};
-  bool grouping = false;           ///< between group_start and group_end
-  std::size_t grouped_bytes = 0;   ///< bytes of the point-to-point ops in the open group
-  void* barrier_buffer = nullptr;  ///< one device int for barrier's all_reduce
+  bool grouping = false;               ///< between group_start and group_end
+  std::size_t grouped_send_bytes = 0;  ///< bytes the open group's sends move
+  std::size_t grouped_recv_bytes = 0;  ///< bytes the open group's receives move
+  void* barrier_buffer = nullptr;      ///< one device int for barrier's all_reduce
 
   NcclShared() = default;
   NcclShared(const NcclShared&) = delete;
@@ -303,17 +304,22 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     auto& s = checked();
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart", s.name);
     s.grouping = true;
-    s.grouped_bytes = 0;
+    s.grouped_send_bytes = 0;
+    s.grouped_recv_bytes = 0;
   }
   /// Closes the NCCL group and waits (with the deadline) for its sends and receives.
   void group_end() {
     auto& s = checked();
     s.grouping = false;
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", s.name);
-    // Sends and receives are not numbered: ranks issue different numbers of them (MpiComm).
-    Work(std::make_shared<detail::NcclWork>(shared_, CommOp::send, s.next_seq.load(),
-                                            s.grouped_bytes, DType::u8))
-        .wait();
+    // Sends and receives are not numbered: ranks issue different numbers of them (MpiComm). They
+    // are logged apart, as MpiComm and LocalComm log them (an empty group logs nothing).
+    for (const auto& [op, bytes] : {std::pair{CommOp::send, s.grouped_send_bytes},
+                                    std::pair{CommOp::recv, s.grouped_recv_bytes}}) {
+      if (bytes == 0) continue;
+      Work(std::make_shared<detail::NcclWork>(shared_, op, s.next_seq.load(), bytes, DType::u8))
+          .wait();
+    }
   }
 
   // ---- async: enqueue, record an event ---------------------------------------------------------
@@ -569,7 +575,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     check_grouped(ncclSend(buf.data(), buf.size(), detail::nccl_datatype<std::remove_const_t<T>>(),
                            peer, s.comm, s.stream),
                   "ncclSend");
-    s.grouped_bytes += buf.size_bytes();
+    s.grouped_send_bytes += buf.size_bytes();
   }
 
   template <class T>
@@ -579,7 +585,7 @@ class NcclComm : public BlockingCollectives<NcclComm> {
     check_grouped(
         ncclRecv(buf.data(), buf.size(), detail::nccl_datatype<T>(), peer, s.comm, s.stream),
         "ncclRecv");
-    s.grouped_bytes += buf.size_bytes();
+    s.grouped_recv_bytes += buf.size_bytes();
   }
 
   template <class T>
