@@ -169,7 +169,8 @@ TEST_CASE("stage3_max_live_parameters bounds the gathered elements, not the numb
 TEST_CASE("stage3_prefetch_bucket_size bounds the units gathered ahead", "[unit][engine]") {
   // Each unit's prefetch skipped the units the previous one had gathered ahead and gathered a
   // bucket more beyond them: with a bucket of 1.5 blocks the window grew by a block at every
-  // block (7 of 8 blocks at once), far past what the estimator and the device check count.
+  // block (traced from the code, not measured), far past what the estimator and the device
+  // check count.
   nn::GPTConfig cfg = tiny();
   cfg.num_layers = 8;
   struct Result {
