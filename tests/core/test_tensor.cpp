@@ -1,4 +1,5 @@
 // Shape, Tensor views, Buffer ownership and alignment, and the Arena allocator.
+#include <cstddef>
 #include <cstdint>
 #include <fstream>
 #include <thread>
@@ -28,6 +29,27 @@ TEST_CASE("Shape extents, strides and errors", "[unit][tensor]") {
   CHECK_THROWS_AS((Shape{1, 2, 3, 4, 5, 6, 7}), ShapeError);
   CHECK_THROWS_WITH((Shape{2, -1}), Catch::Contains("negative"));
   CHECK_THROWS_AS(s[3], ShapeError);
+  // 2^32 * 2^31 = 2^63 does not fit in int64; a zero extent anywhere still gives 0.
+  const std::int64_t big = std::int64_t{1} << 32;
+  CHECK_THROWS_WITH((Shape{big, big / 2}.numel()), Catch::Contains("overflows int64"));
+  CHECK(Shape{big, big / 4}.numel() == std::int64_t{1} << 62);
+  CHECK(Shape{big, big, 0}.numel() == 0);
+}
+
+TEST_CASE("A byte count that would wrap is refused, not allocated small", "[unit][tensor]") {
+  // 2^62 doubles are 2^65 bytes: the product wraps to 0 in size_t.
+  const std::size_t huge = std::size_t{1} << 62;
+  CHECK_THROWS_AS(Buffer<double>(huge), OutOfMemoryError);
+  CHECK_THROWS_AS(Buffer<double>(huge, Buffer<double>::Uninitialized{}), OutOfMemoryError);
+  Host::Stream& stream = Host::default_stream();
+  CHECK_THROWS_AS(Host::allocate(~std::size_t{0} - 8, 64, stream), OutOfMemoryError);
+  Arena<> arena(4096);
+  // numel 2^62 of 8 bytes: its byte count wraps to 0, which used to fit.
+  const auto n = static_cast<std::int64_t>(huge);
+  CHECK_THROWS_WITH(arena.allocate<double>({n}), Catch::Contains("cannot allocate"));
+  CHECK(arena.used_bytes() == 0);
+  CHECK(arena.allocate<double>({512}).numel() == 512);  // exactly the capacity still fits
+  CHECK_THROWS_AS(arena.allocate<char>({1}), OutOfMemoryError);
 }
 
 TEST_CASE("Tensor views share storage and check their bounds", "[unit][tensor]") {

@@ -44,11 +44,15 @@ class BumpArena {
                   "': alignment ", alignment, " is not a power of two");
     const auto base = reinterpret_cast<std::uintptr_t>(base_);
     const std::uintptr_t start = (base + used_ + alignment - 1) & ~(alignment - 1);
-    const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
-    const std::size_t end = static_cast<std::size_t>(start - base) + bytes;
-    expect<OutOfMemoryError>(end <= capacity_, "Arena '", name_, "': cannot allocate ", bytes,
-                             " bytes for shape ", shape, ": ", used_, " of ", capacity_,
-                             " bytes in use; expected capacity >= ", end);
+    const auto numel = static_cast<std::size_t>(shape.numel());
+    const auto offset = static_cast<std::size_t>(start - base);
+    // Checked before the products and sums below, which could wrap for a huge shape.
+    expect<OutOfMemoryError>(offset <= capacity_ && numel <= (capacity_ - offset) / sizeof(T),
+                             "Arena '", name_, "': cannot allocate ", numel, " elements of ",
+                             sizeof(T), " bytes for shape ", shape, ": ", used_, " of ", capacity_,
+                             " bytes in use");
+    const std::size_t bytes = numel * sizeof(T);
+    const std::size_t end = offset + bytes;
     used_ = end;
     peak_ = used_ > peak_ ? used_ : peak_;
     return Tensor<T>(reinterpret_cast<T*>(start), shape, device_);

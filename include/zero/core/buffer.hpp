@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -28,7 +29,7 @@ class Buffer {
   explicit Buffer(std::size_t count, std::size_t alignment = Dev::default_alignment,
                   Stream& stream = Dev::default_stream())
       : count_(count), stream_(&stream) {
-    data_ = static_cast<T*>(Dev::allocate(count * sizeof(T), alignment, stream));
+    data_ = static_cast<T*>(Dev::allocate(bytes_of(count), alignment, stream));
     Dev::fill_bytes(data_, 0, count * sizeof(T), stream);
   }
   /// Tag: allocate without zero-filling.
@@ -38,7 +39,7 @@ class Buffer {
   Buffer(std::size_t count, Uninitialized, std::size_t alignment = Dev::default_alignment,
          Stream& stream = Dev::default_stream())
       : count_(count), stream_(&stream) {
-    data_ = static_cast<T*>(Dev::allocate(count * sizeof(T), alignment, stream));
+    data_ = static_cast<T*>(Dev::allocate(bytes_of(count), alignment, stream));
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -79,6 +80,13 @@ class Buffer {
   }
 
  private:
+  // count * sizeof(T), refused (OutOfMemoryError) where it would wrap.
+  static std::size_t bytes_of(std::size_t count) {
+    expect<OutOfMemoryError>(count <= std::numeric_limits<std::size_t>::max() / sizeof(T),
+                             "Buffer: ", count, " elements of ", sizeof(T),
+                             " bytes are more than memory can hold");
+    return count * sizeof(T);
+  }
   void release() noexcept {
     if (data_ != nullptr) Dev::deallocate(data_, count_ * sizeof(T), *stream_);
     data_ = nullptr;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 
 #include <zero/core/error.hpp>
@@ -55,6 +56,8 @@ struct Host {
     expect<Error>(alignment != 0 && (alignment & (alignment - 1)) == 0,
                   "Host::allocate: alignment ", alignment, " is not a power of two");
     if (bytes == 0) return nullptr;
+    expect<OutOfMemoryError>(bytes <= std::numeric_limits<std::size_t>::max() - alignment,
+                             "Host::allocate: ", bytes, " bytes is more than memory can hold");
     const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     void* p = std::aligned_alloc(alignment, rounded);
     expect<OutOfMemoryError>(p != nullptr, "Host::allocate: could not allocate ", bytes,

@@ -14,13 +14,18 @@
 namespace zero {
 
 /// Elements of a dense tensor of these extents: 1 for none (a scalar), 0 when any extent is 0,
-/// which is checked before multiplying, as the product of the others may not fit.
+/// which is checked before multiplying, as the product of the others may not fit. Throws
+/// ShapeError when the product does not fit in int64.
 constexpr std::int64_t numel_of(std::span<const std::int64_t> extents) {
   for (std::int64_t e : extents) {
     if (e == 0) return 0;
   }
   std::int64_t n = 1;
-  for (std::int64_t e : extents) n *= e;
+  for (std::int64_t e : extents) {
+    if (__builtin_mul_overflow(n, e, &n)) {
+      raise<ShapeError>("Shape: the product of the extents overflows int64 at extent ", e);
+    }
+  }
   return n;
 }
 
