@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -208,6 +209,38 @@ TEST_CASE("MixtureOfExperts: one expert is the GPT MLP it holds, bit for bit", "
     return std::vector<double>(ctx.x.begin(), ctx.x.end());
   };
   CHECK(run(moe) == run(mlp));
+}
+
+TEST_CASE(
+    "MixtureOfExperts under activation checkpointing: the recomputed forward adds its auxiliary "
+    "losses once and gives the same gradients",
+    "[unit][moe]") {
+  nn::RouterConfig router;
+  router.num_experts = 3;
+  router.k = 2;
+  router.aux_loss_coef = 0.1;
+  router.z_loss_coef = 0.05;
+  auto run = [&](bool checkpoint) {
+    auto m = moe_model(router);
+    m.unit(1).set_checkpoint(checkpoint);
+    nn::LocalParameters<nn::SequentialModel<double>> p(m, 4);
+    Arena<> arena(1 << 20);
+    const Data d;
+    nn::StepContext<double> ctx = d.batch().context<double>(arena, true, 0);
+    for (int u = 0; u < 3; ++u) m.forward_unit(u, ctx);
+    const double after_forward = ctx.aux_loss;
+    for (int u = 2; u >= 0; --u) m.backward_unit(u, ctx);
+    const auto g = p.unit_grads(1);
+    return std::tuple(after_forward, static_cast<double>(ctx.aux_loss),
+                      std::vector<double>(g.begin(), g.end()));
+  };
+  const auto [forward_kept, backward_kept, grads_kept] = run(false);
+  const auto [forward_rerun, backward_rerun, grads_rerun] = run(true);
+  CHECK(forward_kept > 0);
+  CHECK(forward_rerun == forward_kept);
+  CHECK(backward_kept == forward_kept);
+  CHECK(backward_rerun == forward_kept);  // was twice that: the rerun added its share again
+  CHECK(grads_rerun == grads_kept);
 }
 
 TEST_CASE("MixtureOfExperts: parks what its forward kept", "[unit][moe]") {

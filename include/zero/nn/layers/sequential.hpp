@@ -144,9 +144,13 @@ class Sequential {
                 Tensor<T> input_grad_into = {}) {
     if (recompute_) {  // the internals were dropped after forward: rebuild them above the output
       const Tensor<T> dy = ctx.dy;
+      // The forward added its layers' auxiliary losses (an MoE router's) already: the rerun's
+      // are the same values, not a second share.
+      const auto aux_loss = ctx.aux_loss;
       ctx.x = input_;
       run_forward(ctx);
       ctx.dy = dy;
+      ctx.aux_loss = aux_loss;
       recompute_ = false;
     }
     Kernels<T>& kernels = kernels_of(ctx);
