@@ -8,6 +8,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <zero/core/bfloat16.hpp>
+#include <zero/core/float16.hpp>
 #include <zero/nn/sampler.hpp>
 
 using zero::nn::Sampler;
@@ -17,6 +19,22 @@ TEST_CASE("Sampler at temperature 0 is argmax, ties to the smaller id", "[unit][
   Sampler greedy(0.0, 0, 7);
   for (int i = 0; i < 3; ++i) CHECK(greedy.next(std::span<const float>(logits)) == 1);
   CHECK(greedy.draws() == 0);
+}
+
+TEST_CASE("Sampler takes bf16 and f16 logits as the model's output holds them", "[unit][nn]") {
+  // static_cast<double> of a half type did not compile (its conversion to float is explicit).
+  const std::array<float, 4> values = {0.25f, -1.0f, 3.0f, 3.0f};
+  std::array<zero::bf16, 4> b{};
+  std::array<zero::f16, 4> h{};
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    b[i] = zero::bf16(values[i]);
+    h[i] = zero::f16(values[i]);
+  }
+  Sampler greedy(0.0, 0, 7);
+  CHECK(greedy.next(std::span<const zero::bf16>(b)) == 2);
+  CHECK(greedy.next(std::span<const zero::f16>(h)) == 2);
+  Sampler top1(1.0, 1, 7);  // one survivor: the draw cannot pick another
+  CHECK(top1.next(std::span<const zero::bf16>(b)) == 2);
 }
 
 TEST_CASE("Sampler draws only from the top k and follows the softmax at the temperature",

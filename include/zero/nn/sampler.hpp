@@ -33,14 +33,14 @@ class Sampler {
   std::int32_t next(std::span<const T> logits) {
     expect<Error>(!logits.empty(), "Sampler::next: no logits");
     for (std::size_t i = 0; i < logits.size(); ++i) {
-      expect<Error>(!std::isnan(static_cast<double>(logits[i])), "Sampler::next: logit ", i,
+      expect<Error>(!std::isnan(convert<double>(logits[i])), "Sampler::next: logit ", i,
                     " is NaN (has the model diverged?)");
     }
     std::vector<std::int32_t> ids(logits.size());
     std::iota(ids.begin(), ids.end(), 0);
     auto larger = [&](std::int32_t a, std::int32_t b) {
-      const auto la = static_cast<double>(logits[static_cast<std::size_t>(a)]);
-      const auto lb = static_cast<double>(logits[static_cast<std::size_t>(b)]);
+      const auto la = convert<double>(logits[static_cast<std::size_t>(a)]);
+      const auto lb = convert<double>(logits[static_cast<std::size_t>(b)]);
       return la > lb || (la == lb && a < b);  // ties to the smaller id, as argmax does
     };
     if (temperature_ == 0) return *std::min_element(ids.begin(), ids.end(), larger);
@@ -50,11 +50,11 @@ class Sampler {
     ids.resize(k);
     // softmax over the k survivors, shifted by the largest logit so exp cannot overflow
     // (an infinite largest logit: the tokens equal to it share the mass evenly)
-    const double top = static_cast<double>(logits[static_cast<std::size_t>(ids[0])]);
+    const double top = convert<double>(logits[static_cast<std::size_t>(ids[0])]);
     std::vector<double> weight(k);
     double sum = 0;
     for (std::size_t i = 0; i < k; ++i) {
-      const auto l = static_cast<double>(logits[static_cast<std::size_t>(ids[i])]);
+      const auto l = convert<double>(logits[static_cast<std::size_t>(ids[i])]);
       weight[i] = std::isinf(top) ? (l == top ? 1.0 : 0.0) : std::exp((l - top) / temperature_);
       sum += weight[i];
     }
