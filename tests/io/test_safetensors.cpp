@@ -321,6 +321,13 @@ TEST_CASE("safetensors rejects each kind of malformed file, naming file and tens
     CHECK_THROWS_WITH(open_with(craft(h, eight)),
                       Catch::Contains("bad.safetensors") && Catch::Contains("overlap"));
   }
+  SECTION("a name listed twice") {
+    // The last entry alone tiles the data, so no offset check can see the first.
+    const std::string h = header_of({{"w", R"("dtype":"F32","shape":[1],"data_offsets":[0,4])"},
+                                     {"w", R"("dtype":"F32","shape":[2],"data_offsets":[0,8])"}});
+    CHECK_THROWS_WITH(open_with(craft(h, eight)),
+                      Catch::Contains("'w'") && Catch::Contains("lists the name twice"));
+  }
   SECTION("a gap between tensors") {
     const std::string h = header_of({{"w", R"("dtype":"F32","shape":[1],"data_offsets":[4,8])"}});
     CHECK_THROWS_WITH(open_with(craft(h, eight)),

@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -148,12 +150,26 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view text, std::ui
   expect<CheckpointError>(!text.empty() && text.front() == '{', where,
                           ": the header does not start with '{' (not a safetensors file?)");
   nlohmann::json json;
+  // A name listed twice would keep only its last entry (nlohmann::json's choice): the first is
+  // found while parsing, as a key of the top-level object (depth 1) seen before.
+  std::set<std::string, std::less<>> names;
+  std::string repeated;
+  const auto find_repeated = [&](int depth, nlohmann::json::parse_event_t event,
+                                 nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && repeated.empty() &&
+        !names.insert(parsed.get<std::string>()).second) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    json = nlohmann::json::parse(text);
+    json = nlohmann::json::parse(text, find_repeated);
   } catch (const nlohmann::json::exception& e) {
     raise<CheckpointError>(where, ": the header is not valid JSON: ", e.what());
   }
   expect<CheckpointError>(json.is_object(), where, ": the header is not a JSON object");
+  expect<CheckpointError>(repeated.empty(), where, ", tensor '", repeated,
+                          "': the header lists the name twice");
 
   SafetensorsHeader header;
   for (const auto& [name, entry] : json.items()) {
