@@ -231,8 +231,8 @@ class AnyOptimizer {
     double number(const std::string& key, double fallback) const {
       const auto it = spec_.params.find(key);
       if (it == spec_.params.end()) return fallback;
-      expect<ConfigError>(it->second.size() == 1, "optimizer.params.", key,
-                          ": expected one number, got ", it->second.size());
+      expect<ConfigError>(it->second.size() == 1 && !spec_.lists.contains(key), "optimizer.params.",
+                          key, ": expected one number, got a list of ", it->second.size());
       return it->second.front();
     }
     // A boolean parameter: true or false (the parser stores them as 1 and 0), so a 2 or a 0.5

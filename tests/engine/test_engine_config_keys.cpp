@@ -313,6 +313,26 @@ TEST_CASE("boolean scheduler params of a config reach the schedule", "[unit][eng
   CHECK(staircase.lr() == Approx(2e-3));
 }
 
+TEST_CASE("a list of one number is not a number in optimizer and scheduler params",
+          "[unit][engine]") {
+  // Both read a one-element list as its element: "lr": [0.001] trained at 0.001.
+  const Config parsed = Config::from_json_string(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": [0.001], "betas": [0.8, 0.9]}},
+          "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": [10]}}})");
+  CHECK_THROWS_WITH(optim::AnyOptimizer::from_config(*parsed.optimizer, 4, {}),
+                    Catch::Contains("optimizer.params.lr: expected one number, got a list of 1"));
+  CHECK_THROWS_WITH(engine::scheduler_from_config(parsed, 1e-3),
+                    Catch::Contains("scheduler.params.warmup_num_steps: expected a number"));
+  // The same values as numbers are taken, and betas stays a list.
+  const Config numbers = Config::from_json_string(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.8, 0.9]}},
+          "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})");
+  CHECK(optim::AnyOptimizer::from_config(*numbers.optimizer, 4, {}).lr() == 0.001);
+  CHECK(engine::scheduler_from_config(numbers, 1e-3).has_value());
+}
+
 TEST_CASE("an Engine refuses a config with \"auto\" left unfilled", "[unit][engine]") {
   // Unfilled, gradient_clipping "auto" read as 0 (clipping off) and the schedule's "auto"
   // params as its defaults.

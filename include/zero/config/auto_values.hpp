@@ -106,6 +106,7 @@ inline std::vector<std::string> fill_auto(Config& c, const AutoValues& v, std::i
                            ": \"auto\" is not filled in by the program (it fills lr, betas, "
                            "eps and weight_decay); give a value");
       c.optimizer->params[p] = value;
+      if (p == "betas") c.optimizer->lists.insert(p);
       std::string text;
       for (double x : value) text += (text.empty() ? "" : ", ") + detail::number_text(x);
       say(key, value.size() == 1 ? text : "[" + text + "]");

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,7 +48,8 @@ struct Fp16Config {
 struct NamedParams {
   std::string type;
   std::map<std::string, std::vector<double>> params;  ///< scalars are one-element lists
-  std::map<std::string, std::string> words;           ///< string parameters (scheduler warmup_type)
+  std::set<std::string> lists;  ///< the params given as JSON lists (betas), one element or more
+  std::map<std::string, std::string> words;  ///< string parameters (scheduler warmup_type)
   std::vector<std::string> auto_params;
 
   /// The scalar parameter key, or fallback when absent or auto.
@@ -462,6 +464,7 @@ struct Config {
             v.push_back(e.get<double>());
           }
           n.params[key] = v;
+          n.lists.insert(key);
         } else if (value.is_string() && std::find(words.begin(), words.end(), key) != words.end()) {
           n.words[key] = value.get<std::string>();
         } else {  // "lr": "fast" included: never a warning and a default

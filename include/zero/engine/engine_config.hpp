@@ -161,7 +161,9 @@ inline std::optional<optim::LrScheduler> scheduler_from_config(const Config& con
   if (!config.scheduler) return std::nullopt;
   nlohmann::json block = {{"type", config.scheduler->type}, {"params", nlohmann::json::object()}};
   for (const auto& [k, v] : config.scheduler->params) {
-    block["params"][k] = v.size() == 1 ? nlohmann::json(v[0]) : nlohmann::json(v);
+    // A list stays a list (the schedule refuses it where it takes a number), even of one.
+    const bool list = config.scheduler->lists.contains(k) || v.size() != 1;
+    block["params"][k] = list ? nlohmann::json(v) : nlohmann::json(v[0]);
   }
   for (const auto& [k, v] : config.scheduler->words) block["params"][k] = v;
   return optim::LrScheduler::from_json(block, lr);
