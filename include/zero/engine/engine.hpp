@@ -470,7 +470,11 @@ class Engine {
             stats[1] > 0 ? "the loss was Inf/NaN on some rank" : "the gradient norm is Inf/NaN",
             " (nonfinite_policy is raise)");
       }
+      // The scaler before this boundary's update: a delayed update that cannot start leaves the
+      // window for a retry (start_delayed_update), whose own scaler update must not count twice.
+      std::optional<optim::LossScaler> scaler_before;
       if constexpr (loss_scaling) {
+        scaler_before = training_.scaler;
         try {
           apply = training_.scaler->update(nonfinite);  // DeepSpeed: an fp16 overflow is a skip
         } catch (const std::exception&) {
@@ -493,7 +497,12 @@ class Engine {
         if (training_.scheduler) training_.lr = training_.scheduler->lr();
         set_update_lr();
         if (delays_update()) {
-          start_delayed_update(factor);
+          try {
+            start_delayed_update(factor);
+          } catch (...) {
+            if (scaler_before) training_.scaler = scaler_before;
+            throw;
+          }
           delayed = true;
         } else if (defers_update()) {
           // The next forward applies it unit by unit, each just before the unit's gather.
