@@ -422,6 +422,23 @@ TEST_CASE("flash attention refuses head sizes over 128", "[cuda][attention]") {
       ShapeError);
 }
 
+TEST_CASE("flash attention checks each kernel family's own grid limits before launching",
+          "[cuda][attention]") {
+  // The checks come before any launch or allocation, so null buffers are never read.
+  // CUDA-core kernels (f32): B*NH is gridDim.y, at most 65535.
+  CHECK_THROWS_WITH(
+      gpu::attention_forward<float>(nullptr, nullptr, nullptr, 65536, 1, 64, 1, nullptr),
+      Catch::Contains("B*NH = 65536"));
+  // Tensor-core kernels (bf16, head size 64): B*NH is gridDim.x, the row tiles gridDim.y.
+  const std::int64_t too_long = std::int64_t{65536} * 128 + 1;
+  CHECK_THROWS_WITH(
+      gpu::attention_forward<bf16>(nullptr, nullptr, nullptr, 1, too_long, 64, 1, nullptr),
+      Catch::Contains("past the grid's 65535 in y"));
+  CHECK_THROWS_WITH(gpu::attention_backward<bf16>(nullptr, nullptr, nullptr, nullptr, 1, too_long,
+                                                  64, 1, nullptr),
+                    Catch::Contains("past the grid's 65535 in y"));
+}
+
 TEST_CASE("the cuBLAS reference attention equals the host attention in f32", "[cuda][attention]") {
   gpu::GemmContext ctx;
   std::uint32_t seed = 300;

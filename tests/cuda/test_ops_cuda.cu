@@ -1025,6 +1025,10 @@ TEST_CASE("count_valid_targets refuses a target outside the vocabulary as the ho
   const DeviceVector<float> d_losses(std::vector<float>(static_cast<std::size_t>(N), 2.0f));
   CHECK(gpu::cross_entropy_mean(d_losses.get(), d_targets.get(), N, nullptr) ==
         static_cast<float>(2 * N) / static_cast<float>(N - 2));
+  // Given the count (a chunk of a batch whose other rows are elsewhere), the sum is over it.
+  CHECK(gpu::cross_entropy_mean(d_losses.get(), d_targets.get(), N, 4 * N, nullptr) ==
+        static_cast<float>(2 * N) / static_cast<float>(4 * N));
+  CHECK(gpu::cross_entropy_mean(d_losses.get(), d_targets.get(), N, 0, nullptr) == 0.0f);
 }
 
 TEST_CASE("conversions round to nearest even and stochastically as the host does", "[cuda]") {

@@ -248,8 +248,7 @@ class CudaKernels final : public Kernels<T> {
   }
   Stat cross_entropy_mean(const Stat* losses, const std::int32_t* targets, std::int64_t N,
                           std::int64_t valid) override {
-    (void)valid;  // the kernel counts the same targets again
-    return ops::cuda::cross_entropy_mean(losses, targets, N, stream_);
+    return ops::cuda::cross_entropy_mean(losses, targets, N, valid, stream_);
   }
   void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* targets,
                               std::int64_t N, std::int64_t V, std::int64_t ld, Stat dloss,

@@ -333,10 +333,20 @@ inline int flash_head_size(std::int64_t B, std::int64_t Tn, std::int64_t C, std:
   const std::int64_t hs = C / NH;
   expect<ShapeError>(hs >= 1 && hs <= 128, op, ": head size ", hs,
                      " is not supported (the flash kernels take up to 128)");
-  expect<ShapeError>(B * NH <= 65535, op, ": B*NH = ", B * NH, " exceeds the grid's 65535");
-  expect_int_range(Tn, op);  // rows are ints in the kernels; element offsets are 64-bit
+  expect_int_range(B * NH, op);  // the tensor-core kernels' gridDim.x (up to 2^31 - 1)
+  expect_int_range(Tn, op);      // rows are ints in the kernels; element offsets are 64-bit
   expect_int_range(3 * C, op);
   return static_cast<int>(hs);
+}
+
+/// The CUDA-core flash kernels' grid: x the tile of flash_rows rows, y the head (B*NH, at most
+/// 65535 there).
+inline dim3 flash_grid(std::int64_t B, std::int64_t Tn, std::int64_t NH, const char* op) {
+  expect<ShapeError>(B * NH <= 65535, op, ": B*NH = ", B * NH,
+                     " exceeds the CUDA-core kernels' 65535 blocks in y (the tensor-core kernels, "
+                     "bf16/f16 with head size 64 or 128, take more)");
+  return dim3(static_cast<unsigned>((Tn + flash_rows - 1) / flash_rows),
+              static_cast<unsigned>(B * NH));
 }
 
 /// Calls launch(std::integral_constant<int, HD>) with the smallest kernel capacity HD (32, 64
@@ -363,8 +373,6 @@ void attention_forward(T* out, float* lse, const T* qkv, std::int64_t B, std::in
   if (B == 0 || Tn == 0) return;
   const int hs = detail::flash_head_size(B, Tn, C, NH, "attention_forward");
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const dim3 grid(static_cast<unsigned>((Tn + flash_rows - 1) / flash_rows),
-                  static_cast<unsigned>(B * NH));
   const int Ti = static_cast<int>(Tn), Ci = static_cast<int>(C), NHi = static_cast<int>(NH);
   if (mma::takes<T>(hs, {out, qkv})) {  // bf16/f16, head size 64 or 128: tensor cores
     if (hs == 64) {
@@ -374,6 +382,7 @@ void attention_forward(T* out, float* lse, const T* qkv, std::int64_t B, std::in
     }
     return;
   }
+  const dim3 grid = detail::flash_grid(B, Tn, NH, "attention_forward");
   detail::with_head_capacity(hs, [&](auto capacity) {
     flash_attention_forward_kernel<T, decltype(capacity)::value>
         <<<grid, flash_rows * 32, 0, stream>>>(out, lse, qkv, Ti, Ci, NHi, hs, scale, dropout);
@@ -404,12 +413,15 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   if (B == 0 || Tn == 0) return;
   const int hs = detail::flash_head_size(B, Tn, C, NH, "attention_backward");
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // The CUDA-core kernels' grid, checked before the scratch below is allocated.
+  const bool tensor_cores = mma::takes<T>(hs, {dqkv, dout, qkv, out});
+  const dim3 grid = tensor_cores ? dim3() : detail::flash_grid(B, Tn, NH, "attention_backward");
+  if (tensor_cores)
+    (void)mma::grid_of(static_cast<int>(B), static_cast<int>(Tn), static_cast<int>(NH));
   DeviceScratch delta(static_cast<std::size_t>(B * NH * Tn) * sizeof(float), stream);
-  const dim3 grid(static_cast<unsigned>((Tn + flash_rows - 1) / flash_rows),
-                  static_cast<unsigned>(B * NH));
   const int Ti = static_cast<int>(Tn), Ci = static_cast<int>(C), NHi = static_cast<int>(NH);
   float* d = delta.as<float>();
-  if (mma::takes<T>(hs, {dqkv, dout, qkv, out})) {  // bf16/f16, head 64 or 128: tensor cores
+  if (tensor_cores) {  // bf16/f16, head 64 or 128
     const int Bi = static_cast<int>(B);
     if (hs == 64 && out != nullptr && fuse_dq) {
       DeviceScratch dq(static_cast<std::size_t>(B * Tn * C) * sizeof(float), stream);

@@ -904,8 +904,12 @@ bool takes(std::int64_t hs, std::initializer_list<const void*> pointers) {
 /// Every kernel's grid: x the head (b * NH + h), y the tile of block_rows rows, so blocks start
 /// tile by tile across all heads in the kernel's work order (the heaviest tile of every head
 /// before the next tile of any).
+/// Throws ShapeError where the tiles pass gridDim.y's 65535 (T above about 4 million rows).
 inline dim3 grid_of(int B, int Tn, int NH, int rows = block_rows) {
-  return dim3(static_cast<unsigned>(B * NH), static_cast<unsigned>((Tn + rows - 1) / rows));
+  const int tiles = (Tn + rows - 1) / rows;
+  expect<ShapeError>(tiles <= 65535, "attention: T = ", Tn, " needs ", tiles, " tiles of ", rows,
+                     " rows, past the grid's 65535 in y");
+  return dim3(static_cast<unsigned>(B * NH), static_cast<unsigned>(tiles));
 }
 
 /// Launches kernel with bytes of dynamic shared memory, raising the kernel's limit first where

@@ -191,12 +191,13 @@ struct OutsideTarget {
 };
 
 /// One block: the number of valid targets into *valid and, when losses is not null, their mean
-/// loss into *mean; when outside is not null, the first target outside [0, V) into *outside.
+/// loss into *mean and the losses' sum into *sum (when not null); when outside is not null, the
+/// first target outside [0, V) into *outside.
 /// cub::BlockReduce's fixed tree makes every result repeat run to run.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    cross_entropy_mean_kernel(float* mean, int* valid, OutsideTarget* outside, const float* losses,
-                              const std::int32_t* targets, int N, int V) {
+    cross_entropy_mean_kernel(float* mean, float* sum_out, int* valid, OutsideTarget* outside,
+                              const float* losses, const std::int32_t* targets, int N, int V) {
   using IntReduce = cub::BlockReduce<int, Threads>;
   __shared__ typename IntReduce::TempStorage temp;
   int count = 0;
@@ -215,6 +216,7 @@ __global__ void __launch_bounds__(Threads)
   if (threadIdx.x == 0) {
     *valid = all;
     if (mean != nullptr) *mean = all > 0 ? sum / static_cast<float>(all) : 0.0f;
+    if (sum_out != nullptr) *sum_out = sum;
     if (outside != nullptr) {
       *outside = {first_outside, first_outside < N ? targets[first_outside] : 0};
     }
@@ -364,8 +366,9 @@ void cross_entropy_forward(float* losses, float* mean, float* row_stats, const T
   ZERO_CUDA_CHECK(cudaGetLastError());
   if (mean != nullptr) {
     DeviceScratch valid(sizeof(int), stream);
-    cross_entropy_mean_kernel<1024><<<1, 1024, 0, stream>>>(
-        mean, valid.as<int>(), nullptr, losses, targets, static_cast<int>(N), static_cast<int>(V));
+    cross_entropy_mean_kernel<1024><<<1, 1024, 0, stream>>>(mean, nullptr, valid.as<int>(), nullptr,
+                                                            losses, targets, static_cast<int>(N),
+                                                            static_cast<int>(V));
     ZERO_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -394,9 +397,9 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
   expect_int_range(V, "cross_entropy_backward");
   if (N == 0) return;
   DeviceScratch valid(sizeof(int), stream);
-  cross_entropy_mean_kernel<1024><<<1, 1024, 0, stream>>>(nullptr, valid.as<int>(), nullptr,
-                                                          nullptr, targets, static_cast<int>(N),
-                                                          static_cast<int>(V));
+  cross_entropy_mean_kernel<1024><<<1, 1024, 0, stream>>>(nullptr, nullptr, valid.as<int>(),
+                                                          nullptr, nullptr, targets,
+                                                          static_cast<int>(N), static_cast<int>(V));
   ZERO_CUDA_CHECK(cudaGetLastError());
   cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), cross_entropy_threads, 0, stream>>>(
       dlogits, logits, targets, nullptr, valid.as<int>(), 0, static_cast<int>(V),
@@ -483,11 +486,12 @@ void cross_entropy_forward_backward(float* losses, float* row_stats, T* dlogits,
 }
 
 namespace detail {
-/// The count of targets [N] that count, given losses their mean loss, and given V >= 0 the
-/// first target outside [0, V), on the host.
+/// The count of targets [N] that count, given losses their mean loss over them and their sum,
+/// and given V >= 0 the first target outside [0, V), on the host.
 struct TargetStats {
   int valid = 0;
   float mean = 0.0f;
+  float sum = 0.0f;
   OutsideTarget outside{};
 };
 inline TargetStats target_stats(const float* losses, const std::int32_t* targets, std::int64_t N,
@@ -498,8 +502,9 @@ inline TargetStats target_stats(const float* losses, const std::int32_t* targets
   DeviceScratch scratch(sizeof(TargetStats), stream);
   auto* stats = scratch.as<TargetStats>();
   cross_entropy_mean_kernel<1024><<<1, 1024, 0, stream>>>(
-      losses != nullptr ? &stats->mean : nullptr, &stats->valid, V >= 0 ? &stats->outside : nullptr,
-      losses, targets, static_cast<int>(N), static_cast<int>(V));
+      losses != nullptr ? &stats->mean : nullptr, losses != nullptr ? &stats->sum : nullptr,
+      &stats->valid, V >= 0 ? &stats->outside : nullptr, losses, targets, static_cast<int>(N),
+      static_cast<int>(V));
   ZERO_CUDA_CHECK(cudaGetLastError());
   TargetStats host;
   ZERO_CUDA_CHECK(
@@ -526,6 +531,15 @@ inline std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_
 inline float cross_entropy_mean(const float* losses, const std::int32_t* targets, std::int64_t N,
                                 cudaStream_t stream) {
   return detail::target_stats(losses, targets, N, -1, stream, "cross_entropy_mean").mean;
+}
+
+/// The sum of per-token losses [N] (ignored tokens' are zeros) over valid, the count of tokens
+/// the mean is over (0 if none): the host twin's cross_entropy_mean(losses, N, valid), where
+/// valid may be the whole batch's when these N rows are one chunk of it. Synchronises the stream.
+inline float cross_entropy_mean(const float* losses, const std::int32_t* targets, std::int64_t N,
+                                std::int64_t valid, cudaStream_t stream) {
+  const float sum = detail::target_stats(losses, targets, N, -1, stream, "cross_entropy_mean").sum;
+  return valid > 0 ? sum / static_cast<float>(valid) : 0.0f;
 }
 
 }  // namespace zero::ops::cuda
