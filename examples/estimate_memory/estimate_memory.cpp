@@ -38,17 +38,20 @@ std::string gib(double bytes) {
 int main(int argc, char** argv) try {
   engine::MemoryEstimateInput in;
   std::string model;
+  bool sized = false;  // --params or --largest-layer given
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[i + 1];
     if (flag == "--model")
       model = v;
-    else if (flag == "--params")
+    else if (flag == "--params") {
       in.params = examples::parse_count(flag, v);
-    else if (flag == "--largest-layer")
+      sized = true;
+    } else if (flag == "--largest-layer") {
       in.largest_unit_params = examples::parse_count(flag, v);
-    else if (flag == "--gpus-per-node")
+      sized = true;
+    } else if (flag == "--gpus-per-node")
       in.gpus_per_node = static_cast<int>(examples::parse_integer(flag, v, 1, 1 << 20));
     else if (flag == "--nodes")
       in.nodes = static_cast<int>(examples::parse_integer(flag, v, 1, 1 << 20));
@@ -64,6 +67,8 @@ int main(int argc, char** argv) try {
     } else
       usage("unknown flag " + flag);
   }
+  // A preset's sizes would replace the given ones without a word.
+  if (!model.empty() && sized) usage("--model excludes --params and --largest-layer");
   // The world is an int in the estimator.
   if (static_cast<std::int64_t>(in.gpus_per_node) * in.nodes > (std::int64_t{1} << 30)) {
     usage("--gpus-per-node times --nodes must be at most 2^30");

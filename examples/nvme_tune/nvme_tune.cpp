@@ -93,11 +93,21 @@ int main(int argc, char** argv) {
     cfg.nvme_path = dir;
     const std::size_t bytes = static_cast<std::size_t>(mib) << 20;
     const auto report = require_preflight(cfg, {bytes, bytes});
+    for (long long block : blocks) {  // what the swapper checks before its first transfer
+      zero::expect<zero::ConfigError>(
+          static_cast<std::size_t>(block) % report.direct.alignment == 0, "--blocks: ", block,
+          " is not a multiple of ", dir.string(), "'s O_DIRECT alignment of ",
+          report.direct.alignment, " bytes");
+    }
     const auto path = dir / ("zero_nvme_tune." + std::to_string(::getpid()));
     const RemoveOnExit scratch{path};
     auto fd = open_direct(path, true);
     AlignedBuffer buf(bytes, report.direct.alignment);
     std::memset(buf.data(), 7, buf.size());
+    // One untimed pass first allocates the file, so the first pair's writes overwrite blocks as
+    // every later pair's do, rather than extending the file (which some file systems serialise).
+    make_file_io(IoOptions{})
+        ->run({IoOp::write, fd.get(), path.string(), 0, buf.data(), buf.size()});
     std::printf("path %s (%s, O_DIRECT alignment %zu), %lld MiB per run\n", dir.c_str(),
                 report.direct.fs_type.c_str(), report.direct.alignment, mib);
     std::printf("%10s %6s %10s %10s  engine\n", "block", "depth", "write GB/s", "read GB/s");
