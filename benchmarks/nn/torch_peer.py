@@ -14,7 +14,9 @@ the gradients zeroed outside the timed region. Gradients are zeroed in place
 (zero_grad(set_to_none=False)) so that, as in zero's step, backward accumulates into existing
 zeroed buffers instead of allocating fresh ones each step. Two figures: (a) forward+backward, the
 one compared with gpt_step, and (b) forward+backward+torch.optim.AdamW.step() (foreach left at its
-default), timed in a second loop after (a) because it changes the weights.
+default), timed in a second loop after (a) because it changes the weights. In bf16 this AdamW
+updates the bf16 parameters directly (its states are bf16 too), while zero's updates an fp32
+master copy and writes the rounded bf16 parameters back: not the same work per parameter.
 
 One JSON object per line per (dtype, threads):
   {"bench": "gpt_step_peer", "config": {...}, "value": tokens/s of (a), "unit": "tokens/s",

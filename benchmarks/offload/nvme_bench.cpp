@@ -114,9 +114,11 @@ int main(int argc, char** argv) {
     else if (flag == "--buffers")
       buffers = static_cast<int>(zero::bench::integer_arg("nvme_bench", flag, v.c_str(), 1, 1024));
     else if (flag == "--backend") {
-      const IoBackend backends[] = {IoBackend::automatic, IoBackend::uring, IoBackend::posix};
-      backend =
-          backends[zero::bench::choice_arg("nvme_bench", flag, v, {"automatic", "uring", "posix"})];
+      // "auto" as the usage line says; "automatic" (the enumerator's name) is accepted too.
+      const IoBackend backends[] = {IoBackend::automatic, IoBackend::automatic, IoBackend::uring,
+                                    IoBackend::posix};
+      backend = backends[zero::bench::choice_arg("nvme_bench", flag, v,
+                                                 {"auto", "automatic", "uring", "posix"})];
     } else {
       std::fprintf(stderr, "unknown flag %s (see the top of nvme_bench.cpp)\n", flag.c_str());
       return 2;

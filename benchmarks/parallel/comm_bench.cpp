@@ -7,6 +7,9 @@
 //
 //   ./comm_bench [--ranks 2,4] [--min-bytes 1024] [--max-bytes 67108864] [--step 4]
 //   mpiexec -n 4 ./comm_bench --backend mpi [--max-bytes ...]
+// Under an MPI launcher (mpirun, mpiexec, srun with several tasks) the backend is mpi by default.
+// Each size S is rounded down to whole floats on every rank (a multiple of 4 * ranks bytes), so
+// that reduce_scatter and all_gather split it evenly and the bytes printed are the bytes moved.
 // Times are the mean per op over the timed iterations, maximum over ranks (the slowest rank
 // bounds a training step); MPI lines take the better of two alternating runs of each. Elements
 // are f32 (all ones), reduction sum; "wrong" counts ranks whose result was off.
@@ -16,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <latch>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <string>
@@ -25,6 +29,7 @@
 
 #include <parallel/comm/comm_op.hpp>
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/launch_env.hpp>
 #if defined(ZERO_WITH_MPI)
 #include <parallel/comm/mpi_comm.hpp>
 #endif
@@ -44,11 +49,25 @@ struct Options {
   std::size_t min_bytes = 1024;
   std::size_t max_bytes = 64ull << 20;
   std::size_t step = 4;
+  bool ranks_given = false;  // --ranks, which only LocalComm's thread ranks can follow
 };
+
+/// "mpi" when an MPI launcher started this process, as train_gpt decides (parallel::launch_env:
+/// OpenMPI, MPICH/Hydra, or one of several srun tasks), else "local".
+std::string default_backend() {
+  try {
+    const auto env = zero::parallel::launch_env();
+    if (!env || env->launcher == "torchrun") return "local";
+    return env->launcher != "slurm" || env->size > 1 ? "mpi" : "local";
+  } catch (const zero::Error& e) {
+    std::fprintf(stderr, "comm_bench: %s\n", e.what());
+    std::exit(2);
+  }
+}
 
 Options parse(int argc, char** argv) {
   Options o;
-  o.backend = std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "local";
+  o.backend = default_backend();
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto next = [&]() -> const char* {
@@ -72,6 +91,7 @@ Options parse(int argc, char** argv) {
       o.step = static_cast<std::size_t>(
           zero::bench::integer_arg("comm_bench", std::string(a), next(), 2));
     else if (a == "--ranks") {
+      o.ranks_given = true;
       o.ranks.clear();
       std::string list = next();
       for (std::size_t p = 0; p < list.size();) {
@@ -86,6 +106,12 @@ Options parse(int argc, char** argv) {
                    "[--max-bytes N] [--step K]\n");
       std::exit(2);
     }
+  }
+  if (o.backend == "mpi" && o.ranks_given) {
+    std::fprintf(stderr,
+                 "comm_bench: --ranks sets LocalComm's thread ranks; with the MPI backend the "
+                 "ranks are the launcher's processes (mpiexec -n N), so leave --ranks out\n");
+    std::exit(2);
   }
   return o;
 }
@@ -103,6 +129,12 @@ constexpr CommOp ops[] = {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::al
 int wrong_result(CommOp op, const std::vector<float>& recv, int n) {
   const float want = op == CommOp::all_gather ? 1.0f : static_cast<float>(n);
   return recv.front() != want || recv.back() != want;
+}
+
+/// bytes rounded down to whole floats on each of n ranks (0 when less than one float each).
+std::size_t whole_bytes(std::size_t bytes, int n) {
+  const std::size_t unit = sizeof(float) * static_cast<std::size_t>(n);
+  return bytes / unit * unit;
 }
 
 /// Floats per rank in the send buffer and the recv buffer for op when S = bytes.
@@ -136,7 +168,8 @@ void print(CommOp op, const char* backend, int n, std::size_t bytes, double seco
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
   const std::string name(zero::parallel::name_of(op));
   std::printf(
-      "{\"bench\":\"comm\",\"config\":\"%s %s %d ranks %zu bytes\",\"value\":%.2f,"
+      "{\"bench\":\"comm\",\"config\":{\"op\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,"
+      "\"bytes\":%zu},\"value\":%.2f,"
       "\"unit\":\"us\",\"op\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"bytes\":%zu,"
       "\"time_us\":%.2f,\"algbw_gbps\":%.3f,\"busbw_gbps\":%.3f,\"%s\":%.3f,\"%s\":%.3f,"
       "\"wrong\":%d}\n",
@@ -153,7 +186,10 @@ void print(CommOp op, const char* backend, int n, std::size_t bytes, double seco
 /// caches (24 bytes per element: two reads and one write, STREAM's count).
 double stream_triad_gbps(int threads) {
   const std::size_t n = 16ull << 20;  // 3 x 128 MiB
-  std::vector<double> a(n), b(n), c(n);
+  // Not value-initialised: the pages stay untouched until the threads below first write them.
+  const auto a = std::make_unique_for_overwrite<double[]>(n);
+  const auto b = std::make_unique_for_overwrite<double[]>(n);
+  const auto c = std::make_unique_for_overwrite<double[]>(n);
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     std::latch start(threads + 1);
@@ -187,9 +223,10 @@ void bench_local(const Options& o) {
   for (int n : o.ranks) {
     const double stream = stream_triad_gbps(n);
     for (CommOp op : ops) {
-      for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step) {
+      for (std::size_t size = o.min_bytes; size <= o.max_bytes; size *= o.step) {
+        const std::size_t bytes = whole_bytes(size, n);
+        if (bytes == 0) continue;
         const auto [send_elems, recv_elems] = buffer_elems(op, bytes, n);
-        if (std::min(send_elems, recv_elems) == 0) continue;
         const int iters = iterations(bytes);
         std::vector<double> seconds(static_cast<std::size_t>(n));
         std::vector<int> wrong(static_cast<std::size_t>(n));
@@ -231,9 +268,10 @@ void bench_mpi(const Options& o, int& argc, char**& argv) {
   const int n = world.size();
   const MPI_Comm raw = world.native_handle();
   for (CommOp op : ops) {
-    for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step) {
+    for (std::size_t size = o.min_bytes; size <= o.max_bytes; size *= o.step) {
+      const std::size_t bytes = whole_bytes(size, n);
+      if (bytes == 0) continue;
       const auto [send_elems, recv_elems] = buffer_elems(op, bytes, n);
-      if (std::min(send_elems, recv_elems) == 0) continue;
       std::vector<float> send(send_elems, 1.0f), recv(recv_elems, 0.0f);
       const int iters = iterations(bytes);
       auto zero_once = [&] {

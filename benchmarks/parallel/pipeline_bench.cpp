@@ -149,7 +149,8 @@ int main(int argc, char** argv) {
   }
   const std::string shape =
       "\"layers\": " + std::to_string(s.layers) + ", \"channels\": " + std::to_string(s.channels) +
-      ", \"seq\": " + std::to_string(s.seq) + ", \"micro\": " + std::to_string(s.micro) +
+      ", \"heads\": " + std::to_string(s.heads) + ", \"seq\": " + std::to_string(s.seq) +
+      ", \"micro\": " + std::to_string(s.micro) +
       ", \"micro_batches\": " + std::to_string(s.micro_batches);
   const Result base = baseline(s, tokens);
   char base_extra[64];

@@ -190,5 +190,37 @@ class DryRun(unittest.TestCase):
         self.assertIn(":1: expected 'host slots=N'", err)
 
 
+class EnvFiles(unittest.TestCase):
+    """~/.zero_env, then ./.zero_env over it (DeepSpeed's order: the project's file wins)."""
+
+    def launch(self, home_text, project_text):
+        with tempfile.TemporaryDirectory() as d:
+            home, project = os.path.join(d, "home"), os.path.join(d, "project")
+            for folder, text in ((home, home_text), (project, project_text)):
+                os.mkdir(folder)
+                with open(os.path.join(folder, ".zero_env"), "w") as f:
+                    f.write(text)
+            out, err = io.StringIO(), io.StringIO()
+            cwd = os.getcwd()
+            os.chdir(project)
+            try:
+                with redirect_stdout(out), redirect_stderr(err):
+                    rc = zl.main(["--dry-run", "./p"], {"HOME": home})
+            finally:
+                os.chdir(cwd)
+            return rc, out.getvalue().strip(), err.getvalue().strip()
+
+    def test_project_file_wins_over_home(self):
+        rc, out, _ = self.launch("A=home\nB=home\n", "# project\nA=project\n")
+        self.assertEqual(rc, 0)
+        self.assertEqual(out, "mpirun -n 1 -x A=project -x B=home --host localhost:1 ./p")
+
+    def test_a_shell_export_line_is_an_error_naming_file_and_line(self):
+        rc, out, err = self.launch("A=1\n", "B=2\nexport FOO=1\n")
+        self.assertEqual(rc, 2)
+        self.assertEqual(out, "")
+        self.assertIn(".zero_env:2: 'export FOO' is not a variable name", err)
+
+
 if __name__ == "__main__":
     unittest.main()
