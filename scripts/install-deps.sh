@@ -6,7 +6,10 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ ccache pkg-config git clang-format
   catch2 nlohmann-json3-dev
-  libopenblas-dev libdnnl-dev  # oneDNN: bf16 GEMM on AMX / AVX512-BF16 (optional part zero::dnnl)
+  # oneDNN: bf16 GEMM on AMX / AVX512-BF16 (optional part zero::dnnl). It is found only with
+  # ocl-icd-opencl-dev, left out on purpose (oneDNN 2.6's f32 bits vary with the thread count
+  # on AVX2: docs/models.md), so the default build runs f32 on OpenBLAS.
+  libopenblas-dev libdnnl-dev
   libboost-mpi-dev libopenmpi-dev openmpi-bin
   liburing-dev
   python3-matplotlib  # scripts/plot_metrics.py (its test skips without it)
