@@ -23,6 +23,7 @@
 
 #include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
+#include "../support/worse.hpp"
 #include "engine_test_util.hpp"
 
 using namespace zero;
@@ -117,7 +118,7 @@ double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
                              std::to_string(b.size()));
   }
   double w = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, std::fabs(a[i] - b[i]));
+  for (std::size_t i = 0; i < a.size(); ++i) w = zero::testing::worse(w, std::fabs(a[i] - b[i]));
   return w;
 }
 
@@ -144,7 +145,7 @@ TEST_CASE("a checkpoint saved at N ranks and stage s resumes at M ranks and stag
 }
 
 TEST_CASE(
-    "AdamW states reshard across world sizes and stages; the same layout resumes "
+    "AdamW states reshard across world sizes and stages, the same layout resumes "
     "bit-exactly",
     "[unit][engine][checkpoint]") {
   zero::testing::TempDir tmp("engine-ckpt");
@@ -195,6 +196,38 @@ TEST_CASE("a checkpoint of a larger model is refused, naming a tensor this model
   for (const std::string& m : messages) {
     CHECK_THAT(m, Catch::Contains("tensor(s) this model does not have") &&
                       Catch::Contains("transformer.h.1.") && Catch::Contains("Nothing was loaded"));
+  }
+  // Wider layers, the same names: refused from the index before any slice changes, so the
+  // engine is left as it was and trains on (it zeroed its slices first and refused to train).
+  const auto wider = per_rank<std::vector<std::string>>(2, [&](LocalComm& comm) {
+    nn::GPTConfig narrow = tiny();
+    narrow.num_layers = 2;
+    narrow.channels = tiny().channels / 2;
+    narrow.num_heads = 1;
+    nn::GPT<float> model(narrow);
+    auto eng = engine_of(model, comm);
+    std::vector<std::vector<float>> before;
+    for (int u = 0; u < eng.num_units(); ++u) before.push_back(eng.gather_unit_values(u));
+    std::vector<std::string> seen{
+        thrown_message([&] { (void)eng.load_checkpoint(tmp.path(), "two"); })};
+    std::vector<std::vector<float>> after;
+    for (int u = 0; u < eng.num_units(); ++u) after.push_back(eng.gather_unit_values(u));
+    seen.push_back(after == before ? "unchanged" : "changed");
+    seen.push_back(thrown_message([&] {
+      const GlobalBatch b(global_rows, 0, narrow.vocab_size);
+      eng.forward(rows_of(b, comm.rank(), comm.size()));
+      eng.backward();
+      (void)eng.step();
+    }));
+    return seen;
+  });
+  for (const auto& seen : wider) {
+    REQUIRE(seen.size() == 3);
+    CHECK_THAT(seen[0], Catch::Contains("has shape") &&
+                            Catch::Contains("the model's parameter has") &&
+                            Catch::Contains("failed on rank"));
+    CHECK(seen[1] == "unchanged");
+    CHECK(seen[2] == zero::testing::nothing_thrown);
   }
 }
 
@@ -380,7 +413,7 @@ void with_adam_engine(LocalComm& comm, bool l2, Fn&& fn) {
 }  // namespace
 
 TEST_CASE(
-    "a load refused before any slice changes leaves the engine as it was; one that fails on one "
+    "a load refused before any slice changes leaves the engine as it was, one that fails on one "
     "rank fails on every rank, which then refuse to train",
     "[unit][engine][checkpoint]") {
   zero::testing::TempDir tmp("engine-ckpt-fail");

@@ -367,7 +367,7 @@ struct FailingGPT : nn::GPT<double> {
 
 TEST_CASE(
     "Engine passes: a pass that throws ends as a micro-step does (a backward or either half of "
-    "a split one ends the window until a load; a forward drops only its pass)",
+    "a split one ends the window until a load, a forward drops only its pass)",
     "[unit][pipeline]") {
   using Catch::Matchers::Contains;
   const auto after = testing::per_rank<std::vector<test::HeldParam>>(1, [&](LocalComm& world) {
@@ -598,14 +598,48 @@ TEST_CASE(
         [&](LocalComm& w) { return f32_pipeline_rank(w, dp, pp, first, steps, load, save); }));
   };
   const auto saved = run(2, 2, 0, 2, {}, dir);
+  const auto straight = run(2, 2, 0, 4, {}, {});  // the same four steps, never interrupted
   const auto continued = run(2, 2, 2, 2, dir, {});
   const auto at_pp4 = run(1, 4, 2, 2, dir, {});  // stage boundaries moved
   const auto plain = run(4, 1, 2, 2, dir, {});   // no pipeline at all
+  // The same layout resumes exactly: masters, Adam moments and step counts, the tied replica's.
+  CHECK(test::max_difference(continued, straight) == 0.0);
   // Rounding only (f32, other reduction orders); a lost slice or optimizer state is far larger.
   CHECK(test::max_difference(at_pp4, continued) <= 2e-5);
   CHECK(test::max_difference(plain, continued) <= 2e-5);
   CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Pipeline checkpoints: a larger model's checkpoint is refused, as without a pipeline",
+          "[unit][pipeline]") {
+  // 8 layers saved, 6 loaded at pp 2: each stage found all of its own tensors, so the two extra
+  // blocks were dropped without a word (only the engine without a pipeline checked).
+  testing::TempDir dir("pp-larger");
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  LocalComm::run(1, [&](LocalComm& world) {
+    nn::GPTConfig larger = pp_model();
+    larger.num_layers = 8;
+    nn::GPT<float> model(larger);
+    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, world, test::adamw_config(1, 1, 1.0),
+                                                     options);
+    eng.save_checkpoint(dir.path(), "larger");
+  });
+  const auto messages = testing::per_rank<std::string>(2, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.dp = 1, .pp = 2}));
+    nn::GPT<float> model(pp_model());
+    PipelineOptions po;
+    po.partition_method = "parameters";
+    PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(model, world, groups,
+                                                      test::adamw_config(1, 4, 1.0), po, options);
+    return testing::thrown_message(
+        [&] { (void)pipe.engine().load_checkpoint(dir.path(), "larger"); });
+  });
+  for (const std::string& m : messages) {
+    CHECK_THAT(m, Catch::Contains("tensor(s) this model does not have") &&
+                      Catch::Contains("transformer.h.6.") && Catch::Contains("Nothing was loaded"));
+  }
 }
 
 namespace {

@@ -97,6 +97,23 @@ std::vector<SegmentShape> unit_segment_shapes(const std::vector<nn::ParamSpec>& 
   return out;
 }
 
+/// Checks, from the index alone (no data read), that the checkpoint holds "<name><suffix>" for
+/// every parameter with the parameter's logical shape; CheckpointError naming the first that
+/// does not (missing_hint follows a missing name's message).
+inline void expect_unit_tensors(const Reader& reader, const std::vector<nn::ParamSpec>& params,
+                                std::string_view suffix, std::string_view missing_hint = "") {
+  for (const nn::ParamSpec& p : params) {
+    const std::string name = p.name + std::string(suffix);
+    expect<CheckpointError>(reader.contains(name), "checkpoint '", reader.path().string(),
+                            "' has no tensor '", name, "'", missing_hint);
+    const TensorRecord& t = reader.tensor(name);
+    expect<CheckpointError>(
+        t.shape == io::extents_of(p.logical_shape()), "checkpoint '", reader.path().string(),
+        "', tensor '", name, "' has shape ", t.describe(), " but the model's parameter has ",
+        io::TensorInfo{"", t.dtype, io::extents_of(p.logical_shape()), 0, 0}.shape_string());
+  }
+}
+
 /// Fills rank's shard of a unit under partition (any world size) from the checkpoint's
 /// logical tensors "<name><suffix>", converting dtypes as rule allows; padding is zeroed.
 template <class T>

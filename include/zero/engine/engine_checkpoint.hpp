@@ -181,13 +181,20 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
     });
   };
   // As a strict module load: a tensor this model lacks means another (larger) model, e.g. 24
-  // layers read into 12, whose names all match. A pipeline stage holds only its own units.
-  bool whole_model = true;
-  if constexpr (requires { eng.groups().pp.has_value(); }) whole_model = !eng.groups().pp;
-  if (whole_model) {
-    std::set<std::string, std::less<>> known;
+  // layers read into 12, whose names all match. The names are those of every rank of the state
+  // group (a collective): a pipeline stage holds only its own units, and a 24-layer checkpoint
+  // read into 12 layers at pp 2 found each stage's tensors.
+  {
+    std::string mine;
     for (int u = 0; u < state.num_units(); ++u) {
-      for (const auto& p : state.unit_specs(u)) known.insert(p.name);
+      for (const auto& p : state.unit_specs(u)) mine.append(p.name).push_back('\n');
+    }
+    std::set<std::string, std::less<>> known;
+    for (const std::string& text : checkpoint::detail::all_gather_text(comm, mine)) {
+      for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos;
+           at = end + 1) {
+        known.insert(text.substr(at, end - at));
+      }
     }
     std::vector<std::string> extra;
     for (const std::string& n : reader.names()) {
@@ -206,6 +213,18 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
   }
   load_agreed(state, "load_checkpoint", reader.path().string(), true, [&](bool& touched) {
     state.check_json(reader.engine_state());  // another optimizer's states are refused here
+    // Every tensor this rank reads is there, in its shape, before the first slice changes: a
+    // refused load (another model's sizes, another optimizer) leaves the engine as it was.
+    for (int u = 0; u < state.num_units(); ++u) {
+      checkpoint::expect_unit_tensors(reader, state.unit_specs(u), "",
+                                      " (saved from another model?)");
+      if (const optim::AnyOptimizer* opt = state.optimizer_of(u)) {
+        for (const std::string& name : opt->state_names()) {
+          checkpoint::expect_unit_tensors(reader, state.unit_specs(u), "/" + name,
+                                          " (saved with another optimizer?)");
+        }
+      }
+    }
     touched = true;
     state.for_each_unit(StateAccess::overwrite, [&](int u, auto master, optim::AnyOptimizer* opt) {
       read(u, master, "");
