@@ -165,7 +165,7 @@ TEST_CASE("reads convert between f32, bf16 and f64 when asked", "[unit]") {
                     Catch::Contains("DTypeRule::convert") && Catch::Contains(finite[0].spec.name));
 }
 
-TEST_CASE("saving an existing tag replaces it; latest follows only when asked", "[unit]") {
+TEST_CASE("saving an existing tag replaces it, latest follows only when asked", "[unit]") {
   TempDir dir("ckpt-replace");
   const auto first = make_tensors(1), second = make_tensors(2);
   save_with_ranks(2, dir.path(), "keep", first, 1, {{"version", 1}});

@@ -200,7 +200,7 @@ TEST_CASE("bad values are rejected with their key path", "[unit][config]") {
   expect_error(R"({"train_batch_size": )", "invalid JSON");
 }
 
-TEST_CASE("unknown keys are warned about, not fatal; type names match case-insensitively",
+TEST_CASE("unknown keys are warned about, not fatal, type names match case-insensitively",
           "[unit][config]") {
   Config c = Config::from_json_string(
       R"({"zero_optimization": {"stage": 1, "stage_3_prefetch": 5}, "train_batchsize": 8,

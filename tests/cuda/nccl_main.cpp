@@ -6,14 +6,25 @@
 
 #include <cstdio>
 
+#include <string>
+
 #include <cuda_runtime.h>
 
 #include <parallel/comm/mpi_comm.hpp>
 
+#include "device_presence.hpp"
+
 int main(int argc, char** argv) {
   auto world = zero::parallel::MpiComm::world(argc, argv);
+  std::string why;
   int devices = 0;
-  const int have = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 ? 1 : 0;
+  const auto presence = zero::test::cuda_presence(why, devices);
+  if (presence == zero::test::CudaPresence::broken) {
+    std::printf("rank %d: a CUDA driver is installed but the runtime cannot use it (%s)\n",
+                world.rank(), why.c_str());
+    MPI_Abort(world.native_handle(), 1);
+  }
+  const int have = presence == zero::test::CudaPresence::device ? 1 : 0;
   int all_have = have;
   MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, world.native_handle());
   if (all_have == 0) {

@@ -25,6 +25,8 @@
 #include <zero/core/cuda_device.cuh>
 #include <zero/core/dtype.hpp>
 
+#include "../support/worse.hpp"
+
 namespace zero::test {
 
 /// Sets an environment variable for a scope, and unsets it at the end of the scope (a failed
@@ -117,7 +119,7 @@ void check_close(const std::vector<T>& got, const std::vector<T>& ref, const std
       }
       ++bad;
     }
-    if (bound > 0) worst = std::max(worst, diff / bound);
+    if (bound > 0) worst = zero::testing::worse(worst, diff / bound);
   }
   INFO(what << ": " << bad << " of " << ref.size() << " outside the bound (worst at " << worst
             << " of the bound):" << first);

@@ -31,6 +31,7 @@
 #include "../engine/engine_test_util.hpp"
 #include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
+#include "../support/worse.hpp"
 
 // Inside zero::test rather than `using namespace zero`: a using-directive at global scope makes
 // `cuda` ambiguous (zero::cuda, CCCL's ::cuda) in the stubs nvcc generates for CUB's kernels.
@@ -98,7 +99,7 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
   if (a.size() != b.size()) return INFINITY;
   double diff = 0, scale = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    diff = zero::testing::worse(diff, std::abs(static_cast<double>(a[i]) - b[i]));
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }
   return scale > 0 ? diff / scale : diff;
@@ -128,7 +129,7 @@ void check_gpu_engine(double tolerance, bool deferred = false) {
       for (std::size_t u = 0; u < h.size(); ++u) {
         INFO("rank " << r << " unit " << u);
         const double difference = relative_difference(g[u], h[u]);
-        worst = std::max(worst, difference);
+        worst = zero::testing::worse(worst, difference);
         CHECK(difference <= tolerance);
       }
     }
@@ -241,7 +242,7 @@ void check_delayed_update(double tolerance) {
       for (std::size_t u = 0; u < h.units.size(); ++u) {
         INFO("rank " << r << " unit " << u);
         const double difference = relative_difference(g.units[u], h.units[u]);
-        worst = std::max(worst, difference);
+        worst = zero::testing::worse(worst, difference);
         CHECK(difference <= tolerance);
       }
     }
@@ -318,7 +319,7 @@ DeviceHeld device_held() {
 }  // namespace
 
 TEST_CASE(
-    "the GPU engine holds the device memory memory_report() says; stage 3 at 4 ranks a quarter "
+    "the GPU engine holds the device memory memory_report() says, stage 3 at 4 ranks a quarter "
     "of stage 0's model states",
     "[cuda][engine]") {
   const DeviceHeld stage0 = device_held<0>(), stage3 = device_held<3>();

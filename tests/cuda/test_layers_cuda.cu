@@ -27,6 +27,7 @@
 #include <zero/nn/layers/sequential_model.hpp>
 #include <zero/nn/local_parameters.hpp>
 
+#include "../support/worse.hpp"
 #include "ops_test_util.hpp"
 
 // No `using namespace zero`: zero::cuda would make CUB's unqualified cuda::std ambiguous in
@@ -218,7 +219,7 @@ double worst_unit_norm_error(const GPTRun& got, const GPTRun& ref) {
       diff += d * d;
       norm += static_cast<double>(ref.grads[i]) * ref.grads[i];
     }
-    worst = std::max(worst, norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
+    worst = zero::testing::worse(worst, norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
     begin += size;
   }
   return worst;

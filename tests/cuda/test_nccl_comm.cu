@@ -116,7 +116,7 @@ TEMPLATE_TEST_CASE("NcclComm: ops match the closed forms on the world and a spli
 // both exist: NcclComm had no options(), so comm_timeout_s never reached an NCCL engine.
 static_assert(requires(NcclComm & c) { c.set_options(c.options()); });
 
-TEST_CASE("NcclComm: options reach the MPI communicator under it; all_to_all is not in place",
+TEST_CASE("NcclComm: options reach the MPI communicator under it, all_to_all is not in place",
           "[mpi][cuda]") {
   if (!have_gpu()) {
     WARN("no CUDA device visible: NcclComm test skipped");

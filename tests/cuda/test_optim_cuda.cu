@@ -28,6 +28,8 @@
 #include <optim/rmsprop.hpp>
 #include <optim/sgd.hpp>
 
+#include "device_presence.hpp"
+
 namespace {
 
 using namespace zero::optim;
@@ -322,10 +324,16 @@ void run_executor_cases() {
 }  // namespace
 
 int main() {
+  std::string why;
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  const auto presence = zero::test::cuda_presence(why, devices);
+  if (presence == zero::test::CudaPresence::none) {
     std::printf("test_optim_cuda: no CUDA device found; skipping\n");
     return 77;
+  }
+  if (presence == zero::test::CudaPresence::broken) {
+    std::printf("test_optim_cuda: a CUDA driver is installed but unusable (%s)\n", why.c_str());
+    return 1;
   }
   try {
     for (DType gt : {DType::f32, DType::bf16, DType::f16}) {

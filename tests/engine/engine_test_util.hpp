@@ -18,6 +18,8 @@
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
 
+#include "../support/worse.hpp"
+
 namespace zero::test {
 
 inline constexpr std::int64_t seq = 6;
@@ -319,7 +321,8 @@ double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& wan
                                std::to_string(ref.size()));
     }
     for (std::size_t i = 0; i < got.size(); ++i) {
-      w = std::max(w, std::fabs(static_cast<double>(got[i]) - static_cast<double>(ref[i])));
+      w = zero::testing::worse(
+          w, std::fabs(static_cast<double>(got[i]) - static_cast<double>(ref[i])));
     }
   }
   return w;

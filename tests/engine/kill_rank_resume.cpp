@@ -26,6 +26,7 @@
 
 #include <parallel/comm/mpi_comm.hpp>
 
+#include "../support/worse.hpp"
 #include "engine_test_util.hpp"
 
 using namespace zero;
@@ -70,7 +71,8 @@ double max_error(Eng& eng, const std::vector<std::vector<double>>& want) {
     const auto got = eng.gather_unit_values(u);
     const auto& ref = want[static_cast<std::size_t>(u)];
     if (got.size() != ref.size()) return 1e300;
-    for (std::size_t i = 0; i < got.size(); ++i) w = std::max(w, std::fabs(got[i] - ref[i]));
+    for (std::size_t i = 0; i < got.size(); ++i)
+      w = zero::testing::worse(w, std::fabs(got[i] - ref[i]));
   }
   return w;
 }

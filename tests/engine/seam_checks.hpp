@@ -19,6 +19,7 @@
 #include <parallel/process_groups.hpp>
 #include <parallel/topology.hpp>
 
+#include "../support/worse.hpp"
 #include "engine_test_util.hpp"
 
 namespace zero::test {
@@ -48,7 +49,7 @@ double largest_difference(Eng& eng, const std::vector<std::vector<double>>& want
                                " values, the reference " + std::to_string(ref.size()));
     }
     for (std::size_t i = 0; i < got.size(); ++i)
-      worst = std::max(worst, std::fabs(got[i] - ref[i]));
+      worst = zero::testing::worse(worst, std::fabs(got[i] - ref[i]));
   }
   return worst;
 }

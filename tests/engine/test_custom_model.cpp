@@ -28,6 +28,7 @@
 #include <zero/testing/gradient_check.hpp>
 
 #include "../support/per_rank.hpp"
+#include "../support/worse.hpp"
 #include "engine_test_util.hpp"
 
 using namespace zero;
@@ -149,7 +150,7 @@ double engine_error(int world, int micro, const std::vector<std::vector<double>>
       const auto& ref = want[static_cast<std::size_t>(u)];
       if (got.size() != ref.size()) w = 1e9;
       for (std::size_t i = 0; i < std::min(got.size(), ref.size()); ++i) {
-        w = std::max(w, std::fabs(got[i] - ref[i]));
+        w = zero::testing::worse(w, std::fabs(got[i] - ref[i]));
       }
     }
     worst[static_cast<std::size_t>(comm.rank())] = w;

@@ -465,7 +465,7 @@ TEST_CASE("too little device memory for the layout: OutOfMemoryError before allo
   }
 }
 
-TEST_CASE("ranks that share a device need its figure each; one rank short stops every rank",
+TEST_CASE("ranks that share a device need its figure each, one rank short stops every rank",
           "[unit][engine]") {
   const double stage3 = small_device_figures().stage3;
   const auto one_rank = static_cast<std::size_t>(stage3 * 1.5);  // one rank's figure, not two

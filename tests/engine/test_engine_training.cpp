@@ -25,6 +25,7 @@
 
 #include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
+#include "../support/worse.hpp"
 #include "engine_test_util.hpp"
 #include "toy_model.hpp"
 
@@ -242,7 +243,7 @@ TEST_CASE("a NaN loss on one rank raises on every rank (policy raise)", "[unit][
   }
 }
 
-TEST_CASE("fp16: policy raise raises on a NaN loss; an overflowed gradient stays a skip",
+TEST_CASE("fp16: policy raise raises on a NaN loss, an overflowed gradient stays a skip",
           "[unit][engine]") {
   // Under fp16 every non-finite boundary went to the loss scaler, so raise was ignored and a
   // NaN loss halved the scale step after step until LossScaleError.
@@ -375,7 +376,7 @@ LostRankErrors lose_rank_two(bool stall) {
 
 TEST_CASE(
     "a stalled or departed rank makes the others fail within the deadline, naming it and "
-    "the collective (op, unit, step); the engine then refuses to go on",
+    "the collective (op, unit, step), the engine then refuses to go on",
     "[unit][engine]") {
   for (bool stall : {true, false}) {
     const auto lost = lose_rank_two(stall);
@@ -396,7 +397,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("stage-3 prefetch and persistence change memory and traffic, not numbers",
+TEST_CASE("stage-3 prefetch and persistence change what stays gathered, not numbers",
           "[unit][engine]") {
   auto run = [](std::int64_t prefetch, std::int64_t persistence, std::size_t& whole_bytes) {
     std::vector<float> out;
@@ -426,10 +427,14 @@ TEST_CASE("stage-3 prefetch and persistence change memory and traffic, not numbe
   const auto a = run(0, 0, none);
   const auto b = run(1 << 30, 1 << 30, all);
   const auto c = run(1, 0, some);
+  REQUIRE(!a.empty());
+  REQUIRE(b.size() == a.size());
+  REQUIRE(c.size() == a.size());
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) == 0);
   CHECK(none == 0);                                       // nothing stays gathered
   CHECK(all >= tiny().num_parameters() * sizeof(float));  // everything does
+  CHECK(some == 0);  // a prefetch gathers ahead, but keeps nothing gathered at rest
 }
 
 TEST_CASE("model-state memory follows the ZeRO formulas (AdamW, f32)", "[unit][engine]") {
@@ -465,7 +470,7 @@ TEST_CASE("model-state memory follows the ZeRO formulas (AdamW, f32)", "[unit][e
   }
 }
 
-TEST_CASE("a config that contradicts the policies is rejected; dispatch picks the stage",
+TEST_CASE("a config that contradicts the policies is rejected, dispatch picks the stage",
           "[unit][engine]") {
   struct Seen {
     std::string wrong_stage, bf16, bad_opt;  // what each rejected construction threw
@@ -626,7 +631,7 @@ TEST_CASE("LAMB at stage 0 over 2 ranks equals one rank: one trust ratio per ten
   for (std::size_t u = 0; u < one.size(); ++u) {
     REQUIRE(one[u].size() == two[u].size());
     for (std::size_t i = 0; i < one[u].size(); ++i) {
-      worst = std::max(worst, std::fabs(static_cast<double>(one[u][i]) - two[u][i]));
+      worst = zero::testing::worse(worst, std::fabs(static_cast<double>(one[u][i]) - two[u][i]));
     }
   }
   INFO("worst difference " << worst);
@@ -772,7 +777,7 @@ FailingRun failing_run(bool failures, const std::filesystem::path& dir) {
 }  // namespace
 
 TEST_CASE(
-    "a forward that throws drops its micro-step; a backward that throws leaves a state a "
+    "a forward that throws drops its micro-step, a backward that throws leaves a state a "
     "checkpoint recovers",
     "[unit][engine]") {
   zero::testing::TempDir tmp("engine-failures");

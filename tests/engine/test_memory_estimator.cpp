@@ -166,7 +166,7 @@ TEST_CASE("the estimator equals memory_report() with NVMe offload (master and st
       with_nvme(toy_config(3, true)), DType::bf16, nv);
 }
 
-TEST_CASE("the estimator has the ZeRO paper's shape; DeepSpeed's formulas are beside it",
+TEST_CASE("the estimator has the ZeRO paper's shape, DeepSpeed's formulas are beside it",
           "[unit][engine]") {
   engine::MemoryEstimateInput in;
   in.params = 7'500'000'000;  // the paper's 7.5B example on 64 GPUs

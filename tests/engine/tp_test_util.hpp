@@ -17,6 +17,7 @@
 #include <zero/nn/local_parameters.hpp>
 #include <zero/nn/param.hpp>
 
+#include "../support/worse.hpp"
 #include "engine_test_util.hpp"
 
 namespace zero::test {
@@ -108,7 +109,7 @@ inline double max_difference(const LogicalValues& a, const LogicalValues& b) {
     const auto it = b.find(name);
     if (it == b.end() || it->second.size() != values.size()) return INFINITY;
     for (std::size_t i = 0; i < values.size(); ++i) {
-      w = std::max(w, std::fabs(values[i] - it->second[i]));
+      w = zero::testing::worse(w, std::fabs(values[i] - it->second[i]));
     }
   }
   return w;
@@ -145,7 +146,7 @@ inline double max_part_difference(const std::vector<HeldParam>& held, const Logi
     p.split.for_each_run(0, static_cast<std::int64_t>(p.values.size()),
                          [&](std::int64_t logical, std::int64_t at, std::int64_t count) {
                            for (std::int64_t k = 0; k < count; ++k) {
-                             w = std::max(
+                             w = zero::testing::worse(
                                  w, std::fabs(p.values[static_cast<std::size_t>(at + k)] -
                                               it->second[static_cast<std::size_t>(logical + k)]));
                            }

@@ -8,6 +8,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/worse.hpp"
+
 namespace zero::testing {
 
 /// Random values in [-scale, scale] from a fixed seed.
@@ -35,7 +37,7 @@ inline double max_gradient_error(std::vector<double>& x, const std::vector<doubl
     x[i] = saved;
     const double numeric = (up - down) / (2 * eps);
     const double scale = std::max({std::fabs(numeric), std::fabs(analytic[i]), floor});
-    worst = std::max(worst, std::fabs(numeric - analytic[i]) / scale);
+    worst = zero::testing::worse(worst, std::fabs(numeric - analytic[i]) / scale);
   }
   return worst;
 }

@@ -18,6 +18,7 @@
 #include <zero/ops/causal_tiles.hpp>
 #include <zero/ops/cpu/attention.hpp>
 #include <zero/ops/cpu/attention_reference.hpp>
+#include "../support/worse.hpp"
 #include "gradcheck.hpp"
 
 using namespace zero::ops::cpu;
@@ -85,7 +86,7 @@ double worst_relative(const std::vector<T>& got, const std::vector<T>& ref) {
     } else {
       g = zero::convert<float>(got[i]), r = zero::convert<float>(ref[i]);
     }
-    worst = std::max(worst, std::abs(g - r) / (std::abs(r) + mean));
+    worst = zero::testing::worse(worst, std::abs(g - r) / (std::abs(r) + mean));
   }
   return worst;
 }

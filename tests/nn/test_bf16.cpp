@@ -31,6 +31,7 @@
 #include <zero/ops/cpu/gemm.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
 #include <zero/ops/cpu/linear.hpp>
+#include "../support/worse.hpp"
 #include "gradcheck.hpp"
 
 using namespace zero;
@@ -71,7 +72,7 @@ double bf16_error_ratio(const FVec& y16, const FVec& y32, double slack) {
   for (float y : y32) peak = std::max(peak, std::fabs(static_cast<double>(y)));
   for (std::size_t i = 0; i < y16.size(); ++i) {
     const double bound = bf16_unit_roundoff * (std::fabs(double(y32[i])) + slack * peak) + 1e-30;
-    worst = std::max(worst, std::fabs(double(y16[i]) - double(y32[i])) / bound);
+    worst = zero::testing::worse(worst, std::fabs(double(y16[i]) - double(y32[i])) / bound);
   }
   return worst;
 }

@@ -29,6 +29,7 @@
 #include <zero/ops/cpu/linear.hpp>
 #include <zero/ops/cpu/rms_norm.hpp>
 #include <zero/ops/cpu/vector_math.hpp>
+#include "../support/worse.hpp"
 #include "gradcheck.hpp"
 #include "thread_count.hpp"
 
@@ -240,7 +241,8 @@ double normwise_error(const std::vector<T>& got, const std::vector<double>& ref)
   REQUIRE(got.size() == ref.size());
   double diff = 0, scale = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(zero::convert<float>(got[i])) - ref[i]));
+    diff = zero::testing::worse(
+        diff, std::abs(static_cast<double>(zero::convert<float>(got[i])) - ref[i]));
     scale = std::max(scale, std::abs(ref[i]));
   }
   return scale > 0 ? diff / scale : diff;

@@ -22,6 +22,8 @@
 #include <zero/nn/local_parameters.hpp>
 #include <zero/testing/gradient_check.hpp>
 
+#include "../support/worse.hpp"
+
 using namespace zero;
 
 namespace {
@@ -103,7 +105,7 @@ double worst_relative(const std::vector<double>& got, const std::vector<double>&
   double scale = 0, diff = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     scale = std::max(scale, std::abs(want[i]));
-    diff = std::max(diff, std::abs(got[i] - want[i]));
+    diff = zero::testing::worse(diff, std::abs(got[i] - want[i]));
   }
   return diff / scale;
 }

@@ -20,6 +20,8 @@
 #include <zero/nn/hand_written_gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
 
+#include "../support/worse.hpp"
+
 using namespace zero;
 using namespace zero::nn;
 
@@ -76,7 +78,7 @@ double whole_model_gradient_error(GPTConfig cfg, std::int64_t stride) {
       values.at(i) = saved;
       const double numeric = (up - down) / (2 * eps);
       const double scale = std::max({std::fabs(numeric), std::fabs(grads.at(i)), 1e-4});
-      worst = std::max(worst, std::fabs(numeric - grads.at(i)) / scale);
+      worst = zero::testing::worse(worst, std::fabs(numeric - grads.at(i)) / scale);
     }
   }
   return worst;

@@ -20,6 +20,7 @@
 #include <zero/ops/cpu/gemm.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
 #include <zero/ops/cpu/linear.hpp>
+#include "../support/worse.hpp"
 #include "gradcheck.hpp"
 #include "thread_count.hpp"
 
@@ -176,7 +177,8 @@ TEST_CASE(
           const double bound = (static_cast<double>(g.K) + 2) * eps * magnitude +
                                2 * eps * std::fabs(beta * c_in) + 1e-30;
           const double got = one[static_cast<std::size_t>(m * g.ldc + n)];
-          worst = std::max(worst, std::isfinite(got) ? std::fabs(got - want) / bound : 1e30);
+          worst = zero::testing::worse(worst,
+                                       std::isfinite(got) ? std::fabs(got - want) / bound : 1e30);
         }
       }
       CHECK(worst <= 1.0);

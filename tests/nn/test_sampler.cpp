@@ -56,7 +56,7 @@ TEST_CASE("Sampler draws only from the top k and follows the softmax at the temp
   CHECK(std::abs(seen - std::exp(1.0) / (1 + std::exp(1.0))) > 0.1);
 }
 
-TEST_CASE("Sampler with the same seed draws the same tokens; another seed differs", "[unit][nn]") {
+TEST_CASE("Sampler with the same seed draws the same tokens, another seed differs", "[unit][nn]") {
   std::vector<float> logits(257);
   for (std::size_t i = 0; i < logits.size(); ++i)
     logits[i] = static_cast<float>(std::sin(i * 0.37));

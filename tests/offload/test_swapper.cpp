@@ -256,7 +256,7 @@ TEST_CASE("a pass cut short by fn leaves no stale zero-fill for the next pass", 
   CHECK(seen == 5);
 }
 
-TEST_CASE("swap_in_tensor reads one tensor alone; nothing swaps inside a pass", "[unit][offload]") {
+TEST_CASE("swap_in_tensor reads one tensor alone, nothing swaps inside a pass", "[unit][offload]") {
   TempDir dir("tensor", zero::testing::direct_io_base());
   NvmeSwapper s(small_config(dir.path(), 3), odd_groups(4));
   std::vector<float> out(static_cast<std::size_t>(s.layout(2).tensors[1].numel), -1.0f);

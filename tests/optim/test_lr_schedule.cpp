@@ -48,7 +48,7 @@ TEST_CASE("WarmupLR from a config warms up to the optimizer's lr unless warmup_m
 }
 
 TEST_CASE(
-    "a warmup of 0 steps from a config ramps over 2, as DeepSpeed's max(2, n); a negative one "
+    "a warmup of 0 steps from a config ramps over 2, as DeepSpeed's max(2, n), a negative one "
     "is refused",
     "[unit][optim]") {
   // The Hugging Face Trainer fills "auto" with 0 for a run without warmup; this refused it.

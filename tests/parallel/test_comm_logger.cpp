@@ -80,7 +80,7 @@ TEST_CASE("CommLogger report prints one JSON object per row", "[unit][comm]") {
         "\"bus_bytes\":7000,\"time_s\":0.001,\"algbw_gbps\":0.008,\"busbw_gbps\":0.007}\n");
 }
 
-TEST_CASE("CommLogger summary per op, group and size; op filter; verbose lines", "[unit][comm]") {
+TEST_CASE("CommLogger summary per op, group and size, op filter, verbose lines", "[unit][comm]") {
   CommLogger logger;
   std::vector<std::string> lines;
   logger.set_verbose([&](const std::string& line) { lines.push_back(line); });

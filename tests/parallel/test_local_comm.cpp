@@ -330,7 +330,7 @@ TEST_CASE("LocalComm: a grouped receive that fails, with receives after it, brea
              Catch::Contains("a grouped receive failed with 1 receives of its group not taken"));
 }
 
-TEST_CASE("LocalComm split builds ordered sub-groups; undefined color gives a null comm",
+TEST_CASE("LocalComm split builds ordered sub-groups, undefined color gives a null comm",
           "[unit][comm]") {
   const int n = 8;
   struct Result {

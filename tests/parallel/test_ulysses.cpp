@@ -29,6 +29,7 @@
 #include <zero/nn/layers/position_embedding.hpp>
 
 #include "../support/per_rank.hpp"
+#include "../support/worse.hpp"
 
 using namespace zero;
 using Catch::Matchers::Contains;
@@ -55,7 +56,7 @@ double max_diff(const std::vector<V>& a, const std::vector<V>& b) {
   if (a.size() != b.size()) return INFINITY;
   double w = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    w = std::max(w, std::fabs(convert<double>(a[i]) - convert<double>(b[i])));
+    w = zero::testing::worse(w, std::fabs(convert<double>(a[i]) - convert<double>(b[i])));
   }
   return w;
 }
@@ -192,8 +193,9 @@ double worst_error(const std::vector<AttentionResult<Val>>& ranks, const Attenti
   double w = 0;
   for (int r = 0; r < sp; ++r) {
     const auto& got = ranks[static_cast<std::size_t>(r)];
-    w = std::max(w, max_diff(got.y, position_rows(want.y, B, T, C, r * Tl, Tl)));
-    w = std::max(w, max_diff(got.dqkv, position_rows(want.dqkv, B, T, 3 * C, r * Tl, Tl)));
+    w = zero::testing::worse(w, max_diff(got.y, position_rows(want.y, B, T, C, r * Tl, Tl)));
+    w = zero::testing::worse(w,
+                             max_diff(got.dqkv, position_rows(want.dqkv, B, T, 3 * C, r * Tl, Tl)));
   }
   return w;
 }

@@ -110,7 +110,7 @@ TEST_CASE("MFU's closed form and the datasheet peaks by card name", "[unit][prof
   CHECK(profile::datasheet_bf16_tflops("NVIDIA GeForce RTX 4090") == 0.0);
 }
 
-TEST_CASE("Flops profile of an engine step: summary, units, JSON; n/a without FLOP counts",
+TEST_CASE("Flops profile of an engine step: summary, units, JSON, n/a without FLOP counts",
           "[unit][profile]") {
   const nn::GPTConfig cfg = shape(2, 32, 16, 64, 2);
   const std::int64_t B = 2;

@@ -238,7 +238,7 @@ TEST_CASE("Monitor: the flops profile counts the ranks that read their own sampl
   }
 }
 
-TEST_CASE("StepTimers: a phase inside another moves its time out; waits stay inside",
+TEST_CASE("StepTimers: a phase inside another moves its time out, waits stay inside",
           "[unit][profile]") {
   using profile::Phase;
   using namespace std::chrono_literals;
