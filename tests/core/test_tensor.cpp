@@ -135,8 +135,7 @@ TEST_CASE("Arena hands out aligned views in stack order and never grows", "[unit
   CHECK(arena.peak_bytes() == peak);
   CHECK_THROWS_AS(arena.allocate<float>({2000}), OutOfMemoryError);
   CHECK_THROWS_WITH(arena.allocate<float>({2000}),
-                    Catch::Contains("activations") &&
-                        Catch::Contains("2000 elements of 4 bytes") &&
+                    Catch::Contains("activations") && Catch::Contains("2000 elements of 4 bytes") &&
                         Catch::Contains("of 4096 bytes in use"));
   CHECK_THROWS_AS(arena.release(100000), Error);
 }
