@@ -385,7 +385,7 @@ TEST_CASE("Ulysses communication: 4 all-to-alls of 8*B*(T/sp)*C elements per att
   }
 }
 
-TEST_CASE("PositionEmbedding of sequence shard r adds positions [r*T/sp, (r+1)*T/sp)",
+TEST_CASE("PositionEmbedding of sequence shard r adds positions r*T/sp up to (r+1)*T/sp",
           "[unit][ulysses]") {
   // The table and the whole rows; shard r of sp = 4 must equal rows [r*Tl, (r+1)*Tl) of the
   // whole layer's output, and its table gradient the whole gradient's rows there (zero elsewhere).
