@@ -1,9 +1,13 @@
 // Error types: hierarchy and messages built only on failure.
+#include <algorithm>
+#include <cmath>
 #include <ostream>
 
 #include <catch2/catch.hpp>
 
 #include <zero/core/error.hpp>
+
+#include "../support/worse.hpp"
 
 namespace {
 // Counts how often it is written to a stream.
@@ -30,4 +34,15 @@ TEST_CASE("errors derive from zero::Error and carry the message parts", "[unit][
   CHECK(part.streamed == 0);
   CHECK_THROWS_WITH(expect<Error>(false, "shown: ", part), "shown: <part>");
   CHECK(part.streamed == 1);
+}
+
+TEST_CASE("the tests' error maxima let a NaN win, where std::max drops it", "[unit][error]") {
+  using zero::testing::worse;
+  const double nan = std::nan("");
+  CHECK(std::max(0.5, nan) == 0.5);  // what the comparisons used to do
+  CHECK(std::isnan(worse(0.5, nan)));
+  CHECK(std::isnan(worse(nan, 2.0)));  // and it stays NaN
+  CHECK(worse(0.5, 2.0) == 2.0);
+  CHECK(worse(2.0, 0.5) == 2.0);
+  CHECK_FALSE(worse(0.0, nan) <= 1e-10);  // a bound check on a NaN element fails
 }
