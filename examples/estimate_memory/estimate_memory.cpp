@@ -84,7 +84,7 @@ int main(int argc, char** argv) try {
     // and the head (ln_f; the LM head is tied to the token table). At stage 3 the units of at
     // most persistence_threshold parameters stay gathered.
     const std::int64_t C = c.channels;
-    const std::int64_t embedding = c.vocab_size * C + c.max_seq_len * C,
+    const std::int64_t embedding = c.vocab_rows() * C + c.max_seq_len * C,
                        block = 12 * C * C + 13 * C, head = 2 * C;
     in.largest_unit_params = std::max(embedding, block);
     units = c.num_layers + 2;

@@ -30,8 +30,9 @@
 //
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
-// remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary
-// (257) is padded to a multiple of N, as Megatron pads its vocabulary; --init and --export read
+// remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary's
+// table (257 rows) is padded to a multiple of N, as Megatron pads its vocabulary, and the loss
+// masks the padding out of the softmax (GPTConfig::padded_vocab_size); --init and --export read
 // and write the real tokens' rows, so a GPT-2 file loads at any N.
 // --pp N cuts the model's units into N pipeline stages (the config's "pipeline": {"stages": N},
 // or Megatron's pipeline_model_parallel_size) run by a checked schedule (--schedule, default
@@ -517,7 +518,7 @@ Corpus load_corpus(const Options& o) {
 }
 
 // The rows of the model's embedding: the vocabulary padded to a multiple of tp, as Megatron pads
-// it, so each tensor-parallel rank holds an equal slice.
+// it, so each tensor-parallel rank holds an equal slice (the padding is masked out of the loss).
 std::int64_t padded_vocab(std::int64_t vocab, std::int64_t tp) {
   return (vocab + tp - 1) / tp * tp;
 }
@@ -572,7 +573,10 @@ struct RunSetup {
   }
   static nn::GPTConfig model_config(const Options& o, const Corpus& corpus, int tp) {
     nn::GPTConfig gc;
-    gc.vocab_size = padded_vocab(corpus.vocab, tp);
+    gc.vocab_size = corpus.vocab;
+    if (padded_vocab(corpus.vocab, tp) != corpus.vocab) {
+      gc.padded_vocab_size = padded_vocab(corpus.vocab, tp);
+    }
     gc.max_seq_len = o.seq;
     gc.num_layers = o.layers;
     gc.num_heads = o.heads;
@@ -762,14 +766,14 @@ std::int64_t sample_vocab(const Corpus& corpus) {
 }
 
 // Row `row` of the logits of model's last forward, its first `bytes` columns as floats (with
-// tensor parallelism each rank holds V/tp columns: they are gathered).
+// tensor parallelism each rank holds rows/tp columns of the padded table: they are gathered).
 // On a device (no tensor parallelism there) the row is copied out of device memory.
 template <bool OnDevice, class Model>
 std::vector<float> last_row_logits(const Model& model, const nn::GPTConfig& gc, int tp,
                                    std::int64_t row, std::int64_t bytes) {
   using Elem = typename Model::value_type;
-  const std::int64_t local_vocab = gc.vocab_size / tp;
-  std::vector<Elem> whole(static_cast<std::size_t>(gc.vocab_size));
+  const std::int64_t local_vocab = gc.vocab_rows() / tp;
+  std::vector<Elem> whole(static_cast<std::size_t>(gc.vocab_rows()));
   if constexpr (OnDevice) {
 #if defined(ZERO_TRAIN_GPT_CUDA)
     ZERO_CUDA_CHECK(cudaDeviceSynchronize());  // the forward ran on the engine's own stream

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <parallel/comm/local_comm.hpp>
@@ -79,6 +80,38 @@ TEST_CASE(
         }
       }
     }
+  }
+}
+
+TEST_CASE(
+    "Tensor-parallel GPT with its token table padded past the vocabulary: the real rows equal the "
+    "unpadded single-process reference (f64 AdamW, clipping)",
+    "[unit][tp]") {
+  // 45 tokens in 64 rows: at tp 2 rank 1 holds tokens 32..44 and 19 padding rows, at tp 4 rank 3
+  // holds only padding. Were the padding in the softmax (or its gradient not zero, or counted in
+  // the clipping norm), every tensor would move off the 45-token model's by O(1e-3).
+  const int accumulation = 2, steps = 3;
+  nn::GPTConfig real = test::tp_tiny();
+  real.vocab_size = 45;
+  nn::GPTConfig padded = real;
+  padded.padded_vocab_size = 64;
+  const std::string wte = "transformer.wte.weight";
+  for (const std::pair<int, int> layout : {std::pair{1, 2}, std::pair{2, 2}, std::pair{4, 1}}) {
+    const int tp = layout.first, dp = layout.second;
+    const auto want = test::reference<double>(real, test::micro_rows * accumulation * dp, steps);
+    auto got =
+        test::assemble(testing::per_rank<std::vector<test::HeldParam>>(tp * dp, [&](LocalComm& w) {
+          parallel::ProcessGroups<LocalComm> groups(w, parallel::Grid({.tp = tp, .dp = dp}));
+          nn::GPT<double> model(padded, TensorParallel(groups.tp(), tp > 1));
+          engine::Engine<nn::GPT<double>, ZeroStage<3>> eng(model, groups, test::AdamW64{},
+                                                            test::tp_options(accumulation));
+          train(eng, groups.dp().rank(), dp, accumulation, steps, real.vocab_size);
+          return test::held_params(eng);
+        }));
+    INFO("tp " << tp << ", dp " << dp);
+    REQUIRE(got.at(wte).size() == 64 * 16);
+    got.at(wte).resize(45 * 16);  // the real rows
+    CHECK(test::max_difference(got, want) <= 1e-10);
   }
 }
 

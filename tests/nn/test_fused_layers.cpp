@@ -76,19 +76,19 @@ nn::GPTConfig tiny_gpt(std::int64_t chunk_bytes) {
 
 constexpr std::int64_t gpt_batch = 3, gpt_seq = 7;  // 21 rows
 
-// Loss and gradients of model M (nn::GPT, or the hand-written GPT with its unfused head) on a
-// fixed batch (two targets ignored), loss scale 2; training false runs the forward as an
-// evaluation (the chunked head then computes its gradients in the backward; the tiny GPT has no
-// dropout).
+// Loss and gradients of model M (nn::GPT, or the hand-written GPT with its unfused head) shaped
+// by cfg on a fixed batch of tokens below `tokens_below` (cfg.vocab_size when 0; two targets
+// ignored), loss scale 2; training false runs the forward as an evaluation (the chunked head then
+// computes its gradients in the backward; the tiny GPT has no dropout).
 template <class T, class M = nn::GPT<T>>
-std::vector<double> gpt_run(std::int64_t chunk_bytes, bool training = true) {
-  const nn::GPTConfig cfg = tiny_gpt(chunk_bytes);
+std::vector<double> gpt_run_of(const nn::GPTConfig& cfg, bool training = true,
+                               std::int64_t tokens_below = 0) {
   M model(cfg);
+  const std::int64_t V = tokens_below > 0 ? tokens_below : cfg.vocab_size;
   std::vector<std::int32_t> tokens, targets;
   for (std::int64_t i = 0; i < gpt_batch * gpt_seq; ++i) {
-    tokens.push_back(static_cast<std::int32_t>((i * 11 + 2) % cfg.vocab_size));
-    targets.push_back(i == 4 || i == 17 ? -1
-                                        : static_cast<std::int32_t>((i * 7 + 3) % cfg.vocab_size));
+    tokens.push_back(static_cast<std::int32_t>((i * 11 + 2) % V));
+    targets.push_back(i == 4 || i == 17 ? -1 : static_cast<std::int32_t>((i * 7 + 3) % V));
   }
   nn::StepContext<T> ctx;
   ctx.tokens = tokens.data();
@@ -98,6 +98,12 @@ std::vector<double> gpt_run(std::int64_t chunk_bytes, bool training = true) {
   ctx.loss_scale = 2;
   ctx.training = training;
   return run(model, ctx);
+}
+
+// gpt_run_of on the tiny GPT whose head holds chunk_bytes of logits at once.
+template <class T, class M = nn::GPT<T>>
+std::vector<double> gpt_run(std::int64_t chunk_bytes, bool training = true) {
+  return gpt_run_of<T, M>(tiny_gpt(chunk_bytes), training);
 }
 
 double worst_relative(const std::vector<double>& got, const std::vector<double>& want) {
@@ -213,4 +219,77 @@ TEST_CASE("LinearCrossEntropy keeps one chunk of logits and says so when asked f
     CHECK(r.passed());
   }
   CHECK_THROWS_AS(tiny_gpt(-1).validate(), ConfigError);
+}
+
+TEST_CASE(
+    "A token table padded past the vocabulary: the padding is out of the softmax, its gradient "
+    "zero, the rest the unpadded model's",
+    "[unit][nn][fused]") {
+  // 61 tokens in a table of 64 rows (Megatron pads the table to split it over tensor-parallel
+  // ranks, llm.c for the GEMMs). The initialiser draws element i of a tensor from (seed, name, i),
+  // so the padded table's first 61 rows are the unpadded table's.
+  const std::int64_t vocab = 61, rows = 64, C = tiny_gpt(0).channels;
+  const auto config = [&](std::int64_t padded, std::int64_t chunk_bytes) {
+    nn::GPTConfig cfg = tiny_gpt(chunk_bytes);
+    cfg.vocab_size = vocab;
+    cfg.padded_vocab_size = padded;
+    return cfg;
+  };
+  // The padded run's loss and gradients without the padding rows of wte's gradient (unit 0's
+  // first tensor, after the loss), which must be exact zeros.
+  const auto without_padding = [&](std::vector<double> out) {
+    const auto first = out.begin() + 1 + vocab * C, last = out.begin() + 1 + rows * C;
+    double padding = 0;
+    for (auto it = first; it != last; ++it) padding = zero::testing::worse(padding, std::abs(*it));
+    CHECK(padding == 0.0);
+    out.erase(first, last);
+    return out;
+  };
+  // The whole batch's logits at once, and in chunks of 5 rows (a training forward computing the
+  // gradients chunk by chunk, and an evaluation forward whose backward recomputes them).
+  for (const std::int64_t chunk_rows : {std::int64_t{0}, std::int64_t{5}}) {
+    INFO("chunk rows " << chunk_rows);
+    for (const bool training : {true, false}) {
+      INFO("training " << training);
+      const auto bytes = [&](std::size_t element) {
+        return chunk_rows * rows * static_cast<std::int64_t>(element);
+      };
+      CHECK(worst_relative(without_padding(gpt_run_of<double>(config(rows, bytes(8)), training)),
+                           gpt_run_of<double>(config(0, bytes(8)), training)) < 1e-13);
+      CHECK(worst_relative(without_padding(gpt_run_of<float>(config(rows, bytes(4)), training)),
+                           gpt_run_of<float>(config(0, bytes(4)), training)) < 1e-5);
+      CHECK(worst_relative(without_padding(gpt_run_of<bf16>(config(rows, bytes(2)), training)),
+                           gpt_run_of<bf16>(config(0, bytes(2)), training)) < 2e-2);
+    }
+  }
+  // The hand-written GPT masks the padding the same way: the bits of the one-chunk head.
+  CHECK(gpt_run_of<float>(config(rows, 0)) ==
+        gpt_run_of<float, nn::HandWrittenGPT<float>>(config(rows, 0)));
+  // Negative control: a 64-token model on the same 61-token batch has the padding in its softmax
+  // (3 more classes at init: the loss grows by about log(64 / 61)).
+  const double masked = gpt_run_of<double>(config(rows, 0))[0],
+               unmasked = gpt_run_of<double>(tiny_gpt(0), true, vocab)[0];
+  CHECK(unmasked - masked > 0.01);
+  // A target in the padding is no token: refused, as one past the vocabulary is.
+  nn::GPT<float> model(config(rows, 0));
+  nn::LocalParameters<nn::GPT<float>> params(model, 5);
+  std::vector<std::int32_t> tokens(4, 1), targets{1, 2, 62, 3};
+  Arena<> arena(8 << 20);
+  nn::StepContext<float> ctx;
+  ctx.arena = &arena;
+  ctx.tokens = tokens.data();
+  ctx.targets = targets.data();
+  ctx.batch = 1;
+  ctx.seq_len = 4;
+  CHECK_THROWS_WITH(model.forward(ctx),
+                    Catch::Contains("target 62 at position 2 is outside the vocabulary [0, 61)"));
+  // A padded size below the vocabulary is a configuration error naming both.
+  CHECK_THROWS_WITH(config(60, 0).validate(),
+                    Catch::Contains("padded_vocab_size (60) must be 0 (unpadded) or at least "
+                                    "vocab_size (61)"));
+  // The layer's own setter: a vocabulary past the weight's rows is refused.
+  nn::LinearCrossEntropy<float> head(
+      "lm_head", [] { return nn::ParamView<float>{}; }, C, rows);
+  CHECK_THROWS_WITH(head.set_vocabulary(rows + 1),
+                    Catch::Contains("a vocabulary of 65 classes must be in [1, 64]"));
 }

@@ -365,6 +365,78 @@ TEST_CASE("VocabParallelEmbedding and VocabParallelCrossEntropy equal the whole-
   }
 }
 
+TEST_CASE(
+    "VocabParallelCrossEntropy over a padded vocabulary equals the whole-vocabulary loss over the "
+    "real tokens",
+    "[unit][tp]") {
+  // 11 tokens in 16 columns: at tp 2 rank 1 holds tokens 8..10 and 5 padding columns, at tp 4
+  // rank 3 holds only padding. The padding logits are 50, far above the others: in the softmax
+  // they would take nearly all of it.
+  const std::int64_t B = 2, T = 6, N = B * T, V = 16, tokens = 11;
+  auto logits = random_values(N * V, 8);
+  for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t v = tokens; v < V; ++v) logits[static_cast<std::size_t>(n * V + v)] = 50.0;
+  }
+  const std::vector<std::int32_t> targets{10, 0, 4, 3, 8, 7, -1, 9, 10, 3, 8, 1};
+  std::vector<double> losses(N), want_dlogits(N * V);
+  const double want_loss = ops::cpu::cross_entropy_forward<double>(
+      losses.data(), logits.data(), targets.data(), N, tokens, nullptr, V);
+  ops::cpu::cross_entropy_backward<double>(want_dlogits.data(), logits.data(), targets.data(), N,
+                                           tokens, 1.0, -1, nullptr, V);  // zeros in the padding
+  for (int tp : {2, 4}) {
+    const auto errors = testing::per_rank<double>(tp, [&](LocalComm& comm) {
+      parallel::VocabParallelCrossEntropy<double> loss(TensorParallel(comm), V);
+      loss.set_vocabulary(tokens);
+      const std::int64_t part = V / tp, first = comm.rank() * part;
+      std::vector<double> mine, want_mine;
+      for (std::int64_t n = 0; n < N; ++n) {
+        for (std::int64_t v = 0; v < part; ++v) {
+          mine.push_back(logits[static_cast<std::size_t>(n * V + first + v)]);
+          want_mine.push_back(want_dlogits[static_cast<std::size_t>(n * V + first + v)]);
+        }
+      }
+      const LayerRun ce =
+          run_layer(loss, {}, mine, Shape{N, part}, {}, B, T, nullptr, targets.data());
+      // Added onto a gradient already in dx, the padding's share is zero there too.
+      const LayerRun onto_one =
+          run_layer(loss, {}, mine, Shape{N, part}, {}, B, T, nullptr, targets.data(), 1.0);
+      std::vector<double> want_onto_one = want_mine;
+      for (double& g : want_onto_one) g += 1.0;
+      return std::max({std::fabs(ce.loss - want_loss), max_diff(ce.dx, want_mine),
+                       max_diff(onto_one.dx, want_onto_one)});
+    });
+    INFO("tp " << tp);
+    for (double e : errors) CHECK(e <= 1e-12);
+  }
+  // Negative control: the same layer without the vocabulary set has the padding in its softmax.
+  const auto unmasked = testing::per_rank<double>(2, [&](LocalComm& comm) {
+    parallel::VocabParallelCrossEntropy<double> loss(TensorParallel(comm), V);
+    std::vector<double> mine;
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t v = 0; v < V / 2; ++v) {
+        mine.push_back(logits[static_cast<std::size_t>(n * V + comm.rank() * V / 2 + v)]);
+      }
+    }
+    return run_layer(loss, {}, mine, Shape{N, V / 2}, {}, B, T, nullptr, targets.data()).loss;
+  });
+  CHECK(unmasked[0] - want_loss > 40.0);
+  // A target in the padding is refused; so is a vocabulary past the columns.
+  const auto refused = testing::per_rank<std::string>(2, [&](LocalComm& comm) {
+    parallel::VocabParallelCrossEntropy<double> loss(TensorParallel(comm), V);
+    loss.set_vocabulary(tokens);
+    const std::vector<double> row(V / 2, 0.5);
+    const std::int32_t padding = 12;
+    return testing::thrown_message([&] {
+             (void)run_layer(loss, {}, row, Shape{1, V / 2}, {}, 1, 1, nullptr, &padding);
+           }) +
+           " | " + testing::thrown_message([&] { loss.set_vocabulary(V + 1); });
+  });
+  for (const std::string& m : refused) {
+    CHECK_THAT(m, Catch::Contains("target 12 at position 0 is outside the vocabulary [0, 11)") &&
+                      Catch::Contains("a vocabulary of 17 tokens must be in [1, 16]"));
+  }
+}
+
 TEST_CASE("VocabParallelCrossEntropy: Megatron's numeric case", "[unit][tp]") {
   // Megatron's test at tp 4: every rank's logits are arange(0, 8) repeated to its 32 columns (a
   // vocabulary of 128), targets arange(0, 32, 2): losses 10.2309, 8.2309, 6.2309, 4.2309, ...

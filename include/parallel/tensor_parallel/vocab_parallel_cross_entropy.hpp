@@ -9,10 +9,16 @@
 // The two sums travel in one all-reduce of 2N values. Backward needs no communication:
 //   dlogits_nv = (exp(l_nv - m_n) / s_n - [v == target_n]) * dloss / counted rows.
 // Statistics are in the compute type (float for half types), as the whole-vocabulary kernel.
+// A vocabulary padded to split evenly (set_vocabulary: the first vocab of the V columns are
+// tokens) leaves the padding columns out of the max and the sums, and their dlogits zero: each
+// rank counts its columns below vocab, none on a rank that holds only padding (its max is -inf
+// and the group's comes from the others).
 
+#include <algorithm>
 #include <any>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,12 +39,20 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   /// vocab is the whole vocabulary V; labels names the micro-batch input ("targets":
   /// ctx.targets).
   VocabParallelCrossEntropy(TensorParallel tp, std::int64_t vocab, std::string labels = "targets")
-      : tp_(std::move(tp)), vocab_(vocab), labels_(std::move(labels)) {
+      : tp_(std::move(tp)), vocab_(vocab), tokens_(vocab), labels_(std::move(labels)) {
     expect<ConfigError>(vocab > 0 && vocab % tp_.size() == 0, describe(), ": the vocabulary of ",
                         vocab, " does not split over tensor-parallel size ", tp_.size());
   }
 
   std::string describe() const override { return "VocabParallelCrossEntropy '" + labels_ + "'"; }
+
+  /// The tokens among the V columns: the first vocab, the rest padding (see the file comment);
+  /// V by default. ConfigError unless 0 < vocab <= V.
+  void set_vocabulary(std::int64_t vocab) {
+    expect<ConfigError>(vocab > 0 && vocab <= vocab_, describe(), ": a vocabulary of ", vocab,
+                        " tokens must be in [1, ", vocab_, "] (the split columns)");
+    tokens_ = vocab;
+  }
   void forward(nn::StepContext<T>& ctx) override {
     nn::expect_host_kernels(ctx, describe());
     const std::int64_t V = part();
@@ -47,14 +61,15 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
     labels_data_ = find_labels(ctx);
     nn::expect_labels_when_training(ctx, labels_data_ != nullptr, describe(), labels_);
     if (labels_data_ == nullptr) return;
-    const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, vocab_);
+    const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, tokens_);
+    const std::int64_t counted = counted_columns();
     max_ = ctx.arena->template allocate<Stat>({N_});
     sums_ = ctx.arena->template allocate<Stat>({2, N_});  // [predicted; sum of exponentials]
     const T* x = logits_.data();
     Stat* m = max_.data();
     ops::cpu::parallel_for(N_, [&](std::int64_t n) {
-      Stat best = ops::cpu::load(x[n * V]);
-      for (std::int64_t v = 1; v < V; ++v) {
+      Stat best = -std::numeric_limits<Stat>::infinity();
+      for (std::int64_t v = 0; v < counted; ++v) {
         const Stat l = ops::cpu::load(x[n * V + v]);
         best = l > best ? l : best;
       }
@@ -67,10 +82,12 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
     Stat* sum = sums_.data() + N_;
     ops::cpu::parallel_for(N_, [&](std::int64_t n) {
       Stat s = Stat(0);
-      for (std::int64_t v = 0; v < V; ++v) s += std::exp(ops::cpu::load(x[n * V + v]) - m[n]);
+      for (std::int64_t v = 0; v < counted; ++v) {
+        s += std::exp(ops::cpu::load(x[n * V + v]) - m[n]);
+      }
       sum[n] = s;
       const std::int64_t local = labels[n] - first;
-      predicted[n] = labels[n] != ops::cpu::ignore_index && local >= 0 && local < V
+      predicted[n] = labels[n] != ops::cpu::ignore_index && local >= 0 && local < counted
                          ? ops::cpu::load(x[n * V + local]) - m[n]
                          : Stat(0);
     });
@@ -85,8 +102,8 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   void backward(nn::StepContext<T>& ctx) override {
     expect<nn::InputError>(labels_data_ != nullptr, describe(),
                            ": backward needs labels; the micro-batch had no input '", labels_, "'");
-    const std::int64_t V = part(), first = tp_.rank() * V;
-    const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, vocab_);
+    const std::int64_t V = part(), first = tp_.rank() * V, counted = counted_columns();
+    const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, tokens_);
     const Stat scale =
         valid > 0 ? convert<Stat>(ctx.loss_scale) / static_cast<Stat>(valid) : Stat(0);
     const T* x = logits_.data();
@@ -108,11 +125,12 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
       }
       const Stat inv = Stat(1) / sum[n];
       const std::int64_t local = labels[n] - first;
-      for (std::int64_t v = 0; v < V; ++v) {
+      for (std::int64_t v = 0; v < counted; ++v) {
         Stat g = std::exp(ops::cpu::load(x[n * V + v]) - m[n]) * inv * scale;
         if (v == local) g -= scale;
         put(d[v], g);
       }
+      for (std::int64_t v = counted; v < V; ++v) put(d[v], Stat(0));  // padding
     });
   }
   bool writes_input_grad() const override { return true; }  // honours overwrite_dx
@@ -134,6 +152,12 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   using Stat = compute_type_t<T>;
 
   std::int64_t part() const { return vocab_ / tp_.size(); }
+  // This rank's columns that are tokens: those of [rank * V/tp, (rank + 1) * V/tp) below
+  // tokens_ (all but on the ranks holding the padding).
+  std::int64_t counted_columns() const {
+    const std::int64_t V = part();
+    return std::clamp<std::int64_t>(tokens_ - tp_.rank() * V, 0, V);
+  }
   // The whole-vocabulary loss's rule: a named input, or ctx.targets (batch x seq_len of them
   // for N_ rows), counted against the rows.
   const std::int32_t* find_labels(const nn::StepContext<T>& ctx) const {
@@ -141,7 +165,8 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   }
 
   TensorParallel tp_;
-  std::int64_t vocab_;
+  std::int64_t vocab_;   // V: the split columns
+  std::int64_t tokens_;  // the first tokens_ of them are tokens, the rest padding
   std::string labels_;
   Tensor<T> logits_;
   Tensor<Stat> max_, sums_;

@@ -1,5 +1,6 @@
 #pragma once
-// The embedding unit: token embedding wte [V, C] plus learned positions wpe [maxT, C].
+// The embedding unit: token embedding wte [V, C] plus learned positions wpe [maxT, C] (V: the
+// table's rows, GPTConfig::vocab_rows(), its padding included).
 // wte is also the LM head's weight (tied); it belongs to this unit, and the head declares that
 // it uses it.
 
@@ -25,7 +26,7 @@ class Embedding {
   /// wte then wpe.
   std::vector<ParamSpec> params() const {
     return {
-        {"transformer.wte.weight", {cfg_.vocab_size, cfg_.channels}, Init::normal, 0.02, true},
+        {"transformer.wte.weight", {cfg_.vocab_rows(), cfg_.channels}, Init::normal, 0.02, true},
         {"transformer.wpe.weight", {cfg_.max_seq_len, cfg_.channels}, Init::normal, 0.02, true}};
   }
   /// Binds views in params() order.
@@ -44,7 +45,7 @@ class Embedding {
     mark_ = ctx.arena->mark();
     Tensor<T> out = ctx.arena->template allocate<T>({N, C});
     ops::cpu::embedding_forward(out.data(), ctx.tokens, wte_.value.data(), wpe_.value.data(),
-                                ctx.batch, ctx.seq_len, C, cfg_.vocab_size);
+                                ctx.batch, ctx.seq_len, C, cfg_.vocab_rows());
     if (ctx.training && cfg_.dropout > 0) {
       ops::cpu::dropout_forward(out.data(), out.data(), N * C, cfg_.dropout, rng(ctx),
                                 static_cast<std::uint32_t>(ctx.step));

@@ -11,7 +11,12 @@ namespace zero::nn {
 
 /// The shape and regularisation of a GPT-2 style model.
 struct GPTConfig {
-  std::int64_t vocab_size = 50257;      ///< V
+  std::int64_t vocab_size = 50257;  ///< V: the tokens, and the classes the loss runs over
+  /// Rows of the token embedding (the LM head's logits columns) when the table is padded past
+  /// the vocabulary (Megatron pads it to a multiple of the tensor-parallel size, llm.c to 128);
+  /// 0: vocab_size. The padding rows are never a token nor in the softmax: the loss masks their
+  /// logits and their gradient is zero.
+  std::int64_t padded_vocab_size = 0;
   std::int64_t max_seq_len = 1024;      ///< positions in wpe
   std::int64_t num_layers = 12;         ///< L
   std::int64_t num_heads = 12;          ///< NH
@@ -31,6 +36,9 @@ struct GPTConfig {
         "GPTConfig: every size must be positive (vocab_size ", vocab_size, ", max_seq_len ",
         max_seq_len, ", num_layers ", num_layers, ", num_heads ", num_heads, ", channels ",
         channels, ")");
+    expect<ConfigError>(padded_vocab_size == 0 || padded_vocab_size >= vocab_size,
+                        "GPTConfig: padded_vocab_size (", padded_vocab_size,
+                        ") must be 0 (unpadded) or at least vocab_size (", vocab_size, ")");
     expect<ConfigError>(channels % num_heads == 0, "GPTConfig: channels (", channels,
                         ") must be a multiple of num_heads (", num_heads, ")");
     expect<ConfigError>(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout ", dropout,
@@ -41,10 +49,14 @@ struct GPTConfig {
                         logits_chunk_bytes, " must be >= 0");
   }
 
-  /// Parameter count: wte, wpe, L blocks of 12C^2 + 13C, and ln_f (the LM head is tied).
+  /// Rows of the token embedding: padded_vocab_size when set, else vocab_size.
+  std::int64_t vocab_rows() const { return padded_vocab_size > 0 ? padded_vocab_size : vocab_size; }
+
+  /// Parameter count: wte (its padding rows included), wpe, L blocks of 12C^2 + 13C, and ln_f
+  /// (the LM head is tied).
   std::int64_t num_parameters() const {
     const std::int64_t C = channels;
-    return vocab_size * C + max_seq_len * C + num_layers * (12 * C * C + 13 * C) + 2 * C;
+    return vocab_rows() * C + max_seq_len * C + num_layers * (12 * C * C + 13 * C) + 2 * C;
   }
 
   /// A published GPT-2 size by name: "gpt2" (124M), "gpt2-medium" (350M), "gpt2-large" (774M),

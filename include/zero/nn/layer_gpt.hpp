@@ -3,10 +3,11 @@
 // units: unit 0 = TokenEmbedding + PositionEmbedding (+ Dropout), units 1..L = two Residuals
 // each (attention and MLP branches, with GPT's dropout sites), unit L+1 = LayerNorm + a
 // LinearCrossEntropy on the targets reading unit 0's token table (the logits in row chunks of at
-// most GPTConfig::logits_chunk_bytes). Parameter names, shapes, initialisers and flags equal
-// nn::GPT's, and forward and backward give the same bits (f64, f32, bf16, with dropout and
-// activation checkpointing; tested), so it is a drop-in for nn::GPT and a template for users' own
-// transformer variants.
+// most GPTConfig::logits_chunk_bytes; a token table padded past the vocabulary,
+// GPTConfig::padded_vocab_size, has its padding columns masked out of the softmax). Parameter
+// names, shapes, initialisers and flags equal nn::GPT's, and forward and backward give the same
+// bits (f64, f32, bf16, with dropout and activation checkpointing; tested), so it is a drop-in for
+// nn::GPT and a template for users' own transformer variants.
 //
 // The MoE variant (MoEBlocks): every k-th block's MLP is a MixtureOfExperts; its experts are an
 // expert unit of their own (an ExpertStack, split over the expert-parallel group) just before
@@ -71,12 +72,13 @@ inline void check_tensor_parallel_block(const GPTConfig& cfg, int tp) {
   detail::expect_divides_tp(cfg.channels, "n_embd (channels)", tp);
 }
 
-/// Throws ConfigError naming the key when cfg's heads, hidden size or vocabulary do not divide by
-/// the tensor-parallel size tp.
+/// Throws ConfigError naming the key when cfg's heads, hidden size or token-table rows (the
+/// vocabulary, or padded_vocab_size when set) do not divide by the tensor-parallel size tp.
 inline void check_tensor_parallel(const GPTConfig& cfg, int tp) {
   if (tp <= 1) return;
   check_tensor_parallel_block(cfg, tp);
-  detail::expect_divides_tp(cfg.vocab_size, "vocab_size", tp);
+  detail::expect_divides_tp(cfg.vocab_rows(),
+                            cfg.padded_vocab_size > 0 ? "padded_vocab_size" : "vocab_size", tp);
 }
 
 /// Throws ConfigError naming the keys when Ulysses sequence parallelism over sp ranks cannot
@@ -192,7 +194,8 @@ class LayerGPT {
         tp_(std::move(tp)),
         sp_(std::move(sp)),
         moe_(std::move(moe)) {
-    const std::int64_t C = cfg_.channels, V = cfg_.vocab_size;
+    // V rows of the token table; the first cfg_.vocab_size are the tokens the loss runs over.
+    const std::int64_t C = cfg_.channels, V = cfg_.vocab_rows();
     units_.reserve(static_cast<std::size_t>(2 * cfg_.num_layers + 2));
     auto& embedding = units_.emplace_back();
     if (tp_.active()) {
@@ -235,6 +238,7 @@ class LayerGPT {
       loss_ = &head.template add<LinearCrossEntropy<T>>(
           "lm_head", [wte = wte_] { return wte->table(); }, C, V, "targets",
           cfg_.logits_chunk_bytes);
+      loss_->set_vocabulary(cfg_.vocab_size);
       if (sp_.active()) {
         loss_->share_counted_rows([sp = sp_](std::int64_t n) { return sp.token_share(n); });
       }
@@ -249,6 +253,7 @@ class LayerGPT {
     head.template add<parallel::ColumnParallelLinear<T>>(
         tp_, "lm_head", [table = vocab_table_] { return table->table(); }, C, V);
     parallel_loss_ = &head.template add<parallel::VocabParallelCrossEntropy<T>>(tp_, V, "targets");
+    parallel_loss_->set_vocabulary(cfg_.vocab_size);
   }
   LayerGPT(const LayerGPT&) = delete;
   LayerGPT& operator=(const LayerGPT&) = delete;
@@ -333,12 +338,13 @@ class LayerGPT {
   }
   /// The Ulysses sequence-parallel group (size 1: each rank holds whole sequences).
   const parallel::SequenceParallel& sequence_parallel() const { return sp_; }
-  /// Logits of the last forward, [B*T, V] (valid until the next micro-step; an Error after a
-  /// forward with targets whose logits passed logits_chunk_bytes: evaluate without them); with
-  /// tensor parallelism this rank's vocabulary columns [B*T, V/tp], ids from rank * V/tp on.
+  /// Logits of the last forward, [B*T, V] with V the token table's rows, padding columns
+  /// included (valid until the next micro-step; an Error after a forward with targets whose
+  /// logits passed logits_chunk_bytes: evaluate without them); with tensor parallelism this
+  /// rank's columns [B*T, V/tp], ids from rank * V/tp on.
   Tensor<const T> logits() const {
     const Tensor<const T> l = tp_.active() ? parallel_loss_->logits() : loss_->logits();
-    const std::int64_t V = cfg_.vocab_size / tp_.size();
+    const std::int64_t V = cfg_.vocab_rows() / tp_.size();
     return l.reshape(Shape{l.numel() / V, V});
   }
 

@@ -3,7 +3,9 @@
 // (logits = ln_f(x) @ wte^T), and the fused softmax cross-entropy. It owns ln_f and uses
 // the embedding unit's wte, reading it and accumulating into its gradient. With T = bf16 the
 // logits are stored in bf16 while the LayerNorm statistics, logsumexp, per-token losses and their
-// mean are float; ctx.loss is that float mean rounded once to T.
+// mean are float; ctx.loss is that float mean rounded once to T. A table padded past the
+// vocabulary (GPTConfig::padded_vocab_size) gives logits [B*T, rows] whose padding columns are
+// left out of the softmax (their dlogits zero).
 
 #include <span>
 #include <vector>
@@ -20,7 +22,7 @@
 
 namespace zero::nn {
 
-/// x [B*T, C] -> logits [B*T, V] and, with targets, the mean loss.
+/// x [B*T, C] -> logits [B*T, V] (V the table's rows) and, with targets, the mean loss.
 template <class T>
 class LMHead {
  public:
@@ -44,7 +46,7 @@ class LMHead {
     expect_labels_when_training(ctx, ctx.targets != nullptr, "GPT's head unit (nn::HandWrittenGPT)",
                                 "targets");
     using namespace ops::cpu;
-    const std::int64_t N = ctx.tokens_count(), C = cfg_.channels, V = cfg_.vocab_size;
+    const std::int64_t N = ctx.tokens_count(), C = cfg_.channels, V = cfg_.vocab_rows();
     BumpArena& a = *ctx.arena;
     mark_ = a.mark();
     input_ = ctx.x;
@@ -57,21 +59,21 @@ class LMHead {
     linear_forward<T>(logits_.data(), ln_.data(), wte.value.data(), nullptr, N, C, V);
     if (ctx.targets != nullptr) {
       Tensor<Stat> losses = a.template allocate<Stat>({N});
-      ctx.loss =
-          convert<T>(cross_entropy_forward(losses.data(), logits_.data(), ctx.targets, N, V) +
-                     static_cast<Stat>(ctx.aux_loss));
+      ctx.loss = convert<T>(cross_entropy_forward(losses.data(), logits_.data(), ctx.targets, N,
+                                                  cfg_.vocab_size, nullptr, V) +
+                            static_cast<Stat>(ctx.aux_loss));
     }
   }
 
   /// Seeds the backward pass with dloss = ctx.loss_scale and writes ctx.dx (zeroed here).
   void backward(StepContext<T>& ctx, const ParamView<T>& wte) {
     using namespace ops::cpu;
-    const std::int64_t N = ctx.tokens_count(), C = cfg_.channels, V = cfg_.vocab_size;
+    const std::int64_t N = ctx.tokens_count(), C = cfg_.channels, V = cfg_.vocab_rows();
     expect<Error>(ctx.targets != nullptr, "LMHead::backward: the step has no targets");
     BumpArena& a = *ctx.arena;
     Tensor<T> dlogits = a.template allocate<T>({N, V});
-    cross_entropy_backward(dlogits.data(), logits_.data(), ctx.targets, N, V,
-                           convert<Stat>(ctx.loss_scale));
+    cross_entropy_backward(dlogits.data(), logits_.data(), ctx.targets, N, cfg_.vocab_size,
+                           convert<Stat>(ctx.loss_scale), -1, nullptr, V);
     Tensor<T> dln = a.template allocate<T>({N, C});
     for (T& v : dln) v = T(0);
     nn::linear_backward<T>(ctx, dln.data(), wte.grad.data(), nullptr, dlogits.data(), ln_.data(),

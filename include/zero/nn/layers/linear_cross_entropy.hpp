@@ -42,6 +42,12 @@
 // mean over all their counted rows (padding spread unevenly over the positions is counted per
 // token, as one process counts it). The loss and the backward's seed are multiplied by it; with
 // equal counts it is exactly 1.
+// Padding classes: set_vocabulary(V) with V below classes makes the weight's rows from V on
+// padding (a token table padded past the vocabulary, as Megatron pads it for tensor parallelism
+// and llm.c for the GEMMs): their logits are computed but never in the softmax, a label must be
+// below V, and their rows of the weight gradient get exact zeros (the cross-entropy kernels read
+// V columns of rows ld apart and zero the rest of dlogits). The evaluation logits keep all
+// classes columns.
 
 #include <algorithm>
 #include <any>
@@ -74,6 +80,7 @@ class LinearCrossEntropy final : public Layer<T> {
         weight_(std::move(weight)),
         in_(in),
         classes_(classes),
+        vocab_(classes),
         labels_(std::move(labels)),
         chunk_bytes_(chunk_bytes) {
     expect<ShapeError>(in > 0 && classes > 0, describe(), ": in = ", in, ", classes = ", classes,
@@ -90,6 +97,17 @@ class LinearCrossEntropy final : public Layer<T> {
   void share_counted_rows(std::function<double(std::int64_t)> share) {
     share_of_ = std::move(share);
   }
+
+  /// The classes a label may name and the softmax runs over: the weight's first vocab rows, the
+  /// rest padding (see the file comment); classes by default. ShapeError unless
+  /// 0 < vocab <= classes.
+  void set_vocabulary(std::int64_t vocab) {
+    expect<ShapeError>(vocab > 0 && vocab <= classes_, describe(), ": a vocabulary of ", vocab,
+                       " classes must be in [1, ", classes_, "] (the weight's rows)");
+    vocab_ = vocab;
+  }
+  /// The classes the softmax runs over (set_vocabulary; classes by default).
+  std::int64_t vocabulary() const { return vocab_; }
 
   /// Rows per chunk for a batch of rows (the whole batch when its logits fit chunk_bytes): the
   /// fewest chunks of at most chunk_bytes over a row's logits (at least one row), made as even
@@ -120,7 +138,7 @@ class LinearCrossEntropy final : public Layer<T> {
       ctx.x = logits_;
       return;
     }
-    valid_ = kernels.count_valid_targets(labels_data_, N, classes_);
+    valid_ = kernels.count_valid_targets(labels_data_, N, vocab_);
     share_ = share_of_ ? share_of_(valid_) : 1.0;
     Tensor<Stat> losses = ctx.arena->template allocate<Stat>({N});
     row_stats_ = ctx.arena->template allocate<Stat>({N, 2});  // each row's softmax max and sum
@@ -138,13 +156,13 @@ class LinearCrossEntropy final : public Layer<T> {
       kernels.linear_forward(logits_.data(), x, weight.data, nullptr, rows, in_, ld_);
       if (grads_in_forward_) {  // the chunk's logits become its dlogits, in place
         kernels.cross_entropy_forward_backward(losses.data() + n0, logits_.data(), logits_.data(),
-                                               labels_data_ + n0, rows, classes_, ld_,
+                                               labels_data_ + n0, rows, vocab_, ld_,
                                                row_stats_.data() + 2 * n0, dloss, valid_);
         kernels.linear_backward(input_grad_.data() + n0 * in_, weight_grad_.data(), nullptr,
                                 logits_.data(), x, weight.data, rows, in_, ld_, true);
       } else {
         kernels.cross_entropy_forward(losses.data() + n0, logits_.data(), labels_data_ + n0, rows,
-                                      classes_, ld_, row_stats_.data() + 2 * n0);
+                                      vocab_, ld_, row_stats_.data() + 2 * n0);
       }
     }
     ctx.loss = convert<T>(kernels.cross_entropy_mean(losses.data(), labels_data_, N, valid_) *
@@ -184,7 +202,7 @@ class LinearCrossEntropy final : public Layer<T> {
         kernels.linear_forward(logits_.data(), x, weight.data, nullptr, rows, in_, ld_);
       }
       kernels.cross_entropy_backward(dlogits.data(), logits_.data(), labels_data_ + n0, rows,
-                                     classes_, ld_, dloss, valid_, row_stats_.data() + 2 * n0);
+                                     vocab_, ld_, dloss, valid_, row_stats_.data() + 2 * n0);
       nn::linear_backward<T>(ctx, ctx.dx.data() + n0 * in_, grad.data, nullptr, dlogits.data(), x,
                              weight.data, rows, in_, ld_, ctx.overwrite_dx);
     }
@@ -204,7 +222,7 @@ class LinearCrossEntropy final : public Layer<T> {
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     const std::int64_t rows = in.input.numel() / in_;
     FlopCount f = matmul_flops(rows, in_, classes_);
-    f.flops += elementwise_flops(rows * classes_).flops;  // the softmax over the logits
+    f.flops += elementwise_flops(rows * vocab_).flops;  // the softmax over the logits
     return f;
   }
 
@@ -278,6 +296,7 @@ class LinearCrossEntropy final : public Layer<T> {
   std::string name_;
   std::function<ParamView<T>()> weight_;
   std::int64_t in_, classes_;
+  std::int64_t vocab_;  // the classes in the softmax: the first vocab_ of classes_
   std::string labels_;
   std::int64_t chunk_bytes_;
   Tensor<T> input_, logits_;
