@@ -96,7 +96,7 @@ TEST_CASE(
   nn::GPTConfig padded = real;
   padded.padded_vocab_size = 64;
   const std::string wte = "transformer.wte.weight";
-  for (const std::pair<int, int> layout : {std::pair{1, 2}, std::pair{2, 2}, std::pair{4, 1}}) {
+  for (const std::pair<int, int>& layout : {std::pair{1, 2}, std::pair{2, 2}, std::pair{4, 1}}) {
     const int tp = layout.first, dp = layout.second;
     const auto want = test::reference<double>(real, test::micro_rows * accumulation * dp, steps);
     auto got =
