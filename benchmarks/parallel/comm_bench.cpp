@@ -52,13 +52,11 @@ struct Options {
   bool ranks_given = false;  // --ranks, which only LocalComm's thread ranks can follow
 };
 
-/// "mpi" when an MPI launcher started this process, as train_gpt decides (parallel::launch_env:
-/// OpenMPI, MPICH/Hydra, or one of several srun tasks), else "local".
+/// "mpi" when an MPI launcher started this process, as train_gpt decides
+/// (parallel::launched_by_mpi: OpenMPI, MPICH/Hydra, or one of several srun tasks), else "local".
 std::string default_backend() {
   try {
-    const auto env = zero::parallel::launch_env();
-    if (!env || env->launcher == "torchrun") return "local";
-    return env->launcher != "slurm" || env->size > 1 ? "mpi" : "local";
+    return zero::parallel::launched_by_mpi(zero::parallel::launch_env()) ? "mpi" : "local";
   } catch (const zero::Error& e) {
     std::fprintf(stderr, "comm_bench: %s\n", e.what());
     std::exit(2);

@@ -1192,13 +1192,11 @@ bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& com
   }
 }
 
-// Started by mpirun or mpiexec, or as one of several srun tasks (zero-launch drives all three);
-// a lone srun task, or a batch script running train_gpt directly (no step: launch_env finds
+// Started by mpirun or mpiexec, or as one of several srun tasks (parallel::launched_by_mpi); a
+// lone srun task, or a batch script running train_gpt directly (no step: launch_env finds
 // nothing), keeps the LocalComm ranks.
 bool launched_by_mpi() {
-  const auto env = parallel::launch_env();
-  if (!env || env->launcher == "torchrun") return false;
-  return env->launcher != "slurm" || env->size > 1;
+  return parallel::launched_by_mpi(parallel::launch_env());
 }
 
 #if defined(ZERO_WITH_MPI)

@@ -143,4 +143,13 @@ inline std::optional<LaunchEnv> launch_env(const std::function<const char*(const
   return std::nullopt;
 }
 
+/// Whether a launch (launch_env's answer) started this process as an MPI rank, so that it builds
+/// an MpiComm: mpirun or mpiexec, or one of several srun tasks (zero-launch drives all three).
+/// No launch, torchrun's variables (its ranks meet over TCP, not MPI) or a lone srun task (a
+/// batch script's own step) keep one process and its LocalComm ranks.
+inline bool launched_by_mpi(const std::optional<LaunchEnv>& launch) {
+  if (!launch || launch->launcher == "torchrun") return false;
+  return launch->launcher != "slurm" || launch->size > 1;
+}
+
 }  // namespace zero::parallel

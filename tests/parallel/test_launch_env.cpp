@@ -8,6 +8,7 @@
 #include <parallel/launch_env.hpp>
 
 using zero::parallel::launch_env;
+using zero::parallel::launched_by_mpi;
 
 namespace {
 auto from(const std::map<std::string, std::string>& env) {
@@ -85,6 +86,19 @@ TEST_CASE("launch_env reads each launcher's variables", "[unit][comm]") {
   CHECK(pmi2->launcher == "mpich");
   CHECK(pmi2->local_rank == 3);
   CHECK(pmi2->local_size == 4);
+}
+
+TEST_CASE("launched_by_mpi: the MPIs and several srun tasks build an MpiComm", "[unit][comm]") {
+  CHECK_FALSE(launched_by_mpi(launch_env(from({}))));
+  CHECK(launched_by_mpi(
+      launch_env(from({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}}))));
+  CHECK(launched_by_mpi(launch_env(from({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}))));
+  CHECK(launched_by_mpi(launch_env(from({{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}}))));
+  // One srun task (a batch script's own step) and torchrun's variables keep one process.
+  CHECK_FALSE(
+      launched_by_mpi(launch_env(from({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}}))));
+  CHECK_FALSE(launched_by_mpi(launch_env(
+      from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}}))));
 }
 
 TEST_CASE("launch_env names a malformed or contradictory variable", "[unit][comm]") {
