@@ -147,21 +147,33 @@ TEST_CASE("Tensor-parallel GPT: f32 AdamW from a DeepSpeed config within 2e-5 of
 
 namespace {
 
+// tp_tiny with a vocabulary of `vocab` tokens (0: its own), its table padded to a multiple of tp
+// as train_gpt pads it.
+nn::GPTConfig tiny_with_vocab(std::int64_t vocab, int tp) {
+  nn::GPTConfig cfg = test::tp_tiny();
+  if (vocab == 0) return cfg;
+  cfg.vocab_size = vocab;
+  if (vocab % tp != 0) cfg.padded_vocab_size = (vocab + tp - 1) / tp * tp;
+  return cfg;
+}
+
 // f32 AdamW from a config at (tp, dp, stage S): optionally loads `load` first, trains `steps`
-// boundaries starting at first_step (a global batch of 8 rows whatever dp), optionally saves.
+// boundaries starting at first_step (a global batch of 8 rows whatever dp), optionally saves;
+// tiny_with_vocab(vocab, tp)'s model.
 template <int S>
 std::vector<test::HeldParam> f32_rank(LocalComm& world, int tp, int dp, int first_step, int steps,
                                       const std::filesystem::path& load,
-                                      const std::filesystem::path& save) {
+                                      const std::filesystem::path& save, std::int64_t vocab = 0) {
   parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp, .dp = dp}));
-  nn::GPT<float> model(test::tp_tiny(), TensorParallel(groups.tp(), tp > 1));
+  const nn::GPTConfig cfg = tiny_with_vocab(vocab, tp);
+  nn::GPT<float> model(cfg, TensorParallel(groups.tp(), tp > 1));
   const int accumulation = 4 / dp;
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
   engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(
       model, groups, test::adamw_config(S, accumulation, 1.0), options);
   if (!load.empty()) eng.load_checkpoint(load);
-  train(eng, groups.dp().rank(), dp, accumulation, steps, test::tp_tiny().vocab_size, first_step);
+  train(eng, groups.dp().rank(), dp, accumulation, steps, cfg.vocab_size, first_step);
   if (!save.empty()) eng.save_checkpoint(save, "step2");
   return test::held_params(eng);
 }
@@ -193,6 +205,59 @@ TEST_CASE(
   CHECK(test::max_difference(at_tp4, continued) <= 2e-5);
   CHECK(test::max_difference(at_dp4, continued) <= 2e-5);
   CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "Tensor-parallel checkpoints of a table padded per tp: saved at tp 2 (46 rows) resume at tp 4 "
+    "(48 rows) and tp 1 (45, unpadded) equal to the uninterrupted run",
+    "[unit][tp]") {
+  // train_gpt pads its vocabulary to a multiple of tp, so its table's shape depends on tp. The
+  // rows in use are the vocabulary's: a checkpoint with another padding fills them, and the rows
+  // past the stored ones start at zero.
+  constexpr std::int64_t vocab = 45, C = 16;
+  const std::string wte = "transformer.wte.weight";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zero-tp-padded-ckpt-" + std::to_string(static_cast<long>(::getpid())));
+  std::filesystem::remove_all(dir);
+  const auto run = [&](int tp, int dp, int stage, int first_step, int steps,
+                       const std::filesystem::path& load, const std::filesystem::path& save) {
+    return test::assemble(
+        testing::per_rank<std::vector<test::HeldParam>>(tp * dp, [&](LocalComm& w) {
+          return test::with_stage(stage, [&](auto s) {
+            return f32_rank<decltype(s)::value>(w, tp, dp, first_step, steps, load, save, vocab);
+          });
+        }));
+  };
+  const auto saved = run(2, 2, 3, 0, 2, {}, dir);
+  const auto continued = run(2, 2, 3, 2, 2, dir, {});
+  const auto at_tp4 = run(4, 1, 1, 2, 2, dir, {});
+  const auto at_tp1 = run(1, 4, 2, 2, 2, dir, {});
+  REQUIRE(continued.at(wte).size() == 46 * C);
+  REQUIRE(at_tp4.at(wte).size() == 48 * C);
+  REQUIRE(at_tp1.at(wte).size() == vocab * C);
+  const auto real_rows = [&](test::LogicalValues v) {
+    v.at(wte).resize(vocab * C);
+    return v;
+  };
+  CHECK(test::max_difference(real_rows(at_tp4), real_rows(continued)) <= 2e-5);
+  CHECK(test::max_difference(at_tp1, real_rows(continued)) <= 2e-5);
+  CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
+  // tp 4's two rows past the stored 46 started at zero and, never a token, stayed there (no
+  // gradient, and decay keeps a zero at zero).
+  for (std::int64_t i = 46 * C; i < 48 * C; ++i) CHECK(at_tp4.at(wte)[i] == 0.0);
+  // A vocabulary of 47 tokens needs 47 rows in use: the 46 stored are refused, on every rank.
+  const auto refused = testing::per_rank<std::string>(2, [&](LocalComm& w) {
+    parallel::ProcessGroups<LocalComm> groups(w, parallel::Grid({.tp = 2}));
+    nn::GPT<float> model(tiny_with_vocab(47, 2), TensorParallel(groups.tp()));
+    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, groups, test::adamw_config(1, 1, 1.0),
+                                                     engine::EngineOptions{});
+    return testing::thrown_message([&] { eng.load_checkpoint(dir); });
+  });
+  for (const std::string& m : refused) {
+    CHECK_THAT(m, Catch::Contains("tensor 'transformer.wte.weight' has shape F32 [46, 16]") &&
+                      Catch::Contains("its rows past 47 are padding"));
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -283,6 +283,17 @@ TEST_CASE(
   ctx.seq_len = 4;
   CHECK_THROWS_WITH(model.forward(ctx),
                     Catch::Contains("target 62 at position 2 is outside the vocabulary [0, 61)"));
+  // So is a token, in both models; and the table declares its rows in use (ParamSpec::
+  // rows_in_use), so a checkpoint padded otherwise loads.
+  targets[2] = 3;
+  tokens[1] = 61;
+  CHECK_THROWS_WITH(model.forward(ctx),
+                    Catch::Contains("61") && Catch::Contains("outside the vocabulary [0, 61)"));
+  nn::HandWrittenGPT<float> hand(config(rows, 0));
+  nn::LocalParameters<nn::HandWrittenGPT<float>> hand_params(hand, 5);
+  CHECK_THROWS_WITH(hand.forward(ctx),
+                    Catch::Contains("61") && Catch::Contains("outside the vocabulary [0, 61)"));
+  CHECK(model.unit_params(0)[0].rows_in_use == vocab);
   // A padded size below the vocabulary is a configuration error naming both.
   CHECK_THROWS_WITH(config(60, 0).validate(),
                     Catch::Contains("padded_vocab_size (60) must be 0 (unpadded) or at least "

@@ -666,6 +666,7 @@ TEST_CASE("LayerGPT (GPT-2 from layers, nn::GPT) equals the hand-written GPT bit
         CHECK(got[i].init == want[i].init);
         CHECK(got[i].stddev == want[i].stddev);
         CHECK(got[i].weight_decay == want[i].weight_decay);
+        CHECK(got[i].rows_in_use == want[i].rows_in_use);  // the token table's: the vocabulary
       }
       CHECK(layered.unit_uses(u) == gpt.unit_uses(u));
     }

@@ -6,6 +6,9 @@
 // rows it holds, positions grouped by id in order (deterministic, as ops::cpu::embedding_backward).
 // With sequence parallelism the GPT adds its positions to the whole rows first and then scatters
 // them (Megatron does the same for learned absolute positions), so this layer always all-reduces.
+// A table padded to split evenly (set_vocabulary, as TokenEmbedding's) refuses ids in the padding
+// and declares its rows in use (ParamSpec::rows_in_use): a checkpoint padded for another
+// tensor-parallel size loads.
 
 #include <algorithm>
 #include <any>
@@ -45,13 +48,22 @@ class VocabParallelEmbedding final : public nn::Layer<T> {
   }
 
   std::string describe() const override { return "VocabParallelEmbedding '" + name_ + "'"; }
+
+  /// The ids the table holds: its first `tokens` rows, the rest padding (see the file comment).
+  /// ConfigError unless 0 < tokens <= the table's rows.
+  void set_vocabulary(std::int64_t tokens) {
+    expect<ConfigError>(tokens > 0 && tokens <= vocab_, describe(), ": a vocabulary of ", tokens,
+                        " tokens must be in [1, ", vocab_, "] (the table's rows)");
+    tokens_ = tokens;
+  }
   std::vector<nn::ParamSpec> params() const override {
     return {{name_ + ".weight",
              {part(), channels_},
              nn::Init::normal,
              stddev_,
              true,  // decayed, as nn::TokenEmbedding (Megatron decays its embeddings)
-             nn::TensorSplit::of({vocab_, channels_}, 0, tp_.size(), tp_.rank())}};
+             nn::TensorSplit::of({vocab_, channels_}, 0, tp_.size(), tp_.rank()),
+             tokens_}};
   }
   void bind(std::span<const nn::ParamView<T>> views) override { table_ = views[0]; }
   /// The bound part of the table (value and gradient): the tied LM head reads it.
@@ -65,10 +77,11 @@ class VocabParallelEmbedding final : public nn::Layer<T> {
     ids_data_ = batch_ids.data;
     const Shape shape = batch_ids.shape;
     count_ = shape.numel();
+    const std::int64_t ids_below = tokens_ > 0 ? tokens_ : vocab_;
     for (std::int64_t i = 0; i < count_; ++i) {
-      expect<ShapeError>(ids_data_[i] >= 0 && ids_data_[i] < vocab_, describe(), ": token ",
+      expect<ShapeError>(ids_data_[i] >= 0 && ids_data_[i] < ids_below, describe(), ": token ",
                          ids_data_[i], " at position ", i, " is outside the vocabulary [0, ",
-                         vocab_, ")");
+                         ids_below, ")");
     }
     Shape out_shape = Shape{count_, channels_};
     if (shape.rank() == 2) out_shape = Shape{shape[0], shape[1], channels_};
@@ -130,6 +143,7 @@ class VocabParallelEmbedding final : public nn::Layer<T> {
   TensorParallel tp_;
   std::string name_, ids_;
   std::int64_t vocab_, channels_;
+  std::int64_t tokens_ = 0;  // set_vocabulary's (0: not set, every row an id)
   double stddev_;
   nn::ParamView<T> table_;
   const std::int32_t* ids_data_ = nullptr;

@@ -7,9 +7,13 @@
 // its padding, which is what makes a resume at another world size or stage work.
 // A parameter that is a tensor-parallel part of a logical tensor (ParamSpec::split) is stored as
 // the runs of the logical tensor it covers, so a checkpoint is the same logical tensors whatever
-// the tensor-parallel size, and loads at any other.
+// the tensor-parallel size, and loads at any other. A parameter whose rows past rows_in_use are
+// padding (a token table padded for a tensor-parallel size) loads from a stored tensor with
+// another number of rows, no fewer than those in use: the rows both hold are read and the
+// parameter's rows past the stored ones are zero, so a table padded for tp 2 resumes at tp 4.
 
 #include <algorithm>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -97,25 +101,51 @@ std::vector<SegmentShape> unit_segment_shapes(const std::vector<nn::ParamSpec>& 
   return out;
 }
 
+namespace detail {
+
+/// Whether stored tensor t fills parameter p: the same logical shape, or, when p's rows past
+/// rows_in_use are padding, the same but for its rows, of which it holds at least those in use.
+inline bool stored_shape_fits(const TensorRecord& t, const nn::ParamSpec& p) {
+  const std::vector<std::int64_t> want = io::extents_of(p.logical_shape());
+  if (t.shape == want) return true;
+  return p.rows_in_use > 0 && !want.empty() && t.shape.size() == want.size() &&
+         t.shape[0] >= p.rows_in_use &&
+         std::equal(want.begin() + 1, want.end(), t.shape.begin() + 1);
+}
+
+/// CheckpointError naming tensor `name` of the checkpoint read when t does not fill p.
+inline void expect_stored_shape(const Reader& reader, const TensorRecord& t, const nn::ParamSpec& p,
+                                const std::string& name) {
+  if (stored_shape_fits(t, p)) return;
+  const std::string padding = p.rows_in_use > 0
+                                  ? " (its rows past " + std::to_string(p.rows_in_use) +
+                                        " are padding: a tensor with at least those rows would do)"
+                                  : "";
+  raise<CheckpointError>(
+      "checkpoint '", reader.path().string(), "', tensor '", name, "' has shape ", t.describe(),
+      " but the model's parameter has ",
+      io::TensorInfo{"", t.dtype, io::extents_of(p.logical_shape()), 0, 0}.shape_string(), padding);
+}
+
+}  // namespace detail
+
 /// Checks, from the index alone (no data read), that the checkpoint holds "<name><suffix>" for
-/// every parameter with the parameter's logical shape; CheckpointError naming the first that
-/// does not (missing_hint follows a missing name's message).
+/// every parameter in a shape that fills it (the parameter's logical shape, or another padding
+/// of its rows: see the file comment); CheckpointError naming the first that does not
+/// (missing_hint follows a missing name's message).
 inline void expect_unit_tensors(const Reader& reader, const std::vector<nn::ParamSpec>& params,
                                 std::string_view suffix, std::string_view missing_hint = "") {
   for (const nn::ParamSpec& p : params) {
     const std::string name = p.name + std::string(suffix);
     expect<CheckpointError>(reader.contains(name), "checkpoint '", reader.path().string(),
                             "' has no tensor '", name, "'", missing_hint);
-    const TensorRecord& t = reader.tensor(name);
-    expect<CheckpointError>(
-        t.shape == io::extents_of(p.logical_shape()), "checkpoint '", reader.path().string(),
-        "', tensor '", name, "' has shape ", t.describe(), " but the model's parameter has ",
-        io::TensorInfo{"", t.dtype, io::extents_of(p.logical_shape()), 0, 0}.shape_string());
+    detail::expect_stored_shape(reader, reader.tensor(name), p, name);
   }
 }
 
 /// Fills rank's shard of a unit under partition (any world size) from the checkpoint's
-/// logical tensors "<name><suffix>", converting dtypes as rule allows; padding is zeroed.
+/// logical tensors "<name><suffix>", converting dtypes as rule allows; padding is zeroed, and so
+/// are a parameter's rows past those of a stored tensor padded otherwise (see the file comment).
 template <class T>
 void read_unit_shard(const Reader& reader, const std::vector<nn::ParamSpec>& params,
                      const engine::UnitPartition& partition, int rank, std::span<T> shard,
@@ -128,16 +158,16 @@ void read_unit_shard(const Reader& reader, const std::vector<nn::ParamSpec>& par
     const nn::ParamSpec& p = params[static_cast<std::size_t>(s.param)];
     const std::string name = p.name + std::string(suffix);
     const TensorRecord& t = reader.tensor(name);
-    expect<CheckpointError>(
-        t.shape == io::extents_of(p.logical_shape()), "checkpoint '", reader.path().string(),
-        "', tensor '", name, "' has shape ", t.describe(), " but the model's parameter has ",
-        io::TensorInfo{"", t.dtype, io::extents_of(p.logical_shape()), 0, 0}.shape_string());
+    detail::expect_stored_shape(reader, t, p, name);
+    const std::int64_t stored = t.numel();  // rows past the stored ones stay zero
     p.for_each_run(
         s.param_offset, s.count, [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+          const std::int64_t n = std::clamp<std::int64_t>(stored - logical, 0, count);
+          if (n == 0) return;
           reader.read(
               name, logical,
               shard.subspan(static_cast<std::size_t>(s.shard_offset + held - s.param_offset),
-                            static_cast<std::size_t>(count)),
+                            static_cast<std::size_t>(n)),
               rule);
         });
   }

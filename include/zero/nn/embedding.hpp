@@ -25,8 +25,15 @@ class Embedding {
 
   /// wte then wpe.
   std::vector<ParamSpec> params() const {
+    // The rows in use are the vocabulary's, as LayerGPT's table declares them.
     return {
-        {"transformer.wte.weight", {cfg_.vocab_rows(), cfg_.channels}, Init::normal, 0.02, true},
+        {"transformer.wte.weight",
+         {cfg_.vocab_rows(), cfg_.channels},
+         Init::normal,
+         0.02,
+         true,
+         {},
+         cfg_.vocab_size},
         {"transformer.wpe.weight", {cfg_.max_seq_len, cfg_.channels}, Init::normal, 0.02, true}};
   }
   /// Binds views in params() order.
@@ -45,7 +52,7 @@ class Embedding {
     mark_ = ctx.arena->mark();
     Tensor<T> out = ctx.arena->template allocate<T>({N, C});
     ops::cpu::embedding_forward(out.data(), ctx.tokens, wte_.value.data(), wpe_.value.data(),
-                                ctx.batch, ctx.seq_len, C, cfg_.vocab_rows());
+                                ctx.batch, ctx.seq_len, C, cfg_.vocab_size);
     if (ctx.training && cfg_.dropout > 0) {
       ops::cpu::dropout_forward(out.data(), out.data(), N * C, cfg_.dropout, rng(ctx),
                                 static_cast<std::uint32_t>(ctx.step));

@@ -201,8 +201,10 @@ class LayerGPT {
     if (tp_.active()) {
       vocab_table_ = &embedding.template add<parallel::VocabParallelEmbedding<T>>(
           tp_, "transformer.wte", V, C, "tokens", 0.02);
+      vocab_table_->set_vocabulary(cfg_.vocab_size);
     } else {
       wte_ = &embedding.template add<TokenEmbedding<T>>("transformer.wte", V, C, "tokens", 0.02);
+      wte_->set_vocabulary(cfg_.vocab_size);
     }
     auto& positions =
         embedding.template add<PositionEmbedding<T>>("transformer.wpe", cfg_.max_seq_len, C, 0.02);

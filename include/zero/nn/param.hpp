@@ -26,6 +26,11 @@ struct ParamSpec {
   double stddev = 0.02;      ///< for Init::normal
   bool weight_decay = true;  ///< false for biases and norms (embeddings decay, as in Megatron)
   TensorSplit split = {};    ///< the part of a logical tensor held (tensor parallelism)
+  /// When positive, the logical tensor's rows (dimension 0) from this one on are padding, never
+  /// read (a token table padded past its vocabulary): a checkpoint holding the tensor with
+  /// another number of rows, no fewer than these, fills it (its first rows; rows past the
+  /// stored ones zero), so a table padded for one tensor-parallel size loads at another.
+  std::int64_t rows_in_use = 0;
 
   /// Elements held.
   std::int64_t numel() const { return shape.numel(); }

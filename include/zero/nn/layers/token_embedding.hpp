@@ -3,7 +3,9 @@
 // micro-batch input `ids` (i32, any shape [...]) or, when it is "tokens" and the batch has no
 // such named input, from ctx.tokens [B, T]; the output is [..., C]. It is an input layer (it
 // starts a unit-0 pipeline). The backward pass reuses GPT's deterministic scatter (positions
-// grouped by id in order), so gradients are the same bits for any thread count.
+// grouped by id in order), so gradients are the same bits for any thread count. A table padded
+// past the vocabulary (set_vocabulary) refuses ids in the padding and declares its rows in use
+// (ParamSpec::rows_in_use), so a checkpoint with another padding loads.
 
 #include <any>
 #include <cstdint>
@@ -34,8 +36,19 @@ class TokenEmbedding final : public Layer<T> {
   }
 
   std::string describe() const override { return "TokenEmbedding '" + name_ + "'"; }
+
+  /// The ids the table holds: its first `tokens` rows, the rest padding (see the file comment).
+  /// ShapeError unless 0 < tokens <= the table's rows.
+  void set_vocabulary(std::int64_t tokens) {
+    expect<ShapeError>(tokens > 0 && tokens <= vocab_, describe(), ": a vocabulary of ", tokens,
+                       " tokens must be in [1, ", vocab_, "] (the table's rows)");
+    tokens_ = tokens;
+  }
+
   std::vector<ParamSpec> params() const override {
-    return {{name_ + ".weight", {vocab_, channels_}, Init::normal, stddev_, true}};
+    ParamSpec table{name_ + ".weight", {vocab_, channels_}, Init::normal, stddev_, true};
+    table.rows_in_use = tokens_;
+    return {table};
   }
   void bind(std::span<const ParamView<T>> views) override { table_ = views[0]; }
   /// The bound table (value and gradient): a TiedLinear reads it as its weight.
@@ -59,12 +72,12 @@ class TokenEmbedding final : public Layer<T> {
     Tensor<T> y = ctx.arena->template allocate<T>(out_shape);
     // One "sequence" of count_ positions and no position table: a plain lookup.
     kernels_of(ctx).embedding_forward(y.data(), ids_data_, table_.value.data(), nullptr, 1, count_,
-                                      channels_, vocab_);
+                                      channels_, tokens_ > 0 ? tokens_ : vocab_);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
     kernels_of(ctx).embedding_backward(table_.grad.data(), nullptr, ctx.dy.data(), ids_data_, 1,
-                                       count_, channels_, vocab_);
+                                       count_, channels_, tokens_ > 0 ? tokens_ : vocab_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
@@ -79,6 +92,7 @@ class TokenEmbedding final : public Layer<T> {
  private:
   std::string name_, ids_;
   std::int64_t vocab_, channels_;
+  std::int64_t tokens_ = 0;  // set_vocabulary's (0: not set, every row an id)
   double stddev_;
   ParamView<T> table_;
   const std::int32_t* ids_data_ = nullptr;
