@@ -22,7 +22,8 @@
 // the tensor-parallel size, so every rank holds an equal slice) passes vocab_size, the real
 // tokens: the file's transformer.wte.weight has vocab_size rows, the import leaves the padding
 // rows zero and the export writes the first vocab_size rows, so the file is GPT-2's whatever the
-// padding (and loads at another tp).
+// padding (and loads at another tp). Without vocab_size the table's own count is used: its rows
+// in use (ParamSpec::rows_in_use, nn::GPT's vocabulary), else all its rows.
 
 #include <algorithm>
 #include <cstdint>
@@ -47,12 +48,15 @@ namespace detail {
 inline constexpr std::string_view gpt2_token_embedding = "transformer.wte.weight";
 
 /// The shape parameter p has in a GPT-2 file when the model's vocabulary is vocab_size tokens
-/// (0: the token embedding's rows): the token embedding's first vocab_size rows, else p's
-/// logical shape. Throws ConfigError when vocab_size is more than the embedding's rows.
+/// (0: the token embedding's rows in use, else its rows): the token embedding's first vocab_size
+/// rows, else p's logical shape. Throws ConfigError when vocab_size is more than the embedding's
+/// rows.
 inline Shape gpt2_file_shape(const nn::ParamSpec& p, std::int64_t vocab_size,
                              std::string_view who) {
   const Shape whole = p.logical_shape();
-  if (vocab_size <= 0 || p.name != gpt2_token_embedding) return whole;
+  if (p.name != gpt2_token_embedding) return whole;
+  if (vocab_size <= 0) vocab_size = p.rows_in_use;
+  if (vocab_size <= 0) return whole;
   expect<ConfigError>(vocab_size <= whole[0], who, ": vocab_size ", vocab_size,
                       " is more than the ", whole[0], " rows of '", p.name, "'");
   return Shape{vocab_size, whole[1]};
@@ -105,8 +109,8 @@ void import_gpt2_masters(State& state, const io::SafetensorsReader& reader,
 /// cannot read, a missing or malformed tensor) is thrown on every rank, as load_checkpoint does;
 /// one after any rank changed a slice leaves the engine refusing to train until a checkpoint
 /// loads. It replaces the masters only, so an engine already inconsistent (a step that stopped
-/// part-way) stays so. vocab_size (0: the embedding's rows) is the vocabulary of a model whose
-/// token embedding is padded past it (see the file comment).
+/// part-way) stays so. vocab_size (0: the embedding's rows in use, else its rows) is the
+/// vocabulary of a model whose token embedding is padded past it (see the file comment).
 template <class Eng>
 void load_gpt2_weights(Eng& eng, const std::filesystem::path& file, std::int64_t vocab_size = 0) {
   auto state = eng.state();
@@ -129,8 +133,9 @@ struct WeightsExport {
 /// Writes eng's master weights to a Hugging Face GPT-2 safetensors file (Conv1D weights as
 /// [in, out]) in dtype f32, bf16 or f16, streamed unit by unit as the file comment says. A
 /// collective: every rank calls it between steps. Throws CheckpointError on every rank when the
-/// file cannot be written (and no file appears). vocab_size (0: the embedding's rows) is the
-/// vocabulary of a model whose token embedding is padded past it: only its rows are written.
+/// file cannot be written (and no file appears). vocab_size (0: the embedding's rows in use, else
+/// its rows) is the vocabulary of a model whose token embedding is padded past it: only its rows
+/// are written.
 template <class Eng>
 WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
                                 DType dtype = DType::f32, std::int64_t vocab_size = 0) {
