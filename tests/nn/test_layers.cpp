@@ -652,9 +652,13 @@ TEST_CASE("LayerGPT (GPT-2 from layers, nn::GPT) equals the hand-written GPT bit
           "[unit][nn][layers]") {
   nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
   cfg.num_layers = 2;
-  {
-    nn::HandWrittenGPT<float> gpt(cfg);
-    nn::LayerGPT<float> layered(cfg);
+  nn::GPTConfig padded = cfg;  // 61 tokens in the 64 rows: the table declares 61 rows in use
+  padded.vocab_size = 61;
+  padded.padded_vocab_size = 64;
+  for (const nn::GPTConfig& shape : {cfg, padded}) {
+    INFO("vocabulary " << shape.vocab_size << " in " << shape.vocab_rows() << " rows");
+    nn::HandWrittenGPT<float> gpt(shape);
+    nn::LayerGPT<float> layered(shape);
     REQUIRE(layered.num_units() == gpt.num_units());
     for (int u = 0; u < gpt.num_units(); ++u) {
       const auto want = gpt.unit_params(u), got = layered.unit_params(u);
@@ -666,7 +670,10 @@ TEST_CASE("LayerGPT (GPT-2 from layers, nn::GPT) equals the hand-written GPT bit
         CHECK(got[i].init == want[i].init);
         CHECK(got[i].stddev == want[i].stddev);
         CHECK(got[i].weight_decay == want[i].weight_decay);
-        CHECK(got[i].rows_in_use == want[i].rows_in_use);  // the token table's: the vocabulary
+        CHECK(got[i].rows_in_use == want[i].rows_in_use);
+        // The token table's rows in use are the vocabulary's; no other parameter declares any.
+        CHECK(got[i].rows_in_use ==
+              (got[i].name == "transformer.wte.weight" ? shape.vocab_size : 0));
       }
       CHECK(layered.unit_uses(u) == gpt.unit_uses(u));
     }

@@ -9,8 +9,11 @@
 // the runs of the logical tensor it covers, so a checkpoint is the same logical tensors whatever
 // the tensor-parallel size, and loads at any other. A parameter whose rows past rows_in_use are
 // padding (a token table padded for a tensor-parallel size) loads from a stored tensor with
-// another number of rows, no fewer than those in use: the rows both hold are read and the
-// parameter's rows past the stored ones are zero, so a table padded for tp 2 resumes at tp 4.
+// another number of rows when the checkpoint recorded the same rows in use (the engine state's
+// rows_in_use_key, written by the save): the rows both hold are read and the parameter's rows
+// past the stored ones are zero, so a table padded for tp 2 resumes at tp 4. A recorded count
+// that differs is another vocabulary, refused whatever the shapes; a checkpoint without the
+// record loads only the same shape.
 
 #include <algorithm>
 #include <cstdint>
@@ -18,6 +21,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <zero/checkpoint/reader.hpp>
 #include <zero/checkpoint/segment.hpp>
@@ -101,30 +106,60 @@ std::vector<SegmentShape> unit_segment_shapes(const std::vector<nn::ParamSpec>& 
   return out;
 }
 
-namespace detail {
+/// The engine-state key under which a save records the rows in use of its parameters that
+/// declare them ({"<parameter name>": rows}; see the file comment).
+inline constexpr const char* rows_in_use_key = "rows_in_use";
 
-/// Whether stored tensor t fills parameter p: the same logical shape, or, when p's rows past
-/// rows_in_use are padding, the same but for its rows, of which it holds at least those in use.
-inline bool stored_shape_fits(const TensorRecord& t, const nn::ParamSpec& p) {
-  const std::vector<std::int64_t> want = io::extents_of(p.logical_shape());
-  if (t.shape == want) return true;
-  return p.rows_in_use > 0 && !want.empty() && t.shape.size() == want.size() &&
-         t.shape[0] >= p.rows_in_use &&
-         std::equal(want.begin() + 1, want.end(), t.shape.begin() + 1);
+/// {"<name>": rows_in_use} for the parameters of specs that declare their rows in use.
+inline nlohmann::json rows_in_use_record(const std::vector<nn::ParamSpec>& specs) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const nn::ParamSpec& p : specs) {
+    if (p.rows_in_use > 0) out[p.name] = p.rows_in_use;
+  }
+  return out;
 }
 
-/// CheckpointError naming tensor `name` of the checkpoint read when t does not fill p.
+/// The rows in use the checkpoint recorded for parameter `name`; 0 when it recorded none (a
+/// checkpoint saved before the record, or a parameter that declares none).
+inline std::int64_t stored_rows_in_use(const Reader& reader, const std::string& name) {
+  const nlohmann::json& engine = reader.engine_state();
+  if (!engine.is_object()) return 0;
+  const auto record = engine.find(rows_in_use_key);
+  if (record == engine.end() || !record->is_object()) return 0;
+  const auto rows = record->find(name);
+  return rows != record->end() && rows->is_number_integer() ? rows->get<std::int64_t>() : 0;
+}
+
+namespace detail {
+
+/// CheckpointError naming tensor `name` (parameter p's, or one of its states) of the checkpoint
+/// read when stored tensor t does not fill p: another shape, unless p's rows past rows_in_use
+/// are padding and the checkpoint recorded the same rows in use (then only the columns must
+/// agree, and the stored rows cover those in use); or another recorded count of rows in use.
 inline void expect_stored_shape(const Reader& reader, const TensorRecord& t, const nn::ParamSpec& p,
                                 const std::string& name) {
-  if (stored_shape_fits(t, p)) return;
-  const std::string padding = p.rows_in_use > 0
-                                  ? " (its rows past " + std::to_string(p.rows_in_use) +
-                                        " are padding: a tensor with at least those rows would do)"
-                                  : "";
+  const std::int64_t stored_rows = stored_rows_in_use(reader, p.name);
+  expect<CheckpointError>(p.rows_in_use <= 0 || stored_rows <= 0 || stored_rows == p.rows_in_use,
+                          "checkpoint '", reader.path().string(), "', tensor '", name,
+                          "' comes from a table with ", stored_rows,
+                          " rows in use (its vocabulary) but the model's has ", p.rows_in_use,
+                          ": saved from another model?");
+  const std::vector<std::int64_t> want = io::extents_of(p.logical_shape());
+  if (t.shape == want) return;
+  const bool same_columns = !want.empty() && t.shape.size() == want.size() &&
+                            std::equal(want.begin() + 1, want.end(), t.shape.begin() + 1);
+  if (p.rows_in_use > 0 && stored_rows == p.rows_in_use && same_columns &&
+      t.shape[0] >= p.rows_in_use) {
+    return;  // another padding of the same vocabulary
+  }
+  const bool unrecorded = p.rows_in_use > 0 && stored_rows <= 0 && same_columns;
   raise<CheckpointError>(
       "checkpoint '", reader.path().string(), "', tensor '", name, "' has shape ", t.describe(),
       " but the model's parameter has ",
-      io::TensorInfo{"", t.dtype, io::extents_of(p.logical_shape()), 0, 0}.shape_string(), padding);
+      io::TensorInfo{"", t.dtype, io::extents_of(p.logical_shape()), 0, 0}.shape_string(),
+      unrecorded ? " (the checkpoint does not record the table's rows in use, so another "
+                   "padding of it cannot be told from another vocabulary)"
+                 : "");
 }
 
 }  // namespace detail

@@ -105,6 +105,19 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
   };
   nlohmann::json engine_json = state.to_json();
   engine_json["client_state"] = client_state;
+  // The rows in use of the tables that declare them (ParamSpec::rows_in_use), from every rank of
+  // the state group (a pipeline stage holds only its own units): a load at another padding of
+  // the same vocabulary reads them, and one of another vocabulary is refused.
+  std::vector<nn::ParamSpec> all_specs;
+  for (int u = 0; u < state.num_units(); ++u) {
+    for (const nn::ParamSpec& p : state.unit_specs(u)) all_specs.push_back(p);
+  }
+  nlohmann::json rows_in_use = nlohmann::json::object();
+  for (const std::string& text : checkpoint::detail::all_gather_text(
+           comm, checkpoint::rows_in_use_record(all_specs).dump())) {
+    rows_in_use.update(nlohmann::json::parse(text));
+  }
+  if (!rows_in_use.empty()) engine_json[checkpoint::rows_in_use_key] = std::move(rows_in_use);
   return checkpoint::save_streamed(comm, dir, tag, tensors, declared, produce, engine_json);
 }
 
