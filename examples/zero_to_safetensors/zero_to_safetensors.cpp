@@ -4,14 +4,17 @@
 //
 //   zero_to_safetensors <checkpoint-dir> [--tag TAG] [--out model.safetensors]
 //                       [--dtype f32|bf16] [--chunk-mib 64] [--all] [--strip-prefix PREFIX]
-//                       [--hf-gpt2] [--vocab N]
+//                       [--hf-gpt2] [--vocab N | --keep-padding]
 //
 // By default only the model's tensors are written (names without '/'; optimizer states are
 // "<param>/exp_avg" and similar); --all writes every tensor. --tag defaults to `latest`.
 // --hf-gpt2 writes GPT-2's four Conv1D weights per block transposed ([in, out]), the layout
-// Hugging Face's GPT2LMHeadModel loads; zero keeps them [out, in]. --vocab N writes the first N
-// rows of the token embedding (the tensor named "*wte.weight"): a run at tensor-parallel size tp
-// stores the vocabulary padded to a multiple of tp (GPT-2's 50257 tokens as 50258 rows).
+// Hugging Face's GPT2LMHeadModel loads; zero keeps them [out, in]. A table padded past its
+// vocabulary (a run at tensor-parallel size tp pads it to a multiple of tp: GPT-2's 50257 tokens
+// as 50258 rows) is written as the rows in use its checkpoint records, unless --keep-padding;
+// --vocab N writes the first N rows of the token embedding (the tensor named "*wte.weight")
+// instead, for a checkpoint without the record. An optimizer state is written in its
+// parameter's layout: transposed and trimmed with it.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -32,7 +35,8 @@ namespace {
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s <checkpoint-dir> [--tag TAG] [--out FILE] [--dtype f32|bf16] "
-               "[--chunk-mib N] [--all] [--strip-prefix PREFIX] [--hf-gpt2] [--vocab N]\n",
+               "[--chunk-mib N] [--all] [--strip-prefix PREFIX] [--hf-gpt2] "
+               "[--vocab N | --keep-padding]\n",
                argv0);
   return 2;
 }
@@ -44,7 +48,7 @@ int main(int argc, char** argv) {
   std::string dir, tag, out = "model.safetensors", dtype_name = "f32", strip;
   std::size_t chunk_mib = 64;
   std::int64_t vocab = 0;  // 0: every row of the token embedding
-  bool all = false, hf_gpt2 = false;
+  bool all = false, hf_gpt2 = false, keep_padding = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -53,6 +57,8 @@ int main(int argc, char** argv) {
       all = true;
     } else if (a == "--hf-gpt2") {
       hf_gpt2 = true;
+    } else if (a == "--keep-padding") {
+      keep_padding = true;
     } else if (a == "--tag" || a == "--out" || a == "--dtype" || a == "--chunk-mib" ||
                a == "--strip-prefix" || a == "--vocab") {
       if ((value = next()) == nullptr) return usage(argv[0]);
@@ -78,7 +84,7 @@ int main(int argc, char** argv) {
       return usage(argv[0]);
     }
   }
-  if (dir.empty() || (dtype_name != "f32" && dtype_name != "bf16")) {
+  if (dir.empty() || (dtype_name != "f32" && dtype_name != "bf16") || (vocab > 0 && keep_padding)) {
     return usage(argv[0]);
   }
   try {
@@ -93,10 +99,18 @@ int main(int argc, char** argv) {
     };
     ckpt::ExportOptions options;
     options.chunk_bytes = chunk_mib << 20;
-    if (hf_gpt2) options.transpose = zero::io::gpt2::is_conv1d_weight;
+    // A state ("<parameter>/exp_avg") keeps its parameter's layout: transposed and trimmed as it.
+    if (hf_gpt2) {
+      options.transpose = [](std::string_view name) {
+        return zero::io::gpt2::is_conv1d_weight(ckpt::parameter_of(name));
+      };
+    }
+    const auto is_token_table = [](std::string_view name) {
+      return ckpt::parameter_of(name).ends_with("wte.weight");
+    };
     if (vocab > 0) {
       bool found = false;
-      for (const auto& name : names) found = found || name.ends_with("wte.weight");
+      for (const auto& name : names) found = found || is_token_table(name);
       if (!found) {
         std::fprintf(stderr,
                      "zero_to_safetensors: --vocab %lld: the checkpoint has no token embedding "
@@ -104,10 +118,24 @@ int main(int argc, char** argv) {
                      static_cast<long long>(vocab));
         return 1;
       }
-      options.leading_rows = [vocab](std::string_view name) -> std::optional<std::int64_t> {
-        if (name.ends_with("wte.weight")) return vocab;
+      options.leading_rows =
+          [vocab, is_token_table](std::string_view name) -> std::optional<std::int64_t> {
+        if (is_token_table(name)) return vocab;
         return std::nullopt;
       };
+    } else if (!keep_padding) {
+      options.leading_rows = ckpt::recorded_rows_limit(reader);
+    }
+    if (options.leading_rows) {
+      for (const auto& name : names) {
+        const auto rows = options.leading_rows(name);
+        const auto& shape = reader.tensor(name).shape;
+        if (rows && !shape.empty() && *rows < shape[0]) {
+          std::printf("%s: the first %lld of its %lld rows (%s)\n", name.c_str(),
+                      static_cast<long long>(*rows), static_cast<long long>(shape[0]),
+                      vocab > 0 ? "--vocab" : "its rows in use; --keep-padding writes them all");
+        }
+      }
     }
     const auto t0 = std::chrono::steady_clock::now();
     const auto result = ckpt::export_safetensors(

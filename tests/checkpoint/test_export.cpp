@@ -191,6 +191,52 @@ TEST_CASE("export keeps the leading rows of a padded embedding", "[unit]") {
   CHECK_FALSE(std::filesystem::exists(dir.path() / "bad.safetensors"));
 }
 
+TEST_CASE("a recorded table's padding is dropped from the table and its optimizer states",
+          "[unit]") {
+  // A run at tp 2 stores 257 tokens as 258 rows and records 257 rows in use: the export keeps
+  // 257 rows of the master and of every state ("<parameter>/exp_avg"), which a limit by the
+  // tensor's own name left padded; a parameter without a record keeps all its rows.
+  TempDir dir("ckpt-export-in-use");
+  const std::int64_t rows = 7, in_use = 5, cols = 3;
+  auto table = [&](const std::string& name, float base) {
+    LogicalTensor t{{name, DType::f32, {rows, cols}}, {}};
+    std::vector<float> v(static_cast<std::size_t>(rows * cols));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = base + static_cast<float>(i);
+    t.bytes.resize(v.size() * sizeof(float));
+    std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+    return t;
+  };
+  const std::vector<LogicalTensor> tensors = {
+      table("transformer.wte.weight", 0.0f), table("transformer.wte.weight/exp_avg", 100.0f),
+      table("transformer.wte.weight/exp_avg_sq", 200.0f), table("other.weight", 300.0f),
+      table("other.weight/exp_avg", 400.0f)};
+  const nlohmann::json engine = {{rows_in_use_key, {{"transformer.wte.weight", in_use}}}};
+  save_with_ranks(2, dir.path(), "t", tensors, 9, engine);
+  const Reader reader(dir.path(), "t");
+  CHECK(parameter_of("transformer.wte.weight/exp_avg") == "transformer.wte.weight");
+  CHECK(parameter_of("transformer.wte.weight") == "transformer.wte.weight");
+  ExportOptions options;
+  options.leading_rows = recorded_rows_limit(reader);
+  const auto out = dir.path() / "in_use.safetensors";
+  export_safetensors(reader, reader.names(), out, DType::f32, {}, options);
+  const io::SafetensorsReader file(out);
+  for (const LogicalTensor& t : tensors) {
+    INFO(t.spec.name);
+    const bool padded = t.spec.name.starts_with("transformer.wte.weight");
+    const std::int64_t kept = padded ? in_use : rows;
+    CHECK(file.info(t.spec.name).shape == std::vector<std::int64_t>{kept, cols});
+    const auto got = file.read_vector<float>(t.spec.name, io::DTypeRule::exact);
+    REQUIRE(got.size() == static_cast<std::size_t>(kept * cols));
+    CHECK(std::memcmp(got.data(), t.bytes.data(), got.size() * sizeof(float)) == 0);
+  }
+  // Without the record nothing is trimmed.
+  save_with_ranks(2, dir.path(), "plain", tensors, 9);
+  const Reader plain(dir.path(), "plain");
+  CHECK_FALSE(recorded_rows_limit(plain)("transformer.wte.weight/exp_avg").has_value());
+  CHECK(recorded_rows_limit(reader)("transformer.wte.weight/exp_avg") == in_use);
+  CHECK_FALSE(recorded_rows_limit(reader)("other.weight").has_value());
+}
+
 TEST_CASE("export writes selected 2-D tensors transposed, in bounded blocks", "[unit]") {
   TempDir dir("ckpt-export-t");
   const auto tensors = finite_tensors();

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -24,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <zero/checkpoint/export_safetensors.hpp>
 #include <zero/checkpoint/reader.hpp>
 #include <zero/checkpoint/segment.hpp>
 #include <zero/core/dtype.hpp>
@@ -119,6 +121,12 @@ inline nlohmann::json rows_in_use_record(const std::vector<nn::ParamSpec>& specs
   return out;
 }
 
+/// The parameter a checkpoint tensor belongs to: its name up to the first '/' (the master is
+/// "<parameter name>", its optimizer states "<parameter name>/exp_avg" and so on).
+inline std::string_view parameter_of(std::string_view tensor_name) {
+  return tensor_name.substr(0, tensor_name.find('/'));
+}
+
 /// The rows in use the checkpoint recorded for parameter `name`; 0 when it recorded none (a
 /// checkpoint saved before the record, or a parameter that declares none).
 inline std::int64_t stored_rows_in_use(const Reader& reader, const std::string& name) {
@@ -128,6 +136,19 @@ inline std::int64_t stored_rows_in_use(const Reader& reader, const std::string& 
   if (record == engine.end() || !record->is_object()) return 0;
   const auto rows = record->find(name);
   return rows != record->end() && rows->is_number_integer() ? rows->get<std::int64_t>() : 0;
+}
+
+/// The export's row limit (ExportOptions::leading_rows) that drops a table's padding: every
+/// tensor of a parameter whose rows in use the checkpoint recorded (the master and its optimizer
+/// states) keeps those rows; the others keep all theirs. A table padded for tensor parallelism
+/// (GPT-2's 50257 tokens stored as 50258 rows at tp 2) is written as its vocabulary's rows.
+/// The limit reads `reader`, which must outlive it.
+inline RowLimit recorded_rows_limit(const Reader& reader) {
+  return [&reader](std::string_view name) -> std::optional<std::int64_t> {
+    const std::int64_t rows = stored_rows_in_use(reader, std::string(parameter_of(name)));
+    if (rows <= 0) return std::nullopt;
+    return rows;
+  };
 }
 
 namespace detail {

@@ -211,7 +211,7 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
     }
     std::vector<std::string> extra;
     for (const std::string& n : reader.names()) {
-      if (!known.contains(std::string_view(n).substr(0, n.find('/')))) extra.push_back(n);
+      if (!known.contains(checkpoint::parameter_of(n))) extra.push_back(n);
     }
     if (!extra.empty()) {
       std::string listed;
