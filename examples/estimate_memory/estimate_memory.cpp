@@ -19,12 +19,21 @@ namespace {
 using namespace zero;
 using zero::OffloadDevice;
 
+constexpr const char* usage_line =
+    "usage: estimate_memory (--model NAME | --params N --largest-layer L) [--gpus-per-node G] "
+    "[--nodes M] [--precision f32|bf16|f16]\n";
+
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "estimate_memory: %s\nusage: estimate_memory (--model NAME | --params N "
-               "--largest-layer L) [--gpus-per-node G] [--nodes M] [--precision f32|bf16|f16]\n",
-               why.c_str());
+  std::fprintf(stderr, "estimate_memory: %s\n%s", why.c_str(), usage_line);
   std::exit(2);
+}
+
+bool known_flag(const std::string& flag) {
+  for (const char* f :
+       {"--model", "--params", "--largest-layer", "--gpus-per-node", "--nodes", "--precision"}) {
+    if (flag == f) return true;
+  }
+  return false;
 }
 
 std::string gib(double bytes) {
@@ -41,6 +50,12 @@ int main(int argc, char** argv) try {
   bool sized = false;  // --params or --largest-layer given
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage_line, stdout);
+      return 0;
+    }
+    // The name first: "--help" or a typo is not "a flag that needs a value".
+    if (!known_flag(flag)) usage("unknown flag " + flag);
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[i + 1];
     if (flag == "--model")
@@ -64,8 +79,7 @@ int main(int argc, char** argv) try {
         in.precision = DType::f16;
       else
         usage("--precision must be f32, bf16 or f16");
-    } else
-      usage("unknown flag " + flag);
+    }
   }
   // A preset's sizes would replace the given ones without a word.
   if (!model.empty() && sized) usage("--model excludes --params and --largest-layer");

@@ -48,17 +48,22 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::puts("usage: vision_model [--ranks 2] [--steps 400] [--min-accuracy 0.95]");
+      std::exit(0);
+    }
+    // The name first: a typo is an unknown option, not "a flag that needs a value".
+    expect<ConfigError>(a == "--ranks" || a == "--steps" || a == "--min-accuracy",
+                        "vision_model: unknown option '", a,
+                        "' (known: --ranks --steps --min-accuracy)");
     expect<ConfigError>(i + 1 < argc, "vision_model: ", a, " needs a value");
     const char* v = argv[++i];
     if (a == "--ranks") {
       o.ranks = static_cast<int>(examples::parse_integer(a, v, 1, 1024));
     } else if (a == "--steps") {
       o.steps = static_cast<int>(examples::parse_integer(a, v, 0, 1 << 30));
-    } else if (a == "--min-accuracy") {
+    } else {  // --min-accuracy
       o.min_accuracy = examples::parse_real(a, v, 0.0, 1.0);
-    } else {
-      raise<ConfigError>("vision_model: unknown option '", a,
-                         "' (known: --ranks --steps --min-accuracy)");
     }
   }
   return o;
