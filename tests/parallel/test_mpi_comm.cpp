@@ -221,15 +221,25 @@ TEST_CASE("MpiComm: ProcessGroups' sub-communicators hold the Grid's ranks", "[m
 }
 
 TEST_CASE("MpiComm: async ops complete through Work and overlap with compute", "[mpi]") {
+  // The last rank joins only after rank 0 has issued the op and seen it pending (a message on
+  // another communicator says so): if the async call blocked, rank 0 would never send it.
   auto world = MpiComm::world();
-  std::vector<double> big(1 << 20, world.rank() + 1.0);
+  const int n = world.size(), me = world.rank();
+  auto side = world.split(0, me, "side");
+  int go = 0;
+  if (me == n - 1 && n > 1) side.recv(std::span<int>(&go, 1), 0, 7);
+  std::vector<double> big(1 << 20, me + 1.0);
   auto work =
       world.all_reduce_async(std::span<const double>(big), std::span<double>(big), ReduceOp::sum);
+  if (me == 0 && n > 1) {
+    CHECK_FALSE(work.test());  // the last rank has not joined yet
+    go = 1;
+    side.send(std::span<int>(&go, 1), n - 1, 7);
+  }
   double compute = 0;
   for (int i = 1; i <= 100000; ++i) compute += 1.0 / i;
   while (!work.test()) {
   }
-  const int n = world.size();
   CHECK(big[12345] == n * (n + 1) / 2.0);
   CHECK(compute > 12.0);
   CHECK(MpiComm::thread_level() == MPI_THREAD_MULTIPLE);
