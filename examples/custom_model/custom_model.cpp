@@ -137,7 +137,7 @@ int main(int argc, char** argv) try {
         .add("labels", data.labels, Shape{data.size});
     for (int step = 0; step < o.steps; ++step) {
       const data::ArrayBatch batch = loader.next();  // this rank's rows of the step's batch
-      engine.forward(engine::MicroBatch::of(batch.inputs(), batch.rows));
+      engine.forward(engine::MicroBatch::of(batch.inputs(), batch.rows, 1, batch.first_row));
       engine.backward();
       engine.step();
       if (comm.rank() == 0 && (step % 250 == 0 || step + 1 == o.steps)) {

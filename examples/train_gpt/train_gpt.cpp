@@ -598,9 +598,12 @@ engine::EngineOptions engine_options(const Options& o) {
   return eo;
 }
 
-// A loader batch as the engine's micro-batch (views: the batch must outlive its use).
+// A loader batch as the engine's micro-batch (views: the batch must outlive its use), with its
+// rows' place in the step's global batch, so dropout masks follow the rows.
 engine::MicroBatch micro_of(const data::Batch& b) {
-  return engine::MicroBatch{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
+  engine::MicroBatch micro{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
+  micro.first_row = b.first_row;
+  return micro;
 }
 
 // A loader batch as this rank feeds it: the whole batch, or with Ulysses sequence parallelism
@@ -614,8 +617,10 @@ struct RankBatch {
   }
   engine::MicroBatch micro() const {
     if (!slice) return micro_of(batch);
-    return engine::MicroBatch{slice->tokens.data(), slice->targets.data(), slice->batch,
-                              slice->seq_len};
+    engine::MicroBatch micro{slice->tokens.data(), slice->targets.data(), slice->batch,
+                             slice->seq_len};
+    micro.first_row = batch.first_row;  // the same rows, this rank's positions of them
+    return micro;
   }
 };
 

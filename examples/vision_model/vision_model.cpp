@@ -166,7 +166,7 @@ int main(int argc, char** argv) try {
     loader.add("patches", train.pixels, train.shape()).add("labels", train.labels, Shape{2048});
     for (int step = 0; step < o.steps; ++step) {
       const data::ArrayBatch batch = loader.next();
-      engine.forward(engine::MicroBatch::of(batch.inputs(), batch.rows));
+      engine.forward(engine::MicroBatch::of(batch.inputs(), batch.rows, 1, batch.first_row));
       engine.backward();
       engine.step();
       if (comm.rank() == 0 && (step % 100 == 0 || step + 1 == o.steps)) {

@@ -511,6 +511,24 @@ TEMPLATE_TEST_CASE("dropout draws the host's mask and equals the host bit for bi
       CHECK(same_bits(d_dx.download(), dx));
     }
   }
+  // A mask placed at first (a micro-batch's rows in the step's batch): whole groups of four
+  // take the 16-byte chunks, others the element-at-a-time path; both draw the host's mask.
+  for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{4099}}) {
+    INFO("first " << first);
+    const std::int64_t n = 2003;
+    const cpu::DropoutMask mask{0.3, rng, 7, first};
+    const auto x = random_vector<T>(static_cast<std::size_t>(n), 28);
+    DeviceVector<T> d_x(x), d_y(x.size());
+    gpu::dropout_forward<T>(d_y.get(), d_x.get(), n, mask, nullptr);
+    std::vector<T> y(x.size());
+    cpu::dropout_forward<T>(y.data(), x.data(), n, mask);
+    CHECK(same_bits(d_y.download(), y));
+    auto dx = random_vector<T>(x.size(), 29);
+    DeviceVector<T> d_dx(dx);
+    gpu::dropout_backward<T>(d_dx.get(), d_x.get(), n, mask, nullptr);
+    cpu::dropout_backward<T>(dx.data(), x.data(), n, mask);
+    CHECK(same_bits(d_dx.download(), dx));
+  }
   // Pointers off 16-byte alignment take the element-at-a-time path; the mask is the same.
   {
     const std::int64_t n = 1001;

@@ -57,10 +57,14 @@ struct GlobalBatch {
     }
   }
   // Rank's micro-batch m: any fixed split of the rows works; this one interleaves micro-steps
-  // and ranks.
-  engine::MicroBatch micro(int m, int rank, int world) const {
+  // and ranks. placed: the micro-batch says where its rows sit (MicroBatch::first_row), so its
+  // dropout masks follow them.
+  engine::MicroBatch micro(int m, int rank, int world, bool placed = false) const {
     const std::int64_t first = (m * world + rank) * micro_rows;
-    return {tokens.data() + first * seq, targets.data() + first * seq, micro_rows, seq};
+    engine::MicroBatch b{tokens.data() + first * seq, targets.data() + first * seq, micro_rows,
+                         seq};
+    if (placed) b.first_row = first;
+    return b;
   }
 };
 
@@ -71,7 +75,8 @@ void sgd(double lr, std::span<T> p, std::span<const T> g) {
 
 // One process on the whole global batch for `steps` steps; per step: global gradient norm,
 // clip coefficient, then update(unit, values, grads, specs, coefficient). Returns each unit's
-// values. The model is tiny() unless cfg says otherwise.
+// values. The model is tiny() unless cfg says otherwise; with its dropout on, step s draws the
+// masks an engine (EngineOptions' default seed) draws at optimizer step s for placed rows.
 template <class T, class Update>
 std::vector<std::vector<T>> reference_run(std::int64_t global_rows, int steps, double clip,
                                           Update update, const nn::GPTConfig& cfg = tiny()) {
@@ -87,6 +92,9 @@ std::vector<std::vector<T>> reference_run(std::int64_t global_rows, int steps, d
     ctx.targets = b.targets.data();
     ctx.batch = global_rows;
     ctx.seq_len = seq;
+    ctx.step = static_cast<std::uint64_t>(step);
+    ctx.seed = engine::EngineOptions{}.seed;
+    ctx.first_row = 0;
     model.forward(ctx);
     model.backward(ctx);
     arena.reset();
@@ -110,11 +118,13 @@ std::vector<std::vector<T>> reference_run(std::int64_t global_rows, int steps, d
 
 // f64 SGD reference with lr and clipping.
 inline std::vector<std::vector<double>> reference_sgd(std::int64_t global_rows, int steps,
-                                                      double lr, double clip = 0.0) {
+                                                      double lr, double clip = 0.0,
+                                                      const nn::GPTConfig& cfg = tiny()) {
   return reference_run<double>(
       global_rows, steps, clip,
       [&](int, std::span<double> p, std::span<double> g, const std::vector<nn::ParamSpec>&,
-          double coefficient) { sgd<double>(lr * coefficient, p, g); });
+          double coefficient) { sgd<double>(lr * coefficient, p, g); },
+      cfg);
 }
 
 // f32 AdamW reference: one AdamW per unit over its whole (unpadded) buffer, no weight decay on
@@ -287,7 +297,8 @@ DelayedRun train_delayed(Comm& comm, Delay delay, int steps, int accumulation,
 // saying what and where; LocalComm::run rethrows it on the main thread (MpiComm: it leaves the
 // CHECK directly), so the failing test prints the reason instead of a bare large error.
 template <class Eng, class Comm, class W>
-double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& want) {
+double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& want,
+                 bool placed = false) {
   const int world = comm.size();
   const std::int64_t global_rows = micro_rows * accumulation * world;
   const std::string where =
@@ -295,7 +306,7 @@ double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& wan
   for (int step = 0; step < steps; ++step) {
     const GlobalBatch b(global_rows, step, tiny().vocab_size);
     for (int m = 0; m < accumulation; ++m) {
-      eng.forward(b.micro(m, comm.rank(), world));
+      eng.forward(b.micro(m, comm.rank(), world, placed));
       eng.backward();
       const bool boundary = eng.step();
       if (boundary != (m + 1 == accumulation)) {
@@ -328,11 +339,13 @@ double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& wan
   return w;
 }
 
-// Stage S, f64 SGD (lr 1, optional clipping) on comm, against want.
+// Stage S, f64 SGD (lr 1, optional clipping) on comm, against want; the model is cfg (tiny()
+// by default), its micro-batches placed or not (GlobalBatch::micro).
 template <int S, class Comm>
 double sgd_error(Comm& comm, int accumulation, int steps, double clip,
-                 const std::vector<std::vector<double>>& want) {
-  nn::GPT<double> model(tiny());
+                 const std::vector<std::vector<double>>& want, const nn::GPTConfig& cfg = tiny(),
+                 bool placed = false) {
+  nn::GPT<double> model(cfg);
   engine::EngineOptions options;
   options.gradient_accumulation_steps = accumulation;
   options.activation_bytes = 32 << 20;
@@ -342,7 +355,7 @@ double sgd_error(Comm& comm, int accumulation, int steps, double clip,
   engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(
       model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); },
       options);
-  return max_error(eng, comm, accumulation, steps, want);
+  return max_error(eng, comm, accumulation, steps, want, placed);
 }
 
 // Stage S, f32 AdamW from a DeepSpeed config on comm, against want.

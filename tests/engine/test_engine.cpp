@@ -74,6 +74,43 @@ TEST_CASE("global-norm clipping across ranks equals the single-process reference
   check_stage<3>(0.05);
 }
 
+TEST_CASE(
+    "with dropout, ranks and micro-batches that say where their rows sit equal one process on the "
+    "whole batch",
+    "[unit][engine]") {
+  // Dropout masks follow the optimizer step and each row's place in the step's global batch
+  // (MicroBatch::first_row), so world 2 or 4 and accumulation 2 draw the masks of one process on
+  // the whole batch: residual, embedding and attention dropout at once.
+  nn::GPTConfig cfg = tiny();
+  cfg.dropout = 0.2f;
+  cfg.attn_dropout = 0.2f;
+  auto worst = [&](int stage, int world, int accumulation, bool placed,
+                   const std::vector<std::vector<double>>& want) {
+    std::vector<double> w(static_cast<std::size_t>(world), 0.0);
+    LocalComm::run(world, [&](LocalComm& comm) {
+      w[static_cast<std::size_t>(comm.rank())] = with_stage(stage, [&](auto s) {
+        return sgd_error<decltype(s)::value>(comm, accumulation, steps, 0.0, want, cfg, placed);
+      });
+    });
+    return *std::max_element(w.begin(), w.end());
+  };
+  for (const auto& [world, accumulation] :
+       {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}, std::pair{4, 1}}) {
+    const auto want = reference_sgd(micro_rows * accumulation * world, steps, 1.0, 0.0, cfg);
+    for (const int stage : {0, 3}) {
+      INFO("stage " << stage << " world " << world << " accumulation " << accumulation);
+      CHECK(worst(stage, world, accumulation, true, want) < 1e-10);
+    }
+  }
+  // Negative controls: micro-batches that do not say where their rows sit draw each micro-step's
+  // masks from its local rows, which one process on the whole batch does not; and the reference
+  // without dropout differs from the runs with it.
+  const auto want = reference_sgd(micro_rows * 2, steps, 1.0, 0.0, cfg);
+  CHECK(worst(0, 2, 1, false, want) > 1e-6);
+  CHECK(worst(0, 1, 2, false, want) > 1e-6);
+  CHECK(worst(0, 2, 1, true, reference_sgd(micro_rows * 2, steps, 1.0)) > 1e-6);
+}
+
 TEST_CASE("a wrong reference is caught (negative control)", "[unit][engine]") {
   const auto wrong = reference_sgd(micro_rows * 2, steps, 0.5);  // half the learning rate
   CHECK(worst_over_ranks<3>(2, 1, 0.0, wrong) > 1e-3);

@@ -161,15 +161,15 @@ class RecordingKernels final : public nn::Kernels<T> {
     note("gelu_backward");
     host().gelu_backward(dx, x, dy, n, overwrite_dx);
   }
-  void dropout_forward(T* y, const T* x, std::int64_t n, double p, const CounterRng& rng,
-                       std::uint32_t stream_id) override {
+  void dropout_forward(T* y, const T* x, std::int64_t n,
+                       const ops::cpu::DropoutMask& mask) override {
     note("dropout_forward");
-    host().dropout_forward(y, x, n, p, rng, stream_id);
+    host().dropout_forward(y, x, n, mask);
   }
-  void dropout_backward(T* dx, const T* dy, std::int64_t n, double p, const CounterRng& rng,
-                        std::uint32_t stream_id) override {
+  void dropout_backward(T* dx, const T* dy, std::int64_t n,
+                        const ops::cpu::DropoutMask& mask) override {
     note("dropout_backward");
-    host().dropout_backward(dx, dy, n, p, rng, stream_id);
+    host().dropout_backward(dx, dy, n, mask);
   }
   std::size_t attention_saved_bytes(std::int64_t B, std::int64_t Tn,
                                     std::int64_t NH) const override {

@@ -702,6 +702,48 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "dropout: a mask placed at first draws the elements [first, first + n) of the mask from 0, "
+    "on every ISA, f32 / bf16",
+    "[unit][ops]") {
+  // A micro-batch at global row r of a step draws its rows' masks at their global indices
+  // (StepContext::dropout_first): its tensor must equal the same rows of one tensor over the
+  // whole batch, whether first is a whole number of Philox groups of four or not.
+  const zero::CounterRng rng(77);
+  for (const std::int64_t first : {0, 4, 5, 7, 1003}) {
+    for (const std::int64_t n : {1, 3, 64, 1001}) {
+      INFO("first " << first << " n " << n);
+      const auto whole = float_values(static_cast<std::size_t>(first + n), 75, 4.0);
+      const auto whole_dy = float_values(whole.size(), 76);
+      auto run = [&]<class T>(std::type_identity<T>) {
+        const auto x = cast<T>(whole), dy = cast<T>(whole_dy);
+        std::vector<T> out(x.size()), dx(x.size(), zero::convert<T>(0.25f));
+        std::vector<T> part(static_cast<std::size_t>(n)),
+            dpart(static_cast<std::size_t>(n), zero::convert<T>(0.25f));
+        dropout_forward(out.data(), x.data(), first + n, 0.3, rng, 9);
+        dropout_backward(dx.data(), dy.data(), first + n, 0.3, rng, 9);
+        const DropoutMask placed{0.3, rng, 9, static_cast<std::uint64_t>(first)};
+        dropout_forward(part.data(), x.data() + first, n, placed);
+        dropout_backward(dpart.data(), dy.data() + first, n, placed);
+        Bytes bytes;
+        bytes.add(part), bytes.add(dpart);
+        const bool same =
+            std::memcmp(part.data(), out.data() + first, part.size() * sizeof(T)) == 0 &&
+            std::memcmp(dpart.data(), dx.data() + first, dpart.size() * sizeof(T)) == 0;
+        CHECK(same);
+        return bytes;
+      };
+      check_paths([&] { return run(std::type_identity<float>{}); });
+      check_paths([&] { return run(std::type_identity<bf16>{}); });
+    }
+  }
+  // Another first is another mask (a negative control for the comparison above).
+  std::vector<float> x(256, 1.0f), a(x.size()), b(x.size());
+  dropout_forward(a.data(), x.data(), 256, DropoutMask{0.5, rng, 9, 0});
+  dropout_forward(b.data(), x.data(), 256, DropoutMask{0.5, rng, 9, 8});
+  CHECK(a != b);
+}
+
 namespace {
 
 // Dropout of x (forward) and of dy into dx (backward) with the mask of (p, rng, 5), as floats.

@@ -270,7 +270,7 @@ class Engine {
       micro_.check_pass(r, micro, num_units());
       expect_consistent("forward_pass");
       const auto timed = timers_.phase(profile::Phase::forward);
-      micro_.begin_pass(batch, rng_step_of(micro), micro_loss_scale(), r, num_units());
+      micro_.begin_pass(batch, rng_step_of(micro, batch), micro_loss_scale(), r, num_units());
       run_pass_forward(r, input);
       return micro_.ctx().x;
     });
@@ -1130,15 +1130,20 @@ class Engine {
   // ---- forward and backward ------------------------------------------------------------------
 
   // Dropout masks follow the run's seed and the micro-step's index over the whole run (every
-  // context micro_ starts carries options_.seed); the loss seed averages
-  // over the window (and carries the fp16 scale).
+  // context micro_ starts carries options_.seed), or the optimizer step and the rows' global
+  // index (MicroBatch::first_row); the loss seed averages over the window (and carries the fp16
+  // scale).
   void begin_micro_step(const MicroBatch& batch, bool training) {
-    micro_.begin(batch, training, rng_step_of(micro_.done()), micro_loss_scale(), num_units());
+    micro_.begin(batch, training, rng_step_of(micro_.done(), batch), micro_loss_scale(),
+                 num_units());
   }
-  // The dropout step of micro-batch `micro` of this window, counted over the whole run.
-  std::uint64_t rng_step_of(int micro) const {
-    return static_cast<std::uint64_t>(training_.boundaries()) *
-               static_cast<std::uint64_t>(options_.gradient_accumulation_steps) +
+  // The dropout step of micro-batch `micro` of this window: the optimizer step when the batch
+  // says where its rows sit in the step's global batch (its rows then tell the micro-batches
+  // apart, as in one process on the whole batch), else the micro-step counted over the run.
+  std::uint64_t rng_step_of(int micro, const MicroBatch& batch) const {
+    const auto step = static_cast<std::uint64_t>(training_.boundaries());
+    if (batch.first_row >= 0) return step;
+    return step * static_cast<std::uint64_t>(options_.gradient_accumulation_steps) +
            static_cast<std::uint64_t>(micro);
   }
   // The loss seed of one micro-batch: the (fp16) loss scale averaged over the window.

@@ -146,14 +146,22 @@ struct MicroBatch {
   std::int64_t batch = 0;                 ///< rows of this micro-batch
   std::int64_t seq_len = 0;               ///< positions per row (1 for non-sequence data)
   nn::Inputs inputs = {};                 ///< named inputs (views kept alive by the caller)
+  /// The global row, within the step's global batch, of this micro-batch's row 0 (the loaders'
+  /// Batch::first_row), or -1 when not given. Given, dropout masks follow the rows and the
+  /// optimizer step (nn::StepContext::dropout_first), so a run with dropout equals one process
+  /// on the whole global batch at any world size and accumulation; not given, they follow each
+  /// micro-step's local rows.
+  std::int64_t first_row = -1;
 
   /// A micro-batch of rows samples (of seq_len positions each, for sequence layers such as
-  /// attention) that carries only named inputs.
-  static MicroBatch of(nn::Inputs inputs, std::int64_t rows, std::int64_t seq_len = 1) {
+  /// attention) that carries only named inputs; first_row as the member's.
+  static MicroBatch of(nn::Inputs inputs, std::int64_t rows, std::int64_t seq_len = 1,
+                       std::int64_t first_row = -1) {
     MicroBatch b;
     b.batch = rows;
     b.seq_len = seq_len;
     b.inputs = std::move(inputs);
+    b.first_row = first_row;
     return b;
   }
   /// A fresh context for a micro-step on this batch: its data, arena (reset), whether it
@@ -183,6 +191,7 @@ struct MicroBatch {
     ctx.inputs = inputs;
     ctx.training = training;
     ctx.step = step;
+    ctx.first_row = first_row;
     return ctx;
   }
 

@@ -37,10 +37,14 @@ struct StepContext {
   bool training = true;                   ///< save what backward needs; dropout active
   std::uint64_t step = 0;                 ///< selects dropout masks
   std::uint64_t seed = 0;                 ///< the run's seed: keys dropout masks with the site
-  Tensor<T> x;                            ///< activation between units (forward)
-  Tensor<T> dy;                           ///< gradient arriving at a unit's output (backward)
-  Tensor<T> dx;                           ///< gradient the unit writes for its input (backward)
-  T loss = T(0);                          ///< mean loss, set by the last unit
+  /// The global row (within the step's global batch) of this micro-batch's row 0, when the
+  /// caller says where its rows sit (engine::MicroBatch::first_row); -1 otherwise. Dropout masks
+  /// then follow the rows (dropout_first), so a sample is dropped alike at any world size.
+  std::int64_t first_row = -1;
+  Tensor<T> x;    ///< activation between units (forward)
+  Tensor<T> dy;   ///< gradient arriving at a unit's output (backward)
+  Tensor<T> dx;   ///< gradient the unit writes for its input (backward)
+  T loss = T(0);  ///< mean loss, set by the last unit
   /// Auxiliary losses the pass's layers added, already weighted (a mixture of experts' load
   /// balancing and router z-loss); the loss layer adds them to `loss`.
   compute_type_t<T> aux_loss = 0;
@@ -63,6 +67,15 @@ struct StepContext {
 
   /// Number of token positions B * T.
   std::int64_t tokens_count() const { return batch * seq_len; }
+  /// The dropout mask index of element 0 of a tensor of n elements over this micro-batch's
+  /// `batch` rows (ops::cpu::DropoutMask::first): first_row rows of n / batch elements, so a
+  /// row's elements are decided at the same indices whichever rank and micro-batch hold it. 0
+  /// without first_row; a tensor that is not whole rows (n % batch != 0) gets first_row * n.
+  std::uint64_t dropout_first(std::int64_t n) const {
+    if (first_row <= 0 || batch <= 0 || n <= 0) return 0;
+    const std::int64_t per_row = n % batch == 0 ? n / batch : n;
+    return static_cast<std::uint64_t>(first_row) * static_cast<std::uint64_t>(per_row);
+  }
   /// The micro-batch's input name as U; throws InputError naming it when absent or mistyped.
   template <class U>
   Tensor<const U> input(std::string_view name) const {

@@ -220,13 +220,13 @@ class CudaKernels final : public Kernels<T> {
   void gelu_backward(T* dx, const T* x, const T* dy, std::int64_t n, bool overwrite_dx) override {
     ops::cuda::gelu_backward(dx, x, dy, n, overwrite_dx, stream_);
   }
-  void dropout_forward(T* y, const T* x, std::int64_t n, double p, const CounterRng& rng,
-                       std::uint32_t stream_id) override {
-    ops::cuda::dropout_forward(y, x, n, p, rng, stream_id, stream_);
+  void dropout_forward(T* y, const T* x, std::int64_t n,
+                       const ops::cpu::DropoutMask& mask) override {
+    ops::cuda::dropout_forward(y, x, n, mask, stream_);
   }
-  void dropout_backward(T* dx, const T* dy, std::int64_t n, double p, const CounterRng& rng,
-                        std::uint32_t stream_id) override {
-    ops::cuda::dropout_backward(dx, dy, n, p, rng, stream_id, stream_);
+  void dropout_backward(T* dx, const T* dy, std::int64_t n,
+                        const ops::cpu::DropoutMask& mask) override {
+    ops::cuda::dropout_backward(dx, dy, n, mask, stream_);
   }
 
   std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,

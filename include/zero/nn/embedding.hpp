@@ -54,8 +54,7 @@ class Embedding {
     ops::cpu::embedding_forward(out.data(), ctx.tokens, wte_.value.data(), wpe_.value.data(),
                                 ctx.batch, ctx.seq_len, C, cfg_.vocab_size);
     if (ctx.training && cfg_.dropout > 0) {
-      ops::cpu::dropout_forward(out.data(), out.data(), N * C, cfg_.dropout, rng(ctx),
-                                static_cast<std::uint32_t>(ctx.step));
+      ops::cpu::dropout_forward(out.data(), out.data(), N * C, mask(ctx, N * C));
     }
     ctx.x = out;
   }
@@ -67,8 +66,7 @@ class Embedding {
     if (ctx.training && cfg_.dropout > 0) {  // as the forward: no mask outside training
       masked = ctx.arena->template allocate<T>({N, C});
       for (T& v : masked) v = T(0);
-      ops::cpu::dropout_backward(masked.data(), dy, N * C, cfg_.dropout, rng(ctx),
-                                 static_cast<std::uint32_t>(ctx.step));
+      ops::cpu::dropout_backward(masked.data(), dy, N * C, mask(ctx, N * C));
       dy = masked.data();
     }
     ops::cpu::embedding_backward(wte_.grad.data(), wpe_.grad.data(), dy, ctx.tokens, ctx.batch,
@@ -78,8 +76,9 @@ class Embedding {
   }
 
  private:
-  static CounterRng rng(const StepContext<T>& ctx) {
-    return CounterRng::dropout_site(ctx.seed, 0, "dropout.embedding");
+  ops::cpu::DropoutMask mask(const StepContext<T>& ctx, std::int64_t n) const {
+    return {cfg_.dropout, CounterRng::dropout_site(ctx.seed, 0, "dropout.embedding"),
+            static_cast<std::uint32_t>(ctx.step), ctx.dropout_first(n)};
   }
 
   GPTConfig cfg_;

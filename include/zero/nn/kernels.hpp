@@ -156,12 +156,13 @@ class Kernels {
   virtual void gelu_forward(T* y, const T* x, std::int64_t n) = 0;
   /// GELU's input gradient (written when overwrite_dx, else added into dx).
   virtual void gelu_backward(T* dx, const T* x, const T* dy, std::int64_t n, bool overwrite_dx) = 0;
-  /// Inverted dropout with the mask of (p, rng, stream_id): the host's mask on every device.
-  virtual void dropout_forward(T* y, const T* x, std::int64_t n, double p, const CounterRng& rng,
-                               std::uint32_t stream_id) = 0;
-  /// dx += dy * mask / (1 - p), the mask redrawn from the forward's (p, rng, stream_id).
-  virtual void dropout_backward(T* dx, const T* dy, std::int64_t n, double p, const CounterRng& rng,
-                                std::uint32_t stream_id) = 0;
+  /// Inverted dropout with mask (element i decided at mask.first + i): the host's mask on every
+  /// device.
+  virtual void dropout_forward(T* y, const T* x, std::int64_t n,
+                               const ops::cpu::DropoutMask& mask) = 0;
+  /// dx += dy * mask / (1 - p), the mask redrawn as the forward's.
+  virtual void dropout_backward(T* dx, const T* dy, std::int64_t n,
+                                const ops::cpu::DropoutMask& mask) = 0;
 
   /// Targets of N rows that count (not ops::cpu::ignore_index), as a host value (a device set
   /// waits for its stream).
@@ -281,13 +282,13 @@ class HostKernels final : public Kernels<T> {
   void gelu_backward(T* dx, const T* x, const T* dy, std::int64_t n, bool overwrite_dx) override {
     ops::cpu::gelu_backward(dx, x, dy, n, overwrite_dx);
   }
-  void dropout_forward(T* y, const T* x, std::int64_t n, double p, const CounterRng& rng,
-                       std::uint32_t stream_id) override {
-    ops::cpu::dropout_forward(y, x, n, p, rng, stream_id);
+  void dropout_forward(T* y, const T* x, std::int64_t n,
+                       const ops::cpu::DropoutMask& mask) override {
+    ops::cpu::dropout_forward(y, x, n, mask);
   }
-  void dropout_backward(T* dx, const T* dy, std::int64_t n, double p, const CounterRng& rng,
-                        std::uint32_t stream_id) override {
-    ops::cpu::dropout_backward(dx, dy, n, p, rng, stream_id);
+  void dropout_backward(T* dx, const T* dy, std::int64_t n,
+                        const ops::cpu::DropoutMask& mask) override {
+    ops::cpu::dropout_backward(dx, dy, n, mask);
   }
 
   std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,

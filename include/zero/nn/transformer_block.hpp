@@ -176,12 +176,20 @@ class TransformerBlock {
   // Site 2: the attention probabilities (sites 0 and 1 are the residual branches).
   ops::cpu::DropoutMask attention_dropout(const StepContext<T>& ctx) const {
     if (!ctx.training || cfg_.attn_dropout <= 0) return {};
-    return {cfg_.attn_dropout, rng(ctx, 2), static_cast<std::uint32_t>(ctx.step)};
+    const std::int64_t Tn = ctx.seq_len;
+    return {cfg_.attn_dropout, rng(ctx, 2), static_cast<std::uint32_t>(ctx.step),
+            ctx.dropout_first(ctx.batch * cfg_.num_heads * Tn * Tn)};
+  }
+  // A residual branch's mask (site 0 or 1) over its n elements.
+  ops::cpu::DropoutMask residual_dropout(const StepContext<T>& ctx, int site,
+                                         std::int64_t n) const {
+    return {cfg_.dropout, rng(ctx, site), static_cast<std::uint32_t>(ctx.step),
+            ctx.dropout_first(n)};
   }
   void dropout(StepContext<T>& ctx, Tensor<T> x, int site) {
     if (!ctx.training || cfg_.dropout <= 0) return;
-    ops::cpu::dropout_forward(x.data(), x.data(), x.numel(), cfg_.dropout, rng(ctx, site),
-                              static_cast<std::uint32_t>(ctx.step));
+    ops::cpu::dropout_forward(x.data(), x.data(), x.numel(),
+                              residual_dropout(ctx, site, x.numel()));
   }
   // The gradient through a residual-branch dropout: dy itself when dropout is off or the pass is
   // not a training one, as in the forward (no copy).
@@ -189,8 +197,7 @@ class TransformerBlock {
     if (!ctx.training || cfg_.dropout <= 0) return dy;
     Tensor<T> d = ctx.arena->template allocate<T>({n});
     for (T& v : d) v = T(0);
-    ops::cpu::dropout_backward(d.data(), dy, n, cfg_.dropout, rng(ctx, site),
-                               static_cast<std::uint32_t>(ctx.step));
+    ops::cpu::dropout_backward(d.data(), dy, n, residual_dropout(ctx, site, n));
     return d.data();
   }
 

@@ -5,8 +5,8 @@
 // T = ctx.seq_len, so it belongs to models fed tokens or [B, T, ...] inputs. The layer has no
 // parameters (the projections are Linear layers around it); it saves in the arena what its
 // kernels ask for: the probabilities [B, NH, T, T] on the host, each row's log-sum-exp on a GPU.
-// Attention dropout redraws its counter-based mask from (site, ctx.step) in backward instead of
-// storing it.
+// Attention dropout redraws its counter-based mask from (site, ctx.step, the rows'
+// StepContext::dropout_first) in backward instead of storing it.
 
 #include <any>
 #include <cstdint>
@@ -76,10 +76,12 @@ class CausalSelfAttention final : public Layer<T> {
   }
 
  private:
+  // The mask over the probabilities [B, heads, T, T] of the step's rows.
   ops::cpu::DropoutMask mask(const StepContext<T>& ctx) const {
     if (!ctx.training || p_ <= 0) return {};
     return {p_, CounterRng::dropout_site(ctx.seed, seed_, "dropout." + site_),
-            static_cast<std::uint32_t>(ctx.step)};
+            static_cast<std::uint32_t>(ctx.step),
+            ctx.dropout_first(ctx.batch * heads_ * ctx.seq_len * ctx.seq_len)};
   }
 
   std::int64_t heads_;

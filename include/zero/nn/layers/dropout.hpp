@@ -1,9 +1,11 @@
 #pragma once
 // Dropout as a layer: inverted dropout with the counter-based mask of ops/cpu/dropout.hpp,
-// keyed by the layer's site name, the run's ctx.seed and the micro-step's ctx.step, so backward
-// redraws the forward's mask without storing it. Inactive when not training or p = 0 (x passes
-// through). The mask depends on a rank's local row index, so with dropout on, several ranks equal
-// the single-process run only in distribution (docs/engine.md, "Not yet").
+// keyed by the layer's site name, the run's ctx.seed and ctx.step, so backward redraws the
+// forward's mask without storing it. Inactive when not training or p = 0 (x passes through).
+// When the micro-batch says where its rows sit in the step's global batch (ctx.first_row), each
+// row is decided at its global row's indices (StepContext::dropout_first), so several ranks
+// and micro-batches equal one process on the whole batch; otherwise the mask follows the local
+// row index.
 
 #include <any>
 #include <cstdint>
@@ -32,15 +34,13 @@ class Dropout final : public Layer<T> {
     active_ = ctx.training && p_ > 0.0;
     if (!active_) return;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
-    kernels_of(ctx).dropout_forward(y.data(), ctx.x.data(), y.numel(), p_, rng(ctx),
-                                    static_cast<std::uint32_t>(ctx.step));
+    kernels_of(ctx).dropout_forward(y.data(), ctx.x.data(), y.numel(), mask(ctx, y.numel()));
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
     const std::int64_t n = ctx.dx.numel();
     if (active_) {
-      kernels_of(ctx).dropout_backward(ctx.dx.data(), ctx.dy.data(), n, p_, rng(ctx),
-                                       static_cast<std::uint32_t>(ctx.step));
+      kernels_of(ctx).dropout_backward(ctx.dx.data(), ctx.dy.data(), n, mask(ctx, n));
     } else {
       kernels_of(ctx).accumulate(ctx.dx.data(), ctx.dy.data(), n);
     }
@@ -55,8 +55,10 @@ class Dropout final : public Layer<T> {
   void resume(std::any saved) override { nn::resume_members(saved, active_); }
 
  private:
-  CounterRng rng(const StepContext<T>& ctx) const {
-    return CounterRng::dropout_site(ctx.seed, seed_, "dropout." + site_);
+  // The mask of this site for the n elements of the step's tensor (their rows' indices).
+  ops::cpu::DropoutMask mask(const StepContext<T>& ctx, std::int64_t n) const {
+    return {p_, CounterRng::dropout_site(ctx.seed, seed_, "dropout." + site_),
+            static_cast<std::uint32_t>(ctx.step), ctx.dropout_first(n)};
   }
 
   double p_;

@@ -7,6 +7,10 @@
 // One Philox call (four 32-bit words) decides four consecutive elements. On the host, float, bf16
 // and f16 draw a vector's mask one group of four at a time and scale the vector at once through
 // the dispatched kernels (isa_dispatch.hpp).
+// A mask's `first` places a tensor in a longer index space: element i of the tensor is decided at
+// index first + i. The layers set it from the micro-batch's first sample in the step's global
+// batch (nn::dropout_mask), so a sample draws the same mask whichever rank and micro-batch hold
+// it, and a run at any world size equals one process on the whole batch with dropout on.
 
 #include <cstdint>
 
@@ -24,18 +28,20 @@ struct DropoutMask {
   double p = 0.0;            ///< drop probability in [0, 1)
   CounterRng rng{0};         ///< key of this site (layer and position in the model)
   std::uint32_t stream = 0;  ///< selects the mask per step
+  std::uint64_t first = 0;   ///< index at which element 0 is decided (see the file comment)
 
   /// True when elements are dropped at all.
   ZERO_HOST_DEVICE bool active() const { return p > 0.0; }
   /// Elements decided by one Philox call: each of its four words decides one element.
   static constexpr int group_size = 4;
 
-  /// Whether element index is kept: word index % 4 of group index / 4's words.
+  /// Whether element index is kept: word i % 4 of group i / 4's words, i = first + index.
   ZERO_HOST_DEVICE bool keep(std::int64_t index) const {
-    const auto i = static_cast<std::uint64_t>(index);
+    const auto i = first + static_cast<std::uint64_t>(index);
     return kept(group_words(i / group_size)[i % group_size]);
   }
-  /// The random words deciding elements [4 g, 4 g + 4), one per element in order.
+  /// The random words deciding indices [4 g, 4 g + 4) (elements [4 g - first, 4 g + 4 - first)),
+  /// one per index in order.
   ZERO_HOST_DEVICE Philox4x32::Counter group_words(std::uint64_t g) const {
     return rng.words(g, stream);
   }
@@ -62,8 +68,8 @@ struct DropoutMask {
 
 namespace detail {
 
-// Mask words (all ones: kept, 0: dropped) of the count elements from index; with no dropout
-// every element is kept and no draw is needed.
+// Mask words (all ones: kept, 0: dropped) of the count elements from element index (mask
+// indices from mask.first + index); with no dropout every element is kept and no draw is needed.
 inline void dropout_mask_words(std::uint32_t* words, const DropoutMask& mask, std::int64_t index,
                                int count) {
   if (!mask.active()) {
@@ -74,7 +80,7 @@ inline void dropout_mask_words(std::uint32_t* words, const DropoutMask& mask, st
   std::uint64_t group = ~std::uint64_t{0};
   Philox4x32::Counter random{};
   for (int j = 0; j < count; ++j) {
-    const auto i = static_cast<std::uint64_t>(index + j);
+    const auto i = mask.first + static_cast<std::uint64_t>(index + j);
     if (i / DropoutMask::group_size != group) {
       group = i / DropoutMask::group_size;
       random = mask.group_words(group);
@@ -119,14 +125,12 @@ struct DropoutBackward {
 
 }  // namespace detail
 
-/// Inverted dropout: out = inp * keep / (1 - p) with keep drawn from (rng, stream, index), so a
+/// Inverted dropout: out = inp * keep / (1 - p) with keep drawn from (rng, stream, first + i), so a
 /// recomputed forward (activation checkpointing) draws the same mask. A dropped element is
 /// multiplied by 0 (DropoutMask::factor): NaN and infinities give NaN, as in PyTorch.
 template <class T>
-void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const CounterRng& rng,
-                     std::uint32_t stream) {
+void dropout_forward(T* out, const T* inp, std::int64_t n, const DropoutMask& mask) {
   using A = compute_type_t<T>;
-  const DropoutMask mask{p, rng, stream};
   const A scale = mask.scale<A>();
   if constexpr (dispatched_type<T>) {
     const auto kernel = kernel_for<detail::DropoutForward, T*, const T*, const DropoutMask*, float,
@@ -145,10 +149,8 @@ void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const Count
 /// adds dout * 0, which keeps a finite dinp's value and gives NaN for a NaN or infinite dout
 /// (PyTorch's grad * mask * scale).
 template <class T>
-void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const CounterRng& rng,
-                      std::uint32_t stream) {
+void dropout_backward(T* dinp, const T* dout, std::int64_t n, const DropoutMask& mask) {
   using A = compute_type_t<T>;
-  const DropoutMask mask{p, rng, stream};
   const A scale = mask.scale<A>();
   if constexpr (dispatched_type<T>) {
     const auto kernel = kernel_for<detail::DropoutBackward, T*, const T*, const DropoutMask*, float,
@@ -163,6 +165,20 @@ void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const Co
       dinp[i] = store<T>(load(dinp[i]) + load(dout[i]) * factor);
     });
   }
+}
+
+/// dropout_forward over the mask of (p, rng, stream) from index 0.
+template <class T>
+void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const CounterRng& rng,
+                     std::uint32_t stream) {
+  dropout_forward(out, inp, n, DropoutMask{p, rng, stream});
+}
+
+/// dropout_backward over the mask of (p, rng, stream) from index 0.
+template <class T>
+void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const CounterRng& rng,
+                      std::uint32_t stream) {
+  dropout_backward(dinp, dout, n, DropoutMask{p, rng, stream});
 }
 
 }  // namespace zero::ops::cpu

@@ -25,14 +25,15 @@ using cpu::DropoutMask;
 // ---- kernels ------------------------------------------------------------------------------------
 
 /// Calls fn(k, kept) for the P elements of the chunk at element i (i a multiple of P, P a
-/// multiple of DropoutMask::group_size): one Philox call per group of four.
+/// multiple of DropoutMask::group_size, mask.first a multiple of it too: whole_groups): one Philox
+/// call per group of four.
 template <int P, class Fn>
 __device__ __forceinline__ void for_chunk_mask(const DropoutMask& mask, std::int64_t i, Fn&& fn) {
   constexpr int G = DropoutMask::group_size;
   static_assert(P % G == 0, "a chunk is whole mask groups");
 #pragma unroll
   for (int g = 0; g < P / G; ++g) {
-    const auto words = mask.group_words(static_cast<std::uint64_t>(i) / G + g);
+    const auto words = mask.group_words((mask.first + static_cast<std::uint64_t>(i)) / G + g);
 #pragma unroll
     for (int k = 0; k < G; ++k) fn(g * G + k, mask.kept(words[k]));
   }
@@ -95,13 +96,19 @@ __global__ void dropout_backward_kernel(T* dinp, const T* dout, std::int64_t n, 
 
 // ---- launchers ----------------------------------------------------------------------------------
 
-/// Inverted dropout over n elements with the mask of (p, rng, stream_id); out may alias inp.
+/// Whether a 16-byte chunk's elements are whole mask groups (the chunk kernels' draw): the mask's
+/// first index is a multiple of the group size.
+inline bool whole_groups(const DropoutMask& mask) {
+  return mask.first % DropoutMask::group_size == 0;
+}
+
+/// Inverted dropout over n elements with mask (its elements at mask.first + i); out may alias
+/// inp.
 template <class T>
-void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const CounterRng& rng,
-                     std::uint32_t stream_id, cudaStream_t stream) {
+void dropout_forward(T* out, const T* inp, std::int64_t n, const DropoutMask& mask,
+                     cudaStream_t stream) {
   if (n == 0) return;
-  const DropoutMask mask{p, rng, stream_id};
-  if (aligned16({out, inp})) {
+  if (aligned16({out, inp}) && whole_groups(mask)) {
     dropout_forward_kernel<T, true>
         <<<grid_for(n / chunk_size<T> + 1), elementwise_threads, 0, stream>>>(out, inp, n, mask);
   } else {
@@ -111,13 +118,12 @@ void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const Count
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-/// dinp += dout * mask / (1 - p), the mask redrawn from the same (p, rng, stream_id).
+/// dinp += dout * mask / (1 - p), the mask redrawn as the forward's.
 template <class T>
-void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const CounterRng& rng,
-                      std::uint32_t stream_id, cudaStream_t stream) {
+void dropout_backward(T* dinp, const T* dout, std::int64_t n, const DropoutMask& mask,
+                      cudaStream_t stream) {
   if (n == 0) return;
-  const DropoutMask mask{p, rng, stream_id};
-  if (aligned16({dinp, dout})) {
+  if (aligned16({dinp, dout}) && whole_groups(mask)) {
     dropout_backward_kernel<T, true>
         <<<grid_for(n / chunk_size<T> + 1), elementwise_threads, 0, stream>>>(dinp, dout, n, mask);
   } else {
@@ -125,6 +131,20 @@ void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const Co
         <<<grid_for(n), elementwise_threads, 0, stream>>>(dinp, dout, n, mask);
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// dropout_forward over the mask of (p, rng, stream_id) from index 0.
+template <class T>
+void dropout_forward(T* out, const T* inp, std::int64_t n, double p, const CounterRng& rng,
+                     std::uint32_t stream_id, cudaStream_t stream) {
+  dropout_forward(out, inp, n, DropoutMask{p, rng, stream_id}, stream);
+}
+
+/// dropout_backward over the mask of (p, rng, stream_id) from index 0.
+template <class T>
+void dropout_backward(T* dinp, const T* dout, std::int64_t n, double p, const CounterRng& rng,
+                      std::uint32_t stream_id, cudaStream_t stream) {
+  dropout_backward(dinp, dout, n, DropoutMask{p, rng, stream_id}, stream);
 }
 
 }  // namespace zero::ops::cuda
