@@ -91,8 +91,10 @@ TEST_CASE("every known key is read by the parser and is either applied or report
       set_path(live, "fp16.enabled",
                key.path == "bf16.enabled" || key.path == "bfloat16.enabled" ? false : true);
       if (key.path == "communication_data_type") set_path(live, "fp16.enabled", false);
-      // (cpu_offload is offload_optimizer's deprecated spelling: not given beside it.)
-      if (!key.path.ends_with(".device") && key.path != "zero_optimization.cpu_offload") {
+      // (cpu_offload and cpu_offload_param are deprecated spellings of the offload sections:
+      // not given beside them.)
+      if (!key.path.ends_with(".device") && key.path != "zero_optimization.cpu_offload" &&
+          key.path != "zero_optimization.cpu_offload_param") {
         // offload_param's swap keys act when it is the section on nvme (alone: with
         // offload_optimizer on nvme too, that section's buffers are used).
         const std::string section = key.path.starts_with("zero_optimization.offload_param.")
@@ -416,4 +418,59 @@ TEST_CASE("auto values are filled from the program's settings and reported", "[u
   v.train_batch_size = 9;
   v.gradient_accumulation = 1;
   CHECK_THROWS_AS(zero::config::fill_auto(uneven, v, 2), ConfigError);
+}
+
+namespace {
+Config parse_config(const char* text) {
+  return Config::from_json(nlohmann::json::parse(text));
+}
+}  // namespace
+
+TEST_CASE("bf16 decides over its older spelling bfloat16, as in DeepSpeed", "[unit][config]") {
+  // bfloat16's enabled (false when not given) overrode bf16: an empty bfloat16 beside
+  // bf16.enabled "auto" made a bf16 program train in fp32, and beside true it was refused.
+  CHECK(parse_config(R"({"bf16": {"enabled": true}, "bfloat16": {}})").bf16_enabled == true);
+  CHECK_FALSE(
+      parse_config(R"({"bf16": {"enabled": "auto"}, "bfloat16": {}})").bf16_enabled.has_value());
+  CHECK(parse_config(R"({"bfloat16": {"enabled": true}})").bf16_enabled == true);
+  CHECK(parse_config(R"({"bfloat16": {}})").bf16_enabled == false);
+  CHECK(
+      parse_config(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})").bf16_enabled ==
+      true);
+}
+
+TEST_CASE(
+    "the deprecated cpu_offload_param offloads the parameters; cpu_offload_use_pin_memory is "
+    "reported",
+    "[unit][config]") {
+  // Both were unknown keys: cpu_offload_param, which DeepSpeed maps to offload_param on the CPU,
+  // was dropped with a warning, and the run kept its parameters on the device.
+  const Config c = parse_config(R"({"zero_optimization": {"stage": 3, "cpu_offload_param": true,
+                                                          "cpu_offload_use_pin_memory": true}})");
+  CHECK(c.zero_optimization.offload_param.device == zero::OffloadDevice::cpu);
+  CHECK(c.zero_optimization.offload_optimizer.device == zero::OffloadDevice::none);
+  CHECK(mentions(c.warnings, "zero_optimization.cpu_offload_param is deprecated"));
+  CHECK_FALSE(mentions(c.warnings, "unknown key"));
+  CHECK(noticed(c, "zero_optimization.cpu_offload_use_pin_memory"));
+  CHECK(parse_config(R"({"zero_optimization": {"stage": 3, "cpu_offload_param": false}})")
+            .zero_optimization.offload_param.device == zero::OffloadDevice::none);
+  CHECK_THROWS_WITH(
+      parse_config(R"({"zero_optimization": {"stage": 2, "cpu_offload_param": true}})"),
+      Catch::Contains("parameter offload needs stage 3"));
+  CHECK_THROWS_WITH(parse_config(R"({"zero_optimization": {"stage": 3, "cpu_offload_param": true,
+                                     "offload_param": {"device": "cpu"}}})"),
+                    Catch::Contains("cpu_offload_param is the deprecated spelling of "
+                                    "zero_optimization.offload_param"));
+}
+
+TEST_CASE("bucket sizes and pipeline partitioning at DeepSpeed's defaults are silent",
+          "[unit][config]") {
+  // Hugging Face's configs write the defaults out; each was reported as a key without effect.
+  const Config c =
+      parse_config(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 500000000,
+                                             "allgather_bucket_size": 5e8},
+                       "pipeline": {"pipe_partitioned": true, "grad_partitioned": true}})");
+  CHECK(c.notices.empty());
+  CHECK(noticed(parse_config(R"({"pipeline": {"pipe_partitioned": false}})"),
+                "pipeline.pipe_partitioned"));
 }

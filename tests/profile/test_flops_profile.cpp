@@ -208,6 +208,19 @@ TEST_CASE("flops_profiler and comms_logger config sections", "[unit][profile]") 
   CHECK_FALSE(c.comms_logger.prof_all);
   CHECK(c.comms_logger.prof_ops == std::vector<std::string>{"all_reduce"});
   CHECK(c.warnings.empty());
+  // prof_ops names are checked with the config, naming the key (a bad name was a CommError when
+  // the Monitor was made); torch.distributed's names of the same collectives are taken.
+  const auto with_ops = [](const char* ops) {
+    return Config::from_json(nlohmann::json::parse(
+        std::string(R"({"comms_logger": {"enabled": true, "prof_all": false, "prof_ops": )") + ops +
+        "}}"));
+  };
+  CHECK(with_ops(R"(["all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"])")
+            .comms_logger.prof_ops ==
+        std::vector<std::string>{"all_gather", "reduce_scatter", "all_to_all"});
+  CHECK_THROWS_WITH(with_ops(R"(["all_reduce", "allreduce"])"),
+                    Catch::Contains("comms_logger.prof_ops: 'allreduce' is not one of") &&
+                        Catch::Contains("all_reduce, reduce_scatter"));
   const Config n = Config::from_json(
       nlohmann::json::parse(R"({"train_batch_size": 2, "flops_profiler": {"output_file": null}})"));
   CHECK(n.flops_profiler.output_file.empty());  // DeepSpeed's default spelling

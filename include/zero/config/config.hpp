@@ -163,13 +163,17 @@ struct Config {
       config::read_inert(b);
       collect(b, c.warnings);
     }
-    if (r.has("bfloat16")) {  // DeepSpeed's older spelling
+    if (r.has("bfloat16")) {  // DeepSpeed's older spelling, read only without bf16 (as DeepSpeed)
       auto b = r.object("bfloat16");
-      const bool enabled = b.boolean("enabled").value_or(false);
-      expect<ConfigError>(!c.bf16_enabled || *c.bf16_enabled == enabled || !r.has("bf16"),
-                          "bfloat16.enabled: ", enabled ? "true" : "false",
-                          " contradicts bf16.enabled; write only bf16");
-      c.bf16_enabled = enabled;
+      const std::optional<bool> enabled = b.boolean("enabled");
+      if (r.has("bf16")) {
+        // bf16 decides; a bfloat16.enabled given against a bf16.enabled given is refused.
+        expect<ConfigError>(!enabled || !c.bf16_enabled || *c.bf16_enabled == *enabled,
+                            "bfloat16.enabled: ", enabled.value_or(false) ? "true" : "false",
+                            " contradicts bf16.enabled; write only bf16");
+      } else {
+        c.bf16_enabled = enabled.value_or(false);
+      }
       config::read_inert(b);
       collect(b, c.warnings);
     }
@@ -521,6 +525,14 @@ struct Config {
       o.offload_optimizer.device = OffloadDevice::cpu;
       c.warnings.push_back(z.where("cpu_offload") +
                            " is deprecated: use offload_optimizer.device = cpu");
+    }
+    expect<ConfigError>(!(z.has("cpu_offload_param") && z.has("offload_param")),
+                        z.where("cpu_offload_param"), " is the deprecated spelling of ",
+                        z.where("offload_param"), "; give only one of them");
+    if (z.boolean("cpu_offload_param").value_or(false)) {  // deprecated spelling
+      o.offload_param.device = OffloadDevice::cpu;
+      c.warnings.push_back(z.where("cpu_offload_param") +
+                           " is deprecated: use offload_param.device = cpu");
     }
     expect<ConfigError>(o.offload_param.device == OffloadDevice::none || o.stage == 3,
                         z.where("offload_param"),

@@ -5,8 +5,11 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include <parallel/comm/comm_op.hpp>
 #include <zero/config/json_reader.hpp>
 #include <zero/core/error.hpp>
 
@@ -65,11 +68,33 @@ struct CommsLoggerConfig {
       for (const auto& op : ops) {
         expect<ConfigError>(op.is_string(), r.where("prof_ops"), ": expected op names, got ",
                             op.dump());
-        c.prof_ops.push_back(op.get<std::string>());
+        c.prof_ops.push_back(op_name(r, op.get<std::string>()));
       }
     }
     for (const auto& k : r.unknown_keys()) unknown.push_back(k);
     return c;
+  }
+
+ private:
+  // zero's name of the op a prof_ops entry names: one of parallel::CommOp's names, or the
+  // torch.distributed name DeepSpeed logs the same collective under; ConfigError listing the
+  // names otherwise (it was a CommError when the logger was made, naming no key).
+  static std::string op_name(const JsonReader& r, const std::string& name) {
+    static constexpr std::pair<std::string_view, std::string_view> torch_names[] = {
+        {"all_gather_into_tensor", "all_gather"},
+        {"reduce_scatter_tensor", "reduce_scatter"},
+        {"all_to_all_single", "all_to_all"}};
+    for (const auto& [torch, ours] : torch_names) {
+      if (name == torch) return std::string(ours);
+    }
+    std::string names;
+    for (int i = 0; i < parallel::comm_op_count; ++i) {
+      const std::string_view op = parallel::name_of(static_cast<parallel::CommOp>(i));
+      if (name == op) return name;
+      names += (i ? ", " : "") + std::string(op);
+    }
+    for (const auto& [torch, ours] : torch_names) names += ", " + std::string(torch);
+    raise<ConfigError>(r.where("prof_ops"), ": '", name, "' is not one of ", names);
   }
 };
 
