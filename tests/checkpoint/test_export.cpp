@@ -202,8 +202,8 @@ TEST_CASE("a recorded table's padding is dropped from the table and its optimize
     LogicalTensor t{{name, DType::f32, {rows, cols}}, {}};
     std::vector<float> v(static_cast<std::size_t>(rows * cols));
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = base + static_cast<float>(i);
-    t.bytes.resize(v.size() * sizeof(float));
-    std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+    const auto* first = reinterpret_cast<const std::byte*>(v.data());
+    t.bytes.assign(first, first + v.size() * sizeof(float));
     return t;
   };
   const std::vector<LogicalTensor> tensors = {
