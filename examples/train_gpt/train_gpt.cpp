@@ -458,7 +458,9 @@ Config make_config(const Options& o) {
   if (o.sp) c.tensor_parallel.sequence_parallel = true;
   if (o.profile) {
     c.flops_profiler.enabled = true;
-    c.flops_profiler.profile_step = std::min<std::int64_t>(2, std::max<std::int64_t>(o.steps, 1));
+    // The second step (past the warm-up), or the only one.
+    c.flops_profiler.profile_step =
+        std::min<std::int64_t>(1, std::max<std::int64_t>(o.steps - 1, 0));
     c.wall_clock_breakdown = true;
     c.memory_breakdown = true;
     c.comms_logger.enabled = true;

@@ -232,9 +232,17 @@ TEST_CASE("flops_profiler and comms_logger config sections", "[unit][profile]") 
   CHECK(d.flops_profiler.profile_step == 1);
   CHECK(d.flops_profiler.detailed);
   CHECK(d.comms_logger.prof_all);
+  CHECK_FALSE(d.flops_profiler.profiles(1));  // DeepSpeed's default: the step after the first
+  d.flops_profiler.enabled = true;
+  CHECK_FALSE(d.flops_profiler.profiles(1));
+  CHECK(d.flops_profiler.profiles(2));
+  CHECK_FALSE(d.flops_profiler.profiles(3));
+  const Config first = Config::from_json(
+      {{"train_batch_size", 2}, {"flops_profiler", {{"enabled", true}, {"profile_step", 0}}}});
+  CHECK(first.flops_profiler.profiles(1));
   CHECK_THROWS_WITH(
-      Config::from_json({{"train_batch_size", 2}, {"flops_profiler", {{"profile_step", 0}}}}),
-      Catch::Contains("flops_profiler.profile_step"));
+      Config::from_json({{"train_batch_size", 2}, {"flops_profiler", {{"profile_step", -1}}}}),
+      Catch::Contains("flops_profiler.profile_step: -1 must be >= 0"));
   const Config w =
       Config::from_json({{"train_batch_size", 2}, {"comms_logger", {{"enabeld", true}}}});
   REQUIRE(w.warnings.size() == 1);

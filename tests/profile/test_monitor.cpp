@@ -105,7 +105,7 @@ TEST_CASE("Monitor: wall-clock and memory breakdowns every steps_per_print, flop
   c.wall_clock_breakdown = true;
   c.memory_breakdown = true;
   c.flops_profiler.enabled = true;
-  c.flops_profiler.profile_step = 3;
+  c.flops_profiler.profile_step = 2;           // DeepSpeed's global_steps: the third step
   c.flops_profiler.output_file = "/dev/null";  // printed elsewhere; the JSON is checked here
   c.comms_logger.enabled = true;
   const Seen s = run(c);
@@ -215,7 +215,7 @@ TEST_CASE("Monitor: the flops profile counts the ranks that read their own sampl
   // gives it the figure by hand).
   Config c = base();
   c.flops_profiler.enabled = true;
-  c.flops_profiler.profile_step = 1;
+  c.flops_profiler.profile_step = 0;  // the first step
   c.flops_profiler.output_file = "/dev/null";
   const nn::GPTConfig gc = small_gpt();
   const std::int64_t rows = 2, local = gc.max_seq_len / 2;

@@ -205,7 +205,8 @@ inline std::span<const KeyInfo> known_keys() {
       // ---- observability (config/observability.hpp, zero::profile)
       {"flops_profiler.enabled", applied, "print the FLOPs profile once at profile_step", "true",
        "false"},
-      {"flops_profiler.profile_step", applied, "the optimizer step profiled", "3", "1"},
+      {"flops_profiler.profile_step", applied,
+       "the optimizer steps finished before the profiled one (DeepSpeed's global_steps)", "3", "1"},
       {"flops_profiler.module_depth", applied, "deepest level of the aggregated table", "1", "-1"},
       {"flops_profiler.top_modules", applied, "modules listed per depth", "3", "1"},
       {"flops_profiler.detailed", applied, "also print the per-unit tree", "false", "true"},

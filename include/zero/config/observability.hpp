@@ -18,7 +18,9 @@ namespace zero::config {
 /// "flops_profiler": print a per-unit FLOPs / latency report once, at profile_step.
 struct FlopsProfilerConfig {
   bool enabled = false;
-  std::int64_t profile_step = 1;   ///< the (1-based) optimizer step profiled
+  /// DeepSpeed's global_steps at the profiled step: the optimizer steps finished before it, so
+  /// the default 1 profiles the second step (the first runs the warm-up) and 0 the first.
+  std::int64_t profile_step = 1;
   std::int64_t module_depth = -1;  ///< deepest level of the aggregated table (-1: all)
   std::int64_t top_modules = 1;    ///< modules listed per depth in the aggregated table
   bool detailed = true;            ///< also print the per-unit tree
@@ -36,8 +38,8 @@ struct FlopsProfilerConfig {
     expect<ConfigError>(file.is_null() || file.is_string(), r.where("output_file"),
                         ": expected a file name or null, got ", file.dump());
     if (file.is_string()) c.output_file = file.get<std::string>();
-    expect<ConfigError>(c.profile_step >= 1, r.where("profile_step"), ": ", c.profile_step,
-                        " must be >= 1 (the first optimizer step is 1)");
+    expect<ConfigError>(c.profile_step >= 0, r.where("profile_step"), ": ", c.profile_step,
+                        " must be >= 0 (the optimizer steps finished before the profiled one)");
     expect<ConfigError>(c.module_depth >= -1, r.where("module_depth"), ": ", c.module_depth,
                         " must be -1 (every depth) or >= 0");
     expect<ConfigError>(c.top_modules >= 1, r.where("top_modules"), ": ", c.top_modules,
@@ -45,9 +47,12 @@ struct FlopsProfilerConfig {
     for (const auto& k : r.unknown_keys()) unknown.push_back(k);
     return c;
   }
+
+  /// Whether optimizer step `step` (1-based, as the engine counts) is the one profiled.
+  bool profiles(std::int64_t step) const { return enabled && step == profile_step + 1; }
 };
 
-/// "comms_logger": record every collective and print DeepSpeed's log_summary table.
+/// "comms_logger"": record every collective and print DeepSpeed's log_summary table.
 struct CommsLoggerConfig {
   bool enabled = false;
   bool verbose = false;  ///< also print one line per op as it completes

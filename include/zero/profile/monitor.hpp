@@ -61,7 +61,7 @@ class Monitor {
   /// load, an evaluation) is not in it.
   template <class Engine>
   void begin_step(Engine& engine, std::int64_t step) {
-    const bool profiled = cfg_.flops_profiler.enabled && step == cfg_.flops_profiler.profile_step;
+    const bool profiled = cfg_.flops_profiler.profiles(step);
     engine.timers().enable(profiled || cfg_.wall_clock_breakdown);
     if (profiled) before_profile_ = engine.timers();
     if (window_steps_ == 0) {
@@ -78,7 +78,7 @@ class Monitor {
   template <class Engine, class Model>
   nlohmann::json end_step(Engine& engine, const Model& model, std::int64_t step) {
     nlohmann::json due = nlohmann::json::object();
-    if (cfg_.flops_profiler.enabled && step == cfg_.flops_profiler.profile_step) {
+    if (cfg_.flops_profiler.profiles(step)) {
       StepTimers only_this = engine.timers().since(before_profile_);
       int mp_size = 1;       // the tensor-parallel group, where the engine has one
       int sample_ranks = 0;  // Ulysses' sp ranks share their samples
