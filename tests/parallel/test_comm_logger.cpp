@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -115,9 +116,38 @@ TEST_CASE("CommLogger summary per op, group and size, op filter, verbose lines",
   logger.record(CommOp::all_gather, "dp", 4, 4096, 0.002);
   CHECK(logger.total(CommOp::all_reduce).count == 0);
   CHECK(logger.total(CommOp::all_gather).count == 1);
-  // The wall-clock breakdown's time counts every op, the filter aside.
+  // Every op's time, the filter aside (the wall-clock breakdown's time in flight is their union).
   CHECK(logger.total().time_s == Approx(0.002));
   CHECK(logger.seconds_of_every_op() == Approx(0.004));
   CHECK(lines.size() == 4);
   CHECK_THROWS_WITH(comm_op_named("allreduce"), Catch::Contains("all_reduce, reduce_scatter"));
+}
+
+TEST_CASE("CommLogger: the time in flight counts overlapping ops once", "[unit]") {
+  // A prefetched gather and a reduce-scatter in flight together took 3 s of wall time, not the
+  // 4 s their latencies sum to; an op that completes later but began earlier fills the gap.
+  CommLogger logger;
+  const auto t0 = CommClock::now();
+  const auto at = [&](double s) {
+    return t0 + std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
+  };
+  logger.record(CommOp::all_gather, "dp", 4, 4096, at(0), at(2));
+  logger.record(CommOp::reduce_scatter, "dp", 4, 4096, at(1), at(3));
+  CHECK(logger.seconds_of_every_op() == Approx(4));
+  CHECK(logger.seconds_in_flight() == Approx(3));
+  logger.record(CommOp::all_gather, "dp", 4, 4096, at(5), at(6));  // after a gap
+  CHECK(logger.seconds_in_flight() == Approx(4));
+  logger.record(CommOp::all_reduce, "dp", 4, 4096, at(2.5), at(7));  // spans the gap
+  CHECK(logger.seconds_in_flight() == Approx(7));
+  CHECK(logger.seconds_of_every_op() == Approx(9.5));
+  logger.record(CommOp::all_reduce, "dp", 4, 4096, at(1.5), at(1.75));  // inside: adds nothing
+  CHECK(logger.seconds_in_flight() == Approx(7));
+  logger.record_only({CommOp::send});  // the filter does not hide ops from the wall time
+  logger.record(CommOp::all_reduce, "dp", 4, 4096, at(8), at(8.5));
+  CHECK(logger.seconds_in_flight() == Approx(7.5));
+  logger.enable(false);  // nor does a disabled logger count any
+  logger.record(CommOp::all_reduce, "dp", 4, 4096, at(9), at(10));
+  CHECK(logger.seconds_in_flight() == Approx(7.5));
+  logger.reset();
+  CHECK(logger.seconds_in_flight() == 0);
 }

@@ -6,13 +6,18 @@
 // Rows are also kept per message size, for DeepSpeed's comms_logger summary (log_summary: per
 // op, group and size, the count, total and mean latency, algbw and busbw); a filter records
 // only chosen ops (comms_logger.prof_ops), and a verbose sink sees one line per op.
+// Beside the per-op sums (concurrent ops each count their own latency), the logger keeps the
+// time during which at least one op was in flight: the union of the ops' issue-to-completion
+// intervals, which the wall-clock breakdown sets against the time the engine waited.
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include <parallel/comm/comm_op.hpp>
+#include <parallel/comm/comm_options.hpp>
 #include <zero/core/error.hpp>
 
 namespace zero::parallel {
@@ -90,13 +96,25 @@ class CommLogger {
     verbose_ = std::move(sink);
   }
 
-  /// Records one op of S = bytes on group (ranks ranks) that took seconds.
+  /// Records one op of S = bytes on group (ranks ranks) that took seconds and ended now.
   void record(CommOp op, std::string_view group, int ranks, std::size_t bytes, double seconds) {
+    const auto end = CommClock::now();
+    record(op, group, ranks, bytes,
+           end - std::chrono::duration_cast<CommClock::duration>(
+                     std::chrono::duration<double>(std::max(seconds, 0.0))),
+           end);
+  }
+
+  /// Records one op of S = bytes on group (ranks ranks) issued at start and seen complete at end.
+  void record(CommOp op, std::string_view group, int ranks, std::size_t bytes,
+              CommClock::time_point start, CommClock::time_point end) {
     if (!enabled()) return;
+    const double seconds = std::chrono::duration<double>(end - start).count();
     std::function<void(const std::string&)> sink;
     {
       std::lock_guard lock(mutex_);
       every_op_s_ += seconds;
+      add_in_flight(start, end);
       if (!only_.empty() && std::find(only_.begin(), only_.end(), op) == only_.end()) return;
       for (auto* row : {&rows_[{static_cast<int>(op), std::string(group)}],
                         &sized_[{{static_cast<int>(op), std::string(group)}, bytes}]}) {
@@ -128,11 +146,18 @@ class CommLogger {
   CommStats total(CommOp op, std::string_view group) const {
     return sum_if([&](CommOp o, const std::string& g) { return o == op && g == group; });
   }
-  /// Seconds of every op recorded while enabled, record_only's filter aside (the wall-clock
-  /// breakdown's communication time, which must not lose the ops prof_ops leaves out).
+  /// Seconds of every op recorded while enabled, record_only's filter aside; ops in flight
+  /// together each count their own.
   double seconds_of_every_op() const {
     std::lock_guard lock(mutex_);
     return every_op_s_;
+  }
+  /// Seconds during which at least one op recorded while enabled was in flight (the union of
+  /// their issue-to-completion intervals; record_only's filter aside). Never more than the wall
+  /// time that passed, where seconds_of_every_op counts overlapping ops once each.
+  double seconds_in_flight() const {
+    std::lock_guard lock(mutex_);
+    return in_flight_s_;
   }
   /// Totals of every op on every group.
   CommStats total() const {
@@ -166,6 +191,8 @@ class CommLogger {
     rows_.clear();
     sized_.clear();
     every_op_s_ = 0;
+    in_flight_s_ = 0;
+    intervals_.clear();
   }
 
   /// DeepSpeed's comms summary (deepspeed.comm.log_summary): per op and group, one line per
@@ -229,6 +256,27 @@ class CommLogger {
     CommStats stats;
   };
 
+  /// Adds to in_flight_s_ the part of [start, end] that no earlier op covered. intervals_ holds
+  /// the union so far as disjoint [begin, end] pairs keyed by begin (seconds since epoch_); the
+  /// oldest are dropped beyond max_intervals, as a later op rarely reaches back that far.
+  void add_in_flight(CommClock::time_point start, CommClock::time_point end) {
+    static constexpr std::size_t max_intervals = 1024;
+    const double s = std::chrono::duration<double>(start - epoch_).count();
+    const double e = std::max(s, std::chrono::duration<double>(end - epoch_).count());
+    double lo = s, hi = e, covered = 0;
+    auto it = intervals_.upper_bound(s);
+    if (it != intervals_.begin() && std::prev(it)->second >= s) --it;
+    while (it != intervals_.end() && it->first <= e) {
+      covered += std::min(it->second, e) - std::max(it->first, s);
+      lo = std::min(lo, it->first);
+      hi = std::max(hi, it->second);
+      it = intervals_.erase(it);
+    }
+    intervals_[lo] = hi;
+    in_flight_s_ += (e - s) - covered;
+    while (intervals_.size() > max_intervals) intervals_.erase(intervals_.begin());
+  }
+
   template <class Pred>
   CommStats sum_if(Pred pred) const {
     std::lock_guard lock(mutex_);
@@ -244,7 +292,10 @@ class CommLogger {
   std::map<std::pair<int, std::string>, Row> rows_;
   std::map<std::pair<std::pair<int, std::string>, std::size_t>, Row> sized_;
   std::vector<CommOp> only_;
-  double every_op_s_ = 0;  ///< seconds_of_every_op()
+  double every_op_s_ = 0;   ///< seconds_of_every_op()
+  double in_flight_s_ = 0;  ///< seconds_in_flight()
+  const CommClock::time_point epoch_ = CommClock::now();
+  std::map<double, double> intervals_;  ///< the in-flight union's recent intervals (begin: end)
   std::function<void(const std::string&)> verbose_;
 };
 

@@ -125,8 +125,7 @@ struct LocalRank {
       group->throw_if_broken(ctx);
     }
     if (logger) {
-      logger->record(desc.op, name, group->size(), bytes,
-                     std::chrono::duration<double>(CommClock::now() - start).count());
+      logger->record(desc.op, name, group->size(), bytes, start, CommClock::now());
     }
   }
 };
@@ -649,8 +648,7 @@ class BasicLocalComm {
     }
     s.group->post(s.rank, peer, tag, std::move(message));
     if (s.logger) {
-      s.logger->record(CommOp::send, s.name, 2, buf.size_bytes(),
-                       std::chrono::duration<double>(CommClock::now() - start).count());
+      s.logger->record(CommOp::send, s.name, 2, buf.size_bytes(), start, CommClock::now());
     }
   }
 
@@ -669,8 +667,7 @@ class BasicLocalComm {
       s.mover.from_host(buf.data(), message.data.data(), buf.size_bytes(), ctx, deadline);
     }
     if (s.logger) {
-      s.logger->record(CommOp::recv, s.name, 2, buf.size_bytes(),
-                       std::chrono::duration<double>(CommClock::now() - start).count());
+      s.logger->record(CommOp::recv, s.name, 2, buf.size_bytes(), start, CommClock::now());
     }
   }
 

@@ -364,8 +364,7 @@ class MpiWork final : public WorkState {
     keep_alive.clear();
     if (logged && shared_->logger) {
       shared_->logger->record(info_.op, shared_->name, info_.peer >= 0 ? 2 : shared_->size(),
-                              info_.bytes,
-                              std::chrono::duration<double>(CommClock::now() - start_).count());
+                              info_.bytes, start_, CommClock::now());
     }
   }
 

@@ -168,8 +168,8 @@ class NcclWork final : public WorkState {
     cuda_comm_check(q, "cudaEventQuery", describe());
     finished_ = true;
     if (shared_->logger) {
-      shared_->logger->record(op_, shared_->name, shared_->mpi.size(), bytes_,
-                              std::chrono::duration<double>(CommClock::now() - start_).count());
+      shared_->logger->record(op_, shared_->name, shared_->mpi.size(), bytes_, start_,
+                              CommClock::now());
     }
     return true;
   }

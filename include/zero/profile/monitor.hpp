@@ -70,7 +70,7 @@ class Monitor {
     }
     // The window's communication is what the steps themselves log: a checkpoint's agreement or
     // an evaluation between two steps of a window is not in it, as the timers do not count it.
-    step_comm_start_s_ = logger_ ? logger_->seconds_of_every_op() : 0.0;
+    step_comm_start_s_ = logger_ ? logger_->seconds_in_flight() : 0.0;
   }
 
   /// Call after optimizer step `step` ended: prints (rank 0) what is due and returns it as JSON
@@ -92,7 +92,7 @@ class Monitor {
       if (rank_ == 0) write_profile(p);
     }
     ++window_steps_;
-    if (logger_) window_comm_s_ += logger_->seconds_of_every_op() - step_comm_start_s_;
+    if (logger_) window_comm_s_ += logger_->seconds_in_flight() - step_comm_start_s_;
     const bool print = step % cfg_.steps_per_print == 0;
     if (cfg_.wall_clock_breakdown && print) {
       const WallClockBreakdown b =

@@ -3,8 +3,9 @@
 // forward, backward and optimizer step, and inside them the time spent waiting for gradient
 // reductions and parameter gathers, i.e. communication that did not hide behind compute. The
 // overlap fraction is 1 - waited / communication time, with the communication time the
-// CommLogger's issue-to-completion time of the same window (n/a without a logger): 1 means
-// every collective finished behind compute, 0 that the engine waited for all of it.
+// CommLogger's time in flight in the same window (the union of the collectives'
+// issue-to-completion intervals; n/a without a logger): 1 means every collective finished
+// behind compute, 0 that the engine waited for all of it.
 
 #include <algorithm>
 #include <cstdint>
