@@ -7,7 +7,9 @@
 // ignored unevenly over the positions; a checkpoint saved at (sp 2, dp 2, stage 3) resumes at
 // other sp sizes and stages as the uninterrupted run. Negative controls: a rank fed another rank's
 // positions must differ, and a model without Ulysses (local attention, positions from 0) on the cp
-// grid is refused.
+// grid is refused. With dropout, micro-batches that say where their rows sit draw the reference's
+// masks at any sp: each rank its positions' part of the residual masks and its heads' part of
+// the attention's.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -59,6 +61,8 @@ struct Batch {
 };
 
 // One process on the whole global batch: `steps` AdamW steps with clipping; the whole tensors.
+// Dropout, where cfg has it, draws the masks of the engines' placed rows (optimizer step s, the
+// engines' seed).
 test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows,
                               bool padded = false) {
   nn::GPT<double> model(cfg);
@@ -74,6 +78,9 @@ test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows
     ctx.targets = b.targets.data();
     ctx.batch = global_rows;
     ctx.seq_len = seq_len;
+    ctx.step = static_cast<std::uint64_t>(step);
+    ctx.seed = test::tp_options(accumulation).seed;
+    ctx.first_row = 0;
     model.forward(ctx);
     model.backward(ctx);
     arena.reset();
@@ -106,7 +113,16 @@ struct Layout {
   bool padded = false;      // each row's last `padding` targets ignored
   bool sgd = false;         // a stateless f64 SGD update in place of AdamW64, whose moments (the
                             // callback's own) a checkpoint does not hold
+  bool dropout = false;     // residual, embedding and attention dropout
+  bool placed = true;       // with dropout: the micro-batches say where their rows sit
 };
+
+// The dropout of the layouts with dropout (and of their reference).
+nn::GPTConfig with_dropout(nn::GPTConfig cfg) {
+  cfg.dropout = 0.2;
+  cfg.attn_dropout = 0.3;
+  return cfg;
+}
 
 // Which steps a run takes: [first, last), after loading `load` and saving to `save` at the end
 // (empty: neither).
@@ -118,7 +134,7 @@ struct Steps {
 template <int S>
 std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l, const Steps& when) {
   parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.cp = l.sp, .dp = l.dp}));
-  nn::GPTConfig cfg = test::tp_tiny();
+  nn::GPTConfig cfg = l.dropout ? with_dropout(test::tp_tiny()) : test::tp_tiny();
   cfg.checkpoint_activations = l.checkpoint;
   const SequenceParallel sp =
       l.fault == Fault::no_ulysses ? SequenceParallel() : SequenceParallel(groups.cp());
@@ -143,7 +159,9 @@ std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l, const St
           std::span(b.tokens).subspan(first, n), test::micro_rows, seq_len, l.sp, fed_rank);
       const auto targets = parallel::sequence_slice<std::int32_t>(
           std::span(b.targets).subspan(first, n), test::micro_rows, seq_len, l.sp, fed_rank);
-      eng.forward({tokens.data(), targets.data(), test::micro_rows, seq_len / l.sp});
+      engine::MicroBatch micro{tokens.data(), targets.data(), test::micro_rows, seq_len / l.sp};
+      if (l.dropout && l.placed) micro.first_row = Batch::first_row(m, dp_rank, l.dp);
+      eng.forward(micro);
       eng.backward();
       eng.step();
     }
@@ -186,6 +204,33 @@ TEST_CASE(
         CHECK(got.copies_differ == 0.0);  // every dp x sp rank holds the same parameters
       }
     }
+  }
+}
+
+TEST_CASE(
+    "Ulysses GPT with dropout: placed micro-batches draw one process's masks at sp 2 and 4 "
+    "(each rank its positions' and its heads' part)",
+    "[unit][ulysses]") {
+  const int dp = 2;
+  const auto want = reference(with_dropout(test::tp_tiny()), test::micro_rows * accumulation * dp);
+  const auto plain = reference(test::tp_tiny(), test::micro_rows * accumulation * dp);
+  CHECK(test::max_difference(plain, want) > 1e-6);  // the masks drop something
+  for (int sp : {2, 4}) {
+    for (int stage : {0, 3}) {
+      Layout l{sp, dp, stage};
+      l.dropout = true;
+      l.checkpoint = stage == 3;  // the recomputed forward draws the same masks
+      const Run got = run(l);
+      const double error = test::max_difference(got.values, want);
+      INFO("sp " << sp << ", stage " << stage << ": worst difference " << error);
+      CHECK(error <= 1e-10);
+      CHECK(got.copies_differ == 0.0);
+    }
+    // Negative control: micro-batches that do not say where their rows sit draw other masks.
+    Layout unplaced{sp, dp, 1};
+    unplaced.dropout = true;
+    unplaced.placed = false;
+    CHECK(test::max_difference(run(unplaced).values, want) > 1e-6);
   }
 }
 

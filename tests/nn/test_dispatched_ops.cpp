@@ -744,6 +744,68 @@ TEST_CASE(
   CHECK(a != b);
 }
 
+TEST_CASE(
+    "dropout: a mask placed in blocks draws each block's part of every row of the whole mask, on "
+    "every ISA, f32 / bf16",
+    "[unit][ops]") {
+  // A rank holding part k of `parts` of each of `rows` rows (a tensor-parallel rank's heads, a
+  // Ulysses rank's positions; nn::DropoutShard) draws those elements of the whole tensor's mask:
+  // first = row0 * width + k * part, block = part, stride = width. Parts of a multiple of four
+  // and not; the whole from row 0 and from row 3 of a longer batch.
+  const zero::CounterRng rng(78);
+  for (const std::int64_t part : {1, 6, 8, 37}) {
+    for (const std::int64_t row0 : {0, 3}) {
+      const std::int64_t parts = 3, rows = 5, width = part * parts;
+      const std::int64_t whole_n = (row0 + rows) * width;
+      const auto whole = float_values(static_cast<std::size_t>(whole_n), 79, 4.0);
+      const auto whole_dy = float_values(whole.size(), 80);
+      for (std::int64_t k = 0; k < parts; ++k) {
+        INFO("part " << part << " row0 " << row0 << " k " << k);
+        auto run = [&]<class T>(std::type_identity<T>) {
+          const auto x = cast<T>(whole), dy = cast<T>(whole_dy);
+          std::vector<T> out(x.size()), dx(x.size(), zero::convert<T>(0.25f));
+          dropout_forward(out.data(), x.data(), whole_n, 0.3, rng, 4);
+          dropout_backward(dx.data(), dy.data(), whole_n, 0.3, rng, 4);
+          std::vector<T> in, grad, want, want_dx;
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const auto at = static_cast<std::size_t>((row0 + r) * width + k * part);
+            const auto end = at + static_cast<std::size_t>(part);
+            in.insert(in.end(), x.begin() + at, x.begin() + end);
+            grad.insert(grad.end(), dy.begin() + at, dy.begin() + end);
+            want.insert(want.end(), out.begin() + at, out.begin() + end);
+            want_dx.insert(want_dx.end(), dx.begin() + at, dx.begin() + end);
+          }
+          DropoutMask placed{0.3, rng, 4, static_cast<std::uint64_t>(row0 * width + k * part)};
+          placed.block = static_cast<std::uint64_t>(part);
+          placed.stride = static_cast<std::uint64_t>(width);
+          std::vector<T> got(in.size()), got_dx(in.size(), zero::convert<T>(0.25f));
+          dropout_forward(got.data(), in.data(), rows * part, placed);
+          dropout_backward(got_dx.data(), grad.data(), rows * part, placed);
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+          CHECK(std::memcmp(got_dx.data(), want_dx.data(), got_dx.size() * sizeof(T)) == 0);
+          const DropoutMask unplaced{0.3, rng, 4};
+          for (std::int64_t i = 0; i < rows * part; ++i) {  // keep() as the vector path places
+            const std::int64_t global = (row0 + i / part) * width + k * part + i % part;
+            if (placed.keep(i) != unplaced.keep(global)) FAIL_CHECK("keep(" << i << ")");
+          }
+          Bytes bytes;
+          bytes.add(got), bytes.add(got_dx);
+          return bytes;
+        };
+        check_paths([&] { return run(std::type_identity<float>{}); });
+        check_paths([&] { return run(std::type_identity<bf16>{}); });
+      }
+    }
+  }
+  // from(i): the contiguous mask of i's block from i on.
+  DropoutMask m{0.5, rng, 2, 7};
+  m.block = 12;
+  m.stride = 40;
+  const DropoutMask tail = m.from(17);  // block 1, element 5: index 7 + 40 + 5
+  CHECK(tail.first == 52);
+  for (std::int64_t j = 0; j < 7; ++j) CHECK(tail.keep(j) == m.keep(17 + j));
+}
+
 namespace {
 
 // Dropout of x (forward) and of dy into dx (backward) with the mask of (p, rng, 5), as floats.

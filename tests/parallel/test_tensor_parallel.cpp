@@ -490,24 +490,30 @@ namespace {
 
 // What a GPT block split over tp must equal: the whole block's output, input gradient and
 // parameter gradients, for x [N, C] and dy [N, C].
-enum class BlockFault { none, missing_row_reduce, missing_norm_reduce };
+// With dropout, a block whose attention draws every rank's heads at rank 0's place in the mask
+// (masks per rank, not the whole block's) must not pass either.
+enum class BlockFault { none, missing_row_reduce, missing_norm_reduce, unplaced_attention_mask };
 
 // 128 rows: every arena allocation of the block is a multiple of the arena's 256-byte alignment
 // at tp 1, 2 and 4 (a LayerNorm's statistics of 32 rows are 256 bytes), so held bytes add up.
 constexpr std::int64_t block_batch = 2, block_seq = 64, block_rows = block_batch * block_seq;
 
-nn::GPTConfig block_config() {
+nn::GPTConfig block_config(bool dropout = false) {
   nn::GPTConfig c = nn::GPTConfig::preset("tiny");  // C 16
   c.num_heads = 4;
+  c.dropout = dropout ? 0.2 : 0.0;
+  c.attn_dropout = dropout ? 0.3 : 0.0;
   return c;
 }
 
 // The block of add_gpt_block, by hand, with one fault: the attention's row-parallel projection
 // replaced by a plain Linear on the rank's input columns (its partial sums never all-reduced),
 // or, with SP, ln_1 without its gradient reduction over the group.
-void add_faulty_block(nn::Sequential<double>& unit, const TensorParallel& tp, BlockFault fault) {
-  const nn::GPTConfig cfg = block_config();
+void add_faulty_block(nn::Sequential<double>& unit, const nn::GPTConfig& cfg,
+                      const TensorParallel& tp, BlockFault fault) {
   const std::int64_t C = cfg.channels;
+  const nn::DropoutShard rows =
+      tp.sequence_parallel() ? nn::DropoutShard{tp.size(), tp.rank(), false} : nn::DropoutShard{};
   const std::string p = "transformer.h.1.";
   auto& attn = unit.add<nn::Residual<double>>(p + "attn");
   if (tp.sequence_parallel() && fault != BlockFault::missing_norm_reduce) {
@@ -517,12 +523,16 @@ void add_faulty_block(nn::Sequential<double>& unit, const TensorParallel& tp, Bl
     attn.add<nn::LayerNorm<double>>(p + "ln_1", C);
   }
   attn.add<parallel::ColumnParallelLinear<double>>(tp, p + "attn.c_attn", C, 3 * C, true, 0.02, 3);
-  attn.add<nn::CausalSelfAttention<double>>(cfg.num_heads / tp.size());
+  attn.add<nn::CausalSelfAttention<double>>(cfg.num_heads / tp.size(), cfg.attn_dropout, "h.1", 2,
+                                            fault == BlockFault::unplaced_attention_mask
+                                                ? nn::DropoutShard{}
+                                                : nn::DropoutShard{tp.size(), tp.rank(), true});
   if (fault == BlockFault::missing_row_reduce) {
     attn.add<nn::Linear<double>>(p + "attn.c_proj", C / tp.size(), C);
   } else {
     attn.add<parallel::RowParallelLinear<double>>(tp, p + "attn.c_proj", C, C);
   }
+  if (cfg.dropout > 0) attn.add<nn::Dropout<double>>(cfg.dropout, "h.1", 0, rows);
   auto& mlp = unit.add<nn::Residual<double>>(p + "mlp");
   if (tp.sequence_parallel()) {
     mlp.add<parallel::SequenceParallelParams<double>>(
@@ -533,6 +543,7 @@ void add_faulty_block(nn::Sequential<double>& unit, const TensorParallel& tp, Bl
   mlp.add<parallel::ColumnParallelLinear<double>>(tp, p + "mlp.c_fc", C, 4 * C);
   mlp.add<nn::GELU<double>>();
   mlp.add<parallel::RowParallelLinear<double>>(tp, p + "mlp.c_proj", 4 * C, C);
+  if (cfg.dropout > 0) mlp.add<nn::Dropout<double>>(cfg.dropout, "h.1", 1, rows);
 }
 
 // The held values of spec from the whole tensor: its part, or (a faulty layer that declares no
@@ -549,17 +560,22 @@ struct BlockCheck {
   std::size_t held_bytes = 0;  // arena bytes held between forward and backward
 };
 
+// Dropout masks of optimizer step 3 (any step but 0: a mask of the wrong step differs).
+constexpr std::uint64_t block_step = 3;
+
 BlockCheck check_block(LocalComm& comm, bool sp, BlockFault fault, const LayerRun& want,
                        const std::vector<nn::ParamSpec>& whole_specs,
                        const std::vector<std::vector<double>>& whole_values,
-                       const std::vector<double>& x, const std::vector<double>& dy) {
+                       const std::vector<double>& x, const std::vector<double>& dy,
+                       bool dropout = false) {
   const TensorParallel tp(comm, sp);
-  const std::int64_t C = block_config().channels;
+  const nn::GPTConfig cfg = block_config(dropout);
+  const std::int64_t C = cfg.channels;
   nn::Sequential<double> block;
   if (fault == BlockFault::none) {
-    nn::add_gpt_block(block, block_config(), 1, tp);
+    nn::add_gpt_block(block, cfg, 1, tp);
   } else {
-    add_faulty_block(block, tp, fault);
+    add_faulty_block(block, cfg, tp, fault);
   }
   const auto specs = block.params();
   std::vector<std::vector<double>> values, grads;
@@ -585,6 +601,7 @@ BlockCheck check_block(LocalComm& comm, bool sp, BlockFault fault, const LayerRu
   ctx.arena = &arena;
   ctx.batch = block_batch;
   ctx.seq_len = block_seq;
+  ctx.step = block_step;
   ctx.x = Tensor<double>(input.data(), Shape{rows, C});
   block.forward(ctx);
   BlockCheck r;
@@ -612,11 +629,11 @@ struct WholeBlock {
   std::size_t held_bytes = 0;
 };
 
-WholeBlock whole_block() {
+WholeBlock whole_block(bool dropout = false) {
   WholeBlock w;
   const std::int64_t C = block_config().channels;
   nn::Sequential<double> block;
-  nn::add_gpt_block(block, block_config(), 1);
+  nn::add_gpt_block(block, block_config(dropout), 1);
   w.specs = block.params();
   std::uint64_t seed = 11;
   for (const auto& s : w.specs) {
@@ -639,6 +656,7 @@ WholeBlock whole_block() {
   ctx.arena = &arena;
   ctx.batch = block_batch;
   ctx.seq_len = block_seq;
+  ctx.step = block_step;
   std::vector<double> input = w.x, dout = w.dy;
   ctx.x = Tensor<double>(input.data(), Shape{block_rows, C});
   block.forward(ctx);
@@ -679,6 +697,34 @@ TEST_CASE(
       worst = zero::testing::worse(worst, r.error);
     }
     CHECK(worst > 1e-3);  // negative control: ln_1's gradients are one rank's rows only
+  }
+}
+
+TEST_CASE(
+    "With dropout, a GPT block split over tp (with and without SP) draws the whole block's "
+    "masks: each rank its heads' and its rows' part",
+    "[unit][tp]") {
+  // Megatron draws the attention's masks per tensor-parallel rank (its model-parallel RNG), so
+  // tp > 1 equals tp = 1 only in distribution; here every rank's heads and, under SP, its block
+  // of rows are decided at their indices in the whole block's masks (nn::DropoutShard).
+  const WholeBlock w = whole_block(/*dropout=*/true);
+  const WholeBlock plain = whole_block(/*dropout=*/false);
+  CHECK(max_diff(w.want.y, plain.want.y) > 1e-2);  // the masks drop something
+  auto run = [&](int tp, bool sp, BlockFault fault) {
+    const auto seen = testing::per_rank<BlockCheck>(tp, [&](LocalComm& comm) {
+      return check_block(comm, sp, fault, w.want, w.specs, w.values, w.x, w.dy, true);
+    });
+    double worst = 0;
+    for (const BlockCheck& r : seen) worst = zero::testing::worse(worst, r.error);
+    return worst;
+  };
+  for (int tp : {2, 4}) {
+    for (bool sp : {false, true}) {
+      INFO("tp " << tp << (sp ? " with" : " without") << " SP");
+      CHECK(run(tp, sp, BlockFault::none) <= 1e-12);
+      // negative control: every rank's heads drawn at rank 0's place
+      CHECK(run(tp, sp, BlockFault::unplaced_attention_mask) > 1e-3);
+    }
   }
 }
 

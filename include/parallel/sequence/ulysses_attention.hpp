@@ -48,15 +48,15 @@ template <class T>
 class UlyssesAttention final : public nn::Layer<T> {
  public:
   /// heads over the whole model (divisible by sp.size(), else ConfigError); attn_dropout and
-  /// (site, seed) as CausalSelfAttention's, the mask drawn per rank (site "<site>/sp<rank>")
-  /// when sp > 1, so dropout equals sp = 1 in distribution only.
+  /// (site, seed) as CausalSelfAttention's, each rank drawing its heads' part of the mask, so
+  /// dropout equals sp = 1.
   UlyssesAttention(SequenceParallel sp, std::int64_t heads, double attn_dropout = 0.0,
                    std::string site = "attention", std::uint64_t seed = 0)
       : sp_((check_ulysses_heads(heads, sp.size()), std::move(sp))),
         heads_(heads),
         site_(std::move(site)),
-        inner_(heads / sp_.size(), attn_dropout,
-               sp_.active() ? site_ + "/sp" + std::to_string(sp_.rank()) : site_, seed) {}
+        inner_(heads / sp_.size(), attn_dropout, site_, seed,
+               nn::DropoutShard{sp_.size(), sp_.rank(), true}) {}
 
   std::string describe() const override {
     return "UlyssesAttention '" + site_ + "' (sp " + std::to_string(sp_.size()) + ")";

@@ -11,8 +11,11 @@
 
 #include <zero/core/arena.hpp>
 #include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+#include <zero/core/rng.hpp>
 #include <zero/core/tensor.hpp>
 #include <zero/nn/inputs.hpp>
+#include <zero/ops/cpu/dropout.hpp>
 #include <zero/profile/op_times.hpp>
 
 namespace zero::nn {
@@ -21,6 +24,19 @@ template <class T>
 class DeferredWeightGrads;  // deferred_weight_grads.hpp
 template <class T>
 class Kernels;  // kernels.hpp
+
+/// A rank's part of a tensor that a group of ranks splits, for its dropout mask
+/// (StepContext::dropout_mask): the part draws the mask of its place in the whole, so the ranks
+/// together drop what one rank holding the whole tensor drops.
+struct DropoutShard {
+  std::int64_t parts = 1;  ///< ranks the tensor is split over (1: not split)
+  std::int64_t index = 0;  ///< this rank's part, in [0, parts)
+  /// false: the micro-batch's rows, flattened, are split into parts contiguous blocks (Megatron
+  /// sequence parallelism's rows); true: every one of the micro-batch's `batch` rows is (a
+  /// tensor-parallel rank's heads of the attention probabilities [B, heads, T, T], a Ulysses
+  /// rank's positions of each sequence [B, T / sp, C]).
+  bool within_rows = false;
+};
 
 /// The state of one forward/backward micro-step through a model's units.
 template <class T>
@@ -75,6 +91,31 @@ struct StepContext {
     if (first_row <= 0 || batch <= 0 || n <= 0) return 0;
     const std::int64_t per_row = n % batch == 0 ? n / batch : n;
     return static_cast<std::uint64_t>(first_row) * static_cast<std::uint64_t>(per_row);
+  }
+  /// The mask (p, rng) of this step (stream `step`) over a tensor of n elements: the whole
+  /// micro-batch's tensor placed at its rows (dropout_first), or this rank's part of it (shard);
+  /// ShapeError when the part cannot be placed (rows that do not divide over batch).
+  ops::cpu::DropoutMask dropout_mask(double p, const CounterRng& rng, std::int64_t n,
+                                     const DropoutShard& shard = {}) const {
+    ops::cpu::DropoutMask mask{p, rng, static_cast<std::uint32_t>(step)};
+    expect<ShapeError>(shard.parts >= 1 && shard.index >= 0 && shard.index < shard.parts,
+                       "dropout: part ", shard.index, " of ", shard.parts);
+    if (shard.parts == 1 || n <= 0) {
+      mask.first = dropout_first(n);
+    } else if (!shard.within_rows) {
+      const auto u = static_cast<std::uint64_t>(n);
+      mask.first = dropout_first(n * shard.parts) + static_cast<std::uint64_t>(shard.index) * u;
+    } else {
+      expect<ShapeError>(batch > 0 && n % batch == 0, "dropout: a part of every row of ", batch,
+                         " rows, but ", n, " elements");
+      const auto part = static_cast<std::uint64_t>(n / batch);
+      const auto row = part * static_cast<std::uint64_t>(shard.parts);
+      mask.first = (first_row > 0 ? static_cast<std::uint64_t>(first_row) * row : 0) +
+                   static_cast<std::uint64_t>(shard.index) * part;
+      mask.block = part;
+      mask.stride = row;
+    }
+    return mask;
   }
   /// The micro-batch's input name as U; throws InputError naming it when absent or mistyped.
   template <class U>

@@ -113,8 +113,10 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
   const std::string site = "h." + std::to_string(layer);  // GPT's dropout key per block
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
   if (!tp.active()) {
-    // Ulysses: each rank's rows are other positions, so its residual masks are its own.
-    const std::string rows_site = sp.active() ? site + "/sp" + std::to_string(sp.rank()) : site;
+    // Ulysses: each rank holds its part of every sequence's positions, and draws that part of
+    // the residual masks.
+    const DropoutShard rows =
+        sp.active() ? DropoutShard{sp.size(), sp.rank(), true} : DropoutShard{};
     auto& attn = unit.template add<Residual<T>>(p + "attn");
     attn.template add<LayerNorm<T>>(p + "ln_1", C);
     attn.template add<Linear<T>>(p + "attn.c_attn", C, 3 * C, true, 0.02);
@@ -125,7 +127,7 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
       attn.template add<CausalSelfAttention<T>>(cfg.num_heads, cfg.attn_dropout, site, 2);
     }
     attn.template add<Linear<T>>(p + "attn.c_proj", C, C, true, residual_std);
-    if (cfg.dropout > 0) attn.template add<Dropout<T>>(cfg.dropout, rows_site, 0);
+    if (cfg.dropout > 0) attn.template add<Dropout<T>>(cfg.dropout, site, 0, rows);
     auto& mlp = unit.template add<Residual<T>>(p + "mlp");
     mlp.template add<LayerNorm<T>>(p + "ln_2", C);
     MixtureOfExperts<T>* moe = nullptr;
@@ -136,14 +138,16 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
       mlp.template add<GELU<T>>();
       mlp.template add<Linear<T>>(p + "mlp.c_proj", 4 * C, C, true, residual_std);
     }
-    if (cfg.dropout > 0) mlp.template add<Dropout<T>>(cfg.dropout, rows_site, 1);
+    if (cfg.dropout > 0) mlp.template add<Dropout<T>>(cfg.dropout, site, 1, rows);
     return moe;
   }
   using namespace parallel;
   const int t = tp.size();
-  const std::string rank_site = site + (tp.sequence_parallel() ? "/sp" : "/tp") +
-                                std::to_string(tp.rank());  // masks drawn per rank
-  const std::string& residual_site = tp.sequence_parallel() ? rank_site : site;
+  // The residual stream is whole on every rank (the same mask), or with sequence parallelism
+  // split into blocks of rows (each rank its block's part of the mask); the attention's heads
+  // are split (each rank its heads' part).
+  const DropoutShard rows =
+      tp.sequence_parallel() ? DropoutShard{t, tp.rank(), false} : DropoutShard{};
   auto norm = [&](Residual<T>& branch, const std::string& name) {
     if (tp.sequence_parallel()) {
       branch.template add<SequenceParallelParams<T>>(tp, std::make_unique<LayerNorm<T>>(name, C));
@@ -154,16 +158,16 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
   auto& attn = unit.template add<Residual<T>>(p + "attn");
   norm(attn, p + "ln_1");
   attn.template add<ColumnParallelLinear<T>>(tp, p + "attn.c_attn", C, 3 * C, true, 0.02, 3);
-  attn.template add<CausalSelfAttention<T>>(cfg.num_heads / t, cfg.attn_dropout,
-                                            site + "/tp" + std::to_string(tp.rank()), 2);
+  attn.template add<CausalSelfAttention<T>>(cfg.num_heads / t, cfg.attn_dropout, site, 2,
+                                            DropoutShard{t, tp.rank(), true});
   attn.template add<RowParallelLinear<T>>(tp, p + "attn.c_proj", C, C, true, residual_std);
-  if (cfg.dropout > 0) attn.template add<Dropout<T>>(cfg.dropout, residual_site, 0);
+  if (cfg.dropout > 0) attn.template add<Dropout<T>>(cfg.dropout, site, 0, rows);
   auto& mlp = unit.template add<Residual<T>>(p + "mlp");
   norm(mlp, p + "ln_2");
   mlp.template add<ColumnParallelLinear<T>>(tp, p + "mlp.c_fc", C, 4 * C, true, 0.02);
   mlp.template add<GELU<T>>();
   mlp.template add<RowParallelLinear<T>>(tp, p + "mlp.c_proj", 4 * C, C, true, residual_std);
-  if (cfg.dropout > 0) mlp.template add<Dropout<T>>(cfg.dropout, residual_site, 1);
+  if (cfg.dropout > 0) mlp.template add<Dropout<T>>(cfg.dropout, site, 1, rows);
   expect<ConfigError>(experts == nullptr,
                       "add_gpt_block: MoE blocks with tensor parallelism are "
                       "not supported yet");
@@ -212,13 +216,12 @@ class LayerGPT {
     if (tp_.sequence_parallel()) {
       embedding.template add<parallel::RegionLayer<T>>(tp_, parallel::Region::scatter_to_sp);
     }
-    if (cfg_.dropout > 0) {  // rows split over ranks (Megatron SP or Ulysses): masks per rank
-      const int rows_rank = tp_.sequence_parallel() ? tp_.rank() : sp_.rank();
-      embedding.template add<Dropout<T>>(cfg_.dropout,
-                                         tp_.sequence_parallel() || sp_.active()
-                                             ? "embedding/sp" + std::to_string(rows_rank)
-                                             : "embedding",
-                                         0);
+    if (cfg_.dropout > 0) {  // rows split over ranks (Megatron SP or Ulysses): their part
+      const DropoutShard rows = tp_.sequence_parallel()
+                                    ? DropoutShard{tp_.size(), tp_.rank(), false}
+                                : sp_.active() ? DropoutShard{sp_.size(), sp_.rank(), true}
+                                               : DropoutShard{};
+      embedding.template add<Dropout<T>>(cfg_.dropout, "embedding", 0, rows);
     }
     const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.num_layers));
     for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {

@@ -6,7 +6,8 @@
 // parameters (the projections are Linear layers around it); it saves in the arena what its
 // kernels ask for: the probabilities [B, NH, T, T] on the host, each row's log-sum-exp on a GPU.
 // Attention dropout redraws its counter-based mask from (site, ctx.step, the rows'
-// StepContext::dropout_first) in backward instead of storing it.
+// StepContext::dropout_mask, with the heads' part of the model's when split) in backward
+// instead of storing it.
 
 #include <any>
 #include <cstdint>
@@ -22,10 +23,13 @@ template <class T>
 class CausalSelfAttention final : public Layer<T> {
  public:
   /// heads must divide C; attn_dropout applies to the probabilities while training, its mask
-  /// keyed by (seed, site) (GPT's blocks: site "h.<layer>", seed 2).
+  /// keyed by (seed, site) (GPT's blocks: site "h.<layer>", seed 2). shard: these heads' part of
+  /// the model's (within_rows; a tensor-parallel or Ulysses rank's heads), so the ranks draw the
+  /// probabilities' mask of one rank holding every head.
   explicit CausalSelfAttention(std::int64_t heads, double attn_dropout = 0.0,
-                               std::string site = "attention", std::uint64_t seed = 0)
-      : heads_(heads), p_(attn_dropout), site_(std::move(site)), seed_(seed) {
+                               std::string site = "attention", std::uint64_t seed = 0,
+                               DropoutShard shard = {})
+      : heads_(heads), p_(attn_dropout), site_(std::move(site)), seed_(seed), shard_(shard) {
     expect<ConfigError>(heads > 0, "CausalSelfAttention: heads = ", heads, "; expected > 0");
     expect<ConfigError>(p_ >= 0.0 && p_ < 1.0, "CausalSelfAttention '", site_,
                         "': attn_dropout = ", p_, "; expected 0 <= p < 1");
@@ -79,15 +83,15 @@ class CausalSelfAttention final : public Layer<T> {
   // The mask over the probabilities [B, heads, T, T] of the step's rows.
   ops::cpu::DropoutMask mask(const StepContext<T>& ctx) const {
     if (!ctx.training || p_ <= 0) return {};
-    return {p_, CounterRng::dropout_site(ctx.seed, seed_, "dropout." + site_),
-            static_cast<std::uint32_t>(ctx.step),
-            ctx.dropout_first(ctx.batch * heads_ * ctx.seq_len * ctx.seq_len)};
+    return ctx.dropout_mask(p_, CounterRng::dropout_site(ctx.seed, seed_, "dropout." + site_),
+                            ctx.batch * heads_ * ctx.seq_len * ctx.seq_len, shard_);
   }
 
   std::int64_t heads_;
   double p_;
   std::string site_;
   std::uint64_t seed_;
+  DropoutShard shard_;
   std::int64_t B_ = 0, T_ = 0, C_ = 0;
   Tensor<T> qkv_, y_;        // the forward's input and output (the layers after it only read y)
   Tensor<std::byte> saved_;  // what the kernels keep for backward

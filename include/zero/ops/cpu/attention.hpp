@@ -81,8 +81,9 @@ HeadOperands<compute_type_t<T>> head_operands(const T* qkv, std::int64_t b, std:
 template <class A>
 void apply_dropout(A* p, std::int64_t n, std::int64_t row, const DropoutMask& dropout) {
   const A scale = dropout.scale<A>();
+  const DropoutMask row_mask = dropout.from(row);  // a row never crosses a block
   for (std::int64_t t2 = 0; t2 < n; ++t2) {
-    p[t2] = p[t2] * DropoutMask::factor(dropout.keep(row + t2), scale);
+    p[t2] = p[t2] * DropoutMask::factor(row_mask.keep(t2), scale);
   }
 }
 

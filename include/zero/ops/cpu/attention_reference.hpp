@@ -40,6 +40,7 @@ void attention_forward_reference(T* out, T* att, const T* qkv, std::int64_t B, s
     for (std::int64_t t = 0; t < Tn; ++t) {
       const T* q = qkv + (b * Tn + t) * 3 * C + h * hs;
       const std::int64_t row = ((b * NH + h) * Tn + t) * Tn;
+      const DropoutMask row_mask = dropout.from(row);  // a row never crosses a block
       T* a = att + row;
       const ComputeBuffer<T> pre(a, Tn);  // pre-softmax scores, then exponentials
       A maxval = -INFINITY;
@@ -63,7 +64,7 @@ void attention_forward_reference(T* out, T* att, const T* qkv, std::int64_t B, s
       for (std::int64_t t2 = 0; t2 <= t; ++t2) {
         const T* v = qkv + (b * Tn + t2) * 3 * C + 2 * C + h * hs;
         A p = load(a[t2]);  // the stored probability: backward sees exactly the same value
-        if (dropout.active()) p = dropout.keep(row + t2) ? p * drop_scale : A(0);
+        if (dropout.active()) p = row_mask.keep(t2) ? p * drop_scale : A(0);
         for (std::int64_t i = 0; i < hs; ++i) acc[i] += p * load(v[i]);
       }
       acc.scatter();
@@ -107,6 +108,7 @@ void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T*
     }
     for (std::int64_t t = 0; t < Tn; ++t) {
       const std::int64_t row = ((b * NH + h) * Tn + t) * Tn;
+      const DropoutMask row_mask = dropout.from(row);  // a row never crosses a block
       const T* a = att + row;
       const T* dy = dout + (b * Tn + t) * C + h * hs;
       const T* q = qkv + (b * Tn + t) * 3 * C + h * hs;
@@ -118,7 +120,7 @@ void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T*
         const T* v = qkv + (b * Tn + t2) * 3 * C + 2 * C + h * hs;
         A* dv = grad + t2 * row_stride + v_offset;
         const A p = load(a[t2]);
-        const bool kept = !dropout.active() || dropout.keep(row + t2);
+        const bool kept = !dropout.active() || row_mask.keep(t2);
         const A p_used = !dropout.active() ? p : (kept ? p * drop_scale : A(0));
         A d = A(0);
         for (std::int64_t i = 0; i < hs; ++i) {
@@ -136,7 +138,7 @@ void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T*
         A* dk = grad + t2 * row_stride + k_offset;
         A d = A(0);
         for (std::int64_t i = 0; i < hs; ++i) d += load(dy[i]) * load(v[i]);
-        const bool kept = !dropout.active() || dropout.keep(row + t2);
+        const bool kept = !dropout.active() || row_mask.keep(t2);
         const A dp = !dropout.active() ? d : (kept ? d * drop_scale : A(0));
         const A dpre = load(a[t2]) * (dp - datt_dot_att) * scale;
         for (std::int64_t i = 0; i < hs; ++i) {

@@ -9,8 +9,11 @@
 // the dispatched kernels (isa_dispatch.hpp).
 // A mask's `first` places a tensor in a longer index space: element i of the tensor is decided at
 // index first + i. The layers set it from the micro-batch's first sample in the step's global
-// batch (nn::dropout_mask), so a sample draws the same mask whichever rank and micro-batch hold
-// it, and a run at any world size equals one process on the whole batch with dropout on.
+// batch (nn::StepContext::dropout_mask), so a sample draws the same mask whichever rank and
+// micro-batch hold it, and a run at any world size equals one process on the whole batch with
+// dropout on. A rank that holds a part of every sample's row (a tensor-parallel rank's heads of
+// the attention probabilities, a Ulysses rank's positions) places its tensor as blocks of
+// `block` elements `stride` apart, so the ranks' parts draw the whole tensor's mask.
 
 #include <cstdint>
 
@@ -29,16 +32,32 @@ struct DropoutMask {
   CounterRng rng{0};         ///< key of this site (layer and position in the model)
   std::uint32_t stream = 0;  ///< selects the mask per step
   std::uint64_t first = 0;   ///< index at which element 0 is decided (see the file comment)
+  /// 0: element i is decided at first + i. Otherwise the tensor is blocks of `block` elements,
+  /// the k-th decided from first + k * stride on (stride >= block): element i at
+  /// first + (i / block) * stride + i % block.
+  std::uint64_t block = 0;
+  std::uint64_t stride = 0;  ///< see block
 
   /// True when elements are dropped at all.
   ZERO_HOST_DEVICE bool active() const { return p > 0.0; }
   /// Elements decided by one Philox call: each of its four words decides one element.
   static constexpr int group_size = 4;
 
-  /// Whether element index is kept: word i % 4 of group i / 4's words, i = first + index.
+  /// The mask index at which element index is decided (first, block and stride above).
+  ZERO_HOST_DEVICE std::uint64_t index_of(std::int64_t index) const {
+    const auto u = static_cast<std::uint64_t>(index);
+    return block == 0 ? first + u : first + (u / block) * stride + u % block;
+  }
+  /// Whether element index is kept: word i % 4 of group i / 4's words, i = index_of(index).
   ZERO_HOST_DEVICE bool keep(std::int64_t index) const {
-    const auto i = first + static_cast<std::uint64_t>(index);
+    const auto i = index_of(index);
     return kept(group_words(i / group_size)[i % group_size]);
+  }
+  /// The mask of the elements from index on, while they stay inside index's block: element j of
+  /// it is element index + j of this one (a row of attention probabilities never crosses a
+  /// block, so its loop draws without a division per element).
+  ZERO_HOST_DEVICE DropoutMask from(std::int64_t index) const {
+    return {p, rng, stream, index_of(index)};
   }
   /// The random words deciding indices [4 g, 4 g + 4) (elements [4 g - first, 4 g + 4 - first)),
   /// one per index in order.
@@ -69,23 +88,32 @@ struct DropoutMask {
 namespace detail {
 
 // Mask words (all ones: kept, 0: dropped) of the count elements from element index (mask
-// indices from mask.first + index); with no dropout every element is kept and no draw is needed.
+// indices from mask.index_of(index)); with no dropout every element is kept and no draw is needed.
 inline void dropout_mask_words(std::uint32_t* words, const DropoutMask& mask, std::int64_t index,
                                int count) {
   if (!mask.active()) {
     for (int j = 0; j < count; ++j) words[j] = ~std::uint32_t{0};
     return;
   }
-  // One Philox call per group of DropoutMask::group_size elements, not one per element.
+  // One Philox call per group of DropoutMask::group_size elements, not one per element, and one
+  // division for the placement: the index steps by one, and by stride at a block's end.
   std::uint64_t group = ~std::uint64_t{0};
   Philox4x32::Counter random{};
+  std::uint64_t i = mask.index_of(index);
+  std::uint64_t left = mask.block == 0
+                           ? ~std::uint64_t{0}
+                           : mask.block - static_cast<std::uint64_t>(index) % mask.block;
   for (int j = 0; j < count; ++j) {
-    const auto i = mask.first + static_cast<std::uint64_t>(index + j);
     if (i / DropoutMask::group_size != group) {
       group = i / DropoutMask::group_size;
       random = mask.group_words(group);
     }
     words[j] = mask.kept(random[i % DropoutMask::group_size]) ? ~std::uint32_t{0} : 0u;
+    ++i;
+    if (--left == 0) {
+      i += mask.stride - mask.block;
+      left = mask.block;
+    }
   }
 }
 

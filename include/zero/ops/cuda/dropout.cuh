@@ -25,15 +25,15 @@ using cpu::DropoutMask;
 // ---- kernels ------------------------------------------------------------------------------------
 
 /// Calls fn(k, kept) for the P elements of the chunk at element i (i a multiple of P, P a
-/// multiple of DropoutMask::group_size, mask.first a multiple of it too: whole_groups): one Philox
-/// call per group of four.
+/// multiple of DropoutMask::group_size, the mask's chunks whole groups: whole_groups<T>): one
+/// Philox call per group of four.
 template <int P, class Fn>
 __device__ __forceinline__ void for_chunk_mask(const DropoutMask& mask, std::int64_t i, Fn&& fn) {
   constexpr int G = DropoutMask::group_size;
   static_assert(P % G == 0, "a chunk is whole mask groups");
 #pragma unroll
   for (int g = 0; g < P / G; ++g) {
-    const auto words = mask.group_words((mask.first + static_cast<std::uint64_t>(i)) / G + g);
+    const auto words = mask.group_words(mask.index_of(i) / G + g);
 #pragma unroll
     for (int k = 0; k < G; ++k) fn(g * G + k, mask.kept(words[k]));
   }
@@ -96,19 +96,23 @@ __global__ void dropout_backward_kernel(T* dinp, const T* dout, std::int64_t n, 
 
 // ---- launchers ----------------------------------------------------------------------------------
 
-/// Whether a 16-byte chunk's elements are whole mask groups (the chunk kernels' draw): the mask's
-/// first index is a multiple of the group size.
-inline bool whole_groups(const DropoutMask& mask) {
-  return mask.first % DropoutMask::group_size == 0;
+/// Whether every 16-byte chunk of T's elements is whole mask groups (the chunk kernels' draw): the
+/// mask's first index is a multiple of the group size and, placed in blocks, each block is whole
+/// chunks starting at a group.
+template <class T>
+bool whole_groups(const DropoutMask& mask) {
+  constexpr std::uint64_t G = DropoutMask::group_size;
+  return mask.first % G == 0 &&
+         (mask.block == 0 || (mask.block % chunk_size<T> == 0 && mask.stride % G == 0));
 }
 
-/// Inverted dropout over n elements with mask (its elements at mask.first + i); out may alias
+/// Inverted dropout over n elements with mask (element i at mask.index_of(i)); out may alias
 /// inp.
 template <class T>
 void dropout_forward(T* out, const T* inp, std::int64_t n, const DropoutMask& mask,
                      cudaStream_t stream) {
   if (n == 0) return;
-  if (aligned16({out, inp}) && whole_groups(mask)) {
+  if (aligned16({out, inp}) && whole_groups<T>(mask)) {
     dropout_forward_kernel<T, true>
         <<<grid_for(n / chunk_size<T> + 1), elementwise_threads, 0, stream>>>(out, inp, n, mask);
   } else {
@@ -123,7 +127,7 @@ template <class T>
 void dropout_backward(T* dinp, const T* dout, std::int64_t n, const DropoutMask& mask,
                       cudaStream_t stream) {
   if (n == 0) return;
-  if (aligned16({dinp, dout}) && whole_groups(mask)) {
+  if (aligned16({dinp, dout}) && whole_groups<T>(mask)) {
     dropout_backward_kernel<T, true>
         <<<grid_for(n / chunk_size<T> + 1), elementwise_threads, 0, stream>>>(dinp, dout, n, mask);
   } else {
