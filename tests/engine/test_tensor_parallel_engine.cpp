@@ -4,7 +4,9 @@
 // in the clipping norm, is an O(1) error); f32 AdamW from a DeepSpeed config within 2e-5; a
 // checkpoint saved at (tp 2, dp 2, stage 3) resumes at (tp 4, dp 1, stage 1) and
 // (tp 1, dp 4, stage 2) equal to the uninterrupted run; GPT-2 weights exported from tp 2 are the
-// whole tensors and import into tp 4; bad layouts are refused naming the key.
+// whole tensors and import into tp 4; bad layouts are refused naming the key. With dropout,
+// placed micro-batches equal the reference drawing the same masks (each rank its heads' and,
+// under SP, its rows' part).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -80,6 +82,42 @@ TEST_CASE(
         }
       }
     }
+  }
+}
+
+TEST_CASE(
+    "Tensor-parallel GPT with dropout: placed micro-batches equal the single-process reference "
+    "at tp 2 and 4, with and without SP",
+    "[unit][tp]") {
+  // Residual, embedding and attention dropout: every tp rank draws its heads' part of the
+  // attention's masks, and under SP its block of rows' part of the others (nn::DropoutShard), so
+  // the run equals one process on the global batch, not only in distribution as Megatron's.
+  const int accumulation = 2, steps = 2;
+  nn::GPTConfig cfg = test::tp_tiny();
+  cfg.dropout = 0.2;
+  cfg.attn_dropout = 0.3;
+  engine::EngineOptions options = test::tp_options(accumulation);
+  options.seed = engine::EngineOptions{}.seed;  // the reference's masks
+  auto run = [&](int tp, int dp, bool sp, bool placed) {
+    return test::assemble(
+        testing::per_rank<std::vector<test::HeldParam>>(tp * dp, [&](LocalComm& w) {
+          parallel::ProcessGroups<LocalComm> groups(w, parallel::Grid({.tp = tp, .dp = dp}));
+          nn::GPT<double> model(cfg, TensorParallel(groups.tp(), sp));
+          engine::Engine<nn::GPT<double>, ZeroStage<3>> eng(model, groups, test::AdamW64{},
+                                                            options);
+          train(eng, groups.dp().rank(), dp, accumulation, steps, cfg.vocab_size, 0, placed);
+          return test::held_params(eng);
+        }));
+  };
+  for (const std::pair<int, int>& layout : {std::pair{2, 2}, std::pair{4, 1}}) {
+    const int tp = layout.first, dp = layout.second;
+    const auto want = test::reference<double>(cfg, test::micro_rows * accumulation * dp, steps);
+    for (bool sp : {false, true}) {
+      INFO("tp " << tp << ", dp " << dp << (sp ? ", SP" : ""));
+      CHECK(test::max_difference(run(tp, dp, sp, true), want) <= 1e-10);
+    }
+    // Negative control: micro-batches that do not say where their rows sit draw other masks.
+    CHECK(test::max_difference(run(tp, dp, true, false), want) > 1e-6);
   }
 }
 

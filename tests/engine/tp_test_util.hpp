@@ -194,15 +194,16 @@ inline engine::EngineOptions tp_options(int accumulation) {
   return options;
 }
 
-// Trains `steps` boundaries of `accumulation` micro-steps on this rank of a (tp, dp) grid.
+// Trains `steps` boundaries of `accumulation` micro-steps on this rank of a (tp, dp) grid; placed:
+// the micro-batches say where their rows sit (GlobalBatch::micro).
 template <class Eng>
 void train(Eng& eng, int dp_rank, int dp, int accumulation, int steps, std::int64_t vocab,
-           int first_step = 0) {
+           int first_step = 0, bool placed = false) {
   const std::int64_t global_rows = micro_rows * accumulation * dp;
   for (int step = first_step; step < first_step + steps; ++step) {
     const GlobalBatch b(global_rows, step, vocab);
     for (int m = 0; m < accumulation; ++m) {
-      eng.forward(b.micro(m, dp_rank, dp));
+      eng.forward(b.micro(m, dp_rank, dp, placed));
       eng.backward();
       eng.step();
     }

@@ -233,10 +233,11 @@ TEST_CASE("flops_profiler and comms_logger config sections", "[unit][profile]") 
   CHECK(d.flops_profiler.detailed);
   CHECK(d.comms_logger.prof_all);
   CHECK_FALSE(d.flops_profiler.profiles(1));  // DeepSpeed's default: the step after the first
-  d.flops_profiler.enabled = true;
-  CHECK_FALSE(d.flops_profiler.profiles(1));
-  CHECK(d.flops_profiler.profiles(2));
-  CHECK_FALSE(d.flops_profiler.profiles(3));
+  config::FlopsProfilerConfig on = d.flops_profiler;
+  on.enabled = true;
+  CHECK_FALSE(on.profiles(1));
+  CHECK(on.profiles(2));
+  CHECK_FALSE(on.profiles(3));
   const Config first = Config::from_json(
       {{"train_batch_size", 2}, {"flops_profiler", {{"enabled", true}, {"profile_step", 0}}}});
   CHECK(first.flops_profiler.profiles(1));
