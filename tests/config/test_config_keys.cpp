@@ -440,7 +440,7 @@ TEST_CASE("bf16 decides over its older spelling bfloat16, as in DeepSpeed", "[un
 }
 
 TEST_CASE(
-    "the deprecated cpu_offload_param offloads the parameters; cpu_offload_use_pin_memory is "
+    "the deprecated cpu_offload_param offloads the parameters, cpu_offload_use_pin_memory is "
     "reported",
     "[unit][config]") {
   // Both were unknown keys: cpu_offload_param, which DeepSpeed maps to offload_param on the CPU,

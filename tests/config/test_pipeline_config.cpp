@@ -230,8 +230,8 @@ TEST_CASE("pipeline: DeepSpeed's keys without effect are read and reported, neve
           "[unit][config][pipeline]") {
   const Config c = Config::from_json_string(
       R"({"pipeline": {"stages": 2, "partition": "uniform", "seed_layers": true,
-                       "activation_checkpoint_interval": 1, "pipe_partitioned": true,
-                       "grad_partitioned": true}})");
+                       "activation_checkpoint_interval": 1, "pipe_partitioned": false,
+                       "grad_partitioned": false}})");
   CHECK(c.warnings.empty());
   CHECK(c.pipeline.stages == 2);
   CHECK(c.pipeline.partition_method == "parameters");  // partition is not partition_method
@@ -242,9 +242,11 @@ TEST_CASE("pipeline: DeepSpeed's keys without effect are read and reported, neve
     CHECK(mentions(c.notices, std::string("no effect in zero: ") + key + " ("));
   }
   CHECK(c.notices.size() == 5);
-  // At DeepSpeed's default, partition and seed_layers ask for nothing: no notice.
+  // At DeepSpeed's defaults the keys are silent (pipe_partitioned and grad_partitioned are
+  // true there, and a config copied from DeepSpeed's example sets them so).
   const Config defaults = Config::from_json_string(
-      R"({"pipeline": {"stages": "auto", "partition": "best", "seed_layers": false}})");
+      R"({"pipeline": {"stages": "auto", "partition": "best", "seed_layers": false,
+                       "pipe_partitioned": true, "grad_partitioned": true}})");
   CHECK(defaults.warnings.empty());
   CHECK(defaults.notices.empty());
   // DeepSpeed's documented pipeline example loads (its stages "auto" for the program to fill).
@@ -258,5 +260,5 @@ TEST_CASE("pipeline: DeepSpeed's keys without effect are read and reported, neve
   CHECK(ds.pipeline.stages == 1);
   CHECK(mentions(ds.notices,
                  "pipeline.activation_checkpoint_interval (the model decides checkpointing"));
-  CHECK(mentions(ds.notices, "pipeline.pipe_partitioned (activations cross stages whole"));
+  CHECK_FALSE(mentions(ds.notices, "pipeline.pipe_partitioned"));
 }

@@ -703,7 +703,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "dropout: a mask placed at first draws the elements [first, first + n) of the mask from 0, "
+    "dropout: a mask placed at first draws the elements first to first + n of the mask from 0, "
     "on every ISA, f32 / bf16",
     "[unit][ops]") {
   // A micro-batch at global row r of a step draws its rows' masks at their global indices
