@@ -52,7 +52,7 @@ struct FlopsProfilerConfig {
   bool profiles(std::int64_t step) const { return enabled && step == profile_step + 1; }
 };
 
-/// "comms_logger"": record every collective and print DeepSpeed's log_summary table.
+/// "comms_logger": record every collective and print DeepSpeed's log_summary table.
 struct CommsLoggerConfig {
   bool enabled = false;
   bool verbose = false;  ///< also print one line per op as it completes
