@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <parallel/comm/comm_logger.hpp>
@@ -150,4 +151,30 @@ TEST_CASE("CommLogger: the time in flight counts overlapping ops once", "[unit]"
   CHECK(logger.seconds_in_flight() == Approx(7.5));
   logger.reset();
   CHECK(logger.seconds_in_flight() == 0);
+}
+
+TEST_CASE("LocalComm: an async op's interval starts when it was issued, not when it ran",
+          "[unit][comm]") {
+  // Rank 0 queues an all-reduce behind a barrier that rank 1 joins 100 ms late. The all-reduce
+  // waited in the queue all that time: its interval starts at its issue, as an op queued on a
+  // stream's, so the wait for it counts as communication. A blocking op starts when it runs.
+  constexpr double late_s = 0.1;
+  const auto seconds = zero::testing::per_rank<std::vector<double>>(2, [&](LocalComm& comm) {
+    auto logger = std::make_shared<CommLogger>();
+    comm.set_logger(logger);
+    std::vector<float> a(16, 1.0f);
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::duration<double>(late_s));
+    Work barrier = comm.barrier_async();
+    Work reduce = comm.all_reduce_async<float>(a, a, ReduceOp::sum);
+    barrier.wait();
+    reduce.wait();
+    const double queued = logger->total(CommOp::all_reduce).time_s;
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::duration<double>(late_s));
+    comm.all_reduce(std::span<float>(a), ReduceOp::sum);  // blocking: rank 0 waits for rank 1
+    return std::vector<double>{queued, logger->total(CommOp::all_reduce).time_s - queued};
+  });
+  CHECK(seconds[0][0] >= 0.9 * late_s);  // it ran in microseconds once the barrier let it
+  CHECK(seconds[1][0] < 0.9 * late_s);   // rank 1 issued it after its sleep
+  CHECK(seconds[0][1] >= 0.9 * late_s);  // the blocking op's wait for the late rank
+  CHECK(seconds[1][1] < 0.9 * late_s);
 }

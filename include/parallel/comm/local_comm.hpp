@@ -68,7 +68,11 @@ struct LocalRank {
   CommOptions options;
   std::shared_ptr<CommLogger> logger;
   std::uint64_t next_seq = 0;  ///< touched only by the op running now (ops are serialised)
-  bool grouping = false;       ///< between group_start and group_end
+  /// When the async op running now was issued (zero while a blocking op runs): the logger's
+  /// interval of an op starts there, so the time it waited behind the rank's earlier ops, or
+  /// for the progress thread to get a core, counts as in flight, as a queued op on a stream's.
+  CommClock::time_point issued{};
+  bool grouping = false;                        ///< between group_start and group_end
   std::vector<std::function<void()>> deferred;  ///< receives posted inside a group
   Mover mover;              ///< moves this rank's share of every op; outlives the progress thread
   ProgressThread progress;  ///< declared last: joined first, while the rest is alive
@@ -79,13 +83,18 @@ struct LocalRank {
     return {op, seq, bytes, dtype, name, rank, group->size(), world_rank, Mover::comm_name};
   }
 
+  /// The start of the running op's interval in the logger: when it was issued, or now.
+  CommClock::time_point interval_start() const {
+    return issued != CommClock::time_point{} ? issued : CommClock::now();
+  }
+
   /// The choke point of every collective: rendezvous, validation, data movement by body,
   /// release (every rank's movement has finished), logging. bytes is the nccl-tests S of the op.
   template <class Body>
   void collective(OpDesc desc, std::size_t bytes, Body&& body) {
     desc.seq = next_seq++;
     const OpContext ctx = context(desc.op, desc.seq, bytes, desc.dtype);
-    const auto start = CommClock::now();
+    const auto start = interval_start();
     const auto deadline = deadline_after(options.timeout_s);
     // A failure outside the rendezvous (the rank's stream past the deadline, a move that threw)
     // breaks the group as one inside it does: the others must not complete this op, or the
@@ -469,13 +478,16 @@ class BasicLocalComm {
     auto state = state_;
     expect<CommError>(state != nullptr, comm_name, ": async op on a null communicator");
     auto work = std::make_shared<detail::CompletionState>();
-    state->progress.submit([state_ptr = state.get(), work, fn = std::move(fn)] {
+    const auto issued = CommClock::now();
+    state->progress.submit([state_ptr = state.get(), work, issued, fn = std::move(fn)] {
       std::exception_ptr error;
+      state_ptr->issued = issued;
       try {
         fn(*state_ptr);
       } catch (...) {
         error = std::current_exception();
       }
+      state_ptr->issued = {};
       // Outside the handler: the exception is now owned by `error` alone, and fail() hands it
       // over under the state's mutex, so the waiter ends up with the last reference and the
       // CommError is read and destroyed on the same thread (the handler's reference would
@@ -639,7 +651,7 @@ class BasicLocalComm {
   template <class T>
   static void do_send(Rank& s, std::span<const T> buf, int peer, int tag) {
     check_peer<T>(s, CommOp::send, peer);
-    const auto start = CommClock::now();
+    const auto start = s.interval_start();
     detail::LocalMessage message{dtype_of<T>, buf.size(), std::vector<std::byte>(buf.size_bytes())};
     if (!buf.empty()) {
       const auto ctx = s.context(CommOp::send, s.next_seq, buf.size_bytes(), dtype_of<T>);
@@ -655,7 +667,7 @@ class BasicLocalComm {
   template <class T>
   static void do_recv(Rank& s, std::span<T> buf, int peer, int tag) {
     check_peer<T>(s, CommOp::recv, peer);
-    const auto start = CommClock::now();
+    const auto start = s.interval_start();
     const auto ctx = s.context(CommOp::recv, s.next_seq, buf.size_bytes(), dtype_of<T>);
     const auto deadline = deadline_after(s.options.timeout_s);  // the message and its copy
     auto message = s.group->take(peer, s.rank, tag, deadline, ctx, s.options.timeout_s);
