@@ -36,10 +36,14 @@ class AnyOptimizer {
 
   /// Builds spec's optimizer over numel elements. no_decay_mask (numel bytes, or empty) marks
   /// the elements that get no weight decay; tensors lists the parameter ranges (LAMB's trust
-  /// ratio is per tensor). ConfigError names "optimizer.params.<key>" for a bad value.
+  /// ratio is per tensor) and whole, when given, the whole tensor of whole_count split over
+  /// ranks each range is a part of (Lamb's constructor). ConfigError names
+  /// "optimizer.params.<key>" for a bad value.
   static AnyOptimizer from_config(const NamedParams& spec, std::size_t numel,
                                   std::span<const std::uint8_t> no_decay_mask,
-                                  std::vector<Range> tensors = {}) {
+                                  std::vector<Range> tensors = {},
+                                  std::vector<std::size_t> whole = {},
+                                  std::size_t whole_count = 0) {
     const Reader r(spec);
     const double lr = r.number("lr", 1e-3);
     const double wd = r.number("weight_decay", 0.0);
@@ -106,7 +110,8 @@ class AnyOptimizer {
                           "optimizer.params.max_grad_norm: FusedLamb's own clipping is not "
                           "supported; set gradient_clipping (the engine clips before any "
                           "optimizer)");
-      return AnyOptimizer(Lamb(numel, groups(h), std::move(tensors)));
+      return AnyOptimizer(
+          Lamb(numel, groups(h), std::move(tensors), std::move(whole), whole_count));
     }
     if (type == "RMSprop") {
       RmspropHyper h;

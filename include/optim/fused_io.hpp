@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <type_traits>
 
@@ -82,6 +83,11 @@ struct StepOptions {
   /// Host passes over shards of 2^20 elements and more write their bf16/f16 copy past the cache
   /// (non-temporal stores, cpu/fused_driver.hpp); false keeps plain stores. The same bits.
   bool stream_lowp = true;
+  /// For an optimizer whose update needs sums over whole tensors that are split over ranks
+  /// (LAMB's per-tensor norms under ZeRO or tensor parallelism): sums the values in place over
+  /// those ranks (an all-reduce). Every rank's step calls it with as many values, in the same
+  /// order; empty: this shard's tensors are whole.
+  std::function<void(std::span<double>)> sum_over_ranks;
 };
 
 /// Throws a message naming the problem when io cannot be used for a shard of numel elements.

@@ -12,12 +12,17 @@
 // of p^2 and u^2 per tensor, in double over fixed blocks combined in a fixed order, so they are
 // identical for any thread count; (3) apply: p -= lr * ratio * u and the low-precision copy.
 // The direction u is recomputed in pass 3 by the same operations as in pass 2 instead of being
-// stored, which saves a shard-sized buffer. A tensor split across ranks (ZeRO) needs its partial
-// sums all-reduced between passes 2 and 3: call begin_step, local_norms, reduce, finish_step.
+// stored, which saves a shard-sized buffer. A tensor split across ranks (ZeRO's shards, a
+// tensor-parallel weight) needs its partial sums summed over them between passes 2 and 3: give
+// the optimizer which whole tensor each of its tensors is a part of (`whole`) and
+// StepOptions::sum_over_ranks, and step() sums them through it (whole_norms); or call
+// begin_step, local_norms, reduce, finish_step.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include <optim/adam_hyper.hpp>
@@ -61,15 +66,32 @@ struct LambNorms {
 /// LAMB over a flat shard; states exp_avg, exp_avg_sq; tensors give the trust-ratio boundaries.
 class Lamb : public FlatOptimizer<LambHyper> {
  public:
+  /// whole[t] for a tensor of the shard that is no part of a whole tensor (padding).
+  static constexpr std::size_t no_whole = static_cast<std::size_t>(-1);
+
   /// One group over the whole shard, with tensor boundaries (empty: the whole shard is one).
   explicit Lamb(std::size_t numel, const LambHyper& hyper = {}, std::vector<Range> tensors = {})
       : Lamb(numel, single_group(numel, hyper), std::move(tensors)) {}
   /// Several groups; every tensor must lie inside one group (empty: one tensor per group).
-  Lamb(std::size_t numel, std::vector<ParamGroup<LambHyper>> groups, std::vector<Range> tensors)
+  /// whole, when given, says which of whole_count tensors split over ranks each tensor is a part
+  /// of (no_whole: none, the shard's alone), one entry a tensor; tensors left empty take no
+  /// whole (their group ranges are padding or the shard's alone). A step given
+  /// StepOptions::sum_over_ranks sums the norms of the parts of a whole tensor over the ranks.
+  Lamb(std::size_t numel, std::vector<ParamGroup<LambHyper>> groups, std::vector<Range> tensors,
+       std::vector<std::size_t> whole = {}, std::size_t whole_count = 0)
       : FlatOptimizer<LambHyper>("LAMB", numel, std::move(groups), {"exp_avg", "exp_avg_sq"}),
-        tensors_(std::move(tensors)) {
+        tensors_(std::move(tensors)),
+        whole_(std::move(whole)),
+        whole_count_(whole_count) {
+    expect<ConfigError>(whole_.empty() || whole_.size() == tensors_.size(), "LAMB: ", whole_.size(),
+                        " whole-tensor indices for ", tensors_.size(), " tensors");
     if (tensors_.empty()) {
       for (const auto& g : groups_) tensors_.push_back(g.range);
+    }
+    whole_.resize(tensors_.size(), no_whole);
+    for (const std::size_t w : whole_) {
+      expect<ConfigError>(w == no_whole || w < whole_count_, "LAMB: whole-tensor index ", w, " of ",
+                          whole_count_);
     }
     validate_groups();
     validate_ranges(tensors_, numel_, "LAMB tensors");
@@ -87,6 +109,10 @@ class Lamb : public FlatOptimizer<LambHyper> {
 
   /// The tensor boundaries the trust ratios are computed over.
   const std::vector<Range>& tensors() const { return tensors_; }
+  /// Which whole tensor each of tensors() is a part of (no_whole: none).
+  const std::vector<std::size_t>& whole() const { return whole_; }
+  /// How many whole tensors the shard's tensors are parts of (the ranks' common count).
+  std::size_t whole_count() const { return whole_count_; }
 
   /// Pass 1: advances the step and updates the moments from the gradient.
   void begin_step(const FusedIo& io, const StepOptions& run = {}) {
@@ -173,10 +199,39 @@ class Lamb : public FlatOptimizer<LambHyper> {
     run_fused<LambApplyRule>(rules, tensors_, io, s, static_cast<std::uint32_t>(step_), run);
   }
 
-  /// All three passes on one rank.
+  /// The sums of the whole tensors from this shard's (local_norms): the parts' sums are
+  /// gathered by whole tensor into 2 * whole_count() values (every p^2 sum, then every u^2 sum),
+  /// sum_over_ranks sums those over the ranks, and each part takes its whole tensor's; a tensor
+  /// that is no part of one keeps its own.
+  LambNorms whole_norms(const LambNorms& local,
+                        const std::function<void(std::span<double>)>& sum_over_ranks) const {
+    expect<Error>(
+        local.param_sq.size() == tensors_.size() && local.update_sq.size() == tensors_.size(),
+        "LAMB::whole_norms: norms for ", local.param_sq.size(), " tensors, expected ",
+        tensors_.size());
+    std::vector<double> sums(2 * whole_count_, 0.0);
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      if (whole_[t] == no_whole) continue;
+      sums[whole_[t]] += local.param_sq[t];
+      sums[whole_count_ + whole_[t]] += local.update_sq[t];
+    }
+    sum_over_ranks(std::span<double>(sums));
+    LambNorms out = local;
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      if (whole_[t] == no_whole) continue;
+      out.param_sq[t] = sums[whole_[t]];
+      out.update_sq[t] = sums[whole_count_ + whole_[t]];
+    }
+    return out;
+  }
+
+  /// All three passes; with StepOptions::sum_over_ranks, the norms of whole tensors split over
+  /// ranks between the second and the third (whole_norms).
   void step(const FusedIo& io, const StepOptions& run = {}) {
     begin_step(io, run);
-    finish_step(io, local_norms(io, run), run);
+    LambNorms norms = local_norms(io, run);
+    if (run.sum_over_ranks) norms = whole_norms(norms, run.sum_over_ranks);
+    finish_step(io, norms, run);
   }
 
  private:
@@ -213,6 +268,8 @@ class Lamb : public FlatOptimizer<LambHyper> {
   }
 
   std::vector<Range> tensors_;
+  std::vector<std::size_t> whole_;  ///< per tensor: the whole tensor it is a part of
+  std::size_t whole_count_ = 0;
   std::vector<std::size_t> group_of_;
 };
 

@@ -661,6 +661,57 @@ TEST_CASE("delayed_param_update is refused where it cannot delay the update",
   });
 }
 
+TEST_CASE(
+    "Offload<CPU> with LAMB over shards trains as without offload; moving its update out of "
+    "step() is refused",
+    "[unit][engine][offload]") {
+  // LAMB sums each whole tensor's norms over the shard group between its passes: in step(), on
+  // the thread that drives the communicators. A delayed update (its own thread) or a deferred
+  // one (inside the next forward) would issue those sums beside the exchange's ops.
+  using Plain = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>>;
+  using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>,
+                                   Compute<PinnedTestDevice>>;
+  const auto lamb = [](Config c) {
+    c.optimizer->type = "LAMB";  // AdamW's lr, betas, eps and weight_decay are LAMB's too
+    return c;
+  };
+  Config plain_config = lamb(adamw_config(2, accumulation, 0.5));
+  plain_config.bf16_enabled = true;
+  const Config offload_config = lamb(cpu_offload_config(2, true));
+  struct Seen {
+    Run plain, offloaded;
+    std::string delayed, deferred;
+  };
+  const auto seen = per_rank<Seen>(2, [&](LocalComm& comm) {
+    Seen out;
+    out.plain = train<Plain>(comm, plain_config);
+    out.offloaded = train<Offloaded>(comm, offload_config);
+    nn::GPT<bf16> model(tiny());
+    engine::EngineOptions delayed = tiny_options(), deferred = tiny_options();
+    delayed.delayed_param_update = true;
+    deferred.overlap_offload_update = true;
+    out.delayed =
+        testing::thrown_message([&] { Offloaded eng(model, comm, offload_config, delayed); });
+    out.deferred =
+        testing::thrown_message([&] { Offloaded eng(model, comm, offload_config, deferred); });
+    return out;
+  });
+  for (const Seen& s : seen) {
+    CHECK(s.offloaded.units == s.plain.units);  // bit for bit
+    CHECK_THAT(s.delayed, Catch::Contains("LAMB over ZeRO shards") &&
+                              Catch::Contains("delayed_param_update does not allow"));
+    CHECK_THAT(s.deferred, Catch::Contains("overlap_offload_update does not allow"));
+  }
+  // On one rank nothing is summed, and the delayed update is LAMB's to use.
+  LocalComm::run(1, [&](LocalComm& comm) {
+    nn::GPT<bf16> model(tiny());
+    engine::EngineOptions delayed = tiny_options();
+    delayed.delayed_param_update = true;
+    CHECK(testing::thrown_message([&] { Offloaded eng(model, comm, offload_config, delayed); }) ==
+          testing::nothing_thrown);
+  });
+}
+
 TEST_CASE("accumulate_grads_on_device is refused where there is nothing to sum on the device",
           "[unit][engine][offload]") {
   LocalComm::run(1, [](LocalComm& comm) {

@@ -183,6 +183,54 @@ TEST_CASE("Tensor-parallel GPT: f32 AdamW from a DeepSpeed config within 2e-5 of
   CHECK(test::max_difference(test::assemble(ranks), want) <= 2e-5);
 }
 
+TEST_CASE(
+    "Tensor-parallel GPT: LAMB from a DeepSpeed config equals one rank, each trust ratio from "
+    "its whole tensor's norms",
+    "[unit][tp]") {
+  // A weight split over tp ranks sums its parts' norms over the tp group, one whole on every tp
+  // rank takes them once (tp rank 0's), and a ZeRO shard's parts sum over dp: each layout
+  // trains as the one-rank engine on the same rows, and the replicated copies stay equal.
+  const int accumulation = 2, steps = 3;
+  const auto run = [&](int tp, int dp, int stage, bool sp) {
+    double copies_differ = 0;
+    const auto got =
+        test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+                           tp * dp,
+                           [&](LocalComm& world) {
+                             parallel::ProcessGroups<LocalComm> groups(
+                                 world, parallel::Grid({.tp = tp, .dp = dp}));
+                             nn::GPT<float> model(test::tp_tiny(), TensorParallel(groups.tp(), sp));
+                             Config config = test::adamw_config(stage, accumulation * 2 / dp, 0.5);
+                             config.optimizer->type = "LAMB";
+                             config.optimizer->params["lr"] = {0.01};
+                             engine::EngineOptions options;
+                             options.activation_bytes = 32 << 20;
+                             return test::with_stage(stage, [&](auto s) {
+                               engine::Engine<nn::GPT<float>, ZeroStage<decltype(s)::value>> eng(
+                                   model, groups, config, options);
+                               train(eng, groups.dp().rank(), dp, accumulation * 2 / dp, steps,
+                                     test::tp_tiny().vocab_size);
+                               return test::held_params(eng);
+                             });
+                           }),
+                       &copies_differ);
+    CHECK(copies_differ == 0.0);
+    return got;
+  };
+  const auto want = run(1, 1, 0, false);
+  struct Layout {
+    int tp, dp, stage;
+    bool sp;
+  };
+  for (const Layout& l : {Layout{2, 1, 0, false}, Layout{4, 1, 1, true}, Layout{2, 2, 3, true},
+                          Layout{2, 2, 2, false}}) {
+    INFO("tp " << l.tp << ", dp " << l.dp << ", stage " << l.stage << (l.sp ? ", SP" : ""));
+    const double worst = test::max_difference(run(l.tp, l.dp, l.stage, l.sp), want);
+    INFO("worst difference " << worst);
+    CHECK(worst <= 1e-6);
+  }
+}
+
 namespace {
 
 // tp_tiny with a vocabulary of `vocab` tokens (0: its own), its table padded to a multiple of tp

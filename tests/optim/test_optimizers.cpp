@@ -304,6 +304,62 @@ TEST_CASE("LAMB matches You et al. 2020 with per-tensor trust ratios", "[unit][o
   CHECK(max_error(p.data(), ref_lamb(h, tensors, false)) > 10 * tolerance);
 }
 
+TEST_CASE("LAMB over two shards of one tensor list equals it whole: the parts' norms summed",
+          "[unit][optim]") {
+  // The tensors {0, 50}, {50, 3}, {53, 150} cut at 100, as ZeRO cuts a unit between two ranks:
+  // rank 0 holds whole tensors 0 and 1 and the first 47 elements of tensor 2, rank 1 the rest of
+  // tensor 2. Each part takes its whole tensor's ratio once the norms are summed (whole_norms,
+  // what step() calls through StepOptions::sum_over_ranks); with its own part's it does not.
+  LambHyper h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  const std::vector<Range> tensors{{0, 50}, {50, 3}, {53, 150}};
+  constexpr std::size_t cut = 100;
+  const auto run = [&](bool summed) {
+    Lamb first(cut, single_group(cut, h), {{0, 50}, {50, 3}, {53, 47}}, {0, 1, 2}, 3);
+    Lamb second(n - cut, single_group(n - cut, h), {{0, n - cut}}, {2}, 3);
+    std::vector<float> p;
+    for (double x : initial_params()) p.push_back(static_cast<float>(x));
+    for (int t = 1; t <= steps; ++t) {
+      auto g = scaled_grad(t);
+      const auto io = [&](std::size_t begin, std::size_t count) {
+        return FusedIo::over<float>(std::span<float>(p).subspan(begin, count),
+                                    std::span<const float>(g).subspan(begin, count))
+            .scale_grad(static_cast<float>(clip / loss_scale));
+      };
+      const FusedIo io0 = io(0, cut), io1 = io(cut, n - cut);
+      first.begin_step(io0);
+      second.begin_step(io1);
+      LambNorms n0 = first.local_norms(io0), n1 = second.local_norms(io1);
+      if (summed) {
+        // Each rank's packed sums, as sum_over_ranks sees them; the all-reduce adds the other's.
+        std::vector<double> packed0, packed1;
+        first.whole_norms(n0, [&](std::span<double> v) { packed0.assign(v.begin(), v.end()); });
+        second.whole_norms(n1, [&](std::span<double> v) { packed1.assign(v.begin(), v.end()); });
+        REQUIRE(packed0.size() == 6);
+        n0 = first.whole_norms(n0, [&](std::span<double> v) {
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] += packed1[i];
+        });
+        n1 = second.whole_norms(n1, [&](std::span<double> v) {
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] += packed0[i];
+        });
+      }
+      first.finish_step(io0, n0);
+      second.finish_step(io1, n1);
+    }
+    return p;
+  };
+  const auto summed = run(true);
+  CHECK(max_error(summed.data(), ref_lamb(h, tensors)) < tolerance);
+  // Negative control: each part's ratio from its own norms.
+  CHECK(max_error(run(false).data(), ref_lamb(h, tensors)) > 10 * tolerance);
+  // A whole-tensor index past the count, or a list of the wrong length, is refused.
+  CHECK_THROWS_WITH(Lamb(10, single_group(10, h), {{0, 10}}, {3}, 3),
+                    Catch::Contains("whole-tensor index 3 of 3"));
+  CHECK_THROWS_WITH(Lamb(10, single_group(10, h), {{0, 5}, {5, 5}}, {0}, 3),
+                    Catch::Contains("1 whole-tensor indices for 2 tensors"));
+}
+
 TEST_CASE(
     "LAMB from a DeepSpeed config is FusedLamb's update: the bias corrections in the step size",
     "[unit][optim]") {

@@ -169,10 +169,6 @@ class Engine {
     expect<ConfigError>(config.optimizer.has_value(),
                         "optimizer: required to build an Engine from a config");
     optimizer_spec_ = *config.optimizer;
-    expect<ConfigError>(optimizer_spec_.type != "LAMB" || groups_.tp_size() == 1,
-                        "optimizer.type: LAMB's per-tensor trust ratio would see only this "
-                        "rank's part of a tensor-parallel weight (tp = ",
-                        groups_.tp_size(), "); use another optimizer or tp = 1");
     StoreOptions store_options;
     if constexpr (offload_nvme) store_options.nvme = nvme_settings(config);
     setup(store_options);
@@ -859,6 +855,7 @@ class Engine {
       }
       s.initialise_master(!stage_traits::shards_optimizer_states, rank, options_.seed, backend_);
       if (!optimizer_spec_.type.empty()) {
+        if (sums_whole_norms(u)) check_whole_norms_schedule();
         optimizers_.push_back(unit_optimizer(optimizer_spec_, s.specs, p,
                                              !stage_traits::shards_optimizer_states, rank));
         if constexpr (device_optimizer) s.adopt_optimizer_states(optimizers_.back(), backend_);
@@ -1378,6 +1375,9 @@ class Engine {
         optim::StepOptions run;
         run.threads = threads;
         if constexpr (device_optimizer) run.executor = backend_.fused_executor();
+        if (sums_whole_norms(u)) {
+          run.sum_over_ranks = [this, u](std::span<double> sums) { sum_whole_norms(u, sums); };
+        }
         opt.step(io, run);
       }
       if constexpr (offload_cpu && !compute_is_master) {
@@ -1497,6 +1497,50 @@ class Engine {
         exchange_.bind(u);
       }
     }
+  }
+  // Whether unit u's LAMB sums its per-tensor norms over ranks: its tensors are parts of whole
+  // ones, in shards over its group (stage >= 1) or split over the tensor-parallel group.
+  bool sums_whole_norms(int u) const {
+    if (optimizer_spec_.type != "LAMB") return false;
+    const bool sharded = stage_traits::shards_optimizer_states && unit_ref(u).group->size() > 1;
+    return sharded || groups_.tp_size() > 1;
+  }
+  // Those sums are collectives inside the update pass, so every rank must run that pass in step,
+  // on the thread that drives its communicators, and together: an update on a thread of its own
+  // or inside the next forward would issue them beside the exchange's, and over NVMe a rank
+  // whose read failed would leave the others in the sum instead of in the agreement on failures.
+  void check_whole_norms_schedule() const {
+    const char* why = options_.delayed_param_update     ? "delayed_param_update"
+                      : options_.overlap_offload_update ? "overlap_offload_update"
+                      : !states_in_memory               ? "offloading the states to NVMe"
+                                                        : nullptr;
+    expect<ConfigError>(why == nullptr,
+                        "optimizer.type: LAMB over ZeRO shards or a "
+                        "tensor-parallel group sums its trust-ratio norms over the ranks "
+                        "inside step(), which ",
+                        why == nullptr ? "" : why,
+                        " does not allow; turn it off, or use another optimizer");
+  }
+  // LAMB's sums of unit u's whole tensors (2 values a parameter: its p^2, then its u^2 sums, as
+  // Lamb::whole_norms lays them out): over the unit's shard group, then a tensor-parallel
+  // weight's over the tensor-parallel group. A parameter whole on every tp rank has the same
+  // sums on each: the group takes tp rank 0's (the others add zeros), so they stay equal bit for
+  // bit.
+  void sum_whole_norms(int u, std::span<double> sums) {
+    Unit& s = unit(u);
+    if (stage_traits::shards_optimizer_states && s.group->size() > 1) {
+      sum_host_values(*s.group, sums);
+    }
+    if (!groups_.tp) return;
+    const std::size_t n = s.specs.size();
+    expect<Error>(sums.size() == 2 * n, "Engine: LAMB summed ", sums.size(),
+                  " norm values for unit ", u, "'s ", n, " parameters");
+    if (groups_.tp->rank() != 0) {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!s.specs[i].split.is_split()) sums[i] = sums[n + i] = 0.0;
+      }
+    }
+    sum_host_values(*groups_.tp, sums);
   }
   void release_after_failure() noexcept {
     try {

@@ -171,13 +171,16 @@ inline std::optional<optim::LrScheduler> scheduler_from_config(const Config& con
 
 /// The optimizer of one unit's master: over the whole padded unit when every rank keeps all of
 /// it (whole_master, stage 0), else over this rank's shard; weight decay off for the
-/// parameters their spec exempts; per-tensor ranges for LAMB.
+/// parameters their spec exempts; per-tensor ranges for LAMB, each named by its parameter's
+/// index among specs (the whole tensor a shard's range is a part of, whose norms LAMB sums over
+/// the ranks holding its parts).
 inline optim::AnyOptimizer unit_optimizer(const NamedParams& spec,
                                           const std::vector<nn::ParamSpec>& specs,
                                           const UnitPartition& p, bool whole_master, int rank) {
   const auto numel = static_cast<std::size_t>(whole_master ? p.padded_numel() : p.shard_numel());
   std::vector<std::uint8_t> no_decay(numel, 0);
   std::vector<optim::Range> tensors;
+  std::vector<std::size_t> whole;  // per range: its parameter
   const int first = whole_master ? 0 : rank;
   const int last = whole_master ? p.world_size() : rank + 1;
   int last_param = -1;
@@ -192,6 +195,7 @@ inline optim::AnyOptimizer unit_optimizer(const NamedParams& spec,
         tensors.back().count += count;
       } else {
         tensors.push_back({offset, count});
+        whole.push_back(static_cast<std::size_t>(seg.param));
       }
       last_param = seg.param;
       if (!specs[static_cast<std::size_t>(seg.param)].weight_decay) {
@@ -199,10 +203,8 @@ inline optim::AnyOptimizer unit_optimizer(const NamedParams& spec,
       }
     }
   }
-  expect<ConfigError>(spec.type != "LAMB" || whole_master || p.world_size() == 1,
-                      "optimizer.type: LAMB's per-tensor trust ratio is not computed across "
-                      "shards yet; use ZeRO stage 0 or one rank");
-  return optim::AnyOptimizer::from_config(spec, numel, no_decay, std::move(tensors));
+  return optim::AnyOptimizer::from_config(spec, numel, no_decay, std::move(tensors),
+                                          std::move(whole), specs.size());
 }
 
 }  // namespace zero::engine
