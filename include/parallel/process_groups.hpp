@@ -15,14 +15,21 @@ namespace zero::parallel {
 /// The masks ProcessGroups builds unless told otherwise: tp, cp, ep, dp, pp, dp-cp (ZeRO's
 /// data-parallel group when context parallel is on), ep-dp (the data-parallel group of dense
 /// parameters with expert parallelism), tp-pp (Megatron's model-parallel group),
-/// tp-dp (every rank holding a distinct part of a tensor-parallel model's state: checkpoints)
-/// and tp-dp-pp (the same with pipeline stages).
+/// tp-dp (every rank holding a distinct part of a tensor-parallel model's state: checkpoints),
+/// tp-dp-pp (the same with pipeline stages) and tp-dp-cp (the same with context parallelism,
+/// whose ZeRO shards are over dp x cp).
 inline std::vector<AxisMask> standard_masks() {
-  return {AxisMask{Axis::tp},           AxisMask{Axis::cp},
-          AxisMask{Axis::ep},           AxisMask{Axis::dp},
-          AxisMask{Axis::pp},           AxisMask{Axis::dp, Axis::cp},
-          AxisMask{Axis::ep, Axis::dp}, AxisMask{Axis::tp, Axis::pp},
-          AxisMask{Axis::tp, Axis::dp}, AxisMask{Axis::tp, Axis::dp, Axis::pp}};
+  return {AxisMask{Axis::tp},
+          AxisMask{Axis::cp},
+          AxisMask{Axis::ep},
+          AxisMask{Axis::dp},
+          AxisMask{Axis::pp},
+          AxisMask{Axis::dp, Axis::cp},
+          AxisMask{Axis::ep, Axis::dp},
+          AxisMask{Axis::tp, Axis::pp},
+          AxisMask{Axis::tp, Axis::dp},
+          AxisMask{Axis::tp, Axis::dp, Axis::pp},
+          AxisMask{Axis::tp, Axis::dp, Axis::cp}};
 }
 
 /// The sub-communicators of a Grid over a world communicator of type Comm.

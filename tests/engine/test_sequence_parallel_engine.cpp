@@ -18,11 +18,13 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
@@ -36,6 +38,7 @@
 using namespace zero;
 using parallel::LocalComm;
 using parallel::SequenceParallel;
+using parallel::TensorParallel;
 
 namespace {
 
@@ -115,6 +118,7 @@ struct Layout {
                             // callback's own) a checkpoint does not hold
   bool dropout = false;     // residual, embedding and attention dropout
   bool placed = true;       // with dropout: the micro-batches say where their rows sit
+  int tp = 1;               // tensor parallelism too: each tp rank's heads split over sp
 };
 
 // The dropout of the layouts with dropout (and of their reference).
@@ -133,12 +137,13 @@ struct Steps {
 
 template <int S>
 std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l, const Steps& when) {
-  parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.cp = l.sp, .dp = l.dp}));
+  parallel::ProcessGroups<LocalComm> groups(world,
+                                            parallel::Grid({.tp = l.tp, .cp = l.sp, .dp = l.dp}));
   nn::GPTConfig cfg = l.dropout ? with_dropout(test::tp_tiny()) : test::tp_tiny();
   cfg.checkpoint_activations = l.checkpoint;
   const SequenceParallel sp =
       l.fault == Fault::no_ulysses ? SequenceParallel() : SequenceParallel(groups.cp());
-  nn::GPT<double> model(cfg, {}, sp);
+  nn::GPT<double> model(cfg, l.tp > 1 ? TensorParallel(groups.tp()) : TensorParallel(), sp);
   using Engine = engine::Engine<nn::GPT<double>, ZeroStage<S>>;
   const auto sgd = [](int, std::span<double> p, std::span<const double> g) {
     test::sgd(0.1, p, g);
@@ -178,7 +183,7 @@ struct Run {
 
 Run run(const Layout& l, const Steps& when = {}) {
   const auto ranks =
-      testing::per_rank<std::vector<test::HeldParam>>(l.sp * l.dp, [&](LocalComm& world) {
+      testing::per_rank<std::vector<test::HeldParam>>(l.tp * l.sp * l.dp, [&](LocalComm& world) {
         return test::with_stage(
             l.stage, [&](auto s) { return sp_rank<decltype(s)::value>(world, l, when); });
       });
@@ -310,6 +315,94 @@ TEST_CASE(
     CHECK_THROWS_WITH(run({sp, dp, 3, Fault::no_ulysses}),
                       Catch::Contains("sequence-parallel group of 1 ranks") &&
                           Catch::Contains("cp = " + std::to_string(sp)));
+  }
+}
+
+TEST_CASE(
+    "Ulysses GPT with tensor parallelism: tp 2 x sp 2 layouts equal the single-process "
+    "reference (f64 AdamW, clipping; dropout; uneven targets; a checkpoint across layouts)",
+    "[unit][ulysses][tp]") {
+  // DeepSpeed-Ulysses over Megatron's tensor parallelism: each tp rank holds half of tp_tiny's 4
+  // heads and splits them over its sp pair (one head a rank), the vocabulary-parallel loss
+  // weighs its positions' share, ZeRO shards over dp x sp, and the checkpoints' group is
+  // tp x dp x sp.
+  for (int dp : {1, 2}) {
+    const auto want = reference(test::tp_tiny(), test::micro_rows * accumulation * dp);
+    for (int stage : {0, 1, 3}) {
+      Layout l{2, dp, stage};
+      l.tp = 2;
+      const Run got = run(l);
+      const double error = test::max_difference(got.values, want);
+      INFO("tp 2, sp 2, dp " << dp << ", stage " << stage << ": worst difference " << error);
+      CHECK(error <= 1e-10);
+      CHECK(got.copies_differ == 0.0);  // replicated over tp, whole over sp: equal everywhere
+    }
+  }
+  // Dropout: each rank draws its tp part's sp part of the attention masks, and its positions'
+  // part of the residual masks, so placed micro-batches draw the reference's.
+  {
+    Layout l{2, 2, 3};
+    l.tp = 2;
+    l.dropout = true;
+    l.checkpoint = true;
+    const auto want = reference(with_dropout(test::tp_tiny()), test::micro_rows * accumulation * 2);
+    const Run got = run(l);
+    const double error = test::max_difference(got.values, want);
+    INFO("with dropout: worst difference " << error);
+    CHECK(error <= 1e-10);
+    CHECK(got.copies_differ == 0.0);
+  }
+  // Targets ignored unevenly over the positions: the tp ranks' loss weighs its sp share.
+  {
+    Layout l{2, 2, 2, Fault::none, false, /*padded=*/true};
+    l.tp = 2;
+    const auto want = reference(test::tp_tiny(), test::micro_rows * accumulation * 2, true);
+    const double error = test::max_difference(run(l).values, want);
+    INFO("padded: worst difference " << error);
+    CHECK(error <= 1e-10);
+  }
+  // A checkpoint saved at (tp 2, sp 2, dp 2, stage 3) resumes at (tp 1, sp 4, stage 1) and at
+  // (tp 2, sp 1, stage 2) as the uninterrupted run.
+  {
+    Layout saved{2, 2, 3, Fault::none, false, false, /*sgd=*/true};
+    saved.tp = 2;
+    const auto want = run(saved).values;
+    testing::TempDir dir("ulysses-tp-resume");
+    (void)run(saved, {0, steps - 1, {}, dir.path()});
+    for (const auto& [tp, sp, stage] : {std::tuple{1, 4, 1}, std::tuple{2, 1, 2}}) {
+      Layout resumed{sp, 2, stage, Fault::none, false, false, true};
+      resumed.tp = tp;
+      const Run got = run(resumed, {steps - 1, steps, dir.path(), {}});
+      const double error = test::max_difference(got.values, want);
+      INFO("resumed at tp " << tp << ", sp " << sp << ", stage " << stage << ": " << error);
+      CHECK(error <= 1e-10);
+      CHECK(got.copies_differ == 0.0);
+    }
+  }
+  // Negative control: a rank fed its sp neighbour's positions.
+  Layout wrong{2, 1, 3, Fault::wrong_slice};
+  wrong.tp = 2;
+  CHECK(test::max_difference(run(wrong).values,
+                             reference(test::tp_tiny(), test::micro_rows * accumulation)) > 1e-4);
+  // Ulysses with Megatron's sequence parallelism, and heads that do not split over tp * sp, are
+  // refused naming the keys.
+  const auto refusals = testing::per_rank<std::string>(4, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 2, .cp = 2}));
+    std::string out = testing::thrown_message([&] {
+      nn::GPT<double> model(test::tp_tiny(), TensorParallel(groups.tp(), true),
+                            SequenceParallel(groups.cp()));
+    });
+    nn::GPTConfig six = test::tp_tiny();
+    six.num_heads = 2;  // 2 heads over tp 2 x sp 2
+    out += " | " + testing::thrown_message([&] {
+             nn::GPT<double> model(six, TensorParallel(groups.tp()), SequenceParallel(groups.cp()));
+           });
+    return out;
+  });
+  for (const std::string& r : refusals) {
+    CHECK_THAT(r, Catch::Contains("with tensor_parallel.sequence_parallel is not supported") &&
+                      Catch::Contains("n_head (num_heads) = 2 is not divisible by "
+                                      "tensor_parallel.tp_size * sp = 2 * 2"));
   }
 }
 

@@ -19,6 +19,9 @@
 // the unsplit layer's), the head-split output and the sequence-split output (B*T*C/sp each).
 // The two all-to-alls' send and receive buffers are arena scratch, released at once.
 // With sp = 1 it is CausalSelfAttention: no copies, no collectives.
+// Under tensor parallelism the layer sees a tensor-parallel rank's heads (C and nh its part of
+// the model's): the all-to-alls split those over sp, and the attention dropout's mask is drawn
+// for the model's heads, each rank its tp part's sp part (the `heads` shard).
 
 #include <any>
 #include <cstdint>
@@ -47,16 +50,19 @@ inline void check_ulysses_heads(std::int64_t num_heads, int sp) {
 template <class T>
 class UlyssesAttention final : public nn::Layer<T> {
  public:
-  /// heads over the whole model (divisible by sp.size(), else ConfigError); attn_dropout and
-  /// (site, seed) as CausalSelfAttention's, each rank drawing its heads' part of the mask, so
-  /// dropout equals sp = 1.
+  /// heads over the whole model, or a tensor-parallel rank's part of them given as of_heads
+  /// (part of_heads.index of of_heads.parts, within each row); divisible by sp.size(), else
+  /// ConfigError. attn_dropout and (site, seed) as CausalSelfAttention's, each rank drawing its
+  /// heads' part of the mask, so dropout equals sp = 1.
   UlyssesAttention(SequenceParallel sp, std::int64_t heads, double attn_dropout = 0.0,
-                   std::string site = "attention", std::uint64_t seed = 0)
+                   std::string site = "attention", std::uint64_t seed = 0,
+                   nn::DropoutShard of_heads = {})
       : sp_((check_ulysses_heads(heads, sp.size()), std::move(sp))),
         heads_(heads),
         site_(std::move(site)),
         inner_(heads / sp_.size(), attn_dropout, site_, seed,
-               nn::DropoutShard{sp_.size(), sp_.rank(), true}) {}
+               nn::DropoutShard{of_heads.parts * sp_.size(),
+                                of_heads.index * sp_.size() + sp_.rank(), true}) {}
 
   std::string describe() const override {
     return "UlyssesAttention '" + site_ + "' (sp " + std::to_string(sp_.size()) + ")";

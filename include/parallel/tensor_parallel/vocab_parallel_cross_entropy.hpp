@@ -12,12 +12,15 @@
 // A vocabulary padded to split evenly (set_vocabulary: the first vocab of the V columns are
 // tokens) leaves the padding columns out of the max and the sums, and their dlogits zero: each
 // rank counts its columns below vocab, none on a rank that holds only padding (its max is -inf
-// and the group's comes from the others).
+// and the group's comes from the others). When the rows are a part of the rows whose mean is
+// the loss (Ulysses sequence parallelism's positions), share_counted_rows weighs this rank's
+// mean as LinearCrossEntropy's does.
 
 #include <algorithm>
 #include <any>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <string>
@@ -46,6 +49,12 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
 
   std::string describe() const override { return "VocabParallelCrossEntropy '" + labels_ + "'"; }
 
+  /// The weight of this rank's mean given its counted rows, called in each labelled forward
+  /// on every rank of the rows' group (LinearCrossEntropy::share_counted_rows); null (the
+  /// default): 1.
+  void share_counted_rows(std::function<double(std::int64_t)> share) {
+    share_of_ = std::move(share);
+  }
   /// The tokens among the V columns: the first vocab, the rest padding (see the file comment);
   /// V by default. ConfigError unless 0 < vocab <= V.
   void set_vocabulary(std::int64_t vocab) {
@@ -62,6 +71,7 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
     nn::expect_labels_when_training(ctx, labels_data_ != nullptr, describe(), labels_);
     if (labels_data_ == nullptr) return;
     const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, tokens_);
+    share_ = share_of_ ? share_of_(valid) : 1.0;
     const std::int64_t counted = counted_columns();
     max_ = ctx.arena->template allocate<Stat>({N_});
     sums_ = ctx.arena->template allocate<Stat>({2, N_});  // [predicted; sum of exponentials]
@@ -96,7 +106,8 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
     for (std::int64_t n = 0; n < N_; ++n) {  // fixed order: deterministic
       if (labels[n] != ops::cpu::ignore_index) total += std::log(sum[n]) - predicted[n];
     }
-    ctx.loss = convert<T>((valid > 0 ? total / static_cast<Stat>(valid) : Stat(0)) +
+    ctx.loss = convert<T>((valid > 0 ? total / static_cast<Stat>(valid) : Stat(0)) *
+                              static_cast<Stat>(share_) +
                           static_cast<Stat>(ctx.aux_loss));
   }
   void backward(nn::StepContext<T>& ctx) override {
@@ -104,8 +115,9 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
                            ": backward needs labels; the micro-batch had no input '", labels_, "'");
     const std::int64_t V = part(), first = tp_.rank() * V, counted = counted_columns();
     const std::int64_t valid = ops::cpu::count_valid_targets(labels_data_, N_, tokens_);
-    const Stat scale =
-        valid > 0 ? convert<Stat>(ctx.loss_scale) / static_cast<Stat>(valid) : Stat(0);
+    const Stat scale = valid > 0 ? convert<Stat>(ctx.loss_scale) * static_cast<Stat>(share_) /
+                                       static_cast<Stat>(valid)
+                                 : Stat(0);
     const T* x = logits_.data();
     T* dx = ctx.dx.data();
     const Stat* m = max_.data();
@@ -143,9 +155,11 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   }
 
   bool parks() const override { return true; }
-  std::any park() override { return nn::park_members(logits_, max_, sums_, labels_data_, N_); }
+  std::any park() override {
+    return nn::park_members(logits_, max_, sums_, labels_data_, N_, share_);
+  }
   void resume(std::any saved) override {
-    nn::resume_members(saved, logits_, max_, sums_, labels_data_, N_);
+    nn::resume_members(saved, logits_, max_, sums_, labels_data_, N_, share_);
   }
 
  private:
@@ -172,6 +186,8 @@ class VocabParallelCrossEntropy final : public nn::Layer<T> {
   Tensor<Stat> max_, sums_;
   const std::int32_t* labels_data_ = nullptr;
   std::int64_t N_ = 0;
+  std::function<double(std::int64_t)> share_of_;  // null: the rows are this rank's alone
+  double share_ = 1.0;                            // the last labelled forward's weight
 };
 
 }  // namespace zero::parallel

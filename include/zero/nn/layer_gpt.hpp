@@ -82,13 +82,23 @@ inline void check_tensor_parallel(const GPTConfig& cfg, int tp) {
 }
 
 /// Throws ConfigError naming the keys when Ulysses sequence parallelism over sp ranks cannot
-/// split cfg: heads not divisible by sp, or sp > 1 together with tensor parallelism tp > 1.
-inline void check_sequence_parallel(const GPTConfig& cfg, int tp, int sp) {
+/// split cfg: heads not divisible by sp (by tp * sp with tensor parallelism over tp ranks, whose
+/// ranks each split their heads over sp), or Ulysses together with Megatron's sequence
+/// parallelism (megatron_sp: both would split the residual stream's rows).
+inline void check_sequence_parallel(const GPTConfig& cfg, int tp, int sp,
+                                    bool megatron_sp = false) {
   if (sp <= 1) return;
-  expect<ConfigError>(tp <= 1, "Ulysses sequence parallelism (sp = ", sp,
-                      ") with tensor_parallel.tp_size = ", tp,
-                      " is not supported; use one of them (DeepSpeed requires tp = 1 with its sp)");
-  parallel::check_ulysses_heads(cfg.num_heads, sp);
+  expect<ConfigError>(!megatron_sp, "Ulysses sequence parallelism (sp = ", sp,
+                      ") with tensor_parallel.sequence_parallel is not supported: both split the "
+                      "positions; use tensor parallelism without Megatron's sequence parallelism");
+  if (tp > 1) {
+    expect<ConfigError>(cfg.num_heads % (static_cast<std::int64_t>(tp) * sp) == 0,
+                        "Ulysses sequence parallelism with tensor parallelism: n_head (num_heads) "
+                        "= ",
+                        cfg.num_heads, " is not divisible by tensor_parallel.tp_size * sp = ", tp,
+                        " * ", sp, " (each tensor-parallel rank splits its heads over sp)");
+  }
+  parallel::check_ulysses_heads(cfg.num_heads / std::max(tp, 1), sp);
 }
 
 /// Appends GPT-2's block `layer` of a model shaped by cfg to unit, as two residual branches
@@ -96,8 +106,10 @@ inline void check_sequence_parallel(const GPTConfig& cfg, int tp, int sp) {
 /// earlier unit), the MLP branch is a MixtureOfExperts over them routed by router, which is
 /// returned (null for a dense block). Split over tp when it has more
 /// than one rank (see the file comment); with a Ulysses group sp of more than one rank, the
-/// unit holds T/sp positions and its attention is parallel::UlyssesAttention. ConfigError naming
-/// the key when the heads or hidden size do not divide by tp, or by sp, or both are active.
+/// unit holds T/sp positions and its attention is parallel::UlyssesAttention (over this
+/// tensor-parallel rank's heads when both are active: DeepSpeed-Ulysses with Megatron's tensor
+/// parallelism). ConfigError naming the key when the heads or hidden size do not divide by tp,
+/// the heads by tp * sp, or Ulysses meets Megatron's sequence parallelism.
 template <class T>
 MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, std::int64_t layer,
                                    const parallel::TensorParallel& tp = {},
@@ -107,7 +119,7 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
   // A block built alone (a user's model) is checked as LayerGPT checks its blocks: heads that
   // do not divide by tp, or tp with Ulysses, computed wrong attention without a word.
   check_tensor_parallel_block(cfg, tp.size());
-  check_sequence_parallel(cfg, tp.size(), sp.size());
+  check_sequence_parallel(cfg, tp.size(), sp.size(), tp.sequence_parallel());
   const std::int64_t C = cfg.channels;
   const std::string p = "transformer.h." + std::to_string(layer) + ".";
   const std::string site = "h." + std::to_string(layer);  // GPT's dropout key per block
@@ -144,10 +156,13 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
   using namespace parallel;
   const int t = tp.size();
   // The residual stream is whole on every rank (the same mask), or with sequence parallelism
-  // split into blocks of rows (each rank its block's part of the mask); the attention's heads
-  // are split (each rank its heads' part).
-  const DropoutShard rows =
-      tp.sequence_parallel() ? DropoutShard{t, tp.rank(), false} : DropoutShard{};
+  // split into blocks of rows (each rank its block's part of the mask), or with Ulysses into
+  // each sequence's positions (each sp rank its positions' part); the attention's heads are
+  // split (each rank its heads' part, under Ulysses its sp rank's part of those).
+  const DropoutShard rows = tp.sequence_parallel() ? DropoutShard{t, tp.rank(), false}
+                            : sp.active()          ? DropoutShard{sp.size(), sp.rank(), true}
+                                                   : DropoutShard{};
+  const DropoutShard heads{t, tp.rank(), true};
   auto norm = [&](Residual<T>& branch, const std::string& name) {
     if (tp.sequence_parallel()) {
       branch.template add<SequenceParallelParams<T>>(tp, std::make_unique<LayerNorm<T>>(name, C));
@@ -158,8 +173,11 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
   auto& attn = unit.template add<Residual<T>>(p + "attn");
   norm(attn, p + "ln_1");
   attn.template add<ColumnParallelLinear<T>>(tp, p + "attn.c_attn", C, 3 * C, true, 0.02, 3);
-  attn.template add<CausalSelfAttention<T>>(cfg.num_heads / t, cfg.attn_dropout, site, 2,
-                                            DropoutShard{t, tp.rank(), true});
+  if (sp.active()) {  // this rank's heads, all-to-all over sp (DeepSpeed-Ulysses with TP)
+    attn.template add<UlyssesAttention<T>>(sp, cfg.num_heads / t, cfg.attn_dropout, site, 2, heads);
+  } else {
+    attn.template add<CausalSelfAttention<T>>(cfg.num_heads / t, cfg.attn_dropout, site, 2, heads);
+  }
   attn.template add<RowParallelLinear<T>>(tp, p + "attn.c_proj", C, C, true, residual_std);
   if (cfg.dropout > 0) attn.template add<Dropout<T>>(cfg.dropout, site, 0, rows);
   auto& mlp = unit.template add<Residual<T>>(p + "mlp");
@@ -187,14 +205,16 @@ class LayerGPT {
   /// positions of its rank's block), its attention is parallel::UlyssesAttention and its loss
   /// its share of the mean over the group's counted positions (parallel::SequenceParallel::
   /// token_share, so the ranks' mean is the whole sequences' token mean with targets of -1
-  /// anywhere); ConfigError when the heads do not divide by sp, or with
-  /// tp > 1 too. With active MoEBlocks, every moe.every-th block's MLP is a MixtureOfExperts
-  /// whose experts (split over moe.ep) are an expert unit of their own just before the block
-  /// (nn::HasExpertUnits); ConfigError for MoE with tp > 1.
+  /// anywhere); with tensor parallelism too, each tp rank's heads are split over its sp group
+  /// and the vocabulary-parallel loss takes the same share. ConfigError when the heads do not
+  /// divide by tp * sp, or with Megatron's sequence parallelism too. With active MoEBlocks, every
+  /// moe.every-th block's MLP is a MixtureOfExperts whose experts (split over moe.ep) are an expert
+  /// unit of their own just before the block (nn::HasExpertUnits); ConfigError for MoE with tp > 1.
   explicit LayerGPT(GPTConfig cfg, parallel::TensorParallel tp = {},
                     parallel::SequenceParallel sp = {}, MoEBlocks moe = {})
       : cfg_((cfg.validate(), check_tensor_parallel(cfg, tp.size()),
-              check_sequence_parallel(cfg, tp.size(), sp.size()), check_moe(moe, tp.size()), cfg)),
+              check_sequence_parallel(cfg, tp.size(), sp.size(), tp.sequence_parallel()),
+              check_moe(moe, tp.size()), cfg)),
         tp_(std::move(tp)),
         sp_(std::move(sp)),
         moe_(std::move(moe)) {
@@ -259,6 +279,9 @@ class LayerGPT {
         tp_, "lm_head", [table = vocab_table_] { return table->table(); }, C, V);
     parallel_loss_ = &head.template add<parallel::VocabParallelCrossEntropy<T>>(tp_, V, "targets");
     parallel_loss_->set_vocabulary(cfg_.vocab_size);
+    if (sp_.active()) {
+      parallel_loss_->share_counted_rows([sp = sp_](std::int64_t n) { return sp.token_share(n); });
+    }
   }
   LayerGPT(const LayerGPT&) = delete;
   LayerGPT& operator=(const LayerGPT&) = delete;
