@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -524,6 +525,52 @@ TEMPLATE_TEST_CASE("dropout draws the host's mask and equals the host bit for bi
     cpu::dropout_forward<T>(y.data(), x.data(), n, mask);
     CHECK(same_bits(d_y.download(), y));
     auto dx = random_vector<T>(x.size(), 29);
+    DeviceVector<T> d_dx(dx);
+    gpu::dropout_backward<T>(d_dx.get(), d_x.get(), n, mask, nullptr);
+    cpu::dropout_backward<T>(dx.data(), x.data(), n, mask);
+    CHECK(same_bits(d_dx.download(), dx));
+  }
+  // Masks placed in blocks (a rank's part of every row: its tensor-parallel or Ulysses heads of
+  // the attention probabilities, its Ulysses positions): block k is decided from
+  // first + k * stride on. Blocks and places that are whole groups of four take the chunks,
+  // the others the element-at-a-time path; each draws the host's mask, and the slices of the
+  // whole mask the blocks are.
+  struct Placed {
+    std::uint64_t first, block, stride;
+  };
+  for (const Placed& at : {Placed{0, 64, 256}, Placed{128, 64, 192}, Placed{4, 12, 40},
+                           Placed{1, 7, 21}, Placed{6, 10, 10}}) {
+    INFO("first " << at.first << ", block " << at.block << ", stride " << at.stride);
+    const std::int64_t n = 1000;
+    const cpu::DropoutMask mask{0.3, rng, 7, at.first, at.block, at.stride};
+    const auto x = random_vector<T>(static_cast<std::size_t>(n), 30);
+    DeviceVector<T> d_x(x), d_y(x.size());
+    gpu::dropout_forward<T>(d_y.get(), d_x.get(), n, mask, nullptr);
+    std::vector<T> y(x.size());
+    cpu::dropout_forward<T>(y.data(), x.data(), n, mask);
+    const auto got = d_y.download();
+    CHECK(same_bits(got, y));
+    // Each block is the slice of the unplaced mask at its place.
+    const std::int64_t whole_n =
+        static_cast<std::int64_t>(at.first + ((n - 1) / at.block) * at.stride + at.block);
+    const auto whole_x = random_vector<T>(static_cast<std::size_t>(whole_n), 31);
+    std::vector<T> placed_x(x.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      placed_x[static_cast<std::size_t>(i)] = whole_x[static_cast<std::size_t>(mask.index_of(i))];
+    }
+    DeviceVector<T> d_whole(whole_x), d_whole_y(whole_x.size()), d_placed(placed_x),
+        d_placed_y(placed_x.size());
+    gpu::dropout_forward<T>(d_whole_y.get(), d_whole.get(), whole_n, 0.3, rng, 7, nullptr);
+    gpu::dropout_forward<T>(d_placed_y.get(), d_placed.get(), n, mask, nullptr);
+    const auto whole_y = d_whole_y.download(), placed_y = d_placed_y.download();
+    std::int64_t differ = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const T a = placed_y[static_cast<std::size_t>(i)];
+      const T b = whole_y[static_cast<std::size_t>(mask.index_of(i))];
+      differ += std::memcmp(&a, &b, sizeof(T)) != 0;
+    }
+    CHECK(differ == 0);
+    auto dx = random_vector<T>(x.size(), 32);
     DeviceVector<T> d_dx(dx);
     gpu::dropout_backward<T>(d_dx.get(), d_x.get(), n, mask, nullptr);
     cpu::dropout_backward<T>(dx.data(), x.data(), n, mask);
