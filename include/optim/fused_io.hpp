@@ -87,7 +87,7 @@ struct StepOptions {
   /// (LAMB's per-tensor norms under ZeRO or tensor parallelism): sums the values in place over
   /// those ranks (an all-reduce). Every rank's step calls it with as many values, in the same
   /// order; empty: this shard's tensors are whole.
-  std::function<void(std::span<double>)> sum_over_ranks;
+  std::function<void(std::span<double>)> sum_over_ranks = {};
 };
 
 /// Throws a message naming the problem when io cannot be used for a shard of numel elements.
