@@ -48,7 +48,8 @@
 // load-balancing loss and the share of routed choices dropped past their expert's capacity.
 // --sp N (a number) is DeepSpeed-Ulysses sequence parallelism: each of N ranks holds seq/N
 // positions of every sequence, attention gets whole sequences for heads/N heads by all-to-all,
-// and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config).
+// and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config). It
+// combines with --tp (each tensor-parallel rank's heads split over its N ranks) and --pp.
 // --sp without a number is Megatron's sequence parallelism beside --tp.
 //
 // --device cuda (the train_gpt_cuda build: this file compiled by nvcc, when CMake finds it) trains
@@ -861,11 +862,12 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const bool leader = comm.rank() == 0;
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
   const auto pp = static_cast<int>(cfg.pipeline.stages);
-  expect<ConfigError>(!cfg.moe.active() && cfg.sequence_parallel_size == 1,
-                      "pipeline.stages = ", pp,
-                      " with moe.num_experts or sequence_parallel_size is not supported yet");
-  const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, 1, 1, pp);
-  profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / (tp * pp)).micro);
+  const auto sp = static_cast<int>(cfg.sequence_parallel_size);  // Ulysses, in every stage
+  expect<ConfigError>(!cfg.moe.active(), "pipeline.stages = ", pp,
+                      " with moe.num_experts is not supported yet");
+  if (sp > 1) parallel::check_sequence_split(o.seq, sp);
+  const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, sp, 1, pp);
+  profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / (tp * pp * sp)).micro);
   if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
   parallel::ProcessGroups<Comm> groups(comm, grid);
   RunSetup<typename E::model_type> run(o, cfg, corpus, groups);
@@ -897,11 +899,12 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
     }
     std::printf(
         "train_gpt: %lld parameters (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
-        "%d data-parallel x %d tensor-parallel x %d pipeline ranks (%s schedule, units %s); "
+        "%d data-parallel x %d tensor-parallel%s x %d pipeline ranks (%s schedule, units %s); "
         "global batch %lld = %lld micro x %lld accumulation x %d ranks; %lld steps\n",
         static_cast<long long>(gc.num_parameters()), static_cast<long long>(o.layers),
         static_cast<long long>(o.heads), static_cast<long long>(o.channels),
-        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, dp, tp, pp,
+        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, dp, tp,
+        sp > 1 ? (" x " + std::to_string(sp) + " Ulysses sequence-parallel").c_str() : "", pp,
         std::string(name_of(po.schedule)).c_str(), layout.c_str(),
         static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
         static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.steps));
@@ -912,9 +915,12 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   std::int64_t since_print = 0;
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     std::vector<data::Batch> held;  // the micro-batches' data lives through the step
+    std::vector<RankBatch> mine;    // and this rank's positions of them (Ulysses)
     std::vector<engine::MicroBatch> batches;
     for (std::int64_t m = 0; m < sizes.accumulation; ++m) held.push_back(run.train_loader.next());
-    for (const auto& b : held) batches.push_back(micro_of(b));
+    mine.reserve(held.size());
+    for (const auto& b : held)
+      batches.push_back(mine.emplace_back(b, model.sequence_parallel()).micro());
     monitor.begin_step(eng, step + 1);
     const auto r = pipe.train_batch(batches);
     const nlohmann::json observed = monitor.end_step(eng, pipe.stage_model(), step + 1);
@@ -949,8 +955,14 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
     save_if_due(o, eng, run.train_loader, step + 1, leader);
   }
   monitor.finish();
-  const double val_loss = mean_over_dp(eng, pipe.evaluate(micro_of(run.val_loader.next())));
+  const data::Batch val = run.val_loader.next();
+  const RankBatch val_mine(val, model.sequence_parallel());
+  const double val_loss = mean_over_dp(eng, pipe.evaluate(val_mine.micro()));
   if (leader) print_losses(first_loss, loss, corpus, val_loss);
+  if (sp > 1) {  // the sampler would need the last position's logits from the last sp rank
+    if (leader) std::printf("train_gpt: no sample with Ulysses sequence parallelism\n");
+    return loss < first_loss || first_step > 0;
+  }
   // Every rank runs the pipelined forward; the last stage holds the logits and draws the byte,
   // which the pipeline group then shares.
   print_sample(o, corpus, leader, model.tensor_parallel().sequence_parallel() ? tp : 1,

@@ -16,8 +16,8 @@ namespace zero::parallel {
 /// data-parallel group when context parallel is on), ep-dp (the data-parallel group of dense
 /// parameters with expert parallelism), tp-pp (Megatron's model-parallel group),
 /// tp-dp (every rank holding a distinct part of a tensor-parallel model's state: checkpoints),
-/// tp-dp-pp (the same with pipeline stages) and tp-dp-cp (the same with context parallelism,
-/// whose ZeRO shards are over dp x cp).
+/// tp-dp-pp (the same with pipeline stages), and tp-dp-cp and tp-dp-cp-pp (the same with
+/// context parallelism, whose ZeRO shards are over dp x cp).
 inline std::vector<AxisMask> standard_masks() {
   return {AxisMask{Axis::tp},
           AxisMask{Axis::cp},
@@ -29,7 +29,8 @@ inline std::vector<AxisMask> standard_masks() {
           AxisMask{Axis::tp, Axis::pp},
           AxisMask{Axis::tp, Axis::dp},
           AxisMask{Axis::tp, Axis::dp, Axis::pp},
-          AxisMask{Axis::tp, Axis::dp, Axis::cp}};
+          AxisMask{Axis::tp, Axis::dp, Axis::cp},
+          AxisMask{Axis::tp, Axis::dp, Axis::cp, Axis::pp}};
 }
 
 /// The sub-communicators of a Grid over a world communicator of type Comm.

@@ -27,6 +27,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
+#include <parallel/sequence/sequence_parallel.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
 #include <zero/engine/engine_weights.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
@@ -56,6 +57,7 @@ struct Layout {
   int tp = 1, dp = 1, pp = 2;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int virtual_stages = 1;
+  int sp = 1;  // Ulysses: each rank is fed T/sp positions of its dp rank's rows
 };
 
 struct RankResult {
@@ -68,9 +70,11 @@ struct RankResult {
 template <int S>
 RankResult pipeline_rank(LocalComm& world, const Layout& l, int micro_batches, int steps,
                          bool reduce_tied = true) {
-  parallel::ProcessGroups<LocalComm> groups(world,
-                                            parallel::Grid({.tp = l.tp, .dp = l.dp, .pp = l.pp}));
-  nn::GPT<double> model(pp_model(), parallel::TensorParallel(groups.tp()));
+  parallel::ProcessGroups<LocalComm> groups(
+      world, parallel::Grid({.tp = l.tp, .cp = l.sp, .dp = l.dp, .pp = l.pp}));
+  const parallel::SequenceParallel sp =
+      l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
+  nn::GPT<double> model(pp_model(), parallel::TensorParallel(groups.tp()), sp);
   PipelineOptions options;
   options.schedule = l.schedule;
   options.virtual_stages = l.virtual_stages;
@@ -82,7 +86,18 @@ RankResult pipeline_rank(LocalComm& world, const Layout& l, int micro_batches, i
   for (int step = 0; step < steps; ++step) {
     const test::GlobalBatch b(test::micro_rows * micro_batches * l.dp, step, pp_model().vocab_size);
     std::vector<engine::MicroBatch> batches;
-    for (int m = 0; m < micro_batches; ++m) batches.push_back(b.micro(m, dp_rank, l.dp));
+    std::vector<parallel::SequenceSlice> slices;  // this rank's positions (Ulysses)
+    slices.reserve(static_cast<std::size_t>(micro_batches));
+    for (int m = 0; m < micro_batches; ++m) {
+      const engine::MicroBatch whole = b.micro(m, dp_rank, l.dp);
+      if (!sp.active()) {
+        batches.push_back(whole);
+        continue;
+      }
+      const auto& mine =
+          slices.emplace_back(whole.tokens, whole.targets, whole.batch, whole.seq_len, sp);
+      batches.push_back({mine.tokens.data(), mine.targets.data(), mine.batch, mine.seq_len});
+    }
     if (reduce_tied) {
       const auto r = pipe.train_batch(batches);
       out.peak_live = r.peak_live_activations;
@@ -105,10 +120,11 @@ struct Outcome {
 
 Outcome run_layout(const Layout& l, int micro_batches, int steps, int stage = 1,
                    bool reduce_tied = true) {
-  const auto ranks = testing::per_rank<RankResult>(l.tp * l.dp * l.pp, [&](LocalComm& world) {
-    return stage == 0 ? pipeline_rank<0>(world, l, micro_batches, steps, reduce_tied)
-                      : pipeline_rank<1>(world, l, micro_batches, steps, reduce_tied);
-  });
+  const auto ranks =
+      testing::per_rank<RankResult>(l.tp * l.sp * l.dp * l.pp, [&](LocalComm& world) {
+        return stage == 0 ? pipeline_rank<0>(world, l, micro_batches, steps, reduce_tied)
+                          : pipeline_rank<1>(world, l, micro_batches, steps, reduce_tied);
+      });
   std::vector<std::vector<test::HeldParam>> held;
   for (const auto& r : ranks) held.push_back(r.params);
   Outcome out;
@@ -193,6 +209,33 @@ std::vector<std::vector<test::HeldParam>> passes_run(bool split, std::size_t* pr
 }
 
 }  // namespace
+
+TEST_CASE(
+    "Pipeline with Ulysses sequence parallelism: every schedule at sp 2 x pp 2, and tp 2 x sp 2 x "
+    "pp 2, equal the single-process reference (f64 AdamW, clipping)",
+    "[unit][pipeline][ulysses]") {
+  // Each stage's ranks hold T/sp positions: the stage activations sent between them are their
+  // positions' rows, the attention of each block gathers whole sequences over its sp group,
+  // the last stage's loss takes its positions' share, and the state group is tp x dp x cp x pp.
+  const int steps = 3, m = 4;
+  for (ScheduleKind kind : parallel::pipeline::all_schedule_kinds) {
+    Layout l;
+    l.sp = 2;
+    l.schedule = kind;
+    l.virtual_stages = kind == ScheduleKind::interleaved ? 2 : 1;
+    const Outcome o = run_layout(l, m, steps);
+    INFO(name_of(kind) << ", sp 2, pp 2: worst difference " << o.error);
+    CHECK(o.error <= 1e-10);
+    CHECK(o.copies_differ == 0.0);
+  }
+  Layout three_d;
+  three_d.tp = 2;
+  three_d.sp = 2;
+  const Outcome o = run_layout(three_d, m, steps, 0);
+  INFO("tp 2, sp 2, pp 2, stage 0: worst difference " << o.error);
+  CHECK(o.error <= 1e-10);
+  CHECK(o.copies_differ == 0.0);
+}
 
 TEST_CASE("Engine passes: a backward split into input and weight halves equals the whole one",
           "[unit][pipeline]") {

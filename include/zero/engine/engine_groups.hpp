@@ -14,10 +14,9 @@
 //   pp     the pipeline-parallel group, when the model's units are split over stages (pp > 1):
 //          the global gradient norm and the Inf/NaN verdict sum over it too (a unit counted by
 //          the stage that owns it, never by a stage holding a replica of it);
-//   state  every rank that holds a distinct part of the state (tp x dp x pp; tp x dp x cp; ep x
-//   dp): checkpoints
-//          are saved and loaded over it, so a save at one (tp, dp, pp, ep, stage) loads at any
-//          other.
+//   state  every rank that holds a distinct part of the state (tp x dp x pp, and x cp under
+//          context parallelism; ep x dp): checkpoints are saved and loaded over it, so a save
+//          at one (tp, cp, dp, pp, ep, stage) loads at any other.
 // Built from a communicator (data parallelism only) or from ProcessGroups.
 
 #include <optional>
@@ -53,9 +52,9 @@ struct EngineGroups {
 
   /// The grid's data-parallel group and, with tp > 1, its tensor-parallel group, with pp > 1 its
   /// pipeline-parallel group, and then the group of tp x dp x pp (ProcessGroups must have built
-  /// the tp-dp, tp-dp-cp and tp-dp-pp masks, as standard_masks() does). With cp > 1 the
-  /// data-parallel group is dp x cp (and with tp > 1 the state group tp x dp x cp; cp does not
-  /// combine with pp yet: ConfigError). With ep > 1 the data-parallel group is ep x dp, and the
+  /// the tp-dp, tp-dp-pp, tp-dp-cp and tp-dp-cp-pp masks, as standard_masks() does). With
+  /// cp > 1 the data-parallel group is dp x cp, and the state group has the cp axis too. With
+  /// ep > 1 the data-parallel group is ep x dp, and the
   /// expert groups are the grid's dp and ep axes (ep does not combine with tp, cp or pp yet:
   /// ConfigError).
   template <parallel::Communicator C>
@@ -66,18 +65,14 @@ struct EngineGroups {
     const bool split_pp = groups.grid().size(Axis::pp) > 1;
     ep = groups.grid().size(Axis::ep);
     cp = groups.grid().size(Axis::cp);
-    expect<ConfigError>(cp == 1 || !split_pp,
-                        "EngineGroups: context (Ulysses sequence) "
-                        "parallelism (cp = ",
-                        cp, ") with pipeline parallelism (pp = ", groups.grid().size(Axis::pp),
-                        ") is not supported yet");
     if (ep > 1) expert_dp.emplace(groups.dp());
     if (split_tp) tp.emplace(groups.tp());
     if (split_pp) pp.emplace(groups.pp());
     // Every rank holding a distinct part of the state: ZeRO shards over dp x cp when cp > 1, so
     // the cp axis is in it then.
     if (split_pp) {
-      state.emplace(groups.get({Axis::tp, Axis::dp, Axis::pp}));
+      state.emplace(cp > 1 ? groups.get({Axis::tp, Axis::dp, Axis::cp, Axis::pp})
+                           : groups.get({Axis::tp, Axis::dp, Axis::pp}));
     } else if (split_tp) {
       state.emplace(cp > 1 ? groups.get({Axis::tp, Axis::dp, Axis::cp})
                            : groups.get({Axis::tp, Axis::dp}));
