@@ -662,7 +662,7 @@ TEST_CASE("delayed_param_update is refused where it cannot delay the update",
 }
 
 TEST_CASE(
-    "Offload<CPU> with LAMB over shards trains as without offload; moving its update out of "
+    "Offload<CPU> with LAMB over shards trains as without offload, and moving its update out of "
     "step() is refused",
     "[unit][engine][offload]") {
   // LAMB sums each whole tensor's norms over the shard group between its passes: in step(), on

@@ -320,7 +320,7 @@ TEST_CASE(
 
 TEST_CASE(
     "Ulysses GPT with tensor parallelism: tp 2 x sp 2 layouts equal the single-process "
-    "reference (f64 AdamW, clipping; dropout; uneven targets; a checkpoint across layouts)",
+    "reference (f64 AdamW with clipping, dropout, uneven targets, a checkpoint across layouts)",
     "[unit][ulysses][tp]") {
   // DeepSpeed-Ulysses over Megatron's tensor parallelism: each tp rank holds half of tp_tiny's 4
   // heads and splits them over its sp pair (one head a rank), the vocabulary-parallel loss

@@ -289,11 +289,11 @@ TEST_CASE("UlyssesAttention parks: a parked forward resumed after another gives 
 }
 
 TEST_CASE(
-    "Ulysses refuses heads not divisible by sp and sequences not divisible by sp, naming "
-    "the keys",
+    "Ulysses refuses heads not divisible by sp (by tp x sp with tensor parallelism) and "
+    "sequences not divisible by sp, naming the keys",
     "[unit][ulysses]") {
   struct Messages {
-    std::string layer, gpt, slice, with_tp;
+    std::string layer, gpt, slice, with_tp, four_heads_with_tp;
   };
   const auto messages = testing::per_rank<Messages>(4, [&](LocalComm& comm) {
     const SequenceParallel group(comm);
@@ -305,11 +305,16 @@ TEST_CASE(
     m.slice = testing::thrown_message([&] {
       (void)parallel::sequence_slice<std::int32_t>(tokens, 2, 6, group.size(), group.rank());
     });
-    // tp 2 x sp 2 on the same ranks.
+    // tp 2 x sp 2 on the same ranks: each tp rank splits its heads over sp, so 2 heads do not
+    // split and 4 do.
     parallel::ProcessGroups<LocalComm> groups(comm, parallel::Grid({.tp = 2, .cp = 2}));
+    m.with_tp = testing::thrown_message([&] {
+      nn::LayerGPT<double> model(cfg, parallel::TensorParallel(groups.tp()),
+                                 SequenceParallel(groups.cp()));
+    });
     nn::GPTConfig four = cfg;
     four.num_heads = 4;
-    m.with_tp = testing::thrown_message([&] {
+    m.four_heads_with_tp = testing::thrown_message([&] {
       nn::LayerGPT<double> model(four, parallel::TensorParallel(groups.tp()),
                                  SequenceParallel(groups.cp()));
     });
@@ -319,7 +324,9 @@ TEST_CASE(
     CHECK_THAT(m.layer, Contains("num_heads") && Contains("= 6") && Contains("sp = 4"));
     CHECK_THAT(m.gpt, Contains("n_head (num_heads)") && Contains("= 2") && Contains("sp = 4"));
     CHECK_THAT(m.slice, Contains("seq_len 6") && Contains("sp = 4"));
-    CHECK_THAT(m.with_tp, Contains("sp = 2") && Contains("tensor_parallel.tp_size = 2"));
+    CHECK_THAT(m.with_tp, Contains("n_head (num_heads) = 2") &&
+                              Contains("tensor_parallel.tp_size * sp = 2 * 2"));
+    CHECK(m.four_heads_with_tp == testing::nothing_thrown);
   }
   // The same layer at sp 1 takes any head count.
   CHECK(testing::thrown_message([] { parallel::UlyssesAttention<double> layer({}, 6); }) ==
