@@ -45,7 +45,9 @@
 // drop_tokens, aux_loss_coef, z_loss_coef, expert_interval), and --ep N splits the experts over
 // N expert-parallel ranks, the tokens travelling to their experts by all-to-all; the dense
 // parameters stay data parallel over all ranks (DeepSpeed's layout). The step line adds the
-// load-balancing loss and the share of routed choices dropped past their expert's capacity.
+// load-balancing loss and the share of routed choices dropped past their expert's capacity
+// (not with --pp, whose stages each see their own blocks). --experts and --ep combine with --pp
+// (ep x dp x pp ranks: each stage's experts split over its ep ranks), not yet with --tp or --sp.
 // --sp N (a number) is DeepSpeed-Ulysses sequence parallelism: each of N ranks holds seq/N
 // positions of every sequence, attention gets whole sequences for heads/N heads by all-to-all,
 // and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config). It
@@ -656,15 +658,16 @@ struct RoutingTotals {
   }
 };
 
-// Parameters of the whole model as the engine holds them (experts split over ep counted once);
-// with active, those one token passes through, for its FLOPs: with top-k routing over E experts
-// a token uses k of each MoE block's experts, so the expert units count k/E of their parameters.
-template <class Eng, class Model>
-double count_parameters(Eng& eng, const Model& model, const Config& cfg, bool active = false) {
+// Parameters of the whole model (tensors split over tp or ep counted whole, once); with active,
+// those one token passes through, for its FLOPs: with top-k routing over E experts a token uses
+// k of each MoE block's experts, so the expert units count k/E of their parameters. Every
+// pipeline stage counts the whole model (the full model object is on every rank).
+template <class Model>
+double count_parameters(const Model& model, const Config& cfg, bool active = false) {
   double n = 0;
-  for (int u = 0; u < eng.num_units(); ++u) {
+  for (int u = 0; u < model.num_units(); ++u) {
     double unit = 0;
-    for (const nn::ParamSpec& p : eng.unit_specs(u)) {
+    for (const nn::ParamSpec& p : model.unit_params(u)) {
       unit += static_cast<double>(p.logical_shape().numel());
     }
     if constexpr (nn::HasExpertUnits<Model>) {
@@ -863,10 +866,11 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
   const auto pp = static_cast<int>(cfg.pipeline.stages);
   const auto sp = static_cast<int>(cfg.sequence_parallel_size);  // Ulysses, in every stage
-  expect<ConfigError>(!cfg.moe.active(), "pipeline.stages = ", pp,
-                      " with moe.num_experts is not supported yet");
+  // Experts split over ep ranks in every stage (each stage's MoE blocks exchange tokens over
+  // its own ep group); the engine refuses ep with tp or sp, naming them.
+  const auto ep = static_cast<int>(cfg.moe.active() ? cfg.moe.ep_size : 1);
   if (sp > 1) parallel::check_sequence_split(o.seq, sp);
-  const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, sp, 1, pp);
+  const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, sp, ep, pp);
   profile::Monitor monitor(cfg, comm.rank(), cfg.resolve_batch(comm.size() / (tp * pp * sp)).micro);
   if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
   parallel::ProcessGroups<Comm> groups(comm, grid);
@@ -898,12 +902,13 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
                 std::to_string(part.last - 1);
     }
     std::printf(
-        "train_gpt: %lld parameters (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
+        "train_gpt: %lld parameters%s (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
         "%d data-parallel x %d tensor-parallel%s x %d pipeline ranks (%s schedule, units %s); "
         "global batch %lld = %lld micro x %lld accumulation x %d ranks; %lld steps\n",
-        static_cast<long long>(gc.num_parameters()), static_cast<long long>(o.layers),
-        static_cast<long long>(o.heads), static_cast<long long>(o.channels),
-        static_cast<long long>(gc.vocab_size), static_cast<long long>(o.seq), E::stage, dp, tp,
+        static_cast<long long>(count_parameters(model, cfg)), moe_note(cfg).c_str(),
+        static_cast<long long>(o.layers), static_cast<long long>(o.heads),
+        static_cast<long long>(o.channels), static_cast<long long>(gc.vocab_size),
+        static_cast<long long>(o.seq), E::stage, dp, tp,
         sp > 1 ? (" x " + std::to_string(sp) + " Ulysses sequence-parallel").c_str() : "", pp,
         std::string(name_of(po.schedule)).c_str(), layout.c_str(),
         static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
@@ -1049,7 +1054,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         "train_gpt: %lld parameters%s (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
         "%d data-parallel ranks x %d tensor-parallel%s%s in %s; global batch %lld = %lld micro x "
         "%lld accumulation x %d ranks; %lld steps; model state on rank 0: %.2f MB\n",
-        static_cast<long long>(count_parameters(eng, model, cfg)), moe_note(cfg).c_str(),
+        static_cast<long long>(count_parameters(model, cfg)), moe_note(cfg).c_str(),
         static_cast<long long>(o.layers), static_cast<long long>(o.heads),
         static_cast<long long>(o.channels), static_cast<long long>(gc.vocab_size),
         static_cast<long long>(o.seq), E::stage, dp, tp,
@@ -1064,7 +1069,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   // The model's FLOPs per token, and the peak they are measured against: the GPUs' on a device
   // (tokens/s and TFLOP/s count every rank's tokens, so MFU divides by every GPU's peak).
   const double flops_per_token = profile::gpt_flops_per_token(
-      static_cast<std::int64_t>(count_parameters(eng, model, cfg, /*active=*/true)), o.layers,
+      static_cast<std::int64_t>(count_parameters(model, cfg, /*active=*/true)), o.layers,
       o.channels, o.seq);
   const int gpus = on_device ? gpus_of(comm) : 1;
   const double peak_tflops = on_device ? device_peak_tflops() * gpus : 0.0;

@@ -192,6 +192,13 @@ TEST_CASE("bad values are rejected with their key path", "[unit][config]") {
                "tensor_model_parallel_size: 4294967298 is out of range");
   expect_error(R"({"sequence_parallel_size": 4294967298})",
                "sequence_parallel_size: 4294967298 is out of range");
+  // Experts that do not split over the expert-parallel ranks, and ranks meant for experts of a
+  // model without MoE layers (which trained a dense model without a word).
+  expect_error(R"({"moe": {"num_experts": 6, "ep_size": 4}})",
+               "moe.num_experts = 6 must be a multiple of moe.ep_size = 4");
+  expect_error(R"({"moe": {"ep_size": 2}})",
+               "moe.num_experts = 1 must be a multiple of moe.ep_size = 2 (each expert-parallel "
+               "rank holds num_experts / ep_size; 1 expert is no MoE layer)");
   expect_error(R"({"fp16": {"enabled": true, "hysteresis": 0}})", "fp16.hysteresis");
   expect_error(R"({"fp16": {"loss_scale_window": "often"}})",
                "fp16.loss_scale_window: expected an integer");

@@ -38,9 +38,11 @@ inline nn::MoEBlocks moe_blocks(parallel::ExpertParallel ep = {}) {
 
 // One process: each of the world * accumulation micro-batches of a step in turn (routing and
 // capacity are per micro-batch, as on the ranks), gradients summed with the loss seeded by
-// 1 / (world * accumulation), then the global norm, clipping and f64 AdamW per unit.
-inline LogicalValues moe_reference(int world, int accumulation, int steps, std::int64_t* dropped) {
-  nn::GPT<double> model(moe_cfg(), {}, {}, moe_blocks());
+// 1 / (world * accumulation), then the global norm, clipping and f64 AdamW per unit (cfg: the
+// GPT's shape, moe_cfg()'s by default).
+inline LogicalValues moe_reference(int world, int accumulation, int steps, std::int64_t* dropped,
+                                   const nn::GPTConfig& cfg = moe_cfg()) {
+  nn::GPT<double> model(cfg, {}, {}, moe_blocks());
   nn::LocalParameters<nn::GPT<double>> params(model, 1234);
   AdamW64 adam;
   Arena<> arena(32 << 20);
@@ -48,7 +50,7 @@ inline LogicalValues moe_reference(int world, int accumulation, int steps, std::
   *dropped = 0;
   for (int step = 0; step < steps; ++step) {
     params.zero_grads();
-    const GlobalBatch b(micro_rows * micros, step, moe_cfg().vocab_size);
+    const GlobalBatch b(micro_rows * micros, step, cfg.vocab_size);
     for (int m = 0; m < micros; ++m) {
       // Micro-batch m of GlobalBatch: micro-step m / world of rank m % world.
       nn::StepContext<double> ctx =

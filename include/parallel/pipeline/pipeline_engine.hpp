@@ -1,7 +1,9 @@
 #pragma once
 // PipelineEngine<Model, Policies...>: pipeline parallelism over the pp axis of a Grid, composed
-// with data parallelism (ZeRO 0-1 over the dp group) and tensor parallelism (the model's own
-// group). Each rank builds, from the same full model object:
+// with data parallelism (ZeRO 0-1 over the dp group), tensor parallelism (the model's own
+// group), Ulysses sequence parallelism (cp) and expert parallelism (ep: each stage's MoE blocks
+// exchange their tokens over the ep ranks of that stage, which run the same schedule, so their
+// all-to-alls meet in order). Each rank builds, from the same full model object:
 //   Partition      (partition.hpp)     the units of every virtual stage, the same on every rank;
 //   StageModel     (stage_model.hpp)   its own chunks (and replicas of tied units it reads);
 //   Engine         (zero::Engine)      over the StageModel: shards, reduces and steps its part,

@@ -21,7 +21,7 @@
 // With sp = 1 it is CausalSelfAttention: no copies, no collectives.
 // Under tensor parallelism the layer sees a tensor-parallel rank's heads (C and nh its part of
 // the model's): the all-to-alls split those over sp, and the attention dropout's mask is drawn
-// for the model's heads, each rank its tp part's sp part (the `heads` shard).
+// for the model's heads, each rank its tp part's sp part (the `of_heads` shard).
 
 #include <any>
 #include <cstdint>

@@ -5,8 +5,8 @@
 // moe_aux_loss_coeff; z_loss_coef, Megatron's moe_z_loss_coeff) and expert_interval
 // (Megatron-DeepSpeed's --expert-interval: every k-th block is an MoE block). DeepSpeed passes
 // these to the MoE layer in model code; zero reads them from the config so train_gpt and users'
-// programs take them from one place. Experts that do not split over ep_size are a ConfigError
-// naming both keys.
+// programs take them from one place. Experts that do not split over ep_size (ep_size > 1 without
+// MoE layers too) are a ConfigError naming both keys.
 
 #include <cstdint>
 #include <string>
@@ -44,10 +44,12 @@ struct MoEConfig {
     expect<ConfigError>(c.num_experts >= 1, r.where("num_experts"), " = ", c.num_experts,
                         "; expected >= 1");
     expect<ConfigError>(c.ep_size >= 1, r.where("ep_size"), " = ", c.ep_size, "; expected >= 1");
-    expect<ConfigError>(c.num_experts == 1 || c.num_experts % c.ep_size == 0,
-                        r.where("num_experts"), " = ", c.num_experts, " must be a multiple of ",
-                        r.where("ep_size"), " = ", c.ep_size,
-                        " (each expert-parallel rank holds num_experts / ep_size)");
+    // num_experts 1 (no MoE layer) with ep_size > 1 too: the ranks meant for experts would
+    // silently train a dense model.
+    expect<ConfigError>(c.num_experts % c.ep_size == 0, r.where("num_experts"), " = ",
+                        c.num_experts, " must be a multiple of ", r.where("ep_size"), " = ",
+                        c.ep_size, " (each expert-parallel rank holds num_experts / ep_size",
+                        c.num_experts == 1 ? "; 1 expert is no MoE layer" : "", ")");
     expect<ConfigError>(c.k == 1 || c.k == 2, r.where("k"), " = ", c.k,
                         "; expected 1 (top-1) or 2 (top-2)");
     expect<ConfigError>(c.num_experts == 1 || c.k <= c.num_experts, r.where("k"), " = ", c.k,

@@ -15,8 +15,8 @@
 //          the global gradient norm and the Inf/NaN verdict sum over it too (a unit counted by
 //          the stage that owns it, never by a stage holding a replica of it);
 //   state  every rank that holds a distinct part of the state (tp x dp x pp, and x cp under
-//          context parallelism; ep x dp): checkpoints are saved and loaded over it, so a save
-//          at one (tp, cp, dp, pp, ep, stage) loads at any other.
+//          context parallelism; ep x dp, and x pp with pipeline stages): checkpoints are saved
+//          and loaded over it, so a save at one (tp, cp, dp, pp, ep, stage) loads at any other.
 // Built from a communicator (data parallelism only) or from ProcessGroups.
 
 #include <optional>
@@ -36,7 +36,7 @@ struct EngineGroups {
   std::optional<parallel::AnyComm> expert_dp;  ///< expert units' group (ep > 1 only)
   std::optional<parallel::AnyComm> tp;         ///< the tensor-parallel group (tp > 1 only)
   std::optional<parallel::AnyComm> pp;         ///< the pipeline-parallel group (pp > 1 only)
-  std::optional<parallel::AnyComm> state;      ///< tp x dp x pp (tp or pp > 1 only; else dp)
+  std::optional<parallel::AnyComm> state;      ///< the state group (tp or pp > 1 only; else dp)
   /// The grid's expert-parallel size (the engine checks the model's experts against it).
   int ep = 1;
   /// The grid's context (Ulysses sequence) parallel size (the engine checks the model's
@@ -52,11 +52,11 @@ struct EngineGroups {
 
   /// The grid's data-parallel group and, with tp > 1, its tensor-parallel group, with pp > 1 its
   /// pipeline-parallel group, and then the group of tp x dp x pp (ProcessGroups must have built
-  /// the tp-dp, tp-dp-pp, tp-dp-cp and tp-dp-cp-pp masks, as standard_masks() does). With
-  /// cp > 1 the data-parallel group is dp x cp, and the state group has the cp axis too. With
-  /// ep > 1 the data-parallel group is ep x dp, and the
-  /// expert groups are the grid's dp and ep axes (ep does not combine with tp, cp or pp yet:
-  /// ConfigError).
+  /// the tp-dp, tp-dp-pp, tp-dp-cp, tp-dp-cp-pp and ep-dp-pp masks, as standard_masks() does).
+  /// With cp > 1 the data-parallel group is dp x cp, and the state group has the cp axis too.
+  /// With ep > 1 the data-parallel group is ep x dp, the expert data-parallel group the grid's
+  /// dp axis and the state group ep x dp (x pp with pipeline stages); ep does not combine with
+  /// tp or cp yet (ConfigError).
   template <parallel::Communicator C>
   explicit EngineGroups(parallel::ProcessGroups<C>& groups)
       : dp(dense_group(groups)), sample_ranks(dp.size() / groups.grid().size(parallel::Axis::cp)) {
@@ -70,7 +70,9 @@ struct EngineGroups {
     if (split_pp) pp.emplace(groups.pp());
     // Every rank holding a distinct part of the state: ZeRO shards over dp x cp when cp > 1, so
     // the cp axis is in it then.
-    if (split_pp) {
+    if (split_pp && ep > 1) {
+      state.emplace(groups.get({Axis::ep, Axis::dp, Axis::pp}));
+    } else if (split_pp) {
       state.emplace(cp > 1 ? groups.get({Axis::tp, Axis::dp, Axis::cp, Axis::pp})
                            : groups.get({Axis::tp, Axis::dp, Axis::pp}));
     } else if (split_tp) {
@@ -113,11 +115,11 @@ struct EngineGroups {
     using parallel::Axis;
     const parallel::Grid& g = groups.grid();
     if (g.size(Axis::ep) == 1) return groups.data_parallel();
-    expect<ConfigError>(g.size(Axis::tp) == 1 && g.size(Axis::cp) == 1 && g.size(Axis::pp) == 1,
+    expect<ConfigError>(g.size(Axis::tp) == 1 && g.size(Axis::cp) == 1,
                         "EngineGroups: expert parallelism (ep = ", g.size(Axis::ep),
-                        ") with tensor, sequence or pipeline parallelism (tp = ", g.size(Axis::tp),
-                        ", cp/sp = ", g.size(Axis::cp), ", pp = ", g.size(Axis::pp),
-                        ") is not supported yet");
+                        ") with tensor or sequence parallelism (tp = ", g.size(Axis::tp),
+                        ", cp/sp = ", g.size(Axis::cp),
+                        ") is not supported yet (ep combines with dp and pp)");
     return groups.get({Axis::ep, Axis::dp});
   }
 };
