@@ -561,8 +561,8 @@ TEST_CASE(
   runs.push_back({{.ep = 4, .dp = 1, .pp = 2}, 2});
   runs.push_back({{.ep = 2, .dp = 1, .pp = 4, .schedule = ScheduleKind::gpipe}, 4});
   for (const auto& [l, m] : runs) {
-    INFO(name_of(l.schedule) << ", ep " << l.ep << ", dp " << l.dp << ", pp " << l.pp
-                             << ", ZeRO " << l.stage << ", " << m << " micro-batches");
+    INFO(name_of(l.schedule) << ", ep " << l.ep << ", dp " << l.dp << ", pp " << l.pp << ", ZeRO "
+                             << l.stage << ", " << m << " micro-batches");
     double copies_differ = 0;
     CHECK(moe_pipeline_error(l, m, steps, &copies_differ) <= 1e-10);
     CHECK(copies_differ == 0.0);
