@@ -47,7 +47,8 @@
 // parameters stay data parallel over all ranks (DeepSpeed's layout). The step line adds the
 // load-balancing loss and the share of routed choices dropped past their expert's capacity
 // (not with --pp, whose stages each see their own blocks). --experts and --ep combine with --pp
-// (ep x dp x pp ranks: each stage's experts split over its ep ranks), not yet with --tp or --sp.
+// (each stage's experts split over its ep ranks) and --sp N (each Ulysses rank routes its own
+// positions), not yet with --tp.
 // --sp N (a number) is DeepSpeed-Ulysses sequence parallelism: each of N ranks holds seq/N
 // positions of every sequence, attention gets whole sequences for heads/N heads by all-to-all,
 // and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config). It
@@ -867,7 +868,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const auto pp = static_cast<int>(cfg.pipeline.stages);
   const auto sp = static_cast<int>(cfg.sequence_parallel_size);  // Ulysses, in every stage
   // Experts split over ep ranks in every stage (each stage's MoE blocks exchange tokens over
-  // its own ep group); the engine refuses ep with tp or sp, naming them.
+  // its own ep group); the engine refuses ep with tp, naming it.
   const auto ep = static_cast<int>(cfg.moe.active() ? cfg.moe.ep_size : 1);
   if (sp > 1) parallel::check_sequence_split(o.seq, sp);
   const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, sp, ep, pp);

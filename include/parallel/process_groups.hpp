@@ -15,7 +15,8 @@ namespace zero::parallel {
 /// The masks ProcessGroups builds unless told otherwise: tp, cp, ep, dp, pp, dp-cp (ZeRO's
 /// data-parallel group when context parallel is on), ep-dp (the data-parallel group of dense
 /// parameters with expert parallelism), ep-dp-pp (with pipeline stages too, its checkpoints'
-/// group), tp-pp (Megatron's model-parallel group),
+/// group), cp-ep-dp and cp-ep-dp-pp (the same two under Ulysses sequence parallelism), tp-pp
+/// (Megatron's model-parallel group),
 /// tp-dp (every rank holding a distinct part of a tensor-parallel model's state: checkpoints),
 /// tp-dp-pp (the same with pipeline stages), and tp-dp-cp and tp-dp-cp-pp (the same with
 /// context parallelism, whose ZeRO shards are over dp x cp).
@@ -28,6 +29,8 @@ inline std::vector<AxisMask> standard_masks() {
           AxisMask{Axis::dp, Axis::cp},
           AxisMask{Axis::ep, Axis::dp},
           AxisMask{Axis::ep, Axis::dp, Axis::pp},
+          AxisMask{Axis::cp, Axis::ep, Axis::dp},
+          AxisMask{Axis::cp, Axis::ep, Axis::dp, Axis::pp},
           AxisMask{Axis::tp, Axis::pp},
           AxisMask{Axis::tp, Axis::dp},
           AxisMask{Axis::tp, Axis::dp, Axis::pp},

@@ -38,11 +38,12 @@ inline nn::MoEBlocks moe_blocks(parallel::ExpertParallel ep = {}) {
 
 // One process: each of the world * accumulation micro-batches of a step in turn (routing and
 // capacity are per micro-batch, as on the ranks), gradients summed with the loss seeded by
-// 1 / (world * accumulation), then the global norm, clipping and f64 AdamW per unit (cfg: the
-// GPT's shape, moe_cfg()'s by default).
+// 1 / (world * accumulation), then the global norm, clipping and f64 AdamW per unit (cfg and
+// blocks: the GPT's shape and MoE blocks, moe_cfg()'s and moe_blocks()' by default).
 inline LogicalValues moe_reference(int world, int accumulation, int steps, std::int64_t* dropped,
-                                   const nn::GPTConfig& cfg = moe_cfg()) {
-  nn::GPT<double> model(cfg, {}, {}, moe_blocks());
+                                   const nn::GPTConfig& cfg = moe_cfg(),
+                                   const nn::MoEBlocks& blocks = moe_blocks()) {
+  nn::GPT<double> model(cfg, {}, {}, blocks);
   nn::LocalParameters<nn::GPT<double>> params(model, 1234);
   AdamW64 adam;
   Arena<> arena(32 << 20);

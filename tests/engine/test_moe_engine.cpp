@@ -7,12 +7,15 @@
 // uninterrupted run; at stage 3 the experts are not held gathered past their block's forward;
 // bad layouts are refused naming the key. In a pipeline (ep x dp x pp): every schedule equals
 // the same reference, and a checkpoint saved at (ep 2, pp 2) resumes at other ep, pp and
-// without a pipeline.
+// without a pipeline. With Ulysses (ep x sp x dp, and x pp), routed dropless: equal to the
+// reference, not without the expert reduction over dp x sp, and checkpoints resume across
+// ep, sp and pp.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +26,7 @@
 #include <parallel/moe/expert_parallel.hpp>
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
+#include <parallel/sequence/sequence_parallel.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
@@ -253,13 +257,9 @@ TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused nami
              engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(
                  m, world, [](int, std::span<double>, std::span<const double>) {});
            });
-    // Expert parallelism with tensor parallelism, and with Ulysses sequence parallelism.
+    // Expert parallelism with tensor parallelism.
     out += "|" + testing::thrown_message([&] {
              parallel::ProcessGroups<LocalComm> g(world, parallel::Grid({.tp = 2, .ep = 2}));
-             engine::EngineGroups eg(g);
-           });
-    out += "|" + testing::thrown_message([&] {
-             parallel::ProcessGroups<LocalComm> g(world, parallel::Grid({.cp = 2, .ep = 2}));
              engine::EngineGroups eg(g);
            });
     return out;
@@ -267,8 +267,7 @@ TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused nami
   for (const auto& m : messages) {
     CHECK_THAT(m, Catch::Contains("moe.num_experts = 6") && Catch::Contains("moe.ep_size = 4") &&
                       Catch::Contains("expert-parallel group of 4 ranks") &&
-                      Catch::Contains("(tp = 2, cp/sp = 1) is not supported yet") &&
-                      Catch::Contains("(tp = 1, cp/sp = 2) is not supported yet"));
+                      Catch::Contains("with tensor parallelism (tp = 2) is not supported yet"));
   }
 }
 
@@ -490,58 +489,131 @@ nn::GPTConfig moe_pipe_cfg() {
   return c;
 }
 
-struct PipeLayout {
-  int ep = 2, dp = 1, pp = 2;
-  parallel::pipeline::ScheduleKind schedule = parallel::pipeline::ScheduleKind::one_f_one_b;
-  int stage = 1;
-  bool swap_targets = false;  // the control: the last stage reads its ep partner's targets
-};
-
-// f64 AdamW with clipping on an (ep, dp, pp) grid: m micro-batches a step on each of the ep x dp
-// data-parallel ranks, every stage fed the same ones.
-template <int S>
-std::vector<test::HeldParam> moe_pipeline_rank(LocalComm& world, const PipeLayout& l, int m,
-                                               int steps) {
-  using parallel::pipeline::ScheduleKind;
-  parallel::ProcessGroups<LocalComm> groups(world,
-                                            parallel::Grid({.ep = l.ep, .dp = l.dp, .pp = l.pp}));
-  nn::GPT<double> model(moe_pipe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
-  parallel::pipeline::PipelineOptions options;
-  options.schedule = l.schedule;
-  options.virtual_stages = l.schedule == ScheduleKind::interleaved ? 2 : 1;
-  options.partition_method = "uniform";
-  parallel::pipeline::PipelineEngine<nn::GPT<double>, ZeroStage<S>> pipe(
-      model, world, groups, test::AdamW64{}, options, test::tp_options(m));
-  const int data_ranks = l.ep * l.dp;
-  const int data_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
-  for (int step = 0; step < steps; ++step) {
-    const test::GlobalBatch b(micro_rows * m * data_ranks, step, moe_pipe_cfg().vocab_size);
-    std::vector<engine::MicroBatch> batches;
-    for (int i = 0; i < m; ++i) {
-      engine::MicroBatch mb = b.micro(i, data_rank, data_ranks);
-      // The ep coordinate varies fastest in the ep x dp group: rank ^ 1 is the ep partner.
-      if (l.swap_targets && pipe.holds_last_unit()) {
-        mb.targets = b.micro(i, data_rank ^ 1, data_ranks).targets;
-      }
-      batches.push_back(mb);
-    }
-    (void)pipe.train_batch(batches);
-  }
-  return test::held_params(pipe.engine());
+// Routing that does not depend on which of a sequence's positions a rank holds: no capacity
+// limit, and no load-balancing loss (a product of two means over the rank's tokens); the router
+// z-loss, a mean over tokens, stays on. Under Ulysses each rank routes its T/sp positions, so
+// only such routing can equal one process routing whole sequences.
+nn::MoEBlocks dropless_blocks(parallel::ExpertParallel ep = {}) {
+  nn::MoEBlocks m = moe_blocks(std::move(ep));
+  m.router.drop_tokens = false;
+  m.router.aux_loss_coef = 0;
+  return m;
 }
 
-// The layout's parameters assembled over its ranks, against moe_reference; copies_differ gets
-// how far copies of one value (the router, the dense parameters, the tied table) disagree.
-double moe_pipeline_error(const PipeLayout& l, int m, int steps, double* copies_differ) {
+struct GridLayout {
+  int ep = 2, sp = 1, dp = 1, pp = 1;
+  parallel::pipeline::ScheduleKind schedule = parallel::pipeline::ScheduleKind::one_f_one_b;
+  int stage = 1;
+  bool dropless = false;               // dropless_blocks (Ulysses needs them), else moe_blocks
+  bool drop_expert_reduction = false;  // a control (pp 1): expert units reduced over no rank
+  bool swap_targets = false;           // a control (pp > 1): the last stage reads its ep
+                                       // partner's targets
+  int ranks() const { return ep * sp * dp * pp; }
+  nn::MoEBlocks blocks(parallel::ExpertParallel group = {}) const {
+    return dropless ? dropless_blocks(std::move(group)) : moe_blocks(std::move(group));
+  }
+};
+
+// The micro-batches of a rank in a step: micro-batch i < m of its ep x dp data rank, and of
+// them its T/sp positions under Ulysses (slices holds them).
+std::vector<engine::MicroBatch> rank_batches(const test::GlobalBatch& b, int data_rank,
+                                             int data_ranks, int m,
+                                             const parallel::SequenceParallel& sp,
+                                             std::vector<parallel::SequenceSlice>& slices) {
+  std::vector<engine::MicroBatch> out;
+  slices.clear();
+  slices.reserve(static_cast<std::size_t>(m));
+  for (int i = 0; i < m; ++i) {
+    const engine::MicroBatch whole = b.micro(i, data_rank, data_ranks);
+    if (!sp.active()) {
+      out.push_back(whole);
+      continue;
+    }
+    const auto& mine =
+        slices.emplace_back(whole.tokens, whole.targets, whole.batch, whole.seq_len, sp);
+    out.push_back({mine.tokens.data(), mine.targets.data(), mine.batch, mine.seq_len});
+  }
+  return out;
+}
+
+// f64 AdamW with clipping at layout l, m micro-batches a step on each data rank: the engine
+// (pp 1) or the pipeline, every stage fed the same micro-batches.
+template <int S>
+std::vector<test::HeldParam> grid_rank(LocalComm& world, const GridLayout& l, int m, int steps) {
+  using parallel::pipeline::ScheduleKind;
+  parallel::ProcessGroups<LocalComm> groups(
+      world, parallel::Grid({.cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp}));
+  const parallel::SequenceParallel sp =
+      l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
+  nn::GPT<double> model(moe_pipe_cfg(), {}, sp, l.blocks(parallel::ExpertParallel(groups.ep())));
+  const int data_ranks = l.ep * l.dp;
+  const int data_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
+  std::vector<parallel::SequenceSlice> slices;
+  if (l.pp == 1) {
+    engine::EngineGroups engine_groups(groups);
+    if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(groups.tp());
+    engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, std::move(engine_groups),
+                                                      test::AdamW64{}, test::tp_options(m));
+    for (int step = 0; step < steps; ++step) {
+      const test::GlobalBatch b(micro_rows * m * data_ranks, step, moe_pipe_cfg().vocab_size);
+      for (const engine::MicroBatch& mb : rank_batches(b, data_rank, data_ranks, m, sp, slices)) {
+        eng.forward(mb);
+        eng.backward();
+        eng.step();
+      }
+    }
+    return test::held_params(eng);
+  }
+  if constexpr (S >= 2) {
+    throw std::logic_error("grid_rank: a pipeline runs ZeRO stages 0-1 only");
+  } else {
+    parallel::pipeline::PipelineOptions options;
+    options.schedule = l.schedule;
+    options.virtual_stages = l.schedule == ScheduleKind::interleaved ? 2 : 1;
+    options.partition_method = "uniform";
+    parallel::pipeline::PipelineEngine<nn::GPT<double>, ZeroStage<S>> pipe(
+        model, world, groups, test::AdamW64{}, options, test::tp_options(m));
+    for (int step = 0; step < steps; ++step) {
+      const test::GlobalBatch b(micro_rows * m * data_ranks, step, moe_pipe_cfg().vocab_size);
+      std::vector<engine::MicroBatch> batches =
+          rank_batches(b, data_rank, data_ranks, m, sp, slices);
+      if (l.swap_targets && pipe.holds_last_unit()) {
+        // The ep coordinate varies fastest in the ep x dp group: rank ^ 1 is the ep partner.
+        for (int i = 0; i < m; ++i) {
+          batches[static_cast<std::size_t>(i)].targets =
+              b.micro(i, data_rank ^ 1, data_ranks).targets;
+        }
+      }
+      (void)pipe.train_batch(batches);
+    }
+    return test::held_params(pipe.engine());
+  }
+}
+
+// Layout l's parameters assembled over its ranks against moe_reference (m micro-batches a step on
+// each of the ep x dp data ranks, 3 steps); copies_differ gets how far copies of one value (the
+// router, the dense parameters, the tied table) disagree.
+double grid_error(const GridLayout& l, int m, double* copies_differ) {
+  const int steps = 3;
   const auto ranks =
-      testing::per_rank<std::vector<test::HeldParam>>(l.ep * l.dp * l.pp, [&](LocalComm& world) {
-        return l.stage == 0 ? moe_pipeline_rank<0>(world, l, m, steps)
-                            : moe_pipeline_rank<1>(world, l, m, steps);
+      testing::per_rank<std::vector<test::HeldParam>>(l.ranks(), [&](LocalComm& world) {
+        return test::with_stage(
+            l.stage, [&](auto s) { return grid_rank<decltype(s)::value>(world, l, m, steps); });
       });
   std::int64_t dropped = 0;
-  const auto want = moe_reference(l.ep * l.dp, m, steps, &dropped, moe_pipe_cfg());
-  CHECK(dropped > 0);  // the capacity limit is exercised
+  const auto want = moe_reference(l.ep * l.dp, m, steps, &dropped, moe_pipe_cfg(), l.blocks());
+  if (!l.dropless) CHECK(dropped > 0);  // the capacity limit is exercised
   return test::max_difference(test::assemble(ranks, copies_differ), want);
+}
+
+void check_grid_layouts(const std::vector<std::pair<GridLayout, int>>& runs) {
+  for (const auto& [l, m] : runs) {
+    INFO(name_of(l.schedule) << ", ep " << l.ep << ", sp " << l.sp << ", dp " << l.dp << ", pp "
+                             << l.pp << ", ZeRO " << l.stage << ", " << m << " micro-batches");
+    double copies_differ = 0;
+    CHECK(grid_error(l, m, &copies_differ) <= 1e-10);
+    CHECK(copies_differ == 0.0);  // the router and dense parameters agree on every rank
+  }
 }
 
 }  // namespace
@@ -552,48 +624,75 @@ TEST_CASE(
     "and not with the last stage fed its ep partner's targets",
     "[unit][moe][pipeline]") {
   using parallel::pipeline::ScheduleKind;
-  const int steps = 3;
-  std::vector<std::pair<PipeLayout, int>> runs;  // layout, micro-batches a step
+  std::vector<std::pair<GridLayout, int>> runs;  // layout, micro-batches a step
   for (ScheduleKind kind : parallel::pipeline::all_schedule_kinds) {
-    runs.push_back({{.ep = 2, .dp = 1, .pp = 2, .schedule = kind}, 4});
+    runs.push_back({{.ep = 2, .pp = 2, .schedule = kind}, 4});
   }
   for (int stage : {0, 1}) runs.push_back({{.ep = 2, .dp = 2, .pp = 2, .stage = stage}, 2});
-  runs.push_back({{.ep = 4, .dp = 1, .pp = 2}, 2});
-  runs.push_back({{.ep = 2, .dp = 1, .pp = 4, .schedule = ScheduleKind::gpipe}, 4});
-  for (const auto& [l, m] : runs) {
-    INFO(name_of(l.schedule) << ", ep " << l.ep << ", dp " << l.dp << ", pp " << l.pp << ", ZeRO "
-                             << l.stage << ", " << m << " micro-batches");
-    double copies_differ = 0;
-    CHECK(moe_pipeline_error(l, m, steps, &copies_differ) <= 1e-10);
-    CHECK(copies_differ == 0.0);
-  }
+  runs.push_back({{.ep = 4, .pp = 2}, 2});
+  runs.push_back({{.ep = 2, .pp = 4, .schedule = ScheduleKind::gpipe}, 4});
+  check_grid_layouts(runs);
   // The control: the last stage's ep ranks trade targets, so each scores the other's tokens.
-  PipeLayout control{.ep = 2, .dp = 1, .pp = 2};
-  control.swap_targets = true;
   double ignored = 0;
-  CHECK(moe_pipeline_error(control, 4, steps, &ignored) > 1e-6);
+  CHECK(grid_error({.ep = 2, .pp = 2, .swap_targets = true}, 4, &ignored) > 1e-6);
+}
+
+TEST_CASE(
+    "MoE GPT with Ulysses: (ep 2, sp 2) at stages 0-3, with dp 2, and in a pipeline of 2 stages "
+    "equal the single-process reference (f64 AdamW, clipping, dropless routing), and not without "
+    "the expert data-parallel reduction over dp x sp",
+    "[unit][moe][ulysses]") {
+  std::vector<std::pair<GridLayout, int>> runs;
+  for (int stage = 0; stage <= 3; ++stage) {
+    runs.push_back({{.ep = 2, .sp = 2, .stage = stage, .dropless = true}, 2});
+  }
+  for (int stage : {1, 3}) {
+    runs.push_back({{.ep = 2, .sp = 2, .dp = 2, .stage = stage, .dropless = true}, 2});
+  }
+  for (int stage : {0, 1}) {
+    runs.push_back({{.ep = 2, .sp = 2, .pp = 2, .stage = stage, .dropless = true}, 2});
+  }
+  check_grid_layouts(runs);
+  // The control: each sp rank's experts keep the gradient of their own positions only.
+  double ignored = 0;
+  CHECK(grid_error({.ep = 2, .sp = 2, .dropless = true, .drop_expert_reduction = true}, 2,
+                   &ignored) > 1e-6);
 }
 
 namespace {
 
-// f32 AdamW from a config at (ep, dp, pp) and ZeRO-1 (pp 1: the plain engine), 4 micro-batches
-// a step whatever the layout: optionally loads `load`, trains `steps` steps from first_step,
+// f32 AdamW from a config at layout l and ZeRO-1 (pp 1: the plain engine), 4 micro-batches a
+// step whatever the layout: optionally loads `load`, trains `steps` steps from first_step,
 // optionally saves.
-std::vector<test::HeldParam> f32_moe_pipeline_rank(LocalComm& world, int ep, int dp, int pp,
-                                                   int first_step, int steps,
-                                                   const std::filesystem::path& load,
-                                                   const std::filesystem::path& save) {
-  parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = ep, .dp = dp, .pp = pp}));
-  nn::GPT<float> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
-  const int accumulation = 4 / (ep * dp);
+std::vector<test::HeldParam> f32_moe_rank(LocalComm& world, const GridLayout& l, int first_step,
+                                          int steps, const std::filesystem::path& load,
+                                          const std::filesystem::path& save) {
+  parallel::ProcessGroups<LocalComm> groups(
+      world, parallel::Grid({.cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp}));
+  const parallel::SequenceParallel sp =
+      l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
+  nn::GPT<float> model(moe_cfg(), {}, sp, l.blocks(parallel::ExpertParallel(groups.ep())));
+  const int data_ranks = l.ep * l.dp;
+  const int accumulation = 4 / data_ranks;
   const Config config = test::adamw_config(1, accumulation, 1.0);
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
   const int data_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
-  if (pp == 1) {
+  std::vector<parallel::SequenceSlice> slices;
+  auto batches_of = [&](const test::GlobalBatch& b) {
+    return rank_batches(b, data_rank, data_ranks, accumulation, sp, slices);
+  };
+  if (l.pp == 1) {
     engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, groups, config, options);
     if (!load.empty()) eng.load_checkpoint(load);
-    test::train(eng, data_rank, ep * dp, accumulation, steps, moe_cfg().vocab_size, first_step);
+    for (int step = first_step; step < first_step + steps; ++step) {
+      const test::GlobalBatch b(micro_rows * 4, step, moe_cfg().vocab_size);
+      for (const engine::MicroBatch& mb : batches_of(b)) {
+        eng.forward(mb);
+        eng.backward();
+        eng.step();
+      }
+    }
     if (!save.empty()) eng.save_checkpoint(save, "step2");
     return test::held_params(eng);
   }
@@ -604,12 +703,37 @@ std::vector<test::HeldParam> f32_moe_pipeline_rank(LocalComm& world, int ep, int
   if (!load.empty()) pipe.engine().load_checkpoint(load);
   for (int step = first_step; step < first_step + steps; ++step) {
     const test::GlobalBatch b(micro_rows * 4, step, moe_cfg().vocab_size);
-    std::vector<engine::MicroBatch> batches;
-    for (int i = 0; i < accumulation; ++i) batches.push_back(b.micro(i, data_rank, ep * dp));
-    (void)pipe.train_batch(batches);
+    (void)pipe.train_batch(batches_of(b));
   }
   if (!save.empty()) pipe.engine().save_checkpoint(save, "step2");
   return test::held_params(pipe.engine());
+}
+
+// Saves at `from` after 2 steps, resumes at each of `to` for 2 more: each against the same
+// layout resumed (which must equal 4 uninterrupted steps exactly).
+void check_moe_resumes(const GridLayout& from, const std::vector<GridLayout>& to,
+                       const char* name) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   (std::string(name) + "-" + std::to_string(static_cast<long>(::getpid())));
+  std::filesystem::remove_all(dir);
+  auto run = [&](const GridLayout& l, int first, int steps, const std::filesystem::path& load,
+                 const std::filesystem::path& save) {
+    return test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+        l.ranks(), [&](LocalComm& w) { return f32_moe_rank(w, l, first, steps, load, save); }));
+  };
+  const auto saved = run(from, 0, 2, {}, dir);
+  const auto straight = run(from, 0, 4, {}, {});  // the same four steps, never interrupted
+  const auto continued = run(from, 2, 2, dir, {});
+  // The same layout resumes exactly (every state it saved came back).
+  CHECK(test::max_difference(continued, straight) == 0.0);
+  CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
+  for (const GridLayout& l : to) {
+    INFO("resumed at ep " << l.ep << ", sp " << l.sp << ", dp " << l.dp << ", pp " << l.pp);
+    // Rounding only (f32, other reduction orders); a lost slice or optimizer state is far
+    // larger.
+    CHECK(test::max_difference(run(l, 2, 2, dir, {}), continued) <= 2e-5);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
@@ -618,28 +742,20 @@ TEST_CASE(
     "MoE pipeline checkpoints: (ep 2, pp 2) resumes at (ep 1, dp 2, pp 2), (ep 2, pp 4) and "
     "(ep 2, dp 2) without a pipeline, equal to the uninterrupted run",
     "[unit][moe][pipeline]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zero-moe-pp-ckpt-" + std::to_string(static_cast<long>(::getpid())));
-  std::filesystem::remove_all(dir);
-  auto run = [&](int ep, int dp, int pp, int first, int steps, const std::filesystem::path& load,
-                 const std::filesystem::path& save) {
-    return test::assemble(
-        testing::per_rank<std::vector<test::HeldParam>>(ep * dp * pp, [&](LocalComm& w) {
-          return f32_moe_pipeline_rank(w, ep, dp, pp, first, steps, load, save);
-        }));
-  };
-  const auto saved = run(2, 1, 2, 0, 2, {}, dir);
-  const auto straight = run(2, 1, 2, 0, 4, {}, {});  // the same four steps, never interrupted
-  const auto continued = run(2, 1, 2, 2, 2, dir, {});
-  const auto at_ep1 = run(1, 2, 2, 2, 2, dir, {});  // the experts whole on each rank
-  const auto at_pp4 = run(2, 1, 4, 2, 2, dir, {});  // stage boundaries moved
-  const auto plain = run(2, 2, 1, 2, 2, dir, {});   // no pipeline at all
-  // The same layout resumes exactly (every state it saved came back).
-  CHECK(test::max_difference(continued, straight) == 0.0);
-  // Rounding only (f32, other reduction orders); a lost slice or optimizer state is far larger.
-  CHECK(test::max_difference(at_ep1, continued) <= 2e-5);
-  CHECK(test::max_difference(at_pp4, continued) <= 2e-5);
-  CHECK(test::max_difference(plain, continued) <= 2e-5);
-  CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
-  std::filesystem::remove_all(dir);
+  check_moe_resumes({.ep = 2, .pp = 2},
+                    {{.ep = 1, .dp = 2, .pp = 2}, {.ep = 2, .pp = 4}, {.ep = 2, .dp = 2}},
+                    "zero-moe-pp-ckpt");
+}
+
+TEST_CASE(
+    "MoE Ulysses checkpoints: (ep 2, sp 2) resumes at (ep 2) without Ulysses, (ep 1, sp 2, dp 2) "
+    "and (ep 2, sp 2, pp 2), equal to the uninterrupted run",
+    "[unit][moe][ulysses]") {
+  // Dropless: with a capacity, a rank holding T/sp positions routes other tokens than one
+  // holding whole sequences.
+  check_moe_resumes({.ep = 2, .sp = 2, .dropless = true},
+                    {{.ep = 2, .dropless = true},
+                     {.ep = 1, .sp = 2, .dp = 2, .dropless = true},
+                     {.ep = 2, .sp = 2, .pp = 2, .dropless = true}},
+                    "zero-moe-sp-ckpt");
 }

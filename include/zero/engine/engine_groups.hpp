@@ -1,9 +1,10 @@
 #pragma once
 // EngineGroups: the communicators an engine works over, type-erased.
 //   dp     the data-parallel group: ZeRO shards every dense unit over it and averages gradients
-//          in it (with expert parallelism: the ep x dp ranks, DeepSpeed's data-parallel group);
+//          in it (with expert parallelism: the ep x dp ranks, DeepSpeed's data-parallel group;
+//          x cp under Ulysses sequence parallelism);
 //   expert_dp  with expert parallelism (ep > 1), the expert data-parallel group: the ranks that
-//          hold the same experts (the grid's dp axis). ZeRO shards
+//          hold the same experts (the grid's dp axis, x cp under Ulysses). ZeRO shards
 //          expert units (the model's unit_is_expert) over it and averages their gradients in
 //          it; the engine scales every unit's averaged gradient by |its group| / |dp| (1/ep for
 //          an expert unit: an expert has summed the tokens of the whole ep group already, so its
@@ -15,7 +16,7 @@
 //          the global gradient norm and the Inf/NaN verdict sum over it too (a unit counted by
 //          the stage that owns it, never by a stage holding a replica of it);
 //   state  every rank that holds a distinct part of the state (tp x dp x pp, and x cp under
-//          context parallelism; ep x dp, and x pp with pipeline stages): checkpoints are saved
+//          context parallelism; ep x dp, x cp and x pp when there are): checkpoints are saved
 //          and loaded over it, so a save at one (tp, cp, dp, pp, ep, stage) loads at any other.
 // Built from a communicator (data parallelism only) or from ProcessGroups.
 
@@ -52,11 +53,11 @@ struct EngineGroups {
 
   /// The grid's data-parallel group and, with tp > 1, its tensor-parallel group, with pp > 1 its
   /// pipeline-parallel group, and then the group of tp x dp x pp (ProcessGroups must have built
-  /// the tp-dp, tp-dp-pp, tp-dp-cp, tp-dp-cp-pp and ep-dp-pp masks, as standard_masks() does).
-  /// With cp > 1 the data-parallel group is dp x cp, and the state group has the cp axis too.
-  /// With ep > 1 the data-parallel group is ep x dp, the expert data-parallel group the grid's
-  /// dp axis and the state group ep x dp (x pp with pipeline stages); ep does not combine with
-  /// tp or cp yet (ConfigError).
+  /// the tp-dp, tp-dp-pp, tp-dp-cp, tp-dp-cp-pp, ep-dp-pp, cp-ep-dp and cp-ep-dp-pp masks, as
+  /// standard_masks() does). With cp > 1 the data-parallel group is dp x cp, and the state group
+  /// has the cp axis too. With ep > 1 the data-parallel group is ep x dp (x cp), the expert
+  /// data-parallel group dp (x cp) and the state group ep x dp (x cp, x pp); ep does not combine
+  /// with tp yet (ConfigError).
   template <parallel::Communicator C>
   explicit EngineGroups(parallel::ProcessGroups<C>& groups)
       : dp(dense_group(groups)), sample_ranks(dp.size() / groups.grid().size(parallel::Axis::cp)) {
@@ -65,13 +66,14 @@ struct EngineGroups {
     const bool split_pp = groups.grid().size(Axis::pp) > 1;
     ep = groups.grid().size(Axis::ep);
     cp = groups.grid().size(Axis::cp);
-    if (ep > 1) expert_dp.emplace(groups.dp());
+    if (ep > 1) expert_dp.emplace(groups.data_parallel());  // dp, or dp x cp
     if (split_tp) tp.emplace(groups.tp());
     if (split_pp) pp.emplace(groups.pp());
     // Every rank holding a distinct part of the state: ZeRO shards over dp x cp when cp > 1, so
     // the cp axis is in it then.
     if (split_pp && ep > 1) {
-      state.emplace(groups.get({Axis::ep, Axis::dp, Axis::pp}));
+      state.emplace(cp > 1 ? groups.get({Axis::cp, Axis::ep, Axis::dp, Axis::pp})
+                           : groups.get({Axis::ep, Axis::dp, Axis::pp}));
     } else if (split_pp) {
       state.emplace(cp > 1 ? groups.get({Axis::tp, Axis::dp, Axis::cp, Axis::pp})
                            : groups.get({Axis::tp, Axis::dp, Axis::pp}));
@@ -109,18 +111,18 @@ struct EngineGroups {
   }
 
  private:
-  // The data-parallel group of the grid: ep x dp with expert parallelism, else dp (dp x cp).
+  // The data-parallel group of the grid: ep x dp (x cp) with expert parallelism, else dp (x cp).
   template <parallel::Communicator C>
   static C& dense_group(parallel::ProcessGroups<C>& groups) {
     using parallel::Axis;
     const parallel::Grid& g = groups.grid();
     if (g.size(Axis::ep) == 1) return groups.data_parallel();
-    expect<ConfigError>(g.size(Axis::tp) == 1 && g.size(Axis::cp) == 1,
+    expect<ConfigError>(g.size(Axis::tp) == 1,
                         "EngineGroups: expert parallelism (ep = ", g.size(Axis::ep),
-                        ") with tensor or sequence parallelism (tp = ", g.size(Axis::tp),
-                        ", cp/sp = ", g.size(Axis::cp),
-                        ") is not supported yet (ep combines with dp and pp)");
-    return groups.get({Axis::ep, Axis::dp});
+                        ") with tensor parallelism (tp = ", g.size(Axis::tp),
+                        ") is not supported yet (ep combines with dp, Ulysses cp and pp)");
+    return g.size(Axis::cp) > 1 ? groups.get({Axis::cp, Axis::ep, Axis::dp})
+                                : groups.get({Axis::ep, Axis::dp});
   }
 };
 
