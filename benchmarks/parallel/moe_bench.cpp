@@ -7,7 +7,10 @@
 //                 raw all_to_all_v of the same bytes and op count timed in the same run;
 //   ulysses_step  the dense GPT with Ulysses sequence parallelism at sp 2 and 4 (dp = 4 / sp)
 //                 beside sp 1 (dp 4) at the same global batch: tokens/s, ratio to sp 1, and the
-//                 Ulysses all-to-alls' time (group cp) beside a raw all_to_all of the same bytes.
+//                 Ulysses all-to-alls' time (group cp) beside a raw all_to_all of the same bytes;
+//   moe_ulysses_step  the MoE GPT at ep 2 x sp 2 (dp 1: each Ulysses rank routes its own
+//                 positions) beside moe_step at ep 2 x dp 2 from the same run: tokens/s, the
+//                 ratio, the dropped share and both groups' all-to-all times.
 // One JSON line per result. The ranks are threads: with fewer cores than ranks they take turns,
 // so the figures compare layouts on this machine rather than predict a cluster.
 //
@@ -49,12 +52,13 @@ struct Settings {
 
 struct StepResult {
   double ms = 0;
-  double dropped = 0;                                   // share of routed choices dropped
-  std::map<parallel::CommOp, parallel::CommStats> ops;  // one step's ops on the group
+  double dropped = 0;                                      // share of routed choices dropped
+  std::map<parallel::CommOp, parallel::CommStats> ops;     // one step's ops on the ep group
+  std::map<parallel::CommOp, parallel::CommStats> cp_ops;  // and on the cp group (Ulysses)
 };
 
 // One training step on rank 0 of 4 at (ep, sp): best time over the repeats, and the step's
-// collectives on group `group` (ep or cp).
+// collectives on the ep and cp groups.
 StepResult step_ms(const Settings& s, int ep, int sp) {
   nn::GPTConfig c = nn::GPTConfig::preset("small-test");
   c.num_layers = s.layers;
@@ -78,7 +82,7 @@ StepResult step_ms(const Settings& s, int ep, int sp) {
     parallel::ProcessGroups<parallel::LocalComm> groups(
         world, parallel::Grid({.cp = sp, .ep = ep, .dp = ranks / (ep * sp)}));
     nn::MoEBlocks moe;
-    if (s.experts > 1 && sp == 1) {
+    if (s.experts > 1) {
       moe.router.num_experts = static_cast<int>(s.experts);
       moe.router.k = 2;
       moe.ep = parallel::ExpertParallel(groups.ep());
@@ -109,9 +113,9 @@ StepResult step_ms(const Settings& s, int ep, int sp) {
     if (world.rank() == 0) {
       result.ms = t;
       result.dropped = choices > 0 ? dropped / choices : 0;
-      const char* group = sp > 1 ? "cp" : "ep";
       for (const auto& r : logger->records()) {
-        if (r.group == group) result.ops[r.op] += r.stats;
+        if (r.group == "ep") result.ops[r.op] += r.stats;
+        if (r.group == "cp") result.cp_ops[r.op] += r.stats;
       }
     }
     world.set_logger(nullptr);
@@ -191,10 +195,11 @@ int main(int argc, char** argv) {
       ", \"batch\": " + std::to_string(s.batch) + ", \"ranks\": 4";
   const double tokens = static_cast<double>(s.batch * s.seq);
   char extra[256];
-  double ep1_ms = 0;
+  double ep1_ms = 0, ep2_ms = 0;
   for (int ep : {1, 2, 4}) {
     const StepResult r = step_ms(s, ep, 1);
     if (ep == 1) ep1_ms = r.ms;
+    if (ep == 2) ep2_ms = r.ms;
     const A2A a = all_to_alls(r.ops);
     const double raw = ep > 1 ? raw_ms(r.ops, ep, s.repeats) : 0;
     std::snprintf(extra, sizeof extra,
@@ -213,8 +218,8 @@ int main(int argc, char** argv) {
     if (s.heads % sp != 0 || s.seq % sp != 0) continue;
     const StepResult r = step_ms(dense, 1, sp);
     if (sp == 1) sp1_ms = r.ms;
-    const A2A a = all_to_alls(r.ops);
-    const double raw = sp > 1 ? raw_ms(r.ops, sp, s.repeats) : 0;
+    const A2A a = all_to_alls(r.cp_ops);
+    const double raw = sp > 1 ? raw_ms(r.cp_ops, sp, s.repeats) : 0;
     std::snprintf(extra, sizeof extra,
                   ", \"ms\": %.3f, \"ratio_to_sp1\": %.3f, \"a2a_ms\": %.3f, \"a2a_ops\": %.0f, "
                   "\"a2a_bytes\": %.0f, \"raw_a2a_ms\": %.3f",
@@ -223,6 +228,19 @@ int main(int argc, char** argv) {
         "ulysses_step",
         shape + ", \"sp\": " + std::to_string(sp) + ", \"dp\": " + std::to_string(ranks / sp),
         tokens / (r.ms / 1e3), "tokens/s", extra);
+  }
+  if (s.experts > 1 && s.experts % 2 == 0 && s.heads % 2 == 0 && s.seq % 2 == 0) {
+    const StepResult r = step_ms(s, 2, 2);
+    const A2A ep_a2a = all_to_alls(r.ops), cp_a2a = all_to_alls(r.cp_ops);
+    std::snprintf(extra, sizeof extra,
+                  ", \"ms\": %.3f, \"ratio_to_ep2_dp2\": %.3f, \"dropped\": %.3f, "
+                  "\"ep_a2a_ms\": %.3f, \"ep_a2a_bytes\": %.0f, \"cp_a2a_ms\": %.3f, "
+                  "\"cp_a2a_bytes\": %.0f",
+                  r.ms, r.ms / ep2_ms, r.dropped, ep_a2a.ms, ep_a2a.bytes, cp_a2a.ms, cp_a2a.bytes);
+    bench::line("moe_ulysses_step",
+                shape + ", \"experts\": " + std::to_string(s.experts) +
+                    ", \"k\": 2, \"ep\": 2, \"sp\": 2, \"dp\": 1",
+                tokens / (r.ms / 1e3), "tokens/s", extra);
   }
   return 0;
 }

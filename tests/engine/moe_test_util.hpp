@@ -36,6 +36,25 @@ inline nn::MoEBlocks moe_blocks(parallel::ExpertParallel ep = {}) {
   return m;
 }
 
+// Four blocks, the second and the fourth MoE: every stage of pp 2 holds one MoE block, and the
+// 6 unit groups fill pp 2 x 2 virtual stages or pp 4.
+inline nn::GPTConfig moe_pipe_cfg() {
+  nn::GPTConfig c = moe_cfg();
+  c.num_layers = 4;
+  return c;
+}
+
+// Routing that does not depend on which of a sequence's positions a rank holds: no capacity
+// limit, and no load-balancing loss (a product of two means over the rank's tokens); the router
+// z-loss, a mean over tokens, stays on. Under Ulysses each rank routes its T/sp positions, so
+// only such routing can equal one process routing whole sequences.
+inline nn::MoEBlocks dropless_blocks(parallel::ExpertParallel ep = {}) {
+  nn::MoEBlocks m = moe_blocks(std::move(ep));
+  m.router.drop_tokens = false;
+  m.router.aux_loss_coef = 0;
+  return m;
+}
+
 // One process: each of the world * accumulation micro-batches of a step in turn (routing and
 // capacity are per micro-batch, as on the ranks), gradients summed with the loss seeded by
 // 1 / (world * accumulation), then the global norm, clipping and f64 AdamW per unit (cfg and

@@ -44,9 +44,11 @@ using parallel::LocalComm;
 
 namespace {
 
+using test::dropless_blocks;
 using test::micro_rows;
 using test::moe_blocks;
 using test::moe_cfg;
+using test::moe_pipe_cfg;
 using test::moe_reference;
 
 struct Layout {
@@ -480,25 +482,6 @@ TEST_CASE("MoE GPT: a pipeline partition keeps each experts unit on its block's 
 }
 
 namespace {
-
-// Four blocks, the second and the fourth MoE: every stage of pp 2 holds one MoE block, and the
-// 6 unit groups fill pp 2 x 2 virtual stages or pp 4.
-nn::GPTConfig moe_pipe_cfg() {
-  nn::GPTConfig c = moe_cfg();
-  c.num_layers = 4;
-  return c;
-}
-
-// Routing that does not depend on which of a sequence's positions a rank holds: no capacity
-// limit, and no load-balancing loss (a product of two means over the rank's tokens); the router
-// z-loss, a mean over tokens, stays on. Under Ulysses each rank routes its T/sp positions, so
-// only such routing can equal one process routing whole sequences.
-nn::MoEBlocks dropless_blocks(parallel::ExpertParallel ep = {}) {
-  nn::MoEBlocks m = moe_blocks(std::move(ep));
-  m.router.drop_tokens = false;
-  m.router.aux_loss_coef = 0;
-  return m;
-}
 
 struct GridLayout {
   int ep = 2, sp = 1, dp = 1, pp = 1;

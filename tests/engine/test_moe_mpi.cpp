@@ -1,11 +1,15 @@
 // The mixture-of-experts GPT over MpiComm (mpiexec at 2 and 4 ranks): every ep that divides the
 // world, at stages 0-3, equals the single-process reference (f64 AdamW with clipping, tokens
-// dropped); each rank checks its own parts of the whole tensors.
+// dropped), and so do ep 2 in a pipeline of world/2 stages (1F1B, ZeRO-1) and ep 2 with Ulysses
+// over the rest of the world (dropless routing); each rank checks its own parts of the whole
+// tensors.
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/mpi_comm.hpp>
 #include <parallel/moe/expert_parallel.hpp>
+#include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
+#include <parallel/sequence/sequence_parallel.hpp>
 #include <zero/engine/engine.hpp>
 
 #include "engine_mpi_util.hpp"
@@ -42,4 +46,52 @@ TEMPLATE_TEST_CASE_SIG("MpiComm: the mixture-of-experts GPT equals the single-pr
     INFO("stage " << S << " ep " << ep << " dp " << world().size() / ep);
     CHECK(worst(moe_error<S>(ep, want, accumulation, steps)) <= 1e-10);
   }
+}
+
+TEST_CASE("MpiComm: the mixture-of-experts GPT in a pipeline (ep 2) equals the reference",
+          "[mpi][engine][moe][pipeline]") {
+  const int ep = 2, pp = world().size() / ep, m = 2, steps = 2;
+  std::int64_t dropped = 0;
+  const auto want = moe_reference(ep, m, steps, &dropped, moe_pipe_cfg());
+  CHECK(dropped > 0);
+  parallel::ProcessGroups<parallel::MpiComm> groups(world(), parallel::Grid({.ep = ep, .pp = pp}));
+  nn::GPT<double> model(moe_pipe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+  parallel::pipeline::PipelineOptions options;
+  options.partition_method = "uniform";
+  parallel::pipeline::PipelineEngine<nn::GPT<double>, ZeroStage<1>> pipe(
+      model, world(), groups, AdamW64{}, options, tp_options(m));
+  for (int step = 0; step < steps; ++step) {
+    const GlobalBatch b(micro_rows * m * ep, step, moe_pipe_cfg().vocab_size);
+    std::vector<engine::MicroBatch> batches;
+    for (int i = 0; i < m; ++i) batches.push_back(b.micro(i, groups.ep().rank(), ep));
+    (void)pipe.train_batch(batches);
+  }
+  INFO("ep " << ep << " pp " << pp);
+  CHECK(worst(max_part_difference(held_params(pipe.engine()), want)) <= 1e-10);
+}
+
+TEST_CASE("MpiComm: the mixture-of-experts GPT with Ulysses (ep 2) equals the reference",
+          "[mpi][engine][moe][ulysses]") {
+  const int ep = 2, sp = world().size() / ep, m = 2, steps = 2;  // GlobalBatch's seq 6 splits
+  std::int64_t dropped = 0;
+  const auto want = moe_reference(ep, m, steps, &dropped, moe_cfg(), dropless_blocks());
+  parallel::ProcessGroups<parallel::MpiComm> groups(world(), parallel::Grid({.cp = sp, .ep = ep}));
+  const parallel::SequenceParallel group =
+      sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
+  nn::GPT<double> model(moe_cfg(), {}, group,
+                        dropless_blocks(parallel::ExpertParallel(groups.ep())));
+  engine::Engine<nn::GPT<double>, ZeroStage<3>> eng(model, groups, AdamW64{}, tp_options(m));
+  for (int step = 0; step < steps; ++step) {
+    const GlobalBatch b(micro_rows * m * ep, step, moe_cfg().vocab_size);
+    for (int i = 0; i < m; ++i) {
+      const engine::MicroBatch whole = b.micro(i, groups.ep().rank(), ep);
+      const parallel::SequenceSlice mine(whole.tokens, whole.targets, whole.batch, whole.seq_len,
+                                         group);
+      eng.forward({mine.tokens.data(), mine.targets.data(), mine.batch, mine.seq_len});
+      eng.backward();
+      eng.step();
+    }
+  }
+  INFO("ep " << ep << " sp " << sp << ", ZeRO-3");
+  CHECK(worst(max_part_difference(held_params(eng), want)) <= 1e-10);
 }
