@@ -65,6 +65,10 @@ TEST_CASE("every known key is read by the parser and is either applied or report
         key.path.ends_with("offload_param.device")) {
       set_path(j, std::string(key.path.substr(0, key.path.rfind('.'))) + ".nvme_path", "/tmp");
     }
+    if (key.path.starts_with("moe.") && key.path != "moe.num_experts") {
+      // The MoE settings need MoE layers: ep_size > 1 without them is refused.
+      set_path(j, "moe.num_experts", 4);
+    }
     if (key.path.find("virtual") != std::string_view::npos) {
       // Chunks per stage need stages; "auto" leaves them to the program (stage 3 refuses more
       // than one).
