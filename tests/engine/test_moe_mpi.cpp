@@ -1,8 +1,8 @@
 // The mixture-of-experts GPT over MpiComm (mpiexec at 2 and 4 ranks): every ep that divides the
 // world, at stages 0-3, equals the single-process reference (f64 AdamW with clipping, tokens
 // dropped), and so do ep 2 in a pipeline of world/2 stages (1F1B, ZeRO-1) and ep 2 with Ulysses
-// over the rest of the world (dropless routing); each rank checks its own parts of the whole
-// tensors.
+// sp 2 from 4 ranks on, the rest data parallel (dropless routing); each rank checks its own parts
+// of the whole tensors.
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/mpi_comm.hpp>
@@ -72,19 +72,23 @@ TEST_CASE("MpiComm: the mixture-of-experts GPT in a pipeline (ep 2) equals the r
 
 TEST_CASE("MpiComm: the mixture-of-experts GPT with Ulysses (ep 2) equals the reference",
           "[mpi][engine][moe][ulysses]") {
-  const int ep = 2, sp = world().size() / ep, m = 2, steps = 2;  // GlobalBatch's seq 6 splits
+  // sp 2 (GlobalBatch's seq 6 splits in 2 or 3) from 4 ranks on, the rest data parallel.
+  const int ep = 2, sp = world().size() >= 4 ? 2 : 1, dp = world().size() / (ep * sp);
+  const int m = 2, steps = 2, data_ranks = ep * dp;
   std::int64_t dropped = 0;
-  const auto want = moe_reference(ep, m, steps, &dropped, moe_cfg(), dropless_blocks());
-  parallel::ProcessGroups<parallel::MpiComm> groups(world(), parallel::Grid({.cp = sp, .ep = ep}));
+  const auto want = moe_reference(data_ranks, m, steps, &dropped, moe_cfg(), dropless_blocks());
+  parallel::ProcessGroups<parallel::MpiComm> groups(world(),
+                                                    parallel::Grid({.cp = sp, .ep = ep, .dp = dp}));
   const parallel::SequenceParallel group =
       sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
   nn::GPT<double> model(moe_cfg(), {}, group,
                         dropless_blocks(parallel::ExpertParallel(groups.ep())));
   engine::Engine<nn::GPT<double>, ZeroStage<3>> eng(model, groups, AdamW64{}, tp_options(m));
   for (int step = 0; step < steps; ++step) {
-    const GlobalBatch b(micro_rows * m * ep, step, moe_cfg().vocab_size);
+    const GlobalBatch b(micro_rows * m * data_ranks, step, moe_cfg().vocab_size);
+    const int data_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
     for (int i = 0; i < m; ++i) {
-      const engine::MicroBatch whole = b.micro(i, groups.ep().rank(), ep);
+      const engine::MicroBatch whole = b.micro(i, data_rank, data_ranks);
       const parallel::SequenceSlice mine(whole.tokens, whole.targets, whole.batch, whole.seq_len,
                                          group);
       eng.forward({mine.tokens.data(), mine.targets.data(), mine.batch, mine.seq_len});
@@ -92,6 +96,6 @@ TEST_CASE("MpiComm: the mixture-of-experts GPT with Ulysses (ep 2) equals the re
       eng.step();
     }
   }
-  INFO("ep " << ep << " sp " << sp << ", ZeRO-3");
+  INFO("ep " << ep << " sp " << sp << " dp " << dp << ", ZeRO-3");
   CHECK(worst(max_part_difference(held_params(eng), want)) <= 1e-10);
 }
