@@ -377,10 +377,12 @@ namespace {
 // Each rank's model states at rest, as memory_report() measures them and as memory_estimate()
 // figures them, for an f32 MoE GPT at stage S over 4 ranks as ep 2 x dp 2.
 template <int S>
-std::vector<std::pair<double, double>> measured_and_estimated() {
-  return testing::per_rank<std::pair<double, double>>(4, [](LocalComm& world) {
-    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 2, .dp = 2}));
-    nn::GPT<float> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+std::vector<std::pair<double, double>> measured_and_estimated(int sp = 1, int dp = 2) {
+  return testing::per_rank<std::pair<double, double>>(2 * sp * dp, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.cp = sp, .ep = 2, .dp = dp}));
+    const parallel::SequenceParallel group =
+        sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
+    nn::GPT<float> model(moe_cfg(), {}, group, moe_blocks(parallel::ExpertParallel(groups.ep())));
     engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(model, groups, test::adamw_config(S, 1, 0));
     const engine::MemoryReport m = eng.memory_report();
     const engine::MemoryEstimate e = eng.memory_estimate();
@@ -404,6 +406,9 @@ TEST_CASE("MoE GPT: the engine's memory estimate shards expert units over their 
   check(measured_and_estimated<1>(), 1);
   check(measured_and_estimated<2>(), 2);
   check(measured_and_estimated<3>(), 3);
+  // Under Ulysses (ep 2 x sp 2): the experts over dp x sp, the dense units over all 4.
+  check(measured_and_estimated<1>(2, 1), 1);
+  check(measured_and_estimated<3>(2, 1), 3);
 }
 
 TEST_CASE("MoE GPT in a pipeline: the reported loss holds every stage's auxiliary losses",
