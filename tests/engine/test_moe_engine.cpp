@@ -494,7 +494,7 @@ struct GridLayout {
   int stage = 1;
   bool dropless = false;               // dropless_blocks (Ulysses needs them), else moe_blocks
   bool drop_expert_reduction = false;  // a control (pp 1): expert units reduced over no rank
-  bool swap_targets = false;           // a control (pp > 1): the last stage reads its ep
+  bool swap_targets = false;           // a control (pp > 1, sp 1): the last stage reads its ep
                                        // partner's targets
   int ranks() const { return ep * sp * dp * pp; }
   nn::MoEBlocks blocks(parallel::ExpertParallel group = {}) const {
@@ -524,27 +524,44 @@ std::vector<engine::MicroBatch> rank_batches(const test::GlobalBatch& b, int dat
   return out;
 }
 
+// One rank of layout l: its groups, its Ulysses group (none at sp 1), a GPT shaped by cfg with
+// l's MoE blocks over the ep group, and its micro-batches.
+template <class T>
+struct LayoutRank {
+  parallel::ProcessGroups<LocalComm> groups;
+  parallel::SequenceParallel sp;
+  nn::GPT<T> model;
+  int data_ranks, data_rank;  // the ep x dp ranks that read different rows, and this one
+  std::vector<parallel::SequenceSlice> slices;
+
+  LayoutRank(LocalComm& world, const GridLayout& l, const nn::GPTConfig& cfg)
+      : groups(world, parallel::Grid({.cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp})),
+        sp(l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel()),
+        model(cfg, {}, sp, l.blocks(parallel::ExpertParallel(groups.ep()))),
+        data_ranks(l.ep * l.dp),
+        data_rank(groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank()) {}
+
+  // This rank's m micro-batches of b (valid until the next call).
+  std::vector<engine::MicroBatch> batches(const test::GlobalBatch& b, int m) {
+    return rank_batches(b, data_rank, data_ranks, m, sp, slices);
+  }
+};
+
 // f64 AdamW with clipping at layout l, m micro-batches a step on each data rank: the engine
 // (pp 1) or the pipeline, every stage fed the same micro-batches.
 template <int S>
 std::vector<test::HeldParam> grid_rank(LocalComm& world, const GridLayout& l, int m, int steps) {
   using parallel::pipeline::ScheduleKind;
-  parallel::ProcessGroups<LocalComm> groups(
-      world, parallel::Grid({.cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp}));
-  const parallel::SequenceParallel sp =
-      l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
-  nn::GPT<double> model(moe_pipe_cfg(), {}, sp, l.blocks(parallel::ExpertParallel(groups.ep())));
-  const int data_ranks = l.ep * l.dp;
-  const int data_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
-  std::vector<parallel::SequenceSlice> slices;
+  LayoutRank<double> r(world, l, moe_pipe_cfg());
+  const std::int64_t rows = micro_rows * m * r.data_ranks;
   if (l.pp == 1) {
-    engine::EngineGroups engine_groups(groups);
-    if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(groups.tp());
-    engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, std::move(engine_groups),
+    engine::EngineGroups engine_groups(r.groups);
+    if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(r.groups.tp());
+    engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(r.model, std::move(engine_groups),
                                                       test::AdamW64{}, test::tp_options(m));
     for (int step = 0; step < steps; ++step) {
-      const test::GlobalBatch b(micro_rows * m * data_ranks, step, moe_pipe_cfg().vocab_size);
-      for (const engine::MicroBatch& mb : rank_batches(b, data_rank, data_ranks, m, sp, slices)) {
+      const test::GlobalBatch b(rows, step, moe_pipe_cfg().vocab_size);
+      for (const engine::MicroBatch& mb : r.batches(b, m)) {
         eng.forward(mb);
         eng.backward();
         eng.step();
@@ -560,16 +577,15 @@ std::vector<test::HeldParam> grid_rank(LocalComm& world, const GridLayout& l, in
     options.virtual_stages = l.schedule == ScheduleKind::interleaved ? 2 : 1;
     options.partition_method = "uniform";
     parallel::pipeline::PipelineEngine<nn::GPT<double>, ZeroStage<S>> pipe(
-        model, world, groups, test::AdamW64{}, options, test::tp_options(m));
+        r.model, world, r.groups, test::AdamW64{}, options, test::tp_options(m));
     for (int step = 0; step < steps; ++step) {
-      const test::GlobalBatch b(micro_rows * m * data_ranks, step, moe_pipe_cfg().vocab_size);
-      std::vector<engine::MicroBatch> batches =
-          rank_batches(b, data_rank, data_ranks, m, sp, slices);
+      const test::GlobalBatch b(rows, step, moe_pipe_cfg().vocab_size);
+      std::vector<engine::MicroBatch> batches = r.batches(b, m);
       if (l.swap_targets && pipe.holds_last_unit()) {
         // The ep coordinate varies fastest in the ep x dp group: rank ^ 1 is the ep partner.
         for (int i = 0; i < m; ++i) {
           batches[static_cast<std::size_t>(i)].targets =
-              b.micro(i, data_rank ^ 1, data_ranks).targets;
+              b.micro(i, r.data_rank ^ 1, r.data_ranks).targets;
         }
       }
       (void)pipe.train_batch(batches);
@@ -655,27 +671,17 @@ namespace {
 std::vector<test::HeldParam> f32_moe_rank(LocalComm& world, const GridLayout& l, int first_step,
                                           int steps, const std::filesystem::path& load,
                                           const std::filesystem::path& save) {
-  parallel::ProcessGroups<LocalComm> groups(
-      world, parallel::Grid({.cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp}));
-  const parallel::SequenceParallel sp =
-      l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
-  nn::GPT<float> model(moe_cfg(), {}, sp, l.blocks(parallel::ExpertParallel(groups.ep())));
-  const int data_ranks = l.ep * l.dp;
-  const int accumulation = 4 / data_ranks;
+  LayoutRank<float> r(world, l, moe_cfg());
+  const int accumulation = 4 / r.data_ranks;
   const Config config = test::adamw_config(1, accumulation, 1.0);
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
-  const int data_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
-  std::vector<parallel::SequenceSlice> slices;
-  auto batches_of = [&](const test::GlobalBatch& b) {
-    return rank_batches(b, data_rank, data_ranks, accumulation, sp, slices);
-  };
   if (l.pp == 1) {
-    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, groups, config, options);
+    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(r.model, r.groups, config, options);
     if (!load.empty()) eng.load_checkpoint(load);
     for (int step = first_step; step < first_step + steps; ++step) {
       const test::GlobalBatch b(micro_rows * 4, step, moe_cfg().vocab_size);
-      for (const engine::MicroBatch& mb : batches_of(b)) {
+      for (const engine::MicroBatch& mb : r.batches(b, accumulation)) {
         eng.forward(mb);
         eng.backward();
         eng.step();
@@ -686,12 +692,12 @@ std::vector<test::HeldParam> f32_moe_rank(LocalComm& world, const GridLayout& l,
   }
   parallel::pipeline::PipelineOptions po;
   po.partition_method = "uniform";
-  parallel::pipeline::PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(model, world, groups,
+  parallel::pipeline::PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(r.model, world, r.groups,
                                                                         config, po, options);
   if (!load.empty()) pipe.engine().load_checkpoint(load);
   for (int step = first_step; step < first_step + steps; ++step) {
     const test::GlobalBatch b(micro_rows * 4, step, moe_cfg().vocab_size);
-    (void)pipe.train_batch(batches_of(b));
+    (void)pipe.train_batch(r.batches(b, accumulation));
   }
   if (!save.empty()) pipe.engine().save_checkpoint(save, "step2");
   return test::held_params(pipe.engine());
