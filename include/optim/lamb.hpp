@@ -109,10 +109,6 @@ class Lamb : public FlatOptimizer<LambHyper> {
 
   /// The tensor boundaries the trust ratios are computed over.
   const std::vector<Range>& tensors() const { return tensors_; }
-  /// Which whole tensor each of tensors() is a part of (no_whole: none).
-  const std::vector<std::size_t>& whole() const { return whole_; }
-  /// How many whole tensors the shard's tensors are parts of (the ranks' common count).
-  std::size_t whole_count() const { return whole_count_; }
 
   /// Pass 1: advances the step and updates the moments from the gradient.
   void begin_step(const FusedIo& io, const StepOptions& run = {}) {
@@ -200,9 +196,9 @@ class Lamb : public FlatOptimizer<LambHyper> {
   }
 
   /// The sums of the whole tensors from this shard's (local_norms): the parts' sums are
-  /// gathered by whole tensor into 2 * whole_count() values (every p^2 sum, then every u^2 sum),
-  /// sum_over_ranks sums those over the ranks, and each part takes its whole tensor's; a tensor
-  /// that is no part of one keeps its own.
+  /// gathered by whole tensor into 2 * whole_count values (the constructor's; every p^2 sum, then
+  /// every u^2 sum), sum_over_ranks sums those over the ranks, and each part takes its whole
+  /// tensor's; a tensor that is no part of one keeps its own.
   LambNorms whole_norms(const LambNorms& local,
                         const std::function<void(std::span<double>)>& sum_over_ranks) const {
     expect<Error>(
