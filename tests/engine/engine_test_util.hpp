@@ -13,6 +13,7 @@
 
 #include <optim/adam.hpp>
 #include <optim/grad_norm.hpp>
+#include <parallel/sequence/sequence_parallel.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
@@ -67,6 +68,28 @@ struct GlobalBatch {
     return b;
   }
 };
+
+// A rank's micro-batches of a step: micro-batch i < m of its data rank of data_ranks, and of them
+// its T/sp positions under Ulysses (slices holds them; the batches are valid while it lives).
+inline std::vector<engine::MicroBatch> rank_batches(const GlobalBatch& b, int data_rank,
+                                                    int data_ranks, int m,
+                                                    const parallel::SequenceParallel& sp,
+                                                    std::vector<parallel::SequenceSlice>& slices) {
+  std::vector<engine::MicroBatch> out;
+  slices.clear();
+  slices.reserve(static_cast<std::size_t>(m));
+  for (int i = 0; i < m; ++i) {
+    const engine::MicroBatch whole = b.micro(i, data_rank, data_ranks);
+    if (!sp.active()) {
+      out.push_back(whole);
+      continue;
+    }
+    const auto& mine =
+        slices.emplace_back(whole.tokens, whole.targets, whole.batch, whole.seq_len, sp);
+    out.push_back({mine.tokens.data(), mine.targets.data(), mine.batch, mine.seq_len});
+  }
+  return out;
+}
 
 template <class T>
 void sgd(double lr, std::span<T> p, std::span<const T> g) {

@@ -502,28 +502,6 @@ struct GridLayout {
   }
 };
 
-// The micro-batches of a rank in a step: micro-batch i < m of its ep x dp data rank, and of
-// them its T/sp positions under Ulysses (slices holds them).
-std::vector<engine::MicroBatch> rank_batches(const test::GlobalBatch& b, int data_rank,
-                                             int data_ranks, int m,
-                                             const parallel::SequenceParallel& sp,
-                                             std::vector<parallel::SequenceSlice>& slices) {
-  std::vector<engine::MicroBatch> out;
-  slices.clear();
-  slices.reserve(static_cast<std::size_t>(m));
-  for (int i = 0; i < m; ++i) {
-    const engine::MicroBatch whole = b.micro(i, data_rank, data_ranks);
-    if (!sp.active()) {
-      out.push_back(whole);
-      continue;
-    }
-    const auto& mine =
-        slices.emplace_back(whole.tokens, whole.targets, whole.batch, whole.seq_len, sp);
-    out.push_back({mine.tokens.data(), mine.targets.data(), mine.batch, mine.seq_len});
-  }
-  return out;
-}
-
 // One rank of layout l: its groups, its Ulysses group (none at sp 1), a GPT shaped by cfg with
 // l's MoE blocks over the ep group, and its micro-batches.
 template <class T>
@@ -543,7 +521,7 @@ struct LayoutRank {
 
   // This rank's m micro-batches of b (valid until the next call).
   std::vector<engine::MicroBatch> batches(const test::GlobalBatch& b, int m) {
-    return rank_batches(b, data_rank, data_ranks, m, sp, slices);
+    return test::rank_batches(b, data_rank, data_ranks, m, sp, slices);
   }
 };
 

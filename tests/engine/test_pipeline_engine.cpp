@@ -85,19 +85,9 @@ RankResult pipeline_rank(LocalComm& world, const Layout& l, int micro_batches, i
   const int dp_rank = groups.dp().rank();
   for (int step = 0; step < steps; ++step) {
     const test::GlobalBatch b(test::micro_rows * micro_batches * l.dp, step, pp_model().vocab_size);
-    std::vector<engine::MicroBatch> batches;
     std::vector<parallel::SequenceSlice> slices;  // this rank's positions (Ulysses)
-    slices.reserve(static_cast<std::size_t>(micro_batches));
-    for (int m = 0; m < micro_batches; ++m) {
-      const engine::MicroBatch whole = b.micro(m, dp_rank, l.dp);
-      if (!sp.active()) {
-        batches.push_back(whole);
-        continue;
-      }
-      const auto& mine =
-          slices.emplace_back(whole.tokens, whole.targets, whole.batch, whole.seq_len, sp);
-      batches.push_back({mine.tokens.data(), mine.targets.data(), mine.batch, mine.seq_len});
-    }
+    const std::vector<engine::MicroBatch> batches =
+        test::rank_batches(b, dp_rank, l.dp, micro_batches, sp, slices);
     if (reduce_tied) {
       const auto r = pipe.train_batch(batches);
       out.peak_live = r.peak_live_activations;
