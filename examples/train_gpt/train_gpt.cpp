@@ -95,8 +95,10 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -635,16 +637,21 @@ struct RankBatch {
 struct RoutingTotals {
   double aux_loss = 0, dropped = 0, choices = 0, micro_steps = 0;
 
-  void add(const nn::MoEStats& s) {
-    aux_loss += s.aux_loss;
-    dropped += static_cast<double>(s.dropped);
-    choices += static_cast<double>(s.choices);
-    micro_steps += 1;
+  // This rank's step: the model's MoE window (reset at the step's start) over its micro-steps.
+  template <class Model>
+  static RoutingTotals of_window(const Model& model, std::int64_t micro_steps) {
+    const nn::MoEStats s = model.moe_window_stats();
+    return {s.aux_loss, static_cast<double>(s.dropped), static_cast<double>(s.choices),
+            static_cast<double>(micro_steps)};
   }
-  // The totals of every data-parallel rank (a collective; the mean aux loss).
-  template <class Eng>
-  RoutingTotals over_ranks(Eng& eng) const {
+  // The totals of every data-parallel rank (a collective; the mean aux loss). In a pipeline,
+  // each stage holds its own MoE blocks' share: stages (the pp group) sums those first.
+  template <class Eng, class Comm = void>
+  RoutingTotals over_ranks(Eng& eng, Comm* stages = nullptr) const {
     double v[4] = {aux_loss, dropped, choices, micro_steps};
+    if constexpr (!std::is_void_v<Comm>) {
+      if (stages != nullptr) stages->all_reduce(std::span<double>(v, 3), parallel::ReduceOp::sum);
+    }
     eng.sum_over_data_parallel(std::span<double>(v, 4));
     return {v[3] > 0 ? v[0] / v[3] : 0, v[1], v[2], v[3]};
   }
@@ -927,9 +934,15 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
     mine.reserve(held.size());
     for (const auto& b : held)
       batches.push_back(mine.emplace_back(b, model.sequence_parallel()).micro());
+    model.reset_moe_window_stats();
     monitor.begin_step(eng, step + 1);
     const auto r = pipe.train_batch(batches);
     const nlohmann::json observed = monitor.end_step(eng, pipe.stage_model(), step + 1);
+    // A collective over the stages and the data-parallel ranks: only a MoE model pays it.
+    const RoutingTotals routing =
+        cfg.moe.active()
+            ? RoutingTotals::of_window(model, sizes.accumulation).over_ranks(eng, &groups.pp())
+            : RoutingTotals{};
     if (metrics.is_open() && observed.contains("flops_profile")) {
       metrics
           << nlohmann::json{{"step", step + 1}, {"flops_profile", observed["flops_profile"]}}.dump()
@@ -946,15 +959,19 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
       const double ms = 1e3 * seconds / static_cast<double>(since_print);
       std::printf(
           "step %4lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tokens/s | %.1f ms/step | "
-          "bubble %.2f | stage 0 state %.2f MB%s\n",
+          "bubble %.2f | stage 0 state %.2f MB%s%s\n",
           static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(), tokens_per_s, ms,
           r.bubble_fraction, static_cast<double>(eng.memory_report().total()) / 1e6,
-          eng.last_step_skipped() ? " | skipped" : "");
+          routing.line().c_str(), eng.last_step_skipped() ? " | skipped" : "");
       std::fflush(stdout);
       since_print = 0;
       if (metrics.is_open()) {
         nlohmann::json line = metrics_line(eng, step + 1, loss, tokens_per_s, ms, observed);
         line["bubble"] = r.bubble_fraction;
+        if (cfg.moe.active()) {
+          line["moe_aux_loss"] = routing.aux_loss;
+          line["moe_dropped_fraction"] = routing.dropped_fraction();
+        }
         metrics << line.dump() << "\n" << std::flush;
       }
     }
@@ -1081,15 +1098,15 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   std::int64_t since_print = 0;
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     double step_loss = 0;
-    RoutingTotals routed;
+    model.reset_moe_window_stats();
     monitor.begin_step(eng, step + 1);
     for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
       const data::Batch batch = run.train_loader.next();  // backward reads its targets too
       const RankBatch mine(batch, model.sequence_parallel());
       step_loss += static_cast<double>(static_cast<float>(eng.forward(mine.micro())));
       eng.backward();
-      routed.add(model.moe_stats());
     }
+    const RoutingTotals routed = RoutingTotals::of_window(model, sizes.accumulation);
     eng.step();
     const nlohmann::json observed = monitor.end_step(eng, model, step + 1);
     if (metrics.is_open() && observed.contains("flops_profile")) {

@@ -588,6 +588,51 @@ double grid_error(const GridLayout& l, int m, double* copies_differ) {
   return test::max_difference(test::assemble(ranks, copies_differ), want);
 }
 
+// What every rank of layout l routed in one training step of m micro-batches a data rank
+// (ZeRO-1; the model's window, reset before it), summed over the ranks, with an evaluation after
+// the step, which counts nothing. per_forward: the engine's (pp 1) last_stats after each forward,
+// summed the same way, the count the window must equal.
+struct WindowCount {
+  nn::MoEStats window, per_forward;
+};
+WindowCount window_over_ranks(const GridLayout& l, int m, bool recompute) {
+  nn::GPTConfig cfg = moe_pipe_cfg();
+  cfg.checkpoint_activations = recompute;
+  const auto ranks = testing::per_rank<WindowCount>(l.ranks(), [&](LocalComm& world) {
+    LayoutRank<double> r(world, l, cfg);
+    const test::GlobalBatch b(micro_rows * m * r.data_ranks, 0, cfg.vocab_size);
+    const std::vector<engine::MicroBatch> batches = r.batches(b, m);
+    WindowCount out;
+    r.model.reset_moe_window_stats();
+    if (l.pp == 1) {
+      engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(r.model, engine::EngineGroups(r.groups),
+                                                        test::AdamW64{}, test::tp_options(m));
+      for (const engine::MicroBatch& mb : batches) {
+        eng.forward(mb);
+        out.per_forward += r.model.moe_stats();
+        eng.backward();
+      }
+      eng.step();
+      (void)eng.evaluate(batches.front());
+    } else {
+      parallel::pipeline::PipelineOptions options;
+      options.partition_method = "uniform";
+      parallel::pipeline::PipelineEngine<nn::GPT<double>, ZeroStage<1>> pipe(
+          r.model, world, r.groups, test::AdamW64{}, options, test::tp_options(m));
+      (void)pipe.train_batch(batches);
+      (void)pipe.evaluate(batches.front());
+    }
+    out.window = r.model.moe_window_stats();
+    return out;
+  });
+  WindowCount sum;
+  for (const WindowCount& c : ranks) {
+    sum.window += c.window;
+    sum.per_forward += c.per_forward;
+  }
+  return sum;
+}
+
 void check_grid_layouts(const std::vector<std::pair<GridLayout, int>>& runs) {
   for (const auto& [l, m] : runs) {
     INFO(name_of(l.schedule) << ", ep " << l.ep << ", sp " << l.sp << ", dp " << l.dp << ", pp "
@@ -730,4 +775,33 @@ TEST_CASE(
                      {.ep = 1, .sp = 2, .dp = 2, .dropless = true},
                      {.ep = 2, .sp = 2, .pp = 2, .dropless = true}},
                     "zero-moe-sp-ckpt");
+}
+
+TEST_CASE(
+    "MoE GPT: the window statistics count each trained micro-batch once: the engine's equal its "
+    "forwards' with and without recomputation, and pipeline stages of 2 and 4 sum to them",
+    "[unit][moe][pipeline]") {
+  const int m = 4;
+  const WindowCount plain = window_over_ranks({.ep = 2}, m, false);
+  // 2 data ranks x m micro-batches of micro_rows x seq tokens, k = 2 choices in each of the 2
+  // MoE blocks (every second of 4 layers).
+  const std::int64_t choices = 2 * m * micro_rows * test::seq * 2 * 2;
+  REQUIRE(plain.per_forward.choices == choices);
+  CHECK(plain.per_forward.dropped > 0);  // the capacity limit drops some
+  const auto check_equal = [&](const nn::MoEStats& got) {
+    CHECK(got.choices == choices);
+    CHECK(got.dropped == plain.per_forward.dropped);
+    CHECK(got.capacity == plain.per_forward.capacity);
+    CHECK(got.aux_loss == Approx(plain.per_forward.aux_loss).epsilon(1e-12));
+    CHECK(got.z_loss == Approx(plain.per_forward.z_loss).epsilon(1e-12));
+  };
+  check_equal(plain.window);
+  for (bool recompute : {false, true}) {
+    INFO((recompute ? "recomputing the checkpointed blocks" : "kept activations"));
+    if (recompute) check_equal(window_over_ranks({.ep = 2}, m, true).window);
+    for (int pp : {2, 4}) {
+      INFO("pp " << pp);
+      check_equal(window_over_ranks({.ep = 2, .pp = pp}, m, recompute).window);
+    }
+  }
 }

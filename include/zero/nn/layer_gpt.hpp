@@ -354,15 +354,20 @@ class LayerGPT {
   /// unweighted; zeros for a dense GPT).
   MoEStats moe_stats() const {
     MoEStats sum;
-    for (const MixtureOfExperts<T>* m : moe_layers_) {
-      const MoEStats& s = m->last_stats();
-      sum.aux_loss += s.aux_loss;
-      sum.z_loss += s.z_loss;
-      sum.dropped += s.dropped;
-      sum.choices += s.choices;
-      sum.capacity = std::max(sum.capacity, s.capacity);
-    }
+    for (const MixtureOfExperts<T>* m : moe_layers_) sum += m->last_stats();
     return sum;
+  }
+  /// What the MoE layers routed for the micro-batches trained since reset_moe_window_stats(),
+  /// summed over the layers and the micro-batches (MixtureOfExperts::window_stats: each
+  /// micro-batch once, recomputed or not). In a pipeline stage, the stage's MoE blocks only.
+  MoEStats moe_window_stats() const {
+    MoEStats sum;
+    for (const MixtureOfExperts<T>* m : moe_layers_) sum += m->window_stats();
+    return sum;
+  }
+  /// Starts moe_window_stats() over.
+  void reset_moe_window_stats() {
+    for (MixtureOfExperts<T>* m : moe_layers_) m->reset_window_stats();
   }
   /// The Ulysses sequence-parallel group (size 1: each rank holds whole sequences).
   const parallel::SequenceParallel& sequence_parallel() const { return sp_; }

@@ -16,6 +16,7 @@
 // through all_to_all_v (parallel/moe/token_exchange.hpp): forward dispatches and combines the
 // rows, backward sends the output gradients to the experts and the input gradients back.
 
+#include <algorithm>
 #include <any>
 #include <cmath>
 #include <cstdint>
@@ -36,13 +37,23 @@
 
 namespace zero::nn {
 
-/// What the last forward of a MixtureOfExperts routed.
+/// What a MixtureOfExperts routed in a forward, or summed over several (operator+=).
 struct MoEStats {
   double aux_loss = 0;        ///< load-balancing loss (unweighted)
   double z_loss = 0;          ///< router z-loss (unweighted)
   std::int64_t dropped = 0;   ///< choices past their expert's capacity
   std::int64_t choices = 0;   ///< tokens x k
-  std::int64_t capacity = 0;  ///< slots per expert
+  std::int64_t capacity = 0;  ///< slots per expert (a sum keeps the largest)
+
+  /// Adds o's losses and counts; the capacity is the larger of the two.
+  MoEStats& operator+=(const MoEStats& o) {
+    aux_loss += o.aux_loss;
+    z_loss += o.z_loss;
+    dropped += o.dropped;
+    choices += o.choices;
+    capacity = std::max(capacity, o.capacity);
+    return *this;
+  }
 };
 
 /// A mixture of GPT-MLP experts behind a top-k router (see the file comment).
@@ -150,13 +161,13 @@ class MixtureOfExperts final : public Layer<T> {
     }
     ctx.aux_loss += static_cast<A>(cfg_.aux_loss_coef) * routing_.aux_loss +
                     static_cast<A>(cfg_.z_loss_coef) * routing_.z_loss;
-    stats_ = {static_cast<double>(routing_.aux_loss), static_cast<double>(routing_.z_loss),
-              routing_.dropped, N * cfg_.k, routing_.capacity};
+    stats_ = routed();
     ctx.x = y;
   }
 
   void backward(StepContext<T>& ctx) override {
     using ops::cpu::load;
+    window_ += routed();  // once per micro-batch, however often its forward ran
     const std::int64_t N = routing_.tokens;
     const int E = cfg_.num_experts;
     const std::int64_t R = rows_routed(), Re = expert_rows();
@@ -246,6 +257,12 @@ class MixtureOfExperts final : public Layer<T> {
 
   /// What the last forward routed.
   const MoEStats& last_stats() const { return stats_; }
+  /// What the micro-batches whose backward ran since reset_window_stats() routed, summed: each
+  /// counted once, whichever order a pipeline runs them in and however often a checkpointed
+  /// unit recomputed its forward (a forward without backward, an evaluation, counts nothing).
+  const MoEStats& window_stats() const { return window_; }
+  /// Starts window_stats() over (at an accumulation window's start).
+  void reset_window_stats() { window_ = {}; }
   /// The router settings.
   const RouterConfig& router() const { return cfg_; }
   /// The experts' weights (owned, or the ExpertStack given).
@@ -274,6 +291,11 @@ class MixtureOfExperts final : public Layer<T> {
   const parallel::ExpertParallel& ep() const { return experts_->expert_parallel(); }
   // Rows of a buffer of n rows (at least one, so a batch that kept nothing still has views).
   static std::int64_t at_least_one(std::int64_t n) { return std::max<std::int64_t>(n, 1); }
+  // What routing_ (the kept forward's choices) routed.
+  MoEStats routed() const {
+    return {static_cast<double>(routing_.aux_loss), static_cast<double>(routing_.z_loss),
+            routing_.dropped, routing_.tokens * cfg_.k, routing_.capacity};
+  }
   // Rows this rank routed, and rows its experts run.
   std::int64_t rows_routed() const { return at_least_one(first_row_.back()); }
   std::int64_t expert_rows() const { return at_least_one(exchange_.rows_received()); }
@@ -346,7 +368,8 @@ class MixtureOfExperts final : public Layer<T> {
   const ExpertStack<T>* experts_;          // owned_, or another unit's stack
   std::int64_t C_ = 0, H_ = 0;
   ParamView<T> gate_;
-  MoEStats stats_;
+  MoEStats stats_;   // the last forward's
+  MoEStats window_;  // summed over backwards since reset_window_stats()
   // What forward keeps for backward.
   Tensor<T> input_;
   Routing<A> routing_;
