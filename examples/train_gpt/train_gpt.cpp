@@ -46,9 +46,9 @@
 // N expert-parallel ranks, the tokens travelling to their experts by all-to-all; the dense
 // parameters stay data parallel over all ranks (DeepSpeed's layout). The step line adds the
 // load-balancing loss and the share of routed choices dropped past their expert's capacity
-// (not with --pp, whose stages each see their own blocks). --experts and --ep combine with --pp
-// (each stage's experts split over its ep ranks) and --sp N (each Ulysses rank routes its own
-// positions), not yet with --tp.
+// (with --pp, summed over the stages, each of which routes its own blocks). --experts and --ep
+// combine with --pp (each stage's experts split over its ep ranks) and --sp N (each Ulysses rank
+// routes its own positions), not yet with --tp.
 // --sp N (a number) is DeepSpeed-Ulysses sequence parallelism: each of N ranks holds seq/N
 // positions of every sequence, attention gets whole sequences for heads/N heads by all-to-all,
 // and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config). It
