@@ -37,6 +37,7 @@
 #include "../support/per_rank.hpp"
 #include "engine_test_util.hpp"
 #include "moe_test_util.hpp"
+#include "resume_check.hpp"
 #include "tp_test_util.hpp"
 
 using namespace zero;
@@ -169,55 +170,6 @@ TEST_CASE(
     ran += v.experts_ran;
   }
   CHECK(routed == ran);  // every row sent was run by an expert somewhere
-}
-
-namespace {
-
-// f32 AdamW from a config at (ep, dp, stage S): optionally loads `load`, trains `steps`
-// boundaries from first_step (4 micro-batches a step whatever the layout), optionally saves.
-template <int S>
-std::vector<test::HeldParam> f32_rank(LocalComm& world, int ep, int dp, int first_step, int steps,
-                                      const std::filesystem::path& load,
-                                      const std::filesystem::path& save) {
-  parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = ep, .dp = dp}));
-  nn::GPT<float> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
-  const int accumulation = 4 / (ep * dp);
-  engine::EngineOptions options;
-  options.activation_bytes = 32 << 20;
-  engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(
-      model, groups, test::adamw_config(S, accumulation, 1.0), options);
-  if (!load.empty()) eng.load_checkpoint(load);
-  const int dense_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
-  test::train(eng, dense_rank, ep * dp, accumulation, steps, moe_cfg().vocab_size, first_step);
-  if (!save.empty()) eng.save_checkpoint(save, "step2");
-  return test::held_params(eng);
-}
-
-}  // namespace
-
-TEST_CASE(
-    "MoE checkpoints: (ep 2, dp 2, stage 3) resumes at (ep 4, dp 1, stage 1) and (ep 1, dp 4, "
-    "stage 2) equal to the uninterrupted run",
-    "[unit][moe]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zero-moe-ckpt-" + std::to_string(static_cast<long>(::getpid())));
-  std::filesystem::remove_all(dir);
-  const auto saved = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 0, 2, {}, dir); }));
-  const auto straight = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 0, 4, {}, {}); }));
-  const auto continued = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 2, 2, dir, {}); }));
-  const auto at_ep4 = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<1>(w, 4, 1, 2, 2, dir, {}); }));
-  const auto at_ep1 = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<2>(w, 1, 4, 2, 2, dir, {}); }));
-  // The same layout resumes exactly (every state it saved came back).
-  CHECK(test::max_difference(continued, straight) == 0.0);
-  CHECK(test::max_difference(at_ep4, continued) <= 2e-5);
-  CHECK(test::max_difference(at_ep1, continued) <= 2e-5);
-  CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE(
@@ -688,31 +640,36 @@ TEST_CASE(
 
 namespace {
 
-// f32 AdamW from a config at layout l and ZeRO-1 (pp 1: the plain engine), 4 micro-batches a
-// step whatever the layout: optionally loads `load`, trains `steps` steps from first_step,
-// optionally saves.
+// f32 AdamW from a config at layout l (pp 1: the plain engine at l.stage; a pipeline: ZeRO-1),
+// 4 micro-batches a step whatever the layout: optionally loads `load`, trains `steps` steps from
+// first_step, optionally saves.
 std::vector<test::HeldParam> f32_moe_rank(LocalComm& world, const GridLayout& l, int first_step,
                                           int steps, const std::filesystem::path& load,
                                           const std::filesystem::path& save) {
   LayoutRank<float> r(world, l, moe_cfg());
   const int accumulation = 4 / r.data_ranks;
-  const Config config = test::adamw_config(1, accumulation, 1.0);
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
   if (l.pp == 1) {
-    engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(r.model, r.groups, config, options);
-    if (!load.empty()) eng.load_checkpoint(load);
-    for (int step = first_step; step < first_step + steps; ++step) {
-      const test::GlobalBatch b(micro_rows * 4, step, moe_cfg().vocab_size);
-      for (const engine::MicroBatch& mb : r.batches(b, accumulation)) {
-        eng.forward(mb);
-        eng.backward();
-        eng.step();
+    return test::with_stage(l.stage, [&](auto stage) {
+      constexpr int S = decltype(stage)::value;
+      engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(
+          r.model, r.groups, test::adamw_config(S, accumulation, 1.0), options);
+      if (!load.empty()) eng.load_checkpoint(load);
+      for (int step = first_step; step < first_step + steps; ++step) {
+        const test::GlobalBatch b(micro_rows * 4, step, moe_cfg().vocab_size);
+        for (const engine::MicroBatch& mb : r.batches(b, accumulation)) {
+          eng.forward(mb);
+          eng.backward();
+          eng.step();
+        }
       }
-    }
-    if (!save.empty()) eng.save_checkpoint(save, "step2");
-    return test::held_params(eng);
+      if (!save.empty()) eng.save_checkpoint(save, "step2");
+      return test::held_params(eng);
+    });
   }
+  REQUIRE(l.stage <= 1);
+  const Config config = test::adamw_config(1, accumulation, 1.0);
   parallel::pipeline::PipelineOptions po;
   po.partition_method = "uniform";
   parallel::pipeline::PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(r.model, world, r.groups,
@@ -726,34 +683,32 @@ std::vector<test::HeldParam> f32_moe_rank(LocalComm& world, const GridLayout& l,
   return test::held_params(pipe.engine());
 }
 
-// Saves at `from` after 2 steps, resumes at each of `to` for 2 more: each against the same
-// layout resumed (which must equal 4 uninterrupted steps exactly).
+// Saves at `from` after 2 steps, resumes at each of `to` for 2 more (test::check_resumes).
 void check_moe_resumes(const GridLayout& from, const std::vector<GridLayout>& to,
-                       const char* name) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   (std::string(name) + "-" + std::to_string(static_cast<long>(::getpid())));
-  std::filesystem::remove_all(dir);
-  auto run = [&](const GridLayout& l, int first, int steps, const std::filesystem::path& load,
-                 const std::filesystem::path& save) {
-    return test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-        l.ranks(), [&](LocalComm& w) { return f32_moe_rank(w, l, first, steps, load, save); }));
-  };
-  const auto saved = run(from, 0, 2, {}, dir);
-  const auto straight = run(from, 0, 4, {}, {});  // the same four steps, never interrupted
-  const auto continued = run(from, 2, 2, dir, {});
-  // The same layout resumes exactly (every state it saved came back).
-  CHECK(test::max_difference(continued, straight) == 0.0);
-  CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
-  for (const GridLayout& l : to) {
-    INFO("resumed at ep " << l.ep << ", sp " << l.sp << ", dp " << l.dp << ", pp " << l.pp);
-    // Rounding only (f32, other reduction orders); a lost slice or optimizer state is far
-    // larger.
-    CHECK(test::max_difference(run(l, 2, 2, dir, {}), continued) <= 2e-5);
-  }
-  std::filesystem::remove_all(dir);
+                       const std::string& name) {
+  test::check_resumes(
+      name, from, to,
+      [](const GridLayout& l, int first, int steps, const std::filesystem::path& load,
+         const std::filesystem::path& save) {
+        return test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
+            l.ranks(), [&](LocalComm& w) { return f32_moe_rank(w, l, first, steps, load, save); }));
+      },
+      [](const GridLayout& l) {
+        return "ep " + std::to_string(l.ep) + ", sp " + std::to_string(l.sp) + ", dp " +
+               std::to_string(l.dp) + ", pp " + std::to_string(l.pp) + ", ZeRO " +
+               std::to_string(l.stage);
+      });
 }
 
 }  // namespace
+
+TEST_CASE(
+    "MoE checkpoints: (ep 2, dp 2, stage 3) resumes at (ep 4, dp 1, stage 1) and (ep 1, dp 4, "
+    "stage 2) equal to the uninterrupted run",
+    "[unit][moe]") {
+  check_moe_resumes({.ep = 2, .dp = 2, .stage = 3},
+                    {{.ep = 4, .stage = 1}, {.ep = 1, .dp = 4, .stage = 2}}, "zero-moe-ckpt");
+}
 
 TEST_CASE(
     "MoE pipeline checkpoints: (ep 2, pp 2) resumes at (ep 1, dp 2, pp 2), (ep 2, pp 4) and "

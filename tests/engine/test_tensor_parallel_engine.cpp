@@ -26,6 +26,7 @@
 
 #include "../support/per_rank.hpp"
 #include "engine_test_util.hpp"
+#include "resume_check.hpp"
 #include "tp_test_util.hpp"
 
 using namespace zero;
@@ -270,28 +271,23 @@ TEST_CASE(
     "Tensor-parallel checkpoints: (tp 2, dp 2, stage 3) resumes at (tp 4, dp 1, stage 1) "
     "and (tp 1, dp 4, stage 2) equal to the uninterrupted run",
     "[unit][tp]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zero-tp-ckpt-" + std::to_string(static_cast<long>(::getpid())));
-  std::filesystem::remove_all(dir);
-  // 2 steps at (2, 2, 3), saved; and the same 4 steps never interrupted.
-  const auto saved = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 0, 2, {}, dir); }));
-  const auto straight = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 0, 4, {}, {}); }));
-  const auto continued = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<3>(w, 2, 2, 2, 2, dir, {}); }));
-  const auto at_tp4 = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<1>(w, 4, 1, 2, 2, dir, {}); }));
-  const auto at_dp4 = test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
-      4, [&](LocalComm& w) { return f32_rank<2>(w, 1, 4, 2, 2, dir, {}); }));
-  // The resumed runs differ from the continued one by rounding only (f32, other reduction
-  // orders); a wrong slice or a lost optimizer state is orders of magnitude larger.
-  // The same layout resumes exactly (every state it saved came back).
-  CHECK(test::max_difference(continued, straight) == 0.0);
-  CHECK(test::max_difference(at_tp4, continued) <= 2e-5);
-  CHECK(test::max_difference(at_dp4, continued) <= 2e-5);
-  CHECK(test::max_difference(continued, saved) > 1e-4);  // the resumed steps did train
-  std::filesystem::remove_all(dir);
+  struct Layout {
+    int tp, dp, stage;
+  };
+  test::check_resumes(
+      "zero-tp-ckpt", Layout{2, 2, 3}, {{4, 1, 1}, {1, 4, 2}},
+      [](const Layout& l, int first, int steps, const std::filesystem::path& load,
+         const std::filesystem::path& save) {
+        return test::assemble(testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& w) {
+          return test::with_stage(l.stage, [&](auto s) {
+            return f32_rank<decltype(s)::value>(w, l.tp, l.dp, first, steps, load, save);
+          });
+        }));
+      },
+      [](const Layout& l) {
+        return "tp " + std::to_string(l.tp) + ", dp " + std::to_string(l.dp) + ", ZeRO " +
+               std::to_string(l.stage);
+      });
 }
 
 TEST_CASE(
