@@ -39,7 +39,7 @@
 // 1f1b; --vpp V chunks per stage with the interleaved schedule); each step runs the
 // accumulation's micro-batches through the pipeline. The built-in config then uses ZeRO stage 1
 // (stages 2 and 3 do not compose with a pipeline). The step line adds the bubble fraction;
-// the profiler's reports are rank 0's, so pipeline stage 0's (not collected across stages).
+// the profiler's reports are gathered from every stage and printed stage by stage.
 // --experts E makes every second block's MLP a mixture of E GPT-MLP experts behind a top-k
 // router (--k 1 or 2; the config's "moe" section gives the rest: capacity_factor, min_capacity,
 // drop_tokens, aux_loss_coef, z_loss_coef, expert_interval), and --ep N splits the experts over
@@ -749,7 +749,7 @@ nlohmann::json metrics_line(const Eng& eng, std::int64_t step, double loss, doub
                          {"ms_per_step", ms},
                          {"model_state_bytes", eng.memory_report().total()},
                          {"skipped", eng.last_step_skipped()}};
-  for (const char* key : {"wall_clock", "memory"}) {
+  for (const char* key : {"wall_clock", "memory", "wall_clock_stages", "memory_stages"}) {
     if (observed.contains(key)) line[key] = observed[key];
   }
   return line;
@@ -893,17 +893,13 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   po.partition_method = cfg.pipeline.partition_method;
   Pipe pipe(model, comm, groups, cfg, po, engine_options(o));
   auto& eng = pipe.engine();
+  // Each stage runs its own units: the profiler's reports are gathered from every stage (those
+  // of the stages' ranks with rank 0's tp, sp, ep and dp coordinates).
+  monitor.collect_stages(
+      [&groups](const std::string& s) { return profile::gather_strings(groups.pp(), s); });
   const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
   if (leader) {
     for (const auto& w : pipe.partition().warnings) std::printf("train_gpt: %s\n", w.c_str());
-    if (cfg.flops_profiler.enabled || cfg.wall_clock_breakdown || cfg.memory_breakdown ||
-        cfg.comms_logger.enabled) {
-      const auto& first = pipe.partition().parts.front();
-      std::printf(
-          "train_gpt: the profiler's reports below are rank 0's: pipeline stage 0 (units %d-%d "
-          "and its other chunks); the other stages' are not collected\n",
-          first.first, first.last - 1);
-    }
     std::string layout;
     for (const auto& part : pipe.partition().parts) {
       layout += (layout.empty() ? "" : " | ") + std::to_string(part.first) + "-" +
@@ -944,9 +940,11 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
             ? RoutingTotals::of_window(model, sizes.accumulation).over_ranks(eng, &groups.pp())
             : RoutingTotals{};
     if (metrics.is_open() && observed.contains("flops_profile")) {
-      metrics
-          << nlohmann::json{{"step", step + 1}, {"flops_profile", observed["flops_profile"]}}.dump()
-          << "\n";
+      metrics << nlohmann::json{{"step", step + 1},
+                                {"flops_profile", observed["flops_profile"]},
+                                {"flops_profile_stages", observed["flops_profile_stages"]}}
+                     .dump()
+              << "\n";
     }
     loss = mean_over_dp(eng, r.loss);
     if (std::isnan(first_loss)) first_loss = loss;

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
 #include <zero/config/config.hpp>
@@ -236,6 +237,91 @@ TEST_CASE("Monitor: the flops profile counts the ranks that read their own sampl
     CHECK(d["flops_profile"]["dp_size"] == 2);
     CHECK(d["flops_profile"]["world_size"] == 4);
   }
+}
+
+TEST_CASE("gather_strings: every rank gets every rank's string, in rank order, empty ones too",
+          "[unit][profile]") {
+  const std::vector<std::string> sent = {"", "a", "hello, stages", ""};
+  const auto got = testing::per_rank<std::vector<std::string>>(4, [&](parallel::LocalComm& comm) {
+    return profile::gather_strings(comm, sent[static_cast<std::size_t>(comm.rank())]);
+  });
+  for (const auto& g : got) CHECK(g == sent);
+  // All empty: no bytes to gather.
+  const auto none = testing::per_rank<std::vector<std::string>>(
+      2, [](parallel::LocalComm& comm) { return profile::gather_strings(comm, ""); });
+  for (const auto& g : none) CHECK(g == std::vector<std::string>{"", ""});
+}
+
+TEST_CASE(
+    "Monitor in a pipeline: the breakdowns and the flops profile are gathered from every stage",
+    "[unit][profile][pipeline]") {
+  // Each stage runs its own units, so rank 0's reports were stage 0's alone.
+  Config c = Config::from_json(nlohmann::json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 2,
+    "wall_clock_breakdown": true, "memory_breakdown": true,
+    "flops_profiler": {"enabled": true, "profile_step": 2, "output_file": "/dev/null"},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "zero_optimization": {"stage": 1}})"));
+  const nn::GPTConfig gc = small_gpt();
+  const std::int64_t rows = 2;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * gc.max_seq_len));
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i * 5 % 64);
+  struct StageSeen {
+    std::vector<nlohmann::json> due;
+    std::size_t states = 0;
+  };
+  const auto seen = testing::per_rank<StageSeen>(2, [&](parallel::LocalComm& comm) {
+    profile::Monitor monitor(c, comm.rank(), rows);
+    parallel::ProcessGroups<parallel::LocalComm> groups(comm, parallel::Grid({.pp = 2}));
+    nn::GPT<float> model(gc);
+    parallel::pipeline::PipelineOptions po;
+    po.partition_method = "uniform";
+    parallel::pipeline::PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(model, comm, groups, c,
+                                                                          po);
+    monitor.collect_stages(
+        [&groups](const std::string& s) { return profile::gather_strings(groups.pp(), s); });
+    const std::vector<engine::MicroBatch> batches(
+        2, engine::MicroBatch{tokens.data(), tokens.data(), rows, gc.max_seq_len});
+    StageSeen out;
+    for (std::int64_t step = 1; step <= 4; ++step) {
+      monitor.begin_step(pipe.engine(), step);
+      (void)pipe.train_batch(batches);
+      out.due.push_back(monitor.end_step(pipe.engine(), pipe.stage_model(), step));
+    }
+    out.states = pipe.engine().memory_report().total();
+    return out;
+  });
+  for (const int i : {1, 3}) {
+    INFO("step " << i + 1);
+    const auto at = static_cast<std::size_t>(i);
+    for (int rank = 0; rank < 2; ++rank) {  // every rank gets the arrays
+      const nlohmann::json& d = seen[static_cast<std::size_t>(rank)].due[at];
+      REQUIRE(d.at("wall_clock_stages").size() == 2);
+      REQUIRE(d.at("memory_stages").size() == 2);
+      // Each stage's entry is that stage's own report.
+      CHECK(d["wall_clock_stages"][rank] == d["wall_clock"]);
+      CHECK(d["memory_stages"][rank] == d["memory"]);
+    }
+    const nlohmann::json& d = seen[0].due[at];
+    for (int stage = 0; stage < 2; ++stage) {
+      const auto k = static_cast<std::size_t>(stage);
+      CHECK(d["wall_clock_stages"][k]["forward_ms"].get<double>() > 0);
+      CHECK(d["wall_clock_stages"][k]["backward_ms"].get<double>() > 0);
+      CHECK(d["memory_stages"][k]["model_states"].get<std::size_t>() == seen[k].states);
+    }
+  }
+  // The flops profile of step 3: each stage's, whose forward counts are its units'.
+  const nlohmann::json& p = seen[0].due[2];
+  REQUIRE(p.at("flops_profile_stages").size() == 2);
+  CHECK(p["flops_profile_stages"][0] == p["flops_profile"]);
+  CHECK(p["flops_profile_stages"][1] == seen[1].due[2]["flops_profile"]);
+  const auto fwd = [&](int k) {
+    return p["flops_profile_stages"][static_cast<std::size_t>(k)]["fwd"]["flops"]
+        .get<std::int64_t>();
+  };
+  CHECK(fwd(0) > 0);
+  CHECK(fwd(1) > 0);
+  CHECK(fwd(0) != fwd(1));  // the head's stage computes the logits
 }
 
 TEST_CASE("StepTimers: a phase inside another moves its time out, waits stay inside",

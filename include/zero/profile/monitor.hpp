@@ -8,14 +8,21 @@
 //   comms_logger          a CommLogger to install on the communicators before building the
 //                         engine, and its log_summary at finish (verbose: a line per op).
 // Rank 0 prints; every rank measures. end_step returns the figures due at that step as JSON,
-// for the program's metrics file.
+// for the program's metrics file. In a pipeline each stage runs its own units, so rank 0's
+// figures are stage 0's alone: collect_stages (with gather_strings over the pipeline group)
+// makes every report a collective over the stages, which rank 0 prints stage by stage and the
+// JSON carries as "<report>_stages" arrays beside its own.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -30,9 +37,33 @@
 
 namespace zero::profile {
 
+/// Every rank's s over comm, in rank order (a collective: the lengths, then the bytes).
+template <class Comm>
+std::vector<std::string> gather_strings(Comm& comm, const std::string& s) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  const auto mine = static_cast<std::int64_t>(s.size());
+  std::vector<std::int64_t> lengths(n);
+  comm.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(lengths));
+  const auto longest = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
+  std::vector<std::string> out(n);
+  if (longest == 0) return out;
+  std::vector<std::uint8_t> send(longest, 0), all(longest * n);
+  std::copy(s.begin(), s.end(), send.begin());
+  comm.all_gather(std::span<const std::uint8_t>(send), std::span<std::uint8_t>(all));
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto* first = reinterpret_cast<const char*>(all.data() + r * longest);
+    out[r].assign(first, static_cast<std::size_t>(lengths[r]));
+  }
+  return out;
+}
+
 /// Drives the observability sections of a config (see the file comment).
 class Monitor {
  public:
+  /// Gathers one string from every pipeline stage, stage by stage (a collective over the
+  /// pipeline group: gather_strings).
+  using StageGather = std::function<std::vector<std::string>(const std::string&)>;
+
   /// For rank (rank 0 prints) of a run whose micro-batches have batch_per_rank rows.
   Monitor(const Config& cfg, int rank, std::int64_t batch_per_rank)
       : cfg_(cfg), rank_(rank), batch_per_rank_(batch_per_rank) {
@@ -55,6 +86,10 @@ class Monitor {
   /// The logger to install on the communicators (set_logger), or null when nothing needs one.
   std::shared_ptr<parallel::CommLogger> logger() const { return logger_; }
 
+  /// In a pipeline: every report is gathered from all stages through gather (every rank of the
+  /// pipeline group calls end_step and finish, as without it); rank 0 prints each stage's.
+  void collect_stages(StageGather gather) { stages_ = std::move(gather); }
+
   /// Call before optimizer step `step` (1-based) begins: switches the engine's timers on when
   /// this step is profiled or the breakdown is on. The first step of a breakdown window starts
   /// its count here, so what ran between windows (the engine's construction, a checkpoint's
@@ -74,10 +109,13 @@ class Monitor {
   }
 
   /// Call after optimizer step `step` ended: prints (rank 0) what is due and returns it as JSON
-  /// ("flops_profile", "wall_clock", "memory"; empty when nothing is due).
+  /// ("flops_profile", "wall_clock", "memory"; with collect_stages also "flops_profile_stages",
+  /// "wall_clock_stages", "memory_stages", arrays by stage; empty when nothing is due).
   template <class Engine, class Model>
   nlohmann::json end_step(Engine& engine, const Model& model, std::int64_t step) {
     nlohmann::json due = nlohmann::json::object();
+    // The step's communication ends with it (the reports' own gathers below are not in it).
+    if (logger_) window_comm_s_ += logger_->seconds_in_flight() - step_comm_start_s_;
     if (cfg_.flops_profiler.profiles(step)) {
       StepTimers only_this = engine.timers().since(before_profile_);
       int mp_size = 1;       // the tensor-parallel group, where the engine has one
@@ -89,17 +127,17 @@ class Monitor {
       FlopsProfile p = collect_flops_profile(only_this_engine(engine, only_this), model, step,
                                              batch_per_rank_, mp_size, sample_ranks);
       due["flops_profile"] = p.to_json();
-      if (rank_ == 0) write_profile(p);
+      const Report r = report("flops_profile", p.to_json(), p.report(cfg_.flops_profiler), due);
+      if (rank_ == 0) write_profile(r, p.step);
     }
     ++window_steps_;
-    if (logger_) window_comm_s_ += logger_->seconds_in_flight() - step_comm_start_s_;
     const bool print = step % cfg_.steps_per_print == 0;
     if (cfg_.wall_clock_breakdown && print) {
       const WallClockBreakdown b =
           WallClockBreakdown::of(engine.timers().since(window_start_), window_steps_,
                                  logger_ ? std::optional<double>(window_comm_s_) : std::nullopt);
       due["wall_clock"] = b.to_json();
-      if (rank_ == 0) std::printf("%s\n", b.text().c_str());
+      print_report(report("wall_clock", b.to_json(), b.text(), due));
     }
     if (print) window_steps_ = 0;
     if (cfg_.memory_breakdown && print) {
@@ -108,7 +146,7 @@ class Monitor {
       const auto e = engine.memory_estimate();
       const MemoryBreakdown m = memory_breakdown(engine, e.device_at_rest + e.host);
       due["memory"] = m.to_json();
-      if (rank_ == 0) std::printf("%s\n", m.text().c_str());
+      print_report(report("memory", m.to_json(), m.text(), due));
     }
     if (rank_ == 0 && !due.empty()) std::fflush(stdout);
     return due;
@@ -116,13 +154,58 @@ class Monitor {
 
   /// Call at the end of the run: prints the comms summary (rank 0) when comms_logger is on.
   void finish() {
-    if (cfg_.comms_logger.enabled && logger_ && rank_ == 0) {
-      std::printf("Communication summary (rank 0):\n%s", logger_->log_summary().c_str());
-      std::fflush(stdout);
+    if (!cfg_.comms_logger.enabled || !logger_) return;
+    const std::string summary = logger_->log_summary();
+    if (!stages_) {
+      if (rank_ == 0) std::printf("Communication summary (rank 0):\n%s", summary.c_str());
+    } else {
+      const std::vector<std::string> all = stages_(summary);
+      for (std::size_t k = 0; rank_ == 0 && k < all.size(); ++k) {
+        std::printf("Communication summary (pipeline stage %zu, with rank 0's coordinates):\n%s", k,
+                    all[k].c_str());
+      }
     }
+    if (rank_ == 0) std::fflush(stdout);
   }
 
  private:
+  // A report as text: this rank's alone, or every stage's headed by its index.
+  struct Report {
+    std::vector<std::string> texts;     // one per stage (this rank's alone without stages)
+    std::vector<nlohmann::json> jsons;  // the same reports as JSON
+    bool staged = false;                // gathered over the pipeline's stages
+  };
+  // This rank's report (json, text), or with collect_stages every stage's, whose JSON goes into
+  // due[name + "_stages"].
+  Report report(const std::string& name, const nlohmann::json& json, const std::string& text,
+                nlohmann::json& due) const {
+    if (!stages_) return {{text}, {json}, false};
+    // One gather of both: the JSON's dump has no raw control character, the separator's.
+    const std::vector<std::string> both = stages_(json.dump() + '\x1f' + text);
+    Report r{{}, {}, true};
+    nlohmann::json stages = nlohmann::json::array();
+    for (const std::string& b : both) {
+      const std::size_t cut = b.find('\x1f');
+      expect<Error>(cut != std::string::npos, "Monitor: a stage's ", name, " report is malformed");
+      r.jsons.push_back(nlohmann::json::parse(b.substr(0, cut)));
+      stages.push_back(r.jsons.back());
+      r.texts.push_back(b.substr(cut + 1));
+    }
+    due[name + "_stages"] = std::move(stages);
+    return r;
+  }
+  // Rank 0 prints a one-line report (each stage's, headed, in a pipeline).
+  void print_report(const Report& r) const {
+    if (rank_ != 0) return;
+    if (!r.staged) {
+      std::printf("%s\n", r.texts.front().c_str());
+      return;
+    }
+    for (std::size_t k = 0; k < r.texts.size(); ++k) {
+      std::printf("pipeline stage %zu | %s\n", k, r.texts[k].c_str());
+    }
+  }
+
   // The engine's queries with other timers: what collect_flops_profile reads.
   template <class Engine>
   struct EngineWithTimers {
@@ -138,10 +221,22 @@ class Monitor {
     return {e, t};
   }
 
-  void write_profile(const FlopsProfile& p) const {
+  // The flops profile of step `step`: this rank's, or every stage's (text: each headed by its
+  // stage; a .json file: the array of the stages' profiles).
+  void write_profile(const Report& r, std::int64_t step) const {
     const std::string& file = cfg_.flops_profiler.output_file;
     const bool json = file.size() >= 5 && file.compare(file.size() - 5, 5, ".json") == 0;
-    const std::string text = json ? p.to_json().dump(2) + "\n" : p.report(cfg_.flops_profiler);
+    std::string text;
+    if (json) {
+      text = (r.staged ? nlohmann::json(r.jsons) : r.jsons.front()).dump(2) + "\n";
+    } else if (!r.staged) {
+      text = r.texts.front();
+    } else {
+      for (std::size_t k = 0; k < r.texts.size(); ++k) {
+        text += "pipeline stage " + std::to_string(k) + " of " + std::to_string(r.texts.size()) +
+                ":\n" + r.texts[k];
+      }
+    }
     if (file.empty()) {
       std::printf("%s", text.c_str());
       return;
@@ -149,7 +244,7 @@ class Monitor {
     std::ofstream out(file);
     expect<IoError>(out.good(), "flops_profiler.output_file: cannot write '", file, "'");
     out << text;
-    std::printf("flops profile of step %lld written to %s\n", static_cast<long long>(p.step),
+    std::printf("flops profile of step %lld written to %s\n", static_cast<long long>(step),
                 file.c_str());
   }
 
@@ -161,6 +256,7 @@ class Monitor {
   double window_comm_s_ = 0;      // the communication the window's steps logged
   double step_comm_start_s_ = 0;  // the logger's total when this step began
   std::int64_t window_steps_ = 0;
+  StageGather stages_;  // set in a pipeline (collect_stages)
 };
 
 }  // namespace zero::profile
