@@ -13,14 +13,12 @@
 // makes every report a collective over the stages, which rank 0 prints stage by stage and the
 // JSON carries as "<report>_stages" arrays beside its own.
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include <parallel/comm/comm_logger.hpp>
+#include <zero/checkpoint/comm_text.hpp>
 #include <zero/config/config.hpp>
 #include <zero/core/error.hpp>
 #include <zero/profile/flops_profile.hpp>
@@ -37,24 +36,11 @@
 
 namespace zero::profile {
 
-/// Every rank's s over comm, in rank order (a collective: the lengths, then the bytes).
-template <class Comm>
+/// Every rank's s over comm, in rank order (a collective: the lengths, then the bytes; the
+/// checkpoints' text gather).
+template <checkpoint::CheckpointComm Comm>
 std::vector<std::string> gather_strings(Comm& comm, const std::string& s) {
-  const auto n = static_cast<std::size_t>(comm.size());
-  const auto mine = static_cast<std::int64_t>(s.size());
-  std::vector<std::int64_t> lengths(n);
-  comm.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(lengths));
-  const auto longest = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
-  std::vector<std::string> out(n);
-  if (longest == 0) return out;
-  std::vector<std::uint8_t> send(longest, 0), all(longest * n);
-  std::copy(s.begin(), s.end(), send.begin());
-  comm.all_gather(std::span<const std::uint8_t>(send), std::span<std::uint8_t>(all));
-  for (std::size_t r = 0; r < n; ++r) {
-    const auto* first = reinterpret_cast<const char*>(all.data() + r * longest);
-    out[r].assign(first, static_cast<std::size_t>(lengths[r]));
-  }
-  return out;
+  return checkpoint::detail::all_gather_text(comm, s);
 }
 
 /// Drives the observability sections of a config (see the file comment).
