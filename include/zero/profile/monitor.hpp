@@ -112,7 +112,6 @@ class Monitor {
       }
       FlopsProfile p = collect_flops_profile(only_this_engine(engine, only_this), model, step,
                                              batch_per_rank_, mp_size, sample_ranks);
-      due["flops_profile"] = p.to_json();
       const Report r = report("flops_profile", p.to_json(), p.report(cfg_.flops_profiler), due);
       if (rank_ == 0) write_profile(r, p.step);
     }
@@ -122,7 +121,6 @@ class Monitor {
       const WallClockBreakdown b =
           WallClockBreakdown::of(engine.timers().since(window_start_), window_steps_,
                                  logger_ ? std::optional<double>(window_comm_s_) : std::nullopt);
-      due["wall_clock"] = b.to_json();
       print_report(report("wall_clock", b.to_json(), b.text(), due));
     }
     if (print) window_steps_ = 0;
@@ -131,7 +129,6 @@ class Monitor {
       // offloaded to host memory alike.
       const auto e = engine.memory_estimate();
       const MemoryBreakdown m = memory_breakdown(engine, e.device_at_rest + e.host);
-      due["memory"] = m.to_json();
       print_report(report("memory", m.to_json(), m.text(), due));
     }
     if (rank_ == 0 && !due.empty()) std::fflush(stdout);
@@ -161,23 +158,22 @@ class Monitor {
     std::vector<nlohmann::json> jsons;  // the same reports as JSON
     bool staged = false;                // gathered over the pipeline's stages
   };
-  // This rank's report (json, text), or with collect_stages every stage's, whose JSON goes into
-  // due[name + "_stages"].
-  Report report(const std::string& name, const nlohmann::json& json, const std::string& text,
+  // This rank's report (json, text), whose JSON goes into due[name]; with collect_stages every
+  // stage's too, whose JSON goes into due[name + "_stages"].
+  Report report(const std::string& name, nlohmann::json json, const std::string& text,
                 nlohmann::json& due) const {
-    if (!stages_) return {{text}, {json}, false};
+    due[name] = json;
+    if (!stages_) return {{text}, {std::move(json)}, false};
     // One gather of both: the JSON's dump has no raw control character, the separator's.
     const std::vector<std::string> both = stages_(json.dump() + '\x1f' + text);
     Report r{{}, {}, true};
-    nlohmann::json stages = nlohmann::json::array();
     for (const std::string& b : both) {
       const std::size_t cut = b.find('\x1f');
       expect<Error>(cut != std::string::npos, "Monitor: a stage's ", name, " report is malformed");
       r.jsons.push_back(nlohmann::json::parse(b.substr(0, cut)));
-      stages.push_back(r.jsons.back());
       r.texts.push_back(b.substr(cut + 1));
     }
-    due[name + "_stages"] = std::move(stages);
+    due[name + "_stages"] = r.jsons;
     return r;
   }
   // Rank 0 prints a one-line report (each stage's, headed, in a pipeline).
