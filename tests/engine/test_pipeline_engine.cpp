@@ -57,7 +57,8 @@ struct Layout {
   int tp = 1, dp = 1, pp = 2;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int virtual_stages = 1;
-  int sp = 1;  // Ulysses: each rank is fed T/sp positions of its dp rank's rows
+  int sp = 1;                // Ulysses: each rank is fed T/sp positions of its dp rank's rows
+  bool megatron_sp = false;  // tensor parallelism with Megatron's sequence parallelism
 };
 
 struct RankResult {
@@ -74,7 +75,7 @@ RankResult pipeline_rank(LocalComm& world, const Layout& l, int micro_batches, i
       world, parallel::Grid({.tp = l.tp, .cp = l.sp, .dp = l.dp, .pp = l.pp}));
   const parallel::SequenceParallel sp =
       l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel();
-  nn::GPT<double> model(pp_model(), parallel::TensorParallel(groups.tp()), sp);
+  nn::GPT<double> model(pp_model(), parallel::TensorParallel(groups.tp(), l.megatron_sp), sp);
   PipelineOptions options;
   options.schedule = l.schedule;
   options.virtual_stages = l.virtual_stages;
@@ -503,6 +504,26 @@ TEST_CASE("Pipeline: 3D (dp 2, tp 2, pp 2) with ZeRO-1 and ZeRO-0 equals the ref
   for (int stage : {0, 1}) {
     const Outcome o = run_layout(l, 4, 2, stage);
     INFO("stage " << stage);
+    CHECK(o.error <= 1e-10);
+    CHECK(o.copies_differ == 0.0);
+  }
+}
+
+TEST_CASE(
+    "Pipeline with Megatron SP: every schedule at tp 2 x pp 2 equals the reference, the "
+    "LayerNorms' gradients summed over tp in each unit's last backward of the window",
+    "[unit][pipeline][tp]") {
+  // A unit's last backward of the window is its last pass's: under ZB-H1 its input half, which
+  // runs before the weight halves of earlier passes may have (the LayerNorms' products are not
+  // deferred). A sum taken at any other pass would leave the later passes' shares out.
+  for (ScheduleKind kind : parallel::pipeline::all_schedule_kinds) {
+    Layout l;
+    l.tp = 2;
+    l.megatron_sp = true;
+    l.schedule = kind;
+    l.virtual_stages = kind == ScheduleKind::interleaved ? 2 : 1;
+    const Outcome o = run_layout(l, 4, 2);
+    INFO(name_of(kind) << ", tp 2 with SP, pp 2: worst difference " << o.error);
     CHECK(o.error <= 1e-10);
     CHECK(o.copies_differ == 0.0);
   }

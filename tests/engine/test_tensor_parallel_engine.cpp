@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
@@ -436,6 +437,54 @@ TEST_CASE(
   }
   std::filesystem::remove(original);
   std::filesystem::remove(again);
+}
+
+TEST_CASE(
+    "Tensor-parallel GPT with SP: the replicated parameters' gradients are all-reduced over tp "
+    "once per accumulation window, in its last backward, at every stage",
+    "[unit][tp]") {
+  // Under SP a backward's other tp collectives gather and reduce-scatter rows: its all-reduces
+  // on the tp group are the sums of the gradients computed on row shards, ln_1, ln_2 and the two
+  // row-parallel biases of each block, and ln_f. As Megatron's finalize_model_grads, they run
+  // once per step: the window's last backward holds them all, the others none. (The layouts'
+  // equality to the reference with accumulation is the first test's.)
+  const int tp = 2, dp = 2, accumulation = 3, steps = 2;
+  const nn::GPTConfig cfg = test::tp_tiny();
+  const auto sums = static_cast<std::uint64_t>(4 * cfg.num_layers + 1);
+  std::vector<std::uint64_t> want;
+  for (int step = 0; step < steps; ++step) {
+    for (int m = 0; m < accumulation; ++m) want.push_back(m + 1 == accumulation ? sums : 0);
+  }
+  for (int stage = 0; stage <= 3; ++stage) {
+    const auto seen = testing::per_rank<std::vector<std::uint64_t>>(tp * dp, [&](LocalComm& world) {
+      parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp, .dp = dp}));
+      nn::GPT<double> model(cfg, TensorParallel(groups.tp(), true));
+      return test::with_stage(stage, [&](auto s) {
+        engine::Engine<nn::GPT<double>, ZeroStage<decltype(s)::value>> eng(
+            model, groups, test::AdamW64{}, test::tp_options(accumulation));
+        std::vector<std::uint64_t> per_backward;
+        for (int step = 0; step < steps; ++step) {
+          const test::GlobalBatch b(test::micro_rows * accumulation * dp, step, cfg.vocab_size);
+          for (int m = 0; m < accumulation; ++m) {
+            eng.forward(b.micro(m, groups.dp().rank(), dp));
+            auto logger = std::make_shared<parallel::CommLogger>();
+            groups.tp().set_logger(logger);
+            eng.backward();
+            groups.tp().set_logger(nullptr);
+            std::uint64_t n = 0;
+            for (const auto& r : logger->records()) {
+              if (r.op == parallel::CommOp::all_reduce) n += r.stats.count;
+            }
+            per_backward.push_back(n);
+            eng.step();
+          }
+        }
+        return per_backward;
+      });
+    });
+    INFO("stage " << stage);
+    for (const auto& r : seen) CHECK(r == want);
+  }
 }
 
 TEST_CASE("Tensor-parallel GPT: sizes that do not split are refused naming the key", "[unit][tp]") {

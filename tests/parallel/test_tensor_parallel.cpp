@@ -563,61 +563,105 @@ struct BlockCheck {
 // Dropout masks of optimizer step 3 (any step but 0: a mask of the wrong step differs).
 constexpr std::uint64_t block_step = 3;
 
+// The block split over comm's ranks (with or without SP, with one fault or none), bound to the
+// rank's part of the whole block's values and zeroed gradients, with the rank's rows of x and dy.
+struct SplitBlock {
+  SplitBlock(LocalComm& comm, bool sp, BlockFault fault,
+             const std::vector<nn::ParamSpec>& whole_specs,
+             const std::vector<std::vector<double>>& whole_values, const std::vector<double>& x,
+             const std::vector<double>& dy, bool dropout)
+      : tp(comm, sp), cfg(block_config(dropout)) {
+    const std::int64_t C = cfg.channels;
+    if (fault == BlockFault::none) {
+      nn::add_gpt_block(block, cfg, 1, tp);
+    } else {
+      add_faulty_block(block, cfg, tp, fault);
+    }
+    specs = block.params();
+    for (const auto& s : specs) {
+      const std::size_t k = whole_index(s.name, whole_specs);
+      whole_shapes.push_back(whole_specs[k].shape);
+      values.push_back(held_values(s, whole_values[k], whole_specs[k].shape, tp));
+      grads.emplace_back(values.back().size(), 0.0);
+    }
+    std::vector<nn::ParamView<double>> views;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      views.push_back({Tensor<double>(values[i].data(), specs[i].shape),
+                       Tensor<double>(grads[i].data(), specs[i].shape)});
+    }
+    block.bind(views);
+    rows = sp ? block_rows / tp.size() : block_rows;
+    first = sp ? tp.rank() * rows : 0;
+    input = rows_of(x, C, first, rows);
+    dout = rows_of(dy, C, first, rows);
+    ctx.arena = &arena;
+    ctx.batch = block_batch;
+    ctx.seq_len = block_seq;
+    ctx.step = block_step;
+  }
+  static std::size_t whole_index(const std::string& name, const std::vector<nn::ParamSpec>& whole) {
+    std::size_t k = 0;
+    while (whole[k].name != name) ++k;
+    return k;
+  }
+  // Forward of the rank's rows; returns the output.
+  std::vector<double> forward() {
+    x_run = input;  // a layer may write into its input
+    ctx.x = Tensor<double>(x_run.data(), Shape{rows, cfg.channels});
+    block.forward(ctx);
+    return {ctx.x.begin(), ctx.x.end()};
+  }
+  // Backward of the rank's rows of dy (after forward); returns the input gradient.
+  std::vector<double> backward() {
+    dy_run = dout;
+    ctx.dy = Tensor<double>(dy_run.data(), Shape{rows, cfg.channels});
+    block.backward(ctx);
+    std::vector<double> dx(ctx.dx.begin(), ctx.dx.end());
+    arena.reset();
+    return dx;
+  }
+  // The largest difference of the gradients to the rank's part of want, times `split` for the
+  // parameters split over tp and `replicated` for those whole on every rank.
+  double grads_error(const std::vector<nn::ParamSpec>& whole_specs,
+                     const std::vector<std::vector<double>>& want, double split = 1,
+                     double replicated = 1) const {
+    double e = 0;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      std::vector<double> part =
+          held_values(specs[i], want[whole_index(specs[i].name, whole_specs)], whole_shapes[i], tp);
+      for (double& v : part) v *= specs[i].split.is_split() ? split : replicated;
+      e = std::max(e, max_diff(grads[i], part));
+    }
+    return e;
+  }
+
+  TensorParallel tp;
+  nn::GPTConfig cfg;
+  nn::Sequential<double> block;
+  std::vector<nn::ParamSpec> specs;
+  std::vector<std::vector<double>> values, grads;
+  std::vector<Shape> whole_shapes;
+  std::int64_t rows = 0, first = 0;
+  std::vector<double> input, dout;
+  std::vector<double> x_run, dy_run;  // what forward and backward run on
+  Arena<> arena{16 << 20};
+  nn::StepContext<double> ctx;
+};
+
 BlockCheck check_block(LocalComm& comm, bool sp, BlockFault fault, const LayerRun& want,
                        const std::vector<nn::ParamSpec>& whole_specs,
                        const std::vector<std::vector<double>>& whole_values,
                        const std::vector<double>& x, const std::vector<double>& dy,
                        bool dropout = false) {
-  const TensorParallel tp(comm, sp);
-  const nn::GPTConfig cfg = block_config(dropout);
-  const std::int64_t C = cfg.channels;
-  nn::Sequential<double> block;
-  if (fault == BlockFault::none) {
-    nn::add_gpt_block(block, cfg, 1, tp);
-  } else {
-    add_faulty_block(block, cfg, tp, fault);
-  }
-  const auto specs = block.params();
-  std::vector<std::vector<double>> values, grads;
-  std::vector<Shape> whole_shapes;
-  for (const auto& s : specs) {
-    std::size_t k = 0;
-    while (whole_specs[k].name != s.name) ++k;
-    whole_shapes.push_back(whole_specs[k].shape);
-    values.push_back(held_values(s, whole_values[k], whole_specs[k].shape, tp));
-    grads.emplace_back(values.back().size(), 0.0);
-  }
-  std::vector<nn::ParamView<double>> views;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    views.push_back({Tensor<double>(values[i].data(), specs[i].shape),
-                     Tensor<double>(grads[i].data(), specs[i].shape)});
-  }
-  block.bind(views);
-  const std::int64_t rows = sp ? block_rows / tp.size() : block_rows;
-  const std::int64_t first = sp ? tp.rank() * rows : 0;
-  std::vector<double> input = rows_of(x, C, first, rows), dout = rows_of(dy, C, first, rows);
-  Arena<> arena(16 << 20);
-  nn::StepContext<double> ctx;
-  ctx.arena = &arena;
-  ctx.batch = block_batch;
-  ctx.seq_len = block_seq;
-  ctx.step = block_step;
-  ctx.x = Tensor<double>(input.data(), Shape{rows, C});
-  block.forward(ctx);
+  SplitBlock b(comm, sp, fault, whole_specs, whole_values, x, dy, dropout);
+  const std::int64_t C = b.cfg.channels;
+  const std::vector<double> y = b.forward();
   BlockCheck r;
-  r.held_bytes = arena.used_bytes();
-  const std::vector<double> y(ctx.x.begin(), ctx.x.end());
-  ctx.dy = Tensor<double>(dout.data(), Shape{rows, C});
-  block.backward(ctx);
-  const std::vector<double> dx(ctx.dx.begin(), ctx.dx.end());
-  r.error = std::max(max_diff(y, rows_of(want.y, C, first, rows)),
-                     max_diff(dx, rows_of(want.dx, C, first, rows)));
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    std::size_t k = 0;
-    while (whole_specs[k].name != specs[i].name) ++k;
-    r.error = std::max(
-        r.error, max_diff(grads[i], held_values(specs[i], want.grads[k], whole_shapes[i], tp)));
-  }
+  r.held_bytes = b.arena.used_bytes();
+  const std::vector<double> dx = b.backward();
+  r.error = std::max(max_diff(y, rows_of(want.y, C, b.first, b.rows)),
+                     max_diff(dx, rows_of(want.dx, C, b.first, b.rows)));
+  r.error = std::max(r.error, b.grads_error(whole_specs, want.grads));
   return r;
 }
 
@@ -802,6 +846,72 @@ TEST_CASE("Communication of a GPT block over the tp group equals Megatron's form
           CHECK(v.ops == 4);
         }
       }
+    }
+  }
+}
+
+TEST_CASE(
+    "Under SP a GPT block's replicated gradients are summed over the window and all-reduced once, "
+    "in its last backward, and a window that ended leaves nothing behind",
+    "[unit][tp]") {
+  // Megatron sums the LayerNorms' and the row-parallel biases' gradients (each rank's rows'
+  // share) over the group once per step, in finalize_model_grads. Here the backwards before the
+  // window's last (StepContext::window_end false) hold their share back: 3 backwards of the same
+  // rows then equal 3 whole-block backwards, with the 4 all-reduces (ln_1, ln_2, the two
+  // biases) all in the last, and none before.
+  const WholeBlock w = whole_block();
+  struct Seen {
+    std::vector<std::uint64_t> all_reduces;  // per backward
+    double held_back = 0;        // the largest replicated gradient after the first backward
+    double split_after_one = 0;  // the largest split gradient then (not held back)
+    double window_error = 0;     // after the window, against 3 whole backwards
+    double moved_on_error = 0;   // a second window after a first that never ended
+  };
+  for (int tp : {2, 4}) {
+    const auto seen = testing::per_rank<Seen>(tp, [&](LocalComm& comm) {
+      Seen r;
+      SplitBlock b(comm, true, BlockFault::none, w.specs, w.values, w.x, w.dy, false);
+      for (int m = 0; m < 3; ++m) {
+        b.ctx.window_end = m == 2;
+        (void)b.forward();
+        auto logger = std::make_shared<parallel::CommLogger>();
+        comm.set_logger(logger);
+        (void)b.backward();
+        comm.set_logger(nullptr);
+        std::uint64_t n = 0;
+        for (const auto& rec : logger->records()) {
+          if (rec.op == parallel::CommOp::all_reduce) n += rec.stats.count;
+        }
+        r.all_reduces.push_back(n);
+        if (m > 0) continue;
+        for (std::size_t i = 0; i < b.specs.size(); ++i) {
+          for (double g : b.grads[i]) {
+            double& worst = b.specs[i].split.is_split() ? r.split_after_one : r.held_back;
+            worst = std::max(worst, std::abs(g));
+          }
+        }
+      }
+      r.window_error = b.grads_error(w.specs, w.want.grads, 3, 3);
+      // A window whose last backward never ran (the engine ended it after a failure): the next
+      // window's sums start from nothing. The split gradients were not cleared here, so they
+      // hold both backwards; the replicated ones only the second window's.
+      SplitBlock c(comm, true, BlockFault::none, w.specs, w.values, w.x, w.dy, false);
+      for (int window = 0; window < 2; ++window) {
+        c.ctx.window = static_cast<std::uint64_t>(window);
+        c.ctx.window_end = window == 1;
+        (void)c.forward();
+        (void)c.backward();
+      }
+      r.moved_on_error = c.grads_error(w.specs, w.want.grads, 2, 1);
+      return r;
+    });
+    INFO("tp " << tp);
+    for (const Seen& r : seen) {
+      CHECK(r.all_reduces == std::vector<std::uint64_t>{0, 0, 4});
+      CHECK(r.held_back == 0.0);
+      CHECK(r.split_after_one > 1e-3);
+      CHECK(r.window_error <= 1e-11);
+      CHECK(r.moved_on_error <= 1e-11);
     }
   }
 }

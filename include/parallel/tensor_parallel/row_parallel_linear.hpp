@@ -7,7 +7,8 @@
 //     parallelism.
 // The bias is whole on every rank and added after the reduction, once. Without sequence
 // parallelism its gradient is the same on every rank; with it each rank sums its own rows, and
-// the contributions are all-reduced over the group before they are added.
+// the contributions are summed over the accumulation window and all-reduced over the group once,
+// at the window's last backward, before they are added (window_grad_sum.hpp).
 
 #include <any>
 #include <cmath>
@@ -18,6 +19,7 @@
 
 #include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <parallel/tensor_parallel/window_grad_sum.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/element_access.hpp>
@@ -102,7 +104,10 @@ class RowParallelLinear final : public nn::Layer<T> {
         for (T& v : db) v = T(0);
         ops::cpu::linear_backward<T>(nullptr, nullptr, db.data(), ctx.dy.data(), nullptr, nullptr,
                                      rows_ / tp_.size(), part, out_);
-        region_backward(Region::copy_to_tp, tp_, db.data(), bias_view_.grad.data(), 1, out_);
+        const auto n = static_cast<std::size_t>(out_);
+        bias_sums_.resize(n);
+        bias_sums_.add(ctx, std::span<const T>(db.data(), n));
+        if (bias_sums_.reduce(ctx, tp_)) bias_sums_.add_to(bias_view_.grad.data(), 0, n);
       } else {
         ops::cpu::linear_backward<T>(nullptr, nullptr, bias_view_.grad.data(), dy, nullptr, nullptr,
                                      rows_, part, out_);
@@ -140,6 +145,7 @@ class RowParallelLinear final : public nn::Layer<T> {
   nn::ParamView<T> weight_, bias_view_;
   Tensor<T> input_;
   std::int64_t rows_ = 0;
+  WindowGradSum<T> bias_sums_;  // sequence parallelism: the bias gradient's window and group sum
 };
 
 }  // namespace zero::parallel

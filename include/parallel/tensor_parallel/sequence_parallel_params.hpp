@@ -2,11 +2,13 @@
 // SequenceParallelParams: wraps a layer whose parameters are whole on every tensor-parallel rank
 // but which runs on the rank's 1/tp of the rows under sequence parallelism (LayerNorm, RMSNorm).
 // Each rank's parameter gradient is then only its rows' share, so the wrapper lets the inner
-// layer accumulate into zeroed private gradients and adds their sum over the group
-// (an all-reduce) into the real ones: after every backward the gradients of these parameters are
-// equal on all tensor-parallel ranks, as without sequence parallelism. (Megatron all-reduces
-// them once per step in finalize_model_grads; here it happens per micro-step, inside the layer,
-// so it composes with every ZeRO stage's reduction schedule. The tensors are small: 2C per norm.)
+// layer accumulate into zeroed private gradients, sums them over the accumulation window, and
+// at the unit's last backward of the window adds their sum over the group (one all-reduce,
+// window_grad_sum.hpp) into the real ones. The gradients of these parameters are then equal on
+// all tensor-parallel ranks when the window's reductions run, as without sequence parallelism,
+// and the group reduces once per step, as Megatron's finalize_model_grads does. The sum goes in
+// inside the layer's backward, so it composes with every ZeRO stage's reduction schedule (the
+// backwards before it add nothing to the real gradients).
 
 #include <any>
 #include <memory>
@@ -14,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <parallel/tensor_parallel/window_grad_sum.hpp>
 #include <zero/core/buffer.hpp>
 #include <zero/nn/layers/layer.hpp>
 
@@ -38,6 +40,7 @@ class SequenceParallelParams final : public nn::Layer<T> {
     std::size_t total = 0;
     for (const auto& v : views) total += static_cast<std::size_t>(v.value.numel());
     if (private_.size() != total) private_ = Buffer<T>(total);
+    window_sums_.resize(total);
     std::vector<nn::ParamView<T>> inner_views;
     std::size_t offset = 0;
     for (const auto& v : views) {
@@ -56,14 +59,14 @@ class SequenceParallelParams final : public nn::Layer<T> {
   void backward(nn::StepContext<T>& ctx) override {
     for (T& g : private_.view()) g = T(0);
     inner_->backward(ctx);
+    window_sums_.add(ctx, std::span<const T>(private_.data(), private_.size()));
     // One all-reduce for all the layer's parameters (LayerNorm: weight and bias, 2C values).
-    if (tp_.active())
-      tp_.comm().all_reduce(std::span<T>(private_.data(), private_.size()), ReduceOp::sum);
+    if (!window_sums_.reduce(ctx, tp_)) return;
     std::size_t offset = 0;
     for (const auto& v : real_) {
-      const auto n = static_cast<std::int64_t>(v.value.numel());
-      if (v.grad.data() != nullptr) detail::add_into(v.grad.data(), private_.data() + offset, n);
-      offset += static_cast<std::size_t>(n);
+      const auto n = static_cast<std::size_t>(v.value.numel());
+      if (v.grad.data() != nullptr) window_sums_.add_to(v.grad.data(), offset, n);
+      offset += n;
     }
   }
   /// The wrapped layer's.
@@ -81,7 +84,8 @@ class SequenceParallelParams final : public nn::Layer<T> {
   TensorParallel tp_;
   std::unique_ptr<nn::Layer<T>> inner_;
   std::vector<nn::ParamView<T>> real_;
-  Buffer<T> private_;
+  Buffer<T> private_;             // the inner layer's gradients of one backward
+  WindowGradSum<T> window_sums_;  // their sum over the window, then over the group
 };
 
 }  // namespace zero::parallel

@@ -1181,6 +1181,7 @@ class Engine {
     for (int u = r.last - 1; u >= r.first; --u) {
       exchange_.acquire(u, /*with_grads=*/true);
       exchange_.prefetch(u, -1);
+      ctx.window_end = micro_.last_backward_of_window(u);
       {
         const auto unit_timed = timers_.unit(profile::Phase::backward, u);
         model_.backward_unit(u, ctx);

@@ -165,6 +165,7 @@ class MicroSteps {
              int num_units) {
     ctx_ = batch.template context<T>(*arena_, training, rng_step, kernels_);
     ctx_.seed = seed_;
+    ctx_.window = window_;
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     phase_ = Phase::forward;
     next_forward_ = 0;
@@ -236,6 +237,7 @@ class MicroSteps {
   }
   /// Ends the window (after step(), or when a failed step left it).
   void finish_window() {
+    ++window_;
     done_ = 0;
     boundary_pending_ = false;
     nonfinite_ = 0;
@@ -277,6 +279,7 @@ class MicroSteps {
                   int num_units, bool training = true) {
     ctx_ = batch.template context<T>(*arena_, training, rng_step, kernels_);
     ctx_.seed = seed_;
+    ctx_.window = window_;
     ctx_.loss_scale = static_cast<compute_type_t<T>>(loss_scale);
     if (unit_passes_.empty()) {
       unit_passes_.assign(static_cast<std::size_t>(num_units), 0);
@@ -296,6 +299,12 @@ class MicroSteps {
   }
   /// True when the pass in flight is unit u's last backward of the window.
   bool pass_at_boundary(int u) const { return passes_of(u) + 1 == accumulation_; }
+  /// True when the backward in flight (a micro-step's, or a pass's whole backward or input
+  /// half) is unit u's last of the window (nn::StepContext::window_end). An input half runs
+  /// before the weight halves of earlier passes may have, so it counts input halves.
+  bool last_backward_of_window(int u) const {
+    return phase_ == Phase::pass ? inputs_of(u) + 1 == accumulation_ : at_boundary();
+  }
   /// Records that the pass in flight ran its backward's input half (the whole backward is
   /// both halves), counting a non-finite loss when it held the last unit; the next pass may
   /// start.
@@ -439,6 +448,7 @@ class MicroSteps {
   std::vector<int> unit_inputs_;  // of which the input half ran (split backwards run it first)
   UnitRange pass_;
   bool pass_counted_ = false;  // the pass in flight is a training pass (open_ counts it)
+  std::uint64_t window_ = 0;   // windows ended so far (nn::StepContext::window)
 };
 
 }  // namespace zero::engine

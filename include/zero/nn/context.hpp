@@ -77,6 +77,15 @@ struct StepContext {
   /// unit's input gradient starts from another buffer (a residual's skip gradient): ctx.dx holds
   /// no gradient yet, and the layer writes dx = dx_start + its input gradient. Null otherwise.
   const T* dx_start = nullptr;
+  /// False for a backward that is not its unit's last of the accumulation window (the engine
+  /// sets it per unit): a layer that sums gradient contributions over a group may hold them
+  /// back until the last one (parallel::WindowGradSum). True, the default, outside an engine:
+  /// every backward is then complete on its own.
+  bool window_end = true;
+  /// The accumulation window this micro-step belongs to: the engine moves it on at the end of
+  /// every window, a failed one included, so sums held for a window are not carried into the
+  /// next.
+  std::uint64_t window = 0;
   /// When set, Sequential times each layer's forward and backward into it by layer kind
   /// (profile/op_times.hpp); null (the default) times nothing.
   profile::OpTimes* op_times = nullptr;
