@@ -104,6 +104,7 @@
 #include <unistd.h>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/comm/text_collectives.hpp>
 #include <parallel/launch_env.hpp>
 #include <parallel/moe/expert_parallel.hpp>
 #include <parallel/pipeline/pipeline_engine.hpp>
@@ -896,7 +897,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   // Each stage runs its own units: the profiler's reports are gathered from every stage (those
   // of the stages' ranks with rank 0's tp, sp, ep and dp coordinates).
   monitor.collect_stages(
-      [&groups](const std::string& s) { return profile::gather_strings(groups.pp(), s); });
+      [&groups](const std::string& s) { return parallel::all_gather_text(groups.pp(), s); });
   const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
   if (leader) {
     for (const auto& w : pipe.partition().warnings) std::printf("train_gpt: %s\n", w.c_str());

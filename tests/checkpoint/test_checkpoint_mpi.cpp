@@ -32,7 +32,7 @@ struct SharedDir {
           (std::filesystem::temp_directory_path() / ("zero-ckpt-mpi-" + std::to_string(::getpid())))
               .string();
     }
-    path = checkpoint::detail::broadcast_text(comm, name, 0);
+    path = parallel::broadcast_text(comm, name, 0);
   }
   ~SharedDir() {
     comm.barrier();
@@ -89,7 +89,7 @@ TEST_CASE("MpiComm: a save failing on one process fails on all with the same err
   }
   CHECK_THAT(error, Catch::Contains("rank " + std::to_string(world.size() - 1)) &&
                         Catch::Contains("outside"));
-  const auto all = checkpoint::detail::all_gather_text(world, error);
+  const auto all = parallel::all_gather_text(world, error);
   for (const auto& e : all) CHECK(e == error);
   CHECK(list_tags(dir.path).empty());
 }

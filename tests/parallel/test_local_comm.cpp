@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/comm/text_collectives.hpp>
 
 #include "comm_test_util.hpp"
 
@@ -628,5 +629,34 @@ TEST_CASE("LocalComm: a u8 average divides by the rank count, not by it wrapped 
     // 255 / n and 254 / n in integer division: 1 and 0 at 255 ranks, 0 and 0 above.
     CHECK(got[0] == (n == 255 ? 1000 : 0));
     CHECK(got[static_cast<std::size_t>(n - 1)] == got[0]);
+  }
+}
+
+TEST_CASE(
+    "Text collectives: every rank gets every rank's string in rank order, empty ones too, and "
+    "the root's broadcast",
+    "[unit][comm]") {
+  const std::vector<std::string> sent = {"", "a", "hello, stages", ""};
+  struct Seen {
+    std::vector<std::string> gathered;
+    std::string from_root;
+  };
+  const auto got = per_rank<Seen>(4, [&](LocalComm& comm) {
+    const std::string& mine = sent[static_cast<std::size_t>(comm.rank())];
+    return Seen{zero::parallel::all_gather_text(comm, mine),
+                zero::parallel::broadcast_text(comm, mine, 2)};
+  });
+  for (const Seen& g : got) {
+    CHECK(g.gathered == sent);
+    CHECK(g.from_root == "hello, stages");
+  }
+  // All empty: no bytes to gather or broadcast.
+  const auto none = per_rank<Seen>(2, [](LocalComm& comm) {
+    return Seen{zero::parallel::all_gather_text(comm, ""),
+                zero::parallel::broadcast_text(comm, "", 0)};
+  });
+  for (const Seen& g : none) {
+    CHECK(g.gathered == std::vector<std::string>{"", ""});
+    CHECK(g.from_root.empty());
   }
 }

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/comm/text_collectives.hpp>
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
@@ -239,19 +240,6 @@ TEST_CASE("Monitor: the flops profile counts the ranks that read their own sampl
   }
 }
 
-TEST_CASE("gather_strings: every rank gets every rank's string, in rank order, empty ones too",
-          "[unit][profile]") {
-  const std::vector<std::string> sent = {"", "a", "hello, stages", ""};
-  const auto got = testing::per_rank<std::vector<std::string>>(4, [&](parallel::LocalComm& comm) {
-    return profile::gather_strings(comm, sent[static_cast<std::size_t>(comm.rank())]);
-  });
-  for (const auto& g : got) CHECK(g == sent);
-  // All empty: no bytes to gather.
-  const auto none = testing::per_rank<std::vector<std::string>>(
-      2, [](parallel::LocalComm& comm) { return profile::gather_strings(comm, ""); });
-  for (const auto& g : none) CHECK(g == std::vector<std::string>{"", ""});
-}
-
 TEST_CASE(
     "Monitor in a pipeline: the breakdowns and the flops profile are gathered from every stage",
     "[unit][profile][pipeline]") {
@@ -279,7 +267,7 @@ TEST_CASE(
     parallel::pipeline::PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(model, comm, groups, c,
                                                                           po);
     monitor.collect_stages(
-        [&groups](const std::string& s) { return profile::gather_strings(groups.pp(), s); });
+        [&groups](const std::string& s) { return parallel::all_gather_text(groups.pp(), s); });
     const std::vector<engine::MicroBatch> batches(
         2, engine::MicroBatch{tokens.data(), tokens.data(), rows, gc.max_seq_len});
     StageSeen out;

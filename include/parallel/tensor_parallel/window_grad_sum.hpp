@@ -40,8 +40,8 @@ class WindowGradSum {
 
   /// Adds this backward's contribution g (size() values).
   void add(const nn::StepContext<T>& ctx, std::span<const T> g) {
-    expect<ShapeError>(g.size() == sums_.size(), "WindowGradSum: ", g.size(),
-                       " contributions for ", sums_.size(), " values");
+    expect<ShapeError>(g.size() == sums_.size(), "WindowGradSum: ", g.size(), " contributions for ",
+                       sums_.size(), " values");
     if (!open_ || ctx.window != window_) {
       for (C& s : sums_.view()) s = C(0);
       open_ = true;

@@ -415,7 +415,7 @@ Reader load(Comm& comm, const std::filesystem::path& dir, std::string_view tag =
       resolved = std::string("-") + e.what();
     }
   }
-  resolved = detail::broadcast_text(comm, resolved, 0);
+  resolved = parallel::broadcast_text(comm, resolved, 0);
   if (resolved.front() != '+') throw CheckpointError(resolved.substr(1));
   // Each rank opens the checkpoint itself, and one may fail alone (a file system that shows it
   // the new tag late, a directory local to its node): the ranks agree, so every rank throws the
@@ -430,7 +430,7 @@ Reader load(Comm& comm, const std::filesystem::path& dir, std::string_view tag =
     thrown = std::current_exception();
   }
   // Each rank's outcome: "+" and the CRC32C of the index it read, or "-" and its failure.
-  const std::vector<std::string> outcomes = detail::all_gather_text(
+  const std::vector<std::string> outcomes = parallel::all_gather_text(
       comm, thrown ? "-" + failure : "+" + std::to_string(reader->index_crc32c()));
   for (std::size_t r = 0; r < outcomes.size(); ++r) {
     if (outcomes[r].front() == '+') continue;

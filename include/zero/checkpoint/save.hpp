@@ -327,7 +327,7 @@ SaveResult save_streamed(Comm& comm, const std::filesystem::path& dir, std::stri
       prepared = std::string("-") + e.what();
     }
   }
-  prepared = detail::broadcast_text(comm, prepared, 0);
+  prepared = parallel::broadcast_text(comm, prepared, 0);
   expect<CheckpointError>(prepared.front() == '+', "saving checkpoint '", tag, "' in '",
                           dir.string(), "' failed on rank 0: ", prepared.substr(1));
   const std::filesystem::path temp = dir / prepared.substr(1);
@@ -341,7 +341,7 @@ SaveResult save_streamed(Comm& comm, const std::filesystem::path& dir, std::stri
   }
   // Invalid UTF-8 (in a path or message) is replaced, not thrown: every rank must reach the
   // gather.
-  const std::vector<std::string> reports = detail::all_gather_text(
+  const std::vector<std::string> reports = parallel::all_gather_text(
       comm, report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 
   std::string outcome;
@@ -359,7 +359,7 @@ SaveResult save_streamed(Comm& comm, const std::filesystem::path& dir, std::stri
       outcome = std::string("-") + e.what();
     }
   }
-  outcome = detail::broadcast_text(comm, outcome, 0);
+  outcome = parallel::broadcast_text(comm, outcome, 0);
   if (outcome.front() != '+') throw CheckpointError(outcome.substr(1));
   SaveResult result;
   result.path = dir / std::string(tag);

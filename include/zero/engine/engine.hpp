@@ -44,6 +44,7 @@
 #include <optim/grad_norm.hpp>
 #include <parallel/comm/any_comm.hpp>
 #include <parallel/comm/communicator.hpp>
+#include <parallel/comm/text_collectives.hpp>
 #include <parallel/process_groups.hpp>
 #include <zero/config/config.hpp>
 #include <zero/core/arena.hpp>
@@ -944,7 +945,7 @@ class Engine {
       std::string first;
       try {
         auto comm = state().state_comm();
-        for (const std::string& r : checkpoint::detail::all_gather_text(comm, mine)) {
+        for (const std::string& r : parallel::all_gather_text(comm, mine)) {
           if (first.empty() && !r.empty()) first = r;
         }
       } catch (const std::exception&) {

@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <zero/checkpoint/comm_text.hpp>
+#include <parallel/comm/text_collectives.hpp>
 #include <zero/checkpoint/reader.hpp>
 #include <zero/checkpoint/save.hpp>
 #include <zero/checkpoint/unit_segments.hpp>
@@ -79,7 +79,7 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
     failure = zero::detail::concat("rank ", state.state_comm().rank(), ": ", e.what());
   }
   auto comm = state.state_comm();
-  for (const std::string& r : checkpoint::detail::all_gather_text(comm, failure)) {
+  for (const std::string& r : parallel::all_gather_text(comm, failure)) {
     if (!r.empty()) {
       raise<CheckpointError>(what, " failed on ", r, " (nothing was written)");
     }
@@ -113,8 +113,8 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
     for (const nn::ParamSpec& p : state.unit_specs(u)) all_specs.push_back(p);
   }
   nlohmann::json rows_in_use = nlohmann::json::object();
-  for (const std::string& text : checkpoint::detail::all_gather_text(
-           comm, checkpoint::rows_in_use_record(all_specs).dump())) {
+  for (const std::string& text :
+       parallel::all_gather_text(comm, checkpoint::rows_in_use_record(all_specs).dump())) {
     rows_in_use.update(nlohmann::json::parse(text));
   }
   if (!rows_in_use.empty()) engine_json[checkpoint::rows_in_use_key] = std::move(rows_in_use);
@@ -148,8 +148,7 @@ void load_agreed(State& state, std::string_view what, const std::string& source,
   // Each rank's report: whether it changed a slice, then its failure (empty: none).
   std::string first;
   bool any_touched = false;
-  for (const std::string& r :
-       checkpoint::detail::all_gather_text(comm, (touched ? "+" : "-") + failure)) {
+  for (const std::string& r : parallel::all_gather_text(comm, (touched ? "+" : "-") + failure)) {
     any_touched = any_touched || r.front() == '+';
     if (first.empty() && r.size() > 1) first = r.substr(1);
   }
@@ -203,7 +202,7 @@ nlohmann::json load_engine_checkpoint(Eng& eng, const std::filesystem::path& dir
       for (const auto& p : state.unit_specs(u)) mine.append(p.name).push_back('\n');
     }
     std::set<std::string, std::less<>> known;
-    for (const std::string& text : checkpoint::detail::all_gather_text(comm, mine)) {
+    for (const std::string& text : parallel::all_gather_text(comm, mine)) {
       for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos;
            at = end + 1) {
         known.insert(text.substr(at, end - at));

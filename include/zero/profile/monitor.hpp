@@ -9,9 +9,9 @@
 //                         engine, and its log_summary at finish (verbose: a line per op).
 // Rank 0 prints; every rank measures. end_step returns the figures due at that step as JSON,
 // for the program's metrics file. In a pipeline each stage runs its own units, so rank 0's
-// figures are stage 0's alone: collect_stages (with gather_strings over the pipeline group)
-// makes every report a collective over the stages, which rank 0 prints stage by stage and the
-// JSON carries as "<report>_stages" arrays beside its own.
+// figures are stage 0's alone: collect_stages (with parallel::all_gather_text over the
+// pipeline group) makes every report a collective over the stages, which rank 0 prints stage by
+// stage and the JSON carries as "<report>_stages" arrays beside its own.
 
 #include <cstdint>
 #include <cstdio>
@@ -26,7 +26,6 @@
 #include <nlohmann/json.hpp>
 
 #include <parallel/comm/comm_logger.hpp>
-#include <zero/checkpoint/comm_text.hpp>
 #include <zero/config/config.hpp>
 #include <zero/core/error.hpp>
 #include <zero/profile/flops_profile.hpp>
@@ -36,18 +35,11 @@
 
 namespace zero::profile {
 
-/// Every rank's s over comm, in rank order (a collective: the lengths, then the bytes; the
-/// checkpoints' text gather).
-template <checkpoint::CheckpointComm Comm>
-std::vector<std::string> gather_strings(Comm& comm, const std::string& s) {
-  return checkpoint::detail::all_gather_text(comm, s);
-}
-
 /// Drives the observability sections of a config (see the file comment).
 class Monitor {
  public:
   /// Gathers one string from every pipeline stage, stage by stage (a collective over the
-  /// pipeline group: gather_strings).
+  /// pipeline group: parallel::all_gather_text).
   using StageGather = std::function<std::vector<std::string>(const std::string&)>;
 
   /// For rank (rank 0 prints) of a run whose micro-batches have batch_per_rank rows.
