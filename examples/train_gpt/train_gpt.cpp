@@ -950,7 +950,15 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
     loss = mean_over_dp(eng, r.loss);
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
-    if (leader && ((step + 1) % cfg.steps_per_print == 0 || step + 1 == o.steps)) {
+    const bool print_due = (step + 1) % cfg.steps_per_print == 0 || step + 1 == o.steps;
+    // Each stage holds its own units' states: the line shows the largest (a max over the
+    // pipeline group, which every rank joins when a line is due).
+    double state_bytes = 0;
+    if (print_due) {
+      state_bytes = static_cast<double>(eng.memory_report().total());
+      groups.pp().all_reduce(std::span<double>(&state_bytes, 1), parallel::ReduceOp::max);
+    }
+    if (leader && print_due) {
       const auto now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - last).count();
       last = now;
@@ -958,10 +966,10 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
       const double ms = 1e3 * seconds / static_cast<double>(since_print);
       std::printf(
           "step %4lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tokens/s | %.1f ms/step | "
-          "bubble %.2f | stage 0 state %.2f MB%s%s\n",
+          "bubble %.2f | largest stage state %.2f MB%s%s\n",
           static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(), tokens_per_s, ms,
-          r.bubble_fraction, static_cast<double>(eng.memory_report().total()) / 1e6,
-          routing.line().c_str(), eng.last_step_skipped() ? " | skipped" : "");
+          r.bubble_fraction, state_bytes / 1e6, routing.line().c_str(),
+          eng.last_step_skipped() ? " | skipped" : "");
       std::fflush(stdout);
       since_print = 0;
       if (metrics.is_open()) {

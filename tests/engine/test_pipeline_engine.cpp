@@ -162,16 +162,19 @@ namespace {
 // half, and the weight halves only after both input halves (ZB-H1's order when a stage has two
 // micro-batches in flight), so the second input half accumulates into gradient buffers that
 // the first's products still aim at (bf16 folds those buffers into f32 only after the last).
-// `products` gets how many products the first input half left.
+// `products` gets how many products the first input half left. tp > 1: the model split over
+// tp ranks with Megatron's sequence parallelism.
 template <class T>
-std::vector<std::vector<test::HeldParam>> passes_run(bool split, std::size_t* products = nullptr) {
-  return testing::per_rank<std::vector<test::HeldParam>>(1, [&](LocalComm& world) {
-    nn::GPT<T> model(pp_model());
+std::vector<std::vector<test::HeldParam>> passes_run(bool split, std::size_t* products = nullptr,
+                                                     int tp = 1) {
+  return testing::per_rank<std::vector<test::HeldParam>>(tp, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp}));
+    nn::GPT<T> model(pp_model(), parallel::TensorParallel(groups.tp(), tp > 1));
     using Eng = std::conditional_t<std::is_same_v<T, bf16>,
                                    engine::Engine<nn::GPT<T>, ZeroStage<1>, Precision<bf16>>,
                                    engine::Engine<nn::GPT<T>, ZeroStage<1>>>;
     Eng eng(
-        model, world,
+        model, groups,
         [](int, auto p, auto g) {
           for (std::size_t i = 0; i < p.size(); ++i) p[i] -= 0.05 * g[i];
         },
@@ -244,6 +247,15 @@ TEST_CASE("Engine passes: a backward split into input and weight halves equals t
     CHECK(f32 <= 1e-6);
     // Every block's 4 linear layers and the tied LM head left their products (6 blocks).
     CHECK(products == 6 * 4 + 1);
+  }
+  // Under Megatron SP the LayerNorms' gradients are summed over tp in the unit's last backward
+  // of the window: with the split, the second pass's input half, which runs before the first
+  // pass's weight half (a sum keyed to the weight halves would never be taken).
+  SECTION("f64 at tp 2 with SP: to rounding") {
+    const double d = test::max_difference(test::assemble(passes_run<double>(false, nullptr, 2)),
+                                          test::assemble(passes_run<double>(true, nullptr, 2)));
+    INFO("f64 at tp 2 " << d);
+    CHECK(d <= 1e-13);
   }
   // The bf16 gradient buffers fold into f32 after both micro-batches instead of after each: one
   // bf16 rounding of a sum instead of two of its parts (measured 1.7e-6 after 2 steps).
