@@ -1,11 +1,12 @@
 // tp_bench: a GPT training step (forward, backward, AdamW at ZeRO stage 1) on 2 LocalComm ranks
 // split as tensor parallel (tp 2, dp 1), tensor + sequence parallel, and data parallel
-// (tp 1, dp 2), on the same global batch; then, for the tp layouts, the time the tensor-parallel
-// collectives took in the step (CommLogger, tp group) beside raw LocalComm collectives of the
-// same ops and bytes, timed in the same run (so the ratio is the layers' overhead on top of
-// moving the bytes). One JSON line per result.
+// (tp 1, dp 2), on the same global batch (in --accumulation micro-steps); then, for the tp
+// layouts, the time the tensor-parallel collectives took in the step (CommLogger, tp group)
+// beside raw LocalComm collectives of the same ops and bytes, timed in the same run (so the
+// ratio is the layers' overhead on top of moving the bytes). One JSON line per result.
 //
-//   ./tp_bench [--layers 4] [--channels 256] [--heads 8] [--seq 64] [--batch 8] [--repeats 5]
+//   ./tp_bench [--layers 4] [--channels 256] [--heads 8] [--seq 64] [--batch 8]
+//              [--accumulation 1] [--repeats 5]
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -33,7 +34,7 @@ namespace {
 using namespace zero;
 
 struct Shape_ {
-  std::int64_t layers = 4, channels = 256, heads = 8, seq = 64, batch = 8;
+  std::int64_t layers = 4, channels = 256, heads = 8, seq = 64, batch = 8, accumulation = 1;
   int repeats = 5;
 };
 
@@ -60,6 +61,7 @@ StepResult step_ms(const Shape_& s, int tp, bool sp) {
   }
   const Config cfg = Config::from_json_string(
       R"({"train_batch_size": )" + std::to_string(s.batch) +
+      R"(, "gradient_accumulation_steps": )" + std::to_string(s.accumulation) +
       R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": {"stage": 1}})");
   StepResult result;
   parallel::LocalComm::run(2, [&](parallel::LocalComm& world) {
@@ -75,12 +77,13 @@ StepResult step_ms(const Shape_& s, int tp, bool sp) {
     options.activation_bytes = std::size_t{512} << 20;
     engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, groups, cfg, options);
     const int dp = groups.dp().size(), dp_rank = groups.dp().rank();
-    const std::int64_t rows = s.batch / dp;
-    const engine::MicroBatch mb{tokens.data() + dp_rank * rows * s.seq,
-                                tokens.data() + dp_rank * rows * s.seq, rows, s.seq};
+    const std::int64_t rows = s.batch / (dp * s.accumulation);  // a micro-batch's
     auto step = [&] {
-      eng.forward(mb);
-      eng.backward();
+      for (std::int64_t m = 0; m < s.accumulation; ++m) {
+        const std::int32_t* first = tokens.data() + (m * dp + dp_rank) * rows * s.seq;
+        eng.forward(engine::MicroBatch{first, first, rows, s.seq});
+        eng.backward();
+      }
       eng.step();
       eng.synchronize();
     };
@@ -152,12 +155,19 @@ int main(int argc, char** argv) {
                            {"--heads", &s.heads},
                            {"--seq", &s.seq},
                            {"--batch", &s.batch},
+                           {"--accumulation", &s.accumulation},
                            {"--repeats", &s.repeats}}))
     return 2;
+  if (s.accumulation < 1 || s.batch % (2 * s.accumulation) != 0) {
+    std::fprintf(stderr, "tp_bench: --batch %lld must split into 2 ranks x %lld micro-steps\n",
+                 static_cast<long long>(s.batch), static_cast<long long>(s.accumulation));
+    return 2;
+  }
   const std::string shape =
       "\"layers\": " + std::to_string(s.layers) + ", \"channels\": " + std::to_string(s.channels) +
       ", \"heads\": " + std::to_string(s.heads) + ", \"seq\": " + std::to_string(s.seq) +
-      ", \"batch\": " + std::to_string(s.batch) + ", \"ranks\": 2";
+      ", \"batch\": " + std::to_string(s.batch) +
+      ", \"accumulation\": " + std::to_string(s.accumulation) + ", \"ranks\": 2";
   const StepResult dp2 = step_ms(s, 1, false);
   bench::line("tp_step", shape + ", \"tp\": 1, \"dp\": 2, \"sp\": false", dp2.ms, "ms");
   for (bool sp : {false, true}) {
