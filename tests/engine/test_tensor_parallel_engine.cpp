@@ -471,11 +471,7 @@ TEST_CASE(
             groups.tp().set_logger(logger);
             eng.backward();
             groups.tp().set_logger(nullptr);
-            std::uint64_t n = 0;
-            for (const auto& r : logger->records()) {
-              if (r.op == parallel::CommOp::all_reduce) n += r.stats.count;
-            }
-            per_backward.push_back(n);
+            per_backward.push_back(logger->total(parallel::CommOp::all_reduce).count);
             eng.step();
           }
         }
