@@ -12,7 +12,8 @@
 // global batch, --grad-accum the accumulation, --lr, --warmup, --precision, the bucket sizes from
 // --channels), and the choices are printed, as are the keys that have no effect in zero.
 //
-//   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--steps 100] [--batch 8] [--seq 64]
+//   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--shard-size N] [--steps 100]
+//               [--batch 8] [--seq 64]
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
 //               [--data corpus.txt |
@@ -28,6 +29,10 @@
 //               [--device host|cuda] [--offload-cpu [--delayed-update N] [--grads-on-device]]
 //               [--activation-mb M]
 //
+// --shard-size N is hybrid sharding (the config's zero_optimization.mics_shard_size; DeepSpeed's
+// MiCS, FSDP's HYBRID_SHARD): ZeRO shards over groups of N data-parallel ranks and replicates
+// across the groups, so the gathers stay inside a group (a node, say) and only the averages of
+// the reduced shards cross between them.
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary's
@@ -148,6 +153,7 @@ struct Options {
   std::string config;
   int ranks = 2;
   std::optional<int> stage;
+  std::optional<int> shard_size;      // hybrid sharding (default: the config's mics_shard_size)
   std::optional<int> tp;              // tensor-parallel size (default: the config's, else 1)
   bool sp = false;                    // Megatron sequence parallelism (with --tp)
   std::optional<int> ulysses;         // Ulysses sequence-parallel size (--sp N)
@@ -226,6 +232,8 @@ Options parse(int argc, char** argv) {
       o.ranks = static_cast<int>(positive());
     else if (flag == "--stage")
       o.stage = static_cast<int>(integer(0, 3));
+    else if (flag == "--shard-size")
+      o.shard_size = static_cast<int>(positive());
     else if (flag == "--tp")
       o.tp = static_cast<int>(positive());
     else if (flag == "--sp")
@@ -377,6 +385,7 @@ Config make_config(const Options& o) {
   if (o.precision == "bf16") j["bf16"] = {{"enabled", true}};
   // The pipeline's micro-batches per step (and plain accumulation) in the built-in config.
   if (o.grad_accum > 1) j["gradient_accumulation_steps"] = o.grad_accum;
+  if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
   if (!o.config.empty()) {
     std::ifstream in(o.config);
     if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
@@ -387,6 +396,7 @@ Config make_config(const Options& o) {
     }
     if (!j.is_object()) return Config::from_json(j);  // the parser names the problem
     if (o.stage) j["zero_optimization"]["stage"] = *o.stage;
+    if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
     if (o.print_every) j["steps_per_print"] = *o.print_every;
     // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
     const auto overrides = [&](const char* path) {
@@ -687,6 +697,14 @@ double count_parameters(const Model& model, const Config& cfg, bool active = fal
     n += unit;
   }
   return n;
+}
+
+// "; hybrid sharding: ZeRO shards over groups of 2 ranks, 2 replicas" under hybrid sharding
+// (EngineOptions::shard_size below the dp ranks), else empty.
+std::string shard_note(int shard_size, int dp) {
+  if (shard_size <= 0 || shard_size >= dp) return "";
+  return "; hybrid sharding: ZeRO shards over groups of " + std::to_string(shard_size) +
+         " ranks, " + std::to_string(dp / shard_size) + " replicas";
 }
 
 // " (MoE: 4 experts, top-2, 1 block in 2, ep 2)" for a mixture-of-experts config, else empty.
@@ -1078,7 +1096,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     std::printf(
         "train_gpt: %lld parameters%s (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
         "%d data-parallel ranks x %d tensor-parallel%s%s in %s; global batch %lld = %lld micro x "
-        "%lld accumulation x %d ranks; %lld steps; model state on rank 0: %.2f MB\n",
+        "%lld accumulation x %d ranks; %lld steps; model state on rank 0: %.2f MB%s\n",
         static_cast<long long>(count_parameters(model, cfg)), moe_note(cfg).c_str(),
         static_cast<long long>(o.layers), static_cast<long long>(o.heads),
         static_cast<long long>(o.channels), static_cast<long long>(gc.vocab_size),
@@ -1087,7 +1105,8 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         sp > 1 ? (" x " + std::to_string(sp) + " Ulysses sequence-parallel").c_str() : "",
         std::string(name_of(dtype_of<typename E::T>)).c_str(), static_cast<long long>(sizes.train),
         static_cast<long long>(sizes.micro), static_cast<long long>(sizes.accumulation), dp,
-        static_cast<long long>(o.steps), static_cast<double>(mem.total()) / 1e6);
+        static_cast<long long>(o.steps), static_cast<double>(mem.total()) / 1e6,
+        shard_note(eng.options().shard_size, eng.comm().size()).c_str());
   }
   std::ofstream metrics = open_metrics(o, leader);
   const bool tty = leader && ::isatty(STDOUT_FILENO);

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
+#include <utility>
 
 #include <parallel/comm/communicator.hpp>
 #include <parallel/comm/reduce_op.hpp>
@@ -18,12 +20,20 @@
 
 namespace zero::parallel {
 
-/// A non-owning, type-erased handle to a Communicator (the referenced one must outlive it).
+/// A type-erased handle to a Communicator: non-owning when made from one (the referenced one
+/// must outlive it), owning when split() made it.
 class AnyComm {
  public:
   /// Refers to comm.
   template <Communicator C>
   explicit AnyComm(C& comm) : impl_(std::make_unique<Model<C>>(comm)) {}
+
+  /// Splits this group as C::split does (collective over it: ranks of one color form a group,
+  /// ordered by key; name labels it in logs and errors where the backend takes a name) and owns
+  /// the new communicator, which shares the backend's stream where it has one.
+  AnyComm split(int color, int key, std::string_view name = {}) {
+    return AnyComm(impl_->split(color, key, name));
+  }
 
   /// This rank in the group.
   int rank() const { return impl_->rank(); }
@@ -131,11 +141,15 @@ class AnyComm {
     virtual Work send(Erased buf, int peer, int tag) = 0;
     virtual Work recv(Erased buf, int peer, int tag) = 0;
     virtual void barrier() = 0;
+    virtual std::unique_ptr<Concept> split(int color, int key, std::string_view name) = 0;
   };
+  explicit AnyComm(std::unique_ptr<Concept> impl) : impl_(std::move(impl)) {}
 
   template <class C>
   struct Model final : Concept {
     explicit Model(C& c) : comm(c) {}
+    explicit Model(C&& c) : owned(std::make_unique<C>(std::move(c))), comm(*owned) {}
+    std::unique_ptr<C> owned;  // a split's communicator; null for a reference
     C& comm;
 
     // Calls fn with a typed null pointer of the element type dtype names.
@@ -213,6 +227,13 @@ class AnyComm {
       return typed(buf.dtype, [&]<class T>(T*) { return comm.recv_async(as<T>(buf), peer, tag); });
     }
     void barrier() override { comm.barrier(); }
+    std::unique_ptr<Concept> split(int color, int key, std::string_view name) override {
+      if constexpr (requires { comm.split(color, key, name); }) {
+        return std::make_unique<Model<C>>(comm.split(color, key, name));
+      } else {
+        return std::make_unique<Model<C>>(comm.split(color, key));
+      }
+    }
   };
 
   std::unique_ptr<Concept> impl_;

@@ -510,6 +510,12 @@ struct Config {
         sized("stage3_max_live_parameters", 1'000'000'000).value_or(1'000'000'000);
     o.stage3_max_reuse_distance =
         sized("stage3_max_reuse_distance", 1'000'000'000, true).value_or(1'000'000'000);
+    // DeepSpeed's -1 (and 0) turn it off; a size that does not divide the data-parallel group is
+    // the engine's to refuse (the config does not know the world).
+    o.mics_shard_size = z.integer("mics_shard_size").value_or(-1);
+    expect<ConfigError>(o.mics_shard_size >= -1, z.where("mics_shard_size"), ": ",
+                        o.mics_shard_size, " must be positive, or -1 (off)");
+    if (o.mics_shard_size == 0) o.mics_shard_size = -1;
     o.stage3_gather_16bit_weights_on_model_save =
         z.boolean("stage3_gather_16bit_weights_on_model_save").value_or(false) ||
         z.boolean("stage3_gather_fp16_weights_on_model_save").value_or(false);

@@ -81,6 +81,9 @@ inline const char* unless_param_swapper(const nlohmann::json& root) {
                "offload_optimizer's buffer_count and pin_memory"
              : nullptr;
 }
+inline const char* unless_sharding(const nlohmann::json& root) {
+  return stage(root) >= 1 ? nullptr : "stage 0 shards nothing; this config has stage 0";
+}
 inline const char* unless_fp16(const nlohmann::json& root) {
   return fp16(root) ? nullptr : "only an fp16 engine scales the loss; fp16.enabled is not true";
 }
@@ -391,10 +394,12 @@ inline std::span<const KeyInfo> known_keys() {
        "ZeRO++ quantized weights are not implemented", "true", "false"},
       {"zero_optimization.zero_quantized_gradients", no_effect,
        "ZeRO++ quantized gradients are not implemented", "true", "false"},
-      {"zero_optimization.mics_shard_size", no_effect, "MiCS sharding is not implemented", "8",
-       "-1"},
+      {"zero_optimization.mics_shard_size", applied,
+       "hybrid sharding: ranks each unit is sharded over, replicated across the rest of the "
+       "data-parallel group",
+       "8", "-1", keys::unless_sharding},
       {"zero_optimization.mics_hierarchical_params_gather", no_effect,
-       "MiCS sharding is not implemented", "true", "false"},
+       "a unit is gathered inside its shard group, one all-gather per unit", "true", "false"},
       // ---- pipeline parallelism (config/pipeline.hpp); after the ZeRO rows so that a tie in
       // nearest_key ("stage") still suggests zero_optimization.stage
       {"pipeline.stages", applied,

@@ -86,6 +86,9 @@ struct ZeroOptimizationConfig {
   std::int64_t stage3_max_live_parameters = 1'000'000'000;
   std::int64_t stage3_max_reuse_distance = 1'000'000'000;
   bool stage3_gather_16bit_weights_on_model_save = false;
+  /// MiCS's shard group size (hybrid sharding: EngineOptions::shard_size); -1 shards over the
+  /// whole data-parallel group.
+  std::int64_t mics_shard_size = -1;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
 };

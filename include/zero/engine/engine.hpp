@@ -674,6 +674,13 @@ class Engine {
   /// This rank in the group unit u is sharded over (the data-parallel group, or the expert
   /// data-parallel group for an expert unit; EngineGroups::shard_group).
   int unit_rank(int u) const { return unit_ref(u).group->rank(); }
+  /// This rank among the ranks holding the same shards of unit u under hybrid sharding
+  /// (EngineOptions::shard_size; EngineGroups::replica_group), 0 without it: replica 0 counts
+  /// the shard in the gradient norm and saves it in checkpoints.
+  int unit_replica_rank(int u) const {
+    const parallel::AnyComm* r = unit_ref(u).replicas;
+    return r == nullptr ? 0 : r->rank();
+  }
   /// Settings in effect.
   const EngineOptions& options() const { return options_; }
   /// True when the engine was built from a config (it owns optimizers).
@@ -801,6 +808,15 @@ class Engine {
                           " ranks but the engine's groups have ep = ", groups_.ep,
                           " (build the engine from the ProcessGroups the model's group came from)");
     }
+    // Before the groups are split: every rank must split with the same shard_size.
+    check_options_agree();
+    if (options_.shard_size > 0) {
+      expect<ConfigError>(stage >= 1,
+                          "Engine: shard_size (hybrid sharding, zero_optimization."
+                          "mics_shard_size) shards states over part of the data-parallel group; "
+                          "ZeRO stage 0 shards nothing: use stage 1, 2 or 3");
+      groups_.shard_within(options_.shard_size);
+    }
     const int n = model_.num_units();
     units_.resize(static_cast<std::size_t>(n));
     std::set<std::string, std::less<>> names;
@@ -828,8 +844,11 @@ class Engine {
                          "different experts' values as one tensor");
       }
       s.group = &groups_.shard_group(expert);
-      // Averaged over its group, a gradient is divided by the whole data-parallel size.
-      s.grad_scale = static_cast<double>(s.group->size()) / static_cast<double>(comm_.size());
+      s.replicas = groups_.replica_group(expert);
+      // Averaged over its group (and its replicas), a gradient is divided by the whole
+      // data-parallel size.
+      const int averaged = s.group->size() * (s.replicas ? s.replicas->size() : 1);
+      s.grad_scale = static_cast<double>(averaged) / static_cast<double>(comm_.size());
       s.partition.emplace(s.specs, s.group->size(), options_.shard_alignment);
       for (int used : model_.unit_uses(u)) {
         // A unit read by a later one: its gradient must be complete (the reader's backward ran
@@ -845,7 +864,6 @@ class Engine {
       if constexpr (requires { model_.unit_is_replica(u); }) s.replica = model_.unit_is_replica(u);
     }
     check_expert_placement();
-    check_options_agree();
     check_device_memory();  // before the first allocation
     for (int u = 0; u < n; ++u) {
       Unit& s = unit(u);
@@ -989,7 +1007,7 @@ class Engine {
   void check_expert_placement() {
     if constexpr (requires { model_.expert_parallel().rank(); }) {
       if (groups_.ep == 1) return;
-      parallel::AnyComm& g = groups_.shard_group(true);
+      parallel::AnyComm& g = *groups_.expert_dp;
       std::vector<double> held(static_cast<std::size_t>(g.size()), 0.0);
       const double mine = model_.expert_parallel().rank();
       held[static_cast<std::size_t>(g.rank())] = mine;
@@ -1015,6 +1033,8 @@ class Engine {
         static_cast<double>(options_.seed >> 32), static_cast<double>(options_.seed & 0xffffffffu),
         static_cast<double>(options_.gradient_accumulation_steps), options_.gradient_clipping,
         static_cast<double>(options_.shard_alignment),
+        // Each rank splits its groups by it.
+        static_cast<double>(options_.shard_size),
         static_cast<double>(options_.persistence_threshold),
         // Stage 3's prefetch orders the gathers among the reductions; a
         // differing one interleaves the collectives differently.
@@ -1035,6 +1055,7 @@ class Engine {
                                             "gradient_accumulation_steps",
                                             "gradient_clipping",
                                             "shard_alignment",
+                                            "shard_size",
                                             "persistence_threshold",
                                             "prefetch_elems",
                                             "max_live_elems",
@@ -1271,7 +1292,7 @@ class Engine {
     if (groups_.tp_rank() == 0) {
       if constexpr (!offload_cpu) {
         for (int u = 0; u < num_units(); ++u) {
-          if (!unit(u).replica) exchange_.take_shard_sum(u, local_gradient(u));
+          if (counts_in_norm(u)) exchange_.take_shard_sum(u, local_gradient(u));
         }
       }
       taken = exchange_.shard_sums_of_squares();
@@ -1279,7 +1300,7 @@ class Engine {
     double sum = 0.0;
     for (int u = 0; u < num_units(); ++u) {
       const std::optional<double>& t = taken[static_cast<std::size_t>(u)];
-      if (t && !unit(u).replica) {
+      if (t && counts_in_norm(u)) {
         sum += std::isfinite(*t) ? *t : std::numeric_limits<double>::infinity();
       } else {
         sum += local_sum_of_squares(u);
@@ -1287,11 +1308,15 @@ class Engine {
     }
     return sum;
   }
+  // Whether this rank counts its part of unit u's gradient in the global norm: not a pipeline
+  // replica (the stage that owns the unit counts it), and under hybrid sharding replica 0 of
+  // the shard only (every replica holds the same averaged shard).
+  bool counts_in_norm(int u) const { return !unit_ref(u).replica && unit_replica_rank(u) == 0; }
   // Sum of squares of this rank's part of unit u's gradient (with whole states every rank holds
   // the whole reduced gradient, so each counts only its own slice). With tensor parallelism a
   // parameter whole on every tp rank counts on tp rank 0 only.
   double local_sum_of_squares(int u) {
-    if (unit(u).replica) return 0.0;  // the stage that owns it counts it
+    if (!counts_in_norm(u)) return 0.0;
     const std::span<const MasterT> g = local_gradient(u);
     const UnitPartition& p = *unit(u).partition;
     if (groups_.tp_rank() == 0) return sum_of_squares(g);

@@ -15,12 +15,18 @@
 //   pp     the pipeline-parallel group, when the model's units are split over stages (pp > 1):
 //          the global gradient norm and the Inf/NaN verdict sum over it too (a unit counted by
 //          the stage that owns it, never by a stage holding a replica of it);
+//   shards, replicas  with hybrid sharding (shard_within: EngineOptions::shard_size, DeepSpeed's
+//          MiCS, FSDP's HYBRID_SHARD), dp (and expert_dp) split into shard groups of
+//          shard_size consecutive ranks, which ZeRO shards a unit over and gathers it from, and
+//          replica groups, the ranks at the same place of every shard group, which hold the same
+//          shard and average its reduced gradient;
 //   state  every rank that holds a distinct part of the state (tp x dp x pp, and x cp under
 //          context parallelism; ep x dp, x cp and x pp when there are): checkpoints are saved
 //          and loaded over it, so a save at one (tp, cp, dp, pp, ep, stage) loads at any other.
 // Built from a communicator (data parallelism only) or from ProcessGroups.
 
 #include <optional>
+#include <string>
 #include <utility>
 
 #include <parallel/comm/any_comm.hpp>
@@ -38,6 +44,11 @@ struct EngineGroups {
   std::optional<parallel::AnyComm> tp;         ///< the tensor-parallel group (tp > 1 only)
   std::optional<parallel::AnyComm> pp;         ///< the pipeline-parallel group (pp > 1 only)
   std::optional<parallel::AnyComm> state;      ///< the state group (tp or pp > 1 only; else dp)
+  /// Hybrid sharding: dp's shard and replica groups (shard_within; empty without it, or when the
+  /// shard size is dp's).
+  std::optional<parallel::AnyComm> dp_shard, dp_replicas;
+  /// The same split of expert_dp.
+  std::optional<parallel::AnyComm> expert_shard, expert_replicas;
   /// The grid's expert-parallel size (the engine checks the model's experts against it).
   int ep = 1;
   /// The grid's context (Ulysses sequence) parallel size (the engine checks the model's
@@ -89,8 +100,39 @@ struct EngineGroups {
   int tp_rank() const { return tp ? tp->rank() : 0; }
   /// The group checkpoints run over.
   parallel::AnyComm& state_group() { return state ? *state : dp; }
-  /// The group ZeRO shards a unit over: expert_dp for an expert unit when there is one, else dp.
-  parallel::AnyComm& shard_group(bool expert) { return expert && expert_dp ? *expert_dp : dp; }
+  /// The group ZeRO shards a unit over: expert_dp for an expert unit when there is one, else dp,
+  /// or its shard group under hybrid sharding.
+  parallel::AnyComm& shard_group(bool expert) {
+    if (expert && expert_dp) return expert_shard ? *expert_shard : *expert_dp;
+    return dp_shard ? *dp_shard : dp;
+  }
+  /// The ranks holding the same shards as this one under hybrid sharding, which average the
+  /// reduced gradient shards (null without it).
+  parallel::AnyComm* replica_group(bool expert) {
+    auto& r = expert && expert_dp ? expert_replicas : dp_replicas;
+    return r ? &*r : nullptr;
+  }
+
+  /// Hybrid sharding: splits dp (and expert_dp) into shard groups of shard_size consecutive
+  /// ranks and replica groups across them (collective over dp; every rank passes the same size).
+  /// A group of shard_size ranks stays whole. ConfigError unless shard_size divides each group.
+  void shard_within(int shard_size) {
+    const auto split = [&](parallel::AnyComm& whole, const char* role,
+                           std::optional<parallel::AnyComm>& shard,
+                           std::optional<parallel::AnyComm>& replicas) {
+      expect<ConfigError>(shard_size > 0 && whole.size() % shard_size == 0,
+                          "EngineGroups: shard_size (zero_optimization.mics_shard_size) ",
+                          shard_size, " must divide the ", whole.size(), " ranks of the ", role,
+                          " group ZeRO shards over");
+      if (shard_size == whole.size()) return;
+      const int r = whole.rank();
+      shard.emplace(whole.split(r / shard_size, r % shard_size, std::string(role) + "-shard"));
+      replicas.emplace(
+          whole.split(r % shard_size, r / shard_size, std::string(role) + "-replicas"));
+    };
+    split(dp, "dp", dp_shard, dp_replicas);
+    if (expert_dp) split(*expert_dp, "expert-dp", expert_shard, expert_replicas);
+  }
 
   /// ConfigError unless every group runs its ops on dp's device stream (none, for host
   /// communicators): a device backend orders that one stream after its compute, so a group on
@@ -108,6 +150,10 @@ struct EngineGroups {
     check(tp, "tensor-parallel");
     check(pp, "pipeline-parallel");
     check(state, "state (checkpoint)");
+    check(dp_shard, "shard");
+    check(dp_replicas, "replica");
+    check(expert_shard, "expert shard");
+    check(expert_replicas, "expert replica");
   }
 
  private:

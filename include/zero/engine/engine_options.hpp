@@ -53,6 +53,13 @@ struct EngineOptions {
   std::int64_t max_live_elems = 1'000'000'000;
   /// Gradient reductions in flight during backward (each holds one unit-sized buffer).
   int max_pending_reductions = 2;
+  /// Hybrid sharding (DeepSpeed's MiCS, FSDP's HYBRID_SHARD; zero_optimization.mics_shard_size):
+  /// stages 1-3 shard each unit over groups of this many consecutive data-parallel ranks (the
+  /// expert data-parallel ones for an expert unit) instead of all of them; the ranks at the same
+  /// place of every group hold the same shards, and average each reduced gradient shard over
+  /// themselves after its reduce-scatter in the group. Gathers stay inside a group. 0 (the
+  /// default) shards over the whole group; otherwise it must divide it.
+  int shard_size = 0;
   /// Offload<CPU>: step() leaves each unit's host update to the next forward, which applies it
   /// just before the unit's gather, so the host updates one unit while the device computes the
   /// units before it. The values are those of updating every unit in step(); whatever reads the
@@ -126,6 +133,8 @@ struct EngineOptions {
       o.persistence_threshold = *z.stage3_param_persistence_threshold;
     }
     o.max_live_elems = z.stage3_max_live_parameters;
+    // Stage 0 shards nothing: the key has no effect there (the key table says so).
+    if (z.mics_shard_size > 0 && z.stage >= 1) o.shard_size = static_cast<int>(z.mics_shard_size);
     if (!config.nonfinite_policy.empty()) {
       expect<ConfigError>(config.nonfinite_policy == "skip" || config.nonfinite_policy == "raise",
                           "nonfinite_policy: '", config.nonfinite_policy,

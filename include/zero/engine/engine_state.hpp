@@ -135,10 +135,10 @@ class EngineState {
     }
   }
 
-  /// True when this rank saves shards of unit u: a replica's owner saves it, and of whole units
-  /// (stage 0) the group's rank 0 alone.
+  /// True when this rank saves shards of unit u: a replica's owner saves it, under hybrid
+  /// sharding replica 0 of each shard, and of whole units (stage 0) the group's rank 0 alone.
   bool saves_unit(int u) const {
-    if (eng_.unit_is_replica(u)) return false;
+    if (eng_.unit_is_replica(u) || eng_.unit_replica_rank(u) != 0) return false;
     return !holds_whole_units || eng_.unit_rank(u) == 0;
   }
   /// The optimizer of unit u, or null for an engine with an update callback.

@@ -15,7 +15,10 @@
 //               0-1; reduce-scatter of the compute gradient into the fp32 shard every micro-step
 //               at stages 2-3), at most max_pending_reductions in flight, each overlapping the
 //               next units' backward. An expert unit's averaged gradient is then scaled by
-//               its grad_scale (1/ep). Under Offload<CPU> the reduced shard reaches its pinned
+//               its grad_scale (1/ep). Under hybrid sharding (the unit's replicas) a reduced
+//               shard is then averaged over the ranks holding the same shard, by an all-reduce
+//               started when its reduce-scatter is waited for, with as many in flight.
+//               Under Offload<CPU> the reduced shard reaches its pinned
 //               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
 //               every fold, through a device staging buffer, or once a window from the unit's
 //               device accumulator with accumulate_grads_on_device: fold_into_host_shard), and its
@@ -219,10 +222,9 @@ class UnitExchange {
   }
   /// Waits for unit u's reductions in flight (and the older ones before them, in order).
   void finish_reductions_of(int u) {
-    while (std::any_of(pending_.begin(), pending_.end(),
-                       [u](const Pending& p) { return p.unit == u; })) {
-      finish_oldest();
-    }
+    const auto of_u = [u](const Pending& p) { return p.unit == u; };
+    while (std::any_of(pending_.begin(), pending_.end(), of_u)) finish_oldest();
+    while (std::any_of(replicating_.begin(), replicating_.end(), of_u)) finish_replicated();
   }
   /// After an update: units kept gathered gather the new params (the gathers run while later
   /// work proceeds); a stale gathered copy of another unit (evaluate left it) is dropped.
@@ -289,6 +291,7 @@ class UnitExchange {
   /// for compute) sees every gradient shard they wrote, the pinned shards' DMA copies included.
   void drain_reductions() {
     while (!pending_.empty()) finish_oldest();
+    while (!replicating_.empty()) finish_replicated();
     order_copies_before_compute();
   }
   /// Waits for every collective in flight.
@@ -300,6 +303,7 @@ class UnitExchange {
   void report(MemoryReport& r) const {
     for (const auto& b : scratch_pool_) r.scratch_bytes += b.bytes();
     for (const auto& p : pending_) r.scratch_bytes += p.scratch.bytes();
+    for (const auto& p : replicating_) r.scratch_bytes += p.scratch.bytes();
     r.scratch_bytes += fold_staging_.bytes();
     r.scratch_bytes += shard_sums_.bytes();
   }
@@ -403,10 +407,40 @@ class UnitExchange {
       return copy;
     }
   }
+  // Waits for the oldest reduction in flight and completes it, or, under hybrid sharding, starts
+  // the average of its reduced shard over the unit's replicas (in place, on the communication
+  // stream after the reduce-scatter) and queues that, up to max_pending_reductions in flight.
+  // Every rank starts those in its order of reductions, so they match on every replica group.
   void finish_oldest() {
     Pending p = std::move(pending_.front());
     pending_.pop_front();
     wait(p.work, traits::all_reduces_grads ? "all-reduce" : "reduce-scatter", p.unit);
+    if (parallel::AnyComm* replicas = unit(p.unit).replicas) {
+      const std::span<T> scratch = span(p.scratch);
+      const std::span<MasterT> shard = traits::shards_grads ? std::span<MasterT>()
+                                       : Unit::host_states  ? span(p.shard_scratch)
+                                                            : span(unit(p.unit).grad_shard);
+      p.work = traits::shards_grads ? replicas->all_reduce_async(std::span<const T>(scratch),
+                                                                 scratch, parallel::ReduceOp::avg)
+                                    : replicas->all_reduce_async(std::span<const MasterT>(shard),
+                                                                 shard, parallel::ReduceOp::avg);
+      replicating_.push_back(std::move(p));
+      while (static_cast<int>(replicating_.size()) > options_.max_pending_reductions) {
+        finish_replicated();
+      }
+      return;
+    }
+    complete(std::move(p));
+  }
+  // Waits for the oldest average over replicas and completes its reduction.
+  void finish_replicated() {
+    Pending p = std::move(replicating_.front());
+    replicating_.pop_front();
+    wait(p.work, "all-reduce over the replicas", p.unit);
+    complete(std::move(p));
+  }
+  // A reduction whose collectives are done: its shard is scaled and folded where it belongs.
+  void complete(Pending p) {
     Unit& s = unit(p.unit);
     // An expert unit's gradient, averaged over expert_dp, is divided by the whole dp (grad_scale
     // 1/ep), in the fp32 (f64) accumulator's type.
@@ -538,7 +572,8 @@ class UnitExchange {
   std::vector<char> shard_sum_taken_;   // which slots hold this window's sum
   bool copies_unordered_ = false;       // a DMA copy was issued after compute last waited for comm
   std::vector<DeviceBuffer<MasterT>> copied_out_;  // stage 1: scratch a DMA copy may still read
-  std::deque<Pending> pending_;  // after the pool: its work may still write into its scratch
+  std::deque<Pending> pending_;      // after the pool: its work may still write into its scratch
+  std::deque<Pending> replicating_;  // hybrid sharding: shards being averaged over replicas
   std::int64_t peak_gathered_elems_ = 0;
   std::vector<int> last_user_;  // last_user(v), filled on first use
 };

@@ -224,8 +224,11 @@ struct UnitState {
   /// The group the unit is sharded over and its gradient averaged in (EngineGroups::shard_group:
   /// the data-parallel group, or the expert data-parallel group for an expert unit).
   parallel::AnyComm* group = nullptr;
-  /// What the gradient averaged over `group` is multiplied by: |group| / |dp| (1/ep for an
-  /// expert unit, else 1).
+  /// Hybrid sharding: the ranks holding the same shard of the unit, which average its reduced
+  /// gradient shard (EngineGroups::replica_group); null without it.
+  parallel::AnyComm* replicas = nullptr;
+  /// What the gradient averaged over `group` (and `replicas`) is multiplied by: |group| / |dp|
+  /// (1/ep for an expert unit, else 1).
   double grad_scale = 1.0;
 
   /// Elements of a buffer of extent e.
