@@ -3,8 +3,11 @@
 // same global batch in the same run; the ratio is the cost of sharding and communication on
 // this machine. Then the step with Offload<NVMe> (AdamW states in files under --nvme-path,
 // streamed through the swapper at every step) beside the same engine without offload, at stages
-// 1-3 on 1 and 2 ranks ("engine_step_nvme" lines; --nvme-path "" skips them). One JSON line per
-// configuration.
+// 1-3 on 1 and 2 ranks ("engine_step_nvme" lines; --nvme-path "" skips them). Then hybrid
+// sharding (EngineOptions::shard_size) at stages 1-3 on 4 ranks in shard groups of 2 beside plain
+// ZeRO on the 4 ("engine_step_hybrid" lines): the step time, and one step's bus bytes per rank
+// inside the shard group and across the replicas, which is what would cross between nodes. One
+// JSON line per configuration.
 //
 //   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
 //                  [--nvme-path /var/tmp]
@@ -12,7 +15,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -21,6 +26,7 @@
 #endif
 
 #include <optim/adam.hpp>
+#include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/local_comm.hpp>
 #include <zero/engine/dispatch.hpp>
 #include <zero/nn/gpt.hpp>
@@ -91,11 +97,18 @@ double single_process_ms(const BenchShape& s, int threads) {
   return 1e3 * bench::best_seconds(s.repeats, step);
 }
 
+// Rank 0's bus bytes of one step, by group name.
+struct StepTraffic {
+  double shard = 0, replicas = 0, world = 0;
+};
+
 // The engine step at `stage` on `ranks` LocalComm ranks (rank 0's time; ranks move together);
 // with a non-empty nvme_path the config offloads the optimizer states there, and zero::dispatch
-// picks the Offload<NVMe> engine for it.
+// picks the Offload<NVMe> engine for it. shard_size > 0 shards in groups of that many ranks;
+// traffic, when given, receives one more step's bus bytes.
 double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank,
-                 const std::string& nvme_path = {}) {
+                 const std::string& nvme_path = {}, int shard_size = 0,
+                 StepTraffic* traffic = nullptr) {
   const nn::GPTConfig c = model_config(s);
   const auto tokens = tokens_for(s, c.vocab_size);
   const std::string offload =
@@ -113,6 +126,9 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
     nn::GPT<float> model(c);
     engine::EngineOptions options;
     options.activation_bytes = std::size_t{512} << 20;
+    options.shard_size = shard_size;
+    auto logger = std::make_shared<parallel::CommLogger>(traffic != nullptr);
+    comm.set_logger(logger);  // the engine's shard and replica groups log into it too
     zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
       E eng(model, comm, cfg, options);
       const std::int64_t rows = s.batch / comm.size();
@@ -127,9 +143,39 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
       step();
       const double t = 1e3 * bench::best_seconds(s.repeats, step);
       if (comm.rank() == 0) ms = t;
+      if (traffic == nullptr) return;
+      logger->reset();
+      step();
+      if (comm.rank() != 0) return;
+      const auto bus = [&](std::string_view group) {
+        double b = 0;
+        for (const auto op : {parallel::CommOp::all_reduce, parallel::CommOp::reduce_scatter,
+                              parallel::CommOp::all_gather}) {
+          b += logger->total(op, group).bus_bytes;
+        }
+        return b;
+      };
+      *traffic = {bus("dp-shard"), bus("dp-replicas"), bus("world")};
     });
+    comm.set_logger(nullptr);
   });
   return ms;
+}
+
+// One "engine_step_hybrid" line: `stage` on `ranks` ranks in shard groups of `shard`, beside
+// plain ZeRO on the same ranks, measured back to back.
+void hybrid_line(const BenchShape& s, int stage, int ranks, int shard, int threads) {
+  StepTraffic plain_bytes, hybrid_bytes;
+  const double plain = engine_ms(s, stage, ranks, threads, {}, 0, &plain_bytes);
+  const double hybrid = engine_ms(s, stage, ranks, threads, {}, shard, &hybrid_bytes);
+  std::printf(
+      "{\"bench\": \"engine_step_hybrid\", \"config\": {\"stage\": %d, \"ranks\": %d, "
+      "\"shard_size\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
+      "\"unit\": \"ms\", \"plain_ms\": %.3f, \"ratio\": %.3f, \"shard_bus_bytes\": %.0f, "
+      "\"replica_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f}\n",
+      stage, ranks, shard, threads, static_cast<long long>(model_config(s).num_parameters()),
+      hybrid, plain, hybrid / plain, hybrid_bytes.shard, hybrid_bytes.replicas, plain_bytes.world);
+  std::fflush(stdout);
 }
 
 // One "engine_step_nvme" line: `stage` with and without Offload<NVMe>, measured back to back.
@@ -186,6 +232,9 @@ int main(int argc, char** argv) {
       const int threads = ranks >= cores ? 1 : cores / ranks;
       for (int stage = 1; stage <= 3; ++stage) nvme_line(s, stage, ranks, threads, nvme_path);
     }
+  }
+  for (int stage = 1; stage <= 3; ++stage) {
+    hybrid_line(s, stage, 4, 2, std::max(1, cores / 4));
   }
   return 0;
 }
