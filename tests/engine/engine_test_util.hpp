@@ -363,11 +363,12 @@ double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& wan
 }
 
 // Stage S, f64 SGD (lr 1, optional clipping) on comm, against want; the model is cfg (tiny()
-// by default), its micro-batches placed or not (GlobalBatch::micro).
+// by default), its micro-batches placed or not (GlobalBatch::micro), sharded in groups of
+// shard_size ranks (hybrid sharding; 0: over all).
 template <int S, class Comm>
 double sgd_error(Comm& comm, int accumulation, int steps, double clip,
                  const std::vector<std::vector<double>>& want, const nn::GPTConfig& cfg = tiny(),
-                 bool placed = false) {
+                 bool placed = false, int shard_size = 0) {
   nn::GPT<double> model(cfg);
   engine::EngineOptions options;
   options.gradient_accumulation_steps = accumulation;
@@ -375,6 +376,7 @@ double sgd_error(Comm& comm, int accumulation, int steps, double clip,
   options.gradient_clipping = clip;
   options.persistence_threshold = 0;
   options.prefetch_elems = 1;  // stage 3: gather one unit ahead
+  options.shard_size = shard_size;
   engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(
       model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); },
       options);

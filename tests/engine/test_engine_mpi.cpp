@@ -1,10 +1,11 @@
 // The engine over MpiComm (run by mpiexec at 2 and 4 ranks): stages 0-3 with gradient
 // accumulation 1 and 3 equal the single-process reference (f64 SGD, lr 1), AdamW from a
-// DeepSpeed config equals one process with the same optimizer, and a checkpoint saved by all
-// ranks loads back at another stage.
+// DeepSpeed config equals one process with the same optimizer, hybrid sharding (shard groups of
+// half the ranks) equals it too, and a checkpoint saved by all ranks loads back at another stage.
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <type_traits>
 
 #include <catch2/catch.hpp>
 
@@ -42,6 +43,23 @@ TEST_CASE("MpiComm: stage 2 equals the single-process reference", "[mpi][engine]
 }
 TEST_CASE("MpiComm: stage 3 equals the single-process reference", "[mpi][engine]") {
   check_stage<3>();
+}
+
+TEST_CASE("MpiComm: hybrid sharding at stages 1-3 equals the single-process reference",
+          "[mpi][engine]") {
+  // Shard groups of half the ranks (2 ranks: groups of 1, all replicas; 4: 2 groups of 2), the
+  // replica all-reduces on a second MPI communicator beside the shard group's reduce-scatters.
+  const int shard = world().size() / 2;
+  const auto check = [&]<int S>(std::integral_constant<int, S>) {
+    for (double clip : {0.0, 0.05}) {
+      INFO("stage " << S << " ranks " << world().size() << " shard " << shard << " clip " << clip);
+      const auto want = reference_sgd(micro_rows * 3 * world().size(), 3, 1.0, clip);
+      CHECK(worst(sgd_error<S>(world(), 3, 3, clip, want, tiny(), false, shard)) < 1e-10);
+    }
+  };
+  check(std::integral_constant<int, 1>{});
+  check(std::integral_constant<int, 2>{});
+  check(std::integral_constant<int, 3>{});
 }
 
 TEST_CASE("MpiComm: AdamW from a config equals one process with the same optimizer",
