@@ -10,8 +10,10 @@
 // Offload<CPU>'s delayed update (delayed_param_update) follows the host engine's run of the same
 // recurrence through a callback within the same bounds; summing a window's gradient shards on the
 // device (accumulate_grads_on_device) gives what folding them into the pinned shards gives, bit for
-// bit. The refusals: a host communicator on the device engine, a device communicator on the host
-// engine, and LAMB (whose norms the host sums) on the device.
+// bit. Under hybrid sharding (4 ranks in shard groups of 2, the replica all-reduces on the
+// communication stream after the shard group's reduce-scatters) it trains as the plain host
+// engine, with and without Offload<CPU>. The refusals: a host communicator on the device engine, a
+// device communicator on the host engine, and LAMB (whose norms the host sums) on the device.
 
 #include <zero/engine/cuda_backend.cuh>
 
@@ -84,12 +86,15 @@ Config gpu_config(int stage, bool bf16, bool offload) {
 
 // deferred: an Offload<CPU> engine leaves its host updates to the next forward
 // (overlap_offload_update; the values are the same); on_device: it sums a window's gradient
-// shards on the device (accumulate_grads_on_device; the same values too).
+// shards on the device (accumulate_grads_on_device; the same values too); shard_size: hybrid
+// sharding in groups of that many ranks (0: none).
 template <class Eng, class Comm>
-Masters train(Comm& comm, const Config& config, bool deferred = false, bool on_device = false) {
+Masters train(Comm& comm, const Config& config, bool deferred = false, bool on_device = false,
+              int shard_size = 0) {
   engine::EngineOptions options = tiny_options();
   options.overlap_offload_update = deferred;
   options.accumulate_grads_on_device = on_device;
+  options.shard_size = shard_size;
   return train_tiny_gpt<Eng>(
       comm, config, steps, accumulation, [](Eng&) {}, options);
 }
@@ -103,6 +108,26 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }
   return scale > 0 ? diff / scale : diff;
+}
+
+// Checks every rank's units of gpu against host's within tolerance (relative to each unit's
+// largest value); returns the worst difference.
+double check_units(const std::vector<Masters>& host, const std::vector<Masters>& gpu,
+                   double tolerance) {
+  double worst = 0;
+  REQUIRE(gpu.size() == host.size());
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    const Masters& h = host[r];
+    const Masters& g = gpu[r];
+    REQUIRE(g.size() == h.size());
+    for (std::size_t u = 0; u < h.size(); ++u) {
+      INFO("rank " << r << " unit " << u);
+      const double difference = relative_difference(g[u], h[u]);
+      worst = zero::testing::worse(worst, difference);
+      CHECK(difference <= tolerance);
+    }
+  }
+  return worst;
 }
 
 template <class T, int S, class Where>
@@ -121,25 +146,45 @@ void check_gpu_engine(double tolerance, bool deferred = false) {
     const auto gpu = per_rank<Masters, CudaLocalComm>(world, [deferred](CudaLocalComm& comm) {
       return train<GpuEngine>(comm, gpu_config(S, bf16, offload), deferred);
     });
-    double worst = 0;
-    for (int r = 0; r < world; ++r) {
-      const Masters& h = host[static_cast<std::size_t>(r)];
-      const Masters& g = gpu[static_cast<std::size_t>(r)];
-      REQUIRE(g.size() == h.size());
-      for (std::size_t u = 0; u < h.size(); ++u) {
-        INFO("rank " << r << " unit " << u);
-        const double difference = relative_difference(g[u], h[u]);
-        worst = zero::testing::worse(worst, difference);
-        CHECK(difference <= tolerance);
-      }
-    }
+    const double worst = check_units(host, gpu, tolerance);
     std::printf("GPU engine stage %d %s%s%s world %d: worst unit difference %.3g (bound %.1g)\n", S,
                 bf16 ? "bf16" : "f32", offload ? " Offload<CPU>" : "", deferred ? " deferred" : "",
                 world, worst, tolerance);
   }
 }
 
+// Stage S at 4 ranks in shard groups of 2 on the GPU (f32; Where: None or CPU) against the plain
+// host engine at 4 ranks.
+template <int S, class Where>
+void check_gpu_hybrid() {
+  constexpr bool offload = std::is_same_v<Where, CPU>;
+  using HostEngine = engine::Engine<nn::GPT<float>, ZeroStage<S>, Precision<float>>;
+  using GpuEngine =
+      engine::Engine<nn::GPT<float>, ZeroStage<S>, Precision<float>, Offload<Where>, Compute<Cuda>>;
+  INFO("stage " << S << (offload ? " Offload<CPU>" : "") << ", 4 ranks in shard groups of 2");
+  const auto host = per_rank<Masters>(
+      4, [](LocalComm& comm) { return train<HostEngine>(comm, gpu_config(S, false, false)); });
+  const auto gpu = per_rank<Masters, CudaLocalComm>(4, [](CudaLocalComm& comm) {
+    return train<GpuEngine>(comm, gpu_config(S, false, offload), false, false, 2);
+  });
+  const double worst = check_units(host, gpu, 1e-5);
+  std::printf(
+      "GPU engine stage %d f32%s hybrid (shard groups of 2 of 4): worst unit difference "
+      "%.3g (bound 1e-5)\n",
+      S, offload ? " Offload<CPU>" : "", worst);
+}
+
 }  // namespace
+
+TEST_CASE("the GPU engine under hybrid sharding trains as the plain host engine (f32)",
+          "[cuda][engine]") {
+  check_gpu_hybrid<1, None>();
+  check_gpu_hybrid<2, None>();
+  check_gpu_hybrid<3, None>();
+  check_gpu_hybrid<1, CPU>();
+  check_gpu_hybrid<2, CPU>();
+  check_gpu_hybrid<3, CPU>();
+}
 
 TEST_CASE("the GPU engine trains as the host engine (f32)", "[cuda][engine]") {
   check_gpu_engine<float, 0, None>(1e-5);
