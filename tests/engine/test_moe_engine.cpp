@@ -57,6 +57,7 @@ struct Layout {
   bool drop_expert_reduction = false;  // the negative control
   bool checkpoint = false;  // activation checkpointing: each block's forward, all-to-alls
                             // included, runs again before its backward
+  int shard_size = 0;       // hybrid sharding (EngineOptions::shard_size); 0: none
 };
 
 template <int S>
@@ -69,8 +70,10 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
   engine::EngineGroups engine_groups(groups);
   // The control: expert units "reduced" over a group of one rank, i.e. not at all.
   if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(groups.tp());
-  engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(
-      model, std::move(engine_groups), test::AdamW64{}, test::tp_options(accumulation));
+  engine::EngineOptions options = test::tp_options(accumulation);
+  options.shard_size = l.shard_size;
+  engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, std::move(engine_groups),
+                                                    test::AdamW64{}, options);
   const int dense_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
   test::train(eng, dense_rank, l.ep * l.dp, accumulation, steps, moe_cfg().vocab_size);
   return test::held_params(eng);
@@ -119,6 +122,31 @@ TEST_CASE(
           CHECK(differs({ep, dp, stage, false, true}) <= 1e-10);  // activation checkpointing
         }
       }
+    }
+  }
+}
+
+TEST_CASE("MoE GPT under hybrid sharding: ep 2 x dp 2 in shard groups equals the reference",
+          "[unit][moe]") {
+  // Shard groups of 2: the dense units split into 2 groups of 2 over the 4 ranks, the experts
+  // (over the expert data-parallel group of 2) stay whole; of 1: every unit replicated, the
+  // dense over 4 replicas, the experts over 2.
+  const int accumulation = 2, steps = 3;
+  std::int64_t dropped = 0;
+  const auto want = moe_reference(4, accumulation, steps, &dropped);
+  for (int shard : {1, 2}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      const Layout l{2, 2, stage, false, false, shard};
+      const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& world) {
+        return test::with_stage(l.stage, [&](auto s) {
+          return f64_rank<decltype(s)::value>(world, l, accumulation, steps);
+        });
+      });
+      double copies_differ = 0;
+      const auto got = test::assemble(ranks, &copies_differ);
+      INFO("stage " << stage << ", shard groups of " << shard);
+      CHECK(test::max_difference(got, want) <= 1e-10);
+      CHECK(copies_differ == 0.0);
     }
   }
 }
