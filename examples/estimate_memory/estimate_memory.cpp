@@ -1,8 +1,12 @@
 // estimate_memory: model-state memory per GPU and per node for ZeRO stages 1-3, with and without
 // offload, from zero's own formulas (zero/engine/memory_estimator.hpp), with DeepSpeed's
-// estimate_zero2/zero3 numbers beside them where DeepSpeed has a formula.
+// estimate_zero2/zero3 numbers beside them where DeepSpeed has a formula. --shard-size S is
+// hybrid sharding (EngineOptions::shard_size, zero_optimization.mics_shard_size): the states
+// sharded over groups of S GPUs, so each holds what plain ZeRO on S GPUs holds (DeepSpeed's
+// estimate has no such case: its columns are left empty).
 //
 //   ./estimate_memory --model gpt2-xl [--gpus-per-node 8] [--nodes 1] [--precision bf16]
+//                     [--shard-size S]
 //   ./estimate_memory --params 7.5e9 --largest-layer 2e8 [...]
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +25,7 @@ using zero::OffloadDevice;
 
 constexpr const char* usage_line =
     "usage: estimate_memory (--model NAME | --params N --largest-layer L) [--gpus-per-node G] "
-    "[--nodes M] [--precision f32|bf16|f16]\n";
+    "[--nodes M] [--precision f32|bf16|f16] [--shard-size S]\n";
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "estimate_memory: %s\n%s", why.c_str(), usage_line);
@@ -29,8 +33,8 @@ constexpr const char* usage_line =
 }
 
 bool known_flag(const std::string& flag) {
-  for (const char* f :
-       {"--model", "--params", "--largest-layer", "--gpus-per-node", "--nodes", "--precision"}) {
+  for (const char* f : {"--model", "--params", "--largest-layer", "--gpus-per-node", "--nodes",
+                        "--precision", "--shard-size"}) {
     if (flag == f) return true;
   }
   return false;
@@ -47,7 +51,8 @@ std::string gib(double bytes) {
 int main(int argc, char** argv) try {
   engine::MemoryEstimateInput in;
   std::string model;
-  bool sized = false;  // --params or --largest-layer given
+  bool sized = false;           // --params or --largest-layer given
+  std::int64_t shard_size = 0;  // hybrid sharding; 0: over every GPU
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -70,6 +75,8 @@ int main(int argc, char** argv) try {
       in.gpus_per_node = static_cast<int>(examples::parse_integer(flag, v, 1, 1 << 20));
     else if (flag == "--nodes")
       in.nodes = static_cast<int>(examples::parse_integer(flag, v, 1, 1 << 20));
+    else if (flag == "--shard-size")
+      shard_size = examples::parse_integer(flag, v, 1, 1 << 30);
     else if (flag == "--precision") {
       if (v == "f32")
         in.precision = DType::f32;
@@ -87,6 +94,11 @@ int main(int argc, char** argv) try {
   if (static_cast<std::int64_t>(in.gpus_per_node) * in.nodes > (std::int64_t{1} << 30)) {
     usage("--gpus-per-node times --nodes must be at most 2^30");
   }
+  if (shard_size > 0 && in.world() % shard_size != 0) {
+    usage("--shard-size " + std::to_string(shard_size) + " must divide the " +
+          std::to_string(in.world()) + " GPUs");
+  }
+  const bool hybrid = shard_size > 0 && shard_size < in.world();
   // The engine's options by default: stage 3's gathered units and persistence threshold, stages
   // 2-3's pending reductions (what its own check before the first allocation counts).
   const engine::EngineOptions defaults;
@@ -112,6 +124,14 @@ int main(int argc, char** argv) try {
     usage("give --model or --params and --largest-layer");
   // Without a model, as many units as the largest fills (none small enough to persist).
   if (units == 0) units = (in.params + in.largest_unit_params - 1) / in.largest_unit_params;
+  if (hybrid) {
+    in.shard_params = static_cast<double>(in.params) / static_cast<double>(shard_size);
+    std::printf(
+        "hybrid sharding: states sharded over groups of %lld of the %d GPUs, %lld "
+        "replicas\n",
+        static_cast<long long>(shard_size), in.world(),
+        static_cast<long long>(in.world() / shard_size));
+  }
   std::printf(
       "%lld parameters, largest unit %lld, %lld kept gathered at stage 3, %d GPU(s) per node x "
       "%d node(s), %s compute, Adam (8 bytes of state per parameter)\n",
@@ -147,7 +167,7 @@ int main(int argc, char** argv) try {
     const auto z = engine::estimate_model_states(in);
     const auto ds = engine::deepspeed_estimate(in);
     const double per_node = in.gpus_per_node;
-    const bool has_ds = r.stage >= 2 && r.opt != OffloadDevice::nvme;
+    const bool has_ds = r.stage >= 2 && r.opt != OffloadDevice::nvme && !hybrid;
     std::printf("%-6d %-26s | %s %s %s %s | %s %s\n", r.stage, r.label,
                 gib(z.device_at_rest).c_str(), gib(z.device_peak()).c_str(),
                 gib(z.host * per_node).c_str(), gib(z.nvme * per_node).c_str(),
