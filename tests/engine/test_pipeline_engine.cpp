@@ -59,6 +59,7 @@ struct Layout {
   int virtual_stages = 1;
   int sp = 1;                // Ulysses: each rank is fed T/sp positions of its dp rank's rows
   bool megatron_sp = false;  // tensor parallelism with Megatron's sequence parallelism
+  int shard_size = 0;        // hybrid sharding over dp (EngineOptions::shard_size); 0: none
 };
 
 struct RankResult {
@@ -80,8 +81,10 @@ RankResult pipeline_rank(LocalComm& world, const Layout& l, int micro_batches, i
   options.schedule = l.schedule;
   options.virtual_stages = l.virtual_stages;
   options.partition_method = "uniform";
+  engine::EngineOptions engine_options = test::tp_options(micro_batches);
+  engine_options.shard_size = l.shard_size;
   PipelineEngine<nn::GPT<double>, ZeroStage<S>> pipe(model, world, groups, test::AdamW64{}, options,
-                                                     test::tp_options(micro_batches));
+                                                     engine_options);
   RankResult out;
   const int dp_rank = groups.dp().rank();
   for (int step = 0; step < steps; ++step) {
@@ -229,6 +232,23 @@ TEST_CASE(
   INFO("tp 2, sp 2, pp 2, stage 0: worst difference " << o.error);
   CHECK(o.error <= 1e-10);
   CHECK(o.copies_differ == 0.0);
+}
+
+TEST_CASE(
+    "Pipeline under hybrid sharding: ZeRO-1 over dp 4 in shard groups of 2 at pp 2 "
+    "equals the reference",
+    "[unit][pipeline]") {
+  // Each stage's engine splits its dp group; the tied embedding's gradient is summed over the
+  // stages before the engine reduces it in its shard group and averages it over the replicas.
+  for (int shard : {1, 2}) {
+    Layout l;
+    l.dp = 4;
+    l.shard_size = shard;
+    const Outcome o = run_layout(l, 4, 3);
+    INFO("dp 4 in shard groups of " << shard << ", pp 2: worst difference " << o.error);
+    CHECK(o.error <= 1e-10);
+    CHECK(o.copies_differ == 0.0);
+  }
 }
 
 TEST_CASE("Engine passes: a backward split into input and weight halves equals the whole one",
