@@ -415,6 +415,7 @@ class UnitExchange {
     Pending p = std::move(pending_.front());
     pending_.pop_front();
     wait(p.work, traits::all_reduces_grads ? "all-reduce" : "reduce-scatter", p.unit);
+    if constexpr (traits::shards_grads) release_reduced_gradient(p.unit);
     if (parallel::AnyComm* replicas = unit(p.unit).replicas) {
       const std::span<T> scratch = span(p.scratch);
       const std::span<MasterT> shard = traits::shards_grads ? std::span<MasterT>()
@@ -431,6 +432,17 @@ class UnitExchange {
       return;
     }
     complete(std::move(p));
+  }
+  // Stages 2-3: unit u's whole gradient is reduce-scattered, so it is released (at stage 3 with
+  // its parameters, once its last user is done) before any average over replicas, which holds
+  // only the shard: as many whole gradients stay in flight as without hybrid sharding.
+  void release_reduced_gradient(int u) {
+    Unit& s = unit(u);
+    s.grads.reset();
+    if constexpr (traits::gathers_before_use) {
+      if (s.pinned && !s.persistent) s.params.reset();  // its last user is done
+    }
+    if (s.params) bind(u);
   }
   // Waits for the oldest average over replicas and completes its reduction.
   void finish_replicated() {
@@ -468,11 +480,6 @@ class UnitExchange {
       } else {
         backend_.accumulate(span(s.grad_shard), reduced, s.grad_scale, fold);
       }
-      s.grads.reset();  // the whole gradient is released once reduced
-      if constexpr (traits::gathers_before_use) {
-        if (s.pinned && !s.persistent) s.params.reset();  // its last user is done
-      }
-      if (s.params) bind(p.unit);
       scratch_pool_.push_back(std::move(p.scratch));
     }
   }
