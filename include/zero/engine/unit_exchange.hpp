@@ -417,14 +417,16 @@ class UnitExchange {
     wait(p.work, traits::all_reduces_grads ? "all-reduce" : "reduce-scatter", p.unit);
     if constexpr (traits::shards_grads) release_reduced_gradient(p.unit);
     if (parallel::AnyComm* replicas = unit(p.unit).replicas) {
-      const std::span<T> scratch = span(p.scratch);
-      const std::span<MasterT> shard = traits::shards_grads ? std::span<MasterT>()
-                                       : Unit::host_states  ? span(p.shard_scratch)
-                                                            : span(unit(p.unit).grad_shard);
-      p.work = traits::shards_grads ? replicas->all_reduce_async(std::span<const T>(scratch),
-                                                                 scratch, parallel::ReduceOp::avg)
-                                    : replicas->all_reduce_async(std::span<const MasterT>(shard),
-                                                                 shard, parallel::ReduceOp::avg);
+      if constexpr (traits::shards_grads) {
+        const std::span<T> reduced = span(p.scratch);
+        p.work = replicas->all_reduce_async(std::span<const T>(reduced), reduced,
+                                            parallel::ReduceOp::avg);
+      } else {
+        const std::span<MasterT> reduced =
+            Unit::host_states ? span(p.shard_scratch) : span(unit(p.unit).grad_shard);
+        p.work = replicas->all_reduce_async(std::span<const MasterT>(reduced), reduced,
+                                            parallel::ReduceOp::avg);
+      }
       replicating_.push_back(std::move(p));
       while (static_cast<int>(replicating_.size()) > options_.max_pending_reductions) {
         finish_replicated();
