@@ -31,18 +31,6 @@ namespace {
 
 constexpr int steps = 3;
 
-// The options of sgd_error with a shard size.
-engine::EngineOptions hybrid_options(int shard_size, int accumulation, double clip) {
-  engine::EngineOptions options;
-  options.gradient_accumulation_steps = accumulation;
-  options.activation_bytes = 32 << 20;
-  options.gradient_clipping = clip;
-  options.persistence_threshold = 0;
-  options.prefetch_elems = 1;
-  options.shard_size = shard_size;
-  return options;
-}
-
 template <int S>
 using SgdEngine = engine::Engine<nn::GPT<double>, ZeroStage<S>>;
 
@@ -61,7 +49,7 @@ double hybrid_worst(int world, int shard_size, int accumulation, double clip,
                     const std::vector<std::vector<double>>& want) {
   const auto worst = per_rank<double>(world, [&](LocalComm& comm) {
     nn::GPT<double> model(tiny());
-    auto eng = sgd_engine<S>(model, comm, hybrid_options(shard_size, accumulation, clip));
+    auto eng = sgd_engine<S>(model, comm, sgd_options(accumulation, clip, shard_size));
     return max_error(eng, comm, accumulation, steps, want);
   });
   return *std::max_element(worst.begin(), worst.end());
@@ -95,7 +83,7 @@ Traffic hybrid_traffic(int accumulation) {
     auto logger = std::make_shared<parallel::CommLogger>();
     comm.set_logger(logger);  // the engine's splits log into it too
     nn::GPT<double> model(tiny());
-    auto eng = sgd_engine<S>(model, comm, hybrid_options(2, accumulation, 0.0));
+    auto eng = sgd_engine<S>(model, comm, sgd_options(accumulation, 0.0, 2));
     logger->reset();
     const GlobalBatch b(micro_rows * accumulation * 4, 0, tiny().vocab_size);
     for (int m = 0; m < accumulation; ++m) {
@@ -187,7 +175,7 @@ TEST_CASE("Hybrid sharding: a bad shard size is refused by name", "[unit][engine
     return per_rank<std::string>(world, [&](LocalComm& comm) {
       nn::GPT<double> model(tiny());
       return thrown_message(
-          [&] { auto eng = sgd_engine<S>(model, comm, hybrid_options(shard_size, 1, 0.0)); });
+          [&] { auto eng = sgd_engine<S>(model, comm, sgd_options(1, 0.0, shard_size)); });
     })[0];
   };
   CHECK_THAT(message(4, 3, std::integral_constant<int, 2>{}),
@@ -199,7 +187,7 @@ TEST_CASE("Hybrid sharding: a bad shard size is refused by name", "[unit][engine
   const auto differing = per_rank<std::string>(2, [](LocalComm& comm) {
     nn::GPT<double> model(tiny());
     return thrown_message([&] {
-      auto eng = sgd_engine<2>(model, comm, hybrid_options(comm.rank() == 0 ? 1 : 2, 1, 0.0));
+      auto eng = sgd_engine<2>(model, comm, sgd_options(1, 0.0, comm.rank() == 0 ? 1 : 2));
     });
   });
   CHECK_THAT(differing[0], Catch::Contains("shard_size"));
