@@ -12,8 +12,10 @@
 // device (accumulate_grads_on_device) gives what folding them into the pinned shards gives, bit for
 // bit. Under hybrid sharding (4 ranks in shard groups of 2, the replica all-reduces on the
 // communication stream after the shard group's reduce-scatters) it trains as the plain host
-// engine, with and without Offload<CPU>. The refusals: a host communicator on the device engine, a
-// device communicator on the host engine, and LAMB (whose norms the host sums) on the device.
+// engine, with and without Offload<CPU>; so it does under ZeRO++ hpZ (stage 3 on 4 ranks, the
+// backward's gathers from secondary shards in groups of 2). The refusals: a host communicator on
+// the device engine, a device communicator on the host engine, and LAMB (whose norms the host sums)
+// on the device.
 
 #include <zero/engine/cuda_backend.cuh>
 
@@ -87,14 +89,15 @@ Config gpu_config(int stage, bool bf16, bool offload) {
 // deferred: an Offload<CPU> engine leaves its host updates to the next forward
 // (overlap_offload_update; the values are the same); on_device: it sums a window's gradient
 // shards on the device (accumulate_grads_on_device; the same values too); shard_size: hybrid
-// sharding in groups of that many ranks (0: none).
+// sharding in groups of that many ranks (0: none); hpz_size: ZeRO++ hpZ's secondary groups.
 template <class Eng, class Comm>
 Masters train(Comm& comm, const Config& config, bool deferred = false, bool on_device = false,
-              int shard_size = 0) {
+              int shard_size = 0, int hpz_size = 0) {
   engine::EngineOptions options = tiny_options();
   options.overlap_offload_update = deferred;
   options.accumulate_grads_on_device = on_device;
   options.shard_size = shard_size;
+  options.hpz_size = hpz_size;
   return train_tiny_gpt<Eng>(
       comm, config, steps, accumulation, [](Eng&) {}, options);
 }
@@ -174,7 +177,33 @@ void check_gpu_hybrid() {
       S, offload ? " Offload<CPU>" : "", worst);
 }
 
+// Stage 3 at 4 ranks with hpZ's secondary groups of 2 on the GPU (f32; Where: None or CPU)
+// against the plain host engine at 4 ranks.
+template <class Where>
+void check_gpu_hpz() {
+  constexpr bool offload = std::is_same_v<Where, CPU>;
+  using HostEngine = engine::Engine<nn::GPT<float>, ZeroStage<3>, Precision<float>>;
+  using GpuEngine =
+      engine::Engine<nn::GPT<float>, ZeroStage<3>, Precision<float>, Offload<Where>, Compute<Cuda>>;
+  INFO("stage 3" << (offload ? " Offload<CPU>" : "") << ", 4 ranks in secondary groups of 2");
+  const auto host = per_rank<Masters>(
+      4, [](LocalComm& comm) { return train<HostEngine>(comm, gpu_config(3, false, false)); });
+  const auto gpu = per_rank<Masters, CudaLocalComm>(4, [](CudaLocalComm& comm) {
+    return train<GpuEngine>(comm, gpu_config(3, false, offload), false, false, 0, 2);
+  });
+  const double worst = check_units(host, gpu, 1e-5);
+  std::printf(
+      "GPU engine stage 3 f32%s hpZ (secondary groups of 2 of 4): worst unit difference %.3g "
+      "(bound 1e-5)\n",
+      offload ? " Offload<CPU>" : "", worst);
+}
+
 }  // namespace
+
+TEST_CASE("the GPU engine under hpZ trains as the plain host engine (f32)", "[cuda][engine]") {
+  check_gpu_hpz<None>();
+  check_gpu_hpz<CPU>();
+}
 
 TEST_CASE("the GPU engine under hybrid sharding trains as the plain host engine (f32)",
           "[cuda][engine]") {

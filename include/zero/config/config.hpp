@@ -516,6 +516,9 @@ struct Config {
     expect<ConfigError>(o.mics_shard_size >= -1, z.where("mics_shard_size"), ": ",
                         o.mics_shard_size, " must be positive, or -1 (off)");
     if (o.mics_shard_size == 0) o.mics_shard_size = -1;
+    o.zero_hpz_partition_size = z.integer("zero_hpz_partition_size").value_or(1);
+    expect<ConfigError>(o.zero_hpz_partition_size >= 1, z.where("zero_hpz_partition_size"), ": ",
+                        o.zero_hpz_partition_size, " must be positive (1: off)");
     o.stage3_gather_16bit_weights_on_model_save =
         z.boolean("stage3_gather_16bit_weights_on_model_save").value_or(false) ||
         z.boolean("stage3_gather_fp16_weights_on_model_save").value_or(false);

@@ -386,8 +386,10 @@ inline std::span<const KeyInfo> known_keys() {
        "every rank reads only its own shard files", "true", "false"},
       {"zero_optimization.log_trace_cache_warnings", no_effect,
        "zero's unit order is static: there is no trace to cache", "true", "false"},
-      {"zero_optimization.zero_hpz_partition_size", no_effect,
-       "ZeRO++ hierarchical partitioning is not implemented", "8", "1"},
+      {"zero_optimization.zero_hpz_partition_size", applied,
+       "ZeRO++ hierarchical partitioning: ranks of the secondary partition stage 3's backward "
+       "gathers each unit from",
+       "8", "1", keys::unless_stage3},
       {"zero_optimization.zero_quantized_weights", no_effect,
        "ZeRO++ quantized weights are not implemented", "true", "false"},
       {"zero_optimization.zero_quantized_nontrainable_weights", no_effect,

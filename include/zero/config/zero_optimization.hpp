@@ -89,6 +89,10 @@ struct ZeroOptimizationConfig {
   /// MiCS's shard group size (hybrid sharding: EngineOptions::shard_size); -1 shards over the
   /// whole data-parallel group.
   std::int64_t mics_shard_size = -1;
+  /// ZeRO++'s hierarchical partitioning (hpZ: EngineOptions::hpz_size): the ranks of the
+  /// secondary partition stage 3's backward gathers each unit from; 1 gathers over the whole
+  /// data-parallel group.
+  std::int64_t zero_hpz_partition_size = 1;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
 };

@@ -514,6 +514,8 @@ class Engine {
         ++training_.skipped_steps;
       }
       clear_accumulators();
+      // hpZ: the next backward gathers from the shards its own forward keeps.
+      exchange_.forget_secondaries();
       if (apply && !deferred_ && !delayed) exchange_.regather_after_update();
       finish_window();
       return true;
@@ -817,6 +819,17 @@ class Engine {
                           "ZeRO stage 0 shards nothing: use stage 1, 2 or 3");
       groups_.shard_within(options_.shard_size);
     }
+    if (options_.hpz_size > 1) {
+      expect<ConfigError>(stage == 3,
+                          "Engine: hpz_size (ZeRO++ hierarchical partitioning, "
+                          "zero_optimization.zero_hpz_partition_size) keeps secondary shards for "
+                          "stage 3's backward gathers; stage ",
+                          stage, " gathers no parameters per pass: use stage 3");
+      expect<ConfigError>(options_.shard_size == 0,
+                          "Engine: hpz_size (ZeRO++ hpZ) and shard_size (hybrid sharding, "
+                          "mics_shard_size) both keep gathers inside groups of ranks; set one");
+      groups_.secondary_within(options_.hpz_size);
+    }
     const int n = model_.num_units();
     units_.resize(static_cast<std::size_t>(n));
     std::set<std::string, std::less<>> names;
@@ -845,6 +858,7 @@ class Engine {
       }
       s.group = &groups_.shard_group(expert);
       s.replicas = groups_.replica_group(expert);
+      s.secondary_group = groups_.secondary_group(expert);
       // Averaged over its group (and its replicas), a gradient is divided by the whole
       // data-parallel size.
       const int averaged = s.group->size() * (s.replicas ? s.replicas->size() : 1);
@@ -918,6 +932,10 @@ class Engine {
       in.largest_unit_params = std::max(in.largest_unit_params, numel);
       in.shard_params += static_cast<double>(numel) / static_cast<double>(s.group->size());
       if (stage == 3 && s.persistent) in.persistent_params += numel;
+      if (stage == 3 && !s.persistent && s.secondary_group != nullptr) {
+        in.secondary_params +=
+            static_cast<double>(numel) / static_cast<double>(s.secondary_group->size());
+      }
     }
     in.gpus_per_node = comm_.size();
     in.stage = stage;
@@ -1034,7 +1052,7 @@ class Engine {
         static_cast<double>(options_.gradient_accumulation_steps), options_.gradient_clipping,
         static_cast<double>(options_.shard_alignment),
         // Each rank splits its groups by it.
-        static_cast<double>(options_.shard_size),
+        static_cast<double>(options_.shard_size), static_cast<double>(options_.hpz_size),
         static_cast<double>(options_.persistence_threshold),
         // Stage 3's prefetch orders the gathers among the reductions; a
         // differing one interleaves the collectives differently.
@@ -1056,6 +1074,7 @@ class Engine {
                                             "gradient_clipping",
                                             "shard_alignment",
                                             "shard_size",
+                                            "hpz_size",
                                             "persistence_threshold",
                                             "prefetch_elems",
                                             "max_live_elems",

@@ -20,6 +20,10 @@
 //          shard_size consecutive ranks, which ZeRO shards a unit over and gathers it from, and
 //          replica groups, the ranks at the same place of every shard group, which hold the same
 //          shard and average its reduced gradient;
+//   secondary  with ZeRO++'s hierarchical partitioning (secondary_within: EngineOptions::
+//          hpz_size), dp (and expert_dp) split into groups of hpz_size consecutive ranks (one
+//          node's), which stage 3's backward gathers a unit from, out of the secondary shards
+//          the forward's gather over the whole group left on each rank;
 //   state  every rank that holds a distinct part of the state (tp x dp x pp, and x cp under
 //          context parallelism; ep x dp, x cp and x pp when there are): checkpoints are saved
 //          and loaded over it, so a save at one (tp, cp, dp, pp, ep, stage) loads at any other.
@@ -49,6 +53,8 @@ struct EngineGroups {
   std::optional<parallel::AnyComm> dp_shard, dp_replicas;
   /// The same split of expert_dp.
   std::optional<parallel::AnyComm> expert_shard, expert_replicas;
+  /// ZeRO++ hpZ: dp's and expert_dp's secondary groups (secondary_within; empty without it).
+  std::optional<parallel::AnyComm> dp_secondary, expert_secondary;
   /// The grid's expert-parallel size (the engine checks the model's experts against it).
   int ep = 1;
   /// The grid's context (Ulysses sequence) parallel size (the engine checks the model's
@@ -134,6 +140,30 @@ struct EngineGroups {
     if (expert_dp) split(*expert_dp, "expert-dp", expert_shard, expert_replicas);
   }
 
+  /// The group stage 3's backward gathers a unit from under hpZ (null without it).
+  parallel::AnyComm* secondary_group(bool expert) {
+    auto& g = expert && expert_dp ? expert_secondary : dp_secondary;
+    return g ? &*g : nullptr;
+  }
+
+  /// ZeRO++ hpZ: splits dp (and expert_dp) into secondary groups of size consecutive ranks
+  /// (collective over dp; every rank passes the same size). A group of size ranks or fewer
+  /// needs no secondary group. ConfigError unless size divides each group.
+  void secondary_within(int size) {
+    const auto split = [&](parallel::AnyComm& whole, const char* role,
+                           std::optional<parallel::AnyComm>& secondary) {
+      expect<ConfigError>(size > 0 && whole.size() % size == 0,
+                          "EngineGroups: hpz_size (zero_optimization.zero_hpz_partition_size) ",
+                          size, " must divide the ", whole.size(), " ranks of the ", role,
+                          " group ZeRO shards over");
+      if (size == whole.size()) return;
+      const int r = whole.rank();
+      secondary.emplace(whole.split(r / size, r % size, std::string(role) + "-secondary"));
+    };
+    split(dp, "dp", dp_secondary);
+    if (expert_dp) split(*expert_dp, "expert-dp", expert_secondary);
+  }
+
   /// ConfigError unless every group runs its ops on dp's device stream (none, for host
   /// communicators): a device backend orders that one stream after its compute, so a group on
   /// another would read gradients the backward is still writing. Splits of one NcclComm or
@@ -154,6 +184,8 @@ struct EngineGroups {
     check(dp_replicas, "replica");
     check(expert_shard, "expert shard");
     check(expert_replicas, "expert replica");
+    check(dp_secondary, "secondary (hpZ)");
+    check(expert_secondary, "expert secondary (hpZ)");
   }
 
  private:

@@ -60,6 +60,14 @@ struct EngineOptions {
   /// themselves after its reduce-scatter in the group. Gathers stay inside a group. 0 (the
   /// default) shards over the whole group; otherwise it must divide it.
   int shard_size = 0;
+  /// ZeRO++'s hierarchical partitioning (hpZ; zero_optimization.zero_hpz_partition_size), stage
+  /// 3: each forward gathers a unit over the whole group as before and keeps this rank's share
+  /// of it among groups of hpz_size consecutive ranks (a secondary shard in the compute type,
+  /// 1/hpz_size of the unit, until the step); the backward gathers the unit from those secondary
+  /// shards inside the group (one node's ranks), so only the forward's gather crosses nodes.
+  /// Gradients and the optimizer stay sharded over the whole group. 0 or 1 (the default): off;
+  /// otherwise it must divide each group, and it does not combine with shard_size.
+  int hpz_size = 0;
   /// Offload<CPU>: step() leaves each unit's host update to the next forward, which applies it
   /// just before the unit's gather, so the host updates one unit while the device computes the
   /// units before it. The values are those of updating every unit in step(); whatever reads the
@@ -135,6 +143,10 @@ struct EngineOptions {
     o.max_live_elems = z.stage3_max_live_parameters;
     // Stage 0 shards nothing: the key has no effect there (the key table says so).
     if (z.mics_shard_size > 0 && z.stage >= 1) o.shard_size = static_cast<int>(z.mics_shard_size);
+    // Only stage 3 gathers per pass: elsewhere the key has no effect (the key table says so).
+    if (z.zero_hpz_partition_size > 1 && z.stage == 3) {
+      o.hpz_size = static_cast<int>(z.zero_hpz_partition_size);
+    }
     if (!config.nonfinite_policy.empty()) {
       expect<ConfigError>(config.nonfinite_policy == "skip" || config.nonfinite_policy == "raise",
                           "nonfinite_policy: '", config.nonfinite_policy,

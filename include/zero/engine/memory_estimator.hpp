@@ -16,6 +16,8 @@
 //            + the whole parameters of persistent units (small ones, kept gathered: b each)
 //   No low-precision copy of the owned slice is kept: a gather rounds the master slice into a
 //   unit-sized scratch, so bf16 stage 3 holds the paper's 16 psi / N at rest (DeepSpeed: 18).
+//   ZeRO++ hpZ (stage 3, hpz_size h): + the secondary shards each forward's gather leaves for
+//            the backward's, b (psi - persistent) / h while a step runs (working memory)
 //   These are not written out here: the estimate walks unit_buffer_plan (unit_storage.hpp),
 //   the same list of buffers the engine allocates and memory_report() sums.
 //   Optimizer offload moves the sharded part to host memory (CPU) or, except the fp32 gradient
@@ -70,6 +72,10 @@ struct MemoryEstimateInput {
   /// of different sizes (expert units over the expert data-parallel group, smaller than the
   /// world): the sum over units of a unit's parameters over its group's size. 0: params / world.
   double shard_params = 0;
+  /// Stage 3 under ZeRO++ hpZ (EngineOptions::hpz_size): a rank's secondary shards in
+  /// parameters, held from a unit's forward to the step (the units that are not persistent,
+  /// each over its secondary group's size: (params - persistent) / hpz_size). 0: none.
+  double secondary_params = 0;
 
   /// Ranks in the world.
   int world() const { return gpus_per_node * nodes; }
@@ -171,10 +177,12 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
         break;
     }
   }
-  // Stage 3's persistent units keep their whole parameters gathered between steps.
+  // Stage 3's persistent units keep their whole parameters gathered between steps; under hpZ
+  // the others' secondary shards live from their forward to the step.
   if (in.stage == 3) {
     e.device_at_rest +=
         static_cast<double>(size_of(in.precision)) * static_cast<double>(in.persistent_params);
+    e.device_working += static_cast<double>(size_of(in.precision)) * in.secondary_params;
   }
   return e;
 }

@@ -9,7 +9,11 @@
 //               ready to run; prefetch starts the next units' gathers up to a byte budget
 //               (stage 3); release drops a gathered unit; a unit another unit uses (tied
 //               weights, experts) is dropped after its last user's forward at stage 3, unless
-//               that user is the model's last unit, whose backward follows at once.
+//               that user is the model's last unit, whose backward follows at once. Under
+//               ZeRO++ hpZ (the unit's secondary_group) a gather over the whole group keeps
+//               this rank's share of the result (a secondary shard) and a backward's gather
+//               reads those shards inside the secondary group instead, until the step drops
+//               them (forget_secondaries).
 //   reductions  gradient_complete starts a unit's gradient reduction once its backward is done
 //               (all-reduce or reduce-scatter of the whole accumulator on the boundary at stages
 //               0-1; reduce-scatter of the compute gradient into the fp32 shard every micro-step
@@ -109,18 +113,28 @@ class UnitExchange {
 
   // ---- gathers -------------------------------------------------------------------------------
 
-  /// Starts the all-gather of unit u's params into its whole buffer (allocated when absent).
-  void start_gather(int u) {
+  /// Starts the all-gather of unit u's params into its whole buffer (allocated when absent):
+  /// for a backward (hpZ) from the secondary shards when the unit has them, else from the
+  /// master slices over the unit's group.
+  void start_gather(int u, bool backward = false) {
     if (before_gather_) before_gather_(u);
     Unit& s = unit(u);
     if (s.gathering) return;
     const bool fresh = !s.params;
     if (fresh) s.params.emplace(backend_.template make_buffer<T>(s.numel(Extent::whole)));
-    const std::span<const T> source = gather_source(u);
-    // The source may have just been rounded from the master on the compute stream.
-    backend_.comm_waits_for_compute();
-    s.pending_gather =
-        s.group->all_gather_async(source, std::span<T>(s.params->data(), s.params->size()));
+    const std::span<T> whole(s.params->data(), s.params->size());
+    s.gathering_primary = !(backward && s.secondary);
+    if (s.gathering_primary) {
+      const std::span<const T> source = gather_source(u);
+      // The source may have just been rounded from the master on the compute stream.
+      backend_.comm_waits_for_compute();
+      s.pending_gather = s.group->all_gather_async(source, whole);
+    } else {
+      // The secondary shard was copied out on the compute stream.
+      backend_.comm_waits_for_compute();
+      s.pending_gather = s.secondary_group->all_gather_async(
+          std::span<const T>(s.secondary->data(), s.secondary->size()), whole);
+    }
     s.gathering = true;
     if (fresh) bind(u);
     peak_gathered_elems_ = std::max(peak_gathered_elems_, gathered_elems());
@@ -135,13 +149,24 @@ class UnitExchange {
   }
   /// The most elements gathered at once so far (what stage3_max_live_parameters bounds).
   std::int64_t peak_gathered_elems() const { return peak_gathered_elems_; }
-  /// Waits for unit u's gather, if one runs, and gives its scratch back to the pool.
+  /// Waits for unit u's gather, if one runs, and gives its scratch back to the pool. Under hpZ
+  /// a gather from the master slices leaves the unit's secondary shard.
   void finish_gather(int u) {
     Unit& s = unit(u);
     if (!s.gathering) return;
-    wait(s.pending_gather, "all-gather", u);
+    wait(s.pending_gather,
+         s.gathering_primary ? "all-gather" : "all-gather of the secondary shards", u);
     s.gathering = false;
     if (s.gather_scratch.size() > 0) scratch_pool_.push_back(std::move(s.gather_scratch));
+    if (s.gathering_primary && s.secondary_group != nullptr && !s.persistent) keep_secondary(u);
+  }
+  /// Drops every secondary shard (hpZ): the step changes the master slices they were gathered
+  /// from, so the next backward's gathers read only shards its forward's gathers kept.
+  void forget_secondaries() {
+    for (Unit& s : units_) {
+      finish_gather_if_secondary(s);
+      s.secondary.reset();
+    }
   }
   /// Makes unit u and the units it uses ready to run: gathered, and with gradient buffers for
   /// a backward.
@@ -157,7 +182,7 @@ class UnitExchange {
     auto ready = [&](int v) {
       if (before_gather_) before_gather_(v);
       Unit& s = unit(v);
-      if (!s.params) start_gather(v);
+      if (!s.params) start_gather(v, with_grads);
       finish_gather(v);
       if (with_grads && !s.grads) {
         s.grads.emplace(backend_.template make_buffer<T>(s.numel(Extent::whole)));
@@ -185,7 +210,7 @@ class UnitExchange {
         if (live + n > options_.max_live_elems) break;
         budget -= n;
         live += n;
-        start_gather(v);
+        start_gather(v, dir < 0);
       }
     } else {
       (void)u;
@@ -230,6 +255,7 @@ class UnitExchange {
   /// work proceeds); a stale gathered copy of another unit (evaluate left it) is dropped.
   void regather_after_update() {
     if constexpr (traits::regathers_after_update) {
+      forget_secondaries();
       for (int u = 0; u < num_units(); ++u) {
         Unit& s = unit(u);
         if (s.persistent) {
@@ -365,6 +391,23 @@ class UnitExchange {
       }
     }
     return last_user_[static_cast<std::size_t>(v)];
+  }
+
+  // hpZ: keeps this rank's share of unit u's whole parameters, just gathered from the master
+  // slices, among its secondary group: the part that group's all-gather puts at this rank's place
+  // (a copy on the compute stream, which the next gather's communication waits for).
+  void keep_secondary(int u) {
+    Unit& s = unit(u);
+    const std::size_t n =
+        s.numel(Extent::whole) / static_cast<std::size_t>(s.secondary_group->size());
+    if (!s.secondary) s.secondary.emplace(backend_.template make_buffer<T>(n));
+    const std::size_t at = n * static_cast<std::size_t>(s.secondary_group->rank());
+    backend_.copy_async(std::span<T>(s.secondary->data(), n),
+                        std::span<const T>(s.params->data() + at, n));
+  }
+  // A gather from s's secondary shard still in flight finishes before the shard goes.
+  void finish_gather_if_secondary(Unit& s) {
+    if (s.gathering && !s.gathering_primary) finish_gather(static_cast<int>(&s - units_.data()));
   }
 
   // The buffer the all-gather of unit u reads: the master slice itself when it is resident in
@@ -544,7 +587,7 @@ class UnitExchange {
   }
   // Waits for work, adding the op, the unit and the step to a communication failure.
   void wait(parallel::Work& work, const char* op, int u) {
-    const bool gather = std::string_view(op) == "all-gather";
+    const bool gather = std::string_view(op).starts_with("all-gather");
     const auto timed = timers_ != nullptr ? timers_->phase(gather ? profile::Phase::gather_wait
                                                                   : profile::Phase::reduction_wait)
                                           : profile::StepTimers::Scope(nullptr);

@@ -211,8 +211,12 @@ struct UnitState {
   DeviceBuffer<MasterT> grad_accumulator;
   DeviceBuffer<T> gather_scratch;                ///< the slice rounded (or read) for an all-gather
   std::optional<DeviceBuffer<T>> params, grads;  ///< whole unit in the compute type
-  parallel::Work pending_gather;                 ///< declared after the buffers it writes
+  /// ZeRO++ hpZ: this rank's share of the whole parameters among its secondary group, kept by
+  /// the forward's gather for the backward's (see secondary_group); empty otherwise.
+  std::optional<DeviceBuffer<T>> secondary;
+  parallel::Work pending_gather;  ///< declared after the buffers it writes
   bool gathering = false;
+  bool gathering_primary = false;  ///< the gather in flight reads the master slices (not hpZ's)
   /// The fp32 accumulators (grad_accumulator, grad_shard) hold this accumulation window's
   /// gradient: the window's first fold started them (Fold::start), so a step need not clear them.
   /// Until then they hold the last window's values.
@@ -227,6 +231,10 @@ struct UnitState {
   /// Hybrid sharding: the ranks holding the same shard of the unit, which average its reduced
   /// gradient shard (EngineGroups::replica_group); null without it.
   parallel::AnyComm* replicas = nullptr;
+  /// ZeRO++ hpZ (stage 3, units that are not persistent): the ranks of the unit's group (one
+  /// node's) that a backward gathers it from, out of their secondary shards
+  /// (EngineGroups::secondary_group); null without it.
+  parallel::AnyComm* secondary_group = nullptr;
   /// What the gradient averaged over `group` (and `replicas`) is multiplied by: |group| / |dp|
   /// (1/ep for an expert unit, else 1).
   double grad_scale = 1.0;
@@ -348,6 +356,7 @@ struct UnitState {
     add_bytes(r, BufferRole::delayed_copy, delayed_copy.bytes());
     add_bytes(r, BufferRole::grad_accumulator, grad_accumulator.bytes());
     add_bytes(r, BufferRole::grads, grads ? grads->bytes() : 0);
+    r.secondary_param_bytes += secondary ? secondary->bytes() : 0;
     for (const auto& b : optimizer_states) add_bytes(r, BufferRole::optimizer_states, b.bytes());
     r.scratch_bytes += gather_scratch.bytes();
   }
