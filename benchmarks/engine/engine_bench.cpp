@@ -6,8 +6,11 @@
 // 1-3 on 1 and 2 ranks ("engine_step_nvme" lines; --nvme-path "" skips them). Then hybrid
 // sharding (EngineOptions::shard_size) at stages 1-3 on 4 ranks in shard groups of 2 beside plain
 // ZeRO on the 4 ("engine_step_hybrid" lines): the step time, and one step's bus bytes per rank
-// inside the shard group and across the replicas, which is what would cross between nodes. One
-// JSON line per configuration.
+// inside the shard group and across the replicas, which is what would cross between nodes. Then
+// ZeRO++ hpZ (EngineOptions::hpz_size) at stage 3 on 4 ranks in secondary groups of 2 beside
+// plain stage 3 ("engine_step_hpz" lines): the step time, and one step's bus bytes per rank over
+// all 4 ranks (what would cross between nodes) and inside the secondary group. One JSON line per
+// configuration.
 //
 //   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
 //                  [--nvme-path /var/tmp]
@@ -99,16 +102,17 @@ double single_process_ms(const BenchShape& s, int threads) {
 
 // Rank 0's bus bytes of one step, by group name.
 struct StepTraffic {
-  double shard = 0, replicas = 0, world = 0;
+  double shard = 0, replicas = 0, world = 0, secondary = 0;
 };
 
 // The engine step at `stage` on `ranks` LocalComm ranks (rank 0's time; ranks move together);
 // with a non-empty nvme_path the config offloads the optimizer states there, and zero::dispatch
-// picks the Offload<NVMe> engine for it. shard_size > 0 shards in groups of that many ranks;
-// traffic, when given, receives one more step's bus bytes.
+// picks the Offload<NVMe> engine for it. shard_size > 0 shards in groups of that many ranks,
+// hpz_size > 1 gathers stage 3's backward inside groups of that many; traffic, when given,
+// receives one more step's bus bytes.
 double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank,
                  const std::string& nvme_path = {}, int shard_size = 0,
-                 StepTraffic* traffic = nullptr) {
+                 StepTraffic* traffic = nullptr, int hpz_size = 0) {
   const nn::GPTConfig c = model_config(s);
   const auto tokens = tokens_for(s, c.vocab_size);
   const std::string offload =
@@ -127,6 +131,7 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
     engine::EngineOptions options;
     options.activation_bytes = std::size_t{512} << 20;
     options.shard_size = shard_size;
+    options.hpz_size = hpz_size;
     auto logger = std::make_shared<parallel::CommLogger>(traffic != nullptr);
     comm.set_logger(logger);  // the engine's shard and replica groups log into it too
     zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
@@ -155,7 +160,7 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
         }
         return b;
       };
-      *traffic = {bus("dp-shard"), bus("dp-replicas"), bus("world")};
+      *traffic = {bus("dp-shard"), bus("dp-replicas"), bus("world"), bus("dp-secondary")};
     });
     comm.set_logger(nullptr);
   });
@@ -175,6 +180,22 @@ void hybrid_line(const BenchShape& s, int stage, int ranks, int shard, int threa
       "\"replica_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f}\n",
       stage, ranks, shard, threads, static_cast<long long>(model_config(s).num_parameters()),
       hybrid, plain, hybrid / plain, hybrid_bytes.shard, hybrid_bytes.replicas, plain_bytes.world);
+  std::fflush(stdout);
+}
+
+// One "engine_step_hpz" line: stage 3 on `ranks` ranks with secondary groups of `hpz`, beside
+// plain stage 3 on the same ranks, measured back to back.
+void hpz_line(const BenchShape& s, int ranks, int hpz, int threads) {
+  StepTraffic plain_bytes, hpz_bytes;
+  const double plain = engine_ms(s, 3, ranks, threads, {}, 0, &plain_bytes);
+  const double with_hpz = engine_ms(s, 3, ranks, threads, {}, 0, &hpz_bytes, hpz);
+  std::printf(
+      "{\"bench\": \"engine_step_hpz\", \"config\": {\"stage\": 3, \"ranks\": %d, "
+      "\"hpz_size\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
+      "\"unit\": \"ms\", \"plain_ms\": %.3f, \"ratio\": %.3f, \"world_bus_bytes\": %.0f, "
+      "\"secondary_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f}\n",
+      ranks, hpz, threads, static_cast<long long>(model_config(s).num_parameters()), with_hpz,
+      plain, with_hpz / plain, hpz_bytes.world, hpz_bytes.secondary, plain_bytes.world);
   std::fflush(stdout);
 }
 
@@ -236,5 +257,6 @@ int main(int argc, char** argv) {
   for (int stage = 1; stage <= 3; ++stage) {
     hybrid_line(s, stage, 4, 2, std::max(1, cores / 4));
   }
+  hpz_line(s, 4, 2, std::max(1, cores / 4));
   return 0;
 }

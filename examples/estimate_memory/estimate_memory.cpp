@@ -3,10 +3,13 @@
 // estimate_zero2/zero3 numbers beside them where DeepSpeed has a formula. --shard-size S is
 // hybrid sharding (EngineOptions::shard_size, zero_optimization.mics_shard_size): the states
 // sharded over groups of S GPUs, so each holds what plain ZeRO on S GPUs holds (DeepSpeed's
-// estimate has no such case: its columns are left empty).
+// estimate has no such case: its columns are left empty). --hpz-size H is ZeRO++'s hierarchical
+// partitioning (EngineOptions::hpz_size, zero_optimization.zero_hpz_partition_size): stage 3's
+// peak adds the secondary shards each forward leaves for the backward's gathers inside groups of
+// H GPUs (DeepSpeed's estimate has no such term: its stage-3 columns are left empty).
 //
 //   ./estimate_memory --model gpt2-xl [--gpus-per-node 8] [--nodes 1] [--precision bf16]
-//                     [--shard-size S]
+//                     [--shard-size S | --hpz-size H]
 //   ./estimate_memory --params 7.5e9 --largest-layer 2e8 [...]
 #include <cstdio>
 #include <cstdlib>
@@ -25,7 +28,7 @@ using zero::OffloadDevice;
 
 constexpr const char* usage_line =
     "usage: estimate_memory (--model NAME | --params N --largest-layer L) [--gpus-per-node G] "
-    "[--nodes M] [--precision f32|bf16|f16] [--shard-size S]\n";
+    "[--nodes M] [--precision f32|bf16|f16] [--shard-size S | --hpz-size H]\n";
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "estimate_memory: %s\n%s", why.c_str(), usage_line);
@@ -34,7 +37,7 @@ constexpr const char* usage_line =
 
 bool known_flag(const std::string& flag) {
   for (const char* f : {"--model", "--params", "--largest-layer", "--gpus-per-node", "--nodes",
-                        "--precision", "--shard-size"}) {
+                        "--precision", "--shard-size", "--hpz-size"}) {
     if (flag == f) return true;
   }
   return false;
@@ -53,6 +56,7 @@ int main(int argc, char** argv) try {
   std::string model;
   bool sized = false;           // --params or --largest-layer given
   std::int64_t shard_size = 0;  // hybrid sharding; 0: over every GPU
+  std::int64_t hpz_size = 0;    // ZeRO++ hpZ's secondary groups; 0: none
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -77,6 +81,8 @@ int main(int argc, char** argv) try {
       in.nodes = static_cast<int>(examples::parse_integer(flag, v, 1, 1 << 20));
     else if (flag == "--shard-size")
       shard_size = examples::parse_integer(flag, v, 1, 1 << 30);
+    else if (flag == "--hpz-size")
+      hpz_size = examples::parse_integer(flag, v, 1, 1 << 30);
     else if (flag == "--precision") {
       if (v == "f32")
         in.precision = DType::f32;
@@ -99,6 +105,12 @@ int main(int argc, char** argv) try {
           std::to_string(in.world()) + " GPUs");
   }
   const bool hybrid = shard_size > 0 && shard_size < in.world();
+  if (hpz_size > 0 && in.world() % hpz_size != 0) {
+    usage("--hpz-size " + std::to_string(hpz_size) + " must divide the " +
+          std::to_string(in.world()) + " GPUs");
+  }
+  if (hpz_size > 0 && shard_size > 0) usage("--hpz-size and --shard-size: give one");
+  const bool hpz = hpz_size > 1 && hpz_size < in.world();
   // The engine's options by default: stage 3's gathered units and persistence threshold, stages
   // 2-3's pending reductions (what its own check before the first allocation counts).
   const engine::EngineOptions defaults;
@@ -132,6 +144,13 @@ int main(int argc, char** argv) try {
         static_cast<long long>(shard_size), in.world(),
         static_cast<long long>(in.world() / shard_size));
   }
+  if (hpz) {
+    std::printf(
+        "hpZ: stage 3's backward gathers inside groups of %lld of the %d GPUs, from secondary "
+        "shards of %lld parameters per GPU\n",
+        static_cast<long long>(hpz_size), in.world(),
+        static_cast<long long>((in.params - persistent) / hpz_size));
+  }
   std::printf(
       "%lld parameters, largest unit %lld, %lld kept gathered at stage 3, %d GPU(s) per node x "
       "%d node(s), %s compute, Adam (8 bytes of state per parameter)\n",
@@ -157,6 +176,9 @@ int main(int argc, char** argv) try {
   for (const Row& r : rows) {
     in.stage = r.stage;
     in.persistent_params = r.stage == 3 ? persistent : 0;
+    in.secondary_params = r.stage == 3 && hpz ? static_cast<double>(in.params - persistent) /
+                                                    static_cast<double>(hpz_size)
+                                              : 0.0;
     in.live_units =
         r.stage == 3 ? engine::stage3_live_units(in.largest_unit_params, units,
                                                  defaults.prefetch_elems, defaults.max_live_elems)
@@ -167,7 +189,8 @@ int main(int argc, char** argv) try {
     const auto z = engine::estimate_model_states(in);
     const auto ds = engine::deepspeed_estimate(in);
     const double per_node = in.gpus_per_node;
-    const bool has_ds = r.stage >= 2 && r.opt != OffloadDevice::nvme && !hybrid;
+    const bool has_ds =
+        r.stage >= 2 && r.opt != OffloadDevice::nvme && !hybrid && !(hpz && r.stage == 3);
     std::printf("%-6d %-26s | %s %s %s %s | %s %s\n", r.stage, r.label,
                 gib(z.device_at_rest).c_str(), gib(z.device_peak()).c_str(),
                 gib(z.host * per_node).c_str(), gib(z.nvme * per_node).c_str(),

@@ -12,7 +12,8 @@
 // global batch, --grad-accum the accumulation, --lr, --warmup, --precision, the bucket sizes from
 // --channels), and the choices are printed, as are the keys that have no effect in zero.
 //
-//   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--shard-size N] [--steps 100]
+//   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--shard-size N | --hpz-size N]
+//               [--steps 100]
 //               [--batch 8] [--seq 64]
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
@@ -33,6 +34,10 @@
 // MiCS, FSDP's HYBRID_SHARD): ZeRO shards over groups of N data-parallel ranks and replicates
 // across the groups, so the gathers stay inside a group (a node, say) and only the averages of
 // the reduced shards cross between them.
+// --hpz-size N is ZeRO++'s hierarchical partitioning (the config's
+// zero_optimization.zero_hpz_partition_size; stage 3): each forward gathers a unit over every
+// data-parallel rank and keeps a secondary shard of it, and the backward gathers it inside groups
+// of N ranks from those shards, so only the forward's gathers cross between the groups.
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary's
@@ -154,6 +159,7 @@ struct Options {
   int ranks = 2;
   std::optional<int> stage;
   std::optional<int> shard_size;      // hybrid sharding (default: the config's mics_shard_size)
+  std::optional<int> hpz_size;        // ZeRO++ hpZ (default: the config's zero_hpz_partition_size)
   std::optional<int> tp;              // tensor-parallel size (default: the config's, else 1)
   bool sp = false;                    // Megatron sequence parallelism (with --tp)
   std::optional<int> ulysses;         // Ulysses sequence-parallel size (--sp N)
@@ -234,6 +240,8 @@ Options parse(int argc, char** argv) {
       o.stage = static_cast<int>(integer(0, 3));
     else if (flag == "--shard-size")
       o.shard_size = static_cast<int>(positive());
+    else if (flag == "--hpz-size")
+      o.hpz_size = static_cast<int>(positive());
     else if (flag == "--tp")
       o.tp = static_cast<int>(positive());
     else if (flag == "--sp")
@@ -386,6 +394,7 @@ Config make_config(const Options& o) {
   // The pipeline's micro-batches per step (and plain accumulation) in the built-in config.
   if (o.grad_accum > 1) j["gradient_accumulation_steps"] = o.grad_accum;
   if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
+  if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
   if (!o.config.empty()) {
     std::ifstream in(o.config);
     if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
@@ -397,6 +406,7 @@ Config make_config(const Options& o) {
     if (!j.is_object()) return Config::from_json(j);  // the parser names the problem
     if (o.stage) j["zero_optimization"]["stage"] = *o.stage;
     if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
+    if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
     if (o.print_every) j["steps_per_print"] = *o.print_every;
     // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
     const auto overrides = [&](const char* path) {
@@ -700,8 +710,14 @@ double count_parameters(const Model& model, const Config& cfg, bool active = fal
 }
 
 // "; hybrid sharding: ZeRO shards over groups of 2 ranks, 2 replicas" under hybrid sharding
-// (EngineOptions::shard_size below the dp ranks), else empty.
-std::string shard_note(int shard_size, int dp) {
+// (EngineOptions::shard_size below the dp ranks), or of ZeRO++ hpZ's secondary groups
+// (EngineOptions::hpz_size below them), else empty.
+std::string shard_note(const engine::EngineOptions& options, int dp) {
+  const int shard_size = options.shard_size, hpz_size = options.hpz_size;
+  if (hpz_size > 1 && hpz_size < dp) {
+    return "; hpZ: the backward gathers inside groups of " + std::to_string(hpz_size) +
+           " ranks from secondary shards";
+  }
   if (shard_size <= 0 || shard_size >= dp) return "";
   return "; hybrid sharding: ZeRO shards over groups of " + std::to_string(shard_size) +
          " ranks, " + std::to_string(dp / shard_size) + " replicas";
@@ -1106,7 +1122,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         std::string(name_of(dtype_of<typename E::T>)).c_str(), static_cast<long long>(sizes.train),
         static_cast<long long>(sizes.micro), static_cast<long long>(sizes.accumulation), dp,
         static_cast<long long>(o.steps), static_cast<double>(mem.total()) / 1e6,
-        shard_note(eng.options().shard_size, eng.comm().size()).c_str());
+        shard_note(eng.options(), eng.comm().size()).c_str());
   }
   std::ofstream metrics = open_metrics(o, leader);
   const bool tty = leader && ::isatty(STDOUT_FILENO);
