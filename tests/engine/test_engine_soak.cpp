@@ -64,7 +64,8 @@ bool same_memory(const engine::MemoryReport& a, const engine::MemoryReport& b) {
   return a.master_bytes == b.master_bytes && a.optimizer_bytes == b.optimizer_bytes &&
          a.grad_accumulator_bytes == b.grad_accumulator_bytes &&
          a.whole_param_bytes == b.whole_param_bytes && a.whole_grad_bytes == b.whole_grad_bytes &&
-         a.scratch_bytes == b.scratch_bytes && a.offloaded_bytes == b.offloaded_bytes;
+         a.secondary_param_bytes == b.secondary_param_bytes && a.scratch_bytes == b.scratch_bytes &&
+         a.offloaded_bytes == b.offloaded_bytes;
 }
 
 }  // namespace

@@ -54,11 +54,15 @@ struct MemoryBreakdown {
                     mbz(states.master_bytes) + ", optimizer " + mbz(states.optimizer_bytes) +
                     ", grad accumulators " + mbz(states.grad_accumulator_bytes) +
                     ", whole params " + mbz(states.whole_param_bytes) + ", whole grads " +
-                    mbz(states.whole_grad_bytes) + ", scratch " + mbz(states.scratch_bytes) +
-                    ") | estimate " + (estimate_bytes ? mb(*estimate_bytes) : "n/a") +
-                    " | activations peak " + mbz(activation_peak_bytes) + " | swap " +
-                    mbz(swap_bytes()) + " | RSS " + (rss_bytes ? mbz(*rss_bytes) : "n/a") +
-                    " (peak " + (rss_peak_bytes ? mbz(*rss_peak_bytes) : "n/a") + ")";
+                    mbz(states.whole_grad_bytes) +
+                    (states.secondary_param_bytes > 0
+                         ? ", hpZ secondary params " + mbz(states.secondary_param_bytes)
+                         : std::string()) +
+                    ", scratch " + mbz(states.scratch_bytes) + ") | estimate " +
+                    (estimate_bytes ? mb(*estimate_bytes) : "n/a") + " | activations peak " +
+                    mbz(activation_peak_bytes) + " | swap " + mbz(swap_bytes()) + " | RSS " +
+                    (rss_bytes ? mbz(*rss_bytes) : "n/a") + " (peak " +
+                    (rss_peak_bytes ? mbz(*rss_peak_bytes) : "n/a") + ")";
     return s;
   }
 
@@ -71,6 +75,7 @@ struct MemoryBreakdown {
             {"grad_accumulators", states.grad_accumulator_bytes},
             {"whole_params", states.whole_param_bytes},
             {"whole_grads", states.whole_grad_bytes},
+            {"secondary_params", states.secondary_param_bytes},
             {"scratch", states.scratch_bytes},
             {"estimate", opt(estimate_bytes)},
             {"activations_peak", activation_peak_bytes},
