@@ -4,7 +4,7 @@
 // inside a group of hpz_size ranks. It trains as one process and bit for bit as plain stage 3;
 // the backward's gathers move to the secondary group while the reductions stay over all ranks;
 // the secondary shards are what memory_report() and the estimator say, and are gone after the
-// step; bad sizes and stages are refused by name.
+// step and after an evaluation; bad sizes and stages are refused by name.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -64,7 +64,7 @@ double hpz_worst(int world, int hpz_size, int accumulation, double clip,
 // (0: plain stage 3).
 struct Traffic {
   parallel::CommStats all_gather_world, all_gather_secondary, reduce_scatter_world;
-  std::size_t secondary_before_step = 0, secondary_after_step = 0;
+  std::size_t secondary_before_step = 0, secondary_after_step = 0, secondary_after_evaluate = 0;
   std::size_t want_secondary = 0;  // every unit's padded size over 2, in bytes of double
 };
 
@@ -85,6 +85,8 @@ Traffic hpz_traffic(int hpz_size, int accumulation) {
     eng.step();
     eng.synchronize();
     t.secondary_after_step = eng.memory_report().secondary_param_bytes;
+    (void)eng.evaluate(b.micro(0, comm.rank(), 4));
+    t.secondary_after_evaluate = eng.memory_report().secondary_param_bytes;
     t.all_gather_world = logger->total(CommOp::all_gather, "world");
     t.all_gather_secondary = logger->total(CommOp::all_gather, "dp-secondary");
     t.reduce_scatter_world = logger->total(CommOp::reduce_scatter, "world");
@@ -155,6 +157,7 @@ TEST_CASE(
     // Every unit's secondary shard (half of it in groups of 2) until the step, none after.
     CHECK(hpz.secondary_before_step == hpz.want_secondary);
     CHECK(hpz.secondary_after_step == 0);
+    CHECK(hpz.secondary_after_evaluate == 0);  // no backward follows an evaluation
     CHECK(plain.secondary_before_step == 0);
   }
 }

@@ -363,6 +363,9 @@ class Engine {
       micro_.begin_pass(batch, 0, 1.0, r, num_units(), /*training=*/false);
       run_pass_forward(r, input);
       discard_pass();
+      // hpZ: no backward follows these gathers, so the secondary shards they kept go (a pass
+      // parked before gathers its units again from the master slices).
+      exchange_.forget_secondaries();
       return micro_.ctx().x;
     });
   }
