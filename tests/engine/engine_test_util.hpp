@@ -363,8 +363,10 @@ double max_error(Eng& eng, Comm& comm, int accumulation, int steps, const W& wan
 }
 
 // The options of the f64 SGD runs (sgd_error): accumulation, clipping, stage 3 gathering every
-// unit one ahead, sharded in groups of shard_size ranks (0: over all).
-inline engine::EngineOptions sgd_options(int accumulation, double clip, int shard_size = 0) {
+// unit one ahead, sharded in groups of shard_size ranks (0: over all), the backward gathering
+// inside groups of hpz_size ranks (ZeRO++ hpZ; 0: none).
+inline engine::EngineOptions sgd_options(int accumulation, double clip, int shard_size = 0,
+                                         int hpz_size = 0) {
   engine::EngineOptions options;
   options.gradient_accumulation_steps = accumulation;
   options.activation_bytes = 32 << 20;
@@ -372,20 +374,22 @@ inline engine::EngineOptions sgd_options(int accumulation, double clip, int shar
   options.persistence_threshold = 0;
   options.prefetch_elems = 1;  // stage 3: gather one unit ahead
   options.shard_size = shard_size;
+  options.hpz_size = hpz_size;
   return options;
 }
 
 // Stage S, f64 SGD (lr 1, optional clipping) on comm, against want; the model is cfg (tiny()
 // by default), its micro-batches placed or not (GlobalBatch::micro), sharded in groups of
-// shard_size ranks (hybrid sharding; 0: over all).
+// shard_size ranks (hybrid sharding; 0: over all), with hpZ's secondary groups of hpz_size (0:
+// none).
 template <int S, class Comm>
 double sgd_error(Comm& comm, int accumulation, int steps, double clip,
                  const std::vector<std::vector<double>>& want, const nn::GPTConfig& cfg = tiny(),
-                 bool placed = false, int shard_size = 0) {
+                 bool placed = false, int shard_size = 0, int hpz_size = 0) {
   nn::GPT<double> model(cfg);
   engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(
       model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); },
-      sgd_options(accumulation, clip, shard_size));
+      sgd_options(accumulation, clip, shard_size, hpz_size));
   return max_error(eng, comm, accumulation, steps, want, placed);
 }
 

@@ -35,9 +35,7 @@ template <int S>
 using SgdEngine = engine::Engine<nn::GPT<double>, ZeroStage<S>>;
 
 engine::EngineOptions hpz_options(int accumulation, double clip, int hpz_size) {
-  engine::EngineOptions options = sgd_options(accumulation, clip);
-  options.hpz_size = hpz_size;
-  return options;
+  return sgd_options(accumulation, clip, 0, hpz_size);
 }
 
 template <int S>
