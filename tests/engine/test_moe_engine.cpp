@@ -58,6 +58,7 @@ struct Layout {
   bool checkpoint = false;  // activation checkpointing: each block's forward, all-to-alls
                             // included, runs again before its backward
   int shard_size = 0;       // hybrid sharding (EngineOptions::shard_size); 0: none
+  int hpz_size = 0;         // ZeRO++ hpZ's secondary groups (EngineOptions::hpz_size); 0: none
 };
 
 template <int S>
@@ -72,6 +73,7 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
   if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(groups.tp());
   engine::EngineOptions options = test::tp_options(accumulation);
   options.shard_size = l.shard_size;
+  options.hpz_size = l.hpz_size;
   engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, std::move(engine_groups),
                                                     test::AdamW64{}, options);
   const int dense_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
@@ -148,6 +150,27 @@ TEST_CASE("MoE GPT under hybrid sharding: ep 2 x dp 2 in shard groups equals the
       CHECK(test::max_difference(got, want) <= 1e-10);
       CHECK(copies_differ == 0.0);
     }
+  }
+}
+
+TEST_CASE("MoE GPT under hpZ: stage 3 with secondary groups of 2 equals the reference",
+          "[unit][moe]") {
+  // ep 2 x dp 2: the dense units' backward gathers inside 2 groups of 2 of the 4 ranks, the
+  // experts' (over the expert data-parallel group of 2, a secondary group already) as before;
+  // ep 1 x dp 4: every unit's inside groups of 2.
+  const int accumulation = 2, steps = 3;
+  std::int64_t dropped = 0;
+  const auto want = moe_reference(4, accumulation, steps, &dropped);
+  for (const auto& [ep, dp] : {std::pair{2, 2}, std::pair{1, 4}}) {
+    Layout l{ep, dp, 3};
+    l.hpz_size = 2;
+    const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
+        4, [&](LocalComm& world) { return f64_rank<3>(world, l, accumulation, steps); });
+    double copies_differ = 0;
+    const auto got = test::assemble(ranks, &copies_differ);
+    INFO("ep " << ep << ", dp " << dp);
+    CHECK(test::max_difference(got, want) <= 1e-10);
+    CHECK(copies_differ == 0.0);
   }
 }
 
