@@ -151,7 +151,7 @@ TEST_CASE("applied keys say so when this configuration gives them nothing to do"
   const Config stage1 = Config::from_json_string(
       R"({"zero_optimization": {"stage": 1, "stage3_prefetch_bucket_size": 1000,
                                 "stage3_max_live_parameters": 5000, "sub_group_size": 1000,
-                                "zero_hpz_partition_size": 8},
+                                "zero_hpz_partition_size": 8, "zero_quantized_weights": true},
           "fp16": {"loss_scale_window": 100}, "aio": {"queue_depth": 4}})");
   CHECK(noticed(stage1, "zero_optimization.stage3_prefetch_bucket_size"));
   CHECK(noticed(stage1, "zero_optimization.stage3_max_live_parameters"));
@@ -159,12 +159,13 @@ TEST_CASE("applied keys say so when this configuration gives them nothing to do"
   CHECK(noticed(stage1, "fp16.loss_scale_window"));
   CHECK(noticed(stage1, "aio.queue_depth"));
   CHECK(noticed(stage1, "zero_optimization.zero_hpz_partition_size"));
-  CHECK(stage1.notices.size() == 6);
+  CHECK(noticed(stage1, "zero_optimization.zero_quantized_weights"));
+  CHECK(stage1.notices.size() == 7);
 
   const Config stage3 = Config::from_json_string(
       R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1000,
                                 "stage3_max_live_parameters": 5000,
-                                "zero_hpz_partition_size": 8}})");
+                                "zero_hpz_partition_size": 8, "zero_quantized_weights": true}})");
   CHECK(stage3.notices.empty());
   // A stage written as a whole float runs as that stage (the parser accepts 3.0), and the
   // notices agree with it: they read it as stage 0 before.

@@ -1,5 +1,6 @@
 // zero::engine::CudaBackend against HostBackend on the same inputs: the flow's element-wise
-// kernels bit for bit (accumulate, convert_into, scale, clear) and sum_of_squares to 1e-12
+// kernels bit for bit (accumulate, convert_into, scale, clear, ZeRO++'s int8 packing and its
+// reading back) and sum_of_squares to 1e-12
 // relative, +inf on Inf/NaN; the streams and the event between them (a copy on the comm stream
 // sees what a compute kernel wrote, and without the event it does not); buffers from the pool
 // and page-locked host memory. The no-device error is in test_engine_backend_no_device.cu (this
@@ -274,6 +275,28 @@ TEST_CASE("CudaBackend::scale equals HostBackend bit for bit", "[cuda][engine]")
       check_same_bits(download(backend, v), want,
                       "scale n=" + std::to_string(n) + " factor=" + std::to_string(factor));
     }
+  }
+}
+
+TEMPLATE_TEST_CASE("CudaBackend::quantize_int8 and dequantize_int8 equal HostBackend bit for bit",
+                   "[cuda][engine]", float, bf16, f16) {
+  CudaBackend backend;
+  for (const std::size_t n : sizes) {
+    const std::vector<TestType> values = inputs<TestType>(n, 47, 0.1f);
+    std::vector<std::uint8_t> want(
+        static_cast<std::size_t>(zero::quant::int8_packed_bytes(static_cast<std::int64_t>(n))));
+    HostBackend::quantize_int8(std::span<std::uint8_t>(want), std::span<const TestType>(values));
+    std::vector<TestType> want_back(n);
+    HostBackend::dequantize_int8(std::span<TestType>(want_back),
+                                 std::span<const std::uint8_t>(want));
+
+    const DeviceBuffer<TestType> v = upload(backend, values);
+    DeviceBuffer<std::uint8_t> packed = upload(backend, std::vector<std::uint8_t>(want.size()));
+    backend.quantize_int8(span_of(packed), const_span_of(v));
+    check_same_bits(download(backend, packed), want, "quantize_int8 n=" + std::to_string(n));
+    DeviceBuffer<TestType> back = upload(backend, std::vector<TestType>(n));
+    backend.dequantize_int8(span_of(back), const_span_of(packed));
+    check_same_bits(download(backend, back), want_back, "dequantize_int8 n=" + std::to_string(n));
   }
 }
 

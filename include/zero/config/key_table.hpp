@@ -390,8 +390,9 @@ inline std::span<const KeyInfo> known_keys() {
        "ZeRO++ hierarchical partitioning: ranks of the secondary partition stage 3's backward "
        "gathers each unit from",
        "8", "1", keys::unless_stage3},
-      {"zero_optimization.zero_quantized_weights", no_effect,
-       "ZeRO++ quantized weights are not implemented", "true", "false"},
+      {"zero_optimization.zero_quantized_weights", applied,
+       "ZeRO++ quantized weights: stage 3 gathers parameters as block-wise int8", "true", "false",
+       keys::unless_stage3},
       {"zero_optimization.zero_quantized_nontrainable_weights", no_effect,
        "ZeRO++ quantized weights are not implemented", "true", "false"},
       {"zero_optimization.zero_quantized_gradients", no_effect,

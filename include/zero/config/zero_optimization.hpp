@@ -93,6 +93,9 @@ struct ZeroOptimizationConfig {
   /// secondary partition stage 3's backward gathers each unit from; 1 gathers over the whole
   /// data-parallel group.
   std::int64_t zero_hpz_partition_size = 1;
+  /// ZeRO++'s quantized weights (qwZ: EngineOptions::quantized_weights): stage 3 gathers
+  /// parameters as block-wise int8.
+  bool zero_quantized_weights = false;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
 };

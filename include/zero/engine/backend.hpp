@@ -2,7 +2,8 @@
 // The device seam: Compute<Device> resolves to a backend, the one place that says how the engine
 // allocates buffers (plain and pinned), orders work (streams and events) and runs the few
 // element-wise kernels its own flow needs (folding a gradient into an fp32 accumulator, rounding
-// a master slice for a gather, clearing, the sum of squares for the global norm). It also makes
+// a master slice for a gather, clearing, the sum of squares for the global norm, the int8 packing
+// of ZeRO++'s quantized weights). It also makes
 // what the model's layers run on: their kernel set (nn/kernels.hpp: zero::ops::cpu on the host,
 // zero::ops::cuda on a device's compute stream) and the activation arenas in the same memory.
 // The flow in engine.hpp is written
@@ -39,6 +40,7 @@
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/nn/kernels.hpp>
+#include <zero/ops/cpu/int8_blocks.hpp>
 
 namespace zero::engine {
 
@@ -214,6 +216,17 @@ struct HostBackend {
   static void sum_of_squares_into(std::span<double> slot, std::span<const E> v) {
     expect<ShapeError>(!slot.empty(), "HostBackend::sum_of_squares_into: an empty slot");
     slot[0] = sum_of_squares(v);
+  }
+  /// out = in packed as block-wise int8 codes and scales (ZeRO++'s quantized weights;
+  /// core/int8_blocks.hpp).
+  template <class E>
+  static void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in) {
+    ops::cpu::quantize_int8_blocks(in, out);
+  }
+  /// out = the values the packed run in stands for.
+  template <class E>
+  static void dequantize_int8(std::span<E> out, std::span<const std::uint8_t> in) {
+    ops::cpu::dequantize_int8_blocks(in, out);
   }
 
  private:

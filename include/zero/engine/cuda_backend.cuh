@@ -58,6 +58,7 @@
 #include <zero/nn/cuda_kernels.cuh>
 #include <zero/ops/cuda/common.cuh>
 #include <zero/ops/cuda/convert.cuh>
+#include <zero/ops/cuda/int8_blocks.cuh>
 #include <zero/ops/cuda/reduce.cuh>
 
 namespace zero::engine {
@@ -402,6 +403,31 @@ class CudaBackend {
     if (!v.empty()) expect_device_memory(v.data(), "sum_of_squares_into", "v");
     ops::cuda::sum_squares(slot.data(), v.data(), static_cast<std::int64_t>(v.size()),
                            compute_->native());
+  }
+  /// out = in packed as block-wise int8 codes and scales (ZeRO++'s quantized weights;
+  /// core/int8_blocks.hpp), on the compute stream: HostBackend's bits.
+  template <class E>
+  void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in) {
+    const auto n = static_cast<std::int64_t>(in.size());
+    expect<ShapeError>(static_cast<std::int64_t>(out.size()) == quant::int8_packed_bytes(n),
+                       "CudaBackend::quantize_int8: ", n, " values pack into ",
+                       quant::int8_packed_bytes(n), " bytes, not ", out.size());
+    if (n == 0) return;
+    expect_device_memory(out.data(), "quantize_int8", "out");
+    expect_device_memory(in.data(), "quantize_int8", "in");
+    ops::cuda::quantize_int8_blocks<E>(in.data(), out.data(), n, compute_->native());
+  }
+  /// out = the values the packed run in stands for, on the compute stream.
+  template <class E>
+  void dequantize_int8(std::span<E> out, std::span<const std::uint8_t> in) {
+    const auto n = static_cast<std::int64_t>(out.size());
+    expect<ShapeError>(static_cast<std::int64_t>(in.size()) == quant::int8_packed_bytes(n),
+                       "CudaBackend::dequantize_int8: ", n, " values pack into ",
+                       quant::int8_packed_bytes(n), " bytes, not ", in.size());
+    if (n == 0) return;
+    expect_device_memory(out.data(), "dequantize_int8", "out");
+    expect_device_memory(in.data(), "dequantize_int8", "in");
+    ops::cuda::dequantize_int8_blocks<E>(in.data(), out.data(), n, compute_->native());
   }
 
  private:

@@ -833,6 +833,10 @@ class Engine {
                           "mics_shard_size) both keep gathers inside groups of ranks; set one");
       groups_.secondary_within(options_.hpz_size);
     }
+    expect<ConfigError>(!options_.quantized_weights || stage == 3,
+                        "Engine: quantized_weights (ZeRO++ qwZ, zero_optimization."
+                        "zero_quantized_weights) quantizes stage 3's parameter gathers; stage ",
+                        stage, " gathers no parameters per pass: use stage 3");
     const int n = model_.num_units();
     units_.resize(static_cast<std::size_t>(n));
     std::set<std::string, std::less<>> names;
@@ -1056,7 +1060,7 @@ class Engine {
         static_cast<double>(options_.shard_alignment),
         // Each rank splits its groups by it.
         static_cast<double>(options_.shard_size), static_cast<double>(options_.hpz_size),
-        static_cast<double>(options_.persistence_threshold),
+        options_.quantized_weights ? 1.0 : 0.0, static_cast<double>(options_.persistence_threshold),
         // Stage 3's prefetch orders the gathers among the reductions; a
         // differing one interleaves the collectives differently.
         static_cast<double>(options_.prefetch_elems), static_cast<double>(options_.max_live_elems),
@@ -1078,6 +1082,7 @@ class Engine {
                                             "shard_alignment",
                                             "shard_size",
                                             "hpz_size",
+                                            "quantized_weights",
                                             "persistence_threshold",
                                             "prefetch_elems",
                                             "max_live_elems",

@@ -68,6 +68,14 @@ struct EngineOptions {
   /// Gradients and the optimizer stay sharded over the whole group. 0 or 1 (the default): off;
   /// otherwise it must divide each group, and it does not combine with shard_size.
   int hpz_size = 0;
+  /// ZeRO++'s quantized weights (qwZ; zero_optimization.zero_quantized_weights), stage 3: a
+  /// gather from the master slices moves each rank's slice as block-wise int8 (a code a value
+  /// and an fp32 scale per 256 values, core/int8_blocks.hpp) and the units compute on the
+  /// values the codes stand for: a quarter of bf16's bytes on the wire (an eighth of f64's),
+  /// at a relative error of at most 1/254 of each block's largest magnitude in the weights the
+  /// forward and backward see (the master and the optimizer stay exact). false (the default):
+  /// gathers move the compute type.
+  bool quantized_weights = false;
   /// Offload<CPU>: step() leaves each unit's host update to the next forward, which applies it
   /// just before the unit's gather, so the host updates one unit while the device computes the
   /// units before it. The values are those of updating every unit in step(); whatever reads the
@@ -147,6 +155,7 @@ struct EngineOptions {
     if (z.zero_hpz_partition_size > 1 && z.stage == 3) {
       o.hpz_size = static_cast<int>(z.zero_hpz_partition_size);
     }
+    o.quantized_weights = z.zero_quantized_weights && z.stage == 3;
     if (!config.nonfinite_policy.empty()) {
       expect<ConfigError>(config.nonfinite_policy == "skip" || config.nonfinite_policy == "raise",
                           "nonfinite_policy: '", config.nonfinite_policy,

@@ -13,7 +13,9 @@
 //               ZeRO++ hpZ (the unit's secondary_group) a gather over the whole group keeps
 //               this rank's share of the result (a secondary shard) and a backward's gather
 //               reads those shards inside the secondary group instead, until the step drops
-//               them (forget_secondaries).
+//               them (forget_secondaries). Under ZeRO++ qwZ (quantized_weights) a gather
+//               from the master slices moves them packed as block-wise int8, read back into
+//               the unit's buffer when it is waited for.
 //   reductions  gradient_complete starts a unit's gradient reduction once its backward is done
 //               (all-reduce or reduce-scatter of the whole accumulator on the boundary at stages
 //               0-1; reduce-scatter of the compute gradient into the fp32 shard every micro-step
@@ -46,6 +48,7 @@
 
 #include <parallel/comm/any_comm.hpp>
 #include <zero/core/error.hpp>
+#include <zero/core/int8_blocks.hpp>
 #include <zero/engine/backend.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/memory_report.hpp>
@@ -124,7 +127,9 @@ class UnitExchange {
     if (fresh) s.params.emplace(backend_.template make_buffer<T>(s.numel(Extent::whole)));
     const std::span<T> whole(s.params->data(), s.params->size());
     s.gathering_primary = !(backward && s.secondary);
-    if (s.gathering_primary) {
+    if (s.gathering_primary && options_.quantized_weights) {
+      start_quantized_gather(u);
+    } else if (s.gathering_primary) {
       const std::span<const T> source = gather_source(u);
       // The source may have just been rounded from the master on the compute stream.
       backend_.comm_waits_for_compute();
@@ -158,6 +163,7 @@ class UnitExchange {
          s.gathering_primary ? "all-gather" : "all-gather of the secondary shards", u);
     s.gathering = false;
     if (s.gather_scratch.size() > 0) scratch_pool_.push_back(std::move(s.gather_scratch));
+    if (s.quantized_whole.size() > 0) finish_quantized_gather(u);
     if (s.gathering_primary && s.secondary_group != nullptr && !s.persistent) keep_secondary(u);
   }
   /// Drops every secondary shard (hpZ): the step changes the master slices they were gathered
@@ -391,6 +397,36 @@ class UnitExchange {
       }
     }
     return last_user_[static_cast<std::size_t>(v)];
+  }
+
+  // qwZ: packs unit u's slice (gather_source's values) as int8 codes and scales on the compute
+  // stream and all-gathers the packed slices over its group.
+  void start_quantized_gather(int u) {
+    Unit& s = unit(u);
+    const auto packed = static_cast<std::size_t>(
+        quant::int8_packed_bytes(static_cast<std::int64_t>(s.numel(Extent::shard))));
+    s.quantized_slice = backend_.template make_buffer<std::uint8_t>(packed);
+    s.quantized_whole = backend_.template make_buffer<std::uint8_t>(
+        packed * static_cast<std::size_t>(s.group->size()));
+    backend_.quantize_int8(span(s.quantized_slice), gather_source(u));
+    backend_.comm_waits_for_compute();
+    s.pending_gather = s.group->all_gather_async(
+        std::span<const std::uint8_t>(span(s.quantized_slice)), span(s.quantized_whole));
+  }
+  // qwZ, once unit u's gather is done: every rank's packed slice read back into its place of the
+  // unit's whole buffer, on the compute stream, and the packed buffers freed in its order.
+  void finish_quantized_gather(int u) {
+    Unit& s = unit(u);
+    const std::size_t n = s.numel(Extent::shard);
+    const std::size_t packed = s.quantized_slice.size();
+    for (int r = 0; r < s.group->size(); ++r) {
+      const auto at = static_cast<std::size_t>(r);
+      backend_.dequantize_int8(
+          std::span<T>(s.params->data() + at * n, n),
+          std::span<const std::uint8_t>(s.quantized_whole.data() + at * packed, packed));
+    }
+    s.quantized_slice = {};
+    s.quantized_whole = {};
   }
 
   // hpZ: keeps this rank's share of unit u's whole parameters, just gathered from the master

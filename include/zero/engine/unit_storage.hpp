@@ -214,6 +214,9 @@ struct UnitState {
   /// ZeRO++ hpZ: this rank's share of the whole parameters among its secondary group, kept by
   /// the forward's gather for the backward's (see secondary_group); empty otherwise.
   std::optional<DeviceBuffer<T>> secondary;
+  /// ZeRO++ qwZ, while a gather from the master slices runs: this rank's slice packed as int8
+  /// (core/int8_blocks.hpp) and every rank's packed slices, which finish_gather reads back.
+  DeviceBuffer<std::uint8_t> quantized_slice, quantized_whole;
   parallel::Work pending_gather;  ///< declared after the buffers it writes
   bool gathering = false;
   bool gathering_primary = false;  ///< the gather in flight reads the master slices (not hpZ's)
@@ -358,7 +361,7 @@ struct UnitState {
     add_bytes(r, BufferRole::grads, grads ? grads->bytes() : 0);
     r.secondary_param_bytes += secondary ? secondary->bytes() : 0;
     for (const auto& b : optimizer_states) add_bytes(r, BufferRole::optimizer_states, b.bytes());
-    r.scratch_bytes += gather_scratch.bytes();
+    r.scratch_bytes += gather_scratch.bytes() + quantized_slice.bytes() + quantized_whole.bytes();
   }
 };
 
