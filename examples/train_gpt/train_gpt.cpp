@@ -13,7 +13,7 @@
 // --channels), and the choices are printed, as are the keys that have no effect in zero.
 //
 //   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--shard-size N | --hpz-size N]
-//               [--steps 100]
+//               [--quantized-weights] [--steps 100]
 //               [--batch 8] [--seq 64]
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
@@ -38,6 +38,8 @@
 // zero_optimization.zero_hpz_partition_size; stage 3): each forward gathers a unit over every
 // data-parallel rank and keeps a secondary shard of it, and the backward gathers it inside groups
 // of N ranks from those shards, so only the forward's gathers cross between the groups.
+// --quantized-weights is ZeRO++'s quantized weights (zero_optimization.zero_quantized_weights;
+// stage 3): the parameter gathers move block-wise int8, the units compute on what it stands for.
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary's
@@ -159,6 +161,7 @@ struct Options {
   int ranks = 2;
   std::optional<int> stage;
   std::optional<int> shard_size;      // hybrid sharding (default: the config's mics_shard_size)
+  bool quantized_weights = false;     // ZeRO++ qwZ (or the config's zero_quantized_weights)
   std::optional<int> hpz_size;        // ZeRO++ hpZ (default: the config's zero_hpz_partition_size)
   std::optional<int> tp;              // tensor-parallel size (default: the config's, else 1)
   bool sp = false;                    // Megatron sequence parallelism (with --tp)
@@ -208,11 +211,12 @@ Options parse(int argc, char** argv) {
     const bool sp_size = flag == "--sp" && i + 1 < argc && argv[i + 1][0] >= '0' &&
                          argv[i + 1][0] <= '9';  // --sp N: Ulysses
     if (flag == "--profile" || flag == "--offload-cpu" || flag == "--grads-on-device" ||
-        (flag == "--sp" && !sp_size)) {  // the flags without a value
-      (flag == "--sp"                ? o.sp
-       : flag == "--offload-cpu"     ? o.offload_cpu
-       : flag == "--grads-on-device" ? o.grads_on_device
-                                     : o.profile) = true;
+        flag == "--quantized-weights" || (flag == "--sp" && !sp_size)) {  // no value
+      (flag == "--sp"                  ? o.sp
+       : flag == "--offload-cpu"       ? o.offload_cpu
+       : flag == "--grads-on-device"   ? o.grads_on_device
+       : flag == "--quantized-weights" ? o.quantized_weights
+                                       : o.profile) = true;
       --i;
       continue;
     }
@@ -395,6 +399,7 @@ Config make_config(const Options& o) {
   if (o.grad_accum > 1) j["gradient_accumulation_steps"] = o.grad_accum;
   if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
   if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
+  if (o.quantized_weights) j["zero_optimization"]["zero_quantized_weights"] = true;
   if (!o.config.empty()) {
     std::ifstream in(o.config);
     if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
@@ -407,6 +412,7 @@ Config make_config(const Options& o) {
     if (o.stage) j["zero_optimization"]["stage"] = *o.stage;
     if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
     if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
+    if (o.quantized_weights) j["zero_optimization"]["zero_quantized_weights"] = true;
     if (o.print_every) j["steps_per_print"] = *o.print_every;
     // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
     const auto overrides = [&](const char* path) {
@@ -714,10 +720,13 @@ double count_parameters(const Model& model, const Config& cfg, bool active = fal
 // (EngineOptions::hpz_size below them), else empty.
 std::string shard_note(const engine::EngineOptions& options, int dp) {
   const int shard_size = options.shard_size, hpz_size = options.hpz_size;
+  const std::string qwz =
+      options.quantized_weights ? "; qwZ: parameters gathered as block-wise int8" : "";
   if (hpz_size > 1 && hpz_size < dp) {
     return "; hpZ: the backward gathers inside groups of " + std::to_string(hpz_size) +
-           " ranks from secondary shards";
+           " ranks from secondary shards" + qwz;
   }
+  if (!qwz.empty()) return qwz;
   if (shard_size <= 0 || shard_size >= dp) return "";
   return "; hybrid sharding: ZeRO shards over groups of " + std::to_string(shard_size) +
          " ranks, " + std::to_string(dp / shard_size) + " replicas";
