@@ -7,10 +7,10 @@
 // sharding (EngineOptions::shard_size) at stages 1-3 on 4 ranks in shard groups of 2 beside plain
 // ZeRO on the 4 ("engine_step_hybrid" lines): the step time, and one step's bus bytes per rank
 // inside the shard group and across the replicas, which is what would cross between nodes. Then
-// ZeRO++ hpZ (EngineOptions::hpz_size) at stage 3 on 4 ranks in secondary groups of 2 beside
-// plain stage 3 ("engine_step_hpz" lines): the step time, and one step's bus bytes per rank over
-// all 4 ranks (what would cross between nodes) and inside the secondary group. One JSON line per
-// configuration.
+// ZeRO++ at stage 3 on 4 ranks beside plain stage 3 ("engine_step_zeropp" lines): hpZ
+// (EngineOptions::hpz_size, secondary groups of 2), qwZ (quantized_weights) and both; the step
+// time, and one step's bus bytes per rank over all 4 ranks (what would cross between nodes) and
+// inside the secondary group. One JSON line per configuration.
 //
 //   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
 //                  [--nvme-path /var/tmp]
@@ -107,12 +107,18 @@ struct StepTraffic {
 
 // The engine step at `stage` on `ranks` LocalComm ranks (rank 0's time; ranks move together);
 // with a non-empty nvme_path the config offloads the optimizer states there, and zero::dispatch
-// picks the Offload<NVMe> engine for it. shard_size > 0 shards in groups of that many ranks,
-// hpz_size > 1 gathers stage 3's backward inside groups of that many; traffic, when given,
-// receives one more step's bus bytes.
+// picks the Offload<NVMe> engine for it. The options' shard_size, hpz_size and quantized_weights
+// pick hybrid sharding and ZeRO++'s parts; traffic, when given, receives one more step's bus
+// bytes.
+struct Variant {
+  std::string nvme_path = {};
+  engine::EngineOptions options = {};
+  StepTraffic* traffic = nullptr;
+};
 double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank,
-                 const std::string& nvme_path = {}, int shard_size = 0,
-                 StepTraffic* traffic = nullptr, int hpz_size = 0) {
+                 const Variant& variant = {}) {
+  const std::string& nvme_path = variant.nvme_path;
+  StepTraffic* traffic = variant.traffic;
   const nn::GPTConfig c = model_config(s);
   const auto tokens = tokens_for(s, c.vocab_size);
   const std::string offload =
@@ -128,10 +134,8 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
   parallel::LocalComm::run(ranks, [&](parallel::LocalComm& comm) {
     set_threads(threads_per_rank);
     nn::GPT<float> model(c);
-    engine::EngineOptions options;
+    engine::EngineOptions options = variant.options;
     options.activation_bytes = std::size_t{512} << 20;
-    options.shard_size = shard_size;
-    options.hpz_size = hpz_size;
     auto logger = std::make_shared<parallel::CommLogger>(traffic != nullptr);
     comm.set_logger(logger);  // the engine's shard and replica groups log into it too
     zero::dispatch<nn::GPT<float>>(cfg, [&]<class E>(std::type_identity<E>) {
@@ -171,8 +175,10 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
 // plain ZeRO on the same ranks, measured back to back.
 void hybrid_line(const BenchShape& s, int stage, int ranks, int shard, int threads) {
   StepTraffic plain_bytes, hybrid_bytes;
-  const double plain = engine_ms(s, stage, ranks, threads, {}, 0, &plain_bytes);
-  const double hybrid = engine_ms(s, stage, ranks, threads, {}, shard, &hybrid_bytes);
+  const double plain = engine_ms(s, stage, ranks, threads, {.traffic = &plain_bytes});
+  Variant hybrid_variant{.traffic = &hybrid_bytes};
+  hybrid_variant.options.shard_size = shard;
+  const double hybrid = engine_ms(s, stage, ranks, threads, hybrid_variant);
   std::printf(
       "{\"bench\": \"engine_step_hybrid\", \"config\": {\"stage\": %d, \"ranks\": %d, "
       "\"shard_size\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
@@ -183,26 +189,31 @@ void hybrid_line(const BenchShape& s, int stage, int ranks, int shard, int threa
   std::fflush(stdout);
 }
 
-// One "engine_step_hpz" line: stage 3 on `ranks` ranks with secondary groups of `hpz`, beside
-// plain stage 3 on the same ranks, measured back to back.
-void hpz_line(const BenchShape& s, int ranks, int hpz, int threads) {
-  StepTraffic plain_bytes, hpz_bytes;
-  const double plain = engine_ms(s, 3, ranks, threads, {}, 0, &plain_bytes);
-  const double with_hpz = engine_ms(s, 3, ranks, threads, {}, 0, &hpz_bytes, hpz);
+// One "engine_step_zeropp" line: stage 3 on `ranks` ranks with ZeRO++'s hpZ (secondary groups
+// of `hpz`; 0: none) and qwZ (quantized) as given, beside plain stage 3 on the same ranks,
+// measured back to back.
+void zeropp_line(const BenchShape& s, int ranks, int hpz, bool quantized, int threads) {
+  StepTraffic plain_bytes, bytes;
+  const double plain = engine_ms(s, 3, ranks, threads, {.traffic = &plain_bytes});
+  Variant variant{.traffic = &bytes};
+  variant.options.hpz_size = hpz;
+  variant.options.quantized_weights = quantized;
+  const double ms = engine_ms(s, 3, ranks, threads, variant);
   std::printf(
-      "{\"bench\": \"engine_step_hpz\", \"config\": {\"stage\": 3, \"ranks\": %d, "
-      "\"hpz_size\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
-      "\"unit\": \"ms\", \"plain_ms\": %.3f, \"ratio\": %.3f, \"world_bus_bytes\": %.0f, "
-      "\"secondary_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f}\n",
-      ranks, hpz, threads, static_cast<long long>(model_config(s).num_parameters()), with_hpz,
-      plain, with_hpz / plain, hpz_bytes.world, hpz_bytes.secondary, plain_bytes.world);
+      "{\"bench\": \"engine_step_zeropp\", \"config\": {\"stage\": 3, \"ranks\": %d, "
+      "\"hpz_size\": %d, \"quantized_weights\": %s, \"threads_per_rank\": %d, \"params\": "
+      "%lld}, \"value\": %.3f, \"unit\": \"ms\", \"plain_ms\": %.3f, \"ratio\": %.3f, "
+      "\"world_bus_bytes\": %.0f, \"secondary_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f}\n",
+      ranks, hpz, quantized ? "true" : "false", threads,
+      static_cast<long long>(model_config(s).num_parameters()), ms, plain, ms / plain, bytes.world,
+      bytes.secondary, plain_bytes.world);
   std::fflush(stdout);
 }
 
 // One "engine_step_nvme" line: `stage` with and without Offload<NVMe>, measured back to back.
 void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std::string& path) {
   const double plain = engine_ms(s, stage, ranks, threads);
-  const double nvme = engine_ms(s, stage, ranks, threads, path);
+  const double nvme = engine_ms(s, stage, ranks, threads, {.nvme_path = path});
   std::printf(
       "{\"bench\": \"engine_step_nvme\", \"config\": {\"stage\": %d, \"ranks\": %d, "
       "\"threads_per_rank\": %d, \"params\": %lld, \"nvme_path\": \"%s\"}, "
@@ -257,6 +268,9 @@ int main(int argc, char** argv) {
   for (int stage = 1; stage <= 3; ++stage) {
     hybrid_line(s, stage, 4, 2, std::max(1, cores / 4));
   }
-  hpz_line(s, 4, 2, std::max(1, cores / 4));
+  for (const auto& [hpz, quantized] :
+       {std::pair{2, false}, std::pair{0, true}, std::pair{2, true}}) {
+    zeropp_line(s, 4, hpz, quantized, std::max(1, cores / 4));
+  }
   return 0;
 }
