@@ -202,4 +202,13 @@ TEST_CASE("qwZ: a stage that gathers no parameters per pass is refused, and the 
   };
   CHECK(options(3).quantized_weights);
   CHECK_FALSE(options(2).quantized_weights);  // the key has no effect below stage 3
+  // A config without the key leaves the option as the program set it (engine_bench's did not
+  // take effect while with_config cleared it).
+  engine::EngineOptions set;
+  set.quantized_weights = true;
+  CHECK(set.with_config(
+               Config::from_json_string(
+                   R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}})"),
+               4)
+            .quantized_weights);
 }

@@ -155,7 +155,7 @@ struct EngineOptions {
     if (z.zero_hpz_partition_size > 1 && z.stage == 3) {
       o.hpz_size = static_cast<int>(z.zero_hpz_partition_size);
     }
-    o.quantized_weights = z.zero_quantized_weights && z.stage == 3;
+    if (z.zero_quantized_weights && z.stage == 3) o.quantized_weights = true;
     if (!config.nonfinite_policy.empty()) {
       expect<ConfigError>(config.nonfinite_policy == "skip" || config.nonfinite_policy == "raise",
                           "nonfinite_policy: '", config.nonfinite_policy,
