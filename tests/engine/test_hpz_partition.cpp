@@ -19,6 +19,7 @@
 
 #include "../support/per_rank.hpp"
 #include "engine_test_util.hpp"
+#include "sgd_engine.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -31,19 +32,8 @@ namespace {
 
 constexpr int steps = 3;
 
-template <int S>
-using SgdEngine = engine::Engine<nn::GPT<double>, ZeroStage<S>>;
-
 engine::EngineOptions hpz_options(int accumulation, double clip, int hpz_size) {
   return sgd_options(accumulation, clip, 0, hpz_size);
-}
-
-template <int S>
-SgdEngine<S> sgd_engine(nn::GPT<double>& model, LocalComm& comm,
-                        const engine::EngineOptions& options) {
-  return SgdEngine<S>(
-      model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); },
-      options);
 }
 
 // The worst difference over ranks between stage 3 at world ranks with secondary groups of

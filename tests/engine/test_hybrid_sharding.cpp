@@ -19,6 +19,7 @@
 #include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
+#include "sgd_engine.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -30,17 +31,6 @@ using zero::testing::thrown_message;
 namespace {
 
 constexpr int steps = 3;
-
-template <int S>
-using SgdEngine = engine::Engine<nn::GPT<double>, ZeroStage<S>>;
-
-template <int S>
-SgdEngine<S> sgd_engine(nn::GPT<double>& model, LocalComm& comm,
-                        const engine::EngineOptions& options) {
-  return SgdEngine<S>(
-      model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); },
-      options);
-}
 
 // The worst difference over ranks between stage S at world ranks in shard groups of shard_size
 // and want.

@@ -23,6 +23,7 @@
 
 #include "../support/per_rank.hpp"
 #include "engine_test_util.hpp"
+#include "sgd_engine.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -35,26 +36,17 @@ namespace {
 
 constexpr int steps = 3;
 
-using SgdEngine = engine::Engine<nn::GPT<double>, ZeroStage<3>>;
-
 engine::EngineOptions qwz_options(int accumulation, double clip, int hpz_size = 0) {
   engine::EngineOptions options = sgd_options(accumulation, clip, 0, hpz_size);
   options.quantized_weights = true;
   return options;
 }
 
-SgdEngine sgd_engine(nn::GPT<double>& model, LocalComm& comm,
-                     const engine::EngineOptions& options) {
-  return SgdEngine(
-      model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); },
-      options);
-}
-
 // Every rank's units after `steps` steps at world ranks under options.
 std::vector<std::vector<double>> trained(int world, const engine::EngineOptions& options) {
   return per_rank<std::vector<double>>(world, [&](LocalComm& comm) {
     nn::GPT<double> model(tiny());
-    auto eng = sgd_engine(model, comm, options);
+    auto eng = sgd_engine<3>(model, comm, options);
     const int accumulation = options.gradient_accumulation_steps, ranks = comm.size();
     for (int step = 0; step < steps; ++step) {
       const GlobalBatch b(micro_rows * accumulation * ranks, step, tiny().vocab_size);
@@ -129,7 +121,7 @@ TEST_CASE("qwZ: stage 3 with quantized gathers trains near the reference, repeat
       const auto want = reference_sgd(micro_rows * 2 * world, steps, 1.0, clip);
       const auto errors = per_rank<double>(world, [&](LocalComm& comm) {
         nn::GPT<double> model(tiny());
-        auto eng = sgd_engine(model, comm, qwz_options(2, clip));
+        auto eng = sgd_engine<3>(model, comm, qwz_options(2, clip));
         return max_error(eng, comm, 2, steps, want);
       });
       const double worst = *std::max_element(errors.begin(), errors.end());
@@ -159,7 +151,7 @@ TEST_CASE("qwZ: the gathers move the packed slices", "[unit][engine]") {
       nn::GPT<double> model(tiny());
       engine::EngineOptions options = sgd_options(1, 0.0);
       options.quantized_weights = quantized;
-      auto eng = sgd_engine(model, comm, options);
+      auto eng = sgd_engine<3>(model, comm, options);
       logger->reset();
       const GlobalBatch b(micro_rows * 4, 0, tiny().vocab_size);
       eng.forward(b.micro(0, comm.rank(), 4));
@@ -187,9 +179,7 @@ TEST_CASE("qwZ: a stage that gathers no parameters per pass is refused, and the 
     return thrown_message([&] {
       engine::EngineOptions options = sgd_options(1, 0.0);
       options.quantized_weights = true;
-      engine::Engine<nn::GPT<double>, ZeroStage<2>> eng(
-          model, comm, [](int, std::span<double> p, std::span<const double> g) { sgd(1.0, p, g); },
-          options);
+      auto eng = sgd_engine<2>(model, comm, options);
     });
   })[0];
   CHECK_THAT(message, Catch::Contains("quantized_weights (ZeRO++ qwZ"));
