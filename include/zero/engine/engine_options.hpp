@@ -71,9 +71,9 @@ struct EngineOptions {
   /// ZeRO++'s quantized weights (qwZ; zero_optimization.zero_quantized_weights), stage 3: a
   /// gather from the master slices moves each rank's slice as block-wise int8 (a code a value
   /// and an fp32 scale per 256 values, core/int8_blocks.hpp) and the units compute on the
-  /// values the codes stand for: a quarter of bf16's bytes on the wire (an eighth of f64's),
-  /// at a relative error of at most 1/254 of each block's largest magnitude in the weights the
-  /// forward and backward see (the master and the optimizer stay exact). false (the default):
+  /// values the codes stand for: half bf16's bytes on the wire (a quarter of f32's, an eighth of
+  /// f64's), at a relative error of at most 1/254 of each block's largest magnitude in the weights
+  /// the forward and backward see (the master and the optimizer stay exact). false (the default):
   /// gathers move the compute type.
   bool quantized_weights = false;
   /// Offload<CPU>: step() leaves each unit's host update to the next forward, which applies it
