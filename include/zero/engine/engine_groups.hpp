@@ -123,21 +123,12 @@ struct EngineGroups {
   /// ranks and replica groups across them (collective over dp; every rank passes the same size).
   /// A group of shard_size ranks stays whole. ConfigError unless shard_size divides each group.
   void shard_within(int shard_size) {
-    const auto split = [&](parallel::AnyComm& whole, const char* role,
-                           std::optional<parallel::AnyComm>& shard,
-                           std::optional<parallel::AnyComm>& replicas) {
-      expect<ConfigError>(shard_size > 0 && whole.size() % shard_size == 0,
-                          "EngineGroups: shard_size (zero_optimization.mics_shard_size) ",
-                          shard_size, " must divide the ", whole.size(), " ranks of the ", role,
-                          " group ZeRO shards over");
-      if (shard_size == whole.size()) return;
-      const int r = whole.rank();
-      shard.emplace(whole.split(r / shard_size, r % shard_size, std::string(role) + "-shard"));
-      replicas.emplace(
-          whole.split(r % shard_size, r / shard_size, std::string(role) + "-replicas"));
-    };
-    split(dp, "dp", dp_shard, dp_replicas);
-    if (expert_dp) split(*expert_dp, "expert-dp", expert_shard, expert_replicas);
+    const char* option = "shard_size (zero_optimization.mics_shard_size)";
+    split_consecutive(dp, "dp", shard_size, option, "shard", dp_shard, &dp_replicas);
+    if (expert_dp) {
+      split_consecutive(*expert_dp, "expert-dp", shard_size, option, "shard", expert_shard,
+                        &expert_replicas);
+    }
   }
 
   /// The group stage 3's backward gathers a unit from under hpZ (null without it).
@@ -147,21 +138,15 @@ struct EngineGroups {
   }
 
   /// ZeRO++ hpZ: splits dp (and expert_dp) into secondary groups of size consecutive ranks
-  /// (collective over dp; every rank passes the same size). A group of size ranks or fewer
-  /// needs no secondary group. ConfigError unless size divides each group.
+  /// (collective over dp; every rank passes the same size). A group of size ranks needs no
+  /// secondary group. ConfigError unless size divides each group.
   void secondary_within(int size) {
-    const auto split = [&](parallel::AnyComm& whole, const char* role,
-                           std::optional<parallel::AnyComm>& secondary) {
-      expect<ConfigError>(size > 0 && whole.size() % size == 0,
-                          "EngineGroups: hpz_size (zero_optimization.zero_hpz_partition_size) ",
-                          size, " must divide the ", whole.size(), " ranks of the ", role,
-                          " group ZeRO shards over");
-      if (size == whole.size()) return;
-      const int r = whole.rank();
-      secondary.emplace(whole.split(r / size, r % size, std::string(role) + "-secondary"));
-    };
-    split(dp, "dp", dp_secondary);
-    if (expert_dp) split(*expert_dp, "expert-dp", expert_secondary);
+    const char* option = "hpz_size (zero_optimization.zero_hpz_partition_size)";
+    split_consecutive(dp, "dp", size, option, "secondary", dp_secondary, nullptr);
+    if (expert_dp) {
+      split_consecutive(*expert_dp, "expert-dp", size, option, "secondary", expert_secondary,
+                        nullptr);
+    }
   }
 
   /// ConfigError unless every group runs its ops on dp's device stream (none, for host
@@ -189,6 +174,25 @@ struct EngineGroups {
   }
 
  private:
+  // Splits whole (role: "dp" or "expert-dp") into groups of size consecutive ranks, named
+  // <role>-<suffix>, and, when across is given, into the groups across them (the ranks at the
+  // same place of every group, <role>-replicas); a group of size ranks stays whole. ConfigError
+  // naming option unless size divides whole.
+  static void split_consecutive(parallel::AnyComm& whole, const char* role, int size,
+                                const char* option, const char* suffix,
+                                std::optional<parallel::AnyComm>& groups,
+                                std::optional<parallel::AnyComm>* across) {
+    expect<ConfigError>(size > 0 && whole.size() % size == 0, "EngineGroups: ", option, " ", size,
+                        " must divide the ", whole.size(), " ranks of the ", role,
+                        " group ZeRO shards over");
+    if (size == whole.size()) return;
+    const int r = whole.rank();
+    groups.emplace(whole.split(r / size, r % size, std::string(role) + "-" + suffix));
+    if (across != nullptr) {
+      across->emplace(whole.split(r % size, r / size, std::string(role) + "-replicas"));
+    }
+  }
+
   // The data-parallel group of the grid: ep x dp (x cp) with expert parallelism, else dp (x cp).
   template <parallel::Communicator C>
   static C& dense_group(parallel::ProcessGroups<C>& groups) {
