@@ -169,8 +169,9 @@ class UnitExchange {
   /// Drops every secondary shard (hpZ): the step changes the master slices they were gathered
   /// from, so the next backward's gathers read only shards its forward's gathers kept.
   void forget_secondaries() {
-    for (Unit& s : units_) {
-      finish_gather_if_secondary(s);
+    for (int u = 0; u < num_units(); ++u) {
+      Unit& s = unit(u);
+      if (s.gathering && !s.gathering_primary) finish_gather(u);  // it reads the shard
       s.secondary.reset();
     }
   }
@@ -334,6 +335,7 @@ class UnitExchange {
   /// Adds the pooled and in-flight scratch buffers to r.
   void report(MemoryReport& r) const {
     for (const auto& b : scratch_pool_) r.scratch_bytes += b.bytes();
+    for (const auto& b : packed_pool_) r.scratch_bytes += b.bytes();
     for (const auto& p : pending_) r.scratch_bytes += p.scratch.bytes();
     for (const auto& p : replicating_) r.scratch_bytes += p.scratch.bytes();
     r.scratch_bytes += fold_staging_.bytes();
@@ -405,16 +407,16 @@ class UnitExchange {
     Unit& s = unit(u);
     const auto packed = static_cast<std::size_t>(
         quant::int8_packed_bytes(static_cast<std::int64_t>(s.numel(Extent::shard))));
-    s.quantized_slice = backend_.template make_buffer<std::uint8_t>(packed);
-    s.quantized_whole = backend_.template make_buffer<std::uint8_t>(
-        packed * static_cast<std::size_t>(s.group->size()));
+    s.quantized_slice = take_from(packed_pool_, packed);
+    s.quantized_whole = take_from(packed_pool_, packed * static_cast<std::size_t>(s.group->size()));
     backend_.quantize_int8(span(s.quantized_slice), gather_source(u));
     backend_.comm_waits_for_compute();
     s.pending_gather = s.group->all_gather_async(
         std::span<const std::uint8_t>(span(s.quantized_slice)), span(s.quantized_whole));
   }
   // qwZ, once unit u's gather is done: every rank's packed slice read back into its place of the
-  // unit's whole buffer, on the compute stream, and the packed buffers freed in its order.
+  // unit's whole buffer, on the compute stream; the packed buffers go back to their pool (the
+  // next packing, on the compute stream too, comes after this reading).
   void finish_quantized_gather(int u) {
     Unit& s = unit(u);
     const std::size_t n = s.numel(Extent::shard);
@@ -425,8 +427,8 @@ class UnitExchange {
           std::span<T>(s.params->data() + at * n, n),
           std::span<const std::uint8_t>(s.quantized_whole.data() + at * packed, packed));
     }
-    s.quantized_slice = {};
-    s.quantized_whole = {};
+    packed_pool_.push_back(std::move(s.quantized_slice));
+    packed_pool_.push_back(std::move(s.quantized_whole));
   }
 
   // hpZ: keeps this rank's share of unit u's whole parameters, just gathered from the master
@@ -440,10 +442,6 @@ class UnitExchange {
     const std::size_t at = n * static_cast<std::size_t>(s.secondary_group->rank());
     backend_.copy_async(std::span<T>(s.secondary->data(), n),
                         std::span<const T>(s.params->data() + at, n));
-  }
-  // A gather from s's secondary shard still in flight finishes before the shard goes.
-  void finish_gather_if_secondary(Unit& s) {
-    if (s.gathering && !s.gathering_primary) finish_gather(static_cast<int>(&s - units_.data()));
   }
 
   // The buffer the all-gather of unit u reads: the master slice itself when it is resident in
@@ -611,15 +609,19 @@ class UnitExchange {
     backend_.comm_copy_async(span(s.grad_shard), std::span<const MasterT>(staged));
     copies_unordered_ = true;
   }
-  DeviceBuffer<T> take_scratch(std::size_t n) {
-    for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it) {
+  DeviceBuffer<T> take_scratch(std::size_t n) { return take_from(scratch_pool_, n); }
+  // A buffer of n elements from pool (one given back after its last use, in the compute
+  // stream's order), else a new one.
+  template <class E>
+  DeviceBuffer<E> take_from(std::vector<DeviceBuffer<E>>& pool, std::size_t n) {
+    for (auto it = pool.begin(); it != pool.end(); ++it) {
       if (it->size() == n) {
-        DeviceBuffer<T> b = std::move(*it);
-        scratch_pool_.erase(it);
+        DeviceBuffer<E> b = std::move(*it);
+        pool.erase(it);
         return b;
       }
     }
-    return backend_.template make_buffer<T>(n);
+    return backend_.template make_buffer<E>(n);
   }
   // Waits for work, adding the op, the unit and the step to a communication failure.
   void wait(parallel::Work& work, const char* op, int u) {
@@ -655,6 +657,7 @@ class UnitExchange {
   profile::StepTimers* timers_ = nullptr;
   std::function<void(int)> before_gather_;
   std::vector<DeviceBuffer<T>> scratch_pool_;
+  std::vector<DeviceBuffer<std::uint8_t>> packed_pool_;  // qwZ's packed slices, for reuse
   DeviceBuffer<MasterT> fold_staging_;  // fold_into_host_shard's; empty until first used
   DeviceBuffer<double> shard_sums_;     // take_shard_sum's slots, one a unit; empty until used
   std::vector<char> shard_sum_taken_;   // which slots hold this window's sum
