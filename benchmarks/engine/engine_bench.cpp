@@ -8,9 +8,10 @@
 // ZeRO on the 4 ("engine_step_hybrid" lines): the step time, and one step's bus bytes per rank
 // inside the shard group and across the replicas, which is what would cross between nodes. Then
 // ZeRO++ at stage 3 on 4 ranks beside plain stage 3 ("engine_step_zeropp" lines): hpZ
-// (EngineOptions::hpz_size, secondary groups of 2), qwZ (quantized_weights) and both; the step
-// time, and one step's bus bytes per rank over all 4 ranks (what would cross between nodes) and
-// inside the secondary group. One JSON line per configuration.
+// (EngineOptions::hpz_size, secondary groups of 2), qwZ (quantized_weights), both, qgZ
+// (quantized_gradients) and all three; the step time, and one step's bus bytes per rank over all
+// 4 ranks (what would cross between nodes; the gradient reductions' part apart) and inside the
+// secondary group. One JSON line per configuration.
 //
 //   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
 //                  [--nvme-path /var/tmp]
@@ -103,13 +104,14 @@ double single_process_ms(const BenchShape& s, int threads) {
 // Rank 0's bus bytes of one step, by group name.
 struct StepTraffic {
   double shard = 0, replicas = 0, world = 0, secondary = 0;
+  double world_reductions = 0;  // the part of world that reduces gradients (not the gathers)
 };
 
 // The engine step at `stage` on `ranks` LocalComm ranks (rank 0's time; ranks move together);
 // with a non-empty nvme_path the config offloads the optimizer states there, and zero::dispatch
-// picks the Offload<NVMe> engine for it. The options' shard_size, hpz_size and quantized_weights
-// pick hybrid sharding and ZeRO++'s parts; traffic, when given, receives one more step's bus
-// bytes.
+// picks the Offload<NVMe> engine for it. The options' shard_size, hpz_size, quantized_weights
+// and quantized_gradients pick hybrid sharding and ZeRO++'s parts; traffic, when given, receives
+// one more step's bus bytes.
 struct Variant {
   std::string nvme_path = {};
   engine::EngineOptions options = {};
@@ -156,15 +158,18 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
       logger->reset();
       step();
       if (comm.rank() != 0) return;
-      const auto bus = [&](std::string_view group) {
+      const auto bus = [&](std::string_view group, bool gathers = true) {
         double b = 0;
         for (const auto op : {parallel::CommOp::all_reduce, parallel::CommOp::reduce_scatter,
-                              parallel::CommOp::all_gather}) {
-          b += logger->total(op, group).bus_bytes;
+                              parallel::CommOp::all_to_all, parallel::CommOp::all_gather}) {
+          if (gathers || op != parallel::CommOp::all_gather) {
+            b += logger->total(op, group).bus_bytes;
+          }
         }
         return b;
       };
-      *traffic = {bus("dp-shard"), bus("dp-replicas"), bus("world"), bus("dp-secondary")};
+      *traffic = {bus("dp-shard"), bus("dp-replicas"), bus("world"), bus("dp-secondary"),
+                  bus("world", false)};
     });
     comm.set_logger(nullptr);
   });
@@ -189,24 +194,32 @@ void hybrid_line(const BenchShape& s, int stage, int ranks, int shard, int threa
   std::fflush(stdout);
 }
 
-// One "engine_step_zeropp" line: stage 3 on `ranks` ranks with ZeRO++'s hpZ (secondary groups
-// of `hpz`; 0: none) and qwZ (quantized) as given, beside plain stage 3 on the same ranks,
-// measured back to back.
-void zeropp_line(const BenchShape& s, int ranks, int hpz, bool quantized, int threads) {
+// ZeRO++'s parts: hpZ's secondary groups (0: none), qwZ, qgZ.
+struct ZeroPP {
+  int hpz = 0;
+  bool qwz = false, qgz = false;
+};
+
+// One "engine_step_zeropp" line: stage 3 on `ranks` ranks with ZeRO++'s parts as given, beside
+// plain stage 3 on the same ranks, measured back to back.
+void zeropp_line(const BenchShape& s, int ranks, const ZeroPP& parts, int threads) {
   StepTraffic plain_bytes, bytes;
   const double plain = engine_ms(s, 3, ranks, threads, {.traffic = &plain_bytes});
   Variant variant{.traffic = &bytes};
-  variant.options.hpz_size = hpz;
-  variant.options.quantized_weights = quantized;
+  variant.options.hpz_size = parts.hpz;
+  variant.options.quantized_weights = parts.qwz;
+  variant.options.quantized_gradients = parts.qgz;
   const double ms = engine_ms(s, 3, ranks, threads, variant);
   std::printf(
       "{\"bench\": \"engine_step_zeropp\", \"config\": {\"stage\": 3, \"ranks\": %d, "
-      "\"hpz_size\": %d, \"quantized_weights\": %s, \"threads_per_rank\": %d, \"params\": "
-      "%lld}, \"value\": %.3f, \"unit\": \"ms\", \"plain_ms\": %.3f, \"ratio\": %.3f, "
-      "\"world_bus_bytes\": %.0f, \"secondary_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f}\n",
-      ranks, hpz, quantized ? "true" : "false", threads,
+      "\"hpz_size\": %d, \"quantized_weights\": %s, \"quantized_gradients\": %s, "
+      "\"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, \"unit\": \"ms\", "
+      "\"plain_ms\": %.3f, \"ratio\": %.3f, \"world_bus_bytes\": %.0f, "
+      "\"world_reduction_bus_bytes\": %.0f, \"secondary_bus_bytes\": %.0f, "
+      "\"plain_bus_bytes\": %.0f, \"plain_reduction_bus_bytes\": %.0f}\n",
+      ranks, parts.hpz, parts.qwz ? "true" : "false", parts.qgz ? "true" : "false", threads,
       static_cast<long long>(model_config(s).num_parameters()), ms, plain, ms / plain, bytes.world,
-      bytes.secondary, plain_bytes.world);
+      bytes.world_reductions, bytes.secondary, plain_bytes.world, plain_bytes.world_reductions);
   std::fflush(stdout);
 }
 
@@ -268,9 +281,9 @@ int main(int argc, char** argv) {
   for (int stage = 1; stage <= 3; ++stage) {
     hybrid_line(s, stage, 4, 2, std::max(1, cores / 4));
   }
-  for (const auto& [hpz, quantized] :
-       {std::pair{2, false}, std::pair{0, true}, std::pair{2, true}}) {
-    zeropp_line(s, 4, hpz, quantized, std::max(1, cores / 4));
+  for (const ZeroPP& parts : {ZeroPP{.hpz = 2}, ZeroPP{.qwz = true}, ZeroPP{.hpz = 2, .qwz = true},
+                              ZeroPP{.qgz = true}, ZeroPP{.hpz = 2, .qwz = true, .qgz = true}}) {
+    zeropp_line(s, 4, parts, std::max(1, cores / 4));
   }
   return 0;
 }

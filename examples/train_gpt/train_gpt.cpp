@@ -13,7 +13,7 @@
 // --channels), and the choices are printed, as are the keys that have no effect in zero.
 //
 //   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--shard-size N | --hpz-size N]
-//               [--quantized-weights] [--steps 100]
+//               [--quantized-weights] [--quantized-gradients] [--steps 100]
 //               [--batch 8] [--seq 64]
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
@@ -40,6 +40,9 @@
 // of N ranks from those shards, so only the forward's gathers cross between the groups.
 // --quantized-weights is ZeRO++'s quantized weights (zero_optimization.zero_quantized_weights;
 // stage 3): the parameter gathers move block-wise int8, the units compute on what it stands for.
+// --quantized-gradients is ZeRO++'s quantized gradients (zero_optimization.
+// zero_quantized_gradients; stage 3): each gradient reduce-scatter becomes an all-to-all of
+// block-wise int8, averaged in f32 by the rank that holds the shard.
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary's
@@ -162,6 +165,7 @@ struct Options {
   std::optional<int> stage;
   std::optional<int> shard_size;      // hybrid sharding (default: the config's mics_shard_size)
   bool quantized_weights = false;     // ZeRO++ qwZ (or the config's zero_quantized_weights)
+  bool quantized_gradients = false;   // ZeRO++ qgZ (or the config's zero_quantized_gradients)
   std::optional<int> hpz_size;        // ZeRO++ hpZ (default: the config's zero_hpz_partition_size)
   std::optional<int> tp;              // tensor-parallel size (default: the config's, else 1)
   bool sp = false;                    // Megatron sequence parallelism (with --tp)
@@ -211,12 +215,14 @@ Options parse(int argc, char** argv) {
     const bool sp_size = flag == "--sp" && i + 1 < argc && argv[i + 1][0] >= '0' &&
                          argv[i + 1][0] <= '9';  // --sp N: Ulysses
     if (flag == "--profile" || flag == "--offload-cpu" || flag == "--grads-on-device" ||
-        flag == "--quantized-weights" || (flag == "--sp" && !sp_size)) {  // no value
-      (flag == "--sp"                  ? o.sp
-       : flag == "--offload-cpu"       ? o.offload_cpu
-       : flag == "--grads-on-device"   ? o.grads_on_device
-       : flag == "--quantized-weights" ? o.quantized_weights
-                                       : o.profile) = true;
+        flag == "--quantized-weights" || flag == "--quantized-gradients" ||
+        (flag == "--sp" && !sp_size)) {  // no value
+      (flag == "--sp"                    ? o.sp
+       : flag == "--offload-cpu"         ? o.offload_cpu
+       : flag == "--grads-on-device"     ? o.grads_on_device
+       : flag == "--quantized-weights"   ? o.quantized_weights
+       : flag == "--quantized-gradients" ? o.quantized_gradients
+                                         : o.profile) = true;
       --i;
       continue;
     }
@@ -400,6 +406,7 @@ Config make_config(const Options& o) {
   if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
   if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
   if (o.quantized_weights) j["zero_optimization"]["zero_quantized_weights"] = true;
+  if (o.quantized_gradients) j["zero_optimization"]["zero_quantized_gradients"] = true;
   if (!o.config.empty()) {
     std::ifstream in(o.config);
     if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
@@ -413,6 +420,7 @@ Config make_config(const Options& o) {
     if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
     if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
     if (o.quantized_weights) j["zero_optimization"]["zero_quantized_weights"] = true;
+    if (o.quantized_gradients) j["zero_optimization"]["zero_quantized_gradients"] = true;
     if (o.print_every) j["steps_per_print"] = *o.print_every;
     // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
     const auto overrides = [&](const char* path) {
@@ -717,19 +725,21 @@ double count_parameters(const Model& model, const Config& cfg, bool active = fal
 
 // "; hybrid sharding: ZeRO shards over groups of 2 ranks, 2 replicas" under hybrid sharding
 // (EngineOptions::shard_size below the dp ranks), or of ZeRO++ hpZ's secondary groups
-// (EngineOptions::hpz_size below them), else empty.
+// (EngineOptions::hpz_size below them), else empty; then ZeRO++'s quantized exchanges.
 std::string shard_note(const engine::EngineOptions& options, int dp) {
   const int shard_size = options.shard_size, hpz_size = options.hpz_size;
-  const std::string qwz =
-      options.quantized_weights ? "; qwZ: parameters gathered as block-wise int8" : "";
+  const std::string quantized =
+      std::string(options.quantized_weights ? "; qwZ: parameters gathered as block-wise int8"
+                                            : "") +
+      (options.quantized_gradients ? "; qgZ: gradients reduced by an all-to-all of block-wise int8"
+                                   : "");
   if (hpz_size > 1 && hpz_size < dp) {
     return "; hpZ: the backward gathers inside groups of " + std::to_string(hpz_size) +
-           " ranks from secondary shards" + qwz;
+           " ranks from secondary shards" + quantized;
   }
-  if (!qwz.empty()) return qwz;
-  if (shard_size <= 0 || shard_size >= dp) return "";
+  if (shard_size <= 0 || shard_size >= dp) return quantized;
   return "; hybrid sharding: ZeRO shards over groups of " + std::to_string(shard_size) +
-         " ranks, " + std::to_string(dp / shard_size) + " replicas";
+         " ranks, " + std::to_string(dp / shard_size) + " replicas" + quantized;
 }
 
 // " (MoE: 4 experts, top-2, 1 block in 2, ep 2)" for a mixture-of-experts config, else empty.

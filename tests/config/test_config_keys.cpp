@@ -151,7 +151,8 @@ TEST_CASE("applied keys say so when this configuration gives them nothing to do"
   const Config stage1 = Config::from_json_string(
       R"({"zero_optimization": {"stage": 1, "stage3_prefetch_bucket_size": 1000,
                                 "stage3_max_live_parameters": 5000, "sub_group_size": 1000,
-                                "zero_hpz_partition_size": 8, "zero_quantized_weights": true},
+                                "zero_hpz_partition_size": 8, "zero_quantized_weights": true,
+                                "zero_quantized_gradients": true},
           "fp16": {"loss_scale_window": 100}, "aio": {"queue_depth": 4}})");
   CHECK(noticed(stage1, "zero_optimization.stage3_prefetch_bucket_size"));
   CHECK(noticed(stage1, "zero_optimization.stage3_max_live_parameters"));
@@ -160,12 +161,14 @@ TEST_CASE("applied keys say so when this configuration gives them nothing to do"
   CHECK(noticed(stage1, "aio.queue_depth"));
   CHECK(noticed(stage1, "zero_optimization.zero_hpz_partition_size"));
   CHECK(noticed(stage1, "zero_optimization.zero_quantized_weights"));
-  CHECK(stage1.notices.size() == 7);
+  CHECK(noticed(stage1, "zero_optimization.zero_quantized_gradients"));
+  CHECK(stage1.notices.size() == 8);
 
   const Config stage3 = Config::from_json_string(
       R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1000,
                                 "stage3_max_live_parameters": 5000,
-                                "zero_hpz_partition_size": 8, "zero_quantized_weights": true}})");
+                                "zero_hpz_partition_size": 8, "zero_quantized_weights": true,
+                                "zero_quantized_gradients": true}})");
   CHECK(stage3.notices.empty());
   // A stage written as a whole float runs as that stage (the parser accepts 3.0), and the
   // notices agree with it: they read it as stage 0 before.
@@ -260,6 +263,8 @@ TEST_CASE("bad configs a user might write are refused with the key path named", 
        "zero_optimization.round_robin_gradients: expected true or false"},
       {R"({"zero_optimization": {"zero_quantized_weights": "on"}})",
        "zero_optimization.zero_quantized_weights"},
+      {R"({"zero_optimization": {"zero_quantized_gradients": 1}})",
+       "zero_optimization.zero_quantized_gradients: expected true or false"},
       {R"({"zero_optimization": {"offload_optimizer": {"pin_memory": "yes"}, "stage": 1}})",
        "zero_optimization.offload_optimizer.pin_memory"},
       {R"({"activation_checkpointing": true})", "activation_checkpointing: expected an object"},

@@ -1,6 +1,6 @@
 // zero::engine::CudaBackend against HostBackend on the same inputs: the flow's element-wise
-// kernels bit for bit (accumulate, convert_into, scale, clear, ZeRO++'s int8 packing and its
-// reading back) and sum_of_squares to 1e-12
+// kernels bit for bit (accumulate, convert_into, scale, clear, ZeRO++'s int8 packing in runs, its
+// reading back and its sum of runs) and sum_of_squares to 1e-12
 // relative, +inf on Inf/NaN; the streams and the event between them (a copy on the comm stream
 // sees what a compute kernel wrote, and without the event it does not); buffers from the pool
 // and page-locked host memory. The no-device error is in test_engine_backend_no_device.cu (this
@@ -297,6 +297,43 @@ TEMPLATE_TEST_CASE("CudaBackend::quantize_int8 and dequantize_int8 equal HostBac
     DeviceBuffer<TestType> back = upload(backend, std::vector<TestType>(n));
     backend.dequantize_int8(span_of(back), const_span_of(packed));
     check_same_bits(download(backend, back), want_back, "dequantize_int8 n=" + std::to_string(n));
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "CudaBackend's int8 runs and their sum (ZeRO++ qgZ) equal HostBackend bit for "
+    "bit",
+    "[cuda][engine]", float, bf16, f16) {
+  CudaBackend backend;
+  for (const std::int64_t runs : {1, 3, 8}) {
+    for (const std::size_t n : sizes) {
+      const std::string what = " n=" + std::to_string(n) + " runs=" + std::to_string(runs);
+      const auto whole = n * static_cast<std::size_t>(runs);
+      const std::vector<TestType> values = inputs<TestType>(whole, 53, 0.1f);
+      const auto packed_bytes =
+          static_cast<std::size_t>(runs) *
+          static_cast<std::size_t>(zero::quant::int8_packed_bytes(static_cast<std::int64_t>(n)));
+      std::vector<std::uint8_t> want(packed_bytes);
+      HostBackend::quantize_int8(std::span<std::uint8_t>(want), std::span<const TestType>(values),
+                                 runs);
+      std::vector<TestType> want_back(whole);
+      HostBackend::dequantize_int8(std::span<TestType>(want_back),
+                                   std::span<const std::uint8_t>(want), runs);
+      std::vector<TestType> want_mean(n);
+      HostBackend::sum_int8(std::span<TestType>(want_mean), std::span<const std::uint8_t>(want),
+                            1.0f / static_cast<float>(runs));
+
+      const DeviceBuffer<TestType> v = upload(backend, values);
+      DeviceBuffer<std::uint8_t> packed = upload(backend, std::vector<std::uint8_t>(packed_bytes));
+      backend.quantize_int8(span_of(packed), const_span_of(v), runs);
+      check_same_bits(download(backend, packed), want, "quantize_int8" + what);
+      DeviceBuffer<TestType> back = upload(backend, std::vector<TestType>(whole));
+      backend.dequantize_int8(span_of(back), const_span_of(packed), runs);
+      check_same_bits(download(backend, back), want_back, "dequantize_int8" + what);
+      DeviceBuffer<TestType> mean = upload(backend, std::vector<TestType>(n));
+      backend.sum_int8(span_of(mean), const_span_of(packed), 1.0f / static_cast<float>(runs));
+      check_same_bits(download(backend, mean), want_mean, "sum_int8" + what);
+    }
   }
 }
 

@@ -1,8 +1,9 @@
 // The engine over MpiComm (run by mpiexec at 2 and 4 ranks): stages 0-3 with gradient
 // accumulation 1 and 3 equal the single-process reference (f64 SGD, lr 1), AdamW from a
 // DeepSpeed config equals one process with the same optimizer, hybrid sharding (shard groups of
-// half the ranks) equals it too, as does stage 3 under ZeRO++ hpZ, and a checkpoint saved by all
-// ranks loads back at another stage.
+// half the ranks) equals it too, as does stage 3 under ZeRO++ hpZ; ZeRO++ qgZ's int8 all-to-alls
+// over MPI train near it, the same at stages 2 and 3; and a checkpoint saved by all ranks loads
+// back at another stage.
 #include <algorithm>
 #include <filesystem>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "engine_mpi_util.hpp"
 #include "engine_test_util.hpp"
+#include "sgd_engine.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -71,6 +73,25 @@ TEST_CASE("MpiComm: hpZ at stage 3 equals the single-process reference", "[mpi][
     const auto want = reference_sgd(micro_rows * 3 * world().size(), 3, 1.0, clip);
     CHECK(worst(sgd_error<3>(world(), 3, 3, clip, want, tiny(), false, 0, 2)) < 1e-10);
   }
+}
+
+TEST_CASE("MpiComm: qgZ at stages 2-3 trains near the single-process reference", "[mpi][engine]") {
+  // The packed runs cross processes by MPI_Alltoall of bytes; each rank averages what it got.
+  const auto want = reference_sgd(micro_rows * 2 * world().size(), 3, 1.0, 0.05);
+  engine::EngineOptions options = sgd_options(2, 0.05);
+  options.quantized_gradients = true;
+  const auto trained = [&]<int S>(std::integral_constant<int, S>) {
+    nn::GPT<double> model(tiny());
+    auto eng = sgd_engine<S>(model, world(), options);
+    const double error = max_error(eng, world(), 2, 3, want);
+    return std::pair{error, all_unit_values(eng)};
+  };
+  const auto [two, two_values] = trained(std::integral_constant<int, 2>{});
+  const auto [three, three_values] = trained(std::integral_constant<int, 3>{});
+  INFO("ranks " << world().size() << ": stage 2 " << two << ", stage 3 " << three);
+  CHECK(worst(two) > 1e-6);  // the gradients were rounded
+  CHECK(worst(two) < 1e-2);
+  CHECK(two_values == three_values);
 }
 
 TEST_CASE("MpiComm: AdamW from a config equals one process with the same optimizer",

@@ -520,6 +520,7 @@ struct Config {
     expect<ConfigError>(o.zero_hpz_partition_size >= 1, z.where("zero_hpz_partition_size"), ": ",
                         o.zero_hpz_partition_size, " must be positive (1: off)");
     o.zero_quantized_weights = z.boolean("zero_quantized_weights").value_or(false);
+    o.zero_quantized_gradients = z.boolean("zero_quantized_gradients").value_or(false);
     o.stage3_gather_16bit_weights_on_model_save =
         z.boolean("stage3_gather_16bit_weights_on_model_save").value_or(false) ||
         z.boolean("stage3_gather_fp16_weights_on_model_save").value_or(false);

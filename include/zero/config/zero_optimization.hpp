@@ -96,6 +96,9 @@ struct ZeroOptimizationConfig {
   /// ZeRO++'s quantized weights (qwZ: EngineOptions::quantized_weights): stage 3 gathers
   /// parameters as block-wise int8.
   bool zero_quantized_weights = false;
+  /// ZeRO++'s quantized gradients (qgZ: EngineOptions::quantized_gradients): stage 3 reduces
+  /// gradients by an all-to-all of block-wise int8.
+  bool zero_quantized_gradients = false;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
 };

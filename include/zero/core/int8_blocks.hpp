@@ -1,11 +1,14 @@
 #pragma once
-// Block-wise symmetric int8 quantization, the packing ZeRO++'s quantized weights (qwZ) gather:
-// a run of n values is cut into blocks of int8_block elements (the last one maybe shorter); a
-// block keeps one fp32 scale, its largest magnitude / 127, and each value as the int8 code
-// q = round(x / scale) (nearest, ties to even), clamped to [-127, 127], read back as q * scale.
-// A packed run is its n codes, padded to 4 bytes, then its scales in block order. The rules are
-// __host__ __device__ helpers, so the host's loops (ops/cpu/int8_blocks.hpp) and the device's
-// kernels (ops/cuda/int8_blocks.cuh) give the same bits.
+// Block-wise symmetric int8 quantization, the packing ZeRO++'s quantized weights (qwZ) gather
+// and its quantized gradients (qgZ) exchange: a run of n values is cut into blocks of int8_block
+// elements (the last one maybe shorter); a block keeps one fp32 scale, its largest magnitude / 127,
+// and each value as the int8 code q = round(x / scale) (nearest, ties to even), clamped to [-127,
+// 127], read back as q * scale. A packed run is its n codes, padded to 4 bytes, then its scales in
+// block order; runs of the same n follow each other (every packed size is a multiple of 4, so each
+// run's scales stay aligned). A sum of runs (qgZ's reduction) adds their values in f32 in run
+// order, each with one fused multiply-add (int8_add_value). The rules are __host__ __device__
+// helpers, so the host's loops (ops/cpu/int8_blocks.hpp) and the device's kernels
+// (ops/cuda/int8_blocks.cuh) give the same bits.
 
 #include <cmath>
 #include <cstdint>
@@ -43,6 +46,15 @@ ZERO_HOST_DEVICE std::int8_t int8_code(float x, float scale) {
 /// The value a code stands for under scale.
 ZERO_HOST_DEVICE float int8_value(std::int8_t q, float scale) {
   return static_cast<float>(q) * scale;
+}
+/// sum + the value of code q under scale, rounded once: an explicit fused multiply-add on the host
+/// and the device alike, so no compiler's contraction makes a sum of runs differ between them.
+ZERO_HOST_DEVICE float int8_add_value(float sum, std::int8_t q, float scale) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(static_cast<float>(q), scale, sum);
+#else
+  return std::fma(static_cast<float>(q), scale, sum);
+#endif
 }
 
 }  // namespace zero::quant

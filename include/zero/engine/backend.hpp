@@ -3,7 +3,7 @@
 // allocates buffers (plain and pinned), orders work (streams and events) and runs the few
 // element-wise kernels its own flow needs (folding a gradient into an fp32 accumulator, rounding
 // a master slice for a gather, clearing, the sum of squares for the global norm, the int8 packing
-// of ZeRO++'s quantized weights). It also makes
+// of ZeRO++'s quantized weights and gradients). It also makes
 // what the model's layers run on: their kernel set (nn/kernels.hpp: zero::ops::cpu on the host,
 // zero::ops::cuda on a device's compute stream) and the activation arenas in the same memory.
 // The flow in engine.hpp is written
@@ -217,16 +217,25 @@ struct HostBackend {
     expect<ShapeError>(!slot.empty(), "HostBackend::sum_of_squares_into: an empty slot");
     slot[0] = sum_of_squares(v);
   }
-  /// out = in packed as block-wise int8 codes and scales (ZeRO++'s quantized weights;
-  /// core/int8_blocks.hpp).
+  /// out = in cut into `runs` equal runs, each packed as block-wise int8 codes and scales, one
+  /// after another (ZeRO++'s quantized weights, one run; its quantized gradients, a run for each
+  /// rank; core/int8_blocks.hpp).
   template <class E>
-  static void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in) {
-    ops::cpu::quantize_int8_blocks(in, out);
+  static void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in,
+                            std::int64_t runs = 1) {
+    ops::cpu::quantize_int8_blocks(in, out, runs);
   }
-  /// out = the values the packed run in stands for.
+  /// out = the values the `runs` packed runs in stand for, one run's after another.
   template <class E>
-  static void dequantize_int8(std::span<E> out, std::span<const std::uint8_t> in) {
-    ops::cpu::dequantize_int8_blocks(in, out);
+  static void dequantize_int8(std::span<E> out, std::span<const std::uint8_t> in,
+                              std::int64_t runs = 1) {
+    ops::cpu::dequantize_int8_blocks(in, out, runs);
+  }
+  /// out = factor * the sum of the packed runs in, each of out.size() values, added in f32 (the
+  /// reduction of ZeRO++'s quantized gradients).
+  template <class E>
+  static void sum_int8(std::span<E> out, std::span<const std::uint8_t> in, float factor) {
+    ops::cpu::sum_int8_blocks(in, out, factor);
   }
 
  private:

@@ -404,33 +404,54 @@ class CudaBackend {
     ops::cuda::sum_squares(slot.data(), v.data(), static_cast<std::int64_t>(v.size()),
                            compute_->native());
   }
-  /// out = in packed as block-wise int8 codes and scales (ZeRO++'s quantized weights;
-  /// core/int8_blocks.hpp), on the compute stream: HostBackend's bits.
+  /// out = in cut into `runs` equal runs, each packed as block-wise int8 codes and scales, one
+  /// after another (ZeRO++'s quantized weights and gradients; core/int8_blocks.hpp), on the
+  /// compute stream: HostBackend's bits.
   template <class E>
-  void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in) {
-    const auto n = static_cast<std::int64_t>(in.size());
-    expect<ShapeError>(static_cast<std::int64_t>(out.size()) == quant::int8_packed_bytes(n),
-                       "CudaBackend::quantize_int8: ", n, " values pack into ",
-                       quant::int8_packed_bytes(n), " bytes, not ", out.size());
+  void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in, std::int64_t runs = 1) {
+    const std::int64_t n = int8_run_values("quantize_int8", static_cast<std::int64_t>(in.size()),
+                                           runs, static_cast<std::int64_t>(out.size()));
     if (n == 0) return;
     expect_device_memory(out.data(), "quantize_int8", "out");
     expect_device_memory(in.data(), "quantize_int8", "in");
-    ops::cuda::quantize_int8_blocks<E>(in.data(), out.data(), n, compute_->native());
+    ops::cuda::quantize_int8_blocks<E>(in.data(), out.data(), n, runs, compute_->native());
   }
-  /// out = the values the packed run in stands for, on the compute stream.
+  /// out = the values the `runs` packed runs in stand for, one run's after another, on the
+  /// compute stream.
   template <class E>
-  void dequantize_int8(std::span<E> out, std::span<const std::uint8_t> in) {
-    const auto n = static_cast<std::int64_t>(out.size());
-    expect<ShapeError>(static_cast<std::int64_t>(in.size()) == quant::int8_packed_bytes(n),
-                       "CudaBackend::dequantize_int8: ", n, " values pack into ",
-                       quant::int8_packed_bytes(n), " bytes, not ", in.size());
+  void dequantize_int8(std::span<E> out, std::span<const std::uint8_t> in, std::int64_t runs = 1) {
+    const std::int64_t n = int8_run_values("dequantize_int8", static_cast<std::int64_t>(out.size()),
+                                           runs, static_cast<std::int64_t>(in.size()));
     if (n == 0) return;
     expect_device_memory(out.data(), "dequantize_int8", "out");
     expect_device_memory(in.data(), "dequantize_int8", "in");
-    ops::cuda::dequantize_int8_blocks<E>(in.data(), out.data(), n, compute_->native());
+    ops::cuda::dequantize_int8_blocks<E>(in.data(), out.data(), n, runs, compute_->native());
+  }
+  /// out = factor * the sum of the packed runs in, each of out.size() values, added in f32 (the
+  /// reduction of ZeRO++'s quantized gradients), on the compute stream: HostBackend's bits.
+  template <class E>
+  void sum_int8(std::span<E> out, std::span<const std::uint8_t> in, float factor) {
+    const auto n = static_cast<std::int64_t>(out.size());
+    const std::int64_t packed = quant::int8_packed_bytes(n);
+    const auto bytes = static_cast<std::int64_t>(in.size());
+    expect<ShapeError>(packed > 0 ? bytes > 0 && bytes % packed == 0 : bytes == 0,
+                       "CudaBackend::sum_int8: ", bytes, " bytes are not whole runs of ", n,
+                       " values (", packed, " bytes each)");
+    if (n == 0) return;
+    expect_device_memory(out.data(), "sum_int8", "out");
+    expect_device_memory(in.data(), "sum_int8", "in");
+    ops::cuda::sum_int8_blocks<E>(in.data(), out.data(), n, bytes / packed, factor,
+                                  compute_->native());
   }
 
  private:
+  // Checks that `values` values in `runs` equal runs pack into `bytes` bytes (the host's rule and
+  // message); returns a run's values.
+  static std::int64_t int8_run_values(const char* op, std::int64_t values, std::int64_t runs,
+                                      std::int64_t bytes) {
+    return ops::cpu::detail::int8_run_values((std::string("CudaBackend::") + op).c_str(), values,
+                                             runs, bytes);
+  }
   // dst = src in the compute stream's order, then a wait for it (host memory on one side). The
   // runtime infers the direction from the pointers: under Offload<CPU> the units' side of a copy
   // (a master slice) is itself pinned host memory.

@@ -837,6 +837,12 @@ class Engine {
                         "Engine: quantized_weights (ZeRO++ qwZ, zero_optimization."
                         "zero_quantized_weights) quantizes stage 3's parameter gathers; stage ",
                         stage, " gathers no parameters per pass: use stage 3");
+    expect<ConfigError>(!options_.quantized_gradients || stage >= 2,
+                        "Engine: quantized_gradients (ZeRO++ qgZ, zero_optimization."
+                        "zero_quantized_gradients) quantizes the reduce-scatter of each "
+                        "micro-step's gradients at stages 2-3; stage ",
+                        stage,
+                        " reduces the fp32 accumulator at the window's end: use stage 2 or 3");
     const int n = model_.num_units();
     units_.resize(static_cast<std::size_t>(n));
     std::set<std::string, std::less<>> names;
@@ -1060,7 +1066,8 @@ class Engine {
         static_cast<double>(options_.shard_alignment),
         // Each rank splits its groups by it.
         static_cast<double>(options_.shard_size), static_cast<double>(options_.hpz_size),
-        options_.quantized_weights ? 1.0 : 0.0, static_cast<double>(options_.persistence_threshold),
+        options_.quantized_weights ? 1.0 : 0.0, options_.quantized_gradients ? 1.0 : 0.0,
+        static_cast<double>(options_.persistence_threshold),
         // Stage 3's prefetch orders the gathers among the reductions; a
         // differing one interleaves the collectives differently.
         static_cast<double>(options_.prefetch_elems), static_cast<double>(options_.max_live_elems),
@@ -1083,6 +1090,7 @@ class Engine {
                                             "shard_size",
                                             "hpz_size",
                                             "quantized_weights",
+                                            "quantized_gradients",
                                             "persistence_threshold",
                                             "prefetch_elems",
                                             "max_live_elems",

@@ -76,6 +76,16 @@ struct EngineOptions {
   /// the forward and backward see (the master and the optimizer stay exact). false (the default):
   /// gathers move the compute type.
   bool quantized_weights = false;
+  /// ZeRO++'s quantized gradients (qgZ; zero_optimization.zero_quantized_gradients), stages 2-3:
+  /// each unit's gradient reduce-scatter becomes an all-to-all of the compute gradient packed as
+  /// block-wise int8 (core/int8_blocks.hpp), a run for each rank's shard, and each rank averages
+  /// the runs it receives in f32 into its shard: half bf16's bytes on the wire (a quarter of
+  /// f32's). Each rank's contribution carries a rounding error of up to 1/254 of its block's
+  /// largest magnitude; the fp32 accumulation over micro-steps, the norm, clipping and the
+  /// optimizer are unchanged. DeepSpeed's qgZ exchanges int4 in two hops (inside a node, then
+  /// across); this is one hop of int8 over the unit's group. false (the default): reduce-scatter
+  /// in the compute type.
+  bool quantized_gradients = false;
   /// Offload<CPU>: step() leaves each unit's host update to the next forward, which applies it
   /// just before the unit's gather, so the host updates one unit while the device computes the
   /// units before it. The values are those of updating every unit in step(); whatever reads the
@@ -156,6 +166,9 @@ struct EngineOptions {
       o.hpz_size = static_cast<int>(z.zero_hpz_partition_size);
     }
     if (z.zero_quantized_weights && z.stage == 3) o.quantized_weights = true;
+    // ZeRO++ is stage 3's, as in DeepSpeed: below it the key has no effect (the option also
+    // applies at stage 2, set directly).
+    if (z.zero_quantized_gradients && z.stage == 3) o.quantized_gradients = true;
     if (!config.nonfinite_policy.empty()) {
       expect<ConfigError>(config.nonfinite_policy == "skip" || config.nonfinite_policy == "raise",
                           "nonfinite_policy: '", config.nonfinite_policy,

@@ -23,7 +23,10 @@
 //               next units' backward. An expert unit's averaged gradient is then scaled by
 //               its grad_scale (1/ep). Under hybrid sharding (the unit's replicas) a reduced
 //               shard is then averaged over the ranks holding the same shard, by an all-reduce
-//               started when its reduce-scatter is waited for, with as many in flight.
+//               started when its reduce-scatter is waited for, with as many in flight. Under
+//               ZeRO++ qgZ (quantized_gradients, stages 2-3) the reduce-scatter is an all-to-all
+//               of the gradient packed as block-wise int8, a run for each rank's shard, whose
+//               runs for this rank are summed in f32 (their mean) when it is waited for.
 //               Under Offload<CPU> the reduced shard reaches its pinned
 //               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
 //               every fold, through a device staging buffer, or once a window from the unit's
@@ -313,9 +316,13 @@ class UnitExchange {
     } else {
       p.boundary = boundary;
       p.scratch = take_scratch(s.grad_shard.size());  // a new one is zeroed on compute: first
-      backend_.comm_waits_for_compute();
-      p.work = s.group->reduce_scatter_async(std::span<const T>(span(*s.grads)), span(p.scratch),
-                                             parallel::ReduceOp::avg);
+      if (options_.quantized_gradients) {
+        start_quantized_reduction(u, p);
+      } else {
+        backend_.comm_waits_for_compute();
+        p.work = s.group->reduce_scatter_async(std::span<const T>(span(*s.grads)), span(p.scratch),
+                                               parallel::ReduceOp::avg);
+      }
     }
     pending_.push_back(std::move(p));
     while (static_cast<int>(pending_.size()) > options_.max_pending_reductions) finish_oldest();
@@ -336,7 +343,9 @@ class UnitExchange {
   void report(MemoryReport& r) const {
     for (const auto& b : scratch_pool_) r.scratch_bytes += b.bytes();
     for (const auto& b : packed_pool_) r.scratch_bytes += b.bytes();
-    for (const auto& p : pending_) r.scratch_bytes += p.scratch.bytes();
+    for (const auto& p : pending_) {
+      r.scratch_bytes += p.scratch.bytes() + p.packed_send.bytes() + p.packed_recv.bytes();
+    }
     for (const auto& p : replicating_) r.scratch_bytes += p.scratch.bytes();
     r.scratch_bytes += fold_staging_.bytes();
     r.scratch_bytes += shard_sums_.bytes();
@@ -374,10 +383,12 @@ class UnitExchange {
  private:
   struct Pending {
     int unit = 0;
-    DeviceBuffer<T> scratch;              // stages 2-3: receives the reduced shard
-    DeviceBuffer<MasterT> shard_scratch;  // stage 1 under Offload<CPU>: the same, in fp32
-    bool boundary = false;                // stages 2-3: the unit's last fold of the window
-    parallel::Work work;                  // declared after the buffers it writes
+    DeviceBuffer<T> scratch;                 // stages 2-3: receives the reduced shard
+    DeviceBuffer<MasterT> shard_scratch;     // stage 1 under Offload<CPU>: the same, in fp32
+    bool boundary = false;                   // stages 2-3: the unit's last fold of the window
+    DeviceBuffer<std::uint8_t> packed_send;  // qgZ: this rank's gradient packed, a run a rank
+    DeviceBuffer<std::uint8_t> packed_recv;  // qgZ: every rank's run for this rank's shard
+    parallel::Work work;                     // declared after the buffers it writes
   };
 
   template <class B>
@@ -415,20 +426,42 @@ class UnitExchange {
         std::span<const std::uint8_t>(span(s.quantized_slice)), span(s.quantized_whole));
   }
   // qwZ, once unit u's gather is done: every rank's packed slice read back into its place of the
-  // unit's whole buffer, on the compute stream; the packed buffers go back to their pool (the
-  // next packing, on the compute stream too, comes after this reading).
+  // unit's whole buffer (one call over the runs), on the compute stream; the packed buffers go back
+  // to their pool (the next packing, on the compute stream too, comes after this reading).
   void finish_quantized_gather(int u) {
     Unit& s = unit(u);
-    const std::size_t n = s.numel(Extent::shard);
-    const std::size_t packed = s.quantized_slice.size();
-    for (int r = 0; r < s.group->size(); ++r) {
-      const auto at = static_cast<std::size_t>(r);
-      backend_.dequantize_int8(
-          std::span<T>(s.params->data() + at * n, n),
-          std::span<const std::uint8_t>(s.quantized_whole.data() + at * packed, packed));
-    }
+    backend_.dequantize_int8(std::span<T>(s.params->data(), s.params->size()),
+                             std::span<const std::uint8_t>(span(s.quantized_whole)),
+                             s.group->size());
     packed_pool_.push_back(std::move(s.quantized_slice));
     packed_pool_.push_back(std::move(s.quantized_whole));
+  }
+
+  // qgZ: packs unit u's compute gradient as block-wise int8 on the compute stream, a run for each
+  // rank's shard (the parts a reduce-scatter would send it), and exchanges the runs over the
+  // unit's group by an all-to-all into p's packed_recv: after it, rank r holds every rank's run
+  // for its shard r. The packed buffers come from qwZ's pool (given back in finish_oldest).
+  void start_quantized_reduction(int u, Pending& p) {
+    Unit& s = unit(u);
+    const int ranks = s.group->size();
+    const auto packed = static_cast<std::size_t>(
+        quant::int8_packed_bytes(static_cast<std::int64_t>(s.grad_shard.size())));
+    p.packed_send = take_from(packed_pool_, packed * static_cast<std::size_t>(ranks));
+    p.packed_recv = take_from(packed_pool_, packed * static_cast<std::size_t>(ranks));
+    backend_.quantize_int8(span(p.packed_send), std::span<const T>(span(*s.grads)), ranks);
+    backend_.comm_waits_for_compute();
+    p.work = s.group->all_to_all_async(std::span<const std::uint8_t>(span(p.packed_send)),
+                                       span(p.packed_recv));
+  }
+  // qgZ, once p's all-to-all is done: the mean of every rank's run for this rank's shard into p's
+  // scratch (f32 sums, rounded once), on the compute stream, where the plain reduce-scatter
+  // would have left the averaged shard; the packed buffers go back to their pool.
+  void finish_quantized_reduction(Pending& p) {
+    const int ranks = unit(p.unit).group->size();
+    backend_.sum_int8(span(p.scratch), std::span<const std::uint8_t>(span(p.packed_recv)),
+                      1.0f / static_cast<float>(ranks));
+    packed_pool_.push_back(std::move(p.packed_send));
+    packed_pool_.push_back(std::move(p.packed_recv));
   }
 
   // hpZ: keeps this rank's share of unit u's whole parameters, just gathered from the master
@@ -491,11 +524,19 @@ class UnitExchange {
   void finish_oldest() {
     Pending p = std::move(pending_.front());
     pending_.pop_front();
-    wait(p.work, traits::all_reduces_grads ? "all-reduce" : "reduce-scatter", p.unit);
+    const bool quantized = p.packed_recv.size() > 0;
+    wait(p.work,
+         quantized                   ? "all-to-all of the quantized gradients"
+         : traits::all_reduces_grads ? "all-reduce"
+                                     : "reduce-scatter",
+         p.unit);
+    if (quantized) finish_quantized_reduction(p);
     if constexpr (traits::shards_grads) release_reduced_gradient(p.unit);
     if (parallel::AnyComm* replicas = unit(p.unit).replicas) {
       if constexpr (traits::shards_grads) {
         const std::span<T> reduced = span(p.scratch);
+        // qgZ's mean was written on the compute stream.
+        if (quantized) backend_.comm_waits_for_compute();
         p.work = replicas->all_reduce_async(std::span<const T>(reduced), reduced,
                                             parallel::ReduceOp::avg);
       } else {
@@ -657,7 +698,7 @@ class UnitExchange {
   profile::StepTimers* timers_ = nullptr;
   std::function<void(int)> before_gather_;
   std::vector<DeviceBuffer<T>> scratch_pool_;
-  std::vector<DeviceBuffer<std::uint8_t>> packed_pool_;  // qwZ's packed slices, for reuse
+  std::vector<DeviceBuffer<std::uint8_t>> packed_pool_;  // qwZ's and qgZ's packed runs, for reuse
   DeviceBuffer<MasterT> fold_staging_;  // fold_into_host_shard's; empty until first used
   DeviceBuffer<double> shard_sums_;     // take_shard_sum's slots, one a unit; empty until used
   std::vector<char> shard_sum_taken_;   // which slots hold this window's sum

@@ -1,13 +1,15 @@
 #pragma once
-// Block-wise int8 quantization on the host (ZeRO++'s quantized weights): packs a run of values
-// as core/int8_blocks.hpp lays it out, and reads a packed run back. The device's twins are in
-// ops/cuda/int8_blocks.cuh, with the same rules and bits.
+// Block-wise int8 quantization on the host (ZeRO++'s quantized weights and gradients): packs runs
+// of values as core/int8_blocks.hpp lays them out, reads packed runs back, and sums packed runs
+// (the reduction of qgZ's exchange). The device's twins are in ops/cuda/int8_blocks.cuh, with the
+// same rules and bits.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
@@ -15,47 +17,97 @@
 
 namespace zero::ops::cpu {
 
-/// out = in packed as int8 codes and one fp32 scale a block (out: int8_packed_bytes(in.size())).
+namespace detail {
+
+// Checks that `values` values in `runs` equal runs pack into `bytes` bytes; returns a run's values.
+inline std::int64_t int8_run_values(const char* op, std::int64_t values, std::int64_t runs,
+                                    std::int64_t bytes) {
+  expect<ShapeError>(runs > 0 && values % runs == 0, op, ": ", values, " values do not split into ",
+                     runs, " equal runs");
+  const std::int64_t n = values / runs;
+  expect<ShapeError>(bytes == runs * quant::int8_packed_bytes(n), op, ": ", values, " values",
+                     runs == 1 ? std::string() : " in " + std::to_string(runs) + " runs",
+                     " pack into ", runs * quant::int8_packed_bytes(n), " bytes, not ", bytes);
+  return n;
+}
+
+// A packed run's scale of block b.
+inline float int8_scale_of(const std::uint8_t* run, std::int64_t n, std::int64_t b) {
+  float scale;
+  std::memcpy(&scale, run + quant::int8_scales_offset(n) + 4 * b, 4);
+  return scale;
+}
+
+}  // namespace detail
+
+/// out = in cut into `runs` equal runs, each packed as int8 codes and one fp32 scale a block, one
+/// packed run after another (out: runs * int8_packed_bytes(in.size() / runs) bytes).
 template <class T>
-void quantize_int8_blocks(std::span<const T> in, std::span<std::uint8_t> out) {
-  const auto n = static_cast<std::int64_t>(in.size());
-  expect<ShapeError>(static_cast<std::int64_t>(out.size()) == quant::int8_packed_bytes(n),
-                     "quantize_int8_blocks: ", n, " values pack into ", quant::int8_packed_bytes(n),
-                     " bytes, not ", out.size());
-  std::uint8_t* scales = out.data() + quant::int8_scales_offset(n);
-  for (std::int64_t b = 0; b < quant::int8_blocks(n); ++b) {
-    const std::int64_t first = b * quant::int8_block, last = std::min(n, first + quant::int8_block);
-    float absmax = 0;
-    for (std::int64_t i = first; i < last; ++i) {
-      absmax = std::max(absmax, std::fabs(convert<float>(in[static_cast<std::size_t>(i)])));
-    }
-    const float scale = quant::int8_scale(absmax);
-    std::memcpy(scales + 4 * b, &scale, 4);
-    for (std::int64_t i = first; i < last; ++i) {
-      const std::int8_t q =
-          quant::int8_code(convert<float>(in[static_cast<std::size_t>(i)]), scale);
-      std::memcpy(out.data() + i, &q, 1);
+void quantize_int8_blocks(std::span<const T> in, std::span<std::uint8_t> out,
+                          std::int64_t runs = 1) {
+  const std::int64_t n =
+      detail::int8_run_values("quantize_int8_blocks", static_cast<std::int64_t>(in.size()), runs,
+                              static_cast<std::int64_t>(out.size()));
+  for (std::int64_t r = 0; r < runs; ++r) {
+    const T* x = in.data() + r * n;
+    std::uint8_t* run = out.data() + r * quant::int8_packed_bytes(n);
+    for (std::int64_t b = 0; b < quant::int8_blocks(n); ++b) {
+      const std::int64_t first = b * quant::int8_block;
+      const std::int64_t last = std::min(n, first + quant::int8_block);
+      float absmax = 0;
+      for (std::int64_t i = first; i < last; ++i) {
+        absmax = std::max(absmax, std::fabs(convert<float>(x[i])));
+      }
+      const float scale = quant::int8_scale(absmax);
+      std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
+      for (std::int64_t i = first; i < last; ++i) {
+        const std::int8_t q = quant::int8_code(convert<float>(x[i]), scale);
+        std::memcpy(run + i, &q, 1);
+      }
     }
   }
 }
 
-/// out = the values a packed run stands for (in: int8_packed_bytes(out.size()) bytes).
+/// out = the values `runs` packed runs stand for, one run's after another (in:
+/// runs * int8_packed_bytes(out.size() / runs) bytes).
 template <class T>
-void dequantize_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out) {
-  const auto n = static_cast<std::int64_t>(out.size());
-  expect<ShapeError>(static_cast<std::int64_t>(in.size()) == quant::int8_packed_bytes(n),
-                     "dequantize_int8_blocks: ", n, " values pack into ",
-                     quant::int8_packed_bytes(n), " bytes, not ", in.size());
-  const std::uint8_t* scales = in.data() + quant::int8_scales_offset(n);
-  for (std::int64_t b = 0; b < quant::int8_blocks(n); ++b) {
-    float scale;
-    std::memcpy(&scale, scales + 4 * b, 4);
-    const std::int64_t first = b * quant::int8_block, last = std::min(n, first + quant::int8_block);
-    for (std::int64_t i = first; i < last; ++i) {
-      std::int8_t q;
-      std::memcpy(&q, in.data() + i, 1);
-      out[static_cast<std::size_t>(i)] = convert<T>(quant::int8_value(q, scale));
+void dequantize_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out,
+                            std::int64_t runs = 1) {
+  const std::int64_t n =
+      detail::int8_run_values("dequantize_int8_blocks", static_cast<std::int64_t>(out.size()), runs,
+                              static_cast<std::int64_t>(in.size()));
+  for (std::int64_t r = 0; r < runs; ++r) {
+    const std::uint8_t* run = in.data() + r * quant::int8_packed_bytes(n);
+    T* y = out.data() + r * n;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto q = static_cast<std::int8_t>(run[i]);
+      y[i] = convert<T>(quant::int8_value(q, detail::int8_scale_of(run, n, i / quant::int8_block)));
     }
+  }
+}
+
+/// out = factor * the sum of the packed runs in, each of out.size() values (in: a whole number of
+/// int8_packed_bytes(out.size())-byte runs, at least one), added in f32 in run order
+/// (quant::int8_add_value) and rounded to T once: qgZ's reduction of what every rank sent for
+/// this rank's shard, with factor 1 / ranks for their mean.
+template <class T>
+void sum_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out, float factor) {
+  const auto n = static_cast<std::int64_t>(out.size());
+  const std::int64_t packed = quant::int8_packed_bytes(n);
+  const auto bytes = static_cast<std::int64_t>(in.size());
+  expect<ShapeError>(packed > 0 ? bytes > 0 && bytes % packed == 0 : bytes == 0,
+                     "sum_int8_blocks: ", bytes, " bytes are not whole runs of ", n, " values (",
+                     packed, " bytes each)");
+  if (n == 0) return;
+  const std::int64_t runs = bytes / packed;
+  for (std::int64_t i = 0; i < n; ++i) {
+    float sum = 0.0f;
+    for (std::int64_t r = 0; r < runs; ++r) {
+      const std::uint8_t* run = in.data() + r * packed;
+      sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]),
+                                  detail::int8_scale_of(run, n, i / quant::int8_block));
+    }
+    out[static_cast<std::size_t>(i)] = convert<T>(sum * factor);
   }
 }
 

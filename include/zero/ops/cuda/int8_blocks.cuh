@@ -1,11 +1,13 @@
 #pragma once
 // zero-requires: cuda
-// Block-wise int8 quantization on the GPU (ZeRO++'s quantized weights): the device twins of
-// ops/cpu/int8_blocks.hpp, with core/int8_blocks.hpp's rules and layout, so the bits are the
-// host's. Quantizing: one thread block per quantization block (int8_block threads, one value
-// each): cub::BlockReduce takes the block's largest magnitude, the scale is written once, and
-// every thread writes its code. Reading back: grid-stride, one value a thread. Launchers take the
-// stream last and check cudaGetLastError().
+// Block-wise int8 quantization on the GPU (ZeRO++'s quantized weights and gradients): the device
+// twins of ops/cpu/int8_blocks.hpp, with core/int8_blocks.hpp's rules and layout, so the bits are
+// the host's. Quantizing: one thread block per quantization block (int8_block threads, one value
+// each; blockIdx.y the run): cub::BlockReduce takes the block's largest magnitude, the scale is
+// written once, and every thread writes its code. Reading back: grid-stride over every run's
+// values, one a thread. Summing runs: grid-stride over one run's values, each thread adding its
+// value of every run in run order with quant::int8_add_value. Launchers take the stream last and
+// check cudaGetLastError().
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/int8_blocks.cuh needs nvcc; host-only code includes ops/cpu/int8_blocks.hpp"
 #endif
@@ -23,14 +25,16 @@ namespace zero::ops::cuda {
 
 inline constexpr int int8_block_threads = static_cast<int>(quant::int8_block);
 
-/// One quantization block a thread block: its scale and its codes into out (packed as
-/// core/int8_blocks.hpp lays a run of n values out).
+/// One quantization block of run blockIdx.y a thread block: its scale and its codes into that
+/// run's place of out (each run of n values packed as core/int8_blocks.hpp lays it out).
 template <class T>
 __global__ void __launch_bounds__(int8_block_threads)
     quantize_int8_kernel(const T* in, std::uint8_t* out, std::int64_t n) {
   using Reduce = cub::BlockReduce<float, int8_block_threads>;
   __shared__ typename Reduce::TempStorage temp;
   __shared__ float scale;
+  in += static_cast<std::int64_t>(blockIdx.y) * n;
+  out += static_cast<std::int64_t>(blockIdx.y) * quant::int8_packed_bytes(n);
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * quant::int8_block + threadIdx.x;
   const float x = i < n ? load(in[i]) : 0.0f;
   const float absmax = Reduce(temp).Reduce(fabsf(x), [](float a, float b) { return fmaxf(a, b); });
@@ -42,38 +46,78 @@ __global__ void __launch_bounds__(int8_block_threads)
   if (i < n) out[i] = static_cast<std::uint8_t>(quant::int8_code(x, scale));
 }
 
-/// out[i] = the value of code i under its block's scale.
+/// out[r * n + i] = the value of run r's code i under its block's scale, for `runs` runs.
 template <class T>
-__global__ void dequantize_int8_kernel(const std::uint8_t* in, T* out, std::int64_t n) {
-  const float* scales = reinterpret_cast<const float*>(in + quant::int8_scales_offset(n));
+__global__ void dequantize_int8_kernel(const std::uint8_t* in, T* out, std::int64_t n,
+                                       std::int64_t runs) {
+  const std::int64_t packed = quant::int8_packed_bytes(n);
+  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       k < runs * n; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = k / n, i = k - r * n;
+    const std::uint8_t* run = in + r * packed;
+    const float* scales = reinterpret_cast<const float*>(run + quant::int8_scales_offset(n));
+    out[k] = store<T>(
+        quant::int8_value(static_cast<std::int8_t>(run[i]), scales[i / quant::int8_block]));
+  }
+}
+
+/// out[i] = factor * the sum over the runs of their value i, added in f32 in run order.
+template <class T>
+__global__ void sum_int8_kernel(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
+                                float factor) {
+  const std::int64_t packed = quant::int8_packed_bytes(n);
+  const std::int64_t scales_at = quant::int8_scales_offset(n);
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const auto q = static_cast<std::int8_t>(in[i]);
-    out[i] = store<T>(quant::int8_value(q, scales[i / quant::int8_block]));
+    float sum = 0.0f;
+    for (std::int64_t r = 0; r < runs; ++r) {
+      const std::uint8_t* run = in + r * packed;
+      const float scale = reinterpret_cast<const float*>(run + scales_at)[i / quant::int8_block];
+      sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]), scale);
+    }
+    out[i] = store<T>(__fmul_rn(sum, factor));
   }
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
 
-/// out (int8_packed_bytes(n) bytes, 4-byte aligned) = in's n values packed, on stream.
+/// out (runs * int8_packed_bytes(n) bytes, 4-byte aligned) = in's `runs` runs of n values, each
+/// packed, on stream.
 template <class T>
-void quantize_int8_blocks(const T* in, std::uint8_t* out, std::int64_t n, cudaStream_t stream) {
+void quantize_int8_blocks(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
+                          cudaStream_t stream) {
   static_assert(is_device_float<T>, "quantize_int8_blocks: f32, bf16 and f16 on the device");
-  if (n == 0) return;
+  if (n == 0 || runs == 0) return;
   expect_int_range(n, "quantize_int8_blocks");
-  const auto blocks = static_cast<unsigned>(quant::int8_blocks(n));
-  quantize_int8_kernel<T><<<blocks, int8_block_threads, 0, stream>>>(in, out, n);
+  expect<ShapeError>(runs <= 65535, "quantize_int8_blocks: ", runs,
+                     " runs (a grid's y extent is at most 65535)");
+  const dim3 grid(static_cast<unsigned>(quant::int8_blocks(n)), static_cast<unsigned>(runs));
+  quantize_int8_kernel<T><<<grid, int8_block_threads, 0, stream>>>(in, out, n);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-/// out's n values = what the packed run in (int8_packed_bytes(n) bytes, 4-byte aligned) stands
-/// for, on stream.
+/// out's runs * n values = what the `runs` packed runs in (runs * int8_packed_bytes(n) bytes,
+/// 4-byte aligned) stand for, on stream.
 template <class T>
-void dequantize_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, cudaStream_t stream) {
+void dequantize_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
+                            cudaStream_t stream) {
   static_assert(is_device_float<T>, "dequantize_int8_blocks: f32, bf16 and f16 on the device");
-  if (n == 0) return;
+  if (n == 0 || runs == 0) return;
   expect_int_range(n, "dequantize_int8_blocks");
-  dequantize_int8_kernel<T><<<grid_for(n), elementwise_threads, 0, stream>>>(in, out, n);
+  dequantize_int8_kernel<T>
+      <<<grid_for(runs * n), elementwise_threads, 0, stream>>>(in, out, n, runs);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// out's n values = factor * the sum of the `runs` packed runs in (each int8_packed_bytes(n)
+/// bytes, 4-byte aligned), added in f32 in run order, on stream (ZeRO++'s quantized gradients).
+template <class T>
+void sum_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
+                     float factor, cudaStream_t stream) {
+  static_assert(is_device_float<T>, "sum_int8_blocks: f32, bf16 and f16 on the device");
+  if (n == 0) return;
+  expect_int_range(n, "sum_int8_blocks");
+  sum_int8_kernel<T><<<grid_for(n), elementwise_threads, 0, stream>>>(in, out, n, runs, factor);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,0 +1,278 @@
+// ZeRO++'s quantized gradients (qgZ; EngineOptions::quantized_gradients, zero_optimization.
+// zero_quantized_gradients): at stages 2-3 each unit's gradient reduce-scatter is an all-to-all of
+// the gradient packed as block-wise int8 (core/int8_blocks.hpp), a run for each rank's shard, whose
+// runs each rank averages in f32. Packing in runs equals packing each run alone; a sum of runs is
+// the f32 sum of their values in run order, rounded once; the engine trains near the f64
+// reference at stages 2-3 with accumulation and clipping, with hybrid sharding and with qwZ,
+// repeatably; the exchange moves the packed bytes in place of the reduce-scatters; stages 0-1 are
+// refused by name and the config key applies at stage 3.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <parallel/comm/comm_logger.hpp>
+#include <parallel/comm/local_comm.hpp>
+#include <zero/core/int8_blocks.hpp>
+#include <zero/core/rng.hpp>
+#include <zero/engine/dispatch.hpp>
+#include <zero/ops/cpu/int8_blocks.hpp>
+
+#include "../support/per_rank.hpp"
+#include "engine_test_util.hpp"
+#include "sgd_engine.hpp"
+
+using namespace zero;
+using namespace zero::test;
+using zero::parallel::CommOp;
+using zero::parallel::LocalComm;
+using zero::testing::per_rank;
+using zero::testing::thrown_message;
+
+namespace {
+
+constexpr int steps = 3;
+
+engine::EngineOptions qgz_options(int accumulation, double clip, int shard_size = 0) {
+  engine::EngineOptions options = sgd_options(accumulation, clip, shard_size);
+  options.quantized_gradients = true;
+  return options;
+}
+
+// Every rank's units after `steps` steps of stage S at world ranks under options.
+template <int S>
+std::vector<std::vector<double>> trained(int world, const engine::EngineOptions& options) {
+  return per_rank<std::vector<double>>(world, [&](LocalComm& comm) {
+    nn::GPT<double> model(tiny());
+    auto eng = sgd_engine<S>(model, comm, options);
+    const int accumulation = options.gradient_accumulation_steps, ranks = comm.size();
+    for (int step = 0; step < steps; ++step) {
+      const GlobalBatch b(micro_rows * accumulation * ranks, step, tiny().vocab_size);
+      for (int m = 0; m < accumulation; ++m) {
+        eng.forward(b.micro(m, comm.rank(), ranks));
+        eng.backward();
+      }
+      eng.step();
+    }
+    eng.synchronize();
+    return all_unit_values(eng);
+  });
+}
+
+// The worst difference from the f64 reference over every rank of a stage-S run.
+template <int S>
+double worst_error(int world, int accumulation, double clip, const engine::EngineOptions& options) {
+  const auto want = reference_sgd(micro_rows * accumulation * world, steps, 1.0, clip);
+  const auto errors = per_rank<double>(world, [&](LocalComm& comm) {
+    nn::GPT<double> model(tiny());
+    auto eng = sgd_engine<S>(model, comm, options);
+    return max_error(eng, comm, accumulation, steps, want);
+  });
+  return *std::max_element(errors.begin(), errors.end());
+}
+
+std::vector<float> random_values(std::size_t n, float scale, std::uint64_t seed) {
+  std::vector<float> v(n);
+  const CounterRng rng(seed);
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = scale * static_cast<float>(rng.uniform(i) * 2.0 - 1.0);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "int8 blocks: runs pack and read back as each run alone, and a sum of runs is their "
+    "f32 sum rounded once",
+    "[unit][engine]") {
+  // 3 runs of 300 values (a whole block and a short one of 44 each); run 1 is 100 times larger.
+  const std::int64_t runs = 3, n = 300;
+  std::vector<float> in = random_values(static_cast<std::size_t>(runs * n), 0.02f, 11);
+  for (std::int64_t i = n; i < 2 * n; ++i) in[static_cast<std::size_t>(i)] *= 100.0f;
+  const auto packed = static_cast<std::size_t>(quant::int8_packed_bytes(n));
+  std::vector<std::uint8_t> all(packed * runs);
+  ops::cpu::quantize_int8_blocks(std::span<const float>(in), std::span<std::uint8_t>(all), runs);
+  std::vector<float> back(in.size());
+  ops::cpu::dequantize_int8_blocks(std::span<const std::uint8_t>(all), std::span<float>(back),
+                                   runs);
+  for (std::int64_t r = 0; r < runs; ++r) {
+    INFO("run " << r);
+    const auto at = static_cast<std::size_t>(r * n);
+    std::vector<std::uint8_t> one(packed);
+    ops::cpu::quantize_int8_blocks(std::span<const float>(in.data() + at, n),
+                                   std::span<std::uint8_t>(one));
+    CHECK(
+        std::equal(one.begin(), one.end(), all.begin() + static_cast<std::ptrdiff_t>(r * packed)));
+    std::vector<float> one_back(static_cast<std::size_t>(n));
+    ops::cpu::dequantize_int8_blocks(std::span<const std::uint8_t>(one),
+                                     std::span<float>(one_back));
+    CHECK(std::equal(one_back.begin(), one_back.end(),
+                     back.begin() + static_cast<std::ptrdiff_t>(at)));
+  }
+  // The mean of the runs: each value's f32 sum over the runs in order, times 1/3, rounded once
+  // (to bf16 here), and within the runs' rounding of the exact mean.
+  std::vector<bf16> mean(static_cast<std::size_t>(n));
+  ops::cpu::sum_int8_blocks(std::span<const std::uint8_t>(all), std::span<bf16>(mean), 1.0f / 3);
+  float worst = 0, largest_step = 0;
+  for (std::int64_t r = 0; r < runs; ++r) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      largest_step = std::max(largest_step, std::fabs(in[static_cast<std::size_t>(r * n + i)]));
+    }
+  }
+  largest_step /= 127.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    float exact = 0;
+    for (std::int64_t r = 0; r < runs; ++r) exact += in[static_cast<std::size_t>(r * n + i)];
+    float want = 0;
+    for (std::int64_t r = 0; r < runs; ++r) {
+      want = quant::int8_add_value(
+          want, static_cast<std::int8_t>(all[r * packed + i]),
+          ops::cpu::detail::int8_scale_of(all.data() + r * packed, n, i / quant::int8_block));
+    }
+    INFO("value " << i);
+    CHECK(mean[static_cast<std::size_t>(i)].bits == convert<bf16>(want * (1.0f / 3)).bits);
+    worst = std::max(worst,
+                     std::fabs(static_cast<float>(mean[static_cast<std::size_t>(i)]) - exact / 3));
+  }
+  // Half a step of the largest block in each run, a third of it each, plus bf16's rounding.
+  CHECK(worst <= 0.5f * largest_step + 0.01f);
+  // Sizes that are not whole runs are refused by name.
+  CHECK_THAT(thrown_message([&] {
+               ops::cpu::quantize_int8_blocks(std::span<const float>(in.data(), 899),
+                                              std::span<std::uint8_t>(all), runs);
+             }),
+             Catch::Contains("quantize_int8_blocks: 899 values do not split into 3 equal runs"));
+  CHECK_THAT(thrown_message([&] {
+               ops::cpu::dequantize_int8_blocks(std::span<const std::uint8_t>(all.data(), 100),
+                                                std::span<float>(back), runs);
+             }),
+             Catch::Contains("dequantize_int8_blocks: 900 values in 3 runs pack into 924 bytes, "
+                             "not 100"));
+  CHECK_THAT(thrown_message([&] {
+               ops::cpu::sum_int8_blocks(std::span<const std::uint8_t>(all.data(), 2 * packed - 1),
+                                         std::span<bf16>(mean), 1.0f);
+             }),
+             Catch::Contains("sum_int8_blocks: 615 bytes are not whole runs of 300 values (308 "
+                             "bytes each)"));
+}
+
+TEST_CASE(
+    "qgZ: stages 2 and 3 with quantized gradient exchanges train near the reference, "
+    "repeatably",
+    "[unit][engine]") {
+  for (const int world : {1, 2, 4}) {
+    for (const double clip : {0.0, 0.05}) {
+      INFO(world << " ranks, clip " << clip);
+      const double two = worst_error<2>(world, 2, clip, qgz_options(2, clip));
+      const double three = worst_error<3>(world, 2, clip, qgz_options(2, clip));
+      UNSCOPED_INFO("worst difference from the reference: stage 2 " << two << ", stage 3 "
+                                                                    << three);
+      // Each rank's gradient is rounded to up to 1/254 of its block's largest magnitude before
+      // the mean, and SGD at lr 1 carries that into the weights; the exact reduce-scatters give
+      // < 1e-10.
+      CHECK(two > 1e-6);
+      CHECK(two < 1e-2);
+      CHECK(three > 1e-6);
+      CHECK(three < 1e-2);
+    }
+  }
+  // Two runs give the same bits, and stages 2 and 3 the same as each other (the same exchanges
+  // of the same gradients).
+  const auto once = trained<3>(4, qgz_options(2, 0.05));
+  CHECK(once == trained<3>(4, qgz_options(2, 0.05)));
+  CHECK(once == trained<2>(4, qgz_options(2, 0.05)));
+}
+
+TEST_CASE("qgZ with hybrid sharding and with qwZ: near the reference", "[unit][engine]") {
+  // Shard groups of 2 of 4 ranks: the all-to-all inside each group, then the replicas' average
+  // of the reduced shard (after the f32 mean written on the compute stream).
+  CHECK(worst_error<3>(4, 2, 0.05, qgz_options(2, 0.05, 2)) < 1e-2);
+  CHECK(worst_error<2>(4, 2, 0.0, qgz_options(2, 0.0, 2)) < 1e-2);
+  // Both halves of ZeRO++'s quantization: every gather and every reduction packed.
+  engine::EngineOptions both = qgz_options(2, 0.05);
+  both.quantized_weights = true;
+  const double worst = worst_error<3>(4, 2, 0.05, both);
+  CHECK(worst > 1e-6);
+  CHECK(worst < 2e-2);
+}
+
+TEST_CASE("qgZ: the reductions move the packed gradients by all-to-all", "[unit][engine]") {
+  struct Traffic {
+    parallel::CommStats reduce_scatter, all_to_all;
+  };
+  const auto traffic = [](bool quantized) {
+    return per_rank<Traffic>(4, [&](LocalComm& comm) {
+      auto logger = std::make_shared<parallel::CommLogger>();
+      comm.set_logger(logger);
+      nn::GPT<double> model(tiny());
+      engine::EngineOptions options = sgd_options(1, 0.0);
+      options.quantized_gradients = quantized;
+      auto eng = sgd_engine<3>(model, comm, options);
+      logger->reset();
+      const GlobalBatch b(micro_rows * 4, 0, tiny().vocab_size);
+      eng.forward(b.micro(0, comm.rank(), 4));
+      eng.backward();
+      eng.step();
+      eng.synchronize();
+      const Traffic t{logger->total(CommOp::reduce_scatter, "world"),
+                      logger->total(CommOp::all_to_all, "world")};
+      comm.set_logger(nullptr);
+      return t;
+    })[0];
+  };
+  const Traffic plain = traffic(false), quantized = traffic(true);
+  REQUIRE(plain.reduce_scatter.count > 0);
+  CHECK(plain.all_to_all.count == 0);
+  CHECK(quantized.reduce_scatter.count == 0);
+  CHECK(quantized.all_to_all.count == plain.reduce_scatter.count);  // one exchange a reduction
+  // Each sends a code a value plus a 4-byte scale per 256 (and at most 3 bytes of padding a
+  // run) where the reduce-scatter sends 8 bytes a value.
+  CHECK(quantized.all_to_all.bytes * 8 >= plain.reduce_scatter.bytes);
+  CHECK(static_cast<double>(quantized.all_to_all.bytes) * 8 <=
+        static_cast<double>(plain.reduce_scatter.bytes) * 1.05);
+}
+
+TEST_CASE("qgZ: stages that reduce no gradient per micro-step are refused, and the config key",
+          "[unit][engine][config]") {
+  const auto message = per_rank<std::string>(2, [](LocalComm& comm) {
+    nn::GPT<double> model(tiny());
+    return thrown_message([&] {
+      engine::EngineOptions options = sgd_options(1, 0.0);
+      options.quantized_gradients = true;
+      auto eng = sgd_engine<1>(model, comm, options);
+    });
+  })[0];
+  CHECK_THAT(message, Catch::Contains("quantized_gradients (ZeRO++ qgZ"));
+  CHECK_THAT(message, Catch::Contains("stage 1 reduces the fp32 accumulator at the window's end: "
+                                      "use stage 2 or 3"));
+  const auto options = [](int stage) {
+    const Config c = Config::from_json_string(
+        R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": )" +
+        std::to_string(stage) + R"(, "zero_quantized_gradients": true}})");
+    return engine::EngineOptions{}.with_config(c, 4);
+  };
+  CHECK(options(3).quantized_gradients);
+  CHECK_FALSE(options(2).quantized_gradients);  // ZeRO++'s keys are stage 3's, as in DeepSpeed
+  engine::EngineOptions set;
+  set.quantized_gradients = true;
+  CHECK(set.with_config(
+               Config::from_json_string(
+                   R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}})"),
+               4)
+            .quantized_gradients);
+  // Ranks that disagree are refused before anything is allocated.
+  const auto disagree = per_rank<std::string>(2, [](LocalComm& comm) {
+    nn::GPT<double> model(tiny());
+    return thrown_message([&] {
+      engine::EngineOptions options = sgd_options(1, 0.0);
+      options.quantized_gradients = comm.rank() == 0;
+      auto eng = sgd_engine<3>(model, comm, options);
+    });
+  });
+  CHECK_THAT(disagree[0], Catch::Contains("quantized_gradients"));
+}
