@@ -12,8 +12,9 @@
 // one copy down a unit and window, and the accumulator in device memory; the delayed
 // update (delayed_param_update) follows its one-step-late recurrence exactly, starts after its
 // warm-up, leaves a checkpoint's save without effect on the run, and is refused where it cannot
-// run; zero::dispatch picks Offload<CPU> from the config's offload_optimizer.device for a device
-// engine, and refuses nvme there.
+// run; under ZeRO++ qgZ it trains as qgZ without offload, bit for bit; zero::dispatch picks
+// Offload<CPU> from the config's offload_optimizer.device for a device engine, and refuses nvme
+// there.
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -302,6 +303,37 @@ TEST_CASE("Offload<CPU> summing a window's gradient shards on the device trains 
   check_cpu_offload<bf16, 2>(/*on_device=*/true);
   check_cpu_offload<float, 3>(/*on_device=*/true);
   check_cpu_offload<bf16, 3>(/*on_device=*/true);
+}
+
+TEST_CASE("Offload<CPU> under ZeRO++ qgZ trains as qgZ without offload, bit for bit",
+          "[unit][engine][offload]") {
+  // The quantized all-to-all's mean lands where the reduce-scatter's would, so the folds into
+  // the pinned shards (each micro-step, or summed on the device once a window) take it as they
+  // take the plain one.
+  const auto check = [&]<int S>(std::integral_constant<int, S>) {
+    using Plain = engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>>;
+    using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<S>, Precision<bf16>, Offload<CPU>,
+                                     Compute<PinnedTestDevice>>;
+    Config plain_config = adamw_config(S, accumulation, 0.5);
+    plain_config.bf16_enabled = true;
+    engine::EngineOptions options = tiny_options();
+    const auto exact =
+        per_rank<Run>(2, [&](LocalComm& comm) { return train<Plain>(comm, plain_config, options); });
+    options.quantized_gradients = true;
+    const auto plain =
+        per_rank<Run>(2, [&](LocalComm& comm) { return train<Plain>(comm, plain_config, options); });
+    CHECK(plain[0].units != exact[0].units);  // the gradients were quantized
+    for (const bool on_device : {false, true}) {
+      INFO("stage " << S << (on_device ? ", summed on the device" : ", pinned folds"));
+      options.accumulate_grads_on_device = on_device;
+      const auto offloaded = per_rank<Run>(2, [&](LocalComm& comm) {
+        return train<Offloaded>(comm, cpu_offload_config(S, true), options);
+      });
+      for (std::size_t r = 0; r < plain.size(); ++r) CHECK(offloaded[r].units == plain[r].units);
+    }
+  };
+  check(std::integral_constant<int, 2>{});
+  check(std::integral_constant<int, 3>{});
 }
 
 namespace {
