@@ -301,38 +301,47 @@ TEMPLATE_TEST_CASE("CudaBackend::quantize_int8 and dequantize_int8 equal HostBac
 }
 
 TEMPLATE_TEST_CASE(
-    "CudaBackend's int8 runs and their sum (ZeRO++ qgZ) equal HostBackend bit for "
+    "CudaBackend's int8 runs and their sums (ZeRO++ qgZ) equal HostBackend bit for "
     "bit",
     "[cuda][engine]", float, bf16, f16) {
   CudaBackend backend;
-  for (const std::int64_t runs : {1, 3, 8}) {
+  // runs, packed column by column from rows of `columns` (qgZ's first hop under hpZ), and summed
+  // in blocks of `outputs` runs (its partial sums; 1: the mean of every run).
+  struct Layout {
+    std::int64_t runs, columns, outputs;
+  };
+  for (const Layout l :
+       {Layout{1, 1, 1}, Layout{3, 1, 1}, Layout{8, 1, 1}, Layout{8, 2, 4}, Layout{6, 3, 2}}) {
     for (const std::size_t n : sizes) {
-      const std::string what = " n=" + std::to_string(n) + " runs=" + std::to_string(runs);
-      const auto whole = n * static_cast<std::size_t>(runs);
+      const std::string what = " n=" + std::to_string(n) + " runs=" + std::to_string(l.runs) +
+                               " columns=" + std::to_string(l.columns) +
+                               " outputs=" + std::to_string(l.outputs);
+      const auto whole = n * static_cast<std::size_t>(l.runs);
       const std::vector<TestType> values = inputs<TestType>(whole, 53, 0.1f);
       const auto packed_bytes =
-          static_cast<std::size_t>(runs) *
+          static_cast<std::size_t>(l.runs) *
           static_cast<std::size_t>(zero::quant::int8_packed_bytes(static_cast<std::int64_t>(n)));
       std::vector<std::uint8_t> want(packed_bytes);
       HostBackend::quantize_int8(std::span<std::uint8_t>(want), std::span<const TestType>(values),
-                                 runs);
+                                 l.runs, l.columns);
       std::vector<TestType> want_back(whole);
       HostBackend::dequantize_int8(std::span<TestType>(want_back),
-                                   std::span<const std::uint8_t>(want), runs);
-      std::vector<TestType> want_mean(n);
-      HostBackend::sum_int8(std::span<TestType>(want_mean), std::span<const std::uint8_t>(want),
-                            1.0f / static_cast<float>(runs));
+                                   std::span<const std::uint8_t>(want), l.runs);
+      const float factor = static_cast<float>(l.outputs) / static_cast<float>(l.runs);
+      std::vector<TestType> want_sums(n * static_cast<std::size_t>(l.outputs));
+      HostBackend::sum_int8(std::span<TestType>(want_sums), std::span<const std::uint8_t>(want),
+                            factor, l.outputs);
 
       const DeviceBuffer<TestType> v = upload(backend, values);
       DeviceBuffer<std::uint8_t> packed = upload(backend, std::vector<std::uint8_t>(packed_bytes));
-      backend.quantize_int8(span_of(packed), const_span_of(v), runs);
+      backend.quantize_int8(span_of(packed), const_span_of(v), l.runs, l.columns);
       check_same_bits(download(backend, packed), want, "quantize_int8" + what);
       DeviceBuffer<TestType> back = upload(backend, std::vector<TestType>(whole));
-      backend.dequantize_int8(span_of(back), const_span_of(packed), runs);
+      backend.dequantize_int8(span_of(back), const_span_of(packed), l.runs);
       check_same_bits(download(backend, back), want_back, "dequantize_int8" + what);
-      DeviceBuffer<TestType> mean = upload(backend, std::vector<TestType>(n));
-      backend.sum_int8(span_of(mean), const_span_of(packed), 1.0f / static_cast<float>(runs));
-      check_same_bits(download(backend, mean), want_mean, "sum_int8" + what);
+      DeviceBuffer<TestType> sums = upload(backend, std::vector<TestType>(want_sums.size()));
+      backend.sum_int8(span_of(sums), const_span_of(packed), factor, l.outputs);
+      check_same_bits(download(backend, sums), want_sums, "sum_int8" + what);
     }
   }
 }

@@ -317,11 +317,11 @@ TEST_CASE("Offload<CPU> under ZeRO++ qgZ trains as qgZ without offload, bit for 
     Config plain_config = adamw_config(S, accumulation, 0.5);
     plain_config.bf16_enabled = true;
     engine::EngineOptions options = tiny_options();
-    const auto exact =
-        per_rank<Run>(2, [&](LocalComm& comm) { return train<Plain>(comm, plain_config, options); });
+    const auto exact = per_rank<Run>(
+        2, [&](LocalComm& comm) { return train<Plain>(comm, plain_config, options); });
     options.quantized_gradients = true;
-    const auto plain =
-        per_rank<Run>(2, [&](LocalComm& comm) { return train<Plain>(comm, plain_config, options); });
+    const auto plain = per_rank<Run>(
+        2, [&](LocalComm& comm) { return train<Plain>(comm, plain_config, options); });
     CHECK(plain[0].units != exact[0].units);  // the gradients were quantized
     for (const bool on_device : {false, true}) {
       INFO("stage " << S << (on_device ? ", summed on the device" : ", pinned folds"));

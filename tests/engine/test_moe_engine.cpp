@@ -17,6 +17,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -157,22 +158,24 @@ TEST_CASE("MoE GPT under hybrid sharding: ep 2 x dp 2 in shard groups equals the
   }
 }
 
-TEST_CASE("MoE GPT under hpZ: stage 3 with secondary groups of 2 equals the reference",
-          "[unit][moe]") {
-  // ep 2 x dp 2: the dense units' backward gathers inside 2 groups of 2 of the 4 ranks, the
-  // experts' (over the expert data-parallel group of 2, a secondary group already) as before;
-  // ep 1 x dp 4: every unit's inside groups of 2.
+TEST_CASE("MoE GPT under hpZ: stage 3 with secondary groups equals the reference", "[unit][moe]") {
+  // ep 2 x dp 2, groups of 2: the dense units' backward gathers inside 2 groups of 2 of the 4
+  // ranks, the experts' (over the expert data-parallel group of 2, a secondary group already) as
+  // before; ep 1 x dp 4: every unit's inside groups of 2; ep 4 x dp 2 (8 ranks), groups of 4: the
+  // dense units' inside 2 groups of 4, the experts' over their group of 2, smaller than a
+  // secondary group, as without hpZ.
   const int accumulation = 2, steps = 3;
   std::int64_t dropped = 0;
-  const auto want = moe_reference(4, accumulation, steps, &dropped);
-  for (const auto& [ep, dp] : {std::pair{2, 2}, std::pair{1, 4}}) {
+  for (const auto& [ep, dp, hpz] :
+       {std::tuple{2, 2, 2}, std::tuple{1, 4, 2}, std::tuple{4, 2, 4}}) {
+    const auto want = moe_reference(ep * dp, accumulation, steps, &dropped);
     Layout l{ep, dp, 3};
-    l.hpz_size = 2;
+    l.hpz_size = hpz;
     const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(
-        4, [&](LocalComm& world) { return f64_rank<3>(world, l, accumulation, steps); });
+        ep * dp, [&](LocalComm& world) { return f64_rank<3>(world, l, accumulation, steps); });
     double copies_differ = 0;
     const auto got = test::assemble(ranks, &copies_differ);
-    INFO("ep " << ep << ", dp " << dp);
+    INFO("ep " << ep << ", dp " << dp << ", hpz " << hpz);
     CHECK(test::max_difference(got, want) <= 1e-10);
     CHECK(copies_differ == 0.0);
   }
@@ -184,6 +187,7 @@ TEST_CASE(
     "[unit][moe]") {
   // ep 2 x dp 2: the dense units' gradients exchanged over all 4 ranks, the experts' over their
   // expert data-parallel group of 2 and then scaled by 1/ep; ep 1 x dp 4: every unit's over 4.
+  // Under hpZ's secondary groups of 2 the exchanges over 4 ranks take two hops.
   const int accumulation = 2, steps = 3;
   std::int64_t dropped = 0;
   const auto want = moe_reference(4, accumulation, steps, &dropped);
@@ -198,9 +202,10 @@ TEST_CASE(
     });
   };
   for (const auto& [ep, dp] : {std::pair{2, 2}, std::pair{1, 4}}) {
-    for (const int stage : {2, 3}) {
+    for (const auto& [stage, hpz] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{3, 2}}) {
       Layout l{ep, dp, stage};
       l.quantized_gradients = true;
+      l.hpz_size = hpz;  // 2: the dense units' exchange in two hops (the experts' group is 2)
       double norm = 0;
       double copies_differ = 0;
       const double worst =
@@ -214,8 +219,8 @@ TEST_CASE(
       run(l, 1, &exact);
       l.drop_expert_reduction = true;
       run(l, 1, &control);
-      INFO("ep " << ep << ", dp " << dp << ", stage " << stage << ": worst " << worst
-                 << "; first norms " << quantized << " quantized, " << exact << " exact, "
+      INFO("ep " << ep << ", dp " << dp << ", stage " << stage << ", hpz " << hpz << ": worst "
+                 << worst << "; first norms " << quantized << " quantized, " << exact << " exact, "
                  << control << " without the expert reduction");
       // AdamW (lr 0.01) moves a weight by about lr a step whatever the gradient's size, so a
       // gradient near zero that the rounding flips moves it the other way: up to 2 lr a step.

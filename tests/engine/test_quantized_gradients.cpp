@@ -161,6 +161,58 @@ TEST_CASE(
                              "bytes each)"));
 }
 
+TEST_CASE("int8 blocks: runs packed column by column, and sums of runs block by block",
+          "[unit][engine]") {
+  // 6 runs of 100 values as 3 rows of 2: packed column by column, run j is source run
+  // (j % 3) * 2 + j / 3.
+  const std::int64_t runs = 6, columns = 2, n = 100;
+  const std::vector<float> in = random_values(static_cast<std::size_t>(runs * n), 1.0f, 5);
+  const auto packed = static_cast<std::size_t>(quant::int8_packed_bytes(n));
+  std::vector<std::uint8_t> by_column(packed * runs), in_order(packed * runs);
+  ops::cpu::quantize_int8_blocks(std::span<const float>(in), std::span<std::uint8_t>(by_column),
+                                 runs, columns);
+  ops::cpu::quantize_int8_blocks(std::span<const float>(in), std::span<std::uint8_t>(in_order),
+                                 runs);
+  for (std::int64_t j = 0; j < runs; ++j) {
+    const std::int64_t source = (j % 3) * 2 + j / 3;
+    CHECK(quant::int8_source_run(j, runs, columns) == source);
+    INFO("packed run " << j << " from run " << source);
+    CHECK(std::equal(in_order.begin() + static_cast<std::ptrdiff_t>(source * packed),
+                     in_order.begin() + static_cast<std::ptrdiff_t>((source + 1) * packed),
+                     by_column.begin() + static_cast<std::ptrdiff_t>(j * packed)));
+  }
+  // Summed in blocks of 3 runs (2 blocks): output o sums run o of each block, as one sum of
+  // those two runs alone does.
+  std::vector<float> sums(static_cast<std::size_t>(3 * n));
+  ops::cpu::sum_int8_blocks(std::span<const std::uint8_t>(in_order), std::span<float>(sums), 0.5f,
+                            3);
+  for (std::int64_t o = 0; o < 3; ++o) {
+    std::vector<std::uint8_t> pair(2 * packed);
+    std::copy_n(in_order.begin() + static_cast<std::ptrdiff_t>(o * packed), packed, pair.begin());
+    std::copy_n(in_order.begin() + static_cast<std::ptrdiff_t>((3 + o) * packed), packed,
+                pair.begin() + static_cast<std::ptrdiff_t>(packed));
+    std::vector<float> want(static_cast<std::size_t>(n));
+    ops::cpu::sum_int8_blocks(std::span<const std::uint8_t>(pair), std::span<float>(want), 0.5f);
+    INFO("output " << o);
+    CHECK(std::equal(want.begin(), want.end(), sums.begin() + static_cast<std::ptrdiff_t>(o * n)));
+  }
+  CHECK_THAT(thrown_message([&] {
+               ops::cpu::quantize_int8_blocks(std::span<const float>(in),
+                                              std::span<std::uint8_t>(by_column), runs, 4);
+             }),
+             Catch::Contains("quantize_int8_blocks: 6 runs are not rows of 4"));
+  CHECK_THAT(thrown_message([&] {
+               ops::cpu::sum_int8_blocks(std::span<const std::uint8_t>(in_order),
+                                         std::span<float>(sums), 1.0f, 7);
+             }),
+             Catch::Contains("sum_int8_blocks: 300 values do not split into 7 equal runs"));
+  CHECK_THAT(thrown_message([&] {
+               ops::cpu::sum_int8_blocks(std::span<const std::uint8_t>(in_order.data(), 4 * packed),
+                                         std::span<float>(sums), 1.0f, 3);
+             }),
+             Catch::Contains("bytes each) in blocks of 3 runs"));
+}
+
 TEST_CASE(
     "qgZ: stages 2 and 3 with quantized gradient exchanges train near the reference, "
     "repeatably",
@@ -199,6 +251,55 @@ TEST_CASE("qgZ with hybrid sharding and with qwZ: near the reference", "[unit][e
   const double worst = worst_error<3>(4, 2, 0.05, both);
   CHECK(worst > 1e-6);
   CHECK(worst < 2e-2);
+}
+
+TEST_CASE("qgZ with hpZ: two hops, inside the secondary groups and then across them",
+          "[unit][engine]") {
+  // 4 ranks in secondary groups of 2: each gradient's runs go first inside the pair (each rank
+  // sums the runs of the 2 shards at its place of both pairs), then the 2 partial means across
+  // the pairs. Twice rounded, so not one hop's bits, but as near the reference.
+  engine::EngineOptions two_hops = qgz_options(2, 0.05);
+  two_hops.hpz_size = 2;
+  const double worst = worst_error<3>(4, 2, 0.05, two_hops);
+  CHECK(worst > 1e-6);
+  CHECK(worst < 1e-2);
+  CHECK(trained<3>(4, two_hops) != trained<3>(4, qgz_options(2, 0.05)));
+  // With hpZ's secondary groups the whole group (hpz_size 4 of 4 ranks) the exchange is one hop.
+  engine::EngineOptions whole = qgz_options(2, 0.05);
+  whole.hpz_size = 4;
+  CHECK(trained<3>(4, whole) == trained<3>(4, qgz_options(2, 0.05)));
+
+  // What crosses between the pairs: the second hop's all-to-all, a third of the one-hop
+  // exchange's bus bytes (half the bytes, over 2 ranks instead of 4: (2-1)/2 against (4-1)/4).
+  const auto traffic = [&](int hpz) {
+    return per_rank<std::vector<parallel::CommStats>>(4, [&](LocalComm& comm) {
+      auto logger = std::make_shared<parallel::CommLogger>();
+      comm.set_logger(logger);
+      nn::GPT<double> model(tiny());
+      engine::EngineOptions options = qgz_options(1, 0.0);
+      options.hpz_size = hpz;
+      auto eng = sgd_engine<3>(model, comm, options);
+      logger->reset();
+      const GlobalBatch b(micro_rows * 4, 0, tiny().vocab_size);
+      eng.forward(b.micro(0, comm.rank(), 4));
+      eng.backward();
+      eng.step();
+      eng.synchronize();
+      std::vector<parallel::CommStats> t{logger->total(CommOp::all_to_all, "world"),
+                                         logger->total(CommOp::all_to_all, "dp-secondary"),
+                                         logger->total(CommOp::all_to_all, "dp-across")};
+      comm.set_logger(nullptr);
+      return t;
+    })[0];
+  };
+  const auto one_hop = traffic(0), hops = traffic(2);
+  REQUIRE(one_hop[0].count > 0);
+  CHECK(hops[0].count == 0);
+  CHECK(hops[1].count == one_hop[0].count);
+  CHECK(hops[2].count == one_hop[0].count);
+  CHECK(hops[1].bytes == one_hop[0].bytes);  // the whole gradient, packed, inside the pair
+  CHECK(hops[2].bytes * 2 == one_hop[0].bytes);
+  CHECK(hops[2].bus_bytes * 3 == Approx(one_hop[0].bus_bytes));
 }
 
 TEST_CASE("qgZ: the reductions move the packed gradients by all-to-all", "[unit][engine]") {

@@ -33,6 +33,14 @@ constexpr std::int64_t int8_packed_bytes(std::int64_t n) {
   return int8_scales_offset(n) + 4 * int8_blocks(n);
 }
 
+/// The source run that packed run j takes when `runs` runs, rows of `columns`, are packed
+/// column by column (columns 1: run j).
+ZERO_HOST_DEVICE constexpr std::int64_t int8_source_run(std::int64_t j, std::int64_t runs,
+                                                        std::int64_t columns) {
+  const std::int64_t rows = runs / columns;
+  return (j % rows) * columns + j / rows;
+}
+
 /// A block's scale from its largest magnitude.
 ZERO_HOST_DEVICE float int8_scale(float absmax) {
   return absmax / 127.0f;

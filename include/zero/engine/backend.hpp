@@ -219,11 +219,12 @@ struct HostBackend {
   }
   /// out = in cut into `runs` equal runs, each packed as block-wise int8 codes and scales, one
   /// after another (ZeRO++'s quantized weights, one run; its quantized gradients, a run for each
-  /// rank; core/int8_blocks.hpp).
+  /// rank; core/int8_blocks.hpp). columns > 1 takes rows of `columns` runs column by column
+  /// (quant::int8_source_run).
   template <class E>
   static void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in,
-                            std::int64_t runs = 1) {
-    ops::cpu::quantize_int8_blocks(in, out, runs);
+                            std::int64_t runs = 1, std::int64_t columns = 1) {
+    ops::cpu::quantize_int8_blocks(in, out, runs, columns);
   }
   /// out = the values the `runs` packed runs in stand for, one run's after another.
   template <class E>
@@ -231,11 +232,13 @@ struct HostBackend {
                               std::int64_t runs = 1) {
     ops::cpu::dequantize_int8_blocks(in, out, runs);
   }
-  /// out = factor * the sum of the packed runs in, each of out.size() values, added in f32 (the
-  /// reduction of ZeRO++'s quantized gradients).
+  /// out = factor * the sums of the packed runs in, added in f32 (the reduction of ZeRO++'s
+  /// quantized gradients): out holds `outputs` runs; in whole blocks of `outputs` packed runs,
+  /// whose run o out's run o sums.
   template <class E>
-  static void sum_int8(std::span<E> out, std::span<const std::uint8_t> in, float factor) {
-    ops::cpu::sum_int8_blocks(in, out, factor);
+  static void sum_int8(std::span<E> out, std::span<const std::uint8_t> in, float factor,
+                       std::int64_t outputs = 1) {
+    ops::cpu::sum_int8_blocks(in, out, factor, outputs);
   }
 
  private:

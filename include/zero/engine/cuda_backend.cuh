@@ -406,15 +406,19 @@ class CudaBackend {
   }
   /// out = in cut into `runs` equal runs, each packed as block-wise int8 codes and scales, one
   /// after another (ZeRO++'s quantized weights and gradients; core/int8_blocks.hpp), on the
-  /// compute stream: HostBackend's bits.
+  /// compute stream: HostBackend's bits. columns > 1 takes rows of `columns` runs column by
+  /// column (quant::int8_source_run).
   template <class E>
-  void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in, std::int64_t runs = 1) {
+  void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in, std::int64_t runs = 1,
+                     std::int64_t columns = 1) {
     const std::int64_t n = int8_run_values("quantize_int8", static_cast<std::int64_t>(in.size()),
                                            runs, static_cast<std::int64_t>(out.size()));
+    expect<ShapeError>(columns > 0 && runs % columns == 0, "CudaBackend::quantize_int8: ", runs,
+                       " runs are not rows of ", columns);
     if (n == 0) return;
     expect_device_memory(out.data(), "quantize_int8", "out");
     expect_device_memory(in.data(), "quantize_int8", "in");
-    ops::cuda::quantize_int8_blocks<E>(in.data(), out.data(), n, runs, compute_->native());
+    ops::cuda::quantize_int8_blocks<E>(in.data(), out.data(), n, runs, columns, compute_->native());
   }
   /// out = the values the `runs` packed runs in stand for, one run's after another, on the
   /// compute stream.
@@ -427,20 +431,21 @@ class CudaBackend {
     expect_device_memory(in.data(), "dequantize_int8", "in");
     ops::cuda::dequantize_int8_blocks<E>(in.data(), out.data(), n, runs, compute_->native());
   }
-  /// out = factor * the sum of the packed runs in, each of out.size() values, added in f32 (the
-  /// reduction of ZeRO++'s quantized gradients), on the compute stream: HostBackend's bits.
+  /// out = factor * the sums of the packed runs in, added in f32 (the reduction of ZeRO++'s
+  /// quantized gradients), on the compute stream: HostBackend's bits. out holds `outputs` runs;
+  /// in whole blocks of `outputs` packed runs, whose run o out's run o sums.
   template <class E>
-  void sum_int8(std::span<E> out, std::span<const std::uint8_t> in, float factor) {
-    const auto n = static_cast<std::int64_t>(out.size());
-    const std::int64_t packed = quant::int8_packed_bytes(n);
-    const auto bytes = static_cast<std::int64_t>(in.size());
-    expect<ShapeError>(packed > 0 ? bytes > 0 && bytes % packed == 0 : bytes == 0,
-                       "CudaBackend::sum_int8: ", bytes, " bytes are not whole runs of ", n,
-                       " values (", packed, " bytes each)");
+  void sum_int8(std::span<E> out, std::span<const std::uint8_t> in, float factor,
+                std::int64_t outputs = 1) {
+    const std::int64_t n = ops::cpu::detail::int8_sum_values(
+        "CudaBackend::sum_int8", static_cast<std::int64_t>(out.size()), outputs,
+        static_cast<std::int64_t>(in.size()));
     if (n == 0) return;
     expect_device_memory(out.data(), "sum_int8", "out");
     expect_device_memory(in.data(), "sum_int8", "in");
-    ops::cuda::sum_int8_blocks<E>(in.data(), out.data(), n, bytes / packed, factor,
+    const std::int64_t blocks =
+        static_cast<std::int64_t>(in.size()) / (outputs * quant::int8_packed_bytes(n));
+    ops::cuda::sum_int8_blocks<E>(in.data(), out.data(), n, outputs, blocks, factor,
                                   compute_->native());
   }
 

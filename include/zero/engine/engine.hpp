@@ -831,7 +831,8 @@ class Engine {
       expect<ConfigError>(options_.shard_size == 0,
                           "Engine: hpz_size (ZeRO++ hpZ) and shard_size (hybrid sharding, "
                           "mics_shard_size) both keep gathers inside groups of ranks; set one");
-      groups_.secondary_within(options_.hpz_size);
+      // qgZ's exchange takes two hops then: inside each secondary group, then across them.
+      groups_.secondary_within(options_.hpz_size, options_.quantized_gradients);
     }
     expect<ConfigError>(!options_.quantized_weights || stage == 3,
                         "Engine: quantized_weights (ZeRO++ qwZ, zero_optimization."
@@ -872,6 +873,7 @@ class Engine {
       s.group = &groups_.shard_group(expert);
       s.replicas = groups_.replica_group(expert);
       s.secondary_group = groups_.secondary_group(expert);
+      s.across_secondary = groups_.across_secondary_group(expert);
       // Averaged over its group (and its replicas), a gradient is divided by the whole
       // data-parallel size.
       const int averaged = s.group->size() * (s.replicas ? s.replicas->size() : 1);

@@ -23,7 +23,9 @@
 //   secondary  with ZeRO++'s hierarchical partitioning (secondary_within: EngineOptions::
 //          hpz_size), dp (and expert_dp) split into groups of hpz_size consecutive ranks (one
 //          node's), which stage 3's backward gathers a unit from, out of the secondary shards
-//          the forward's gather over the whole group left on each rank;
+//          the forward's gather over the whole group left on each rank, and the groups across
+//          them (the ranks at the same place of every secondary group), over which ZeRO++'s
+//          quantized gradients take their second hop;
 //   state  every rank that holds a distinct part of the state (tp x dp x pp, and x cp under
 //          context parallelism; ep x dp, x cp and x pp when there are): checkpoints are saved
 //          and loaded over it, so a save at one (tp, cp, dp, pp, ep, stage) loads at any other.
@@ -55,6 +57,8 @@ struct EngineGroups {
   std::optional<parallel::AnyComm> expert_shard, expert_replicas;
   /// ZeRO++ hpZ: dp's and expert_dp's secondary groups (secondary_within; empty without it).
   std::optional<parallel::AnyComm> dp_secondary, expert_secondary;
+  /// The groups across them: the ranks at the same place of every secondary group.
+  std::optional<parallel::AnyComm> dp_across_secondary, expert_across_secondary;
   /// The grid's expert-parallel size (the engine checks the model's experts against it).
   int ep = 1;
   /// The grid's context (Ulysses sequence) parallel size (the engine checks the model's
@@ -124,10 +128,10 @@ struct EngineGroups {
   /// A group of shard_size ranks stays whole. ConfigError unless shard_size divides each group.
   void shard_within(int shard_size) {
     const char* option = "shard_size (zero_optimization.mics_shard_size)";
-    split_consecutive(dp, "dp", shard_size, option, "shard", dp_shard, &dp_replicas);
+    split_consecutive(dp, "dp", shard_size, option, "shard", dp_shard, &dp_replicas, "replicas");
     if (expert_dp) {
       split_consecutive(*expert_dp, "expert-dp", shard_size, option, "shard", expert_shard,
-                        &expert_replicas);
+                        &expert_replicas, "replicas");
     }
   }
 
@@ -136,16 +140,24 @@ struct EngineGroups {
     auto& g = expert && expert_dp ? expert_secondary : dp_secondary;
     return g ? &*g : nullptr;
   }
+  /// The group across the secondary groups, the second hop of qgZ's exchange (null without hpZ).
+  parallel::AnyComm* across_secondary_group(bool expert) {
+    auto& g = expert && expert_dp ? expert_across_secondary : dp_across_secondary;
+    return g ? &*g : nullptr;
+  }
 
-  /// ZeRO++ hpZ: splits dp (and expert_dp) into secondary groups of size consecutive ranks
-  /// (collective over dp; every rank passes the same size). A group of size ranks needs no
-  /// secondary group. ConfigError unless size divides each group.
-  void secondary_within(int size) {
+  /// ZeRO++ hpZ: splits dp (and expert_dp) into secondary groups of size consecutive ranks and,
+  /// with across (qgZ's second hop), the groups across them (collective over dp; every rank
+  /// passes the same arguments). A group of size ranks needs no secondary group, and neither
+  /// does an expert_dp of fewer (its units gather over it as without hpZ). ConfigError unless
+  /// size divides dp, and expert_dp when it is larger.
+  void secondary_within(int size, bool across = false) {
     const char* option = "hpz_size (zero_optimization.zero_hpz_partition_size)";
-    split_consecutive(dp, "dp", size, option, "secondary", dp_secondary, nullptr);
-    if (expert_dp) {
+    split_consecutive(dp, "dp", size, option, "secondary", dp_secondary,
+                      across ? &dp_across_secondary : nullptr, "across");
+    if (expert_dp && expert_dp->size() > size) {
       split_consecutive(*expert_dp, "expert-dp", size, option, "secondary", expert_secondary,
-                        nullptr);
+                        across ? &expert_across_secondary : nullptr, "across");
     }
   }
 
@@ -171,17 +183,20 @@ struct EngineGroups {
     check(expert_replicas, "expert replica");
     check(dp_secondary, "secondary (hpZ)");
     check(expert_secondary, "expert secondary (hpZ)");
+    check(dp_across_secondary, "across the secondary (hpZ)");
+    check(expert_across_secondary, "expert across the secondary (hpZ)");
   }
 
  private:
   // Splits whole (role: "dp" or "expert-dp") into groups of size consecutive ranks, named
   // <role>-<suffix>, and, when across is given, into the groups across them (the ranks at the
-  // same place of every group, <role>-replicas); a group of size ranks stays whole. ConfigError
-  // naming option unless size divides whole.
+  // same place of every group, <role>-<across_suffix>); a group of size ranks stays whole.
+  // ConfigError naming option unless size divides whole.
   static void split_consecutive(parallel::AnyComm& whole, const char* role, int size,
                                 const char* option, const char* suffix,
                                 std::optional<parallel::AnyComm>& groups,
-                                std::optional<parallel::AnyComm>* across) {
+                                std::optional<parallel::AnyComm>* across,
+                                const char* across_suffix) {
     expect<ConfigError>(size > 0 && whole.size() % size == 0, "EngineGroups: ", option, " ", size,
                         " must divide the ", whole.size(), " ranks of the ", role,
                         " group ZeRO shards over");
@@ -189,7 +204,7 @@ struct EngineGroups {
     const int r = whole.rank();
     groups.emplace(whole.split(r / size, r % size, std::string(role) + "-" + suffix));
     if (across != nullptr) {
-      across->emplace(whole.split(r % size, r / size, std::string(role) + "-replicas"));
+      across->emplace(whole.split(r % size, r / size, std::string(role) + "-" + across_suffix));
     }
   }
 

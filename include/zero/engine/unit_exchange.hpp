@@ -26,7 +26,9 @@
 //               started when its reduce-scatter is waited for, with as many in flight. Under
 //               ZeRO++ qgZ (quantized_gradients, stages 2-3) the reduce-scatter is an all-to-all
 //               of the gradient packed as block-wise int8, a run for each rank's shard, whose
-//               runs for this rank are summed in f32 (their mean) when it is waited for.
+//               runs for this rank are summed in f32 (their mean) when it is waited for; with
+//               hpZ's groups it takes two hops, inside the secondary group and then across
+//               them (queued with the replicas' averages), as DeepSpeed's hierarchical qgZ.
 //               Under Offload<CPU> the reduced shard reaches its pinned
 //               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
 //               every fold, through a device staging buffer, or once a window from the unit's
@@ -346,7 +348,9 @@ class UnitExchange {
     for (const auto& p : pending_) {
       r.scratch_bytes += p.scratch.bytes() + p.packed_send.bytes() + p.packed_recv.bytes();
     }
-    for (const auto& p : replicating_) r.scratch_bytes += p.scratch.bytes();
+    for (const auto& p : replicating_) {
+      r.scratch_bytes += p.scratch.bytes() + p.packed_send.bytes() + p.packed_recv.bytes();
+    }
     r.scratch_bytes += fold_staging_.bytes();
     r.scratch_bytes += shard_sums_.bytes();
   }
@@ -438,9 +442,12 @@ class UnitExchange {
   }
 
   // qgZ: packs unit u's compute gradient as block-wise int8 on the compute stream, a run for each
-  // rank's shard (the parts a reduce-scatter would send it), and exchanges the runs over the
-  // unit's group by an all-to-all into p's packed_recv: after it, rank r holds every rank's run
-  // for its shard r. The packed buffers come from qwZ's pool (given back in finish_oldest).
+  // rank's shard (the parts a reduce-scatter would send it), and exchanges the runs by an
+  // all-to-all into p's packed_recv. In one hop (over the unit's group) rank r then holds every
+  // rank's run for its shard r. Under hpZ (the unit's across_secondary group) the first hop is
+  // inside the secondary group of H ranks: rank h of it receives, from each, the runs of the G
+  // shards at place h of every secondary group (the runs packed column by column), to be summed
+  // and sent across (start_second_hop). The packed buffers come from qwZ's pool.
   void start_quantized_reduction(int u, Pending& p) {
     Unit& s = unit(u);
     const int ranks = s.group->size();
@@ -448,18 +455,44 @@ class UnitExchange {
         quant::int8_packed_bytes(static_cast<std::int64_t>(s.grad_shard.size())));
     p.packed_send = take_from(packed_pool_, packed * static_cast<std::size_t>(ranks));
     p.packed_recv = take_from(packed_pool_, packed * static_cast<std::size_t>(ranks));
-    backend_.quantize_int8(span(p.packed_send), std::span<const T>(span(*s.grads)), ranks);
+    parallel::AnyComm& first = s.across_secondary != nullptr ? *s.secondary_group : *s.group;
+    backend_.quantize_int8(span(p.packed_send), std::span<const T>(span(*s.grads)), ranks,
+                           s.across_secondary != nullptr ? first.size() : 1);
     backend_.comm_waits_for_compute();
-    p.work = s.group->all_to_all_async(std::span<const std::uint8_t>(span(p.packed_send)),
-                                       span(p.packed_recv));
+    p.work = first.all_to_all_async(std::span<const std::uint8_t>(span(p.packed_send)),
+                                    span(p.packed_recv));
   }
-  // qgZ, once p's all-to-all is done: the mean of every rank's run for this rank's shard into p's
-  // scratch (f32 sums, rounded once), on the compute stream, where the plain reduce-scatter
-  // would have left the averaged shard; the packed buffers go back to their pool.
-  void finish_quantized_reduction(Pending& p) {
-    const int ranks = unit(p.unit).group->size();
+  // qgZ under hpZ, once the first hop is done: the G shards' sums over the secondary group (their
+  // mean, in f32, rounded once to the compute type) are packed again, a run for each, and
+  // all-to-all'd across the secondary groups, so rank g*H + h receives every group's run for its
+  // own shard (finish_quantized_reduction sums them). Only these bytes, 1/H of one hop's, cross
+  // between the groups (nodes).
+  void start_second_hop(Pending& p) {
+    Unit& s = unit(p.unit);
+    const int across = s.across_secondary->size();
+    const std::size_t n = s.grad_shard.size();
+    DeviceBuffer<T> partial = take_scratch(n * static_cast<std::size_t>(across));
+    backend_.sum_int8(span(partial), std::span<const std::uint8_t>(span(p.packed_recv)),
+                      1.0f / static_cast<float>(s.secondary_group->size()), across);
+    const auto packed =
+        static_cast<std::size_t>(quant::int8_packed_bytes(static_cast<std::int64_t>(n)) * across);
+    packed_pool_.push_back(std::move(p.packed_send));
+    packed_pool_.push_back(std::move(p.packed_recv));
+    p.packed_send = take_from(packed_pool_, packed);
+    p.packed_recv = take_from(packed_pool_, packed);
+    backend_.quantize_int8(span(p.packed_send), std::span<const T>(span(partial)), across);
+    scratch_pool_.push_back(std::move(partial));  // the next user comes after, on compute
+    backend_.comm_waits_for_compute();
+    p.work = s.across_secondary->all_to_all_async(
+        std::span<const std::uint8_t>(span(p.packed_send)), span(p.packed_recv));
+  }
+  // qgZ, once p's last all-to-all (over `over`) is done: the mean of every run it received for
+  // this rank's shard into p's scratch (f32 sums, rounded once), on the compute stream, where the
+  // plain reduce-scatter would have left the averaged shard; the packed buffers go back to their
+  // pool.
+  void finish_quantized_reduction(Pending& p, const parallel::AnyComm& over) {
     backend_.sum_int8(span(p.scratch), std::span<const std::uint8_t>(span(p.packed_recv)),
-                      1.0f / static_cast<float>(ranks));
+                      1.0f / static_cast<float>(over.size()));
     packed_pool_.push_back(std::move(p.packed_send));
     packed_pool_.push_back(std::move(p.packed_recv));
   }
@@ -530,8 +563,14 @@ class UnitExchange {
          : traits::all_reduces_grads ? "all-reduce"
                                      : "reduce-scatter",
          p.unit);
-    if (quantized) finish_quantized_reduction(p);
     if constexpr (traits::shards_grads) release_reduced_gradient(p.unit);
+    if (quantized && unit(p.unit).across_secondary != nullptr) {
+      // qgZ's second hop, queued with the replicas' averages (hpZ excludes hybrid sharding).
+      start_second_hop(p);
+      queue_second_stage(std::move(p));
+      return;
+    }
+    if (quantized) finish_quantized_reduction(p, *unit(p.unit).group);
     if (parallel::AnyComm* replicas = unit(p.unit).replicas) {
       if constexpr (traits::shards_grads) {
         const std::span<T> reduced = span(p.scratch);
@@ -545,13 +584,18 @@ class UnitExchange {
         p.work = replicas->all_reduce_async(std::span<const MasterT>(reduced), reduced,
                                             parallel::ReduceOp::avg);
       }
-      replicating_.push_back(std::move(p));
-      while (static_cast<int>(replicating_.size()) > options_.max_pending_reductions) {
-        finish_replicated();
-      }
+      queue_second_stage(std::move(p));
       return;
     }
     complete(std::move(p));
+  }
+  // Queues p's second collective (an average over replicas, or qgZ's second hop), waiting for the
+  // oldest ones beyond max_pending_reductions.
+  void queue_second_stage(Pending p) {
+    replicating_.push_back(std::move(p));
+    while (static_cast<int>(replicating_.size()) > options_.max_pending_reductions) {
+      finish_replicated();
+    }
   }
   // Stages 2-3: unit u's whole gradient is reduce-scattered, so it is released (at stage 3 with
   // its parameters, once its last user is done) before any average over replicas, which holds
@@ -564,11 +608,17 @@ class UnitExchange {
     }
     if (s.params) bind(u);
   }
-  // Waits for the oldest average over replicas and completes its reduction.
+  // Waits for the oldest second-stage collective (an average over replicas, or qgZ's second hop,
+  // whose runs it then sums) and completes its reduction.
   void finish_replicated() {
     Pending p = std::move(replicating_.front());
     replicating_.pop_front();
-    wait(p.work, "all-reduce over the replicas", p.unit);
+    const bool quantized = p.packed_recv.size() > 0;
+    wait(p.work,
+         quantized ? "all-to-all of the quantized gradients across the secondary groups"
+                   : "all-reduce over the replicas",
+         p.unit);
+    if (quantized) finish_quantized_reduction(p, *unit(p.unit).across_secondary);
     complete(std::move(p));
   }
   // A reduction whose collectives are done: its shard is scaled and folded where it belongs.
@@ -705,7 +755,7 @@ class UnitExchange {
   bool copies_unordered_ = false;       // a DMA copy was issued after compute last waited for comm
   std::vector<DeviceBuffer<MasterT>> copied_out_;  // stage 1: scratch a DMA copy may still read
   std::deque<Pending> pending_;      // after the pool: its work may still write into its scratch
-  std::deque<Pending> replicating_;  // hybrid sharding: shards being averaged over replicas
+  std::deque<Pending> replicating_;  // shards being averaged over replicas, or qgZ's second hops
   std::int64_t peak_gathered_elems_ = 0;
   std::vector<int> last_user_;  // last_user(v), filled on first use
 };

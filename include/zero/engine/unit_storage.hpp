@@ -238,6 +238,10 @@ struct UnitState {
   /// node's) that a backward gathers it from, out of their secondary shards
   /// (EngineGroups::secondary_group); null without it.
   parallel::AnyComm* secondary_group = nullptr;
+  /// hpZ under qgZ: the ranks at this rank's place of every secondary group, over which the
+  /// quantized gradient exchange takes its second hop (EngineGroups::across_secondary_group);
+  /// null without it.
+  parallel::AnyComm* across_secondary = nullptr;
   /// What the gradient averaged over `group` (and `replicas`) is multiplied by: |group| / |dp|
   /// (1/ep for an expert unit, else 1).
   double grad_scale = 1.0;

@@ -31,6 +31,21 @@ inline std::int64_t int8_run_values(const char* op, std::int64_t values, std::in
   return n;
 }
 
+// Checks that `values` values in `outputs` runs are summed from whole blocks of `outputs` packed
+// runs, `bytes` bytes (at least one block); returns a run's values.
+inline std::int64_t int8_sum_values(const char* op, std::int64_t values, std::int64_t outputs,
+                                    std::int64_t bytes) {
+  expect<ShapeError>(outputs > 0 && values % outputs == 0, op, ": ", values,
+                     " values do not split into ", outputs, " equal runs");
+  const std::int64_t n = values / outputs;
+  const std::int64_t block = outputs * quant::int8_packed_bytes(n);
+  expect<ShapeError>(
+      block > 0 ? bytes > 0 && bytes % block == 0 : bytes == 0, op, ": ", bytes,
+      " bytes are not whole runs of ", n, " values (", quant::int8_packed_bytes(n), " bytes each)",
+      outputs == 1 ? std::string() : " in blocks of " + std::to_string(outputs) + " runs");
+  return n;
+}
+
 // A packed run's scale of block b.
 inline float int8_scale_of(const std::uint8_t* run, std::int64_t n, std::int64_t b) {
   float scale;
@@ -41,16 +56,21 @@ inline float int8_scale_of(const std::uint8_t* run, std::int64_t n, std::int64_t
 }  // namespace detail
 
 /// out = in cut into `runs` equal runs, each packed as int8 codes and one fp32 scale a block, one
-/// packed run after another (out: runs * int8_packed_bytes(in.size() / runs) bytes).
+/// packed run after another (out: runs * int8_packed_bytes(in.size() / runs) bytes). With
+/// columns > 1, in's runs are rows of `columns` runs and out takes them column by column: packed
+/// run j is in's run quant::int8_source_run(j, runs, columns) (qgZ's first hop sends each rank
+/// of a node the runs of the shards at its place in every node).
 template <class T>
-void quantize_int8_blocks(std::span<const T> in, std::span<std::uint8_t> out,
-                          std::int64_t runs = 1) {
+void quantize_int8_blocks(std::span<const T> in, std::span<std::uint8_t> out, std::int64_t runs = 1,
+                          std::int64_t columns = 1) {
   const std::int64_t n =
       detail::int8_run_values("quantize_int8_blocks", static_cast<std::int64_t>(in.size()), runs,
                               static_cast<std::int64_t>(out.size()));
-  for (std::int64_t r = 0; r < runs; ++r) {
-    const T* x = in.data() + r * n;
-    std::uint8_t* run = out.data() + r * quant::int8_packed_bytes(n);
+  expect<ShapeError>(columns > 0 && runs % columns == 0, "quantize_int8_blocks: ", runs,
+                     " runs are not rows of ", columns);
+  for (std::int64_t j = 0; j < runs; ++j) {
+    const T* x = in.data() + quant::int8_source_run(j, runs, columns) * n;
+    std::uint8_t* run = out.data() + j * quant::int8_packed_bytes(n);
     for (std::int64_t b = 0; b < quant::int8_blocks(n); ++b) {
       const std::int64_t first = b * quant::int8_block;
       const std::int64_t last = std::min(n, first + quant::int8_block);
@@ -86,28 +106,30 @@ void dequantize_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out,
   }
 }
 
-/// out = factor * the sum of the packed runs in, each of out.size() values (in: a whole number of
-/// int8_packed_bytes(out.size())-byte runs, at least one), added in f32 in run order
+/// out = factor * the sums of the packed runs in, added in f32 in run order
 /// (quant::int8_add_value) and rounded to T once: qgZ's reduction of what every rank sent for
-/// this rank's shard, with factor 1 / ranks for their mean.
+/// this rank's shard, with factor 1 / ranks for their mean. out holds `outputs` runs of
+/// n = out.size() / outputs values, and in a whole number of blocks of `outputs` packed runs
+/// (at least one); out's run o sums run o of every block.
 template <class T>
-void sum_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out, float factor) {
-  const auto n = static_cast<std::int64_t>(out.size());
-  const std::int64_t packed = quant::int8_packed_bytes(n);
-  const auto bytes = static_cast<std::int64_t>(in.size());
-  expect<ShapeError>(packed > 0 ? bytes > 0 && bytes % packed == 0 : bytes == 0,
-                     "sum_int8_blocks: ", bytes, " bytes are not whole runs of ", n, " values (",
-                     packed, " bytes each)");
+void sum_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out, float factor,
+                     std::int64_t outputs = 1) {
+  const std::int64_t n =
+      detail::int8_sum_values("sum_int8_blocks", static_cast<std::int64_t>(out.size()), outputs,
+                              static_cast<std::int64_t>(in.size()));
   if (n == 0) return;
-  const std::int64_t runs = bytes / packed;
-  for (std::int64_t i = 0; i < n; ++i) {
-    float sum = 0.0f;
-    for (std::int64_t r = 0; r < runs; ++r) {
-      const std::uint8_t* run = in.data() + r * packed;
-      sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]),
-                                  detail::int8_scale_of(run, n, i / quant::int8_block));
+  const std::int64_t packed = quant::int8_packed_bytes(n);
+  const auto blocks = static_cast<std::int64_t>(in.size()) / (packed * outputs);
+  for (std::int64_t o = 0; o < outputs; ++o) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      float sum = 0.0f;
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::uint8_t* run = in.data() + (b * outputs + o) * packed;
+        sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]),
+                                    detail::int8_scale_of(run, n, i / quant::int8_block));
+      }
+      out[static_cast<std::size_t>(o * n + i)] = convert<T>(sum * factor);
     }
-    out[static_cast<std::size_t>(i)] = convert<T>(sum * factor);
   }
 }
 

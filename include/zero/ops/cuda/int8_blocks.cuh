@@ -5,9 +5,9 @@
 // the host's. Quantizing: one thread block per quantization block (int8_block threads, one value
 // each; blockIdx.y the run): cub::BlockReduce takes the block's largest magnitude, the scale is
 // written once, and every thread writes its code. Reading back: grid-stride over every run's
-// values, one a thread. Summing runs: grid-stride over one run's values, each thread adding its
-// value of every run in run order with quant::int8_add_value. Launchers take the stream last and
-// check cudaGetLastError().
+// values, one a thread. Summing runs: grid-stride over the outputs' values, each thread adding its
+// value of every block's run in block order with quant::int8_add_value. Launchers take the stream
+// last and check cudaGetLastError().
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/int8_blocks.cuh needs nvcc; host-only code includes ops/cpu/int8_blocks.hpp"
 #endif
@@ -25,15 +25,17 @@ namespace zero::ops::cuda {
 
 inline constexpr int int8_block_threads = static_cast<int>(quant::int8_block);
 
-/// One quantization block of run blockIdx.y a thread block: its scale and its codes into that
-/// run's place of out (each run of n values packed as core/int8_blocks.hpp lays it out).
+/// One quantization block of packed run blockIdx.y a thread block: its scale and its codes into
+/// that run's place of out (each run of n values packed as core/int8_blocks.hpp lays it out), from
+/// in's run quant::int8_source_run(blockIdx.y, runs, columns).
 template <class T>
 __global__ void __launch_bounds__(int8_block_threads)
-    quantize_int8_kernel(const T* in, std::uint8_t* out, std::int64_t n) {
+    quantize_int8_kernel(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
+                         std::int64_t columns) {
   using Reduce = cub::BlockReduce<float, int8_block_threads>;
   __shared__ typename Reduce::TempStorage temp;
   __shared__ float scale;
-  in += static_cast<std::int64_t>(blockIdx.y) * n;
+  in += quant::int8_source_run(blockIdx.y, runs, columns) * n;
   out += static_cast<std::int64_t>(blockIdx.y) * quant::int8_packed_bytes(n);
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * quant::int8_block + threadIdx.x;
   const float x = i < n ? load(in[i]) : 0.0f;
@@ -61,38 +63,41 @@ __global__ void dequantize_int8_kernel(const std::uint8_t* in, T* out, std::int6
   }
 }
 
-/// out[i] = factor * the sum over the runs of their value i, added in f32 in run order.
+/// out[o * n + i] = factor * the sum over the `blocks` blocks of their run o's value i, added in
+/// f32 in block order (in: blocks of `outputs` packed runs).
 template <class T>
-__global__ void sum_int8_kernel(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
-                                float factor) {
+__global__ void sum_int8_kernel(const std::uint8_t* in, T* out, std::int64_t n,
+                                std::int64_t outputs, std::int64_t blocks, float factor) {
   const std::int64_t packed = quant::int8_packed_bytes(n);
   const std::int64_t scales_at = quant::int8_scales_offset(n);
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       k < outputs * n; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t o = k / n, i = k - o * n;
     float sum = 0.0f;
-    for (std::int64_t r = 0; r < runs; ++r) {
-      const std::uint8_t* run = in + r * packed;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::uint8_t* run = in + (b * outputs + o) * packed;
       const float scale = reinterpret_cast<const float*>(run + scales_at)[i / quant::int8_block];
       sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]), scale);
     }
-    out[i] = store<T>(__fmul_rn(sum, factor));
+    out[k] = store<T>(__fmul_rn(sum, factor));
   }
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
 
 /// out (runs * int8_packed_bytes(n) bytes, 4-byte aligned) = in's `runs` runs of n values, each
-/// packed, on stream.
+/// packed, on stream; with columns > 1 taken column by column from rows of `columns` runs
+/// (quant::int8_source_run).
 template <class T>
 void quantize_int8_blocks(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
-                          cudaStream_t stream) {
+                          std::int64_t columns, cudaStream_t stream) {
   static_assert(is_device_float<T>, "quantize_int8_blocks: f32, bf16 and f16 on the device");
   if (n == 0 || runs == 0) return;
   expect_int_range(n, "quantize_int8_blocks");
   expect<ShapeError>(runs <= 65535, "quantize_int8_blocks: ", runs,
                      " runs (a grid's y extent is at most 65535)");
   const dim3 grid(static_cast<unsigned>(quant::int8_blocks(n)), static_cast<unsigned>(runs));
-  quantize_int8_kernel<T><<<grid, int8_block_threads, 0, stream>>>(in, out, n);
+  quantize_int8_kernel<T><<<grid, int8_block_threads, 0, stream>>>(in, out, n, runs, columns);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -109,15 +114,17 @@ void dequantize_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, std:
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-/// out's n values = factor * the sum of the `runs` packed runs in (each int8_packed_bytes(n)
-/// bytes, 4-byte aligned), added in f32 in run order, on stream (ZeRO++'s quantized gradients).
+/// out's outputs * n values = factor * the sums of run o of each of in's `blocks` blocks of
+/// `outputs` packed runs (each int8_packed_bytes(n) bytes, 4-byte aligned), added in f32 in
+/// block order, on stream (ZeRO++'s quantized gradients).
 template <class T>
-void sum_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
-                     float factor, cudaStream_t stream) {
+void sum_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
+                     std::int64_t blocks, float factor, cudaStream_t stream) {
   static_assert(is_device_float<T>, "sum_int8_blocks: f32, bf16 and f16 on the device");
-  if (n == 0) return;
+  if (n == 0 || outputs == 0) return;
   expect_int_range(n, "sum_int8_blocks");
-  sum_int8_kernel<T><<<grid_for(n), elementwise_threads, 0, stream>>>(in, out, n, runs, factor);
+  sum_int8_kernel<T><<<grid_for(outputs * n), elementwise_threads, 0, stream>>>(in, out, n, outputs,
+                                                                                blocks, factor);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
