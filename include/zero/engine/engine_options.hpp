@@ -82,9 +82,9 @@ struct EngineOptions {
   /// the runs it receives in f32 into its shard: half bf16's bytes on the wire (a quarter of
   /// f32's). Each rank's contribution carries a rounding error of up to 1/254 of its block's
   /// largest magnitude; the fp32 accumulation over micro-steps, the norm, clipping and the
-  /// optimizer are unchanged. DeepSpeed's qgZ exchanges int4 in two hops (inside a node, then
-  /// across); this is one hop of int8 over the unit's group. false (the default): reduce-scatter
-  /// in the compute type.
+  /// optimizer are unchanged. Under hpZ it takes two hops (inside each secondary group, then
+  /// across them), as DeepSpeed's does with int4; else one over the unit's group. false (the
+  /// default): reduce-scatter in the compute type.
   bool quantized_gradients = false;
   /// Offload<CPU>: step() leaves each unit's host update to the next forward, which applies it
   /// just before the unit's gather, so the host updates one unit while the device computes the
