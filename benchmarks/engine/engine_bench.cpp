@@ -9,9 +9,10 @@
 // inside the shard group and across the replicas, which is what would cross between nodes. Then
 // ZeRO++ at stage 3 on 4 ranks beside plain stage 3 ("engine_step_zeropp" lines): hpZ
 // (EngineOptions::hpz_size, secondary groups of 2), qwZ (quantized_weights), both, qgZ
-// (quantized_gradients) and all three; the step time, and one step's bus bytes per rank over all
-// 4 ranks (what would cross between nodes; the gradient reductions' part apart) and inside the
-// secondary group. One JSON line per configuration.
+// (quantized_gradients), qgZ with hpZ (its two hops) and all three; the step time, and one
+// step's bus bytes per rank over all 4 ranks and across the secondary groups (what would cross
+// between nodes; the gradient reductions' part apart) and inside the secondary group. One JSON line
+// per configuration.
 //
 //   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
 //                  [--nvme-path /var/tmp]
@@ -105,6 +106,7 @@ double single_process_ms(const BenchShape& s, int threads) {
 struct StepTraffic {
   double shard = 0, replicas = 0, world = 0, secondary = 0;
   double world_reductions = 0;  // the part of world that reduces gradients (not the gathers)
+  double across = 0;            // across the secondary groups (qgZ's second hop under hpZ)
 };
 
 // The engine step at `stage` on `ranks` LocalComm ranks (rank 0's time; ranks move together);
@@ -168,8 +170,8 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
         }
         return b;
       };
-      *traffic = {bus("dp-shard"), bus("dp-replicas"), bus("world"), bus("dp-secondary"),
-                  bus("world", false)};
+      *traffic = {bus("dp-shard"),     bus("dp-replicas"),  bus("world"),
+                  bus("dp-secondary"), bus("world", false), bus("dp-across")};
     });
     comm.set_logger(nullptr);
   });
@@ -216,10 +218,12 @@ void zeropp_line(const BenchShape& s, int ranks, const ZeroPP& parts, int thread
       "\"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, \"unit\": \"ms\", "
       "\"plain_ms\": %.3f, \"ratio\": %.3f, \"world_bus_bytes\": %.0f, "
       "\"world_reduction_bus_bytes\": %.0f, \"secondary_bus_bytes\": %.0f, "
-      "\"plain_bus_bytes\": %.0f, \"plain_reduction_bus_bytes\": %.0f}\n",
+      "\"across_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f, "
+      "\"plain_reduction_bus_bytes\": %.0f}\n",
       ranks, parts.hpz, parts.qwz ? "true" : "false", parts.qgz ? "true" : "false", threads,
       static_cast<long long>(model_config(s).num_parameters()), ms, plain, ms / plain, bytes.world,
-      bytes.world_reductions, bytes.secondary, plain_bytes.world, plain_bytes.world_reductions);
+      bytes.world_reductions, bytes.secondary, bytes.across, plain_bytes.world,
+      plain_bytes.world_reductions);
   std::fflush(stdout);
 }
 
@@ -281,8 +285,9 @@ int main(int argc, char** argv) {
   for (int stage = 1; stage <= 3; ++stage) {
     hybrid_line(s, stage, 4, 2, std::max(1, cores / 4));
   }
-  for (const ZeroPP& parts : {ZeroPP{.hpz = 2}, ZeroPP{.qwz = true}, ZeroPP{.hpz = 2, .qwz = true},
-                              ZeroPP{.qgz = true}, ZeroPP{.hpz = 2, .qwz = true, .qgz = true}}) {
+  for (const ZeroPP& parts :
+       {ZeroPP{.hpz = 2}, ZeroPP{.qwz = true}, ZeroPP{.hpz = 2, .qwz = true}, ZeroPP{.qgz = true},
+        ZeroPP{.hpz = 2, .qgz = true}, ZeroPP{.hpz = 2, .qwz = true, .qgz = true}}) {
     zeropp_line(s, 4, parts, std::max(1, cores / 4));
   }
   return 0;
