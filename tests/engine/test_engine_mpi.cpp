@@ -92,6 +92,15 @@ TEST_CASE("MpiComm: qgZ at stages 2-3 trains near the single-process reference",
   CHECK(worst(two) > 1e-6);  // the gradients were rounded
   CHECK(worst(two) < 1e-2);
   CHECK(two_values == three_values);
+  // Under hpZ's groups of 2 (at 4 ranks: two hops, the second over an MPI communicator across
+  // the pairs; at 2, one group, one hop).
+  options.hpz_size = 2;
+  nn::GPT<double> model(tiny());
+  auto eng = sgd_engine<3>(model, world(), options);
+  const double hops = worst(max_error(eng, world(), 2, 3, want));
+  INFO("under hpZ " << hops);
+  CHECK(hops > 1e-6);
+  CHECK(hops < 1e-2);
 }
 
 TEST_CASE("MpiComm: AdamW from a config equals one process with the same optimizer",
