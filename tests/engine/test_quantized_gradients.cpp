@@ -46,21 +46,7 @@ engine::EngineOptions qgz_options(int accumulation, double clip, int shard_size 
 // Every rank's units after `steps` steps of stage S at world ranks under options.
 template <int S>
 std::vector<std::vector<double>> trained(int world, const engine::EngineOptions& options) {
-  return per_rank<std::vector<double>>(world, [&](LocalComm& comm) {
-    nn::GPT<double> model(tiny());
-    auto eng = sgd_engine<S>(model, comm, options);
-    const int accumulation = options.gradient_accumulation_steps, ranks = comm.size();
-    for (int step = 0; step < steps; ++step) {
-      const GlobalBatch b(micro_rows * accumulation * ranks, step, tiny().vocab_size);
-      for (int m = 0; m < accumulation; ++m) {
-        eng.forward(b.micro(m, comm.rank(), ranks));
-        eng.backward();
-      }
-      eng.step();
-    }
-    eng.synchronize();
-    return all_unit_values(eng);
-  });
+  return sgd_trained<S>(world, steps, options);
 }
 
 // The worst difference from the f64 reference over every rank of a stage-S run.
@@ -73,15 +59,6 @@ double worst_error(int world, int accumulation, double clip, const engine::Engin
     return max_error(eng, comm, accumulation, steps, want);
   });
   return *std::max_element(errors.begin(), errors.end());
-}
-
-std::vector<float> random_values(std::size_t n, float scale, std::uint64_t seed) {
-  std::vector<float> v(n);
-  const CounterRng rng(seed);
-  for (std::size_t i = 0; i < n; ++i) {
-    v[i] = scale * static_cast<float>(rng.uniform(i) * 2.0 - 1.0);
-  }
-  return v;
 }
 
 }  // namespace
@@ -272,25 +249,12 @@ TEST_CASE("qgZ with hpZ: two hops, inside the secondary groups and then across t
   // What crosses between the pairs: the second hop's all-to-all, a third of the one-hop
   // exchange's bus bytes (half the bytes, over 2 ranks instead of 4: (2-1)/2 against (4-1)/4).
   const auto traffic = [&](int hpz) {
-    return per_rank<std::vector<parallel::CommStats>>(4, [&](LocalComm& comm) {
-      auto logger = std::make_shared<parallel::CommLogger>();
-      comm.set_logger(logger);
-      nn::GPT<double> model(tiny());
-      engine::EngineOptions options = qgz_options(1, 0.0);
-      options.hpz_size = hpz;
-      auto eng = sgd_engine<3>(model, comm, options);
-      logger->reset();
-      const GlobalBatch b(micro_rows * 4, 0, tiny().vocab_size);
-      eng.forward(b.micro(0, comm.rank(), 4));
-      eng.backward();
-      eng.step();
-      eng.synchronize();
-      std::vector<parallel::CommStats> t{logger->total(CommOp::all_to_all, "world"),
-                                         logger->total(CommOp::all_to_all, "dp-secondary"),
-                                         logger->total(CommOp::all_to_all, "dp-across")};
-      comm.set_logger(nullptr);
-      return t;
-    })[0];
+    engine::EngineOptions options = qgz_options(1, 0.0);
+    options.hpz_size = hpz;
+    return one_step_traffic<3>(4, options,
+                               {{CommOp::all_to_all, "world"},
+                                {CommOp::all_to_all, "dp-secondary"},
+                                {CommOp::all_to_all, "dp-across"}});
   };
   const auto one_hop = traffic(0), hops = traffic(2);
   REQUIRE(one_hop[0].count > 0);
@@ -307,24 +271,11 @@ TEST_CASE("qgZ: the reductions move the packed gradients by all-to-all", "[unit]
     parallel::CommStats reduce_scatter, all_to_all;
   };
   const auto traffic = [](bool quantized) {
-    return per_rank<Traffic>(4, [&](LocalComm& comm) {
-      auto logger = std::make_shared<parallel::CommLogger>();
-      comm.set_logger(logger);
-      nn::GPT<double> model(tiny());
-      engine::EngineOptions options = sgd_options(1, 0.0);
-      options.quantized_gradients = quantized;
-      auto eng = sgd_engine<3>(model, comm, options);
-      logger->reset();
-      const GlobalBatch b(micro_rows * 4, 0, tiny().vocab_size);
-      eng.forward(b.micro(0, comm.rank(), 4));
-      eng.backward();
-      eng.step();
-      eng.synchronize();
-      const Traffic t{logger->total(CommOp::reduce_scatter, "world"),
-                      logger->total(CommOp::all_to_all, "world")};
-      comm.set_logger(nullptr);
-      return t;
-    })[0];
+    engine::EngineOptions options = sgd_options(1, 0.0);
+    options.quantized_gradients = quantized;
+    const auto t = one_step_traffic<3>(
+        4, options, {{CommOp::reduce_scatter, "world"}, {CommOp::all_to_all, "world"}});
+    return Traffic{t[0], t[1]};
   };
   const Traffic plain = traffic(false), quantized = traffic(true);
   REQUIRE(plain.reduce_scatter.count > 0);

@@ -42,32 +42,9 @@ engine::EngineOptions qwz_options(int accumulation, double clip, int hpz_size = 
   return options;
 }
 
-// Every rank's units after `steps` steps at world ranks under options.
+// Every rank's units after `steps` steps of stage 3 at world ranks under options.
 std::vector<std::vector<double>> trained(int world, const engine::EngineOptions& options) {
-  return per_rank<std::vector<double>>(world, [&](LocalComm& comm) {
-    nn::GPT<double> model(tiny());
-    auto eng = sgd_engine<3>(model, comm, options);
-    const int accumulation = options.gradient_accumulation_steps, ranks = comm.size();
-    for (int step = 0; step < steps; ++step) {
-      const GlobalBatch b(micro_rows * accumulation * ranks, step, tiny().vocab_size);
-      for (int m = 0; m < accumulation; ++m) {
-        eng.forward(b.micro(m, comm.rank(), ranks));
-        eng.backward();
-      }
-      eng.step();
-    }
-    eng.synchronize();
-    return all_unit_values(eng);
-  });
-}
-
-std::vector<float> random_values(std::size_t n, float scale) {
-  std::vector<float> v(n);
-  const CounterRng rng(7);
-  for (std::size_t i = 0; i < n; ++i) {
-    v[i] = scale * static_cast<float>(rng.uniform(i) * 2.0 - 1.0);
-  }
-  return v;
+  return sgd_trained<3>(world, steps, options);
 }
 
 }  // namespace
@@ -76,7 +53,7 @@ TEST_CASE("int8 blocks: a packed run reads back within half a step of its block'
           "[unit][engine]") {
   // 1000 values: 3 whole blocks of 256 and a short one of 232; the second block is all zeros
   // and the third holds one large value.
-  std::vector<float> in = random_values(1000, 0.05f);
+  std::vector<float> in = random_values(1000, 0.05f, 7);
   std::fill(in.begin() + 256, in.begin() + 512, 0.0f);
   in[600] = 3.0f;
   std::vector<std::uint8_t> packed(static_cast<std::size_t>(quant::int8_packed_bytes(1000)));
@@ -145,23 +122,9 @@ TEST_CASE("qwZ with hpZ: the backward's gathers from secondary shards give the s
 
 TEST_CASE("qwZ: the gathers move the packed slices", "[unit][engine]") {
   const auto traffic = [](bool quantized) {
-    return per_rank<parallel::CommStats>(4, [&](LocalComm& comm) {
-      auto logger = std::make_shared<parallel::CommLogger>();
-      comm.set_logger(logger);
-      nn::GPT<double> model(tiny());
-      engine::EngineOptions options = sgd_options(1, 0.0);
-      options.quantized_weights = quantized;
-      auto eng = sgd_engine<3>(model, comm, options);
-      logger->reset();
-      const GlobalBatch b(micro_rows * 4, 0, tiny().vocab_size);
-      eng.forward(b.micro(0, comm.rank(), 4));
-      eng.backward();
-      eng.step();
-      eng.synchronize();
-      const parallel::CommStats t = logger->total(CommOp::all_gather, "world");
-      comm.set_logger(nullptr);
-      return t;
-    })[0];
+    engine::EngineOptions options = sgd_options(1, 0.0);
+    options.quantized_weights = quantized;
+    return one_step_traffic<3>(4, options, {{CommOp::all_gather, "world"}})[0];
   };
   const parallel::CommStats plain = traffic(false), quantized = traffic(true);
   REQUIRE(plain.count > 0);
