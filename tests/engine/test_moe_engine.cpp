@@ -227,7 +227,7 @@ TEST_CASE(
       CHECK(worst > 1e-8);
       CHECK(worst < 0.06);
       CHECK(copies_differ == 0.0);                         // every rank averaged the same runs
-      CHECK(std::fabs(quantized - exact) < 1e-3 * exact);  // 1.2e-4 measured
+      CHECK(std::fabs(quantized - exact) < 1e-3 * exact);  // 1.2e-4 to 3.2e-4 here
       CHECK(quantized != exact);
       // The experts hold a small part of the norm (the control moves it by 0.6%), but the
       // quantized reduction stays several times closer.
