@@ -411,8 +411,9 @@ class CudaBackend {
   template <class E>
   void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in, std::int64_t runs = 1,
                      std::int64_t columns = 1) {
-    const std::int64_t n = int8_run_values("quantize_int8", static_cast<std::int64_t>(in.size()),
-                                           runs, static_cast<std::int64_t>(out.size()));
+    const std::int64_t n = ops::cpu::detail::int8_run_values(
+        "CudaBackend::quantize_int8", static_cast<std::int64_t>(in.size()), runs,
+        static_cast<std::int64_t>(out.size()));
     expect<ShapeError>(columns > 0 && runs % columns == 0, "CudaBackend::quantize_int8: ", runs,
                        " runs are not rows of ", columns);
     if (n == 0) return;
@@ -424,8 +425,9 @@ class CudaBackend {
   /// compute stream.
   template <class E>
   void dequantize_int8(std::span<E> out, std::span<const std::uint8_t> in, std::int64_t runs = 1) {
-    const std::int64_t n = int8_run_values("dequantize_int8", static_cast<std::int64_t>(out.size()),
-                                           runs, static_cast<std::int64_t>(in.size()));
+    const std::int64_t n = ops::cpu::detail::int8_run_values(
+        "CudaBackend::dequantize_int8", static_cast<std::int64_t>(out.size()), runs,
+        static_cast<std::int64_t>(in.size()));
     if (n == 0) return;
     expect_device_memory(out.data(), "dequantize_int8", "out");
     expect_device_memory(in.data(), "dequantize_int8", "in");
@@ -450,13 +452,6 @@ class CudaBackend {
   }
 
  private:
-  // Checks that `values` values in `runs` equal runs pack into `bytes` bytes (the host's rule and
-  // message); returns a run's values.
-  static std::int64_t int8_run_values(const char* op, std::int64_t values, std::int64_t runs,
-                                      std::int64_t bytes) {
-    return ops::cpu::detail::int8_run_values((std::string("CudaBackend::") + op).c_str(), values,
-                                             runs, bytes);
-  }
   // dst = src in the compute stream's order, then a wait for it (host memory on one side). The
   // runtime infers the direction from the pointers: under Offload<CPU> the units' side of a copy
   // (a master slice) is itself pinned host memory.
