@@ -1,5 +1,8 @@
 // f32 -> bf16 / f16 conversion throughput (the write-back of every mixed-precision step),
-// beside memcpy of the same bytes measured in the same run. One JSON object per line.
+// beside memcpy of the same bytes measured in the same run; and ZeRO++'s block-wise int8 packing
+// of f32 and bf16 values in 4 runs, its reading back and its sum of the 4 runs (qgZ's reduction),
+// on one thread under every instruction set the CPU has, beside the scalar path and memcpy.
+// One JSON object per line.
 //
 //   ./convert_bench [elements]
 #include <algorithm>
@@ -7,7 +10,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
 
+#include <zero/ops/cpu/int8_blocks.hpp>
+#include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/zero.hpp>
 
 #include "bench_flags.hpp"
@@ -25,6 +34,61 @@ void report(const char* bench, long long n, double seconds, double bytes, double
       "{\"bench\": \"%s\", \"config\": {\"elements\": %lld}, \"value\": %.3f, "
       "\"unit\": \"GB/s\", \"ms\": %.3f, \"fraction_of_memcpy\": %.3f}\n",
       bench, n, gbps, seconds * 1e3, baseline_gbps > 0 ? gbps / baseline_gbps : 1.0);
+}
+
+// The int8 lines for values of type T: packing n values in 4 runs, reading them back, summing the
+// 4 runs into one; each under every ISA the CPU has, with its rate beside the scalar path's.
+template <class T>
+void int8_lines(const char* type, const float* src, long long n, double copy_gbps) {
+  namespace cpu = zero::ops::cpu;
+  constexpr std::int64_t runs = 4;
+  n -= n % runs;
+  std::vector<T> in(static_cast<std::size_t>(n)), back(in.size()), sums(in.size() / runs);
+  for (long long i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = zero::convert<T>(src[i]);
+  const auto packed = static_cast<std::size_t>(zero::quant::int8_packed_bytes(n / runs) * runs);
+  std::vector<std::uint8_t> bytes(packed);
+  const double value_bytes = static_cast<double>(sizeof(T)) * static_cast<double>(n);
+  struct Op {
+    const char* name;
+    double bytes;  // read and written
+    std::function<void()> run;
+  };
+  const Op ops[] = {
+      {"quantize_int8", value_bytes + static_cast<double>(packed),
+       [&] {
+         cpu::quantize_int8_blocks(std::span<const T>(in), std::span<std::uint8_t>(bytes), runs);
+       }},
+      {"dequantize_int8", value_bytes + static_cast<double>(packed),
+       [&] {
+         cpu::dequantize_int8_blocks(std::span<const std::uint8_t>(bytes), std::span<T>(back),
+                                     runs);
+       }},
+      {"sum_int8", value_bytes / runs + static_cast<double>(packed),
+       [&] {
+         cpu::sum_int8_blocks(std::span<const std::uint8_t>(bytes), std::span<T>(sums), 0.25f);
+       }},
+  };
+  for (const Op& op : ops) {
+    double scalar_seconds = 0;
+    for (zero::optim::Isa isa :
+         {zero::optim::Isa::scalar, zero::optim::Isa::avx2, zero::optim::Isa::avx512}) {
+      if (!zero::optim::cpu_supports(isa)) continue;
+      cpu::set_host_isa(isa);
+      const double seconds = best_seconds(op.run);
+      if (isa == zero::optim::Isa::scalar) scalar_seconds = seconds;
+      const double gbps = op.bytes / seconds / 1e9;
+      zero::bench::line(
+          (std::string(op.name) + "_" + type).c_str(),
+          "\"elements\": " + std::to_string(n) + ", \"runs\": 4, \"isa\": \"" +
+              std::string(zero::optim::name_of(isa)) + "\", \"threads\": 1",
+          gbps, "GB/s",
+          ", \"ns_per_value\": " + std::to_string(seconds / static_cast<double>(n) * 1e9) +
+              ", \"ms\": " + std::to_string(seconds * 1e3) +
+              ", \"speedup_vs_scalar\": " + std::to_string(scalar_seconds / seconds) +
+              ", \"fraction_of_memcpy\": " + std::to_string(gbps / copy_gbps));
+    }
+    cpu::set_host_isa(zero::optim::Isa::automatic);
+  }
 }
 
 }  // namespace
@@ -54,5 +118,8 @@ int main(int argc, char** argv) {
     for (long long i = 0; i < n; ++i) out[i] = zero::f16(in[i]);
   });
   report("convert_f32_to_f16", n, t_hf, n * (sizeof(float) + 2.0), copy_gbps);
+
+  int8_lines<float>("f32", in, n, copy_gbps);
+  int8_lines<zero::bf16>("bf16", in, n, copy_gbps);
   return 0;
 }

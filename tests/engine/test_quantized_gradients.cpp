@@ -109,7 +109,7 @@ TEST_CASE(
     for (std::int64_t r = 0; r < runs; ++r) {
       want = quant::int8_add_value(
           want, static_cast<std::int8_t>(all[r * packed + i]),
-          ops::cpu::detail::int8_scale_of(all.data() + r * packed, n, i / quant::int8_block));
+          quant::int8_scale_at(all.data() + r * packed, n, i / quant::int8_block));
     }
     INFO("value " << i);
     CHECK(mean[static_cast<std::size_t>(i)].bits == convert<bf16>(want * (1.0f / 3)).bits);

@@ -1,6 +1,7 @@
 // The dispatched host kernels (ops/cpu/isa_dispatch.hpp): every vector path the CPU has gives
 // the scalar path's bits on odd sizes (tails, several chunks), every path is within a few ulp of
-// the double reference, and the float kernels do not depend on the thread count.
+// the double reference (the int8 packing: the bits of core/int8_blocks.hpp's rules, applied one
+// value at a time), and the float kernels do not depend on the thread count.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include <zero/core/arena.hpp>
+#include <zero/core/int8_blocks.hpp>
 #include <zero/nn/gpt_config.hpp>
 #include <zero/nn/hand_written_gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
@@ -24,6 +26,7 @@
 #include <zero/ops/cpu/elementwise.hpp>
 #include <zero/ops/cpu/embedding.hpp>
 #include <zero/ops/cpu/gelu.hpp>
+#include <zero/ops/cpu/int8_blocks.hpp>
 #include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
 #include <zero/ops/cpu/linear.hpp>
@@ -1194,4 +1197,135 @@ TEST_CASE(
       check_paths([&] { return attention_run<bf16>(Tn, p); });
     }
   }
+}
+
+namespace {
+
+// The int8 packing of `runs` runs of n values (rows of `columns`, taken column by column) with
+// core/int8_blocks.hpp's rules applied one value at a time, over out as the caller filled it
+// (no kernel writes a run's padding).
+template <class T>
+void int8_rule_pack(const std::vector<T>& in, std::vector<std::uint8_t>& out, std::int64_t n,
+                    std::int64_t runs, std::int64_t columns) {
+  namespace quant = zero::quant;
+  for (std::int64_t j = 0; j < runs; ++j) {
+    const T* x = in.data() + quant::int8_source_run(j, runs, columns) * n;
+    std::uint8_t* run = out.data() + j * quant::int8_packed_bytes(n);
+    for (std::int64_t b = 0; b < quant::int8_blocks(n); ++b) {
+      const std::int64_t first = b * quant::int8_block;
+      const std::int64_t last = std::min(n, first + quant::int8_block);
+      float absmax = 0;
+      for (std::int64_t i = first; i < last; ++i) {
+        absmax = std::max(absmax, std::fabs(zero::convert<float>(x[i])));
+      }
+      const float scale = quant::int8_scale(absmax);
+      std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
+      for (std::int64_t i = first; i < last; ++i) {
+        run[i] = static_cast<std::uint8_t>(quant::int8_code(zero::convert<float>(x[i]), scale));
+      }
+    }
+  }
+}
+
+// `runs` runs of n values of random magnitudes, with a NaN, an infinity, a block of zeros, a block
+// of values too small for a nonzero scale, and a block whose scale is 1 with codes at ties.
+template <class T>
+std::vector<T> int8_inputs(std::int64_t n, std::int64_t runs) {
+  auto v = float_values(static_cast<std::size_t>(n * runs), 81, 3.0);
+  const auto at = [&](std::int64_t i) -> double& {
+    return v[static_cast<std::size_t>(i % v.size())];
+  };
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(v.size()); ++i) {
+    const std::int64_t block = (i % n) / zero::quant::int8_block;
+    if (block == 1) at(i) = 0.0;
+    if (block == 2) at(i) = (i % 2 == 0 ? 1e-39 : -1e-40) * (i % 5);
+    if (block == 3) at(i) = 0.5 * static_cast<double>(i % 9) - 2.0;  // ties of x / 1
+    if ((i % n) == 3 * zero::quant::int8_block) at(i) = 127.0;
+  }
+  at(5) = std::numeric_limits<double>::quiet_NaN();
+  at(2 * n + 1) = std::numeric_limits<double>::infinity();
+  return cast<T>(v);
+}
+
+// Packs 6 runs of n values (columns 1 or 3), reads them back, and sums them as 1, 2 and 3 outputs;
+// all the outputs' bytes, from the kernels or (rule) the rules applied one value at a time.
+template <class T>
+Bytes int8_run(std::int64_t n, std::int64_t columns, bool rule) {
+  namespace quant = zero::quant;
+  constexpr std::int64_t runs = 6;
+  const auto in = int8_inputs<T>(n, runs);
+  const auto packed = static_cast<std::size_t>(quant::int8_packed_bytes(n));
+  std::vector<std::uint8_t> bytes(packed * runs, 0xa5);
+  if (rule) {
+    int8_rule_pack(in, bytes, n, runs, columns);
+  } else {
+    quantize_int8_blocks(std::span<const T>(in), std::span<std::uint8_t>(bytes), runs, columns);
+  }
+  std::vector<T> back(in.size());
+  if (rule) {
+    for (std::int64_t k = 0; k < runs * n; ++k) {
+      const std::uint8_t* run = bytes.data() + (k / n) * packed;
+      const auto i = k % n;
+      back[static_cast<std::size_t>(k)] = zero::convert<T>(quant::int8_value(
+          static_cast<std::int8_t>(run[i]), quant::int8_scale_at(run, n, i / quant::int8_block)));
+    }
+  } else {
+    dequantize_int8_blocks(std::span<const std::uint8_t>(bytes), std::span<T>(back), runs);
+  }
+  Bytes all;
+  all.add(bytes), all.add(back);
+  for (std::int64_t outputs : {1, 2, 3}) {
+    std::vector<T> sums(static_cast<std::size_t>(outputs * n));
+    const float factor = 1.0f / static_cast<float>(runs / outputs);
+    if (rule) {
+      for (std::int64_t k = 0; k < outputs * n; ++k) {
+        const std::int64_t o = k / n, i = k % n;
+        float sum = 0;
+        for (std::int64_t b = 0; b < runs / outputs; ++b) {
+          const std::uint8_t* run =
+              bytes.data() + static_cast<std::size_t>(b * outputs + o) * packed;
+          sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]),
+                                      quant::int8_scale_at(run, n, i / quant::int8_block));
+        }
+        sums[static_cast<std::size_t>(k)] = zero::convert<T>(sum * factor);
+      }
+    } else {
+      sum_int8_blocks(std::span<const std::uint8_t>(bytes), std::span<T>(sums), factor, outputs);
+    }
+    all.add(sums);
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "int8 blocks: every ISA and thread count gives the rules' bits, f32 / bf16 / f16 / f64, odd "
+    "sizes, NaN, infinity, zero and tie blocks",
+    "[unit][ops]") {
+  for (std::int64_t n : {1, 17, 300, 1030, 5000}) {
+    for (std::int64_t columns : {1, 3}) {
+      INFO("n " << n << " columns " << columns);
+      check_paths([&] { return int8_run<float>(n, columns, false); });
+      check_paths([&] { return int8_run<bf16>(n, columns, false); });
+      check_paths([&] { return int8_run<f16>(n, columns, false); });
+      CHECK(int8_run<float>(n, columns, false) == int8_run<float>(n, columns, true));
+      CHECK(int8_run<bf16>(n, columns, false) == int8_run<bf16>(n, columns, true));
+      CHECK(int8_run<f16>(n, columns, false) == int8_run<f16>(n, columns, true));
+      CHECK(int8_run<double>(n, columns, false) == int8_run<double>(n, columns, true));
+    }
+  }
+  // The edges are there: a NaN, and a block of scale 1 whose ties round to even codes.
+  const auto in = int8_inputs<float>(1030, 6);
+  CHECK(std::isnan(in[5]));
+  std::vector<std::uint8_t> bytes(
+      static_cast<std::size_t>(6 * zero::quant::int8_packed_bytes(1030)));
+  quantize_int8_blocks(std::span<const float>(in), std::span<std::uint8_t>(bytes), 6);
+  CHECK(zero::quant::int8_scale_at(bytes.data(), 1030, 3) == 1.0f);
+  int ties = 0;
+  for (std::size_t i = 3 * 256 + 1; i < 4 * 256; ++i) {
+    ties += in[i] - std::floor(in[i]) == 0.5f;
+    CHECK(static_cast<std::int8_t>(bytes[i]) == static_cast<int>(std::nearbyint(in[i])));
+  }
+  CHECK(ties > 50);
 }

@@ -65,6 +65,12 @@ struct ScalarHostOps : ScalarOps {
   }
   /// a where mask[0] is all ones, b where it is 0 (the only two values a mask word takes).
   static float select(const std::uint32_t* mask, float a, float b) { return mask[0] != 0 ? a : b; }
+  /// |x| (the sign bit cleared, NaN kept NaN).
+  static float abs(float x) { return std::fabs(x); }
+  /// One int8 code, widened exactly.
+  static float load_int8(const std::int8_t* p) { return static_cast<float>(*p); }
+  /// x, an integer in [-128, 127], as an int8 code.
+  static void store_int8(std::int8_t* p, float x) { *p = static_cast<std::int8_t>(x); }
 };
 
 #if defined(ZERO_OPTIM_HAVE_X86)
@@ -192,6 +198,22 @@ struct Avx2Ops {
   ZERO_OPTIM_TARGET_AVX2 static V select(const std::uint32_t* mask, const V& a, const V& b) {
     const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mask));
     return {_mm256_blendv_ps(b.v, a.v, _mm256_castsi256_ps(m))};
+  }
+  /// Per lane as ScalarHostOps::abs.
+  ZERO_OPTIM_TARGET_AVX2 static V abs(const V& x) {
+    return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x.v)};
+  }
+  /// Loads eight int8 codes, widened exactly.
+  ZERO_OPTIM_TARGET_AVX2 static V load_int8(const std::int8_t* p) {
+    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes))};
+  }
+  /// Stores eight lanes, integers in [-128, 127], as int8 codes at p.
+  ZERO_OPTIM_TARGET_AVX2 static void store_int8(std::int8_t* p, const V& x) {
+    const __m256i words = _mm256_cvtps_epi32(x.v);
+    const __m128i halves =
+        _mm_packs_epi32(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(halves, halves));
   }
 };
 
@@ -329,6 +351,21 @@ struct Avx512Ops {
   ZERO_OPTIM_TARGET_AVX512 static V select(const std::uint32_t* mask, const V& a, const V& b) {
     const __m512i m = _mm512_loadu_si512(mask);
     return {_mm512_mask_blend_ps(_mm512_test_epi32_mask(m, m), b.v, a.v)};
+  }
+  /// Per lane as ScalarHostOps::abs.
+  ZERO_OPTIM_TARGET_AVX512 static V abs(const V& x) {
+    return {_mm512_castsi512_ps(
+        _mm512_and_epi32(_mm512_castps_si512(x.v), _mm512_set1_epi32(0x7fffffff)))};
+  }
+  /// Loads sixteen int8 codes, widened exactly.
+  ZERO_OPTIM_TARGET_AVX512 static V load_int8(const std::int8_t* p) {
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm512_maskz_cvtepi32_ps(all16, _mm512_maskz_cvtepi8_epi32(all16, codes))};
+  }
+  /// Stores sixteen lanes, integers in [-128, 127], as int8 codes at p.
+  ZERO_OPTIM_TARGET_AVX512 static void store_int8(std::int8_t* p, const V& x) {
+    const __m128i codes = _mm512_maskz_cvtsepi32_epi8(all16, _mm512_maskz_cvtps_epi32(all16, x.v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), codes);
   }
 };
 

@@ -8,11 +8,15 @@
 // run's scales stay aligned). A sum of runs (qgZ's reduction) adds their values in f32 in run
 // order, each with one fused multiply-add (int8_add_value). The rules are __host__ __device__
 // helpers, so the host's loops (ops/cpu/int8_blocks.hpp) and the device's kernels
-// (ops/cuda/int8_blocks.cuh) give the same bits.
+// (ops/cuda/int8_blocks.cuh) give the same bits; the size checks are the host's and the device
+// backend's alike (int8_run_values, int8_sum_values).
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 
+#include <zero/core/error.hpp>
 #include <zero/core/macros.hpp>
 
 namespace zero::quant {
@@ -31,6 +35,45 @@ constexpr std::int64_t int8_scales_offset(std::int64_t n) {
 /// Bytes a packed run of n values takes.
 constexpr std::int64_t int8_packed_bytes(std::int64_t n) {
   return int8_scales_offset(n) + 4 * int8_blocks(n);
+}
+
+/// A packed run's scale of its block b (the run holding n values).
+inline float int8_scale_at(const std::uint8_t* run, std::int64_t n, std::int64_t b) {
+  float scale;
+  std::memcpy(&scale, run + int8_scales_offset(n) + 4 * b, 4);
+  return scale;
+}
+
+/// Checks that `values` values cut into `runs` equal runs (rows of `columns` runs, for a packing
+/// column by column) pack into `bytes` bytes, with a ShapeError naming op otherwise; returns a
+/// run's values.
+inline std::int64_t int8_run_values(const char* op, std::int64_t values, std::int64_t runs,
+                                    std::int64_t bytes, std::int64_t columns = 1) {
+  expect<ShapeError>(runs > 0 && values % runs == 0, op, ": ", values, " values do not split into ",
+                     runs, " equal runs");
+  expect<ShapeError>(columns > 0 && runs % columns == 0, op, ": ", runs, " runs are not rows of ",
+                     columns);
+  const std::int64_t n = values / runs;
+  expect<ShapeError>(bytes == runs * int8_packed_bytes(n), op, ": ", values, " values",
+                     runs == 1 ? std::string() : " in " + std::to_string(runs) + " runs",
+                     " pack into ", runs * int8_packed_bytes(n), " bytes, not ", bytes);
+  return n;
+}
+
+/// Checks that `values` values in `outputs` runs are summed from `bytes` bytes of whole blocks of
+/// `outputs` packed runs (at least one block), with a ShapeError naming op otherwise; returns a
+/// run's values.
+inline std::int64_t int8_sum_values(const char* op, std::int64_t values, std::int64_t outputs,
+                                    std::int64_t bytes) {
+  expect<ShapeError>(outputs > 0 && values % outputs == 0, op, ": ", values,
+                     " values do not split into ", outputs, " equal runs");
+  const std::int64_t n = values / outputs;
+  const std::int64_t block = outputs * int8_packed_bytes(n);
+  expect<ShapeError>(
+      block > 0 ? bytes > 0 && bytes % block == 0 : bytes == 0, op, ": ", bytes,
+      " bytes are not whole runs of ", n, " values (", int8_packed_bytes(n), " bytes each)",
+      outputs == 1 ? std::string() : " in blocks of " + std::to_string(outputs) + " runs");
+  return n;
 }
 
 /// The source run that packed run j takes when `runs` runs, rows of `columns`, are packed

@@ -411,11 +411,9 @@ class CudaBackend {
   template <class E>
   void quantize_int8(std::span<std::uint8_t> out, std::span<const E> in, std::int64_t runs = 1,
                      std::int64_t columns = 1) {
-    const std::int64_t n = ops::cpu::detail::int8_run_values(
-        "CudaBackend::quantize_int8", static_cast<std::int64_t>(in.size()), runs,
-        static_cast<std::int64_t>(out.size()));
-    expect<ShapeError>(columns > 0 && runs % columns == 0, "CudaBackend::quantize_int8: ", runs,
-                       " runs are not rows of ", columns);
+    const std::int64_t n =
+        quant::int8_run_values("CudaBackend::quantize_int8", static_cast<std::int64_t>(in.size()),
+                               runs, static_cast<std::int64_t>(out.size()), columns);
     if (n == 0) return;
     expect_device_memory(out.data(), "quantize_int8", "out");
     expect_device_memory(in.data(), "quantize_int8", "in");
@@ -425,9 +423,9 @@ class CudaBackend {
   /// compute stream.
   template <class E>
   void dequantize_int8(std::span<E> out, std::span<const std::uint8_t> in, std::int64_t runs = 1) {
-    const std::int64_t n = ops::cpu::detail::int8_run_values(
-        "CudaBackend::dequantize_int8", static_cast<std::int64_t>(out.size()), runs,
-        static_cast<std::int64_t>(in.size()));
+    const std::int64_t n = quant::int8_run_values("CudaBackend::dequantize_int8",
+                                                  static_cast<std::int64_t>(out.size()), runs,
+                                                  static_cast<std::int64_t>(in.size()));
     if (n == 0) return;
     expect_device_memory(out.data(), "dequantize_int8", "out");
     expect_device_memory(in.data(), "dequantize_int8", "in");
@@ -439,9 +437,9 @@ class CudaBackend {
   template <class E>
   void sum_int8(std::span<E> out, std::span<const std::uint8_t> in, float factor,
                 std::int64_t outputs = 1) {
-    const std::int64_t n = ops::cpu::detail::int8_sum_values(
-        "CudaBackend::sum_int8", static_cast<std::int64_t>(out.size()), outputs,
-        static_cast<std::int64_t>(in.size()));
+    const std::int64_t n =
+        quant::int8_sum_values("CudaBackend::sum_int8", static_cast<std::int64_t>(out.size()),
+                               outputs, static_cast<std::int64_t>(in.size()));
     if (n == 0) return;
     expect_device_memory(out.data(), "sum_int8", "out");
     expect_device_memory(in.data(), "sum_int8", "in");

@@ -3,54 +3,191 @@
 // of values as core/int8_blocks.hpp lays them out, reads packed runs back, and sums packed runs
 // (the reduction of qgZ's exchange). The device's twins are in ops/cuda/int8_blocks.cuh, with the
 // same rules and bits.
+//
+// float, bf16 and f16 run the dispatched kernels (isa_dispatch.hpp): a block's largest magnitude
+// is a max over vector lanes (any order gives the same maximum; a NaN never wins, as the rule's
+// std::max and the device's fmaxf), its codes x / scale rounded to nearest even and clamped in
+// every lane with the rule's operations, and a sum of runs one fused multiply-add a run in run
+// order per lane. double runs the same bodies one value at a time. Work is cut into fixed chunks
+// of whole quantization blocks or values over the OpenMP threads; every path gives the bits of
+// quant::int8_code, int8_value and int8_add_value.
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <string>
+#include <type_traits>
 
 #include <zero/core/dtype.hpp>
-#include <zero/core/error.hpp>
 #include <zero/core/int8_blocks.hpp>
+#include <zero/ops/cpu/isa_dispatch.hpp>
+#include <zero/ops/cpu/parallel_for.hpp>
 
 namespace zero::ops::cpu {
 
 namespace detail {
 
-// Checks that `values` values in `runs` equal runs pack into `bytes` bytes; returns a run's values.
-inline std::int64_t int8_run_values(const char* op, std::int64_t values, std::int64_t runs,
-                                    std::int64_t bytes) {
-  expect<ShapeError>(runs > 0 && values % runs == 0, op, ": ", values, " values do not split into ",
-                     runs, " equal runs");
-  const std::int64_t n = values / runs;
-  expect<ShapeError>(bytes == runs * quant::int8_packed_bytes(n), op, ": ", values, " values",
-                     runs == 1 ? std::string() : " in " + std::to_string(runs) + " runs",
-                     " pack into ", runs * quant::int8_packed_bytes(n), " bytes, not ", bytes);
-  return n;
+// O's lanes of the values at p as floats (double: one value, rounded to float as convert does).
+template <class O, class T>
+inline typename O::V int8_load_values(const T* p) {
+  if constexpr (dispatched_type<T>) {
+    return load_lanes<O>(p);
+  } else {
+    static_assert(O::width == 1, "double runs the int8 kernels one value at a time");
+    return convert<float>(*p);
+  }
 }
 
-// Checks that `values` values in `outputs` runs are summed from whole blocks of `outputs` packed
-// runs, `bytes` bytes (at least one block); returns a run's values.
-inline std::int64_t int8_sum_values(const char* op, std::int64_t values, std::int64_t outputs,
-                                    std::int64_t bytes) {
-  expect<ShapeError>(outputs > 0 && values % outputs == 0, op, ": ", values,
-                     " values do not split into ", outputs, " equal runs");
-  const std::int64_t n = values / outputs;
-  const std::int64_t block = outputs * quant::int8_packed_bytes(n);
-  expect<ShapeError>(
-      block > 0 ? bytes > 0 && bytes % block == 0 : bytes == 0, op, ": ", bytes,
-      " bytes are not whole runs of ", n, " values (", quant::int8_packed_bytes(n), " bytes each)",
-      outputs == 1 ? std::string() : " in blocks of " + std::to_string(outputs) + " runs");
-  return n;
+// Stores O's lanes at p, rounded once to T.
+template <class O, class T>
+inline void int8_store_values(T* p, const typename O::V& x) {
+  if constexpr (dispatched_type<T>) {
+    store_lanes<O>(p, x);
+  } else {
+    static_assert(O::width == 1, "double runs the int8 kernels one value at a time");
+    *p = convert<T>(x);
+  }
 }
 
-// A packed run's scale of block b.
-inline float int8_scale_of(const std::uint8_t* run, std::int64_t n, std::int64_t b) {
-  float scale;
-  std::memcpy(&scale, run + quant::int8_scales_offset(n) + 4 * b, 4);
-  return scale;
+// Calls body(ops, i) for i in [first, last) stepping by the vector width, the tail one value at a
+// time with the scalar ops.
+template <class O, class Body>
+inline void int8_lanes(std::int64_t first, std::int64_t last, Body&& body) {
+  std::int64_t i = first;
+  for (; i + O::width <= last; i += O::width) body(O{}, i);
+  for (; i < last; ++i) body(optim::ScalarHostOps{}, i);
+}
+
+// Packs quantization blocks [begin, end) of `runs` packed runs of n values (block k: run k / B,
+// its block k % B, B = int8_blocks(n)): each block's scale, then its codes.
+struct QuantizeInt8Kernel {
+  template <class O, class T>
+  static void run(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
+                  std::int64_t columns, std::int64_t begin, std::int64_t end) {
+    using S = optim::ScalarHostOps;
+    const std::int64_t per_run = quant::int8_blocks(n);
+    for (std::int64_t k = begin; k < end; ++k) {
+      const std::int64_t j = k / per_run, b = k % per_run;
+      const std::int64_t first = b * quant::int8_block;
+      const std::int64_t count = std::min(quant::int8_block, n - first);
+      const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
+      std::uint8_t* run = out + j * quant::int8_packed_bytes(n);
+      // The largest magnitude: O::max(|x|, acc) keeps acc for a NaN |x|.
+      typename O::V acc = O::set1(0.0f);
+      float tail = 0.0f;
+      int8_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
+        using P = decltype(ops);
+        if constexpr (std::is_same_v<P, O>) {
+          acc = O::max(O::abs(int8_load_values<O>(x + i)), acc);
+        } else {
+          tail = S::max(S::abs(int8_load_values<S>(x + i)), tail);
+        }
+      });
+      float lanes[O::width];
+      O::store(lanes, acc);
+      float absmax = tail;
+      for (float lane : lanes) absmax = std::max(absmax, lane);
+      const float scale = quant::int8_scale(absmax);
+      std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
+      auto* codes = reinterpret_cast<std::int8_t*>(run + first);
+      if (scale == 0.0f) {  // quant::int8_code's zero block
+        std::memset(codes, 0, static_cast<std::size_t>(count));
+        continue;
+      }
+      // quant::int8_code: rint(x / scale) clamped to [-127, 127], a NaN quotient to -127 (the
+      // rule's fmaxf, O::max's second operand).
+      int8_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
+        using P = decltype(ops);
+        const auto q = P::round_nearest(P::div(int8_load_values<P>(x + i), P::set1(scale)));
+        P::store_int8(codes + i, P::min(P::max(q, P::set1(-127.0f)), P::set1(127.0f)));
+      });
+    }
+  }
+};
+
+// The value index k of `runs` runs of n: calls body(run, i, last) for each stretch [i, last) of
+// one run's quantization block within [begin, end).
+template <class Body>
+inline void int8_block_stretches(std::int64_t n, std::int64_t begin, std::int64_t end,
+                                 Body&& body) {
+  for (std::int64_t k = begin; k < end;) {
+    const std::int64_t r = k / n, i = k - r * n;
+    const std::int64_t last =
+        std::min({n, (i / quant::int8_block + 1) * quant::int8_block, i + (end - k)});
+    body(r, i, last);
+    k += last - i;
+  }
+}
+
+// out[k] for k in [begin, end) of `runs` runs of n values = what the packed runs in stand for.
+struct DequantizeInt8Kernel {
+  template <class O, class T>
+  static void run(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t begin,
+                  std::int64_t end) {
+    int8_block_stretches(n, begin, end, [&](std::int64_t r, std::int64_t first, std::int64_t last) {
+      const std::uint8_t* run = in + r * quant::int8_packed_bytes(n);
+      const float scale = quant::int8_scale_at(run, n, first / quant::int8_block);
+      const auto* codes = reinterpret_cast<const std::int8_t*>(run);
+      T* y = out + r * n;
+      int8_lanes<O>(first, last, [&](auto ops, std::int64_t i) {
+        using P = decltype(ops);
+        int8_store_values<P>(y + i, P::mul(P::load_int8(codes + i), P::set1(scale)));
+      });
+    });
+  }
+};
+
+// out[k] for k in [begin, end) of `outputs` runs of n values = factor * the f32 sum of that value
+// of run (k / n) in every one of the `blocks` blocks of packed runs, one fused multiply-add a run
+// in run order (quant::int8_add_value), four vectors at a time.
+struct SumInt8Kernel {
+  static constexpr int group = 4;
+
+  template <class O, class T>
+  static void run(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
+                  std::int64_t blocks, float factor, std::int64_t begin, std::int64_t end) {
+    const std::int64_t packed = quant::int8_packed_bytes(n);
+    int8_block_stretches(n, begin, end, [&](std::int64_t o, std::int64_t first, std::int64_t last) {
+      const std::int64_t block = first / quant::int8_block;
+      const auto sums = [&](auto ops, std::int64_t i, auto width) {
+        using P = decltype(ops);
+        typename P::V acc[decltype(width)::value];
+        for (auto& a : acc) a = P::set1(0.0f);
+        for (std::int64_t b = 0; b < blocks; ++b) {
+          const std::uint8_t* run = in + (b * outputs + o) * packed;
+          const auto scale = P::set1(quant::int8_scale_at(run, n, block));
+          const auto* codes = reinterpret_cast<const std::int8_t*>(run) + i;
+          for (int g = 0; g < decltype(width)::value; ++g) {
+            acc[g] = P::fma(P::load_int8(codes + g * P::width), scale, acc[g]);
+          }
+        }
+        for (int g = 0; g < decltype(width)::value; ++g) {
+          int8_store_values<P>(out + o * n + i + g * P::width, P::mul(acc[g], P::set1(factor)));
+        }
+      };
+      std::int64_t i = first;
+      for (; i + group * O::width <= last; i += group * O::width) {
+        sums(O{}, i, std::integral_constant<int, group>{});
+      }
+      int8_lanes<O>(i, last, [&](auto ops, std::int64_t at) {
+        sums(ops, at, std::integral_constant<int, 1>{});
+      });
+    });
+  }
+};
+
+// Quantization blocks a chunk of the packing takes (4096 values); values a chunk of the reading
+// back and the sums take.
+inline constexpr std::int64_t int8_chunk_blocks = elementwise_chunk / quant::int8_block;
+
+// Body's entry for T: the dispatched ISA's for float, bf16 and f16, the scalar one for double.
+template <class Body, class T, class... Args>
+auto int8_kernel() -> void (*)(Args...) {
+  if constexpr (dispatched_type<T>) {
+    return kernel_for<Body, Args...>();
+  } else {
+    return &kernel_scalar<Body, Args...>;
+  }
 }
 
 }  // namespace detail
@@ -64,28 +201,15 @@ template <class T>
 void quantize_int8_blocks(std::span<const T> in, std::span<std::uint8_t> out, std::int64_t runs = 1,
                           std::int64_t columns = 1) {
   const std::int64_t n =
-      detail::int8_run_values("quantize_int8_blocks", static_cast<std::int64_t>(in.size()), runs,
-                              static_cast<std::int64_t>(out.size()));
-  expect<ShapeError>(columns > 0 && runs % columns == 0, "quantize_int8_blocks: ", runs,
-                     " runs are not rows of ", columns);
-  for (std::int64_t j = 0; j < runs; ++j) {
-    const T* x = in.data() + quant::int8_source_run(j, runs, columns) * n;
-    std::uint8_t* run = out.data() + j * quant::int8_packed_bytes(n);
-    for (std::int64_t b = 0; b < quant::int8_blocks(n); ++b) {
-      const std::int64_t first = b * quant::int8_block;
-      const std::int64_t last = std::min(n, first + quant::int8_block);
-      float absmax = 0;
-      for (std::int64_t i = first; i < last; ++i) {
-        absmax = std::max(absmax, std::fabs(convert<float>(x[i])));
-      }
-      const float scale = quant::int8_scale(absmax);
-      std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
-      for (std::int64_t i = first; i < last; ++i) {
-        const std::int8_t q = quant::int8_code(convert<float>(x[i]), scale);
-        std::memcpy(run + i, &q, 1);
-      }
-    }
-  }
+      quant::int8_run_values("quantize_int8_blocks", static_cast<std::int64_t>(in.size()), runs,
+                             static_cast<std::int64_t>(out.size()), columns);
+  const auto kernel =
+      detail::int8_kernel<detail::QuantizeInt8Kernel, T, const T*, std::uint8_t*, std::int64_t,
+                          std::int64_t, std::int64_t, std::int64_t, std::int64_t>();
+  parallel_chunks(runs * quant::int8_blocks(n), detail::int8_chunk_blocks, runs * n,
+                  [&](std::int64_t begin, std::int64_t end) {
+                    kernel(in.data(), out.data(), n, runs, columns, begin, end);
+                  });
 }
 
 /// out = the values `runs` packed runs stand for, one run's after another (in:
@@ -94,16 +218,14 @@ template <class T>
 void dequantize_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out,
                             std::int64_t runs = 1) {
   const std::int64_t n =
-      detail::int8_run_values("dequantize_int8_blocks", static_cast<std::int64_t>(out.size()), runs,
-                              static_cast<std::int64_t>(in.size()));
-  for (std::int64_t r = 0; r < runs; ++r) {
-    const std::uint8_t* run = in.data() + r * quant::int8_packed_bytes(n);
-    T* y = out.data() + r * n;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto q = static_cast<std::int8_t>(run[i]);
-      y[i] = convert<T>(quant::int8_value(q, detail::int8_scale_of(run, n, i / quant::int8_block)));
-    }
-  }
+      quant::int8_run_values("dequantize_int8_blocks", static_cast<std::int64_t>(out.size()), runs,
+                             static_cast<std::int64_t>(in.size()));
+  const auto kernel = detail::int8_kernel<detail::DequantizeInt8Kernel, T, const std::uint8_t*, T*,
+                                          std::int64_t, std::int64_t, std::int64_t>();
+  const auto values = static_cast<std::int64_t>(out.size());
+  parallel_chunks(values, elementwise_chunk, values, [&](std::int64_t begin, std::int64_t end) {
+    kernel(in.data(), out.data(), n, begin, end);
+  });
 }
 
 /// out = factor * the sums of the packed runs in, added in f32 in run order
@@ -115,22 +237,19 @@ template <class T>
 void sum_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out, float factor,
                      std::int64_t outputs = 1) {
   const std::int64_t n =
-      detail::int8_sum_values("sum_int8_blocks", static_cast<std::int64_t>(out.size()), outputs,
-                              static_cast<std::int64_t>(in.size()));
+      quant::int8_sum_values("sum_int8_blocks", static_cast<std::int64_t>(out.size()), outputs,
+                             static_cast<std::int64_t>(in.size()));
   if (n == 0) return;
-  const std::int64_t packed = quant::int8_packed_bytes(n);
-  const auto blocks = static_cast<std::int64_t>(in.size()) / (packed * outputs);
-  for (std::int64_t o = 0; o < outputs; ++o) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      float sum = 0.0f;
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::uint8_t* run = in.data() + (b * outputs + o) * packed;
-        sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]),
-                                    detail::int8_scale_of(run, n, i / quant::int8_block));
-      }
-      out[static_cast<std::size_t>(o * n + i)] = convert<T>(sum * factor);
-    }
-  }
+  const auto blocks =
+      static_cast<std::int64_t>(in.size()) / (quant::int8_packed_bytes(n) * outputs);
+  const auto kernel =
+      detail::int8_kernel<detail::SumInt8Kernel, T, const std::uint8_t*, T*, std::int64_t,
+                          std::int64_t, std::int64_t, float, std::int64_t, std::int64_t>();
+  const auto values = static_cast<std::int64_t>(out.size());
+  parallel_chunks(values, elementwise_chunk, values * blocks,
+                  [&](std::int64_t begin, std::int64_t end) {
+                    kernel(in.data(), out.data(), n, outputs, blocks, factor, begin, end);
+                  });
 }
 
 }  // namespace zero::ops::cpu
