@@ -1,7 +1,8 @@
 // f32 -> bf16 / f16 conversion throughput (the write-back of every mixed-precision step),
-// beside memcpy of the same bytes measured in the same run; and ZeRO++'s block-wise int8 packing
-// of f32 and bf16 values in 4 runs, its reading back and its sum of the 4 runs (qgZ's reduction),
-// on one thread under every instruction set the CPU has, beside the scalar path and memcpy.
+// beside memcpy of the same bytes measured in the same run; and ZeRO++'s block-wise int8 and int4
+// packing of f32 and bf16 values in 4 runs, its reading back and its sum of the 4 runs (qgZ's
+// reduction), on one thread under every instruction set the CPU has, beside the scalar path and
+// memcpy.
 // One JSON object per line.
 //
 //   ./convert_bench [elements]
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/int8_blocks.hpp>
 #include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/zero.hpp>
@@ -36,36 +38,45 @@ void report(const char* bench, long long n, double seconds, double bytes, double
       bench, n, gbps, seconds * 1e3, baseline_gbps > 0 ? gbps / baseline_gbps : 1.0);
 }
 
-// The int8 lines for values of type T: packing n values in 4 runs, reading them back, summing the
-// 4 runs into one; each under every ISA the CPU has, with its rate beside the scalar path's.
+// The lines of a block format (8 or 4 bits a code) for values of type T: packing n values in 4
+// runs, reading them back, summing the 4 runs into one; each under every ISA the CPU has, with its
+// rate beside the scalar path's.
 template <class T>
-void int8_lines(const char* type, const float* src, long long n, double copy_gbps) {
+void quant_lines(const char* type, int bits, const float* src, long long n, double copy_gbps) {
   namespace cpu = zero::ops::cpu;
   constexpr std::int64_t runs = 4;
   n -= n % runs;
   std::vector<T> in(static_cast<std::size_t>(n)), back(in.size()), sums(in.size() / runs);
   for (long long i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = zero::convert<T>(src[i]);
-  const auto packed = static_cast<std::size_t>(zero::quant::int8_packed_bytes(n / runs) * runs);
+  const std::int64_t run_bytes = bits == 8 ? zero::quant::int8_packed_bytes(n / runs)
+                                           : zero::quant::int4_packed_bytes(n / runs);
+  const auto packed = static_cast<std::size_t>(run_bytes * runs);
   std::vector<std::uint8_t> bytes(packed);
+  const std::span<const T> values(in);
+  const std::span<std::uint8_t> out(bytes);
+  const std::span<const std::uint8_t> packed_in(bytes);
   const double value_bytes = static_cast<double>(sizeof(T)) * static_cast<double>(n);
   struct Op {
-    const char* name;
+    std::string name;
     double bytes;  // read and written
     std::function<void()> run;
   };
+  const std::string width = bits == 8 ? "int8" : "int4";
   const Op ops[] = {
-      {"quantize_int8", value_bytes + static_cast<double>(packed),
+      {"quantize_" + width, value_bytes + static_cast<double>(packed),
        [&] {
-         cpu::quantize_int8_blocks(std::span<const T>(in), std::span<std::uint8_t>(bytes), runs);
+         bits == 8 ? cpu::quantize_int8_blocks(values, out, runs)
+                   : cpu::quantize_int4_blocks(values, out, runs);
        }},
-      {"dequantize_int8", value_bytes + static_cast<double>(packed),
+      {"dequantize_" + width, value_bytes + static_cast<double>(packed),
        [&] {
-         cpu::dequantize_int8_blocks(std::span<const std::uint8_t>(bytes), std::span<T>(back),
-                                     runs);
+         bits == 8 ? cpu::dequantize_int8_blocks(packed_in, std::span<T>(back), runs)
+                   : cpu::dequantize_int4_blocks(packed_in, std::span<T>(back), runs);
        }},
-      {"sum_int8", value_bytes / runs + static_cast<double>(packed),
+      {"sum_" + width, value_bytes / runs + static_cast<double>(packed),
        [&] {
-         cpu::sum_int8_blocks(std::span<const std::uint8_t>(bytes), std::span<T>(sums), 0.25f);
+         bits == 8 ? cpu::sum_int8_blocks(packed_in, std::span<T>(sums), 0.25f)
+                   : cpu::sum_int4_blocks(packed_in, std::span<T>(sums), 0.25f);
        }},
   };
   for (const Op& op : ops) {
@@ -78,7 +89,7 @@ void int8_lines(const char* type, const float* src, long long n, double copy_gbp
       if (isa == zero::optim::Isa::scalar) scalar_seconds = seconds;
       const double gbps = op.bytes / seconds / 1e9;
       zero::bench::line(
-          (std::string(op.name) + "_" + type).c_str(),
+          (op.name + "_" + type).c_str(),
           "\"elements\": " + std::to_string(n) + ", \"runs\": 4, \"isa\": \"" +
               std::string(zero::optim::name_of(isa)) + "\", \"threads\": 1",
           gbps, "GB/s",
@@ -119,7 +130,9 @@ int main(int argc, char** argv) {
   });
   report("convert_f32_to_f16", n, t_hf, n * (sizeof(float) + 2.0), copy_gbps);
 
-  int8_lines<float>("f32", in, n, copy_gbps);
-  int8_lines<zero::bf16>("bf16", in, n, copy_gbps);
+  for (int bits : {8, 4}) {
+    quant_lines<float>("f32", bits, in, n, copy_gbps);
+    quant_lines<zero::bf16>("bf16", bits, in, n, copy_gbps);
+  }
   return 0;
 }

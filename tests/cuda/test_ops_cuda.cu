@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include <zero/ops/cpu/embedding.hpp>
 #include <zero/ops/cpu/gelu.hpp>
 #include <zero/ops/cpu/gemm.hpp>
+#include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
 #include <zero/ops/cpu/linear.hpp>
 #include <zero/ops/cuda/convert.cuh>
@@ -32,6 +34,7 @@
 #include <zero/ops/cuda/embedding.cuh>
 #include <zero/ops/cuda/gelu.cuh>
 #include <zero/ops/cuda/gemm.cuh>
+#include <zero/ops/cuda/int4_blocks.cuh>
 #include <zero/ops/cuda/layer_norm.cuh>
 #include <zero/ops/cuda/linear.cuh>
 #include <zero/ops/cuda/reduce.cuh>
@@ -1204,5 +1207,59 @@ TEMPLATE_TEST_CASE("sum of squares and the non-finite count over CUB block reduc
     CHECK_FALSE(gpu::grad_stats<T>(d_g.get(), n, nullptr).finite);
     gpu::count_nonfinite<T>(d_count.get(), d_g.get(), n, nullptr);
     CHECK(d_count.download()[0] == (n > 1 ? 2u : 1u));
+  }
+}
+
+// ---- int4 blocks --------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE(
+    "int4 blocks: the device's packing in runs (and column by column), reading back and sums equal "
+    "the host's bit for bit",
+    "[cuda][quant]", float, bf16, f16) {
+  struct Layout {
+    std::int64_t n, runs, columns, outputs;
+  };
+  // Odd n (a padding nibble), a short last block, several runs packed column by column.
+  for (const Layout l : {Layout{1, 1, 1, 1}, Layout{257, 2, 1, 2}, Layout{300, 6, 3, 3},
+                         Layout{1031, 4, 2, 1}, Layout{4096, 4, 1, 2}}) {
+    INFO("n " << l.n << " runs " << l.runs << " columns " << l.columns);
+    std::vector<TestType> values =
+        random_vector<TestType>(static_cast<std::size_t>(l.n * l.runs), 91, -3.0f, 3.0f);
+    values[0] = convert<TestType>(std::numeric_limits<float>::quiet_NaN());
+    for (std::int64_t i = 256; i < std::min<std::int64_t>(l.n, 512); ++i) {
+      values[static_cast<std::size_t>(i)] = convert<TestType>(0.0f);  // a block of zeros
+    }
+    const auto packed = static_cast<std::size_t>(zero::quant::int4_packed_bytes(l.n) * l.runs);
+    std::vector<std::uint8_t> want(packed);
+    cpu::quantize_int4_blocks(std::span<const TestType>(values), std::span<std::uint8_t>(want),
+                              l.runs, l.columns);
+    std::vector<TestType> want_back(values.size());
+    cpu::dequantize_int4_blocks(std::span<const std::uint8_t>(want), std::span<TestType>(want_back),
+                                l.runs);
+    std::vector<TestType> want_sums(static_cast<std::size_t>(l.n * l.outputs));
+    cpu::sum_int4_blocks(std::span<const std::uint8_t>(want), std::span<TestType>(want_sums), 0.25f,
+                         l.outputs);
+
+    const DeviceVector<TestType> d_values(values);
+    DeviceVector<std::uint8_t> d_packed(packed);
+    gpu::quantize_int4_blocks<TestType>(d_values.get(), d_packed.get(), l.n, l.runs, l.columns,
+                                        nullptr);
+    // The padding bytes between the codes and the scales are written by neither side.
+    std::vector<std::uint8_t> got = d_packed.download();
+    for (std::int64_t r = 0; r < l.runs; ++r) {
+      const std::int64_t at = r * zero::quant::int4_packed_bytes(l.n);
+      for (std::int64_t p = (l.n + 1) / 2; p < zero::quant::int4_scales_offset(l.n); ++p) {
+        got[static_cast<std::size_t>(at + p)] = want[static_cast<std::size_t>(at + p)];
+      }
+    }
+    CHECK(same_bits(got, want));
+    d_packed.upload(want);
+    DeviceVector<TestType> d_back(values.size());
+    gpu::dequantize_int4_blocks<TestType>(d_packed.get(), d_back.get(), l.n, l.runs, nullptr);
+    CHECK(same_bits(d_back.download(), want_back));
+    DeviceVector<TestType> d_sums(want_sums.size());
+    gpu::sum_int4_blocks<TestType>(d_packed.get(), d_sums.get(), l.n, l.outputs, l.runs / l.outputs,
+                                   0.25f, nullptr);
+    CHECK(same_bits(d_sums.download(), want_sums));
   }
 }

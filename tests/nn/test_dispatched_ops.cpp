@@ -1,7 +1,8 @@
 // The dispatched host kernels (ops/cpu/isa_dispatch.hpp): every vector path the CPU has gives
 // the scalar path's bits on odd sizes (tails, several chunks), every path is within a few ulp of
-// the double reference (the int8 packing: the bits of core/int8_blocks.hpp's rules, applied one
-// value at a time), and the float kernels do not depend on the thread count.
+// the double reference (the int8 and int4 packing: the bits of core/int8_blocks.hpp's and
+// int4_blocks.hpp's rules, applied one value at a time), and the float kernels do not depend on the
+// thread count.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include <zero/core/arena.hpp>
+#include <zero/core/int4_blocks.hpp>
 #include <zero/core/int8_blocks.hpp>
 #include <zero/nn/gpt_config.hpp>
 #include <zero/nn/hand_written_gpt.hpp>
@@ -26,6 +28,7 @@
 #include <zero/ops/cpu/elementwise.hpp>
 #include <zero/ops/cpu/embedding.hpp>
 #include <zero/ops/cpu/gelu.hpp>
+#include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/int8_blocks.hpp>
 #include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
@@ -1201,16 +1204,83 @@ TEST_CASE(
 
 namespace {
 
-// The int8 packing of `runs` runs of n values (rows of `columns`, taken column by column) with
-// core/int8_blocks.hpp's rules applied one value at a time, over out as the caller filled it
-// (no kernel writes a run's padding).
-template <class T>
-void int8_rule_pack(const std::vector<T>& in, std::vector<std::uint8_t>& out, std::int64_t n,
-                    std::int64_t runs, std::int64_t columns) {
-  namespace quant = zero::quant;
+namespace quant = zero::quant;
+
+// The two block formats: their rules one value at a time, and their kernels.
+struct Int8Format {
+  static constexpr const char* name = "int8";
+  static std::int64_t packed_bytes(std::int64_t n) { return quant::int8_packed_bytes(n); }
+  static float scale(float absmax) { return quant::int8_scale(absmax); }
+  static float scale_at(const std::uint8_t* run, std::int64_t n, std::int64_t b) {
+    return quant::int8_scale_at(run, n, b);
+  }
+  static std::int64_t scales_offset(std::int64_t n) { return quant::int8_scales_offset(n); }
+  static void put_codes(std::uint8_t* run, const std::vector<std::int8_t>& codes) {
+    std::memcpy(run, codes.data(), codes.size());
+  }
+  static std::int8_t code(float x, float scale) { return quant::int8_code(x, scale); }
+  static std::int8_t code_at(const std::uint8_t* run, std::int64_t i) {
+    return static_cast<std::int8_t>(run[i]);
+  }
+  template <class T>
+  static void pack(std::span<const T> in, std::span<std::uint8_t> out, std::int64_t runs,
+                   std::int64_t columns) {
+    quantize_int8_blocks(in, out, runs, columns);
+  }
+  template <class T>
+  static void unpack(std::span<const std::uint8_t> in, std::span<T> out, std::int64_t runs) {
+    dequantize_int8_blocks(in, out, runs);
+  }
+  template <class T>
+  static void sum(std::span<const std::uint8_t> in, std::span<T> out, float factor,
+                  std::int64_t outputs) {
+    sum_int8_blocks(in, out, factor, outputs);
+  }
+};
+
+struct Int4Format {
+  static constexpr const char* name = "int4";
+  static std::int64_t packed_bytes(std::int64_t n) { return quant::int4_packed_bytes(n); }
+  static float scale(float absmax) { return quant::int4_scale(absmax); }
+  static float scale_at(const std::uint8_t* run, std::int64_t n, std::int64_t b) {
+    return quant::int4_scale_at(run, n, b);
+  }
+  static std::int64_t scales_offset(std::int64_t n) { return quant::int4_scales_offset(n); }
+  static void put_codes(std::uint8_t* run, const std::vector<std::int8_t>& codes) {
+    for (std::size_t i = 0; i < codes.size(); i += 2) {
+      run[i / 2] = quant::int4_pair(codes[i], i + 1 < codes.size() ? codes[i + 1] : 0);
+    }
+  }
+  static std::int8_t code(float x, float scale) { return quant::int4_code(x, scale); }
+  static std::int8_t code_at(const std::uint8_t* run, std::int64_t i) {
+    return quant::int4_code_at(run, i);
+  }
+  template <class T>
+  static void pack(std::span<const T> in, std::span<std::uint8_t> out, std::int64_t runs,
+                   std::int64_t columns) {
+    quantize_int4_blocks(in, out, runs, columns);
+  }
+  template <class T>
+  static void unpack(std::span<const std::uint8_t> in, std::span<T> out, std::int64_t runs) {
+    dequantize_int4_blocks(in, out, runs);
+  }
+  template <class T>
+  static void sum(std::span<const std::uint8_t> in, std::span<T> out, float factor,
+                  std::int64_t outputs) {
+    sum_int4_blocks(in, out, factor, outputs);
+  }
+};
+
+// The packing of `runs` runs of n values (rows of `columns`, taken column by column) with F's
+// rules applied one value at a time, over out as the caller filled it (no kernel writes a run's
+// padding bytes).
+template <class F, class T>
+void rule_pack(const std::vector<T>& in, std::vector<std::uint8_t>& out, std::int64_t n,
+               std::int64_t runs, std::int64_t columns) {
   for (std::int64_t j = 0; j < runs; ++j) {
     const T* x = in.data() + quant::int8_source_run(j, runs, columns) * n;
-    std::uint8_t* run = out.data() + j * quant::int8_packed_bytes(n);
+    std::uint8_t* run = out.data() + j * F::packed_bytes(n);
+    std::vector<std::int8_t> codes;
     for (std::int64_t b = 0; b < quant::int8_blocks(n); ++b) {
       const std::int64_t first = b * quant::int8_block;
       const std::int64_t last = std::min(n, first + quant::int8_block);
@@ -1218,29 +1288,31 @@ void int8_rule_pack(const std::vector<T>& in, std::vector<std::uint8_t>& out, st
       for (std::int64_t i = first; i < last; ++i) {
         absmax = std::max(absmax, std::fabs(zero::convert<float>(x[i])));
       }
-      const float scale = quant::int8_scale(absmax);
-      std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
+      const float scale = F::scale(absmax);
+      std::memcpy(run + F::scales_offset(n) + 4 * b, &scale, 4);
       for (std::int64_t i = first; i < last; ++i) {
-        run[i] = static_cast<std::uint8_t>(quant::int8_code(zero::convert<float>(x[i]), scale));
+        codes.push_back(F::code(zero::convert<float>(x[i]), scale));
       }
     }
+    F::put_codes(run, codes);
   }
 }
 
 // `runs` runs of n values of random magnitudes, with a NaN, an infinity, a block of zeros, a block
-// of values too small for a nonzero scale, and a block whose scale is 1 with codes at ties.
+// of values too small for a nonzero scale, and a block whose scale is 1 (127 for int8, 7 for int4
+// its largest) with codes at ties.
 template <class T>
-std::vector<T> int8_inputs(std::int64_t n, std::int64_t runs) {
+std::vector<T> quant_inputs(std::int64_t n, std::int64_t runs, double largest) {
   auto v = float_values(static_cast<std::size_t>(n * runs), 81, 3.0);
   const auto at = [&](std::int64_t i) -> double& {
     return v[static_cast<std::size_t>(i % v.size())];
   };
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(v.size()); ++i) {
-    const std::int64_t block = (i % n) / zero::quant::int8_block;
+    const std::int64_t block = (i % n) / quant::int8_block;
     if (block == 1) at(i) = 0.0;
-    if (block == 2) at(i) = (i % 2 == 0 ? 1e-39 : -1e-40) * (i % 5);
+    if (block == 2) at(i) = (i % 2 == 0 ? 1e-39 : -1e-40) * static_cast<double>(i % 5);
     if (block == 3) at(i) = 0.5 * static_cast<double>(i % 9) - 2.0;  // ties of x / 1
-    if ((i % n) == 3 * zero::quant::int8_block) at(i) = 127.0;
+    if ((i % n) == 3 * quant::int8_block) at(i) = largest;
   }
   at(5) = std::numeric_limits<double>::quiet_NaN();
   at(2 * n + 1) = std::numeric_limits<double>::infinity();
@@ -1248,29 +1320,28 @@ std::vector<T> int8_inputs(std::int64_t n, std::int64_t runs) {
 }
 
 // Packs 6 runs of n values (columns 1 or 3), reads them back, and sums them as 1, 2 and 3 outputs;
-// all the outputs' bytes, from the kernels or (rule) the rules applied one value at a time.
-template <class T>
-Bytes int8_run(std::int64_t n, std::int64_t columns, bool rule) {
-  namespace quant = zero::quant;
+// all the outputs' bytes, from F's kernels or (rule) its rules applied one value at a time.
+template <class F, class T>
+Bytes quant_run(std::int64_t n, std::int64_t columns, bool rule) {
   constexpr std::int64_t runs = 6;
-  const auto in = int8_inputs<T>(n, runs);
-  const auto packed = static_cast<std::size_t>(quant::int8_packed_bytes(n));
+  const auto in = quant_inputs<T>(n, runs, std::is_same_v<F, Int8Format> ? 127.0 : 7.0);
+  const auto packed = static_cast<std::size_t>(F::packed_bytes(n));
   std::vector<std::uint8_t> bytes(packed * runs, 0xa5);
   if (rule) {
-    int8_rule_pack(in, bytes, n, runs, columns);
+    rule_pack<F>(in, bytes, n, runs, columns);
   } else {
-    quantize_int8_blocks(std::span<const T>(in), std::span<std::uint8_t>(bytes), runs, columns);
+    F::pack(std::span<const T>(in), std::span<std::uint8_t>(bytes), runs, columns);
   }
   std::vector<T> back(in.size());
   if (rule) {
     for (std::int64_t k = 0; k < runs * n; ++k) {
       const std::uint8_t* run = bytes.data() + (k / n) * packed;
       const auto i = k % n;
-      back[static_cast<std::size_t>(k)] = zero::convert<T>(quant::int8_value(
-          static_cast<std::int8_t>(run[i]), quant::int8_scale_at(run, n, i / quant::int8_block)));
+      back[static_cast<std::size_t>(k)] = zero::convert<T>(
+          quant::int8_value(F::code_at(run, i), F::scale_at(run, n, i / quant::int8_block)));
     }
   } else {
-    dequantize_int8_blocks(std::span<const std::uint8_t>(bytes), std::span<T>(back), runs);
+    F::unpack(std::span<const std::uint8_t>(bytes), std::span<T>(back), runs);
   }
   Bytes all;
   all.add(bytes), all.add(back);
@@ -1284,17 +1355,58 @@ Bytes int8_run(std::int64_t n, std::int64_t columns, bool rule) {
         for (std::int64_t b = 0; b < runs / outputs; ++b) {
           const std::uint8_t* run =
               bytes.data() + static_cast<std::size_t>(b * outputs + o) * packed;
-          sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]),
-                                      quant::int8_scale_at(run, n, i / quant::int8_block));
+          sum = quant::int8_add_value(sum, F::code_at(run, i),
+                                      F::scale_at(run, n, i / quant::int8_block));
         }
         sums[static_cast<std::size_t>(k)] = zero::convert<T>(sum * factor);
       }
     } else {
-      sum_int8_blocks(std::span<const std::uint8_t>(bytes), std::span<T>(sums), factor, outputs);
+      F::sum(std::span<const std::uint8_t>(bytes), std::span<T>(sums), factor, outputs);
     }
     all.add(sums);
   }
   return all;
+}
+
+template <class F>
+void check_quant_format() {
+  for (std::int64_t n : {1, 17, 300, 1030, 5001}) {
+    for (std::int64_t columns : {1, 3}) {
+      INFO(F::name << " n " << n << " columns " << columns);
+      check_paths([&] { return quant_run<F, float>(n, columns, false); });
+      check_paths([&] { return quant_run<F, bf16>(n, columns, false); });
+      check_paths([&] { return quant_run<F, f16>(n, columns, false); });
+      CHECK(quant_run<F, float>(n, columns, false) == quant_run<F, float>(n, columns, true));
+      CHECK(quant_run<F, bf16>(n, columns, false) == quant_run<F, bf16>(n, columns, true));
+      CHECK(quant_run<F, f16>(n, columns, false) == quant_run<F, f16>(n, columns, true));
+      CHECK(quant_run<F, double>(n, columns, false) == quant_run<F, double>(n, columns, true));
+    }
+  }
+  // The edges are there: a NaN, and a block of scale 1 whose ties round to even codes.
+  const double largest = std::is_same_v<F, Int8Format> ? 127.0 : 7.0;
+  const auto in = quant_inputs<float>(1030, 6, largest);
+  CHECK(std::isnan(in[5]));
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(6 * F::packed_bytes(1030)));
+  F::pack(std::span<const float>(in), std::span<std::uint8_t>(bytes), 6, 1);
+  CHECK(F::scale_at(bytes.data(), 1030, 3) == 1.0f);
+  int ties = 0;
+  for (std::int64_t i = 3 * 256 + 1; i < 4 * 256; ++i) {
+    const float x = in[static_cast<std::size_t>(i)];
+    ties += x - std::floor(x) == 0.5f;
+    CHECK(F::code_at(bytes.data(), i) == static_cast<int>(std::nearbyint(x)));
+  }
+  CHECK(ties > 50);
+  // Random values read back within half a step of their block's scale.
+  const auto x = cast<float>(float_values(5001, 82, 2.0));
+  std::vector<std::uint8_t> packed(static_cast<std::size_t>(F::packed_bytes(5001)));
+  F::pack(std::span<const float>(x), std::span<std::uint8_t>(packed), 1, 1);
+  std::vector<float> back(x.size());
+  F::unpack(std::span<const std::uint8_t>(packed), std::span<float>(back), 1);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float step = F::scale_at(packed.data(), 5001, static_cast<std::int64_t>(i) / 256);
+    INFO("value " << i);
+    REQUIRE(std::fabs(back[i] - x[i]) <= 0.5f * step * (1 + 1e-6f));
+  }
 }
 
 }  // namespace
@@ -1303,29 +1415,12 @@ TEST_CASE(
     "int8 blocks: every ISA and thread count gives the rules' bits, f32 / bf16 / f16 / f64, odd "
     "sizes, NaN, infinity, zero and tie blocks",
     "[unit][ops]") {
-  for (std::int64_t n : {1, 17, 300, 1030, 5000}) {
-    for (std::int64_t columns : {1, 3}) {
-      INFO("n " << n << " columns " << columns);
-      check_paths([&] { return int8_run<float>(n, columns, false); });
-      check_paths([&] { return int8_run<bf16>(n, columns, false); });
-      check_paths([&] { return int8_run<f16>(n, columns, false); });
-      CHECK(int8_run<float>(n, columns, false) == int8_run<float>(n, columns, true));
-      CHECK(int8_run<bf16>(n, columns, false) == int8_run<bf16>(n, columns, true));
-      CHECK(int8_run<f16>(n, columns, false) == int8_run<f16>(n, columns, true));
-      CHECK(int8_run<double>(n, columns, false) == int8_run<double>(n, columns, true));
-    }
-  }
-  // The edges are there: a NaN, and a block of scale 1 whose ties round to even codes.
-  const auto in = int8_inputs<float>(1030, 6);
-  CHECK(std::isnan(in[5]));
-  std::vector<std::uint8_t> bytes(
-      static_cast<std::size_t>(6 * zero::quant::int8_packed_bytes(1030)));
-  quantize_int8_blocks(std::span<const float>(in), std::span<std::uint8_t>(bytes), 6);
-  CHECK(zero::quant::int8_scale_at(bytes.data(), 1030, 3) == 1.0f);
-  int ties = 0;
-  for (std::size_t i = 3 * 256 + 1; i < 4 * 256; ++i) {
-    ties += in[i] - std::floor(in[i]) == 0.5f;
-    CHECK(static_cast<std::int8_t>(bytes[i]) == static_cast<int>(std::nearbyint(in[i])));
-  }
-  CHECK(ties > 50);
+  check_quant_format<Int8Format>();
+}
+
+TEST_CASE(
+    "int4 blocks: every ISA and thread count gives the rules' bits, f32 / bf16 / f16 / f64, odd "
+    "sizes, NaN, infinity, zero and tie blocks",
+    "[unit][ops]") {
+  check_quant_format<Int4Format>();
 }

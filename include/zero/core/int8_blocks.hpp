@@ -44,20 +44,47 @@ inline float int8_scale_at(const std::uint8_t* run, std::int64_t n, std::int64_t
   return scale;
 }
 
-/// Checks that `values` values cut into `runs` equal runs (rows of `columns` runs, for a packing
-/// column by column) pack into `bytes` bytes, with a ShapeError naming op otherwise; returns a
-/// run's values.
-inline std::int64_t int8_run_values(const char* op, std::int64_t values, std::int64_t runs,
-                                    std::int64_t bytes, std::int64_t columns = 1) {
+namespace detail {
+
+// The checks of int8_run_values and its int4 twin: `packed` gives a run's bytes, `as` names the
+// width in the message (empty for int8).
+inline std::int64_t packed_run_values(const char* op, std::int64_t values, std::int64_t runs,
+                                      std::int64_t bytes, std::int64_t columns,
+                                      std::int64_t (*packed)(std::int64_t), const char* as) {
   expect<ShapeError>(runs > 0 && values % runs == 0, op, ": ", values, " values do not split into ",
                      runs, " equal runs");
   expect<ShapeError>(columns > 0 && runs % columns == 0, op, ": ", runs, " runs are not rows of ",
                      columns);
   const std::int64_t n = values / runs;
-  expect<ShapeError>(bytes == runs * int8_packed_bytes(n), op, ": ", values, " values",
-                     runs == 1 ? std::string() : " in " + std::to_string(runs) + " runs",
-                     " pack into ", runs * int8_packed_bytes(n), " bytes, not ", bytes);
+  expect<ShapeError>(bytes == runs * packed(n), op, ": ", values, " values",
+                     runs == 1 ? std::string() : " in " + std::to_string(runs) + " runs", " pack",
+                     as, " into ", runs * packed(n), " bytes, not ", bytes);
   return n;
+}
+
+// The checks of int8_sum_values and its int4 twin.
+inline std::int64_t packed_sum_values(const char* op, std::int64_t values, std::int64_t outputs,
+                                      std::int64_t bytes, std::int64_t (*packed)(std::int64_t),
+                                      const char* as) {
+  expect<ShapeError>(outputs > 0 && values % outputs == 0, op, ": ", values,
+                     " values do not split into ", outputs, " equal runs");
+  const std::int64_t n = values / outputs;
+  const std::int64_t block = outputs * packed(n);
+  expect<ShapeError>(
+      block > 0 ? bytes > 0 && bytes % block == 0 : bytes == 0, op, ": ", bytes,
+      " bytes are not whole", as, " runs of ", n, " values (", packed(n), " bytes each)",
+      outputs == 1 ? std::string() : " in blocks of " + std::to_string(outputs) + " runs");
+  return n;
+}
+
+}  // namespace detail
+
+/// Checks that `values` values cut into `runs` equal runs (rows of `columns` runs, for a packing
+/// column by column) pack into `bytes` bytes, with a ShapeError naming op otherwise; returns a
+/// run's values.
+inline std::int64_t int8_run_values(const char* op, std::int64_t values, std::int64_t runs,
+                                    std::int64_t bytes, std::int64_t columns = 1) {
+  return detail::packed_run_values(op, values, runs, bytes, columns, &int8_packed_bytes, "");
 }
 
 /// Checks that `values` values in `outputs` runs are summed from `bytes` bytes of whole blocks of
@@ -65,15 +92,7 @@ inline std::int64_t int8_run_values(const char* op, std::int64_t values, std::in
 /// run's values.
 inline std::int64_t int8_sum_values(const char* op, std::int64_t values, std::int64_t outputs,
                                     std::int64_t bytes) {
-  expect<ShapeError>(outputs > 0 && values % outputs == 0, op, ": ", values,
-                     " values do not split into ", outputs, " equal runs");
-  const std::int64_t n = values / outputs;
-  const std::int64_t block = outputs * int8_packed_bytes(n);
-  expect<ShapeError>(
-      block > 0 ? bytes > 0 && bytes % block == 0 : bytes == 0, op, ": ", bytes,
-      " bytes are not whole runs of ", n, " values (", int8_packed_bytes(n), " bytes each)",
-      outputs == 1 ? std::string() : " in blocks of " + std::to_string(outputs) + " runs");
-  return n;
+  return detail::packed_sum_values(op, values, outputs, bytes, &int8_packed_bytes, "");
 }
 
 /// The source run that packed run j takes when `runs` runs, rows of `columns`, are packed

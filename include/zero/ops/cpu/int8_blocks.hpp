@@ -29,22 +29,22 @@ namespace detail {
 
 // O's lanes of the values at p as floats (double: one value, rounded to float as convert does).
 template <class O, class T>
-inline typename O::V int8_load_values(const T* p) {
+inline typename O::V quant_load_values(const T* p) {
   if constexpr (dispatched_type<T>) {
     return load_lanes<O>(p);
   } else {
-    static_assert(O::width == 1, "double runs the int8 kernels one value at a time");
+    static_assert(O::width == 1, "double runs the quantization kernels one value at a time");
     return convert<float>(*p);
   }
 }
 
 // Stores O's lanes at p, rounded once to T.
 template <class O, class T>
-inline void int8_store_values(T* p, const typename O::V& x) {
+inline void quant_store_values(T* p, const typename O::V& x) {
   if constexpr (dispatched_type<T>) {
     store_lanes<O>(p, x);
   } else {
-    static_assert(O::width == 1, "double runs the int8 kernels one value at a time");
+    static_assert(O::width == 1, "double runs the quantization kernels one value at a time");
     *p = convert<T>(x);
   }
 }
@@ -52,10 +52,44 @@ inline void int8_store_values(T* p, const typename O::V& x) {
 // Calls body(ops, i) for i in [first, last) stepping by the vector width, the tail one value at a
 // time with the scalar ops.
 template <class O, class Body>
-inline void int8_lanes(std::int64_t first, std::int64_t last, Body&& body) {
+inline void quant_lanes(std::int64_t first, std::int64_t last, Body&& body) {
   std::int64_t i = first;
   for (; i + O::width <= last; i += O::width) body(O{}, i);
   for (; i < last; ++i) body(optim::ScalarHostOps{}, i);
+}
+
+// The largest magnitude of x[0, count) over O's lanes: O::max(|x|, acc) keeps acc for a NaN |x|,
+// as the rule's std::max and the device's fmaxf skip it, and any order gives the same maximum.
+template <class O, class T>
+inline float quant_absmax(const T* x, std::int64_t count) {
+  using S = optim::ScalarHostOps;
+  typename O::V acc = O::set1(0.0f);
+  float tail = 0.0f;
+  quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
+    if constexpr (std::is_same_v<decltype(ops), O>) {
+      acc = O::max(O::abs(quant_load_values<O>(x + i)), acc);
+    } else {
+      tail = S::max(S::abs(quant_load_values<S>(x + i)), tail);
+    }
+  });
+  float lanes[O::width];
+  O::store(lanes, acc);
+  float absmax = tail;
+  for (float lane : lanes) absmax = std::max(absmax, lane);
+  return absmax;
+}
+
+// codes[0, count) = the codes of x[0, count) under a nonzero scale, as quant::int8_code and
+// int4_code make them: rint(x / scale) clamped to [-max_code, max_code], a NaN quotient giving
+// -max_code (the rules' fmaxf, O::max's second operand).
+template <class O, class T>
+inline void quant_codes(const T* x, std::int64_t count, float scale, float max_code,
+                        std::int8_t* codes) {
+  quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
+    using P = decltype(ops);
+    const auto q = P::round_nearest(P::div(quant_load_values<P>(x + i), P::set1(scale)));
+    P::store_int8(codes + i, P::min(P::max(q, P::set1(-max_code)), P::set1(max_code)));
+  });
 }
 
 // Packs quantization blocks [begin, end) of `runs` packed runs of n values (block k: run k / B,
@@ -64,7 +98,6 @@ struct QuantizeInt8Kernel {
   template <class O, class T>
   static void run(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
                   std::int64_t columns, std::int64_t begin, std::int64_t end) {
-    using S = optim::ScalarHostOps;
     const std::int64_t per_run = quant::int8_blocks(n);
     for (std::int64_t k = begin; k < end; ++k) {
       const std::int64_t j = k / per_run, b = k % per_run;
@@ -72,21 +105,7 @@ struct QuantizeInt8Kernel {
       const std::int64_t count = std::min(quant::int8_block, n - first);
       const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
       std::uint8_t* run = out + j * quant::int8_packed_bytes(n);
-      // The largest magnitude: O::max(|x|, acc) keeps acc for a NaN |x|.
-      typename O::V acc = O::set1(0.0f);
-      float tail = 0.0f;
-      int8_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
-        using P = decltype(ops);
-        if constexpr (std::is_same_v<P, O>) {
-          acc = O::max(O::abs(int8_load_values<O>(x + i)), acc);
-        } else {
-          tail = S::max(S::abs(int8_load_values<S>(x + i)), tail);
-        }
-      });
-      float lanes[O::width];
-      O::store(lanes, acc);
-      float absmax = tail;
-      for (float lane : lanes) absmax = std::max(absmax, lane);
+      const float absmax = quant_absmax<O>(x, count);
       const float scale = quant::int8_scale(absmax);
       std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
       auto* codes = reinterpret_cast<std::int8_t*>(run + first);
@@ -94,13 +113,7 @@ struct QuantizeInt8Kernel {
         std::memset(codes, 0, static_cast<std::size_t>(count));
         continue;
       }
-      // quant::int8_code: rint(x / scale) clamped to [-127, 127], a NaN quotient to -127 (the
-      // rule's fmaxf, O::max's second operand).
-      int8_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
-        using P = decltype(ops);
-        const auto q = P::round_nearest(P::div(int8_load_values<P>(x + i), P::set1(scale)));
-        P::store_int8(codes + i, P::min(P::max(q, P::set1(-127.0f)), P::set1(127.0f)));
-      });
+      quant_codes<O>(x, count, scale, 127.0f, codes);
     }
   }
 };
@@ -108,8 +121,8 @@ struct QuantizeInt8Kernel {
 // The value index k of `runs` runs of n: calls body(run, i, last) for each stretch [i, last) of
 // one run's quantization block within [begin, end).
 template <class Body>
-inline void int8_block_stretches(std::int64_t n, std::int64_t begin, std::int64_t end,
-                                 Body&& body) {
+inline void quant_block_stretches(std::int64_t n, std::int64_t begin, std::int64_t end,
+                                  Body&& body) {
   for (std::int64_t k = begin; k < end;) {
     const std::int64_t r = k / n, i = k - r * n;
     const std::int64_t last =
@@ -124,16 +137,17 @@ struct DequantizeInt8Kernel {
   template <class O, class T>
   static void run(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t begin,
                   std::int64_t end) {
-    int8_block_stretches(n, begin, end, [&](std::int64_t r, std::int64_t first, std::int64_t last) {
-      const std::uint8_t* run = in + r * quant::int8_packed_bytes(n);
-      const float scale = quant::int8_scale_at(run, n, first / quant::int8_block);
-      const auto* codes = reinterpret_cast<const std::int8_t*>(run);
-      T* y = out + r * n;
-      int8_lanes<O>(first, last, [&](auto ops, std::int64_t i) {
-        using P = decltype(ops);
-        int8_store_values<P>(y + i, P::mul(P::load_int8(codes + i), P::set1(scale)));
-      });
-    });
+    quant_block_stretches(
+        n, begin, end, [&](std::int64_t r, std::int64_t first, std::int64_t last) {
+          const std::uint8_t* run = in + r * quant::int8_packed_bytes(n);
+          const float scale = quant::int8_scale_at(run, n, first / quant::int8_block);
+          const auto* codes = reinterpret_cast<const std::int8_t*>(run);
+          T* y = out + r * n;
+          quant_lanes<O>(first, last, [&](auto ops, std::int64_t i) {
+            using P = decltype(ops);
+            quant_store_values<P>(y + i, P::mul(P::load_int8(codes + i), P::set1(scale)));
+          });
+        });
   }
 };
 
@@ -147,42 +161,44 @@ struct SumInt8Kernel {
   static void run(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
                   std::int64_t blocks, float factor, std::int64_t begin, std::int64_t end) {
     const std::int64_t packed = quant::int8_packed_bytes(n);
-    int8_block_stretches(n, begin, end, [&](std::int64_t o, std::int64_t first, std::int64_t last) {
-      const std::int64_t block = first / quant::int8_block;
-      const auto sums = [&](auto ops, std::int64_t i, auto width) {
-        using P = decltype(ops);
-        typename P::V acc[decltype(width)::value];
-        for (auto& a : acc) a = P::set1(0.0f);
-        for (std::int64_t b = 0; b < blocks; ++b) {
-          const std::uint8_t* run = in + (b * outputs + o) * packed;
-          const auto scale = P::set1(quant::int8_scale_at(run, n, block));
-          const auto* codes = reinterpret_cast<const std::int8_t*>(run) + i;
-          for (int g = 0; g < decltype(width)::value; ++g) {
-            acc[g] = P::fma(P::load_int8(codes + g * P::width), scale, acc[g]);
+    quant_block_stretches(
+        n, begin, end, [&](std::int64_t o, std::int64_t first, std::int64_t last) {
+          const std::int64_t block = first / quant::int8_block;
+          const auto sums = [&](auto ops, std::int64_t i, auto width) {
+            using P = decltype(ops);
+            typename P::V acc[decltype(width)::value];
+            for (auto& a : acc) a = P::set1(0.0f);
+            for (std::int64_t b = 0; b < blocks; ++b) {
+              const std::uint8_t* run = in + (b * outputs + o) * packed;
+              const auto scale = P::set1(quant::int8_scale_at(run, n, block));
+              const auto* codes = reinterpret_cast<const std::int8_t*>(run) + i;
+              for (int g = 0; g < decltype(width)::value; ++g) {
+                acc[g] = P::fma(P::load_int8(codes + g * P::width), scale, acc[g]);
+              }
+            }
+            for (int g = 0; g < decltype(width)::value; ++g) {
+              quant_store_values<P>(out + o * n + i + g * P::width,
+                                    P::mul(acc[g], P::set1(factor)));
+            }
+          };
+          std::int64_t i = first;
+          for (; i + group * O::width <= last; i += group * O::width) {
+            sums(O{}, i, std::integral_constant<int, group>{});
           }
-        }
-        for (int g = 0; g < decltype(width)::value; ++g) {
-          int8_store_values<P>(out + o * n + i + g * P::width, P::mul(acc[g], P::set1(factor)));
-        }
-      };
-      std::int64_t i = first;
-      for (; i + group * O::width <= last; i += group * O::width) {
-        sums(O{}, i, std::integral_constant<int, group>{});
-      }
-      int8_lanes<O>(i, last, [&](auto ops, std::int64_t at) {
-        sums(ops, at, std::integral_constant<int, 1>{});
-      });
-    });
+          quant_lanes<O>(i, last, [&](auto ops, std::int64_t at) {
+            sums(ops, at, std::integral_constant<int, 1>{});
+          });
+        });
   }
 };
 
-// Quantization blocks a chunk of the packing takes (4096 values); values a chunk of the reading
-// back and the sums take.
-inline constexpr std::int64_t int8_chunk_blocks = elementwise_chunk / quant::int8_block;
+// Quantization blocks a chunk of the packing takes (4096 values); int8's reading back and sums
+// take chunks of elementwise_chunk values.
+inline constexpr std::int64_t quant_chunk_blocks = elementwise_chunk / quant::int8_block;
 
 // Body's entry for T: the dispatched ISA's for float, bf16 and f16, the scalar one for double.
 template <class Body, class T, class... Args>
-auto int8_kernel() -> void (*)(Args...) {
+auto quant_kernel() -> void (*)(Args...) {
   if constexpr (dispatched_type<T>) {
     return kernel_for<Body, Args...>();
   } else {
@@ -204,9 +220,9 @@ void quantize_int8_blocks(std::span<const T> in, std::span<std::uint8_t> out, st
       quant::int8_run_values("quantize_int8_blocks", static_cast<std::int64_t>(in.size()), runs,
                              static_cast<std::int64_t>(out.size()), columns);
   const auto kernel =
-      detail::int8_kernel<detail::QuantizeInt8Kernel, T, const T*, std::uint8_t*, std::int64_t,
-                          std::int64_t, std::int64_t, std::int64_t, std::int64_t>();
-  parallel_chunks(runs * quant::int8_blocks(n), detail::int8_chunk_blocks, runs * n,
+      detail::quant_kernel<detail::QuantizeInt8Kernel, T, const T*, std::uint8_t*, std::int64_t,
+                           std::int64_t, std::int64_t, std::int64_t, std::int64_t>();
+  parallel_chunks(runs * quant::int8_blocks(n), detail::quant_chunk_blocks, runs * n,
                   [&](std::int64_t begin, std::int64_t end) {
                     kernel(in.data(), out.data(), n, runs, columns, begin, end);
                   });
@@ -220,8 +236,8 @@ void dequantize_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out,
   const std::int64_t n =
       quant::int8_run_values("dequantize_int8_blocks", static_cast<std::int64_t>(out.size()), runs,
                              static_cast<std::int64_t>(in.size()));
-  const auto kernel = detail::int8_kernel<detail::DequantizeInt8Kernel, T, const std::uint8_t*, T*,
-                                          std::int64_t, std::int64_t, std::int64_t>();
+  const auto kernel = detail::quant_kernel<detail::DequantizeInt8Kernel, T, const std::uint8_t*, T*,
+                                           std::int64_t, std::int64_t, std::int64_t>();
   const auto values = static_cast<std::int64_t>(out.size());
   parallel_chunks(values, elementwise_chunk, values, [&](std::int64_t begin, std::int64_t end) {
     kernel(in.data(), out.data(), n, begin, end);
@@ -243,8 +259,8 @@ void sum_int8_blocks(std::span<const std::uint8_t> in, std::span<T> out, float f
   const auto blocks =
       static_cast<std::int64_t>(in.size()) / (quant::int8_packed_bytes(n) * outputs);
   const auto kernel =
-      detail::int8_kernel<detail::SumInt8Kernel, T, const std::uint8_t*, T*, std::int64_t,
-                          std::int64_t, std::int64_t, float, std::int64_t, std::int64_t>();
+      detail::quant_kernel<detail::SumInt8Kernel, T, const std::uint8_t*, T*, std::int64_t,
+                           std::int64_t, std::int64_t, float, std::int64_t, std::int64_t>();
   const auto values = static_cast<std::int64_t>(out.size());
   parallel_chunks(values, elementwise_chunk, values * blocks,
                   [&](std::int64_t begin, std::int64_t end) {

@@ -1,0 +1,138 @@
+#pragma once
+// zero-requires: cuda
+// Block-wise int4 quantization on the GPU (DeepSpeed's width for ZeRO++'s quantized gradients):
+// the device twins of ops/cpu/int4_blocks.hpp, with core/int4_blocks.hpp's rules and layout, so
+// the bits are the host's. Quantizing: one thread block per quantization block (int4_block
+// threads, one value each; blockIdx.y the run): cub::BlockReduce takes the block's largest
+// magnitude, each thread its code, and each even thread writes its pair's byte with its odd
+// neighbour's code (a warp shuffle; past the run's end a code is 0, the padding nibble). Reading
+// back: grid-stride over every run's values. Summing runs: grid-stride over the outputs' values,
+// each thread adding its value of every block's run in block order with quant::int8_add_value.
+// Launchers take the stream last and check cudaGetLastError().
+
+#if !defined(__CUDACC__)
+#error "zero/ops/cuda/int4_blocks.cuh needs nvcc; host-only code includes ops/cpu/int4_blocks.hpp"
+#endif
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include <cub/block/block_reduce.cuh>
+
+#include <zero/core/cuda_check.cuh>
+#include <zero/core/int4_blocks.hpp>
+#include <zero/ops/cuda/common.cuh>
+
+namespace zero::ops::cuda {
+
+inline constexpr int int4_block_threads = static_cast<int>(quant::int4_block);
+
+/// One quantization block of int4 packed run blockIdx.y a thread block: its scale and its code
+/// bytes into that run's place of out, from in's run quant::int8_source_run(blockIdx.y, runs,
+/// columns).
+template <class T>
+__global__ void __launch_bounds__(int4_block_threads)
+    quantize_int4_kernel(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
+                         std::int64_t columns) {
+  using Reduce = cub::BlockReduce<float, int4_block_threads>;
+  __shared__ typename Reduce::TempStorage temp;
+  __shared__ float scale;
+  in += quant::int8_source_run(blockIdx.y, runs, columns) * n;
+  out += static_cast<std::int64_t>(blockIdx.y) * quant::int4_packed_bytes(n);
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * quant::int4_block + threadIdx.x;
+  const float x = i < n ? load(in[i]) : 0.0f;
+  const float absmax = Reduce(temp).Reduce(fabsf(x), [](float a, float b) { return fmaxf(a, b); });
+  if (threadIdx.x == 0) {
+    scale = quant::int4_scale(absmax);
+    reinterpret_cast<float*>(out + quant::int4_scales_offset(n))[blockIdx.x] = scale;
+  }
+  __syncthreads();
+  const std::int8_t code = i < n ? quant::int4_code(x, scale) : std::int8_t{0};
+  const int odd = __shfl_down_sync(0xffffffffu, static_cast<int>(code), 1);
+  if (i < n && i % 2 == 0) {
+    out[i / 2] = quant::int4_pair(code, static_cast<std::int8_t>(odd));
+  }
+}
+
+/// out[r * n + i] = the value of int4 run r's code i under its block's scale, for `runs` runs.
+template <class T>
+__global__ void dequantize_int4_kernel(const std::uint8_t* in, T* out, std::int64_t n,
+                                       std::int64_t runs) {
+  const std::int64_t packed = quant::int4_packed_bytes(n);
+  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       k < runs * n; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = k / n, i = k - r * n;
+    const std::uint8_t* run = in + r * packed;
+    const float* scales = reinterpret_cast<const float*>(run + quant::int4_scales_offset(n));
+    out[k] =
+        store<T>(quant::int8_value(quant::int4_code_at(run, i), scales[i / quant::int4_block]));
+  }
+}
+
+/// out[o * n + i] = factor * the sum over the `blocks` blocks of their int4 run o's value i, added
+/// in f32 in block order (in: blocks of `outputs` packed runs).
+template <class T>
+__global__ void sum_int4_kernel(const std::uint8_t* in, T* out, std::int64_t n,
+                                std::int64_t outputs, std::int64_t blocks, float factor) {
+  const std::int64_t packed = quant::int4_packed_bytes(n);
+  const std::int64_t scales_at = quant::int4_scales_offset(n);
+  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       k < outputs * n; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t o = k / n, i = k - o * n;
+    float sum = 0.0f;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::uint8_t* run = in + (b * outputs + o) * packed;
+      const float scale = reinterpret_cast<const float*>(run + scales_at)[i / quant::int4_block];
+      sum = quant::int8_add_value(sum, quant::int4_code_at(run, i), scale);
+    }
+    out[k] = store<T>(__fmul_rn(sum, factor));
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+/// out (runs * int4_packed_bytes(n) bytes, 4-byte aligned) = in's `runs` runs of n values, each
+/// packed as int4, on stream; with columns > 1 taken column by column from rows of `columns` runs
+/// (quant::int8_source_run).
+template <class T>
+void quantize_int4_blocks(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
+                          std::int64_t columns, cudaStream_t stream) {
+  static_assert(is_device_float<T>, "quantize_int4_blocks: f32, bf16 and f16 on the device");
+  if (n == 0 || runs == 0) return;
+  expect_int_range(n, "quantize_int4_blocks");
+  expect<ShapeError>(runs <= 65535, "quantize_int4_blocks: ", runs,
+                     " runs (a grid's y extent is at most 65535)");
+  const dim3 grid(static_cast<unsigned>(quant::int4_blocks(n)), static_cast<unsigned>(runs));
+  quantize_int4_kernel<T><<<grid, int4_block_threads, 0, stream>>>(in, out, n, runs, columns);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// out's runs * n values = what the `runs` int4 packed runs in (runs * int4_packed_bytes(n)
+/// bytes, 4-byte aligned) stand for, on stream.
+template <class T>
+void dequantize_int4_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
+                            cudaStream_t stream) {
+  static_assert(is_device_float<T>, "dequantize_int4_blocks: f32, bf16 and f16 on the device");
+  if (n == 0 || runs == 0) return;
+  expect_int_range(n, "dequantize_int4_blocks");
+  dequantize_int4_kernel<T>
+      <<<grid_for(runs * n), elementwise_threads, 0, stream>>>(in, out, n, runs);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+/// out's outputs * n values = factor * the sums of run o of each of in's `blocks` blocks of
+/// `outputs` int4 packed runs (each int4_packed_bytes(n) bytes, 4-byte aligned), added in f32 in
+/// block order, on stream.
+template <class T>
+void sum_int4_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
+                     std::int64_t blocks, float factor, cudaStream_t stream) {
+  static_assert(is_device_float<T>, "sum_int4_blocks: f32, bf16 and f16 on the device");
+  if (n == 0 || outputs == 0) return;
+  expect_int_range(n, "sum_int4_blocks");
+  sum_int4_kernel<T><<<grid_for(outputs * n), elementwise_threads, 0, stream>>>(in, out, n, outputs,
+                                                                                blocks, factor);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace zero::ops::cuda
