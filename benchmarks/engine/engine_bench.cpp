@@ -9,7 +9,8 @@
 // inside the shard group and across the replicas, which is what would cross between nodes. Then
 // ZeRO++ at stage 3 on 4 ranks beside plain stage 3 ("engine_step_zeropp" lines): hpZ
 // (EngineOptions::hpz_size, secondary groups of 2), qwZ (quantized_weights), both, qgZ
-// (quantized_gradients), qgZ with hpZ (its two hops) and all three; the step time, and one
+// (quantized_gradients), qgZ with hpZ (its two hops) and all three, the qgZ lines again at 4
+// bits (quantized_gradient_bits, DeepSpeed's width); the step time, and one
 // step's bus bytes per rank over all 4 ranks and across the secondary groups (what would cross
 // between nodes; the gradient reductions' part apart) and inside the secondary group. One JSON line
 // per configuration.
@@ -196,10 +197,11 @@ void hybrid_line(const BenchShape& s, int stage, int ranks, int shard, int threa
   std::fflush(stdout);
 }
 
-// ZeRO++'s parts: hpZ's secondary groups (0: none), qwZ, qgZ.
+// ZeRO++'s parts: hpZ's secondary groups (0: none), qwZ, qgZ (at qgz_bits a code).
 struct ZeroPP {
   int hpz = 0;
   bool qwz = false, qgz = false;
+  int qgz_bits = 8;
 };
 
 // One "engine_step_zeropp" line: stage 3 on `ranks` ranks with ZeRO++'s parts as given, beside
@@ -211,18 +213,20 @@ void zeropp_line(const BenchShape& s, int ranks, const ZeroPP& parts, int thread
   variant.options.hpz_size = parts.hpz;
   variant.options.quantized_weights = parts.qwz;
   variant.options.quantized_gradients = parts.qgz;
+  variant.options.quantized_gradient_bits = parts.qgz_bits;
   const double ms = engine_ms(s, 3, ranks, threads, variant);
   std::printf(
       "{\"bench\": \"engine_step_zeropp\", \"config\": {\"stage\": 3, \"ranks\": %d, "
       "\"hpz_size\": %d, \"quantized_weights\": %s, \"quantized_gradients\": %s, "
-      "\"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, \"unit\": \"ms\", "
+      "\"quantized_gradient_bits\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": "
+      "%.3f, \"unit\": \"ms\", "
       "\"plain_ms\": %.3f, \"ratio\": %.3f, \"world_bus_bytes\": %.0f, "
       "\"world_reduction_bus_bytes\": %.0f, \"secondary_bus_bytes\": %.0f, "
       "\"across_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f, "
       "\"plain_reduction_bus_bytes\": %.0f}\n",
-      ranks, parts.hpz, parts.qwz ? "true" : "false", parts.qgz ? "true" : "false", threads,
-      static_cast<long long>(model_config(s).num_parameters()), ms, plain, ms / plain, bytes.world,
-      bytes.world_reductions, bytes.secondary, bytes.across, plain_bytes.world,
+      ranks, parts.hpz, parts.qwz ? "true" : "false", parts.qgz ? "true" : "false", parts.qgz_bits,
+      threads, static_cast<long long>(model_config(s).num_parameters()), ms, plain, ms / plain,
+      bytes.world, bytes.world_reductions, bytes.secondary, bytes.across, plain_bytes.world,
       plain_bytes.world_reductions);
   std::fflush(stdout);
 }
@@ -287,7 +291,9 @@ int main(int argc, char** argv) {
   }
   for (const ZeroPP& parts :
        {ZeroPP{.hpz = 2}, ZeroPP{.qwz = true}, ZeroPP{.hpz = 2, .qwz = true}, ZeroPP{.qgz = true},
-        ZeroPP{.hpz = 2, .qgz = true}, ZeroPP{.hpz = 2, .qwz = true, .qgz = true}}) {
+        ZeroPP{.hpz = 2, .qgz = true}, ZeroPP{.hpz = 2, .qwz = true, .qgz = true},
+        ZeroPP{.qgz = true, .qgz_bits = 4}, ZeroPP{.hpz = 2, .qgz = true, .qgz_bits = 4},
+        ZeroPP{.hpz = 2, .qwz = true, .qgz = true, .qgz_bits = 4}}) {
     zeropp_line(s, 4, parts, std::max(1, cores / 4));
   }
   return 0;

@@ -13,7 +13,8 @@
 // --channels), and the choices are printed, as are the keys that have no effect in zero.
 //
 //   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--shard-size N | --hpz-size N]
-//               [--quantized-weights] [--quantized-gradients] [--steps 100]
+//               [--quantized-weights] [--quantized-gradients [--quantized-gradient-bits 4]]
+//               [--steps 100]
 //               [--batch 8] [--seq 64]
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
 //               [--layers 4] [--heads 4] [--channels 128] [--lr 1e-3] [--seed 1234]
@@ -42,7 +43,8 @@
 // stage 3): the parameter gathers move block-wise int8, the units compute on what it stands for.
 // --quantized-gradients is ZeRO++'s quantized gradients (zero_optimization.
 // zero_quantized_gradients; stage 3): each gradient reduce-scatter becomes an all-to-all of
-// block-wise int8, averaged in f32 by the rank that holds the shard.
+// block-wise int8, averaged in f32 by the rank that holds the shard; --quantized-gradient-bits 4
+// (zero's own zero_quantized_gradient_bits) packs int4 instead, DeepSpeed's width.
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary's
@@ -163,9 +165,10 @@ struct Options {
   std::string config;
   int ranks = 2;
   std::optional<int> stage;
-  std::optional<int> shard_size;      // hybrid sharding (default: the config's mics_shard_size)
-  bool quantized_weights = false;     // ZeRO++ qwZ (or the config's zero_quantized_weights)
-  bool quantized_gradients = false;   // ZeRO++ qgZ (or the config's zero_quantized_gradients)
+  std::optional<int> shard_size;     // hybrid sharding (default: the config's mics_shard_size)
+  bool quantized_weights = false;    // ZeRO++ qwZ (or the config's zero_quantized_weights)
+  bool quantized_gradients = false;  // ZeRO++ qgZ (or the config's zero_quantized_gradients)
+  std::optional<int> quantized_gradient_bits;  // qgZ's 8 or 4 (zero_quantized_gradient_bits)
   std::optional<int> hpz_size;        // ZeRO++ hpZ (default: the config's zero_hpz_partition_size)
   std::optional<int> tp;              // tensor-parallel size (default: the config's, else 1)
   bool sp = false;                    // Megatron sequence parallelism (with --tp)
@@ -252,6 +255,8 @@ Options parse(int argc, char** argv) {
       o.shard_size = static_cast<int>(positive());
     else if (flag == "--hpz-size")
       o.hpz_size = static_cast<int>(positive());
+    else if (flag == "--quantized-gradient-bits")
+      o.quantized_gradient_bits = static_cast<int>(integer(4, 8));
     else if (flag == "--tp")
       o.tp = static_cast<int>(positive());
     else if (flag == "--sp")
@@ -407,6 +412,9 @@ Config make_config(const Options& o) {
   if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
   if (o.quantized_weights) j["zero_optimization"]["zero_quantized_weights"] = true;
   if (o.quantized_gradients) j["zero_optimization"]["zero_quantized_gradients"] = true;
+  if (o.quantized_gradient_bits) {
+    j["zero_optimization"]["zero_quantized_gradient_bits"] = *o.quantized_gradient_bits;
+  }
   if (!o.config.empty()) {
     std::ifstream in(o.config);
     if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
@@ -421,6 +429,9 @@ Config make_config(const Options& o) {
     if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
     if (o.quantized_weights) j["zero_optimization"]["zero_quantized_weights"] = true;
     if (o.quantized_gradients) j["zero_optimization"]["zero_quantized_gradients"] = true;
+    if (o.quantized_gradient_bits) {
+      j["zero_optimization"]["zero_quantized_gradient_bits"] = *o.quantized_gradient_bits;
+    }
     if (o.print_every) j["steps_per_print"] = *o.print_every;
     // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
     const auto overrides = [&](const char* path) {
@@ -731,7 +742,8 @@ std::string shard_note(const engine::EngineOptions& options, int dp) {
   const std::string quantized =
       std::string(options.quantized_weights ? "; qwZ: parameters gathered as block-wise int8"
                                             : "") +
-      (options.quantized_gradients ? "; qgZ: gradients reduced by an all-to-all of block-wise int8"
+      (options.quantized_gradients ? "; qgZ: gradients reduced by an all-to-all of block-wise int" +
+                                         std::to_string(options.quantized_gradient_bits)
                                    : "");
   if (hpz_size > 1 && hpz_size < dp) {
     return "; hpZ: the backward gathers inside groups of " + std::to_string(hpz_size) +

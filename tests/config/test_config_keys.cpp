@@ -108,6 +108,9 @@ TEST_CASE("every known key is read by the parser and is either applied or report
         set_path(live, section + ".nvme_path", "/tmp");
       }
       if (key.path == "zero_optimization.overlap_comm") set_path(live, key.path, true);
+      if (key.path == "zero_optimization.zero_quantized_gradient_bits") {
+        set_path(live, "zero_optimization.zero_quantized_gradients", true);
+      }
       CHECK_FALSE(noticed(Config::from_json(live), key.path));
       ++applied;
     }
@@ -168,8 +171,14 @@ TEST_CASE("applied keys say so when this configuration gives them nothing to do"
       R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1000,
                                 "stage3_max_live_parameters": 5000,
                                 "zero_hpz_partition_size": 8, "zero_quantized_weights": true,
-                                "zero_quantized_gradients": true}})");
+                                "zero_quantized_gradients": true,
+                                "zero_quantized_gradient_bits": 4}})");
   CHECK(stage3.notices.empty());
+  // qgZ's bits without qgZ.
+  const Config bits = Config::from_json_string(
+      R"({"zero_optimization": {"stage": 3, "zero_quantized_gradient_bits": 4}})");
+  CHECK(noticed(bits, "zero_optimization.zero_quantized_gradient_bits"));
+  CHECK(mentions(bits.notices, "only qgZ packs gradients"));
   // A stage written as a whole float runs as that stage (the parser accepts 3.0), and the
   // notices agree with it: they read it as stage 0 before.
   const Config stage3_float = Config::from_json_string(

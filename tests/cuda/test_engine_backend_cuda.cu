@@ -1,10 +1,10 @@
 // zero::engine::CudaBackend against HostBackend on the same inputs: the flow's element-wise
-// kernels bit for bit (accumulate, convert_into, scale, clear, ZeRO++'s int8 packing in runs, its
-// reading back and its sum of runs) and sum_of_squares to 1e-12
-// relative, +inf on Inf/NaN; the streams and the event between them (a copy on the comm stream
-// sees what a compute kernel wrote, and without the event it does not); buffers from the pool
-// and page-locked host memory. The no-device error is in test_engine_backend_no_device.cu (this
-// executable's main skips before any test when no GPU is visible).
+// kernels bit for bit (accumulate, convert_into, scale, clear, ZeRO++'s int8 and int4 packing in
+// runs, its reading back and its sum of runs) and sum_of_squares to 1e-12 relative, +inf on
+// Inf/NaN; the streams and the event between them (a copy on the comm stream sees what a compute
+// kernel wrote, and without the event it does not); buffers from the pool and page-locked host
+// memory. The no-device error is in test_engine_backend_no_device.cu (this executable's main skips
+// before any test when no GPU is visible).
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -342,6 +342,42 @@ TEMPLATE_TEST_CASE(
       DeviceBuffer<TestType> sums = upload(backend, std::vector<TestType>(want_sums.size()));
       backend.sum_int8(span_of(sums), const_span_of(packed), factor, l.outputs);
       check_same_bits(download(backend, sums), want_sums, "sum_int8" + what);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "CudaBackend's int4 runs and their sums (qgZ at 4 bits) equal HostBackend bit for bit",
+    "[cuda][engine]", float, bf16, f16) {
+  CudaBackend backend;
+  struct Layout {
+    std::int64_t runs, columns, outputs;
+  };
+  for (const Layout l : {Layout{1, 1, 1}, Layout{8, 1, 1}, Layout{8, 2, 4}, Layout{6, 3, 2}}) {
+    for (const std::size_t n : sizes) {
+      const std::string what = " n=" + std::to_string(n) + " runs=" + std::to_string(l.runs) +
+                               " columns=" + std::to_string(l.columns) +
+                               " outputs=" + std::to_string(l.outputs);
+      const auto whole = n * static_cast<std::size_t>(l.runs);
+      const std::vector<TestType> values = inputs<TestType>(whole, 57, 0.1f);
+      const auto packed_bytes =
+          static_cast<std::size_t>(l.runs) *
+          static_cast<std::size_t>(zero::quant::int4_packed_bytes(static_cast<std::int64_t>(n)));
+      std::vector<std::uint8_t> want(packed_bytes);
+      HostBackend::quantize_int4(std::span<std::uint8_t>(want), std::span<const TestType>(values),
+                                 l.runs, l.columns);
+      const float factor = static_cast<float>(l.outputs) / static_cast<float>(l.runs);
+      std::vector<TestType> want_sums(n * static_cast<std::size_t>(l.outputs));
+      HostBackend::sum_int4(std::span<TestType>(want_sums), std::span<const std::uint8_t>(want),
+                            factor, l.outputs);
+
+      const DeviceBuffer<TestType> v = upload(backend, values);
+      DeviceBuffer<std::uint8_t> packed = upload(backend, std::vector<std::uint8_t>(packed_bytes));
+      backend.quantize_int4(span_of(packed), const_span_of(v), l.runs, l.columns);
+      check_same_bits(download(backend, packed), want, "quantize_int4" + what);
+      DeviceBuffer<TestType> sums = upload(backend, std::vector<TestType>(want_sums.size()));
+      backend.sum_int4(span_of(sums), const_span_of(packed), factor, l.outputs);
+      check_same_bits(download(backend, sums), want_sums, "sum_int4" + what);
     }
   }
 }

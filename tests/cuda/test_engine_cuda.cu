@@ -13,10 +13,10 @@
 // bit. Under hybrid sharding (4 ranks in shard groups of 2, the replica all-reduces on the
 // communication stream after the shard group's reduce-scatters) it trains as the plain host
 // engine, with and without Offload<CPU>; so it does under ZeRO++ hpZ (stage 3 on 4 ranks, the
-// backward's gathers from secondary shards in groups of 2); under ZeRO++ qgZ (one hop, and two
-// under hpZ) it trains near the host engine under qgZ. The refusals: a host communicator on
-// the device engine, a device communicator on the host engine, and LAMB (whose norms the host sums)
-// on the device.
+// backward's gathers from secondary shards in groups of 2); under ZeRO++ qgZ (int8 and int4; one
+// hop, and two under hpZ) it trains near the host engine under qgZ. The refusals: a host
+// communicator on the device engine, a device communicator on the host engine, and LAMB (whose
+// norms the host sums) on the device.
 
 #include <zero/engine/cuda_backend.cuh>
 
@@ -91,16 +91,17 @@ Config gpu_config(int stage, bool bf16, bool offload) {
 // (overlap_offload_update; the values are the same); on_device: it sums a window's gradient
 // shards on the device (accumulate_grads_on_device; the same values too); shard_size: hybrid
 // sharding in groups of that many ranks (0: none); hpz_size: ZeRO++ hpZ's secondary groups;
-// qgz: ZeRO++'s quantized gradients.
+// qgz_bits: ZeRO++'s quantized gradients at 8 or 4 bits a code (0: off).
 template <class Eng, class Comm>
 Masters train(Comm& comm, const Config& config, bool deferred = false, bool on_device = false,
-              int shard_size = 0, int hpz_size = 0, bool qgz = false) {
+              int shard_size = 0, int hpz_size = 0, int qgz_bits = 0) {
   engine::EngineOptions options = tiny_options();
   options.overlap_offload_update = deferred;
   options.accumulate_grads_on_device = on_device;
   options.shard_size = shard_size;
   options.hpz_size = hpz_size;
-  options.quantized_gradients = qgz;
+  options.quantized_gradients = qgz_bits > 0;
+  if (qgz_bits > 0) options.quantized_gradient_bits = qgz_bits;
   return train_tiny_gpt<Eng>(
       comm, config, steps, accumulation, [](Eng&) {}, options);
 }
@@ -207,18 +208,19 @@ void check_gpu_hpz() {
 // twice what quantizing moved the host run from the exact one (plus f32's 1e-5): a device
 // exchange that mixed up runs or read a sum before it was written would be far outside it.
 template <class Where>
-void check_gpu_qgz(int hpz) {
+void check_gpu_qgz(int hpz, int bits) {
   constexpr bool offload = std::is_same_v<Where, CPU>;
   using HostEngine = engine::Engine<nn::GPT<float>, ZeroStage<3>, Precision<float>>;
   using GpuEngine =
       engine::Engine<nn::GPT<float>, ZeroStage<3>, Precision<float>, Offload<Where>, Compute<Cuda>>;
-  INFO("stage 3" << (offload ? " Offload<CPU>" : "") << ", 4 ranks, qgZ, hpz " << hpz);
-  const auto host_run = [hpz](bool qgz) {
+  INFO("stage 3" << (offload ? " Offload<CPU>" : "") << ", 4 ranks, qgZ at " << bits
+                 << " bits, hpz " << hpz);
+  const auto host_run = [hpz](int qgz_bits) {
     return per_rank<Masters>(4, [&](LocalComm& comm) {
-      return train<HostEngine>(comm, gpu_config(3, false, false), false, false, 0, hpz, qgz);
+      return train<HostEngine>(comm, gpu_config(3, false, false), false, false, 0, hpz, qgz_bits);
     });
   };
-  const auto exact = host_run(false), host = host_run(true);
+  const auto exact = host_run(0), host = host_run(bits);
   double moved = 0;
   for (std::size_t r = 0; r < host.size(); ++r) {
     for (std::size_t u = 0; u < host[r].size(); ++u) {
@@ -226,24 +228,27 @@ void check_gpu_qgz(int hpz) {
     }
   }
   REQUIRE(moved > 0);
-  const auto gpu = per_rank<Masters, CudaLocalComm>(4, [hpz](CudaLocalComm& comm) {
-    return train<GpuEngine>(comm, gpu_config(3, false, offload), false, false, 0, hpz, true);
+  const auto gpu = per_rank<Masters, CudaLocalComm>(4, [hpz, bits](CudaLocalComm& comm) {
+    return train<GpuEngine>(comm, gpu_config(3, false, offload), false, false, 0, hpz, bits);
   });
   const double bound = 2 * moved + 1e-5;
   const double worst = check_units(host, gpu, bound);
   std::printf(
-      "GPU engine stage 3 f32%s qgZ (%s): worst unit difference %.3g against the host's qgZ "
-      "(bound %.3g: quantizing moved the host run %.3g)\n",
-      offload ? " Offload<CPU>" : "", hpz > 0 ? "two hops, groups of 2 of 4" : "one hop of 4",
+      "GPU engine stage 3 f32%s qgZ int%d (%s): worst unit difference %.3g against the host's "
+      "qgZ (bound %.3g: quantizing moved the host run %.3g)\n",
+      offload ? " Offload<CPU>" : "", bits, hpz > 0 ? "two hops, groups of 2 of 4" : "one hop of 4",
       worst, bound, moved);
 }
 
 }  // namespace
 
-TEST_CASE("the GPU engine under qgZ trains as the host engine under qgZ (f32)", "[cuda][engine]") {
+TEST_CASE("the GPU engine under qgZ trains as the host engine under qgZ (f32), at 8 and 4 bits",
+          "[cuda][engine]") {
   for (const int hpz : {0, 2}) {
-    check_gpu_qgz<None>(hpz);
-    check_gpu_qgz<CPU>(hpz);
+    for (const int bits : {8, 4}) {
+      check_gpu_qgz<None>(hpz, bits);
+      check_gpu_qgz<CPU>(hpz, bits);
+    }
   }
 }
 

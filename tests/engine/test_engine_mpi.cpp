@@ -1,9 +1,9 @@
 // The engine over MpiComm (run by mpiexec at 2 and 4 ranks): stages 0-3 with gradient
 // accumulation 1 and 3 equal the single-process reference (f64 SGD, lr 1), AdamW from a
 // DeepSpeed config equals one process with the same optimizer, hybrid sharding (shard groups of
-// half the ranks) equals it too, as does stage 3 under ZeRO++ hpZ; ZeRO++ qgZ's int8 all-to-alls
-// over MPI train near it, the same at stages 2 and 3; and a checkpoint saved by all ranks loads
-// back at another stage.
+// half the ranks) equals it too, as does stage 3 under ZeRO++ hpZ; ZeRO++ qgZ's int8 (and int4)
+// all-to-alls over MPI train near it, the same at stages 2 and 3; and a checkpoint saved by all
+// ranks loads back at another stage.
 #include <algorithm>
 #include <filesystem>
 #include <string>
@@ -75,7 +75,8 @@ TEST_CASE("MpiComm: hpZ at stage 3 equals the single-process reference", "[mpi][
   }
 }
 
-TEST_CASE("MpiComm: qgZ at stages 2-3 trains near the single-process reference", "[mpi][engine]") {
+TEST_CASE("MpiComm: qgZ at stages 2-3 trains near the single-process reference, at 8 and 4 bits",
+          "[mpi][engine]") {
   // The packed runs cross processes by MPI_Alltoall of bytes; each rank averages what it got.
   const auto want = reference_sgd(micro_rows * 2 * world().size(), 3, 1.0, 0.05);
   engine::EngineOptions options = sgd_options(2, 0.05);
@@ -101,6 +102,14 @@ TEST_CASE("MpiComm: qgZ at stages 2-3 trains near the single-process reference",
   INFO("under hpZ " << hops);
   CHECK(hops > 1e-6);
   CHECK(hops < 1e-2);
+  // At 4 bits (DeepSpeed's width), under the same groups.
+  options.quantized_gradient_bits = 4;
+  nn::GPT<double> model4(tiny());
+  auto eng4 = sgd_engine<3>(model4, world(), options);
+  const double four = worst(max_error(eng4, world(), 2, 3, want));
+  INFO("at 4 bits " << four);
+  CHECK(four > hops);
+  CHECK(four < 0.1);
 }
 
 TEST_CASE("MpiComm: AdamW from a config equals one process with the same optimizer",

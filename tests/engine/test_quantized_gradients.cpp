@@ -5,7 +5,8 @@
 // the f32 sum of their values in run order, rounded once; the engine trains near the f64
 // reference at stages 2-3 with accumulation and clipping, with hybrid sharding and with qwZ,
 // repeatably; the exchange moves the packed bytes in place of the reduce-scatters; stages 0-1 are
-// refused by name and the config key applies at stage 3.
+// refused by name and the config key applies at stage 3. At 4 bits (DeepSpeed's width) the
+// exchanges move half the bytes and the engine trains further from the reference.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -289,6 +290,57 @@ TEST_CASE("qgZ: the reductions move the packed gradients by all-to-all", "[unit]
         static_cast<double>(plain.reduce_scatter.bytes) * 1.05);
 }
 
+TEST_CASE(
+    "qgZ at 4 bits (DeepSpeed's width): near the reference, further than 8 bits, repeatably, in "
+    "half the bytes, one hop and two",
+    "[unit][engine]") {
+  const auto int4 = [](int accumulation, double clip) {
+    engine::EngineOptions options = qgz_options(accumulation, clip);
+    options.quantized_gradient_bits = 4;
+    return options;
+  };
+  for (const int world : {2, 4}) {
+    INFO(world << " ranks");
+    const double eight = worst_error<3>(world, 2, 0.05, qgz_options(2, 0.05));
+    const double four = worst_error<3>(world, 2, 0.05, int4(2, 0.05));
+    const double two = worst_error<2>(world, 2, 0.0, int4(2, 0.0));
+    UNSCOPED_INFO("worst difference from the reference: 8 bits " << eight << ", 4 bits " << four
+                                                                 << ", stage 2 " << two);
+    // Up to 1/14 of each block's largest magnitude a rank's contribution instead of 1/254.
+    CHECK(four > eight);
+    CHECK(four < 0.1);
+    CHECK(two > 1e-6);
+    CHECK(two < 0.1);
+  }
+  const auto once = trained<3>(4, int4(2, 0.05));
+  CHECK(once == trained<3>(4, int4(2, 0.05)));
+  CHECK(once == trained<2>(4, int4(2, 0.05)));
+  // Two hops under hpZ, each at 4 bits.
+  engine::EngineOptions two_hops = int4(2, 0.05);
+  two_hops.hpz_size = 2;
+  CHECK(worst_error<3>(4, 2, 0.05, two_hops) < 0.1);
+  CHECK(trained<3>(4, two_hops) != once);
+
+  // The exchanges: half of 8 bits' bytes (the codes; the scales stay 4 bytes per 256 values).
+  const auto bytes = [&](int bits, int hpz) {
+    engine::EngineOptions options = qgz_options(1, 0.0);
+    options.quantized_gradient_bits = bits;
+    options.hpz_size = hpz;
+    return one_step_traffic<3>(4, options,
+                               {{CommOp::all_to_all, "world"},
+                                {CommOp::all_to_all, "dp-secondary"},
+                                {CommOp::all_to_all, "dp-across"}});
+  };
+  const auto eight = bytes(8, 0), four = bytes(4, 0);
+  REQUIRE(eight[0].count > 0);
+  CHECK(four[0].count == eight[0].count);
+  CHECK(static_cast<double>(four[0].bytes) < 0.52 * static_cast<double>(eight[0].bytes));
+  CHECK(static_cast<double>(four[0].bytes) > 0.49 * static_cast<double>(eight[0].bytes));
+  const auto eight_hops = bytes(8, 2), four_hops = bytes(4, 2);
+  CHECK(static_cast<double>(four_hops[2].bytes) < 0.52 * static_cast<double>(eight_hops[2].bytes));
+  CHECK(static_cast<double>(four_hops[1].bytes) < 0.52 * static_cast<double>(eight_hops[1].bytes));
+}
+
 TEST_CASE("qgZ: stages that reduce no gradient per micro-step are refused, and the config key",
           "[unit][engine][config]") {
   const auto message = per_rank<std::string>(2, [](LocalComm& comm) {
@@ -327,4 +379,48 @@ TEST_CASE("qgZ: stages that reduce no gradient per micro-step are refused, and t
     });
   });
   CHECK_THAT(disagree[0], Catch::Contains("quantized_gradients"));
+
+  // The bits: zero's own key (absent: the engine's 8, or what was set directly), 8 or 4.
+  const auto bits = [](const std::string& zero) {
+    return engine::EngineOptions{}
+        .with_config(
+            Config::from_json_string(
+                R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, )"
+                R"("zero_quantized_gradients": true)" +
+                zero + "}}"),
+            4)
+        .quantized_gradient_bits;
+  };
+  CHECK(bits("") == 8);
+  CHECK(bits(R"(, "zero_quantized_gradient_bits": 4)") == 4);
+  CHECK_THAT(thrown_message([&] { bits(R"(, "zero_quantized_gradient_bits": 5)"); }),
+             Catch::Contains("zero_quantized_gradient_bits: 5 is not 8 or 4"));
+  engine::EngineOptions four;
+  four.quantized_gradient_bits = 4;
+  CHECK(four.with_config(
+                Config::from_json_string(
+                    R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}})"),
+                4)
+            .quantized_gradient_bits == 4);
+  // Set directly, other widths are refused by name; ranks must agree on it.
+  const auto odd = per_rank<std::string>(2, [](LocalComm& comm) {
+    nn::GPT<double> model(tiny());
+    return thrown_message([&] {
+      engine::EngineOptions options = qgz_options(1, 0.0);
+      options.quantized_gradient_bits = 2;
+      auto eng = sgd_engine<3>(model, comm, options);
+    });
+  });
+  CHECK_THAT(odd[0], Catch::Contains("quantized_gradient_bits (zero_optimization."
+                                     "zero_quantized_gradient_bits) is 2; qgZ packs gradients in "
+                                     "8 or 4 bits a code"));
+  const auto apart = per_rank<std::string>(2, [](LocalComm& comm) {
+    nn::GPT<double> model(tiny());
+    return thrown_message([&] {
+      engine::EngineOptions options = qgz_options(1, 0.0);
+      options.quantized_gradient_bits = comm.rank() == 0 ? 4 : 8;
+      auto eng = sgd_engine<3>(model, comm, options);
+    });
+  });
+  CHECK_THAT(apart[0], Catch::Contains("quantized_gradient_bits"));
 }

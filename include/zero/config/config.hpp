@@ -521,6 +521,12 @@ struct Config {
                         o.zero_hpz_partition_size, " must be positive (1: off)");
     o.zero_quantized_weights = z.boolean("zero_quantized_weights").value_or(false);
     o.zero_quantized_gradients = z.boolean("zero_quantized_gradients").value_or(false);
+    o.zero_quantized_gradient_bits = z.integer("zero_quantized_gradient_bits");
+    expect<ConfigError>(!o.zero_quantized_gradient_bits || *o.zero_quantized_gradient_bits == 8 ||
+                            *o.zero_quantized_gradient_bits == 4,
+                        z.where("zero_quantized_gradient_bits"), ": ",
+                        o.zero_quantized_gradient_bits.value_or(0),
+                        " is not 8 or 4 (the bits of a quantized gradient's code)");
     o.stage3_gather_16bit_weights_on_model_save =
         z.boolean("stage3_gather_16bit_weights_on_model_save").value_or(false) ||
         z.boolean("stage3_gather_fp16_weights_on_model_save").value_or(false);

@@ -81,6 +81,12 @@ inline const char* unless_param_swapper(const nlohmann::json& root) {
                "offload_optimizer's buffer_count and pin_memory"
              : nullptr;
 }
+inline const char* unless_quantized_gradients(const nlohmann::json& root) {
+  if (const char* why = unless_stage3(root)) return why;
+  return is_true(root, "zero_optimization.zero_quantized_gradients")
+             ? nullptr
+             : "only qgZ packs gradients; zero_optimization.zero_quantized_gradients is not true";
+}
 inline const char* unless_sharding(const nlohmann::json& root) {
   return stage(root) >= 1 ? nullptr : "stage 0 shards nothing; this config has stage 0";
 }
@@ -397,8 +403,12 @@ inline std::span<const KeyInfo> known_keys() {
        "ZeRO++ quantized non-trainable weights are not implemented: every unit parameter trains",
        "true", "false"},
       {"zero_optimization.zero_quantized_gradients", applied,
-       "ZeRO++ quantized gradients: stage 3 reduces gradients by an all-to-all of block-wise int8",
+       "ZeRO++ quantized gradients: stage 3 reduces gradients by an all-to-all of block-wise int8 "
+       "(or int4: zero_quantized_gradient_bits)",
        "true", "false", keys::unless_stage3},
+      {"zero_optimization.zero_quantized_gradient_bits", applied,
+       "zero's own: the bits of qgZ's codes, 8 or 4 (the width DeepSpeed's qgZ sends)", "4", "8",
+       keys::unless_quantized_gradients},
       {"zero_optimization.mics_shard_size", applied,
        "hybrid sharding: ranks each unit is sharded over, replicated across the rest of the "
        "data-parallel group",

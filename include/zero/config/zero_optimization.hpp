@@ -97,8 +97,11 @@ struct ZeroOptimizationConfig {
   /// parameters as block-wise int8.
   bool zero_quantized_weights = false;
   /// ZeRO++'s quantized gradients (qgZ: EngineOptions::quantized_gradients): stage 3 reduces
-  /// gradients by an all-to-all of block-wise int8.
+  /// gradients by an all-to-all of block-wise int8 or int4.
   bool zero_quantized_gradients = false;
+  /// zero's own: the bits of qgZ's codes (EngineOptions::quantized_gradient_bits), 8 or 4
+  /// (DeepSpeed's width); absent: the engine's own (8).
+  std::optional<std::int64_t> zero_quantized_gradient_bits;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
 };

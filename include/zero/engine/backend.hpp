@@ -40,6 +40,7 @@
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/nn/kernels.hpp>
+#include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/int8_blocks.hpp>
 
 namespace zero::engine {
@@ -239,6 +240,19 @@ struct HostBackend {
   static void sum_int8(std::span<E> out, std::span<const std::uint8_t> in, float factor,
                        std::int64_t outputs = 1) {
     ops::cpu::sum_int8_blocks(in, out, factor, outputs);
+  }
+  /// quantize_int8 with 4-bit codes, two a byte (ZeRO++'s quantized gradients at DeepSpeed's
+  /// width; core/int4_blocks.hpp).
+  template <class E>
+  static void quantize_int4(std::span<std::uint8_t> out, std::span<const E> in,
+                            std::int64_t runs = 1, std::int64_t columns = 1) {
+    ops::cpu::quantize_int4_blocks(in, out, runs, columns);
+  }
+  /// sum_int8 over int4 packed runs.
+  template <class E>
+  static void sum_int4(std::span<E> out, std::span<const std::uint8_t> in, float factor,
+                       std::int64_t outputs = 1) {
+    ops::cpu::sum_int4_blocks(in, out, factor, outputs);
   }
 
  private:

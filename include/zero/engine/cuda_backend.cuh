@@ -58,6 +58,7 @@
 #include <zero/nn/cuda_kernels.cuh>
 #include <zero/ops/cuda/common.cuh>
 #include <zero/ops/cuda/convert.cuh>
+#include <zero/ops/cuda/int4_blocks.cuh>
 #include <zero/ops/cuda/int8_blocks.cuh>
 #include <zero/ops/cuda/reduce.cuh>
 
@@ -446,6 +447,34 @@ class CudaBackend {
     const std::int64_t blocks =
         static_cast<std::int64_t>(in.size()) / (outputs * quant::int8_packed_bytes(n));
     ops::cuda::sum_int8_blocks<E>(in.data(), out.data(), n, outputs, blocks, factor,
+                                  compute_->native());
+  }
+  /// quantize_int8 with 4-bit codes, two a byte (core/int4_blocks.hpp), on the compute stream:
+  /// HostBackend's bits.
+  template <class E>
+  void quantize_int4(std::span<std::uint8_t> out, std::span<const E> in, std::int64_t runs = 1,
+                     std::int64_t columns = 1) {
+    const std::int64_t n =
+        quant::int4_run_values("CudaBackend::quantize_int4", static_cast<std::int64_t>(in.size()),
+                               runs, static_cast<std::int64_t>(out.size()), columns);
+    if (n == 0) return;
+    expect_device_memory(out.data(), "quantize_int4", "out");
+    expect_device_memory(in.data(), "quantize_int4", "in");
+    ops::cuda::quantize_int4_blocks<E>(in.data(), out.data(), n, runs, columns, compute_->native());
+  }
+  /// sum_int8 over int4 packed runs, on the compute stream: HostBackend's bits.
+  template <class E>
+  void sum_int4(std::span<E> out, std::span<const std::uint8_t> in, float factor,
+                std::int64_t outputs = 1) {
+    const std::int64_t n =
+        quant::int4_sum_values("CudaBackend::sum_int4", static_cast<std::int64_t>(out.size()),
+                               outputs, static_cast<std::int64_t>(in.size()));
+    if (n == 0) return;
+    expect_device_memory(out.data(), "sum_int4", "out");
+    expect_device_memory(in.data(), "sum_int4", "in");
+    const std::int64_t blocks =
+        static_cast<std::int64_t>(in.size()) / (outputs * quant::int4_packed_bytes(n));
+    ops::cuda::sum_int4_blocks<E>(in.data(), out.data(), n, outputs, blocks, factor,
                                   compute_->native());
   }
 

@@ -844,6 +844,10 @@ class Engine {
                         "micro-step's gradients at stages 2-3; stage ",
                         stage,
                         " reduces the fp32 accumulator at the window's end: use stage 2 or 3");
+    expect<ConfigError>(
+        options_.quantized_gradient_bits == 8 || options_.quantized_gradient_bits == 4,
+        "Engine: quantized_gradient_bits (zero_optimization.zero_quantized_gradient_bits) is ",
+        options_.quantized_gradient_bits, "; qgZ packs gradients in 8 or 4 bits a code");
     const int n = model_.num_units();
     units_.resize(static_cast<std::size_t>(n));
     std::set<std::string, std::less<>> names;
@@ -1069,6 +1073,7 @@ class Engine {
         // Each rank splits its groups by it.
         static_cast<double>(options_.shard_size), static_cast<double>(options_.hpz_size),
         options_.quantized_weights ? 1.0 : 0.0, options_.quantized_gradients ? 1.0 : 0.0,
+        static_cast<double>(options_.quantized_gradient_bits),
         static_cast<double>(options_.persistence_threshold),
         // Stage 3's prefetch orders the gathers among the reductions; a
         // differing one interleaves the collectives differently.
@@ -1093,6 +1098,7 @@ class Engine {
                                             "hpz_size",
                                             "quantized_weights",
                                             "quantized_gradients",
+                                            "quantized_gradient_bits",
                                             "persistence_threshold",
                                             "prefetch_elems",
                                             "max_live_elems",

@@ -25,10 +25,11 @@
 //               shard is then averaged over the ranks holding the same shard, by an all-reduce
 //               started when its reduce-scatter is waited for, with as many in flight. Under
 //               ZeRO++ qgZ (quantized_gradients, stages 2-3) the reduce-scatter is an all-to-all
-//               of the gradient packed as block-wise int8, a run for each rank's shard, whose
-//               runs for this rank are summed in f32 (their mean) when it is waited for; with
-//               hpZ's groups it takes two hops, inside the secondary group and then across
-//               them (queued with the replicas' averages), as DeepSpeed's hierarchical qgZ.
+//               of the gradient packed as block-wise int8 (or int4: quantized_gradient_bits), a
+//               run for each rank's shard, whose runs for this rank are summed in f32 (their
+//               mean) when it is waited for; with hpZ's groups it takes two hops, inside the
+//               secondary group and then across them (queued with the replicas' averages), as
+//               DeepSpeed's hierarchical qgZ.
 //               Under Offload<CPU> the reduced shard reaches its pinned
 //               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
 //               every fold, through a device staging buffer, or once a window from the unit's
@@ -53,6 +54,7 @@
 
 #include <parallel/comm/any_comm.hpp>
 #include <zero/core/error.hpp>
+#include <zero/core/int4_blocks.hpp>
 #include <zero/core/int8_blocks.hpp>
 #include <zero/engine/backend.hpp>
 #include <zero/engine/engine_options.hpp>
@@ -441,8 +443,31 @@ class UnitExchange {
     packed_pool_.push_back(std::move(s.quantized_whole));
   }
 
-  // qgZ: packs unit u's compute gradient as block-wise int8 on the compute stream, a run for each
-  // rank's shard (the parts a reduce-scatter would send it), and exchanges the runs by an
+  // qgZ's packing at options_.quantized_gradient_bits (8: core/int8_blocks.hpp, 4:
+  // int4_blocks.hpp): a packed run's bytes, the packing in runs and the sum of runs.
+  std::int64_t gradient_packed_bytes(std::int64_t n) const {
+    return options_.quantized_gradient_bits == 4 ? quant::int4_packed_bytes(n)
+                                                 : quant::int8_packed_bytes(n);
+  }
+  void quantize_gradient(std::span<std::uint8_t> out, std::span<const T> in, std::int64_t runs,
+                         std::int64_t columns = 1) {
+    if (options_.quantized_gradient_bits == 4) {
+      backend_.quantize_int4(out, in, runs, columns);
+    } else {
+      backend_.quantize_int8(out, in, runs, columns);
+    }
+  }
+  void sum_gradient(std::span<T> out, std::span<const std::uint8_t> in, float factor,
+                    std::int64_t outputs = 1) {
+    if (options_.quantized_gradient_bits == 4) {
+      backend_.sum_int4(out, in, factor, outputs);
+    } else {
+      backend_.sum_int8(out, in, factor, outputs);
+    }
+  }
+
+  // qgZ: packs unit u's compute gradient as block-wise int8 (or int4) on the compute stream, a run
+  // for each rank's shard (the parts a reduce-scatter would send it), and exchanges the runs by an
   // all-to-all into p's packed_recv. In one hop (over the unit's group) rank r then holds every
   // rank's run for its shard r. Under hpZ (the unit's across_secondary group) the first hop is
   // inside the secondary group of H ranks: rank h of it receives, from each, the runs of the G
@@ -452,12 +477,12 @@ class UnitExchange {
     Unit& s = unit(u);
     const int ranks = s.group->size();
     const auto packed = static_cast<std::size_t>(
-        quant::int8_packed_bytes(static_cast<std::int64_t>(s.grad_shard.size())));
+        gradient_packed_bytes(static_cast<std::int64_t>(s.grad_shard.size())));
     p.packed_send = take_from(packed_pool_, packed * static_cast<std::size_t>(ranks));
     p.packed_recv = take_from(packed_pool_, packed * static_cast<std::size_t>(ranks));
     parallel::AnyComm& first = s.across_secondary != nullptr ? *s.secondary_group : *s.group;
-    backend_.quantize_int8(span(p.packed_send), std::span<const T>(span(*s.grads)), ranks,
-                           s.across_secondary != nullptr ? first.size() : 1);
+    quantize_gradient(span(p.packed_send), std::span<const T>(span(*s.grads)), ranks,
+                      s.across_secondary != nullptr ? first.size() : 1);
     backend_.comm_waits_for_compute();
     p.work = first.all_to_all_async(std::span<const std::uint8_t>(span(p.packed_send)),
                                     span(p.packed_recv));
@@ -472,15 +497,15 @@ class UnitExchange {
     const int across = s.across_secondary->size();
     const std::size_t n = s.grad_shard.size();
     DeviceBuffer<T> partial = take_scratch(n * static_cast<std::size_t>(across));
-    backend_.sum_int8(span(partial), std::span<const std::uint8_t>(span(p.packed_recv)),
-                      1.0f / static_cast<float>(s.secondary_group->size()), across);
+    sum_gradient(span(partial), std::span<const std::uint8_t>(span(p.packed_recv)),
+                 1.0f / static_cast<float>(s.secondary_group->size()), across);
     const auto packed =
-        static_cast<std::size_t>(quant::int8_packed_bytes(static_cast<std::int64_t>(n)) * across);
+        static_cast<std::size_t>(gradient_packed_bytes(static_cast<std::int64_t>(n)) * across);
     packed_pool_.push_back(std::move(p.packed_send));
     packed_pool_.push_back(std::move(p.packed_recv));
     p.packed_send = take_from(packed_pool_, packed);
     p.packed_recv = take_from(packed_pool_, packed);
-    backend_.quantize_int8(span(p.packed_send), std::span<const T>(span(partial)), across);
+    quantize_gradient(span(p.packed_send), std::span<const T>(span(partial)), across);
     scratch_pool_.push_back(std::move(partial));  // the next user comes after, on compute
     backend_.comm_waits_for_compute();
     p.work = s.across_secondary->all_to_all_async(
@@ -491,8 +516,8 @@ class UnitExchange {
   // plain reduce-scatter would have left the averaged shard; the packed buffers go back to their
   // pool.
   void finish_quantized_reduction(Pending& p, const parallel::AnyComm& over) {
-    backend_.sum_int8(span(p.scratch), std::span<const std::uint8_t>(span(p.packed_recv)),
-                      1.0f / static_cast<float>(over.size()));
+    sum_gradient(span(p.scratch), std::span<const std::uint8_t>(span(p.packed_recv)),
+                 1.0f / static_cast<float>(over.size()));
     packed_pool_.push_back(std::move(p.packed_send));
     packed_pool_.push_back(std::move(p.packed_recv));
   }
