@@ -72,30 +72,27 @@ inline void pack_int4(const std::int8_t* codes, std::int64_t count, std::uint8_t
   for (; p < pairs; ++p) bytes[p] = quant::int4_pair(codes[2 * p], codes[2 * p + 1]);
 }
 
-// Packs quantization blocks [begin, end) of `runs` int4 packed runs of n values (block k: run
-// k / B, its block k % B, B = int4_blocks(n)): each block's scale, then its code bytes.
+// Packs quantization blocks [begin, end) of `runs` int4 packed runs of n values (quant_blocks):
+// each block's scale, then its code bytes.
 struct QuantizeInt4Kernel {
   template <class O, class T>
   static void run(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
                   std::int64_t columns, std::int64_t begin, std::int64_t end) {
-    const std::int64_t per_run = quant::int4_blocks(n);
     alignas(64) std::int8_t codes[quant::int4_block];
-    for (std::int64_t k = begin; k < end; ++k) {
-      const std::int64_t j = k / per_run, b = k % per_run;
-      const std::int64_t first = b * quant::int4_block;
-      const std::int64_t count = std::min(quant::int4_block, n - first);
-      const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
-      std::uint8_t* run = out + j * quant::int4_packed_bytes(n);
-      const float scale = quant::int4_scale(quant_absmax<O>(x, count));
-      std::memcpy(run + quant::int4_scales_offset(n) + 4 * b, &scale, 4);
-      if (scale == 0.0f) {  // quant::int4_code's zero block
-        std::memset(codes, 0, static_cast<std::size_t>(count));
-      } else {
-        quant_codes<O>(x, count, scale, quant::int4_max_code, codes);
-      }
-      if (count % 2 != 0) codes[count] = 0;  // the padding nibble
-      pack_int4(codes, count, run + first / 2);
-    }
+    quant_blocks(n, begin, end,
+                 [&](std::int64_t j, std::int64_t b, std::int64_t first, std::int64_t count) {
+                   const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
+                   std::uint8_t* run = out + j * quant::int4_packed_bytes(n);
+                   const float scale = quant::int4_scale(quant_absmax<O>(x, count));
+                   std::memcpy(run + quant::int4_scales_offset(n) + 4 * b, &scale, 4);
+                   if (scale == 0.0f) {  // quant::int4_code's zero block
+                     std::memset(codes, 0, static_cast<std::size_t>(count));
+                   } else {
+                     quant_codes<O>(x, count, scale, quant::int4_max_code, codes);
+                   }
+                   if (count % 2 != 0) codes[count] = 0;  // the padding nibble
+                   pack_int4(codes, count, run + first / 2);
+                 });
   }
 };
 
@@ -105,21 +102,18 @@ struct DequantizeInt4Kernel {
   template <class O, class T>
   static void run(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t begin,
                   std::int64_t end) {
-    const std::int64_t per_run = quant::int4_blocks(n);
     alignas(64) std::int8_t codes[quant::int4_block];
-    for (std::int64_t k = begin; k < end; ++k) {
-      const std::int64_t r = k / per_run, b = k % per_run;
-      const std::int64_t first = b * quant::int4_block;
-      const std::int64_t count = std::min(quant::int4_block, n - first);
-      const std::uint8_t* run = in + r * quant::int4_packed_bytes(n);
-      unpack_int4(run + first / 2, count, codes);
-      const float scale = quant::int4_scale_at(run, n, b);
-      T* y = out + r * n + first;
-      quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
-        using P = decltype(ops);
-        quant_store_values<P>(y + i, P::mul(P::load_int8(codes + i), P::set1(scale)));
-      });
-    }
+    quant_blocks(n, begin, end,
+                 [&](std::int64_t r, std::int64_t b, std::int64_t first, std::int64_t count) {
+                   const std::uint8_t* run = in + r * quant::int4_packed_bytes(n);
+                   unpack_int4(run + first / 2, count, codes);
+                   const float scale = quant::int4_scale_at(run, n, b);
+                   T* y = out + r * n + first;
+                   quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
+                     using P = decltype(ops);
+                     quant_store_values<P>(y + i, P::mul(P::load_int8(codes + i), P::set1(scale)));
+                   });
+                 });
   }
 };
 
@@ -131,30 +125,28 @@ struct SumInt4Kernel {
   template <class O, class T>
   static void run(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
                   std::int64_t blocks, float factor, std::int64_t begin, std::int64_t end) {
-    const std::int64_t per_run = quant::int4_blocks(n);
     const std::int64_t packed = quant::int4_packed_bytes(n);
     alignas(64) std::int8_t codes[quant::int4_block];
     alignas(64) float sums[quant::int4_block];
-    for (std::int64_t k = begin; k < end; ++k) {
-      const std::int64_t o = k / per_run, b = k % per_run;
-      const std::int64_t first = b * quant::int4_block;
-      const std::int64_t count = std::min(quant::int4_block, n - first);
-      std::fill_n(sums, count, 0.0f);
-      for (std::int64_t r = 0; r < blocks; ++r) {
-        const std::uint8_t* run = in + (r * outputs + o) * packed;
-        unpack_int4(run + first / 2, count, codes);
-        const float scale = quant::int4_scale_at(run, n, b);
-        quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
-          using P = decltype(ops);
-          P::store(sums + i, P::fma(P::load_int8(codes + i), P::set1(scale), P::load(sums + i)));
-        });
-      }
-      T* y = out + o * n + first;
-      quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
-        using P = decltype(ops);
-        quant_store_values<P>(y + i, P::mul(P::load(sums + i), P::set1(factor)));
-      });
-    }
+    quant_blocks(n, begin, end,
+                 [&](std::int64_t o, std::int64_t b, std::int64_t first, std::int64_t count) {
+                   std::fill_n(sums, count, 0.0f);
+                   for (std::int64_t r = 0; r < blocks; ++r) {
+                     const std::uint8_t* run = in + (r * outputs + o) * packed;
+                     unpack_int4(run + first / 2, count, codes);
+                     const float scale = quant::int4_scale_at(run, n, b);
+                     quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
+                       using P = decltype(ops);
+                       P::store(sums + i,
+                                P::fma(P::load_int8(codes + i), P::set1(scale), P::load(sums + i)));
+                     });
+                   }
+                   T* y = out + o * n + first;
+                   quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
+                     using P = decltype(ops);
+                     quant_store_values<P>(y + i, P::mul(P::load(sums + i), P::set1(factor)));
+                   });
+                 });
   }
 };
 

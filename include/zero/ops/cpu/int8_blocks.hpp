@@ -92,29 +92,38 @@ inline void quant_codes(const T* x, std::int64_t count, float scale, float max_c
   });
 }
 
-// Packs quantization blocks [begin, end) of `runs` packed runs of n values (block k: run k / B,
-// its block k % B, B = int8_blocks(n)): each block's scale, then its codes.
+// Calls body(run, block, first, count) for quantization blocks [begin, end) of runs of n values
+// (block k: run k / B, its block k % B, B = int8_blocks(n); first: the block's first value in its
+// run, count: its values), the int8 and int4 kernels' unit of work.
+template <class Body>
+inline void quant_blocks(std::int64_t n, std::int64_t begin, std::int64_t end, Body&& body) {
+  const std::int64_t per_run = quant::int8_blocks(n);
+  for (std::int64_t k = begin; k < end; ++k) {
+    const std::int64_t first = k % per_run * quant::int8_block;
+    body(k / per_run, k % per_run, first, std::min(quant::int8_block, n - first));
+  }
+}
+
+// Packs quantization blocks [begin, end) of `runs` packed runs of n values (quant_blocks): each
+// block's scale, then its codes.
 struct QuantizeInt8Kernel {
   template <class O, class T>
   static void run(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
                   std::int64_t columns, std::int64_t begin, std::int64_t end) {
-    const std::int64_t per_run = quant::int8_blocks(n);
-    for (std::int64_t k = begin; k < end; ++k) {
-      const std::int64_t j = k / per_run, b = k % per_run;
-      const std::int64_t first = b * quant::int8_block;
-      const std::int64_t count = std::min(quant::int8_block, n - first);
-      const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
-      std::uint8_t* run = out + j * quant::int8_packed_bytes(n);
-      const float absmax = quant_absmax<O>(x, count);
-      const float scale = quant::int8_scale(absmax);
-      std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
-      auto* codes = reinterpret_cast<std::int8_t*>(run + first);
-      if (scale == 0.0f) {  // quant::int8_code's zero block
-        std::memset(codes, 0, static_cast<std::size_t>(count));
-        continue;
-      }
-      quant_codes<O>(x, count, scale, 127.0f, codes);
-    }
+    quant_blocks(n, begin, end,
+                 [&](std::int64_t j, std::int64_t b, std::int64_t first, std::int64_t count) {
+                   const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
+                   std::uint8_t* run = out + j * quant::int8_packed_bytes(n);
+                   const float absmax = quant_absmax<O>(x, count);
+                   const float scale = quant::int8_scale(absmax);
+                   std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
+                   auto* codes = reinterpret_cast<std::int8_t*>(run + first);
+                   if (scale == 0.0f) {  // quant::int8_code's zero block
+                     std::memset(codes, 0, static_cast<std::size_t>(count));
+                   } else {
+                     quant_codes<O>(x, count, scale, 127.0f, codes);
+                   }
+                 });
   }
 };
 

@@ -6,9 +6,8 @@
 // threads, one value each; blockIdx.y the run): cub::BlockReduce takes the block's largest
 // magnitude, each thread its code, and each even thread writes its pair's byte with its odd
 // neighbour's code (a warp shuffle; past the run's end a code is 0, the padding nibble). Reading
-// back: grid-stride over every run's values. Summing runs: grid-stride over the outputs' values,
-// each thread adding its value of every block's run in block order with quant::int8_add_value.
-// Launchers take the stream last and check cudaGetLastError().
+// back and summing runs are int8_blocks.cuh's kernels over Int4Codes. Launchers take the stream
+// last and check cudaGetLastError().
 
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/int4_blocks.cuh needs nvcc; host-only code includes ops/cpu/int4_blocks.hpp"
@@ -23,6 +22,7 @@
 #include <zero/core/cuda_check.cuh>
 #include <zero/core/int4_blocks.hpp>
 #include <zero/ops/cuda/common.cuh>
+#include <zero/ops/cuda/int8_blocks.cuh>
 
 namespace zero::ops::cuda {
 
@@ -55,40 +55,18 @@ __global__ void __launch_bounds__(int4_block_threads)
   }
 }
 
-/// out[r * n + i] = the value of int4 run r's code i under its block's scale, for `runs` runs.
-template <class T>
-__global__ void dequantize_int4_kernel(const std::uint8_t* in, T* out, std::int64_t n,
-                                       std::int64_t runs) {
-  const std::int64_t packed = quant::int4_packed_bytes(n);
-  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       k < runs * n; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = k / n, i = k - r * n;
-    const std::uint8_t* run = in + r * packed;
-    const float* scales = reinterpret_cast<const float*>(run + quant::int4_scales_offset(n));
-    out[k] =
-        store<T>(quant::int8_value(quant::int4_code_at(run, i), scales[i / quant::int4_block]));
+/// int4 packed runs for the reading kernels of int8_blocks.cuh.
+struct Int4Codes {
+  __host__ __device__ static std::int64_t packed_bytes(std::int64_t n) {
+    return quant::int4_packed_bytes(n);
   }
-}
-
-/// out[o * n + i] = factor * the sum over the `blocks` blocks of their int4 run o's value i, added
-/// in f32 in block order (in: blocks of `outputs` packed runs).
-template <class T>
-__global__ void sum_int4_kernel(const std::uint8_t* in, T* out, std::int64_t n,
-                                std::int64_t outputs, std::int64_t blocks, float factor) {
-  const std::int64_t packed = quant::int4_packed_bytes(n);
-  const std::int64_t scales_at = quant::int4_scales_offset(n);
-  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       k < outputs * n; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t o = k / n, i = k - o * n;
-    float sum = 0.0f;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::uint8_t* run = in + (b * outputs + o) * packed;
-      const float scale = reinterpret_cast<const float*>(run + scales_at)[i / quant::int4_block];
-      sum = quant::int8_add_value(sum, quant::int4_code_at(run, i), scale);
-    }
-    out[k] = store<T>(__fmul_rn(sum, factor));
+  __host__ __device__ static std::int64_t scales_offset(std::int64_t n) {
+    return quant::int4_scales_offset(n);
   }
-}
+  __device__ static std::int8_t code(const std::uint8_t* run, std::int64_t i) {
+    return quant::int4_code_at(run, i);
+  }
+};
 
 // ---- launchers ----------------------------------------------------------------------------------
 
@@ -113,12 +91,7 @@ void quantize_int4_blocks(const T* in, std::uint8_t* out, std::int64_t n, std::i
 template <class T>
 void dequantize_int4_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
                             cudaStream_t stream) {
-  static_assert(is_device_float<T>, "dequantize_int4_blocks: f32, bf16 and f16 on the device");
-  if (n == 0 || runs == 0) return;
-  expect_int_range(n, "dequantize_int4_blocks");
-  dequantize_int4_kernel<T>
-      <<<grid_for(runs * n), elementwise_threads, 0, stream>>>(in, out, n, runs);
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  detail::dequantize_blocks<Int4Codes>(in, out, n, runs, stream, "dequantize_int4_blocks");
 }
 
 /// out's outputs * n values = factor * the sums of run o of each of in's `blocks` blocks of
@@ -127,12 +100,7 @@ void dequantize_int4_blocks(const std::uint8_t* in, T* out, std::int64_t n, std:
 template <class T>
 void sum_int4_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
                      std::int64_t blocks, float factor, cudaStream_t stream) {
-  static_assert(is_device_float<T>, "sum_int4_blocks: f32, bf16 and f16 on the device");
-  if (n == 0 || outputs == 0) return;
-  expect_int_range(n, "sum_int4_blocks");
-  sum_int4_kernel<T><<<grid_for(outputs * n), elementwise_threads, 0, stream>>>(in, out, n, outputs,
-                                                                                blocks, factor);
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  detail::sum_blocks<Int4Codes>(in, out, n, outputs, blocks, factor, stream, "sum_int4_blocks");
 }
 
 }  // namespace zero::ops::cuda

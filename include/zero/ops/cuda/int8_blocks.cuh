@@ -6,8 +6,9 @@
 // each; blockIdx.y the run): cub::BlockReduce takes the block's largest magnitude, the scale is
 // written once, and every thread writes its code. Reading back: grid-stride over every run's
 // values, one a thread. Summing runs: grid-stride over the outputs' values, each thread adding its
-// value of every block's run in block order with quant::int8_add_value. Launchers take the stream
-// last and check cudaGetLastError().
+// value of every block's run in block order with quant::int8_add_value. The reading kernels take
+// the packing as a Codes type (Int8Codes here; int4_blocks.cuh's Int4Codes). Launchers take the
+// stream last and check cudaGetLastError().
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/int8_blocks.cuh needs nvcc; host-only code includes ops/cpu/int8_blocks.hpp"
 #endif
@@ -48,28 +49,42 @@ __global__ void __launch_bounds__(int8_block_threads)
   if (i < n) out[i] = static_cast<std::uint8_t>(quant::int8_code(x, scale));
 }
 
-/// out[r * n + i] = the value of run r's code i under its block's scale, for `runs` runs.
-template <class T>
-__global__ void dequantize_int8_kernel(const std::uint8_t* in, T* out, std::int64_t n,
-                                       std::int64_t runs) {
-  const std::int64_t packed = quant::int8_packed_bytes(n);
+/// int8 packed runs for the reading kernels below: a run's bytes, where its scales start, its
+/// code i. ops/cuda/int4_blocks.cuh gives int4's (Int4Codes) to the same kernels.
+struct Int8Codes {
+  __host__ __device__ static std::int64_t packed_bytes(std::int64_t n) {
+    return quant::int8_packed_bytes(n);
+  }
+  __host__ __device__ static std::int64_t scales_offset(std::int64_t n) {
+    return quant::int8_scales_offset(n);
+  }
+  __device__ static std::int8_t code(const std::uint8_t* run, std::int64_t i) {
+    return static_cast<std::int8_t>(run[i]);
+  }
+};
+
+/// out[r * n + i] = the value of run r's code i under its block's scale, for `runs` runs packed
+/// as Codes says.
+template <class Codes, class T>
+__global__ void dequantize_blocks_kernel(const std::uint8_t* in, T* out, std::int64_t n,
+                                         std::int64_t runs) {
+  const std::int64_t packed = Codes::packed_bytes(n);
   for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        k < runs * n; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = k / n, i = k - r * n;
     const std::uint8_t* run = in + r * packed;
-    const float* scales = reinterpret_cast<const float*>(run + quant::int8_scales_offset(n));
-    out[k] = store<T>(
-        quant::int8_value(static_cast<std::int8_t>(run[i]), scales[i / quant::int8_block]));
+    const float* scales = reinterpret_cast<const float*>(run + Codes::scales_offset(n));
+    out[k] = store<T>(quant::int8_value(Codes::code(run, i), scales[i / quant::int8_block]));
   }
 }
 
 /// out[o * n + i] = factor * the sum over the `blocks` blocks of their run o's value i, added in
-/// f32 in block order (in: blocks of `outputs` packed runs).
-template <class T>
-__global__ void sum_int8_kernel(const std::uint8_t* in, T* out, std::int64_t n,
-                                std::int64_t outputs, std::int64_t blocks, float factor) {
-  const std::int64_t packed = quant::int8_packed_bytes(n);
-  const std::int64_t scales_at = quant::int8_scales_offset(n);
+/// f32 in block order (in: blocks of `outputs` runs packed as Codes says).
+template <class Codes, class T>
+__global__ void sum_blocks_kernel(const std::uint8_t* in, T* out, std::int64_t n,
+                                  std::int64_t outputs, std::int64_t blocks, float factor) {
+  const std::int64_t packed = Codes::packed_bytes(n);
+  const std::int64_t scales_at = Codes::scales_offset(n);
   for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        k < outputs * n; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t o = k / n, i = k - o * n;
@@ -77,11 +92,38 @@ __global__ void sum_int8_kernel(const std::uint8_t* in, T* out, std::int64_t n,
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::uint8_t* run = in + (b * outputs + o) * packed;
       const float scale = reinterpret_cast<const float*>(run + scales_at)[i / quant::int8_block];
-      sum = quant::int8_add_value(sum, static_cast<std::int8_t>(run[i]), scale);
+      sum = quant::int8_add_value(sum, Codes::code(run, i), scale);
     }
     out[k] = store<T>(__fmul_rn(sum, factor));
   }
 }
+
+namespace detail {
+
+// The launches of the reading kernels for runs packed as Codes says; op names the caller.
+template <class Codes, class T>
+void dequantize_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
+                       cudaStream_t stream, const char* op) {
+  static_assert(is_device_float<T>, "dequantizing blocks: f32, bf16 and f16 on the device");
+  if (n == 0 || runs == 0) return;
+  expect_int_range(n, op);
+  dequantize_blocks_kernel<Codes, T>
+      <<<grid_for(runs * n), elementwise_threads, 0, stream>>>(in, out, n, runs);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Codes, class T>
+void sum_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
+                std::int64_t blocks, float factor, cudaStream_t stream, const char* op) {
+  static_assert(is_device_float<T>, "summing blocks: f32, bf16 and f16 on the device");
+  if (n == 0 || outputs == 0) return;
+  expect_int_range(n, op);
+  sum_blocks_kernel<Codes, T><<<grid_for(outputs * n), elementwise_threads, 0, stream>>>(
+      in, out, n, outputs, blocks, factor);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
 
 // ---- launchers ----------------------------------------------------------------------------------
 
@@ -106,12 +148,7 @@ void quantize_int8_blocks(const T* in, std::uint8_t* out, std::int64_t n, std::i
 template <class T>
 void dequantize_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t runs,
                             cudaStream_t stream) {
-  static_assert(is_device_float<T>, "dequantize_int8_blocks: f32, bf16 and f16 on the device");
-  if (n == 0 || runs == 0) return;
-  expect_int_range(n, "dequantize_int8_blocks");
-  dequantize_int8_kernel<T>
-      <<<grid_for(runs * n), elementwise_threads, 0, stream>>>(in, out, n, runs);
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  detail::dequantize_blocks<Int8Codes>(in, out, n, runs, stream, "dequantize_int8_blocks");
 }
 
 /// out's outputs * n values = factor * the sums of run o of each of in's `blocks` blocks of
@@ -120,12 +157,7 @@ void dequantize_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, std:
 template <class T>
 void sum_int8_blocks(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
                      std::int64_t blocks, float factor, cudaStream_t stream) {
-  static_assert(is_device_float<T>, "sum_int8_blocks: f32, bf16 and f16 on the device");
-  if (n == 0 || outputs == 0) return;
-  expect_int_range(n, "sum_int8_blocks");
-  sum_int8_kernel<T><<<grid_for(outputs * n), elementwise_threads, 0, stream>>>(in, out, n, outputs,
-                                                                                blocks, factor);
-  ZERO_CUDA_CHECK(cudaGetLastError());
+  detail::sum_blocks<Int8Codes>(in, out, n, outputs, blocks, factor, stream, "sum_int8_blocks");
 }
 
 }  // namespace zero::ops::cuda
