@@ -10,7 +10,8 @@
 // ZeRO++ at stage 3 on 4 ranks beside plain stage 3 ("engine_step_zeropp" lines): hpZ
 // (EngineOptions::hpz_size, secondary groups of 2), qwZ (quantized_weights), both, qgZ
 // (quantized_gradients), qgZ with hpZ (its two hops) and all three, the qgZ lines again at 4
-// bits (quantized_gradient_bits, DeepSpeed's width); the step time, and one
+// bits (quantized_gradient_bits, DeepSpeed's width), and the 4-bit qgZ lines with LoCo's error
+// feedback (loco); the step time, and one
 // step's bus bytes per rank over all 4 ranks and across the secondary groups (what would cross
 // between nodes; the gradient reductions' part apart) and inside the secondary group. One JSON line
 // per configuration.
@@ -197,11 +198,13 @@ void hybrid_line(const BenchShape& s, int stage, int ranks, int shard, int threa
   std::fflush(stdout);
 }
 
-// ZeRO++'s parts: hpZ's secondary groups (0: none), qwZ, qgZ (at qgz_bits a code).
+// ZeRO++'s parts: hpZ's secondary groups (0: none), qwZ, qgZ (at qgz_bits a code, with LoCo's
+// error feedback or not).
 struct ZeroPP {
   int hpz = 0;
   bool qwz = false, qgz = false;
   int qgz_bits = 8;
+  bool loco = false;
 };
 
 // One "engine_step_zeropp" line: stage 3 on `ranks` ranks with ZeRO++'s parts as given, beside
@@ -214,19 +217,21 @@ void zeropp_line(const BenchShape& s, int ranks, const ZeroPP& parts, int thread
   variant.options.quantized_weights = parts.qwz;
   variant.options.quantized_gradients = parts.qgz;
   variant.options.quantized_gradient_bits = parts.qgz_bits;
+  variant.options.loco = parts.loco;
   const double ms = engine_ms(s, 3, ranks, threads, variant);
   std::printf(
       "{\"bench\": \"engine_step_zeropp\", \"config\": {\"stage\": 3, \"ranks\": %d, "
       "\"hpz_size\": %d, \"quantized_weights\": %s, \"quantized_gradients\": %s, "
-      "\"quantized_gradient_bits\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": "
-      "%.3f, \"unit\": \"ms\", "
+      "\"quantized_gradient_bits\": %d, \"loco\": %s, \"threads_per_rank\": %d, "
+      "\"params\": %lld}, \"value\": %.3f, \"unit\": \"ms\", "
       "\"plain_ms\": %.3f, \"ratio\": %.3f, \"world_bus_bytes\": %.0f, "
       "\"world_reduction_bus_bytes\": %.0f, \"secondary_bus_bytes\": %.0f, "
       "\"across_bus_bytes\": %.0f, \"plain_bus_bytes\": %.0f, "
       "\"plain_reduction_bus_bytes\": %.0f}\n",
       ranks, parts.hpz, parts.qwz ? "true" : "false", parts.qgz ? "true" : "false", parts.qgz_bits,
-      threads, static_cast<long long>(model_config(s).num_parameters()), ms, plain, ms / plain,
-      bytes.world, bytes.world_reductions, bytes.secondary, bytes.across, plain_bytes.world,
+      parts.loco ? "true" : "false", threads,
+      static_cast<long long>(model_config(s).num_parameters()), ms, plain, ms / plain, bytes.world,
+      bytes.world_reductions, bytes.secondary, bytes.across, plain_bytes.world,
       plain_bytes.world_reductions);
   std::fflush(stdout);
 }
@@ -293,7 +298,9 @@ int main(int argc, char** argv) {
        {ZeroPP{.hpz = 2}, ZeroPP{.qwz = true}, ZeroPP{.hpz = 2, .qwz = true}, ZeroPP{.qgz = true},
         ZeroPP{.hpz = 2, .qgz = true}, ZeroPP{.hpz = 2, .qwz = true, .qgz = true},
         ZeroPP{.qgz = true, .qgz_bits = 4}, ZeroPP{.hpz = 2, .qgz = true, .qgz_bits = 4},
-        ZeroPP{.hpz = 2, .qwz = true, .qgz = true, .qgz_bits = 4}}) {
+        ZeroPP{.hpz = 2, .qwz = true, .qgz = true, .qgz_bits = 4},
+        ZeroPP{.qgz = true, .qgz_bits = 4, .loco = true},
+        ZeroPP{.hpz = 2, .qgz = true, .qgz_bits = 4, .loco = true}}) {
     zeropp_line(s, 4, parts, std::max(1, cores / 4));
   }
   return 0;

@@ -13,7 +13,8 @@
 // --channels), and the choices are printed, as are the keys that have no effect in zero.
 //
 //   ./train_gpt [--config ds.json] [--ranks 2] [--stage 3] [--shard-size N | --hpz-size N]
-//               [--quantized-weights] [--quantized-gradients [--quantized-gradient-bits 4]]
+//               [--quantized-weights]
+//               [--quantized-gradients [--quantized-gradient-bits 4] [--loco-err-beta 0.8]]
 //               [--steps 100]
 //               [--batch 8] [--seq 64]
 //               [--grad-accum 1] [--warmup N] [--precision f32|bf16]
@@ -44,7 +45,9 @@
 // --quantized-gradients is ZeRO++'s quantized gradients (zero_optimization.
 // zero_quantized_gradients; stage 3): each gradient reduce-scatter becomes an all-to-all of
 // block-wise int8, averaged in f32 by the rank that holds the shard; --quantized-gradient-bits 4
-// (zero's own zero_quantized_gradient_bits) packs int4 instead, DeepSpeed's width.
+// (zero's own zero_quantized_gradient_bits) packs int4 instead, DeepSpeed's width, and
+// --loco-err-beta B adds ZeRO++'s LoCo error feedback (zero_optimization.zeropp_loco_param's
+// err_beta B): each rank carries what its packings lost into its next ones.
 // --tp N splits every layer over N ranks (Megatron tensor parallelism; the config's
 // "tensor_parallel": {"autotp_size": N} says the same) and --sp adds sequence parallelism; the
 // remaining factor of the ranks is data parallel, over which ZeRO shards. The byte vocabulary's
@@ -169,6 +172,7 @@ struct Options {
   bool quantized_weights = false;    // ZeRO++ qwZ (or the config's zero_quantized_weights)
   bool quantized_gradients = false;  // ZeRO++ qgZ (or the config's zero_quantized_gradients)
   std::optional<int> quantized_gradient_bits;  // qgZ's 8 or 4 (zero_quantized_gradient_bits)
+  std::optional<double> loco_err_beta;         // LoCo (zeropp_loco_param.err_beta)
   std::optional<int> hpz_size;        // ZeRO++ hpZ (default: the config's zero_hpz_partition_size)
   std::optional<int> tp;              // tensor-parallel size (default: the config's, else 1)
   bool sp = false;                    // Megatron sequence parallelism (with --tp)
@@ -257,6 +261,8 @@ Options parse(int argc, char** argv) {
       o.hpz_size = static_cast<int>(positive());
     else if (flag == "--quantized-gradient-bits")
       o.quantized_gradient_bits = static_cast<int>(integer(4, 8));
+    else if (flag == "--loco-err-beta")
+      o.loco_err_beta = real();
     else if (flag == "--tp")
       o.tp = static_cast<int>(positive());
     else if (flag == "--sp")
@@ -415,6 +421,7 @@ Config make_config(const Options& o) {
   if (o.quantized_gradient_bits) {
     j["zero_optimization"]["zero_quantized_gradient_bits"] = *o.quantized_gradient_bits;
   }
+  if (o.loco_err_beta) j["zero_optimization"]["zeropp_loco_param"]["err_beta"] = *o.loco_err_beta;
   if (!o.config.empty()) {
     std::ifstream in(o.config);
     if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
@@ -431,6 +438,9 @@ Config make_config(const Options& o) {
     if (o.quantized_gradients) j["zero_optimization"]["zero_quantized_gradients"] = true;
     if (o.quantized_gradient_bits) {
       j["zero_optimization"]["zero_quantized_gradient_bits"] = *o.quantized_gradient_bits;
+    }
+    if (o.loco_err_beta) {
+      j["zero_optimization"]["zeropp_loco_param"]["err_beta"] = *o.loco_err_beta;
     }
     if (o.print_every) j["steps_per_print"] = *o.print_every;
     // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
@@ -744,7 +754,10 @@ std::string shard_note(const engine::EngineOptions& options, int dp) {
                                             : "") +
       (options.quantized_gradients ? "; qgZ: gradients reduced by an all-to-all of block-wise int" +
                                          std::to_string(options.quantized_gradient_bits)
-                                   : "");
+                                   : "") +
+      (options.loco ? " with LoCo error feedback (err_beta " +
+                          std::to_string(options.loco_err_beta).substr(0, 4) + ")"
+                    : "");
   if (hpz_size > 1 && hpz_size < dp) {
     return "; hpZ: the backward gathers inside groups of " + std::to_string(hpz_size) +
            " ranks from secondary shards" + quantized;

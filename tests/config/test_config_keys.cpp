@@ -108,7 +108,8 @@ TEST_CASE("every known key is read by the parser and is either applied or report
         set_path(live, section + ".nvme_path", "/tmp");
       }
       if (key.path == "zero_optimization.overlap_comm") set_path(live, key.path, true);
-      if (key.path == "zero_optimization.zero_quantized_gradient_bits") {
+      if (key.path == "zero_optimization.zero_quantized_gradient_bits" ||
+          key.path.starts_with("zero_optimization.zeropp_loco_param.")) {
         set_path(live, "zero_optimization.zero_quantized_gradients", true);
       }
       CHECK_FALSE(noticed(Config::from_json(live), key.path));

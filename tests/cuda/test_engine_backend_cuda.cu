@@ -382,6 +382,50 @@ TEMPLATE_TEST_CASE(
   }
 }
 
+TEMPLATE_TEST_CASE(
+    "CudaBackend's packing with error feedback (LoCo) equals HostBackend bit for bit, its kept "
+    "errors too",
+    "[cuda][engine]", float, bf16, f16) {
+  CudaBackend backend;
+  struct Layout {
+    std::int64_t runs, columns;
+  };
+  for (const int bits : {8, 4}) {
+    for (const Layout l : {Layout{1, 1}, Layout{8, 2}, Layout{6, 3}}) {
+      for (const std::size_t n : sizes) {
+        const std::string what = " bits=" + std::to_string(bits) + " n=" + std::to_string(n) +
+                                 " runs=" + std::to_string(l.runs) +
+                                 " columns=" + std::to_string(l.columns);
+        const auto whole = n * static_cast<std::size_t>(l.runs);
+        const auto run = static_cast<std::int64_t>(n);
+        const auto packed_bytes =
+            static_cast<std::size_t>(l.runs * (bits == 8 ? zero::quant::int8_packed_bytes(run)
+                                                         : zero::quant::int4_packed_bytes(run)));
+        const auto kept_bytes =
+            static_cast<std::size_t>(l.runs * zero::quant::int8_packed_bytes(run));
+        std::vector<std::uint8_t> want_kept(kept_bytes, 0);
+        DeviceBuffer<std::uint8_t> kept = upload(backend, want_kept);
+        const auto feedback = zero::quant::ErrorFeedback::with_beta(0.8f);
+        for (int round = 0; round < 2; ++round) {  // the second packing reads the first's errors
+          const std::vector<TestType> values =
+              inputs<TestType>(whole, 61u + static_cast<std::uint32_t>(round), 0.1f);
+          std::vector<std::uint8_t> want(packed_bytes);
+          HostBackend::quantize_with_feedback(
+              std::span<std::uint8_t>(want), std::span<const TestType>(values),
+              std::span<std::uint8_t>(want_kept), feedback, bits, l.runs, l.columns);
+          const DeviceBuffer<TestType> v = upload(backend, values);
+          DeviceBuffer<std::uint8_t> packed =
+              upload(backend, std::vector<std::uint8_t>(packed_bytes));
+          backend.quantize_with_feedback(span_of(packed), const_span_of(v), span_of(kept), feedback,
+                                         bits, l.runs, l.columns);
+          check_same_bits(download(backend, packed), want, "quantize_with_feedback" + what);
+          check_same_bits(download(backend, kept), want_kept, "kept errors" + what);
+        }
+      }
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("CudaBackend::clear equals HostBackend", "[cuda][engine]", float, bf16, f16) {
   CudaBackend backend;
   for (const std::size_t n : sizes) {

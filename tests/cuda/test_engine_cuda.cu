@@ -91,10 +91,11 @@ Config gpu_config(int stage, bool bf16, bool offload) {
 // (overlap_offload_update; the values are the same); on_device: it sums a window's gradient
 // shards on the device (accumulate_grads_on_device; the same values too); shard_size: hybrid
 // sharding in groups of that many ranks (0: none); hpz_size: ZeRO++ hpZ's secondary groups;
-// qgz_bits: ZeRO++'s quantized gradients at 8 or 4 bits a code (0: off).
+// qgz_bits: ZeRO++'s quantized gradients at 8 or 4 bits a code (0: off); loco: with LoCo's error
+// feedback.
 template <class Eng, class Comm>
 Masters train(Comm& comm, const Config& config, bool deferred = false, bool on_device = false,
-              int shard_size = 0, int hpz_size = 0, int qgz_bits = 0) {
+              int shard_size = 0, int hpz_size = 0, int qgz_bits = 0, bool loco = false) {
   engine::EngineOptions options = tiny_options();
   options.overlap_offload_update = deferred;
   options.accumulate_grads_on_device = on_device;
@@ -102,6 +103,7 @@ Masters train(Comm& comm, const Config& config, bool deferred = false, bool on_d
   options.hpz_size = hpz_size;
   options.quantized_gradients = qgz_bits > 0;
   if (qgz_bits > 0) options.quantized_gradient_bits = qgz_bits;
+  options.loco = loco;
   return train_tiny_gpt<Eng>(
       comm, config, steps, accumulation, [](Eng&) {}, options);
 }
@@ -208,16 +210,17 @@ void check_gpu_hpz() {
 // twice what quantizing moved the host run from the exact one (plus f32's 1e-5): a device
 // exchange that mixed up runs or read a sum before it was written would be far outside it.
 template <class Where>
-void check_gpu_qgz(int hpz, int bits) {
+void check_gpu_qgz(int hpz, int bits, bool loco = false) {
   constexpr bool offload = std::is_same_v<Where, CPU>;
   using HostEngine = engine::Engine<nn::GPT<float>, ZeroStage<3>, Precision<float>>;
   using GpuEngine =
       engine::Engine<nn::GPT<float>, ZeroStage<3>, Precision<float>, Offload<Where>, Compute<Cuda>>;
   INFO("stage 3" << (offload ? " Offload<CPU>" : "") << ", 4 ranks, qgZ at " << bits
-                 << " bits, hpz " << hpz);
-  const auto host_run = [hpz](int qgz_bits) {
+                 << " bits, hpz " << hpz << (loco ? ", LoCo" : ""));
+  const auto host_run = [hpz, loco](int qgz_bits) {
     return per_rank<Masters>(4, [&](LocalComm& comm) {
-      return train<HostEngine>(comm, gpu_config(3, false, false), false, false, 0, hpz, qgz_bits);
+      return train<HostEngine>(comm, gpu_config(3, false, false), false, false, 0, hpz, qgz_bits,
+                               loco && qgz_bits > 0);
     });
   };
   const auto exact = host_run(0), host = host_run(bits);
@@ -228,27 +231,31 @@ void check_gpu_qgz(int hpz, int bits) {
     }
   }
   REQUIRE(moved > 0);
-  const auto gpu = per_rank<Masters, CudaLocalComm>(4, [hpz, bits](CudaLocalComm& comm) {
-    return train<GpuEngine>(comm, gpu_config(3, false, offload), false, false, 0, hpz, bits);
+  const auto gpu = per_rank<Masters, CudaLocalComm>(4, [hpz, bits, loco](CudaLocalComm& comm) {
+    return train<GpuEngine>(comm, gpu_config(3, false, offload), false, false, 0, hpz, bits, loco);
   });
   const double bound = 2 * moved + 1e-5;
   const double worst = check_units(host, gpu, bound);
   std::printf(
-      "GPU engine stage 3 f32%s qgZ int%d (%s): worst unit difference %.3g against the host's "
+      "GPU engine stage 3 f32%s qgZ int%d%s (%s): worst unit difference %.3g against the host's "
       "qgZ (bound %.3g: quantizing moved the host run %.3g)\n",
-      offload ? " Offload<CPU>" : "", bits, hpz > 0 ? "two hops, groups of 2 of 4" : "one hop of 4",
-      worst, bound, moved);
+      offload ? " Offload<CPU>" : "", bits, loco ? " LoCo" : "",
+      hpz > 0 ? "two hops, groups of 2 of 4" : "one hop of 4", worst, bound, moved);
 }
 
 }  // namespace
 
-TEST_CASE("the GPU engine under qgZ trains as the host engine under qgZ (f32), at 8 and 4 bits",
-          "[cuda][engine]") {
+TEST_CASE(
+    "the GPU engine under qgZ trains as the host engine under qgZ (f32), at 8 and 4 bits, and "
+    "with LoCo",
+    "[cuda][engine]") {
   for (const int hpz : {0, 2}) {
     for (const int bits : {8, 4}) {
       check_gpu_qgz<None>(hpz, bits);
       check_gpu_qgz<CPU>(hpz, bits);
     }
+    check_gpu_qgz<None>(hpz, 4, true);  // LoCo's kept errors on the device
+    check_gpu_qgz<CPU>(hpz, 4, true);
   }
 }
 

@@ -22,6 +22,7 @@
 #include <zero/ops/cpu/dropout.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
 #include <zero/ops/cpu/embedding.hpp>
+#include <zero/ops/cpu/error_feedback.hpp>
 #include <zero/ops/cpu/gelu.hpp>
 #include <zero/ops/cpu/gemm.hpp>
 #include <zero/ops/cpu/int4_blocks.hpp>
@@ -32,6 +33,7 @@
 #include <zero/ops/cuda/dropout.cuh>
 #include <zero/ops/cuda/elementwise.cuh>
 #include <zero/ops/cuda/embedding.cuh>
+#include <zero/ops/cuda/error_feedback.cuh>
 #include <zero/ops/cuda/gelu.cuh>
 #include <zero/ops/cuda/gemm.cuh>
 #include <zero/ops/cuda/int4_blocks.cuh>
@@ -1261,5 +1263,49 @@ TEMPLATE_TEST_CASE(
     gpu::sum_int4_blocks<TestType>(d_packed.get(), d_sums.get(), l.n, l.outputs, l.runs / l.outputs,
                                    0.25f, nullptr);
     CHECK(same_bits(d_sums.download(), want_sums));
+  }
+}
+
+// ---- packing with error feedback (LoCo) ---------------------------------------------------------
+
+TEMPLATE_TEST_CASE(
+    "packing with error feedback: the device's packed runs and kept errors equal the host's bit "
+    "for bit, at 8 and 4 bits, over three packings",
+    "[cuda][quant]", float, bf16, f16) {
+  struct Layout {
+    std::int64_t n, runs, columns;
+  };
+  for (const int bits : {8, 4}) {
+    for (const Layout l :
+         {Layout{1, 1, 1}, Layout{257, 2, 1}, Layout{300, 6, 3}, Layout{1031, 4, 2}}) {
+      INFO(bits << " bits, n " << l.n << " runs " << l.runs << " columns " << l.columns);
+      const auto packed = static_cast<std::size_t>(
+          (bits == 8 ? zero::quant::int8_packed_bytes(l.n) : zero::quant::int4_packed_bytes(l.n)) *
+          l.runs);
+      const auto kept = static_cast<std::size_t>(zero::quant::int8_packed_bytes(l.n) * l.runs);
+      std::vector<std::uint8_t> want_error(kept, 0);
+      DeviceVector<std::uint8_t> d_error(want_error);
+      const auto feedback = zero::quant::ErrorFeedback::with_beta(0.8f);
+      for (int round = 0; round < 3; ++round) {
+        INFO("packing " << round);
+        std::vector<TestType> values =
+            random_vector<TestType>(static_cast<std::size_t>(l.n * l.runs),
+                                    93u + static_cast<std::uint32_t>(round), -3.0f, 3.0f);
+        if (round == 1) {  // a NaN and an infinity: their errors are kept as 0
+          values[0] = convert<TestType>(std::numeric_limits<float>::quiet_NaN());
+          values.back() = convert<TestType>(std::numeric_limits<float>::infinity());
+        }
+        std::vector<std::uint8_t> want(packed, 0);
+        cpu::quantize_with_feedback(
+            std::span<const TestType>(values), std::span<std::uint8_t>(want),
+            std::span<std::uint8_t>(want_error), feedback, bits, l.runs, l.columns);
+        const DeviceVector<TestType> d_values(values);
+        DeviceVector<std::uint8_t> d_packed(std::vector<std::uint8_t>(packed, 0));
+        gpu::quantize_with_feedback<TestType>(d_values.get(), d_packed.get(), d_error.get(),
+                                              feedback, bits, l.n, l.runs, l.columns, nullptr);
+        CHECK(same_bits(d_packed.download(), want));
+        CHECK(same_bits(d_error.download(), want_error));
+      }
+    }
   }
 }

@@ -6,7 +6,9 @@
 // reference at stages 2-3 with accumulation and clipping, with hybrid sharding and with qwZ,
 // repeatably; the exchange moves the packed bytes in place of the reduce-scatters; stages 0-1 are
 // refused by name and the config key applies at stage 3. At 4 bits (DeepSpeed's width) the
-// exchanges move half the bytes and the engine trains further from the reference.
+// exchanges move half the bytes and the engine trains further from the reference. With LoCo's
+// error feedback (EngineOptions::loco) the packings' losses are carried into the next ones, so the
+// engine ends nearer the reference; reset every reduction it is plain qgZ.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -50,14 +52,15 @@ std::vector<std::vector<double>> trained(int world, const engine::EngineOptions&
   return sgd_trained<S>(world, steps, options);
 }
 
-// The worst difference from the f64 reference over every rank of a stage-S run.
+// The worst difference from the f64 reference over every rank of a stage-S run of `count` steps.
 template <int S>
-double worst_error(int world, int accumulation, double clip, const engine::EngineOptions& options) {
-  const auto want = reference_sgd(micro_rows * accumulation * world, steps, 1.0, clip);
+double worst_error(int world, int accumulation, double clip, const engine::EngineOptions& options,
+                   int count = steps) {
+  const auto want = reference_sgd(micro_rows * accumulation * world, count, 1.0, clip);
   const auto errors = per_rank<double>(world, [&](LocalComm& comm) {
     nn::GPT<double> model(tiny());
     auto eng = sgd_engine<S>(model, comm, options);
-    return max_error(eng, comm, accumulation, steps, want);
+    return max_error(eng, comm, accumulation, count, want);
   });
   return *std::max_element(errors.begin(), errors.end());
 }
@@ -423,4 +426,143 @@ TEST_CASE("qgZ: stages that reduce no gradient per micro-step are refused, and t
     });
   });
   CHECK_THAT(apart[0], Catch::Contains("quantized_gradient_bits"));
+}
+
+TEST_CASE(
+    "qgZ with LoCo error feedback: nearer the reference at 4 bits, plain qgZ when reset every "
+    "reduction, kept errors in the memory report and estimate, refusals and the config key",
+    "[unit][engine][config]") {
+  const auto int4 = [](int accumulation, double clip, bool loco, float beta = 0.8f) {
+    engine::EngineOptions options = qgz_options(accumulation, clip);
+    options.quantized_gradient_bits = 4;
+    options.loco = loco;
+    options.loco_err_beta = beta;
+    return options;
+  };
+  constexpr int longer = 8;  // steps: the losses of plain packing add up, LoCo's do not
+  for (const int world : {2, 4}) {
+    INFO(world << " ranks");
+    const double plain = worst_error<2>(world, 1, 0.0, int4(1, 0.0, false), longer);
+    const double fed = worst_error<2>(world, 1, 0.0, int4(1, 0.0, true, 0.0f), longer);
+    const double smoothed = worst_error<2>(world, 1, 0.0, int4(1, 0.0, true), longer);
+    const double clipped = worst_error<3>(world, 2, 0.05, int4(2, 0.05, true), longer);
+    UNSCOPED_INFO("worst difference from the reference after "
+                  << longer << " steps at 4 bits: plain " << plain << ", LoCo err_beta 0 " << fed
+                  << ", err_beta 0.8 " << smoothed << ", stage 3 with clipping " << clipped);
+    CHECK(fed < 0.5 * plain);
+    CHECK(smoothed < plain);
+    CHECK(clipped < 0.1);
+  }
+  // Repeatable, stage 2 = stage 3; reset every reduction, nothing is fed back: plain qgZ's bits.
+  const auto once = trained<3>(4, int4(2, 0.05, true));
+  CHECK(once == trained<3>(4, int4(2, 0.05, true)));
+  CHECK(once == trained<2>(4, int4(2, 0.05, true)));
+  CHECK(once != trained<3>(4, int4(2, 0.05, false)));
+  engine::EngineOptions every = int4(2, 0.05, true);
+  every.loco_reset_interval = 1;
+  CHECK(trained<3>(4, every) == trained<3>(4, int4(2, 0.05, false)));
+  // Two hops under hpZ, each packing with its own kept error.
+  engine::EngineOptions two_hops = int4(2, 0.05, true);
+  two_hops.hpz_size = 2;
+  CHECK(worst_error<3>(4, 2, 0.05, two_hops) < 0.1);
+  CHECK(trained<3>(4, two_hops) != once);
+
+  // The kept errors: about a byte per parameter of each unit's whole gradient (int8 blocks), and
+  // 1/2 more under hpZ's groups of 2 (the partial sums'), in the report once every unit reduced
+  // and in the estimate; none without LoCo.
+  const auto kept = [](const engine::EngineOptions& options) {
+    return per_rank<std::vector<double>>(4, [&](LocalComm& comm) {
+      nn::GPT<double> model(tiny());
+      auto eng = sgd_engine<3>(model, comm, options);
+      const double before = static_cast<double>(eng.memory_report().kept_error_bytes);
+      const GlobalBatch b(micro_rows * 4, 0, tiny().vocab_size);
+      eng.forward(b.micro(0, comm.rank(), 4));
+      eng.backward();
+      eng.step();
+      eng.synchronize();
+      std::int64_t padded = 0;
+      for (int u = 0; u < eng.num_units(); ++u) padded += eng.partition(u).padded_numel();
+      return std::vector<double>{before, static_cast<double>(eng.memory_report().kept_error_bytes),
+                                 eng.memory_estimate().device_at_rest, static_cast<double>(padded)};
+    })[0];
+  };
+  const auto none = kept(int4(1, 0.0, false));
+  const auto one_hop = kept(int4(1, 0.0, true));
+  engine::EngineOptions hop_options = int4(1, 0.0, true);
+  hop_options.hpz_size = 2;
+  const auto hops = kept(hop_options);
+  UNSCOPED_INFO("kept error bytes: one hop " << one_hop[1] << ", two hops " << hops[1] << ", for "
+                                             << one_hop[3] << " parameters");
+  CHECK(none[1] == 0);
+  CHECK(one_hop[0] == 0);
+  CHECK(one_hop[1] >= one_hop[3]);
+  CHECK(one_hop[1] < 1.1 * one_hop[3]);
+  CHECK(one_hop[2] - none[2] == one_hop[1]);
+  CHECK(hops[1] > 1.45 * one_hop[1]);
+  CHECK(hops[1] < 1.55 * one_hop[1]);
+
+  // Refused without qgZ, with err_beta outside [0, 1) and reset_T below 1, and when ranks
+  // disagree.
+  const auto refused = [](auto edit) {
+    return per_rank<std::string>(2, [&](LocalComm& comm) {
+      nn::GPT<double> model(tiny());
+      return thrown_message([&] {
+        engine::EngineOptions options = qgz_options(1, 0.0);
+        options.loco = true;
+        edit(options, comm.rank());
+        auto eng = sgd_engine<3>(model, comm, options);
+      });
+    })[0];
+  };
+  CHECK_THAT(refused([](engine::EngineOptions& o, int) { o.quantized_gradients = false; }),
+             Catch::Contains("loco (ZeRO++ LoCo, zero_optimization.zeropp_loco_param) feeds back "
+                             "the errors of qgZ's packings; quantized_gradients is off"));
+  CHECK_THAT(refused([](engine::EngineOptions& o, int) { o.loco_err_beta = 1.0f; }),
+             Catch::Contains("loco_err_beta (zeropp_loco_param.err_beta) is 1; it must be in "
+                             "[0, 1)"));
+  CHECK_THAT(refused([](engine::EngineOptions& o, int) { o.loco_reset_interval = 0; }),
+             Catch::Contains("loco_reset_interval (zeropp_loco_param.reset_T) is 0; it must be "
+                             "at least 1"));
+  CHECK_THAT(refused([](engine::EngineOptions& o, int rank) { o.loco = rank == 0; }),
+             Catch::Contains("loco"));
+
+  // The config key: DeepSpeed's zeropp_loco_param, its defaults for absent keys, null for off,
+  // without effect unless qgZ is on.
+  const auto loco = [](const std::string& zero) {
+    return engine::EngineOptions{}.with_config(
+        Config::from_json_string(
+            R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3)" + zero +
+            "}}"),
+        4);
+  };
+  const auto both = loco(R"(, "zero_quantized_gradients": true,
+                            "zeropp_loco_param": {"err_beta": 0.5, "reset_T": 64})");
+  CHECK(both.loco);
+  CHECK(both.loco_err_beta == 0.5f);
+  CHECK(both.loco_reset_interval == 64);
+  const auto defaults = loco(R"(, "zero_quantized_gradients": true, "zeropp_loco_param": {})");
+  CHECK(defaults.loco);
+  CHECK(defaults.loco_err_beta == 0.8f);
+  CHECK(defaults.loco_reset_interval == 1024);
+  CHECK_FALSE(loco(R"(, "zero_quantized_gradients": true, "zeropp_loco_param": null)").loco);
+  CHECK_FALSE(loco(R"(, "zeropp_loco_param": {"err_beta": 0.5})").loco);
+  const Config alone = Config::from_json_string(
+      R"({"zero_optimization": {"stage": 3, "zeropp_loco_param": {"err_beta": 0.5}}})");
+  CHECK_THAT(alone.notices.empty() ? std::string() : alone.notices[0],
+             Catch::Contains("zeropp_loco_param.err_beta"));
+  CHECK(Config::from_json_string(
+            R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true,
+                                      "zeropp_loco_param": {"err_beta": 0.5, "reset_T": 8}}})")
+            .notices.empty());
+  CHECK_THAT(
+      thrown_message([&] { loco(R"(, "zeropp_loco_param": {"err_beta": 1.5})"); }),
+      Catch::Contains("zero_optimization.zeropp_loco_param.err_beta: 1.5 must be in [0, 1)"));
+  CHECK_THAT(thrown_message([&] { loco(R"(, "zeropp_loco_param": {"reset_T": 0})"); }),
+             Catch::Contains("zero_optimization.zeropp_loco_param.reset_T: 0 must be at least 1"));
+  const Config typo = Config::from_json_string(
+      R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true,
+                                "zeropp_loco_param": {"err_bta": 0.5}}})");
+  CHECK(std::any_of(typo.warnings.begin(), typo.warnings.end(), [](const std::string& w) {
+    return w.find("zeropp_loco_param.err_bta") != std::string::npos;
+  }));
 }

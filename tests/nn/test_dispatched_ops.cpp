@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include <zero/core/arena.hpp>
+#include <zero/core/error_feedback.hpp>
 #include <zero/core/int4_blocks.hpp>
 #include <zero/core/int8_blocks.hpp>
 #include <zero/nn/gpt_config.hpp>
@@ -27,6 +28,7 @@
 #include <zero/ops/cpu/dropout.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
 #include <zero/ops/cpu/embedding.hpp>
+#include <zero/ops/cpu/error_feedback.hpp>
 #include <zero/ops/cpu/gelu.hpp>
 #include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/int8_blocks.hpp>
@@ -1423,4 +1425,157 @@ TEST_CASE(
     "sizes, NaN, infinity, zero and tie blocks",
     "[unit][ops]") {
   check_quant_format<Int4Format>();
+}
+
+namespace {
+
+// Packing with error feedback (LoCo) one value at a time by the rules: each block of the source
+// run compensated by its kept error (in err, int8 runs in source order), packed at F's width, and
+// its next error kept in place.
+template <class F, class T>
+void rule_feedback(const std::vector<T>& in, std::vector<std::uint8_t>& out,
+                   std::vector<std::uint8_t>& err, std::int64_t n, std::int64_t runs,
+                   std::int64_t columns, quant::ErrorFeedback feedback) {
+  for (std::int64_t j = 0; j < runs; ++j) {
+    const std::int64_t source = quant::int8_source_run(j, runs, columns);
+    const T* x = in.data() + source * n;
+    std::uint8_t* run = out.data() + j * F::packed_bytes(n);
+    std::uint8_t* kept = err.data() + source * quant::int8_packed_bytes(n);
+    std::vector<std::int8_t> codes;
+    for (std::int64_t b = 0; b < quant::int8_blocks(n); ++b) {
+      const std::int64_t first = b * quant::int8_block;
+      const std::int64_t last = std::min(n, first + quant::int8_block);
+      const float kept_scale = quant::int8_scale_at(kept, n, b);
+      std::vector<float> c, old;
+      float absmax = 0;
+      for (std::int64_t i = first; i < last; ++i) {
+        const auto code = static_cast<std::int8_t>(kept[i]);
+        c.push_back(quant::compensated(zero::convert<float>(x[i]), code, kept_scale));
+        old.push_back(quant::int8_value(code, kept_scale));
+        absmax = std::max(absmax, std::fabs(c.back()));
+      }
+      const float scale = F::scale(absmax);
+      std::memcpy(run + F::scales_offset(n) + 4 * b, &scale, 4);
+      std::vector<float> next;
+      float next_max = 0;
+      for (std::size_t k = 0; k < c.size(); ++k) {
+        const std::int8_t q = F::code(c[k], scale);
+        codes.push_back(q);
+        next.push_back(quant::next_error(old[k], c[k], q, scale, feedback));
+        next_max = std::max(next_max, std::fabs(next.back()));
+      }
+      const float next_scale = quant::int8_scale(next_max);
+      std::memcpy(kept + quant::int8_scales_offset(n) + 4 * b, &next_scale, 4);
+      for (std::int64_t i = first; i < last; ++i) {
+        kept[i] = static_cast<std::uint8_t>(
+            quant::int8_code(next[static_cast<std::size_t>(i - first)], next_scale));
+      }
+    }
+    F::put_codes(run, codes);
+  }
+}
+
+// Three packings with feedback of 6 runs of n values (columns 1 or 3), each round's inputs the
+// last's scaled, carrying the kept error from a zeroed one; every round's packed runs and kept
+// errors, from the kernel or (rule) the rules one value at a time.
+template <class F, class T>
+Bytes feedback_run(std::int64_t n, std::int64_t columns, bool rule) {
+  constexpr std::int64_t runs = 6;
+  constexpr int bits = std::is_same_v<F, Int8Format> ? 8 : 4;
+  const auto base = quant_inputs<float>(n, runs, bits == 8 ? 127.0 : 7.0);
+  const auto feedback = quant::ErrorFeedback::with_beta(0.8f);
+  std::vector<std::uint8_t> err(static_cast<std::size_t>(runs * quant::int8_packed_bytes(n)), 0);
+  Bytes all;
+  for (const float factor : {1.0f, -0.61f, 1.73f}) {
+    std::vector<T> in(base.size());
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      in[i] = zero::convert<T>(base[i] * factor + 0.01f * static_cast<float>(i % 7));
+    }
+    std::vector<std::uint8_t> out(static_cast<std::size_t>(runs * F::packed_bytes(n)), 0xa5);
+    if (rule) {
+      rule_feedback<F>(in, out, err, n, runs, columns, feedback);
+    } else {
+      zero::ops::cpu::quantize_with_feedback(std::span<const T>(in), std::span<std::uint8_t>(out),
+                                             std::span<std::uint8_t>(err), feedback, bits, runs,
+                                             columns);
+    }
+    all.add(out), all.add(err);
+  }
+  return all;
+}
+
+template <class F>
+void check_feedback_format() {
+  for (std::int64_t n : {1, 17, 300, 1030}) {
+    for (std::int64_t columns : {1, 3}) {
+      INFO(F::name << " n " << n << " columns " << columns);
+      check_paths([&] { return feedback_run<F, float>(n, columns, false); });
+      check_paths([&] { return feedback_run<F, bf16>(n, columns, false); });
+      CHECK(feedback_run<F, float>(n, columns, false) == feedback_run<F, float>(n, columns, true));
+      CHECK(feedback_run<F, bf16>(n, columns, false) == feedback_run<F, bf16>(n, columns, true));
+      CHECK(feedback_run<F, f16>(n, columns, false) == feedback_run<F, f16>(n, columns, true));
+      CHECK(feedback_run<F, double>(n, columns, false) ==
+            feedback_run<F, double>(n, columns, true));
+    }
+  }
+  // The feedback works: packing the same values again and again, the mean of what the packings
+  // stand for nears the values (every loss is carried into the next packing), where without
+  // feedback each packing repeats the same loss.
+  constexpr int bits = std::is_same_v<F, Int8Format> ? 8 : 4;
+  const std::int64_t n = 1030, rounds = 64;
+  const auto x = cast<float>(float_values(static_cast<std::size_t>(n), 83, 2.0));
+  std::vector<std::uint8_t> err(static_cast<std::size_t>(quant::int8_packed_bytes(n)), 0);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(F::packed_bytes(n)));
+  std::vector<double> mean(x.size(), 0.0);
+  std::vector<float> back(x.size());
+  for (int r = 0; r < rounds; ++r) {
+    zero::ops::cpu::quantize_with_feedback(std::span<const float>(x), std::span<std::uint8_t>(out),
+                                           std::span<std::uint8_t>(err),
+                                           quant::ErrorFeedback::with_beta(0.0f), bits);
+    F::unpack(std::span<const std::uint8_t>(out), std::span<float>(back), 1);
+    for (std::size_t i = 0; i < x.size(); ++i) mean[i] += back[i] / static_cast<double>(rounds);
+  }
+  F::pack(std::span<const float>(x), std::span<std::uint8_t>(out), 1, 1);
+  F::unpack(std::span<const std::uint8_t>(out), std::span<float>(back), 1);
+  double with = 0, without = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    with += std::fabs(mean[i] - x[i]);
+    without += std::fabs(static_cast<double>(back[i]) - x[i]);
+  }
+  UNSCOPED_INFO(F::name << ": mean error with feedback " << with / static_cast<double>(n)
+                        << ", without " << without / static_cast<double>(n));
+  CHECK(with < 0.1 * without);
+  // A non-finite value leaves no non-finite error behind: the next packing is finite again.
+  auto bad = x;
+  bad[3] = std::numeric_limits<float>::infinity();
+  bad[300] = std::numeric_limits<float>::quiet_NaN();
+  zero::ops::cpu::quantize_with_feedback(std::span<const float>(bad), std::span<std::uint8_t>(out),
+                                         std::span<std::uint8_t>(err),
+                                         quant::ErrorFeedback::with_beta(0.8f), bits);
+  zero::ops::cpu::quantize_with_feedback(std::span<const float>(x), std::span<std::uint8_t>(out),
+                                         std::span<std::uint8_t>(err),
+                                         quant::ErrorFeedback::with_beta(0.8f), bits);
+  F::unpack(std::span<const std::uint8_t>(out), std::span<float>(back), 1);
+  CHECK(std::all_of(back.begin(), back.end(), [](float v) { return std::isfinite(v); }));
+  // Sizes are checked: the error buffer must hold the runs as int8.
+  CHECK_THROWS_WITH(zero::ops::cpu::quantize_with_feedback(
+                        std::span<const float>(x), std::span<std::uint8_t>(out),
+                        std::span<std::uint8_t>(err.data(), err.size() - 4),
+                        quant::ErrorFeedback::with_beta(0.8f), bits),
+                    Catch::Contains("quantize_with_feedback (the kept error): 1030 values pack "
+                                    "into 1052 bytes, not 1048"));
+  CHECK_THROWS_WITH(zero::ops::cpu::quantize_with_feedback(
+                        std::span<const float>(x), std::span<std::uint8_t>(out),
+                        std::span<std::uint8_t>(err), quant::ErrorFeedback::with_beta(0.8f), 2),
+                    Catch::Contains("quantize_with_feedback: 2 bits; codes are 8 or 4 bits"));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "packing with error feedback (LoCo): every ISA and thread count gives the rules' bits at 8 "
+    "and 4 bits, and the kept errors carry the losses",
+    "[unit][ops]") {
+  check_feedback_format<Int8Format>();
+  check_feedback_format<Int4Format>();
 }

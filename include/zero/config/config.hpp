@@ -527,6 +527,19 @@ struct Config {
                         z.where("zero_quantized_gradient_bits"), ": ",
                         o.zero_quantized_gradient_bits.value_or(0),
                         " is not 8 or 4 (the bits of a quantized gradient's code)");
+    config::JsonReader l = z.object("zeropp_loco_param");
+    if (z.has("zeropp_loco_param") && !z.is_null("zeropp_loco_param")) {  // None: off
+      config::LocoConfig loco;
+      loco.err_beta = l.number("err_beta").value_or(loco.err_beta);
+      loco.reset_T = l.integer("reset_T").value_or(loco.reset_T);
+      expect<ConfigError>(loco.err_beta >= 0 && loco.err_beta < 1, l.where("err_beta"), ": ",
+                          loco.err_beta,
+                          " must be in [0, 1) (the share of the old error LoCo keeps)");
+      expect<ConfigError>(loco.reset_T >= 1, l.where("reset_T"), ": ", loco.reset_T,
+                          " must be at least 1 (reductions between resets of LoCo's errors)");
+      for (const auto& k : l.unknown_keys()) c.warnings.push_back(unknown_key_warning(k));
+      o.zeropp_loco_param = loco;
+    }
     o.stage3_gather_16bit_weights_on_model_save =
         z.boolean("stage3_gather_16bit_weights_on_model_save").value_or(false) ||
         z.boolean("stage3_gather_fp16_weights_on_model_save").value_or(false);

@@ -49,6 +49,8 @@ class JsonReader {
     return path_.empty() ? key : path_ + "." + key;
   }
   bool has(const std::string& key) const { return json_.is_object() && json_.contains(key); }
+  /// True when key is present and null (DeepSpeed's None).
+  bool is_null(const std::string& key) const { return has(key) && json_.at(key).is_null(); }
   /// True when key is present and set to "auto".
   bool is_auto(const std::string& key) const {
     return has(key) && json_.at(key).is_string() && json_.at(key).get<std::string>() == "auto";

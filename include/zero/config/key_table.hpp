@@ -409,6 +409,12 @@ inline std::span<const KeyInfo> known_keys() {
       {"zero_optimization.zero_quantized_gradient_bits", applied,
        "zero's own: the bits of qgZ's codes, 8 or 4 (the width DeepSpeed's qgZ sends)", "4", "8",
        keys::unless_quantized_gradients},
+      {"zero_optimization.zeropp_loco_param.err_beta", applied,
+       "ZeRO++ LoCo: error feedback for qgZ's packings, the share of the old error kept", "0.5",
+       "0.8", keys::unless_quantized_gradients},
+      {"zero_optimization.zeropp_loco_param.reset_T", applied,
+       "ZeRO++ LoCo: a unit's reductions between resets of its kept errors", "64", "1024",
+       keys::unless_quantized_gradients},
       {"zero_optimization.mics_shard_size", applied,
        "hybrid sharding: ranks each unit is sharded over, replicated across the rest of the "
        "data-parallel group",

@@ -70,6 +70,13 @@ struct OffloadConfig {
   }
 };
 
+/// "zeropp_loco_param": ZeRO++'s LoCo error feedback for qgZ (EngineOptions::loco), with
+/// DeepSpeed's values when a key is absent.
+struct LocoConfig {
+  double err_beta = 0.8;        ///< the share of the old error kept, in [0, 1)
+  std::int64_t reset_T = 1024;  ///< reductions of a unit between resets of its errors, >= 1
+};
+
 /// The ZeRO section. Empty optionals are "auto": the engine fills them from the model.
 struct ZeroOptimizationConfig {
   int stage = 0;
@@ -102,6 +109,8 @@ struct ZeroOptimizationConfig {
   /// zero's own: the bits of qgZ's codes (EngineOptions::quantized_gradient_bits), 8 or 4
   /// (DeepSpeed's width); absent: the engine's own (8).
   std::optional<std::int64_t> zero_quantized_gradient_bits;
+  /// ZeRO++'s LoCo (EngineOptions::loco); absent or null: off.
+  std::optional<LocoConfig> zeropp_loco_param;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
 };

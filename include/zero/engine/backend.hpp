@@ -40,6 +40,7 @@
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/nn/kernels.hpp>
+#include <zero/ops/cpu/error_feedback.hpp>
 #include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/int8_blocks.hpp>
 
@@ -253,6 +254,15 @@ struct HostBackend {
   static void sum_int4(std::span<E> out, std::span<const std::uint8_t> in, float factor,
                        std::int64_t outputs = 1) {
     ops::cpu::sum_int4_blocks(in, out, factor, outputs);
+  }
+  /// quantize_int8 (bits 8) or quantize_int4 (bits 4) of in plus the error kept for it in error,
+  /// which then holds the next error (ZeRO++'s LoCo; core/error_feedback.hpp): error holds
+  /// `runs` int8 packed runs of in's runs in source order, zeroed for none.
+  template <class E>
+  static void quantize_with_feedback(std::span<std::uint8_t> out, std::span<const E> in,
+                                     std::span<std::uint8_t> error, quant::ErrorFeedback feedback,
+                                     int bits, std::int64_t runs = 1, std::int64_t columns = 1) {
+    ops::cpu::quantize_with_feedback(in, out, error, feedback, bits, runs, columns);
   }
 
  private:

@@ -58,6 +58,7 @@
 #include <zero/nn/cuda_kernels.cuh>
 #include <zero/ops/cuda/common.cuh>
 #include <zero/ops/cuda/convert.cuh>
+#include <zero/ops/cuda/error_feedback.cuh>
 #include <zero/ops/cuda/int4_blocks.cuh>
 #include <zero/ops/cuda/int8_blocks.cuh>
 #include <zero/ops/cuda/reduce.cuh>
@@ -476,6 +477,29 @@ class CudaBackend {
         static_cast<std::int64_t>(in.size()) / (outputs * quant::int4_packed_bytes(n));
     ops::cuda::sum_int4_blocks<E>(in.data(), out.data(), n, outputs, blocks, factor,
                                   compute_->native());
+  }
+  /// quantize_int8 (bits 8) or quantize_int4 (bits 4) of in plus the error kept for it in error,
+  /// which then holds the next error (ZeRO++'s LoCo), on the compute stream: HostBackend's bits.
+  template <class E>
+  void quantize_with_feedback(std::span<std::uint8_t> out, std::span<const E> in,
+                              std::span<std::uint8_t> error, quant::ErrorFeedback feedback,
+                              int bits, std::int64_t runs = 1, std::int64_t columns = 1) {
+    const char* op = "CudaBackend::quantize_with_feedback";
+    expect<ShapeError>(bits == 8 || bits == 4, op, ": ", bits, " bits; codes are 8 or 4 bits");
+    const auto values = static_cast<std::int64_t>(in.size());
+    const std::int64_t n =
+        bits == 8 ? quant::int8_run_values(op, values, runs, static_cast<std::int64_t>(out.size()),
+                                           columns)
+                  : quant::int4_run_values(op, values, runs, static_cast<std::int64_t>(out.size()),
+                                           columns);
+    quant::int8_run_values("CudaBackend::quantize_with_feedback (the kept error)", values, runs,
+                           static_cast<std::int64_t>(error.size()));
+    if (n == 0) return;
+    expect_device_memory(out.data(), "quantize_with_feedback", "out");
+    expect_device_memory(in.data(), "quantize_with_feedback", "in");
+    expect_device_memory(error.data(), "quantize_with_feedback", "error");
+    ops::cuda::quantize_with_feedback<E>(in.data(), out.data(), error.data(), feedback, bits, n,
+                                         runs, columns, compute_->native());
   }
 
  private:

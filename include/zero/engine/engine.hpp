@@ -549,7 +549,9 @@ class Engine {
         finish_delayed_update();
       } catch (const std::exception&) {
       }
-      return load_engine_checkpoint(*this, dir, tag);
+      nlohmann::json client_state = load_engine_checkpoint(*this, dir, tag);
+      exchange_.forget_kept_errors();  // LoCo's errors are not saved: a loaded run starts anew
+      return client_state;
     });
   }
   /// The view of this engine's state that checkpoint and weight tools use.
@@ -848,6 +850,17 @@ class Engine {
         options_.quantized_gradient_bits == 8 || options_.quantized_gradient_bits == 4,
         "Engine: quantized_gradient_bits (zero_optimization.zero_quantized_gradient_bits) is ",
         options_.quantized_gradient_bits, "; qgZ packs gradients in 8 or 4 bits a code");
+    if (options_.loco) {
+      expect<ConfigError>(options_.quantized_gradients,
+                          "Engine: loco (ZeRO++ LoCo, zero_optimization.zeropp_loco_param) feeds "
+                          "back the errors of qgZ's packings; quantized_gradients is off");
+      expect<ConfigError>(options_.loco_err_beta >= 0.0f && options_.loco_err_beta < 1.0f,
+                          "Engine: loco_err_beta (zeropp_loco_param.err_beta) is ",
+                          options_.loco_err_beta, "; it must be in [0, 1)");
+      expect<ConfigError>(options_.loco_reset_interval >= 1,
+                          "Engine: loco_reset_interval (zeropp_loco_param.reset_T) is ",
+                          options_.loco_reset_interval, "; it must be at least 1");
+    }
     const int n = model_.num_units();
     units_.resize(static_cast<std::size_t>(n));
     std::set<std::string, std::less<>> names;
@@ -951,6 +964,8 @@ class Engine {
       in.largest_unit_params = std::max(in.largest_unit_params, numel);
       in.shard_params += static_cast<double>(numel) / static_cast<double>(s.group->size());
       if (stage == 3 && s.persistent) in.persistent_params += numel;
+      in.kept_error_bytes +=
+          static_cast<double>(exchange_.kept_error_bytes(static_cast<int>(&s - units_.data())));
       if (stage == 3 && !s.persistent && s.secondary_group != nullptr) {
         in.secondary_params +=
             static_cast<double>(numel) / static_cast<double>(s.secondary_group->size());
@@ -1073,7 +1088,9 @@ class Engine {
         // Each rank splits its groups by it.
         static_cast<double>(options_.shard_size), static_cast<double>(options_.hpz_size),
         options_.quantized_weights ? 1.0 : 0.0, options_.quantized_gradients ? 1.0 : 0.0,
-        static_cast<double>(options_.quantized_gradient_bits),
+        static_cast<double>(options_.quantized_gradient_bits), options_.loco ? 1.0 : 0.0,
+        static_cast<double>(options_.loco_err_beta),
+        static_cast<double>(options_.loco_reset_interval),
         static_cast<double>(options_.persistence_threshold),
         // Stage 3's prefetch orders the gathers among the reductions; a
         // differing one interleaves the collectives differently.
@@ -1099,6 +1116,9 @@ class Engine {
                                             "quantized_weights",
                                             "quantized_gradients",
                                             "quantized_gradient_bits",
+                                            "loco",
+                                            "loco_err_beta",
+                                            "loco_reset_interval",
                                             "persistence_threshold",
                                             "prefetch_elems",
                                             "max_live_elems",

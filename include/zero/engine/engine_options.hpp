@@ -91,6 +91,22 @@ struct EngineOptions {
   /// its largest magnitude / 7): half int8's bytes on the wire, at up to 1/14 of each block's
   /// largest magnitude in each rank's contribution instead of 1/254.
   int quantized_gradient_bits = 8;
+  /// ZeRO++'s LoCo (zero_optimization.zeropp_loco_param), with qgZ: error feedback for the
+  /// quantized gradients. Each rank keeps what its packing of a unit's gradient lost (and, under
+  /// hpZ, what its packing of the partial sums lost) and adds it to the next gradient it packs
+  /// for the same values (core/error_feedback.hpp), so the rounding errors cancel over the steps
+  /// instead of adding up; most useful at 4 bits. The errors are kept block-wise int8 in the
+  /// units' memory (about a byte per parameter of each unit's whole gradient: MemoryReport's
+  /// kept_error_bytes), are not saved in checkpoints (a resumed run starts from none, as after
+  /// a reset) and are zeroed every loco_reset_interval reductions of a unit. false (the
+  /// default): no feedback.
+  bool loco = false;
+  /// LoCo's err_beta, in [0, 1): how much of the old error the kept one carries on (the rest is
+  /// the newest packing's loss).
+  float loco_err_beta = 0.8f;
+  /// LoCo's reset_T: a unit's kept errors are zeroed after this many of its reductions (one a
+  /// micro-step at stages 2-3), at least 1.
+  std::int64_t loco_reset_interval = 1024;
   /// Offload<CPU>: step() leaves each unit's host update to the next forward, which applies it
   /// just before the unit's gather, so the host updates one unit while the device computes the
   /// units before it. The values are those of updating every unit in step(); whatever reads the
@@ -176,6 +192,12 @@ struct EngineOptions {
     if (z.zero_quantized_gradients && z.stage == 3) o.quantized_gradients = true;
     if (z.zero_quantized_gradient_bits) {
       o.quantized_gradient_bits = static_cast<int>(*z.zero_quantized_gradient_bits);
+    }
+    // LoCo feeds qgZ's packings back: without them the key has no effect (the key table says so).
+    if (z.zeropp_loco_param && o.quantized_gradients) {
+      o.loco = true;
+      o.loco_err_beta = static_cast<float>(z.zeropp_loco_param->err_beta);
+      o.loco_reset_interval = z.zeropp_loco_param->reset_T;
     }
     if (!config.nonfinite_policy.empty()) {
       expect<ConfigError>(config.nonfinite_policy == "skip" || config.nonfinite_policy == "raise",

@@ -18,6 +18,8 @@
 //   unit-sized scratch, so bf16 stage 3 holds the paper's 16 psi / N at rest (DeepSpeed: 18).
 //   ZeRO++ hpZ (stage 3, hpz_size h): + the secondary shards each forward's gather leaves for
 //            the backward's, b (psi - persistent) / h while a step runs (working memory)
+//   ZeRO++ LoCo (qgZ's error feedback): + the kept errors, block-wise int8 (~psi bytes at rest,
+//            and psi / h more under hpZ's two hops)
 //   These are not written out here: the estimate walks unit_buffer_plan (unit_storage.hpp),
 //   the same list of buffers the engine allocates and memory_report() sums.
 //   Optimizer offload moves the sharded part to host memory (CPU) or, except the fp32 gradient
@@ -76,6 +78,10 @@ struct MemoryEstimateInput {
   /// parameters, held from a unit's forward to the step (the units that are not persistent,
   /// each over its secondary group's size: (params - persistent) / hpz_size). 0: none.
   double secondary_params = 0;
+  /// ZeRO++ LoCo (EngineOptions::loco): the bytes of a rank's kept errors, in the compute
+  /// device's memory from each unit's first reduction on (about a byte per parameter of each
+  /// unit's whole gradient, block-wise int8, and its partial sums' under hpZ). 0: none.
+  double kept_error_bytes = 0;
 
   /// Ranks in the world.
   int world() const { return gpus_per_node * nodes; }
@@ -184,6 +190,7 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
         static_cast<double>(size_of(in.precision)) * static_cast<double>(in.persistent_params);
     e.device_working += static_cast<double>(size_of(in.precision)) * in.secondary_params;
   }
+  e.device_at_rest += in.kept_error_bytes;
   return e;
 }
 

@@ -19,7 +19,10 @@ struct MemoryReport {
   /// ZeRO++ hpZ (stage 3): the secondary shards the forward's gathers kept for the backward's,
   /// in compute type (0 between steps)
   std::size_t secondary_param_bytes = 0;
-  std::size_t scratch_bytes = 0;    ///< reduction/gather buffers in flight or kept for reuse
+  std::size_t scratch_bytes = 0;  ///< reduction/gather buffers in flight or kept for reuse
+  /// ZeRO++ LoCo (qgZ's error feedback): the errors kept for each unit's packings, block-wise
+  /// int8, from a unit's first reduction on
+  std::size_t kept_error_bytes = 0;
   std::size_t offloaded_bytes = 0;  ///< state kept off this memory (files for NVMe)
   /// Of the bytes above, those in host memory beside a compute device (Offload<CPU>: the master
   /// slice and its compute copy, its optimizer states and the gradient shard); 0 without offload.
@@ -28,7 +31,7 @@ struct MemoryReport {
   /// Everything this rank holds in memory (offloaded bytes excluded).
   std::size_t total() const {
     return master_bytes + optimizer_bytes + grad_accumulator_bytes + whole_param_bytes +
-           whole_grad_bytes + secondary_param_bytes + scratch_bytes;
+           whole_grad_bytes + secondary_param_bytes + scratch_bytes + kept_error_bytes;
   }
   /// What this rank holds in the compute device's memory: total() less host_bytes.
   std::size_t device_bytes() const { return total() - host_bytes; }

@@ -29,7 +29,11 @@
 //               run for each rank's shard, whose runs for this rank are summed in f32 (their
 //               mean) when it is waited for; with hpZ's groups it takes two hops, inside the
 //               secondary group and then across them (queued with the replicas' averages), as
-//               DeepSpeed's hierarchical qgZ.
+//               DeepSpeed's hierarchical qgZ. With ZeRO++'s LoCo (loco) each packing adds the
+//               error this rank kept for the same values and keeps the new one
+//               (core/error_feedback.hpp): a unit's whole gradient and, under hpZ, its partial
+//               sums, each block-wise int8 in the units' memory, zeroed every
+//               loco_reset_interval reductions of the unit.
 //               Under Offload<CPU> the reduced shard reaches its pinned
 //               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
 //               every fold, through a device staging buffer, or once a window from the unit's
@@ -345,6 +349,7 @@ class UnitExchange {
   }
   /// Adds the pooled and in-flight scratch buffers to r.
   void report(MemoryReport& r) const {
+    for (const auto& k : kept_errors_) r.kept_error_bytes += k.packing.bytes() + k.hop.bytes();
     for (const auto& b : scratch_pool_) r.scratch_bytes += b.bytes();
     for (const auto& b : packed_pool_) r.scratch_bytes += b.bytes();
     for (const auto& p : pending_) {
@@ -383,6 +388,19 @@ class UnitExchange {
     }
     return sums;
   }
+  /// LoCo's kept errors for unit u at rest, in bytes (what report() counts once u reduced): its
+  /// whole gradient's runs and, under hpZ's two hops, its partial sums', block-wise int8.
+  std::size_t kept_error_bytes(int u) const {
+    if (!options_.loco) return 0;
+    const Unit& s = units_[static_cast<std::size_t>(u)];
+    const std::int64_t n = static_cast<std::int64_t>(s.numel(Extent::shard));
+    std::int64_t runs = s.group->size();
+    if (s.across_secondary != nullptr) runs += s.across_secondary->size();
+    return static_cast<std::size_t>(runs * quant::int8_packed_bytes(n));
+  }
+  /// Drops LoCo's kept errors (a checkpoint was loaded): every unit's next reduction starts
+  /// from none.
+  void forget_kept_errors() { kept_errors_.clear(); }
   /// A new accumulation window: no unit has a shard sum yet.
   void forget_shard_sums() { std::fill(shard_sum_taken_.begin(), shard_sum_taken_.end(), 0); }
 
@@ -450,8 +468,12 @@ class UnitExchange {
                                                  : quant::int8_packed_bytes(n);
   }
   void quantize_gradient(std::span<std::uint8_t> out, std::span<const T> in, std::int64_t runs,
-                         std::int64_t columns = 1) {
-    if (options_.quantized_gradient_bits == 4) {
+                         std::int64_t columns = 1, DeviceBuffer<std::uint8_t>* kept = nullptr) {
+    if (kept != nullptr) {
+      backend_.quantize_with_feedback(out, in, span(*kept),
+                                      quant::ErrorFeedback::with_beta(options_.loco_err_beta),
+                                      options_.quantized_gradient_bits, runs, columns);
+    } else if (options_.quantized_gradient_bits == 4) {
       backend_.quantize_int4(out, in, runs, columns);
     } else {
       backend_.quantize_int8(out, in, runs, columns);
@@ -464,6 +486,32 @@ class UnitExchange {
     } else {
       backend_.sum_int8(out, in, factor, outputs);
     }
+  }
+
+  // LoCo: unit u's kept errors, made (zeroed) on its first reduction and zeroed again once it
+  // reduced loco_reset_interval times since; null without LoCo. hop: the second hop's, else the
+  // first packing's.
+  DeviceBuffer<std::uint8_t>* kept_error(int u, bool hop) {
+    if (!options_.loco) return nullptr;
+    if (kept_errors_.empty()) kept_errors_.resize(units_.size());
+    KeptError& k = kept_errors_[static_cast<std::size_t>(u)];
+    Unit& s = unit(u);
+    const std::size_t n = s.numel(Extent::shard);
+    const int runs = hop ? s.across_secondary->size() : s.group->size();
+    DeviceBuffer<std::uint8_t>& b = hop ? k.hop : k.packing;
+    if (b.size() == 0) {
+      b = backend_.template make_buffer<std::uint8_t>(
+          static_cast<std::size_t>(runs * quant::int8_packed_bytes(static_cast<std::int64_t>(n))));
+    }
+    if (!hop) {  // a new reduction of u
+      if (k.reductions == options_.loco_reset_interval) {
+        backend_.clear(span(k.packing));
+        if (k.hop.size() != 0) backend_.clear(span(k.hop));
+        k.reductions = 0;
+      }
+      ++k.reductions;
+    }
+    return &b;
   }
 
   // qgZ: packs unit u's compute gradient as block-wise int8 (or int4) on the compute stream, a run
@@ -482,7 +530,7 @@ class UnitExchange {
     p.packed_recv = take_from(packed_pool_, packed * static_cast<std::size_t>(ranks));
     parallel::AnyComm& first = s.across_secondary != nullptr ? *s.secondary_group : *s.group;
     quantize_gradient(span(p.packed_send), std::span<const T>(span(*s.grads)), ranks,
-                      s.across_secondary != nullptr ? first.size() : 1);
+                      s.across_secondary != nullptr ? first.size() : 1, kept_error(u, false));
     backend_.comm_waits_for_compute();
     p.work = first.all_to_all_async(std::span<const std::uint8_t>(span(p.packed_send)),
                                     span(p.packed_recv));
@@ -505,7 +553,8 @@ class UnitExchange {
     packed_pool_.push_back(std::move(p.packed_recv));
     p.packed_send = take_from(packed_pool_, packed);
     p.packed_recv = take_from(packed_pool_, packed);
-    quantize_gradient(span(p.packed_send), std::span<const T>(span(partial)), across);
+    quantize_gradient(span(p.packed_send), std::span<const T>(span(partial)), across, 1,
+                      kept_error(p.unit, true));
     scratch_pool_.push_back(std::move(partial));  // the next user comes after, on compute
     backend_.comm_waits_for_compute();
     p.work = s.across_secondary->all_to_all_async(
@@ -782,7 +831,13 @@ class UnitExchange {
   std::deque<Pending> pending_;      // after the pool: its work may still write into its scratch
   std::deque<Pending> replicating_;  // shards being averaged over replicas, or qgZ's second hops
   std::int64_t peak_gathered_elems_ = 0;
-  std::vector<int> last_user_;  // last_user(v), filled on first use
+  std::vector<int> last_user_;           // last_user(v), filled on first use
+  struct KeptError {                     // LoCo's, a unit's (kept_error)
+    DeviceBuffer<std::uint8_t> packing;  // its whole gradient's runs, in source order
+    DeviceBuffer<std::uint8_t> hop;      // hpZ's second hop: its partial sums' runs
+    std::int64_t reductions = 0;         // since the last reset
+  };
+  std::vector<KeptError> kept_errors_;  // by unit; empty without LoCo
 };
 
 }  // namespace zero::engine

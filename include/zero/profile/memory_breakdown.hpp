@@ -50,19 +50,21 @@ struct MemoryBreakdown {
       return std::string(buf);
     };
     auto mbz = [&](std::size_t b) { return mb(static_cast<double>(b)); };
-    std::string s = "memory (MB) | model states " + mbz(states.total()) + " (master " +
-                    mbz(states.master_bytes) + ", optimizer " + mbz(states.optimizer_bytes) +
-                    ", grad accumulators " + mbz(states.grad_accumulator_bytes) +
-                    ", whole params " + mbz(states.whole_param_bytes) + ", whole grads " +
-                    mbz(states.whole_grad_bytes) +
-                    (states.secondary_param_bytes > 0
-                         ? ", hpZ secondary params " + mbz(states.secondary_param_bytes)
-                         : std::string()) +
-                    ", scratch " + mbz(states.scratch_bytes) + ") | estimate " +
-                    (estimate_bytes ? mb(*estimate_bytes) : "n/a") + " | activations peak " +
-                    mbz(activation_peak_bytes) + " | swap " + mbz(swap_bytes()) + " | RSS " +
-                    (rss_bytes ? mbz(*rss_bytes) : "n/a") + " (peak " +
-                    (rss_peak_bytes ? mbz(*rss_peak_bytes) : "n/a") + ")";
+    std::string s =
+        "memory (MB) | model states " + mbz(states.total()) + " (master " +
+        mbz(states.master_bytes) + ", optimizer " + mbz(states.optimizer_bytes) +
+        ", grad accumulators " + mbz(states.grad_accumulator_bytes) + ", whole params " +
+        mbz(states.whole_param_bytes) + ", whole grads " + mbz(states.whole_grad_bytes) +
+        (states.secondary_param_bytes > 0
+             ? ", hpZ secondary params " + mbz(states.secondary_param_bytes)
+             : std::string()) +
+        ", scratch " + mbz(states.scratch_bytes) +
+        (states.kept_error_bytes > 0 ? ", LoCo kept errors " + mbz(states.kept_error_bytes)
+                                     : std::string()) +
+        ") | estimate " + (estimate_bytes ? mb(*estimate_bytes) : "n/a") + " | activations peak " +
+        mbz(activation_peak_bytes) + " | swap " + mbz(swap_bytes()) + " | RSS " +
+        (rss_bytes ? mbz(*rss_bytes) : "n/a") + " (peak " +
+        (rss_peak_bytes ? mbz(*rss_peak_bytes) : "n/a") + ")";
     return s;
   }
 
@@ -77,6 +79,7 @@ struct MemoryBreakdown {
             {"whole_grads", states.whole_grad_bytes},
             {"secondary_params", states.secondary_param_bytes},
             {"scratch", states.scratch_bytes},
+            {"kept_errors", states.kept_error_bytes},
             {"estimate", opt(estimate_bytes)},
             {"activations_peak", activation_peak_bytes},
             {"swap", swap_bytes()},
