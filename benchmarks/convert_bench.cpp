@@ -1,8 +1,9 @@
 // f32 -> bf16 / f16 conversion throughput (the write-back of every mixed-precision step),
 // beside memcpy of the same bytes measured in the same run; and ZeRO++'s block-wise int8 and int4
 // packing of f32 and bf16 values in 4 runs, its reading back and its sum of the 4 runs (qgZ's
-// reduction), on one thread under every instruction set the CPU has, beside the scalar path and
-// memcpy.
+// reduction), and the packing with LoCo's error feedback (the kept errors, int8, read and
+// written beside it), on one thread under every instruction set the CPU has, beside the scalar
+// path and memcpy.
 // One JSON object per line.
 //
 //   ./convert_bench [elements]
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <zero/ops/cpu/error_feedback.hpp>
 #include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/int8_blocks.hpp>
 #include <zero/ops/cpu/isa_dispatch.hpp>
@@ -39,8 +41,8 @@ void report(const char* bench, long long n, double seconds, double bytes, double
 }
 
 // The lines of a block format (8 or 4 bits a code) for values of type T: packing n values in 4
-// runs, reading them back, summing the 4 runs into one; each under every ISA the CPU has, with its
-// rate beside the scalar path's.
+// runs, reading them back, summing the 4 runs into one, packing with error feedback; each under
+// every ISA the CPU has, with its rate beside the scalar path's.
 template <class T>
 void quant_lines(const char* type, int bits, const float* src, long long n, double copy_gbps) {
   namespace cpu = zero::ops::cpu;
@@ -52,6 +54,8 @@ void quant_lines(const char* type, int bits, const float* src, long long n, doub
                                            : zero::quant::int4_packed_bytes(n / runs);
   const auto packed = static_cast<std::size_t>(run_bytes * runs);
   std::vector<std::uint8_t> bytes(packed);
+  std::vector<std::uint8_t> kept(
+      static_cast<std::size_t>(zero::quant::int8_packed_bytes(n / runs) * runs));
   const std::span<const T> values(in);
   const std::span<std::uint8_t> out(bytes);
   const std::span<const std::uint8_t> packed_in(bytes);
@@ -77,6 +81,12 @@ void quant_lines(const char* type, int bits, const float* src, long long n, doub
        [&] {
          bits == 8 ? cpu::sum_int8_blocks(packed_in, std::span<T>(sums), 0.25f)
                    : cpu::sum_int4_blocks(packed_in, std::span<T>(sums), 0.25f);
+       }},
+      {"quantize_feedback_" + width,
+       value_bytes + static_cast<double>(packed) + 2.0 * static_cast<double>(kept.size()),
+       [&] {
+         cpu::quantize_with_feedback(values, out, std::span<std::uint8_t>(kept),
+                                     zero::quant::ErrorFeedback::with_beta(0.8f), bits, runs);
        }},
   };
   for (const Op& op : ops) {
