@@ -30,20 +30,6 @@ namespace zero::ops::cpu {
 
 namespace detail {
 
-// codes[0, count) = the codes of x[0, count) at max_code (127: int8, 7: int4), the zero block's
-// codes 0; returns the block's scale.
-template <class O>
-inline float quant_block_codes(const float* x, std::int64_t count, float max_code,
-                               std::int8_t* codes) {
-  const float scale = quant_absmax<O>(x, count) / max_code;  // quant::int8_scale, int4_scale
-  if (scale == 0.0f) {
-    std::memset(codes, 0, static_cast<std::size_t>(count));
-  } else {
-    quant_codes<O>(x, count, scale, max_code, codes);
-  }
-  return scale;
-}
-
 // Packs quantization blocks [begin, end) (quant_blocks) of `runs` packed runs of n values at Bits
 // (8 or 4) with error feedback: each block of the source run quant::int8_source_run(j, runs,
 // columns) compensated by its kept error (error: `runs` int8 packed runs in source order), packed

@@ -4,10 +4,10 @@
 // packed runs. The int8 kernels' bodies (ops/cpu/int8_blocks.hpp) with 4-bit codes: a block's
 // largest magnitude and its codes over the dispatched ISA's lanes into a block of int8 codes, two
 // of them then paired into a byte; reading back and summing widen a block's nibbles to int8 codes
-// first and run over the lanes from there (a sum keeps a block's 256 f32 partial sums, one fused
-// multiply-add a run in run order). Work is cut into fixed chunks of whole quantization blocks, so
-// every block's nibbles start at a byte; every ISA and thread count gives the rules' bits. The
-// device's twins are in ops/cuda/int4_blocks.cuh.
+// first and run over the lanes from there (a sum keeps four vectors' f32 sums in registers over
+// the runs, one fused multiply-add a run in run order). Work is cut into fixed chunks of whole
+// quantization blocks, so every block's nibbles start at a byte; every ISA and thread count gives
+// the rules' bits. The device's twins are in ops/cuda/int4_blocks.cuh.
 
 #include <algorithm>
 #include <cstdint>
@@ -83,13 +83,8 @@ struct QuantizeInt4Kernel {
                  [&](std::int64_t j, std::int64_t b, std::int64_t first, std::int64_t count) {
                    const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
                    std::uint8_t* run = out + j * quant::int4_packed_bytes(n);
-                   const float scale = quant::int4_scale(quant_absmax<O>(x, count));
+                   const float scale = quant_block_codes<O>(x, count, quant::int4_max_code, codes);
                    std::memcpy(run + quant::int4_scales_offset(n) + 4 * b, &scale, 4);
-                   if (scale == 0.0f) {  // quant::int4_code's zero block
-                     std::memset(codes, 0, static_cast<std::size_t>(count));
-                   } else {
-                     quant_codes<O>(x, count, scale, quant::int4_max_code, codes);
-                   }
                    if (count % 2 != 0) codes[count] = 0;  // the padding nibble
                    pack_int4(codes, count, run + first / 2);
                  });
@@ -120,32 +115,47 @@ struct DequantizeInt4Kernel {
 // Quantization blocks [begin, end) of `outputs` runs of n values (block k: output k / B, its
 // block k % B) = factor * the f32 sums of that block of run (k / B) in every one of the `blocks`
 // blocks of int4 packed runs, one fused multiply-add a run in run order
-// (quant::int8_add_value).
+// (quant::int8_add_value): four vectors of values at a time, their sums in registers while each
+// run's nibbles for them are widened (unpack_int4), as the int8 sum keeps its; a block's last
+// values that fill no four vectors one at a time.
 struct SumInt4Kernel {
+  static constexpr int group = 4;
+
   template <class O, class T>
   static void run(const std::uint8_t* in, T* out, std::int64_t n, std::int64_t outputs,
                   std::int64_t blocks, float factor, std::int64_t begin, std::int64_t end) {
+    using S = optim::ScalarHostOps;
+    constexpr int values = group * O::width;
     const std::int64_t packed = quant::int4_packed_bytes(n);
-    alignas(64) std::int8_t codes[quant::int4_block];
-    alignas(64) float sums[quant::int4_block];
+    alignas(64) std::int8_t codes[values];
     quant_blocks(n, begin, end,
                  [&](std::int64_t o, std::int64_t b, std::int64_t first, std::int64_t count) {
-                   std::fill_n(sums, count, 0.0f);
-                   for (std::int64_t r = 0; r < blocks; ++r) {
-                     const std::uint8_t* run = in + (r * outputs + o) * packed;
-                     unpack_int4(run + first / 2, count, codes);
-                     const float scale = quant::int4_scale_at(run, n, b);
-                     quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
-                       using P = decltype(ops);
-                       P::store(sums + i,
-                                P::fma(P::load_int8(codes + i), P::set1(scale), P::load(sums + i)));
-                     });
-                   }
                    T* y = out + o * n + first;
-                   quant_lanes<O>(0, count, [&](auto ops, std::int64_t i) {
-                     using P = decltype(ops);
-                     quant_store_values<P>(y + i, P::mul(P::load(sums + i), P::set1(factor)));
-                   });
+                   std::int64_t i = 0;
+                   for (; i + values <= count; i += values) {  // i even: whole bytes
+                     typename O::V acc[group];
+                     for (auto& a : acc) a = O::set1(0.0f);
+                     for (std::int64_t r = 0; r < blocks; ++r) {
+                       const std::uint8_t* run = in + (r * outputs + o) * packed;
+                       unpack_int4(run + (first + i) / 2, values, codes);
+                       const auto scale = O::set1(quant::int4_scale_at(run, n, b));
+                       for (int g = 0; g < group; ++g) {
+                         acc[g] = O::fma(O::load_int8(codes + g * O::width), scale, acc[g]);
+                       }
+                     }
+                     for (int g = 0; g < group; ++g) {
+                       quant_store_values<O>(y + i + g * O::width, O::mul(acc[g], O::set1(factor)));
+                     }
+                   }
+                   for (; i < count; ++i) {
+                     float sum = 0.0f;
+                     for (std::int64_t r = 0; r < blocks; ++r) {
+                       const std::uint8_t* run = in + (r * outputs + o) * packed;
+                       sum = quant::int8_add_value(sum, quant::int4_code_at(run, first + i),
+                                                   quant::int4_scale_at(run, n, b));
+                     }
+                     quant_store_values<S>(y + i, S::mul(sum, factor));
+                   }
                  });
   }
 };

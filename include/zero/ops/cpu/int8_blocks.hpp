@@ -92,6 +92,20 @@ inline void quant_codes(const T* x, std::int64_t count, float scale, float max_c
   });
 }
 
+// codes[0, count) = the codes of x[0, count) at max_code (127: int8, 7: int4), the zero block's
+// codes 0 (quant::int8_code's and int4_code's); returns the block's scale (quant::int8_scale,
+// int4_scale).
+template <class O, class T>
+inline float quant_block_codes(const T* x, std::int64_t count, float max_code, std::int8_t* codes) {
+  const float scale = quant_absmax<O>(x, count) / max_code;
+  if (scale == 0.0f) {
+    std::memset(codes, 0, static_cast<std::size_t>(count));
+  } else {
+    quant_codes<O>(x, count, scale, max_code, codes);
+  }
+  return scale;
+}
+
 // Calls body(run, block, first, count) for quantization blocks [begin, end) of runs of n values
 // (block k: run k / B, its block k % B, B = int8_blocks(n); first: the block's first value in its
 // run, count: its values), the int8 and int4 kernels' unit of work.
@@ -110,20 +124,14 @@ struct QuantizeInt8Kernel {
   template <class O, class T>
   static void run(const T* in, std::uint8_t* out, std::int64_t n, std::int64_t runs,
                   std::int64_t columns, std::int64_t begin, std::int64_t end) {
-    quant_blocks(n, begin, end,
-                 [&](std::int64_t j, std::int64_t b, std::int64_t first, std::int64_t count) {
-                   const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
-                   std::uint8_t* run = out + j * quant::int8_packed_bytes(n);
-                   const float absmax = quant_absmax<O>(x, count);
-                   const float scale = quant::int8_scale(absmax);
-                   std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
-                   auto* codes = reinterpret_cast<std::int8_t*>(run + first);
-                   if (scale == 0.0f) {  // quant::int8_code's zero block
-                     std::memset(codes, 0, static_cast<std::size_t>(count));
-                   } else {
-                     quant_codes<O>(x, count, scale, 127.0f, codes);
-                   }
-                 });
+    quant_blocks(
+        n, begin, end, [&](std::int64_t j, std::int64_t b, std::int64_t first, std::int64_t count) {
+          const T* x = in + quant::int8_source_run(j, runs, columns) * n + first;
+          std::uint8_t* run = out + j * quant::int8_packed_bytes(n);
+          const float scale =
+              quant_block_codes<O>(x, count, 127.0f, reinterpret_cast<std::int8_t*>(run + first));
+          std::memcpy(run + quant::int8_scales_offset(n) + 4 * b, &scale, 4);
+        });
   }
 };
 
