@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include <zero/core/int8_blocks.hpp>
 #include <zero/core/macros.hpp>
 
 namespace zero::quant {
@@ -29,13 +30,9 @@ struct ErrorFeedback {
 };
 
 /// g + e, where e is the kept error's code e_code under e_scale (0 and 0 for no error): one fused
-/// multiply-add, as int8_add_value adds a code's value.
+/// multiply-add, the one a sum of runs adds a code's value with.
 ZERO_HOST_DEVICE float compensated(float g, std::int8_t e_code, float e_scale) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(static_cast<float>(e_code), e_scale, g);
-#else
-  return std::fma(static_cast<float>(e_code), e_scale, g);
-#endif
+  return int8_add_value(g, e_code, e_scale);
 }
 
 /// The error to keep for a compensated value c packed as code q under scale, the old error being
