@@ -26,6 +26,7 @@
 #include <zero/ops/cpu/int8_blocks.hpp>
 
 #include "../support/per_rank.hpp"
+#include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 #include "sgd_engine.hpp"
 
@@ -565,4 +566,34 @@ TEST_CASE(
   CHECK(std::any_of(typo.warnings.begin(), typo.warnings.end(), [](const std::string& w) {
     return w.find("zeropp_loco_param.err_bta") != std::string::npos;
   }));
+}
+
+TEST_CASE(
+    "LoCo's kept errors are not saved and a checkpoint load drops them: a loaded engine goes on "
+    "as a new engine loaded from the same checkpoint",
+    "[unit][engine]") {
+  const zero::testing::TempDir dir("loco-load");
+  using Eng = engine::Engine<nn::GPT<float>, ZeroStage<3>>;
+  const auto runs = per_rank<std::vector<std::vector<std::vector<float>>>>(2, [&](LocalComm& comm) {
+    engine::EngineOptions options = tiny_options();
+    options.quantized_gradients = true;
+    options.quantized_gradient_bits = 4;
+    options.loco = true;
+    nn::GPT<float> model(tiny());
+    Eng eng(model, comm, adamw_config(3, 1, 0.0), options);
+    train_steps(eng, comm, 0, 2, 1);
+    eng.save_checkpoint(dir.path(), "two", {});
+    const auto carried_on = train_steps(eng, comm, 2, 3, 1);  // with the kept errors
+    (void)eng.load_checkpoint(dir.path(), "two");
+    const auto reloaded = train_steps(eng, comm, 2, 3, 1);
+    nn::GPT<float> other(tiny());
+    Eng fresh(other, comm, adamw_config(3, 1, 0.0), options);
+    (void)fresh.load_checkpoint(dir.path(), "two");
+    const auto loaded = train_steps(fresh, comm, 2, 3, 1);
+    return std::vector<std::vector<std::vector<float>>>{carried_on, reloaded, loaded};
+  });
+  for (const auto& r : runs) {
+    CHECK(r[1] == r[2]);  // the reload kept no error: as the new engine
+    CHECK(r[0] != r[2]);  // the kept errors made a difference to the step after the save
+  }
 }
