@@ -467,6 +467,10 @@ TEST_CASE(
   two_hops.hpz_size = 2;
   CHECK(worst_error<3>(4, 2, 0.05, two_hops) < 0.1);
   CHECK(trained<3>(4, two_hops) != once);
+  engine::EngineOptions every_hop = two_hops, plain_hops = int4(2, 0.05, false);
+  every_hop.loco_reset_interval = 1;  // both kept errors zeroed before every packing
+  plain_hops.hpz_size = 2;
+  CHECK(trained<3>(4, every_hop) == trained<3>(4, plain_hops));
 
   // The kept errors: about a byte per parameter of each unit's whole gradient (int8 blocks), and
   // 1/2 more under hpZ's groups of 2 (the partial sums'), in the report once every unit reduced

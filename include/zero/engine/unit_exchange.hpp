@@ -349,7 +349,9 @@ class UnitExchange {
   }
   /// Adds the pooled and in-flight scratch buffers to r.
   void report(MemoryReport& r) const {
-    for (const auto& k : kept_errors_) r.kept_error_bytes += k.packing.bytes() + k.hop.bytes();
+    for (const auto& k : kept_errors_) {
+      r.kept_error_bytes += k.packing.values.bytes() + k.hop.values.bytes();
+    }
     for (const auto& b : scratch_pool_) r.scratch_bytes += b.bytes();
     for (const auto& b : packed_pool_) r.scratch_bytes += b.bytes();
     for (const auto& p : pending_) {
@@ -488,30 +490,26 @@ class UnitExchange {
     }
   }
 
-  // LoCo: unit u's kept errors, made (zeroed) on its first reduction and zeroed again once it
-  // reduced loco_reset_interval times since; null without LoCo. hop: the second hop's, else the
-  // first packing's.
+  // LoCo: the error kept for unit u's next packing (hop: its second hop's, else its gradient's),
+  // made zeroed for its first packing and zeroed again after loco_reset_interval packings; null
+  // without LoCo.
   DeviceBuffer<std::uint8_t>* kept_error(int u, bool hop) {
     if (!options_.loco) return nullptr;
     if (kept_errors_.empty()) kept_errors_.resize(units_.size());
-    KeptError& k = kept_errors_[static_cast<std::size_t>(u)];
-    Unit& s = unit(u);
-    const std::size_t n = s.numel(Extent::shard);
-    const int runs = hop ? s.across_secondary->size() : s.group->size();
-    DeviceBuffer<std::uint8_t>& b = hop ? k.hop : k.packing;
-    if (b.size() == 0) {
-      b = backend_.template make_buffer<std::uint8_t>(
-          static_cast<std::size_t>(runs * quant::int8_packed_bytes(static_cast<std::int64_t>(n))));
+    KeptError& errors = kept_errors_[static_cast<std::size_t>(u)];
+    auto& k = hop ? errors.hop : errors.packing;
+    if (k.values.size() == 0) {
+      Unit& s = unit(u);
+      const int runs = hop ? s.across_secondary->size() : s.group->size();
+      const auto n = static_cast<std::int64_t>(s.numel(Extent::shard));
+      k.values = backend_.template make_buffer<std::uint8_t>(
+          static_cast<std::size_t>(runs * quant::int8_packed_bytes(n)));
+    } else if (k.packings == options_.loco_reset_interval) {
+      backend_.clear(span(k.values));
+      k.packings = 0;
     }
-    if (!hop) {  // a new reduction of u
-      if (k.reductions == options_.loco_reset_interval) {
-        backend_.clear(span(k.packing));
-        if (k.hop.size() != 0) backend_.clear(span(k.hop));
-        k.reductions = 0;
-      }
-      ++k.reductions;
-    }
-    return &b;
+    ++k.packings;
+    return &k.values;
   }
 
   // qgZ: packs unit u's compute gradient as block-wise int8 (or int4) on the compute stream, a run
@@ -831,11 +829,14 @@ class UnitExchange {
   std::deque<Pending> pending_;      // after the pool: its work may still write into its scratch
   std::deque<Pending> replicating_;  // shards being averaged over replicas, or qgZ's second hops
   std::int64_t peak_gathered_elems_ = 0;
-  std::vector<int> last_user_;           // last_user(v), filled on first use
-  struct KeptError {                     // LoCo's, a unit's (kept_error)
-    DeviceBuffer<std::uint8_t> packing;  // its whole gradient's runs, in source order
-    DeviceBuffer<std::uint8_t> hop;      // hpZ's second hop: its partial sums' runs
-    std::int64_t reductions = 0;         // since the last reset
+  std::vector<int> last_user_;  // last_user(v), filled on first use
+  struct KeptError {            // LoCo's, a unit's (kept_error)
+    struct Kept {
+      DeviceBuffer<std::uint8_t> values;  // block-wise int8, the runs in source order
+      std::int64_t packings = 0;          // since it was made or last zeroed
+    };
+    Kept packing;  // its whole gradient's
+    Kept hop;      // hpZ's second hop: its partial sums'
   };
   std::vector<KeptError> kept_errors_;  // by unit; empty without LoCo
 };
