@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <zero/core/error.hpp>
+#include <zero/core/int4_blocks.hpp>
 #include <zero/core/int8_blocks.hpp>
 #include <zero/core/macros.hpp>
 
@@ -28,6 +30,21 @@ struct ErrorFeedback {
 
   static ErrorFeedback with_beta(float beta) { return {beta, 1.0f - beta}; }
 };
+
+/// Checks a packing with feedback, with a ShapeError naming op otherwise: bits 8 or 4, `values`
+/// values cut into `runs` equal runs (rows of `columns`) packing into `bytes` bytes at that width,
+/// and their kept errors, int8 runs in source order, in `kept_bytes`; returns a run's values. The
+/// host's kernel and the device backend both check with it.
+inline std::int64_t feedback_run_values(const char* op, int bits, std::int64_t values,
+                                        std::int64_t runs, std::int64_t bytes,
+                                        std::int64_t kept_bytes, std::int64_t columns = 1) {
+  expect<ShapeError>(bits == 8 || bits == 4, op, ": ", bits, " bits; codes are 8 or 4 bits");
+  const std::int64_t n = bits == 8 ? int8_run_values(op, values, runs, bytes, columns)
+                                   : int4_run_values(op, values, runs, bytes, columns);
+  const std::string kept = std::string(op) + " (the kept error)";
+  int8_run_values(kept.c_str(), values, runs, kept_bytes);
+  return n;
+}
 
 /// g + e, where e is the kept error's code e_code under e_scale (0 and 0 for no error): one fused
 /// multiply-add, the one a sum of runs adds a code's value with.

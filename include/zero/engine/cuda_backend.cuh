@@ -484,16 +484,9 @@ class CudaBackend {
   void quantize_with_feedback(std::span<std::uint8_t> out, std::span<const E> in,
                               std::span<std::uint8_t> error, quant::ErrorFeedback feedback,
                               int bits, std::int64_t runs = 1, std::int64_t columns = 1) {
-    const char* op = "CudaBackend::quantize_with_feedback";
-    expect<ShapeError>(bits == 8 || bits == 4, op, ": ", bits, " bits; codes are 8 or 4 bits");
-    const auto values = static_cast<std::int64_t>(in.size());
-    const std::int64_t n =
-        bits == 8 ? quant::int8_run_values(op, values, runs, static_cast<std::int64_t>(out.size()),
-                                           columns)
-                  : quant::int4_run_values(op, values, runs, static_cast<std::int64_t>(out.size()),
-                                           columns);
-    quant::int8_run_values("CudaBackend::quantize_with_feedback (the kept error)", values, runs,
-                           static_cast<std::int64_t>(error.size()));
+    const std::int64_t n = quant::feedback_run_values(
+        "CudaBackend::quantize_with_feedback", bits, static_cast<std::int64_t>(in.size()), runs,
+        static_cast<std::int64_t>(out.size()), static_cast<std::int64_t>(error.size()), columns);
     if (n == 0) return;
     expect_device_memory(out.data(), "quantize_with_feedback", "out");
     expect_device_memory(in.data(), "quantize_with_feedback", "in");

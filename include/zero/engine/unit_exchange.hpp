@@ -394,11 +394,8 @@ class UnitExchange {
   /// whole gradient's runs and, under hpZ's two hops, its partial sums', block-wise int8.
   std::size_t kept_error_bytes(int u) const {
     if (!options_.loco) return 0;
-    const Unit& s = units_[static_cast<std::size_t>(u)];
-    const std::int64_t n = static_cast<std::int64_t>(s.numel(Extent::shard));
-    std::int64_t runs = s.group->size();
-    if (s.across_secondary != nullptr) runs += s.across_secondary->size();
-    return static_cast<std::size_t>(runs * quant::int8_packed_bytes(n));
+    const bool hop = units_[static_cast<std::size_t>(u)].across_secondary != nullptr;
+    return kept_bytes(u, false) + (hop ? kept_bytes(u, true) : 0);
   }
   /// Drops LoCo's kept errors (a checkpoint was loaded): every unit's next reduction starts
   /// from none.
@@ -490,6 +487,14 @@ class UnitExchange {
     }
   }
 
+  // LoCo: the bytes of unit u's kept error for its gradient's packing (hop: the second hop's),
+  // int8 runs of its shard's size, one a rank of the group that packing goes over.
+  std::size_t kept_bytes(int u, bool hop) const {
+    const Unit& s = units_[static_cast<std::size_t>(u)];
+    const int runs = hop ? s.across_secondary->size() : s.group->size();
+    const auto n = static_cast<std::int64_t>(s.numel(Extent::shard));
+    return static_cast<std::size_t>(runs * quant::int8_packed_bytes(n));
+  }
   // LoCo: the error kept for unit u's next packing (hop: its second hop's, else its gradient's),
   // made zeroed for its first packing and zeroed again after loco_reset_interval packings; null
   // without LoCo.
@@ -499,11 +504,7 @@ class UnitExchange {
     KeptError& errors = kept_errors_[static_cast<std::size_t>(u)];
     auto& k = hop ? errors.hop : errors.packing;
     if (k.values.size() == 0) {
-      Unit& s = unit(u);
-      const int runs = hop ? s.across_secondary->size() : s.group->size();
-      const auto n = static_cast<std::int64_t>(s.numel(Extent::shard));
-      k.values = backend_.template make_buffer<std::uint8_t>(
-          static_cast<std::size_t>(runs * quant::int8_packed_bytes(n)));
+      k.values = backend_.template make_buffer<std::uint8_t>(kept_bytes(u, hop));
     } else if (k.packings == options_.loco_reset_interval) {
       backend_.clear(span(k.values));
       k.packings = 0;

@@ -99,16 +99,9 @@ template <class T>
 void quantize_with_feedback(std::span<const T> in, std::span<std::uint8_t> out,
                             std::span<std::uint8_t> error, quant::ErrorFeedback feedback, int bits,
                             std::int64_t runs = 1, std::int64_t columns = 1) {
-  expect<ShapeError>(bits == 8 || bits == 4, "quantize_with_feedback: ", bits,
-                     " bits; codes are 8 or 4 bits");
-  const auto values = static_cast<std::int64_t>(in.size());
-  const std::int64_t n =
-      bits == 8 ? quant::int8_run_values("quantize_with_feedback", values, runs,
-                                         static_cast<std::int64_t>(out.size()), columns)
-                : quant::int4_run_values("quantize_with_feedback", values, runs,
-                                         static_cast<std::int64_t>(out.size()), columns);
-  quant::int8_run_values("quantize_with_feedback (the kept error)", values, runs,
-                         static_cast<std::int64_t>(error.size()));
+  const std::int64_t n = quant::feedback_run_values(
+      "quantize_with_feedback", bits, static_cast<std::int64_t>(in.size()), runs,
+      static_cast<std::int64_t>(out.size()), static_cast<std::int64_t>(error.size()), columns);
   const auto launch = [&](auto body) {
     const auto kernel =
         detail::quant_kernel<decltype(body), T, const T*, std::uint8_t*, std::uint8_t*,
