@@ -287,6 +287,49 @@ TEST_CASE(
   CHECK(clean.scale[0] == 256.0);
 }
 
+TEST_CASE(
+    "LoCo forgets its kept errors at a skipped step and at a new loss scale: the next packing "
+    "starts from none, as after a reset",
+    "[unit][engine]") {
+  // Stage 3 with 4-bit qgZ and LoCo on 2 ranks, one packing a step. A run whose kept errors are
+  // forgotten at boundary k equals one that resets them every k + 1 packings (zeroed before
+  // step k + 1's packing and not again within k + 2 steps), whatever else the two run through.
+  engine::EngineOptions options;
+  options.quantized_gradients = true;
+  options.quantized_gradient_bits = 4;
+  options.loco = true;
+  options.loss_scaler.initial_scale_power = 8;  // the toy's gradients fit fp16 at 2^8
+  const auto reset_every = [&](int packings) {
+    engine::EngineOptions o = options;
+    o.loco_reset_interval = packings;
+    return o;
+  };
+  const auto clean = [](int, int) { return false; };
+  const auto step_one = [](int step, int rank) { return step == 1 && rank == 0; };
+  // A NaN loss at step 1 (policy skip).
+  const auto nan = toy_run<float, 3>(2, 4, step_one, options);
+  REQUIRE(nan.skipped[0] == 1);
+  CHECK(nan.params == toy_run<float, 3>(2, 4, step_one, reset_every(2)).params);
+  // The errors kept matter: without the skip, the same reset is another run.
+  CHECK(toy_run<float, 3>(2, 4, clean, options).params !=
+        toy_run<float, 3>(2, 4, clean, reset_every(2)).params);
+  // An fp16 overflow at step 1: skipped at the same scale (hysteresis 2).
+  const auto overflow = toy_run<f16, 3, Precision<f16>>(2, 4, step_one, options, true);
+  REQUIRE(overflow.skipped[0] == 1);
+  REQUIRE(overflow.scale[0] == 256.0);
+  CHECK(overflow.params ==
+        toy_run<f16, 3, Precision<f16>>(2, 4, step_one, reset_every(2), true).params);
+  // A new scale: with loss_scale_window 2 the scale doubles at boundary 2.
+  options.loss_scaler.loss_scale_window = 2;
+  const auto grown = toy_run<f16, 3, Precision<f16>>(2, 4, clean, options);
+  REQUIRE(grown.skipped[0] == 0);
+  REQUIRE(grown.scale[0] == 512.0);
+  CHECK(grown.params == toy_run<f16, 3, Precision<f16>>(2, 4, clean, reset_every(3)).params);
+  options.loss_scaler.loss_scale_window = 1000;
+  CHECK(toy_run<f16, 3, Precision<f16>>(2, 4, clean, options).params !=
+        toy_run<f16, 3, Precision<f16>>(2, 4, clean, reset_every(3)).params);
+}
+
 TEST_CASE("bf16 and fp16 toy runs follow the fp32 run", "[unit][engine]") {
   engine::EngineOptions options;
   options.loss_scaler.initial_scale_power = 8;

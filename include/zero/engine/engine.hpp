@@ -455,6 +455,9 @@ class Engine {
       last_grad_norm_ = std::sqrt(stats[0]) / scale;
       const bool nonfinite = stats[1] > 0 || !std::isfinite(last_grad_norm_);
       bool apply = !nonfinite;
+      // LoCo: a step that is not applied drops its gradients, and with them what the errors
+      // kept from their packings stand for (a raise or a skip alike).
+      if (nonfinite) exchange_.forget_kept_errors();
       // nonfinite_policy raise: an Inf/NaN loss raises in every precision (under fp16 too: no
       // smaller loss scale mends a forward), an Inf/NaN gradient norm where no loss scaler
       // skips it. A boundary that raises counts as skipped, so the next window draws new
@@ -490,6 +493,9 @@ class Engine {
         ++training_.nonfinite_steps;
       }
       last_step_skipped_ = !apply;
+      // LoCo: the kept errors are in the loss scale's units; a new scale starts them anew (at
+      // most once a loss_scale_window of applied steps, or at an overflow, forgotten above).
+      if (training_.loss_scale() != scale) exchange_.forget_kept_errors();
       bool delayed = false;  // the update runs on its own thread (delayed_param_update)
       if (apply) {
         const double factor =

@@ -397,9 +397,16 @@ class UnitExchange {
     const bool hop = units_[static_cast<std::size_t>(u)].across_secondary != nullptr;
     return kept_bytes(u, false) + (hop ? kept_bytes(u, true) : 0);
   }
-  /// Drops LoCo's kept errors (a checkpoint was loaded): every unit's next reduction starts
-  /// from none.
-  void forget_kept_errors() { kept_errors_.clear(); }
+  /// Forgets LoCo's kept errors: each is zeroed before its next packing, as at a reset, and
+  /// keeps its memory. The engine calls it where the errors no longer stand for what the next
+  /// packings lost: a checkpoint was loaded (they are not saved), a step was skipped (its
+  /// gradients, whose packings' losses they carry, were dropped) or the fp16 loss scale changed
+  /// (they are in the old scale's units).
+  void forget_kept_errors() {
+    for (KeptError& errors : kept_errors_) {
+      for (auto* k : {&errors.packing, &errors.hop}) k->packings = options_.loco_reset_interval;
+    }
+  }
   /// A new accumulation window: no unit has a shard sum yet.
   void forget_shard_sums() { std::fill(shard_sum_taken_.begin(), shard_sum_taken_.end(), 0); }
 
@@ -505,6 +512,7 @@ class UnitExchange {
     auto& k = hop ? errors.hop : errors.packing;
     if (k.values.size() == 0) {
       k.values = backend_.template make_buffer<std::uint8_t>(kept_bytes(u, hop));
+      k.packings = 0;
     } else if (k.packings == options_.loco_reset_interval) {
       backend_.clear(span(k.values));
       k.packings = 0;
@@ -834,7 +842,7 @@ class UnitExchange {
   struct KeptError {            // LoCo's, a unit's (kept_error)
     struct Kept {
       DeviceBuffer<std::uint8_t> values;  // block-wise int8, the runs in source order
-      std::int64_t packings = 0;          // since it was made or last zeroed
+      std::int64_t packings = 0;  // since it was made or last zeroed (the reset interval: due)
     };
     Kept packing;  // its whole gradient's
     Kept hop;      // hpZ's second hop: its partial sums'
