@@ -199,6 +199,9 @@ TEST_CASE("bad values are rejected with their key path", "[unit][config]") {
   expect_error(R"({"moe": {"ep_size": 2}})",
                "moe.num_experts = 1 must be a multiple of moe.ep_size = 2 (each expert-parallel "
                "rank holds num_experts / ep_size; 1 expert is no MoE layer)");
+  // Random token selection is DeepSpeed's top-1 gate's; asked for with top-2 it is refused.
+  expect_error(R"({"moe": {"num_experts": 4, "k": 2, "use_rts": true}})",
+               "moe.use_rts applies to top-1 routing, but moe.k = 2");
   expect_error(R"({"fp16": {"enabled": true, "hysteresis": 0}})", "fp16.hysteresis");
   expect_error(R"({"fp16": {"loss_scale_window": "often"}})",
                "fp16.loss_scale_window: expected an integer");

@@ -55,13 +55,26 @@ inline nn::MoEBlocks dropless_blocks(parallel::ExpertParallel ep = {}) {
   return m;
 }
 
+// Top-1 routing with random token selection (DeepSpeed's use_rts) and the same capacity: an
+// expert over capacity keeps random tokens, drawn from each token's global row in the step's
+// stream, so the ranks draw as one process does.
+inline nn::MoEBlocks rts_blocks(parallel::ExpertParallel ep = {}) {
+  nn::MoEBlocks m = moe_blocks(std::move(ep));
+  m.router.k = 1;
+  m.router.capacity_factor = 0.5;
+  m.router.random_token_selection = true;
+  return m;
+}
+
 // One process: each of the world * accumulation micro-batches of a step in turn (routing and
 // capacity are per micro-batch, as on the ranks), gradients summed with the loss seeded by
 // 1 / (world * accumulation), then the global norm, clipping and f64 AdamW per unit (cfg and
-// blocks: the GPT's shape and MoE blocks, moe_cfg()'s and moe_blocks()' by default).
+// blocks: the GPT's shape and MoE blocks, moe_cfg()'s and moe_blocks()' by default; placed: the
+// micro-batches say where their rows sit, MicroBatch::first_row).
 inline LogicalValues moe_reference(int world, int accumulation, int steps, std::int64_t* dropped,
                                    const nn::GPTConfig& cfg = moe_cfg(),
-                                   const nn::MoEBlocks& blocks = moe_blocks()) {
+                                   const nn::MoEBlocks& blocks = moe_blocks(),
+                                   bool placed = false) {
   nn::GPT<double> model(cfg, {}, {}, blocks);
   nn::LocalParameters<nn::GPT<double>> params(model, 1234);
   AdamW64 adam;
@@ -73,8 +86,13 @@ inline LogicalValues moe_reference(int world, int accumulation, int steps, std::
     const GlobalBatch b(micro_rows * micros, step, cfg.vocab_size);
     for (int m = 0; m < micros; ++m) {
       // Micro-batch m of GlobalBatch: micro-step m / world of rank m % world.
+      // The engine's stream for dropout and random token selection (Engine::rng_step_of): the
+      // step for micro-batches placed in the global batch, else the micro-step of the run.
+      const auto stream =
+          static_cast<std::uint64_t>(placed ? step : step * accumulation + m / world);
       nn::StepContext<double> ctx =
-          b.micro(m / world, m % world, world).context<double>(arena, true, 0);
+          b.micro(m / world, m % world, world, placed).context<double>(arena, true, stream);
+      ctx.seed = 1234;  // the engine's (tp_options): the streams' key
       ctx.loss_scale = 1.0 / micros;
       model.forward(ctx);
       model.backward(ctx);

@@ -5,10 +5,12 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include <zero/config/config.hpp>
 #include <zero/nn/layers/activation.hpp>
 #include <zero/nn/layers/cross_entropy.hpp>
 #include <zero/nn/layers/input.hpp>
@@ -16,6 +18,7 @@
 #include <zero/nn/layers/residual.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
 #include <zero/nn/local_parameters.hpp>
+#include <zero/nn/moe/moe_blocks.hpp>
 #include <zero/nn/moe/moe_layer.hpp>
 #include <zero/nn/moe/router.hpp>
 #include <zero/testing/gradient_check.hpp>
@@ -117,6 +120,52 @@ TEST_CASE("MoE router: top-2 takes every first choice's slot before any second c
   }
 }
 
+TEST_CASE(
+    "MoE router: random token selection keeps an over-full expert's tokens of the highest "
+    "priority, in token order",
+    "[unit][moe]") {
+  // As the top-1 case above: capacity 3, expert 0 chosen by tokens 0, 1, 3 and 4. Token 1 has
+  // the lowest priority of the four, so it is dropped (token order drops token 4); the kept ones
+  // take expert 0's slots in token order. Expert 1 is within capacity: priorities change nothing.
+  nn::RouterConfig cfg;
+  cfg.num_experts = 2;
+  cfg.min_capacity = 1;
+  cfg.random_token_selection = true;
+  const auto logits = logits_for({{0}, {0}, {1}, {0}, {0}, {1}}, 2);
+  const std::vector<double> priority{0.5, 0.1, 0.0, 0.9, 0.3, 0.2};
+  const auto r = nn::route(logits.data(), 6, cfg, priority);
+  CHECK(r.slot == std::vector<std::int64_t>{0, -1, 0, 1, 2, 1});
+  CHECK(r.kept == std::vector<std::int64_t>{3, 2});
+  CHECK(r.dropped == 1);
+  CHECK(r.weight[1] == 0.0);
+  // The losses count choices before dropping: as token order's.
+  nn::RouterConfig plain = cfg;
+  plain.random_token_selection = false;
+  const auto ordered = nn::route(logits.data(), 6, plain);
+  CHECK(r.aux_loss == ordered.aux_loss);
+  CHECK(r.z_loss == ordered.z_loss);
+  // Priorities that rank the tokens in order drop as token order does; equal ones too (ties go
+  // to the lower token).
+  CHECK(nn::route(logits.data(), 6, cfg, std::vector<double>{6, 5, 4, 3, 2, 1}).slot ==
+        ordered.slot);
+  CHECK(nn::route(logits.data(), 6, cfg, std::vector<double>(6, 0.5)).slot == ordered.slot);
+  // Without drops (no capacity limit) the priorities change nothing.
+  cfg.drop_tokens = false;
+  plain.drop_tokens = false;
+  CHECK(nn::route(logits.data(), 6, cfg, priority).slot == nn::route(logits.data(), 6, plain).slot);
+  // A priority for each token, and top-1 only (DeepSpeed's top-2 gate has none).
+  CHECK_THROWS_WITH(nn::route(logits.data(), 6, cfg, std::vector<double>(5)),
+                    Catch::Contains("a priority for each of the 6 tokens, got 5"));
+  cfg.num_experts = 3;
+  cfg.k = 2;
+  CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("moe.use_rts") && Catch::Contains("moe.k = 2"));
+  // The config key reaches the model's router.
+  const Config c = Config::from_json_string(R"({"moe": {"num_experts": 4, "use_rts": true}})");
+  CHECK(c.moe.use_rts);
+  CHECK(nn::MoEBlocks::from_config(c.moe).router.random_token_selection);
+  CHECK_FALSE(nn::MoEBlocks::from_config(Config{}.moe).router.random_token_selection);
+}
+
 namespace {
 
 constexpr std::int64_t rows = 12, features = 4, channels = 6, hidden = 8, classes = 3;
@@ -160,12 +209,13 @@ nn::SequentialModel<double> moe_model(const nn::RouterConfig& router,
 
 TEST_CASE(
     "MixtureOfExperts: backward equals finite differences of the loss with its auxiliary losses "
-    "(top-1 and top-2, tokens dropped, z-loss on)",
+    "(top-1 and top-2, tokens dropped, z-loss on, top-1 with random token selection)",
     "[unit][moe]") {
-  for (int k : {1, 2}) {
+  for (const auto& [k, rts] : {std::pair{1, false}, std::pair{2, false}, std::pair{1, true}}) {
     nn::RouterConfig router;
     router.num_experts = 4;
     router.k = k;
+    router.random_token_selection = rts;
     router.capacity_factor = 0.75;  // some choices are dropped
     router.min_capacity = 1;
     router.aux_loss_coef = 0.1;
@@ -176,7 +226,7 @@ TEST_CASE(
     testing::GradientCheckOptions o;
     o.seed = 5;
     const auto r = testing::check_unit_gradients(m, 1, d.batch(), o);
-    INFO("k " << k << ": " << r.summary());
+    INFO("k " << k << (rts ? " random token selection" : "") << ": " << r.summary());
     CHECK(r.passed());
     // The routing did drop, so the check covered it.
     CHECK(moe->last_stats().dropped > 0);
@@ -274,4 +324,44 @@ TEST_CASE("MixtureOfExperts: parks what its forward kept", "[unit][moe]") {
     return std::vector<double>(g.begin(), g.end());
   };
   CHECK(grads_of_a(true) == grads_of_a(false));
+}
+
+TEST_CASE(
+    "MixtureOfExperts with random token selection: each micro-step drops other tokens, a "
+    "recomputed forward the same ones",
+    "[unit][moe]") {
+  nn::RouterConfig router;
+  router.num_experts = 3;
+  router.capacity_factor = 0.5;  // 2 slots an expert for 12 tokens: most choices dropped
+  router.min_capacity = 1;
+  const Data d;
+  // The loss and the dropped choices of a forward at `step` (the micro-step's stream).
+  const auto forward = [&](const nn::RouterConfig& r, std::uint64_t step, bool checkpoint) {
+    nn::MixtureOfExperts<double>* moe = nullptr;
+    auto m = moe_model(r, &moe);
+    m.unit(1).set_checkpoint(checkpoint);
+    nn::LocalParameters<nn::SequentialModel<double>> p(m, 4);
+    Arena<> arena(1 << 20);
+    nn::StepContext<double> ctx = d.batch().context<double>(arena, true, step);
+    for (int u = 0; u < 3; ++u) m.forward_unit(u, ctx);
+    const double loss = ctx.loss;
+    const std::int64_t dropped = moe->last_stats().dropped;
+    for (int u = 2; u >= 0; --u) m.backward_unit(u, ctx);
+    const auto g = p.unit_grads(1);
+    return std::tuple(loss, dropped, std::vector<double>(g.begin(), g.end()));
+  };
+  const auto [plain0, plain_dropped, plain_grads] = forward(router, 0, false);
+  CHECK(plain_dropped > 0);
+  CHECK(std::get<0>(forward(router, 1, false)) == plain0);  // token order: the same every step
+  router.random_token_selection = true;
+  const auto [rts0, rts_dropped, rts_grads] = forward(router, 0, false);
+  CHECK(rts_dropped == plain_dropped);  // as many dropped, other ones
+  CHECK(rts0 != plain0);
+  const auto [rts1, rts1_dropped, rts1_grads] = forward(router, 1, false);
+  CHECK(rts1_dropped == plain_dropped);
+  CHECK(rts1 != rts0);  // each micro-step draws its own
+  // Activation checkpointing recomputes the forward in backward: the same tokens dropped.
+  const auto [rerun0, rerun_dropped, rerun_grads] = forward(router, 0, true);
+  CHECK(rerun0 == rts0);
+  CHECK(rerun_grads == rts_grads);
 }

@@ -252,6 +252,8 @@ inline std::span<const KeyInfo> known_keys() {
       {"moe.capacity_factor", applied, "slots per expert relative to an even split", "1.25"},
       {"moe.min_capacity", applied, "fewest slots per expert", "8"},
       {"moe.drop_tokens", applied, "drop choices past an expert's capacity", "false"},
+      {"moe.use_rts", applied,
+       "random token selection: an expert over capacity keeps random tokens (top-1)", "true"},
       {"moe.aux_loss_coef", applied, "load-balancing loss weight", "0.02"},
       {"moe.z_loss_coef", applied, "router z-loss weight", "0.001"},
       {"moe.expert_interval", applied, "every k-th block is an MoE block", "1"},

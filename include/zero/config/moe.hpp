@@ -1,7 +1,7 @@
 #pragma once
 // The "moe" config section: mixture-of-experts settings with DeepSpeed's names and defaults
 // (deepspeed.moe.layer.MoE: num_experts, ep_size, k, capacity_factor, min_capacity,
-// drop_tokens) plus the auxiliary losses' coefficients (aux_loss_coef, Megatron's
+// drop_tokens, use_rts) plus the auxiliary losses' coefficients (aux_loss_coef, Megatron's
 // moe_aux_loss_coeff; z_loss_coef, Megatron's moe_z_loss_coeff) and expert_interval
 // (Megatron-DeepSpeed's --expert-interval: every k-th block is an MoE block). DeepSpeed passes
 // these to the MoE layer in model code; zero reads them from the config so train_gpt and users'
@@ -19,12 +19,15 @@ namespace zero::config {
 
 /// Mixture-of-experts settings (see the file comment).
 struct MoEConfig {
-  std::int64_t num_experts = 1;      ///< experts per MoE layer (1: no MoE)
-  std::int64_t ep_size = 1;          ///< expert-parallel ranks the experts split over
-  std::int64_t k = 1;                ///< experts per token: 1 (Switch) or 2 (GShard)
-  double capacity_factor = 1.0;      ///< slots per expert = ceil(k tokens / experts * this)
-  std::int64_t min_capacity = 4;     ///< at least this many slots per expert
-  bool drop_tokens = true;           ///< false: no capacity limit
+  std::int64_t num_experts = 1;   ///< experts per MoE layer (1: no MoE)
+  std::int64_t ep_size = 1;       ///< expert-parallel ranks the experts split over
+  std::int64_t k = 1;             ///< experts per token: 1 (Switch) or 2 (GShard)
+  double capacity_factor = 1.0;   ///< slots per expert = ceil(k tokens / experts * this)
+  std::int64_t min_capacity = 4;  ///< at least this many slots per expert
+  bool drop_tokens = true;        ///< false: no capacity limit
+  /// Random token selection, top-1 only: an expert over capacity keeps random tokens, not the
+  /// first ones. DeepSpeed's MoE layer defaults it to true; here it is asked for.
+  bool use_rts = false;
   double aux_loss_coef = 0.01;       ///< load-balancing loss weight
   double z_loss_coef = 0.0;          ///< router z-loss weight
   std::int64_t expert_interval = 2;  ///< every expert_interval-th block is an MoE block
@@ -38,6 +41,7 @@ struct MoEConfig {
     c.capacity_factor = r.number("capacity_factor").value_or(c.capacity_factor);
     c.min_capacity = r.int32("min_capacity").value_or(c.min_capacity);
     c.drop_tokens = r.boolean("drop_tokens").value_or(c.drop_tokens);
+    c.use_rts = r.boolean("use_rts").value_or(c.use_rts);
     c.aux_loss_coef = r.number("aux_loss_coef").value_or(c.aux_loss_coef);
     c.z_loss_coef = r.number("z_loss_coef").value_or(c.z_loss_coef);
     c.expert_interval = r.int32("expert_interval").value_or(c.expert_interval);
@@ -54,6 +58,9 @@ struct MoEConfig {
                         "; expected 1 (top-1) or 2 (top-2)");
     expect<ConfigError>(c.num_experts == 1 || c.k <= c.num_experts, r.where("k"), " = ", c.k,
                         " is more than ", r.where("num_experts"), " = ", c.num_experts);
+    expect<ConfigError>(!c.use_rts || c.k == 1, r.where("use_rts"),
+                        " applies to top-1 routing, but ", r.where("k"), " = ", c.k,
+                        " (DeepSpeed's top-2 gate has no random token selection)");
     expect<ConfigError>(c.capacity_factor > 0, r.where("capacity_factor"), " = ", c.capacity_factor,
                         "; expected > 0");
     expect<ConfigError>(c.min_capacity >= 0, r.where("min_capacity"), " = ", c.min_capacity,

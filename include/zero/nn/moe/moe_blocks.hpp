@@ -43,6 +43,7 @@ struct MoEBlocks {
     m.router.capacity_factor = c.capacity_factor;
     m.router.min_capacity = static_cast<int>(c.min_capacity);
     m.router.drop_tokens = c.drop_tokens;
+    m.router.random_token_selection = c.use_rts;
     m.router.aux_loss_coef = c.aux_loss_coef;
     m.router.z_loss_coef = c.z_loss_coef;
     m.every = static_cast<int>(c.expert_interval);

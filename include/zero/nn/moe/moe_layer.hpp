@@ -27,6 +27,7 @@
 
 #include <parallel/moe/expert_parallel.hpp>
 #include <parallel/moe/token_exchange.hpp>
+#include <zero/core/rng.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/nn/moe/expert_stack.hpp>
@@ -113,7 +114,7 @@ class MixtureOfExperts final : public Layer<T> {
           logits.data()[t * E + e] = dot;
         }
       }
-      routing_ = route(logits.data(), N, cfg_);
+      routing_ = route(logits.data(), N, cfg_, priorities(ctx, N));
       arena.release(mark);
     }
     // Each expert's kept tokens as consecutive rows; the local experts' rows are this rank's
@@ -289,6 +290,23 @@ class MixtureOfExperts final : public Layer<T> {
     H_ = experts_->hidden();
   }
   const parallel::ExpertParallel& ep() const { return experts_->expert_parallel(); }
+  // Random token selection: each of the N tokens' priority, a uniform draw in [0, 1) from the
+  // layer's stream (the run's seed and the layer's name) at the token's index in the step's
+  // global batch (StepContext::dropout_first) in the micro-step's stream (ctx.step), so a token
+  // draws alike on any rank and in a recomputed forward. Empty without it.
+  std::vector<double> priorities(const StepContext<T>& ctx, std::int64_t N) const {
+    if (!cfg_.random_token_selection) return {};
+    const CounterRng rng(CounterRng::key_for(ctx.seed, "moe.rts." + name_));
+    const std::uint64_t first = ctx.dropout_first(N);
+    std::vector<double> p(static_cast<std::size_t>(N));
+    for (std::int64_t t = 0; t < N; ++t) {
+      const auto w =
+          rng.words(first + static_cast<std::uint64_t>(t), static_cast<std::uint32_t>(ctx.step));
+      const std::uint64_t bits = (std::uint64_t{w[0]} << 21) ^ (std::uint64_t{w[1]} >> 11);
+      p[static_cast<std::size_t>(t)] = static_cast<double>(bits & ((1ull << 53) - 1)) * 0x1p-53;
+    }
+    return p;
+  }
   // Rows of a buffer of n rows (at least one, so a batch that kept nothing still has views).
   static std::int64_t at_least_one(std::int64_t n) { return std::max<std::int64_t>(n, 1); }
   // What routing_ (the kept forward's choices) routed.

@@ -6,6 +6,10 @@
 //   capacity = max(min_capacity, ceil(k * N / E * capacity_factor)) slots per expert
 //   (unlimited without drop_tokens); slots are handed out in token order, every token's first
 //   choice before any second choice, and a choice past its expert's capacity is dropped;
+//   with random token selection (DeepSpeed's use_rts, top-1 only) an expert chosen by more
+//   tokens than it has slots keeps those of the highest random priority instead of the first
+//   ones (DeepSpeed's topk over the choice mask times a uniform draw), the kept ones taking its
+//   slots in token order;
 //   combine weight: k = 1 the first choice's probability; k = 2 each kept choice's probability
 //   over the sum of the kept ones (a dropped choice weighs 0, DeepSpeed's normalisation);
 //   load-balancing loss l_aux = E * sum_e me_e * ce_e, me the mean probability of expert e and ce
@@ -13,13 +17,16 @@
 //   router z-loss (ST-MoE) z = mean_t logsumexp(logits_t)^2.
 // No jitter and no noise on the second choice (DeepSpeed's top-2 adds Gumbel noise to the
 // logits that pick it; here the choice is deterministic, so every rank and every rerun routes
-// alike). route() computes all of it; router_backward() turns the gradients of the combine
+// alike). Random token selection's priorities come from the caller (MixtureOfExperts draws them
+// from a counter-based stream, so a rerun or a recomputed forward routes alike too). route()
+// computes all of it; router_backward() turns the gradients of the combine
 // weights, with the auxiliary losses' coefficients, into the gradient of the logits.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include <zero/core/error.hpp>
@@ -34,8 +41,11 @@ struct RouterConfig {
   double capacity_factor = 1.0;  ///< slots per expert = ceil(k * tokens / experts * this)
   int min_capacity = 4;          ///< at least this many slots per expert
   bool drop_tokens = true;       ///< false: no capacity limit, nothing dropped
-  double aux_loss_coef = 0.01;   ///< weight of the load-balancing loss in the training loss
-  double z_loss_coef = 0.0;      ///< weight of the router z-loss (ST-MoE; 0: off)
+  /// Random token selection (DeepSpeed's use_rts, top-1 only): an expert over capacity keeps the
+  /// tokens of the highest random priority (route()'s priorities), not the first ones.
+  bool random_token_selection = false;
+  double aux_loss_coef = 0.01;  ///< weight of the load-balancing loss in the training loss
+  double z_loss_coef = 0.0;     ///< weight of the router z-loss (ST-MoE; 0: off)
 
   /// Throws ConfigError naming the setting when one is out of range.
   void validate() const {
@@ -46,6 +56,9 @@ struct RouterConfig {
     expect<ConfigError>(capacity_factor > 0, "moe.capacity_factor = ", capacity_factor,
                         "; expected > 0");
     expect<ConfigError>(min_capacity >= 0, "moe.min_capacity = ", min_capacity, "; expected >= 0");
+    expect<ConfigError>(!random_token_selection || k == 1, "moe.use_rts (random token selection) ",
+                        "applies to top-1 routing, but moe.k = ", k,
+                        " (DeepSpeed's top-2 gate has no random token selection)");
     expect<ConfigError>(aux_loss_coef >= 0 && z_loss_coef >= 0,
                         "moe: the auxiliary loss coefficients must be >= 0 (aux ", aux_loss_coef,
                         ", z ", z_loss_coef, ")");
@@ -84,10 +97,16 @@ struct Routing {
   std::size_t at(std::int64_t t, int j) const { return static_cast<std::size_t>(t * k + j); }
 };
 
-/// Routes N tokens by their logits [N, E] (row-major) under cfg (see the file comment).
+/// Routes N tokens by their logits [N, E] (row-major) under cfg (see the file comment). With
+/// cfg.random_token_selection, priority [N] holds each token's random priority (a larger one is
+/// kept first); it is not read otherwise.
 template <class A>
-Routing<A> route(const A* logits, std::int64_t N, const RouterConfig& cfg) {
+Routing<A> route(const A* logits, std::int64_t N, const RouterConfig& cfg,
+                 std::span<const double> priority = {}) {
   cfg.validate();
+  expect<ShapeError>(!cfg.random_token_selection || priority.size() == static_cast<std::size_t>(N),
+                     "route: random token selection needs a priority for each of the ", N,
+                     " tokens, got ", priority.size());
   const int E = cfg.num_experts, k = cfg.k;
   Routing<A> r;
   r.tokens = N;
@@ -122,12 +141,36 @@ Routing<A> route(const A* logits, std::int64_t N, const RouterConfig& cfg) {
       r.prob[r.at(t, j)] = p[best];
     }
   }
+  // Random token selection: each expert over capacity keeps its choices of the highest
+  // priority (ties: the lower token), marked here; the others are dropped below.
+  std::vector<char> chosen;
+  if (cfg.random_token_selection) {
+    chosen.assign(n, 1);
+    std::vector<std::int64_t> by_expert;
+    for (int e = 0; e < E; ++e) {
+      by_expert.clear();
+      for (std::int64_t t = 0; t < N; ++t) {
+        if (r.expert[r.at(t, 0)] == e) by_expert.push_back(t);
+      }
+      if (static_cast<std::int64_t>(by_expert.size()) <= r.capacity) continue;
+      const auto kept_end = by_expert.begin() + r.capacity;
+      std::nth_element(by_expert.begin(), kept_end, by_expert.end(),
+                       [&](std::int64_t a, std::int64_t b) {
+                         const double pa = priority[static_cast<std::size_t>(a)];
+                         const double pb = priority[static_cast<std::size_t>(b)];
+                         return pa > pb || (pa == pb && a < b);
+                       });
+      for (auto it = kept_end; it != by_expert.end(); ++it)
+        chosen[static_cast<std::size_t>(*it)] = 0;
+    }
+  }
   // Slots in token order, first choices before second choices; counted whether kept or not.
   std::vector<std::int64_t> taken(static_cast<std::size_t>(E), 0);
   for (int j = 0; j < k; ++j) {
     for (std::int64_t t = 0; t < N; ++t) {
       const auto e = static_cast<std::size_t>(r.expert[r.at(t, j)]);
-      const std::int64_t position = taken[e]++;
+      const bool selected = chosen.empty() || chosen[static_cast<std::size_t>(t)] != 0;
+      const std::int64_t position = selected ? taken[e]++ : r.capacity;
       if (position < r.capacity) {
         r.slot[r.at(t, j)] = position;
         ++r.kept[e];
