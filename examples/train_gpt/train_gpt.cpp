@@ -62,7 +62,7 @@
 // the profiler's reports are gathered from every stage and printed stage by stage.
 // --experts E makes every second block's MLP a mixture of E GPT-MLP experts behind a top-k
 // router (--k 1 or 2; the config's "moe" section gives the rest: capacity_factor, min_capacity,
-// drop_tokens, use_rts, aux_loss_coef, z_loss_coef, expert_interval), and --ep N splits the experts
+// drop_tokens, use_rts, noisy_gate_policy, ..., expert_interval), and --ep N splits the experts
 // over N expert-parallel ranks, the tokens travelling to their experts by all-to-all; the dense
 // parameters stay data parallel over all ranks (DeepSpeed's layout). The step line adds the
 // load-balancing loss and the share of routed choices dropped past their expert's capacity

@@ -202,6 +202,16 @@ TEST_CASE("bad values are rejected with their key path", "[unit][config]") {
   // Random token selection is DeepSpeed's top-1 gate's; asked for with top-2 it is refused.
   expect_error(R"({"moe": {"num_experts": 4, "k": 2, "use_rts": true}})",
                "moe.use_rts applies to top-1 routing, but moe.k = 2");
+  // So is RSample; the second choice's sampling is top-2's; the policy names DeepSpeed's.
+  expect_error(R"({"moe": {"num_experts": 4, "k": 2, "noisy_gate_policy": "RSample"}})",
+               "moe.noisy_gate_policy RSample applies to top-1 routing, but moe.k = 2");
+  expect_error(R"({"moe": {"num_experts": 4, "top2_2nd_expert_sampling": true}})",
+               "moe.top2_2nd_expert_sampling applies to top-2 routing, but moe.k = 1");
+  expect_error(R"({"moe": {"num_experts": 4, "noisy_gate_policy": "Gaussian"}})",
+               "moe.noisy_gate_policy = \"gaussian\"; expected null, \"None\", \"Jitter\" or "
+               "\"RSample\"");
+  expect_error(R"({"moe": {"num_experts": 4, "eval_capacity_factor": 0}})",
+               "moe.eval_capacity_factor = 0; expected > 0");
   expect_error(R"({"fp16": {"enabled": true, "hysteresis": 0}})", "fp16.hysteresis");
   expect_error(R"({"fp16": {"loss_scale_window": "often"}})",
                "fp16.loss_scale_window: expected an integer");

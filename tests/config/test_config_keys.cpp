@@ -68,6 +68,7 @@ TEST_CASE("every known key is read by the parser and is either applied or report
     if (key.path.starts_with("moe.") && key.path != "moe.num_experts") {
       // The MoE settings need MoE layers: ep_size > 1 without them is refused.
       set_path(j, "moe.num_experts", 4);
+      if (key.path == "moe.top2_2nd_expert_sampling") set_path(j, "moe.k", 2);  // top-2's
     }
     if (key.path.find("virtual") != std::string_view::npos) {
       // Chunks per stage need stages; "auto" leaves them to the program (stage 3 refuses more

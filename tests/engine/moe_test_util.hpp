@@ -66,6 +66,15 @@ inline nn::MoEBlocks rts_blocks(parallel::ExpertParallel ep = {}) {
   return m;
 }
 
+// DeepSpeed's noisy gate: top-2 with the second choice sampled by Gumbel noise and jitter on the
+// router's input (both drawn, as random token selection, from the tokens' global rows).
+inline nn::MoEBlocks noisy_blocks(parallel::ExpertParallel ep = {}) {
+  nn::MoEBlocks m = moe_blocks(std::move(ep));
+  m.router.noise = nn::GateNoise::jitter;
+  m.router.second_expert_sampling = true;
+  return m;
+}
+
 // One process: each of the world * accumulation micro-batches of a step in turn (routing and
 // capacity are per micro-batch, as on the ranks), gradients summed with the loss seeded by
 // 1 / (world * accumulation), then the global norm, clipping and f64 AdamW per unit (cfg and

@@ -61,7 +61,9 @@ struct Layout {
   int shard_size = 0;       // hybrid sharding (EngineOptions::shard_size); 0: none
   int hpz_size = 0;         // ZeRO++ hpZ's secondary groups (EngineOptions::hpz_size); 0: none
   bool quantized_gradients = false;  // ZeRO++ qgZ (EngineOptions::quantized_gradients)
-  bool random_tokens = false;        // top-1 with random token selection (test::rts_blocks)
+  // Routing with random draws: top-1 with random token selection (test::rts_blocks), or the
+  // noisy gate (test::noisy_blocks); the micro-batches are then placed in the global batch.
+  enum class Draws { none, random_tokens, noisy } draws = Draws::none;
 };
 
 // norm: the last step's global gradient norm, when not null.
@@ -72,8 +74,10 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
   nn::GPTConfig cfg = moe_cfg();
   cfg.checkpoint_activations = l.checkpoint;
   parallel::ExpertParallel ep(groups.ep());
-  nn::GPT<double> model(
-      cfg, {}, {}, l.random_tokens ? test::rts_blocks(std::move(ep)) : moe_blocks(std::move(ep)));
+  nn::GPT<double> model(cfg, {}, {},
+                        l.draws == Layout::Draws::random_tokens ? test::rts_blocks(std::move(ep))
+                        : l.draws == Layout::Draws::noisy       ? test::noisy_blocks(std::move(ep))
+                                                                : moe_blocks(std::move(ep)));
   engine::EngineGroups engine_groups(groups);
   // The control: expert units "reduced" over a group of one rank, i.e. not at all.
   if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(groups.tp());
@@ -86,7 +90,7 @@ std::vector<test::HeldParam> f64_rank(LocalComm& world, const Layout& l, int acc
   const int dense_rank = groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank();
   // Random token selection draws by the tokens' rows in the global batch: placed micro-batches.
   test::train(eng, dense_rank, l.ep * l.dp, accumulation, steps, moe_cfg().vocab_size, 0,
-              l.random_tokens);
+              l.draws != Layout::Draws::none);
   if (norm != nullptr) *norm = eng.last_grad_norm();
   return test::held_params(eng);
 }
@@ -139,30 +143,37 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "MoE GPT with random token selection: ep x dp layouts drop the tokens one process drops, "
-    "equal to its reference, with activation checkpointing too",
+    "MoE GPT with random draws (random token selection; DeepSpeed's noisy gate): ep x dp "
+    "layouts draw what one process draws, equal to its reference, with activation "
+    "checkpointing too",
     "[unit][moe]") {
   const int accumulation = 2, steps = 3;
-  std::int64_t dropped = 0, dropped_in_order = 0;
-  const auto want =
-      moe_reference(4, accumulation, steps, &dropped, moe_cfg(), test::rts_blocks(), true);
-  nn::MoEBlocks in_order = test::rts_blocks();
-  in_order.router.random_token_selection = false;
-  const auto ordered =
-      moe_reference(4, accumulation, steps, &dropped_in_order, moe_cfg(), in_order, true);
-  CHECK(dropped > 0);
-  CHECK(test::max_difference(ordered, want) > 1e-6);  // other tokens
-  for (const Layout l : {Layout{2, 2, 0, false, false, 0, 0, false, true},
-                         Layout{4, 1, 3, false, false, 0, 0, false, true},
-                         Layout{2, 2, 3, false, true, 0, 0, false, true}}) {
-    const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& world) {
-      return test::with_stage(l.stage, [&](auto s) {
-        return f64_rank<decltype(s)::value>(world, l, accumulation, steps);
+  using Draws = Layout::Draws;
+  for (const Draws draws : {Draws::random_tokens, Draws::noisy}) {
+    const bool rts = draws == Draws::random_tokens;
+    std::int64_t dropped = 0, dropped_plain = 0;
+    const nn::MoEBlocks blocks = rts ? test::rts_blocks() : test::noisy_blocks();
+    const auto want = moe_reference(4, accumulation, steps, &dropped, moe_cfg(), blocks, true);
+    nn::MoEBlocks plain = blocks;  // the same routing without the draws
+    plain.router.random_token_selection = false;
+    plain.router.noise = nn::GateNoise::none;
+    plain.router.second_expert_sampling = false;
+    const auto deterministic =
+        moe_reference(4, accumulation, steps, &dropped_plain, moe_cfg(), plain, true);
+    CHECK(dropped > 0);
+    CHECK(test::max_difference(deterministic, want) > 1e-6);  // the draws changed the routing
+    for (Layout l : {Layout{2, 2, 0}, Layout{4, 1, 3}, Layout{2, 2, 3, false, true}}) {
+      l.draws = draws;
+      const auto ranks = testing::per_rank<std::vector<test::HeldParam>>(4, [&](LocalComm& world) {
+        return test::with_stage(l.stage, [&](auto s) {
+          return f64_rank<decltype(s)::value>(world, l, accumulation, steps);
+        });
       });
-    });
-    INFO("ep " << l.ep << ", dp " << l.dp << ", stage " << l.stage << ", checkpoint "
-               << l.checkpoint);
-    CHECK(test::max_difference(test::assemble(ranks), want) <= 1e-10);
+      INFO((rts ? "random token selection" : "noisy gate")
+           << ": ep " << l.ep << ", dp " << l.dp << ", stage " << l.stage << ", checkpoint "
+           << l.checkpoint);
+      CHECK(test::max_difference(test::assemble(ranks), want) <= 1e-10);
+    }
   }
 }
 

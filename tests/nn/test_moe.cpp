@@ -133,7 +133,7 @@ TEST_CASE(
   cfg.random_token_selection = true;
   const auto logits = logits_for({{0}, {0}, {1}, {0}, {0}, {1}}, 2);
   const std::vector<double> priority{0.5, 0.1, 0.0, 0.9, 0.3, 0.2};
-  const auto r = nn::route(logits.data(), 6, cfg, priority);
+  const auto r = nn::route(logits.data(), 6, cfg, nn::RouterDraws{priority});
   CHECK(r.slot == std::vector<std::int64_t>{0, -1, 0, 1, 2, 1});
   CHECK(r.kept == std::vector<std::int64_t>{3, 2});
   CHECK(r.dropped == 1);
@@ -146,15 +146,17 @@ TEST_CASE(
   CHECK(r.z_loss == ordered.z_loss);
   // Priorities that rank the tokens in order drop as token order does; equal ones too (ties go
   // to the lower token).
-  CHECK(nn::route(logits.data(), 6, cfg, std::vector<double>{6, 5, 4, 3, 2, 1}).slot ==
-        ordered.slot);
-  CHECK(nn::route(logits.data(), 6, cfg, std::vector<double>(6, 0.5)).slot == ordered.slot);
+  const std::vector<double> in_order{6, 5, 4, 3, 2, 1}, tied(6, 0.5);
+  CHECK(nn::route(logits.data(), 6, cfg, nn::RouterDraws{in_order}).slot == ordered.slot);
+  CHECK(nn::route(logits.data(), 6, cfg, nn::RouterDraws{tied}).slot == ordered.slot);
   // Without drops (no capacity limit) the priorities change nothing.
   cfg.drop_tokens = false;
   plain.drop_tokens = false;
-  CHECK(nn::route(logits.data(), 6, cfg, priority).slot == nn::route(logits.data(), 6, plain).slot);
+  CHECK(nn::route(logits.data(), 6, cfg, nn::RouterDraws{priority}).slot ==
+        nn::route(logits.data(), 6, plain).slot);
   // A priority for each token, and top-1 only (DeepSpeed's top-2 gate has none).
-  CHECK_THROWS_WITH(nn::route(logits.data(), 6, cfg, std::vector<double>(5)),
+  const std::vector<double> five(5);
+  CHECK_THROWS_WITH(nn::route(logits.data(), 6, cfg, nn::RouterDraws{five}),
                     Catch::Contains("a priority for each of the 6 tokens, got 5"));
   cfg.num_experts = 3;
   cfg.k = 2;
@@ -164,6 +166,80 @@ TEST_CASE(
   CHECK(c.moe.use_rts);
   CHECK(nn::MoEBlocks::from_config(c.moe).router.random_token_selection);
   CHECK_FALSE(nn::MoEBlocks::from_config(Config{}.moe).router.random_token_selection);
+}
+
+TEST_CASE(
+    "MoE router: DeepSpeed's eval capacity factor, RSample's and top-2's sampled choices by "
+    "the logits plus Gumbel noise, with the clean probabilities",
+    "[unit][moe]") {
+  nn::RouterConfig cfg;
+  cfg.num_experts = 2;
+  cfg.min_capacity = 1;
+  cfg.eval_capacity_factor = 2.0;
+  const auto logits = logits_for({{0}, {0}, {1}, {0}, {0}, {1}}, 2);
+  CHECK(nn::route(logits.data(), 6, cfg).capacity == 3);
+  CHECK(nn::route(logits.data(), 6, cfg, nn::RouterDraws{{}, {}, false}).capacity == 6);
+  CHECK(nn::route(logits.data(), 6, cfg, nn::RouterDraws{{}, {}, false}).dropped == 0);
+  // RSample: token 0's noise lifts expert 1 past expert 0 (logits 0 + 3 > 2 + 0), token 1's not
+  // (0 + 1 < 2 + 0.5); the weight is the clean probability of the expert picked.
+  cfg.noise = nn::GateNoise::rsample;
+  std::vector<double> gumbel(12, 0.0);
+  gumbel[1] = 3.0;
+  gumbel[2] = 0.5;
+  gumbel[3] = 1.0;
+  const auto r = nn::route(logits.data(), 6, cfg, nn::RouterDraws{{}, gumbel});
+  CHECK(r.expert == std::vector<int>{1, 0, 1, 0, 0, 1});
+  const double p = std::exp(2.0) / (std::exp(2.0) + 1.0);
+  CHECK(r.prob[0] == Approx(1 - p));
+  CHECK(r.weight[0] == Approx(1 - p));
+  CHECK(r.prob[1] == Approx(p));
+  // ce counts the sampled choices: expert 0 chosen by 3 of 6.
+  CHECK(r.first_choice_share[0] == Approx(0.5));
+  // Outside training RSample draws nothing: the choices by probability.
+  CHECK(nn::route(logits.data(), 6, cfg, nn::RouterDraws{{}, {}, false}).expert ==
+        std::vector<int>{0, 0, 1, 0, 0, 1});
+  const std::vector<double> short_noise(11);
+  CHECK_THROWS_WITH(nn::route(logits.data(), 6, cfg, nn::RouterDraws{{}, short_noise}),
+                    Catch::Contains("Gumbel noise for each of the 6 x 2 logits, got 11"));
+  // Top-2's second choice among the others by the noisy logits (training or not, as DeepSpeed):
+  // token 0 prefers 0, then 1 (logit 1 against 0), but noise 2 on expert 2 picks it.
+  nn::RouterConfig two;
+  two.num_experts = 3;
+  two.k = 2;
+  two.min_capacity = 1;
+  two.second_expert_sampling = true;
+  const auto three = logits_for({{0, 1}, {0, 1}}, 3);
+  const std::vector<double> noise{5.0, 0.0, 2.0, 0.0, 0.0, 0.5};  // token 0's expert 0 lifted
+  for (bool training : {true, false}) {
+    const auto r2 = nn::route(three.data(), 2, two, nn::RouterDraws{{}, noise, training});
+    CHECK(r2.expert == std::vector<int>{0, 2, 0, 1});  // the first choice is never sampled
+    const double z = std::exp(2.0) + std::exp(1.0) + 1.0;
+    CHECK(r2.prob[1] == Approx(1.0 / z));
+  }
+  // Settings that do not apply are refused, naming the key.
+  nn::RouterConfig bad = two;
+  bad.noise = nn::GateNoise::rsample;
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("moe.noisy_gate_policy RSample"));
+  bad = cfg;
+  bad.second_expert_sampling = true;
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("moe.top2_2nd_expert_sampling"));
+  // The config keys reach the model's router.
+  const Config c = Config::from_json_string(
+      R"({"moe": {"num_experts": 4, "k": 2, "eval_capacity_factor": 2, "noisy_gate_policy":
+          "Jitter", "top2_2nd_expert_sampling": true}})");
+  const nn::RouterConfig from = nn::MoEBlocks::from_config(c.moe).router;
+  CHECK(from.eval_capacity_factor == 2.0);
+  CHECK(from.noise == nn::GateNoise::jitter);
+  CHECK(from.second_expert_sampling);
+  CHECK(
+      nn::MoEBlocks::from_config(
+          Config::from_json_string(R"({"moe": {"num_experts": 4, "noisy_gate_policy": "RSample"}})")
+              .moe)
+          .router.noise == nn::GateNoise::rsample);
+  CHECK(
+      nn::MoEBlocks::from_config(
+          Config::from_json_string(R"({"moe": {"num_experts": 4, "noisy_gate_policy": null}})").moe)
+          .router.noise == nn::GateNoise::none);
 }
 
 namespace {
@@ -209,13 +285,26 @@ nn::SequentialModel<double> moe_model(const nn::RouterConfig& router,
 
 TEST_CASE(
     "MixtureOfExperts: backward equals finite differences of the loss with its auxiliary losses "
-    "(top-1 and top-2, tokens dropped, z-loss on, top-1 with random token selection)",
+    "(top-1 and top-2, tokens dropped, z-loss on; with random token selection, jitter, RSample "
+    "and top-2's sampled second choice)",
     "[unit][moe]") {
-  for (const auto& [k, rts] : {std::pair{1, false}, std::pair{2, false}, std::pair{1, true}}) {
+  struct Variant {
+    int k;
+    bool rts = false;
+    nn::GateNoise noise = nn::GateNoise::none;
+    bool second_sampled = false;
+  };
+  for (const Variant v :
+       {Variant{1}, Variant{2}, Variant{1, true}, Variant{1, false, nn::GateNoise::jitter},
+        Variant{1, false, nn::GateNoise::rsample},
+        Variant{2, false, nn::GateNoise::jitter, true}}) {
+    const int k = v.k;
     nn::RouterConfig router;
     router.num_experts = 4;
     router.k = k;
-    router.random_token_selection = rts;
+    router.random_token_selection = v.rts;
+    router.noise = v.noise;
+    router.second_expert_sampling = v.second_sampled;
     router.capacity_factor = 0.75;  // some choices are dropped
     router.min_capacity = 1;
     router.aux_loss_coef = 0.1;
@@ -226,7 +315,9 @@ TEST_CASE(
     testing::GradientCheckOptions o;
     o.seed = 5;
     const auto r = testing::check_unit_gradients(m, 1, d.batch(), o);
-    INFO("k " << k << (rts ? " random token selection" : "") << ": " << r.summary());
+    INFO("k " << k << (v.rts ? " random token selection" : "") << " noise "
+              << static_cast<int>(v.noise) << (v.second_sampled ? " second sampled" : "") << ": "
+              << r.summary());
     CHECK(r.passed());
     // The routing did drop, so the check covered it.
     CHECK(moe->last_stats().dropped > 0);
@@ -364,4 +455,14 @@ TEST_CASE(
   const auto [rerun0, rerun_dropped, rerun_grads] = forward(router, 0, true);
   CHECK(rerun0 == rts0);
   CHECK(rerun_grads == rts_grads);
+  // Jitter and RSample too: other draws each micro-step, the same ones recomputed.
+  for (const auto noise : {nn::GateNoise::jitter, nn::GateNoise::rsample}) {
+    router.noise = noise;
+    const auto [noisy0, noisy_dropped, noisy_grads] = forward(router, 0, false);
+    CHECK(noisy0 != rts0);
+    CHECK(std::get<0>(forward(router, 1, false)) != noisy0);
+    const auto [noisy_rerun, noisy_rerun_dropped, noisy_rerun_grads] = forward(router, 0, true);
+    CHECK(noisy_rerun == noisy0);
+    CHECK(noisy_rerun_grads == noisy_grads);
+  }
 }

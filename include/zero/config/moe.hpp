@@ -1,12 +1,12 @@
 #pragma once
 // The "moe" config section: mixture-of-experts settings with DeepSpeed's names and defaults
 // (deepspeed.moe.layer.MoE: num_experts, ep_size, k, capacity_factor, min_capacity,
-// drop_tokens, use_rts) plus the auxiliary losses' coefficients (aux_loss_coef, Megatron's
-// moe_aux_loss_coeff; z_loss_coef, Megatron's moe_z_loss_coeff) and expert_interval
-// (Megatron-DeepSpeed's --expert-interval: every k-th block is an MoE block). DeepSpeed passes
-// these to the MoE layer in model code; zero reads them from the config so train_gpt and users'
-// programs take them from one place. Experts that do not split over ep_size (ep_size > 1 without
-// MoE layers too) are a ConfigError naming both keys.
+// drop_tokens, use_rts, eval_capacity_factor, noisy_gate_policy, top2_2nd_expert_sampling) plus the
+// auxiliary losses' coefficients (aux_loss_coef, Megatron's moe_aux_loss_coeff; z_loss_coef,
+// Megatron's moe_z_loss_coeff) and expert_interval (Megatron-DeepSpeed's --expert-interval: every
+// k-th block is an MoE block). DeepSpeed passes these to the MoE layer in model code; zero reads
+// them from the config so train_gpt and users' programs take them from one place. Experts that do
+// not split over ep_size (ep_size > 1 without MoE layers too) are a ConfigError naming both keys.
 
 #include <cstdint>
 #include <string>
@@ -19,15 +19,21 @@ namespace zero::config {
 
 /// Mixture-of-experts settings (see the file comment).
 struct MoEConfig {
-  std::int64_t num_experts = 1;   ///< experts per MoE layer (1: no MoE)
-  std::int64_t ep_size = 1;       ///< expert-parallel ranks the experts split over
-  std::int64_t k = 1;             ///< experts per token: 1 (Switch) or 2 (GShard)
-  double capacity_factor = 1.0;   ///< slots per expert = ceil(k tokens / experts * this)
-  std::int64_t min_capacity = 4;  ///< at least this many slots per expert
-  bool drop_tokens = true;        ///< false: no capacity limit
+  std::int64_t num_experts = 1;       ///< experts per MoE layer (1: no MoE)
+  std::int64_t ep_size = 1;           ///< expert-parallel ranks the experts split over
+  std::int64_t k = 1;                 ///< experts per token: 1 (Switch) or 2 (GShard)
+  double capacity_factor = 1.0;       ///< slots per expert = ceil(k tokens / experts * this)
+  double eval_capacity_factor = 1.0;  ///< capacity_factor outside training
+  std::int64_t min_capacity = 4;      ///< at least this many slots per expert
+  bool drop_tokens = true;            ///< false: no capacity limit
   /// Random token selection, top-1 only: an expert over capacity keeps random tokens, not the
   /// first ones. DeepSpeed's MoE layer defaults it to true; here it is asked for.
   bool use_rts = false;
+  /// DeepSpeed's noisy_gate_policy, lower case: "none", "jitter" or "rsample" (top-1).
+  std::string noisy_gate_policy = "none";
+  /// Top-2: the second choice sampled by Gumbel noise. DeepSpeed defaults it to true; here it is
+  /// asked for.
+  bool top2_2nd_expert_sampling = false;
   double aux_loss_coef = 0.01;       ///< load-balancing loss weight
   double z_loss_coef = 0.0;          ///< router z-loss weight
   std::int64_t expert_interval = 2;  ///< every expert_interval-th block is an MoE block
@@ -42,6 +48,23 @@ struct MoEConfig {
     c.min_capacity = r.int32("min_capacity").value_or(c.min_capacity);
     c.drop_tokens = r.boolean("drop_tokens").value_or(c.drop_tokens);
     c.use_rts = r.boolean("use_rts").value_or(c.use_rts);
+    c.eval_capacity_factor = r.number("eval_capacity_factor").value_or(c.eval_capacity_factor);
+    c.noisy_gate_policy = lowercase(r.string_or_null("noisy_gate_policy").value_or("none"));
+    c.top2_2nd_expert_sampling =
+        r.boolean("top2_2nd_expert_sampling").value_or(c.top2_2nd_expert_sampling);
+    expect<ConfigError>(c.noisy_gate_policy == "none" || c.noisy_gate_policy == "jitter" ||
+                            c.noisy_gate_policy == "rsample",
+                        r.where("noisy_gate_policy"), " = \"", c.noisy_gate_policy,
+                        "\"; expected null, \"None\", \"Jitter\" or \"RSample\"");
+    expect<ConfigError>(c.noisy_gate_policy != "rsample" || c.k == 1, r.where("noisy_gate_policy"),
+                        " RSample applies to top-1 routing, but ", r.where("k"), " = ", c.k,
+                        " (top-2 samples its second choice: ", r.where("top2_2nd_expert_sampling"),
+                        ")");
+    expect<ConfigError>(!c.top2_2nd_expert_sampling || c.k == 2,
+                        r.where("top2_2nd_expert_sampling"), " applies to top-2 routing, but ",
+                        r.where("k"), " = ", c.k);
+    expect<ConfigError>(c.eval_capacity_factor > 0, r.where("eval_capacity_factor"), " = ",
+                        c.eval_capacity_factor, "; expected > 0");
     c.aux_loss_coef = r.number("aux_loss_coef").value_or(c.aux_loss_coef);
     c.z_loss_coef = r.number("z_loss_coef").value_or(c.z_loss_coef);
     c.expert_interval = r.int32("expert_interval").value_or(c.expert_interval);

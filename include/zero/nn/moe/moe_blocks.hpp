@@ -44,6 +44,11 @@ struct MoEBlocks {
     m.router.min_capacity = static_cast<int>(c.min_capacity);
     m.router.drop_tokens = c.drop_tokens;
     m.router.random_token_selection = c.use_rts;
+    m.router.eval_capacity_factor = c.eval_capacity_factor;
+    m.router.noise = c.noisy_gate_policy == "jitter"    ? GateNoise::jitter
+                     : c.noisy_gate_policy == "rsample" ? GateNoise::rsample
+                                                        : GateNoise::none;
+    m.router.second_expert_sampling = c.top2_2nd_expert_sampling;
     m.router.aux_loss_coef = c.aux_loss_coef;
     m.router.z_loss_coef = c.z_loss_coef;
     m.every = static_cast<int>(c.expert_interval);

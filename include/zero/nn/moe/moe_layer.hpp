@@ -11,6 +11,9 @@
 // order), runs the experts on those rows only, and combines; it adds the weighted auxiliary
 // losses (load balancing and router z-loss) to ctx.aux_loss, which the loss layer adds to the
 // training loss, and keeps the last forward's statistics for the step line (last_stats()).
+// The random draws DeepSpeed's gate options ask for (random token selection's priorities, Gumbel
+// noise, jitter on the router's input) come from counter-based streams at the tokens' places in
+// the step's global batch (DrawPlace), so a recomputed forward and every rank draw alike.
 // With an expert-parallel group (ep > 1) each rank routes its own tokens (capacity from its own
 // token count, as DeepSpeed), and the rows travel to the rank holding their expert and back
 // through all_to_all_v (parallel/moe/token_exchange.hpp): forward dispatches and combines the
@@ -23,6 +26,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <parallel/moe/expert_parallel.hpp>
@@ -101,20 +105,24 @@ class MixtureOfExperts final : public Layer<T> {
     const int E = cfg_.num_experts;
     BumpArena& arena = *ctx.arena;
     input_ = ctx.x;
+    draws_ = DrawPlace{ctx.seed, ctx.step, ctx.dropout_first(N), ctx.training};
     {  // Router logits in the compute type (scratch: route() keeps what backward needs).
       const auto mark = arena.mark();
       Tensor<A> logits = arena.template allocate<A>({N, E});
       const T* wg = gate_.value.data();
+      const Jitter jitter = jitter_of(N);
       for (std::int64_t t = 0; t < N; ++t) {
         for (int e = 0; e < E; ++e) {
           A dot = 0;
           for (std::int64_t c = 0; c < C_; ++c) {
-            dot += load(input_.data()[t * C_ + c]) * load(wg[e * C_ + c]);
+            dot += jitter(t, c, load(input_.data()[t * C_ + c])) * load(wg[e * C_ + c]);
           }
           logits.data()[t * E + e] = dot;
         }
       }
-      routing_ = route(logits.data(), N, cfg_, priorities(ctx, N));
+      const std::vector<double> priority = uniforms("rts", N, cfg_.random_token_selection);
+      const std::vector<double> gumbel = gumbels(N * E, cfg_.samples_choices(ctx.training));
+      routing_ = route(logits.data(), N, cfg_, RouterDraws{priority, gumbel, ctx.training});
       arena.release(mark);
     }
     // Each expert's kept tokens as consecutive rows; the local experts' rows are this rank's
@@ -225,12 +233,15 @@ class MixtureOfExperts final : public Layer<T> {
         dx.data()[t * C_ + c] += load(drows_in.data()[row * C_ + c]);
       }
     });
+    // Under jitter the logits saw x times its draws: dx takes the same factors, W_g's gradient
+    // the jittered input.
+    const Jitter jitter = jitter_of(N);
     for (std::int64_t t = 0; t < N; ++t) {
       for (int e = 0; e < E; ++e) {
         const A d = dlogits.data()[t * E + e];
         for (std::int64_t c = 0; c < C_; ++c) {
-          dx.data()[t * C_ + c] += d * load(wg[e * C_ + c]);
-          dwg.data()[e * C_ + c] += d * load(input_.data()[t * C_ + c]);
+          dx.data()[t * C_ + c] += jitter(t, c, d * load(wg[e * C_ + c]));
+          dwg.data()[e * C_ + c] += d * jitter(t, c, load(input_.data()[t * C_ + c]));
         }
       }
     }
@@ -249,10 +260,11 @@ class MixtureOfExperts final : public Layer<T> {
 
   bool parks() const override { return true; }
   std::any park() override {
-    return park_members(input_, routing_, first_row_, exchange_, expert_in_, fc_, act_, rows_out_);
+    return park_members(input_, draws_, routing_, first_row_, exchange_, expert_in_, fc_, act_,
+                        rows_out_);
   }
   void resume(std::any saved) override {
-    resume_members(saved, input_, routing_, first_row_, exchange_, expert_in_, fc_, act_,
+    resume_members(saved, input_, draws_, routing_, first_row_, exchange_, expert_in_, fc_, act_,
                    rows_out_);
   }
 
@@ -290,22 +302,53 @@ class MixtureOfExperts final : public Layer<T> {
     H_ = experts_->hidden();
   }
   const parallel::ExpertParallel& ep() const { return experts_->expert_parallel(); }
-  // Random token selection: each of the N tokens' priority, a uniform draw in [0, 1) from the
-  // layer's stream (the run's seed and the layer's name) at the token's index in the step's
-  // global batch (StepContext::dropout_first) in the micro-step's stream (ctx.step), so a token
-  // draws alike on any rank and in a recomputed forward. Empty without it.
-  std::vector<double> priorities(const StepContext<T>& ctx, std::int64_t N) const {
-    if (!cfg_.random_token_selection) return {};
-    const CounterRng rng(CounterRng::key_for(ctx.seed, "moe.rts." + name_));
-    const std::uint64_t first = ctx.dropout_first(N);
-    std::vector<double> p(static_cast<std::size_t>(N));
-    for (std::int64_t t = 0; t < N; ++t) {
+  // Where the forward's random draws come from (random token selection, Gumbel noise, jitter):
+  // streams keyed by the run's seed and the layer's name, in the micro-step's dropout stream
+  // (ctx.step), at the tokens' indices in the step's global batch (StepContext::dropout_first),
+  // so a token draws alike on any rank, and kept for the backward (and a parked pass).
+  struct DrawPlace {
+    std::uint64_t seed = 0, step = 0, first_token = 0;
+    bool training = true;
+  };
+  // Uniform draws in [0, 1) of stream `what`, n values a token's (at index first_token * n / N
+  // for the first), 53 bits each; empty when not asked for.
+  std::vector<double> uniforms(std::string_view what, std::int64_t n, bool asked,
+                               std::int64_t per_token = 1) const {
+    if (!asked) return {};
+    const CounterRng rng(
+        CounterRng::key_for(draws_.seed, "moe." + std::string(what) + "." + name_));
+    const std::uint64_t first = draws_.first_token * static_cast<std::uint64_t>(per_token);
+    std::vector<double> u(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
       const auto w =
-          rng.words(first + static_cast<std::uint64_t>(t), static_cast<std::uint32_t>(ctx.step));
+          rng.words(first + static_cast<std::uint64_t>(i), static_cast<std::uint32_t>(draws_.step));
       const std::uint64_t bits = (std::uint64_t{w[0]} << 21) ^ (std::uint64_t{w[1]} >> 11);
-      p[static_cast<std::size_t>(t)] = static_cast<double>(bits & ((1ull << 53) - 1)) * 0x1p-53;
+      u[static_cast<std::size_t>(i)] = static_cast<double>(bits & ((1ull << 53) - 1)) * 0x1p-53;
     }
-    return p;
+    return u;
+  }
+  // Standard Gumbel noise for the n = N E logits: -log(-log(u)), u in (0, 1).
+  std::vector<double> gumbels(std::int64_t n, bool asked) const {
+    std::vector<double> g = uniforms("gumbel", n, asked, cfg_.num_experts);
+    for (double& v : g) v = -std::log(-std::log(v + 0x1p-54));
+    return g;
+  }
+  // DeepSpeed's multiplicative jitter (noisy_gate_policy Jitter, training only): the router
+  // sees x times a uniform draw in [1 - 1e-2, 1 + 1e-2] per element; jitter(t, c, v) is v times
+  // element (t, c)'s factor, or v without jitter.
+  struct Jitter {
+    std::vector<double> u;  // [N * C] uniform draws, empty: none
+    std::int64_t C = 0;
+    A operator()(std::int64_t t, std::int64_t c, A v) const {
+      if (u.empty()) return v;
+      constexpr double epsilon = 1e-2;
+      const double factor = 1.0 - epsilon + 2.0 * epsilon * u[static_cast<std::size_t>(t * C + c)];
+      return v * static_cast<A>(factor);
+    }
+  };
+  Jitter jitter_of(std::int64_t N) const {
+    const bool asked = cfg_.noise == GateNoise::jitter && draws_.training;
+    return Jitter{uniforms("jitter", N * C_, asked, C_), C_};
   }
   // Rows of a buffer of n rows (at least one, so a batch that kept nothing still has views).
   static std::int64_t at_least_one(std::int64_t n) { return std::max<std::int64_t>(n, 1); }
@@ -390,6 +433,7 @@ class MixtureOfExperts final : public Layer<T> {
   MoEStats window_;  // summed over backwards since reset_window_stats()
   // What forward keeps for backward.
   Tensor<T> input_;
+  DrawPlace draws_;  // where its random draws came from
   Routing<A> routing_;
   std::vector<std::int64_t> first_row_;  // [E + 1] each expert's first row among this rank's
   parallel::ExpertRows exchange_;        // which rows the local experts ran

@@ -9,18 +9,22 @@
 //   with random token selection (DeepSpeed's use_rts, top-1 only) an expert chosen by more
 //   tokens than it has slots keeps those of the highest random priority instead of the first
 //   ones (DeepSpeed's topk over the choice mask times a uniform draw), the kept ones taking its
-//   slots in token order;
+//   slots in token order; outside training the capacity takes eval_capacity_factor;
+//   DeepSpeed's noise, asked for: noisy_gate_policy RSample (top-1, training) picks each token's
+//   expert by its logits plus Gumbel noise, and top2_2nd_expert_sampling (top-2) its second
+//   choice so, among the others; the probabilities stay the clean softmax's. (Jitter, the other
+//   policy, scales the router's input: MixtureOfExperts applies it);
 //   combine weight: k = 1 the first choice's probability; k = 2 each kept choice's probability
 //   over the sum of the kept ones (a dropped choice weighs 0, DeepSpeed's normalisation);
 //   load-balancing loss l_aux = E * sum_e me_e * ce_e, me the mean probability of expert e and ce
 //   the fraction of tokens whose first choice it is (counted before dropping, as DeepSpeed);
 //   router z-loss (ST-MoE) z = mean_t logsumexp(logits_t)^2.
-// No jitter and no noise on the second choice (DeepSpeed's top-2 adds Gumbel noise to the
-// logits that pick it; here the choice is deterministic, so every rank and every rerun routes
-// alike). Random token selection's priorities come from the caller (MixtureOfExperts draws them
-// from a counter-based stream, so a rerun or a recomputed forward routes alike too). route()
-// computes all of it; router_backward() turns the gradients of the combine
-// weights, with the auxiliary losses' coefficients, into the gradient of the logits.
+// Without those settings routing is deterministic (DeepSpeed's top-2 adds Gumbel noise to the
+// logits that pick the second choice by default; here it is asked for). The random draws come
+// from the caller (RouterDraws: MixtureOfExperts draws them from counter-based streams, so a rerun
+// or a recomputed forward routes alike). route() computes all of it; router_backward() turns the
+// gradients of the combine weights, with the auxiliary losses' coefficients, into the gradient of
+// the logits.
 
 #include <algorithm>
 #include <cmath>
@@ -33,17 +37,28 @@
 
 namespace zero::nn {
 
+/// DeepSpeed's noisy_gate_policy values (RouterConfig::noise).
+enum class GateNoise { none, jitter, rsample };
+
 /// DeepSpeed's MoE gate settings (the `moe` section: num_experts, k, capacity_factor,
 /// min_capacity, drop_tokens) and the auxiliary losses' coefficients.
 struct RouterConfig {
   int num_experts = 1;
-  int k = 1;                     ///< experts per token: 1 (Switch) or 2 (GShard)
-  double capacity_factor = 1.0;  ///< slots per expert = ceil(k * tokens / experts * this)
-  int min_capacity = 4;          ///< at least this many slots per expert
-  bool drop_tokens = true;       ///< false: no capacity limit, nothing dropped
+  int k = 1;                          ///< experts per token: 1 (Switch) or 2 (GShard)
+  double capacity_factor = 1.0;       ///< slots per expert = ceil(k * tokens / experts * this)
+  double eval_capacity_factor = 1.0;  ///< capacity_factor outside training (DeepSpeed's)
+  int min_capacity = 4;               ///< at least this many slots per expert
+  bool drop_tokens = true;            ///< false: no capacity limit, nothing dropped
   /// Random token selection (DeepSpeed's use_rts, top-1 only): an expert over capacity keeps the
   /// tokens of the highest random priority (route()'s priorities), not the first ones.
   bool random_token_selection = false;
+  /// DeepSpeed's noisy_gate_policy: none, jitter (the router's input times a uniform draw in
+  /// [1 - 1e-2, 1 + 1e-2] per element, training only) or rsample (top-1: each token's expert
+  /// picked by its logits plus Gumbel noise, training only).
+  GateNoise noise = GateNoise::none;
+  /// DeepSpeed's top2_2nd_expert_sampling (top-2): the second choice picked by the logits plus
+  /// Gumbel noise among the other experts. DeepSpeed defaults it to true; here it is asked for.
+  bool second_expert_sampling = false;
   double aux_loss_coef = 0.01;  ///< weight of the load-balancing loss in the training loss
   double z_loss_coef = 0.0;     ///< weight of the router z-loss (ST-MoE; 0: off)
 
@@ -55,6 +70,14 @@ struct RouterConfig {
                         " is more than num_experts = ", num_experts);
     expect<ConfigError>(capacity_factor > 0, "moe.capacity_factor = ", capacity_factor,
                         "; expected > 0");
+    expect<ConfigError>(eval_capacity_factor > 0,
+                        "moe.eval_capacity_factor = ", eval_capacity_factor, "; expected > 0");
+    expect<ConfigError>(noise != GateNoise::rsample || k == 1,
+                        "moe.noisy_gate_policy RSample applies to top-1 routing, but moe.k = ", k,
+                        " (DeepSpeed's top-2 gate samples its second choice instead: "
+                        "moe.top2_2nd_expert_sampling)");
+    expect<ConfigError>(!second_expert_sampling || k == 2,
+                        "moe.top2_2nd_expert_sampling applies to top-2 routing, but moe.k = ", k);
     expect<ConfigError>(min_capacity >= 0, "moe.min_capacity = ", min_capacity, "; expected >= 0");
     expect<ConfigError>(!random_token_selection || k == 1, "moe.use_rts (random token selection) ",
                         "applies to top-1 routing, but moe.k = ", k,
@@ -63,16 +86,30 @@ struct RouterConfig {
                         "moe: the auxiliary loss coefficients must be >= 0 (aux ", aux_loss_coef,
                         ", z ", z_loss_coef, ")");
   }
-  /// Slots per expert for tokens tokens. No expert can receive more than tokens * k choices, so
-  /// a larger factor (1e300: "never drop") is capped there before the conversion to an integer.
-  std::int64_t capacity(std::int64_t tokens) const {
+  /// Slots per expert for tokens tokens (in training, else at eval_capacity_factor). No expert
+  /// can receive more than tokens * k choices, so a larger factor (1e300: "never drop") is capped
+  /// there before the conversion to an integer.
+  std::int64_t capacity(std::int64_t tokens, bool training = true) const {
     if (!drop_tokens) return tokens * k;
+    const double factor = training ? capacity_factor : eval_capacity_factor;
     const double slots = std::ceil(static_cast<double>(k) * static_cast<double>(tokens) /
-                                   static_cast<double>(num_experts) * capacity_factor);
+                                   static_cast<double>(num_experts) * factor);
     const double most = static_cast<double>(tokens) * static_cast<double>(k);
     return std::max(static_cast<std::int64_t>(min_capacity),
                     static_cast<std::int64_t>(std::min(slots, most)));
   }
+  /// True when route() reads RouterDraws::gumbel (in training, or not).
+  bool samples_choices(bool training) const {
+    return (k == 1 && noise == GateNoise::rsample && training) ||
+           (k == 2 && second_expert_sampling);
+  }
+};
+
+/// The random draws route() reads (see RouterConfig): empty spans where cfg asks for none.
+struct RouterDraws {
+  std::span<const double> priority;  ///< [N] random token selection: larger is kept first
+  std::span<const double> gumbel;    ///< [N * E] Gumbel noise on the logits that pick a choice
+  bool training = true;              ///< capacity_factor and RSample; else eval_capacity_factor
 };
 
 /// Where route() sent N tokens: per token and choice j < k (index t * k + j), the expert, the
@@ -97,22 +134,26 @@ struct Routing {
   std::size_t at(std::int64_t t, int j) const { return static_cast<std::size_t>(t * k + j); }
 };
 
-/// Routes N tokens by their logits [N, E] (row-major) under cfg (see the file comment). With
-/// cfg.random_token_selection, priority [N] holds each token's random priority (a larger one is
-/// kept first); it is not read otherwise.
+/// Routes N tokens by their logits [N, E] (row-major) under cfg (see the file comment), with
+/// the random draws cfg asks for in draws.
 template <class A>
 Routing<A> route(const A* logits, std::int64_t N, const RouterConfig& cfg,
-                 std::span<const double> priority = {}) {
+                 const RouterDraws& draws = {}) {
   cfg.validate();
+  const std::span<const double> priority = draws.priority;
   expect<ShapeError>(!cfg.random_token_selection || priority.size() == static_cast<std::size_t>(N),
                      "route: random token selection needs a priority for each of the ", N,
                      " tokens, got ", priority.size());
   const int E = cfg.num_experts, k = cfg.k;
+  const bool sampled = cfg.samples_choices(draws.training);
+  expect<ShapeError>(!sampled || draws.gumbel.size() == static_cast<std::size_t>(N * E),
+                     "route: sampled choices need Gumbel noise for each of the ", N, " x ", E,
+                     " logits, got ", draws.gumbel.size());
   Routing<A> r;
   r.tokens = N;
   r.k = k;
   r.experts = E;
-  r.capacity = cfg.capacity(N);
+  r.capacity = cfg.capacity(N, draws.training);
   const auto n = static_cast<std::size_t>(N);
   r.expert.assign(n * static_cast<std::size_t>(k), 0);
   r.slot.assign(r.expert.size(), -1);
@@ -131,11 +172,18 @@ Routing<A> route(const A* logits, std::int64_t N, const RouterConfig& cfg,
     for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - max));
     for (int e = 0; e < E; ++e) p[e] /= sum;
     r.lse[static_cast<std::size_t>(t)] = max + std::log(sum);
+    // A sampled choice (RSample's first, or top-2's second) by the logits plus Gumbel noise;
+    // the others by probability.
+    const double* noise = sampled ? draws.gumbel.data() + t * E : nullptr;
     for (int j = 0; j < k; ++j) {
+      const bool by_noise = sampled && j == k - 1;
+      const auto score = [&](int e) {
+        return by_noise ? static_cast<double>(l[e]) + noise[e] : static_cast<double>(p[e]);
+      };
       int best = -1;
       for (int e = 0; e < E; ++e) {
         if (j == 1 && e == r.expert[r.at(t, 0)]) continue;
-        if (best < 0 || p[e] > p[best]) best = e;
+        if (best < 0 || score(e) > score(best)) best = e;
       }
       r.expert[r.at(t, j)] = best;
       r.prob[r.at(t, j)] = p[best];
