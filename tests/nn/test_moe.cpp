@@ -39,16 +39,27 @@ std::vector<double> logits_for(const std::vector<std::vector<int>>& order, int E
   return l;
 }
 
+// Top-1 over 2 experts, at least 1 slot each.
+nn::RouterConfig two_experts() {
+  nn::RouterConfig cfg;
+  cfg.num_experts = 2;
+  cfg.min_capacity = 1;
+  return cfg;
+}
+// 6 tokens over those 2 experts (capacity 3 at factor 1): expert 0 is the first choice of tokens
+// 0, 1, 3 and 4.
+std::vector<double> six_tokens() {
+  return logits_for({{0}, {0}, {1}, {0}, {0}, {1}}, 2);
+}
+
 }  // namespace
 
 TEST_CASE("MoE router: top-1 capacity, dropping in token order and the auxiliary losses",
           "[unit][moe]") {
   // 6 tokens over 2 experts, capacity ceil(6 / 2 * 1.0) = 3: the 4th token choosing expert 0 is
   // dropped.
-  nn::RouterConfig cfg;
-  cfg.num_experts = 2;
-  cfg.min_capacity = 1;
-  const auto logits = logits_for({{0}, {0}, {1}, {0}, {0}, {1}}, 2);
+  nn::RouterConfig cfg = two_experts();
+  const auto logits = six_tokens();
   const auto r = nn::route(logits.data(), 6, cfg);
   CHECK(r.capacity == 3);
   CHECK(r.expert == std::vector<int>{0, 0, 1, 0, 0, 1});
@@ -127,11 +138,9 @@ TEST_CASE(
   // As the top-1 case above: capacity 3, expert 0 chosen by tokens 0, 1, 3 and 4. Token 1 has
   // the lowest priority of the four, so it is dropped (token order drops token 4); the kept ones
   // take expert 0's slots in token order. Expert 1 is within capacity: priorities change nothing.
-  nn::RouterConfig cfg;
-  cfg.num_experts = 2;
-  cfg.min_capacity = 1;
+  nn::RouterConfig cfg = two_experts();
   cfg.random_token_selection = true;
-  const auto logits = logits_for({{0}, {0}, {1}, {0}, {0}, {1}}, 2);
+  const auto logits = six_tokens();
   const std::vector<double> priority{0.5, 0.1, 0.0, 0.9, 0.3, 0.2};
   const auto r = nn::route(logits.data(), 6, cfg, nn::RouterDraws{priority});
   CHECK(r.slot == std::vector<std::int64_t>{0, -1, 0, 1, 2, 1});
@@ -172,11 +181,9 @@ TEST_CASE(
     "MoE router: DeepSpeed's eval capacity factor, RSample's and top-2's sampled choices by "
     "the logits plus Gumbel noise, with the clean probabilities",
     "[unit][moe]") {
-  nn::RouterConfig cfg;
-  cfg.num_experts = 2;
-  cfg.min_capacity = 1;
+  nn::RouterConfig cfg = two_experts();
   cfg.eval_capacity_factor = 2.0;
-  const auto logits = logits_for({{0}, {0}, {1}, {0}, {0}, {1}}, 2);
+  const auto logits = six_tokens();
   CHECK(nn::route(logits.data(), 6, cfg).capacity == 3);
   CHECK(nn::route(logits.data(), 6, cfg, nn::RouterDraws{{}, {}, false}).capacity == 6);
   CHECK(nn::route(logits.data(), 6, cfg, nn::RouterDraws{{}, {}, false}).dropped == 0);
