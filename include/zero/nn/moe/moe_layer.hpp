@@ -310,8 +310,8 @@ class MixtureOfExperts final : public Layer<T> {
     std::uint64_t seed = 0, step = 0, first_token = 0;
     bool training = true;
   };
-  // Uniform draws in [0, 1) of stream `what`, n values a token's (at index first_token * n / N
-  // for the first), 53 bits each; empty when not asked for.
+  // n uniform draws in [0, 1) of stream `what`, 53 bits each, per_token of them a token's (the
+  // first at index first_token * per_token); empty when not asked for.
   std::vector<double> uniforms(std::string_view what, std::int64_t n, bool asked,
                                std::int64_t per_token = 1) const {
     if (!asked) return {};
@@ -337,7 +337,7 @@ class MixtureOfExperts final : public Layer<T> {
   // sees x times a uniform draw in [1 - 1e-2, 1 + 1e-2] per element; jitter(t, c, v) is v times
   // element (t, c)'s factor, or v without jitter.
   struct Jitter {
-    std::vector<double> u;  // [N * C] uniform draws, empty: none
+    std::vector<double> u = {};  // [N * C] uniform draws, empty: none
     std::int64_t C = 0;
     A operator()(std::int64_t t, std::int64_t c, A v) const {
       if (u.empty()) return v;

@@ -107,9 +107,9 @@ struct RouterConfig {
 
 /// The random draws route() reads (see RouterConfig): empty spans where cfg asks for none.
 struct RouterDraws {
-  std::span<const double> priority;  ///< [N] random token selection: larger is kept first
-  std::span<const double> gumbel;    ///< [N * E] Gumbel noise on the logits that pick a choice
-  bool training = true;              ///< capacity_factor and RSample; else eval_capacity_factor
+  std::span<const double> priority = {};  ///< [N] random token selection: larger kept first
+  std::span<const double> gumbel = {};    ///< [N * E] Gumbel noise on the logits picking a choice
+  bool training = true;  ///< capacity_factor and RSample; else eval_capacity_factor
 };
 
 /// Where route() sent N tokens: per token and choice j < k (index t * k + j), the expert, the
