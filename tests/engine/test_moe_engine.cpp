@@ -143,7 +143,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "MoE GPT with random draws (random token selection; DeepSpeed's noisy gate): ep x dp "
+    "MoE GPT with random draws (random token selection, DeepSpeed's noisy gate): ep x dp "
     "layouts draw what one process draws, equal to its reference, with activation "
     "checkpointing too",
     "[unit][moe]") {

@@ -292,7 +292,7 @@ nn::SequentialModel<double> moe_model(const nn::RouterConfig& router,
 
 TEST_CASE(
     "MixtureOfExperts: backward equals finite differences of the loss with its auxiliary losses "
-    "(top-1 and top-2, tokens dropped, z-loss on; with random token selection, jitter, RSample "
+    "(top-1 and top-2, tokens dropped, z-loss on, and with random token selection, jitter, RSample "
     "and top-2's sampled second choice)",
     "[unit][moe]") {
   struct Variant {
