@@ -10,7 +10,11 @@
 //                 Ulysses all-to-alls' time (group cp) beside a raw all_to_all of the same bytes;
 //   moe_ulysses_step  the MoE GPT at ep 2 x sp 2 (dp 1: each Ulysses rank routes its own
 //                 positions) beside moe_step at ep 2 x dp 2 from the same run: tokens/s, the
-//                 ratio, the dropped share and both groups' all-to-all times.
+//                 ratio, the dropped share and both groups' all-to-all times;
+//   moe_draws_step  the MoE GPT at ep 2 x dp 2 with DeepSpeed's gate draws (top-1 with random
+//                 token selection, top-2 with jitter, top-2 with a sampled second choice) beside
+//                 the same routing without them, timed in the same run: tokens/s, the ratio and
+//                 the dropped share.
 // One JSON line per result. The ranks are threads: with fewer cores than ranks they take turns,
 // so the figures compare layouts on this machine rather than predict a cluster.
 //
@@ -18,6 +22,7 @@
 //               [--experts 8] [--repeats 3]
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,7 +64,9 @@ struct StepResult {
 
 // One training step on rank 0 of 4 at (ep, sp): best time over the repeats, and the step's
 // collectives on the ep and cp groups.
-StepResult step_ms(const Settings& s, int ep, int sp) {
+// adjust, when given, changes the MoE blocks' router (top-2 by default).
+StepResult step_ms(const Settings& s, int ep, int sp,
+                   const std::function<void(nn::RouterConfig&)>& adjust = {}) {
   nn::GPTConfig c = nn::GPTConfig::preset("small-test");
   c.num_layers = s.layers;
   c.channels = s.channels;
@@ -85,6 +92,7 @@ StepResult step_ms(const Settings& s, int ep, int sp) {
     if (s.experts > 1) {
       moe.router.num_experts = static_cast<int>(s.experts);
       moe.router.k = 2;
+      if (adjust) adjust(moe.router);
       moe.ep = parallel::ExpertParallel(groups.ep());
     }
     nn::GPT<float> model(c, {}, parallel::SequenceParallel(groups.cp()), moe);
@@ -241,6 +249,36 @@ int main(int argc, char** argv) {
                 shape + ", \"experts\": " + std::to_string(s.experts) +
                     ", \"k\": 2, \"ep\": 2, \"sp\": 2, \"dp\": 1",
                 tokens / (r.ms / 1e3), "tokens/s", extra);
+  }
+  if (s.experts > 1 && s.experts % 2 == 0) {
+    // Each variant beside its routing without the draws, both timed here.
+    struct Variant {
+      const char* draws;
+      int k;
+      std::function<void(nn::RouterConfig&)> on;
+    };
+    const std::vector<Variant> variants{
+        {"use_rts", 1, [](nn::RouterConfig& r) { r.random_token_selection = true; }},
+        {"jitter", 2, [](nn::RouterConfig& r) { r.noise = nn::GateNoise::jitter; }},
+        {"top2_2nd_expert_sampling", 2,
+         [](nn::RouterConfig& r) { r.second_expert_sampling = true; }}};
+    for (const Variant& v : variants) {
+      const auto plain = [&](nn::RouterConfig& r) { r.k = v.k; };
+      const StepResult base = step_ms(s, 2, 1, plain);
+      const StepResult r = step_ms(s, 2, 1, [&](nn::RouterConfig& router) {
+        plain(router);
+        v.on(router);
+      });
+      std::snprintf(extra, sizeof extra,
+                    ", \"ms\": %.3f, \"baseline_ms\": %.3f, \"ratio_to_baseline\": %.3f, "
+                    "\"dropped\": %.3f, \"baseline_dropped\": %.3f",
+                    r.ms, base.ms, r.ms / base.ms, r.dropped, base.dropped);
+      bench::line("moe_draws_step",
+                  shape + ", \"experts\": " + std::to_string(s.experts) +
+                      ", \"k\": " + std::to_string(v.k) + ", \"draws\": \"" + v.draws +
+                      "\", \"ep\": 2, \"dp\": 2",
+                  tokens / (r.ms / 1e3), "tokens/s", extra);
+    }
   }
   return 0;
 }
