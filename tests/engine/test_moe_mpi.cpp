@@ -1,8 +1,8 @@
 // The mixture-of-experts GPT over MpiComm (mpiexec at 2 and 4 ranks): every ep that divides the
 // world, at stages 0-3, equals the single-process reference (f64 AdamW with clipping, tokens
 // dropped), and so do ep 2 in a pipeline of world/2 stages (1F1B, ZeRO-1) and ep 2 with Ulysses
-// sp 2 from 4 ranks on, the rest data parallel (dropless routing); each rank checks its own parts
-// of the whole tensors.
+// sp 2 from 4 ranks on, the rest data parallel (dropless routing); with random token selection
+// and DeepSpeed's noisy gate at stage 3 too; each rank checks its own parts of the whole tensors.
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/mpi_comm.hpp>
@@ -21,15 +21,19 @@ using namespace zero::test;
 
 namespace {
 
+// blocks: the MoE blocks over an ep group (moe_blocks by default); placed: the micro-batches
+// say where their rows sit (the routers' random draws follow the rows).
 template <int S>
-double moe_error(int ep, const LogicalValues& want, int accumulation, int steps) {
+double moe_error(int ep, const LogicalValues& want, int accumulation, int steps,
+                 nn::MoEBlocks (*blocks)(parallel::ExpertParallel) = moe_blocks,
+                 bool placed = false) {
   const int dp = world().size() / ep;
   parallel::ProcessGroups<parallel::MpiComm> groups(world(), parallel::Grid({.ep = ep, .dp = dp}));
-  nn::GPT<double> model(moe_cfg(), {}, {}, moe_blocks(parallel::ExpertParallel(groups.ep())));
+  nn::GPT<double> model(moe_cfg(), {}, {}, blocks(parallel::ExpertParallel(groups.ep())));
   engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, groups, AdamW64{},
                                                     tp_options(accumulation));
   train(eng, groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank(), world().size(),
-        accumulation, steps, moe_cfg().vocab_size);
+        accumulation, steps, moe_cfg().vocab_size, 0, placed);
   return max_part_difference(held_params(eng), want);
 }
 
@@ -45,6 +49,25 @@ TEMPLATE_TEST_CASE_SIG("MpiComm: the mixture-of-experts GPT equals the single-pr
     if (world().size() % ep != 0) continue;
     INFO("stage " << S << " ep " << ep << " dp " << world().size() / ep);
     CHECK(worst(moe_error<S>(ep, want, accumulation, steps)) <= 1e-10);
+  }
+}
+
+TEST_CASE(
+    "MpiComm: the mixture-of-experts GPT with random draws (random token selection, the noisy "
+    "gate) equals the reference",
+    "[mpi][engine][moe]") {
+  // Each process draws from the tokens' rows in the global batch, as the one process does.
+  const int accumulation = 2, steps = 2;
+  for (auto* blocks : {&rts_blocks, &noisy_blocks}) {
+    std::int64_t dropped = 0;
+    const auto want =
+        moe_reference(world().size(), accumulation, steps, &dropped, moe_cfg(), blocks({}), true);
+    CHECK(dropped > 0);
+    for (int ep : {1, 2}) {
+      if (world().size() % ep != 0) continue;
+      INFO((blocks == &rts_blocks ? "random token selection" : "noisy gate") << ", ep " << ep);
+      CHECK(worst(moe_error<3>(ep, want, accumulation, steps, blocks, true)) <= 1e-10);
+    }
   }
 }
 
