@@ -303,27 +303,25 @@ class MixtureOfExperts final : public Layer<T> {
   }
   const parallel::ExpertParallel& ep() const { return experts_->expert_parallel(); }
   // Where the forward's random draws come from (random token selection, Gumbel noise, jitter):
-  // streams keyed by the run's seed and the layer's name, in the micro-step's dropout stream
-  // (ctx.step), at the tokens' indices in the step's global batch (StepContext::dropout_first),
+  // streams keyed by the run's seed, the micro-step's dropout step (ctx.step) and the layer's
+  // name, at the tokens' indices in the step's global batch (StepContext::dropout_first),
   // so a token draws alike on any rank, and kept for the backward (and a parked pass).
   struct DrawPlace {
     std::uint64_t seed = 0, step = 0, first_token = 0;
     bool training = true;
   };
-  // n uniform draws in [0, 1) of stream `what`, 53 bits each, per_token of them a token's (the
-  // first at index first_token * per_token); empty when not asked for.
+  // n uniform draws in [0, 1) (CounterRng::uniform) of stream `what` in the micro-step's key,
+  // per_token of them a token's (the first at index first_token * per_token); empty when not
+  // asked for.
   std::vector<double> uniforms(std::string_view what, std::int64_t n, bool asked,
                                std::int64_t per_token = 1) const {
     if (!asked) return {};
-    const CounterRng rng(
-        CounterRng::key_for(draws_.seed, "moe." + std::string(what) + "." + name_));
+    const CounterRng rng(CounterRng::key_for(draws_.seed ^ CounterRng::mix(draws_.step),
+                                             "moe." + std::string(what) + "." + name_));
     const std::uint64_t first = draws_.first_token * static_cast<std::uint64_t>(per_token);
     std::vector<double> u(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
-      const auto w =
-          rng.words(first + static_cast<std::uint64_t>(i), static_cast<std::uint32_t>(draws_.step));
-      const std::uint64_t bits = (std::uint64_t{w[0]} << 21) ^ (std::uint64_t{w[1]} >> 11);
-      u[static_cast<std::size_t>(i)] = static_cast<double>(bits & ((1ull << 53) - 1)) * 0x1p-53;
+      u[static_cast<std::size_t>(i)] = rng.uniform(first + static_cast<std::uint64_t>(i));
     }
     return u;
   }
