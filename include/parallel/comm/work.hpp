@@ -76,16 +76,16 @@ class [[nodiscard]] Work {
   /// Wraps a backend's state.
   explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
   Work(Work&&) noexcept = default;
-  /// Replaces this handle; the op it held is waited for first.
-  Work& operator=(Work&& other) noexcept {
+  /// Replaces this handle; the op it held is waited for first. Returns void: the class is
+  /// [[nodiscard]], so a `Work&` result would be a discarded handle at every `w = op_async()`.
+  void operator=(Work&& other) noexcept {
     if (this != &other) {
       release();
       state_ = std::move(other.state_);
     }
-    return *this;
   }
   Work(const Work&) = delete;
-  Work& operator=(const Work&) = delete;
+  void operator=(const Work&) = delete;
   ~Work() { release(); }
 
   /// Blocks until the op finished (bounded by the communicator's deadline); rethrows its error.
