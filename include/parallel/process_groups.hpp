@@ -18,8 +18,9 @@ namespace zero::parallel {
 /// group), cp-ep-dp and cp-ep-dp-pp (the same two under Ulysses sequence parallelism), tp-pp
 /// (Megatron's model-parallel group),
 /// tp-dp (every rank holding a distinct part of a tensor-parallel model's state: checkpoints),
-/// tp-dp-pp (the same with pipeline stages), and tp-dp-cp and tp-dp-cp-pp (the same with
-/// context parallelism, whose ZeRO shards are over dp x cp).
+/// tp-dp-pp (the same with pipeline stages), tp-dp-cp and tp-dp-cp-pp (the same with
+/// context parallelism, whose ZeRO shards are over dp x cp), and tp-cp-ep-dp-pp (the whole
+/// grid: the same with experts split over ep and tp).
 inline std::vector<AxisMask> standard_masks() {
   return {AxisMask{Axis::tp},
           AxisMask{Axis::cp},
@@ -35,7 +36,8 @@ inline std::vector<AxisMask> standard_masks() {
           AxisMask{Axis::tp, Axis::dp},
           AxisMask{Axis::tp, Axis::dp, Axis::pp},
           AxisMask{Axis::tp, Axis::dp, Axis::cp},
-          AxisMask{Axis::tp, Axis::dp, Axis::cp, Axis::pp}};
+          AxisMask{Axis::tp, Axis::dp, Axis::cp, Axis::pp},
+          AxisMask{Axis::tp, Axis::cp, Axis::ep, Axis::dp, Axis::pp}};
 }
 
 /// The sub-communicators of a Grid over a world communicator of type Comm.

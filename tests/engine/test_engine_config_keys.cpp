@@ -63,9 +63,18 @@ TEST_CASE("comm_timeout_s reaches every group of a process grid the engine works
       engine::apply_comm_timeout(cfg, groups);
       out.push_back(groups.cp().options().timeout_s);
     }
+    {  // experts split over ep and tp: the tp group and the state group (every rank)
+      parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 2, .ep = 2}));
+      engine::apply_comm_timeout(cfg, groups);
+      using parallel::Axis;
+      out.push_back(groups.tp().options().timeout_s);
+      out.push_back(groups.ep().options().timeout_s);
+      out.push_back(
+          groups.get({Axis::tp, Axis::cp, Axis::ep, Axis::dp, Axis::pp}).options().timeout_s);
+    }
     return out;
   });
-  for (const auto& v : seen) CHECK(v == std::vector<double>(7, 7.0));
+  for (const auto& v : seen) CHECK(v == std::vector<double>(10, 7.0));
 }
 
 TEST_CASE("comm_timeout_s from the config is the deadline of the engine's communicator",

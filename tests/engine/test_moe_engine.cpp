@@ -12,6 +12,7 @@
 // ep, sp and pp.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -28,11 +29,14 @@
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/layer_gpt.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
 #include <zero/nn/layers/token_embedding.hpp>
 #include <zero/nn/local_parameters.hpp>
+#include <zero/nn/moe/expert_stack.hpp>
 #include <zero/nn/moe/moe_layer.hpp>
 
 #include "../support/per_rank.hpp"
@@ -355,8 +359,10 @@ TEST_CASE(
   for (const Held& h : held) CHECK(h.after_forward == h.unit0);
 }
 
-TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused naming the key",
-          "[unit][moe]") {
+TEST_CASE(
+    "MoE GPT: experts that do not split, bad layouts, experts with Megatron's sequence "
+    "parallelism and experts split over another tp than their block are refused naming the key",
+    "[unit][moe]") {
   const auto messages = testing::per_rank<std::string>(4, [](LocalComm& world) {
     parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 4}));
     nn::MoEBlocks moe = moe_blocks(parallel::ExpertParallel(groups.ep()));
@@ -368,17 +374,28 @@ TEST_CASE("MoE GPT: experts that do not split, and bad layouts, are refused nami
              engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(
                  m, world, [](int, std::span<double>, std::span<const double>) {});
            });
-    // Expert parallelism with tensor parallelism.
+    // Experts with Megatron's sequence parallelism (each tp rank would route its own rows), and
+    // a tensor-parallel block over experts split over another tp (here none).
+    parallel::ProcessGroups<LocalComm> g(world, parallel::Grid({.tp = 2, .ep = 2}));
     out += "|" + testing::thrown_message([&] {
-             parallel::ProcessGroups<LocalComm> g(world, parallel::Grid({.tp = 2, .ep = 2}));
-             engine::EngineGroups eg(g);
+             nn::GPT<double> sp(moe_cfg(), parallel::TensorParallel(g.tp(), true), {},
+                                moe_blocks(parallel::ExpertParallel(g.ep())));
+           });
+    out += "|" + testing::thrown_message([&] {
+             nn::ExpertStack<double> whole("transformer.h.1.mlp", 4, 16, 64, 0.02,
+                                           parallel::ExpertParallel(g.ep()));
+             nn::Sequential<double> block;
+             nn::add_gpt_block(block, moe_cfg(), 1, parallel::TensorParallel(g.tp()), {}, &whole,
+                               moe_blocks().router);
            });
     return out;
   });
   for (const auto& m : messages) {
     CHECK_THAT(m, Catch::Contains("moe.num_experts = 6") && Catch::Contains("moe.ep_size = 4") &&
                       Catch::Contains("expert-parallel group of 4 ranks") &&
-                      Catch::Contains("with tensor parallelism (tp = 2) is not supported yet"));
+                      Catch::Contains("with tensor_parallel.sequence_parallel is not supported") &&
+                      Catch::Contains("split over 2 tensor-parallel ranks") &&
+                      Catch::Contains("but its experts over 1"));
   }
 }
 
@@ -598,6 +615,7 @@ TEST_CASE("MoE GPT: a pipeline partition keeps each experts unit on its block's 
 namespace {
 
 struct GridLayout {
+  int tp = 1;  // expert tensor parallelism: the blocks and each expert split over tp
   int ep = 2, sp = 1, dp = 1, pp = 1;
   parallel::pipeline::ScheduleKind schedule = parallel::pipeline::ScheduleKind::one_f_one_b;
   int stage = 1;
@@ -605,26 +623,28 @@ struct GridLayout {
   bool drop_expert_reduction = false;  // a control (pp 1): expert units reduced over no rank
   bool swap_targets = false;           // a control (pp > 1, sp 1): the last stage reads its ep
                                        // partner's targets
-  int ranks() const { return ep * sp * dp * pp; }
+  int ranks() const { return tp * ep * sp * dp * pp; }
   nn::MoEBlocks blocks(parallel::ExpertParallel group = {}) const {
     return dropless ? dropless_blocks(std::move(group)) : moe_blocks(std::move(group));
   }
 };
 
-// One rank of layout l: its groups, its Ulysses group (none at sp 1), a GPT shaped by cfg with
-// l's MoE blocks over the ep group, and its micro-batches.
+// One rank of layout l: its groups, its tensor-parallel and Ulysses groups (none at tp 1, sp 1),
+// a GPT shaped by cfg with l's MoE blocks over the ep group, and its micro-batches.
 template <class T>
 struct LayoutRank {
   parallel::ProcessGroups<LocalComm> groups;
+  parallel::TensorParallel tp;
   parallel::SequenceParallel sp;
   nn::GPT<T> model;
   int data_ranks, data_rank;  // the ep x dp ranks that read different rows, and this one
   std::vector<parallel::SequenceSlice> slices;
 
   LayoutRank(LocalComm& world, const GridLayout& l, const nn::GPTConfig& cfg)
-      : groups(world, parallel::Grid({.cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp})),
+      : groups(world, parallel::Grid({.tp = l.tp, .cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp})),
+        tp(l.tp > 1 ? parallel::TensorParallel(groups.tp()) : parallel::TensorParallel()),
         sp(l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel()),
-        model(cfg, {}, sp, l.blocks(parallel::ExpertParallel(groups.ep()))),
+        model(cfg, tp, sp, l.blocks(parallel::ExpertParallel(groups.ep()))),
         data_ranks(l.ep * l.dp),
         data_rank(groups.get({parallel::Axis::ep, parallel::Axis::dp}).rank()) {}
 
@@ -643,7 +663,10 @@ std::vector<test::HeldParam> grid_rank(LocalComm& world, const GridLayout& l, in
   const std::int64_t rows = micro_rows * m * r.data_ranks;
   if (l.pp == 1) {
     engine::EngineGroups engine_groups(r.groups);
-    if (l.drop_expert_reduction) engine_groups.expert_dp.emplace(r.groups.tp());
+    // A group of one rank (tp's, unless the model is split over it; then pp's, pp being 1).
+    if (l.drop_expert_reduction) {
+      engine_groups.expert_dp.emplace(l.tp == 1 ? r.groups.tp() : r.groups.pp());
+    }
     engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(r.model, std::move(engine_groups),
                                                       test::AdamW64{}, test::tp_options(m));
     for (int step = 0; step < steps; ++step) {
@@ -744,8 +767,9 @@ WindowCount window_over_ranks(const GridLayout& l, int m, bool recompute) {
 
 void check_grid_layouts(const std::vector<std::pair<GridLayout, int>>& runs) {
   for (const auto& [l, m] : runs) {
-    INFO(name_of(l.schedule) << ", ep " << l.ep << ", sp " << l.sp << ", dp " << l.dp << ", pp "
-                             << l.pp << ", ZeRO " << l.stage << ", " << m << " micro-batches");
+    INFO(name_of(l.schedule) << ", tp " << l.tp << ", ep " << l.ep << ", sp " << l.sp << ", dp "
+                             << l.dp << ", pp " << l.pp << ", ZeRO " << l.stage << ", " << m
+                             << " micro-batches");
     double copies_differ = 0;
     CHECK(grid_error(l, m, &copies_differ) <= 1e-10);
     CHECK(copies_differ == 0.0);  // the router and dense parameters agree on every rank
@@ -793,6 +817,63 @@ TEST_CASE(
   double ignored = 0;
   CHECK(grid_error({.ep = 2, .sp = 2, .dropless = true, .drop_expert_reduction = true}, 2,
                    &ignored) > 1e-6);
+}
+
+TEST_CASE(
+    "MoE GPT with expert tensor parallelism: (tp 2) at stages 0-3, (tp 2, ep 2) at stages 1 and "
+    "3, (tp 2, dp 2), (tp 4) and (tp 2, ep 2, pp 2) equal the single-process reference (f64 "
+    "AdamW, clipping, tokens dropped), and not without the expert data-parallel reduction",
+    "[unit][moe][tp]") {
+  std::vector<std::pair<GridLayout, int>> runs;
+  for (int stage = 0; stage <= 3; ++stage) runs.push_back({{.tp = 2, .ep = 1, .stage = stage}, 2});
+  for (int stage : {1, 3}) runs.push_back({{.tp = 2, .ep = 2, .stage = stage}, 2});
+  runs.push_back({{.tp = 2, .ep = 1, .dp = 2, .stage = 2}, 2});
+  runs.push_back({{.tp = 4, .ep = 1, .stage = 1}, 2});
+  runs.push_back({{.tp = 2, .ep = 2, .pp = 2}, 4});
+  check_grid_layouts(runs);
+  // The control: the experts keep each data-parallel rank's own gradient.
+  double ignored = 0;
+  CHECK(grid_error({.tp = 2, .ep = 1, .dp = 2, .drop_expert_reduction = true}, 2, &ignored) > 1e-6);
+}
+
+TEST_CASE(
+    "MoE GPT with expert tensor parallelism: each rank holds its experts' hidden units, and the "
+    "ranks' parts tile the logical stacks (c_proj's bias whole on every tp rank)",
+    "[unit][moe][tp]") {
+  struct Held {
+    std::vector<nn::ParamSpec> specs;  // the first expert unit's
+  };
+  const int tp = 2, ep = 2;
+  const auto held = testing::per_rank<Held>(tp * ep, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp, .ep = ep}));
+    nn::GPT<double> model(moe_cfg(), parallel::TensorParallel(groups.tp()), {},
+                          moe_blocks(parallel::ExpertParallel(groups.ep())));
+    for (int u = 0; u < model.num_units(); ++u) {
+      if (model.unit_is_expert(u)) return Held{model.unit_params(u)};
+    }
+    return Held{};
+  });
+  const std::int64_t E = 4, C = 16, H = 64;
+  const std::vector<Shape> whole{{E, H, C}, {E, H}, {E, C, H}, {E, C}};
+  const std::vector<Shape> part{
+      {E / ep, H / tp, C}, {E / ep, H / tp}, {E / ep, C, H / tp}, {E / ep, C}};
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    std::vector<int> copies(static_cast<std::size_t>(whole[i].numel()), 0);
+    for (const Held& h : held) {
+      REQUIRE(h.specs.size() == 4);
+      const nn::ParamSpec& p = h.specs[i];
+      INFO(p.name);
+      CHECK(p.shape == part[i]);
+      CHECK(p.logical_shape() == whole[i]);
+      CHECK(p.expert_split.is_split());
+      CHECK(p.split.is_split() == (i != 3));  // c_proj.bias: whole over tp, as a row-parallel bias
+      p.for_each_run(0, p.numel(), [&](std::int64_t logical, std::int64_t, std::int64_t count) {
+        for (std::int64_t k = 0; k < count; ++k) ++copies[static_cast<std::size_t>(logical + k)];
+      });
+    }
+    const int want = i == 3 ? tp : 1;
+    CHECK(std::all_of(copies.begin(), copies.end(), [&](int c) { return c == want; }));
+  }
 }
 
 namespace {
@@ -851,9 +932,9 @@ void check_moe_resumes(const GridLayout& from, const std::vector<GridLayout>& to
             l.ranks(), [&](LocalComm& w) { return f32_moe_rank(w, l, first, steps, load, save); }));
       },
       [](const GridLayout& l) {
-        return "ep " + std::to_string(l.ep) + ", sp " + std::to_string(l.sp) + ", dp " +
-               std::to_string(l.dp) + ", pp " + std::to_string(l.pp) + ", ZeRO " +
-               std::to_string(l.stage);
+        return "tp " + std::to_string(l.tp) + ", ep " + std::to_string(l.ep) + ", sp " +
+               std::to_string(l.sp) + ", dp " + std::to_string(l.dp) + ", pp " +
+               std::to_string(l.pp) + ", ZeRO " + std::to_string(l.stage);
       });
 }
 
@@ -887,6 +968,15 @@ TEST_CASE(
                      {.ep = 1, .sp = 2, .dp = 2, .dropless = true},
                      {.ep = 2, .sp = 2, .pp = 2, .dropless = true}},
                     "zero-moe-sp-ckpt");
+}
+
+TEST_CASE(
+    "MoE expert tensor-parallel checkpoints: (tp 2, ep 2, stage 3) resumes at (ep 2, dp 2, stage "
+    "1) and (tp 4, stage 2), equal to the uninterrupted run",
+    "[unit][moe][tp]") {
+  check_moe_resumes({.tp = 2, .ep = 2, .stage = 3},
+                    {{.ep = 2, .dp = 2, .stage = 1}, {.tp = 4, .ep = 1, .stage = 2}},
+                    "zero-moe-tp-ckpt");
 }
 
 TEST_CASE(

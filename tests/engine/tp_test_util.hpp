@@ -32,8 +32,7 @@ inline nn::GPTConfig tp_tiny() {
 /// One parameter as a rank holds it.
 struct HeldParam {
   std::string name;
-  nn::TensorSplit split;
-  Shape shape;
+  nn::ParamSpec spec;  // where its values lie in the logical tensor (ParamSpec::for_each_run)
   std::vector<double> values;
 };
 
@@ -50,7 +49,7 @@ std::vector<HeldParam> held_params(Eng& eng) {
     for (const nn::ParamSpec& p : eng.unit_specs(u)) {
       const auto n = static_cast<std::size_t>(p.numel());
       out.push_back(
-          {p.name, p.split, p.shape,
+          {p.name, p,
            std::vector<double>(values.begin() + static_cast<std::ptrdiff_t>(offset),
                                values.begin() + static_cast<std::ptrdiff_t>(offset + n))});
       offset += n;
@@ -59,26 +58,29 @@ std::vector<HeldParam> held_params(Eng& eng) {
   return out;
 }
 
-/// Whole tensors from every rank's parts; replicated copies must agree exactly, else the largest
-/// disagreement is returned in copies_differ.
+/// Whole tensors from every rank's parts; copies of an element held by several ranks (a
+/// parameter whole on every tp rank, the same experts on every expert data-parallel rank) must
+/// agree exactly, else the largest disagreement is returned in copies_differ.
 inline LogicalValues assemble(const std::vector<std::vector<HeldParam>>& ranks,
                               double* copies_differ = nullptr) {
   LogicalValues out;
+  std::map<std::string, std::vector<bool>> filled;
   double differ = 0;
   for (const auto& rank : ranks) {
     for (const HeldParam& p : rank) {
-      const Shape whole = p.split.is_split() ? p.split.whole : p.shape;
-      auto [it, fresh] = out.try_emplace(p.name, static_cast<std::size_t>(whole.numel()), 0.0);
-      if (!p.split.is_split() && !fresh) {
-        for (std::size_t i = 0; i < p.values.size(); ++i) {
-          differ = std::max(differ, std::fabs(it->second[i] - p.values[i]));
-        }
-      }
-      p.split.for_each_run(0, static_cast<std::int64_t>(p.values.size()),
-                           [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
-                             std::copy_n(p.values.begin() + held, count,
-                                         it->second.begin() + logical);
-                           });
+      const auto n = static_cast<std::size_t>(p.spec.logical_shape().numel());
+      std::vector<double>& whole = out.try_emplace(p.name, n, 0.0).first->second;
+      std::vector<bool>& seen = filled.try_emplace(p.name, n, false).first->second;
+      p.spec.for_each_run(0, static_cast<std::int64_t>(p.values.size()),
+                          [&](std::int64_t logical, std::int64_t held, std::int64_t count) {
+                            for (std::int64_t k = 0; k < count; ++k) {
+                              const auto at = static_cast<std::size_t>(logical + k);
+                              const double v = p.values[static_cast<std::size_t>(held + k)];
+                              if (seen[at]) differ = std::max(differ, std::fabs(whole[at] - v));
+                              whole[at] = v;
+                              seen[at] = true;
+                            }
+                          });
     }
   }
   if (copies_differ != nullptr) *copies_differ = differ;
@@ -143,14 +145,14 @@ inline double max_part_difference(const std::vector<HeldParam>& held, const Logi
   for (const HeldParam& p : held) {
     const auto it = want.find(p.name);
     if (it == want.end()) return INFINITY;
-    p.split.for_each_run(0, static_cast<std::int64_t>(p.values.size()),
-                         [&](std::int64_t logical, std::int64_t at, std::int64_t count) {
-                           for (std::int64_t k = 0; k < count; ++k) {
-                             w = zero::testing::worse(
-                                 w, std::fabs(p.values[static_cast<std::size_t>(at + k)] -
-                                              it->second[static_cast<std::size_t>(logical + k)]));
-                           }
-                         });
+    p.spec.for_each_run(0, static_cast<std::int64_t>(p.values.size()),
+                        [&](std::int64_t logical, std::int64_t at, std::int64_t count) {
+                          for (std::int64_t k = 0; k < count; ++k) {
+                            w = zero::testing::worse(
+                                w, std::fabs(p.values[static_cast<std::size_t>(at + k)] -
+                                             it->second[static_cast<std::size_t>(logical + k)]));
+                          }
+                        });
   }
   return w;
 }

@@ -876,12 +876,12 @@ class Engine {
       for (const nn::ParamSpec& p : s.specs) check_param_name(u, p.name, names);
       bool expert = false;
       if constexpr (nn::HasExpertUnits<M>) expert = model_.unit_is_expert(u);
-      // With experts split over ep (which takes tp = 1), a split parameter is an expert's and
-      // an expert unit holds nothing else: a model that does not say which units hold its
-      // experts (a SequentialModel with a split MixtureOfExperts) would have different experts'
-      // values averaged and sharded as one tensor.
+      // With experts split over ep, a parameter split over ep (ParamSpec::expert_split) is an
+      // expert's and an expert unit holds nothing else: a model that does not say which units
+      // hold its experts (a SequentialModel with a split MixtureOfExperts) would have different
+      // experts' values averaged and sharded as one tensor.
       for (const nn::ParamSpec& p : s.specs) {
-        if (groups_.ep == 1 || p.split.is_split() == expert) continue;
+        if (groups_.ep == 1 || p.expert_split.is_split() == expert) continue;
         raise<ConfigError>(
             "Engine: unit ", u, "'s parameter '", p.name, "' ",
             expert ? "is not split over the expert-parallel group, but its unit is an expert unit "

@@ -104,23 +104,27 @@ C& apply_comm_timeout(const ConfigOrUpdate& config, C& comm) {
 /// pipeline stages the pipeline-parallel and tp x dp x pp groups (the stages' sends, the norm,
 /// checkpoints); with sequence parallelism the cp group; with experts the ep x dp (x cp) group,
 /// the experts' data-parallel group and the expert-parallel group (the all-to-alls), with
-/// Ulysses the cp group, and with pipeline stages the pipeline-parallel and state groups.
+/// Ulysses the cp group, with tensor parallelism the tensor-parallel and state (every rank)
+/// groups, and with pipeline stages the pipeline-parallel and state groups.
 template <class ConfigOrUpdate, class C>
 parallel::ProcessGroups<C>& apply_comm_timeout(const ConfigOrUpdate& config,
                                                parallel::ProcessGroups<C>& groups) {
   using parallel::Axis;
   const parallel::Grid& g = groups.grid();
   if (g.size(Axis::ep) > 1) {
-    // EngineGroups refuses ep with tp (naming it), so those groups need no deadline.
-    if (g.size(Axis::tp) == 1) {
-      const bool cp = g.size(Axis::cp) > 1;
-      apply_comm_timeout(config, cp ? groups.get({Axis::cp, Axis::ep, Axis::dp})
-                                    : groups.get({Axis::ep, Axis::dp}));
-      apply_comm_timeout(config, groups.data_parallel());  // the experts' dp (x cp)
-      apply_comm_timeout(config, groups.ep());             // the experts' all-to-alls
-      if (cp) apply_comm_timeout(config, groups.cp());     // Ulysses' all-to-alls
-      if (g.size(Axis::pp) > 1) {
-        apply_comm_timeout(config, groups.pp());
+    const bool cp = g.size(Axis::cp) > 1, tp = g.size(Axis::tp) > 1;
+    apply_comm_timeout(
+        config, cp ? groups.get({Axis::cp, Axis::ep, Axis::dp}) : groups.get({Axis::ep, Axis::dp}));
+    apply_comm_timeout(config, groups.data_parallel());  // the experts' dp (x cp)
+    apply_comm_timeout(config, groups.ep());             // the experts' all-to-alls
+    if (cp) apply_comm_timeout(config, groups.cp());     // Ulysses' all-to-alls
+    if (tp) {  // the experts' and blocks' tp reductions, and the state group: every rank
+      apply_comm_timeout(config, groups.tp());
+      apply_comm_timeout(config, groups.get({Axis::tp, Axis::cp, Axis::ep, Axis::dp, Axis::pp}));
+    }
+    if (g.size(Axis::pp) > 1) {
+      apply_comm_timeout(config, groups.pp());
+      if (!tp) {
         apply_comm_timeout(config, cp ? groups.get({Axis::cp, Axis::ep, Axis::dp, Axis::pp})
                                       : groups.get({Axis::ep, Axis::dp, Axis::pp}));
       }

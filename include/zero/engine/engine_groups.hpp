@@ -27,8 +27,9 @@
 //          them (the ranks at the same place of every secondary group), over which ZeRO++'s
 //          quantized gradients take their second hop;
 //   state  every rank that holds a distinct part of the state (tp x dp x pp, and x cp under
-//          context parallelism; ep x dp, x cp and x pp when there are): checkpoints are saved
-//          and loaded over it, so a save at one (tp, cp, dp, pp, ep, stage) loads at any other.
+//          context parallelism; ep x dp, x cp and x pp when there are; every rank with both tp
+//          and ep): checkpoints are saved and loaded over it, so a save at one (tp, cp, dp, pp,
+//          ep, stage) loads at any other.
 // Built from a communicator (data parallelism only) or from ProcessGroups.
 
 #include <optional>
@@ -74,11 +75,12 @@ struct EngineGroups {
 
   /// The grid's data-parallel group and, with tp > 1, its tensor-parallel group, with pp > 1 its
   /// pipeline-parallel group, and then the group of tp x dp x pp (ProcessGroups must have built
-  /// the tp-dp, tp-dp-pp, tp-dp-cp, tp-dp-cp-pp, ep-dp-pp, cp-ep-dp and cp-ep-dp-pp masks, as
-  /// standard_masks() does). With cp > 1 the data-parallel group is dp x cp, and the state group
-  /// has the cp axis too. With ep > 1 the data-parallel group is ep x dp (x cp), the expert
-  /// data-parallel group dp (x cp) and the state group ep x dp (x cp, x pp); ep does not combine
-  /// with tp yet (ConfigError).
+  /// the tp-dp, tp-dp-pp, tp-dp-cp, tp-dp-cp-pp, ep-dp-pp, cp-ep-dp, cp-ep-dp-pp and
+  /// tp-cp-ep-dp-pp masks, as standard_masks() does). With cp > 1 the data-parallel group is
+  /// dp x cp, and the state group has the cp axis too. With ep > 1 the data-parallel group is ep x
+  /// dp (x cp), the expert data-parallel group dp (x cp) and the state group ep x dp (x cp, x pp),
+  /// with tp > 1 too every axis (the tp-cp-ep-dp-pp mask: each expert is split over tp, Megatron's
+  /// expert tensor parallelism).
   template <parallel::Communicator C>
   explicit EngineGroups(parallel::ProcessGroups<C>& groups)
       : dp(dense_group(groups)), sample_ranks(dp.size() / groups.grid().size(parallel::Axis::cp)) {
@@ -92,7 +94,9 @@ struct EngineGroups {
     if (split_pp) pp.emplace(groups.pp());
     // Every rank holding a distinct part of the state: ZeRO shards over dp x cp when cp > 1, so
     // the cp axis is in it then.
-    if (split_pp && ep > 1) {
+    if (split_tp && ep > 1) {  // every rank holds its own part: tp x ep x dp (x cp, x pp)
+      state.emplace(groups.get({Axis::tp, Axis::cp, Axis::ep, Axis::dp, Axis::pp}));
+    } else if (split_pp && ep > 1) {
       state.emplace(cp > 1 ? groups.get({Axis::cp, Axis::ep, Axis::dp, Axis::pp})
                            : groups.get({Axis::ep, Axis::dp, Axis::pp}));
     } else if (split_pp) {
@@ -214,10 +218,6 @@ struct EngineGroups {
     using parallel::Axis;
     const parallel::Grid& g = groups.grid();
     if (g.size(Axis::ep) == 1) return groups.data_parallel();
-    expect<ConfigError>(g.size(Axis::tp) == 1,
-                        "EngineGroups: expert parallelism (ep = ", g.size(Axis::ep),
-                        ") with tensor parallelism (tp = ", g.size(Axis::tp),
-                        ") is not supported yet (ep combines with dp, Ulysses cp and pp)");
     return g.size(Axis::cp) > 1 ? groups.get({Axis::cp, Axis::ep, Axis::dp})
                                 : groups.get({Axis::ep, Axis::dp});
   }

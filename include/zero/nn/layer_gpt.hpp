@@ -10,9 +10,10 @@
 // nn::GPT and a template for users' own transformer variants.
 //
 // The MoE variant (MoEBlocks): every k-th block's MLP is a MixtureOfExperts; its experts are an
-// expert unit of their own (an ExpertStack, split over the expert-parallel group) just before
-// the block, which uses it (unit_uses) as the head uses unit 0's table. The engine shards expert
-// units over the expert data-parallel group and the rest over the data-parallel group.
+// expert unit of their own (an ExpertStack, split over the expert-parallel group, each expert's
+// hidden units over the tensor-parallel group) just before the block, which uses it (unit_uses)
+// as the head uses unit 0's table. The engine shards expert units over the expert data-parallel
+// group and the rest over the data-parallel group.
 
 #include <algorithm>
 #include <any>
@@ -101,15 +102,33 @@ inline void check_sequence_parallel(const GPTConfig& cfg, int tp, int sp,
   parallel::check_ulysses_heads(cfg.num_heads / std::max(tp, 1), sp);
 }
 
+/// Throws ConfigError unless an MoE block split over block_tp can run experts split over
+/// experts_tp: the same tensor-parallel group (expert tensor parallelism equals tp, as
+/// Megatron's default), and not Megatron's sequence parallelism (its rows split over tp would
+/// route different tokens on each tp rank).
+inline void check_moe_tensor_parallel(const parallel::TensorParallel& block_tp,
+                                      const parallel::TensorParallel& experts_tp) {
+  expect<ConfigError>(block_tp.size() == experts_tp.size() && block_tp.rank() == experts_tp.rank(),
+                      "MoE block: the block is split over ", block_tp.size(),
+                      " tensor-parallel ranks (this one rank ", block_tp.rank(),
+                      ") but its experts over ", experts_tp.size(), " (rank ", experts_tp.rank(),
+                      "); build the ExpertStack with the block's TensorParallel");
+  expect<ConfigError>(!block_tp.sequence_parallel(),
+                      "mixture of experts with tensor_parallel.sequence_parallel is not supported "
+                      "(each tensor-parallel rank would route its own rows); turn sequence "
+                      "parallelism off");
+}
+
 /// Appends GPT-2's block `layer` of a model shaped by cfg to unit, as two residual branches
 /// with GPT's parameter names, initialisers and dropout sites. Given experts (an ExpertStack of an
-/// earlier unit), the MLP branch is a MixtureOfExperts over them routed by router, which is
-/// returned (null for a dense block). Split over tp when it has more
+/// earlier unit, split over the same tp), the MLP branch is a MixtureOfExperts over them routed
+/// by router, which is returned (null for a dense block). Split over tp when it has more
 /// than one rank (see the file comment); with a Ulysses group sp of more than one rank, the
 /// unit holds T/sp positions and its attention is parallel::UlyssesAttention (over this
 /// tensor-parallel rank's heads when both are active: DeepSpeed-Ulysses with Megatron's tensor
 /// parallelism). ConfigError naming the key when the heads or hidden size do not divide by tp,
-/// the heads by tp * sp, or Ulysses meets Megatron's sequence parallelism.
+/// the heads by tp * sp, or Ulysses meets Megatron's sequence parallelism; for experts split
+/// over another tp than the block's, or experts with Megatron's sequence parallelism.
 template <class T>
 MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, std::int64_t layer,
                                    const parallel::TensorParallel& tp = {},
@@ -120,6 +139,7 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
   // do not divide by tp, or tp with Ulysses, computed wrong attention without a word.
   check_tensor_parallel_block(cfg, tp.size());
   check_sequence_parallel(cfg, tp.size(), sp.size(), tp.sequence_parallel());
+  if (experts != nullptr) check_moe_tensor_parallel(tp, experts->tensor_parallel());
   const std::int64_t C = cfg.channels;
   const std::string p = "transformer.h." + std::to_string(layer) + ".";
   const std::string site = "h." + std::to_string(layer);  // GPT's dropout key per block
@@ -182,14 +202,16 @@ MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, st
   if (cfg.dropout > 0) attn.template add<Dropout<T>>(cfg.dropout, site, 0, rows);
   auto& mlp = unit.template add<Residual<T>>(p + "mlp");
   norm(mlp, p + "ln_2");
-  mlp.template add<ColumnParallelLinear<T>>(tp, p + "mlp.c_fc", C, 4 * C, true, 0.02);
-  mlp.template add<GELU<T>>();
-  mlp.template add<RowParallelLinear<T>>(tp, p + "mlp.c_proj", 4 * C, C, true, residual_std);
+  MixtureOfExperts<T>* moe = nullptr;
+  if (experts != nullptr) {  // the experts' hidden units split over tp (expert_stack.hpp)
+    moe = &mlp.template add<MixtureOfExperts<T>>(p + "mlp", router, *experts);
+  } else {
+    mlp.template add<ColumnParallelLinear<T>>(tp, p + "mlp.c_fc", C, 4 * C, true, 0.02);
+    mlp.template add<GELU<T>>();
+    mlp.template add<RowParallelLinear<T>>(tp, p + "mlp.c_proj", 4 * C, C, true, residual_std);
+  }
   if (cfg.dropout > 0) mlp.template add<Dropout<T>>(cfg.dropout, site, 1, rows);
-  expect<ConfigError>(experts == nullptr,
-                      "add_gpt_block: MoE blocks with tensor parallelism are "
-                      "not supported yet");
-  return nullptr;
+  return moe;
 }
 
 /// GPT-2 built from layers (see the file comment); an nn::Model.
@@ -208,13 +230,14 @@ class LayerGPT {
   /// anywhere); with tensor parallelism too, each tp rank's heads are split over its sp group
   /// and the vocabulary-parallel loss takes the same share. ConfigError when the heads do not
   /// divide by tp * sp, or with Megatron's sequence parallelism too. With active MoEBlocks, every
-  /// moe.every-th block's MLP is a MixtureOfExperts whose experts (split over moe.ep) are an expert
-  /// unit of their own just before the block (nn::HasExpertUnits); ConfigError for MoE with tp > 1.
+  /// moe.every-th block's MLP is a MixtureOfExperts whose experts (split over moe.ep, and each
+  /// expert over tp) are an expert unit of their own just before the block
+  /// (nn::HasExpertUnits); ConfigError for MoE with Megatron's sequence parallelism.
   explicit LayerGPT(GPTConfig cfg, parallel::TensorParallel tp = {},
                     parallel::SequenceParallel sp = {}, MoEBlocks moe = {})
       : cfg_((cfg.validate(), check_tensor_parallel(cfg, tp.size()),
               check_sequence_parallel(cfg, tp.size(), sp.size(), tp.sequence_parallel()),
-              check_moe(moe, tp.size()), cfg)),
+              check_moe(moe, tp), cfg)),
         tp_(std::move(tp)),
         sp_(std::move(sp)),
         moe_(std::move(moe)) {
@@ -250,7 +273,7 @@ class LayerGPT {
         experts_units_.push_back(num_units());
         experts = &units_.emplace_back().template add<ExpertStack<T>>(
             "transformer.h." + std::to_string(l) + ".mlp", moe_.router.num_experts, C, 4 * C,
-            residual_std, moe_.ep);
+            residual_std, moe_.ep, tp_);
       }
       Sequential<T>& block = units_.emplace_back();
       MixtureOfExperts<T>* moe = add_gpt_block(block, cfg_, l, tp_, sp_, experts, moe_.router);
@@ -395,11 +418,9 @@ class LayerGPT {
                   num_units(), ")");
   }
 
-  static int check_moe(const MoEBlocks& moe, int tp) {
+  static int check_moe(const MoEBlocks& moe, const parallel::TensorParallel& tp) {
     moe.validate();
-    expect<ConfigError>(!moe.active() || tp <= 1, "moe.num_experts = ", moe.router.num_experts,
-                        " with tensor_parallel.tp_size = ", tp,
-                        ": mixture of experts with tensor parallelism is not supported yet");
+    if (moe.active()) check_moe_tensor_parallel(tp, tp);
     return 0;
   }
 

@@ -25,22 +25,41 @@ struct ParamSpec {
   Init init = Init::normal;  ///< initialiser
   double stddev = 0.02;      ///< for Init::normal
   bool weight_decay = true;  ///< false for biases and norms (embeddings decay, as in Megatron)
-  TensorSplit split = {};    ///< the part of a logical tensor held (tensor parallelism)
+  TensorSplit split = {};    ///< the part held (tensor parallelism; of expert_split's part)
   /// When positive, the logical tensor's rows (dimension 0) from this one on are padding, never
   /// read (a token table padded past its vocabulary): a checkpoint holding the tensor with
   /// another number of rows, no fewer than these, fills it (its first rows; rows past the
   /// stored ones zero), so a table padded for one tensor-parallel size loads at another.
   std::int64_t rows_in_use = 0;
+  /// Stacked experts split over an expert-parallel group: the experts this rank holds, a part of
+  /// the logical stack along dimension 0. `split` is then the tensor-parallel part of those
+  /// experts (expert tensor parallelism: split.whole is expert_split's part shape).
+  TensorSplit expert_split = {};
 
   /// Elements held.
   std::int64_t numel() const { return shape.numel(); }
   /// The logical tensor's shape (shape itself unless split).
-  Shape logical_shape() const { return split.is_split() ? split.whole : shape; }
+  Shape logical_shape() const {
+    if (expert_split.is_split()) return expert_split.whole;
+    return split.is_split() ? split.whole : shape;
+  }
+  /// True when the rank holds a part of the logical tensor (tensor- or expert-parallel).
+  bool is_part() const { return split.is_split() || expert_split.is_split(); }
   /// fn(logical_offset, offset, count) for each contiguous run of the held elements
-  /// [first, first + count) in the logical tensor (one run unless split).
+  /// [first, first + count) in the logical tensor (one run unless split): split's runs in
+  /// expert_split's part, each cut into the runs of that part in the logical tensor.
   template <class Fn>
   void for_each_run(std::int64_t first, std::int64_t count, Fn&& fn) const {
-    split.for_each_run(first, count, fn);
+    if (!expert_split.is_split()) {
+      split.for_each_run(first, count, fn);
+      return;
+    }
+    split.for_each_run(first, count, [&](std::int64_t in_part, std::int64_t held, std::int64_t n) {
+      expert_split.for_each_run(in_part, n,
+                                [&](std::int64_t logical, std::int64_t at, std::int64_t m) {
+                                  fn(logical, held + (at - in_part), m);
+                                });
+    });
   }
 };
 

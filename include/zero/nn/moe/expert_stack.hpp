@@ -5,8 +5,13 @@
 // [r E/ep, (r + 1) E/ep), and checkpoints store the whole stacks, loadable at any ep):
 //   name.experts.c_fc.weight [E, H, C]    name.experts.c_fc.bias [E, H]
 //   name.experts.c_proj.weight [E, C, H]  name.experts.c_proj.bias [E, C]
+// With a tensor-parallel group (expert tensor parallelism, Megatron's expert_tensor_parallel_size
+// equal to tp) each expert is split as a GPT MLP is: c_fc column-parallel (its hidden units
+// split, weight and bias on dimension 1 of the stack), c_proj row-parallel (its weight on
+// dimension 2; the bias whole on every tp rank), so a rank holds H/tp hidden units of each of its
+// experts (ParamSpec::split, of ParamSpec::expert_split's experts).
 // Initialised from the logical tensors (seed, name, index), so the experts an ep rank holds
-// equal the same experts of a single process.
+// equal the same experts of a single process, and a tp rank's part their slice.
 // As a layer it computes nothing (forward keeps the activation, backward passes the gradient
 // through): a model puts it in a unit of its own ahead of the unit whose MixtureOfExperts reads
 // it (unit_uses), and marks that unit as an expert unit (nn::HasExpertUnits), so the engine
@@ -19,6 +24,7 @@
 #include <vector>
 
 #include <parallel/moe/expert_parallel.hpp>
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
 #include <zero/core/error.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
@@ -30,29 +36,34 @@ namespace zero::nn {
 template <class T>
 class ExpertStack final : public Layer<T> {
  public:
-  /// E experts of hidden size `hidden` over `channels` features, this rank's E / ep of them;
-  /// c_fc's weights with stddev 0.02, c_proj's with proj_stddev (GPT's 0.02 / sqrt(2 L)).
+  /// E experts of hidden size `hidden` over `channels` features, this rank's E / ep of them,
+  /// each split over tp (hidden / tp of its hidden units); c_fc's weights with stddev 0.02,
+  /// c_proj's with proj_stddev (GPT's 0.02 / sqrt(2 L)).
   ExpertStack(std::string name, int experts, std::int64_t channels, std::int64_t hidden,
-              double proj_stddev = 0.02, parallel::ExpertParallel ep = {})
+              double proj_stddev = 0.02, parallel::ExpertParallel ep = {},
+              parallel::TensorParallel tp = {})
       : name_(std::move(name)),
         E_(experts),
         C_(channels),
         H_(hidden),
         proj_stddev_(proj_stddev),
-        ep_(std::move(ep)) {
+        ep_(std::move(ep)),
+        tp_(std::move(tp)) {
     expect<ConfigError>(E_ >= 1 && C_ > 0 && H_ > 0, describe(), ": experts = ", E_,
                         ", channels = ", C_, ", hidden = ", H_, "; all must be positive");
     expect<ConfigError>(E_ % ep_.size() == 0, "moe.num_experts = ", E_,
                         " must be a multiple of moe.ep_size = ", ep_.size(), " (", describe(), ")");
+    expect<ConfigError>(H_ % tp_.size() == 0, describe(), ": the experts' ", H_,
+                        " hidden units do not split over tensor-parallel size ", tp_.size());
   }
 
   std::string describe() const override { return "ExpertStack '" + name_ + "'"; }
   std::vector<ParamSpec> params() const override {
     const std::string x = name_ + ".experts.";
-    return {spec(x + "c_fc.weight", {E_, H_, C_}, Init::normal, 0.02, true),
-            spec(x + "c_fc.bias", {E_, H_}, Init::zeros, 0, false),
-            spec(x + "c_proj.weight", {E_, C_, H_}, Init::normal, proj_stddev_, true),
-            spec(x + "c_proj.bias", {E_, C_}, Init::zeros, 0, false)};
+    return {spec(x + "c_fc.weight", {E_, H_, C_}, Init::normal, 0.02, true, 1),
+            spec(x + "c_fc.bias", {E_, H_}, Init::zeros, 0, false, 1),
+            spec(x + "c_proj.weight", {E_, C_, H_}, Init::normal, proj_stddev_, true, 2),
+            spec(x + "c_proj.bias", {E_, C_}, Init::zeros, 0, false, -1)};
   }
   void bind(std::span<const ParamView<T>> views) override {
     expect<Error>(views.size() == 4, describe(), ": expected 4 parameter views, got ",
@@ -76,18 +87,32 @@ class ExpertStack final : public Layer<T> {
   int first_expert() const { return ep_.rank() * local_experts(); }
   std::int64_t channels() const { return C_; }
   std::int64_t hidden() const { return H_; }
+  /// The hidden units of each expert this rank holds (H / tp).
+  std::int64_t local_hidden() const { return H_ / tp_.size(); }
   /// The expert-parallel group.
   const parallel::ExpertParallel& expert_parallel() const { return ep_; }
-  /// Local expert l's parameter i (0 c_fc.weight [H, C], 1 c_fc.bias [H], 2 c_proj.weight
-  /// [C, H], 3 c_proj.bias [C]): its value and its gradient (empty when not training).
+  /// The tensor-parallel group each expert is split over (size 1: whole experts).
+  const parallel::TensorParallel& tensor_parallel() const { return tp_; }
+  /// Local expert l's parameter i (0 c_fc.weight [H/tp, C], 1 c_fc.bias [H/tp], 2 c_proj.weight
+  /// [C, H/tp], 3 c_proj.bias [C]): its value and its gradient (empty when not training).
   T* value(int l, int i) const { return at(views_.at(static_cast<std::size_t>(i)).value, l); }
   T* grad(int l, int i) const { return at(views_.at(static_cast<std::size_t>(i)).grad, l); }
 
  private:
-  ParamSpec spec(std::string name, Shape whole, Init init, double stddev, bool decay) const {
-    if (!ep_.active()) return {std::move(name), whole, init, stddev, decay, {}};
-    const TensorSplit split = TensorSplit::of(whole, 0, ep_.size(), ep_.rank());
-    return {std::move(name), split.part_shape(), init, stddev, decay, split};
+  // The spec of a stacked tensor of logical shape whole: this rank's experts (split over ep on
+  // dimension 0), their tp part split on dimension tp_dim (none: whole on every tp rank).
+  ParamSpec spec(std::string name, Shape whole, Init init, double stddev, bool decay,
+                 int tp_dim) const {
+    ParamSpec p{std::move(name), whole, init, stddev, decay};
+    if (ep_.active()) {
+      p.expert_split = TensorSplit::of(whole, 0, ep_.size(), ep_.rank());
+      p.shape = p.expert_split.part_shape();
+    }
+    if (tp_.active() && tp_dim >= 0) {
+      p.split = TensorSplit::of(p.shape, tp_dim, tp_.size(), tp_.rank());
+      p.shape = p.split.part_shape();
+    }
+    return p;
   }
   // Local expert l's slice of a stacked tensor (null for an empty view).
   static T* at(const Tensor<T>& t, int l) {
@@ -100,6 +125,7 @@ class ExpertStack final : public Layer<T> {
   std::int64_t C_, H_;
   double proj_stddev_;
   parallel::ExpertParallel ep_;
+  parallel::TensorParallel tp_;
   std::vector<ParamView<T>> views_;
 };
 

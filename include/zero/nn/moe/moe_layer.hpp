@@ -18,6 +18,12 @@
 // token count, as DeepSpeed), and the rows travel to the rank holding their expert and back
 // through all_to_all_v (parallel/moe/token_exchange.hpp): forward dispatches and combines the
 // rows, backward sends the output gradients to the experts and the input gradients back.
+// With a tensor-parallel group (the experts' ExpertStack split over tp: expert tensor
+// parallelism) every tp rank routes the same tokens alike and exchanges them with the ep ranks
+// of its own tp rank; each runs its H/tp hidden units of the experts, c_proj's partial sums are
+// all-reduced over tp before its bias is added (reduce_from_tp), and in backward the experts'
+// input gradient is all-reduced over tp (copy_to_tp's adjoint) before it travels back. Megatron's
+// sequence parallelism (the rows split over tp) is not supported with experts.
 
 #include <algorithm>
 #include <any>
@@ -31,6 +37,7 @@
 
 #include <parallel/moe/expert_parallel.hpp>
 #include <parallel/moe/token_exchange.hpp>
+#include <parallel/tensor_parallel/regions.hpp>
 #include <zero/core/rng.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
 #include <zero/nn/layers/layer.hpp>
@@ -216,6 +223,11 @@ class MixtureOfExperts final : public Layer<T> {
                              experts().grad(l, 1), dfc.data() + first * H_,
                              expert_in_.data() + first * C_, experts().value(l, 0), n, C_, H_);
     }
+    if (tp().active()) {  // each tp rank's hidden units gave a part: copy_to_tp's adjoint,
+      // an all-reduce (in place)
+      parallel::region_forward(parallel::Region::reduce_from_tp, tp(), dexpert_in.data(),
+                               dexpert_in.data(), exchange_.rows_received(), C_);
+    }
     Tensor<T> drows_in = dexpert_in;
     if (ep().active()) {
       drows_in = ctx.arena->template allocate<T>({R, C_});
@@ -250,7 +262,8 @@ class MixtureOfExperts final : public Layer<T> {
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
-    // The router for every token, and the experts for k of them (at full capacity).
+    // The router for every token, and the experts for k of them (at full capacity): this rank's
+    // hidden units of them.
     const std::int64_t N = in.input.numel() / C_;
     FlopCount f = matmul_flops(N, C_, cfg_.num_experts);
     f += matmul_flops(N * cfg_.k, C_, H_);
@@ -299,9 +312,10 @@ class MixtureOfExperts final : public Layer<T> {
                         ": the router has ", cfg_.num_experts, " experts but the expert stack ",
                         experts_->num_experts());
     C_ = experts_->channels();
-    H_ = experts_->hidden();
+    H_ = experts_->local_hidden();
   }
   const parallel::ExpertParallel& ep() const { return experts_->expert_parallel(); }
+  const parallel::TensorParallel& tp() const { return experts_->tensor_parallel(); }
   // Where the forward's random draws come from (random token selection, Gumbel noise, jitter):
   // streams keyed by the run's seed, the micro-step's dropout step (ctx.step) and the layer's
   // name, at the tokens' indices in the step's global batch (StepContext::dropout_first),
@@ -369,7 +383,11 @@ class MixtureOfExperts final : public Layer<T> {
     return x;
   }
   // Runs each local expert's MLP on its rows of expert_in_ into out [R_e, C] (fc_, act_ kept).
+  // Split over tp, c_proj's products are partial sums over the hidden units: all-reduced over
+  // the group, then the bias added (RowParallelLinear's order, so every tp rank has the same
+  // rows).
   void run_experts(Tensor<T> out) {
+    const bool split = tp().active();
     for (int l = 0; l < experts().local_experts(); ++l) {
       const std::int64_t first = exchange_.expert_first[static_cast<std::size_t>(l)];
       const std::int64_t n = exchange_.expert_rows(l);
@@ -378,7 +396,22 @@ class MixtureOfExperts final : public Layer<T> {
                                   experts().value(l, 0), experts().value(l, 1), n, C_, H_);
       ops::cpu::gelu_forward<T>(act_.data() + first * H_, fc_.data() + first * H_, n * H_);
       ops::cpu::linear_forward<T>(out.data() + first * C_, act_.data() + first * H_,
-                                  experts().value(l, 2), experts().value(l, 3), n, H_, C_);
+                                  experts().value(l, 2), split ? nullptr : experts().value(l, 3), n,
+                                  H_, C_);
+    }
+    if (!split) return;
+    const std::int64_t rows = exchange_.rows_received();
+    parallel::region_forward(parallel::Region::reduce_from_tp, tp(), out.data(), out.data(), rows,
+                             C_);
+    for (int l = 0; l < experts().local_experts(); ++l) {
+      const std::int64_t first = exchange_.expert_first[static_cast<std::size_t>(l)];
+      const T* bias = experts().value(l, 3);
+      for (std::int64_t r = first; r < first + exchange_.expert_rows(l); ++r) {
+        T* row = out.data() + r * C_;
+        for (std::int64_t c = 0; c < C_; ++c) {
+          row[c] = ops::cpu::store<T>(ops::cpu::load(row[c]) + ops::cpu::load(bias[c]));
+        }
+      }
     }
   }
   // Sends rows [R, C] to the experts' ranks (expert_rows [R_e, C]), and back.
