@@ -67,8 +67,9 @@
 // parameters stay data parallel over all ranks (DeepSpeed's layout). The step line adds the
 // load-balancing loss and the share of routed choices dropped past their expert's capacity
 // (with --pp, summed over the stages, each of which routes its own blocks). --experts and --ep
-// combine with --pp (each stage's experts split over its ep ranks) and --sp N (each Ulysses rank
-// routes its own positions), not yet with --tp.
+// combine with --pp (each stage's experts split over its ep ranks), --sp N (each Ulysses rank
+// routes its own positions) and --tp (each expert's hidden units split over the tensor-parallel
+// ranks, as Megatron's expert tensor parallelism; not with Megatron's sequence parallelism).
 // --sp N (a number) is DeepSpeed-Ulysses sequence parallelism: each of N ranks holds seq/N
 // positions of every sequence, attention gets whole sequences for heads/N heads by all-to-all,
 // and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config). It
@@ -767,12 +768,15 @@ std::string shard_note(const engine::EngineOptions& options, int dp) {
          " ranks, " + std::to_string(dp / shard_size) + " replicas" + quantized;
 }
 
-// " (MoE: 4 experts, top-2, 1 block in 2, ep 2)" for a mixture-of-experts config, else empty.
+// " (MoE: 4 experts, top-2, 1 block in 2, ep 2)" for a mixture-of-experts config (", each
+// expert over tp 2" added with tensor parallelism), else empty.
 std::string moe_note(const Config& cfg) {
   if (!cfg.moe.active()) return {};
+  const std::int64_t tp = cfg.tensor_parallel.tp_size;
   return " (MoE: " + std::to_string(cfg.moe.num_experts) + " experts, top-" +
          std::to_string(cfg.moe.k) + ", 1 block in " + std::to_string(cfg.moe.expert_interval) +
-         ", ep " + std::to_string(cfg.moe.ep_size) + ")";
+         ", ep " + std::to_string(cfg.moe.ep_size) +
+         (tp > 1 ? ", each expert over tp " + std::to_string(tp) : std::string()) + ")";
 }
 
 // v averaged over eng's data-parallel group (through the engine, whose communicator may move
@@ -954,7 +958,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const auto pp = static_cast<int>(cfg.pipeline.stages);
   const auto sp = static_cast<int>(cfg.sequence_parallel_size);  // Ulysses, in every stage
   // Experts split over ep ranks in every stage (each stage's MoE blocks exchange tokens over
-  // its own ep group); the engine refuses ep with tp, naming it.
+  // its own ep group), each expert's hidden units over the stage's tp ranks.
   const auto ep = static_cast<int>(cfg.moe.active() ? cfg.moe.ep_size : 1);
   if (sp > 1) parallel::check_sequence_split(o.seq, sp);
   const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, sp, ep, pp);
