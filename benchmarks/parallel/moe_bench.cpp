@@ -14,7 +14,11 @@
 //   moe_draws_step  the MoE GPT at ep 2 x dp 2 with DeepSpeed's gate draws (top-1 with random
 //                 token selection, top-2 with jitter, top-2 with a sampled second choice) beside
 //                 the same routing without them, timed in the same run: tokens/s, the ratio and
-//                 the dropped share.
+//                 the dropped share;
+//   moe_tp_step   the MoE GPT at tp 2 x ep 2 (dp 1: every block and each expert split over tp,
+//                 Megatron's expert tensor parallelism) beside moe_step at ep 2 x dp 2 from the
+//                 same run: tokens/s, the ratio, and the tp group's all-reduces (time, count,
+//                 bytes) beside the ep all-to-alls.
 // One JSON line per result. The ranks are threads: with fewer cores than ranks they take turns,
 // so the figures compare layouts on this machine rather than predict a cluster.
 //
@@ -37,6 +41,7 @@
 #include <parallel/moe/expert_parallel.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/nn/gpt.hpp>
@@ -60,13 +65,14 @@ struct StepResult {
   double dropped = 0;                                      // share of routed choices dropped
   std::map<parallel::CommOp, parallel::CommStats> ops;     // one step's ops on the ep group
   std::map<parallel::CommOp, parallel::CommStats> cp_ops;  // and on the cp group (Ulysses)
+  std::map<parallel::CommOp, parallel::CommStats> tp_ops;  // and on the tp group
 };
 
-// One training step on rank 0 of 4 at (ep, sp): best time over the repeats, and the step's
-// collectives on the ep and cp groups.
+// One training step on rank 0 of 4 at (ep, sp, tp): best time over the repeats, and the step's
+// collectives on the ep, cp and tp groups.
 // adjust, when given, changes the MoE blocks' router (top-2 by default).
 StepResult step_ms(const Settings& s, int ep, int sp,
-                   const std::function<void(nn::RouterConfig&)>& adjust = {}) {
+                   const std::function<void(nn::RouterConfig&)>& adjust = {}, int tp = 1) {
   nn::GPTConfig c = nn::GPTConfig::preset("small-test");
   c.num_layers = s.layers;
   c.channels = s.channels;
@@ -87,7 +93,7 @@ StepResult step_ms(const Settings& s, int ep, int sp,
     auto logger = std::make_shared<parallel::CommLogger>(false);
     world.set_logger(logger);
     parallel::ProcessGroups<parallel::LocalComm> groups(
-        world, parallel::Grid({.cp = sp, .ep = ep, .dp = ranks / (ep * sp)}));
+        world, parallel::Grid({.tp = tp, .cp = sp, .ep = ep, .dp = ranks / (tp * ep * sp)}));
     nn::MoEBlocks moe;
     if (s.experts > 1) {
       moe.router.num_experts = static_cast<int>(s.experts);
@@ -95,7 +101,8 @@ StepResult step_ms(const Settings& s, int ep, int sp,
       if (adjust) adjust(moe.router);
       moe.ep = parallel::ExpertParallel(groups.ep());
     }
-    nn::GPT<float> model(c, {}, parallel::SequenceParallel(groups.cp()), moe);
+    nn::GPT<float> model(c, parallel::TensorParallel(groups.tp()),
+                         parallel::SequenceParallel(groups.cp()), moe);
     engine::EngineOptions options;
     options.activation_bytes = std::size_t{512} << 20;
     engine::Engine<nn::GPT<float>, ZeroStage<1>> eng(model, groups, cfg, options);
@@ -124,6 +131,7 @@ StepResult step_ms(const Settings& s, int ep, int sp,
       for (const auto& r : logger->records()) {
         if (r.group == "ep") result.ops[r.op] += r.stats;
         if (r.group == "cp") result.cp_ops[r.op] += r.stats;
+        if (r.group == "tp") result.tp_ops[r.op] += r.stats;
       }
     }
     world.set_logger(nullptr);
@@ -202,7 +210,7 @@ int main(int argc, char** argv) {
       ", \"heads\": " + std::to_string(s.heads) + ", \"seq\": " + std::to_string(s.seq) +
       ", \"batch\": " + std::to_string(s.batch) + ", \"ranks\": 4";
   const double tokens = static_cast<double>(s.batch * s.seq);
-  char extra[256];
+  char extra[512];
   double ep1_ms = 0, ep2_ms = 0;
   for (int ep : {1, 2, 4}) {
     const StepResult r = step_ms(s, ep, 1);
@@ -279,6 +287,27 @@ int main(int argc, char** argv) {
                       "\", \"ep\": 2, \"dp\": 2",
                   tokens / (r.ms / 1e3), "tokens/s", extra);
     }
+  }
+  if (s.experts > 1 && s.experts % 2 == 0 && s.heads % 2 == 0 && s.channels % 2 == 0) {
+    const StepResult r = step_ms(s, 2, 1, {}, 2);
+    const A2A ep_a2a = all_to_alls(r.ops);
+    double ar_ms = 0, ar_count = 0, ar_bytes = 0;
+    for (const auto& [op, st] : r.tp_ops) {
+      if (op != parallel::CommOp::all_reduce) continue;
+      ar_ms += 1e3 * st.time_s;
+      ar_count += static_cast<double>(st.count);
+      ar_bytes += static_cast<double>(st.bytes);
+    }
+    std::snprintf(extra, sizeof extra,
+                  ", \"ms\": %.3f, \"ratio_to_ep2_dp2\": %.3f, \"dropped\": %.3f, "
+                  "\"ep_a2a_ms\": %.3f, \"ep_a2a_bytes\": %.0f, \"tp_all_reduce_ms\": %.3f, "
+                  "\"tp_all_reduces\": %.0f, \"tp_all_reduce_bytes\": %.0f",
+                  r.ms, r.ms / ep2_ms, r.dropped, ep_a2a.ms, ep_a2a.bytes, ar_ms, ar_count,
+                  ar_bytes);
+    bench::line("moe_tp_step",
+                shape + ", \"experts\": " + std::to_string(s.experts) +
+                    ", \"k\": 2, \"tp\": 2, \"ep\": 2, \"dp\": 1",
+                tokens / (r.ms / 1e3), "tokens/s", extra);
   }
   return 0;
 }
