@@ -878,21 +878,28 @@ TEST_CASE(
 
 namespace {
 
-// f32 AdamW from a config at layout l (pp 1: the plain engine at l.stage; a pipeline: ZeRO-1),
-// 4 micro-batches a step whatever the layout: optionally loads `load`, trains `steps` steps from
-// first_step, optionally saves.
+// f32 AdamW (or LAMB, lr 0.01) from a config at layout l (pp 1: the plain engine at l.stage; a
+// pipeline: ZeRO-1), 4 micro-batches a step whatever the layout: optionally loads `load`, trains
+// `steps` steps from first_step, optionally saves.
 std::vector<test::HeldParam> f32_moe_rank(LocalComm& world, const GridLayout& l, int first_step,
                                           int steps, const std::filesystem::path& load,
-                                          const std::filesystem::path& save) {
+                                          const std::filesystem::path& save, bool lamb = false) {
   LayoutRank<float> r(world, l, moe_cfg());
   const int accumulation = 4 / r.data_ranks;
   engine::EngineOptions options;
   options.activation_bytes = 32 << 20;
+  const auto config_at = [&](int stage) {
+    Config config = test::adamw_config(stage, accumulation, 1.0);
+    if (lamb) {
+      config.optimizer->type = "LAMB";
+      config.optimizer->params["lr"] = {0.01};
+    }
+    return config;
+  };
   if (l.pp == 1) {
     return test::with_stage(l.stage, [&](auto stage) {
       constexpr int S = decltype(stage)::value;
-      engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(
-          r.model, r.groups, test::adamw_config(S, accumulation, 1.0), options);
+      engine::Engine<nn::GPT<float>, ZeroStage<S>> eng(r.model, r.groups, config_at(S), options);
       if (!load.empty()) eng.load_checkpoint(load);
       for (int step = first_step; step < first_step + steps; ++step) {
         const test::GlobalBatch b(micro_rows * 4, step, moe_cfg().vocab_size);
@@ -907,7 +914,7 @@ std::vector<test::HeldParam> f32_moe_rank(LocalComm& world, const GridLayout& l,
     });
   }
   REQUIRE(l.stage <= 1);
-  const Config config = test::adamw_config(1, accumulation, 1.0);
+  const Config config = config_at(1);
   parallel::pipeline::PipelineOptions po;
   po.partition_method = "uniform";
   parallel::pipeline::PipelineEngine<nn::GPT<float>, ZeroStage<1>> pipe(r.model, world, r.groups,
@@ -977,6 +984,35 @@ TEST_CASE(
   check_moe_resumes({.tp = 2, .ep = 2, .stage = 3},
                     {{.ep = 2, .dp = 2, .stage = 1}, {.tp = 4, .ep = 1, .stage = 2}},
                     "zero-moe-tp-ckpt");
+}
+
+TEST_CASE(
+    "MoE GPT: LAMB takes each expert stack's trust ratio from the whole stack's norms, so (ep 2), "
+    "(ep 2, dp 2, stage 1), (ep 4, stage 2) and (tp 2, ep 2, stage 3) equal one rank",
+    "[unit][moe]") {
+  // Each ep rank holds other experts of the same stacked tensors: their p^2 and u^2 sums are
+  // summed over the ep ranks (from one copy of each ep part) as a tensor-parallel weight's are
+  // over tp.
+  const auto run = [](const GridLayout& l) {
+    double copies_differ = 0;
+    const auto got = test::assemble(
+        testing::per_rank<std::vector<test::HeldParam>>(
+            l.ranks(),
+            [&](LocalComm& world) { return f32_moe_rank(world, l, 0, 3, {}, {}, true); }),
+        &copies_differ);
+    CHECK(copies_differ == 0.0);
+    return got;
+  };
+  const auto want = run({.ep = 1, .stage = 0});
+  for (const GridLayout& l : std::vector<GridLayout>{{.ep = 2, .stage = 0},
+                                                     {.ep = 2, .dp = 2, .stage = 1},
+                                                     {.ep = 4, .stage = 2},
+                                                     {.tp = 2, .ep = 2, .stage = 3}}) {
+    const double worst = test::max_difference(run(l), want);
+    INFO("tp " << l.tp << ", ep " << l.ep << ", dp " << l.dp << ", stage " << l.stage
+               << ": worst difference " << worst);
+    CHECK(worst <= 2e-6);
+  }
 }
 
 TEST_CASE(

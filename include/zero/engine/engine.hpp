@@ -1595,11 +1595,18 @@ class Engine {
     }
   }
   // Whether unit u's LAMB sums its per-tensor norms over ranks: its tensors are parts of whole
-  // ones, in shards over its group (stage >= 1) or split over the tensor-parallel group.
+  // ones, in shards over its group (stage >= 1), split over the tensor-parallel group, or
+  // stacked experts split over the expert-parallel group.
   bool sums_whole_norms(int u) const {
     if (optimizer_spec_.type != "LAMB") return false;
     const bool sharded = stage_traits::shards_optimizer_states && unit_ref(u).group->size() > 1;
-    return sharded || groups_.tp_size() > 1;
+    return sharded || groups_.tp_size() > 1 || holds_split_experts(u);
+  }
+  // True for an expert unit whose experts are split over ep > 1 ranks (the engine's setup made
+  // sure such a unit holds nothing else).
+  bool holds_split_experts(int u) const {
+    const auto& specs = unit_ref(u).specs;
+    return groups_.ep > 1 && !specs.empty() && specs.front().expert_split.is_split();
   }
   // Those sums are collectives inside the update pass, so every rank must run that pass in step,
   // on the thread that drives its communicators, and together: an update on a thread of its own
@@ -1611,32 +1618,40 @@ class Engine {
                       : !states_in_memory               ? "offloading the states to NVMe"
                                                         : nullptr;
     expect<ConfigError>(why == nullptr,
-                        "optimizer.type: LAMB over ZeRO shards or a "
-                        "tensor-parallel group sums its trust-ratio norms over the ranks "
+                        "optimizer.type: LAMB over ZeRO shards, a tensor-parallel group or "
+                        "experts split over ep sums its trust-ratio norms over the ranks "
                         "inside step(), which ",
                         why == nullptr ? "" : why,
                         " does not allow; turn it off, or use another optimizer");
   }
   // LAMB's sums of unit u's whole tensors (2 values a parameter: its p^2, then its u^2 sums, as
   // Lamb::whole_norms lays them out): over the unit's shard group, then a tensor-parallel
-  // weight's over the tensor-parallel group. A parameter whole on every tp rank has the same
-  // sums on each: the group takes tp rank 0's (the others add zeros), so they stay equal bit for
-  // bit.
+  // weight's over the tensor-parallel group, then stacked experts' over the expert-parallel
+  // ranks (each holds other experts of the same tensors: one trust ratio for the whole stack,
+  // as a single process has). A parameter whole on every tp rank has the same sums on each: the
+  // group takes tp rank 0's (the others add zeros), so they stay equal bit for bit; likewise
+  // the expert data-parallel ranks' copies of one ep part, summed over the dense group (ep x dp,
+  // x cp) from expert data-parallel rank 0 only.
   void sum_whole_norms(int u, std::span<double> sums) {
     Unit& s = unit(u);
     if (stage_traits::shards_optimizer_states && s.group->size() > 1) {
       sum_host_values(*s.group, sums);
     }
-    if (!groups_.tp) return;
     const std::size_t n = s.specs.size();
     expect<Error>(sums.size() == 2 * n, "Engine: LAMB summed ", sums.size(),
                   " norm values for unit ", u, "'s ", n, " parameters");
-    if (groups_.tp->rank() != 0) {
-      for (std::size_t i = 0; i < n; ++i) {
-        if (!s.specs[i].split.is_split()) sums[i] = sums[n + i] = 0.0;
+    if (groups_.tp) {
+      if (groups_.tp->rank() != 0) {
+        for (std::size_t i = 0; i < n; ++i) {
+          if (!s.specs[i].split.is_split()) sums[i] = sums[n + i] = 0.0;
+        }
       }
+      sum_host_values(*groups_.tp, sums);
     }
-    sum_host_values(*groups_.tp, sums);
+    if (holds_split_experts(u)) {
+      if (groups_.expert_dp->rank() != 0) std::fill(sums.begin(), sums.end(), 0.0);
+      sum_host_values(groups_.dp, sums);
+    }
   }
   void release_after_failure() noexcept {
     try {
