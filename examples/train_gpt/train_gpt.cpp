@@ -69,7 +69,8 @@
 // (with --pp, summed over the stages, each of which routes its own blocks). --experts and --ep
 // combine with --pp (each stage's experts split over its ep ranks), --sp N (each Ulysses rank
 // routes its own positions) and --tp (each expert's hidden units split over the tensor-parallel
-// ranks, as Megatron's expert tensor parallelism; not with Megatron's sequence parallelism).
+// ranks, as Megatron's expert tensor parallelism; with --sp too, the MoE layers gather the rows
+// over tp and route them all).
 // --sp N (a number) is DeepSpeed-Ulysses sequence parallelism: each of N ranks holds seq/N
 // positions of every sequence, attention gets whole sequences for heads/N heads by all-to-all,
 // and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config). It

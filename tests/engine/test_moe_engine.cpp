@@ -360,8 +360,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "MoE GPT: experts that do not split, bad layouts, experts with Megatron's sequence "
-    "parallelism and experts split over another tp than their block are refused naming the key",
+    "MoE GPT: experts that do not split, bad layouts, and experts split over another tp than "
+    "their block are refused naming the key",
     "[unit][moe]") {
   const auto messages = testing::per_rank<std::string>(4, [](LocalComm& world) {
     parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.ep = 4}));
@@ -374,12 +374,16 @@ TEST_CASE(
              engine::Engine<nn::GPT<double>, ZeroStage<1>> eng(
                  m, world, [](int, std::span<double>, std::span<const double>) {});
            });
-    // Experts with Megatron's sequence parallelism (each tp rank would route its own rows), and
-    // a tensor-parallel block over experts split over another tp (here none).
+    // A tensor-parallel block over experts split over another tp (here none), or without the
+    // block's sequence parallelism.
     parallel::ProcessGroups<LocalComm> g(world, parallel::Grid({.tp = 2, .ep = 2}));
     out += "|" + testing::thrown_message([&] {
-             nn::GPT<double> sp(moe_cfg(), parallel::TensorParallel(g.tp(), true), {},
-                                moe_blocks(parallel::ExpertParallel(g.ep())));
+             nn::ExpertStack<double> rows_whole("transformer.h.1.mlp", 4, 16, 64, 0.02,
+                                                parallel::ExpertParallel(g.ep()),
+                                                parallel::TensorParallel(g.tp()));
+             nn::Sequential<double> block;
+             nn::add_gpt_block(block, moe_cfg(), 1, parallel::TensorParallel(g.tp(), true), {},
+                               &rows_whole, moe_blocks().router);
            });
     out += "|" + testing::thrown_message([&] {
              nn::ExpertStack<double> whole("transformer.h.1.mlp", 4, 16, 64, 0.02,
@@ -393,7 +397,7 @@ TEST_CASE(
   for (const auto& m : messages) {
     CHECK_THAT(m, Catch::Contains("moe.num_experts = 6") && Catch::Contains("moe.ep_size = 4") &&
                       Catch::Contains("expert-parallel group of 4 ranks") &&
-                      Catch::Contains("with tensor_parallel.sequence_parallel is not supported") &&
+                      Catch::Contains("the block splits its rows over tp") &&
                       Catch::Contains("split over 2 tensor-parallel ranks") &&
                       Catch::Contains("but its experts over 1"));
   }
@@ -615,7 +619,8 @@ TEST_CASE("MoE GPT: a pipeline partition keeps each experts unit on its block's 
 namespace {
 
 struct GridLayout {
-  int tp = 1;  // expert tensor parallelism: the blocks and each expert split over tp
+  int tp = 1;                // expert tensor parallelism: the blocks and each expert split over tp
+  bool megatron_sp = false;  // with Megatron's sequence parallelism (tp > 1)
   int ep = 2, sp = 1, dp = 1, pp = 1;
   parallel::pipeline::ScheduleKind schedule = parallel::pipeline::ScheduleKind::one_f_one_b;
   int stage = 1;
@@ -642,7 +647,8 @@ struct LayoutRank {
 
   LayoutRank(LocalComm& world, const GridLayout& l, const nn::GPTConfig& cfg)
       : groups(world, parallel::Grid({.tp = l.tp, .cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp})),
-        tp(l.tp > 1 ? parallel::TensorParallel(groups.tp()) : parallel::TensorParallel()),
+        tp(l.tp > 1 ? parallel::TensorParallel(groups.tp(), l.megatron_sp)
+                    : parallel::TensorParallel()),
         sp(l.sp > 1 ? parallel::SequenceParallel(groups.cp()) : parallel::SequenceParallel()),
         model(cfg, tp, sp, l.blocks(parallel::ExpertParallel(groups.ep()))),
         data_ranks(l.ep * l.dp),
@@ -767,9 +773,9 @@ WindowCount window_over_ranks(const GridLayout& l, int m, bool recompute) {
 
 void check_grid_layouts(const std::vector<std::pair<GridLayout, int>>& runs) {
   for (const auto& [l, m] : runs) {
-    INFO(name_of(l.schedule) << ", tp " << l.tp << ", ep " << l.ep << ", sp " << l.sp << ", dp "
-                             << l.dp << ", pp " << l.pp << ", ZeRO " << l.stage << ", " << m
-                             << " micro-batches");
+    INFO(name_of(l.schedule) << ", tp " << l.tp << (l.megatron_sp ? " with SP" : "") << ", ep "
+                             << l.ep << ", sp " << l.sp << ", dp " << l.dp << ", pp " << l.pp
+                             << ", ZeRO " << l.stage << ", " << m << " micro-batches");
     double copies_differ = 0;
     CHECK(grid_error(l, m, &copies_differ) <= 1e-10);
     CHECK(copies_differ == 0.0);  // the router and dense parameters agree on every rank
@@ -821,8 +827,9 @@ TEST_CASE(
 
 TEST_CASE(
     "MoE GPT with expert tensor parallelism: (tp 2) at stages 0-3, (tp 2, ep 2) at stages 1 and "
-    "3, (tp 2, dp 2), (tp 4) and (tp 2, ep 2, pp 2) equal the single-process reference (f64 "
-    "AdamW, clipping, tokens dropped), and not without the expert data-parallel reduction",
+    "3, (tp 2, dp 2), (tp 4) and (tp 2, ep 2, pp 2), and with Megatron's sequence parallelism, "
+    "equal the single-process reference (f64 AdamW, clipping, tokens dropped), and not without "
+    "the expert data-parallel reduction",
     "[unit][moe][tp]") {
   std::vector<std::pair<GridLayout, int>> runs;
   for (int stage = 0; stage <= 3; ++stage) runs.push_back({{.tp = 2, .ep = 1, .stage = stage}, 2});
@@ -830,6 +837,12 @@ TEST_CASE(
   runs.push_back({{.tp = 2, .ep = 1, .dp = 2, .stage = 2}, 2});
   runs.push_back({{.tp = 4, .ep = 1, .stage = 1}, 2});
   runs.push_back({{.tp = 2, .ep = 2, .pp = 2}, 4});
+  // Megatron's sequence parallelism: the MoE layers gather the rows over tp and route them all.
+  for (int stage : {1, 3}) {
+    runs.push_back({{.tp = 2, .megatron_sp = true, .ep = 2, .stage = stage}, 2});
+  }
+  runs.push_back({{.tp = 2, .megatron_sp = true, .ep = 1, .dp = 2, .stage = 2}, 2});
+  runs.push_back({{.tp = 2, .megatron_sp = true, .ep = 2, .pp = 2}, 4});
   check_grid_layouts(runs);
   // The control: the experts keep each data-parallel rank's own gradient.
   double ignored = 0;
@@ -939,9 +952,10 @@ void check_moe_resumes(const GridLayout& from, const std::vector<GridLayout>& to
             l.ranks(), [&](LocalComm& w) { return f32_moe_rank(w, l, first, steps, load, save); }));
       },
       [](const GridLayout& l) {
-        return "tp " + std::to_string(l.tp) + ", ep " + std::to_string(l.ep) + ", sp " +
-               std::to_string(l.sp) + ", dp " + std::to_string(l.dp) + ", pp " +
-               std::to_string(l.pp) + ", ZeRO " + std::to_string(l.stage);
+        return "tp " + std::to_string(l.tp) + (l.megatron_sp ? " with SP" : "") + ", ep " +
+               std::to_string(l.ep) + ", sp " + std::to_string(l.sp) + ", dp " +
+               std::to_string(l.dp) + ", pp " + std::to_string(l.pp) + ", ZeRO " +
+               std::to_string(l.stage);
       });
 }
 
@@ -979,10 +993,12 @@ TEST_CASE(
 
 TEST_CASE(
     "MoE expert tensor-parallel checkpoints: (tp 2, ep 2, stage 3) resumes at (ep 2, dp 2, stage "
-    "1) and (tp 4, stage 2), equal to the uninterrupted run",
+    "1), (tp 4, stage 2) and (tp 2 with SP, ep 2, stage 1), equal to the uninterrupted run",
     "[unit][moe][tp]") {
   check_moe_resumes({.tp = 2, .ep = 2, .stage = 3},
-                    {{.ep = 2, .dp = 2, .stage = 1}, {.tp = 4, .ep = 1, .stage = 2}},
+                    {{.ep = 2, .dp = 2, .stage = 1},
+                     {.tp = 4, .ep = 1, .stage = 2},
+                     {.tp = 2, .megatron_sp = true, .ep = 2, .stage = 1}},
                     "zero-moe-tp-ckpt");
 }
 

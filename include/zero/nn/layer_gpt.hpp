@@ -104,8 +104,7 @@ inline void check_sequence_parallel(const GPTConfig& cfg, int tp, int sp,
 
 /// Throws ConfigError unless an MoE block split over block_tp can run experts split over
 /// experts_tp: the same tensor-parallel group (expert tensor parallelism equals tp, as
-/// Megatron's default), and not Megatron's sequence parallelism (its rows split over tp would
-/// route different tokens on each tp rank).
+/// Megatron's default) with the same sequence-parallel switch.
 inline void check_moe_tensor_parallel(const parallel::TensorParallel& block_tp,
                                       const parallel::TensorParallel& experts_tp) {
   expect<ConfigError>(block_tp.size() == experts_tp.size() && block_tp.rank() == experts_tp.rank(),
@@ -113,10 +112,12 @@ inline void check_moe_tensor_parallel(const parallel::TensorParallel& block_tp,
                       " tensor-parallel ranks (this one rank ", block_tp.rank(),
                       ") but its experts over ", experts_tp.size(), " (rank ", experts_tp.rank(),
                       "); build the ExpertStack with the block's TensorParallel");
-  expect<ConfigError>(!block_tp.sequence_parallel(),
-                      "mixture of experts with tensor_parallel.sequence_parallel is not supported "
-                      "(each tensor-parallel rank would route its own rows); turn sequence "
-                      "parallelism off");
+  expect<ConfigError>(block_tp.sequence_parallel() == experts_tp.sequence_parallel(),
+                      "MoE block: the block ",
+                      block_tp.sequence_parallel() ? "splits" : "does not split",
+                      " its rows over tp (tensor_parallel.sequence_parallel) but its experts' "
+                      "TensorParallel says otherwise; build the ExpertStack with the block's "
+                      "TensorParallel");
 }
 
 /// Appends GPT-2's block `layer` of a model shaped by cfg to unit, as two residual branches
@@ -128,7 +129,7 @@ inline void check_moe_tensor_parallel(const parallel::TensorParallel& block_tp,
 /// tensor-parallel rank's heads when both are active: DeepSpeed-Ulysses with Megatron's tensor
 /// parallelism). ConfigError naming the key when the heads or hidden size do not divide by tp,
 /// the heads by tp * sp, or Ulysses meets Megatron's sequence parallelism; for experts split
-/// over another tp than the block's, or experts with Megatron's sequence parallelism.
+/// over another tp than the block's.
 template <class T>
 MixtureOfExperts<T>* add_gpt_block(Sequential<T>& unit, const GPTConfig& cfg, std::int64_t layer,
                                    const parallel::TensorParallel& tp = {},
@@ -232,12 +233,12 @@ class LayerGPT {
   /// divide by tp * sp, or with Megatron's sequence parallelism too. With active MoEBlocks, every
   /// moe.every-th block's MLP is a MixtureOfExperts whose experts (split over moe.ep, and each
   /// expert over tp) are an expert unit of their own just before the block
-  /// (nn::HasExpertUnits); ConfigError for MoE with Megatron's sequence parallelism.
+  /// (nn::HasExpertUnits).
   explicit LayerGPT(GPTConfig cfg, parallel::TensorParallel tp = {},
                     parallel::SequenceParallel sp = {}, MoEBlocks moe = {})
       : cfg_((cfg.validate(), check_tensor_parallel(cfg, tp.size()),
               check_sequence_parallel(cfg, tp.size(), sp.size(), tp.sequence_parallel()),
-              check_moe(moe, tp), cfg)),
+              check_moe(moe), cfg)),
         tp_(std::move(tp)),
         sp_(std::move(sp)),
         moe_(std::move(moe)) {
@@ -418,9 +419,8 @@ class LayerGPT {
                   num_units(), ")");
   }
 
-  static int check_moe(const MoEBlocks& moe, const parallel::TensorParallel& tp) {
+  static int check_moe(const MoEBlocks& moe) {
     moe.validate();
-    if (moe.active()) check_moe_tensor_parallel(tp, tp);
     return 0;
   }
 

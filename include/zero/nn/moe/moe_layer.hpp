@@ -22,8 +22,12 @@
 // parallelism) every tp rank routes the same tokens alike and exchanges them with the ep ranks
 // of its own tp rank; each runs its H/tp hidden units of the experts, c_proj's partial sums are
 // all-reduced over tp before its bias is added (reduce_from_tp), and in backward the experts'
-// input gradient is all-reduced over tp (copy_to_tp's adjoint) before it travels back. Megatron's
-// sequence parallelism (the rows split over tp) is not supported with experts.
+// input gradient is all-reduced over tp (copy_to_tp's adjoint) before it travels back. Under
+// Megatron's sequence parallelism (each tp rank a block of the rows) the layer all-gathers the
+// rows over tp first, routes and runs them all as without it, and keeps its own block of the
+// output; in backward it all-gathers the output gradient and keeps its own rows' part of the
+// input gradient (every tp rank computed the whole of it alike), so routing, capacity and the
+// draws are those of the whole micro-batch.
 
 #include <algorithm>
 #include <any>
@@ -108,10 +112,10 @@ class MixtureOfExperts final : public Layer<T> {
   void forward(StepContext<T>& ctx) override {
     expect_host_kernels(ctx, describe());
     using ops::cpu::load;
-    const std::int64_t N = rows_of(ctx.x, C_, describe());
     const int E = cfg_.num_experts;
     BumpArena& arena = *ctx.arena;
-    input_ = ctx.x;
+    input_ = sequence_parallel() ? gather_rows(ctx, ctx.x) : ctx.x;
+    const std::int64_t N = rows_of(input_, C_, describe());
     draws_ = DrawPlace{ctx.seed, ctx.step, ctx.dropout_first(N), ctx.training};
     {  // Router logits in the compute type (scratch: route() keeps what backward needs).
       const auto mark = arena.mark();
@@ -162,7 +166,7 @@ class MixtureOfExperts final : public Layer<T> {
       run_experts(rows_out_);
     }
     // Combine: y_t = sum_j w_j * expert_j(x_t), summed in the compute type, rounded once.
-    Tensor<T> y = arena.template allocate<T>(ctx.x.shape());
+    Tensor<T> y = arena.template allocate<T>(input_.shape());
     {
       const auto mark = arena.mark();
       Tensor<A> acc = zeros<A>(ctx, {N, C_});
@@ -178,7 +182,7 @@ class MixtureOfExperts final : public Layer<T> {
     ctx.aux_loss += static_cast<A>(cfg_.aux_loss_coef) * routing_.aux_loss +
                     static_cast<A>(cfg_.z_loss_coef) * routing_.z_loss;
     stats_ = routed();
-    ctx.x = y;
+    ctx.x = sequence_parallel() ? own_rows(ctx, y, ctx.x.shape()) : y;
   }
 
   void backward(StepContext<T>& ctx) override {
@@ -187,7 +191,7 @@ class MixtureOfExperts final : public Layer<T> {
     const std::int64_t N = routing_.tokens;
     const int E = cfg_.num_experts;
     const std::int64_t R = rows_routed(), Re = expert_rows();
-    const T* dy = ctx.dy.data();
+    const T* dy = sequence_parallel() ? gather_rows(ctx, ctx.dy).data() : ctx.dy.data();
     // The experts' output gradient and each choice's combine-weight gradient.
     Tensor<T> drows_out = zeros<T>(ctx, {R, C_});
     Tensor<A> dweight = zeros<A>(ctx, {N, cfg_.k});
@@ -257,8 +261,11 @@ class MixtureOfExperts final : public Layer<T> {
         }
       }
     }
-    add_into(ctx.dx.data(), dx);
-    if (gate_.grad.data() != nullptr) add_into(gate_.grad.data(), dwg);
+    // Under sequence parallelism every tp rank computed the whole gradient alike: its own rows'.
+    const std::int64_t own = sequence_parallel() ? N / tp().size() : N;
+    add_into(ctx.dx.data(), dx.data() + (sequence_parallel() ? tp().rank() * own * C_ : 0),
+             own * C_);
+    if (gate_.grad.data() != nullptr) add_into(gate_.grad.data(), dwg.data(), dwg.numel());
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
@@ -446,11 +453,28 @@ class MixtureOfExperts final : public Layer<T> {
     for (U& v : t) v = U(0);
     return t;
   }
-  // to[i] += from[i], rounded once to T.
-  static void add_into(T* to, const Tensor<A>& from) {
-    for (std::int64_t i = 0; i < from.numel(); ++i) {
-      to[i] = ops::cpu::store<T>(ops::cpu::load(to[i]) + from.data()[i]);
+  // to[i] += from[i] for i < n, rounded once to T.
+  static void add_into(T* to, const A* from, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      to[i] = ops::cpu::store<T>(ops::cpu::load(to[i]) + from[i]);
     }
+  }
+  // Megatron's sequence parallelism: the rows arrive split over tp (each rank a contiguous
+  // block), and the layer runs on all of them on every tp rank, as without it.
+  bool sequence_parallel() const { return tp().sequence_parallel(); }
+  // Every tp rank's rows of x [n, C] gathered in order: [tp n, C] (arena, kept with the unit).
+  Tensor<T> gather_rows(StepContext<T>& ctx, const Tensor<T>& x) const {
+    const std::int64_t n = rows_of(x, C_, describe());
+    Tensor<T> all = ctx.arena->template allocate<T>({n * tp().size(), C_});
+    parallel::region_forward(parallel::Region::gather_from_sp, tp(), x.data(), all.data(), n, C_);
+    return all;
+  }
+  // This tp rank's block of the rows of y [tp n, C], shaped like the layer's input.
+  Tensor<T> own_rows(StepContext<T>& ctx, const Tensor<T>& y, const Shape& shape) const {
+    Tensor<T> out = ctx.arena->template allocate<T>(shape);
+    const T* first = y.data() + tp().rank() * out.numel();
+    std::copy(first, first + out.numel(), out.data());
+    return out;
   }
 
   std::string name_;
