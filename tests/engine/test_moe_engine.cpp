@@ -854,18 +854,39 @@ TEST_CASE(
     "ranks' parts tile the logical stacks (c_proj's bias whole on every tp rank)",
     "[unit][moe][tp]") {
   struct Held {
-    std::vector<nn::ParamSpec> specs;  // the first expert unit's
+    std::vector<nn::ParamSpec> specs;                       // the first expert unit's
+    std::int64_t flops = 0, sp_flops = 0, whole_flops = 0;  // an MoE layer's forward
   };
   const int tp = 2, ep = 2;
   const auto held = testing::per_rank<Held>(tp * ep, [&](LocalComm& world) {
     parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp, .ep = ep}));
     nn::GPT<double> model(moe_cfg(), parallel::TensorParallel(groups.tp()), {},
                           moe_blocks(parallel::ExpertParallel(groups.ep())));
+    // An MoE layer's forward FLOPs over 8 rows: this rank's hidden units of the experts; under
+    // Megatron's sequence parallelism 4 rows a rank, each layer running all 8.
+    const std::int64_t C = moe_cfg().channels, H = 4 * C;
+    const auto flops = [&](const parallel::TensorParallel& t, std::int64_t rows) {
+      const nn::ExpertStack<double> experts("m", 4, C, H, 0.02, parallel::ExpertParallel(), t);
+      const nn::MixtureOfExperts<double> moe("m", moe_blocks().router, experts);
+      return moe.forward_flops({Shape{rows, C}, 1, rows})->flops;
+    };
+    Held h;
+    h.flops = flops(parallel::TensorParallel(groups.tp()), 8);
+    h.sp_flops = flops(parallel::TensorParallel(groups.tp(), true), 4);
+    h.whole_flops = flops({}, 8);
     for (int u = 0; u < model.num_units(); ++u) {
-      if (model.unit_is_expert(u)) return Held{model.unit_params(u)};
+      if (model.unit_is_expert(u)) {
+        h.specs = model.unit_params(u);
+        break;
+      }
     }
-    return Held{};
+    return h;
   });
+  for (const Held& h : held) {
+    const std::int64_t C = moe_cfg().channels, router = 2 * 8 * C * 4;
+    CHECK(h.whole_flops - router == 2 * (h.flops - router));  // the experts' half of H
+    CHECK(h.sp_flops == h.flops);
+  }
   const std::int64_t E = 4, C = 16, H = 64;
   const std::vector<Shape> whole{{E, H, C}, {E, H}, {E, C, H}, {E, C}};
   const std::vector<Shape> part{

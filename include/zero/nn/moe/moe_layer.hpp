@@ -270,8 +270,8 @@ class MixtureOfExperts final : public Layer<T> {
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     // The router for every token, and the experts for k of them (at full capacity): this rank's
-    // hidden units of them.
-    const std::int64_t N = in.input.numel() / C_;
+    // hidden units of them; under sequence parallelism every tp rank's tokens (gathered).
+    const std::int64_t N = in.input.numel() / C_ * (sequence_parallel() ? tp().size() : 1);
     FlopCount f = matmul_flops(N, C_, cfg_.num_experts);
     f += matmul_flops(N * cfg_.k, C_, H_);
     f += matmul_flops(N * cfg_.k, H_, C_);
