@@ -43,8 +43,6 @@ struct ParamSpec {
     if (expert_split.is_split()) return expert_split.whole;
     return split.is_split() ? split.whole : shape;
   }
-  /// True when the rank holds a part of the logical tensor (tensor- or expert-parallel).
-  bool is_part() const { return split.is_split() || expert_split.is_split(); }
   /// fn(logical_offset, offset, count) for each contiguous run of the held elements
   /// [first, first + count) in the logical tensor (one run unless split): split's runs in
   /// expert_split's part, each cut into the runs of that part in the logical tensor.

@@ -48,6 +48,7 @@
 #include <zero/nn/moe/expert_stack.hpp>
 #include <zero/nn/moe/router.hpp>
 #include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/elementwise.hpp>
 #include <zero/ops/cpu/gelu.hpp>
 #include <zero/ops/cpu/linear.hpp>
 
@@ -410,15 +411,10 @@ class MixtureOfExperts final : public Layer<T> {
     const std::int64_t rows = exchange_.rows_received();
     parallel::region_forward(parallel::Region::reduce_from_tp, tp(), out.data(), out.data(), rows,
                              C_);
-    for (int l = 0; l < experts().local_experts(); ++l) {
-      const std::int64_t first = exchange_.expert_first[static_cast<std::size_t>(l)];
-      const T* bias = experts().value(l, 3);
-      for (std::int64_t r = first; r < first + exchange_.expert_rows(l); ++r) {
-        T* row = out.data() + r * C_;
-        for (std::int64_t c = 0; c < C_; ++c) {
-          row[c] = ops::cpu::store<T>(ops::cpu::load(row[c]) + ops::cpu::load(bias[c]));
-        }
-      }
+    for (int l = 0; l < experts().local_experts(); ++l) {  // each row plus its expert's bias
+      T* rows = out.data() + exchange_.expert_first[static_cast<std::size_t>(l)] * C_;
+      ops::cpu::add_periodic_rows(rows, rows, experts().value(l, 3), exchange_.expert_rows(l), 1,
+                                  C_);
     }
   }
   // Sends rows [R, C] to the experts' ranks (expert_rows [R_e, C]), and back.
