@@ -15,10 +15,12 @@
 //                 token selection, top-2 with jitter, top-2 with a sampled second choice) beside
 //                 the same routing without them, timed in the same run: tokens/s, the ratio and
 //                 the dropped share;
-//   moe_tp_step   the MoE GPT at tp 2 x ep 2 (dp 1: every block and each expert split over tp,
-//                 Megatron's expert tensor parallelism) beside moe_step at ep 2 x dp 2 from the
-//                 same run: tokens/s, the ratio, and the tp group's all-reduces (time, count,
-//                 bytes) beside the ep all-to-alls.
+//   moe_tp_step   the MoE GPT at tp 2 x ep 2 (dp 1: every block split over tp) with each expert
+//                 split over tp (Megatron's expert tensor parallelism, "expert_split": "hidden")
+//                 and with whole experts over tp ("experts": expert_tensor_parallel_size 1)
+//                 beside moe_step at ep 2 x dp 2 from the same run: tokens/s, the ratios (whole
+//                 experts also to the hidden split), and the tp group's all-reduces and
+//                 reduce-scatters (time, count, bytes) beside the ep all-to-alls.
 // One JSON line per result. The ranks are threads: with fewer cores than ranks they take turns,
 // so the figures compare layouts on this machine rather than predict a cluster.
 //
@@ -72,7 +74,8 @@ struct StepResult {
 // collectives on the ep, cp and tp groups.
 // adjust, when given, changes the MoE blocks' router (top-2 by default).
 StepResult step_ms(const Settings& s, int ep, int sp,
-                   const std::function<void(nn::RouterConfig&)>& adjust = {}, int tp = 1) {
+                   const std::function<void(nn::RouterConfig&)>& adjust = {}, int tp = 1,
+                   nn::ExpertTensorParallel expert_tp = nn::ExpertTensorParallel::hidden) {
   nn::GPTConfig c = nn::GPTConfig::preset("small-test");
   c.num_layers = s.layers;
   c.channels = s.channels;
@@ -100,6 +103,7 @@ StepResult step_ms(const Settings& s, int ep, int sp,
       moe.router.k = 2;
       if (adjust) adjust(moe.router);
       moe.ep = parallel::ExpertParallel(groups.ep());
+      moe.expert_tp = expert_tp;
     }
     nn::GPT<float> model(c, parallel::TensorParallel(groups.tp()),
                          parallel::SequenceParallel(groups.cp()), moe);
@@ -289,25 +293,33 @@ int main(int argc, char** argv) {
     }
   }
   if (s.experts > 1 && s.experts % 2 == 0 && s.heads % 2 == 0 && s.channels % 2 == 0) {
-    const StepResult r = step_ms(s, 2, 1, {}, 2);
-    const A2A ep_a2a = all_to_alls(r.ops);
-    double ar_ms = 0, ar_count = 0, ar_bytes = 0;
-    for (const auto& [op, st] : r.tp_ops) {
-      if (op != parallel::CommOp::all_reduce) continue;
-      ar_ms += 1e3 * st.time_s;
-      ar_count += static_cast<double>(st.count);
-      ar_bytes += static_cast<double>(st.bytes);
+    double hidden_ms = 0;
+    for (const nn::ExpertTensorParallel split :
+         {nn::ExpertTensorParallel::hidden, nn::ExpertTensorParallel::experts}) {
+      const bool whole = split == nn::ExpertTensorParallel::experts;
+      if (whole && s.experts % 4 != 0) continue;  // whole experts over ep 2 x tp 2
+      const StepResult r = step_ms(s, 2, 1, {}, 2, split);
+      if (!whole) hidden_ms = r.ms;
+      const A2A ep_a2a = all_to_alls(r.ops);
+      double ar_ms = 0, ar_count = 0, ar_bytes = 0;
+      for (const auto& [op, st] : r.tp_ops) {
+        if (op != parallel::CommOp::all_reduce && op != parallel::CommOp::reduce_scatter) continue;
+        ar_ms += 1e3 * st.time_s;
+        ar_count += static_cast<double>(st.count);
+        ar_bytes += static_cast<double>(st.bytes);
+      }
+      std::snprintf(extra, sizeof extra,
+                    ", \"ms\": %.3f, \"ratio_to_ep2_dp2\": %.3f, \"ratio_to_hidden_split\": %.3f, "
+                    "\"dropped\": %.3f, \"ep_a2a_ms\": %.3f, \"ep_a2a_bytes\": %.0f, "
+                    "\"tp_reduce_ms\": %.3f, \"tp_reduces\": %.0f, \"tp_reduce_bytes\": %.0f",
+                    r.ms, r.ms / ep2_ms, r.ms / hidden_ms, r.dropped, ep_a2a.ms, ep_a2a.bytes,
+                    ar_ms, ar_count, ar_bytes);
+      bench::line("moe_tp_step",
+                  shape + ", \"experts\": " + std::to_string(s.experts) +
+                      ", \"k\": 2, \"tp\": 2, \"ep\": 2, \"dp\": 1, \"expert_split\": \"" +
+                      std::string(name_of(split)) + "\"",
+                  tokens / (r.ms / 1e3), "tokens/s", extra);
     }
-    std::snprintf(extra, sizeof extra,
-                  ", \"ms\": %.3f, \"ratio_to_ep2_dp2\": %.3f, \"dropped\": %.3f, "
-                  "\"ep_a2a_ms\": %.3f, \"ep_a2a_bytes\": %.0f, \"tp_all_reduce_ms\": %.3f, "
-                  "\"tp_all_reduces\": %.0f, \"tp_all_reduce_bytes\": %.0f",
-                  r.ms, r.ms / ep2_ms, r.dropped, ep_a2a.ms, ep_a2a.bytes, ar_ms, ar_count,
-                  ar_bytes);
-    bench::line("moe_tp_step",
-                shape + ", \"experts\": " + std::to_string(s.experts) +
-                    ", \"k\": 2, \"tp\": 2, \"ep\": 2, \"dp\": 1",
-                tokens / (r.ms / 1e3), "tokens/s", extra);
   }
   return 0;
 }

@@ -28,7 +28,7 @@
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
 //               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
 //               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved|zb]]
-//               [--experts 4 [--ep 2] [--k 2]] [--sp N]
+//               [--experts 4 [--ep 2] [--k 2] [--etp 1]] [--sp N]
 //               [--device host|cuda] [--offload-cpu [--delayed-update N] [--grads-on-device]]
 //               [--activation-mb M]
 //
@@ -70,7 +70,8 @@
 // combine with --pp (each stage's experts split over its ep ranks), --sp N (each Ulysses rank
 // routes its own positions) and --tp (each expert's hidden units split over the tensor-parallel
 // ranks, as Megatron's expert tensor parallelism; with --sp too, the MoE layers gather the rows
-// over tp and route them all).
+// over tp and route them all; --etp 1 keeps the experts whole instead, the tp ranks holding
+// different ones as more expert-parallel ranks: the config's moe.expert_tensor_parallel_size).
 // --sp N (a number) is DeepSpeed-Ulysses sequence parallelism: each of N ranks holds seq/N
 // positions of every sequence, attention gets whole sequences for heads/N heads by all-to-all,
 // and ZeRO shards over the data x sequence ranks ("sequence_parallel_size" in the config). It
@@ -180,6 +181,7 @@ struct Options {
   bool sp = false;                    // Megatron sequence parallelism (with --tp)
   std::optional<int> ulysses;         // Ulysses sequence-parallel size (--sp N)
   std::optional<int> experts, ep, k;  // MoE: experts per layer, expert-parallel size, top-k
+  std::optional<int> etp;             // MoE: expert tensor-parallel size (1 or tp)
   std::optional<int> pp, vpp;  // pipeline stages and chunks per stage (default: the config's)
   std::string schedule;        // pipeline schedule (default: the config's, else 1f1b)
   std::int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, channels = 128;
@@ -273,6 +275,8 @@ Options parse(int argc, char** argv) {
       o.experts = static_cast<int>(positive());
     else if (flag == "--ep")
       o.ep = static_cast<int>(positive());
+    else if (flag == "--etp")
+      o.etp = static_cast<int>(positive());
     else if (flag == "--k")
       o.k = static_cast<int>(positive());
     else if (flag == "--pp")
@@ -498,6 +502,7 @@ Config make_config(const Options& o) {
   }
   if (o.experts) j["moe"]["num_experts"] = *o.experts;
   if (o.ep) j["moe"]["ep_size"] = *o.ep;
+  if (o.etp) j["moe"]["expert_tensor_parallel_size"] = *o.etp;
   if (o.k) j["moe"]["k"] = *o.k;
   if (o.ulysses) j["sequence_parallel_size"] = *o.ulysses;
   Config c;
@@ -613,7 +618,8 @@ struct RunSetup {
         gpt(model_config(o, corpus, groups.tp().size())),
         model(gpt, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel),
               parallel::SequenceParallel(groups.cp()),
-              nn::MoEBlocks::from_config(cfg.moe, parallel::ExpertParallel(groups.ep()))) {}
+              nn::MoEBlocks::from_config(cfg.moe, parallel::ExpertParallel(groups.ep()),
+                                         groups.tp().size())) {}
 
   /// The ranks that read different rows: ep x dp.
   template <class Comm>
@@ -770,14 +776,19 @@ std::string shard_note(const engine::EngineOptions& options, int dp) {
 }
 
 // " (MoE: 4 experts, top-2, 1 block in 2, ep 2)" for a mixture-of-experts config (", each
-// expert over tp 2" added with tensor parallelism), else empty.
+// expert over tp 2", or ", whole experts over tp 2", added with tensor parallelism), else empty.
 std::string moe_note(const Config& cfg) {
   if (!cfg.moe.active()) return {};
   const std::int64_t tp = cfg.tensor_parallel.tp_size;
+  const bool whole = nn::expert_tensor_parallel_of(cfg.moe.expert_tensor_parallel_size, tp) ==
+                     nn::ExpertTensorParallel::experts;
   return " (MoE: " + std::to_string(cfg.moe.num_experts) + " experts, top-" +
          std::to_string(cfg.moe.k) + ", 1 block in " + std::to_string(cfg.moe.expert_interval) +
          ", ep " + std::to_string(cfg.moe.ep_size) +
-         (tp > 1 ? ", each expert over tp " + std::to_string(tp) : std::string()) + ")";
+         (tp > 1
+              ? (whole ? ", whole experts over tp " : ", each expert over tp ") + std::to_string(tp)
+              : std::string()) +
+         ")";
 }
 
 // v averaged over eng's data-parallel group (through the engine, whose communicator may move

@@ -621,6 +621,7 @@ namespace {
 struct GridLayout {
   int tp = 1;                // expert tensor parallelism: the blocks and each expert split over tp
   bool megatron_sp = false;  // with Megatron's sequence parallelism (tp > 1)
+  bool whole_experts = false;  // tp splits the experts, not their hidden units (etp 1)
   int ep = 2, sp = 1, dp = 1, pp = 1;
   parallel::pipeline::ScheduleKind schedule = parallel::pipeline::ScheduleKind::one_f_one_b;
   int stage = 1;
@@ -630,7 +631,15 @@ struct GridLayout {
                                        // partner's targets
   int ranks() const { return tp * ep * sp * dp * pp; }
   nn::MoEBlocks blocks(parallel::ExpertParallel group = {}) const {
-    return dropless ? dropless_blocks(std::move(group)) : moe_blocks(std::move(group));
+    nn::MoEBlocks b = dropless ? dropless_blocks(std::move(group)) : moe_blocks(std::move(group));
+    if (whole_experts) b.expert_tp = nn::ExpertTensorParallel::experts;
+    return b;
+  }
+  std::string describe() const {
+    return "tp " + std::to_string(tp) + (megatron_sp ? " with SP" : "") +
+           (whole_experts ? " (whole experts)" : "") + ", ep " + std::to_string(ep) + ", sp " +
+           std::to_string(sp) + ", dp " + std::to_string(dp) + ", pp " + std::to_string(pp) +
+           ", ZeRO " + std::to_string(stage);
   }
 };
 
@@ -773,9 +782,7 @@ WindowCount window_over_ranks(const GridLayout& l, int m, bool recompute) {
 
 void check_grid_layouts(const std::vector<std::pair<GridLayout, int>>& runs) {
   for (const auto& [l, m] : runs) {
-    INFO(name_of(l.schedule) << ", tp " << l.tp << (l.megatron_sp ? " with SP" : "") << ", ep "
-                             << l.ep << ", sp " << l.sp << ", dp " << l.dp << ", pp " << l.pp
-                             << ", ZeRO " << l.stage << ", " << m << " micro-batches");
+    INFO(name_of(l.schedule) << ", " << l.describe() << ", " << m << " micro-batches");
     double copies_differ = 0;
     CHECK(grid_error(l, m, &copies_differ) <= 1e-10);
     CHECK(copies_differ == 0.0);  // the router and dense parameters agree on every rank
@@ -910,6 +917,162 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "MoE GPT with whole experts over tp (expert_tensor_parallel_size 1): (tp 2) at stages 0-3, "
+    "(tp 2, ep 2) at stages 1 and 3, (tp 2, dp 2), (tp 4) and (tp 2, ep 2, pp 2), and with "
+    "Megatron's sequence parallelism, equal the single-process reference (f64 AdamW, clipping, "
+    "tokens dropped), and not without the expert data-parallel reduction",
+    "[unit][moe][tp]") {
+  std::vector<std::pair<GridLayout, int>> runs;
+  for (int stage = 0; stage <= 3; ++stage) {
+    runs.push_back({{.tp = 2, .whole_experts = true, .ep = 1, .stage = stage}, 2});
+  }
+  for (int stage : {1, 3}) {
+    runs.push_back({{.tp = 2, .whole_experts = true, .ep = 2, .stage = stage}, 2});
+  }
+  runs.push_back({{.tp = 2, .whole_experts = true, .ep = 1, .dp = 2, .stage = 2}, 2});
+  runs.push_back({{.tp = 4, .whole_experts = true, .ep = 1, .stage = 1}, 2});
+  runs.push_back({{.tp = 2, .whole_experts = true, .ep = 2, .pp = 2}, 4});
+  // Sequence parallelism: the outputs reduce-scattered to each rank's rows.
+  for (int stage : {1, 3}) {
+    runs.push_back(
+        {{.tp = 2, .megatron_sp = true, .whole_experts = true, .ep = 2, .stage = stage}, 2});
+  }
+  runs.push_back(
+      {{.tp = 2, .megatron_sp = true, .whole_experts = true, .ep = 1, .dp = 2, .stage = 2}, 2});
+  runs.push_back({{.tp = 2, .megatron_sp = true, .whole_experts = true, .ep = 2, .pp = 2}, 4});
+  check_grid_layouts(runs);
+  double ignored = 0;
+  CHECK(
+      grid_error({.tp = 2, .whole_experts = true, .ep = 1, .dp = 2, .drop_expert_reduction = true},
+                 2, &ignored) > 1e-6);
+}
+
+TEST_CASE(
+    "MoE GPT with whole experts over tp: each rank holds whole experts of its own, the ranks' "
+    "parts tile the logical stacks once, and a layer counts the FLOPs of its 1/tp of the choices",
+    "[unit][moe][tp]") {
+  struct Held {
+    std::vector<nn::ParamSpec> specs;            // the first expert unit's
+    std::vector<int> exchanged;                  // exchange_index of every expert
+    std::int64_t whole = 0, hidden = 0, sp = 0;  // an MoE layer's forward FLOPs
+    int tp_rank = 0, ep_rank = 0, local = 0, first = 0, first_at = 0;
+    std::int64_t local_hidden = 0;
+  };
+  const int tp = 2, ep = 2, E = 4;
+  const auto held = testing::per_rank<Held>(tp * ep, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = tp, .ep = ep}));
+    nn::MoEBlocks blocks = moe_blocks(parallel::ExpertParallel(groups.ep()));
+    blocks.expert_tp = nn::ExpertTensorParallel::experts;
+    nn::GPT<double> model(moe_cfg(), parallel::TensorParallel(groups.tp()), {}, blocks);
+    const std::int64_t C = moe_cfg().channels, H = 4 * C;
+    const auto flops = [&](const parallel::TensorParallel& t, nn::ExpertTensorParallel split,
+                           std::int64_t rows) {
+      const nn::ExpertStack<double> experts("m", E, C, H, 0.02, parallel::ExpertParallel(), t,
+                                            split);
+      const nn::MixtureOfExperts<double> moe("m", moe_blocks().router, experts);
+      return moe.forward_flops({Shape{rows, C}, 1, rows})->flops;
+    };
+    Held h;
+    const parallel::TensorParallel t(groups.tp()), t_sp(groups.tp(), true);
+    h.whole = flops(t, nn::ExpertTensorParallel::experts, 8);
+    h.hidden = flops(t, nn::ExpertTensorParallel::hidden, 8);
+    h.sp = flops(t_sp, nn::ExpertTensorParallel::experts, 4);
+    for (int u = 0; u < model.num_units(); ++u) {
+      if (model.unit_is_expert(u)) {
+        h.specs = model.unit_params(u);
+        break;
+      }
+    }
+    const nn::ExpertStack<double> stack("m", E, C, H, 0.02, parallel::ExpertParallel(groups.ep()),
+                                        t, nn::ExpertTensorParallel::experts);
+    for (int e = 0; e < E; ++e) h.exchanged.push_back(stack.exchange_index(e));
+    h.tp_rank = groups.tp().rank();
+    h.ep_rank = groups.ep().rank();
+    h.local = stack.local_experts();
+    h.local_hidden = stack.local_hidden();
+    h.first = stack.first_expert();
+    h.first_at = stack.exchange_index(h.first);
+    return h;
+  });
+  const std::int64_t C = moe_cfg().channels, H = 4 * C;
+  for (const Held& h : held) {
+    INFO("tp rank " << h.tp_rank << ", ep rank " << h.ep_rank);
+    CHECK(h.whole == h.hidden);  // half the choices through whole experts, or all through halves
+    CHECK(h.sp == h.whole);
+    CHECK(h.local == E / (ep * tp));
+    CHECK(h.local_hidden == H);
+    // Expert e is held by ep rank e / 2, tp rank e % 2: tp rank t exchanges experts t and 2 + t,
+    // in ep-rank order, its own at its ep rank's place.
+    CHECK(h.first == h.ep_rank * E / ep + h.tp_rank);
+    CHECK(h.first_at == h.ep_rank);
+    for (int e = 0; e < E; ++e) {
+      INFO("expert " << e);
+      CHECK(h.exchanged[static_cast<std::size_t>(e)] == (e % tp == h.tp_rank ? e / tp : -1));
+    }
+  }
+  const std::vector<Shape> whole{{E, H, C}, {E, H}, {E, C, H}, {E, C}};
+  const std::vector<Shape> part{{1, H, C}, {1, H}, {1, C, H}, {1, C}};  // E / (ep tp) = 1
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    std::vector<int> copies(static_cast<std::size_t>(whole[i].numel()), 0);
+    for (const Held& h : held) {
+      REQUIRE(h.specs.size() == 4);
+      const nn::ParamSpec& p = h.specs[i];
+      INFO(p.name);
+      CHECK(p.shape == part[i]);
+      CHECK(p.logical_shape() == whole[i]);
+      CHECK(p.expert_split.is_split());
+      CHECK(p.split.is_split());  // every tensor, c_proj's bias too: the tp ranks' experts differ
+      p.for_each_run(0, p.numel(), [&](std::int64_t logical, std::int64_t, std::int64_t count) {
+        for (std::int64_t k = 0; k < count; ++k) ++copies[static_cast<std::size_t>(logical + k)];
+      });
+    }
+    CHECK(std::all_of(copies.begin(), copies.end(), [](int c) { return c == 1; }));
+  }
+}
+
+TEST_CASE(
+    "whole experts over tp: an expert tensor-parallel size other than 1 or tp, and experts that "
+    "do not split over ep x tp, are refused naming the keys",
+    "[unit][moe][tp]") {
+  using nn::ExpertTensorParallel;
+  CHECK(nn::expert_tensor_parallel_of(0, 2) == ExpertTensorParallel::hidden);
+  CHECK(nn::expert_tensor_parallel_of(2, 2) == ExpertTensorParallel::hidden);
+  CHECK(nn::expert_tensor_parallel_of(1, 2) == ExpertTensorParallel::experts);
+  CHECK(nn::expert_tensor_parallel_of(1, 1) == ExpertTensorParallel::hidden);  // nothing to split
+  CHECK_THROWS_AS(nn::expert_tensor_parallel_of(2, 4), ConfigError);
+  CHECK_THROWS_WITH(nn::expert_tensor_parallel_of(3, 4),
+                    Catch::Contains("moe.expert_tensor_parallel_size = 3") &&
+                        Catch::Contains("tensor_parallel.tp_size = 4"));
+  config::MoEConfig c;
+  c.num_experts = 4;
+  c.expert_tensor_parallel_size = 3;
+  CHECK_THROWS_WITH(nn::MoEBlocks::from_config(c, {}, 2),
+                    Catch::Contains("moe.expert_tensor_parallel_size = 3"));
+  c.expert_tensor_parallel_size = 1;
+  CHECK(nn::MoEBlocks::from_config(c, {}, 2).expert_tp == ExpertTensorParallel::experts);
+  CHECK_THROWS_WITH(
+      Config::from_json({{"moe", {{"num_experts", 4}, {"expert_tensor_parallel_size", 0}}}}),
+      Catch::Contains("expert_tensor_parallel_size = 0"));
+  CHECK(Config::from_json({{"moe", {{"num_experts", 4}, {"expert_tensor_parallel_size", 1}}}})
+            .moe.expert_tensor_parallel_size == 1);
+  // 4 experts over ep 2 x tp 4 ranks: not a whole number each.
+  const auto refused = testing::per_rank<std::string>(8, [&](LocalComm& world) {
+    parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = 4, .ep = 2}));
+    try {
+      nn::ExpertStack<double>("m", 4, 16, 64, 0.02, parallel::ExpertParallel(groups.ep()),
+                              parallel::TensorParallel(groups.tp()), ExpertTensorParallel::experts);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("built");
+  });
+  for (const std::string& why : refused) {
+    CHECK_THAT(why, Catch::Contains("moe.num_experts = 4") &&
+                        Catch::Contains("moe.ep_size x tensor_parallel.tp_size = 2 x 4"));
+  }
+}
+
 namespace {
 
 // f32 AdamW (or LAMB, lr 0.01) from a config at layout l (pp 1: the plain engine at l.stage; a
@@ -972,12 +1135,7 @@ void check_moe_resumes(const GridLayout& from, const std::vector<GridLayout>& to
         return test::assemble(testing::per_rank<std::vector<test::HeldParam>>(
             l.ranks(), [&](LocalComm& w) { return f32_moe_rank(w, l, first, steps, load, save); }));
       },
-      [](const GridLayout& l) {
-        return "tp " + std::to_string(l.tp) + (l.megatron_sp ? " with SP" : "") + ", ep " +
-               std::to_string(l.ep) + ", sp " + std::to_string(l.sp) + ", dp " +
-               std::to_string(l.dp) + ", pp " + std::to_string(l.pp) + ", ZeRO " +
-               std::to_string(l.stage);
-      });
+      [](const GridLayout& l) { return l.describe(); });
 }
 
 }  // namespace
@@ -1024,8 +1182,22 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "MoE checkpoints with whole experts over tp: (tp 2, ep 2, stage 3) resumes at (tp 2, ep 2) "
+    "with each expert split over tp (stage 1), (ep 4, stage 2) and (tp 2 with SP, dp 2, stage 1) "
+    "with whole experts, equal to the uninterrupted run",
+    "[unit][moe][tp]") {
+  check_moe_resumes(
+      {.tp = 2, .whole_experts = true, .ep = 2, .stage = 3},
+      {{.tp = 2, .ep = 2, .stage = 1},
+       {.ep = 4, .stage = 2},
+       {.tp = 2, .megatron_sp = true, .whole_experts = true, .ep = 1, .dp = 2, .stage = 1}},
+      "zero-moe-etp-ckpt");
+}
+
+TEST_CASE(
     "MoE GPT: LAMB takes each expert stack's trust ratio from the whole stack's norms, so (ep 2), "
-    "(ep 2, dp 2, stage 1), (ep 4, stage 2) and (tp 2, ep 2, stage 3) equal one rank",
+    "(ep 2, dp 2, stage 1), (ep 4, stage 2) and (tp 2, ep 2, stage 3), each expert split over tp "
+    "or whole, equal one rank",
     "[unit][moe]") {
   // Each ep rank holds other experts of the same stacked tensors: their p^2 and u^2 sums are
   // summed over the ep ranks (from one copy of each ep part) as a tensor-parallel weight's are
@@ -1041,13 +1213,14 @@ TEST_CASE(
     return got;
   };
   const auto want = run({.ep = 1, .stage = 0});
-  for (const GridLayout& l : std::vector<GridLayout>{{.ep = 2, .stage = 0},
-                                                     {.ep = 2, .dp = 2, .stage = 1},
-                                                     {.ep = 4, .stage = 2},
-                                                     {.tp = 2, .ep = 2, .stage = 3}}) {
+  for (const GridLayout& l :
+       std::vector<GridLayout>{{.ep = 2, .stage = 0},
+                               {.ep = 2, .dp = 2, .stage = 1},
+                               {.ep = 4, .stage = 2},
+                               {.tp = 2, .ep = 2, .stage = 3},
+                               {.tp = 2, .whole_experts = true, .ep = 2, .stage = 3}}) {
     const double worst = test::max_difference(run(l), want);
-    INFO("tp " << l.tp << ", ep " << l.ep << ", dp " << l.dp << ", stage " << l.stage
-               << ": worst difference " << worst);
+    INFO(l.describe() << ": worst difference " << worst);
     CHECK(worst <= 2e-6);
   }
 }

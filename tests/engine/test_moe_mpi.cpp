@@ -2,8 +2,9 @@
 // world, at stages 0-3, equals the single-process reference (f64 AdamW with clipping, tokens
 // dropped), and so do ep 2 in a pipeline of world/2 stages (1F1B, ZeRO-1) and ep 2 with Ulysses
 // sp 2 from 4 ranks on, the rest data parallel (dropless routing); with random token selection
-// and DeepSpeed's noisy gate at stage 3 too; with tp 2 (each expert split over it) and the rest
-// expert parallel at stages 1 and 3; each rank checks its own parts of the whole tensors.
+// and DeepSpeed's noisy gate at stage 3 too; with tp 2 (each expert split over it, or whole
+// experts over it) and the rest expert parallel at stages 1 and 3; each rank checks its own parts
+// of the whole tensors.
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/mpi_comm.hpp>
@@ -126,20 +127,27 @@ TEST_CASE("MpiComm: the mixture-of-experts GPT with Ulysses (ep 2) equals the re
 }
 
 TEMPLATE_TEST_CASE_SIG(
-    "MpiComm: the mixture-of-experts GPT with expert tensor parallelism (tp 2) equals the "
-    "reference",
+    "MpiComm: the mixture-of-experts GPT with expert tensor parallelism (tp 2), each expert split "
+    "over tp or whole experts over it, equals the reference",
     "[mpi][engine][moe][tp]", ((int S), S), 1, 3) {
   // tp 2, the rest expert parallel: (tp 2) at 2 ranks, (tp 2, ep 2) at 4.
   const int tp = 2, ep = world().size() / tp, accumulation = 2, steps = 2;
   std::int64_t dropped = 0;
   const auto want = moe_reference(ep, accumulation, steps, &dropped);
   CHECK(dropped > 0);
-  parallel::ProcessGroups<parallel::MpiComm> groups(world(), parallel::Grid({.tp = tp, .ep = ep}));
-  nn::GPT<double> model(moe_cfg(), parallel::TensorParallel(groups.tp()), {},
-                        moe_blocks(parallel::ExpertParallel(groups.ep())));
-  engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, groups, AdamW64{},
-                                                    tp_options(accumulation));
-  train(eng, groups.ep().rank(), ep, accumulation, steps, moe_cfg().vocab_size);
-  INFO("tp " << tp << " ep " << ep << ", ZeRO-" << S);
-  CHECK(worst(max_part_difference(held_params(eng), want)) <= 1e-10);
+  for (const nn::ExpertTensorParallel split :
+       {nn::ExpertTensorParallel::hidden, nn::ExpertTensorParallel::experts}) {
+    parallel::ProcessGroups<parallel::MpiComm> groups(world(),
+                                                      parallel::Grid({.tp = tp, .ep = ep}));
+    nn::MoEBlocks blocks = moe_blocks(parallel::ExpertParallel(groups.ep()));
+    blocks.expert_tp = split;
+    nn::GPT<double> model(moe_cfg(), parallel::TensorParallel(groups.tp()), {}, blocks);
+    engine::Engine<nn::GPT<double>, ZeroStage<S>> eng(model, groups, AdamW64{},
+                                                      tp_options(accumulation));
+    train(eng, groups.ep().rank(), ep, accumulation, steps, moe_cfg().vocab_size);
+    INFO("tp " << tp << " ep " << ep << ", ZeRO-" << S << ", tp splits the "
+               << (split == nn::ExpertTensorParallel::experts ? "experts"
+                                                              : "experts' hidden units"));
+    CHECK(worst(max_part_difference(held_params(eng), want)) <= 1e-10);
+  }
 }

@@ -263,6 +263,9 @@ inline std::span<const KeyInfo> known_keys() {
       {"moe.aux_loss_coef", applied, "load-balancing loss weight", "0.02"},
       {"moe.z_loss_coef", applied, "router z-loss weight", "0.001"},
       {"moe.expert_interval", applied, "every k-th block is an MoE block", "1"},
+      {"moe.expert_tensor_parallel_size", applied,
+       "1: whole experts over the tensor-parallel ranks; unset or tp: each expert split over tp",
+       "1"},
       {"sequence_parallel_size", applied,
        "DeepSpeed-Ulysses sequence-parallel ranks (the program builds its grid from it)", "2"},
       // ---- NVMe I/O

@@ -3,10 +3,13 @@
 // (deepspeed.moe.layer.MoE: num_experts, ep_size, k, capacity_factor, min_capacity,
 // drop_tokens, use_rts, eval_capacity_factor, noisy_gate_policy, top2_2nd_expert_sampling) plus the
 // auxiliary losses' coefficients (aux_loss_coef, Megatron's moe_aux_loss_coeff; z_loss_coef,
-// Megatron's moe_z_loss_coeff) and expert_interval (Megatron-DeepSpeed's --expert-interval: every
-// k-th block is an MoE block). DeepSpeed passes these to the MoE layer in model code; zero reads
-// them from the config so train_gpt and users' programs take them from one place. Experts that do
-// not split over ep_size (ep_size > 1 without MoE layers too) are a ConfigError naming both keys.
+// Megatron's moe_z_loss_coeff), expert_interval (Megatron-DeepSpeed's --expert-interval: every
+// k-th block is an MoE block) and expert_tensor_parallel_size (Megatron's: 1 keeps the experts
+// whole, the tp ranks holding different ones; unset or tp splits each expert over tp; checked
+// against tp where the model is built, MoEBlocks::from_config). DeepSpeed passes these to the MoE
+// layer in model code; zero reads them from the config so train_gpt and users' programs take
+// them from one place. Experts that do not split over ep_size (ep_size > 1 without MoE layers
+// too) are a ConfigError naming both keys.
 
 #include <cstdint>
 #include <string>
@@ -37,6 +40,9 @@ struct MoEConfig {
   double aux_loss_coef = 0.01;       ///< load-balancing loss weight
   double z_loss_coef = 0.0;          ///< router z-loss weight
   std::int64_t expert_interval = 2;  ///< every expert_interval-th block is an MoE block
+  /// Megatron's expert_tensor_parallel_size: 0 (unset) or tp splits each expert's hidden units
+  /// over tp, 1 keeps the experts whole (the tp ranks hold different ones).
+  std::int64_t expert_tensor_parallel_size = 0;
 
   /// Reads the section at r (the "moe" object); key paths nobody reads are appended to unknown.
   static MoEConfig read(JsonReader r, std::vector<std::string>& unknown) {
@@ -68,6 +74,11 @@ struct MoEConfig {
     c.aux_loss_coef = r.number("aux_loss_coef").value_or(c.aux_loss_coef);
     c.z_loss_coef = r.number("z_loss_coef").value_or(c.z_loss_coef);
     c.expert_interval = r.int32("expert_interval").value_or(c.expert_interval);
+    if (const auto etp = r.int32("expert_tensor_parallel_size")) {
+      expect<ConfigError>(*etp >= 1, r.where("expert_tensor_parallel_size"), " = ", *etp,
+                          "; expected >= 1");
+      c.expert_tensor_parallel_size = *etp;
+    }
     expect<ConfigError>(c.num_experts >= 1, r.where("num_experts"), " = ", c.num_experts,
                         "; expected >= 1");
     expect<ConfigError>(c.ep_size >= 1, r.where("ep_size"), " = ", c.ep_size, "; expected >= 1");

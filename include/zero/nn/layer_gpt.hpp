@@ -11,7 +11,8 @@
 //
 // The MoE variant (MoEBlocks): every k-th block's MLP is a MixtureOfExperts; its experts are an
 // expert unit of their own (an ExpertStack, split over the expert-parallel group, each expert's
-// hidden units over the tensor-parallel group) just before the block, which uses it (unit_uses)
+// hidden units over the tensor-parallel group, or whole experts over the tp ranks as more
+// expert-parallel ranks: MoEBlocks::expert_tp) just before the block, which uses it (unit_uses)
 // as the head uses unit 0's table. The engine shards expert units over the expert data-parallel
 // group and the rest over the data-parallel group.
 
@@ -232,7 +233,8 @@ class LayerGPT {
   /// and the vocabulary-parallel loss takes the same share. ConfigError when the heads do not
   /// divide by tp * sp, or with Megatron's sequence parallelism too. With active MoEBlocks, every
   /// moe.every-th block's MLP is a MixtureOfExperts whose experts (split over moe.ep, and each
-  /// expert over tp) are an expert unit of their own just before the block
+  /// expert over tp, or whole experts over tp: moe.expert_tp) are an expert unit of their own
+  /// just before the block
   /// (nn::HasExpertUnits).
   explicit LayerGPT(GPTConfig cfg, parallel::TensorParallel tp = {},
                     parallel::SequenceParallel sp = {}, MoEBlocks moe = {})
@@ -274,7 +276,7 @@ class LayerGPT {
         experts_units_.push_back(num_units());
         experts = &units_.emplace_back().template add<ExpertStack<T>>(
             "transformer.h." + std::to_string(l) + ".mlp", moe_.router.num_experts, C, 4 * C,
-            residual_std, moe_.ep, tp_);
+            residual_std, moe_.ep, tp_, moe_.expert_tp);
       }
       Sequential<T>& block = units_.emplace_back();
       MixtureOfExperts<T>* moe = add_gpt_block(block, cfg_, l, tp_, sp_, experts, moe_.router);

@@ -33,7 +33,8 @@ struct ParamSpec {
   std::int64_t rows_in_use = 0;
   /// Stacked experts split over an expert-parallel group: the experts this rank holds, a part of
   /// the logical stack along dimension 0. `split` is then the tensor-parallel part of those
-  /// experts (expert tensor parallelism: split.whole is expert_split's part shape).
+  /// experts (split.whole is expert_split's part shape): each expert's hidden units (expert
+  /// tensor parallelism), or, with whole experts over tp, some of the experts (dimension 0).
   TensorSplit expert_split = {};
 
   /// Elements held.

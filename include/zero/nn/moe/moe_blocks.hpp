@@ -3,7 +3,8 @@
 // experts are routed and split: Megatron-DeepSpeed's --num-experts and --expert-interval, and
 // DeepSpeed's MoE settings (the `moe` config section, RouterConfig) with the expert-parallel
 // group. Block l (from 0) is an MoE block when (l + 1) is a multiple of `every`: every = 1 makes
-// every block MoE, every = 2 (the default, Megatron-DeepSpeed's) every second one.
+// every block MoE, every = 2 (the default, Megatron-DeepSpeed's) every second one. With a
+// tensor-parallel model, `expert_tp` says how tp splits the experts (expert_tensor_parallel.hpp).
 
 #include <cstdint>
 #include <utility>
@@ -11,6 +12,7 @@
 #include <parallel/moe/expert_parallel.hpp>
 #include <zero/config/moe.hpp>
 #include <zero/core/error.hpp>
+#include <zero/nn/moe/expert_tensor_parallel.hpp>
 #include <zero/nn/moe/router.hpp>
 
 namespace zero::nn {
@@ -20,6 +22,9 @@ struct MoEBlocks {
   RouterConfig router;          ///< num_experts <= 1: no MoE block (a dense GPT)
   int every = 2;                ///< every `every`-th block is an MoE block
   parallel::ExpertParallel ep;  ///< the experts' expert-parallel group (none: ep = 1)
+  /// How a tensor-parallel group splits the experts: each one's hidden units (Megatron's
+  /// default), or whole experts over the tp ranks (expert_tensor_parallel_size = 1).
+  ExpertTensorParallel expert_tp = ExpertTensorParallel::hidden;
 
   /// True when the model has MoE blocks.
   bool active() const { return router.num_experts > 1; }
@@ -33,11 +38,14 @@ struct MoEBlocks {
   }
 
   /// The MoE blocks of a config's `moe` section, their experts split over ep (whose size must be
-  /// moe.ep_size: ConfigError naming the key otherwise).
-  static MoEBlocks from_config(const config::MoEConfig& c, parallel::ExpertParallel ep = {}) {
+  /// moe.ep_size: ConfigError naming the key otherwise) and, in a model split over tp ranks, as
+  /// moe.expert_tensor_parallel_size says (1 or tp; ConfigError naming it otherwise).
+  static MoEBlocks from_config(const config::MoEConfig& c, parallel::ExpertParallel ep = {},
+                               int tp = 1) {
     expect<ConfigError>(!c.active() || c.ep_size == ep.size(), "moe.ep_size = ", c.ep_size,
                         " but the model's expert-parallel group has ", ep.size(), " ranks");
     MoEBlocks m;
+    m.expert_tp = expert_tensor_parallel_of(c.expert_tensor_parallel_size, tp);
     m.router.num_experts = static_cast<int>(c.num_experts);
     m.router.k = static_cast<int>(c.k);
     m.router.capacity_factor = c.capacity_factor;

@@ -28,6 +28,13 @@
 // output; in backward it all-gathers the output gradient and keeps its own rows' part of the
 // input gradient (every tp rank computed the whole of it alike), so routing, capacity and the
 // draws are those of the whole micro-batch.
+// With whole experts over tp instead (ExpertTensorParallel::experts, Megatron's
+// expert_tensor_parallel_size = 1) every tp rank still routes all rows alike, but sends only
+// the choices of its own tp rank's experts (on each ep rank) through the exchange; its combined
+// output is then a partial sum over tp, which is all-reduced (in the compute type, rounded once),
+// or under sequence parallelism reduce-scattered to the rank's rows. In backward the combine
+// weights' gradients (each choice's on the one tp rank that ran it) are all-reduced before the
+// router's backward, and the experts' part of the input gradient is reduced as the output was.
 
 #include <algorithm>
 #include <any>
@@ -139,9 +146,15 @@ class MixtureOfExperts final : public Layer<T> {
     }
     // Each expert's kept tokens as consecutive rows; the local experts' rows are this rank's
     // own, or those the expert-parallel ranks send.
-    first_row_.assign(static_cast<std::size_t>(E) + 1, 0);
-    for (int e = 0; e < E; ++e) first_row_[e + 1] = first_row_[e] + routing_.kept[e];
-    const std::span<const std::int64_t> kept(routing_.kept.data(), routing_.kept.size());
+    // (with whole experts over tp, only the experts of this tp rank: exchange_index)
+    const int X = experts().exchanged_experts();
+    std::vector<std::int64_t> kept(static_cast<std::size_t>(X), 0);
+    for (int e = 0; e < E; ++e) {
+      const int x = experts().exchange_index(e);
+      if (x >= 0) kept[static_cast<std::size_t>(x)] = routing_.kept[static_cast<std::size_t>(e)];
+    }
+    first_row_.assign(static_cast<std::size_t>(X) + 1, 0);
+    for (int x = 0; x < X; ++x) first_row_[x + 1] = first_row_[x] + kept[x];
     exchange_ = ep().active() ? parallel::exchange_counts(ep().comm(), kept, C_) : local_exchange();
     const std::int64_t R = rows_routed(), Re = expert_rows();
     expert_in_ = arena.template allocate<T>({Re, C_});
@@ -166,8 +179,12 @@ class MixtureOfExperts final : public Layer<T> {
       gather_rows(expert_in_);
       run_experts(rows_out_);
     }
-    // Combine: y_t = sum_j w_j * expert_j(x_t), summed in the compute type, rounded once.
-    Tensor<T> y = arena.template allocate<T>(input_.shape());
+    // Combine: y_t = sum_j w_j * expert_j(x_t), summed in the compute type, rounded once (with
+    // whole experts over tp, this tp rank's choices: summed over tp first, to this rank's rows
+    // under sequence parallelism).
+    const bool partial = whole_experts();
+    Tensor<T> y =
+        arena.template allocate<T>(partial && sequence_parallel() ? ctx.x.shape() : input_.shape());
     {
       const auto mark = arena.mark();
       Tensor<A> acc = zeros<A>(ctx, {N, C_});
@@ -177,13 +194,14 @@ class MixtureOfExperts final : public Layer<T> {
           acc.data()[t * C_ + c] += w * load(rows_out_.data()[row * C_ + c]);
         }
       });
-      for (std::int64_t i = 0; i < N * C_; ++i) y.data()[i] = ops::cpu::store<T>(acc.data()[i]);
+      const A* sum = partial ? sum_over_tp(ctx, acc) : acc.data();
+      for (std::int64_t i = 0; i < y.numel(); ++i) y.data()[i] = ops::cpu::store<T>(sum[i]);
       arena.release(mark);
     }
     ctx.aux_loss += static_cast<A>(cfg_.aux_loss_coef) * routing_.aux_loss +
                     static_cast<A>(cfg_.z_loss_coef) * routing_.z_loss;
     stats_ = routed();
-    ctx.x = sequence_parallel() ? own_rows(ctx, y, ctx.x.shape()) : y;
+    ctx.x = sequence_parallel() && !partial ? own_rows(ctx, y, ctx.x.shape()) : y;
   }
 
   void backward(StepContext<T>& ctx) override {
@@ -206,6 +224,10 @@ class MixtureOfExperts final : public Layer<T> {
       }
       dweight.data()[routing_.at(t, j)] = dw;
     });
+    if (whole_experts()) {  // each choice's on the tp rank holding its expert, zeros elsewhere
+      tp().comm().all_reduce(std::span<A>(dweight.data(), static_cast<std::size_t>(N * cfg_.k)),
+                             parallel::ReduceOp::sum);
+    }
     // Through the experts (on the ranks holding them).
     Tensor<T> dexpert_out = drows_out;
     if (ep().active()) {
@@ -228,7 +250,7 @@ class MixtureOfExperts final : public Layer<T> {
                              experts().grad(l, 1), dfc.data() + first * H_,
                              expert_in_.data() + first * C_, experts().value(l, 0), n, C_, H_);
     }
-    if (tp().active()) {  // each tp rank's hidden units gave a part: copy_to_tp's adjoint,
+    if (split_hidden()) {  // each tp rank's hidden units gave a part: copy_to_tp's adjoint,
       // an all-reduce (in place)
       parallel::region_forward(parallel::Region::reduce_from_tp, tp(), dexpert_in.data(),
                                dexpert_in.data(), exchange_.rows_received(), C_);
@@ -250,6 +272,15 @@ class MixtureOfExperts final : public Layer<T> {
         dx.data()[t * C_ + c] += load(drows_in.data()[row * C_ + c]);
       }
     });
+    // With whole experts over tp that is this tp rank's choices' part: summed over tp (its own
+    // rows' sums, in place, under sequence parallelism: the only rows kept below).
+    if (whole_experts()) {
+      const A* sum = sum_over_tp(ctx, dx);
+      if (sequence_parallel()) {
+        const std::int64_t n = N / tp().size() * C_;
+        std::copy(sum, sum + n, dx.data() + tp().rank() * n);
+      }
+    }
     // Under jitter the logits saw x times its draws: dx takes the same factors, W_g's gradient
     // the jittered input.
     const Jitter jitter = jitter_of(N);
@@ -271,11 +302,13 @@ class MixtureOfExperts final : public Layer<T> {
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {
     // The router for every token, and the experts for k of them (at full capacity): this rank's
-    // hidden units of them; under sequence parallelism every tp rank's tokens (gathered).
+    // hidden units of them, or with whole experts over tp, its tp rank's 1/tp of the choices;
+    // under sequence parallelism every tp rank's tokens (gathered).
     const std::int64_t N = in.input.numel() / C_ * (sequence_parallel() ? tp().size() : 1);
+    const std::int64_t choices = N * cfg_.k / (whole_experts() ? tp().size() : 1);
     FlopCount f = matmul_flops(N, C_, cfg_.num_experts);
-    f += matmul_flops(N * cfg_.k, C_, H_);
-    f += matmul_flops(N * cfg_.k, H_, C_);
+    f += matmul_flops(choices, C_, H_);
+    f += matmul_flops(choices, H_, C_);
     return f;
   }
 
@@ -383,8 +416,9 @@ class MixtureOfExperts final : public Layer<T> {
   // The exchange without an expert-parallel group: every row stays, expert e's rows are its own.
   parallel::ExpertRows local_exchange() const {
     parallel::ExpertRows x;
-    x.local = cfg_.num_experts;
-    x.sent.assign(routing_.kept.begin(), routing_.kept.end());
+    x.local = experts().exchanged_experts();
+    x.sent.resize(static_cast<std::size_t>(x.local));
+    for (int e = 0; e < x.local; ++e) x.sent[e] = first_row_[e + 1] - first_row_[e];
     x.received = x.sent;
     x.expert_first = first_row_;
     x.rows_sent = first_row_.back();
@@ -395,7 +429,7 @@ class MixtureOfExperts final : public Layer<T> {
   // the group, then the bias added (RowParallelLinear's order, so every tp rank has the same
   // rows).
   void run_experts(Tensor<T> out) {
-    const bool split = tp().active();
+    const bool split = split_hidden();
     for (int l = 0; l < experts().local_experts(); ++l) {
       const std::int64_t first = exchange_.expert_first[static_cast<std::size_t>(l)];
       const std::int64_t n = exchange_.expert_rows(l);
@@ -430,15 +464,17 @@ class MixtureOfExperts final : public Layer<T> {
     parallel::combine(ep().comm(), exchange_, expert_rows.data(), rows.data(), scratch.data(), C_);
     ctx.arena->release(mark);
   }
-  // Calls fn(t, j, row) for every kept choice j of token t; row is its row in the experts'
-  // buffers.
+  // Calls fn(t, j, row) for every kept choice j of token t whose expert this rank's exchange
+  // covers (every one, but for whole experts over tp); row is its row in the experts' buffers.
   template <class Fn>
   void for_each_kept(Fn&& fn) const {
     for (std::int64_t t = 0; t < routing_.tokens; ++t) {
       for (int j = 0; j < routing_.k; ++j) {
         const std::size_t i = routing_.at(t, j);
         if (routing_.slot[i] < 0) continue;
-        fn(t, j, first_row_[static_cast<std::size_t>(routing_.expert[i])] + routing_.slot[i]);
+        const int x = experts().exchange_index(routing_.expert[i]);
+        if (x < 0) continue;  // another tp rank's expert (whole experts over tp)
+        fn(t, j, first_row_[static_cast<std::size_t>(x)] + routing_.slot[i]);
       }
     }
   }
@@ -458,6 +494,26 @@ class MixtureOfExperts final : public Layer<T> {
   // Megatron's sequence parallelism: the rows arrive split over tp (each rank a contiguous
   // block), and the layer runs on all of them on every tp rank, as without it.
   bool sequence_parallel() const { return tp().sequence_parallel(); }
+  // The experts' hidden units split over tp (expert tensor parallelism), or whole experts split
+  // over the tp ranks (ExpertTensorParallel::experts); neither without a tensor-parallel group.
+  bool split_hidden() const { return tp().active() && !experts().whole_experts_over_tp(); }
+  bool whole_experts() const { return experts().whole_experts_over_tp(); }
+  // The sum over tp of every tp rank's partial [N, C] in the compute type: all-reduced in place,
+  // or under sequence parallelism reduce-scattered to this rank's block of rows (arena).
+  const A* sum_over_tp(StepContext<T>& ctx, Tensor<A> part) const {
+    const auto n = static_cast<std::size_t>(part.numel());
+    if (!sequence_parallel()) {
+      tp().comm().all_reduce(std::span<A>(part.data(), n), parallel::ReduceOp::sum);
+      return part.data();
+    }
+    const std::size_t own = n / static_cast<std::size_t>(tp().size());
+    Tensor<A> mine = ctx.arena->template allocate<A>({static_cast<std::int64_t>(own)});
+    tp().comm()
+        .reduce_scatter_async(std::span<const A>(part.data(), n), std::span<A>(mine.data(), own),
+                              parallel::ReduceOp::sum)
+        .wait();
+    return mine.data();
+  }
   // Every tp rank's rows of x [n, C] gathered in order: [tp n, C] (arena, kept with the unit).
   Tensor<T> gather_rows(StepContext<T>& ctx, const Tensor<T>& x) const {
     const std::int64_t n = rows_of(x, C_, describe());
@@ -486,7 +542,7 @@ class MixtureOfExperts final : public Layer<T> {
   Tensor<T> input_;
   DrawPlace draws_;  // where its random draws came from
   Routing<A> routing_;
-  std::vector<std::int64_t> first_row_;  // [E + 1] each expert's first row among this rank's
+  std::vector<std::int64_t> first_row_;  // [X + 1] the exchanged experts' first rows
   parallel::ExpertRows exchange_;        // which rows the local experts ran
   Tensor<T> expert_in_, fc_, act_;       // the local experts' input rows and activations
   Tensor<T> rows_out_;                   // the experts' outputs of this rank's rows
