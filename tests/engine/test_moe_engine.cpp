@@ -856,6 +856,34 @@ TEST_CASE(
   CHECK(grid_error({.tp = 2, .ep = 1, .dp = 2, .drop_expert_reduction = true}, 2, &ignored) > 1e-6);
 }
 
+namespace {
+
+// Checks every rank's four expert specs (specs[r], the first expert unit's) against the stacks'
+// logical shapes `whole` and this layout's held shapes `part`: split over ep, over tp where
+// over_tp[i] says, and the ranks' parts covering each logical element copies[i] times.
+void check_expert_parts(const std::vector<std::vector<nn::ParamSpec>>& specs,
+                        const std::vector<Shape>& whole, const std::vector<Shape>& part,
+                        const std::vector<bool>& over_tp, const std::vector<int>& copies) {
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    std::vector<int> held(static_cast<std::size_t>(whole[i].numel()), 0);
+    for (const std::vector<nn::ParamSpec>& rank : specs) {
+      REQUIRE(rank.size() == 4);
+      const nn::ParamSpec& p = rank[i];
+      INFO(p.name);
+      CHECK(p.shape == part[i]);
+      CHECK(p.logical_shape() == whole[i]);
+      CHECK(p.expert_split.is_split());
+      CHECK(p.split.is_split() == over_tp[i]);
+      p.for_each_run(0, p.numel(), [&](std::int64_t logical, std::int64_t, std::int64_t count) {
+        for (std::int64_t k = 0; k < count; ++k) ++held[static_cast<std::size_t>(logical + k)];
+      });
+    }
+    CHECK(std::all_of(held.begin(), held.end(), [&](int c) { return c == copies[i]; }));
+  }
+}
+
+}  // namespace
+
 TEST_CASE(
     "MoE GPT with expert tensor parallelism: each rank holds its experts' hidden units, and the "
     "ranks' parts tile the logical stacks (c_proj's bias whole on every tp rank)",
@@ -895,26 +923,12 @@ TEST_CASE(
     CHECK(h.sp_flops == h.flops);
   }
   const std::int64_t E = 4, C = 16, H = 64;
-  const std::vector<Shape> whole{{E, H, C}, {E, H}, {E, C, H}, {E, C}};
-  const std::vector<Shape> part{
-      {E / ep, H / tp, C}, {E / ep, H / tp}, {E / ep, C, H / tp}, {E / ep, C}};
-  for (std::size_t i = 0; i < whole.size(); ++i) {
-    std::vector<int> copies(static_cast<std::size_t>(whole[i].numel()), 0);
-    for (const Held& h : held) {
-      REQUIRE(h.specs.size() == 4);
-      const nn::ParamSpec& p = h.specs[i];
-      INFO(p.name);
-      CHECK(p.shape == part[i]);
-      CHECK(p.logical_shape() == whole[i]);
-      CHECK(p.expert_split.is_split());
-      CHECK(p.split.is_split() == (i != 3));  // c_proj.bias: whole over tp, as a row-parallel bias
-      p.for_each_run(0, p.numel(), [&](std::int64_t logical, std::int64_t, std::int64_t count) {
-        for (std::int64_t k = 0; k < count; ++k) ++copies[static_cast<std::size_t>(logical + k)];
-      });
-    }
-    const int want = i == 3 ? tp : 1;
-    CHECK(std::all_of(copies.begin(), copies.end(), [&](int c) { return c == want; }));
-  }
+  std::vector<std::vector<nn::ParamSpec>> specs;
+  for (const Held& h : held) specs.push_back(h.specs);
+  // c_proj.bias: whole over tp, as a row-parallel bias, so held by every tp rank.
+  check_expert_parts(specs, {{E, H, C}, {E, H}, {E, C, H}, {E, C}},
+                     {{E / ep, H / tp, C}, {E / ep, H / tp}, {E / ep, C, H / tp}, {E / ep, C}},
+                     {true, true, true, false}, {1, 1, 1, tp});
 }
 
 TEST_CASE(
@@ -1011,24 +1025,13 @@ TEST_CASE(
       CHECK(h.exchanged[static_cast<std::size_t>(e)] == (e % tp == h.tp_rank ? e / tp : -1));
     }
   }
-  const std::vector<Shape> whole{{E, H, C}, {E, H}, {E, C, H}, {E, C}};
-  const std::vector<Shape> part{{1, H, C}, {1, H}, {1, C, H}, {1, C}};  // E / (ep tp) = 1
-  for (std::size_t i = 0; i < whole.size(); ++i) {
-    std::vector<int> copies(static_cast<std::size_t>(whole[i].numel()), 0);
-    for (const Held& h : held) {
-      REQUIRE(h.specs.size() == 4);
-      const nn::ParamSpec& p = h.specs[i];
-      INFO(p.name);
-      CHECK(p.shape == part[i]);
-      CHECK(p.logical_shape() == whole[i]);
-      CHECK(p.expert_split.is_split());
-      CHECK(p.split.is_split());  // every tensor, c_proj's bias too: the tp ranks' experts differ
-      p.for_each_run(0, p.numel(), [&](std::int64_t logical, std::int64_t, std::int64_t count) {
-        for (std::int64_t k = 0; k < count; ++k) ++copies[static_cast<std::size_t>(logical + k)];
-      });
-    }
-    CHECK(std::all_of(copies.begin(), copies.end(), [](int c) { return c == 1; }));
-  }
+  std::vector<std::vector<nn::ParamSpec>> specs;
+  for (const Held& h : held) specs.push_back(h.specs);
+  // E / (ep tp) = 1 expert a rank; every tensor split over tp, c_proj's bias too: the tp ranks'
+  // experts differ.
+  check_expert_parts(specs, {{E, H, C}, {E, H}, {E, C, H}, {E, C}},
+                     {{1, H, C}, {1, H}, {1, C, H}, {1, C}}, {true, true, true, true},
+                     {1, 1, 1, 1});
 }
 
 TEST_CASE(
