@@ -8,16 +8,31 @@
 // peak adds the secondary shards each forward leaves for the backward's gathers inside groups of
 // H GPUs (DeepSpeed's estimate has no such term: its stage-3 columns are left empty).
 //
+// With --model, each GPU's units are the model's own (nn::GPT built over shape-only groups,
+// engine/model_memory_estimate.hpp), so the layouts of train_gpt apply: --tp T (Megatron's tensor
+// parallelism, the vocabulary split too), --pp P (pipeline stages, --virtual-stages V chunks a
+// rank, cut by --partition-method as PipelineEngine cuts them; the last stage holds a replica of
+// the token table its LM head reads), --sp S (Ulysses: the states sharded over dp x sp), and MoE
+// blocks (--experts E every --moe-every-th block, over --ep ranks, each expert over tp or, with
+// --etp 1, whole experts over tp). The data-parallel size is what the GPUs leave: GPUs / (tp x pp x
+// ep x sp). A pipeline prints each stage's parameters and, per row, its most loaded stage.
+//
 //   ./estimate_memory --model gpt2-xl [--gpus-per-node 8] [--nodes 1] [--precision bf16]
-//                     [--shard-size S | --hpz-size H]
+//                     [--shard-size S | --hpz-size H] [--tp T] [--pp P [--virtual-stages V]
+//                     [--partition-method M]] [--sp S] [--experts E [--moe-every K] [--ep N]
+//                     [--etp 1|T]]
 //   ./estimate_memory --params 7.5e9 --largest-layer 2e8 [...]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include <parallel/pipeline/pipeline_engine.hpp>
+#include <parallel/pipeline/stage_model.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/memory_estimator.hpp>
-#include <zero/nn/gpt_config.hpp>
+#include <zero/engine/model_memory_estimate.hpp>
+#include <zero/nn/gpt.hpp>
 
 #include "../cli_number.hpp"
 
@@ -28,7 +43,9 @@ using zero::OffloadDevice;
 
 constexpr const char* usage_line =
     "usage: estimate_memory (--model NAME | --params N --largest-layer L) [--gpus-per-node G] "
-    "[--nodes M] [--precision f32|bf16|f16] [--shard-size S | --hpz-size H]\n";
+    "[--nodes M] [--precision f32|bf16|f16] [--shard-size S | --hpz-size H]\n"
+    "       with --model: [--tp T] [--pp P [--virtual-stages V] [--partition-method M]] [--sp S] "
+    "[--experts E [--moe-every K] [--ep N] [--etp 1|T]]\n";
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "estimate_memory: %s\n%s", why.c_str(), usage_line);
@@ -36,8 +53,10 @@ constexpr const char* usage_line =
 }
 
 bool known_flag(const std::string& flag) {
-  for (const char* f : {"--model", "--params", "--largest-layer", "--gpus-per-node", "--nodes",
-                        "--precision", "--shard-size", "--hpz-size"}) {
+  for (const char* f :
+       {"--model", "--params", "--largest-layer", "--gpus-per-node", "--nodes", "--precision",
+        "--shard-size", "--hpz-size", "--tp", "--pp", "--virtual-stages", "--partition-method",
+        "--sp", "--experts", "--moe-every", "--ep", "--etp"}) {
     if (flag == f) return true;
   }
   return false;
@@ -49,12 +68,76 @@ std::string gib(double bytes) {
   return buf;
 }
 
+// How --model's GPUs split the model (train_gpt's layouts).
+struct Layout {
+  int tp = 1, pp = 1, ep = 1, sp = 1, dp = 1;
+  int virtual_stages = 1;
+  std::string partition_method = "parameters";  // PipelineEngine's default
+  int experts = 0;                              // 0: a dense GPT
+  int every = 2;                                // Megatron-DeepSpeed's expert interval
+  int etp = 0;                                  // moe.expert_tensor_parallel_size (0: tp)
+  bool pipelined() const { return pp * virtual_stages > 1; }
+  bool plain() const { return tp * pp * ep * sp == 1 && experts == 0; }
+};
+
+// The MoE blocks of l, their experts over a shape-only ep group (none for a dense GPT).
+nn::MoEBlocks moe_blocks(const Layout& l) {
+  nn::MoEBlocks moe;
+  if (l.experts > 0) {
+    moe.router.num_experts = l.experts;
+    moe.every = l.every;
+    moe.ep = parallel::ExpertParallel::shape_only(l.ep, 0);
+    moe.expert_tp = nn::expert_tensor_parallel_of(l.etp, l.tp);
+  }
+  return moe;
+}
+
+// The estimator's input at ZeRO stage `stage` for the GPUs of each pipeline stage: their units
+// are those of cfg's GPT built over shape-only groups (rank 0 of tp and ep: every rank of a group
+// holds as many parameters) and, in a pipeline, of that stage's StageModel.
+std::vector<engine::MemoryEstimateInput> stage_inputs(const nn::GPTConfig& cfg, const Layout& l,
+                                                      int stage,
+                                                      const engine::EngineOptions& options) {
+  nn::check_sequence_parallel(cfg, l.tp, l.sp, false);  // Ulysses' heads
+  nn::GPT<float> model(cfg, parallel::TensorParallel::shape_only(l.tp, 0), {}, moe_blocks(l));
+  const engine::ShardGroups groups = engine::shard_groups_of(
+      {.tp = l.tp, .cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp}, options);
+  if (!l.pipelined()) return {engine::model_estimate_input(model, stage, groups, options)};
+  const parallel::pipeline::Partition part =
+      parallel::pipeline::partition_model(model, l.partition_method, l.pp, l.virtual_stages);
+  std::vector<engine::MemoryEstimateInput> out;
+  for (int s = 0; s < l.pp; ++s) {
+    const parallel::pipeline::StageModel<nn::GPT<float>> m(model, part, s, l.pp);
+    out.push_back(engine::model_estimate_input(m, stage, groups, options));
+  }
+  return out;
+}
+
+// The full model's units of pipeline stage s, as "a-b" per chunk, and its replicas.
+std::string stage_units(const nn::GPTConfig& cfg, const Layout& l, int s) {
+  nn::GPT<float> model(cfg, parallel::TensorParallel::shape_only(l.tp, 0), {}, moe_blocks(l));
+  const parallel::pipeline::Partition part =
+      parallel::pipeline::partition_model(model, l.partition_method, l.pp, l.virtual_stages);
+  const parallel::pipeline::StageModel<nn::GPT<float>> m(model, part, s, l.pp);
+  std::string text;
+  for (int c = 0; c < m.num_chunks(); ++c) {
+    const engine::UnitRange r = part.chunk(s, c, l.pp);
+    text += (c > 0 ? ", " : "") + std::to_string(r.first) + "-" + std::to_string(r.last - 1);
+  }
+  for (int u = 0; u < m.num_units(); ++u) {
+    if (m.unit_is_replica(u)) text += " + a replica of unit " + std::to_string(m.global_unit(u));
+  }
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   engine::MemoryEstimateInput in;
   std::string model;
+  Layout layout;
   bool sized = false;           // --params or --largest-layer given
+  bool split = false;           // a layout flag given (they need --model)
   std::int64_t shard_size = 0;  // hybrid sharding; 0: over every GPU
   std::int64_t hpz_size = 0;    // ZeRO++ hpZ's secondary groups; 0: none
   for (int i = 1; i < argc; i += 2) {
@@ -67,6 +150,10 @@ int main(int argc, char** argv) try {
     if (!known_flag(flag)) usage("unknown flag " + flag);
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[i + 1];
+    const auto size = [&] {
+      split = true;
+      return static_cast<int>(examples::parse_integer(flag, v, 1, 1 << 20));
+    };
     if (flag == "--model")
       model = v;
     else if (flag == "--params") {
@@ -83,7 +170,27 @@ int main(int argc, char** argv) try {
       shard_size = examples::parse_integer(flag, v, 1, 1 << 30);
     else if (flag == "--hpz-size")
       hpz_size = examples::parse_integer(flag, v, 1, 1 << 30);
-    else if (flag == "--precision") {
+    else if (flag == "--tp")
+      layout.tp = size();
+    else if (flag == "--pp")
+      layout.pp = size();
+    else if (flag == "--virtual-stages")
+      layout.virtual_stages = size();
+    else if (flag == "--sp")
+      layout.sp = size();
+    else if (flag == "--ep")
+      layout.ep = size();
+    else if (flag == "--experts") {
+      split = true;
+      layout.experts = static_cast<int>(examples::parse_integer(flag, v, 2, 1 << 20));
+    } else if (flag == "--moe-every")
+      layout.every = size();
+    else if (flag == "--etp")
+      layout.etp = size();
+    else if (flag == "--partition-method") {
+      split = true;
+      layout.partition_method = v;
+    } else if (flag == "--precision") {
       if (v == "f32")
         in.precision = DType::f32;
       else if (v == "bf16")
@@ -96,69 +203,139 @@ int main(int argc, char** argv) try {
   }
   // A preset's sizes would replace the given ones without a word.
   if (!model.empty() && sized) usage("--model excludes --params and --largest-layer");
+  // Sizes alone have no layers to split.
+  if (split && model.empty()) {
+    usage("--tp, --pp, --sp, --ep and the MoE flags split a model's layers: give --model");
+  }
   // The world is an int in the estimator.
   if (static_cast<std::int64_t>(in.gpus_per_node) * in.nodes > (std::int64_t{1} << 30)) {
     usage("--gpus-per-node times --nodes must be at most 2^30");
   }
-  if (shard_size > 0 && in.world() % shard_size != 0) {
-    usage("--shard-size " + std::to_string(shard_size) + " must divide the " +
+  const std::int64_t model_split =
+      static_cast<std::int64_t>(layout.tp) * layout.pp * layout.ep * layout.sp;
+  if (in.world() % model_split != 0) {
+    usage("tp x pp x ep x sp = " + std::to_string(model_split) + " must divide the " +
           std::to_string(in.world()) + " GPUs");
   }
-  const bool hybrid = shard_size > 0 && shard_size < in.world();
-  if (hpz_size > 0 && in.world() % hpz_size != 0) {
+  if (layout.ep > 1 && layout.experts == 0) usage("--ep needs --experts (an MoE model)");
+  if (layout.virtual_stages > 1 && layout.pp == 1) usage("--virtual-stages needs --pp");
+  layout.dp = static_cast<int>(in.world() / model_split);
+  // ZeRO's data-parallel group: ep x dp (x sp under Ulysses); experts over dp (x sp).
+  const int dp_group = layout.dp * layout.sp * layout.ep;
+  if (shard_size > 0 && dp_group % shard_size != 0) {
+    usage("--shard-size " + std::to_string(shard_size) + " must divide the " +
+          std::to_string(dp_group) + " GPUs of the data-parallel group");
+  }
+  const bool hybrid = shard_size > 0 && shard_size < dp_group;
+  if (hpz_size > 0 && dp_group % hpz_size != 0) {
     usage("--hpz-size " + std::to_string(hpz_size) + " must divide the " +
-          std::to_string(in.world()) + " GPUs");
+          std::to_string(dp_group) + " GPUs of the data-parallel group");
   }
   if (hpz_size > 0 && shard_size > 0) usage("--hpz-size and --shard-size: give one");
-  const bool hpz = hpz_size > 1 && hpz_size < in.world();
-  // The engine's options by default: stage 3's gathered units and persistence threshold, stages
-  // 2-3's pending reductions (what its own check before the first allocation counts).
-  const engine::EngineOptions defaults;
-  std::int64_t units = 0, persistent = 0;
+  const bool hpz = hpz_size > 1 && hpz_size < dp_group;
+  // The engine's options by default (stage 3's gathered units and persistence threshold, stages
+  // 2-3's pending reductions: what its own check before the first allocation counts), with the
+  // groups asked for.
+  engine::EngineOptions options;
+  options.shard_size = hybrid ? static_cast<int>(shard_size) : 0;
+  options.hpz_size = hpz ? static_cast<int>(hpz_size) : 0;
+  nn::GPTConfig cfg;
   if (!model.empty()) {
-    const nn::GPTConfig c = nn::GPTConfig::preset(model);
-    in.params = c.num_parameters();
-    // nn::GPT's units: the embedding (token + position tables), one per block (12 C^2 + 13 C)
-    // and the head (ln_f; the LM head is tied to the token table). At stage 3 the units of at
-    // most persistence_threshold parameters stay gathered.
-    const std::int64_t C = c.channels;
-    const std::int64_t embedding = c.vocab_rows() * C + c.max_seq_len * C,
-                       block = 12 * C * C + 13 * C, head = 2 * C;
-    in.largest_unit_params = std::max(embedding, block);
-    units = c.num_layers + 2;
-    for (const std::int64_t n : {embedding, block, head}) {
-      if (n <= defaults.persistence_threshold) {
-        persistent += n == block ? n * c.num_layers : n;
-      }
-    }
-  }
-  if (in.params <= 0 || in.largest_unit_params <= 0)
+    cfg = nn::GPTConfig::preset(model);
+    // The vocabulary padded to a multiple of tp, as train_gpt pads it (and Megatron), so each
+    // tensor-parallel rank holds an equal slice of the token table.
+    const std::int64_t rows = (cfg.vocab_rows() + layout.tp - 1) / layout.tp * layout.tp;
+    if (rows != cfg.vocab_rows()) cfg.padded_vocab_size = rows;
+  } else if (in.params <= 0 || in.largest_unit_params <= 0) {
     usage("give --model or --params and --largest-layer");
+  }
   // Without a model, as many units as the largest fills (none small enough to persist).
-  if (units == 0) units = (in.params + in.largest_unit_params - 1) / in.largest_unit_params;
+  const std::int64_t units =
+      model.empty() ? (in.params + in.largest_unit_params - 1) / in.largest_unit_params : 0;
+  // Each pipeline stage's input at ZeRO stage s (one without a pipeline).
+  const auto inputs_at = [&](int s) {
+    if (!model.empty()) {
+      std::vector<engine::MemoryEstimateInput> staged = stage_inputs(cfg, layout, s, options);
+      for (engine::MemoryEstimateInput& x : staged) {
+        x.gpus_per_node = in.gpus_per_node;  // DeepSpeed's formulas read the world
+        x.nodes = in.nodes;
+        x.precision = in.precision;
+      }
+      return staged;
+    }
+    engine::MemoryEstimateInput x = in;
+    x.stage = s;
+    if (hybrid) {
+      x.shard_params = static_cast<double>(in.params) / static_cast<double>(shard_size);
+    }
+    x.secondary_params =
+        s == 3 && hpz ? static_cast<double>(in.params) / static_cast<double>(hpz_size) : 0.0;
+    engine::apply_options(x, options, static_cast<int>(units));
+    return std::vector<engine::MemoryEstimateInput>{x};
+  };
   if (hybrid) {
-    in.shard_params = static_cast<double>(in.params) / static_cast<double>(shard_size);
     std::printf(
         "hybrid sharding: states sharded over groups of %lld of the %d GPUs, %lld "
         "replicas\n",
-        static_cast<long long>(shard_size), in.world(),
-        static_cast<long long>(in.world() / shard_size));
+        static_cast<long long>(shard_size), dp_group,
+        static_cast<long long>(dp_group / shard_size));
   }
+  const std::vector<engine::MemoryEstimateInput> at3 = inputs_at(3);
   if (hpz) {
     std::printf(
         "hpZ: stage 3's backward gathers inside groups of %lld of the %d GPUs, from secondary "
-        "shards of %lld parameters per GPU\n",
-        static_cast<long long>(hpz_size), in.world(),
-        static_cast<long long>((in.params - persistent) / hpz_size));
+        "shards of %.0f parameters per GPU\n",
+        static_cast<long long>(hpz_size), dp_group, at3.front().secondary_params);
   }
-  std::printf(
-      "%lld parameters, largest unit %lld, %lld kept gathered at stage 3, %d GPU(s) per node x "
-      "%d node(s), %s compute, Adam (8 bytes of state per parameter)\n",
-      static_cast<long long>(in.params), static_cast<long long>(in.largest_unit_params),
-      static_cast<long long>(persistent), in.gpus_per_node, in.nodes,
-      std::string(name_of(in.precision)).c_str());
-  std::printf("%-6s %-26s | %-12s %-12s %-12s %-12s | %-12s %-12s\n", "stage", "offload",
-              "GPU at rest", "GPU peak", "CPU/node", "NVMe/node", "DS GPU", "DS CPU/node");
+  if (model.empty()) {
+    std::printf(
+        "%lld parameters, largest unit %lld, %d GPU(s) per node x %d node(s), %s compute, Adam (8 "
+        "bytes of state per parameter)\n",
+        static_cast<long long>(in.params), static_cast<long long>(in.largest_unit_params),
+        in.gpus_per_node, in.nodes, std::string(name_of(in.precision)).c_str());
+  } else {
+    std::printf(
+        "%s: %lld parameters; tp %d x pp %d x ep %d x sp %d x dp %d = %d GPUs (%d per node x %d "
+        "node(s)), %s compute, Adam (8 bytes of state per parameter)\n",
+        model.c_str(), static_cast<long long>(cfg.num_parameters()), layout.tp, layout.pp,
+        layout.ep, layout.sp, layout.dp, in.world(), in.gpus_per_node, in.nodes,
+        std::string(name_of(in.precision)).c_str());
+    if (cfg.padded_vocab_size > 0) {
+      std::printf("the vocabulary of %lld padded to %lld rows, a multiple of tp\n",
+                  static_cast<long long>(cfg.vocab_size),
+                  static_cast<long long>(cfg.padded_vocab_size));
+    }
+    if (layout.experts > 0) {
+      std::printf("MoE: %d experts in one block of every %d, %d per ep rank%s\n", layout.experts,
+                  layout.every, layout.experts / layout.ep,
+                  layout.tp > 1 ? (nn::expert_tensor_parallel_of(layout.etp, layout.tp) ==
+                                           nn::ExpertTensorParallel::experts
+                                       ? ", whole experts over tp"
+                                       : ", each split over tp")
+                                : "");
+    }
+    for (std::size_t s = 0; s < at3.size(); ++s) {
+      const std::string where = layout.pipelined()
+                                    ? "pipeline stage " + std::to_string(s) + " (units " +
+                                          stage_units(cfg, layout, static_cast<int>(s)) + ")"
+                                    : std::string("each GPU");
+      std::printf("%s: %lld parameters (padded), largest unit %lld", where.c_str(),
+                  static_cast<long long>(at3[s].params),
+                  static_cast<long long>(at3[s].largest_unit_params));
+      if (!layout.pipelined()) {
+        std::printf(", %lld kept gathered at ZeRO stage 3",
+                    static_cast<long long>(at3[s].persistent_params));
+      }
+      std::printf("\n");
+    }
+  }
+  // PipelineEngine composes with ZeRO stages 0-1 only (DeepSpeed's pipeline engine too).
+  if (layout.pipelined()) {
+    std::printf("a pipeline trains at ZeRO stage 0 or 1: stages 2-3 are left out\n");
+  }
+  std::printf("%-6s %-26s | %-12s %-12s %-12s %-12s | %-12s %-12s%s\n", "ZeRO", "offload",
+              "GPU at rest", "GPU peak", "CPU/node", "NVMe/node", "DS GPU", "DS CPU/node",
+              layout.pipelined() ? " | largest pp stage" : "");
   struct Row {
     int stage;
     OffloadDevice opt, param;
@@ -174,28 +351,34 @@ int main(int argc, char** argv) try {
                       {3, OffloadDevice::cpu, OffloadDevice::cpu, "optimizer+params->cpu"},
                       {3, OffloadDevice::nvme, OffloadDevice::nvme, "optimizer+params->nvme"}};
   for (const Row& r : rows) {
-    in.stage = r.stage;
-    in.persistent_params = r.stage == 3 ? persistent : 0;
-    in.secondary_params = r.stage == 3 && hpz ? static_cast<double>(in.params - persistent) /
-                                                    static_cast<double>(hpz_size)
-                                              : 0.0;
-    in.live_units =
-        r.stage == 3 ? engine::stage3_live_units(in.largest_unit_params, units,
-                                                 defaults.prefetch_elems, defaults.max_live_elems)
-                     : 1;
-    in.pending_reductions = r.stage >= 2 ? defaults.max_pending_reductions : 0;
-    in.offload_optimizer = r.opt;
-    in.offload_param = r.param;
-    const auto z = engine::estimate_model_states(in);
-    const auto ds = engine::deepspeed_estimate(in);
+    if (layout.pipelined() && r.stage >= 2) continue;
+    // The pipeline stage whose GPUs need the most device memory at their peak.
+    std::size_t largest = 0;
+    engine::MemoryEstimate z;
+    engine::MemoryEstimateInput x;
+    std::vector<engine::MemoryEstimateInput> staged = inputs_at(r.stage);
+    for (std::size_t s = 0; s < staged.size(); ++s) {
+      staged[s].offload_optimizer = r.opt;
+      staged[s].offload_param = r.param;
+      const engine::MemoryEstimate e = engine::estimate_model_states(staged[s]);
+      if (s == 0 || e.device_peak() > z.device_peak()) {
+        largest = s;
+        z = e;
+        x = staged[s];
+      }
+    }
+    const auto ds = engine::deepspeed_estimate(x);
     const double per_node = in.gpus_per_node;
-    const bool has_ds =
-        r.stage >= 2 && r.opt != OffloadDevice::nvme && !hybrid && !(hpz && r.stage == 3);
-    std::printf("%-6d %-26s | %s %s %s %s | %s %s\n", r.stage, r.label,
-                gib(z.device_at_rest).c_str(), gib(z.device_peak()).c_str(),
-                gib(z.host * per_node).c_str(), gib(z.nvme * per_node).c_str(),
+    // DeepSpeed's formulas are for data parallelism over every GPU.
+    const bool has_ds = r.stage >= 2 && r.opt != OffloadDevice::nvme && !hybrid &&
+                        !(hpz && r.stage == 3) && layout.plain();
+    std::printf("%-6d %-26s | %s %s %s %s | %s %s", r.stage, r.label, gib(z.device_at_rest).c_str(),
+                gib(z.device_peak()).c_str(), gib(z.host * per_node).c_str(),
+                gib(z.nvme * per_node).c_str(),
                 has_ds ? gib(ds.device_peak()).c_str() : "        -   ",
                 has_ds ? gib(ds.host).c_str() : "        -   ");
+    if (layout.pipelined()) std::printf(" | %zu", largest);
+    std::printf("\n");
   }
   return 0;
 } catch (const std::exception& e) {

@@ -28,22 +28,36 @@ class ExpertParallel {
   ExpertParallel() = default;
   /// Experts split over group.
   template <Communicator C>
-  explicit ExpertParallel(C& group) : comm_(std::make_shared<AnyComm>(group)) {}
+  explicit ExpertParallel(C& group)
+      : comm_(std::make_shared<AnyComm>(group)), size_(comm_->size()), rank_(comm_->rank()) {}
+  /// Rank `rank` of a group of `size` ranks without a communicator: an ExpertStack built over it
+  /// holds that rank's experts, and any exchange raises (comm()). For sizing a rank's model
+  /// without its group (engine/model_memory_estimate.hpp).
+  static ExpertParallel shape_only(int size, int rank) {
+    expect<ConfigError>(size >= 1 && 0 <= rank && rank < size, "ExpertParallel: rank ", rank,
+                        " of a group of ", size, " ranks");
+    ExpertParallel e;
+    e.size_ = size;
+    e.rank_ = rank;
+    return e;
+  }
 
   /// Ranks in the group (1 without one).
-  int size() const { return comm_ ? comm_->size() : 1; }
+  int size() const { return size_; }
   /// This rank in the group.
-  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int rank() const { return rank_; }
   /// True when experts split over more than one rank.
   bool active() const { return size() > 1; }
   /// The group's communicator; Error without one.
   AnyComm& comm() const {
-    expect<Error>(comm_ != nullptr, "ExpertParallel: no expert-parallel group (ep = 1)");
+    expect<Error>(comm_ != nullptr, "ExpertParallel: no expert-parallel communicator (ep = ", size_,
+                  size_ > 1 ? ", a shape-only group: its model sizes a rank and cannot run)" : ")");
     return *comm_;
   }
 
  private:
   std::shared_ptr<AnyComm> comm_;
+  int size_ = 1, rank_ = 0;
 };
 
 }  // namespace zero::parallel

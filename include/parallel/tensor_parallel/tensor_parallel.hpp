@@ -7,6 +7,8 @@
 //   nn::GPT<float> model(cfg, parallel::TensorParallel(groups.tp(), /*sequence_parallel=*/true));
 //
 // The default (no group) is tp = 1: every layer runs whole and issues no collective.
+// TensorParallel::shape_only(size, rank) is a group's shape without a communicator: a model built
+// over it has rank `rank`'s parameters (what a memory estimate needs) but cannot run.
 
 #include <memory>
 
@@ -26,24 +28,41 @@ class TensorParallel {
   /// row-parallel ones).
   template <Communicator C>
   explicit TensorParallel(C& group, bool sequence_parallel = false)
-      : comm_(std::make_shared<AnyComm>(group)), sequence_parallel_(sequence_parallel) {}
+      : comm_(std::make_shared<AnyComm>(group)),
+        size_(comm_->size()),
+        rank_(comm_->rank()),
+        sequence_parallel_(sequence_parallel) {}
+  /// Rank `rank` of a group of `size` ranks without a communicator: layers built over it take
+  /// that rank's part of every split tensor, and any collective raises (comm()). For sizing a
+  /// rank's model without its group (engine/model_memory_estimate.hpp).
+  static TensorParallel shape_only(int size, int rank, bool sequence_parallel = false) {
+    expect<ConfigError>(size >= 1 && 0 <= rank && rank < size, "TensorParallel: rank ", rank,
+                        " of a group of ", size, " ranks");
+    TensorParallel t;
+    t.size_ = size;
+    t.rank_ = rank;
+    t.sequence_parallel_ = sequence_parallel;
+    return t;
+  }
 
   /// Ranks in the group (1 without one).
-  int size() const { return comm_ ? comm_->size() : 1; }
+  int size() const { return size_; }
   /// This rank in the group.
-  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int rank() const { return rank_; }
   /// True when layers split over more than one rank.
   bool active() const { return size() > 1; }
   /// True when sequence parallelism is on (and tp > 1: with one rank it changes nothing).
   bool sequence_parallel() const { return sequence_parallel_ && active(); }
   /// The group's communicator; Error without one.
   AnyComm& comm() const {
-    expect<Error>(comm_ != nullptr, "TensorParallel: no tensor-parallel group (tp = 1)");
+    expect<Error>(comm_ != nullptr, "TensorParallel: no tensor-parallel communicator (tp = ", size_,
+                  size_ > 1 ? ", a shape-only group: its model sizes a rank and cannot run)" : ")");
     return *comm_;
   }
 
  private:
   std::shared_ptr<AnyComm> comm_;
+  int size_ = 1, rank_ = 0;
   bool sequence_parallel_ = false;
 };
 

@@ -60,6 +60,7 @@
 #include <zero/engine/memory_estimator.hpp>
 #include <zero/engine/memory_report.hpp>
 #include <zero/engine/micro_step.hpp>
+#include <zero/engine/model_memory_estimate.hpp>
 #include <zero/engine/nvme_state_store.hpp>
 #include <zero/engine/partition.hpp>
 #include <zero/engine/stage_traits.hpp>
@@ -961,36 +962,23 @@ class Engine {
     return [this](std::size_t bytes) { return backend_.make_arena(bytes, "engine activations"); };
   }
   // The memory estimator's input for this engine's units (their padded sizes, each over its
-  // own shard group), stage, precision, optimizer and options.
+  // own shard group), stage, precision, optimizer and options; model_estimate_input
+  // (model_memory_estimate.hpp) counts a model's units before an engine exists the same way.
   MemoryEstimateInput memory_estimate_input() const {
     MemoryEstimateInput in;
+    in.stage = stage;
     for (const Unit& s : units_) {
-      const std::int64_t numel = s.partition->padded_numel();
-      in.params += numel;
-      in.largest_unit_params = std::max(in.largest_unit_params, numel);
-      in.shard_params += static_cast<double>(numel) / static_cast<double>(s.group->size());
-      if (stage == 3 && s.persistent) in.persistent_params += numel;
+      in.add_unit(s.partition->padded_numel(), s.group->size(), s.persistent,
+                  s.secondary_group != nullptr ? s.secondary_group->size() : 0);
       in.kept_error_bytes +=
           static_cast<double>(exchange_.kept_error_bytes(static_cast<int>(&s - units_.data())));
-      if (stage == 3 && !s.persistent && s.secondary_group != nullptr) {
-        in.secondary_params +=
-            static_cast<double>(numel) / static_cast<double>(s.secondary_group->size());
-      }
     }
     in.gpus_per_node = comm_.size();
-    in.stage = stage;
     in.precision = dtype_of<T>;
     in.master = dtype_of<MasterT>;
     in.optimizer_state_bytes = optimizer_state_bytes(optimizer_spec_);
     in.offload_optimizer = offload_device_of<typename policies::offload>;
-    if constexpr (stage == 3) {
-      in.live_units =
-          stage3_live_units(in.largest_unit_params, static_cast<std::int64_t>(units_.size()),
-                            options_.prefetch_elems, options_.max_live_elems);
-    }
-    if constexpr (stage >= 2) in.pending_reductions = options_.max_pending_reductions;
-    in.delayed_update = options_.delayed_param_update;
-    in.device_grad_accumulator = options_.accumulate_grads_on_device;
+    apply_options(in, options_, static_cast<int>(units_.size()));
     return in;
   }
   // The step's update pass over every unit's slice. In memory, the gather of an updated slice

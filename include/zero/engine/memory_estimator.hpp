@@ -85,6 +85,20 @@ struct MemoryEstimateInput {
 
   /// Ranks in the world.
   int world() const { return gpus_per_node * nodes; }
+
+  /// Counts one unit: `padded` elements (its flat buffer as its UnitPartition pads it) sharded
+  /// over a group of `group` ranks. At stage 3 (set `stage` first) a persistent unit keeps its
+  /// whole parameters, and under hpZ one that is not leaves secondary shards over its
+  /// `secondary` ranks (0: no secondary group).
+  void add_unit(std::int64_t padded, int group, bool persistent, int secondary = 0) {
+    params += padded;
+    largest_unit_params = std::max(largest_unit_params, padded);
+    shard_params += static_cast<double>(padded) / static_cast<double>(group);
+    if (stage == 3 && persistent) persistent_params += padded;
+    if (stage == 3 && !persistent && secondary > 0) {
+      secondary_params += static_cast<double>(padded) / static_cast<double>(secondary);
+    }
+  }
 };
 
 /// Bytes per rank by where they live.
