@@ -16,19 +16,26 @@
 // blocks (--experts E every --moe-every-th block, over --ep ranks, each expert over tp or, with
 // --etp 1, whole experts over tp). The data-parallel size is what the GPUs leave: GPUs / (tp x pp x
 // ep x sp). A pipeline prints each stage's parameters and, per row, its most loaded stage.
+// --config FILE reads a DeepSpeed JSON config instead: its layout (tensor_parallel, pipeline, moe,
+// sequence_parallel_size), ZeRO stage, offload, groups (mics_shard_size, zero_hpz_partition_size),
+// stage 3's options, precision and optimizer, with "auto" filled as train_gpt fills it, and
+// prints that one row.
 //
 //   ./estimate_memory --model gpt2-xl [--gpus-per-node 8] [--nodes 1] [--precision bf16]
 //                     [--shard-size S | --hpz-size H] [--tp T] [--pp P [--virtual-stages V]
 //                     [--partition-method M]] [--sp S] [--experts E [--moe-every K] [--ep N]
 //                     [--etp 1|T]]
+//   ./estimate_memory --model gpt2-large --gpus-per-node 8 --config ds_config.json
 //   ./estimate_memory --params 7.5e9 --largest-layer 2e8 [...]
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/pipeline/stage_model.hpp>
+#include <zero/config/auto_values.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/memory_estimator.hpp>
 #include <zero/engine/model_memory_estimate.hpp>
@@ -45,7 +52,9 @@ constexpr const char* usage_line =
     "usage: estimate_memory (--model NAME | --params N --largest-layer L) [--gpus-per-node G] "
     "[--nodes M] [--precision f32|bf16|f16] [--shard-size S | --hpz-size H]\n"
     "       with --model: [--tp T] [--pp P [--virtual-stages V] [--partition-method M]] [--sp S] "
-    "[--experts E [--moe-every K] [--ep N] [--etp 1|T]]\n";
+    "[--experts E [--moe-every K] [--ep N] [--etp 1|T]]\n"
+    "       or --config ds_config.json: the config's layout, ZeRO stage, offload, precision and "
+    "optimizer\n";
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "estimate_memory: %s\n%s", why.c_str(), usage_line);
@@ -56,7 +65,7 @@ bool known_flag(const std::string& flag) {
   for (const char* f :
        {"--model", "--params", "--largest-layer", "--gpus-per-node", "--nodes", "--precision",
         "--shard-size", "--hpz-size", "--tp", "--pp", "--virtual-stages", "--partition-method",
-        "--sp", "--experts", "--moe-every", "--ep", "--etp"}) {
+        "--sp", "--experts", "--moe-every", "--ep", "--etp", "--config"}) {
     if (flag == f) return true;
   }
   return false;
@@ -140,6 +149,7 @@ int main(int argc, char** argv) try {
   bool split = false;           // a layout flag given (they need --model)
   std::int64_t shard_size = 0;  // hybrid sharding; 0: over every GPU
   std::int64_t hpz_size = 0;    // ZeRO++ hpZ's secondary groups; 0: none
+  std::string config_path;      // --config: a DeepSpeed JSON config
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -156,6 +166,8 @@ int main(int argc, char** argv) try {
     };
     if (flag == "--model")
       model = v;
+    else if (flag == "--config")
+      config_path = v;
     else if (flag == "--params") {
       in.params = examples::parse_count(flag, v);
       sized = true;
@@ -203,6 +215,30 @@ int main(int argc, char** argv) try {
   }
   // A preset's sizes would replace the given ones without a word.
   if (!model.empty() && sized) usage("--model excludes --params and --largest-layer");
+  // A config gives the layout and ZeRO's groups: flags that repeat them could disagree with it.
+  std::optional<Config> ds;
+  if (!config_path.empty()) {
+    if (split || shard_size > 0 || hpz_size > 0) {
+      usage(
+          "--config gives the layout and ZeRO's groups (tensor_parallel, pipeline, moe, "
+          "sequence_parallel_size, mics_shard_size, zero_hpz_partition_size): drop the flags "
+          "that repeat them");
+    }
+    ds = Config::from_json_file(config_path);
+    layout.tp = static_cast<int>(std::max<std::int64_t>(1, ds->tensor_parallel.tp_size));
+    layout.pp = static_cast<int>(std::max<std::int64_t>(1, ds->pipeline.stages));
+    layout.virtual_stages =
+        static_cast<int>(std::max<std::int64_t>(1, ds->pipeline.virtual_stages));
+    layout.partition_method = ds->pipeline.partition_method;
+    layout.sp = static_cast<int>(std::max<std::int64_t>(1, ds->sequence_parallel_size));
+    if (ds->moe.active()) {
+      layout.experts = static_cast<int>(ds->moe.num_experts);
+      layout.ep = static_cast<int>(ds->moe.ep_size);
+      layout.every = static_cast<int>(ds->moe.expert_interval);
+      layout.etp = static_cast<int>(ds->moe.expert_tensor_parallel_size);
+    }
+    split = !layout.plain();
+  }
   // Sizes alone have no layers to split.
   if (split && model.empty()) {
     usage("--tp, --pp, --sp, --ep and the MoE flags split a model's layers: give --model");
@@ -220,25 +256,6 @@ int main(int argc, char** argv) try {
   if (layout.ep > 1 && layout.experts == 0) usage("--ep needs --experts (an MoE model)");
   if (layout.virtual_stages > 1 && layout.pp == 1) usage("--virtual-stages needs --pp");
   layout.dp = static_cast<int>(in.world() / model_split);
-  // ZeRO's data-parallel group: ep x dp (x sp under Ulysses); experts over dp (x sp).
-  const int dp_group = layout.dp * layout.sp * layout.ep;
-  if (shard_size > 0 && dp_group % shard_size != 0) {
-    usage("--shard-size " + std::to_string(shard_size) + " must divide the " +
-          std::to_string(dp_group) + " GPUs of the data-parallel group");
-  }
-  const bool hybrid = shard_size > 0 && shard_size < dp_group;
-  if (hpz_size > 0 && dp_group % hpz_size != 0) {
-    usage("--hpz-size " + std::to_string(hpz_size) + " must divide the " +
-          std::to_string(dp_group) + " GPUs of the data-parallel group");
-  }
-  if (hpz_size > 0 && shard_size > 0) usage("--hpz-size and --shard-size: give one");
-  const bool hpz = hpz_size > 1 && hpz_size < dp_group;
-  // The engine's options by default (stage 3's gathered units and persistence threshold, stages
-  // 2-3's pending reductions: what its own check before the first allocation counts), with the
-  // groups asked for.
-  engine::EngineOptions options;
-  options.shard_size = hybrid ? static_cast<int>(shard_size) : 0;
-  options.hpz_size = hpz ? static_cast<int>(hpz_size) : 0;
   nn::GPTConfig cfg;
   if (!model.empty()) {
     cfg = nn::GPTConfig::preset(model);
@@ -249,6 +266,43 @@ int main(int argc, char** argv) try {
   } else if (in.params <= 0 || in.largest_unit_params <= 0) {
     usage("give --model or --params and --largest-layer");
   }
+  // The engine's options by default (stage 3's gathered units and persistence threshold, stages
+  // 2-3's pending reductions: what its own check before the first allocation counts), or those
+  // the config sets, with its "auto" filled as train_gpt fills it.
+  engine::EngineOptions options;
+  std::vector<std::string> chosen;
+  if (ds) {
+    config::AutoValues values;
+    values.precision = in.precision == DType::f32    ? "fp32"
+                       : in.precision == DType::bf16 ? "bf16"
+                                                     : "fp16";
+    values.hidden_size = cfg.channels;
+    chosen = config::fill_auto(*ds, values, static_cast<std::int64_t>(layout.dp) * layout.ep);
+    options = options.with_config(*ds, layout.dp * layout.ep);
+    shard_size = options.shard_size;
+    hpz_size = options.hpz_size;
+    in.precision = ds->bf16_enabled.value_or(false)   ? DType::bf16
+                   : ds->fp16.enabled.value_or(false) ? DType::f16
+                                                      : DType::f32;
+    if (ds->optimizer) in.optimizer_state_bytes = engine::optimizer_state_bytes(*ds->optimizer);
+  }
+  const std::string shard_flag = ds ? "zero_optimization.mics_shard_size = " : "--shard-size ";
+  const std::string hpz_flag = ds ? "zero_optimization.zero_hpz_partition_size = " : "--hpz-size ";
+  // ZeRO's data-parallel group: ep x dp (x sp under Ulysses); experts over dp (x sp).
+  const int dp_group = layout.dp * layout.sp * layout.ep;
+  if (shard_size > 0 && dp_group % shard_size != 0) {
+    usage(shard_flag + std::to_string(shard_size) + " must divide the " + std::to_string(dp_group) +
+          " GPUs of the data-parallel group");
+  }
+  const bool hybrid = shard_size > 0 && shard_size < dp_group;
+  if (hpz_size > 0 && dp_group % hpz_size != 0) {
+    usage(hpz_flag + std::to_string(hpz_size) + " must divide the " + std::to_string(dp_group) +
+          " GPUs of the data-parallel group");
+  }
+  if (hpz_size > 0 && shard_size > 0) usage("--hpz-size and --shard-size: give one");
+  const bool hpz = hpz_size > 1 && hpz_size < dp_group;
+  options.shard_size = hybrid ? static_cast<int>(shard_size) : 0;
+  options.hpz_size = hpz ? static_cast<int>(hpz_size) : 0;
   // Without a model, as many units as the largest fills (none small enough to persist).
   const std::int64_t units =
       model.empty() ? (in.params + in.largest_unit_params - 1) / in.largest_unit_params : 0;
@@ -260,6 +314,7 @@ int main(int argc, char** argv) try {
         x.gpus_per_node = in.gpus_per_node;  // DeepSpeed's formulas read the world
         x.nodes = in.nodes;
         x.precision = in.precision;
+        x.optimizer_state_bytes = in.optimizer_state_bytes;
       }
       return staged;
     }
@@ -281,6 +336,9 @@ int main(int argc, char** argv) try {
         static_cast<long long>(dp_group / shard_size));
   }
   const std::vector<engine::MemoryEstimateInput> at3 = inputs_at(3);
+  const std::string optimizer = (ds && ds->optimizer ? ds->optimizer->type : std::string("Adam")) +
+                                " (" + std::to_string(in.optimizer_state_bytes) +
+                                " bytes of state per parameter)";
   if (hpz) {
     std::printf(
         "hpZ: stage 3's backward gathers inside groups of %lld of the %d GPUs, from secondary "
@@ -289,17 +347,16 @@ int main(int argc, char** argv) try {
   }
   if (model.empty()) {
     std::printf(
-        "%lld parameters, largest unit %lld, %d GPU(s) per node x %d node(s), %s compute, Adam (8 "
-        "bytes of state per parameter)\n",
+        "%lld parameters, largest unit %lld, %d GPU(s) per node x %d node(s), %s compute, %s\n",
         static_cast<long long>(in.params), static_cast<long long>(in.largest_unit_params),
-        in.gpus_per_node, in.nodes, std::string(name_of(in.precision)).c_str());
+        in.gpus_per_node, in.nodes, std::string(name_of(in.precision)).c_str(), optimizer.c_str());
   } else {
     std::printf(
         "%s: %lld parameters; tp %d x pp %d x ep %d x sp %d x dp %d = %d GPUs (%d per node x %d "
-        "node(s)), %s compute, Adam (8 bytes of state per parameter)\n",
+        "node(s)), %s compute, %s\n",
         model.c_str(), static_cast<long long>(cfg.num_parameters()), layout.tp, layout.pp,
         layout.ep, layout.sp, layout.dp, in.world(), in.gpus_per_node, in.nodes,
-        std::string(name_of(in.precision)).c_str());
+        std::string(name_of(in.precision)).c_str(), optimizer.c_str());
     if (cfg.padded_vocab_size > 0) {
       std::printf("the vocabulary of %lld padded to %lld rows, a multiple of tp\n",
                   static_cast<long long>(cfg.vocab_size),
@@ -329,27 +386,47 @@ int main(int argc, char** argv) try {
       std::printf("\n");
     }
   }
+  struct Row {
+    int stage;
+    OffloadDevice opt, param;
+    std::string label;
+  };
+  std::vector<Row> rows = {{1, OffloadDevice::none, OffloadDevice::none, "none"},
+                           {1, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
+                           {2, OffloadDevice::none, OffloadDevice::none, "none"},
+                           {2, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
+                           {2, OffloadDevice::nvme, OffloadDevice::none, "optimizer->nvme"},
+                           {3, OffloadDevice::none, OffloadDevice::none, "none"},
+                           {3, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
+                           {3, OffloadDevice::cpu, OffloadDevice::cpu, "optimizer+params->cpu"},
+                           {3, OffloadDevice::nvme, OffloadDevice::nvme, "optimizer+params->nvme"}};
   // PipelineEngine composes with ZeRO stages 0-1 only (DeepSpeed's pipeline engine too).
-  if (layout.pipelined()) {
+  if (ds) {
+    const config::ZeroOptimizationConfig& z = ds->zero_optimization;
+    expect<ConfigError>(!layout.pipelined() || z.stage <= 1, "pipeline.stages = ", layout.pp,
+                        " trains at ZeRO stage 0 or 1; the config asks for stage ", z.stage);
+    const OffloadDevice opt = z.offload_optimizer.device, param = z.offload_param.device;
+    const auto where = [](OffloadDevice d) { return d == OffloadDevice::nvme ? "nvme" : "cpu"; };
+    std::string label = opt == OffloadDevice::none && param == OffloadDevice::none ? "none" : "";
+    if (opt != OffloadDevice::none) label += std::string("optimizer->") + where(opt);
+    if (param != OffloadDevice::none) {
+      label += (label.empty() ? "" : ", ") + std::string("params->") + where(param);
+    }
+    rows = {{z.stage, opt, param, label}};
+    std::printf("config %s: ZeRO stage %d, offload %s\n", config_path.c_str(), z.stage,
+                label.c_str());
+    for (const std::string& c : chosen) std::printf("config: auto: %s\n", c.c_str());
+    if (options.loco) {
+      std::printf(
+          "config: ZeRO++ LoCo's kept errors (about a byte per parameter) are not "
+          "counted\n");
+    }
+  } else if (layout.pipelined()) {
     std::printf("a pipeline trains at ZeRO stage 0 or 1: stages 2-3 are left out\n");
   }
   std::printf("%-6s %-26s | %-12s %-12s %-12s %-12s | %-12s %-12s%s\n", "ZeRO", "offload",
               "GPU at rest", "GPU peak", "CPU/node", "NVMe/node", "DS GPU", "DS CPU/node",
               layout.pipelined() ? " | largest pp stage" : "");
-  struct Row {
-    int stage;
-    OffloadDevice opt, param;
-    const char* label;
-  };
-  const Row rows[] = {{1, OffloadDevice::none, OffloadDevice::none, "none"},
-                      {1, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
-                      {2, OffloadDevice::none, OffloadDevice::none, "none"},
-                      {2, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
-                      {2, OffloadDevice::nvme, OffloadDevice::none, "optimizer->nvme"},
-                      {3, OffloadDevice::none, OffloadDevice::none, "none"},
-                      {3, OffloadDevice::cpu, OffloadDevice::none, "optimizer->cpu"},
-                      {3, OffloadDevice::cpu, OffloadDevice::cpu, "optimizer+params->cpu"},
-                      {3, OffloadDevice::nvme, OffloadDevice::nvme, "optimizer+params->nvme"}};
   for (const Row& r : rows) {
     if (layout.pipelined() && r.stage >= 2) continue;
     // The pipeline stage whose GPUs need the most device memory at their peak.
@@ -372,9 +449,9 @@ int main(int argc, char** argv) try {
     // DeepSpeed's formulas are for data parallelism over every GPU.
     const bool has_ds = r.stage >= 2 && r.opt != OffloadDevice::nvme && !hybrid &&
                         !(hpz && r.stage == 3) && layout.plain();
-    std::printf("%-6d %-26s | %s %s %s %s | %s %s", r.stage, r.label, gib(z.device_at_rest).c_str(),
-                gib(z.device_peak()).c_str(), gib(z.host * per_node).c_str(),
-                gib(z.nvme * per_node).c_str(),
+    std::printf("%-6d %-26s | %s %s %s %s | %s %s", r.stage, r.label.c_str(),
+                gib(z.device_at_rest).c_str(), gib(z.device_peak()).c_str(),
+                gib(z.host * per_node).c_str(), gib(z.nvme * per_node).c_str(),
                 has_ds ? gib(ds.device_peak()).c_str() : "        -   ",
                 has_ds ? gib(ds.host).c_str() : "        -   ");
     if (layout.pipelined()) std::printf(" | %zu", largest);
