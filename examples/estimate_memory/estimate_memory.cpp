@@ -416,11 +416,6 @@ int main(int argc, char** argv) try {
     std::printf("config %s: ZeRO stage %d, offload %s\n", config_path.c_str(), z.stage,
                 label.c_str());
     for (const std::string& c : chosen) std::printf("config: auto: %s\n", c.c_str());
-    if (options.loco) {
-      std::printf(
-          "config: ZeRO++ LoCo's kept errors (about a byte per parameter) are not "
-          "counted\n");
-    }
   } else if (layout.pipelined()) {
     std::printf("a pipeline trains at ZeRO stage 0 or 1: stages 2-3 are left out\n");
   }

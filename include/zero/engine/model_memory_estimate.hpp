@@ -3,7 +3,7 @@
 // the units an Engine<M, ZeroStage<stage>> over that rank's groups would allocate, each padded
 // as its UnitPartition pads it and sharded over its own group (an expert unit over the expert
 // data-parallel group), with the engine's options (stage 3's persistent and gathered units,
-// pending reductions, hybrid sharding's and hpZ's groups). The engine's own
+// pending reductions, hybrid sharding's and hpZ's groups, LoCo's kept errors). The engine's own
 // memory_estimate_input() counts its units through the same MemoryEstimateInput::add_unit and
 // apply_options, so the two agree by construction; tests/engine/test_memory_estimator.cpp checks
 // both against memory_report().
@@ -27,6 +27,7 @@
 
 #include <parallel/topology.hpp>
 #include <zero/core/error.hpp>
+#include <zero/core/int8_blocks.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/memory_estimator.hpp>
 #include <zero/engine/partition.hpp>
@@ -96,8 +97,9 @@ inline void apply_options(MemoryEstimateInput& in, const EngineOptions& options,
 
 /// The estimator's input for model's units on one rank at ZeRO stage `stage`, sharded over
 /// groups (see the file comment). The precision, master type, optimizer-state bytes and
-/// offload keep their defaults (bf16, f32, Adam's 8, none): set them on the result. ZeRO++
-/// LoCo's kept errors are left out (the engine counts them from its exchange).
+/// offload keep their defaults (bf16, f32, Adam's 8, none): set them on the result. Under ZeRO++
+/// LoCo (options.loco) each unit's kept errors are counted as UnitExchange keeps them: its whole
+/// gradient's runs block-wise int8, and under hpZ's two hops its partial sums' runs too.
 template <nn::Model M>
 MemoryEstimateInput model_estimate_input(const M& model, int stage, const ShardGroups& groups,
                                          const EngineOptions& options) {
@@ -115,8 +117,14 @@ MemoryEstimateInput model_estimate_input(const M& model, int stage, const ShardG
     const int group = expert ? groups.experts : groups.dense;
     const UnitPartition p(model.unit_params(u), group, options.shard_alignment);
     const bool persistent = stage < 3 || p.numel() <= options.persistence_threshold;
-    in.add_unit(p.padded_numel(), group, persistent,
-                expert ? groups.experts_secondary : groups.dense_secondary);
+    const int secondary = expert ? groups.experts_secondary : groups.dense_secondary;
+    in.add_unit(p.padded_numel(), group, persistent, secondary);
+    if (options.loco) {
+      // qgZ's second hop runs across the secondary groups (EngineGroups::secondary_within).
+      const int across = secondary > 0 && options.quantized_gradients ? group / secondary : 0;
+      in.kept_error_bytes +=
+          static_cast<double>((group + across) * quant::int8_packed_bytes(p.shard_numel()));
+    }
   }
   apply_options(in, options, units);
   return in;
