@@ -101,43 +101,53 @@ nn::MoEBlocks moe_blocks(const Layout& l) {
   return moe;
 }
 
-// The estimator's input at ZeRO stage `stage` for the GPUs of each pipeline stage: their units
-// are those of cfg's GPT built over shape-only groups (rank 0 of tp and ep: every rank of a group
-// holds as many parameters) and, in a pipeline, of that stage's StageModel.
-std::vector<engine::MemoryEstimateInput> stage_inputs(const nn::GPTConfig& cfg, const Layout& l,
-                                                      int stage,
-                                                      const engine::EngineOptions& options) {
-  nn::check_sequence_parallel(cfg, l.tp, l.sp, false);  // Ulysses' heads
-  nn::GPT<float> model(cfg, parallel::TensorParallel::shape_only(l.tp, 0), {}, moe_blocks(l));
-  const engine::ShardGroups groups = engine::shard_groups_of(
-      {.tp = l.tp, .cp = l.sp, .ep = l.ep, .dp = l.dp, .pp = l.pp}, options);
-  if (!l.pipelined()) return {engine::model_estimate_input(model, stage, groups, options)};
-  const parallel::pipeline::Partition part =
-      parallel::pipeline::partition_model(model, l.partition_method, l.pp, l.virtual_stages);
-  std::vector<engine::MemoryEstimateInput> out;
-  for (int s = 0; s < l.pp; ++s) {
-    const parallel::pipeline::StageModel<nn::GPT<float>> m(model, part, s, l.pp);
-    out.push_back(engine::model_estimate_input(m, stage, groups, options));
+// cfg's GPT as rank 0 of its tp and ep groups holds it (every rank of a group holds as many
+// parameters), built over shape-only groups, and in a pipeline the partition PipelineEngine makes.
+class ShapeModel {
+ public:
+  ShapeModel(const nn::GPTConfig& cfg, const Layout& l)
+      : layout_(l),
+        model_((nn::check_sequence_parallel(cfg, l.tp, l.sp, false), cfg),  // Ulysses' heads
+               parallel::TensorParallel::shape_only(l.tp, 0), {}, moe_blocks(l)) {
+    if (l.pipelined()) {
+      part_ =
+          parallel::pipeline::partition_model(model_, l.partition_method, l.pp, l.virtual_stages);
+    }
   }
-  return out;
-}
 
-// The full model's units of pipeline stage s, as "a-b" per chunk, and its replicas.
-std::string stage_units(const nn::GPTConfig& cfg, const Layout& l, int s) {
-  nn::GPT<float> model(cfg, parallel::TensorParallel::shape_only(l.tp, 0), {}, moe_blocks(l));
-  const parallel::pipeline::Partition part =
-      parallel::pipeline::partition_model(model, l.partition_method, l.pp, l.virtual_stages);
-  const parallel::pipeline::StageModel<nn::GPT<float>> m(model, part, s, l.pp);
-  std::string text;
-  for (int c = 0; c < m.num_chunks(); ++c) {
-    const engine::UnitRange r = part.chunk(s, c, l.pp);
-    text += (c > 0 ? ", " : "") + std::to_string(r.first) + "-" + std::to_string(r.last - 1);
+  // The estimator's input at ZeRO stage `stage` for the GPUs of each pipeline stage (one without
+  // a pipeline): the whole model's units, or that stage's StageModel's.
+  std::vector<engine::MemoryEstimateInput> stage_inputs(int stage,
+                                                        const engine::ShardGroups& groups,
+                                                        const engine::EngineOptions& options) {
+    if (!part_) return {engine::model_estimate_input(model_, stage, groups, options)};
+    std::vector<engine::MemoryEstimateInput> out;
+    for (int s = 0; s < layout_.pp; ++s) {
+      const parallel::pipeline::StageModel<nn::GPT<float>> m(model_, *part_, s, layout_.pp);
+      out.push_back(engine::model_estimate_input(m, stage, groups, options));
+    }
+    return out;
   }
-  for (int u = 0; u < m.num_units(); ++u) {
-    if (m.unit_is_replica(u)) text += " + a replica of unit " + std::to_string(m.global_unit(u));
+
+  // The full model's units of pipeline stage s, as "a-b" per chunk, and its replicas.
+  std::string stage_units(int s) {
+    const parallel::pipeline::StageModel<nn::GPT<float>> m(model_, *part_, s, layout_.pp);
+    std::string text;
+    for (int c = 0; c < m.num_chunks(); ++c) {
+      const engine::UnitRange r = part_->chunk(s, c, layout_.pp);
+      text += (c > 0 ? ", " : "") + std::to_string(r.first) + "-" + std::to_string(r.last - 1);
+    }
+    for (int u = 0; u < m.num_units(); ++u) {
+      if (m.unit_is_replica(u)) text += " + a replica of unit " + std::to_string(m.global_unit(u));
+    }
+    return text;
   }
-  return text;
-}
+
+ private:
+  Layout layout_;
+  nn::GPT<float> model_;
+  std::optional<parallel::pipeline::Partition> part_;
+};
 
 }  // namespace
 
@@ -306,10 +316,19 @@ int main(int argc, char** argv) try {
   // Without a model, as many units as the largest fills (none small enough to persist).
   const std::int64_t units =
       model.empty() ? (in.params + in.largest_unit_params - 1) / in.largest_unit_params : 0;
+  // The model over shape-only groups and the groups ZeRO shards its units over, made once.
+  std::optional<ShapeModel> shape;
+  engine::ShardGroups groups;
+  if (!model.empty()) {
+    shape.emplace(cfg, layout);
+    groups = engine::shard_groups_of(
+        {.tp = layout.tp, .cp = layout.sp, .ep = layout.ep, .dp = layout.dp, .pp = layout.pp},
+        options);
+  }
   // Each pipeline stage's input at ZeRO stage s (one without a pipeline).
   const auto inputs_at = [&](int s) {
     if (!model.empty()) {
-      std::vector<engine::MemoryEstimateInput> staged = stage_inputs(cfg, layout, s, options);
+      std::vector<engine::MemoryEstimateInput> staged = shape->stage_inputs(s, groups, options);
       for (engine::MemoryEstimateInput& x : staged) {
         x.gpus_per_node = in.gpus_per_node;  // DeepSpeed's formulas read the world
         x.nodes = in.nodes;
@@ -374,7 +393,7 @@ int main(int argc, char** argv) try {
     for (std::size_t s = 0; s < at3.size(); ++s) {
       const std::string where = layout.pipelined()
                                     ? "pipeline stage " + std::to_string(s) + " (units " +
-                                          stage_units(cfg, layout, static_cast<int>(s)) + ")"
+                                          shape->stage_units(static_cast<int>(s)) + ")"
                                     : std::string("each GPU");
       std::printf("%s: %lld parameters (padded), largest unit %lld", where.c_str(),
                   static_cast<long long>(at3[s].params),

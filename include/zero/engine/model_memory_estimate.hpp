@@ -5,8 +5,8 @@
 // data-parallel group), with the engine's options (stage 3's persistent and gathered units,
 // pending reductions, hybrid sharding's and hpZ's groups, LoCo's kept errors). The engine's own
 // memory_estimate_input() counts its units through the same MemoryEstimateInput::add_unit and
-// apply_options, so the two agree by construction; tests/engine/test_memory_estimator.cpp checks
-// both against memory_report().
+// apply_options, so the two agree by construction; tests/engine/test_model_memory_estimate.cpp
+// checks both against memory_report().
 //
 // A model split over tensor, pipeline or expert parallelism is sized without its groups by
 // building it over shape-only groups (parallel::TensorParallel::shape_only,
@@ -27,10 +27,10 @@
 
 #include <parallel/topology.hpp>
 #include <zero/core/error.hpp>
-#include <zero/core/int8_blocks.hpp>
 #include <zero/engine/engine_options.hpp>
 #include <zero/engine/memory_estimator.hpp>
 #include <zero/engine/partition.hpp>
+#include <zero/engine/unit_storage.hpp>
 #include <zero/nn/model.hpp>
 
 namespace zero::engine {
@@ -122,8 +122,8 @@ MemoryEstimateInput model_estimate_input(const M& model, int stage, const ShardG
     if (options.loco) {
       // qgZ's second hop runs across the secondary groups (EngineGroups::secondary_within).
       const int across = secondary > 0 && options.quantized_gradients ? group / secondary : 0;
-      in.kept_error_bytes +=
-          static_cast<double>((group + across) * quant::int8_packed_bytes(p.shard_numel()));
+      in.kept_error_bytes += static_cast<double>(loco_kept_error_bytes(p.shard_numel(), group) +
+                                                 loco_kept_error_bytes(p.shard_numel(), across));
     }
   }
   apply_options(in, options, units);

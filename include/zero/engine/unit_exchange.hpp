@@ -499,8 +499,8 @@ class UnitExchange {
   std::size_t kept_bytes(int u, bool hop) const {
     const Unit& s = units_[static_cast<std::size_t>(u)];
     const int runs = hop ? s.across_secondary->size() : s.group->size();
-    const auto n = static_cast<std::int64_t>(s.numel(Extent::shard));
-    return static_cast<std::size_t>(runs * quant::int8_packed_bytes(n));
+    return static_cast<std::size_t>(
+        loco_kept_error_bytes(static_cast<std::int64_t>(s.numel(Extent::shard)), runs));
   }
   // LoCo: the error kept for unit u's next packing (hop: its second hop's, else its gradient's),
   // made zeroed for its first packing and zeroed again after loco_reset_interval packings; null

@@ -34,12 +34,21 @@
 #include <parallel/comm/any_comm.hpp>
 #include <parallel/comm/work.hpp>
 #include <zero/core/error.hpp>
+#include <zero/core/int8_blocks.hpp>
 #include <zero/engine/memory_report.hpp>
 #include <zero/engine/partition.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/policies/offload.hpp>
 
 namespace zero::engine {
+
+/// ZeRO++ LoCo's kept errors of one packing, in bytes: `runs` runs of a shard of `shard_numel`
+/// elements, block-wise int8 (UnitExchange keeps one for a unit's gradient, runs = its group's
+/// size, and under hpZ's two hops one for its partial sums, runs = the ranks across the secondary
+/// groups; the memory estimate counts the same).
+inline std::int64_t loco_kept_error_bytes(std::int64_t shard_numel, std::int64_t runs) {
+  return runs * quant::int8_packed_bytes(shard_numel);
+}
 
 /// What a buffer of a unit is for.
 enum class BufferRole : unsigned char {
