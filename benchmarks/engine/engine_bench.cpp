@@ -3,7 +3,9 @@
 // same global batch in the same run; the ratio is the cost of sharding and communication on
 // this machine. Then the step with Offload<NVMe> (AdamW states in files under --nvme-path,
 // streamed through the swapper at every step) beside the same engine without offload, at stages
-// 1-3 on 1 and 2 ranks ("engine_step_nvme" lines; --nvme-path "" skips them). Then hybrid
+// 1-3 on 1 and 2 ranks ("engine_step_nvme" lines; --nvme-path "" skips them); at stage 3 also
+// with the master slices read when their gathers start instead of ahead (nvme_read_ahead off),
+// and for both the time a step waited for those reads and how many were read ahead. Then hybrid
 // sharding (EngineOptions::shard_size) at stages 1-3 on 4 ranks in shard groups of 2 beside plain
 // ZeRO on the 4 ("engine_step_hybrid" lines): the step time, and one step's bus bytes per rank
 // inside the shard group and across the replicas, which is what would cross between nodes. Then
@@ -17,7 +19,7 @@
 // per configuration.
 //
 //   ./engine_bench [--layers 4] [--channels 128] [--seq 64] [--batch 8] [--repeats 5]
-//                  [--nvme-path /var/tmp]
+//                  [--nvme-path /var/tmp] [--only engine|nvme|hybrid|zeropp]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +40,7 @@
 #include <zero/engine/dispatch.hpp>
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
+#include <zero/offload/tensor_read_stats.hpp>
 
 #include "../bench_flags.hpp"
 #include "../bench_timing.hpp"
@@ -120,6 +123,7 @@ struct Variant {
   std::string nvme_path = {};
   engine::EngineOptions options = {};
   StepTraffic* traffic = nullptr;
+  offload::TensorReadStats* reads = nullptr;  ///< rank 0's master-slice reads of the timed steps
 };
 double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank,
                  const Variant& variant = {}) {
@@ -156,8 +160,14 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
         eng.synchronize();
       };
       step();
+      const offload::TensorReadStats before = eng.nvme_read_stats();
       const double t = 1e3 * bench::best_seconds(s.repeats, step);
       if (comm.rank() == 0) ms = t;
+      if (variant.reads != nullptr && comm.rank() == 0) {
+        const offload::TensorReadStats after = eng.nvme_read_stats();
+        *variant.reads = {after.read_ahead - before.read_ahead, after.on_demand - before.on_demand,
+                          after.dropped - before.dropped, after.wait_s - before.wait_s};
+      }
       if (traffic == nullptr) return;
       logger->reset();
       step();
@@ -236,16 +246,36 @@ void zeropp_line(const BenchShape& s, int ranks, const ZeroPP& parts, int thread
   std::fflush(stdout);
 }
 
-// One "engine_step_nvme" line: `stage` with and without Offload<NVMe>, measured back to back.
+// One "engine_step_nvme" line: `stage` with and without Offload<NVMe>, measured back to back; at
+// stage 3 also with the master slices read on demand (nvme_read_ahead off), and for both the
+// wait for the gathers' reads per step and the reads per step served ahead and on demand.
 void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std::string& path) {
   const double plain = engine_ms(s, stage, ranks, threads);
-  const double nvme = engine_ms(s, stage, ranks, threads, {.nvme_path = path});
+  offload::TensorReadStats reads;
+  const double nvme = engine_ms(s, stage, ranks, threads, {.nvme_path = path, .reads = &reads});
+  const double per_step = 1.0 / s.repeats;
+  std::string stage3;
+  if (stage == 3) {
+    offload::TensorReadStats demand_reads;
+    Variant on_demand{.nvme_path = path, .reads = &demand_reads};
+    on_demand.options.nvme_read_ahead = false;
+    const double demand = engine_ms(s, stage, ranks, threads, on_demand);
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  ", \"read_wait_ms\": %.3f, \"reads_ahead\": %.1f, \"reads_on_demand\": %.1f, "
+                  "\"no_read_ahead_ms\": %.3f, \"no_read_ahead_ratio\": %.3f, "
+                  "\"no_read_ahead_read_wait_ms\": %.3f",
+                  1e3 * reads.wait_s * per_step, static_cast<double>(reads.read_ahead) * per_step,
+                  static_cast<double>(reads.on_demand) * per_step, demand, demand / plain,
+                  1e3 * demand_reads.wait_s * per_step);
+    stage3 = buf;
+  }
   std::printf(
       "{\"bench\": \"engine_step_nvme\", \"config\": {\"stage\": %d, \"ranks\": %d, "
       "\"threads_per_rank\": %d, \"params\": %lld, \"nvme_path\": \"%s\"}, "
-      "\"value\": %.3f, \"unit\": \"ms\", \"no_offload_ms\": %.3f, \"ratio\": %.3f}\n",
+      "\"value\": %.3f, \"unit\": \"ms\", \"no_offload_ms\": %.3f, \"ratio\": %.3f%s}\n",
       stage, ranks, threads, static_cast<long long>(model_config(s).num_parameters()), path.c_str(),
-      nvme, plain, nvme / plain);
+      nvme, plain, nvme / plain, stage3.c_str());
   std::fflush(stdout);
 }
 
@@ -254,44 +284,54 @@ void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std
 int main(int argc, char** argv) {
   BenchShape s;
   std::string nvme_path = "/var/tmp";
+  std::string only;  // one section: engine, nvme, hybrid or zeropp
   if (!bench::parse_flags(argc, argv, "engine_bench",
                           {{"--nvme-path", &nvme_path},
+                           {"--only", &only},
                            {"--layers", &s.layers},
                            {"--channels", &s.channels},
                            {"--seq", &s.seq},
                            {"--batch", &s.batch},
                            {"--repeats", &s.repeats}}))
     return 2;
+  if (!only.empty() && only != "engine" && only != "nvme" && only != "hybrid" && only != "zeropp") {
+    std::fprintf(stderr, "engine_bench: --only takes engine, nvme, hybrid or zeropp, not '%s'\n",
+                 only.c_str());
+    return 2;
+  }
+  const auto runs = [&](const char* section) { return only.empty() || only == section; };
   // Every configuration uses all cores: OpenMP threads in the single process, ranks x threads
   // per rank in the engine runs.
   const int cores = std::max(1u, std::thread::hardware_concurrency());
-  const double baseline = single_process_ms(s, cores);
-  const auto params = model_config(s).num_parameters();
-  std::printf(
-      "{\"bench\": \"engine_step\", \"config\": {\"mode\": \"single_process\", "
-      "\"params\": %lld, \"batch\": %lld, \"seq\": %lld, \"threads\": %d}, "
-      "\"value\": %.3f, \"unit\": \"ms\"}\n",
-      static_cast<long long>(params), static_cast<long long>(s.batch),
-      static_cast<long long>(s.seq), cores, baseline);
-  for (int ranks : {1, 2, 4}) {
-    for (int stage = 0; stage <= 3; ++stage) {
-      const int threads = ranks >= cores ? 1 : cores / ranks;
-      const double ms = engine_ms(s, stage, ranks, threads);
-      std::printf(
-          "{\"bench\": \"engine_step\", \"config\": {\"mode\": \"engine\", \"stage\": %d, "
-          "\"ranks\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
-          "\"unit\": \"ms\", \"single_process_ms\": %.3f, \"ratio\": %.3f}\n",
-          stage, ranks, threads, static_cast<long long>(params), ms, baseline, ms / baseline);
-      std::fflush(stdout);
+  if (runs("engine")) {
+    const double baseline = single_process_ms(s, cores);
+    const auto params = model_config(s).num_parameters();
+    std::printf(
+        "{\"bench\": \"engine_step\", \"config\": {\"mode\": \"single_process\", "
+        "\"params\": %lld, \"batch\": %lld, \"seq\": %lld, \"threads\": %d}, "
+        "\"value\": %.3f, \"unit\": \"ms\"}\n",
+        static_cast<long long>(params), static_cast<long long>(s.batch),
+        static_cast<long long>(s.seq), cores, baseline);
+    for (int ranks : {1, 2, 4}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        const int threads = ranks >= cores ? 1 : cores / ranks;
+        const double ms = engine_ms(s, stage, ranks, threads);
+        std::printf(
+            "{\"bench\": \"engine_step\", \"config\": {\"mode\": \"engine\", \"stage\": %d, "
+            "\"ranks\": %d, \"threads_per_rank\": %d, \"params\": %lld}, \"value\": %.3f, "
+            "\"unit\": \"ms\", \"single_process_ms\": %.3f, \"ratio\": %.3f}\n",
+            stage, ranks, threads, static_cast<long long>(params), ms, baseline, ms / baseline);
+        std::fflush(stdout);
+      }
     }
   }
-  if (!nvme_path.empty()) {
+  if (!nvme_path.empty() && runs("nvme")) {
     for (int ranks : {1, 2}) {
       const int threads = ranks >= cores ? 1 : cores / ranks;
       for (int stage = 1; stage <= 3; ++stage) nvme_line(s, stage, ranks, threads, nvme_path);
     }
   }
-  for (int stage = 1; stage <= 3; ++stage) {
+  for (int stage = 1; stage <= 3 && runs("hybrid"); ++stage) {
     hybrid_line(s, stage, 4, 2, std::max(1, cores / 4));
   }
   for (const ZeroPP& parts :
@@ -301,6 +341,7 @@ int main(int argc, char** argv) {
         ZeroPP{.hpz = 2, .qwz = true, .qgz = true, .qgz_bits = 4},
         ZeroPP{.qgz = true, .qgz_bits = 4, .loco = true},
         ZeroPP{.hpz = 2, .qgz = true, .qgz_bits = 4, .loco = true}}) {
+    if (!runs("zeropp")) break;
     zeropp_line(s, 4, parts, std::max(1, cores / 4));
   }
   return 0;

@@ -305,6 +305,112 @@ TEST_CASE("offload_param selects the same NVMe offload and is refused without it
                     Catch::Contains("offload_param.device") && Catch::Contains("Offload<none>"));
 }
 
+namespace {
+
+// A stage-3 config whose every unit is gathered for its forward and backward (none persistent),
+// with the master and states in files under nvme (none: no offload), buffer_count 4 (three reads
+// ahead at once), and stage3_prefetch_bucket_size prefetch.
+Config read_ahead_config(const std::filesystem::path& nvme, std::int64_t prefetch = 50'000'000) {
+  Config cfg = offload_config(3, nvme);
+  if (!nvme.empty()) cfg.zero_optimization.offload_optimizer.buffer_count = 4;
+  cfg.zero_optimization.stage3_param_persistence_threshold = 0;
+  cfg.zero_optimization.stage3_prefetch_bucket_size = prefetch;
+  return cfg;
+}
+
+// Rank 0's parameters and master-slice reads after `steps` steps of cfg under options.
+struct ReadAheadRun {
+  std::vector<float> params;
+  offload::TensorReadStats reads;
+  int units = 0;
+};
+// tiny() with six blocks: enough units for a window of reads ahead.
+nn::GPTConfig six_blocks() {
+  nn::GPTConfig c = tiny();
+  c.num_layers = 6;
+  return c;
+}
+ReadAheadRun train_read_ahead(int world, const Config& cfg, const engine::EngineOptions& base,
+                              int steps) {
+  ReadAheadRun out;
+  LocalComm::run(world, [&](LocalComm& comm) {
+    nn::GPT<float> model(six_blocks());
+    engine::EngineOptions options = base;
+    options.activation_bytes = 32 << 20;
+    engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>> eng(model, comm, cfg, options);
+    for (int step = 0; step < steps; ++step) {
+      const GlobalBatch b(micro_rows * world, step, tiny().vocab_size);
+      eng.forward(b.micro(0, comm.rank(), world));
+      eng.backward();
+      eng.step();
+    }
+    const auto reads = eng.nvme_read_stats();
+    std::vector<float> mine;
+    for (int u = 0; u < eng.num_units(); ++u) {
+      const auto v = eng.gather_unit_values(u);
+      mine.insert(mine.end(), v.begin(), v.end());
+    }
+    if (comm.rank() == 0) {
+      out = {mine, reads, eng.num_units()};
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Offload<NVMe> stage 3 reads master slices ahead of their gathers, same values",
+          "[unit][engine][offload]") {
+  zero::testing::TempDir nvme("engine-nvme-ahead", "/var/tmp");
+  const int steps = 3;
+  for (int world : {1, 2}) {
+    INFO("world " << world);
+    engine::EngineOptions plain_options;
+    plain_options.activation_bytes = 32 << 20;
+    std::vector<float> plain;
+    LocalComm::run(world, [&](LocalComm& comm) {
+      nn::GPT<float> model(six_blocks());
+      engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(model, comm, read_ahead_config({}),
+                                                       plain_options);
+      for (int step = 0; step < steps; ++step) {
+        const GlobalBatch b(micro_rows * world, step, tiny().vocab_size);
+        eng.forward(b.micro(0, comm.rank(), world));
+        eng.backward();
+        eng.step();
+      }
+      std::vector<float> mine;
+      for (int u = 0; u < eng.num_units(); ++u) {
+        const auto v = eng.gather_unit_values(u);
+        mine.insert(mine.end(), v.begin(), v.end());
+      }
+      if (comm.rank() == 0) plain = mine;
+    });
+    const Config cfg = read_ahead_config(nvme.path());
+    const auto ahead = train_read_ahead(world, cfg, {}, steps);  // the default: read ahead
+    engine::EngineOptions off;
+    off.nvme_read_ahead = false;
+    const auto demand = train_read_ahead(world, cfg, off, steps);
+    // Nothing prefetched: nothing read ahead either.
+    const auto unprefetched = train_read_ahead(world, read_ahead_config(nvme.path(), 0), {}, steps);
+    CHECK(same_bits(plain, ahead.params));
+    CHECK(same_bits(plain, demand.params));
+    CHECK(same_bits(plain, unprefetched.params));
+    // Every gather from the files read its slice once, ahead or not: the same number of reads.
+    const auto total = [](const offload::TensorReadStats& r) { return r.read_ahead + r.on_demand; };
+    CHECK(total(ahead.reads) == total(demand.reads));
+    CHECK(total(unprefetched.reads) == total(demand.reads));
+    CHECK(total(demand.reads) >= 2 * steps * (ahead.units - 1));  // forward and backward
+    CHECK(demand.reads.read_ahead == 0);
+    CHECK(unprefetched.reads.read_ahead == 0);
+    // With a window, only the first two gathers of a pass read their slice when they start (the
+    // first unit's, and the next one's, which its prefetch starts at once); every read ahead is
+    // used.
+    CHECK(ahead.reads.on_demand <= 4 * steps);
+    CHECK(ahead.reads.read_ahead >= total(ahead.reads) - 4 * steps);
+    CHECK(ahead.reads.dropped == 0);
+  }
+}
+
 TEST_CASE("Offload<NVMe> in bf16 trains exactly like bf16 without offload",
           "[unit][engine][offload]") {
   zero::testing::TempDir nvme("engine-nvme-bf16", "/var/tmp");

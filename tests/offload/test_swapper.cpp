@@ -281,6 +281,112 @@ TEST_CASE("swap_in_tensor reads one tensor alone, nothing swaps inside a pass", 
   CHECK(again == values(2, 1, static_cast<std::int64_t>(again.size())));
 }
 
+TEST_CASE("swap_in_tensor takes its read ahead, and a pass or a swap_out drops the reads it staled",
+          "[unit][offload]") {
+  const auto backend = GENERATE(from_range(zero::testing::backends()));
+  INFO("engine " << zero::testing::name_of(backend));
+  TempDir dir("ahead", zero::testing::direct_io_base());
+  NvmeSwapper s(small_config(dir.path(), 4), odd_groups(5), opts(backend));
+  REQUIRE(s.read_ahead_capacity() == 3);
+  const auto numel = [&](std::size_t g, std::size_t t) {
+    return static_cast<std::size_t>(s.layout(g).tensors[t].numel);
+  };
+  std::vector<float> out(numel(2, 1), -1.0f);
+  CHECK(s.read_ahead(2, 1));  // never written: holds a buffer, reads nothing, gives zeros
+  s.swap_in_tensor(2, 1, out);
+  CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
+  CHECK(s.read_stats().on_demand == 1);
+  fill(s);
+  CHECK(s.read_ahead(0, 0));
+  CHECK(s.read_ahead(1, 0));
+  CHECK(s.read_ahead(1, 0));  // already held
+  CHECK(s.read_ahead(2, 2));
+  CHECK_FALSE(s.read_ahead(3, 0));  // every buffer but the first is held
+  CHECK(s.reading_ahead(1, 0));
+  CHECK_FALSE(s.reading_ahead(3, 0));
+  std::vector<float> one(numel(1, 0));
+  s.swap_in_tensor(1, 0, one);
+  CHECK(one == values(1, 0, static_cast<std::int64_t>(one.size())));
+  CHECK(s.read_stats().read_ahead == 1);
+  CHECK_FALSE(s.reading_ahead(1, 0));
+  CHECK(s.read_ahead(3, 0));  // its buffer is free again
+  // A swap_out of group 0 drops group 0's read (its bytes are stale), and only that one.
+  std::vector<std::vector<float>> fresh;
+  std::vector<std::span<const float>> spans;
+  for (std::size_t t = 0; t < 3; ++t) {
+    fresh.push_back(values(0, t + 7, static_cast<std::int64_t>(numel(0, t))));
+    spans.emplace_back(fresh.back());
+  }
+  s.swap_out(0, spans);
+  CHECK_FALSE(s.reading_ahead(0, 0));
+  CHECK(s.reading_ahead(3, 0));
+  CHECK(s.read_stats().dropped == 1);
+  std::vector<float> zero0(numel(0, 0));
+  s.swap_in_tensor(0, 0, zero0);
+  CHECK(zero0 == fresh[0]);
+  // A pass drops the rest: it needs their buffers, and it changes the groups.
+  CHECK(s.read_ahead(0, 0));
+  CHECK_THROWS_WITH(s.for_each_group([&](std::size_t g, std::span<const std::span<float>>) {
+    if (g == 1) (void)s.read_ahead(4, 0);
+  }),
+                    Catch::Contains("inside for_each_group"));
+  s.for_each_group([](std::size_t g, std::span<const std::span<float>> t) { update(g, t, 1); });
+  CHECK(s.read_stats().dropped == 4);  // (0, 0), (2, 2) and (3, 0), by the refused pass
+  for (std::size_t g = 0; g < 5; ++g) CHECK_FALSE(s.reading_ahead(g, 0));
+  for (std::size_t g : {2u, 3u}) {
+    CHECK(s.read_ahead(g, g == 2 ? 2 : 0));
+  }
+  const auto whole2 = read(s, 2);
+  const auto whole3 = read(s, 3);
+  std::vector<float> t22(numel(2, 2)), t30(numel(3, 0));
+  s.swap_in_tensor(3, 0, t30);
+  s.swap_in_tensor(2, 2, t22);
+  CHECK(t22 == whole2[2]);
+  CHECK(t30 == whole3[0]);
+  CHECK(s.read_stats().read_ahead == 3);
+  CHECK(s.read_stats().wait_s > 0);
+  // One buffer: nothing reads ahead.
+  TempDir one_dir("ahead1", zero::testing::direct_io_base());
+  NvmeSwapper single(small_config(one_dir.path(), 1), odd_groups(2), opts(backend));
+  CHECK(single.read_ahead_capacity() == 0);
+  CHECK_FALSE(single.read_ahead(0, 0));
+}
+
+TEST_CASE("a read ahead that fails throws from its swap_in_tensor, as a read then would have",
+          "[unit][offload]") {
+  const auto backend = GENERATE(from_range(zero::testing::backends()));
+  INFO("engine " << zero::testing::name_of(backend));
+  TempDir dir("aheadfault", zero::testing::direct_io_base());
+  // The first read request fails: the read ahead of group 1's master.
+  auto faults = std::make_shared<FaultInjector>(0, EIO, IoOp::read);
+  NvmeSwapper s(small_config(dir.path(), 3), odd_groups(3), opts(backend, 0, faults));
+  fill(s);
+  CHECK(s.read_ahead(1, 0));
+  std::vector<float> out(static_cast<std::size_t>(s.layout(1).tensors[0].numel));
+  CHECK_THROWS_WITH(s.swap_in_tensor(1, 0, out), Catch::Contains(s.file_of(1).string()));
+  CHECK(faults->fired() == 1);
+  CHECK_FALSE(s.reading_ahead(1, 0));
+  s.swap_in_tensor(1, 0, out);  // read again, now it succeeds
+  CHECK(out == values(1, 0, static_cast<std::int64_t>(out.size())));
+  // A group whose last write failed: its read ahead holds a buffer, reads nothing, and its
+  // swap_in_tensor says why, as without the read ahead.
+  TempDir dir2("aheadbroken", zero::testing::direct_io_base());
+  auto write_fault = std::make_shared<FaultInjector>(0, EIO, IoOp::write);
+  NvmeSwapper b(small_config(dir2.path(), 3), odd_groups(2), opts(backend, 0, write_fault));
+  std::vector<std::vector<float>> data;
+  std::vector<std::span<const float>> spans;
+  for (std::size_t t = 0; t < 3; ++t) {
+    data.push_back(values(0, t, b.layout(0).tensors[t].numel));
+    spans.emplace_back(data.back());
+  }
+  CHECK_THROWS_AS(b.swap_out(0, spans), NvmeIoError);
+  CHECK(b.read_ahead(0, 0));
+  std::vector<float> master(data[0].size());
+  CHECK_THROWS_WITH(b.swap_in_tensor(0, 0, master), Catch::Contains("incomplete on disk"));
+  CHECK_FALSE(b.reading_ahead(0, 0));
+  CHECK(b.read_stats().read_ahead == 0);
+}
+
 TEST_CASE("I/O faults in a pass raise NvmeIoError and leave other groups intact",
           "[unit][offload]") {
   const auto backend = GENERATE(from_range(zero::testing::backends()));

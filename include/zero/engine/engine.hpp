@@ -650,6 +650,10 @@ class Engine {
   /// Stage 3: the most unit elements gathered at once so far (bounded by the prefetch window and
   /// stage3_max_live_parameters, beyond the units a forward or backward needs at once).
   std::int64_t peak_gathered_elems() const { return exchange_.peak_gathered_elems(); }
+  /// Offload<NVMe>: how the stage-3 gathers' reads of master slices from the swap files went
+  /// (read ahead by the prefetch, or when the gather started; the time waited), since the
+  /// engine was made. All zero for the other stores.
+  offload::TensorReadStats nvme_read_stats() const { return store_.read_stats(); }
   /// Highest bytes the activation arena held in any micro-step so far (its high-water mark).
   std::size_t activation_peak_bytes() const { return micro_.activation_peak_bytes(); }
   /// The buffers each unit has under this engine's policies (what memory_report sums).

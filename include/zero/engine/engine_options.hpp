@@ -48,6 +48,11 @@ struct EngineOptions {
   /// Stage 3: units of at most this many elements stay gathered for the whole run (DeepSpeed's
   /// stage3_param_persistence_threshold, applied per unit rather than per parameter).
   std::int64_t persistence_threshold = 100'000;
+  /// Stage 3 under Offload<NVMe>: the prefetch reads the master slices of the units in its window
+  /// ahead (each into a swap buffer of its own, up to buffer_count - 1 at once) and starts a
+  /// unit's gather at the next prefetch, so the read overlaps the compute of the units before
+  /// it; false reads each slice when its gather starts.
+  bool nvme_read_ahead = true;
   /// Stage 3: prefetching stops before the gathered units would hold more than this many
   /// elements (DeepSpeed's stage3_max_live_parameters); the unit about to run is always gathered.
   std::int64_t max_live_elems = 1'000'000'000;

@@ -4,7 +4,8 @@
 // then the states) and their memory is given back. A pass streams them through the swapper's
 // buffer_count aligned buffers (read ahead, fn, write behind); inside fn the unit's master is
 // UnitState::swapped_in_master and its optimizer is bound to the buffer. A stage-3 gather reads
-// the master's byte range alone. See docs/offload.md.
+// the master's byte range alone, from a read ahead when the prefetch started one (into one of
+// the swap buffers a pass would use: the next pass drops it unused). See docs/offload.md.
 
 #include <cstdint>
 #include <optional>
@@ -86,6 +87,21 @@ class NvmeStates {
       swapper_->swap_in_tensor(static_cast<std::size_t>(u), 0, std::span<float>(staging_));
       backend.convert_into(out, std::span<const float>(staging_));
     }
+  }
+  /// How many master slices may be read ahead at once (the swap buffers but one).
+  std::size_t read_ahead_capacity() const { return swapper_ ? swapper_->read_ahead_capacity() : 0; }
+  /// Starts reading unit u's master slice from its file for a later read_master_into; false when
+  /// every buffer for that is held (NvmeSwapper::read_ahead).
+  bool read_ahead(int u) {
+    return swapper_ && swapper_->read_ahead(static_cast<std::size_t>(u), 0);
+  }
+  /// True while a read ahead of unit u's master slice waits for its read_master_into.
+  bool reading_ahead(int u) const {
+    return swapper_ && swapper_->reading_ahead(static_cast<std::size_t>(u), 0);
+  }
+  /// How the master slices' reads from the files went (read ahead or on demand, waiting time).
+  offload::TensorReadStats read_stats() const {
+    return swapper_ ? swapper_->read_stats() : offload::TensorReadStats{};
   }
   /// The swap files (offloaded) and the swap buffers (scratch).
   void report(MemoryReport& r) const {

@@ -8,6 +8,10 @@
 //                               reachable (UnitState::resident_master(), the bound optimizer)
 //   read_master_into(u, out)    copy u's master slice into out, rounded to out's type, at any
 //                               time (a stage-3 gather, an export)
+//   read_ahead(u)               start reading u's master slice for a later read_master_into,
+//                               when the store reads it from somewhere slow (read_ahead_capacity
+//                               at once; false when none is free); reading_ahead(u) says whether
+//                               one is held, read_stats() how the reads went
 //   report(r)                   what the store holds outside the units' own buffers
 //
 // InMemoryStates is the store of Offload<None> (state beside the compute). NvmeStates
@@ -24,6 +28,7 @@
 #include <zero/engine/memory_report.hpp>
 #include <zero/offload/fault_injector.hpp>
 #include <zero/offload/nvme_config.hpp>
+#include <zero/offload/tensor_read_stats.hpp>
 
 namespace zero::engine {
 
@@ -72,6 +77,14 @@ class InMemoryStates {
     const auto m = units_[static_cast<std::size_t>(u)].resident_master();
     backend.convert_into(out, std::span<const typename decltype(m)::value_type>(m));
   }
+  /// Nothing to read ahead: the slices are where read_master_into looks.
+  static constexpr std::size_t read_ahead_capacity() { return 0; }
+  /// Never reads ahead.
+  static constexpr bool read_ahead(int) { return false; }
+  /// Never reads ahead.
+  static constexpr bool reading_ahead(int) { return false; }
+  /// Nothing read from files.
+  static offload::TensorReadStats read_stats() { return {}; }
   /// Nothing outside the units' buffers.
   void report(MemoryReport&) const {}
 

@@ -7,11 +7,12 @@
 //               ranks' master slices (rounded to the compute type, or read from an offload
 //               store, into a pooled scratch); acquire makes a unit (and the units it uses)
 //               ready to run; prefetch starts the next units' gathers up to a byte budget
-//               (stage 3); release drops a gathered unit; a unit another unit uses (tied
-//               weights, experts) is dropped after its last user's forward at stage 3, unless
-//               that user is the model's last unit, whose backward follows at once. Under
-//               ZeRO++ hpZ (the unit's secondary_group) a gather over the whole group keeps
-//               this rank's share of the result (a secondary shard) and a backward's gather
+//               (stage 3; under Offload<NVMe> it reads a unit's master slice ahead and starts
+//               the unit's gather at a later prefetch); release drops a gathered unit; a unit
+//               another unit uses (tied weights, experts) is dropped after its last user's forward
+//               at stage 3, unless that user is the model's last unit, whose backward follows at
+//               once. Under ZeRO++ hpZ (the unit's secondary_group) a gather over the whole group
+//               keeps this rank's share of the result (a secondary shard) and a backward's gather
 //               reads those shards inside the secondary group instead, until the step drops
 //               them (forget_secondaries). Under ZeRO++ qwZ (quantized_weights) a gather
 //               from the master slices moves them packed as block-wise int8, read back into
@@ -215,6 +216,11 @@ class UnitExchange {
   /// Units already gathered ahead (by the previous unit's prefetch) spend the budget too, so the
   /// window ahead holds about prefetch_elems (DeepSpeed's bucket of parameters in flight) rather
   /// than growing by a unit at every unit; persistent units are always there and spend nothing.
+  /// When a gather would read its unit's master slice from the store's files (Offload<NVMe>,
+  /// nvme_read_ahead), a unit of the window other than the next one has its slice read ahead
+  /// instead and its gather waits for a later prefetch, so the read overlaps the compute of the
+  /// units before it; the window ends at a unit no read buffer is free for. The answers depend
+  /// only on the calls made (NvmeSwapper::read_ahead), so every rank starts the same gathers.
   void prefetch(int u, int dir) {
     if constexpr (traits::gathers_before_use) {
       std::int64_t budget = options_.prefetch_elems;
@@ -227,6 +233,10 @@ class UnitExchange {
         }
         if (live + n > options_.max_live_elems) break;
         budget -= n;
+        if (v != u + dir && reads_master_ahead(v, dir < 0) && !store_.reading_ahead(v)) {
+          if (store_.read_ahead(v)) continue;  // gathered by a later prefetch
+          break;
+        }
         live += n;
         start_gather(v, dir < 0);
       }
@@ -591,6 +601,19 @@ class UnitExchange {
                         std::span<const T>(s.params->data() + at, n));
   }
 
+  // True when unit v's gather (a backward's when backward) would read v's master slice from a
+  // store that can read it ahead (Offload<NVMe>), and reading ahead is on.
+  bool reads_master_ahead(int v, bool backward) {
+    if constexpr (Store::in_memory || Unit::host_states) {
+      (void)v;
+      (void)backward;
+      return false;
+    } else {
+      return options_.nvme_read_ahead && store_.read_ahead_capacity() > 0 &&
+             !(backward && unit(v).secondary);
+    }
+  }
+
   // The buffer the all-gather of unit u reads: the master slice itself when it is resident in
   // the compute type in the compute device's memory, else a pooled scratch that lives until the
   // gather finished, filled by the store (rounded from the slice, or read from its file) or,
@@ -610,6 +633,9 @@ class UnitExchange {
     } else {
       s.gather_scratch = take_scratch(s.numel(Extent::shard));
       const std::span<T> out = span(s.gather_scratch);
+      // The gather waits for the read (from its read ahead, when one is held).
+      const auto timed = timers_ != nullptr ? timers_->phase(profile::Phase::gather_wait)
+                                            : profile::StepTimers::Scope(nullptr);
       store_.read_master_into(u, out, backend_);
       return out;
     }

@@ -13,16 +13,20 @@
 //   });                                             // reads g+1 and writes g-1 meanwhile
 //   swap.swap_in(g, {out_master, out_m, out_v});     // e.g. checkpoint or fp16 refresh
 //   swap.swap_in_tensor(g, 0, out_master);          // one tensor alone (stage-3 gathers)
+//   swap.read_ahead(g, 0);                          // ...its bytes start coming in now, into a
+//                                                   // buffer of their own; swap_in_tensor
+//                                                   // later waits only for what is not in yet
 //
 // Files: <nvme_path>/zero_swap/rank<r>/<tag>/group<g>.swp, one per sub-group, created and fully
 // allocated by the constructor (so "disk full" shows at start-up, not mid-training) after a
 // preflight, and removed with the (then empty) directories by the destructor. The directory is
-// locked (flock on <dir>/.lock) for the swapper's life: a second swapper for the same rank, tag
-// and nvme_path is refused with a ConfigError instead of truncating the first one's files. Tensors
-// sit at aligned offsets, so a sub-group moves as one O_DIRECT transfer split into aio.block_size
-// requests with aio.queue_depth in flight. The buffers are AlignedBuffers (2 MiB aligned and
-// advised for huge pages), which keeps each request to a few DMA segments; aligned_buffer.hpp
-// says why that decides the throughput.
+// locked (flock on <dir>/.lock, swap_directory.hpp) for the swapper's life: a second swapper for
+// the same rank, tag and nvme_path is refused with a ConfigError instead of truncating the first
+// one's files. Tensors sit at aligned offsets, so a sub-group moves as one O_DIRECT transfer split
+// into aio.block_size requests with aio.queue_depth in flight. Reads ahead of swap_in_tensor use
+// the buffers a pass would (every one but the first): a pass, or a swap_out of their group, drops
+// them. The buffers are AlignedBuffers (2 MiB aligned and advised for huge pages), which keeps each
+// request to a few DMA segments; aligned_buffer.hpp says why that decides the throughput.
 //
 // Errors: every I/O failure is an NvmeIoError naming file, offset, bytes and errno text. A
 // failed write leaves that sub-group's file undefined (other groups are untouched) and marks
@@ -30,12 +34,11 @@
 // drives a swapper.
 
 #include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -56,7 +59,9 @@
 #include <zero/offload/make_file_io.hpp>
 #include <zero/offload/nvme_config.hpp>
 #include <zero/offload/preflight.hpp>
+#include <zero/offload/swap_directory.hpp>
 #include <zero/offload/swap_layout.hpp>
+#include <zero/offload/tensor_read_stats.hpp>
 
 namespace zero::offload {
 
@@ -88,15 +93,15 @@ class NvmeSwapper {
       : cfg_(cfg), options_(std::move(options)) {
     expect<ConfigError>(cfg_.buffer_count >= 1, "offload_*.buffer_count: ", cfg_.buffer_count,
                         " must be at least 1");
-    dir_ = cfg_.nvme_path / "zero_swap" / ("rank" + std::to_string(options_.rank)) / options_.tag;
+    dir_ = SwapDirectory(cfg_.nvme_path, options_.rank, options_.tag);
     try {
       // Only under an existing, writable nvme_path (the preflight names what is wrong
       // otherwise): the lock comes before any file is touched, so others' files are left alone.
       std::error_code ec;
       if (std::filesystem::is_directory(cfg_.nvme_path, ec) &&
           ::access(cfg_.nvme_path.c_str(), W_OK | X_OK) == 0) {
-        create_and_lock_directory();
-        remove_stale_files();
+        dir_.lock();
+        dir_.remove_stale_files();
       }
       const PreflightReport report = require_preflight(cfg_, needs(cfg_, groups, 4096));
       alignment_ = cfg_.direct_io ? report.direct.alignment : 4096;
@@ -130,11 +135,13 @@ class NvmeSwapper {
       throw;
     }
     slots_.resize(buffers_.size());
+    ahead_.resize(buffers_.size() - 1);
   }
   NvmeSwapper(const NvmeSwapper&) = delete;
   NvmeSwapper& operator=(const NvmeSwapper&) = delete;
   /// Waits for any transfer still in flight, closes and removes the files and empty directories.
   ~NvmeSwapper() {
+    drop_reads_ahead([](const Ahead&) { return true; });
     drain();
     io_.reset();
     remove_files();
@@ -164,10 +171,10 @@ class NvmeSwapper {
   const SwapLayout& layout(std::size_t g) const { return layouts_.at(g); }
   /// The swap file of group g.
   std::filesystem::path file_of(std::size_t g) const {
-    return dir_ / ("group" + std::to_string(g) + ".swp");
+    return dir_.path() / ("group" + std::to_string(g) + ".swp");
   }
   /// The directory holding this swapper's files.
-  const std::filesystem::path& directory() const { return dir_; }
+  const std::filesystem::path& directory() const { return dir_.path(); }
   /// The direct-I/O alignment in use (bytes).
   std::size_t alignment() const { return alignment_; }
   /// Host bytes held in swap buffers.
@@ -190,6 +197,7 @@ class NvmeSwapper {
   void swap_out(std::size_t g, std::span<const std::span<const float>> tensors) {
     expect_idle("swap_out");
     check_spans(g, tensors.size(), [&](std::size_t i) { return tensors[i].size(); });
+    drop_reads_ahead([g](const Ahead& a) { return a.group == g; });  // about to be stale
     drain();
     AlignedBuffer& buf = buffers_.front();
     buf.zero(layouts_[g].bytes);  // padding goes to disk as zeros
@@ -216,22 +224,74 @@ class NvmeSwapper {
   }
 
   /// Reads tensor i of group g alone (its aligned byte range of the file) into out, exactly the
-  /// tensor's size; a group never written reads as zeros. Blocks until the data is in.
+  /// tensor's size; a group never written reads as zeros. Blocks until the data is in: from the
+  /// tensor's read ahead when one is held (waiting for what has not arrived), else read now.
   void swap_in_tensor(std::size_t g, std::size_t i, std::span<float> out) {
-    expect<ShapeError>(g < layouts_.size() && i < layouts_[g].tensors.size(), "NVMe swap: group ",
-                       g, " tensor ", i, " does not exist");
+    check_tensor(g, i);
     const SwapLayout& l = layouts_[g];
     expect<ShapeError>(out.size() == static_cast<std::size_t>(l.tensors[i].numel),
                        "NVMe swap: group ", g, " tensor '", l.tensors[i].name, "' has ",
                        l.tensors[i].numel, " elements, its span ", out.size());
     expect_idle("swap_in_tensor");
+    const auto start = std::chrono::steady_clock::now();
+    struct Waited {  // adds the time spent here to the stats, however it ends
+      TensorReadStats& stats;
+      std::chrono::steady_clock::time_point start;
+      ~Waited() {
+        stats.wait_s +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+    } waited{stats_, start};
+    const std::size_t k = find_ahead(g, i);
+    if (k < ahead_.size() && ahead_[k].ticket.valid()) {
+      Ahead& a = ahead_[k];
+      a.held = false;
+      io_->wait(a.ticket);  // a failed read throws here, as a read now would have
+      std::memcpy(out.data(), buffers_[k + 1].data(), out.size_bytes());
+      ++stats_.read_ahead;
+      return;
+    }
+    if (k < ahead_.size()) ahead_[k].held = false;  // a group that reads as zeros, or throws
     drain();
-    const std::size_t begin = l.offsets[i];
-    const std::size_t end = i + 1 < l.offsets.size() ? l.offsets[i + 1] : l.bytes;
+    const auto [begin, bytes] = tensor_range(g, i);
     AlignedBuffer& buf = buffers_.front();
-    read_range(g, begin, end - begin, buf);
+    read_range(g, begin, bytes, buf);
     std::memcpy(out.data(), buf.data(), out.size_bytes());
+    ++stats_.on_demand;
   }
+
+  /// Starts reading tensor i of group g into a swap buffer of its own, for a later
+  /// swap_in_tensor(g, i, ...). True when such a read is held for the tensor now (also when one
+  /// already was); false when every buffer reads ahead may use is held (read_ahead_capacity()).
+  /// The answer depends only on the calls made, never on the file's state, so ranks that make
+  /// the same calls get the same answers: a group never written, or whose last write failed,
+  /// holds a buffer without reading, and its swap_in_tensor reads zeros or throws as it would
+  /// have. Not from inside a pass; a pass, or a swap_out of the group, drops the read unused.
+  bool read_ahead(std::size_t g, std::size_t i) {
+    check_tensor(g, i);
+    expect_idle("read_ahead");
+    if (find_ahead(g, i) < ahead_.size()) return true;
+    const auto free =
+        std::find_if(ahead_.begin(), ahead_.end(), [](const Ahead& a) { return !a.held; });
+    if (free == ahead_.end()) return false;
+    const auto k = static_cast<std::size_t>(free - ahead_.begin());
+    IoTicket ticket;
+    if (state_[g] == GroupState::valid) {
+      const auto [begin, bytes] = tensor_range(g, i);
+      ticket = io_->submit(
+          Transfer{IoOp::read, fds_[g].get(), paths_[g], begin, buffers_[k + 1].data(), bytes});
+    }
+    ahead_[k] = Ahead{std::move(ticket), g, i, true};
+    return true;
+  }
+  /// True while a read ahead of tensor i of group g is held for its swap_in_tensor.
+  bool reading_ahead(std::size_t g, std::size_t i) const {
+    return find_ahead(g, i) < ahead_.size();
+  }
+  /// How many reads ahead may be held at once: one per buffer but the first (0 with one buffer).
+  std::size_t read_ahead_capacity() const { return ahead_.size(); }
+  /// What swap_in_tensor did so far (see tensor_read_stats.hpp).
+  const TensorReadStats& read_stats() const { return stats_; }
 
   /// Calls fn on every group in order with its tensors in a swap buffer, updated in place and
   /// written back. Pipelined over the buffer_count buffers: while fn runs on group i, group i+1
@@ -239,6 +299,7 @@ class NvmeSwapper {
   /// NvmeIoError or fn's own exception) is rethrown after every transfer in flight finished.
   void for_each_group(const GroupFn& fn, Pass pass = {}) {
     expect_idle("for_each_group");  // before drain: a nested call must not take the outer's
+    drop_reads_ahead([](const Ahead&) { return true; });  // the pass needs their buffers
     drain();
     const std::size_t n = layouts_.size();
     const std::size_t nbuf = buffers_.size();
@@ -313,6 +374,47 @@ class NvmeSwapper {
     IoOp op = IoOp::read;
     bool zero_fill = false;  // the group starts from zeros instead of being read
   };
+
+  // A read ahead of one tensor into buffers_[index + 1], held until swap_in_tensor takes it or
+  // something drops it. No ticket: the group reads as zeros or throws (read_ahead).
+  struct Ahead {
+    IoTicket ticket;
+    std::size_t group = 0;
+    std::size_t tensor = 0;
+    bool held = false;
+  };
+  // The index in ahead_ of the read held for (g, i), or ahead_.size().
+  std::size_t find_ahead(std::size_t g, std::size_t i) const {
+    for (std::size_t k = 0; k < ahead_.size(); ++k) {
+      if (ahead_[k].held && ahead_[k].group == g && ahead_[k].tensor == i) return k;
+    }
+    return ahead_.size();
+  }
+  // Drops the held reads ahead that pred picks, waiting for those in flight (their errors are
+  // no one's now: the bytes are not wanted).
+  template <class Pred>
+  void drop_reads_ahead(Pred pred) noexcept {
+    for (Ahead& a : ahead_) {
+      if (!a.held || !pred(a)) continue;
+      try {
+        io_->wait(a.ticket);
+      } catch (...) {
+      }
+      a.held = false;
+      ++stats_.dropped;
+    }
+  }
+  // The aligned byte range [begin, begin + bytes) of tensor i of group g in its file.
+  std::pair<std::size_t, std::size_t> tensor_range(std::size_t g, std::size_t i) const {
+    const SwapLayout& l = layouts_[g];
+    const std::size_t begin = l.offsets[i];
+    const std::size_t end = i + 1 < l.offsets.size() ? l.offsets[i + 1] : l.bytes;
+    return {begin, end - begin};
+  }
+  void check_tensor(std::size_t g, std::size_t i) const {
+    expect<ShapeError>(g < layouts_.size() && i < layouts_[g].tensors.size(), "NVMe swap: group ",
+                       g, " tensor ", i, " does not exist");
+  }
 
   template <class SizeOf>
   void check_spans(std::size_t g, std::size_t count, SizeOf size_of) const {
@@ -395,92 +497,11 @@ class NvmeSwapper {
     io_->run(Transfer{IoOp::read, fds_[g].get(), paths_[g], begin, buf.data(), bytes});
   }
 
-  // Takes <dir>/.lock exclusively (flock; released when the swapper closes it), so two
-  // swappers (two engines of one rank with the same nvme_path and tag) never share files.
-  // Creates dir_ and takes its lock. Other swappers (other ranks, other engines, other jobs on
-  // the same nvme_path) remove the shared parents (zero_swap/, rank<r>/) when they find them
-  // empty on exit, which can undo a create_directories before the lock file lands in dir_; once
-  // the lock file is there dir_ is not empty and stays. So an ENOENT here is retried.
-  void create_and_lock_directory() {
-    for (int attempt = 1;; ++attempt) {
-      std::error_code ec;
-      std::filesystem::create_directories(dir_, ec);
-      const bool raced = ec == std::errc::no_such_file_or_directory;
-      if (ec && !raced) {
-        throw NvmeIoError("creating directory", dir_.string(), 0, 0, ec.value(),
-                          errno_reason(ec.value()));
-      }
-      if (!raced && lock_directory()) return;
-      if (attempt == 100) {
-        throw NvmeIoError("creating directory", dir_.string(), 0, 0, ENOENT,
-                          "removed again by another swapper 100 times in a row");
-      }
-    }
-  }
-  // Takes dir_'s lock; false when dir_ vanished before the lock file was created, or the lock
-  // file was removed (by the swapper closing that held it) before the lock was taken.
-  bool lock_directory() {
-    const auto path = dir_ / ".lock";
-    lock_ = io::FileDescriptor(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    if (!lock_) {
-      const int code = errno;
-      if (code == ENOENT) return false;
-      throw NvmeIoError("creating", path.string(), 0, 0, code, errno_reason(code));
-    }
-    if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
-      const int code = errno;
-      lock_ = io::FileDescriptor();
-      // Only EWOULDBLOCK means another holder; ENOLCK (NFS without a lock daemon) and the like
-      // are the file system's answer, not a second swapper.
-      if (code != EWOULDBLOCK) {
-        throw NvmeIoError("locking", path.string(), 0, 0, code, errno_reason(code));
-      }
-      raise<ConfigError>("NVMe offload: '", dir_.string(), "' is in use by another swapper (",
-                         "another engine of rank ", options_.rank, " with the same nvme_path?); ",
-                         "give each engine its own nvme_path");
-    }
-    // A swapper closing removes .lock while it still holds it, then lets go: a lock taken on
-    // the file it removed guards nothing (a third swapper creates a new .lock and takes that
-    // one too). Only a lock on the file .lock names now counts; otherwise try again.
-    struct stat held {
-    }, named{};
-    if (::fstat(lock_.get(), &held) != 0 || ::stat(path.c_str(), &named) != 0 ||
-        held.st_nlink == 0 || held.st_ino != named.st_ino || held.st_dev != named.st_dev) {
-      lock_ = io::FileDescriptor();
-      return false;
-    }
-    return true;
-  }
-
-  // Removes the swap files (group<n>.swp) a run that did not close its swapper (killed, out
-  // of memory) left in dir_: this swapper holds dir_'s lock, so nobody else uses them, and
-  // their space is free again before the preflight counts it.
-  void remove_stale_files() {
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
-      const std::string name = entry.path().filename().string();
-      const bool swap_file = name.starts_with("group") && name.ends_with(".swp") &&
-                             name.size() > 9 &&
-                             name.find_first_not_of("0123456789", 5) == name.size() - 4;
-      if (!swap_file) continue;
-      std::error_code removed;
-      if (!std::filesystem::remove(entry.path(), removed) && removed) {
-        throw NvmeIoError("removing the stale swap file", entry.path().string(), 0, 0,
-                          removed.value(), errno_reason(removed.value()));
-      }
-    }
-  }
-
   void remove_files() noexcept {
     fds_.clear();
     std::error_code ec;
     for (const auto& p : paths_) std::filesystem::remove(p, ec);
-    if (lock_) std::filesystem::remove(dir_ / ".lock", ec);  // still held: nobody else uses it
-    lock_ = io::FileDescriptor();
-    // Remove tag/, rank<r>/ and zero_swap/ when nothing else is left in them.
-    auto d = dir_;
-    for (int up = 0; up < 3 && !d.empty(); ++up, d = d.parent_path())
-      if (!std::filesystem::remove(d, ec)) break;
+    dir_.release();
   }
 
   NvmeConfig cfg_;
@@ -488,13 +509,14 @@ class NvmeSwapper {
   std::size_t alignment_ = 4096;
   std::vector<SwapLayout> layouts_;
   std::vector<GroupState> state_;
-  std::filesystem::path dir_;
+  SwapDirectory dir_;
   std::vector<io::FileDescriptor> fds_;
   std::vector<std::string> paths_;
-  io::FileDescriptor lock_;  // <dir>/.lock, held with flock while the swapper lives
   std::unique_ptr<FileIo> io_;
   std::vector<AlignedBuffer> buffers_;
   std::vector<Slot> slots_;
+  std::vector<Ahead> ahead_;  // reads ahead; ahead_[k] uses buffers_[k + 1]
+  TensorReadStats stats_;
   bool pass_reads_ = true;
   bool in_pass_ = false;  // for_each_group is running: its buffers are in use
 };
