@@ -318,7 +318,7 @@ Config read_ahead_config(const std::filesystem::path& nvme, std::int64_t prefetc
   return cfg;
 }
 
-// Rank 0's parameters and master-slice reads after `steps` steps of cfg under options.
+// Rank 0's parameters and master-slice reads after a run.
 struct ReadAheadRun {
   std::vector<float> params;
   offload::TensorReadStats reads;
@@ -330,6 +330,9 @@ nn::GPTConfig six_blocks() {
   c.num_layers = 6;
   return c;
 }
+// `steps` steps of cfg under options at stage 3, with the offload policy given (none: the master
+// beside the compute).
+template <class... Offloads>
 ReadAheadRun train_read_ahead(int world, const Config& cfg, const engine::EngineOptions& base,
                               int steps) {
   ReadAheadRun out;
@@ -337,7 +340,7 @@ ReadAheadRun train_read_ahead(int world, const Config& cfg, const engine::Engine
     nn::GPT<float> model(six_blocks());
     engine::EngineOptions options = base;
     options.activation_bytes = 32 << 20;
-    engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>> eng(model, comm, cfg, options);
+    engine::Engine<nn::GPT<float>, ZeroStage<3>, Offloads...> eng(model, comm, cfg, options);
     for (int step = 0; step < steps; ++step) {
       const GlobalBatch b(micro_rows * world, step, tiny().vocab_size);
       eng.forward(b.micro(0, comm.rank(), world));
@@ -365,33 +368,16 @@ TEST_CASE("Offload<NVMe> stage 3 reads master slices ahead of their gathers, sam
   const int steps = 3;
   for (int world : {1, 2}) {
     INFO("world " << world);
-    engine::EngineOptions plain_options;
-    plain_options.activation_bytes = 32 << 20;
-    std::vector<float> plain;
-    LocalComm::run(world, [&](LocalComm& comm) {
-      nn::GPT<float> model(six_blocks());
-      engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(model, comm, read_ahead_config({}),
-                                                       plain_options);
-      for (int step = 0; step < steps; ++step) {
-        const GlobalBatch b(micro_rows * world, step, tiny().vocab_size);
-        eng.forward(b.micro(0, comm.rank(), world));
-        eng.backward();
-        eng.step();
-      }
-      std::vector<float> mine;
-      for (int u = 0; u < eng.num_units(); ++u) {
-        const auto v = eng.gather_unit_values(u);
-        mine.insert(mine.end(), v.begin(), v.end());
-      }
-      if (comm.rank() == 0) plain = mine;
-    });
+    const auto plain = train_read_ahead(world, read_ahead_config({}), {}, steps).params;
     const Config cfg = read_ahead_config(nvme.path());
-    const auto ahead = train_read_ahead(world, cfg, {}, steps);  // the default: read ahead
+    const auto ahead =
+        train_read_ahead<Offload<NVMe>>(world, cfg, {}, steps);  // the default: read ahead
     engine::EngineOptions off;
     off.nvme_read_ahead = false;
-    const auto demand = train_read_ahead(world, cfg, off, steps);
+    const auto demand = train_read_ahead<Offload<NVMe>>(world, cfg, off, steps);
     // Nothing prefetched: nothing read ahead either.
-    const auto unprefetched = train_read_ahead(world, read_ahead_config(nvme.path(), 0), {}, steps);
+    const auto unprefetched =
+        train_read_ahead<Offload<NVMe>>(world, read_ahead_config(nvme.path(), 0), {}, steps);
     CHECK(same_bits(plain, ahead.params));
     CHECK(same_bits(plain, demand.params));
     CHECK(same_bits(plain, unprefetched.params));
