@@ -165,8 +165,12 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
       if (comm.rank() == 0) ms = t;
       if (variant.reads != nullptr && comm.rank() == 0) {
         const offload::TensorReadStats after = eng.nvme_read_stats();
-        *variant.reads = {after.read_ahead - before.read_ahead, after.on_demand - before.on_demand,
-                          after.dropped - before.dropped, after.wait_s - before.wait_s};
+        offload::TensorReadStats& r = *variant.reads;
+        r.read_ahead = after.read_ahead - before.read_ahead;
+        r.handed_over = after.handed_over - before.handed_over;
+        r.on_demand = after.on_demand - before.on_demand;
+        r.dropped = after.dropped - before.dropped;
+        r.wait_s = after.wait_s - before.wait_s;
       }
       if (traffic == nullptr) return;
       logger->reset();
@@ -248,7 +252,8 @@ void zeropp_line(const BenchShape& s, int ranks, const ZeroPP& parts, int thread
 
 // One "engine_step_nvme" line: `stage` with and without Offload<NVMe>, measured back to back; at
 // stage 3 also with the master slices read on demand (nvme_read_ahead off), and for both the
-// wait for the gathers' reads per step and the reads per step served ahead and on demand.
+// wait for the gathers' reads per step and the reads per step served ahead, handed over by the
+// step's pass, and on demand.
 void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std::string& path) {
   const double plain = engine_ms(s, stage, ranks, threads);
   offload::TensorReadStats reads;
@@ -262,10 +267,11 @@ void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std
     const double demand = engine_ms(s, stage, ranks, threads, on_demand);
     char buf[512];
     std::snprintf(buf, sizeof buf,
-                  ", \"read_wait_ms\": %.3f, \"reads_ahead\": %.1f, \"reads_on_demand\": %.1f, "
-                  "\"no_read_ahead_ms\": %.3f, \"no_read_ahead_ratio\": %.3f, "
-                  "\"no_read_ahead_read_wait_ms\": %.3f",
+                  ", \"read_wait_ms\": %.3f, \"reads_ahead\": %.1f, \"reads_handed_over\": %.1f, "
+                  "\"reads_on_demand\": %.1f, \"no_read_ahead_ms\": %.3f, "
+                  "\"no_read_ahead_ratio\": %.3f, \"no_read_ahead_read_wait_ms\": %.3f",
                   1e3 * reads.wait_s * per_step, static_cast<double>(reads.read_ahead) * per_step,
+                  static_cast<double>(reads.handed_over) * per_step,
                   static_cast<double>(reads.on_demand) * per_step, demand, demand / plain,
                   1e3 * demand_reads.wait_s * per_step);
     stage3 = buf;

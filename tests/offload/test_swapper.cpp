@@ -352,6 +352,87 @@ TEST_CASE("swap_in_tensor takes its read ahead, and a pass or a swap_out drops t
   CHECK_FALSE(single.read_ahead(0, 0));
 }
 
+TEST_CASE("a reversed pass hands over its last groups' master to swap_in_tensor without a read",
+          "[unit][offload]") {
+  const auto backend = GENERATE(from_range(zero::testing::backends()));
+  const int buffers = GENERATE(1, 2, 3, 4);
+  const int groups = GENERATE(4, 5, 7);  // every rotation of the buffers
+  INFO("engine " << zero::testing::name_of(backend) << ", buffer_count " << buffers << ", "
+                 << groups << " groups");
+  TempDir dir("handover", zero::testing::direct_io_base());
+  // Counts the read requests (a fault that never fires).
+  auto reads = std::make_shared<FaultInjector>(~std::uint64_t{0}, EIO, IoOp::read);
+  NvmeSwapper s(small_config(dir.path(), buffers), odd_groups(groups), opts(backend, 0, reads));
+  fill(s);
+  const std::size_t n = static_cast<std::size_t>(groups);
+  const std::size_t kept = s.read_ahead_capacity();
+  REQUIRE(kept == static_cast<std::size_t>(std::min(buffers, groups) - 1));
+  // Reference: the same updates in memory.
+  std::vector<std::vector<std::vector<float>>> ref;
+  for (std::size_t g = 0; g < n; ++g) {
+    ref.emplace_back();
+    for (std::size_t t = 0; t < 3; ++t)
+      ref[g].push_back(values(g, t, odd_groups(groups)[g][t].numel));
+  }
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t g = 0; g < n; ++g) {
+      std::vector<std::span<float>> sp(ref[g].begin(), ref[g].end());
+      update(g, sp, step);
+    }
+    if (step == 1) CHECK(s.reading_ahead(0, 0) == (kept > 0));  // the first pass's hand-over
+    std::vector<std::size_t> order;
+    SwapPass pass;
+    pass.reverse = true;
+    pass.hand_over = 0;
+    s.for_each_group(pass, [&](std::size_t g, std::span<const std::span<float>> t) {
+      order.push_back(g);
+      update(g, t, step);
+    });
+    for (std::size_t j = 0; j < n; ++j) REQUIRE(order[j] == n - 1 - j);
+  }
+  CHECK(s.read_stats().dropped == static_cast<std::int64_t>(kept));  // by the second pass
+  // Groups 0 .. kept - 1 hold their master as read; the rest, and the other tensors, do not.
+  for (std::size_t g = 0; g < n; ++g) {
+    CHECK(s.reading_ahead(g, 0) == (g < kept));
+    CHECK_FALSE(s.reading_ahead(g, 1));
+  }
+  const std::uint64_t before = reads->seen();
+  for (std::size_t g = 0; g < kept; ++g) {
+    std::vector<float> master(ref[g][0].size());
+    s.swap_in_tensor(g, 0, master);
+    REQUIRE(master == ref[g][0]);
+  }
+  CHECK(reads->seen() == before);  // no request went to the file
+  CHECK(s.read_stats().handed_over == static_cast<std::int64_t>(kept));
+  CHECK(s.read_stats().read_ahead == 0);
+  // The files hold the same values, and a read ahead may take the freed buffers again.
+  for (std::size_t g = 0; g < n; ++g) {
+    const auto got = read(s, g);
+    for (std::size_t t = 0; t < 3; ++t) REQUIRE(got[t] == ref[g][t]);
+  }
+  if (kept > 0) {
+    CHECK(s.read_ahead(n - 1, 0));
+    std::vector<float> last(ref[n - 1][0].size());
+    s.swap_in_tensor(n - 1, 0, last);
+    CHECK(last == ref[n - 1][0]);
+    CHECK(s.read_stats().read_ahead == 1);
+  }
+  // A pass that hands nothing over, or one cut short, leaves nothing held.
+  SwapPass read_only;
+  read_only.write = false;
+  s.for_each_group(read_only, [](std::size_t, std::span<const std::span<float>>) {});
+  for (std::size_t g = 0; g < n; ++g) CHECK_FALSE(s.reading_ahead(g, 0));
+  SwapPass pass;
+  pass.reverse = true;
+  pass.hand_over = 0;
+  CHECK_THROWS_WITH(s.for_each_group(pass,
+                                     [](std::size_t g, std::span<const std::span<float>>) {
+                                       if (g == 0) throw Error("stop");
+                                     }),
+                    Catch::Contains("stop"));
+  for (std::size_t g = 0; g < n; ++g) CHECK_FALSE(s.reading_ahead(g, 0));
+}
+
 TEST_CASE("a read ahead that fails throws from its swap_in_tensor, as a read then would have",
           "[unit][offload]") {
   const auto backend = GENERATE(from_range(zero::testing::backends()));

@@ -942,6 +942,8 @@ class Engine {
     // ranks have the same dp rank.
     so.rank = groups_.state_group().rank();
     so.faults = options_.nvme_faults;
+    // Stage 3 reading ahead: the step's pass leaves the first units' slices to the next forward.
+    so.hand_over_masters = stage_traits::gathers_before_use && options_.nvme_read_ahead;
     store_.settle(so);
     masters_replaced();
     exchange_.set_timers(&timers_);
@@ -996,12 +998,15 @@ class Engine {
     std::exception_ptr failed;
     std::string why;
     try {
-      store_.for_each_unit(StateAccess::update, [&](int u) {
-        update_unit(u, factor);
-        if constexpr (stage_traits::regathers_after_update && states_in_memory) {
-          if (unit(u).persistent) exchange_.start_gather(u);
-        }
-      });
+      store_.for_each_unit(
+          StateAccess::update,
+          [&](int u) {
+            update_unit(u, factor);
+            if constexpr (stage_traits::regathers_after_update && states_in_memory) {
+              if (unit(u).persistent) exchange_.start_gather(u);
+            }
+          },
+          /*step=*/true);
     } catch (const std::exception& e) {
       failed = std::current_exception();
       why = e.what();
@@ -1249,7 +1254,7 @@ class Engine {
   }
   void forward_unit(int u) {
     exchange_.acquire(u, false);
-    exchange_.prefetch(u, +1);
+    exchange_.prefetch(u, +1, /*backward_follows=*/micro_.ctx().training);
     {
       const auto unit_timed = timers_.unit(profile::Phase::forward, u, micro_.ctx().training);
       model_.forward_unit(u, micro_.ctx());

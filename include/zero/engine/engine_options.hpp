@@ -49,9 +49,11 @@ struct EngineOptions {
   /// stage3_param_persistence_threshold, applied per unit rather than per parameter).
   std::int64_t persistence_threshold = 100'000;
   /// Stage 3 under Offload<NVMe>: the prefetch reads the master slices of the units in its window
-  /// ahead (each into a swap buffer of its own, up to buffer_count - 1 at once) and starts a
-  /// unit's gather at the next prefetch, so the read overlaps the compute of the units before
-  /// it; false reads each slice when its gather starts.
+  /// ahead (each into a swap buffer of its own, up to buffer_count - 1 at once; past a training
+  /// forward's last unit, those the backward gathers first) and starts a unit's gather at the
+  /// next prefetch, so the read overlaps the compute of the units before it; the step's pass
+  /// leaves the first units' slices in its buffers for the next forward. false reads each slice
+  /// when its gather starts.
   bool nvme_read_ahead = true;
   /// Stage 3: prefetching stops before the gathered units would hold more than this many
   /// elements (DeepSpeed's stage3_max_live_parameters); the unit about to run is always gathered.

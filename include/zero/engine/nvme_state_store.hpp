@@ -5,7 +5,8 @@
 // buffer_count aligned buffers (read ahead, fn, write behind); inside fn the unit's master is
 // UnitState::swapped_in_master and its optimizer is bound to the buffer. A stage-3 gather reads
 // the master's byte range alone, from a read ahead when the prefetch started one (into one of
-// the swap buffers a pass would use: the next pass drops it unused). See docs/offload.md.
+// the swap buffers a pass would use: the next pass drops it unused), or from what the update
+// pass left in those buffers (hand_over_masters). See docs/offload.md.
 
 #include <cstdint>
 #include <optional>
@@ -50,6 +51,7 @@ class NvmeStates {
     so.rank = options.rank;
     so.faults = options.faults;
     swapper_.emplace(*options.nvme, std::move(groups), so);
+    hand_over_masters_ = options.hand_over_masters;
     for (std::size_t u = 0; u < optimizers_.size(); ++u) {
       auto& o = optimizers_[u];
       Unit& s = units_[u];
@@ -62,15 +64,24 @@ class NvmeStates {
   }
 
   /// fn(u) for every unit, its master slice and states swapped into a buffer (read unless
-  /// access is overwrite; written back unless access is read).
+  /// access is overwrite; written back unless access is read). The optimizer step's pass (step)
+  /// goes last unit to first with hand_over_masters, and leaves the first units' master slices
+  /// to their next read.
   template <class Fn>
-  void for_each_unit(StateAccess access, Fn&& fn) {
+  void for_each_unit(StateAccess access, Fn&& fn, bool step = false) {
+    offload::SwapPass pass;
+    pass.read = reads_first(access);
+    pass.write = keeps_changes(access);
+    if (hand_over_masters_ && step) {
+      pass.reverse = true;
+      pass.hand_over = 0;  // the master, tensor 0 of each group
+    }
     swapper_->for_each_group(
         [&](std::size_t g, std::span<const std::span<float>> group) {
           SwappedIn in(*this, g, group);
           fn(static_cast<int>(g));
         },
-        offload::SwapPass{reads_first(access), keeps_changes(access)});
+        pass);
   }
 
   /// Copies unit u's master slice into out: from its swap buffer when it is in one, else
@@ -132,6 +143,7 @@ class NvmeStates {
   std::vector<Unit>& units_;
   std::vector<optim::AnyOptimizer>& optimizers_;
   std::optional<offload::NvmeSwapper> swapper_;
+  bool hand_over_masters_ = false;
   std::vector<float> staging_;  // a slice read for a bf16/f16 gather
 };
 

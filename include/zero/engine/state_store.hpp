@@ -4,8 +4,11 @@
 //
 //   settle(options)             once the units and optimizers exist: move the states where they
 //                               live (nothing to do in memory; write them to files for NVMe)
-//   for_each_unit(access, fn)   fn(u) for every unit in order, with u's master slice and states
-//                               reachable (UnitState::resident_master(), the bound optimizer)
+//   for_each_unit(access, fn, step)
+//                               fn(u) for every unit in order (the optimizer step's pass may go
+//                               last to first under NVMe: hand_over_masters), with u's master
+//                               slice and states reachable (UnitState::resident_master(), the
+//                               bound optimizer)
 //   read_master_into(u, out)    copy u's master slice into out, rounded to out's type, at any
 //                               time (a stage-3 gather, an export)
 //   read_ahead(u)               start reading u's master slice for a later read_master_into,
@@ -52,6 +55,10 @@ struct StoreOptions {
   std::optional<offload::NvmeConfig> nvme;         ///< Offload<NVMe>
   int rank = 0;                                    ///< names this rank's swap directory
   std::shared_ptr<offload::FaultInjector> faults;  ///< tests only: fail chosen swap requests
+  /// NVMe: the optimizer step's pass visits the units last to first and leaves the master slices
+  /// of the first ones in its buffers for their next read_master_into (the next forward's first
+  /// gathers at stage 3), which then reads nothing (SwapPass::hand_over).
+  bool hand_over_masters = false;
 };
 
 /// The master slices and optimizer states stay in the units' buffers and the optimizers.
@@ -66,9 +73,9 @@ class InMemoryStates {
 
   /// Nothing moves.
   void settle(const StoreOptions&) {}
-  /// fn(u) for every unit; everything is already where fn looks.
+  /// fn(u) for every unit in order; everything is already where fn looks.
   template <class Fn>
-  void for_each_unit(StateAccess, Fn&& fn) {
+  void for_each_unit(StateAccess, Fn&& fn, bool /*step*/ = false) {
     for (int u = 0; u < static_cast<int>(units_.size()); ++u) fn(u);
   }
   /// Copies unit u's master slice into out (the slice's size), rounded to out's type.

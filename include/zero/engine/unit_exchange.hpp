@@ -221,11 +221,14 @@ class UnitExchange {
   /// instead and its gather waits for a later prefetch, so the read overlaps the compute of the
   /// units before it; the window ends at a unit no read buffer is free for. The answers depend
   /// only on the calls made (NvmeSwapper::read_ahead), so every rank starts the same gathers.
-  void prefetch(int u, int dir) {
+  /// A forward's window that reaches the model's end with budget left, when a backward follows
+  /// (backward_follows), goes on reading ahead the slices the backward gathers first.
+  void prefetch(int u, int dir, bool backward_follows = false) {
     if constexpr (traits::gathers_before_use) {
       std::int64_t budget = options_.prefetch_elems;
       std::int64_t live = gathered_elems();
-      for (int v = u + dir; v >= 0 && v < num_units() && budget > 0; v += dir) {
+      int v = u + dir;
+      for (; v >= 0 && v < num_units() && budget > 0; v += dir) {
         const std::int64_t n = unit(v).partition->padded_numel();
         if (unit(v).params) {
           if (!unit(v).persistent) budget -= n;
@@ -240,9 +243,11 @@ class UnitExchange {
         live += n;
         start_gather(v, dir < 0);
       }
+      if (dir > 0 && backward_follows && v == num_units()) read_ahead_for_backward(budget);
     } else {
       (void)u;
       (void)dir;
+      (void)backward_follows;
     }
   }
   /// Stage 3: drops unit u's gathered params once it has run, unless it stays gathered (used
@@ -601,6 +606,21 @@ class UnitExchange {
                         std::span<const T>(s.params->data() + at, n));
   }
 
+  // The end of a forward's window: reads ahead, within budget and the free read buffers, the
+  // master slices the backward gathers first, in its order (last unit first). Those are the
+  // units the forward gives back: not persistent, not pinned (a pinned unit stays gathered for
+  // a later user, or its users' backward gathers it), and not gathered from secondary shards
+  // (hpZ). A read held for the forward's own gather of a unit counts; the next prefetch, after
+  // that gather took it, reads the unit again for the backward.
+  void read_ahead_for_backward(std::int64_t budget) {
+    for (int w = num_units() - 1; w >= 0 && budget > 0; --w) {
+      const Unit& s = unit(w);
+      if (s.persistent || s.pinned || s.secondary_group != nullptr) continue;
+      if (!reads_master_ahead(w, /*backward=*/true)) return;
+      budget -= s.partition->padded_numel();
+      if (!store_.reading_ahead(w) && !store_.read_ahead(w)) return;
+    }
+  }
   // True when unit v's gather (a backward's when backward) would read v's master slice from a
   // store that can read it ahead (Offload<NVMe>), and reading ahead is on.
   bool reads_master_ahead(int v, bool backward) {
@@ -634,8 +654,7 @@ class UnitExchange {
       s.gather_scratch = take_scratch(s.numel(Extent::shard));
       const std::span<T> out = span(s.gather_scratch);
       // The gather waits for the read (from its read ahead, when one is held).
-      const auto timed = timers_ != nullptr ? timers_->phase(profile::Phase::gather_wait)
-                                            : profile::StepTimers::Scope(nullptr);
+      const auto timed = timed_phase(profile::Phase::gather_wait);
       store_.read_master_into(u, out, backend_);
       return out;
     }
@@ -821,12 +840,15 @@ class UnitExchange {
     }
     return backend_.template make_buffer<E>(n);
   }
+  // Times what runs until the scope ends as phase p (nothing without timers).
+  profile::StepTimers::Scope timed_phase(profile::Phase p) {
+    return timers_ != nullptr ? timers_->phase(p) : profile::StepTimers::Scope(nullptr);
+  }
   // Waits for work, adding the op, the unit and the step to a communication failure.
   void wait(parallel::Work& work, const char* op, int u) {
     const bool gather = std::string_view(op).starts_with("all-gather");
-    const auto timed = timers_ != nullptr ? timers_->phase(gather ? profile::Phase::gather_wait
-                                                                  : profile::Phase::reduction_wait)
-                                          : profile::StepTimers::Scope(nullptr);
+    const auto timed =
+        timed_phase(gather ? profile::Phase::gather_wait : profile::Phase::reduction_wait);
     try {
       work.wait();
       // What the collective wrote is read next by the units or the optimizer on the compute

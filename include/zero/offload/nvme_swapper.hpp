@@ -16,6 +16,9 @@
 //   swap.read_ahead(g, 0);                          // ...its bytes start coming in now, into a
 //                                                   // buffer of their own; swap_in_tensor
 //                                                   // later waits only for what is not in yet
+//   swap.for_each_group(fn, {.reverse = true, .hand_over = 0});  // last group to first; groups
+//                                                   // 0, 1, ... stay in the buffers after it,
+//                                                   // and their swap_in_tensor(g, 0) reads nothing
 //
 // Files: <nvme_path>/zero_swap/rank<r>/<tag>/group<g>.swp, one per sub-group, created and fully
 // allocated by the constructor (so "disk full" shows at start-up, not mid-training) after a
@@ -25,8 +28,10 @@
 // one's files. Tensors sit at aligned offsets, so a sub-group moves as one O_DIRECT transfer split
 // into aio.block_size requests with aio.queue_depth in flight. Reads ahead of swap_in_tensor use
 // the buffers a pass would (every one but the first): a pass, or a swap_out of their group, drops
-// them. The buffers are AlignedBuffers (2 MiB aligned and advised for huge pages), which keeps each
-// request to a few DMA segments; aligned_buffer.hpp says why that decides the throughput.
+// them. A pass may hand over the tensor it names of the groups it ends with, which are in those
+// buffers then, as reads already done (SwapPass::hand_over). The buffers are AlignedBuffers (2 MiB
+// aligned and advised for huge pages), which keeps each request to a few DMA segments;
+// aligned_buffer.hpp says why that decides the throughput.
 //
 // Errors: every I/O failure is an NvmeIoError naming file, offset, bytes and errno text. A
 // failed write leaves that sub-group's file undefined (other groups are untouched) and marks
@@ -74,8 +79,15 @@ struct SwapperOptions {
 };
 /// What a for_each_group pass moves.
 struct SwapPass {
-  bool read = true;   ///< false: fn starts from zeros (first write of fresh states)
-  bool write = true;  ///< false: read-only pass (checkpoint save, fp16 refresh)
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  bool read = true;      ///< false: fn starts from zeros (first write of fresh states)
+  bool write = true;     ///< false: read-only pass (checkpoint save, fp16 refresh)
+  bool reverse = false;  ///< visit the groups last to first
+  /// A tensor index: once the pass is through, this tensor of each group its last visits left in
+  /// the buffers a read ahead uses (buffer_count - 1 groups: with reverse, groups 0, 1, ...) is
+  /// held for that group's swap_in_tensor as if read ahead, without reading (the buffer holds
+  /// what the file now holds). none: the pass hands nothing over.
+  std::size_t hand_over = none;
 };
 /// Swaps sub-groups of fp32 tensors between NVMe files and host buffers (see above).
 class NvmeSwapper {
@@ -243,12 +255,12 @@ class NvmeSwapper {
       }
     } waited{stats_, start};
     const std::size_t k = find_ahead(g, i);
-    if (k < ahead_.size() && ahead_[k].ticket.valid()) {
+    if (k < ahead_.size() && (ahead_[k].handed_over || ahead_[k].ticket.valid())) {
       Ahead& a = ahead_[k];
       a.held = false;
-      io_->wait(a.ticket);  // a failed read throws here, as a read now would have
-      std::memcpy(out.data(), buffers_[k + 1].data(), out.size_bytes());
-      ++stats_.read_ahead;
+      if (a.ticket.valid()) io_->wait(a.ticket);  // a failed read throws, as a read now would
+      std::memcpy(out.data(), buffers_[k + 1].data() + a.offset, out.size_bytes());
+      ++(a.handed_over ? stats_.handed_over : stats_.read_ahead);
       return;
     }
     if (k < ahead_.size()) ahead_[k].held = false;  // a group that reads as zeros, or throws
@@ -293,10 +305,11 @@ class NvmeSwapper {
   /// What swap_in_tensor did so far (see tensor_read_stats.hpp).
   const TensorReadStats& read_stats() const { return stats_; }
 
-  /// Calls fn on every group in order with its tensors in a swap buffer, updated in place and
-  /// written back. Pipelined over the buffer_count buffers: while fn runs on group i, group i+1
-  /// (and further, with more buffers) is being read and group i-1 written. The first error (an
-  /// NvmeIoError or fn's own exception) is rethrown after every transfer in flight finished.
+  /// Calls fn on every group in order (last to first with pass.reverse) with its tensors in a
+  /// swap buffer, updated in place and written back. Pipelined over the buffer_count buffers:
+  /// while fn runs on a group, the next (and further, with more buffers) is being read and the
+  /// one before written. The first error (an NvmeIoError or fn's own exception) is rethrown after
+  /// every transfer in flight finished. A pass that went through hands over pass.hand_over.
   void for_each_group(const GroupFn& fn, Pass pass = {}) {
     expect_idle("for_each_group");  // before drain: a nested call must not take the outer's
     drop_reads_ahead([](const Ahead&) { return true; });  // the pass needs their buffers
@@ -312,6 +325,12 @@ class NvmeSwapper {
                               : !pass.read ? 0
                               : nbuf >= 3  ? nbuf - 2
                                            : nbuf - 1;
+    // The j-th group visited, and the buffer (slot) it goes through. Handing over, the buffers
+    // are rotated so that the last buffer_count - 1 visits use buffers 1.. (those reads ahead
+    // use; the first stays free for swap_in_tensor's reads on demand).
+    const auto group_at = [&](std::size_t j) { return pass.reverse ? n - 1 - j : j; };
+    const std::size_t rotate = pass.hand_over == Pass::none ? 0 : (nbuf - n % nbuf) % nbuf;
+    const auto buffer_at = [&](std::size_t j) { return (j + rotate) % nbuf; };
     std::size_t next_read = 0;
     std::vector<std::span<float>> spans;
     // Marks the pass as running (and how it reads) until it returns or throws.
@@ -327,16 +346,17 @@ class NvmeSwapper {
       }
     } scope(*this, pass.read);
     try {
-      for (std::size_t g = 0; g < n; ++g) {
-        while (next_read < n && next_read <= g + ahead) {
-          Slot& s = slots_[next_read % nbuf];
+      for (std::size_t j = 0; j < n; ++j) {
+        while (next_read < n && next_read <= j + ahead) {
+          Slot& s = slots_[buffer_at(next_read)];
           finish(s);  // the buffer's previous write must land before it is reused
-          start_read(next_read, s);
+          start_read(group_at(next_read), s);
           ++next_read;
         }
-        Slot& s = slots_[g % nbuf];
+        const std::size_t g = group_at(j);
+        Slot& s = slots_[buffer_at(j)];
         finish(s);  // the read of g
-        auto& buf = buffers_[g % nbuf];
+        auto& buf = buffers_[buffer_at(j)];
         if (s.zero_fill) {  // zeroed only now, so zeroing does not delay earlier transfers
           buf.zero(layouts_[g].bytes);
           s.zero_fill = false;
@@ -353,6 +373,7 @@ class NvmeSwapper {
       drain();
       throw;
     }
+    if (pass.hand_over != Pass::none) hand_over(pass.hand_over);
   }
 
   /// for_each_group with pass options given first (reads the call sites better).
@@ -376,13 +397,26 @@ class NvmeSwapper {
   };
 
   // A read ahead of one tensor into buffers_[index + 1], held until swap_in_tensor takes it or
-  // something drops it. No ticket: the group reads as zeros or throws (read_ahead).
+  // something drops it: its bytes at offset in the buffer. Neither a ticket nor handed over: the
+  // group reads as zeros or throws (read_ahead).
   struct Ahead {
     IoTicket ticket;
     std::size_t group = 0;
     std::size_t tensor = 0;
     bool held = false;
+    bool handed_over = false;  // the bytes a pass left in the buffer (no read)
+    std::size_t offset = 0;
   };
+  // After a pass went through: tensor i of the group each buffer a read ahead uses holds now,
+  // held as read (for_each_group's rotation puts the pass's last groups there). Its file holds
+  // the same bytes: a write pass's writes have landed, a read pass wrote nothing.
+  void hand_over(std::size_t i) {
+    for (std::size_t k = 0; k < ahead_.size(); ++k) {
+      const Slot& s = slots_[k + 1];
+      if (i >= layouts_[s.group].tensors.size() || state_[s.group] != GroupState::valid) continue;
+      ahead_[k] = Ahead{IoTicket{}, s.group, i, true, true, layouts_[s.group].offsets[i]};
+    }
+  }
   // The index in ahead_ of the read held for (g, i), or ahead_.size().
   std::size_t find_ahead(std::size_t g, std::size_t i) const {
     for (std::size_t k = 0; k < ahead_.size(); ++k) {
