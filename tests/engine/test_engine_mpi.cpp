@@ -135,9 +135,8 @@ TEST_CASE("MpiComm: Offload<NVMe> at stage 3, its slices read ahead, equals one 
   options.activation_bytes = 32 << 20;
   engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>> eng(model, world(), cfg, options);
   CHECK(worst(max_error(eng, world(), 2, 3, want)) < 2e-5);
-  // Every rank found slices read ahead: a rank whose prefetch had decided otherwise would have
-  // started its gathers in another order and the step would have timed out.
-  // Every rank's step passes handed their first slices over to the next forward too.
+  // Every rank found slices read ahead and handed over by its step passes: a rank whose prefetch
+  // had decided otherwise would have started its gathers in another order and timed out.
   const auto reads = eng.nvme_read_stats();
   std::vector<double> used{static_cast<double>(reads.read_ahead),
                            static_cast<double>(reads.handed_over)};

@@ -80,6 +80,20 @@ void update(std::size_t g, std::span<const std::span<float>> t, int step) {
   t[2][t[2].size() - 1] += 1.0f;  // the odd tail element of exp_avg_sq
 }
 
+// The values odd_groups(groups) hold after `steps` calls of update (steps 0, 1, ...) on each group,
+// from values(): what a swapper's passes must leave in the files.
+std::vector<std::vector<std::vector<float>>> updated_values(int groups, int steps) {
+  std::vector<std::vector<std::vector<float>>> ref;
+  for (std::size_t g = 0; g < static_cast<std::size_t>(groups); ++g) {
+    ref.emplace_back();
+    for (std::size_t t = 0; t < 3; ++t)
+      ref[g].push_back(values(g, t, odd_groups(groups)[g][t].numel));
+    std::vector<std::span<float>> sp(ref[g].begin(), ref[g].end());
+    for (int step = 0; step < steps; ++step) update(g, sp, step);
+  }
+  return ref;
+}
+
 // Swapper options (designated initialisers would warn about the fields left out).
 SwapperOptions opts(IoBackend backend, int rank = 0,
                     std::shared_ptr<FaultInjector> faults = nullptr) {
@@ -124,17 +138,7 @@ TEST_CASE("pipelined for_each_group equals a sequential loop for every buffer co
   TempDir dir("pipe", zero::testing::direct_io_base());
   const int groups = 6, steps = 3;
   // Reference: the same updates on vectors in memory.
-  std::vector<std::vector<std::vector<float>>> ref;
-  for (std::size_t g = 0; g < groups; ++g) {
-    ref.emplace_back();
-    for (std::size_t t = 0; t < 3; ++t)
-      ref[g].push_back(values(g, t, odd_groups(groups)[g][t].numel));
-  }
-  for (int step = 0; step < steps; ++step)
-    for (std::size_t g = 0; g < groups; ++g) {
-      std::vector<std::span<float>> sp(ref[g].begin(), ref[g].end());
-      update(g, sp, step);
-    }
+  const auto ref = updated_values(groups, steps);
 
   NvmeSwapper s(small_config(dir.path(), buffers), odd_groups(groups), opts(backend));
   fill(s);
@@ -367,18 +371,8 @@ TEST_CASE("a reversed pass hands over its last groups' master to swap_in_tensor 
   const std::size_t n = static_cast<std::size_t>(groups);
   const std::size_t kept = s.read_ahead_capacity();
   REQUIRE(kept == static_cast<std::size_t>(std::min(buffers, groups) - 1));
-  // Reference: the same updates in memory.
-  std::vector<std::vector<std::vector<float>>> ref;
-  for (std::size_t g = 0; g < n; ++g) {
-    ref.emplace_back();
-    for (std::size_t t = 0; t < 3; ++t)
-      ref[g].push_back(values(g, t, odd_groups(groups)[g][t].numel));
-  }
+  const auto ref = updated_values(groups, 2);  // the same updates in memory
   for (int step = 0; step < 2; ++step) {
-    for (std::size_t g = 0; g < n; ++g) {
-      std::vector<std::span<float>> sp(ref[g].begin(), ref[g].end());
-      update(g, sp, step);
-    }
     if (step == 1) CHECK(s.reading_ahead(0, 0) == (kept > 0));  // the first pass's hand-over
     std::vector<std::size_t> order;
     SwapPass pass;
