@@ -3,9 +3,10 @@
 // same global batch in the same run; the ratio is the cost of sharding and communication on
 // this machine. Then the step with Offload<NVMe> (AdamW states in files under --nvme-path,
 // streamed through the swapper at every step) beside the same engine without offload, at stages
-// 1-3 on 1 and 2 ranks ("engine_step_nvme" lines; --nvme-path "" skips them); at stage 3 also
-// with the master slices read when their gathers start instead of ahead (nvme_read_ahead off),
-// and for both the time a step waited for those reads and how many were read ahead. Then hybrid
+// 1-3 on 1 and 2 ranks ("engine_step_nvme" lines; --nvme-path "" skips them), with the time a
+// step's gathers waited for their reads of master slices and where those came from (read ahead,
+// handed over or kept by the step's pass, read on demand); at stage 3 also with the master
+// slices read when their gathers start instead of ahead (nvme_read_ahead off). Then hybrid
 // sharding (EngineOptions::shard_size) at stages 1-3 on 4 ranks in shard groups of 2 beside plain
 // ZeRO on the 4 ("engine_step_hybrid" lines): the step time, and one step's bus bytes per rank
 // inside the shard group and across the replicas, which is what would cross between nodes. Then
@@ -164,13 +165,7 @@ double engine_ms(const BenchShape& s, int stage, int ranks, int threads_per_rank
       const double t = 1e3 * bench::best_seconds(s.repeats, step);
       if (comm.rank() == 0) ms = t;
       if (variant.reads != nullptr && comm.rank() == 0) {
-        const offload::TensorReadStats after = eng.nvme_read_stats();
-        offload::TensorReadStats& r = *variant.reads;
-        r.read_ahead = after.read_ahead - before.read_ahead;
-        r.handed_over = after.handed_over - before.handed_over;
-        r.on_demand = after.on_demand - before.on_demand;
-        r.dropped = after.dropped - before.dropped;
-        r.wait_s = after.wait_s - before.wait_s;
+        *variant.reads = eng.nvme_read_stats().since(before);
       }
       if (traffic == nullptr) return;
       logger->reset();
@@ -250,10 +245,11 @@ void zeropp_line(const BenchShape& s, int ranks, const ZeroPP& parts, int thread
   std::fflush(stdout);
 }
 
-// One "engine_step_nvme" line: `stage` with and without Offload<NVMe>, measured back to back; at
-// stage 3 also with the master slices read on demand (nvme_read_ahead off), and for both the
-// wait for the gathers' reads per step and the reads per step served ahead, handed over by the
-// step's pass, and on demand.
+// One "engine_step_nvme" line: `stage` with and without Offload<NVMe>, measured back to back,
+// with rank 0's wait for its gathers' reads of master slices per step and the gathers per step
+// served ahead, handed over by the step's pass, from the copies the step's pass kept (the
+// gathers right after it), and read on demand; at stage 3 also with the master slices read on
+// demand (nvme_read_ahead off).
 void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std::string& path) {
   const double plain = engine_ms(s, stage, ranks, threads);
   offload::TensorReadStats reads;
@@ -265,23 +261,24 @@ void nvme_line(const BenchShape& s, int stage, int ranks, int threads, const std
     Variant on_demand{.nvme_path = path, .reads = &demand_reads};
     on_demand.options.nvme_read_ahead = false;
     const double demand = engine_ms(s, stage, ranks, threads, on_demand);
-    char buf[512];
+    char buf[256];
     std::snprintf(buf, sizeof buf,
-                  ", \"read_wait_ms\": %.3f, \"reads_ahead\": %.1f, \"reads_handed_over\": %.1f, "
-                  "\"reads_on_demand\": %.1f, \"no_read_ahead_ms\": %.3f, "
-                  "\"no_read_ahead_ratio\": %.3f, \"no_read_ahead_read_wait_ms\": %.3f",
-                  1e3 * reads.wait_s * per_step, static_cast<double>(reads.read_ahead) * per_step,
-                  static_cast<double>(reads.handed_over) * per_step,
-                  static_cast<double>(reads.on_demand) * per_step, demand, demand / plain,
-                  1e3 * demand_reads.wait_s * per_step);
+                  ", \"no_read_ahead_ms\": %.3f, \"no_read_ahead_ratio\": %.3f, "
+                  "\"no_read_ahead_read_wait_ms\": %.3f",
+                  demand, demand / plain, 1e3 * demand_reads.wait_s * per_step);
     stage3 = buf;
   }
   std::printf(
       "{\"bench\": \"engine_step_nvme\", \"config\": {\"stage\": %d, \"ranks\": %d, "
       "\"threads_per_rank\": %d, \"params\": %lld, \"nvme_path\": \"%s\"}, "
-      "\"value\": %.3f, \"unit\": \"ms\", \"no_offload_ms\": %.3f, \"ratio\": %.3f%s}\n",
+      "\"value\": %.3f, \"unit\": \"ms\", \"no_offload_ms\": %.3f, \"ratio\": %.3f, "
+      "\"read_wait_ms\": %.3f, \"reads_ahead\": %.1f, \"reads_handed_over\": %.1f, "
+      "\"reads_kept\": %.1f, \"reads_on_demand\": %.1f%s}\n",
       stage, ranks, threads, static_cast<long long>(model_config(s).num_parameters()), path.c_str(),
-      nvme, plain, nvme / plain, stage3.c_str());
+      nvme, plain, nvme / plain, 1e3 * reads.wait_s * per_step,
+      static_cast<double>(reads.read_ahead) * per_step,
+      static_cast<double>(reads.handed_over) * per_step, static_cast<double>(reads.kept) * per_step,
+      static_cast<double>(reads.on_demand) * per_step, stage3.c_str());
   std::fflush(stdout);
 }
 

@@ -47,6 +47,8 @@ Config offload_config(int stage, const std::filesystem::path& nvme, double lr = 
 struct Result {
   std::vector<float> params;
   engine::MemoryReport report;
+  offload::TensorReadStats reads;  ///< of the master slices, over the steps
+  int units = 0;
 };
 
 template <class T, int S, class... Extra>
@@ -65,6 +67,7 @@ Result train_as(int world, const Config& cfg, int steps, const std::filesystem::
       eng.backward();
       eng.step();
     }
+    const auto reads = eng.nvme_read_stats();
     if (save) eng.save_checkpoint(ckpt, "t");
     std::vector<float> mine;
     for (int u = 0; u < eng.num_units(); ++u) {
@@ -74,6 +77,8 @@ Result train_as(int world, const Config& cfg, int steps, const std::filesystem::
     if (comm.rank() == 0) {
       out.params = mine;
       out.report = eng.memory_report();
+      out.reads = reads;
+      out.units = eng.num_units();
     }
   });
   return out;
@@ -412,6 +417,146 @@ TEST_CASE("Offload<NVMe> stage 3 reads master slices ahead of their gathers, sam
   }
 }
 
+TEST_CASE("a master slice's read failing on one rank raises on every rank, and training goes on",
+          "[unit][engine][offload]") {
+  const bool ahead = GENERATE(true, false);  // the failed read is a read ahead, or on demand
+  INFO((ahead ? "read ahead" : "read on demand"));
+  zero::testing::TempDir nvme("engine-nvme-read-fault", "/var/tmp");
+  const int world = 2;
+  Config cfg = read_ahead_config(nvme.path());
+  cfg.comm_timeout_s = 30;  // a rank left waiting in a gather fails the test in seconds
+  cfg.comm_timeout_given = true;
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  options.nvme_read_ahead = ahead;
+  const auto run_batch = [&](auto& eng, LocalComm& comm, int step) {
+    const GlobalBatch b(micro_rows * world, step, tiny().vocab_size);
+    eng.forward(b.micro(0, comm.rank(), world));
+    eng.backward();
+    eng.step();
+  };
+  // The run below loses the window of batch 1: the same run without offload, without it.
+  const auto reference = zero::testing::per_rank<std::vector<float>>(world, [&](LocalComm& comm) {
+    nn::GPT<float> model(six_blocks());
+    engine::Engine<nn::GPT<float>, ZeroStage<3>> eng(model, comm, read_ahead_config({}), options);
+    for (int step : {0, 2, 3}) run_batch(eng, comm, step);
+    return all_unit_values(eng);
+  });
+  struct RankOutcome {
+    std::string step_error, evaluate_error, gather_error;
+    int step_code = 0, evaluate_code = 0, gather_code = 0;
+    std::int64_t steps = 0, skipped = 0;
+    std::vector<float> params;
+  };
+  std::vector<RankOutcome> outcome(static_cast<std::size_t>(world));
+  LocalComm::run(world, [&](LocalComm& comm) {
+    RankOutcome& mine = outcome[static_cast<std::size_t>(comm.rank())];
+    nn::GPT<float> model(six_blocks());
+    engine::EngineOptions with_faults = options;
+    const auto faults = std::make_shared<offload::FaultInjector>(
+        std::numeric_limits<std::uint64_t>::max(), EIO, offload::IoOp::read);
+    with_faults.nvme_faults = faults;
+    engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>> eng(model, comm, cfg, with_faults);
+    // Runs fn; keeps what it raised, and the errno of an NvmeIoError.
+    const auto outcome_of = [](auto&& fn, std::string& error, int& code) {
+      try {
+        fn();
+      } catch (const offload::NvmeIoError& e) {
+        error = e.what();
+        code = e.error_code();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    };
+    run_batch(eng, comm, 0);
+    // The next read from rank 1's files fails: in the forward of batch 1.
+    if (comm.rank() == 1) faults->arm(0);
+    outcome_of([&] { run_batch(eng, comm, 1); }, mine.step_error, mine.step_code);
+    run_batch(eng, comm, 2);
+    // An evaluation and a gather of values, each with a read failing on rank 1.
+    const GlobalBatch eval(micro_rows * world, 7, tiny().vocab_size);
+    if (comm.rank() == 1) faults->arm(0);
+    outcome_of([&] { (void)eng.evaluate(eval.micro(0, comm.rank(), world)); }, mine.evaluate_error,
+               mine.evaluate_code);
+    if (comm.rank() == 1) faults->arm(0);
+    outcome_of([&] { (void)eng.gather_unit_values(eng.num_units() - 1); }, mine.gather_error,
+               mine.gather_code);
+    (void)eng.evaluate(eval.micro(0, comm.rank(), world));  // the same reads now succeed
+    run_batch(eng, comm, 3);
+    mine.steps = eng.steps();
+    mine.skipped = eng.skipped_steps();
+    mine.params = all_unit_values(eng);
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    const RankOutcome& r = outcome[static_cast<std::size_t>(rank)];
+    INFO("rank " << rank << ": " << r.step_error << " | " << r.evaluate_error << " | "
+                 << r.gather_error);
+    if (rank == 1) {
+      // The rank whose read failed raises the read's own error.
+      CHECK(r.step_code == EIO);
+      CHECK(r.evaluate_code == EIO);
+      CHECK(r.gather_code == EIO);
+      CHECK_THAT(r.step_error, Catch::Contains("zero_swap") && Catch::Contains("read"));
+    } else {
+      CHECK_THAT(r.step_error,
+                 Catch::Contains("Engine::step") && Catch::Contains("could not be read") &&
+                     Catch::Contains("rank 1") && Catch::Contains(std::strerror(EIO)) &&
+                     Catch::Contains("no update made"));
+      CHECK_THAT(r.evaluate_error, Catch::Contains("Engine::evaluate") &&
+                                       Catch::Contains("rank 1") &&
+                                       Catch::Contains(std::strerror(EIO)));
+      CHECK_THAT(r.gather_error, Catch::Contains("gather_unit_values") &&
+                                     Catch::Contains("rank 1") &&
+                                     Catch::Contains(std::strerror(EIO)));
+    }
+    // The failed window made no update: three updates, its boundary skipped, and the values
+    // those three updates give without offload.
+    CHECK(r.steps == 3);
+    CHECK(r.skipped == 1);
+    CHECK(same_bits(r.params, reference[static_cast<std::size_t>(rank)]));
+  }
+}
+
+TEST_CASE("Offload<NVMe>'s step keeps the slices the gathers after it read, same values",
+          "[unit][engine][offload]") {
+  zero::testing::TempDir nvme("engine-nvme-kept", "/var/tmp");
+  const int steps = 3;
+  // Stages 1-2 gather every unit again after the step, stage 3 the persistent ones: every unit
+  // under a threshold above the largest, none under 0.
+  const auto check = [&]<int S>(int world, std::int64_t threshold) {
+    INFO("stage " << S << " world " << world << " persistence threshold " << threshold);
+    Config plain_cfg = offload_config(S, {});
+    Config cfg = offload_config(S, nvme.path());
+    for (Config* c : {&plain_cfg, &cfg}) {
+      c->zero_optimization.stage3_param_persistence_threshold = threshold;
+    }
+    const auto plain = train<S>(world, plain_cfg, steps);
+    const auto offloaded = train<S, Offload<NVMe>>(world, cfg, steps);
+    CHECK(same_bits(plain.params, offloaded.params));
+    const offload::TensorReadStats& r = offloaded.reads;
+    INFO(r.kept << " kept, " << r.on_demand << " on demand, " << r.read_ahead << " ahead, "
+                << r.handed_over << " handed over");
+    if (threshold > 0) {
+      // Each step's gathers took the kept copies (at stage 3 the first units' slices handed
+      // over by the pass, which goes last to first, instead); only the gathers after the states
+      // first went to the files (the engine's construction) read theirs.
+      CHECK(r.kept + r.handed_over == steps * offloaded.units);
+      CHECK(r.kept >= steps * (offloaded.units - 1));
+      if (S < 3) CHECK(r.handed_over == 0);
+      CHECK(r.on_demand == offloaded.units);
+      CHECK(r.read_ahead == 0);
+    } else {
+      CHECK(r.kept == 0);
+    }
+  };
+  for (int world : {1, 2}) {
+    check.operator()<1>(world, 1'000'000'000);
+    check.operator()<2>(world, 1'000'000'000);
+    check.operator()<3>(world, 1'000'000'000);
+    check.operator()<3>(world, 0);
+  }
+}
+
 TEST_CASE("Offload<NVMe> in bf16 trains exactly like bf16 without offload",
           "[unit][engine][offload]") {
   zero::testing::TempDir nvme("engine-nvme-bf16", "/var/tmp");
@@ -424,6 +569,7 @@ TEST_CASE("Offload<NVMe> in bf16 trains exactly like bf16 without offload",
   const auto nvme2 =
       train_as<bf16, 2, Precision<bf16>, Offload<NVMe>>(2, bf16_config(2, nvme.path()), 3);
   CHECK(same_bits(plain2.params, nvme2.params));
+  CHECK(nvme2.reads.kept == 3 * nvme2.units);  // rounded to bf16 by the step's pass
   const auto plain3 = train_as<bf16, 3, Precision<bf16>>(2, bf16_config(3, {}), 3);
   const auto nvme3 =
       train_as<bf16, 3, Precision<bf16>, Offload<NVMe>>(2, bf16_config(3, nvme.path()), 3);

@@ -367,6 +367,13 @@ class Engine {
       // hpZ: no backward follows these gathers, so the secondary shards they kept go (a pass
       // parked before gathers its units again from the master slices).
       exchange_.forget_secondaries();
+      if constexpr (!states_in_memory) {
+        // No step follows to agree on reads that failed: the evaluation's loss may hold zeros.
+        double failed = static_cast<double>(exchange_.failed_reads());
+        sum_host_values(comm_, std::span<double>(&failed, 1));
+        if (groups_.tp) sum_host_values(*groups_.tp, std::span<double>(&failed, 1));
+        if (failed > 0) raise_failed_reads("evaluate", /*at_boundary=*/false);
+      }
       return micro_.ctx().x;
     });
   }
@@ -441,13 +448,17 @@ class Engine {
       // Offload<CPU>: the norm and the host optimizer read gradient shards the device's kernels
       // wrote.
       if constexpr (offload_cpu) backend_.host_waits_for_compute();
-      // One all-reduce carries the sum of squares and the count of non-finite losses (a second
-      // one adds up the tensor-parallel ranks' parts).
-      double stats[2] = {0.0, static_cast<double>(micro_.nonfinite_losses())};
+      // One all-reduce carries the sum of squares, the count of non-finite losses and, reading
+      // states from files, the count of gathers that went on without a master slice their rank
+      // could not read (a second one adds up the tensor-parallel ranks' parts).
+      constexpr std::size_t n_stats = states_in_memory ? 2 : 3;
+      double stats[3] = {0.0, static_cast<double>(micro_.nonfinite_losses()),
+                         static_cast<double>(exchange_.failed_reads())};
       stats[0] = local_sum_of_squares();
-      sum_host_values(comm_, std::span<double>(stats, 2));
-      if (groups_.tp) sum_host_values(*groups_.tp, std::span<double>(stats, 2));
-      if (groups_.pp) sum_host_values(*groups_.pp, std::span<double>(stats, 2));
+      sum_host_values(comm_, std::span<double>(stats, n_stats));
+      if (groups_.tp) sum_host_values(*groups_.tp, std::span<double>(stats, n_stats));
+      if (groups_.pp) sum_host_values(*groups_.pp, std::span<double>(stats, n_stats));
+      if (stats[2] > 0) raise_failed_reads("step", /*at_boundary=*/true);
       // The last delayed update's slices go up to the device now, after the host's wait for
       // compute above, so that wait does not include their copies (nor, below fp32, does this
       // step's update, which writes the other compute copy: start_delayed_update).
@@ -611,13 +622,36 @@ class Engine {
       const std::size_t n =
           s.numel(stage_traits::shards_optimizer_states ? Extent::shard : Extent::whole);
       auto read = backend_.template make_buffer<MasterT>(n);
-      store_.read_master_into(u, std::span<MasterT>(read.data(), n), backend_);
+      // From swap files a read may fail on this rank alone: the gather below still runs, with
+      // zeros in its place, and then every rank raises.
+      std::exception_ptr failed;
+      std::string why;
+      try {
+        store_.read_master_into(u, std::span<MasterT>(read.data(), n), backend_);
+      } catch (const IoError& e) {
+        if (states_in_memory || !stage_traits::shards_optimizer_states) throw;
+        failed = std::current_exception();
+        why = e.what();
+        backend_.clear(std::span<MasterT>(read.data(), n));
+      }
       if constexpr (stage_traits::shards_optimizer_states) {
         auto whole = backend_.template make_buffer<MasterT>(s.numel(Extent::whole));
         backend_.comm_waits_for_compute();
         s.group->all_gather(std::span<const MasterT>(read.data(), n),
                             std::span<MasterT>(whole.data(), whole.size()));
         backend_.compute_waits_for_comm();
+        if constexpr (!states_in_memory) {
+          const std::string mine =
+              failed ? zero::detail::concat("rank ", s.group->rank(), ": ", why) : "";
+          std::string first;
+          auto group = host_values(*s.group);
+          for (const std::string& r : parallel::all_gather_text(group, mine)) {
+            if (first.empty() && !r.empty()) first = r;
+          }
+          if (failed) std::rethrow_exception(failed);
+          expect<Error>(first.empty(), "Engine::gather_unit_values: unit ", u,
+                        "'s master slice could not be read from its swap file on ", first);
+        }
         read = std::move(whole);
       }
       std::vector<MasterT> mine(read.size());
@@ -650,9 +684,9 @@ class Engine {
   /// Stage 3: the most unit elements gathered at once so far (bounded by the prefetch window and
   /// stage3_max_live_parameters, beyond the units a forward or backward needs at once).
   std::int64_t peak_gathered_elems() const { return exchange_.peak_gathered_elems(); }
-  /// Offload<NVMe>: how the stage-3 gathers' reads of master slices from the swap files went
-  /// (read ahead by the prefetch, or when the gather started; the time waited), since the
-  /// engine was made. All zero for the other stores.
+  /// Offload<NVMe>: where the gathers' master slices came from (read ahead by the prefetch,
+  /// handed over or kept by the step's pass, or read from the swap file when the gather started)
+  /// and the time waited for reads, since the engine was made. All zero for the other stores.
   offload::TensorReadStats nvme_read_stats() const { return store_.read_stats(); }
   /// Highest bytes the activation arena held in any micro-step so far (its high-water mark).
   std::size_t activation_peak_bytes() const { return micro_.activation_peak_bytes(); }
@@ -1002,8 +1036,16 @@ class Engine {
           StateAccess::update,
           [&](int u) {
             update_unit(u, factor);
-            if constexpr (stage_traits::regathers_after_update && states_in_memory) {
-              if (unit(u).persistent) exchange_.start_gather(u);
+            if constexpr (stage_traits::regathers_after_update) {
+              // The units regather_after_update gathers: in memory at once; from files after the
+              // ranks agreed, from the slice kept here rather than a second read.
+              if (unit(u).persistent) {
+                if constexpr (states_in_memory) {
+                  exchange_.start_gather(u);
+                } else {
+                  store_.keep_for_gather(u, backend_);
+                }
+              }
             }
           },
           /*step=*/true);
@@ -1579,6 +1621,35 @@ class Engine {
       // a device that failed: the exception in flight says why
     }
     micro_.abandon_window();
+  }
+  // Some rank's gathers went on with zeros for a master slice it could not read from its swap
+  // file (UnitExchange::take_failed_read), as the sum just taken told every rank: every rank
+  // raises, the one whose read failed with its own IoError, the others naming it. Reads change
+  // nothing, so the master slices and optimizer states stay as they were; what may have used the
+  // zeros goes: the accumulation window (its boundary counts as skipped at a step; an evaluation
+  // may come between a window's micro-steps) and the units kept gathered, gathered again.
+  [[noreturn]] void raise_failed_reads(std::string_view what, bool at_boundary) {
+    const auto failed = exchange_.take_failed_read();
+    const std::string mine =
+        failed ? zero::detail::concat("rank ", comm_.rank(), " (unit ", failed->unit,
+                                      "'s slice: ", failed->what, ")")
+               : "";
+    std::string first;
+    auto dp = host_values(comm_);
+    for (const std::string& r : parallel::all_gather_text(dp, mine)) {
+      if (first.empty() && !r.empty()) first = r;
+    }
+    if (at_boundary) ++training_.skipped_steps;
+    exchange_.forget_kept_errors();  // LoCo: they hold the dropped window's packings' losses
+    abandon_window();
+    exchange_.regather_after_update();
+    if (failed) std::rethrow_exception(failed->error);
+    raise<Error>(
+        "Engine::", what, ": a master slice could not be read from its swap file on ",
+        first.empty() ? std::string("a rank of another tensor- or pipeline-parallel group") : first,
+        ", and the gathers went on with zeros in its place; the accumulation window's "
+        "gradients are dropped and no update made (the states are unchanged: training "
+        "can go on, reading the file again)");
   }
   // Gives back the whole gradient buffers that live only while a unit computes (every layout
   // but stages 0-1 with the master as compute copy, whose buffers clear_accumulators clears).

@@ -6,8 +6,12 @@
 // UnitState::swapped_in_master and its optimizer is bound to the buffer. A stage-3 gather reads
 // the master's byte range alone, from a read ahead when the prefetch started one (into one of
 // the swap buffers a pass would use: the next pass drops it unused), or from what the update
-// pass left in those buffers (hand_over_masters). See docs/offload.md.
+// pass left in those buffers (hand_over_masters). The units the engine gathers again right after
+// the step (every unit at stages 1-2, the persistent ones at stage 3) keep their updated slice,
+// rounded to the compute type, for that gather (keep_for_gather), which then reads nothing.
+// See docs/offload.md.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -76,19 +80,53 @@ class NvmeStates {
       pass.reverse = true;
       pass.hand_over = 0;  // the master, tensor 0 of each group
     }
-    swapper_->for_each_group(
-        [&](std::size_t g, std::span<const std::span<float>> group) {
-          SwappedIn in(*this, g, group);
-          fn(static_cast<int>(g));
-        },
-        pass);
+    drop_kept();  // a pass may change the slices a kept copy holds
+    try {
+      swapper_->for_each_group(
+          [&](std::size_t g, std::span<const std::span<float>> group) {
+            SwappedIn in(*this, g, group);
+            fn(static_cast<int>(g));
+          },
+          pass);
+    } catch (...) {
+      drop_kept();  // some group's write may not have landed: its copy is not what the file holds
+      throw;
+    }
   }
 
-  /// Copies unit u's master slice into out: from its swap buffer when it is in one, else
-  /// straight from its file (through staging when out is not fp32).
+  /// Inside for_each_unit's fn: keeps unit u's master slice as it is now, rounded to the compute
+  /// type, for the next read_master_into of u in that type (the gather after the step), which
+  /// then reads nothing from the file. The next pass, a failed one, or that read drops it.
+  template <class Backend>
+  void keep_for_gather(int u, Backend& backend) {
+    const Unit& s = units_[static_cast<std::size_t>(u)];
+    expect<Error>(s.swapped_in_master.has_value(), "NvmeStates::keep_for_gather: unit ", u,
+                  "'s master slice is not in a swap buffer (call it inside for_each_unit's fn)");
+    if (kept_.size() != units_.size()) kept_.resize(units_.size());
+    auto& k = kept_[static_cast<std::size_t>(u)];
+    k.resize(s.swapped_in_master->size());
+    backend.convert_into(std::span<T>(k), std::span<const float>(*s.swapped_in_master));
+  }
+
+  /// Copies unit u's master slice into out: from its swap buffer when it is in one, from a read
+  /// held ahead or handed over, from the copy keep_for_gather kept (out in the compute type),
+  /// else straight from its file (through staging when out is not fp32).
   template <class E, class Backend>
   void read_master_into(int u, std::span<E> out, Backend& backend) {
     Unit& s = units_[static_cast<std::size_t>(u)];
+    if constexpr (std::is_same_v<E, T>) {
+      std::vector<T> kept;
+      if (static_cast<std::size_t>(u) < kept_.size()) kept.swap(kept_[static_cast<std::size_t>(u)]);
+      // A read already held (ahead, handed over) goes first; the copy is dropped either way.
+      if (!kept.empty() && !reading_ahead(u)) {
+        expect<Error>(kept.size() == out.size(), "NvmeStates::read_master_into: unit ", u,
+                      "'s kept slice holds ", kept.size(), " values, the read asks for ",
+                      out.size());
+        std::copy(kept.begin(), kept.end(), out.begin());
+        ++kept_reads_;
+        return;
+      }
+    }
     if (s.swapped_in_master) {
       backend.convert_into(out, std::span<const float>(*s.swapped_in_master));
     } else if constexpr (std::is_same_v<E, float>) {
@@ -112,13 +150,16 @@ class NvmeStates {
   }
   /// How the master slices' reads from the files went (read ahead or on demand, waiting time).
   offload::TensorReadStats read_stats() const {
-    return swapper_ ? swapper_->read_stats() : offload::TensorReadStats{};
+    offload::TensorReadStats r = swapper_ ? swapper_->read_stats() : offload::TensorReadStats{};
+    r.kept = kept_reads_;
+    return r;
   }
-  /// The swap files (offloaded) and the swap buffers (scratch).
+  /// The swap files (offloaded), the swap buffers and the kept copies not yet read (scratch).
   void report(MemoryReport& r) const {
     if (!swapper_) return;
     r.offloaded_bytes += swapper_->file_bytes();
     r.scratch_bytes += swapper_->buffer_bytes();
+    for (const auto& k : kept_) r.scratch_bytes += k.size() * sizeof(T);
   }
 
  private:
@@ -140,9 +181,16 @@ class NvmeStates {
     SwappedIn& operator=(const SwappedIn&) = delete;
   };
 
+  void drop_kept() {
+    for (auto& k : kept_) k = {};
+  }
+
+  using T = typename Unit::compute_type;
   std::vector<Unit>& units_;
   std::vector<optim::AnyOptimizer>& optimizers_;
   std::optional<offload::NvmeSwapper> swapper_;
+  std::vector<std::vector<T>> kept_;  // per unit: keep_for_gather's copy, until its read
+  std::int64_t kept_reads_ = 0;       // read_master_into calls served from a kept copy
   bool hand_over_masters_ = false;
   std::vector<float> staging_;  // a slice read for a bf16/f16 gather
 };

@@ -17,6 +17,9 @@
 //                               one is held, read_stats() how the reads went
 //   report(r)                   what the store holds outside the units' own buffers
 //
+// NvmeStates also has keep_for_gather(u, backend): called inside the step's fn, it keeps u's
+// updated slice for the gather right after the step, whose read_master_into then reads nothing.
+//
 // InMemoryStates is the store of Offload<None> (state beside the compute). NvmeStates
 // (nvme_state_store.hpp) is Offload<NVMe>'s; an Offload<CPU> store for a GPU engine keeps them
 // in pinned host memory behind the same members.

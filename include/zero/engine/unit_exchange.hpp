@@ -45,10 +45,15 @@
 //
 // Every rank calls these in the same order (the engine's static unit order), so the collectives
 // match on every rank. A failed collective is a CommError naming the op, the unit and the step.
+// A master slice that cannot be read from its swap file (Offload<NVMe>) may fail on one rank
+// alone: that rank still starts the gather, with zeros in its slice's place, and keeps the error
+// (failed_reads, take_failed_read) for the engine to raise on every rank at its next agreement,
+// instead of leaving the others waiting in the gather.
 
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <span>
@@ -425,6 +430,32 @@ class UnitExchange {
   /// A new accumulation window: no unit has a shard sum yet.
   void forget_shard_sums() { std::fill(shard_sum_taken_.begin(), shard_sum_taken_.end(), 0); }
 
+  // ---- master slices that could not be read ---------------------------------------------------
+
+  /// A gather that went on with zeros for this rank's master slice, its read having failed.
+  struct FailedRead {
+    int unit = 0;
+    std::exception_ptr error;  ///< the read's IoError (NvmeIoError)
+    std::string what;
+  };
+  /// Gathers since the last take_failed_read that went on without this rank's slice.
+  std::int64_t failed_reads() const { return failed_reads_; }
+  /// The first of those (empty when none), forgetting them all.
+  std::optional<FailedRead> take_failed_read() {
+    failed_reads_ = 0;
+    return std::exchange(failed_read_, std::nullopt);
+  }
+  /// Records that unit u's gather went on without this rank's slice, inside the catch of the
+  /// read's error (what).
+  void keep_failed_read(int u, const char* what) {
+    if (failed_reads_++ > 0) return;  // the first one says why
+    FailedRead f;
+    f.unit = u;
+    f.error = std::current_exception();
+    f.what = what;
+    failed_read_ = std::move(f);
+  }
+
  private:
   struct Pending {
     int unit = 0;
@@ -655,7 +686,12 @@ class UnitExchange {
       const std::span<T> out = span(s.gather_scratch);
       // The gather waits for the read (from its read ahead, when one is held).
       const auto timed = timed_phase(profile::Phase::gather_wait);
-      store_.read_master_into(u, out, backend_);
+      try {
+        store_.read_master_into(u, out, backend_);
+      } catch (const IoError& e) {
+        backend_.clear(out);  // the gather goes on: see the file comment
+        keep_failed_read(u, e.what());
+      }
       return out;
     }
   }
@@ -895,7 +931,9 @@ class UnitExchange {
     Kept packing;  // its whole gradient's
     Kept hop;      // hpZ's second hop: its partial sums'
   };
-  std::vector<KeptError> kept_errors_;  // by unit; empty without LoCo
+  std::vector<KeptError> kept_errors_;     // by unit; empty without LoCo
+  std::optional<FailedRead> failed_read_;  // the first since take_failed_read
+  std::int64_t failed_reads_ = 0;
 };
 
 }  // namespace zero::engine
