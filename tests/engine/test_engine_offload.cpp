@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
 
@@ -514,6 +515,94 @@ TEST_CASE("a master slice's read failing on one rank raises on every rank, and t
     CHECK(r.steps == 3);
     CHECK(r.skipped == 1);
     CHECK(same_bits(r.params, reference[static_cast<std::size_t>(rank)]));
+  }
+}
+
+TEST_CASE(
+    "Offload<NVMe> under pipeline parallelism: a slice one stage could not read raises on every "
+    "rank after the evaluation, and training goes on",
+    "[unit][engine][offload][pipeline]") {
+  // Stage 0's evaluation raised on its own ranks before handing its activations on, and stage 1
+  // waited for them until the communicator's deadline (a CommError, the engine unusable).
+  zero::testing::TempDir nvme("engine-nvme-pp-read-fault", "/var/tmp");
+  zero::testing::TempDir ckpt("engine-nvme-pp-ckpt", "/var/tmp");
+  const int world = 2;  // pp 2
+  struct RankOutcome {
+    std::string error;
+    int code = 0;
+    double fired = 0;
+    double evaluated = 0;  // the evaluation's loss once the reads succeed
+    std::vector<float> params;
+  };
+  // Trains a step, saves, loads (whose regather reads every master slice from the files: the
+  // first read of stage 0's rank fails when `fail`), evaluates twice (the first raising when
+  // `fail`) and trains another step.
+  const auto run = [&]<class... Offloads>(const Config& cfg, bool fail) {
+    return zero::testing::per_rank<RankOutcome>(world, [&](LocalComm& comm) {
+      RankOutcome out;
+      parallel::ProcessGroups<LocalComm> groups(comm, parallel::Grid({.pp = 2}));
+      nn::GPT<float> model(six_blocks());
+      engine::EngineOptions options;
+      options.activation_bytes = 32 << 20;
+      const auto faults = std::make_shared<offload::FaultInjector>(
+          std::numeric_limits<std::uint64_t>::max(), EIO, offload::IoOp::read);
+      options.nvme_faults = faults;
+      parallel::pipeline::PipelineEngine<nn::GPT<float>, ZeroStage<1>, Offloads...> pipe(
+          model, comm, groups, cfg, {}, options);
+      const auto batch = [](int step) {
+        auto b = std::make_shared<GlobalBatch>(micro_rows, step, tiny().vocab_size);
+        return std::make_pair(b, b->micro(0, 0, 1));
+      };
+      {
+        const auto [b, mb] = batch(0);
+        pipe.train_batch(std::vector<engine::MicroBatch>{mb});
+      }
+      pipe.engine().save_checkpoint(ckpt.path(), "t");
+      if (fail && pipe.stage() == 0) faults->arm(0);
+      pipe.engine().load_checkpoint(ckpt.path());
+      const auto [eval, eval_mb] = batch(7);
+      if (fail) {
+        try {
+          (void)pipe.evaluate(eval_mb);
+        } catch (const offload::NvmeIoError& e) {
+          out.error = e.what();
+          out.code = e.error_code();
+        } catch (const Error& e) {
+          out.error = e.what();
+        }
+      }
+      out.fired = static_cast<double>(faults->fired());
+      out.evaluated = pipe.evaluate(eval_mb);
+      {
+        const auto [b, mb] = batch(1);
+        pipe.train_batch(std::vector<engine::MicroBatch>{mb});
+      }
+      out.params = all_unit_values(pipe.engine());
+      return out;
+    });
+  };
+  Config cfg = offload_config(1, nvme.path());
+  cfg.comm_timeout_s = 30;  // a stage left waiting fails the test in seconds
+  cfg.comm_timeout_given = true;
+  Config plain_cfg = offload_config(1, {});
+  const auto plain = run.template operator()<>(plain_cfg, false);
+  const auto failed = run.template operator()<Offload<NVMe>>(cfg, true);
+  for (int rank = 0; rank < world; ++rank) {
+    const RankOutcome& r = failed[static_cast<std::size_t>(rank)];
+    INFO("rank " << rank << ": " << r.error);
+    if (rank == 0) {
+      CHECK(r.fired == 1);  // the failure was the load's read on this stage
+      CHECK(r.code == EIO);
+      CHECK_THAT(r.error, Catch::Contains("zero_swap") && Catch::Contains("read"));
+    } else {
+      CHECK(r.fired == 0);
+      CHECK_THAT(r.error, Catch::Contains("Engine::evaluate") && Catch::Contains("rank 0") &&
+                              Catch::Contains(std::strerror(EIO)));
+    }
+    // Nothing was lost: the evaluation and the next step are those of the run without offload.
+    const RankOutcome& p = plain[static_cast<std::size_t>(rank)];
+    CHECK(r.evaluated == p.evaluated);
+    CHECK(same_bits(r.params, p.params));
   }
 }
 

@@ -633,30 +633,34 @@ TEST_CASE("LocalComm: a u8 average divides by the rank count, not by it wrapped 
 }
 
 TEST_CASE(
-    "Text collectives: every rank gets every rank's string in rank order, empty ones too, and "
-    "the root's broadcast",
+    "Text collectives: every rank gets every rank's string in rank order, empty ones too, the "
+    "root's broadcast and the first non-empty one",
     "[unit][comm]") {
   const std::vector<std::string> sent = {"", "a", "hello, stages", ""};
   struct Seen {
     std::vector<std::string> gathered;
-    std::string from_root;
+    std::string from_root, first;
   };
   const auto got = per_rank<Seen>(4, [&](LocalComm& comm) {
     const std::string& mine = sent[static_cast<std::size_t>(comm.rank())];
     return Seen{zero::parallel::all_gather_text(comm, mine),
-                zero::parallel::broadcast_text(comm, mine, 2)};
+                zero::parallel::broadcast_text(comm, mine, 2),
+                zero::parallel::first_nonempty_text(comm, mine)};
   });
   for (const Seen& g : got) {
     CHECK(g.gathered == sent);
     CHECK(g.from_root == "hello, stages");
+    CHECK(g.first == "a");  // rank 1's: rank 0 sent nothing, rank 2 came later
   }
   // All empty: no bytes to gather or broadcast.
   const auto none = per_rank<Seen>(2, [](LocalComm& comm) {
     return Seen{zero::parallel::all_gather_text(comm, ""),
-                zero::parallel::broadcast_text(comm, "", 0)};
+                zero::parallel::broadcast_text(comm, "", 0),
+                zero::parallel::first_nonempty_text(comm, "")};
   });
   for (const Seen& g : none) {
     CHECK(g.gathered == std::vector<std::string>{"", ""});
     CHECK(g.from_root.empty());
+    CHECK(g.first.empty());
   }
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zero::parallel {
@@ -49,6 +50,16 @@ std::vector<std::string> all_gather_text(Comm& comm, const std::string& mine) {
     out[r].assign(p, static_cast<std::size_t>(sizes[r]));
   }
   return out;
+}
+
+/// The text of the lowest rank whose text is not empty, or an empty string when every rank's is
+/// (a collective): how ranks agree on one failure to report, each passing its own or nothing.
+template <TextComm Comm>
+std::string first_nonempty_text(Comm& comm, const std::string& mine) {
+  for (std::string& text : all_gather_text(comm, mine)) {
+    if (!text.empty()) return std::move(text);
+  }
+  return {};
 }
 
 /// root's text on every rank (a collective; the others' text is not read).

@@ -184,7 +184,7 @@ class PipelineEngine {
   }
   /// Forward of batch without dropout through every virtual stage in turn (no backward):
   /// returns the mean loss on every rank (0 without targets), with every stage's auxiliary
-  /// losses; the last stage's model then holds the logits. Collective over the pipeline group.
+  /// losses; the last stage's model then holds the logits. Collective over every rank.
   double evaluate(const engine::MicroBatch& batch) {
     const int stages = pp_ * stage_model_.num_chunks();
     AnyComm* pp = engine_.groups().pp ? &*engine_.groups().pp : nullptr;
@@ -209,6 +209,8 @@ class PipelineEngine {
         loss += convert<double>(engine_.loss());
       }
     }
+    // Offload<NVMe>: a master slice some stage could not read raises on every rank now.
+    engine_.agree_on_reads("evaluate");
     if (pp != nullptr) pp->all_reduce(std::span<double>(&loss, 1), ReduceOp::sum);
     return loss;
   }

@@ -367,15 +367,30 @@ class Engine {
       // hpZ: no backward follows these gathers, so the secondary shards they kept go (a pass
       // parked before gathers its units again from the master slices).
       exchange_.forget_secondaries();
-      if constexpr (!states_in_memory) {
-        // No step follows to agree on reads that failed: the evaluation's loss may hold zeros.
+      // No step follows to agree on reads that failed: the evaluation's loss may hold zeros.
+      // Pipeline stages evaluate one after another, so a pipeline agrees once all have run.
+      if (!groups_.pp) agree_on_reads("evaluate");
+      return micro_.ctx().x;
+    });
+  }
+  /// Offload<NVMe>: a collective over every rank of the engine (dp, tp and pp) that raises on
+  /// each, as a step does, when a gather since the last step or agreement went on with zeros
+  /// for a master slice its rank could not read from its swap file; nothing otherwise (and no
+  /// collective with the states in memory). evaluate_pass agrees by itself without pipeline
+  /// parallelism; with it, the pipeline's evaluation calls this once every stage ran its passes
+  /// (a stage raising alone would leave the next one waiting for its activations).
+  void agree_on_reads(std::string_view what) {
+    if constexpr (!states_in_memory) {
+      communicating(what, [&] {
         double failed = static_cast<double>(exchange_.failed_reads());
         sum_host_values(comm_, std::span<double>(&failed, 1));
         if (groups_.tp) sum_host_values(*groups_.tp, std::span<double>(&failed, 1));
-        if (failed > 0) raise_failed_reads("evaluate", /*at_boundary=*/false);
-      }
-      return micro_.ctx().x;
-    });
+        if (groups_.pp) sum_host_values(*groups_.pp, std::span<double>(&failed, 1));
+        if (failed > 0) raise_failed_reads(what, /*at_boundary=*/false);
+      });
+    } else {
+      (void)what;
+    }
   }
   /// True when the model can park a pass through units r (nn::ParksPasses and every unit of r
   /// parks): park_pass and resume_pass may then be used for them.
@@ -643,11 +658,8 @@ class Engine {
         if constexpr (!states_in_memory) {
           const std::string mine =
               failed ? zero::detail::concat("rank ", s.group->rank(), ": ", why) : "";
-          std::string first;
           auto group = host_values(*s.group);
-          for (const std::string& r : parallel::all_gather_text(group, mine)) {
-            if (first.empty() && !r.empty()) first = r;
-          }
+          const std::string first = parallel::first_nonempty_text(group, mine);
           if (failed) std::rethrow_exception(failed);
           expect<Error>(first.empty(), "Engine::gather_unit_values: unit ", u,
                         "'s master slice could not be read from its swap file on ", first);
@@ -1060,9 +1072,7 @@ class Engine {
       std::string first;
       try {
         auto comm = state().state_comm();
-        for (const std::string& r : parallel::all_gather_text(comm, mine)) {
-          if (first.empty() && !r.empty()) first = r;
-        }
+        first = parallel::first_nonempty_text(comm, mine);
       } catch (const std::exception&) {
         if (!failed) throw;  // the agreement's own failure; this rank's update went through
         first = mine;
@@ -1628,28 +1638,26 @@ class Engine {
   // nothing, so the master slices and optimizer states stay as they were; what may have used the
   // zeros goes: the accumulation window (its boundary counts as skipped at a step; an evaluation
   // may come between a window's micro-steps) and the units kept gathered, gathered again.
+  // Collective over the state group (every rank of the engine; a rank is named by its rank
+  // there, which names its swap files).
   [[noreturn]] void raise_failed_reads(std::string_view what, bool at_boundary) {
     const auto failed = exchange_.take_failed_read();
     const std::string mine =
-        failed ? zero::detail::concat("rank ", comm_.rank(), " (unit ", failed->unit,
-                                      "'s slice: ", failed->what, ")")
+        failed ? zero::detail::concat("rank ", groups_.state_group().rank(), " (unit ",
+                                      failed->unit, "'s slice: ", failed->what, ")")
                : "";
-    std::string first;
-    auto dp = host_values(comm_);
-    for (const std::string& r : parallel::all_gather_text(dp, mine)) {
-      if (first.empty() && !r.empty()) first = r;
-    }
+    auto all = host_values(groups_.state_group());
+    const std::string first = parallel::first_nonempty_text(all, mine);
     if (at_boundary) ++training_.skipped_steps;
     exchange_.forget_kept_errors();  // LoCo: they hold the dropped window's packings' losses
     abandon_window();
     exchange_.regather_after_update();
     if (failed) std::rethrow_exception(failed->error);
-    raise<Error>(
-        "Engine::", what, ": a master slice could not be read from its swap file on ",
-        first.empty() ? std::string("a rank of another tensor- or pipeline-parallel group") : first,
-        ", and the gathers went on with zeros in its place; the accumulation window's "
-        "gradients are dropped and no update made (the states are unchanged: training "
-        "can go on, reading the file again)");
+    raise<Error>("Engine::", what, ": a master slice could not be read from its swap file on ",
+                 first,
+                 ", and the gathers went on with zeros in its place; the accumulation window's "
+                 "gradients are dropped and no update made (the states are unchanged: training "
+                 "can go on, reading the file again)");
   }
   // Gives back the whole gradient buffers that live only while a unit computes (every layout
   // but stages 0-1 with the master as compute copy, whose buffers clear_accumulators clears).

@@ -79,10 +79,8 @@ checkpoint::SaveResult save_engine_checkpoint(Eng& eng, const std::filesystem::p
     failure = zero::detail::concat("rank ", state.state_comm().rank(), ": ", e.what());
   }
   auto comm = state.state_comm();
-  for (const std::string& r : parallel::all_gather_text(comm, failure)) {
-    if (!r.empty()) {
-      raise<CheckpointError>(what, " failed on ", r, " (nothing was written)");
-    }
+  if (const std::string first = parallel::first_nonempty_text(comm, failure); !first.empty()) {
+    raise<CheckpointError>(what, " failed on ", first, " (nothing was written)");
   }
   const auto produce = [&](const checkpoint::SegmentSink& sink) {
     auto write = [&]<class E>(int u, std::span<E> slice, const std::string& suffix) {
