@@ -91,6 +91,19 @@ Result train(int world, const Config& cfg, int steps, const std::filesystem::pat
   return train_as<float, S, Extra...>(world, cfg, steps, ckpt, save, first_step);
 }
 
+// Runs fn; keeps what it raised in error, and in code the errno of an NvmeIoError.
+template <class Fn>
+void keep_raised(Fn&& fn, std::string& error, int& code) {
+  try {
+    fn();
+  } catch (const offload::NvmeIoError& e) {
+    error = e.what();
+    code = e.error_code();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -198,14 +211,7 @@ TEST_CASE("an I/O failure in an offloaded step raises and the last checkpoint st
     const std::vector<float> good = params();
     // The second state write of the next step fails.
     if (!one_rank || comm.rank() == world - 1) faults->arm(1);
-    try {
-      run_step(2);
-    } catch (const offload::NvmeIoError& e) {
-      mine.step_error = e.what();
-      mine.error_code = e.error_code();
-    } catch (const Error& e) {
-      mine.step_error = e.what();
-    }
+    keep_raised([&] { run_step(2); }, mine.step_error, mine.error_code);
     try {
       eng.save_checkpoint(ckpt, "bad");
     } catch (const Error& e) {
@@ -458,30 +464,19 @@ TEST_CASE("a master slice's read failing on one rank raises on every rank, and t
         std::numeric_limits<std::uint64_t>::max(), EIO, offload::IoOp::read);
     with_faults.nvme_faults = faults;
     engine::Engine<nn::GPT<float>, ZeroStage<3>, Offload<NVMe>> eng(model, comm, cfg, with_faults);
-    // Runs fn; keeps what it raised, and the errno of an NvmeIoError.
-    const auto outcome_of = [](auto&& fn, std::string& error, int& code) {
-      try {
-        fn();
-      } catch (const offload::NvmeIoError& e) {
-        error = e.what();
-        code = e.error_code();
-      } catch (const Error& e) {
-        error = e.what();
-      }
-    };
     run_batch(eng, comm, 0);
     // The next read from rank 1's files fails: in the forward of batch 1.
     if (comm.rank() == 1) faults->arm(0);
-    outcome_of([&] { run_batch(eng, comm, 1); }, mine.step_error, mine.step_code);
+    keep_raised([&] { run_batch(eng, comm, 1); }, mine.step_error, mine.step_code);
     run_batch(eng, comm, 2);
     // An evaluation and a gather of values, each with a read failing on rank 1.
     const GlobalBatch eval(micro_rows * world, 7, tiny().vocab_size);
     if (comm.rank() == 1) faults->arm(0);
-    outcome_of([&] { (void)eng.evaluate(eval.micro(0, comm.rank(), world)); }, mine.evaluate_error,
-               mine.evaluate_code);
+    keep_raised([&] { (void)eng.evaluate(eval.micro(0, comm.rank(), world)); }, mine.evaluate_error,
+                mine.evaluate_code);
     if (comm.rank() == 1) faults->arm(0);
-    outcome_of([&] { (void)eng.gather_unit_values(eng.num_units() - 1); }, mine.gather_error,
-               mine.gather_code);
+    keep_raised([&] { (void)eng.gather_unit_values(eng.num_units() - 1); }, mine.gather_error,
+                mine.gather_code);
     (void)eng.evaluate(eval.micro(0, comm.rank(), world));  // the same reads now succeed
     run_batch(eng, comm, 3);
     mine.steps = eng.steps();
@@ -561,16 +556,7 @@ TEST_CASE(
       if (fail && pipe.stage() == 0) faults->arm(0);
       pipe.engine().load_checkpoint(ckpt.path());
       const auto [eval, eval_mb] = batch(7);
-      if (fail) {
-        try {
-          (void)pipe.evaluate(eval_mb);
-        } catch (const offload::NvmeIoError& e) {
-          out.error = e.what();
-          out.code = e.error_code();
-        } catch (const Error& e) {
-          out.error = e.what();
-        }
-      }
+      if (fail) keep_raised([&] { (void)pipe.evaluate(eval_mb); }, out.error, out.code);
       out.fired = static_cast<double>(faults->fired());
       out.evaluated = pipe.evaluate(eval_mb);
       {
