@@ -1,10 +1,10 @@
 #pragma once
-// LinearCrossEntropy: TiedLinear (logits = x W^T, W another layer's parameter) and
-// SoftmaxCrossEntropy in one loss layer that never holds more than a chunk of the logits when
-// only the loss and its gradient are needed. The rows (tokens) go in chunks whose logits fit
-// chunk_bytes, each chunk's logits computed into one buffer. With one chunk, the forward keeps
-// the logits and the backward turns them into dlogits and the two gradients, as the two layers
-// do. With several, a training forward also computes the gradients (the loss's seed,
+// LinearCrossEntropy: TiedLinear (logits = x W^T, W another layer's parameter, or the layer's own
+// for an untied head) and SoftmaxCrossEntropy in one loss layer that never holds more than a chunk
+// of the logits when only the loss and its gradient are needed. The rows (tokens) go in chunks
+// whose logits fit chunk_bytes, each chunk's logits computed into one buffer. With one chunk, the
+// forward keeps the logits and the backward turns them into dlogits and the two gradients, as the
+// two layers do. With several, a training forward also computes the gradients (the loss's seed,
 // ctx.loss_scale, is known before the forward): each chunk's logits become its dlogits in place
 // as soon as its losses are out, its rows of the input gradient go to a buffer kept for the
 // backward, and its weight gradient is added to a weight-sized buffer kept the same way; the
@@ -53,7 +53,9 @@
 #include <any>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include <zero/core/error.hpp>
 #include <zero/nn/deferred_weight_grads.hpp>
@@ -89,7 +91,26 @@ class LinearCrossEntropy final : public Layer<T> {
                         " must be >= 0");
   }
 
+  /// An untied head (Llama's lm_head): the layer's own parameter name.weight [classes, in],
+  /// normal with stddev, weight-decayed, instead of another layer's; otherwise as above.
+  LinearCrossEntropy(std::string name, std::int64_t in, std::int64_t classes, double stddev,
+                     std::string labels = "labels",
+                     std::int64_t chunk_bytes = default_logits_chunk_bytes)
+      : LinearCrossEntropy(std::move(name), nullptr, in, classes, std::move(labels), chunk_bytes) {
+    expect<ConfigError>(stddev > 0.0, describe(), ": stddev = ", stddev, "; expected > 0");
+    own_stddev_ = stddev;
+    weight_ = [this] { return own_; };
+  }
+
   std::string describe() const override { return "LinearCrossEntropy '" + name_ + "'"; }
+  /// name.weight when the layer owns its weight; none when it reads another layer's.
+  std::vector<ParamSpec> params() const override {
+    if (own_stddev_ == 0.0) return {};
+    return {{name_ + ".weight", {classes_, in_}, Init::normal, own_stddev_, true}};
+  }
+  void bind(std::span<const ParamView<T>> views) override {
+    if (own_stddev_ != 0.0) own_ = views[0];
+  }
 
   /// The weight of this rank's mean given its counted rows (see the file comment), called on
   /// every rank of the group in each labelled forward; null (the default): 1, the rows are this
@@ -295,6 +316,8 @@ class LinearCrossEntropy final : public Layer<T> {
 
   std::string name_;
   std::function<ParamView<T>()> weight_;
+  double own_stddev_ = 0.0;  // > 0: the layer owns its weight, own_
+  ParamView<T> own_;
   std::int64_t in_, classes_;
   std::int64_t vocab_;  // the classes in the softmax: the first vocab_ of classes_
   std::string labels_;

@@ -1,5 +1,6 @@
 #pragma once
-// ReLU and SiLU (x * sigmoid(x)) for the layer library; GELU lives in gelu.hpp. Like every host
+// ReLU, SiLU (x * sigmoid(x)) and SwiGLU (silu(gate) * up) for the layer library; GELU lives
+// in gelu.hpp. Like every host
 // kernel they load to the compute type, compute there and round once per stored element, and
 // the backward passes accumulate into dinp so a caller can sum gradients from several users.
 
@@ -49,6 +50,35 @@ void silu_backward(T* dinp, const T* inp, const T* dout, std::int64_t n) {
     const A x = load(inp[i]);
     const A s = A(1) / (A(1) + std::exp(-x));
     dinp[i] = store<T>(load(dinp[i]) + s * (A(1) + x * (A(1) - s)) * load(dout[i]));
+  });
+}
+
+/// SwiGLU (Shazeer, "GLU Variants Improve Transformer", 2020; Llama's MLP): rows of
+/// [gate (f) | up (f)] give out[r, j] = silu(gate[r, j]) * up[r, j], rows of f.
+template <class T>
+void swiglu_forward(T* out, const T* inp, std::int64_t rows, std::int64_t f) {
+  using A = compute_type_t<T>;
+  parallel_for(rows * f, [&](std::int64_t k) {
+    const std::int64_t r = k / f, j = k % f;
+    const A g = load(inp[r * 2 * f + j]), u = load(inp[r * 2 * f + f + j]);
+    out[k] = store<T>(g / (A(1) + std::exp(-g)) * u);
+  });
+}
+
+/// dinp (+=, or = when overwrite) the gradient of swiglu_forward given dout:
+/// dgate = dout * up * silu'(gate), dup = dout * silu(gate).
+template <class T>
+void swiglu_backward(T* dinp, const T* inp, const T* dout, std::int64_t rows, std::int64_t f,
+                     bool overwrite = false) {
+  using A = compute_type_t<T>;
+  parallel_for(rows * f, [&](std::int64_t k) {
+    const std::int64_t r = k / f, j = k % f;
+    const std::int64_t kg = r * 2 * f + j, ku = kg + f;
+    const A g = load(inp[kg]), u = load(inp[ku]), d = load(dout[k]);
+    const A s = A(1) / (A(1) + std::exp(-g));
+    const A dg = d * u * s * (A(1) + g * (A(1) - s)), du = d * g * s;
+    dinp[kg] = store<T>(overwrite ? dg : load(dinp[kg]) + dg);
+    dinp[ku] = store<T>(overwrite ? du : load(dinp[ku]) + du);
   });
 }
 

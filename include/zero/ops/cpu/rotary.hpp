@@ -1,0 +1,121 @@
+#pragma once
+// Rotary position embedding (RoPE; Su et al., "RoFormer", 2021), in the "rotate half" form of
+// Llama and the Hugging Face models: a head of hs channels is hs/2 pairs (i, i + hs/2), and the
+// pair i of the row at position p turns by the angle p * theta^(-2i/hs):
+//   out[i]        = x[i] cos - x[i + hs/2] sin
+//   out[i + hs/2] = x[i + hs/2] cos + x[i] sin
+// The backward turns the gradient back by the same angle (the rotation's transpose).
+//
+// The kernels work on rows of grouped qkv (layer_llama.hpp's attention projection, Megatron's
+// layout for grouped-query attention): kv_heads groups, each `group` query heads, then one key
+// head, then one value head, every head hs channels. The query and key heads turn, the value
+// head is copied. Rows are (batch, position) pairs of seq_len positions each, at positions
+// [first, first + seq_len) (first > 0: a sequence-parallel rank's block of every sequence).
+// The angles come from rotary_table, in double, rounded once to the compute type.
+
+#include <cmath>
+#include <cstdint>
+
+#include <zero/core/error.hpp>
+#include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/parallel_for.hpp>
+
+namespace zero::ops::cpu {
+
+/// The channels of one grouped-qkv row: kv_heads groups of (group + 2) heads of head_size.
+inline std::int64_t grouped_qkv_width(std::int64_t kv_heads, std::int64_t group,
+                                      std::int64_t head_size) {
+  return kv_heads * (group + 2) * head_size;
+}
+
+/// cos and sin of the angle of every position in [first, first + seq_len) and pair i of a head of
+/// head_size channels (even): each [seq_len, head_size / 2], angle p * theta^(-2i / head_size).
+template <class A>
+void rotary_table(A* cos_out, A* sin_out, std::int64_t first, std::int64_t seq_len,
+                  std::int64_t head_size, double theta) {
+  expect<ShapeError>(head_size > 0 && head_size % 2 == 0, "rotary_table: head_size ", head_size,
+                     " must be positive and even");
+  expect<ConfigError>(theta > 1.0, "rotary_table: theta ", theta, " must be greater than 1");
+  const std::int64_t half = head_size / 2;
+  for (std::int64_t t = 0; t < seq_len; ++t) {
+    const double p = static_cast<double>(first + t);
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double inv_freq =
+          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_size));
+      const double angle = p * inv_freq;
+      cos_out[t * half + i] = static_cast<A>(std::cos(angle));
+      sin_out[t * half + i] = static_cast<A>(std::sin(angle));
+    }
+  }
+}
+
+namespace rotary_detail {
+// Over every row of n: fn(row, position index t, head offset, rotates) for each head of the row.
+template <class Fn>
+void for_each_head(std::int64_t n, std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                   std::int64_t head_size, Fn&& fn) {
+  const std::int64_t heads = kv_heads * (group + 2);
+  const std::int64_t width = heads * head_size;
+  parallel_for(n, [&](std::int64_t r) {
+    const std::int64_t t = r % seq_len;
+    for (std::int64_t h = 0; h < heads; ++h) {
+      fn(r * width + h * head_size, t, h % (group + 2) <= group);
+    }
+  });
+}
+}  // namespace rotary_detail
+
+/// out = inp with every query and key head of its n rows turned by its position's angles (cos,
+/// sin: rotary_table's, for the rows' seq_len positions); value heads copied.
+template <class T>
+void rotary_forward(T* out, const T* inp, const compute_type_t<T>* cos_t,
+                    const compute_type_t<T>* sin_t, std::int64_t n, std::int64_t seq_len,
+                    std::int64_t kv_heads, std::int64_t group, std::int64_t head_size) {
+  using A = compute_type_t<T>;
+  const std::int64_t half = head_size / 2;
+  rotary_detail::for_each_head(n, seq_len, kv_heads, group, head_size,
+                               [&](std::int64_t o, std::int64_t t, bool rotates) {
+                                 if (!rotates) {
+                                   for (std::int64_t i = 0; i < head_size; ++i)
+                                     out[o + i] = inp[o + i];
+                                   return;
+                                 }
+                                 const A* c = cos_t + t * half;
+                                 const A* s = sin_t + t * half;
+                                 for (std::int64_t i = 0; i < half; ++i) {
+                                   const A a = load(inp[o + i]), b = load(inp[o + half + i]);
+                                   out[o + i] = store<T>(a * c[i] - b * s[i]);
+                                   out[o + half + i] = store<T>(b * c[i] + a * s[i]);
+                                 }
+                               });
+}
+
+/// dinp (+=, or = when overwrite) the gradient of rotary_forward: each query and key head of
+/// dout turned back by its position's angles, value heads passed through.
+template <class T>
+void rotary_backward(T* dinp, const T* dout, const compute_type_t<T>* cos_t,
+                     const compute_type_t<T>* sin_t, std::int64_t n, std::int64_t seq_len,
+                     std::int64_t kv_heads, std::int64_t group, std::int64_t head_size,
+                     bool overwrite = false) {
+  using A = compute_type_t<T>;
+  const std::int64_t half = head_size / 2;
+  const auto start = [&](std::int64_t k) { return overwrite ? A(0) : load(dinp[k]); };
+  rotary_detail::for_each_head(
+      n, seq_len, kv_heads, group, head_size, [&](std::int64_t o, std::int64_t t, bool rotates) {
+        if (!rotates) {
+          for (std::int64_t i = 0; i < head_size; ++i) {
+            dinp[o + i] = store<T>(start(o + i) + load(dout[o + i]));
+          }
+          return;
+        }
+        const A* c = cos_t + t * half;
+        const A* s = sin_t + t * half;
+        for (std::int64_t i = 0; i < half; ++i) {
+          const A a = load(dout[o + i]), b = load(dout[o + half + i]);
+          dinp[o + i] = store<T>(start(o + i) + (a * c[i] + b * s[i]));
+          dinp[o + half + i] = store<T>(start(o + half + i) + (b * c[i] - a * s[i]));
+        }
+      });
+}
+
+}  // namespace zero::ops::cpu

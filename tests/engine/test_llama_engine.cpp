@@ -1,0 +1,198 @@
+// The engine with nn::LayerLlama (grouped-query attention, rotary embedding, SwiGLU, an untied
+// head): every layout of ZeRO stage, data, tensor (with and without Megatron's sequence
+// parallelism) and Ulysses sequence parallelism equals one process on the global batch over
+// several f64 AdamW steps with clipping (1e-10: a rank's rotary embedding turning its positions by
+// another rank's angles, a key/value head split across tensor-parallel ranks, or a missing
+// reduction is an O(1) error), with every rank's copies of a replicated parameter equal; a
+// checkpoint saved at (tp 2, dp 2, stage 3) resumes at (tp 1, dp 2 x sp 2, stage 1) equal to the
+// uninterrupted run.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <optim/grad_norm.hpp>
+#include <parallel/comm/local_comm.hpp>
+#include <parallel/process_groups.hpp>
+#include <parallel/sequence/sequence_parallel.hpp>
+#include <parallel/tensor_parallel/tensor_parallel.hpp>
+#include <zero/engine/engine.hpp>
+#include <zero/nn/layer_llama.hpp>
+#include <zero/nn/local_parameters.hpp>
+
+#include "../support/per_rank.hpp"
+#include "../support/temp_dir.hpp"
+#include "engine_test_util.hpp"
+#include "tp_test_util.hpp"
+
+using namespace zero;
+using parallel::LocalComm;
+using parallel::SequenceParallel;
+using parallel::TensorParallel;
+
+namespace {
+
+constexpr std::int64_t seq_len = 8;  // divisible by sp 1 and 2
+constexpr int accumulation = 2, steps = 3;
+
+// 4 query heads over 2 key/value heads: tp 2 holds one group a rank.
+nn::LlamaConfig tiny() {
+  nn::LlamaConfig c = nn::LlamaConfig::preset("tiny");
+  c.rope_theta = 100.0;  // angles that differ visibly between the positions of 8
+  return c;
+}
+
+struct Batch {
+  std::vector<std::int32_t> tokens, targets;
+  Batch(std::int64_t rows, int step, std::int64_t vocab) {
+    for (std::int64_t i = 0; i < rows * seq_len; ++i) {
+      tokens.push_back(static_cast<std::int32_t>((i * 7 + step * 13 + 1) % vocab));
+      targets.push_back(static_cast<std::int32_t>((i * 11 + step * 5 + 3) % vocab));
+    }
+  }
+  // The first row of dp rank d's micro-batch m (micro-steps and dp ranks interleaved).
+  static std::int64_t first_row(int m, int d, int dp) { return (m * dp + d) * test::micro_rows; }
+};
+
+// sgd: a stateless SGD step in place of AdamW64, whose moments (the callback's own) a checkpoint
+// does not hold.
+test::LogicalValues reference(std::int64_t global_rows, int num_steps = steps, bool sgd = false) {
+  nn::LayerLlama<double> model(tiny());
+  nn::LocalParameters<nn::LayerLlama<double>> params(model, test::tp_options(accumulation).seed);
+  Arena<> arena(64 << 20);
+  test::AdamW64 adam;
+  for (int step = 0; step < num_steps; ++step) {
+    params.zero_grads();
+    const Batch b(global_rows, step, tiny().vocab_size);
+    nn::StepContext<double> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = b.tokens.data();
+    ctx.targets = b.targets.data();
+    ctx.batch = global_rows;
+    ctx.seq_len = seq_len;
+    model.forward(ctx);
+    model.backward(ctx);
+    arena.reset();
+    double sq = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      for (double g : params.unit_grads(u)) sq += g * g;
+    }
+    const double coefficient = optim::clip_coefficient(std::sqrt(sq), test::clip);
+    for (int u = 0; u < model.num_units(); ++u) {
+      auto g = params.unit_grads(u);
+      for (double& x : g) x *= coefficient;
+      if (sgd) {
+        test::sgd(0.1, params.unit_values(u).span(), std::span<const double>(g.span()));
+      } else {
+        adam(u, params.unit_values(u).span(), std::span<const double>(g.span()));
+      }
+    }
+  }
+  return test::values_of(params, model.num_units());
+}
+
+struct Layout {
+  int tp, sp, dp, stage;
+  bool megatron_sp = false;  // with tp: the norms hold split rows
+  bool checkpoint = false;   // activation checkpointing of every block
+  bool sgd = false;          // reference's sgd
+};
+
+struct Steps {
+  int first = 0, last = steps;
+  std::filesystem::path load, save;
+};
+
+template <int S>
+std::vector<test::HeldParam> llama_rank(LocalComm& world, const Layout& l, const Steps& when) {
+  parallel::ProcessGroups<LocalComm> groups(world,
+                                            parallel::Grid({.tp = l.tp, .cp = l.sp, .dp = l.dp}));
+  nn::LlamaConfig cfg = tiny();
+  cfg.checkpoint_activations = l.checkpoint;
+  nn::LayerLlama<double> model(
+      cfg, l.tp > 1 ? TensorParallel(groups.tp(), l.megatron_sp) : TensorParallel(),
+      l.sp > 1 ? SequenceParallel(groups.cp()) : SequenceParallel());
+  using Engine = engine::Engine<nn::LayerLlama<double>, ZeroStage<S>>;
+  const auto sgd = [](int, std::span<double> p, std::span<const double> g) {
+    test::sgd(0.1, p, g);
+  };
+  Engine eng(model, groups,
+             l.sgd ? typename Engine::UpdateFn(sgd) : typename Engine::UpdateFn(test::AdamW64{}),
+             test::tp_options(accumulation));
+  const int dp_rank = groups.dp().rank(), sp_rank = groups.cp().rank();
+  const std::int64_t global_rows = test::micro_rows * accumulation * l.dp;
+  if (!when.load.empty()) (void)eng.load_checkpoint(when.load);
+  for (int step = when.first; step < when.last; ++step) {
+    const Batch b(global_rows, step, cfg.vocab_size);
+    for (int m = 0; m < accumulation; ++m) {
+      const std::int64_t first = Batch::first_row(m, dp_rank, l.dp) * seq_len;
+      const auto n = static_cast<std::size_t>(test::micro_rows * seq_len);
+      const auto tokens = parallel::sequence_slice<std::int32_t>(
+          std::span(b.tokens).subspan(first, n), test::micro_rows, seq_len, l.sp, sp_rank);
+      const auto targets = parallel::sequence_slice<std::int32_t>(
+          std::span(b.targets).subspan(first, n), test::micro_rows, seq_len, l.sp, sp_rank);
+      eng.forward(
+          engine::MicroBatch{tokens.data(), targets.data(), test::micro_rows, seq_len / l.sp});
+      eng.backward();
+      eng.step();
+    }
+  }
+  if (!when.save.empty()) eng.save_checkpoint(when.save, "step" + std::to_string(when.last));
+  return test::held_params(eng);
+}
+
+struct Run {
+  test::LogicalValues values;
+  double copies_differ = 0;
+};
+
+Run run(const Layout& l, const Steps& when = {}) {
+  const auto ranks =
+      testing::per_rank<std::vector<test::HeldParam>>(l.tp * l.sp * l.dp, [&](LocalComm& world) {
+        return test::with_stage(
+            l.stage, [&](auto s) { return llama_rank<decltype(s)::value>(world, l, when); });
+      });
+  Run r;
+  r.values = test::assemble(ranks, &r.copies_differ);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "LayerLlama under the engine: every (tp, sp, dp, stage) layout equals the single-process "
+    "reference (f64 AdamW, clipping)",
+    "[unit][engine][llama]") {
+  const std::vector<Layout> layouts{
+      {1, 1, 1, 0},       {1, 1, 2, 1}, {1, 1, 2, 3}, {2, 1, 1, 2}, {2, 1, 2, 3},
+      {2, 1, 2, 1, true}, {1, 2, 1, 2}, {1, 2, 2, 3}, {2, 2, 1, 3}, {1, 1, 2, 3, false, true},
+  };
+  for (const Layout& l : layouts) {
+    const auto want = reference(test::micro_rows * accumulation * l.dp);
+    const Run got = run(l);
+    const double error = test::max_difference(got.values, want);
+    INFO("tp " << l.tp << (l.megatron_sp ? " (SP)" : "") << ", sp " << l.sp << ", dp " << l.dp
+               << ", stage " << l.stage << (l.checkpoint ? ", checkpointed" : "")
+               << ": worst difference " << error);
+    CHECK(error <= 1e-10);
+    CHECK(got.copies_differ == 0.0);
+  }
+  // Negative control: the reference after one step more.
+  CHECK(test::max_difference(run({2, 2, 1, 3}).values,
+                             reference(test::micro_rows * accumulation, steps + 1)) > 1e-6);
+}
+
+TEST_CASE(
+    "LayerLlama: a checkpoint saved at tp 2 x dp 2 resumes at sp 2 x dp 2 as if uninterrupted",
+    "[unit][engine][llama]") {
+  const testing::TempDir dir("llama_resume");
+  const auto want = reference(test::micro_rows * accumulation * 2, steps, true);
+  (void)run({2, 1, 2, 3, false, false, true}, {0, 1, {}, dir.path()});
+  const Run resumed = run({1, 2, 2, 1, false, false, true}, {1, steps, dir.path(), {}});
+  CHECK(test::max_difference(resumed.values, want) <= 1e-10);
+  CHECK(resumed.copies_differ == 0.0);
+}
