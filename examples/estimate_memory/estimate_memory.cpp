@@ -8,6 +8,8 @@
 // peak adds the secondary shards each forward leaves for the backward's gathers inside groups of
 // H GPUs (DeepSpeed's estimate has no such term: its stage-3 columns are left empty).
 //
+// --model names a GPT-2 size (gpt2, gpt2-medium, ...) or a Llama preset (llama2-7b, llama2-13b,
+// llama3-8b: nn::LayerLlama, grouped-query attention, no MoE blocks).
 // With --model, each GPU's units are the model's own (nn::GPT built over shape-only groups,
 // engine/model_memory_estimate.hpp), so the layouts of train_gpt apply: --tp T (Megatron's tensor
 // parallelism, the vocabulary split too), --pp P (pipeline stages, --virtual-stages V chunks a
@@ -26,11 +28,14 @@
 //                     [--partition-method M]] [--sp S] [--experts E [--moe-every K] [--ep N]
 //                     [--etp 1|T]]
 //   ./estimate_memory --model gpt2-large --gpus-per-node 8 --config ds_config.json
+//   ./estimate_memory --model llama3-8b --gpus-per-node 8 --tp 2 [--pp P] [--sp S]
 //   ./estimate_memory --params 7.5e9 --largest-layer 2e8 [...]
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <parallel/pipeline/pipeline_engine.hpp>
@@ -40,6 +45,7 @@
 #include <zero/engine/memory_estimator.hpp>
 #include <zero/engine/model_memory_estimate.hpp>
 #include <zero/nn/gpt.hpp>
+#include <zero/nn/layer_llama.hpp>
 
 #include "../cli_number.hpp"
 
@@ -101,37 +107,47 @@ nn::MoEBlocks moe_blocks(const Layout& l) {
   return moe;
 }
 
-// cfg's GPT as rank 0 of its tp and ep groups holds it (every rank of a group holds as many
-// parameters), built over shape-only groups, and in a pipeline the partition PipelineEngine makes.
-class ShapeModel {
+// What the estimate reads of a model's units: each pipeline stage's estimator input at a ZeRO
+// stage, and which units a stage holds.
+class ModelShape {
  public:
-  ShapeModel(const nn::GPTConfig& cfg, const Layout& l)
-      : layout_(l),
-        model_((nn::check_sequence_parallel(cfg, l.tp, l.sp, false), cfg),  // Ulysses' heads
-               parallel::TensorParallel::shape_only(l.tp, 0), {}, moe_blocks(l)) {
+  virtual ~ModelShape() = default;
+  // The estimator's input at ZeRO stage `stage` for the GPUs of each pipeline stage (one without
+  // a pipeline): the whole model's units, or that stage's StageModel's.
+  virtual std::vector<engine::MemoryEstimateInput> stage_inputs(
+      int stage, const engine::ShardGroups& groups, const engine::EngineOptions& options) = 0;
+  // The full model's units of pipeline stage s, as "a-b" per chunk, and its replicas.
+  virtual std::string stage_units(int s) = 0;
+};
+
+// A model M (nn::GPT<float> or nn::LayerLlama<float>) as rank 0 of its tp and ep groups holds it
+// (every rank of a group holds as many parameters), built over shape-only groups, and in a
+// pipeline the partition PipelineEngine makes.
+template <class M>
+class ShapeModel final : public ModelShape {
+ public:
+  template <class... Args>
+  ShapeModel(const Layout& l, Args&&... model_args)
+      : layout_(l), model_(std::forward<Args>(model_args)...) {
     if (l.pipelined()) {
       part_ =
           parallel::pipeline::partition_model(model_, l.partition_method, l.pp, l.virtual_stages);
     }
   }
 
-  // The estimator's input at ZeRO stage `stage` for the GPUs of each pipeline stage (one without
-  // a pipeline): the whole model's units, or that stage's StageModel's.
-  std::vector<engine::MemoryEstimateInput> stage_inputs(int stage,
-                                                        const engine::ShardGroups& groups,
-                                                        const engine::EngineOptions& options) {
+  std::vector<engine::MemoryEstimateInput> stage_inputs(
+      int stage, const engine::ShardGroups& groups, const engine::EngineOptions& options) override {
     if (!part_) return {engine::model_estimate_input(model_, stage, groups, options)};
     std::vector<engine::MemoryEstimateInput> out;
     for (int s = 0; s < layout_.pp; ++s) {
-      const parallel::pipeline::StageModel<nn::GPT<float>> m(model_, *part_, s, layout_.pp);
+      const parallel::pipeline::StageModel<M> m(model_, *part_, s, layout_.pp);
       out.push_back(engine::model_estimate_input(m, stage, groups, options));
     }
     return out;
   }
 
-  // The full model's units of pipeline stage s, as "a-b" per chunk, and its replicas.
-  std::string stage_units(int s) {
-    const parallel::pipeline::StageModel<nn::GPT<float>> m(model_, *part_, s, layout_.pp);
+  std::string stage_units(int s) override {
+    const parallel::pipeline::StageModel<M> m(model_, *part_, s, layout_.pp);
     std::string text;
     for (int c = 0; c < m.num_chunks(); ++c) {
       const engine::UnitRange r = part_->chunk(s, c, layout_.pp);
@@ -145,9 +161,14 @@ class ShapeModel {
 
  private:
   Layout layout_;
-  nn::GPT<float> model_;
+  M model_;
   std::optional<parallel::pipeline::Partition> part_;
 };
+
+// True for the names of nn::LlamaConfig's presets.
+bool is_llama(const std::string& model) {
+  return model.rfind("llama", 0) == 0;
+}
 
 }  // namespace
 
@@ -267,12 +288,22 @@ int main(int argc, char** argv) try {
   if (layout.virtual_stages > 1 && layout.pp == 1) usage("--virtual-stages needs --pp");
   layout.dp = static_cast<int>(in.world() / model_split);
   nn::GPTConfig cfg;
-  if (!model.empty()) {
+  nn::LlamaConfig llama;
+  std::int64_t model_params = 0, hidden_size = 0;  // --model's
+  if (is_llama(model)) {
+    if (layout.experts > 0) usage("--experts adds GPT's MoE blocks: give a GPT-2 --model");
+    llama = nn::LlamaConfig::preset(model);
+    nn::check_llama_block(llama, layout.tp, layout.sp);
+    model_params = llama.num_parameters();
+    hidden_size = llama.channels;
+  } else if (!model.empty()) {
     cfg = nn::GPTConfig::preset(model);
     // The vocabulary padded to a multiple of tp, as train_gpt pads it (and Megatron), so each
     // tensor-parallel rank holds an equal slice of the token table.
     const std::int64_t rows = (cfg.vocab_rows() + layout.tp - 1) / layout.tp * layout.tp;
     if (rows != cfg.vocab_rows()) cfg.padded_vocab_size = rows;
+    model_params = cfg.num_parameters();
+    hidden_size = cfg.channels;
   } else if (in.params <= 0 || in.largest_unit_params <= 0) {
     usage("give --model or --params and --largest-layer");
   }
@@ -286,7 +317,7 @@ int main(int argc, char** argv) try {
     values.precision = in.precision == DType::f32    ? "fp32"
                        : in.precision == DType::bf16 ? "bf16"
                                                      : "fp16";
-    values.hidden_size = cfg.channels;
+    values.hidden_size = hidden_size;
     chosen = config::fill_auto(*ds, values, static_cast<std::int64_t>(layout.dp) * layout.ep);
     options = options.with_config(*ds, layout.dp * layout.ep);
     shard_size = options.shard_size;
@@ -317,10 +348,18 @@ int main(int argc, char** argv) try {
   const std::int64_t units =
       model.empty() ? (in.params + in.largest_unit_params - 1) / in.largest_unit_params : 0;
   // The model over shape-only groups and the groups ZeRO shards its units over, made once.
-  std::optional<ShapeModel> shape;
+  std::unique_ptr<ModelShape> shape;
   engine::ShardGroups groups;
+  if (is_llama(model)) {
+    shape = std::make_unique<ShapeModel<nn::LayerLlama<float>>>(
+        layout, llama, parallel::TensorParallel::shape_only(layout.tp, 0));
+  } else if (!model.empty()) {
+    shape = std::make_unique<ShapeModel<nn::GPT<float>>>(
+        layout, (nn::check_sequence_parallel(cfg, layout.tp, layout.sp, false), cfg),  // Ulysses
+        parallel::TensorParallel::shape_only(layout.tp, 0), parallel::SequenceParallel{},
+        moe_blocks(layout));
+  }
   if (!model.empty()) {
-    shape.emplace(cfg, layout);
     groups = engine::shard_groups_of(
         {.tp = layout.tp, .cp = layout.sp, .ep = layout.ep, .dp = layout.dp, .pp = layout.pp},
         options);
@@ -373,8 +412,8 @@ int main(int argc, char** argv) try {
     std::printf(
         "%s: %lld parameters; tp %d x pp %d x ep %d x sp %d x dp %d = %d GPUs (%d per node x %d "
         "node(s)), %s compute, %s\n",
-        model.c_str(), static_cast<long long>(cfg.num_parameters()), layout.tp, layout.pp,
-        layout.ep, layout.sp, layout.dp, in.world(), in.gpus_per_node, in.nodes,
+        model.c_str(), static_cast<long long>(model_params), layout.tp, layout.pp, layout.ep,
+        layout.sp, layout.dp, in.world(), in.gpus_per_node, in.nodes,
         std::string(name_of(in.precision)).c_str(), optimizer.c_str());
     if (cfg.padded_vocab_size > 0) {
       std::printf("the vocabulary of %lld padded to %lld rows, a multiple of tp\n",
