@@ -27,6 +27,7 @@
 #include "../support/per_rank.hpp"
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
+#include "sequence_batches.hpp"
 #include "tp_test_util.hpp"
 
 using namespace zero;
@@ -36,7 +37,7 @@ using parallel::TensorParallel;
 
 namespace {
 
-constexpr std::int64_t seq_len = 8;  // divisible by sp 1 and 2
+constexpr std::int64_t seq_len = test::ulysses_seq_len;
 constexpr int accumulation = 2, steps = 3;
 
 // 4 query heads over 2 key/value heads: tp 2 holds one group a rank.
@@ -45,18 +46,6 @@ nn::LlamaConfig tiny() {
   c.rope_theta = 100.0;  // angles that differ visibly between the positions of 8
   return c;
 }
-
-struct Batch {
-  std::vector<std::int32_t> tokens, targets;
-  Batch(std::int64_t rows, int step, std::int64_t vocab) {
-    for (std::int64_t i = 0; i < rows * seq_len; ++i) {
-      tokens.push_back(static_cast<std::int32_t>((i * 7 + step * 13 + 1) % vocab));
-      targets.push_back(static_cast<std::int32_t>((i * 11 + step * 5 + 3) % vocab));
-    }
-  }
-  // The first row of dp rank d's micro-batch m (micro-steps and dp ranks interleaved).
-  static std::int64_t first_row(int m, int d, int dp) { return (m * dp + d) * test::micro_rows; }
-};
 
 // sgd: a stateless SGD step in place of AdamW64, whose moments (the callback's own) a checkpoint
 // does not hold.
@@ -67,7 +56,7 @@ test::LogicalValues reference(std::int64_t global_rows, int num_steps = steps, b
   test::AdamW64 adam;
   for (int step = 0; step < num_steps; ++step) {
     params.zero_grads();
-    const Batch b(global_rows, step, tiny().vocab_size);
+    const test::SequenceBatch b(global_rows, step, tiny().vocab_size);
     nn::StepContext<double> ctx;
     ctx.arena = &arena;
     ctx.tokens = b.tokens.data();
@@ -123,24 +112,9 @@ std::vector<test::HeldParam> llama_rank(LocalComm& world, const Layout& l, const
   Engine eng(model, groups,
              l.sgd ? typename Engine::UpdateFn(sgd) : typename Engine::UpdateFn(test::AdamW64{}),
              test::tp_options(accumulation));
-  const int dp_rank = groups.dp().rank(), sp_rank = groups.cp().rank();
-  const std::int64_t global_rows = test::micro_rows * accumulation * l.dp;
   if (!when.load.empty()) (void)eng.load_checkpoint(when.load);
-  for (int step = when.first; step < when.last; ++step) {
-    const Batch b(global_rows, step, cfg.vocab_size);
-    for (int m = 0; m < accumulation; ++m) {
-      const std::int64_t first = Batch::first_row(m, dp_rank, l.dp) * seq_len;
-      const auto n = static_cast<std::size_t>(test::micro_rows * seq_len);
-      const auto tokens = parallel::sequence_slice<std::int32_t>(
-          std::span(b.tokens).subspan(first, n), test::micro_rows, seq_len, l.sp, sp_rank);
-      const auto targets = parallel::sequence_slice<std::int32_t>(
-          std::span(b.targets).subspan(first, n), test::micro_rows, seq_len, l.sp, sp_rank);
-      eng.forward(
-          engine::MicroBatch{tokens.data(), targets.data(), test::micro_rows, seq_len / l.sp});
-      eng.backward();
-      eng.step();
-    }
-  }
+  test::train_sequences(eng, {groups.dp().rank(), l.dp, groups.cp().rank(), l.sp}, when.first,
+                        when.last, accumulation, cfg.vocab_size);
   if (!when.save.empty()) eng.save_checkpoint(when.save, "step" + std::to_string(when.last));
   return test::held_params(eng);
 }

@@ -33,6 +33,7 @@
 #include "../support/temp_dir.hpp"
 #include "../support/worse.hpp"
 #include "engine_test_util.hpp"
+#include "sequence_batches.hpp"
 #include "tp_test_util.hpp"
 
 using namespace zero;
@@ -42,26 +43,9 @@ using parallel::TensorParallel;
 
 namespace {
 
-constexpr std::int64_t seq_len = 8;  // divisible by sp 1, 2, 4 (tp_tiny: max_seq_len 16)
+constexpr std::int64_t seq_len = test::ulysses_seq_len;  // tp_tiny: max_seq_len 16
 constexpr int accumulation = 2, steps = 3;
-
-// Targets a padded row ignores: its last ones, as padding at the end of a sequence.
-constexpr std::int64_t padding = 3;
-
-// The rows of a step's global batch: tokens and targets [rows, seq_len], every target valid, or
-// (padded) each row's last `padding` targets ignored (-1).
-struct Batch {
-  std::vector<std::int32_t> tokens, targets;
-  Batch(std::int64_t rows, int step, std::int64_t vocab, bool padded = false) {
-    for (std::int64_t i = 0; i < rows * seq_len; ++i) {
-      tokens.push_back(static_cast<std::int32_t>((i * 7 + step * 13 + 1) % vocab));
-      const bool ignored = padded && i % seq_len >= seq_len - padding;
-      targets.push_back(ignored ? -1 : static_cast<std::int32_t>((i * 11 + step * 5 + 3) % vocab));
-    }
-  }
-  // The first row of dp rank d's micro-batch m (micro-steps and dp ranks interleaved).
-  static std::int64_t first_row(int m, int d, int dp) { return (m * dp + d) * test::micro_rows; }
-};
+using Batch = test::SequenceBatch;
 
 // One process on the whole global batch: `steps` AdamW steps with clipping; the whole tensors.
 // Dropout, where cfg has it, draws the masks of the engines' placed rows (optimizer step s, the
@@ -153,24 +137,9 @@ std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l, const St
              test::tp_options(accumulation));
   const int dp_rank = groups.dp().rank(), sp_rank = groups.cp().rank();
   const int fed_rank = l.fault == Fault::wrong_slice ? (sp_rank + 1) % l.sp : sp_rank;
-  const std::int64_t global_rows = test::micro_rows * accumulation * l.dp;
   if (!when.load.empty()) (void)eng.load_checkpoint(when.load);
-  for (int step = when.first; step < when.last; ++step) {
-    const Batch b(global_rows, step, cfg.vocab_size, l.padded);
-    for (int m = 0; m < accumulation; ++m) {
-      const std::int64_t first = Batch::first_row(m, dp_rank, l.dp) * seq_len;
-      const auto n = static_cast<std::size_t>(test::micro_rows * seq_len);
-      const auto tokens = parallel::sequence_slice<std::int32_t>(
-          std::span(b.tokens).subspan(first, n), test::micro_rows, seq_len, l.sp, fed_rank);
-      const auto targets = parallel::sequence_slice<std::int32_t>(
-          std::span(b.targets).subspan(first, n), test::micro_rows, seq_len, l.sp, fed_rank);
-      engine::MicroBatch micro{tokens.data(), targets.data(), test::micro_rows, seq_len / l.sp};
-      if (l.dropout && l.placed) micro.first_row = Batch::first_row(m, dp_rank, l.dp);
-      eng.forward(micro);
-      eng.backward();
-      eng.step();
-    }
-  }
+  test::train_sequences(eng, {dp_rank, l.dp, fed_rank, l.sp, l.padded, l.dropout && l.placed},
+                        when.first, when.last, accumulation, cfg.vocab_size);
   if (!when.save.empty()) eng.save_checkpoint(when.save, "step" + std::to_string(when.last));
   return test::held_params(eng);
 }

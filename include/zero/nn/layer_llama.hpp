@@ -24,11 +24,8 @@
 // has host kernels only (RMSNorm, the rotary embedding, RepeatKv and SwiGLU have no device
 // kernels yet).
 
-#include <any>
 #include <cstdint>
 #include <memory>
-#include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,9 +49,11 @@
 #include <zero/nn/layers/rms_norm.hpp>
 #include <zero/nn/layers/rotary_embedding.hpp>
 #include <zero/nn/layers/sequential.hpp>
+#include <zero/nn/layers/sequential_model.hpp>
 #include <zero/nn/layers/swiglu.hpp>
 #include <zero/nn/layers/token_embedding.hpp>
 #include <zero/nn/llama_config.hpp>
+#include <zero/nn/model.hpp>
 #include <zero/nn/param.hpp>
 #include <zero/ops/cpu/rotary.hpp>
 
@@ -142,9 +141,12 @@ void add_llama_block(Sequential<T>& unit, const LlamaConfig& cfg, std::int64_t l
   out_of(mlp, p + "mlp.down_proj", F);
 }
 
-/// A Llama-family decoder built from layers (see the file comment); an nn::Model.
+/// A Llama-family decoder built from layers (see the file comment); an nn::Model whose units are
+/// a SequentialModel's (no ties: the LM head is untied).
 template <class T>
-class LayerLlama {
+class LayerLlama : private SequentialModel<T> {
+  using Units = SequentialModel<T>;
+
  public:
   using value_type = T;
 
@@ -156,8 +158,7 @@ class LayerLlama {
       : cfg_((check(cfg, tp, sp), cfg)), tp_(std::move(tp)), sp_(std::move(sp)) {
     const std::int64_t C = cfg_.channels, V = cfg_.vocab_size;
     const double sd = cfg_.initializer_range;
-    units_.reserve(static_cast<std::size_t>(cfg_.num_layers + 2));
-    auto& embedding = units_.emplace_back();
+    auto& embedding = this->add_unit();
     if (tp_.active()) {
       embedding.template add<parallel::VocabParallelEmbedding<T>>(tp_, "model.embed_tokens", V, C,
                                                                   "tokens", sd);
@@ -168,11 +169,11 @@ class LayerLlama {
       embedding.template add<TokenEmbedding<T>>("model.embed_tokens", V, C, "tokens", sd);
     }
     for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
-      Sequential<T>& block = units_.emplace_back();
+      Sequential<T>& block = this->add_unit();
       add_llama_block(block, cfg_, l, tp_, sp_);
       block.set_checkpoint(cfg_.checkpoint_activations);
     }
-    auto& head = units_.emplace_back();
+    auto& head = this->add_unit();
     if (tp_.sequence_parallel()) {
       head.template add<parallel::SequenceParallelParams<T>>(
           tp_, std::make_unique<RMSNorm<T>>("model.norm", C, cfg_.rms_norm_eps));
@@ -194,47 +195,30 @@ class LayerLlama {
   LayerLlama(const LayerLlama&) = delete;
   LayerLlama& operator=(const LayerLlama&) = delete;
 
+  // The nn::Model and nn::ParksPasses members, as SequentialModel has them.
+  using Units::backward;
+  using Units::backward_unit;
+  using Units::bind_unit;
+  using Units::forward;
+  using Units::forward_unit;
+  using Units::num_units;
+  using Units::park_unit;
+  using Units::parks_unit;
+  using Units::resume_unit;
+  using Units::unit_forward_flops;
+  using Units::unit_params;
+  using Units::unit_uses;
+
   /// The configuration.
   const LlamaConfig& config() const { return cfg_; }
-  /// L + 2 units.
-  int num_units() const { return static_cast<int>(units_.size()); }
-  /// The head's index.
+  /// The head's index (L + 2 units: the embedding, the blocks, the head).
   int head_unit() const { return num_units() - 1; }
   /// What unit u is, for a pipeline's partition_method type:<regex>: "Embedding",
   /// "TransformerBlock" or "LMHead".
   std::string_view unit_type(int u) const {
-    check_unit(u);
+    expect<Error>(u >= 0 && u < num_units(), "LayerLlama: unit ", u, " out of range [0, ",
+                  num_units(), ")");
     return u == 0 ? "Embedding" : u == head_unit() ? "LMHead" : "TransformerBlock";
-  }
-  /// Unit u's parameters, in binding order.
-  std::vector<ParamSpec> unit_params(int u) const { return unit(u).params(); }
-  /// No unit reads another's parameters (the LM head is untied).
-  std::vector<int> unit_uses(int u) const {
-    check_unit(u);
-    return {};
-  }
-  /// Binds unit u's parameters (views in unit_params order).
-  void bind_unit(int u, std::span<const ParamView<T>> views) { unit(u).bind(views); }
-  /// Runs unit u forward.
-  void forward_unit(int u, StepContext<T>& ctx) { unit(u).forward(ctx); }
-  /// Runs unit u backward (ctx.dy in, ctx.dx and ctx.dy out).
-  void backward_unit(int u, StepContext<T>& ctx) { unit(u).backward(ctx); }
-  /// MACs and FLOPs of unit u's last forward (nn/flops.hpp), for the flops profiler.
-  std::optional<FlopCount> unit_forward_flops(int u) const { return unit(u).forward_flops(); }
-  /// True when every layer of unit u parks (nn::ParksPasses).
-  bool parks_unit(int u) const { return unit(u).parks(); }
-  /// Moves out what unit u's last forward kept for its backward.
-  std::any park_unit(int u) { return unit(u).park(); }
-  /// Puts back what park_unit(u) moved out, before that forward's backward.
-  void resume_unit(int u, std::any saved) { unit(u).resume(std::move(saved)); }
-  /// Forward through every unit; returns the loss (0 in an evaluation without targets).
-  T forward(StepContext<T>& ctx) {
-    for (int u = 0; u < num_units(); ++u) forward_unit(u, ctx);
-    return ctx.loss;
-  }
-  /// Backward through every unit, accumulating into the bound gradients.
-  void backward(StepContext<T>& ctx) {
-    for (int u = num_units() - 1; u >= 0; --u) backward_unit(u, ctx);
   }
   /// The tensor-parallel group the model is split over (size 1: whole).
   const parallel::TensorParallel& tensor_parallel() const { return tp_; }
@@ -255,25 +239,14 @@ class LayerLlama {
     expect<ConfigError>(cfg.vocab_size % tp.size() == 0, "tensor_parallel.tp_size = ", tp.size(),
                         ": the model's vocab_size (", cfg.vocab_size, ") must be a multiple of it");
   }
-  Sequential<T>& unit(int u) {
-    check_unit(u);
-    return units_[static_cast<std::size_t>(u)];
-  }
-  const Sequential<T>& unit(int u) const {
-    check_unit(u);
-    return units_[static_cast<std::size_t>(u)];
-  }
-  void check_unit(int u) const {
-    expect<Error>(u >= 0 && u < num_units(), "LayerLlama: unit ", u, " out of range [0, ",
-                  num_units(), ")");
-  }
 
   LlamaConfig cfg_;
   parallel::TensorParallel tp_;
   parallel::SequenceParallel sp_;
-  std::vector<Sequential<T>> units_;
   LinearCrossEntropy<T>* loss_ = nullptr;
   parallel::VocabParallelCrossEntropy<T>* parallel_loss_ = nullptr;
 };
+
+static_assert(ParksPasses<LayerLlama<double>> && ParksPasses<LayerLlama<float>>);
 
 }  // namespace zero::nn

@@ -1,0 +1,70 @@
+#pragma once
+// Shared by the Ulysses engine tests (GPT and Llama): a step's token and target sequences, and
+// the training loop that feeds each rank its dp rank's rows and its sp rank's block of positions
+// of every sequence (parallel::sequence_slice).
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <parallel/sequence/sequence_parallel.hpp>
+#include <zero/engine/engine_options.hpp>
+
+#include "engine_test_util.hpp"
+
+namespace zero::test {
+
+/// Positions of every sequence of the Ulysses tests: divisible by sp 1, 2 and 4.
+inline constexpr std::int64_t ulysses_seq_len = 8;
+/// Targets ignored at the end of each sequence of a padded batch.
+inline constexpr std::int64_t ulysses_padding = 3;
+
+/// The tokens and targets of step `step`: rows sequences of ulysses_seq_len positions; padded:
+/// each sequence's last ulysses_padding targets are -1.
+struct SequenceBatch {
+  std::vector<std::int32_t> tokens, targets;
+  SequenceBatch(std::int64_t rows, int step, std::int64_t vocab, bool padded = false) {
+    const std::int64_t T = ulysses_seq_len;
+    for (std::int64_t i = 0; i < rows * T; ++i) {
+      tokens.push_back(static_cast<std::int32_t>((i * 7 + step * 13 + 1) % vocab));
+      const bool ignored = padded && i % T >= T - ulysses_padding;
+      targets.push_back(ignored ? -1 : static_cast<std::int32_t>((i * 11 + step * 5 + 3) % vocab));
+    }
+  }
+  /// The first row of dp rank d's micro-batch m (micro-steps and dp ranks interleaved).
+  static std::int64_t first_row(int m, int d, int dp) { return (m * dp + d) * micro_rows; }
+};
+
+/// How a rank is fed: its dp rank of dp, and the sp rank of sp whose positions it gets.
+struct SequenceFeed {
+  int dp_rank = 0, dp = 1, fed_rank = 0, sp = 1;
+  bool padded = false;  // SequenceBatch's padded targets
+  bool placed = false;  // the micro-batches give first_row (dropout masks follow the rows)
+};
+
+/// Trains steps [first, last), `accumulation` micro-steps each, on eng as f feeds it.
+template <class Eng>
+void train_sequences(Eng& eng, const SequenceFeed& f, int first, int last, int accumulation,
+                     std::int64_t vocab) {
+  const std::int64_t T = ulysses_seq_len;
+  const std::int64_t global_rows = micro_rows * accumulation * f.dp;
+  for (int step = first; step < last; ++step) {
+    const SequenceBatch b(global_rows, step, vocab, f.padded);
+    for (int m = 0; m < accumulation; ++m) {
+      const std::int64_t row = SequenceBatch::first_row(m, f.dp_rank, f.dp);
+      const auto n = static_cast<std::size_t>(micro_rows * T);
+      const auto at = static_cast<std::size_t>(row * T);
+      const auto tokens = parallel::sequence_slice<std::int32_t>(std::span(b.tokens).subspan(at, n),
+                                                                 micro_rows, T, f.sp, f.fed_rank);
+      const auto targets = parallel::sequence_slice<std::int32_t>(
+          std::span(b.targets).subspan(at, n), micro_rows, T, f.sp, f.fed_rank);
+      engine::MicroBatch micro{tokens.data(), targets.data(), micro_rows, T / f.sp};
+      if (f.placed) micro.first_row = row;
+      eng.forward(micro);
+      eng.backward();
+      eng.step();
+    }
+  }
+}
+
+}  // namespace zero::test
