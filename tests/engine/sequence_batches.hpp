@@ -1,16 +1,20 @@
 #pragma once
-// Shared by the Ulysses engine tests (GPT and Llama): a step's token and target sequences, and
-// the training loop that feeds each rank its dp rank's rows and its sp rank's block of positions
-// of every sequence (parallel::sequence_slice).
+// Shared by the Ulysses engine tests (GPT and Llama): a step's token and target sequences, the
+// training loop that feeds each rank its dp rank's rows and its sp rank's block of positions of
+// every sequence (parallel::sequence_slice), and a layout's run on LocalComm ranks assembled into
+// whole tensors.
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include <parallel/comm/local_comm.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
 #include <zero/engine/engine_options.hpp>
 
+#include "../support/per_rank.hpp"
 #include "engine_test_util.hpp"
+#include "tp_test_util.hpp"
 
 namespace zero::test {
 
@@ -65,6 +69,25 @@ void train_sequences(Eng& eng, const SequenceFeed& f, int first, int last, int a
       eng.step();
     }
   }
+}
+
+/// The whole tensors of a layout's run, and the largest disagreement between ranks' copies.
+struct LayoutRun {
+  LogicalValues values;
+  double copies_differ = 0;
+};
+
+/// Runs rank_fn(world, stage) (stage a std::integral_constant, for the engine's template
+/// argument) on `ranks` LocalComm ranks and assembles their parameters.
+template <class RankFn>
+LayoutRun run_layout(int ranks, int stage, RankFn&& rank_fn) {
+  const auto held =
+      testing::per_rank<std::vector<HeldParam>>(ranks, [&](parallel::LocalComm& world) {
+        return with_stage(stage, [&](auto s) { return rank_fn(world, s); });
+      });
+  LayoutRun r;
+  r.values = assemble(held, &r.copies_differ);
+  return r;
 }
 
 }  // namespace zero::test

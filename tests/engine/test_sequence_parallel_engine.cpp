@@ -144,21 +144,12 @@ std::vector<test::HeldParam> sp_rank(LocalComm& world, const Layout& l, const St
   return test::held_params(eng);
 }
 
-// The whole tensors of a layout's run, and the largest disagreement between ranks' copies.
-struct Run {
-  test::LogicalValues values;
-  double copies_differ = 0;
-};
+using Run = test::LayoutRun;
 
 Run run(const Layout& l, const Steps& when = {}) {
-  const auto ranks =
-      testing::per_rank<std::vector<test::HeldParam>>(l.tp * l.sp * l.dp, [&](LocalComm& world) {
-        return test::with_stage(
-            l.stage, [&](auto s) { return sp_rank<decltype(s)::value>(world, l, when); });
-      });
-  Run r;
-  r.values = test::assemble(ranks, &r.copies_differ);
-  return r;
+  return test::run_layout(l.tp * l.sp * l.dp, l.stage, [&](LocalComm& world, auto s) {
+    return sp_rank<decltype(s)::value>(world, l, when);
+  });
 }
 
 }  // namespace
