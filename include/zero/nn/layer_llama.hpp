@@ -55,7 +55,7 @@
 #include <zero/nn/llama_config.hpp>
 #include <zero/nn/model.hpp>
 #include <zero/nn/param.hpp>
-#include <zero/ops/cpu/rotary.hpp>
+#include <zero/ops/cpu/grouped_qkv.hpp>
 
 namespace zero::nn {
 

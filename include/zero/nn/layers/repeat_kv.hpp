@@ -11,7 +11,6 @@
 
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/grouped_qkv.hpp>
-#include <zero/ops/cpu/rotary.hpp>
 
 namespace zero::nn {
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <zero/nn/layers/layer.hpp>
+#include <zero/ops/cpu/grouped_qkv.hpp>
 #include <zero/ops/cpu/rotary.hpp>
 
 namespace zero::nn {

@@ -1,7 +1,7 @@
 #pragma once
 // Grouped-query attention's key and value heads shared by groups of query heads (Ainslie et al.,
-// "GQA", 2023; Llama 2 70B and Llama 3): rows of grouped qkv (rotary.hpp: kv_heads groups, each
-// `group` query heads, one key head, one value head, of head_size channels) become the packed
+// "GQA", 2023; Llama 2 70B and Llama 3): rows of grouped qkv (Megatron's layout: kv_heads groups,
+// each `group` query heads, one key head, one value head, of head_size channels) become the packed
 // [q | k | v] rows that CausalSelfAttention reads, every key and value head repeated for each
 // query head of its group (Hugging Face's repeat_kv): query head j*group + i is group j's query i,
 // and key and value heads j*group + i are group j's key and value. With group 1 this is only a
@@ -14,6 +14,12 @@
 #include <zero/ops/cpu/parallel_for.hpp>
 
 namespace zero::ops::cpu {
+
+/// The channels of one grouped-qkv row: kv_heads groups of (group + 2) heads of head_size.
+inline std::int64_t grouped_qkv_width(std::int64_t kv_heads, std::int64_t group,
+                                      std::int64_t head_size) {
+  return kv_heads * (group + 2) * head_size;
+}
 
 /// out [n, 3 * kv_heads * group * head_size] = inp's n grouped rows as packed qkv, key and value
 /// heads repeated over their groups.

@@ -6,12 +6,12 @@
 //   out[i + hs/2] = x[i + hs/2] cos + x[i] sin
 // The backward turns the gradient back by the same angle (the rotation's transpose).
 //
-// The kernels work on rows of grouped qkv (layer_llama.hpp's attention projection, Megatron's
-// layout for grouped-query attention): kv_heads groups, each `group` query heads, then one key
-// head, then one value head, every head hs channels. The query and key heads turn, the value
-// head is copied. Rows are (batch, position) pairs of seq_len positions each, at positions
-// [first, first + seq_len) (first > 0: a sequence-parallel rank's block of every sequence).
-// The angles come from rotary_table, in double, rounded once to the compute type.
+// The kernels work on rows of grouped qkv (grouped_qkv.hpp: layer_llama.hpp's attention
+// projection, Megatron's layout for grouped-query attention): kv_heads groups, each `group` query
+// heads, then one key head, then one value head, every head hs channels. The query and key heads
+// turn, the value head is copied. Rows are (batch, position) pairs of seq_len positions each, at
+// positions [first, first + seq_len) (first > 0: a sequence-parallel rank's block of every
+// sequence). The angles come from rotary_table, in double, rounded once to the compute type.
 
 #include <cmath>
 #include <cstdint>
@@ -21,12 +21,6 @@
 #include <zero/ops/cpu/parallel_for.hpp>
 
 namespace zero::ops::cpu {
-
-/// The channels of one grouped-qkv row: kv_heads groups of (group + 2) heads of head_size.
-inline std::int64_t grouped_qkv_width(std::int64_t kv_heads, std::int64_t group,
-                                      std::int64_t head_size) {
-  return kv_heads * (group + 2) * head_size;
-}
 
 /// cos and sin of the angle of every position in [first, first + seq_len) and pair i of a head of
 /// head_size channels (even): each [seq_len, head_size / 2], angle p * theta^(-2i / head_size).
