@@ -46,25 +46,40 @@ struct SequenceFeed {
   bool placed = false;  // the micro-batches give first_row (dropout masks follow the rows)
 };
 
-/// Trains steps [first, last), `accumulation` micro-steps each, on eng as f feeds it.
-template <class Eng>
-void train_sequences(Eng& eng, const SequenceFeed& f, int first, int last, int accumulation,
-                     std::int64_t vocab) {
-  const std::int64_t T = ulysses_seq_len;
-  const std::int64_t global_rows = micro_rows * accumulation * f.dp;
-  for (int step = first; step < last; ++step) {
-    const SequenceBatch b(global_rows, step, vocab, f.padded);
+/// A step's micro-batches as f feeds a rank: their token and target slices, and the
+/// MicroBatches that point at them (valid while this object lives; not copyable).
+struct SequenceMicroBatches {
+  std::vector<std::vector<std::int32_t>> tokens, targets;
+  std::vector<engine::MicroBatch> batches;
+
+  SequenceMicroBatches(const SequenceFeed& f, int step, int accumulation, std::int64_t vocab) {
+    const std::int64_t T = ulysses_seq_len;
+    const SequenceBatch b(micro_rows * accumulation * f.dp, step, vocab, f.padded);
     for (int m = 0; m < accumulation; ++m) {
       const std::int64_t row = SequenceBatch::first_row(m, f.dp_rank, f.dp);
       const auto n = static_cast<std::size_t>(micro_rows * T);
       const auto at = static_cast<std::size_t>(row * T);
-      const auto tokens = parallel::sequence_slice<std::int32_t>(std::span(b.tokens).subspan(at, n),
-                                                                 micro_rows, T, f.sp, f.fed_rank);
-      const auto targets = parallel::sequence_slice<std::int32_t>(
-          std::span(b.targets).subspan(at, n), micro_rows, T, f.sp, f.fed_rank);
-      engine::MicroBatch micro{tokens.data(), targets.data(), micro_rows, T / f.sp};
+      tokens.push_back(parallel::sequence_slice<std::int32_t>(std::span(b.tokens).subspan(at, n),
+                                                              micro_rows, T, f.sp, f.fed_rank));
+      targets.push_back(parallel::sequence_slice<std::int32_t>(std::span(b.targets).subspan(at, n),
+                                                               micro_rows, T, f.sp, f.fed_rank));
+      engine::MicroBatch micro{tokens.back().data(), targets.back().data(), micro_rows, T / f.sp};
       if (f.placed) micro.first_row = row;
-      eng.forward(micro);
+      batches.push_back(micro);
+    }
+  }
+  SequenceMicroBatches(const SequenceMicroBatches&) = delete;
+  SequenceMicroBatches& operator=(const SequenceMicroBatches&) = delete;
+};
+
+/// Trains steps [first, last), `accumulation` micro-steps each, on eng as f feeds it.
+template <class Eng>
+void train_sequences(Eng& eng, const SequenceFeed& f, int first, int last, int accumulation,
+                     std::int64_t vocab) {
+  for (int step = first; step < last; ++step) {
+    const SequenceMicroBatches micro(f, step, accumulation, vocab);
+    for (const engine::MicroBatch& b : micro.batches) {
+      eng.forward(b);
       eng.backward();
       eng.step();
     }

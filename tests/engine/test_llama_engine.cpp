@@ -3,8 +3,8 @@
 // and Ulysses sequence parallelism equal one process on the global batch over
 // several f64 AdamW steps with clipping (1e-10; a rank's rotary embedding turning its positions
 // as if they started at 0 fails it by 0.057), with every rank's copies of a replicated parameter
-// equal; a checkpoint saved at (tp 2, dp 2, stage 3) resumes at (tp 1, dp 2 x sp 2, stage 1)
-// equal to the uninterrupted run.
+// equal; so do pipelines of 2 stages (alone, with dp, tp or Ulysses sp); a checkpoint saved at
+// (tp 2, dp 2, stage 3) resumes at (tp 1, dp 2 x sp 2, stage 1) equal to the uninterrupted run.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -16,6 +16,7 @@
 
 #include <optim/grad_norm.hpp>
 #include <parallel/comm/local_comm.hpp>
+#include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
@@ -126,6 +127,27 @@ Run run(const Layout& l, const Steps& when = {}) {
   });
 }
 
+// The same layout cut into pp pipeline stages (uniform: the tiny model's 4 units, 2 a stage),
+// each step one train_batch of the accumulation's micro-batches (1F1B).
+template <int S>
+std::vector<test::HeldParam> llama_pipeline_rank(LocalComm& world, const Layout& l, int pp) {
+  parallel::ProcessGroups<LocalComm> groups(
+      world, parallel::Grid({.tp = l.tp, .cp = l.sp, .dp = l.dp, .pp = pp}));
+  nn::LayerLlama<double> model(
+      tiny(), l.tp > 1 ? TensorParallel(groups.tp(), l.megatron_sp) : TensorParallel(),
+      l.sp > 1 ? SequenceParallel(groups.cp()) : SequenceParallel());
+  parallel::pipeline::PipelineOptions options;
+  options.partition_method = "uniform";
+  parallel::pipeline::PipelineEngine<nn::LayerLlama<double>, ZeroStage<S>> pipe(
+      model, world, groups, test::AdamW64{}, options, test::tp_options(accumulation));
+  for (int step = 0; step < steps; ++step) {
+    const test::SequenceMicroBatches micro({groups.dp().rank(), l.dp, groups.cp().rank(), l.sp},
+                                           step, accumulation, tiny().vocab_size);
+    (void)pipe.train_batch(micro.batches);
+  }
+  return test::held_params(pipe.engine());
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -160,4 +182,26 @@ TEST_CASE(
   const Run resumed = run({1, 2, 2, 1, false, false, true}, {1, steps, dir.path(), {}});
   CHECK(test::max_difference(resumed.values, want) <= 1e-10);
   CHECK(resumed.copies_differ == 0.0);
+}
+
+TEST_CASE(
+    "LayerLlama in a pipeline: pp 2, alone and with dp, tp or Ulysses sp, equals the reference",
+    "[unit][engine][llama][pipeline]") {
+  const int pp = 2;
+  for (const Layout& l :
+       std::vector<Layout>{{1, 1, 1, 0}, {1, 1, 2, 1}, {2, 1, 1, 1}, {1, 2, 1, 1}}) {
+    const auto want = reference(test::micro_rows * accumulation * l.dp);
+    const Run got = test::run_layout(pp * l.tp * l.sp * l.dp, l.stage, [&](LocalComm& w, auto s) {
+      if constexpr (decltype(s)::value <= 1) {
+        return llama_pipeline_rank<decltype(s)::value>(w, l, pp);
+      } else {
+        return std::vector<test::HeldParam>{};  // a pipeline trains at ZeRO 0-1
+      }
+    });
+    const double error = test::max_difference(got.values, want);
+    INFO("pp 2 x tp " << l.tp << " x sp " << l.sp << " x dp " << l.dp << ", stage " << l.stage
+                      << ": worst difference " << error);
+    CHECK(error <= 1e-10);
+    CHECK(got.copies_differ == 0.0);
+  }
 }
