@@ -31,12 +31,11 @@ void rotary_table(A* cos_out, A* sin_out, std::int64_t first, std::int64_t seq_l
                      " must be positive and even");
   expect<ConfigError>(theta > 1.0, "rotary_table: theta ", theta, " must be greater than 1");
   const std::int64_t half = head_size / 2;
-  for (std::int64_t t = 0; t < seq_len; ++t) {
-    const double p = static_cast<double>(first + t);
-    for (std::int64_t i = 0; i < half; ++i) {
-      const double inv_freq =
-          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_size));
-      const double angle = p * inv_freq;
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double inv_freq =
+        std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_size));
+    for (std::int64_t t = 0; t < seq_len; ++t) {
+      const double angle = static_cast<double>(first + t) * inv_freq;
       cos_out[t * half + i] = static_cast<A>(std::cos(angle));
       sin_out[t * half + i] = static_cast<A>(std::sin(angle));
     }
