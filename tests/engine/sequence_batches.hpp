@@ -1,16 +1,20 @@
 #pragma once
 // Shared by the Ulysses engine tests (GPT and Llama): a step's token and target sequences, the
-// training loop that feeds each rank its dp rank's rows and its sp rank's block of positions of
-// every sequence (parallel::sequence_slice), and a layout's run on LocalComm ranks assembled into
-// whole tensors.
+// one-process reference on the whole global batch, the training loop that feeds each rank its dp
+// rank's rows and its sp rank's block of positions of every sequence (parallel::sequence_slice),
+// and a layout's run on LocalComm ranks assembled into whole tensors.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include <optim/grad_norm.hpp>
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
+#include <zero/core/arena.hpp>
 #include <zero/engine/engine_options.hpp>
+#include <zero/nn/local_parameters.hpp>
 
 #include "../support/per_rank.hpp"
 #include "engine_test_util.hpp"
@@ -38,6 +42,44 @@ struct SequenceBatch {
   /// The first row of dp rank d's micro-batch m (micro-steps and dp ranks interleaved).
   static std::int64_t first_row(int m, int d, int dp) { return (m * dp + d) * micro_rows; }
 };
+
+/// One process on the whole global batch of global_rows sequences: `steps` steps, each clipping
+/// the gradient's global norm to `clip` (tp_test_util.hpp) and then calling update(u, values,
+/// grads) per unit; the whole tensors. The parameters are initialised from seed, and dropout,
+/// where the model has it, draws the masks of the engines' placed rows (optimizer step s, seed).
+template <class M, class Update>
+LogicalValues sequence_reference(M& model, std::uint64_t seed, std::int64_t global_rows, int steps,
+                                 std::int64_t vocab, bool padded, Update&& update) {
+  nn::LocalParameters<M> params(model, seed);
+  Arena<> arena(64 << 20);
+  for (int step = 0; step < steps; ++step) {
+    params.zero_grads();
+    const SequenceBatch b(global_rows, step, vocab, padded);
+    nn::StepContext<double> ctx;
+    ctx.arena = &arena;
+    ctx.tokens = b.tokens.data();
+    ctx.targets = b.targets.data();
+    ctx.batch = global_rows;
+    ctx.seq_len = ulysses_seq_len;
+    ctx.step = static_cast<std::uint64_t>(step);
+    ctx.seed = seed;
+    ctx.first_row = 0;
+    model.forward(ctx);
+    model.backward(ctx);
+    arena.reset();
+    double sq = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      for (double g : params.unit_grads(u)) sq += g * g;
+    }
+    const double coefficient = optim::clip_coefficient(std::sqrt(sq), clip);
+    for (int u = 0; u < model.num_units(); ++u) {
+      auto g = params.unit_grads(u);
+      for (double& x : g) x *= coefficient;
+      update(u, params.unit_values(u).span(), std::span<const double>(g.span()));
+    }
+  }
+  return values_of(params, model.num_units());
+}
 
 /// How a rank is fed: its dp rank of dp, and the sp rank of sp whose positions it gets.
 struct SequenceFeed {

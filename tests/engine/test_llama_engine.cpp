@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include <optim/grad_norm.hpp>
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
@@ -37,7 +36,6 @@ using parallel::TensorParallel;
 
 namespace {
 
-constexpr std::int64_t seq_len = test::ulysses_seq_len;
 constexpr int accumulation = 2, steps = 3;
 
 // 4 query heads over 2 key/value heads: tp 2 holds one group a rank.
@@ -47,41 +45,20 @@ nn::LlamaConfig tiny() {
   return c;
 }
 
-// sgd: a stateless SGD step in place of AdamW64, whose moments (the callback's own) a checkpoint
-// does not hold.
+// One process on the whole global batch; sgd: a stateless SGD step in place of AdamW64, whose
+// moments (the callback's own) a checkpoint does not hold.
 test::LogicalValues reference(std::int64_t global_rows, int num_steps = steps, bool sgd = false) {
   nn::LayerLlama<double> model(tiny());
-  nn::LocalParameters<nn::LayerLlama<double>> params(model, test::tp_options(accumulation).seed);
-  Arena<> arena(64 << 20);
-  test::AdamW64 adam;
-  for (int step = 0; step < num_steps; ++step) {
-    params.zero_grads();
-    const test::SequenceBatch b(global_rows, step, tiny().vocab_size);
-    nn::StepContext<double> ctx;
-    ctx.arena = &arena;
-    ctx.tokens = b.tokens.data();
-    ctx.targets = b.targets.data();
-    ctx.batch = global_rows;
-    ctx.seq_len = seq_len;
-    model.forward(ctx);
-    model.backward(ctx);
-    arena.reset();
-    double sq = 0;
-    for (int u = 0; u < model.num_units(); ++u) {
-      for (double g : params.unit_grads(u)) sq += g * g;
+  auto update = [sgd, adam = test::AdamW64{}](int u, std::span<double> p,
+                                              std::span<const double> g) mutable {
+    if (sgd) {
+      test::sgd(0.1, p, g);
+    } else {
+      adam(u, p, g);
     }
-    const double coefficient = optim::clip_coefficient(std::sqrt(sq), test::clip);
-    for (int u = 0; u < model.num_units(); ++u) {
-      auto g = params.unit_grads(u);
-      for (double& x : g) x *= coefficient;
-      if (sgd) {
-        test::sgd(0.1, params.unit_values(u).span(), std::span<const double>(g.span()));
-      } else {
-        adam(u, params.unit_values(u).span(), std::span<const double>(g.span()));
-      }
-    }
-  }
-  return test::values_of(params, model.num_units());
+  };
+  return test::sequence_reference(model, test::tp_options(accumulation).seed, global_rows,
+                                  num_steps, tiny().vocab_size, false, update);
 }
 
 struct Layout {

@@ -43,9 +43,7 @@ using parallel::TensorParallel;
 
 namespace {
 
-constexpr std::int64_t seq_len = test::ulysses_seq_len;  // tp_tiny: max_seq_len 16
 constexpr int accumulation = 2, steps = 3;
-using Batch = test::SequenceBatch;
 
 // One process on the whole global batch: `steps` AdamW steps with clipping; the whole tensors.
 // Dropout, where cfg has it, draws the masks of the engines' placed rows (optimizer step s, the
@@ -53,36 +51,8 @@ using Batch = test::SequenceBatch;
 test::LogicalValues reference(const nn::GPTConfig& cfg, std::int64_t global_rows,
                               bool padded = false) {
   nn::GPT<double> model(cfg);
-  nn::LocalParameters<nn::GPT<double>> params(model, 1234);
-  Arena<> arena(64 << 20);
-  test::AdamW64 adam;
-  for (int step = 0; step < steps; ++step) {
-    params.zero_grads();
-    const Batch b(global_rows, step, cfg.vocab_size, padded);
-    nn::StepContext<double> ctx;
-    ctx.arena = &arena;
-    ctx.tokens = b.tokens.data();
-    ctx.targets = b.targets.data();
-    ctx.batch = global_rows;
-    ctx.seq_len = seq_len;
-    ctx.step = static_cast<std::uint64_t>(step);
-    ctx.seed = test::tp_options(accumulation).seed;
-    ctx.first_row = 0;
-    model.forward(ctx);
-    model.backward(ctx);
-    arena.reset();
-    double sq = 0;
-    for (int u = 0; u < model.num_units(); ++u) {
-      for (double g : params.unit_grads(u)) sq += g * g;
-    }
-    const double coefficient = optim::clip_coefficient(std::sqrt(sq), test::clip);
-    for (int u = 0; u < model.num_units(); ++u) {
-      auto g = params.unit_grads(u);
-      for (double& x : g) x *= coefficient;
-      adam(u, params.unit_values(u).span(), std::span<const double>(g.span()));
-    }
-  }
-  return test::values_of(params, model.num_units());
+  return test::sequence_reference(model, test::tp_options(accumulation).seed, global_rows, steps,
+                                  cfg.vocab_size, padded, test::AdamW64{});
 }
 
 // How a run deviates from the right one (negative controls).

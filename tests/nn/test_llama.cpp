@@ -143,7 +143,7 @@ TEST_CASE("repeat_kv lays grouped qkv out as packed q | k | v, and sums each key
           double s = 0;
           for (double v : x) s += v;
           return s;
-        }()) < 1e-6 * dot(x, x));
+        }()) < 1e-12 * dot(x, x));
   const std::int64_t row = 3, c = 2, g = 1;
   double key_sum = 0.5;
   for (std::int64_t i = 0; i < grp; ++i) {
