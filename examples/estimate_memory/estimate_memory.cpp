@@ -9,7 +9,7 @@
 // H GPUs (DeepSpeed's estimate has no such term: its stage-3 columns are left empty).
 //
 // --model names a GPT-2 size (gpt2, gpt2-medium, ...) or a Llama preset (llama2-7b, llama2-13b,
-// llama3-8b: nn::LayerLlama, grouped-query attention, no MoE blocks).
+// llama3-8b, llama3.1-8b, llama3.2-1b: nn::LayerLlama, grouped-query attention, no MoE blocks).
 // With --model, each GPU's units are the model's own (nn::GPT built over shape-only groups,
 // engine/model_memory_estimate.hpp), so the layouts of train_gpt apply: --tp T (Megatron's tensor
 // parallelism, the vocabulary split too), --pp P (pipeline stages, --virtual-stages V chunks a

@@ -16,7 +16,8 @@
 // backward's gathers from secondary shards in groups of 2); under ZeRO++ qgZ (int8 and int4; one
 // hop, and two under hpZ) it trains near the host engine under qgZ. The refusals: a host
 // communicator on the device engine, a device communicator on the host engine, and LAMB (whose
-// norms the host sums) on the device.
+// norms the host sums) on the device. A tiny LayerLlama (Llama's layers on the device kernels)
+// trains on the GPU engine as on the host engine at stages 0 and 3 (f32) and 3 (bf16).
 
 #include <zero/engine/cuda_backend.cuh>
 
@@ -32,6 +33,8 @@
 
 #include <parallel/comm/cuda_local_comm.cuh>
 #include <parallel/comm/local_comm.hpp>
+#include <zero/nn/layer_llama.hpp>
+#include <zero/nn/llama_config.hpp>
 
 #include "../engine/engine_test_util.hpp"
 #include "../support/per_rank.hpp"
@@ -298,6 +301,50 @@ TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (bf16)", "
   check_gpu_engine<zero::bf16, 1, CPU>(bf16_tolerance(1));
   check_gpu_engine<zero::bf16, 2, CPU>(bf16_tolerance(2));
   check_gpu_engine<zero::bf16, 3, CPU>(bf16_tolerance(3));
+}
+
+namespace {
+
+// A tiny LayerLlama (grouped-query attention, RMSNorm, the rotary embedding, SwiGLU, an untied
+// head) over the GPT runs' vocabulary, trained as `train` trains the GPT.
+template <class Eng, class Comm>
+Masters train_llama(Comm& comm, const Config& config) {
+  nn::LlamaConfig cfg = nn::LlamaConfig::preset("tiny");
+  cfg.vocab_size = tiny().vocab_size;
+  nn::LayerLlama<typename Eng::T> model(cfg);
+  Eng eng(model, comm, config, tiny_options());
+  return train_steps(eng, comm, 0, steps, accumulation);
+}
+
+template <class T, int S>
+void check_gpu_llama(double tolerance) {
+  constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
+  using HostEngine = engine::Engine<nn::LayerLlama<T>, ZeroStage<S>, Precision<T>>;
+  using GpuEngine = engine::Engine<nn::LayerLlama<T>, ZeroStage<S>, Precision<T>, Compute<Cuda>>;
+  for (int world : {1, 2}) {
+    INFO("Llama stage " << S << (bf16 ? " bf16" : " f32") << " world " << world);
+    const auto host = per_rank<Masters>(world, [](LocalComm& comm) {
+      return train_llama<HostEngine>(comm, gpu_config(S, bf16, false));
+    });
+    const auto gpu = per_rank<Masters, CudaLocalComm>(world, [](CudaLocalComm& comm) {
+      return train_llama<GpuEngine>(comm, gpu_config(S, bf16, false));
+    });
+    const double worst = check_units(host, gpu, tolerance);
+    std::printf(
+        "GPU engine, LayerLlama, stage %d %s world %d: worst unit difference %.3g (bound "
+        "%.1g)\n",
+        S, bf16 ? "bf16" : "f32", world, worst, tolerance);
+  }
+}
+
+}  // namespace
+
+// Llama's layers on the device kernels (RMSNorm, the rotary embedding, RepeatKv, SwiGLU) under
+// the engine: the GPT runs' bounds (not yet run on a GPU).
+TEST_CASE("the GPU engine trains LayerLlama as the host engine", "[cuda][engine][llama]") {
+  check_gpu_llama<float, 0>(1e-5);
+  check_gpu_llama<float, 3>(1e-5);
+  check_gpu_llama<zero::bf16, 3>(bf16_tolerance(3));
 }
 
 TEST_CASE(

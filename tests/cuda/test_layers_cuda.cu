@@ -2,8 +2,8 @@
 // linears, flash attention, GELU, residual adds, dropout) run forward and backward through
 // nn::CudaKernels on device memory (an Arena<Cuda>, parameters bound to device buffers), against
 // the same block on the host kernels with the same weights, input, output gradient and dropout
-// masks. The host side of the seam (every kernel goes through the pass's set) is
-// tests/nn/test_layer_kernels.cpp.
+// masks; then all of GPT and all of a small LayerLlama, loss and gradients. The host side of the
+// seam (every kernel goes through the pass's set) is tests/nn/test_layer_kernels.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,7 +24,9 @@
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/kernels.hpp>
 #include <zero/nn/layer_gpt.hpp>
+#include <zero/nn/layer_llama.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
+#include <zero/nn/llama_config.hpp>
 #include <zero/nn/local_parameters.hpp>
 
 #include "../support/worse.hpp"
@@ -249,13 +251,13 @@ void gpt_batch(const nn::GPTConfig& cfg, std::int64_t n, std::vector<std::int32_
   }
 }
 
-template <class E>
-GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_device) {
-  const nn::GPTConfig cfg = small_gpt(chunk_rows, sizeof(E));
-  nn::GPT<E> gpt(cfg);
-  nn::LocalParameters<nn::GPT<E>> params(gpt, 21);
-  std::vector<std::int32_t> tokens, targets;
-  gpt_batch(cfg, B * T, tokens, targets);
+// One forward and backward of model (parameters params) on a batch of B sequences of T tokens,
+// on the host kernels or on nn::CudaKernels with every unit's values copied to the device: the
+// loss and every unit's gradient.
+template <class E, class Model>
+GPTRun model_run(Model& model, nn::LocalParameters<Model>& params,
+                 const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+                 std::int64_t B, std::int64_t T, bool on_device) {
   nn::StepContext<E> ctx;
   ctx.batch = B;
   ctx.seq_len = T;
@@ -266,9 +268,9 @@ GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_
     ctx.arena = &arena;
     ctx.tokens = tokens.data();
     ctx.targets = targets.data();
-    r.loss = convert<float>(gpt.forward(ctx));
-    gpt.backward(ctx);
-    for (int u = 0; u < gpt.num_units(); ++u) {
+    r.loss = convert<float>(model.forward(ctx));
+    model.backward(ctx);
+    for (int u = 0; u < model.num_units(); ++u) {
       for (E g : params.unit_grads(u)) r.grads.push_back(convert<float>(g));
       r.unit_sizes.push_back(static_cast<std::size_t>(params.unit_grads(u).numel()));
     }
@@ -276,12 +278,12 @@ GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_
   }
   // Device copies of every unit's values, bound in place of the host's.
   std::vector<DeviceVector<E>> values, grads;
-  for (int u = 0; u < gpt.num_units(); ++u) {
+  for (int u = 0; u < model.num_units(); ++u) {
     const Tensor<E> v = params.unit_values(u);
     values.emplace_back(std::vector<E>(v.begin(), v.end()));
     grads.emplace_back(std::vector<E>(v.numel(), convert<E>(0.0f)));
   }
-  for (int u = 0; u < gpt.num_units(); ++u) {
+  for (int u = 0; u < model.num_units(); ++u) {
     std::vector<nn::ParamView<E>> views;
     std::int64_t offset = 0;
     for (const nn::ParamSpec& spec : params.unit_specs(u)) {
@@ -289,7 +291,7 @@ GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_
                        Tensor<E>(grads[u].get() + offset, spec.shape, zero::DeviceKind::cuda)});
       offset += spec.numel();
     }
-    gpt.bind_unit(u, views);
+    model.bind_unit(u, views);
   }
   zero::CudaStream stream;
   nn::CudaKernels<E> kernels(stream.native());
@@ -300,15 +302,25 @@ GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_
   ctx.kernels = &kernels;
   ctx.tokens = d_tokens.get();
   ctx.targets = d_targets.get();
-  r.loss = convert<float>(gpt.forward(ctx));
-  gpt.backward(ctx);
+  r.loss = convert<float>(model.forward(ctx));
+  model.backward(ctx);
   stream.synchronize();
-  for (int u = 0; u < gpt.num_units(); ++u) {
+  for (int u = 0; u < model.num_units(); ++u) {
     const std::vector<float> g = as_floats(grads[u].download());
     r.grads.insert(r.grads.end(), g.begin(), g.end());
     r.unit_sizes.push_back(g.size());
   }
   return r;
+}
+
+template <class E>
+GPTRun gpt_run(std::int64_t B, std::int64_t T, std::int64_t chunk_rows, bool on_device) {
+  const nn::GPTConfig cfg = small_gpt(chunk_rows, sizeof(E));
+  nn::GPT<E> gpt(cfg);
+  nn::LocalParameters<nn::GPT<E>> params(gpt, 21);
+  std::vector<std::int32_t> tokens, targets;
+  gpt_batch(cfg, B * T, tokens, targets);
+  return model_run<E>(gpt, params, tokens, targets, B, T, on_device);
 }
 
 TEMPLATE_TEST_CASE("all of GPT on CudaKernels equals GPT on the host kernels", "[cuda][layers]",
@@ -335,6 +347,46 @@ TEMPLATE_TEST_CASE("all of GPT on CudaKernels equals GPT on the host kernels", "
                   static_cast<long long>(chunk_rows), error);
       CHECK(error <= 0x1p-7);
     }
+  }
+}
+
+// A small Llama (grouped-query attention: 4 query heads over 2 key/value heads of 32 channels;
+// RMSNorm, the rotary embedding, SwiGLU, an untied head over a vocabulary of 1003 in chunks of
+// 48 rows, padded on the device) on CudaKernels against the same model on the host kernels.
+template <class E>
+GPTRun llama_run(std::int64_t B, std::int64_t T, bool on_device) {
+  nn::LlamaConfig cfg = nn::LlamaConfig::preset("tiny");
+  cfg.vocab_size = 1003;
+  cfg.num_heads = 4;
+  cfg.num_kv_heads = 2;
+  cfg.channels = 128;
+  cfg.intermediate_size = 352;
+  cfg.logits_chunk_bytes = 48 * cfg.vocab_size * static_cast<std::int64_t>(sizeof(E));
+  nn::LayerLlama<E> model(cfg);
+  nn::LocalParameters<nn::LayerLlama<E>> params(model, 23);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T)), targets(tokens.size());
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<std::int32_t>((37 * i + 11) % cfg.vocab_size);
+    targets[i] = i % 9 == 4 ? -1 : static_cast<std::int32_t>((53 * i + 7) % cfg.vocab_size);
+  }
+  return model_run<E>(model, params, tokens, targets, B, T, on_device);
+}
+
+// The GPT test's bounds: f32 element by element within 1e-4, bf16 each unit within 2 bf16
+// epsilons of its norm.
+TEMPLATE_TEST_CASE("all of LayerLlama on CudaKernels equals LayerLlama on the host kernels",
+                   "[cuda][layers][llama]", float, bf16) {
+  using E = TestType;
+  const GPTRun host = llama_run<E>(2, 64, false);
+  const GPTRun device = llama_run<E>(2, 64, true);
+  check_values<E>({device.loss}, {host.loss}, "loss", 1e-4, 8.0);
+  REQUIRE(device.unit_sizes == host.unit_sizes);
+  if constexpr (std::is_same_v<E, float>) {
+    check_values<E>(device.grads, host.grads, "every unit's gradient", 1e-4, 8.0);
+  } else {
+    const double error = worst_unit_norm_error(device, host);
+    std::printf("Llama bf16: worst unit ||dg|| / ||g|| = %.3g\n", error);
+    CHECK(error <= 0x1p-7);
   }
 }
 

@@ -106,6 +106,47 @@ class RecordingKernels final : public nn::Kernels<T> {
     note("cross_entropy_backward");
     host().cross_entropy_backward(dlogits, logits, targets, N, V, ld, dloss, valid, row_stats);
   }
+  void rms_norm_forward(T* y, Stat* rstd, const T* x, const T* w, std::int64_t N, std::int64_t C,
+                        Stat eps) override {
+    note("rms_norm_forward");
+    host().rms_norm_forward(y, rstd, x, w, N, C, eps);
+  }
+  void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const Stat* rstd,
+                         std::int64_t N, std::int64_t C) override {
+    note("rms_norm_backward");
+    host().rms_norm_backward(dx, dw, dy, x, w, rstd, N, C);
+  }
+  void rotary_forward(T* y, const T* x, const Stat* cos, const Stat* sin, std::int64_t N,
+                      std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                      std::int64_t head_size) override {
+    note("rotary_forward");
+    host().rotary_forward(y, x, cos, sin, N, seq_len, kv_heads, group, head_size);
+  }
+  void rotary_backward(T* dx, const T* dy, const Stat* cos, const Stat* sin, std::int64_t N,
+                       std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                       std::int64_t head_size, bool overwrite_dx) override {
+    note("rotary_backward");
+    host().rotary_backward(dx, dy, cos, sin, N, seq_len, kv_heads, group, head_size, overwrite_dx);
+  }
+  void repeat_kv_forward(T* y, const T* x, std::int64_t N, std::int64_t kv_heads,
+                         std::int64_t group, std::int64_t head_size) override {
+    note("repeat_kv_forward");
+    host().repeat_kv_forward(y, x, N, kv_heads, group, head_size);
+  }
+  void repeat_kv_backward(T* dx, const T* dy, std::int64_t N, std::int64_t kv_heads,
+                          std::int64_t group, std::int64_t head_size, bool overwrite_dx) override {
+    note("repeat_kv_backward");
+    host().repeat_kv_backward(dx, dy, N, kv_heads, group, head_size, overwrite_dx);
+  }
+  void swiglu_forward(T* y, const T* x, std::int64_t N, std::int64_t F) override {
+    note("swiglu_forward");
+    host().swiglu_forward(y, x, N, F);
+  }
+  void swiglu_backward(T* dx, const T* x, const T* dy, std::int64_t N, std::int64_t F,
+                       bool overwrite_dx) override {
+    note("swiglu_backward");
+    host().swiglu_backward(dx, x, dy, N, F, overwrite_dx);
+  }
   void linear_forward(T* y, const T* x, const T* w, const T* b, std::int64_t N, std::int64_t in,
                       std::int64_t out) override {
     note("linear_forward");

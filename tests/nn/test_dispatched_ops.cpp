@@ -23,6 +23,7 @@
 #include <zero/nn/gpt_config.hpp>
 #include <zero/nn/hand_written_gpt.hpp>
 #include <zero/nn/local_parameters.hpp>
+#include <zero/ops/cpu/activation.hpp>
 #include <zero/ops/cpu/attention.hpp>
 #include <zero/ops/cpu/cross_entropy.hpp>
 #include <zero/ops/cpu/dropout.hpp>
@@ -349,6 +350,41 @@ Bytes rms_norm_run(std::int64_t N, std::int64_t C, std::vector<std::vector<doubl
 }
 
 }  // namespace
+
+namespace {
+
+// SwiGLU forward, then its backward added into one gradient and written into another.
+template <class T>
+Bytes swiglu_run(std::int64_t rows, std::int64_t f, std::vector<std::vector<double>>* values) {
+  const auto n = static_cast<std::size_t>(rows * f);
+  const auto x = cast<T>(float_values(2 * n, 61, 6.0)), dy = cast<T>(float_values(n, 62));
+  std::vector<T> out(n), dx = cast<T>(float_values(2 * n, 63)), written(2 * n);
+  swiglu_forward(out.data(), x.data(), rows, f);
+  swiglu_backward(dx.data(), x.data(), dy.data(), rows, f);
+  swiglu_backward(written.data(), x.data(), dy.data(), rows, f, true);
+  Bytes bytes;
+  bytes.add(out), bytes.add(dx), bytes.add(written);
+  if (values != nullptr) *values = {to_double(out), to_double(dx), to_double(written)};
+  return bytes;
+}
+
+}  // namespace
+
+// Rows of 1 to 1100 gates (vector bodies and scalar tails), 2 rows to 3000 (one task and several).
+TEST_CASE("swiglu: every ISA and thread count the same bits, f32 / bf16, and f32 near f64",
+          "[unit][ops]") {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{
+      {1, 1}, {3, 7}, {5, 17}, {2, 33}, {9, 48}, {45, 1100}, {3000, 24}};
+  for (auto [rows, f] : shapes) {
+    INFO("rows " << rows << " f " << f);
+    check_paths([&] { return swiglu_run<float>(rows, f, nullptr); });
+    check_paths([&] { return swiglu_run<bf16>(rows, f, nullptr); });
+    std::vector<std::vector<double>> f32, f64;
+    swiglu_run<float>(rows, f, &f32);
+    swiglu_run<double>(rows, f, &f64);
+    check_against_double(f32, f64);
+  }
+}
 
 TEST_CASE("rms_norm: every ISA and thread count the same bits, f32 / bf16, and f32 near f64",
           "[unit][ops]") {

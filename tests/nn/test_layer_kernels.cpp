@@ -1,8 +1,8 @@
 // The layers' kernel seam (nn/kernels.hpp): layers run the kernels of the pass's set
 // (StepContext::kernels), the host set when none is given, and layers with host kernels only
-// refuse a set on another device. A recording set forwards to the host kernels and names each
-// call, so these run on every machine; the same GPT block on nn::CudaKernels is
-// tests/cuda/test_layers_cuda.cu.
+// refuse a set on another device (all of GPT and of LayerLlama runs through the set). A recording
+// set forwards to the host kernels and names each call, so these run on every machine; the same GPT
+// block on nn::CudaKernels is tests/cuda/test_layers_cuda.cu.
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -18,10 +18,12 @@
 #include <zero/nn/gpt.hpp>
 #include <zero/nn/kernels.hpp>
 #include <zero/nn/layer_gpt.hpp>
+#include <zero/nn/layer_llama.hpp>
 #include <zero/nn/layers/linear_cross_entropy.hpp>
 #include <zero/nn/layers/rms_norm.hpp>
 #include <zero/nn/layers/sequential_model.hpp>
 #include <zero/nn/layers/token_embedding.hpp>
+#include <zero/nn/llama_config.hpp>
 #include <zero/nn/local_parameters.hpp>
 #include <zero/ops/cpu/attention.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
@@ -317,6 +319,70 @@ TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][
   CHECK(eval_padding.calls["copy"] == eval_recording.calls["copy"] + 4);
 }
 
+// A tiny LayerLlama (two blocks of grouped-query attention) over `passes` forward and backward
+// passes of one model, through kernels (null: the context's default): each pass's loss, then
+// every unit's gradient summed over the passes.
+template <class E>
+std::pair<std::vector<float>, std::vector<float>> run_llama(nn::Kernels<E>* kernels, int passes) {
+  const nn::LlamaConfig cfg = nn::LlamaConfig::preset("tiny");
+  nn::LayerLlama<E> model(cfg);
+  nn::LocalParameters<nn::LayerLlama<E>> p(model, 4);
+  Arena<> arena(1 << 22);
+  std::vector<std::int32_t> tokens(B * T), targets(B * T);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<std::int32_t>((7 * i + 3) % cfg.vocab_size);
+    targets[i] = i == 4 ? -1 : static_cast<std::int32_t>((5 * i + 1) % cfg.vocab_size);
+  }
+  std::vector<float> losses;
+  for (int pass = 0; pass < passes; ++pass) {
+    arena.reset();
+    nn::StepContext<E> ctx;
+    ctx.arena = &arena;
+    ctx.kernels = kernels;
+    ctx.tokens = tokens.data();
+    ctx.targets = targets.data();
+    ctx.batch = B;
+    ctx.seq_len = T;
+    losses.push_back(convert<float>(model.forward(ctx)));
+    model.backward(ctx);
+  }
+  std::vector<float> grads;
+  for (int u = 0; u < model.num_units(); ++u) {
+    for (E g : p.unit_grads(u)) grads.push_back(convert<float>(g));
+  }
+  return {losses, grads};
+}
+
+TEMPLATE_TEST_CASE("all of LayerLlama runs on the kernel set of its pass",
+                   "[unit][nn][llama][kernels]", float, bf16) {
+  using E = TestType;
+  const auto [losses, grads] = run_llama<E>(nullptr, 2);
+  RecordingKernels<E> recording;
+  const auto [losses_through, grads_through] = run_llama<E>(&recording, 2);
+  CHECK(same_bits(losses, losses_through));
+  CHECK(same_bits(grads, grads_through));
+  // Per pass: two norms a block and the final one; a rotary embedding, RepeatKv and SwiGLU a block.
+  CHECK(recording.calls["rms_norm_forward"] == 2 * 5);
+  CHECK(recording.calls["rms_norm_backward"] == 2 * 5);
+  CHECK(recording.calls["rotary_forward"] == 2 * 2);
+  CHECK(recording.calls["rotary_backward"] == 2 * 2);
+  CHECK(recording.calls["repeat_kv_forward"] == 2 * 2);
+  CHECK(recording.calls["repeat_kv_backward"] == 2 * 2);
+  CHECK(recording.calls["swiglu_forward"] == 2 * 2);
+  CHECK(recording.calls["swiglu_backward"] == 2 * 2);
+  CHECK(recording.calls["attention_forward"] == 2 * 2);
+  CHECK(recording.calls["copy_from_host"] == 0);  // the host reads the angle table itself
+
+  // A set on another device gets each block's angle table copied once (cos, then sin), and
+  // reads the copies in every later pass: the same bits.
+  RecordingKernels<E> device(DeviceKind::cuda);
+  const auto [losses_device, grads_device] = run_llama<E>(&device, 2);
+  CHECK(same_bits(losses, losses_device));
+  CHECK(same_bits(grads, grads_device));
+  CHECK(device.calls["copy_from_host"] == 2 * 2);
+  CHECK(device.calls["rotary_forward"] == 2 * 2);
+}
+
 TEST_CASE("the host kernel set is the default and reports the host", "[unit][nn][kernels]") {
   nn::StepContext<float> ctx;
   CHECK(&nn::kernels_of(ctx) == &nn::host_kernels<float>());
@@ -389,22 +455,22 @@ TEST_CASE("layers with host kernels only refuse a device kernel set", "[unit][nn
 
   std::vector<float> x(B * T * C, 0.5f);
   ctx.x = Tensor<float>(x.data(), Shape{B * T, C});
+  // ReLU has no device kernel; GELU and RMSNorm have, and run through the set.
+  nn::ReLU<float> relu;
+  CHECK_THROWS_WITH(relu.forward(ctx), Catch::Contains("ReLU has host kernels only") &&
+                                           Catch::Contains("cuda device"));
+  CHECK(arena.used_bytes() == 0);  // refused before it took anything
+  nn::GELU<float> gelu;
+  gelu.forward(ctx);
+  CHECK(device.calls["gelu_forward"] == 1);
+  ctx.x = Tensor<float>(x.data(), Shape{B * T, C});
   nn::RMSNorm<float> norm("norm", C);
   std::vector<float> weight(C, 1.f), grad(C, 0.f);
   const nn::ParamView<float> view{Tensor<float>(weight.data(), Shape{C}),
                                   Tensor<float>(grad.data(), Shape{C})};
   norm.bind(std::span<const nn::ParamView<float>>(&view, 1));
-  CHECK_THROWS_WITH(norm.forward(ctx), Catch::Contains("RMSNorm 'norm'") &&
-                                           Catch::Contains("host kernels only") &&
-                                           Catch::Contains("cuda device"));
-  CHECK(arena.used_bytes() == 0);  // refused before it took anything
-
-  // ReLU has no device kernel; GELU has, and runs through the set.
-  nn::ReLU<float> relu;
-  CHECK_THROWS_WITH(relu.forward(ctx), Catch::Contains("ReLU has host kernels only"));
-  nn::GELU<float> gelu;
-  gelu.forward(ctx);
-  CHECK(device.calls["gelu_forward"] == 1);
+  norm.forward(ctx);
+  CHECK(device.calls["rms_norm_forward"] == 1);
 
   // A split backward (zero-bubble pipelines) keeps host copies of its operands: host only.
   nn::DeferredWeightGrads<float> deferred;

@@ -156,4 +156,33 @@ void export_tensor(SafetensorsWriter& writer, std::string_view name, Tensor<T> v
   writer.write(name, conv1d_view, rule);
 }
 
+/// The functions above as a layout object, the form engine::load_hf_weights and
+/// engine::save_hf_weights take (io::llama::Layout is the other).
+struct Layout {
+  /// For messages: the model family.
+  static std::string_view model() { return "GPT-2"; }
+  /// True for Conv1D weights: a range of one is read from the whole stored tensor.
+  static bool reads_whole(std::string_view name) { return is_conv1d_weight(name); }
+  /// True for the token table, whose rows are the vocabulary (transformer.wte.weight).
+  static bool is_vocabulary_table(std::string_view name) {
+    return name == "transformer.wte.weight";
+  }
+  /// The one declaration of parameter name.
+  static std::vector<TensorDecl> export_decls(std::string_view name, DType dtype,
+                                              const Shape& zero_shape) {
+    return {export_decl(name, dtype, zero_shape)};
+  }
+  template <class T>
+  static void import_range(const SafetensorsReader& reader, std::string_view name,
+                           const Shape& zero_shape, std::int64_t first, Tensor<T> out,
+                           DTypeRule rule = DTypeRule::exact) {
+    gpt2::import_range(reader, name, zero_shape, first, out, rule);
+  }
+  template <class T>
+  static void export_tensor(SafetensorsWriter& writer, std::string_view name, Tensor<T> value,
+                            DTypeRule rule = DTypeRule::exact) {
+    gpt2::export_tensor(writer, name, value, rule);
+  }
+};
+
 }  // namespace zero::io::gpt2

@@ -3,10 +3,11 @@
 // nn::CudaKernels<T>: the layers' kernel set (nn/kernels.hpp) on one CUDA stream, running
 // zero::ops::cuda. Put it in a StepContext (ctx.kernels) with an arena of the same device's
 // memory (Arena<Cuda>) and parameters bound to device buffers, and the layers that have device
-// kernels run on the GPU: Linear, TiedLinear, LayerNorm, GELU, Dropout, Residual,
-// CausalSelfAttention, TokenEmbedding, PositionEmbedding, SoftmaxCrossEntropy,
-// LinearCrossEntropy, Flatten, Reshape and Sequential itself, so all of nn::GPT (LayerGPT) without
-// tensor, sequence or expert parallelism. The others refuse with a message naming them.
+// kernels run on the GPU: Linear, TiedLinear, LayerNorm, RMSNorm, GELU, SwiGLU, Dropout,
+// Residual, CausalSelfAttention, RotaryEmbedding, RepeatKv, TokenEmbedding, PositionEmbedding,
+// SoftmaxCrossEntropy, LinearCrossEntropy, Flatten, Reshape and Sequential itself, so all of
+// nn::GPT (LayerGPT) and nn::LayerLlama without tensor, sequence or expert parallelism. The
+// others refuse with a message naming them.
 //
 // Element types f32, bf16 and f16 (arithmetic in float; f64 stays on the host). Every call is
 // ordered on the stream and none synchronises the host. Differences from the host set:
@@ -32,6 +33,11 @@
 //   order than the two kernels (float rounding apart); count_valid_targets, which the loss
 //   layers call before any loss kernel, throws the host's ShapeError for a target outside the
 //   vocabulary;
+// - Llama's kernels compute each element with the host's expression in float: RMSNorm's row
+//   sums run in another order, the rotary embedding and SwiGLU may take fused multiply-adds and
+//   expf, so they agree within float rounding; repeat_kv's sums run in the host's order (its
+//   bits). The rotary embedding reads the host's angle table (double, rounded to float), which
+//   the layer copies to the device once per shape;
 // - a linear layer whose output rows are not a whole number of 16 bytes (a vocabulary of 50257)
 //   runs its GEMMs on rows padded in scratch (ops/cuda/linear.cuh), which the tensor-core GEMMs
 //   need.
@@ -51,6 +57,7 @@
 #include <zero/core/cuda_check.cuh>
 #include <zero/core/cuda_device.cuh>
 #include <zero/nn/kernels.hpp>
+#include <zero/ops/cuda/activation.cuh>
 #include <zero/ops/cuda/attention.cuh>
 #include <zero/ops/cuda/common.cuh>
 #include <zero/ops/cuda/cross_entropy.cuh>
@@ -59,8 +66,11 @@
 #include <zero/ops/cuda/embedding.cuh>
 #include <zero/ops/cuda/gelu.cuh>
 #include <zero/ops/cuda/gemm.cuh>
+#include <zero/ops/cuda/grouped_qkv.cuh>
 #include <zero/ops/cuda/layer_norm.cuh>
 #include <zero/ops/cuda/linear.cuh>
+#include <zero/ops/cuda/rms_norm.cuh>
+#include <zero/ops/cuda/rotary.cuh>
 
 namespace zero::nn {
 
@@ -227,6 +237,41 @@ class CudaKernels final : public Kernels<T> {
   void dropout_backward(T* dx, const T* dy, std::int64_t n,
                         const ops::cpu::DropoutMask& mask) override {
     ops::cuda::dropout_backward(dx, dy, n, mask, stream_);
+  }
+
+  void rms_norm_forward(T* y, Stat* rstd, const T* x, const T* w, std::int64_t N, std::int64_t C,
+                        Stat eps) override {
+    ops::cuda::rms_norm_forward<T>(y, rstd, x, w, N, C, eps, stream_);
+  }
+  void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const Stat* rstd,
+                         std::int64_t N, std::int64_t C) override {
+    ops::cuda::rms_norm_backward<T>(dx, dw, dy, x, w, rstd, N, C, stream_);
+  }
+  void rotary_forward(T* y, const T* x, const Stat* cos, const Stat* sin, std::int64_t N,
+                      std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                      std::int64_t head_size) override {
+    ops::cuda::rotary_forward<T>(y, x, cos, sin, N, seq_len, kv_heads, group, head_size, stream_);
+  }
+  void rotary_backward(T* dx, const T* dy, const Stat* cos, const Stat* sin, std::int64_t N,
+                       std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                       std::int64_t head_size, bool overwrite_dx) override {
+    ops::cuda::rotary_backward<T>(dx, dy, cos, sin, N, seq_len, kv_heads, group, head_size,
+                                  overwrite_dx, stream_);
+  }
+  void repeat_kv_forward(T* y, const T* x, std::int64_t N, std::int64_t kv_heads,
+                         std::int64_t group, std::int64_t head_size) override {
+    ops::cuda::repeat_kv_forward<T>(y, x, N, kv_heads, group, head_size, stream_);
+  }
+  void repeat_kv_backward(T* dx, const T* dy, std::int64_t N, std::int64_t kv_heads,
+                          std::int64_t group, std::int64_t head_size, bool overwrite_dx) override {
+    ops::cuda::repeat_kv_backward<T>(dx, dy, N, kv_heads, group, head_size, overwrite_dx, stream_);
+  }
+  void swiglu_forward(T* y, const T* x, std::int64_t N, std::int64_t F) override {
+    ops::cuda::swiglu_forward<T>(y, x, N, F, stream_);
+  }
+  void swiglu_backward(T* dx, const T* x, const T* dy, std::int64_t N, std::int64_t F,
+                       bool overwrite_dx) override {
+    ops::cuda::swiglu_backward<T>(dx, x, dy, N, F, overwrite_dx, stream_);
   }
 
   std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,

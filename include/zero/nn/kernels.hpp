@@ -9,9 +9,9 @@
 // host). The arguments are ops::cpu's, kernel for kernel; where a device kernel saves something
 // else for its backward (flash attention keeps each row's log-sum-exp instead of the
 // probabilities), the layer asks the set how many bytes to save and passes them back untyped.
-// A layer whose kernels are host-only (embeddings, losses, tensor- and sequence-parallel
-// layers, experts, for now) calls expect_host_kernels() first, so it refuses device memory with
-// a message naming itself instead of faulting.
+// A layer whose kernels are host-only (tensor- and sequence-parallel layers, experts, ReLU and
+// SiLU, the MSE loss, the hand-written GPT's units, for now) calls expect_host_kernels() first, so
+// it refuses device memory with a message naming itself instead of faulting.
 
 #include <cstddef>
 #include <cstdint>
@@ -27,14 +27,18 @@
 #include <zero/core/rng.hpp>
 #include <zero/core/tensor.hpp>
 #include <zero/nn/context.hpp>
+#include <zero/ops/cpu/activation.hpp>
 #include <zero/ops/cpu/attention.hpp>
 #include <zero/ops/cpu/cross_entropy.hpp>
 #include <zero/ops/cpu/dropout.hpp>
 #include <zero/ops/cpu/elementwise.hpp>
 #include <zero/ops/cpu/embedding.hpp>
 #include <zero/ops/cpu/gelu.hpp>
+#include <zero/ops/cpu/grouped_qkv.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
 #include <zero/ops/cpu/linear.hpp>
+#include <zero/ops/cpu/rms_norm.hpp>
+#include <zero/ops/cpu/rotary.hpp>
 
 namespace zero::nn {
 
@@ -164,6 +168,38 @@ class Kernels {
   virtual void dropout_backward(T* dx, const T* dy, std::int64_t n,
                                 const ops::cpu::DropoutMask& mask) = 0;
 
+  // Llama's kernels (RMSNorm, the rotary embedding, repeat_kv, SwiGLU): ops/cpu's arguments.
+  /// RMSNorm of N rows of C: y = x * rstd * w, rstd [N] = 1 / sqrt(mean(x^2) + eps) saved.
+  virtual void rms_norm_forward(T* y, Stat* rstd, const T* x, const T* w, std::int64_t N,
+                                std::int64_t C, Stat eps) = 0;
+  /// RMSNorm's gradients from the saved rstd, added into dx and dw.
+  virtual void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w,
+                                 const Stat* rstd, std::int64_t N, std::int64_t C) = 0;
+  /// y = x's N grouped-qkv rows (kv_heads groups of group query heads, a key and a value head,
+  /// head_size channels each) with every query and key head turned by its position's angles;
+  /// cos, sin: ops::cpu::rotary_table's [seq_len, head_size / 2], memory of device().
+  virtual void rotary_forward(T* y, const T* x, const Stat* cos, const Stat* sin, std::int64_t N,
+                              std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                              std::int64_t head_size) = 0;
+  /// dx (+=, or = when overwrite_dx) rotary_forward's gradient: dy turned back.
+  virtual void rotary_backward(T* dx, const T* dy, const Stat* cos, const Stat* sin, std::int64_t N,
+                               std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                               std::int64_t head_size, bool overwrite_dx) = 0;
+  /// y [N, 3 * kv_heads * group * head_size] = N grouped-qkv rows as packed q|k|v, each key and
+  /// value head repeated over its group.
+  virtual void repeat_kv_forward(T* y, const T* x, std::int64_t N, std::int64_t kv_heads,
+                                 std::int64_t group, std::int64_t head_size) = 0;
+  /// dx (+=, or = when overwrite_dx) repeat_kv_forward's gradient: each key's and value's summed
+  /// over its group in head order.
+  virtual void repeat_kv_backward(T* dx, const T* dy, std::int64_t N, std::int64_t kv_heads,
+                                  std::int64_t group, std::int64_t head_size,
+                                  bool overwrite_dx) = 0;
+  /// y [N, F] = silu(gate) * up of x [N, 2F] = [gate | up].
+  virtual void swiglu_forward(T* y, const T* x, std::int64_t N, std::int64_t F) = 0;
+  /// dx [N, 2F] (+=, or = when overwrite_dx) swiglu_forward's gradient given dy [N, F].
+  virtual void swiglu_backward(T* dx, const T* x, const T* dy, std::int64_t N, std::int64_t F,
+                               bool overwrite_dx) = 0;
+
   /// Targets of N rows that count (not ops::cpu::ignore_index), as a host value (a device set
   /// waits for its stream).
   virtual std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,
@@ -289,6 +325,41 @@ class HostKernels final : public Kernels<T> {
   void dropout_backward(T* dx, const T* dy, std::int64_t n,
                         const ops::cpu::DropoutMask& mask) override {
     ops::cpu::dropout_backward(dx, dy, n, mask);
+  }
+
+  void rms_norm_forward(T* y, Stat* rstd, const T* x, const T* w, std::int64_t N, std::int64_t C,
+                        Stat eps) override {
+    ops::cpu::rms_norm_forward(y, rstd, x, w, N, C, eps);
+  }
+  void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const Stat* rstd,
+                         std::int64_t N, std::int64_t C) override {
+    ops::cpu::rms_norm_backward(dx, dw, dy, x, w, rstd, N, C);
+  }
+  void rotary_forward(T* y, const T* x, const Stat* cos, const Stat* sin, std::int64_t N,
+                      std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                      std::int64_t head_size) override {
+    ops::cpu::rotary_forward(y, x, cos, sin, N, seq_len, kv_heads, group, head_size);
+  }
+  void rotary_backward(T* dx, const T* dy, const Stat* cos, const Stat* sin, std::int64_t N,
+                       std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                       std::int64_t head_size, bool overwrite_dx) override {
+    ops::cpu::rotary_backward(dx, dy, cos, sin, N, seq_len, kv_heads, group, head_size,
+                              overwrite_dx);
+  }
+  void repeat_kv_forward(T* y, const T* x, std::int64_t N, std::int64_t kv_heads,
+                         std::int64_t group, std::int64_t head_size) override {
+    ops::cpu::repeat_kv_forward(y, x, N, kv_heads, group, head_size);
+  }
+  void repeat_kv_backward(T* dx, const T* dy, std::int64_t N, std::int64_t kv_heads,
+                          std::int64_t group, std::int64_t head_size, bool overwrite_dx) override {
+    ops::cpu::repeat_kv_backward(dx, dy, N, kv_heads, group, head_size, overwrite_dx);
+  }
+  void swiglu_forward(T* y, const T* x, std::int64_t N, std::int64_t F) override {
+    ops::cpu::swiglu_forward(y, x, N, F);
+  }
+  void swiglu_backward(T* dx, const T* x, const T* dy, std::int64_t N, std::int64_t F,
+                       bool overwrite_dx) override {
+    ops::cpu::swiglu_backward(dx, x, dy, N, F, overwrite_dx);
   }
 
   std::int64_t count_valid_targets(const std::int32_t* targets, std::int64_t N,

@@ -20,9 +20,9 @@
 // stride 2, each rank its part of gate and of up), the token table and the LM head
 // vocabulary-parallel; with Megatron's sequence parallelism the norms hold split rows. With a
 // Ulysses group sp, each rank holds T/sp positions of every sequence, its rotary embedding turns
-// them by their own positions, and its attention is parallel::UlyssesAttention. Every layer
-// has host kernels only (RMSNorm, the rotary embedding, RepeatKv and SwiGLU have no device
-// kernels yet).
+// them by their own positions, and its attention is parallel::UlyssesAttention. Without tensor
+// or sequence parallelism every layer has device kernels as well (nn::CudaKernels), so the model
+// runs on Compute<Cuda> too; the tensor- and sequence-parallel layers are host-only.
 
 #include <cstdint>
 #include <memory>
@@ -124,7 +124,7 @@ void add_llama_block(Sequential<T>& unit, const LlamaConfig& cfg, std::int64_t l
   norm(attn, p + "input_layernorm");
   into(attn, p + "self_attn.qkv_proj", C,
        ops::cpu::grouped_qkv_width(cfg.num_kv_heads, cfg.group(), hs), 1);
-  attn.template add<RotaryEmbedding<T>>(heads, kv_heads, hs, cfg.rope_theta)
+  attn.template add<RotaryEmbedding<T>>(heads, kv_heads, hs, cfg.rope_theta, cfg.rope_scaling)
       .set_sequence_shard(sp.rank(), sp.size());
   attn.template add<RepeatKv<T>>(heads, kv_heads, hs);
   if (sp.active()) {

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include <zero/core/error.hpp>
+#include <zero/ops/cpu/rotary.hpp>
 
 namespace zero::nn {
 
@@ -19,6 +20,7 @@ struct LlamaConfig {
   std::int64_t channels = 4096;            ///< C (hidden_size)
   std::int64_t intermediate_size = 11008;  ///< F, the SwiGLU MLP's hidden units
   double rope_theta = 10000.0;             ///< RoPE's base (Llama 3: 500000)
+  ops::cpu::RopeScaling rope_scaling;      ///< Llama 3.1's frequency scaling (none by default)
   double rms_norm_eps = 1e-5;              ///< RMSNorm's epsilon
   double initializer_range = 0.02;         ///< stddev of every projection and embedding
   bool checkpoint_activations = false;     ///< recompute each block's forward before its backward
@@ -46,6 +48,7 @@ struct LlamaConfig {
                         head_size(), ") must be even for the rotary embedding");
     expect<ConfigError>(rope_theta > 1.0, "LlamaConfig: rope_theta ", rope_theta,
                         " must be greater than 1");
+    rope_scaling.validate();
     expect<ConfigError>(rms_norm_eps > 0.0, "LlamaConfig: rms_norm_eps ", rms_norm_eps,
                         " must be positive");
     expect<ConfigError>(initializer_range > 0.0, "LlamaConfig: initializer_range ",
@@ -63,7 +66,8 @@ struct LlamaConfig {
   }
 
   /// "tiny" (tests: V 64, L 2, 4 heads over 2 key/value heads of 8, F 48), "llama2-7b",
-  /// "llama2-13b", "llama3-8b"; ConfigError for another name.
+  /// "llama2-13b", "llama3-8b", "llama3.1-8b" (3's shape, its rope scaling), "llama3.2-1b" (its
+  /// head untied here); ConfigError for another name.
   static LlamaConfig preset(std::string_view name) {
     LlamaConfig c;
     if (name == "tiny") {
@@ -80,14 +84,24 @@ struct LlamaConfig {
       c.num_heads = c.num_kv_heads = 40;
       c.channels = 5120;
       c.intermediate_size = 13824;
-    } else if (name == "llama3-8b") {
+    } else if (name == "llama3-8b" || name == "llama3.1-8b") {
       c.vocab_size = 128256;
       c.num_kv_heads = 8;
       c.intermediate_size = 14336;
       c.rope_theta = 500000.0;
+      if (name == "llama3.1-8b") c.rope_scaling.factor = 8.0;
+    } else if (name == "llama3.2-1b") {
+      c.vocab_size = 128256;
+      c.num_layers = 16;
+      c.num_heads = 32;
+      c.num_kv_heads = 8;
+      c.channels = 2048;
+      c.intermediate_size = 8192;
+      c.rope_theta = 500000.0;
+      c.rope_scaling.factor = 32.0;
     } else {
       raise<ConfigError>("LlamaConfig: unknown preset '", std::string(name),
-                         "' (tiny, llama2-7b, llama2-13b, llama3-8b)");
+                         "' (tiny, llama2-7b, llama2-13b, llama3-8b, llama3.1-8b, llama3.2-1b)");
     }
     return c;
   }

@@ -4,11 +4,12 @@
 // CausalSelfAttention and UlyssesAttention read, each key and value head repeated for every query
 // head of its group (grouped-query attention as Hugging Face's repeat_kv;
 // ops/cpu/grouped_qkv.hpp). The backward sums each key's and value's gradient over its group in
-// a fixed order. No parameters; host kernels.
+// a fixed order. No parameters; runs on the pass's kernel set.
 
 #include <cstdint>
 #include <string>
 
+#include <zero/nn/kernels.hpp>
 #include <zero/nn/layers/layer.hpp>
 #include <zero/ops/cpu/grouped_qkv.hpp>
 
@@ -31,18 +32,17 @@ class RepeatKv final : public Layer<T> {
 
   std::string describe() const override { return "RepeatKv"; }
   void forward(StepContext<T>& ctx) override {
-    expect_host_kernels(ctx, describe());
     const std::int64_t N =
         rows_of(ctx.x, ops::cpu::grouped_qkv_width(kv_heads_, group(), head_size_), describe());
     Tensor<T> y =
         ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, 3 * heads_ * head_size_));
-    ops::cpu::repeat_kv_forward(y.data(), ctx.x.data(), N, kv_heads_, group(), head_size_);
+    kernels_of(ctx).repeat_kv_forward(y.data(), ctx.x.data(), N, kv_heads_, group(), head_size_);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
     const std::int64_t N = ctx.dy.numel() / (3 * heads_ * head_size_);
-    ops::cpu::repeat_kv_backward(ctx.dx.data(), ctx.dy.data(), N, kv_heads_, group(), head_size_,
-                                 ctx.overwrite_dx);
+    kernels_of(ctx).repeat_kv_backward(ctx.dx.data(), ctx.dy.data(), N, kv_heads_, group(),
+                                       head_size_, ctx.overwrite_dx);
   }
   bool writes_input_grad() const override { return true; }
 

@@ -1,6 +1,7 @@
 #pragma once
 // RMSNorm over the last dimension (eps 1e-5 unless given; weight starts at 1 and is not
-// weight-decayed). The per-row rstd goes to the arena in the compute type.
+// weight-decayed). The per-row rstd goes to the arena in the compute type. Runs on the pass's
+// kernel set (host or device).
 
 #include <any>
 #include <cstdint>
@@ -8,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <zero/nn/kernels.hpp>
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/rms_norm.hpp>
 
 namespace zero::nn {
 
@@ -29,19 +30,18 @@ class RMSNorm final : public Layer<T> {
   }
   void bind(std::span<const ParamView<T>> views) override { weight_ = views[0]; }
   void forward(StepContext<T>& ctx) override {
-    expect_host_kernels(ctx, describe());
     const std::int64_t N = rows_of(ctx.x, channels_, describe());
     input_ = ctx.x;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape());
     rstd_ = ctx.arena->template allocate<Stat>({N});
-    ops::cpu::rms_norm_forward(y.data(), rstd_.data(), input_.data(), weight_.value.data(), N,
-                               channels_, static_cast<Stat>(eps_));
+    kernels_of(ctx).rms_norm_forward(y.data(), rstd_.data(), input_.data(), weight_.value.data(), N,
+                                     channels_, static_cast<Stat>(eps_));
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
-    ops::cpu::rms_norm_backward(ctx.dx.data(), weight_.grad.data(), ctx.dy.data(), input_.data(),
-                                weight_.value.data(), rstd_.data(), input_.numel() / channels_,
-                                channels_);
+    kernels_of(ctx).rms_norm_backward(ctx.dx.data(), weight_.grad.data(), ctx.dy.data(),
+                                      input_.data(), weight_.value.data(), rstd_.data(),
+                                      input_.numel() / channels_, channels_);
   }
 
   std::optional<FlopCount> forward_flops(const FlopInput& in) const override {

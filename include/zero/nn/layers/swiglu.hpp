@@ -1,14 +1,14 @@
 #pragma once
 // SwiGLU: Llama's gated activation on rows of [gate | up] (the output of one Linear(C, 2F), or of
 // a ColumnParallelLinear with stride 2, so each tensor-parallel rank holds its part of both):
-// silu(gate) * up, rows of F. Keeps a view of its input; host kernels.
+// silu(gate) * up, rows of F. Keeps a view of its input; runs on the pass's kernel set.
 
 #include <any>
 #include <cstdint>
 #include <string>
 
+#include <zero/nn/kernels.hpp>
 #include <zero/nn/layers/layer.hpp>
-#include <zero/ops/cpu/activation.hpp>
 
 namespace zero::nn {
 
@@ -18,7 +18,6 @@ class SwiGLU final : public Layer<T> {
  public:
   std::string describe() const override { return "SwiGLU"; }
   void forward(StepContext<T>& ctx) override {
-    expect_host_kernels(ctx, describe());
     expect_input_activation(ctx.x, describe());
     expect<ShapeError>(ctx.x.rank() >= 1 && ctx.x.dim(-1) > 0 && ctx.x.dim(-1) % 2 == 0, describe(),
                        ": the input's last dimension (", ctx.x.rank() >= 1 ? ctx.x.dim(-1) : 0,
@@ -26,13 +25,13 @@ class SwiGLU final : public Layer<T> {
     input_ = ctx.x;
     const std::int64_t f = ctx.x.dim(-1) / 2;
     Tensor<T> y = ctx.arena->template allocate<T>(ctx.x.shape().with_extent(-1, f));
-    ops::cpu::swiglu_forward(y.data(), input_.data(), y.numel() / f, f);
+    kernels_of(ctx).swiglu_forward(y.data(), input_.data(), y.numel() / f, f);
     ctx.x = y;
   }
   void backward(StepContext<T>& ctx) override {
     const std::int64_t f = input_.dim(-1) / 2;
-    ops::cpu::swiglu_backward(ctx.dx.data(), input_.data(), ctx.dy.data(), input_.numel() / (2 * f),
-                              f, ctx.overwrite_dx);
+    kernels_of(ctx).swiglu_backward(ctx.dx.data(), input_.data(), ctx.dy.data(),
+                                    input_.numel() / (2 * f), f, ctx.overwrite_dx);
   }
   bool writes_input_grad() const override { return true; }
 

@@ -11,10 +11,12 @@
 // heads, then one key head, then one value head, every head hs channels. The query and key heads
 // turn, the value head is copied. Rows are (batch, position) pairs of seq_len positions each, at
 // positions [first, first + seq_len) (first > 0: a sequence-parallel rank's block of every
-// sequence). The angles come from rotary_table, in double, rounded once to the compute type.
+// sequence). The angles come from rotary_table, in double, rounded once to the compute type; Llama
+// 3.1's frequency scaling (RopeScaling) applies there.
 
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 
 #include <zero/core/error.hpp>
 #include <zero/ops/cpu/element_access.hpp>
@@ -22,18 +24,55 @@
 
 namespace zero::ops::cpu {
 
+/// Llama 3.1's rope_scaling (Hugging Face's rope_type "llama3", its _compute_llama3_parameters):
+/// pairs whose wavelength 2 pi / f is below original / high_freq_factor keep their frequency f,
+/// those above original / low_freq_factor turn factor times slower, and those between blend the
+/// two by s = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor):
+/// (1 - s) f / factor + s f. factor 1 (the default) scales nothing.
+struct RopeScaling {
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  std::int64_t original_max_position_embeddings = 8192;
+
+  /// True when it changes any frequency.
+  bool active() const { return factor != 1.0; }
+  /// Throws ConfigError naming the field of an unusable scaling.
+  void validate() const {
+    expect<ConfigError>(factor >= 1.0, "rope_scaling: factor ", factor, " must be >= 1");
+    expect<ConfigError>(low_freq_factor > 0.0 && high_freq_factor > low_freq_factor,
+                        "rope_scaling: low_freq_factor ", low_freq_factor, " and high_freq_factor ",
+                        high_freq_factor, " must satisfy 0 < low < high");
+    expect<ConfigError>(original_max_position_embeddings > 0,
+                        "rope_scaling: original_max_position_embeddings ",
+                        original_max_position_embeddings, " must be positive");
+  }
+  /// The scaled frequency of a pair whose frequency is f.
+  double scaled(double f) const {
+    if (!active()) return f;
+    const double original = static_cast<double>(original_max_position_embeddings);
+    const double wavelength = 2.0 * std::numbers::pi / f;
+    if (wavelength < original / high_freq_factor) return f;
+    if (wavelength > original / low_freq_factor) return f / factor;
+    const double s =
+        (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor);
+    return (1.0 - s) * f / factor + s * f;
+  }
+};
+
 /// cos and sin of the angle of every position in [first, first + seq_len) and pair i of a head of
-/// head_size channels (even): each [seq_len, head_size / 2], angle p * theta^(-2i / head_size).
+/// head_size channels (even): each [seq_len, head_size / 2], angle p * f_i with
+/// f_i = scaling.scaled(theta^(-2i / head_size)).
 template <class A>
 void rotary_table(A* cos_out, A* sin_out, std::int64_t first, std::int64_t seq_len,
-                  std::int64_t head_size, double theta) {
+                  std::int64_t head_size, double theta, const RopeScaling& scaling = {}) {
   expect<ShapeError>(head_size > 0 && head_size % 2 == 0, "rotary_table: head_size ", head_size,
                      " must be positive and even");
   expect<ConfigError>(theta > 1.0, "rotary_table: theta ", theta, " must be greater than 1");
+  scaling.validate();
   const std::int64_t half = head_size / 2;
   for (std::int64_t i = 0; i < half; ++i) {
-    const double inv_freq =
-        std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_size));
+    const double inv_freq = scaling.scaled(
+        std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_size)));
     for (std::int64_t t = 0; t < seq_len; ++t) {
       const double angle = static_cast<double>(first + t) * inv_freq;
       cos_out[t * half + i] = static_cast<A>(std::cos(angle));
