@@ -61,7 +61,7 @@ double copy_gbps(std::size_t bytes, int repeats) {
   return 2.0 * static_cast<double>(bytes) / s / 1e9;
 }
 
-template <class T, class Fn>
+template <class Fn>
 void report(const char* kernel, const char* dtype, const std::string& shape, double bytes,
             int repeats, Fn&& fn) {
   fn();  // first touch and warm-up
@@ -86,28 +86,28 @@ void run(const Sizes& z, const char* dtype) {
     const auto x = values<T>(n, 4.0f), dy = values<T>(n, 1.0f);
     std::vector<T> y(x.size()), dx(x.size());
     const std::string shape = "\"n\": " + std::to_string(n);
-    report<T>("gelu_forward", dtype, shape, 2 * e * n, z.repeats,
-              [&] { cpu::gelu_forward(y.data(), x.data(), n); });
-    report<T>("gelu_backward", dtype, shape, 3 * e * n, z.repeats,
-              [&] { cpu::gelu_backward(dx.data(), x.data(), dy.data(), n, true); });
+    report("gelu_forward", dtype, shape, 2 * e * n, z.repeats,
+           [&] { cpu::gelu_forward(y.data(), x.data(), n); });
+    report("gelu_backward", dtype, shape, 3 * e * n, z.repeats,
+           [&] { cpu::gelu_backward(dx.data(), x.data(), dy.data(), n, true); });
   }
   {  // SwiGLU over [N, 2F] -> [N, F]
     const auto x = values<T>(N * 2 * F, 4.0f), dy = values<T>(N * F, 1.0f);
     std::vector<T> y(dy.size()), dx(x.size());
     const std::string shape = "\"rows\": " + std::to_string(N) + ", \"F\": " + std::to_string(F);
-    report<T>("swiglu_forward", dtype, shape, 3 * e * N * F, z.repeats,
-              [&] { cpu::swiglu_forward(y.data(), x.data(), N, F); });
-    report<T>("swiglu_backward", dtype, shape, 5 * e * N * F, z.repeats,
-              [&] { cpu::swiglu_backward(dx.data(), x.data(), dy.data(), N, F, true); });
+    report("swiglu_forward", dtype, shape, 3 * e * N * F, z.repeats,
+           [&] { cpu::swiglu_forward(y.data(), x.data(), N, F); });
+    report("swiglu_backward", dtype, shape, 5 * e * N * F, z.repeats,
+           [&] { cpu::swiglu_backward(dx.data(), x.data(), dy.data(), N, F, true); });
   }
   {  // RMSNorm over [N, C]
     using A = zero::compute_type_t<T>;
     const auto x = values<T>(N * C, 2.0f), w = values<T>(C, 1.0f), dy = values<T>(N * C, 1.0f);
     std::vector<T> y(x.size()), dx(x.size()), dw(w.size());
     std::vector<A> rstd(static_cast<std::size_t>(N));
-    report<T>("rms_norm_forward", dtype, rows_c, 2 * e * N * C, z.repeats,
-              [&] { cpu::rms_norm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C); });
-    report<T>("rms_norm_backward", dtype, rows_c, 4 * e * N * C, z.repeats, [&] {
+    report("rms_norm_forward", dtype, rows_c, 2 * e * N * C, z.repeats,
+           [&] { cpu::rms_norm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C); });
+    report("rms_norm_backward", dtype, rows_c, 4 * e * N * C, z.repeats, [&] {
       cpu::rms_norm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
                              C);
     });
@@ -124,17 +124,17 @@ void run(const Sizes& z, const char* dtype) {
     const std::string shape =
         "\"rows\": " + std::to_string(N) + ", \"heads\": " + std::to_string(z.heads) +
         ", \"kv_heads\": " + std::to_string(z.kv_heads) + ", \"head_size\": " + std::to_string(hs);
-    report<T>("rotary_forward", dtype, shape, 2 * e * N * width, z.repeats, [&] {
+    report("rotary_forward", dtype, shape, 2 * e * N * width, z.repeats, [&] {
       cpu::rotary_forward(y.data(), x.data(), cs.data(), sn.data(), N, T_, z.kv_heads, g, hs);
     });
-    report<T>("rotary_backward", dtype, shape, 2 * e * N * width, z.repeats, [&] {
+    report("rotary_backward", dtype, shape, 2 * e * N * width, z.repeats, [&] {
       cpu::rotary_backward(dx.data(), y.data(), cs.data(), sn.data(), N, T_, z.kv_heads, g, hs,
                            true);
     });
-    report<T>("repeat_kv_forward", dtype, shape, e * N * (width + packed), z.repeats,
-              [&] { cpu::repeat_kv_forward(out.data(), x.data(), N, z.kv_heads, g, hs); });
-    report<T>("repeat_kv_backward", dtype, shape, e * N * (width + packed), z.repeats,
-              [&] { cpu::repeat_kv_backward(dx.data(), dy.data(), N, z.kv_heads, g, hs, true); });
+    report("repeat_kv_forward", dtype, shape, e * N * (width + packed), z.repeats,
+           [&] { cpu::repeat_kv_forward(out.data(), x.data(), N, z.kv_heads, g, hs); });
+    report("repeat_kv_backward", dtype, shape, e * N * (width + packed), z.repeats,
+           [&] { cpu::repeat_kv_backward(dx.data(), dy.data(), N, z.kv_heads, g, hs, true); });
   }
 }
 

@@ -226,6 +226,42 @@ TEMPLATE_TEST_CASE(
   CHECK(same_bits(fused.y, expected));
 }
 
+// `passes` forward and backward passes of model (parameters p) over B sequences of T tokens of
+// a vocabulary of vocab, through kernels (null: the context's default): each pass's loss, then
+// every unit's gradient summed over the passes. training false runs the forwards as evaluations.
+template <class E, class Model>
+std::pair<std::vector<float>, std::vector<float>> run_model(Model& model,
+                                                            nn::LocalParameters<Model>& p,
+                                                            std::int64_t vocab,
+                                                            nn::Kernels<E>* kernels, int passes,
+                                                            bool training = true) {
+  Arena<> arena(1 << 22);
+  std::vector<std::int32_t> tokens(B * T), targets(B * T);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<std::int32_t>((7 * i + 3) % vocab);
+    targets[i] = i == 4 ? -1 : static_cast<std::int32_t>((5 * i + 1) % vocab);
+  }
+  std::vector<float> losses;
+  for (int pass = 0; pass < passes; ++pass) {
+    arena.reset();
+    nn::StepContext<E> ctx;
+    ctx.arena = &arena;
+    ctx.kernels = kernels;
+    ctx.tokens = tokens.data();
+    ctx.targets = targets.data();
+    ctx.batch = B;
+    ctx.seq_len = T;
+    ctx.training = training;
+    losses.push_back(convert<float>(model.forward(ctx)));
+    model.backward(ctx);
+  }
+  std::vector<float> grads;
+  for (int u = 0; u < model.num_units(); ++u) {
+    for (E g : p.unit_grads(u)) grads.push_back(convert<float>(g));
+  }
+  return {losses, grads};
+}
+
 // The whole GPT (embedding unit, two blocks, the head with its loss over logits in chunks of 4
 // rows), forward and backward, through kernels (null: the context's default): loss and every
 // unit's gradient. training false runs the forward as an evaluation (no dropout; the head keeps
@@ -242,27 +278,8 @@ std::pair<float, std::vector<float>> run_gpt(nn::Kernels<E>* kernels, bool train
   cfg.logits_chunk_bytes = 4 * 40 * static_cast<std::int64_t>(sizeof(E));
   nn::GPT<E> gpt(cfg);
   nn::LocalParameters<nn::GPT<E>> p(gpt, 3);
-  Arena<> arena(1 << 22);
-  std::vector<std::int32_t> tokens(B * T), targets(B * T);
-  for (std::int64_t i = 0; i < B * T; ++i) {
-    tokens[i] = static_cast<std::int32_t>((7 * i + 3) % cfg.vocab_size);
-    targets[i] = i == 4 ? -1 : static_cast<std::int32_t>((5 * i + 1) % cfg.vocab_size);
-  }
-  nn::StepContext<E> ctx;
-  ctx.arena = &arena;
-  ctx.kernels = kernels;
-  ctx.tokens = tokens.data();
-  ctx.targets = targets.data();
-  ctx.batch = B;
-  ctx.seq_len = T;
-  ctx.training = training;
-  const float loss = convert<float>(gpt.forward(ctx));
-  gpt.backward(ctx);
-  std::vector<float> grads;
-  for (int u = 0; u < gpt.num_units(); ++u) {
-    for (E g : p.unit_grads(u)) grads.push_back(convert<float>(g));
-  }
-  return {loss, grads};
+  auto [losses, grads] = run_model<E>(gpt, p, cfg.vocab_size, kernels, 1, training);
+  return {losses[0], std::move(grads)};
 }
 
 TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][gpt][kernels]",
@@ -319,38 +336,14 @@ TEMPLATE_TEST_CASE("all of GPT runs on the kernel set of its pass", "[unit][nn][
   CHECK(eval_padding.calls["copy"] == eval_recording.calls["copy"] + 4);
 }
 
-// A tiny LayerLlama (two blocks of grouped-query attention) over `passes` forward and backward
-// passes of one model, through kernels (null: the context's default): each pass's loss, then
-// every unit's gradient summed over the passes.
+// A tiny LayerLlama (two blocks of grouped-query attention) over `passes` passes of one model
+// (run_model).
 template <class E>
 std::pair<std::vector<float>, std::vector<float>> run_llama(nn::Kernels<E>* kernels, int passes) {
   const nn::LlamaConfig cfg = nn::LlamaConfig::preset("tiny");
   nn::LayerLlama<E> model(cfg);
   nn::LocalParameters<nn::LayerLlama<E>> p(model, 4);
-  Arena<> arena(1 << 22);
-  std::vector<std::int32_t> tokens(B * T), targets(B * T);
-  for (std::int64_t i = 0; i < B * T; ++i) {
-    tokens[i] = static_cast<std::int32_t>((7 * i + 3) % cfg.vocab_size);
-    targets[i] = i == 4 ? -1 : static_cast<std::int32_t>((5 * i + 1) % cfg.vocab_size);
-  }
-  std::vector<float> losses;
-  for (int pass = 0; pass < passes; ++pass) {
-    arena.reset();
-    nn::StepContext<E> ctx;
-    ctx.arena = &arena;
-    ctx.kernels = kernels;
-    ctx.tokens = tokens.data();
-    ctx.targets = targets.data();
-    ctx.batch = B;
-    ctx.seq_len = T;
-    losses.push_back(convert<float>(model.forward(ctx)));
-    model.backward(ctx);
-  }
-  std::vector<float> grads;
-  for (int u = 0; u < model.num_units(); ++u) {
-    for (E g : p.unit_grads(u)) grads.push_back(convert<float>(g));
-  }
-  return {losses, grads};
+  return run_model<E>(model, p, cfg.vocab_size, kernels, passes);
 }
 
 TEMPLATE_TEST_CASE("all of LayerLlama runs on the kernel set of its pass",

@@ -242,15 +242,20 @@ WeightsExport save_hf_weights(Eng& eng, const std::filesystem::path& file, const
           data = whole.data();
         }
         // A padded table's first vocab_size rows: the start of its row-major values.
-        const Shape stored = detail::hf_file_shape(layout, p, vocab_size, who);
-        layout.export_tensor(*writer, p.name, Tensor<const MasterT>(data, stored),
-                             io::DTypeRule::convert);
+        layout.export_tensor(
+            *writer, p.name,
+            Tensor<const MasterT>(data, detail::hf_file_shape(layout, p, vocab_size, who)),
+            io::DTypeRule::convert);
         offset += static_cast<std::size_t>(p.numel());
-        result.tensors += layout.export_decls(p.name, dtype, stored).size();
       }
     });
   }
-  if (writes) attempt([&] { writer->commit(); });
+  if (writes) {
+    attempt([&] {
+      writer->commit();
+      result.tensors = writer->tensors().size();  // every declared tensor, now complete
+    });
+  }
   writer.reset();  // an uncommitted file is removed here
   // Rank 0 tells the others whether the file exists and how large it is.
   std::vector<MasterT> outcome{error.empty() ? MasterT{1} : MasterT{0},
