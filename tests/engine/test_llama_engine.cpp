@@ -11,11 +11,13 @@
 // in f64 (1e-12), and
 // save_llama_weights writes that state dict's tensors back (f32 bit for bit, bf16 rounded once).
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <span>
 #include <string>
@@ -31,6 +33,7 @@
 #include <zero/engine/engine.hpp>
 #include <zero/engine/engine_weights.hpp>
 #include <zero/io/safetensors_reader.hpp>
+#include <zero/io/safetensors_shards.hpp>
 #include <zero/io/safetensors_writer.hpp>
 #include <zero/nn/layer_llama.hpp>
 #include <zero/nn/local_parameters.hpp>
@@ -188,6 +191,29 @@ void write_hf(const HfLlama& w, const std::filesystem::path& file) {
         name, Tensor<const float>(values.data(), Shape{static_cast<std::int64_t>(values.size())}));
   }
   writer.commit();
+}
+
+// w as Hugging Face shards it, written here apart from io::SafetensorsShardWriter: n files of
+// consecutive tensors (name order) in dir, and dir/model.safetensors.index.json naming them.
+void write_hf_shards(const HfLlama& w, const std::filesystem::path& dir, std::size_t n) {
+  nlohmann::json index;
+  index["metadata"]["total_size"] = 0;
+  const std::size_t per_file = (w.values.size() + n - 1) / n;
+  auto it = w.values.begin();
+  for (std::size_t f = 0; f < n; ++f) {
+    std::string name =
+        "model-0000";  // built by append: see tensor names in test_safetensors_shards
+    name.append(std::to_string(f + 1)).append("-of-0000").append(std::to_string(n));
+    name.append(".safetensors");
+    HfLlama part;
+    for (std::size_t k = 0; k < per_file && it != w.values.end(); ++k, ++it) {
+      part.values.insert(*it);
+      part.shapes[it->first] = w.shapes.at(it->first);
+      index["weight_map"][it->first] = name;
+    }
+    write_hf(part, dir / name);
+  }
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump(2);
 }
 
 // LayerLlama's parameters (logical values) from the state dict, packed here as the
@@ -383,7 +409,7 @@ template <int S>
 std::vector<test::HeldParam> hf_rank(LocalComm& world, const nn::LlamaConfig& c, const Layout& l,
                                      const std::filesystem::path& file,
                                      const std::filesystem::path& save = {},
-                                     DType dtype = DType::f32) {
+                                     DType dtype = DType::f32, std::uint64_t max_shard_bytes = 0) {
   parallel::ProcessGroups<LocalComm> groups(world, parallel::Grid({.tp = l.tp, .dp = l.dp}));
   nn::LayerLlama<double> model(c, l.tp > 1 ? TensorParallel(groups.tp()) : TensorParallel());
   using Engine = engine::Engine<nn::LayerLlama<double>, ZeroStage<S>>;
@@ -393,7 +419,8 @@ std::vector<test::HeldParam> hf_rank(LocalComm& world, const nn::LlamaConfig& c,
   Engine eng(model, groups, typename Engine::UpdateFn(sgd), test::tp_options(accumulation));
   engine::load_llama_weights(eng, file, c);
   if (!save.empty()) {
-    const engine::WeightsExport written = engine::save_llama_weights(eng, save, c, dtype);
+    const engine::WeightsExport written =
+        engine::save_llama_weights(eng, save, c, dtype, max_shard_bytes);
     // Not a CHECK: ranks are threads, and Catch's assertions are not thread-safe.
     expect<Error>(written.tensors == static_cast<std::size_t>(3 + 9 * c.num_layers),
                   "save_llama_weights wrote ", written.tensors, " tensors");
@@ -548,6 +575,66 @@ TEST_CASE("save_llama_weights writes Hugging Face's tensors, and they load back"
       }
     }
   }
+}
+
+TEST_CASE("Llama weights in Hugging Face's shards: loaded by index or directory, saved past a size",
+          "[unit][engine][llama][weights]") {
+  const testing::TempDir dir("llama_hf_shards");
+  const nn::LlamaConfig c = tiny();
+  for (const bool tied : {false, true}) {
+    const HfLlama hf = hf_llama(c, tied);
+    const std::filesystem::path hub = dir.path() / (tied ? "hub_tied" : "hub");
+    std::filesystem::create_directories(hub);
+    write_hf_shards(hf, hub, 3);
+    const test::LogicalValues want = packed(hf, c);
+    for (const auto& [l, opened] :
+         {std::pair{Layout{1, 1, 2, 3}, hub}, std::pair{Layout{2, 1, 2, 1}, hub},
+          std::pair{Layout{2, 1, 1, 2}, hub / "model.safetensors.index.json"}}) {
+      INFO((tied ? "tied, " : "") << "tp " << l.tp << ", dp " << l.dp << ", stage " << l.stage
+                                  << " from " << opened.filename().string());
+      const Run got = test::run_layout(l.tp * l.dp, l.stage, [&](LocalComm& world, auto s) {
+        return hf_rank<decltype(s)::value>(world, c, l, opened);
+      });
+      CHECK(test::max_difference(got.values, want) == 0.0);
+      CHECK(got.copies_differ == 0.0);
+    }
+  }
+  // Saved at tp 2 x dp 2 in files of at most 6000 bytes of data (tiny's token table and head,
+  // 8 KiB each in f32, get files of their own), then loaded by the directory at dp 2, stage 3.
+  const HfLlama hf = hf_llama(c);
+  write_hf(hf, dir.path() / "hf.safetensors");
+  const std::filesystem::path out = dir.path() / "out";
+  std::filesystem::create_directories(out);
+  (void)test::run_layout(4, 1, [&](LocalComm& world, auto s) {
+    return hf_rank<decltype(s)::value>(world, c, {2, 1, 2, 1}, dir.path() / "hf.safetensors",
+                                       out / "model.safetensors", DType::f32, 6000);
+  });
+  CHECK_FALSE(std::filesystem::exists(out / "model.safetensors"));
+  const io::SafetensorsShards saved(out);
+  CHECK(saved.sharded());
+  CHECK(saved.num_files() > 3);
+  std::uint64_t data_bytes = 0;
+  for (std::size_t f = 0; f < saved.num_files(); ++f) {
+    const io::SafetensorsReader& file = saved.file(f);
+    INFO(file.path().string());
+    std::uint64_t bytes = 0;
+    for (const auto& t : file.tensors()) bytes += t.bytes();
+    CHECK((bytes <= 6000 || file.tensors().size() == 1));
+    data_bytes += bytes;
+  }
+  std::uint64_t want_bytes = 0;
+  for (const auto& [name, values] : hf.values) {
+    INFO(name);
+    REQUIRE(saved.contains(name));
+    CHECK(saved.read_vector<float>(name) == values);
+    want_bytes += 4 * values.size();
+  }
+  CHECK(saved.names().size() == hf.values.size());
+  CHECK(data_bytes == want_bytes);
+  const Run again = test::run_layout(2, 3, [&](LocalComm& world, auto s) {
+    return hf_rank<decltype(s)::value>(world, c, {1, 1, 2, 3}, out);
+  });
+  CHECK(test::max_difference(again.values, packed(hf, c)) == 0.0);
 }
 
 TEST_CASE("load_llama_weights names a missing or misshapen tensor on every rank",

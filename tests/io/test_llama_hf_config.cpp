@@ -141,6 +141,8 @@ TEST_CASE("a written Llama config.json reads back as the same model", "[unit][io
     CHECK(back.model.rope_scaling.original_max_position_embeddings ==
           c.rope_scaling.original_max_position_embeddings);
     CHECK(!back.tied);  // LayerLlama's head is its own
+    // A model's directory reads as its config.json.
+    CHECK(io::llama::read_hf_config(dir.path()).model.num_layers == c.num_layers);
   }
 }
 

@@ -47,6 +47,7 @@
 #include <zero/io/gpt2_layout.hpp>
 #include <zero/io/llama_layout.hpp>
 #include <zero/io/safetensors_reader.hpp>
+#include <zero/io/safetensors_shards.hpp>
 #include <zero/io/safetensors_writer.hpp>
 #include <zero/nn/llama_config.hpp>
 
@@ -72,7 +73,7 @@ Shape hf_file_shape(const Layout& layout, const nn::ParamSpec& p, std::int64_t v
 /// load_hf_weights' pass over the master slices: each rank fills its own from reader (a
 /// vocabulary table's rows from vocab_size on, padding, stay zero).
 template <class State, class Layout>
-void import_hf_masters(State& state, const Layout& layout, const io::SafetensorsReader& reader,
+void import_hf_masters(State& state, const Layout& layout, const io::SafetensorsShards& reader,
                        std::int64_t vocab_size, std::string_view who) {
   using MasterT = typename State::MasterT;
   state.for_each_master(StateAccess::update, [&](int u, std::span<MasterT> slice) {
@@ -111,7 +112,10 @@ void import_hf_masters(State& state, const Layout& layout, const io::Safetensors
 }  // namespace detail
 
 /// Overwrites eng's master slices with the weights of a Hugging Face safetensors file (any
-/// float dtype) in layout's form; who names the call in messages. A collective: every rank calls
+/// float dtype) in layout's form; who names the call in messages. file is one safetensors file,
+/// the index of a sharded checkpoint ("model.safetensors.index.json": each rank opens every
+/// shard and reads its ranges from the files that hold them), or a directory holding either
+/// (io::SafetensorsShards). A collective: every rank calls
 /// it between steps, and a failure on any rank (a file it cannot read, a missing or malformed
 /// tensor) is thrown on every rank, as load_checkpoint does; one after any rank changed a slice
 /// leaves the engine refusing to train until a checkpoint loads. It replaces the masters only, so
@@ -125,7 +129,7 @@ void load_hf_weights(Eng& eng, const std::filesystem::path& file, const Layout& 
   state.require_between_steps(std::string(who));
   state.synchronize();
   load_agreed(state, std::string(who), file.string(), false, [&](bool& touched) {
-    const io::SafetensorsReader reader(file);
+    const io::SafetensorsShards reader(file);
     touched = true;
     detail::import_hf_masters(state, layout, reader, vocab_size, who);
   });
@@ -145,9 +149,11 @@ void load_llama_weights(Eng& eng, const std::filesystem::path& file, const nn::L
                   "load_llama_weights");
 }
 
-/// What save_gpt2_weights wrote.
+/// What save_hf_weights wrote.
 struct WeightsExport {
-  std::uint64_t bytes = 0;          ///< size of the file (0 where this rank cannot see it)
+  std::uint64_t bytes = 0;          ///< size of the files, index included (0 where this rank
+                                    ///< cannot see them)
+  std::size_t files = 0;            ///< safetensors files: 1, or the shards of an index
   std::size_t tensors = 0;          ///< tensors written (the file's: a packed parameter's parts)
   std::size_t peak_unit_bytes = 0;  ///< the largest unit's gathered master values, per rank
 };
@@ -157,11 +163,15 @@ struct WeightsExport {
 /// messages. A collective: every rank calls it between steps. Throws CheckpointError on every
 /// rank when the file cannot be written (and no file appears). vocab_size (0: a table's rows in
 /// use, else its rows) is the vocabulary of a model whose vocabulary tables are padded past it:
-/// only its rows are written.
+/// only its rows are written. max_shard_bytes (0: no limit) splits the tensors into files of at
+/// most that much data, as save_pretrained's max_shard_size: file "model.safetensors" becomes
+/// model-00001-of-0000N.safetensors ... beside model.safetensors.index.json
+/// (io::SafetensorsShardWriter), which load_hf_weights reads back.
 template <class Eng, class Layout>
 WeightsExport save_hf_weights(Eng& eng, const std::filesystem::path& file, const Layout& layout,
                               DType dtype = DType::f32, std::int64_t vocab_size = 0,
-                              std::string_view who = "save_hf_weights") {
+                              std::string_view who = "save_hf_weights",
+                              std::uint64_t max_shard_bytes = 0) {
   using MasterT = typename Eng::MasterT;
   eng.state().require_between_steps(std::string(who) + "('" + file.string() + "')");
   expect<CheckpointError>(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, who,
@@ -169,7 +179,7 @@ WeightsExport save_hf_weights(Eng& eng, const std::filesystem::path& file, const
                           name_of(dtype));
   eng.synchronize();
   WeightsExport result;
-  std::optional<io::SafetensorsWriter> writer;
+  std::optional<io::SafetensorsShardWriter> writer;
   std::string error;  // rank 0's first failure; the gathers still run so no rank is left waiting
   auto attempt = [&](auto&& fn) {
     if (!error.empty()) return;
@@ -207,7 +217,8 @@ WeightsExport save_hf_weights(Eng& eng, const std::filesystem::path& file, const
           }
         }
       }
-      writer.emplace(file, decls, std::map<std::string, std::string>{{"format", "pt"}});
+      writer.emplace(file, decls, std::map<std::string, std::string>{{"format", "pt"}},
+                     max_shard_bytes);
     });
   }
   for (int u = 0; u < eng.num_units(); ++u) {
@@ -254,38 +265,53 @@ WeightsExport save_hf_weights(Eng& eng, const std::filesystem::path& file, const
     attempt([&] {
       writer->commit();
       result.tensors = writer->tensors().size();  // every declared tensor, now complete
+      result.files = static_cast<std::size_t>(writer->num_files());
+      for (const auto& path : writer->paths()) result.bytes += std::filesystem::file_size(path);
     });
   }
-  writer.reset();  // an uncommitted file is removed here
-  // Rank 0 tells the others whether the file exists and how large it is.
+  writer.reset();  // uncommitted files are removed here
+  // Rank 0 tells the others whether the files exist and what they hold.
   std::vector<MasterT> outcome{error.empty() ? MasterT{1} : MasterT{0},
-                               static_cast<MasterT>(result.tensors)};
+                               static_cast<MasterT>(result.tensors),
+                               static_cast<MasterT>(result.files)};
   eng.state().state_comm().broadcast(std::span<MasterT>(outcome), 0);
   if (writes) expect<CheckpointError>(error.empty(), who, ": ", error);
   expect<CheckpointError>(outcome[0] == MasterT{1}, who, "('", file.string(),
                           "'): rank 0 could not write the file (its error says why)");
   result.tensors = static_cast<std::size_t>(outcome[1]);
-  std::error_code ec;
-  const auto bytes = std::filesystem::file_size(file, ec);  // uintmax_t(-1) on an error
-  result.bytes = ec ? 0 : bytes;
+  result.files = static_cast<std::size_t>(outcome[2]);
+  if (!writes) {  // the files' sizes where this rank sees them (a shared file system), else 0
+    for (const auto& path : io::weights_files(file, static_cast<int>(result.files))) {
+      std::error_code ec;
+      const auto bytes = std::filesystem::file_size(path, ec);  // uintmax_t(-1) on an error
+      if (ec) {
+        result.bytes = 0;
+        break;
+      }
+      result.bytes += bytes;
+    }
+  }
   return result;
 }
 
 /// save_hf_weights to a Hugging Face GPT-2 file (io::gpt2::Layout: Conv1D weights as [in, out]).
 template <class Eng>
 WeightsExport save_gpt2_weights(Eng& eng, const std::filesystem::path& file,
-                                DType dtype = DType::f32, std::int64_t vocab_size = 0) {
-  return save_hf_weights(eng, file, io::gpt2::Layout{}, dtype, vocab_size, "save_gpt2_weights");
+                                DType dtype = DType::f32, std::int64_t vocab_size = 0,
+                                std::uint64_t max_shard_bytes = 0) {
+  return save_hf_weights(eng, file, io::gpt2::Layout{}, dtype, vocab_size, "save_gpt2_weights",
+                         max_shard_bytes);
 }
 
 /// save_hf_weights to a Hugging Face Llama file (io::llama::Layout of cfg's heads: q_proj,
 /// k_proj, v_proj, gate_proj and up_proj written apart) from an engine over nn::LayerLlama(cfg).
 template <class Eng>
 WeightsExport save_llama_weights(Eng& eng, const std::filesystem::path& file,
-                                 const nn::LlamaConfig& cfg, DType dtype = DType::f32) {
+                                 const nn::LlamaConfig& cfg, DType dtype = DType::f32,
+                                 std::uint64_t max_shard_bytes = 0) {
   return save_hf_weights(eng, file,
                          io::llama::Layout(cfg.num_heads, cfg.num_kv_heads, cfg.head_size()), dtype,
-                         0, "save_llama_weights");
+                         0, "save_llama_weights", max_shard_bytes);
 }
 
 }  // namespace zero::engine

@@ -90,7 +90,8 @@ inline std::optional<std::string> zero_name_of(std::string_view file_name) {
 
 /// The name under which reader stores zero parameter name: name itself, or name without the
 /// "transformer." prefix. Throws CheckpointError naming the file and both spellings.
-inline std::string stored_name(const SafetensorsReader& reader, std::string_view name) {
+template <class Reader>
+std::string stored_name(const Reader& reader, std::string_view name) {
   if (reader.contains(name)) return std::string(name);
   if (name.starts_with(prefix)) {
     const std::string_view bare = name.substr(prefix.size());
@@ -104,8 +105,8 @@ inline std::string stored_name(const SafetensorsReader& reader, std::string_view
 /// zero_shape, from a Hugging Face GPT-2 file: a plain range read for most tensors; for Conv1D
 /// weights the stored [in, out] tensor is read whole and the range taken from its transpose
 /// (the largest, mlp.c_fc, is 4*C*C elements: one tensor, never the model).
-template <class T>
-void import_range(const SafetensorsReader& reader, std::string_view name, const Shape& zero_shape,
+template <class Reader, class T>
+void import_range(const Reader& reader, std::string_view name, const Shape& zero_shape,
                   std::int64_t first, Tensor<T> out, DTypeRule rule = DTypeRule::exact) {
   const std::string stored = stored_name(reader, name);
   const std::vector<std::int64_t> expected = file_extents(name, zero_shape);
@@ -123,7 +124,7 @@ void import_range(const SafetensorsReader& reader, std::string_view name, const 
   expect<CheckpointError>(first >= 0 && n >= 0 && first + n <= zero_shape.numel(),
                           "GPT-2 parameter '", name, "': element range [", first, ", ", first + n,
                           ") is outside its ", zero_shape.numel(), " elements");
-  const std::vector<T> whole = reader.read_vector<T>(stored, rule);  // [in, out]
+  const std::vector<T> whole = reader.template read_vector<T>(stored, rule);  // [in, out]
   const std::int64_t out_features = zero_shape[0], in_features = zero_shape[1];
   T* dst = out.span().data();
   for (std::int64_t k = 0; k < n; ++k) {
@@ -140,8 +141,8 @@ inline TensorDecl export_decl(std::string_view name, DType dtype, const Shape& z
 
 /// Writes the whole zero parameter name (zero layout, host memory) into writer, transposing
 /// Conv1D weights to [in, out] and converting to the declared dtype as rule allows.
-template <class T>
-void export_tensor(SafetensorsWriter& writer, std::string_view name, Tensor<T> value,
+template <class Writer, class T>
+void export_tensor(Writer& writer, std::string_view name, Tensor<T> value,
                    DTypeRule rule = DTypeRule::exact) {
   using Elem = std::remove_const_t<T>;
   if (!is_conv1d_weight(name)) {
@@ -172,14 +173,13 @@ struct Layout {
                                               const Shape& zero_shape) {
     return {export_decl(name, dtype, zero_shape)};
   }
-  template <class T>
-  static void import_range(const SafetensorsReader& reader, std::string_view name,
-                           const Shape& zero_shape, std::int64_t first, Tensor<T> out,
-                           DTypeRule rule = DTypeRule::exact) {
+  template <class Reader, class T>
+  static void import_range(const Reader& reader, std::string_view name, const Shape& zero_shape,
+                           std::int64_t first, Tensor<T> out, DTypeRule rule = DTypeRule::exact) {
     gpt2::import_range(reader, name, zero_shape, first, out, rule);
   }
-  template <class T>
-  static void export_tensor(SafetensorsWriter& writer, std::string_view name, Tensor<T> value,
+  template <class Writer, class T>
+  static void export_tensor(Writer& writer, std::string_view name, Tensor<T> value,
                             DTypeRule rule = DTypeRule::exact) {
     gpt2::export_tensor(writer, name, value, rule);
   }

@@ -119,8 +119,12 @@ inline HfLlamaConfig hf_config_from_json(const nlohmann::json& j, const std::str
   return out;
 }
 
-/// read_hf_config: the LlamaConfig of a config.json file (ConfigError naming the file).
-inline HfLlamaConfig read_hf_config(const std::filesystem::path& file) {
+/// read_hf_config: the LlamaConfig of a config.json file, or of the config.json in a model's
+/// directory (ConfigError naming the file).
+inline HfLlamaConfig read_hf_config(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::path file =
+      std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
   std::ifstream in(file);
   expect<ConfigError>(in.good(), "cannot open Hugging Face config '", file.string(), "'");
   std::stringstream text;

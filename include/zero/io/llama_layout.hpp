@@ -120,8 +120,8 @@ class Layout {
   /// Reads elements [first, first + out.numel()) of parameter name (shape shape) from reader:
   /// for each block the range overlaps, one contiguous read of its file tensor. CheckpointError
   /// naming the file and the tensor for one missing or of another shape.
-  template <class T>
-  void import_range(const SafetensorsReader& reader, std::string_view name, const Shape& shape,
+  template <class Reader, class T>
+  void import_range(const Reader& reader, std::string_view name, const Shape& shape,
                     std::int64_t first, Tensor<T> out, DTypeRule rule = DTypeRule::exact) const {
     const std::int64_t n = out.numel();
     expect<CheckpointError>(first >= 0 && n >= 0 && first + n <= shape.numel(), "Llama parameter '",
@@ -142,8 +142,8 @@ class Layout {
 
   /// Writes the whole parameter name (host memory, its logical shape) into writer as its file
   /// tensors, converting to the declared dtype as rule allows.
-  template <class T>
-  void export_tensor(SafetensorsWriter& writer, std::string_view name, Tensor<T> value,
+  template <class Writer, class T>
+  void export_tensor(Writer& writer, std::string_view name, Tensor<T> value,
                      DTypeRule rule = DTypeRule::exact) const {
     const Shape& shape = value.shape();
     const std::int64_t cols = shape.rank() == 0 ? 1 : shape.numel() / shape[0];
@@ -158,7 +158,8 @@ class Layout {
  private:
   /// The file's name for part: its own, or for a missing lm_head.weight the token table (a file
   /// of tied embeddings). Checks the tensor's shape; CheckpointError naming file and tensor.
-  static std::string stored_name(const SafetensorsReader& reader, const FilePart& part) {
+  template <class Reader>
+  static std::string stored_name(const Reader& reader, const FilePart& part) {
     std::string stored = part.name;
     if (!reader.contains(stored) && stored == "lm_head.weight" &&
         reader.contains("model.embed_tokens.weight")) {
