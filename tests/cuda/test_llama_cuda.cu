@@ -1,9 +1,11 @@
 // Llama's kernels of zero::ops::cuda against their host twins in zero::ops::cpu on the same
 // inputs: RMSNorm (rows of whole 16-byte packs and not, one row, many), the rotary embedding
-// (grouped qkv rows, positions from 0 and from an offset, head sizes 2 to 128), repeat_kv (the
-// host's bits) and SwiGLU; each backward both adding into its gradient and writing it.
+// (grouped qkv rows, positions from 0 and from an offset, head sizes 2 to 128; the host's bits),
+// repeat_kv (the host's bits) and SwiGLU; each backward both adding into its gradient and
+// writing it.
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -49,9 +51,9 @@ TEMPLATE_TEST_CASE("RMSNorm forward and backward equal the host's", "[cuda][llam
   };
   std::uint32_t seed = 700;
   // C 4096 and 96 are whole packs in both types (the packed path); 100 is for float only; 33 and
-  // 1 for neither. 3000 rows: the weight gradient's column sums in several chunks, and a partial
+  // 1 for neither. 3001 rows: the weight gradient's column sums in several chunks, and a partial
   // last block of 8 warps.
-  for (const Shape s : {Shape{1, 1}, Shape{7, 33}, Shape{5, 100}, Shape{3000, 96}, Shape{4, 4096},
+  for (const Shape s : {Shape{1, 1}, Shape{7, 33}, Shape{5, 100}, Shape{3001, 96}, Shape{4, 4096},
                         Shape{1, 4096}}) {
     INFO("N=" << s.N << " C=" << s.C);
     const auto n = static_cast<std::size_t>(s.N * s.C);
@@ -89,7 +91,8 @@ TEMPLATE_TEST_CASE("RMSNorm forward and backward equal the host's", "[cuda][llam
     check_close(d_dw.download(), dw, "rms_norm_backward dweight");
     // The weight gradient's column sums repeat bit for bit.
     DeviceVector<T> d_dw_again(std::vector<T>(w.size(), zero::convert<T>(0.0f))),
-        d_dw_once_more(std::vector<T>(w.size(), zero::convert<T>(0.0f))), d_scratch(n);
+        d_dw_once_more(std::vector<T>(w.size(), zero::convert<T>(0.0f))),
+        d_scratch(std::vector<T>(n, zero::convert<T>(0.0f)));
     for (DeviceVector<T>* out_dw : {&d_dw_again, &d_dw_once_more}) {
       gpu::rms_norm_backward<T>(d_scratch.get(), out_dw->get(), d_dy.get(), d_x.get(), d_w.get(),
                                 d_rstd.get(), s.N, s.C, nullptr);
@@ -98,8 +101,37 @@ TEMPLATE_TEST_CASE("RMSNorm forward and backward equal the host's", "[cuda][llam
   }
 }
 
-TEMPLATE_TEST_CASE("the rotary embedding equals the host's, forward and backward", "[cuda][llama]",
-                   float, bf16) {
+TEMPLATE_TEST_CASE("RMSNorm of rows of whole packs at unaligned addresses equals the host's",
+                   "[cuda][llama]", float, bf16) {
+  // C = 96 is whole 16-byte packs, but x, dy, out and dx start one element past an aligned
+  // address: the launchers must take the element-wise path.
+  using T = TestType;
+  constexpr std::int64_t N = 5, C = 96;
+  const auto n = static_cast<std::size_t>(N * C);
+  const auto x = random_vector<T>(n + 1, 710, -2.0f, 3.0f);
+  const auto w = random_vector<T>(static_cast<std::size_t>(C), 711, 0.5f, 1.5f);
+  const auto dy = random_vector<T>(n + 1, 712);
+  const std::vector<T> zeros(n + 1, zero::convert<T>(0.0f));
+  DeviceVector<T> d_x(x), d_w(w), d_dy(dy), d_out(zeros), d_dx(zeros), d_dw(zeros);
+  DeviceVector<float> d_rstd(static_cast<std::size_t>(N));
+  gpu::rms_norm_forward<T>(d_out.get() + 1, d_rstd.get(), d_x.get() + 1, d_w.get(), N, C, 1e-5f,
+                           nullptr);
+  gpu::rms_norm_backward<T>(d_dx.get() + 1, d_dw.get(), d_dy.get() + 1, d_x.get() + 1, d_w.get(),
+                            d_rstd.get(), N, C, nullptr);
+  std::vector<T> out(zeros), dx(zeros), dw(w.size(), zero::convert<T>(0.0f));
+  std::vector<float> rstd(static_cast<std::size_t>(N));
+  cpu::rms_norm_forward<T>(out.data() + 1, rstd.data(), x.data() + 1, w.data(), N, C, 1e-5f);
+  cpu::rms_norm_backward<T>(dx.data() + 1, dw.data(), dy.data() + 1, x.data() + 1, w.data(),
+                            rstd.data(), N, C);
+  check_close(d_out.download(), out, "rms_norm_forward out, unaligned");
+  check_close(d_dx.download(), dx, "rms_norm_backward dinp, unaligned", 1e-5, 2.0, 1.0);
+  std::vector<T> got_dw = d_dw.download();
+  got_dw.resize(w.size());
+  check_close(got_dw, dw, "rms_norm_backward dweight, unaligned");
+}
+
+TEMPLATE_TEST_CASE("the rotary embedding equals the host bit for bit, forward and backward",
+                   "[cuda][llama]", float, bf16) {
   using T = TestType;
   struct Shape {
     std::int64_t B, T, first, kv_heads, group, head_size;
@@ -124,7 +156,7 @@ TEMPLATE_TEST_CASE("the rotary embedding equals the host's, forward and backward
     std::vector<T> out(n);
     cpu::rotary_forward<T>(out.data(), x.data(), cos_t.data(), sin_t.data(), N, s.T, s.kv_heads,
                            s.group, s.head_size);
-    check_close(d_out.download(), out, "rotary_forward");
+    CHECK(same_bits(d_out.download(), out));  // the host's operations, written out on both
 
     auto dx = random_vector<T>(n, seed++);
     DeviceVector<T> d_dx(dx), d_written(nans<T>(n));
@@ -137,8 +169,8 @@ TEMPLATE_TEST_CASE("the rotary embedding equals the host's, forward and backward
                             s.group, s.head_size, false);
     cpu::rotary_backward<T>(written.data(), dy.data(), cos_t.data(), sin_t.data(), N, s.T,
                             s.kv_heads, s.group, s.head_size, true);
-    check_close(d_dx.download(), dx, "rotary_backward, added");
-    check_close(d_written.download(), written, "rotary_backward, written");
+    CHECK(same_bits(d_dx.download(), dx));
+    CHECK(same_bits(d_written.download(), written));
   }
   DeviceVector<T> d(16);
   DeviceVector<float> d_table(16);
@@ -198,8 +230,14 @@ TEMPLATE_TEST_CASE("SwiGLU forward and backward equal the host's", "[cuda][llama
     INFO("rows=" << s.rows << " f=" << s.f);
     const auto in = static_cast<std::size_t>(s.rows * 2 * s.f);
     const auto out_n = static_cast<std::size_t>(s.rows * s.f);
-    // Gates from -12 to 12: the sigmoid's saturated tails as well as its middle.
-    const auto x = random_vector<T>(in, seed++, -12.0f, 12.0f);
+    // Gates from -12 to 12: the sigmoid's saturated tails as well as its middle; and gates past
+    // exp's range, where the host clamps exp's argument (-g above 88.7 overflowed expf, and the
+    // backward's s * e was 0 * inf).
+    auto x = random_vector<T>(in, seed++, -12.0f, 12.0f);
+    const float far[] = {-100.0f, -89.0f, -87.5f, 90.0f, 100.0f};
+    for (std::size_t i = 0; i < std::size(far) && i < static_cast<std::size_t>(s.f); ++i) {
+      x[i] = zero::convert<T>(far[i]);
+    }
     const auto dy = random_vector<T>(out_n, seed++);
     DeviceVector<T> d_x(x), d_dy(dy), d_out(out_n);
     gpu::swiglu_forward<T>(d_out.get(), d_x.get(), s.rows, s.f, nullptr);

@@ -31,12 +31,14 @@
 #include <zero/ops/cpu/embedding.hpp>
 #include <zero/ops/cpu/error_feedback.hpp>
 #include <zero/ops/cpu/gelu.hpp>
+#include <zero/ops/cpu/grouped_qkv.hpp>
 #include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/int8_blocks.hpp>
 #include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/ops/cpu/layer_norm.hpp>
 #include <zero/ops/cpu/linear.hpp>
 #include <zero/ops/cpu/rms_norm.hpp>
+#include <zero/ops/cpu/rotary.hpp>
 #include <zero/ops/cpu/vector_math.hpp>
 #include "../support/worse.hpp"
 #include "gradcheck.hpp"
@@ -383,6 +385,122 @@ TEST_CASE("swiglu: every ISA and thread count the same bits, f32 / bf16, and f32
     swiglu_run<float>(rows, f, &f32);
     swiglu_run<double>(rows, f, &f64);
     check_against_double(f32, f64);
+  }
+}
+
+namespace {
+
+// A shape of grouped qkv rows: n rows of seq_len positions, kv_heads groups of `group` query
+// heads, one key and one value head, of head_size channels.
+struct QkvShape {
+  std::int64_t n, seq_len, kv_heads, group, head_size;
+};
+
+// The rotary embedding forward from position 3, then its backward added into one gradient and
+// written into another.
+template <class T>
+Bytes rotary_run(const QkvShape& s, std::vector<std::vector<double>>* values) {
+  using A = zero::compute_type_t<T>;
+  const auto n =
+      static_cast<std::size_t>(s.n * grouped_qkv_width(s.kv_heads, s.group, s.head_size));
+  const auto table = static_cast<std::size_t>(s.seq_len * s.head_size / 2);
+  std::vector<A> cos_t(table), sin_t(table);
+  rotary_table(cos_t.data(), sin_t.data(), 3, s.seq_len, s.head_size, 500000.0);
+  const auto x = cast<T>(float_values(n, 71, 2.0)), dy = cast<T>(float_values(n, 72));
+  std::vector<T> out(n), dx = cast<T>(float_values(n, 73)), written(n);
+  rotary_forward(out.data(), x.data(), cos_t.data(), sin_t.data(), s.n, s.seq_len, s.kv_heads,
+                 s.group, s.head_size);
+  rotary_backward(dx.data(), dy.data(), cos_t.data(), sin_t.data(), s.n, s.seq_len, s.kv_heads,
+                  s.group, s.head_size);
+  rotary_backward(written.data(), dy.data(), cos_t.data(), sin_t.data(), s.n, s.seq_len, s.kv_heads,
+                  s.group, s.head_size, true);
+  Bytes bytes;
+  bytes.add(out), bytes.add(dx), bytes.add(written);
+  if (values != nullptr) *values = {to_double(out), to_double(dx), to_double(written)};
+  return bytes;
+}
+
+// repeat_kv forward, then its backward added into one gradient and written into another.
+template <class T>
+Bytes repeat_kv_run(const QkvShape& s, std::vector<std::vector<double>>* values) {
+  const auto in =
+      static_cast<std::size_t>(s.n * grouped_qkv_width(s.kv_heads, s.group, s.head_size));
+  const auto out_n = static_cast<std::size_t>(s.n * 3 * s.kv_heads * s.group * s.head_size);
+  const auto x = cast<T>(float_values(in, 81)), dy = cast<T>(float_values(out_n, 82));
+  std::vector<T> out(out_n), dx = cast<T>(float_values(in, 83)), written(in);
+  repeat_kv_forward(out.data(), x.data(), s.n, s.kv_heads, s.group, s.head_size);
+  repeat_kv_backward(dx.data(), dy.data(), s.n, s.kv_heads, s.group, s.head_size);
+  repeat_kv_backward(written.data(), dy.data(), s.n, s.kv_heads, s.group, s.head_size, true);
+  Bytes bytes;
+  bytes.add(out), bytes.add(dx), bytes.add(written);
+  if (values != nullptr) *values = {to_double(out), to_double(dx), to_double(written)};
+  return bytes;
+}
+
+// Odd head sizes' halves (vector bodies and scalar tails), one row, and 200 rows of 256 channels
+// (several tasks, run in parallel).
+const std::vector<QkvShape> qkv_shapes{{1, 1, 1, 1, 2},  {6, 3, 2, 2, 8},     {10, 5, 1, 3, 18},
+                                       {8, 4, 2, 4, 64}, {200, 50, 2, 2, 32}, {3, 3, 1, 1, 34}};
+
+}  // namespace
+
+TEST_CASE("rotary: every ISA and thread count the same bits, f32 / bf16, and f32 near f64",
+          "[unit][ops]") {
+  for (const QkvShape& s : qkv_shapes) {
+    INFO("n " << s.n << " seq_len " << s.seq_len << " kv_heads " << s.kv_heads << " group "
+              << s.group << " head_size " << s.head_size);
+    check_paths([&] { return rotary_run<float>(s, nullptr); });
+    check_paths([&] { return rotary_run<bf16>(s, nullptr); });
+    std::vector<std::vector<double>> f32, f64;
+    rotary_run<float>(s, &f32);
+    rotary_run<double>(s, &f64);
+    check_against_double(f32, f64);
+  }
+}
+
+TEST_CASE("repeat_kv: every ISA and thread count the bits of the plain loop, f32 / bf16",
+          "[unit][ops]") {
+  for (const QkvShape& s : qkv_shapes) {
+    INFO("n " << s.n << " kv_heads " << s.kv_heads << " group " << s.group << " head_size "
+              << s.head_size);
+    check_paths([&] { return repeat_kv_run<float>(s, nullptr); });
+    check_paths([&] { return repeat_kv_run<bf16>(s, nullptr); });
+    // The sums in head order, as the plain loop (double's) adds them, in float: the same bits.
+    std::vector<std::vector<double>> got, f64;
+    repeat_kv_run<bf16>(s, &got);
+    repeat_kv_run<double>(s, &f64);
+    CHECK(got[0] == to_double(as<bf16>(f64[0])));  // the forward copies the rounded inputs
+    const auto in =
+        static_cast<std::size_t>(s.n * grouped_qkv_width(s.kv_heads, s.group, s.head_size));
+    const auto dy = as<bf16>(
+        float_values(static_cast<std::size_t>(s.n * 3 * s.kv_heads * s.group * s.head_size), 82));
+    std::vector<float> start(in), want(in);
+    const auto dx0 = as<bf16>(float_values(in, 83));
+    const std::int64_t hs = s.head_size, heads = s.kv_heads * s.group;
+    for (std::int64_t r = 0; r < s.n; ++r) {
+      for (std::int64_t j = 0; j < s.kv_heads; ++j) {
+        for (std::int64_t c = 0; c < hs; ++c) {
+          const std::int64_t base = r * s.kv_heads * (s.group + 2) * hs + j * (s.group + 2) * hs;
+          const std::int64_t row_out = r * 3 * heads * hs;
+          for (std::int64_t i = 0; i < s.group; ++i) {
+            const auto k = static_cast<std::size_t>(base + i * hs + c);
+            want[k] = zero::convert<float>(dx0[k]) +
+                      zero::convert<float>(
+                          dy[static_cast<std::size_t>(row_out + (j * s.group + i) * hs + c)]);
+          }
+          for (std::int64_t which = 0; which < 2; ++which) {  // the key, then the value
+            const auto k = static_cast<std::size_t>(base + (s.group + which) * hs + c);
+            float sum = zero::convert<float>(dx0[k]);
+            for (std::int64_t i = 0; i < s.group; ++i) {
+              sum += zero::convert<float>(dy[static_cast<std::size_t>(
+                  row_out + ((1 + which) * heads + j * s.group + i) * hs + c)]);
+            }
+            want[k] = sum;
+          }
+        }
+      }
+    }
+    CHECK(got[1] == to_double(as<bf16>(std::vector<double>(want.begin(), want.end()))));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -374,6 +375,28 @@ TEMPLATE_TEST_CASE("all of LayerLlama runs on the kernel set of its pass",
   CHECK(same_bits(grads, grads_device));
   CHECK(device.calls["copy_from_host"] == 2 * 2);
   CHECK(device.calls["rotary_forward"] == 2 * 2);
+}
+
+TEST_CASE("a new kernel set at a freed set's address gets its own angle tables",
+          "[unit][nn][llama][kernels]") {
+  // The copies are keyed by the set's id, not its address: a copy kept for a set that is gone
+  // would be another device's memory on a machine of several GPUs.
+  const nn::LlamaConfig cfg = nn::LlamaConfig::preset("tiny");
+  nn::LayerLlama<float> model(cfg);
+  nn::LocalParameters<nn::LayerLlama<float>> p(model, 4);
+  // Placement new into one buffer: the second set is made at the first one's address.
+  alignas(RecordingKernels<float>) std::byte storage[sizeof(RecordingKernels<float>)];
+  auto* set = new (storage) RecordingKernels<float>(DeviceKind::cuda);
+  const std::uint64_t first_id = set->id();
+  (void)run_model<float>(model, p, cfg.vocab_size, set, 1);
+  CHECK(set->calls["copy_from_host"] == 2 * 2);
+  set->~RecordingKernels();
+  auto* again = new (storage) RecordingKernels<float>(DeviceKind::cuda);
+  REQUIRE(static_cast<void*>(again) == static_cast<void*>(storage));
+  CHECK(again->id() != first_id);
+  (void)run_model<float>(model, p, cfg.vocab_size, again, 1);
+  CHECK(again->calls["copy_from_host"] == 2 * 2);
+  again->~RecordingKernels();
 }
 
 TEST_CASE("the host kernel set is the default and reports the host", "[unit][nn][kernels]") {

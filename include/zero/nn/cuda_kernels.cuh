@@ -34,10 +34,11 @@
 //   layers call before any loss kernel, throws the host's ShapeError for a target outside the
 //   vocabulary;
 // - Llama's kernels compute each element with the host's expression in float: RMSNorm's row
-//   sums run in another order, the rotary embedding and SwiGLU may take fused multiply-adds and
-//   expf, so they agree within float rounding; repeat_kv's sums run in the host's order (its
-//   bits). The rotary embedding reads the host's angle table (double, rounded to float), which
-//   the layer copies to the device once per shape;
+//   sums and its weight gradient's column sums run in another order and SwiGLU takes expf, so
+//   they agree within float rounding; the rotary embedding writes out the host's operations and
+//   repeat_kv's sums run in the host's order (both the host's bits). The rotary embedding reads the
+//   host's angle table (double, rounded to float), which the layer copies to the device once per
+//   shape;
 // - a linear layer whose output rows are not a whole number of 16 bytes (a vocabulary of 50257)
 //   runs its GEMMs on rows padded in scratch (ops/cuda/linear.cuh), which the tensor-core GEMMs
 //   need.

@@ -13,6 +13,7 @@
 // SiLU, the MSE loss, the hand-written GPT's units, for now) calls expect_host_kernels() first, so
 // it refuses device memory with a message naming itself instead of faulting.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -67,6 +68,10 @@ class Kernels {
   Kernels(const Kernels&) = delete;
   Kernels& operator=(const Kernels&) = delete;
   virtual ~Kernels() = default;
+
+  /// A number no other kernel set of this process had before: what a layer that keeps memory
+  /// for one set compares (a new set may be made at a freed set's address).
+  std::uint64_t id() const { return id_; }
 
   /// Where every pointer passed to these kernels lives.
   virtual DeviceKind device() const = 0;
@@ -251,6 +256,13 @@ class Kernels {
                                   const std::byte* saved, std::int64_t B, std::int64_t Tn,
                                   std::int64_t C, std::int64_t NH,
                                   const ops::cpu::DropoutMask& mask, bool overwrite_dx) = 0;
+
+ private:
+  static std::uint64_t next_id() {
+    static std::atomic<std::uint64_t> made{0};
+    return ++made;
+  }
+  const std::uint64_t id_ = next_id();
 };
 
 /// zero::ops::cpu on host memory; stateless, so one instance per element type serves every

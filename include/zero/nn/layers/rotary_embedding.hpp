@@ -109,12 +109,12 @@ class RotaryEmbedding final : public Layer<T> {
     const Table& t = table(first_, T_);
     if (kernels.device() == DeviceKind::host) return {t.cos.data(), t.sin.data()};
     const std::size_t n = t.cos.size();
-    if (copy_for_ != &kernels || copy_first_ != t.first || copy_seq_len_ != t.seq_len) {
+    if (copy_for_ != kernels.id() || copy_first_ != t.first || copy_seq_len_ != t.seq_len) {
       copy_ = kernels.allocate(2 * n * sizeof(A));
       A* d = copy_.template view<A>({static_cast<std::int64_t>(2 * n)}).data();
       kernels.copy_from_host(d, t.cos.data(), n * sizeof(A));
       kernels.copy_from_host(d + n, t.sin.data(), n * sizeof(A));
-      copy_for_ = &kernels;
+      copy_for_ = kernels.id();
       copy_first_ = t.first;
       copy_seq_len_ = t.seq_len;
     }
@@ -142,8 +142,8 @@ class RotaryEmbedding final : public Layer<T> {
   std::int64_t shard_ = 0;
   std::int64_t B_ = 0, T_ = 0, first_ = 0;
   Table table_;
-  KernelMemory copy_;  // table_'s cos then sin, in the memory of copy_for_'s device
-  const Kernels<T>* copy_for_ = nullptr;
+  KernelMemory copy_;  // table_'s cos then sin, in the memory of the device of set copy_for_
+  std::uint64_t copy_for_ = 0;  // the set's Kernels::id (0: none)
   std::int64_t copy_first_ = -1, copy_seq_len_ = -1;
 };
 

@@ -116,11 +116,6 @@ struct SwigluBackward {
   }
 };
 
-// Rows a task takes: about 16K elements.
-inline std::int64_t swiglu_rows_per_task(std::int64_t f) {
-  return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(1, f));
-}
-
 }  // namespace detail
 
 /// SwiGLU (Shazeer, "GLU Variants Improve Transformer", 2020; Llama's MLP): rows of
@@ -132,7 +127,7 @@ void swiglu_forward(T* out, const T* inp, std::int64_t rows, std::int64_t f) {
   if constexpr (dispatched_type<T>) {
     const auto kernel =
         kernel_for<detail::SwigluForward, T*, const T*, std::int64_t, std::int64_t, std::int64_t>();
-    parallel_chunks(rows, detail::swiglu_rows_per_task(f), rows * f,
+    parallel_chunks(rows, rows_per_task(f), rows * f,
                     [&](std::int64_t r0, std::int64_t r1) { kernel(out, inp, f, r0, r1); });
     return;
   }
@@ -152,9 +147,9 @@ void swiglu_backward(T* dinp, const T* inp, const T* dout, std::int64_t rows, st
   if constexpr (dispatched_type<T>) {
     const auto kernel = kernel_for<detail::SwigluBackward, T*, const T*, const T*, bool,
                                    std::int64_t, std::int64_t, std::int64_t>();
-    parallel_chunks(
-        rows, detail::swiglu_rows_per_task(f), rows * f,
-        [&](std::int64_t r0, std::int64_t r1) { kernel(dinp, inp, dout, overwrite, f, r0, r1); });
+    parallel_chunks(rows, rows_per_task(f), rows * f, [&](std::int64_t r0, std::int64_t r1) {
+      kernel(dinp, inp, dout, overwrite, f, r0, r1);
+    });
     return;
   }
   using A = compute_type_t<T>;

@@ -41,11 +41,6 @@ inline std::int64_t logits_row_stride(std::int64_t V, std::int64_t ld, const cha
   return ld;
 }
 
-/// Rows per task of the cross-entropy kernels.
-inline std::int64_t cross_entropy_rows_per_chunk(std::int64_t V) {
-  return V >= 16384 ? 1 : 16384 / (V > 0 ? V : 1);
-}
-
 /// The row max of x[0, V) and the sum of e^(x - max) over the row.
 template <class O, class T>
 inline void softmax_max_sum(const T* x, std::int64_t V, float& maxval, float& sum) {
@@ -176,10 +171,9 @@ compute_type_t<T> cross_entropy_forward(compute_type_t<T>* losses, const T* logi
     const auto kernel =
         kernel_for<detail::CrossEntropyForward, float*, float*, const T*, const std::int32_t*,
                    std::int64_t, std::int64_t, std::int64_t, std::int64_t>();
-    parallel_chunks(N, detail::cross_entropy_rows_per_chunk(V), N * V,
-                    [&](std::int64_t n0, std::int64_t n1) {
-                      kernel(losses, row_stats, logits, targets, V, ld, n0, n1);
-                    });
+    parallel_chunks(N, rows_per_task(V), N * V, [&](std::int64_t n0, std::int64_t n1) {
+      kernel(losses, row_stats, logits, targets, V, ld, n0, n1);
+    });
   } else {
     parallel_for(N, [&](std::int64_t n) {
       if (targets[n] == ignore_index) {
@@ -221,10 +215,9 @@ void cross_entropy_backward(T* dlogits, const T* logits, const std::int32_t* tar
     const auto kernel =
         kernel_for<detail::CrossEntropyBackward, T*, const T*, const float*, const std::int32_t*,
                    std::int64_t, std::int64_t, float, std::int64_t, std::int64_t>();
-    parallel_chunks(N, detail::cross_entropy_rows_per_chunk(V), N * V,
-                    [&](std::int64_t n0, std::int64_t n1) {
-                      kernel(dlogits, logits, row_stats, targets, V, ld, scale, n0, n1);
-                    });
+    parallel_chunks(N, rows_per_task(V), N * V, [&](std::int64_t n0, std::int64_t n1) {
+      kernel(dlogits, logits, row_stats, targets, V, ld, scale, n0, n1);
+    });
     return;
   }
   parallel_for(N, [&](std::int64_t n) {

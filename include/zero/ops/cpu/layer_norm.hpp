@@ -21,11 +21,6 @@ namespace zero::ops::cpu {
 
 namespace detail {
 
-/// Rows per task of a row-wise kernel over rows of C elements (about 16K elements a task).
-inline std::int64_t rows_per_chunk(std::int64_t C) {
-  return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(1, C));
-}
-
 /// Columns per task of a column reduction (a multiple of column_group).
 inline constexpr std::int64_t columns_per_chunk = 64;
 
@@ -163,7 +158,7 @@ void layer_norm_forward(T* out, compute_type_t<T>* mean, compute_type_t<T>* rstd
   if constexpr (dispatched_type<T>) {
     const auto kernel = kernel_for<detail::LayerNormForward, T*, float*, float*, const T*, const T*,
                                    const T*, std::int64_t, float, std::int64_t, std::int64_t>();
-    parallel_chunks(N, detail::rows_per_chunk(C), N * C, [&](std::int64_t n0, std::int64_t n1) {
+    parallel_chunks(N, rows_per_task(C), N * C, [&](std::int64_t n0, std::int64_t n1) {
       kernel(out, mean, rstd, inp, weight, bias, C, eps, n0, n1);
     });
     return;
@@ -198,7 +193,7 @@ void layer_norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
     const auto rows =
         kernel_for<detail::LayerNormBackwardRows, T*, const T*, const T*, const T*, const float*,
                    const float*, bool, std::int64_t, std::int64_t, std::int64_t>();
-    parallel_chunks(N, detail::rows_per_chunk(C), N * C, [&](std::int64_t n0, std::int64_t n1) {
+    parallel_chunks(N, rows_per_task(C), N * C, [&](std::int64_t n0, std::int64_t n1) {
       rows(dinp, dout, inp, weight, mean, rstd, overwrite_dinp, C, n0, n1);
     });
     const auto columns =

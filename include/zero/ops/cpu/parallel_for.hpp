@@ -43,6 +43,12 @@ inline void parallel_chunks(std::int64_t n, std::int64_t chunk, std::int64_t wor
   }
 }
 
+/// Rows a task of a row-wise kernel takes (parallel_chunks' chunk) over rows of width
+/// elements: about 16K elements, at least one row.
+inline std::int64_t rows_per_task(std::int64_t width) {
+  return width >= 16384 ? 1 : 16384 / (width > 0 ? width : 1);
+}
+
 /// Number of threads host kernels use.
 inline int num_threads() {
 #if defined(_OPENMP)

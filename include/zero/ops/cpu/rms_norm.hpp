@@ -115,7 +115,7 @@ void rms_norm_forward(T* out, compute_type_t<T>* rstd, const T* inp, const T* we
   if constexpr (dispatched_type<T>) {
     const auto kernel = kernel_for<detail::RmsNormForward, T*, float*, const T*, const T*,
                                    std::int64_t, float, std::int64_t, std::int64_t>();
-    const std::int64_t rows = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(1, C));
+    const std::int64_t rows = rows_per_task(C);
     parallel_chunks(N, rows, N * C, [&](std::int64_t n0, std::int64_t n1) {
       kernel(out, rstd, inp, weight, C, eps, n0, n1);
     });
@@ -141,7 +141,7 @@ void rms_norm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T
     const auto rows_kernel =
         kernel_for<detail::RmsNormBackwardRows, T*, const T*, const T*, const T*, const float*,
                    std::int64_t, std::int64_t, std::int64_t>();
-    const std::int64_t rows = std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(1, C));
+    const std::int64_t rows = rows_per_task(C);
     parallel_chunks(N, rows, N * C, [&](std::int64_t n0, std::int64_t n1) {
       rows_kernel(dinp, dout, inp, weight, rstd, C, n0, n1);
     });

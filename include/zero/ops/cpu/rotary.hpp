@@ -12,14 +12,18 @@
 // turn, the value head is copied. Rows are (batch, position) pairs of seq_len positions each, at
 // positions [first, first + seq_len) (first > 0: a sequence-parallel rank's block of every
 // sequence). The angles come from rotary_table, in double, rounded once to the compute type; Llama
-// 3.1's frequency scaling (RopeScaling) applies there.
+// 3.1's frequency scaling (RopeScaling) applies there. float, bf16 and f16 compute each value as
+// a rounded product and one fused multiply-add (a c - b s as fma(-b, s, a c)), on every ISA and
+// on the device alike.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
 
 #include <zero/core/error.hpp>
 #include <zero/ops/cpu/element_access.hpp>
+#include <zero/ops/cpu/isa_dispatch.hpp>
 #include <zero/ops/cpu/parallel_for.hpp>
 
 namespace zero::ops::cpu {
@@ -95,15 +99,113 @@ void for_each_head(std::int64_t n, std::int64_t seq_len, std::int64_t kv_heads, 
     }
   });
 }
+
+// The pairs [i, i + lanes) of one head (x's halves a and b) turned forward: a c - b s and
+// b c + a s, each a rounded product and one fused multiply-add (the device's rotary.cuh computes
+// the same two operations).
+template <class O, class T>
+inline void turn_at(T* out, const T* x, const float* c, const float* s, std::int64_t half,
+                    std::int64_t i) {
+  const auto a = load_lanes<O>(x + i), b = load_lanes<O>(x + half + i);
+  const auto cos = O::load(c + i), sin = O::load(s + i);
+  store_lanes<O>(out + i, O::fnma(b, sin, O::mul(a, cos)));
+  store_lanes<O>(out + half + i, O::fma(a, sin, O::mul(b, cos)));
+}
+
+// The pairs [i, i + lanes) of one head's gradient turned back and added to dinp's (a start of
+// zero when overwrite): a c + b s and b c - a s, as turn_at's operations.
+template <class O, class T>
+inline void turn_back_at(T* dinp, const T* d, const float* c, const float* s, std::int64_t half,
+                         bool overwrite, std::int64_t i) {
+  const auto a = load_lanes<O>(d + i), b = load_lanes<O>(d + half + i);
+  const auto cos = O::load(c + i), sin = O::load(s + i);
+  const auto zero = O::set1(0.0f);
+  const auto lo = O::fma(b, sin, O::mul(a, cos)), hi = O::fnma(a, sin, O::mul(b, cos));
+  store_lanes<O>(dinp + i, O::add(overwrite ? zero : load_lanes<O>(dinp + i), lo));
+  store_lanes<O>(dinp + half + i, O::add(overwrite ? zero : load_lanes<O>(dinp + half + i), hi));
+}
+
+// dinp[i, i + lanes) (+)= d's: a value head's gradient passed through.
+template <class O, class T>
+inline void pass_at(T* dinp, const T* d, bool overwrite, std::int64_t i) {
+  const auto zero = O::set1(0.0f);
+  store_lanes<O>(dinp + i,
+                 O::add(overwrite ? zero : load_lanes<O>(dinp + i), load_lanes<O>(d + i)));
+}
+
+// The grouped qkv rows [r0, r1) of rotary_forward (value heads copied).
+struct Forward {
+  template <class O, class T>
+  static void run(T* out, const T* inp, const float* cos_t, const float* sin_t,
+                  std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                  std::int64_t head_size, std::int64_t r0, std::int64_t r1) {
+    const std::int64_t half = head_size / 2, heads = kv_heads * (group + 2);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* c = cos_t + r % seq_len * half;
+      const float* s = sin_t + r % seq_len * half;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::int64_t o = (r * heads + h) * head_size;
+        if (h % (group + 2) > group) {
+          std::copy_n(inp + o, head_size, out + o);
+          continue;
+        }
+        std::int64_t i = 0;
+        for (; i + O::width <= half; i += O::width) turn_at<O>(out + o, inp + o, c, s, half, i);
+        for (; i < half; ++i) turn_at<optim::ScalarHostOps>(out + o, inp + o, c, s, half, i);
+      }
+    }
+  }
+};
+
+// The grouped qkv rows [r0, r1) of rotary_backward.
+struct Backward {
+  template <class O, class T>
+  static void run(T* dinp, const T* dout, const float* cos_t, const float* sin_t,
+                  std::int64_t seq_len, std::int64_t kv_heads, std::int64_t group,
+                  std::int64_t head_size, bool overwrite, std::int64_t r0, std::int64_t r1) {
+    using S = optim::ScalarHostOps;
+    const std::int64_t half = head_size / 2, heads = kv_heads * (group + 2);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* c = cos_t + r % seq_len * half;
+      const float* s = sin_t + r % seq_len * half;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::int64_t o = (r * heads + h) * head_size;
+        std::int64_t i = 0;
+        if (h % (group + 2) > group) {
+          for (; i + O::width <= head_size; i += O::width)
+            pass_at<O>(dinp + o, dout + o, overwrite, i);
+          for (; i < head_size; ++i) pass_at<S>(dinp + o, dout + o, overwrite, i);
+          continue;
+        }
+        for (; i + O::width <= half; i += O::width) {
+          turn_back_at<O>(dinp + o, dout + o, c, s, half, overwrite, i);
+        }
+        for (; i < half; ++i) turn_back_at<S>(dinp + o, dout + o, c, s, half, overwrite, i);
+      }
+    }
+  }
+};
 }  // namespace rotary_detail
 
 /// out = inp with every query and key head of its n rows turned by its position's angles (cos,
-/// sin: rotary_table's, for the rows' seq_len positions); value heads copied.
+/// sin: rotary_table's, for the rows' seq_len positions); value heads copied. float, bf16 and f16
+/// run the dispatched kernels (isa_dispatch.hpp: every ISA and thread count the same bits, rows
+/// in parallel); double the plain loop (the reference).
 template <class T>
 void rotary_forward(T* out, const T* inp, const compute_type_t<T>* cos_t,
                     const compute_type_t<T>* sin_t, std::int64_t n, std::int64_t seq_len,
                     std::int64_t kv_heads, std::int64_t group, std::int64_t head_size) {
   using A = compute_type_t<T>;
+  if constexpr (dispatched_type<T>) {
+    const auto kernel =
+        kernel_for<rotary_detail::Forward, T*, const T*, const float*, const float*, std::int64_t,
+                   std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>();
+    const std::int64_t width = kv_heads * (group + 2) * head_size;
+    parallel_chunks(n, rows_per_task(width), n * width, [&](std::int64_t r0, std::int64_t r1) {
+      kernel(out, inp, cos_t, sin_t, seq_len, kv_heads, group, head_size, r0, r1);
+    });
+    return;
+  }
   const std::int64_t half = head_size / 2;
   rotary_detail::for_each_head(n, seq_len, kv_heads, group, head_size,
                                [&](std::int64_t o, std::int64_t t, bool rotates) {
@@ -123,13 +225,24 @@ void rotary_forward(T* out, const T* inp, const compute_type_t<T>* cos_t,
 }
 
 /// dinp (+=, or = when overwrite) the gradient of rotary_forward: each query and key head of
-/// dout turned back by its position's angles, value heads passed through.
+/// dout turned back by its position's angles, value heads passed through. Dispatched as
+/// rotary_forward.
 template <class T>
 void rotary_backward(T* dinp, const T* dout, const compute_type_t<T>* cos_t,
                      const compute_type_t<T>* sin_t, std::int64_t n, std::int64_t seq_len,
                      std::int64_t kv_heads, std::int64_t group, std::int64_t head_size,
                      bool overwrite = false) {
   using A = compute_type_t<T>;
+  if constexpr (dispatched_type<T>) {
+    const auto kernel =
+        kernel_for<rotary_detail::Backward, T*, const T*, const float*, const float*, std::int64_t,
+                   std::int64_t, std::int64_t, std::int64_t, bool, std::int64_t, std::int64_t>();
+    const std::int64_t width = kv_heads * (group + 2) * head_size;
+    parallel_chunks(n, rows_per_task(width), n * width, [&](std::int64_t r0, std::int64_t r1) {
+      kernel(dinp, dout, cos_t, sin_t, seq_len, kv_heads, group, head_size, overwrite, r0, r1);
+    });
+    return;
+  }
   const std::int64_t half = head_size / 2;
   const auto start = [&](std::int64_t k) { return overwrite ? A(0) : load(dinp[k]); };
   rotary_detail::for_each_head(

@@ -23,6 +23,13 @@ namespace zero::ops::cuda {
 
 // ---- kernels ------------------------------------------------------------------------------------
 
+/// exp(-g) with -g clamped to [-87, 88] as the host's vector exp clamps its argument: below a
+/// gate of -88.7 expf would overflow, and the backward's s * e would be 0 * inf, NaN, where the
+/// host's slope is finite. A NaN gate still gives NaN results (through g s).
+__device__ inline float swiglu_exp_neg(float g) {
+  return expf(fmaxf(fminf(-g, 88.0f), -87.0f));
+}
+
 /// out[k] = silu(gate) * up for k < total = rows * f (grid-stride).
 template <class T>
 __global__ void swiglu_forward_kernel(T* out, const T* inp, std::int64_t total, std::int64_t f) {
@@ -30,7 +37,7 @@ __global__ void swiglu_forward_kernel(T* out, const T* inp, std::int64_t total, 
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t g_at = k / f * 2 * f + k % f;
     const float g = load(inp[g_at]), u = load(inp[g_at + f]);
-    const float s = 1.0f / (1.0f + expf(-g));
+    const float s = 1.0f / (1.0f + swiglu_exp_neg(g));
     out[k] = store<T>(g * s * u);
   }
 }
@@ -43,7 +50,7 @@ __global__ void swiglu_backward_kernel(T* dinp, const T* inp, const T* dout, std
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t g_at = k / f * 2 * f + k % f, u_at = g_at + f;
     const float g = load(inp[g_at]), u = load(inp[u_at]), d = load(dout[k]);
-    const float e = expf(-g), s = 1.0f / (1.0f + e), gs = g * s;
+    const float e = swiglu_exp_neg(g), s = 1.0f / (1.0f + e), gs = g * s;
     const float slope = fmaf(gs, s * e, s);  // s + g s (1 - s), 1 - s as e s
     dinp[g_at] = store<T>(fmaf(d * u, slope, overwrite ? 0.0f : load(dinp[g_at])));
     dinp[u_at] = store<T>(fmaf(d, gs, overwrite ? 0.0f : load(dinp[u_at])));

@@ -8,8 +8,9 @@
 // w*dy*x (backward), and the lanes write the row. The weight gradient is a deterministic column
 // sum (column_sum.cuh), so it repeats bit for bit. Each element is computed in float with the
 // host's operations, fused where the host's vector kernels fuse them ((x * rstd) * w; w*dy
-// rounded, then fma(rstd, fma(-x, k, w*dy), dx)); only the row sums run in another order, so f32
-// agrees with the host within float rounding, not bit for bit.
+// rounded, then fma(rstd, fma(-x, k, w*dy), dx)); the row sums and the weight gradient's column
+// sums run in another order than the host's (and the column sums' products may be contracted
+// into fused multiply-adds), so f32 agrees with the host within float rounding, not bit for bit.
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/rms_norm.cuh needs nvcc; host-only code includes zero/ops/cpu/rms_norm.hpp"
 #endif

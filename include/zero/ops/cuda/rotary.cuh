@@ -5,9 +5,10 @@
 // channels), pair i of every query and key head at position t turns by the angle whose cos and
 // sin are the table's [t, i] (ops::cpu::rotary_table, computed on the host in double and copied
 // to the device once); value heads are copied. One thread per pair (i, i + head_size/2) of a
-// head, consecutive threads on consecutive pairs. Each value is the host's expression in float
-// (x[i] cos - x[i + h] sin, x[i + h] cos + x[i] sin), which nvcc may contract to fused
-// multiply-adds: within a float rounding of the host's, not bit for bit.
+// head, consecutive threads on consecutive pairs. Each value is the host's operations in float,
+// written out so nvcc cannot contract them otherwise: a rounded product and one fused
+// multiply-add (x[i] cos - x[i + h] sin as fma(-x[i + h], sin, x[i] cos); the backward's sum
+// added to the gradient's start), so the results equal the host's bit for bit.
 #if !defined(__CUDACC__)
 #error "zero/ops/cuda/rotary.cuh needs nvcc; host-only code includes zero/ops/cpu/rotary.hpp"
 #endif
@@ -61,8 +62,8 @@ __global__ void rotary_forward_kernel(T* out, const T* inp, const float* cos_t, 
     }
     const float c = cos_t[at.t * half + at.i], s = sin_t[at.t * half + at.i];
     const float a = load(inp[lo]), b = load(inp[hi]);
-    out[lo] = store<T>(a * c - b * s);
-    out[hi] = store<T>(b * c + a * s);
+    out[lo] = store<T>(__fmaf_rn(-b, s, __fmul_rn(a, c)));
+    out[hi] = store<T>(__fmaf_rn(a, s, __fmul_rn(b, c)));
   }
 }
 
@@ -84,8 +85,8 @@ __global__ void rotary_backward_kernel(T* dinp, const T* dout, const float* cos_
       continue;
     }
     const float c = cos_t[at.t * half + at.i], s = sin_t[at.t * half + at.i];
-    dinp[lo] = store<T>(start_lo + (a * c + b * s));
-    dinp[hi] = store<T>(start_hi + (b * c - a * s));
+    dinp[lo] = store<T>(__fadd_rn(start_lo, __fmaf_rn(b, s, __fmul_rn(a, c))));
+    dinp[hi] = store<T>(__fadd_rn(start_hi, __fmaf_rn(-a, s, __fmul_rn(b, c))));
   }
 }
 
