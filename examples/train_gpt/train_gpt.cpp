@@ -26,7 +26,8 @@
 //               [--print-every 10] [--metrics metrics.jsonl]
 //               [--temperature 0.8] [--top-k 40] [--sample-bytes 96] [--profile]
 //               [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
-//               [--export model.safetensors [--export-dtype f32|bf16|f16]] [--nvme-path DIR]
+//               [--export model.safetensors [--export-dtype f32|bf16|f16]
+//                [--export-shard-bytes N]] [--nvme-path DIR]
 //               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved|zb]]
 //               [--experts 4 [--ep 2] [--k 2] [--etp 1]] [--sp N]
 //               [--device host|cuda] [--offload-cpu [--delayed-update N] [--grads-on-device]]
@@ -103,9 +104,12 @@
 // The closing sample continues the start of the validation text by temperature / top-k sampling
 // seeded from --seed (--temperature 0 is greedy); bytes outside printable ASCII print escaped.
 // --export writes the trained weights at the end as one Hugging Face GPT-2 safetensors file,
-// streamed unit by unit from the live engine (no rank holds the whole model); --init reads such
-// a file back. --nvme-path puts the fp32 master and AdamW states in swap files under DIR
-// (ZeRO-Infinity; the same as "offload_optimizer": {"device": "nvme", "nvme_path": DIR}).
+// streamed unit by unit from the live engine (no rank holds the whole model), or with
+// --export-shard-bytes N as Hugging Face's shards of at most N bytes of data beside
+// model.safetensors.index.json (save_pretrained's max_shard_size); --init reads either back
+// (the file, the index, or the directory that holds them). --nvme-path puts the fp32 master and
+// AdamW states in swap files under DIR (ZeRO-Infinity; the same as "offload_optimizer": {"device":
+// "nvme", "nvme_path": DIR}).
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -194,6 +198,7 @@ struct Options {
   std::string data = ZERO_DEFAULT_CORPUS, tokens, val_tokens, init, metrics, save_dir, resume,
               export_path;
   DType export_dtype = DType::f32;
+  std::int64_t export_shard_bytes = 0;                       // 0: one file
   data::TokenFormat token_format = data::TokenFormat::llmc;  // of --tokens and --val-tokens
   std::optional<std::int64_t> vocab;  // the --tokens files' vocabulary (default: GPT-2's 50257)
   std::string nvme_path;
@@ -328,6 +333,8 @@ Options parse(int argc, char** argv) {
       o.save_every = positive();  // -2 never saved
     else if (flag == "--export")
       o.export_path = v;
+    else if (flag == "--export-shard-bytes")
+      o.export_shard_bytes = integer(0);
     else if (flag == "--temperature")
       o.temperature = real();
     else if (flag == "--top-k")
@@ -1268,11 +1275,13 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   }
   if (!o.export_path.empty()) {
     const auto written =
-        engine::save_gpt2_weights(eng, o.export_path, o.export_dtype, corpus.vocab);
+        engine::save_gpt2_weights(eng, o.export_path, o.export_dtype, corpus.vocab,
+                                  static_cast<std::uint64_t>(o.export_shard_bytes));
     if (leader) {
-      std::printf("train_gpt: exported %zu tensors to %s (%.1f MB, %s)\n", written.tensors,
-                  o.export_path.c_str(), static_cast<double>(written.bytes) / 1e6,
-                  std::string(name_of(o.export_dtype)).c_str());
+      std::printf("train_gpt: exported %zu tensors to %s (%.1f MB, %s, %zu file%s)\n",
+                  written.tensors, o.export_path.c_str(), static_cast<double>(written.bytes) / 1e6,
+                  std::string(name_of(o.export_dtype)).c_str(), written.files,
+                  written.files == 1 ? "" : "s: shards and an index");
     }
   }
   monitor.finish();
