@@ -20,12 +20,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include <zero/core/error.hpp>
+#include <zero/io/json_file.hpp>
 #include <zero/nn/llama_config.hpp>
 
 namespace zero::io::llama {
@@ -125,17 +125,8 @@ inline HfLlamaConfig read_hf_config(const std::filesystem::path& path) {
   std::error_code ec;
   const std::filesystem::path file =
       std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
-  std::ifstream in(file);
-  expect<ConfigError>(in.good(), "cannot open Hugging Face config '", file.string(), "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    raise<ConfigError>(file.string(), ": invalid JSON: ", e.what());
-  }
-  return hf_config_from_json(j, file.string());
+  return hf_config_from_json(read_json_file<ConfigError>(file, "Hugging Face config"),
+                             file.string());
 }
 
 /// c as a LlamaForCausalLM config.json (tie_word_embeddings false: LayerLlama's head is its own).

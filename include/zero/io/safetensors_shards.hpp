@@ -26,10 +26,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +37,7 @@
 #include <zero/core/error.hpp>
 #include <zero/core/tensor.hpp>
 #include <zero/io/file.hpp>
+#include <zero/io/json_file.hpp>
 #include <zero/io/safetensors_reader.hpp>
 #include <zero/io/safetensors_writer.hpp>
 
@@ -173,16 +172,7 @@ class SafetensorsShards {
   void open_index(const std::filesystem::path& index) {
     sharded_ = true;
     const std::string where = index.string();
-    std::ifstream in(index);
-    expect<IoError>(in.good(), "cannot open safetensors index '", where, "'");
-    std::stringstream text;
-    text << in.rdbuf();
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::exception& e) {
-      raise<CheckpointError>("safetensors index '", where, "': invalid JSON: ", e.what());
-    }
+    const nlohmann::json j = read_json_file<CheckpointError, IoError>(index, "safetensors index");
     expect<CheckpointError>(
         j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
         "safetensors index '", where, "' has no \"weight_map\" object");
