@@ -111,8 +111,6 @@
 // AdamW states in swap files under DIR (ZeRO-Infinity; the same as "offload_optimizer": {"device":
 // "nvme", "nvme_path": DIR}).
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -128,29 +126,13 @@
 #include <type_traits>
 #include <vector>
 
-#include <unistd.h>
-
-#include <parallel/comm/local_comm.hpp>
 #include <parallel/comm/text_collectives.hpp>
-#include <parallel/launch_env.hpp>
 #include <parallel/moe/expert_parallel.hpp>
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
 #include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
-#if defined(ZERO_WITH_MPI)
-#include <parallel/comm/mpi_comm.hpp>
-#endif
-#if defined(ZERO_TRAIN_GPT_CUDA)
-#include <cuda_runtime.h>
-
-#include <parallel/comm/cuda_local_comm.cuh>
-#include <zero/core/cuda_check.cuh>
-#if defined(ZERO_WITH_NCCL) && defined(ZERO_WITH_MPI)
-#include <parallel/comm/nccl_comm.cuh>
-#endif
-#endif
 #include <zero/config/auto_values.hpp>
 #include <zero/data/byte_tokenizer.hpp>
 #include <zero/data/data_loader.hpp>
@@ -164,6 +146,7 @@
 #include <zero/profile/monitor.hpp>
 
 #include "../cli_number.hpp"
+#include "../training_run.hpp"
 
 // Inside zero (rather than `using namespace zero` at file scope): a using-directive that reaches
 // the global scope makes `cuda` ambiguous (zero::cuda, CCCL's ::cuda) in the stubs nvcc generates
@@ -171,10 +154,12 @@
 namespace zero::train_gpt {
 namespace {
 
+using namespace zero::examples;  // the examples' shared run (training_run.hpp)
+
 struct Options {
   std::string config;
   int ranks = 2;
-  std::optional<int> stage;
+  ConfigFlags run;  // --steps, --batch, --grad-accum, --stage, --lr, --warmup, --precision, ...
   std::optional<int> shard_size;     // hybrid sharding (default: the config's mics_shard_size)
   bool quantized_weights = false;    // ZeRO++ qwZ (or the config's zero_quantized_weights)
   bool quantized_gradients = false;  // ZeRO++ qgZ (or the config's zero_quantized_gradients)
@@ -188,13 +173,8 @@ struct Options {
   std::optional<int> etp;             // MoE: expert tensor-parallel size (1 or tp)
   std::optional<int> pp, vpp;  // pipeline stages and chunks per stage (default: the config's)
   std::string schedule;        // pipeline schedule (default: the config's, else 1f1b)
-  std::int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, channels = 128;
-  std::int64_t grad_accum = 1;
-  std::optional<std::int64_t> warmup;
-  std::string precision;  // f32 or bf16; empty: the config's, else f32
-  std::optional<double> lr;
+  std::int64_t seq = 64, layers = 4, heads = 4, channels = 128;
   std::uint64_t seed = 1234;
-  std::optional<std::int64_t> print_every;  // steps_per_print; 10 in the built-in config
   std::string data = ZERO_DEFAULT_CORPUS, tokens, val_tokens, init, metrics, save_dir, resume,
               export_path;
   DType export_dtype = DType::f32;
@@ -258,12 +238,11 @@ Options parse(int argc, char** argv) {
     };
     auto positive = [&] { return integer(1, std::numeric_limits<int>::max()); };  // a count
     auto real = [&] { return read([&] { return zero::examples::parse_real(flag, v); }); };
+    if (read([&] { return read_config_flag(flag, v, o.run); })) continue;
     if (flag == "--config")
       o.config = v;
     else if (flag == "--ranks")
       o.ranks = static_cast<int>(positive());
-    else if (flag == "--stage")
-      o.stage = static_cast<int>(integer(0, 3));
     else if (flag == "--shard-size")
       o.shard_size = static_cast<int>(positive());
     else if (flag == "--hpz-size")
@@ -290,31 +269,16 @@ Options parse(int argc, char** argv) {
       o.vpp = static_cast<int>(positive());
     else if (flag == "--schedule")
       o.schedule = v;
-    else if (flag == "--steps")
-      o.steps = integer();
-    else if (flag == "--batch")
-      o.batch = positive();
     else if (flag == "--seq")
       o.seq = positive();
-    else if (flag == "--grad-accum")
-      o.grad_accum = positive();
-    else if (flag == "--warmup")
-      o.warmup = positive();
-    else if (flag == "--precision") {
-      if (v != "f32" && v != "bf16") usage("--precision must be f32 or bf16, not '" + v + "'");
-      o.precision = v;
-    } else if (flag == "--layers")
+    else if (flag == "--layers")
       o.layers = positive();
     else if (flag == "--heads")
       o.heads = positive();
     else if (flag == "--channels")
       o.channels = positive();
-    else if (flag == "--lr")
-      o.lr = real();
     else if (flag == "--seed")
       o.seed = static_cast<std::uint64_t>(integer(0));  // -1 became 2^64 - 1
-    else if (flag == "--print-every")
-      o.print_every = positive();  // 0 and -5 became 1
     else if (flag == "--data")
       o.data = v;
     else if (flag == "--tokens")
@@ -343,25 +307,11 @@ Options parse(int argc, char** argv) {
       o.sample_bytes = integer();
     else if (flag == "--nvme-path")
       o.nvme_path = v;
-    else if (flag == "--token-format") {
-      if (v == "llmc")
-        o.token_format = data::TokenFormat::llmc;
-      else if (v == "raw_u16")
-        o.token_format = data::TokenFormat::raw_u16;
-      else if (v == "raw_i32")
-        o.token_format = data::TokenFormat::raw_i32;
-      else
-        usage("--token-format must be llmc, raw_u16 or raw_i32, not '" + v + "'");
-    } else if (flag == "--export-dtype") {
-      if (v == "f32")
-        o.export_dtype = DType::f32;
-      else if (v == "bf16")
-        o.export_dtype = DType::bf16;
-      else if (v == "f16")
-        o.export_dtype = DType::f16;
-      else
-        usage("--export-dtype must be f32, bf16 or f16, not '" + v + "'");
-    } else if (flag == "--resume")
+    else if (flag == "--token-format")
+      o.token_format = read([&] { return token_format_of(v); });
+    else if (flag == "--export-dtype")
+      o.export_dtype = read([&] { return export_dtype_of(v); });
+    else if (flag == "--resume")
       o.resume = v;
     else if (flag == "--device") {
       if (v != "host" && v != "cuda") usage("--device must be host or cuda, not '" + v + "'");
@@ -385,7 +335,7 @@ Options parse(int argc, char** argv) {
     usage(
         "--grads-on-device sums the offloaded gradient shards on the GPU: it needs --device cuda");
   }
-  if (o.steps < 0 || o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
+  if (o.run.steps < 0 || o.run.batch < 1 || o.seq < 1 || o.run.grad_accum < 1) {
     usage("--steps, --batch, --seq and --grad-accum must be positive");
   }
   if (!(o.temperature >= 0) || o.top_k < 0 || o.sample_bytes < 0) {
@@ -410,41 +360,8 @@ Options parse(int argc, char** argv) {
 // the flags that override keys written into the JSON before it is parsed, so the notices about
 // keys without effect describe the config that runs.
 Config make_config(const Options& o) {
-  nlohmann::json j = {
-      {"train_batch_size", o.batch},
-      {"gradient_clipping", 1.0},
-      {"steps_per_print", o.print_every.value_or(10)},
-      {"optimizer",
-       {{"type", "AdamW"},
-        {"params", {{"lr", o.lr.value_or(1e-3)}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.0}}}}},
-      {"scheduler",
-       {{"type", "WarmupCosineLR"},
-        {"params",
-         {{"total_num_steps", std::max<std::int64_t>(o.steps, 1)},
-          {"warmup_num_steps", o.warmup.value_or(std::max<std::int64_t>(1, o.steps / 10))},
-          {"cos_min_ratio", 0.1}}}}},
-      {"zero_optimization", {{"stage", o.stage.value_or(o.pp.value_or(1) > 1 ? 1 : 3)}}}};
-  if (o.precision == "bf16") j["bf16"] = {{"enabled", true}};
-  // The pipeline's micro-batches per step (and plain accumulation) in the built-in config.
-  if (o.grad_accum > 1) j["gradient_accumulation_steps"] = o.grad_accum;
-  if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
-  if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
-  if (o.quantized_weights) j["zero_optimization"]["zero_quantized_weights"] = true;
-  if (o.quantized_gradients) j["zero_optimization"]["zero_quantized_gradients"] = true;
-  if (o.quantized_gradient_bits) {
-    j["zero_optimization"]["zero_quantized_gradient_bits"] = *o.quantized_gradient_bits;
-  }
-  if (o.loco_err_beta) j["zero_optimization"]["zeropp_loco_param"]["err_beta"] = *o.loco_err_beta;
-  if (!o.config.empty()) {
-    std::ifstream in(o.config);
-    if (!in.good()) throw ConfigError("config: cannot open '" + o.config + "'");
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw ConfigError(o.config + ": invalid JSON: " + e.what());
-    }
-    if (!j.is_object()) return Config::from_json(j);  // the parser names the problem
-    if (o.stage) j["zero_optimization"]["stage"] = *o.stage;
+  // ZeRO++'s and hybrid sharding's keys, from their flags.
+  const auto zero_flags = [&](nlohmann::json& j) {
     if (o.shard_size) j["zero_optimization"]["mics_shard_size"] = *o.shard_size;
     if (o.hpz_size) j["zero_optimization"]["zero_hpz_partition_size"] = *o.hpz_size;
     if (o.quantized_weights) j["zero_optimization"]["zero_quantized_weights"] = true;
@@ -455,52 +372,14 @@ Config make_config(const Options& o) {
     if (o.loco_err_beta) {
       j["zero_optimization"]["zeropp_loco_param"]["err_beta"] = *o.loco_err_beta;
     }
-    if (o.print_every) j["steps_per_print"] = *o.print_every;
-    // A flag overrides the file's value; an "auto" value takes the flag anyway (fill_auto).
-    const auto overrides = [&](const char* path) {
-      const auto* v = config::json_at(j, path);
-      return v != nullptr && !(v->is_string() && v->get<std::string>() == "auto");
-    };
-    // --lr and --warmup set the file's keys whether it gives them or leaves them to their
-    // defaults (a file without optimizer.params.lr trained at 1e-3 under --lr 3e-4); a file
-    // without the section they belong to is an error, not a flag without effect.
-    const auto given_or_default = [&](const char* path) {
-      const auto* v = config::json_at(j, path);
-      return v == nullptr || !(v->is_string() && v->get<std::string>() == "auto");
-    };
-    const std::string scheduler = j.contains("scheduler") && j["scheduler"].is_object() &&
-                                          j["scheduler"].contains("type") &&
-                                          j["scheduler"]["type"].is_string()
-                                      ? config::lowercase(j["scheduler"]["type"].get<std::string>())
-                                      : "";
-    const bool warms_to_own_peak = scheduler == "warmuplr" || scheduler == "warmupdecaylr";
-    const bool has_warmup = warms_to_own_peak || scheduler == "warmupcosinelr";
-    if (o.lr) {
-      expect<ConfigError>(j.contains("optimizer") && j["optimizer"].is_object(), "--lr: ", o.config,
-                          " has no optimizer section to set it in");
-      if (given_or_default("optimizer.params.lr")) j["optimizer"]["params"]["lr"] = *o.lr;
-      // WarmupLR and WarmupDecayLR ramp to warmup_max_lr, not to the optimizer's lr.
-      if (warms_to_own_peak && given_or_default("scheduler.params.warmup_max_lr")) {
-        j["scheduler"]["params"]["warmup_max_lr"] = *o.lr;
-      }
-    }
-    if (o.warmup) {
-      expect<ConfigError>(has_warmup, "--warmup: ", o.config,
-                          scheduler.empty()
-                              ? std::string(" has no scheduler")
-                              : " has scheduler type " + j["scheduler"]["type"].get<std::string>() +
-                                    ", which has no warmup_num_steps",
-                          " (WarmupLR, WarmupDecayLR and WarmupCosineLR have one)");
-      if (given_or_default("scheduler.params.warmup_num_steps")) {
-        j["scheduler"]["params"]["warmup_num_steps"] = *o.warmup;
-      }
-    }
-    if (!o.precision.empty()) {  // the flag's precision, whatever the file enables
-      const bool bf16 = o.precision == "bf16";
-      if (bf16 || overrides("bf16.enabled")) j["bf16"]["enabled"] = bf16;
-      if (overrides("bfloat16.enabled")) j["bfloat16"]["enabled"] = bf16;
-      if (overrides("fp16.enabled")) j["fp16"]["enabled"] = false;
-    }
+  };
+  nlohmann::json j = builtin_config(o.run, o.pp.value_or(1) > 1 ? 1 : 3);
+  zero_flags(j);
+  if (!o.config.empty()) {
+    j = read_config_json(o.config);
+    if (!j.is_object()) return Config::from_json(j);  // the parser names the problem
+    zero_flags(j);
+    override_config(j, o.config, o.run);
   }
   if (o.offload_cpu) j["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
   if (!o.nvme_path.empty()) {
@@ -536,7 +415,7 @@ Config make_config(const Options& o) {
     c.flops_profiler.enabled = true;
     // The second step (past the warm-up), or the only one.
     c.flops_profiler.profile_step =
-        std::min<std::int64_t>(1, std::max<std::int64_t>(o.steps - 1, 0));
+        std::min<std::int64_t>(1, std::max<std::int64_t>(o.run.steps - 1, 0));
     c.wall_clock_breakdown = true;
     c.memory_breakdown = true;
     c.comms_logger.enabled = true;
@@ -544,55 +423,10 @@ Config make_config(const Options& o) {
   return c;
 }
 
-// Fills the config's "auto" values from the flags and defaults (as the HF Trainer does) for dp
-// ranks; returns what it chose.
-std::vector<std::string> fill_auto(const Options& o, Config& c, int dp) {
-  config::AutoValues v;
-  v.train_batch_size = o.batch;
-  v.gradient_accumulation = o.grad_accum;
-  v.lr = o.lr.value_or(1e-3);
-  v.betas = {0.9, 0.95};
-  v.weight_decay = 0.0;
-  v.gradient_clipping = 1.0;
-  v.warmup_steps = o.warmup.value_or(std::max<std::int64_t>(1, o.steps / 10));
-  v.total_steps = std::max<std::int64_t>(o.steps, 1);
-  v.precision = o.precision == "bf16" ? "bf16" : "fp32";
-  v.hidden_size = o.channels;
-  return config::fill_auto(c, v, dp);
-}
-
-using Clock = std::chrono::steady_clock;
-
-struct Corpus {
-  std::shared_ptr<const data::TokenFile> train, val;
-  bool val_held_out = true;  // false: val is the training file (--tokens without --val-tokens)
-  std::vector<std::int32_t> prompt;  // the start of the validation text, for the sample
-  std::int64_t vocab = 257;
-};
-
+// The run's tokens: --tokens files (GPT-2's vocabulary unless --vocab), else --data's bytes.
 Corpus load_corpus(const Options& o) {
-  Corpus c;
-  if (!o.tokens.empty()) {  // token files: --val-tokens, else the training rows
-    c.train =
-        std::make_shared<const data::TokenFile>(data::TokenFile::open(o.tokens, o.token_format));
-    c.val_held_out = !o.val_tokens.empty();
-    c.val = c.val_held_out ? std::make_shared<const data::TokenFile>(
-                                 data::TokenFile::open(o.val_tokens, o.token_format))
-                           : c.train;
-    c.vocab = o.vocab.value_or(50257);  // GPT-2's, unless the files are another tokenizer's
-    return c;
-  }
-  // The corpus as byte tokens (256 = end of text), 90% train, 10% validation, held in memory
-  // under names that say which split of the text file a loader's message is about.
-  data::PreparedText text = data::tokenize_text_file(o.data, 0.1);
-  c.prompt.assign(text.val.begin(),
-                  text.val.begin() +
-                      std::min<std::ptrdiff_t>(16, static_cast<std::ptrdiff_t>(text.val.size())));
-  c.train = std::make_shared<const data::TokenFile>(
-      data::TokenFile::from_tokens(std::move(text.train), o.data + " (its 90% training split)"));
-  c.val = std::make_shared<const data::TokenFile>(
-      data::TokenFile::from_tokens(std::move(text.val), o.data + " (its 10% validation split)"));
-  return c;
+  return examples::load_corpus(o.data, o.tokens, o.val_tokens, o.token_format,
+                               o.vocab.value_or(50257));
 }
 
 // The rows of the model's embedding: the vocabulary padded to a multiple of tp, as Megatron pads
@@ -620,8 +454,10 @@ struct RunSetup {
            parallel::ProcessGroups<Comm>& groups)
       : dp(data_group(groups).size()),
         sizes(cfg.resolve_batch(dp)),
-        train_loader(corpus.train, loader_config(o, corpus, data_group(groups).rank(), true)),
-        val_loader(corpus.val, loader_config(o, corpus, data_group(groups).rank(), false)),
+        train_loader(corpus.train, loader_config(sizes, o.seq, dp, data_group(groups).rank(), true,
+                                                 o.seed, corpus.vocab)),
+        val_loader(corpus.val, loader_config(sizes, o.seq, dp, data_group(groups).rank(), false,
+                                             o.seed, corpus.vocab)),
         gpt(model_config(o, corpus, groups.tp().size())),
         model(gpt, parallel::TensorParallel(groups.tp(), cfg.tensor_parallel.sequence_parallel),
               parallel::SequenceParallel(groups.cp()),
@@ -635,21 +471,6 @@ struct RunSetup {
   }
 
  private:
-  // The training loader reads whole steps (shuffled); the validation loader one micro-batch a
-  // rank, all the evaluation reads, so the 10% validation split need not hold a global batch.
-  data::LoaderConfig loader_config(const Options& o, const Corpus& corpus, int dp_rank,
-                                   bool training) const {
-    data::LoaderConfig lc;
-    lc.global_batch = training ? sizes.train : sizes.micro * dp;
-    lc.seq_len = o.seq;
-    lc.world_size = dp;
-    lc.rank = dp_rank;
-    lc.micro_batches = training ? static_cast<int>(sizes.accumulation) : 1;
-    lc.shuffle = training;
-    lc.seed = o.seed;
-    lc.vocab_size = corpus.vocab;
-    return lc;
-  }
   static nn::GPTConfig model_config(const Options& o, const Corpus& corpus, int tp) {
     nn::GPTConfig gc;
     gc.vocab_size = corpus.vocab;
@@ -676,32 +497,6 @@ engine::EngineOptions engine_options(const Options& o) {
   eo.accumulate_grads_on_device = o.grads_on_device;
   return eo;
 }
-
-// A loader batch as the engine's micro-batch (views: the batch must outlive its use), with its
-// rows' place in the step's global batch, so dropout masks follow the rows.
-engine::MicroBatch micro_of(const data::Batch& b) {
-  engine::MicroBatch micro{b.inputs.data(), b.targets.data(), b.rows, b.seq_len};
-  micro.first_row = b.first_row;
-  return micro;
-}
-
-// A loader batch as this rank feeds it: the whole batch, or with Ulysses sequence parallelism
-// this rank's positions of it (the slice lives as long as the micro-step reads it).
-struct RankBatch {
-  const data::Batch& batch;
-  std::optional<parallel::SequenceSlice> slice;
-
-  RankBatch(const data::Batch& b, const parallel::SequenceParallel& sp) : batch(b) {
-    if (sp.active()) slice.emplace(b.inputs.data(), b.targets.data(), b.rows, b.seq_len, sp);
-  }
-  engine::MicroBatch micro() const {
-    if (!slice) return micro_of(batch);
-    engine::MicroBatch micro{slice->tokens.data(), slice->targets.data(), slice->batch,
-                             slice->seq_len};
-    micro.first_row = batch.first_row;  // the same rows, this rank's positions of them
-    return micro;
-  }
-};
 
 // What the MoE layers routed over a step: the load-balancing loss (mean over micro-steps) and
 // the choices dropped past their expert's capacity, summed over micro-steps and ranks.
@@ -798,87 +593,9 @@ std::string moe_note(const Config& cfg) {
          ")";
 }
 
-// v averaged over eng's data-parallel group (through the engine, whose communicator may move
-// device memory only).
-template <class Eng>
-double mean_over_dp(Eng& eng, double v) {
-  if constexpr (requires(std::span<double> s) { eng.sum_over_data_parallel(s); }) {
-    eng.sum_over_data_parallel(std::span<double>(&v, 1));
-    return v / eng.world_size();
-  } else {
-    eng.comm().all_reduce(std::span<double>(&v, 1), parallel::ReduceOp::avg);
-    return v;
-  }
-}
-
-// Loads --resume into eng and the loader's position; returns the step to start from (0 without).
-template <class Eng>
-std::int64_t resume_if_asked(const Options& o, Eng& eng, data::DataLoader& loader, bool leader) {
-  if (o.resume.empty()) return 0;
-  const auto client = eng.load_checkpoint(o.save_dir, o.resume == "latest" ? "" : o.resume);
-  const auto first_step = client.at("next_step").template get<std::int64_t>();
-  loader.restore(data::LoaderState::from_json(client.at("loader")));
-  if (leader) {
-    std::printf("train_gpt: resumed from %s/%s at step %lld\n", o.save_dir.c_str(),
-                o.resume.c_str(), static_cast<long long>(first_step));
-  }
-  return first_step;
-}
-
-// The --metrics file (appended to) on the leader, or none: ConfigError when it cannot be opened,
-// rather than a run that writes nothing.
-std::ofstream open_metrics(const Options& o, bool leader) {
-  std::ofstream metrics;
-  if (leader && !o.metrics.empty()) {
-    metrics.open(o.metrics, std::ios::app);
-    expect<ConfigError>(metrics.is_open(), "--metrics ", o.metrics, ": cannot open it to append (",
-                        std::strerror(errno), ")");
-  }
-  return metrics;
-}
-
-// The --metrics line of a printed step: the figures every run has, and the Monitor's wall-clock
-// and memory breakdowns when they were due (observed, end_step's JSON); the caller adds its own.
-template <class Eng>
-nlohmann::json metrics_line(const Eng& eng, std::int64_t step, double loss, double tokens_per_s,
-                            double ms, const nlohmann::json& observed) {
-  nlohmann::json line = {{"step", step},
-                         {"loss", loss},
-                         {"lr", eng.lr()},
-                         {"grad_norm", eng.last_grad_norm()},
-                         {"loss_scale", eng.loss_scale()},
-                         {"tokens_per_s", tokens_per_s},
-                         {"ms_per_step", ms},
-                         {"model_state_bytes", eng.memory_report().total()},
-                         {"skipped", eng.last_step_skipped()}};
-  for (const char* key : {"wall_clock", "memory", "wall_clock_stages", "memory_stages"}) {
-    if (observed.contains(key)) line[key] = observed[key];
-  }
-  return line;
-}
-
-// Saves a checkpoint after `done` steps when --save-every says so (and after the last step).
-template <class Eng>
-void save_if_due(const Options& o, Eng& eng, const data::DataLoader& loader, std::int64_t done,
-                 bool leader) {
-  if (o.save_every <= 0 || (done % o.save_every != 0 && done != o.steps)) return;
-  const auto saved =
-      eng.save_checkpoint(o.save_dir, "step" + std::to_string(done),
-                          {{"next_step", done}, {"loader", loader.state().to_json()}});
-  if (leader) {
-    std::printf("train_gpt: saved %s (%.1f MB)\n", saved.path.string().c_str(),
-                static_cast<double>(saved.total_bytes) / 1e6);
-  }
-}
-
-// The closing line: the loss at the first and last step beside the uniform guess, and the
-// validation loss, or, with no held-out tokens, the loss on the first training rows (which
-// training has seen, so it is no validation figure).
-void print_losses(double first_loss, double loss, const Corpus& corpus, double val_loss) {
-  std::printf("loss %.4f -> %.4f (uniform over %lld tokens: %.4f); %s %.4f\n", first_loss, loss,
-              static_cast<long long>(corpus.vocab), std::log(static_cast<double>(corpus.vocab)),
-              corpus.val_held_out ? "validation loss" : "loss on training rows (no --val-tokens)",
-              val_loss);
+// The run's checkpoints: --save-dir, --save-every and --resume.
+Checkpoints checkpoints_of(const Options& o) {
+  return {"train_gpt", o.save_dir, o.resume, o.save_every, o.run.steps};
 }
 
 // The bytes a sample draws from: the byte vocabulary without end-of-text.
@@ -941,22 +658,6 @@ void print_sample(const Options& o, const Corpus& corpus, bool leader, std::int6
   }
 }
 
-// The datasheet bf16 peak of the GPU the CUDA runtime uses now, in TFLOP/s (0: not listed, or no
-// CUDA in this build).
-double device_peak_tflops() {
-#if defined(ZERO_TRAIN_GPT_CUDA)
-  int device = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
-    return 0.0;
-  }
-  return profile::datasheet_bf16_tflops(prop.name);
-#else
-  return 0.0;
-#endif
-}
-
 // The pipeline engine with E's model and policies (E = Engine<GPT<T>, Policies...>).
 template <class E>
 struct pipeline_engine_of;
@@ -999,7 +700,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   // of the stages' ranks with rank 0's tp, sp, ep and dp coordinates).
   monitor.collect_stages(
       [&groups](const std::string& s) { return parallel::all_gather_text(groups.pp(), s); });
-  const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
+  const std::int64_t first_step = checkpoints_of(o).resume_into(eng, run.train_loader, leader);
   if (leader) {
     for (const auto& w : pipe.partition().warnings) std::printf("train_gpt: %s\n", w.c_str());
     std::string layout;
@@ -1018,13 +719,13 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
         sp > 1 ? (" x " + std::to_string(sp) + " Ulysses sequence-parallel").c_str() : "", pp,
         std::string(name_of(po.schedule)).c_str(), layout.c_str(),
         static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
-        static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.steps));
+        static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.run.steps));
   }
-  std::ofstream metrics = open_metrics(o, leader);
+  std::ofstream metrics = open_metrics(o.metrics, leader);
   double first_loss = NAN, loss = NAN;
-  auto last = Clock::now();
+  StepClock clock;
   std::int64_t since_print = 0;
-  for (std::int64_t step = first_step; step < o.steps; ++step) {
+  for (std::int64_t step = first_step; step < o.run.steps; ++step) {
     std::vector<data::Batch> held;  // the micro-batches' data lives through the step
     std::vector<RankBatch> mine;    // and this rank's positions of them (Ulysses)
     std::vector<engine::MicroBatch> batches;
@@ -1051,7 +752,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
     loss = mean_over_dp(eng, r.loss);
     if (std::isnan(first_loss)) first_loss = loss;
     ++since_print;
-    const bool print_due = (step + 1) % cfg.steps_per_print == 0 || step + 1 == o.steps;
+    const bool print_due = (step + 1) % cfg.steps_per_print == 0 || step + 1 == o.run.steps;
     // Each stage holds its own units' states: the line shows the largest (a max over the
     // pipeline group, which every rank joins when a line is due).
     double state_bytes = 0;
@@ -1060,11 +761,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
       groups.pp().all_reduce(std::span<double>(&state_bytes, 1), parallel::ReduceOp::max);
     }
     if (leader && print_due) {
-      const auto now = Clock::now();
-      const double seconds = std::chrono::duration<double>(now - last).count();
-      last = now;
-      const double tokens_per_s = static_cast<double>(since_print * sizes.train * o.seq) / seconds;
-      const double ms = 1e3 * seconds / static_cast<double>(since_print);
+      const auto [tokens_per_s, ms] = clock.lap(since_print, sizes.train * o.seq);
       std::printf(
           "step %4lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tokens/s | %.1f ms/step | "
           "bubble %.2f | largest stage state %.2f MB%s%s\n",
@@ -1083,13 +780,13 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
         metrics << line.dump() << "\n" << std::flush;
       }
     }
-    save_if_due(o, eng, run.train_loader, step + 1, leader);
+    checkpoints_of(o).save_if_due(eng, run.train_loader, step + 1, leader);
   }
   monitor.finish();
   const data::Batch val = run.val_loader.next();
   const RankBatch val_mine(val, model.sequence_parallel());
   const double val_loss = mean_over_dp(eng, pipe.evaluate(val_mine.micro()));
-  if (leader) print_losses(first_loss, loss, corpus, val_loss);
+  if (leader) print_losses(first_loss, loss, corpus.vocab, corpus.val_held_out, val_loss);
   if (sp > 1) {  // the sampler would need the last position's logits from the last sp rank
     if (leader) std::printf("train_gpt: no sample with Ulysses sequence parallelism\n");
     return loss < first_loss || first_step > 0;
@@ -1108,16 +805,6 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
                  return next;
                });
   return loss < first_loss || first_step > 0;
-}
-
-// The GPUs the ranks of comm compute on, for MFU: CudaLocalComm runs its ranks as threads on one
-// GPU; NcclComm, the other device communicator, has one GPU a rank.
-template <class Comm>
-int gpus_of(const Comm& comm) {
-  if constexpr (requires { Comm::comm_name; }) {
-    if (std::string_view(Comm::comm_name) == "CudaLocalComm") return 1;
-  }
-  return comm.size();
 }
 
 // --init and --export read and write GPT-2's tensors; what this run cannot map onto them is
@@ -1173,7 +860,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   // The embedding may be padded past the vocabulary (tensor parallelism): the file holds the
   // real tokens' rows.
   if (!o.init.empty()) engine::load_gpt2_weights(eng, o.init, corpus.vocab);
-  const std::int64_t first_step = resume_if_asked(o, eng, run.train_loader, leader);
+  const std::int64_t first_step = checkpoints_of(o).resume_into(eng, run.train_loader, leader);
   const auto mem = eng.memory_report();
   if (leader) {
     std::printf(
@@ -1188,11 +875,10 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
         sp > 1 ? (" x " + std::to_string(sp) + " Ulysses sequence-parallel").c_str() : "",
         std::string(name_of(dtype_of<typename E::T>)).c_str(), static_cast<long long>(sizes.train),
         static_cast<long long>(sizes.micro), static_cast<long long>(sizes.accumulation), dp,
-        static_cast<long long>(o.steps), static_cast<double>(mem.total()) / 1e6,
+        static_cast<long long>(o.run.steps), static_cast<double>(mem.total()) / 1e6,
         shard_note(eng.options(), eng.comm().size()).c_str());
   }
-  std::ofstream metrics = open_metrics(o, leader);
-  const bool tty = leader && ::isatty(STDOUT_FILENO);
+  std::ofstream metrics = open_metrics(o.metrics, leader);
   // The model's FLOPs per token, and the peak they are measured against: the GPUs' on a device
   // (tokens/s and TFLOP/s count every rank's tokens, so MFU divides by every GPU's peak).
   const double flops_per_token = profile::gpt_flops_per_token(
@@ -1201,11 +887,10 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   const int gpus = on_device ? gpus_of(comm) : 1;
   const double peak_tflops = on_device ? device_peak_tflops() * gpus : 0.0;
 
-  const std::int64_t print_every = cfg.steps_per_print;
-  auto last = Clock::now();
+  StepLines lines(leader, o.run.steps, cfg.steps_per_print, sizes.train * o.seq, flops_per_token,
+                  peak_tflops, metrics);
   double first_loss = NAN, loss = NAN;
-  std::int64_t since_print = 0;
-  for (std::int64_t step = first_step; step < o.steps; ++step) {
+  for (std::int64_t step = first_step; step < o.run.steps; ++step) {
     double step_loss = 0;
     model.reset_moe_window_stats();
     monitor.begin_step(eng, step + 1);
@@ -1227,51 +912,13 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
     // A collective: only a model with MoE layers pays it.
     const RoutingTotals routing = cfg.moe.active() ? routed.over_ranks(eng) : routed;
     if (std::isnan(first_loss)) first_loss = loss;
-    ++since_print;
-    const bool print = (step + 1) % print_every == 0 || step + 1 == o.steps;
-    if (tty && !print) {
-      const int width = 30;
-      const auto filled = static_cast<int>(width * (step + 1) / std::max<std::int64_t>(o.steps, 1));
-      std::printf("\r[%.*s%*s] %lld/%lld loss %.4f", filled, "##############################",
-                  width - filled, "", static_cast<long long>(step + 1),
-                  static_cast<long long>(o.steps), loss);
-      std::fflush(stdout);
-    }
-    if (print) {
-      const auto now = Clock::now();
-      const double seconds = std::chrono::duration<double>(now - last).count();
-      last = now;
-      const double tokens_per_s = static_cast<double>(since_print * sizes.train * o.seq) / seconds;
-      const double ms = 1e3 * seconds / static_cast<double>(since_print);
-      since_print = 0;
-      const double state_mb = static_cast<double>(eng.memory_report().total()) / 1e6;
-      const double model_tflops = flops_per_token * tokens_per_s / 1e12;
-      char mfu[32] = "";
-      if (peak_tflops > 0) {
-        std::snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * model_tflops / peak_tflops);
+    lines.after_step(eng, step + 1, loss, routing.line(), observed, [&](nlohmann::json& line) {
+      if (cfg.moe.active()) {
+        line["moe_aux_loss"] = routing.aux_loss;
+        line["moe_dropped_fraction"] = routing.dropped_fraction();
       }
-      if (leader) {
-        std::printf(
-            "%sstep %4lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g | %.0f tokens/s"
-            " | %.3g TFLOP/s%s | %.1f ms/step | state %.2f MB%s%s\n",
-            tty ? "\r" : "", static_cast<long long>(step + 1), loss, eng.lr(), eng.last_grad_norm(),
-            eng.loss_scale(), tokens_per_s, model_tflops, mfu, ms, state_mb, routing.line().c_str(),
-            eng.last_step_skipped() ? " | skipped" : "");
-        std::fflush(stdout);
-        if (metrics.is_open()) {
-          nlohmann::json line = metrics_line(eng, step + 1, loss, tokens_per_s, ms, observed);
-          line["model_tflops"] = model_tflops;
-          line["activation_peak_bytes"] = eng.activation_peak_bytes();
-          if (peak_tflops > 0) line["mfu"] = model_tflops / peak_tflops;
-          if (cfg.moe.active()) {
-            line["moe_aux_loss"] = routing.aux_loss;
-            line["moe_dropped_fraction"] = routing.dropped_fraction();
-          }
-          metrics << line.dump() << "\n" << std::flush;
-        }
-      }
-    }
-    save_if_due(o, eng, run.train_loader, step + 1, leader);
+    });
+    checkpoints_of(o).save_if_due(eng, run.train_loader, step + 1, leader);
   }
   if (!o.export_path.empty()) {
     const auto written =
@@ -1289,7 +936,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
   const RankBatch val_mine(val, model.sequence_parallel());
   const double val_loss =
       mean_over_dp(eng, static_cast<double>(static_cast<float>(eng.evaluate(val_mine.micro()))));
-  if (leader) print_losses(first_loss, loss, corpus, val_loss);
+  if (leader) print_losses(first_loss, loss, corpus.vocab, corpus.val_held_out, val_loss);
   if (sp > 1) {  // the sampler would need the last position's logits from the last sp rank
     if (leader) std::printf("train_gpt: no sample with Ulysses sequence parallelism\n");
     return loss < first_loss || first_step > 0;
@@ -1319,11 +966,10 @@ bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& com
   expect<ConfigError>(comm.size() % (tp * pp * sp) == 0, "tensor_parallel.tp_size = ", tp,
                       ", pipeline.stages = ", pp, " and sequence_parallel_size = ", sp,
                       " do not divide the ", comm.size(), " ranks");
-  const auto chosen = fill_auto(o, cfg, static_cast<int>(comm.size() / (tp * pp * sp)));  // dp
+  const auto chosen =
+      fill_auto(o.run, cfg, o.channels, static_cast<int>(comm.size() / (tp * pp * sp)));  // dp
   if (comm.rank() == 0) {
-    for (const auto& w : cfg.warnings) std::fprintf(stderr, "train_gpt: config: %s\n", w.c_str());
-    for (const auto& n : cfg.notices) std::printf("train_gpt: config: %s\n", n.c_str());
-    for (const auto& c : chosen) std::printf("train_gpt: config: auto: %s\n", c.c_str());
+    print_config_notes("train_gpt", cfg, chosen);
     if (engine::offload_cpu_already_host<None, Device>(cfg)) {
       std::printf("train_gpt: config: %s\n", engine::host_offload_note().c_str());
     }
@@ -1345,32 +991,6 @@ bool run(const Options& o, const Config& parsed, const Corpus& corpus, Comm& com
   }
 }
 
-// Started by mpirun or mpiexec, or as one of several srun tasks (parallel::launched_by_mpi); a
-// lone srun task, or a batch script running train_gpt directly (no step: launch_env finds
-// nothing), keeps the LocalComm ranks.
-bool launched_by_mpi() {
-  return parallel::launched_by_mpi(parallel::launch_env());
-}
-
-#if defined(ZERO_WITH_MPI)
-// fn(), and on an exception from it with other ranks running, the message and MPI_Abort: the
-// other ranks may be inside a collective this rank will never join (NCCL's wait for a peer has
-// no deadline while it connects), and MPI_Finalize, which the unwinding would run, can wait for
-// them too. One rank alone rethrows, so main reports it as on the host.
-template <class Fn>
-bool abort_others_on_error(parallel::MpiComm& world, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    if (world.size() <= 1) throw;
-    std::fprintf(stderr, "train_gpt: rank %d: %s\n", world.rank(), e.what());
-    std::fflush(stderr);
-    MPI_Abort(world.native_handle(), 1);
-    throw;  // not reached: MPI_Abort ends the job
-  }
-}
-#endif
-
 }  // namespace
 }  // namespace zero::train_gpt
 
@@ -1380,63 +1000,22 @@ int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
   const Config cfg = make_config(o);
   const Corpus corpus = load_corpus(o);
-  bool improved = true;
 #if defined(ZERO_TRAIN_GPT_CUDA)
   expect<ConfigError>(o.device == "cuda",
                       "train_gpt_cuda trains on the GPU (--device cuda, its default); train_gpt "
                       "trains on the host");
-  int devices = 0;
-  const cudaError_t found = cudaGetDeviceCount(&devices);
-  expect<CudaError>(found == cudaSuccess && devices > 0,
-                    "train_gpt_cuda: no CUDA device is visible (cudaGetDeviceCount: ",
-                    found == cudaSuccess ? "0 devices" : cudaGetErrorString(found),
-                    "); it needs an NVIDIA GPU and a working driver (check nvidia-smi and "
-                    "CUDA_VISIBLE_DEVICES), or train_gpt on the host");
-  if (launched_by_mpi()) {
-#if defined(ZERO_WITH_NCCL) && defined(ZERO_WITH_MPI)
-    // One process per GPU: NCCL over the ranks mpiexec started, each on the GPU of its index
-    // among its node's ranks (modulo the node's devices).
-    auto world = parallel::MpiComm::world(argc, argv, parallel::CommOptions{cfg.comm_timeout_s});
-    improved = abort_others_on_error(world, [&] {
-      parallel::NcclComm nccl(world);
-      return run<Cuda>(o, cfg, corpus, nccl);
-    });
-#else
-    throw ConfigError(
-        "train_gpt_cuda runs under mpiexec, one process per GPU over NCCL, but was built without "
-        "NCCL or MPI (ZERO_WITH_NCCL, ZERO_WITH_MPI); without mpiexec its --ranks ranks share "
-        "one GPU");
-#endif
-  } else {
-    parallel::CudaLocalComm::run(
-        o.ranks,
-        [&](parallel::CudaLocalComm& comm) {
-          const bool ok = run<Cuda>(o, cfg, corpus, comm);
-          if (comm.rank() == 0) improved = ok;
-        },
-        parallel::CommOptions{cfg.comm_timeout_s});
-  }
+  using Device = Cuda;
+  const char* program = "train_gpt_cuda";
 #else
   expect<ConfigError>(o.device == "host",
                       "--device cuda: this train_gpt was built without CUDA; build the "
                       "train_gpt_cuda target (configured when CMake finds nvcc) and run that");
-  if (launched_by_mpi()) {
-#if defined(ZERO_WITH_MPI)
-    auto world = parallel::MpiComm::world(argc, argv, parallel::CommOptions{cfg.comm_timeout_s});
-    improved = abort_others_on_error(world, [&] { return run<Host>(o, cfg, corpus, world); });
-#else
-    throw ConfigError("train_gpt runs under mpiexec but was built without MPI (ZERO_WITH_MPI)");
+  using Device = Host;
+  const char* program = "train_gpt";
 #endif
-  } else {
-    parallel::LocalComm::run(
-        o.ranks,
-        [&](parallel::LocalComm& comm) {
-          const bool ok = run<Host>(o, cfg, corpus, comm);
-          if (comm.rank() == 0) improved = ok;
-        },
-        parallel::CommOptions{cfg.comm_timeout_s});
-  }
-#endif
+  const bool improved =
+      examples::run_ranks<Device>(argc, argv, o.ranks, cfg.comm_timeout_s, program,
+                                  [&](auto& comm) { return run<Device>(o, cfg, corpus, comm); });
   // Exit 1 says so in words too: CTest ignores the exit code of a test with a pass regex, so
   // those tests fail on these lines (FAIL_REGULAR_EXPRESSION) instead.
   if (!improved) std::fprintf(stderr, "train_gpt: FAILED: the training loss did not fall\n");

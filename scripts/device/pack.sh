@@ -6,7 +6,7 @@
 #   cmake -S . -B build/cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
 #   ninja -C build/cuda zero_cuda_ops_tests zero_cuda_engine_backend_tests test_optim_cuda \
 #     zero_cuda_comm_tests zero_cuda_core_tests zero_cuda_engine_backend_no_device_tests \
-#     kernel_bench gpu_step train_gpt_cuda optim_bench
+#     kernel_bench gpu_step train_gpt_cuda train_llama_cuda optim_bench
 #   bash scripts/device/pack.sh build/cuda
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +16,7 @@ rm -rf "$stage" && mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
 missing=0
 for t in zero_cuda_ops_tests zero_cuda_engine_backend_tests test_optim_cuda zero_cuda_comm_tests \
          zero_cuda_core_tests zero_cuda_engine_backend_no_device_tests kernel_bench gpu_step \
-         train_gpt_cuda optim_bench; do
+         train_gpt_cuda train_llama_cuda optim_bench; do
   f=$(find "$build" -name "$t" -type f -perm -u+x | head -1)
   if [[ -n $f ]]; then cp "$f" "$stage/bin/"; else echo "pack.sh: no $t in $build"; missing=1; fi
 done

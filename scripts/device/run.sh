@@ -2,7 +2,8 @@
 # On a machine with a GPU, in the repository root with .carry/pack.tar.xz beside it (made by
 # scripts/device/pack.sh): unpacks the binaries and runs what $1 names, writing the logs under
 # $OUT (the device tool's result folder; /tmp/out elsewhere) and a summary.txt there:
-#   quick    the [cuda] suites, kernel_bench, gpu_step and four short train_gpt_cuda runs
+#   quick    the [cuda] suites, kernel_bench, gpu_step, four short train_gpt_cuda runs and two
+#            of train_llama_cuda
 #   tests    the [cuda] suites only
 #   bench    gpu_step, PyTorch's GPT-2 step on the same GPU, kernel_bench, the host AdamW (on
 #            every core, and on one fewer, as the delayed update runs it)
@@ -102,6 +103,13 @@ run_train() {
     timeout 100 "$bin/train_gpt_cuda" --data data/corpus.txt --steps 8 --layers 2 --channels 64 \
       --seq 32 --precision bf16 --ranks 2 "${flags[@]}" >> "$logs/train_gpt_cuda.txt" 2>&1
     checked "train_gpt_cuda $extra" $? "$logs/train_gpt_cuda.txt"
+  done
+  # The Llama decoder on the GPU: ZeRO-3, and ZeRO-2 with the host optimizer (ZeRO-Offload).
+  for extra in "--stage 3" "--stage 2 --offload-cpu"; do
+    read -ra flags <<< "$extra"
+    timeout 100 "$bin/train_llama_cuda" --data data/corpus.txt --steps 8 --layers 2 --channels 64 \
+      --seq 32 --precision bf16 --ranks 2 "${flags[@]}" >> "$logs/train_gpt_cuda.txt" 2>&1
+    checked "train_llama_cuda $extra" $? "$logs/train_gpt_cuda.txt"
   done
 }
 
