@@ -258,6 +258,9 @@ struct ModelShape {
 ModelShape model_shape(const Options& o) {
   ModelShape s;
   if (const auto file = shape_file(o)) {
+    expect<ConfigError>(o.model.empty(), "--model ", o.model, " and ", file->string(),
+                        " both give the shape: leave out --model, or start --init from a "
+                        "directory without a config.json");
     const io::llama::HfLlamaConfig hf = io::llama::read_hf_config(*file);
     s.model = hf.model;
     s.tied = hf.tied;
@@ -272,8 +275,8 @@ ModelShape model_shape(const Options& o) {
     s.model.channels = 128;
     s.model.intermediate_size = 352;
     if (!o.tokens.empty()) {
-      expect<ConfigError>(o.vocab.has_value(), program,
-                          ": --tokens needs the model's vocabulary: --vocab, --model, or a "
+      expect<ConfigError>(o.vocab.has_value(),
+                          "--tokens needs the model's vocabulary: --vocab, --model, or a "
                           "config.json (--hf-config, or beside --init's weights)");
     }
     s.model.vocab_size = byte_vocab_padded;
@@ -288,8 +291,7 @@ ModelShape model_shape(const Options& o) {
   s.model.checkpoint_activations = o.checkpoint_activations;
   s.model.validate();
   if (o.tokens.empty()) {
-    expect<ConfigError>(s.model.vocab_size >= 257, program, ": the model's vocabulary (",
-                        s.model.vocab_size,
+    expect<ConfigError>(s.model.vocab_size >= 257, "the model's vocabulary (", s.model.vocab_size,
                         ") cannot hold the text's byte tokens (257: 256 bytes and end-of-text); "
                         "train on --tokens, or give --vocab 257 or more");
   }
@@ -322,7 +324,7 @@ Config make_config(const Options& o) {
                       " trains without pipeline stages (pipeline.stages = ", c.pipeline.stages,
                       "); nn::LayerLlama runs under parallel::pipeline::PipelineEngine in a "
                       "program of your own");
-  expect<ConfigError>(!c.moe.active(), program, ": Llama has no mixture-of-experts layers (moe)");
+  expect<ConfigError>(!c.moe.active(), "Llama has no mixture-of-experts layers (moe)");
   if (o.tp) c.tensor_parallel.tp_size = *o.tp;
   expect<ConfigError>(!o.sp || c.tensor_parallel.tp_size > 1,
                       "--sp without a size is Megatron's sequence parallelism, which needs tensor "
