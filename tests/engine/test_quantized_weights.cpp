@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,9 +17,11 @@
 
 #include <parallel/comm/comm_logger.hpp>
 #include <parallel/comm/local_comm.hpp>
+#include <zero/core/int4_blocks.hpp>
 #include <zero/core/int8_blocks.hpp>
 #include <zero/core/rng.hpp>
 #include <zero/engine/dispatch.hpp>
+#include <zero/ops/cpu/int4_blocks.hpp>
 #include <zero/ops/cpu/int8_blocks.hpp>
 
 #include "../support/per_rank.hpp"
@@ -88,6 +91,35 @@ TEST_CASE("int8 blocks: a packed run reads back within half a step of its block'
                                               std::span<std::uint8_t>(short_buffer));
              }),
              Catch::Contains("quantize_int8_blocks: 1000 values pack into 1016 bytes, not 1015"));
+}
+
+TEST_CASE("int8 and int4 blocks: a block of NaNs alone packs with scale 0 and codes 0",
+          "[unit][engine]") {
+  // The largest magnitude skips NaNs from 0 (the device's kernels floor their fmaxf reduction
+  // at 0 to give the same): a block of NaNs alone has scale 0, codes 0 and reads back 0; a NaN
+  // among finite values takes the code -max (a NaN quotient's, through fmaxf's rule).
+  std::vector<float> in = random_values(600, 0.05f, 11);
+  std::fill(in.begin(), in.begin() + 256, std::nanf(""));
+  in[300] = std::nanf("");
+  const auto scale_of = [](const std::vector<std::uint8_t>& packed, std::int64_t offset, int b) {
+    float scale = 0;
+    std::memcpy(&scale, packed.data() + offset + 4 * b, 4);
+    return scale;
+  };
+  std::vector<std::uint8_t> int8(static_cast<std::size_t>(quant::int8_packed_bytes(600)));
+  ops::cpu::quantize_int8_blocks(std::span<const float>(in), std::span<std::uint8_t>(int8));
+  CHECK(scale_of(int8, quant::int8_scales_offset(600), 0) == 0.0f);
+  CHECK(std::all_of(int8.begin(), int8.begin() + 256, [](std::uint8_t c) { return c == 0; }));
+  CHECK(static_cast<std::int8_t>(int8[300]) == -127);
+  CHECK(scale_of(int8, quant::int8_scales_offset(600), 1) > 0.0f);
+  std::vector<float> out(in.size());
+  ops::cpu::dequantize_int8_blocks(std::span<const std::uint8_t>(int8), std::span<float>(out));
+  CHECK(std::all_of(out.begin(), out.begin() + 256, [](float v) { return v == 0.0f; }));
+  std::vector<std::uint8_t> int4(static_cast<std::size_t>(quant::int4_packed_bytes(600)));
+  ops::cpu::quantize_int4_blocks(std::span<const float>(in), std::span<std::uint8_t>(int4));
+  CHECK(scale_of(int4, quant::int4_scales_offset(600), 0) == 0.0f);
+  CHECK(std::all_of(int4.begin(), int4.begin() + 128, [](std::uint8_t c) { return c == 0; }));
+  CHECK(quant::int4_code_at(int4.data(), 300) == -7);
 }
 
 TEST_CASE("qwZ: stage 3 with quantized gathers trains near the reference, repeatably",

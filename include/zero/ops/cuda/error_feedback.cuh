@@ -52,13 +52,15 @@ __global__ void __launch_bounds__(int8_block_threads)
   if constexpr (Bits == 8) {
     out += static_cast<std::int64_t>(blockIdx.y) * quant::int8_packed_bytes(n);
     if (threadIdx.x == 0) {
-      scale = quant::int8_scale(absmax);
+      // fmaxf skips a NaN but gives one for a block of NaNs alone; the host gives 0.
+      scale = quant::int8_scale(fmaxf(absmax, 0.0f));
       reinterpret_cast<float*>(out + quant::int8_scales_offset(n))[blockIdx.x] = scale;
     }
   } else {
     out += static_cast<std::int64_t>(blockIdx.y) * quant::int4_packed_bytes(n);
     if (threadIdx.x == 0) {
-      scale = quant::int4_scale(absmax);
+      // fmaxf skips a NaN but gives one for a block of NaNs alone; the host gives 0.
+      scale = quant::int4_scale(fmaxf(absmax, 0.0f));
       reinterpret_cast<float*>(out + quant::int4_scales_offset(n))[blockIdx.x] = scale;
     }
   }

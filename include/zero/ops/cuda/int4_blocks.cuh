@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(int4_block_threads)
   const float x = i < n ? load(in[i]) : 0.0f;
   const float absmax = Reduce(temp).Reduce(fabsf(x), [](float a, float b) { return fmaxf(a, b); });
   if (threadIdx.x == 0) {
-    scale = quant::int4_scale(absmax);
+    // fmaxf skips a NaN but gives one for a block of NaNs alone; the host gives 0.
+    scale = quant::int4_scale(fmaxf(absmax, 0.0f));
     reinterpret_cast<float*>(out + quant::int4_scales_offset(n))[blockIdx.x] = scale;
   }
   __syncthreads();

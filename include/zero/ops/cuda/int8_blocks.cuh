@@ -42,7 +42,8 @@ __global__ void __launch_bounds__(int8_block_threads)
   const float x = i < n ? load(in[i]) : 0.0f;
   const float absmax = Reduce(temp).Reduce(fabsf(x), [](float a, float b) { return fmaxf(a, b); });
   if (threadIdx.x == 0) {
-    scale = quant::int8_scale(absmax);
+    // fmaxf skips a NaN but gives one for a block of NaNs alone; the host gives 0.
+    scale = quant::int8_scale(fmaxf(absmax, 0.0f));
     reinterpret_cast<float*>(out + quant::int8_scales_offset(n))[blockIdx.x] = scale;
   }
   __syncthreads();
