@@ -1,8 +1,9 @@
 #pragma once
 // What the training examples (train_gpt, train_llama) share: their data (a text's bytes or token
 // files) and loaders, a loader batch as the engine's micro-batch, the checkpoint and --metrics
-// files, the step line, and where the ranks come from (threads of one process, or one process a
-// rank under mpiexec; on the host or, compiled by nvcc, on the GPU).
+// files, the step line, the DeepSpeed config their flags write into, and where the ranks come
+// from (threads of one process, or one process a rank under mpiexec; on the host or, compiled by
+// nvcc, on the GPU). Their flags and the walk over argv are run_flags.hpp.
 //
 // Compiled by nvcc (an example's *_cuda.cu, which includes cuda_backend.cuh first), run_ranks<Cuda>
 // runs the ranks as threads sharing one GPU over CudaLocalComm, or one process a GPU over NcclComm
@@ -54,6 +55,7 @@
 #include <zero/profile/mfu.hpp>
 
 #include "cli_number.hpp"
+#include "run_flags.hpp"
 
 namespace zero::examples {
 
@@ -377,9 +379,23 @@ bool abort_others_on_error(parallel::MpiComm& world, const char* program, Fn&& f
 /// rank (MpiComm on the host; on the GPU, Device = Cuda, NcclComm, each process on the GPU of its
 /// index among its node's ranks), else `ranks` threads of this process (LocalComm, or
 /// CudaLocalComm sharing one GPU). fn is a generic callable: it meets each communicator type.
+/// Runs fn(comm) on `ranks` threads of this process over the communicator Threads (LocalComm, or
+/// CudaLocalComm sharing one GPU); rank 0's result.
+template <class Threads, class Fn>
+bool run_threads(int ranks, const parallel::CommOptions& options, Fn& fn) {
+  bool result = true;
+  Threads::run(
+      ranks,
+      [&](Threads& comm) {
+        const bool ok = fn(comm);
+        if (comm.rank() == 0) result = ok;
+      },
+      options);
+  return result;
+}
+
 template <class Device, class Fn>
 bool run_ranks(int& argc, char**& argv, int ranks, double timeout_s, const char* program, Fn&& fn) {
-  bool result = true;
   const parallel::CommOptions options{timeout_s};
   if constexpr (std::is_same_v<Device, Host>) {
     if (launched_by_mpi()) {
@@ -391,13 +407,7 @@ bool run_ranks(int& argc, char**& argv, int ranks, double timeout_s, const char*
                         " runs under mpiexec but was built without MPI (ZERO_WITH_MPI)");
 #endif
     }
-    parallel::LocalComm::run(
-        ranks,
-        [&](parallel::LocalComm& comm) {
-          const bool ok = fn(comm);
-          if (comm.rank() == 0) result = ok;
-        },
-        options);
+    return run_threads<parallel::LocalComm>(ranks, options, fn);
   } else {
 #if defined(__CUDACC__)
     int devices = 0;
@@ -421,78 +431,16 @@ bool run_ranks(int& argc, char**& argv, int ranks, double timeout_s, const char*
                         "ranks share one GPU");
 #endif
     }
-    parallel::CudaLocalComm::run(
-        ranks,
-        [&](parallel::CudaLocalComm& comm) {
-          const bool ok = fn(comm);
-          if (comm.rank() == 0) result = ok;
-        },
-        options);
+    return run_threads<parallel::CudaLocalComm>(ranks, options, fn);
 #else
     static_assert(std::is_same_v<Device, Host>, "run_ranks on a device needs nvcc");
 #endif
   }
-  return result;
 }
 
 }  // namespace zero::examples
 
 namespace zero::examples {
-
-/// The flags every training example takes that set DeepSpeed config keys.
-struct ConfigFlags {
-  std::int64_t steps = 100, batch = 8, grad_accum = 1;
-  std::optional<int> stage;
-  std::optional<double> lr;
-  std::optional<std::int64_t> warmup, print_every;
-  std::string precision;  ///< f32 or bf16; empty: the config's, else f32
-};
-
-/// Reads flag's value v into f when flag is one of f's (--steps, --batch, --grad-accum, --stage,
-/// --lr, --warmup, --print-every, --precision) and returns true; false for another flag. A value
-/// that is not one (examples/cli_number.hpp: read whole and in range) is a ConfigError naming
-/// the flag.
-inline bool read_config_flag(const std::string& flag, const std::string& v, ConfigFlags& f) {
-  const auto positive = [&] { return parse_integer(flag, v, 1, std::numeric_limits<int>::max()); };
-  if (flag == "--steps") {
-    f.steps = parse_integer(flag, v, 0);
-  } else if (flag == "--batch") {
-    f.batch = positive();
-  } else if (flag == "--grad-accum") {
-    f.grad_accum = positive();
-  } else if (flag == "--stage") {
-    f.stage = static_cast<int>(parse_integer(flag, v, 0, 3));
-  } else if (flag == "--lr") {
-    f.lr = parse_real(flag, v);
-  } else if (flag == "--warmup") {
-    f.warmup = positive();
-  } else if (flag == "--print-every") {
-    f.print_every = positive();  // 0 and -5 became 1
-  } else if (flag == "--precision") {
-    expect<ConfigError>(v == "f32" || v == "bf16", "--precision must be f32 or bf16, not '", v,
-                        "'");
-    f.precision = v;
-  } else {
-    return false;
-  }
-  return true;
-}
-
-/// --token-format's value: llmc, raw_u16 or raw_i32 (ConfigError otherwise).
-inline data::TokenFormat token_format_of(const std::string& v) {
-  if (v == "llmc") return data::TokenFormat::llmc;
-  if (v == "raw_u16") return data::TokenFormat::raw_u16;
-  if (v == "raw_i32") return data::TokenFormat::raw_i32;
-  raise<ConfigError>("--token-format must be llmc, raw_u16 or raw_i32, not '", v, "'");
-}
-
-/// --export-dtype's value: f32, bf16 or f16 (ConfigError otherwise).
-inline DType export_dtype_of(const std::string& v) {
-  if (v == "f32") return DType::f32;
-  if (v == "bf16") return DType::bf16;
-  if (v == "f16") return DType::f16;
-  raise<ConfigError>("--export-dtype must be f32, bf16 or f16, not '", v, "'");
-}
 
 /// The built-in DeepSpeed config, what a user would write for a small run: AdamW (betas 0.9,
 /// 0.95, no weight decay), WarmupCosineLR over the run (warmup a tenth of it), clipping 1.0,

@@ -156,44 +156,20 @@ namespace {
 
 using namespace zero::examples;  // the examples' shared run (training_run.hpp)
 
-struct Options {
-  std::string config;
-  int ranks = 2;
-  ConfigFlags run;  // --steps, --batch, --grad-accum, --stage, --lr, --warmup, --precision, ...
+struct Options : RunFlags {          // the flags train_llama takes too (run_flags.hpp), and these
   std::optional<int> shard_size;     // hybrid sharding (default: the config's mics_shard_size)
   bool quantized_weights = false;    // ZeRO++ qwZ (or the config's zero_quantized_weights)
   bool quantized_gradients = false;  // ZeRO++ qgZ (or the config's zero_quantized_gradients)
   std::optional<int> quantized_gradient_bits;  // qgZ's 8 or 4 (zero_quantized_gradient_bits)
   std::optional<double> loco_err_beta;         // LoCo (zeropp_loco_param.err_beta)
   std::optional<int> hpz_size;        // ZeRO++ hpZ (default: the config's zero_hpz_partition_size)
-  std::optional<int> tp;              // tensor-parallel size (default: the config's, else 1)
-  bool sp = false;                    // Megatron sequence parallelism (with --tp)
-  std::optional<int> ulysses;         // Ulysses sequence-parallel size (--sp N)
   std::optional<int> experts, ep, k;  // MoE: experts per layer, expert-parallel size, top-k
   std::optional<int> etp;             // MoE: expert tensor-parallel size (1 or tp)
-  std::optional<int> pp, vpp;  // pipeline stages and chunks per stage (default: the config's)
-  std::string schedule;        // pipeline schedule (default: the config's, else 1f1b)
-  std::int64_t seq = 64, layers = 4, heads = 4, channels = 128;
-  std::uint64_t seed = 1234;
-  std::string data = ZERO_DEFAULT_CORPUS, tokens, val_tokens, init, metrics, save_dir, resume,
-              export_path;
-  DType export_dtype = DType::f32;
-  std::int64_t export_shard_bytes = 0;                       // 0: one file
-  data::TokenFormat token_format = data::TokenFormat::llmc;  // of --tokens and --val-tokens
-  std::optional<std::int64_t> vocab;  // the --tokens files' vocabulary (default: GPT-2's 50257)
-  std::string nvme_path;
-  std::int64_t save_every = 0;
+  std::int64_t layers = 4, heads = 4, channels = 128;
   double temperature = 0.8;
   int top_k = 40;
   std::int64_t sample_bytes = 96;
   bool profile = false;
-  bool offload_cpu = false;  // ZeRO-Offload on the GPU (--offload-cpu)
-#if defined(ZERO_TRAIN_GPT_CUDA)
-  std::string device = "cuda";  // the train_gpt_cuda build trains on the GPU
-#else
-  std::string device = "host";
-#endif
-  std::int64_t activation_mb = 512;
   std::optional<std::int64_t> delayed_update;  // DPU after this many steps (--delayed-update)
   bool grads_on_device = false;                // --grads-on-device
 };
@@ -206,153 +182,74 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    const bool sp_size = flag == "--sp" && i + 1 < argc && argv[i + 1][0] >= '0' &&
-                         argv[i + 1][0] <= '9';  // --sp N: Ulysses
-    if (flag == "--profile" || flag == "--offload-cpu" || flag == "--grads-on-device" ||
-        flag == "--quantized-weights" || flag == "--quantized-gradients" ||
-        (flag == "--sp" && !sp_size)) {  // no value
-      (flag == "--sp"                    ? o.sp
-       : flag == "--offload-cpu"         ? o.offload_cpu
-       : flag == "--grads-on-device"     ? o.grads_on_device
-       : flag == "--quantized-weights"   ? o.quantized_weights
-       : flag == "--quantized-gradients" ? o.quantized_gradients
-                                         : o.profile) = true;
-      --i;
-      continue;
-    }
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string v = argv[i + 1];
-    // Numbers are read whole and in range (examples/cli_number.hpp); a bad one ends in usage().
-    auto read = [&](auto parse) {
-      try {
-        return parse();
-      } catch (const zero::ConfigError& e) {
-        usage(e.what());
-      }
-    };
-    auto integer = [&](std::int64_t min = std::numeric_limits<std::int64_t>::min(),
-                       std::int64_t max = std::numeric_limits<std::int64_t>::max()) {
-      return read([&] { return zero::examples::parse_integer(flag, v, min, max); });
-    };
-    auto positive = [&] { return integer(1, std::numeric_limits<int>::max()); };  // a count
-    auto real = [&] { return read([&] { return zero::examples::parse_real(flag, v); }); };
-    if (read([&] { return read_config_flag(flag, v, o.run); })) continue;
-    if (flag == "--config")
-      o.config = v;
-    else if (flag == "--ranks")
-      o.ranks = static_cast<int>(positive());
-    else if (flag == "--shard-size")
-      o.shard_size = static_cast<int>(positive());
+  o.data = ZERO_DEFAULT_CORPUS;
+#if defined(ZERO_TRAIN_GPT_CUDA)
+  o.device = "cuda";  // the train_gpt_cuda build trains on the GPU
+#else
+  o.device = "host";
+#endif
+  const auto own_switch = [&](const std::string& flag) {
+    bool* on = flag == "--profile"               ? &o.profile
+               : flag == "--grads-on-device"     ? &o.grads_on_device
+               : flag == "--quantized-weights"   ? &o.quantized_weights
+               : flag == "--quantized-gradients" ? &o.quantized_gradients
+                                                 : nullptr;
+    if (on != nullptr) *on = true;
+    return on != nullptr;
+  };
+  const auto own_flag = [&](const FlagValue& v) {
+    const std::string& flag = v.flag;
+    const auto count = [&] { return static_cast<int>(v.positive()); };
+    if (flag == "--shard-size")
+      o.shard_size = count();
     else if (flag == "--hpz-size")
-      o.hpz_size = static_cast<int>(positive());
+      o.hpz_size = count();
     else if (flag == "--quantized-gradient-bits")
-      o.quantized_gradient_bits = static_cast<int>(integer(4, 8));
+      o.quantized_gradient_bits = static_cast<int>(v.integer(4, 8));
     else if (flag == "--loco-err-beta")
-      o.loco_err_beta = real();
-    else if (flag == "--tp")
-      o.tp = static_cast<int>(positive());
-    else if (flag == "--sp")
-      o.ulysses = static_cast<int>(positive());
+      o.loco_err_beta = v.real();
     else if (flag == "--experts")
-      o.experts = static_cast<int>(positive());
+      o.experts = count();
     else if (flag == "--ep")
-      o.ep = static_cast<int>(positive());
+      o.ep = count();
     else if (flag == "--etp")
-      o.etp = static_cast<int>(positive());
+      o.etp = count();
     else if (flag == "--k")
-      o.k = static_cast<int>(positive());
-    else if (flag == "--pp")
-      o.pp = static_cast<int>(positive());
-    else if (flag == "--vpp")
-      o.vpp = static_cast<int>(positive());
-    else if (flag == "--schedule")
-      o.schedule = v;
-    else if (flag == "--seq")
-      o.seq = positive();
+      o.k = count();
     else if (flag == "--layers")
-      o.layers = positive();
+      o.layers = v.positive();
     else if (flag == "--heads")
-      o.heads = positive();
+      o.heads = v.positive();
     else if (flag == "--channels")
-      o.channels = positive();
-    else if (flag == "--seed")
-      o.seed = static_cast<std::uint64_t>(integer(0));  // -1 became 2^64 - 1
-    else if (flag == "--data")
-      o.data = v;
-    else if (flag == "--tokens")
-      o.tokens = v;
-    else if (flag == "--val-tokens")
-      o.val_tokens = v;
-    else if (flag == "--vocab")
-      o.vocab = positive();
-    else if (flag == "--init")
-      o.init = v;
-    else if (flag == "--metrics")
-      o.metrics = v;
-    else if (flag == "--save-dir")
-      o.save_dir = v;
-    else if (flag == "--save-every")
-      o.save_every = positive();  // -2 never saved
-    else if (flag == "--export")
-      o.export_path = v;
-    else if (flag == "--export-shard-bytes")
-      o.export_shard_bytes = integer(0);
+      o.channels = v.positive();
     else if (flag == "--temperature")
-      o.temperature = real();
+      o.temperature = v.real();
     else if (flag == "--top-k")
-      o.top_k = static_cast<int>(integer(0, std::numeric_limits<int>::max()));
+      o.top_k = static_cast<int>(v.integer(0, std::numeric_limits<int>::max()));
     else if (flag == "--sample-bytes")
-      o.sample_bytes = integer();
-    else if (flag == "--nvme-path")
-      o.nvme_path = v;
-    else if (flag == "--token-format")
-      o.token_format = read([&] { return token_format_of(v); });
-    else if (flag == "--export-dtype")
-      o.export_dtype = read([&] { return export_dtype_of(v); });
-    else if (flag == "--resume")
-      o.resume = v;
-    else if (flag == "--device") {
-      if (v != "host" && v != "cuda") usage("--device must be host or cuda, not '" + v + "'");
-      o.device = v;
-    } else if (flag == "--activation-mb")
-      o.activation_mb = integer(1, std::int64_t{1} << 40);  // MiB; 2^44 << 20 wrapped to 0
+      o.sample_bytes = v.integer();
     else if (flag == "--delayed-update")
-      o.delayed_update = integer();
+      o.delayed_update = v.integer();
     else
-      usage("unknown flag " + flag);
-  }
-  if (o.ranks < 1) usage("--ranks must be >= 1");
-  if (o.activation_mb < 1) usage("--activation-mb must be positive");
-  if (o.delayed_update && (*o.delayed_update < 0 || o.device != "cuda")) {
-    usage(
-        "--delayed-update N (N >= 0 warm-up steps) delays the host optimizer of --offload-cpu: "
-        "it needs --device cuda");
-  }
-  // Without offload (from --offload-cpu or the config) or at stage 1 the engine refuses it.
-  if (o.grads_on_device && o.device != "cuda") {
-    usage(
-        "--grads-on-device sums the offloaded gradient shards on the GPU: it needs --device cuda");
-  }
-  if (o.run.steps < 0 || o.run.batch < 1 || o.seq < 1 || o.run.grad_accum < 1) {
-    usage("--steps, --batch, --seq and --grad-accum must be positive");
-  }
-  if (!(o.temperature >= 0) || o.top_k < 0 || o.sample_bytes < 0) {
-    usage("--temperature, --top-k and --sample-bytes must be >= 0");
-  }
-  if ((o.save_every > 0 || !o.resume.empty()) && o.save_dir.empty()) {
-    usage("--save-every and --resume need --save-dir");
-  }
-  if (o.token_format != data::TokenFormat::llmc && o.tokens.empty()) {
-    usage("--token-format says how the --tokens file is stored");
-  }
-  if (o.vocab && o.tokens.empty()) {
-    usage("--vocab is the vocabulary of the --tokens files (a --data text is byte tokens, 257)");
-  }
-  if (!o.val_tokens.empty() && o.tokens.empty()) {
-    usage("--val-tokens is the validation file beside --tokens (a --data text is split itself)");
-  }
+      return false;
+    return true;
+  };
+  const auto check = [](const Options& f) {
+    check_run_flags(f);
+    expect<ConfigError>(!f.delayed_update || (*f.delayed_update >= 0 && f.device == "cuda"),
+                        "--delayed-update N (N >= 0 warm-up steps) delays the host optimizer of "
+                        "--offload-cpu: it needs --device cuda");
+    // Without offload (from --offload-cpu or the config) or at stage 1 the engine refuses it.
+    expect<ConfigError>(!f.grads_on_device || f.device == "cuda",
+                        "--grads-on-device sums the offloaded gradient shards on the GPU: it needs "
+                        "--device cuda");
+    expect<ConfigError>(f.temperature >= 0 && f.top_k >= 0 && f.sample_bytes >= 0,
+                        "--temperature, --top-k and --sample-bytes must be >= 0");
+    expect<ConfigError>(!f.vocab || !f.tokens.empty(),
+                        "--vocab is the vocabulary of the --tokens files (a --data text is byte "
+                        "tokens, 257)");
+  };
+  parse_flags(argc, argv, o, own_switch, own_flag, check, usage);
   return o;
 }
 
@@ -381,16 +278,11 @@ Config make_config(const Options& o) {
     zero_flags(j);
     override_config(j, o.config, o.run);
   }
-  if (o.offload_cpu) j["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
-  if (!o.nvme_path.empty()) {
-    j["zero_optimization"]["offload_optimizer"]["device"] = "nvme";
-    j["zero_optimization"]["offload_optimizer"]["nvme_path"] = o.nvme_path;
-  }
+  write_run_flags(j, o);
   if (o.experts) j["moe"]["num_experts"] = *o.experts;
   if (o.ep) j["moe"]["ep_size"] = *o.ep;
   if (o.etp) j["moe"]["expert_tensor_parallel_size"] = *o.etp;
   if (o.k) j["moe"]["k"] = *o.k;
-  if (o.ulysses) j["sequence_parallel_size"] = *o.ulysses;
   Config c;
   try {
     c = Config::from_json(j);
@@ -398,19 +290,7 @@ Config make_config(const Options& o) {
     if (o.config.empty()) throw;
     throw ConfigError(o.config + ": " + e.what());
   }
-  if (o.pp || o.vpp || !o.schedule.empty()) {  // re-read so the pipeline checks see the flags
-    nlohmann::json with = j;
-    if (o.pp) with["pipeline"]["stages"] = *o.pp;
-    if (o.vpp) with["pipeline"]["virtual_stages"] = *o.vpp;
-    if (!o.schedule.empty()) with["pipeline"]["schedule"] = o.schedule;
-    c = Config::from_json(with);
-  }
-  if (o.tp) c.tensor_parallel.tp_size = *o.tp;
-  // Megatron's sequence parallelism splits the tensor-parallel regions: at tp 1 it does nothing.
-  expect<ConfigError>(!o.sp || c.tensor_parallel.tp_size > 1,
-                      "--sp without a size is Megatron's sequence parallelism, which needs tensor "
-                      "parallelism (--tp 2 or more); --sp N is Ulysses over N ranks");
-  if (o.sp) c.tensor_parallel.sequence_parallel = true;
+  apply_tensor_parallel_flags(c, o);
   if (o.profile) {
     c.flops_profiler.enabled = true;
     // The second step (past the warm-up), or the only one.
@@ -425,7 +305,8 @@ Config make_config(const Options& o) {
 
 // The run's tokens: --tokens files (GPT-2's vocabulary unless --vocab), else --data's bytes.
 Corpus load_corpus(const Options& o) {
-  return examples::load_corpus(o.data, o.tokens, o.val_tokens, o.token_format,
+  return examples::load_corpus(o.data, o.tokens, o.val_tokens,
+                               o.token_format.value_or(data::TokenFormat::llmc),
                                o.vocab.value_or(50257));
 }
 

@@ -19,7 +19,9 @@
 //                 [--init DIR | model.safetensors | model.safetensors.index.json]
 //                 [--export DIR [--export-dtype f32|bf16|f16] [--export-shard-bytes N]]
 //                 [--save-dir ckpt --save-every 50] [--resume latest|<tag>]
-//                 [--tp 2 [--sp]] [--sp N] [--nvme-path DIR]
+//                 [--tp 2 [--sp]] [--sp N] [--pp 2 [--vpp 2] [--schedule
+//                 gpipe|1f1b|interleaved|zb]]
+//                 [--nvme-path DIR]
 //                 [--device host|cuda] [--offload-cpu] [--activation-mb 512]
 //
 // The shape comes from --hf-config (a config.json, or the directory that holds one), else from
@@ -38,6 +40,13 @@
 // Trainer fills them, and keys without effect are named. --tp N splits every layer over N ranks
 // (Megatron tensor parallelism: qkv_proj in whole key/value groups, so num_kv_heads must divide
 // by N) and --sp adds Megatron's sequence parallelism; --sp N is DeepSpeed-Ulysses over N ranks.
+// --pp N cuts the model's units (the embedding, each decoder layer, the head) into N pipeline
+// stages (the config's "pipeline" section: stages, schedule, virtual_stages, partition_method)
+// run by parallel::pipeline::PipelineEngine, each step the accumulation's micro-batches through
+// the schedule (--schedule, default 1f1b; --vpp V chunks a stage with the interleaved one); the
+// built-in config then takes ZeRO stage 1, and the step line adds the bubble fraction. It
+// combines with --tp and --sp; --init and --export, which read and write whole models, are
+// refused with it (resume its checkpoint without stages to export).
 // --nvme-path puts the fp32 master and AdamW states in swap files (ZeRO-Infinity).
 // --device cuda (the train_llama_cuda build, this file compiled by nvcc) trains on the GPU in
 // bf16, data parallel only (tensor and sequence parallelism run on the host): the --ranks ranks
@@ -57,6 +66,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <parallel/comm/text_collectives.hpp>
+#include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
@@ -84,31 +95,11 @@ constexpr const char* program = "train_llama_cuda";
 constexpr const char* program = "train_llama";
 #endif
 
-struct Options {
-  std::string config;
-  int ranks = 2;
-  ConfigFlags run;  // --steps, --batch, --grad-accum, --stage, --lr, --warmup, --precision, ...
-  std::int64_t seq = 64;
-  std::uint64_t seed = 1234;
+struct Options : RunFlags {      // the flags train_gpt takes too (run_flags.hpp), and these
   std::string model, hf_config;  // a preset's name; a config.json (or its directory)
-  std::optional<std::int64_t> layers, heads, kv_heads, channels, intermediate, vocab;
+  std::optional<std::int64_t> layers, heads, kv_heads, channels, intermediate;
   std::optional<double> rope_theta;
   bool checkpoint_activations = false;
-  std::string data = ZERO_DEFAULT_CORPUS, tokens, val_tokens, init, export_dir, metrics, save_dir,
-              resume, nvme_path;
-  data::TokenFormat token_format = data::TokenFormat::raw_i32;
-  DType export_dtype = DType::f32;
-  std::int64_t export_shard_bytes = 0;  // 0: one file
-  std::int64_t save_every = 0;
-  std::optional<int> tp, ulysses;
-  bool sp = false;  // Megatron sequence parallelism (with --tp)
-  bool offload_cpu = false;
-#if defined(ZERO_TRAIN_LLAMA_CUDA)
-  std::string device = "cuda";
-#else
-  std::string device = "host";
-#endif
-  std::int64_t activation_mb = 512;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -119,114 +110,45 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    const bool sp_size =
-        flag == "--sp" && i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9';
-    if (flag == "--checkpoint-activations" || flag == "--offload-cpu" ||
-        (flag == "--sp" && !sp_size)) {  // no value
-      (flag == "--sp"            ? o.sp
-       : flag == "--offload-cpu" ? o.offload_cpu
-                                 : o.checkpoint_activations) = true;
-      --i;
-      continue;
-    }
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string v = argv[i + 1];
-    // Numbers are read whole and in range (examples/cli_number.hpp); a bad one ends in usage().
-    auto read = [&](auto parse_number) {
-      try {
-        return parse_number();
-      } catch (const ConfigError& e) {
-        usage(e.what());
-      }
-    };
-    auto integer = [&](std::int64_t min = std::numeric_limits<std::int64_t>::min(),
-                       std::int64_t max = std::numeric_limits<std::int64_t>::max()) {
-      return read([&] { return parse_integer(flag, v, min, max); });
-    };
-    auto positive = [&] { return integer(1, std::numeric_limits<int>::max()); };  // a count
-    auto real = [&] { return read([&] { return parse_real(flag, v); }); };
-    if (read([&] { return read_config_flag(flag, v, o.run); })) continue;
-    if (flag == "--config")
-      o.config = v;
-    else if (flag == "--ranks")
-      o.ranks = static_cast<int>(positive());
-    else if (flag == "--seq")
-      o.seq = positive();
-    else if (flag == "--seed")
-      o.seed = static_cast<std::uint64_t>(integer(0));
-    else if (flag == "--metrics")
-      o.metrics = v;
-    else if (flag == "--model")
-      o.model = v;
+  o.data = ZERO_DEFAULT_CORPUS;
+#if defined(ZERO_TRAIN_LLAMA_CUDA)
+  o.device = "cuda";
+#else
+  o.device = "host";
+#endif
+  const auto own_switch = [&](const std::string& flag) {
+    if (flag != "--checkpoint-activations") return false;
+    o.checkpoint_activations = true;
+    return true;
+  };
+  const auto own_flag = [&](const FlagValue& v) {
+    const std::string& flag = v.flag;
+    if (flag == "--model")
+      o.model = v.text;
     else if (flag == "--hf-config")
-      o.hf_config = v;
+      o.hf_config = v.text;
     else if (flag == "--layers")
-      o.layers = positive();
+      o.layers = v.positive();
     else if (flag == "--heads")
-      o.heads = positive();
+      o.heads = v.positive();
     else if (flag == "--kv-heads")
-      o.kv_heads = positive();
+      o.kv_heads = v.positive();
     else if (flag == "--channels")
-      o.channels = positive();
+      o.channels = v.positive();
     else if (flag == "--intermediate")
-      o.intermediate = positive();
-    else if (flag == "--vocab")
-      o.vocab = positive();
+      o.intermediate = v.positive();
     else if (flag == "--rope-theta")
-      o.rope_theta = real();
-    else if (flag == "--data")
-      o.data = v;
-    else if (flag == "--tokens")
-      o.tokens = v;
-    else if (flag == "--val-tokens")
-      o.val_tokens = v;
-    else if (flag == "--token-format")
-      o.token_format = read([&] { return token_format_of(v); });
-    else if (flag == "--init")
-      o.init = v;
-    else if (flag == "--export")
-      o.export_dir = v;
-    else if (flag == "--export-dtype")
-      o.export_dtype = read([&] { return export_dtype_of(v); });
-    else if (flag == "--export-shard-bytes")
-      o.export_shard_bytes = integer(0);
-    else if (flag == "--save-dir")
-      o.save_dir = v;
-    else if (flag == "--save-every")
-      o.save_every = positive();
-    else if (flag == "--resume")
-      o.resume = v;
-    else if (flag == "--tp")
-      o.tp = static_cast<int>(positive());
-    else if (flag == "--sp")
-      o.ulysses = static_cast<int>(positive());
-    else if (flag == "--nvme-path")
-      o.nvme_path = v;
-    else if (flag == "--device") {
-      if (v != "host" && v != "cuda") usage("--device must be host or cuda, not '" + v + "'");
-      o.device = v;
-    } else if (flag == "--activation-mb")
-      o.activation_mb = integer(1, std::int64_t{1} << 40);
+      o.rope_theta = v.real();
     else
-      usage("unknown flag " + flag);
-  }
-  if (!o.model.empty() && !o.hf_config.empty()) {
-    usage("--model and --hf-config both give the shape: pass one");
-  }
-  if ((o.save_every > 0 || !o.resume.empty()) && o.save_dir.empty()) {
-    usage("--save-every and --resume need --save-dir");
-  }
-  if (o.tokens.empty() && (!o.val_tokens.empty() || o.token_format != data::TokenFormat::raw_i32)) {
-    usage("--val-tokens and --token-format describe --tokens files");
-  }
-  if ((o.export_shard_bytes > 0 || o.export_dtype != DType::f32) && o.export_dir.empty()) {
-    usage("--export-dtype and --export-shard-bytes describe --export's files");
-  }
-  if (o.offload_cpu && o.device != "cuda") {
-    usage("--offload-cpu moves the optimizer from the GPU to the host: it needs --device cuda");
-  }
+      return false;
+    return true;
+  };
+  const auto check = [](const Options& f) {
+    check_run_flags(f);
+    expect<ConfigError>(f.model.empty() || f.hf_config.empty(),
+                        "--model and --hf-config both give the shape: pass one");
+  };
+  parse_flags(argc, argv, o, own_switch, own_flag, check, usage);
   return o;
 }
 
@@ -301,18 +223,14 @@ ModelShape model_shape(const Options& o) {
 // The built-in DeepSpeed config or --config's, with the flags written into the JSON before it is
 // parsed, so the notices about keys without effect describe the config that runs.
 Config make_config(const Options& o) {
-  nlohmann::json j = builtin_config(o.run, 3);
+  // Stages 2 and 3 do not compose with a pipeline: its built-in config takes stage 1.
+  nlohmann::json j = builtin_config(o.run, o.pp.value_or(1) > 1 ? 1 : 3);
   if (!o.config.empty()) {
     j = read_config_json(o.config);
     if (!j.is_object()) return Config::from_json(j);  // the parser names the problem
     override_config(j, o.config, o.run);
   }
-  if (o.offload_cpu) j["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
-  if (!o.nvme_path.empty()) {
-    j["zero_optimization"]["offload_optimizer"]["device"] = "nvme";
-    j["zero_optimization"]["offload_optimizer"]["nvme_path"] = o.nvme_path;
-  }
-  if (o.ulysses) j["sequence_parallel_size"] = *o.ulysses;
+  write_run_flags(j, o);
   Config c;
   try {
     c = Config::from_json(j);
@@ -320,21 +238,127 @@ Config make_config(const Options& o) {
     if (o.config.empty()) throw;
     throw ConfigError(o.config + ": " + e.what());
   }
-  expect<ConfigError>(c.pipeline.stages <= 1, program,
-                      " trains without pipeline stages (pipeline.stages = ", c.pipeline.stages,
-                      "); nn::LayerLlama runs under parallel::pipeline::PipelineEngine in a "
-                      "program of your own");
   expect<ConfigError>(!c.moe.active(), "Llama has no mixture-of-experts layers (moe)");
-  if (o.tp) c.tensor_parallel.tp_size = *o.tp;
-  expect<ConfigError>(!o.sp || c.tensor_parallel.tp_size > 1,
-                      "--sp without a size is Megatron's sequence parallelism, which needs tensor "
-                      "parallelism (--tp 2 or more); --sp N is Ulysses over N ranks");
-  if (o.sp) c.tensor_parallel.sequence_parallel = true;
+  apply_tensor_parallel_flags(c, o);
+  // --init and --export read and write whole models; a pipeline stage holds only its own layers.
+  // A checkpoint loads at any layout, with stages or without: it carries the model across.
+  expect<ConfigError>(c.pipeline.stages <= 1 || o.init.empty(),
+                      "--init with pipeline parallelism (pipeline.stages = ", c.pipeline.stages,
+                      ") is not supported: a stage holds only its own layers; load the weights "
+                      "in a run without stages that saves a checkpoint (--save-dir), and resume "
+                      "it with stages (--resume)");
+  expect<ConfigError>(c.pipeline.stages <= 1 || o.export_path.empty(),
+                      "--export with pipeline parallelism (pipeline.stages = ", c.pipeline.stages,
+                      ") is not supported: a stage holds only its own layers; save a checkpoint "
+                      "(--save-dir) and resume it in a run without stages that exports it");
   return c;
 }
 
-// Trains with engine type E on comm (tp x sp x dp ranks); rank 0 prints. Returns whether the
-// loss fell.
+// The pipeline engine with E's model and policies (E = Engine<LayerLlama<T>, Policies...>).
+template <class E>
+struct pipeline_engine_of;
+template <class M, class... Policies>
+struct pipeline_engine_of<engine::Engine<M, Policies...>> {
+  using type = parallel::pipeline::PipelineEngine<M, Policies...>;
+};
+
+// What one training step gives the loop: its mean loss over this rank's micro-batches and, in a
+// pipeline, the fraction of the step the busiest stage waited.
+struct StepResult {
+  double loss = 0;
+  std::optional<double> bubble;
+};
+
+// What the step loop uses of a run that train() set up, for either engine.
+struct RunParts {
+  bool leader;
+  Config::BatchSizes sizes;
+  const parallel::SequenceParallel& sequence;  // the model's (Ulysses)
+  data::DataLoader& train_loader;
+  data::DataLoader& val_loader;
+  profile::Monitor& monitor;
+  double peak_tflops;  // the GPUs' datasheet peak (0: no MFU)
+};
+
+// The run on an engine eng (E, or a pipeline's stage engine) whose model the Monitor reads
+// (stage_model: the model, or the stage's units): step(batches) trains one step on the
+// accumulation's micro-batches and evaluate(micro) gives the validation loss. Rank 0 prints.
+// Returns whether the loss fell.
+template <class Eng, class StageModel, class Step, class Evaluate>
+bool train_steps(const Options& o, const Config& cfg, const ModelShape& shape, const Corpus& corpus,
+                 RunParts& run, Eng& eng, const StageModel& stage_model, Step&& step_fn,
+                 Evaluate&& evaluate) {
+  const nn::LlamaConfig& lc = shape.model;
+  const bool leader = run.leader;
+  const Config::BatchSizes& sizes = run.sizes;
+  const parallel::SequenceParallel& sequence = run.sequence;
+  data::DataLoader& train_loader = run.train_loader;
+  profile::Monitor& monitor = run.monitor;
+  if (!o.init.empty()) {
+    engine::load_llama_weights(eng, o.init, lc);
+    if (leader) {
+      std::printf(
+          "%s: weights from %s%s\n", program, o.init.c_str(),
+          shape.tied ? " (its LM head is tied to the token table: training unties them)" : "");
+    }
+  }
+  const Checkpoints checkpoints{program, o.save_dir, o.resume, o.save_every, o.run.steps};
+  const std::int64_t first_step = checkpoints.resume_into(eng, train_loader, leader);
+  std::ofstream metrics = open_metrics(o.metrics, leader);
+  const double flops_per_token =
+      profile::gpt_flops_per_token(lc.num_parameters(), lc.num_layers, lc.channels, o.seq);
+  StepLines lines(leader, o.run.steps, cfg.steps_per_print, sizes.train * o.seq, flops_per_token,
+                  run.peak_tflops, metrics);
+  double first_loss = NAN, loss = NAN;
+  for (std::int64_t step = first_step; step < o.run.steps; ++step) {
+    std::vector<data::Batch> held;  // the micro-batches' data lives through the step
+    std::vector<RankBatch> mine;    // and this rank's positions of them (Ulysses)
+    std::vector<engine::MicroBatch> batches;
+    held.reserve(static_cast<std::size_t>(sizes.accumulation));
+    mine.reserve(held.capacity());
+    for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
+      batches.push_back(
+          mine.emplace_back(held.emplace_back(train_loader.next()), sequence).micro());
+    }
+    monitor.begin_step(eng, step + 1);
+    const StepResult r = step_fn(std::span<const engine::MicroBatch>(batches));
+    const nlohmann::json observed = monitor.end_step(eng, stage_model, step + 1);
+    loss = mean_over_dp(eng, r.loss);
+    if (std::isnan(first_loss)) first_loss = loss;
+    char bubble[32] = "";
+    if (r.bubble) std::snprintf(bubble, sizeof bubble, " | bubble %.2f", *r.bubble);
+    lines.after_step(eng, step + 1, loss, bubble, observed, [&](nlohmann::json& line) {
+      if (r.bubble) line["bubble"] = *r.bubble;
+    });
+    checkpoints.save_if_due(eng, train_loader, step + 1, leader);
+  }
+  if (!o.export_path.empty()) {
+    const std::filesystem::path dir(o.export_path);
+    std::filesystem::create_directories(dir);
+    const auto written =
+        engine::save_llama_weights(eng, dir / "model.safetensors", lc, o.export_dtype,
+                                   static_cast<std::uint64_t>(o.export_shard_bytes));
+    if (leader) {
+      io::llama::write_hf_config(lc, dir / "config.json");
+      std::printf(
+          "%s: exported %zu tensors to %s (config.json and %zu weights file%s, %.1f MB, "
+          "%s)\n",
+          program, written.tensors, o.export_path.c_str(), written.files,
+          written.files == 1 ? "" : "s with their index", static_cast<double>(written.bytes) / 1e6,
+          std::string(name_of(o.export_dtype)).c_str());
+    }
+  }
+  monitor.finish();
+  const data::Batch val = run.val_loader.next();
+  const RankBatch val_mine(val, sequence);
+  const double val_loss = mean_over_dp(eng, evaluate(val_mine.micro()));
+  if (leader) print_losses(first_loss, loss, lc.vocab_size, corpus.val_held_out, val_loss);
+  return loss < first_loss || first_step > 0 || o.run.steps == 0;
+}
+
+// Trains with engine type E on comm (tp x sp x dp ranks, or x pp with pipeline stages, which
+// run E's model and policies under parallel::pipeline::PipelineEngine); rank 0 prints. Returns
+// whether the loss fell.
 template <class E, class Comm>
 bool train(const Options& o, const Config& cfg, const ModelShape& shape, const Corpus& corpus,
            Comm& comm) {
@@ -342,15 +366,14 @@ bool train(const Options& o, const Config& cfg, const ModelShape& shape, const C
   const bool leader = comm.rank() == 0;
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
   const auto sp = static_cast<int>(cfg.sequence_parallel_size);
-  expect<ConfigError>(comm.size() % (tp * sp) == 0, "tensor_parallel.tp_size = ", tp,
-                      " and sequence_parallel_size = ", sp, " do not divide the ", comm.size(),
-                      " ranks");
+  const auto pp = static_cast<int>(std::max<std::int64_t>(1, cfg.pipeline.stages));
+  const parallel::Grid grid = parallel::Grid::for_world(comm.size(), tp, sp, 1, pp);
   if (sp > 1) parallel::check_sequence_split(o.seq, sp);
-  const int dp = comm.size() / (tp * sp);
+  const int dp = grid.size(parallel::Axis::dp);
   const Config::BatchSizes sizes = cfg.resolve_batch(dp);
   profile::Monitor monitor(cfg, comm.rank(), sizes.micro);
   if (monitor.logger()) comm.set_logger(monitor.logger());  // before the groups split from comm
-  parallel::ProcessGroups<Comm> groups(comm, parallel::Grid({.tp = tp, .cp = sp, .dp = dp}));
+  parallel::ProcessGroups<Comm> groups(comm, grid);
   const nn::LlamaConfig& lc = shape.model;
   typename E::model_type model(
       lc,
@@ -365,13 +388,21 @@ bool train(const Options& o, const Config& cfg, const ModelShape& shape, const C
   engine::EngineOptions options;
   options.seed = o.seed;
   options.activation_bytes = static_cast<std::size_t>(o.activation_mb) << 20;
-  E eng(model, groups, cfg, options);
-  if (leader) {
+  RunParts run{leader,
+               sizes,
+               model.sequence_parallel(),
+               train_loader,
+               val_loader,
+               monitor,
+               on_device ? device_peak_tflops() * gpus_of(comm) : 0.0};
+  // The run's first line: the model, where its shape came from and the layout.
+  const auto describe = [&](const auto& eng, const std::string& pipeline) {
+    if (!leader) return;
     std::printf(
         "%s: %lld parameters (L=%lld, heads=%lld, kv_heads=%lld, C=%lld, F=%lld, V=%lld, T=%lld; "
-        "shape from %s), ZeRO stage %d on %d data-parallel x %d tensor-parallel%s%s ranks in %s; "
-        "global batch %lld = %lld micro x %lld accumulation x %d ranks; %lld steps; model state "
-        "on rank 0: %.2f MB\n",
+        "shape from %s), ZeRO stage %d on %d data-parallel x %d tensor-parallel%s%s%s ranks in "
+        "%s; global batch %lld = %lld micro x %lld accumulation x %d ranks; %lld steps; model "
+        "state on rank 0: %.2f MB\n",
         program, static_cast<long long>(lc.num_parameters()), static_cast<long long>(lc.num_layers),
         static_cast<long long>(lc.num_heads), static_cast<long long>(lc.num_kv_heads),
         static_cast<long long>(lc.channels), static_cast<long long>(lc.intermediate_size),
@@ -379,68 +410,62 @@ bool train(const Options& o, const Config& cfg, const ModelShape& shape, const C
         E::stage, dp, tp,
         cfg.tensor_parallel.sequence_parallel && tp > 1 ? " (sequence parallel)" : "",
         sp > 1 ? (" x " + std::to_string(sp) + " Ulysses sequence-parallel").c_str() : "",
-        std::string(name_of(dtype_of<typename E::T>)).c_str(), static_cast<long long>(sizes.train),
-        static_cast<long long>(sizes.micro), static_cast<long long>(sizes.accumulation), dp,
-        static_cast<long long>(o.run.steps),
+        pipeline.c_str(), std::string(name_of(dtype_of<typename E::T>)).c_str(),
+        static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
+        static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.run.steps),
         static_cast<double>(eng.memory_report().total()) / 1e6);
     std::fflush(stdout);
-  }
-  if (!o.init.empty()) {
-    engine::load_llama_weights(eng, o.init, lc);
-    if (leader) {
-      std::printf(
-          "%s: weights from %s%s\n", program, o.init.c_str(),
-          shape.tied ? " (its LM head is tied to the token table: training unties them)" : "");
+  };
+  if (pp > 1) {
+    if constexpr (E::stage <= 1 && !on_device) {
+      parallel::pipeline::PipelineOptions po;
+      po.schedule = parallel::pipeline::parse_schedule_kind(cfg.pipeline.schedule);
+      po.virtual_stages = static_cast<int>(cfg.pipeline.virtual_stages);
+      po.partition_method = cfg.pipeline.partition_method;
+      typename pipeline_engine_of<E>::type pipe(model, comm, groups, cfg, po, options);
+      // Each stage runs its own units: the profiler's reports come from every stage.
+      monitor.collect_stages([&groups](const std::string& text) {
+        return parallel::all_gather_text(groups.pp(), text);
+      });
+      std::string units;
+      for (const auto& part : pipe.partition().parts) {
+        units += (units.empty() ? "" : " | ") + std::to_string(part.first) + "-" +
+                 std::to_string(part.last - 1);
+      }
+      if (leader) {
+        for (const auto& w : pipe.partition().warnings) std::printf("%s: %s\n", program, w.c_str());
+      }
+      describe(pipe.engine(), " x " + std::to_string(pp) + " pipeline (" +
+                                  std::string(name_of(po.schedule)) + " schedule, units " + units +
+                                  ")");
+      return train_steps(
+          o, cfg, shape, corpus, run, pipe.engine(), pipe.stage_model(),
+          [&](std::span<const engine::MicroBatch> batches) {
+            const auto r = pipe.train_batch(batches);
+            return StepResult{r.loss, r.bubble_fraction};
+          },
+          [&](const engine::MicroBatch& micro) { return pipe.evaluate(micro); });
+    } else {
+      throw ConfigError(std::string(program) + ": pipeline.stages > 1 needs ZeRO stage 0 or 1 " +
+                        "on the host");  // the config and run() refuse it first
     }
   }
-  const Checkpoints checkpoints{program, o.save_dir, o.resume, o.save_every, o.run.steps};
-  const std::int64_t first_step = checkpoints.resume_into(eng, train_loader, leader);
-  std::ofstream metrics = open_metrics(o.metrics, leader);
-  const double flops_per_token =
-      profile::gpt_flops_per_token(lc.num_parameters(), lc.num_layers, lc.channels, o.seq);
-  const double peak_tflops = on_device ? device_peak_tflops() * gpus_of(comm) : 0.0;
-  StepLines lines(leader, o.run.steps, cfg.steps_per_print, sizes.train * o.seq, flops_per_token,
-                  peak_tflops, metrics);
-  double first_loss = NAN, loss = NAN;
-  for (std::int64_t step = first_step; step < o.run.steps; ++step) {
-    double step_loss = 0;
-    monitor.begin_step(eng, step + 1);
-    for (std::int64_t m = 0; m < sizes.accumulation; ++m) {
-      const data::Batch batch = train_loader.next();  // backward reads its targets too
-      const RankBatch mine(batch, model.sequence_parallel());
-      step_loss += static_cast<double>(static_cast<float>(eng.forward(mine.micro())));
-      eng.backward();
-    }
-    eng.step();
-    const nlohmann::json observed = monitor.end_step(eng, model, step + 1);
-    loss = mean_over_dp(eng, step_loss / static_cast<double>(sizes.accumulation));
-    if (std::isnan(first_loss)) first_loss = loss;
-    lines.after_step(eng, step + 1, loss, "", observed, [](nlohmann::json&) {});
-    checkpoints.save_if_due(eng, train_loader, step + 1, leader);
-  }
-  if (!o.export_dir.empty()) {
-    const std::filesystem::path dir(o.export_dir);
-    std::filesystem::create_directories(dir);
-    const auto written =
-        engine::save_llama_weights(eng, dir / "model.safetensors", lc, o.export_dtype,
-                                   static_cast<std::uint64_t>(o.export_shard_bytes));
-    if (leader) {
-      io::llama::write_hf_config(lc, dir / "config.json");
-      std::printf(
-          "%s: exported %zu tensors to %s (config.json and %zu weights file%s, %.1f MB, "
-          "%s)\n",
-          program, written.tensors, o.export_dir.c_str(), written.files,
-          written.files == 1 ? "" : "s with their index", static_cast<double>(written.bytes) / 1e6,
-          std::string(name_of(o.export_dtype)).c_str());
-    }
-  }
-  monitor.finish();
-  const data::Batch val = val_loader.next();
-  const RankBatch val_mine(val, model.sequence_parallel());
-  const double val_loss =
-      mean_over_dp(eng, static_cast<double>(static_cast<float>(eng.evaluate(val_mine.micro()))));
-  if (leader) print_losses(first_loss, loss, lc.vocab_size, corpus.val_held_out, val_loss);
-  return loss < first_loss || first_step > 0 || o.run.steps == 0;
+  E eng(model, groups, cfg, options);
+  describe(eng, "");
+  return train_steps(
+      o, cfg, shape, corpus, run, eng, model,
+      [&](std::span<const engine::MicroBatch> batches) {
+        double sum = 0;
+        for (const engine::MicroBatch& micro : batches) {
+          sum += static_cast<double>(static_cast<float>(eng.forward(micro)));
+          eng.backward();
+        }
+        eng.step();
+        return StepResult{sum / static_cast<double>(batches.size()), std::nullopt};
+      },
+      [&](const engine::MicroBatch& micro) {
+        return static_cast<double>(static_cast<float>(eng.evaluate(micro)));
+      });
 }
 
 // Fills "auto" for this world size, says once (rank 0) what it chose and which keys have no
@@ -452,11 +477,12 @@ bool run(const Options& o, const Config& parsed, const ModelShape& shape, const 
   Config cfg = parsed;
   const auto tp = std::max<std::int64_t>(1, cfg.tensor_parallel.tp_size);
   const auto sp = std::max<std::int64_t>(1, cfg.sequence_parallel_size);
-  expect<ConfigError>(comm.size() % (tp * sp) == 0, "tensor_parallel.tp_size = ", tp,
-                      " and sequence_parallel_size = ", sp, " do not divide the ", comm.size(),
-                      " ranks");
+  const auto pp = std::max<std::int64_t>(1, cfg.pipeline.stages);
+  expect<ConfigError>(comm.size() % (tp * sp * pp) == 0, "tensor_parallel.tp_size = ", tp,
+                      ", sequence_parallel_size = ", sp, " and pipeline.stages = ", pp,
+                      " do not divide the ", comm.size(), " ranks");
   const auto chosen =
-      fill_auto(o.run, cfg, shape.model.channels, static_cast<int>(comm.size() / (tp * sp)));
+      fill_auto(o.run, cfg, shape.model.channels, static_cast<int>(comm.size() / (tp * sp * pp)));
   if (comm.rank() == 0) {
     print_config_notes(program, cfg, chosen);
     if (engine::offload_cpu_already_host<None, Device>(cfg)) {
@@ -470,9 +496,9 @@ bool run(const Options& o, const Config& parsed, const ModelShape& shape, const 
   if constexpr (std::is_same_v<Device, Host>) {
     return zero::dispatch<nn::LayerLlama, Precisions<float, bf16>>(cfg, train_with);
   } else {
-    expect<ConfigError>(tp == 1 && sp == 1, program,
-                        " --device cuda trains data-parallel Llama (ZeRO stages 0-3): tensor "
-                        "and sequence parallelism run on the host (--device host)");
+    expect<ConfigError>(tp == 1 && sp == 1 && pp == 1, program,
+                        " --device cuda trains data-parallel Llama (ZeRO stages 0-3): tensor, "
+                        "sequence and pipeline parallelism run on the host (--device host)");
     expect<ConfigError>(!cfg.fp16.enabled.value_or(false) && cfg.bf16_enabled.value_or(true),
                         program,
                         " --device cuda trains in bf16 (--precision bf16, or the config's "
@@ -490,8 +516,9 @@ int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
   const Config cfg = make_config(o);
   const ModelShape shape = model_shape(o);
-  const Corpus corpus =
-      examples::load_corpus(o.data, o.tokens, o.val_tokens, o.token_format, shape.model.vocab_size);
+  const Corpus corpus = examples::load_corpus(o.data, o.tokens, o.val_tokens,
+                                              o.token_format.value_or(data::TokenFormat::raw_i32),
+                                              shape.model.vocab_size);
 #if defined(ZERO_TRAIN_LLAMA_CUDA)
   expect<ConfigError>(o.device == "cuda",
                       "train_llama_cuda trains on the GPU (--device cuda, its default); "
