@@ -278,6 +278,46 @@ TEST_CASE("a key's value reaches no row before it in the flash kernels", "[cuda]
   }
 }
 
+TEST_CASE("a query's dout reaches no key after it in the flash backward's dk",
+          "[cuda][attention]") {
+  // An Inf in dout at query 70 (every head), against the same inputs without it: the key
+  // gradient of every key after 70 is the same bits, as on the host, whose dS is exactly 0
+  // above the diagonal. Keys 71-79 share a 16-key slice with 70 in the dk/dv kernel: their
+  // causally masked entries (query 70 < key) once took dS^T = 0 * (dP - delta) with delta
+  // infinite, NaN. (dV may differ there: P^T dout multiplies a masked 0 by the Inf, as the
+  // host's tiled GEMMs do.)
+  for (const std::int64_t hs : {std::int64_t{64}, std::int64_t{128}}) {
+    const AttnShape s{1, 160, 2, hs};
+    INFO("hs=" << hs);
+    const std::int64_t C = s.NH * s.hs, N = s.B * s.T;
+    const auto qkv = random_vector<bf16>(static_cast<std::size_t>(N * 3 * C), 460, -2.0f, 2.0f);
+    const auto clean = random_vector<bf16>(static_cast<std::size_t>(N * C), 461);
+    auto with_inf = clean;
+    for (std::int64_t h = 0; h < s.NH; ++h) {
+      with_inf[static_cast<std::size_t>(70 * C + h * hs)] =
+          zero::convert<bf16>(std::numeric_limits<float>::infinity());
+    }
+    auto dk_after = [&](const std::vector<bf16>& dout) {
+      DeviceVector<bf16> d_qkv(qkv), d_out(static_cast<std::size_t>(N * C)), d_dout(dout),
+          d_dqkv(qkv.size());
+      DeviceVector<float> d_lse(static_cast<std::size_t>(s.B * s.NH * s.T));
+      gpu::attention_forward<bf16>(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, C, s.NH,
+                                   nullptr);
+      gpu::attention_backward<bf16>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                    d_lse.get(), s.B, s.T, C, s.NH, cpu::DropoutMask{}, true,
+                                    nullptr);
+      const std::vector<bf16> dqkv = d_dqkv.download();
+      std::vector<bf16> dk;  // dk of keys 71 on: columns [C, 2C) of rows 71..T-1
+      for (std::int64_t r = 71; r < s.T; ++r) {
+        const auto at = dqkv.begin() + static_cast<std::ptrdiff_t>(r * 3 * C + C);
+        dk.insert(dk.end(), at, at + static_cast<std::ptrdiff_t>(C));
+      }
+      return dk;
+    };
+    CHECK(same_bits(dk_after(with_inf), dk_after(clean)));
+  }
+}
+
 namespace {
 
 /// mma::backward_fused_dq (dq in the dk/dv kernel, float atomics) against the host backward when

@@ -784,9 +784,10 @@ __global__ void __launch_bounds__(block_threads)
                       ? cpu::DropoutMask::factor(
                             dropout.keep(detail::attention_entry(bh, query, key, Tn)), drop_scale)
                       : 0.0f;
-              const float d = visible || !dropping ? dp[nt][e] * factor : 0.0f;
               p[nt][e] = prob * factor;
-              dp[nt][e] = prob * (d - delta_s[qi]) * scale;
+              // A masked entry's dS^T is 0, as the host's above the diagonal: 0 * (dp - delta)
+              // is NaN for a query whose delta is not finite, which reached later keys' dK.
+              dp[nt][e] = visible ? prob * (dp[nt][e] * factor - delta_s[qi]) * scale : 0.0f;
             }
           }
         });
