@@ -103,23 +103,23 @@ struct RunFlags {
   std::string data;  ///< --data: a text trained on as bytes (empty: the program's corpus)
   std::string tokens, val_tokens;                 ///< --tokens, --val-tokens: token files
   std::optional<data::TokenFormat> token_format;  ///< --token-format (empty: the program's)
-  std::optional<std::int64_t> vocab;              ///< --vocab
-  std::string init;                               ///< --init: weights to start from
-  std::string export_path;                        ///< --export: weights written at the end
-  DType export_dtype = DType::f32;                ///< --export-dtype
-  std::int64_t export_shard_bytes = 0;            ///< --export-shard-bytes (0: one file)
-  std::string metrics;                            ///< --metrics: a JSONL file appended to
-  std::string save_dir, resume;                   ///< --save-dir, --resume latest|<tag>
-  std::int64_t save_every = 0;                    ///< --save-every
-  std::string nvme_path;                          ///< --nvme-path: ZeRO-Infinity's swap folder
-  std::optional<int> tp;                          ///< --tp: tensor-parallel size
-  bool sp = false;                                ///< --sp alone: Megatron's sequence parallelism
-  std::optional<int> ulysses;                     ///< --sp N: Ulysses sequence-parallel size
-  std::optional<int> pp, vpp;                     ///< --pp, --vpp: pipeline stages, chunks a stage
-  std::string schedule;                           ///< --schedule (empty: the config's, else 1f1b)
-  bool offload_cpu = false;                       ///< --offload-cpu: ZeRO-Offload on the GPU
-  std::string device;                             ///< --device host|cuda
-  std::int64_t activation_mb = 512;               ///< --activation-mb: the activation arena
+  std::optional<std::int64_t> vocab;    ///< --vocab: the --tokens files' (train_gpt), the model's
+  std::string init;                     ///< --init: weights to start from
+  std::string export_path;              ///< --export: weights written at the end
+  DType export_dtype = DType::f32;      ///< --export-dtype
+  std::int64_t export_shard_bytes = 0;  ///< --export-shard-bytes (0: one file)
+  std::string metrics;                  ///< --metrics: a JSONL file appended to
+  std::string save_dir, resume;         ///< --save-dir, --resume latest|<tag>
+  std::int64_t save_every = 0;          ///< --save-every
+  std::string nvme_path;                ///< --nvme-path: ZeRO-Infinity's swap folder
+  std::optional<int> tp;                ///< --tp: tensor-parallel size
+  bool sp = false;                      ///< --sp alone: Megatron's sequence parallelism
+  std::optional<int> ulysses;           ///< --sp N: Ulysses sequence-parallel size
+  std::optional<int> pp, vpp;           ///< --pp, --vpp: pipeline stages, chunks a stage
+  std::string schedule;                 ///< --schedule (empty: the config's, else 1f1b)
+  bool offload_cpu = false;             ///< --offload-cpu: ZeRO-Offload on the GPU
+  std::string device;                   ///< --device host|cuda
+  std::int64_t activation_mb = 512;     ///< --activation-mb: the activation arena
 };
 
 /// Sets the switch (a flag without a value) argv[i] of f and returns true: --offload-cpu, and

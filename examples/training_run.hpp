@@ -375,10 +375,6 @@ bool abort_others_on_error(parallel::MpiComm& world, const char* program, Fn&& f
 }
 #endif
 
-/// Runs fn(comm) -> bool on every rank and returns rank 0's result: under mpiexec one process a
-/// rank (MpiComm on the host; on the GPU, Device = Cuda, NcclComm, each process on the GPU of its
-/// index among its node's ranks), else `ranks` threads of this process (LocalComm, or
-/// CudaLocalComm sharing one GPU). fn is a generic callable: it meets each communicator type.
 /// Runs fn(comm) on `ranks` threads of this process over the communicator Threads (LocalComm, or
 /// CudaLocalComm sharing one GPU); rank 0's result.
 template <class Threads, class Fn>
@@ -394,6 +390,10 @@ bool run_threads(int ranks, const parallel::CommOptions& options, Fn& fn) {
   return result;
 }
 
+/// Runs fn(comm) -> bool on every rank and returns rank 0's result: under mpiexec one process a
+/// rank (MpiComm on the host; on the GPU, Device = Cuda, NcclComm, each process on the GPU of its
+/// index among its node's ranks), else `ranks` threads of this process (LocalComm, or
+/// CudaLocalComm sharing one GPU). fn is a generic callable: it meets each communicator type.
 template <class Device, class Fn>
 bool run_ranks(int& argc, char**& argv, int ranks, double timeout_s, const char* program, Fn&& fn) {
   const parallel::CommOptions options{timeout_s};
