@@ -539,21 +539,13 @@ void print_sample(const Options& o, const Corpus& corpus, bool leader, std::int6
   }
 }
 
-// The pipeline engine with E's model and policies (E = Engine<GPT<T>, Policies...>).
-template <class E>
-struct pipeline_engine_of;
-template <class M, class... Policies>
-struct pipeline_engine_of<engine::Engine<M, Policies...>> {
-  using type = parallel::pipeline::PipelineEngine<M, Policies...>;
-};
-
 // Trains with pipeline stages (tp x dp x pp ranks; --pp): each step runs the accumulation's
 // micro-batches through the schedule. Rank 0 prints; the loss and the closing sample's logits
 // come from the last stage.
 // Returns whether the loss fell.
 template <class E, class Comm>
 bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm) {
-  using Pipe = typename pipeline_engine_of<E>::type;
+  using Pipe = parallel::pipeline::pipeline_engine_of_t<E>;
   const bool leader = comm.rank() == 0;
   const auto tp = static_cast<int>(cfg.tensor_parallel.tp_size);
   const auto pp = static_cast<int>(cfg.pipeline.stages);
@@ -584,11 +576,6 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
   const std::int64_t first_step = checkpoints_of(o).resume_into(eng, run.train_loader, leader);
   if (leader) {
     for (const auto& w : pipe.partition().warnings) std::printf("train_gpt: %s\n", w.c_str());
-    std::string layout;
-    for (const auto& part : pipe.partition().parts) {
-      layout += (layout.empty() ? "" : " | ") + std::to_string(part.first) + "-" +
-                std::to_string(part.last - 1);
-    }
     std::printf(
         "train_gpt: %lld parameters%s (L=%lld, H=%lld, C=%lld, V=%lld, T=%lld), ZeRO stage %d on "
         "%d data-parallel x %d tensor-parallel%s x %d pipeline ranks (%s schedule, units %s); "
@@ -598,7 +585,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
         static_cast<long long>(o.channels), static_cast<long long>(gc.vocab_size),
         static_cast<long long>(o.seq), E::stage, dp, tp,
         sp > 1 ? (" x " + std::to_string(sp) + " Ulysses sequence-parallel").c_str() : "", pp,
-        std::string(name_of(po.schedule)).c_str(), layout.c_str(),
+        std::string(name_of(po.schedule)).c_str(), pipe.partition().describe().c_str(),
         static_cast<long long>(sizes.train), static_cast<long long>(sizes.micro),
         static_cast<long long>(sizes.accumulation), dp, static_cast<long long>(o.run.steps));
   }

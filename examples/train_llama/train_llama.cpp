@@ -254,14 +254,6 @@ Config make_config(const Options& o) {
   return c;
 }
 
-// The pipeline engine with E's model and policies (E = Engine<LayerLlama<T>, Policies...>).
-template <class E>
-struct pipeline_engine_of;
-template <class M, class... Policies>
-struct pipeline_engine_of<engine::Engine<M, Policies...>> {
-  using type = parallel::pipeline::PipelineEngine<M, Policies...>;
-};
-
 // What one training step gives the loop: its mean loss over this rank's micro-batches and, in a
 // pipeline, the fraction of the step the busiest stage waited.
 struct StepResult {
@@ -422,22 +414,17 @@ bool train(const Options& o, const Config& cfg, const ModelShape& shape, const C
       po.schedule = parallel::pipeline::parse_schedule_kind(cfg.pipeline.schedule);
       po.virtual_stages = static_cast<int>(cfg.pipeline.virtual_stages);
       po.partition_method = cfg.pipeline.partition_method;
-      typename pipeline_engine_of<E>::type pipe(model, comm, groups, cfg, po, options);
+      parallel::pipeline::pipeline_engine_of_t<E> pipe(model, comm, groups, cfg, po, options);
       // Each stage runs its own units: the profiler's reports come from every stage.
       monitor.collect_stages([&groups](const std::string& text) {
         return parallel::all_gather_text(groups.pp(), text);
       });
-      std::string units;
-      for (const auto& part : pipe.partition().parts) {
-        units += (units.empty() ? "" : " | ") + std::to_string(part.first) + "-" +
-                 std::to_string(part.last - 1);
-      }
       if (leader) {
         for (const auto& w : pipe.partition().warnings) std::printf("%s: %s\n", program, w.c_str());
       }
       describe(pipe.engine(), " x " + std::to_string(pp) + " pipeline (" +
-                                  std::string(name_of(po.schedule)) + " schedule, units " + units +
-                                  ")");
+                                  std::string(name_of(po.schedule)) + " schedule, units " +
+                                  pipe.partition().describe() + ")");
       return train_steps(
           o, cfg, shape, corpus, run, pipe.engine(), pipe.stage_model(),
           [&](std::span<const engine::MicroBatch> batches) {

@@ -179,6 +179,34 @@ TEST_CASE("flash attention applies the host's dropout mask", "[cuda][attention]"
   }
 }
 
+TEST_CASE("flash attention draws a placed dropout mask where the host does", "[cuda][attention]") {
+  // The masks nn::Context::dropout_mask hands the layers: a micro-batch's att starts at its first
+  // row's index (first; not a multiple of a Philox call's four elements at these shapes), and a
+  // tensor-parallel rank's heads are a block of every row of the whole att, the rows a stride
+  // apart (block, stride; rank 1 of 2, micro-batch from row 5). Every kernel family: CUDA-core
+  // (f32, head size 16) and tensor-core (bf16, head sizes 64 and 128).
+  const CounterRng rng(CounterRng::key_for(3, "dropout.h.1"));
+  std::uint32_t seed = 260;
+  auto placed = [&](const AttnShape& s, auto tag, double ulps) {
+    using T = decltype(tag);
+    const auto part = static_cast<std::uint64_t>(s.NH * s.T * s.T);  // one row's att
+    cpu::DropoutMask rows{0.1, rng, 7};
+    rows.first = 3 * part;
+    cpu::DropoutMask heads{0.1, rng, 7};
+    heads.first = 5 * (2 * part) + part;
+    heads.block = part;
+    heads.stride = 2 * part;
+    for (const auto& mask : {rows, heads}) {
+      INFO("first " << mask.first << " block " << mask.block << " stride " << mask.stride);
+      compare_flash<T>(s, mask, 1e-5, ulps, seed);
+      seed += 10;
+    }
+  };
+  placed(AttnShape{2, 45, 2, 16}, float{}, 2.0);
+  placed(AttnShape{2, 75, 2, 64}, bf16{}, 4.0);
+  placed(AttnShape{2, 67, 1, 128}, bf16{}, 4.0);
+}
+
 TEST_CASE("the flash forward with two row tiles a warp equals one row tile bit for bit",
           "[cuda][attention]") {
   // Each row sees the same products over the same key slices in the same order in both forms

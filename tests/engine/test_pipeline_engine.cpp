@@ -1006,6 +1006,12 @@ TEST_CASE(
   CHECK(zb_simulated < simulated(ScheduleKind::one_f_one_b, 1));
 }
 
+// A program that picks its Engine by policies names the pipeline engine of the same policies.
+static_assert(
+    std::is_same_v<
+        parallel::pipeline::pipeline_engine_of_t<engine::Engine<nn::GPT<float>, ZeroStage<1>>>,
+        PipelineEngine<nn::GPT<float>, ZeroStage<1>>>);
+
 TEST_CASE("Pipeline partition: uniform, parameters and type:<regex>, and what they refuse",
           "[unit][pipeline]") {
   using parallel::pipeline::partition_balanced;
@@ -1020,6 +1026,7 @@ TEST_CASE("Pipeline partition: uniform, parameters and type:<regex>, and what th
   SECTION("uniform: the first parts take one more, and an uneven split warns with the rule") {
     const auto p = partition_model(model, "uniform", 3, 1);
     CHECK(ranges(p) == std::vector<std::pair<int, int>>{{0, 3}, {3, 6}, {6, 8}});
+    CHECK(p.describe() == "0-2 | 3-5 | 6-7");  // each part's first and last unit
     REQUIRE(p.warnings.size() == 1);
     CHECK_THAT(p.warnings[0], Catch::Matchers::Contains("k * 3 - 2"));
     CHECK(partition_model(model, "uniform", 4, 1).warnings.empty());  // 8 = 6 + 2 units

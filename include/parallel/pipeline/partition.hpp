@@ -40,6 +40,14 @@ struct Partition {
       if (parts[k].first <= u && u < parts[k].last) return static_cast<int>(k);
     }
     raise<ConfigError>("pipeline partition: unit ", u, " is on no stage");
+  }  /// The units of every virtual stage in order, each its first and last unit: "0-3 | 4-7".
+  std::string describe() const {
+    std::string text;
+    for (const auto& part : parts) {
+      text += (text.empty() ? "" : " | ") + std::to_string(part.first) + "-" +
+              std::to_string(part.last - 1);
+    }
+    return text;
   }
 };
 

@@ -308,4 +308,15 @@ class PipelineEngine {
   std::map<int, Schedule> schedules_;
 };
 
+/// The pipeline engine with E's model and policies (E = engine::Engine<M, Policies...>): what a
+/// program that picks its engine by policies (zero::dispatch) runs with pipeline stages.
+template <class E>
+struct pipeline_engine_of;
+template <class M, class... Policies>
+struct pipeline_engine_of<engine::Engine<M, Policies...>> {
+  using type = PipelineEngine<M, Policies...>;
+};
+template <class E>
+using pipeline_engine_of_t = typename pipeline_engine_of<E>::type;
+
 }  // namespace zero::parallel::pipeline
