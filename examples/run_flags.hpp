@@ -120,6 +120,9 @@ struct RunFlags {
   bool offload_cpu = false;             ///< --offload-cpu: ZeRO-Offload on the GPU
   std::string device;                   ///< --device host|cuda
   std::int64_t activation_mb = 512;     ///< --activation-mb: the activation arena
+  double temperature = 0.8;             ///< --temperature: the closing sample's (0: greedy)
+  int top_k = 40;                       ///< --top-k: the closing sample's (0: every token)
+  std::int64_t sample_bytes = 96;       ///< --sample-bytes: the closing sample's length (0: none)
 };
 
 /// Sets the switch (a flag without a value) argv[i] of f and returns true: --offload-cpu, and
@@ -195,6 +198,12 @@ inline bool read_run_flag(const FlagValue& v, RunFlags& f) {
     f.device = v.text;
   } else if (flag == "--activation-mb") {
     f.activation_mb = v.integer(1, std::int64_t{1} << 40);  // MiB; 2^44 << 20 wrapped to 0
+  } else if (flag == "--temperature") {
+    f.temperature = v.real();
+  } else if (flag == "--top-k") {
+    f.top_k = static_cast<int>(v.integer(0, std::numeric_limits<int>::max()));
+  } else if (flag == "--sample-bytes") {
+    f.sample_bytes = v.integer();
   } else {
     return false;
   }
@@ -240,6 +249,8 @@ inline void check_run_flags(const RunFlags& f) {
   expect<ConfigError>(!f.offload_cpu || f.device == "cuda",
                       "--offload-cpu moves the optimizer from the GPU to the host: it needs "
                       "--device cuda");
+  expect<ConfigError>(f.temperature >= 0 && f.top_k >= 0 && f.sample_bytes >= 0,
+                      "--temperature, --top-k and --sample-bytes must be >= 0");
 }
 
 /// Writes the DeepSpeed keys of RunFlags' flags into the config's JSON j: the optimizer's offload

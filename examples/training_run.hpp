@@ -32,6 +32,7 @@
 #include <parallel/comm/local_comm.hpp>
 #include <parallel/launch_env.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
+#include <parallel/tensor_parallel/regions.hpp>
 #if defined(ZERO_WITH_MPI)
 #include <parallel/comm/mpi_comm.hpp>
 #endif
@@ -48,10 +49,12 @@
 #include <zero/config/config.hpp>
 #include <zero/core/device.hpp>
 #include <zero/core/error.hpp>
+#include <zero/data/byte_tokenizer.hpp>
 #include <zero/data/data_loader.hpp>
 #include <zero/data/prepare_text.hpp>
 #include <zero/data/token_file.hpp>
 #include <zero/engine/engine_options.hpp>
+#include <zero/nn/sampler.hpp>
 #include <zero/profile/mfu.hpp>
 
 #include "cli_number.hpp"
@@ -321,6 +324,74 @@ inline void print_losses(double first_loss, double loss, std::int64_t vocab, boo
               static_cast<long long>(vocab), std::log(static_cast<double>(vocab)),
               val_held_out ? "validation loss" : "loss on training rows (no --val-tokens)",
               val_loss);
+}
+
+/// The tokens a sample draws from: the byte vocabulary without end-of-text (a sample is drawn
+/// only from a text's bytes: a --tokens corpus has no prompt).
+inline std::int64_t sample_vocab(const Corpus& corpus) {
+  return std::min<std::int64_t>(corpus.vocab, 256);
+}
+
+/// Row `row` of the logits of model's last forward, its first `count` columns as floats. The
+/// model's logits() are [rows, V / tp] (with tensor parallelism each rank holds its columns:
+/// they are gathered). On a device (no tensor parallelism there) the row is copied out of device
+/// memory.
+template <bool OnDevice, class Model>
+std::vector<float> last_row_logits(const Model& model, std::int64_t row, std::int64_t count) {
+  using Elem = typename Model::value_type;
+  const auto logits = model.logits();
+  const std::int64_t local_vocab = logits.dim(1);
+  const auto tp = static_cast<std::int64_t>(model.tensor_parallel().size());
+  expect<ShapeError>(row >= 0 && row < logits.dim(0) && count <= local_vocab * tp,
+                     "last_row_logits: row ", row, " and ", count, " columns of logits ",
+                     logits.shape(), " over ", tp, " tensor-parallel ranks");
+  std::vector<Elem> whole(static_cast<std::size_t>(local_vocab * tp));
+  if constexpr (OnDevice) {
+#if defined(__CUDACC__)
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());  // the forward ran on the engine's own stream
+    ZERO_CUDA_CHECK(cudaMemcpy(whole.data(), logits.data() + row * local_vocab,
+                               whole.size() * sizeof(Elem), cudaMemcpyDeviceToHost));
+#else
+    static_assert(!OnDevice, "device logits are read by a program compiled by nvcc");
+#endif
+  } else {
+    parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
+                             logits.data() + row * local_vocab, whole.data(), 1, local_vocab);
+  }
+  std::vector<float> out(static_cast<std::size_t>(count));
+  for (std::size_t v = 0; v < out.size(); ++v) out[v] = static_cast<float>(whole[v]);
+  return out;
+}
+
+/// The closing sample: continues the start of the validation text (corpus.prompt) by
+/// --sample-bytes bytes, each from next(window, row, sampler), which runs the model on the window
+/// and returns the byte drawn from the logits of its last real row. The window slides once the
+/// context fills --seq; with sequence parallelism (split = tp) it is padded on the right to a
+/// multiple of tp (attention is causal, so the last real row does not see the padding). Rank 0
+/// prints; bytes outside printable ASCII print escaped. Nothing without a prompt.
+template <class Next>
+void print_sample(const RunFlags& o, const Corpus& corpus, bool leader, std::int64_t split,
+                  Next&& next) {
+  if (corpus.prompt.empty() || o.sample_bytes <= 0) return;
+  std::vector<std::int32_t> context = corpus.prompt;
+  const std::size_t prompt = context.size();
+  nn::Sampler sampler(o.temperature, o.top_k, o.seed);
+  for (std::int64_t i = 0; i < o.sample_bytes; ++i) {
+    const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.seq);
+    const std::int64_t padded = (T + split - 1) / split * split;
+    std::vector<std::int32_t> window(context.end() - T, context.end());
+    window.resize(static_cast<std::size_t>(padded), window.back());
+    context.push_back(next(engine::MicroBatch{window.data(), nullptr, 1, padded}, T - 1, sampler));
+  }
+  if (leader) {
+    const auto ids = std::span<const std::int32_t>(context);
+    std::printf(
+        "sample (temperature %g, top-k %d, seed %llu):\n  prompt: %s\n  output: %s\n",
+        o.temperature, o.top_k, static_cast<unsigned long long>(o.seed),
+        data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(1, prompt - 1)))
+            .c_str(),
+        data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(prompt))).c_str());
+  }
 }
 
 /// The datasheet bf16 peak of the GPU the CUDA runtime uses now, in TFLOP/s (0: not listed, or

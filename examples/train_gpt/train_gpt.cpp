@@ -117,7 +117,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -131,10 +130,8 @@
 #include <parallel/pipeline/pipeline_engine.hpp>
 #include <parallel/process_groups.hpp>
 #include <parallel/sequence/sequence_parallel.hpp>
-#include <parallel/tensor_parallel/regions.hpp>
 #include <parallel/tensor_parallel/tensor_parallel.hpp>
 #include <zero/config/auto_values.hpp>
-#include <zero/data/byte_tokenizer.hpp>
 #include <zero/data/data_loader.hpp>
 #include <zero/data/prepare_text.hpp>
 #include <zero/data/token_file.hpp>
@@ -166,9 +163,6 @@ struct Options : RunFlags {          // the flags train_llama takes too (run_fla
   std::optional<int> experts, ep, k;  // MoE: experts per layer, expert-parallel size, top-k
   std::optional<int> etp;             // MoE: expert tensor-parallel size (1 or tp)
   std::int64_t layers = 4, heads = 4, channels = 128;
-  double temperature = 0.8;
-  int top_k = 40;
-  std::int64_t sample_bytes = 96;
   bool profile = false;
   std::optional<std::int64_t> delayed_update;  // DPU after this many steps (--delayed-update)
   bool grads_on_device = false;                // --grads-on-device
@@ -222,12 +216,6 @@ Options parse(int argc, char** argv) {
       o.heads = v.positive();
     else if (flag == "--channels")
       o.channels = v.positive();
-    else if (flag == "--temperature")
-      o.temperature = v.real();
-    else if (flag == "--top-k")
-      o.top_k = static_cast<int>(v.integer(0, std::numeric_limits<int>::max()));
-    else if (flag == "--sample-bytes")
-      o.sample_bytes = v.integer();
     else if (flag == "--delayed-update")
       o.delayed_update = v.integer();
     else
@@ -243,8 +231,6 @@ Options parse(int argc, char** argv) {
     expect<ConfigError>(!f.grads_on_device || f.device == "cuda",
                         "--grads-on-device sums the offloaded gradient shards on the GPU: it needs "
                         "--device cuda");
-    expect<ConfigError>(f.temperature >= 0 && f.top_k >= 0 && f.sample_bytes >= 0,
-                        "--temperature, --top-k and --sample-bytes must be >= 0");
     expect<ConfigError>(!f.vocab || !f.tokens.empty(),
                         "--vocab is the vocabulary of the --tokens files (a --data text is byte "
                         "tokens, 257)");
@@ -479,66 +465,6 @@ Checkpoints checkpoints_of(const Options& o) {
   return {"train_gpt", o.save_dir, o.resume, o.save_every, o.run.steps};
 }
 
-// The bytes a sample draws from: the byte vocabulary without end-of-text.
-std::int64_t sample_vocab(const Corpus& corpus) {
-  return std::min<std::int64_t>(corpus.vocab, 256);
-}
-
-// Row `row` of the logits of model's last forward, its first `bytes` columns as floats (with
-// tensor parallelism each rank holds rows/tp columns of the padded table: they are gathered).
-// On a device (no tensor parallelism there) the row is copied out of device memory.
-template <bool OnDevice, class Model>
-std::vector<float> last_row_logits(const Model& model, const nn::GPTConfig& gc, int tp,
-                                   std::int64_t row, std::int64_t bytes) {
-  using Elem = typename Model::value_type;
-  const std::int64_t local_vocab = gc.vocab_rows() / tp;
-  std::vector<Elem> whole(static_cast<std::size_t>(gc.vocab_rows()));
-  if constexpr (OnDevice) {
-#if defined(ZERO_TRAIN_GPT_CUDA)
-    ZERO_CUDA_CHECK(cudaDeviceSynchronize());  // the forward ran on the engine's own stream
-    ZERO_CUDA_CHECK(cudaMemcpy(whole.data(), model.logits().data() + row * local_vocab,
-                               whole.size() * sizeof(Elem), cudaMemcpyDeviceToHost));
-#endif
-  } else {
-    parallel::region_forward(parallel::Region::gather_from_tp, model.tensor_parallel(),
-                             model.logits().data() + row * local_vocab, whole.data(), 1,
-                             local_vocab);
-  }
-  std::vector<float> out(static_cast<std::size_t>(bytes));
-  for (std::size_t v = 0; v < out.size(); ++v) out[v] = static_cast<float>(whole[v]);
-  return out;
-}
-
-// The closing sample: continues the start of the validation text by --sample-bytes bytes, each
-// from next(window, row, sampler), which runs the model on the window and returns the byte drawn
-// from the logits of its last real row. The window slides once the context fills seq; with
-// sequence parallelism (split = tp) it is padded on the right to a multiple of tp (attention is
-// causal, so the last real row does not see the padding). Rank 0 prints.
-template <class Next>
-void print_sample(const Options& o, const Corpus& corpus, bool leader, std::int64_t split,
-                  Next&& next) {
-  if (corpus.prompt.empty() || o.sample_bytes <= 0) return;
-  std::vector<std::int32_t> context = corpus.prompt;
-  const std::size_t prompt = context.size();
-  nn::Sampler sampler(o.temperature, o.top_k, o.seed);
-  for (std::int64_t i = 0; i < o.sample_bytes; ++i) {
-    const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), o.seq);
-    const std::int64_t padded = (T + split - 1) / split * split;
-    std::vector<std::int32_t> window(context.end() - T, context.end());
-    window.resize(static_cast<std::size_t>(padded), window.back());
-    context.push_back(next(engine::MicroBatch{window.data(), nullptr, 1, padded}, T - 1, sampler));
-  }
-  if (leader) {
-    const auto ids = std::span<const std::int32_t>(context);
-    std::printf(
-        "sample (temperature %g, top-k %d, seed %llu):\n  prompt: %s\n  output: %s\n",
-        o.temperature, o.top_k, static_cast<unsigned long long>(o.seed),
-        data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(1, prompt - 1)))
-            .c_str(),
-        data::ByteTokenizer::escape(data::ByteTokenizer::decode(ids.subspan(prompt))).c_str());
-  }
-}
-
 // Trains with pipeline stages (tp x dp x pp ranks; --pp): each step runs the accumulation's
 // micro-batches through the schedule. Rank 0 prints; the loss and the closing sample's logits
 // come from the last stage.
@@ -667,7 +593,7 @@ bool train_pipeline(const Options& o, const Config& cfg, const Corpus& corpus, C
                  std::int32_t next = 0;
                  if (pipe.holds_last_unit()) {
                    next = sampler.next(std::span<const float>(
-                       last_row_logits<false>(model, gc, tp, row, sample_vocab(corpus))));
+                       last_row_logits<false>(model, row, sample_vocab(corpus))));
                  }
                  groups.pp().broadcast(std::span<std::int32_t>(&next, 1), pp - 1);
                  return next;
@@ -816,7 +742,7 @@ bool train(const Options& o, const Config& cfg, const Corpus& corpus, Comm& comm
                [&](const engine::MicroBatch& window, std::int64_t row, nn::Sampler& sampler) {
                  eng.evaluate(window);
                  return sampler.next(std::span<const float>(
-                     last_row_logits<on_device>(model, gc, tp, row, sample_vocab(corpus))));
+                     last_row_logits<on_device>(model, row, sample_vocab(corpus))));
                });
   return loss < first_loss || first_step > 0;
 }

@@ -23,6 +23,7 @@
 //                 gpipe|1f1b|interleaved|zb]]
 //                 [--nvme-path DIR]
 //                 [--device host|cuda] [--offload-cpu] [--activation-mb 512]
+//                 [--temperature 0.8] [--top-k 40] [--sample-bytes 96]
 //
 // The shape comes from --hf-config (a config.json, or the directory that holds one), else from
 // the config.json beside --init's weights, else from --model's preset, else the built-in small
@@ -52,7 +53,10 @@
 // bf16, data parallel only (tensor and sequence parallelism run on the host): the --ranks ranks
 // as threads sharing one GPU over CudaLocalComm, with --offload-cpu ZeRO-Offload's host AdamW.
 // The step line reports the loss, tokens/s, the model's TFLOP/s (6N + 6LCT per token) and, on a
-// GPU whose datasheet peak is known, MFU. The exit code is 1 when the loss did not fall.
+// GPU whose datasheet peak is known, MFU. On a text's bytes the run closes with a sample, as
+// train_gpt's: the start of the validation text continued by temperature / top-k sampling
+// seeded from --seed (--temperature 0 is greedy; none with Ulysses sequence parallelism, nor on
+// --tokens files, whose tokenizer is not zero's). The exit code is 1 when the loss did not fall.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -269,17 +273,19 @@ struct RunParts {
   data::DataLoader& train_loader;
   data::DataLoader& val_loader;
   profile::Monitor& monitor;
-  double peak_tflops;  // the GPUs' datasheet peak (0: no MFU)
+  double peak_tflops;         // the GPUs' datasheet peak (0: no MFU)
+  std::int64_t sample_split;  // a sample's window is padded to a multiple of it (tp under sp)
 };
 
 // The run on an engine eng (E, or a pipeline's stage engine) whose model the Monitor reads
 // (stage_model: the model, or the stage's units): step(batches) trains one step on the
-// accumulation's micro-batches and evaluate(micro) gives the validation loss. Rank 0 prints.
-// Returns whether the loss fell.
-template <class Eng, class StageModel, class Step, class Evaluate>
+// accumulation's micro-batches, evaluate(micro) gives the validation loss and
+// next_token(window, row, sampler) runs the model on a window and draws the token after its row
+// `row` (every rank the same: print_sample). Rank 0 prints. Returns whether the loss fell.
+template <class Eng, class StageModel, class Step, class Evaluate, class NextToken>
 bool train_steps(const Options& o, const Config& cfg, const ModelShape& shape, const Corpus& corpus,
                  RunParts& run, Eng& eng, const StageModel& stage_model, Step&& step_fn,
-                 Evaluate&& evaluate) {
+                 Evaluate&& evaluate, NextToken&& next_token) {
   const nn::LlamaConfig& lc = shape.model;
   const bool leader = run.leader;
   const Config::BatchSizes& sizes = run.sizes;
@@ -345,6 +351,11 @@ bool train_steps(const Options& o, const Config& cfg, const ModelShape& shape, c
   const RankBatch val_mine(val, sequence);
   const double val_loss = mean_over_dp(eng, evaluate(val_mine.micro()));
   if (leader) print_losses(first_loss, loss, lc.vocab_size, corpus.val_held_out, val_loss);
+  if (sequence.size() > 1) {  // the sampler would need the last position's logits from the last
+    if (leader) std::printf("%s: no sample with Ulysses sequence parallelism\n", program);
+  } else {
+    print_sample(o, corpus, leader, run.sample_split, next_token);
+  }
   return loss < first_loss || first_step > 0 || o.run.steps == 0;
 }
 
@@ -386,7 +397,8 @@ bool train(const Options& o, const Config& cfg, const ModelShape& shape, const C
                train_loader,
                val_loader,
                monitor,
-               on_device ? device_peak_tflops() * gpus_of(comm) : 0.0};
+               on_device ? device_peak_tflops() * gpus_of(comm) : 0.0,
+               model.tensor_parallel().sequence_parallel() ? tp : 1};
   // The run's first line: the model, where its shape came from and the layout.
   const auto describe = [&](const auto& eng, const std::string& pipeline) {
     if (!leader) return;
@@ -431,7 +443,19 @@ bool train(const Options& o, const Config& cfg, const ModelShape& shape, const C
             const auto r = pipe.train_batch(batches);
             return StepResult{r.loss, r.bubble_fraction};
           },
-          [&](const engine::MicroBatch& micro) { return pipe.evaluate(micro); });
+          [&](const engine::MicroBatch& micro) { return pipe.evaluate(micro); },
+          // Every rank runs the pipelined forward; the last stage holds the logits and draws
+          // the token, which the pipeline group then shares.
+          [&](const engine::MicroBatch& window, std::int64_t row, nn::Sampler& sampler) {
+            (void)pipe.evaluate(window);
+            std::int32_t next = 0;
+            if (pipe.holds_last_unit()) {
+              next = sampler.next(
+                  std::span<const float>(last_row_logits<false>(model, row, sample_vocab(corpus))));
+            }
+            groups.pp().broadcast(std::span<std::int32_t>(&next, 1), pp - 1);
+            return next;
+          });
     } else {
       throw ConfigError(std::string(program) + ": pipeline.stages > 1 needs ZeRO stage 0 or 1 " +
                         "on the host");  // the config and run() refuse it first
@@ -452,6 +476,13 @@ bool train(const Options& o, const Config& cfg, const ModelShape& shape, const C
       },
       [&](const engine::MicroBatch& micro) {
         return static_cast<double>(static_cast<float>(eng.evaluate(micro)));
+      },
+      // Every rank takes part (stage 3 gathers units collectively) and draws the same numbers
+      // from the same logits, so all pick the same token.
+      [&](const engine::MicroBatch& window, std::int64_t row, nn::Sampler& sampler) {
+        eng.evaluate(window);
+        return sampler.next(
+            std::span<const float>(last_row_logits<on_device>(model, row, sample_vocab(corpus))));
       });
 }
 
