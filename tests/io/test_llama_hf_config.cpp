@@ -1,8 +1,9 @@
 // Hugging Face Llama configs (io/llama_hf_config.hpp): Llama 2's and Llama 3.2's config.json
 // give their LlamaConfig (defaults for keys left out, Llama 3.1's rope scaling, tied embeddings
 // reported), what LayerLlama cannot be is refused naming the key, and a written config reads back
-// as the same model. Llama 3.1's frequency scaling (ops::cpu::RopeScaling) against Hugging Face's
-// formula evaluated independently (Python, float64) for Llama 3.1 8B's table.
+// as the same model. Llama 3.1's frequency scaling and linear position interpolation
+// (ops::cpu::RopeScaling) against Hugging Face's formulas evaluated independently (Python,
+// float64).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -108,6 +109,8 @@ TEST_CASE("a config LayerLlama cannot be is refused, naming the key", "[unit][io
   CHECK_THAT(refused("hidden_size", "2048"), Catch::Contains("'hidden_size' must be an integer"));
   CHECK_THAT(refused("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}),
              Catch::Contains("rope_type 'yarn'"));
+  CHECK_THAT(refused("rope_scaling", {{"rope_type", "linear"}, {"factor", 0.5}}),
+             Catch::Contains("factor 0.5 must be >= 1"));
   CHECK_THAT(refused("num_key_value_heads", 5),
              Catch::Contains("config.json") && Catch::Contains("num_kv_heads"));
   CHECK(refused("rope_scaling", nullptr) == "accepted");
@@ -120,6 +123,50 @@ TEST_CASE("a config LayerLlama cannot be is refused, naming the key", "[unit][io
                     Catch::Contains(bad.string()) && Catch::Contains("invalid JSON"));
   CHECK_THROWS_WITH(io::llama::read_hf_config(dir.path() / "absent.json"),
                     Catch::Contains("cannot open"));
+}
+
+TEST_CASE("linear rope scaling and rope_type default read as Hugging Face's", "[unit][io][llama]") {
+  nlohmann::json j = nlohmann::json::parse(llama32_1b);
+  // Position interpolation as long-context Llama 2 fine-tunes write it (the older key name).
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 8.0}};
+  const nn::LlamaConfig linear = parse(j).model;
+  CHECK(linear.rope_scaling.type == ops::cpu::RopeScaling::Type::linear);
+  CHECK(linear.rope_scaling.factor == 8.0);
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  CHECK(!parse(j).model.rope_scaling.active());
+
+  // Every pair turns 8 times slower. Values at position 1000 (theta 10000, head size 128) from
+  // Hugging Face's _compute_linear_scaling_rope_parameters transcribed in Python (float64).
+  struct Pair {
+    int i;
+    double cos, sin;
+  };
+  const std::vector<Pair> want = {{0, 0.7877145121442345, -0.6160404591886565},
+                                  {20, 0.7343544105816086, 0.6787662334407467},
+                                  {63, 0.999895820447059, 0.01443427353567455}};
+  std::vector<double> c(64), s(64);
+  ops::cpu::rotary_table(c.data(), s.data(), 1000, 1, 128, 10000.0, linear.rope_scaling);
+  for (const Pair& p : want) {
+    INFO("pair " << p.i);
+    CHECK(std::abs(c[p.i] - p.cos) <= 1e-12);
+    CHECK(std::abs(s[p.i] - p.sin) <= 1e-12);
+  }
+  // The same table as position 125 without scaling, where Llama 3.1's rule would keep the fast
+  // pairs as they are.
+  std::vector<double> c0(64), s0(64);
+  ops::cpu::rotary_table(c0.data(), s0.data(), 125, 1, 128, 10000.0);
+  for (int i = 0; i < 64; ++i) CHECK(std::abs(c0[i] - c[i]) <= 1e-12);
+
+  // Written back as it was read.
+  const testing::TempDir dir("llama_hf_config_linear");
+  const auto file = dir.path() / "config.json";
+  io::llama::write_hf_config(linear, file);
+  std::ifstream in(file);
+  const nlohmann::json written = nlohmann::json::parse(in);
+  CHECK(written.at("rope_scaling") == nlohmann::json{{"rope_type", "linear"}, {"factor", 8.0}});
+  const nn::LlamaConfig back = io::llama::read_hf_config(file).model;
+  CHECK(back.rope_scaling.type == ops::cpu::RopeScaling::Type::linear);
+  CHECK(back.rope_scaling.factor == 8.0);
 }
 
 TEST_CASE("a written Llama config.json reads back as the same model", "[unit][io][llama]") {

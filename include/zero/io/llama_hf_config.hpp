@@ -6,9 +6,10 @@
 //
 // Keys read: vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads (default: num_attention_heads), rope_theta (10000), rms_norm_eps (1e-6,
-// Hugging Face's default), initializer_range (0.02), rope_scaling (null, or Llama 3.1's
-// rope_type "llama3" with its factor, low_freq_factor, high_freq_factor and
-// original_max_position_embeddings). What nn::LayerLlama cannot be is refused with a ConfigError
+// Hugging Face's default), initializer_range (0.02), rope_scaling (null; rope_type "default",
+// none; Llama 3.1's "llama3" with its factor, low_freq_factor, high_freq_factor and
+// original_max_position_embeddings; or "linear", position interpolation, with its factor; older
+// files name the key "type"). What nn::LayerLlama cannot be is refused with a ConfigError
 // naming the file and the key: another model_type, hidden_act other than silu, attention or MLP
 // biases, attention dropout, a head_dim other than hidden_size / num_attention_heads, another
 // rope_type. tie_word_embeddings is reported (HfLlamaConfig::tied), not refused: LayerLlama's head
@@ -99,16 +100,22 @@ inline HfLlamaConfig hf_config_from_json(const nlohmann::json& j, const std::str
     expect<ConfigError>(s.is_object(), where, ": rope_scaling must be an object or null");
     std::string type = text(s, "rope_type");
     if (type.empty()) type = text(s, "type");  // the key's older name
-    expect<ConfigError>(type == "llama3", where, ": rope_scaling's rope_type '", type,
-                        "' is not supported (only Llama 3.1's 'llama3')");
-    c.rope_scaling.factor = number(s, "factor", 1.0);
-    c.rope_scaling.low_freq_factor = number(s, "low_freq_factor", 1.0);
-    c.rope_scaling.high_freq_factor = number(s, "high_freq_factor", 4.0);
-    const double original = number(s, "original_max_position_embeddings", 8192.0);
-    expect<ConfigError>(original >= 1.0 && std::floor(original) == original, where,
-                        ": rope_scaling's original_max_position_embeddings ", original,
-                        " must be a positive integer");
-    c.rope_scaling.original_max_position_embeddings = static_cast<std::int64_t>(original);
+    expect<ConfigError>(type == "llama3" || type == "linear" || type == "default", where,
+                        ": rope_scaling's rope_type '", type,
+                        "' is not supported (Llama 3.1's 'llama3', 'linear' or 'default')");
+    if (type == "linear") {
+      c.rope_scaling.type = ops::cpu::RopeScaling::Type::linear;
+      c.rope_scaling.factor = number(s, "factor", 1.0);
+    } else if (type == "llama3") {
+      c.rope_scaling.factor = number(s, "factor", 1.0);
+      c.rope_scaling.low_freq_factor = number(s, "low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = number(s, "high_freq_factor", 4.0);
+      const double original = number(s, "original_max_position_embeddings", 8192.0);
+      expect<ConfigError>(original >= 1.0 && std::floor(original) == original, where,
+                          ": rope_scaling's original_max_position_embeddings ", original,
+                          " must be a positive integer");
+      c.rope_scaling.original_max_position_embeddings = static_cast<std::int64_t>(original);
+    }
   }
   out.tied = flag("tie_word_embeddings");
   try {
@@ -151,7 +158,9 @@ inline nlohmann::json hf_config_json(const nn::LlamaConfig& c) {
       {"tie_word_embeddings", false},
       {"rope_scaling", nullptr},
   };
-  if (c.rope_scaling.active()) {
+  if (c.rope_scaling.active() && c.rope_scaling.type == ops::cpu::RopeScaling::Type::linear) {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+  } else if (c.rope_scaling.active()) {
     j["rope_scaling"] = {
         {"rope_type", "llama3"},
         {"factor", c.rope_scaling.factor},

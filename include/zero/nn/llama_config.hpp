@@ -20,7 +20,7 @@ struct LlamaConfig {
   std::int64_t channels = 4096;            ///< C (hidden_size)
   std::int64_t intermediate_size = 11008;  ///< F, the SwiGLU MLP's hidden units
   double rope_theta = 10000.0;             ///< RoPE's base (Llama 3: 500000)
-  ops::cpu::RopeScaling rope_scaling;      ///< Llama 3.1's frequency scaling (none by default)
+  ops::cpu::RopeScaling rope_scaling;      ///< Llama 3.1's or linear scaling (none by default)
   double rms_norm_eps = 1e-5;              ///< RMSNorm's epsilon
   double initializer_range = 0.02;         ///< stddev of every projection and embedding
   bool checkpoint_activations = false;     ///< recompute each block's forward before its backward

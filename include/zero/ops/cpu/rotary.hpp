@@ -11,10 +11,10 @@
 // heads, then one key head, then one value head, every head hs channels. The query and key heads
 // turn, the value head is copied. Rows are (batch, position) pairs of seq_len positions each, at
 // positions [first, first + seq_len) (first > 0: a sequence-parallel rank's block of every
-// sequence). The angles come from rotary_table, in double, rounded once to the compute type; Llama
-// 3.1's frequency scaling (RopeScaling) applies there. float, bf16 and f16 compute each value as
-// a rounded product and one fused multiply-add (a c - b s as fma(-b, s, a c)), on every ISA and
-// on the device alike.
+// sequence). The angles come from rotary_table, in double, rounded once to the compute type; a
+// frequency scaling (RopeScaling: Llama 3.1's, or linear position interpolation) applies there.
+// float, bf16 and f16 compute each value as a rounded product and one fused multiply-add (a c - b s
+// as fma(-b, s, a c)), on every ISA and on the device alike.
 
 #include <algorithm>
 #include <cmath>
@@ -28,21 +28,30 @@
 
 namespace zero::ops::cpu {
 
-/// Llama 3.1's rope_scaling (Hugging Face's rope_type "llama3", its _compute_llama3_parameters):
-/// pairs whose wavelength 2 pi / f is below original / high_freq_factor keep their frequency f,
-/// those above original / low_freq_factor turn factor times slower, and those between blend the
-/// two by s = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor):
-/// (1 - s) f / factor + s f. factor 1 (the default) scales nothing.
+/// A rope_scaling of Hugging Face's Llama config, by its rope_type:
+/// - llama3 (Llama 3.1's, _compute_llama3_parameters): pairs whose wavelength 2 pi / f is below
+///   original / high_freq_factor keep their frequency f, those above original / low_freq_factor
+///   turn factor times slower, and those between blend the two by s = (original / wavelength -
+///   low_freq_factor) / (high_freq_factor - low_freq_factor): (1 - s) f / factor + s f;
+/// - linear (position interpolation, Chen et al. 2023; _compute_linear_scaling_rope_parameters):
+///   every pair turns factor times slower, f / factor, as if position p were p / factor (the
+///   other fields are unused).
+/// factor 1 (the default) scales nothing.
 struct RopeScaling {
+  enum class Type { llama3, linear };
+  Type type = Type::llama3;
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
   std::int64_t original_max_position_embeddings = 8192;
 
+  /// Hugging Face's rope_type of type.
+  static const char* name_of(Type type) { return type == Type::linear ? "linear" : "llama3"; }
   /// True when it changes any frequency.
   bool active() const { return factor != 1.0; }
   /// Throws ConfigError naming the field of an unusable scaling.
   void validate() const {
     expect<ConfigError>(factor >= 1.0, "rope_scaling: factor ", factor, " must be >= 1");
+    if (type == Type::linear) return;
     expect<ConfigError>(low_freq_factor > 0.0 && high_freq_factor > low_freq_factor,
                         "rope_scaling: low_freq_factor ", low_freq_factor, " and high_freq_factor ",
                         high_freq_factor, " must satisfy 0 < low < high");
@@ -53,6 +62,7 @@ struct RopeScaling {
   /// The scaled frequency of a pair whose frequency is f.
   double scaled(double f) const {
     if (!active()) return f;
+    if (type == Type::linear) return f / factor;
     const double original = static_cast<double>(original_max_position_embeddings);
     const double wavelength = 2.0 * std::numbers::pi / f;
     if (wavelength < original / high_freq_factor) return f;
