@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -47,6 +48,22 @@ constexpr const char* llama2_7b = R"({
 
 io::llama::HfLlamaConfig parse(const nlohmann::json& j) {
   return io::llama::hf_config_from_json(j, "config.json");
+}
+
+// A rotary pair's expected cos and sin at one position, from Hugging Face's formula in Python.
+struct Pair {
+  int i;
+  double cos, sin;
+};
+
+// Checks the rotary table's pairs at position 1000 (head size 128) against want, within 1e-12.
+void check_pairs(const std::vector<double>& c, const std::vector<double>& s,
+                 const std::vector<Pair>& want) {
+  for (const Pair& p : want) {
+    INFO("pair " << p.i);
+    CHECK(std::abs(c[static_cast<std::size_t>(p.i)] - p.cos) <= 1e-12);
+    CHECK(std::abs(s[static_cast<std::size_t>(p.i)] - p.sin) <= 1e-12);
+  }
 }
 
 }  // namespace
@@ -137,20 +154,12 @@ TEST_CASE("linear rope scaling and rope_type default read as Hugging Face's", "[
 
   // Every pair turns 8 times slower. Values at position 1000 (theta 10000, head size 128) from
   // Hugging Face's _compute_linear_scaling_rope_parameters transcribed in Python (float64).
-  struct Pair {
-    int i;
-    double cos, sin;
-  };
-  const std::vector<Pair> want = {{0, 0.7877145121442345, -0.6160404591886565},
-                                  {20, 0.7343544105816086, 0.6787662334407467},
-                                  {63, 0.999895820447059, 0.01443427353567455}};
   std::vector<double> c(64), s(64);
   ops::cpu::rotary_table(c.data(), s.data(), 1000, 1, 128, 10000.0, linear.rope_scaling);
-  for (const Pair& p : want) {
-    INFO("pair " << p.i);
-    CHECK(std::abs(c[p.i] - p.cos) <= 1e-12);
-    CHECK(std::abs(s[p.i] - p.sin) <= 1e-12);
-  }
+  check_pairs(c, s,
+              {{0, 0.7877145121442345, -0.6160404591886565},
+               {20, 0.7343544105816086, 0.6787662334407467},
+               {63, 0.999895820447059, 0.01443427353567455}});
   // The same table as position 125 without scaling, where Llama 3.1's rule would keep the fast
   // pairs as they are.
   std::vector<double> c0(64), s0(64);
@@ -197,10 +206,6 @@ TEST_CASE("Llama 3.1's rope scaling gives Hugging Face's frequencies", "[unit][i
   // Llama 3.1 8B: theta 500000, head size 128, factor 8, low 1, high 4, original 8192. Pairs
   // 0-28 keep their frequency, 29-34 blend, 35-63 turn 8 times slower. Values at position 1000
   // from Hugging Face's _compute_llama3_parameters transcribed in Python (float64).
-  struct Pair {
-    int i;
-    double cos, sin;
-  };
   const std::vector<Pair> want = {
       {0, 0.5623790762907029, 0.8268795405320025},
       {20, -0.6581203423130288, -0.752912753932208},
@@ -215,11 +220,7 @@ TEST_CASE("Llama 3.1's rope scaling gives Hugging Face's frequencies", "[unit][i
   scaling.factor = 8.0;
   std::vector<double> c(64), s(64);
   ops::cpu::rotary_table(c.data(), s.data(), 1000, 1, 128, 500000.0, scaling);
-  for (const Pair& p : want) {
-    INFO("pair " << p.i);
-    CHECK(std::abs(c[p.i] - p.cos) <= 1e-12);
-    CHECK(std::abs(s[p.i] - p.sin) <= 1e-12);
-  }
+  check_pairs(c, s, want);
   // Without scaling the slow pairs differ (a negative control), the fast ones do not.
   std::vector<double> c0(64), s0(64);
   ops::cpu::rotary_table(c0.data(), s0.data(), 1000, 1, 128, 500000.0);

@@ -40,7 +40,8 @@ struct Partition {
       if (parts[k].first <= u && u < parts[k].last) return static_cast<int>(k);
     }
     raise<ConfigError>("pipeline partition: unit ", u, " is on no stage");
-  }  /// The units of every virtual stage in order, each its first and last unit: "0-3 | 4-7".
+  }
+  /// The units of every virtual stage in order, each its first and last unit: "0-3 | 4-7".
   std::string describe() const {
     std::string text;
     for (const auto& part : parts) {

@@ -158,16 +158,15 @@ inline nlohmann::json hf_config_json(const nn::LlamaConfig& c) {
       {"tie_word_embeddings", false},
       {"rope_scaling", nullptr},
   };
-  if (c.rope_scaling.active() && c.rope_scaling.type == ops::cpu::RopeScaling::Type::linear) {
-    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
-  } else if (c.rope_scaling.active()) {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", c.rope_scaling.factor},
-        {"low_freq_factor", c.rope_scaling.low_freq_factor},
-        {"high_freq_factor", c.rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
-    };
+  const ops::cpu::RopeScaling& scaling = c.rope_scaling;
+  if (scaling.active()) {
+    nlohmann::json& s = j["rope_scaling"];
+    s = {{"rope_type", ops::cpu::RopeScaling::name_of(scaling.type)}, {"factor", scaling.factor}};
+    if (scaling.type == ops::cpu::RopeScaling::Type::llama3) {
+      s["low_freq_factor"] = scaling.low_freq_factor;
+      s["high_freq_factor"] = scaling.high_freq_factor;
+      s["original_max_position_embeddings"] = scaling.original_max_position_embeddings;
+    }
   }
   return j;
 }
