@@ -351,7 +351,8 @@ bool train_steps(const Options& o, const Config& cfg, const ModelShape& shape, c
   const RankBatch val_mine(val, sequence);
   const double val_loss = mean_over_dp(eng, evaluate(val_mine.micro()));
   if (leader) print_losses(first_loss, loss, lc.vocab_size, corpus.val_held_out, val_loss);
-  if (sequence.size() > 1) {  // the sampler would need the last position's logits from the last
+  // Under Ulysses the sampler would need the last position's logits from the last sp rank.
+  if (sequence.size() > 1) {
     if (leader) std::printf("%s: no sample with Ulysses sequence parallelism\n", program);
   } else {
     print_sample(o, corpus, leader, run.sample_split, next_token);

@@ -56,7 +56,7 @@ struct Pair {
   double cos, sin;
 };
 
-// Checks the rotary table's pairs at position 1000 (head size 128) against want, within 1e-12.
+// Checks the pairs of a rotary table row (c, s) against want, within 1e-12.
 void check_pairs(const std::vector<double>& c, const std::vector<double>& s,
                  const std::vector<Pair>& want) {
   for (const Pair& p : want) {
