@@ -29,12 +29,15 @@
 // spread over as many micro-batches as a step commonly has (gpu_step_offload_vs_device_accumulated,
 // gpu_step_offload_on_device_vs_device_accumulated,
 // gpu_step_offload_delayed_vs_device_accumulated,
-// gpu_step_offload_delayed_on_device_vs_device_accumulated).
+// gpu_step_offload_delayed_on_device_vs_device_accumulated). One more Offload<CPU> run at one
+// micro-batch keeps the last units' states on the device (EngineOptions::offload_ratio,
+// --offload-ratio, 0.3 by default: ZeRO-Offload++'s Twin-Flow), so the host updates that share
+// while the device updates the rest (gpu_step_offload_twin_flow_vs_device).
 // --runs runs only the named runs (run_names below; a profiler's shorter run) and the ratios whose
 // two runs ran. Prints one JSON object per line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
 //            [--activation-gib G] [--logits-chunk-mib M] [--accumulation A]
-//            [--runs stage0,offload_delayed,...]
+//            [--offload-ratio R] [--runs stage0,offload_delayed,...]
 #include <zero/engine/cuda_backend.cuh>
 
 #include <algorithm>
@@ -76,6 +79,7 @@ struct Shape {
   double logits_chunk_mib = -1;  // GPTConfig::logits_chunk_bytes in MiB; < 0: the library's
   std::string runs;              // --runs: a comma-separated subset of run_names; empty: all
   int accumulation = 4;          // micro-batches a step of the *_accumulated runs
+  double offload_ratio = 0.3;    // the offload_twin_flow run's EngineOptions::offload_ratio
 };
 
 /// The runs, in the order they run (--runs picks some: a profiler's shorter run).
@@ -88,11 +92,19 @@ inline constexpr const char* run_names[] = {"stage0",
                                             "offload",
                                             "offload_deferred",
                                             "offload_delayed",
+                                            "offload_twin_flow",
                                             "stage2_accumulated",
                                             "offload_accumulated",
                                             "offload_on_device_accumulated",
                                             "offload_delayed_accumulated",
                                             "offload_delayed_on_device_accumulated"};
+
+/// v as JSON text with %g's digits ("0.3", not std::to_string's "0.300000").
+std::string json_number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
 
 /// Whether --runs (a comma-separated list) names run, or is empty.
 bool wanted(const Shape& s, const std::string& run) {
@@ -145,6 +157,7 @@ Config step_config(const Shape& s, int stage, bool offload, int accumulation = 1
 struct Result {
   int accumulation = 1;          // micro-batches a step
   bool grads_on_device = false;  // Offload<CPU>: EngineOptions::accumulate_grads_on_device
+  double offload_ratio = 1.0;    // Offload<CPU>: EngineOptions::offload_ratio
   double tokens_per_s = 0, step_ms = 0, device_gib = 0, host_gib = 0;
   double loss = 0;
   // The engine's host-side phase timers per timed step (profile::StepTimers): where the host
@@ -175,12 +188,14 @@ const char* host_update_name(HostUpdate h) {
 
 /// Trains warmup + steps steps of Eng on one rank and times the last steps (how: where an
 /// Offload<CPU> engine runs its host update; grads_on_device: whether it sums a window's
-/// gradient shards on the device).
+/// gradient shards on the device; offload_ratio: the share of its states it offloads).
 template <class Eng>
 Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config,
-                   HostUpdate how = HostUpdate::in_step, bool grads_on_device = false) {
+                   HostUpdate how = HostUpdate::in_step, bool grads_on_device = false,
+                   double offload_ratio = 1.0) {
   Result out;
   out.grads_on_device = grads_on_device;
+  out.offload_ratio = offload_ratio;
   parallel::CudaLocalComm::run(1, [&](parallel::CudaLocalComm& comm) {
     nn::GPT<bf16> model(gc);
     engine::EngineOptions options;
@@ -188,6 +203,7 @@ Result time_engine(const Shape& s, const nn::GPTConfig& gc, const Config& config
     options.overlap_offload_update = how == HostUpdate::with_next_forward;
     options.delayed_param_update = how == HostUpdate::delayed;
     options.accumulate_grads_on_device = grads_on_device;
+    options.offload_ratio = offload_ratio;
     Eng eng(model, comm, config, options);
     const int accumulation = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
     out.accumulation = accumulation;
@@ -302,7 +318,8 @@ int run(const Shape& s) {
         (offload ? "cpu" : "none") + "\"" +
         (offload ? std::string(", \"host_update\": \"") + host_update_name(how) +
                        "\", \"grad_accumulation\": \"" +
-                       (r.grads_on_device ? "device" : "pinned shards") + "\""
+                       (r.grads_on_device ? "device" : "pinned shards") +
+                       "\", \"offload_ratio\": " + json_number(r.offload_ratio)
                  : std::string()) +
         ", \"B\": " + std::to_string(s.batch) + ", \"T\": " + std::to_string(s.seq) +
         ", \"accumulation\": " + std::to_string(r.accumulation) +
@@ -331,7 +348,7 @@ int run(const Shape& s) {
   };
   // Each run that --runs names (all by default); a ratio's line where both of its runs ran.
   std::optional<Result> s0, s0_whole, s0_tuned, s0_fused_dq, s2, s3, off, off_deferred, off_delayed,
-      s2_acc, off_acc, off_on_device_acc, off_delayed_acc, off_delayed_on_device_acc;
+      off_twin_flow, s2_acc, off_acc, off_on_device_acc, off_delayed_acc, off_delayed_on_device_acc;
   if (wanted(s, "stage0")) {
     s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
     report(0, false, *s0);
@@ -382,6 +399,12 @@ int run(const Shape& s) {
     off_delayed =
         time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true), HostUpdate::delayed);
     report(2, true, *off_delayed, HostUpdate::delayed);
+  }
+  // The last units' states kept on the device (Twin-Flow), updating in step().
+  if (wanted(s, "offload_twin_flow")) {
+    off_twin_flow = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true),
+                                                    HostUpdate::in_step, false, s.offload_ratio);
+    report(2, true, *off_twin_flow);
   }
   // At --accumulation micro-batches a step, with every micro-step's shards folded into the
   // pinned shards or the window's summed on the device.
@@ -442,6 +465,11 @@ int run(const Shape& s) {
   offload_ratio("gpu_step_offload_delayed_vs_device", base + ", \"stage\": 2", off_delayed, s2,
                 "Offload<CPU> with delayed_param_update (the update of step t beside window t + 1, "
                 "one step stale) over stage 2 without offload");
+  offload_ratio("gpu_step_offload_twin_flow_vs_device",
+                base + ", \"stage\": 2, \"offload_ratio\": " + json_number(s.offload_ratio),
+                off_twin_flow, s2,
+                "Offload<CPU> keeping the last units' states on the device (offload_ratio, "
+                "Twin-Flow), updating in step(), over stage 2 without offload");
   const std::string accumulated =
       base + ", \"stage\": 2, \"accumulation\": " + std::to_string(s.accumulation);
   offload_ratio("gpu_step_offload_vs_device_accumulated", accumulated, off_acc, s2_acc,
@@ -507,13 +535,16 @@ int main(int argc, char** argv) try {
       }
     } else if (flag == "--accumulation") {
       s.accumulation = static_cast<int>(zero::bench::integer_arg("gpu_step", flag, v, 1, 1 << 20));
+    } else if (flag == "--offload-ratio") {
+      s.offload_ratio = zero::bench::real_arg("gpu_step", flag, v);
     } else if (flag == "--logits-chunk-mib") {
       s.logits_chunk_mib = zero::bench::real_arg("gpu_step", flag, v);  // 0: the whole batch
     } else {
       std::fprintf(stderr,
                    "usage: gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] "
                    "[--model gpt2|gpt2-medium|gpt2-large|gpt2-xl] [--activation-gib G] "
-                   "[--logits-chunk-mib M] [--accumulation A] [--runs RUN,...]\n");
+                   "[--logits-chunk-mib M] [--accumulation A] [--offload-ratio R] "
+                   "[--runs RUN,...]\n");
       return 2;
     }
   }

@@ -98,8 +98,11 @@ TEST_CASE("every known key is read by the parser and is either applied or report
       if (key.path == "communication_data_type") set_path(live, "fp16.enabled", false);
       // (cpu_offload and cpu_offload_param are deprecated spellings of the offload sections:
       // not given beside them.)
-      if (!key.path.ends_with(".device") && key.path != "zero_optimization.cpu_offload" &&
-          key.path != "zero_optimization.cpu_offload_param") {
+      if (key.path == "zero_optimization.offload_optimizer.ratio") {
+        // Twin-Flow keeps part of CPU offload's states on the device.
+        set_path(live, "zero_optimization.offload_optimizer.device", "cpu");
+      } else if (!key.path.ends_with(".device") && key.path != "zero_optimization.cpu_offload" &&
+                 key.path != "zero_optimization.cpu_offload_param") {
         // offload_param's swap keys act when it is the section on nvme (alone: with
         // offload_optimizer on nvme too, that section's buffers are used).
         const std::string section = key.path.starts_with("zero_optimization.offload_param.")

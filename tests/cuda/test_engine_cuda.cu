@@ -95,11 +95,13 @@ Config gpu_config(int stage, bool bf16, bool offload) {
 // shards on the device (accumulate_grads_on_device; the same values too); shard_size: hybrid
 // sharding in groups of that many ranks (0: none); hpz_size: ZeRO++ hpZ's secondary groups;
 // qgz_bits: ZeRO++'s quantized gradients at 8 or 4 bits a code (0: off); loco: with LoCo's error
-// feedback.
+// feedback; ratio: Offload<CPU>'s offload_ratio (below 1 the last units stay on the device).
 template <class Eng, class Comm>
 Masters train(Comm& comm, const Config& config, bool deferred = false, bool on_device = false,
-              int shard_size = 0, int hpz_size = 0, int qgz_bits = 0, bool loco = false) {
+              int shard_size = 0, int hpz_size = 0, int qgz_bits = 0, bool loco = false,
+              double ratio = 1.0) {
   engine::EngineOptions options = tiny_options();
+  options.offload_ratio = ratio;
   options.overlap_offload_update = deferred;
   options.accumulate_grads_on_device = on_device;
   options.shard_size = shard_size;
@@ -143,7 +145,7 @@ double check_units(const std::vector<Masters>& host, const std::vector<Masters>&
 }
 
 template <class T, int S, class Where>
-void check_gpu_engine(double tolerance, bool deferred = false) {
+void check_gpu_engine(double tolerance, bool deferred = false, double ratio = 1.0) {
   constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
   constexpr bool offload = std::is_same_v<Where, CPU>;
   using HostEngine = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>>;
@@ -152,16 +154,20 @@ void check_gpu_engine(double tolerance, bool deferred = false) {
   static_assert(GpuEngine::device_optimizer == !offload);
   for (int world : {1, 2, 4}) {
     INFO("stage " << S << (bf16 ? " bf16" : " f32") << (offload ? " Offload<CPU>" : "")
-                  << (deferred ? " deferred" : "") << " world " << world);
+                  << (deferred ? " deferred" : "") << " offload_ratio " << ratio << " world "
+                  << world);
     const auto host = per_rank<Masters>(
         world, [](LocalComm& comm) { return train<HostEngine>(comm, gpu_config(S, bf16, false)); });
-    const auto gpu = per_rank<Masters, CudaLocalComm>(world, [deferred](CudaLocalComm& comm) {
-      return train<GpuEngine>(comm, gpu_config(S, bf16, offload), deferred);
+    const auto gpu = per_rank<Masters, CudaLocalComm>(world, [&](CudaLocalComm& comm) {
+      return train<GpuEngine>(comm, gpu_config(S, bf16, offload), deferred, false, 0, 0, 0, false,
+                              ratio);
     });
     const double worst = check_units(host, gpu, tolerance);
-    std::printf("GPU engine stage %d %s%s%s world %d: worst unit difference %.3g (bound %.1g)\n", S,
-                bf16 ? "bf16" : "f32", offload ? " Offload<CPU>" : "", deferred ? " deferred" : "",
-                world, worst, tolerance);
+    std::printf(
+        "GPU engine stage %d %s%s%s offload_ratio %.2f world %d: worst unit difference %.3g "
+        "(bound %.1g)\n",
+        S, bf16 ? "bf16" : "f32", offload ? " Offload<CPU>" : "", deferred ? " deferred" : "",
+        ratio, world, worst, tolerance);
   }
 }
 
@@ -301,6 +307,17 @@ TEST_CASE("the GPU engine with Offload<CPU> trains as the host engine (bf16)", "
   check_gpu_engine<zero::bf16, 1, CPU>(bf16_tolerance(1));
   check_gpu_engine<zero::bf16, 2, CPU>(bf16_tolerance(2));
   check_gpu_engine<zero::bf16, 3, CPU>(bf16_tolerance(3));
+}
+
+TEST_CASE(
+    "the GPU engine with Offload<CPU> keeping its last units on the device (offload_ratio) trains "
+    "as the host engine",
+    "[cuda][engine]") {
+  check_gpu_engine<float, 1, CPU>(1e-5, false, 0.5);
+  check_gpu_engine<float, 2, CPU>(1e-5, false, 0.5);
+  check_gpu_engine<float, 3, CPU>(1e-5, false, 0.5);
+  check_gpu_engine<zero::bf16, 2, CPU>(bf16_tolerance(2), false, 0.5);
+  check_gpu_engine<zero::bf16, 3, CPU>(bf16_tolerance(3), false, 0.8);
 }
 
 namespace {
@@ -524,12 +541,13 @@ TEST_CASE(
   CHECK(stage3.reported < stage0.reported / 4 + stage0.reported / 50);
 }
 
-TEST_CASE("a GPU engine's checkpoint loads into the host engine and back", "[cuda][engine]") {
-  using GpuEngine = engine::Engine<nn::GPT<float>, ZeroStage<2>, Precision<float>, Compute<Cuda>>;
+namespace {
+
+// A checkpoint of GpuEngine (stage 2, f32) under config and options after two steps loads into
+// the host engine and into a fresh GpuEngine with the same values bit for bit.
+template <class GpuEngine>
+void check_checkpoint_round_trip(const Config& config, const engine::EngineOptions& options) {
   using HostEngine = engine::Engine<nn::GPT<float>, ZeroStage<2>, Precision<float>>;
-  const Config config = gpu_config(2, false, false);
-  engine::EngineOptions options;
-  options.activation_bytes = 32 << 20;
   for (int world : {1, 2}) {
     INFO("world " << world);
     zero::testing::TempDir tmp("gpu-engine-ckpt");
@@ -557,6 +575,22 @@ TEST_CASE("a GPU engine's checkpoint loads into the host engine and back", "[cud
       CHECK(on_gpu[static_cast<std::size_t>(r)] == saved[static_cast<std::size_t>(r)]);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("a GPU engine's checkpoint loads into the host engine and back", "[cuda][engine]") {
+  engine::EngineOptions options;
+  options.activation_bytes = 32 << 20;
+  check_checkpoint_round_trip<
+      engine::Engine<nn::GPT<float>, ZeroStage<2>, Precision<float>, Compute<Cuda>>>(
+      gpu_config(2, false, false), options);
+  // Offload<CPU> keeping its last units on the device: their states staged through host copies,
+  // the others read in pinned memory.
+  options.offload_ratio = 0.5;
+  check_checkpoint_round_trip<
+      engine::Engine<nn::GPT<float>, ZeroStage<2>, Precision<float>, Offload<CPU>, Compute<Cuda>>>(
+      gpu_config(2, false, true), options);
 }
 
 TEST_CASE("the GPU engine refuses memory its communicator or optimizer cannot reach",

@@ -12,7 +12,10 @@
 // one copy down a unit and window, and the accumulator in device memory; the delayed
 // update (delayed_param_update) follows its one-step-late recurrence exactly, starts after its
 // warm-up, leaves a checkpoint's save without effect on the run, and is refused where it cannot
-// run; under ZeRO++ qgZ it trains as qgZ without offload, bit for bit; zero::dispatch picks
+// run; under ZeRO++ qgZ it trains as qgZ without offload, bit for bit; with offload_ratio below
+// 1 (Twin-Flow) the last units keep their states in device memory, updated on the device's
+// executor, the others as above, with the same values, and memory_report() equals the
+// estimator's figure (the engine's and the one from the model alone); zero::dispatch picks
 // Offload<CPU> from the config's offload_optimizer.device for a device engine, and refuses nvme
 // there.
 #include <algorithm>
@@ -35,6 +38,7 @@
 #include <zero/engine/engine.hpp>
 
 #include "../support/per_rank.hpp"
+#include "../support/recording_executor.hpp"
 #include "../support/temp_dir.hpp"
 #include "engine_test_util.hpp"
 
@@ -49,7 +53,9 @@ using zero::testing::per_rank;
 // before that wait sees the wrong values, so the runs below would differ from the plain ones.
 // A copy up from pinned memory on the compute stream (copy_async: a gather's source) runs at once
 // but keeps the bytes it read: a real device may read them until the host next waits for
-// compute, so a source the host wrote before that wait counts in sources_overwritten.
+// compute, so a source the host wrote before that wait counts in sources_overwritten. Its fused
+// executor (the recording executor, which refuses pinned memory) runs the updates of the units
+// Offload<CPU> keeps on the device (offload_ratio).
 struct PinnedTestDevice {};
 struct PinnedTestBackend;
 
@@ -110,6 +116,9 @@ struct PinnedTestBackend : engine::HostBackend {
     ++pinned_buffers;
     return PinnedBuffer<E>(n);
   }
+  static inline zero::testing::RecordingExecutor executor{
+      [](const void* p) { return !PinnedRanges::contains(p); }};
+  const optim::FusedExecutor* fused_executor() const { return &executor; }
   void host_waits_for_compute() {
     ++host_waits;
     // Every copy up has run on a real device by now: were their sources left as they read them?
@@ -187,6 +196,10 @@ struct Run {
   std::vector<std::vector<float>> units;  // every unit's values after the steps
   engine::MemoryReport report;
   int num_units = 0;
+  int offloaded_units = 0;                   // Offload<CPU>: the units not kept on the device
+  std::int64_t kept_elems = 0;               // ... and the shard elements of those kept there
+  engine::MemoryEstimate estimate;           // the engine's memory_estimate()
+  engine::MemoryEstimate estimate_of_model;  // the estimator's from the model alone
 };
 
 template <class Eng>
@@ -198,6 +211,22 @@ Run train(LocalComm& comm, const Config& config,
       [&](Eng& eng) {
         out.report = eng.memory_report();
         out.num_units = eng.num_units();
+        for (int u = 0; u < eng.num_units(); ++u) {
+          if (eng.unit_offloaded(u)) {
+            ++out.offloaded_units;
+          } else {
+            out.kept_elems += eng.partition(u).shard_numel();
+          }
+        }
+        out.estimate = eng.memory_estimate();
+        nn::GPT<typename Eng::T> model(tiny());
+        engine::MemoryEstimateInput in = engine::model_estimate_input(
+            model, Eng::stage, engine::ShardGroups{.dense = comm.size(), .experts = comm.size()},
+            options.with_config(config, comm.size()));
+        in.precision = dtype_of<typename Eng::T>;
+        in.optimizer_state_bytes = 8;  // AdamW
+        in.offload_optimizer = Eng::offload_cpu ? OffloadDevice::cpu : OffloadDevice::none;
+        out.estimate_of_model = engine::estimate_model_states(in);
       },
       options);
   return out;
@@ -211,16 +240,53 @@ Config cpu_offload_config(int stage, bool bf16) {
   return c;
 }
 
-// on_device: EngineOptions::accumulate_grads_on_device (stages 2-3).
+// Offload<CPU> with offload_ratio below 1 against the plain run: the same values; some units
+// kept on the device and some offloaded; the host holds less than under full offload and the
+// offloaded units' buffers alone are pinned; the kept units' updates ran on the executor, every
+// shard element once a step, the offloaded ones' on the host.
+template <bool bf16, int S>
+void check_kept_units(const std::vector<Run>& plain, const std::vector<Run>& offloaded,
+                      bool on_device) {
+  const int world = static_cast<int>(plain.size());
+  std::int64_t kept_elems = 0;
+  for (int r = 0; r < world; ++r) {
+    const Run& p = plain[static_cast<std::size_t>(r)];
+    const Run& o = offloaded[static_cast<std::size_t>(r)];
+    CHECK(o.units == p.units);  // bit for bit
+    CHECK(o.offloaded_units > 0);
+    CHECK(o.offloaded_units < o.num_units);
+    // Full offload moves the master, its states and the gradient shard (master-sized), and in
+    // bf16 adds the master's compute copy (half its bytes).
+    const std::size_t full = 2 * p.report.master_bytes + p.report.optimizer_bytes +
+                             (bf16 ? p.report.master_bytes / 2 : 0);
+    CHECK(o.report.host_bytes > 0);
+    CHECK(o.report.host_bytes < full);
+    kept_elems += o.kept_elems;
+  }
+  const int offloaded_units = offloaded[0].offloaded_units;
+  CHECK(PinnedTestBackend::pinned_buffers == (bf16 ? 3 : 2) * offloaded_units * world);
+  const int copies = steps * offloaded_units * world * (S == 1 || on_device ? 1 : accumulation);
+  CHECK(PinnedTestBackend::comm_copies == copies);
+  // The offloaded units' sums are taken on their way down, the kept ones' once a step.
+  const int kept_units = offloaded[0].num_units - offloaded_units;
+  CHECK(PinnedTestBackend::shard_sums == copies + steps * kept_units * world);
+  CHECK(PinnedTestBackend::sources_overwritten == 0);
+  CHECK(PinnedTestBackend::executor.elements == static_cast<std::size_t>(steps * kept_elems));
+}
+
+// on_device: EngineOptions::accumulate_grads_on_device (stages 2-3); ratio:
+// EngineOptions::offload_ratio (below 1: check_kept_units checks the units kept on the device
+// instead of the memory and copy counts of full offload).
 template <class T, int S>
-void check_cpu_offload(bool on_device = false) {
+void check_cpu_offload(bool on_device = false, double ratio = 1.0) {
   constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
   using Plain = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>>;
   using Offloaded = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>,
                                    Compute<PinnedTestDevice>>;
   for (int world : {1, 2}) {
     INFO("stage " << S << (bf16 ? " bf16" : " f32") << " world " << world
-                  << (on_device ? " accumulating on the device" : ""));
+                  << (on_device ? " accumulating on the device" : "") << " offload_ratio "
+                  << ratio);
     Config plain_config = adamw_config(S, accumulation, 0.5);
     plain_config.bf16_enabled = bf16;
     const auto plain =
@@ -230,11 +296,26 @@ void check_cpu_offload(bool on_device = false) {
     PinnedTestBackend::comm_copies = 0;
     PinnedTestBackend::shard_sums = 0;
     PinnedTestBackend::sources_overwritten = 0;
+    PinnedTestBackend::executor.elements = 0;
     engine::EngineOptions options = tiny_options();
     options.accumulate_grads_on_device = on_device;
+    options.offload_ratio = ratio;
     const auto offloaded = per_rank<Run>(world, [&](LocalComm& comm) {
       return train<Offloaded>(comm, cpu_offload_config(S, bf16), options);
     });
+    for (const Run& o : offloaded) {
+      // The estimator counts what the engine holds at rest, from the engine and from the model.
+      CHECK(static_cast<double>(o.report.total() - o.report.scratch_bytes) ==
+            o.estimate.device_at_rest + o.estimate.host);
+      CHECK(static_cast<double>(o.report.host_bytes) == o.estimate.host);
+      CHECK(o.estimate_of_model.host == o.estimate.host);
+      CHECK(o.estimate_of_model.device_at_rest == o.estimate.device_at_rest);
+    }
+    if (ratio < 1.0) {
+      check_kept_units<bf16, S>(plain, offloaded, on_device);
+      continue;
+    }
+    CHECK(PinnedTestBackend::executor.elements == 0);
     for (int r = 0; r < world; ++r) {
       const Run& p = plain[static_cast<std::size_t>(r)];
       const Run& o = offloaded[static_cast<std::size_t>(r)];
@@ -303,6 +384,72 @@ TEST_CASE("Offload<CPU> summing a window's gradient shards on the device trains 
   check_cpu_offload<bf16, 2>(/*on_device=*/true);
   check_cpu_offload<float, 3>(/*on_device=*/true);
   check_cpu_offload<bf16, 3>(/*on_device=*/true);
+}
+
+TEST_CASE(
+    "Offload<CPU> with offload_ratio keeps the last units on the device, with the same values",
+    "[unit][engine][offload]") {
+  for (const double ratio : {0.5, 0.8}) {
+    check_cpu_offload<float, 1>(false, ratio);
+    check_cpu_offload<bf16, 1>(false, ratio);
+    check_cpu_offload<float, 2>(false, ratio);
+    check_cpu_offload<bf16, 2>(true, ratio);
+    check_cpu_offload<float, 3>(true, ratio);
+    check_cpu_offload<bf16, 3>(false, ratio);
+  }
+}
+
+TEST_CASE("offload_ratio is refused where it cannot keep units on the device",
+          "[unit][engine][offload]") {
+  using Offloaded = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>, Offload<CPU>,
+                                   Compute<PinnedTestDevice>>;
+  using Plain = engine::Engine<nn::GPT<bf16>, ZeroStage<2>, Precision<bf16>>;
+  LocalComm::run(1, [](LocalComm& comm) {
+    const auto refused = [&](const Config& config, auto make, double ratio, auto&& change,
+                             const char* why) {
+      INFO("offload_ratio " << ratio << ": " << why);
+      engine::EngineOptions options = tiny_options();
+      options.offload_ratio = ratio;
+      change(options);
+      nn::GPT<bf16> model(tiny());
+      CHECK_THAT(testing::thrown_message([&] { make(model, config, options); }),
+                 Catch::Contains("offload_ratio") && Catch::Contains(why));
+    };
+    const auto offloaded = [&](nn::GPT<bf16>& model, const Config& c,
+                               const engine::EngineOptions& o) {
+      Offloaded eng(model, comm, c, o);
+    };
+    const auto plain = [&](nn::GPT<bf16>& model, const Config& c, const engine::EngineOptions& o) {
+      Plain eng(model, comm, c, o);
+    };
+    const auto same = [](engine::EngineOptions&) {};
+    const Config config = cpu_offload_config(2, true);
+    refused(config, offloaded, 0.0, same, "(0, 1]");
+    refused(config, offloaded, 1.5, same, "(0, 1]");
+    Config none = config;
+    none.zero_optimization.offload_optimizer.device = OffloadDevice::none;
+    refused(none, plain, 0.5, same, "no Offload<CPU>");
+    refused(
+        config, offloaded, 0.5, [](engine::EngineOptions& o) { o.delayed_param_update = true; },
+        "delayed_param_update");
+    refused(
+        config, offloaded, 0.5, [](engine::EngineOptions& o) { o.overlap_offload_update = true; },
+        "overlap_offload_update");
+    Config lamb = config;
+    lamb.optimizer->type = "LAMB";
+    refused(lamb, offloaded, 0.5, same, "'LAMB'");
+  });
+  // The config's ratio reaches the options where the optimizer is offloaded to the CPU.
+  Config c = cpu_offload_config(2, true);
+  c.zero_optimization.offload_optimizer.ratio = 0.25;
+  CHECK(engine::EngineOptions{}.with_config(c, 1).offload_ratio == 0.25);
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::none;
+  CHECK(engine::EngineOptions{}.with_config(c, 1).offload_ratio == 1.0);
+  // The config's default (1) leaves an option set in code as it is.
+  c = cpu_offload_config(2, true);
+  engine::EngineOptions set;
+  set.offload_ratio = 0.5;
+  CHECK(set.with_config(c, 1).offload_ratio == 0.5);
 }
 
 TEST_CASE("Offload<CPU> under ZeRO++ qgZ trains as qgZ without offload, bit for bit",

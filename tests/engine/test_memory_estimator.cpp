@@ -197,6 +197,16 @@ TEST_CASE("the estimator has the ZeRO paper's shape, DeepSpeed's formulas are be
   CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi + 4 * psi / n));
   CHECK(engine::estimate_model_states(in).host == Approx(18 * psi / n));
   in.device_grad_accumulator = false;
+  // offload_ratio 0.25 (Twin-Flow): the units kept on the device hold their three quarters of
+  // the shard there as without offload (master, Adam's states, gradient shard: 16 bytes each,
+  // no bf16 copy), the host the rest.
+  in.shard_params = psi / n;
+  in.kept_shard_params = 0.75 * psi / n;
+  CHECK(engine::estimate_model_states(in).host == Approx(0.25 * 18 * psi / n));
+  CHECK(engine::estimate_model_states(in).device_at_rest == Approx(2 * psi + 0.75 * 16 * psi / n));
+  in.kept_shard_params = 2 * psi / n;  // more than the shard
+  CHECK_THROWS_WITH(engine::estimate_model_states(in), Catch::Contains("kept shard"));
+  in.kept_shard_params = 0;
   in.stage = 3;
   in.offload_param = OffloadDevice::cpu;
   CHECK(engine::estimate_model_states(in).device_at_rest == 0);  // unit buffers only
@@ -224,6 +234,24 @@ TEST_CASE("the estimator has the ZeRO paper's shape, DeepSpeed's formulas are be
   in.stage = 2;
   in.offload_param = OffloadDevice::cpu;
   CHECK_THROWS_WITH(engine::estimate_model_states(in), Catch::Contains("stage 3"));
+}
+
+TEST_CASE("offload_ratio keeps the last units on the device within 1 - ratio of the elements",
+          "[unit][engine]") {
+  using V = std::vector<bool>;
+  const auto kept = [](std::vector<std::int64_t> shards, double ratio) {
+    return engine::units_kept_on_device(shards, ratio);
+  };
+  CHECK(kept({10, 10, 10, 10}, 1.0) == V{false, false, false, false});
+  CHECK(kept({10, 10, 10, 10}, 0.5) == V{false, false, true, true});
+  CHECK(kept({10, 10, 10, 10}, 0.75) == V{false, false, false, true});
+  CHECK(kept({10, 10, 10, 10}, 0.8) == V{false, false, false, false});  // 8 < the last unit
+  CHECK(kept({30, 5, 5}, 0.5) == V{false, true, true});
+  // From the last unit back only: a unit that does not fit ends the run.
+  CHECK(kept({5, 30, 5}, 0.5) == V{false, false, true});
+  // Any ratio above 0 offloads the first unit at least.
+  CHECK(kept({10, 10}, 0.01) == V{false, true});
+  CHECK(kept({}, 0.5).empty());
 }
 
 TEST_CASE("optimizer state bytes follow the states each optimizer keeps", "[unit][engine]") {

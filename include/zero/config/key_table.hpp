@@ -81,6 +81,12 @@ inline const char* unless_param_swapper(const nlohmann::json& root) {
                "offload_optimizer's buffer_count and pin_memory"
              : nullptr;
 }
+inline const char* unless_cpu_offload(const nlohmann::json& root) {
+  return text(root, "zero_optimization.offload_optimizer.device") == "cpu"
+             ? nullptr
+             : "only Offload<CPU> keeps part of its states on the device; offload_optimizer is "
+               "not on cpu";
+}
 inline const char* unless_quantized_gradients(const nlohmann::json& root) {
   if (const char* why = unless_stage3(root)) return why;
   return is_true(root, "zero_optimization.zero_quantized_gradients")
@@ -357,8 +363,9 @@ inline std::span<const KeyInfo> known_keys() {
        "the swapper schedules its own writes (buffer_count buffers in flight)", "true", "false"},
       {"zero_optimization.offload_optimizer.fast_init", no_effect,
        "initialisation is always sharded", "true", "false"},
-      {"zero_optimization.offload_optimizer.ratio", no_effect,
-       "zero offloads all of the optimizer states or none", "0.5", "1.0"},
+      {"zero_optimization.offload_optimizer.ratio", applied,
+       "Twin-Flow: the fraction of the states offloaded; the last units keep theirs on the device",
+       "0.5", "1.0", keys::unless_cpu_offload},
       {"zero_optimization.offload_optimizer.buffer_size", no_effect,
        "a key of offload_param; swap buffers are sized from sub_group_size", "1000000",
        "100000000"},

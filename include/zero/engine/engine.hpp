@@ -99,6 +99,12 @@ class Engine {
       std::is_same_v<typename policies::offload, None> && requires(const backend_type& b) {
     b.fused_executor();
   };
+  /// The backend runs the built-in optimizers' passes on its device (a fused executor): where
+  /// Offload<CPU> keeps some units on the device (EngineOptions::offload_ratio), their updates
+  /// run there.
+  static constexpr bool has_fused_executor = requires(const backend_type& b) {
+    b.fused_executor();
+  };
   /// The host reads the master slices and optimizer states where they live (host memory, or
   /// pinned host memory under Offload<CPU>); else checkpoints and weight tools stage them
   /// through host copies (EngineState).
@@ -171,6 +177,11 @@ class Engine {
     expect<ConfigError>(config.optimizer.has_value(),
                         "optimizer: required to build an Engine from a config");
     optimizer_spec_ = *config.optimizer;
+    // CPU offload met on the host as it stands: every state is in host memory, so none is kept
+    // on a device, whatever the config's offload_optimizer.ratio.
+    if (offload_cpu_already_host<typename policies::offload, typename policies::compute>(config)) {
+      options_.offload_ratio = 1.0;
+    }
     StoreOptions store_options;
     if constexpr (offload_nvme) store_options.nvme = nvme_settings(config);
     setup(store_options);
@@ -685,9 +696,10 @@ class Engine {
   MemoryReport memory_report() const {
     MemoryReport r;
     for (const Unit& s : units_) s.report(r);
-    for (const auto& o : optimizers_) {
-      r.optimizer_bytes += o.state_bytes();
-      if constexpr (offload_cpu) r.host_bytes += o.state_bytes();  // host optimizer's states
+    for (std::size_t u = 0; u < optimizers_.size(); ++u) {
+      const std::size_t bytes = optimizers_[u].state_bytes();
+      r.optimizer_bytes += bytes;
+      if (units_[u].offloaded()) r.host_bytes += bytes;  // the host optimizer's states
     }
     store_.report(r);
     exchange_.report(r);
@@ -702,8 +714,14 @@ class Engine {
   offload::TensorReadStats nvme_read_stats() const { return store_.read_stats(); }
   /// Highest bytes the activation arena held in any micro-step so far (its high-water mark).
   std::size_t activation_peak_bytes() const { return micro_.activation_peak_bytes(); }
-  /// The buffers each unit has under this engine's policies (what memory_report sums).
+  /// The buffers each unit has under this engine's policies (what memory_report sums); a unit
+  /// that keeps its states on the device under Offload<CPU> has those of the plan without
+  /// offload instead (unit_offloaded).
   const std::vector<BufferPlan>& buffer_plan() const { return plan_; }
+  /// Offload<CPU>: whether unit u's master slice, optimizer states and gradient shard are in host
+  /// memory, updated by the host, rather than kept on the device (EngineOptions::offload_ratio
+  /// below 1 keeps the last units there). false without Offload<CPU>.
+  bool unit_offloaded(int u) const { return unit_ref(u).offloaded(); }
 
   /// The wall-clock accumulators of forward, backward, step, the communication waits and each
   /// unit (off until enabled; zero::profile reads them).
@@ -836,6 +854,7 @@ class Engine {
       expect<ConfigError>(options_.delayed_update_after >= 0, "Engine: delayed_update_after ",
                           options_.delayed_update_after, " must not be negative");
     }
+    check_offload_ratio();
     expect<ConfigError>(
         !options_.accumulate_grads_on_device || (offload_cpu && stage >= 2),
         "Engine: accumulate_grads_on_device sums the reduced gradient shards of "
@@ -854,6 +873,9 @@ class Engine {
     plan_ = unit_buffer_plan({stage, sizeof(T), sizeof(MasterT), compute_is_master,
                               offload_device_of<typename policies::offload>,
                               options_.delayed_param_update, options_.accumulate_grads_on_device});
+    // offload_ratio: the units kept on the device have the buffers of an engine without offload.
+    kept_plan_ = unit_buffer_plan(
+        {stage, sizeof(T), sizeof(MasterT), compute_is_master, OffloadDevice::none, false, false});
     if constexpr (requires { model_.sequence_parallel().size(); }) {
       // A model split over sp ranks whose engine averages without them lets the copies drift;
       // a cp grid whose model attends locally trains on the wrong attention.
@@ -967,12 +989,16 @@ class Engine {
       if constexpr (requires { model_.unit_is_replica(u); }) s.replica = model_.unit_is_replica(u);
     }
     check_expert_placement();
+    if constexpr (offload_cpu) {
+      const std::vector<bool> kept = units_kept_on_device(shard_elems(), options_.offload_ratio);
+      for (int u = 0; u < n; ++u) unit(u).states_on_device = kept[static_cast<std::size_t>(u)];
+    }
     check_device_memory();  // before the first allocation
     for (int u = 0; u < n; ++u) {
       Unit& s = unit(u);
       const int rank = s.group->rank();
       const UnitPartition& p = *s.partition;
-      for (const BufferPlan& b : plan_) {
+      for (const BufferPlan& b : s.offloaded() || !offload_cpu ? plan_ : kept_plan_) {
         if (b.lifetime == Lifetime::at_rest) s.allocate(b, backend_);
       }
       s.initialise_master(!stage_traits::shards_optimizer_states, rank, options_.seed, backend_);
@@ -980,7 +1006,12 @@ class Engine {
         if (sums_whole_norms(u)) check_whole_norms_schedule();
         optimizers_.push_back(unit_optimizer(optimizer_spec_, s.specs, p,
                                              !stage_traits::shards_optimizer_states, rank));
-        if constexpr (device_optimizer) s.adopt_optimizer_states(optimizers_.back(), backend_);
+        if constexpr (device_optimizer) {
+          s.adopt_optimizer_states(optimizers_.back(), backend_);
+        } else if constexpr (offload_cpu && has_fused_executor) {
+          // A unit kept on the device: its update runs on the device's executor.
+          if (s.states_on_device) s.adopt_optimizer_states(optimizers_.back(), backend_);
+        }
       }
     }
     StoreOptions so = store_options;
@@ -1021,7 +1052,7 @@ class Engine {
     in.stage = stage;
     for (const Unit& s : units_) {
       in.add_unit(s.partition->padded_numel(), s.group->size(), s.persistent,
-                  s.secondary_group != nullptr ? s.secondary_group->size() : 0);
+                  s.secondary_group != nullptr ? s.secondary_group->size() : 0, s.states_on_device);
       in.kept_error_bytes +=
           static_cast<double>(exchange_.kept_error_bytes(static_cast<int>(&s - units_.data())));
     }
@@ -1043,10 +1074,12 @@ class Engine {
   void update_all_units(double factor) {
     std::exception_ptr failed;
     std::string why;
-    try {
+    // One pass over the units `wanted` names.
+    const auto update_pass = [&](auto&& wanted) {
       store_.for_each_unit(
           StateAccess::update,
           [&](int u) {
+            if (!wanted(u)) return;
             update_unit(u, factor);
             if constexpr (stage_traits::regathers_after_update) {
               // The units regather_after_update gathers: in memory at once; from files after the
@@ -1061,6 +1094,16 @@ class Engine {
             }
           },
           /*step=*/true);
+    };
+    try {
+      if constexpr (offload_cpu) {
+        // The units kept on the device first (offload_ratio): their updates and gathers are
+        // queued on the device, which runs them while the host updates the offloaded units.
+        update_pass([&](int u) { return !unit(u).offloaded(); });
+        update_pass([&](int u) { return unit(u).offloaded(); });
+      } else {
+        update_pass([](int) { return true; });
+      }
     } catch (const std::exception& e) {
       failed = std::current_exception();
       why = e.what();
@@ -1213,6 +1256,45 @@ class Engine {
                             "; every rank of an engine must pass the same");
       }
     }
+  }
+  // Offload<CPU>'s offload_ratio (Twin-Flow): in (0, 1], and below 1 only where the units kept
+  // on the device can run their update there.
+  void check_offload_ratio() const {
+    const double ratio = options_.offload_ratio;
+    expect<ConfigError>(ratio > 0.0 && ratio <= 1.0, "Engine: offload_ratio ",
+                        "(zero_optimization.offload_optimizer.ratio) is ", ratio,
+                        "; it must be in (0, 1]: the fraction of the states offloaded");
+    if (ratio == 1.0) return;
+    expect<ConfigError>(offload_cpu, "Engine: offload_ratio ", ratio,
+                        " (zero_optimization.offload_optimizer.ratio) keeps part of Offload<CPU>'s "
+                        "states on the device; this engine has no Offload<CPU> "
+                        "(zero_optimization.offload_optimizer.device \"cpu\")");
+    expect<ConfigError>(
+        !options_.delayed_param_update && !options_.overlap_offload_update,
+        "Engine: offload_ratio ", ratio,
+        " (zero_optimization.offload_optimizer."
+        "ratio) updates the units kept on the device in step(); it does not yet "
+        "combine with ",
+        options_.delayed_param_update ? "delayed_param_update" : "overlap_offload_update",
+        ", which moves the host update out of step()");
+    if (optimizer_spec_.type.empty()) return;  // an update callback runs where the values are
+    if constexpr (has_fused_executor) {
+      expect<ConfigError>(optimizer_spec_.type != "LAMB", "Engine: offload_ratio ", ratio,
+                          " keeps units' states on the device, and optimizer.type 'LAMB' has no "
+                          "device pass (it sums its trust-ratio norms on the host); use ratio 1");
+    } else {
+      expect<ConfigError>(backend_type::Device::kind == DeviceKind::host, "Engine: offload_ratio ",
+                          ratio,
+                          " keeps units' states on the device, but this backend has no "
+                          "fused executor to run optimizer.type '",
+                          optimizer_spec_.type, "' there; use ratio 1");
+    }
+  }
+  // Each unit's share of this rank's sharded states, in elements: its shard.
+  std::vector<std::int64_t> shard_elems() const {
+    std::vector<std::int64_t> out;
+    for (const Unit& s : units_) out.push_back(s.partition->shard_numel());
+    return out;
   }
   // Throws OutOfMemoryError, before anything is allocated, when the backend reports less free
   // device memory than this layout's model states need on the ranks that compute on the device:
@@ -1408,9 +1490,10 @@ class Engine {
   double local_sum_of_squares() {
     std::vector<std::optional<double>> taken(static_cast<std::size_t>(num_units()));
     if (groups_.tp_rank() == 0) {
-      if constexpr (!offload_cpu) {
-        for (int u = 0; u < num_units(); ++u) {
-          if (counts_in_norm(u)) exchange_.take_shard_sum(u, local_gradient(u));
+      for (int u = 0; u < num_units(); ++u) {
+        // Offload<CPU>'s offloaded units were summed on their way down.
+        if (counts_in_norm(u) && !unit(u).offloaded()) {
+          exchange_.take_shard_sum(u, local_gradient(u));
         }
       }
       taken = exchange_.shard_sums_of_squares();
@@ -1437,12 +1520,12 @@ class Engine {
     if (!counts_in_norm(u)) return 0.0;
     const std::span<const MasterT> g = local_gradient(u);
     const UnitPartition& p = *unit(u).partition;
-    if (groups_.tp_rank() == 0) return sum_of_squares(g);
+    if (groups_.tp_rank() == 0) return sum_of_squares(u, g);
     double sum = 0.0;
     for (const ShardSegment& s : p.segments(unit(u).group->rank())) {
       if (!unit(u).specs[static_cast<std::size_t>(s.param)].split.is_split()) continue;
-      sum += sum_of_squares(
-          g.subspan(static_cast<std::size_t>(s.shard_offset), static_cast<std::size_t>(s.count)));
+      sum += sum_of_squares(u, g.subspan(static_cast<std::size_t>(s.shard_offset),
+                                         static_cast<std::size_t>(s.count)));
     }
     return sum;
   }
@@ -1456,14 +1539,12 @@ class Engine {
     }
     return g;
   }
-  // Sum of squares of gradient values where they live: under Offload<CPU> the host's threads
-  // read the pinned shard (a device kernel would pull it over the bus), else the backend's.
-  double sum_of_squares(std::span<const MasterT> g) {
-    if constexpr (offload_cpu) {
-      return HostBackend::sum_of_squares(g);
-    } else {
-      return backend_.sum_of_squares(g);
-    }
+  // Sum of squares of unit u's gradient values where they live: for a unit Offload<CPU>
+  // offloaded the host's threads read the pinned shard (a device kernel would pull it over the
+  // bus), else the backend's.
+  double sum_of_squares(int u, std::span<const MasterT> g) {
+    if (unit(u).offloaded()) return HostBackend::sum_of_squares(g);
+    return backend_.sum_of_squares(g);
   }
   // The learning rate every unit's optimizer uses in this step's update (the scheduler's, else
   // the optimizer's own), set before any update runs (a delayed update runs on its own thread).
@@ -1502,6 +1583,7 @@ class Engine {
       return std::span<T>(b.data(), b.size());
     };
     bool params_rounded = false;  // the optimizer's pass wrote the whole params' rounded copy
+    const bool offloaded = unit(u).offloaded();
     if (!optimizers_.empty()) {
       optim::AnyOptimizer& opt = optimizers_[static_cast<std::size_t>(u)];
       if constexpr (std::is_same_v<MasterT, float>) {
@@ -1509,7 +1591,7 @@ class Engine {
         io.scale_grad(static_cast<float>(factor));
         // Offload<CPU> below fp32: the pass also writes the rounded copy a gather copies up.
         if constexpr (offload_cpu && !compute_is_master) {
-          io.write_back(rounded_copy(unit(u)));
+          if (offloaded) io.write_back(rounded_copy(unit(u)));
         } else if constexpr (rounds_whole_params) {
           // Stage 0 below fp32: the pass rounds the updated master into the whole params as it
           // goes (what refresh_compute_params would do in a second pass over the master).
@@ -1519,25 +1601,29 @@ class Engine {
         }
         optim::StepOptions run;
         run.threads = threads;
-        if constexpr (device_optimizer) run.executor = backend_.fused_executor();
+        if constexpr (device_optimizer) {
+          run.executor = backend_.fused_executor();
+        } else if constexpr (offload_cpu && has_fused_executor) {
+          if (!offloaded) run.executor = backend_.fused_executor();  // kept on the device
+        }
         if (sums_whole_norms(u)) {
           run.sum_over_ranks = [this, u](std::span<double> sums) { sum_whole_norms(u, sums); };
         }
         opt.step(io, run);
       }
-      if constexpr (offload_cpu && !compute_is_master) {
-        if (!delayed) unit(u).compute_copy_current = std::is_same_v<MasterT, float>;
+      if (offloaded && !compute_is_master && !delayed) {
+        unit(u).compute_copy_current = std::is_same_v<MasterT, float>;
       }
     } else {
       if (factor != 1.0) {
-        if constexpr (offload_cpu) {
+        if (offloaded) {
           HostBackend::scale(grad, factor);  // the pinned shard, which the host waited for
         } else {
           backend_.scale(grad, factor);
         }
       }
       update_(u, param, grad);
-      if constexpr (offload_cpu && !compute_is_master) {  // the host rounds the copy itself
+      if (offloaded && !compute_is_master) {  // the host rounds the copy itself
         Unit& s = unit(u);
         HostBackend::convert_into(rounded_copy(s), std::span<const MasterT>(param));
         if (!delayed) s.compute_copy_current = true;
@@ -1875,6 +1961,7 @@ class Engine {
   // What the units compute with: the backend's kernel set (micro_'s contexts point at it).
   std::unique_ptr<nn::Kernels<T>> layer_kernels_ = backend_.template make_layer_kernels<T>();
   std::vector<BufferPlan> plan_;
+  std::vector<BufferPlan> kept_plan_;  // offload_ratio: the plan of a unit kept on the device
   std::vector<Unit> units_;
   std::vector<optim::AnyOptimizer> optimizers_;
   Store store_{units_, optimizers_};

@@ -148,6 +148,17 @@ struct EngineOptions {
   /// docs/cuda.md). The values are the same bit for bit. A ConfigError elsewhere (stage 1 sums
   /// its whole gradient on the device already).
   bool accumulate_grads_on_device = false;
+  /// Offload<CPU>: the fraction of the sharded states offloaded to the host (DeepSpeed's
+  /// zero_optimization.offload_optimizer.ratio, ZeRO-Offload++ "Twin-Flow"), in (0, 1]. Below 1
+  /// the last units, from the last one back while they hold at most 1 - ratio of a rank's
+  /// sharded elements (units_kept_on_device), keep their master slice, optimizer states and
+  /// gradient shard in device memory and are updated there, on the backend's fused executor, as
+  /// without offload, while the host updates the others; the values are those of the run without
+  /// offload, bit for bit. The host's update, the floor of the offloaded step at one micro-batch
+  /// a step, shrinks with the ratio, for (1 - ratio) of the states' memory on the device. At
+  /// stages 1-3 (DeepSpeed: stage 3); a ConfigError elsewhere (no Offload<CPU>, LAMB, or together
+  /// with delayed_param_update or overlap_offload_update).
+  double offload_ratio = 1.0;
   /// With delayed_param_update: the first steps update in step(), without delay (the paper's
   /// warm-up, while the gradients change fastest); the delay starts with step number this + 1.
   std::int64_t delayed_update_after = 0;
@@ -190,6 +201,11 @@ struct EngineOptions {
     // Stage 0 shards nothing: the key has no effect there (the key table says so).
     if (z.mics_shard_size > 0 && z.stage >= 1) o.shard_size = static_cast<int>(z.mics_shard_size);
     // Only stage 3 gathers per pass: elsewhere the key has no effect (the key table says so).
+    // Only Offload<CPU> keeps part of its states on the device (the key table says so); the
+    // default, 1, asks for nothing.
+    if (z.offload_optimizer.device == OffloadDevice::cpu && z.offload_optimizer.ratio != 1.0) {
+      o.offload_ratio = z.offload_optimizer.ratio;
+    }
     if (z.zero_hpz_partition_size > 1 && z.stage == 3) {
       o.hpz_size = static_cast<int>(z.zero_hpz_partition_size);
     }

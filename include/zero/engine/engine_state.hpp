@@ -49,11 +49,9 @@ class EngineState {
   static constexpr bool holds_whole_units = !Eng::stage_traits::shards_optimizer_states;
   /// The master slices and optimizer states are memory the host reads (host memory, or pinned
   /// host memory under Offload<CPU>); false on a device without offload, where for_each_unit
-  /// stages them through host copies.
+  /// stages them through host copies, as it does the units Offload<CPU> keeps on the device
+  /// (EngineOptions::offload_ratio).
   static constexpr bool host_reads_states = Eng::host_reads_states;
-  /// The spans for_each_unit hands out stay valid after the call (false: they were swapped in
-  /// from files, or staged from device memory, for the call only).
-  static constexpr bool states_in_memory = Eng::states_in_memory && host_reads_states;
 
   explicit EngineState(Eng& eng) : eng_(eng) {}
 
@@ -92,7 +90,7 @@ class EngineState {
     eng_.store_.for_each_unit(access, [&](int u) {
       if (!wanted(u)) return;
       optim::AnyOptimizer* opt = optimizer_of(u);
-      if constexpr (host_reads_states) {
+      if (reads_host_memory(u)) {
         fn(u, eng_.unit(u).resident_master(), opt);
       } else {
         HostStaging staged(eng_, u, opt, access);
@@ -265,6 +263,17 @@ class EngineState {
     std::vector<MasterT> master_;
     std::vector<std::vector<float>> states_;
   };
+
+  // for_each_unit reads unit u's state where it is (in host memory, or swapped in there from
+  // files), rather than staging it from device memory.
+  bool reads_host_memory(int u) const {
+    if constexpr (Eng::backend_type::Device::kind == DeviceKind::host || !host_reads_states) {
+      (void)u;
+      return host_reads_states;
+    } else {
+      return eng_.unit_offloaded(u);
+    }
+  }
 
   std::string optimizer_name() const {
     return has_optimizer() ? eng_.optimizers_[0].type_name() : "callback";

@@ -26,7 +26,9 @@
 //   shard, to files (NVMe). Offload to the CPU below fp32 adds the slice's compute-type copy
 //   there (b psi / N: the host optimizer writes it, a gather copies it up by DMA), so the host
 //   holds 18 psi / N with Adam in bf16, as DeepSpeed's figure (24 psi / N when the update is
-//   delayed a step: a second fp32 gradient shard and a second bf16 copy). Parameter offload has
+//   delayed a step: a second fp32 gradient shard and a second bf16 copy); with offload_ratio r
+//   below 1 (Twin-Flow) the units kept on the device hold their share of the sharded buffers
+//   there as without offload (kept_shard_params, about (1 - r) of them). Parameter offload has
 //   nothing further to move (the master slice is the only copy of a rank's parameters in device
 //   memory at rest); it is accepted for DeepSpeed parity.
 
@@ -74,6 +76,9 @@ struct MemoryEstimateInput {
   /// of different sizes (expert units over the expert data-parallel group, smaller than the
   /// world): the sum over units of a unit's parameters over its group's size. 0: params / world.
   double shard_params = 0;
+  /// Offload<CPU> with EngineOptions::offload_ratio below 1: the part of shard_params whose
+  /// units keep their sharded buffers on the device, as without offload (units_kept_on_device).
+  double kept_shard_params = 0;
   /// Stage 3 under ZeRO++ hpZ (EngineOptions::hpz_size): a rank's secondary shards in
   /// parameters, held from a unit's forward to the step (the units that are not persistent,
   /// each over its secondary group's size: (params - persistent) / hpz_size). 0: none.
@@ -89,11 +94,14 @@ struct MemoryEstimateInput {
   /// Counts one unit: `padded` elements (its flat buffer as its UnitPartition pads it) sharded
   /// over a group of `group` ranks. At stage 3 (set `stage` first) a persistent unit keeps its
   /// whole parameters, and under hpZ one that is not leaves secondary shards over its
-  /// `secondary` ranks (0: no secondary group).
-  void add_unit(std::int64_t padded, int group, bool persistent, int secondary = 0) {
+  /// `secondary` ranks (0: no secondary group). kept: Offload<CPU> keeps its states on the
+  /// device (offload_ratio).
+  void add_unit(std::int64_t padded, int group, bool persistent, int secondary = 0,
+                bool kept = false) {
     params += padded;
     largest_unit_params = std::max(largest_unit_params, padded);
     shard_params += static_cast<double>(padded) / static_cast<double>(group);
+    if (kept) kept_shard_params += static_cast<double>(padded) / static_cast<double>(group);
     if (stage == 3 && persistent) persistent_params += padded;
     if (stage == 3 && !persistent && secondary > 0) {
       secondary_params += static_cast<double>(padded) / static_cast<double>(secondary);
@@ -160,6 +168,10 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
                L = static_cast<double>(in.largest_unit_params);
   const double n = in.world();
   const double shard = in.shard_params > 0 ? in.shard_params : psi / n;
+  // Offload<CPU>'s units kept on the device hold their sharded buffers as without offload.
+  const double kept = in.offload_optimizer == OffloadDevice::cpu ? in.kept_shard_params : 0.0;
+  expect<ConfigError>(kept >= 0 && kept <= shard,
+                      "estimate_model_states: need 0 <= kept shard parameters <= shard");
   StorageKey key;
   key.stage = in.stage;
   key.compute_bytes = size_of(in.precision);
@@ -173,6 +185,21 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
   key.device_grad_accumulator = in.device_grad_accumulator;
   const double live = in.stage == 3 ? std::max(1, in.live_units) : 1;
   MemoryEstimate e;
+  if (kept > 0) {
+    // The kept units' sharded buffers (at rest) are those of the plan without offload; their
+    // whole-unit buffers are every unit's, counted with the plan below.
+    StorageKey on_device = key;
+    on_device.offload = OffloadDevice::none;
+    on_device.delayed_update = false;
+    on_device.device_grad_accumulator = false;
+    for (const BufferPlan& b : unit_buffer_plan(on_device)) {
+      if (b.lifetime != Lifetime::at_rest || b.extent != Extent::shard) continue;
+      const double bytes_per_elem = b.role == BufferRole::optimizer_states
+                                        ? in.optimizer_state_bytes
+                                        : static_cast<double>(b.element_bytes);
+      e.device_at_rest += bytes_per_elem * kept;
+    }
+  }
   for (const BufferPlan& b : unit_buffer_plan(key)) {
     const double bytes_per_elem = b.role == BufferRole::optimizer_states
                                       ? in.optimizer_state_bytes
@@ -184,7 +211,7 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
       e.device_working += bytes_per_elem * L * (live + held);
       continue;
     }
-    const double bytes = bytes_per_elem * (b.extent == Extent::whole ? psi : shard);
+    const double bytes = bytes_per_elem * (b.extent == Extent::whole ? psi : shard - kept);
     switch (b.placement) {
       case Placement::compute:
         e.device_at_rest += bytes;

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <parallel/topology.hpp>
 #include <zero/core/error.hpp>
@@ -111,14 +112,25 @@ MemoryEstimateInput model_estimate_input(const M& model, int stage, const ShardG
   in.stage = stage;
   in.gpus_per_node = groups.dense;
   const int units = model.num_units();
+  std::vector<UnitPartition> parts;
+  std::vector<bool> expert(static_cast<std::size_t>(units), false);
+  std::vector<std::int64_t> shards;
   for (int u = 0; u < units; ++u) {
-    bool expert = false;
-    if constexpr (nn::HasExpertUnits<M>) expert = model.unit_is_expert(u);
-    const int group = expert ? groups.experts : groups.dense;
-    const UnitPartition p(model.unit_params(u), group, options.shard_alignment);
+    if constexpr (nn::HasExpertUnits<M>)
+      expert[static_cast<std::size_t>(u)] = model.unit_is_expert(u);
+    const int group = expert[static_cast<std::size_t>(u)] ? groups.experts : groups.dense;
+    parts.emplace_back(model.unit_params(u), group, options.shard_alignment);
+    shards.push_back(parts.back().shard_numel());
+  }
+  // Offload<CPU>'s offload_ratio keeps the last units' states on the device (the engine's rule).
+  const std::vector<bool> kept = units_kept_on_device(shards, options.offload_ratio);
+  for (int u = 0; u < units; ++u) {
+    const auto i = static_cast<std::size_t>(u);
+    const UnitPartition& p = parts[i];
+    const int group = expert[i] ? groups.experts : groups.dense;
     const bool persistent = stage < 3 || p.numel() <= options.persistence_threshold;
-    const int secondary = expert ? groups.experts_secondary : groups.dense_secondary;
-    in.add_unit(p.padded_numel(), group, persistent, secondary);
+    const int secondary = expert[i] ? groups.experts_secondary : groups.dense_secondary;
+    in.add_unit(p.padded_numel(), group, persistent, secondary, kept[i]);
     if (options.loco) {
       // qgZ's second hop runs across the secondary groups (EngineGroups::secondary_within).
       const int across = secondary > 0 && options.quantized_gradients ? group / secondary : 0;

@@ -35,7 +35,9 @@
 //               (core/error_feedback.hpp): a unit's whole gradient and, under hpZ, its partial
 //               sums, each block-wise int8 in the units' memory, zeroed every
 //               loco_reset_interval reductions of the unit.
-//               Under Offload<CPU> the reduced shard reaches its pinned
+//               Under Offload<CPU> the reduced shard of an offloaded unit (all of them
+//               unless offload_ratio keeps the last ones on the device, where they run as
+//               without offload: Unit::offloaded) reaches its pinned
 //               host shard by a DMA copy on the communication stream (stage 1; at stages 2-3
 //               every fold, through a device staging buffer, or once a window from the unit's
 //               device accumulator with accumulate_grads_on_device: fold_into_host_shard), and its
@@ -326,7 +328,7 @@ class UnitExchange {
       // Offload<CPU>: the collective writes device memory; finish_oldest folds it into the
       // pinned host shard. The buffer is made (and zeroed on the compute stream) before the
       // comm stream's wait, which orders the collective after the zeroing as after the fold.
-      if constexpr (Unit::host_states) {
+      if (s.offloaded()) {
         p.shard_scratch = backend_.template make_buffer<MasterT>(s.grad_shard.size());
       }
       backend_.comm_waits_for_compute();
@@ -334,7 +336,7 @@ class UnitExchange {
       if constexpr (traits::all_reduces_grads) {
         p.work =
             s.group->all_reduce_async(std::span<const MasterT>(acc), acc, parallel::ReduceOp::avg);
-      } else if constexpr (Unit::host_states) {
+      } else if (s.offloaded()) {
         p.work = s.group->reduce_scatter_async(std::span<const MasterT>(acc), span(p.shard_scratch),
                                                parallel::ReduceOp::avg);
       } else {
@@ -385,7 +387,7 @@ class UnitExchange {
   }
   /// Unit u's sum of squares of v, a gradient (part) in the units' memory, into the unit's slot
   /// there on the compute stream, without a host wait. Offload<CPU> takes it as a shard goes down
-  /// to pinned memory; the engine without offload takes every unit's at the step.
+  /// to pinned memory; the engine takes every other unit's at the step.
   void take_shard_sum(int u, std::span<const MasterT> v) {
     if (shard_sums_.size() == 0) {
       shard_sums_ = backend_.template make_buffer<double>(units_.size());
@@ -673,14 +675,16 @@ class UnitExchange {
   // stage 3 holds 16 psi / N there at rest whatever the precision.
   std::span<const T> gather_source(int u) {
     Unit& s = unit(u);
-    if constexpr (Unit::compute_is_master && Store::in_memory && !Unit::host_states) {
-      const std::span<MasterT> m = s.resident_master();
-      return std::span<const T>(m.data(), m.size());
-    } else if constexpr (Unit::host_states) {
+    if (s.offloaded()) {
       s.gather_scratch = take_scratch(s.numel(Extent::shard));
       const std::span<T> out = span(s.gather_scratch);
       backend_.copy_async(out, host_compute_values(s));
       return out;
+    }
+    // In the compute device's memory (a unit Offload<CPU> keeps there too), or in files.
+    if constexpr (Unit::compute_is_master && Store::in_memory) {
+      const std::span<MasterT> m = s.resident_master();
+      return std::span<const T>(m.data(), m.size());
     } else {
       s.gather_scratch = take_scratch(s.numel(Extent::shard));
       const std::span<T> out = span(s.gather_scratch);
@@ -742,7 +746,7 @@ class UnitExchange {
                                             parallel::ReduceOp::avg);
       } else {
         const std::span<MasterT> reduced =
-            Unit::host_states ? span(p.shard_scratch) : span(unit(p.unit).grad_shard);
+            unit(p.unit).offloaded() ? span(p.shard_scratch) : span(unit(p.unit).grad_shard);
         p.work = replicas->all_reduce_async(std::span<const MasterT>(reduced), reduced,
                                             parallel::ReduceOp::avg);
       }
@@ -789,7 +793,7 @@ class UnitExchange {
     // An expert unit's gradient, averaged over expert_dp, is divided by the whole dp (grad_scale
     // 1/ep), in the fp32 (f64) accumulator's type.
     if constexpr (!traits::shards_grads) {
-      if constexpr (Unit::host_states && !traits::all_reduces_grads) {
+      if (s.offloaded() && !traits::all_reduces_grads) {
         // The reduced shard, scaled and summed in the units' memory, goes down to the pinned
         // host shard by DMA; its scratch is freed once compute has waited for the copy.
         const std::span<MasterT> reduced = span(p.shard_scratch);
@@ -807,7 +811,7 @@ class UnitExchange {
     if constexpr (traits::shards_grads) {
       const std::span<const T> reduced(span(p.scratch));
       const Fold fold = next_fold(s);
-      if constexpr (Unit::host_states) {
+      if (s.offloaded()) {
         fold_into_host_shard(p.unit, reduced, fold, p.boundary);
       } else {
         backend_.accumulate(span(s.grad_shard), reduced, s.grad_scale, fold);
@@ -849,7 +853,9 @@ class UnitExchange {
     }
     if (fold_staging_.size() == 0) {
       std::size_t largest = 0;
-      for (const Unit& v : units_) largest = std::max(largest, v.grad_shard.size());
+      for (const Unit& v : units_) {
+        if (v.offloaded()) largest = std::max(largest, v.grad_shard.size());
+      }
       fold_staging_ = backend_.template make_buffer<MasterT>(largest);
     }
     const std::span<MasterT> staged(fold_staging_.data(), s.grad_shard.size());

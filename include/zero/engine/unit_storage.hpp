@@ -23,12 +23,15 @@
 // the reduced gradient into the shard directly. With a compute type below fp32 the host
 // optimizer also writes the updated slice rounded to it (compute_copy, pinned), which a gather
 // copies up by DMA: half the bytes of the fp32 master, which a kernel would read over the bus.
+// With EngineOptions::offload_ratio below 1 the last units keep their states on the device: they
+// have the buffers of the plan without offload (UnitState::states_on_device).
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <parallel/comm/any_comm.hpp>
@@ -153,6 +156,26 @@ inline std::vector<BufferPlan> unit_buffer_plan(const StorageKey& k) {
   return plan;
 }
 
+/// Offload<CPU>'s offload_ratio (DeepSpeed's offload_optimizer.ratio, ZeRO-Offload++
+/// Twin-Flow): which units keep their states on the device. shard_elems[u] is unit u's share of
+/// a rank's sharded states; the last units are kept, from the last one back, while the kept
+/// elements stay within (1 - ratio) of the total, so at least `ratio` of the states is offloaded
+/// (ratio 1 keeps none). The same on every rank of a group: the units' shards are equal there.
+inline std::vector<bool> units_kept_on_device(std::span<const std::int64_t> shard_elems,
+                                              double ratio) {
+  std::vector<bool> kept(shard_elems.size(), false);
+  double total = 0;
+  for (std::int64_t e : shard_elems) total += static_cast<double>(e);
+  const double budget = (1.0 - ratio) * total;
+  double held = 0;
+  for (std::size_t u = shard_elems.size(); u-- > 0;) {
+    held += static_cast<double>(shard_elems[u]);
+    if (held > budget) break;
+    kept[u] = true;
+  }
+  return kept;
+}
+
 /// Adds bytes of a buffer of role to the report's category for it.
 inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
   switch (role) {
@@ -178,24 +201,70 @@ inline void add_bytes(MemoryReport& r, BufferRole role, std::size_t bytes) {
   }
 }
 
+/// Under Offload<CPU>, a buffer of a unit's offloadable state: the backend's pinned host memory,
+/// or, for a unit whose states stay on the device (EngineOptions::offload_ratio below 1), the
+/// compute device's. It is one or the other, as its plan placed it, and reads as a buffer.
+template <class Backend, class E>
+class PlacedStateBuffer {
+ public:
+  using Pinned = typename Backend::template PinnedBuffer<E>;
+  using Device = typename Backend::template DeviceBuffer<E>;
+
+  PlacedStateBuffer() = default;
+  /// A buffer in pinned host memory.
+  static PlacedStateBuffer pinned(Pinned b) {
+    PlacedStateBuffer out;
+    out.pinned_ = std::move(b);
+    return out;
+  }
+  /// A buffer in the compute device's memory.
+  static PlacedStateBuffer device(Device b) {
+    PlacedStateBuffer out;
+    out.device_ = std::move(b);
+    return out;
+  }
+
+  E* data() { return pinned_.empty() ? device_.data() : pinned_.data(); }
+  const E* data() const { return pinned_.empty() ? device_.data() : pinned_.data(); }
+  std::size_t size() const { return pinned_.empty() ? device_.size() : pinned_.size(); }
+  std::size_t bytes() const { return pinned_.bytes() + device_.bytes(); }
+  bool empty() const { return pinned_.empty() && device_.empty(); }
+  /// Bytes in pinned host memory (0 for a buffer on the device).
+  std::size_t host_bytes() const { return pinned_.bytes(); }
+
+ private:
+  Pinned pinned_;
+  Device device_;
+};
+
 /// One unit's buffers, in compute type T and master type MasterT, allocated by Backend. Which
 /// of them exist follows unit_buffer_plan; with HostStates (Offload<CPU>) the master and the
-/// gradient shard are in the backend's pinned host memory; with DeviceStates (a device backend
-/// that runs the optimizer) the optimizer's states are the unit's device buffers too.
+/// gradient shard are in the backend's pinned host memory, unless the unit keeps its states on
+/// the device (states_on_device: the plan without offload); with DeviceStates (a device backend
+/// that runs the optimizer) the optimizer's states are the unit's device buffers too, as they
+/// are for a unit that keeps its states on the device.
 template <class T, class MasterT, class Backend, bool HostStates = false, bool DeviceStates = false>
 struct UnitState {
   template <class E>
   using DeviceBuffer = typename Backend::template DeviceBuffer<E>;
-  /// The buffers of the offloadable state: pinned host memory under Offload<CPU>.
+  /// The buffers of the offloadable state: pinned host memory under Offload<CPU> (or the
+  /// device's, for a unit that keeps its states there).
   template <class E>
   using StateBuffer =
-      std::conditional_t<HostStates, typename Backend::template PinnedBuffer<E>, DeviceBuffer<E>>;
+      std::conditional_t<HostStates, PlacedStateBuffer<Backend, E>, DeviceBuffer<E>>;
   using compute_type = T;
   using master_type = MasterT;
   /// The compute type is the master type (f32, or f64 reference models).
   static constexpr bool compute_is_master = std::is_same_v<T, MasterT>;
-  /// The master slice and gradient shard are in host memory (Offload<CPU>).
+  /// The engine offloads states to host memory (Offload<CPU>); whether this unit's are there
+  /// says offloaded().
   static constexpr bool host_states = HostStates;
+  /// Offload<CPU> with EngineOptions::offload_ratio below 1 (ZeRO-Offload++ Twin-Flow): this
+  /// unit's master slice, optimizer states and gradient shard stay in the compute device's memory
+  /// and its update runs there, as without offload. Set before the buffers are allocated.
+  bool states_on_device = false;
+  /// The master slice and gradient shard are in pinned host memory, updated by the host.
+  bool offloaded() const { return HostStates && !states_on_device; }
 
   std::vector<nn::ParamSpec> specs;
   std::optional<UnitPartition> partition;
@@ -331,7 +400,8 @@ struct UnitState {
   /// executor, where the master slice is.
   template <class Optimizer>
   void adopt_optimizer_states(Optimizer& opt, Backend& backend) {
-    static_assert(DeviceStates, "UnitState: the optimizer's states stay its own on the host");
+    expect<Error>(DeviceStates || states_on_device,
+                  "UnitState: an offloaded unit's optimizer states stay the optimizer's own");
     std::vector<std::span<float>> bound;
     for (const auto& name : opt.state_names()) {
       const std::span<float> initial = opt.state(name);
@@ -343,16 +413,20 @@ struct UnitState {
     opt.release_state_storage();
     opt.bind_state(std::span<const std::span<float>>(bound));
   }
-  /// A master, gradient-shard or compute-copy buffer of n elements: pinned host memory under
-  /// Offload<CPU>, else the compute device's (Offload<NVMe> runs on the host, where that is host
-  /// memory too).
+  /// A master, gradient-shard or compute-copy buffer of n elements: pinned host memory where
+  /// the plan places it in host memory (Offload<CPU>), else the compute device's (Offload<NVMe>
+  /// runs on the host, where that is host memory too).
   template <class E>
-  static StateBuffer<E> make_state_buffer(const BufferPlan& b, std::size_t n, Backend& backend) {
-    expect<Error>(!HostStates || b.placement == Placement::host,
+  StateBuffer<E> make_state_buffer(const BufferPlan& b, std::size_t n, Backend& backend) const {
+    expect<Error>(offloaded() == (HostStates && b.placement == Placement::host),
                   "UnitState: under Offload<CPU> the plan must place the master, the gradient "
-                  "shard and the compute copy in host memory");
+                  "shard and the compute copy of an offloaded unit in host memory, and of a unit "
+                  "kept on the device in the device's");
     if constexpr (HostStates) {
-      return backend.template make_pinned_buffer<E>(n);
+      if (b.placement == Placement::host) {
+        return StateBuffer<E>::pinned(backend.template make_pinned_buffer<E>(n));
+      }
+      return StateBuffer<E>::device(backend.template make_buffer<E>(n));
     } else {
       return backend.template make_buffer<E>(n);
     }
@@ -360,8 +434,8 @@ struct UnitState {
   /// Adds this unit's buffers to r by role (optimizer states only where the unit holds them).
   void report(MemoryReport& r) const {
     if constexpr (HostStates) {
-      r.host_bytes += master.bytes() + grad_shard.bytes() + delayed_grad.bytes() +
-                      compute_copy.bytes() + delayed_copy.bytes();
+      r.host_bytes += master.host_bytes() + grad_shard.host_bytes() + delayed_grad.host_bytes() +
+                      compute_copy.host_bytes() + delayed_copy.host_bytes();
     }
     add_bytes(r, params_hold_master ? BufferRole::master : BufferRole::params,
               params ? params->bytes() : 0);
