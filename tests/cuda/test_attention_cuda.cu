@@ -15,6 +15,7 @@
 
 #include <zero/core/error.hpp>
 #include <zero/core/rng.hpp>
+#include <zero/nn/context.hpp>
 #include <zero/ops/cpu/attention.hpp>
 #include <zero/ops/cuda/attention.cuh>
 #include <zero/ops/cuda/attention_reference.cuh>
@@ -180,22 +181,27 @@ TEST_CASE("flash attention applies the host's dropout mask", "[cuda][attention]"
 }
 
 TEST_CASE("flash attention draws a placed dropout mask where the host does", "[cuda][attention]") {
-  // The masks nn::Context::dropout_mask hands the layers: a micro-batch's att starts at its first
-  // row's index (first; not a multiple of a Philox call's four elements at these shapes), and a
-  // tensor-parallel rank's heads are a block of every row of the whole att, the rows a stride
-  // apart (block, stride; rank 1 of 2, micro-batch from row 5). Every kernel family: CUDA-core
-  // (f32, head size 16) and tensor-core (bf16, head sizes 64 and 128).
+  // The masks nn::StepContext::dropout_mask hands the attention layers, made by it: a
+  // micro-batch's att starts at its first row's index (first; not a multiple of a Philox call's
+  // four elements at these shapes), and a tensor-parallel rank's heads are a block of every row
+  // of the whole att, the rows a stride apart (block, stride; rank 1 of 2, micro-batch from row
+  // 5). Every kernel family: CUDA-core (f32, head size 16) and tensor-core (bf16, head sizes 64
+  // and 128).
   const CounterRng rng(CounterRng::key_for(3, "dropout.h.1"));
   std::uint32_t seed = 260;
   auto placed = [&](const AttnShape& s, auto tag, double ulps) {
     using T = decltype(tag);
-    const auto part = static_cast<std::uint64_t>(s.NH * s.T * s.T);  // one row's att
-    cpu::DropoutMask rows{0.1, rng, 7};
-    rows.first = 3 * part;
-    cpu::DropoutMask heads{0.1, rng, 7};
-    heads.first = 5 * (2 * part) + part;
-    heads.block = part;
-    heads.stride = 2 * part;
+    const std::int64_t att = s.B * s.NH * s.T * s.T;  // this rank's probabilities
+    zero::nn::StepContext<T> ctx;
+    ctx.step = 7;
+    ctx.batch = s.B;
+    ctx.first_row = 3;
+    const cpu::DropoutMask rows = ctx.dropout_mask(0.1, rng, att);
+    REQUIRE(rows.first == static_cast<std::uint64_t>(3 * s.NH * s.T * s.T));
+    ctx.first_row = 5;
+    const cpu::DropoutMask heads =
+        ctx.dropout_mask(0.1, rng, att, zero::nn::DropoutShard{2, 1, /*within_rows=*/true});
+    REQUIRE(heads.block != 0);
     for (const auto& mask : {rows, heads}) {
       INFO("first " << mask.first << " block " << mask.block << " stride " << mask.stride);
       compare_flash<T>(s, mask, 1e-5, ulps, seed);
