@@ -310,8 +310,7 @@ int run(const Shape& s) {
                           const char* attention_backward = "two_kernels") {
     const double tflops = per_token * r.tokens_per_s / 1e12;
     const std::int64_t chunk = (g != nullptr ? *g : gc).logits_chunk_bytes;
-    char chunk_mib[32];
-    std::snprintf(chunk_mib, sizeof chunk_mib, "%g", static_cast<double>(chunk) / (1 << 20));
+    const std::string chunk_mib = json_number(static_cast<double>(chunk) / (1 << 20));
     const std::string config =
         gpu + ", \"model\": \"" + s.model + "\", \"params\": " + std::to_string(params) +
         ", \"dtype\": \"bf16\", \"stage\": " + std::to_string(stage) + ", \"offload\": \"" +

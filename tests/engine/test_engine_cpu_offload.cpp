@@ -199,7 +199,7 @@ struct Run {
   int offloaded_units = 0;                   // Offload<CPU>: the units not kept on the device
   std::int64_t kept_elems = 0;               // ... and the shard elements of those kept there
   engine::MemoryEstimate estimate;           // the engine's memory_estimate()
-  engine::MemoryEstimate estimate_of_model;  // the estimator's from the model alone
+  engine::MemoryEstimate estimate_of_model;  // Offload<CPU>: the estimator's from the model alone
 };
 
 template <class Eng>
@@ -219,14 +219,16 @@ Run train(LocalComm& comm, const Config& config,
           }
         }
         out.estimate = eng.memory_estimate();
-        nn::GPT<typename Eng::T> model(tiny());
-        engine::MemoryEstimateInput in = engine::model_estimate_input(
-            model, Eng::stage, engine::ShardGroups{.dense = comm.size(), .experts = comm.size()},
-            options.with_config(config, comm.size()));
-        in.precision = dtype_of<typename Eng::T>;
-        in.optimizer_state_bytes = 8;  // AdamW
-        in.offload_optimizer = Eng::offload_cpu ? OffloadDevice::cpu : OffloadDevice::none;
-        out.estimate_of_model = engine::estimate_model_states(in);
+        if constexpr (Eng::offload_cpu) {
+          nn::GPT<typename Eng::T> model(tiny());
+          engine::MemoryEstimateInput in = engine::model_estimate_input(
+              model, Eng::stage, engine::ShardGroups{.dense = comm.size(), .experts = comm.size()},
+              options.with_config(config, comm.size()));
+          in.precision = dtype_of<typename Eng::T>;
+          in.optimizer_state_bytes = engine::optimizer_state_bytes(*config.optimizer);
+          in.offload_optimizer = OffloadDevice::cpu;
+          out.estimate_of_model = engine::estimate_model_states(in);
+        }
       },
       options);
   return out;
