@@ -32,12 +32,15 @@
 // gpu_step_offload_delayed_on_device_vs_device_accumulated). One more Offload<CPU> run at one
 // micro-batch keeps the last units' states on the device (EngineOptions::offload_ratio,
 // --offload-ratio, 0.3 by default: ZeRO-Offload++'s Twin-Flow), so the host updates that share
-// while the device updates the rest (gpu_step_offload_twin_flow_vs_device).
+// while the device updates the rest (gpu_step_offload_twin_flow_vs_device), and one more does so
+// with the host's share delayed a step beside the next window (delayed_param_update: the kept
+// units update in step(), on time; --offload-ratio-delayed, 0.5 by default: the host's share then
+// has the whole next window to hide behind; gpu_step_offload_twin_flow_delayed_vs_device).
 // --runs runs only the named runs (run_names below; a profiler's shorter run) and the ratios whose
 // two runs ran. Prints one JSON object per line. Without a GPU it says so and exits 0.
 //   gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] [--model gpt2|gpt2-medium|...]
 //            [--activation-gib G] [--logits-chunk-mib M] [--accumulation A]
-//            [--offload-ratio R] [--runs stage0,offload_delayed,...]
+//            [--offload-ratio R] [--offload-ratio-delayed R] [--runs stage0,offload_delayed,...]
 #include <zero/engine/cuda_backend.cuh>
 
 #include <algorithm>
@@ -76,10 +79,11 @@ struct Shape {
   int steps = 10, warmup = 2;
   std::string model = "gpt2";
   double activation_gib = 24.0;
-  double logits_chunk_mib = -1;  // GPTConfig::logits_chunk_bytes in MiB; < 0: the library's
-  std::string runs;              // --runs: a comma-separated subset of run_names; empty: all
-  int accumulation = 4;          // micro-batches a step of the *_accumulated runs
-  double offload_ratio = 0.3;    // the offload_twin_flow run's EngineOptions::offload_ratio
+  double logits_chunk_mib = -1;        // GPTConfig::logits_chunk_bytes in MiB; < 0: the library's
+  std::string runs;                    // --runs: a comma-separated subset of run_names; empty: all
+  int accumulation = 4;                // micro-batches a step of the *_accumulated runs
+  double offload_ratio = 0.3;          // the offload_twin_flow run's EngineOptions::offload_ratio
+  double offload_ratio_delayed = 0.5;  // ... and the offload_twin_flow_delayed run's
 };
 
 /// The runs, in the order they run (--runs picks some: a profiler's shorter run).
@@ -93,6 +97,7 @@ inline constexpr const char* run_names[] = {"stage0",
                                             "offload_deferred",
                                             "offload_delayed",
                                             "offload_twin_flow",
+                                            "offload_twin_flow_delayed",
                                             "stage2_accumulated",
                                             "offload_accumulated",
                                             "offload_on_device_accumulated",
@@ -347,7 +352,8 @@ int run(const Shape& s) {
   };
   // Each run that --runs names (all by default); a ratio's line where both of its runs ran.
   std::optional<Result> s0, s0_whole, s0_tuned, s0_fused_dq, s2, s3, off, off_deferred, off_delayed,
-      off_twin_flow, s2_acc, off_acc, off_on_device_acc, off_delayed_acc, off_delayed_on_device_acc;
+      off_twin_flow, off_twin_flow_delayed, s2_acc, off_acc, off_on_device_acc, off_delayed_acc,
+      off_delayed_on_device_acc;
   if (wanted(s, "stage0")) {
     s0 = time_engine<StepEngine<0, None>>(s, gc, step_config(s, 0, false));
     report(0, false, *s0);
@@ -404,6 +410,12 @@ int run(const Shape& s) {
     off_twin_flow = time_engine<StepEngine<2, CPU>>(s, gc, step_config(s, 2, true),
                                                     HostUpdate::in_step, false, s.offload_ratio);
     report(2, true, *off_twin_flow);
+  }
+  // ... with the offloaded units' update delayed a step (the kept units' in step()).
+  if (wanted(s, "offload_twin_flow_delayed")) {
+    off_twin_flow_delayed = time_engine<StepEngine<2, CPU>>(
+        s, gc, step_config(s, 2, true), HostUpdate::delayed, false, s.offload_ratio_delayed);
+    report(2, true, *off_twin_flow_delayed, HostUpdate::delayed);
   }
   // At --accumulation micro-batches a step, with every micro-step's shards folded into the
   // pinned shards or the window's summed on the device.
@@ -469,6 +481,12 @@ int run(const Shape& s) {
                 off_twin_flow, s2,
                 "Offload<CPU> keeping the last units' states on the device (offload_ratio, "
                 "Twin-Flow), updating in step(), over stage 2 without offload");
+  offload_ratio("gpu_step_offload_twin_flow_delayed_vs_device",
+                base + ", \"stage\": 2, \"offload_ratio\": " + json_number(s.offload_ratio_delayed),
+                off_twin_flow_delayed, s2,
+                "Offload<CPU> keeping the last units' states on the device (offload_ratio), the "
+                "others' update delayed a step (delayed_param_update), over stage 2 without "
+                "offload");
   const std::string accumulated =
       base + ", \"stage\": 2, \"accumulation\": " + std::to_string(s.accumulation);
   offload_ratio("gpu_step_offload_vs_device_accumulated", accumulated, off_acc, s2_acc,
@@ -536,6 +554,8 @@ int main(int argc, char** argv) try {
       s.accumulation = static_cast<int>(zero::bench::integer_arg("gpu_step", flag, v, 1, 1 << 20));
     } else if (flag == "--offload-ratio") {
       s.offload_ratio = zero::bench::real_arg("gpu_step", flag, v);
+    } else if (flag == "--offload-ratio-delayed") {
+      s.offload_ratio_delayed = zero::bench::real_arg("gpu_step", flag, v);
     } else if (flag == "--logits-chunk-mib") {
       s.logits_chunk_mib = zero::bench::real_arg("gpu_step", flag, v);  // 0: the whole batch
     } else {
@@ -543,7 +563,7 @@ int main(int argc, char** argv) try {
                    "usage: gpu_step [--batch B] [--seq T] [--steps N] [--warmup W] "
                    "[--model gpt2|gpt2-medium|gpt2-large|gpt2-xl] [--activation-gib G] "
                    "[--logits-chunk-mib M] [--accumulation A] [--offload-ratio R] "
-                   "[--runs RUN,...]\n");
+                   "[--offload-ratio-delayed R] [--runs RUN,...]\n");
       return 2;
     }
   }

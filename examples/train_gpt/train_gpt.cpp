@@ -30,7 +30,8 @@
 //                [--export-shard-bytes N]] [--nvme-path DIR]
 //               [--tp 2 [--sp]] [--pp 2 [--vpp 2] [--schedule gpipe|1f1b|interleaved|zb]]
 //               [--experts 4 [--ep 2] [--k 2] [--etp 1]] [--sp N]
-//               [--device host|cuda] [--offload-cpu [--delayed-update N] [--grads-on-device]]
+//               [--device host|cuda] [--offload-cpu [--delayed-update N] [--grads-on-device]
+//               [--offload-ratio R]]
 //               [--activation-mb M]
 //
 // --shard-size N is hybrid sharding (the config's zero_optimization.mics_shard_size; DeepSpeed's
@@ -94,6 +95,10 @@
 // 2-3) sums a step's --grad-accum micro-batches of gradient shards in device memory and copies
 // them to the host once a step (EngineOptions::accumulate_grads_on_device), not once a
 // micro-batch.
+// --offload-ratio R (the optimizer offloaded to the cpu; in (0, 1]) offloads that fraction of the
+// states and keeps the last units' on the GPU, updated there (ZeRO-Offload++'s Twin-Flow: the
+// config's zero_optimization.offload_optimizer.ratio); with --delayed-update only the offloaded
+// units' update is delayed.
 // --activation-mb sizes the activation arena (default 512; GPT-2 small at batch 8 needs about
 // 20000). The step line adds the model's TFLOP/s (6N + 6LCT per token, every rank's tokens) and,
 // on a GPU whose datasheet bf16 peak is known, the MFU against the peak of every GPU in use (one
@@ -166,6 +171,7 @@ struct Options : RunFlags {          // the flags train_llama takes too (run_fla
   bool profile = false;
   std::optional<std::int64_t> delayed_update;  // DPU after this many steps (--delayed-update)
   bool grads_on_device = false;                // --grads-on-device
+  std::optional<double> offload_ratio;         // offload_optimizer.ratio (--offload-ratio)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -218,6 +224,8 @@ Options parse(int argc, char** argv) {
       o.channels = v.positive();
     else if (flag == "--delayed-update")
       o.delayed_update = v.integer();
+    else if (flag == "--offload-ratio")
+      o.offload_ratio = v.real();
     else
       return false;
     return true;
@@ -231,6 +239,10 @@ Options parse(int argc, char** argv) {
     expect<ConfigError>(!f.grads_on_device || f.device == "cuda",
                         "--grads-on-device sums the offloaded gradient shards on the GPU: it needs "
                         "--device cuda");
+    // The config's parser checks the range, and make_config the offload it needs.
+    expect<ConfigError>(!f.offload_ratio || f.device == "cuda",
+                        "--offload-ratio R keeps part of the offloaded states on the GPU: it "
+                        "needs --device cuda");
     expect<ConfigError>(!f.vocab || !f.tokens.empty(),
                         "--vocab is the vocabulary of the --tokens files (a --data text is byte "
                         "tokens, 257)");
@@ -255,6 +267,7 @@ Config make_config(const Options& o) {
     if (o.loco_err_beta) {
       j["zero_optimization"]["zeropp_loco_param"]["err_beta"] = *o.loco_err_beta;
     }
+    if (o.offload_ratio) j["zero_optimization"]["offload_optimizer"]["ratio"] = *o.offload_ratio;
   };
   nlohmann::json j = builtin_config(o.run, o.pp.value_or(1) > 1 ? 1 : 3);
   zero_flags(j);
@@ -276,6 +289,12 @@ Config make_config(const Options& o) {
     if (o.config.empty()) throw;
     throw ConfigError(o.config + ": " + e.what());
   }
+  expect<ConfigError>(
+      !o.offload_ratio || c.zero_optimization.offload_optimizer.device == OffloadDevice::cpu,
+      "--offload-ratio ", o.offload_ratio.value_or(1.0),
+      " divides the optimizer's states between the host and the GPU: it needs them offloaded to "
+      "the cpu (--offload-cpu, or the config's zero_optimization.offload_optimizer.device "
+      "\"cpu\")");
   apply_tensor_parallel_flags(c, o);
   if (o.profile) {
     c.flops_profiler.enabled = true;

@@ -2,7 +2,7 @@
 # On a machine with a GPU, in the repository root with .carry/pack.tar.xz beside it (made by
 # scripts/device/pack.sh): unpacks the binaries and runs what $1 names, writing the logs under
 # $OUT (the device tool's result folder; /tmp/out elsewhere) and a summary.txt there:
-#   quick    the [cuda] suites, kernel_bench, gpu_step, four short train_gpt_cuda runs and two
+#   quick    the [cuda] suites, kernel_bench, gpu_step, five short train_gpt_cuda runs and two
 #            of train_llama_cuda
 #   tests    the [cuda] suites only
 #   bench    gpu_step, PyTorch's GPT-2 step on the same GPU, kernel_bench, the host AdamW (on
@@ -76,7 +76,7 @@ run_tests() {
   done >> "$logs/tests.txt"
 }
 run_bench() {
-  timeout 150 "$bin/gpu_step" --warmup 2 --steps 6 > "$logs/gpu_step.txt" 2>&1
+  timeout 210 "$bin/gpu_step" --warmup 2 --steps 6 > "$logs/gpu_step.txt" 2>&1
   checked gpu_step $? "$logs/gpu_step.txt"
   grep -q '"bench": "gpu_step"' "$logs/gpu_step.txt" || fail "gpu_step measured nothing"
   timeout 150 "$bin/kernel_bench" --repeats 10 > "$logs/kernel_bench.txt" 2>&1
@@ -98,7 +98,8 @@ run_baselines() {
 run_train() {
   local extra
   for extra in "--stage 2" "--stage 3 --offload-cpu" "--stage 2 --offload-cpu --delayed-update 2" \
-               "--stage 2 --offload-cpu --grad-accum 2 --grads-on-device"; do
+               "--stage 2 --offload-cpu --grad-accum 2 --grads-on-device" \
+               "--stage 2 --offload-cpu --offload-ratio 0.5 --delayed-update 2"; do
     read -ra flags <<< "$extra"
     timeout 100 "$bin/train_gpt_cuda" --data data/corpus.txt --steps 8 --layers 2 --channels 64 \
       --seq 32 --precision bf16 --ranks 2 "${flags[@]}" >> "$logs/train_gpt_cuda.txt" 2>&1

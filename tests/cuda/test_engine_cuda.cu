@@ -8,10 +8,11 @@
 // checkpoint of the GPU engine (its master slices and AdamW states staged through host memory)
 // loads into the host engine and into a fresh GPU engine with the same values bit for bit.
 // Offload<CPU>'s delayed update (delayed_param_update) follows the host engine's run of the same
-// recurrence through a callback within the same bounds; summing a window's gradient shards on the
-// device (accumulate_grads_on_device) gives what folding them into the pinned shards gives, bit for
-// bit. Under hybrid sharding (4 ranks in shard groups of 2, the replica all-reduces on the
-// communication stream after the shard group's reduce-scatters) it trains as the plain host
+// recurrence through a callback within the same bounds, at offload_ratio 0.5 too (the units
+// kept on the device update in step(), only the others a step late); summing a window's gradient
+// shards on the device (accumulate_grads_on_device) gives what folding them into the pinned shards
+// gives, bit for bit. Under hybrid sharding (4 ranks in shard groups of 2, the replica all-reduces
+// on the communication stream after the shard group's reduce-scatters) it trains as the plain host
 // engine, with and without Offload<CPU>; so it does under ZeRO++ hpZ (stage 3 on 4 ranks, the
 // backward's gathers from secondary shards in groups of 2); under ZeRO++ qgZ (int8 and int4; one
 // hop, and two under hpZ) it trains near the host engine under qgZ. The refusals: a host
@@ -407,24 +408,51 @@ TEST_CASE(
 
 namespace {
 
+// train_delayed's SGD step where the slice lives: the units the GPU engine keeps on the device
+// (offload_ratio) hand the update callback device memory, the offloaded ones pinned host memory.
+// The step waits for the device (the kernel that scaled the gradient, and its own copy up).
+void sgd_step_where_held(std::span<float> param, std::span<const float> grad, float lr) {
+  cudaPointerAttributes where{};
+  ZERO_CUDA_CHECK(cudaPointerGetAttributes(&where, param.data()));
+  if (where.type != cudaMemoryTypeDevice) {
+    host_sgd_step(param, grad, lr);
+    return;
+  }
+  ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> p(param.size()), g(grad.size());
+  ZERO_CUDA_CHECK(
+      cudaMemcpy(p.data(), param.data(), p.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  ZERO_CUDA_CHECK(
+      cudaMemcpy(g.data(), grad.data(), g.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  host_sgd_step(p, g, lr);
+  ZERO_CUDA_CHECK(
+      cudaMemcpy(param.data(), p.data(), p.size() * sizeof(float), cudaMemcpyHostToDevice));
+  ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // Offload<CPU>'s delayed update (delayed_param_update) on the GPU against the host engine
 // applying each step's gradient one step late through a callback (train_delayed: the same
 // recurrence one step behind): the losses of every window within the bound, and the units after
-// `delayed` steps within it of the callback's after one step more.
+// `delayed` steps within it of the callback's after one step more. ratio below 1: the GPU engine
+// keeps its last units on the device (offload_ratio), which update in step() while the others
+// are delayed, and the callback delays only the units the same rule offloads.
 template <class T, int S>
-void check_delayed_update(double tolerance) {
+void check_delayed_update(double tolerance, double ratio = 1.0) {
   constexpr bool bf16 = std::is_same_v<T, zero::bf16>;
   using HostEngine = engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>>;
   using GpuEngine =
       engine::Engine<nn::GPT<T>, ZeroStage<S>, Precision<T>, Offload<CPU>, Compute<Cuda>>;
   constexpr int delayed = 4;
   for (int world : {1, 2}) {
-    INFO("stage " << S << (bf16 ? " bf16" : " f32") << " world " << world);
-    const auto host = per_rank<DelayedRun>(world, [](LocalComm& comm) {
-      return train_delayed<HostEngine>(comm, Delay::callback, delayed + 1, accumulation);
+    INFO("stage " << S << (bf16 ? " bf16" : " f32") << " world " << world << " offload_ratio "
+                  << ratio);
+    const auto host = per_rank<DelayedRun>(world, [&](LocalComm& comm) {
+      return train_delayed<HostEngine>(comm, Delay::callback, delayed + 1, accumulation, false,
+                                       ratio);
     });
-    const auto gpu = per_rank<DelayedRun, CudaLocalComm>(world, [](CudaLocalComm& comm) {
-      return train_delayed<GpuEngine>(comm, Delay::engine, delayed, accumulation);
+    const auto gpu = per_rank<DelayedRun, CudaLocalComm>(world, [&](CudaLocalComm& comm) {
+      return train_delayed<GpuEngine>(comm, Delay::engine, delayed, accumulation, false, ratio,
+                                      &sgd_step_where_held);
     });
     double worst = 0;
     for (int r = 0; r < world; ++r) {
@@ -432,6 +460,7 @@ void check_delayed_update(double tolerance) {
       const DelayedRun& g = gpu[static_cast<std::size_t>(r)];
       CHECK(g.in_flight_after_step == delayed);
       CHECK(g.in_flight_after_read == 0);
+      CHECK((g.kept_units > 0) == (ratio < 1.0));
       const std::vector<float> host_losses(h.losses.begin(),
                                            h.losses.begin() + delayed * accumulation);
       CHECK(relative_difference(g.losses, host_losses) <= tolerance);
@@ -444,9 +473,9 @@ void check_delayed_update(double tolerance) {
       }
     }
     std::printf(
-        "GPU engine stage %d %s Offload<CPU> delayed update world %d: worst unit "
-        "difference %.3g (bound %.1g)\n",
-        S, bf16 ? "bf16" : "f32", world, worst, tolerance);
+        "GPU engine stage %d %s Offload<CPU> delayed update offload_ratio %.2f world %d: worst "
+        "unit difference %.3g (bound %.1g)\n",
+        S, bf16 ? "bf16" : "f32", ratio, world, worst, tolerance);
   }
 }
 
@@ -458,6 +487,15 @@ TEST_CASE("the GPU engine with Offload<CPU>'s delayed update follows the host's 
   check_delayed_update<float, 2>(1e-5);
   check_delayed_update<zero::bf16, 2>(bf16_tolerance(2));
   check_delayed_update<zero::bf16, 3>(bf16_tolerance(3));
+}
+
+TEST_CASE(
+    "the GPU engine's delayed update with offload_ratio delays only the units it offloads, as "
+    "the host's recurrence",
+    "[cuda][engine]") {
+  check_delayed_update<float, 2>(1e-5, 0.5);
+  check_delayed_update<zero::bf16, 2>(bf16_tolerance(2), 0.5);
+  check_delayed_update<zero::bf16, 3>(bf16_tolerance(3), 0.5);
 }
 
 namespace {

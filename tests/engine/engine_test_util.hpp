@@ -262,7 +262,9 @@ struct DelayedRun {
   std::vector<float> losses;  // every micro-step's
   std::vector<std::vector<float>> units;
   int in_flight_after_step = 0, in_flight_after_read = 0;
+  int kept_units = 0;  // units the engine keeps on the device (offload_ratio)
   engine::MemoryReport report;
+  engine::MemoryEstimate estimate;
 };
 
 // Trains `steps` steps of SGD (lr 0.05, clipping 0.5, `accumulation` micro-steps) through an
@@ -272,19 +274,34 @@ struct DelayedRun {
 // both runs at the same parameters, and `steps` delayed steps end where `steps` + 1 of the
 // callback's do. sync_mid_window calls synchronize() after each window's first micro-step (it
 // waits for a delayed update in flight, which must not change what the window computes).
-template <class Eng, class Comm>
+// ratio below 1: the delayed engine keeps its last units on the device (offload_ratio), and
+// those are not delayed; the callback delays only the units the same rule offloads
+// (units_kept_on_device), and its last step leaves the kept ones as they are, so that it still
+// ends where the delayed run does. sgd_step moves a slice that is not held back (a GPU engine's
+// units kept on the device hand the callback device memory: its test passes a step that reads
+// it there).
+inline void host_sgd_step(std::span<float> param, std::span<const float> grad, float lr) {
+  for (std::size_t i = 0; i < param.size(); ++i) param[i] -= lr * grad[i];
+}
+template <class Eng, class Comm, class SgdStep = decltype(&host_sgd_step)>
 DelayedRun train_delayed(Comm& comm, Delay delay, int steps, int accumulation,
-                         bool sync_mid_window = false) {
+                         bool sync_mid_window = false, double ratio = 1.0,
+                         SgdStep sgd_step = &host_sgd_step) {
   constexpr float lr = 0.05F;
   engine::EngineOptions options = tiny_options();
   options.gradient_accumulation_steps = accumulation;
   options.gradient_clipping = 0.5;
   options.delayed_param_update = delay == Delay::engine;
+  if (delay == Delay::engine) options.offload_ratio = ratio;
   options.persistence_threshold = 0;     // stage 3 gathers every unit in every micro-step
   std::vector<std::vector<float>> held;  // Delay::callback: each unit's last gradient
+  std::vector<bool> kept;                // Delay::callback: the units it does not delay
+  bool last_step = false;
   auto sgd = [&](int u, std::span<float> param, std::span<const float> grad) {
-    if (delay != Delay::callback) {
-      for (std::size_t i = 0; i < param.size(); ++i) param[i] -= lr * grad[i];
+    const bool on_time = !kept.empty() && kept[static_cast<std::size_t>(u)];
+    if (delay != Delay::callback || on_time) {
+      if (last_step && on_time) return;
+      sgd_step(param, grad, lr);
       return;
     }
     if (held.size() <= static_cast<std::size_t>(u)) held.resize(static_cast<std::size_t>(u) + 1);
@@ -294,10 +311,17 @@ DelayedRun train_delayed(Comm& comm, Delay delay, int steps, int accumulation,
   };
   nn::GPT<typename Eng::T> model(tiny());
   Eng eng(model, comm, sgd, options);
+  if (delay == Delay::callback && ratio < 1.0) {
+    std::vector<std::int64_t> shards;
+    for (int u = 0; u < eng.num_units(); ++u) shards.push_back(eng.partition(u).shard_numel());
+    kept = engine::units_kept_on_device(shards, ratio);
+  }
   DelayedRun out;
+  for (int u = 0; u < eng.num_units(); ++u) out.kept_units += eng.unit_offloaded(u) ? 0 : 1;
   const int world = comm.size();
   const auto in_flight = [&] { return eng.update_in_flight() ? 1 : 0; };
   for (int step = 0; step < steps; ++step) {
+    last_step = step + 1 == steps;
     const GlobalBatch b(micro_rows * accumulation * world, step, tiny().vocab_size);
     for (int m = 0; m < accumulation; ++m) {
       out.losses.push_back(static_cast<float>(eng.forward(b.micro(m, comm.rank(), world))));
@@ -308,6 +332,7 @@ DelayedRun train_delayed(Comm& comm, Delay delay, int steps, int accumulation,
     out.in_flight_after_step += in_flight();
   }
   out.report = eng.memory_report();
+  out.estimate = eng.memory_estimate();
   eng.synchronize();
   out.in_flight_after_read = in_flight();
   for (int u = 0; u < eng.num_units(); ++u) out.units.push_back(eng.gather_unit_values(u));

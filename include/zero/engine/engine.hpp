@@ -92,19 +92,17 @@ class Engine {
   /// ZeRO-Offload: master slices, optimizer states and gradient shards in pinned host memory,
   /// updated by the host optimizer (a device backend only).
   static constexpr bool offload_cpu = std::is_same_v<typename policies::offload, CPU>;
-  /// The optimizer's states live in the backend's memory beside the master slices, and its fused
-  /// passes run on the backend's executor (a device backend without offload: the GPU's AdamW,
-  /// SGD, ... kernels). Host backends run them on the host's threads.
-  static constexpr bool device_optimizer =
-      std::is_same_v<typename policies::offload, None> && requires(const backend_type& b) {
-    b.fused_executor();
-  };
   /// The backend runs the built-in optimizers' passes on its device (a fused executor): where
   /// Offload<CPU> keeps some units on the device (EngineOptions::offload_ratio), their updates
   /// run there.
   static constexpr bool has_fused_executor = requires(const backend_type& b) {
     b.fused_executor();
   };
+  /// The optimizer's states live in the backend's memory beside the master slices, and its fused
+  /// passes run on the backend's executor (a device backend without offload: the GPU's AdamW,
+  /// SGD, ... kernels). Host backends run them on the host's threads.
+  static constexpr bool device_optimizer =
+      std::is_same_v<typename policies::offload, None> && has_fused_executor;
   /// The host reads the master slices and optimizer states where they live (host memory, or
   /// pinned host memory under Offload<CPU>); else checkpoints and weight tools stage them
   /// through host copies (EngineState).
@@ -549,9 +547,18 @@ class Engine {
           }
           delayed = true;
         } else if (defers_update()) {
-          // The next forward applies it unit by unit, each just before the unit's gather.
-          deferred_.emplace(
-              DeferredUpdate{factor, std::vector<char>(static_cast<std::size_t>(n), 0), n});
+          // The next forward applies the offloaded units' updates unit by unit, each just before
+          // the unit's gather; the units kept on the device (offload_ratio) update now.
+          update_all_units(factor, UnitsToUpdate::kept_on_device);
+          DeferredUpdate d{factor, std::vector<char>(static_cast<std::size_t>(n), 0), 0};
+          for (int u = 0; u < n; ++u) {
+            if (unit(u).offloaded()) {
+              ++d.left;
+            } else {
+              d.done[static_cast<std::size_t>(u)] = 1;
+            }
+          }
+          if (d.left > 0) deferred_.emplace(std::move(d));
         } else {
           update_all_units(factor);
         }
@@ -563,7 +570,13 @@ class Engine {
       clear_accumulators();
       // hpZ: the next backward gathers from the shards its own forward keeps.
       exchange_.forget_secondaries();
-      if (apply && !deferred_ && !delayed) exchange_.regather_after_update();
+      if (apply && !deferred_ && !delayed) {
+        exchange_.regather_after_update();
+      } else if (apply) {
+        // The offloaded units' updates come later (and regather then); the units kept on the
+        // device updated above.
+        exchange_.regather_after_update([this](int u) { return !unit(u).offloaded(); });
+      }
       finish_window();
       return true;
     });
@@ -1071,7 +1084,10 @@ class Engine {
   // of leaving the others waiting in gathers it never starts. Either way a failure leaves some
   // slices updated and others not, and an offloaded group maybe half written: the engine refuses
   // to train on or save this state (a save would replace a good checkpoint) until a load.
-  void update_all_units(double factor) {
+  // Offload<CPU> updates the units kept on the device (offload_ratio) first; `which` kept_on_device
+  // updates those alone (the offloaded ones' update is deferred or delayed).
+  enum class UnitsToUpdate { all, kept_on_device };
+  void update_all_units(double factor, UnitsToUpdate which = UnitsToUpdate::all) {
     std::exception_ptr failed;
     std::string why;
     // One pass over the units `wanted` names.
@@ -1100,8 +1116,9 @@ class Engine {
         // The units kept on the device first (offload_ratio): their updates and gathers are
         // queued on the device, which runs them while the host updates the offloaded units.
         update_pass([&](int u) { return !unit(u).offloaded(); });
-        update_pass([&](int u) { return unit(u).offloaded(); });
+        if (which == UnitsToUpdate::all) update_pass([&](int u) { return unit(u).offloaded(); });
       } else {
+        (void)which;
         update_pass([](int) { return true; });
       }
     } catch (const std::exception& e) {
@@ -1269,14 +1286,6 @@ class Engine {
                         " (zero_optimization.offload_optimizer.ratio) keeps part of Offload<CPU>'s "
                         "states on the device; this engine has no Offload<CPU> "
                         "(zero_optimization.offload_optimizer.device \"cpu\")");
-    expect<ConfigError>(
-        !options_.delayed_param_update && !options_.overlap_offload_update,
-        "Engine: offload_ratio ", ratio,
-        " (zero_optimization.offload_optimizer."
-        "ratio) updates the units kept on the device in step(); it does not yet "
-        "combine with ",
-        options_.delayed_param_update ? "delayed_param_update" : "overlap_offload_update",
-        ", which moves the host update out of step()");
     if (optimizer_spec_.type.empty()) return;  // an update callback runs where the values are
     if constexpr (has_fused_executor) {
       expect<ConfigError>(optimizer_spec_.type != "LAMB", "Engine: offload_ratio ", ratio,
@@ -1882,19 +1891,23 @@ class Engine {
       return false;
     }
   }
-  // Starts this step's update on a thread of its own: it reads the window's gradient shards,
-  // swapped into delayed_grad, while the next window's reductions write grad_shard. Below fp32
-  // it writes its rounded copy into delayed_copy, so every gather until it is done (the ones
-  // just started, and at stage 3 the next window's) copies the last update's values up from
-  // compute_copy while it runs; the buffer it writes was last copied up a step ago, which the
-  // host waited for at this step's norm. The master slices it writes are read by nothing else
-  // until it is done. In f32 (stages 1-2) the gathers read the master itself, so those just
-  // started are waited for first. The host optimizer's passes leave one of the OpenMP threads
-  // to the thread that drives the device (the passes are elementwise, so their results do not
-  // depend on the count).
+  // Starts this step's update of the offloaded units on a thread of its own: it reads the
+  // window's gradient shards, swapped into delayed_grad, while the next window's reductions write
+  // grad_shard. Below fp32 it writes its rounded copy into delayed_copy, so every gather until it
+  // is done (the ones just started, and at stage 3 the next window's) copies the last update's
+  // values up from compute_copy while it runs; the buffer it writes was last copied up a step
+  // ago, which the host waited for at this step's norm. The master slices it writes are read by
+  // nothing else until it is done. In f32 (stages 1-2) the gathers read the master itself, so
+  // those in flight are waited for first. The host optimizer's passes leave one of the OpenMP
+  // threads to the thread that drives the device (the passes are elementwise, so their results
+  // do not depend on the count).
+  // The units kept on the device (offload_ratio) are not delayed: they update here, in step(),
+  // before the thread starts (an update callback is never called from two threads at once), and
+  // their gathers read their own device slices, nothing the thread writes.
   // What can throw runs before the swap, and a run that cannot start swaps back: a step that
   // throws here leaves the window's gradient in grad_shard for a retry (it was left in
-  // delayed_grad, and the retry updated with the previous window's).
+  // delayed_grad, and the retry updated with the previous window's), unless the kept units were
+  // updated already, which leaves the state inconsistent until a load.
   void start_delayed_update(double factor) {
     if constexpr (compute_is_master) {
       exchange_.synchronize();
@@ -1903,20 +1916,33 @@ class Engine {
     const int threads = std::max(1, ops::cpu::num_threads() - 1);
     // One thread for every step's update, made at the first: its OpenMP team lives as long.
     if (!update_worker_) update_worker_.emplace();
+    const bool keeps_units =
+        std::any_of(units_.begin(), units_.end(), [](const Unit& s) { return !s.offloaded(); });
+    if (keeps_units) update_all_units(factor, UnitsToUpdate::kept_on_device);
     const auto swap_gradients = [this] {
-      for (Unit& s : units_) std::swap(s.grad_shard, s.delayed_grad);
+      for (Unit& s : units_) {
+        if (s.offloaded()) std::swap(s.grad_shard, s.delayed_grad);
+      }
     };
     swap_gradients();
     try {
       delayed_update_ = update_worker_->run([this, factor, threads] {
         for (int u = 0; u < num_units(); ++u) {
           Unit& s = unit(u);
+          if (!s.offloaded()) continue;
           update_unit(u, factor, std::span<MasterT>(s.delayed_grad.data(), s.delayed_grad.size()),
                       threads, true);
         }
       });
     } catch (...) {
       swap_gradients();
+      if (keeps_units) {
+        inconsistent_ =
+            "the delayed update did not start after the units kept on the device "
+            "were updated";
+        clear_accumulators();
+        finish_window();
+      }
       throw;
     }
   }
@@ -1940,15 +1966,19 @@ class Engine {
   // The finished delayed update goes up (at the step after it, whoever waited for it): below
   // fp32 its rounded copy becomes the compute copy the gathers read, then the units kept
   // gathered gather it. Until then every gather reads the values before it, so a state reader
-  // waiting for the update mid-window does not change what the window computes.
+  // waiting for the update mid-window does not change what the window computes. The units kept
+  // on the device (offload_ratio) had theirs at their own step.
   void publish_delayed_update() {
+    const auto offloaded = [this](int u) { return unit(u).offloaded(); };
     if constexpr (!compute_is_master) {
-      for (Unit& s : units_) {
+      for (int u = 0; u < num_units(); ++u) {
+        if (!offloaded(u)) continue;
+        Unit& s = unit(u);
         std::swap(s.compute_copy, s.delayed_copy);
         s.compute_copy_current = true;
       }
     }
-    exchange_.regather_after_update();
+    exchange_.regather_after_update(offloaded);
   }
 
   M& model_;

@@ -136,7 +136,8 @@ struct EngineOptions {
   /// update in flight and sees it applied; forward and evaluate see the parameters one update
   /// behind until the next step publishes it, so reading the state does not change the run. A
   /// ConfigError elsewhere (no Offload<CPU>, stage 3 in f32, whose gathers read the master the
-  /// update writes, or together with overlap_offload_update).
+  /// update writes, or together with overlap_offload_update). With offload_ratio below 1 the
+  /// units kept on the device are not delayed: they update in step().
   bool delayed_param_update = false;
   /// Offload<CPU> at stages 2-3: each unit sums its reduced gradient shards of an accumulation
   /// window in an fp32 shard buffer in device memory (4 psi / N bytes more there) and copies the
@@ -155,9 +156,11 @@ struct EngineOptions {
   /// gradient shard in device memory and are updated there, on the backend's fused executor, as
   /// without offload, while the host updates the others; the values are those of the run without
   /// offload, bit for bit. The host's update, the floor of the offloaded step at one micro-batch
-  /// a step, shrinks with the ratio, for (1 - ratio) of the states' memory on the device. At
-  /// stages 1-3 (DeepSpeed: stage 3); a ConfigError elsewhere (no Offload<CPU>, LAMB, or together
-  /// with delayed_param_update or overlap_offload_update).
+  /// a step, shrinks with the ratio, for (1 - ratio) of the states' memory on the device. With
+  /// delayed_param_update or overlap_offload_update only the offloaded units' update is delayed
+  /// or deferred; the kept units update in step(), on time (with the delay, the forward reads the
+  /// kept units one update ahead of the offloaded ones). At stages 1-3 (DeepSpeed: stage 3); a
+  /// ConfigError elsewhere (no Offload<CPU>, or LAMB).
   double offload_ratio = 1.0;
   /// With delayed_param_update: the first steps update in step(), without delay (the paper's
   /// warm-up, while the gradients change fastest); the delay starts with step number this + 1.

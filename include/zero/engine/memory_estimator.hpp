@@ -184,6 +184,10 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
   key.delayed_update = in.delayed_update;
   key.device_grad_accumulator = in.device_grad_accumulator;
   const double live = in.stage == 3 ? std::max(1, in.live_units) : 1;
+  const auto bytes_per_elem = [&](const BufferPlan& b) {
+    return b.role == BufferRole::optimizer_states ? in.optimizer_state_bytes
+                                                  : static_cast<double>(b.element_bytes);
+  };
   MemoryEstimate e;
   if (kept > 0) {
     // The kept units' sharded buffers (at rest) are those of the plan without offload; their
@@ -194,24 +198,18 @@ inline MemoryEstimate estimate_model_states(const MemoryEstimateInput& in) {
     on_device.device_grad_accumulator = false;
     for (const BufferPlan& b : unit_buffer_plan(on_device)) {
       if (b.lifetime != Lifetime::at_rest || b.extent != Extent::shard) continue;
-      const double bytes_per_elem = b.role == BufferRole::optimizer_states
-                                        ? in.optimizer_state_bytes
-                                        : static_cast<double>(b.element_bytes);
-      e.device_at_rest += bytes_per_elem * kept;
+      e.device_at_rest += bytes_per_elem(b) * kept;
     }
   }
   for (const BufferPlan& b : unit_buffer_plan(key)) {
-    const double bytes_per_elem = b.role == BufferRole::optimizer_states
-                                      ? in.optimizer_state_bytes
-                                      : static_cast<double>(b.element_bytes);
     if (b.lifetime == Lifetime::while_used) {  // whole units, only while they run
       // Stages 2-3 reduce-scatter each unit's gradient (stages 0-1 the accumulator at rest).
       const double held =
           b.role == BufferRole::grads && in.stage >= 2 ? std::max(0, in.pending_reductions) : 0;
-      e.device_working += bytes_per_elem * L * (live + held);
+      e.device_working += bytes_per_elem(b) * L * (live + held);
       continue;
     }
-    const double bytes = bytes_per_elem * (b.extent == Extent::whole ? psi : shard - kept);
+    const double bytes = bytes_per_elem(b) * (b.extent == Extent::whole ? psi : shard - kept);
     switch (b.placement) {
       case Placement::compute:
         e.device_at_rest += bytes;

@@ -292,11 +292,15 @@ class UnitExchange {
     while (std::any_of(replicating_.begin(), replicating_.end(), of_u)) finish_replicated();
   }
   /// After an update: units kept gathered gather the new params (the gathers run while later
-  /// work proceeds); a stale gathered copy of another unit (evaluate left it) is dropped.
-  void regather_after_update() {
+  /// work proceeds); a stale gathered copy of another unit (evaluate left it) is dropped. Only
+  /// the units `updated(u)` names, where the update left the others for later (Offload<CPU>'s
+  /// offloaded units delayed or deferred, beside those kept on the device).
+  template <class Updated>
+  void regather_after_update(Updated&& updated) {
     if constexpr (traits::regathers_after_update) {
       forget_secondaries();
       for (int u = 0; u < num_units(); ++u) {
+        if (!updated(u)) continue;
         Unit& s = unit(u);
         if (s.persistent) {
           start_gather(u);
@@ -304,7 +308,13 @@ class UnitExchange {
           release(u);
         }
       }
+    } else {
+      (void)updated;
     }
+  }
+  /// The same for every unit.
+  void regather_after_update() {
+    regather_after_update([](int) { return true; });
   }
 
   // ---- reductions ----------------------------------------------------------------------------
