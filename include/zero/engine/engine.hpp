@@ -549,7 +549,7 @@ class Engine {
         } else if (defers_update()) {
           // The next forward applies the offloaded units' updates unit by unit, each just before
           // the unit's gather; the units kept on the device (offload_ratio) update now.
-          update_all_units(factor, UnitsToUpdate::kept_on_device);
+          if (keeps_units_on_device()) update_all_units(factor, UnitsToUpdate::kept_on_device);
           DeferredUpdate d{factor, std::vector<char>(static_cast<std::size_t>(n), 0), 0};
           for (int u = 0; u < n; ++u) {
             if (unit(u).offloaded()) {
@@ -1087,6 +1087,10 @@ class Engine {
   // Offload<CPU> updates the units kept on the device (offload_ratio) first; `which` kept_on_device
   // updates those alone (the offloaded ones' update is deferred or delayed).
   enum class UnitsToUpdate { all, kept_on_device };
+  // Offload<CPU>: whether offload_ratio keeps any unit's states on the device.
+  bool keeps_units_on_device() const {
+    return std::any_of(units_.begin(), units_.end(), [](const Unit& s) { return !s.offloaded(); });
+  }
   void update_all_units(double factor, UnitsToUpdate which = UnitsToUpdate::all) {
     std::exception_ptr failed;
     std::string why;
@@ -1916,8 +1920,7 @@ class Engine {
     const int threads = std::max(1, ops::cpu::num_threads() - 1);
     // One thread for every step's update, made at the first: its OpenMP team lives as long.
     if (!update_worker_) update_worker_.emplace();
-    const bool keeps_units =
-        std::any_of(units_.begin(), units_.end(), [](const Unit& s) { return !s.offloaded(); });
+    const bool keeps_units = keeps_units_on_device();
     if (keeps_units) update_all_units(factor, UnitsToUpdate::kept_on_device);
     const auto swap_gradients = [this] {
       for (Unit& s : units_) {
